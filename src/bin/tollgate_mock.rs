@@ -1,0 +1,36 @@
+//! `tollgate-mock --listen 127.0.0.1:9100 --key mock-upstream-key`: the mock upstream for
+//! tests, benchmarks and the offline demo (see `tollgate::mock`).
+
+use clap::Parser;
+use pingora_core::server::configuration::ServerConf;
+use pingora_core::server::Server;
+use tollgate::mock::MockUpstream;
+
+#[derive(Parser)]
+struct Args {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:9100")]
+    listen: String,
+    /// The upstream key requests must carry.
+    #[arg(long, default_value = "mock-upstream-key")]
+    key: String,
+    /// Worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let args = Args::parse();
+    let conf = ServerConf { threads: args.threads, ..ServerConf::default() };
+    let mut server = Server::new_with_opt_and_conf(None, conf);
+    server.bootstrap();
+    let mut service = pingora_proxy::http_proxy_service_with_name(
+        &server.configuration,
+        MockUpstream::new(args.key),
+        "tollgate-mock",
+    );
+    service.add_tcp(&args.listen);
+    server.add_service(service);
+    server.run_forever();
+}

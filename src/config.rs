@@ -1,0 +1,537 @@
+//! The configuration file: YAML → typed, validated [`Config`].
+//!
+//! Every rule about what a valid configuration is lives here. Unknown keys are rejected,
+//! secrets given as `*_env` are read from the environment at load time (a missing variable
+//! is named), and every error message names the offending key.
+
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Default cap on a request body (32 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// `anthropic-version` sent upstream when the client sends none.
+pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// A configuration error; the message names the key at fault.
+#[derive(Debug)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(msg.into()))
+}
+
+/// One of the three model protocols (also called platforms in groups).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Openai,
+    Anthropic,
+    Gemini,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Openai => "openai",
+            Protocol::Anthropic => "anthropic",
+            Protocol::Gemini => "gemini",
+        }
+    }
+}
+
+// ---------------------------------------------------------------- raw file shape
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    pingora: Option<serde_yaml::Value>,
+    #[serde(default)]
+    listen: Option<String>,
+    #[serde(default)]
+    tls: Option<RawTls>,
+    #[serde(default)]
+    data_dir: Option<PathBuf>,
+    #[serde(default)]
+    max_body_bytes: Option<usize>,
+    #[serde(default)]
+    admin: Option<RawAdmin>,
+    #[serde(default)]
+    providers: Vec<RawProvider>,
+    #[serde(default)]
+    groups: BTreeMap<String, RawGroup>,
+    #[serde(default)]
+    prices: BTreeMap<String, Price>,
+    #[serde(default)]
+    keys: Vec<RawKey>,
+    #[serde(default)]
+    video: Option<serde_yaml::Value>,
+    #[serde(default)]
+    storage: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    listen: String,
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    listen: String,
+    #[serde(default)]
+    token: Option<String>,
+    #[serde(default)]
+    token_env: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProvider {
+    name: String,
+    protocol: Protocol,
+    base_url: String,
+    #[serde(default)]
+    api_key: Option<String>,
+    #[serde(default)]
+    api_key_env: Option<String>,
+    #[serde(default)]
+    models: Vec<String>,
+    /// `anthropic-version` sent when the client sends none (anthropic only).
+    #[serde(default)]
+    anthropic_version: Option<String>,
+    #[serde(default)]
+    connect_timeout_ms: Option<u64>,
+    /// Longest silence while reading the upstream's response.
+    #[serde(default)]
+    read_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    platforms: Vec<Protocol>,
+}
+
+/// USD per one million tokens.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Price {
+    pub input: f64,
+    pub output: f64,
+    #[serde(default)]
+    pub cached_input: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawKey {
+    key: String,
+    name: String,
+    group: String,
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    rpm: Option<u32>,
+    #[serde(default)]
+    tpm: Option<u64>,
+    #[serde(default = "yes")]
+    enabled: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+// ---------------------------------------------------------------- validated shape
+
+/// The validated configuration.
+#[derive(Debug)]
+pub struct Config {
+    /// The `pingora:` section, handed to Pingora's `ServerConf` unchanged.
+    pub pingora: Option<serde_yaml::Value>,
+    pub listen: Option<SocketAddr>,
+    pub tls: Option<TlsConfig>,
+    pub data_dir: PathBuf,
+    pub max_body_bytes: usize,
+    pub admin: Option<AdminConfig>,
+    pub providers: Vec<ProviderConfig>,
+    pub groups: BTreeMap<String, Vec<Protocol>>,
+    pub prices: BTreeMap<String, Price>,
+    pub keys: Vec<KeyConfig>,
+    /// Validated by the video module once it exists; kept as written.
+    pub video: Option<serde_yaml::Value>,
+    pub storage: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Clone)]
+pub struct TlsConfig {
+    pub listen: SocketAddr,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub token: String,
+}
+
+/// An upstream base address split into its parts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseUrl {
+    pub tls: bool,
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing slash ("" for none).
+    pub prefix: String,
+}
+
+impl BaseUrl {
+    /// Parse `scheme://host[:port][/path-prefix]` (http or https only).
+    pub fn parse(s: &str) -> Result<BaseUrl, String> {
+        let uri: http::Uri = s.parse().map_err(|e| format!("not a URL ({e})"))?;
+        let tls = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            Some(other) => return Err(format!("scheme must be http or https, not {other}")),
+            None => return Err("missing scheme (http:// or https://)".into()),
+        };
+        let authority = uri.authority().ok_or("missing host")?;
+        if authority.as_str().contains('@') {
+            return Err("credentials in the URL are not allowed".into());
+        }
+        if uri.query().is_some() {
+            return Err("a query string is not allowed".into());
+        }
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err("missing host".into());
+        }
+        let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
+        let prefix = uri.path().trim_end_matches('/').to_string();
+        Ok(BaseUrl {
+            tls,
+            host: host.to_string(),
+            port,
+            prefix,
+        })
+    }
+
+    /// The value for the `Host` header.
+    pub fn host_header(&self) -> String {
+        let default_port = if self.tls { 443 } else { 80 };
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.port == default_port {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    pub name: String,
+    pub protocol: Protocol,
+    pub base_url: BaseUrl,
+    pub api_key: String,
+    pub models: Vec<String>,
+    pub anthropic_version: String,
+    pub connect_timeout_ms: u64,
+    pub read_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    pub key: String,
+    pub name: String,
+    pub group: String,
+    /// USD; applied only when the key is first created.
+    pub balance: f64,
+    pub rpm: Option<u32>,
+    pub tpm: Option<u64>,
+    pub enabled: bool,
+}
+
+/// Reads a secret given either literally or through an environment variable.
+fn secret(
+    key_path: &str,
+    literal: Option<String>,
+    env_name: Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<String>, ConfigError> {
+    match (literal, env_name) {
+        (Some(_), Some(_)) => err(format!(
+            "{key_path}: give either the literal or the _env variant, not both"
+        )),
+        (Some(v), None) => Ok(Some(v)),
+        (None, Some(name)) => match env(&name) {
+            Some(v) if !v.is_empty() => Ok(Some(v)),
+            _ => err(format!(
+                "{key_path}_env: environment variable {name} is not set"
+            )),
+        },
+        (None, None) => Ok(None),
+    }
+}
+
+fn parse_addr(key_path: &str, s: &str) -> Result<SocketAddr, ConfigError> {
+    s.parse()
+        .map_err(|_| ConfigError(format!("{key_path}: '{s}' is not an address like 127.0.0.1:8080")))
+}
+
+impl Config {
+    /// Load and validate the file at `path`, reading `*_env` secrets from the process environment.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Config::parse(&text, &|name| std::env::var(name).ok())
+            .map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+    }
+
+    /// Parse and validate YAML text; `env` looks up environment variables.
+    pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
+        let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
+
+        let listen = raw
+            .listen
+            .as_deref()
+            .map(|s| parse_addr("listen", s))
+            .transpose()?;
+        let tls = match raw.tls {
+            Some(t) => Some(TlsConfig {
+                listen: parse_addr("tls.listen", &t.listen)?,
+                cert: t.cert,
+                key: t.key,
+            }),
+            None => None,
+        };
+        if listen.is_none() && tls.is_none() {
+            return err("listen: at least one of listen or tls.listen is required");
+        }
+        let max_body_bytes = raw.max_body_bytes.unwrap_or(DEFAULT_MAX_BODY_BYTES);
+        if max_body_bytes == 0 {
+            return err("max_body_bytes: must be greater than 0");
+        }
+
+        let admin = match raw.admin {
+            Some(a) => {
+                let listen = parse_addr("admin.listen", &a.listen)?;
+                let token = secret("admin.token", a.token, a.token_env, env)?
+                    .ok_or_else(|| ConfigError("admin.token: required (or admin.token_env)".into()))?;
+                Some(AdminConfig { listen, token })
+            }
+            None => None,
+        };
+
+        let mut providers = Vec::with_capacity(raw.providers.len());
+        let mut names = HashSet::new();
+        for (i, p) in raw.providers.into_iter().enumerate() {
+            let at = format!("providers[{i}]");
+            if p.name.trim().is_empty() {
+                return err(format!("{at}.name: must not be empty"));
+            }
+            if !names.insert(p.name.clone()) {
+                return err(format!("{at}.name: '{}' is used twice", p.name));
+            }
+            let base_url = BaseUrl::parse(&p.base_url)
+                .map_err(|e| ConfigError(format!("{at}.base_url: {e}")))?;
+            let api_key = secret(&format!("{at}.api_key"), p.api_key, p.api_key_env, env)?
+                .ok_or_else(|| ConfigError(format!("{at}.api_key: required (or {at}.api_key_env)")))?;
+            if p.models.is_empty() {
+                return err(format!("{at}.models: list at least one model"));
+            }
+            if let Some(m) = p.models.iter().find(|m| m.trim().is_empty() || m.contains('/')) {
+                return err(format!("{at}.models: '{m}' is not a valid model id"));
+            }
+            if p.anthropic_version.is_some() && p.protocol != Protocol::Anthropic {
+                return err(format!("{at}.anthropic_version: only for protocol anthropic"));
+            }
+            providers.push(ProviderConfig {
+                name: p.name,
+                protocol: p.protocol,
+                base_url,
+                api_key,
+                models: p.models,
+                anthropic_version: p
+                    .anthropic_version
+                    .unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
+                connect_timeout_ms: p.connect_timeout_ms.unwrap_or(10_000),
+                read_timeout_secs: p.read_timeout_secs.unwrap_or(600),
+            });
+        }
+
+        let mut groups = BTreeMap::new();
+        for (name, g) in raw.groups {
+            groups.insert(name, g.platforms);
+        }
+        if groups.is_empty() {
+            groups.insert(
+                "default".to_string(),
+                vec![Protocol::Openai, Protocol::Anthropic, Protocol::Gemini],
+            );
+        }
+
+        for (model, price) in &raw.prices {
+            let cached_ok = price.cached_input.is_none_or(|c| c.is_finite() && c >= 0.0);
+            if !(price.input.is_finite() && price.input >= 0.0)
+                || !(price.output.is_finite() && price.output >= 0.0)
+                || !cached_ok
+            {
+                return err(format!("prices.{model}: prices must be non-negative numbers"));
+            }
+        }
+
+        let mut keys = Vec::with_capacity(raw.keys.len());
+        let mut seen = HashSet::new();
+        for (i, k) in raw.keys.into_iter().enumerate() {
+            let at = format!("keys[{i}]");
+            if k.key.len() < 8 || k.key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return err(format!("{at}.key: at least 8 characters, no spaces"));
+            }
+            if !seen.insert(k.key.clone()) {
+                return err(format!("{at}.key: the same key is listed twice"));
+            }
+            if !groups.contains_key(&k.group) {
+                return err(format!("{at}.group: no group named '{}'", k.group));
+            }
+            if !(k.balance.is_finite() && k.balance >= 0.0) {
+                return err(format!("{at}.balance: must be a non-negative number"));
+            }
+            keys.push(KeyConfig {
+                key: k.key,
+                name: k.name,
+                group: k.group,
+                balance: k.balance,
+                rpm: k.rpm,
+                tpm: k.tpm,
+                enabled: k.enabled,
+            });
+        }
+
+        Ok(Config {
+            pingora: raw.pingora,
+            listen,
+            tls,
+            data_dir: raw.data_dir.unwrap_or_else(|| PathBuf::from("./data")),
+            max_body_bytes,
+            admin,
+            providers,
+            groups,
+            prices: raw.prices,
+            keys,
+            video: raw.video,
+            storage: raw.storage,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    const MINIMAL: &str = r#"
+listen: 127.0.0.1:8080
+providers:
+  - name: openai
+    protocol: openai
+    base_url: https://api.openai.com
+    api_key: sk-up
+    models: [alpha-5.5]
+keys:
+  - { key: sk-demo-0001, name: demo, group: default, balance: 5.0 }
+"#;
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::parse(MINIMAL, &no_env).expect("valid");
+        assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(c.groups["default"].len(), 3);
+        assert_eq!(c.providers[0].base_url.port, 443);
+        assert!(c.keys[0].enabled);
+    }
+
+    #[test]
+    fn unknown_key_is_rejected_by_name() {
+        let text = format!("{MINIMAL}\nlisten_port: 3\n");
+        let e = Config::parse(&text, &no_env).unwrap_err();
+        assert!(e.0.contains("listen_port"), "{e}");
+        let nested = MINIMAL.replace("api_key: sk-up", "api_key: sk-up\n    apikey: x");
+        let e = Config::parse(&nested, &no_env).unwrap_err();
+        assert!(e.0.contains("apikey"), "{e}");
+    }
+
+    #[test]
+    fn missing_env_variable_is_named() {
+        let text = MINIMAL.replace("api_key: sk-up", "api_key_env: TOLLGATE_TEST_MISSING");
+        let e = Config::parse(&text, &no_env).unwrap_err();
+        assert!(e.0.contains("TOLLGATE_TEST_MISSING"), "{e}");
+        assert!(e.0.contains("providers[0].api_key_env"), "{e}");
+        let found = |n: &str| (n == "TOLLGATE_TEST_MISSING").then(|| "sk-env".to_string());
+        let c = Config::parse(&text, &found).expect("valid");
+        assert_eq!(c.providers[0].api_key, "sk-env");
+    }
+
+    #[test]
+    fn key_with_unknown_group_names_the_key() {
+        let text = MINIMAL.replace("group: default", "group: nope");
+        let e = Config::parse(&text, &no_env).unwrap_err();
+        assert!(e.0.contains("keys[0].group") && e.0.contains("nope"), "{e}");
+    }
+
+    #[test]
+    fn bad_base_url_and_protocol_are_named() {
+        let e = Config::parse(&MINIMAL.replace("https://api.openai.com", "ftp://x"), &no_env)
+            .unwrap_err();
+        assert!(e.0.contains("providers[0].base_url"), "{e}");
+        let e = Config::parse(&MINIMAL.replace("protocol: openai", "protocol: cohere"), &no_env)
+            .unwrap_err();
+        assert!(e.0.contains("cohere"), "{e}");
+        let e = Config::parse(&MINIMAL.replace("127.0.0.1:8080", "localhost"), &no_env)
+            .unwrap_err();
+        assert!(e.0.contains("listen"), "{e}");
+    }
+
+    #[test]
+    fn base_url_parts() {
+        let b = BaseUrl::parse("http://127.0.0.1:9100/openai/").expect("valid");
+        assert_eq!(
+            b,
+            BaseUrl {
+                tls: false,
+                host: "127.0.0.1".into(),
+                port: 9100,
+                prefix: "/openai".into()
+            }
+        );
+        assert_eq!(b.host_header(), "127.0.0.1:9100");
+        let b = BaseUrl::parse("https://api.example.com").expect("valid");
+        assert_eq!(b.prefix, "");
+        assert_eq!(b.host_header(), "api.example.com");
+        assert!(BaseUrl::parse("https://user:pw@x.com").is_err());
+        assert!(BaseUrl::parse("x.com").is_err());
+    }
+}

@@ -1,0 +1,17 @@
+//! tollgate: an edge gateway for model APIs on Pingora.
+//!
+//! Module map (one concern each): [`config`] file → typed config; [`route`] method+path →
+//! route; [`auth`] keys; [`protocol`] wire shapes per protocol; [`relay`] providers, upstream
+//! rewrite, DNS; [`store`] sled; [`response`] local responses; [`gateway`] the Pingora hooks;
+//! [`server`] wiring; [`mock`] the mock upstream used by tests and benches.
+
+pub mod auth;
+pub mod config;
+pub mod gateway;
+pub mod mock;
+pub mod protocol;
+pub mod relay;
+pub mod response;
+pub mod route;
+pub mod server;
+pub mod store;

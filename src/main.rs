@@ -1,0 +1,12 @@
+//! `tollgate -c conf/tollgate.yaml` (Pingora's `-c/-d/-u/-t` flags keep their meaning).
+
+use pingora_core::server::configuration::Opt;
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let opt = Opt::parse_args();
+    if let Err(e) = tollgate::server::run(opt) {
+        eprintln!("tollgate: {e}");
+        std::process::exit(2);
+    }
+}

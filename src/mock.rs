@@ -1,0 +1,474 @@
+//! A mock upstream that speaks the three model protocols as the real services frame them
+//! (JSON bodies and SSE streams, with usage), for tests, benchmarks and the offline demo.
+//!
+//! Served paths (any prefix before them is ignored, so one mock can stand in for several
+//! providers told apart by their base-URL prefix):
+//! `…/v1/chat/completions`, `…/v1/responses`, `…/v1/embeddings`, `…/v1/messages`,
+//! `…/models/{m}:generateContent`, `…/models/{m}:streamGenerateContent`.
+//!
+//! Control headers (a client sends them through the gateway):
+//! `x-mock-status: N` answer N with a mock error body; `x-mock-delay-ms: N` wait before the
+//! response header; `x-mock-deltas: N` text deltas in the answer (default 3);
+//! `x-mock-interval-ms: N` pause between stream events; `x-mock-hold: T` after the first stream
+//! event, wait at least one second and until `POST /__mock/release?token=T`.
+//!
+//! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
+//! body length, model; tag from `x-test-tag`). The mock demands its own upstream key in the
+//! protocol's credential header and answers 401 otherwise.
+
+use async_trait::async_trait;
+use base64::Engine;
+use bytes::Bytes;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::{ProxyHttp, Session};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+const MAX_RECORDS: usize = 2000;
+const HOLD_CAP: Duration = Duration::from_secs(30);
+const WORDS: [&str; 8] = ["Hello", " from", " the", " mock", " upstream", ",", " friend", "."];
+
+/// One request as the mock saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: BTreeMap<String, Vec<String>>,
+    pub body_len: usize,
+    pub model: Option<String>,
+    pub tag: Option<String>,
+}
+
+/// The mock server's state.
+pub struct MockUpstream {
+    /// The key every request must carry in its protocol's credential header.
+    pub upstream_key: String,
+    records: Mutex<Vec<Recorded>>,
+    holds: Mutex<HashMap<String, Arc<Notify>>>,
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Kind {
+    Chat,
+    Responses,
+    Embeddings,
+    Messages,
+    Generate { stream: bool },
+}
+
+struct Call {
+    kind: Kind,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+    input_tokens: u64,
+    deltas: usize,
+    interval: Duration,
+    hold: Option<String>,
+    embed_inputs: usize,
+    embed_base64: bool,
+    gemini_sse: bool,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn header<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
+    req.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn num(req: &RequestHeader, name: &str) -> Option<u64> {
+    header(req, name).and_then(|v| v.trim().parse().ok())
+}
+
+impl MockUpstream {
+    pub fn new(upstream_key: impl Into<String>) -> Self {
+        MockUpstream {
+            upstream_key: upstream_key.into(),
+            records: Mutex::new(Vec::new()),
+            holds: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn hold(&self, token: &str) -> Arc<Notify> {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        holds.entry(token.to_string()).or_insert_with(|| Arc::new(Notify::new())).clone()
+    }
+
+    fn record(&self, r: Recorded) {
+        let mut records = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        if records.len() >= MAX_RECORDS {
+            records.remove(0);
+        }
+        records.push(r);
+    }
+
+    fn records(&self, tag: Option<&str>) -> Vec<Recorded> {
+        let records = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        records.iter().filter(|r| tag.is_none() || r.tag.as_deref() == tag).cloned().collect()
+    }
+
+    fn credential_ok(&self, kind: Kind, req: &RequestHeader) -> bool {
+        let presented = match kind {
+            Kind::Messages => header(req, "x-api-key").map(str::to_string),
+            Kind::Generate { .. } => header(req, "x-goog-api-key").map(str::to_string),
+            _ => header(req, "authorization").and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string),
+        };
+        presented.as_deref() == Some(self.upstream_key.as_str())
+    }
+}
+
+fn kind_of(path: &str) -> Option<Kind> {
+    if path.ends_with("/v1/chat/completions") {
+        Some(Kind::Chat)
+    } else if path.ends_with("/v1/responses") {
+        Some(Kind::Responses)
+    } else if path.ends_with("/v1/embeddings") {
+        Some(Kind::Embeddings)
+    } else if path.ends_with("/v1/messages") {
+        Some(Kind::Messages)
+    } else if path.contains("/models/") && path.ends_with(":streamGenerateContent") {
+        Some(Kind::Generate { stream: true })
+    } else if path.contains("/models/") && path.ends_with(":generateContent") {
+        Some(Kind::Generate { stream: false })
+    } else {
+        None
+    }
+}
+
+fn error_body(kind: Kind, status: u16, message: &str) -> Value {
+    match kind {
+        Kind::Messages => json!({"type": "error", "error": {"type": "mock_error", "message": message}}),
+        Kind::Generate { .. } => json!({"error": {"code": status, "message": message, "status": "MOCK"}}),
+        _ => json!({"error": {"message": message, "type": "mock_error", "param": null, "code": "mock"}}),
+    }
+}
+
+async fn send(session: &mut Session, status: u16, ctype: &str, body: Bytes, extra: &[(&str, &str)]) -> Result<()> {
+    let mut h = ResponseHeader::build(status, Some(4))?;
+    h.insert_header("content-type", ctype)?;
+    h.insert_header("content-length", body.len().to_string())?;
+    for (k, v) in extra {
+        h.insert_header(k.to_string(), *v)?;
+    }
+    session.write_response_header(Box::new(h), false).await?;
+    session.write_response_body(Some(body), true).await
+}
+
+fn text_of(deltas: usize) -> Vec<&'static str> {
+    (0..deltas).map(|i| WORDS[i % WORDS.len()]).collect()
+}
+
+impl MockUpstream {
+    async fn answer(&self, session: &mut Session) -> Result<()> {
+        let req = session.req_header().clone();
+        let path = req.uri.path().to_string();
+        let query = req.uri.query().map(str::to_string);
+
+        if path == "/__mock/requests" {
+            let tag = query.as_deref().and_then(|q| q.strip_prefix("tag="));
+            let body = serde_json::to_vec(&self.records(tag)).unwrap_or_default();
+            return send(session, 200, "application/json", body.into(), &[]).await;
+        }
+        if path == "/__mock/release" {
+            if let Some(token) = query.as_deref().and_then(|q| q.strip_prefix("token=")) {
+                self.hold(token).notify_one();
+            }
+            return send(session, 200, "application/json", Bytes::from_static(b"{}"), &[]).await;
+        }
+
+        let mut body = Vec::new();
+        while let Some(chunk) = session.read_request_body().await? {
+            body.extend_from_slice(&chunk);
+        }
+        let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in req.headers.iter() {
+            headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+        }
+        let Some(kind) = kind_of(&path) else {
+            return send(session, 404, "application/json", Bytes::from_static(b"{\"error\":\"mock: unknown path\"}"), &[]).await;
+        };
+        let model = match kind {
+            Kind::Generate { .. } => path
+                .rsplit_once("/models/")
+                .and_then(|(_, rest)| rest.split_once(':'))
+                .map(|(m, _)| m.to_string()),
+            _ => parsed.get("model").and_then(Value::as_str).map(str::to_string),
+        };
+        self.record(Recorded {
+            method: req.method.to_string(),
+            path: path.clone(),
+            query: query.clone(),
+            headers,
+            body_len: body.len(),
+            model: model.clone(),
+            tag: header(&req, "x-test-tag").map(str::to_string),
+        });
+
+        if !self.credential_ok(kind, &req) {
+            let b = error_body(kind, 401, "mock: missing or wrong upstream key").to_string();
+            return send(session, 401, "application/json", b.into(), &[]).await;
+        }
+        if let Some(ms) = num(&req, "x-mock-delay-ms") {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if let Some(status) = num(&req, "x-mock-status").and_then(|s| u16::try_from(s).ok()) {
+            let b = error_body(kind, status, &format!("mock says {status}")).to_string();
+            return send(session, status, "application/json", b.into(), &[("x-mock-error", "yes")]).await;
+        }
+
+        let input = parsed.get("input");
+        let call = Call {
+            kind,
+            model: model.unwrap_or_else(|| "unknown".into()),
+            stream: match kind {
+                Kind::Generate { stream } => stream,
+                _ => parsed.get("stream").and_then(Value::as_bool).unwrap_or(false),
+            },
+            include_usage: parsed
+                .pointer("/stream_options/include_usage")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            input_tokens: (body.len() as u64).div_ceil(4).max(1),
+            deltas: num(&req, "x-mock-deltas").unwrap_or(3) as usize,
+            interval: Duration::from_millis(num(&req, "x-mock-interval-ms").unwrap_or(0)),
+            hold: header(&req, "x-mock-hold").map(str::to_string),
+            embed_inputs: match input {
+                Some(Value::Array(items)) => items.len().max(1),
+                _ => 1,
+            },
+            embed_base64: parsed.get("encoding_format").and_then(Value::as_str) == Some("base64"),
+            gemini_sse: query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "alt=sse")),
+        };
+        if call.stream {
+            self.stream(session, &call).await
+        } else {
+            let b = whole_body(&call).to_string();
+            send(session, 200, "application/json", b.into(), &[]).await
+        }
+    }
+
+    async fn stream(&self, session: &mut Session, call: &Call) -> Result<()> {
+        let events = stream_events(call);
+        let ctype = if matches!(call.kind, Kind::Generate { .. }) && !call.gemini_sse {
+            "application/json"
+        } else {
+            "text/event-stream"
+        };
+        let mut h = ResponseHeader::build(200, Some(3))?;
+        h.insert_header("content-type", ctype)?;
+        h.insert_header("cache-control", "no-cache")?;
+        session.write_response_header(Box::new(h), false).await?;
+        let count = events.len();
+        for (i, event) in events.into_iter().enumerate() {
+            session.write_response_body(Some(Bytes::from(event)), false).await?;
+            if i == 0 {
+                if let Some(token) = &call.hold {
+                    let notify = self.hold(token);
+                    let released = tokio::time::timeout(HOLD_CAP, notify.notified());
+                    let (_, _) = tokio::join!(released, tokio::time::sleep(Duration::from_secs(1)));
+                }
+            }
+            if i + 1 < count && !call.interval.is_zero() {
+                tokio::time::sleep(call.interval).await;
+            }
+        }
+        session.write_response_body(None, true).await
+    }
+}
+
+fn sse(event: Option<&str>, data: &Value) -> String {
+    match event {
+        Some(name) => format!("event: {name}\ndata: {data}\n\n"),
+        None => format!("data: {data}\n\n"),
+    }
+}
+
+fn whole_body(call: &Call) -> Value {
+    let words = text_of(call.deltas);
+    let text: String = words.concat();
+    let out = call.deltas as u64;
+    let inp = call.input_tokens;
+    let model = &call.model;
+    match call.kind {
+        Kind::Chat => json!({
+            "id": "chatcmpl-mock", "object": "chat.completion", "created": now(), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
+                         "logprobs": null, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out},
+        }),
+        Kind::Responses => response_object(model, &text, "completed", inp, out),
+        Kind::Embeddings => {
+            let vector = [0.25f32, -0.5, 0.125, 1.0];
+            let data: Vec<Value> = (0..call.embed_inputs)
+                .map(|i| {
+                    let embedding = if call.embed_base64 {
+                        let bytes: Vec<u8> = vector.iter().flat_map(|f| f.to_le_bytes()).collect();
+                        json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                    } else {
+                        json!(vector)
+                    };
+                    json!({"object": "embedding", "index": i, "embedding": embedding})
+                })
+                .collect();
+            json!({"object": "list", "data": data, "model": model,
+                   "usage": {"prompt_tokens": inp, "total_tokens": inp}})
+        }
+        Kind::Messages => json!({
+            "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": inp, "output_tokens": out},
+        }),
+        Kind::Generate { .. } => gemini_chunk(model, &text, Some("STOP"), inp, out),
+    }
+}
+
+fn response_object(model: &str, text: &str, status: &str, inp: u64, out: u64) -> Value {
+    let output = if status == "completed" {
+        json!([{"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}]}])
+    } else {
+        json!([])
+    };
+    let usage = if status == "completed" {
+        json!({"input_tokens": inp, "input_tokens_details": {"cached_tokens": 0},
+               "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
+               "total_tokens": inp + out})
+    } else {
+        Value::Null
+    };
+    json!({"id": "resp_mock", "object": "response", "created_at": now(), "status": status,
+           "model": model, "output": output, "parallel_tool_calls": true, "tool_choice": "auto",
+           "tools": [], "usage": usage})
+}
+
+fn gemini_chunk(model: &str, text: &str, finish: Option<&str>, inp: u64, out: u64) -> Value {
+    let mut candidate = json!({"content": {"parts": [{"text": text}], "role": "model"}, "index": 0});
+    if let Some(f) = finish {
+        candidate["finishReason"] = json!(f);
+    }
+    json!({"candidates": [candidate],
+           "usageMetadata": {"promptTokenCount": inp, "candidatesTokenCount": out, "totalTokenCount": inp + out},
+           "modelVersion": model})
+}
+
+/// The stream as a list of wire pieces; the first piece is the first event.
+fn stream_events(call: &Call) -> Vec<String> {
+    let words = text_of(call.deltas);
+    let out = call.deltas as u64;
+    let inp = call.input_tokens;
+    let model = call.model.as_str();
+    let mut ev = Vec::new();
+    match call.kind {
+        Kind::Chat | Kind::Embeddings => {
+            let created = now();
+            let chunk = |delta: Value, finish: Value| {
+                json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created, "model": model,
+                       "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
+            };
+            ev.push(sse(None, &chunk(json!({"role": "assistant", "content": ""}), Value::Null)));
+            for w in &words {
+                ev.push(sse(None, &chunk(json!({"content": w}), Value::Null)));
+            }
+            ev.push(sse(None, &chunk(json!({}), json!("stop"))));
+            if call.include_usage {
+                ev.push(sse(None, &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created,
+                    "model": model, "choices": [],
+                    "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}})));
+            }
+            ev.push("data: [DONE]\n\n".to_string());
+        }
+        Kind::Responses => {
+            let mut seq = 0u64;
+            let mut push = |name: &str, mut data: Value| {
+                data["type"] = json!(name);
+                data["sequence_number"] = json!(seq);
+                seq += 1;
+                ev.push(sse(Some(name), &data));
+            };
+            push("response.created", json!({"response": response_object(model, "", "in_progress", inp, 0)}));
+            push("response.output_item.added", json!({"output_index": 0, "item":
+                {"type": "message", "id": "msg_mock", "status": "in_progress", "role": "assistant", "content": []}}));
+            push("response.content_part.added", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []}}));
+            for w in &words {
+                push("response.output_text.delta", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "delta": w}));
+            }
+            let text: String = words.concat();
+            push("response.output_text.done", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": text}));
+            push("response.content_part.done", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                "part": {"type": "output_text", "text": text, "annotations": []}}));
+            push("response.output_item.done", json!({"output_index": 0, "item":
+                {"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
+                 "content": [{"type": "output_text", "text": text, "annotations": []}]}}));
+            push("response.completed", json!({"response": response_object(model, &text, "completed", inp, out)}));
+        }
+        Kind::Messages => {
+            ev.push(sse(Some("message_start"), &json!({"type": "message_start", "message": {
+                "id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": inp, "output_tokens": 1}}})));
+            ev.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}})));
+            ev.push(sse(Some("ping"), &json!({"type": "ping"})));
+            for w in &words {
+                ev.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": w}})));
+            }
+            ev.push(sse(Some("content_block_stop"), &json!({"type": "content_block_stop", "index": 0})));
+            ev.push(sse(Some("message_delta"), &json!({"type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": out}})));
+            ev.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
+        }
+        Kind::Generate { .. } => {
+            let n = words.len().max(1);
+            let chunks: Vec<Value> = (0..n)
+                .map(|i| {
+                    let w = words.get(i).copied().unwrap_or("");
+                    let finish = (i + 1 == n).then_some("STOP");
+                    gemini_chunk(model, w, finish, inp, i as u64 + 1)
+                })
+                .collect();
+            if call.gemini_sse {
+                for c in &chunks {
+                    ev.push(format!("data: {c}\r\n\r\n"));
+                }
+            } else {
+                // Without alt=sse the service streams one JSON array.
+                for (i, c) in chunks.iter().enumerate() {
+                    let lead = if i == 0 { "[" } else { "\n,\r\n" };
+                    ev.push(format!("{lead}{c}"));
+                }
+                ev.push("]".to_string());
+            }
+        }
+    }
+    ev
+}
+
+#[async_trait]
+impl ProxyHttp for MockUpstream {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+        self.answer(session).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
+        Err(Error::explain(ErrorType::InternalError, "the mock has no upstream"))
+    }
+}

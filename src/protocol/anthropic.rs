@@ -1,0 +1,60 @@
+//! Messages style: `{"type":"error","error":{"type","message"}}` and the model list
+//! `{"data":[{"type":"model","id","display_name","created_at"}],"has_more","first_id","last_id"}`.
+
+use super::{rfc3339, ApiError, ErrorKind, ModelEntry};
+use serde_json::{json, Value};
+
+pub fn error_body(e: &ApiError) -> Value {
+    let etype = match e.kind {
+        ErrorKind::BadRequest => "invalid_request_error",
+        ErrorKind::Unauthorized => "authentication_error",
+        ErrorKind::InsufficientBalance => "billing_error",
+        ErrorKind::NotFound | ErrorKind::ModelNotFound => "not_found_error",
+        ErrorKind::PayloadTooLarge => "request_too_large",
+        ErrorKind::RateLimited => "rate_limit_error",
+        ErrorKind::BadGateway | ErrorKind::Internal => "api_error",
+        ErrorKind::GatewayTimeout => "timeout_error",
+    };
+    json!({"type": "error", "error": {"type": etype, "message": e.message}})
+}
+
+pub fn model_list(models: &[ModelEntry]) -> Value {
+    let data: Vec<Value> = models
+        .iter()
+        .map(|m| {
+            json!({"type": "model", "id": m.id, "display_name": m.id, "created_at": rfc3339(m.created)})
+        })
+        .collect();
+    json!({
+        "data": data,
+        "has_more": false,
+        "first_id": models.first().map(|m| m.id.as_str()),
+        "last_id": models.last().map(|m| m.id.as_str()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_shape() {
+        let v = error_body(&ApiError::new(ErrorKind::Unauthorized, "invalid x-api-key"));
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "authentication_error");
+        assert_eq!(v["error"]["message"], "invalid x-api-key");
+    }
+
+    #[test]
+    fn list_shape() {
+        let m = |id: &str| ModelEntry { id: id.into(), created: 0, owned_by: "anthropic" };
+        let v = model_list(&[m("beta-opus-4-7"), m("beta-sonnet-4-6")]);
+        assert_eq!(v["data"][0]["type"], "model");
+        assert_eq!(v["data"][0]["display_name"], "beta-opus-4-7");
+        assert_eq!(v["data"][0]["created_at"], "1970-01-01T00:00:00Z");
+        assert_eq!(v["has_more"], false);
+        assert_eq!(v["first_id"], "beta-opus-4-7");
+        assert_eq!(v["last_id"], "beta-sonnet-4-6");
+        assert_eq!(model_list(&[])["first_id"], Value::Null);
+    }
+}

@@ -1,0 +1,135 @@
+//! What each protocol looks like on the wire where tollgate answers itself: error bodies and
+//! model lists. Pure functions; the per-protocol details are in the submodules.
+
+pub mod anthropic;
+pub mod gemini;
+pub mod openai;
+
+use crate::config::Protocol;
+
+/// Why a request is refused or failed, independent of protocol.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    BadRequest,
+    Unauthorized,
+    InsufficientBalance,
+    NotFound,
+    ModelNotFound,
+    PayloadTooLarge,
+    RateLimited,
+    BadGateway,
+    GatewayTimeout,
+    Internal,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> u16 {
+        match self {
+            ErrorKind::BadRequest => 400,
+            ErrorKind::Unauthorized => 401,
+            ErrorKind::InsufficientBalance => 402,
+            ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
+            ErrorKind::PayloadTooLarge => 413,
+            ErrorKind::RateLimited => 429,
+            ErrorKind::BadGateway => 502,
+            ErrorKind::GatewayTimeout => 504,
+            ErrorKind::Internal => 500,
+        }
+    }
+}
+
+/// A client-facing error: the kind decides the status, the message is safe to show
+/// (it never names an upstream host or key).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub param: Option<String>,
+    /// Seconds for `Retry-After` (429).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ApiError { kind, message: message.into(), param: None, retry_after: None }
+    }
+
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    pub fn status(&self) -> u16 {
+        self.kind.status()
+    }
+
+    /// The JSON body in `protocol`'s own error shape.
+    pub fn body(&self, protocol: Protocol) -> Vec<u8> {
+        let value = match protocol {
+            Protocol::Openai => openai::error_body(self),
+            Protocol::Anthropic => anthropic::error_body(self),
+            Protocol::Gemini => gemini::error_body(self),
+        };
+        value.to_string().into_bytes()
+    }
+}
+
+/// A model as the model lists show it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelEntry {
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    pub owned_by: &'static str,
+}
+
+/// Unix seconds → RFC 3339 UTC (`1970-01-01T00:00:00Z`).
+pub fn rfc3339(unix: u64) -> String {
+    let days = (unix / 86_400) as i64;
+    let secs = unix % 86_400;
+    // Civil-from-days (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        (secs / 60) % 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_known_dates() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_551_113_065), "2019-02-25T16:44:25Z");
+        assert_eq!(rfc3339(1_798_761_599), "2026-12-31T23:59:59Z");
+    }
+
+    #[test]
+    fn statuses() {
+        assert_eq!(ErrorKind::ModelNotFound.status(), 404);
+        assert_eq!(ErrorKind::PayloadTooLarge.status(), 413);
+        assert_eq!(ErrorKind::GatewayTimeout.status(), 504);
+    }
+
+    #[test]
+    fn every_shape_is_json_with_the_message() {
+        let e = ApiError::new(ErrorKind::Unauthorized, "invalid API key");
+        for p in [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini] {
+            let v: serde_json::Value = serde_json::from_slice(&e.body(p)).expect("json");
+            assert!(v.to_string().contains("invalid API key"));
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Method + path → [`Route`]. Pure: no I/O, no configuration.
+//!
+//! Root aliases (`/chat/completions`, …) map to the same routes as their `/v1` forms, and
+//! `/v1/models/{m}:generateContent` (the google-genai SDK's default) maps like `/v1beta/…`.
+
+use crate::config::Protocol;
+
+/// What a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    ChatCompletions,
+    Responses,
+    Embeddings,
+    Messages,
+    GenerateContent { model: String, stream: bool },
+    /// `GET /v1/models`: chat-completions shape, or messages shape with a version header.
+    Models,
+    /// `GET /v1beta/models`
+    GeminiModels,
+    /// `GET /v1beta/models/{model}`
+    GeminiModel { model: String },
+    Usage,
+    /// Nothing matched; the protocol says which error shape fits the path.
+    NotFound { shape: Protocol },
+}
+
+impl Route {
+    /// The protocol a relayed route speaks upstream (None for locally answered routes).
+    pub fn relay_protocol(&self) -> Option<Protocol> {
+        match self {
+            Route::ChatCompletions | Route::Responses | Route::Embeddings => Some(Protocol::Openai),
+            Route::Messages => Some(Protocol::Anthropic),
+            Route::GenerateContent { .. } => Some(Protocol::Gemini),
+            _ => None,
+        }
+    }
+
+    /// Stable label for logs and metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Route::ChatCompletions => "chat_completions",
+            Route::Responses => "responses",
+            Route::Embeddings => "embeddings",
+            Route::Messages => "messages",
+            Route::GenerateContent { stream: false, .. } => "generate_content",
+            Route::GenerateContent { stream: true, .. } => "stream_generate_content",
+            Route::Models => "models",
+            Route::GeminiModels => "gemini_models",
+            Route::GeminiModel { .. } => "gemini_model",
+            Route::Usage => "usage",
+            Route::NotFound { .. } => "not_found",
+        }
+    }
+}
+
+/// The error shape for a path nobody serves.
+fn shape_for(path: &str) -> Protocol {
+    if path.starts_with("/v1beta/") || path.contains(":generateContent") || path.contains(":streamGenerateContent") {
+        Protocol::Gemini
+    } else if path.starts_with("/v1/messages") || path.starts_with("/messages") {
+        Protocol::Anthropic
+    } else {
+        Protocol::Openai
+    }
+}
+
+/// Classify a request. `path` excludes the query string.
+pub fn classify(method: &str, path: &str) -> Route {
+    let not_found = || Route::NotFound { shape: shape_for(path) };
+    let trimmed = if path.len() > 1 { path.trim_end_matches('/') } else { path };
+    // Root aliases are the /v1 paths without the prefix.
+    let v1 = trimmed.strip_prefix("/v1").filter(|rest| rest.starts_with('/'));
+    let rest = v1.unwrap_or(trimmed);
+
+    if let Some(after) = trimmed.strip_prefix("/v1beta/models") {
+        return gemini_models(method, after).unwrap_or_else(not_found);
+    }
+    if let Some(after) = rest.strip_prefix("/models/") {
+        // `/v1/models/{m}:generateContent` — the google-genai default API version.
+        if let Some(route) = generate_content(method, after) {
+            return route;
+        }
+        return not_found();
+    }
+    let route = match (method, rest) {
+        ("POST", "/chat/completions") => Route::ChatCompletions,
+        ("POST", "/responses") => Route::Responses,
+        ("POST", "/embeddings") => Route::Embeddings,
+        ("POST", "/messages") => Route::Messages,
+        ("GET", "/models") => Route::Models,
+        ("GET", "/usage") => Route::Usage,
+        _ => return not_found(),
+    };
+    route
+}
+
+/// `after` is what follows `/v1beta/models`.
+fn gemini_models(method: &str, after: &str) -> Option<Route> {
+    if after.is_empty() {
+        return (method == "GET").then_some(Route::GeminiModels);
+    }
+    let name = after.strip_prefix('/')?;
+    if let Some(route) = generate_content(method, name) {
+        return Some(route);
+    }
+    if method == "GET" && !name.is_empty() && !name.contains('/') && !name.contains(':') {
+        return Some(Route::GeminiModel { model: name.to_string() });
+    }
+    None
+}
+
+/// `name` is `{model}:{action}`.
+fn generate_content(method: &str, name: &str) -> Option<Route> {
+    if method != "POST" {
+        return None;
+    }
+    let (model, action) = name.rsplit_once(':')?;
+    if model.is_empty() || model.contains('/') {
+        return None;
+    }
+    let stream = match action {
+        "generateContent" => false,
+        "streamGenerateContent" => true,
+        _ => return None,
+    };
+    Some(Route::GenerateContent { model: model.to_string(), stream })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn v1_and_root_aliases() {
+        for (p, r) in [
+            ("/v1/chat/completions", Route::ChatCompletions),
+            ("/chat/completions", Route::ChatCompletions),
+            ("/v1/responses", Route::Responses),
+            ("/responses", Route::Responses),
+            ("/v1/embeddings", Route::Embeddings),
+            ("/embeddings", Route::Embeddings),
+            ("/v1/messages", Route::Messages),
+            ("/messages", Route::Messages),
+        ] {
+            assert_eq!(classify("POST", p), r, "{p}");
+        }
+        assert_eq!(classify("GET", "/v1/models"), Route::Models);
+        assert_eq!(classify("GET", "/models"), Route::Models);
+        assert_eq!(classify("GET", "/v1/usage"), Route::Usage);
+        assert_eq!(classify("GET", "/usage"), Route::Usage);
+        assert_eq!(classify("GET", "/v1/models/"), Route::Models);
+    }
+
+    #[test]
+    fn generate_content_paths() {
+        let g = |m: &str, s| Route::GenerateContent { model: m.into(), stream: s };
+        assert_eq!(classify("POST", "/v1beta/models/gamma-3.5-flash:generateContent"), g("gamma-3.5-flash", false));
+        assert_eq!(classify("POST", "/v1beta/models/gamma-3.5-flash:streamGenerateContent"), g("gamma-3.5-flash", true));
+        assert_eq!(classify("POST", "/v1/models/gamma-3.5-flash:generateContent"), g("gamma-3.5-flash", false));
+        assert_eq!(classify("POST", "/v1/models/gamma-3.5-flash:streamGenerateContent"), g("gamma-3.5-flash", true));
+        assert_eq!(
+            classify("POST", "/v1beta/models/gamma:countTokens"),
+            Route::NotFound { shape: Protocol::Gemini }
+        );
+        assert_eq!(
+            classify("GET", "/v1beta/models/gamma:generateContent"),
+            Route::NotFound { shape: Protocol::Gemini }
+        );
+    }
+
+    #[test]
+    fn gemini_model_list_and_single() {
+        assert_eq!(classify("GET", "/v1beta/models"), Route::GeminiModels);
+        assert_eq!(classify("GET", "/v1beta/models/gamma-3.5-flash"), Route::GeminiModel { model: "gamma-3.5-flash".into() });
+        assert_eq!(classify("POST", "/v1beta/models"), Route::NotFound { shape: Protocol::Gemini });
+    }
+
+    #[test]
+    fn unknown_paths_pick_a_fitting_shape() {
+        assert_eq!(classify("GET", "/v1/nothing"), Route::NotFound { shape: Protocol::Openai });
+        assert_eq!(classify("GET", "/v1/chat/completions"), Route::NotFound { shape: Protocol::Openai });
+        assert_eq!(classify("GET", "/v1/messages/batches"), Route::NotFound { shape: Protocol::Anthropic });
+        assert_eq!(classify("GET", "/v1beta/files"), Route::NotFound { shape: Protocol::Gemini });
+        assert_eq!(classify("POST", "/v1x/chat/completions"), Route::NotFound { shape: Protocol::Openai });
+        assert_eq!(classify("GET", "/"), Route::NotFound { shape: Protocol::Openai });
+    }
+
+    #[test]
+    fn relay_protocols() {
+        assert_eq!(Route::Embeddings.relay_protocol(), Some(Protocol::Openai));
+        assert_eq!(Route::Messages.relay_protocol(), Some(Protocol::Anthropic));
+        assert_eq!(Route::Models.relay_protocol(), None);
+    }
+}

@@ -1,0 +1,115 @@
+//! The sled database: one file lock, opened once, trees by concern.
+//!
+//! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::Path;
+
+/// One API key as persisted.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct KeyRecord {
+    pub id: String,
+    pub name: String,
+    pub group: String,
+    /// Hex SHA-256 of the secret.
+    pub key_hash: String,
+    /// Balance in nano-USD (1e-9 USD).
+    pub balance_nanos: i64,
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    pub enabled: bool,
+    pub created_at: u64,
+}
+
+#[derive(Debug)]
+pub enum StoreError {
+    Db(sled::Error),
+    Corrupt(String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::Db(e) => write!(f, "database error: {e}"),
+            StoreError::Corrupt(what) => write!(f, "database record is unreadable: {what}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl From<sled::Error> for StoreError {
+    fn from(e: sled::Error) -> Self {
+        StoreError::Db(e)
+    }
+}
+
+/// Handle to the open database.
+#[derive(Clone)]
+pub struct Store {
+    db: sled::Db,
+    keys: sled::Tree,
+}
+
+impl Store {
+    pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        let db = sled::Config::new().path(dir).open()?;
+        let keys = db.open_tree("keys")?;
+        Ok(Store { db, keys })
+    }
+
+    /// Every key record.
+    pub fn all_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.keys.iter() {
+            let (id, value) = item?;
+            let rec: KeyRecord = serde_json::from_slice(&value).map_err(|e| {
+                StoreError::Corrupt(format!("key {}: {e}", String::from_utf8_lossy(&id)))
+            })?;
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    pub fn put_key(&self, rec: &KeyRecord) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(rec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.keys.insert(rec.id.as_bytes(), value)?;
+        Ok(())
+    }
+
+    pub fn flush(&self) -> Result<(), StoreError> {
+        self.db.flush()?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip_across_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rec = KeyRecord {
+            id: "key_1".into(),
+            name: "demo".into(),
+            group: "default".into(),
+            key_hash: "ab".into(),
+            balance_nanos: 5_000_000_000,
+            rpm: Some(60),
+            tpm: None,
+            enabled: true,
+            created_at: 1,
+        };
+        {
+            let s = Store::open(dir.path()).expect("open");
+            s.put_key(&rec).expect("put");
+            s.flush().expect("flush");
+        }
+        let s = Store::open(dir.path()).expect("reopen");
+        assert_eq!(s.all_keys().expect("read"), vec![rec]);
+    }
+}
