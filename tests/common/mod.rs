@@ -1,0 +1,161 @@
+//! Test harness: starts the real `tollgate` and `tollgate-mock` binaries as child processes
+//! on free loopback ports and kills them on drop.
+#![allow(dead_code)]
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const UPSTREAM_KEY: &str = "mock-upstream-key-7f3a";
+pub const CLIENT_KEY: &str = "sk-client-test-0001";
+pub const CHAT_KEY: &str = "sk-client-chat-0001";
+pub const DISABLED_KEY: &str = "sk-client-off-0001";
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Wait until something accepts connections on `port`, or panic after 20 s.
+fn wait_listening(port: u16, child: &mut Child, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    while Instant::now() < deadline {
+        if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+            return;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("{what} exited before listening: {status}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("{what} did not listen on {port}");
+}
+
+pub struct Proc {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl Proc {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.port, path)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn start_mock() -> Proc {
+    let port = free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-mock"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--key", UPSTREAM_KEY])
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tollgate-mock");
+    wait_listening(port, &mut child, "tollgate-mock");
+    Proc { child, port }
+}
+
+/// A running gateway plus the temporary directory holding its config and database.
+pub struct Gateway {
+    pub proc: Proc,
+    pub dir: tempfile::TempDir,
+}
+
+impl Gateway {
+    pub fn url(&self, path: &str) -> String {
+        self.proc.url(path)
+    }
+}
+
+/// The standard test config body (without `listen`/`data_dir`) against a mock on `mock_port`:
+/// providers `oa` (prefix /oa), `an` (/an), `ge` (/ge); groups default and chat; three keys.
+pub fn standard_config(mock_port: u16) -> String {
+    format!(
+        r#"
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}/oa", api_key: {UPSTREAM_KEY},
+      models: [alpha-5.5, alpha-4o-mini, alpha-embed-3] }}
+  - {{ name: an, protocol: anthropic, base_url: "http://127.0.0.1:{mock_port}/an", api_key: {UPSTREAM_KEY},
+      models: [beta-opus-4-7, beta-sonnet-4-6] }}
+  - {{ name: ge, protocol: gemini, base_url: "http://127.0.0.1:{mock_port}/ge", api_key: {UPSTREAM_KEY},
+      models: [gamma-3.5-flash] }}
+groups:
+  default: {{ platforms: [openai, anthropic, gemini] }}
+  chat: {{ platforms: [openai] }}
+keys:
+  - {{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}
+  - {{ key: {CHAT_KEY}, name: chatter, group: chat, balance: 5.0 }}
+  - {{ key: {DISABLED_KEY}, name: off, group: default, balance: 5.0, enabled: false }}
+"#
+    )
+}
+
+/// Write `body` (plus listen/data_dir/pingora settings) as a config file in a new temp dir.
+pub fn write_config(body: &str) -> (tempfile::TempDir, PathBuf, u16) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = free_port();
+    let path = dir.path().join("tollgate.yaml");
+    let mut f = std::fs::File::create(&path).expect("config file");
+    write!(
+        f,
+        "listen: 127.0.0.1:{port}\ndata_dir: {}\npingora: {{ threads: 2, pid_file: {}, upgrade_sock: {} }}\n{body}",
+        dir.path().join("data").display(),
+        dir.path().join("tollgate.pid").display(),
+        dir.path().join("upgrade.sock").display(),
+    )
+    .expect("write config");
+    (dir, path, port)
+}
+
+pub fn start_gateway(body: &str) -> Gateway {
+    let (dir, path, port) = write_config(body);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("-c")
+        .arg(&path)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn tollgate");
+    wait_listening(port, &mut child, "tollgate");
+    Gateway { proc: Proc { child, port }, dir }
+}
+
+/// Run `tollgate` with `args` to completion; returns (exit code, stderr+stdout).
+pub fn run_tollgate(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tollgate"));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("run tollgate");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stderr), String::from_utf8_lossy(&out.stdout));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client")
+}
+
+/// The requests the mock received with this `x-test-tag`.
+pub async fn mock_requests(mock: &Proc, tag: &str) -> Vec<serde_json::Value> {
+    client()
+        .get(mock.url(&format!("/__mock/requests?tag={tag}")))
+        .send()
+        .await
+        .expect("mock requests")
+        .json()
+        .await
+        .expect("json")
+}

@@ -1,0 +1,500 @@
+//! Gateway core against the real daemon and the mock upstream: routes, keys, routing by model,
+//! large bodies, header rewrite, streaming, model lists, upstream failures.
+
+mod common;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+fn chat_body(model: &str) -> Value {
+    json!({"model": model, "messages": [{"role": "user", "content": "hi"}]})
+}
+
+async fn post(url: &str, key_header: (&str, &str), tag: &str, body: &Value) -> reqwest::Response {
+    client()
+        .post(url)
+        .header(key_header.0, key_header.1)
+        .header("x-test-tag", tag)
+        .json(body)
+        .send()
+        .await
+        .expect("request")
+}
+
+fn bearer(key: &str) -> (&'static str, String) {
+    ("authorization", format!("Bearer {key}"))
+}
+
+#[tokio::test]
+async fn every_route_and_alias_reaches_its_upstream_path() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let auth = bearer(CLIENT_KEY);
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("/v1/chat/completions", chat_body("alpha-5.5"), "/oa/v1/chat/completions"),
+        ("/chat/completions", chat_body("alpha-5.5"), "/oa/v1/chat/completions"),
+        ("/v1/responses", json!({"model": "alpha-5.5", "input": "hi"}), "/oa/v1/responses"),
+        ("/responses", json!({"model": "alpha-5.5", "input": "hi"}), "/oa/v1/responses"),
+        ("/v1/embeddings", json!({"model": "alpha-embed-3", "input": "hi"}), "/oa/v1/embeddings"),
+        ("/embeddings", json!({"model": "alpha-embed-3", "input": "hi"}), "/oa/v1/embeddings"),
+        ("/v1/messages", json!({"model": "beta-opus-4-7", "max_tokens": 8, "messages": []}), "/an/v1/messages"),
+        ("/messages", json!({"model": "beta-opus-4-7", "max_tokens": 8, "messages": []}), "/an/v1/messages"),
+        ("/v1beta/models/gamma-3.5-flash:generateContent", json!({"contents": []}), "/ge/v1beta/models/gamma-3.5-flash:generateContent"),
+        ("/v1beta/models/gamma-3.5-flash:streamGenerateContent", json!({"contents": []}), "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent"),
+        ("/v1/models/gamma-3.5-flash:generateContent", json!({"contents": []}), "/ge/v1/models/gamma-3.5-flash:generateContent"),
+        ("/v1/models/gamma-3.5-flash:streamGenerateContent", json!({"contents": []}), "/ge/v1/models/gamma-3.5-flash:streamGenerateContent"),
+    ];
+    for (i, (path, body, upstream_path)) in cases.iter().enumerate() {
+        let tag = format!("route-{i}");
+        let resp = post(&gw.url(path), (auth.0, &auth.1), &tag, body).await;
+        assert_eq!(resp.status(), 200, "{path}");
+        let seen = mock_requests(&mock, &tag).await;
+        assert_eq!(seen.len(), 1, "{path}");
+        assert_eq!(seen[0]["path"], *upstream_path, "{path}");
+        assert_eq!(seen[0]["method"], "POST");
+    }
+    for path in ["/v1/usage", "/usage", "/v1/models", "/models", "/v1beta/models"] {
+        let resp = client().get(gw.url(path)).header(auth.0, &auth.1).send().await.expect("get");
+        assert_eq!(resp.status(), 200, "{path}");
+    }
+}
+
+#[tokio::test]
+async fn keys_are_accepted_in_every_header_on_every_endpoint() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let bearer_value = format!("Bearer {CLIENT_KEY}");
+    let headers: [(&str, &str); 4] = [
+        ("authorization", &bearer_value),
+        ("x-api-key", CLIENT_KEY),
+        ("x-goog-api-key", CLIENT_KEY),
+        ("x-alt-api-key", CLIENT_KEY),
+    ];
+    for (name, value) in headers {
+        for (path, body) in [
+            ("/v1/chat/completions", chat_body("alpha-5.5")),
+            ("/v1/messages", json!({"model": "beta-sonnet-4-6", "max_tokens": 8, "messages": []})),
+            ("/v1beta/models/gamma-3.5-flash:generateContent", json!({"contents": []})),
+        ] {
+            let resp = post(&gw.url(path), (name, value), "hdr", &body).await;
+            assert_eq!(resp.status(), 200, "{name} on {path}");
+        }
+        for path in ["/v1/models", "/v1beta/models", "/v1/usage"] {
+            let resp = client().get(gw.url(path)).header(name, value).send().await.expect("get");
+            assert_eq!(resp.status(), 200, "{name} on {path}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn key_in_query_is_400_even_with_a_valid_header() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let auth = bearer(CLIENT_KEY);
+    for query in ["key=abc", "api_key=abc", "apikey=abc", "access_token=abc", "alt=sse&KEY=abc"] {
+        let url = gw.url(&format!("/v1beta/models/gamma-3.5-flash:streamGenerateContent?{query}"));
+        let resp = post(&url, (auth.0, &auth.1), "query-key", &json!({"contents": []})).await;
+        assert_eq!(resp.status(), 400, "{query}");
+        let v: Value = resp.json().await.expect("json");
+        assert_eq!(v["error"]["status"], "INVALID_ARGUMENT", "{v}");
+        let resp = client().get(gw.url(&format!("/v1/models?{query}"))).header(auth.0, &auth.1).send().await.expect("get");
+        assert_eq!(resp.status(), 400, "{query}");
+    }
+    assert!(mock_requests(&mock, "query-key").await.is_empty(), "nothing may reach the upstream");
+}
+
+#[tokio::test]
+async fn missing_wrong_and_disabled_keys_are_401_in_each_shape() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    for key in [None, Some("sk-wrong-key-000"), Some(DISABLED_KEY)] {
+        let with_key = |rb: reqwest::RequestBuilder| match key {
+            Some(k) => rb.header("x-api-key", k),
+            None => rb,
+        };
+        let r = with_key(client().post(gw.url("/v1/chat/completions")).json(&chat_body("alpha-5.5"))).send().await.expect("req");
+        assert_eq!(r.status(), 401);
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+        assert!(v["error"]["message"].is_string());
+
+        let r = with_key(client().post(gw.url("/v1/messages")).json(&json!({"model": "beta-opus-4-7"}))).send().await.expect("req");
+        assert_eq!(r.status(), 401);
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["type"], "error");
+        assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+
+        let r = with_key(client().post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent")).json(&json!({}))).send().await.expect("req");
+        assert_eq!(r.status(), 401);
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"]["status"], "UNAUTHENTICATED", "{v}");
+        assert_eq!(v["error"]["code"], 401);
+    }
+    let r = client().get(gw.url("/v1/models")).header("x-api-key", DISABLED_KEY).send().await.expect("req");
+    assert_eq!(r.status(), 401);
+    let msg = r.text().await.expect("text");
+    assert!(msg.contains("disabled"), "{msg}");
+}
+
+#[tokio::test]
+async fn unknown_paths_are_404_in_the_fitting_shape() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let auth = bearer(CLIENT_KEY);
+    let r = client().get(gw.url("/v1/nothing")).header(auth.0, &auth.1).send().await.expect("req");
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["type"], "invalid_request_error");
+    let r = client().get(gw.url("/v1/messages/batches")).header(auth.0, &auth.1).send().await.expect("req");
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["type"], "not_found_error");
+    let r = client().post(gw.url("/v1beta/models/gamma-3.5-flash:countTokens")).header(auth.0, &auth.1).send().await.expect("req");
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["status"], "NOT_FOUND");
+}
+
+#[tokio::test]
+async fn routing_by_model_unknown_models_and_group_limits() {
+    let mock = start_mock();
+    let port = mock.port;
+    let config = standard_config(port).replace(
+        "groups:",
+        &format!(
+            "  - {{ name: oa2, protocol: openai, base_url: \"http://127.0.0.1:{port}/second\", api_key: {UPSTREAM_KEY}, models: [alpha-5.4] }}\ngroups:"
+        ),
+    );
+    let gw = start_gateway(&config);
+    let auth = bearer(CLIENT_KEY);
+    let r = post(&gw.url("/v1/chat/completions"), (auth.0, &auth.1), "m54", &chat_body("alpha-5.4")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(mock_requests(&mock, "m54").await[0]["path"], "/second/v1/chat/completions");
+    let r = post(&gw.url("/v1/chat/completions"), (auth.0, &auth.1), "m55", &chat_body("alpha-5.5")).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(mock_requests(&mock, "m55").await[0]["path"], "/oa/v1/chat/completions");
+
+    // Unknown model, or a model of another protocol: 404 in the endpoint's shape.
+    let r = post(&gw.url("/v1/chat/completions"), (auth.0, &auth.1), "unknown", &chat_body("beta-opus-4-7")).await;
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    let r = post(&gw.url("/v1/messages"), (auth.0, &auth.1), "unknown", &json!({"model": "nope", "max_tokens": 1})).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "not_found_error");
+    let r = post(&gw.url("/v1beta/models/nope:generateContent"), (auth.0, &auth.1), "unknown", &json!({})).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["status"], "NOT_FOUND");
+    // Missing model / broken JSON: 400.
+    let r = post(&gw.url("/v1/chat/completions"), (auth.0, &auth.1), "unknown", &json!({"messages": []})).await;
+    assert_eq!(r.status(), 400);
+    let r = client().post(gw.url("/v1/chat/completions")).header(auth.0, &auth.1).header("x-test-tag", "unknown").body("{\"model\":").send().await.expect("req");
+    assert_eq!(r.status(), 400);
+    assert!(mock_requests(&mock, "unknown").await.is_empty());
+
+    // A chat-group key: openai endpoints (embeddings included) work, the others are 404.
+    let chat = bearer(CHAT_KEY);
+    let r = post(&gw.url("/v1/embeddings"), (chat.0, &chat.1), "group", &json!({"model": "alpha-embed-3", "input": "x"})).await;
+    assert_eq!(r.status(), 200);
+    let r = post(&gw.url("/v1/messages"), (chat.0, &chat.1), "group", &json!({"model": "beta-opus-4-7", "max_tokens": 1})).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "not_found_error");
+    let r = post(&gw.url("/v1beta/models/gamma-3.5-flash:generateContent"), (chat.0, &chat.1), "group", &json!({})).await;
+    assert_eq!(r.status(), 404);
+    assert_eq!(mock_requests(&mock, "group").await.len(), 1, "only the embeddings call went upstream");
+}
+
+#[tokio::test]
+async fn a_4_mib_body_with_model_last_is_routed_by_model() {
+    let mock = start_mock();
+    let port = mock.port;
+    let config = standard_config(port).replace(
+        "groups:",
+        &format!(
+            "  - {{ name: big, protocol: openai, base_url: \"http://127.0.0.1:{port}/big\", api_key: {UPSTREAM_KEY}, models: [alpha-big] }}\ngroups:"
+        ),
+    );
+    let gw = start_gateway(&config);
+    let filler = "q".repeat(4 * 1024 * 1024 + 17);
+    // Hand-built so that `model` is the very last field.
+    let body = format!(r#"{{"messages":[{{"role":"user","content":"{filler}"}}],"stream":false,"model":"alpha-big"}}"#);
+    let len = body.len();
+    assert!(len > 4 * 1024 * 1024);
+    let resp = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("authorization", format!("Bearer {CLIENT_KEY}"))
+        .header("content-type", "application/json")
+        .header("x-test-tag", "big")
+        .body(body)
+        .send()
+        .await
+        .expect("big request");
+    assert_eq!(resp.status(), 200);
+    let v: Value = resp.json().await.expect("json");
+    assert_eq!(v["model"], "alpha-big");
+    let seen = mock_requests(&mock, "big").await;
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["path"], "/big/v1/chat/completions");
+    assert_eq!(seen[0]["body_len"], len, "the upstream received the whole body");
+    assert_eq!(seen[0]["headers"]["content-length"][0], len.to_string());
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_are_413_without_reaching_the_upstream() {
+    let mock = start_mock();
+    let gw = start_gateway(&format!("max_body_bytes: 65536\n{}", standard_config(mock.port)));
+    let auth = bearer(CLIENT_KEY);
+    let big = format!(r#"{{"model":"alpha-5.5","pad":"{}"}}"#, "z".repeat(70_000));
+    let r = client().post(gw.url("/v1/chat/completions")).header(auth.0, &auth.1).header("x-test-tag", "413").body(big.clone()).send().await.expect("req");
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["code"], "request_too_large");
+    // Chunked (no Content-Length): refused once the limit is crossed.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = big.as_bytes().chunks(8192).map(|c| Ok(c.to_vec())).collect();
+    let stream = futures_util::stream::iter(chunks);
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .header(auth.0, &auth.1)
+        .header("x-test-tag", "413")
+        .body(reqwest::Body::wrap_stream(stream))
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(r.status(), 413);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "request_too_large");
+    // Just under the limit passes.
+    let ok = format!(r#"{{"model":"alpha-5.5","pad":"{}"}}"#, "z".repeat(60_000));
+    let r = client().post(gw.url("/v1/chat/completions")).header(auth.0, &auth.1).header("x-test-tag", "413ok").body(ok).send().await.expect("req");
+    assert_eq!(r.status(), 200);
+    assert!(mock_requests(&mock, "413").await.is_empty());
+}
+
+#[tokio::test]
+async fn the_upstream_never_sees_a_client_key() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    for (i, (path, body)) in [
+        ("/v1/chat/completions", chat_body("alpha-5.5")),
+        ("/v1/messages", json!({"model": "beta-opus-4-7", "max_tokens": 8, "messages": []})),
+        ("/v1beta/models/gamma-3.5-flash:generateContent", json!({"contents": []})),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let tag = format!("leak-{i}");
+        let r = client()
+            .post(gw.url(path))
+            .header("authorization", format!("Bearer {CLIENT_KEY}"))
+            .header("x-api-key", CLIENT_KEY)
+            .header("x-goog-api-key", CLIENT_KEY)
+            .header("x-alt-api-key", CLIENT_KEY)
+            .header("proxy-authorization", format!("Bearer {CLIENT_KEY}"))
+            .header("compat-version", "2023-06-01")
+            .header("x-test-tag", &tag)
+            .json(&body)
+            .send()
+            .await
+            .expect("req");
+        assert_eq!(r.status(), 200, "{path}: the mock accepted the provider's credential");
+        let seen = mock_requests(&mock, &tag).await;
+        assert_eq!(seen.len(), 1);
+        let headers = seen[0]["headers"].to_string();
+        assert!(!headers.contains(CLIENT_KEY), "{path}: client key reached the upstream: {headers}");
+        assert!(headers.contains(UPSTREAM_KEY), "{path}: {headers}");
+        assert_eq!(seen[0]["headers"]["host"][0], format!("127.0.0.1:{}", mock.port));
+        if path == "/v1/messages" {
+            assert_eq!(seen[0]["headers"]["anthropic-version"][0], "2023-06-01");
+            assert!(seen[0]["headers"].get("compat-version").is_none());
+        }
+    }
+    // The configured default version is sent when the client sends none.
+    let r = post(&gw.url("/v1/messages"), ("x-api-key", CLIENT_KEY), "ver", &json!({"model": "beta-opus-4-7", "max_tokens": 1})).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(mock_requests(&mock, "ver").await[0]["headers"]["anthropic-version"][0], "2023-06-01");
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", CLIENT_KEY)
+        .header("anthropic-version", "2099-01-01")
+        .header("x-test-tag", "ver2")
+        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 1}))
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(r.status(), 200);
+    assert_eq!(mock_requests(&mock, "ver2").await[0]["headers"]["anthropic-version"][0], "2099-01-01");
+}
+
+/// The mock sends one event, then holds the stream (at least one second, and until released).
+/// The client must hold that first event while the upstream is still holding: only then does
+/// the test release the rest. A buffering gateway would never deliver it and the test times out.
+#[tokio::test]
+async fn streams_pass_through_event_by_event() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    for (i, (path, body, first_marker)) in [
+        ("/v1/chat/completions", json!({"model": "alpha-5.5", "stream": true, "messages": []}), "\"role\":\"assistant\""),
+        ("/v1/messages", json!({"model": "beta-opus-4-7", "stream": true, "max_tokens": 8, "messages": []}), "message_start"),
+        ("/v1beta/models/gamma-3.5-flash:streamGenerateContent?alt=sse", json!({"contents": []}), "candidates"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let token = format!("hold-{i}-{}", std::process::id());
+        let resp = client()
+            .post(gw.url(path))
+            .header("authorization", format!("Bearer {CLIENT_KEY}"))
+            .header("x-mock-hold", &token)
+            .header("x-mock-deltas", "5")
+            .json(&body)
+            .send()
+            .await
+            .expect("stream request");
+        assert_eq!(resp.status(), 200);
+        assert!(resp.headers()["content-type"].to_str().unwrap_or("").starts_with("text/event-stream"));
+        let mut stream = resp.bytes_stream();
+        let mut received = Vec::new();
+        // Read until the first event is complete, while the upstream holds the rest.
+        let first = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(chunk) = stream.next().await {
+                received.extend_from_slice(&chunk.expect("chunk"));
+                let text = String::from_utf8_lossy(&received);
+                if text.contains("\n\n") || text.contains("\r\n\r\n") {
+                    return text.into_owned();
+                }
+            }
+            panic!("stream ended before the first event");
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{path}: first event not delivered while the upstream held the stream"));
+        assert!(first.contains(first_marker), "{path}: {first}");
+        let events_before_release = first.matches("data:").count();
+        assert_eq!(events_before_release, 1, "{path}: only the first event exists yet: {first}");
+        client().post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
+        while let Some(chunk) = stream.next().await {
+            received.extend_from_slice(&chunk.expect("chunk"));
+        }
+        let all = String::from_utf8_lossy(&received);
+        assert!(all.matches("data:").count() >= 5, "{path}: the rest arrived after release: {all}");
+    }
+}
+
+#[tokio::test]
+async fn model_lists_in_each_shape_filtered_by_group() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let get = |path: &str, key: &str, extra: Option<(&str, &str)>| {
+        let mut rb = client().get(gw.url(path)).header("authorization", format!("Bearer {key}"));
+        if let Some((k, v)) = extra {
+            rb = rb.header(k, v);
+        }
+        rb.send()
+    };
+    let v: Value = get("/v1/models", CLIENT_KEY, None).await.expect("req").json().await.expect("json");
+    assert_eq!(v["object"], "list");
+    let ids: Vec<&str> = v["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, ["alpha-5.5", "alpha-4o-mini", "alpha-embed-3", "beta-opus-4-7", "beta-sonnet-4-6", "gamma-3.5-flash"]);
+    assert_eq!(v["data"][0]["object"], "model");
+
+    for header in ["anthropic-version", "compat-version"] {
+        let v: Value = get("/v1/models", CLIENT_KEY, Some((header, "2023-06-01"))).await.expect("req").json().await.expect("json");
+        let ids: Vec<&str> = v["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+        assert_eq!(ids, ["beta-opus-4-7", "beta-sonnet-4-6"], "{header}");
+        assert_eq!(v["data"][0]["type"], "model");
+        assert_eq!(v["data"][0]["display_name"], "beta-opus-4-7");
+        assert!(v["data"][0]["created_at"].as_str().is_some_and(|s| s.ends_with('Z')));
+        assert_eq!(v["has_more"], false);
+        assert_eq!(v["first_id"], "beta-opus-4-7");
+        assert_eq!(v["last_id"], "beta-sonnet-4-6");
+    }
+
+    let v: Value = get("/v1beta/models", CLIENT_KEY, None).await.expect("req").json().await.expect("json");
+    assert_eq!(v["models"][0]["name"], "models/gamma-3.5-flash");
+    assert_eq!(v["models"][0]["displayName"], "gamma-3.5-flash");
+    assert!(v["models"][0]["supportedGenerationMethods"].as_array().is_some_and(|m| m.contains(&json!("generateContent"))));
+    let r = get("/v1beta/models/gamma-3.5-flash", CLIENT_KEY, None).await.expect("req");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.expect("json")["name"], "models/gamma-3.5-flash");
+    let r = get("/v1beta/models/gamma-9", CLIENT_KEY, None).await.expect("req");
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["status"], "NOT_FOUND");
+
+    // The chat group sees only chat-completions models.
+    let v: Value = get("/v1/models", CHAT_KEY, None).await.expect("req").json().await.expect("json");
+    let ids: Vec<&str> = v["data"].as_array().expect("data").iter().filter_map(|m| m["id"].as_str()).collect();
+    assert_eq!(ids, ["alpha-5.5", "alpha-4o-mini", "alpha-embed-3"]);
+    let v: Value = get("/v1beta/models", CHAT_KEY, None).await.expect("req").json().await.expect("json");
+    assert_eq!(v["models"], json!([]));
+    let r = get("/v1beta/models/gamma-3.5-flash", CHAT_KEY, None).await.expect("req");
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn upstream_failures_timeouts_errors_and_failover() {
+    let mock = start_mock();
+    let dead = free_port();
+    let port = mock.port;
+    let config = format!(
+        r#"
+providers:
+  - {{ name: down, protocol: openai, base_url: "http://127.0.0.1:{dead}/down", api_key: {UPSTREAM_KEY}, models: [alpha-down, alpha-fo] }}
+  - {{ name: slow, protocol: anthropic, base_url: "http://127.0.0.1:{port}/slow", api_key: {UPSTREAM_KEY}, models: [beta-slow], read_timeout_secs: 1 }}
+  - {{ name: down-ge, protocol: gemini, base_url: "http://127.0.0.1:{dead}", api_key: {UPSTREAM_KEY}, models: [gamma-down] }}
+  - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{port}/up", api_key: {UPSTREAM_KEY}, models: [alpha-fo, alpha-ok] }}
+keys:
+  - {{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}
+"#
+    );
+    let gw = start_gateway(&config);
+    let auth = bearer(CLIENT_KEY);
+    let leaks = |text: &str| text.contains("127.0.0.1") || text.contains(&dead.to_string()) || text.contains(UPSTREAM_KEY);
+
+    let r = post(&gw.url("/v1/chat/completions"), (auth.0, &auth.1), "down", &chat_body("alpha-down")).await;
+    assert_eq!(r.status(), 502);
+    let text = r.text().await.expect("text");
+    let v: Value = serde_json::from_str(&text).expect("json");
+    assert_eq!(v["error"]["type"], "api_error");
+    assert!(!leaks(&text), "{text}");
+
+    let r = post(&gw.url("/v1beta/models/gamma-down:generateContent"), (auth.0, &auth.1), "down", &json!({})).await;
+    assert_eq!(r.status(), 502);
+    let text = r.text().await.expect("text");
+    assert_eq!(serde_json::from_str::<Value>(&text).expect("json")["error"]["status"], "UNAVAILABLE");
+    assert!(!leaks(&text), "{text}");
+
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", CLIENT_KEY)
+        .header("x-mock-delay-ms", "3000")
+        .json(&json!({"model": "beta-slow", "max_tokens": 1}))
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(r.status(), 504);
+    let text = r.text().await.expect("text");
+    assert_eq!(serde_json::from_str::<Value>(&text).expect("json")["error"]["type"], "timeout_error");
+    assert!(!leaks(&text), "{text}");
+
+    // An upstream's own error passes through unchanged.
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header("authorization", &auth.1)
+        .header("x-mock-status", "429")
+        .json(&chat_body("alpha-ok"))
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.headers()["x-mock-error"], "yes");
+    assert_eq!(
+        r.json::<Value>().await.expect("json"),
+        json!({"error": {"message": "mock says 429", "type": "mock_error", "param": null, "code": "mock"}})
+    );
+
+    // Two providers serve alpha-fo; the first refuses connections, the second answers.
+    let r = post(&gw.url("/v1/chat/completions"), (auth.0, &auth.1), "failover", &chat_body("alpha-fo")).await;
+    assert_eq!(r.status(), 200);
+    let seen = mock_requests(&mock, "failover").await;
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0]["path"], "/up/v1/chat/completions");
+}
