@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite: system packages, Rust unit + integration tests (one `cargo test`
+# build), then the SDK compatibility suite in a virtualenv against the binaries that build made.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SUDO=""
+if [ "$(id -u)" != "0" ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+need=()
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+[ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
+if [ ${#need[@]} -gt 0 ]; then
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq "${need[@]}" python3-venv
+fi
+
+echo "== cargo test"
+cargo test --locked 2>&1
+
+echo "== SDK compatibility suite"
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys' 2>/dev/null; then
+  rm -rf .venv
+  python3 -m venv .venv
+fi
+.venv/bin/pip install -q --disable-pip-version-check -r tests/sdk/requirements.txt
+TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/sdk
