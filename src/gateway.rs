@@ -19,7 +19,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
-use pingora_http::RequestHeader;
+use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
@@ -207,6 +207,18 @@ impl Gateway {
         let declared = header_str(session.req_header(), "content-length").and_then(|v| v.trim().parse::<u64>().ok());
         if declared.is_some_and(|n| n > limit as u64) {
             return Err(too_large());
+        }
+        // The checks passed: tell a client that waits for it (curl does above 1 MiB) to send.
+        let expects_continue = header_str(session.req_header(), "expect")
+            .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
+        if expects_continue {
+            let write = async {
+                let continue_header = ResponseHeader::build(100, Some(0))?;
+                session.write_response_header(Box::new(continue_header), false).await
+            };
+            write.await.map_err(|e| {
+                ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {}", e.etype().as_str()))
+            })?;
         }
         let mut chunks: Vec<Bytes> = Vec::new();
         let mut total = 0usize;

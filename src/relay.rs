@@ -194,6 +194,8 @@ pub fn rewrite_request(
     // The usage scanner needs plain bytes: ask the upstream not to compress.
     req.remove_header("accept-encoding");
     req.remove_header("transfer-encoding");
+    // The whole body is already here: the upstream need not confirm it wants it.
+    req.remove_header("expect");
     req.insert_header("content-length", body_len.to_string())?;
 
     let cfg = &upstream.config;

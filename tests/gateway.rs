@@ -498,3 +498,49 @@ keys:
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0]["path"], "/up/v1/chat/completions");
 }
+
+/// Read from `stream` until `needle` has been seen (or the peer closes); returns all bytes.
+async fn read_until(stream: &mut tokio::net::TcpStream, needle: &str) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).await.expect("read");
+        if n == 0 {
+            break;
+        }
+        seen.extend_from_slice(&buf[..n]);
+        if String::from_utf8_lossy(&seen).contains(needle) {
+            break;
+        }
+    }
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+#[tokio::test]
+async fn expect_100_continue_is_answered_after_the_checks() {
+    use tokio::io::AsyncWriteExt;
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let body = serde_json::to_vec(&chat_body("alpha-5.5")).expect("json");
+    let head = |key: &str| {
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nExpect: 100-continue\r\n\r\n",
+            body.len()
+        )
+    };
+    // A valid key: 100 Continue arrives before any body byte is sent, then the answer.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw.proc.port)).await.expect("connect");
+    s.write_all(head(CLIENT_KEY).as_bytes()).await.expect("head");
+    let interim = tokio::time::timeout(Duration::from_secs(10), read_until(&mut s, "\r\n\r\n")).await.expect("100 in time");
+    assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
+    s.write_all(&body).await.expect("body");
+    let answer = tokio::time::timeout(Duration::from_secs(10), read_until(&mut s, "chat.completion")).await.expect("answer");
+    assert!(answer.contains("200 OK") && answer.contains("chat.completion"), "{answer}");
+
+    // A wrong key: refused at once, no 100 Continue.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw.proc.port)).await.expect("connect");
+    s.write_all(head("sk-wrong-key-000").as_bytes()).await.expect("head");
+    let answer = tokio::time::timeout(Duration::from_secs(10), read_until(&mut s, "\r\n\r\n")).await.expect("answer");
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+}
