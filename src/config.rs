@@ -76,9 +76,50 @@ struct RawConfig {
     #[serde(default)]
     keys: Vec<RawKey>,
     #[serde(default)]
-    video: Option<serde_yaml::Value>,
+    video: Option<RawVideo>,
     #[serde(default)]
     storage: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVideo {
+    upstream: RawVideoUpstream,
+    #[serde(default)]
+    poll_interval_secs: Option<u64>,
+    #[serde(default)]
+    poll_concurrency: Option<usize>,
+    #[serde(default)]
+    prices: BTreeMap<String, f64>,
+    /// API models enabled; all known models when absent.
+    #[serde(default)]
+    models: Option<Vec<String>>,
+    /// How long a normal (not off-peak) task is polled before it fails.
+    #[serde(default)]
+    max_task_hours: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVideoUpstream {
+    base_url: String,
+    #[serde(default)]
+    secret_id: Option<String>,
+    #[serde(default)]
+    secret_id_env: Option<String>,
+    #[serde(default)]
+    secret_key: Option<String>,
+    #[serde(default)]
+    secret_key_env: Option<String>,
+    region: String,
+    version: String,
+    #[serde(default)]
+    brand: Option<String>,
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+    /// Requests per second toward the video service, over all tasks.
+    #[serde(default)]
+    rate_per_sec: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -173,8 +214,7 @@ pub struct Config {
     pub groups: BTreeMap<String, Vec<Protocol>>,
     pub prices: BTreeMap<String, Price>,
     pub keys: Vec<KeyConfig>,
-    /// Validated by the video module once it exists; kept as written.
-    pub video: Option<serde_yaml::Value>,
+    pub video: Option<VideoConfig>,
     pub storage: Option<serde_yaml::Value>,
 }
 
@@ -258,6 +298,27 @@ pub struct ProviderConfig {
     pub anthropic_version: String,
     pub connect_timeout_ms: u64,
     pub read_timeout_secs: u64,
+}
+
+/// The video-task service and its Tencent-Cloud-API-3.0-style upstream.
+#[derive(Debug, Clone)]
+pub struct VideoConfig {
+    pub base_url: BaseUrl,
+    pub secret_id: String,
+    pub secret_key: String,
+    pub region: String,
+    pub version: String,
+    /// Actions are `Submit<Capability><brand>Job` / `Describe<Capability><brand>Job`.
+    pub brand: String,
+    pub timeout_secs: u64,
+    pub rate_per_sec: u32,
+    pub poll_interval_secs: u64,
+    pub poll_concurrency: usize,
+    /// USD per second of video, by API model.
+    pub prices: BTreeMap<String, f64>,
+    /// Enabled API models.
+    pub models: Vec<String>,
+    pub max_task_hours: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -428,6 +489,11 @@ impl Config {
             });
         }
 
+        let video = match raw.video {
+            Some(v) => Some(video_config(v, env)?),
+            None => None,
+        };
+
         Ok(Config {
             pingora: raw.pingora,
             listen,
@@ -439,10 +505,67 @@ impl Config {
             groups,
             prices: raw.prices,
             keys,
-            video: raw.video,
+            video,
             storage: raw.storage,
         })
     }
+}
+
+fn video_config(v: RawVideo, env: &dyn Fn(&str) -> Option<String>) -> Result<VideoConfig, ConfigError> {
+    let u = v.upstream;
+    let base_url = BaseUrl::parse(&u.base_url).map_err(|e| ConfigError(format!("video.upstream.base_url: {e}")))?;
+    if !base_url.prefix.is_empty() {
+        return err("video.upstream.base_url: the video service is called at '/', give no path");
+    }
+    let secret_id = secret("video.upstream.secret_id", u.secret_id, u.secret_id_env, env)?
+        .ok_or_else(|| ConfigError("video.upstream.secret_id: required (or secret_id_env)".into()))?;
+    let secret_key = secret("video.upstream.secret_key", u.secret_key, u.secret_key_env, env)?
+        .ok_or_else(|| ConfigError("video.upstream.secret_key: required (or secret_key_env)".into()))?;
+    let brand = u.brand.unwrap_or_else(|| "Gen".to_string());
+    if brand.is_empty() || !brand.chars().all(|c| c.is_ascii_alphanumeric()) {
+        return err("video.upstream.brand: letters and digits only");
+    }
+    let known = crate::video::request::MODELS;
+    let models = match v.models {
+        Some(list) => {
+            if let Some(m) = list.iter().find(|m| !known.contains(&m.as_str())) {
+                return err(format!("video.models: '{m}' is not a known video model ({})", known.join(", ")));
+            }
+            list
+        }
+        None => known.iter().map(|m| m.to_string()).collect(),
+    };
+    for (model, price) in &v.prices {
+        if !known.contains(&model.as_str()) {
+            return err(format!("video.prices.{model}: not a known video model"));
+        }
+        if !(price.is_finite() && *price >= 0.0) {
+            return err(format!("video.prices.{model}: must be a non-negative number"));
+        }
+    }
+    let poll_interval_secs = v.poll_interval_secs.unwrap_or(5);
+    if poll_interval_secs == 0 {
+        return err("video.poll_interval_secs: must be at least 1");
+    }
+    let rate_per_sec = u.rate_per_sec.unwrap_or(20);
+    if rate_per_sec == 0 {
+        return err("video.upstream.rate_per_sec: must be at least 1");
+    }
+    Ok(VideoConfig {
+        base_url,
+        secret_id,
+        secret_key,
+        region: u.region,
+        version: u.version,
+        brand,
+        timeout_secs: u.timeout_secs.unwrap_or(30),
+        rate_per_sec,
+        poll_interval_secs,
+        poll_concurrency: v.poll_concurrency.unwrap_or(8).max(1),
+        prices: v.prices,
+        models,
+        max_task_hours: v.max_task_hours.unwrap_or(24),
+    })
 }
 
 #[cfg(test)]
@@ -513,6 +636,26 @@ keys:
         let e = Config::parse(&MINIMAL.replace("127.0.0.1:8080", "localhost"), &no_env)
             .unwrap_err();
         assert!(e.0.contains("listen"), "{e}");
+    }
+
+    #[test]
+    fn video_section_is_typed_and_secrets_named() {
+        let text = format!(
+            "{MINIMAL}video:\n  upstream: {{ base_url: https://vclm.tencentcloudapi.com, secret_id_env: TC_ID, secret_key: k, region: ap-guangzhou, version: \"2024-05-23\" }}\n  prices: {{ genq3-pro: 0.05 }}\n"
+        );
+        let e = Config::parse(&text, &no_env).unwrap_err();
+        assert!(e.0.contains("video.upstream.secret_id_env") && e.0.contains("TC_ID"), "{e}");
+        let c = Config::parse(&text, &|n: &str| (n == "TC_ID").then(|| "id".to_string())).expect("valid");
+        let v = c.video.expect("video");
+        assert_eq!(v.brand, "Gen");
+        assert_eq!(v.rate_per_sec, 20);
+        assert_eq!(v.models.len(), 7);
+        let bad = text.replace("genq3-pro: 0.05", "genq9: 0.05");
+        let e = Config::parse(&bad, &|_: &str| Some("x".to_string())).unwrap_err();
+        assert!(e.0.contains("video.prices.genq9"), "{e}");
+        let bad = text.replace("region: ap-guangzhou", "region: ap-guangzhou, zone: x");
+        let e = Config::parse(&bad, &|_: &str| Some("x".to_string())).unwrap_err();
+        assert!(e.0.contains("zone"), "{e}");
     }
 
     #[test]

@@ -15,6 +15,7 @@ use crate::relay::{self, Catalog};
 use crate::response::LocalResponse;
 use crate::route::{self, Route};
 use crate::store::KeyRecord;
+use crate::video::{self, VideoService};
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -30,6 +31,8 @@ pub struct Gateway {
     pub catalog: Arc<Catalog>,
     pub keys: Arc<KeyIndex>,
     pub max_body_bytes: usize,
+    /// None when no `video` section is configured.
+    pub video: Option<Arc<VideoService>>,
 }
 
 /// Everything the subrequest needs to send a request upstream, decided by the parent.
@@ -60,6 +63,8 @@ pub struct RequestCtx {
 enum Outcome {
     Respond(LocalResponse),
     Relay(Arc<RelayPlan>),
+    /// The response has been written already (a streamed video).
+    Done,
 }
 
 fn header_str<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
@@ -154,6 +159,9 @@ impl Gateway {
                 });
                 return Ok(Outcome::Respond(LocalResponse::json(200, &body)));
             }
+            Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } => {
+                return self.video_route(session, &route, &key).await;
+            }
             other => other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?,
         };
 
@@ -192,6 +200,33 @@ impl Gateway {
             client_version: version,
             key,
         })))
+    }
+
+    /// The video task endpoints.
+    async fn video_route(&self, session: &mut Session, route: &Route, key: &KeyRecord) -> std::result::Result<Outcome, ApiError> {
+        let Some(svc) = self.video.as_ref() else {
+            return Err(ApiError::new(ErrorKind::NotFound, "Video generation is not configured on this gateway."));
+        };
+        match route {
+            Route::VideoCreate { legacy } => {
+                let body = self.read_body(session).await?;
+                let idem = header_str(session.req_header(), "idempotency-key").map(str::to_string);
+                if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
+                    return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
+                }
+                let task = svc.create(key, &body, idem.as_deref()).await?;
+                Ok(Outcome::Respond(LocalResponse::json(200, &task.to_json(true, *legacy))))
+            }
+            Route::VideoGet { id, legacy } => {
+                let task = svc.get(key, id).await?;
+                Ok(Outcome::Respond(LocalResponse::json(200, &task.to_json(false, *legacy))))
+            }
+            Route::VideoContent { id } => {
+                video::http::serve_content(svc, session, key, id).await?;
+                Ok(Outcome::Done)
+            }
+            _ => Err(ApiError::new(ErrorKind::Internal, "not a video route")),
+        }
     }
 
     /// Read the whole request body, refusing more than `max_body_bytes` (413) without reading
@@ -320,6 +355,7 @@ impl ProxyHttp for Gateway {
         match self.decide(session, ctx).await {
             Ok(Outcome::Respond(resp)) => resp.send(session).await?,
             Ok(Outcome::Relay(plan)) => self.relay(session, plan).await?,
+            Ok(Outcome::Done) => {}
             Err(err) => {
                 // The body may be unread: do not reuse the connection after an early refusal.
                 session.set_keepalive(None);

@@ -3,7 +3,7 @@
 //! Module map (one concern each): [`config`] file → typed config; [`route`] method+path →
 //! route; [`auth`] keys; [`protocol`] wire shapes per protocol; [`relay`] providers, upstream
 //! rewrite, DNS; [`store`] sled; [`response`] local responses; [`gateway`] the Pingora hooks;
-//! [`server`] wiring; [`mock`] the mock upstream used by tests and benches.
+//! [`server`] wiring; [`video`] asynchronous video tasks; [`mock`] the mock upstream used by tests and benches.
 
 pub mod auth;
 pub mod config;
@@ -15,3 +15,4 @@ pub mod response;
 pub mod route;
 pub mod server;
 pub mod store;
+pub mod video;

@@ -20,6 +20,12 @@ pub enum Route {
     /// `GET /v1beta/models/{model}`
     GeminiModel { model: String },
     Usage,
+    /// `POST /v1/videos`; legacy: `/v1/video/generations`, `/v1/videos/generations`.
+    VideoCreate { legacy: bool },
+    /// `GET /v1/videos/{id}`; legacy: `/v1/video/generations/{id}`.
+    VideoGet { id: String, legacy: bool },
+    /// `GET /v1/videos/{id}/content`
+    VideoContent { id: String },
     /// Nothing matched; the protocol says which error shape fits the path.
     NotFound { shape: Protocol },
 }
@@ -48,6 +54,9 @@ impl Route {
             Route::GeminiModels => "gemini_models",
             Route::GeminiModel { .. } => "gemini_model",
             Route::Usage => "usage",
+            Route::VideoCreate { .. } => "video_create",
+            Route::VideoGet { .. } => "video_get",
+            Route::VideoContent { .. } => "video_content",
             Route::NotFound { .. } => "not_found",
         }
     }
@@ -82,6 +91,9 @@ pub fn classify(method: &str, path: &str) -> Route {
         }
         return not_found();
     }
+    if let Some(route) = video(method, rest) {
+        return route;
+    }
     let route = match (method, rest) {
         ("POST", "/chat/completions") => Route::ChatCompletions,
         ("POST", "/responses") => Route::Responses,
@@ -92,6 +104,29 @@ pub fn classify(method: &str, path: &str) -> Route {
         _ => return not_found(),
     };
     route
+}
+
+/// Video task paths (`rest` is the path without `/v1`).
+fn video(method: &str, rest: &str) -> Option<Route> {
+    let id_ok = |id: &str| !id.is_empty() && !id.contains('/') && id != "generations";
+    match method {
+        "POST" => match rest {
+            "/videos" => Some(Route::VideoCreate { legacy: false }),
+            "/video/generations" | "/videos/generations" => Some(Route::VideoCreate { legacy: true }),
+            _ => None,
+        },
+        "GET" => {
+            if let Some(id) = rest.strip_prefix("/video/generations/") {
+                return id_ok(id).then(|| Route::VideoGet { id: id.to_string(), legacy: true });
+            }
+            let tail = rest.strip_prefix("/videos/")?;
+            if let Some(id) = tail.strip_suffix("/content") {
+                return id_ok(id).then(|| Route::VideoContent { id: id.to_string() });
+            }
+            id_ok(tail).then(|| Route::VideoGet { id: tail.to_string(), legacy: false })
+        }
+        _ => None,
+    }
 }
 
 /// `after` is what follows `/v1beta/models`.
@@ -183,6 +218,19 @@ mod tests {
         assert_eq!(classify("GET", "/v1beta/files"), Route::NotFound { shape: Protocol::Gemini });
         assert_eq!(classify("POST", "/v1x/chat/completions"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("GET", "/"), Route::NotFound { shape: Protocol::Openai });
+    }
+
+    #[test]
+    fn video_paths() {
+        assert_eq!(classify("POST", "/v1/videos"), Route::VideoCreate { legacy: false });
+        assert_eq!(classify("POST", "/v1/video/generations"), Route::VideoCreate { legacy: true });
+        assert_eq!(classify("POST", "/v1/videos/generations"), Route::VideoCreate { legacy: true });
+        assert_eq!(classify("GET", "/v1/videos/task_abc"), Route::VideoGet { id: "task_abc".into(), legacy: false });
+        assert_eq!(classify("GET", "/v1/video/generations/task_abc"), Route::VideoGet { id: "task_abc".into(), legacy: true });
+        assert_eq!(classify("GET", "/v1/videos/task_abc/content"), Route::VideoContent { id: "task_abc".into() });
+        assert_eq!(classify("GET", "/v1/videos/a/b"), Route::NotFound { shape: Protocol::Openai });
+        assert_eq!(classify("DELETE", "/v1/videos/task_abc"), Route::NotFound { shape: Protocol::Openai });
+        assert_eq!(classify("GET", "/v1/videos"), Route::NotFound { shape: Protocol::Openai });
     }
 
     #[test]

@@ -5,6 +5,7 @@ use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::relay::{Catalog, DnsRefresh};
 use crate::store::Store;
+use crate::video::{VideoPoller, VideoService};
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::Server;
 use pingora_core::services::background::background_service;
@@ -42,11 +43,27 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     store.flush().map_err(|e| e.to_string())?;
     let catalog = Arc::new(Catalog::new(&config, now_unix()));
     catalog.resolve_all_blocking();
+    let video = match &config.video {
+        Some(v) => Some(Arc::new(VideoService::new(v.clone(), store.db())?)),
+        None => None,
+    };
 
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
-    let gateway = Gateway { catalog: catalog.clone(), keys, max_body_bytes: config.max_body_bytes };
+    if let Some(svc) = &video {
+        // Tasks left in `submitting` by a crash are failed before anything else runs.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| format!("start-up runtime: {e}"))?;
+        let failed = runtime.block_on(svc.recover()).map_err(|e| format!("video recovery: {e}"))?;
+        if failed > 0 {
+            log::warn!("video: {failed} task(s) interrupted before submission were marked failed");
+        }
+        server.add_service(background_service("video poller", VideoPoller { service: svc.clone() }));
+    }
+    let gateway = Gateway { catalog: catalog.clone(), keys, max_body_bytes: config.max_body_bytes, video };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
     if let Some(addr) = config.listen {
         proxy.add_tcp(&addr.to_string());

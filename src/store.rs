@@ -80,6 +80,11 @@ impl Store {
         Ok(())
     }
 
+    /// The database, for modules that keep trees of their own.
+    pub fn db(&self) -> &sled::Db {
+        &self.db
+    }
+
     pub fn flush(&self) -> Result<(), StoreError> {
         self.db.flush()?;
         Ok(())

@@ -16,6 +16,10 @@ pub enum ErrorKind {
     NotFound,
     ModelNotFound,
     PayloadTooLarge,
+    /// The resource is not in a state that allows this (video not ready).
+    Conflict,
+    /// The resource existed but is no longer available (expired video URL).
+    Gone,
     RateLimited,
     BadGateway,
     GatewayTimeout,
@@ -30,6 +34,8 @@ impl ErrorKind {
             ErrorKind::InsufficientBalance => 402,
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::PayloadTooLarge => 413,
+            ErrorKind::Conflict => 409,
+            ErrorKind::Gone => 410,
             ErrorKind::RateLimited => 429,
             ErrorKind::BadGateway => 502,
             ErrorKind::GatewayTimeout => 504,

@@ -12,6 +12,8 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::NotFound => ("invalid_request_error", json!("unknown_url")),
         ErrorKind::ModelNotFound => ("invalid_request_error", json!("model_not_found")),
         ErrorKind::PayloadTooLarge => ("invalid_request_error", json!("request_too_large")),
+        ErrorKind::Conflict => ("invalid_request_error", json!("not_ready")),
+        ErrorKind::Gone => ("invalid_request_error", json!("expired")),
         ErrorKind::RateLimited => ("rate_limit_error", json!("rate_limit_exceeded")),
         ErrorKind::BadGateway => ("api_error", json!("upstream_unavailable")),
         ErrorKind::GatewayTimeout => ("api_error", json!("upstream_timeout")),

@@ -1,0 +1,315 @@
+//! Asynchronous video-generation tasks (video spec): validation and capability routing
+//! ([`request`]), the pure state machine ([`task`]), the TC3 signer ([`tc3`]) and client
+//! ([`upstream`]), sled persistence ([`store`]); this module ties them into the service the
+//! HTTP layer calls, the background poller and crash recovery.
+
+pub mod http;
+pub mod request;
+pub mod store;
+pub mod task;
+pub mod tc3;
+pub mod upstream;
+
+use crate::auth::now_unix;
+use crate::config::VideoConfig;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::store::{KeyRecord, StoreError};
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
+use rand::Rng;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use store::VideoStore;
+use task::{Event, Status, Task, TaskError};
+use upstream::{UpstreamError, VideoUpstream};
+
+/// Off-peak tasks may take up to 48 hours (§1, §8).
+pub const OFF_PEAK_LIMIT_SECS: u64 = 48 * 3600;
+/// The upstream result URL is valid for 24 hours (§1).
+pub const RESULT_URL_TTL_SECS: u64 = 24 * 3600;
+
+const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// `task_` + 28 random base62 characters (~166 bits).
+pub fn new_task_id() -> String {
+    let mut rng = rand::thread_rng();
+    let tail: String = (0..28).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect();
+    format!("task_{tail}")
+}
+
+fn internal(e: StoreError) -> ApiError {
+    log::error!("video store: {e}");
+    ApiError::new(ErrorKind::Internal, "Internal error while storing the task.")
+}
+
+pub struct VideoService {
+    cfg: VideoConfig,
+    store: VideoStore,
+    upstream: VideoUpstream,
+    /// Per-task locks: concurrent refreshes of one task coalesce into one describe.
+    refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// For downloading result videos.
+    pub(crate) download: reqwest::Client,
+}
+
+impl VideoService {
+    pub fn new(cfg: VideoConfig, db: &sled::Db) -> Result<Self, String> {
+        let store = VideoStore::new(db).map_err(|e| e.to_string())?;
+        let upstream = VideoUpstream::new(cfg.clone())?;
+        let download = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| format!("video download client: {e}"))?;
+        Ok(VideoService { cfg, store, upstream, refreshing: Mutex::new(HashMap::new()), download })
+    }
+
+    /// Price of a task in nano-USD: `video.prices[model]` USD per second × duration.
+    pub fn price_nanos(&self, api_model: &str, duration: u32) -> i64 {
+        let per_second = self.cfg.prices.get(api_model).copied().unwrap_or(0.0);
+        crate::auth::usd_to_nanos(per_second * f64::from(duration))
+    }
+
+    /// Start-up recovery: a task left in `submitting` by a crash is failed.
+    pub async fn recover(&self) -> Result<usize, StoreError> {
+        let mut failed = 0;
+        for id in self.store.open_ids()? {
+            let Some(task) = self.store.get(&id)? else { continue };
+            if task.status == Status::Submitting {
+                let next = task.apply(
+                    Event::Fail(TaskError::new(
+                        "interrupted",
+                        "The gateway stopped before the video service confirmed this task; it was not started.",
+                    )),
+                    now_unix(),
+                );
+                self.store.put(&next).await?;
+                failed += 1;
+            }
+        }
+        Ok(failed)
+    }
+
+    /// Validate, persist, submit. Returns the task (new, or the one an Idempotency-Key names).
+    pub async fn create(&self, key: &KeyRecord, body: &[u8], idempotency_key: Option<&str>) -> Result<Task, ApiError> {
+        let json: serde_json::Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))?;
+        let now = now_unix();
+        if let Some(idem) = idempotency_key {
+            if let Some(existing) = self.store.idempotent_task(&key.id, idem, now).map_err(internal)? {
+                if let Some(task) = self.store.get(&existing).map_err(internal)? {
+                    return Ok(task);
+                }
+            }
+        }
+        let sub = request::validate(&json, &self.cfg.models)?;
+        let mut task = Task {
+            id: new_task_id(),
+            owner: key.id.clone(),
+            api_model: sub.api_model.clone(),
+            upstream_model: sub.upstream_model.clone(),
+            capability: sub.capability,
+            duration: sub.duration,
+            off_peak: sub.off_peak,
+            status: Status::Submitting,
+            progress: 0,
+            created_at: now,
+            completed_at: None,
+            updated_at: now,
+            last_polled_at: now,
+            job_id: None,
+            url: None,
+            error: None,
+            cost_nanos: self.price_nanos(&sub.api_model, sub.duration),
+        };
+        // Durable before the upstream is called.
+        self.store.put(&task).await.map_err(internal)?;
+        if let Some(idem) = idempotency_key {
+            let holder = self.store.claim_idempotency(&key.id, idem, &task.id, now).await.map_err(internal)?;
+            if holder != task.id {
+                self.store.discard(&task.id).await.map_err(internal)?;
+                return self.store.get(&holder).map_err(internal)?.ok_or_else(|| {
+                    ApiError::new(ErrorKind::Internal, "The task for this Idempotency-Key is missing.")
+                });
+            }
+        }
+        match self.upstream.submit(sub.capability, &sub.payload).await {
+            Ok(job_id) => {
+                task = task.apply(Event::Submitted { job_id }, now_unix());
+                // Durable again before the client sees the id.
+                self.store.put(&task).await.map_err(internal)?;
+                Ok(task)
+            }
+            Err(e) => {
+                log::warn!("video submit for {} failed: {e}", task.id);
+                task = task.apply(Event::Fail(e.as_task_error()), now_unix());
+                self.store.put(&task).await.map_err(internal)?;
+                Err(submit_error(&e))
+            }
+        }
+    }
+
+    /// The caller's task, refreshed from the upstream first when its last poll is stale.
+    pub async fn get(&self, key: &KeyRecord, id: &str) -> Result<Task, ApiError> {
+        let task = self.owned(key, id)?;
+        if !task.status.is_terminal() && self.is_stale(&task, now_unix()) {
+            self.refresh(id).await;
+            return self.owned(key, id);
+        }
+        Ok(task)
+    }
+
+    /// A task only its owner may see; anyone else gets the same 404 as for no task at all.
+    pub fn owned(&self, key: &KeyRecord, id: &str) -> Result<Task, ApiError> {
+        match self.store.get(id).map_err(internal)? {
+            Some(t) if t.owner == key.id => Ok(t),
+            _ => Err(ApiError::new(ErrorKind::NotFound, format!("No video task with id '{id}'.")).with_param("task_id")),
+        }
+    }
+
+    fn is_stale(&self, task: &Task, now: u64) -> bool {
+        now.saturating_sub(task.last_polled_at) >= self.cfg.poll_interval_secs
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(id.to_string()).or_default().clone()
+    }
+
+    fn forget_lock(&self, id: &str) {
+        let mut map = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(id);
+    }
+
+    /// Ask the upstream about one task (at most one describe in flight per task; callers that
+    /// arrive meanwhile wait for it and then see its result).
+    pub async fn refresh(&self, id: &str) {
+        let lock = self.lock_for(id);
+        let _guard = lock.lock().await;
+        if let Err(e) = self.refresh_locked(id).await {
+            log::error!("video task {id}: {e}");
+        }
+    }
+
+    async fn refresh_locked(&self, id: &str) -> Result<(), StoreError> {
+        let Some(task) = self.store.get(id)? else {
+            self.forget_lock(id);
+            return Ok(());
+        };
+        let now = now_unix();
+        if task.status.is_terminal() {
+            self.forget_lock(id);
+            return Ok(());
+        }
+        if task.status == Status::Submitting || !self.is_stale(&task, now) {
+            return Ok(());
+        }
+        let limit = if task.off_peak { OFF_PEAK_LIMIT_SECS } else { self.cfg.max_task_hours * 3600 };
+        if now.saturating_sub(task.created_at) > limit {
+            let hours = limit / 3600;
+            let next = task.apply(
+                Event::Fail(TaskError::new("timeout", format!("The video service did not finish the task within {hours} hours."))),
+                now,
+            );
+            self.store.put(&next).await?;
+            self.forget_lock(id);
+            return Ok(());
+        }
+        let Some(job_id) = task.job_id.clone() else { return Ok(()) };
+        let mut next = match self.upstream.describe(task.capability, &job_id).await {
+            Ok(job) => task.apply(
+                Event::Upstream { status: job.status, progress: job.progress, url: job.url, error: job.error },
+                now_unix(),
+            ),
+            Err(e) if e.is_transient() => {
+                log::warn!("video task {id}: describe failed, will retry: {e}");
+                task.clone()
+            }
+            Err(e) => task.apply(Event::Fail(e.as_task_error()), now_unix()),
+        };
+        next.last_polled_at = now_unix();
+        self.store.put(&next).await?;
+        if next.status.is_terminal() {
+            self.forget_lock(id);
+        }
+        Ok(())
+    }
+
+    /// One poller round: refresh every stale unfinished task, `poll_concurrency` at a time.
+    pub async fn poll_once(&self) {
+        let ids = match self.store.open_ids() {
+            Ok(ids) => ids,
+            Err(e) => {
+                log::error!("video poller: {e}");
+                return;
+            }
+        };
+        futures_util::stream::iter(ids)
+            .for_each_concurrent(self.cfg.poll_concurrency, |id| async move { self.refresh(&id).await })
+            .await;
+    }
+
+    pub fn poll_interval(&self) -> Duration {
+        Duration::from_secs(self.cfg.poll_interval_secs)
+    }
+}
+
+/// The client-facing error for a failed submission.
+fn submit_error(e: &UpstreamError) -> ApiError {
+    match e {
+        UpstreamError::Api { code, message } if e.is_invalid_request() => {
+            ApiError::new(ErrorKind::BadRequest, format!("The video service rejected the request ({code}): {message}"))
+        }
+        UpstreamError::Network { timed_out: true } => {
+            ApiError::new(ErrorKind::GatewayTimeout, "The video service did not answer in time; the task was not created.")
+        }
+        _ => ApiError::new(ErrorKind::BadGateway, "The video service is unavailable; the task was not created. Retry later."),
+    }
+}
+
+/// Polls unfinished tasks every `poll_interval_secs` until shutdown.
+pub struct VideoPoller {
+    pub service: Arc<VideoService>,
+}
+
+#[async_trait]
+impl BackgroundService for VideoPoller {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(self.service.poll_interval()) => {}
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = self.service.poll_once() => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_ids_are_long_random_base62() {
+        let a = new_task_id();
+        let b = new_task_id();
+        assert_ne!(a, b);
+        let tail = a.strip_prefix("task_").expect("prefix");
+        assert!(tail.len() >= 24 && tail.bytes().all(|c| c.is_ascii_alphanumeric()), "{a}");
+    }
+
+    #[test]
+    fn submit_errors_map_to_statuses() {
+        let api = |c: &str| UpstreamError::Api { code: c.into(), message: "m".into() };
+        assert_eq!(submit_error(&api("InvalidParameterValue.Image")).status(), 400);
+        assert_eq!(submit_error(&api("InternalError")).status(), 502);
+        assert_eq!(submit_error(&UpstreamError::Network { timed_out: true }).status(), 504);
+        assert_eq!(submit_error(&UpstreamError::Network { timed_out: false }).status(), 502);
+    }
+}

@@ -1,0 +1,611 @@
+//! Create-task validation and capability routing (video spec §2, §4.2, §4.3, §8). Pure: a JSON
+//! body in, an upstream [`Submission`] or a 400 naming the field and the rule out.
+
+use crate::protocol::{ApiError, ErrorKind};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Every API model the service knows (§4.2), in the spec's order.
+pub const MODELS: [&str; 7] = [
+    "genq3-pro",
+    "genq3-turbo",
+    "genq3-pro-fast",
+    "genq2-pro",
+    "genq2-turbo",
+    "genq2-pro-fast",
+    "genq2",
+];
+pub const MAX_PROMPT_CHARS: usize = 2000;
+pub const MAX_PAYLOAD_CHARS: usize = 1_048_576;
+pub const ASPECT_RATIOS: [&str; 5] = ["16:9", "9:16", "4:3", "3:4", "1:1"];
+pub const DEFAULT_DURATION: u32 = 5;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Capability {
+    TextToVideo,
+    ImageToVideo,
+    ReferenceToVideo,
+}
+
+impl Capability {
+    /// The part of the action name: `Submit<this><brand>Job`.
+    pub fn action_part(self) -> &'static str {
+        match self {
+            Capability::TextToVideo => "TextToVideo",
+            Capability::ImageToVideo => "ImageToVideo",
+            Capability::ReferenceToVideo => "ReferenceToVideo",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Capability::TextToVideo => "text-to-video",
+            Capability::ImageToVideo => "image-to-video",
+            Capability::ReferenceToVideo => "reference-to-video",
+        }
+    }
+}
+
+/// What is sent upstream for a valid request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Submission {
+    pub capability: Capability,
+    pub api_model: String,
+    pub upstream_model: String,
+    pub duration: u32,
+    pub off_peak: bool,
+    /// The upstream request body (PascalCase).
+    pub payload: Map<String, Value>,
+}
+
+fn bad(field: &str, rule: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorKind::BadRequest, format!("{field}: {}", rule.into())).with_param(field)
+}
+
+/// How the §4.2 matrix treats a model for a capability.
+#[derive(Debug, PartialEq)]
+enum Support {
+    /// Supported, not recommended, or needs upstream support: forwarded as is.
+    Forward,
+    /// Submitted as `genq2` (reference-to-video with a genq2-series image model).
+    AsGenq2,
+    NotSupported(&'static str),
+}
+
+fn support(model: &str, cap: Capability) -> Support {
+    use Capability::*;
+    match (cap, model) {
+        (TextToVideo, "genq2-pro" | "genq2-turbo" | "genq2-pro-fast") => {
+            Support::NotSupported("supports only image-to-video; use genq2, genq3-pro or genq3-turbo for text-to-video")
+        }
+        (ImageToVideo, "genq2") => {
+            Support::NotSupported("is a text and reference model; use genq3-pro, genq3-turbo, genq2-pro or genq2-turbo for image-to-video")
+        }
+        (ReferenceToVideo, "genq2-pro" | "genq2-turbo" | "genq2-pro-fast") => Support::AsGenq2,
+        _ => Support::Forward,
+    }
+}
+
+/// Allowed duration range (§8) for the model actually submitted.
+fn duration_range(cap: Capability, upstream_model: &str, start_end: bool) -> (u32, u32) {
+    if upstream_model.starts_with("genq3") {
+        return (1, 16);
+    }
+    match cap {
+        Capability::ImageToVideo if start_end => (1, 8),
+        _ => (1, 10),
+    }
+}
+
+/// `duration` as an integer or a numeric string.
+fn parse_duration(v: Option<&Value>) -> Result<Option<u32>, ApiError> {
+    let rule = "must be a whole number of seconds (integer or numeric string)";
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => n.as_u64().and_then(|d| u32::try_from(d).ok()).map(Some).ok_or_else(|| bad("duration", rule)),
+        Some(Value::String(s)) => s.trim().parse::<u32>().map(Some).map_err(|_| bad("duration", rule)),
+        Some(_) => Err(bad("duration", rule)),
+    }
+}
+
+/// An input image must be a public URL; base64 needs object storage (not configured).
+fn check_media_url(field: &str, v: &str) -> Result<(), ApiError> {
+    let lower = v.get(..8).unwrap_or(v).to_ascii_lowercase();
+    if (lower.starts_with("https://") || lower.starts_with("http://")) && !v.contains(char::is_whitespace) {
+        return Ok(());
+    }
+    if v.starts_with("data:") || (v.len() > 64 && !v.contains("://")) {
+        return Err(bad(
+            field,
+            "base64 images need object storage, which is not configured; send a public https URL",
+        ));
+    }
+    Err(bad(field, "must be a public http(s) URL"))
+}
+
+fn string_field<'a>(body: &'a Map<String, Value>, field: &str) -> Result<Option<&'a str>, ApiError> {
+    match body.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(bad(field, "must be a string")),
+    }
+}
+
+fn string_list(field: &str, v: &Value) -> Result<Vec<String>, ApiError> {
+    let items = v.as_array().ok_or_else(|| bad(field, "must be an array of strings"))?;
+    items
+        .iter()
+        .map(|i| i.as_str().map(str::to_string).ok_or_else(|| bad(field, "must be an array of strings")))
+        .collect()
+}
+
+/// `aspect_ratio` / `aspectRatio` / `AspectRatio` → `AspectRatio`.
+pub fn pascal_case(key: &str) -> String {
+    key.split('_')
+        .filter(|p| !p.is_empty())
+        .map(|part| {
+            let mut chars = part.chars();
+            match chars.next() {
+                Some(first) => first.to_uppercase().chain(chars).collect::<String>(),
+                None => String::new(),
+            }
+        })
+        .collect()
+}
+
+/// Validate a create-task body against the enabled models.
+pub fn validate(body: &Value, enabled: &[String]) -> Result<Submission, ApiError> {
+    let body = body.as_object().ok_or_else(|| bad("body", "must be a JSON object"))?;
+
+    let model = string_field(body, "model")?.ok_or_else(|| bad("model", "is required"))?;
+    if !MODELS.contains(&model) || !enabled.iter().any(|m| m == model) {
+        return Err(bad("model", format!("unsupported model '{model}'; check the spelling and the model configuration")));
+    }
+
+    // metadata: PascalCase names; routing-only and filtered fields removed.
+    let mut meta = Map::new();
+    let mut force_reference = false;
+    match body.get("metadata") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            for (key, value) in m {
+                let name = pascal_case(key);
+                let field = format!("metadata.{key}");
+                match name.as_str() {
+                    "Model" | "Prompt" | "Images" | "Duration" => {
+                        return Err(bad(&field, format!(
+                            "must not be set in metadata; use the top-level {} field",
+                            name.to_ascii_lowercase()
+                        )));
+                    }
+                    "Action" => {
+                        let action = value.as_str().ok_or_else(|| bad(&field, "must be a string"))?;
+                        force_reference |= action == "referenceGenerate";
+                        continue;
+                    }
+                    "Resolution" | "MovementAmplitude" => continue,
+                    _ => {}
+                }
+                if meta.insert(name.clone(), value.clone()).is_some() {
+                    return Err(bad(&field, format!("metadata.{name} is given twice")));
+                }
+            }
+        }
+        Some(_) => return Err(bad("metadata", "must be an object")),
+    }
+    check_metadata_types(&meta)?;
+
+    // Capability routing (§4.3).
+    let image = string_field(body, "image")?;
+    let input_reference = string_field(body, "input_reference")?;
+    let images = match body.get("images") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(string_list("images", v)?),
+    };
+    if image.is_some() && images.is_some() {
+        return Err(bad("image", "give either image or images, not both"));
+    }
+    if let Some(list) = &images {
+        if list.is_empty() || list.len() > 7 {
+            return Err(bad("images", "must hold 1 to 7 items"));
+        }
+    }
+    let n_images = images.as_ref().map_or(0, Vec::len);
+    let capability = if input_reference.is_some() || n_images >= 3 || force_reference {
+        Capability::ReferenceToVideo
+    } else if image.is_some() || n_images > 0 {
+        Capability::ImageToVideo
+    } else {
+        Capability::TextToVideo
+    };
+    if capability == Capability::ReferenceToVideo && image.is_some() {
+        return Err(bad("image", "is for image-to-video; reference-to-video takes images or input_reference"));
+    }
+
+    // Input assets.
+    let mut inputs: Vec<String> = Vec::new();
+    if let Some(i) = image {
+        check_media_url("image", i)?;
+        inputs.push(i.to_string());
+    }
+    for (i, url) in images.iter().flatten().enumerate() {
+        check_media_url(&format!("images[{i}]"), url)?;
+        inputs.push(url.clone());
+    }
+    if let Some(r) = input_reference {
+        check_media_url("input_reference", r)?;
+        inputs.push(r.to_string());
+    }
+    if inputs.len() > 7 {
+        return Err(bad("images", "reference-to-video takes at most 7 reference images in all"));
+    }
+
+    // Reference-only metadata.
+    let has_subjects = meta.contains_key("Subjects");
+    if capability != Capability::ReferenceToVideo {
+        for key in ["Subjects", "Videos"] {
+            if meta.contains_key(key) {
+                return Err(bad(&format!("metadata.{key}"), "applies to reference-to-video only"));
+            }
+        }
+    }
+    let subject_videos = check_subjects(&meta)?;
+    let has_videos = meta.get("Videos").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) || subject_videos;
+    if has_videos && model != "genq2-pro" {
+        return Err(bad("metadata.Videos", "reference videos are supported only by model genq2-pro"));
+    }
+    if capability == Capability::ReferenceToVideo && inputs.is_empty() && !has_subjects && !has_videos {
+        return Err(bad("images", "reference-to-video needs reference images, metadata.Subjects or metadata.Videos"));
+    }
+    if let Some(ar) = meta.get("AspectRatio") {
+        if capability == Capability::ImageToVideo {
+            return Err(bad("metadata.AspectRatio", "applies to text-to-video and reference-to-video only"));
+        }
+        if !ar.as_str().is_some_and(|a| ASPECT_RATIOS.contains(&a)) {
+            return Err(bad("metadata.AspectRatio", format!("must be one of {}", ASPECT_RATIOS.join(", "))));
+        }
+    }
+
+    // Capability matrix (§4.2).
+    let upstream_model = match support(model, capability) {
+        Support::Forward => model.to_string(),
+        Support::AsGenq2 if model == "genq2-pro" && has_videos => model.to_string(),
+        Support::AsGenq2 => "genq2".to_string(),
+        Support::NotSupported(why) => {
+            return Err(bad("model", format!("{} is not supported by {model}: {model} {why}", capability.label())));
+        }
+    };
+
+    // Prompt.
+    let prompt = string_field(body, "prompt")?.filter(|p| !p.trim().is_empty());
+    if prompt.is_none() && capability != Capability::ImageToVideo {
+        return Err(bad("prompt", format!("is required for {}", capability.label())));
+    }
+    if let Some(p) = prompt {
+        let chars = p.chars().count();
+        if chars > MAX_PROMPT_CHARS {
+            return Err(bad("prompt", format!("at most {MAX_PROMPT_CHARS} characters (got {chars})")));
+        }
+    }
+
+    // Duration (§8).
+    let start_end = capability == Capability::ImageToVideo && inputs.len() == 2;
+    let duration = parse_duration(body.get("duration"))?.unwrap_or(DEFAULT_DURATION);
+    let (lo, hi) = duration_range(capability, &upstream_model, start_end);
+    if duration < lo || duration > hi {
+        let what = if start_end { "start/end-frame image-to-video".to_string() } else { capability.label().to_string() };
+        return Err(bad("duration", format!("{what} with {upstream_model} takes {lo} to {hi} seconds (got {duration})")));
+    }
+
+    let off_peak = meta.get("OffPeak").and_then(Value::as_bool).unwrap_or(false);
+    let mut payload = meta;
+    payload.insert("Model".into(), Value::String(upstream_model.clone()));
+    if let Some(p) = prompt {
+        payload.insert("Prompt".into(), Value::String(p.to_string()));
+    }
+    if !inputs.is_empty() {
+        payload.insert("Images".into(), Value::Array(inputs.into_iter().map(Value::String).collect()));
+    }
+    payload.insert("Duration".into(), Value::from(duration));
+    Ok(Submission {
+        capability,
+        api_model: model.to_string(),
+        upstream_model,
+        duration,
+        off_peak,
+        payload,
+    })
+}
+
+/// Type rules of the metadata table (§2.2, §2.4).
+fn check_metadata_types(meta: &Map<String, Value>) -> Result<(), ApiError> {
+    for (key, value) in meta {
+        let field = format!("metadata.{key}");
+        match key.as_str() {
+            "Bgm" | "Audio" | "IsRec" | "OffPeak" if !value.is_boolean() => return Err(bad(&field, "must be true or false")),
+            "AudioType" | "VoiceId" | "MetaData" | "CallbackUrl" if !value.is_string() => {
+                return Err(bad(&field, "must be a string"))
+            }
+            "CallbackUrl" => check_media_url(&field, value.as_str().unwrap_or_default())?,
+            "Payload" => {
+                let s = value.as_str().ok_or_else(|| bad(&field, "must be a string"))?;
+                if s.chars().count() > MAX_PAYLOAD_CHARS {
+                    return Err(bad(&field, format!("at most {MAX_PAYLOAD_CHARS} characters")));
+                }
+            }
+            "Style" if !matches!(value.as_str(), Some("general" | "anime")) => {
+                return Err(bad(&field, "must be general or anime"))
+            }
+            "LogoAdd" if !(value.is_i64() || value.is_u64()) => return Err(bad(&field, "must be an integer (1 adds, 0 does not)")),
+            "LogoParam" => check_logo(value)?,
+            "Videos" => {
+                let videos = string_list(&field, value)?;
+                for (i, v) in videos.iter().enumerate() {
+                    check_media_url(&format!("{field}[{i}]"), v)?;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+fn check_logo(value: &Value) -> Result<(), ApiError> {
+    let logo = value.as_object().ok_or_else(|| bad("metadata.LogoParam", "must be an object"))?;
+    for key in ["LogoUrl", "LogoImage"] {
+        if logo.get(key).is_some_and(|v| !v.is_string()) {
+            return Err(bad(&format!("metadata.LogoParam.{key}"), "must be a string"));
+        }
+    }
+    if let Some(rect) = logo.get("LogoRect") {
+        let rect = rect.as_object().ok_or_else(|| bad("metadata.LogoParam.LogoRect", "must be an object"))?;
+        for key in ["X", "Y", "Width", "Height"] {
+            if rect.get(key).is_some_and(|v| !v.is_i64()) {
+                return Err(bad(&format!("metadata.LogoParam.LogoRect.{key}"), "must be an integer"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// §2.3 / §2.6: 1–7 subjects, Id and Images required, 1–3 images each, at most 7 in total.
+/// Returns whether any subject carries videos.
+fn check_subjects(meta: &Map<String, Value>) -> Result<bool, ApiError> {
+    let Some(subjects) = meta.get("Subjects") else { return Ok(false) };
+    let list = subjects.as_array().ok_or_else(|| bad("metadata.Subjects", "must be an array of subject objects"))?;
+    if list.is_empty() || list.len() > 7 {
+        return Err(bad("metadata.Subjects", "must hold 1 to 7 subjects"));
+    }
+    let mut total = 0;
+    let mut videos = false;
+    for (i, s) in list.iter().enumerate() {
+        let at = format!("metadata.Subjects[{i}]");
+        let s = s.as_object().ok_or_else(|| bad(&at, "must be an object"))?;
+        if !s.get("Id").and_then(Value::as_str).is_some_and(|id| !id.trim().is_empty()) {
+            return Err(bad(&format!("{at}.Id"), "is required (the prompt refers to it as @<Id>)"));
+        }
+        let images = string_list(&format!("{at}.Images"), s.get("Images").unwrap_or(&Value::Null))
+            .map_err(|_| bad(&format!("{at}.Images"), "is required: an array of 1 to 3 image URLs"))?;
+        if images.is_empty() || images.len() > 3 {
+            return Err(bad(&format!("{at}.Images"), "must hold 1 to 3 images"));
+        }
+        for (j, url) in images.iter().enumerate() {
+            check_media_url(&format!("{at}.Images[{j}]"), url)?;
+        }
+        total += images.len();
+        for key in ["Name", "VoiceId"] {
+            if s.get(key).is_some_and(|v| !v.is_string()) {
+                return Err(bad(&format!("{at}.{key}"), "must be a string"));
+            }
+        }
+        if let Some(v) = s.get("Videos") {
+            let list = string_list(&format!("{at}.Videos"), v)?;
+            videos |= !list.is_empty();
+        }
+    }
+    if total > 7 {
+        return Err(bad("metadata.Subjects", format!("at most 7 subject images in total (got {total})")));
+    }
+    Ok(videos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn all() -> Vec<String> {
+        MODELS.iter().map(|m| m.to_string()).collect()
+    }
+
+    fn ok(body: Value) -> Submission {
+        validate(&body, &all()).unwrap_or_else(|e| panic!("{body}: {}", e.message))
+    }
+
+    /// The 400 message for `body`; asserts it names `field`.
+    fn rejects(body: Value, field: &str) -> String {
+        let e = validate(&body, &all()).expect_err(&body.to_string());
+        assert_eq!(e.status(), 400);
+        assert!(e.message.starts_with(field), "expected field {field}: {}", e.message);
+        e.message
+    }
+
+    const IMG: &str = "https://example.com/a.png";
+
+    #[test]
+    fn capability_routing_by_shape() {
+        let t = ok(json!({"model": "genq3-pro", "prompt": "cat"}));
+        assert_eq!(t.capability, Capability::TextToVideo);
+        let i = ok(json!({"model": "genq3-pro", "image": IMG}));
+        assert_eq!(i.capability, Capability::ImageToVideo);
+        assert_eq!(i.payload["Images"], json!([IMG]));
+        let i2 = ok(json!({"model": "genq3-pro", "images": [IMG]}));
+        assert_eq!(i2.capability, Capability::ImageToVideo);
+        let se = ok(json!({"model": "genq3-pro", "images": [IMG, IMG]}));
+        assert_eq!(se.capability, Capability::ImageToVideo);
+        let r = ok(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG]}));
+        assert_eq!(r.capability, Capability::ReferenceToVideo);
+        let r = ok(json!({"model": "genq2", "prompt": "p", "input_reference": IMG}));
+        assert_eq!(r.capability, Capability::ReferenceToVideo);
+        for key in ["Action", "action"] {
+            let r = ok(json!({"model": "genq2", "prompt": "p", "images": [IMG], "metadata": {key: "referenceGenerate"}}));
+            assert_eq!(r.capability, Capability::ReferenceToVideo);
+            assert!(!r.payload.contains_key("Action") && !r.payload.contains_key("action"), "routing only");
+        }
+    }
+
+    #[test]
+    fn capability_matrix() {
+        // Text-to-video: q2 image models rejected, genq3-pro-fast forwarded.
+        for m in ["genq2-pro", "genq2-turbo", "genq2-pro-fast"] {
+            let msg = rejects(json!({"model": m, "prompt": "p"}), "model");
+            assert!(msg.contains("text-to-video") && msg.contains("genq2, genq3-pro or genq3-turbo"), "{msg}");
+        }
+        for m in ["genq3-pro", "genq3-turbo", "genq3-pro-fast", "genq2"] {
+            assert_eq!(ok(json!({"model": m, "prompt": "p"})).upstream_model, m);
+        }
+        // Image-to-video: genq2 rejected, the rest forwarded.
+        let msg = rejects(json!({"model": "genq2", "image": IMG}), "model");
+        assert!(msg.contains("image-to-video"), "{msg}");
+        for m in ["genq3-pro", "genq3-turbo", "genq3-pro-fast", "genq2-pro", "genq2-turbo", "genq2-pro-fast"] {
+            assert_eq!(ok(json!({"model": m, "image": IMG})).upstream_model, m);
+        }
+        // Reference-to-video: q2 image models submitted as genq2, q3 forwarded.
+        let refs = json!([IMG, IMG, IMG]);
+        for m in ["genq2-pro", "genq2-turbo", "genq2-pro-fast"] {
+            let s = ok(json!({"model": m, "prompt": "p", "images": refs}));
+            assert_eq!(s.upstream_model, "genq2");
+            assert_eq!(s.api_model, m);
+            assert_eq!(s.payload["Model"], "genq2");
+        }
+        for m in ["genq3-pro", "genq3-turbo", "genq3-pro-fast", "genq2"] {
+            assert_eq!(ok(json!({"model": m, "prompt": "p", "images": refs})).upstream_model, m);
+        }
+        // genq2-pro keeps its name when reference videos are present.
+        let s = ok(json!({"model": "genq2-pro", "prompt": "p", "metadata": {"Action": "referenceGenerate", "Videos": ["https://e.com/v.mp4"]}}));
+        assert_eq!(s.upstream_model, "genq2-pro");
+        assert_eq!(s.payload["Videos"], json!(["https://e.com/v.mp4"]));
+    }
+
+    #[test]
+    fn unknown_or_disabled_models() {
+        let msg = rejects(json!({"model": "genq9", "prompt": "p"}), "model");
+        assert!(msg.contains("unsupported model 'genq9'"), "{msg}");
+        let e = validate(&json!({"model": "genq2", "prompt": "p"}), &["genq3-pro".to_string()]).unwrap_err();
+        assert!(e.message.contains("unsupported model 'genq2'"));
+        rejects(json!({"prompt": "p"}), "model");
+        rejects(json!({"model": 5, "prompt": "p"}), "model");
+    }
+
+    #[test]
+    fn durations_by_capability_and_model() {
+        assert_eq!(ok(json!({"model": "genq3-pro", "prompt": "p"})).duration, 5);
+        assert_eq!(ok(json!({"model": "genq3-pro", "prompt": "p", "duration": "16"})).duration, 16);
+        assert_eq!(ok(json!({"model": "genq3-pro", "prompt": "p", "duration": 1})).payload["Duration"], 1);
+        rejects(json!({"model": "genq3-pro", "prompt": "p", "duration": 17}), "duration");
+        rejects(json!({"model": "genq3-pro", "prompt": "p", "duration": 0}), "duration");
+        rejects(json!({"model": "genq3-pro", "prompt": "p", "duration": 5.5}), "duration");
+        rejects(json!({"model": "genq3-pro", "prompt": "p", "duration": "five"}), "duration");
+        rejects(json!({"model": "genq3-pro", "prompt": "p", "duration": -1}), "duration");
+        assert_eq!(ok(json!({"model": "genq2", "prompt": "p", "duration": 10})).duration, 10);
+        rejects(json!({"model": "genq2", "prompt": "p", "duration": 11}), "duration");
+        assert_eq!(ok(json!({"model": "genq3-turbo", "image": IMG, "duration": 16})).duration, 16);
+        assert_eq!(ok(json!({"model": "genq2-pro", "image": IMG, "duration": 10})).duration, 10);
+        rejects(json!({"model": "genq2-turbo", "image": IMG, "duration": 11}), "duration");
+        assert_eq!(ok(json!({"model": "genq3-pro", "images": [IMG, IMG], "duration": 16})).duration, 16);
+        assert_eq!(ok(json!({"model": "genq2-pro", "images": [IMG, IMG], "duration": 8})).duration, 8);
+        let msg = rejects(json!({"model": "genq2-pro", "images": [IMG, IMG], "duration": 9}), "duration");
+        assert!(msg.contains("start/end-frame"), "{msg}");
+        assert_eq!(ok(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG], "duration": 10})).duration, 10);
+        rejects(json!({"model": "genq2-pro", "prompt": "p", "images": [IMG, IMG, IMG], "duration": 11}), "duration");
+    }
+
+    #[test]
+    fn prompt_rules() {
+        rejects(json!({"model": "genq3-pro"}), "prompt");
+        rejects(json!({"model": "genq2", "images": [IMG, IMG, IMG]}), "prompt");
+        assert!(!ok(json!({"model": "genq3-pro", "image": IMG})).payload.contains_key("Prompt"));
+        let long = "字".repeat(2000);
+        assert_eq!(ok(json!({"model": "genq3-pro", "prompt": long})).payload["Prompt"].as_str().map(|s| s.chars().count()), Some(2000));
+        let msg = rejects(json!({"model": "genq3-pro", "prompt": "字".repeat(2001)}), "prompt");
+        assert!(msg.contains("2000"), "{msg}");
+        rejects(json!({"model": "genq3-pro", "prompt": 7}), "prompt");
+    }
+
+    #[test]
+    fn image_counts_and_urls() {
+        rejects(json!({"model": "genq3-pro", "images": []}), "images");
+        rejects(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG, IMG, IMG, IMG, IMG, IMG]}), "images");
+        assert_eq!(ok(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG, IMG, IMG, IMG, IMG]})).payload["Images"].as_array().map(Vec::len), Some(7));
+        rejects(json!({"model": "genq3-pro", "image": IMG, "images": [IMG]}), "image");
+        rejects(json!({"model": "genq2", "prompt": "p", "image": IMG, "input_reference": IMG}), "image");
+        rejects(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG, IMG, IMG, IMG, IMG], "input_reference": IMG}), "images");
+        rejects(json!({"model": "genq3-pro", "images": [1]}), "images");
+        let msg = rejects(json!({"model": "genq3-pro", "image": "data:image/png;base64,iVBORw0KGgo="}), "image");
+        assert!(msg.contains("public https URL"), "{msg}");
+        let raw_b64 = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
+        let msg = rejects(json!({"model": "genq3-pro", "images": [raw_b64]}), "images[0]");
+        assert!(msg.contains("object storage"), "{msg}");
+        rejects(json!({"model": "genq3-pro", "image": "ftp://x/y.png"}), "image");
+        rejects(json!({"model": "genq2", "prompt": "p", "metadata": {"Action": "referenceGenerate"}}), "images");
+    }
+
+    #[test]
+    fn subjects_rules() {
+        let subj = |id: &str, n: usize| json!({"Id": id, "Images": vec![IMG; n]});
+        let body = |subjects: Value| json!({"model": "genq2", "prompt": "@a", "metadata": {"Action": "referenceGenerate", "Subjects": subjects}});
+        assert_eq!(ok(body(json!([subj("a", 3)]))).payload["Subjects"][0]["Id"], "a");
+        rejects(body(json!([])), "metadata.Subjects");
+        rejects(body(json!((0..8).map(|i| subj(&i.to_string(), 1)).collect::<Vec<_>>())), "metadata.Subjects");
+        rejects(body(json!([subj("a", 3), subj("b", 3), subj("c", 2)])), "metadata.Subjects");
+        rejects(body(json!([subj("a", 4)])), "metadata.Subjects[0].Images");
+        rejects(body(json!([subj("a", 0)])), "metadata.Subjects[0].Images");
+        rejects(body(json!([{"Images": [IMG]}])), "metadata.Subjects[0].Id");
+        rejects(body(json!([{"Id": "a"}])), "metadata.Subjects[0].Images");
+        rejects(body(json!([{"Id": "a", "Images": [IMG], "Name": 3}])), "metadata.Subjects[0].Name");
+        let msg = rejects(body(json!([{"Id": "a", "Images": [IMG], "Videos": ["https://e.com/v.mp4"]}])), "metadata.Videos");
+        assert!(msg.contains("genq2-pro"), "{msg}");
+        rejects(json!({"model": "genq3-pro", "prompt": "p", "metadata": {"Subjects": [subj("a", 1)]}}), "metadata.Subjects");
+        rejects(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG], "metadata": {"Videos": ["https://e.com/v.mp4"]}}), "metadata.Videos");
+    }
+
+    #[test]
+    fn metadata_rules() {
+        let with = |meta: Value| json!({"model": "genq3-pro", "prompt": "p", "metadata": meta});
+        for key in ["Model", "Prompt", "Images", "Duration", "duration"] {
+            let msg = rejects(with(json!({key: "x"})), &format!("metadata.{key}"));
+            assert!(msg.contains("top-level"), "{msg}");
+        }
+        let s = ok(with(json!({"Resolution": "1080p", "resolution": "720p", "MovementAmplitude": "large", "Bgm": true})));
+        assert!(!s.payload.contains_key("Resolution") && !s.payload.contains_key("MovementAmplitude"));
+        assert_eq!(s.payload["Bgm"], true);
+        for ar in ASPECT_RATIOS {
+            assert_eq!(ok(with(json!({"AspectRatio": ar}))).payload["AspectRatio"], ar);
+        }
+        rejects(with(json!({"AspectRatio": "21:9"})), "metadata.AspectRatio");
+        rejects(json!({"model": "genq3-pro", "image": IMG, "metadata": {"AspectRatio": "16:9"}}), "metadata.AspectRatio");
+        assert_eq!(ok(with(json!({"aspect_ratio": "1:1"}))).payload["AspectRatio"], "1:1");
+        rejects(with(json!({"AspectRatio": "1:1", "aspect_ratio": "1:1"})), "metadata.");
+        assert_eq!(ok(with(json!({"Payload": "x".repeat(MAX_PAYLOAD_CHARS)}))).payload["Payload"].as_str().map(str::len), Some(MAX_PAYLOAD_CHARS));
+        rejects(with(json!({"Payload": "x".repeat(MAX_PAYLOAD_CHARS + 1)})), "metadata.Payload");
+        rejects(with(json!({"Bgm": "yes"})), "metadata.Bgm");
+        rejects(with(json!({"OffPeak": 1})), "metadata.OffPeak");
+        rejects(with(json!({"LogoAdd": "1"})), "metadata.LogoAdd");
+        rejects(with(json!({"Style": "noir"})), "metadata.Style");
+        rejects(with(json!({"LogoParam": {"LogoRect": {"X": "left"}}})), "metadata.LogoParam.LogoRect.X");
+        rejects(with(json!({"CallbackUrl": "not a url"})), "metadata.CallbackUrl");
+        rejects(json!({"model": "genq3-pro", "prompt": "p", "metadata": []}), "metadata");
+        let s = ok(with(json!({"OffPeak": true, "LogoAdd": 0, "LogoParam": {"LogoUrl": IMG, "LogoRect": {"X": -10, "Y": 10, "Width": 50, "Height": 20}}, "CustomThing": 1})));
+        assert!(s.off_peak);
+        assert_eq!(s.payload["CustomThing"], 1, "other metadata passes through");
+        assert_eq!(s.payload["LogoParam"]["LogoRect"]["X"], -10);
+    }
+
+    #[test]
+    fn pascal_case_names() {
+        assert_eq!(pascal_case("aspect_ratio"), "AspectRatio");
+        assert_eq!(pascal_case("offPeak"), "OffPeak");
+        assert_eq!(pascal_case("Bgm"), "Bgm");
+        assert_eq!(pascal_case("resolution"), "Resolution");
+    }
+}

@@ -1,0 +1,158 @@
+//! Video task persistence in sled: `video_tasks` (public id → task), `video_open` (ids of
+//! unfinished tasks, the poller's work list) and `video_idem` (owner + Idempotency-Key →
+//! task id and time). Every write that matters is flushed before it returns.
+
+use super::task::Task;
+use crate::store::StoreError;
+use serde::{Deserialize, Serialize};
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+
+/// How long an Idempotency-Key keeps returning the same task.
+pub const IDEMPOTENCY_WINDOW_SECS: u64 = 24 * 3600;
+
+#[derive(Clone)]
+pub struct VideoStore {
+    db: sled::Db,
+    tasks: sled::Tree,
+    open: sled::Tree,
+    idem: sled::Tree,
+}
+
+#[derive(Serialize, Deserialize)]
+struct IdemEntry {
+    task_id: String,
+    at: u64,
+}
+
+fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(format!("{what}: {e}"))
+}
+
+impl VideoStore {
+    pub fn new(db: &sled::Db) -> Result<Self, StoreError> {
+        Ok(VideoStore {
+            db: db.clone(),
+            tasks: db.open_tree("video_tasks")?,
+            open: db.open_tree("video_open")?,
+            idem: db.open_tree("video_idem")?,
+        })
+    }
+
+    pub fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        match self.tasks.get(id.as_bytes())? {
+            Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| corrupt(id, e)),
+            None => Ok(None),
+        }
+    }
+
+    /// Write the task and its open-index entry atomically, then flush to disk.
+    pub async fn put(&self, task: &Task) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(task).map_err(|e| corrupt(&task.id, e))?;
+        let open = !task.status.is_terminal();
+        (&self.tasks, &self.open)
+            .transaction(|(tasks, index)| {
+                tasks.insert(task.id.as_bytes(), value.as_slice())?;
+                if open {
+                    index.insert(task.id.as_bytes(), &[])?;
+                } else {
+                    index.remove(task.id.as_bytes())?;
+                }
+                Ok::<(), ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                TransactionError::Storage(e) => StoreError::Db(e),
+                TransactionError::Abort(()) => StoreError::Corrupt("task write aborted".into()),
+            })?;
+        self.db.flush_async().await?;
+        Ok(())
+    }
+
+    /// Remove a task that never became visible (lost an idempotency race).
+    pub async fn discard(&self, id: &str) -> Result<(), StoreError> {
+        self.tasks.remove(id.as_bytes())?;
+        self.open.remove(id.as_bytes())?;
+        self.db.flush_async().await?;
+        Ok(())
+    }
+
+    /// Ids of unfinished tasks.
+    pub fn open_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.open
+            .iter()
+            .keys()
+            .map(|k| k.map_err(StoreError::Db).map(|k| String::from_utf8_lossy(&k).into_owned()))
+            .collect()
+    }
+
+    fn idem_key(owner: &str, key: &str) -> Vec<u8> {
+        let mut k = owner.as_bytes().to_vec();
+        k.push(0);
+        k.extend_from_slice(key.as_bytes());
+        k
+    }
+
+    /// The task an Idempotency-Key already names (within the window), if any.
+    pub fn idempotent_task(&self, owner: &str, key: &str, now: u64) -> Result<Option<String>, StoreError> {
+        let Some(bytes) = self.idem.get(Self::idem_key(owner, key))? else { return Ok(None) };
+        let entry: IdemEntry = serde_json::from_slice(&bytes).map_err(|e| corrupt("idempotency entry", e))?;
+        Ok((now.saturating_sub(entry.at) < IDEMPOTENCY_WINDOW_SECS).then_some(entry.task_id))
+    }
+
+    /// Claim `key` for `task_id`. Returns the task id that holds it: ours, or an earlier one.
+    pub async fn claim_idempotency(&self, owner: &str, key: &str, task_id: &str, now: u64) -> Result<String, StoreError> {
+        let k = Self::idem_key(owner, key);
+        let ours = serde_json::to_vec(&IdemEntry { task_id: task_id.to_string(), at: now }).map_err(|e| corrupt("idem", e))?;
+        loop {
+            let current = self.idem.get(&k)?;
+            if let Some(bytes) = &current {
+                let entry: IdemEntry = serde_json::from_slice(bytes).map_err(|e| corrupt("idempotency entry", e))?;
+                if now.saturating_sub(entry.at) < IDEMPOTENCY_WINDOW_SECS {
+                    return Ok(entry.task_id);
+                }
+            }
+            if self.idem.compare_and_swap(&k, current, Some(ours.clone()))?.is_ok() {
+                self.db.flush_async().await?;
+                return Ok(task_id.to_string());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::video::task::{tests::task, Status};
+
+    #[tokio::test]
+    async fn open_index_follows_status_and_survives_reopen() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = sled::open(dir.path()).expect("open");
+            let s = VideoStore::new(&db).expect("store");
+            let mut t = task();
+            s.put(&t).await.expect("put");
+            assert_eq!(s.open_ids().expect("ids"), vec!["task_x".to_string()]);
+            t.status = Status::Completed;
+            s.put(&t).await.expect("put");
+            assert!(s.open_ids().expect("ids").is_empty());
+        }
+        let db = sled::open(dir.path()).expect("reopen");
+        let s = VideoStore::new(&db).expect("store");
+        assert_eq!(s.get("task_x").expect("get").map(|t| t.status), Some(Status::Completed));
+    }
+
+    #[tokio::test]
+    async fn idempotency_claims_are_first_wins_within_the_window() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let s = VideoStore::new(&db).expect("store");
+        assert_eq!(s.claim_idempotency("k1", "abc", "task_1", 1000).await.expect("claim"), "task_1");
+        assert_eq!(s.claim_idempotency("k1", "abc", "task_2", 1001).await.expect("claim"), "task_1");
+        assert_eq!(s.claim_idempotency("k2", "abc", "task_3", 1001).await.expect("claim"), "task_3", "per key");
+        assert_eq!(s.idempotent_task("k1", "abc", 1002).expect("get"), Some("task_1".into()));
+        let later = 1000 + IDEMPOTENCY_WINDOW_SECS;
+        assert_eq!(s.idempotent_task("k1", "abc", later).expect("get"), None);
+        assert_eq!(s.claim_idempotency("k1", "abc", "task_4", later).await.expect("claim"), "task_4");
+    }
+}
