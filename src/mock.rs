@@ -52,6 +52,41 @@ pub struct MockUpstream {
     pub upstream_key: String,
     records: Mutex<Vec<Recorded>>,
     holds: Mutex<HashMap<String, Arc<Notify>>>,
+    tc: TcMock,
+}
+
+/// The Tencent-Cloud-API-3.0-style video service.
+///
+/// `POST /` with `X-TC-Action`: every call's TC3 signature is checked against the mock's
+/// secret. A job advances one step per describe: WAIT, RUN (Progress 50), DONE. Markers in the
+/// Prompt steer it: `[submit-error]` refuses the submission, `[throttle-once]` answers
+/// RequestLimitExceeded to the first submission, `[fail]` ends in FAIL, `[expired]` gives a
+/// result URL that answers 403, `[hold:T]` stays RUN until `POST /__mock/release?token=T`.
+/// `GET /__mock/tc_calls` lists the calls (action, payload); `GET /__mock/video/{job}.mp4`
+/// serves the result (Range supported).
+pub struct TcMock {
+    pub secret_id: String,
+    pub secret_key: String,
+    jobs: Mutex<HashMap<String, TcJob>>,
+    calls: Mutex<Vec<Value>>,
+    throttled: Mutex<std::collections::HashSet<String>>,
+}
+
+#[derive(Clone)]
+struct TcJob {
+    prompt: String,
+    describes: u32,
+    released: bool,
+}
+
+/// Size of the mock result video.
+pub const MOCK_VIDEO_LEN: usize = 300_000;
+
+/// The mock result video's bytes: an MP4 `ftyp` box, then a pattern.
+pub fn mock_video_bytes() -> Vec<u8> {
+    let mut v = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom".to_vec();
+    v.extend((v.len()..MOCK_VIDEO_LEN).map(|i| (i % 251) as u8));
+    v
 }
 
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -92,11 +127,18 @@ fn num(req: &RequestHeader, name: &str) -> Option<u64> {
 }
 
 impl MockUpstream {
-    pub fn new(upstream_key: impl Into<String>) -> Self {
+    pub fn new(upstream_key: impl Into<String>, tc_secret_id: impl Into<String>, tc_secret_key: impl Into<String>) -> Self {
         MockUpstream {
             upstream_key: upstream_key.into(),
             records: Mutex::new(Vec::new()),
             holds: Mutex::new(HashMap::new()),
+            tc: TcMock {
+                secret_id: tc_secret_id.into(),
+                secret_key: tc_secret_key.into(),
+                jobs: Mutex::new(HashMap::new()),
+                calls: Mutex::new(Vec::new()),
+                throttled: Mutex::new(Default::default()),
+            },
         }
     }
 
@@ -183,13 +225,29 @@ impl MockUpstream {
         if path == "/__mock/release" {
             if let Some(token) = query.as_deref().and_then(|q| q.strip_prefix("token=")) {
                 self.hold(token).notify_one();
+                self.tc.release(token);
             }
             return send(session, 200, "application/json", Bytes::from_static(b"{}"), &[]).await;
+        }
+        if path == "/__mock/tc_calls" {
+            let calls = self.tc.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return send(session, 200, "application/json", Value::Array(calls).to_string().into(), &[]).await;
+        }
+        if let Some(file) = path.strip_prefix("/__mock/video/") {
+            return self.tc.serve_video(session, &req, file, false).await;
+        }
+        if let Some(file) = path.strip_prefix("/__mock/expired/") {
+            return self.tc.serve_video(session, &req, file, true).await;
         }
 
         let mut body = Vec::new();
         while let Some(chunk) = session.read_request_body().await? {
             body.extend_from_slice(&chunk);
+        }
+        if let Some(action) = header(&req, "x-tc-action") {
+            let action = action.to_string();
+            let answer = self.tc.call(&req, &action, &body);
+            return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
         }
         let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -285,6 +343,122 @@ impl MockUpstream {
             }
         }
         session.write_response_body(None, true).await
+    }
+}
+
+impl TcMock {
+    fn release(&self, token: &str) {
+        let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        for job in jobs.values_mut() {
+            if job.prompt.contains(&format!("[hold:{token}]")) {
+                job.released = true;
+            }
+        }
+    }
+
+    fn error(code: &str, message: &str) -> Value {
+        json!({"Response": {"Error": {"Code": code, "Message": message}, "RequestId": "mock-req"}})
+    }
+
+    /// Check the TC3 headers and signature exactly as the real service would.
+    fn check_signature(&self, req: &RequestHeader, action: &str, body: &[u8]) -> Result<(), Value> {
+        let host = header(req, "host").unwrap_or_default();
+        let auth = header(req, "authorization").unwrap_or_default();
+        let timestamp: u64 = header(req, "x-tc-timestamp").and_then(|t| t.parse().ok()).unwrap_or(0);
+        if header(req, "x-tc-version").is_none() || header(req, "x-tc-region").is_none() {
+            return Err(Self::error("MissingParameter", "X-TC-Version and X-TC-Region are required"));
+        }
+        if header(req, "content-type") != Some(crate::video::tc3::CONTENT_TYPE) {
+            return Err(Self::error("InvalidParameter", "wrong content type"));
+        }
+        if now().abs_diff(timestamp) > 300 {
+            return Err(Self::error("AuthFailure.SignatureExpire", "timestamp too far off"));
+        }
+        let service = host.split(['.', ':']).next().unwrap_or_default();
+        let expected = crate::video::tc3::authorization(&crate::video::tc3::SignInput {
+            secret_id: &self.secret_id,
+            secret_key: &self.secret_key,
+            host,
+            service,
+            timestamp,
+            payload: body,
+            action: Some(action),
+        });
+        if auth != expected {
+            return Err(Self::error("AuthFailure.SignatureFailure", "signature mismatch"));
+        }
+        Ok(())
+    }
+
+    fn call(&self, req: &RequestHeader, action: &str, body: &[u8]) -> Value {
+        let payload: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+        self.calls.lock().unwrap_or_else(|p| p.into_inner()).push(json!({"action": action, "payload": payload}));
+        if let Err(e) = self.check_signature(req, action, body) {
+            return e;
+        }
+        let host = header(req, "host").unwrap_or("127.0.0.1").to_string();
+        if action.starts_with("Submit") && action.ends_with("Job") {
+            let prompt = payload.get("Prompt").and_then(Value::as_str).unwrap_or_default().to_string();
+            if prompt.contains("[submit-error]") {
+                return Self::error("InvalidParameterValue.Prompt", "mock: the prompt was rejected");
+            }
+            if prompt.contains("[throttle-once]") {
+                let mut throttled = self.throttled.lock().unwrap_or_else(|p| p.into_inner());
+                if throttled.insert(prompt.clone()) {
+                    return Self::error("RequestLimitExceeded", "mock: slow down");
+                }
+            }
+            let job_id = format!("job-{:x}", rand::random::<u64>());
+            let job = TcJob { prompt, describes: 0, released: false };
+            self.jobs.lock().unwrap_or_else(|p| p.into_inner()).insert(job_id.clone(), job);
+            return json!({"Response": {"JobId": job_id, "RequestId": "mock-req"}});
+        }
+        if action.starts_with("Describe") && action.ends_with("Job") {
+            let job_id = payload.get("JobId").and_then(Value::as_str).unwrap_or_default().to_string();
+            let mut jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(job) = jobs.get_mut(&job_id) else {
+                return Self::error("ResourceNotFound.JobNotExist", "mock: no such job");
+            };
+            job.describes += 1;
+            let held = job.prompt.contains("[hold:") && !job.released;
+            let response = match job.describes {
+                1 => json!({"Status": "WAIT"}),
+                2 => json!({"Status": "RUN", "Progress": 50}),
+                _ if held => json!({"Status": "RUN", "Progress": 60}),
+                _ if job.prompt.contains("[fail]") => json!({"Status": "FAIL", "ErrorCode": "FailedOperation.Moderation", "ErrorMessage": "mock: content rejected"}),
+                _ => {
+                    let dir = if job.prompt.contains("[expired]") { "expired" } else { "video" };
+                    json!({"Status": "DONE", "ResultVideoUrl": format!("http://{host}/__mock/{dir}/{job_id}.mp4")})
+                }
+            };
+            let mut response = response;
+            response["RequestId"] = json!("mock-req");
+            return json!({ "Response": response });
+        }
+        Self::error("InvalidAction", "mock: unknown action")
+    }
+
+    async fn serve_video(&self, session: &mut Session, req: &RequestHeader, file: &str, expired: bool) -> Result<()> {
+        let known = file
+            .strip_suffix(".mp4")
+            .is_some_and(|job| self.jobs.lock().unwrap_or_else(|p| p.into_inner()).contains_key(job));
+        if expired || !known {
+            let status = if expired { 403 } else { 404 };
+            return send(session, status, "application/xml", Bytes::from_static(b"<Error>AccessDenied</Error>"), &[]).await;
+        }
+        let video = mock_video_bytes();
+        let range = header(req, "range").and_then(|r| r.strip_prefix("bytes=")).and_then(|r| r.split_once('-'));
+        let Some((start, end)) = range else {
+            return send(session, 200, "video/mp4", video.into(), &[]).await;
+        };
+        let len = video.len();
+        let start: usize = start.parse().unwrap_or(0);
+        let end: usize = end.parse().map_or(len - 1, |e: usize| e.min(len - 1));
+        if start > end {
+            return send(session, 416, "text/plain", Bytes::new(), &[]).await;
+        }
+        let content_range = format!("bytes {start}-{end}/{len}");
+        send(session, 206, "video/mp4", Bytes::copy_from_slice(&video[start..=end]), &[("content-range", &content_range)]).await
     }
 }
 

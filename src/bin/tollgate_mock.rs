@@ -14,6 +14,12 @@ struct Args {
     /// The upstream key requests must carry.
     #[arg(long, default_value = "mock-upstream-key")]
     key: String,
+    /// SecretId the mock video service expects in TC3 signatures.
+    #[arg(long, default_value = "mock-tc-secret-id")]
+    tc_secret_id: String,
+    /// SecretKey the mock video service verifies TC3 signatures with.
+    #[arg(long, default_value = "mock-tc-secret-key")]
+    tc_secret_key: String,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -27,7 +33,7 @@ fn main() {
     server.bootstrap();
     let mut service = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        MockUpstream::new(args.key),
+        MockUpstream::new(args.key, args.tc_secret_id, args.tc_secret_key),
         "tollgate-mock",
     );
     service.add_tcp(&args.listen);

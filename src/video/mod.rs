@@ -304,6 +304,52 @@ mod tests {
         assert!(tail.len() >= 24 && tail.bytes().all(|c| c.is_ascii_alphanumeric()), "{a}");
     }
 
+    fn config() -> VideoConfig {
+        VideoConfig {
+            base_url: crate::config::BaseUrl::parse("http://127.0.0.1:9").expect("url"),
+            secret_id: "id".into(),
+            secret_key: "key".into(),
+            region: "r".into(),
+            version: "v".into(),
+            brand: "Gen".into(),
+            timeout_secs: 1,
+            rate_per_sec: 10,
+            poll_interval_secs: 5,
+            poll_concurrency: 2,
+            prices: [("genq3-pro".to_string(), 0.05)].into_iter().collect(),
+            models: request::MODELS.iter().map(|m| m.to_string()).collect(),
+            max_task_hours: 24,
+        }
+    }
+
+    #[tokio::test]
+    async fn recovery_fails_tasks_left_in_submitting() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let svc = VideoService::new(config(), &db).expect("service");
+        let mut interrupted = task::tests::task();
+        interrupted.id = "task_interrupted".into();
+        let mut queued = task::tests::task().apply(Event::Submitted { job_id: "j".into() }, 1);
+        queued.id = "task_queued".into();
+        svc.store.put(&interrupted).await.expect("put");
+        svc.store.put(&queued).await.expect("put");
+        assert_eq!(svc.recover().await.expect("recover"), 1);
+        let t = svc.store.get("task_interrupted").expect("get").expect("task");
+        assert_eq!(t.status, Status::Failed);
+        assert_eq!(t.error.map(|e| e.code), Some("interrupted".to_string()));
+        assert_eq!(svc.store.get("task_queued").expect("get").map(|t| t.status), Some(Status::Queued));
+        assert_eq!(svc.store.open_ids().expect("ids"), vec!["task_queued".to_string()]);
+    }
+
+    #[test]
+    fn price_is_per_second_times_duration() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let svc = VideoService::new(config(), &db).expect("service");
+        assert_eq!(svc.price_nanos("genq3-pro", 8), 400_000_000);
+        assert_eq!(svc.price_nanos("genq2", 8), 0, "no price configured");
+    }
+
     #[test]
     fn submit_errors_map_to_statuses() {
         let api = |c: &str| UpstreamError::Api { code: c.into(), message: "m".into() };

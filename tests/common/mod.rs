@@ -118,18 +118,50 @@ pub fn write_config(body: &str) -> (tempfile::TempDir, PathBuf, u16) {
     (dir, path, port)
 }
 
-pub fn start_gateway(body: &str) -> Gateway {
-    let (dir, path, port) = write_config(body);
+fn spawn_gateway(path: &std::path::Path, port: u16) -> Proc {
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("-c")
-        .arg(&path)
+        .arg(path)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn tollgate");
     wait_listening(port, &mut child, "tollgate");
-    Gateway { proc: Proc { child, port }, dir }
+    Proc { child, port }
+}
+
+pub fn start_gateway(body: &str) -> Gateway {
+    let (dir, path, port) = write_config(body);
+    let proc = spawn_gateway(&path, port);
+    Gateway { proc, dir }
+}
+
+impl Gateway {
+    /// SIGKILL the daemon (no shutdown path runs), as a crash or power loss would.
+    pub fn kill_hard(&mut self) {
+        let _ = self.proc.child.kill();
+        let _ = self.proc.child.wait();
+    }
+
+    /// Start the daemon again on the same config, data directory and port.
+    pub fn start_again(&mut self) {
+        let path = self.dir.path().join("tollgate.yaml");
+        self.proc = spawn_gateway(&path, self.proc.port);
+    }
+}
+
+/// A `video:` section against the mock's video service on `mock_port`.
+pub fn video_section(mock_port: u16) -> String {
+    format!(
+        r#"
+video:
+  upstream: {{ base_url: "http://127.0.0.1:{mock_port}", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key,
+              region: ap-guangzhou, version: "2024-05-23", brand: Gen, rate_per_sec: 100 }}
+  poll_interval_secs: 1
+  prices: {{ genq3-pro: 0.05, genq2: 0.02 }}
+"#
+    )
 }
 
 /// Run `tollgate` with `args` to completion; returns (exit code, stderr+stdout).

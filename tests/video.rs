@@ -1,0 +1,290 @@
+//! Video tasks against the real daemon and the mock Tencent-style service (which checks every
+//! TC3 signature): each capability, the legacy paths, FAIL, content download, ownership,
+//! idempotency, validation, and a hard restart in the middle of a task.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const OTHER_KEY: &str = "sk-client-other-0001";
+const IMG: &str = "https://example.com/a.png";
+
+fn config(mock_port: u16) -> String {
+    let base = standard_config(mock_port).replace(
+        "keys:\n",
+        &format!("keys:\n  - {{ key: {OTHER_KEY}, name: other, group: default, balance: 5.0 }}\n"),
+    );
+    format!("{base}{}", video_section(mock_port))
+}
+
+async fn create(gw: &Gateway, path: &str, key: &str, body: Value, idem: Option<&str>) -> reqwest::Response {
+    let mut rb = client().post(gw.url(path)).bearer_auth(key).json(&body);
+    if let Some(i) = idem {
+        rb = rb.header("idempotency-key", i);
+    }
+    rb.send().await.expect("create")
+}
+
+async fn get_task(gw: &Gateway, path: &str, key: &str) -> (u16, Value) {
+    let r = client().get(gw.url(path)).bearer_auth(key).send().await.expect("get");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("json"))
+}
+
+/// Poll as a client does until the task reaches `want` (or fail after 30 s).
+async fn poll_until(gw: &Gateway, path: &str, key: &str, want: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, v) = get_task(gw, path, key).await;
+        assert_eq!(status, 200, "{v}");
+        if v["status"] == want {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "task never reached {want}: {v}");
+        assert!(v["status"] != "failed" || want == "failed", "task failed: {v}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn tc_calls(mock: &Proc) -> Vec<Value> {
+    client().get(mock.url("/__mock/tc_calls")).send().await.expect("calls").json().await.expect("json")
+}
+
+fn submits_with_prompt<'a>(calls: &'a [Value], prompt: &str) -> Vec<&'a Value> {
+    calls.iter().filter(|c| c["action"].as_str().is_some_and(|a| a.starts_with("Submit")) && c["payload"]["Prompt"] == prompt).collect()
+}
+
+#[tokio::test]
+async fn each_capability_is_submitted_polled_and_downloadable() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let cases = [
+        (json!({"model": "genq3-pro", "prompt": "text one", "duration": "8",
+                "metadata": {"Resolution": "1080p", "MovementAmplitude": "large", "Bgm": true, "AspectRatio": "16:9"}}),
+         "TextToVideo", "genq3-pro"),
+        (json!({"model": "genq2-pro", "prompt": "image one", "image": IMG}), "ImageToVideo", "genq2-pro"),
+        (json!({"model": "genq2-turbo", "prompt": "ref one", "images": [IMG, IMG, IMG], "metadata": {"action": "referenceGenerate"}}),
+         "ReferenceToVideo", "genq2"),
+    ];
+    for (body, capability, upstream_model) in cases {
+        let prompt = body["prompt"].as_str().unwrap_or_default().to_string();
+        let r = create(&gw, "/v1/videos", CLIENT_KEY, body.clone(), None).await;
+        assert_eq!(r.status(), 200);
+        let created: Value = r.json().await.expect("json");
+        let id = created["id"].as_str().expect("id").to_string();
+        assert!(id.starts_with("task_") && id.len() >= 29, "{id}");
+        assert_eq!(created["task_id"], created["id"]);
+        assert_eq!(created["object"], "video");
+        assert_eq!(created["model"], body["model"]);
+        assert_eq!(created["status"], "queued");
+        assert_eq!(created["progress"], 0);
+        assert!(created["created_at"].as_u64().is_some());
+        let text = created.to_string();
+        assert!(!text.contains("job-") && !text.contains("key_"), "internal ids leak: {text}");
+
+        let calls = tc_calls(&mock).await;
+        let submit = submits_with_prompt(&calls, &prompt);
+        assert_eq!(submit.len(), 1);
+        assert_eq!(submit[0]["action"], format!("Submit{capability}GenJob"));
+        let payload = &submit[0]["payload"];
+        assert_eq!(payload["Model"], upstream_model);
+        assert!(payload.get("Resolution").is_none() && payload.get("MovementAmplitude").is_none());
+        assert!(payload.get("Action").is_none() && payload.get("action").is_none());
+        if capability == "TextToVideo" {
+            assert_eq!(payload["Duration"], 8);
+            assert_eq!(payload["Bgm"], true);
+            assert_eq!(payload["AspectRatio"], "16:9");
+        } else {
+            assert!(payload["Images"].as_array().is_some_and(|i| !i.is_empty()));
+        }
+
+        let done = poll_until(&gw, &format!("/v1/videos/{id}"), CLIENT_KEY, "completed").await;
+        assert_eq!(done["progress"], 100);
+        assert!(done["completed_at"].as_u64().is_some_and(|t| t >= created["created_at"].as_u64().unwrap_or(0)));
+        let url = done["metadata"]["url"].as_str().expect("url");
+        assert!(url.ends_with(".mp4"), "{url}");
+        assert!(tc_calls(&mock).await.iter().any(|c| c["action"] == format!("Describe{capability}GenJob")));
+
+        let r = client().get(gw.url(&format!("/v1/videos/{id}/content"))).bearer_auth(CLIENT_KEY).send().await.expect("content");
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["content-type"], "video/mp4");
+        assert_eq!(r.headers()["content-length"], MOCK_VIDEO_LEN.to_string());
+        let bytes = r.bytes().await.expect("bytes");
+        assert_eq!(bytes.as_ref(), tollgate::mock::mock_video_bytes().as_slice());
+    }
+}
+
+use tollgate::mock::MOCK_VIDEO_LEN;
+
+#[tokio::test]
+async fn content_range_not_ready_failed_and_expired() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    // Completed: a Range request gets 206 with exactly those bytes.
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-turbo", "prompt": "range"}), None).await;
+    let id = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    poll_until(&gw, &format!("/v1/videos/{id}"), CLIENT_KEY, "completed").await;
+    let r = client()
+        .get(gw.url(&format!("/v1/videos/{id}/content")))
+        .bearer_auth(CLIENT_KEY)
+        .header("range", "bytes=100-199")
+        .send()
+        .await
+        .expect("range");
+    assert_eq!(r.status(), 206);
+    assert_eq!(r.headers()["content-range"], format!("bytes 100-199/{MOCK_VIDEO_LEN}"));
+    assert_eq!(r.bytes().await.expect("bytes").as_ref(), &tollgate::mock::mock_video_bytes()[100..200]);
+
+    // Not completed yet: 409.
+    let token = format!("nr-{}", std::process::id());
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": format!("wait [hold:{token}]")}), None).await;
+    let held = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let r = client().get(gw.url(&format!("/v1/videos/{held}/content"))).bearer_auth(CLIENT_KEY).send().await.expect("content");
+    assert_eq!(r.status(), 409);
+    let v: Value = r.json().await.expect("json");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("not ready")), "{v}");
+
+    // FAIL: the task carries the error, and there is no video.
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": "bad [fail]"}), None).await;
+    let failed = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let v = poll_until(&gw, &format!("/v1/videos/{failed}"), CLIENT_KEY, "failed").await;
+    assert_eq!(v["error"]["code"], "FailedOperation.Moderation");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(v.get("metadata").is_none());
+    let r = client().get(gw.url(&format!("/v1/videos/{failed}/content"))).bearer_auth(CLIENT_KEY).send().await.expect("content");
+    assert_eq!(r.status(), 409);
+
+    // The upstream URL answers 403 (expired): 410.
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": "old [expired]"}), None).await;
+    let old = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    poll_until(&gw, &format!("/v1/videos/{old}"), CLIENT_KEY, "completed").await;
+    let r = client().get(gw.url(&format!("/v1/videos/{old}/content"))).bearer_auth(CLIENT_KEY).send().await.expect("content");
+    assert_eq!(r.status(), 410);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["code"], "expired");
+}
+
+#[tokio::test]
+async fn legacy_paths_share_the_task_object_plus_result_url() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    for path in ["/v1/video/generations", "/v1/videos/generations"] {
+        let r = create(&gw, path, CLIENT_KEY, json!({"model": "genq2", "prompt": format!("legacy {path}")}), None).await;
+        assert_eq!(r.status(), 200);
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["status"], "queued");
+        assert_eq!(v["task_id"], v["id"]);
+        let id = v["id"].as_str().expect("id").to_string();
+        let done = poll_until(&gw, &format!("/v1/video/generations/{id}"), CLIENT_KEY, "completed").await;
+        assert_eq!(done["result_url"], done["metadata"]["url"]);
+        assert!(done["result_url"].as_str().is_some_and(|u| u.ends_with(".mp4")));
+        let (_, modern) = get_task(&gw, &format!("/v1/videos/{id}"), CLIENT_KEY).await;
+        assert!(modern.get("result_url").is_none());
+        assert_eq!(modern["metadata"]["url"], done["result_url"]);
+    }
+}
+
+#[tokio::test]
+async fn a_task_is_visible_only_to_its_owner() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": "mine"}), None).await;
+    let id = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    for path in [format!("/v1/videos/{id}"), format!("/v1/video/generations/{id}"), format!("/v1/videos/{id}/content")] {
+        let (status, v) = get_task(&gw, &path, OTHER_KEY).await;
+        assert_eq!(status, 404, "{path}: {v}");
+        let (status, _) = get_task(&gw, &path.replace(&id, "task_doesnotexist0000000000000000"), CLIENT_KEY).await;
+        assert_eq!(status, 404, "{path}: same answer as no task at all");
+    }
+    let (status, _) = get_task(&gw, &format!("/v1/videos/{id}"), CLIENT_KEY).await;
+    assert_eq!(status, 200);
+    let r = client().get(gw.url(&format!("/v1/videos/{id}"))).send().await.expect("no key");
+    assert_eq!(r.status(), 401);
+}
+
+#[tokio::test]
+async fn idempotency_key_returns_the_original_task_and_submits_once() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let body = json!({"model": "genq3-pro", "prompt": "idempotent"});
+    let first: Value = create(&gw, "/v1/videos", CLIENT_KEY, body.clone(), Some("order-42")).await.json().await.expect("json");
+    let again: Value = create(&gw, "/v1/videos", CLIENT_KEY, body.clone(), Some("order-42")).await.json().await.expect("json");
+    assert_eq!(first["id"], again["id"]);
+    // Concurrent duplicates also collapse into the one task.
+    let dupes = futures_util::future::join_all((0..4).map(|_| create(&gw, "/v1/videos", CLIENT_KEY, body.clone(), Some("order-43")))).await;
+    let mut ids = Vec::new();
+    for r in dupes {
+        assert_eq!(r.status(), 200);
+        ids.push(r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string());
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    // Another key with the same Idempotency-Key gets its own task.
+    let other: Value = create(&gw, "/v1/videos", OTHER_KEY, body.clone(), Some("order-42")).await.json().await.expect("json");
+    assert_ne!(other["id"], first["id"]);
+    assert_eq!(submits_with_prompt(&tc_calls(&mock).await, "idempotent").len(), 3, "order-42 twice, order-43, other key");
+}
+
+#[tokio::test]
+async fn invalid_requests_are_400_and_reach_nobody() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let cases = [
+        (json!({"model": "genq9", "prompt": "invalid-a"}), "unsupported model 'genq9'"),
+        (json!({"model": "genq2-pro", "prompt": "invalid-b"}), "text-to-video is not supported"),
+        (json!({"model": "genq2", "prompt": "invalid-c", "image": IMG}), "image-to-video is not supported"),
+        (json!({"model": "genq3-pro", "prompt": "invalid-d", "duration": 30}), "duration"),
+        (json!({"model": "genq3-pro", "prompt": "invalid-e", "image": "data:image/png;base64,AAAA"}), "public https URL"),
+        (json!({"model": "genq3-pro", "prompt": "invalid-f", "metadata": {"Prompt": "x"}}), "metadata.Prompt"),
+        (json!({"model": "genq3-pro", "prompt": "x".repeat(2001)}), "prompt"),
+    ];
+    for (body, needle) in cases {
+        let r = create(&gw, "/v1/videos", CLIENT_KEY, body.clone(), None).await;
+        assert_eq!(r.status(), 400, "{body}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains(needle)), "{needle}: {v}");
+    }
+    let r = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).body("{nope").send().await.expect("req");
+    assert_eq!(r.status(), 400);
+    assert!(tc_calls(&mock).await.is_empty(), "nothing was submitted");
+
+    // The upstream refuses a submission: 400 with its reason; throttling is retried.
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": "p [submit-error]"}), None).await;
+    assert_eq!(r.status(), 400);
+    let v: Value = r.json().await.expect("json");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("InvalidParameterValue.Prompt")), "{v}");
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": "p [throttle-once]"}), None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(submits_with_prompt(&tc_calls(&mock).await, "p [throttle-once]").len(), 2, "one throttled, one retried");
+}
+
+#[tokio::test]
+async fn video_is_404_when_not_configured() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": "p"}), None).await;
+    assert_eq!(r.status(), 404);
+}
+
+/// Kill the daemon (SIGKILL) while a task runs upstream, start it again: the task completes.
+#[tokio::test]
+async fn a_task_survives_a_hard_restart() {
+    let mock = start_mock();
+    let mut gw = start_gateway(&config(mock.port));
+    let token = format!("restart-{}", std::process::id());
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": format!("long [hold:{token}]")}), None).await;
+    assert_eq!(r.status(), 200);
+    let id = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let running = poll_until(&gw, &format!("/v1/videos/{id}"), CLIENT_KEY, "in_progress").await;
+    assert!(running["progress"].as_u64().is_some_and(|p| p > 0 && p < 100), "{running}");
+
+    gw.kill_hard();
+    client().post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
+    gw.start_again();
+
+    let done = poll_until(&gw, &format!("/v1/videos/{id}"), CLIENT_KEY, "completed").await;
+    assert!(done["metadata"]["url"].as_str().is_some_and(|u| u.ends_with(".mp4")));
+    assert!(done["progress"].as_u64() == Some(100));
+}
