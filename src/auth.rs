@@ -60,6 +60,11 @@ pub fn extract_key(headers: &HeaderMap) -> Option<&str> {
     None
 }
 
+/// The id of a key seeded from the configuration (stable across restarts).
+pub fn seed_key_id(secret: &str) -> String {
+    format!("key_{}", &hex(&hash_key(secret))[..16])
+}
+
 /// Lock-free map of key hash → record; replaced whole on every change.
 pub struct KeyIndex {
     by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>>>,
@@ -88,8 +93,8 @@ pub fn usd_to_nanos(usd: f64) -> i64 {
 }
 
 impl KeyIndex {
-    /// Seed the configured keys (a new key gets its configured balance; an existing one keeps
-    /// its balance and takes name, group, limits and enabled from the file), then load all.
+    /// Seed the configured keys (an existing one takes name, group, limits and enabled from the
+    /// file; balances are the ledger's), then load all.
     pub fn load(store: &Store, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
         let existing: HashMap<String, KeyRecord> =
             store.all_keys()?.into_iter().map(|r| (r.key_hash.clone(), r)).collect();
@@ -105,11 +110,10 @@ impl KeyIndex {
                     ..old.clone()
                 },
                 None => KeyRecord {
-                    id: format!("key_{}", &hash[..16]),
+                    id: seed_key_id(&seed.key),
                     name: seed.name.clone(),
                     group: seed.group.clone(),
                     key_hash: hash.clone(),
-                    balance_nanos: usd_to_nanos(seed.balance),
                     rpm: seed.rpm,
                     tpm: seed.tpm,
                     enabled: seed.enabled,
@@ -210,20 +214,17 @@ mod tests {
         };
         let index = KeyIndex::load(&store, std::slice::from_ref(&seed)).expect("load");
         let rec = index.authenticate(Some("sk-demo-0001")).expect("known");
-        assert_eq!(rec.balance_nanos, 5_000_000_000);
+        assert_eq!(rec.id, seed_key_id("sk-demo-0001"));
         let raw = format!("{:?}", store.all_keys().expect("all"));
         assert!(!raw.contains("sk-demo-0001"), "secret stored in clear: {raw}");
 
-        // A changed balance in the file does not overwrite the stored one; `enabled` does apply.
-        let mut rec2 = (*rec).clone();
-        rec2.balance_nanos = 42;
-        store.put_key(&rec2).expect("put");
+        // Re-seeding applies the file's `enabled` and keeps the id.
         let seed2 = KeyConfig { balance: 100.0, enabled: false, ..seed };
         let index = KeyIndex::load(&store, &[seed2]).expect("reload");
         let e = index.authenticate(Some("sk-demo-0001")).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unauthorized);
         assert!(e.message.contains("disabled"));
-        assert_eq!(store.all_keys().expect("all")[0].balance_nanos, 42);
+        assert_eq!(store.all_keys().expect("all")[0].id, rec.id);
     }
 
     #[test]

@@ -76,9 +76,20 @@ struct RawConfig {
     #[serde(default)]
     keys: Vec<RawKey>,
     #[serde(default)]
+    billing: Option<RawBilling>,
+    #[serde(default)]
     video: Option<RawVideo>,
     #[serde(default)]
     storage: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawBilling {
+    #[serde(default)]
+    default_max_output_tokens: Option<u64>,
+    #[serde(default)]
+    usage_retention_days: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -214,6 +225,10 @@ pub struct Config {
     pub groups: BTreeMap<String, Vec<Protocol>>,
     pub prices: BTreeMap<String, Price>,
     pub keys: Vec<KeyConfig>,
+    /// Output tokens held for a request that names no maximum.
+    pub default_max_output_tokens: u64,
+    /// Usage records older than this are deleted.
+    pub usage_retention_days: u64,
     pub video: Option<VideoConfig>,
     pub storage: Option<serde_yaml::Value>,
 }
@@ -397,6 +412,9 @@ impl Config {
         let admin = match raw.admin {
             Some(a) => {
                 let listen = parse_addr("admin.listen", &a.listen)?;
+                if !listen.ip().is_loopback() {
+                    return err(format!("admin.listen: {listen} is not a loopback address; the admin API listens on 127.0.0.1 or ::1 only"));
+                }
                 let token = secret("admin.token", a.token, a.token_env, env)?
                     .ok_or_else(|| ConfigError("admin.token: required (or admin.token_env)".into()))?;
                 Some(AdminConfig { listen, token })
@@ -494,8 +512,16 @@ impl Config {
             None => None,
         };
 
+        let billing = raw.billing.unwrap_or(RawBilling { default_max_output_tokens: None, usage_retention_days: None });
+        let usage_retention_days = billing.usage_retention_days.unwrap_or(30);
+        if usage_retention_days == 0 {
+            return err("billing.usage_retention_days: must be at least 1");
+        }
+
         Ok(Config {
             pingora: raw.pingora,
+            default_max_output_tokens: billing.default_max_output_tokens.unwrap_or(4096),
+            usage_retention_days,
             listen,
             tls,
             data_dir: raw.data_dir.unwrap_or_else(|| PathBuf::from("./data")),

@@ -9,6 +9,10 @@
 //! tasks are piped to the client as they arrive (nothing is buffered).
 
 use crate::auth::{self, KeyIndex};
+use crate::billing;
+use crate::ledger::{now_ms, Hold, Ledger, PriceBook, UsageRecord, NANOS_PER_USD};
+use crate::limits::Limits;
+use crate::meter::{Shape, UsageScanner};
 use crate::config::Protocol;
 use crate::protocol::{anthropic, gemini, openai, ApiError, ErrorKind};
 use crate::relay::{self, Catalog};
@@ -24,7 +28,8 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// Shared state of the gateway.
 pub struct Gateway {
@@ -33,19 +38,31 @@ pub struct Gateway {
     pub max_body_bytes: usize,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
+    pub ledger: Arc<Ledger>,
+    pub prices: Arc<PriceBook>,
+    pub limits: Arc<Limits>,
+    /// Output tokens held for a request that names no maximum.
+    pub default_max_output_tokens: u64,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Everything the subrequest needs to send a request upstream, decided by the parent.
-#[derive(Debug)]
 pub struct RelayPlan {
     pub route: Route,
     pub protocol: Protocol,
     pub model: String,
     pub candidates: Vec<usize>,
     pub body: Bytes,
+    /// Length of the body the client sent (before any rewrite).
+    pub client_body_len: usize,
     /// The client's `anthropic-version` / `compat-version`.
     pub client_version: Option<String>,
     pub key: Arc<KeyRecord>,
+    /// The money reserved for this request; taken once, at settlement.
+    pub hold: Mutex<Option<Hold>>,
+    /// tollgate asked for stream usage; the usage chunk is not the client's to see.
+    pub withhold_usage: bool,
+    pub started: Instant,
 }
 
 /// Per-request state.
@@ -57,6 +74,12 @@ pub struct RequestCtx {
     pub plan: Option<Arc<RelayPlan>>,
     /// Index into `plan.candidates` of the provider being tried.
     pub attempt: usize,
+    /// Upstream response status (subrequest).
+    pub status: u16,
+    /// Reads usage from the upstream response (subrequest).
+    pub scanner: Option<UsageScanner>,
+    /// Route label for metrics (parent request).
+    pub route: &'static str,
 }
 
 /// What the parent request does next.
@@ -105,6 +128,7 @@ impl Gateway {
         let req = session.req_header();
         let route = route::classify(req.method.as_str(), req.uri.path());
         ctx.shape = Some(shape_of(&route, req));
+        ctx.route = route.label();
 
         if let Some(param) = auth::query_carries_key(req.uri.query()) {
             return Err(ApiError::new(
@@ -148,18 +172,12 @@ impl Gateway {
                     None => Err(ApiError::new(ErrorKind::ModelNotFound, format!("models/{wanted} is not found."))),
                 };
             }
-            Route::Usage => {
-                // Metering (per-request records) is not built yet: the counters are honestly zero.
-                let body = serde_json::json!({
-                    "object": "usage",
-                    "key": {"name": key.name, "group": key.group},
-                    "balance": key.balance_nanos as f64 / 1e9,
-                    "total": {"requests": 0, "input_tokens": 0, "output_tokens": 0, "cost": 0.0},
-                    "models": [],
-                });
-                return Ok(Outcome::Respond(LocalResponse::json(200, &body)));
+            Route::Usage => return self.usage(req.uri.query(), &key).map(Outcome::Respond),
+            Route::VideoCreate { .. } => {
+                self.limits.admit(&key)?;
+                return self.video_route(session, &route, &key).await;
             }
-            Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } => {
+            Route::VideoGet { .. } | Route::VideoContent { .. } => {
                 return self.video_route(session, &route, &key).await;
             }
             other => other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?,
@@ -171,11 +189,17 @@ impl Gateway {
                 format!("This endpoint is not available to keys of group '{}'.", key.group),
             ));
         }
-        let body = self.read_body(session).await?;
+        self.limits.admit(&key)?;
+        let mut body = self.read_body(session).await?;
+        let fields = match &route {
+            Route::GenerateContent { .. } if body.is_empty() => relay::BodyFields::default(),
+            _ => relay::body_fields(&body)?,
+        };
         let model = match &route {
             Route::GenerateContent { model, .. } => model.clone(),
-            _ => relay::body_fields(&body)?
+            _ => fields
                 .model
+                .clone()
                 .filter(|m| !m.is_empty())
                 .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
         };
@@ -191,15 +215,136 @@ impl Gateway {
                 .with_param("model")
             })?
             .to_vec();
+
+        // Hold the most this request can cost before anything is forwarded.
+        let max_output = match route {
+            Route::Embeddings => 0,
+            _ => fields.max_output().unwrap_or(self.default_max_output_tokens),
+        };
+        let estimate = self.prices.cost(
+            &model,
+            crate::meter::Usage { input: billing::hold_input_tokens(body.len()), cached: 0, output: max_output },
+        );
+        let hold = match self.ledger.hold(&key.id, estimate) {
+            Ok(Ok(hold)) => hold,
+            Ok(Err(short)) => {
+                return Err(ApiError::new(
+                    ErrorKind::InsufficientBalance,
+                    format!(
+                        "Insufficient balance: this request may cost up to ${:.6}, the key has ${:.6} available.",
+                        short.needed as f64 / NANOS_PER_USD as f64,
+                        short.available.max(0) as f64 / NANOS_PER_USD as f64
+                    ),
+                ))
+            }
+            Err(e) => {
+                log::error!("ledger: {e}");
+                return Err(ApiError::new(ErrorKind::Internal, "Internal error while checking the balance."));
+            }
+        };
+
+        // Streaming chat completions report usage only when asked: ask, and hide the answer.
+        let client_body_len = body.len();
+        let mut withhold_usage = false;
+        let wants_usage = fields.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+        if route == Route::ChatCompletions && fields.stream == Some(true) && !wants_usage {
+            if let Some(rewritten) = relay::with_include_usage(&body) {
+                body = rewritten;
+                withhold_usage = true;
+            }
+        }
         Ok(Outcome::Relay(Arc::new(RelayPlan {
             route,
             protocol,
             model,
             candidates,
             body,
+            client_body_len,
             client_version: version,
             key,
+            hold: Mutex::new(Some(hold)),
+            withhold_usage,
+            started: Instant::now(),
         })))
+    }
+
+    /// `GET /v1/usage[?start=&end=]` for the calling key.
+    fn usage(&self, query: Option<&str>, key: &KeyRecord) -> std::result::Result<LocalResponse, ApiError> {
+        let mut start = 0u64;
+        let mut end = u64::MAX;
+        for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let parse = || {
+                value.parse::<u64>().map_err(|_| {
+                    ApiError::new(ErrorKind::BadRequest, format!("{name}: must be a unix time in seconds")).with_param(name)
+                })
+            };
+            match name {
+                "start" => start = parse()?.saturating_mul(1000),
+                "end" => end = parse()?.saturating_mul(1000),
+                _ => {}
+            }
+        }
+        let internal = |e: crate::store::StoreError| {
+            log::error!("usage query: {e}");
+            ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
+        };
+        let (total, by_model) = self.ledger.summary(&key.id, start, end).map_err(internal)?;
+        let balance = self.ledger.balance(&key.id).map_err(internal)?;
+        let models: Vec<serde_json::Value> = by_model
+            .iter()
+            .map(|(model, t)| {
+                let mut row = t.to_json();
+                row["model"] = serde_json::json!(model);
+                row
+            })
+            .collect();
+        Ok(LocalResponse::json(
+            200,
+            &serde_json::json!({
+                "object": "usage",
+                "key": {"name": key.name, "group": key.group},
+                "balance": balance as f64 / NANOS_PER_USD as f64,
+                "total": total.to_json(),
+                "models": models,
+            }),
+        ))
+    }
+
+    /// Bill a finished relay (subrequest `logging`): release the hold, charge what was used.
+    async fn settle(&self, ctx: &mut RequestCtx, error: Option<&Error>) {
+        let Some(plan) = ctx.plan.as_ref() else { return };
+        let hold = plan.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(hold) = hold else { return };
+        let scan = ctx.scanner.as_mut().map(UsageScanner::finish);
+        let status = match (ctx.status, error) {
+            (0, Some(e)) => upstream_failure(e).status(),
+            (s, _) => s,
+        };
+        let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len);
+        let cost = self.prices.cost(&plan.model, usage);
+        let record = UsageRecord {
+            time_ms: now_ms(),
+            key_id: plan.key.id.clone(),
+            model: plan.model.clone(),
+            protocol: plan.protocol.as_str().to_string(),
+            route: plan.route.label().to_string(),
+            input_tokens: usage.input,
+            cached_tokens: usage.cached,
+            output_tokens: usage.output,
+            cost_nanos: cost,
+            status,
+            latency_ms: plan.started.elapsed().as_millis() as u64,
+            estimated,
+        };
+        self.limits.spend_tokens(&plan.key.id, usage.input + usage.cached + usage.output);
+        let m = &self.metrics;
+        m.add("tollgate_tokens_total", &[("model", &plan.model), ("kind", "input")], (usage.input + usage.cached) as f64);
+        m.add("tollgate_tokens_total", &[("model", &plan.model), ("kind", "output")], usage.output as f64);
+        m.add("tollgate_cost_usd_total", &[("model", &plan.model)], cost as f64 / NANOS_PER_USD as f64);
+        if let Err(e) = self.ledger.settle(hold, record).await {
+            log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
+        }
     }
 
     /// The video task endpoints.
@@ -284,10 +429,10 @@ impl Gateway {
     /// Run the planned request as a subrequest with the preset body and pipe its response.
     async fn relay(&self, session: &mut Session, plan: Arc<RelayPlan>) -> Result<()> {
         let shape = plan.protocol;
+        let body = plan.body.clone();
         let Some(spawner) = session.subrequest_spawner.as_ref() else {
             return Err(Error::explain(ErrorType::InternalError, "subrequests are not enabled"));
         };
-        let body = plan.body.clone();
         let sub_ctx = SubrequestCtx::builder()
             .body_mode(BodyMode::ExpectBody)
             .user_ctx(Box::new(plan))
@@ -348,8 +493,14 @@ impl ProxyHttp for Gateway {
             .and_then(|c| c.user_ctx())
             .and_then(|u| u.downcast_ref::<Arc<RelayPlan>>())
         {
+            let plan = plan.clone();
+            // The subrequest reads its preset body by the length its header declares; the body
+            // may have been rewritten, so declare the real length (before the body is read).
+            let req = session.req_header_mut();
+            req.remove_header("transfer-encoding");
+            req.insert_header("content-length", plan.body.len().to_string())?;
             ctx.shape = Some(plan.protocol);
-            ctx.plan = Some(plan.clone());
+            ctx.plan = Some(plan);
             return Ok(false);
         }
         match self.decide(session, ctx).await {
@@ -407,6 +558,61 @@ impl ProxyHttp for Gateway {
         };
         let upstream = &self.catalog.upstreams[plan.candidates[ctx.attempt.min(plan.candidates.len() - 1)]];
         relay::rewrite_request(upstream_request, upstream, plan.client_version.as_deref(), plan.body.len())
+    }
+
+    async fn response_filter(
+        &self,
+        _session: &mut Session,
+        upstream_response: &mut ResponseHeader,
+        ctx: &mut RequestCtx,
+    ) -> Result<()> {
+        let Some(plan) = ctx.plan.as_ref() else { return Ok(()) };
+        ctx.status = upstream_response.status.as_u16();
+        let sse = upstream_response
+            .headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let withhold = plan.withhold_usage && ctx.status == 200;
+        if withhold {
+            // The body changes length when the usage chunk is withheld.
+            upstream_response.remove_header("content-length");
+        }
+        ctx.scanner = Some(UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold));
+        Ok(())
+    }
+
+    fn response_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<Bytes>,
+        end_of_stream: bool,
+        ctx: &mut RequestCtx,
+    ) -> Result<Option<std::time::Duration>> {
+        if let Some(scanner) = ctx.scanner.as_mut() {
+            if let Some(chunk) = body.as_ref() {
+                if let Some(replacement) = scanner.feed(chunk) {
+                    *body = Some(replacement);
+                }
+            }
+            if end_of_stream {
+                if let Some(rest) = scanner.take_pending() {
+                    let mut joined = body.take().map(|b| b.to_vec()).unwrap_or_default();
+                    joined.extend_from_slice(&rest);
+                    *body = Some(Bytes::from(joined));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
+        if ctx.plan.is_some() {
+            self.settle(ctx, e).await;
+            return;
+        }
+        let status = session.response_written().map_or(0, |r| r.status.as_u16()).to_string();
+        self.metrics.add("tollgate_requests_total", &[("route", ctx.route), ("status", &status)], 1.0);
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {

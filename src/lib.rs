@@ -2,12 +2,18 @@
 //!
 //! Module map (one concern each): [`config`] file → typed config; [`route`] method+path →
 //! route; [`auth`] keys; [`protocol`] wire shapes per protocol; [`relay`] providers, upstream
-//! rewrite, DNS; [`store`] sled; [`response`] local responses; [`gateway`] the Pingora hooks;
+//! rewrite, DNS; [`store`] sled; [`ledger`] balances and usage records; [`meter`] usage extraction; [`limits`] rate limits; [`response`] local responses; [`gateway`] the Pingora hooks;
 //! [`server`] wiring; [`video`] asynchronous video tasks; [`mock`] the mock upstream used by tests and benches.
 
+pub mod admin;
 pub mod auth;
+pub mod billing;
 pub mod config;
 pub mod gateway;
+pub mod ledger;
+pub mod limits;
+pub mod meter;
+pub mod metrics;
 pub mod mock;
 pub mod protocol;
 pub mod relay;

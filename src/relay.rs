@@ -162,6 +162,50 @@ pub struct BodyFields {
     pub model: Option<String>,
     #[serde(default)]
     pub stream: Option<bool>,
+    /// Chat completions (legacy name) and messages.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    /// Responses.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    #[serde(default, rename = "generationConfig")]
+    pub generation_config: Option<GenerationConfig>,
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct GenerationConfig {
+    #[serde(default, rename = "maxOutputTokens")]
+    pub max_output_tokens: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+impl BodyFields {
+    /// The most output tokens the request allows, if it says.
+    pub fn max_output(&self) -> Option<u64> {
+        self.max_completion_tokens
+            .or(self.max_tokens)
+            .or(self.max_output_tokens)
+            .or(self.generation_config.as_ref().and_then(|g| g.max_output_tokens))
+    }
+}
+
+/// A streaming chat-completions body with `stream_options.include_usage` set, so that usage is
+/// reported; None when the body cannot be rewritten.
+pub fn with_include_usage(body: &[u8]) -> Option<bytes::Bytes> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let obj = v.as_object_mut()?;
+    let opts = obj.entry("stream_options").or_insert_with(|| serde_json::json!({}));
+    opts.as_object_mut()?.insert("include_usage".into(), serde_json::Value::Bool(true));
+    serde_json::to_vec(&v).ok().map(bytes::Bytes::from)
 }
 
 /// Parse the fields routing needs from a JSON request body.
@@ -287,6 +331,22 @@ groups:
         assert_eq!(body_fields(b"[1]").unwrap_err().status(), 400);
         assert_eq!(body_fields(br#"["alpha-5.5"]"#).unwrap_err().status(), 400);
         assert_eq!(body_fields(b"{}").expect("empty object").model, None);
+    }
+
+    #[test]
+    fn max_output_and_include_usage() {
+        let f = body_fields(br#"{"model":"m","max_tokens":7}"#).expect("parse");
+        assert_eq!(f.max_output(), Some(7));
+        let f = body_fields(br#"{"model":"m","max_completion_tokens":9,"max_tokens":7}"#).expect("parse");
+        assert_eq!(f.max_output(), Some(9));
+        let f = body_fields(br#"{"generationConfig":{"maxOutputTokens":11,"temperature":1}}"#).expect("parse");
+        assert_eq!(f.max_output(), Some(11));
+        let f = body_fields(br#"{"model":"m","stream_options":{"include_usage":true}}"#).expect("parse");
+        assert_eq!(f.stream_options.and_then(|o| o.include_usage), Some(true));
+        let rewritten = with_include_usage(br#"{"model":"m","stream":true,"stream_options":{"x":1}}"#).expect("rewrite");
+        let v: serde_json::Value = serde_json::from_slice(&rewritten).expect("json");
+        assert_eq!(v["stream_options"], serde_json::json!({"x": 1, "include_usage": true}));
+        assert_eq!(v["model"], "m");
     }
 
     #[test]

@@ -41,6 +41,19 @@ impl Route {
         }
     }
 
+    /// How the response of a relayed route reports usage.
+    pub fn usage_shape(&self) -> Option<crate::meter::Shape> {
+        use crate::meter::Shape;
+        match self {
+            Route::ChatCompletions => Some(Shape::Chat),
+            Route::Responses => Some(Shape::Responses),
+            Route::Embeddings => Some(Shape::Embeddings),
+            Route::Messages => Some(Shape::Messages),
+            Route::GenerateContent { .. } => Some(Shape::Gemini),
+            _ => None,
+        }
+    }
+
     /// Stable label for logs and metrics.
     pub fn label(&self) -> &'static str {
         match self {

@@ -1,6 +1,13 @@
 //! Wiring: configuration → database → key index → catalog → Pingora server and services.
 
-use crate::auth::{now_unix, KeyIndex};
+use crate::admin::AdminApi;
+use crate::auth::{now_unix, seed_key_id, usd_to_nanos, KeyIndex};
+use crate::ledger::{now_ms, Ledger, PriceBook};
+use crate::limits::Limits;
+use crate::metrics::Metrics;
+use async_trait::async_trait;
+use pingora_core::server::ShutdownWatch;
+use pingora_core::services::background::BackgroundService;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::relay::{Catalog, DnsRefresh};
@@ -24,6 +31,30 @@ pub fn server_conf(config: &Config) -> Result<ServerConf, String> {
     Ok(conf)
 }
 
+/// Deletes usage records older than the retention period, hourly.
+struct Retention {
+    ledger: Arc<Ledger>,
+    keep: Duration,
+}
+
+#[async_trait]
+impl BackgroundService for Retention {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        loop {
+            let before = now_ms().saturating_sub(self.keep.as_millis() as u64);
+            match self.ledger.prune(before) {
+                Ok(0) => {}
+                Ok(n) => log::info!("usage retention: deleted {n} record(s)"),
+                Err(e) => log::error!("usage retention: {e}"),
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            }
+        }
+    }
+}
+
 /// Load everything and run until told to stop. Returns only on a start-up error.
 pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
@@ -40,11 +71,19 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let store = Store::open(&config.data_dir)
         .map_err(|e| format!("data_dir {}: {e}", config.data_dir.display()))?;
     let keys = Arc::new(KeyIndex::load(&store, &config.keys).map_err(|e| e.to_string())?);
+    let ledger = Arc::new(Ledger::open(store.db()).map_err(|e| e.to_string())?);
+    for seed in &config.keys {
+        // The configured balance applies only when the key is first created.
+        ledger
+            .open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance))
+            .map_err(|e| e.to_string())?;
+    }
     store.flush().map_err(|e| e.to_string())?;
+    let metrics = Arc::new(Metrics::default());
     let catalog = Arc::new(Catalog::new(&config, now_unix()));
     catalog.resolve_all_blocking();
     let video = match &config.video {
-        Some(v) => Some(Arc::new(VideoService::new(v.clone(), store.db())?)),
+        Some(v) => Some(Arc::new(VideoService::new(v.clone(), store.db(), ledger.clone())?)),
         None => None,
     };
 
@@ -63,7 +102,34 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         }
         server.add_service(background_service("video poller", VideoPoller { service: svc.clone() }));
     }
-    let gateway = Gateway { catalog: catalog.clone(), keys, max_body_bytes: config.max_body_bytes, video };
+    if let Some(admin) = &config.admin {
+        let api = AdminApi {
+            token: admin.token.clone(),
+            store: store.clone(),
+            keys: keys.clone(),
+            ledger: ledger.clone(),
+            groups: config.groups.keys().cloned().collect(),
+            metrics: metrics.clone(),
+        };
+        let mut service = pingora_proxy::http_proxy_service_with_name(&server.configuration, api, "tollgate admin");
+        service.add_tcp(&admin.listen.to_string());
+        server.add_service(service);
+    }
+    server.add_service(background_service(
+        "usage retention",
+        Retention { ledger: ledger.clone(), keep: Duration::from_secs(config.usage_retention_days * 86_400) },
+    ));
+    let gateway = Gateway {
+        catalog: catalog.clone(),
+        keys,
+        max_body_bytes: config.max_body_bytes,
+        video,
+        ledger,
+        prices: Arc::new(PriceBook::new(&config.prices)),
+        limits: Arc::new(Limits::default()),
+        default_max_output_tokens: config.default_max_output_tokens,
+        metrics,
+    };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
     if let Some(addr) = config.listen {
         proxy.add_tcp(&addr.to_string());

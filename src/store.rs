@@ -1,6 +1,7 @@
 //! The sled database: one file lock, opened once, trees by concern.
 //!
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
+//! Balances live in the ledger's tree, not in the key record.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -14,8 +15,6 @@ pub struct KeyRecord {
     pub group: String,
     /// Hex SHA-256 of the secret.
     pub key_hash: String,
-    /// Balance in nano-USD (1e-9 USD).
-    pub balance_nanos: i64,
     #[serde(default)]
     pub rpm: Option<u32>,
     #[serde(default)]
@@ -103,7 +102,6 @@ mod tests {
             name: "demo".into(),
             group: "default".into(),
             key_hash: "ab".into(),
-            balance_nanos: 5_000_000_000,
             rpm: Some(60),
             tpm: None,
             enabled: true,

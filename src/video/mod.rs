@@ -11,6 +11,7 @@ pub mod tc3;
 pub mod upstream;
 
 use crate::auth::now_unix;
+use crate::ledger::{now_ms, Ledger, UsageRecord, NANOS_PER_USD};
 use crate::config::VideoConfig;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::store::{KeyRecord, StoreError};
@@ -48,6 +49,7 @@ fn internal(e: StoreError) -> ApiError {
 pub struct VideoService {
     cfg: VideoConfig,
     store: VideoStore,
+    ledger: Arc<Ledger>,
     upstream: VideoUpstream,
     /// Per-task locks: concurrent refreshes of one task coalesce into one describe.
     refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -56,7 +58,7 @@ pub struct VideoService {
 }
 
 impl VideoService {
-    pub fn new(cfg: VideoConfig, db: &sled::Db) -> Result<Self, String> {
+    pub fn new(cfg: VideoConfig, db: &sled::Db, ledger: Arc<Ledger>) -> Result<Self, String> {
         let store = VideoStore::new(db).map_err(|e| e.to_string())?;
         let upstream = VideoUpstream::new(cfg.clone())?;
         let download = reqwest::Client::builder()
@@ -64,7 +66,7 @@ impl VideoService {
             .read_timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| format!("video download client: {e}"))?;
-        Ok(VideoService { cfg, store, upstream, refreshing: Mutex::new(HashMap::new()), download })
+        Ok(VideoService { cfg, store, ledger, upstream, refreshing: Mutex::new(HashMap::new()), download })
     }
 
     /// Price of a task in nano-USD: `video.prices[model]` USD per second × duration.
@@ -73,7 +75,33 @@ impl VideoService {
         crate::auth::usd_to_nanos(per_second * f64::from(duration))
     }
 
-    /// Start-up recovery: a task left in `submitting` by a crash is failed.
+    fn billing_record(task: &Task, cost_nanos: i64, route: &str) -> UsageRecord {
+        UsageRecord {
+            time_ms: now_ms(),
+            key_id: task.owner.clone(),
+            model: task.api_model.clone(),
+            protocol: "video".into(),
+            route: route.into(),
+            input_tokens: 0,
+            cached_tokens: 0,
+            output_tokens: 0,
+            cost_nanos,
+            status: 200,
+            latency_ms: 0,
+            estimated: false,
+        }
+    }
+
+    /// Give the price of a failed task back, once. Returns the task to store.
+    async fn refund_if_failed(&self, mut task: Task) -> Result<Task, StoreError> {
+        if task.status == Status::Failed && task.charged && !task.refunded && task.cost_nanos > 0 {
+            self.ledger.adjust(Self::billing_record(&task, -task.cost_nanos, "video_refund")).await?;
+            task.refunded = true;
+        }
+        Ok(task)
+    }
+
+    /// Start-up recovery: a task left in `submitting` by a crash is failed (and refunded).
     pub async fn recover(&self) -> Result<usize, StoreError> {
         let mut failed = 0;
         for id in self.store.open_ids()? {
@@ -86,6 +114,7 @@ impl VideoService {
                     )),
                     now_unix(),
                 );
+                let next = self.refund_if_failed(next).await?;
                 self.store.put(&next).await?;
                 failed += 1;
             }
@@ -124,13 +153,35 @@ impl VideoService {
             url: None,
             error: None,
             cost_nanos: self.price_nanos(&sub.api_model, sub.duration),
+            charged: false,
+            refunded: false,
         };
+        // Charged at submission; refunded if the task fails.
+        if task.cost_nanos > 0 {
+            match self.ledger.charge(Self::billing_record(&task, task.cost_nanos, "video")).await.map_err(internal)? {
+                Ok(_) => task.charged = true,
+                Err(short) => {
+                    return Err(ApiError::new(
+                        ErrorKind::InsufficientBalance,
+                        format!(
+                            "Insufficient balance: this video costs ${:.6}, the key has ${:.6} available.",
+                            short.needed as f64 / NANOS_PER_USD as f64,
+                            short.available.max(0) as f64 / NANOS_PER_USD as f64
+                        ),
+                    ))
+                }
+            }
+        }
         // Durable before the upstream is called.
         self.store.put(&task).await.map_err(internal)?;
         if let Some(idem) = idempotency_key {
             let holder = self.store.claim_idempotency(&key.id, idem, &task.id, now).await.map_err(internal)?;
             if holder != task.id {
                 self.store.discard(&task.id).await.map_err(internal)?;
+                if task.charged {
+                    let refund = Self::billing_record(&task, -task.cost_nanos, "video_refund");
+                    self.ledger.adjust(refund).await.map_err(internal)?;
+                }
                 return self.store.get(&holder).map_err(internal)?.ok_or_else(|| {
                     ApiError::new(ErrorKind::Internal, "The task for this Idempotency-Key is missing.")
                 });
@@ -146,6 +197,7 @@ impl VideoService {
             Err(e) => {
                 log::warn!("video submit for {} failed: {e}", task.id);
                 task = task.apply(Event::Fail(e.as_task_error()), now_unix());
+                task = self.refund_if_failed(task).await.map_err(internal)?;
                 self.store.put(&task).await.map_err(internal)?;
                 Err(submit_error(&e))
             }
@@ -214,6 +266,7 @@ impl VideoService {
                 Event::Fail(TaskError::new("timeout", format!("The video service did not finish the task within {hours} hours."))),
                 now,
             );
+            let next = self.refund_if_failed(next).await?;
             self.store.put(&next).await?;
             self.forget_lock(id);
             return Ok(());
@@ -231,6 +284,7 @@ impl VideoService {
             Err(e) => task.apply(Event::Fail(e.as_task_error()), now_unix()),
         };
         next.last_polled_at = now_unix();
+        let next = self.refund_if_failed(next).await?;
         self.store.put(&next).await?;
         if next.status.is_terminal() {
             self.forget_lock(id);
@@ -326,9 +380,14 @@ mod tests {
     async fn recovery_fails_tasks_left_in_submitting() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
-        let svc = VideoService::new(config(), &db).expect("service");
+        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        ledger.open_account("key_a", 1_000_000_000).expect("account");
+        let svc = VideoService::new(config(), &db, ledger.clone()).expect("service");
         let mut interrupted = task::tests::task();
         interrupted.id = "task_interrupted".into();
+        interrupted.cost_nanos = 250_000_000;
+        interrupted.charged = true;
+        ledger.charge(VideoService::billing_record(&interrupted, 250_000_000, "video")).await.expect("db").expect("charged");
         let mut queued = task::tests::task().apply(Event::Submitted { job_id: "j".into() }, 1);
         queued.id = "task_queued".into();
         svc.store.put(&interrupted).await.expect("put");
@@ -337,6 +396,9 @@ mod tests {
         let t = svc.store.get("task_interrupted").expect("get").expect("task");
         assert_eq!(t.status, Status::Failed);
         assert_eq!(t.error.map(|e| e.code), Some("interrupted".to_string()));
+        assert!(t.refunded);
+        assert_eq!(ledger.balance("key_a").expect("balance"), 1_000_000_000, "charge given back");
+        assert_eq!(svc.recover().await.expect("again"), 0, "refunded once");
         assert_eq!(svc.store.get("task_queued").expect("get").map(|t| t.status), Some(Status::Queued));
         assert_eq!(svc.store.open_ids().expect("ids"), vec!["task_queued".to_string()]);
     }
@@ -345,7 +407,7 @@ mod tests {
     fn price_is_per_second_times_duration() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
-        let svc = VideoService::new(config(), &db).expect("service");
+        let svc = VideoService::new(config(), &db, Arc::new(Ledger::open(&db).expect("ledger"))).expect("service");
         assert_eq!(svc.price_nanos("genq3-pro", 8), 400_000_000);
         assert_eq!(svc.price_nanos("genq2", 8), 0, "no price configured");
     }

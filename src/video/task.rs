@@ -71,6 +71,12 @@ pub struct Task {
     pub error: Option<TaskError>,
     /// Price charged at submission (nano-USD).
     pub cost_nanos: i64,
+    /// The price was debited.
+    #[serde(default)]
+    pub charged: bool,
+    /// The price was given back (the task failed).
+    #[serde(default)]
+    pub refunded: bool,
 }
 
 /// What the upstream says of a job.
@@ -218,6 +224,8 @@ pub(crate) mod tests {
             url: None,
             error: None,
             cost_nanos: 0,
+            charged: false,
+            refunded: false,
         }
     }
 

@@ -1,0 +1,257 @@
+//! The admin listener (loopback only): key management with the admin token, `/metrics`,
+//! `/healthz`. Changes take effect on the next request: the key index is reloaded in memory.
+
+use crate::auth::{hash_key, hex, now_unix, KeyIndex};
+use crate::ledger::{Ledger, NANOS_PER_USD};
+use crate::metrics::Metrics;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::config::Protocol;
+use crate::response::LocalResponse;
+use crate::store::{KeyRecord, Store};
+use async_trait::async_trait;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_proxy::{ProxyHttp, Session};
+use rand::Rng;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+const MAX_ADMIN_BODY: usize = 64 * 1024;
+const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+pub struct AdminApi {
+    pub token: String,
+    pub store: Store,
+    pub keys: Arc<KeyIndex>,
+    pub ledger: Arc<Ledger>,
+    pub groups: BTreeSet<String>,
+    pub metrics: Arc<Metrics>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateKey {
+    name: String,
+    group: String,
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    rpm: Option<u32>,
+    #[serde(default)]
+    tpm: Option<u64>,
+}
+
+/// `Some(None)` clears a limit; absent leaves it.
+fn double_option<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchKey {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    balance_delta: Option<f64>,
+    #[serde(default, deserialize_with = "double_option")]
+    rpm: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "double_option")]
+    tpm: Option<Option<u64>>,
+    #[serde(default)]
+    group: Option<String>,
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorKind::BadRequest, msg)
+}
+
+fn internal(e: impl std::fmt::Display) -> ApiError {
+    log::error!("admin: {e}");
+    ApiError::new(ErrorKind::Internal, "Internal error.")
+}
+
+/// Constant-time comparison of the presented token with the configured one.
+fn token_matches(presented: &str, expected: &str) -> bool {
+    let a = Sha256::digest(presented.as_bytes());
+    let b = Sha256::digest(expected.as_bytes());
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn new_secret() -> String {
+    let mut rng = rand::thread_rng();
+    let tail: String = (0..40).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect();
+    format!("sk-tg-{tail}")
+}
+
+fn usd(nanos: i64) -> f64 {
+    nanos as f64 / NANOS_PER_USD as f64
+}
+
+fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
+    if !usd.is_finite() || usd.abs() > 1e9 {
+        return Err(bad(format!("{field}: must be a finite amount of USD")));
+    }
+    Ok(crate::auth::usd_to_nanos(usd))
+}
+
+impl AdminApi {
+    fn view(&self, rec: &KeyRecord) -> std::result::Result<Value, ApiError> {
+        let balance = self.ledger.balance(&rec.id).map_err(internal)?;
+        Ok(json!({
+            "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
+            "rpm": rec.rpm, "tpm": rec.tpm, "enabled": rec.enabled, "created_at": rec.created_at,
+        }))
+    }
+
+    async fn read_json<T: for<'de> Deserialize<'de>>(session: &mut Session) -> std::result::Result<T, ApiError> {
+        let mut body = Vec::new();
+        while let Some(chunk) = session.read_request_body().await.map_err(|_| bad("The request body could not be read."))? {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_ADMIN_BODY {
+                return Err(ApiError::new(ErrorKind::PayloadTooLarge, "The request body is too large."));
+            }
+        }
+        serde_json::from_slice(&body).map_err(|e| bad(format!("Invalid JSON: {e}")))
+    }
+
+    async fn handle(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
+        let req = session.req_header();
+        let method = req.method.as_str().to_string();
+        let path = req.uri.path().to_string();
+        if method == "GET" && path == "/healthz" {
+            return Ok(LocalResponse::json(200, &json!({"status": "ok"})));
+        }
+        let presented = req
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        if !token_matches(presented, &self.token) {
+            return Err(ApiError::new(ErrorKind::Unauthorized, "Missing or wrong admin token."));
+        }
+        match (method.as_str(), path.as_str()) {
+            ("GET", "/metrics") => {
+                let keys = self.store.all_keys().map_err(internal)?.len() as f64;
+                let mut resp = LocalResponse::json(200, &Value::Null);
+                resp.body = self.metrics.render(&[("tollgate_keys", keys)]).into();
+                resp.content_type = "text/plain; version=0.0.4";
+                Ok(resp)
+            }
+            ("GET", "/admin/keys") => {
+                let mut data = Vec::new();
+                for rec in self.store.all_keys().map_err(internal)? {
+                    data.push(self.view(&rec)?);
+                }
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
+            }
+            ("POST", "/admin/keys") => {
+                let body: CreateKey = Self::read_json(session).await?;
+                if body.name.trim().is_empty() {
+                    return Err(bad("name: must not be empty"));
+                }
+                if !self.groups.contains(&body.group) {
+                    return Err(bad(format!("group: no group named '{}'", body.group)));
+                }
+                let balance = to_nanos("balance", body.balance)?;
+                if balance < 0 {
+                    return Err(bad("balance: must not be negative"));
+                }
+                let secret = new_secret();
+                let hash = hex(&hash_key(&secret));
+                let rec = KeyRecord {
+                    id: format!("key_{}", &hash[..16]),
+                    name: body.name,
+                    group: body.group,
+                    key_hash: hash,
+                    rpm: body.rpm,
+                    tpm: body.tpm,
+                    enabled: true,
+                    created_at: now_unix(),
+                };
+                self.ledger.open_account(&rec.id, balance).map_err(internal)?;
+                self.store.put_key(&rec).map_err(internal)?;
+                self.store.flush().map_err(internal)?;
+                self.keys.reload(&self.store).map_err(internal)?;
+                let mut v = self.view(&rec)?;
+                v["key"] = json!(secret);
+                Ok(LocalResponse::json(201, &v))
+            }
+            ("PATCH", p) if p.starts_with("/admin/keys/") => {
+                let id = p.trim_start_matches("/admin/keys/").to_string();
+                let patch: PatchKey = Self::read_json(session).await?;
+                let mut rec = self
+                    .store
+                    .all_keys()
+                    .map_err(internal)?
+                    .into_iter()
+                    .find(|r| r.id == id)
+                    .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No key with id '{id}'.")))?;
+                if let Some(group) = patch.group {
+                    if !self.groups.contains(&group) {
+                        return Err(bad(format!("group: no group named '{group}'")));
+                    }
+                    rec.group = group;
+                }
+                if let Some(enabled) = patch.enabled {
+                    rec.enabled = enabled;
+                }
+                if let Some(rpm) = patch.rpm {
+                    rec.rpm = rpm;
+                }
+                if let Some(tpm) = patch.tpm {
+                    rec.tpm = tpm;
+                }
+                if let Some(delta) = patch.balance_delta {
+                    self.ledger.top_up(&rec.id, to_nanos("balance_delta", delta)?).await.map_err(internal)?;
+                }
+                self.store.put_key(&rec).map_err(internal)?;
+                self.store.flush().map_err(internal)?;
+                self.keys.reload(&self.store).map_err(internal)?;
+                Ok(LocalResponse::json(200, &self.view(&rec)?))
+            }
+            _ => Err(ApiError::new(ErrorKind::NotFound, format!("Unknown admin endpoint: {method} {path}"))),
+        }
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for AdminApi {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+        let resp = match self.handle(session).await {
+            Ok(r) => r,
+            Err(e) => {
+                session.set_keepalive(None);
+                LocalResponse::error(&e, Protocol::Openai)
+            }
+        };
+        resp.send(session).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
+        Err(Error::explain(ErrorType::InternalError, "the admin API has no upstream"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_comparison_and_secrets() {
+        assert!(token_matches("abc", "abc"));
+        assert!(!token_matches("abd", "abc"));
+        assert!(!token_matches("", "abc"));
+        let s = new_secret();
+        assert!(s.starts_with("sk-tg-") && s.len() == 46);
+        assert_ne!(s, new_secret());
+    }
+}

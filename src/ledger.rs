@@ -1,0 +1,462 @@
+//! Money: prices, balances, holds, settlement and usage records.
+//!
+//! Balances are integers in nano-USD (1e-9 USD) in the sled tree `balances`; no float touches
+//! a balance. A relayed request first takes a *hold* (its estimated cost, in memory); it is
+//! admitted only while `balance − held ≥ estimate`. When the response ends the hold is
+//! released and the real cost is debited, in one sled transaction with the usage record, and
+//! flushed before the request is done.
+//!
+//! Invariant: a balance can fall below zero only through requests whose real cost exceeded
+//! their hold, and by at most the sum of those overruns. The hold prices the request's full
+//! output allowance (`max_tokens`, or the configured default) and its input at one token per
+//! three bytes, so an overrun needs an upstream that exceeds `max_tokens` or a tokenizer that
+//! packs more than one token in three bytes.
+
+use crate::config::Price;
+use crate::meter::Usage;
+use crate::store::StoreError;
+use serde::{Deserialize, Serialize};
+use sled::transaction::{ConflictableTransactionError, TransactionError};
+use sled::Transactional;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub const NANOS_PER_USD: i64 = 1_000_000_000;
+
+/// nano-USD per one million tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TokenPrice {
+    pub input: i64,
+    pub cached_input: i64,
+    pub output: i64,
+}
+
+/// Token prices by model.
+#[derive(Debug, Default)]
+pub struct PriceBook {
+    tokens: HashMap<String, TokenPrice>,
+}
+
+fn per_million(usd: f64) -> i64 {
+    (usd * NANOS_PER_USD as f64).round() as i64
+}
+
+fn times(tokens: u64, nanos_per_million: i64) -> i64 {
+    let v = i128::from(tokens) * i128::from(nanos_per_million);
+    // Round half up to the nano-dollar.
+    ((v + 500_000) / 1_000_000).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
+impl PriceBook {
+    pub fn new(prices: &BTreeMap<String, Price>) -> Self {
+        let tokens = prices
+            .iter()
+            .map(|(model, p)| {
+                let input = per_million(p.input);
+                let cached_input = p.cached_input.map_or(input, per_million);
+                (model.clone(), TokenPrice { input, cached_input, output: per_million(p.output) })
+            })
+            .collect();
+        PriceBook { tokens }
+    }
+
+    pub fn price(&self, model: &str) -> TokenPrice {
+        self.tokens.get(model).copied().unwrap_or_default()
+    }
+
+    /// Cost of `usage` on `model` in nano-USD.
+    pub fn cost(&self, model: &str, usage: Usage) -> i64 {
+        let p = self.price(model);
+        times(usage.input, p.input) + times(usage.cached, p.cached_input) + times(usage.output, p.output)
+    }
+}
+
+/// One billed event, as stored and summed by `/v1/usage`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    /// Unix milliseconds.
+    pub time_ms: u64,
+    pub key_id: String,
+    pub model: String,
+    /// `openai`, `anthropic`, `gemini` or `video`.
+    pub protocol: String,
+    pub route: String,
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    pub output_tokens: u64,
+    /// nano-USD; negative for a refund.
+    pub cost_nanos: i64,
+    pub status: u16,
+    pub latency_ms: u64,
+    /// Usage was estimated (no usage report seen).
+    pub estimated: bool,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Account {
+    balance: i64,
+    held: i64,
+}
+
+/// The balance was too low for the hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Insufficient {
+    pub available: i64,
+    pub needed: i64,
+}
+
+pub struct Ledger {
+    db: sled::Db,
+    balances: sled::Tree,
+    records: sled::Tree,
+    accounts: Mutex<HashMap<String, Account>>,
+    seq: AtomicU64,
+}
+
+/// Reserved money for one in-flight request. Dropped unsettled, it is released untouched.
+pub struct Hold {
+    ledger: Arc<Ledger>,
+    key_id: String,
+    amount: i64,
+    done: bool,
+}
+
+impl Hold {
+    pub fn amount(&self) -> i64 {
+        self.amount
+    }
+    pub fn key_id(&self) -> &str {
+        &self.key_id
+    }
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold").field("key_id", &self.key_id).field("amount", &self.amount).finish()
+    }
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        if !self.done {
+            self.ledger.release(&self.key_id, self.amount);
+        }
+    }
+}
+
+fn decode_balance(bytes: &[u8]) -> Result<i64, StoreError> {
+    let arr: [u8; 8] = bytes.try_into().map_err(|_| StoreError::Corrupt("balance is not 8 bytes".into()))?;
+    Ok(i64::from_be_bytes(arr))
+}
+
+fn tx_err(e: TransactionError<()>) -> StoreError {
+    match e {
+        TransactionError::Storage(e) => StoreError::Db(e),
+        TransactionError::Abort(()) => StoreError::Corrupt("transaction aborted".into()),
+    }
+}
+
+/// Counters of `/v1/usage`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub cached_input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_nanos: i64,
+}
+
+impl Totals {
+    fn add(&mut self, r: &UsageRecord) {
+        if r.cost_nanos >= 0 {
+            self.requests += 1;
+        }
+        self.input_tokens += r.input_tokens + r.cached_tokens;
+        self.cached_input_tokens += r.cached_tokens;
+        self.output_tokens += r.output_tokens;
+        self.cost_nanos += r.cost_nanos;
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost": self.cost_nanos as f64 / NANOS_PER_USD as f64,
+        })
+    }
+}
+
+impl Ledger {
+    pub fn open(db: &sled::Db) -> Result<Self, StoreError> {
+        Ok(Ledger {
+            db: db.clone(),
+            balances: db.open_tree("balances")?,
+            records: db.open_tree("usage_records")?,
+            accounts: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    fn accounts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Account>> {
+        self.accounts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn load(&self, map: &mut HashMap<String, Account>, key_id: &str) -> Result<Account, StoreError> {
+        if let Some(a) = map.get(key_id) {
+            return Ok(*a);
+        }
+        let balance = match self.balances.get(key_id.as_bytes())? {
+            Some(b) => decode_balance(&b)?,
+            None => 0,
+        };
+        let a = Account { balance, held: 0 };
+        map.insert(key_id.to_string(), a);
+        Ok(a)
+    }
+
+    /// Give a new key its opening balance; an existing balance is kept. True if created.
+    pub fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError> {
+        let created = self
+            .balances
+            .compare_and_swap(key_id.as_bytes(), None as Option<&[u8]>, Some(&initial.to_be_bytes()[..]))?
+            .is_ok();
+        Ok(created)
+    }
+
+    /// The durable balance (holds not subtracted).
+    pub fn balance(&self, key_id: &str) -> Result<i64, StoreError> {
+        let mut map = self.accounts();
+        Ok(self.load(&mut map, key_id)?.balance)
+    }
+
+    /// Reserve `amount` if `balance − held` covers it.
+    pub fn hold(self: &Arc<Self>, key_id: &str, amount: i64) -> Result<Result<Hold, Insufficient>, StoreError> {
+        let amount = amount.max(0);
+        let mut map = self.accounts();
+        let mut acc = self.load(&mut map, key_id)?;
+        let available = acc.balance - acc.held;
+        if available < amount || (amount > 0 && available <= 0) {
+            return Ok(Err(Insufficient { available, needed: amount }));
+        }
+        acc.held += amount;
+        map.insert(key_id.to_string(), acc);
+        Ok(Ok(Hold { ledger: self.clone(), key_id: key_id.to_string(), amount, done: false }))
+    }
+
+    fn release(&self, key_id: &str, amount: i64) {
+        let mut map = self.accounts();
+        if let Some(acc) = map.get_mut(key_id) {
+            acc.held -= amount;
+        }
+    }
+
+    fn record_key(&self, r: &UsageRecord) -> Vec<u8> {
+        let mut k = r.key_id.as_bytes().to_vec();
+        k.push(0);
+        k.extend_from_slice(&r.time_ms.to_be_bytes());
+        k.extend_from_slice(&self.seq.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+        k
+    }
+
+    /// Debit `record.cost_nanos` (a credit when negative) and store the record, atomically,
+    /// then flush. Returns the new balance.
+    async fn book(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
+        let value = serde_json::to_vec(record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let rkey = self.record_key(record);
+        let balance = {
+            let mut map = self.accounts();
+            let mut acc = self.load(&mut map, &record.key_id)?;
+            let new_balance = acc.balance - record.cost_nanos;
+            (&self.balances, &self.records)
+                .transaction(|(balances, records)| {
+                    balances.insert(record.key_id.as_bytes(), &new_balance.to_be_bytes()[..])?;
+                    records.insert(rkey.as_slice(), value.as_slice())?;
+                    Ok::<(), ConflictableTransactionError<()>>(())
+                })
+                .map_err(tx_err)?;
+            acc.balance = new_balance;
+            acc.held -= release;
+            map.insert(record.key_id.clone(), acc);
+            new_balance
+        };
+        self.db.flush_async().await?;
+        Ok(balance)
+    }
+
+    /// Release the hold and charge the real cost, with its record.
+    pub async fn settle(&self, mut hold: Hold, record: UsageRecord) -> Result<i64, StoreError> {
+        hold.done = true;
+        self.book(&record, hold.amount).await
+    }
+
+    /// Charge a price at once (video submission) when `balance − held` covers it.
+    pub async fn charge(&self, record: UsageRecord) -> Result<Result<i64, Insufficient>, StoreError> {
+        {
+            let mut map = self.accounts();
+            let acc = self.load(&mut map, &record.key_id)?;
+            let available = acc.balance - acc.held;
+            if record.cost_nanos > 0 && available < record.cost_nanos {
+                return Ok(Err(Insufficient { available, needed: record.cost_nanos }));
+            }
+        }
+        self.book(&record, 0).await.map(Ok)
+    }
+
+    /// Credit (refund, top-up) or debit without a hold; the record says why.
+    pub async fn adjust(&self, record: UsageRecord) -> Result<i64, StoreError> {
+        self.book(&record, 0).await
+    }
+
+    /// Balance change by an administrator: no usage record.
+    pub async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError> {
+        let balance = {
+            let mut map = self.accounts();
+            let mut acc = self.load(&mut map, key_id)?;
+            acc.balance += delta;
+            self.balances.insert(key_id.as_bytes(), &acc.balance.to_be_bytes()[..])?;
+            map.insert(key_id.to_string(), acc);
+            acc.balance
+        };
+        self.db.flush_async().await?;
+        Ok(balance)
+    }
+
+    /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms`.
+    pub fn summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+        let mut lo = key_id.as_bytes().to_vec();
+        lo.push(0);
+        let mut hi = lo.clone();
+        lo.extend_from_slice(&start_ms.to_be_bytes());
+        hi.extend_from_slice(&end_ms.to_be_bytes());
+        let mut total = Totals::default();
+        let mut by_model: BTreeMap<String, Totals> = BTreeMap::new();
+        for item in self.records.range(lo..hi) {
+            let (_, v) = item?;
+            let r: UsageRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("usage record: {e}")))?;
+            total.add(&r);
+            by_model.entry(r.model.clone()).or_default().add(&r);
+        }
+        Ok((total, by_model))
+    }
+
+    /// Every record of a key (tests and tools).
+    pub fn records(&self, key_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
+        let mut prefix = key_id.as_bytes().to_vec();
+        prefix.push(0);
+        self.records
+            .scan_prefix(prefix)
+            .map(|item| {
+                let (_, v) = item?;
+                serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("usage record: {e}")))
+            })
+            .collect()
+    }
+
+    /// Delete records older than `before_ms`. Returns how many.
+    pub fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        for item in self.records.iter() {
+            let (k, v) = item?;
+            let old = serde_json::from_slice::<UsageRecord>(&v).map_or(true, |r| r.time_ms < before_ms);
+            if old {
+                self.records.remove(k)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(key: &str, model: &str, cost: i64, t: u64) -> UsageRecord {
+        UsageRecord {
+            time_ms: t,
+            key_id: key.into(),
+            model: model.into(),
+            protocol: "openai".into(),
+            route: "chat_completions".into(),
+            input_tokens: 10,
+            cached_tokens: 2,
+            output_tokens: 5,
+            cost_nanos: cost,
+            status: 200,
+            latency_ms: 1,
+            estimated: false,
+        }
+    }
+
+    #[test]
+    fn prices_are_exact_integers() {
+        let mut p = BTreeMap::new();
+        p.insert("m".to_string(), Price { input: 1.25, output: 10.0, cached_input: Some(0.125) });
+        let book = PriceBook::new(&p);
+        // USD 1.25 per 1M tokens is 1250 nano-USD a token.
+        assert_eq!(book.cost("m", Usage { input: 1000, cached: 100, output: 50 }), 1_250_000 + 12_500 + 500_000);
+        // Rounding to the nano-dollar: 3 tokens at USD 0.1234567/M = 370.37 → 370.
+        p.insert("r".to_string(), Price { input: 0.1234567, output: 0.0, cached_input: None });
+        assert_eq!(PriceBook::new(&p).cost("r", Usage { input: 3, cached: 0, output: 0 }), 370);
+        assert_eq!(book.cost("m", Usage { input: 1_000_000, cached: 0, output: 1_000_000 }), 11_250_000_000);
+        assert_eq!(book.cost("free", Usage { input: 5, cached: 0, output: 5 }), 0);
+    }
+
+    #[tokio::test]
+    async fn holds_settle_and_release() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        assert!(ledger.open_account("k", 1000).expect("open"));
+        assert!(!ledger.open_account("k", 5).expect("again"), "existing balance kept");
+        let h1 = ledger.hold("k", 600).expect("db").expect("covered");
+        assert_eq!(ledger.hold("k", 600).expect("db").unwrap_err(), Insufficient { available: 400, needed: 600 });
+        drop(h1);
+        let h2 = ledger.hold("k", 600).expect("db").expect("released hold frees the money");
+        let bal = ledger.settle(h2, record("k", "m", 250, 5)).await.expect("settle");
+        assert_eq!(bal, 750);
+        assert_eq!(ledger.balance("k").expect("bal"), 750);
+        // A zero-cost hold on an empty key is fine; a priced one is not.
+        ledger.open_account("empty", 0).expect("open");
+        assert!(ledger.hold("empty", 0).expect("db").is_ok());
+        assert!(ledger.hold("empty", 1).expect("db").is_err());
+    }
+
+    #[tokio::test]
+    async fn balances_and_records_survive_reopen_and_summaries_filter_by_time() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = sled::open(dir.path()).expect("open");
+            let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+            ledger.open_account("k", 10_000).expect("open");
+            for (i, model) in ["a", "b", "a"].iter().enumerate() {
+                let h = ledger.hold("k", 100).expect("db").expect("ok");
+                ledger.settle(h, record("k", model, 100, 1000 * (i as u64 + 1))).await.expect("settle");
+            }
+            ledger.adjust(record("k", "a", -50, 4000)).await.expect("refund");
+            ledger.settle(ledger.hold("other", 0).expect("db").expect("ok"), record("other", "a", 0, 1500)).await.expect("other");
+        }
+        let db = sled::open(dir.path()).expect("reopen");
+        let ledger = Ledger::open(&db).expect("ledger");
+        assert_eq!(ledger.balance("k").expect("bal"), 10_000 - 300 + 50);
+        let (total, by_model) = ledger.summary("k", 0, u64::MAX).expect("summary");
+        assert_eq!(total.requests, 3, "a refund is not a request");
+        assert_eq!(total.cost_nanos, 250);
+        assert_eq!(total.input_tokens, 4 * 12);
+        assert_eq!(by_model["a"].cost_nanos, 150);
+        assert_eq!(by_model["b"].requests, 1);
+        let (window, _) = ledger.summary("k", 1500, 3500).expect("window");
+        assert_eq!(window.requests, 2);
+        assert_eq!(ledger.prune(2500).expect("prune"), 3, "two of k, one of other");
+        assert_eq!(ledger.records("k").expect("records").len(), 2);
+    }
+}
