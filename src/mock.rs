@@ -10,7 +10,8 @@
 //! `x-mock-status: N` answer N with a mock error body; `x-mock-delay-ms: N` wait before the
 //! response header; `x-mock-deltas: N` text deltas in the answer (default 3);
 //! `x-mock-interval-ms: N` pause between stream events; `x-mock-hold: T` after the first stream
-//! event, wait at least one second and until `POST /__mock/release?token=T`.
+//! event (or after `x-mock-hold-after: N` events), wait at least one second and until
+//! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events.
 //!
 //! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
 //! body length, model; tag from `x-test-tag`). The mock demands its own upstream key in the
@@ -107,6 +108,10 @@ struct Call {
     deltas: usize,
     interval: Duration,
     hold: Option<String>,
+    /// Events sent before holding (default 1).
+    hold_after: usize,
+    /// Close the connection after this many events, without finishing the response.
+    cut_after: Option<usize>,
     embed_inputs: usize,
     embed_base64: bool,
     gemini_sse: bool,
@@ -302,6 +307,8 @@ impl MockUpstream {
             deltas: num(&req, "x-mock-deltas").unwrap_or(3) as usize,
             interval: Duration::from_millis(num(&req, "x-mock-interval-ms").unwrap_or(0)),
             hold: header(&req, "x-mock-hold").map(str::to_string),
+            hold_after: num(&req, "x-mock-hold-after").unwrap_or(1).max(1) as usize,
+            cut_after: num(&req, "x-mock-cut-after").map(|n| n as usize),
             embed_inputs: match input {
                 Some(Value::Array(items)) => items.len().max(1),
                 _ => 1,
@@ -331,7 +338,10 @@ impl MockUpstream {
         let count = events.len();
         for (i, event) in events.into_iter().enumerate() {
             session.write_response_body(Some(Bytes::from(event)), false).await?;
-            if i == 0 {
+            if call.cut_after == Some(i + 1) {
+                return Err(Error::explain(ErrorType::WriteError, "mock: connection cut on request"));
+            }
+            if i + 1 == call.hold_after {
                 if let Some(token) = &call.hold {
                     let notify = self.hold(token);
                     let released = tokio::time::timeout(HOLD_CAP, notify.notified());

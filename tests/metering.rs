@@ -1,0 +1,370 @@
+//! Metering against the real daemon: the exact balance change for each protocol (streaming and
+//! not), 402 with nothing forwarded, 429, billing of cut and abandoned streams, the concurrency
+//! invariant, the admin API, and balances and records surviving a hard restart.
+
+mod common;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const ADMIN_TOKEN: &str = "admin-token-for-tests";
+const POOR_KEY: &str = "sk-client-poor-0001";
+const LIMITED_KEY: &str = "sk-client-rpm-0001";
+
+/// USD per 1M tokens (input, output) used below.
+const PRICES: &[(&str, f64, f64)] = &[
+    ("alpha-5.5", 2.0, 8.0),
+    ("alpha-embed-3", 0.1, 0.0),
+    ("beta-opus-4-7", 3.0, 15.0),
+    ("gamma-3.5-flash", 0.5, 1.5),
+];
+
+fn config(mock_port: u16, admin_port: u16) -> String {
+    let prices: String = PRICES.iter().map(|(m, i, o)| format!("  {m}: {{ input: {i}, output: {o} }}\n")).collect();
+    let base = standard_config(mock_port).replace(
+        "keys:\n",
+        &format!(
+            "keys:\n  - {{ key: {POOR_KEY}, name: poor, group: default, balance: 0.000001 }}\n  - {{ key: {LIMITED_KEY}, name: limited, group: default, balance: 1.0, rpm: 2 }}\n"
+        ),
+    );
+    format!(
+        "{base}prices:\n{prices}admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}\n{}",
+        video_section(mock_port)
+    )
+}
+
+fn price(model: &str) -> (f64, f64) {
+    PRICES.iter().find(|(m, _, _)| *m == model).map(|(_, i, o)| (*i, *o)).unwrap_or((0.0, 0.0))
+}
+
+/// Exact cost in nano-USD, as the ledger computes it (per-token rate × tokens, rounded).
+fn cost_nanos(model: &str, input: u64, output: u64) -> i64 {
+    let (i, o) = price(model);
+    let part = |tokens: u64, usd_per_m: f64| ((tokens as i128 * (usd_per_m * 1e9).round() as i128 + 500_000) / 1_000_000) as i64;
+    part(input, i) + part(output, o)
+}
+
+async fn usage(gw: &Gateway, key: &str) -> Value {
+    client().get(gw.url("/v1/usage")).bearer_auth(key).send().await.expect("usage").json().await.expect("json")
+}
+
+fn nanos(usd: &Value) -> i64 {
+    (usd.as_f64().expect("number") * 1e9).round() as i64
+}
+
+async fn balance(gw: &Gateway, key: &str) -> i64 {
+    nanos(&usage(gw, key).await["balance"])
+}
+
+/// Wait until the key's usage shows `n` requests (settlement happens after the response).
+async fn wait_requests(gw: &Gateway, key: &str, n: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let u = usage(gw, key).await;
+        if u["total"]["requests"].as_u64() == Some(n) {
+            return u;
+        }
+        assert!(Instant::now() < deadline, "expected {n} requests: {u}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+struct Call {
+    name: &'static str,
+    path: &'static str,
+    body: Value,
+    model: &'static str,
+    output: u64,
+}
+
+#[tokio::test]
+async fn each_protocol_is_billed_exactly_streaming_and_not() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, free_port()));
+    let msgs = json!([{"role": "user", "content": "hello there"}]);
+    let calls = [
+        Call { name: "chat", path: "/v1/chat/completions", body: json!({"model": "alpha-5.5", "messages": msgs}), model: "alpha-5.5", output: 3 },
+        Call { name: "chat-stream", path: "/v1/chat/completions", body: json!({"model": "alpha-5.5", "messages": msgs, "stream": true}), model: "alpha-5.5", output: 3 },
+        Call { name: "chat-stream-usage", path: "/v1/chat/completions", body: json!({"model": "alpha-5.5", "messages": msgs, "stream": true, "stream_options": {"include_usage": true}}), model: "alpha-5.5", output: 3 },
+        Call { name: "responses", path: "/v1/responses", body: json!({"model": "alpha-5.5", "input": "hi"}), model: "alpha-5.5", output: 3 },
+        Call { name: "responses-stream", path: "/v1/responses", body: json!({"model": "alpha-5.5", "input": "hi", "stream": true}), model: "alpha-5.5", output: 3 },
+        Call { name: "embeddings", path: "/v1/embeddings", body: json!({"model": "alpha-embed-3", "input": ["a", "b"]}), model: "alpha-embed-3", output: 0 },
+        Call { name: "messages", path: "/v1/messages", body: json!({"model": "beta-opus-4-7", "max_tokens": 64, "messages": msgs}), model: "beta-opus-4-7", output: 3 },
+        Call { name: "messages-stream", path: "/v1/messages", body: json!({"model": "beta-opus-4-7", "max_tokens": 64, "messages": msgs, "stream": true}), model: "beta-opus-4-7", output: 3 },
+        Call { name: "gemini", path: "/v1beta/models/gamma-3.5-flash:generateContent", body: json!({"contents": [{"parts": [{"text": "hi"}]}]}), model: "gamma-3.5-flash", output: 3 },
+        Call { name: "gemini-sse", path: "/v1beta/models/gamma-3.5-flash:streamGenerateContent?alt=sse", body: json!({"contents": [{"parts": [{"text": "hi"}]}]}), model: "gamma-3.5-flash", output: 3 },
+        Call { name: "gemini-array", path: "/v1beta/models/gamma-3.5-flash:streamGenerateContent", body: json!({"contents": [{"parts": [{"text": "hi"}]}]}), model: "gamma-3.5-flash", output: 3 },
+    ];
+    for (i, call) in calls.iter().enumerate() {
+        let before = balance(&gw, CLIENT_KEY).await;
+        let r = client()
+            .post(gw.url(call.path))
+            .bearer_auth(CLIENT_KEY)
+            .header("x-test-tag", call.name)
+            .json(&call.body)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(r.status(), 200, "{}", call.name);
+        let text = r.text().await.expect("body");
+        if call.name == "chat-stream" {
+            assert!(!text.contains("\"usage\""), "usage chunk the client did not ask for was withheld: {text}");
+            assert!(text.contains("[DONE]"));
+        }
+        if call.name == "chat-stream-usage" {
+            assert!(text.contains("\"usage\""), "the client asked for usage: {text}");
+        }
+        let u = wait_requests(&gw, CLIENT_KEY, i as u64 + 1).await;
+        // The mock counts one input token per four bytes of the body it received.
+        let seen = mock_requests(&mock, call.name).await;
+        let input = seen[0]["body_len"].as_u64().expect("len").div_ceil(4);
+        let expected = cost_nanos(call.model, input, call.output);
+        assert!(expected > 0, "{}", call.name);
+        assert_eq!(before - nanos(&u["balance"]), expected, "{}: balance change", call.name);
+    }
+    let u = usage(&gw, CLIENT_KEY).await;
+    assert_eq!(u["object"], "usage");
+    assert_eq!(u["key"], json!({"name": "tester", "group": "default"}));
+    assert_eq!(u["total"]["requests"], calls.len());
+    let models: Vec<&str> = u["models"].as_array().expect("models").iter().filter_map(|m| m["model"].as_str()).collect();
+    assert_eq!(models, ["alpha-5.5", "alpha-embed-3", "beta-opus-4-7", "gamma-3.5-flash"]);
+    // Time filters: nothing before, everything in range.
+    let r: Value = client().get(gw.url("/v1/usage?start=0&end=1")).bearer_auth(CLIENT_KEY).send().await.expect("u").json().await.expect("json");
+    assert_eq!(r["total"]["requests"], 0);
+    let r: Value = client().get(gw.url("/v1/usage?start=0&end=99999999999")).bearer_auth(CLIENT_KEY).send().await.expect("u").json().await.expect("json");
+    assert_eq!(r["total"]["requests"], calls.len());
+    let r = client().get(gw.url("/v1/usage?start=yesterday")).bearer_auth(CLIENT_KEY).send().await.expect("u");
+    assert_eq!(r.status(), 400);
+    // Another key sees none of it.
+    assert_eq!(usage(&gw, CHAT_KEY).await["total"]["requests"], 0);
+}
+
+#[tokio::test]
+async fn insufficient_balance_is_402_and_nothing_is_forwarded() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, free_port()));
+    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(POOR_KEY).header("x-test-tag", "poor")
+        .json(&json!({"model": "alpha-5.5", "messages": [], "max_tokens": 1000})).send().await.expect("req");
+    assert_eq!(r.status(), 402);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["type"], "insufficient_quota", "{v}");
+    let r = client().post(gw.url("/v1/messages")).header("x-api-key", POOR_KEY).header("x-test-tag", "poor")
+        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 1000})).send().await.expect("req");
+    assert_eq!(r.status(), 402);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "billing_error");
+    let r = client().post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent")).header("x-goog-api-key", POOR_KEY)
+        .header("x-test-tag", "poor").json(&json!({"contents": []})).send().await.expect("req");
+    assert_eq!(r.status(), 402);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["status"], "FAILED_PRECONDITION");
+    let r = client().post(gw.url("/v1/videos")).bearer_auth(POOR_KEY).json(&json!({"model": "genq3-pro", "prompt": "p [poor]"})).send().await.expect("req");
+    assert_eq!(r.status(), 402);
+    assert!(mock_requests(&mock, "poor").await.is_empty(), "nothing reached the upstream");
+    let calls: Vec<Value> = client().get(mock.url("/__mock/tc_calls")).send().await.expect("c").json().await.expect("j");
+    assert!(calls.is_empty(), "no video was submitted");
+    assert_eq!(balance(&gw, POOR_KEY).await, 1000);
+}
+
+#[tokio::test]
+async fn over_rpm_is_429_with_retry_after() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, free_port()));
+    for _ in 0..2 {
+        let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(LIMITED_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+        assert_eq!(r.status(), 200);
+    }
+    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(LIMITED_KEY).header("x-test-tag", "limited")
+        .json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+    assert_eq!(r.status(), 429);
+    let retry: u64 = r.headers()["retry-after"].to_str().expect("ascii").parse().expect("seconds");
+    assert!((1..=60).contains(&retry), "{retry}");
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "rate_limit_error");
+    let r = client().post(gw.url("/v1/messages")).header("x-api-key", LIMITED_KEY).json(&json!({"model": "beta-opus-4-7", "max_tokens": 1})).send().await.expect("req");
+    assert_eq!(r.status(), 429);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "rate_limit_error");
+    assert!(mock_requests(&mock, "limited").await.is_empty());
+    // Other keys are not affected.
+    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn a_cut_stream_is_billed_for_what_it_produced_once() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, free_port()));
+    let body = json!({"model": "alpha-5.5", "messages": [], "stream": true});
+    let before = balance(&gw, CLIENT_KEY).await;
+    // The upstream sends the role chunk, "Hello", " from", then drops the connection.
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .header("x-mock-deltas", "6")
+        .header("x-mock-cut-after", "3")
+        .json(&body)
+        .send()
+        .await
+        .expect("req");
+    assert_eq!(r.status(), 200);
+    let mut got = Vec::new();
+    let mut stream = r.bytes_stream();
+    while let Some(Ok(chunk)) = stream.next().await {
+        got.extend_from_slice(&chunk);
+    }
+    assert!(String::from_utf8_lossy(&got).contains(" from"));
+    let u = wait_requests(&gw, CLIENT_KEY, 1).await;
+    // No usage was reported: "Hello from" (10 bytes) → 3 output tokens; the input is estimated
+    // at one token per four bytes of what the client sent.
+    let client_len = serde_json::to_vec(&body).expect("json").len() as u64;
+    let expected = cost_nanos("alpha-5.5", client_len.div_ceil(4), 3);
+    assert_eq!(u["total"]["output_tokens"], 3);
+    assert_eq!(before - nanos(&u["balance"]), expected);
+
+    // A client that goes away mid-stream is billed once, for a non-zero amount.
+    let token = format!("gone-{}", std::process::id());
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .header("x-mock-hold", &token)
+        .header("x-mock-hold-after", "2")
+        .json(&body)
+        .send()
+        .await
+        .expect("req");
+    let mut stream = r.bytes_stream();
+    let mut seen = Vec::new();
+    while !String::from_utf8_lossy(&seen).contains("Hello") {
+        seen.extend_from_slice(&stream.next().await.expect("chunk").expect("bytes"));
+    }
+    drop(stream);
+    client().post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
+    let u = wait_requests(&gw, CLIENT_KEY, 2).await;
+    let second = u["models"][0]["output_tokens"].as_u64().expect("tokens") - 3;
+    assert!(second >= 2, "at least what the client received (\"Hello\"): {u}");
+    // Still exactly two records after the upstream finished.
+    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+    assert_eq!(r.status(), 200);
+    wait_requests(&gw, CLIENT_KEY, 3).await;
+}
+
+/// Many concurrent requests against a balance that covers only a few: the balance never goes
+/// below zero and equals the opening balance minus exactly what the successful calls cost.
+#[tokio::test]
+async fn concurrent_requests_never_overdraw() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port));
+    let admin = |p: &str| format!("http://127.0.0.1:{admin_port}{p}");
+    // A hold is about 1000 × $8/M = $0.008; $0.03 covers three at a time.
+    let created: Value = client().post(admin("/admin/keys")).bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"name": "burst", "group": "default", "balance": 0.03})).send().await.expect("create").json().await.expect("json");
+    let key = created["key"].as_str().expect("secret").to_string();
+    let body = json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000});
+    let requests = (0..24).map(|_| {
+        client().post(gw.url("/v1/chat/completions")).bearer_auth(&key).header("x-mock-delay-ms", "200").json(&body).send()
+    });
+    let results = futures_util::future::join_all(requests).await;
+    let ok = results.iter().filter(|r| r.as_ref().is_ok_and(|r| r.status() == 200)).count() as u64;
+    let refused = results.iter().filter(|r| r.as_ref().is_ok_and(|r| r.status() == 402)).count();
+    assert!(ok >= 1 && refused >= 1, "ok {ok}, refused {refused}");
+    assert_eq!(ok as usize + refused, 24);
+    let u = wait_requests(&gw, &key, ok).await;
+    let final_balance = nanos(&u["balance"]);
+    assert!(final_balance >= 0, "overdrawn: {u}");
+    assert_eq!(final_balance, 30_000_000 - nanos(&u["total"]["cost"]), "{u}");
+}
+
+#[tokio::test]
+async fn admin_api_manages_keys_live() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port));
+    let admin = |p: &str| format!("http://127.0.0.1:{admin_port}{p}");
+    assert_eq!(client().get(admin("/healthz")).send().await.expect("h").status(), 200);
+    assert_eq!(client().get(admin("/admin/keys")).send().await.expect("no token").status(), 401);
+    assert_eq!(client().get(admin("/admin/keys")).bearer_auth("wrong").send().await.expect("wrong").status(), 401);
+
+    let r = client().post(admin("/admin/keys")).bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"name": "ci", "group": "chat", "balance": 2.5, "rpm": 100})).send().await.expect("create");
+    assert_eq!(r.status(), 201);
+    let created: Value = r.json().await.expect("json");
+    let secret = created["key"].as_str().expect("secret shown once").to_string();
+    let id = created["id"].as_str().expect("id").to_string();
+    assert_eq!(created["balance"], 2.5);
+    let list = client().get(admin("/admin/keys")).bearer_auth(ADMIN_TOKEN).send().await.expect("list").text().await.expect("t");
+    assert!(list.contains(&id) && !list.contains(&secret), "the list never shows a secret");
+    let bad = client().post(admin("/admin/keys")).bearer_auth(ADMIN_TOKEN).json(&json!({"name": "x", "group": "nope"})).send().await.expect("bad");
+    assert_eq!(bad.status(), 400);
+
+    let chat = || client().post(gw.url("/v1/chat/completions")).bearer_auth(&secret).json(&json!({"model": "alpha-5.5", "messages": []})).send();
+    assert_eq!(chat().await.expect("chat").status(), 200);
+    let messages = || client().post(gw.url("/v1/messages")).bearer_auth(&secret).json(&json!({"model": "beta-opus-4-7", "max_tokens": 1})).send();
+    assert_eq!(messages().await.expect("messages").status(), 404, "chat group");
+
+    let patch = |v: Value| client().patch(admin(&format!("/admin/keys/{id}"))).bearer_auth(ADMIN_TOKEN).json(&v).send();
+    assert_eq!(patch(json!({"enabled": false})).await.expect("p").status(), 200);
+    assert_eq!(chat().await.expect("chat").status(), 401, "disabled at once");
+    assert_eq!(patch(json!({"enabled": true, "group": "default"})).await.expect("p").status(), 200);
+    assert_eq!(chat().await.expect("chat").status(), 200);
+    assert_eq!(messages().await.expect("messages").status(), 200, "group change applies");
+    wait_requests(&gw, &secret, 3).await;
+    let before = balance(&gw, &secret).await;
+    let v: Value = patch(json!({"balance_delta": 1.25})).await.expect("p").json().await.expect("json");
+    assert_eq!(nanos(&v["balance"]), before + 1_250_000_000);
+    assert_eq!(balance(&gw, &secret).await, before + 1_250_000_000);
+    assert_eq!(patch(json!({"rpm": 0})).await.expect("p").status(), 200);
+    assert_eq!(chat().await.expect("chat").status(), 429);
+    assert_eq!(patch(json!({"rpm": null})).await.expect("p").status(), 200);
+    assert_eq!(chat().await.expect("chat").status(), 200);
+    assert_eq!(patch(json!({"colour": "red"})).await.expect("p").status(), 400);
+    let missing = client().patch(admin("/admin/keys/key_nope")).bearer_auth(ADMIN_TOKEN).json(&json!({})).send().await.expect("p");
+    assert_eq!(missing.status(), 404);
+
+    let metrics = client().get(admin("/metrics")).bearer_auth(ADMIN_TOKEN).send().await.expect("m").text().await.expect("t");
+    assert!(metrics.contains("tollgate_requests_total{route=\"chat_completions\",status=\"200\"}"), "{metrics}");
+    assert!(metrics.contains("tollgate_tokens_total{model=\"alpha-5.5\",kind=\"output\"}"), "{metrics}");
+    assert!(!metrics.contains(&secret) && !metrics.contains(ADMIN_TOKEN));
+}
+
+#[tokio::test]
+async fn video_is_charged_at_submission_and_refunded_on_failure() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, free_port()));
+    let start = balance(&gw, CLIENT_KEY).await;
+    // genq3-pro: $0.05 a second × 4 s.
+    let r = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "ok", "duration": 4})).send().await.expect("req");
+    assert_eq!(r.status(), 200);
+    assert_eq!(balance(&gw, CLIENT_KEY).await, start - 200_000_000);
+    let r = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "x [submit-error]", "duration": 4})).send().await.expect("req");
+    assert_eq!(r.status(), 400);
+    assert_eq!(balance(&gw, CLIENT_KEY).await, start - 200_000_000, "a refused submission costs nothing");
+    let r = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "y [fail]", "duration": 4})).send().await.expect("req");
+    let id = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    assert_eq!(balance(&gw, CLIENT_KEY).await, start - 400_000_000);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v: Value = client().get(gw.url(&format!("/v1/videos/{id}"))).bearer_auth(CLIENT_KEY).send().await.expect("get").json().await.expect("json");
+        if v["status"] == "failed" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{v}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert_eq!(balance(&gw, CLIENT_KEY).await, start - 200_000_000, "refunded once on FAIL");
+}
+
+#[tokio::test]
+async fn balances_and_records_survive_a_hard_restart() {
+    let mock = start_mock();
+    let mut gw = start_gateway(&config(mock.port, free_port()));
+    for _ in 0..3 {
+        let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+        assert_eq!(r.status(), 200);
+    }
+    let before = wait_requests(&gw, CLIENT_KEY, 3).await;
+    assert!(nanos(&before["balance"]) < 5_000_000_000);
+    gw.kill_hard();
+    gw.start_again();
+    let after = usage(&gw, CLIENT_KEY).await;
+    assert_eq!(after, before, "the configured balance is not applied again, and no record is lost");
+}
