@@ -41,6 +41,15 @@ def test_openai_chat_stream(oa):
     assert usage is not None and usage.completion_tokens == 3
 
 
+def test_openai_chat_stream_without_usage_option(oa):
+    # tollgate asks the upstream for usage (to bill it) and withholds that extra chunk.
+    chunks = list(oa.chat.completions.create(
+        model="alpha-5.5", messages=[{"role": "user", "content": "hi"}], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == EXPECTED_3
+    assert all(c.usage is None for c in chunks)
+    assert all(c.choices for c in chunks)
+
+
 def test_openai_responses(oa):
     r = oa.responses.create(model="alpha-5.5", input="hi")
     assert r.output_text == EXPECTED_3
