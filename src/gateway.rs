@@ -227,16 +227,7 @@ impl Gateway {
         );
         let hold = match self.ledger.hold(&key.id, estimate) {
             Ok(Ok(hold)) => hold,
-            Ok(Err(short)) => {
-                return Err(ApiError::new(
-                    ErrorKind::InsufficientBalance,
-                    format!(
-                        "Insufficient balance: this request may cost up to ${:.6}, the key has ${:.6} available.",
-                        short.needed as f64 / NANOS_PER_USD as f64,
-                        short.available.max(0) as f64 / NANOS_PER_USD as f64
-                    ),
-                ))
-            }
+            Ok(Err(short)) => return Err(short.to_api_error("this request may cost up to")),
             Err(e) => {
                 log::error!("ledger: {e}");
                 return Err(ApiError::new(ErrorKind::Internal, "Internal error while checking the balance."));

@@ -106,6 +106,20 @@ pub struct Insufficient {
     pub needed: i64,
 }
 
+impl Insufficient {
+    /// The client's 402; `what` names the thing being paid for ("this request may cost up to").
+    pub fn to_api_error(self, what: &str) -> crate::protocol::ApiError {
+        crate::protocol::ApiError::new(
+            crate::protocol::ErrorKind::InsufficientBalance,
+            format!(
+                "Insufficient balance: {what} ${:.6}, the key has ${:.6} available.",
+                self.needed as f64 / NANOS_PER_USD as f64,
+                self.available.max(0) as f64 / NANOS_PER_USD as f64
+            ),
+        )
+    }
+}
+
 pub struct Ledger {
     db: sled::Db,
     balances: sled::Tree,

@@ -11,7 +11,7 @@ pub mod tc3;
 pub mod upstream;
 
 use crate::auth::now_unix;
-use crate::ledger::{now_ms, Ledger, UsageRecord, NANOS_PER_USD};
+use crate::ledger::{now_ms, Ledger, UsageRecord};
 use crate::config::VideoConfig;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::store::{KeyRecord, StoreError};
@@ -160,16 +160,7 @@ impl VideoService {
         if task.cost_nanos > 0 {
             match self.ledger.charge(Self::billing_record(&task, task.cost_nanos, "video")).await.map_err(internal)? {
                 Ok(_) => task.charged = true,
-                Err(short) => {
-                    return Err(ApiError::new(
-                        ErrorKind::InsufficientBalance,
-                        format!(
-                            "Insufficient balance: this video costs ${:.6}, the key has ${:.6} available.",
-                            short.needed as f64 / NANOS_PER_USD as f64,
-                            short.available.max(0) as f64 / NANOS_PER_USD as f64
-                        ),
-                    ))
-                }
+                Err(short) => return Err(short.to_api_error("this video costs")),
             }
         }
         // Durable before the upstream is called.
