@@ -80,7 +80,37 @@ struct RawConfig {
     #[serde(default)]
     video: Option<RawVideo>,
     #[serde(default)]
-    storage: Option<serde_yaml::Value>,
+    storage: Option<RawStorage>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawStorage {
+    s3: RawS3,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawS3 {
+    #[serde(default)]
+    endpoint: Option<String>,
+    region: String,
+    bucket: String,
+    #[serde(default)]
+    access_key: Option<String>,
+    #[serde(default)]
+    access_key_env: Option<String>,
+    #[serde(default)]
+    secret_key: Option<String>,
+    #[serde(default)]
+    secret_key_env: Option<String>,
+    #[serde(default)]
+    force_path_style: Option<bool>,
+    #[serde(default)]
+    url_ttl_secs: Option<u64>,
+    /// Serve results as `public_base_url/<key>` instead of presigned URLs.
+    #[serde(default)]
+    public_base_url: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -230,7 +260,21 @@ pub struct Config {
     /// Usage records older than this are deleted.
     pub usage_retention_days: u64,
     pub video: Option<VideoConfig>,
-    pub storage: Option<serde_yaml::Value>,
+    pub storage: Option<S3Config>,
+}
+
+/// S3-compatible object storage for result videos and base64 inputs.
+#[derive(Debug, Clone)]
+pub struct S3Config {
+    /// None: the AWS endpoint for the region.
+    pub endpoint: Option<String>,
+    pub region: String,
+    pub bucket: String,
+    pub access_key: String,
+    pub secret_key: String,
+    pub force_path_style: bool,
+    pub url_ttl_secs: u64,
+    pub public_base_url: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -532,9 +576,42 @@ impl Config {
             prices: raw.prices,
             keys,
             video,
-            storage: raw.storage,
+            storage: match raw.storage {
+                Some(st) => Some(s3_config(st.s3, env)?),
+                None => None,
+            },
         })
     }
+}
+
+fn s3_config(s: RawS3, env: &dyn Fn(&str) -> Option<String>) -> Result<S3Config, ConfigError> {
+    if let Some(e) = &s.endpoint {
+        BaseUrl::parse(e).map_err(|m| ConfigError(format!("storage.s3.endpoint: {m}")))?;
+    }
+    if s.bucket.is_empty() {
+        return err("storage.s3.bucket: must not be empty");
+    }
+    let access_key = secret("storage.s3.access_key", s.access_key, s.access_key_env, env)?
+        .ok_or_else(|| ConfigError("storage.s3.access_key: required (or access_key_env)".into()))?;
+    let secret_key = secret("storage.s3.secret_key", s.secret_key, s.secret_key_env, env)?
+        .ok_or_else(|| ConfigError("storage.s3.secret_key: required (or secret_key_env)".into()))?;
+    let url_ttl_secs = s.url_ttl_secs.unwrap_or(86_400);
+    if url_ttl_secs == 0 || url_ttl_secs > 7 * 86_400 {
+        return err("storage.s3.url_ttl_secs: 1 to 604800 (presigned URLs last at most 7 days)");
+    }
+    if let Some(p) = &s.public_base_url {
+        BaseUrl::parse(p).map_err(|m| ConfigError(format!("storage.s3.public_base_url: {m}")))?;
+    }
+    Ok(S3Config {
+        endpoint: s.endpoint,
+        region: s.region,
+        bucket: s.bucket,
+        access_key,
+        secret_key,
+        force_path_style: s.force_path_style.unwrap_or(true),
+        url_ttl_secs,
+        public_base_url: s.public_base_url.map(|p| p.trim_end_matches('/').to_string()),
+    })
 }
 
 fn video_config(v: RawVideo, env: &dyn Fn(&str) -> Option<String>) -> Result<VideoConfig, ConfigError> {
@@ -682,6 +759,18 @@ keys:
         let bad = text.replace("region: ap-guangzhou", "region: ap-guangzhou, zone: x");
         let e = Config::parse(&bad, &|_: &str| Some("x".to_string())).unwrap_err();
         assert!(e.0.contains("zone"), "{e}");
+    }
+
+    #[test]
+    fn storage_section_is_typed() {
+        let text = format!("{MINIMAL}storage:\n  s3: {{ endpoint: \"http://127.0.0.1:9000\", region: us-east-1, bucket: b, access_key: a, secret_key_env: S3_SK }}\n");
+        let e = Config::parse(&text, &no_env).unwrap_err();
+        assert!(e.0.contains("storage.s3.secret_key_env") && e.0.contains("S3_SK"), "{e}");
+        let c = Config::parse(&text, &|_: &str| Some("sk".to_string())).expect("valid");
+        let s3 = c.storage.expect("storage");
+        assert_eq!((s3.url_ttl_secs, s3.force_path_style, s3.secret_key.as_str()), (86_400, true, "sk"));
+        let e = Config::parse(&text.replace("bucket: b", "bucket: b, acl: public"), &|_: &str| Some("x".into())).unwrap_err();
+        assert!(e.0.contains("acl"), "{e}");
     }
 
     #[test]

@@ -350,11 +350,11 @@ impl Gateway {
                 if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
                 }
-                let task = svc.create(key, &body, idem.as_deref()).await?;
+                let task = svc.present(svc.create(key, &body, idem.as_deref()).await?).await;
                 Ok(Outcome::Respond(LocalResponse::json(200, &task.to_json(true, *legacy))))
             }
             Route::VideoGet { id, legacy } => {
-                let task = svc.get(key, id).await?;
+                let task = svc.present(svc.get(key, id).await?).await;
                 Ok(Outcome::Respond(LocalResponse::json(200, &task.to_json(false, *legacy))))
             }
             Route::VideoContent { id } => {

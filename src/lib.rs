@@ -20,5 +20,6 @@ pub mod relay;
 pub mod response;
 pub mod route;
 pub mod server;
+pub mod storage;
 pub mod store;
 pub mod video;

@@ -62,7 +62,7 @@ pub struct MockUpstream {
 /// secret. A job advances one step per describe: WAIT, RUN (Progress 50), DONE. Markers in the
 /// Prompt steer it: `[submit-error]` refuses the submission, `[throttle-once]` answers
 /// RequestLimitExceeded to the first submission, `[fail]` ends in FAIL, `[expired]` gives a
-/// result URL that answers 403, `[hold:T]` stays RUN until `POST /__mock/release?token=T`.
+/// result URL that answers 403, `[big]` makes the result 20 MiB, `[hold:T]` stays RUN until `POST /__mock/release?token=T`.
 /// `GET /__mock/tc_calls` lists the calls (action, payload); `GET /__mock/video/{job}.mp4`
 /// serves the result (Range supported).
 pub struct TcMock {
@@ -82,11 +82,18 @@ struct TcJob {
 
 /// Size of the mock result video.
 pub const MOCK_VIDEO_LEN: usize = 300_000;
+/// Size of the mock result of a `[big]` job (several multipart parts).
+pub const MOCK_BIG_VIDEO_LEN: usize = 20 * 1024 * 1024 + 123;
 
 /// The mock result video's bytes: an MP4 `ftyp` box, then a pattern.
 pub fn mock_video_bytes() -> Vec<u8> {
+    mock_video_of(MOCK_VIDEO_LEN)
+}
+
+/// A mock video of `len` bytes.
+pub fn mock_video_of(len: usize) -> Vec<u8> {
     let mut v = b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00mp42isom".to_vec();
-    v.extend((v.len()..MOCK_VIDEO_LEN).map(|i| (i % 251) as u8));
+    v.extend((v.len()..len).map(|i| (i % 251) as u8));
     v
 }
 
@@ -449,14 +456,14 @@ impl TcMock {
     }
 
     async fn serve_video(&self, session: &mut Session, req: &RequestHeader, file: &str, expired: bool) -> Result<()> {
-        let known = file
+        let prompt = file
             .strip_suffix(".mp4")
-            .is_some_and(|job| self.jobs.lock().unwrap_or_else(|p| p.into_inner()).contains_key(job));
-        if expired || !known {
+            .and_then(|job| self.jobs.lock().unwrap_or_else(|p| p.into_inner()).get(job).map(|j| j.prompt.clone()));
+        let Some(prompt) = prompt.filter(|_| !expired) else {
             let status = if expired { 403 } else { 404 };
             return send(session, status, "application/xml", Bytes::from_static(b"<Error>AccessDenied</Error>"), &[]).await;
-        }
-        let video = mock_video_bytes();
+        };
+        let video = mock_video_of(if prompt.contains("[big]") { MOCK_BIG_VIDEO_LEN } else { MOCK_VIDEO_LEN });
         let range = header(req, "range").and_then(|r| r.strip_prefix("bytes=")).and_then(|r| r.split_once('-'));
         let Some((start, end)) = range else {
             return send(session, 200, "video/mp4", video.into(), &[]).await;

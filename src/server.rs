@@ -11,6 +11,7 @@ use pingora_core::services::background::BackgroundService;
 use crate::config::Config;
 use crate::gateway::Gateway;
 use crate::relay::{Catalog, DnsRefresh};
+use crate::storage::ObjectStore;
 use crate::store::Store;
 use crate::video::{VideoPoller, VideoService};
 use pingora_core::server::configuration::{Opt, ServerConf};
@@ -83,7 +84,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let catalog = Arc::new(Catalog::new(&config, now_unix()));
     catalog.resolve_all_blocking();
     let video = match &config.video {
-        Some(v) => Some(Arc::new(VideoService::new(v.clone(), store.db(), ledger.clone())?)),
+        Some(v) => {
+            let storage = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
+            Some(Arc::new(VideoService::new(v.clone(), store.db(), ledger.clone(), storage)?))
+        }
         None => None,
     };
 

@@ -17,13 +17,16 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq "${need[@]}" python3-venv
 fi
 
-echo "== cargo test"
-cargo test --locked 2>&1
-
-echo "== SDK compatibility suite"
+echo "== Python tools (.venv: SDKs, pytest, the S3 server for the storage tests)"
 if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys' 2>/dev/null; then
   rm -rf .venv
   python3 -m venv .venv
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/sdk/requirements.txt
+export TOLLGATE_S3_SERVER="$PWD/.venv/bin/moto_server"
+
+echo "== cargo test"
+cargo test --locked 2>&1
+
+echo "== SDK compatibility suite"
 TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/sdk

@@ -5,6 +5,7 @@ use super::task::Status;
 use super::{VideoService, RESULT_URL_TTL_SECS};
 use crate::auth::now_unix;
 use crate::protocol::{ApiError, ErrorKind};
+use crate::storage::StorageError;
 use crate::store::KeyRecord;
 use futures_util::StreamExt;
 use pingora_http::ResponseHeader;
@@ -33,6 +34,24 @@ pub async fn serve_content(svc: &VideoService, session: &mut Session, key: &KeyR
             ));
         }
     }
+    let range = session.req_header().headers.get("range").and_then(|v| v.to_str().ok()).map(str::to_string);
+    if let (Some(storage), Some(key)) = (svc.storage(), task.storage_key.as_deref()) {
+        let download = storage.get(key, range.as_deref()).await.map_err(|e| match e {
+            StorageError::NotFound => ApiError::new(ErrorKind::Gone, "The stored video is no longer available."),
+            other => {
+                log::warn!("video {id}: storage read failed: {other}");
+                ApiError::new(ErrorKind::BadGateway, "The result video could not be read. Retry later.")
+            }
+        })?;
+        let head = Head {
+            status: download.status,
+            content_type: download.content_type,
+            content_length: download.content_length.map(|l| l.to_string()),
+            content_range: download.content_range,
+        };
+        let body = Box::pin(futures_util::stream::unfold(download.body, |mut b| async move { b.next().await.map(|r| (r, b)) }));
+        return stream_out(session, id, head, body).await;
+    }
     let Some(url) = task.url.as_deref() else {
         return Err(ApiError::new(ErrorKind::Conflict, "The task has no result URL."));
     };
@@ -40,7 +59,7 @@ pub async fn serve_content(svc: &VideoService, session: &mut Session, key: &KeyR
         return Err(expired());
     }
     let mut request = svc.download.get(url);
-    if let Some(range) = session.req_header().headers.get("range").and_then(|v| v.to_str().ok()) {
+    if let Some(range) = &range {
         request = request.header("range", range);
     }
     let upstream = request.send().await.map_err(|e| {
@@ -57,15 +76,39 @@ pub async fn serve_content(svc: &VideoService, session: &mut Session, key: &KeyR
             return Err(ApiError::new(ErrorKind::BadGateway, "The result video could not be fetched. Retry later."));
         }
     }
-    let header_err = |_| ApiError::new(ErrorKind::Internal, "Could not build the response.");
-    let mut header = ResponseHeader::build(status, Some(5)).map_err(header_err)?;
     let up = upstream.headers();
-    let content_type = up.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("video/mp4").to_string();
-    header.insert_header("content-type", content_type).map_err(header_err)?;
-    for name in ["content-length", "content-range", "last-modified", "etag"] {
-        if let Some(v) = up.get(name).and_then(|v| v.to_str().ok()) {
-            header.insert_header(name, v.to_string()).map_err(header_err)?;
-        }
+    let text = |name: &str| up.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+    let head = Head {
+        status,
+        content_type: text("content-type"),
+        content_length: text("content-length"),
+        content_range: text("content-range"),
+    };
+    stream_out(session, id, head, upstream.bytes_stream()).await
+}
+
+/// The response head of a video download.
+struct Head {
+    status: u16,
+    content_type: Option<String>,
+    content_length: Option<String>,
+    content_range: Option<String>,
+}
+
+/// Write the head, then the body chunk by chunk. An `Err` means nothing was written yet.
+async fn stream_out<S, E>(session: &mut Session, id: &str, head: Head, mut body: S) -> Result<(), ApiError>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let header_err = |_| ApiError::new(ErrorKind::Internal, "Could not build the response.");
+    let mut header = ResponseHeader::build(head.status, Some(5)).map_err(header_err)?;
+    header.insert_header("content-type", head.content_type.unwrap_or_else(|| "video/mp4".into())).map_err(header_err)?;
+    if let Some(len) = head.content_length {
+        header.insert_header("content-length", len).map_err(header_err)?;
+    }
+    if let Some(range) = head.content_range {
+        header.insert_header("content-range", range).map_err(header_err)?;
     }
     header.insert_header("accept-ranges", "bytes").map_err(header_err)?;
     let client_gone = |e: pingora_error::BError| {
@@ -75,7 +118,6 @@ pub async fn serve_content(svc: &VideoService, session: &mut Session, key: &KeyR
         client_gone(e);
         return Ok(());
     }
-    let mut body = upstream.bytes_stream();
     while let Some(chunk) = body.next().await {
         match chunk {
             Ok(bytes) => {

@@ -14,6 +14,7 @@ use crate::auth::now_unix;
 use crate::ledger::{now_ms, Ledger, UsageRecord};
 use crate::config::VideoConfig;
 use crate::protocol::{ApiError, ErrorKind};
+use crate::storage::ObjectStore;
 use crate::store::{KeyRecord, StoreError};
 use async_trait::async_trait;
 use futures_util::StreamExt;
@@ -50,6 +51,8 @@ pub struct VideoService {
     cfg: VideoConfig,
     store: VideoStore,
     ledger: Arc<Ledger>,
+    /// Object storage for results and base64 inputs, when configured.
+    storage: Option<Arc<ObjectStore>>,
     upstream: VideoUpstream,
     /// Per-task locks: concurrent refreshes of one task coalesce into one describe.
     refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -58,7 +61,7 @@ pub struct VideoService {
 }
 
 impl VideoService {
-    pub fn new(cfg: VideoConfig, db: &sled::Db, ledger: Arc<Ledger>) -> Result<Self, String> {
+    pub fn new(cfg: VideoConfig, db: &sled::Db, ledger: Arc<Ledger>, storage: Option<Arc<ObjectStore>>) -> Result<Self, String> {
         let store = VideoStore::new(db).map_err(|e| e.to_string())?;
         let upstream = VideoUpstream::new(cfg.clone())?;
         let download = reqwest::Client::builder()
@@ -66,7 +69,7 @@ impl VideoService {
             .read_timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| format!("video download client: {e}"))?;
-        Ok(VideoService { cfg, store, ledger, upstream, refreshing: Mutex::new(HashMap::new()), download })
+        Ok(VideoService { cfg, store, ledger, storage, upstream, refreshing: Mutex::new(HashMap::new()), download })
     }
 
     /// Price of a task in nano-USD: `video.prices[model]` USD per second × duration.
@@ -101,6 +104,123 @@ impl VideoService {
         Ok(task)
     }
 
+    /// Everything that follows a task's end: refund a failure, copy a result to object storage
+    /// (or schedule the copy), delete uploaded inputs.
+    async fn settle_terminal(&self, task: Task) -> Result<Task, StoreError> {
+        let mut task = self.refund_if_failed(task).await?;
+        if !task.status.is_terminal() {
+            return Ok(task);
+        }
+        if task.status == Status::Completed && task.storage_key.is_none() && !task.copy_pending && self.storage.is_some() {
+            match self.copy_result(&task).await {
+                Ok((key, url)) => {
+                    task.storage_key = Some(key);
+                    task.url = Some(url);
+                }
+                Err(e) => {
+                    log::warn!("video task {}: copy to object storage failed, serving the upstream URL for now: {e}", task.id);
+                    task.copy_pending = true;
+                    task.copy_attempts = 1;
+                    task.next_copy_at = now_unix() + self.copy_backoff(1);
+                }
+            }
+        }
+        if let Some(storage) = &self.storage {
+            for key in std::mem::take(&mut task.temp_objects) {
+                if let Err(e) = storage.delete(&key).await {
+                    log::warn!("video task {}: could not delete input {key}: {e}", task.id);
+                }
+            }
+        }
+        Ok(task)
+    }
+
+    fn copy_backoff(&self, attempts: u32) -> u64 {
+        (self.cfg.poll_interval_secs << attempts.min(16)).min(300)
+    }
+
+    /// Stream the upstream result into object storage; the key and the URL to show.
+    async fn copy_result(&self, task: &Task) -> Result<(String, String), String> {
+        let storage = self.storage.as_ref().ok_or("no object storage")?;
+        let url = task.upstream_url.as_deref().ok_or("no upstream URL")?;
+        let resp = self.download.get(url).send().await.map_err(|e| format!("download: {e}"))?;
+        if !resp.status().is_success() {
+            return Err(format!("download answered {}", resp.status()));
+        }
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("video/mp4")
+            .to_string();
+        let key = format!("videos/{}.mp4", task.id);
+        storage.put_stream(&key, &content_type, resp.bytes_stream()).await.map_err(|e| e.to_string())?;
+        let shown = storage.url(&key).await.map_err(|e| e.to_string())?;
+        Ok((key, shown))
+    }
+
+    /// Retry a pending copy whose time has come (background poller).
+    async fn retry_copy(&self, id: &str) -> Result<(), StoreError> {
+        let Some(mut task) = self.store.get(id)? else { return Ok(()) };
+        let now = now_unix();
+        if !task.copy_pending || now < task.next_copy_at {
+            return Ok(());
+        }
+        if task.completed_at.is_some_and(|at| now.saturating_sub(at) > RESULT_URL_TTL_SECS) {
+            log::warn!("video task {id}: giving up the copy to object storage, the upstream URL has expired");
+            task.copy_pending = false;
+            return self.store.put(&task).await;
+        }
+        match self.copy_result(&task).await {
+            Ok((key, url)) => {
+                log::info!("video task {id}: result copied to object storage");
+                task.storage_key = Some(key);
+                task.url = Some(url);
+                task.copy_pending = false;
+            }
+            Err(e) => {
+                task.copy_attempts += 1;
+                task.next_copy_at = now + self.copy_backoff(task.copy_attempts);
+                log::warn!("video task {id}: copy attempt {} failed: {e}", task.copy_attempts);
+            }
+        }
+        self.store.put(&task).await
+    }
+
+    /// The task as a client sees it: a stored result gets a fresh presigned URL.
+    pub async fn present(&self, mut task: Task) -> Task {
+        if let (Some(storage), Some(key)) = (&self.storage, &task.storage_key) {
+            match storage.url(key).await {
+                Ok(url) => task.url = Some(url),
+                Err(e) => log::warn!("video task {}: cannot sign the result URL: {e}", task.id),
+            }
+        }
+        task
+    }
+
+    /// Where the content endpoint reads the video from.
+    pub fn storage(&self) -> Option<&ObjectStore> {
+        self.storage.as_deref()
+    }
+
+    /// Upload base64 inputs and put their URLs in the payload.
+    async fn upload_inputs(&self, task: &mut Task, sub: &mut request::Submission) -> Result<(), ApiError> {
+        let Some(storage) = &self.storage else { return Ok(()) };
+        for (i, image) in std::mem::take(&mut sub.uploads).into_iter().enumerate() {
+            let key = format!("tmp/{}/{i}.{}", task.id, image.extension);
+            let failed = |e: crate::storage::StorageError| {
+                log::warn!("video task {}: storing {} failed: {e}", task.id, image.field);
+                ApiError::new(ErrorKind::BadGateway, format!("{}: the image could not be stored; retry, or send a public URL.", image.field))
+                    .with_param(&image.field)
+            };
+            storage.put_bytes(&key, image.content_type, bytes::Bytes::from(image.bytes.clone())).await.map_err(failed)?;
+            task.temp_objects.push(key.clone());
+            let url = storage.url(&key).await.map_err(failed)?;
+            replace_placeholder(&mut sub.payload, &image.placeholder, &url);
+        }
+        Ok(())
+    }
+
     /// Start-up recovery: a task left in `submitting` by a crash is failed (and refunded).
     pub async fn recover(&self) -> Result<usize, StoreError> {
         let mut failed = 0;
@@ -114,7 +234,7 @@ impl VideoService {
                     )),
                     now_unix(),
                 );
-                let next = self.refund_if_failed(next).await?;
+                let next = self.settle_terminal(next).await?;
                 self.store.put(&next).await?;
                 failed += 1;
             }
@@ -134,7 +254,7 @@ impl VideoService {
                 }
             }
         }
-        let sub = request::validate(&json, &self.cfg.models)?;
+        let mut sub = request::validate(&json, &self.cfg.models, self.storage.is_some())?;
         let mut task = Task {
             id: new_task_id(),
             owner: key.id.clone(),
@@ -155,6 +275,12 @@ impl VideoService {
             cost_nanos: self.price_nanos(&sub.api_model, sub.duration),
             charged: false,
             refunded: false,
+            storage_key: None,
+            upstream_url: None,
+            copy_pending: false,
+            copy_attempts: 0,
+            next_copy_at: 0,
+            temp_objects: Vec::new(),
         };
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {
@@ -178,6 +304,12 @@ impl VideoService {
                 });
             }
         }
+        if let Err(e) = self.upload_inputs(&mut task, &mut sub).await {
+            task = task.apply(Event::Fail(TaskError::new("input_storage_failed", e.message.clone())), now_unix());
+            task = self.settle_terminal(task).await.map_err(internal)?;
+            self.store.put(&task).await.map_err(internal)?;
+            return Err(e);
+        }
         match self.upstream.submit(sub.capability, &sub.payload).await {
             Ok(job_id) => {
                 task = task.apply(Event::Submitted { job_id }, now_unix());
@@ -188,7 +320,7 @@ impl VideoService {
             Err(e) => {
                 log::warn!("video submit for {} failed: {e}", task.id);
                 task = task.apply(Event::Fail(e.as_task_error()), now_unix());
-                task = self.refund_if_failed(task).await.map_err(internal)?;
+                task = self.settle_terminal(task).await.map_err(internal)?;
                 self.store.put(&task).await.map_err(internal)?;
                 Err(submit_error(&e))
             }
@@ -257,7 +389,7 @@ impl VideoService {
                 Event::Fail(TaskError::new("timeout", format!("The video service did not finish the task within {hours} hours."))),
                 now,
             );
-            let next = self.refund_if_failed(next).await?;
+            let next = self.settle_terminal(next).await?;
             self.store.put(&next).await?;
             self.forget_lock(id);
             return Ok(());
@@ -275,7 +407,7 @@ impl VideoService {
             Err(e) => task.apply(Event::Fail(e.as_task_error()), now_unix()),
         };
         next.last_polled_at = now_unix();
-        let next = self.refund_if_failed(next).await?;
+        let next = self.settle_terminal(next).await?;
         self.store.put(&next).await?;
         if next.status.is_terminal() {
             self.forget_lock(id);
@@ -295,11 +427,41 @@ impl VideoService {
         futures_util::stream::iter(ids)
             .for_each_concurrent(self.cfg.poll_concurrency, |id| async move { self.refresh(&id).await })
             .await;
+        let copies = match self.store.copy_pending_ids() {
+            Ok(ids) => ids,
+            Err(e) => {
+                log::error!("video poller: {e}");
+                return;
+            }
+        };
+        futures_util::stream::iter(copies)
+            .for_each_concurrent(self.cfg.poll_concurrency, |id| async move {
+                let lock = self.lock_for(&id);
+                let _guard = lock.lock().await;
+                if let Err(e) = self.retry_copy(&id).await {
+                    log::error!("video task {id}: {e}");
+                }
+                self.forget_lock(&id);
+            })
+            .await;
     }
 
     pub fn poll_interval(&self) -> Duration {
         Duration::from_secs(self.cfg.poll_interval_secs)
     }
+}
+
+/// Replace every string equal to `placeholder` in `payload` with `url`.
+fn replace_placeholder(payload: &mut serde_json::Map<String, serde_json::Value>, placeholder: &str, url: &str) {
+    fn walk(v: &mut serde_json::Value, placeholder: &str, url: &str) {
+        match v {
+            serde_json::Value::String(s) if s == placeholder => *s = url.to_string(),
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|i| walk(i, placeholder, url)),
+            serde_json::Value::Object(map) => map.values_mut().for_each(|i| walk(i, placeholder, url)),
+            _ => {}
+        }
+    }
+    payload.values_mut().for_each(|v| walk(v, placeholder, url));
 }
 
 /// The client-facing error for a failed submission.
@@ -373,7 +535,7 @@ mod tests {
         let db = sled::open(dir.path()).expect("open");
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
         ledger.open_account("key_a", 1_000_000_000).expect("account");
-        let svc = VideoService::new(config(), &db, ledger.clone()).expect("service");
+        let svc = VideoService::new(config(), &db, ledger.clone(), None).expect("service");
         let mut interrupted = task::tests::task();
         interrupted.id = "task_interrupted".into();
         interrupted.cost_nanos = 250_000_000;
@@ -398,7 +560,7 @@ mod tests {
     fn price_is_per_second_times_duration() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
-        let svc = VideoService::new(config(), &db, Arc::new(Ledger::open(&db).expect("ledger"))).expect("service");
+        let svc = VideoService::new(config(), &db, Arc::new(Ledger::open(&db).expect("ledger")), None).expect("service");
         assert_eq!(svc.price_nanos("genq3-pro", 8), 400_000_000);
         assert_eq!(svc.price_nanos("genq2", 8), 0, "no price configured");
     }

@@ -54,8 +54,74 @@ pub struct Submission {
     pub upstream_model: String,
     pub duration: u32,
     pub off_peak: bool,
-    /// The upstream request body (PascalCase).
+    /// The upstream request body (PascalCase). Inline images appear as their placeholders.
     pub payload: Map<String, Value>,
+    /// Base64 images to upload; each placeholder in the payload is replaced by its URL.
+    pub uploads: Vec<InlineImage>,
+}
+
+/// A decoded base64 input image.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InlineImage {
+    pub field: String,
+    pub placeholder: String,
+    pub bytes: Vec<u8>,
+    pub content_type: &'static str,
+    pub extension: &'static str,
+}
+
+/// Largest input image (§2.6).
+pub const MAX_IMAGE_BYTES: usize = 50 * 1024 * 1024;
+
+/// Decode a data URI or raw base64 image and check it is png, jpeg or webp by its magic bytes.
+pub fn decode_image(field: &str, v: &str) -> Result<(Vec<u8>, &'static str, &'static str), ApiError> {
+    use base64::Engine;
+    let data = match v.strip_prefix("data:") {
+        Some(rest) => rest
+            .split_once(";base64,")
+            .map(|(_, d)| d)
+            .ok_or_else(|| bad(field, "a data URI must be base64 (data:image/png;base64,...)"))?,
+        None => v,
+    };
+    let compact: String = data.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    if compact.len() / 4 * 3 > MAX_IMAGE_BYTES + 3 {
+        return Err(bad(field, "images may be at most 50 MB"));
+    }
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(compact.as_bytes())
+        .or_else(|_| base64::engine::general_purpose::STANDARD_NO_PAD.decode(compact.as_bytes()))
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(compact.as_bytes()))
+        .map_err(|_| bad(field, "is neither a public http(s) URL nor valid base64"))?;
+    if bytes.len() > MAX_IMAGE_BYTES {
+        return Err(bad(field, "images may be at most 50 MB"));
+    }
+    let kind = if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        ("image/png", "png")
+    } else if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
+        ("image/jpeg", "jpg")
+    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        ("image/webp", "webp")
+    } else {
+        return Err(bad(field, "the base64 data is not a png, jpeg or webp image"));
+    };
+    Ok((bytes, kind.0, kind.1))
+}
+
+/// An input image as the payload carries it: a URL as is, or (with storage) a placeholder for
+/// an upload.
+fn image_input(field: &str, v: &str, allow_base64: bool, uploads: &mut Vec<InlineImage>) -> Result<String, ApiError> {
+    let looks_like_url = {
+        let lower = v.get(..8).unwrap_or(v).to_ascii_lowercase();
+        lower.starts_with("https://") || lower.starts_with("http://")
+    };
+    if looks_like_url || !allow_base64 {
+        check_media_url(field, v)?;
+        return Ok(v.to_string());
+    }
+    let (bytes, content_type, extension) = decode_image(field, v)?;
+    let placeholder = format!("tollgate-upload:{}", uploads.len());
+    uploads.push(InlineImage { field: field.to_string(), placeholder: placeholder.clone(), bytes, content_type, extension });
+    Ok(placeholder)
 }
 
 fn bad(field: &str, rule: impl Into<String>) -> ApiError {
@@ -153,8 +219,9 @@ pub fn pascal_case(key: &str) -> String {
         .collect()
 }
 
-/// Validate a create-task body against the enabled models.
-pub fn validate(body: &Value, enabled: &[String]) -> Result<Submission, ApiError> {
+/// Validate a create-task body against the enabled models. `allow_base64`: object storage is
+/// configured, so base64 images are decoded for upload instead of refused.
+pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<Submission, ApiError> {
     let body = body.as_object().ok_or_else(|| bad("body", "must be a JSON object"))?;
 
     let model = string_field(body, "model")?.ok_or_else(|| bad("model", "is required"))?;
@@ -223,18 +290,16 @@ pub fn validate(body: &Value, enabled: &[String]) -> Result<Submission, ApiError
     }
 
     // Input assets.
+    let mut uploads = Vec::new();
     let mut inputs: Vec<String> = Vec::new();
     if let Some(i) = image {
-        check_media_url("image", i)?;
-        inputs.push(i.to_string());
+        inputs.push(image_input("image", i, allow_base64, &mut uploads)?);
     }
     for (i, url) in images.iter().flatten().enumerate() {
-        check_media_url(&format!("images[{i}]"), url)?;
-        inputs.push(url.clone());
+        inputs.push(image_input(&format!("images[{i}]"), url, allow_base64, &mut uploads)?);
     }
     if let Some(r) = input_reference {
-        check_media_url("input_reference", r)?;
-        inputs.push(r.to_string());
+        inputs.push(image_input("input_reference", r, allow_base64, &mut uploads)?);
     }
     if inputs.len() > 7 {
         return Err(bad("images", "reference-to-video takes at most 7 reference images in all"));
@@ -249,7 +314,7 @@ pub fn validate(body: &Value, enabled: &[String]) -> Result<Submission, ApiError
             }
         }
     }
-    let subject_videos = check_subjects(&meta)?;
+    let subject_videos = check_subjects(&mut meta, allow_base64, &mut uploads)?;
     let has_videos = meta.get("Videos").is_some_and(|v| v.as_array().is_some_and(|a| !a.is_empty())) || subject_videos;
     if has_videos && model != "genq2-pro" {
         return Err(bad("metadata.Videos", "reference videos are supported only by model genq2-pro"));
@@ -314,6 +379,7 @@ pub fn validate(body: &Value, enabled: &[String]) -> Result<Submission, ApiError
         duration,
         off_peak,
         payload,
+        uploads,
     })
 }
 
@@ -370,17 +436,17 @@ fn check_logo(value: &Value) -> Result<(), ApiError> {
 
 /// §2.3 / §2.6: 1–7 subjects, Id and Images required, 1–3 images each, at most 7 in total.
 /// Returns whether any subject carries videos.
-fn check_subjects(meta: &Map<String, Value>) -> Result<bool, ApiError> {
-    let Some(subjects) = meta.get("Subjects") else { return Ok(false) };
-    let list = subjects.as_array().ok_or_else(|| bad("metadata.Subjects", "must be an array of subject objects"))?;
+fn check_subjects(meta: &mut Map<String, Value>, allow_base64: bool, uploads: &mut Vec<InlineImage>) -> Result<bool, ApiError> {
+    let Some(subjects) = meta.get_mut("Subjects") else { return Ok(false) };
+    let list = subjects.as_array_mut().ok_or_else(|| bad("metadata.Subjects", "must be an array of subject objects"))?;
     if list.is_empty() || list.len() > 7 {
         return Err(bad("metadata.Subjects", "must hold 1 to 7 subjects"));
     }
     let mut total = 0;
     let mut videos = false;
-    for (i, s) in list.iter().enumerate() {
+    for (i, s) in list.iter_mut().enumerate() {
         let at = format!("metadata.Subjects[{i}]");
-        let s = s.as_object().ok_or_else(|| bad(&at, "must be an object"))?;
+        let s = s.as_object_mut().ok_or_else(|| bad(&at, "must be an object"))?;
         if !s.get("Id").and_then(Value::as_str).is_some_and(|id| !id.trim().is_empty()) {
             return Err(bad(&format!("{at}.Id"), "is required (the prompt refers to it as @<Id>)"));
         }
@@ -389,10 +455,12 @@ fn check_subjects(meta: &Map<String, Value>) -> Result<bool, ApiError> {
         if images.is_empty() || images.len() > 3 {
             return Err(bad(&format!("{at}.Images"), "must hold 1 to 3 images"));
         }
+        let mut stored = Vec::with_capacity(images.len());
         for (j, url) in images.iter().enumerate() {
-            check_media_url(&format!("{at}.Images[{j}]"), url)?;
+            stored.push(Value::String(image_input(&format!("{at}.Images[{j}]"), url, allow_base64, uploads)?));
         }
         total += images.len();
+        s.insert("Images".into(), Value::Array(stored));
         for key in ["Name", "VoiceId"] {
             if s.get(key).is_some_and(|v| !v.is_string()) {
                 return Err(bad(&format!("{at}.{key}"), "must be a string"));
@@ -419,12 +487,12 @@ mod tests {
     }
 
     fn ok(body: Value) -> Submission {
-        validate(&body, &all()).unwrap_or_else(|e| panic!("{body}: {}", e.message))
+        validate(&body, &all(), false).unwrap_or_else(|e| panic!("{body}: {}", e.message))
     }
 
     /// The 400 message for `body`; asserts it names `field`.
     fn rejects(body: Value, field: &str) -> String {
-        let e = validate(&body, &all()).expect_err(&body.to_string());
+        let e = validate(&body, &all(), false).expect_err(&body.to_string());
         assert_eq!(e.status(), 400);
         assert!(e.message.starts_with(field), "expected field {field}: {}", e.message);
         e.message
@@ -491,7 +559,7 @@ mod tests {
     fn unknown_or_disabled_models() {
         let msg = rejects(json!({"model": "genq9", "prompt": "p"}), "model");
         assert!(msg.contains("unsupported model 'genq9'"), "{msg}");
-        let e = validate(&json!({"model": "genq2", "prompt": "p"}), &["genq3-pro".to_string()]).unwrap_err();
+        let e = validate(&json!({"model": "genq2", "prompt": "p"}), &["genq3-pro".to_string()], false).unwrap_err();
         assert!(e.message.contains("unsupported model 'genq2'"));
         rejects(json!({"prompt": "p"}), "model");
         rejects(json!({"model": 5, "prompt": "p"}), "model");
@@ -599,6 +667,38 @@ mod tests {
         assert!(s.off_peak);
         assert_eq!(s.payload["CustomThing"], 1, "other metadata passes through");
         assert_eq!(s.payload["LogoParam"]["LogoRect"]["X"], -10);
+    }
+
+    const PNG_1PX: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg==";
+
+    #[test]
+    fn base64_images_with_storage_become_uploads() {
+        let body = json!({"model": "genq2", "prompt": "@a", "images": [format!("data:image/png;base64,{PNG_1PX}"), IMG, PNG_1PX],
+                          "metadata": {"Subjects": [{"Id": "a", "Images": [PNG_1PX]}]}});
+        let s = validate(&body, &all(), true).expect("valid");
+        assert_eq!(s.uploads.len(), 3);
+        assert_eq!(s.payload["Images"], json!(["tollgate-upload:0", IMG, "tollgate-upload:1"]));
+        assert_eq!(s.payload["Subjects"][0]["Images"], json!(["tollgate-upload:2"]));
+        assert_eq!(s.uploads[2].field, "metadata.Subjects[0].Images[0]");
+        assert_eq!((s.uploads[0].content_type, s.uploads[0].extension), ("image/png", "png"));
+        assert!(s.uploads[0].bytes.starts_with(b"\x89PNG"));
+        // Without storage the same body is refused.
+        assert!(validate(&body, &all(), false).is_err());
+    }
+
+    #[test]
+    fn bad_base64_or_non_images_name_the_field() {
+        use base64::Engine;
+        let e = validate(&json!({"model": "genq3-pro", "image": "!!!not base64!!!"}), &all(), true).unwrap_err();
+        assert!(e.message.starts_with("image:") && e.message.contains("base64"), "{}", e.message);
+        let gif = base64::engine::general_purpose::STANDARD.encode(b"GIF89a\x01\x00\x01\x00");
+        let e = validate(&json!({"model": "genq3-pro", "images": [gif]}), &all(), true).unwrap_err();
+        assert!(e.message.starts_with("images[0]:") && e.message.contains("png, jpeg or webp"), "{}", e.message);
+        let jpeg = base64::engine::general_purpose::STANDARD.encode([0xFF, 0xD8, 0xFF, 0xE0, 0, 0x10]);
+        assert_eq!(decode_image("image", &jpeg).expect("jpeg").1, "image/jpeg");
+        let webp = base64::engine::general_purpose::STANDARD.encode(b"RIFF\x00\x00\x00\x00WEBPVP8 ");
+        assert_eq!(decode_image("image", &webp).expect("webp").2, "webp");
+        assert!(decode_image("image", "data:image/png,abc").is_err());
     }
 
     #[test]

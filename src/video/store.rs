@@ -17,6 +17,7 @@ pub struct VideoStore {
     tasks: sled::Tree,
     open: sled::Tree,
     idem: sled::Tree,
+    copies: sled::Tree,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -36,6 +37,7 @@ impl VideoStore {
             tasks: db.open_tree("video_tasks")?,
             open: db.open_tree("video_open")?,
             idem: db.open_tree("video_idem")?,
+            copies: db.open_tree("video_copy_pending")?,
         })
     }
 
@@ -50,13 +52,18 @@ impl VideoStore {
     pub async fn put(&self, task: &Task) -> Result<(), StoreError> {
         let value = serde_json::to_vec(task).map_err(|e| corrupt(&task.id, e))?;
         let open = !task.status.is_terminal();
-        (&self.tasks, &self.open)
-            .transaction(|(tasks, index)| {
+        (&self.tasks, &self.open, &self.copies)
+            .transaction(|(tasks, index, copies)| {
                 tasks.insert(task.id.as_bytes(), value.as_slice())?;
                 if open {
                     index.insert(task.id.as_bytes(), &[])?;
                 } else {
                     index.remove(task.id.as_bytes())?;
+                }
+                if task.copy_pending {
+                    copies.insert(task.id.as_bytes(), &[])?;
+                } else {
+                    copies.remove(task.id.as_bytes())?;
                 }
                 Ok::<(), ConflictableTransactionError<()>>(())
             })
@@ -78,8 +85,16 @@ impl VideoStore {
 
     /// Ids of unfinished tasks.
     pub fn open_ids(&self) -> Result<Vec<String>, StoreError> {
-        self.open
-            .iter()
+        Self::ids(&self.open)
+    }
+
+    /// Ids of completed tasks whose copy to object storage is still to be done.
+    pub fn copy_pending_ids(&self) -> Result<Vec<String>, StoreError> {
+        Self::ids(&self.copies)
+    }
+
+    fn ids(tree: &sled::Tree) -> Result<Vec<String>, StoreError> {
+        tree.iter()
             .keys()
             .map(|k| k.map_err(StoreError::Db).map(|k| String::from_utf8_lossy(&k).into_owned()))
             .collect()

@@ -77,6 +77,22 @@ pub struct Task {
     /// The price was given back (the task failed).
     #[serde(default)]
     pub refunded: bool,
+    /// Object-storage key of the copied result, once copied.
+    #[serde(default)]
+    pub storage_key: Option<String>,
+    /// The upstream's result URL (valid 24 hours after completion).
+    #[serde(default)]
+    pub upstream_url: Option<String>,
+    /// The copy to object storage failed and is retried in the background.
+    #[serde(default)]
+    pub copy_pending: bool,
+    #[serde(default)]
+    pub copy_attempts: u32,
+    #[serde(default)]
+    pub next_copy_at: u64,
+    /// Uploaded base64 inputs, deleted once the task ends.
+    #[serde(default)]
+    pub temp_objects: Vec<String>,
 }
 
 /// What the upstream says of a job.
@@ -148,6 +164,7 @@ impl Task {
                             next.status = Status::Completed;
                             next.progress = 100;
                             next.completed_at = Some(self.completed_at.unwrap_or(now));
+                            next.upstream_url = Some(url.clone());
                             next.url = Some(url);
                         }
                         _ => {
@@ -226,6 +243,12 @@ pub(crate) mod tests {
             cost_nanos: 0,
             charged: false,
             refunded: false,
+            storage_key: None,
+            upstream_url: None,
+            copy_pending: false,
+            copy_attempts: 0,
+            next_copy_at: 0,
+            temp_objects: Vec::new(),
         }
     }
 

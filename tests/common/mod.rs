@@ -176,6 +176,39 @@ pub fn run_tollgate(args: &[&str], env: &[(&str, &str)]) -> (i32, String) {
     (out.status.code().unwrap_or(-1), text)
 }
 
+/// The S3-compatible server the storage tests run against (moto's server, installed into
+/// `.venv` by tests/run_all.sh; or the command in TOLLGATE_S3_SERVER).
+pub fn s3_server_command() -> PathBuf {
+    if let Ok(cmd) = std::env::var("TOLLGATE_S3_SERVER") {
+        return PathBuf::from(cmd);
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/moto_server");
+    assert!(
+        venv.exists(),
+        "no S3-compatible server: run `bash tests/run_all.sh` once (it installs moto[server] into .venv), or set TOLLGATE_S3_SERVER"
+    );
+    venv
+}
+
+/// Start a real S3-compatible server on `port`.
+pub fn start_s3_on(port: u16) -> Proc {
+    let mut child = Command::new(s3_server_command())
+        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the S3 server");
+    wait_listening(port, &mut child, "S3 server");
+    Proc { child, port }
+}
+
+/// A `storage:` section for an S3 server on `port`.
+pub fn storage_section(port: u16) -> String {
+    format!(
+        "storage:\n  s3: {{ endpoint: \"http://127.0.0.1:{port}\", region: us-east-1, bucket: tollgate-test, access_key: testing, secret_key: testing, url_ttl_secs: 3600 }}\n"
+    )
+}
+
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().timeout(Duration::from_secs(30)).build().expect("client")
 }
