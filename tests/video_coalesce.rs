@@ -1,0 +1,63 @@
+//! Concurrent GETs of a task whose last poll is stale trigger exactly one describe call.
+//! Runs the video service in-process (no background poller) against the mock video service.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tollgate::config::{BaseUrl, VideoConfig};
+use tollgate::ledger::Ledger;
+use tollgate::store::KeyRecord;
+use tollgate::video::VideoService;
+
+#[tokio::test]
+async fn stale_gets_coalesce_into_one_describe() {
+    let mock = start_mock();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = sled::open(dir.path()).expect("db");
+    let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+    let cfg = VideoConfig {
+        base_url: BaseUrl::parse(&mock.url("")).expect("url"),
+        secret_id: "mock-tc-secret-id".into(),
+        secret_key: "mock-tc-secret-key".into(),
+        region: "ap-guangzhou".into(),
+        version: "2024-05-23".into(),
+        brand: "Gen".into(),
+        timeout_secs: 10,
+        rate_per_sec: 100,
+        poll_interval_secs: 1,
+        poll_concurrency: 4,
+        prices: Default::default(),
+        models: tollgate::video::request::MODELS.iter().map(|m| m.to_string()).collect(),
+        max_task_hours: 24,
+    };
+    let svc = Arc::new(VideoService::new(cfg, &db, ledger, None).expect("service"));
+    let key = KeyRecord {
+        id: "key_coalesce".into(),
+        name: "c".into(),
+        group: "default".into(),
+        key_hash: String::new(),
+        rpm: None,
+        tpm: None,
+        enabled: true,
+        created_at: 0,
+    };
+    let task = svc.create(&key, br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None).await.expect("created");
+    // Staleness is a matter of time: let the one-second poll interval pass.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let gets = (0..8).map(|_| {
+        let svc = svc.clone();
+        let key = key.clone();
+        let id = task.id.clone();
+        tokio::spawn(async move { svc.get(&key, &id).await })
+    });
+    for g in futures_util::future::join_all(gets).await {
+        let t = g.expect("join").expect("get");
+        assert_eq!(t.status.public(), "queued", "the first describe answers WAIT");
+    }
+    let calls: Vec<Value> = client().get(mock.url("/__mock/tc_calls")).send().await.expect("calls").json().await.expect("json");
+    let describes = calls.iter().filter(|c| c["action"] == json!("DescribeTextToVideoGenJob")).count();
+    assert_eq!(describes, 1, "eight concurrent stale GETs, one describe");
+}
