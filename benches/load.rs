@@ -1,0 +1,508 @@
+//! Load harness: the mock upstream, tollgate (auth, routing and billing on), a bare Pingora
+//! passthrough proxy built from the same Pingora version, and nginx (when installed) as a plain
+//! reverse proxy with upstream keepalive, all driven by the same in-process load generator.
+//! Reports throughput, latency at concurrency 1, streaming time-to-first-token and chunk gaps,
+//! concurrent streams held, memory per stream and video task creation, as a table and as JSON
+//! (`target/bench/load.json`), with ratios to the baselines measured in the same run.
+//!
+//! `cargo bench --bench load` (full) or `cargo bench --bench load -- --quick`.
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const KEY: &str = "sk-bench-0000000001";
+const UPSTREAM_KEY: &str = "bench-upstream-key";
+const STREAM_DELTAS: usize = 64;
+const STREAM_INTERVAL_MS: u64 = 20;
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("port")
+}
+
+fn wait_port(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("nothing listens on {port}");
+}
+
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Resident memory of a process in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+fn raise_fd_limit(want: u64) -> u64 {
+    unsafe {
+        let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        let target = libc::rlimit { rlim_cur: want, rlim_max: want.max(lim.rlim_max) };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &target) != 0 {
+            let soft = libc::rlimit { rlim_cur: lim.rlim_max, rlim_max: lim.rlim_max };
+            libc::setrlimit(libc::RLIMIT_NOFILE, &soft);
+        }
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
+        lim.rlim_cur
+    }
+}
+
+// ------------------------------------------------------------------ bare Pingora proxy
+
+mod bare {
+    use async_trait::async_trait;
+    use pingora_core::server::configuration::ServerConf;
+    use pingora_core::server::Server;
+    use pingora_core::upstreams::peer::HttpPeer;
+    use pingora_proxy::{ProxyHttp, Session};
+
+    pub struct Bare(pub std::net::SocketAddr);
+
+    #[async_trait]
+    impl ProxyHttp for Bare {
+        type CTX = ();
+        fn new_ctx(&self) {}
+        async fn upstream_peer(&self, _s: &mut Session, _c: &mut ()) -> pingora_error::Result<Box<HttpPeer>> {
+            Ok(Box::new(HttpPeer::new(self.0, false, String::new())))
+        }
+    }
+
+    pub fn run(listen: &str, upstream: &str) {
+        let conf = ServerConf { threads: 2, ..ServerConf::default() };
+        let mut server = Server::new_with_opt_and_conf(None, conf);
+        server.bootstrap();
+        let addr = upstream.parse().expect("upstream address");
+        let mut svc = pingora_proxy::http_proxy_service_with_name(&server.configuration, Bare(addr), "bare");
+        svc.add_tcp(listen);
+        server.add_service(svc);
+        server.run_forever();
+    }
+}
+
+// ------------------------------------------------------------------ processes
+
+struct Rig {
+    dir: tempfile::TempDir,
+    mock_port: u16,
+    targets: Vec<(&'static str, u16, Option<u32>)>,
+    _procs: Vec<Proc>,
+}
+
+fn spawn(cmd: &mut Command) -> Proc {
+    Proc(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn"))
+}
+
+fn start_rig() -> Rig {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut procs = Vec::new();
+    let mock_port = free_port();
+    procs.push(spawn(Command::new(env!("CARGO_BIN_EXE_tollgate-mock")).args([
+        "--listen",
+        &format!("127.0.0.1:{mock_port}"),
+        "--key",
+        UPSTREAM_KEY,
+        "--threads",
+        "2",
+    ])));
+    wait_port(mock_port);
+    let mut targets: Vec<(&'static str, u16, Option<u32>)> = vec![("direct", mock_port, None)];
+
+    let bare_port = free_port();
+    procs.push(spawn(Command::new(std::env::current_exe().expect("exe")).args([
+        "--bare-proxy",
+        &format!("127.0.0.1:{bare_port}"),
+        &format!("127.0.0.1:{mock_port}"),
+    ])));
+    wait_port(bare_port);
+    targets.push(("pingora-bare", bare_port, None));
+
+    if let Some(port) = start_nginx(dir.path(), mock_port, &mut procs) {
+        targets.push(("nginx", port, None));
+    } else {
+        eprintln!("nginx not found: its baseline is skipped (apt-get install nginx-light)");
+    }
+
+    let gw_port = free_port();
+    let conf = dir.path().join("tollgate.yaml");
+    let mut f = std::fs::File::create(&conf).expect("conf");
+    write!(
+        f,
+        r#"pingora: {{ threads: 2, pid_file: {d}/tg.pid, upgrade_sock: {d}/tg.sock }}
+listen: 127.0.0.1:{gw_port}
+data_dir: {d}/data
+providers:
+  - {{ name: mock, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
+prices:
+  alpha-5.5: {{ input: 1.25, output: 10.0 }}
+keys:
+  - {{ key: {KEY}, name: bench, group: default, balance: 1000000.0 }}
+video:
+  upstream: {{ base_url: "http://127.0.0.1:{mock_port}", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key, region: r, version: "2024-05-23", rate_per_sec: 100000 }}
+  poll_interval_secs: 3600
+  prices: {{ genq3-pro: 0.05 }}
+"#,
+        d = dir.path().display()
+    )
+    .expect("write");
+    let gw = spawn(Command::new(env!("CARGO_BIN_EXE_tollgate")).arg("-c").arg(&conf).env("RUST_LOG", "error"));
+    let pid = gw.0.id();
+    procs.push(gw);
+    wait_port(gw_port);
+    targets.push(("tollgate", gw_port, Some(pid)));
+    Rig { dir, mock_port, targets, _procs: procs }
+}
+
+fn start_nginx(dir: &Path, mock_port: u16, procs: &mut Vec<Proc>) -> Option<u16> {
+    let nginx = ["/usr/sbin/nginx", "/usr/bin/nginx"].iter().map(PathBuf::from).find(|p| p.exists())?;
+    let port = free_port();
+    let d = dir.display();
+    let conf = format!(
+        r#"worker_processes 2;
+pid {d}/nginx.pid;
+error_log {d}/nginx-error.log error;
+events {{ worker_connections 30000; }}
+http {{
+  access_log off;
+  client_body_temp_path {d}/nginx-body;
+  proxy_temp_path {d}/nginx-proxy;
+  upstream mock {{ server 127.0.0.1:{mock_port}; keepalive 512; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://mock;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }}
+  }}
+}}
+"#
+    );
+    let path = dir.join("nginx.conf");
+    std::fs::write(&path, conf).ok()?;
+    procs.push(spawn(Command::new(nginx).arg("-c").arg(&path).arg("-g").arg("daemon off;")));
+    wait_port(port);
+    Some(port)
+}
+
+// ------------------------------------------------------------------ load
+
+fn chat_body(stream: bool) -> Value {
+    json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64, "stream": stream})
+}
+
+fn request(client: &reqwest::Client, port: u16, path: &str, body: &Value, auth: &str) -> reqwest::RequestBuilder {
+    client.post(format!("http://127.0.0.1:{port}{path}")).header("authorization", format!("Bearer {auth}")).json(body)
+}
+
+/// tollgate takes a client key and sends the upstream one; going direct, or through the bare
+/// proxy or nginx (which pass headers through), the request carries the upstream key itself.
+fn auth_for(name: &str) -> &'static str {
+    if name == "tollgate" {
+        KEY
+    } else {
+        UPSTREAM_KEY
+    }
+}
+
+async fn throughput(client: &reqwest::Client, name: &str, port: u16, concurrency: usize, dur: Duration) -> (f64, u64) {
+    let ok = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + dur;
+    let body = chat_body(false);
+    let workers = (0..concurrency).map(|_| {
+        let (client, ok, errors, body) = (client.clone(), ok.clone(), errors.clone(), body.clone());
+        let auth = auth_for(name);
+        tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let r = request(&client, port, "/v1/chat/completions", &body, auth).send().await;
+                let good = match r {
+                    Ok(r) => r.status() == 200 && r.bytes().await.is_ok(),
+                    Err(_) => false,
+                };
+                if good {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    });
+    let start = Instant::now();
+    futures_util::future::join_all(workers).await;
+    let secs = start.elapsed().as_secs_f64();
+    (ok.load(Ordering::Relaxed) as f64 / secs, errors.load(Ordering::Relaxed))
+}
+
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    v
+}
+
+/// Sequential requests: latencies in milliseconds.
+async fn latency_c1(client: &reqwest::Client, name: &str, port: u16, n: usize) -> Vec<f64> {
+    let body = chat_body(false);
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = request(client, port, "/v1/chat/completions", &body, auth_for(name)).send().await;
+        if let Ok(r) = r {
+            let _ = r.bytes().await;
+        }
+        out.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    sorted(out)
+}
+
+struct StreamStats {
+    ttft_ms: Vec<f64>,
+    gaps_ms: Vec<f64>,
+    stalls: usize,
+    completed: usize,
+}
+
+/// `n` concurrent streams (64 deltas, 20 ms apart). While all are open, `during` runs once.
+async fn streams<F: FnOnce() + Send + 'static>(client: &reqwest::Client, name: &str, port: u16, n: usize, during: F) -> StreamStats {
+    let opened = Arc::new(AtomicUsize::new(0));
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let body = chat_body(true);
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (client, body, opened, notify) = (client.clone(), body.clone(), opened.clone(), notify.clone());
+            let auth = auth_for(name);
+            tokio::spawn(async move {
+                let t = Instant::now();
+                let r = request(&client, port, "/v1/chat/completions", &body, auth)
+                    .header("x-mock-deltas", STREAM_DELTAS.to_string())
+                    .header("x-mock-interval-ms", STREAM_INTERVAL_MS.to_string())
+                    .send()
+                    .await;
+                let Ok(r) = r else { return None };
+                let mut s = r.bytes_stream();
+                let mut ttft = None;
+                let mut last = Instant::now();
+                let mut gaps = Vec::with_capacity(STREAM_DELTAS + 4);
+                while let Some(chunk) = s.next().await {
+                    if chunk.is_err() {
+                        return None;
+                    }
+                    let now = Instant::now();
+                    match ttft {
+                        None => {
+                            ttft = Some(t.elapsed().as_secs_f64() * 1000.0);
+                            if opened.fetch_add(1, Ordering::SeqCst) + 1 == n {
+                                notify.notify_one();
+                            }
+                        }
+                        Some(_) => gaps.push(now.duration_since(last).as_secs_f64() * 1000.0),
+                    }
+                    last = now;
+                }
+                Some((ttft.unwrap_or(f64::NAN), gaps))
+            })
+        })
+        .collect();
+    let waiter = {
+        let notify = notify.clone();
+        tokio::spawn(async move {
+            if tokio::time::timeout(Duration::from_secs(60), notify.notified()).await.is_ok() {
+                during();
+            }
+        })
+    };
+    let mut ttft = Vec::new();
+    let mut gaps = Vec::new();
+    let mut stalls = 0;
+    let mut completed = 0;
+    for t in futures_util::future::join_all(tasks).await.into_iter().flatten().flatten() {
+        completed += 1;
+        ttft.push(t.0);
+        if t.1.iter().any(|g| *g > 10.0 * STREAM_INTERVAL_MS as f64) {
+            stalls += 1;
+        }
+        gaps.extend(t.1);
+    }
+    let _ = waiter.await;
+    StreamStats { ttft_ms: sorted(ttft), gaps_ms: sorted(gaps), stalls, completed }
+}
+
+async fn video_rate(client: &reqwest::Client, port: u16, concurrency: usize, dur: Duration) -> f64 {
+    let ok = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + dur;
+    let workers = (0..concurrency).map(|_| {
+        let (client, ok) = (client.clone(), ok.clone());
+        tokio::spawn(async move {
+            while Instant::now() < deadline {
+                let r = client
+                    .post(format!("http://127.0.0.1:{port}/v1/videos"))
+                    .header("authorization", format!("Bearer {KEY}"))
+                    .json(&json!({"model": "genq3-pro", "prompt": "bench"}))
+                    .send()
+                    .await;
+                if let Ok(r) = r {
+                    if r.status() == 200 && r.bytes().await.is_ok() {
+                        ok.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    });
+    let start = Instant::now();
+    futures_util::future::join_all(workers).await;
+    ok.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+// ------------------------------------------------------------------ main
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--bare-proxy") {
+        bare::run(&args[2], &args[3]);
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick") || std::env::var("TOLLGATE_BENCH_QUICK").is_ok();
+    let fds = raise_fd_limit(200_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    runtime.block_on(run(quick, fds));
+}
+
+async fn run(quick: bool, fds: u64) {
+    let rig = start_rig();
+    let client = reqwest::Client::builder().pool_max_idle_per_host(20_000).timeout(Duration::from_secs(120)).build().expect("client");
+    let sat_dur = Duration::from_secs(if quick { 3 } else { 10 });
+    let c1_n = if quick { 500 } else { 3000 };
+    let stream_n = 64;
+    // Each held stream costs the client, tollgate (twice) and the mock a descriptor.
+    let fd_budget = (fds.saturating_sub(1000) / 2) as usize;
+    let held_target = if quick { 1000 } else { 10_000 };
+    let held_n = held_target.min(fd_budget);
+    let mut report = serde_json::Map::new();
+    report.insert("quick".into(), json!(quick));
+    report.insert("fd_limit".into(), json!(fds));
+    println!("tollgate load harness ({}), mock on {}", if quick { "quick" } else { "full" }, rig.mock_port);
+
+    let mut rows = Vec::new();
+    for (name, port, pid) in &rig.targets {
+        // Warm up connections.
+        let _ = throughput(&client, name, *port, 16, Duration::from_millis(500)).await;
+        let (rps, errors) = throughput(&client, name, *port, 64, sat_dur).await;
+        let lat = latency_c1(&client, name, *port, c1_n).await;
+        let st = streams(&client, name, *port, stream_n, || {}).await;
+        let row = json!({
+            "target": name, "throughput_rps": rps, "errors": errors,
+            "p50_ms": pct(&lat, 0.5), "p99_ms": pct(&lat, 0.99),
+            "ttft_p50_ms": pct(&st.ttft_ms, 0.5), "ttft_p99_ms": pct(&st.ttft_ms, 0.99),
+            "gap_p99_ms": pct(&st.gaps_ms, 0.99), "stream_stalls": st.stalls,
+        });
+        println!("{row}");
+        rows.push((name.to_string(), *pid, row));
+    }
+    let get = |target: &str, field: &str| {
+        rows.iter().find(|r| r.0 == target).and_then(|r| r.2[field].as_f64()).unwrap_or(f64::NAN)
+    };
+
+    // Held streams and memory per stream, tollgate only.
+    let (tg_port, tg_pid) = rig
+        .targets
+        .iter()
+        .find(|t| t.0 == "tollgate")
+        .map(|t| (t.1, t.2.unwrap_or(0)))
+        .expect("tollgate target");
+    let idle_rss = rss_kib(tg_pid);
+    let during_rss = Arc::new(AtomicU64::new(0));
+    let sample = during_rss.clone();
+    let held = streams(&client, "tollgate", tg_port, held_n, move || sample.store(rss_kib(tg_pid), Ordering::SeqCst)).await;
+    let during = during_rss.load(Ordering::SeqCst);
+    let per_stream_kib = during.saturating_sub(idle_rss) as f64 / held_n.max(1) as f64;
+    let videos = video_rate(&client, tg_port, 32, Duration::from_secs(if quick { 2 } else { 5 })).await;
+
+    // Table and ratios.
+    println!();
+    println!("| target | req/s | p50 ms | p99 ms | added p99 ms | TTFT p50 ms | added TTFT ms | gap p99 ms |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (name, _, row) in &rows {
+        let added = row["p99_ms"].as_f64().unwrap_or(f64::NAN) - get("direct", "p99_ms");
+        let added_ttft = row["ttft_p50_ms"].as_f64().unwrap_or(f64::NAN) - get("direct", "ttft_p50_ms");
+        println!(
+            "| {name} | {:.0} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.1} |",
+            row["throughput_rps"].as_f64().unwrap_or(f64::NAN),
+            row["p50_ms"].as_f64().unwrap_or(f64::NAN),
+            row["p99_ms"].as_f64().unwrap_or(f64::NAN),
+            added,
+            row["ttft_p50_ms"].as_f64().unwrap_or(f64::NAN),
+            added_ttft,
+            row["gap_p99_ms"].as_f64().unwrap_or(f64::NAN),
+        );
+    }
+    let added = |t: &str| get(t, "p99_ms") - get("direct", "p99_ms");
+    let ratios = json!({
+        "throughput_vs_nginx": get("tollgate", "throughput_rps") / get("nginx", "throughput_rps"),
+        "throughput_vs_bare": get("tollgate", "throughput_rps") / get("pingora-bare", "throughput_rps"),
+        "added_p99_vs_nginx": added("tollgate") / added("nginx"),
+        "added_p99_vs_bare": added("tollgate") / added("pingora-bare"),
+        "added_ttft_ms": get("tollgate", "ttft_p50_ms") - get("direct", "ttft_p50_ms"),
+    });
+    println!();
+    println!("held streams: {} opened, {} completed, {} stalled (gap > {} ms); RSS idle {} KiB, with all open {} KiB → {:.1} KiB per stream",
+        held_n, held.completed, held.stalls, 10 * STREAM_INTERVAL_MS, idle_rss, during, per_stream_kib);
+    println!("video task creation: {videos:.0} durable tasks/s");
+    println!("ratios: {ratios}");
+    println!(
+        "targets: throughput ≥ 0.85× nginx [{}]; added p99 ≤ 1.5× nginx's [{}]; added TTFT < 1 ms [{}]; 10000 streams ≤ 64 KiB each [{}]; ≥ 2000 video tasks/s [{}]",
+        verdict(ratios["throughput_vs_nginx"].as_f64().unwrap_or(f64::NAN) >= 0.85),
+        verdict(ratios["added_p99_vs_nginx"].as_f64().unwrap_or(f64::NAN) <= 1.5),
+        verdict(ratios["added_ttft_ms"].as_f64().unwrap_or(f64::NAN) < 1.0),
+        verdict(held_n >= 10_000 && held.stalls == 0 && held.completed == held_n && per_stream_kib <= 64.0),
+        verdict(videos >= 2000.0),
+    );
+    report.insert("targets".into(), Value::Array(rows.iter().map(|r| r.2.clone()).collect()));
+    report.insert("held_streams".into(), json!({"opened": held_n, "completed": held.completed, "stalled": held.stalls,
+        "rss_idle_kib": idle_rss, "rss_open_kib": during, "kib_per_stream": per_stream_kib,
+        "gap_p99_ms": pct(&held.gaps_ms, 0.99)}));
+    report.insert("video_tasks_per_sec".into(), json!(videos));
+    report.insert("ratios".into(), ratios);
+    let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
+    let _ = std::fs::create_dir_all(&out);
+    let file = out.join("load.json");
+    if std::fs::write(&file, serde_json::to_vec_pretty(&Value::Object(report)).unwrap_or_default()).is_ok() {
+        println!("JSON: {}", file.display());
+    }
+    drop(rig.dir);
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "missed"
+    }
+}
