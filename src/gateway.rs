@@ -327,6 +327,8 @@ impl Gateway {
             status,
             latency_ms: plan.started.elapsed().as_millis() as u64,
             estimated,
+            seq: 0,
+            balance_after: 0,
         };
         self.limits.spend_tokens(&plan.key.id, usage.input + usage.cached + usage.output);
         let m = &self.metrics;

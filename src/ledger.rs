@@ -3,8 +3,15 @@
 //! Balances are integers in nano-USD (1e-9 USD) in the sled tree `balances`; no float touches
 //! a balance. A relayed request first takes a *hold* (its estimated cost, in memory); it is
 //! admitted only while `balance − held ≥ estimate`. When the response ends the hold is
-//! released and the real cost is debited, in one sled transaction with the usage record, and
-//! flushed before the request is done.
+//! released and the real cost is debited together with the usage record, and both are flushed
+//! before the request is done.
+//!
+//! No sled transaction or batch is used anywhere: in sled 0.34 either switches the whole
+//! database to a lock mode in which a concurrent `flush` can deadlock (seen under load).
+//! Instead every booking takes a persistent sequence number; the record (written first)
+//! carries it and the balance after it, and the balance entry stores `(balance, seq)`. If the
+//! process dies between the two writes, loading the account finds a record newer than the
+//! balance and takes its `balance_after`.
 //!
 //! Invariant: a balance can fall below zero only through requests whose real cost exceeded
 //! their hold, and by at most the sum of those overruns. The hold prices the request's full
@@ -16,8 +23,6 @@ use crate::config::Price;
 use crate::meter::Usage;
 use crate::store::StoreError;
 use serde::{Deserialize, Serialize};
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::Transactional;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -91,6 +96,12 @@ pub struct UsageRecord {
     pub latency_ms: u64,
     /// Usage was estimated (no usage report seen).
     pub estimated: bool,
+    /// Booking sequence number (set by the ledger).
+    #[serde(default)]
+    pub seq: u64,
+    /// The key's balance after this record (set by the ledger).
+    #[serde(default)]
+    pub balance_after: i64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -122,6 +133,7 @@ impl Insufficient {
 
 pub struct Ledger {
     db: sled::Db,
+    durable: crate::store::Durable,
     balances: sled::Tree,
     records: sled::Tree,
     accounts: Mutex<HashMap<String, Account>>,
@@ -159,16 +171,19 @@ impl Drop for Hold {
     }
 }
 
-fn decode_balance(bytes: &[u8]) -> Result<i64, StoreError> {
-    let arr: [u8; 8] = bytes.try_into().map_err(|_| StoreError::Corrupt("balance is not 8 bytes".into()))?;
-    Ok(i64::from_be_bytes(arr))
+/// A balance entry: the balance and the sequence number of the booking that set it.
+fn encode_balance(balance: i64, seq: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&balance.to_be_bytes());
+    out[8..].copy_from_slice(&seq.to_be_bytes());
+    out
 }
 
-fn tx_err(e: TransactionError<()>) -> StoreError {
-    match e {
-        TransactionError::Storage(e) => StoreError::Db(e),
-        TransactionError::Abort(()) => StoreError::Corrupt("transaction aborted".into()),
-    }
+fn decode_balance(bytes: &[u8]) -> Result<(i64, u64), StoreError> {
+    let corrupt = || StoreError::Corrupt("balance entry is not 16 bytes".into());
+    let balance: [u8; 8] = bytes.get(..8).and_then(|b| b.try_into().ok()).ok_or_else(corrupt)?;
+    let seq: [u8; 8] = bytes.get(8..16).and_then(|b| b.try_into().ok()).ok_or_else(corrupt)?;
+    Ok((i64::from_be_bytes(balance), u64::from_be_bytes(seq)))
 }
 
 /// Counters of `/v1/usage`.
@@ -207,6 +222,7 @@ impl Ledger {
     pub fn open(db: &sled::Db) -> Result<Self, StoreError> {
         Ok(Ledger {
             db: db.clone(),
+            durable: crate::store::Durable::new(db),
             balances: db.open_tree("balances")?,
             records: db.open_tree("usage_records")?,
             accounts: Mutex::new(HashMap::new()),
@@ -222,20 +238,44 @@ impl Ledger {
         if let Some(a) = map.get(key_id) {
             return Ok(*a);
         }
-        let balance = match self.balances.get(key_id.as_bytes())? {
+        let (mut balance, seq) = match self.balances.get(key_id.as_bytes())? {
             Some(b) => decode_balance(&b)?,
-            None => 0,
+            None => (0, 0),
         };
+        // A record newer than the balance entry means the process stopped between the two
+        // writes of a booking: the record's balance is the right one.
+        if let Some(newest) = self.newest_record(key_id)? {
+            if newest.seq > seq {
+                log::warn!("ledger: repairing the balance of {key_id} from usage record {}", newest.seq);
+                balance = newest.balance_after;
+                self.balances.insert(key_id.as_bytes(), &encode_balance(balance, newest.seq)[..])?;
+            }
+        }
         let a = Account { balance, held: 0 };
         map.insert(key_id.to_string(), a);
         Ok(a)
+    }
+
+    /// The key's record with the highest sequence number among its latest few.
+    fn newest_record(&self, key_id: &str) -> Result<Option<UsageRecord>, StoreError> {
+        let mut prefix = key_id.as_bytes().to_vec();
+        prefix.push(0);
+        let mut newest: Option<UsageRecord> = None;
+        for item in self.records.scan_prefix(prefix).rev().take(16) {
+            let (_, v) = item?;
+            let r: UsageRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("usage record: {e}")))?;
+            if newest.as_ref().is_none_or(|n| r.seq > n.seq) {
+                newest = Some(r);
+            }
+        }
+        Ok(newest)
     }
 
     /// Give a new key its opening balance; an existing balance is kept. True if created.
     pub fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError> {
         let created = self
             .balances
-            .compare_and_swap(key_id.as_bytes(), None as Option<&[u8]>, Some(&initial.to_be_bytes()[..]))?
+            .compare_and_swap(key_id.as_bytes(), None as Option<&[u8]>, Some(&encode_balance(initial, 0)[..]))?
             .is_ok();
         Ok(created)
     }
@@ -278,25 +318,25 @@ impl Ledger {
     /// Debit `record.cost_nanos` (a credit when negative) and store the record, atomically,
     /// then flush. Returns the new balance.
     async fn book(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
-        let value = serde_json::to_vec(record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let rkey = self.record_key(record);
         let balance = {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, &record.key_id)?;
             let new_balance = acc.balance - record.cost_nanos;
-            (&self.balances, &self.records)
-                .transaction(|(balances, records)| {
-                    balances.insert(record.key_id.as_bytes(), &new_balance.to_be_bytes()[..])?;
-                    records.insert(rkey.as_slice(), value.as_slice())?;
-                    Ok::<(), ConflictableTransactionError<()>>(())
-                })
-                .map_err(tx_err)?;
+            let seq = self.db.generate_id()? + 1;
+            let mut record = record.clone();
+            record.seq = seq;
+            record.balance_after = new_balance;
+            let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            // Record first: it alone is enough to rebuild the balance.
+            self.records.insert(rkey.as_slice(), value)?;
+            self.balances.insert(record.key_id.as_bytes(), &encode_balance(new_balance, seq)[..])?;
             acc.balance = new_balance;
             acc.held -= release;
             map.insert(record.key_id.clone(), acc);
             new_balance
         };
-        self.db.flush_async().await?;
+        self.durable.flush().await?;
         Ok(balance)
     }
 
@@ -330,11 +370,12 @@ impl Ledger {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, key_id)?;
             acc.balance += delta;
-            self.balances.insert(key_id.as_bytes(), &acc.balance.to_be_bytes()[..])?;
+            let seq = self.db.generate_id()? + 1;
+            self.balances.insert(key_id.as_bytes(), &encode_balance(acc.balance, seq)[..])?;
             map.insert(key_id.to_string(), acc);
             acc.balance
         };
-        self.db.flush_async().await?;
+        self.durable.flush().await?;
         Ok(balance)
     }
 
@@ -408,7 +449,26 @@ mod tests {
             status: 200,
             latency_ms: 1,
             estimated: false,
+            seq: 0,
+            balance_after: 0,
         }
+    }
+
+    #[tokio::test]
+    async fn a_booking_cut_between_its_two_writes_is_repaired_from_the_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = sled::open(dir.path()).expect("open");
+            let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+            ledger.open_account("k", 1000).expect("open");
+            ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 100, 1)).await.expect("settle");
+            // Simulate the crash: the balance entry goes back to before the booking.
+            ledger.balances.insert("k", &encode_balance(1000, 0)[..]).expect("rewind");
+            db.flush().expect("flush");
+        }
+        let db = sled::open(dir.path()).expect("reopen");
+        let ledger = Ledger::open(&db).expect("ledger");
+        assert_eq!(ledger.balance("k").expect("balance"), 900);
     }
 
     #[test]

@@ -46,6 +46,48 @@ impl From<sled::Error> for StoreError {
     }
 }
 
+/// Group commit: makes writes durable with at most one `flush` in flight per instance, run on
+/// a blocking thread. Calling sled's `flush_async` from many tasks at once starves sled's own
+/// thread pool (every pool thread waits in a flush for IO that needs a pool thread) and the
+/// process hangs; this was seen under load.
+pub struct Durable {
+    db: sled::Db,
+    /// Writes announced so far (a write takes a ticket after it is applied).
+    written: std::sync::atomic::AtomicU64,
+    /// Every ticket below this is on disk.
+    flushed: std::sync::atomic::AtomicU64,
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl Durable {
+    pub fn new(db: &sled::Db) -> Self {
+        Durable {
+            db: db.clone(),
+            written: std::sync::atomic::AtomicU64::new(0),
+            flushed: std::sync::atomic::AtomicU64::new(0),
+            lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Return once everything written before this call is on disk. Concurrent callers share
+    /// one flush.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let ticket = self.written.fetch_add(1, SeqCst);
+        let _turn = self.lock.lock().await;
+        if self.flushed.load(SeqCst) > ticket {
+            return Ok(());
+        }
+        let upto = self.written.load(SeqCst);
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.flush())
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("flush task: {e}")))??;
+        self.flushed.fetch_max(upto, SeqCst);
+        Ok(())
+    }
+}
+
 /// Handle to the open database.
 #[derive(Clone)]
 pub struct Store {

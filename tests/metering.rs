@@ -368,3 +368,27 @@ async fn balances_and_records_survive_a_hard_restart() {
     let after = usage(&gw, CLIENT_KEY).await;
     assert_eq!(after, before, "the configured balance is not applied again, and no record is lost");
 }
+
+/// Sustained concurrent settlement: every request completes and is recorded. (Written after the
+/// load harness hung tollgate: sled transactions plus concurrent flushes deadlocked.)
+#[tokio::test]
+async fn sustained_concurrent_settlement_completes() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, free_port()));
+    let workers = (0..64).map(|_| {
+        let url = gw.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let c = client();
+            for _ in 0..10 {
+                let r = c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+                assert_eq!(r.status(), 200);
+                r.bytes().await.expect("body");
+            }
+        })
+    });
+    for w in futures_util::future::join_all(workers).await {
+        w.expect("worker");
+    }
+    let u = wait_requests(&gw, CLIENT_KEY, 640).await;
+    assert_eq!(u["total"]["output_tokens"], 640 * 3);
+}

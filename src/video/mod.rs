@@ -92,6 +92,8 @@ impl VideoService {
             status: 200,
             latency_ms: 0,
             estimated: false,
+            seq: 0,
+            balance_after: 0,
         }
     }
 
@@ -161,9 +163,12 @@ impl VideoService {
 
     /// Retry a pending copy whose time has come (background poller).
     async fn retry_copy(&self, id: &str) -> Result<(), StoreError> {
-        let Some(mut task) = self.store.get(id)? else { return Ok(()) };
+        let Some(mut task) = self.store.get(id)? else { return self.store.drop_copy(id) };
         let now = now_unix();
-        if !task.copy_pending || now < task.next_copy_at {
+        if !task.copy_pending {
+            return self.store.drop_copy(id);
+        }
+        if now < task.next_copy_at {
             return Ok(());
         }
         if task.completed_at.is_some_and(|at| now.saturating_sub(at) > RESULT_URL_TTL_SECS) {
@@ -371,11 +376,13 @@ impl VideoService {
 
     async fn refresh_locked(&self, id: &str) -> Result<(), StoreError> {
         let Some(task) = self.store.get(id)? else {
+            self.store.drop_open(id)?;
             self.forget_lock(id);
             return Ok(());
         };
         let now = now_unix();
         if task.status.is_terminal() {
+            self.store.drop_open(id)?;
             self.forget_lock(id);
             return Ok(());
         }

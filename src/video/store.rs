@@ -5,15 +5,13 @@
 use super::task::Task;
 use crate::store::StoreError;
 use serde::{Deserialize, Serialize};
-use sled::transaction::{ConflictableTransactionError, TransactionError};
-use sled::Transactional;
 
 /// How long an Idempotency-Key keeps returning the same task.
 pub const IDEMPOTENCY_WINDOW_SECS: u64 = 24 * 3600;
 
 #[derive(Clone)]
 pub struct VideoStore {
-    db: sled::Db,
+    durable: std::sync::Arc<crate::store::Durable>,
     tasks: sled::Tree,
     open: sled::Tree,
     idem: sled::Tree,
@@ -33,7 +31,7 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
 impl VideoStore {
     pub fn new(db: &sled::Db) -> Result<Self, StoreError> {
         Ok(VideoStore {
-            db: db.clone(),
+            durable: std::sync::Arc::new(crate::store::Durable::new(db)),
             tasks: db.open_tree("video_tasks")?,
             open: db.open_tree("video_open")?,
             idem: db.open_tree("video_idem")?,
@@ -48,30 +46,41 @@ impl VideoStore {
         }
     }
 
-    /// Write the task and its open-index entry atomically, then flush to disk.
+    /// Write the task and its index entries, then flush to disk.
+    ///
+    /// No transaction (see `ledger` on sled transactions): index entries are added before the
+    /// task and removed after it, so a crash between the writes leaves at worst an index entry
+    /// whose task says it needs nothing (the poller drops it), never a task the poller misses.
     pub async fn put(&self, task: &Task) -> Result<(), StoreError> {
         let value = serde_json::to_vec(task).map_err(|e| corrupt(&task.id, e))?;
+        let id = task.id.as_bytes();
         let open = !task.status.is_terminal();
-        (&self.tasks, &self.open, &self.copies)
-            .transaction(|(tasks, index, copies)| {
-                tasks.insert(task.id.as_bytes(), value.as_slice())?;
-                if open {
-                    index.insert(task.id.as_bytes(), &[])?;
-                } else {
-                    index.remove(task.id.as_bytes())?;
-                }
-                if task.copy_pending {
-                    copies.insert(task.id.as_bytes(), &[])?;
-                } else {
-                    copies.remove(task.id.as_bytes())?;
-                }
-                Ok::<(), ConflictableTransactionError<()>>(())
-            })
-            .map_err(|e| match e {
-                TransactionError::Storage(e) => StoreError::Db(e),
-                TransactionError::Abort(()) => StoreError::Corrupt("task write aborted".into()),
-            })?;
-        self.db.flush_async().await?;
+        if open {
+            self.open.insert(id, &[])?;
+        }
+        if task.copy_pending {
+            self.copies.insert(id, &[])?;
+        }
+        self.tasks.insert(id, value)?;
+        if !open {
+            self.open.remove(id)?;
+        }
+        if !task.copy_pending {
+            self.copies.remove(id)?;
+        }
+        self.durable.flush().await?;
+        Ok(())
+    }
+
+    /// Drop an open-index entry whose task is finished or gone (after a crash between writes).
+    pub fn drop_open(&self, id: &str) -> Result<(), StoreError> {
+        self.open.remove(id.as_bytes())?;
+        Ok(())
+    }
+
+    /// Drop a copy-index entry whose task needs no copy or is gone.
+    pub fn drop_copy(&self, id: &str) -> Result<(), StoreError> {
+        self.copies.remove(id.as_bytes())?;
         Ok(())
     }
 
@@ -79,7 +88,7 @@ impl VideoStore {
     pub async fn discard(&self, id: &str) -> Result<(), StoreError> {
         self.tasks.remove(id.as_bytes())?;
         self.open.remove(id.as_bytes())?;
-        self.db.flush_async().await?;
+        self.durable.flush().await?;
         Ok(())
     }
 
@@ -127,7 +136,7 @@ impl VideoStore {
                 }
             }
             if self.idem.compare_and_swap(&k, current, Some(ours.clone()))?.is_ok() {
-                self.db.flush_async().await?;
+                self.durable.flush().await?;
                 return Ok(task_id.to_string());
             }
         }
