@@ -411,7 +411,11 @@ async fn run(quick: bool, fds: u64) {
     println!("tollgate load harness ({}), mock on {}", if quick { "quick" } else { "full" }, rig.mock_port);
 
     let mut rows = Vec::new();
+    let only = std::env::var("TOLLGATE_BENCH_ONLY").ok();
     for (name, port, pid) in &rig.targets {
+        if only.as_deref().is_some_and(|o| o != *name) {
+            continue;
+        }
         // Warm up connections.
         let _ = throughput(&client, name, *port, 16, Duration::from_millis(500)).await;
         let (rps, errors) = throughput(&client, name, *port, 64, sat_dur).await;

@@ -303,8 +303,21 @@ impl UsageScanner {
         for b in &self.tail {
             tail.extend_from_slice(b);
         }
-        let whole = self.tail_len as u64 == self.body_bytes;
-        if whole {
+        // The usage object alone is parsed; the whole body only when there is none (to count
+        // its text for an estimate).
+        let key: &[u8] = if self.shape == Shape::Gemini { b"\"usageMetadata\"" } else { b"\"usage\"" };
+        if let Some(obj) = last_object_after(&tail, key) {
+            let wrapped = match self.shape {
+                Shape::Gemini => serde_json::json!({ "usageMetadata": obj }),
+                Shape::Responses => serde_json::json!({ "usage": obj }),
+                _ => serde_json::json!({ "usage": obj }),
+            };
+            self.event(&wrapped);
+            if self.seen.output.is_some() {
+                return;
+            }
+        }
+        if self.tail_len as u64 == self.body_bytes {
             if let Ok(v) = serde_json::from_slice::<Value>(&tail) {
                 match v {
                     Value::Array(items) => {
@@ -316,16 +329,7 @@ impl UsageScanner {
                         self.event(&other);
                     }
                 }
-                return;
             }
-        }
-        let key: &[u8] = if self.shape == Shape::Gemini { b"\"usageMetadata\"" } else { b"\"usage\"" };
-        if let Some(obj) = last_object_after(&tail, key) {
-            let wrapped = match self.shape {
-                Shape::Gemini => serde_json::json!({ "usageMetadata": obj }),
-                _ => serde_json::json!({ "usage": obj }),
-            };
-            self.event(&wrapped);
         }
     }
 }
