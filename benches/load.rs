@@ -128,13 +128,15 @@ fn start_rig() -> Rig {
     let mut targets: Vec<(&'static str, u16, Option<u32>)> = vec![("direct", mock_port, None)];
 
     let bare_port = free_port();
-    procs.push(spawn(Command::new(std::env::current_exe().expect("exe")).args([
+    let bare = spawn(Command::new(std::env::current_exe().expect("exe")).args([
         "--bare-proxy",
         &format!("127.0.0.1:{bare_port}"),
         &format!("127.0.0.1:{mock_port}"),
-    ])));
+    ]));
+    let bare_pid = bare.0.id();
+    procs.push(bare);
     wait_port(bare_port);
-    targets.push(("pingora-bare", bare_port, None));
+    targets.push(("pingora-bare", bare_port, Some(bare_pid)));
 
     if let Some(port) = start_nginx(dir.path(), mock_port, &mut procs) {
         targets.push(("nginx", port, None));
@@ -209,7 +211,11 @@ http {{
 // ------------------------------------------------------------------ load
 
 fn chat_body(stream: bool) -> Value {
-    json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64, "stream": stream})
+    let mut body = json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64, "stream": stream});
+    if stream && std::env::var("TOLLGATE_BENCH_INCLUDE_USAGE").is_ok() {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
 }
 
 fn request(client: &reqwest::Client, port: u16, path: &str, body: &Value, auth: &str) -> reqwest::RequestBuilder {
@@ -434,19 +440,30 @@ async fn run(quick: bool, fds: u64) {
         rows.iter().find(|r| r.0 == target).and_then(|r| r.2[field].as_f64()).unwrap_or(f64::NAN)
     };
 
-    // Held streams and memory per stream, tollgate only.
-    let (tg_port, tg_pid) = rig
-        .targets
-        .iter()
-        .find(|t| t.0 == "tollgate")
-        .map(|t| (t.1, t.2.unwrap_or(0)))
-        .expect("tollgate target");
-    let idle_rss = rss_kib(tg_pid);
-    let during_rss = Arc::new(AtomicU64::new(0));
-    let sample = during_rss.clone();
-    let held = streams(&client, "tollgate", tg_port, held_n, move || sample.store(rss_kib(tg_pid), Ordering::SeqCst)).await;
-    let during = during_rss.load(Ordering::SeqCst);
-    let per_stream_kib = during.saturating_sub(idle_rss) as f64 / held_n.max(1) as f64;
+    // Held streams and memory per stream: tollgate, and the bare proxy as its baseline.
+    let mut held_rows = Vec::new();
+    for (name, port, pid) in rig.targets.iter().filter(|t| t.0 == "tollgate" || t.0 == "pingora-bare") {
+        if only.as_deref().is_some_and(|o| o != *name) {
+            continue;
+        }
+        let pid = pid.unwrap_or(0);
+        let idle = rss_kib(pid);
+        let during = Arc::new(AtomicU64::new(0));
+        let sample = during.clone();
+        let held = streams(&client, name, *port, held_n, move || sample.store(rss_kib(pid), Ordering::SeqCst)).await;
+        let open_rss = during.load(Ordering::SeqCst);
+        let per_stream = open_rss.saturating_sub(idle) as f64 / held_n.max(1) as f64;
+        println!(
+            "held streams via {name}: {held_n} opened, {} completed, {} stalled (gap > {} ms), gap p99 {:.1} ms; RSS idle {idle} KiB, with all open {open_rss} KiB → {per_stream:.1} KiB per stream",
+            held.completed, held.stalls, 10 * STREAM_INTERVAL_MS, pct(&held.gaps_ms, 0.99)
+        );
+        held_rows.push((name.to_string(), held, idle, open_rss, per_stream));
+    }
+    let tg_port = rig.targets.iter().find(|t| t.0 == "tollgate").map(|t| t.1).expect("tollgate target");
+    let (held, idle_rss, during, per_stream_kib) = match held_rows.iter().find(|r| r.0 == "tollgate") {
+        Some(r) => (StreamStats { ttft_ms: Vec::new(), gaps_ms: r.1.gaps_ms.clone(), stalls: r.1.stalls, completed: r.1.completed }, r.2, r.3, r.4),
+        None => (StreamStats { ttft_ms: Vec::new(), gaps_ms: Vec::new(), stalls: 0, completed: 0 }, 0, 0, f64::NAN),
+    };
     let videos = video_rate(&client, tg_port, 32, Duration::from_secs(if quick { 2 } else { 5 })).await;
 
     // Table and ratios.
@@ -476,8 +493,6 @@ async fn run(quick: bool, fds: u64) {
         "added_ttft_ms": get("tollgate", "ttft_p50_ms") - get("direct", "ttft_p50_ms"),
     });
     println!();
-    println!("held streams: {} opened, {} completed, {} stalled (gap > {} ms); RSS idle {} KiB, with all open {} KiB → {:.1} KiB per stream",
-        held_n, held.completed, held.stalls, 10 * STREAM_INTERVAL_MS, idle_rss, during, per_stream_kib);
     println!("video task creation: {videos:.0} durable tasks/s");
     println!("ratios: {ratios}");
     println!(
@@ -492,6 +507,7 @@ async fn run(quick: bool, fds: u64) {
     report.insert("held_streams".into(), json!({"opened": held_n, "completed": held.completed, "stalled": held.stalls,
         "rss_idle_kib": idle_rss, "rss_open_kib": during, "kib_per_stream": per_stream_kib,
         "gap_p99_ms": pct(&held.gaps_ms, 0.99)}));
+    report.insert("held_streams_bare".into(), json!(held_rows.iter().find(|r| r.0 == "pingora-bare").map(|r| r.4)));
     report.insert("video_tasks_per_sec".into(), json!(videos));
     report.insert("ratios".into(), ratios);
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");

@@ -573,13 +573,15 @@ fn stream_events(call: &Call) -> Vec<String> {
             for w in &words {
                 ev.push(sse(None, &chunk(json!({"content": w}), Value::Null)));
             }
-            ev.push(sse(None, &chunk(json!({}), json!("stop"))));
+            // The finish chunk, the usage chunk and [DONE] leave together, as the service sends them.
+            let mut tail = sse(None, &chunk(json!({}), json!("stop")));
             if call.include_usage {
-                ev.push(sse(None, &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created,
+                tail.push_str(&sse(None, &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created,
                     "model": model, "choices": [],
                     "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}})));
             }
-            ev.push("data: [DONE]\n\n".to_string());
+            tail.push_str("data: [DONE]\n\n");
+            ev.push(tail);
         }
         Kind::Responses => {
             let mut seq = 0u64;
