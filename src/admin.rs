@@ -16,7 +16,6 @@ use rand::Rng;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 const MAX_ADMIN_BODY: usize = 64 * 1024;
@@ -27,8 +26,10 @@ pub struct AdminApi {
     pub store: Store,
     pub keys: Arc<KeyIndex>,
     pub ledger: Arc<Ledger>,
-    pub groups: BTreeSet<String>,
+    /// For the groups that exist now (they change on reload).
+    pub routing: Arc<arc_swap::ArcSwap<crate::gateway::Routing>>,
     pub metrics: Arc<Metrics>,
+    pub video: Option<Arc<crate::video::VideoService>>,
 }
 
 #[derive(Deserialize)]
@@ -98,6 +99,27 @@ fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
 }
 
 impl AdminApi {
+    /// Ready: the database answers and every upstream host resolves.
+    fn readiness(&self) -> LocalResponse {
+        let database = match self.store.all_keys() {
+            Ok(_) => "ok".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        let routing = self.routing.load();
+        let mut upstreams = serde_json::Map::new();
+        let mut all_resolved = true;
+        for u in &routing.catalog.upstreams {
+            let resolved = u.is_resolved();
+            all_resolved &= resolved;
+            upstreams.insert(u.config.name.clone(), json!(if resolved { "resolved" } else { "unresolved" }));
+        }
+        let ready = database == "ok" && all_resolved;
+        LocalResponse::json(
+            if ready { 200 } else { 503 },
+            &json!({"status": if ready { "ready" } else { "not ready" }, "database": database, "upstreams": upstreams}),
+        )
+    }
+
     fn view(&self, rec: &KeyRecord) -> std::result::Result<Value, ApiError> {
         let balance = self.ledger.balance(&rec.id).map_err(internal)?;
         Ok(json!({
@@ -124,6 +146,9 @@ impl AdminApi {
         if method == "GET" && path == "/healthz" {
             return Ok(LocalResponse::json(200, &json!({"status": "ok"})));
         }
+        if method == "GET" && path == "/readyz" {
+            return Ok(self.readiness());
+        }
         let presented = req
             .headers
             .get("authorization")
@@ -136,8 +161,18 @@ impl AdminApi {
         match (method.as_str(), path.as_str()) {
             ("GET", "/metrics") => {
                 let keys = self.store.all_keys().map_err(internal)?.len() as f64;
+                let db_bytes = self.store.db().size_on_disk().unwrap_or(0) as f64;
+                let (open_tasks, lag) = self.video.as_ref().map_or((0, 0), |v| v.open_stats());
                 let mut resp = LocalResponse::json(200, &Value::Null);
-                resp.body = self.metrics.render(&[("tollgate_keys", keys)]).into();
+                resp.body = self
+                    .metrics
+                    .render(&[
+                        ("tollgate_keys", keys),
+                        ("tollgate_database_bytes", db_bytes),
+                        ("tollgate_video_tasks_open", open_tasks as f64),
+                        ("tollgate_video_poller_lag_seconds", lag as f64),
+                    ])
+                    .into();
                 resp.content_type = "text/plain; version=0.0.4";
                 Ok(resp)
             }
@@ -153,7 +188,7 @@ impl AdminApi {
                 if body.name.trim().is_empty() {
                     return Err(bad("name: must not be empty"));
                 }
-                if !self.groups.contains(&body.group) {
+                if !self.routing.load().catalog.has_group(&body.group) {
                     return Err(bad(format!("group: no group named '{}'", body.group)));
                 }
                 let balance = to_nanos("balance", body.balance)?;
@@ -191,7 +226,7 @@ impl AdminApi {
                     .find(|r| r.id == id)
                     .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No key with id '{id}'.")))?;
                 if let Some(group) = patch.group {
-                    if !self.groups.contains(&group) {
+                    if !self.routing.load().catalog.has_group(&group) {
                         return Err(bad(format!("group: no group named '{group}'")));
                     }
                     rec.group = group;

@@ -96,6 +96,14 @@ impl KeyIndex {
     /// Seed the configured keys (an existing one takes name, group, limits and enabled from the
     /// file; balances are the ledger's), then load all.
     pub fn load(store: &Store, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
+        let index = KeyIndex { by_hash: ArcSwap::from_pointee(HashMap::new()) };
+        index.seed(store, seeds)?;
+        Ok(index)
+    }
+
+    /// Apply the configured keys to the store (new ones created, existing ones updated), then
+    /// reload the index. Used at start and on configuration reload.
+    pub fn seed(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
         let existing: HashMap<String, KeyRecord> =
             store.all_keys()?.into_iter().map(|r| (r.key_hash.clone(), r)).collect();
         for seed in seeds {
@@ -124,9 +132,7 @@ impl KeyIndex {
                 store.put_key(&rec)?;
             }
         }
-        let index = KeyIndex { by_hash: ArcSwap::from_pointee(HashMap::new()) };
-        index.reload(store)?;
-        Ok(index)
+        self.reload(store)
     }
 
     /// Re-read every record from the store.

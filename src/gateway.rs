@@ -11,6 +11,7 @@
 use crate::auth::{self, KeyIndex};
 use crate::billing;
 use crate::ledger::{now_ms, Hold, Ledger, PriceBook, UsageRecord, NANOS_PER_USD};
+
 use crate::limits::Limits;
 use crate::meter::{Shape, UsageScanner};
 use crate::config::Protocol;
@@ -28,26 +29,35 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
+use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+/// The part of the configuration a reload replaces: providers, models, groups, prices.
+/// A request keeps the snapshot it started with.
+pub struct Routing {
+    pub catalog: Arc<Catalog>,
+    pub prices: Arc<PriceBook>,
+    /// Output tokens held for a request that names no maximum.
+    pub default_max_output_tokens: u64,
+}
+
 /// Shared state of the gateway.
 pub struct Gateway {
-    pub catalog: Arc<Catalog>,
+    pub routing: Arc<ArcSwap<Routing>>,
     pub keys: Arc<KeyIndex>,
     pub max_body_bytes: usize,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
     pub ledger: Arc<Ledger>,
-    pub prices: Arc<PriceBook>,
     pub limits: Arc<Limits>,
-    /// Output tokens held for a request that names no maximum.
-    pub default_max_output_tokens: u64,
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// Everything the subrequest needs to send a request upstream, decided by the parent.
 pub struct RelayPlan {
+    /// The routing snapshot the candidates index into.
+    pub routing: Arc<Routing>,
     pub route: Route,
     pub protocol: Protocol,
     pub model: String,
@@ -63,6 +73,8 @@ pub struct RelayPlan {
     /// tollgate asked for stream usage; the usage chunk is not the client's to see.
     pub withhold_usage: bool,
     pub started: Instant,
+    /// What settlement billed (tokens, cost, estimated), for the access log.
+    pub billed: Mutex<Option<(crate::meter::Usage, i64, bool)>>,
 }
 
 /// Per-request state.
@@ -78,8 +90,33 @@ pub struct RequestCtx {
     pub status: u16,
     /// Reads usage from the upstream response (subrequest).
     pub scanner: Option<UsageScanner>,
-    /// Route label for metrics (parent request).
+    /// Route label for metrics and the access log (parent request).
     pub route: &'static str,
+    /// For the access log (parent request): who called, when, and the relay it made.
+    pub key_name: Option<String>,
+    pub started: Option<Instant>,
+    pub relayed: Option<Arc<RelayPlan>>,
+    /// Counts this request as in flight until dropped.
+    pub in_flight: Option<InFlight>,
+    /// The subrequest opened an event stream to the client.
+    pub stream_open: bool,
+    pub first_byte_seen: bool,
+}
+
+/// Counts a request in `tollgate_in_flight_requests` for as long as it lives.
+pub struct InFlight(Arc<crate::metrics::Metrics>);
+
+impl InFlight {
+    pub fn new(metrics: Arc<crate::metrics::Metrics>) -> Self {
+        metrics.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(metrics)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 /// What the parent request does next.
@@ -144,7 +181,10 @@ impl Gateway {
             ));
         }
         let key = self.keys.authenticate(auth::extract_key(&req.headers))?;
+        ctx.key_name = Some(key.name.clone());
         let version = client_version(req);
+        let routing = self.routing.load_full();
+        let catalog = &routing.catalog;
 
         let protocol = match &route {
             Route::Models => {
@@ -153,7 +193,7 @@ impl Gateway {
                 } else {
                     (None, Protocol::Openai)
                 };
-                let models = self.catalog.models_for(&key.group, only);
+                let models = catalog.models_for(&key.group, only);
                 let body = match shape {
                     Protocol::Anthropic => anthropic::model_list(&models),
                     _ => openai::model_list(&models),
@@ -161,11 +201,11 @@ impl Gateway {
                 return Ok(Outcome::Respond(LocalResponse::json(200, &body)));
             }
             Route::GeminiModels => {
-                let models = self.catalog.models_for(&key.group, Some(Protocol::Gemini));
+                let models = catalog.models_for(&key.group, Some(Protocol::Gemini));
                 return Ok(Outcome::Respond(LocalResponse::json(200, &gemini::model_list(&models))));
             }
             Route::GeminiModel { model } => {
-                let models = self.catalog.models_for(&key.group, Some(Protocol::Gemini));
+                let models = catalog.models_for(&key.group, Some(Protocol::Gemini));
                 let wanted = model.strip_prefix("models/").unwrap_or(model);
                 return match models.iter().find(|m| m.id == wanted) {
                     Some(m) => Ok(Outcome::Respond(LocalResponse::json(200, &gemini::model(m)))),
@@ -183,7 +223,7 @@ impl Gateway {
             other => other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?,
         };
 
-        if !self.catalog.group_allows(&key.group, protocol) {
+        if !catalog.group_allows(&key.group, protocol) {
             return Err(ApiError::new(
                 ErrorKind::NotFound,
                 format!("This endpoint is not available to keys of group '{}'.", key.group),
@@ -203,10 +243,9 @@ impl Gateway {
                 .filter(|m| !m.is_empty())
                 .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
         };
-        let candidates = self
-            .catalog
+        let candidates = catalog
             .candidates(protocol, &model)
-            .filter(|_| self.catalog.group_allows(&key.group, protocol))
+            .filter(|_| catalog.group_allows(&key.group, protocol))
             .ok_or_else(|| {
                 ApiError::new(
                     ErrorKind::ModelNotFound,
@@ -219,9 +258,9 @@ impl Gateway {
         // Hold the most this request can cost before anything is forwarded.
         let max_output = match route {
             Route::Embeddings => 0,
-            _ => fields.max_output().unwrap_or(self.default_max_output_tokens),
+            _ => fields.max_output().unwrap_or(routing.default_max_output_tokens),
         };
-        let estimate = self.prices.cost(
+        let estimate = routing.prices.cost(
             &model,
             crate::meter::Usage { input: billing::hold_input_tokens(body.len()), cached: 0, output: max_output },
         );
@@ -245,6 +284,7 @@ impl Gateway {
             }
         }
         Ok(Outcome::Relay(Arc::new(RelayPlan {
+            routing: routing.clone(),
             route,
             protocol,
             model,
@@ -256,6 +296,7 @@ impl Gateway {
             hold: Mutex::new(Some(hold)),
             withhold_usage,
             started: Instant::now(),
+            billed: Mutex::new(None),
         })))
     }
 
@@ -313,7 +354,8 @@ impl Gateway {
             (s, _) => s,
         };
         let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len);
-        let cost = self.prices.cost(&plan.model, usage);
+        let cost = plan.routing.prices.cost(&plan.model, usage);
+        *plan.billed.lock().unwrap_or_else(|p| p.into_inner()) = Some((usage, cost, estimated));
         let record = UsageRecord {
             time_ms: now_ms(),
             key_id: plan.key.id.clone(),
@@ -466,12 +508,42 @@ impl Gateway {
     }
 }
 
+/// One structured line per client request (target `access`). Names the key, never its secret;
+/// the path is logged without its query string.
+fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
+    if !log::log_enabled!(target: "access", log::Level::Info) {
+        return;
+    }
+    let req = session.req_header();
+    let latency_ms = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0);
+    let (model, usage) = match &ctx.relayed {
+        Some(plan) => (plan.model.as_str(), *plan.billed.lock().unwrap_or_else(|p| p.into_inner())),
+        None => ("-", None),
+    };
+    let (input, output, cost, estimated) = usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input + u.cached, u.output, c, e));
+    log::info!(
+        target: "access",
+        "method={} path={:?} route={} status={} key={:?} model={:?} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}",
+        req.method,
+        req.uri.path(),
+        ctx.route,
+        status,
+        ctx.key_name.as_deref().unwrap_or("-"),
+        model,
+        input,
+        output,
+        cost as f64 / NANOS_PER_USD as f64,
+        estimated,
+        latency_ms
+    );
+}
+
 #[async_trait]
 impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx::default()
+        RequestCtx { in_flight: Some(InFlight::new(self.metrics.clone())), ..RequestCtx::default() }
     }
 
     fn allow_spawning_subrequest(&self, session: &Session, _ctx: &RequestCtx) -> bool {
@@ -496,9 +568,13 @@ impl ProxyHttp for Gateway {
             ctx.plan = Some(plan);
             return Ok(false);
         }
+        ctx.started = Some(Instant::now());
         match self.decide(session, ctx).await {
             Ok(Outcome::Respond(resp)) => resp.send(session).await?,
-            Ok(Outcome::Relay(plan)) => self.relay(session, plan).await?,
+            Ok(Outcome::Relay(plan)) => {
+                ctx.relayed = Some(plan.clone());
+                self.relay(session, plan).await?
+            }
             Ok(Outcome::Done) => {}
             Err(err) => {
                 // The body may be unread: do not reuse the connection after an early refusal.
@@ -515,7 +591,7 @@ impl ProxyHttp for Gateway {
         };
         // Skip providers whose host does not resolve right now.
         while ctx.attempt < plan.candidates.len() {
-            let upstream = &self.catalog.upstreams[plan.candidates[ctx.attempt]];
+            let upstream = &plan.routing.catalog.upstreams[plan.candidates[ctx.attempt]];
             if let Some(peer) = upstream.peer(ctx.attempt) {
                 return Ok(Box::new(peer));
             }
@@ -530,7 +606,7 @@ impl ProxyHttp for Gateway {
             if ctx.attempt + 1 < plan.candidates.len() {
                 log::warn!(
                     "provider {} failed to connect ({}); trying the next",
-                    self.catalog.upstreams[plan.candidates[ctx.attempt]].config.name,
+                    plan.routing.catalog.upstreams[plan.candidates[ctx.attempt]].config.name,
                     e.etype().as_str()
                 );
                 ctx.attempt += 1;
@@ -549,7 +625,7 @@ impl ProxyHttp for Gateway {
         let Some(plan) = ctx.plan.as_ref() else {
             return Err(Error::explain(ErrorType::InternalError, "no relay plan"));
         };
-        let upstream = &self.catalog.upstreams[plan.candidates[ctx.attempt.min(plan.candidates.len() - 1)]];
+        let upstream = &plan.routing.catalog.upstreams[plan.candidates[ctx.attempt.min(plan.candidates.len() - 1)]];
         relay::rewrite_request(upstream_request, upstream, plan.client_version.as_deref(), plan.body.len())
     }
 
@@ -566,6 +642,11 @@ impl ProxyHttp for Gateway {
             .get("content-type")
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
+        self.metrics.observe("tollgate_upstream_seconds", &[("protocol", plan.protocol.as_str())], plan.started.elapsed().as_secs_f64());
+        if sse {
+            ctx.stream_open = true;
+            self.metrics.open_streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
         let withhold = plan.withhold_usage && ctx.status == 200;
         if withhold {
             // The body changes length when the usage chunk is withheld.
@@ -582,6 +663,12 @@ impl ProxyHttp for Gateway {
         end_of_stream: bool,
         ctx: &mut RequestCtx,
     ) -> Result<Option<std::time::Duration>> {
+        if !ctx.first_byte_seen && body.as_ref().is_some_and(|b| !b.is_empty()) {
+            ctx.first_byte_seen = true;
+            if let Some(plan) = ctx.plan.as_ref() {
+                self.metrics.observe("tollgate_first_byte_seconds", &[("protocol", plan.protocol.as_str())], plan.started.elapsed().as_secs_f64());
+            }
+        }
         if let Some(scanner) = ctx.scanner.as_mut() {
             if let Some(chunk) = body.as_ref() {
                 if let Some(replacement) = scanner.feed(chunk) {
@@ -601,11 +688,16 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
         if ctx.plan.is_some() {
+            if ctx.stream_open {
+                self.metrics.open_streams.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            }
             self.settle(ctx, e).await;
             return;
         }
-        let status = session.response_written().map_or(0, |r| r.status.as_u16()).to_string();
-        self.metrics.add("tollgate_requests_total", &[("route", ctx.route), ("status", &status)], 1.0);
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        let status_text = status.to_string();
+        self.metrics.add("tollgate_requests_total", &[("route", ctx.route), ("status", &status_text)], 1.0);
+        access_log(session, ctx, status);
     }
 
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {

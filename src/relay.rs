@@ -45,6 +45,11 @@ impl Upstream {
         Some(peer)
     }
 
+    /// Whether the host currently has addresses.
+    pub fn is_resolved(&self) -> bool {
+        !self.addrs.load().is_empty()
+    }
+
     /// Resolve the host now (blocking: call at start-up or from a blocking task).
     fn resolve_blocking(&self) -> std::io::Result<()> {
         use std::net::ToSocketAddrs;
@@ -84,6 +89,10 @@ impl Catalog {
             groups: config.groups.clone(),
             created,
         }
+    }
+
+    pub fn has_group(&self, group: &str) -> bool {
+        self.groups.contains_key(group)
     }
 
     /// Whether a key of `group` may call `protocol`.
@@ -128,7 +137,7 @@ impl Catalog {
 
 /// Re-resolves upstream hosts on a timer so `upstream_peer` never does DNS.
 pub struct DnsRefresh {
-    pub catalog: Arc<Catalog>,
+    pub routing: Arc<ArcSwap<crate::gateway::Routing>>,
     pub every: Duration,
 }
 
@@ -140,7 +149,8 @@ impl BackgroundService for DnsRefresh {
                 _ = shutdown.changed() => return,
                 _ = tokio::time::sleep(self.every) => {}
             }
-            for u in &self.catalog.upstreams {
+            let routing = self.routing.load_full();
+            for u in &routing.catalog.upstreams {
                 let u = u.clone();
                 let result = tokio::task::spawn_blocking(move || {
                     let r = u.resolve_blocking();

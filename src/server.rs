@@ -9,7 +9,8 @@ use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use crate::config::Config;
-use crate::gateway::Gateway;
+use crate::gateway::{Gateway, Routing};
+use arc_swap::ArcSwap;
 use crate::relay::{Catalog, DnsRefresh};
 use crate::storage::ObjectStore;
 use crate::store::Store;
@@ -56,6 +57,129 @@ impl BackgroundService for Retention {
     }
 }
 
+/// Graceful shutdown (SIGTERM, or the old process of an upgrade): once Pingora stops accepting,
+/// wait until no request is in flight (Pingora's `grace_period_seconds` is the bound), flush the
+/// database and exit. The video poller stops on the same signal.
+struct Drain {
+    metrics: Arc<Metrics>,
+    store: Store,
+}
+
+#[async_trait]
+impl BackgroundService for Drain {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        if shutdown.changed().await.is_err() {
+            return;
+        }
+        log::info!("shutting down: draining in-flight requests");
+        loop {
+            if self.metrics.in_flight.load(std::sync::atomic::Ordering::SeqCst) <= 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        match self.store.flush() {
+            Ok(()) => log::info!("drained; database flushed; exiting"),
+            Err(e) => log::error!("drained; database flush failed: {e}"),
+        }
+        std::process::exit(0);
+    }
+}
+
+/// The reloadable routing state for a configuration (resolves upstream hosts: blocking).
+fn routing_for(config: &Config) -> Routing {
+    let catalog = Arc::new(Catalog::new(config, now_unix()));
+    catalog.resolve_all_blocking();
+    Routing {
+        catalog,
+        prices: Arc::new(PriceBook::new(&config.prices)),
+        default_max_output_tokens: config.default_max_output_tokens,
+    }
+}
+
+/// On SIGHUP: re-read the configuration file; if it is valid, swap in its providers, models,
+/// groups, prices and keys without dropping a request (requests keep the snapshot they started
+/// with). An invalid file is refused with its message and the running configuration stays.
+/// Listeners, data_dir, admin, video, storage and pingora settings need an upgrade (`-u`).
+struct Reload {
+    path: String,
+    running: Config,
+    routing: Arc<ArcSwap<Routing>>,
+    keys: Arc<KeyIndex>,
+    store: Store,
+    ledger: Arc<Ledger>,
+}
+
+impl Reload {
+    async fn reload(&self) -> Result<Vec<&'static str>, String> {
+        let path = self.path.clone();
+        let (config, routing) = tokio::task::spawn_blocking(move || {
+            let config = Config::load(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
+            let routing = routing_for(&config);
+            Ok::<_, String>((config, routing))
+        })
+        .await
+        .map_err(|e| format!("reload task: {e}"))??;
+        for seed in &config.keys {
+            self.ledger
+                .open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance))
+                .map_err(|e| e.to_string())?;
+        }
+        self.keys.seed(&self.store, &config.keys).map_err(|e| e.to_string())?;
+        self.store.flush().map_err(|e| e.to_string())?;
+        self.routing.store(Arc::new(routing));
+        let old = &self.running;
+        let mut needs_upgrade = Vec::new();
+        if config.listen != old.listen {
+            needs_upgrade.push("listen");
+        }
+        if config.data_dir != old.data_dir {
+            needs_upgrade.push("data_dir");
+        }
+        if config.max_body_bytes != old.max_body_bytes {
+            needs_upgrade.push("max_body_bytes");
+        }
+        if format!("{:?}", config.admin) != format!("{:?}", old.admin) {
+            needs_upgrade.push("admin");
+        }
+        if format!("{:?}", config.video) != format!("{:?}", old.video) {
+            needs_upgrade.push("video");
+        }
+        if format!("{:?}", config.storage) != format!("{:?}", old.storage) {
+            needs_upgrade.push("storage");
+        }
+        Ok(needs_upgrade)
+    }
+}
+
+#[async_trait]
+impl BackgroundService for Reload {
+    async fn start(&self, mut shutdown: ShutdownWatch) {
+        let mut hangup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("config reload: cannot listen for SIGHUP: {e}");
+                return;
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                got = hangup.recv() => if got.is_none() { return },
+            }
+            match self.reload().await {
+                Ok(ignored) if ignored.is_empty() => log::info!("configuration reloaded from {}", self.path),
+                Ok(ignored) => log::warn!(
+                    "configuration reloaded from {}; changes to {} take effect only after an upgrade (-u) or restart",
+                    self.path,
+                    ignored.join(", ")
+                ),
+                Err(e) => log::error!("configuration reload refused, the running configuration stays: {e}"),
+            }
+        }
+    }
+}
+
 /// Load everything and run until told to stop. Returns only on a start-up error.
 pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
@@ -81,8 +205,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     store.flush().map_err(|e| e.to_string())?;
     let metrics = Arc::new(Metrics::default());
-    let catalog = Arc::new(Catalog::new(&config, now_unix()));
-    catalog.resolve_all_blocking();
+    let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config)));
     let video = match &config.video {
         Some(v) => {
             let storage = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
@@ -91,6 +214,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
 
+    let max_body = config.max_body_bytes;
+    let listen = config.listen;
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
 
@@ -112,36 +237,40 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             store: store.clone(),
             keys: keys.clone(),
             ledger: ledger.clone(),
-            groups: config.groups.keys().cloned().collect(),
+            routing: routing.clone(),
             metrics: metrics.clone(),
+            video: video.clone(),
         };
         let mut service = pingora_proxy::http_proxy_service_with_name(&server.configuration, api, "tollgate admin");
         service.add_tcp(&admin.listen.to_string());
         server.add_service(service);
     }
+    server.add_service(background_service("drain", Drain { metrics: metrics.clone(), store: store.clone() }));
     server.add_service(background_service(
         "usage retention",
         Retention { ledger: ledger.clone(), keep: Duration::from_secs(config.usage_retention_days * 86_400) },
     ));
+    server.add_service(background_service(
+        "config reload",
+        Reload { path: path.clone(), running: config, routing: routing.clone(), keys: keys.clone(), store, ledger: ledger.clone() },
+    ));
     let gateway = Gateway {
-        catalog: catalog.clone(),
+        routing: routing.clone(),
         keys,
-        max_body_bytes: config.max_body_bytes,
+        max_body_bytes: max_body,
         video,
         ledger,
-        prices: Arc::new(PriceBook::new(&config.prices)),
         limits: Arc::new(Limits::default()),
-        default_max_output_tokens: config.default_max_output_tokens,
         metrics,
     };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
-    if let Some(addr) = config.listen {
+    if let Some(addr) = listen {
         proxy.add_tcp(&addr.to_string());
     }
     server.add_service(proxy);
     server.add_service(background_service(
         "dns refresh",
-        DnsRefresh { catalog, every: Duration::from_secs(60) },
+        DnsRefresh { routing, every: Duration::from_secs(60) },
     ));
     log::info!("tollgate starting with {path}");
     server.run_forever();

@@ -453,6 +453,19 @@ impl VideoService {
             .await;
     }
 
+    /// Unfinished tasks, and the longest time since one of them was last polled (seconds).
+    pub fn open_stats(&self) -> (usize, u64) {
+        let ids = self.store.open_ids().unwrap_or_default();
+        let now = now_unix();
+        let lag = ids
+            .iter()
+            .filter_map(|id| self.store.get(id).ok().flatten())
+            .map(|t| now.saturating_sub(t.last_polled_at))
+            .max()
+            .unwrap_or(0);
+        (ids.len(), lag)
+    }
+
     pub fn poll_interval(&self) -> Duration {
         Duration::from_secs(self.cfg.poll_interval_secs)
     }

@@ -119,12 +119,20 @@ pub fn write_config(body: &str) -> (tempfile::TempDir, PathBuf, u16) {
 }
 
 fn spawn_gateway(path: &std::path::Path, port: u16) -> Proc {
+    // When a tollgate.log file exists next to the config, the log (RUST_LOG=info) goes there.
+    let log = path.with_file_name("tollgate.log");
+    let (level, stderr) = if log.exists() {
+        let file = std::fs::OpenOptions::new().append(true).open(&log).expect("log file");
+        ("info", Stdio::from(file))
+    } else {
+        ("warn", Stdio::inherit())
+    };
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("-c")
         .arg(path)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", level)
         .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .spawn()
         .expect("spawn tollgate");
     wait_listening(port, &mut child, "tollgate");
@@ -137,7 +145,29 @@ pub fn start_gateway(body: &str) -> Gateway {
     Gateway { proc, dir }
 }
 
+/// Like `start_gateway`, with `RUST_LOG=info` written to `tollgate.log` in the gateway's dir.
+pub fn start_gateway_logged(body: &str) -> Gateway {
+    let (dir, path, port) = write_config(body);
+    std::fs::File::create(dir.path().join("tollgate.log")).expect("log file");
+    let proc = spawn_gateway(&path, port);
+    Gateway { proc, dir }
+}
+
 impl Gateway {
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("tollgate.log")).unwrap_or_default()
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("tollgate.yaml")
+    }
+
+    /// Send a signal to the daemon.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill").args([&format!("-{sig}"), &self.proc.child.id().to_string()]).status().expect("kill");
+        assert!(ok.success());
+    }
+
     /// SIGKILL the daemon (no shutdown path runs), as a crash or power loss would.
     pub fn kill_hard(&mut self) {
         let _ = self.proc.child.kill();

@@ -1,0 +1,188 @@
+//! Operations against the real daemon: configuration reload on SIGHUP (and refusal of a bad
+//! file), the access log (never a secret), /healthz, /readyz and /metrics, and graceful shutdown
+//! on SIGTERM draining an open stream.
+
+mod common;
+
+use common::*;
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const ADMIN_TOKEN: &str = "admin-token-ops-0001";
+
+fn config(mock_port: u16, admin_port: u16) -> String {
+    format!("{}admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}\n", standard_config(mock_port))
+}
+
+async fn model_ids(gw: &Gateway, key: &str) -> Vec<String> {
+    let v: Value = client().get(gw.url("/v1/models")).bearer_auth(key).send().await.expect("models").json().await.expect("json");
+    v["data"].as_array().map(|d| d.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect()).unwrap_or_default()
+}
+
+async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn sighup_reloads_routing_and_keys_and_refuses_a_bad_file() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&config(mock.port, free_port()));
+    assert!(!model_ids(&gw, CLIENT_KEY).await.contains(&"alpha-6".to_string()));
+
+    // A stream in flight across the reload keeps its provider.
+    let token = format!("reload-{}", std::process::id());
+    let held = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .header("x-mock-hold", &token)
+        .json(&json!({"model": "alpha-4o-mini", "stream": true, "messages": []}))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(held.status(), 200);
+
+    let path = gw.config_path();
+    let original = std::fs::read_to_string(&path).expect("config");
+    let changed = original
+        .replace("models: [alpha-5.5, alpha-4o-mini, alpha-embed-3]", "models: [alpha-5.5, alpha-6, alpha-embed-3]")
+        .replace("keys:\n", "keys:\n  - { key: sk-client-new-0001, name: newcomer, group: default, balance: 1.0 }\n");
+    std::fs::write(&path, &changed).expect("write");
+    gw.signal("HUP");
+    until("the new model list", || async { model_ids(&gw, CLIENT_KEY).await.contains(&"alpha-6".to_string()) }).await;
+    assert!(!model_ids(&gw, CLIENT_KEY).await.contains(&"alpha-4o-mini".to_string()));
+    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth("sk-client-new-0001")
+        .json(&json!({"model": "alpha-6", "messages": []})).send().await.expect("new key");
+    assert_eq!(r.status(), 200, "the new key and model work without a restart");
+    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "alpha-4o-mini", "messages": []})).send().await.expect("old model");
+    assert_eq!(r.status(), 404);
+
+    client().post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
+    let body = held.text().await.expect("the held stream finishes");
+    assert!(body.contains("[DONE]"), "{body}");
+
+    // A bad file is refused; the running configuration stays.
+    std::fs::write(&path, changed.replace("protocol: gemini", "protocol: palm")).expect("write");
+    gw.signal("HUP");
+    until("the refusal in the log", || async { gw.log().contains("configuration reload refused") }).await;
+    assert!(gw.log().contains("palm"), "the message names the problem");
+    assert!(model_ids(&gw, CLIENT_KEY).await.contains(&"alpha-6".to_string()));
+    let r = client().post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent")).bearer_auth(CLIENT_KEY)
+        .json(&json!({"contents": []})).send().await.expect("gemini");
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn the_access_log_names_keys_and_never_holds_a_secret() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&config(mock.port, free_port()));
+    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).header("x-api-key", CLIENT_KEY)
+        .json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("chat");
+    assert_eq!(r.status(), 200);
+    let r = client().post(gw.url("/v1/messages?key=leaked-in-query")).header("x-api-key", CLIENT_KEY)
+        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 5})).send().await.expect("query key");
+    assert_eq!(r.status(), 400);
+    let r = client().get(gw.url("/v1/models")).bearer_auth("sk-wrong-secret-1234").send().await.expect("bad key");
+    assert_eq!(r.status(), 401);
+    until("three access lines", || async { gw.log().matches("route=").count() >= 3 }).await;
+    let log = gw.log();
+    let chat = log.lines().find(|l| l.contains("route=chat_completions")).expect("chat line");
+    for part in ["status=200", "key=\"tester\"", "model=\"alpha-5.5\"", "output_tokens=3", "latency_ms="] {
+        assert!(chat.contains(part), "{part} in {chat}");
+    }
+    assert!(log.contains("status=401"), "{log}");
+    for secret in [CLIENT_KEY, UPSTREAM_KEY, ADMIN_TOKEN, "sk-wrong-secret-1234", "leaked-in-query"] {
+        assert!(!log.contains(secret), "{secret} reached the log");
+    }
+}
+
+#[tokio::test]
+async fn health_readiness_and_metrics() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let dead = free_port();
+    let body = config(mock.port, admin_port);
+    let gw = start_gateway(&body);
+    let admin = |p: &str| format!("http://127.0.0.1:{admin_port}{p}");
+    assert_eq!(client().get(admin("/healthz")).send().await.expect("h").status(), 200);
+    let r = client().get(admin("/readyz")).send().await.expect("ready");
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["database"], "ok");
+    assert_eq!(v["upstreams"]["oa"], "resolved");
+
+    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "alpha-5.5", "stream": true, "messages": []})).send().await.expect("stream");
+    r.text().await.expect("body");
+    let metrics = client().get(admin("/metrics")).bearer_auth(ADMIN_TOKEN).send().await.expect("m").text().await.expect("t");
+    for name in [
+        "tollgate_requests_total{route=\"chat_completions\",status=\"200\"}",
+        "tollgate_upstream_seconds_bucket{protocol=\"openai\"",
+        "tollgate_first_byte_seconds_count{protocol=\"openai\"} 1",
+        "tollgate_tokens_total{model=\"alpha-5.5\",kind=\"output\"} 3",
+        "tollgate_cost_usd_total",
+        "tollgate_open_streams 0",
+        "tollgate_database_bytes",
+        "tollgate_video_tasks_open 0",
+    ] {
+        assert!(metrics.contains(name), "{name} missing:\n{metrics}");
+    }
+    drop(gw);
+
+    // An upstream host that does not resolve makes the gateway not ready (it still starts).
+    let unresolvable = body.replace(&format!("http://127.0.0.1:{}/ge", mock.port), &format!("http://no-such-host.invalid:{dead}/ge"));
+    let gw = start_gateway(&unresolvable);
+    let r = client().get(admin("/readyz")).send().await.expect("ready");
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.json::<Value>().await.expect("json")["upstreams"]["ge"], "unresolved");
+    drop(gw);
+}
+
+#[tokio::test]
+async fn sigterm_drains_an_open_stream_then_exits_with_its_record() {
+    let mock = start_mock();
+    let mut gw = start_gateway(&config(mock.port, free_port()));
+    let token = format!("term-{}", std::process::id());
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .bearer_auth(CLIENT_KEY)
+        .header("x-mock-hold", &token)
+        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 16, "stream": true, "messages": []}))
+        .send()
+        .await
+        .expect("stream");
+    let mut stream = r.bytes_stream();
+    let first = stream.next().await.expect("first").expect("bytes");
+    assert!(String::from_utf8_lossy(&first).contains("message_start"));
+    gw.signal("TERM");
+    // New connections are refused while the stream drains.
+    until("the listener to close", || async { std::net::TcpStream::connect(("127.0.0.1", gw.proc.port)).is_err() }).await;
+    client().post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
+    let mut rest = Vec::new();
+    while let Some(chunk) = stream.next().await {
+        rest.extend_from_slice(&chunk.expect("the stream is not cut"));
+    }
+    assert!(String::from_utf8_lossy(&rest).contains("message_stop"));
+    // The process exits once drained (well before Pingora's 300 s default grace period).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = gw.proc.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "did not exit after draining");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+    gw.start_again();
+    let u: Value = client().get(gw.url("/v1/usage")).bearer_auth(CLIENT_KEY).send().await.expect("usage").json().await.expect("json");
+    assert_eq!(u["total"]["requests"], 1, "the drained request was billed and kept: {u}");
+}
