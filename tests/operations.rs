@@ -186,3 +186,22 @@ async fn sigterm_drains_an_open_stream_then_exits_with_its_record() {
     let u: Value = client().get(gw.url("/v1/usage")).bearer_auth(CLIENT_KEY).send().await.expect("usage").json().await.expect("json");
     assert_eq!(u["total"]["requests"], 1, "the drained request was billed and kept: {u}");
 }
+
+/// The shipped unit passes `systemd-analyze verify` (with ExecStart pointed at the built binary).
+#[test]
+fn the_systemd_unit_verifies() {
+    let Ok(out) = std::process::Command::new("systemd-analyze").arg("--version").output() else {
+        eprintln!("systemd-analyze is not installed here: the unit is not verified");
+        return;
+    };
+    assert!(out.status.success());
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/tollgate.service")).expect("unit");
+    for needed in ["NoNewPrivileges=true", "ProtectSystem=strict", "ReadWritePaths=", "PrivateTmp=true", "LimitNOFILE=", "EnvironmentFile=", "ExecReload="] {
+        assert!(unit.contains(needed), "{needed}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("tollgate.service");
+    std::fs::write(&path, unit.replace("/usr/local/bin/tollgate", env!("CARGO_BIN_EXE_tollgate"))).expect("write");
+    let out = std::process::Command::new("systemd-analyze").arg("verify").arg(&path).output().expect("verify");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
