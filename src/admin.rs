@@ -161,7 +161,7 @@ impl AdminApi {
         match (method.as_str(), path.as_str()) {
             ("GET", "/metrics") => {
                 let keys = self.store.all_keys().map_err(internal)?.len() as f64;
-                let db_bytes = self.store.db().size_on_disk().unwrap_or(0) as f64;
+                let db_bytes = self.store.size_on_disk() as f64;
                 let (open_tasks, lag) = self.video.as_ref().map_or((0, 0), |v| v.open_stats());
                 let mut resp = LocalResponse::json(200, &Value::Null);
                 resp.body = self

@@ -132,12 +132,12 @@ impl Insufficient {
 }
 
 pub struct Ledger {
-    db: sled::Db,
+    slot: crate::store::DbSlot,
     durable: crate::store::Durable,
-    balances: sled::Tree,
-    records: sled::Tree,
     accounts: Mutex<HashMap<String, Account>>,
     seq: AtomicU64,
+    /// Where bookings go once the database was handed over (upgrade).
+    handover: std::sync::OnceLock<std::path::PathBuf>,
 }
 
 /// Reserved money for one in-flight request. Dropped unsettled, it is released untouched.
@@ -219,15 +219,30 @@ impl Totals {
 }
 
 impl Ledger {
-    pub fn open(db: &sled::Db) -> Result<Self, StoreError> {
+    pub fn open(db: impl Into<crate::store::DbSlot>) -> Result<Self, StoreError> {
+        let slot: crate::store::DbSlot = db.into();
+        slot.tree("balances")?;
+        slot.tree("usage_records")?;
         Ok(Ledger {
-            db: db.clone(),
-            durable: crate::store::Durable::new(db),
-            balances: db.open_tree("balances")?,
-            records: db.open_tree("usage_records")?,
+            durable: crate::store::Durable::new(&slot),
+            slot,
             accounts: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(0),
+            handover: std::sync::OnceLock::new(),
         })
+    }
+
+    /// After the database is handed over, bookings are sent to the new process at `socket`.
+    pub fn set_handover(&self, socket: std::path::PathBuf) {
+        let _ = self.handover.set(socket);
+    }
+
+    fn balances(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("balances")
+    }
+
+    fn records_tree(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("usage_records")
     }
 
     fn accounts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Account>> {
@@ -238,7 +253,7 @@ impl Ledger {
         if let Some(a) = map.get(key_id) {
             return Ok(*a);
         }
-        let (mut balance, seq) = match self.balances.get(key_id.as_bytes())? {
+        let (mut balance, seq) = match self.balances()?.get(key_id.as_bytes())? {
             Some(b) => decode_balance(&b)?,
             None => (0, 0),
         };
@@ -259,7 +274,7 @@ impl Ledger {
         let mut prefix = key_id.as_bytes().to_vec();
         prefix.push(0);
         let mut newest: Option<UsageRecord> = None;
-        for item in self.records.scan_prefix(prefix).rev().take(16) {
+        for item in self.records_tree()?.scan_prefix(prefix).rev().take(16) {
             let (_, v) = item?;
             let r: UsageRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("usage record: {e}")))?;
             if newest.as_ref().is_none_or(|n| r.seq > n.seq) {
@@ -272,7 +287,7 @@ impl Ledger {
     /// Give a new key its opening balance; an existing balance is kept. True if created.
     pub fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError> {
         let created = self
-            .balances
+            .balances()?
             .compare_and_swap(key_id.as_bytes(), None as Option<&[u8]>, Some(&encode_balance(initial, 0)[..]))?
             .is_ok();
         Ok(created)
@@ -316,19 +331,22 @@ impl Ledger {
     /// Debit `record.cost_nanos` (a credit when negative) and store the record, atomically,
     /// then flush. Returns the new balance.
     async fn book(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
+        if self.slot.is_released() {
+            return self.forward(record, release).await;
+        }
         let rkey = self.record_key(record);
         let balance = {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, &record.key_id)?;
             let new_balance = acc.balance - record.cost_nanos;
-            let seq = self.db.generate_id()? + 1;
+            let seq = self.slot.db()?.generate_id()? + 1;
             let mut record = record.clone();
             record.seq = seq;
             record.balance_after = new_balance;
             let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             // The record alone carries the new balance (`balance_after`, newer `seq` than the
             // balance entry), so the balance entry is not rewritten per booking: one insert.
-            self.records.insert(rkey.as_slice(), value)?;
+            self.records_tree()?.insert(rkey.as_slice(), value)?;
             acc.balance = new_balance;
             acc.held -= release;
             map.insert(record.key_id.clone(), acc);
@@ -336,6 +354,23 @@ impl Ledger {
         };
         self.durable.flush().await?;
         Ok(balance)
+    }
+
+    /// The database belongs to the new process now: it books the record; this process keeps
+    /// its in-memory view (balance estimate, released hold) for the requests it still finishes.
+    async fn forward(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
+        let socket = self.handover.get().ok_or(StoreError::Released)?;
+        crate::handover::send(socket, &crate::handover::Message::Booking(record.clone())).await?;
+        let mut map = self.accounts();
+        let acc = map.entry(record.key_id.clone()).or_default();
+        acc.balance -= record.cost_nanos;
+        acc.held -= release;
+        Ok(acc.balance)
+    }
+
+    /// Book a record forwarded by a process that handed its database over to this one.
+    pub async fn book_forwarded(&self, record: UsageRecord) -> Result<i64, StoreError> {
+        self.book(&record, 0).await
     }
 
     /// Release the hold and charge the real cost, with its record.
@@ -368,8 +403,8 @@ impl Ledger {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, key_id)?;
             acc.balance += delta;
-            let seq = self.db.generate_id()? + 1;
-            self.balances.insert(key_id.as_bytes(), &encode_balance(acc.balance, seq)[..])?;
+            let seq = self.slot.db()?.generate_id()? + 1;
+            self.balances()?.insert(key_id.as_bytes(), &encode_balance(acc.balance, seq)[..])?;
             map.insert(key_id.to_string(), acc);
             acc.balance
         };
@@ -386,7 +421,7 @@ impl Ledger {
         hi.extend_from_slice(&end_ms.to_be_bytes());
         let mut total = Totals::default();
         let mut by_model: BTreeMap<String, Totals> = BTreeMap::new();
-        for item in self.records.range(lo..hi) {
+        for item in self.records_tree()?.range(lo..hi) {
             let (_, v) = item?;
             let r: UsageRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("usage record: {e}")))?;
             total.add(&r);
@@ -399,7 +434,7 @@ impl Ledger {
     pub fn records(&self, key_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
         let mut prefix = key_id.as_bytes().to_vec();
         prefix.push(0);
-        self.records
+        self.records_tree()?
             .scan_prefix(prefix)
             .map(|item| {
                 let (_, v) = item?;
@@ -411,11 +446,12 @@ impl Ledger {
     /// Delete records older than `before_ms`. Returns how many.
     pub fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
         let mut removed = 0;
-        for item in self.records.iter() {
+        let records = self.records_tree()?;
+        for item in records.iter() {
             let (k, v) = item?;
             let old = serde_json::from_slice::<UsageRecord>(&v).map_or(true, |r| r.time_ms < before_ms);
             if old {
-                self.records.remove(k)?;
+                records.remove(k)?;
                 removed += 1;
             }
         }
@@ -461,7 +497,7 @@ mod tests {
             ledger.open_account("k", 1000).expect("open");
             ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 100, 1)).await.expect("settle");
             // Bookings do not rewrite the balance entry: it still says 1000.
-            assert_eq!(decode_balance(&ledger.balances.get("k").expect("get").expect("entry")).expect("decode").0, 1000);
+            assert_eq!(decode_balance(&ledger.balances().expect("tree").get("k").expect("get").expect("entry")).expect("decode").0, 1000);
             db.flush().expect("flush");
         }
         let db = sled::open(dir.path()).expect("reopen");

@@ -10,6 +10,7 @@ pub mod auth;
 pub mod billing;
 pub mod config;
 pub mod gateway;
+pub mod handover;
 pub mod ledger;
 pub mod limits;
 pub mod meter;

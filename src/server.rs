@@ -59,17 +59,52 @@ impl BackgroundService for Retention {
 
 /// Graceful shutdown (SIGTERM, or the old process of an upgrade): once Pingora stops accepting,
 /// wait until no request is in flight (Pingora's `grace_period_seconds` is the bound), flush the
-/// database and exit. The video poller stops on the same signal.
+/// database and exit. The video poller stops on the same signal. In an upgrade the database is
+/// released first, so the new process can open it; the requests still finishing here write
+/// through the hand-over socket (see `handover`).
 struct Drain {
     metrics: Arc<Metrics>,
     store: Store,
+    phases: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<pingora_core::server::ExecutionPhase>>,
 }
 
 #[async_trait]
 impl BackgroundService for Drain {
     async fn start(&self, mut shutdown: ShutdownWatch) {
-        if shutdown.changed().await.is_err() {
-            return;
+        let upgrading = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut phases = self.phases.lock().await;
+        let mut watching = true;
+        loop {
+            tokio::select! {
+                changed = shutdown.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    break;
+                }
+                phase = phases.recv(), if watching => match phase {
+                    Ok(pingora_core::server::ExecutionPhase::GracefulUpgradeTransferringFds) => {
+                        upgrading.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
+                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => watching = false,
+                },
+            }
+        }
+        if upgrading.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Err(e) = self.store.flush() {
+                log::error!("upgrade: database flush before hand-over failed: {e}");
+            }
+            self.store.db().release();
+            log::info!("upgrade: database released to the new process; draining in-flight requests");
+            loop {
+                if self.metrics.in_flight.load(std::sync::atomic::Ordering::SeqCst) <= 0 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            log::info!("upgrade: drained; exiting");
+            std::process::exit(0);
         }
         log::info!("shutting down: draining in-flight requests");
         loop {
@@ -193,8 +228,20 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         return Err("tls: the HTTPS listener is not available in this build yet; remove the tls section".into());
     }
 
-    let store = Store::open(&config.data_dir)
-        .map_err(|e| format!("data_dir {}: {e}", config.data_dir.display()))?;
+    // Listening sockets first: in an upgrade (-u) this waits for the old process to pass them,
+    // then the database, which the old process releases when it stops accepting.
+    let upgrading = opt.upgrade;
+    let max_body = config.max_body_bytes;
+    let listen = config.listen;
+    let mut server = Server::new_with_opt_and_conf(opt, conf);
+    server.bootstrap();
+    let store = if upgrading {
+        Store::open_waiting(&config.data_dir, Duration::from_secs(600))
+    } else {
+        Store::open(&config.data_dir)
+    }
+    .map_err(|e| format!("data_dir {}: {e} (is another tollgate running on it?)", config.data_dir.display()))?;
+    let handover_socket = config.data_dir.join(crate::handover::SOCKET);
     let keys = Arc::new(KeyIndex::load(&store, &config.keys).map_err(|e| e.to_string())?);
     let ledger = Arc::new(Ledger::open(store.db()).map_err(|e| e.to_string())?);
     for seed in &config.keys {
@@ -214,10 +261,18 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
 
-    let max_body = config.max_body_bytes;
-    let listen = config.listen;
-    let mut server = Server::new_with_opt_and_conf(opt, conf);
-    server.bootstrap();
+    ledger.set_handover(handover_socket.clone());
+    if let Some(svc) = &video {
+        svc.set_handover(handover_socket.clone());
+    }
+    server.add_service(background_service(
+        "handover",
+        crate::handover::HandoverService(Arc::new(crate::handover::HandoverServer {
+            socket: handover_socket,
+            ledger: ledger.clone(),
+            video: video.clone(),
+        })),
+    ));
 
     if let Some(svc) = &video {
         // Tasks left in `submitting` by a crash are failed before anything else runs.
@@ -245,7 +300,12 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         service.add_tcp(&admin.listen.to_string());
         server.add_service(service);
     }
-    server.add_service(background_service("drain", Drain { metrics: metrics.clone(), store: store.clone() }));
+    let drain = Drain {
+        metrics: metrics.clone(),
+        store: store.clone(),
+        phases: tokio::sync::Mutex::new(server.watch_execution_phase()),
+    };
+    server.add_service(background_service("drain", drain));
     server.add_service(background_service(
         "usage retention",
         Retention { ledger: ledger.clone(), keep: Duration::from_secs(config.usage_retention_days * 86_400) },

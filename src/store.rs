@@ -5,7 +5,9 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use arc_swap::ArcSwapOption;
 use std::path::Path;
+use std::sync::Arc;
 
 /// One API key as persisted.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -27,6 +29,8 @@ pub struct KeyRecord {
 pub enum StoreError {
     Db(sled::Error),
     Corrupt(String),
+    /// The database was handed over to the process that replaces this one.
+    Released,
 }
 
 impl fmt::Display for StoreError {
@@ -34,6 +38,7 @@ impl fmt::Display for StoreError {
         match self {
             StoreError::Db(e) => write!(f, "database error: {e}"),
             StoreError::Corrupt(what) => write!(f, "database record is unreadable: {what}"),
+            StoreError::Released => write!(f, "the database was handed over to the new process"),
         }
     }
 }
@@ -46,12 +51,54 @@ impl From<sled::Error> for StoreError {
     }
 }
 
+/// The one open database, shared by every module, which can be let go of as a whole: the old
+/// process of an upgrade releases it so the new one can open it (sled holds an exclusive file
+/// lock). Modules reach their trees through it per operation and never keep a tree.
+#[derive(Clone)]
+pub struct DbSlot(Arc<ArcSwapOption<sled::Db>>);
+
+impl DbSlot {
+    pub fn new(db: sled::Db) -> Self {
+        DbSlot(Arc::new(ArcSwapOption::from_pointee(db)))
+    }
+
+    pub fn db(&self) -> Result<sled::Db, StoreError> {
+        self.0.load_full().map(|db| (*db).clone()).ok_or(StoreError::Released)
+    }
+
+    pub fn tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
+        Ok(self.db()?.open_tree(name)?)
+    }
+
+    /// Let go of the database: once operations in progress finish, sled closes and its lock
+    /// is free. Later operations answer `StoreError::Released`.
+    pub fn release(&self) {
+        self.0.store(None);
+    }
+
+    pub fn is_released(&self) -> bool {
+        self.0.load().is_none()
+    }
+}
+
+impl From<&sled::Db> for DbSlot {
+    fn from(db: &sled::Db) -> Self {
+        DbSlot::new(db.clone())
+    }
+}
+
+impl From<&DbSlot> for DbSlot {
+    fn from(slot: &DbSlot) -> Self {
+        slot.clone()
+    }
+}
+
 /// Group commit: makes writes durable with at most one `flush` in flight per instance, run on
 /// a blocking thread. Calling sled's `flush_async` from many tasks at once starves sled's own
 /// thread pool (every pool thread waits in a flush for IO that needs a pool thread) and the
 /// process hangs; this was seen under load.
 pub struct Durable {
-    db: sled::Db,
+    db: DbSlot,
     /// Writes announced so far (a write takes a ticket after it is applied).
     written: std::sync::atomic::AtomicU64,
     /// Every ticket below this is on disk.
@@ -60,7 +107,7 @@ pub struct Durable {
 }
 
 impl Durable {
-    pub fn new(db: &sled::Db) -> Self {
+    pub fn new(db: &DbSlot) -> Self {
         Durable {
             db: db.clone(),
             written: std::sync::atomic::AtomicU64::new(0),
@@ -79,7 +126,12 @@ impl Durable {
             return Ok(());
         }
         let upto = self.written.load(SeqCst);
-        let db = self.db.clone();
+        let db = match self.db.db() {
+            Ok(db) => db,
+            // Handed over: this process writes nothing more itself.
+            Err(StoreError::Released) => return Ok(()),
+            Err(e) => return Err(e),
+        };
         tokio::task::spawn_blocking(move || db.flush())
             .await
             .map_err(|e| StoreError::Corrupt(format!("flush task: {e}")))??;
@@ -91,21 +143,34 @@ impl Durable {
 /// Handle to the open database.
 #[derive(Clone)]
 pub struct Store {
-    db: sled::Db,
-    keys: sled::Tree,
+    slot: DbSlot,
 }
 
 impl Store {
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
         let db = sled::Config::new().path(dir).open()?;
-        let keys = db.open_tree("keys")?;
-        Ok(Store { db, keys })
+        Ok(Store { slot: DbSlot::new(db) })
+    }
+
+    /// Open, retrying while another process (the one being upgraded away) holds the lock.
+    pub fn open_waiting(dir: &Path, patience: std::time::Duration) -> Result<Store, StoreError> {
+        let deadline = std::time::Instant::now() + patience;
+        loop {
+            match Store::open(dir) {
+                Ok(s) => return Ok(s),
+                Err(StoreError::Db(sled::Error::Io(e))) if std::time::Instant::now() < deadline => {
+                    log::debug!("database busy ({e}); waiting for the previous process to hand it over");
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Every key record.
     pub fn all_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
         let mut out = Vec::new();
-        for item in self.keys.iter() {
+        for item in self.slot.tree("keys")?.iter() {
             let (id, value) = item?;
             let rec: KeyRecord = serde_json::from_slice(&value).map_err(|e| {
                 StoreError::Corrupt(format!("key {}: {e}", String::from_utf8_lossy(&id)))
@@ -117,18 +182,22 @@ impl Store {
 
     pub fn put_key(&self, rec: &KeyRecord) -> Result<(), StoreError> {
         let value = serde_json::to_vec(rec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        self.keys.insert(rec.id.as_bytes(), value)?;
+        self.slot.tree("keys")?.insert(rec.id.as_bytes(), value)?;
         Ok(())
     }
 
-    /// The database, for modules that keep trees of their own.
-    pub fn db(&self) -> &sled::Db {
-        &self.db
+    /// The database slot, for modules with trees of their own.
+    pub fn db(&self) -> &DbSlot {
+        &self.slot
     }
 
     pub fn flush(&self) -> Result<(), StoreError> {
-        self.db.flush()?;
+        self.slot.db()?.flush()?;
         Ok(())
+    }
+
+    pub fn size_on_disk(&self) -> u64 {
+        self.slot.db().ok().and_then(|db| db.size_on_disk().ok()).unwrap_or(0)
     }
 }
 

@@ -61,7 +61,12 @@ pub struct VideoService {
 }
 
 impl VideoService {
-    pub fn new(cfg: VideoConfig, db: &sled::Db, ledger: Arc<Ledger>, storage: Option<Arc<ObjectStore>>) -> Result<Self, String> {
+    pub fn new(
+        cfg: VideoConfig,
+        db: impl Into<crate::store::DbSlot>,
+        ledger: Arc<Ledger>,
+        storage: Option<Arc<ObjectStore>>,
+    ) -> Result<Self, String> {
         let store = VideoStore::new(db).map_err(|e| e.to_string())?;
         let upstream = VideoUpstream::new(cfg.clone())?;
         let download = reqwest::Client::builder()
@@ -451,6 +456,17 @@ impl VideoService {
                 self.forget_lock(&id);
             })
             .await;
+    }
+
+    /// After the database is handed over, task writes are sent to the new process at `socket`.
+    pub fn set_handover(&self, socket: std::path::PathBuf) {
+        self.store.set_handover(socket);
+    }
+
+    /// Store a task written by a process that handed its database over to this one; the poller
+    /// takes it from there.
+    pub async fn accept_forwarded_task(&self, task: Task) -> Result<(), StoreError> {
+        self.store.put(&task).await
     }
 
     /// Unfinished tasks, and the longest time since one of them was last polled (seconds).

@@ -11,11 +11,10 @@ pub const IDEMPOTENCY_WINDOW_SECS: u64 = 24 * 3600;
 
 #[derive(Clone)]
 pub struct VideoStore {
+    slot: crate::store::DbSlot,
     durable: std::sync::Arc<crate::store::Durable>,
-    tasks: sled::Tree,
-    open: sled::Tree,
-    idem: sled::Tree,
-    copies: sled::Tree,
+    /// Where task writes go once the database was handed over (upgrade).
+    handover: std::sync::Arc<std::sync::OnceLock<std::path::PathBuf>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -29,18 +28,37 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
 }
 
 impl VideoStore {
-    pub fn new(db: &sled::Db) -> Result<Self, StoreError> {
+    pub fn new(db: impl Into<crate::store::DbSlot>) -> Result<Self, StoreError> {
+        let slot: crate::store::DbSlot = db.into();
+        for name in ["video_tasks", "video_open", "video_idem", "video_copy_pending"] {
+            slot.tree(name)?;
+        }
         Ok(VideoStore {
-            durable: std::sync::Arc::new(crate::store::Durable::new(db)),
-            tasks: db.open_tree("video_tasks")?,
-            open: db.open_tree("video_open")?,
-            idem: db.open_tree("video_idem")?,
-            copies: db.open_tree("video_copy_pending")?,
+            durable: std::sync::Arc::new(crate::store::Durable::new(&slot)),
+            slot,
+            handover: std::sync::Arc::new(std::sync::OnceLock::new()),
         })
     }
 
+    pub fn set_handover(&self, socket: std::path::PathBuf) {
+        let _ = self.handover.set(socket);
+    }
+
+    fn tasks(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("video_tasks")
+    }
+    fn open_tree(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("video_open")
+    }
+    fn idem(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("video_idem")
+    }
+    fn copies(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("video_copy_pending")
+    }
+
     pub fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
-        match self.tasks.get(id.as_bytes())? {
+        match self.tasks()?.get(id.as_bytes())? {
             Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| corrupt(id, e)),
             None => Ok(None),
         }
@@ -52,21 +70,26 @@ impl VideoStore {
     /// task and removed after it, so a crash between the writes leaves at worst an index entry
     /// whose task says it needs nothing (the poller drops it), never a task the poller misses.
     pub async fn put(&self, task: &Task) -> Result<(), StoreError> {
+        if self.slot.is_released() {
+            let socket = self.handover.get().ok_or(StoreError::Released)?;
+            return crate::handover::send(socket, &crate::handover::Message::Task(Box::new(task.clone()))).await;
+        }
         let value = serde_json::to_vec(task).map_err(|e| corrupt(&task.id, e))?;
         let id = task.id.as_bytes();
         let open = !task.status.is_terminal();
+        let (tasks, open_tree, copies) = (self.tasks()?, self.open_tree()?, self.copies()?);
         if open {
-            self.open.insert(id, &[])?;
+            open_tree.insert(id, &[])?;
         }
         if task.copy_pending {
-            self.copies.insert(id, &[])?;
+            copies.insert(id, &[])?;
         }
-        self.tasks.insert(id, value)?;
+        tasks.insert(id, value)?;
         if !open {
-            self.open.remove(id)?;
+            open_tree.remove(id)?;
         }
         if !task.copy_pending {
-            self.copies.remove(id)?;
+            copies.remove(id)?;
         }
         self.durable.flush().await?;
         Ok(())
@@ -74,32 +97,32 @@ impl VideoStore {
 
     /// Drop an open-index entry whose task is finished or gone (after a crash between writes).
     pub fn drop_open(&self, id: &str) -> Result<(), StoreError> {
-        self.open.remove(id.as_bytes())?;
+        self.open_tree()?.remove(id.as_bytes())?;
         Ok(())
     }
 
     /// Drop a copy-index entry whose task needs no copy or is gone.
     pub fn drop_copy(&self, id: &str) -> Result<(), StoreError> {
-        self.copies.remove(id.as_bytes())?;
+        self.copies()?.remove(id.as_bytes())?;
         Ok(())
     }
 
     /// Remove a task that never became visible (lost an idempotency race).
     pub async fn discard(&self, id: &str) -> Result<(), StoreError> {
-        self.tasks.remove(id.as_bytes())?;
-        self.open.remove(id.as_bytes())?;
+        self.tasks()?.remove(id.as_bytes())?;
+        self.open_tree()?.remove(id.as_bytes())?;
         self.durable.flush().await?;
         Ok(())
     }
 
     /// Ids of unfinished tasks.
     pub fn open_ids(&self) -> Result<Vec<String>, StoreError> {
-        Self::ids(&self.open)
+        Self::ids(&self.open_tree()?)
     }
 
     /// Ids of completed tasks whose copy to object storage is still to be done.
     pub fn copy_pending_ids(&self) -> Result<Vec<String>, StoreError> {
-        Self::ids(&self.copies)
+        Self::ids(&self.copies()?)
     }
 
     fn ids(tree: &sled::Tree) -> Result<Vec<String>, StoreError> {
@@ -118,7 +141,7 @@ impl VideoStore {
 
     /// The task an Idempotency-Key already names (within the window), if any.
     pub fn idempotent_task(&self, owner: &str, key: &str, now: u64) -> Result<Option<String>, StoreError> {
-        let Some(bytes) = self.idem.get(Self::idem_key(owner, key))? else { return Ok(None) };
+        let Some(bytes) = self.idem()?.get(Self::idem_key(owner, key))? else { return Ok(None) };
         let entry: IdemEntry = serde_json::from_slice(&bytes).map_err(|e| corrupt("idempotency entry", e))?;
         Ok((now.saturating_sub(entry.at) < IDEMPOTENCY_WINDOW_SECS).then_some(entry.task_id))
     }
@@ -127,15 +150,16 @@ impl VideoStore {
     pub async fn claim_idempotency(&self, owner: &str, key: &str, task_id: &str, now: u64) -> Result<String, StoreError> {
         let k = Self::idem_key(owner, key);
         let ours = serde_json::to_vec(&IdemEntry { task_id: task_id.to_string(), at: now }).map_err(|e| corrupt("idem", e))?;
+        let idem = self.idem()?;
         loop {
-            let current = self.idem.get(&k)?;
+            let current = idem.get(&k)?;
             if let Some(bytes) = &current {
                 let entry: IdemEntry = serde_json::from_slice(bytes).map_err(|e| corrupt("idempotency entry", e))?;
                 if now.saturating_sub(entry.at) < IDEMPOTENCY_WINDOW_SECS {
                     return Ok(entry.task_id);
                 }
             }
-            if self.idem.compare_and_swap(&k, current, Some(ours.clone()))?.is_ok() {
+            if idem.compare_and_swap(&k, current, Some(ours.clone()))?.is_ok() {
                 self.durable.flush().await?;
                 return Ok(task_id.to_string());
             }
