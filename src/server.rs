@@ -280,7 +280,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             .enable_all()
             .build()
             .map_err(|e| format!("start-up runtime: {e}"))?;
-        let failed = runtime.block_on(svc.recover()).map_err(|e| format!("video recovery: {e}"))?;
+        // In an upgrade the previous process may still be submitting recent tasks.
+        let spare = if upgrading { 600 } else { 0 };
+        let failed = runtime.block_on(svc.recover(spare)).map_err(|e| format!("video recovery: {e}"))?;
         if failed > 0 {
             log::warn!("video: {failed} task(s) interrupted before submission were marked failed");
         }

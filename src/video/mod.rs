@@ -232,11 +232,14 @@ impl VideoService {
     }
 
     /// Start-up recovery: a task left in `submitting` by a crash is failed (and refunded).
-    pub async fn recover(&self) -> Result<usize, StoreError> {
+    /// `spare_newer_than` (seconds) leaves younger ones alone: after an upgrade, the previous
+    /// process may still be submitting them and will hand their state over.
+    pub async fn recover(&self, spare_newer_than: u64) -> Result<usize, StoreError> {
         let mut failed = 0;
+        let now = now_unix();
         for id in self.store.open_ids()? {
             let Some(task) = self.store.get(&id)? else { continue };
-            if task.status == Status::Submitting {
+            if task.status == Status::Submitting && now.saturating_sub(task.created_at) >= spare_newer_than {
                 let next = task.apply(
                     Event::Fail(TaskError::new(
                         "interrupted",
@@ -581,13 +584,13 @@ mod tests {
         queued.id = "task_queued".into();
         svc.store.put(&interrupted).await.expect("put");
         svc.store.put(&queued).await.expect("put");
-        assert_eq!(svc.recover().await.expect("recover"), 1);
+        assert_eq!(svc.recover(0).await.expect("recover"), 1);
         let t = svc.store.get("task_interrupted").expect("get").expect("task");
         assert_eq!(t.status, Status::Failed);
         assert_eq!(t.error.map(|e| e.code), Some("interrupted".to_string()));
         assert!(t.refunded);
         assert_eq!(ledger.balance("key_a").expect("balance"), 1_000_000_000, "charge given back");
-        assert_eq!(svc.recover().await.expect("again"), 0, "refunded once");
+        assert_eq!(svc.recover(0).await.expect("again"), 0, "refunded once");
         assert_eq!(svc.store.get("task_queued").expect("get").map(|t| t.status), Some(Status::Queued));
         assert_eq!(svc.store.open_ids().expect("ids"), vec!["task_queued".to_string()]);
     }
