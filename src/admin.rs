@@ -162,17 +162,24 @@ impl AdminApi {
             ("GET", "/metrics") => {
                 let keys = self.store.all_keys().map_err(internal)?.len() as f64;
                 let db_bytes = self.store.size_on_disk() as f64;
-                let (open_tasks, lag) = self.video.as_ref().map_or((0, 0), |v| v.open_stats());
+                let (by_status, lag) = self.video.as_ref().map_or((Default::default(), 0), |v| v.open_stats());
+                let (completed, failed) = self.video.as_ref().map_or((0, 0), |v| v.finished_counts());
+                let open: usize = by_status.values().sum();
                 let mut resp = LocalResponse::json(200, &Value::Null);
-                resp.body = self
-                    .metrics
-                    .render(&[
-                        ("tollgate_keys", keys),
-                        ("tollgate_database_bytes", db_bytes),
-                        ("tollgate_video_tasks_open", open_tasks as f64),
-                        ("tollgate_video_poller_lag_seconds", lag as f64),
-                    ])
-                    .into();
+                let mut text = self.metrics.render(&[
+                    ("tollgate_keys", keys),
+                    ("tollgate_database_bytes", db_bytes),
+                    ("tollgate_video_tasks_open", open as f64),
+                    ("tollgate_video_poller_lag_seconds", lag as f64),
+                ]);
+                text.push_str("# TYPE tollgate_video_tasks gauge\n");
+                for status in ["queued", "in_progress"] {
+                    text.push_str(&format!("tollgate_video_tasks{{status=\"{status}\"}} {}\n", by_status.get(status).copied().unwrap_or(0)));
+                }
+                text.push_str(&format!(
+                    "# TYPE tollgate_video_tasks_finished_total counter\ntollgate_video_tasks_finished_total{{status=\"completed\"}} {completed}\ntollgate_video_tasks_finished_total{{status=\"failed\"}} {failed}\n"
+                ));
+                resp.body = text.into();
                 resp.content_type = "text/plain; version=0.0.4";
                 Ok(resp)
             }

@@ -696,7 +696,8 @@ impl ProxyHttp for Gateway {
         }
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let status_text = status.to_string();
-        self.metrics.add("tollgate_requests_total", &[("route", ctx.route), ("status", &status_text)], 1.0);
+        let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
+        self.metrics.add("tollgate_requests_total", &[("route", ctx.route), ("model", model), ("status", &status_text)], 1.0);
         access_log(session, ctx, status);
     }
 

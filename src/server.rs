@@ -121,6 +121,30 @@ impl BackgroundService for Drain {
     }
 }
 
+/// Tell systemd (Type=notify, NotifyAccess=all) that this process is ready and is now the main
+/// one; after an upgrade that makes systemd follow the new process. No-op outside systemd.
+fn notify_systemd() {
+    let Some(socket) = std::env::var_os("NOTIFY_SOCKET") else { return };
+    let message = format!("READY=1\nMAINPID={}\n", std::process::id());
+    let sock = match std::os::unix::net::UnixDatagram::unbound() {
+        Ok(s) => s,
+        Err(e) => {
+            log::warn!("systemd notify: {e}");
+            return;
+        }
+    };
+    let bytes = socket.as_encoded_bytes();
+    let result = if let Some(abstract_name) = bytes.strip_prefix(b"@") {
+        use std::os::linux::net::SocketAddrExt;
+        std::os::unix::net::SocketAddr::from_abstract_name(abstract_name).and_then(|addr| sock.send_to_addr(message.as_bytes(), &addr))
+    } else {
+        sock.send_to(message.as_bytes(), &socket)
+    };
+    if let Err(e) = result {
+        log::warn!("systemd notify: {e}");
+    }
+}
+
 /// The reloadable routing state for a configuration (resolves upstream hosts: blocking).
 fn routing_for(config: &Config) -> Routing {
     let catalog = Arc::new(Catalog::new(config, now_unix()));
@@ -335,5 +359,6 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         DnsRefresh { routing, every: Duration::from_secs(60) },
     ));
     log::info!("tollgate starting with {path}");
+    notify_systemd();
     server.run_forever();
 }

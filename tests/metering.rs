@@ -321,7 +321,7 @@ async fn admin_api_manages_keys_live() {
     assert_eq!(missing.status(), 404);
 
     let metrics = client().get(admin("/metrics")).bearer_auth(ADMIN_TOKEN).send().await.expect("m").text().await.expect("t");
-    assert!(metrics.contains("tollgate_requests_total{route=\"chat_completions\",status=\"200\"}"), "{metrics}");
+    assert!(metrics.contains("tollgate_requests_total{route=\"chat_completions\",model=\"alpha-5.5\",status=\"200\"}"), "{metrics}");
     assert!(metrics.contains("tollgate_tokens_total{model=\"alpha-5.5\",kind=\"output\"}"), "{metrics}");
     assert!(!metrics.contains(&secret) && !metrics.contains(ADMIN_TOKEN));
 }

@@ -125,7 +125,7 @@ async fn health_readiness_and_metrics() {
     r.text().await.expect("body");
     let metrics = client().get(admin("/metrics")).bearer_auth(ADMIN_TOKEN).send().await.expect("m").text().await.expect("t");
     for name in [
-        "tollgate_requests_total{route=\"chat_completions\",status=\"200\"}",
+        "tollgate_requests_total{route=\"chat_completions\",model=\"alpha-5.5\",status=\"200\"}",
         "tollgate_upstream_seconds_bucket{protocol=\"openai\"",
         "tollgate_first_byte_seconds_count{protocol=\"openai\"} 1",
         "tollgate_tokens_total{model=\"alpha-5.5\",kind=\"output\"} 3",
@@ -133,6 +133,8 @@ async fn health_readiness_and_metrics() {
         "tollgate_open_streams 0",
         "tollgate_database_bytes",
         "tollgate_video_tasks_open 0",
+        "tollgate_video_tasks{status=\"in_progress\"} 0",
+        "tollgate_video_tasks_finished_total{status=\"completed\"} 0",
     ] {
         assert!(metrics.contains(name), "{name} missing:\n{metrics}");
     }
@@ -204,4 +206,29 @@ fn the_systemd_unit_verifies() {
     std::fs::write(&path, unit.replace("/usr/local/bin/tollgate", env!("CARGO_BIN_EXE_tollgate"))).expect("write");
     let out = std::process::Command::new("systemd-analyze").arg("verify").arg(&path).output().expect("verify");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Under systemd (Type=notify, NotifyAccess=all) the process reports READY and its MAINPID,
+/// which is how systemd follows the new process after an upgrade.
+#[test]
+fn systemd_is_notified_with_ready_and_mainpid() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("notify.sock");
+    let listener = std::os::unix::net::UnixDatagram::bind(&socket).expect("bind");
+    listener.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let (_cfg_dir, path, _port) = write_config(&standard_config(free_port()));
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .arg("-c")
+        .arg(&path)
+        .env("NOTIFY_SOCKET", &socket)
+        .env("RUST_LOG", "error")
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let _guard = Proc { child, port: 0 };
+    let mut buf = [0u8; 256];
+    let n = listener.recv(&mut buf).expect("a notification");
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.contains("READY=1"), "{text}");
+    assert!(text.contains(&format!("MAINPID={pid}")), "{text}");
 }

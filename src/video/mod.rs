@@ -58,6 +58,8 @@ pub struct VideoService {
     refreshing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// For downloading result videos.
     pub(crate) download: reqwest::Client,
+    completed: std::sync::atomic::AtomicU64,
+    failed: std::sync::atomic::AtomicU64,
 }
 
 impl VideoService {
@@ -74,7 +76,17 @@ impl VideoService {
             .read_timeout(Duration::from_secs(60))
             .build()
             .map_err(|e| format!("video download client: {e}"))?;
-        Ok(VideoService { cfg, store, ledger, storage, upstream, refreshing: Mutex::new(HashMap::new()), download })
+        Ok(VideoService {
+            cfg,
+            store,
+            ledger,
+            storage,
+            upstream,
+            refreshing: Mutex::new(HashMap::new()),
+            download,
+            completed: Default::default(),
+            failed: Default::default(),
+        })
     }
 
     /// Price of a task in nano-USD: `video.prices[model]` USD per second × duration.
@@ -118,6 +130,8 @@ impl VideoService {
         if !task.status.is_terminal() {
             return Ok(task);
         }
+        let counter = if task.status == Status::Completed { &self.completed } else { &self.failed };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if task.status == Status::Completed && task.storage_key.is_none() && !task.copy_pending && self.storage.is_some() {
             match self.copy_result(&task).await {
                 Ok((key, url)) => {
@@ -472,17 +486,23 @@ impl VideoService {
         self.store.put(&task).await
     }
 
-    /// Unfinished tasks, and the longest time since one of them was last polled (seconds).
-    pub fn open_stats(&self) -> (usize, u64) {
-        let ids = self.store.open_ids().unwrap_or_default();
+    /// Unfinished tasks by public status, and the longest time since one of them was last
+    /// polled (seconds).
+    pub fn open_stats(&self) -> (std::collections::BTreeMap<&'static str, usize>, u64) {
         let now = now_unix();
-        let lag = ids
-            .iter()
-            .filter_map(|id| self.store.get(id).ok().flatten())
-            .map(|t| now.saturating_sub(t.last_polled_at))
-            .max()
-            .unwrap_or(0);
-        (ids.len(), lag)
+        let mut by_status = std::collections::BTreeMap::new();
+        let mut lag = 0;
+        for task in self.store.open_ids().unwrap_or_default().iter().filter_map(|id| self.store.get(id).ok().flatten()) {
+            *by_status.entry(task.status.public()).or_insert(0) += 1;
+            lag = lag.max(now.saturating_sub(task.last_polled_at));
+        }
+        (by_status, lag)
+    }
+
+    /// Tasks that ended in this process's lifetime: (completed, failed).
+    pub fn finished_counts(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.completed.load(Relaxed), self.failed.load(Relaxed))
     }
 
     pub fn poll_interval(&self) -> Duration {
