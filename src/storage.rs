@@ -42,6 +42,22 @@ fn backend<E: std::error::Error>(e: E) -> StorageError {
     StorageError::Backend(DisplayErrorContext(e).to_string())
 }
 
+/// Read from `source` until `part` holds a whole part; true when the source ended.
+async fn fill_part<S, E>(source: &mut S, part: &mut BytesMut) -> Result<bool, StorageError>
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: fmt::Display,
+{
+    while part.len() < PART_SIZE {
+        match source.next().await {
+            Some(Ok(chunk)) => part.extend_from_slice(&chunk),
+            Some(Err(e)) => return Err(StorageError::Source(e.to_string())),
+            None => return Ok(true),
+        }
+    }
+    Ok(false)
+}
+
 /// A download from storage.
 pub struct Download {
     pub status: u16,
@@ -131,18 +147,7 @@ impl ObjectStore {
         let mut part = BytesMut::with_capacity(64 * 1024);
         let mut total = 0u64;
         // First part: decide between PUT and multipart.
-        let mut ended = false;
-        while part.len() < PART_SIZE {
-            match source.next().await {
-                Some(Ok(chunk)) => part.extend_from_slice(&chunk),
-                Some(Err(e)) => return Err(StorageError::Source(e.to_string())),
-                None => {
-                    ended = true;
-                    break;
-                }
-            }
-        }
-        if ended {
+        if fill_part(&mut source, &mut part).await? {
             total += part.len() as u64;
             self.put(key, content_type, part.freeze()).await?;
             return Ok(total);
@@ -200,17 +205,7 @@ impl ObjectStore {
         let mut part = first;
         let mut number = 1;
         loop {
-            let mut ended = false;
-            while part.len() < PART_SIZE {
-                match source.next().await {
-                    Some(Ok(chunk)) => part.extend_from_slice(&chunk),
-                    Some(Err(e)) => return Err(StorageError::Source(e.to_string())),
-                    None => {
-                        ended = true;
-                        break;
-                    }
-                }
-            }
+            let ended = fill_part(source, &mut part).await?;
             if !part.is_empty() {
                 *total += part.len() as u64;
                 let body = std::mem::replace(&mut part, BytesMut::with_capacity(64 * 1024)).freeze();

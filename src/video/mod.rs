@@ -282,33 +282,8 @@ impl VideoService {
             }
         }
         let mut sub = request::validate(&json, &self.cfg.models, self.storage.is_some())?;
-        let mut task = Task {
-            id: new_task_id(),
-            owner: key.id.clone(),
-            api_model: sub.api_model.clone(),
-            upstream_model: sub.upstream_model.clone(),
-            capability: sub.capability,
-            duration: sub.duration,
-            off_peak: sub.off_peak,
-            status: Status::Submitting,
-            progress: 0,
-            created_at: now,
-            completed_at: None,
-            updated_at: now,
-            last_polled_at: now,
-            job_id: None,
-            url: None,
-            error: None,
-            cost_nanos: self.price_nanos(&sub.api_model, sub.duration),
-            charged: false,
-            refunded: false,
-            storage_key: None,
-            upstream_url: None,
-            copy_pending: false,
-            copy_attempts: 0,
-            next_copy_at: 0,
-            temp_objects: Vec::new(),
-        };
+        let cost = self.price_nanos(&sub.api_model, sub.duration);
+        let mut task = Task::new(new_task_id(), key.id.clone(), &sub, now, cost);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {
             match self.ledger.charge(Self::billing_record(&task, task.cost_nanos, "video")).await.map_err(internal)? {

@@ -95,6 +95,39 @@ pub struct Task {
     pub temp_objects: Vec<String>,
 }
 
+impl Task {
+    /// A task just validated, not yet submitted.
+    pub fn new(id: String, owner: String, sub: &super::request::Submission, now: u64, cost_nanos: i64) -> Task {
+        Task {
+            id,
+            owner,
+            api_model: sub.api_model.clone(),
+            upstream_model: sub.upstream_model.clone(),
+            capability: sub.capability,
+            duration: sub.duration,
+            off_peak: sub.off_peak,
+            status: Status::Submitting,
+            progress: 0,
+            created_at: now,
+            completed_at: None,
+            updated_at: now,
+            last_polled_at: now,
+            job_id: None,
+            url: None,
+            error: None,
+            cost_nanos,
+            charged: false,
+            refunded: false,
+            storage_key: None,
+            upstream_url: None,
+            copy_pending: false,
+            copy_attempts: 0,
+            next_copy_at: 0,
+            temp_objects: Vec::new(),
+        }
+    }
+}
+
 /// What the upstream says of a job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum UpstreamStatus {
@@ -223,33 +256,18 @@ pub(crate) mod tests {
     use super::*;
 
     pub fn task() -> Task {
-        Task {
-            id: "task_x".into(),
-            owner: "key_a".into(),
+        let sub = super::super::request::Submission {
+            capability: Capability::TextToVideo,
             api_model: "genq3-pro".into(),
             upstream_model: "genq3-pro".into(),
-            capability: Capability::TextToVideo,
             duration: 5,
             off_peak: false,
-            status: Status::Submitting,
-            progress: 0,
-            created_at: 100,
-            completed_at: None,
-            updated_at: 100,
-            last_polled_at: 0,
-            job_id: None,
-            url: None,
-            error: None,
-            cost_nanos: 0,
-            charged: false,
-            refunded: false,
-            storage_key: None,
-            upstream_url: None,
-            copy_pending: false,
-            copy_attempts: 0,
-            next_copy_at: 0,
-            temp_objects: Vec::new(),
-        }
+            payload: Default::default(),
+            uploads: Vec::new(),
+        };
+        let mut t = Task::new("task_x".into(), "key_a".into(), &sub, 100, 0);
+        t.last_polled_at = 0;
+        t
     }
 
     fn up(status: UpstreamStatus, progress: Option<u8>, url: Option<&str>) -> Event {
