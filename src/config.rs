@@ -201,6 +201,9 @@ struct RawProvider {
     /// Longest silence while reading the upstream's response.
     #[serde(default)]
     read_timeout_secs: Option<u64>,
+    /// PEM CA bundle to verify an https upstream with (default: the system roots).
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -357,6 +360,8 @@ pub struct ProviderConfig {
     pub anthropic_version: String,
     pub connect_timeout_ms: u64,
     pub read_timeout_secs: u64,
+    /// CA certificates for an https upstream (None: the system roots).
+    pub ca: Option<std::sync::Arc<[pingora_core::utils::tls::WrappedX509]>>,
 }
 
 /// The video-task service and its Tencent-Cloud-API-3.0-style upstream.
@@ -438,11 +443,11 @@ impl Config {
             .map(|s| parse_addr("listen", s))
             .transpose()?;
         let tls = match raw.tls {
-            Some(t) => Some(TlsConfig {
-                listen: parse_addr("tls.listen", &t.listen)?,
-                cert: t.cert,
-                key: t.key,
-            }),
+            Some(t) => {
+                // Checked now so that a bad file is refused at start and on reload.
+                crate::tls::ReloadableCert::load(&t.cert, &t.key).map_err(ConfigError)?;
+                Some(TlsConfig { listen: parse_addr("tls.listen", &t.listen)?, cert: t.cert, key: t.key })
+            }
             None => None,
         };
         if listen.is_none() && tls.is_none() {
@@ -489,7 +494,15 @@ impl Config {
             if p.anthropic_version.is_some() && p.protocol != Protocol::Anthropic {
                 return err(format!("{at}.anthropic_version: only for protocol anthropic"));
             }
+            let ca = match &p.ca_file {
+                Some(path) if base_url.tls => Some(
+                    crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{at}.ca_file: {e}")))?,
+                ),
+                Some(_) => return err(format!("{at}.ca_file: only for an https base_url")),
+                None => None,
+            };
             providers.push(ProviderConfig {
+                ca,
                 name: p.name,
                 protocol: p.protocol,
                 base_url,

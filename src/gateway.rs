@@ -152,6 +152,10 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
 /// Map a proxy failure to the client-facing error (never naming the upstream).
 pub fn upstream_failure(e: &Error) -> ApiError {
     match e.etype() {
+        ErrorType::InvalidCert | ErrorType::TLSHandshakeFailure | ErrorType::HandshakeError => ApiError::new(
+            ErrorKind::BadGateway,
+            "The upstream service's TLS certificate could not be verified; the request was not sent.",
+        ),
         ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
             ApiError::new(ErrorKind::GatewayTimeout, "The upstream service did not answer in time.")
         }
@@ -465,6 +469,11 @@ impl Gateway {
     async fn relay(&self, session: &mut Session, plan: Arc<RelayPlan>) -> Result<()> {
         let shape = plan.protocol;
         let body = plan.body.clone();
+        // The subrequest re-reads the request header as HTTP/1.x text; an HTTP/2 client's
+        // request is written out as HTTP/1.1 for it (the upstream side is HTTP/1.1 anyway).
+        if session.req_header().version == http::Version::HTTP_2 {
+            session.req_header_mut().set_version(http::Version::HTTP_11);
+        }
         let Some(spawner) = session.subrequest_spawner.as_ref() else {
             return Err(Error::explain(ErrorType::InternalError, "subrequests are not enabled"));
         };

@@ -23,4 +23,5 @@ pub mod route;
 pub mod server;
 pub mod storage;
 pub mod store;
+pub mod tls;
 pub mod video;

@@ -22,11 +22,15 @@ use std::time::Duration;
 pub struct Upstream {
     pub config: ProviderConfig,
     addrs: ArcSwap<Vec<SocketAddr>>,
+    pool_key: u64,
 }
 
 impl Upstream {
     fn new(config: ProviderConfig) -> Self {
-        Upstream { config, addrs: ArcSwap::from_pointee(Vec::new()) }
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        config.name.hash(&mut h);
+        Upstream { pool_key: h.finish(), config, addrs: ArcSwap::from_pointee(Vec::new()) }
     }
 
     /// A peer for this upstream, or None while its host does not resolve.
@@ -42,6 +46,14 @@ impl Upstream {
         peer.options.read_timeout = Some(Duration::from_secs(self.config.read_timeout_secs));
         peer.options.write_timeout = Some(Duration::from_secs(self.config.read_timeout_secs));
         peer.options.idle_timeout = Some(Duration::from_secs(60));
+        // Connections are pooled per provider: two providers on one host with different CA
+        // settings never share a connection verified under the other's.
+        peer.group_key = self.pool_key;
+        if base.tls {
+            peer.options.verify_cert = true;
+            peer.options.verify_hostname = true;
+            peer.options.ca = self.config.ca.clone();
+        }
         Some(peer)
     }
 

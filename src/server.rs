@@ -167,6 +167,8 @@ struct Reload {
     keys: Arc<KeyIndex>,
     store: Store,
     ledger: Arc<Ledger>,
+    /// The HTTPS listener's certificate, re-read on every reload.
+    certificate: Option<Arc<crate::tls::ReloadableCert>>,
 }
 
 impl Reload {
@@ -184,12 +186,15 @@ impl Reload {
                 .open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance))
                 .map_err(|e| e.to_string())?;
         }
+        if let Some(cert) = &self.certificate {
+            cert.reload()?;
+        }
         self.keys.seed(&self.store, &config.keys).map_err(|e| e.to_string())?;
         self.store.flush().map_err(|e| e.to_string())?;
         self.routing.store(Arc::new(routing));
         let old = &self.running;
         let mut needs_upgrade = Vec::new();
-        if config.listen != old.listen {
+        if config.listen != old.listen || config.tls.as_ref().map(|t| t.listen) != old.tls.as_ref().map(|t| t.listen) {
             needs_upgrade.push("listen");
         }
         if config.data_dir != old.data_dir {
@@ -248,15 +253,17 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         println!("tollgate: configuration {path} is valid");
         return Ok(());
     }
-    if config.tls.is_some() {
-        return Err("tls: the HTTPS listener is not available in this build yet; remove the tls section".into());
-    }
+    let certificate = match &config.tls {
+        Some(t) => Some(Arc::new(crate::tls::ReloadableCert::load(&t.cert, &t.key)?)),
+        None => None,
+    };
 
     // Listening sockets first: in an upgrade (-u) this waits for the old process to pass them,
     // then the database, which the old process releases when it stops accepting.
     let upgrading = opt.upgrade;
     let max_body = config.max_body_bytes;
     let listen = config.listen;
+    let tls_listen = config.tls.as_ref().map(|t| t.listen);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
     let store = if upgrading {
@@ -338,7 +345,15 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     ));
     server.add_service(background_service(
         "config reload",
-        Reload { path: path.clone(), running: config, routing: routing.clone(), keys: keys.clone(), store, ledger: ledger.clone() },
+        Reload {
+            path: path.clone(),
+            running: config,
+            routing: routing.clone(),
+            keys: keys.clone(),
+            store,
+            ledger: ledger.clone(),
+            certificate: certificate.clone(),
+        },
     ));
     let gateway = Gateway {
         routing: routing.clone(),
@@ -352,6 +367,13 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
     if let Some(addr) = listen {
         proxy.add_tcp(&addr.to_string());
+    }
+    if let (Some(t), Some(cert)) = (&tls_listen, &certificate) {
+        // HTTP/2 and HTTP/1.1 by ALPN; TLS 1.2 and 1.3 with rustls' default cipher suites.
+        let mut settings = pingora_core::listeners::tls::TlsSettings::intermediate("", "").map_err(|e| format!("tls: {e}"))?;
+        settings.set_cert_resolver(cert.clone());
+        settings.enable_h2();
+        proxy.add_tls_with_settings(&t.to_string(), None, settings);
     }
     server.add_service(proxy);
     server.add_service(background_service(

@@ -20,6 +20,11 @@ struct Args {
     /// SecretKey the mock video service verifies TC3 signatures with.
     #[arg(long, default_value = "mock-tc-secret-key")]
     tc_secret_key: String,
+    /// Serve HTTPS with this PEM certificate (with --tls-key).
+    #[arg(long)]
+    tls_cert: Option<String>,
+    #[arg(long)]
+    tls_key: Option<String>,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -36,7 +41,15 @@ fn main() {
         MockUpstream::new(args.key, args.tc_secret_id, args.tc_secret_key),
         "tollgate-mock",
     );
-    service.add_tcp(&args.listen);
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            if let Err(e) = service.add_tls(&args.listen, cert, key) {
+                eprintln!("tollgate-mock: tls: {e}");
+                std::process::exit(2);
+            }
+        }
+        _ => service.add_tcp(&args.listen),
+    }
     server.add_service(service);
     server.run_forever();
 }
