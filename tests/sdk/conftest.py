@@ -1,6 +1,7 @@
 """Starts tollgate-mock and tollgate (built by `cargo test`) for the SDK compatibility suite."""
 import os
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -33,15 +34,40 @@ def wait_listening(port, proc, what):
     raise RuntimeError(f"{what} did not listen on {port}")
 
 
-@pytest.fixture(scope="session")
-def gateway():
+class GatewayURL(str):
+    """The gateway's base URL; `https` and `ca` tell clients how to reach it."""
+
+    https = False
+    ca = None
+
+
+def http_client(gateway, module):
+    """Client options for an SDK module: HTTP/2 and the test CA when the gateway is HTTPS."""
+    if not gateway.https:
+        return {}
+    return {"http_client": module.DefaultHttpxClient(http2=True, verify=ssl.create_default_context(cafile=gateway.ca))}
+
+
+@pytest.fixture(scope="session", params=["http", "https-h2"])
+def gateway(request):
     tmp = tempfile.mkdtemp(prefix="tollgate-sdk-")
     mock_port, gw_port = free_port(), free_port()
+    tls_port = free_port()
+    tls_section = ""
+    if request.param == "https-h2":
+        import trustme
+
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", "localhost")
+        cert.private_key_and_cert_chain_pem.write_to_path(os.path.join(tmp, "server.pem"))
+        cert.private_key_pem.write_to_path(os.path.join(tmp, "key.pem"))
+        ca.cert_pem.write_to_path(os.path.join(tmp, "ca.pem"))
+        tls_section = f"tls: {{ listen: 127.0.0.1:{tls_port}, cert: {tmp}/server.pem, key: {tmp}/key.pem }}\n"
     mock = subprocess.Popen(
         [os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY]
     )
     wait_listening(mock_port, mock, "tollgate-mock")
-    config = f"""
+    config = tls_section + f"""
 listen: 127.0.0.1:{gw_port}
 data_dir: {tmp}/data
 pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
@@ -65,7 +91,13 @@ keys:
     gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn"})
     try:
         wait_listening(gw_port, gw, "tollgate")
-        yield f"http://127.0.0.1:{gw_port}"
+        if request.param == "https-h2":
+            wait_listening(tls_port, gw, "tollgate https")
+            url = GatewayURL(f"https://127.0.0.1:{tls_port}")
+            url.https, url.ca = True, os.path.join(tmp, "ca.pem")
+        else:
+            url = GatewayURL(f"http://127.0.0.1:{gw_port}")
+        yield url
     finally:
         for p in (gw, mock):
             p.kill()

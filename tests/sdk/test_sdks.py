@@ -1,5 +1,7 @@
 """The official SDKs, unchanged, pointed at tollgate: every protocol, streaming and not,
 model lists and auth errors."""
+import ssl
+
 import anthropic
 import openai
 import pytest
@@ -7,7 +9,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as genai_types
 
-from conftest import CHAT_KEY, CLIENT_KEY
+from conftest import CHAT_KEY, CLIENT_KEY, http_client
 
 EXPECTED_3 = "Hello from the"
 
@@ -16,7 +18,7 @@ EXPECTED_3 = "Hello from the"
 
 @pytest.fixture
 def oa(gateway):
-    return openai.OpenAI(base_url=gateway + "/v1", api_key=CLIENT_KEY, max_retries=0)
+    return openai.OpenAI(base_url=gateway + "/v1", api_key=CLIENT_KEY, max_retries=0, **http_client(gateway, openai))
 
 
 def test_openai_chat(oa):
@@ -81,10 +83,10 @@ def test_openai_models(oa):
 
 
 def test_openai_errors(gateway):
-    bad = openai.OpenAI(base_url=gateway + "/v1", api_key="sk-wrong-0000", max_retries=0)
+    bad = openai.OpenAI(base_url=gateway + "/v1", api_key="sk-wrong-0000", max_retries=0, **http_client(gateway, openai))
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model="alpha-5.5", messages=[])
-    good = openai.OpenAI(base_url=gateway + "/v1", api_key=CLIENT_KEY, max_retries=0)
+    good = openai.OpenAI(base_url=gateway + "/v1", api_key=CLIENT_KEY, max_retries=0, **http_client(gateway, openai))
     with pytest.raises(openai.NotFoundError) as e:
         good.chat.completions.create(model="alpha-none", messages=[])
     assert e.value.code == "model_not_found"
@@ -94,7 +96,7 @@ def test_openai_errors(gateway):
 
 @pytest.fixture
 def an(gateway):
-    return anthropic.Anthropic(base_url=gateway, api_key=CLIENT_KEY, max_retries=0)
+    return anthropic.Anthropic(base_url=gateway, api_key=CLIENT_KEY, max_retries=0, **http_client(gateway, anthropic))
 
 
 def test_anthropic_messages(an):
@@ -125,10 +127,10 @@ def test_anthropic_models(an):
 
 
 def test_anthropic_errors(gateway):
-    bad = anthropic.Anthropic(base_url=gateway, api_key="sk-wrong-0000", max_retries=0)
+    bad = anthropic.Anthropic(base_url=gateway, api_key="sk-wrong-0000", max_retries=0, **http_client(gateway, anthropic))
     with pytest.raises(anthropic.AuthenticationError):
         bad.messages.create(model="beta-opus-4-7", max_tokens=1, messages=[{"role": "user", "content": "x"}])
-    chat_only = anthropic.Anthropic(base_url=gateway, api_key=CHAT_KEY, max_retries=0)
+    chat_only = anthropic.Anthropic(base_url=gateway, api_key=CHAT_KEY, max_retries=0, **http_client(gateway, anthropic))
     with pytest.raises(anthropic.NotFoundError):
         chat_only.messages.create(model="beta-opus-4-7", max_tokens=1, messages=[{"role": "user", "content": "x"}])
 
@@ -136,7 +138,9 @@ def test_anthropic_errors(gateway):
 # ---------------------------------------------------------------- generate-content style
 
 def gclient(gateway, key=CLIENT_KEY, api_version=None):
-    opts = {"base_url": gateway}
+    opts = {"base_url": str(gateway)}
+    if gateway.https:
+        opts["client_args"] = {"verify": ssl.create_default_context(cafile=gateway.ca), "http2": True}
     if api_version:
         opts["api_version"] = api_version
     return genai.Client(api_key=key, http_options=genai_types.HttpOptions(**opts))
@@ -179,3 +183,10 @@ def test_gemini_errors(gateway):
     with pytest.raises(genai_errors.ClientError) as e:
         chat_only.models.generate_content(model="gamma-3.5-flash", contents="hi")
     assert e.value.code == 404
+
+
+def test_transport(oa, gateway):
+    """Over HTTPS the SDK really speaks HTTP/2 to tollgate."""
+    raw = oa.chat.completions.with_raw_response.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}])
+    assert raw.http_response.http_version == ("HTTP/2" if gateway.https else "HTTP/1.1")
+    assert raw.parse().choices[0].message.content == EXPECTED_3
