@@ -161,6 +161,9 @@ struct RawVideoUpstream {
     /// Requests per second toward the video service, over all tasks.
     #[serde(default)]
     rate_per_sec: Option<u32>,
+    /// PEM CA bundle for an https video service (default: the system roots).
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -376,6 +379,8 @@ pub struct VideoConfig {
     pub brand: String,
     pub timeout_secs: u64,
     pub rate_per_sec: u32,
+    /// PEM text of extra CA certificates for the video service.
+    pub ca_pem: Option<String>,
     pub poll_interval_secs: u64,
     pub poll_concurrency: usize,
     /// USD per second of video, by API model.
@@ -663,6 +668,13 @@ fn video_config(v: RawVideo, env: &dyn Fn(&str) -> Option<String>) -> Result<Vid
     if poll_interval_secs == 0 {
         return err("video.poll_interval_secs: must be at least 1");
     }
+    let ca_pem = match &u.ca_file {
+        Some(path) => {
+            crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("video.upstream.ca_file: {e}")))?;
+            Some(std::fs::read_to_string(path).map_err(|e| ConfigError(format!("video.upstream.ca_file: {e}")))?)
+        }
+        None => None,
+    };
     let rate_per_sec = u.rate_per_sec.unwrap_or(20);
     if rate_per_sec == 0 {
         return err("video.upstream.rate_per_sec: must be at least 1");
@@ -676,6 +688,7 @@ fn video_config(v: RawVideo, env: &dyn Fn(&str) -> Option<String>) -> Result<Vid
         brand,
         timeout_secs: u.timeout_secs.unwrap_or(30),
         rate_per_sec,
+        ca_pem,
         poll_interval_secs,
         poll_concurrency: v.poll_concurrency.unwrap_or(8).max(1),
         prices: v.prices,

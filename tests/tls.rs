@@ -208,6 +208,21 @@ keys:
     assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("certificate could not be verified")), "{text}");
     assert!(!text.contains("127.0.0.1") && !text.contains(&port.to_string()) && !text.contains(UPSTREAM_KEY), "{text}");
 
+    // The video service over HTTPS: reached with its CA, refused without.
+    let video = |ca: &str| {
+        format!(
+            "video:\n  upstream: {{ base_url: \"https://127.0.0.1:{port}\", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key, region: r, version: v{ca} }}\n  poll_interval_secs: 1\n"
+        )
+    };
+    let with_ca = start_gateway(&format!("{body}{}", video(&format!(", ca_file: {}", ca_path.display()))));
+    let r = client().post(with_ca.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "tls"})).send().await.expect("video");
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+    let without = start_gateway(&format!("{body}{}", video("")));
+    let r = client().post(without.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "tls"})).send().await.expect("video");
+    assert_eq!(r.status(), 502);
+    let text = r.text().await.expect("text");
+    assert!(!text.contains("127.0.0.1") && !text.contains("mock-tc-secret"), "{text}");
+
     // A ca_file that is not a certificate is refused at start, naming the key.
     write(&ca_path, "garbage");
     let (_d, path, _p) = write_config(&body);

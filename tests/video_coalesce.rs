@@ -27,6 +27,7 @@ async fn stale_gets_coalesce_into_one_describe() {
         brand: "Gen".into(),
         timeout_secs: 10,
         rate_per_sec: 100,
+        ca_pem: None,
         poll_interval_secs: 1,
         poll_concurrency: 4,
         prices: Default::default(),

@@ -555,6 +555,7 @@ mod tests {
             brand: "Gen".into(),
             timeout_secs: 1,
             rate_per_sec: 10,
+            ca_pem: None,
             poll_interval_secs: 5,
             poll_concurrency: 2,
             prices: [("genq3-pro".to_string(), 0.05)].into_iter().collect(),
