@@ -500,7 +500,7 @@ mod tests {
             assert_eq!(decode_balance(&ledger.balances().expect("tree").get("k").expect("get").expect("entry")).expect("decode").0, 1000);
             db.flush().expect("flush");
         }
-        let db = sled::open(dir.path()).expect("reopen");
+        let db = crate::store::reopen(dir.path());
         let ledger = Ledger::open(&db).expect("ledger");
         assert_eq!(ledger.balance("k").expect("balance"), 900);
     }
@@ -553,7 +553,7 @@ mod tests {
             ledger.adjust(record("k", "a", -50, 4000)).await.expect("refund");
             ledger.settle(ledger.hold("other", 0).expect("db").expect("ok"), record("other", "a", 0, 1500)).await.expect("other");
         }
-        let db = sled::open(dir.path()).expect("reopen");
+        let db = crate::store::reopen(dir.path());
         let ledger = Ledger::open(&db).expect("ledger");
         assert_eq!(ledger.balance("k").expect("bal"), 10_000 - 300 + 50);
         let (total, by_model) = ledger.summary("k", 0, u64::MAX).expect("summary");

@@ -201,6 +201,23 @@ impl Store {
     }
 }
 
+/// Reopen a database a test just closed: sled's background threads may hold its lock for a
+/// moment after the last handle is dropped.
+#[cfg(test)]
+pub(crate) fn reopen(path: &Path) -> sled::Db {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        match sled::open(path) {
+            Ok(db) => return db,
+            Err(e) if std::time::Instant::now() < deadline => {
+                let _ = e;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("reopen {}: {e}", path.display()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,7 +240,7 @@ mod tests {
             s.put_key(&rec).expect("put");
             s.flush().expect("flush");
         }
-        let s = Store::open(dir.path()).expect("reopen");
+        let s = Store::open_waiting(dir.path(), std::time::Duration::from_secs(20)).expect("reopen");
         assert_eq!(s.all_keys().expect("read"), vec![rec]);
     }
 }

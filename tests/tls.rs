@@ -99,7 +99,16 @@ async fn the_https_listener_speaks_http2_and_http1() {
     assert!(untrusting.get(url("/v1/models")).send().await.is_err());
 }
 
-#[tokio::test]
+/// Wait until `counter` reaches `n` (the loader makes progress), or fail after 20 s.
+async fn reach(counter: &AtomicU64, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while counter.load(Ordering::SeqCst) < n {
+        assert!(Instant::now() < deadline, "the loader stalled at {}", counter.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn certificates_reload_on_sighup_without_losing_a_request() {
     let mock = start_mock();
     let (first, second) = (ca("first CA"), ca("second CA"));
@@ -115,15 +124,23 @@ async fn certificates_reload_on_sighup_without_losing_a_request() {
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let r = c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await;
-                let good = match r {
-                    Ok(r) => r.status() == 200 && r.bytes().await.is_ok(),
-                    Err(_) => false,
+                let outcome = match r {
+                    Ok(r) if r.status() == 200 => r.bytes().await.map(|_| ()).map_err(|e| format!("body: {e:?}")),
+                    Ok(r) => Err(format!("status {}", r.status())),
+                    Err(e) => Err(format!("{e:?}")),
                 };
-                if good { ok.fetch_add(1, Ordering::SeqCst) } else { failed.fetch_add(1, Ordering::SeqCst) };
+                match outcome {
+                    Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
+                    Err(e) => {
+                        eprintln!("loader request failed: {e}");
+                        failed.fetch_add(1, Ordering::SeqCst)
+                    }
+                };
             }
         })
     };
 
+    reach(&ok, 5).await;
     let only_second = https_client(&[&second], true);
     assert!(only_second.get(format!("https://127.0.0.1:{port}/v1/models")).send().await.is_err(), "still the first certificate");
     let (cert, key) = leaf(&second);
@@ -154,11 +171,13 @@ async fn certificates_reload_on_sighup_without_losing_a_request() {
     let r = fresh.get(format!("https://127.0.0.1:{port}/v1/models")).bearer_auth(CLIENT_KEY).send().await.expect("still served");
     assert_eq!(r.status(), 200);
 
+    // The loader kept going across both reloads.
+    let after = ok.load(Ordering::SeqCst);
+    reach(&ok, after + 5).await;
     stop.store(true, Ordering::SeqCst);
     loader.await.expect("loader");
     let (ok, failed) = (ok.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
     assert_eq!(failed, 0, "{ok} ok");
-    assert!(ok > 10, "{ok}");
 }
 
 #[tokio::test]

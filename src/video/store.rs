@@ -185,7 +185,7 @@ mod tests {
             s.put(&t).await.expect("put");
             assert!(s.open_ids().expect("ids").is_empty());
         }
-        let db = sled::open(dir.path()).expect("reopen");
+        let db = crate::store::reopen(dir.path());
         let s = VideoStore::new(&db).expect("store");
         assert_eq!(s.get("task_x").expect("get").map(|t| t.status), Some(Status::Completed));
     }
