@@ -111,6 +111,9 @@ struct RawS3 {
     /// Serve results as `public_base_url/<key>` instead of presigned URLs.
     #[serde(default)]
     public_base_url: Option<String>,
+    /// PEM CA bundle for an https endpoint (added to the system roots).
+    #[serde(default)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -281,6 +284,8 @@ pub struct S3Config {
     pub force_path_style: bool,
     pub url_ttl_secs: u64,
     pub public_base_url: Option<String>,
+    /// PEM text of extra CA certificates for the endpoint.
+    pub ca_pem: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -620,7 +625,15 @@ fn s3_config(s: RawS3, env: &dyn Fn(&str) -> Option<String>) -> Result<S3Config,
     if let Some(p) = &s.public_base_url {
         BaseUrl::parse(p).map_err(|m| ConfigError(format!("storage.s3.public_base_url: {m}")))?;
     }
+    let ca_pem = match &s.ca_file {
+        Some(path) => {
+            crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("storage.s3.ca_file: {e}")))?;
+            Some(std::fs::read_to_string(path).map_err(|e| ConfigError(format!("storage.s3.ca_file: {e}")))?)
+        }
+        None => None,
+    };
     Ok(S3Config {
+        ca_pem,
         endpoint: s.endpoint,
         region: s.region,
         bucket: s.bucket,

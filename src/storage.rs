@@ -84,6 +84,20 @@ impl ObjectStore {
         if let Some(endpoint) = &cfg.endpoint {
             builder = builder.endpoint_url(endpoint);
         }
+        if let Some(pem) = &cfg.ca_pem {
+            use aws_smithy_http_client::tls;
+            let trust = tls::TrustStore::empty().with_native_roots(true).with_pem_certificate(pem.as_bytes().to_vec());
+            match tls::TlsContext::builder().with_trust_store(trust).build() {
+                Ok(context) => {
+                    let http = aws_smithy_http_client::Builder::new()
+                        .tls_provider(tls::Provider::Rustls(tls::rustls_provider::CryptoMode::AwsLc))
+                        .tls_context(context)
+                        .build_https();
+                    builder = builder.http_client(http);
+                }
+                Err(e) => log::error!("storage.s3.ca_file: {e}; using the system roots only"),
+            }
+        }
         ObjectStore {
             client: Client::from_conf(builder.build()),
             bucket: cfg.bucket.clone(),

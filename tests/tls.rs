@@ -249,3 +249,63 @@ keys:
     assert_eq!(code, 2);
     assert!(out.contains("providers[0].ca_file"), "{out}");
 }
+
+/// Object storage over HTTPS (moto with a certificate from our CA): results are copied there
+/// only when `storage.s3.ca_file` names that CA.
+#[tokio::test]
+async fn https_object_storage_is_verified_with_its_ca() {
+    let authority = ca("storage CA");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = leaf(&authority);
+    let (cert_path, key_path, ca_path) = (dir.path().join("s3.pem"), dir.path().join("s3.key"), dir.path().join("ca.pem"));
+    write(&cert_path, &cert);
+    write(&key_path, &key);
+    write(&ca_path, &authority.pem);
+    let s3_port = free_port();
+    let child = std::process::Command::new(s3_server_command())
+        .args(["-H", "127.0.0.1", "-p", &s3_port.to_string(), "-c"])
+        .arg(&cert_path)
+        .arg("-k")
+        .arg(&key_path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("moto");
+    let _s3 = Proc { child, port: s3_port };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", s3_port)).is_err() {
+        assert!(Instant::now() < deadline, "the S3 server did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mock = start_mock();
+    for (with_ca, expect_ours) in [(true, true), (false, false)] {
+        let ca_line = if with_ca { format!(", ca_file: {}", ca_path.display()) } else { String::new() };
+        let body = format!(
+            "{}{}storage:\n  s3: {{ endpoint: \"https://127.0.0.1:{s3_port}\", region: us-east-1, bucket: tls-test, access_key: testing, secret_key: testing{ca_line} }}\n",
+            standard_config(mock.port),
+            video_section(mock.port)
+        );
+        let gw = start_gateway(&body);
+        let created: Value = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY)
+            .json(&json!({"model": "genq3-pro", "prompt": format!("tls storage {with_ca}")})).send().await.expect("create").json().await.expect("json");
+        let id = created["id"].as_str().expect("id").to_string();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let done = loop {
+            let v: Value = client().get(gw.url(&format!("/v1/videos/{id}"))).bearer_auth(CLIENT_KEY).send().await.expect("get").json().await.expect("json");
+            if v["status"] == "completed" {
+                break v;
+            }
+            assert!(Instant::now() < deadline, "{v}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        let url = done["metadata"]["url"].as_str().expect("url").to_string();
+        if expect_ours {
+            assert!(url.starts_with(&format!("https://127.0.0.1:{s3_port}/tls-test/")), "{url}");
+            let c = https_client(&[&authority], true);
+            let bytes = c.get(&url).send().await.expect("download").bytes().await.expect("bytes");
+            assert!(bytes.as_ref() == tollgate::mock::mock_video_bytes().as_slice());
+        } else {
+            assert!(url.contains("/__mock/video/"), "unverified storage is not used: {url}");
+        }
+    }
+}
