@@ -41,6 +41,19 @@ fn write(path: &Path, text: &str) {
     std::fs::write(path, text).expect("write");
 }
 
+/// A CA named `name`, a leaf it signed for 127.0.0.1, and their PEM files in a new directory:
+/// (the CA, the directory, cert path, key path, CA path).
+fn server_files(name: &str) -> (Ca, tempfile::TempDir, std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    let authority = ca(name);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = leaf(&authority);
+    let (cert_path, key_path, ca_path) = (dir.path().join("server.pem"), dir.path().join("server.key"), dir.path().join("ca.pem"));
+    write(&cert_path, &cert);
+    write(&key_path, &key);
+    write(&ca_path, &authority.pem);
+    (authority, dir, cert_path, key_path, ca_path)
+}
+
 fn https_client(cas: &[&Ca], http1: bool) -> reqwest::Client {
     let mut b = reqwest::Client::builder().timeout(Duration::from_secs(20)).tls_built_in_root_certs(false);
     for ca in cas {
@@ -182,13 +195,7 @@ async fn certificates_reload_on_sighup_without_losing_a_request() {
 
 #[tokio::test]
 async fn an_https_upstream_is_reached_only_with_its_ca() {
-    let authority = ca("upstream CA");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (cert, key) = leaf(&authority);
-    let (cert_path, key_path, ca_path) = (dir.path().join("up.pem"), dir.path().join("up.key"), dir.path().join("ca.pem"));
-    write(&cert_path, &cert);
-    write(&key_path, &key);
-    write(&ca_path, &authority.pem);
+    let (_authority, _dir, cert_path, key_path, ca_path) = server_files("upstream CA");
     let port = free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-mock"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--key", UPSTREAM_KEY, "--tls-cert"])
@@ -254,13 +261,7 @@ keys:
 /// only when `storage.s3.ca_file` names that CA.
 #[tokio::test]
 async fn https_object_storage_is_verified_with_its_ca() {
-    let authority = ca("storage CA");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let (cert, key) = leaf(&authority);
-    let (cert_path, key_path, ca_path) = (dir.path().join("s3.pem"), dir.path().join("s3.key"), dir.path().join("ca.pem"));
-    write(&cert_path, &cert);
-    write(&key_path, &key);
-    write(&ca_path, &authority.pem);
+    let (authority, _dir, cert_path, key_path, ca_path) = server_files("storage CA");
     let s3_port = free_port();
     let child = std::process::Command::new(s3_server_command())
         .args(["-H", "127.0.0.1", "-p", &s3_port.to_string(), "-c"])
