@@ -607,6 +607,13 @@ impl Config {
     }
 }
 
+/// The PEM text of a CA bundle, checked to hold certificates; errors name `key_path`.
+fn ca_pem_file(key_path: &str, path: Option<&Path>) -> Result<Option<String>, ConfigError> {
+    let Some(path) = path else { return Ok(None) };
+    crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{key_path}: {e}")))?;
+    std::fs::read_to_string(path).map(Some).map_err(|e| ConfigError(format!("{key_path}: {e}")))
+}
+
 fn s3_config(s: RawS3, env: &dyn Fn(&str) -> Option<String>) -> Result<S3Config, ConfigError> {
     if let Some(e) = &s.endpoint {
         BaseUrl::parse(e).map_err(|m| ConfigError(format!("storage.s3.endpoint: {m}")))?;
@@ -625,13 +632,7 @@ fn s3_config(s: RawS3, env: &dyn Fn(&str) -> Option<String>) -> Result<S3Config,
     if let Some(p) = &s.public_base_url {
         BaseUrl::parse(p).map_err(|m| ConfigError(format!("storage.s3.public_base_url: {m}")))?;
     }
-    let ca_pem = match &s.ca_file {
-        Some(path) => {
-            crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("storage.s3.ca_file: {e}")))?;
-            Some(std::fs::read_to_string(path).map_err(|e| ConfigError(format!("storage.s3.ca_file: {e}")))?)
-        }
-        None => None,
-    };
+    let ca_pem = ca_pem_file("storage.s3.ca_file", s.ca_file.as_deref())?;
     Ok(S3Config {
         ca_pem,
         endpoint: s.endpoint,
@@ -681,13 +682,7 @@ fn video_config(v: RawVideo, env: &dyn Fn(&str) -> Option<String>) -> Result<Vid
     if poll_interval_secs == 0 {
         return err("video.poll_interval_secs: must be at least 1");
     }
-    let ca_pem = match &u.ca_file {
-        Some(path) => {
-            crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("video.upstream.ca_file: {e}")))?;
-            Some(std::fs::read_to_string(path).map_err(|e| ConfigError(format!("video.upstream.ca_file: {e}")))?)
-        }
-        None => None,
-    };
+    let ca_pem = ca_pem_file("video.upstream.ca_file", u.ca_file.as_deref())?;
     let rate_per_sec = u.rate_per_sec.unwrap_or(20);
     if rate_per_sec == 0 {
         return err("video.upstream.rate_per_sec: must be at least 1");

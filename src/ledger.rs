@@ -148,15 +148,6 @@ pub struct Hold {
     done: bool,
 }
 
-impl Hold {
-    pub fn amount(&self) -> i64 {
-        self.amount
-    }
-    pub fn key_id(&self) -> &str {
-        &self.key_id
-    }
-}
-
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hold").field("key_id", &self.key_id).field("amount", &self.amount).finish()
@@ -430,7 +421,8 @@ impl Ledger {
         Ok((total, by_model))
     }
 
-    /// Every record of a key (tests and tools).
+    /// Every record of a key.
+    #[cfg(test)]
     pub fn records(&self, key_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
         let mut prefix = key_id.as_bytes().to_vec();
         prefix.push(0);

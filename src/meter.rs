@@ -309,7 +309,6 @@ impl UsageScanner {
         if let Some(obj) = last_object_after(&tail, key) {
             let wrapped = match self.shape {
                 Shape::Gemini => serde_json::json!({ "usageMetadata": obj }),
-                Shape::Responses => serde_json::json!({ "usage": obj }),
                 _ => serde_json::json!({ "usage": obj }),
             };
             self.event(&wrapped);
