@@ -43,6 +43,8 @@ struct CreateKey {
     rpm: Option<u32>,
     #[serde(default)]
     tpm: Option<u64>,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
 }
 
 /// `Some(None)` clears a limit; absent leaves it.
@@ -61,6 +63,8 @@ struct PatchKey {
     rpm: Option<Option<u32>>,
     #[serde(default, deserialize_with = "double_option")]
     tpm: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    max_concurrent: Option<Option<u32>>,
     #[serde(default)]
     group: Option<String>,
 }
@@ -124,7 +128,8 @@ impl AdminApi {
         let balance = self.ledger.balance(&rec.id).map_err(internal)?;
         Ok(json!({
             "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
-            "rpm": rec.rpm, "tpm": rec.tpm, "enabled": rec.enabled, "created_at": rec.created_at,
+            "rpm": rec.rpm, "tpm": rec.tpm, "max_concurrent": rec.max_concurrent,
+            "enabled": rec.enabled, "created_at": rec.created_at, "origin": rec.origin,
         }))
     }
 
@@ -213,7 +218,13 @@ impl AdminApi {
                     tpm: body.tpm,
                     enabled: true,
                     created_at: now_unix(),
+                    max_concurrent: body.max_concurrent,
+                    origin: crate::store::KeyOrigin::Admin,
+                    seed_digest: None,
                 };
+                if body.max_concurrent == Some(0) {
+                    return Err(bad("max_concurrent: at least 1"));
+                }
                 self.ledger.open_account(&rec.id, balance).map_err(internal)?;
                 self.store.put_key(&rec).map_err(internal)?;
                 self.store.flush().map_err(internal)?;
@@ -246,6 +257,12 @@ impl AdminApi {
                 }
                 if let Some(tpm) = patch.tpm {
                     rec.tpm = tpm;
+                }
+                if let Some(max) = patch.max_concurrent {
+                    if max == Some(0) {
+                        return Err(bad("max_concurrent: at least 1"));
+                    }
+                    rec.max_concurrent = max;
                 }
                 if let Some(delta) = patch.balance_delta {
                     self.ledger.top_up(&rec.id, to_nanos("balance_delta", delta)?).await.map_err(internal)?;

@@ -3,7 +3,7 @@
 
 use crate::config::KeyConfig;
 use crate::protocol::{ApiError, ErrorKind};
-use crate::store::{KeyRecord, Store, StoreError};
+use crate::store::{KeyOrigin, KeyRecord, Store, StoreError};
 use arc_swap::ArcSwap;
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
@@ -28,14 +28,44 @@ pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// True when the query string names a key parameter.
+/// A query-string component percent-decoded (`+` is a space); invalid UTF-8 is replaced.
+pub fn decode_component(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex_digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                match (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2])) {
+                    (Some(h), Some(l)) => {
+                        out.push(h * 16 + l);
+                        i += 3;
+                        continue;
+                    }
+                    _ => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The key parameter the query string names, if any. Names are compared percent-decoded and
+/// case-insensitively (`?%6Bey=` is `key`).
 pub fn query_carries_key(query: Option<&str>) -> Option<String> {
     let query = query?;
     query
         .split('&')
         .map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name))
-        .find(|name| KEY_PARAMS.iter().any(|k| k.eq_ignore_ascii_case(name)))
-        .map(str::to_string)
+        .map(decode_component)
+        .find(|name| {
+            let name = name.trim();
+            KEY_PARAMS.iter().any(|k| k.eq_ignore_ascii_case(name))
+        })
 }
 
 /// The key a request carries, from the first key header present.
@@ -58,6 +88,12 @@ pub fn extract_key(headers: &HeaderMap) -> Option<&str> {
         }
     }
     None
+}
+
+/// Digest of a configuration-file key entry (balance aside: it applies only at creation).
+fn seed_digest(seed: &KeyConfig) -> String {
+    let text = serde_json::json!([seed.name, seed.group, seed.rpm, seed.tpm, seed.enabled, seed.max_concurrent]).to_string();
+    hex(&Sha256::digest(text.as_bytes())[..16])
 }
 
 /// The id of a key seeded from the configuration (stable across restarts).
@@ -93,43 +129,68 @@ pub fn usd_to_nanos(usd: f64) -> i64 {
 }
 
 impl KeyIndex {
-    /// Seed the configured keys (an existing one takes name, group, limits and enabled from the
-    /// file; balances are the ledger's), then load all.
+    /// Seed the configured keys, then load all (see [`KeyIndex::seed`]).
     pub fn load(store: &Store, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
         let index = KeyIndex { by_hash: ArcSwap::from_pointee(HashMap::new()) };
         index.seed(store, seeds)?;
         Ok(index)
     }
 
-    /// Apply the configured keys to the store (new ones created, existing ones updated), then
-    /// reload the index. Used at start and on configuration reload.
+    /// Apply the configuration file's keys to the store, then reload the index. Used at start,
+    /// on reload and after an upgrade.
+    ///
+    /// * A new entry creates its key. An entry that changed since it was last applied sets the
+    ///   key's name, group, limits and enabled flag; an unchanged entry leaves the key as the
+    ///   admin API last set it (a key disabled there stays disabled).
+    /// * A key that came from the file and is no longer named there is disabled (once: the
+    ///   admin API may enable it again).
+    /// * Keys created through the admin API are never touched by the file.
     pub fn seed(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
         let existing: HashMap<String, KeyRecord> =
             store.all_keys()?.into_iter().map(|r| (r.key_hash.clone(), r)).collect();
+        let mut named = std::collections::HashSet::new();
         for seed in seeds {
             let hash = hex(&hash_key(&seed.key));
-            let rec = match existing.get(&hash) {
-                Some(old) => KeyRecord {
-                    name: seed.name.clone(),
-                    group: seed.group.clone(),
-                    rpm: seed.rpm,
-                    tpm: seed.tpm,
-                    enabled: seed.enabled,
-                    ..old.clone()
-                },
-                None => KeyRecord {
-                    id: seed_key_id(&seed.key),
-                    name: seed.name.clone(),
-                    group: seed.group.clone(),
-                    key_hash: hash.clone(),
-                    rpm: seed.rpm,
-                    tpm: seed.tpm,
-                    enabled: seed.enabled,
-                    created_at: now_unix(),
-                },
+            named.insert(hash.clone());
+            let digest = seed_digest(seed);
+            let from_file = |base: KeyRecord| KeyRecord {
+                name: seed.name.clone(),
+                group: seed.group.clone(),
+                rpm: seed.rpm,
+                tpm: seed.tpm,
+                enabled: seed.enabled,
+                max_concurrent: seed.max_concurrent,
+                origin: KeyOrigin::Config,
+                seed_digest: Some(digest.clone()),
+                ..base
             };
-            if existing.get(&hash) != Some(&rec) {
-                store.put_key(&rec)?;
+            let rec = match existing.get(&hash) {
+                Some(old) if old.origin == KeyOrigin::Admin => {
+                    log::warn!("keys: '{}' names a key created through the admin API; the file entry is ignored", seed.name);
+                    continue;
+                }
+                Some(old) if old.origin == KeyOrigin::Config && old.seed_digest.as_deref() == Some(digest.as_str()) => continue,
+                Some(old) => from_file(old.clone()),
+                None => from_file(KeyRecord {
+                    id: seed_key_id(&seed.key),
+                    name: String::new(),
+                    group: String::new(),
+                    key_hash: hash.clone(),
+                    rpm: None,
+                    tpm: None,
+                    enabled: false,
+                    created_at: now_unix(),
+                    max_concurrent: None,
+                    origin: KeyOrigin::Config,
+                    seed_digest: None,
+                }),
+            };
+            store.put_key(&rec)?;
+        }
+        for (hash, old) in &existing {
+            if old.origin == KeyOrigin::Config && old.seed_digest.is_some() && !named.contains(hash) {
+                log::info!("key '{}' ({}) is no longer in the configuration file: disabled", old.name, old.id);
+                store.put_key(&KeyRecord { enabled: false, seed_digest: None, ..old.clone() })?;
             }
         }
         self.reload(store)
@@ -203,6 +264,74 @@ mod tests {
         assert_eq!(query_carries_key(Some("alt=sse&pageSize=50")), None);
         assert_eq!(query_carries_key(Some("keys=1")), None);
         assert_eq!(query_carries_key(None), None);
+        // Names are compared percent-decoded and case-insensitively.
+        assert_eq!(query_carries_key(Some("%6Bey=abc")), Some("key".into()));
+        assert_eq!(query_carries_key(Some("alt=sse&%4B%45%59=abc")), Some("KEY".into()));
+        assert_eq!(query_carries_key(Some("api%5Fkey=abc")), Some("api_key".into()));
+        assert_eq!(query_carries_key(Some("access%5ftoken")), Some("access_token".into()));
+        assert_eq!(query_carries_key(Some("%6B%65%79%20=abc")), Some("key ".into()));
+        assert_eq!(query_carries_key(Some("%zz=1&%6=2&%")), None);
+        assert_eq!(decode_component("a%2Bb+c%"), "a+b c%");
+    }
+
+    fn seed(key: &str, enabled: bool) -> KeyConfig {
+        KeyConfig {
+            key: key.into(),
+            name: format!("n-{key}"),
+            group: "default".into(),
+            balance: 1.0,
+            rpm: None,
+            tpm: None,
+            enabled,
+            max_concurrent: None,
+        }
+    }
+
+    /// Revocation sticks: a key the file drops is disabled; an admin change to a seeded key
+    /// lasts until the file changes that key's entry; admin-created keys are left alone.
+    #[test]
+    fn the_file_revokes_and_admin_changes_stick() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path()).expect("open");
+        let admin = KeyRecord {
+            id: "key_admin".into(),
+            name: "made-by-admin".into(),
+            group: "default".into(),
+            key_hash: hex(&hash_key("sk-admin-made-0001")),
+            rpm: None,
+            tpm: None,
+            enabled: true,
+            created_at: 1,
+            max_concurrent: None,
+            origin: KeyOrigin::Admin,
+            seed_digest: None,
+        };
+        store.put_key(&admin).expect("put");
+        let index = KeyIndex::load(&store, &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).expect("load");
+        assert!(index.authenticate(Some("sk-file-b-0001")).is_ok());
+
+        // The admin API disables a: the same file loaded again keeps it disabled.
+        let mut a = store.all_keys().expect("all").into_iter().find(|r| r.name == "n-sk-file-a-0001").expect("a");
+        a.enabled = false;
+        store.put_key(&a).expect("put");
+        index.seed(&store, &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).expect("reseed");
+        assert!(index.authenticate(Some("sk-file-a-0001")).is_err(), "admin change survives a reload of an unchanged entry");
+
+        // The file drops b: disabled. The admin key is untouched throughout.
+        index.seed(&store, &[seed("sk-file-a-0001", true)]).expect("reseed");
+        assert!(index.authenticate(Some("sk-file-b-0001")).unwrap_err().message.contains("disabled"));
+        assert!(index.authenticate(Some("sk-admin-made-0001")).is_ok());
+
+        // Changing a's entry in the file applies the file again; re-adding b enables it.
+        let changed = KeyConfig { rpm: Some(5), ..seed("sk-file-a-0001", true) };
+        index.seed(&store, &[changed, seed("sk-file-b-0001", true)]).expect("reseed");
+        assert_eq!(index.authenticate(Some("sk-file-a-0001")).expect("enabled by the file").rpm, Some(5));
+        assert!(index.authenticate(Some("sk-file-b-0001")).is_ok());
+
+        // A restart (a new index on the same store) changes nothing.
+        let again = KeyIndex::load(&store, &[seed("sk-file-b-0001", true)]).expect("restart");
+        assert!(again.authenticate(Some("sk-file-a-0001")).is_err(), "dropped from the file: disabled");
+        assert!(again.authenticate(Some("sk-admin-made-0001")).is_ok());
     }
 
     #[test]
@@ -217,6 +346,7 @@ mod tests {
             rpm: None,
             tpm: None,
             enabled: true,
+            max_concurrent: None,
         };
         let index = KeyIndex::load(&store, std::slice::from_ref(&seed)).expect("load");
         let rec = index.authenticate(Some("sk-demo-0001")).expect("known");

@@ -16,27 +16,29 @@ pub fn fallback_input_tokens(body_len: usize) -> u64 {
 
 /// The usage to bill, and whether it is estimated.
 ///
-/// Reported usage wins. Without it, a response that produced output is billed for the text it
-/// streamed (never zero tokens when any text passed) plus an input estimate; a response that
-/// produced nothing (upstream error, no answer) is billed nothing.
+/// Reported usage wins. Billing fails closed: a successful (2xx) answer without a usage report
+/// is billed for every byte the client received (about four bytes a token, at least one
+/// token: text, reasoning, tool-call arguments and JSON framing alike) plus an input estimate.
+/// A failed answer is billed only for the content it carried; one that produced nothing
+/// (upstream error, no answer) is billed nothing.
 pub fn billed_usage(scan: Option<ScanResult>, status: u16, request_len: usize) -> (Usage, bool) {
     let Some(scan) = scan else { return (Usage::default(), false) };
+    let input = scan.input.unwrap_or_else(|| fallback_input_tokens(request_len));
+    let reported = |output| Usage {
+        input,
+        cached: scan.cached.unwrap_or(0),
+        cache_write: scan.cache_write.unwrap_or(0),
+        output,
+    };
     if let Some(output) = scan.output {
-        let usage = Usage {
-            input: scan.input.unwrap_or_else(|| fallback_input_tokens(request_len)),
-            cached: scan.cached.unwrap_or(0),
-            output,
-        };
-        return (usage, scan.input.is_none());
+        return (reported(output), scan.input.is_none());
     }
-    let succeeded = (200..300).contains(&status);
-    if scan.text_bytes > 0 || (succeeded && scan.input.is_some()) {
-        let usage = Usage {
-            input: scan.input.unwrap_or_else(|| fallback_input_tokens(request_len)),
-            cached: scan.cached.unwrap_or(0),
-            output: tokens_from_bytes(scan.text_bytes).max(u64::from(scan.text_bytes > 0)),
-        };
-        return (usage, true);
+    if (200..300).contains(&status) {
+        let received = scan.body_bytes.max(scan.text_bytes);
+        return (reported(tokens_from_bytes(received).max(1)), true);
+    }
+    if scan.text_bytes > 0 {
+        return (reported(tokens_from_bytes(scan.text_bytes)), true);
     }
     (Usage::default(), false)
 }
@@ -45,28 +47,38 @@ pub fn billed_usage(scan: Option<ScanResult>, status: u16, request_len: usize) -
 mod tests {
     use super::*;
 
-    fn scan(input: Option<u64>, output: Option<u64>, text_bytes: u64) -> Option<ScanResult> {
-        Some(ScanResult { input, cached: None, output, text_bytes })
+    fn scan(input: Option<u64>, output: Option<u64>, text_bytes: u64, body_bytes: u64) -> Option<ScanResult> {
+        Some(ScanResult { input, cached: None, cache_write: None, output, text_bytes, body_bytes })
+    }
+
+    fn usage(input: u64, output: u64) -> Usage {
+        Usage { input, output, ..Usage::default() }
     }
 
     #[test]
     fn reported_usage_is_billed_as_reported() {
-        assert_eq!(billed_usage(scan(Some(10), Some(3), 12), 200, 400), (Usage { input: 10, cached: 0, output: 3 }, false));
+        assert_eq!(billed_usage(scan(Some(10), Some(3), 12, 500), 200, 400), (usage(10, 3), false));
+        let with_cache = Some(ScanResult { input: Some(10), cached: Some(4), cache_write: Some(6), output: Some(3), text_bytes: 0, body_bytes: 9 });
+        assert_eq!(billed_usage(with_cache, 200, 400), (Usage { input: 10, cached: 4, cache_write: 6, output: 3 }, false));
     }
 
     #[test]
-    fn a_cut_stream_is_billed_for_its_text() {
-        // No usage seen, 9 bytes of text streamed: 3 output tokens, input estimated from 400 bytes.
-        assert_eq!(billed_usage(scan(None, None, 9), 200, 400), (Usage { input: 100, cached: 0, output: 3 }, true));
-        // Messages: input known from message_start, output only from text.
-        assert_eq!(billed_usage(scan(Some(20), None, 1), 200, 400), (Usage { input: 20, cached: 0, output: 1 }, true));
+    fn a_successful_answer_without_usage_is_billed_for_every_byte_received() {
+        // A stream cut before its usage: 9 bytes of text inside 180 bytes of events.
+        assert_eq!(billed_usage(scan(None, None, 9, 180), 200, 400), (usage(100, 45), true));
+        // Messages: input known from message_start, output from what was received.
+        assert_eq!(billed_usage(scan(Some(20), None, 1, 40), 200, 400), (usage(20, 10), true));
+        // Tool calls, JSON, anything the text count does not read: still every byte.
+        assert_eq!(billed_usage(scan(None, None, 0, 4000), 200, 400), (usage(100, 1000), true));
+        // Never zero: a 2xx that delivered nothing still bills input and one output token.
+        assert_eq!(billed_usage(scan(None, None, 0, 0), 200, 400), (usage(100, 1), true));
     }
 
     #[test]
-    fn nothing_produced_is_free() {
+    fn failed_answers_bill_only_what_they_carried() {
         assert_eq!(billed_usage(None, 502, 400), (Usage::default(), false));
-        assert_eq!(billed_usage(scan(None, None, 0), 429, 400), (Usage::default(), false));
-        assert_eq!(billed_usage(scan(None, None, 0), 200, 400), (Usage::default(), false));
+        assert_eq!(billed_usage(scan(None, None, 0, 120), 429, 400), (Usage::default(), false));
+        assert_eq!(billed_usage(scan(None, None, 8, 120), 500, 400), (usage(100, 2), true));
     }
 
     #[test]

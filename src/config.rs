@@ -50,6 +50,32 @@ impl Protocol {
     }
 }
 
+/// What a group may call: one of the three model protocols, or the video task API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    Openai,
+    Anthropic,
+    Gemini,
+    Video,
+}
+
+impl From<Protocol> for Platform {
+    fn from(p: Protocol) -> Self {
+        match p {
+            Protocol::Openai => Platform::Openai,
+            Protocol::Anthropic => Platform::Anthropic,
+            Protocol::Gemini => Platform::Gemini,
+        }
+    }
+}
+
+/// Shortest admin token accepted.
+pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
+/// The largest output allowance (tokens, all choices together) a request may ask for when its
+/// model has no `max_output_tokens`: no model produces this much in one answer.
+pub const MAX_OUTPUT_ALLOWANCE: u64 = 1 << 24;
+
 // ---------------------------------------------------------------- raw file shape
 
 #[derive(Debug, Deserialize)]
@@ -81,6 +107,9 @@ struct RawConfig {
     video: Option<RawVideo>,
     #[serde(default)]
     storage: Option<RawStorage>,
+    /// Extra client headers relayed upstream, beyond each protocol's allowlist.
+    #[serde(default)]
+    forward_headers: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -121,6 +150,7 @@ struct RawS3 {
 struct RawBilling {
     #[serde(default)]
     default_max_output_tokens: Option<u64>,
+
     #[serde(default)]
     usage_retention_days: Option<u64>,
 }
@@ -215,17 +245,25 @@ struct RawProvider {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawGroup {
-    platforms: Vec<Protocol>,
+    platforms: Vec<Platform>,
 }
 
-/// USD per one million tokens.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq)]
+/// USD per one million tokens, and the model's output limit.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
     pub input: f64,
     pub output: f64,
+    /// Cache reads (default: `input`).
     #[serde(default)]
     pub cached_input: Option<f64>,
+    /// Cache writes (messages' `cache_creation_input_tokens`; default: `input`).
+    #[serde(default)]
+    pub cache_write_input: Option<f64>,
+    /// The most output tokens one answer of this model can have; the hold of a request that
+    /// names no maximum, and the largest maximum a request may name.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -242,6 +280,8 @@ struct RawKey {
     tpm: Option<u64>,
     #[serde(default = "yes")]
     enabled: bool,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
 }
 
 fn yes() -> bool {
@@ -261,8 +301,10 @@ pub struct Config {
     pub max_body_bytes: usize,
     pub admin: Option<AdminConfig>,
     pub providers: Vec<ProviderConfig>,
-    pub groups: BTreeMap<String, Vec<Protocol>>,
+    pub groups: BTreeMap<String, Vec<Platform>>,
     pub prices: BTreeMap<String, Price>,
+    /// Extra client headers relayed upstream (lower case; a trailing `*` is a prefix).
+    pub forward_headers: Vec<String>,
     pub keys: Vec<KeyConfig>,
     /// Output tokens held for a request that names no maximum.
     pub default_max_output_tokens: u64,
@@ -405,6 +447,8 @@ pub struct KeyConfig {
     pub rpm: Option<u32>,
     pub tpm: Option<u64>,
     pub enabled: bool,
+    /// Requests of this key in flight at once.
+    pub max_concurrent: Option<u32>,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -476,6 +520,11 @@ impl Config {
                 }
                 let token = secret("admin.token", a.token, a.token_env, env)?
                     .ok_or_else(|| ConfigError("admin.token: required (or admin.token_env)".into()))?;
+                if token.chars().count() < MIN_ADMIN_TOKEN_LEN {
+                    return err(format!(
+                        "admin.token: at least {MIN_ADMIN_TOKEN_LEN} characters (an empty or short token would leave the admin API open to guessing)"
+                    ));
+                }
                 Some(AdminConfig { listen, token })
             }
             None => None,
@@ -533,17 +582,30 @@ impl Config {
         if groups.is_empty() {
             groups.insert(
                 "default".to_string(),
-                vec![Protocol::Openai, Protocol::Anthropic, Protocol::Gemini],
+                vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video],
             );
         }
 
+        let usd_ok = |v: f64| v.is_finite() && (0.0..=1e6).contains(&v);
         for (model, price) in &raw.prices {
-            let cached_ok = price.cached_input.is_none_or(|c| c.is_finite() && c >= 0.0);
-            if !(price.input.is_finite() && price.input >= 0.0)
-                || !(price.output.is_finite() && price.output >= 0.0)
-                || !cached_ok
+            if ![Some(price.input), Some(price.output), price.cached_input, price.cache_write_input]
+                .into_iter()
+                .flatten()
+                .all(usd_ok)
             {
-                return err(format!("prices.{model}: prices must be non-negative numbers"));
+                return err(format!("prices.{model}: prices must be numbers from 0 to 1000000 (USD per 1M tokens)"));
+            }
+            if price.max_output_tokens.is_some_and(|m| m == 0 || m > MAX_OUTPUT_ALLOWANCE) {
+                return err(format!("prices.{model}.max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
+            }
+        }
+        // Billing fails closed: a served model without a price would be free for every key.
+        for p in &providers {
+            if let Some(m) = p.models.iter().find(|m| !raw.prices.contains_key(*m)) {
+                return err(format!(
+                    "prices.{m}: no price for a served model (provider '{}'); write {{ input: 0, output: 0 }} to serve it free",
+                    p.name
+                ));
             }
         }
 
@@ -571,7 +633,11 @@ impl Config {
                 rpm: k.rpm,
                 tpm: k.tpm,
                 enabled: k.enabled,
+                max_concurrent: k.max_concurrent,
             });
+            if k.max_concurrent == Some(0) {
+                return err(format!("{at}.max_concurrent: at least 1 (disable the key instead)"));
+            }
         }
 
         let video = match raw.video {
@@ -579,7 +645,26 @@ impl Config {
             None => None,
         };
 
-        let billing = raw.billing.unwrap_or(RawBilling { default_max_output_tokens: None, usage_retention_days: None });
+        let billing = raw.billing.unwrap_or(RawBilling {
+            default_max_output_tokens: None,
+            usage_retention_days: None,
+        });
+        let default_max_output_tokens = billing.default_max_output_tokens.unwrap_or(4096);
+        if default_max_output_tokens == 0 || default_max_output_tokens > MAX_OUTPUT_ALLOWANCE {
+            return err(format!("billing.default_max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
+        }
+        let mut forward_headers = Vec::with_capacity(raw.forward_headers.len());
+        for (i, h) in raw.forward_headers.iter().enumerate() {
+            let name = h.trim().to_ascii_lowercase();
+            let bare = name.strip_suffix('*').unwrap_or(&name);
+            if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
+                return err(format!("forward_headers[{i}]: '{h}' is not a header name (a trailing * makes it a prefix)"));
+            }
+            if crate::relay::never_forwarded(bare) {
+                return err(format!("forward_headers[{i}]: '{h}' carries credentials or is set by tollgate; it is never forwarded"));
+            }
+            forward_headers.push(name);
+        }
         let usage_retention_days = billing.usage_retention_days.unwrap_or(30);
         if usage_retention_days == 0 {
             return err("billing.usage_retention_days: must be at least 1");
@@ -587,7 +672,8 @@ impl Config {
 
         Ok(Config {
             pingora: raw.pingora,
-            default_max_output_tokens: billing.default_max_output_tokens.unwrap_or(4096),
+            default_max_output_tokens,
+            forward_headers,
             usage_retention_days,
             listen,
             tls,
@@ -678,6 +764,11 @@ fn video_config(v: RawVideo, env: &dyn Fn(&str) -> Option<String>) -> Result<Vid
             return err(format!("video.prices.{model}: must be a non-negative number"));
         }
     }
+    if let Some(m) = models.iter().find(|m| !v.prices.contains_key(*m)) {
+        return err(format!(
+            "video.prices.{m}: no price for an enabled video model; price it (0 serves it free) or leave it out of video.models"
+        ));
+    }
     let poll_interval_secs = v.poll_interval_secs.unwrap_or(5);
     if poll_interval_secs == 0 {
         return err("video.poll_interval_secs: must be at least 1");
@@ -721,6 +812,8 @@ providers:
     base_url: https://api.openai.com
     api_key: sk-up
     models: [alpha-5.5]
+prices:
+  alpha-5.5: { input: 1.25, output: 10.0 }
 keys:
   - { key: sk-demo-0001, name: demo, group: default, balance: 5.0 }
 "#;
@@ -729,7 +822,7 @@ keys:
     fn minimal_config_gets_defaults() {
         let c = Config::parse(MINIMAL, &no_env).expect("valid");
         assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
-        assert_eq!(c.groups["default"].len(), 3);
+        assert_eq!(c.groups["default"].len(), 4, "every platform, video included");
         assert_eq!(c.providers[0].base_url.port, 443);
         assert!(c.keys[0].enabled);
     }
@@ -778,7 +871,7 @@ keys:
     #[test]
     fn video_section_is_typed_and_secrets_named() {
         let text = format!(
-            "{MINIMAL}video:\n  upstream: {{ base_url: https://vclm.tencentcloudapi.com, secret_id_env: TC_ID, secret_key: k, region: ap-guangzhou, version: \"2024-05-23\" }}\n  prices: {{ genq3-pro: 0.05 }}\n"
+            "{MINIMAL}video:\n  upstream: {{ base_url: https://vclm.tencentcloudapi.com, secret_id_env: TC_ID, secret_key: k, region: ap-guangzhou, version: \"2024-05-23\" }}\n  models: [genq3-pro]\n  prices: {{ genq3-pro: 0.05 }}\n"
         );
         let e = Config::parse(&text, &no_env).unwrap_err();
         assert!(e.0.contains("video.upstream.secret_id_env") && e.0.contains("TC_ID"), "{e}");
@@ -786,7 +879,7 @@ keys:
         let v = c.video.expect("video");
         assert_eq!(v.brand, "Gen");
         assert_eq!(v.rate_per_sec, 20);
-        assert_eq!(v.models.len(), 7);
+        assert_eq!(v.models, ["genq3-pro"]);
         let bad = text.replace("genq3-pro: 0.05", "genq9: 0.05");
         let e = Config::parse(&bad, &|_: &str| Some("x".to_string())).unwrap_err();
         assert!(e.0.contains("video.prices.genq9"), "{e}");
@@ -805,6 +898,46 @@ keys:
         assert_eq!((s3.url_ttl_secs, s3.force_path_style, s3.secret_key.as_str()), (86_400, true, "sk"));
         let e = Config::parse(&text.replace("bucket: b", "bucket: b, acl: public"), &|_: &str| Some("x".into())).unwrap_err();
         assert!(e.0.contains("acl"), "{e}");
+    }
+
+    /// Billing fails closed: every served model and every enabled video model has a price.
+    #[test]
+    fn every_served_model_needs_a_price() {
+        let unpriced = MINIMAL.replace("models: [alpha-5.5]", "models: [alpha-5.5, alpha-x]");
+        let e = Config::parse(&unpriced, &no_env).unwrap_err();
+        assert!(e.0.contains("prices.alpha-x: no price for a served model"), "{e}");
+        let free = format!("{unpriced}").replace("prices:\n", "prices:\n  alpha-x: { input: 0, output: 0 }\n");
+        Config::parse(&free, &no_env).expect("a model priced 0 is deliberately free");
+        let video = "video:\n  upstream: { base_url: https://v.example.com, secret_id: i, secret_key: k, region: r, version: v }\n  prices: { genq3-pro: 0.05 }\n";
+        let e = Config::parse(&format!("{MINIMAL}{video}"), &no_env).unwrap_err();
+        assert!(e.0.contains("video.prices.") && e.0.contains("no price for an enabled video model"), "{e}");
+        let listed = video.replace("  prices:", "  models: [genq3-pro]\n  prices:");
+        Config::parse(&format!("{MINIMAL}{listed}"), &no_env).expect("only priced models enabled");
+        let bad = MINIMAL.replace("{ input: 1.25, output: 10.0 }", "{ input: 1.25, output: 10.0, max_output_tokens: 0 }");
+        assert!(Config::parse(&bad, &no_env).unwrap_err().0.contains("max_output_tokens"));
+    }
+
+    #[test]
+    fn admin_token_must_be_long() {
+        for token in ["\"\"", "short", "fifteen-chars-x"] {
+            let text = format!("{MINIMAL}admin: {{ listen: 127.0.0.1:9, token: {token} }}\n");
+            let e = Config::parse(&text, &no_env).unwrap_err();
+            assert!(e.0.contains("admin.token: at least 16 characters"), "{token}: {e}");
+        }
+        let text = format!("{MINIMAL}admin: {{ listen: 127.0.0.1:9, token: sixteen-chars-xx }}\n");
+        assert_eq!(Config::parse(&text, &no_env).expect("valid").admin.expect("admin").token, "sixteen-chars-xx");
+    }
+
+    #[test]
+    fn video_is_a_platform_and_forward_headers_are_checked() {
+        let text = format!("{MINIMAL}groups:\n  default: {{ platforms: [openai, video] }}\nforward_headers: [X-Trace-Id, \"x-mock-*\"]\n");
+        let c = Config::parse(&text, &no_env).expect("valid");
+        assert_eq!(c.groups["default"], [Platform::Openai, Platform::Video]);
+        assert_eq!(c.forward_headers, ["x-trace-id", "x-mock-*"]);
+        let e = Config::parse(&format!("{MINIMAL}forward_headers: [Authorization]\n"), &no_env).unwrap_err();
+        assert!(e.0.contains("forward_headers[0]"), "{e}");
+        let e = Config::parse(&format!("{MINIMAL}forward_headers: [\"bad header\"]\n"), &no_env).unwrap_err();
+        assert!(e.0.contains("forward_headers[0]"), "{e}");
     }
 
     #[test]

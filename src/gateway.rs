@@ -14,7 +14,7 @@ use crate::ledger::{now_ms, Hold, Ledger, PriceBook, UsageRecord, NANOS_PER_USD}
 
 use crate::limits::Limits;
 use crate::meter::{Shape, UsageScanner};
-use crate::config::Protocol;
+use crate::config::{Platform, Protocol, MAX_OUTPUT_ALLOWANCE};
 use crate::protocol::{anthropic, gemini, openai, ApiError, ErrorKind};
 use crate::relay::{self, Catalog};
 use crate::response::LocalResponse;
@@ -38,8 +38,11 @@ use std::time::Instant;
 pub struct Routing {
     pub catalog: Arc<Catalog>,
     pub prices: Arc<PriceBook>,
-    /// Output tokens held for a request that names no maximum.
+    /// Output tokens held for a request that names no maximum (and whose model has no
+    /// `max_output_tokens`).
     pub default_max_output_tokens: u64,
+    /// Extra client headers relayed upstream (`forward_headers`).
+    pub forward_headers: Vec<String>,
 }
 
 /// Shared state of the gateway.
@@ -75,6 +78,8 @@ pub struct RelayPlan {
     pub started: Instant,
     /// What settlement billed (tokens, cost, estimated), for the access log.
     pub billed: Mutex<Option<(crate::meter::Usage, i64, bool)>>,
+    /// Counts the request against the key's `max_concurrent` while the plan lives.
+    pub _slot: Option<crate::limits::Slot>,
 }
 
 /// Per-request state.
@@ -149,6 +154,28 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
     }
 }
 
+/// The output tokens a request may produce, all choices together: the per-choice maximum it
+/// names (refused above the model's `max_output_tokens`, or above [`MAX_OUTPUT_ALLOWANCE`]),
+/// else the model's limit, else `billing.default_max_output_tokens`; times `n` /
+/// `candidateCount`.
+fn output_allowance(fields: &relay::BodyFields<'_>, routing: &Routing, model: &str) -> std::result::Result<u64, ApiError> {
+    let model_limit = routing.prices.price(model).and_then(|p| p.max_output_tokens);
+    let per_choice = match fields.max_output() {
+        Some(asked) => {
+            let limit = model_limit.unwrap_or(MAX_OUTPUT_ALLOWANCE);
+            if asked > limit {
+                return Err(ApiError::new(
+                    ErrorKind::BadRequest,
+                    format!("The maximum output of {asked} tokens is more than the model '{model}' can produce ({limit})."),
+                ));
+            }
+            asked
+        }
+        None => model_limit.unwrap_or(routing.default_max_output_tokens),
+    };
+    Ok(per_choice.saturating_mul(fields.choices()?))
+}
+
 /// Map a proxy failure to the client-facing error (never naming the upstream).
 pub fn upstream_failure(e: &Error) -> ApiError {
     match e.etype() {
@@ -217,8 +244,17 @@ impl Gateway {
                 };
             }
             Route::Usage => return self.usage(req.uri.query(), &key).map(Outcome::Respond),
+            Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. }
+                if !catalog.group_allows(&key.group, Platform::Video) =>
+            {
+                return Err(ApiError::new(
+                    ErrorKind::NotFound,
+                    format!("This endpoint is not available to keys of group '{}'.", key.group),
+                ));
+            }
             Route::VideoCreate { .. } => {
                 self.limits.admit(&key)?;
+                let _slot = self.limits.enter(&key)?;
                 return self.video_route(session, &route, &key).await;
             }
             Route::VideoGet { .. } | Route::VideoContent { .. } => {
@@ -234,10 +270,11 @@ impl Gateway {
             ));
         }
         self.limits.admit(&key)?;
-        let mut body = self.read_body(session).await?;
+        let slot = self.limits.enter(&key)?;
+        let client_body = self.read_body(session).await?;
         let fields = match &route {
-            Route::GenerateContent { .. } if body.is_empty() => relay::BodyFields::default(),
-            _ => relay::body_fields(&body)?,
+            Route::GenerateContent { .. } if client_body.is_empty() => relay::BodyFields::default(),
+            _ => relay::body_fields(&client_body)?,
         };
         let model = match &route {
             Route::GenerateContent { model, .. } => model.clone(),
@@ -260,14 +297,17 @@ impl Gateway {
             .to_vec();
 
         // Hold the most this request can cost before anything is forwarded.
-        let max_output = match route {
+        let output_allowance = match route {
             Route::Embeddings => 0,
-            _ => fields.max_output().unwrap_or(routing.default_max_output_tokens),
+            _ => output_allowance(&fields, &routing, &model)?,
         };
-        let estimate = routing.prices.cost(
-            &model,
-            crate::meter::Usage { input: billing::hold_input_tokens(body.len()), cached: 0, output: max_output },
-        );
+        let estimate = routing
+            .prices
+            .hold_cost(&model, billing::hold_input_tokens(client_body.len()), output_allowance)
+            .ok_or_else(|| {
+                log::error!("model {model} is served without a price; refused");
+                ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
+            })?;
         let hold = match self.ledger.hold(&key.id, estimate) {
             Ok(Ok(hold)) => hold,
             Ok(Err(short)) => return Err(short.to_api_error("this request may cost up to")),
@@ -277,16 +317,17 @@ impl Gateway {
             }
         };
 
-        // Streaming chat completions report usage only when asked: ask, and hide the answer.
-        let client_body_len = body.len();
+        // A streamed chat completion reports usage only when asked: whatever the client sent
+        // in `stream_options`, ask, and withhold the usage chunk from a client that did not.
+        let client_body_len = client_body.len();
         let mut withhold_usage = false;
-        let wants_usage = fields.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
-        if route == Route::ChatCompletions && fields.stream == Some(true) && !wants_usage {
-            if let Some(rewritten) = relay::with_include_usage(&body) {
-                body = rewritten;
-                withhold_usage = true;
-            }
-        }
+        let body = if route == Route::ChatCompletions && fields.stream == Some(true) && !fields.client_wants_usage() {
+            withhold_usage = true;
+            relay::with_include_usage(&client_body, &fields)?
+        } else {
+            client_body.clone()
+        };
+        drop(fields);
         Ok(Outcome::Relay(Arc::new(RelayPlan {
             routing: routing.clone(),
             route,
@@ -301,6 +342,7 @@ impl Gateway {
             withhold_usage,
             started: Instant::now(),
             billed: Mutex::new(None),
+            _slot: slot,
         })))
     }
 
@@ -359,6 +401,9 @@ impl Gateway {
         };
         let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len);
         let cost = plan.routing.prices.cost(&plan.model, usage);
+        if estimated {
+            self.metrics.add("tollgate_estimated_bills_total", &[("model", &plan.model)], 1.0);
+        }
         *plan.billed.lock().unwrap_or_else(|p| p.into_inner()) = Some((usage, cost, estimated));
         let record = UsageRecord {
             time_ms: now_ms(),
@@ -368,6 +413,7 @@ impl Gateway {
             route: plan.route.label().to_string(),
             input_tokens: usage.input,
             cached_tokens: usage.cached,
+            cache_write_tokens: usage.cache_write,
             output_tokens: usage.output,
             cost_nanos: cost,
             status,
@@ -376,9 +422,10 @@ impl Gateway {
             seq: 0,
             balance_after: 0,
         };
-        self.limits.spend_tokens(&plan.key.id, usage.input + usage.cached + usage.output);
+        let input_total = usage.input.saturating_add(usage.cached).saturating_add(usage.cache_write);
+        self.limits.spend_tokens(&plan.key.id, input_total.saturating_add(usage.output));
         let m = &self.metrics;
-        m.add("tollgate_tokens_total", &[("model", &plan.model), ("kind", "input")], (usage.input + usage.cached) as f64);
+        m.add("tollgate_tokens_total", &[("model", &plan.model), ("kind", "input")], input_total as f64);
         m.add("tollgate_tokens_total", &[("model", &plan.model), ("kind", "output")], usage.output as f64);
         m.add("tollgate_cost_usd_total", &[("model", &plan.model)], cost as f64 / NANOS_PER_USD as f64);
         if let Err(e) = self.ledger.settle(hold, record).await {
@@ -529,7 +576,8 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
         Some(plan) => (plan.model.as_str(), *plan.billed.lock().unwrap_or_else(|p| p.into_inner())),
         None => ("-", None),
     };
-    let (input, output, cost, estimated) = usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input + u.cached, u.output, c, e));
+    let (input, output, cost, estimated) =
+        usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input.saturating_add(u.cached).saturating_add(u.cache_write), u.output, c, e));
     log::info!(
         target: "access",
         "method={} path={:?} route={} status={} key={:?} model={:?} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}",
@@ -635,7 +683,14 @@ impl ProxyHttp for Gateway {
             return Err(Error::explain(ErrorType::InternalError, "no relay plan"));
         };
         let upstream = &plan.routing.catalog.upstreams[plan.candidates[ctx.attempt.min(plan.candidates.len() - 1)]];
-        relay::rewrite_request(upstream_request, upstream, plan.client_version.as_deref(), plan.body.len())
+        relay::rewrite_request(
+            upstream_request,
+            upstream,
+            &plan.route,
+            plan.client_version.as_deref(),
+            plan.body.len(),
+            &plan.routing.forward_headers,
+        )
     }
 
     async fn response_filter(

@@ -29,12 +29,22 @@ use std::sync::{Arc, Mutex};
 
 pub const NANOS_PER_USD: i64 = 1_000_000_000;
 
-/// nano-USD per one million tokens.
+/// nano-USD per one million tokens, and the model's output limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TokenPrice {
     pub input: i64,
     pub cached_input: i64,
+    pub cache_write_input: i64,
     pub output: i64,
+    pub max_output_tokens: Option<u64>,
+}
+
+impl TokenPrice {
+    /// The highest price an input token can have (plain, cache read or cache write): what the
+    /// hold charges for the input it estimates.
+    pub fn dearest_input(&self) -> i64 {
+        self.input.max(self.cached_input).max(self.cache_write_input)
+    }
 }
 
 /// Token prices by model.
@@ -47,10 +57,15 @@ fn per_million(usd: f64) -> i64 {
     (usd * NANOS_PER_USD as f64).round() as i64
 }
 
-fn times(tokens: u64, nanos_per_million: i64) -> i64 {
-    let v = i128::from(tokens) * i128::from(nanos_per_million);
+fn times(tokens: u64, nanos_per_million: i64) -> i128 {
+    let v = i128::from(tokens).saturating_mul(i128::from(nanos_per_million));
     // Round half up to the nano-dollar.
-    ((v + 500_000) / 1_000_000).clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+    v.saturating_add(500_000) / 1_000_000
+}
+
+/// A sum of terms in nano-USD, saturated to the `i64` range.
+fn saturate(v: i128) -> i64 {
+    v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
 }
 
 impl PriceBook {
@@ -60,20 +75,42 @@ impl PriceBook {
             .map(|(model, p)| {
                 let input = per_million(p.input);
                 let cached_input = p.cached_input.map_or(input, per_million);
-                (model.clone(), TokenPrice { input, cached_input, output: per_million(p.output) })
+                let cache_write_input = p.cache_write_input.map_or(input, per_million);
+                let price = TokenPrice {
+                    input,
+                    cached_input,
+                    cache_write_input,
+                    output: per_million(p.output),
+                    max_output_tokens: p.max_output_tokens,
+                };
+                (model.clone(), price)
             })
             .collect();
         PriceBook { tokens }
     }
 
-    pub fn price(&self, model: &str) -> TokenPrice {
-        self.tokens.get(model).copied().unwrap_or_default()
+    /// The model's prices. Configuration validation makes every served model priced; a model
+    /// missing here is refused by [`PriceBook::hold_cost`].
+    pub fn price(&self, model: &str) -> Option<TokenPrice> {
+        self.tokens.get(model).copied()
     }
 
-    /// Cost of `usage` on `model` in nano-USD.
+    /// Cost of `usage` on `model` in nano-USD (saturating). Zero for an unpriced model.
     pub fn cost(&self, model: &str, usage: Usage) -> i64 {
-        let p = self.price(model);
-        times(usage.input, p.input) + times(usage.cached, p.cached_input) + times(usage.output, p.output)
+        let p = self.price(model).unwrap_or_default();
+        saturate(
+            times(usage.input, p.input)
+                .saturating_add(times(usage.cached, p.cached_input))
+                .saturating_add(times(usage.cache_write, p.cache_write_input))
+                .saturating_add(times(usage.output, p.output)),
+        )
+    }
+
+    /// The most a request can cost: `input_tokens` at the dearest input price plus
+    /// `output_tokens` (all choices together) at the output price. None for an unpriced model.
+    pub fn hold_cost(&self, model: &str, input_tokens: u64, output_tokens: u64) -> Option<i64> {
+        let p = self.price(model)?;
+        Some(saturate(times(input_tokens, p.dearest_input()).saturating_add(times(output_tokens, p.output))))
     }
 }
 
@@ -89,6 +126,9 @@ pub struct UsageRecord {
     pub route: String,
     pub input_tokens: u64,
     pub cached_tokens: u64,
+    /// Prompt-cache writes (priced at `cache_write_input`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
     pub output_tokens: u64,
     /// nano-USD; negative for a refund.
     pub cost_nanos: i64,
@@ -183,6 +223,7 @@ pub struct Totals {
     pub requests: u64,
     pub input_tokens: u64,
     pub cached_input_tokens: u64,
+    pub cache_write_input_tokens: u64,
     pub output_tokens: u64,
     pub cost_nanos: i64,
 }
@@ -192,10 +233,13 @@ impl Totals {
         if r.cost_nanos >= 0 {
             self.requests += 1;
         }
-        self.input_tokens += r.input_tokens + r.cached_tokens;
-        self.cached_input_tokens += r.cached_tokens;
-        self.output_tokens += r.output_tokens;
-        self.cost_nanos += r.cost_nanos;
+        self.input_tokens = self
+            .input_tokens
+            .saturating_add(r.input_tokens.saturating_add(r.cached_tokens).saturating_add(r.cache_write_tokens));
+        self.cached_input_tokens = self.cached_input_tokens.saturating_add(r.cached_tokens);
+        self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(r.cache_write_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(r.output_tokens);
+        self.cost_nanos = self.cost_nanos.saturating_add(r.cost_nanos);
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -203,6 +247,7 @@ impl Totals {
             "requests": self.requests,
             "input_tokens": self.input_tokens,
             "cached_input_tokens": self.cached_input_tokens,
+            "cache_write_input_tokens": self.cache_write_input_tokens,
             "output_tokens": self.output_tokens,
             "cost": self.cost_nanos as f64 / NANOS_PER_USD as f64,
         })
@@ -295,11 +340,11 @@ impl Ledger {
         let amount = amount.max(0);
         let mut map = self.accounts();
         let mut acc = self.load(&mut map, key_id)?;
-        let available = acc.balance - acc.held;
+        let available = acc.balance.saturating_sub(acc.held);
         if available < amount || (amount > 0 && available <= 0) {
             return Ok(Err(Insufficient { available, needed: amount }));
         }
-        acc.held += amount;
+        acc.held = acc.held.saturating_add(amount);
         map.insert(key_id.to_string(), acc);
         Ok(Ok(Hold { ledger: self.clone(), key_id: key_id.to_string(), amount, done: false }))
     }
@@ -322,14 +367,38 @@ impl Ledger {
     /// Debit `record.cost_nanos` (a credit when negative) and store the record, atomically,
     /// then flush. Returns the new balance.
     async fn book(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
+        match self.book_if(record, release, false).await? {
+            Ok(balance) => Ok(balance),
+            // Unchecked bookings are never refused.
+            Err(short) => Err(StoreError::Corrupt(format!("unchecked booking refused: {short:?}"))),
+        }
+    }
+
+    /// [`Ledger::book`]; with `check`, only when `balance − held` covers the cost, decided
+    /// under the same lock as the debit (two concurrent charges cannot both pass one check).
+    async fn book_if(&self, record: &UsageRecord, release: i64, check: bool) -> Result<Result<i64, Insufficient>, StoreError> {
         if self.slot.is_released() {
-            return self.forward(record, release).await;
+            if check {
+                let map = self.accounts();
+                let acc = map.get(&record.key_id).copied().unwrap_or_default();
+                let available = acc.balance.saturating_sub(acc.held);
+                if record.cost_nanos > 0 && available < record.cost_nanos {
+                    return Ok(Err(Insufficient { available, needed: record.cost_nanos }));
+                }
+            }
+            return self.forward(record, release).await.map(Ok);
         }
         let rkey = self.record_key(record);
         let balance = {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, &record.key_id)?;
-            let new_balance = acc.balance - record.cost_nanos;
+            if check {
+                let available = acc.balance.saturating_sub(acc.held);
+                if record.cost_nanos > 0 && available < record.cost_nanos {
+                    return Ok(Err(Insufficient { available, needed: record.cost_nanos }));
+                }
+            }
+            let new_balance = acc.balance.saturating_sub(record.cost_nanos);
             let seq = self.slot.db()?.generate_id()? + 1;
             let mut record = record.clone();
             record.seq = seq;
@@ -344,7 +413,7 @@ impl Ledger {
             new_balance
         };
         self.durable.flush().await?;
-        Ok(balance)
+        Ok(Ok(balance))
     }
 
     /// The database belongs to the new process now: it books the record; this process keeps
@@ -370,17 +439,10 @@ impl Ledger {
         self.book(&record, hold.amount).await
     }
 
-    /// Charge a price at once (video submission) when `balance − held` covers it.
+    /// Charge a price at once (video submission) when `balance − held` covers it: the check
+    /// and the debit happen under one lock.
     pub async fn charge(&self, record: UsageRecord) -> Result<Result<i64, Insufficient>, StoreError> {
-        {
-            let mut map = self.accounts();
-            let acc = self.load(&mut map, &record.key_id)?;
-            let available = acc.balance - acc.held;
-            if record.cost_nanos > 0 && available < record.cost_nanos {
-                return Ok(Err(Insufficient { available, needed: record.cost_nanos }));
-            }
-        }
-        self.book(&record, 0).await.map(Ok)
+        self.book_if(&record, 0, true).await
     }
 
     /// Credit (refund, top-up) or debit without a hold; the record says why.
@@ -436,18 +498,46 @@ impl Ledger {
     }
 
     /// Delete records older than `before_ms`. Returns how many.
+    ///
+    /// A key's balance may live only in its newest record (bookings do not rewrite the balance
+    /// entry), so before any record of a key goes, the key's balance is checkpointed into its
+    /// balance entry under a fresh sequence number: pruning never changes a balance.
     pub fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
-        let mut removed = 0;
         let records = self.records_tree()?;
+        let mut old_keys: Vec<sled::IVec> = Vec::new();
+        let mut key_ids: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for item in records.iter() {
             let (k, v) = item?;
-            let old = serde_json::from_slice::<UsageRecord>(&v).map_or(true, |r| r.time_ms < before_ms);
-            if old {
-                records.remove(k)?;
-                removed += 1;
+            match serde_json::from_slice::<UsageRecord>(&v) {
+                Ok(r) if r.time_ms < before_ms => {
+                    key_ids.insert(r.key_id);
+                    old_keys.push(k);
+                }
+                Ok(_) => {}
+                Err(e) => log::warn!("ledger: unreadable usage record kept: {e}"),
             }
         }
-        Ok(removed)
+        if old_keys.is_empty() {
+            return Ok(0);
+        }
+        for key_id in &key_ids {
+            self.checkpoint(key_id)?;
+        }
+        // The checkpoints are on disk before the records they replace are deleted.
+        self.slot.db()?.flush()?;
+        for k in &old_keys {
+            records.remove(k)?;
+        }
+        Ok(old_keys.len())
+    }
+
+    /// Write the key's current balance into its balance entry with a new sequence number.
+    fn checkpoint(&self, key_id: &str) -> Result<(), StoreError> {
+        let mut map = self.accounts();
+        let acc = self.load(&mut map, key_id)?;
+        let seq = self.slot.db()?.generate_id()? + 1;
+        self.balances()?.insert(key_id.as_bytes(), &encode_balance(acc.balance, seq)[..])?;
+        Ok(())
     }
 }
 
@@ -470,6 +560,7 @@ mod tests {
             route: "chat_completions".into(),
             input_tokens: 10,
             cached_tokens: 2,
+            cache_write_tokens: 0,
             output_tokens: 5,
             cost_nanos: cost,
             status: 200,
@@ -500,15 +591,15 @@ mod tests {
     #[test]
     fn prices_are_exact_integers() {
         let mut p = BTreeMap::new();
-        p.insert("m".to_string(), Price { input: 1.25, output: 10.0, cached_input: Some(0.125) });
+        p.insert("m".to_string(), Price { input: 1.25, output: 10.0, cached_input: Some(0.125), ..Price::default() });
         let book = PriceBook::new(&p);
         // USD 1.25 per 1M tokens is 1250 nano-USD a token.
-        assert_eq!(book.cost("m", Usage { input: 1000, cached: 100, output: 50 }), 1_250_000 + 12_500 + 500_000);
+        assert_eq!(book.cost("m", Usage { input: 1000, cached: 100, output: 50, ..Usage::default() }), 1_250_000 + 12_500 + 500_000);
         // Rounding to the nano-dollar: 3 tokens at USD 0.1234567/M = 370.37 → 370.
-        p.insert("r".to_string(), Price { input: 0.1234567, output: 0.0, cached_input: None });
-        assert_eq!(PriceBook::new(&p).cost("r", Usage { input: 3, cached: 0, output: 0 }), 370);
-        assert_eq!(book.cost("m", Usage { input: 1_000_000, cached: 0, output: 1_000_000 }), 11_250_000_000);
-        assert_eq!(book.cost("free", Usage { input: 5, cached: 0, output: 5 }), 0);
+        p.insert("r".to_string(), Price { input: 0.1234567, output: 0.0, ..Price::default() });
+        assert_eq!(PriceBook::new(&p).cost("r", Usage { input: 3, ..Usage::default() }), 370);
+        assert_eq!(book.cost("m", Usage { input: 1_000_000, output: 1_000_000, ..Usage::default() }), 11_250_000_000);
+        assert_eq!(book.cost("free", Usage { input: 5, output: 5, ..Usage::default() }), 0);
     }
 
     #[tokio::test]

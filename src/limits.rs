@@ -1,9 +1,11 @@
 //! Per-key rate limits: requests per minute (`rpm`) and tokens per minute (`tpm`), counted
-//! with `pingora-limits` over one-minute windows.
+//! with `pingora-limits` over one-minute windows, and requests in flight (`max_concurrent`).
 
 use crate::protocol::{ApiError, ErrorKind};
 use crate::store::KeyRecord;
 use pingora_limits::rate::Rate;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 const WINDOW: Duration = Duration::from_secs(60);
@@ -11,11 +13,31 @@ const WINDOW: Duration = Duration::from_secs(60);
 pub struct Limits {
     requests: Rate,
     tokens: Rate,
+    /// Requests in flight by key id (keys with a `max_concurrent` only).
+    in_flight: Mutex<HashMap<String, u32>>,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { requests: Rate::new(WINDOW), tokens: Rate::new(WINDOW) }
+        Limits { requests: Rate::new(WINDOW), tokens: Rate::new(WINDOW), in_flight: Mutex::new(HashMap::new()) }
+    }
+}
+
+/// One request of a key counted in flight; released on drop.
+pub struct Slot {
+    limits: Arc<Limits>,
+    key_id: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut map = self.limits.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = map.get_mut(&self.key_id) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                map.remove(&self.key_id);
+            }
+        }
     }
 }
 
@@ -53,6 +75,24 @@ impl Limits {
         Ok(())
     }
 
+    /// Count a request in flight for a key with `max_concurrent`; 429 when it has that many.
+    /// None for a key without the cap.
+    pub fn enter(self: &Arc<Self>, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
+        let Some(max) = key.max_concurrent else { return Ok(None) };
+        let mut map = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let n = map.entry(key.id.clone()).or_insert(0);
+        if *n >= max {
+            let mut e = ApiError::new(
+                ErrorKind::RateLimited,
+                format!("Too many requests in flight: this key may have {max} at once. Retry when one finishes."),
+            );
+            e.retry_after = Some(1);
+            return Err(e);
+        }
+        *n += 1;
+        Ok(Some(Slot { limits: self.clone(), key_id: key.id.clone() }))
+    }
+
     /// Count the tokens a finished request used.
     pub fn spend_tokens(&self, key_id: &str, tokens: u64) {
         self.tokens.observe(&key_id, isize::try_from(tokens).unwrap_or(isize::MAX));
@@ -73,7 +113,24 @@ mod tests {
             tpm,
             enabled: true,
             created_at: 0,
+            max_concurrent: Some(2),
+            origin: crate::store::KeyOrigin::Admin,
+            seed_digest: None,
         }
+    }
+
+    #[test]
+    fn max_concurrent_counts_requests_in_flight() {
+        let limits = Arc::new(Limits::default());
+        let k = key(None, None);
+        let a = limits.enter(&k).expect("first").expect("slot");
+        let _b = limits.enter(&k).expect("second").expect("slot");
+        let e = limits.enter(&k).err().expect("a third is refused");
+        assert_eq!(e.status(), 429);
+        drop(a);
+        assert!(limits.enter(&k).expect("one finished").is_some());
+        let free = KeyRecord { max_concurrent: None, ..k };
+        assert!(limits.enter(&free).expect("no cap").is_none());
     }
 
     #[test]

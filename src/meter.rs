@@ -6,11 +6,13 @@ use bytes::Bytes;
 use serde_json::Value;
 use std::collections::VecDeque;
 
-/// Token counts of one call. `input` excludes `cached` (cached input is priced apart).
+/// Token counts of one call. `input` excludes `cached` (cache reads) and `cache_write`
+/// (cache writes); each is priced apart.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
     pub input: u64,
     pub cached: u64,
+    pub cache_write: u64,
     pub output: u64,
 }
 
@@ -38,6 +40,7 @@ fn u(v: &Value, path: &str) -> Option<u64> {
 struct Seen {
     input: Option<u64>,
     cached: Option<u64>,
+    cache_write: Option<u64>,
     output: Option<u64>,
 }
 
@@ -63,10 +66,13 @@ pub struct ScanResult {
     /// Input tokens reported, if any.
     pub input: Option<u64>,
     pub cached: Option<u64>,
+    pub cache_write: Option<u64>,
     /// Output tokens reported, if any.
     pub output: Option<u64>,
-    /// Bytes of generated text seen in stream events.
+    /// Bytes of generated content seen in stream events (text, reasoning, tool-call arguments).
     pub text_bytes: u64,
+    /// Bytes that reached the client.
+    pub body_bytes: u64,
 }
 
 impl UsageScanner {
@@ -199,8 +205,18 @@ impl UsageScanner {
             Shape::Chat | Shape::Embeddings => {
                 if let Some(choices) = v.get("choices").and_then(Value::as_array) {
                     for c in choices {
-                        self.text(c.pointer("/delta/content"));
-                        self.text(c.pointer("/message/content"));
+                        for part in ["delta", "message"] {
+                            let Some(m) = c.get(part) else { continue };
+                            for field in ["content", "refusal", "reasoning_content", "reasoning"] {
+                                self.text(m.get(field));
+                            }
+                            if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+                                for call in calls {
+                                    self.text(call.pointer("/function/name"));
+                                    self.text(call.pointer("/function/arguments"));
+                                }
+                            }
+                        }
                     }
                 }
                 if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
@@ -209,6 +225,7 @@ impl UsageScanner {
                     self.seen = Seen {
                         input: Some(prompt - cached),
                         cached: Some(cached),
+                        cache_write: None,
                         output: Some(u(usage, "/completion_tokens").unwrap_or(0)),
                     };
                     return v.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
@@ -216,7 +233,9 @@ impl UsageScanner {
             }
             Shape::Responses => {
                 let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
-                if kind == "response.output_text.delta" {
+                // Every content delta: output text, refusals, reasoning, function-call and
+                // custom-tool arguments.
+                if kind.ends_with(".delta") {
                     self.text(v.get("delta"));
                 }
                 let usage = if kind.is_empty() { v.get("usage") } else { v.pointer("/response/usage") };
@@ -226,6 +245,7 @@ impl UsageScanner {
                     self.seen = Seen {
                         input: Some(input - cached),
                         cached: Some(cached),
+                        cache_write: None,
                         output: Some(u(usage, "/output_tokens").unwrap_or(0)),
                     };
                 }
@@ -238,14 +258,15 @@ impl UsageScanner {
                         self.text(v.pointer("/delta/text"));
                         self.text(v.pointer("/delta/partial_json"));
                         self.text(v.pointer("/delta/thinking"));
+                        self.text(v.pointer("/delta/signature"));
                         None
                     }
                     _ => v.get("usage"),
                 };
                 if let Some(usage) = usage.filter(|u| u.is_object()) {
                     if let Some(input) = u(usage, "/input_tokens") {
-                        let creation = u(usage, "/cache_creation_input_tokens").unwrap_or(0);
-                        self.seen.input = Some(input + creation);
+                        self.seen.input = Some(input);
+                        self.seen.cache_write = Some(u(usage, "/cache_creation_input_tokens").unwrap_or(0));
                         self.seen.cached = Some(u(usage, "/cache_read_input_tokens").unwrap_or(0));
                     }
                     // message_start carries a placeholder output count; the final one comes last.
@@ -262,6 +283,12 @@ impl UsageScanner {
                         if let Some(parts) = c.pointer("/content/parts").and_then(Value::as_array) {
                             for p in parts {
                                 self.text(p.get("text"));
+                                // Function calls and code carry their arguments as JSON.
+                                for field in ["functionCall", "executableCode", "codeExecutionResult", "inlineData"] {
+                                    if let Some(v) = p.get(field) {
+                                        self.text_bytes = self.text_bytes.saturating_add(v.to_string().len() as u64);
+                                    }
+                                }
                             }
                         }
                     }
@@ -270,7 +297,7 @@ impl UsageScanner {
                     let prompt = u(meta, "/promptTokenCount").unwrap_or(0);
                     let cached = u(meta, "/cachedContentTokenCount").unwrap_or(0).min(prompt);
                     let output = u(meta, "/candidatesTokenCount").unwrap_or(0) + u(meta, "/thoughtsTokenCount").unwrap_or(0);
-                    self.seen = Seen { input: Some(prompt - cached), cached: Some(cached), output: Some(output) };
+                    self.seen = Seen { input: Some(prompt - cached), cached: Some(cached), cache_write: None, output: Some(output) };
                 }
             }
         }
@@ -279,7 +306,7 @@ impl UsageScanner {
 
     fn text(&mut self, v: Option<&Value>) {
         if let Some(s) = v.and_then(Value::as_str) {
-            self.text_bytes += s.len() as u64;
+            self.text_bytes = self.text_bytes.saturating_add(s.len() as u64);
         }
     }
 
@@ -293,7 +320,14 @@ impl UsageScanner {
         } else {
             self.scan_tail();
         }
-        ScanResult { input: self.seen.input, cached: self.seen.cached, output: self.seen.output, text_bytes: self.text_bytes }
+        ScanResult {
+            input: self.seen.input,
+            cached: self.seen.cached,
+            cache_write: self.seen.cache_write,
+            output: self.seen.output,
+            text_bytes: self.text_bytes,
+            body_bytes: self.body_bytes,
+        }
     }
 
     /// A non-streamed body: parse it whole when it fits the window, else read the last usage
@@ -434,7 +468,7 @@ mod tests {
         assert_eq!((r.input, r.cached, r.output, r.text_bytes), (Some(8), Some(1), Some(3), 2));
 
         let r = scan(Shape::Messages, true, MESSAGES_STREAM.as_bytes(), &[]);
-        assert_eq!((r.input, r.cached, r.output, r.text_bytes), (Some(22), Some(5), Some(7), 3));
+        assert_eq!((r.input, r.cached, r.cache_write, r.output, r.text_bytes), (Some(20), Some(5), Some(2), Some(7), 3));
 
         let r = scan(Shape::Gemini, true, GEMINI_STREAM.as_bytes(), &[]);
         assert_eq!((r.input, r.output, r.text_bytes), (Some(4), Some(5), 3), "last chunk wins");

@@ -4,7 +4,8 @@
 //! background DNS refresh.
 
 use crate::auth::KEY_HEADERS;
-use crate::config::{Config, ProviderConfig, Protocol};
+use crate::config::{Config, Platform, ProviderConfig, Protocol};
+use crate::route::Route;
 use crate::protocol::{ApiError, ErrorKind, ModelEntry};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -79,7 +80,7 @@ impl Upstream {
 pub struct Catalog {
     pub upstreams: Vec<Arc<Upstream>>,
     by_model: HashMap<(Protocol, String), Vec<usize>>,
-    groups: BTreeMap<String, Vec<Protocol>>,
+    groups: BTreeMap<String, Vec<Platform>>,
     /// Unix time shown as the models' creation time.
     created: u64,
 }
@@ -107,9 +108,10 @@ impl Catalog {
         self.groups.contains_key(group)
     }
 
-    /// Whether a key of `group` may call `protocol`.
-    pub fn group_allows(&self, group: &str, protocol: Protocol) -> bool {
-        self.groups.get(group).is_some_and(|p| p.contains(&protocol))
+    /// Whether a key of `group` may call `platform` (a model protocol or video).
+    pub fn group_allows(&self, group: &str, platform: impl Into<Platform>) -> bool {
+        let platform = platform.into();
+        self.groups.get(group).is_some_and(|p| p.contains(&platform))
     }
 
     /// Provider indexes serving `model` over `protocol`, in configuration order.
@@ -178,8 +180,10 @@ impl BackgroundService for DnsRefresh {
 }
 
 /// The request-body fields tollgate reads; everything else is skipped without allocation.
+/// `stream_options` is kept as the raw text of its value (whatever its type), borrowed from
+/// the body, so the usage rewrite can splice it without parsing the body a second time.
 #[derive(Debug, Default, Deserialize)]
-pub struct BodyFields {
+pub struct BodyFields<'a> {
     #[serde(default)]
     pub model: Option<String>,
     #[serde(default)]
@@ -192,46 +196,104 @@ pub struct BodyFields {
     /// Responses.
     #[serde(default)]
     pub max_output_tokens: Option<u64>,
+    /// Chat completions: number of choices.
+    #[serde(default)]
+    pub n: Option<u64>,
     #[serde(default, rename = "generationConfig")]
     pub generation_config: Option<GenerationConfig>,
-    #[serde(default)]
-    pub stream_options: Option<StreamOptions>,
+    #[serde(default, borrow, deserialize_with = "present_raw")]
+    pub stream_options: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A present field's raw value, `null` included (plain `Option` would turn `null` into None).
+fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de serde_json::value::RawValue>, D::Error> {
+    <&serde_json::value::RawValue>::deserialize(d).map(Some)
 }
 
 #[derive(Debug, Default, Deserialize)]
 pub struct GenerationConfig {
     #[serde(default, rename = "maxOutputTokens")]
     pub max_output_tokens: Option<u64>,
+    #[serde(default, rename = "candidateCount")]
+    pub candidate_count: Option<u64>,
 }
 
-#[derive(Debug, Default, Deserialize)]
-pub struct StreamOptions {
-    #[serde(default)]
-    pub include_usage: Option<bool>,
-}
+/// Most choices one request may ask for (the chat-completions API's own limit).
+pub const MAX_CHOICES: u64 = 128;
 
-impl BodyFields {
-    /// The most output tokens the request allows, if it says.
+impl BodyFields<'_> {
+    /// The most output tokens the request allows per choice, if it says.
     pub fn max_output(&self) -> Option<u64> {
         self.max_completion_tokens
             .or(self.max_tokens)
             .or(self.max_output_tokens)
             .or(self.generation_config.as_ref().and_then(|g| g.max_output_tokens))
     }
+
+    /// How many answers the request asks for (`n`, or `candidateCount`); at least 1.
+    pub fn choices(&self) -> Result<u64, ApiError> {
+        let (n, param) = match (self.n, self.generation_config.as_ref().and_then(|g| g.candidate_count)) {
+            (Some(n), _) => (n, "n"),
+            (None, Some(c)) => (c, "generationConfig.candidateCount"),
+            (None, None) => return Ok(1),
+        };
+        if n > MAX_CHOICES {
+            return Err(ApiError::new(ErrorKind::BadRequest, format!("{param}: at most {MAX_CHOICES} choices per request"))
+                .with_param(param));
+        }
+        Ok(n.max(1))
+    }
+
+    /// The client asked for stream usage itself (`stream_options.include_usage: true`).
+    pub fn client_wants_usage(&self) -> bool {
+        #[derive(Deserialize)]
+        struct Probe {
+            #[serde(default)]
+            include_usage: Option<bool>,
+        }
+        self.stream_options
+            .and_then(|raw| serde_json::from_str::<Probe>(raw.get()).ok())
+            .and_then(|p| p.include_usage)
+            .unwrap_or(false)
+    }
 }
 
-/// A streaming chat-completions body with `stream_options.include_usage` set, so that usage is
-/// reported; None when the body cannot be rewritten.
-pub fn with_include_usage(body: &[u8]) -> Option<bytes::Bytes> {
-    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let obj = v.as_object_mut()?;
-    let opts = obj.entry("stream_options").or_insert_with(|| serde_json::json!({}));
-    opts.as_object_mut()?.insert("include_usage".into(), serde_json::Value::Bool(true));
-    serde_json::to_vec(&v).ok().map(bytes::Bytes::from)
+/// The body with `stream_options.include_usage` set to true, whatever `stream_options` held
+/// (absent, null, not an object, false): the one rewrite of a streaming chat completion. Only
+/// the `stream_options` value is parsed; the rest of the body is copied as it is.
+pub fn with_include_usage(body: &[u8], fields: &BodyFields<'_>) -> Result<bytes::Bytes, ApiError> {
+    let invalid = || ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object.");
+    let (start, end, replacement) = match fields.stream_options {
+        Some(raw) => {
+            let text = raw.get();
+            let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize).ok_or_else(invalid)?;
+            let end = start + text.len();
+            if body.get(start..end) != Some(text.as_bytes()) {
+                return Err(invalid());
+            }
+            let mut opts = match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(serde_json::Value::Object(map)) => map,
+                _ => serde_json::Map::new(),
+            };
+            opts.insert("include_usage".into(), serde_json::Value::Bool(true));
+            (start, end, serde_json::Value::Object(opts).to_string())
+        }
+        None => {
+            let open = body.iter().position(|&b| b == b'{').ok_or_else(invalid)?;
+            let rest_empty = body[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+            let insert = if rest_empty { r#""stream_options":{"include_usage":true}"# } else { r#""stream_options":{"include_usage":true},"# };
+            (open + 1, open + 1, insert.to_string())
+        }
+    };
+    let mut out = Vec::with_capacity(body.len() + replacement.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(replacement.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Ok(bytes::Bytes::from(out))
 }
 
 /// Parse the fields routing needs from a JSON request body.
-pub fn body_fields(body: &[u8]) -> Result<BodyFields, ApiError> {
+pub fn body_fields(body: &[u8]) -> Result<BodyFields<'_>, ApiError> {
     if body.is_empty() {
         return Err(ApiError::new(ErrorKind::BadRequest, "The request body is empty; send a JSON object."));
     }
@@ -243,25 +305,96 @@ pub fn body_fields(body: &[u8]) -> Result<BodyFields, ApiError> {
     })
 }
 
+/// Client headers relayed upstream, besides the operator's `forward_headers`. Everything else
+/// a client sends is dropped: credentials, account selectors (`OpenAI-Organization`,
+/// `OpenAI-Project`, `x-goog-user-project`), response shaping (`X-Goog-FieldMask`), cookies.
+const COMMON_HEADERS: [&str; 3] = ["content-type", "accept", "user-agent"];
+/// Header-name prefixes relayed for every protocol: the official SDKs' platform and retry
+/// headers.
+const COMMON_PREFIXES: [&str; 1] = ["x-stainless-"];
+const OPENAI_HEADERS: [&str; 1] = ["openai-beta"];
+const ANTHROPIC_HEADERS: [&str; 1] = ["anthropic-beta"];
+const GEMINI_HEADERS: [&str; 1] = ["x-goog-api-client"];
+
+/// Headers tollgate sets itself or that carry credentials: never relayed from a client, not
+/// even when an operator lists them in `forward_headers`.
+pub fn never_forwarded(name: &str) -> bool {
+    KEY_HEADERS.contains(&name)
+        || [
+            "proxy-authorization", "cookie", "host", "content-length", "transfer-encoding", "connection", "expect",
+            "accept-encoding", "anthropic-version", "compat-version", "x-goog-user-project", "x-goog-fieldmask",
+            "openai-organization", "openai-project", "te", "upgrade", "keep-alive",
+        ]
+        .contains(&name)
+}
+
+/// Whether a client header (lower-case name) may go to an upstream of `protocol`.
+pub fn header_allowed(name: &str, protocol: Protocol, forward: &[String]) -> bool {
+    if never_forwarded(name) {
+        return false;
+    }
+    let per_protocol: &[&str] = match protocol {
+        Protocol::Openai => &OPENAI_HEADERS,
+        Protocol::Anthropic => &ANTHROPIC_HEADERS,
+        Protocol::Gemini => &GEMINI_HEADERS,
+    };
+    COMMON_HEADERS.contains(&name)
+        || per_protocol.contains(&name)
+        || COMMON_PREFIXES.iter().any(|p| name.starts_with(p))
+        || forward.iter().any(|f| match f.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => f == name,
+        })
+}
+
+/// Query parameters a route relays: `alt` (stream framing) for generate-content, `beta`
+/// (the beta messages API the `anthropic` SDK and Claude Code call) for messages; nothing
+/// elsewhere, so no client can shape the answer (`fields`, `$fields`, `prettyPrint`…).
+fn query_allowlist(route: &Route) -> &'static [&'static str] {
+    match route {
+        Route::GenerateContent { .. } => &["alt"],
+        Route::Messages => &["beta"],
+        _ => &[],
+    }
+}
+
+/// The query string relayed upstream: only the allowed parameters, as the client wrote them.
+pub fn upstream_query(query: Option<&str>, route: &Route) -> Option<String> {
+    let allowed = query_allowlist(route);
+    let kept: Vec<&str> = query?
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split_once('=').map_or(*pair, |(n, _)| n);
+            let name = crate::auth::decode_component(name);
+            allowed.iter().any(|a| a.eq_ignore_ascii_case(&name))
+        })
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("&"))
+}
+
 /// Rewrite the request for `upstream`: strip every client credential, set the provider's,
 /// set `Host`, prefix the path, and fix the body headers for the preset body.
 pub fn rewrite_request(
     req: &mut RequestHeader,
     upstream: &Upstream,
+    route: &Route,
     client_version: Option<&str>,
     body_len: usize,
+    forward: &[String],
 ) -> pingora_error::Result<()> {
-    for name in KEY_HEADERS {
-        req.remove_header(name);
+    // Only allowlisted client headers go on: credentials, account selectors and answer
+    // shaping never reach the operator's upstream account. Also dropped: accept-encoding (the
+    // usage scanner needs plain bytes), expect (the whole body is already here).
+    let protocol = upstream.config.protocol;
+    let dropped: Vec<http::HeaderName> = req
+        .headers
+        .keys()
+        .filter(|name| !header_allowed(name.as_str(), protocol, forward))
+        .cloned()
+        .collect();
+    for name in dropped {
+        req.remove_header(&name);
     }
-    for name in ["proxy-authorization", "compat-version", "anthropic-version", "cookie"] {
-        req.remove_header(name);
-    }
-    // The usage scanner needs plain bytes: ask the upstream not to compress.
-    req.remove_header("accept-encoding");
-    req.remove_header("transfer-encoding");
-    // The whole body is already here: the upstream need not confirm it wants it.
-    req.remove_header("expect");
     req.insert_header("content-length", body_len.to_string())?;
 
     let cfg = &upstream.config;
@@ -280,7 +413,7 @@ pub fn rewrite_request(
     req.insert_header("host", cfg.base_url.host_header())?;
 
     let path = upstream_path(req.uri.path(), &cfg.base_url.prefix);
-    let path_and_query = match req.uri.query() {
+    let path_and_query = match upstream_query(req.uri.query(), route).as_deref() {
         Some(q) => format!("{path}?{q}"),
         None => path,
     };
@@ -317,6 +450,11 @@ providers:
 groups:
   default: { platforms: [openai, anthropic, gemini] }
   chat: { platforms: [openai] }
+prices:
+  alpha-5.5: { input: 1, output: 2 }
+  alpha-4o-mini: { input: 1, output: 2 }
+  beta-opus-4-7: { input: 1, output: 2 }
+  gamma-3.5-flash: { input: 0, output: 0 }
 "#;
         Config::parse(text, &|_| None).expect("valid")
     }
@@ -364,17 +502,73 @@ groups:
         let f = body_fields(br#"{"generationConfig":{"maxOutputTokens":11,"temperature":1}}"#).expect("parse");
         assert_eq!(f.max_output(), Some(11));
         let f = body_fields(br#"{"model":"m","stream_options":{"include_usage":true}}"#).expect("parse");
-        assert_eq!(f.stream_options.and_then(|o| o.include_usage), Some(true));
-        let rewritten = with_include_usage(br#"{"model":"m","stream":true,"stream_options":{"x":1}}"#).expect("rewrite");
-        let v: serde_json::Value = serde_json::from_slice(&rewritten).expect("json");
-        assert_eq!(v["stream_options"], serde_json::json!({"x": 1, "include_usage": true}));
-        assert_eq!(v["model"], "m");
+        assert!(f.client_wants_usage());
+        let f = body_fields(br#"{"model":"m","n":4,"max_tokens":10}"#).expect("parse");
+        assert_eq!(f.choices().expect("n"), 4);
+        let f = body_fields(br#"{"generationConfig":{"candidateCount":3}}"#).expect("parse");
+        assert_eq!(f.choices().expect("candidateCount"), 3);
+        let f = body_fields(br#"{"model":"m","n":129}"#).expect("parse");
+        assert_eq!(f.choices().unwrap_err().status(), 400);
+        assert_eq!(body_fields(br#"{"model":"m","max_tokens":1e15}"#).unwrap_err().status(), 400, "not an integer");
+        assert_eq!(body_fields(br#"{"model":"m","max_tokens":-1}"#).unwrap_err().status(), 400);
+    }
+
+    /// Whatever `stream_options` holds, the rewrite asks for usage, keeps every other byte of
+    /// the body, and keeps the client's other options.
+    #[test]
+    fn include_usage_is_set_whatever_stream_options_holds() {
+        let cases: [(&str, serde_json::Value); 9] = [
+            (r#"{"model":"m","stream":true}"#, serde_json::json!({"include_usage": true})),
+            (r#"{"model":"m","stream":true,"stream_options":null}"#, serde_json::json!({"include_usage": true})),
+            (r#"{"model":"m","stream":true,"stream_options":"yes"}"#, serde_json::json!({"include_usage": true})),
+            (r#"{"model":"m","stream":true,"stream_options":[1,{"a":2}]}"#, serde_json::json!({"include_usage": true})),
+            (r#"{"model":"m","stream":true,"stream_options":7}"#, serde_json::json!({"include_usage": true})),
+            (r#"{"model":"m","stream":true,"stream_options":{"include_usage":false}}"#, serde_json::json!({"include_usage": true})),
+            (r#"{"model":"m","stream":true,"stream_options":{"include_usage":null,"x":1}}"#, serde_json::json!({"include_usage": true, "x": 1})),
+            (r#"{"model":"m","stream":true,"stream_options":{}}"#, serde_json::json!({"include_usage": true})),
+            (r#"  { "stream_options" : { "x" : "}" } , "model":"m","stream":true}"#, serde_json::json!({"include_usage": true, "x": "}"})),
+        ];
+        for (body, want) in cases {
+            let f = body_fields(body.as_bytes()).expect("parse");
+            assert!(!f.client_wants_usage(), "{body}");
+            let rewritten = with_include_usage(body.as_bytes(), &f).expect("rewrite");
+            let v: serde_json::Value = serde_json::from_slice(&rewritten).unwrap_or_else(|e| panic!("{body}: {e}"));
+            assert_eq!(v["stream_options"], want, "{body}");
+            assert_eq!((v["model"].as_str(), v["stream"].as_bool()), (Some("m"), Some(true)), "{body}");
+            let f2 = body_fields(&rewritten).expect("reparse");
+            assert!(f2.client_wants_usage(), "{body}");
+        }
+        // A duplicate stream_options is ambiguous: refused, never rewritten into two.
+        assert_eq!(body_fields(br#"{"model":"m","stream_options":null,"stream_options":{"include_usage":true}}"#).unwrap_err().status(), 400);
+    }
+
+    #[test]
+    fn only_allowlisted_query_parameters_and_headers_go_upstream() {
+        let gen = Route::GenerateContent { model: "g".into(), stream: true };
+        assert_eq!(upstream_query(Some("alt=sse&fields=candidates&%24fields=x&prettyPrint=false"), &gen).as_deref(), Some("alt=sse"));
+        assert_eq!(upstream_query(Some("%61lt=sse"), &gen).as_deref(), Some("%61lt=sse"));
+        assert_eq!(upstream_query(Some("fields=candidates"), &gen), None);
+        assert_eq!(upstream_query(Some("beta=true&x=1"), &Route::Messages).as_deref(), Some("beta=true"));
+        assert_eq!(upstream_query(Some("alt=sse"), &Route::ChatCompletions), None);
+        for h in ["openai-organization", "openai-project", "x-goog-fieldmask", "x-goog-user-project", "cookie", "authorization", "x-forwarded-for", "x-mock-status"] {
+            for p in [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini] {
+                assert!(!header_allowed(h, p, &[]), "{h} to {p:?}");
+            }
+        }
+        assert!(header_allowed("x-stainless-lang", Protocol::Openai, &[]));
+        assert!(header_allowed("anthropic-beta", Protocol::Anthropic, &[]));
+        assert!(!header_allowed("anthropic-beta", Protocol::Openai, &[]));
+        assert!(header_allowed("x-goog-api-client", Protocol::Gemini, &[]));
+        let forward = vec!["x-mock-*".to_string(), "x-test-tag".to_string()];
+        assert!(header_allowed("x-mock-status", Protocol::Gemini, &forward));
+        assert!(header_allowed("x-test-tag", Protocol::Gemini, &forward));
+        assert!(!header_allowed("x-test-tagged", Protocol::Gemini, &forward));
     }
 
     #[test]
     fn rewrite_strips_client_keys_and_sets_provider_credentials() {
         let c = Catalog::new(&config(), 0);
-        let mut req = RequestHeader::build("POST", b"/messages?beta=true", None).expect("req");
+        let mut req = RequestHeader::build("POST", b"/messages?beta=true&fields=x", None).expect("req");
         for (k, v) in [
             ("authorization", "Bearer sk-client"),
             ("x-api-key", "sk-client"),
@@ -383,10 +577,14 @@ groups:
             ("compat-version", "2024-01-01"),
             ("accept-encoding", "gzip"),
             ("host", "gateway.local"),
+            ("anthropic-beta", "tools-1"),
+            ("openai-organization", "org-x"),
         ] {
             req.insert_header(k, v).expect("hdr");
         }
-        rewrite_request(&mut req, &c.upstreams[2], Some("2024-01-01"), 12).expect("rewrite");
+        rewrite_request(&mut req, &c.upstreams[2], &Route::Messages, Some("2024-01-01"), 12, &[]).expect("rewrite");
+        assert_eq!(req.headers["anthropic-beta"], "tools-1");
+        assert!(req.headers.get("openai-organization").is_none());
         let wire = format!("{:?}", req.headers);
         assert!(!wire.contains("sk-client"), "{wire}");
         assert_eq!(req.headers["x-api-key"], "up-c");
@@ -399,7 +597,7 @@ groups:
 
         let mut req = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("req");
         req.insert_header("x-api-key", "sk-client").expect("hdr");
-        rewrite_request(&mut req, &c.upstreams[0], None, 0).expect("rewrite");
+        rewrite_request(&mut req, &c.upstreams[0], &Route::ChatCompletions, None, 0, &[]).expect("rewrite");
         assert_eq!(req.headers["authorization"], "Bearer up-a");
         assert!(req.headers.get("x-api-key").is_none());
         assert_eq!(req.headers["host"], "127.0.0.1:1");
@@ -410,7 +608,7 @@ groups:
     fn anthropic_version_defaults_and_paths() {
         let c = Catalog::new(&config(), 0);
         let mut req = RequestHeader::build("POST", b"/v1/messages", None).expect("req");
-        rewrite_request(&mut req, &c.upstreams[2], None, 0).expect("rewrite");
+        rewrite_request(&mut req, &c.upstreams[2], &Route::Messages, None, 0, &[]).expect("rewrite");
         assert_eq!(req.headers["anthropic-version"], crate::config::DEFAULT_ANTHROPIC_VERSION);
         assert_eq!(upstream_path("/v1beta/models/g:generateContent", ""), "/v1beta/models/g:generateContent");
         assert_eq!(upstream_path("/embeddings", "/x"), "/x/v1/embeddings");

@@ -153,6 +153,7 @@ fn routing_for(config: &Config) -> Routing {
         catalog,
         prices: Arc::new(PriceBook::new(&config.prices)),
         default_max_output_tokens: config.default_max_output_tokens,
+        forward_headers: config.forward_headers.clone(),
     }
 }
 

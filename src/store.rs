@@ -23,6 +23,29 @@ pub struct KeyRecord {
     pub tpm: Option<u64>,
     pub enabled: bool,
     pub created_at: u64,
+    /// Requests of this key in flight at once (None: no cap).
+    #[serde(default)]
+    pub max_concurrent: Option<u32>,
+    /// Where the key comes from: the configuration file or the admin API.
+    #[serde(default)]
+    pub origin: KeyOrigin,
+    /// For a key from the file: a digest of the file entry last applied. While the entry is
+    /// unchanged, changes made through the admin API stand; None once the file dropped the key.
+    #[serde(default)]
+    pub seed_digest: Option<String>,
+}
+
+/// Where a key record comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KeyOrigin {
+    /// Written before origins were recorded: the file never disables it.
+    #[default]
+    Unknown,
+    /// Seeded from `keys:` in the configuration file.
+    Config,
+    /// Created through the admin API; the file never changes it.
+    Admin,
 }
 
 #[derive(Debug)]
@@ -234,6 +257,9 @@ mod tests {
             tpm: None,
             enabled: true,
             created_at: 1,
+            max_concurrent: None,
+            origin: KeyOrigin::Admin,
+            seed_digest: None,
         };
         {
             let s = Store::open(dir.path()).expect("open");

@@ -30,8 +30,8 @@ async fn stale_gets_coalesce_into_one_describe() {
         ca_pem: None,
         poll_interval_secs: 1,
         poll_concurrency: 4,
-        prices: Default::default(),
-        models: tollgate::video::request::MODELS.iter().map(|m| m.to_string()).collect(),
+        prices: [("genq3-pro".to_string(), 0.0)].into_iter().collect(),
+        models: vec!["genq3-pro".to_string()],
         max_task_hours: 24,
     };
     let svc = Arc::new(VideoService::new(cfg, &db, ledger, None).expect("service"));
@@ -44,6 +44,9 @@ async fn stale_gets_coalesce_into_one_describe() {
         tpm: None,
         enabled: true,
         created_at: 0,
+        max_concurrent: None,
+        origin: tollgate::store::KeyOrigin::Admin,
+        seed_digest: None,
     };
     let task = svc.create(&key, br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None).await.expect("created");
     // Staleness is a matter of time: let the one-second poll interval pass.

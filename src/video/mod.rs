@@ -89,10 +89,11 @@ impl VideoService {
         })
     }
 
-    /// Price of a task in nano-USD: `video.prices[model]` USD per second × duration.
-    pub fn price_nanos(&self, api_model: &str, duration: u32) -> i64 {
-        let per_second = self.cfg.prices.get(api_model).copied().unwrap_or(0.0);
-        crate::auth::usd_to_nanos(per_second * f64::from(duration))
+    /// Price of a task in nano-USD: `video.prices[model]` USD per second × duration. None for
+    /// an unpriced model (configuration validation refuses those; billing fails closed).
+    pub fn price_nanos(&self, api_model: &str, duration: u32) -> Option<i64> {
+        let per_second = self.cfg.prices.get(api_model).copied()?;
+        Some(crate::auth::usd_to_nanos(per_second * f64::from(duration)))
     }
 
     fn billing_record(task: &Task, cost_nanos: i64, route: &str) -> UsageRecord {
@@ -104,6 +105,7 @@ impl VideoService {
             route: route.into(),
             input_tokens: 0,
             cached_tokens: 0,
+            cache_write_tokens: 0,
             output_tokens: 0,
             cost_nanos,
             status: 200,
@@ -282,7 +284,10 @@ impl VideoService {
             }
         }
         let mut sub = request::validate(&json, &self.cfg.models, self.storage.is_some())?;
-        let cost = self.price_nanos(&sub.api_model, sub.duration);
+        let cost = self.price_nanos(&sub.api_model, sub.duration).ok_or_else(|| {
+            log::error!("video model {} is enabled without a price; refused", sub.api_model);
+            ApiError::new(ErrorKind::Internal, format!("The model '{}' is not priced on this gateway and cannot be served.", sub.api_model))
+        })?;
         let mut task = Task::new(new_task_id(), key.id.clone(), &sub, now, cost);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {
@@ -596,8 +601,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
         let svc = VideoService::new(config(), &db, Arc::new(Ledger::open(&db).expect("ledger")), None).expect("service");
-        assert_eq!(svc.price_nanos("genq3-pro", 8), 400_000_000);
-        assert_eq!(svc.price_nanos("genq2", 8), 0, "no price configured");
+        assert_eq!(svc.price_nanos("genq3-pro", 8), Some(400_000_000));
+        assert_eq!(svc.price_nanos("genq2", 8), None, "no price configured");
     }
 
     #[test]
