@@ -156,11 +156,13 @@ providers:
   - {{ name: mock, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
 prices:
   alpha-5.5: {{ input: 1.25, output: 10.0 }}
+forward_headers: ["x-mock-*"]
 keys:
   - {{ key: {KEY}, name: bench, group: default, balance: 1000000.0 }}
 video:
   upstream: {{ base_url: "http://127.0.0.1:{mock_port}", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key, region: r, version: "2024-05-23", rate_per_sec: 100000 }}
   poll_interval_secs: 3600
+  models: [genq3-pro]
   prices: {{ genq3-pro: 0.05 }}
 "#,
         d = dir.path().display()

@@ -650,4 +650,97 @@ mod tests {
         assert_eq!(ledger.prune(2500).expect("prune"), 3, "two of k, one of other");
         assert_eq!(ledger.records("k").expect("records").len(), 2);
     }
+
+    /// Retention never changes a balance: every record of a key pruned, the store reopened,
+    /// the balance is the same.
+    #[tokio::test]
+    async fn pruning_every_record_keeps_the_balance() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let db = sled::open(dir.path()).expect("open");
+            let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+            ledger.open_account("k", 10_000).expect("open");
+            for t in 1..=20u64 {
+                let h = ledger.hold("k", 100).expect("db").expect("ok");
+                ledger.settle(h, record("k", "m", 100, t)).await.expect("settle");
+            }
+            assert_eq!(ledger.balance("k").expect("bal"), 8_000);
+            assert_eq!(ledger.prune(u64::MAX).expect("prune"), 20);
+            assert!(ledger.records("k").expect("records").is_empty());
+            db.flush().expect("flush");
+        }
+        let db = crate::store::reopen(dir.path());
+        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        assert_eq!(ledger.balance("k").expect("balance"), 8_000, "the spending is not given back");
+        // Bookings after the checkpoint still win over it.
+        ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 500, 30)).await.expect("settle");
+        drop(ledger);
+        drop(db);
+        let db = crate::store::reopen(dir.path());
+        assert_eq!(Ledger::open(&db).expect("ledger").balance("k").expect("balance"), 7_500);
+    }
+
+    /// `charge` checks and debits under one lock: of many concurrent charges that each fit
+    /// the balance alone, only as many as it covers succeed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_charges_never_overdraw() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        ledger.open_account("v", 1_000).expect("open");
+        let tasks: Vec<_> = (0..32)
+            .map(|i| {
+                let l = ledger.clone();
+                tokio::spawn(async move { l.charge(record("v", "genq", 300, i)).await.expect("db").is_ok() })
+            })
+            .collect();
+        let mut charged = 0;
+        for t in tasks {
+            charged += usize::from(t.await.expect("join"));
+        }
+        assert_eq!(charged, 3);
+        assert_eq!(ledger.balance("v").expect("bal"), 100);
+    }
+
+    #[test]
+    fn money_arithmetic_saturates_and_cache_writes_are_priced_apart() {
+        let mut p = BTreeMap::new();
+        p.insert("m".to_string(), Price { input: 3.0, output: 15.0, cached_input: Some(0.3), cache_write_input: Some(3.75), ..Price::default() });
+        p.insert("dear".to_string(), Price { input: 1e6, output: 1e6, ..Price::default() });
+        let book = PriceBook::new(&p);
+        let u = Usage { input: 1_000_000, cached: 1_000_000, cache_write: 1_000_000, output: 1_000_000 };
+        assert_eq!(book.cost("m", u), 3_000_000_000 + 300_000_000 + 3_750_000_000 + 15_000_000_000);
+        let huge = Usage { input: u64::MAX, cached: u64::MAX, cache_write: u64::MAX, output: u64::MAX };
+        assert_eq!(book.cost("dear", huge), i64::MAX);
+        assert_eq!(book.hold_cost("dear", u64::MAX, u64::MAX), Some(i64::MAX));
+        assert_eq!(book.hold_cost("m", 1_000_000, 0), Some(3_750_000_000), "input held at the dearest input price");
+        assert_eq!(book.hold_cost("unpriced", 1, 1), None);
+    }
+
+    /// Property: the hold of a request never falls below the cost of any answer its limits
+    /// allow (input up to the hold's estimate, split any way between plain, cached and
+    /// cache-write tokens; output up to the allowance).
+    #[test]
+    fn the_hold_covers_every_answer_the_limits_allow() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for _ in 0..5_000 {
+            let price = |rng: &mut rand::rngs::StdRng| (rng.gen_range(0..=200_000) as f64) / 1000.0;
+            let mut p = BTreeMap::new();
+            let cached = rng.gen_bool(0.5).then(|| price(&mut rng));
+            let write = rng.gen_bool(0.5).then(|| price(&mut rng));
+            p.insert("m".to_string(), Price { input: price(&mut rng), output: price(&mut rng), cached_input: cached, cache_write_input: write, ..Price::default() });
+            let book = PriceBook::new(&p);
+            let body_len = rng.gen_range(0..40_000_000usize);
+            let allowance = rng.gen_range(0..=crate::config::MAX_OUTPUT_ALLOWANCE) * rng.gen_range(1..=128);
+            let input_max = crate::billing::hold_input_tokens(body_len);
+            let hold = book.hold_cost("m", input_max, allowance).expect("priced");
+            let plain = rng.gen_range(0..=input_max);
+            let cached_n = rng.gen_range(0..=input_max - plain);
+            let write_n = input_max - plain - cached_n;
+            let usage = Usage { input: plain, cached: cached_n, cache_write: write_n, output: rng.gen_range(0..=allowance) };
+            // Each term is rounded apart: allow one nano-dollar of rounding per term.
+            assert!(book.cost("m", usage) <= hold + 3, "{usage:?} costs more than the hold {hold}");
+        }
+    }
 }

@@ -11,7 +11,11 @@
 //! response header; `x-mock-deltas: N` text deltas in the answer (default 3);
 //! `x-mock-interval-ms: N` pause between stream events; `x-mock-hold: T` after the first stream
 //! event (or after `x-mock-hold-after: N` events), wait at least one second and until
-//! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events.
+//! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events;
+//! `x-mock-usage: IN,OUT` report these token counts; `x-mock-no-usage: 1` report no usage at
+//! all (whatever the request asked); `x-mock-tool-calls: 1` answer a chat completion with a
+//! tool call only (arguments, no text); `x-mock-cache: WRITE,READ` report prompt-cache writes
+//! and reads (messages).
 //!
 //! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
 //! body length, model; tag from `x-test-tag`). The mock demands its own upstream key in the
@@ -45,6 +49,8 @@ pub struct Recorded {
     pub body_len: usize,
     pub model: Option<String>,
     pub tag: Option<String>,
+    /// The request's `stream_options` (chat completions), as received.
+    pub stream_options: Option<Value>,
 }
 
 /// The mock server's state.
@@ -122,7 +128,21 @@ struct Call {
     embed_inputs: usize,
     embed_base64: bool,
     gemini_sse: bool,
+    /// Reported output tokens (default: one per delta).
+    output_tokens: Option<u64>,
+    no_usage: bool,
+    tool_calls: bool,
+    /// Prompt-cache (write, read) tokens to report.
+    cache: Option<(u64, u64)>,
 }
+
+fn pair(req: &RequestHeader, name: &str) -> Option<(u64, u64)> {
+    let (a, b) = header(req, name)?.split_once(',')?;
+    Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+}
+
+/// The tool call a `x-mock-tool-calls` answer makes, and its arguments in stream pieces.
+const TOOL_ARGS: [&str; 4] = ["{\"city\":", " \"Paris\",", " \"unit\":", " \"celsius\"}"];
 
 fn now() -> u64 {
     std::time::SystemTime::now()
@@ -284,6 +304,7 @@ impl MockUpstream {
             body_len: body.len(),
             model: model.clone(),
             tag: header(&req, "x-test-tag").map(str::to_string),
+            stream_options: parsed.get("stream_options").cloned(),
         });
 
         if !self.credential_ok(kind, &req) {
@@ -309,8 +330,17 @@ impl MockUpstream {
             include_usage: parsed
                 .pointer("/stream_options/include_usage")
                 .and_then(Value::as_bool)
-                .unwrap_or(false),
-            input_tokens: (body.len() as u64).div_ceil(4).max(1),
+                .unwrap_or(false)
+                && header(&req, "x-mock-no-usage").is_none(),
+            input_tokens: pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i),
+            output_tokens: pair(&req, "x-mock-usage").map(|(_, o)| o),
+            // A field mask (query `fields` / `$fields`, or `X-Goog-FieldMask`) that does not
+            // name usage removes it, as the real service does.
+            no_usage: header(&req, "x-mock-no-usage").is_some()
+                || header(&req, "x-goog-fieldmask").is_some()
+                || query.as_deref().is_some_and(|q| q.split('&').any(|p| p.starts_with("fields=") || p.starts_with("$fields=") || p.starts_with("%24fields="))),
+            tool_calls: header(&req, "x-mock-tool-calls").is_some(),
+            cache: pair(&req, "x-mock-cache"),
             deltas: num(&req, "x-mock-deltas").unwrap_or(3) as usize,
             interval: Duration::from_millis(num(&req, "x-mock-interval-ms").unwrap_or(0)),
             hold: header(&req, "x-mock-hold").map(str::to_string),
@@ -486,13 +516,42 @@ fn sse(event: Option<&str>, data: &Value) -> String {
     }
 }
 
+/// The whole (non-streamed) answer, without its usage when the call says so.
 fn whole_body(call: &Call) -> Value {
+    let mut v = whole_body_with_usage(call);
+    if call.no_usage {
+        if let Some(obj) = v.as_object_mut() {
+            obj.remove("usage");
+            obj.remove("usageMetadata");
+        }
+    }
+    v
+}
+
+/// Messages usage, with prompt-cache tokens when the call has them.
+fn messages_usage(call: &Call, out: u64) -> Value {
+    let mut u = json!({"input_tokens": call.input_tokens, "output_tokens": out});
+    if let Some((write, read)) = call.cache {
+        u["cache_creation_input_tokens"] = json!(write);
+        u["cache_read_input_tokens"] = json!(read);
+    }
+    u
+}
+
+fn whole_body_with_usage(call: &Call) -> Value {
     let words = text_of(call.deltas);
     let text: String = words.concat();
-    let out = call.deltas as u64;
+    let out = call.output_tokens.unwrap_or(call.deltas as u64);
     let inp = call.input_tokens;
     let model = &call.model;
     match call.kind {
+        Kind::Chat if call.tool_calls => json!({
+            "id": "chatcmpl-mock", "object": "chat.completion", "created": now(), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "call_mock", "type": "function", "function": {"name": "get_weather", "arguments": TOOL_ARGS.concat()}}]},
+                "logprobs": null, "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out},
+        }),
         Kind::Chat => json!({
             "id": "chatcmpl-mock", "object": "chat.completion", "created": now(), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": null},
@@ -520,7 +579,7 @@ fn whole_body(call: &Call) -> Value {
             "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
             "content": [{"type": "text", "text": text}],
             "stop_reason": "end_turn", "stop_sequence": null,
-            "usage": {"input_tokens": inp, "output_tokens": out},
+            "usage": messages_usage(call, out),
         }),
         Kind::Generate { .. } => gemini_chunk(model, &text, Some("STOP"), inp, out),
     }
@@ -557,8 +616,21 @@ fn gemini_chunk(model: &str, text: &str, finish: Option<&str>, inp: u64, out: u6
 
 /// The stream as a list of wire pieces; the first piece is the first event.
 fn stream_events(call: &Call) -> Vec<String> {
+    let mut ev = stream_events_with_usage(call);
+    if call.no_usage && matches!(call.kind, Kind::Responses | Kind::Generate { .. }) {
+        // Strip the usage objects the way a field mask or a proxy would.
+        for e in &mut ev {
+            *e = e
+                .replace(",\"usageMetadata\":", ",\"_stripped\":")
+                .replace("\"usage\":{\"input_tokens\"", "\"_stripped\":{\"input_tokens\"");
+        }
+    }
+    ev
+}
+
+fn stream_events_with_usage(call: &Call) -> Vec<String> {
     let words = text_of(call.deltas);
-    let out = call.deltas as u64;
+    let out = call.output_tokens.unwrap_or(call.deltas as u64);
     let inp = call.input_tokens;
     let model = call.model.as_str();
     let mut ev = Vec::new();
@@ -569,12 +641,21 @@ fn stream_events(call: &Call) -> Vec<String> {
                 json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created, "model": model,
                        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
             };
-            ev.push(sse(None, &chunk(json!({"role": "assistant", "content": ""}), Value::Null)));
-            for w in &words {
-                ev.push(sse(None, &chunk(json!({"content": w}), Value::Null)));
+            if call.tool_calls {
+                ev.push(sse(None, &chunk(json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"index": 0, "id": "call_mock", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}), Value::Null)));
+                for piece in TOOL_ARGS {
+                    ev.push(sse(None, &chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}), Value::Null)));
+                }
+            } else {
+                ev.push(sse(None, &chunk(json!({"role": "assistant", "content": ""}), Value::Null)));
+                for w in &words {
+                    ev.push(sse(None, &chunk(json!({"content": w}), Value::Null)));
+                }
             }
             // The finish chunk, the usage chunk and [DONE] leave together, as the service sends them.
-            let mut tail = sse(None, &chunk(json!({}), json!("stop")));
+            let finish = if call.tool_calls { "tool_calls" } else { "stop" };
+            let mut tail = sse(None, &chunk(json!({}), json!(finish)));
             if call.include_usage {
                 tail.push_str(&sse(None, &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created,
                     "model": model, "choices": [],
@@ -611,7 +692,7 @@ fn stream_events(call: &Call) -> Vec<String> {
         Kind::Messages => {
             ev.push(sse(Some("message_start"), &json!({"type": "message_start", "message": {
                 "id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": inp, "output_tokens": 1}}})));
+                "stop_reason": null, "stop_sequence": null, "usage": messages_usage(call, 1)}})));
             ev.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": 0,
                 "content_block": {"type": "text", "text": ""}})));
             ev.push(sse(Some("ping"), &json!({"type": "ping"})));
@@ -630,7 +711,9 @@ fn stream_events(call: &Call) -> Vec<String> {
                 .map(|i| {
                     let w = words.get(i).copied().unwrap_or("");
                     let finish = (i + 1 == n).then_some("STOP");
-                    gemini_chunk(model, w, finish, inp, i as u64 + 1)
+                    // Counts grow chunk by chunk; the last chunk carries the answer's total.
+                    let so_far = if i + 1 == n { out } else { (i as u64 + 1).min(out) };
+                    gemini_chunk(model, w, finish, inp, so_far)
                 })
                 .collect();
             if call.gemini_sse {

@@ -441,6 +441,12 @@ providers:
   - {{ name: slow, protocol: anthropic, base_url: "http://127.0.0.1:{port}/slow", api_key: {UPSTREAM_KEY}, models: [beta-slow], read_timeout_secs: 1 }}
   - {{ name: down-ge, protocol: gemini, base_url: "http://127.0.0.1:{dead}", api_key: {UPSTREAM_KEY}, models: [gamma-down] }}
   - {{ name: up, protocol: openai, base_url: "http://127.0.0.1:{port}/up", api_key: {UPSTREAM_KEY}, models: [alpha-fo, alpha-ok] }}
+prices:
+  alpha-down: {{ input: 1, output: 1 }}
+  alpha-fo: {{ input: 1, output: 1 }}
+  alpha-ok: {{ input: 1, output: 1 }}
+  beta-slow: {{ input: 1, output: 1 }}
+  gamma-down: {{ input: 1, output: 1 }}
 keys:
   - {{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}
 "#

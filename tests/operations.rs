@@ -54,6 +54,7 @@ async fn sighup_reloads_routing_and_keys_and_refuses_a_bad_file() {
     let original = std::fs::read_to_string(&path).expect("config");
     let changed = original
         .replace("models: [alpha-5.5, alpha-4o-mini, alpha-embed-3]", "models: [alpha-5.5, alpha-6, alpha-embed-3]")
+        .replace("prices:\n", "prices:\n  alpha-6: { input: 1, output: 1 }\n")
         .replace("keys:\n", "keys:\n  - { key: sk-client-new-0001, name: newcomer, group: default, balance: 1.0 }\n");
     std::fs::write(&path, &changed).expect("write");
     gw.signal("HUP");

@@ -216,6 +216,7 @@ async fn an_https_upstream_is_reached_only_with_its_ca() {
 providers:
   - {{ name: trusted, protocol: openai, base_url: "https://127.0.0.1:{port}", api_key: {UPSTREAM_KEY}, models: [alpha-ok], ca_file: {} }}
   - {{ name: untrusted, protocol: openai, base_url: "https://127.0.0.1:{port}", api_key: {UPSTREAM_KEY}, models: [alpha-bad] }}
+prices: {{ alpha-ok: {{ input: 1, output: 1 }}, alpha-bad: {{ input: 1, output: 1 }} }}
 keys:
   - {{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}
 "#,

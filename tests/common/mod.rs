@@ -78,6 +78,36 @@ impl Gateway {
     }
 }
 
+/// USD per 1M tokens (input, output) of every model the test configs serve.
+pub const PRICES: &[(&str, f64, f64)] = &[
+    ("alpha-5.5", 2.0, 8.0),
+    ("alpha-5.4", 1.0, 4.0),
+    ("alpha-4o-mini", 0.15, 0.6),
+    ("alpha-big", 1.0, 1.0),
+    ("alpha-embed-3", 0.1, 0.0),
+    ("beta-opus-4-7", 3.0, 15.0),
+    ("beta-sonnet-4-6", 3.0, 15.0),
+    ("gamma-3.5-flash", 0.5, 1.5),
+];
+
+/// `(input, output)` USD per 1M tokens of a test model.
+pub fn price(model: &str) -> (f64, f64) {
+    PRICES.iter().find(|(m, _, _)| *m == model).map(|(_, i, o)| (*i, *o)).unwrap_or((0.0, 0.0))
+}
+
+/// Exact cost in nano-USD, as the ledger computes it (per-token rate × tokens, rounded).
+pub fn cost_nanos(model: &str, input: u64, output: u64) -> i64 {
+    let (i, o) = price(model);
+    let part = |tokens: u64, usd_per_m: f64| ((tokens as i128 * (usd_per_m * 1e9).round() as i128 + 500_000) / 1_000_000) as i64;
+    part(input, i) + part(output, o)
+}
+
+/// The `prices:` section for [`PRICES`].
+pub fn prices_section() -> String {
+    let rows: String = PRICES.iter().map(|(m, i, o)| format!("  {m}: {{ input: {i}, output: {o} }}\n")).collect();
+    format!("prices:\n{rows}")
+}
+
 /// The standard test config body (without `listen`/`data_dir`) against a mock on `mock_port`:
 /// providers `oa` (prefix /oa), `an` (/an), `ge` (/ge); groups default and chat; three keys.
 pub fn standard_config(mock_port: u16) -> String {
@@ -91,13 +121,14 @@ providers:
   - {{ name: ge, protocol: gemini, base_url: "http://127.0.0.1:{mock_port}/ge", api_key: {UPSTREAM_KEY},
       models: [gamma-3.5-flash] }}
 groups:
-  default: {{ platforms: [openai, anthropic, gemini] }}
+  default: {{ platforms: [openai, anthropic, gemini, video] }}
   chat: {{ platforms: [openai] }}
-keys:
+{prices}keys:
   - {{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}
   - {{ key: {CHAT_KEY}, name: chatter, group: chat, balance: 5.0 }}
   - {{ key: {DISABLED_KEY}, name: off, group: default, balance: 5.0, enabled: false }}
-"#
+"#,
+        prices = prices_section()
     )
 }
 
@@ -109,10 +140,12 @@ pub fn write_config(body: &str) -> (tempfile::TempDir, PathBuf, u16) {
     let mut f = std::fs::File::create(&path).expect("config file");
     write!(
         f,
-        "listen: 127.0.0.1:{port}\ndata_dir: {}\npingora: {{ threads: 2, pid_file: {}, upgrade_sock: {} }}\n{body}",
+        "listen: 127.0.0.1:{port}\ndata_dir: {}\npingora: {{ threads: 2, pid_file: {}, upgrade_sock: {} }}\n{}{body}",
         dir.path().join("data").display(),
         dir.path().join("tollgate.pid").display(),
         dir.path().join("upgrade.sock").display(),
+        // The mock is steered by these request headers; tollgate relays only allowlisted ones.
+        if body.contains("forward_headers:") { "" } else { "forward_headers: [\"x-mock-*\", x-test-tag]\n" },
     )
     .expect("write config");
     (dir, path, port)
@@ -189,7 +222,7 @@ video:
   upstream: {{ base_url: "http://127.0.0.1:{mock_port}", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key,
               region: ap-guangzhou, version: "2024-05-23", brand: Gen, rate_per_sec: 100 }}
   poll_interval_secs: 1
-  prices: {{ genq3-pro: 0.05, genq2: 0.02 }}
+  prices: {{ genq3-pro: 0.05, genq2: 0.02, genq3-turbo: 0, genq3-pro-fast: 0, genq2-pro: 0, genq2-turbo: 0, genq2-pro-fast: 0 }}
 "#
     )
 }
@@ -253,4 +286,32 @@ pub async fn mock_requests(mock: &Proc, tag: &str) -> Vec<serde_json::Value> {
         .json()
         .await
         .expect("json")
+}
+
+/// `GET /v1/usage` for a key.
+pub async fn usage(gw: &Gateway, key: &str) -> serde_json::Value {
+    client().get(gw.url("/v1/usage")).bearer_auth(key).send().await.expect("usage").json().await.expect("json")
+}
+
+/// USD (a JSON number) in nano-USD.
+pub fn nanos(usd: &serde_json::Value) -> i64 {
+    (usd.as_f64().expect("number") * 1e9).round() as i64
+}
+
+/// The key's balance in nano-USD.
+pub async fn balance(gw: &Gateway, key: &str) -> i64 {
+    nanos(&usage(gw, key).await["balance"])
+}
+
+/// Wait until the key's usage shows `n` requests (settlement happens after the response).
+pub async fn wait_requests(gw: &Gateway, key: &str, n: u64) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let u = usage(gw, key).await;
+        if u["total"]["requests"].as_u64() == Some(n) {
+            return u;
+        }
+        assert!(Instant::now() < deadline, "expected {n} requests: {u}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

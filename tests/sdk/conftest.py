@@ -81,6 +81,12 @@ providers:
 groups:
   default: {{ platforms: [openai, anthropic, gemini] }}
   chat: {{ platforms: [openai] }}
+prices:
+  alpha-5.5: {{ input: 2.0, output: 8.0 }}
+  alpha-embed-3: {{ input: 0.1, output: 0.0 }}
+  beta-opus-4-7: {{ input: 3.0, output: 15.0, cache_write_input: 3.75 }}
+  beta-sonnet-4-6: {{ input: 3.0, output: 15.0 }}
+  gamma-3.5-flash: {{ input: 0.5, output: 1.5 }}
 keys:
   - {{ key: {CLIENT_KEY}, name: sdk, group: default, balance: 5.0 }}
   - {{ key: {CHAT_KEY}, name: sdk-chat, group: chat, balance: 5.0 }}
