@@ -238,7 +238,7 @@ keys:
     // The video service over HTTPS: reached with its CA, refused without.
     let video = |ca: &str| {
         format!(
-            "video:\n  upstream: {{ base_url: \"https://127.0.0.1:{port}\", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key, region: r, version: v{ca} }}\n  poll_interval_secs: 1\n"
+            "video:\n  upstream: {{ base_url: \"https://127.0.0.1:{port}\", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key, region: r, version: v{ca} }}\n  poll_interval_secs: 1\n  models: [genq3-pro]\n  prices: {{ genq3-pro: 0.01 }}\n"
         )
     };
     let with_ca = start_gateway(&format!("{body}{}", video(&format!(", ca_file: {}", ca_path.display()))));
