@@ -78,8 +78,8 @@ pub struct RelayPlan {
     pub started: Instant,
     /// What settlement billed (tokens, cost, estimated), for the access log.
     pub billed: Mutex<Option<(crate::meter::Usage, i64, bool)>>,
-    /// Counts the request against the key's `max_concurrent` while the plan lives.
-    pub _slot: Option<crate::limits::Slot>,
+    /// Counts the request against the key's `max_concurrent` while the plan lives (held, not read).
+    pub concurrency_slot: Option<crate::limits::Slot>,
 }
 
 /// Per-request state.
@@ -342,7 +342,7 @@ impl Gateway {
             withhold_usage,
             started: Instant::now(),
             billed: Mutex::new(None),
-            _slot: slot,
+            concurrency_slot: slot,
         })))
     }
 

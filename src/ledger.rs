@@ -150,6 +150,17 @@ struct Account {
     held: i64,
 }
 
+impl Account {
+    /// Whether `balance − held` covers `amount` (a positive amount needs a positive remainder).
+    fn covers(&self, amount: i64) -> Result<(), Insufficient> {
+        let available = self.balance.saturating_sub(self.held);
+        if available < amount || (amount > 0 && available <= 0) {
+            return Err(Insufficient { available, needed: amount });
+        }
+        Ok(())
+    }
+}
+
 /// The balance was too low for the hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Insufficient {
@@ -340,9 +351,8 @@ impl Ledger {
         let amount = amount.max(0);
         let mut map = self.accounts();
         let mut acc = self.load(&mut map, key_id)?;
-        let available = acc.balance.saturating_sub(acc.held);
-        if available < amount || (amount > 0 && available <= 0) {
-            return Ok(Err(Insufficient { available, needed: amount }));
+        if let Err(short) = acc.covers(amount) {
+            return Ok(Err(short));
         }
         acc.held = acc.held.saturating_add(amount);
         map.insert(key_id.to_string(), acc);
@@ -379,11 +389,9 @@ impl Ledger {
     async fn book_if(&self, record: &UsageRecord, release: i64, check: bool) -> Result<Result<i64, Insufficient>, StoreError> {
         if self.slot.is_released() {
             if check {
-                let map = self.accounts();
-                let acc = map.get(&record.key_id).copied().unwrap_or_default();
-                let available = acc.balance.saturating_sub(acc.held);
-                if record.cost_nanos > 0 && available < record.cost_nanos {
-                    return Ok(Err(Insufficient { available, needed: record.cost_nanos }));
+                let acc = self.accounts().get(&record.key_id).copied().unwrap_or_default();
+                if let Err(short) = acc.covers(record.cost_nanos) {
+                    return Ok(Err(short));
                 }
             }
             return self.forward(record, release).await.map(Ok);
@@ -393,9 +401,8 @@ impl Ledger {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, &record.key_id)?;
             if check {
-                let available = acc.balance.saturating_sub(acc.held);
-                if record.cost_nanos > 0 && available < record.cost_nanos {
-                    return Ok(Err(Insufficient { available, needed: record.cost_nanos }));
+                if let Err(short) = acc.covers(record.cost_nanos) {
+                    return Ok(Err(short));
                 }
             }
             let new_balance = acc.balance.saturating_sub(record.cost_nanos);

@@ -131,6 +131,7 @@ impl UsageScanner {
         if self.withhold_usage && !self.carry.is_empty() {
             let rest = std::mem::take(&mut self.carry);
             self.line(&rest);
+            self.body_bytes += rest.len() as u64;
             return Some(Bytes::from(rest));
         }
         None
@@ -444,6 +445,13 @@ mod tests {
             assert!(text.contains("[DONE]") && text.contains(" world"), "cut {cut}: {text}");
             assert!(!text.contains("\n\n\n"), "cut {cut}: no stray blank line");
         }
+        // An unterminated last line is released at the end and counted as received.
+        let body = &CHAT_STREAM.as_bytes()[..CHAT_STREAM.len() - 2];
+        let mut s = UsageScanner::new(Shape::Chat, true, true);
+        let mut out = s.feed(&Bytes::copy_from_slice(body)).map_or_else(|| body.to_vec(), |b| b.to_vec());
+        out.extend_from_slice(&s.take_pending().expect("the held-back [DONE] line"));
+        assert!(out.ends_with(b"data: [DONE]"));
+        assert_eq!(s.finish().body_bytes, out.len() as u64, "every byte the client got is counted");
     }
 
     const MESSAGES_STREAM: &str = concat!(

@@ -516,14 +516,23 @@ fn sse(event: Option<&str>, data: &Value) -> String {
     }
 }
 
+/// Remove the usage an answer or event carries (`usage`, `usageMetadata`, `response.usage`),
+/// as a field mask or an upstream that omits it would.
+fn strip_usage(v: &mut Value) {
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("usage");
+        obj.remove("usageMetadata");
+        if let Some(inner) = obj.get_mut("response") {
+            strip_usage(inner);
+        }
+    }
+}
+
 /// The whole (non-streamed) answer, without its usage when the call says so.
 fn whole_body(call: &Call) -> Value {
     let mut v = whole_body_with_usage(call);
     if call.no_usage {
-        if let Some(obj) = v.as_object_mut() {
-            obj.remove("usage");
-            obj.remove("usageMetadata");
-        }
+        strip_usage(&mut v);
     }
     v
 }
@@ -614,21 +623,9 @@ fn gemini_chunk(model: &str, text: &str, finish: Option<&str>, inp: u64, out: u6
            "modelVersion": model})
 }
 
-/// The stream as a list of wire pieces; the first piece is the first event.
+/// The stream as a list of wire pieces; the first piece is the first event. Chat streams carry
+/// usage only when asked (`include_usage`); with `no_usage` no event carries any.
 fn stream_events(call: &Call) -> Vec<String> {
-    let mut ev = stream_events_with_usage(call);
-    if call.no_usage && matches!(call.kind, Kind::Responses | Kind::Generate { .. }) {
-        // Strip the usage objects the way a field mask or a proxy would.
-        for e in &mut ev {
-            *e = e
-                .replace(",\"usageMetadata\":", ",\"_stripped\":")
-                .replace("\"usage\":{\"input_tokens\"", "\"_stripped\":{\"input_tokens\"");
-        }
-    }
-    ev
-}
-
-fn stream_events_with_usage(call: &Call) -> Vec<String> {
     let words = text_of(call.deltas);
     let out = call.output_tokens.unwrap_or(call.deltas as u64);
     let inp = call.input_tokens;
@@ -667,6 +664,9 @@ fn stream_events_with_usage(call: &Call) -> Vec<String> {
         Kind::Responses => {
             let mut seq = 0u64;
             let mut push = |name: &str, mut data: Value| {
+                if call.no_usage {
+                    strip_usage(&mut data);
+                }
                 data["type"] = json!(name);
                 data["sequence_number"] = json!(seq);
                 seq += 1;
@@ -713,7 +713,11 @@ fn stream_events_with_usage(call: &Call) -> Vec<String> {
                     let finish = (i + 1 == n).then_some("STOP");
                     // Counts grow chunk by chunk; the last chunk carries the answer's total.
                     let so_far = if i + 1 == n { out } else { (i as u64 + 1).min(out) };
-                    gemini_chunk(model, w, finish, inp, so_far)
+                    let mut chunk = gemini_chunk(model, w, finish, inp, so_far);
+                    if call.no_usage {
+                        strip_usage(&mut chunk);
+                    }
+                    chunk
                 })
                 .collect();
             if call.gemini_sse {
