@@ -213,7 +213,8 @@ http {{
 // ------------------------------------------------------------------ load
 
 fn chat_body(stream: bool) -> Value {
-    let mut body = json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64, "stream": stream});
+    let mut body =
+        json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 64, "stream": stream});
     if stream && std::env::var("TOLLGATE_BENCH_INCLUDE_USAGE").is_ok() {
         body["stream_options"] = json!({"include_usage": true});
     }
@@ -438,9 +439,7 @@ async fn run(quick: bool, fds: u64) {
         println!("{row}");
         rows.push((name.to_string(), *pid, row));
     }
-    let get = |target: &str, field: &str| {
-        rows.iter().find(|r| r.0 == target).and_then(|r| r.2[field].as_f64()).unwrap_or(f64::NAN)
-    };
+    let get = |target: &str, field: &str| rows.iter().find(|r| r.0 == target).and_then(|r| r.2[field].as_f64()).unwrap_or(f64::NAN);
 
     // Held streams and memory per stream: tollgate, and the bare proxy as its baseline.
     let mut held_rows = Vec::new();
@@ -463,7 +462,9 @@ async fn run(quick: bool, fds: u64) {
     }
     let tg_port = rig.targets.iter().find(|t| t.0 == "tollgate").map(|t| t.1).expect("tollgate target");
     let (held, idle_rss, during, per_stream_kib) = match held_rows.iter().find(|r| r.0 == "tollgate") {
-        Some(r) => (StreamStats { ttft_ms: Vec::new(), gaps_ms: r.1.gaps_ms.clone(), stalls: r.1.stalls, completed: r.1.completed }, r.2, r.3, r.4),
+        Some(r) => {
+            (StreamStats { ttft_ms: Vec::new(), gaps_ms: r.1.gaps_ms.clone(), stalls: r.1.stalls, completed: r.1.completed }, r.2, r.3, r.4)
+        }
         None => (StreamStats { ttft_ms: Vec::new(), gaps_ms: Vec::new(), stalls: 0, completed: 0 }, 0, 0, f64::NAN),
     };
     let videos = video_rate(&client, tg_port, 32, Duration::from_secs(if quick { 2 } else { 5 })).await;
@@ -506,9 +507,12 @@ async fn run(quick: bool, fds: u64) {
         verdict(videos >= 2000.0),
     );
     report.insert("targets".into(), Value::Array(rows.iter().map(|r| r.2.clone()).collect()));
-    report.insert("held_streams".into(), json!({"opened": held_n, "completed": held.completed, "stalled": held.stalls,
+    report.insert(
+        "held_streams".into(),
+        json!({"opened": held_n, "completed": held.completed, "stalled": held.stalls,
         "rss_idle_kib": idle_rss, "rss_open_kib": during, "kib_per_stream": per_stream_kib,
-        "gap_p99_ms": pct(&held.gaps_ms, 0.99)}));
+        "gap_p99_ms": pct(&held.gaps_ms, 0.99)}),
+    );
     report.insert("held_streams_bare".into(), json!(held_rows.iter().find(|r| r.0 == "pingora-bare").map(|r| r.4)));
     report.insert("video_tasks_per_sec".into(), json!(videos));
     report.insert("ratios".into(), ratios);

@@ -40,7 +40,8 @@ fn chat_stream(deltas: usize) -> Vec<Bytes> {
     let mut events: Vec<Bytes> = (0..deltas)
         .map(|i| Bytes::from(format!("data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"tok{i} \"}},\"finish_reason\":null}}]}}\n\n")))
         .collect();
-    events.push(Bytes::from_static(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":64}}\n\ndata: [DONE]\n\n"));
+    events
+        .push(Bytes::from_static(b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":64}}\n\ndata: [DONE]\n\n"));
     events
 }
 

@@ -2,10 +2,10 @@
 //! `/healthz`. Changes take effect on the next request: the key index is reloaded in memory.
 
 use crate::auth::{hash_key, hex, now_unix, KeyIndex};
+use crate::config::Protocol;
 use crate::ledger::{Ledger, NANOS_PER_USD};
 use crate::metrics::Metrics;
 use crate::protocol::{ApiError, ErrorKind};
-use crate::config::Protocol;
 use crate::response::LocalResponse;
 use crate::store::{KeyRecord, Store};
 use async_trait::async_trait;
@@ -154,12 +154,8 @@ impl AdminApi {
         if method == "GET" && path == "/readyz" {
             return Ok(self.readiness());
         }
-        let presented = req
-            .headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
+        let presented =
+            req.headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default();
         if !token_matches(presented, &self.token) {
             return Err(ApiError::new(ErrorKind::Unauthorized, "Missing or wrong admin token."));
         }
@@ -179,7 +175,10 @@ impl AdminApi {
                 ]);
                 text.push_str("# TYPE tollgate_video_tasks gauge\n");
                 for status in ["queued", "in_progress"] {
-                    text.push_str(&format!("tollgate_video_tasks{{status=\"{status}\"}} {}\n", by_status.get(status).copied().unwrap_or(0)));
+                    text.push_str(&format!(
+                        "tollgate_video_tasks{{status=\"{status}\"}} {}\n",
+                        by_status.get(status).copied().unwrap_or(0)
+                    ));
                 }
                 text.push_str(&format!(
                     "# TYPE tollgate_video_tasks_finished_total counter\ntollgate_video_tasks_finished_total{{status=\"completed\"}} {completed}\ntollgate_video_tasks_finished_total{{status=\"failed\"}} {failed}\n"

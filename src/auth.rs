@@ -14,9 +14,7 @@ use std::sync::Arc;
 pub const KEY_HEADERS: [&str; 4] = ["authorization", "x-api-key", "x-goog-api-key", "x-alt-api-key"];
 
 /// Query parameter names that carry a key; any of them makes the request a 400.
-const KEY_PARAMS: [&str; 9] = [
-    "key", "api_key", "apikey", "api-key", "access_token", "token", "auth", "x-api-key", "x-goog-api-key",
-];
+const KEY_PARAMS: [&str; 9] = ["key", "api_key", "apikey", "api-key", "access_token", "token", "auth", "x-api-key", "x-goog-api-key"];
 
 pub type KeyHash = [u8; 32];
 
@@ -36,16 +34,14 @@ pub fn decode_component(s: &str) -> String {
     while i < bytes.len() {
         let hex_digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
         match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                match (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2])) {
-                    (Some(h), Some(l)) => {
-                        out.push(h * 16 + l);
-                        i += 3;
-                        continue;
-                    }
-                    _ => out.push(b'%'),
+            b'%' if i + 2 < bytes.len() => match (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h * 16 + l);
+                    i += 3;
+                    continue;
                 }
-            }
+                _ => out.push(b'%'),
+            },
             b'+' => out.push(b' '),
             b => out.push(b),
         }
@@ -58,14 +54,10 @@ pub fn decode_component(s: &str) -> String {
 /// case-insensitively (`?%6Bey=` is `key`).
 pub fn query_carries_key(query: Option<&str>) -> Option<String> {
     let query = query?;
-    query
-        .split('&')
-        .map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name))
-        .map(decode_component)
-        .find(|name| {
-            let name = name.trim();
-            KEY_PARAMS.iter().any(|k| k.eq_ignore_ascii_case(name))
-        })
+    query.split('&').map(|pair| pair.split_once('=').map_or(pair, |(name, _)| name)).map(decode_component).find(|name| {
+        let name = name.trim();
+        KEY_PARAMS.iter().any(|k| k.eq_ignore_ascii_case(name))
+    })
 }
 
 /// The key a request carries, from the first key header present.
@@ -118,9 +110,7 @@ fn parse_hash(hex_str: &str) -> Option<KeyHash> {
 }
 
 pub fn now_unix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// USD → nano-USD, rounded.
@@ -146,8 +136,7 @@ impl KeyIndex {
     ///   admin API may enable it again).
     /// * Keys created through the admin API are never touched by the file.
     pub fn seed(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
-        let existing: HashMap<String, KeyRecord> =
-            store.all_keys()?.into_iter().map(|r| (r.key_hash.clone(), r)).collect();
+        let existing: HashMap<String, KeyRecord> = store.all_keys()?.into_iter().map(|r| (r.key_hash.clone(), r)).collect();
         let mut named = std::collections::HashSet::new();
         for seed in seeds {
             let hash = hex(&hash_key(&seed.key));

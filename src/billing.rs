@@ -24,12 +24,7 @@ pub fn fallback_input_tokens(body_len: usize) -> u64 {
 pub fn billed_usage(scan: Option<ScanResult>, status: u16, request_len: usize) -> (Usage, bool) {
     let Some(scan) = scan else { return (Usage::default(), false) };
     let input = scan.input.unwrap_or_else(|| fallback_input_tokens(request_len));
-    let reported = |output| Usage {
-        input,
-        cached: scan.cached.unwrap_or(0),
-        cache_write: scan.cache_write.unwrap_or(0),
-        output,
-    };
+    let reported = |output| Usage { input, cached: scan.cached.unwrap_or(0), cache_write: scan.cache_write.unwrap_or(0), output };
     if let Some(output) = scan.output {
         return (reported(output), scan.input.is_none());
     }
@@ -58,7 +53,8 @@ mod tests {
     #[test]
     fn reported_usage_is_billed_as_reported() {
         assert_eq!(billed_usage(scan(Some(10), Some(3), 12, 500), 200, 400), (usage(10, 3), false));
-        let with_cache = Some(ScanResult { input: Some(10), cached: Some(4), cache_write: Some(6), output: Some(3), text_bytes: 0, body_bytes: 9 });
+        let with_cache =
+            Some(ScanResult { input: Some(10), cached: Some(4), cache_write: Some(6), output: Some(3), text_bytes: 0, body_bytes: 9 });
         assert_eq!(billed_usage(with_cache, 200, 400), (Usage { input: 10, cached: 4, cache_write: 6, output: 3 }, false));
     }
 

@@ -376,22 +376,13 @@ impl BaseUrl {
         }
         let port = authority.port_u16().unwrap_or(if tls { 443 } else { 80 });
         let prefix = uri.path().trim_end_matches('/').to_string();
-        Ok(BaseUrl {
-            tls,
-            host: host.to_string(),
-            port,
-            prefix,
-        })
+        Ok(BaseUrl { tls, host: host.to_string(), port, prefix })
     }
 
     /// The value for the `Host` header.
     pub fn host_header(&self) -> String {
         let default_port = if self.tls { 443 } else { 80 };
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
+        let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
         if self.port == default_port {
             host
         } else {
@@ -459,43 +450,32 @@ fn secret(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Option<String>, ConfigError> {
     match (literal, env_name) {
-        (Some(_), Some(_)) => err(format!(
-            "{key_path}: give either the literal or the _env variant, not both"
-        )),
+        (Some(_), Some(_)) => err(format!("{key_path}: give either the literal or the _env variant, not both")),
         (Some(v), None) => Ok(Some(v)),
         (None, Some(name)) => match env(&name) {
             Some(v) if !v.is_empty() => Ok(Some(v)),
-            _ => err(format!(
-                "{key_path}_env: environment variable {name} is not set"
-            )),
+            _ => err(format!("{key_path}_env: environment variable {name} is not set")),
         },
         (None, None) => Ok(None),
     }
 }
 
 fn parse_addr(key_path: &str, s: &str) -> Result<SocketAddr, ConfigError> {
-    s.parse()
-        .map_err(|_| ConfigError(format!("{key_path}: '{s}' is not an address like 127.0.0.1:8080")))
+    s.parse().map_err(|_| ConfigError(format!("{key_path}: '{s}' is not an address like 127.0.0.1:8080")))
 }
 
 impl Config {
     /// Load and validate the file at `path`, reading `*_env` secrets from the process environment.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
-        Config::parse(&text, &|name| std::env::var(name).ok())
-            .map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError(format!("cannot read {}: {e}", path.display())))?;
+        Config::parse(&text, &|name| std::env::var(name).ok()).map_err(|e| ConfigError(format!("{}: {}", path.display(), e.0)))
     }
 
     /// Parse and validate YAML text; `env` looks up environment variables.
     pub fn parse(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigError> {
         let raw: RawConfig = serde_yaml::from_str(text).map_err(|e| ConfigError(e.to_string()))?;
 
-        let listen = raw
-            .listen
-            .as_deref()
-            .map(|s| parse_addr("listen", s))
-            .transpose()?;
+        let listen = raw.listen.as_deref().map(|s| parse_addr("listen", s)).transpose()?;
         let tls = match raw.tls {
             Some(t) => {
                 // Checked now so that a bad file is refused at start and on reload.
@@ -516,7 +496,9 @@ impl Config {
             Some(a) => {
                 let listen = parse_addr("admin.listen", &a.listen)?;
                 if !listen.ip().is_loopback() {
-                    return err(format!("admin.listen: {listen} is not a loopback address; the admin API listens on 127.0.0.1 or ::1 only"));
+                    return err(format!(
+                        "admin.listen: {listen} is not a loopback address; the admin API listens on 127.0.0.1 or ::1 only"
+                    ));
                 }
                 let token = secret("admin.token", a.token, a.token_env, env)?
                     .ok_or_else(|| ConfigError("admin.token: required (or admin.token_env)".into()))?;
@@ -540,8 +522,7 @@ impl Config {
             if !names.insert(p.name.clone()) {
                 return err(format!("{at}.name: '{}' is used twice", p.name));
             }
-            let base_url = BaseUrl::parse(&p.base_url)
-                .map_err(|e| ConfigError(format!("{at}.base_url: {e}")))?;
+            let base_url = BaseUrl::parse(&p.base_url).map_err(|e| ConfigError(format!("{at}.base_url: {e}")))?;
             let api_key = secret(&format!("{at}.api_key"), p.api_key, p.api_key_env, env)?
                 .ok_or_else(|| ConfigError(format!("{at}.api_key: required (or {at}.api_key_env)")))?;
             if p.models.is_empty() {
@@ -554,9 +535,9 @@ impl Config {
                 return err(format!("{at}.anthropic_version: only for protocol anthropic"));
             }
             let ca = match &p.ca_file {
-                Some(path) if base_url.tls => Some(
-                    crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{at}.ca_file: {e}")))?,
-                ),
+                Some(path) if base_url.tls => {
+                    Some(crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{at}.ca_file: {e}")))?)
+                }
                 Some(_) => return err(format!("{at}.ca_file: only for an https base_url")),
                 None => None,
             };
@@ -567,9 +548,7 @@ impl Config {
                 base_url,
                 api_key,
                 models: p.models,
-                anthropic_version: p
-                    .anthropic_version
-                    .unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
+                anthropic_version: p.anthropic_version.unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
                 connect_timeout_ms: p.connect_timeout_ms.unwrap_or(10_000),
                 read_timeout_secs: p.read_timeout_secs.unwrap_or(600),
             });
@@ -580,19 +559,12 @@ impl Config {
             groups.insert(name, g.platforms);
         }
         if groups.is_empty() {
-            groups.insert(
-                "default".to_string(),
-                vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video],
-            );
+            groups.insert("default".to_string(), vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video]);
         }
 
         let usd_ok = |v: f64| v.is_finite() && (0.0..=1e6).contains(&v);
         for (model, price) in &raw.prices {
-            if ![Some(price.input), Some(price.output), price.cached_input, price.cache_write_input]
-                .into_iter()
-                .flatten()
-                .all(usd_ok)
-            {
+            if ![Some(price.input), Some(price.output), price.cached_input, price.cache_write_input].into_iter().flatten().all(usd_ok) {
                 return err(format!("prices.{model}: prices must be numbers from 0 to 1000000 (USD per 1M tokens)"));
             }
             if price.max_output_tokens.is_some_and(|m| m == 0 || m > MAX_OUTPUT_ALLOWANCE) {
@@ -645,10 +617,7 @@ impl Config {
             None => None,
         };
 
-        let billing = raw.billing.unwrap_or(RawBilling {
-            default_max_output_tokens: None,
-            usage_retention_days: None,
-        });
+        let billing = raw.billing.unwrap_or(RawBilling { default_max_output_tokens: None, usage_retention_days: None });
         let default_max_output_tokens = billing.default_max_output_tokens.unwrap_or(4096);
         if default_max_output_tokens == 0 || default_max_output_tokens > MAX_OUTPUT_ALLOWANCE {
             return err(format!("billing.default_max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
@@ -857,14 +826,11 @@ keys:
 
     #[test]
     fn bad_base_url_and_protocol_are_named() {
-        let e = Config::parse(&MINIMAL.replace("https://api.openai.com", "ftp://x"), &no_env)
-            .unwrap_err();
+        let e = Config::parse(&MINIMAL.replace("https://api.openai.com", "ftp://x"), &no_env).unwrap_err();
         assert!(e.0.contains("providers[0].base_url"), "{e}");
-        let e = Config::parse(&MINIMAL.replace("protocol: openai", "protocol: cohere"), &no_env)
-            .unwrap_err();
+        let e = Config::parse(&MINIMAL.replace("protocol: openai", "protocol: cohere"), &no_env).unwrap_err();
         assert!(e.0.contains("cohere"), "{e}");
-        let e = Config::parse(&MINIMAL.replace("127.0.0.1:8080", "localhost"), &no_env)
-            .unwrap_err();
+        let e = Config::parse(&MINIMAL.replace("127.0.0.1:8080", "localhost"), &no_env).unwrap_err();
         assert!(e.0.contains("listen"), "{e}");
     }
 
@@ -943,15 +909,7 @@ keys:
     #[test]
     fn base_url_parts() {
         let b = BaseUrl::parse("http://127.0.0.1:9100/openai/").expect("valid");
-        assert_eq!(
-            b,
-            BaseUrl {
-                tls: false,
-                host: "127.0.0.1".into(),
-                port: 9100,
-                prefix: "/openai".into()
-            }
-        );
+        assert_eq!(b, BaseUrl { tls: false, host: "127.0.0.1".into(), port: 9100, prefix: "/openai".into() });
         assert_eq!(b.host_header(), "127.0.0.1:9100");
         let b = BaseUrl::parse("https://api.example.com").expect("valid");
         assert_eq!(b.prefix, "");

@@ -12,15 +12,16 @@ use crate::auth::{self, KeyIndex};
 use crate::billing;
 use crate::ledger::{now_ms, Hold, Ledger, PriceBook, UsageRecord, NANOS_PER_USD};
 
+use crate::config::{Platform, Protocol, MAX_OUTPUT_ALLOWANCE};
 use crate::limits::Limits;
 use crate::meter::{Shape, UsageScanner};
-use crate::config::{Platform, Protocol, MAX_OUTPUT_ALLOWANCE};
 use crate::protocol::{anthropic, gemini, openai, ApiError, ErrorKind};
 use crate::relay::{self, Catalog};
 use crate::response::LocalResponse;
 use crate::route::{self, Route};
 use crate::store::KeyRecord;
 use crate::video::{self, VideoService};
+use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -29,7 +30,6 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
 use pingora_proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use arc_swap::ArcSwap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -138,9 +138,7 @@ fn header_str<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
 
 /// The client's messages-protocol version header, under either name.
 fn client_version(req: &RequestHeader) -> Option<String> {
-    header_str(req, "anthropic-version")
-        .or_else(|| header_str(req, "compat-version"))
-        .map(str::to_string)
+    header_str(req, "anthropic-version").or_else(|| header_str(req, "compat-version")).map(str::to_string)
 }
 
 /// The error shape a request gets, from its route (and the version header for `/v1/models`).
@@ -179,10 +177,9 @@ fn output_allowance(fields: &relay::BodyFields<'_>, routing: &Routing, model: &s
 /// Map a proxy failure to the client-facing error (never naming the upstream).
 pub fn upstream_failure(e: &Error) -> ApiError {
     match e.etype() {
-        ErrorType::InvalidCert | ErrorType::TLSHandshakeFailure | ErrorType::HandshakeError => ApiError::new(
-            ErrorKind::BadGateway,
-            "The upstream service's TLS certificate could not be verified; the request was not sent.",
-        ),
+        ErrorType::InvalidCert | ErrorType::TLSHandshakeFailure | ErrorType::HandshakeError => {
+            ApiError::new(ErrorKind::BadGateway, "The upstream service's TLS certificate could not be verified; the request was not sent.")
+        }
         ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
             ApiError::new(ErrorKind::GatewayTimeout, "The upstream service did not answer in time.")
         }
@@ -206,10 +203,7 @@ impl Gateway {
             .with_param(&param));
         }
         if let Route::NotFound { .. } = route {
-            return Err(ApiError::new(
-                ErrorKind::NotFound,
-                format!("Unknown endpoint: {} {}", req.method, req.uri.path()),
-            ));
+            return Err(ApiError::new(ErrorKind::NotFound, format!("Unknown endpoint: {} {}", req.method, req.uri.path())));
         }
         let key = self.keys.authenticate(auth::extract_key(&req.headers))?;
         ctx.key_name = Some(key.name.clone());
@@ -219,11 +213,8 @@ impl Gateway {
 
         let protocol = match &route {
             Route::Models => {
-                let (only, shape) = if version.is_some() {
-                    (Some(Protocol::Anthropic), Protocol::Anthropic)
-                } else {
-                    (None, Protocol::Openai)
-                };
+                let (only, shape) =
+                    if version.is_some() { (Some(Protocol::Anthropic), Protocol::Anthropic) } else { (None, Protocol::Openai) };
                 let models = catalog.models_for(&key.group, only);
                 let body = match shape {
                     Protocol::Anthropic => anthropic::model_list(&models),
@@ -264,10 +255,7 @@ impl Gateway {
         };
 
         if !catalog.group_allows(&key.group, protocol) {
-            return Err(ApiError::new(
-                ErrorKind::NotFound,
-                format!("This endpoint is not available to keys of group '{}'.", key.group),
-            ));
+            return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
         }
         self.limits.admit(&key)?;
         let slot = self.limits.enter(&key)?;
@@ -301,10 +289,8 @@ impl Gateway {
             Route::Embeddings => 0,
             _ => output_allowance(&fields, &routing, &model)?,
         };
-        let estimate = routing
-            .prices
-            .hold_cost(&model, billing::hold_input_tokens(client_body.len()), output_allowance)
-            .ok_or_else(|| {
+        let estimate =
+            routing.prices.hold_cost(&model, billing::hold_input_tokens(client_body.len()), output_allowance).ok_or_else(|| {
                 log::error!("model {model} is served without a price; refused");
                 ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
             })?;
@@ -353,9 +339,9 @@ impl Gateway {
         for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
             let parse = || {
-                value.parse::<u64>().map_err(|_| {
-                    ApiError::new(ErrorKind::BadRequest, format!("{name}: must be a unix time in seconds")).with_param(name)
-                })
+                value
+                    .parse::<u64>()
+                    .map_err(|_| ApiError::new(ErrorKind::BadRequest, format!("{name}: must be a unix time in seconds")).with_param(name))
             };
             match name {
                 "start" => start = parse()?.saturating_mul(1000),
@@ -464,34 +450,29 @@ impl Gateway {
     /// past the limit.
     async fn read_body(&self, session: &mut Session) -> std::result::Result<Bytes, ApiError> {
         let limit = self.max_body_bytes;
-        let too_large = || {
-            ApiError::new(
-                ErrorKind::PayloadTooLarge,
-                format!("The request body exceeds the limit of {limit} bytes."),
-            )
-        };
+        let too_large = || ApiError::new(ErrorKind::PayloadTooLarge, format!("The request body exceeds the limit of {limit} bytes."));
         let declared = header_str(session.req_header(), "content-length").and_then(|v| v.trim().parse::<u64>().ok());
         if declared.is_some_and(|n| n > limit as u64) {
             return Err(too_large());
         }
         // The checks passed: tell a client that waits for it (curl does above 1 MiB) to send.
-        let expects_continue = header_str(session.req_header(), "expect")
-            .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
+        let expects_continue = header_str(session.req_header(), "expect").is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
         if expects_continue {
             let write = async {
                 let continue_header = ResponseHeader::build(100, Some(0))?;
                 session.write_response_header(Box::new(continue_header), false).await
             };
-            write.await.map_err(|e| {
-                ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {}", e.etype().as_str()))
-            })?;
+            write
+                .await
+                .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {}", e.etype().as_str())))?;
         }
         let mut chunks: Vec<Bytes> = Vec::new();
         let mut total = 0usize;
         loop {
-            let chunk = session.read_request_body().await.map_err(|e| {
-                ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {}", e.etype().as_str()))
-            })?;
+            let chunk = session
+                .read_request_body()
+                .await
+                .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {}", e.etype().as_str())))?;
             let Some(chunk) = chunk else { break };
             total += chunk.len();
             if total > limit {
@@ -524,16 +505,9 @@ impl Gateway {
         let Some(spawner) = session.subrequest_spawner.as_ref() else {
             return Err(Error::explain(ErrorType::InternalError, "subrequests are not enabled"));
         };
-        let sub_ctx = SubrequestCtx::builder()
-            .body_mode(BodyMode::ExpectBody)
-            .user_ctx(Box::new(plan))
-            .build();
+        let sub_ctx = SubrequestCtx::builder().body_mode(BodyMode::ExpectBody).user_ctx(Box::new(plan)).build();
         let (subrequest, handle) = spawner.create_subrequest(session.as_downstream(), sub_ctx);
-        let input = InputBodyType::Preset(if body.is_empty() {
-            InputBody::NoBody
-        } else {
-            InputBody::Bytes(vec![body])
-        });
+        let input = InputBodyType::Preset(if body.is_empty() { InputBody::NoBody } else { InputBody::Bytes(vec![body]) });
         let state = match pipe_subrequest(session, subrequest, handle, |task| Ok(Some(task)), input).await {
             Ok(state) => {
                 if !state.header_received {
@@ -609,12 +583,7 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         // A relay subrequest carries its plan: go straight to the upstream.
-        if let Some(plan) = session
-            .subrequest_ctx
-            .as_ref()
-            .and_then(|c| c.user_ctx())
-            .and_then(|u| u.downcast_ref::<Arc<RelayPlan>>())
-        {
+        if let Some(plan) = session.subrequest_ctx.as_ref().and_then(|c| c.user_ctx()).and_then(|u| u.downcast_ref::<Arc<RelayPlan>>()) {
             let plan = plan.clone();
             // The subrequest reads its preset body by the length its header declares; the body
             // may have been rewritten, so declare the real length (before the body is read).
@@ -693,19 +662,11 @@ impl ProxyHttp for Gateway {
         )
     }
 
-    async fn response_filter(
-        &self,
-        _session: &mut Session,
-        upstream_response: &mut ResponseHeader,
-        ctx: &mut RequestCtx,
-    ) -> Result<()> {
+    async fn response_filter(&self, _session: &mut Session, upstream_response: &mut ResponseHeader, ctx: &mut RequestCtx) -> Result<()> {
         let Some(plan) = ctx.plan.as_ref() else { return Ok(()) };
         ctx.status = upstream_response.status.as_u16();
-        let sse = upstream_response
-            .headers
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let sse =
+            upstream_response.headers.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
         self.metrics.observe("tollgate_upstream_seconds", &[("protocol", plan.protocol.as_str())], plan.started.elapsed().as_secs_f64());
         if sse {
             ctx.stream_open = true;
@@ -730,7 +691,11 @@ impl ProxyHttp for Gateway {
         if !ctx.first_byte_seen && body.as_ref().is_some_and(|b| !b.is_empty()) {
             ctx.first_byte_seen = true;
             if let Some(plan) = ctx.plan.as_ref() {
-                self.metrics.observe("tollgate_first_byte_seconds", &[("protocol", plan.protocol.as_str())], plan.started.elapsed().as_secs_f64());
+                self.metrics.observe(
+                    "tollgate_first_byte_seconds",
+                    &[("protocol", plan.protocol.as_str())],
+                    plan.started.elapsed().as_secs_f64(),
+                );
             }
         }
         if let Some(scanner) = ctx.scanner.as_mut() {

@@ -244,9 +244,8 @@ impl Totals {
         if r.cost_nanos >= 0 {
             self.requests += 1;
         }
-        self.input_tokens = self
-            .input_tokens
-            .saturating_add(r.input_tokens.saturating_add(r.cached_tokens).saturating_add(r.cache_write_tokens));
+        self.input_tokens =
+            self.input_tokens.saturating_add(r.input_tokens.saturating_add(r.cached_tokens).saturating_add(r.cache_write_tokens));
         self.cached_input_tokens = self.cached_input_tokens.saturating_add(r.cached_tokens);
         self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(r.cache_write_tokens);
         self.output_tokens = self.output_tokens.saturating_add(r.output_tokens);
@@ -333,10 +332,8 @@ impl Ledger {
 
     /// Give a new key its opening balance; an existing balance is kept. True if created.
     pub fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError> {
-        let created = self
-            .balances()?
-            .compare_and_swap(key_id.as_bytes(), None as Option<&[u8]>, Some(&encode_balance(initial, 0)[..]))?
-            .is_ok();
+        let created =
+            self.balances()?.compare_and_swap(key_id.as_bytes(), None as Option<&[u8]>, Some(&encode_balance(initial, 0)[..]))?.is_ok();
         Ok(created)
     }
 
@@ -549,9 +546,7 @@ impl Ledger {
 }
 
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
@@ -712,7 +707,10 @@ mod tests {
     #[test]
     fn money_arithmetic_saturates_and_cache_writes_are_priced_apart() {
         let mut p = BTreeMap::new();
-        p.insert("m".to_string(), Price { input: 3.0, output: 15.0, cached_input: Some(0.3), cache_write_input: Some(3.75), ..Price::default() });
+        p.insert(
+            "m".to_string(),
+            Price { input: 3.0, output: 15.0, cached_input: Some(0.3), cache_write_input: Some(3.75), ..Price::default() },
+        );
         p.insert("dear".to_string(), Price { input: 1e6, output: 1e6, ..Price::default() });
         let book = PriceBook::new(&p);
         let u = Usage { input: 1_000_000, cached: 1_000_000, cache_write: 1_000_000, output: 1_000_000 };
@@ -736,7 +734,16 @@ mod tests {
             let mut p = BTreeMap::new();
             let cached = rng.gen_bool(0.5).then(|| price(&mut rng));
             let write = rng.gen_bool(0.5).then(|| price(&mut rng));
-            p.insert("m".to_string(), Price { input: price(&mut rng), output: price(&mut rng), cached_input: cached, cache_write_input: write, ..Price::default() });
+            p.insert(
+                "m".to_string(),
+                Price {
+                    input: price(&mut rng),
+                    output: price(&mut rng),
+                    cached_input: cached,
+                    cache_write_input: write,
+                    ..Price::default()
+                },
+            );
             let book = PriceBook::new(&p);
             let body_len = rng.gen_range(0..40_000_000usize);
             let allowance = rng.gen_range(0..=crate::config::MAX_OUTPUT_ALLOWANCE) * rng.gen_range(1..=128);

@@ -490,7 +490,10 @@ mod tests {
         let msg = br#"{"type":"message","content":[{"type":"text","text":"hi"}],"usage":{"input_tokens":3,"output_tokens":4}}"#;
         let r = scan(Shape::Messages, false, msg, &[]);
         assert_eq!((r.input, r.output), (Some(3), Some(4)));
-        let emb = format!(r#"{{"data":[{{"embedding":[{}]}}],"usage":{{"prompt_tokens":6,"total_tokens":6}}}}"#, vec!["0.125"; 200_000].join(","));
+        let emb = format!(
+            r#"{{"data":[{{"embedding":[{}]}}],"usage":{{"prompt_tokens":6,"total_tokens":6}}}}"#,
+            vec!["0.125"; 200_000].join(",")
+        );
         let cuts: Vec<usize> = (1..emb.len()).step_by(16_384).collect();
         let r = scan(Shape::Embeddings, false, emb.as_bytes(), &cuts);
         assert_eq!((r.input, r.output), (Some(6), Some(0)), "usage found in the tail of a body larger than the window");

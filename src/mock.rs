@@ -145,9 +145,7 @@ fn pair(req: &RequestHeader, name: &str) -> Option<(u64, u64)> {
 const TOOL_ARGS: [&str; 4] = ["{\"city\":", " \"Paris\",", " \"unit\":", " \"celsius\"}"];
 
 fn now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 fn header<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
@@ -290,10 +288,7 @@ impl MockUpstream {
             return send(session, 404, "application/json", Bytes::from_static(b"{\"error\":\"mock: unknown path\"}"), &[]).await;
         };
         let model = match kind {
-            Kind::Generate { .. } => path
-                .rsplit_once("/models/")
-                .and_then(|(_, rest)| rest.split_once(':'))
-                .map(|(m, _)| m.to_string()),
+            Kind::Generate { .. } => path.rsplit_once("/models/").and_then(|(_, rest)| rest.split_once(':')).map(|(m, _)| m.to_string()),
             _ => parsed.get("model").and_then(Value::as_str).map(str::to_string),
         };
         self.record(Recorded {
@@ -327,10 +322,7 @@ impl MockUpstream {
                 Kind::Generate { stream } => stream,
                 _ => parsed.get("stream").and_then(Value::as_bool).unwrap_or(false),
             },
-            include_usage: parsed
-                .pointer("/stream_options/include_usage")
-                .and_then(Value::as_bool)
-                .unwrap_or(false)
+            include_usage: parsed.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false)
                 && header(&req, "x-mock-no-usage").is_none(),
             input_tokens: pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i),
             output_tokens: pair(&req, "x-mock-usage").map(|(_, o)| o),
@@ -338,7 +330,9 @@ impl MockUpstream {
             // name usage removes it, as the real service does.
             no_usage: header(&req, "x-mock-no-usage").is_some()
                 || header(&req, "x-goog-fieldmask").is_some()
-                || query.as_deref().is_some_and(|q| q.split('&').any(|p| p.starts_with("fields=") || p.starts_with("$fields=") || p.starts_with("%24fields="))),
+                || query.as_deref().is_some_and(|q| {
+                    q.split('&').any(|p| p.starts_with("fields=") || p.starts_with("$fields=") || p.starts_with("%24fields="))
+                }),
             tool_calls: header(&req, "x-mock-tool-calls").is_some(),
             cache: pair(&req, "x-mock-cache"),
             deltas: num(&req, "x-mock-deltas").unwrap_or(3) as usize,
@@ -363,11 +357,7 @@ impl MockUpstream {
 
     async fn stream(&self, session: &mut Session, call: &Call) -> Result<()> {
         let events = stream_events(call);
-        let ctype = if matches!(call.kind, Kind::Generate { .. }) && !call.gemini_sse {
-            "application/json"
-        } else {
-            "text/event-stream"
-        };
+        let ctype = if matches!(call.kind, Kind::Generate { .. }) && !call.gemini_sse { "application/json" } else { "text/event-stream" };
         let mut h = ResponseHeader::build(200, Some(3))?;
         h.insert_header("content-type", ctype)?;
         h.insert_header("cache-control", "no-cache")?;
@@ -472,7 +462,9 @@ impl TcMock {
                 1 => json!({"Status": "WAIT"}),
                 2 => json!({"Status": "RUN", "Progress": 50}),
                 _ if held => json!({"Status": "RUN", "Progress": 60}),
-                _ if job.prompt.contains("[fail]") => json!({"Status": "FAIL", "ErrorCode": "FailedOperation.Moderation", "ErrorMessage": "mock: content rejected"}),
+                _ if job.prompt.contains("[fail]") => {
+                    json!({"Status": "FAIL", "ErrorCode": "FailedOperation.Moderation", "ErrorMessage": "mock: content rejected"})
+                }
                 _ => {
                     let dir = if job.prompt.contains("[expired]") { "expired" } else { "video" };
                     json!({"Status": "DONE", "ResultVideoUrl": format!("http://{host}/__mock/{dir}/{job_id}.mp4")})
@@ -639,8 +631,14 @@ fn stream_events(call: &Call) -> Vec<String> {
                        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
             };
             if call.tool_calls {
-                ev.push(sse(None, &chunk(json!({"role": "assistant", "content": null, "tool_calls": [
-                    {"index": 0, "id": "call_mock", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}), Value::Null)));
+                ev.push(sse(
+                    None,
+                    &chunk(
+                        json!({"role": "assistant", "content": null, "tool_calls": [
+                    {"index": 0, "id": "call_mock", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
+                        Value::Null,
+                    ),
+                ));
                 for piece in TOOL_ARGS {
                     ev.push(sse(None, &chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}), Value::Null)));
                 }
@@ -654,9 +652,12 @@ fn stream_events(call: &Call) -> Vec<String> {
             let finish = if call.tool_calls { "tool_calls" } else { "stop" };
             let mut tail = sse(None, &chunk(json!({}), json!(finish)));
             if call.include_usage {
-                tail.push_str(&sse(None, &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created,
+                tail.push_str(&sse(
+                    None,
+                    &json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created,
                     "model": model, "choices": [],
-                    "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}})));
+                    "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}}),
+                ));
             }
             tail.push_str("data: [DONE]\n\n");
             ev.push(tail);
@@ -673,36 +674,60 @@ fn stream_events(call: &Call) -> Vec<String> {
                 ev.push(sse(Some(name), &data));
             };
             push("response.created", json!({"response": response_object(model, "", "in_progress", inp, 0)}));
-            push("response.output_item.added", json!({"output_index": 0, "item":
-                {"type": "message", "id": "msg_mock", "status": "in_progress", "role": "assistant", "content": []}}));
-            push("response.content_part.added", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
-                "part": {"type": "output_text", "text": "", "annotations": []}}));
+            push(
+                "response.output_item.added",
+                json!({"output_index": 0, "item":
+                {"type": "message", "id": "msg_mock", "status": "in_progress", "role": "assistant", "content": []}}),
+            );
+            push(
+                "response.content_part.added",
+                json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": []}}),
+            );
             for w in &words {
                 push("response.output_text.delta", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "delta": w}));
             }
             let text: String = words.concat();
             push("response.output_text.done", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": text}));
-            push("response.content_part.done", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
-                "part": {"type": "output_text", "text": text, "annotations": []}}));
-            push("response.output_item.done", json!({"output_index": 0, "item":
+            push(
+                "response.content_part.done",
+                json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                "part": {"type": "output_text", "text": text, "annotations": []}}),
+            );
+            push(
+                "response.output_item.done",
+                json!({"output_index": 0, "item":
                 {"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
-                 "content": [{"type": "output_text", "text": text, "annotations": []}]}}));
+                 "content": [{"type": "output_text", "text": text, "annotations": []}]}}),
+            );
             push("response.completed", json!({"response": response_object(model, &text, "completed", inp, out)}));
         }
         Kind::Messages => {
-            ev.push(sse(Some("message_start"), &json!({"type": "message_start", "message": {
+            ev.push(sse(
+                Some("message_start"),
+                &json!({"type": "message_start", "message": {
                 "id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": null, "stop_sequence": null, "usage": messages_usage(call, 1)}})));
-            ev.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}})));
+                "stop_reason": null, "stop_sequence": null, "usage": messages_usage(call, 1)}}),
+            ));
+            ev.push(sse(
+                Some("content_block_start"),
+                &json!({"type": "content_block_start", "index": 0,
+                "content_block": {"type": "text", "text": ""}}),
+            ));
             ev.push(sse(Some("ping"), &json!({"type": "ping"})));
             for w in &words {
-                ev.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": 0,
-                    "delta": {"type": "text_delta", "text": w}})));
+                ev.push(sse(
+                    Some("content_block_delta"),
+                    &json!({"type": "content_block_delta", "index": 0,
+                    "delta": {"type": "text_delta", "text": w}}),
+                ));
             }
             ev.push(sse(Some("content_block_stop"), &json!({"type": "content_block_stop", "index": 0})));
-            ev.push(sse(Some("message_delta"), &json!({"type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": out}})));
+            ev.push(sse(
+                Some("message_delta"),
+                &json!({"type": "message_delta",
+                "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": out}}),
+            ));
             ev.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
         }
         Kind::Generate { .. } => {

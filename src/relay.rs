@@ -4,9 +4,9 @@
 //! background DNS refresh.
 
 use crate::auth::KEY_HEADERS;
-use crate::config::{Config, Platform, ProviderConfig, Protocol};
-use crate::route::Route;
+use crate::config::{Config, Platform, Protocol, ProviderConfig};
 use crate::protocol::{ApiError, ErrorKind, ModelEntry};
+use crate::route::Route;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
@@ -116,10 +116,7 @@ impl Catalog {
 
     /// Provider indexes serving `model` over `protocol`, in configuration order.
     pub fn candidates(&self, protocol: Protocol, model: &str) -> Option<&[usize]> {
-        self.by_model
-            .get(&(protocol, model.to_string()))
-            .map(Vec::as_slice)
-            .filter(|c| !c.is_empty())
+        self.by_model.get(&(protocol, model.to_string())).map(Vec::as_slice).filter(|c| !c.is_empty())
     }
 
     /// Models a group may call, optionally restricted to one protocol; first occurrence wins.
@@ -238,8 +235,9 @@ impl BodyFields<'_> {
             (None, None) => return Ok(1),
         };
         if n > MAX_CHOICES {
-            return Err(ApiError::new(ErrorKind::BadRequest, format!("{param}: at most {MAX_CHOICES} choices per request"))
-                .with_param(param));
+            return Err(
+                ApiError::new(ErrorKind::BadRequest, format!("{param}: at most {MAX_CHOICES} choices per request")).with_param(param)
+            );
         }
         Ok(n.max(1))
     }
@@ -251,10 +249,7 @@ impl BodyFields<'_> {
             #[serde(default)]
             include_usage: Option<bool>,
         }
-        self.stream_options
-            .and_then(|raw| serde_json::from_str::<Probe>(raw.get()).ok())
-            .and_then(|p| p.include_usage)
-            .unwrap_or(false)
+        self.stream_options.and_then(|raw| serde_json::from_str::<Probe>(raw.get()).ok()).and_then(|p| p.include_usage).unwrap_or(false)
     }
 }
 
@@ -281,7 +276,8 @@ pub fn with_include_usage(body: &[u8], fields: &BodyFields<'_>) -> Result<bytes:
         None => {
             let open = body.iter().position(|&b| b == b'{').ok_or_else(invalid)?;
             let rest_empty = body[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-            let insert = if rest_empty { r#""stream_options":{"include_usage":true}"# } else { r#""stream_options":{"include_usage":true},"# };
+            let insert =
+                if rest_empty { r#""stream_options":{"include_usage":true}"# } else { r#""stream_options":{"include_usage":true},"# };
             (open + 1, open + 1, insert.to_string())
         }
     };
@@ -300,9 +296,8 @@ pub fn body_fields(body: &[u8]) -> Result<BodyFields<'_>, ApiError> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
     }
-    serde_json::from_slice::<BodyFields>(body).map_err(|e| {
-        ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}"))
-    })
+    serde_json::from_slice::<BodyFields>(body)
+        .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))
 }
 
 /// Client headers relayed upstream, besides the operator's `forward_headers`. Everything else
@@ -321,9 +316,23 @@ const GEMINI_HEADERS: [&str; 1] = ["x-goog-api-client"];
 pub fn never_forwarded(name: &str) -> bool {
     KEY_HEADERS.contains(&name)
         || [
-            "proxy-authorization", "cookie", "host", "content-length", "transfer-encoding", "connection", "expect",
-            "accept-encoding", "anthropic-version", "compat-version", "x-goog-user-project", "x-goog-fieldmask",
-            "openai-organization", "openai-project", "te", "upgrade", "keep-alive",
+            "proxy-authorization",
+            "cookie",
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "expect",
+            "accept-encoding",
+            "anthropic-version",
+            "compat-version",
+            "x-goog-user-project",
+            "x-goog-fieldmask",
+            "openai-organization",
+            "openai-project",
+            "te",
+            "upgrade",
+            "keep-alive",
         ]
         .contains(&name)
 }
@@ -386,12 +395,8 @@ pub fn rewrite_request(
     // shaping never reach the operator's upstream account. Also dropped: accept-encoding (the
     // usage scanner needs plain bytes), expect (the whole body is already here).
     let protocol = upstream.config.protocol;
-    let dropped: Vec<http::HeaderName> = req
-        .headers
-        .keys()
-        .filter(|name| !header_allowed(name.as_str(), protocol, forward))
-        .cloned()
-        .collect();
+    let dropped: Vec<http::HeaderName> =
+        req.headers.keys().filter(|name| !header_allowed(name.as_str(), protocol, forward)).cloned().collect();
     for name in dropped {
         req.remove_header(&name);
     }
@@ -524,7 +529,10 @@ prices:
             (r#"{"model":"m","stream":true,"stream_options":[1,{"a":2}]}"#, serde_json::json!({"include_usage": true})),
             (r#"{"model":"m","stream":true,"stream_options":7}"#, serde_json::json!({"include_usage": true})),
             (r#"{"model":"m","stream":true,"stream_options":{"include_usage":false}}"#, serde_json::json!({"include_usage": true})),
-            (r#"{"model":"m","stream":true,"stream_options":{"include_usage":null,"x":1}}"#, serde_json::json!({"include_usage": true, "x": 1})),
+            (
+                r#"{"model":"m","stream":true,"stream_options":{"include_usage":null,"x":1}}"#,
+                serde_json::json!({"include_usage": true, "x": 1}),
+            ),
             (r#"{"model":"m","stream":true,"stream_options":{}}"#, serde_json::json!({"include_usage": true})),
             (r#"  { "stream_options" : { "x" : "}" } , "model":"m","stream":true}"#, serde_json::json!({"include_usage": true, "x": "}"})),
         ];
@@ -539,7 +547,10 @@ prices:
             assert!(f2.client_wants_usage(), "{body}");
         }
         // A duplicate stream_options is ambiguous: refused, never rewritten into two.
-        assert_eq!(body_fields(br#"{"model":"m","stream_options":null,"stream_options":{"include_usage":true}}"#).unwrap_err().status(), 400);
+        assert_eq!(
+            body_fields(br#"{"model":"m","stream_options":null,"stream_options":{"include_usage":true}}"#).unwrap_err().status(),
+            400
+        );
     }
 
     #[test]
@@ -550,7 +561,16 @@ prices:
         assert_eq!(upstream_query(Some("fields=candidates"), &gen), None);
         assert_eq!(upstream_query(Some("beta=true&x=1"), &Route::Messages).as_deref(), Some("beta=true"));
         assert_eq!(upstream_query(Some("alt=sse"), &Route::ChatCompletions), None);
-        for h in ["openai-organization", "openai-project", "x-goog-fieldmask", "x-goog-user-project", "cookie", "authorization", "x-forwarded-for", "x-mock-status"] {
+        for h in [
+            "openai-organization",
+            "openai-project",
+            "x-goog-fieldmask",
+            "x-goog-user-project",
+            "cookie",
+            "authorization",
+            "x-forwarded-for",
+            "x-mock-status",
+        ] {
             for p in [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini] {
                 assert!(!header_allowed(h, p, &[]), "{h} to {p:?}");
             }

@@ -12,22 +12,36 @@ pub enum Route {
     Responses,
     Embeddings,
     Messages,
-    GenerateContent { model: String, stream: bool },
+    GenerateContent {
+        model: String,
+        stream: bool,
+    },
     /// `GET /v1/models`: chat-completions shape, or messages shape with a version header.
     Models,
     /// `GET /v1beta/models`
     GeminiModels,
     /// `GET /v1beta/models/{model}`
-    GeminiModel { model: String },
+    GeminiModel {
+        model: String,
+    },
     Usage,
     /// `POST /v1/videos`; legacy: `/v1/video/generations`, `/v1/videos/generations`.
-    VideoCreate { legacy: bool },
+    VideoCreate {
+        legacy: bool,
+    },
     /// `GET /v1/videos/{id}`; legacy: `/v1/video/generations/{id}`.
-    VideoGet { id: String, legacy: bool },
+    VideoGet {
+        id: String,
+        legacy: bool,
+    },
     /// `GET /v1/videos/{id}/content`
-    VideoContent { id: String },
+    VideoContent {
+        id: String,
+    },
     /// Nothing matched; the protocol says which error shape fits the path.
-    NotFound { shape: Protocol },
+    NotFound {
+        shape: Protocol,
+    },
 }
 
 impl Route {
@@ -206,14 +220,8 @@ mod tests {
         assert_eq!(classify("POST", "/v1beta/models/gamma-3.5-flash:streamGenerateContent"), g("gamma-3.5-flash", true));
         assert_eq!(classify("POST", "/v1/models/gamma-3.5-flash:generateContent"), g("gamma-3.5-flash", false));
         assert_eq!(classify("POST", "/v1/models/gamma-3.5-flash:streamGenerateContent"), g("gamma-3.5-flash", true));
-        assert_eq!(
-            classify("POST", "/v1beta/models/gamma:countTokens"),
-            Route::NotFound { shape: Protocol::Gemini }
-        );
-        assert_eq!(
-            classify("GET", "/v1beta/models/gamma:generateContent"),
-            Route::NotFound { shape: Protocol::Gemini }
-        );
+        assert_eq!(classify("POST", "/v1beta/models/gamma:countTokens"), Route::NotFound { shape: Protocol::Gemini });
+        assert_eq!(classify("GET", "/v1beta/models/gamma:generateContent"), Route::NotFound { shape: Protocol::Gemini });
     }
 
     #[test]

@@ -2,22 +2,22 @@
 
 use crate::admin::AdminApi;
 use crate::auth::{now_unix, seed_key_id, usd_to_nanos, KeyIndex};
+use crate::config::Config;
+use crate::gateway::{Gateway, Routing};
 use crate::ledger::{now_ms, Ledger, PriceBook};
 use crate::limits::Limits;
 use crate::metrics::Metrics;
-use async_trait::async_trait;
-use pingora_core::server::ShutdownWatch;
-use pingora_core::services::background::BackgroundService;
-use crate::config::Config;
-use crate::gateway::{Gateway, Routing};
-use arc_swap::ArcSwap;
 use crate::relay::{Catalog, DnsRefresh};
 use crate::storage::ObjectStore;
 use crate::store::Store;
 use crate::video::{VideoPoller, VideoService};
+use arc_swap::ArcSwap;
+use async_trait::async_trait;
 use pingora_core::server::configuration::{Opt, ServerConf};
 use pingora_core::server::Server;
+use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::background_service;
+use pingora_core::services::background::BackgroundService;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -183,9 +183,7 @@ impl Reload {
         .await
         .map_err(|e| format!("reload task: {e}"))??;
         for seed in &config.keys {
-            self.ledger
-                .open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance))
-                .map_err(|e| e.to_string())?;
+            self.ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).map_err(|e| e.to_string())?;
         }
         if let Some(cert) = &self.certificate {
             cert.reload()?;
@@ -267,20 +265,14 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let tls_listen = config.tls.as_ref().map(|t| t.listen);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
-    let store = if upgrading {
-        Store::open_waiting(&config.data_dir, Duration::from_secs(600))
-    } else {
-        Store::open(&config.data_dir)
-    }
-    .map_err(|e| format!("data_dir {}: {e} (is another tollgate running on it?)", config.data_dir.display()))?;
+    let store = if upgrading { Store::open_waiting(&config.data_dir, Duration::from_secs(600)) } else { Store::open(&config.data_dir) }
+        .map_err(|e| format!("data_dir {}: {e} (is another tollgate running on it?)", config.data_dir.display()))?;
     let handover_socket = config.data_dir.join(crate::handover::SOCKET);
     let keys = Arc::new(KeyIndex::load(&store, &config.keys).map_err(|e| e.to_string())?);
     let ledger = Arc::new(Ledger::open(store.db()).map_err(|e| e.to_string())?);
     for seed in &config.keys {
         // The configured balance applies only when the key is first created.
-        ledger
-            .open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance))
-            .map_err(|e| e.to_string())?;
+        ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).map_err(|e| e.to_string())?;
     }
     store.flush().map_err(|e| e.to_string())?;
     let metrics = Arc::new(Metrics::default());
@@ -308,10 +300,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
     if let Some(svc) = &video {
         // Tasks left in `submitting` by a crash are failed before anything else runs.
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| format!("start-up runtime: {e}"))?;
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start-up runtime: {e}"))?;
         // In an upgrade the previous process may still be submitting recent tasks.
         let spare = if upgrading { 600 } else { 0 };
         let failed = runtime.block_on(svc.recover(spare)).map_err(|e| format!("video recovery: {e}"))?;
@@ -334,11 +323,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         service.add_tcp(&admin.listen.to_string());
         server.add_service(service);
     }
-    let drain = Drain {
-        metrics: metrics.clone(),
-        store: store.clone(),
-        phases: tokio::sync::Mutex::new(server.watch_execution_phase()),
-    };
+    let drain = Drain { metrics: metrics.clone(), store: store.clone(), phases: tokio::sync::Mutex::new(server.watch_execution_phase()) };
     server.add_service(background_service("drain", drain));
     server.add_service(background_service(
         "usage retention",
@@ -356,15 +341,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             certificate: certificate.clone(),
         },
     ));
-    let gateway = Gateway {
-        routing: routing.clone(),
-        keys,
-        max_body_bytes: max_body,
-        video,
-        ledger,
-        limits: Arc::new(Limits::default()),
-        metrics,
-    };
+    let gateway =
+        Gateway { routing: routing.clone(), keys, max_body_bytes: max_body, video, ledger, limits: Arc::new(Limits::default()), metrics };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
     if let Some(addr) = listen {
         proxy.add_tcp(&addr.to_string());
@@ -377,10 +355,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         proxy.add_tls_with_settings(&t.to_string(), None, settings);
     }
     server.add_service(proxy);
-    server.add_service(background_service(
-        "dns refresh",
-        DnsRefresh { routing, every: Duration::from_secs(60) },
-    ));
+    server.add_service(background_service("dns refresh", DnsRefresh { routing, every: Duration::from_secs(60) }));
     log::info!("tollgate starting with {path}");
     notify_systemd();
     server.run_forever();

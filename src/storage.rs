@@ -128,13 +128,7 @@ impl ObjectStore {
 
     async fn put(&self, key: &str, content_type: &str, body: Bytes) -> Result<(), StorageError> {
         let attempt = |body: Bytes| {
-            self.client
-                .put_object()
-                .bucket(&self.bucket)
-                .key(key)
-                .content_type(content_type)
-                .body(ByteStream::from(body))
-                .send()
+            self.client.put_object().bucket(&self.bucket).key(key).content_type(content_type).body(ByteStream::from(body)).send()
         };
         match attempt(body.clone()).await {
             Ok(_) => Ok(()),

@@ -3,9 +3,9 @@
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
 //! Balances live in the ledger's tree, not in the key record.
 
+use arc_swap::ArcSwapOption;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use arc_swap::ArcSwapOption;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -155,9 +155,7 @@ impl Durable {
             Err(StoreError::Released) => return Ok(()),
             Err(e) => return Err(e),
         };
-        tokio::task::spawn_blocking(move || db.flush())
-            .await
-            .map_err(|e| StoreError::Corrupt(format!("flush task: {e}")))??;
+        tokio::task::spawn_blocking(move || db.flush()).await.map_err(|e| StoreError::Corrupt(format!("flush task: {e}")))??;
         self.flushed.fetch_max(upto, SeqCst);
         Ok(())
     }
@@ -195,9 +193,8 @@ impl Store {
         let mut out = Vec::new();
         for item in self.slot.tree("keys")?.iter() {
             let (id, value) = item?;
-            let rec: KeyRecord = serde_json::from_slice(&value).map_err(|e| {
-                StoreError::Corrupt(format!("key {}: {e}", String::from_utf8_lossy(&id)))
-            })?;
+            let rec: KeyRecord =
+                serde_json::from_slice(&value).map_err(|e| StoreError::Corrupt(format!("key {}: {e}", String::from_utf8_lossy(&id))))?;
             out.push(rec);
         }
         Ok(out)

@@ -34,14 +34,10 @@ fn load(cert: &Path, key: &Path) -> Result<CertifiedKey, String> {
         return Err(format!("tls.cert: {cert_s} holds no certificate"));
     }
     let provider = CryptoProvider::get_default().ok_or("tls: no crypto provider installed")?;
-    let signing = provider
-        .key_provider
-        .load_private_key(private)
-        .map_err(|e| format!("tls.key: {key_s} is not a usable private key: {e}"))?;
+    let signing =
+        provider.key_provider.load_private_key(private).map_err(|e| format!("tls.key: {key_s} is not a usable private key: {e}"))?;
     let certified = CertifiedKey::new(chain, signing);
-    certified
-        .keys_match()
-        .map_err(|e| format!("tls: the key in {key_s} does not belong to the certificate in {cert_s}: {e}"))?;
+    certified.keys_match().map_err(|e| format!("tls: the key in {key_s} does not belong to the certificate in {cert_s}: {e}"))?;
     Ok(certified)
 }
 

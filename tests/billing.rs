@@ -65,9 +65,7 @@ async fn metrics(s: &Setup) -> String {
 
 /// The value of one metric line (name with its labels), 0 when absent.
 fn metric(text: &str, series: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok()))
-        .unwrap_or(0.0)
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0)
 }
 
 /// Point 1: whatever `stream_options` holds, tollgate asks for usage, bills the upstream's
@@ -257,7 +255,8 @@ async fn clients_cannot_shape_the_upstream_answer() {
     let before = balance(&s.gw, CLIENT_KEY).await;
     let body = json!({"contents": [{"parts": [{"text": "hi"}]}]});
     let path = "/v1beta/models/gamma-3.5-flash:streamGenerateContent?alt=sse&fields=candidates&%24fields=candidates&prettyPrint=false";
-    let r = post(&s.gw, path, CLIENT_KEY, &body, &[("x-test-tag", "mask"), ("x-goog-fieldmask", "candidates"), ("x-mock-usage", "700,90")]).await;
+    let r = post(&s.gw, path, CLIENT_KEY, &body, &[("x-test-tag", "mask"), ("x-goog-fieldmask", "candidates"), ("x-mock-usage", "700,90")])
+        .await;
     assert_eq!(r.status(), 200);
     let text = r.text().await.expect("stream");
     assert!(text.contains("usageMetadata"), "the answer keeps its usage: {text}");
@@ -340,7 +339,8 @@ async fn revocation_sticks_across_reload_and_restart() {
         .await
         .expect("json");
     let admin_secret = created["key"].as_str().expect("secret").to_string();
-    let keys: Value = client().get(format!("{admin}/admin/keys")).bearer_auth(ADMIN_TOKEN).send().await.expect("list").json().await.expect("json");
+    let keys: Value =
+        client().get(format!("{admin}/admin/keys")).bearer_auth(ADMIN_TOKEN).send().await.expect("list").json().await.expect("json");
     let chat_id = keys["data"].as_array().expect("keys").iter().find(|k| k["name"] == "chatter").expect("chatter")["id"].clone();
     let r = client()
         .patch(format!("{admin}/admin/keys/{}", chat_id.as_str().expect("id")))

@@ -31,11 +31,7 @@ fn unknown_keys_are_refused_by_name() {
 
 #[test]
 fn a_missing_env_variable_is_named() {
-    let body = standard_config(1).replacen(
-        &format!("api_key: {UPSTREAM_KEY}"),
-        "api_key_env: TOLLGATE_CLI_TEST_UNSET_KEY",
-        1,
-    );
+    let body = standard_config(1).replacen(&format!("api_key: {UPSTREAM_KEY}"), "api_key_env: TOLLGATE_CLI_TEST_UNSET_KEY", 1);
     let (code, out) = check(&body, &[]);
     assert_eq!(code, 2, "{out}");
     assert!(out.contains("TOLLGATE_CLI_TEST_UNSET_KEY") && out.contains("providers[0].api_key_env"), "{out}");

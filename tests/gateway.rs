@@ -13,14 +13,7 @@ fn chat_body(model: &str) -> Value {
 }
 
 async fn post(url: &str, key_header: (&str, &str), tag: &str, body: &Value) -> reqwest::Response {
-    client()
-        .post(url)
-        .header(key_header.0, key_header.1)
-        .header("x-test-tag", tag)
-        .json(body)
-        .send()
-        .await
-        .expect("request")
+    client().post(url).header(key_header.0, key_header.1).header("x-test-tag", tag).json(body).send().await.expect("request")
 }
 
 fn bearer(key: &str) -> (&'static str, String) {
@@ -42,9 +35,17 @@ async fn every_route_and_alias_reaches_its_upstream_path() {
         ("/v1/messages", json!({"model": "beta-opus-4-7", "max_tokens": 8, "messages": []}), "/an/v1/messages"),
         ("/messages", json!({"model": "beta-opus-4-7", "max_tokens": 8, "messages": []}), "/an/v1/messages"),
         ("/v1beta/models/gamma-3.5-flash:generateContent", json!({"contents": []}), "/ge/v1beta/models/gamma-3.5-flash:generateContent"),
-        ("/v1beta/models/gamma-3.5-flash:streamGenerateContent", json!({"contents": []}), "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent"),
+        (
+            "/v1beta/models/gamma-3.5-flash:streamGenerateContent",
+            json!({"contents": []}),
+            "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent",
+        ),
         ("/v1/models/gamma-3.5-flash:generateContent", json!({"contents": []}), "/ge/v1/models/gamma-3.5-flash:generateContent"),
-        ("/v1/models/gamma-3.5-flash:streamGenerateContent", json!({"contents": []}), "/ge/v1/models/gamma-3.5-flash:streamGenerateContent"),
+        (
+            "/v1/models/gamma-3.5-flash:streamGenerateContent",
+            json!({"contents": []}),
+            "/ge/v1/models/gamma-3.5-flash:streamGenerateContent",
+        ),
     ];
     for (i, (path, body, upstream_path)) in cases.iter().enumerate() {
         let tag = format!("route-{i}");
@@ -66,12 +67,8 @@ async fn keys_are_accepted_in_every_header_on_every_endpoint() {
     let mock = start_mock();
     let gw = start_gateway(&standard_config(mock.port));
     let bearer_value = format!("Bearer {CLIENT_KEY}");
-    let headers: [(&str, &str); 4] = [
-        ("authorization", &bearer_value),
-        ("x-api-key", CLIENT_KEY),
-        ("x-goog-api-key", CLIENT_KEY),
-        ("x-alt-api-key", CLIENT_KEY),
-    ];
+    let headers: [(&str, &str); 4] =
+        [("authorization", &bearer_value), ("x-api-key", CLIENT_KEY), ("x-goog-api-key", CLIENT_KEY), ("x-alt-api-key", CLIENT_KEY)];
     for (name, value) in headers {
         for (path, body) in [
             ("/v1/chat/completions", chat_body("alpha-5.5")),
@@ -126,7 +123,8 @@ async fn missing_wrong_and_disabled_keys_are_401_in_each_shape() {
         assert_eq!(v["type"], "error");
         assert_eq!(v["error"]["type"], "authentication_error", "{v}");
 
-        let r = with_key(client().post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent")).json(&json!({}))).send().await.expect("req");
+        let r =
+            with_key(client().post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent")).json(&json!({}))).send().await.expect("req");
         assert_eq!(r.status(), 401);
         let v: Value = r.json().await.expect("json");
         assert_eq!(v["error"]["status"], "UNAUTHENTICATED", "{v}");
@@ -190,7 +188,14 @@ async fn routing_by_model_unknown_models_and_group_limits() {
     // Missing model / broken JSON: 400.
     let r = post(&gw.url("/v1/chat/completions"), (auth.0, &auth.1), "unknown", &json!({"messages": []})).await;
     assert_eq!(r.status(), 400);
-    let r = client().post(gw.url("/v1/chat/completions")).header(auth.0, &auth.1).header("x-test-tag", "unknown").body("{\"model\":").send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header(auth.0, &auth.1)
+        .header("x-test-tag", "unknown")
+        .body("{\"model\":")
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 400);
     assert!(mock_requests(&mock, "unknown").await.is_empty());
 
@@ -247,7 +252,14 @@ async fn bodies_over_the_limit_are_413_without_reaching_the_upstream() {
     let gw = start_gateway(&format!("max_body_bytes: 65536\n{}", standard_config(mock.port)));
     let auth = bearer(CLIENT_KEY);
     let big = format!(r#"{{"model":"alpha-5.5","pad":"{}"}}"#, "z".repeat(70_000));
-    let r = client().post(gw.url("/v1/chat/completions")).header(auth.0, &auth.1).header("x-test-tag", "413").body(big.clone()).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header(auth.0, &auth.1)
+        .header("x-test-tag", "413")
+        .body(big.clone())
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 413);
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["code"], "request_too_large");
     // Chunked (no Content-Length): refused once the limit is crossed.
@@ -265,7 +277,14 @@ async fn bodies_over_the_limit_are_413_without_reaching_the_upstream() {
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "request_too_large");
     // Just under the limit passes.
     let ok = format!(r#"{{"model":"alpha-5.5","pad":"{}"}}"#, "z".repeat(60_000));
-    let r = client().post(gw.url("/v1/chat/completions")).header(auth.0, &auth.1).header("x-test-tag", "413ok").body(ok).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .header(auth.0, &auth.1)
+        .header("x-test-tag", "413ok")
+        .body(ok)
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 200);
     assert!(mock_requests(&mock, "413").await.is_empty());
 }

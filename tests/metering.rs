@@ -37,17 +37,83 @@ async fn each_protocol_is_billed_exactly_streaming_and_not() {
     let gw = start_gateway(&config(mock.port, free_port()));
     let msgs = json!([{"role": "user", "content": "hello there"}]);
     let calls = [
-        Call { name: "chat", path: "/v1/chat/completions", body: json!({"model": "alpha-5.5", "messages": msgs}), model: "alpha-5.5", output: 3 },
-        Call { name: "chat-stream", path: "/v1/chat/completions", body: json!({"model": "alpha-5.5", "messages": msgs, "stream": true}), model: "alpha-5.5", output: 3 },
-        Call { name: "chat-stream-usage", path: "/v1/chat/completions", body: json!({"model": "alpha-5.5", "messages": msgs, "stream": true, "stream_options": {"include_usage": true}}), model: "alpha-5.5", output: 3 },
-        Call { name: "responses", path: "/v1/responses", body: json!({"model": "alpha-5.5", "input": "hi"}), model: "alpha-5.5", output: 3 },
-        Call { name: "responses-stream", path: "/v1/responses", body: json!({"model": "alpha-5.5", "input": "hi", "stream": true}), model: "alpha-5.5", output: 3 },
-        Call { name: "embeddings", path: "/v1/embeddings", body: json!({"model": "alpha-embed-3", "input": ["a", "b"]}), model: "alpha-embed-3", output: 0 },
-        Call { name: "messages", path: "/v1/messages", body: json!({"model": "beta-opus-4-7", "max_tokens": 64, "messages": msgs}), model: "beta-opus-4-7", output: 3 },
-        Call { name: "messages-stream", path: "/v1/messages", body: json!({"model": "beta-opus-4-7", "max_tokens": 64, "messages": msgs, "stream": true}), model: "beta-opus-4-7", output: 3 },
-        Call { name: "gemini", path: "/v1beta/models/gamma-3.5-flash:generateContent", body: json!({"contents": [{"parts": [{"text": "hi"}]}]}), model: "gamma-3.5-flash", output: 3 },
-        Call { name: "gemini-sse", path: "/v1beta/models/gamma-3.5-flash:streamGenerateContent?alt=sse", body: json!({"contents": [{"parts": [{"text": "hi"}]}]}), model: "gamma-3.5-flash", output: 3 },
-        Call { name: "gemini-array", path: "/v1beta/models/gamma-3.5-flash:streamGenerateContent", body: json!({"contents": [{"parts": [{"text": "hi"}]}]}), model: "gamma-3.5-flash", output: 3 },
+        Call {
+            name: "chat",
+            path: "/v1/chat/completions",
+            body: json!({"model": "alpha-5.5", "messages": msgs}),
+            model: "alpha-5.5",
+            output: 3,
+        },
+        Call {
+            name: "chat-stream",
+            path: "/v1/chat/completions",
+            body: json!({"model": "alpha-5.5", "messages": msgs, "stream": true}),
+            model: "alpha-5.5",
+            output: 3,
+        },
+        Call {
+            name: "chat-stream-usage",
+            path: "/v1/chat/completions",
+            body: json!({"model": "alpha-5.5", "messages": msgs, "stream": true, "stream_options": {"include_usage": true}}),
+            model: "alpha-5.5",
+            output: 3,
+        },
+        Call {
+            name: "responses",
+            path: "/v1/responses",
+            body: json!({"model": "alpha-5.5", "input": "hi"}),
+            model: "alpha-5.5",
+            output: 3,
+        },
+        Call {
+            name: "responses-stream",
+            path: "/v1/responses",
+            body: json!({"model": "alpha-5.5", "input": "hi", "stream": true}),
+            model: "alpha-5.5",
+            output: 3,
+        },
+        Call {
+            name: "embeddings",
+            path: "/v1/embeddings",
+            body: json!({"model": "alpha-embed-3", "input": ["a", "b"]}),
+            model: "alpha-embed-3",
+            output: 0,
+        },
+        Call {
+            name: "messages",
+            path: "/v1/messages",
+            body: json!({"model": "beta-opus-4-7", "max_tokens": 64, "messages": msgs}),
+            model: "beta-opus-4-7",
+            output: 3,
+        },
+        Call {
+            name: "messages-stream",
+            path: "/v1/messages",
+            body: json!({"model": "beta-opus-4-7", "max_tokens": 64, "messages": msgs, "stream": true}),
+            model: "beta-opus-4-7",
+            output: 3,
+        },
+        Call {
+            name: "gemini",
+            path: "/v1beta/models/gamma-3.5-flash:generateContent",
+            body: json!({"contents": [{"parts": [{"text": "hi"}]}]}),
+            model: "gamma-3.5-flash",
+            output: 3,
+        },
+        Call {
+            name: "gemini-sse",
+            path: "/v1beta/models/gamma-3.5-flash:streamGenerateContent?alt=sse",
+            body: json!({"contents": [{"parts": [{"text": "hi"}]}]}),
+            model: "gamma-3.5-flash",
+            output: 3,
+        },
+        Call {
+            name: "gemini-array",
+            path: "/v1beta/models/gamma-3.5-flash:streamGenerateContent",
+            body: json!({"contents": [{"parts": [{"text": "hi"}]}]}),
+            model: "gamma-3.5-flash",
+            output: 3,
+        },
     ];
     for (i, call) in calls.iter().enumerate() {
         let before = balance(&gw, CLIENT_KEY).await;
@@ -83,9 +149,18 @@ async fn each_protocol_is_billed_exactly_streaming_and_not() {
     let models: Vec<&str> = u["models"].as_array().expect("models").iter().filter_map(|m| m["model"].as_str()).collect();
     assert_eq!(models, ["alpha-5.5", "alpha-embed-3", "beta-opus-4-7", "gamma-3.5-flash"]);
     // Time filters: nothing before, everything in range.
-    let r: Value = client().get(gw.url("/v1/usage?start=0&end=1")).bearer_auth(CLIENT_KEY).send().await.expect("u").json().await.expect("json");
+    let r: Value =
+        client().get(gw.url("/v1/usage?start=0&end=1")).bearer_auth(CLIENT_KEY).send().await.expect("u").json().await.expect("json");
     assert_eq!(r["total"]["requests"], 0);
-    let r: Value = client().get(gw.url("/v1/usage?start=0&end=99999999999")).bearer_auth(CLIENT_KEY).send().await.expect("u").json().await.expect("json");
+    let r: Value = client()
+        .get(gw.url("/v1/usage?start=0&end=99999999999"))
+        .bearer_auth(CLIENT_KEY)
+        .send()
+        .await
+        .expect("u")
+        .json()
+        .await
+        .expect("json");
     assert_eq!(r["total"]["requests"], calls.len());
     let r = client().get(gw.url("/v1/usage?start=yesterday")).bearer_auth(CLIENT_KEY).send().await.expect("u");
     assert_eq!(r.status(), 400);
@@ -97,20 +172,44 @@ async fn each_protocol_is_billed_exactly_streaming_and_not() {
 async fn insufficient_balance_is_402_and_nothing_is_forwarded() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port, free_port()));
-    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(POOR_KEY).header("x-test-tag", "poor")
-        .json(&json!({"model": "alpha-5.5", "messages": [], "max_tokens": 1000})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(POOR_KEY)
+        .header("x-test-tag", "poor")
+        .json(&json!({"model": "alpha-5.5", "messages": [], "max_tokens": 1000}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 402);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["error"]["type"], "insufficient_quota", "{v}");
-    let r = client().post(gw.url("/v1/messages")).header("x-api-key", POOR_KEY).header("x-test-tag", "poor")
-        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 1000})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", POOR_KEY)
+        .header("x-test-tag", "poor")
+        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 1000}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 402);
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "billing_error");
-    let r = client().post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent")).header("x-goog-api-key", POOR_KEY)
-        .header("x-test-tag", "poor").json(&json!({"contents": []})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent"))
+        .header("x-goog-api-key", POOR_KEY)
+        .header("x-test-tag", "poor")
+        .json(&json!({"contents": []}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 402);
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["status"], "FAILED_PRECONDITION");
-    let r = client().post(gw.url("/v1/videos")).bearer_auth(POOR_KEY).json(&json!({"model": "genq3-pro", "prompt": "p [poor]"})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/videos"))
+        .bearer_auth(POOR_KEY)
+        .json(&json!({"model": "genq3-pro", "prompt": "p [poor]"}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 402);
     assert!(mock_requests(&mock, "poor").await.is_empty(), "nothing reached the upstream");
     let calls: Vec<Value> = client().get(mock.url("/__mock/tc_calls")).send().await.expect("c").json().await.expect("j");
@@ -123,21 +222,45 @@ async fn over_rpm_is_429_with_retry_after() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port, free_port()));
     for _ in 0..2 {
-        let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(LIMITED_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(LIMITED_KEY)
+            .json(&json!({"model": "alpha-5.5", "messages": []}))
+            .send()
+            .await
+            .expect("req");
         assert_eq!(r.status(), 200);
     }
-    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(LIMITED_KEY).header("x-test-tag", "limited")
-        .json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(LIMITED_KEY)
+        .header("x-test-tag", "limited")
+        .json(&json!({"model": "alpha-5.5", "messages": []}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 429);
     let retry: u64 = r.headers()["retry-after"].to_str().expect("ascii").parse().expect("seconds");
     assert!((1..=60).contains(&retry), "{retry}");
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "rate_limit_error");
-    let r = client().post(gw.url("/v1/messages")).header("x-api-key", LIMITED_KEY).json(&json!({"model": "beta-opus-4-7", "max_tokens": 1})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", LIMITED_KEY)
+        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 1}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 429);
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "rate_limit_error");
     assert!(mock_requests(&mock, "limited").await.is_empty());
     // Other keys are not affected.
-    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "alpha-5.5", "messages": []}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 200);
 }
 
@@ -195,7 +318,13 @@ async fn a_cut_stream_is_billed_for_what_it_produced_once() {
     let second = u["models"][0]["output_tokens"].as_u64().expect("tokens") - 3;
     assert!(second >= 2, "at least what the client received (\"Hello\"): {u}");
     // Still exactly two records after the upstream finished.
-    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "alpha-5.5", "messages": []}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 200);
     wait_requests(&gw, CLIENT_KEY, 3).await;
 }
@@ -209,13 +338,20 @@ async fn concurrent_requests_never_overdraw() {
     let gw = start_gateway(&config(mock.port, admin_port));
     let admin = |p: &str| format!("http://127.0.0.1:{admin_port}{p}");
     // A hold is about 1000 × $8/M = $0.008; $0.03 covers three at a time.
-    let created: Value = client().post(admin("/admin/keys")).bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"name": "burst", "group": "default", "balance": 0.03})).send().await.expect("create").json().await.expect("json");
+    let created: Value = client()
+        .post(admin("/admin/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"name": "burst", "group": "default", "balance": 0.03}))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
     let key = created["key"].as_str().expect("secret").to_string();
     let body = json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1000});
-    let requests = (0..24).map(|_| {
-        client().post(gw.url("/v1/chat/completions")).bearer_auth(&key).header("x-mock-delay-ms", "200").json(&body).send()
-    });
+    let requests = (0..24)
+        .map(|_| client().post(gw.url("/v1/chat/completions")).bearer_auth(&key).header("x-mock-delay-ms", "200").json(&body).send());
     let results = futures_util::future::join_all(requests).await;
     let ok = results.iter().filter(|r| r.as_ref().is_ok_and(|r| r.status() == 200)).count() as u64;
     let refused = results.iter().filter(|r| r.as_ref().is_ok_and(|r| r.status() == 402)).count();
@@ -237,8 +373,13 @@ async fn admin_api_manages_keys_live() {
     assert_eq!(client().get(admin("/admin/keys")).send().await.expect("no token").status(), 401);
     assert_eq!(client().get(admin("/admin/keys")).bearer_auth("wrong").send().await.expect("wrong").status(), 401);
 
-    let r = client().post(admin("/admin/keys")).bearer_auth(ADMIN_TOKEN)
-        .json(&json!({"name": "ci", "group": "chat", "balance": 2.5, "rpm": 100})).send().await.expect("create");
+    let r = client()
+        .post(admin("/admin/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"name": "ci", "group": "chat", "balance": 2.5, "rpm": 100}))
+        .send()
+        .await
+        .expect("create");
     assert_eq!(r.status(), 201);
     let created: Value = r.json().await.expect("json");
     let secret = created["key"].as_str().expect("secret shown once").to_string();
@@ -246,12 +387,20 @@ async fn admin_api_manages_keys_live() {
     assert_eq!(created["balance"], 2.5);
     let list = client().get(admin("/admin/keys")).bearer_auth(ADMIN_TOKEN).send().await.expect("list").text().await.expect("t");
     assert!(list.contains(&id) && !list.contains(&secret), "the list never shows a secret");
-    let bad = client().post(admin("/admin/keys")).bearer_auth(ADMIN_TOKEN).json(&json!({"name": "x", "group": "nope"})).send().await.expect("bad");
+    let bad = client()
+        .post(admin("/admin/keys"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"name": "x", "group": "nope"}))
+        .send()
+        .await
+        .expect("bad");
     assert_eq!(bad.status(), 400);
 
-    let chat = || client().post(gw.url("/v1/chat/completions")).bearer_auth(&secret).json(&json!({"model": "alpha-5.5", "messages": []})).send();
+    let chat =
+        || client().post(gw.url("/v1/chat/completions")).bearer_auth(&secret).json(&json!({"model": "alpha-5.5", "messages": []})).send();
     assert_eq!(chat().await.expect("chat").status(), 200);
-    let messages = || client().post(gw.url("/v1/messages")).bearer_auth(&secret).json(&json!({"model": "beta-opus-4-7", "max_tokens": 1})).send();
+    let messages =
+        || client().post(gw.url("/v1/messages")).bearer_auth(&secret).json(&json!({"model": "beta-opus-4-7", "max_tokens": 1})).send();
     assert_eq!(messages().await.expect("messages").status(), 404, "chat group");
 
     let patch = |v: Value| client().patch(admin(&format!("/admin/keys/{id}"))).bearer_auth(ADMIN_TOKEN).json(&v).send();
@@ -285,18 +434,44 @@ async fn video_is_charged_at_submission_and_refunded_on_failure() {
     let gw = start_gateway(&config(mock.port, free_port()));
     let start = balance(&gw, CLIENT_KEY).await;
     // genq3-pro: $0.05 a second × 4 s.
-    let r = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "ok", "duration": 4})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "genq3-pro", "prompt": "ok", "duration": 4}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 200);
     assert_eq!(balance(&gw, CLIENT_KEY).await, start - 200_000_000);
-    let r = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "x [submit-error]", "duration": 4})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "genq3-pro", "prompt": "x [submit-error]", "duration": 4}))
+        .send()
+        .await
+        .expect("req");
     assert_eq!(r.status(), 400);
     assert_eq!(balance(&gw, CLIENT_KEY).await, start - 200_000_000, "a refused submission costs nothing");
-    let r = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "y [fail]", "duration": 4})).send().await.expect("req");
+    let r = client()
+        .post(gw.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "genq3-pro", "prompt": "y [fail]", "duration": 4}))
+        .send()
+        .await
+        .expect("req");
     let id = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
     assert_eq!(balance(&gw, CLIENT_KEY).await, start - 400_000_000);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let v: Value = client().get(gw.url(&format!("/v1/videos/{id}"))).bearer_auth(CLIENT_KEY).send().await.expect("get").json().await.expect("json");
+        let v: Value = client()
+            .get(gw.url(&format!("/v1/videos/{id}")))
+            .bearer_auth(CLIENT_KEY)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
         if v["status"] == "failed" {
             break;
         }
@@ -311,7 +486,13 @@ async fn balances_and_records_survive_a_hard_restart() {
     let mock = start_mock();
     let mut gw = start_gateway(&config(mock.port, free_port()));
     for _ in 0..3 {
-        let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(CLIENT_KEY)
+            .json(&json!({"model": "alpha-5.5", "messages": []}))
+            .send()
+            .await
+            .expect("req");
         assert_eq!(r.status(), 200);
     }
     let before = wait_requests(&gw, CLIENT_KEY, 3).await;
@@ -333,7 +514,8 @@ async fn sustained_concurrent_settlement_completes() {
         tokio::spawn(async move {
             let c = client();
             for _ in 0..10 {
-                let r = c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
+                let r =
+                    c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("req");
                 assert_eq!(r.status(), 200);
                 r.bytes().await.expect("body");
             }

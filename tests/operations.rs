@@ -60,11 +60,21 @@ async fn sighup_reloads_routing_and_keys_and_refuses_a_bad_file() {
     gw.signal("HUP");
     until("the new model list", || async { model_ids(&gw, CLIENT_KEY).await.contains(&"alpha-6".to_string()) }).await;
     assert!(!model_ids(&gw, CLIENT_KEY).await.contains(&"alpha-4o-mini".to_string()));
-    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth("sk-client-new-0001")
-        .json(&json!({"model": "alpha-6", "messages": []})).send().await.expect("new key");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth("sk-client-new-0001")
+        .json(&json!({"model": "alpha-6", "messages": []}))
+        .send()
+        .await
+        .expect("new key");
     assert_eq!(r.status(), 200, "the new key and model work without a restart");
-    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY)
-        .json(&json!({"model": "alpha-4o-mini", "messages": []})).send().await.expect("old model");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "alpha-4o-mini", "messages": []}))
+        .send()
+        .await
+        .expect("old model");
     assert_eq!(r.status(), 404);
 
     client().post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
@@ -77,8 +87,13 @@ async fn sighup_reloads_routing_and_keys_and_refuses_a_bad_file() {
     until("the refusal in the log", || async { gw.log().contains("configuration reload refused") }).await;
     assert!(gw.log().contains("palm"), "the message names the problem");
     assert!(model_ids(&gw, CLIENT_KEY).await.contains(&"alpha-6".to_string()));
-    let r = client().post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent")).bearer_auth(CLIENT_KEY)
-        .json(&json!({"contents": []})).send().await.expect("gemini");
+    let r = client()
+        .post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"contents": []}))
+        .send()
+        .await
+        .expect("gemini");
     assert_eq!(r.status(), 200);
 }
 
@@ -86,11 +101,22 @@ async fn sighup_reloads_routing_and_keys_and_refuses_a_bad_file() {
 async fn the_access_log_names_keys_and_never_holds_a_secret() {
     let mock = start_mock();
     let gw = start_gateway_logged(&config(mock.port, free_port()));
-    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).header("x-api-key", CLIENT_KEY)
-        .json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("chat");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .header("x-api-key", CLIENT_KEY)
+        .json(&json!({"model": "alpha-5.5", "messages": []}))
+        .send()
+        .await
+        .expect("chat");
     assert_eq!(r.status(), 200);
-    let r = client().post(gw.url("/v1/messages?key=leaked-in-query")).header("x-api-key", CLIENT_KEY)
-        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 5})).send().await.expect("query key");
+    let r = client()
+        .post(gw.url("/v1/messages?key=leaked-in-query"))
+        .header("x-api-key", CLIENT_KEY)
+        .json(&json!({"model": "beta-opus-4-7", "max_tokens": 5}))
+        .send()
+        .await
+        .expect("query key");
     assert_eq!(r.status(), 400);
     let r = client().get(gw.url("/v1/models")).bearer_auth("sk-wrong-secret-1234").send().await.expect("bad key");
     assert_eq!(r.status(), 401);
@@ -121,8 +147,13 @@ async fn health_readiness_and_metrics() {
     assert_eq!(v["database"], "ok");
     assert_eq!(v["upstreams"]["oa"], "resolved");
 
-    let r = client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY)
-        .json(&json!({"model": "alpha-5.5", "stream": true, "messages": []})).send().await.expect("stream");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "alpha-5.5", "stream": true, "messages": []}))
+        .send()
+        .await
+        .expect("stream");
     r.text().await.expect("body");
     let metrics = client().get(admin("/metrics")).bearer_auth(ADMIN_TOKEN).send().await.expect("m").text().await.expect("t");
     for name in [
@@ -199,7 +230,15 @@ fn the_systemd_unit_verifies() {
     };
     assert!(out.status.success());
     let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/tollgate.service")).expect("unit");
-    for needed in ["NoNewPrivileges=true", "ProtectSystem=strict", "ReadWritePaths=", "PrivateTmp=true", "LimitNOFILE=", "EnvironmentFile=", "ExecReload="] {
+    for needed in [
+        "NoNewPrivileges=true",
+        "ProtectSystem=strict",
+        "ReadWritePaths=",
+        "PrivateTmp=true",
+        "LimitNOFILE=",
+        "EnvironmentFile=",
+        "ExecReload=",
+    ] {
         assert!(unit.contains(needed), "{needed}");
     }
     let dir = tempfile::tempdir().expect("tempdir");

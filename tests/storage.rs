@@ -11,7 +11,8 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tollgate::mock::{mock_video_bytes, mock_video_of, MOCK_BIG_VIDEO_LEN};
 
-const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89tollgate-test-image";
+const PNG: &[u8] =
+    b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89tollgate-test-image";
 
 fn config(mock_port: u16, s3_port: u16) -> String {
     format!("{}{}{}", standard_config(mock_port), video_section(mock_port), storage_section(s3_port))
@@ -27,7 +28,15 @@ async fn create(gw: &Gateway, body: Value) -> Value {
 async fn poll(gw: &Gateway, id: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let v: Value = client().get(gw.url(&format!("/v1/videos/{id}"))).bearer_auth(CLIENT_KEY).send().await.expect("get").json().await.expect("json");
+        let v: Value = client()
+            .get(gw.url(&format!("/v1/videos/{id}")))
+            .bearer_auth(CLIENT_KEY)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
         if done(&v) {
             return v;
         }
@@ -84,7 +93,8 @@ async fn base64_inputs_reach_the_upstream_as_urls_serving_the_same_image() {
     let s3 = start_s3_on(free_port());
     let gw = start_gateway(&config(mock.port, s3.port));
     let b64 = base64::engine::general_purpose::STANDARD.encode(PNG);
-    let created = create(&gw, json!({"model": "genq3-pro", "prompt": "from base64", "image": format!("data:image/png;base64,{b64}")})).await;
+    let created =
+        create(&gw, json!({"model": "genq3-pro", "prompt": "from base64", "image": format!("data:image/png;base64,{b64}")})).await;
     let id = created["id"].as_str().expect("id").to_string();
     let calls: Vec<Value> = client().get(mock.url("/__mock/tc_calls")).send().await.expect("calls").json().await.expect("json");
     let submit = calls.iter().find(|c| c["payload"]["Prompt"] == "from base64").expect("submitted");

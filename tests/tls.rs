@@ -242,10 +242,22 @@ keys:
         )
     };
     let with_ca = start_gateway(&format!("{body}{}", video(&format!(", ca_file: {}", ca_path.display()))));
-    let r = client().post(with_ca.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "tls"})).send().await.expect("video");
+    let r = client()
+        .post(with_ca.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "genq3-pro", "prompt": "tls"}))
+        .send()
+        .await
+        .expect("video");
     assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
     let without = start_gateway(&format!("{body}{}", video("")));
-    let r = client().post(without.url("/v1/videos")).bearer_auth(CLIENT_KEY).json(&json!({"model": "genq3-pro", "prompt": "tls"})).send().await.expect("video");
+    let r = client()
+        .post(without.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "genq3-pro", "prompt": "tls"}))
+        .send()
+        .await
+        .expect("video");
     assert_eq!(r.status(), 502);
     let text = r.text().await.expect("text");
     assert!(!text.contains("127.0.0.1") && !text.contains("mock-tc-secret"), "{text}");
@@ -288,12 +300,28 @@ async fn https_object_storage_is_verified_with_its_ca() {
             video_section(mock.port)
         );
         let gw = start_gateway(&body);
-        let created: Value = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY)
-            .json(&json!({"model": "genq3-pro", "prompt": format!("tls storage {with_ca}")})).send().await.expect("create").json().await.expect("json");
+        let created: Value = client()
+            .post(gw.url("/v1/videos"))
+            .bearer_auth(CLIENT_KEY)
+            .json(&json!({"model": "genq3-pro", "prompt": format!("tls storage {with_ca}")}))
+            .send()
+            .await
+            .expect("create")
+            .json()
+            .await
+            .expect("json");
         let id = created["id"].as_str().expect("id").to_string();
         let deadline = Instant::now() + Duration::from_secs(60);
         let done = loop {
-            let v: Value = client().get(gw.url(&format!("/v1/videos/{id}"))).bearer_auth(CLIENT_KEY).send().await.expect("get").json().await.expect("json");
+            let v: Value = client()
+                .get(gw.url(&format!("/v1/videos/{id}")))
+                .bearer_auth(CLIENT_KEY)
+                .send()
+                .await
+                .expect("get")
+                .json()
+                .await
+                .expect("json");
             if v["status"] == "completed" {
                 break v;
             }

@@ -20,13 +20,28 @@ async fn an_upgrade_under_load_loses_nothing() {
 
     // A video task held running upstream.
     let token = format!("upgrade-{}", std::process::id());
-    let task: Value = client().post(old.url("/v1/videos")).bearer_auth(CLIENT_KEY)
+    let task: Value = client()
+        .post(old.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
         .json(&json!({"model": "genq3-pro", "prompt": format!("across [hold:{token}]")}))
-        .send().await.expect("create").json().await.expect("json");
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
     let task_id = task["id"].as_str().expect("id").to_string();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let v: Value = client().get(old.url(&format!("/v1/videos/{task_id}"))).bearer_auth(CLIENT_KEY).send().await.expect("get").json().await.expect("json");
+        let v: Value = client()
+            .get(old.url(&format!("/v1/videos/{task_id}")))
+            .bearer_auth(CLIENT_KEY)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
         if v["status"] == "in_progress" {
             break;
         }
@@ -37,10 +52,15 @@ async fn an_upgrade_under_load_loses_nothing() {
     // A long stream (80 deltas, 100 ms apart: 8 s) that starts on the old process.
     let stream_url = old.url("/v1/chat/completions");
     let stream = tokio::spawn(async move {
-        let r = client().post(stream_url).bearer_auth(CLIENT_KEY)
-            .header("x-mock-deltas", "80").header("x-mock-interval-ms", "100")
+        let r = client()
+            .post(stream_url)
+            .bearer_auth(CLIENT_KEY)
+            .header("x-mock-deltas", "80")
+            .header("x-mock-interval-ms", "100")
             .json(&json!({"model": "alpha-5.5", "stream": true, "messages": []}))
-            .send().await.expect("stream");
+            .send()
+            .await
+            .expect("stream");
         assert_eq!(r.status(), 200);
         let mut body = Vec::new();
         let mut s = r.bytes_stream();
@@ -121,13 +141,24 @@ async fn an_upgrade_under_load_loses_nothing() {
     let chat = u["models"].as_array().and_then(|m| m.iter().find(|r| r["model"] == "alpha-5.5")).expect("chat row");
     assert_eq!(chat["requests"].as_u64(), Some(ok + 1), "{u}");
     assert_eq!(chat["output_tokens"].as_u64(), Some(ok * 3 + 80), "the stream's 80 tokens were billed: {u}");
-    eprintln!("upgrade under load: {ok} short requests ok, {failed} failed, 1 stream of 80 deltas completed, {} records", u["total"]["requests"]);
+    eprintln!(
+        "upgrade under load: {ok} short requests ok, {failed} failed, 1 stream of 80 deltas completed, {} records",
+        u["total"]["requests"]
+    );
 
     // And it polls the task the old process started.
     client().post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let v: Value = client().get(old.url(&format!("/v1/videos/{task_id}"))).bearer_auth(CLIENT_KEY).send().await.expect("get").json().await.expect("json");
+        let v: Value = client()
+            .get(old.url(&format!("/v1/videos/{task_id}")))
+            .bearer_auth(CLIENT_KEY)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("json");
         if v["status"] == "completed" {
             break;
         }

@@ -12,10 +12,8 @@ const OTHER_KEY: &str = "sk-client-other-0001";
 const IMG: &str = "https://example.com/a.png";
 
 fn config(mock_port: u16) -> String {
-    let base = standard_config(mock_port).replace(
-        "keys:\n",
-        &format!("keys:\n  - {{ key: {OTHER_KEY}, name: other, group: default, balance: 5.0 }}\n"),
-    );
+    let base = standard_config(mock_port)
+        .replace("keys:\n", &format!("keys:\n  - {{ key: {OTHER_KEY}, name: other, group: default, balance: 5.0 }}\n"));
     format!("{base}{}", video_section(mock_port))
 }
 
@@ -61,12 +59,18 @@ async fn each_capability_is_submitted_polled_and_downloadable() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let cases = [
-        (json!({"model": "genq3-pro", "prompt": "text one", "duration": "8",
+        (
+            json!({"model": "genq3-pro", "prompt": "text one", "duration": "8",
                 "metadata": {"Resolution": "1080p", "MovementAmplitude": "large", "Bgm": true, "AspectRatio": "16:9"}}),
-         "TextToVideo", "genq3-pro"),
+            "TextToVideo",
+            "genq3-pro",
+        ),
         (json!({"model": "genq2-pro", "prompt": "image one", "image": IMG}), "ImageToVideo", "genq2-pro"),
-        (json!({"model": "genq2-turbo", "prompt": "ref one", "images": [IMG, IMG, IMG], "metadata": {"action": "referenceGenerate"}}),
-         "ReferenceToVideo", "genq2"),
+        (
+            json!({"model": "genq2-turbo", "prompt": "ref one", "images": [IMG, IMG, IMG], "metadata": {"action": "referenceGenerate"}}),
+            "ReferenceToVideo",
+            "genq2",
+        ),
     ];
     for (body, capability, upstream_model) in cases {
         let prompt = body["prompt"].as_str().unwrap_or_default().to_string();

@@ -20,12 +20,8 @@ pub fn error_body(e: &ApiError) -> Value {
 }
 
 pub fn model_list(models: &[ModelEntry]) -> Value {
-    let data: Vec<Value> = models
-        .iter()
-        .map(|m| {
-            json!({"type": "model", "id": m.id, "display_name": m.id, "created_at": rfc3339(m.created)})
-        })
-        .collect();
+    let data: Vec<Value> =
+        models.iter().map(|m| json!({"type": "model", "id": m.id, "display_name": m.id, "created_at": rfc3339(m.created)})).collect();
     json!({
         "data": data,
         "has_more": false,

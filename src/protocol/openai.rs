@@ -23,10 +23,8 @@ pub fn error_body(e: &ApiError) -> Value {
 }
 
 pub fn model_list(models: &[ModelEntry]) -> Value {
-    let data: Vec<Value> = models
-        .iter()
-        .map(|m| json!({"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by}))
-        .collect();
+    let data: Vec<Value> =
+        models.iter().map(|m| json!({"id": m.id, "object": "model", "created": m.created, "owned_by": m.owned_by})).collect();
     json!({"object": "list", "data": data})
 }
 

@@ -78,12 +78,8 @@ pub async fn serve_content(svc: &VideoService, session: &mut Session, key: &KeyR
     }
     let up = upstream.headers();
     let text = |name: &str| up.get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
-    let head = Head {
-        status,
-        content_type: text("content-type"),
-        content_length: text("content-length"),
-        content_range: text("content-range"),
-    };
+    let head =
+        Head { status, content_type: text("content-type"), content_length: text("content-length"), content_range: text("content-range") };
     stream_out(session, id, head, upstream.bytes_stream()).await
 }
 

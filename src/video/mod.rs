@@ -11,8 +11,8 @@ pub mod tc3;
 pub mod upstream;
 
 use crate::auth::now_unix;
-use crate::ledger::{now_ms, Ledger, UsageRecord};
 use crate::config::VideoConfig;
+use crate::ledger::{now_ms, Ledger, UsageRecord};
 use crate::protocol::{ApiError, ErrorKind};
 use crate::storage::ObjectStore;
 use crate::store::{KeyRecord, StoreError};
@@ -170,12 +170,7 @@ impl VideoService {
         if !resp.status().is_success() {
             return Err(format!("download answered {}", resp.status()));
         }
-        let content_type = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("video/mp4")
-            .to_string();
+        let content_type = resp.headers().get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("video/mp4").to_string();
         let key = format!("videos/{}.mp4", task.id);
         storage.put_stream(&key, &content_type, resp.bytes_stream()).await.map_err(|e| e.to_string())?;
         let shown = storage.url(&key).await.map_err(|e| e.to_string())?;
@@ -236,8 +231,11 @@ impl VideoService {
             let key = format!("tmp/{}/{i}.{}", task.id, image.extension);
             let failed = |e: crate::storage::StorageError| {
                 log::warn!("video task {}: storing {} failed: {e}", task.id, image.field);
-                ApiError::new(ErrorKind::BadGateway, format!("{}: the image could not be stored; retry, or send a public URL.", image.field))
-                    .with_param(&image.field)
+                ApiError::new(
+                    ErrorKind::BadGateway,
+                    format!("{}: the image could not be stored; retry, or send a public URL.", image.field),
+                )
+                .with_param(&image.field)
             };
             storage.put_bytes(&key, image.content_type, bytes::Bytes::from(image.bytes.clone())).await.map_err(failed)?;
             task.temp_objects.push(key.clone());
@@ -306,9 +304,11 @@ impl VideoService {
                     let refund = Self::billing_record(&task, -task.cost_nanos, "video_refund");
                     self.ledger.adjust(refund).await.map_err(internal)?;
                 }
-                return self.store.get(&holder).map_err(internal)?.ok_or_else(|| {
-                    ApiError::new(ErrorKind::Internal, "The task for this Idempotency-Key is missing.")
-                });
+                return self
+                    .store
+                    .get(&holder)
+                    .map_err(internal)?
+                    .ok_or_else(|| ApiError::new(ErrorKind::Internal, "The task for this Idempotency-Key is missing."));
             }
         }
         if let Err(e) = self.upload_inputs(&mut task, &mut sub).await {
@@ -405,10 +405,9 @@ impl VideoService {
         }
         let Some(job_id) = task.job_id.clone() else { return Ok(()) };
         let mut next = match self.upstream.describe(task.capability, &job_id).await {
-            Ok(job) => task.apply(
-                Event::Upstream { status: job.status, progress: job.progress, url: job.url, error: job.error },
-                now_unix(),
-            ),
+            Ok(job) => {
+                task.apply(Event::Upstream { status: job.status, progress: job.progress, url: job.url, error: job.error }, now_unix())
+            }
             Err(e) if e.is_transient() => {
                 log::warn!("video task {id}: describe failed, will retry: {e}");
                 task.clone()
@@ -433,9 +432,7 @@ impl VideoService {
                 return;
             }
         };
-        futures_util::stream::iter(ids)
-            .for_each_concurrent(self.cfg.poll_concurrency, |id| async move { self.refresh(&id).await })
-            .await;
+        futures_util::stream::iter(ids).for_each_concurrent(self.cfg.poll_concurrency, |id| async move { self.refresh(&id).await }).await;
         let copies = match self.store.copy_pending_ids() {
             Ok(ids) => ids,
             Err(e) => {

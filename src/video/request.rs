@@ -6,15 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 /// Every API model the service knows (§4.2), in the spec's order.
-pub const MODELS: [&str; 7] = [
-    "genq3-pro",
-    "genq3-turbo",
-    "genq3-pro-fast",
-    "genq2-pro",
-    "genq2-turbo",
-    "genq2-pro-fast",
-    "genq2",
-];
+pub const MODELS: [&str; 7] = ["genq3-pro", "genq3-turbo", "genq3-pro-fast", "genq2-pro", "genq2-turbo", "genq2-pro-fast", "genq2"];
 pub const MAX_PROMPT_CHARS: usize = 2000;
 pub const MAX_PAYLOAD_CHARS: usize = 1_048_576;
 pub const ASPECT_RATIOS: [&str; 5] = ["16:9", "9:16", "4:3", "3:4", "1:1"];
@@ -181,10 +173,7 @@ fn check_media_url(field: &str, v: &str) -> Result<(), ApiError> {
         return Ok(());
     }
     if v.starts_with("data:") || (v.len() > 64 && !v.contains("://")) {
-        return Err(bad(
-            field,
-            "base64 images need object storage, which is not configured; send a public https URL",
-        ));
+        return Err(bad(field, "base64 images need object storage, which is not configured; send a public https URL"));
     }
     Err(bad(field, "must be a public http(s) URL"))
 }
@@ -199,10 +188,7 @@ fn string_field<'a>(body: &'a Map<String, Value>, field: &str) -> Result<Option<
 
 fn string_list(field: &str, v: &Value) -> Result<Vec<String>, ApiError> {
     let items = v.as_array().ok_or_else(|| bad(field, "must be an array of strings"))?;
-    items
-        .iter()
-        .map(|i| i.as_str().map(str::to_string).ok_or_else(|| bad(field, "must be an array of strings")))
-        .collect()
+    items.iter().map(|i| i.as_str().map(str::to_string).ok_or_else(|| bad(field, "must be an array of strings"))).collect()
 }
 
 /// `aspect_ratio` / `aspectRatio` / `AspectRatio` → `AspectRatio`.
@@ -240,10 +226,10 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
                 let field = format!("metadata.{key}");
                 match name.as_str() {
                     "Model" | "Prompt" | "Images" | "Duration" => {
-                        return Err(bad(&field, format!(
-                            "must not be set in metadata; use the top-level {} field",
-                            name.to_ascii_lowercase()
-                        )));
+                        return Err(bad(
+                            &field,
+                            format!("must not be set in metadata; use the top-level {} field", name.to_ascii_lowercase()),
+                        ));
                     }
                     "Action" => {
                         let action = value.as_str().ok_or_else(|| bad(&field, "must be a string"))?;
@@ -372,15 +358,7 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
         payload.insert("Images".into(), Value::Array(inputs.into_iter().map(Value::String).collect()));
     }
     payload.insert("Duration".into(), Value::from(duration));
-    Ok(Submission {
-        capability,
-        api_model: model.to_string(),
-        upstream_model,
-        duration,
-        off_peak,
-        payload,
-        uploads,
-    })
+    Ok(Submission { capability, api_model: model.to_string(), upstream_model, duration, off_peak, payload, uploads })
 }
 
 /// Type rules of the metadata table (§2.2, §2.4).
@@ -389,9 +367,7 @@ fn check_metadata_types(meta: &Map<String, Value>) -> Result<(), ApiError> {
         let field = format!("metadata.{key}");
         match key.as_str() {
             "Bgm" | "Audio" | "IsRec" | "OffPeak" if !value.is_boolean() => return Err(bad(&field, "must be true or false")),
-            "AudioType" | "VoiceId" | "MetaData" | "CallbackUrl" if !value.is_string() => {
-                return Err(bad(&field, "must be a string"))
-            }
+            "AudioType" | "VoiceId" | "MetaData" | "CallbackUrl" if !value.is_string() => return Err(bad(&field, "must be a string")),
             "CallbackUrl" => check_media_url(&field, value.as_str().unwrap_or_default())?,
             "Payload" => {
                 let s = value.as_str().ok_or_else(|| bad(&field, "must be a string"))?;
@@ -399,9 +375,7 @@ fn check_metadata_types(meta: &Map<String, Value>) -> Result<(), ApiError> {
                     return Err(bad(&field, format!("at most {MAX_PAYLOAD_CHARS} characters")));
                 }
             }
-            "Style" if !matches!(value.as_str(), Some("general" | "anime")) => {
-                return Err(bad(&field, "must be general or anime"))
-            }
+            "Style" if !matches!(value.as_str(), Some("general" | "anime")) => return Err(bad(&field, "must be general or anime")),
             "LogoAdd" if !(value.is_i64() || value.is_u64()) => return Err(bad(&field, "must be an integer (1 adds, 0 does not)")),
             "LogoParam" => check_logo(value)?,
             "Videos" => {
@@ -550,7 +524,9 @@ mod tests {
             assert_eq!(ok(json!({"model": m, "prompt": "p", "images": refs})).upstream_model, m);
         }
         // genq2-pro keeps its name when reference videos are present.
-        let s = ok(json!({"model": "genq2-pro", "prompt": "p", "metadata": {"Action": "referenceGenerate", "Videos": ["https://e.com/v.mp4"]}}));
+        let s = ok(
+            json!({"model": "genq2-pro", "prompt": "p", "metadata": {"Action": "referenceGenerate", "Videos": ["https://e.com/v.mp4"]}}),
+        );
         assert_eq!(s.upstream_model, "genq2-pro");
         assert_eq!(s.payload["Videos"], json!(["https://e.com/v.mp4"]));
     }
@@ -604,7 +580,12 @@ mod tests {
     fn image_counts_and_urls() {
         rejects(json!({"model": "genq3-pro", "images": []}), "images");
         rejects(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG, IMG, IMG, IMG, IMG, IMG]}), "images");
-        assert_eq!(ok(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG, IMG, IMG, IMG, IMG]})).payload["Images"].as_array().map(Vec::len), Some(7));
+        assert_eq!(
+            ok(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG, IMG, IMG, IMG, IMG]})).payload["Images"]
+                .as_array()
+                .map(Vec::len),
+            Some(7)
+        );
         rejects(json!({"model": "genq3-pro", "image": IMG, "images": [IMG]}), "image");
         rejects(json!({"model": "genq2", "prompt": "p", "image": IMG, "input_reference": IMG}), "image");
         rejects(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG, IMG, IMG, IMG, IMG], "input_reference": IMG}), "images");
@@ -621,7 +602,8 @@ mod tests {
     #[test]
     fn subjects_rules() {
         let subj = |id: &str, n: usize| json!({"Id": id, "Images": vec![IMG; n]});
-        let body = |subjects: Value| json!({"model": "genq2", "prompt": "@a", "metadata": {"Action": "referenceGenerate", "Subjects": subjects}});
+        let body =
+            |subjects: Value| json!({"model": "genq2", "prompt": "@a", "metadata": {"Action": "referenceGenerate", "Subjects": subjects}});
         assert_eq!(ok(body(json!([subj("a", 3)]))).payload["Subjects"][0]["Id"], "a");
         rejects(body(json!([])), "metadata.Subjects");
         rejects(body(json!((0..8).map(|i| subj(&i.to_string(), 1)).collect::<Vec<_>>())), "metadata.Subjects");
@@ -634,7 +616,10 @@ mod tests {
         let msg = rejects(body(json!([{"Id": "a", "Images": [IMG], "Videos": ["https://e.com/v.mp4"]}])), "metadata.Videos");
         assert!(msg.contains("genq2-pro"), "{msg}");
         rejects(json!({"model": "genq3-pro", "prompt": "p", "metadata": {"Subjects": [subj("a", 1)]}}), "metadata.Subjects");
-        rejects(json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG], "metadata": {"Videos": ["https://e.com/v.mp4"]}}), "metadata.Videos");
+        rejects(
+            json!({"model": "genq2", "prompt": "p", "images": [IMG, IMG, IMG], "metadata": {"Videos": ["https://e.com/v.mp4"]}}),
+            "metadata.Videos",
+        );
     }
 
     #[test]
@@ -654,7 +639,10 @@ mod tests {
         rejects(json!({"model": "genq3-pro", "image": IMG, "metadata": {"AspectRatio": "16:9"}}), "metadata.AspectRatio");
         assert_eq!(ok(with(json!({"aspect_ratio": "1:1"}))).payload["AspectRatio"], "1:1");
         rejects(with(json!({"AspectRatio": "1:1", "aspect_ratio": "1:1"})), "metadata.");
-        assert_eq!(ok(with(json!({"Payload": "x".repeat(MAX_PAYLOAD_CHARS)}))).payload["Payload"].as_str().map(str::len), Some(MAX_PAYLOAD_CHARS));
+        assert_eq!(
+            ok(with(json!({"Payload": "x".repeat(MAX_PAYLOAD_CHARS)}))).payload["Payload"].as_str().map(str::len),
+            Some(MAX_PAYLOAD_CHARS)
+        );
         rejects(with(json!({"Payload": "x".repeat(MAX_PAYLOAD_CHARS + 1)})), "metadata.Payload");
         rejects(with(json!({"Bgm": "yes"})), "metadata.Bgm");
         rejects(with(json!({"OffPeak": 1})), "metadata.OffPeak");
@@ -663,7 +651,9 @@ mod tests {
         rejects(with(json!({"LogoParam": {"LogoRect": {"X": "left"}}})), "metadata.LogoParam.LogoRect.X");
         rejects(with(json!({"CallbackUrl": "not a url"})), "metadata.CallbackUrl");
         rejects(json!({"model": "genq3-pro", "prompt": "p", "metadata": []}), "metadata");
-        let s = ok(with(json!({"OffPeak": true, "LogoAdd": 0, "LogoParam": {"LogoUrl": IMG, "LogoRect": {"X": -10, "Y": 10, "Width": 50, "Height": 20}}, "CustomThing": 1})));
+        let s = ok(with(
+            json!({"OffPeak": true, "LogoAdd": 0, "LogoParam": {"LogoUrl": IMG, "LogoRect": {"X": -10, "Y": 10, "Width": 50, "Height": 20}}, "CustomThing": 1}),
+        ));
         assert!(s.off_peak);
         assert_eq!(s.payload["CustomThing"], 1, "other metadata passes through");
         assert_eq!(s.payload["LogoParam"]["LogoRect"]["X"], -10);

@@ -126,10 +126,7 @@ impl VideoStore {
     }
 
     fn ids(tree: &sled::Tree) -> Result<Vec<String>, StoreError> {
-        tree.iter()
-            .keys()
-            .map(|k| k.map_err(StoreError::Db).map(|k| String::from_utf8_lossy(&k).into_owned()))
-            .collect()
+        tree.iter().keys().map(|k| k.map_err(StoreError::Db).map(|k| String::from_utf8_lossy(&k).into_owned())).collect()
     }
 
     fn idem_key(owner: &str, key: &str) -> Vec<u8> {

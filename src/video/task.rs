@@ -154,12 +154,7 @@ pub enum Event {
     /// The upstream accepted the job.
     Submitted { job_id: String },
     /// A describe answered.
-    Upstream {
-        status: UpstreamStatus,
-        progress: Option<u8>,
-        url: Option<String>,
-        error: Option<TaskError>,
-    },
+    Upstream { status: UpstreamStatus, progress: Option<u8>, url: Option<String>, error: Option<TaskError> },
     /// Anything unrecoverable (submission refused, crash before submission, polled too long).
     Fail(TaskError),
 }
@@ -202,17 +197,14 @@ impl Task {
                         }
                         _ => {
                             next.status = Status::Failed;
-                            next.error = Some(TaskError::new(
-                                "missing_result",
-                                "The video service reported success without a result URL.",
-                            ));
+                            next.error = Some(TaskError::new("missing_result", "The video service reported success without a result URL."));
                         }
                     },
                     UpstreamStatus::Fail => {
                         next.status = Status::Failed;
-                        next.error = Some(error.unwrap_or_else(|| {
-                            TaskError::new("generation_failed", "The video service reported the task as failed.")
-                        }));
+                        next.error = Some(
+                            error.unwrap_or_else(|| TaskError::new("generation_failed", "The video service reported the task as failed.")),
+                        );
                     }
                 }
             }
@@ -307,9 +299,7 @@ pub(crate) mod tests {
 
     #[test]
     fn terminal_states_absorb_and_completed_at_is_set_once() {
-        let done = task()
-            .apply(Event::Submitted { job_id: "j".into() }, 1)
-            .apply(up(UpstreamStatus::Done, None, Some("u")), 7);
+        let done = task().apply(Event::Submitted { job_id: "j".into() }, 1).apply(up(UpstreamStatus::Done, None, Some("u")), 7);
         let again = done.apply(up(UpstreamStatus::Done, None, Some("other")), 9);
         assert_eq!(again, done);
         let failed_after = done.apply(Event::Fail(TaskError::new("x", "y")), 10);

@@ -46,26 +46,15 @@ pub fn utc_date(timestamp: u64) -> String {
 pub fn signature(input: &SignInput) -> String {
     let (headers, signed) = match input.action {
         Some(action) => (
-            format!(
-                "content-type:{CONTENT_TYPE}\nhost:{}\nx-tc-action:{}\n",
-                input.host,
-                action.to_ascii_lowercase()
-            ),
+            format!("content-type:{CONTENT_TYPE}\nhost:{}\nx-tc-action:{}\n", input.host, action.to_ascii_lowercase()),
             "content-type;host;x-tc-action",
         ),
         None => (format!("content-type:{CONTENT_TYPE}\nhost:{}\n", input.host), "content-type;host"),
     };
-    let canonical = format!(
-        "POST\n/\n\n{headers}\n{signed}\n{}",
-        hex(&Sha256::digest(input.payload))
-    );
+    let canonical = format!("POST\n/\n\n{headers}\n{signed}\n{}", hex(&Sha256::digest(input.payload)));
     let date = utc_date(input.timestamp);
     let scope = format!("{date}/{}/tc3_request", input.service);
-    let to_sign = format!(
-        "{ALGORITHM}\n{}\n{scope}\n{}",
-        input.timestamp,
-        hex(&Sha256::digest(canonical.as_bytes()))
-    );
+    let to_sign = format!("{ALGORITHM}\n{}\n{scope}\n{}", input.timestamp, hex(&Sha256::digest(canonical.as_bytes())));
     let k_date = hmac(format!("TC3{}", input.secret_key).as_bytes(), date.as_bytes());
     let k_service = hmac(&k_date, input.service.as_bytes());
     let k_signing = hmac(&k_service, b"tc3_request");

@@ -81,10 +81,7 @@ struct RateLimiter {
 
 impl RateLimiter {
     fn new(rate_per_sec: u32) -> Self {
-        RateLimiter {
-            interval: Duration::from_secs(1) / rate_per_sec.max(1),
-            next: Mutex::new(Instant::now()),
-        }
+        RateLimiter { interval: Duration::from_secs(1) / rate_per_sec.max(1), next: Mutex::new(Instant::now()) }
     }
 
     async fn acquire(&self) {
@@ -169,8 +166,7 @@ impl VideoUpstream {
             .map_err(|e| UpstreamError::Network { timed_out: e.is_timeout() })?;
         let status = resp.status();
         let body = resp.bytes().await.map_err(|e| UpstreamError::Network { timed_out: e.is_timeout() })?;
-        let v: Value = serde_json::from_slice(&body)
-            .map_err(|_| UpstreamError::Protocol(format!("HTTP {status}, body is not JSON")))?;
+        let v: Value = serde_json::from_slice(&body).map_err(|_| UpstreamError::Protocol(format!("HTTP {status}, body is not JSON")))?;
         let response = v.get("Response").cloned().ok_or_else(|| UpstreamError::Protocol("no Response object".into()))?;
         if let Some(err) = response.get("Error") {
             return Err(UpstreamError::Api {
@@ -225,8 +221,8 @@ fn retryable(e: &UpstreamError) -> bool {
 /// Read a describe answer's `Response` object.
 pub fn parse_describe(resp: &Value) -> Result<JobState, UpstreamError> {
     let status_text = resp.get("Status").and_then(Value::as_str).unwrap_or_default();
-    let status = UpstreamStatus::parse(status_text)
-        .ok_or_else(|| UpstreamError::Protocol(format!("unknown job Status '{status_text}'")))?;
+    let status =
+        UpstreamStatus::parse(status_text).ok_or_else(|| UpstreamError::Protocol(format!("unknown job Status '{status_text}'")))?;
     let text = |k: &str| resp.get(k).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
     let error = match (text("ErrorCode"), text("ErrorMessage")) {
         (None, None) => None,

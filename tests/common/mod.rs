@@ -14,10 +14,7 @@ pub const CHAT_KEY: &str = "sk-client-chat-0001";
 pub const DISABLED_KEY: &str = "sk-client-off-0001";
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
 }
 
 /// Wait until something accepts connections on `port`, or panic after 20 s.
@@ -278,14 +275,7 @@ pub fn client() -> reqwest::Client {
 
 /// The requests the mock received with this `x-test-tag`.
 pub async fn mock_requests(mock: &Proc, tag: &str) -> Vec<serde_json::Value> {
-    client()
-        .get(mock.url(&format!("/__mock/requests?tag={tag}")))
-        .send()
-        .await
-        .expect("mock requests")
-        .json()
-        .await
-        .expect("json")
+    client().get(mock.url(&format!("/__mock/requests?tag={tag}"))).send().await.expect("mock requests").json().await.expect("json")
 }
 
 /// `GET /v1/usage` for a key.
