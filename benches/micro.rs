@@ -29,6 +29,7 @@ fn key_lookup(c: &mut Criterion) {
             balance: 1.0,
             rpm: None,
             tpm: None,
+            max_concurrent: None,
             enabled: true,
         })
         .collect();

@@ -19,6 +19,25 @@ pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 #[derive(Debug)]
 pub struct ConfigError(pub String);
 
+/// Default `billing.commit_interval_ms`.
+pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 10;
+/// Largest `billing.commit_interval_ms` accepted.
+pub const MAX_COMMIT_INTERVAL_MS: u64 = 1000;
+
+/// Group commit of usage records: the writer commits what was booked at most `interval` after
+/// the first booking of a batch; with `sync`, every booking waits until its record is on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitPolicy {
+    pub interval: std::time::Duration,
+    pub sync: bool,
+}
+
+impl Default for CommitPolicy {
+    fn default() -> Self {
+        CommitPolicy { interval: std::time::Duration::from_millis(DEFAULT_COMMIT_INTERVAL_MS), sync: false }
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
@@ -153,6 +172,10 @@ struct RawBilling {
 
     #[serde(default)]
     usage_retention_days: Option<u64>,
+    #[serde(default)]
+    commit_interval_ms: Option<u64>,
+    #[serde(default)]
+    sync_commit: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -310,6 +333,8 @@ pub struct Config {
     pub default_max_output_tokens: u64,
     /// Usage records older than this are deleted.
     pub usage_retention_days: u64,
+    /// How usage records reach the disk (`billing.commit_interval_ms`, `billing.sync_commit`).
+    pub commit: CommitPolicy,
     pub video: Option<VideoConfig>,
     pub storage: Option<S3Config>,
 }
@@ -525,6 +550,9 @@ impl Config {
             let base_url = BaseUrl::parse(&p.base_url).map_err(|e| ConfigError(format!("{at}.base_url: {e}")))?;
             let api_key = secret(&format!("{at}.api_key"), p.api_key, p.api_key_env, env)?
                 .ok_or_else(|| ConfigError(format!("{at}.api_key: required (or {at}.api_key_env)")))?;
+            if api_key.is_empty() || !api_key.bytes().all(|b| b.is_ascii_graphic()) {
+                return err(format!("{at}.api_key: must be printable ASCII without spaces (it is sent as a header)"));
+            }
             if p.models.is_empty() {
                 return err(format!("{at}.models: list at least one model"));
             }
@@ -617,7 +645,12 @@ impl Config {
             None => None,
         };
 
-        let billing = raw.billing.unwrap_or(RawBilling { default_max_output_tokens: None, usage_retention_days: None });
+        let billing = raw.billing.unwrap_or(RawBilling {
+            default_max_output_tokens: None,
+            usage_retention_days: None,
+            commit_interval_ms: None,
+            sync_commit: None,
+        });
         let default_max_output_tokens = billing.default_max_output_tokens.unwrap_or(4096);
         if default_max_output_tokens == 0 || default_max_output_tokens > MAX_OUTPUT_ALLOWANCE {
             return err(format!("billing.default_max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
@@ -638,10 +671,19 @@ impl Config {
         if usage_retention_days == 0 {
             return err("billing.usage_retention_days: must be at least 1");
         }
+        let commit_interval_ms = billing.commit_interval_ms.unwrap_or(DEFAULT_COMMIT_INTERVAL_MS);
+        if commit_interval_ms > MAX_COMMIT_INTERVAL_MS {
+            return err(format!(
+                "billing.commit_interval_ms: at most {MAX_COMMIT_INTERVAL_MS} (a kill -9 loses at most this window of usage records)"
+            ));
+        }
+        let commit =
+            CommitPolicy { interval: std::time::Duration::from_millis(commit_interval_ms), sync: billing.sync_commit.unwrap_or(false) };
 
         Ok(Config {
             pingora: raw.pingora,
             default_max_output_tokens,
+            commit,
             forward_headers,
             usage_retention_days,
             listen,

@@ -1,12 +1,24 @@
 //! The `ProxyHttp` implementation. Hooks stay thin: each delegates to `route`, `auth`,
 //! `protocol` or `relay` and acts on the outcome.
 //!
-//! Request bodies (DESIGN.md, constraint 1): a relayed request's body is read whole in
-//! `request_filter` (up to `max_body_bytes`), its `model` field picks the providers, and the
-//! request then runs as a Pingora subrequest whose body is the preset, already-read bytes.
-//! That one path serves every body size; the subrequest's own hooks (`upstream_peer`,
-//! `upstream_request_filter`, `response_body_filter`) do the upstream side, and its response
-//! tasks are piped to the client as they arrive (nothing is buffered).
+//! A relayed request makes one pass (DESIGN.md, constraint 1), all of it in `request_filter`:
+//!
+//! ```text
+//! request_filter ── route ── authenticate ──┬─ local endpoint: answer, done
+//!                                           └─ relay plan: read the body (≤ max_body_bytes),
+//!                                              model → providers, hold, usage injection
+//!   relay:  connect (pooled; next provider on a connect failure)
+//!           → request header (allowlisted headers, provider credential) + body
+//!           → response header → client
+//!           → body chunks → usage scanner → client
+//!           → last chunk: settle (hold released, cost debited, record queued) → client
+//! logging ── metrics, access log
+//! ```
+//!
+//! Pingora replays a body read in `request_filter` only from its 64 KiB retry buffer, so the
+//! upstream exchange is driven here with pingora-core's connector rather than by Pingora's
+//! proxy phases (`upstream_peer` and the filters after it are never reached). Nothing is
+//! buffered beyond the request body: response chunks go to the client as they arrive.
 
 use crate::auth::{self, KeyIndex};
 use crate::billing;
@@ -24,13 +36,13 @@ use crate::video::{self, VideoService};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
-use pingora_core::upstreams::peer::HttpPeer;
+use pingora_core::connectors::http::Connector;
+use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
-use pingora_proxy::subrequest::pipe::{pipe_subrequest, InputBody, InputBodyType};
-use pingora_proxy::subrequest::{BodyMode, Ctx as SubrequestCtx};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// The part of the configuration a reload replaces: providers, models, groups, prices.
@@ -55,9 +67,11 @@ pub struct Gateway {
     pub ledger: Arc<Ledger>,
     pub limits: Arc<Limits>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// Upstream connections, pooled per provider.
+    pub connector: Connector,
 }
 
-/// Everything the subrequest needs to send a request upstream, decided by the parent.
+/// Everything needed to send a request upstream, decided before anything is sent.
 pub struct RelayPlan {
     /// The routing snapshot the candidates index into.
     pub routing: Arc<Routing>,
@@ -72,12 +86,12 @@ pub struct RelayPlan {
     pub client_version: Option<String>,
     pub key: Arc<KeyRecord>,
     /// The money reserved for this request; taken once, at settlement.
-    pub hold: Mutex<Option<Hold>>,
+    pub hold: Option<Hold>,
     /// tollgate asked for stream usage; the usage chunk is not the client's to see.
     pub withhold_usage: bool,
     pub started: Instant,
     /// What settlement billed (tokens, cost, estimated), for the access log.
-    pub billed: Mutex<Option<(crate::meter::Usage, i64, bool)>>,
+    pub billed: Option<(crate::meter::Usage, i64, bool)>,
     /// Counts the request against the key's `max_concurrent` while the plan lives (held, not read).
     pub concurrency_slot: Option<crate::limits::Slot>,
 }
@@ -87,25 +101,17 @@ pub struct RelayPlan {
 pub struct RequestCtx {
     /// Error shape for this request.
     pub shape: Option<Protocol>,
-    /// Set in a relay subrequest only.
-    pub plan: Option<Arc<RelayPlan>>,
-    /// Index into `plan.candidates` of the provider being tried.
-    pub attempt: usize,
-    /// Upstream response status (subrequest).
-    pub status: u16,
-    /// Reads usage from the upstream response (subrequest).
-    pub scanner: Option<UsageScanner>,
-    /// Route label for metrics and the access log (parent request).
+    /// Route label for metrics and the access log.
     pub route: &'static str,
-    /// For the access log (parent request): who called, when, and the relay it made.
+    /// For the access log: who called, when, and the relay it made.
     pub key_name: Option<String>,
     pub started: Option<Instant>,
-    pub relayed: Option<Arc<RelayPlan>>,
+    pub relayed: Option<Box<RelayPlan>>,
     /// Counts this request as in flight until dropped.
     pub in_flight: Option<InFlight>,
-    /// The subrequest opened an event stream to the client.
-    pub stream_open: bool,
-    pub first_byte_seen: bool,
+    /// A relayed response's header went to the client: a later failure can only end the
+    /// connection (no error response can follow).
+    pub response_started: bool,
 }
 
 /// Counts a request in `tollgate_in_flight_requests` for as long as it lives.
@@ -124,10 +130,10 @@ impl Drop for InFlight {
     }
 }
 
-/// What the parent request does next.
+/// What the request does next.
 enum Outcome {
     Respond(LocalResponse),
-    Relay(Arc<RelayPlan>),
+    Relay(Box<RelayPlan>),
     /// The response has been written already (a streamed video).
     Done,
 }
@@ -234,7 +240,7 @@ impl Gateway {
                     None => Err(ApiError::new(ErrorKind::ModelNotFound, format!("models/{wanted} is not found."))),
                 };
             }
-            Route::Usage => return self.usage(req.uri.query(), &key).map(Outcome::Respond),
+            Route::Usage => return self.usage(req.uri.query(), &key).await.map(Outcome::Respond),
             Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. }
                 if !catalog.group_allows(&key.group, Platform::Video) =>
             {
@@ -314,7 +320,7 @@ impl Gateway {
             client_body.clone()
         };
         drop(fields);
-        Ok(Outcome::Relay(Arc::new(RelayPlan {
+        Ok(Outcome::Relay(Box::new(RelayPlan {
             routing: routing.clone(),
             route,
             protocol,
@@ -324,16 +330,16 @@ impl Gateway {
             client_body_len,
             client_version: version,
             key,
-            hold: Mutex::new(Some(hold)),
+            hold: Some(hold),
             withhold_usage,
             started: Instant::now(),
-            billed: Mutex::new(None),
+            billed: None,
             concurrency_slot: slot,
         })))
     }
 
     /// `GET /v1/usage[?start=&end=]` for the calling key.
-    fn usage(&self, query: Option<&str>, key: &KeyRecord) -> std::result::Result<LocalResponse, ApiError> {
+    async fn usage(&self, query: Option<&str>, key: &KeyRecord) -> std::result::Result<LocalResponse, ApiError> {
         let mut start = 0u64;
         let mut end = u64::MAX;
         for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
@@ -353,6 +359,8 @@ impl Gateway {
             log::error!("usage query: {e}");
             ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
         };
+        // Read your writes: what was booked before this request is counted.
+        self.ledger.commit_now().await.map_err(internal)?;
         let (total, by_model) = self.ledger.summary(&key.id, start, end).map_err(internal)?;
         let balance = self.ledger.balance(&key.id).map_err(internal)?;
         let models: Vec<serde_json::Value> = by_model
@@ -375,22 +383,22 @@ impl Gateway {
         ))
     }
 
-    /// Bill a finished relay (subrequest `logging`): release the hold, charge what was used.
-    async fn settle(&self, ctx: &mut RequestCtx, error: Option<&Error>) {
-        let Some(plan) = ctx.plan.as_ref() else { return };
-        let hold = plan.hold.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let Some(hold) = hold else { return };
-        let scan = ctx.scanner.as_mut().map(UsageScanner::finish);
-        let status = match (ctx.status, error) {
-            (0, Some(e)) => upstream_failure(e).status(),
-            (s, _) => s,
-        };
+    /// Bill a finished relay: release the hold, charge what was used. Runs before the last
+    /// byte goes to the client (with `sync_commit`, after the record is on disk).
+    async fn settle(&self, plan: &mut RelayPlan, scan: Option<crate::meter::ScanResult>, status: u16) {
+        let Some(hold) = plan.hold.take() else { return };
         let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len);
         let cost = plan.routing.prices.cost(&plan.model, usage);
+        plan.billed = Some((usage, cost, estimated));
+        let input_total = usage.input.saturating_add(usage.cached).saturating_add(usage.cache_write);
+        self.limits.spend_tokens(&plan.key.id, input_total.saturating_add(usage.output));
+        let series = self.metrics.model(&plan.model);
         if estimated {
-            self.metrics.add("tollgate_estimated_bills_total", &[("model", &plan.model)], 1.0);
+            series.estimated_bills.add(1);
         }
-        *plan.billed.lock().unwrap_or_else(|p| p.into_inner()) = Some((usage, cost, estimated));
+        series.input_tokens.add(input_total);
+        series.output_tokens.add(usage.output);
+        series.cost_nanos.add(cost.max(0) as u64);
         let record = UsageRecord {
             time_ms: now_ms(),
             key_id: plan.key.id.clone(),
@@ -408,12 +416,6 @@ impl Gateway {
             seq: 0,
             balance_after: 0,
         };
-        let input_total = usage.input.saturating_add(usage.cached).saturating_add(usage.cache_write);
-        self.limits.spend_tokens(&plan.key.id, input_total.saturating_add(usage.output));
-        let m = &self.metrics;
-        m.add("tollgate_tokens_total", &[("model", &plan.model), ("kind", "input")], input_total as f64);
-        m.add("tollgate_tokens_total", &[("model", &plan.model), ("kind", "output")], usage.output as f64);
-        m.add("tollgate_cost_usd_total", &[("model", &plan.model)], cost as f64 / NANOS_PER_USD as f64);
         if let Err(e) = self.ledger.settle(hold, record).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
         }
@@ -493,49 +495,190 @@ impl Gateway {
         })
     }
 
-    /// Run the planned request as a subrequest with the preset body and pipe its response.
-    async fn relay(&self, session: &mut Session, plan: Arc<RelayPlan>) -> Result<()> {
-        let shape = plan.protocol;
-        let body = plan.body.clone();
-        // The subrequest re-reads the request header as HTTP/1.x text; an HTTP/2 client's
-        // request is written out as HTTP/1.1 for it (the upstream side is HTTP/1.1 anyway).
-        if session.req_header().version == http::Version::HTTP_2 {
-            session.req_header_mut().set_version(http::Version::HTTP_11);
-        }
-        let Some(spawner) = session.subrequest_spawner.as_ref() else {
-            return Err(Error::explain(ErrorType::InternalError, "subrequests are not enabled"));
-        };
-        let sub_ctx = SubrequestCtx::builder().body_mode(BodyMode::ExpectBody).user_ctx(Box::new(plan)).build();
-        let (subrequest, handle) = spawner.create_subrequest(session.as_downstream(), sub_ctx);
-        let input = InputBodyType::Preset(if body.is_empty() { InputBody::NoBody } else { InputBody::Bytes(vec![body]) });
-        let state = match pipe_subrequest(session, subrequest, handle, |task| Ok(Some(task)), input).await {
-            Ok(state) => {
-                if !state.header_received {
-                    let err = ApiError::new(ErrorKind::BadGateway, "The upstream service sent no response.");
-                    LocalResponse::error(&err, shape).send(session).await?;
+    /// Connect to the first provider that accepts a connection and send the request; returns
+    /// the upstream session with the final response header read. A connect failure moves on
+    /// to the next provider; a pooled connection that its peer had closed is replaced (the
+    /// request cannot have been processed); any other failure is final.
+    async fn open_upstream(&self, client: &RequestHeader, plan: &RelayPlan) -> Result<(HttpSession, HttpPeer)> {
+        let catalog = &plan.routing.catalog;
+        let mut last: Option<Box<Error>> = None;
+        for (attempt, &index) in plan.candidates.iter().enumerate() {
+            let upstream = &catalog.upstreams[index];
+            let Some(peer) = upstream.peer(attempt) else {
+                log::warn!("provider {} has no resolved address", upstream.config.name);
+                continue;
+            };
+            let req = relay::upstream_request(
+                client,
+                upstream,
+                &plan.route,
+                plan.client_version.as_deref(),
+                plan.body.len(),
+                &plan.routing.forward_headers,
+            )?;
+            let mut stale = 0;
+            loop {
+                let (mut http, reused) = match self.connector.get_http_session(&peer).await {
+                    Ok(opened) => opened,
+                    Err(e) => {
+                        log::warn!("provider {} failed to connect ({}); trying the next", upstream.config.name, e.etype().as_str());
+                        last = Some(e);
+                        break;
+                    }
+                };
+                http.set_read_timeout(peer.options.read_timeout);
+                http.set_write_timeout(peer.options.write_timeout);
+                match send_request(&mut http, req.clone(), &plan.body).await {
+                    Ok(()) => return Ok((http, peer)),
+                    Err(mut e) => {
+                        e.retry.decide_reuse(reused);
+                        if e.retry() && stale < MAX_STALE_CONNECTIONS {
+                            log::debug!("provider {}: pooled connection was closed ({e}); using another", upstream.config.name);
+                            stale += 1;
+                            continue;
+                        }
+                        return Err(e.into_up());
+                    }
                 }
-                state
             }
-            Err(failure) => {
-                let from_client = matches!(failure.error.esource(), ErrorSource::Downstream) && !failure.from_subreq;
-                if !failure.state.header_received && !from_client {
-                    log::warn!("relay failed: {}", failure.error);
-                    let err = upstream_failure(&failure.error);
-                    LocalResponse::error(&err, shape).send(session).await?;
-                } else {
-                    // Mid-response failure: the client sees the connection end.
-                    session.set_keepalive(None);
-                }
-                failure.state
-            }
-        };
-        // Keep the pipe open until the subrequest has finished its own logging.
-        let _pipe = state.pipe_rx;
-        if let Some(join) = state.join_handle {
-            let _ = join.await;
         }
-        Ok(())
+        Err(last.unwrap_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no provider address available")))
     }
+
+    /// Relay the planned request and stream its answer to the client, reading usage on the
+    /// side. An `Err` after the response header went out ends the client's connection.
+    async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
+        let shape = plan.protocol;
+        let (mut http, peer) = match self.open_upstream(session.req_header(), plan).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                log::warn!("relay failed: {e}");
+                let err = upstream_failure(&e);
+                self.settle(plan, None, err.status()).await;
+                LocalResponse::error(&err, shape).send(session).await?;
+                return Ok(());
+            }
+        };
+        let Some(upstream_header) = http.response_header() else {
+            let err = ApiError::new(ErrorKind::BadGateway, "The upstream service sent no response.");
+            self.settle(plan, None, err.status()).await;
+            LocalResponse::error(&err, shape).send(session).await?;
+            return Ok(());
+        };
+        let mut header = Box::new(upstream_header.clone());
+        let status = header.status.as_u16();
+        let series = self.metrics.protocol(shape);
+        series.upstream_seconds.observe(plan.started.elapsed());
+        let sse = header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let _open_stream = sse.then(|| crate::metrics::OpenStream::new(&self.metrics));
+        let withhold = plan.withhold_usage && status == 200;
+        prepare_response_header(&mut header, withhold)?;
+        let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);
+
+        ctx.response_started = true;
+        if let Err(e) = session.write_response_header(header, false).await {
+            http.shutdown().await;
+            self.settle(plan, Some(scanner.finish()), status).await;
+            return Err(e.into_down());
+        }
+        let mut first_byte = true;
+        loop {
+            let chunk = match http.read_response_body().await {
+                Ok(chunk) => chunk,
+                Err(e) => {
+                    // Cut by the upstream: bill what the client got, end its connection.
+                    log::warn!("upstream response ended early: {e}");
+                    http.shutdown().await;
+                    self.settle(plan, Some(scanner.finish()), status).await;
+                    return Err(e.into_up());
+                }
+            };
+            let done = chunk.is_none() || http.response_done();
+            let mut out = chunk;
+            if let Some(data) = out.as_ref() {
+                if first_byte && !data.is_empty() {
+                    first_byte = false;
+                    series.first_byte_seconds.observe(plan.started.elapsed());
+                }
+                if let Some(replacement) = scanner.feed(data) {
+                    out = Some(replacement);
+                }
+            }
+            if done {
+                if let Some(rest) = scanner.take_pending() {
+                    out = Some(match out {
+                        Some(data) if !data.is_empty() => {
+                            let mut joined = Vec::with_capacity(data.len() + rest.len());
+                            joined.extend_from_slice(&data);
+                            joined.extend_from_slice(&rest);
+                            Bytes::from(joined)
+                        }
+                        _ => Bytes::from(rest),
+                    });
+                }
+                // Settled before the client sees the end: its balance and `/v1/usage` already
+                // count this request when its response is complete.
+                self.settle(plan, Some(scanner.finish()), status).await;
+                let idle = peer.idle_timeout();
+                self.connector.release_http_session(http, &peer, idle).await;
+                return session.write_response_body(out, true).await.map_err(|e| e.into_down());
+            }
+            if let Some(data) = out.filter(|d| !d.is_empty()) {
+                if let Err(e) = session.write_response_body(Some(data), false).await {
+                    // The client left: bill what it was sent.
+                    http.shutdown().await;
+                    self.settle(plan, Some(scanner.finish()), status).await;
+                    return Err(e.into_down());
+                }
+            }
+        }
+    }
+}
+
+/// How many pooled connections found closed by their peer are replaced before giving up.
+const MAX_STALE_CONNECTIONS: usize = 2;
+
+/// Send the request header and body; read up to the final response header.
+async fn send_request(http: &mut HttpSession, req: RequestHeader, body: &Bytes) -> Result<()> {
+    http.write_request_header(Box::new(req)).await?;
+    if !body.is_empty() {
+        http.write_request_body(body.clone(), true).await?;
+    }
+    http.finish_request_body().await?;
+    loop {
+        http.read_response_header().await?;
+        match http.response_header() {
+            Some(h) if h.status.is_informational() => continue,
+            Some(_) => return Ok(()),
+            None => return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header")),
+        }
+    }
+}
+
+/// Connection-level headers of the upstream's answer are not the client's; Pingora sets its
+/// own `Connection` (HTTP/1) or none (HTTP/2).
+const HOP_BY_HOP: [http::header::HeaderName; 4] = [
+    http::header::CONNECTION,
+    http::header::HeaderName::from_static("keep-alive"),
+    http::header::HeaderName::from_static("proxy-connection"),
+    http::header::UPGRADE,
+];
+
+/// The upstream's response header as the client gets it: hop-by-hop headers dropped, and a
+/// body whose length changes (usage withheld) or was never given is sent chunked.
+fn prepare_response_header(header: &mut ResponseHeader, length_changes: bool) -> Result<()> {
+    for name in &HOP_BY_HOP {
+        header.remove_header(name);
+    }
+    if length_changes {
+        header.remove_header(&http::header::CONTENT_LENGTH);
+    }
+    let framed = header.headers.contains_key(http::header::CONTENT_LENGTH) || header.headers.contains_key(http::header::TRANSFER_ENCODING);
+    if !framed && !matches!(header.status.as_u16(), 204 | 304) {
+        header.set_version(http::Version::HTTP_11);
+        header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+    }
+    Ok(())
 }
 
 /// One structured line per client request (target `access`). Names the key, never its secret;
@@ -547,7 +690,7 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     let req = session.req_header();
     let latency_ms = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0);
     let (model, usage) = match &ctx.relayed {
-        Some(plan) => (plan.model.as_str(), *plan.billed.lock().unwrap_or_else(|p| p.into_inner())),
+        Some(plan) => (plan.model.as_str(), plan.billed),
         None => ("-", None),
     };
     let (input, output, cost, estimated) =
@@ -577,29 +720,17 @@ impl ProxyHttp for Gateway {
         RequestCtx { in_flight: Some(InFlight::new(self.metrics.clone())), ..RequestCtx::default() }
     }
 
-    fn allow_spawning_subrequest(&self, session: &Session, _ctx: &RequestCtx) -> bool {
-        session.subrequest_ctx.is_none()
-    }
-
+    /// Every request is answered here: a local endpoint, a refusal, or a relay (see the
+    /// module doc). Always returns `Ok(true)` (the response was sent) or an error after the
+    /// relayed response started.
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
-        // A relay subrequest carries its plan: go straight to the upstream.
-        if let Some(plan) = session.subrequest_ctx.as_ref().and_then(|c| c.user_ctx()).and_then(|u| u.downcast_ref::<Arc<RelayPlan>>()) {
-            let plan = plan.clone();
-            // The subrequest reads its preset body by the length its header declares; the body
-            // may have been rewritten, so declare the real length (before the body is read).
-            let req = session.req_header_mut();
-            req.remove_header("transfer-encoding");
-            req.insert_header("content-length", plan.body.len().to_string())?;
-            ctx.shape = Some(plan.protocol);
-            ctx.plan = Some(plan);
-            return Ok(false);
-        }
         ctx.started = Some(Instant::now());
         match self.decide(session, ctx).await {
             Ok(Outcome::Respond(resp)) => resp.send(session).await?,
-            Ok(Outcome::Relay(plan)) => {
-                ctx.relayed = Some(plan.clone());
-                self.relay(session, plan).await?
+            Ok(Outcome::Relay(mut plan)) => {
+                let relayed = self.relay(session, ctx, &mut plan).await;
+                ctx.relayed = Some(plan);
+                relayed?
             }
             Ok(Outcome::Done) => {}
             Err(err) => {
@@ -611,129 +742,30 @@ impl ProxyHttp for Gateway {
         Ok(true)
     }
 
-    async fn upstream_peer(&self, _session: &mut Session, ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
-        let Some(plan) = ctx.plan.as_ref() else {
-            return Err(Error::explain(ErrorType::InternalError, "no relay plan"));
-        };
-        // Skip providers whose host does not resolve right now.
-        while ctx.attempt < plan.candidates.len() {
-            let upstream = &plan.routing.catalog.upstreams[plan.candidates[ctx.attempt]];
-            if let Some(peer) = upstream.peer(ctx.attempt) {
-                return Ok(Box::new(peer));
-            }
-            log::warn!("provider {} has no resolved address", upstream.config.name);
-            ctx.attempt += 1;
-        }
-        Err(Error::explain(ErrorType::ConnectNoRoute, "no provider address available"))
+    /// Never reached: `request_filter` answers every request.
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
+        Err(Error::explain(ErrorType::InternalError, "requests are relayed from request_filter"))
     }
 
-    fn fail_to_connect(&self, _session: &mut Session, _peer: &HttpPeer, ctx: &mut RequestCtx, mut e: Box<Error>) -> Box<Error> {
-        if let Some(plan) = ctx.plan.as_ref() {
-            if ctx.attempt + 1 < plan.candidates.len() {
-                log::warn!(
-                    "provider {} failed to connect ({}); trying the next",
-                    plan.routing.catalog.upstreams[plan.candidates[ctx.attempt]].config.name,
-                    e.etype().as_str()
-                );
-                ctx.attempt += 1;
-                e.set_retry(true);
-            }
-        }
-        e
-    }
-
-    async fn upstream_request_filter(
-        &self,
-        _session: &mut Session,
-        upstream_request: &mut RequestHeader,
-        ctx: &mut RequestCtx,
-    ) -> Result<()> {
-        let Some(plan) = ctx.plan.as_ref() else {
-            return Err(Error::explain(ErrorType::InternalError, "no relay plan"));
-        };
-        let upstream = &plan.routing.catalog.upstreams[plan.candidates[ctx.attempt.min(plan.candidates.len() - 1)]];
-        relay::rewrite_request(
-            upstream_request,
-            upstream,
-            &plan.route,
-            plan.client_version.as_deref(),
-            plan.body.len(),
-            &plan.routing.forward_headers,
-        )
-    }
-
-    async fn response_filter(&self, _session: &mut Session, upstream_response: &mut ResponseHeader, ctx: &mut RequestCtx) -> Result<()> {
-        let Some(plan) = ctx.plan.as_ref() else { return Ok(()) };
-        ctx.status = upstream_response.status.as_u16();
-        let sse =
-            upstream_response.headers.get("content-type").and_then(|v| v.to_str().ok()).is_some_and(|v| v.starts_with("text/event-stream"));
-        self.metrics.observe("tollgate_upstream_seconds", &[("protocol", plan.protocol.as_str())], plan.started.elapsed().as_secs_f64());
-        if sse {
-            ctx.stream_open = true;
-            self.metrics.open_streams.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        }
-        let withhold = plan.withhold_usage && ctx.status == 200;
-        if withhold {
-            // The body changes length when the usage chunk is withheld.
-            upstream_response.remove_header("content-length");
-        }
-        ctx.scanner = Some(UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold));
-        Ok(())
-    }
-
-    fn response_body_filter(
-        &self,
-        _session: &mut Session,
-        body: &mut Option<Bytes>,
-        end_of_stream: bool,
-        ctx: &mut RequestCtx,
-    ) -> Result<Option<std::time::Duration>> {
-        if !ctx.first_byte_seen && body.as_ref().is_some_and(|b| !b.is_empty()) {
-            ctx.first_byte_seen = true;
-            if let Some(plan) = ctx.plan.as_ref() {
-                self.metrics.observe(
-                    "tollgate_first_byte_seconds",
-                    &[("protocol", plan.protocol.as_str())],
-                    plan.started.elapsed().as_secs_f64(),
-                );
-            }
-        }
-        if let Some(scanner) = ctx.scanner.as_mut() {
-            if let Some(chunk) = body.as_ref() {
-                if let Some(replacement) = scanner.feed(chunk) {
-                    *body = Some(replacement);
-                }
-            }
-            if end_of_stream {
-                if let Some(rest) = scanner.take_pending() {
-                    let mut joined = body.take().map(|b| b.to_vec()).unwrap_or_default();
-                    joined.extend_from_slice(&rest);
-                    *body = Some(Bytes::from(joined));
-                }
-            }
-        }
-        Ok(None)
-    }
-
-    async fn logging(&self, session: &mut Session, e: Option<&Error>, ctx: &mut RequestCtx) {
-        if ctx.plan.is_some() {
-            if ctx.stream_open {
-                self.metrics.open_streams.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            }
-            self.settle(ctx, e).await;
-            return;
-        }
+    /// Counts the request and writes its access-log line.
+    async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
-        let status_text = status.to_string();
         let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
-        self.metrics.add("tollgate_requests_total", &[("route", ctx.route), ("model", model), ("status", &status_text)], 1.0);
+        self.metrics.request(ctx.route, model, status);
         access_log(session, ctx, status);
     }
 
+    /// A relay that failed after its response header went out was logged where it failed:
+    /// Pingora's own ERROR line would only repeat it.
+    fn suppress_error_log(&self, _session: &Session, ctx: &RequestCtx, _error: &Error) -> bool {
+        ctx.response_started
+    }
+
+    /// An error out of `request_filter`: before a response started, an internal-error answer
+    /// in the request's shape; after, nothing more can be written and the connection ends.
     async fn fail_to_proxy(&self, session: &mut Session, e: &Error, ctx: &mut RequestCtx) -> FailToProxy {
-        // In a subrequest the parent writes the error (it knows whether headers went out).
-        if ctx.plan.is_some() {
-            return FailToProxy { error_code: upstream_failure(e).status(), can_reuse_downstream: false };
+        if ctx.response_started {
+            return FailToProxy { error_code: 0, can_reuse_downstream: false };
         }
         let err = ApiError::new(ErrorKind::Internal, "Internal gateway error.");
         let code = match e.esource() {

@@ -3,8 +3,11 @@
 //! Balances are integers in nano-USD (1e-9 USD) in the sled tree `balances`; no float touches
 //! a balance. A relayed request first takes a *hold* (its estimated cost, in memory); it is
 //! admitted only while `balance − held ≥ estimate`. When the response ends the hold is
-//! released and the real cost is debited together with the usage record, and both are flushed
-//! before the request is done.
+//! released and the real cost is debited in memory at once (the in-memory balance is the
+//! authoritative one while the process runs) and the usage record is queued to the one writer
+//! (`commit`), which makes it durable within `billing.commit_interval_ms`; with
+//! `billing.sync_commit: true` the booking waits until its record is on disk. Top-ups, video
+//! charges and refunds, and bookings handed over by an old process always wait.
 //!
 //! No sled transaction or batch is used anywhere: in sled 0.34 either switches the whole
 //! database to a lock mode in which a concurrent `flush` can deadlock (seen under load).
@@ -184,11 +187,26 @@ impl Insufficient {
 
 pub struct Ledger {
     slot: crate::store::DbSlot,
-    durable: crate::store::Durable,
+    /// The one writer of balance entries and usage records.
+    writer: crate::commit::Writer,
+    /// Bookings of relayed requests wait until their record is on disk.
+    sync: bool,
+    /// Set (under the accounts lock) once the database is being handed to a new process:
+    /// every later booking goes through the hand-over socket.
+    handing_over: std::sync::atomic::AtomicBool,
     accounts: Mutex<HashMap<String, Account>>,
     seq: AtomicU64,
     /// Where bookings go once the database was handed over (upgrade).
     handover: std::sync::OnceLock<std::path::PathBuf>,
+}
+
+/// Outcome of the locked part of a booking.
+enum Queued {
+    Refused(Insufficient),
+    /// The database belongs to the new process: forward the booking.
+    HandedOver,
+    /// The new balance, and the waiter when the booking waits for the disk.
+    Booked(i64, Option<crate::commit::Waiter>),
 }
 
 /// Reserved money for one in-flight request. Dropped unsettled, it is released untouched.
@@ -265,12 +283,21 @@ impl Totals {
 }
 
 impl Ledger {
+    /// The ledger with the default commit policy.
     pub fn open(db: impl Into<crate::store::DbSlot>) -> Result<Self, StoreError> {
+        Self::open_with(db, crate::config::CommitPolicy::default())
+    }
+
+    pub fn open_with(db: impl Into<crate::store::DbSlot>, policy: crate::config::CommitPolicy) -> Result<Self, StoreError> {
         let slot: crate::store::DbSlot = db.into();
         slot.tree("balances")?;
         slot.tree("usage_records")?;
+        let writer = crate::commit::Writer::start(slot.clone(), policy.interval)
+            .map_err(|e| StoreError::Corrupt(format!("cannot start the commit writer: {e}")))?;
         Ok(Ledger {
-            durable: crate::store::Durable::new(&slot),
+            writer,
+            sync: policy.sync,
+            handing_over: std::sync::atomic::AtomicBool::new(false),
             slot,
             accounts: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(0),
@@ -371,10 +398,10 @@ impl Ledger {
         k
     }
 
-    /// Debit `record.cost_nanos` (a credit when negative) and store the record, atomically,
-    /// then flush. Returns the new balance.
-    async fn book(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
-        match self.book_if(record, release, false).await? {
+    /// Debit `record.cost_nanos` (a credit when negative) and queue its record; with `wait`,
+    /// return once the record is on disk. Returns the new balance.
+    async fn book(&self, record: &UsageRecord, release: i64, wait: bool) -> Result<i64, StoreError> {
+        match self.book_if(record, release, false, wait).await? {
             Ok(balance) => Ok(balance),
             // Unchecked bookings are never refused.
             Err(short) => Err(StoreError::Corrupt(format!("unchecked booking refused: {short:?}"))),
@@ -383,23 +410,40 @@ impl Ledger {
 
     /// [`Ledger::book`]; with `check`, only when `balance − held` covers the cost, decided
     /// under the same lock as the debit (two concurrent charges cannot both pass one check).
-    async fn book_if(&self, record: &UsageRecord, release: i64, check: bool) -> Result<Result<i64, Insufficient>, StoreError> {
-        if self.slot.is_released() {
-            if check {
-                let acc = self.accounts().get(&record.key_id).copied().unwrap_or_default();
-                if let Err(short) = acc.covers(record.cost_nanos) {
-                    return Ok(Err(short));
-                }
-            }
-            return self.forward(record, release).await.map(Ok);
+    ///
+    /// The record is queued under the accounts lock, so records reach the disk in the order
+    /// their balances were computed, and a hand-over (which sets its flag under the same lock,
+    /// then waits for the queue) misses none.
+    async fn book_if(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Result<i64, Insufficient>, StoreError> {
+        let queued = self.queue_booking(record, release, check, wait)?;
+        let (balance, waiter) = match queued {
+            Queued::Refused(short) => return Ok(Err(short)),
+            Queued::HandedOver => return self.forward(record, release).await.map(Ok),
+            Queued::Booked(balance, waiter) => (balance, waiter),
+        };
+        if let Some(waiter) = waiter {
+            waiter.wait().await?;
         }
-        let rkey = self.record_key(record);
-        let balance = {
+        Ok(Ok(balance))
+    }
+
+    /// The synchronous part of a booking, under the accounts lock.
+    fn queue_booking(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Queued, StoreError> {
+        {
             let mut map = self.accounts();
+            if self.handing_over.load(Ordering::SeqCst) || self.slot.is_released() {
+                if check {
+                    let acc = map.get(&record.key_id).copied().unwrap_or_default();
+                    if let Err(short) = acc.covers(record.cost_nanos) {
+                        return Ok(Queued::Refused(short));
+                    }
+                }
+                return Ok(Queued::HandedOver);
+            }
             let mut acc = self.load(&mut map, &record.key_id)?;
             if check {
                 if let Err(short) = acc.covers(record.cost_nanos) {
-                    return Ok(Err(short));
+                    return Ok(Queued::Refused(short));
                 }
             }
             let new_balance = acc.balance.saturating_sub(record.cost_nanos);
@@ -410,14 +454,12 @@ impl Ledger {
             let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             // The record alone carries the new balance (`balance_after`, newer `seq` than the
             // balance entry), so the balance entry is not rewritten per booking: one insert.
-            self.records_tree()?.insert(rkey.as_slice(), value)?;
+            let waiter = self.writer.insert(crate::commit::TreeName::UsageRecords, self.record_key(&record), value, wait)?;
             acc.balance = new_balance;
             acc.held -= release;
             map.insert(record.key_id.clone(), acc);
-            new_balance
-        };
-        self.durable.flush().await?;
-        Ok(Ok(balance))
+            Ok(Queued::Booked(new_balance, waiter))
+        }
     }
 
     /// The database belongs to the new process now: it books the record; this process keeps
@@ -432,41 +474,72 @@ impl Ledger {
         Ok(acc.balance)
     }
 
-    /// Book a record forwarded by a process that handed its database over to this one.
+    /// Book a record forwarded by a process that handed its database over to this one
+    /// (durable before it is acknowledged).
     pub async fn book_forwarded(&self, record: UsageRecord) -> Result<i64, StoreError> {
-        self.book(&record, 0).await
+        self.book(&record, 0, true).await
     }
 
-    /// Release the hold and charge the real cost, with its record.
+    /// Release the hold and charge the real cost, with its record (durable within the commit
+    /// window, or before this returns with `sync_commit`).
     pub async fn settle(&self, mut hold: Hold, record: UsageRecord) -> Result<i64, StoreError> {
         hold.done = true;
-        self.book(&record, hold.amount).await
+        self.book(&record, hold.amount, self.sync).await
     }
 
     /// Charge a price at once (video submission) when `balance − held` covers it: the check
-    /// and the debit happen under one lock.
+    /// and the debit happen under one lock. Durable before this returns.
     pub async fn charge(&self, record: UsageRecord) -> Result<Result<i64, Insufficient>, StoreError> {
-        self.book_if(&record, 0, true).await
+        self.book_if(&record, 0, true, true).await
     }
 
-    /// Credit (refund, top-up) or debit without a hold; the record says why.
+    /// Credit (refund, top-up) or debit without a hold; the record says why. Durable before
+    /// this returns.
     pub async fn adjust(&self, record: UsageRecord) -> Result<i64, StoreError> {
-        self.book(&record, 0).await
+        self.book(&record, 0, true).await
     }
 
-    /// Balance change by an administrator: no usage record.
+    /// Balance change by an administrator: no usage record. Durable before this returns.
     pub async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError> {
-        let balance = {
+        let (balance, waiter) = {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, key_id)?;
             acc.balance += delta;
             let seq = self.slot.db()?.generate_id()? + 1;
-            self.balances()?.insert(key_id.as_bytes(), &encode_balance(acc.balance, seq)[..])?;
+            let waiter = self.writer.insert(
+                crate::commit::TreeName::Balances,
+                key_id.as_bytes().to_vec(),
+                encode_balance(acc.balance, seq).to_vec(),
+                true,
+            )?;
             map.insert(key_id.to_string(), acc);
-            acc.balance
+            (acc.balance, waiter)
         };
-        self.durable.flush().await?;
+        if let Some(waiter) = waiter {
+            waiter.wait().await?;
+        }
         Ok(balance)
+    }
+
+    /// Return once every booking made before this call is on disk (read-your-writes for
+    /// `/v1/usage`; a graceful stop).
+    pub async fn commit_now(&self) -> Result<(), StoreError> {
+        self.writer.barrier()?.wait().await
+    }
+
+    /// Before the database is released to a new process: from now on bookings go through the
+    /// hand-over socket; returns once everything booked before is on disk.
+    pub async fn hand_over(&self) -> Result<(), StoreError> {
+        {
+            let _map = self.accounts();
+            self.handing_over.store(true, Ordering::SeqCst);
+        }
+        self.commit_now().await
+    }
+
+    /// The writer's counters (queued, committed, flushes, failed).
+    pub fn commit_stats(&self) -> &crate::commit::CommitStats {
+        &self.writer.stats
     }
 
     /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms`.
@@ -506,7 +579,9 @@ impl Ledger {
     /// A key's balance may live only in its newest record (bookings do not rewrite the balance
     /// entry), so before any record of a key goes, the key's balance is checkpointed into its
     /// balance entry under a fresh sequence number: pruning never changes a balance.
-    pub fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
+    pub async fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
+        // Queued records first, so that every record older than the cut is seen.
+        self.commit_now().await?;
         let records = self.records_tree()?;
         let mut old_keys: Vec<sled::IVec> = Vec::new();
         let mut key_ids: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
@@ -590,6 +665,51 @@ mod tests {
         assert_eq!(ledger.balance("k").expect("balance"), 900);
     }
 
+    #[tokio::test]
+    async fn bookings_reach_the_disk_within_the_window_or_before_settle_returns_with_sync_commit() {
+        use crate::config::CommitPolicy;
+        use std::time::Duration;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        // Default mode, with a window long enough to look inside it.
+        let ledger = Arc::new(Ledger::open_with(&db, CommitPolicy { interval: Duration::from_secs(3600), sync: false }).expect("ledger"));
+        ledger.open_account("k", 1000).expect("open");
+        let balance = ledger.settle(ledger.hold("k", 100).expect("db").expect("ok"), record("k", "m", 100, 1)).await.expect("settle");
+        // The balance moved at once; the record is queued, not yet written.
+        assert_eq!(balance, 900);
+        assert_eq!(ledger.balance("k").expect("balance"), 900);
+        assert_eq!(ledger.commit_stats().committed.load(Ordering::SeqCst), 0);
+        assert!(ledger.records("k").expect("records").is_empty());
+        // A top-up waits for the disk, and so for everything queued before it.
+        assert_eq!(ledger.top_up("k", 50).await.expect("top up"), 950);
+        assert_eq!(ledger.records("k").expect("records").len(), 1);
+        drop(ledger);
+
+        let ledger = Arc::new(Ledger::open_with(&db, CommitPolicy { interval: Duration::from_secs(3600), sync: true }).expect("ledger"));
+        ledger.settle(ledger.hold("k", 100).expect("db").expect("ok"), record("k", "m", 100, 2)).await.expect("settle");
+        assert_eq!(ledger.commit_stats().committed.load(Ordering::SeqCst), 1, "sync_commit: on disk before settle returns");
+        assert_eq!(ledger.records("k").expect("records").len(), 2);
+        assert_eq!(ledger.balance("k").expect("balance"), 850);
+    }
+
+    #[tokio::test]
+    async fn a_hand_over_commits_what_was_queued_and_forwards_what_comes_after() {
+        use crate::config::CommitPolicy;
+        use std::time::Duration;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let ledger = Arc::new(Ledger::open_with(&db, CommitPolicy { interval: Duration::from_secs(3600), sync: false }).expect("ledger"));
+        ledger.open_account("k", 1000).expect("open");
+        ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 10, 1)).await.expect("settle");
+        ledger.hand_over().await.expect("hand over");
+        assert_eq!(ledger.records("k").expect("records").len(), 1, "queued before the hand-over: committed");
+        // After it, bookings go to the new process; with no socket configured they fail
+        // loudly instead of writing to a database this process no longer owns.
+        let after = ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 10, 2)).await;
+        assert!(matches!(after, Err(StoreError::Released)), "{after:?}");
+        assert_eq!(ledger.records("k").expect("records").len(), 1);
+    }
+
     #[test]
     fn prices_are_exact_integers() {
         let mut p = BTreeMap::new();
@@ -649,7 +769,7 @@ mod tests {
         assert_eq!(by_model["b"].requests, 1);
         let (window, _) = ledger.summary("k", 1500, 3500).expect("window");
         assert_eq!(window.requests, 2);
-        assert_eq!(ledger.prune(2500).expect("prune"), 3, "two of k, one of other");
+        assert_eq!(ledger.prune(2500).await.expect("prune"), 3, "two of k, one of other");
         assert_eq!(ledger.records("k").expect("records").len(), 2);
     }
 
@@ -667,7 +787,7 @@ mod tests {
                 ledger.settle(h, record("k", "m", 100, t)).await.expect("settle");
             }
             assert_eq!(ledger.balance("k").expect("bal"), 8_000);
-            assert_eq!(ledger.prune(u64::MAX).expect("prune"), 20);
+            assert_eq!(ledger.prune(u64::MAX).await.expect("prune"), 20);
             assert!(ledger.records("k").expect("records").is_empty());
             db.flush().expect("flush");
         }

@@ -1,98 +1,215 @@
 //! Prometheus counters, rendered as text on the admin listener's `/metrics`.
+//!
+//! The request path touches only atomics: a series is resolved once into a handle (per
+//! protocol at start, per model on its first request) and counted with `fetch_add`. Lookups of
+//! a model's handles take a read lock and allocate nothing; a write lock is taken only when a
+//! series is seen for the first time.
 
-use std::collections::BTreeMap;
+use crate::config::Protocol;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
-use std::sync::Mutex;
-
-type Series = (&'static str, Vec<(&'static str, String)>);
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 /// Histogram bucket upper bounds, in seconds.
 const BUCKETS: [f64; 14] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
-#[derive(Default, Clone)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
+/// A monotonically increasing count; rendered as `value × unit`.
+#[derive(Default)]
+pub struct Counter(AtomicU64);
+
+impl Counter {
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Relaxed);
+    }
+
+    pub fn get(&self) -> u64 {
+        self.0.load(Relaxed)
+    }
 }
 
-/// Counters and histograms by name and labels, and live gauges.
+/// Observations in seconds, with cumulative buckets.
+#[derive(Default)]
+pub struct Histogram {
+    counts: [AtomicU64; BUCKETS.len()],
+    count: AtomicU64,
+    sum_nanos: AtomicU64,
+}
+
+impl Histogram {
+    pub fn observe(&self, d: Duration) {
+        let seconds = d.as_secs_f64();
+        if let Some(first) = BUCKETS.iter().position(|b| seconds <= *b) {
+            for c in &self.counts[first..] {
+                c.fetch_add(1, Relaxed);
+            }
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_nanos.fetch_add(d.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (i, bound) in BUCKETS.iter().enumerate() {
+            let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {}", self.counts[i].load(Relaxed));
+        }
+        let count = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_nanos.load(Relaxed) as f64 / 1e9);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    }
+}
+
+/// Series labelled by protocol.
+#[derive(Default)]
+pub struct ProtocolSeries {
+    /// Time to the upstream's response header.
+    pub upstream_seconds: Histogram,
+    /// Time to the first body byte.
+    pub first_byte_seconds: Histogram,
+}
+
+/// Series labelled by model (`-` for requests that named none).
+#[derive(Default)]
+pub struct ModelSeries {
+    pub input_tokens: Counter,
+    pub output_tokens: Counter,
+    pub cost_nanos: Counter,
+    /// Answers billed from an estimate (no upstream usage).
+    pub estimated_bills: Counter,
+    /// Requests by route label and status.
+    requests: RwLock<Vec<(&'static str, u16, Arc<Counter>)>>,
+}
+
+impl ModelSeries {
+    /// The request counter for a route and status.
+    pub fn requests(&self, route: &'static str, status: u16) -> Arc<Counter> {
+        let find = |v: &Vec<(&'static str, u16, Arc<Counter>)>| v.iter().find(|(r, s, _)| *r == route && *s == status).map(|e| e.2.clone());
+        if let Some(c) = find(&self.requests.read().unwrap_or_else(|p| p.into_inner())) {
+            return c;
+        }
+        let mut all = self.requests.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = find(&all) {
+            return c;
+        }
+        let c = Arc::new(Counter::default());
+        all.push((route, status, c.clone()));
+        c
+    }
+}
+
+/// Counters and histograms, and live gauges.
 #[derive(Default)]
 pub struct Metrics {
-    counters: Mutex<BTreeMap<Series, f64>>,
-    histograms: Mutex<BTreeMap<Series, Histogram>>,
-    /// Requests being processed (relay subrequests included).
-    pub in_flight: std::sync::atomic::AtomicI64,
+    protocols: [ProtocolSeries; 3],
+    models: RwLock<HashMap<String, Arc<ModelSeries>>>,
+    /// Series outside the request path (rare events), by name and labels.
+    other: Mutex<BTreeMap<(&'static str, Vec<(&'static str, String)>), Arc<Counter>>>,
+    /// Requests being processed.
+    pub in_flight: AtomicI64,
     /// Event streams open to clients.
-    pub open_streams: std::sync::atomic::AtomicI64,
+    pub open_streams: AtomicI64,
 }
 
 fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
+/// Counts an event stream as open for as long as it lives.
+pub struct OpenStream(Arc<Metrics>);
+
+impl OpenStream {
+    pub fn new(metrics: &Arc<Metrics>) -> Self {
+        metrics.open_streams.fetch_add(1, Relaxed);
+        OpenStream(metrics.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.open_streams.fetch_sub(1, Relaxed);
+    }
+}
+
 impl Metrics {
-    pub fn add(&self, name: &'static str, labels: &[(&'static str, &str)], value: f64) {
-        let key = (name, labels.iter().map(|(k, v)| (*k, v.to_string())).collect());
-        let mut c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        *c.entry(key).or_insert(0.0) += value;
+    pub fn protocol(&self, p: Protocol) -> &ProtocolSeries {
+        &self.protocols[match p {
+            Protocol::Openai => 0,
+            Protocol::Anthropic => 1,
+            Protocol::Gemini => 2,
+        }]
     }
 
-    /// Record one observation in seconds.
-    pub fn observe(&self, name: &'static str, labels: &[(&'static str, &str)], seconds: f64) {
-        let key = (name, labels.iter().map(|(k, v)| (*k, v.to_string())).collect());
-        let mut h = self.histograms.lock().unwrap_or_else(|p| p.into_inner());
-        let entry = h.entry(key).or_default();
-        for (i, bound) in BUCKETS.iter().enumerate() {
-            if seconds <= *bound {
-                entry.counts[i] += 1;
-            }
+    /// The model's series (created on first use).
+    pub fn model(&self, model: &str) -> Arc<ModelSeries> {
+        if let Some(s) = self.models.read().unwrap_or_else(|p| p.into_inner()).get(model) {
+            return s.clone();
         }
-        entry.count += 1;
-        entry.sum += seconds;
+        self.models.write().unwrap_or_else(|p| p.into_inner()).entry(model.to_string()).or_default().clone()
     }
 
-    pub fn get(&self, name: &'static str, labels: &[(&'static str, &str)]) -> f64 {
+    /// Count a finished client request.
+    pub fn request(&self, route: &'static str, model: &str, status: u16) {
+        self.model(model).requests(route, status).add(1);
+    }
+
+    /// A counter outside the request path.
+    pub fn counter(&self, name: &'static str, labels: &[(&'static str, &str)]) -> Arc<Counter> {
         let key = (name, labels.iter().map(|(k, v)| (*k, v.to_string())).collect());
-        let c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
-        c.get(&key).copied().unwrap_or(0.0)
+        self.other.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_default().clone()
     }
 
     /// Prometheus text format; `extra` lines (gauges computed at scrape time) are appended.
     pub fn render(&self, extra: &[(&str, f64)]) -> String {
-        let c = self.counters.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = String::new();
+        let models: BTreeMap<String, Arc<ModelSeries>> =
+            self.models.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+
+        let _ = writeln!(out, "# TYPE tollgate_requests_total counter");
+        for (model, s) in &models {
+            let mut rows: Vec<(&'static str, u16, u64)> =
+                s.requests.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(r, st, c)| (*r, *st, c.get())).collect();
+            rows.sort_unstable();
+            for (route, status, n) in rows {
+                let _ = writeln!(out, "tollgate_requests_total{{route=\"{route}\",model=\"{}\",status=\"{status}\"}} {n}", escape(model));
+            }
+        }
+        let priced: Vec<_> = models.iter().filter(|(m, _)| m.as_str() != "-").collect();
+        let _ = writeln!(out, "# TYPE tollgate_tokens_total counter");
+        for (model, s) in &priced {
+            let m = escape(model);
+            let _ = writeln!(out, "tollgate_tokens_total{{model=\"{m}\",kind=\"input\"}} {}", s.input_tokens.get());
+            let _ = writeln!(out, "tollgate_tokens_total{{model=\"{m}\",kind=\"output\"}} {}", s.output_tokens.get());
+        }
+        let _ = writeln!(out, "# TYPE tollgate_cost_usd_total counter");
+        for (model, s) in &priced {
+            let _ = writeln!(out, "tollgate_cost_usd_total{{model=\"{}\"}} {}", escape(model), s.cost_nanos.get() as f64 / 1e9);
+        }
+        let _ = writeln!(out, "# TYPE tollgate_estimated_bills_total counter");
+        for (model, s) in &priced {
+            let _ = writeln!(out, "tollgate_estimated_bills_total{{model=\"{}\"}} {}", escape(model), s.estimated_bills.get());
+        }
+        for (name, pick) in [
+            ("tollgate_upstream_seconds", (|s: &ProtocolSeries| &s.upstream_seconds) as fn(&ProtocolSeries) -> &Histogram),
+            ("tollgate_first_byte_seconds", |s: &ProtocolSeries| &s.first_byte_seconds),
+        ] {
+            let _ = writeln!(out, "# TYPE {name} histogram");
+            for p in [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini] {
+                pick(self.protocol(p)).render(&mut out, name, &format!("protocol=\"{}\"", p.as_str()));
+            }
+        }
+        let other = self.other.lock().unwrap_or_else(|p| p.into_inner());
         let mut last = "";
-        for ((name, labels), value) in c.iter() {
+        for ((name, labels), c) in other.iter() {
             if *name != last {
                 let _ = writeln!(out, "# TYPE {name} counter");
                 last = name;
             }
             let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
-            let _ = writeln!(out, "{name}{{{}}} {value}", labels.join(","));
+            let _ = writeln!(out, "{name}{{{}}} {}", labels.join(","), c.get());
         }
-        drop(c);
-        let h = self.histograms.lock().unwrap_or_else(|p| p.into_inner());
-        let mut last = "";
-        for ((name, labels), hist) in h.iter() {
-            if *name != last {
-                let _ = writeln!(out, "# TYPE {name} histogram");
-                last = name;
-            }
-            let base: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{}\"", escape(v))).collect();
-            let with = |extra: String| {
-                let mut all = base.clone();
-                all.push(extra);
-                all.join(",")
-            };
-            for (i, bound) in BUCKETS.iter().enumerate() {
-                let _ = writeln!(out, "{name}_bucket{{{}}} {}", with(format!("le=\"{bound}\"")), hist.counts[i]);
-            }
-            let _ = writeln!(out, "{name}_bucket{{{}}} {}", with("le=\"+Inf\"".to_string()), hist.count);
-            let _ = writeln!(out, "{name}_sum{{{}}} {}", base.join(","), hist.sum);
-            let _ = writeln!(out, "{name}_count{{{}}} {}", base.join(","), hist.count);
-        }
-        use std::sync::atomic::Ordering::Relaxed;
+        drop(other);
         let live = [
             ("tollgate_in_flight_requests", self.in_flight.load(Relaxed) as f64),
             ("tollgate_open_streams", self.open_streams.load(Relaxed) as f64),
@@ -110,21 +227,35 @@ mod tests {
 
     #[test]
     fn renders_prometheus_text() {
-        let m = Metrics::default();
-        m.add("tollgate_requests_total", &[("route", "chat"), ("status", "200")], 1.0);
-        m.add("tollgate_requests_total", &[("route", "chat"), ("status", "200")], 1.0);
-        m.add("tollgate_tokens_total", &[("model", "a\"b"), ("kind", "input")], 5.0);
+        let m = Arc::new(Metrics::default());
+        m.request("chat", "alpha", 200);
+        m.request("chat", "alpha", 200);
+        m.request("models", "-", 200);
+        let s = m.model("a\"b");
+        s.input_tokens.add(5);
+        s.cost_nanos.add(1_500_000_000);
+        m.counter("tollgate_video_tasks_total", &[("state", "ok")]).add(3);
         let text = m.render(&[("tollgate_keys", 3.0)]);
-        assert!(text.contains("tollgate_requests_total{route=\"chat\",status=\"200\"} 2"), "{text}");
+        assert!(text.contains("tollgate_requests_total{route=\"chat\",model=\"alpha\",status=\"200\"} 2"), "{text}");
+        assert!(text.contains("tollgate_requests_total{route=\"models\",model=\"-\",status=\"200\"} 1"), "{text}");
         assert!(text.contains("tollgate_tokens_total{model=\"a\\\"b\",kind=\"input\"} 5"), "{text}");
+        assert!(text.contains("tollgate_cost_usd_total{model=\"a\\\"b\"} 1.5"), "{text}");
+        assert!(!text.contains("tollgate_tokens_total{model=\"-\""), "{text}");
+        assert!(text.contains("tollgate_video_tasks_total{state=\"ok\"} 3"), "{text}");
         assert!(text.contains("# TYPE tollgate_keys gauge\ntollgate_keys 3"), "{text}");
-        assert_eq!(m.get("tollgate_requests_total", &[("route", "chat"), ("status", "200")]), 2.0);
-        m.observe("tollgate_upstream_seconds", &[("protocol", "openai")], 0.003);
-        m.observe("tollgate_upstream_seconds", &[("protocol", "openai")], 0.2);
+        assert_eq!(m.model("alpha").requests("chat", 200).get(), 2);
+        let openai = m.protocol(Protocol::Openai);
+        openai.upstream_seconds.observe(Duration::from_millis(3));
+        openai.upstream_seconds.observe(Duration::from_millis(200));
         let text = m.render(&[]);
         assert!(text.contains("tollgate_upstream_seconds_bucket{protocol=\"openai\",le=\"0.005\"} 1"), "{text}");
+        assert!(text.contains("tollgate_upstream_seconds_bucket{protocol=\"openai\",le=\"0.25\"} 2"), "{text}");
         assert!(text.contains("tollgate_upstream_seconds_bucket{protocol=\"openai\",le=\"+Inf\"} 2"), "{text}");
         assert!(text.contains("tollgate_upstream_seconds_count{protocol=\"openai\"} 2"), "{text}");
-        assert!(text.contains("tollgate_open_streams 0"), "{text}");
+        assert!(text.contains("tollgate_upstream_seconds_sum{protocol=\"openai\"} 0.203"), "{text}");
+        let stream = OpenStream::new(&m);
+        assert!(m.render(&[]).contains("tollgate_open_streams 1"));
+        drop(stream);
+        assert!(m.render(&[]).contains("tollgate_open_streams 0"));
     }
 }

@@ -24,6 +24,10 @@ pub struct Upstream {
     pub config: ProviderConfig,
     addrs: ArcSwap<Vec<SocketAddr>>,
     pool_key: u64,
+    /// The credential header's value (`Bearer <key>` for chat-completions), built once.
+    auth_value: http::HeaderValue,
+    /// The `Host` header's value, built once.
+    host_value: http::HeaderValue,
 }
 
 impl Upstream {
@@ -31,7 +35,15 @@ impl Upstream {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         config.name.hash(&mut h);
-        Upstream { pool_key: h.finish(), config, addrs: ArcSwap::from_pointee(Vec::new()) }
+        let auth = match config.protocol {
+            Protocol::Openai => format!("Bearer {}", config.api_key),
+            Protocol::Anthropic | Protocol::Gemini => config.api_key.clone(),
+        };
+        // Validated when the configuration was loaded; an unusable value sends no credential.
+        let mut auth_value = http::HeaderValue::from_str(&auth).unwrap_or_else(|_| http::HeaderValue::from_static(""));
+        auth_value.set_sensitive(true);
+        let host_value = http::HeaderValue::from_str(&config.base_url.host_header()).unwrap_or_else(|_| http::HeaderValue::from_static(""));
+        Upstream { pool_key: h.finish(), config, addrs: ArcSwap::from_pointee(Vec::new()), auth_value, host_value }
     }
 
     /// A peer for this upstream, or None while its host does not resolve.
@@ -381,53 +393,48 @@ pub fn upstream_query(query: Option<&str>, route: &Route) -> Option<String> {
     (!kept.is_empty()).then(|| kept.join("&"))
 }
 
-/// Rewrite the request for `upstream`: strip every client credential, set the provider's,
-/// set `Host`, prefix the path, and fix the body headers for the preset body.
-pub fn rewrite_request(
-    req: &mut RequestHeader,
+/// The request header sent to `upstream`, built from the client's: only allowlisted client
+/// headers are copied (credentials, account selectors and answer shaping never reach the
+/// operator's upstream account; also dropped: accept-encoding, since the usage scanner needs
+/// plain bytes, and expect, since the whole body is already here), the provider's credential,
+/// `Host` and the body length are set, the path gets the provider's prefix and only
+/// allowlisted query parameters. Always HTTP/1.1 (an HTTP/2 client's request included).
+pub fn upstream_request(
+    client: &RequestHeader,
     upstream: &Upstream,
     route: &Route,
     client_version: Option<&str>,
     body_len: usize,
     forward: &[String],
-) -> pingora_error::Result<()> {
-    // Only allowlisted client headers go on: credentials, account selectors and answer
-    // shaping never reach the operator's upstream account. Also dropped: accept-encoding (the
-    // usage scanner needs plain bytes), expect (the whole body is already here).
-    let protocol = upstream.config.protocol;
-    let dropped: Vec<http::HeaderName> =
-        req.headers.keys().filter(|name| !header_allowed(name.as_str(), protocol, forward)).cloned().collect();
-    for name in dropped {
-        req.remove_header(&name);
-    }
-    req.insert_header("content-length", body_len.to_string())?;
-
+) -> pingora_error::Result<RequestHeader> {
     let cfg = &upstream.config;
-    match cfg.protocol {
-        Protocol::Openai => {
-            req.insert_header("authorization", format!("Bearer {}", cfg.api_key))?;
-        }
-        Protocol::Anthropic => {
-            req.insert_header("x-api-key", cfg.api_key.as_str())?;
-            req.insert_header("anthropic-version", client_version.unwrap_or(&cfg.anthropic_version))?;
-        }
-        Protocol::Gemini => {
-            req.insert_header("x-goog-api-key", cfg.api_key.as_str())?;
-        }
-    }
-    req.insert_header("host", cfg.base_url.host_header())?;
-
-    let path = upstream_path(req.uri.path(), &cfg.base_url.prefix);
-    let path_and_query = match upstream_query(req.uri.query(), route).as_deref() {
+    let protocol = cfg.protocol;
+    let path = upstream_path(client.uri.path(), &cfg.base_url.prefix);
+    let path_and_query = match upstream_query(client.uri.query(), route) {
         Some(q) => format!("{path}?{q}"),
         None => path,
     };
-    let uri = http::Uri::builder()
-        .path_and_query(path_and_query)
-        .build()
-        .map_err(|e| pingora_error::Error::because(pingora_error::ErrorType::InternalError, "upstream uri", e))?;
-    req.set_uri(uri);
-    Ok(())
+    let mut req = RequestHeader::build(client.method.clone(), path_and_query.as_bytes(), Some(client.headers.len() + 4))?;
+    for (name, value) in client.headers.iter() {
+        if header_allowed(name.as_str(), protocol, forward) {
+            req.append_header(name.clone(), value.clone())?;
+        }
+    }
+    req.insert_header(http::header::CONTENT_LENGTH, body_len)?;
+    match protocol {
+        Protocol::Openai => {
+            req.insert_header(http::header::AUTHORIZATION, upstream.auth_value.clone())?;
+        }
+        Protocol::Anthropic => {
+            req.insert_header("x-api-key", upstream.auth_value.clone())?;
+            req.insert_header("anthropic-version", client_version.unwrap_or(&cfg.anthropic_version))?;
+        }
+        Protocol::Gemini => {
+            req.insert_header("x-goog-api-key", upstream.auth_value.clone())?;
+        }
+    }
+    req.insert_header(http::header::HOST, upstream.host_value.clone())?;
+    Ok(req)
 }
 
 /// The upstream path: root aliases gain `/v1`, then the base-URL prefix goes in front.
@@ -602,7 +609,7 @@ prices:
         ] {
             req.insert_header(k, v).expect("hdr");
         }
-        rewrite_request(&mut req, &c.upstreams[2], &Route::Messages, Some("2024-01-01"), 12, &[]).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[2], &Route::Messages, Some("2024-01-01"), 12, &[]).expect("rewrite");
         assert_eq!(req.headers["anthropic-beta"], "tools-1");
         assert!(req.headers.get("openai-organization").is_none());
         let wire = format!("{:?}", req.headers);
@@ -617,18 +624,20 @@ prices:
 
         let mut req = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("req");
         req.insert_header("x-api-key", "sk-client").expect("hdr");
-        rewrite_request(&mut req, &c.upstreams[0], &Route::ChatCompletions, None, 0, &[]).expect("rewrite");
+        req.set_version(http::Version::HTTP_2);
+        let req = upstream_request(&req, &c.upstreams[0], &Route::ChatCompletions, None, 0, &[]).expect("rewrite");
         assert_eq!(req.headers["authorization"], "Bearer up-a");
         assert!(req.headers.get("x-api-key").is_none());
         assert_eq!(req.headers["host"], "127.0.0.1:1");
         assert_eq!(req.uri.path(), "/p/v1/chat/completions");
+        assert_eq!(req.version, http::Version::HTTP_11);
     }
 
     #[test]
     fn anthropic_version_defaults_and_paths() {
         let c = Catalog::new(&config(), 0);
-        let mut req = RequestHeader::build("POST", b"/v1/messages", None).expect("req");
-        rewrite_request(&mut req, &c.upstreams[2], &Route::Messages, None, 0, &[]).expect("rewrite");
+        let req = RequestHeader::build("POST", b"/v1/messages", None).expect("req");
+        let req = upstream_request(&req, &c.upstreams[2], &Route::Messages, None, 0, &[]).expect("rewrite");
         assert_eq!(req.headers["anthropic-version"], crate::config::DEFAULT_ANTHROPIC_VERSION);
         assert_eq!(upstream_path("/v1beta/models/g:generateContent", ""), "/v1beta/models/g:generateContent");
         assert_eq!(upstream_path("/embeddings", "/x"), "/x/v1/embeddings");

@@ -44,7 +44,7 @@ impl BackgroundService for Retention {
     async fn start(&self, mut shutdown: ShutdownWatch) {
         loop {
             let before = now_ms().saturating_sub(self.keep.as_millis() as u64);
-            match self.ledger.prune(before) {
+            match self.ledger.prune(before).await {
                 Ok(0) => {}
                 Ok(n) => log::info!("usage retention: deleted {n} record(s)"),
                 Err(e) => log::error!("usage retention: {e}"),
@@ -65,6 +65,7 @@ impl BackgroundService for Retention {
 struct Drain {
     metrics: Arc<Metrics>,
     store: Store,
+    ledger: Arc<Ledger>,
     phases: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<pingora_core::server::ExecutionPhase>>,
 }
 
@@ -92,6 +93,10 @@ impl BackgroundService for Drain {
             }
         }
         if upgrading.load(std::sync::atomic::Ordering::SeqCst) {
+            // Bookings made from here on go to the new process; the queued ones are committed.
+            if let Err(e) = self.ledger.hand_over().await {
+                log::error!("upgrade: committing queued usage records before hand-over failed: {e}");
+            }
             if let Err(e) = self.store.flush() {
                 log::error!("upgrade: database flush before hand-over failed: {e}");
             }
@@ -112,6 +117,9 @@ impl BackgroundService for Drain {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if let Err(e) = self.ledger.commit_now().await {
+            log::error!("shutting down: committing queued usage records failed: {e}");
         }
         match self.store.flush() {
             Ok(()) => log::info!("drained; database flushed; exiting"),
@@ -269,7 +277,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         .map_err(|e| format!("data_dir {}: {e} (is another tollgate running on it?)", config.data_dir.display()))?;
     let handover_socket = config.data_dir.join(crate::handover::SOCKET);
     let keys = Arc::new(KeyIndex::load(&store, &config.keys).map_err(|e| e.to_string())?);
-    let ledger = Arc::new(Ledger::open(store.db()).map_err(|e| e.to_string())?);
+    let ledger = Arc::new(Ledger::open_with(store.db(), config.commit).map_err(|e| e.to_string())?);
     for seed in &config.keys {
         // The configured balance applies only when the key is first created.
         ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).map_err(|e| e.to_string())?;
@@ -323,7 +331,12 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         service.add_tcp(&admin.listen.to_string());
         server.add_service(service);
     }
-    let drain = Drain { metrics: metrics.clone(), store: store.clone(), phases: tokio::sync::Mutex::new(server.watch_execution_phase()) };
+    let drain = Drain {
+        metrics: metrics.clone(),
+        store: store.clone(),
+        ledger: ledger.clone(),
+        phases: tokio::sync::Mutex::new(server.watch_execution_phase()),
+    };
     server.add_service(background_service("drain", drain));
     server.add_service(background_service(
         "usage retention",
@@ -341,8 +354,19 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             certificate: certificate.clone(),
         },
     ));
-    let gateway =
-        Gateway { routing: routing.clone(), keys, max_body_bytes: max_body, video, ledger, limits: Arc::new(Limits::default()), metrics };
+    let connector = pingora_core::connectors::http::Connector::new(Some(pingora_core::connectors::ConnectorOptions::from_server_conf(
+        &server.configuration,
+    )));
+    let gateway = Gateway {
+        routing: routing.clone(),
+        keys,
+        max_body_bytes: max_body,
+        video,
+        ledger,
+        limits: Arc::new(Limits::default()),
+        metrics,
+        connector,
+    };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
     if let Some(addr) = listen {
         proxy.add_tcp(&addr.to_string());

@@ -48,7 +48,7 @@ pub enum KeyOrigin {
     Admin,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum StoreError {
     Db(sled::Error),
     Corrupt(String),
