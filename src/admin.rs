@@ -27,7 +27,7 @@ pub struct AdminApi {
     pub keys: Arc<KeyIndex>,
     pub ledger: Arc<Ledger>,
     /// For the groups that exist now (they change on reload).
-    pub routing: Arc<arc_swap::ArcSwap<crate::gateway::Routing>>,
+    pub routing: Arc<arc_swap::ArcSwap<crate::relay::Routing>>,
     pub metrics: Arc<Metrics>,
     pub video: Option<Arc<crate::video::VideoService>>,
 }

@@ -22,13 +22,13 @@
 
 use crate::auth::{self, KeyIndex};
 use crate::billing;
-use crate::ledger::{now_ms, Hold, Ledger, PriceBook, UsageRecord, NANOS_PER_USD};
+use crate::ledger::{now_ms, Hold, Ledger, UsageRecord, NANOS_PER_USD};
 
-use crate::config::{Platform, Protocol, MAX_OUTPUT_ALLOWANCE};
+use crate::config::{Platform, Protocol};
 use crate::limits::Limits;
 use crate::meter::{Shape, UsageScanner};
 use crate::protocol::{anthropic, gemini, openai, ApiError, ErrorKind};
-use crate::relay::{self, Catalog};
+use crate::relay::{self, Routing};
 use crate::response::LocalResponse;
 use crate::route::{self, Route};
 use crate::store::KeyRecord;
@@ -44,18 +44,6 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The part of the configuration a reload replaces: providers, models, groups, prices.
-/// A request keeps the snapshot it started with.
-pub struct Routing {
-    pub catalog: Arc<Catalog>,
-    pub prices: Arc<PriceBook>,
-    /// Output tokens held for a request that names no maximum (and whose model has no
-    /// `max_output_tokens`).
-    pub default_max_output_tokens: u64,
-    /// Extra client headers relayed upstream (`forward_headers`).
-    pub forward_headers: Vec<String>,
-}
 
 /// Shared state of the gateway.
 pub struct Gateway {
@@ -158,28 +146,6 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
     }
 }
 
-/// The output tokens a request may produce, all choices together: the per-choice maximum it
-/// names (refused above the model's `max_output_tokens`, or above [`MAX_OUTPUT_ALLOWANCE`]),
-/// else the model's limit, else `billing.default_max_output_tokens`; times `n` /
-/// `candidateCount`.
-fn output_allowance(fields: &relay::BodyFields<'_>, routing: &Routing, model: &str) -> std::result::Result<u64, ApiError> {
-    let model_limit = routing.prices.price(model).and_then(|p| p.max_output_tokens);
-    let per_choice = match fields.max_output() {
-        Some(asked) => {
-            let limit = model_limit.unwrap_or(MAX_OUTPUT_ALLOWANCE);
-            if asked > limit {
-                return Err(ApiError::new(
-                    ErrorKind::BadRequest,
-                    format!("The maximum output of {asked} tokens is more than the model '{model}' can produce ({limit})."),
-                ));
-            }
-            asked
-        }
-        None => model_limit.unwrap_or(routing.default_max_output_tokens),
-    };
-    Ok(per_choice.saturating_mul(fields.choices()?))
-}
-
 /// Map a proxy failure to the client-facing error (never naming the upstream).
 pub fn upstream_failure(e: &Error) -> ApiError {
     match e.etype() {
@@ -266,41 +232,8 @@ impl Gateway {
         self.limits.admit(&key)?;
         let slot = self.limits.enter(&key)?;
         let client_body = self.read_body(session).await?;
-        let fields = match &route {
-            Route::GenerateContent { .. } if client_body.is_empty() => relay::BodyFields::default(),
-            _ => relay::body_fields(&client_body)?,
-        };
-        let model = match &route {
-            Route::GenerateContent { model, .. } => model.clone(),
-            _ => fields
-                .model
-                .clone()
-                .filter(|m| !m.is_empty())
-                .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
-        };
-        let candidates = catalog
-            .candidates(protocol, &model)
-            .filter(|_| catalog.group_allows(&key.group, protocol))
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorKind::ModelNotFound,
-                    format!("The model '{model}' does not exist or is not available to this key. See the model list."),
-                )
-                .with_param("model")
-            })?
-            .to_vec();
-
-        // Hold the most this request can cost before anything is forwarded.
-        let output_allowance = match route {
-            Route::Embeddings => 0,
-            _ => output_allowance(&fields, &routing, &model)?,
-        };
-        let estimate =
-            routing.prices.hold_cost(&model, billing::hold_input_tokens(client_body.len()), output_allowance).ok_or_else(|| {
-                log::error!("model {model} is served without a price; refused");
-                ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
-            })?;
-        let hold = match self.ledger.hold(&key.id, estimate) {
+        let draft = relay::draft(&routing, &route, protocol, &key.group, client_body)?;
+        let hold = match self.ledger.hold(&key.id, draft.hold_nanos) {
             Ok(Ok(hold)) => hold,
             Ok(Err(short)) => return Err(short.to_api_error("this request may cost up to")),
             Err(e) => {
@@ -308,30 +241,18 @@ impl Gateway {
                 return Err(ApiError::new(ErrorKind::Internal, "Internal error while checking the balance."));
             }
         };
-
-        // A streamed chat completion reports usage only when asked: whatever the client sent
-        // in `stream_options`, ask, and withhold the usage chunk from a client that did not.
-        let client_body_len = client_body.len();
-        let mut withhold_usage = false;
-        let body = if route == Route::ChatCompletions && fields.stream == Some(true) && !fields.client_wants_usage() {
-            withhold_usage = true;
-            relay::with_include_usage(&client_body, &fields)?
-        } else {
-            client_body.clone()
-        };
-        drop(fields);
         Ok(Outcome::Relay(Box::new(RelayPlan {
             routing: routing.clone(),
             route,
             protocol,
-            model,
-            candidates,
-            body,
-            client_body_len,
+            model: draft.model,
+            candidates: draft.candidates,
+            body: draft.body,
+            client_body_len: draft.client_body_len,
             client_version: version,
             key,
             hold: Some(hold),
-            withhold_usage,
+            withhold_usage: draft.withhold_usage,
             started: Instant::now(),
             billed: None,
             concurrency_slot: slot,
@@ -613,7 +534,7 @@ impl Gateway {
                             joined.extend_from_slice(&rest);
                             Bytes::from(joined)
                         }
-                        _ => Bytes::from(rest),
+                        _ => rest,
                     });
                 }
                 // Settled before the client sees the end: its balance and `/v1/usage` already

@@ -99,13 +99,16 @@ impl ModelSeries {
     }
 }
 
+/// A series' name and labels.
+type SeriesKey = (&'static str, Vec<(&'static str, String)>);
+
 /// Counters and histograms, and live gauges.
 #[derive(Default)]
 pub struct Metrics {
     protocols: [ProtocolSeries; 3],
     models: RwLock<HashMap<String, Arc<ModelSeries>>>,
     /// Series outside the request path (rare events), by name and labels.
-    other: Mutex<BTreeMap<(&'static str, Vec<(&'static str, String)>), Arc<Counter>>>,
+    other: Mutex<BTreeMap<SeriesKey, Arc<Counter>>>,
     /// Requests being processed.
     pub in_flight: AtomicI64,
     /// Event streams open to clients.

@@ -160,7 +160,7 @@ impl Catalog {
 
 /// Re-resolves upstream hosts on a timer so `upstream_peer` never does DNS.
 pub struct DnsRefresh {
-    pub routing: Arc<ArcSwap<crate::gateway::Routing>>,
+    pub routing: Arc<ArcSwap<crate::relay::Routing>>,
     pub every: Duration,
 }
 
@@ -393,6 +393,101 @@ pub fn upstream_query(query: Option<&str>, route: &Route) -> Option<String> {
     (!kept.is_empty()).then(|| kept.join("&"))
 }
 
+/// The part of the configuration a reload replaces: providers, models, groups, prices.
+/// A request keeps the snapshot it started with.
+pub struct Routing {
+    pub catalog: Arc<Catalog>,
+    pub prices: Arc<crate::ledger::PriceBook>,
+    /// Output tokens held for a request that names no maximum (and whose model has no
+    /// `max_output_tokens`).
+    pub default_max_output_tokens: u64,
+    /// Extra client headers relayed upstream (`forward_headers`).
+    pub forward_headers: Vec<String>,
+}
+
+/// The output tokens a request may produce, all choices together: the per-choice maximum it
+/// names (refused above the model's `max_output_tokens`, or above [`crate::config::MAX_OUTPUT_ALLOWANCE`]),
+/// else the model's limit, else `billing.default_max_output_tokens`; times `n` /
+/// `candidateCount`.
+fn output_allowance(fields: &BodyFields<'_>, routing: &Routing, model: &str) -> Result<u64, ApiError> {
+    let model_limit = routing.prices.price(model).and_then(|p| p.max_output_tokens);
+    let per_choice = match fields.max_output() {
+        Some(asked) => {
+            let limit = model_limit.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
+            if asked > limit {
+                return Err(ApiError::new(
+                    ErrorKind::BadRequest,
+                    format!("The maximum output of {asked} tokens is more than the model '{model}' can produce ({limit})."),
+                ));
+            }
+            asked
+        }
+        None => model_limit.unwrap_or(routing.default_max_output_tokens),
+    };
+    Ok(per_choice.saturating_mul(fields.choices()?))
+}
+
+/// What a relayed request will do, decided from the routing snapshot, its route, its key's
+/// group and its body alone: no I/O, no balance, no limit (those are the caller's).
+#[derive(Debug)]
+pub struct Draft {
+    pub model: String,
+    /// Indexes into the catalog's upstreams, in the order to try them.
+    pub candidates: Vec<usize>,
+    /// The most the request can cost, in nano-USD: held before anything is sent.
+    pub hold_nanos: i64,
+    /// The body to send (the client's, or with usage asked for).
+    pub body: bytes::Bytes,
+    pub client_body_len: usize,
+    /// tollgate asked for stream usage; the usage chunk is not the client's to see.
+    pub withhold_usage: bool,
+}
+
+/// Plan a relayed request: the model (from the body, or the path for generate-content), the
+/// providers serving it to this group, the hold (input at one token per three bytes plus the
+/// output allowance of every choice), and the body to send. A streamed chat completion reports
+/// usage only when asked: whatever the client sent in `stream_options`, ask, and withhold the
+/// usage chunk from a client that did not (one splice; the body is parsed once).
+pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, client_body: bytes::Bytes) -> Result<Draft, ApiError> {
+    let catalog = &routing.catalog;
+    let fields = match route {
+        Route::GenerateContent { .. } if client_body.is_empty() => BodyFields::default(),
+        _ => body_fields(&client_body)?,
+    };
+    let model = match route {
+        Route::GenerateContent { model, .. } => model.clone(),
+        _ => fields
+            .model
+            .clone()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
+    };
+    let candidates = catalog
+        .candidates(protocol, &model)
+        .filter(|_| catalog.group_allows(group, protocol))
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorKind::ModelNotFound,
+                format!("The model '{model}' does not exist or is not available to this key. See the model list."),
+            )
+            .with_param("model")
+        })?
+        .to_vec();
+    let output_allowance = match route {
+        Route::Embeddings => 0,
+        _ => output_allowance(&fields, routing, &model)?,
+    };
+    let hold_nanos =
+        routing.prices.hold_cost(&model, crate::billing::hold_input_tokens(client_body.len()), output_allowance).ok_or_else(|| {
+            log::error!("model {model} is served without a price; refused");
+            ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
+        })?;
+    let withhold_usage = *route == Route::ChatCompletions && fields.stream == Some(true) && !fields.client_wants_usage();
+    let body = if withhold_usage { with_include_usage(&client_body, &fields)? } else { client_body.clone() };
+    drop(fields);
+    Ok(Draft { model, candidates, hold_nanos, body, client_body_len: client_body.len(), withhold_usage })
+}
+
 /// The request header sent to `upstream`, built from the client's: only allowlisted client
 /// headers are copied (credentials, account selectors and answer shaping never reach the
 /// operator's upstream account; also dropped: accept-encoding, since the usage scanner needs
@@ -469,6 +564,84 @@ prices:
   gamma-3.5-flash: { input: 0, output: 0 }
 "#;
         Config::parse(text, &|_| None).expect("valid")
+    }
+
+    fn routing() -> Routing {
+        let config = config();
+        Routing {
+            catalog: Arc::new(Catalog::new(&config, 0)),
+            prices: Arc::new(crate::ledger::PriceBook::new(&config.prices)),
+            default_max_output_tokens: 100,
+            forward_headers: Vec::new(),
+        }
+    }
+
+    fn body(v: serde_json::Value) -> bytes::Bytes {
+        bytes::Bytes::from(serde_json::to_vec(&v).expect("json"))
+    }
+
+    #[test]
+    fn a_draft_names_the_model_its_providers_the_hold_and_the_body() {
+        let r = routing();
+        // 1 USD per 1M input tokens = 1,000 nano-USD a token; 2 USD per 1M output tokens.
+        let chat = body(serde_json::json!({"model": "alpha-5.5", "messages": [], "max_tokens": 10, "n": 3}));
+        let d = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", chat.clone()).expect("draft");
+        assert_eq!(d.model, "alpha-5.5");
+        assert_eq!(d.candidates, vec![0, 1], "both providers of the model, in file order");
+        let input = crate::billing::hold_input_tokens(chat.len()) as i64;
+        assert_eq!(d.hold_nanos, input * 1_000 + 3 * 10 * 2_000, "input + every choice's allowance");
+        assert_eq!(d.body, chat, "a request that is not a stream is sent as it came");
+        assert!(!d.withhold_usage);
+
+        // No maximum named: the default allowance is held. Embeddings hold no output.
+        let d = draft(&r, &Route::ChatCompletions, Protocol::Openai, "chat", body(serde_json::json!({"model": "alpha-4o-mini"})))
+            .expect("draft");
+        assert_eq!(d.hold_nanos % 1_000, 0);
+        assert!(d.hold_nanos >= 100 * 2_000);
+        let e = draft(&r, &Route::Embeddings, Protocol::Openai, "default", body(serde_json::json!({"model": "alpha-5.5", "input": "x"})))
+            .expect("draft");
+        assert!(e.hold_nanos < 100 * 2_000);
+
+        // A stream that did not ask for usage: asked for, and withheld from the client.
+        let stream = body(serde_json::json!({"model": "alpha-5.5", "stream": true, "stream_options": null}));
+        let d = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", stream.clone()).expect("draft");
+        assert!(d.withhold_usage);
+        assert_eq!(d.client_body_len, stream.len());
+        let sent: serde_json::Value = serde_json::from_slice(&d.body).expect("json");
+        assert_eq!(sent["stream_options"]["include_usage"], true);
+
+        // Generate-content takes the model from the path; an empty body is allowed.
+        let gen = Route::GenerateContent { model: "gamma-3.5-flash".into(), stream: false };
+        let d = draft(&r, &gen, Protocol::Gemini, "default", bytes::Bytes::new()).expect("draft");
+        assert_eq!((d.model.as_str(), d.candidates.as_slice(), d.hold_nanos), ("gamma-3.5-flash", &[3usize][..], 0));
+    }
+
+    #[test]
+    fn a_draft_refuses_what_cannot_be_relayed() {
+        let r = routing();
+        let refuse = |route: Route, protocol: Protocol, group: &str, v: serde_json::Value| {
+            draft(&r, &route, protocol, group, body(v)).expect_err("refused").status()
+        };
+        assert_eq!(refuse(Route::ChatCompletions, Protocol::Openai, "default", serde_json::json!({"messages": []})), 400, "no model");
+        assert_eq!(refuse(Route::ChatCompletions, Protocol::Openai, "default", serde_json::json!({"model": ""})), 400, "empty model");
+        assert_eq!(refuse(Route::ChatCompletions, Protocol::Openai, "default", serde_json::json!({"model": "nope"})), 404);
+        assert_eq!(refuse(Route::Messages, Protocol::Anthropic, "chat", serde_json::json!({"model": "beta-opus-4-7"})), 404, "group");
+        assert_eq!(
+            refuse(
+                Route::ChatCompletions,
+                Protocol::Openai,
+                "default",
+                serde_json::json!({"model": "alpha-5.5", "max_tokens": 1u64 << 40})
+            ),
+            400,
+            "beyond any output limit"
+        );
+        assert_eq!(
+            draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", bytes::Bytes::from_static(b"{not json"))
+                .expect_err("bad")
+                .status(),
+            400
+        );
     }
 
     #[test]

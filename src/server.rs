@@ -3,10 +3,11 @@
 use crate::admin::AdminApi;
 use crate::auth::{now_unix, seed_key_id, usd_to_nanos, KeyIndex};
 use crate::config::Config;
-use crate::gateway::{Gateway, Routing};
+use crate::gateway::Gateway;
 use crate::ledger::{now_ms, Ledger, PriceBook};
 use crate::limits::Limits;
 use crate::metrics::Metrics;
+use crate::relay::Routing;
 use crate::relay::{Catalog, DnsRefresh};
 use crate::storage::ObjectStore;
 use crate::store::Store;
