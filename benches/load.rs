@@ -153,7 +153,25 @@ fn start_rig() -> Rig {
     };
     // TOLLGATE_BENCH_BIN runs another build of tollgate (an allocator trial, an older commit).
     let bin = std::env::var("TOLLGATE_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tollgate").to_string());
-    for (name, billing) in modes {
+    for (i, (name, billing)) in modes.iter().enumerate() {
+        // Each tollgate gets its own mock: 10,000 held streams through one proxy leave that many
+        // loopback ports in TIME_WAIT towards its upstream, and a second run towards the same
+        // upstream port would run out of ephemeral ports.
+        let mock_port = if i == 0 {
+            mock_port
+        } else {
+            let port = free_port();
+            procs.push(spawn(Command::new(env!("CARGO_BIN_EXE_tollgate-mock")).args([
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--key",
+                UPSTREAM_KEY,
+                "--threads",
+                "2",
+            ])));
+            wait_port(port);
+            port
+        };
         let gw_port = free_port();
         let sub = dir.path().join(name);
         std::fs::create_dir_all(&sub).expect("dir");

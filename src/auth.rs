@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Headers a client key may arrive in; all are removed before anything goes upstream.
-pub const KEY_HEADERS: [&str; 4] = ["authorization", "x-api-key", "x-goog-api-key", "x-alt-api-key"];
+pub use crate::protocol::KEY_HEADERS;
 
 /// Query parameter names that carry a key; any of them makes the request a 400.
 const KEY_PARAMS: [&str; 9] = ["key", "api_key", "apikey", "api-key", "access_token", "token", "auth", "x-api-key", "x-goog-api-key"];

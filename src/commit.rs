@@ -17,7 +17,6 @@
 
 use crate::store::{DbSlot, StoreError};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -64,10 +63,31 @@ pub struct CommitStats {
     pub failed: AtomicU64,
 }
 
-/// Handle to the writer thread. Dropping every handle ends the thread after it committed what
-/// was queued.
+/// The jobs waiting for the writer.
+#[derive(Default)]
+struct Queue {
+    jobs: Vec<Job>,
+    /// A job somebody waits for is queued: commit without waiting for the window to end.
+    urgent: bool,
+    /// No more jobs will come (the handle is being dropped).
+    closed: bool,
+}
+
+struct Shared {
+    queue: std::sync::Mutex<Queue>,
+    wake: std::sync::Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Handle to the writer thread. Dropping it ends the thread after it committed what was
+/// queued.
 pub struct Writer {
-    tx: std::sync::Mutex<Option<mpsc::Sender<Job>>>,
+    shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub stats: Arc<CommitStats>,
 }
@@ -75,20 +95,35 @@ pub struct Writer {
 impl Writer {
     /// Start the writer for `db`, committing at most `window` after the first write of a batch.
     pub fn start(db: DbSlot, window: Duration) -> std::io::Result<Writer> {
-        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared { queue: std::sync::Mutex::new(Queue::default()), wake: std::sync::Condvar::new() });
         let stats = Arc::new(CommitStats::default());
-        let thread_stats = stats.clone();
-        let thread = std::thread::Builder::new().name("tollgate-commit".into()).spawn(move || run(db, window, rx, &thread_stats))?;
-        Ok(Writer { tx: std::sync::Mutex::new(Some(tx)), thread: Some(thread), stats })
+        let (thread_shared, thread_stats) = (shared.clone(), stats.clone());
+        let thread =
+            std::thread::Builder::new().name("tollgate-commit".into()).spawn(move || run(db, window, &thread_shared, &thread_stats))?;
+        Ok(Writer { shared, thread: Some(thread), stats })
     }
 
+    /// Queue a job. The writer is woken only when the queue was empty or the job is urgent:
+    /// writes that join a gathering batch cost no wake-up.
     fn send(&self, job: Job) -> Result<(), StoreError> {
-        let stopped = || StoreError::Corrupt("the commit writer has stopped".into());
-        let tx = self.tx.lock().unwrap_or_else(|p| p.into_inner());
-        tx.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())
+        let urgent = !matches!(job, Job::Insert { ack: None, .. });
+        let wake = {
+            let mut q = self.shared.lock();
+            if q.closed {
+                return Err(StoreError::Corrupt("the commit writer has stopped".into()));
+            }
+            let was_empty = q.jobs.is_empty();
+            q.jobs.push(job);
+            q.urgent |= urgent;
+            was_empty || urgent
+        };
+        if wake {
+            self.shared.wake.notify_one();
+        }
+        Ok(())
     }
 
-    /// Queue an insert; with `wait`, the returned receiver answers once it is on disk.
+    /// Queue an insert; with `wait`, the returned waiter answers once it is on disk.
     /// Writes are applied in the order they are queued.
     pub fn insert(&self, tree: TreeName, key: Vec<u8>, value: Vec<u8>, wait: bool) -> Result<Option<Waiter>, StoreError> {
         let (ack, waiter) = if wait {
@@ -113,7 +148,8 @@ impl Writer {
 impl Drop for Writer {
     /// Commits what is queued, then ends the thread.
     fn drop(&mut self) {
-        self.tx.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.shared.lock().closed = true;
+        self.shared.wake.notify_one();
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
         }
@@ -134,30 +170,29 @@ impl Waiter {
     }
 }
 
-fn run(db: DbSlot, window: Duration, rx: mpsc::Receiver<Job>, stats: &CommitStats) {
-    // A write that nobody waits for may wait for its batch; one somebody waits for (or a
-    // barrier) closes the batch at once.
-    while let Ok(first) = rx.recv() {
-        let mut batch = Vec::with_capacity(64);
-        let mut urgent = !matches!(first, Job::Insert { ack: None, .. });
-        batch.push(first);
-        let deadline = Instant::now() + window;
-        while !urgent {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
+fn run(db: DbSlot, window: Duration, shared: &Shared, stats: &CommitStats) {
+    loop {
+        let batch = {
+            let mut q = shared.lock();
+            while q.jobs.is_empty() && !q.closed {
+                q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
             }
-            match rx.recv_timeout(left) {
-                Ok(job) => {
-                    urgent = !matches!(job, Job::Insert { ack: None, .. });
-                    batch.push(job);
+            if q.jobs.is_empty() {
+                return; // closed, nothing left
+            }
+            // The first write of a batch opens the window; writes that nobody waits for join
+            // it until it ends. An urgent job (a waiter, a barrier) or closing ends it at once.
+            let deadline = Instant::now() + window;
+            while !q.urgent && !q.closed {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
                 }
-                Err(_) => break,
+                q = shared.wake.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
             }
-        }
-        while let Ok(job) = rx.try_recv() {
-            batch.push(job);
-        }
+            q.urgent = false;
+            std::mem::take(&mut q.jobs)
+        };
         commit(&db, batch, stats);
     }
 }

@@ -50,24 +50,7 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
-/// One of the three model protocols (also called platforms in groups).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Protocol {
-    Openai,
-    Anthropic,
-    Gemini,
-}
-
-impl Protocol {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Openai => "openai",
-            Protocol::Anthropic => "anthropic",
-            Protocol::Gemini => "gemini",
-        }
-    }
-}
+pub use crate::protocol::Protocol;
 
 /// What a group may call: one of the three model protocols, or the video task API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -662,7 +645,7 @@ impl Config {
             if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
                 return err(format!("forward_headers[{i}]: '{h}' is not a header name (a trailing * makes it a prefix)"));
             }
-            if crate::relay::never_forwarded(bare) {
+            if crate::protocol::never_forwarded(bare) {
                 return err(format!("forward_headers[{i}]: '{h}' carries credentials or is set by tollgate; it is never forwarded"));
             }
             forward_headers.push(name);

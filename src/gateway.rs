@@ -429,16 +429,17 @@ impl Gateway {
                 log::warn!("provider {} has no resolved address", upstream.config.name);
                 continue;
             };
-            let req = relay::upstream_request(
-                client,
-                upstream,
-                &plan.route,
-                plan.client_version.as_deref(),
-                plan.body.len(),
-                &plan.routing.forward_headers,
-            )?;
             let mut stale = 0;
             loop {
+                // Built per attempt (moved into the send; a replaced connection gets a new one).
+                let req = relay::upstream_request(
+                    client,
+                    upstream,
+                    &plan.route,
+                    plan.client_version.as_deref(),
+                    plan.body.len(),
+                    &plan.routing.forward_headers,
+                )?;
                 let (mut http, reused) = match self.connector.get_http_session(&peer).await {
                     Ok(opened) => opened,
                     Err(e) => {
@@ -449,7 +450,7 @@ impl Gateway {
                 };
                 http.set_read_timeout(peer.options.read_timeout);
                 http.set_write_timeout(peer.options.write_timeout);
-                match send_request(&mut http, req.clone(), &plan.body).await {
+                match send_request(&mut http, req, &plan.body).await {
                     Ok(()) => return Ok((http, peer)),
                     Err(mut e) => {
                         e.retry.decide_reuse(reused);

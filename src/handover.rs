@@ -69,6 +69,25 @@ async fn try_send(socket: &Path, line: &str) -> std::io::Result<()> {
     }
 }
 
+/// The old process's side: sends its late writes to the new process over the socket.
+pub struct Client {
+    pub socket: PathBuf,
+}
+
+#[async_trait]
+impl crate::ledger::ForwardBookings for Client {
+    async fn forward_booking(&self, record: &UsageRecord) -> Result<(), StoreError> {
+        send(&self.socket, &Message::Booking(record.clone())).await
+    }
+}
+
+#[async_trait]
+impl crate::video::store::ForwardTasks for Client {
+    async fn forward_task(&self, task: &Task) -> Result<(), StoreError> {
+        send(&self.socket, &Message::Task(Box::new(task.clone()))).await
+    }
+}
+
 /// Applies writes handed over by the process this one replaced. Runs in every process (any of
 /// them may be the new one of a later upgrade); binds only once the database is open.
 pub struct HandoverServer {

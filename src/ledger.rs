@@ -196,8 +196,15 @@ pub struct Ledger {
     handing_over: std::sync::atomic::AtomicBool,
     accounts: Mutex<HashMap<String, Account>>,
     seq: AtomicU64,
-    /// Where bookings go once the database was handed over (upgrade).
-    handover: std::sync::OnceLock<std::path::PathBuf>,
+    /// Where bookings go once the database was handed over (upgrade); injected at start.
+    handover: std::sync::OnceLock<Arc<dyn ForwardBookings>>,
+}
+
+/// Books a record in the process that has the database now (after an upgrade hand-over);
+/// returns once it is durable there. Implemented by `handover`.
+#[async_trait::async_trait]
+pub trait ForwardBookings: Send + Sync {
+    async fn forward_booking(&self, record: &UsageRecord) -> Result<(), StoreError>;
 }
 
 /// Outcome of the locked part of a booking.
@@ -305,9 +312,9 @@ impl Ledger {
         })
     }
 
-    /// After the database is handed over, bookings are sent to the new process at `socket`.
-    pub fn set_handover(&self, socket: std::path::PathBuf) {
-        let _ = self.handover.set(socket);
+    /// After the database is handed over, bookings go to `to` (the new process).
+    pub fn set_handover(&self, to: Arc<dyn ForwardBookings>) {
+        let _ = self.handover.set(to);
     }
 
     fn balances(&self) -> Result<sled::Tree, StoreError> {
@@ -465,8 +472,7 @@ impl Ledger {
     /// The database belongs to the new process now: it books the record; this process keeps
     /// its in-memory view (balance estimate, released hold) for the requests it still finishes.
     async fn forward(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
-        let socket = self.handover.get().ok_or(StoreError::Released)?;
-        crate::handover::send(socket, &crate::handover::Message::Booking(record.clone())).await?;
+        self.handover.get().ok_or(StoreError::Released)?.forward_booking(record).await?;
         let mut map = self.accounts();
         let acc = map.entry(record.key_id.clone()).or_default();
         acc.balance -= record.cost_nanos;

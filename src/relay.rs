@@ -3,7 +3,6 @@
 //! request rewrite (credentials, host, path), peers built from pre-resolved addresses, and the
 //! background DNS refresh.
 
-use crate::auth::KEY_HEADERS;
 use crate::config::{Config, Platform, Protocol, ProviderConfig};
 use crate::protocol::{ApiError, ErrorKind, ModelEntry};
 use crate::route::Route;
@@ -319,48 +318,13 @@ const COMMON_HEADERS: [&str; 3] = ["content-type", "accept", "user-agent"];
 /// Header-name prefixes relayed for every protocol: the official SDKs' platform and retry
 /// headers.
 const COMMON_PREFIXES: [&str; 1] = ["x-stainless-"];
-const OPENAI_HEADERS: [&str; 1] = ["openai-beta"];
-const ANTHROPIC_HEADERS: [&str; 1] = ["anthropic-beta"];
-const GEMINI_HEADERS: [&str; 1] = ["x-goog-api-client"];
-
-/// Headers tollgate sets itself or that carry credentials: never relayed from a client, not
-/// even when an operator lists them in `forward_headers`.
-pub fn never_forwarded(name: &str) -> bool {
-    KEY_HEADERS.contains(&name)
-        || [
-            "proxy-authorization",
-            "cookie",
-            "host",
-            "content-length",
-            "transfer-encoding",
-            "connection",
-            "expect",
-            "accept-encoding",
-            "anthropic-version",
-            "compat-version",
-            "x-goog-user-project",
-            "x-goog-fieldmask",
-            "openai-organization",
-            "openai-project",
-            "te",
-            "upgrade",
-            "keep-alive",
-        ]
-        .contains(&name)
-}
-
 /// Whether a client header (lower-case name) may go to an upstream of `protocol`.
 pub fn header_allowed(name: &str, protocol: Protocol, forward: &[String]) -> bool {
-    if never_forwarded(name) {
+    if crate::protocol::never_forwarded(name) {
         return false;
     }
-    let per_protocol: &[&str] = match protocol {
-        Protocol::Openai => &OPENAI_HEADERS,
-        Protocol::Anthropic => &ANTHROPIC_HEADERS,
-        Protocol::Gemini => &GEMINI_HEADERS,
-    };
     COMMON_HEADERS.contains(&name)
-        || per_protocol.contains(&name)
+        || protocol.relayed_headers().contains(&name)
         || COMMON_PREFIXES.iter().any(|p| name.starts_with(p))
         || forward.iter().any(|f| match f.strip_suffix('*') {
             Some(prefix) => name.starts_with(prefix),
@@ -516,17 +480,9 @@ pub fn upstream_request(
         }
     }
     req.insert_header(http::header::CONTENT_LENGTH, body_len)?;
-    match protocol {
-        Protocol::Openai => {
-            req.insert_header(http::header::AUTHORIZATION, upstream.auth_value.clone())?;
-        }
-        Protocol::Anthropic => {
-            req.insert_header("x-api-key", upstream.auth_value.clone())?;
-            req.insert_header("anthropic-version", client_version.unwrap_or(&cfg.anthropic_version))?;
-        }
-        Protocol::Gemini => {
-            req.insert_header("x-goog-api-key", upstream.auth_value.clone())?;
-        }
+    req.insert_header(protocol.credential_header(), upstream.auth_value.clone())?;
+    if protocol == Protocol::Anthropic {
+        req.insert_header(crate::protocol::anthropic::VERSION_HEADER, client_version.unwrap_or(&cfg.anthropic_version))?;
     }
     req.insert_header(http::header::HOST, upstream.host_value.clone())?;
     Ok(req)

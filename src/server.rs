@@ -294,9 +294,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
 
-    ledger.set_handover(handover_socket.clone());
+    let handover_client = Arc::new(crate::handover::Client { socket: handover_socket.clone() });
+    ledger.set_handover(handover_client.clone());
     if let Some(svc) = &video {
-        svc.set_handover(handover_socket.clone());
+        svc.set_handover(handover_client);
     }
     server.add_service(background_service(
         "handover",

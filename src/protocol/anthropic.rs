@@ -4,6 +4,13 @@
 use super::{rfc3339, ApiError, ErrorKind, ModelEntry};
 use serde_json::{json, Value};
 
+/// The header that carries the upstream credential.
+pub const CREDENTIAL_HEADER: &str = "x-api-key";
+/// Client headers relayed to these upstreams beyond the common ones.
+pub const RELAYED_HEADERS: [&str; 1] = ["anthropic-beta"];
+/// The API version header (the client's, else the provider's configured default).
+pub const VERSION_HEADER: &str = "anthropic-version";
+
 pub fn error_body(e: &ApiError) -> Value {
     let etype = match e.kind {
         ErrorKind::BadRequest => "invalid_request_error",

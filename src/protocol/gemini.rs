@@ -4,6 +4,11 @@
 use super::{ApiError, ErrorKind, ModelEntry};
 use serde_json::{json, Value};
 
+/// The header that carries the upstream credential.
+pub const CREDENTIAL_HEADER: &str = "x-goog-api-key";
+/// Client headers relayed to these upstreams beyond the common ones.
+pub const RELAYED_HEADERS: [&str; 1] = ["x-goog-api-client"];
+
 pub fn error_body(e: &ApiError) -> Value {
     let status = match e.kind {
         ErrorKind::BadRequest | ErrorKind::PayloadTooLarge => "INVALID_ARGUMENT",

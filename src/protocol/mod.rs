@@ -1,11 +1,78 @@
-//! What each protocol looks like on the wire where tollgate answers itself: error bodies and
-//! model lists. Pure functions; the per-protocol details are in the submodules.
+//! What each protocol looks like on the wire: its credential header, the client headers it
+//! relays, error bodies and model lists. Pure; the per-protocol details are in the submodules
+//! (usage readers: `meter`; body fields and usage injection: `relay`).
 
 pub mod anthropic;
 pub mod gemini;
 pub mod openai;
 
-use crate::config::Protocol;
+use serde::Deserialize;
+
+/// One of the three model protocols (also called platforms in groups).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Openai,
+    Anthropic,
+    Gemini,
+}
+
+impl Protocol {
+    /// The header that carries the upstream credential.
+    pub fn credential_header(self) -> &'static str {
+        match self {
+            Protocol::Openai => openai::CREDENTIAL_HEADER,
+            Protocol::Anthropic => anthropic::CREDENTIAL_HEADER,
+            Protocol::Gemini => gemini::CREDENTIAL_HEADER,
+        }
+    }
+
+    /// Client headers relayed to this protocol's upstreams beyond the common ones.
+    pub fn relayed_headers(self) -> &'static [&'static str] {
+        match self {
+            Protocol::Openai => &openai::RELAYED_HEADERS,
+            Protocol::Anthropic => &anthropic::RELAYED_HEADERS,
+            Protocol::Gemini => &gemini::RELAYED_HEADERS,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Openai => "openai",
+            Protocol::Anthropic => "anthropic",
+            Protocol::Gemini => "gemini",
+        }
+    }
+}
+
+/// Every header a client key may arrive in (each protocol's, and the spec's alternative).
+pub const KEY_HEADERS: [&str; 4] = ["authorization", "x-api-key", "x-goog-api-key", "x-alt-api-key"];
+
+/// Headers tollgate sets itself or that carry credentials: never relayed from a client, not
+/// even when an operator lists them in `forward_headers`.
+pub fn never_forwarded(name: &str) -> bool {
+    KEY_HEADERS.contains(&name)
+        || [
+            "proxy-authorization",
+            "cookie",
+            "host",
+            "content-length",
+            "transfer-encoding",
+            "connection",
+            "expect",
+            "accept-encoding",
+            "anthropic-version",
+            "compat-version",
+            "x-goog-user-project",
+            "x-goog-fieldmask",
+            "openai-organization",
+            "openai-project",
+            "te",
+            "upgrade",
+            "keep-alive",
+        ]
+        .contains(&name)
+}
 
 /// Why a request is refused or failed, independent of protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

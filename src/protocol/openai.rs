@@ -4,6 +4,11 @@
 use super::{ApiError, ErrorKind, ModelEntry};
 use serde_json::{json, Value};
 
+/// The header that carries the upstream credential.
+pub const CREDENTIAL_HEADER: &str = "authorization";
+/// Client headers relayed to these upstreams beyond the common ones.
+pub const RELAYED_HEADERS: [&str; 1] = ["openai-beta"];
+
 pub fn error_body(e: &ApiError) -> Value {
     let (etype, code) = match e.kind {
         ErrorKind::BadRequest => ("invalid_request_error", Value::Null),

@@ -453,8 +453,8 @@ impl VideoService {
     }
 
     /// After the database is handed over, task writes are sent to the new process at `socket`.
-    pub fn set_handover(&self, socket: std::path::PathBuf) {
-        self.store.set_handover(socket);
+    pub fn set_handover(&self, to: Arc<dyn store::ForwardTasks>) {
+        self.store.set_handover(to);
     }
 
     /// Store a task written by a process that handed its database over to this one; the poller

@@ -13,8 +13,15 @@ pub const IDEMPOTENCY_WINDOW_SECS: u64 = 24 * 3600;
 pub struct VideoStore {
     slot: crate::store::DbSlot,
     durable: std::sync::Arc<crate::store::Durable>,
-    /// Where task writes go once the database was handed over (upgrade).
-    handover: std::sync::Arc<std::sync::OnceLock<std::path::PathBuf>>,
+    /// Where task writes go once the database was handed over (upgrade); injected at start.
+    handover: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<dyn ForwardTasks>>>,
+}
+
+/// Writes a task in the process that has the database now (after an upgrade hand-over);
+/// returns once it is durable there. Implemented by `handover`.
+#[async_trait::async_trait]
+pub trait ForwardTasks: Send + Sync {
+    async fn forward_task(&self, task: &Task) -> Result<(), StoreError>;
 }
 
 #[derive(Serialize, Deserialize)]
@@ -40,8 +47,8 @@ impl VideoStore {
         })
     }
 
-    pub fn set_handover(&self, socket: std::path::PathBuf) {
-        let _ = self.handover.set(socket);
+    pub fn set_handover(&self, to: std::sync::Arc<dyn ForwardTasks>) {
+        let _ = self.handover.set(to);
     }
 
     fn tasks(&self) -> Result<sled::Tree, StoreError> {
@@ -71,8 +78,7 @@ impl VideoStore {
     /// whose task says it needs nothing (the poller drops it), never a task the poller misses.
     pub async fn put(&self, task: &Task) -> Result<(), StoreError> {
         if self.slot.is_released() {
-            let socket = self.handover.get().ok_or(StoreError::Released)?;
-            return crate::handover::send(socket, &crate::handover::Message::Task(Box::new(task.clone()))).await;
+            return self.handover.get().ok_or(StoreError::Released)?.forward_task(task).await;
         }
         let value = serde_json::to_vec(task).map_err(|e| corrupt(&task.id, e))?;
         let id = task.id.as_bytes();
