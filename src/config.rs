@@ -19,6 +19,9 @@ pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 #[derive(Debug)]
 pub struct ConfigError(pub String);
 
+/// Every API model the video service knows (§4.2), in the spec's order.
+pub const VIDEO_MODELS: [&str; 7] = ["genq3-pro", "genq3-turbo", "genq3-pro-fast", "genq2-pro", "genq2-turbo", "genq2-pro-fast", "genq2"];
+
 /// Default `billing.commit_interval_ms`.
 pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 10;
 /// Largest `billing.commit_interval_ms` accepted.
@@ -740,7 +743,7 @@ fn video_config(v: RawVideo, env: &dyn Fn(&str) -> Option<String>) -> Result<Vid
     if brand.is_empty() || !brand.chars().all(|c| c.is_ascii_alphanumeric()) {
         return err("video.upstream.brand: letters and digits only");
     }
-    let known = crate::video::request::MODELS;
+    let known = VIDEO_MODELS;
     let models = match v.models {
         Some(list) => {
             if let Some(m) = list.iter().find(|m| !known.contains(&m.as_str())) {

@@ -481,6 +481,9 @@ impl Gateway {
                 return Ok(());
             }
         };
+        // The request is sent: its body is not needed while the answer streams (agent
+        // requests are hundreds of KiB, their answers last minutes).
+        plan.body = Bytes::new();
         let Some(upstream_header) = http.response_header() else {
             let err = ApiError::new(ErrorKind::BadGateway, "The upstream service sent no response.");
             self.settle(plan, None, err.status()).await;

@@ -5,8 +5,9 @@ use crate::protocol::{ApiError, ErrorKind};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// Every API model the service knows (§4.2), in the spec's order.
-pub const MODELS: [&str; 7] = ["genq3-pro", "genq3-turbo", "genq3-pro-fast", "genq2-pro", "genq2-turbo", "genq2-pro-fast", "genq2"];
+/// Every API model the service knows (§4.2), in the spec's order (defined with the
+/// configuration, which validates `video.models` and `video.prices` against it).
+pub use crate::config::VIDEO_MODELS as MODELS;
 pub const MAX_PROMPT_CHARS: usize = 2000;
 pub const MAX_PAYLOAD_CHARS: usize = 1_048_576;
 pub const ASPECT_RATIOS: [&str; 5] = ["16:9", "9:16", "4:3", "3:4", "1:1"];
