@@ -900,7 +900,7 @@ keys:
         let unpriced = MINIMAL.replace("models: [alpha-5.5]", "models: [alpha-5.5, alpha-x]");
         let e = Config::parse(&unpriced, &no_env).unwrap_err();
         assert!(e.0.contains("prices.alpha-x: no price for a served model"), "{e}");
-        let free = format!("{unpriced}").replace("prices:\n", "prices:\n  alpha-x: { input: 0, output: 0 }\n");
+        let free = unpriced.to_string().replace("prices:\n", "prices:\n  alpha-x: { input: 0, output: 0 }\n");
         Config::parse(&free, &no_env).expect("a model priced 0 is deliberately free");
         let video = "video:\n  upstream: { base_url: https://v.example.com, secret_id: i, secret_key: k, region: r, version: v }\n  prices: { genq3-pro: 0.05 }\n";
         let e = Config::parse(&format!("{MINIMAL}{video}"), &no_env).unwrap_err();

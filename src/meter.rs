@@ -1,7 +1,9 @@
-//! Usage extraction from upstream responses, per protocol, streaming and not. The scanner sees
+//! Usage extraction from upstream responses, streaming and not (the per-protocol event
+//! readers are in `protocol::{openai,anthropic,gemini}`). The scanner sees
 //! each body chunk as it passes; it never copies the body (only an SSE line that spans two
 //! chunks is joined, and a non-streamed body is kept as a bounded list of shared `Bytes`).
 
+use crate::protocol::{anthropic, gemini, openai, Reading};
 use bytes::Bytes;
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -31,19 +33,6 @@ const MAX_LINE: usize = 1 << 20;
 /// How much of a non-streamed body is kept for the final usage lookup.
 const TAIL_WINDOW: usize = 256 * 1024;
 
-fn u(v: &Value, path: &str) -> Option<u64> {
-    v.pointer(path).and_then(Value::as_u64)
-}
-
-/// Partial knowledge gathered from events.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Seen {
-    input: Option<u64>,
-    cached: Option<u64>,
-    cache_write: Option<u64>,
-    output: Option<u64>,
-}
-
 pub struct UsageScanner {
     shape: Shape,
     sse: bool,
@@ -52,8 +41,8 @@ pub struct UsageScanner {
     carry: Vec<u8>,
     /// In withhold mode: a data line was dropped, so drop the blank line that ends its event.
     drop_next_blank: bool,
-    seen: Seen,
-    text_bytes: u64,
+    /// Usage and text found so far (the per-protocol readers in `protocol` fill it).
+    reading: Reading,
     tail: VecDeque<Bytes>,
     tail_len: usize,
     /// Bytes that reached the client.
@@ -83,8 +72,7 @@ impl UsageScanner {
             withhold_usage: withhold_usage && sse && shape == Shape::Chat,
             carry: Vec::new(),
             drop_next_blank: false,
-            seen: Seen::default(),
-            text_bytes: 0,
+            reading: Reading::default(),
             tail: VecDeque::new(),
             tail_len: 0,
             body_bytes: 0,
@@ -199,115 +187,24 @@ impl UsageScanner {
         }
     }
 
-    /// Read one JSON event (a stream event or a whole body). Returns true for the chat
-    /// usage-only chunk.
+    /// Read one JSON event (a stream event or a whole body) with the protocol's reader.
+    /// Returns true for the chat usage-only chunk.
     fn event(&mut self, v: &Value) -> bool {
+        let r = &mut self.reading;
         match self.shape {
-            Shape::Chat | Shape::Embeddings => {
-                if let Some(choices) = v.get("choices").and_then(Value::as_array) {
-                    for c in choices {
-                        for part in ["delta", "message"] {
-                            let Some(m) = c.get(part) else { continue };
-                            for field in ["content", "refusal", "reasoning_content", "reasoning"] {
-                                self.text(m.get(field));
-                            }
-                            if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
-                                for call in calls {
-                                    self.text(call.pointer("/function/name"));
-                                    self.text(call.pointer("/function/arguments"));
-                                }
-                            }
-                        }
-                    }
-                }
-                if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
-                    let prompt = u(usage, "/prompt_tokens").unwrap_or(0);
-                    let cached = u(usage, "/prompt_tokens_details/cached_tokens").unwrap_or(0).min(prompt);
-                    self.seen = Seen {
-                        input: Some(prompt - cached),
-                        cached: Some(cached),
-                        cache_write: None,
-                        output: Some(u(usage, "/completion_tokens").unwrap_or(0)),
-                    };
-                    return v.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
-                }
-            }
+            Shape::Chat | Shape::Embeddings => openai::read_chat_event(v, r),
             Shape::Responses => {
-                let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
-                // Every content delta: output text, refusals, reasoning, function-call and
-                // custom-tool arguments.
-                if kind.ends_with(".delta") {
-                    self.text(v.get("delta"));
-                }
-                let usage = if kind.is_empty() { v.get("usage") } else { v.pointer("/response/usage") };
-                if let Some(usage) = usage.filter(|u| u.is_object()) {
-                    let input = u(usage, "/input_tokens").unwrap_or(0);
-                    let cached = u(usage, "/input_tokens_details/cached_tokens").unwrap_or(0).min(input);
-                    self.seen = Seen {
-                        input: Some(input - cached),
-                        cached: Some(cached),
-                        cache_write: None,
-                        output: Some(u(usage, "/output_tokens").unwrap_or(0)),
-                    };
-                }
+                openai::read_responses_event(v, r);
+                false
             }
             Shape::Messages => {
-                let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
-                let usage = match kind {
-                    "message_start" => v.pointer("/message/usage"),
-                    "content_block_delta" => {
-                        self.text(v.pointer("/delta/text"));
-                        self.text(v.pointer("/delta/partial_json"));
-                        self.text(v.pointer("/delta/thinking"));
-                        self.text(v.pointer("/delta/signature"));
-                        None
-                    }
-                    _ => v.get("usage"),
-                };
-                if let Some(usage) = usage.filter(|u| u.is_object()) {
-                    if let Some(input) = u(usage, "/input_tokens") {
-                        self.seen.input = Some(input);
-                        self.seen.cache_write = Some(u(usage, "/cache_creation_input_tokens").unwrap_or(0));
-                        self.seen.cached = Some(u(usage, "/cache_read_input_tokens").unwrap_or(0));
-                    }
-                    // message_start carries a placeholder output count; the final one comes last.
-                    if kind != "message_start" {
-                        if let Some(out) = u(usage, "/output_tokens") {
-                            self.seen.output = Some(out);
-                        }
-                    }
-                }
+                anthropic::read_event(v, r);
+                false
             }
             Shape::Gemini => {
-                if let Some(candidates) = v.get("candidates").and_then(Value::as_array) {
-                    for c in candidates {
-                        if let Some(parts) = c.pointer("/content/parts").and_then(Value::as_array) {
-                            for p in parts {
-                                self.text(p.get("text"));
-                                // Function calls and code carry their arguments as JSON.
-                                for field in ["functionCall", "executableCode", "codeExecutionResult", "inlineData"] {
-                                    if let Some(v) = p.get(field) {
-                                        self.text_bytes = self.text_bytes.saturating_add(v.to_string().len() as u64);
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
-                if let Some(meta) = v.get("usageMetadata").filter(|u| u.is_object()) {
-                    let prompt = u(meta, "/promptTokenCount").unwrap_or(0);
-                    let cached = u(meta, "/cachedContentTokenCount").unwrap_or(0).min(prompt);
-                    let output = u(meta, "/candidatesTokenCount").unwrap_or(0) + u(meta, "/thoughtsTokenCount").unwrap_or(0);
-                    self.seen = Seen { input: Some(prompt - cached), cached: Some(cached), cache_write: None, output: Some(output) };
-                }
+                gemini::read_event(v, r);
+                false
             }
-        }
-        false
-    }
-
-    fn text(&mut self, v: Option<&Value>) {
-        if let Some(s) = v.and_then(Value::as_str) {
-            self.text_bytes = self.text_bytes.saturating_add(s.len() as u64);
         }
     }
 
@@ -321,12 +218,13 @@ impl UsageScanner {
         } else {
             self.scan_tail();
         }
+        let seen = &self.reading.seen;
         ScanResult {
-            input: self.seen.input,
-            cached: self.seen.cached,
-            cache_write: self.seen.cache_write,
-            output: self.seen.output,
-            text_bytes: self.text_bytes,
+            input: seen.input,
+            cached: seen.cached,
+            cache_write: seen.cache_write,
+            output: seen.output,
+            text_bytes: self.reading.text_bytes,
             body_bytes: self.body_bytes,
         }
     }
@@ -347,7 +245,7 @@ impl UsageScanner {
                 _ => serde_json::json!({ "usage": obj }),
             };
             self.event(&wrapped);
-            if self.seen.output.is_some() {
+            if self.reading.seen.output.is_some() {
                 return;
             }
         }

@@ -121,16 +121,15 @@ pub fn classify(method: &str, path: &str) -> Route {
     if let Some(route) = video(method, rest) {
         return route;
     }
-    let route = match (method, rest) {
+    match (method, rest) {
         ("POST", "/chat/completions") => Route::ChatCompletions,
         ("POST", "/responses") => Route::Responses,
         ("POST", "/embeddings") => Route::Embeddings,
         ("POST", "/messages") => Route::Messages,
         ("GET", "/models") => Route::Models,
         ("GET", "/usage") => Route::Usage,
-        _ => return not_found(),
-    };
-    route
+        _ => not_found(),
+    }
 }
 
 /// Video task paths (`rest` is the path without `/v1`).

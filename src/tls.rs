@@ -78,7 +78,7 @@ pub fn load_ca_bundle(path: &Path) -> Result<Arc<[WrappedX509]>, String> {
         pingora_rustls::RootCertStore::empty()
             .add(pingora_rustls::CertificateDer::from(der.clone()))
             .map_err(|e| format!("{}: not a CA certificate: {e}", path.display()))?;
-        certs.push(WrappedX509::new(der, |raw| pingora_core::utils::tls::parse_x509(raw)));
+        certs.push(WrappedX509::new(der, pingora_core::utils::tls::parse_x509));
         rest = &body[end..];
     }
     if certs.is_empty() {

@@ -37,6 +37,37 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
     })
 }
 
+/// Read one messages event or body: text, tool-input JSON, thinking and signatures count as
+/// generated text; input and cache counts come from `message_start` (or the body), the final
+/// output count from the last `message_delta`.
+pub fn read_event(v: &Value, r: &mut super::Reading) {
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
+    let usage = match kind {
+        "message_start" => v.pointer("/message/usage"),
+        "content_block_delta" => {
+            r.text(v.pointer("/delta/text"));
+            r.text(v.pointer("/delta/partial_json"));
+            r.text(v.pointer("/delta/thinking"));
+            r.text(v.pointer("/delta/signature"));
+            None
+        }
+        _ => v.get("usage"),
+    };
+    if let Some(usage) = usage.filter(|u| u.is_object()) {
+        if let Some(input) = super::u(usage, "/input_tokens") {
+            r.seen.input = Some(input);
+            r.seen.cache_write = Some(super::u(usage, "/cache_creation_input_tokens").unwrap_or(0));
+            r.seen.cached = Some(super::u(usage, "/cache_read_input_tokens").unwrap_or(0));
+        }
+        // message_start carries a placeholder output count; the final one comes last.
+        if kind != "message_start" {
+            if let Some(out) = super::u(usage, "/output_tokens") {
+                r.seen.output = Some(out);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,6 +38,32 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
     json!({"models": models.iter().map(model).collect::<Vec<_>>()})
 }
 
+/// Read one generate-content chunk or body: text parts, function calls and code count as
+/// generated content; `usageMetadata` is the report (thoughts count as output).
+pub fn read_event(v: &Value, r: &mut super::Reading) {
+    if let Some(candidates) = v.get("candidates").and_then(Value::as_array) {
+        for c in candidates {
+            if let Some(parts) = c.pointer("/content/parts").and_then(Value::as_array) {
+                for p in parts {
+                    r.text(p.get("text"));
+                    // Function calls and code carry their arguments as JSON.
+                    for field in ["functionCall", "executableCode", "codeExecutionResult", "inlineData"] {
+                        if let Some(v) = p.get(field) {
+                            r.json(v);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(meta) = v.get("usageMetadata").filter(|u| u.is_object()) {
+        let prompt = super::u(meta, "/promptTokenCount").unwrap_or(0);
+        let cached = super::u(meta, "/cachedContentTokenCount").unwrap_or(0).min(prompt);
+        let output = super::u(meta, "/candidatesTokenCount").unwrap_or(0) + super::u(meta, "/thoughtsTokenCount").unwrap_or(0);
+        r.seen = super::SeenUsage { input: Some(prompt - cached), cached: Some(cached), cache_write: None, output: Some(output) };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

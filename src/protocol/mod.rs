@@ -7,6 +7,7 @@ pub mod gemini;
 pub mod openai;
 
 use serde::Deserialize;
+use serde_json::Value;
 
 /// One of the three model protocols (also called platforms in groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -43,6 +44,42 @@ impl Protocol {
             Protocol::Gemini => "gemini",
         }
     }
+}
+
+/// Usage counts an upstream reported, each `None` until seen.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SeenUsage {
+    pub input: Option<u64>,
+    pub cached: Option<u64>,
+    pub cache_write: Option<u64>,
+    pub output: Option<u64>,
+}
+
+/// What the per-protocol usage readers gather from a response's events: reported usage, and
+/// the bytes of generated content (text, reasoning, tool-call arguments) for an estimate.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Reading {
+    pub seen: SeenUsage,
+    pub text_bytes: u64,
+}
+
+impl Reading {
+    /// Count a string's bytes as generated content.
+    pub fn text(&mut self, v: Option<&Value>) {
+        if let Some(s) = v.and_then(Value::as_str) {
+            self.text_bytes = self.text_bytes.saturating_add(s.len() as u64);
+        }
+    }
+
+    /// Count a JSON value's serialized bytes as generated content.
+    pub fn json(&mut self, v: &Value) {
+        self.text_bytes = self.text_bytes.saturating_add(v.to_string().len() as u64);
+    }
+}
+
+/// An unsigned integer at a JSON pointer.
+pub(crate) fn u(v: &Value, path: &str) -> Option<u64> {
+    v.pointer(path).and_then(Value::as_u64)
 }
 
 /// Every header a client key may arrive in (each protocol's, and the spec's alternative).

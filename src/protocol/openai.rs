@@ -33,6 +33,61 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
     json!({"object": "list", "data": data})
 }
 
+/// Read one chat-completions (or embeddings) event or body: content, refusals, reasoning and
+/// tool calls count as generated text; `usage` (cache reads split out) is the report. Returns
+/// true for the usage-only chunk (no choices) of a stream.
+pub fn read_chat_event(v: &Value, r: &mut super::Reading) -> bool {
+    if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+        for c in choices {
+            for part in ["delta", "message"] {
+                let Some(m) = c.get(part) else { continue };
+                for field in ["content", "refusal", "reasoning_content", "reasoning"] {
+                    r.text(m.get(field));
+                }
+                if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+                    for call in calls {
+                        r.text(call.pointer("/function/name"));
+                        r.text(call.pointer("/function/arguments"));
+                    }
+                }
+            }
+        }
+    }
+    if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
+        let prompt = super::u(usage, "/prompt_tokens").unwrap_or(0);
+        let cached = super::u(usage, "/prompt_tokens_details/cached_tokens").unwrap_or(0).min(prompt);
+        r.seen = super::SeenUsage {
+            input: Some(prompt - cached),
+            cached: Some(cached),
+            cache_write: None,
+            output: Some(super::u(usage, "/completion_tokens").unwrap_or(0)),
+        };
+        return v.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
+    }
+    false
+}
+
+/// Read one responses-API event or body: every `*.delta` (output text, refusals, reasoning,
+/// function-call and custom-tool arguments) counts as generated text; the usage is in
+/// `response.completed` (a stream) or at the top (a body).
+pub fn read_responses_event(v: &Value, r: &mut super::Reading) {
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
+    if kind.ends_with(".delta") {
+        r.text(v.get("delta"));
+    }
+    let usage = if kind.is_empty() { v.get("usage") } else { v.pointer("/response/usage") };
+    if let Some(usage) = usage.filter(|u| u.is_object()) {
+        let input = super::u(usage, "/input_tokens").unwrap_or(0);
+        let cached = super::u(usage, "/input_tokens_details/cached_tokens").unwrap_or(0).min(input);
+        r.seen = super::SeenUsage {
+            input: Some(input - cached),
+            cached: Some(cached),
+            cache_write: None,
+            output: Some(super::u(usage, "/output_tokens").unwrap_or(0)),
+        };
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -422,7 +422,7 @@ fn check_subjects(meta: &mut Map<String, Value>, allow_base64: bool, uploads: &m
     for (i, s) in list.iter_mut().enumerate() {
         let at = format!("metadata.Subjects[{i}]");
         let s = s.as_object_mut().ok_or_else(|| bad(&at, "must be an object"))?;
-        if !s.get("Id").and_then(Value::as_str).is_some_and(|id| !id.trim().is_empty()) {
+        if s.get("Id").and_then(Value::as_str).is_none_or(|id| id.trim().is_empty()) {
             return Err(bad(&format!("{at}.Id"), "is required (the prompt refers to it as @<Id>)"));
         }
         let images = string_list(&format!("{at}.Images"), s.get("Images").unwrap_or(&Value::Null))
