@@ -825,6 +825,18 @@ keys:
     }
 
     #[test]
+    fn commit_policy_defaults_bounds_and_header_safe_keys() {
+        let c = Config::parse(MINIMAL, &no_env).expect("valid");
+        assert_eq!(c.commit, CommitPolicy { interval: std::time::Duration::from_millis(10), sync: false });
+        let c = Config::parse(&format!("{MINIMAL}billing: {{ commit_interval_ms: 0, sync_commit: true }}\n"), &no_env).expect("valid");
+        assert_eq!(c.commit, CommitPolicy { interval: std::time::Duration::ZERO, sync: true });
+        let e = Config::parse(&format!("{MINIMAL}billing: {{ commit_interval_ms: 1001 }}\n"), &no_env).unwrap_err();
+        assert!(e.0.contains("billing.commit_interval_ms: at most 1000"), "{e}");
+        let e = Config::parse(&MINIMAL.replace("api_key: sk-up", "api_key: \"sk up\""), &no_env).unwrap_err();
+        assert!(e.0.contains("providers[0].api_key: must be printable ASCII"), "{e}");
+    }
+
+    #[test]
     fn unknown_key_is_rejected_by_name() {
         let text = format!("{MINIMAL}\nlisten_port: 3\n");
         let e = Config::parse(&text, &no_env).unwrap_err();
