@@ -153,7 +153,13 @@ fn start_rig() -> Rig {
     };
     // TOLLGATE_BENCH_BIN runs another build of tollgate (an allocator trial, an older commit).
     let bin = std::env::var("TOLLGATE_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tollgate").to_string());
+    // TOLLGATE_BENCH_BILLING replaces the default mode's `billing:` line (experiments).
+    let billing_override = std::env::var("TOLLGATE_BENCH_BILLING").ok().map(|b| format!("billing: {b}\n"));
     for (i, (name, billing)) in modes.iter().enumerate() {
+        let billing = match (&billing_override, i) {
+            (Some(b), 0) => b.as_str(),
+            _ => billing,
+        };
         // Each tollgate gets its own mock: 10,000 held streams through one proxy leave that many
         // loopback ports in TIME_WAIT towards its upstream, and a second run towards the same
         // upstream port would run out of ephemeral ports.

@@ -544,9 +544,11 @@ impl Gateway {
                 // Settled before the client sees the end: its balance and `/v1/usage` already
                 // count this request when its response is complete.
                 self.settle(plan, Some(scanner.finish()), status).await;
+                let written = session.write_response_body(out, true).await.map_err(|e| e.into_down());
+                // The client has its answer; then the upstream connection goes back to the pool.
                 let idle = peer.idle_timeout();
                 self.connector.release_http_session(http, &peer, idle).await;
-                return session.write_response_body(out, true).await.map_err(|e| e.into_down());
+                return written;
             }
             if let Some(data) = out.filter(|d| !d.is_empty()) {
                 if let Err(e) = session.write_response_body(Some(data), false).await {
