@@ -12,7 +12,6 @@ use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_http::RequestHeader;
-use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -187,129 +186,7 @@ impl BackgroundService for DnsRefresh {
     }
 }
 
-/// The request-body fields tollgate reads; everything else is skipped without allocation.
-/// `stream_options` is kept as the raw text of its value (whatever its type), borrowed from
-/// the body, so the usage rewrite can splice it without parsing the body a second time.
-#[derive(Debug, Default, Deserialize)]
-pub struct BodyFields<'a> {
-    #[serde(default)]
-    pub model: Option<String>,
-    #[serde(default)]
-    pub stream: Option<bool>,
-    /// Chat completions (legacy name) and messages.
-    #[serde(default)]
-    pub max_tokens: Option<u64>,
-    #[serde(default)]
-    pub max_completion_tokens: Option<u64>,
-    /// Responses.
-    #[serde(default)]
-    pub max_output_tokens: Option<u64>,
-    /// Chat completions: number of choices.
-    #[serde(default)]
-    pub n: Option<u64>,
-    #[serde(default, rename = "generationConfig")]
-    pub generation_config: Option<GenerationConfig>,
-    #[serde(default, borrow, deserialize_with = "present_raw")]
-    pub stream_options: Option<&'a serde_json::value::RawValue>,
-}
-
-/// A present field's raw value, `null` included (plain `Option` would turn `null` into None).
-fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de serde_json::value::RawValue>, D::Error> {
-    <&serde_json::value::RawValue>::deserialize(d).map(Some)
-}
-
-#[derive(Debug, Default, Deserialize)]
-pub struct GenerationConfig {
-    #[serde(default, rename = "maxOutputTokens")]
-    pub max_output_tokens: Option<u64>,
-    #[serde(default, rename = "candidateCount")]
-    pub candidate_count: Option<u64>,
-}
-
-/// Most choices one request may ask for (the chat-completions API's own limit).
-pub const MAX_CHOICES: u64 = 128;
-
-impl BodyFields<'_> {
-    /// The most output tokens the request allows per choice, if it says.
-    pub fn max_output(&self) -> Option<u64> {
-        self.max_completion_tokens
-            .or(self.max_tokens)
-            .or(self.max_output_tokens)
-            .or(self.generation_config.as_ref().and_then(|g| g.max_output_tokens))
-    }
-
-    /// How many answers the request asks for (`n`, or `candidateCount`); at least 1.
-    pub fn choices(&self) -> Result<u64, ApiError> {
-        let (n, param) = match (self.n, self.generation_config.as_ref().and_then(|g| g.candidate_count)) {
-            (Some(n), _) => (n, "n"),
-            (None, Some(c)) => (c, "generationConfig.candidateCount"),
-            (None, None) => return Ok(1),
-        };
-        if n > MAX_CHOICES {
-            return Err(
-                ApiError::new(ErrorKind::BadRequest, format!("{param}: at most {MAX_CHOICES} choices per request")).with_param(param)
-            );
-        }
-        Ok(n.max(1))
-    }
-
-    /// The client asked for stream usage itself (`stream_options.include_usage: true`).
-    pub fn client_wants_usage(&self) -> bool {
-        #[derive(Deserialize)]
-        struct Probe {
-            #[serde(default)]
-            include_usage: Option<bool>,
-        }
-        self.stream_options.and_then(|raw| serde_json::from_str::<Probe>(raw.get()).ok()).and_then(|p| p.include_usage).unwrap_or(false)
-    }
-}
-
-/// The body with `stream_options.include_usage` set to true, whatever `stream_options` held
-/// (absent, null, not an object, false): the one rewrite of a streaming chat completion. Only
-/// the `stream_options` value is parsed; the rest of the body is copied as it is.
-pub fn with_include_usage(body: &[u8], fields: &BodyFields<'_>) -> Result<bytes::Bytes, ApiError> {
-    let invalid = || ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object.");
-    let (start, end, replacement) = match fields.stream_options {
-        Some(raw) => {
-            let text = raw.get();
-            let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize).ok_or_else(invalid)?;
-            let end = start + text.len();
-            if body.get(start..end) != Some(text.as_bytes()) {
-                return Err(invalid());
-            }
-            let mut opts = match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(serde_json::Value::Object(map)) => map,
-                _ => serde_json::Map::new(),
-            };
-            opts.insert("include_usage".into(), serde_json::Value::Bool(true));
-            (start, end, serde_json::Value::Object(opts).to_string())
-        }
-        None => {
-            let open = body.iter().position(|&b| b == b'{').ok_or_else(invalid)?;
-            let rest_empty = body[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-            let insert =
-                if rest_empty { r#""stream_options":{"include_usage":true}"# } else { r#""stream_options":{"include_usage":true},"# };
-            (open + 1, open + 1, insert.to_string())
-        }
-    };
-    let mut out = Vec::with_capacity(body.len() + replacement.len());
-    out.extend_from_slice(&body[..start]);
-    out.extend_from_slice(replacement.as_bytes());
-    out.extend_from_slice(&body[end..]);
-    Ok(bytes::Bytes::from(out))
-}
-
-/// Parse the fields routing needs from a JSON request body.
-pub fn body_fields(body: &[u8]) -> Result<BodyFields<'_>, ApiError> {
-    if body.is_empty() {
-        return Err(ApiError::new(ErrorKind::BadRequest, "The request body is empty; send a JSON object."));
-    }
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
-    }
-    serde_json::from_slice::<BodyFields>(body)
-        .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))
-}
+pub use crate::protocol::{body_fields, BodyFields};
 
 /// Client headers relayed upstream, besides the operator's `forward_headers`. Everything else
 /// a client sends is dropped: credentials, account selectors (`OpenAI-Organization`,
@@ -373,9 +250,9 @@ pub struct Routing {
 /// names (refused above the model's `max_output_tokens`, or above [`crate::config::MAX_OUTPUT_ALLOWANCE`]),
 /// else the model's limit, else `billing.default_max_output_tokens`; times `n` /
 /// `candidateCount`.
-fn output_allowance(fields: &BodyFields<'_>, routing: &Routing, model: &str) -> Result<u64, ApiError> {
+fn output_allowance(fields: &BodyFields<'_>, protocol: Protocol, routing: &Routing, model: &str) -> Result<u64, ApiError> {
     let model_limit = routing.prices.price(model).and_then(|p| p.max_output_tokens);
-    let per_choice = match fields.max_output() {
+    let per_choice = match protocol.max_output(fields) {
         Some(asked) => {
             let limit = model_limit.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
             if asked > limit {
@@ -388,7 +265,7 @@ fn output_allowance(fields: &BodyFields<'_>, routing: &Routing, model: &str) -> 
         }
         None => model_limit.unwrap_or(routing.default_max_output_tokens),
     };
-    Ok(per_choice.saturating_mul(fields.choices()?))
+    Ok(per_choice.saturating_mul(protocol.choices(fields)?))
 }
 
 /// What a relayed request will do, decided from the routing snapshot, its route, its key's
@@ -439,15 +316,16 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         .to_vec();
     let output_allowance = match route {
         Route::Embeddings => 0,
-        _ => output_allowance(&fields, routing, &model)?,
+        _ => output_allowance(&fields, protocol, routing, &model)?,
     };
     let hold_nanos =
         routing.prices.hold_cost(&model, crate::billing::hold_input_tokens(client_body.len()), output_allowance).ok_or_else(|| {
             log::error!("model {model} is served without a price; refused");
             ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
         })?;
-    let withhold_usage = *route == Route::ChatCompletions && fields.stream == Some(true) && !fields.client_wants_usage();
-    let body = if withhold_usage { with_include_usage(&client_body, &fields)? } else { client_body.clone() };
+    let withhold_usage =
+        *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
+    let body = if withhold_usage { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
     drop(fields);
     Ok(Draft { model, candidates, hold_nanos, body, client_body_len: client_body.len(), withhold_usage })
 }
@@ -635,21 +513,29 @@ prices:
     }
 
     #[test]
-    fn max_output_and_include_usage() {
+    fn max_output_and_choices_are_read_per_protocol() {
+        use crate::protocol::openai::client_wants_usage;
         let f = body_fields(br#"{"model":"m","max_tokens":7}"#).expect("parse");
-        assert_eq!(f.max_output(), Some(7));
+        assert_eq!(Protocol::Openai.max_output(&f), Some(7));
+        assert_eq!(Protocol::Anthropic.max_output(&f), Some(7));
+        assert_eq!(Protocol::Gemini.max_output(&f), None, "not a generate-content field");
         let f = body_fields(br#"{"model":"m","max_completion_tokens":9,"max_tokens":7}"#).expect("parse");
-        assert_eq!(f.max_output(), Some(9));
+        assert_eq!(Protocol::Openai.max_output(&f), Some(9));
+        assert_eq!(Protocol::Anthropic.max_output(&f), Some(7));
+        let f = body_fields(br#"{"model":"m","max_output_tokens":5}"#).expect("parse");
+        assert_eq!(Protocol::Openai.max_output(&f), Some(5), "responses");
         let f = body_fields(br#"{"generationConfig":{"maxOutputTokens":11,"temperature":1}}"#).expect("parse");
-        assert_eq!(f.max_output(), Some(11));
+        assert_eq!(Protocol::Gemini.max_output(&f), Some(11));
+        assert_eq!(Protocol::Openai.max_output(&f), None);
         let f = body_fields(br#"{"model":"m","stream_options":{"include_usage":true}}"#).expect("parse");
-        assert!(f.client_wants_usage());
+        assert!(client_wants_usage(&f));
         let f = body_fields(br#"{"model":"m","n":4,"max_tokens":10}"#).expect("parse");
-        assert_eq!(f.choices().expect("n"), 4);
+        assert_eq!(Protocol::Openai.choices(&f).expect("n"), 4);
+        assert_eq!(Protocol::Anthropic.choices(&f).expect("one"), 1, "messages has no n");
         let f = body_fields(br#"{"generationConfig":{"candidateCount":3}}"#).expect("parse");
-        assert_eq!(f.choices().expect("candidateCount"), 3);
+        assert_eq!(Protocol::Gemini.choices(&f).expect("candidateCount"), 3);
         let f = body_fields(br#"{"model":"m","n":129}"#).expect("parse");
-        assert_eq!(f.choices().unwrap_err().status(), 400);
+        assert_eq!(Protocol::Openai.choices(&f).unwrap_err().status(), 400);
         assert_eq!(body_fields(br#"{"model":"m","max_tokens":1e15}"#).unwrap_err().status(), 400, "not an integer");
         assert_eq!(body_fields(br#"{"model":"m","max_tokens":-1}"#).unwrap_err().status(), 400);
     }
@@ -674,13 +560,13 @@ prices:
         ];
         for (body, want) in cases {
             let f = body_fields(body.as_bytes()).expect("parse");
-            assert!(!f.client_wants_usage(), "{body}");
-            let rewritten = with_include_usage(body.as_bytes(), &f).expect("rewrite");
+            assert!(!crate::protocol::openai::client_wants_usage(&f), "{body}");
+            let rewritten = crate::protocol::openai::with_include_usage(body.as_bytes(), &f).expect("rewrite");
             let v: serde_json::Value = serde_json::from_slice(&rewritten).unwrap_or_else(|e| panic!("{body}: {e}"));
             assert_eq!(v["stream_options"], want, "{body}");
             assert_eq!((v["model"].as_str(), v["stream"].as_bool()), (Some("m"), Some(true)), "{body}");
             let f2 = body_fields(&rewritten).expect("reparse");
-            assert!(f2.client_wants_usage(), "{body}");
+            assert!(crate::protocol::openai::client_wants_usage(&f2), "{body}");
         }
         // A duplicate stream_options is ambiguous: refused, never rewritten into two.
         assert_eq!(

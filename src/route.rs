@@ -170,20 +170,12 @@ fn gemini_models(method: &str, after: &str) -> Option<Route> {
     None
 }
 
-/// `name` is `{model}:{action}`.
+/// `name` is `{model}:{action}` (read by the generate-content protocol module).
 fn generate_content(method: &str, name: &str) -> Option<Route> {
     if method != "POST" {
         return None;
     }
-    let (model, action) = name.rsplit_once(':')?;
-    if model.is_empty() || model.contains('/') {
-        return None;
-    }
-    let stream = match action {
-        "generateContent" => false,
-        "streamGenerateContent" => true,
-        _ => return None,
-    };
+    let (model, stream) = crate::protocol::gemini::model_and_action(name)?;
     Some(Route::GenerateContent { model: model.to_string(), stream })
 }
 

@@ -68,6 +68,11 @@ pub fn read_event(v: &Value, r: &mut super::Reading) {
     }
 }
 
+/// The output maximum of a messages request (`max_tokens`, which the API requires).
+pub fn max_output(f: &super::BodyFields<'_>) -> Option<u64> {
+    f.max_tokens
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

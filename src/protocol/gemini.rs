@@ -64,6 +64,25 @@ pub fn read_event(v: &Value, r: &mut super::Reading) {
     }
 }
 
+/// The output maximum of a generate-content request (`generationConfig.maxOutputTokens`).
+pub fn max_output(f: &super::BodyFields<'_>) -> Option<u64> {
+    f.generation_config.as_ref().and_then(|g| g.max_output_tokens)
+}
+
+/// The model and whether the answer streams, from the last path segment of a generate-content
+/// call, `{model}:generateContent` or `{model}:streamGenerateContent`.
+pub fn model_and_action(name: &str) -> Option<(&str, bool)> {
+    let (model, action) = name.rsplit_once(':')?;
+    if model.is_empty() || model.contains('/') {
+        return None;
+    }
+    match action {
+        "generateContent" => Some((model, false)),
+        "streamGenerateContent" => Some((model, true)),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,8 @@
-//! What each protocol looks like on the wire: its credential header, the client headers it
-//! relays, error bodies and model lists. Pure; the per-protocol details are in the submodules
-//! (usage readers: `meter`; body fields and usage injection: `relay`).
+//! What each protocol looks like on the wire, one file per protocol: the credential and
+//! version headers, the client headers it relays, error bodies and model lists, the request
+//! fields that bound its output (maximum, choices), the usage injection (chat streams), the
+//! model taken from the path (generate-content) and the reader of its usage reports. Pure and
+//! unit-tested; `meter` runs the readers over a response stream, `relay` plans the request.
 
 pub mod anthropic;
 pub mod gemini;
@@ -37,6 +39,26 @@ impl Protocol {
         }
     }
 
+    /// The most output tokens a request allows per choice, if it names a maximum.
+    pub fn max_output(self, f: &BodyFields<'_>) -> Option<u64> {
+        match self {
+            Protocol::Openai => openai::max_output(f),
+            Protocol::Anthropic => anthropic::max_output(f),
+            Protocol::Gemini => gemini::max_output(f),
+        }
+    }
+
+    /// How many answers a request asks for (at least 1; more than [`MAX_CHOICES`] is a 400).
+    pub fn choices(self, f: &BodyFields<'_>) -> Result<u64, ApiError> {
+        match self {
+            Protocol::Openai => choice_count(f.n, "n"),
+            Protocol::Anthropic => Ok(1),
+            Protocol::Gemini => {
+                choice_count(f.generation_config.as_ref().and_then(|g| g.candidate_count), "generationConfig.candidateCount")
+            }
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Protocol::Openai => "openai",
@@ -44,6 +66,73 @@ impl Protocol {
             Protocol::Gemini => "gemini",
         }
     }
+}
+
+/// The request-body fields tollgate reads, of all three protocols in one borrowed parse;
+/// everything else is skipped without allocation. Which fields count is each protocol's
+/// (`Protocol::max_output`, `Protocol::choices`).
+/// `stream_options` is kept as the raw text of its value (whatever its type), borrowed from
+/// the body, so the usage rewrite can splice it without parsing the body a second time.
+#[derive(Debug, Default, Deserialize)]
+pub struct BodyFields<'a> {
+    #[serde(default)]
+    pub model: Option<String>,
+    #[serde(default)]
+    pub stream: Option<bool>,
+    /// Chat completions (legacy name) and messages.
+    #[serde(default)]
+    pub max_tokens: Option<u64>,
+    #[serde(default)]
+    pub max_completion_tokens: Option<u64>,
+    /// Responses.
+    #[serde(default)]
+    pub max_output_tokens: Option<u64>,
+    /// Chat completions: number of choices.
+    #[serde(default)]
+    pub n: Option<u64>,
+    #[serde(default, rename = "generationConfig")]
+    pub generation_config: Option<GenerationConfig>,
+    #[serde(default, borrow, deserialize_with = "present_raw")]
+    pub stream_options: Option<&'a serde_json::value::RawValue>,
+}
+
+/// A present field's raw value, `null` included (plain `Option` would turn `null` into None).
+fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de serde_json::value::RawValue>, D::Error> {
+    <&serde_json::value::RawValue>::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct GenerationConfig {
+    #[serde(default, rename = "maxOutputTokens")]
+    pub max_output_tokens: Option<u64>,
+    #[serde(default, rename = "candidateCount")]
+    pub candidate_count: Option<u64>,
+}
+
+/// Most choices one request may ask for (the chat-completions API's own limit).
+pub const MAX_CHOICES: u64 = 128;
+
+/// A choice count from the request, refused above [`MAX_CHOICES`]; at least 1.
+pub(crate) fn choice_count(n: Option<u64>, param: &str) -> Result<u64, ApiError> {
+    match n {
+        None => Ok(1),
+        Some(n) if n > MAX_CHOICES => {
+            Err(ApiError::new(ErrorKind::BadRequest, format!("{param}: at most {MAX_CHOICES} choices per request")).with_param(param))
+        }
+        Some(n) => Ok(n.max(1)),
+    }
+}
+
+/// Parse the fields routing needs from a JSON request body.
+pub fn body_fields(body: &[u8]) -> Result<BodyFields<'_>, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::new(ErrorKind::BadRequest, "The request body is empty; send a JSON object."));
+    }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
+    }
+    serde_json::from_slice::<BodyFields>(body)
+        .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))
 }
 
 /// Usage counts an upstream reported, each `None` until seen.

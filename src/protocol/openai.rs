@@ -88,6 +88,57 @@ pub fn read_responses_event(v: &Value, r: &mut super::Reading) {
     }
 }
 
+/// The output maximum of a chat completion (`max_completion_tokens`, else the legacy
+/// `max_tokens`) or a response (`max_output_tokens`).
+pub fn max_output(f: &super::BodyFields<'_>) -> Option<u64> {
+    f.max_completion_tokens.or(f.max_tokens).or(f.max_output_tokens)
+}
+
+/// The client asked for stream usage itself (`stream_options.include_usage: true`).
+pub fn client_wants_usage(f: &super::BodyFields<'_>) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Probe {
+        #[serde(default)]
+        include_usage: Option<bool>,
+    }
+    f.stream_options.and_then(|raw| serde_json::from_str::<Probe>(raw.get()).ok()).and_then(|p| p.include_usage).unwrap_or(false)
+}
+
+/// The body with `stream_options.include_usage` set to true, whatever `stream_options` held
+/// (absent, null, not an object, false): the one rewrite of a streaming chat completion. Only
+/// the `stream_options` value is parsed; the rest of the body is copied as it is.
+pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result<bytes::Bytes, ApiError> {
+    let invalid = || ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object.");
+    let (start, end, replacement) = match fields.stream_options {
+        Some(raw) => {
+            let text = raw.get();
+            let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize).ok_or_else(invalid)?;
+            let end = start + text.len();
+            if body.get(start..end) != Some(text.as_bytes()) {
+                return Err(invalid());
+            }
+            let mut opts = match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(serde_json::Value::Object(map)) => map,
+                _ => serde_json::Map::new(),
+            };
+            opts.insert("include_usage".into(), serde_json::Value::Bool(true));
+            (start, end, serde_json::Value::Object(opts).to_string())
+        }
+        None => {
+            let open = body.iter().position(|&b| b == b'{').ok_or_else(invalid)?;
+            let rest_empty = body[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+            let insert =
+                if rest_empty { r#""stream_options":{"include_usage":true}"# } else { r#""stream_options":{"include_usage":true},"# };
+            (open + 1, open + 1, insert.to_string())
+        }
+    };
+    let mut out = Vec::with_capacity(body.len() + replacement.len());
+    out.extend_from_slice(&body[..start]);
+    out.extend_from_slice(replacement.as_bytes());
+    out.extend_from_slice(&body[end..]);
+    Ok(bytes::Bytes::from(out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
