@@ -21,6 +21,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
+/// Longest span of `at_ms` one group entry covers.
+pub const GROUP_SPAN_MS: u64 = 1000;
+
+/// A group entry being gathered.
+struct GroupEntry {
+    tree: TreeName,
+    group: Vec<u8>,
+    key: Vec<u8>,
+    first_at: u64,
+    value: Vec<u8>,
+}
+
 /// The sled tree a write goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TreeName {
@@ -42,6 +54,16 @@ type Ack = oneshot::Sender<Result<(), StoreError>>;
 enum Job {
     Insert {
         tree: TreeName,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        ack: Option<Ack>,
+    },
+    /// One value of a group: the group's values of one batch are stored as one JSON array
+    /// under the key of its first value (see [`Writer::insert_grouped`]).
+    Grouped {
+        tree: TreeName,
+        group: Vec<u8>,
+        at_ms: u64,
         key: Vec<u8>,
         value: Vec<u8>,
         ack: Option<Ack>,
@@ -106,7 +128,7 @@ impl Writer {
     /// Queue a job. The writer is woken only when the queue was empty or the job is urgent:
     /// writes that join a gathering batch cost no wake-up.
     fn send(&self, job: Job) -> Result<(), StoreError> {
-        let urgent = !matches!(job, Job::Insert { ack: None, .. });
+        let urgent = !matches!(job, Job::Insert { ack: None, .. } | Job::Grouped { ack: None, .. });
         let wake = {
             let mut q = self.shared.lock();
             if q.closed {
@@ -134,6 +156,31 @@ impl Writer {
         };
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         self.send(Job::Insert { tree, key, value, ack })?;
+        Ok(waiter)
+    }
+
+    /// Queue a JSON value that is stored together with the other values of its `group` queued
+    /// in the same batch: one sled entry, keyed by the first value's `key`, holding a JSON
+    /// array of the values in queue order (one insert instead of one per value: the inserts
+    /// are most of the writer's cost). A group entry spans at most [`GROUP_SPAN_MS`] of `at_ms`,
+    /// so a reader looking for times from `t` starts at `t - GROUP_SPAN_MS`.
+    pub fn insert_grouped(
+        &self,
+        tree: TreeName,
+        group: Vec<u8>,
+        at_ms: u64,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        wait: bool,
+    ) -> Result<Option<Waiter>, StoreError> {
+        let (ack, waiter) = if wait {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(Waiter(rx)))
+        } else {
+            (None, None)
+        };
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        self.send(Job::Grouped { tree, group, at_ms, key, value, ack })?;
         Ok(waiter)
     }
 
@@ -197,53 +244,67 @@ fn run(db: DbSlot, window: Duration, shared: &Shared, stats: &CommitStats) {
     }
 }
 
-/// Insert a batch in order, flush once, then answer its waiters.
+/// Insert a batch in order (grouped values as one entry per group), flush once, then answer
+/// its waiters.
 fn commit(db: &DbSlot, batch: Vec<Job>, stats: &CommitStats) {
     let mut acks = Vec::new();
-    let mut inserts = 0u64;
-    let result = (|| -> Result<(), StoreError> {
-        let mut trees: Vec<(TreeName, sled::Tree)> = Vec::with_capacity(2);
-        let mut result = Ok(());
-        for job in batch {
-            match job {
-                Job::Insert { tree, key, value, ack } => {
-                    acks.extend(ack);
-                    inserts += 1;
-                    if result.is_err() {
-                        continue;
+    let mut writes = 0u64;
+    let mut inserts: Vec<(TreeName, Vec<u8>, Vec<u8>)> = Vec::with_capacity(4);
+    let mut groups: Vec<GroupEntry> = Vec::new();
+    for job in batch {
+        match job {
+            Job::Insert { tree, key, value, ack } => {
+                acks.extend(ack);
+                writes += 1;
+                inserts.push((tree, key, value));
+            }
+            Job::Grouped { tree, group, at_ms, key, value, ack } => {
+                acks.extend(ack);
+                writes += 1;
+                match groups.iter_mut().rev().find(|g| g.tree == tree && g.group == group) {
+                    Some(g) if at_ms.saturating_sub(g.first_at) <= GROUP_SPAN_MS => {
+                        g.value.push(b',');
+                        g.value.extend_from_slice(&value);
                     }
-                    let handle = match trees.iter().find(|(n, _)| *n == tree) {
-                        Some((_, t)) => t.clone(),
-                        None => match db.tree(tree.as_str()) {
-                            Ok(t) => {
-                                trees.push((tree, t.clone()));
-                                t
-                            }
-                            Err(e) => {
-                                result = Err(e);
-                                continue;
-                            }
-                        },
-                    };
-                    if let Err(e) = handle.insert(key, value) {
-                        result = Err(e.into());
+                    _ => {
+                        let mut v = Vec::with_capacity(value.len() * 8 + 2);
+                        v.push(b'[');
+                        v.extend_from_slice(&value);
+                        groups.push(GroupEntry { tree, group, key, first_at: at_ms, value: v });
                     }
                 }
-                Job::Barrier(ack) => acks.push(ack),
             }
+            Job::Barrier(ack) => acks.push(ack),
         }
-        result?;
+    }
+    for mut g in groups {
+        g.value.push(b']');
+        inserts.push((g.tree, g.key, g.value));
+    }
+    let result = (|| -> Result<(), StoreError> {
+        let mut trees: Vec<(TreeName, sled::Tree)> = Vec::with_capacity(2);
+        for (tree, key, value) in inserts {
+            let handle = match trees.iter().find(|(n, _)| *n == tree) {
+                Some((_, t)) => t.clone(),
+                None => {
+                    let t = db.tree(tree.as_str())?;
+                    trees.push((tree, t.clone()));
+                    t
+                }
+            };
+            handle.insert(key, value)?;
+        }
         db.db()?.flush()?;
         Ok(())
     })();
     stats.flushes.fetch_add(1, Ordering::Relaxed);
     match &result {
         Ok(()) => {
-            stats.committed.fetch_add(inserts, Ordering::Relaxed);
+            stats.committed.fetch_add(writes, Ordering::Relaxed);
         }
         Err(e) => {
-            stats.failed.fetch_add(inserts, Ordering::Relaxed);
-            log::error!("ledger: committing {inserts} write(s) failed: {e}");
+            stats.failed.fetch_add(writes, Ordering::Relaxed);
+            log::error!("ledger: committing {writes} write(s) failed: {e}");
         }
     }
     for ack in acks {
@@ -277,6 +338,36 @@ mod tests {
         assert_eq!(writer.stats.committed.load(Ordering::Relaxed), 102);
         assert_eq!(slot.tree("usage_records").expect("tree").len(), 100);
         assert_eq!(slot.tree("balances").expect("tree").get(b"k").expect("get").as_deref(), Some(&b"second"[..]));
+    }
+
+    #[test]
+    fn grouped_values_of_a_batch_become_one_entry_per_group_and_span() {
+        let (_dir, slot) = db();
+        let writer = Writer::start(slot.clone(), Duration::from_secs(3600)).expect("writer");
+        let put = |group: &str, at: u64, n: u32| {
+            writer
+                .insert_grouped(
+                    TreeName::UsageRecords,
+                    group.into(),
+                    at,
+                    format!("{group}-{at}-{n}").into_bytes(),
+                    n.to_string().into_bytes(),
+                    false,
+                )
+                .expect("queue");
+        };
+        put("a", 10, 1);
+        put("b", 11, 2);
+        put("a", 12, 3);
+        put("a", 10 + GROUP_SPAN_MS + 1, 4); // beyond the span: a new entry
+        writer.barrier().expect("barrier").wait_blocking().expect("committed");
+        let tree = slot.tree("usage_records").expect("tree");
+        let entries: Vec<(String, String)> = tree
+            .iter()
+            .map(|kv| kv.map(|(k, v)| (String::from_utf8_lossy(&k).into_owned(), String::from_utf8_lossy(&v).into_owned())).expect("entry"))
+            .collect();
+        assert_eq!(entries, vec![("a-10-1".into(), "[1,3]".into()), ("a-1011-4".into(), "[4]".into()), ("b-11-2".into(), "[2]".into())]);
+        assert_eq!(writer.stats.committed.load(Ordering::Relaxed), 4, "four writes, three entries");
     }
 
     #[test]

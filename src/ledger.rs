@@ -12,7 +12,8 @@
 //! No sled transaction or batch is used anywhere: in sled 0.34 either switches the whole
 //! database to a lock mode in which a concurrent `flush` can deadlock (seen under load).
 //! Instead every booking takes a persistent sequence number and writes one usage record that
-//! carries it and the balance after it; the balance entry `(balance, seq)` is written only by
+//! carries it and the balance after it (the records of one key committed in one batch share a
+//! sled entry, a JSON array keyed by the first one's time and sequence); the balance entry `(balance, seq)` is written only by
 //! top-ups and repairs. Loading an account takes the newer of the balance entry and the key's
 //! newest record, so a booking is one insert and can never be half done.
 //!
@@ -207,6 +208,16 @@ pub trait ForwardBookings: Send + Sync {
     async fn forward_booking(&self, record: &UsageRecord) -> Result<(), StoreError>;
 }
 
+/// The records of one entry of the `usage_records` tree: a JSON array (the records of one key
+/// committed in one batch) or, as written before batches were grouped, one JSON object.
+fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("usage record: {e}"));
+    match v.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => serde_json::from_slice(v).map_err(corrupt),
+        _ => serde_json::from_slice(v).map(|r| vec![r]).map_err(corrupt),
+    }
+}
+
 /// Outcome of the locked part of a booking.
 enum Queued {
     Refused(Insufficient),
@@ -356,9 +367,10 @@ impl Ledger {
         let mut newest: Option<UsageRecord> = None;
         for item in self.records_tree()?.scan_prefix(prefix).rev().take(16) {
             let (_, v) = item?;
-            let r: UsageRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("usage record: {e}")))?;
-            if newest.as_ref().is_none_or(|n| r.seq > n.seq) {
-                newest = Some(r);
+            for r in decode_records(&v)? {
+                if newest.as_ref().is_none_or(|n| r.seq > n.seq) {
+                    newest = Some(r);
+                }
             }
         }
         Ok(newest)
@@ -461,7 +473,16 @@ impl Ledger {
             let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             // The record alone carries the new balance (`balance_after`, newer `seq` than the
             // balance entry), so the balance entry is not rewritten per booking: one insert.
-            let waiter = self.writer.insert(crate::commit::TreeName::UsageRecords, self.record_key(&record), value, wait)?;
+            let mut group = record.key_id.as_bytes().to_vec();
+            group.push(0);
+            let waiter = self.writer.insert_grouped(
+                crate::commit::TreeName::UsageRecords,
+                group,
+                record.time_ms,
+                self.record_key(&record),
+                value,
+                wait,
+            )?;
             acc.balance = new_balance;
             acc.held -= release;
             map.insert(record.key_id.clone(), acc);
@@ -553,15 +574,17 @@ impl Ledger {
         let mut lo = key_id.as_bytes().to_vec();
         lo.push(0);
         let mut hi = lo.clone();
-        lo.extend_from_slice(&start_ms.to_be_bytes());
+        // An entry is keyed by its first record's time and spans at most GROUP_SPAN_MS.
+        lo.extend_from_slice(&start_ms.saturating_sub(crate::commit::GROUP_SPAN_MS).to_be_bytes());
         hi.extend_from_slice(&end_ms.to_be_bytes());
         let mut total = Totals::default();
         let mut by_model: BTreeMap<String, Totals> = BTreeMap::new();
         for item in self.records_tree()?.range(lo..hi) {
             let (_, v) = item?;
-            let r: UsageRecord = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("usage record: {e}")))?;
-            total.add(&r);
-            by_model.entry(r.model.clone()).or_default().add(&r);
+            for r in decode_records(&v)?.into_iter().filter(|r| r.time_ms >= start_ms && r.time_ms < end_ms) {
+                total.add(&r);
+                by_model.entry(r.model.clone()).or_default().add(&r);
+            }
         }
         Ok((total, by_model))
     }
@@ -571,16 +594,16 @@ impl Ledger {
     pub fn records(&self, key_id: &str) -> Result<Vec<UsageRecord>, StoreError> {
         let mut prefix = key_id.as_bytes().to_vec();
         prefix.push(0);
-        self.records_tree()?
-            .scan_prefix(prefix)
-            .map(|item| {
-                let (_, v) = item?;
-                serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("usage record: {e}")))
-            })
-            .collect()
+        let mut out = Vec::new();
+        for item in self.records_tree()?.scan_prefix(prefix) {
+            let (_, v) = item?;
+            out.extend(decode_records(&v)?);
+        }
+        Ok(out)
     }
 
-    /// Delete records older than `before_ms`. Returns how many.
+    /// Delete records older than `before_ms` (a batch entry once all its records are). Returns
+    /// how many records.
     ///
     /// A key's balance may live only in its newest record (bookings do not rewrite the balance
     /// entry), so before any record of a key goes, the key's balance is checkpointed into its
@@ -590,12 +613,15 @@ impl Ledger {
         self.commit_now().await?;
         let records = self.records_tree()?;
         let mut old_keys: Vec<sled::IVec> = Vec::new();
+        let mut pruned = 0usize;
         let mut key_ids: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         for item in records.iter() {
             let (k, v) = item?;
-            match serde_json::from_slice::<UsageRecord>(&v) {
-                Ok(r) if r.time_ms < before_ms => {
-                    key_ids.insert(r.key_id);
+            match decode_records(&v) {
+                // An entry goes when every record in it is older than the cut.
+                Ok(rs) if !rs.is_empty() && rs.iter().all(|r| r.time_ms < before_ms) => {
+                    pruned += rs.len();
+                    key_ids.extend(rs.into_iter().map(|r| r.key_id));
                     old_keys.push(k);
                 }
                 Ok(_) => {}
@@ -613,7 +639,7 @@ impl Ledger {
         for k in &old_keys {
             records.remove(k)?;
         }
-        Ok(old_keys.len())
+        Ok(pruned)
     }
 
     /// Write the key's current balance into its balance entry with a new sequence number.
@@ -696,6 +722,40 @@ mod tests {
         assert_eq!(ledger.commit_stats().committed.load(Ordering::SeqCst), 1, "sync_commit: on disk before settle returns");
         assert_eq!(ledger.records("k").expect("records").len(), 2);
         assert_eq!(ledger.balance("k").expect("balance"), 850);
+    }
+
+    /// Records written one per entry (before batches were grouped) and grouped entries are
+    /// read alike: balance, summary windows, pruning.
+    #[tokio::test]
+    async fn single_record_entries_and_grouped_entries_read_alike() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        {
+            // An entry as older versions wrote it: one JSON object, balance 900 after seq 5.
+            let mut old = record("k", "a", 100, 1_000);
+            old.seq = 5;
+            old.balance_after = 900;
+            let mut key = b"k\0".to_vec();
+            key.extend_from_slice(&1_000u64.to_be_bytes());
+            key.extend_from_slice(&0u64.to_be_bytes());
+            db.open_tree("usage_records").expect("tree").insert(key, serde_json::to_vec(&old).expect("json")).expect("insert");
+            db.open_tree("balances").expect("tree").insert("k", &encode_balance(1_000, 1)[..]).expect("insert");
+        }
+        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        assert_eq!(ledger.balance("k").expect("balance"), 900, "the old record is the newest booking");
+        for t in [2_000u64, 2_500, 3_000] {
+            ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "b", 10, t)).await.expect("settle");
+        }
+        ledger.commit_now().await.expect("commit");
+        assert_eq!(ledger.records_tree().expect("tree").len(), 2, "the three new records share one entry");
+        let (all, _) = ledger.summary("k", 0, u64::MAX).expect("summary");
+        assert_eq!((all.requests, all.cost_nanos), (4, 130));
+        let (window, by_model) = ledger.summary("k", 2_400, 3_000).expect("summary");
+        assert_eq!((window.requests, by_model.len()), (1, 1), "records inside a grouped entry are filtered by time");
+        assert_eq!(ledger.prune(2_600).await.expect("prune"), 1, "only the old entry: the grouped one still has a newer record");
+        assert_eq!(ledger.prune(5_000).await.expect("prune"), 3);
+        drop(ledger);
+        assert_eq!(Ledger::open(&db).expect("ledger").balance("k").expect("balance"), 870);
     }
 
     #[tokio::test]
