@@ -148,13 +148,8 @@ impl Writer {
     /// Queue an insert; with `wait`, the returned waiter answers once it is on disk.
     /// Writes are applied in the order they are queued.
     pub fn insert(&self, tree: TreeName, key: Vec<u8>, value: Vec<u8>, wait: bool) -> Result<Option<Waiter>, StoreError> {
-        let (ack, waiter) = if wait {
-            let (tx, rx) = oneshot::channel();
-            (Some(tx), Some(Waiter(rx)))
-        } else {
-            (None, None)
-        };
-        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        let (ack, waiter) = ack_pair(wait);
+        self.stats.queued.fetch_add(1, Ordering::SeqCst);
         self.send(Job::Insert { tree, key, value, ack })?;
         Ok(waiter)
     }
@@ -173,13 +168,8 @@ impl Writer {
         value: Vec<u8>,
         wait: bool,
     ) -> Result<Option<Waiter>, StoreError> {
-        let (ack, waiter) = if wait {
-            let (tx, rx) = oneshot::channel();
-            (Some(tx), Some(Waiter(rx)))
-        } else {
-            (None, None)
-        };
-        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        let (ack, waiter) = ack_pair(wait);
+        self.stats.queued.fetch_add(1, Ordering::SeqCst);
         self.send(Job::Grouped { tree, group, at_ms, key, value, ack })?;
         Ok(waiter)
     }
@@ -201,6 +191,15 @@ impl Drop for Writer {
             let _ = thread.join();
         }
     }
+}
+
+/// The acknowledgement sender and its waiter, when somebody waits.
+fn ack_pair(wait: bool) -> (Option<Ack>, Option<Waiter>) {
+    if !wait {
+        return (None, None);
+    }
+    let (tx, rx) = oneshot::channel();
+    (Some(tx), Some(Waiter(rx)))
 }
 
 /// Answers once a write (or everything before a barrier) is durable.
@@ -300,10 +299,10 @@ fn commit(db: &DbSlot, batch: Vec<Job>, stats: &CommitStats) {
     stats.flushes.fetch_add(1, Ordering::Relaxed);
     match &result {
         Ok(()) => {
-            stats.committed.fetch_add(writes, Ordering::Relaxed);
+            stats.committed.fetch_add(writes, Ordering::SeqCst);
         }
         Err(e) => {
-            stats.failed.fetch_add(writes, Ordering::Relaxed);
+            stats.failed.fetch_add(writes, Ordering::SeqCst);
             log::error!("ledger: committing {writes} write(s) failed: {e}");
         }
     }

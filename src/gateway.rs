@@ -96,26 +96,10 @@ pub struct RequestCtx {
     pub started: Option<Instant>,
     pub relayed: Option<Box<RelayPlan>>,
     /// Counts this request as in flight until dropped.
-    pub in_flight: Option<InFlight>,
+    pub in_flight: Option<crate::metrics::Live>,
     /// A relayed response's header went to the client: a later failure can only end the
     /// connection (no error response can follow).
     pub response_started: bool,
-}
-
-/// Counts a request in `tollgate_in_flight_requests` for as long as it lives.
-pub struct InFlight(Arc<crate::metrics::Metrics>);
-
-impl InFlight {
-    pub fn new(metrics: Arc<crate::metrics::Metrics>) -> Self {
-        metrics.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        InFlight(metrics)
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
 }
 
 /// What the request does next.
@@ -467,6 +451,13 @@ impl Gateway {
         Err(last.unwrap_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no provider address available")))
     }
 
+    /// End a relay whose response had started (upstream cut, client gone): give up the
+    /// upstream connection and bill what the client received.
+    async fn abandon(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
+        http.shutdown().await;
+        self.settle(plan, Some(scanner.finish()), status).await;
+    }
+
     /// Relay the planned request and stream its answer to the client, reading usage on the
     /// side. An `Err` after the response header went out ends the client's connection.
     async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
@@ -495,15 +486,14 @@ impl Gateway {
         let series = self.metrics.protocol(shape);
         series.upstream_seconds.observe(plan.started.elapsed());
         let sse = header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        let _open_stream = sse.then(|| crate::metrics::OpenStream::new(&self.metrics));
+        let _open_stream = sse.then(|| crate::metrics::Live::new(&self.metrics, crate::metrics::Gauge::OpenStreams));
         let withhold = plan.withhold_usage && status == 200;
         prepare_response_header(&mut header, withhold)?;
         let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);
 
         ctx.response_started = true;
         if let Err(e) = session.write_response_header(header, false).await {
-            http.shutdown().await;
-            self.settle(plan, Some(scanner.finish()), status).await;
+            self.abandon(&mut http, plan, &mut scanner, status).await;
             return Err(e.into_down());
         }
         let mut first_byte = true;
@@ -513,8 +503,7 @@ impl Gateway {
                 Err(e) => {
                     // Cut by the upstream: bill what the client got, end its connection.
                     log::warn!("upstream response ended early: {e}");
-                    http.shutdown().await;
-                    self.settle(plan, Some(scanner.finish()), status).await;
+                    self.abandon(&mut http, plan, &mut scanner, status).await;
                     return Err(e.into_up());
                 }
             };
@@ -553,8 +542,7 @@ impl Gateway {
             if let Some(data) = out.filter(|d| !d.is_empty()) {
                 if let Err(e) = session.write_response_body(Some(data), false).await {
                     // The client left: bill what it was sent.
-                    http.shutdown().await;
-                    self.settle(plan, Some(scanner.finish()), status).await;
+                    self.abandon(&mut http, plan, &mut scanner, status).await;
                     return Err(e.into_down());
                 }
             }
@@ -644,7 +632,7 @@ impl ProxyHttp for Gateway {
     type CTX = RequestCtx;
 
     fn new_ctx(&self) -> RequestCtx {
-        RequestCtx { in_flight: Some(InFlight::new(self.metrics.clone())), ..RequestCtx::default() }
+        RequestCtx { in_flight: Some(crate::metrics::Live::new(&self.metrics, crate::metrics::Gauge::InFlight)), ..RequestCtx::default() }
     }
 
     /// Every request is answered here: a local endpoint, a refusal, or a relay (see the

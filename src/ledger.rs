@@ -12,9 +12,9 @@
 //! No sled transaction or batch is used anywhere: in sled 0.34 either switches the whole
 //! database to a lock mode in which a concurrent `flush` can deadlock (seen under load).
 //! Instead every booking takes a persistent sequence number and writes one usage record that
-//! carries it and the balance after it (the records of one key committed in one batch share a
-//! sled entry, a JSON array keyed by the first one's time and sequence); the balance entry `(balance, seq)` is written only by
-//! top-ups and repairs. Loading an account takes the newer of the balance entry and the key's
+//! carries it and the balance after it (the records of one key committed in one batch share
+//! a sled entry, a JSON array keyed by the first one's time and sequence); the balance entry
+//! `(balance, seq)` is written only by top-ups and repairs. Loading an account takes the newer of the balance entry and the key's
 //! newest record, so a booking is one insert and can never be half done.
 //!
 //! Invariant: a balance can fall below zero only through requests whose real cost exceeded
@@ -551,6 +551,12 @@ impl Ledger {
     /// Return once every booking made before this call is on disk (read-your-writes for
     /// `/v1/usage`; a graceful stop).
     pub async fn commit_now(&self) -> Result<(), StoreError> {
+        // Nothing outstanding (every write queued so far is committed or failed): no flush.
+        let stats = &self.writer.stats;
+        let queued = stats.queued.load(Ordering::SeqCst);
+        if stats.committed.load(Ordering::SeqCst) + stats.failed.load(Ordering::SeqCst) >= queued {
+            return Ok(());
+        }
         self.writer.barrier()?.wait().await
     }
 

@@ -119,23 +119,42 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
 }
 
-/// Counts an event stream as open for as long as it lives.
-pub struct OpenStream(Arc<Metrics>);
+/// A live gauge counted by [`Live`] guards.
+#[derive(Debug, Clone, Copy)]
+pub enum Gauge {
+    /// `tollgate_in_flight_requests`
+    InFlight,
+    /// `tollgate_open_streams`
+    OpenStreams,
+}
 
-impl OpenStream {
-    pub fn new(metrics: &Arc<Metrics>) -> Self {
-        metrics.open_streams.fetch_add(1, Relaxed);
-        OpenStream(metrics.clone())
+/// Counts one in a live gauge for as long as it lives.
+pub struct Live {
+    metrics: Arc<Metrics>,
+    gauge: Gauge,
+}
+
+impl Live {
+    pub fn new(metrics: &Arc<Metrics>, gauge: Gauge) -> Self {
+        metrics.gauge(gauge).fetch_add(1, Relaxed);
+        Live { metrics: metrics.clone(), gauge }
     }
 }
 
-impl Drop for OpenStream {
+impl Drop for Live {
     fn drop(&mut self) {
-        self.0.open_streams.fetch_sub(1, Relaxed);
+        self.metrics.gauge(self.gauge).fetch_sub(1, Relaxed);
     }
 }
 
 impl Metrics {
+    fn gauge(&self, gauge: Gauge) -> &AtomicI64 {
+        match gauge {
+            Gauge::InFlight => &self.in_flight,
+            Gauge::OpenStreams => &self.open_streams,
+        }
+    }
+
     pub fn protocol(&self, p: Protocol) -> &ProtocolSeries {
         &self.protocols[match p {
             Protocol::Openai => 0,
@@ -256,7 +275,7 @@ mod tests {
         assert!(text.contains("tollgate_upstream_seconds_bucket{protocol=\"openai\",le=\"+Inf\"} 2"), "{text}");
         assert!(text.contains("tollgate_upstream_seconds_count{protocol=\"openai\"} 2"), "{text}");
         assert!(text.contains("tollgate_upstream_seconds_sum{protocol=\"openai\"} 0.203"), "{text}");
-        let stream = OpenStream::new(&m);
+        let stream = Live::new(&m, Gauge::OpenStreams);
         assert!(m.render(&[]).contains("tollgate_open_streams 1"));
         drop(stream);
         assert!(m.render(&[]).contains("tollgate_open_streams 0"));

@@ -5,17 +5,10 @@
 mod common;
 
 use common::*;
-use serde_json::json;
 use std::time::{Duration, Instant};
 
 async fn chat(gw: &Gateway) {
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(CLIENT_KEY)
-        .json(&json!({"model": "alpha-5.5", "messages": []}))
-        .send()
-        .await
-        .expect("req");
+    let r = post_chat(gw, CLIENT_KEY).await;
     assert_eq!(r.status(), 200);
     r.bytes().await.expect("body");
 }

@@ -222,13 +222,7 @@ async fn over_rpm_is_429_with_retry_after() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port, free_port()));
     for _ in 0..2 {
-        let r = client()
-            .post(gw.url("/v1/chat/completions"))
-            .bearer_auth(LIMITED_KEY)
-            .json(&json!({"model": "alpha-5.5", "messages": []}))
-            .send()
-            .await
-            .expect("req");
+        let r = post_chat(&gw, LIMITED_KEY).await;
         assert_eq!(r.status(), 200);
     }
     let r = client()
@@ -254,13 +248,7 @@ async fn over_rpm_is_429_with_retry_after() {
     assert_eq!(r.json::<Value>().await.expect("json")["error"]["type"], "rate_limit_error");
     assert!(mock_requests(&mock, "limited").await.is_empty());
     // Other keys are not affected.
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(CLIENT_KEY)
-        .json(&json!({"model": "alpha-5.5", "messages": []}))
-        .send()
-        .await
-        .expect("req");
+    let r = post_chat(&gw, CLIENT_KEY).await;
     assert_eq!(r.status(), 200);
 }
 
@@ -318,13 +306,7 @@ async fn a_cut_stream_is_billed_for_what_it_produced_once() {
     let second = u["models"][0]["output_tokens"].as_u64().expect("tokens") - 3;
     assert!(second >= 2, "at least what the client received (\"Hello\"): {u}");
     // Still exactly two records after the upstream finished.
-    let r = client()
-        .post(gw.url("/v1/chat/completions"))
-        .bearer_auth(CLIENT_KEY)
-        .json(&json!({"model": "alpha-5.5", "messages": []}))
-        .send()
-        .await
-        .expect("req");
+    let r = post_chat(&gw, CLIENT_KEY).await;
     assert_eq!(r.status(), 200);
     wait_requests(&gw, CLIENT_KEY, 3).await;
 }
@@ -486,13 +468,7 @@ async fn balances_and_records_survive_a_hard_restart() {
     let mock = start_mock();
     let mut gw = start_gateway(&config(mock.port, free_port()));
     for _ in 0..3 {
-        let r = client()
-            .post(gw.url("/v1/chat/completions"))
-            .bearer_auth(CLIENT_KEY)
-            .json(&json!({"model": "alpha-5.5", "messages": []}))
-            .send()
-            .await
-            .expect("req");
+        let r = post_chat(&gw, CLIENT_KEY).await;
         assert_eq!(r.status(), 200);
     }
     let before = wait_requests(&gw, CLIENT_KEY, 3).await;

@@ -274,6 +274,17 @@ pub fn client() -> reqwest::Client {
 }
 
 /// The requests the mock received with this `x-test-tag`.
+/// The smallest chat completion (`alpha-5.5`, no messages) with `key` as a bearer token.
+pub async fn post_chat(gw: &Gateway, key: &str) -> reqwest::Response {
+    client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({"model": "alpha-5.5", "messages": []}))
+        .send()
+        .await
+        .expect("chat request")
+}
+
 pub async fn mock_requests(mock: &Proc, tag: &str) -> Vec<serde_json::Value> {
     client().get(mock.url(&format!("/__mock/requests?tag={tag}"))).send().await.expect("mock requests").json().await.expect("json")
 }
