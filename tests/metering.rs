@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
 
 const ADMIN_TOKEN: &str = "admin-token-for-tests";
 const POOR_KEY: &str = "sk-client-poor-0001";
@@ -443,23 +442,7 @@ async fn video_is_charged_at_submission_and_refunded_on_failure() {
         .expect("req");
     let id = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
     assert_eq!(balance(&gw, CLIENT_KEY).await, start - 400_000_000);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let v: Value = client()
-            .get(gw.url(&format!("/v1/videos/{id}")))
-            .bearer_auth(CLIENT_KEY)
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
-        if v["status"] == "failed" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{v}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    poll_task(&gw, CLIENT_KEY, &id, |v| v["status"] == "failed").await;
     assert_eq!(balance(&gw, CLIENT_KEY).await, start - 200_000_000, "refunded once on FAIL");
 }
 

@@ -8,7 +8,6 @@ mod common;
 use base64::Engine;
 use common::*;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
 use tollgate::mock::{mock_video_bytes, mock_video_of, MOCK_BIG_VIDEO_LEN};
 
 const PNG: &[u8] =
@@ -24,28 +23,6 @@ async fn create(gw: &Gateway, body: Value) -> Value {
     r.json().await.expect("json")
 }
 
-/// Poll the task until `done(task)` holds (or fail after 60 s).
-async fn poll(gw: &Gateway, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let v: Value = client()
-            .get(gw.url(&format!("/v1/videos/{id}")))
-            .bearer_auth(CLIENT_KEY)
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
-        if done(&v) {
-            return v;
-        }
-        assert!(v["status"] != "failed", "{v}");
-        assert!(Instant::now() < deadline, "{v}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 async fn fetch(url: &str) -> (u16, Vec<u8>) {
     let r = client().get(url).send().await.expect("fetch");
     let status = r.status().as_u16();
@@ -59,7 +36,7 @@ async fn completed_results_are_served_from_our_storage() {
     let gw = start_gateway(&config(mock.port, s3.port));
     for (prompt, expected) in [("small", mock_video_bytes()), ("large [big]", mock_video_of(MOCK_BIG_VIDEO_LEN))] {
         let id = create(&gw, json!({"model": "genq3-pro", "prompt": prompt})).await["id"].as_str().expect("id").to_string();
-        let done = poll(&gw, &id, |v| v["status"] == "completed").await;
+        let done = poll_task(&gw, CLIENT_KEY, &id, |v| v["status"] == "completed").await;
         let url = done["metadata"]["url"].as_str().expect("url");
         assert!(
             url.starts_with(&format!("http://127.0.0.1:{}/tollgate-test/videos/{id}.mp4?", s3.port)),
@@ -104,7 +81,7 @@ async fn base64_inputs_reach_the_upstream_as_urls_serving_the_same_image() {
     assert_eq!(status, 200);
     assert_eq!(bytes, PNG, "the URL serves the same image");
     // Once the task ends the temporary object is deleted.
-    poll(&gw, &id, |v| v["status"] == "completed").await;
+    poll_task(&gw, CLIENT_KEY, &id, |v| v["status"] == "completed").await;
     let (status, _) = fetch(&url).await;
     assert_eq!(status, 404, "temporary input deleted");
 
@@ -126,7 +103,7 @@ async fn with_storage_down_the_task_completes_with_the_upstream_url_then_switche
     let s3_port = free_port();
     let gw = start_gateway(&config(mock.port, s3_port));
     let id = create(&gw, json!({"model": "genq3-pro", "prompt": "storage down"})).await["id"].as_str().expect("id").to_string();
-    let done = poll(&gw, &id, |v| v["status"] == "completed").await;
+    let done = poll_task(&gw, CLIENT_KEY, &id, |v| v["status"] == "completed").await;
     let upstream_url = done["metadata"]["url"].as_str().expect("url").to_string();
     assert!(upstream_url.contains("/__mock/video/"), "the upstream URL while storage is down: {upstream_url}");
     let (status, bytes) = fetch(&upstream_url).await;
@@ -134,7 +111,7 @@ async fn with_storage_down_the_task_completes_with_the_upstream_url_then_switche
 
     // Storage comes back: the background copy succeeds and the URL switches.
     let s3 = start_s3_on(s3_port);
-    let switched = poll(&gw, &id, |v| v["metadata"]["url"].as_str().is_some_and(|u| u.contains("/tollgate-test/"))).await;
+    let switched = poll_task(&gw, CLIENT_KEY, &id, |v| v["metadata"]["url"].as_str().is_some_and(|u| u.contains("/tollgate-test/"))).await;
     let url = switched["metadata"]["url"].as_str().expect("url");
     let (status, bytes) = fetch(url).await;
     assert_eq!(status, 200);

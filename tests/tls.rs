@@ -311,23 +311,7 @@ async fn https_object_storage_is_verified_with_its_ca() {
             .await
             .expect("json");
         let id = created["id"].as_str().expect("id").to_string();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let done = loop {
-            let v: Value = client()
-                .get(gw.url(&format!("/v1/videos/{id}")))
-                .bearer_auth(CLIENT_KEY)
-                .send()
-                .await
-                .expect("get")
-                .json()
-                .await
-                .expect("json");
-            if v["status"] == "completed" {
-                break v;
-            }
-            assert!(Instant::now() < deadline, "{v}");
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        };
+        let done = poll_task(&gw, CLIENT_KEY, &id, |v| v["status"] == "completed").await;
         let url = done["metadata"]["url"].as_str().expect("url").to_string();
         if expect_ours {
             assert!(url.starts_with(&format!("https://127.0.0.1:{s3_port}/tls-test/")), "{url}");

@@ -31,23 +31,7 @@ async fn an_upgrade_under_load_loses_nothing() {
         .await
         .expect("json");
     let task_id = task["id"].as_str().expect("id").to_string();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let v: Value = client()
-            .get(old.url(&format!("/v1/videos/{task_id}")))
-            .bearer_auth(CLIENT_KEY)
-            .send()
-            .await
-            .expect("get")
-            .json()
-            .await
-            .expect("json");
-        if v["status"] == "in_progress" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    poll_task(&old, CLIENT_KEY, &task_id, |v| v["status"] == "in_progress").await;
 
     // A long stream (80 deltas, 100 ms apart: 8 s) that starts on the old process.
     let stream_url = old.url("/v1/chat/completions");

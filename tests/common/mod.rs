@@ -285,6 +285,22 @@ pub async fn post_chat(gw: &Gateway, key: &str) -> reqwest::Response {
         .expect("chat request")
 }
 
+/// Poll a video task as the calling key until `done(task)` holds; fails on a task that failed
+/// unless that is what `done` waits for, or after 60 s.
+pub async fn poll_task(gw: &Gateway, key: &str, id: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let v: serde_json::Value =
+            client().get(gw.url(&format!("/v1/videos/{id}"))).bearer_auth(key).send().await.expect("get").json().await.expect("json");
+        if done(&v) {
+            return v;
+        }
+        assert!(v["status"] != "failed", "{v}");
+        assert!(std::time::Instant::now() < deadline, "{v}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
 pub async fn mock_requests(mock: &Proc, tag: &str) -> Vec<serde_json::Value> {
     client().get(mock.url(&format!("/__mock/requests?tag={tag}"))).send().await.expect("mock requests").json().await.expect("json")
 }
