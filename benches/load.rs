@@ -458,7 +458,8 @@ async fn run(quick: bool, fds: u64) {
     let rig = start_rig();
     let client = reqwest::Client::builder().pool_max_idle_per_host(20_000).timeout(Duration::from_secs(120)).build().expect("client");
     let sat_dur = Duration::from_secs(if quick { 3 } else { 10 });
-    let c1_n = if quick { 500 } else { 3000 };
+    // TOLLGATE_BENCH_C1_N: more sequential requests for a steadier p99 (experiments).
+    let c1_n = std::env::var("TOLLGATE_BENCH_C1_N").ok().and_then(|n| n.parse().ok()).unwrap_or(if quick { 500 } else { 3000 });
     let stream_n = 64;
     // Each held stream costs the client, tollgate (twice) and the mock a descriptor.
     let fd_budget = (fds.saturating_sub(1000) / 2) as usize;
@@ -474,7 +475,7 @@ async fn run(quick: bool, fds: u64) {
     let small = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
     let large = large_body();
     for (name, port, pid) in &rig.targets {
-        if only.as_deref().is_some_and(|o| o != *name) {
+        if only.as_deref().is_some_and(|o| !o.split(',').any(|t| t == *name)) {
             continue;
         }
         // Warm up connections.
@@ -498,7 +499,7 @@ async fn run(quick: bool, fds: u64) {
     // Held streams and memory per stream: tollgate, and the bare proxy as its baseline.
     let mut held_rows = Vec::new();
     for (name, port, pid) in rig.targets.iter().filter(|t| t.0.starts_with("tollgate") || t.0 == "pingora-bare") {
-        if only.as_deref().is_some_and(|o| o != *name) {
+        if only.as_deref().is_some_and(|o| !o.split(',').any(|t| t == *name)) {
             continue;
         }
         let pid = pid.unwrap_or(0);

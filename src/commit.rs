@@ -112,17 +112,36 @@ pub struct Writer {
     shared: Arc<Shared>,
     thread: Option<std::thread::JoinHandle<()>>,
     pub stats: Arc<CommitStats>,
+    /// The writer thread's id, once it has set its priority.
+    #[cfg(test)]
+    tid: i32,
 }
 
 impl Writer {
     /// Start the writer for `db`, committing at most `window` after the first write of a batch.
-    pub fn start(db: DbSlot, window: Duration) -> std::io::Result<Writer> {
+    /// A `background` writer (nobody's response waits for it) runs at a lower CPU priority, so
+    /// its batches never preempt the threads relaying requests.
+    pub fn start(db: DbSlot, window: Duration, background: bool) -> std::io::Result<Writer> {
         let shared = Arc::new(Shared { queue: std::sync::Mutex::new(Queue::default()), wake: std::sync::Condvar::new() });
         let stats = Arc::new(CommitStats::default());
         let (thread_shared, thread_stats) = (shared.clone(), stats.clone());
-        let thread =
-            std::thread::Builder::new().name("tollgate-commit".into()).spawn(move || run(db, window, &thread_shared, &thread_stats))?;
-        Ok(Writer { shared, thread: Some(thread), stats })
+        #[cfg(test)]
+        let (tid_tx, tid_rx) = std::sync::mpsc::sync_channel(1);
+        let thread = std::thread::Builder::new().name("tollgate-commit".into()).spawn(move || {
+            if background {
+                lower_priority();
+            }
+            #[cfg(test)]
+            let _ = tid_tx.send(unsafe { libc::gettid() });
+            run(db, window, &thread_shared, &thread_stats)
+        })?;
+        Ok(Writer {
+            shared,
+            thread: Some(thread),
+            stats,
+            #[cfg(test)]
+            tid: tid_rx.recv().unwrap_or(0),
+        })
     }
 
     /// Queue a job. The writer is woken only when the queue was empty or the job is urgent:
@@ -213,6 +232,26 @@ impl Waiter {
     /// Blocking form, for code outside the runtime.
     pub fn wait_blocking(self) -> Result<(), StoreError> {
         self.0.blocking_recv().map_err(|_| StoreError::Corrupt("the commit writer stopped before answering".into()))?
+    }
+}
+
+/// How much lower a background writer's priority is than the process's (nice steps).
+const BACKGROUND_NICE_STEPS: i32 = 10;
+
+/// Lower the calling thread's CPU priority by [`BACKGROUND_NICE_STEPS`] (on Linux, nice is per
+/// thread). Failure only costs latency, so it is logged, not returned.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: getpriority/setpriority with PRIO_PROCESS and who = 0 read and change only
+        // the calling thread's nice value; no memory of ours is involved.
+        let rc = unsafe {
+            let current = libc::getpriority(libc::PRIO_PROCESS, 0);
+            libc::setpriority(libc::PRIO_PROCESS, 0, (current + BACKGROUND_NICE_STEPS).min(19))
+        };
+        if rc != 0 {
+            log::info!("commit writer: could not lower its priority: {}", std::io::Error::last_os_error());
+        }
     }
 }
 
@@ -321,11 +360,29 @@ mod tests {
         (dir, DbSlot::new(db))
     }
 
+    /// A thread's nice value, from /proc (the field after the parenthesised name, 17th).
+    fn nice_of(tid: i32) -> i32 {
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("stat");
+        let after_name = &stat[stat.rfind(')').expect("name") + 1..];
+        after_name.split_whitespace().nth(16).and_then(|n| n.parse().ok()).expect("nice")
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_background_writer_runs_below_the_process_priority_and_a_waited_for_one_does_not() {
+        let (_dir, slot) = db();
+        let own = nice_of(unsafe { libc::gettid() });
+        let background = Writer::start(slot.clone(), Duration::from_millis(10), true).expect("writer");
+        let waited_for = Writer::start(slot, Duration::from_millis(10), false).expect("writer");
+        assert_eq!(nice_of(background.tid), (own + BACKGROUND_NICE_STEPS).min(19));
+        assert_eq!(nice_of(waited_for.tid), own);
+    }
+
     #[test]
     fn writes_are_committed_in_order_within_the_window_and_barriers_wait_for_them() {
         let (_dir, slot) = db();
         // A long window: only the barrier can close the batch early.
-        let writer = Writer::start(slot.clone(), Duration::from_secs(3600)).expect("writer");
+        let writer = Writer::start(slot.clone(), Duration::from_secs(3600), false).expect("writer");
         for i in 0..100u32 {
             let waiter = writer.insert(TreeName::UsageRecords, i.to_be_bytes().to_vec(), vec![1], false).expect("queue");
             assert!(waiter.is_none());
@@ -342,7 +399,7 @@ mod tests {
     #[test]
     fn grouped_values_of_a_batch_become_one_entry_per_group_and_span() {
         let (_dir, slot) = db();
-        let writer = Writer::start(slot.clone(), Duration::from_secs(3600)).expect("writer");
+        let writer = Writer::start(slot.clone(), Duration::from_secs(3600), false).expect("writer");
         let put = |group: &str, at: u64, n: u32| {
             writer
                 .insert_grouped(
@@ -372,7 +429,7 @@ mod tests {
     #[test]
     fn a_write_without_a_waiter_is_committed_once_the_window_ends() {
         let (_dir, slot) = db();
-        let writer = Writer::start(slot.clone(), Duration::from_millis(20)).expect("writer");
+        let writer = Writer::start(slot.clone(), Duration::from_millis(20), false).expect("writer");
         writer.insert(TreeName::UsageRecords, b"a".to_vec(), b"1".to_vec(), false).expect("queue");
         // Nobody waits and no barrier comes: the window alone must commit it.
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -386,7 +443,7 @@ mod tests {
     #[test]
     fn a_waited_write_is_answered_after_its_flush_and_failures_reach_the_waiter() {
         let (_dir, slot) = db();
-        let writer = Writer::start(slot.clone(), Duration::from_secs(3600)).expect("writer");
+        let writer = Writer::start(slot.clone(), Duration::from_secs(3600), false).expect("writer");
         let waiter = writer.insert(TreeName::UsageRecords, b"a".to_vec(), b"1".to_vec(), true).expect("queue").expect("waiter");
         waiter.wait_blocking().expect("durable");
         assert_eq!(writer.stats.flushes.load(Ordering::Relaxed), 1);

@@ -310,7 +310,7 @@ impl Ledger {
         let slot: crate::store::DbSlot = db.into();
         slot.tree("balances")?;
         slot.tree("usage_records")?;
-        let writer = crate::commit::Writer::start(slot.clone(), policy.interval)
+        let writer = crate::commit::Writer::start(slot.clone(), policy.interval, !policy.sync)
             .map_err(|e| StoreError::Corrupt(format!("cannot start the commit writer: {e}")))?;
         Ok(Ledger {
             writer,
