@@ -14,6 +14,7 @@ pub mod gateway;
 pub mod handover;
 pub mod ledger;
 pub mod limits;
+pub mod logging;
 pub mod meter;
 pub mod metrics;
 pub mod mock;

@@ -11,7 +11,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    tollgate::logging::init("info");
     let opt = Opt::parse_args();
     if let Err(e) = tollgate::server::run(opt) {
         eprintln!("tollgate: {e}");

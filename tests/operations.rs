@@ -221,6 +221,35 @@ async fn sigterm_drains_an_open_stream_then_exits_with_its_record() {
     assert_eq!(u["total"]["requests"], 1, "the drained request was billed and kept: {u}");
 }
 
+/// The mock upstream stops on SIGTERM even with a client connection open (tests and the bench
+/// stop it that way).
+#[tokio::test]
+async fn the_mock_exits_on_sigterm_with_a_connection_open() {
+    let mut mock = start_mock();
+    let c = client();
+    let r = c
+        .post(mock.url("/v1/chat/completions"))
+        .bearer_auth(UPSTREAM_KEY)
+        .json(&json!({"model": "alpha-gpt-4o", "messages": []}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200);
+    let _ = r.bytes().await;
+    let status = std::process::Command::new("kill").args(["-TERM", &mock.child.id().to_string()]).status().expect("kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = mock.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "tollgate-mock ignored SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}");
+    drop(c);
+}
+
 /// The shipped unit passes `systemd-analyze verify` (with ExecStart pointed at the built binary).
 #[test]
 fn the_systemd_unit_verifies() {

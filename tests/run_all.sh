@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: system packages, Rust unit + integration tests (one `cargo test`
-# build), then the SDK compatibility suite in a virtualenv against the binaries that build made.
+# The whole test suite: system packages, formatting and lints (rustfmt, clippy with warnings
+# as errors), Rust unit + integration tests (one `cargo test` build), then the SDK compatibility suite in a virtualenv against the binaries that build made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +24,12 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys' 2>/dev/null; 
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/sdk/requirements.txt
 export TOLLGATE_S3_SERVER="$PWD/.venv/bin/moto_server"
+
+echo "== cargo fmt --check, cargo clippy -D warnings"
+cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+cargo fmt --all -- --check
+cargo clippy --locked --all-targets -- -D warnings 2>&1
 
 echo "== cargo test"
 cargo test --locked 2>&1

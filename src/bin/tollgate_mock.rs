@@ -31,9 +31,15 @@ struct Args {
 }
 
 fn main() {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    tollgate::logging::init("warn");
     let args = Args::parse();
-    let conf = ServerConf { threads: args.threads, ..ServerConf::default() };
+    // SIGTERM stops the mock at once (Pingora's defaults wait a minute for a grace period).
+    let conf = ServerConf {
+        threads: args.threads,
+        grace_period_seconds: Some(0),
+        graceful_shutdown_timeout_seconds: Some(1),
+        ..ServerConf::default()
+    };
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut service = pingora_proxy::http_proxy_service_with_name(
