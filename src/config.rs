@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 
 /// Default cap on a request body (32 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
+/// Seconds a client has to send its whole request body.
+pub const DEFAULT_BODY_READ_TIMEOUT_SECS: u64 = 60;
 /// `anthropic-version` sent upstream when the client sends none.
 pub const DEFAULT_ANTHROPIC_VERSION: &str = "2023-06-01";
 
@@ -96,6 +98,10 @@ struct RawConfig {
     data_dir: Option<PathBuf>,
     #[serde(default)]
     max_body_bytes: Option<usize>,
+    #[serde(default)]
+    max_buffered_body_bytes: Option<usize>,
+    #[serde(default)]
+    body_read_timeout_secs: Option<u64>,
     #[serde(default)]
     admin: Option<RawAdmin>,
     #[serde(default)]
@@ -308,6 +314,10 @@ pub struct Config {
     pub tls: Option<TlsConfig>,
     pub data_dir: PathBuf,
     pub max_body_bytes: usize,
+    /// Request-body bytes buffered at once, across all requests (503 beyond).
+    pub max_buffered_body_bytes: usize,
+    /// Time a client has to send its whole request body (408 after).
+    pub body_read_timeout: std::time::Duration,
     pub admin: Option<AdminConfig>,
     pub providers: Vec<ProviderConfig>,
     pub groups: BTreeMap<String, Vec<Platform>>,
@@ -502,6 +512,19 @@ impl Config {
         if max_body_bytes == 0 {
             return err("max_body_bytes: must be greater than 0");
         }
+        let max_buffered_body_bytes = match raw.max_buffered_body_bytes {
+            Some(n) if n < max_body_bytes => {
+                return err(format!(
+                    "max_buffered_body_bytes: must be at least max_body_bytes ({max_body_bytes}), or no request of the largest size could be read"
+                ))
+            }
+            Some(n) => n,
+            None => crate::body::default_budget(max_body_bytes),
+        };
+        let body_read_timeout = match raw.body_read_timeout_secs.unwrap_or(DEFAULT_BODY_READ_TIMEOUT_SECS) {
+            0 => return err("body_read_timeout_secs: must be greater than 0"),
+            n => std::time::Duration::from_secs(n),
+        };
 
         let admin = match raw.admin {
             Some(a) => {
@@ -676,6 +699,8 @@ impl Config {
             tls,
             data_dir: raw.data_dir.unwrap_or_else(|| PathBuf::from("./data")),
             max_body_bytes,
+            max_buffered_body_bytes,
+            body_read_timeout,
             admin,
             providers,
             groups,
@@ -822,6 +847,19 @@ keys:
         assert_eq!(c.groups["default"].len(), 4, "every platform, video included");
         assert_eq!(c.providers[0].base_url.port, 443);
         assert!(c.keys[0].enabled);
+    }
+
+    #[test]
+    fn body_bounds_default_and_are_checked() {
+        let c = Config::parse(MINIMAL, &no_env).expect("valid");
+        assert_eq!(c.body_read_timeout, std::time::Duration::from_secs(DEFAULT_BODY_READ_TIMEOUT_SECS));
+        assert!(c.max_buffered_body_bytes >= 2 * c.max_body_bytes);
+        let c = Config::parse(&format!("{MINIMAL}max_buffered_body_bytes: 40000000\nbody_read_timeout_secs: 5\n"), &no_env).expect("valid");
+        assert_eq!((c.max_buffered_body_bytes, c.body_read_timeout.as_secs()), (40_000_000, 5));
+        let e = Config::parse(&format!("{MINIMAL}max_buffered_body_bytes: 1000\n"), &no_env).unwrap_err();
+        assert!(e.0.contains("max_buffered_body_bytes: must be at least max_body_bytes"), "{e}");
+        let e = Config::parse(&format!("{MINIMAL}body_read_timeout_secs: 0\n"), &no_env).unwrap_err();
+        assert!(e.0.contains("body_read_timeout_secs"), "{e}");
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! request_filter ── route ── authenticate ──┬─ local endpoint: answer, done
-//!                                           └─ relay plan: read the body (≤ max_body_bytes),
+//!                                           └─ relay plan: read the body (body::read: size, time, budget),
 //!                                              model → providers, hold, usage injection
 //!   relay:  connect (pooled; next provider on a connect failure)
 //!           → request header (allowlisted headers, provider credential) + body
@@ -49,7 +49,8 @@ use std::time::Instant;
 pub struct Gateway {
     pub routing: Arc<ArcSwap<Routing>>,
     pub keys: Arc<KeyIndex>,
-    pub max_body_bytes: usize,
+    /// Size, time and memory bounds for reading request bodies.
+    pub body: crate::body::BodyLimits,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
     pub ledger: Arc<Ledger>,
@@ -82,6 +83,8 @@ pub struct RelayPlan {
     pub billed: Option<(crate::meter::Usage, i64, bool)>,
     /// Counts the request against the key's `max_concurrent` while the plan lives (held, not read).
     pub concurrency_slot: Option<crate::limits::Slot>,
+    /// The body's share of the buffered-body budget; given back once the body is sent.
+    pub body_reservation: Option<crate::body::Reservation>,
 }
 
 /// Per-request state.
@@ -215,8 +218,8 @@ impl Gateway {
         }
         self.limits.admit(&key)?;
         let slot = self.limits.enter(&key)?;
-        let client_body = self.read_body(session).await?;
-        let draft = relay::draft(&routing, &route, protocol, &key.group, client_body)?;
+        let client_body = crate::body::read(session, &self.body).await?;
+        let draft = relay::draft(&routing, &route, protocol, &key.group, client_body.bytes)?;
         let hold = match self.ledger.hold(&key.id, draft.hold_nanos) {
             Ok(Ok(hold)) => hold,
             Ok(Err(short)) => return Err(short.to_api_error("this request may cost up to")),
@@ -240,6 +243,7 @@ impl Gateway {
             started: Instant::now(),
             billed: None,
             concurrency_slot: slot,
+            body_reservation: Some(client_body.reservation),
         })))
     }
 
@@ -333,12 +337,12 @@ impl Gateway {
         };
         match route {
             Route::VideoCreate { legacy } => {
-                let body = self.read_body(session).await?;
+                let body = crate::body::read(session, &self.body).await?;
                 let idem = header_str(session.req_header(), "idempotency-key").map(str::to_string);
                 if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
                 }
-                let task = svc.present(svc.create(key, &body, idem.as_deref()).await?).await;
+                let task = svc.present(svc.create(key, &body.bytes, idem.as_deref()).await?).await;
                 Ok(Outcome::Respond(LocalResponse::json(200, &task.to_json(true, *legacy))))
             }
             Route::VideoGet { id, legacy } => {
@@ -351,53 +355,6 @@ impl Gateway {
             }
             _ => Err(ApiError::new(ErrorKind::Internal, "not a video route")),
         }
-    }
-
-    /// Read the whole request body, refusing more than `max_body_bytes` (413) without reading
-    /// past the limit.
-    async fn read_body(&self, session: &mut Session) -> std::result::Result<Bytes, ApiError> {
-        let limit = self.max_body_bytes;
-        let too_large = || ApiError::new(ErrorKind::PayloadTooLarge, format!("The request body exceeds the limit of {limit} bytes."));
-        let declared = header_str(session.req_header(), "content-length").and_then(|v| v.trim().parse::<u64>().ok());
-        if declared.is_some_and(|n| n > limit as u64) {
-            return Err(too_large());
-        }
-        // The checks passed: tell a client that waits for it (curl does above 1 MiB) to send.
-        let expects_continue = header_str(session.req_header(), "expect").is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
-        if expects_continue {
-            let write = async {
-                let continue_header = ResponseHeader::build(100, Some(0))?;
-                session.write_response_header(Box::new(continue_header), false).await
-            };
-            write
-                .await
-                .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {}", e.etype().as_str())))?;
-        }
-        let mut chunks: Vec<Bytes> = Vec::new();
-        let mut total = 0usize;
-        loop {
-            let chunk = session
-                .read_request_body()
-                .await
-                .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {}", e.etype().as_str())))?;
-            let Some(chunk) = chunk else { break };
-            total += chunk.len();
-            if total > limit {
-                return Err(too_large());
-            }
-            chunks.push(chunk);
-        }
-        Ok(match chunks.len() {
-            0 => Bytes::new(),
-            1 => chunks.swap_remove(0),
-            _ => {
-                let mut all = Vec::with_capacity(total);
-                for c in &chunks {
-                    all.extend_from_slice(c);
-                }
-                Bytes::from(all)
-            }
-        })
     }
 
     /// Connect to the first provider that accepts a connection and send the request; returns
@@ -475,6 +432,7 @@ impl Gateway {
         // The request is sent: its body is not needed while the answer streams (agent
         // requests are hundreds of KiB, their answers last minutes).
         plan.body = Bytes::new();
+        plan.body_reservation = None;
         let Some(upstream_header) = http.response_header() else {
             let err = ApiError::new(ErrorKind::BadGateway, "The upstream service sent no response.");
             self.settle(plan, None, err.status()).await;

@@ -8,6 +8,7 @@
 pub mod admin;
 pub mod auth;
 pub mod billing;
+pub mod body;
 pub mod commit;
 pub mod config;
 pub mod gateway;

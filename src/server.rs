@@ -211,6 +211,12 @@ impl Reload {
         if config.max_body_bytes != old.max_body_bytes {
             needs_upgrade.push("max_body_bytes");
         }
+        if config.max_buffered_body_bytes != old.max_buffered_body_bytes {
+            needs_upgrade.push("max_buffered_body_bytes");
+        }
+        if config.body_read_timeout != old.body_read_timeout {
+            needs_upgrade.push("body_read_timeout_secs");
+        }
         if format!("{:?}", config.admin) != format!("{:?}", old.admin) {
             needs_upgrade.push("admin");
         }
@@ -269,7 +275,11 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     // Listening sockets first: in an upgrade (-u) this waits for the old process to pass them,
     // then the database, which the old process releases when it stops accepting.
     let upgrading = opt.upgrade;
-    let max_body = config.max_body_bytes;
+    let body_limits = crate::body::BodyLimits {
+        max_bytes: config.max_body_bytes,
+        read_timeout: config.body_read_timeout,
+        budget: crate::body::BodyBudget::new(config.max_buffered_body_bytes),
+    };
     let listen = config.listen;
     let tls_listen = config.tls.as_ref().map(|t| t.listen);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
@@ -362,7 +372,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let gateway = Gateway {
         routing: routing.clone(),
         keys,
-        max_body_bytes: max_body,
+        body: body_limits,
         video,
         ledger,
         limits: Arc::new(Limits::default()),

@@ -5,6 +5,7 @@
 mod common;
 
 use common::*;
+use futures_util::StreamExt;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
 use serde_json::{json, Value};
 use std::path::Path;
@@ -67,6 +68,11 @@ fn https_client(cas: &[&Ca], http1: bool) -> reqwest::Client {
 
 /// A gateway with an HTTPS listener; returns it, the HTTPS port and the cert/key paths.
 fn https_gateway(mock_port: u16, ca: &Ca) -> (Gateway, u16, std::path::PathBuf, std::path::PathBuf) {
+    https_gateway_with(mock_port, ca, "")
+}
+
+/// Like `https_gateway`, with `extra` configuration lines.
+fn https_gateway_with(mock_port: u16, ca: &Ca, extra: &str) -> (Gateway, u16, std::path::PathBuf, std::path::PathBuf) {
     let dir = tempfile::tempdir().expect("tempdir");
     let (cert, key) = leaf(ca);
     let (cert_path, key_path) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
@@ -74,7 +80,7 @@ fn https_gateway(mock_port: u16, ca: &Ca) -> (Gateway, u16, std::path::PathBuf, 
     write(&key_path, &key);
     let port = free_port();
     let body = format!(
-        "tls: {{ listen: 127.0.0.1:{port}, cert: {}, key: {} }}\n{}",
+        "tls: {{ listen: 127.0.0.1:{port}, cert: {}, key: {} }}\n{extra}{}",
         cert_path.display(),
         key_path.display(),
         standard_config(mock_port)
@@ -110,6 +116,34 @@ async fn the_https_listener_speaks_http2_and_http1() {
     // A client that does not trust the CA is refused the handshake.
     let untrusting = https_client(&[], false);
     assert!(untrusting.get(url("/v1/models")).send().await.is_err());
+}
+
+/// Pingora 0.9 puts no timeout on HTTP/2 body reads: tollgate's own deadline answers 408 to a
+/// stream whose body stalls, and the connection's other streams are unaffected.
+#[tokio::test]
+async fn an_http2_body_that_stalls_is_answered_408() {
+    let mock = start_mock();
+    let authority = ca("tollgate test CA");
+    let (_gw, port, _, _) = https_gateway_with(mock.port, &authority, "body_read_timeout_secs: 1\n");
+    let c = https_client(&[&authority], false);
+    let url = format!("https://127.0.0.1:{port}/v1/chat/completions");
+    // The first bytes of a body, then nothing (the stream stays open).
+    let stalled = futures_util::stream::iter([Ok::<_, std::io::Error>(bytes::Bytes::from_static(br#"{"model":"#))])
+        .chain(futures_util::stream::pending());
+    let r = c
+        .post(&url)
+        .bearer_auth(CLIENT_KEY)
+        .header("content-type", "application/json")
+        .body(reqwest::Body::wrap_stream(stalled))
+        .send()
+        .await
+        .expect("an answer before the body ends");
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 408);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["error"]["code"], "request_timeout", "{v}");
+    let ok = c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await.expect("next");
+    assert_eq!(ok.status(), 200);
 }
 
 /// Wait until `counter` reaches `n` (the loader makes progress), or fail after 20 s.

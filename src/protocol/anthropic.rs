@@ -19,6 +19,8 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "not_found_error",
         ErrorKind::Conflict => "invalid_request_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
+        ErrorKind::RequestTimeout => "timeout_error",
+        ErrorKind::Overloaded => "overloaded_error",
         ErrorKind::RateLimited => "rate_limit_error",
         ErrorKind::BadGateway | ErrorKind::Internal => "api_error",
         ErrorKind::GatewayTimeout => "timeout_error",

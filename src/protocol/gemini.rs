@@ -18,7 +18,8 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::Conflict => "FAILED_PRECONDITION",
         ErrorKind::RateLimited => "RESOURCE_EXHAUSTED",
         ErrorKind::BadGateway => "UNAVAILABLE",
-        ErrorKind::GatewayTimeout => "DEADLINE_EXCEEDED",
+        ErrorKind::GatewayTimeout | ErrorKind::RequestTimeout => "DEADLINE_EXCEEDED",
+        ErrorKind::Overloaded => "UNAVAILABLE",
         ErrorKind::Internal => "INTERNAL",
     };
     json!({"error": {"code": e.status(), "message": e.message, "status": status}})

@@ -96,6 +96,49 @@ pub struct BodyFields<'a> {
     pub stream_options: Option<&'a serde_json::value::RawValue>,
 }
 
+/// The most values (array items and object members, nested ones included) a part of a client's
+/// body may hold before tollgate parses it into a `serde_json::Value` tree: such a tree costs
+/// tens of bytes per value, so `[0,0,0,…]` would take twenty times its size in memory.
+pub const MAX_PARSED_VALUES: usize = 10_000;
+
+/// The number of values a JSON text holds (1 for a scalar; array items and object members
+/// count, at every depth), counted without parsing: commas and openings outside strings.
+/// Stops counting past `cap`.
+pub fn json_value_count(raw: &[u8], cap: usize) -> usize {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in raw {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' | b'[' | b'{' => {
+                count += 1;
+                if count > cap {
+                    return count;
+                }
+            }
+            _ => {}
+        }
+    }
+    count
+}
+
+/// Parse part of a client's body into a `Value`, refusing one with more than
+/// [`MAX_PARSED_VALUES`] values (`what` names it in the error).
+pub fn parse_bounded(raw: &str, what: &str) -> Result<Value, ApiError> {
+    if json_value_count(raw.as_bytes(), MAX_PARSED_VALUES) > MAX_PARSED_VALUES {
+        return Err(ApiError::new(ErrorKind::BadRequest, format!("{what}: at most {MAX_PARSED_VALUES} JSON values")).with_param(what));
+    }
+    serde_json::from_str(raw).map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("{what}: {e}")).with_param(what))
+}
+
 /// A present field's raw value, `null` included (plain `Option` would turn `null` into None).
 fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de serde_json::value::RawValue>, D::Error> {
     <&serde_json::value::RawValue>::deserialize(d).map(Some)
@@ -209,6 +252,10 @@ pub enum ErrorKind {
     NotFound,
     ModelNotFound,
     PayloadTooLarge,
+    /// The client did not send its request in time (408).
+    RequestTimeout,
+    /// The gateway has no room for the request right now (503, with `Retry-After`).
+    Overloaded,
     /// The resource is not in a state that allows this (video not ready).
     Conflict,
     /// The resource existed but is no longer available (expired video URL).
@@ -227,6 +274,8 @@ impl ErrorKind {
             ErrorKind::InsufficientBalance => 402,
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::PayloadTooLarge => 413,
+            ErrorKind::RequestTimeout => 408,
+            ErrorKind::Overloaded => 503,
             ErrorKind::Conflict => 409,
             ErrorKind::Gone => 410,
             ErrorKind::RateLimited => 429,
@@ -302,6 +351,41 @@ pub fn rfc3339(unix: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_values_are_counted_outside_strings_only() {
+        let count = |t: &str| json_value_count(t.as_bytes(), usize::MAX);
+        assert_eq!(count("0"), 1);
+        assert_eq!(count(r#""a,b,[c{""#), 1);
+        assert_eq!(count(r#""esc\"aped,\\",1"#), 2);
+        assert_eq!(count("[]"), 2, "an opening counts, over-counting an empty one is harmless");
+        assert_eq!(count("[0,0,0]"), 4);
+        assert_eq!(count(r#"{"a":[1,{"b":2}],"c":"x,y"}"#), 6);
+        // Counting stops past the cap.
+        assert_eq!(json_value_count("[0,0,0,0,0,0]".as_bytes(), 3), 4);
+        // Never fewer than the values really present.
+        for text in [r#"{"a":1,"b":[true,null,"q"],"c":{"d":{}}}"#, "[[[[]]],[],{}]"] {
+            fn real(v: &Value) -> usize {
+                1 + match v {
+                    Value::Array(a) => a.iter().map(real).sum(),
+                    Value::Object(m) => m.values().map(real).sum(),
+                    _ => 0,
+                }
+            }
+            let v: Value = serde_json::from_str(text).expect("json");
+            assert!(count(text) >= real(&v), "{text}");
+        }
+    }
+
+    #[test]
+    fn a_part_with_too_many_values_is_refused_before_it_is_parsed() {
+        let bomb = format!("[{}0]", "0,".repeat(MAX_PARSED_VALUES));
+        let e = parse_bounded(&bomb, "metadata").expect_err("refused");
+        assert_eq!((e.status(), e.param.as_deref()), (400, Some("metadata")));
+        let fits = format!("[{}0]", "0,".repeat(MAX_PARSED_VALUES - 3));
+        assert!(parse_bounded(&fits, "metadata").is_ok());
+        assert!(parse_bounded("{", "metadata").is_err());
+    }
 
     #[test]
     fn rfc3339_known_dates() {

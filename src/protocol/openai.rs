@@ -17,6 +17,8 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::NotFound => ("invalid_request_error", json!("unknown_url")),
         ErrorKind::ModelNotFound => ("invalid_request_error", json!("model_not_found")),
         ErrorKind::PayloadTooLarge => ("invalid_request_error", json!("request_too_large")),
+        ErrorKind::RequestTimeout => ("invalid_request_error", json!("request_timeout")),
+        ErrorKind::Overloaded => ("api_error", json!("overloaded")),
         ErrorKind::Conflict => ("invalid_request_error", json!("not_ready")),
         ErrorKind::Gone => ("invalid_request_error", json!("expired")),
         ErrorKind::RateLimited => ("rate_limit_error", json!("rate_limit_exceeded")),
@@ -117,8 +119,8 @@ pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result
             if body.get(start..end) != Some(text.as_bytes()) {
                 return Err(invalid());
             }
-            let mut opts = match serde_json::from_str::<serde_json::Value>(text) {
-                Ok(serde_json::Value::Object(map)) => map,
+            let mut opts = match super::parse_bounded(text, "stream_options")? {
+                serde_json::Value::Object(map) => map,
                 _ => serde_json::Map::new(),
             };
             opts.insert("include_usage".into(), serde_json::Value::Bool(true));

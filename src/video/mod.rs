@@ -271,8 +271,7 @@ impl VideoService {
 
     /// Validate, persist, submit. Returns the task (new, or the one an Idempotency-Key names).
     pub async fn create(&self, key: &KeyRecord, body: &[u8], idempotency_key: Option<&str>) -> Result<Task, ApiError> {
-        let json: serde_json::Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))?;
+        let json = request::parse_body(body)?;
         let now = now_unix();
         if let Some(idem) = idempotency_key {
             if let Some(existing) = self.store.idempotent_task(&key.id, idem, now).map_err(internal)? {

@@ -206,6 +206,53 @@ pub fn pascal_case(key: &str) -> String {
         .collect()
 }
 
+/// The fields of a create-task body that validation reads, borrowed from the body: anything
+/// else is skipped without being stored.
+#[derive(Debug, Default, serde::Deserialize)]
+struct BodyParts<'a> {
+    #[serde(default, borrow)]
+    model: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    prompt: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    duration: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    image: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    images: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    input_reference: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    metadata: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Parse a create-task body: only the fields validation reads become `Value`s, each refused
+/// past [`crate::protocol::MAX_PARSED_VALUES`] values, so memory stays proportional to the
+/// body's bytes (a body of a million tiny values is refused, not expanded).
+pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(bad("body", "must be a JSON object"));
+    }
+    let parts: BodyParts<'_> = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))?;
+    let mut out = Map::new();
+    let fields = [
+        ("model", parts.model),
+        ("prompt", parts.prompt),
+        ("duration", parts.duration),
+        ("image", parts.image),
+        ("images", parts.images),
+        ("input_reference", parts.input_reference),
+        ("metadata", parts.metadata),
+    ];
+    for (name, raw) in fields {
+        if let Some(raw) = raw {
+            out.insert(name.to_string(), crate::protocol::parse_bounded(raw.get(), name)?);
+        }
+    }
+    Ok(Value::Object(out))
+}
+
 /// Validate a create-task body against the enabled models. `allow_base64`: object storage is
 /// configured, so base64 images are decoded for upload instead of refused.
 pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<Submission, ApiError> {
@@ -456,6 +503,23 @@ fn check_subjects(meta: &mut Map<String, Value>, allow_base64: bool, uploads: &m
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_body_is_parsed_into_the_fields_validation_reads_and_nothing_else() {
+        let body = br#"{"model":"genq3-pro","prompt":"a cat","unknown":[0,0,0],"metadata":{"OffPeak":true},"duration":5}"#;
+        let v = parse_body(body).expect("parsed");
+        assert_eq!(v, json!({"model": "genq3-pro", "prompt": "a cat", "metadata": {"OffPeak": true}, "duration": 5}));
+        // An unknown field of any size is skipped, not stored.
+        let big_unknown = format!(r#"{{"model":"genq3-pro","x":[{}0]}}"#, "0,".repeat(200_000));
+        assert_eq!(parse_body(big_unknown.as_bytes()).expect("parsed"), json!({"model": "genq3-pro"}));
+        // A read field with a million values is refused.
+        let bomb = format!(r#"{{"model":"genq3-pro","metadata":{{"x":[{}0]}}}}"#, "0,".repeat(1_000_000));
+        let e = parse_body(bomb.as_bytes()).expect_err("refused");
+        assert_eq!((e.status(), e.param.as_deref()), (400, Some("metadata")));
+        let e = parse_body(b"[1]").expect_err("not an object");
+        assert_eq!(e.param.as_deref(), Some("body"));
+        assert_eq!(parse_body(b"{").expect_err("invalid").status(), 400);
+    }
 
     fn all() -> Vec<String> {
         MODELS.iter().map(|m| m.to_string()).collect()
