@@ -67,7 +67,8 @@ pub struct MockUpstream {
 /// `POST /` with `X-TC-Action`: every call's TC3 signature is checked against the mock's
 /// secret. A job advances one step per describe: WAIT, RUN (Progress 50), DONE. Markers in the
 /// Prompt steer it: `[submit-error]` refuses the submission, `[throttle-once]` answers
-/// RequestLimitExceeded to the first submission, `[fail]` ends in FAIL, `[expired]` gives a
+/// RequestLimitExceeded to the first submission, `[slow-submit]` creates the job but answers
+/// the submission 3 s late, `[fail]` ends in FAIL, `[expired]` gives a
 /// result URL that answers 403, `[big]` makes the result 20 MiB, `[hold:T]` stays RUN until `POST /__mock/release?token=T`.
 /// `GET /__mock/tc_calls` lists the calls (action, payload); `GET /__mock/video/{job}.mp4`
 /// serves the result (Range supported).
@@ -277,6 +278,11 @@ impl MockUpstream {
         if let Some(action) = header(&req, "x-tc-action") {
             let action = action.to_string();
             let answer = self.tc.call(&req, &action, &body);
+            // `[slow-submit]`: the job is created, the answer comes after 3 s (a client with a
+            // shorter timeout never learns the job id).
+            if action.starts_with("Submit") && String::from_utf8_lossy(&body).contains("[slow-submit]") {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
             return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
         }
         let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);

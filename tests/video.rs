@@ -264,6 +264,21 @@ async fn invalid_requests_are_400_and_reach_nobody() {
     assert_eq!(submits_with_prompt(&tc_calls(&mock).await, "p [throttle-once]").len(), 2, "one throttled, one retried");
 }
 
+/// A submission that may have reached the service (it timed out after it was sent) is not sent
+/// again: one paid upstream job at most; the task fails and the charge is refunded.
+#[tokio::test]
+async fn a_submission_that_timed_out_is_not_sent_again_and_is_refunded() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port).replace("rate_per_sec: 100", "rate_per_sec: 100, timeout_secs: 1"));
+    let before = balance(&gw, CLIENT_KEY).await;
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, json!({"model": "genq3-pro", "prompt": "p [slow-submit]"}), None).await;
+    assert_eq!(r.status(), 504);
+    let v: Value = r.json().await.expect("json");
+    assert!(v["error"]["message"].as_str().is_some_and(|m| m.contains("not charged")), "{v}");
+    assert_eq!(submits_with_prompt(&tc_calls(&mock).await, "p [slow-submit]").len(), 1, "submitted once, never retried");
+    assert_eq!(balance(&gw, CLIENT_KEY).await, before, "the charge was refunded");
+}
+
 #[tokio::test]
 async fn video_is_404_when_not_configured() {
     let mock = start_mock();

@@ -505,9 +505,14 @@ fn submit_error(e: &UpstreamError) -> ApiError {
         UpstreamError::Api { code, message } if e.is_invalid_request() => {
             ApiError::new(ErrorKind::BadRequest, format!("The video service rejected the request ({code}): {message}"))
         }
-        UpstreamError::Network { timed_out: true } => {
-            ApiError::new(ErrorKind::GatewayTimeout, "The video service did not answer in time; the task was not created.")
-        }
+        UpstreamError::Network { timed_out: true, .. } => ApiError::new(
+            ErrorKind::GatewayTimeout,
+            "The video service did not answer in time; the task was failed and not charged. Retry later.",
+        ),
+        UpstreamError::Network { sent: true, .. } => ApiError::new(
+            ErrorKind::BadGateway,
+            "The connection to the video service was lost; the task was failed and not charged. Retry later.",
+        ),
         _ => ApiError::new(ErrorKind::BadGateway, "The video service is unavailable; the task was not created. Retry later."),
     }
 }
@@ -606,7 +611,7 @@ mod tests {
         let api = |c: &str| UpstreamError::Api { code: c.into(), message: "m".into() };
         assert_eq!(submit_error(&api("InvalidParameterValue.Image")).status(), 400);
         assert_eq!(submit_error(&api("InternalError")).status(), 502);
-        assert_eq!(submit_error(&UpstreamError::Network { timed_out: true }).status(), 504);
-        assert_eq!(submit_error(&UpstreamError::Network { timed_out: false }).status(), 502);
+        assert_eq!(submit_error(&UpstreamError::Network { timed_out: true, sent: true }).status(), 504);
+        assert_eq!(submit_error(&UpstreamError::Network { timed_out: false, sent: false }).status(), 502);
     }
 }

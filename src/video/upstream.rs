@@ -15,8 +15,9 @@ const MAX_ATTEMPTS: u32 = 4;
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum UpstreamError {
-    /// No answer: connect failure, timeout, cut connection.
-    Network { timed_out: bool },
+    /// No answer: connect failure, timeout, cut connection. `sent` is false only when the
+    /// request provably never reached the service (the connection was not established).
+    Network { timed_out: bool, sent: bool },
     /// The service answered with an error envelope.
     Api { code: String, message: String },
     /// The answer could not be understood.
@@ -56,8 +57,9 @@ impl UpstreamError {
 impl fmt::Display for UpstreamError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            UpstreamError::Network { timed_out: true } => write!(f, "video service timed out"),
-            UpstreamError::Network { timed_out: false } => write!(f, "video service unreachable"),
+            UpstreamError::Network { timed_out: true, .. } => write!(f, "video service timed out"),
+            UpstreamError::Network { timed_out: false, sent: false } => write!(f, "video service unreachable"),
+            UpstreamError::Network { timed_out: false, sent: true } => write!(f, "video service connection lost"),
             UpstreamError::Api { code, message } => write!(f, "{code}: {message}"),
             UpstreamError::Protocol(what) => write!(f, "unreadable answer: {what}"),
         }
@@ -163,9 +165,9 @@ impl VideoUpstream {
             .body(payload.to_vec())
             .send()
             .await
-            .map_err(|e| UpstreamError::Network { timed_out: e.is_timeout() })?;
+            .map_err(|e| UpstreamError::Network { timed_out: e.is_timeout(), sent: !e.is_connect() })?;
         let status = resp.status();
-        let body = resp.bytes().await.map_err(|e| UpstreamError::Network { timed_out: e.is_timeout() })?;
+        let body = resp.bytes().await.map_err(|e| UpstreamError::Network { timed_out: e.is_timeout(), sent: true })?;
         let v: Value = serde_json::from_slice(&body).map_err(|_| UpstreamError::Protocol(format!("HTTP {status}, body is not JSON")))?;
         let response = v.get("Response").cloned().ok_or_else(|| UpstreamError::Protocol("no Response object".into()))?;
         if let Some(err) = response.get("Error") {
@@ -177,14 +179,16 @@ impl VideoUpstream {
         Ok(response)
     }
 
-    /// A call with retries and exponential backoff on network errors and throttling.
-    pub async fn call(&self, action: &str, payload: &Value) -> Result<Value, UpstreamError> {
+    /// A call with retries and exponential backoff on throttling and on network errors — for a
+    /// call that is not `idempotent` (a submission creates a paid job), only on those that
+    /// prove the request never reached the service.
+    pub async fn call(&self, action: &str, payload: &Value, idempotent: bool) -> Result<Value, UpstreamError> {
         let body = serde_json::to_vec(payload).map_err(|e| UpstreamError::Protocol(e.to_string()))?;
         let mut attempt = 0;
         loop {
             attempt += 1;
             match self.call_once(action, &body).await {
-                Err(e) if attempt < MAX_ATTEMPTS && retryable(&e) => {
+                Err(e) if attempt < MAX_ATTEMPTS && retryable(&e, idempotent) => {
                     let backoff = Duration::from_millis(200 * 2u64.pow(attempt - 1));
                     log::warn!("video {action}: {e}; retrying in {backoff:?}");
                     tokio::time::sleep(backoff).await;
@@ -196,7 +200,7 @@ impl VideoUpstream {
 
     /// Submit a job; its upstream id.
     pub async fn submit(&self, cap: Capability, payload: &serde_json::Map<String, Value>) -> Result<String, UpstreamError> {
-        let resp = self.call(&self.submit_action(cap), &Value::Object(payload.clone())).await?;
+        let resp = self.call(&self.submit_action(cap), &Value::Object(payload.clone()), false).await?;
         resp.get("JobId")
             .and_then(Value::as_str)
             .filter(|j| !j.is_empty())
@@ -205,14 +209,17 @@ impl VideoUpstream {
     }
 
     pub async fn describe(&self, cap: Capability, job_id: &str) -> Result<JobState, UpstreamError> {
-        let resp = self.call(&self.describe_action(cap), &json!({"JobId": job_id})).await?;
+        let resp = self.call(&self.describe_action(cap), &json!({"JobId": job_id}), true).await?;
         parse_describe(&resp)
     }
 }
 
-fn retryable(e: &UpstreamError) -> bool {
+/// Worth another attempt now. A throttling answer means the request was not processed; a
+/// network error after the request was sent may hide a processed one, so only an
+/// `idempotent` call is sent again.
+fn retryable(e: &UpstreamError, idempotent: bool) -> bool {
     match e {
-        UpstreamError::Network { .. } => true,
+        UpstreamError::Network { sent, .. } => idempotent || !sent,
         UpstreamError::Api { code, .. } => code.starts_with("RequestLimitExceeded"),
         UpstreamError::Protocol(_) => false,
     }
@@ -258,12 +265,17 @@ mod tests {
     #[test]
     fn error_classes() {
         let api = |c: &str| UpstreamError::Api { code: c.into(), message: String::new() };
-        assert!(retryable(&api("RequestLimitExceeded")));
-        assert!(!retryable(&api("InvalidParameterValue")));
+        assert!(retryable(&api("RequestLimitExceeded"), false));
+        assert!(!retryable(&api("InvalidParameterValue"), true));
+        // A submission is sent again only when it provably did not arrive.
+        assert!(retryable(&UpstreamError::Network { timed_out: false, sent: false }, false));
+        assert!(!retryable(&UpstreamError::Network { timed_out: true, sent: true }, false));
+        assert!(!retryable(&UpstreamError::Network { timed_out: false, sent: true }, false));
+        assert!(retryable(&UpstreamError::Network { timed_out: true, sent: true }, true));
         assert!(api("InvalidParameterValue.Image").is_invalid_request());
         assert!(!api("ResourceNotFound.JobNotExist").is_transient());
         assert!(api("InternalError").is_transient());
-        assert!(UpstreamError::Network { timed_out: true }.is_transient());
+        assert!(UpstreamError::Network { timed_out: true, sent: true }.is_transient());
     }
 
     #[tokio::test]
