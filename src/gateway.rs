@@ -58,6 +58,8 @@ pub struct Gateway {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Upstream connections, pooled per provider.
     pub connector: Connector,
+    /// `/v1/usage` summaries run one at a time (see `usage`).
+    pub usage_queries: tokio::sync::Semaphore,
 }
 
 /// Everything needed to send a request upstream, decided before anything is sent.
@@ -193,7 +195,12 @@ impl Gateway {
                     None => Err(ApiError::new(ErrorKind::ModelNotFound, format!("models/{wanted} is not found."))),
                 };
             }
-            Route::Usage => return self.usage(req.uri.query(), &key).await.map(Outcome::Respond),
+            Route::Usage => {
+                // Rate-limited like any call.
+                self.limits.admit(&key)?;
+                let _slot = self.limits.enter(&key)?;
+                return self.usage(req.uri.query(), &key).await.map(Outcome::Respond);
+            }
             Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. }
                 if !catalog.group_allows(&key.group, Platform::Video) =>
             {
@@ -270,7 +277,19 @@ impl Gateway {
         };
         // Read your writes: what was booked before this request is counted.
         self.ledger.commit_now().await.map_err(internal)?;
-        let (total, by_model) = self.ledger.summary(&key.id, start, end).map_err(internal)?;
+        // Reading a long history is CPU work: on a blocking thread, one query at a time, never
+        // on the threads that relay requests.
+        let (total, by_model) = {
+            let _turn = self.usage_queries.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))?;
+            let (ledger, key_id) = (self.ledger.clone(), key.id.clone());
+            tokio::task::spawn_blocking(move || ledger.summary(&key_id, start, end))
+                .await
+                .map_err(|e| {
+                    log::error!("usage query: {e}");
+                    ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
+                })?
+                .map_err(internal)?
+        };
         let balance = self.ledger.balance(&key.id).map_err(internal)?;
         let models: Vec<serde_json::Value> = by_model
             .iter()

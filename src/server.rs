@@ -378,6 +378,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         limits: Arc::new(Limits::default()),
         metrics,
         connector,
+        usage_queries: tokio::sync::Semaphore::new(1),
     };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
     if let Some(addr) = listen {

@@ -163,3 +163,24 @@ async fn six_json_bombs_at_once_stay_proportional_to_their_bytes() {
     assert!(grown_mib < 400, "peak resident memory grew by {grown_mib} MiB for 72 MiB of bombs");
     assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
 }
+
+/// `/v1/usage` is rate-limited like any call (its summaries run on a blocking thread, one at
+/// a time, so a burst of them cannot occupy the threads that relay requests).
+#[tokio::test]
+async fn usage_queries_are_rate_limited_like_any_call() {
+    let mock = start_mock();
+    const LIMITED: &str = "sk-limited-test-key-0001";
+    let gw = start_gateway(&format!(
+        "{}  - {{ key: {LIMITED}, name: limited, group: default, balance: 5.0, rpm: 3 }}\n",
+        standard_config(mock.port)
+    ));
+    let c = client();
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let r = c.get(gw.url("/v1/usage")).bearer_auth(LIMITED).send().await.expect("usage");
+        statuses.push((r.status().as_u16(), r.headers().contains_key("retry-after")));
+    }
+    assert_eq!(statuses, [(200, false), (200, false), (200, false), (429, true)]);
+    // Another key is not affected.
+    assert_eq!(usage(&gw, CLIENT_KEY).await["object"], "usage");
+}
