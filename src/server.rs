@@ -263,14 +263,16 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
     let config = Config::load(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
     let conf = server_conf(&config)?;
-    if opt.test {
-        println!("tollgate: configuration {path} is valid");
-        return Ok(());
-    }
+    // The certificate is part of what `-t` checks (a reload must not start a process that
+    // cannot serve TLS).
     let certificate = match &config.tls {
         Some(t) => Some(Arc::new(crate::tls::ReloadableCert::load(&t.cert, &t.key)?)),
         None => None,
     };
+    if opt.test {
+        println!("tollgate: configuration {path} is valid");
+        return Ok(());
+    }
 
     // Listening sockets first: in an upgrade (-u) this waits for the old process to pass them,
     // then the database, which the old process releases when it stops accepting.

@@ -221,6 +221,61 @@ async fn sigterm_drains_an_open_stream_then_exits_with_its_record() {
     assert_eq!(u["total"]["requests"], 1, "the drained request was billed and kept: {u}");
 }
 
+/// Kills the process a reload started (named in the reload script's last line) when dropped.
+struct ReloadedGuard(std::path::PathBuf);
+
+impl Drop for ReloadedGuard {
+    fn drop(&mut self) {
+        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+        let pid = log.lines().find_map(|l| l.strip_prefix("tollgate-reload: process ")?.split(' ').next().map(str::to_string));
+        if let Some(pid) = pid {
+            let _ = std::process::Command::new("kill").args(["-KILL", &pid]).status();
+        }
+    }
+}
+
+/// The unit's reload command line: with a broken file it fails (non-zero, a line saying why)
+/// and the running process keeps serving, its records intact; with a good file the new process
+/// takes over and the old one drains and exits.
+#[tokio::test]
+async fn a_reload_with_a_broken_config_fails_and_the_old_process_keeps_serving() {
+    let mock = start_mock();
+    let mut gw = start_gateway(&config(mock.port, free_port()));
+    assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
+    let good = std::fs::read_to_string(gw.config_path()).expect("config");
+    std::fs::write(gw.config_path(), format!("{good}\nproviders: [ this is not yaml\n")).expect("break the config");
+    let stderr_path = gw.dir.path().join("reload.err");
+    let _new_process = ReloadedGuard(stderr_path.clone());
+    let run_reload = |gw: &Gateway| {
+        let err = std::fs::File::create(&stderr_path).expect("stderr file");
+        let status = reload_command(gw).stdout(std::process::Stdio::null()).stderr(err).status().expect("run the reload");
+        (status, std::fs::read_to_string(&stderr_path).unwrap_or_default())
+    };
+    let (status, stderr) = run_reload(&gw);
+    assert!(!status.success(), "a broken file fails the reload: {stderr}");
+    assert!(stderr.contains("configuration is not valid") && stderr.contains("keeps serving"), "{stderr}");
+    assert!(gw.proc.child.try_wait().expect("wait").is_none(), "the old process was not signalled");
+    assert!(!gw.dir.path().join("upgrade.sock").exists(), "no new process was started");
+    assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200, "the old process serves");
+
+    // Mended, the same command line upgrades.
+    std::fs::write(gw.config_path(), &good).expect("mend the config");
+    let (status, stderr) = run_reload(&gw);
+    assert!(status.success(), "{stderr}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let old_status = loop {
+        if let Some(s) = gw.proc.child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "the old process did not hand over and exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(old_status.success(), "{old_status}");
+    // The new process serves on the same port (the listener was handed over), with every record.
+    assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
+    assert_eq!(usage(&gw, CLIENT_KEY).await["total"]["requests"], 3, "nothing lost across the failed and the good reload");
+}
+
 /// The mock upstream stops on SIGTERM even with a client connection open (tests and the bench
 /// stop it that way).
 #[tokio::test]
@@ -272,7 +327,10 @@ fn the_systemd_unit_verifies() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("tollgate.service");
-    std::fs::write(&path, unit.replace("/usr/local/bin/tollgate", env!("CARGO_BIN_EXE_tollgate"))).expect("write");
+    let unit = unit
+        .replace("/usr/local/lib/tollgate/tollgate-reload", concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/tollgate-reload"))
+        .replace("/usr/local/bin/tollgate", env!("CARGO_BIN_EXE_tollgate"));
+    std::fs::write(&path, unit).expect("write");
     let out = std::process::Command::new("systemd-analyze").arg("verify").arg(&path).output().expect("verify");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }

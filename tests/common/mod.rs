@@ -332,3 +332,25 @@ pub async fn wait_requests(gw: &Gateway, key: &str, n: u64) -> serde_json::Value
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The unit's `ExecReload` command line (systemd/tollgate.service), with the installed paths
+/// replaced by this build's binary, the repository's reload script and `gw`'s files, and
+/// `$MAINPID` by `gw`'s process id.
+pub fn reload_command(gw: &Gateway) -> Command {
+    let unit = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/tollgate.service")).expect("unit");
+    let line = unit.lines().find_map(|l| l.strip_prefix("ExecReload=")).expect("ExecReload");
+    let words: Vec<String> = line
+        .split_whitespace()
+        .map(|w| match w {
+            "/usr/local/lib/tollgate/tollgate-reload" => concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/tollgate-reload").to_string(),
+            "/usr/local/bin/tollgate" => env!("CARGO_BIN_EXE_tollgate").to_string(),
+            "/etc/tollgate/tollgate.yaml" => gw.config_path().display().to_string(),
+            "/run/tollgate/upgrade.sock" => gw.dir.path().join("upgrade.sock").display().to_string(),
+            "$MAINPID" | "${MAINPID}" => gw.proc.child.id().to_string(),
+            other => panic!("ExecReload has a word this test does not know how to map: {other}"),
+        })
+        .collect();
+    let mut cmd = Command::new(&words[0]);
+    cmd.args(&words[1..]).env("RUST_LOG", "warn");
+    cmd
+}
