@@ -60,6 +60,11 @@ pub struct Gateway {
     pub connector: Connector,
     /// `/v1/usage` summaries run one at a time (see `usage`).
     pub usage_queries: tokio::sync::Semaphore,
+    /// Set once an upgrade began (the listeners go to the new process): every answer from then
+    /// on closes its connection (`Connection: close`), so keep-alive clients move to the new
+    /// process after their next request instead of holding a connection that Pingora drops,
+    /// idle or not, when it stops accepting.
+    pub closing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Everything needed to send a request upstream, decided before anything is sent.
@@ -617,6 +622,9 @@ impl ProxyHttp for Gateway {
     /// relayed response started.
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.started = Some(Instant::now());
+        if self.closing.load(std::sync::atomic::Ordering::Relaxed) {
+            session.set_keepalive(None);
+        }
         match self.decide(session, ctx).await {
             Ok(Outcome::Respond(resp)) => resp.send(session).await?,
             Ok(Outcome::Relay(mut plan)) => {

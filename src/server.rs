@@ -68,6 +68,8 @@ struct Drain {
     store: Store,
     ledger: Arc<Ledger>,
     phases: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<pingora_core::server::ExecutionPhase>>,
+    /// The gateway's "answers close their connections" flag, set when an upgrade begins.
+    closing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[async_trait]
@@ -87,6 +89,8 @@ impl BackgroundService for Drain {
                 phase = phases.recv(), if watching => match phase {
                     Ok(pingora_core::server::ExecutionPhase::GracefulUpgradeTransferringFds) => {
                         upgrading.store(true, std::sync::atomic::Ordering::SeqCst);
+                        self.closing.store(true, std::sync::atomic::Ordering::Relaxed);
+                        log::info!("upgrade: handing the listeners over; answers close their connections from now on");
                     }
                     Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
                     Err(tokio::sync::broadcast::error::RecvError::Closed) => watching = false,
@@ -345,11 +349,13 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         service.add_tcp(&admin.listen.to_string());
         server.add_service(service);
     }
+    let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let drain = Drain {
         metrics: metrics.clone(),
         store: store.clone(),
         ledger: ledger.clone(),
         phases: tokio::sync::Mutex::new(server.watch_execution_phase()),
+        closing: closing.clone(),
     };
     server.add_service(background_service("drain", drain));
     server.add_service(background_service(
@@ -381,6 +387,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         metrics,
         connector,
         usage_queries: tokio::sync::Semaphore::new(1),
+        closing,
     };
     let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
     if let Some(addr) = listen {

@@ -150,3 +150,74 @@ async fn an_upgrade_under_load_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Keep-alive clients (each reuses its connection, as the SDKs do) across an upgrade run by the
+/// unit's reload command line. Known to fail: answers after the upgrade began carry
+/// `Connection: close` (so no connection is reused into the old process's shutdown), which took
+/// failures from 5 of 6 runs (10 requests) to 4 of 6 (6 requests) here, but Pingora 0.9 drops a
+/// connection it accepted whose request it has not read yet when it broadcasts the shutdown
+/// (`HttpProxy::handle_new_request` selects on `await_shutdown`), and during the 5 s overlap
+/// both processes accept on the same socket. Run with `--ignored`.
+#[tokio::test]
+#[ignore = "Pingora drops connections accepted just before its shutdown broadcast (issue 13, point 8)"]
+async fn keep_alive_clients_see_no_error_across_an_upgrade() {
+    let mock = start_mock();
+    let mut old = start_gateway(&standard_config(mock.port));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let loaders: Vec<_> = (0..4)
+        .map(|_| {
+            let (stop, ok, failed, url) = (stop.clone(), ok.clone(), failed.clone(), old.url("/v1/chat/completions"));
+            tokio::spawn(async move {
+                let c = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
+                while !stop.load(Ordering::SeqCst) {
+                    let r = c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await;
+                    let outcome = match r {
+                        Ok(r) if r.status() == 200 => r.bytes().await.map(|_| ()).map_err(|e| format!("{e:?}")),
+                        Ok(r) => Err(format!("status {}", r.status())),
+                        Err(e) => Err(format!("{e:?}")),
+                    };
+                    match outcome {
+                        Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
+                        Err(e) => {
+                            eprintln!("failed request: {e}");
+                            failed.fetch_add(1, Ordering::SeqCst)
+                        }
+                    };
+                }
+            })
+        })
+        .collect();
+    let reach = |n: u64| {
+        let ok = ok.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while ok.load(Ordering::SeqCst) < n {
+                assert!(Instant::now() < deadline, "the load stalled");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    reach(100).await;
+    let log = old.dir.path().join("reload.err");
+    let status = reload_command(&old).stdout(Stdio::null()).stderr(std::fs::File::create(&log).expect("log")).status().expect("reload");
+    assert!(status.success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while old.proc.child.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "the old process did not exit");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = ok.load(Ordering::SeqCst);
+    reach(served + 200).await;
+    stop.store(true, Ordering::SeqCst);
+    for l in loaders {
+        l.await.expect("loader");
+    }
+    // The process the reload started (named in the script's last line).
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    if let Some(pid) = text.lines().find_map(|l| l.strip_prefix("tollgate-reload: process ")?.split(' ').next().map(str::to_string)) {
+        let _ = Command::new("kill").args(["-KILL", &pid]).status();
+    }
+    let (ok, failed) = (ok.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
+    assert_eq!(failed, 0, "keep-alive clients across an upgrade: {ok} ok, {failed} failed");
+}
