@@ -38,7 +38,14 @@ pub struct UsageScanner {
     sse: bool,
     /// Drop the chat stream's usage-only chunk (the client did not ask for it).
     withhold_usage: bool,
+    /// The start of a line not ended yet (in withhold mode, not yet passed on).
     carry: Vec<u8>,
+    /// The last chunk ended with CR: an LF starting the next one belongs to that line.
+    after_cr: bool,
+    /// The last line ended was withheld (so is the LF of its CRLF, if cut off).
+    last_dropped: bool,
+    /// The current line outgrew [`MAX_LINE`]: passed on unread until it ends.
+    overlong: bool,
     /// In withhold mode: a data line was dropped, so drop the blank line that ends its event.
     drop_next_blank: bool,
     /// Usage and text found so far (the per-protocol readers in `protocol` fill it).
@@ -71,6 +78,9 @@ impl UsageScanner {
             sse,
             withhold_usage: withhold_usage && sse && shape == Shape::Chat,
             carry: Vec::new(),
+            after_cr: false,
+            last_dropped: false,
+            overlong: false,
             drop_next_blank: false,
             reading: Reading::default(),
             tail: VecDeque::new(),
@@ -93,24 +103,13 @@ impl UsageScanner {
             return None;
         }
         if self.withhold_usage {
-            let out = self.feed_filtering(chunk);
-            self.body_bytes += out.as_ref().map_or(chunk.len(), Bytes::len) as u64;
-            return out;
+            let mut out = Vec::with_capacity(chunk.len() + self.carry.len());
+            self.sse_lines(chunk, Some(&mut out));
+            self.body_bytes += out.len() as u64;
+            return (out != chunk[..]).then(|| Bytes::from(out));
         }
         self.body_bytes += chunk.len() as u64;
-        let mut start = 0;
-        while let Some(pos) = chunk[start..].iter().position(|&b| b == b'\n') {
-            let end = start + pos;
-            if self.carry.is_empty() {
-                self.line(&chunk[start..end]);
-            } else {
-                self.carry.extend_from_slice(&chunk[start..end]);
-                let joined = std::mem::take(&mut self.carry);
-                self.line(&joined);
-            }
-            start = end + 1;
-        }
-        self.keep_partial(&chunk[start..]);
+        self.sse_lines(chunk, None);
         None
     }
 
@@ -125,52 +124,95 @@ impl UsageScanner {
         None
     }
 
-    fn keep_partial(&mut self, rest: &[u8]) {
-        if self.carry.len() + rest.len() <= MAX_LINE {
-            self.carry.extend_from_slice(rest);
-        } else {
-            self.carry.clear();
+    /// Split a chunk into SSE lines (ended by LF, CRLF or a lone CR, as the SSE format allows;
+    /// a CRLF may be cut between two chunks) and read each. In withhold mode `out` receives
+    /// every byte the client is to get: each line with its own terminator, less the usage
+    /// event (its data line and the blank line after it); a partial line waits in `carry`.
+    fn sse_lines(&mut self, chunk: &[u8], mut out: Option<&mut Vec<u8>>) {
+        if chunk.is_empty() {
+            return;
         }
+        let mut start = 0;
+        if std::mem::take(&mut self.after_cr) && chunk[0] == b'\n' {
+            // The LF of a CRLF cut between chunks: part of the line that already ended.
+            if let Some(o) = out.as_deref_mut() {
+                if !self.last_dropped {
+                    o.push(b'\n');
+                }
+            }
+            start = 1;
+        }
+        while let Some(pos) = chunk[start..].iter().position(|&b| b == b'\n' || b == b'\r') {
+            let end = start + pos;
+            let mut next = end + 1;
+            if chunk[end] == b'\r' {
+                match chunk.get(next) {
+                    Some(b'\n') => next += 1,
+                    Some(_) => {}
+                    None => self.after_cr = true,
+                }
+            }
+            let dropped = self.end_line(&chunk[start..end], out.as_deref_mut());
+            self.last_dropped = dropped;
+            if let (Some(o), false) = (out.as_deref_mut(), dropped) {
+                o.extend_from_slice(&chunk[end..next]);
+            }
+            start = next;
+        }
+        self.keep_partial(&chunk[start..], out);
     }
 
-    /// Withhold mode: complete lines pass except the usage event; a partial line waits.
-    fn feed_filtering(&mut self, chunk: &Bytes) -> Option<Bytes> {
-        let mut out: Vec<u8> = Vec::with_capacity(chunk.len() + self.carry.len());
-        let mut changed = !self.carry.is_empty();
-        let mut start = 0;
-        while let Some(pos) = chunk[start..].iter().position(|&b| b == b'\n') {
-            let end = start + pos;
-            let line: Vec<u8> = if self.carry.is_empty() {
-                chunk[start..end].to_vec()
-            } else {
-                let mut l = std::mem::take(&mut self.carry);
-                l.extend_from_slice(&chunk[start..end]);
-                l
-            };
-            let trimmed = trim_cr(&line);
-            let dropped = if trimmed.is_empty() && self.drop_next_blank {
-                self.drop_next_blank = false;
-                true
-            } else {
-                let is_usage_only = self.line(&line);
-                if is_usage_only {
-                    self.drop_next_blank = true;
-                }
-                is_usage_only
-            };
-            if dropped {
-                changed = true;
-            } else {
-                out.extend_from_slice(&line);
-                out.push(b'\n');
+    /// A line ends with `tail` (after any carried bytes): read it; in withhold mode write it
+    /// to `out` unless it is withheld (the caller writes the terminator). Returns "withheld".
+    fn end_line(&mut self, tail: &[u8], out: Option<&mut Vec<u8>>) -> bool {
+        if std::mem::take(&mut self.overlong) {
+            // Its start already went on unread.
+            if let Some(o) = out {
+                o.extend_from_slice(tail);
             }
-            start = end + 1;
+            return false;
         }
-        if start < chunk.len() {
-            changed = true;
-            self.keep_partial(&chunk[start..]);
+        let joined = if self.carry.is_empty() {
+            None
+        } else {
+            let mut l = std::mem::take(&mut self.carry);
+            l.extend_from_slice(tail);
+            Some(l)
+        };
+        let line = joined.as_deref().unwrap_or(tail);
+        let withheld = if !self.withhold_usage {
+            self.line(line);
+            false
+        } else if line.is_empty() && self.drop_next_blank {
+            self.drop_next_blank = false;
+            true
+        } else {
+            let usage_only = self.line(line);
+            self.drop_next_blank = usage_only;
+            usage_only
+        };
+        if let (Some(o), false) = (out, withheld) {
+            o.extend_from_slice(line);
         }
-        changed.then(|| Bytes::from(out))
+        withheld
+    }
+
+    /// The unterminated end of a chunk waits for the rest of its line, up to [`MAX_LINE`]
+    /// bytes; a longer line is not read and its bytes go on at once.
+    fn keep_partial(&mut self, rest: &[u8], out: Option<&mut Vec<u8>>) {
+        if rest.is_empty() {
+            return;
+        }
+        if !self.overlong && self.carry.len() + rest.len() <= MAX_LINE {
+            self.carry.extend_from_slice(rest);
+            return;
+        }
+        self.overlong = true;
+        let held = std::mem::take(&mut self.carry);
+        if let Some(o) = out {
+            o.extend_from_slice(&held);
+            o.extend_from_slice(rest);
+        }
     }
 
     /// Handle one SSE line; returns true when it is the chat usage-only chunk.
@@ -298,6 +340,7 @@ pub fn tokens_from_bytes(bytes: u64) -> u64 {
 mod tests {
     use super::*;
     use rand::{Rng, SeedableRng};
+    use serde_json::json;
 
     fn scan(shape: Shape, sse: bool, body: &[u8], cuts: &[usize]) -> ScanResult {
         let mut s = UsageScanner::new(shape, sse, false);
@@ -415,6 +458,127 @@ mod tests {
                 assert_eq!(scan(shape, true, body.as_bytes(), &cuts), whole, "{cuts:?}");
             }
         }
+    }
+
+    /// One SSE event of a chat stream: a content delta, a comment, or the usage-only chunk.
+    #[derive(Debug, Clone)]
+    enum Event {
+        Delta(String),
+        Comment(String),
+        Usage(u64, u64),
+    }
+
+    fn event_strategy() -> impl proptest::strategy::Strategy<Value = Event> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => any::<String>().prop_map(Event::Delta),
+            1 => "[a-z ,:{}\\[\\]]{0,20}".prop_map(Event::Comment),
+        ]
+    }
+
+    /// A chat stream from `events` (the usage chunk inserted at `usage_at`), each line ended by
+    /// `ends[i % ends.len()]`: (the stream, the stream without its usage event, usage).
+    fn chat_stream(events: &[Event], usage_at: usize, ends: &[&str]) -> (Vec<u8>, Vec<u8>) {
+        let mut events = events.to_vec();
+        events.insert(usage_at.min(events.len()), Event::Usage(17, 5));
+        let (mut all, mut without) = (Vec::new(), Vec::new());
+        let mut line_no = 0;
+        let mut line = |text: &str, into_both: bool, all: &mut Vec<u8>, without: &mut Vec<u8>| {
+            let end = ends[line_no % ends.len()];
+            line_no += 1;
+            for (out, yes) in [(all, true), (without, into_both)] {
+                if yes {
+                    out.extend_from_slice(text.as_bytes());
+                    out.extend_from_slice(end.as_bytes());
+                }
+            }
+        };
+        for e in &events {
+            let (text, kept) = match e {
+                Event::Delta(t) => (format!("data: {}", json!({"choices": [{"index": 0, "delta": {"content": t}}]})), true),
+                Event::Comment(c) => (format!(": {}", c.replace(['\r', '\n'], " ")), true),
+                Event::Usage(i, o) => {
+                    (format!("data: {}", json!({"choices": [], "usage": {"prompt_tokens": i, "completion_tokens": o}})), false)
+                }
+            };
+            line(&text, kept, &mut all, &mut without);
+            line("", kept, &mut all, &mut without);
+        }
+        line("data: [DONE]", true, &mut all, &mut without);
+        line("", true, &mut all, &mut without);
+        (all, without)
+    }
+
+    /// Feed `body` cut at `cuts`; (what the client receives, the result).
+    fn relay_through(body: &[u8], cuts: &[usize], withhold: bool) -> (Vec<u8>, ScanResult) {
+        let mut s = UsageScanner::new(Shape::Chat, true, withhold);
+        let mut out = Vec::new();
+        let mut last = 0;
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+        cuts.sort_unstable();
+        for c in cuts.into_iter().chain(std::iter::once(body.len())) {
+            let chunk = Bytes::copy_from_slice(&body[last..c]);
+            match s.feed(&chunk) {
+                Some(replaced) => out.extend_from_slice(&replaced),
+                None => out.extend_from_slice(&chunk),
+            }
+            last = c;
+        }
+        if let Some(rest) = s.take_pending() {
+            out.extend_from_slice(&rest);
+        }
+        let r = s.finish();
+        (out, r)
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// Any events, any mix of LF / CRLF / CR line endings, any chunking: with the usage
+        /// chunk withheld the client gets exactly the upstream's bytes less that event; without,
+        /// exactly the upstream's bytes; the usage is read either way.
+        #[test]
+        fn the_client_gets_the_upstream_bytes_less_only_a_withheld_usage_event(
+            events in proptest::collection::vec(event_strategy(), 0..12),
+            usage_at in 0usize..13,
+            ends in proptest::sample::subsequence(vec!["\n", "\r\n", "\r"], 1..=3),
+            cuts in proptest::collection::vec(0usize..100_000, 0..20),
+        ) {
+            let (all, without) = chat_stream(&events, usage_at, &ends);
+            let (out, r) = relay_through(&all, &cuts, true);
+            proptest::prop_assert_eq!(&out, &without);
+            proptest::prop_assert_eq!((r.input, r.output), (Some(17), Some(5)));
+            proptest::prop_assert_eq!(r.body_bytes, out.len() as u64);
+            let (out, r) = relay_through(&all, &cuts, false);
+            proptest::prop_assert_eq!(&out, &all);
+            proptest::prop_assert_eq!((r.input, r.output), (Some(17), Some(5)));
+        }
+
+        /// Arbitrary bytes never panic the scanner, and pass through unchanged unless a
+        /// usage-only chat chunk is withheld.
+        #[test]
+        fn arbitrary_bytes_pass_through(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048),
+                                        cuts in proptest::collection::vec(0usize..4096, 0..8)) {
+            let (out, _) = relay_through(&body, &cuts, false);
+            proptest::prop_assert_eq!(&out, &body);
+            let _ = relay_through(&body, &cuts, true);
+        }
+    }
+
+    /// A line longer than the scanner joins (1 MiB) is passed on whole, in withhold mode too,
+    /// and the stream after it is still read.
+    #[test]
+    fn an_overlong_line_is_passed_on_unread() {
+        let long = format!("data: {{\"pad\":\"{}\"}}", "x".repeat(2 * MAX_LINE));
+        let (all, without) = chat_stream(&[Event::Delta("a".into())], 1, &["\n"]);
+        let mut body = format!("{long}\r\n\r\n").into_bytes();
+        body.extend_from_slice(&all);
+        let mut expected = format!("{long}\r\n\r\n").into_bytes();
+        expected.extend_from_slice(&without);
+        let cuts: Vec<usize> = (1..body.len()).step_by(300_000).collect();
+        let (out, r) = relay_through(&body, &cuts, true);
+        assert!(out == expected, "the long line reached the client whole, the usage event did not");
+        assert_eq!(r.output, Some(5));
     }
 
     #[test]
