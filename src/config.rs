@@ -849,6 +849,35 @@ keys:
         assert!(c.keys[0].enabled);
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(300))]
+
+        /// A config file with lines dropped, repeated or cut, or bytes inserted: loaded or
+        /// refused with a message, never a panic.
+        #[test]
+        fn a_damaged_config_is_loaded_or_refused(
+            edits in proptest::collection::vec((0usize..64, 0u8..4, proptest::prelude::any::<String>()), 0..6),
+        ) {
+            let mut lines: Vec<String> = format!("{MINIMAL}billing: {{ commit_interval_ms: 5 }}\nmax_body_bytes: 1000000\n")
+                .lines()
+                .map(str::to_string)
+                .collect();
+            for (at, kind, text) in edits {
+                let i = at % lines.len().max(1);
+                match kind {
+                    0 if !lines.is_empty() => { lines.remove(i); }
+                    1 if !lines.is_empty() => { let l = lines[i].clone(); lines.insert(i, l); }
+                    2 if !lines.is_empty() => { let l = &mut lines[i]; let cut = l.char_indices().nth(at % (l.len() + 1)).map_or(l.len(), |(p, _)| p); l.truncate(cut); }
+                    _ => lines.insert(i, text),
+                }
+            }
+            match Config::parse(&lines.join("\n"), &no_env) {
+                Ok(c) => proptest::prop_assert!(c.max_body_bytes > 0),
+                Err(e) => proptest::prop_assert!(!e.0.is_empty()),
+            }
+        }
+    }
+
     #[test]
     fn body_bounds_default_and_are_checked() {
         let c = Config::parse(MINIMAL, &no_env).expect("valid");

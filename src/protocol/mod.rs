@@ -349,8 +349,92 @@ pub fn rfc3339(unix: u64) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// Any JSON value (nested up to a few levels).
+    pub fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(Value::from),
+            any::<String>().prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 64, 8, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..8).prop_map(Value::Array),
+                proptest::collection::btree_map(any::<String>(), inner, 0..8).prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Any JSON object, with the body fields tollgate reads among arbitrary others.
+    pub fn arb_body() -> impl Strategy<Value = Value> {
+        (
+            proptest::collection::btree_map("[a-z_]{1,12}", arb_json(), 0..6),
+            proptest::option::of(any::<String>()),
+            proptest::option::of(any::<bool>()),
+            proptest::option::of(0u64..1_000_000),
+            proptest::option::of(arb_json()),
+        )
+            .prop_map(|(others, model, stream, max_tokens, stream_options)| {
+                let mut m: serde_json::Map<String, Value> = others.into_iter().collect();
+                for name in ["model", "stream", "max_tokens", "stream_options", "n", "max_completion_tokens", "max_output_tokens"] {
+                    m.remove(name);
+                }
+                if let Some(v) = model {
+                    m.insert("model".into(), Value::String(v));
+                }
+                if let Some(v) = stream {
+                    m.insert("stream".into(), Value::Bool(v));
+                }
+                if let Some(v) = max_tokens {
+                    m.insert("max_tokens".into(), Value::from(v));
+                }
+                if let Some(v) = stream_options {
+                    m.insert("stream_options".into(), v);
+                }
+                Value::Object(m)
+            })
+    }
+
+    fn real_count(v: &Value) -> usize {
+        1 + match v {
+            Value::Array(a) => a.iter().map(real_count).sum(),
+            Value::Object(m) => m.values().map(real_count).sum(),
+            _ => 0,
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// The fields are read from any object, whatever else it holds and however it is
+        /// formatted; arbitrary bytes are refused or read, never a panic.
+        #[test]
+        fn body_fields_reads_any_object(body in arb_body(), pretty in any::<bool>()) {
+            let bytes = if pretty { serde_json::to_vec_pretty(&body) } else { serde_json::to_vec(&body) }.expect("json");
+            let f = body_fields(&bytes).expect("an object is read");
+            prop_assert_eq!(f.model.as_deref(), body.get("model").and_then(Value::as_str));
+            prop_assert_eq!(f.stream, body.get("stream").and_then(Value::as_bool));
+            prop_assert_eq!(f.max_tokens, body.get("max_tokens").and_then(Value::as_u64));
+            prop_assert_eq!(f.stream_options.is_some(), body.get("stream_options").is_some());
+        }
+
+        #[test]
+        fn body_fields_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = body_fields(&bytes);
+        }
+
+        /// The value count never under-counts (the bound it enforces holds).
+        #[test]
+        fn the_value_count_is_at_least_the_real_one(v in arb_json()) {
+            let text = serde_json::to_string(&v).expect("json");
+            prop_assert!(json_value_count(text.as_bytes(), usize::MAX) >= real_count(&v));
+        }
+    }
 
     #[test]
     fn json_values_are_counted_outside_strings_only() {

@@ -119,12 +119,18 @@ pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result
             if body.get(start..end) != Some(text.as_bytes()) {
                 return Err(invalid());
             }
-            let mut opts = match super::parse_bounded(text, "stream_options")? {
-                serde_json::Value::Object(map) => map,
-                _ => serde_json::Map::new(),
-            };
-            opts.insert("include_usage".into(), serde_json::Value::Bool(true));
-            (start, end, serde_json::Value::Object(opts).to_string())
+            // The client's other options are kept verbatim (raw values, never re-encoded).
+            if super::json_value_count(text.as_bytes(), super::MAX_PARSED_VALUES) > super::MAX_PARSED_VALUES {
+                return Err(ApiError::new(
+                    ErrorKind::BadRequest,
+                    format!("stream_options: at most {} JSON values", super::MAX_PARSED_VALUES),
+                )
+                .with_param("stream_options"));
+            }
+            let mut opts: std::collections::BTreeMap<String, &serde_json::value::RawValue> = serde_json::from_str(text).unwrap_or_default();
+            let yes = serde_json::value::RawValue::from_string("true".into()).map_err(|_| invalid())?;
+            opts.insert("include_usage".into(), &yes);
+            (start, end, serde_json::to_string(&opts).map_err(|_| invalid())?)
         }
         None => {
             let open = body.iter().position(|&b| b == b'{').ok_or_else(invalid)?;
@@ -144,6 +150,34 @@ pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Whatever the client sent, the rewritten body is the same object with
+        /// `stream_options.include_usage: true` (the client's other options kept).
+        #[test]
+        fn include_usage_is_spliced_into_any_body(body in super::super::tests::arb_body(), pretty in any::<bool>()) {
+            let bytes = if pretty { serde_json::to_vec_pretty(&body) } else { serde_json::to_vec(&body) }.expect("json");
+            let fields = super::super::body_fields(&bytes).expect("fields");
+            let out = with_include_usage(&bytes, &fields).expect("rewritten");
+            let mut got: Value = serde_json::from_slice(&out).expect("still JSON");
+            prop_assert_eq!(&got["stream_options"]["include_usage"], &Value::Bool(true));
+            // Compared after the same parse (floats are not round-tripped exactly by serde_json).
+            let mut want: Value = serde_json::from_slice(&bytes).expect("json");
+            let mut opts = match want.get("stream_options") {
+                Some(Value::Object(m)) => m.clone(),
+                _ => serde_json::Map::new(),
+            };
+            opts.insert("include_usage".into(), Value::Bool(true));
+            want["stream_options"] = Value::Object(opts);
+            // Duplicate keys (a client's own stream_options next to ours) cannot occur: one object.
+            if let (Some(g), Some(w)) = (got.as_object_mut(), want.as_object()) {
+                prop_assert_eq!(&*g, w);
+            }
+        }
+    }
 
     #[test]
     fn error_shape() {

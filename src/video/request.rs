@@ -504,6 +504,33 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Any object, with any values under the fields validation reads: validated or refused
+        /// with a 400, never a panic.
+        #[test]
+        fn any_body_is_validated_or_refused_with_400(
+            others in crate::protocol::tests::arb_json(),
+            model in proptest::sample::select(vec!["genq3-pro", "genq2", "genq2-pro", "nope"]),
+            fields in proptest::collection::btree_map(
+                proptest::sample::select(vec!["prompt", "duration", "image", "images", "input_reference", "metadata"]),
+                crate::protocol::tests::arb_json(), 0..6),
+        ) {
+            let mut body = match others { Value::Object(m) => m, _ => Map::new() };
+            body.insert("model".into(), Value::String(model.into()));
+            for (k, v) in fields {
+                body.insert(k.into(), v);
+            }
+            let bytes = serde_json::to_vec(&Value::Object(body)).expect("json");
+            let enabled: Vec<String> = MODELS.iter().map(|m| m.to_string()).collect();
+            match parse_body(&bytes).and_then(|v| validate(&v, &enabled, true)) {
+                Ok(sub) => proptest::prop_assert!(sub.duration > 0),
+                Err(e) => proptest::prop_assert_eq!(e.status(), 400),
+            }
+        }
+    }
+
     #[test]
     fn a_body_is_parsed_into_the_fields_validation_reads_and_nothing_else() {
         let body = br#"{"model":"genq3-pro","prompt":"a cat","unknown":[0,0,0],"metadata":{"OffPeak":true},"duration":5}"#;
