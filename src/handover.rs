@@ -45,6 +45,11 @@ pub enum Message {
     Task(Box<Task>),
 }
 
+/// Read one message line (without its newline).
+pub fn decode(line: &[u8]) -> Result<Message, String> {
+    serde_json::from_slice::<Message>(line).map_err(|e| format!("bad message: {e}"))
+}
+
 /// Send one write to the process that has the database; returns once it is durable there.
 pub async fn send(socket: &Path, message: &Message) -> Result<(), StoreError> {
     let line = serde_json::to_string(message).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -172,8 +177,8 @@ pub struct HandoverServer {
 }
 
 impl HandoverServer {
-    async fn apply(&self, line: &str) -> Result<(), String> {
-        match serde_json::from_str::<Message>(line).map_err(|e| format!("bad message: {e}"))? {
+    async fn apply(&self, message: Message) -> Result<(), String> {
+        match message {
             Message::Booking(record) => self.ledger.book_forwarded(record).await.map(|_| ()).map_err(|e| e.to_string()),
             Message::Task(task) => match &self.video {
                 Some(v) => v.accept_forwarded_task(*task).await.map_err(|e| e.to_string()),
@@ -208,8 +213,8 @@ impl HandoverServer {
                     return;
                 }
             };
-            let answer = match std::str::from_utf8(&line).map_err(|e| format!("bad message: {e}")) {
-                Ok(text) => self.apply(text).await,
+            let answer = match decode(&line) {
+                Ok(message) => self.apply(message).await,
                 Err(e) => Err(e),
             };
             let answer = match answer {

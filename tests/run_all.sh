@@ -34,5 +34,14 @@ cargo clippy --locked --all-targets -- -D warnings 2>&1
 echo "== cargo test"
 cargo test --locked 2>&1
 
+echo "== fuzz targets (fuzz/), a bounded run each where cargo-fuzz and a nightly toolchain exist"
+if [ "${TOLLGATE_FUZZ:-1}" != "0" ] && cargo fuzz --version >/dev/null 2>&1 && rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+  for target in sse_scanner body_fields video_request config handover_message; do
+    (cd fuzz && cargo +nightly fuzz run -O "$target" -- -max_total_time="${TOLLGATE_FUZZ_SECS:-20}" -rss_limit_mb=4096) 2>&1 | tail -3
+  done
+else
+  echo "fuzzing skipped: needs cargo-fuzz (cargo install cargo-fuzz) and a nightly toolchain (rustup toolchain install nightly); TOLLGATE_FUZZ=0 skips it"
+fi
+
 echo "== SDK compatibility suite"
 TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/sdk
