@@ -134,7 +134,7 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
     match route {
         Route::NotFound { shape } => *shape,
         Route::Models if client_version(req).is_some() => Protocol::Anthropic,
-        Route::Models | Route::Usage => Protocol::Openai,
+        Route::Models | Route::Usage | Route::Root => Protocol::Openai,
         Route::GeminiModels | Route::GeminiModel { .. } => Protocol::Gemini,
         other => other.relay_protocol().unwrap_or(Protocol::Openai),
     }
@@ -170,6 +170,11 @@ impl Gateway {
         }
         if let Route::NotFound { .. } = route {
             return Err(ApiError::new(ErrorKind::NotFound, format!("Unknown endpoint: {} {}", req.method, req.uri.path())));
+        }
+        if route == Route::Root {
+            // A reachability probe (agent CLIs send one to their base URL): no key needed,
+            // nothing about the configuration shown.
+            return Ok(Outcome::Respond(LocalResponse::json(200, &serde_json::json!({"object": "tollgate", "status": "ok"}))));
         }
         let key = self.keys.authenticate(auth::extract_key(&req.headers))?;
         ctx.key_name = Some(key.name.clone());

@@ -25,6 +25,8 @@ pub enum Route {
         model: String,
     },
     Usage,
+    /// `GET /` and `HEAD /`: a reachability probe of the base URL (answered without a key).
+    Root,
     /// `POST /v1/videos`; legacy: `/v1/video/generations`, `/v1/videos/generations`.
     VideoCreate {
         legacy: bool,
@@ -81,6 +83,7 @@ impl Route {
             Route::GeminiModels => "gemini_models",
             Route::GeminiModel { .. } => "gemini_model",
             Route::Usage => "usage",
+            Route::Root => "root",
             Route::VideoCreate { .. } => "video_create",
             Route::VideoGet { .. } => "video_get",
             Route::VideoContent { .. } => "video_content",
@@ -128,6 +131,7 @@ pub fn classify(method: &str, path: &str) -> Route {
         ("POST", "/messages") => Route::Messages,
         ("GET", "/models") => Route::Models,
         ("GET", "/usage") => Route::Usage,
+        ("GET" | "HEAD", "/") if v1.is_none() => Route::Root,
         _ => not_found(),
     }
 }
@@ -229,7 +233,7 @@ mod tests {
         assert_eq!(classify("GET", "/v1/messages/batches"), Route::NotFound { shape: Protocol::Anthropic });
         assert_eq!(classify("GET", "/v1beta/files"), Route::NotFound { shape: Protocol::Gemini });
         assert_eq!(classify("POST", "/v1x/chat/completions"), Route::NotFound { shape: Protocol::Openai });
-        assert_eq!(classify("GET", "/"), Route::NotFound { shape: Protocol::Openai });
+        assert_eq!(classify("POST", "/"), Route::NotFound { shape: Protocol::Openai });
     }
 
     #[test]
@@ -243,6 +247,14 @@ mod tests {
         assert_eq!(classify("GET", "/v1/videos/a/b"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("DELETE", "/v1/videos/task_abc"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("GET", "/v1/videos"), Route::NotFound { shape: Protocol::Openai });
+    }
+
+    #[test]
+    fn the_root_is_a_probe_for_get_and_head_only() {
+        assert_eq!(classify("GET", "/"), Route::Root);
+        assert_eq!(classify("HEAD", "/"), Route::Root);
+        assert!(matches!(classify("POST", "/"), Route::NotFound { .. }));
+        assert!(matches!(classify("GET", "/v1/"), Route::NotFound { .. }));
     }
 
     #[test]

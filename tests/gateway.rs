@@ -569,3 +569,33 @@ async fn expect_100_continue_is_answered_after_the_checks() {
     let answer = tokio::time::timeout(Duration::from_secs(10), read_until(&mut s, "\r\n\r\n")).await.expect("answer");
     assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
 }
+
+/// `HEAD /` and `GET /`: the reachability probe agent CLIs send to their base URL answers 200,
+/// with or without a key, and shows nothing of the configuration.
+#[tokio::test]
+async fn the_base_url_answers_a_probe_without_secrets() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let c = client();
+    for key in [None, Some(CLIENT_KEY)] {
+        let mut get = c.get(gw.url("/"));
+        let mut head = c.head(gw.url("/"));
+        if let Some(k) = key {
+            get = get.bearer_auth(k);
+            head = head.bearer_auth(k);
+        }
+        let r = head.send().await.expect("head");
+        assert_eq!(r.status(), 200);
+        assert!(r.bytes().await.expect("body").is_empty(), "HEAD has no body");
+        let r = get.send().await.expect("get");
+        assert_eq!(r.status(), 200);
+        let text = r.text().await.expect("body");
+        let v: Value = serde_json::from_str(&text).expect("json");
+        assert_eq!(v["status"], "ok");
+        for secret in [UPSTREAM_KEY, CLIENT_KEY, "127.0.0.1", "alpha-5.5"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+    }
+    // Other methods on the root are still unknown.
+    assert_eq!(c.post(gw.url("/")).bearer_auth(CLIENT_KEY).send().await.expect("post").status(), 404);
+}
