@@ -325,6 +325,12 @@ impl Gateway {
     /// byte goes to the client (with `sync_commit`, after the record is on disk).
     async fn settle(&self, plan: &mut RelayPlan, scan: Option<crate::meter::ScanResult>, status: u16) {
         let Some(hold) = plan.hold.take() else { return };
+        if !plan.route.billed() {
+            // Token counting: no charge, no usage record (the hold, zero, is released).
+            drop(hold);
+            plan.billed = Some((Default::default(), 0, false));
+            return;
+        }
         let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len);
         let cost = plan.routing.prices.cost(&plan.model, usage);
         plan.billed = Some((usage, cost, estimated));

@@ -290,7 +290,16 @@ impl MockUpstream {
         for (k, v) in req.headers.iter() {
             headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
         }
-        let Some(kind) = kind_of(&path) else {
+        // Token counting (`/v1/messages/count_tokens`, `…/models/{m}:countTokens`): the
+        // protocol's credential, errors and answer shape, no generation.
+        let counting = if path.ends_with("/v1/messages/count_tokens") {
+            Some(Kind::Messages)
+        } else if path.contains("/models/") && path.ends_with(":countTokens") {
+            Some(Kind::Generate { stream: false })
+        } else {
+            None
+        };
+        let Some(kind) = counting.or_else(|| kind_of(&path)) else {
             return send(session, 404, "application/json", Bytes::from_static(b"{\"error\":\"mock: unknown path\"}"), &[]).await;
         };
         let model = match kind {
@@ -320,6 +329,14 @@ impl MockUpstream {
             return send(session, status, "application/json", b.into(), &[("x-mock-error", "yes")]).await;
         }
 
+        if counting.is_some() {
+            let n = pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i);
+            let answer = match kind {
+                Kind::Messages => json!({"input_tokens": n}),
+                _ => json!({"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}),
+            };
+            return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
+        }
         let input = parsed.get("input");
         let call = Call {
             kind,

@@ -292,11 +292,11 @@ pub struct Draft {
 pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, client_body: bytes::Bytes) -> Result<Draft, ApiError> {
     let catalog = &routing.catalog;
     let fields = match route {
-        Route::GenerateContent { .. } if client_body.is_empty() => BodyFields::default(),
+        Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } if client_body.is_empty() => BodyFields::default(),
         _ => body_fields(&client_body)?,
     };
     let model = match route {
-        Route::GenerateContent { model, .. } => model.clone(),
+        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } => model.clone(),
         _ => fields
             .model
             .clone()
@@ -316,13 +316,17 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         .to_vec();
     let output_allowance = match route {
         Route::Embeddings => 0,
+        _ if !route.billed() => 0,
         _ => output_allowance(&fields, protocol, routing, &model)?,
     };
-    let hold_nanos =
+    let hold_nanos = if !route.billed() {
+        0
+    } else {
         routing.prices.hold_cost(&model, crate::billing::hold_input_tokens(client_body.len()), output_allowance).ok_or_else(|| {
             log::error!("model {model} is served without a price; refused");
             ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
-        })?;
+        })?
+    };
     let withhold_usage =
         *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
     let body = if withhold_usage { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };

@@ -25,6 +25,12 @@ pub enum Route {
         model: String,
     },
     Usage,
+    /// `POST /v1/messages/count_tokens`: relayed, rate-limited, not billed.
+    CountTokens,
+    /// `POST /v1beta/models/{model}:countTokens` (also under `/v1/models/`): relayed, not billed.
+    GeminiCountTokens {
+        model: String,
+    },
     /// `GET /` and `HEAD /`: a reachability probe of the base URL (answered without a key).
     Root,
     /// `POST /v1/videos`; legacy: `/v1/video/generations`, `/v1/videos/generations`.
@@ -51,10 +57,15 @@ impl Route {
     pub fn relay_protocol(&self) -> Option<Protocol> {
         match self {
             Route::ChatCompletions | Route::Responses | Route::Embeddings => Some(Protocol::Openai),
-            Route::Messages => Some(Protocol::Anthropic),
-            Route::GenerateContent { .. } => Some(Protocol::Gemini),
+            Route::Messages | Route::CountTokens => Some(Protocol::Anthropic),
+            Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } => Some(Protocol::Gemini),
             _ => None,
         }
+    }
+
+    /// Whether a relayed route is billed (token counting is not).
+    pub fn billed(&self) -> bool {
+        !matches!(self, Route::CountTokens | Route::GeminiCountTokens { .. })
     }
 
     /// How the response of a relayed route reports usage.
@@ -83,6 +94,8 @@ impl Route {
             Route::GeminiModels => "gemini_models",
             Route::GeminiModel { .. } => "gemini_model",
             Route::Usage => "usage",
+            Route::CountTokens => "count_tokens",
+            Route::GeminiCountTokens { .. } => "gemini_count_tokens",
             Route::Root => "root",
             Route::VideoCreate { .. } => "video_create",
             Route::VideoGet { .. } => "video_get",
@@ -129,6 +142,7 @@ pub fn classify(method: &str, path: &str) -> Route {
         ("POST", "/responses") => Route::Responses,
         ("POST", "/embeddings") => Route::Embeddings,
         ("POST", "/messages") => Route::Messages,
+        ("POST", "/messages/count_tokens") => Route::CountTokens,
         ("GET", "/models") => Route::Models,
         ("GET", "/usage") => Route::Usage,
         ("GET" | "HEAD", "/") if v1.is_none() => Route::Root,
@@ -179,6 +193,9 @@ fn generate_content(method: &str, name: &str) -> Option<Route> {
     if method != "POST" {
         return None;
     }
+    if let Some(model) = name.strip_suffix(":countTokens").filter(|m| !m.is_empty() && !m.contains('/') && !m.contains(':')) {
+        return Some(Route::GeminiCountTokens { model: model.to_string() });
+    }
     let (model, stream) = crate::protocol::gemini::model_and_action(name)?;
     Some(Route::GenerateContent { model: model.to_string(), stream })
 }
@@ -215,7 +232,13 @@ mod tests {
         assert_eq!(classify("POST", "/v1beta/models/gamma-3.5-flash:streamGenerateContent"), g("gamma-3.5-flash", true));
         assert_eq!(classify("POST", "/v1/models/gamma-3.5-flash:generateContent"), g("gamma-3.5-flash", false));
         assert_eq!(classify("POST", "/v1/models/gamma-3.5-flash:streamGenerateContent"), g("gamma-3.5-flash", true));
-        assert_eq!(classify("POST", "/v1beta/models/gamma:countTokens"), Route::NotFound { shape: Protocol::Gemini });
+        let count = |m: &str| Route::GeminiCountTokens { model: m.into() };
+        assert_eq!(classify("POST", "/v1beta/models/gamma:countTokens"), count("gamma"));
+        assert_eq!(classify("POST", "/v1/models/gamma:countTokens"), count("gamma"));
+        assert_eq!(classify("POST", "/v1/messages/count_tokens"), Route::CountTokens);
+        assert_eq!(classify("POST", "/messages/count_tokens"), Route::CountTokens);
+        assert!(!Route::CountTokens.billed() && !count("g").billed() && Route::Messages.billed());
+        assert_eq!(classify("POST", "/v1beta/models/gamma:embedContent"), Route::NotFound { shape: Protocol::Gemini });
         assert_eq!(classify("GET", "/v1beta/models/gamma:generateContent"), Route::NotFound { shape: Protocol::Gemini });
     }
 

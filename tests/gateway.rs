@@ -599,3 +599,65 @@ async fn the_base_url_answers_a_probe_without_secrets() {
     // Other methods on the root are still unknown.
     assert_eq!(c.post(gw.url("/")).bearer_auth(CLIENT_KEY).send().await.expect("post").status(), 404);
 }
+
+/// Token counting (`anthropic` SDK `messages.count_tokens`, Claude Code; `google-genai`
+/// `models.count_tokens`, Gemini CLI): relayed with the provider's key and the same group rules,
+/// answered in the service's shape, not billed and not recorded.
+#[tokio::test]
+async fn token_counting_is_relayed_and_not_billed() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let before = balance(&gw, CLIENT_KEY).await;
+    let tag = format!("count-{}", std::process::id());
+    let body = json!({"model": "beta-opus-4-7", "messages": [{"role": "user", "content": "hello"}]});
+    for path in ["/v1/messages/count_tokens", "/messages/count_tokens"] {
+        let r = client()
+            .post(gw.url(path))
+            .header("x-api-key", CLIENT_KEY)
+            .header("anthropic-version", "2023-06-01")
+            .header("x-mock-usage", "42,0")
+            .header("x-test-tag", &tag)
+            .json(&body)
+            .send()
+            .await
+            .expect("count");
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.json::<Value>().await.expect("json"), json!({"input_tokens": 42}));
+    }
+    let contents = json!({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]});
+    for path in ["/v1beta/models/gamma-3.5-flash:countTokens", "/v1/models/gamma-3.5-flash:countTokens"] {
+        let r = client()
+            .post(gw.url(path))
+            .header("x-goog-api-key", CLIENT_KEY)
+            .header("x-mock-usage", "7,0")
+            .header("x-test-tag", &tag)
+            .json(&contents)
+            .send()
+            .await
+            .expect("count");
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.json::<Value>().await.expect("json")["totalTokens"], 7);
+    }
+    let seen = mock_requests(&mock, &tag).await;
+    assert_eq!(seen.len(), 4);
+    let text = serde_json::to_string(&seen).expect("json");
+    assert!(!text.contains(CLIENT_KEY), "no client key reached the upstream: {text}");
+    assert_eq!(seen[0]["path"], "/an/v1/messages/count_tokens");
+    assert_eq!(seen[2]["path"], "/ge/v1beta/models/gamma-3.5-flash:countTokens");
+    assert_eq!(seen[3]["path"], "/ge/v1/models/gamma-3.5-flash:countTokens");
+    // Not billed, not recorded.
+    assert_eq!(balance(&gw, CLIENT_KEY).await, before);
+    assert_eq!(usage(&gw, CLIENT_KEY).await["total"]["requests"], 0);
+    // The same group rules: a chat-only key cannot count messages tokens; unknown models are 404.
+    let r = client().post(gw.url("/v1/messages/count_tokens")).header("x-api-key", CHAT_KEY).json(&body).send().await.expect("count");
+    assert_eq!(r.status(), 404);
+    let r = client()
+        .post(gw.url("/v1/messages/count_tokens"))
+        .header("x-api-key", CLIENT_KEY)
+        .json(&json!({"model": "nope", "messages": []}))
+        .send()
+        .await
+        .expect("count");
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.json::<Value>().await.expect("json")["type"], "error", "the messages error shape");
+}
