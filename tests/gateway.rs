@@ -149,7 +149,7 @@ async fn unknown_paths_are_404_in_the_fitting_shape() {
     assert_eq!(r.status(), 404);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["error"]["type"], "not_found_error");
-    let r = client().post(gw.url("/v1beta/models/gamma-3.5-flash:countTokens")).header(auth.0, &auth.1).send().await.expect("req");
+    let r = client().post(gw.url("/v1beta/models/gamma-3.5-flash:noSuchAction")).header(auth.0, &auth.1).send().await.expect("req");
     assert_eq!(r.status(), 404);
     let v: Value = r.json().await.expect("json");
     assert_eq!(v["error"]["status"], "NOT_FOUND");
