@@ -331,6 +331,13 @@ impl Gateway {
             plan.billed = Some((Default::default(), 0, false));
             return;
         }
+        // An embeddings answer is vectors: unreported output is 0, not its bytes.
+        let scan = scan.map(|mut s| {
+            if plan.route.embeds() && s.output.is_none() && (200..300).contains(&status) {
+                s.output = Some(0);
+            }
+            s
+        });
         let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len);
         let cost = plan.routing.prices.cost(&plan.model, usage);
         plan.billed = Some((usage, cost, estimated));

@@ -299,7 +299,8 @@ impl MockUpstream {
         } else {
             None
         };
-        let Some(kind) = counting.or_else(|| kind_of(&path)) else {
+        let embedding = path.contains("/models/") && (path.ends_with(":embedContent") || path.ends_with(":batchEmbedContents"));
+        let Some(kind) = counting.or(embedding.then_some(Kind::Generate { stream: false })).or_else(|| kind_of(&path)) else {
             return send(session, 404, "application/json", Bytes::from_static(b"{\"error\":\"mock: unknown path\"}"), &[]).await;
         };
         let model = match kind {
@@ -329,6 +330,15 @@ impl MockUpstream {
             return send(session, status, "application/json", b.into(), &[("x-mock-error", "yes")]).await;
         }
 
+        // Embeddings of generate-content (no usage reported, as the service does).
+        if embedding {
+            let vector = json!({"values": [0.125, -0.5, 0.25]});
+            let answer = match parsed.get("requests").and_then(Value::as_array) {
+                Some(items) => json!({"embeddings": vec![vector; items.len()]}),
+                None => json!({"embedding": vector}),
+            };
+            return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
+        }
         if counting.is_some() {
             let n = pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i);
             let answer = match kind {

@@ -292,11 +292,13 @@ pub struct Draft {
 pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, client_body: bytes::Bytes) -> Result<Draft, ApiError> {
     let catalog = &routing.catalog;
     let fields = match route {
-        Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } if client_body.is_empty() => BodyFields::default(),
+        Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } | Route::GeminiEmbed { .. } if client_body.is_empty() => {
+            BodyFields::default()
+        }
         _ => body_fields(&client_body)?,
     };
     let model = match route {
-        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } => model.clone(),
+        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => model.clone(),
         _ => fields
             .model
             .clone()
@@ -315,7 +317,7 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         })?
         .to_vec();
     let output_allowance = match route {
-        Route::Embeddings => 0,
+        _ if route.embeds() => 0,
         _ if !route.billed() => 0,
         _ => output_allowance(&fields, protocol, routing, &model)?,
     };

@@ -25,6 +25,11 @@ pub enum Route {
         model: String,
     },
     Usage,
+    /// `POST /v1beta/models/{model}:embedContent` / `:batchEmbedContents` (also under `/v1/models/`).
+    GeminiEmbed {
+        model: String,
+        batch: bool,
+    },
     /// `POST /v1/messages/count_tokens`: relayed, rate-limited, not billed.
     CountTokens,
     /// `POST /v1beta/models/{model}:countTokens` (also under `/v1/models/`): relayed, not billed.
@@ -58,9 +63,15 @@ impl Route {
         match self {
             Route::ChatCompletions | Route::Responses | Route::Embeddings => Some(Protocol::Openai),
             Route::Messages | Route::CountTokens => Some(Protocol::Anthropic),
-            Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } => Some(Protocol::Gemini),
+            Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } | Route::GeminiEmbed { .. } => Some(Protocol::Gemini),
             _ => None,
         }
+    }
+
+    /// An embeddings route: its answer is vectors, not generated tokens (output is 0 when the
+    /// service reports no usage).
+    pub fn embeds(&self) -> bool {
+        matches!(self, Route::Embeddings | Route::GeminiEmbed { .. })
     }
 
     /// Whether a relayed route is billed (token counting is not).
@@ -76,7 +87,7 @@ impl Route {
             Route::Responses => Some(Shape::Responses),
             Route::Embeddings => Some(Shape::Embeddings),
             Route::Messages => Some(Shape::Messages),
-            Route::GenerateContent { .. } => Some(Shape::Gemini),
+            Route::GenerateContent { .. } | Route::GeminiEmbed { .. } => Some(Shape::Gemini),
             _ => None,
         }
     }
@@ -96,6 +107,8 @@ impl Route {
             Route::Usage => "usage",
             Route::CountTokens => "count_tokens",
             Route::GeminiCountTokens { .. } => "gemini_count_tokens",
+            Route::GeminiEmbed { batch: false, .. } => "embed_content",
+            Route::GeminiEmbed { batch: true, .. } => "batch_embed_contents",
             Route::Root => "root",
             Route::VideoCreate { .. } => "video_create",
             Route::VideoGet { .. } => "video_get",
@@ -193,8 +206,15 @@ fn generate_content(method: &str, name: &str) -> Option<Route> {
     if method != "POST" {
         return None;
     }
-    if let Some(model) = name.strip_suffix(":countTokens").filter(|m| !m.is_empty() && !m.contains('/') && !m.contains(':')) {
+    let plain = |m: &&str| !m.is_empty() && !m.contains('/') && !m.contains(':');
+    if let Some(model) = name.strip_suffix(":countTokens").filter(plain) {
         return Some(Route::GeminiCountTokens { model: model.to_string() });
+    }
+    if let Some(model) = name.strip_suffix(":embedContent").filter(plain) {
+        return Some(Route::GeminiEmbed { model: model.to_string(), batch: false });
+    }
+    if let Some(model) = name.strip_suffix(":batchEmbedContents").filter(plain) {
+        return Some(Route::GeminiEmbed { model: model.to_string(), batch: true });
     }
     let (model, stream) = crate::protocol::gemini::model_and_action(name)?;
     Some(Route::GenerateContent { model: model.to_string(), stream })
@@ -238,7 +258,9 @@ mod tests {
         assert_eq!(classify("POST", "/v1/messages/count_tokens"), Route::CountTokens);
         assert_eq!(classify("POST", "/messages/count_tokens"), Route::CountTokens);
         assert!(!Route::CountTokens.billed() && !count("g").billed() && Route::Messages.billed());
-        assert_eq!(classify("POST", "/v1beta/models/gamma:embedContent"), Route::NotFound { shape: Protocol::Gemini });
+        assert_eq!(classify("POST", "/v1beta/models/gamma:embedContent"), Route::GeminiEmbed { model: "gamma".into(), batch: false });
+        assert_eq!(classify("POST", "/v1/models/gamma:batchEmbedContents"), Route::GeminiEmbed { model: "gamma".into(), batch: true });
+        assert!(Route::GeminiEmbed { model: "g".into(), batch: true }.embeds() && Route::Embeddings.embeds() && !Route::Messages.embeds());
         assert_eq!(classify("GET", "/v1beta/models/gamma:generateContent"), Route::NotFound { shape: Protocol::Gemini });
     }
 

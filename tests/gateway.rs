@@ -661,3 +661,30 @@ async fn token_counting_is_relayed_and_not_billed() {
     assert_eq!(r.status(), 404);
     assert_eq!(r.json::<Value>().await.expect("json")["type"], "error", "the messages error shape");
 }
+
+/// `embedContent` / `batchEmbedContents` (google-genai `models.embed_content`): relayed to the
+/// gemini provider with its key; the service reports no usage, so the input is estimated from
+/// the request and the output (vectors) is 0.
+#[tokio::test]
+async fn gemini_embeddings_are_relayed_and_billed_by_estimate() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    let tag = format!("embed-{}", std::process::id());
+    let one = json!({"content": {"parts": [{"text": "hello embeddings"}]}});
+    let r = post(&gw.url("/v1beta/models/gamma-3.5-flash:embedContent"), ("x-goog-api-key", CLIENT_KEY), &tag, &one).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.expect("json")["embedding"]["values"].as_array().map(Vec::len), Some(3));
+    let batch = json!({"requests": [one.clone(), one.clone()]});
+    let r = post(&gw.url("/v1/models/gamma-3.5-flash:batchEmbedContents"), ("x-goog-api-key", CLIENT_KEY), &tag, &batch).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.expect("json")["embeddings"].as_array().map(Vec::len), Some(2));
+    let seen = mock_requests(&mock, &tag).await;
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0]["path"], "/ge/v1beta/models/gamma-3.5-flash:embedContent");
+    assert!(!serde_json::to_string(&seen).expect("json").contains(CLIENT_KEY));
+    let u = wait_requests(&gw, CLIENT_KEY, 2).await;
+    let row = u["models"].as_array().and_then(|m| m.iter().find(|r| r["model"] == "gamma-3.5-flash")).expect("row");
+    assert_eq!(row["requests"], 2);
+    assert_eq!(row["output_tokens"], 0, "vectors are not output tokens: {u}");
+    assert!(row["input_tokens"].as_u64().is_some_and(|n| n > 0), "input estimated from the request: {u}");
+}
