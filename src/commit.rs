@@ -131,6 +131,7 @@ impl Writer {
             if background {
                 lower_priority();
             }
+            // SAFETY: gettid has no preconditions and cannot fail.
             #[cfg(test)]
             let _ = tid_tx.send(unsafe { libc::gettid() });
             run(db, window, &thread_shared, &thread_stats)
@@ -371,6 +372,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     fn a_background_writer_runs_below_the_process_priority_and_a_waited_for_one_does_not() {
         let (_dir, slot) = db();
+        // SAFETY: gettid has no preconditions and cannot fail.
         let own = nice_of(unsafe { libc::gettid() });
         let background = Writer::start(slot.clone(), Duration::from_millis(10), true).expect("writer");
         let waited_for = Writer::start(slot, Duration::from_millis(10), false).expect("writer");
