@@ -20,12 +20,14 @@ pub fn fallback_input_tokens(body_len: usize) -> u64 {
 /// is billed for every byte the client received (about four bytes a token, at least one
 /// token: text, reasoning, tool-call arguments and JSON framing alike) plus an input estimate.
 /// A failed answer is billed only for the content it carried; one that produced nothing
-/// (upstream error, no answer) is billed nothing.
-pub fn billed_usage(scan: Option<ScanResult>, status: u16, request_len: usize) -> (Usage, bool) {
+/// (upstream error, no answer) is billed nothing. An answer of `vectors` (embeddings) generates
+/// no tokens: a successful one without a report is billed its input estimate and no output.
+pub fn billed_usage(scan: Option<ScanResult>, status: u16, request_len: usize, vectors: bool) -> (Usage, bool) {
     let Some(scan) = scan else { return (Usage::default(), false) };
     let input = scan.input.unwrap_or_else(|| fallback_input_tokens(request_len));
     let reported = |output| Usage { input, cached: scan.cached.unwrap_or(0), cache_write: scan.cache_write.unwrap_or(0), output };
-    if let Some(output) = scan.output {
+    let output = scan.output.or_else(|| (vectors && (200..300).contains(&status)).then_some(0));
+    if let Some(output) = output {
         return (reported(output), scan.input.is_none());
     }
     if (200..300).contains(&status) {
@@ -52,29 +54,38 @@ mod tests {
 
     #[test]
     fn reported_usage_is_billed_as_reported() {
-        assert_eq!(billed_usage(scan(Some(10), Some(3), 12, 500), 200, 400), (usage(10, 3), false));
+        assert_eq!(billed_usage(scan(Some(10), Some(3), 12, 500), 200, 400, false), (usage(10, 3), false));
         let with_cache =
             Some(ScanResult { input: Some(10), cached: Some(4), cache_write: Some(6), output: Some(3), text_bytes: 0, body_bytes: 9 });
-        assert_eq!(billed_usage(with_cache, 200, 400), (Usage { input: 10, cached: 4, cache_write: 6, output: 3 }, false));
+        assert_eq!(billed_usage(with_cache, 200, 400, false), (Usage { input: 10, cached: 4, cache_write: 6, output: 3 }, false));
     }
 
     #[test]
     fn a_successful_answer_without_usage_is_billed_for_every_byte_received() {
         // A stream cut before its usage: 9 bytes of text inside 180 bytes of events.
-        assert_eq!(billed_usage(scan(None, None, 9, 180), 200, 400), (usage(100, 45), true));
+        assert_eq!(billed_usage(scan(None, None, 9, 180), 200, 400, false), (usage(100, 45), true));
         // Messages: input known from message_start, output from what was received.
-        assert_eq!(billed_usage(scan(Some(20), None, 1, 40), 200, 400), (usage(20, 10), true));
+        assert_eq!(billed_usage(scan(Some(20), None, 1, 40), 200, 400, false), (usage(20, 10), true));
         // Tool calls, JSON, anything the text count does not read: still every byte.
-        assert_eq!(billed_usage(scan(None, None, 0, 4000), 200, 400), (usage(100, 1000), true));
+        assert_eq!(billed_usage(scan(None, None, 0, 4000), 200, 400, false), (usage(100, 1000), true));
         // Never zero: a 2xx that delivered nothing still bills input and one output token.
-        assert_eq!(billed_usage(scan(None, None, 0, 0), 200, 400), (usage(100, 1), true));
+        assert_eq!(billed_usage(scan(None, None, 0, 0), 200, 400, false), (usage(100, 1), true));
     }
 
     #[test]
     fn failed_answers_bill_only_what_they_carried() {
-        assert_eq!(billed_usage(None, 502, 400), (Usage::default(), false));
-        assert_eq!(billed_usage(scan(None, None, 0, 120), 429, 400), (Usage::default(), false));
-        assert_eq!(billed_usage(scan(None, None, 8, 120), 500, 400), (usage(100, 2), true));
+        assert_eq!(billed_usage(None, 502, 400, false), (Usage::default(), false));
+        assert_eq!(billed_usage(scan(None, None, 0, 120), 429, 400, false), (Usage::default(), false));
+        assert_eq!(billed_usage(scan(None, None, 8, 120), 500, 400, false), (usage(100, 2), true));
+    }
+
+    #[test]
+    fn an_unreported_embeddings_answer_bills_its_input_and_no_output() {
+        // Vectors are not generated tokens: 2xx without a report → input estimate, output 0.
+        assert_eq!(billed_usage(scan(None, None, 0, 4000), 200, 400, true), (usage(100, 0), true));
+        assert_eq!(billed_usage(scan(Some(6), Some(0), 0, 4000), 200, 400, true), (usage(6, 0), false));
+        // A failed one is billed as any other.
+        assert_eq!(billed_usage(scan(None, None, 0, 120), 429, 400, true), (Usage::default(), false));
     }
 
     #[test]

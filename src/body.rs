@@ -4,7 +4,7 @@
 //! buffered body bytes (`max_buffered_body_bytes`, 503 with `Retry-After`), so that no number
 //! of large or slow requests can take the memory of the host.
 
-use crate::protocol::{ApiError, ErrorKind};
+use crate::protocol::{header_str, ApiError, ErrorKind};
 use bytes::{Bytes, BytesMut};
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
@@ -112,8 +112,7 @@ fn unreadable(e: &pingora_error::Error) -> ApiError {
 pub async fn read(session: &mut Session, limits: &BodyLimits) -> Result<ClientBody, ApiError> {
     let deadline = tokio::time::Instant::now() + limits.read_timeout;
     let mut reservation = limits.budget.reservation();
-    let declared =
-        session.req_header().headers.get("content-length").and_then(|v| v.to_str().ok()).and_then(|v| v.trim().parse::<u64>().ok());
+    let declared = header_str(session.req_header(), "content-length").and_then(|v| v.trim().parse::<u64>().ok());
     if let Some(n) = declared {
         if n > limits.max_bytes as u64 {
             return Err(too_large(limits.max_bytes));
@@ -124,12 +123,7 @@ pub async fn read(session: &mut Session, limits: &BodyLimits) -> Result<ClientBo
         }
     }
     // The checks passed: tell a client that waits for it (curl does above 1 MiB) to send.
-    let expects_continue = session
-        .req_header()
-        .headers
-        .get("expect")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
+    let expects_continue = header_str(session.req_header(), "expect").is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
     if expects_continue {
         let write = async {
             let continue_header = ResponseHeader::build(100, Some(0))?;

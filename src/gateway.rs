@@ -27,7 +27,7 @@ use crate::ledger::{now_ms, Hold, Ledger, UsageRecord, NANOS_PER_USD};
 use crate::config::{Platform, Protocol};
 use crate::limits::Limits;
 use crate::meter::{Shape, UsageScanner};
-use crate::protocol::{anthropic, gemini, openai, ApiError, ErrorKind};
+use crate::protocol::{anthropic, gemini, header_str, openai, ApiError, ErrorKind};
 use crate::relay::{self, Routing};
 use crate::response::LocalResponse;
 use crate::route::{self, Route};
@@ -118,10 +118,6 @@ enum Outcome {
     Relay(Box<RelayPlan>),
     /// The response has been written already (a streamed video).
     Done,
-}
-
-fn header_str<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
-    req.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// The client's messages-protocol version header, under either name.
@@ -245,6 +241,7 @@ impl Gateway {
                 return Err(ApiError::new(ErrorKind::Internal, "Internal error while checking the balance."));
             }
         };
+        let billed = route.billed();
         Ok(Outcome::Relay(Box::new(RelayPlan {
             routing: routing.clone(),
             route,
@@ -255,7 +252,9 @@ impl Gateway {
             client_body_len: draft.client_body_len,
             client_version: version,
             key,
-            hold: Some(hold),
+            // An unbilled route (token counting) still needs a key in credit, but holds
+            // nothing and is not settled: no charge, no usage record.
+            hold: billed.then_some(hold),
             withhold_usage: draft.withhold_usage,
             started: Instant::now(),
             billed: None,
@@ -325,20 +324,7 @@ impl Gateway {
     /// byte goes to the client (with `sync_commit`, after the record is on disk).
     async fn settle(&self, plan: &mut RelayPlan, scan: Option<crate::meter::ScanResult>, status: u16) {
         let Some(hold) = plan.hold.take() else { return };
-        if !plan.route.billed() {
-            // Token counting: no charge, no usage record (the hold, zero, is released).
-            drop(hold);
-            plan.billed = Some((Default::default(), 0, false));
-            return;
-        }
-        // An embeddings answer is vectors: unreported output is 0, not its bytes.
-        let scan = scan.map(|mut s| {
-            if plan.route.embeds() && s.output.is_none() && (200..300).contains(&status) {
-                s.output = Some(0);
-            }
-            s
-        });
-        let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len);
+        let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len, plan.route.embeds());
         let cost = plan.routing.prices.cost(&plan.model, usage);
         plan.billed = Some((usage, cost, estimated));
         let input_total = usage.input.saturating_add(usage.cached).saturating_add(usage.cache_write);

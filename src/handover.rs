@@ -273,23 +273,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn booking(key: &str) -> UsageRecord {
-        UsageRecord {
-            time_ms: crate::ledger::now_ms(),
-            key_id: key.into(),
-            model: "m".into(),
-            protocol: "openai".into(),
-            route: "chat_completions".into(),
-            input_tokens: 1,
-            cached_tokens: 0,
-            cache_write_tokens: 0,
-            output_tokens: 1,
-            cost_nanos: 10,
-            status: 200,
-            latency_ms: 1,
-            estimated: false,
-            seq: 0,
-            balance_after: 0,
-        }
+        crate::ledger::tests::record(key, "m", 10, crate::ledger::now_ms())
     }
 
     struct Running {

@@ -663,10 +663,11 @@ pub fn now_ms() -> u64 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn record(key: &str, model: &str, cost: i64, t: u64) -> UsageRecord {
+    /// A usage record for tests (also the hand-over tests').
+    pub(crate) fn record(key: &str, model: &str, cost: i64, t: u64) -> UsageRecord {
         UsageRecord {
             time_ms: t,
             key_id: key.into(),

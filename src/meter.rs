@@ -215,9 +215,8 @@ impl UsageScanner {
         }
     }
 
-    /// Handle one SSE line; returns true when it is the chat usage-only chunk.
+    /// Handle one SSE line (without its terminator); returns true when it is the chat usage-only chunk.
     fn line(&mut self, line: &[u8]) -> bool {
-        let line = trim_cr(line);
         let Some(data) = line.strip_prefix(b"data:") else { return false };
         let data = data.strip_prefix(b" ").unwrap_or(data);
         if data == b"[DONE]" || data.is_empty() {
@@ -306,10 +305,6 @@ impl UsageScanner {
             }
         }
     }
-}
-
-fn trim_cr(line: &[u8]) -> &[u8] {
-    line.strip_suffix(b"\r").unwrap_or(line)
 }
 
 /// The JSON object that follows the last `key:` in `buf`.

@@ -11,6 +11,11 @@ pub mod openai;
 use serde::Deserialize;
 use serde_json::Value;
 
+/// A request header's value as text (None when absent or not visible ASCII).
+pub fn header_str<'a>(req: &'a pingora_http::RequestHeader, name: &str) -> Option<&'a str> {
+    req.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
 /// One of the three model protocols (also called platforms in groups).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -130,12 +135,18 @@ pub fn json_value_count(raw: &[u8], cap: usize) -> usize {
     count
 }
 
-/// Parse part of a client's body into a `Value`, refusing one with more than
-/// [`MAX_PARSED_VALUES`] values (`what` names it in the error).
-pub fn parse_bounded(raw: &str, what: &str) -> Result<Value, ApiError> {
+/// Refuse part of a client's body holding more than [`MAX_PARSED_VALUES`] values before it is
+/// parsed (`what` names it in the error).
+pub fn check_value_count(raw: &str, what: &str) -> Result<(), ApiError> {
     if json_value_count(raw.as_bytes(), MAX_PARSED_VALUES) > MAX_PARSED_VALUES {
         return Err(ApiError::new(ErrorKind::BadRequest, format!("{what}: at most {MAX_PARSED_VALUES} JSON values")).with_param(what));
     }
+    Ok(())
+}
+
+/// Parse part of a client's body into a `Value`, within [`check_value_count`].
+pub fn parse_bounded(raw: &str, what: &str) -> Result<Value, ApiError> {
+    check_value_count(raw, what)?;
     serde_json::from_str(raw).map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("{what}: {e}")).with_param(what))
 }
 

@@ -56,14 +56,7 @@ pub fn read_chat_event(v: &Value, r: &mut super::Reading) -> bool {
         }
     }
     if let Some(usage) = v.get("usage").filter(|u| u.is_object()) {
-        let prompt = super::u(usage, "/prompt_tokens").unwrap_or(0);
-        let cached = super::u(usage, "/prompt_tokens_details/cached_tokens").unwrap_or(0).min(prompt);
-        r.seen = super::SeenUsage {
-            input: Some(prompt - cached),
-            cached: Some(cached),
-            cache_write: None,
-            output: Some(super::u(usage, "/completion_tokens").unwrap_or(0)),
-        };
+        r.seen = seen(usage, "/prompt_tokens", "/prompt_tokens_details/cached_tokens", "/completion_tokens");
         return v.get("choices").and_then(Value::as_array).is_some_and(Vec::is_empty);
     }
     false
@@ -79,14 +72,20 @@ pub fn read_responses_event(v: &Value, r: &mut super::Reading) {
     }
     let usage = if kind.is_empty() { v.get("usage") } else { v.pointer("/response/usage") };
     if let Some(usage) = usage.filter(|u| u.is_object()) {
-        let input = super::u(usage, "/input_tokens").unwrap_or(0);
-        let cached = super::u(usage, "/input_tokens_details/cached_tokens").unwrap_or(0).min(input);
-        r.seen = super::SeenUsage {
-            input: Some(input - cached),
-            cached: Some(cached),
-            cache_write: None,
-            output: Some(super::u(usage, "/output_tokens").unwrap_or(0)),
-        };
+        r.seen = seen(usage, "/input_tokens", "/input_tokens_details/cached_tokens", "/output_tokens");
+    }
+}
+
+/// A usage object whose input count includes its cache reads (both OpenAI shapes): the cache
+/// reads split out (never more than the input), the output as reported.
+fn seen(usage: &Value, input: &str, cached: &str, output: &str) -> super::SeenUsage {
+    let all_input = super::u(usage, input).unwrap_or(0);
+    let cached = super::u(usage, cached).unwrap_or(0).min(all_input);
+    super::SeenUsage {
+        input: Some(all_input - cached),
+        cached: Some(cached),
+        cache_write: None,
+        output: Some(super::u(usage, output).unwrap_or(0)),
     }
 }
 
@@ -120,13 +119,7 @@ pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result
                 return Err(invalid());
             }
             // The client's other options are kept verbatim (raw values, never re-encoded).
-            if super::json_value_count(text.as_bytes(), super::MAX_PARSED_VALUES) > super::MAX_PARSED_VALUES {
-                return Err(ApiError::new(
-                    ErrorKind::BadRequest,
-                    format!("stream_options: at most {} JSON values", super::MAX_PARSED_VALUES),
-                )
-                .with_param("stream_options"));
-            }
+            super::check_value_count(text, "stream_options")?;
             let mut opts: std::collections::BTreeMap<String, &serde_json::value::RawValue> = serde_json::from_str(text).unwrap_or_default();
             let yes = serde_json::value::RawValue::from_string("true".into()).map_err(|_| invalid())?;
             opts.insert("include_usage".into(), &yes);
