@@ -112,18 +112,23 @@ fn spawn(cmd: &mut Command) -> Proc {
     Proc(cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("spawn"))
 }
 
-fn start_rig() -> Rig {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let mut procs = Vec::new();
-    let mock_port = free_port();
-    procs.push(spawn(Command::new(env!("CARGO_BIN_EXE_tollgate-mock")).args([
+/// A mock upstream on `port` (two threads, as tollgate and bare Pingora get).
+fn spawn_mock(port: u16) -> Proc {
+    spawn(Command::new(env!("CARGO_BIN_EXE_tollgate-mock")).args([
         "--listen",
-        &format!("127.0.0.1:{mock_port}"),
+        &format!("127.0.0.1:{port}"),
         "--key",
         UPSTREAM_KEY,
         "--threads",
         "2",
-    ])));
+    ]))
+}
+
+fn start_rig() -> Rig {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut procs = Vec::new();
+    let mock_port = free_port();
+    procs.push(spawn_mock(mock_port));
     wait_port(mock_port);
     let mut targets: Vec<(&'static str, u16, Option<u32>)> = vec![("direct", mock_port, None)];
 
@@ -167,14 +172,7 @@ fn start_rig() -> Rig {
             mock_port
         } else {
             let port = free_port();
-            procs.push(spawn(Command::new(env!("CARGO_BIN_EXE_tollgate-mock")).args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--key",
-                UPSTREAM_KEY,
-                "--threads",
-                "2",
-            ])));
+            procs.push(spawn_mock(port));
             wait_port(port);
             port
         };

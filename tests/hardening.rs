@@ -117,13 +117,10 @@ fn bomb(prefix: &str, size: usize) -> Vec<u8> {
 #[tokio::test]
 async fn six_json_bombs_at_once_stay_proportional_to_their_bytes() {
     let mock = start_mock();
-    // A key rich enough for the hold of a 12 MiB prompt (standard_config ends with its keys).
+    // A key rich enough for the hold of a 12 MiB prompt.
     const RICH: &str = "sk-rich-test-key-0001";
-    let gw = start_gateway(&format!(
-        "{}  - {{ key: {RICH}, name: rich, group: default, balance: 1000.0 }}\n{}",
-        standard_config(mock.port),
-        video_section(mock.port)
-    ));
+    let config = with_key(&standard_config(mock.port), &format!("{{ key: {RICH}, name: rich, group: default, balance: 1000.0 }}"));
+    let gw = start_gateway(&format!("{config}{}", video_section(mock.port)));
     // Warm up (first requests allocate pools and caches), then take the baseline.
     assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
     let pid = gw.proc.child.id();
@@ -170,9 +167,9 @@ async fn six_json_bombs_at_once_stay_proportional_to_their_bytes() {
 async fn usage_queries_are_rate_limited_like_any_call() {
     let mock = start_mock();
     const LIMITED: &str = "sk-limited-test-key-0001";
-    let gw = start_gateway(&format!(
-        "{}  - {{ key: {LIMITED}, name: limited, group: default, balance: 5.0, rpm: 3 }}\n",
-        standard_config(mock.port)
+    let gw = start_gateway(&with_key(
+        &standard_config(mock.port),
+        &format!("{{ key: {LIMITED}, name: limited, group: default, balance: 5.0, rpm: 3 }}"),
     ));
     let c = client();
     let mut statuses = Vec::new();

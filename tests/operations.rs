@@ -207,31 +207,11 @@ async fn sigterm_drains_an_open_stream_then_exits_with_its_record() {
     }
     assert!(String::from_utf8_lossy(&rest).contains("message_stop"));
     // The process exits once drained (well before Pingora's 300 s default grace period).
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = gw.proc.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "did not exit after draining");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = wait_exit(&mut gw.proc.child, Duration::from_secs(20), "did not exit after draining").await;
     assert!(status.success(), "{status}");
     gw.start_again();
     let u: Value = client().get(gw.url("/v1/usage")).bearer_auth(CLIENT_KEY).send().await.expect("usage").json().await.expect("json");
     assert_eq!(u["total"]["requests"], 1, "the drained request was billed and kept: {u}");
-}
-
-/// Kills the process a reload started (named in the reload script's last line) when dropped.
-struct ReloadedGuard(std::path::PathBuf);
-
-impl Drop for ReloadedGuard {
-    fn drop(&mut self) {
-        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
-        let pid = log.lines().find_map(|l| l.strip_prefix("tollgate-reload: process ")?.split(' ').next().map(str::to_string));
-        if let Some(pid) = pid {
-            let _ = std::process::Command::new("kill").args(["-KILL", &pid]).status();
-        }
-    }
 }
 
 /// The unit's reload command line: with a broken file it fails (non-zero, a line saying why)
@@ -262,14 +242,7 @@ async fn a_reload_with_a_broken_config_fails_and_the_old_process_keeps_serving()
     std::fs::write(gw.config_path(), &good).expect("mend the config");
     let (status, stderr) = run_reload(&gw);
     assert!(status.success(), "{stderr}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let old_status = loop {
-        if let Some(s) = gw.proc.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the old process did not hand over and exit");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let old_status = wait_exit(&mut gw.proc.child, Duration::from_secs(30), "the old process did not hand over and exit").await;
     assert!(old_status.success(), "{old_status}");
     // The new process serves on the same port (the listener was handed over), with every record.
     assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
@@ -293,14 +266,7 @@ async fn the_mock_exits_on_sigterm_with_a_connection_open() {
     let _ = r.bytes().await;
     let status = std::process::Command::new("kill").args(["-TERM", &mock.child.id().to_string()]).status().expect("kill");
     assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = mock.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "tollgate-mock ignored SIGTERM");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = wait_exit(&mut mock.child, Duration::from_secs(20), "tollgate-mock ignored SIGTERM").await;
     assert!(status.success(), "{status}");
     drop(c);
 }

@@ -170,15 +170,9 @@ async fn certificates_reload_on_sighup_without_losing_a_request() {
         let c = https_client(&[&first, &second], false);
         tokio::spawn(async move {
             while !stop.load(Ordering::SeqCst) {
-                let r = c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await;
-                let outcome = match r {
-                    Ok(r) if r.status() == 200 => r.bytes().await.map(|_| ()).map_err(|e| format!("body: {e:?}")),
-                    Ok(r) => Err(format!("status {}", r.status())),
-                    Err(e) => Err(format!("{e:?}")),
-                };
-                match outcome {
-                    Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
-                    Err(e) => {
+                match short_chat(&c, &url).await {
+                    Outcome::Answered => ok.fetch_add(1, Ordering::SeqCst),
+                    Outcome::Unanswered(e) | Outcome::Failed(e) => {
                         eprintln!("loader request failed: {e}");
                         failed.fetch_add(1, Ordering::SeqCst)
                     }

@@ -67,19 +67,13 @@ async fn an_upgrade_under_load_loses_nothing() {
         tokio::spawn(async move {
             let c = reqwest::Client::builder().pool_max_idle_per_host(0).timeout(Duration::from_secs(60)).build().expect("client");
             while !stop.load(Ordering::SeqCst) {
-                let r = c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await;
-                let outcome = match r {
-                    Ok(r) if r.status() == 200 => r.bytes().await.map(|_| ()).map_err(|e| e.to_string()),
-                    Ok(r) => Err(format!("status {}", r.status())),
-                    Err(e) => {
+                match short_chat(&c, &url).await {
+                    Outcome::Answered => ok.fetch_add(1, Ordering::SeqCst),
+                    Outcome::Unanswered(e) => {
                         eprintln!("request dropped before any answer: {e}");
-                        dropped.fetch_add(1, Ordering::SeqCst);
-                        continue;
+                        dropped.fetch_add(1, Ordering::SeqCst)
                     }
-                };
-                match outcome {
-                    Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
-                    Err(e) => {
+                    Outcome::Failed(e) => {
                         eprintln!("failed request: {e}");
                         failed.fetch_add(1, Ordering::SeqCst)
                     }
@@ -111,14 +105,7 @@ async fn an_upgrade_under_load_loses_nothing() {
     old.signal("QUIT");
 
     // The old process drains (the stream) and exits by itself.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let status = loop {
-        if let Some(s) = old.proc.child.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "the old process did not exit");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let status = wait_exit(&mut old.proc.child, Duration::from_secs(60), "the old process did not exit").await;
     assert!(status.success(), "{status}");
     let body = stream.await.expect("stream task");
     assert!(body.contains("[DONE]"), "the stream that began before the upgrade finished: {body}");
@@ -181,15 +168,9 @@ async fn keep_alive_clients_see_no_error_across_an_upgrade() {
             tokio::spawn(async move {
                 let c = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
                 while !stop.load(Ordering::SeqCst) {
-                    let r = c.post(&url).bearer_auth(CLIENT_KEY).json(&json!({"model": "alpha-5.5", "messages": []})).send().await;
-                    let outcome = match r {
-                        Ok(r) if r.status() == 200 => r.bytes().await.map(|_| ()).map_err(|e| format!("{e:?}")),
-                        Ok(r) => Err(format!("status {}", r.status())),
-                        Err(e) => Err(format!("{e:?}")),
-                    };
-                    match outcome {
-                        Ok(()) => ok.fetch_add(1, Ordering::SeqCst),
-                        Err(e) => {
+                    match short_chat(&c, &url).await {
+                        Outcome::Answered => ok.fetch_add(1, Ordering::SeqCst),
+                        Outcome::Unanswered(e) | Outcome::Failed(e) => {
                             eprintln!("failed request: {e}");
                             failed.fetch_add(1, Ordering::SeqCst)
                         }
@@ -210,23 +191,15 @@ async fn keep_alive_clients_see_no_error_across_an_upgrade() {
     };
     reach(100).await;
     let log = old.dir.path().join("reload.err");
+    let _new_process = ReloadedGuard(log.clone());
     let status = reload_command(&old).stdout(Stdio::null()).stderr(std::fs::File::create(&log).expect("log")).status().expect("reload");
     assert!(status.success(), "{}", std::fs::read_to_string(&log).unwrap_or_default());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while old.proc.child.try_wait().expect("wait").is_none() {
-        assert!(Instant::now() < deadline, "the old process did not exit");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_exit(&mut old.proc.child, Duration::from_secs(60), "the old process did not exit").await;
     let served = ok.load(Ordering::SeqCst);
     reach(served + 200).await;
     stop.store(true, Ordering::SeqCst);
     for l in loaders {
         l.await.expect("loader");
-    }
-    // The process the reload started (named in the script's last line).
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    if let Some(pid) = text.lines().find_map(|l| l.strip_prefix("tollgate-reload: process ")?.split(' ').next().map(str::to_string)) {
-        let _ = Command::new("kill").args(["-KILL", &pid]).status();
     }
     let (ok, failed) = (ok.load(Ordering::SeqCst), failed.load(Ordering::SeqCst));
     assert_eq!(failed, 0, "keep-alive clients across an upgrade: {ok} ok, {failed} failed");

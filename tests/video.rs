@@ -12,8 +12,7 @@ const OTHER_KEY: &str = "sk-client-other-0001";
 const IMG: &str = "https://example.com/a.png";
 
 fn config(mock_port: u16) -> String {
-    let base = standard_config(mock_port)
-        .replace("keys:\n", &format!("keys:\n  - {{ key: {OTHER_KEY}, name: other, group: default, balance: 5.0 }}\n"));
+    let base = with_key(&standard_config(mock_port), &format!("{{ key: {OTHER_KEY}, name: other, group: default, balance: 5.0 }}"));
     format!("{base}{}", video_section(mock_port))
 }
 

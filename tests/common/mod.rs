@@ -354,3 +354,59 @@ pub fn reload_command(gw: &Gateway) -> Command {
     cmd.args(&words[1..]).env("RUST_LOG", "warn");
     cmd
 }
+
+/// Wait (polling, as a child process offers no event to await) until `child` exits, failing
+/// after `within` with `what` in the message.
+pub async fn wait_exit(child: &mut Child, within: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Kills, when dropped, the process a reload started: the reload script names it in the line
+/// `tollgate-reload: process PID is taking over …` of its stderr, written to `log`.
+pub struct ReloadedGuard(pub PathBuf);
+
+impl Drop for ReloadedGuard {
+    fn drop(&mut self) {
+        let log = std::fs::read_to_string(&self.0).unwrap_or_default();
+        let pid = log.lines().find_map(|l| l.strip_prefix("tollgate-reload: process ")?.split(' ').next().map(str::to_string));
+        if let Some(pid) = pid {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        }
+    }
+}
+
+/// `config` (one whose `keys:` list starts with a line `keys:`) with `entry` as its first key.
+pub fn with_key(config: &str, entry: &str) -> String {
+    assert!(config.contains("keys:\n"), "the config has a keys list");
+    config.replacen("keys:\n", &format!("keys:\n  - {entry}\n"), 1)
+}
+
+/// How one short chat request through a loader ended.
+pub enum Outcome {
+    /// 200 and the whole body.
+    Answered,
+    /// No answer at all: the request could not be sent or its connection closed first.
+    Unanswered(String),
+    /// An answer that was not a 200 with its whole body.
+    Failed(String),
+}
+
+/// One short (non-streamed) chat completion with `c` to `url`, as the load generators send.
+pub async fn short_chat(c: &reqwest::Client, url: &str) -> Outcome {
+    let r = c.post(url).bearer_auth(CLIENT_KEY).json(&serde_json::json!({"model": "alpha-5.5", "messages": []})).send().await;
+    match r {
+        Ok(r) if r.status() == 200 => match r.bytes().await {
+            Ok(_) => Outcome::Answered,
+            Err(e) => Outcome::Failed(format!("body: {e:?}")),
+        },
+        Ok(r) => Outcome::Failed(format!("status {}", r.status())),
+        Err(e) => Outcome::Unanswered(format!("{e:?}")),
+    }
+}
