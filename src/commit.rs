@@ -38,6 +38,7 @@ struct GroupEntry {
 pub enum TreeName {
     UsageRecords,
     Balances,
+    ResponseOwners,
 }
 
 impl TreeName {
@@ -45,9 +46,13 @@ impl TreeName {
         match self {
             TreeName::UsageRecords => "usage_records",
             TreeName::Balances => "balances",
+            TreeName::ResponseOwners => RESPONSE_OWNERS,
         }
     }
 }
+
+/// The tree of stored-response owners (see `ledger::ResponseOwner`).
+pub const RESPONSE_OWNERS: &str = "response_owners";
 
 type Ack = oneshot::Sender<Result<(), StoreError>>;
 

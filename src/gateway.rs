@@ -54,6 +54,8 @@ pub struct Gateway {
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
     pub ledger: Arc<Ledger>,
+    /// Which key created each stored response (responses API).
+    pub owners: crate::responses::Owners,
     pub limits: Arc<Limits>,
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Upstream connections, pooled per provider.
@@ -88,6 +90,8 @@ pub struct RelayPlan {
     pub started: Instant,
     /// What settlement billed (tokens, cost, estimated), for the access log.
     pub billed: Option<(crate::meter::Usage, i64, bool)>,
+    /// The provider (catalog index) that answered, once one did.
+    pub served_by: Option<usize>,
     /// Counts the request against the key's `max_concurrent` while the plan lives (held, not read).
     pub concurrency_slot: Option<crate::limits::Slot>,
     /// The body's share of the buffered-body budget; given back once the body is sent.
@@ -232,7 +236,24 @@ impl Gateway {
         self.limits.admit(&key)?;
         let slot = self.limits.enter(&key)?;
         let client_body = crate::body::read(session, &self.body).await?;
-        let draft = relay::draft(&routing, &route, protocol, &key.group, client_body.bytes)?;
+        let draft = match &route {
+            Route::StoredResponse { id, .. } => {
+                let owner = self.owners.owned_by(id, &key.id).await.map_err(crate::responses::unavailable)?;
+                owner
+                    .and_then(|owner| relay::stored_draft(&routing, &owner, client_body.bytes))
+                    .ok_or_else(|| crate::responses::not_found(id))?
+            }
+            _ => {
+                let mut draft = relay::draft(&routing, &route, protocol, &key.group, client_body.bytes)?;
+                if let Some(previous) = &draft.previous_response_id {
+                    let owner = self.owners.owned_by(previous, &key.id).await.map_err(crate::responses::unavailable)?;
+                    let owner = owner.ok_or_else(|| crate::responses::previous_not_found(previous))?;
+                    // The conversation is stored with that provider: it serves the turn.
+                    relay::prefer_provider(catalog, &mut draft.candidates, &owner.provider);
+                }
+                draft
+            }
+        };
         let hold = match self.ledger.hold(&key.id, draft.hold_nanos) {
             Ok(Ok(hold)) => hold,
             Ok(Err(short)) => return Err(short.to_api_error("this request may cost up to")),
@@ -258,6 +279,7 @@ impl Gateway {
             withhold_usage: draft.withhold_usage,
             started: Instant::now(),
             billed: None,
+            served_by: None,
             concurrency_slot: slot,
             body_reservation: Some(client_body.reservation),
         })))
@@ -322,8 +344,14 @@ impl Gateway {
 
     /// Bill a finished relay: release the hold, charge what was used. Runs before the last
     /// byte goes to the client (with `sync_commit`, after the record is on disk).
-    async fn settle(&self, plan: &mut RelayPlan, scan: Option<crate::meter::ScanResult>, status: u16) {
+    async fn settle(&self, plan: &mut RelayPlan, scanner: Option<&mut UsageScanner>, status: u16) {
         let Some(hold) = plan.hold.take() else { return };
+        let scan = scanner.map(|s| (s.finish(), s.response_id().map(str::to_string)));
+        // A response the upstream stored (a successful create) becomes the key's.
+        let (scan, response_id) = match scan {
+            Some((scan, id)) => (Some(scan), id.filter(|_| plan.route == Route::Responses && (200..300).contains(&status))),
+            None => (None, None),
+        };
         let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len, plan.route.embeds());
         let cost = plan.routing.prices.cost(&plan.model, usage);
         plan.billed = Some((usage, cost, estimated));
@@ -352,9 +380,15 @@ impl Gateway {
             estimated,
             seq: 0,
             balance_after: 0,
+            provider: plan.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.clone()),
+            response_id,
         };
+        let response_id = record.response_id.clone();
         if let Err(e) = self.ledger.settle(hold, record).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
+        }
+        if let Some(id) = response_id {
+            self.owners.settled(&id);
         }
     }
 
@@ -389,7 +423,7 @@ impl Gateway {
     /// the upstream session with the final response header read. A connect failure moves on
     /// to the next provider; a pooled connection that its peer had closed is replaced (the
     /// request cannot have been processed); any other failure is final.
-    async fn open_upstream(&self, client: &RequestHeader, plan: &RelayPlan) -> Result<(HttpSession, HttpPeer)> {
+    async fn open_upstream(&self, client: &RequestHeader, plan: &RelayPlan) -> Result<(HttpSession, HttpPeer, usize)> {
         let catalog = &plan.routing.catalog;
         let mut last: Option<Box<Error>> = None;
         for (attempt, &index) in plan.candidates.iter().enumerate() {
@@ -420,7 +454,7 @@ impl Gateway {
                 http.set_read_timeout(peer.options.read_timeout);
                 http.set_write_timeout(peer.options.write_timeout);
                 match send_request(&mut http, req, &plan.body).await {
-                    Ok(()) => return Ok((http, peer)),
+                    Ok(()) => return Ok((http, peer, index)),
                     Err(mut e) => {
                         e.retry.decide_reuse(reused);
                         if e.retry() && stale < MAX_STALE_CONNECTIONS {
@@ -436,11 +470,27 @@ impl Gateway {
         Err(last.unwrap_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no provider address available")))
     }
 
+    /// A response stream named its response: the caller owns it from now on (before the
+    /// request is settled, which books the owner). Returns whether the id was seen.
+    fn note_streamed_response(&self, plan: &RelayPlan, scanner: &UsageScanner, status: u16) -> bool {
+        let (Some(id), Some(index)) = (scanner.response_id(), plan.served_by) else { return false };
+        if status == 200 {
+            let owner = crate::ledger::ResponseOwner {
+                key_id: plan.key.id.clone(),
+                provider: plan.routing.catalog.upstreams[index].config.name.clone(),
+                model: plan.model.clone(),
+                time_ms: now_ms(),
+            };
+            self.owners.started(id, owner);
+        }
+        true
+    }
+
     /// End a relay whose response had started (upstream cut, client gone): give up the
     /// upstream connection and bill what the client received.
     async fn abandon(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
         http.shutdown().await;
-        self.settle(plan, Some(scanner.finish()), status).await;
+        self.settle(plan, Some(scanner), status).await;
     }
 
     /// Relay the planned request and stream its answer to the client, reading usage on the
@@ -448,7 +498,10 @@ impl Gateway {
     async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let shape = plan.protocol;
         let (mut http, peer) = match self.open_upstream(session.req_header(), plan).await {
-            Ok(opened) => opened,
+            Ok((http, peer, index)) => {
+                plan.served_by = Some(index);
+                (http, peer)
+            }
             Err(e) => {
                 log::warn!("relay failed: {e}");
                 let err = upstream_failure(&e);
@@ -483,6 +536,7 @@ impl Gateway {
             return Err(e.into_down());
         }
         let mut first_byte = true;
+        let mut response_named = plan.route != Route::Responses || !sse || status != 200;
         loop {
             let chunk = match http.read_response_body().await {
                 Ok(chunk) => chunk,
@@ -503,6 +557,9 @@ impl Gateway {
                 if let Some(replacement) = scanner.feed(data) {
                     out = Some(replacement);
                 }
+                if !response_named {
+                    response_named = self.note_streamed_response(plan, &scanner, status);
+                }
             }
             if done {
                 if let Some(rest) = scanner.take_pending() {
@@ -518,7 +575,12 @@ impl Gateway {
                 }
                 // Settled before the client sees the end: its balance and `/v1/usage` already
                 // count this request when its response is complete.
-                self.settle(plan, Some(scanner.finish()), status).await;
+                self.settle(plan, Some(&mut scanner), status).await;
+                if let Route::StoredResponse { id, op: crate::route::ResponseOp::Delete } = &plan.route {
+                    if (200..300).contains(&status) {
+                        self.owners.deleted(id);
+                    }
+                }
                 let written = session.write_response_body(out, true).await.map_err(|e| e.into_down());
                 // The client has its answer; then the upstream connection goes back to the pool.
                 let idle = peer.idle_timeout();

@@ -41,7 +41,7 @@ const PATIENCE: Duration = Duration::from_secs(120);
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "kind", content = "payload", rename_all = "snake_case")]
 pub enum Message {
-    Booking(UsageRecord),
+    Booking(Box<UsageRecord>),
     Task(Box<Task>),
 }
 
@@ -157,7 +157,7 @@ pub struct Client {
 #[async_trait]
 impl crate::ledger::ForwardBookings for Client {
     async fn forward_booking(&self, record: &UsageRecord) -> Result<(), StoreError> {
-        send(&self.socket, &Message::Booking(record.clone())).await
+        send(&self.socket, &Message::Booking(Box::new(record.clone()))).await
     }
 }
 
@@ -179,7 +179,7 @@ pub struct HandoverServer {
 impl HandoverServer {
     async fn apply(&self, message: Message) -> Result<(), String> {
         match message {
-            Message::Booking(record) => self.ledger.book_forwarded(record).await.map(|_| ()).map_err(|e| e.to_string()),
+            Message::Booking(record) => self.ledger.book_forwarded(*record).await.map(|_| ()).map_err(|e| e.to_string()),
             Message::Task(task) => match &self.video {
                 Some(v) => v.accept_forwarded_task(*task).await.map_err(|e| e.to_string()),
                 None => Err("video is not configured here".into()),
@@ -320,14 +320,14 @@ mod tests {
         let mode = |p: &Path| std::fs::metadata(p).expect("metadata").permissions().mode() & 0o777;
         assert_eq!(mode(&r.socket), 0o600);
         assert_eq!(mode(&r.socket.with_file_name(SECRET)), 0o600);
-        send(&r.socket, &Message::Booking(booking("k"))).await.expect("delivered");
+        send(&r.socket, &Message::Booking(Box::new(booking("k")))).await.expect("delivered");
         assert_eq!(r.ledger.records("k").expect("records").len(), 1);
     }
 
     #[tokio::test]
     async fn without_the_secret_nothing_is_applied() {
         let r = start().await;
-        let line = format!("{}\n", serde_json::to_string(&Message::Booking(booking("k"))).expect("json"));
+        let line = format!("{}\n", serde_json::to_string(&Message::Booking(Box::new(booking("k")))).expect("json"));
         for first in [b"auth wrong-secret\n".as_slice(), b"auth \n", line.as_bytes()] {
             let answer = raw(&r.socket, &[first, line.as_bytes()]).await;
             assert_eq!(answer, "error: unauthenticated");

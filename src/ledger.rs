@@ -146,6 +146,24 @@ pub struct UsageRecord {
     /// The key's balance after this record (set by the ledger).
     #[serde(default)]
     pub balance_after: i64,
+    /// The provider that served the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The stored response the request created (responses API): booking the record makes the
+    /// key its owner (see [`ResponseOwner`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_id: Option<String>,
+}
+
+/// Who created a stored response, and where it is stored: tree `response_owners`, keyed by the
+/// response id, written in the same commit as the usage record that created it and pruned with
+/// it. Only its owner may read, cancel or delete the response, or continue from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseOwner {
+    pub key_id: String,
+    pub provider: String,
+    pub model: String,
+    pub time_ms: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -475,6 +493,17 @@ impl Ledger {
             // balance entry), so the balance entry is not rewritten per booking: one insert.
             let mut group = record.key_id.as_bytes().to_vec();
             group.push(0);
+            if let (Some(id), Some(provider)) = (&record.response_id, &record.provider) {
+                let owner = ResponseOwner {
+                    key_id: record.key_id.clone(),
+                    provider: provider.clone(),
+                    model: record.model.clone(),
+                    time_ms: record.time_ms,
+                };
+                let owner = serde_json::to_vec(&owner).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                // Queued before the record: its waiter covers both.
+                self.writer.insert(crate::commit::TreeName::ResponseOwners, id.as_bytes().to_vec(), owner, false)?;
+            }
             let waiter = self.writer.insert_grouped(
                 crate::commit::TreeName::UsageRecords,
                 group,
@@ -634,6 +663,7 @@ impl Ledger {
                 Err(e) => log::warn!("ledger: unreadable usage record kept: {e}"),
             }
         }
+        self.prune_owners(before_ms)?;
         if old_keys.is_empty() {
             return Ok(0);
         }
@@ -646,6 +676,47 @@ impl Ledger {
             records.remove(k)?;
         }
         Ok(pruned)
+    }
+
+    /// Who created the stored response `id` (None: nobody known, or the record expired).
+    /// Bookings still queued are committed first when it is not found.
+    pub async fn response_owner(&self, id: &str) -> Result<Option<ResponseOwner>, StoreError> {
+        if let Some(found) = self.read_owner(id)? {
+            return Ok(Some(found));
+        }
+        self.commit_now().await?;
+        self.read_owner(id)
+    }
+
+    fn read_owner(&self, id: &str) -> Result<Option<ResponseOwner>, StoreError> {
+        match self.slot.tree(crate::commit::RESPONSE_OWNERS)?.get(id.as_bytes())? {
+            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| StoreError::Corrupt(format!("response owner {id}: {e}"))),
+            None => Ok(None),
+        }
+    }
+
+    /// The response `id` was deleted upstream: forget its owner.
+    pub fn forget_response(&self, id: &str) -> Result<(), StoreError> {
+        self.slot.tree(crate::commit::RESPONSE_OWNERS)?.remove(id.as_bytes())?;
+        Ok(())
+    }
+
+    /// Forget the owners of responses created before `before_ms` (with their usage records).
+    fn prune_owners(&self, before_ms: u64) -> Result<usize, StoreError> {
+        let owners = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
+        let mut old = Vec::new();
+        for item in owners.iter() {
+            let (k, v) = item?;
+            match serde_json::from_slice::<ResponseOwner>(&v) {
+                Ok(o) if o.time_ms < before_ms => old.push(k),
+                Ok(_) => {}
+                Err(e) => log::warn!("ledger: unreadable response owner kept: {e}"),
+            }
+        }
+        for k in &old {
+            owners.remove(k)?;
+        }
+        Ok(old.len())
     }
 
     /// Write the key's current balance into its balance entry with a new sequence number.
@@ -684,6 +755,8 @@ pub(crate) mod tests {
             estimated: false,
             seq: 0,
             balance_after: 0,
+            provider: None,
+            response_id: None,
         }
     }
 
@@ -795,6 +868,29 @@ pub(crate) mod tests {
         assert_eq!(PriceBook::new(&p).cost("r", Usage { input: 3, ..Usage::default() }), 370);
         assert_eq!(book.cost("m", Usage { input: 1_000_000, output: 1_000_000, ..Usage::default() }), 11_250_000_000);
         assert_eq!(book.cost("free", Usage { input: 5, output: 5, ..Usage::default() }), 0);
+    }
+
+    #[tokio::test]
+    async fn a_booked_response_has_an_owner_until_deleted_or_pruned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        ledger.open_account("k", 1000).expect("open");
+        let booked = |id: &str, t| UsageRecord { provider: Some("p1".into()), response_id: Some(id.into()), ..record("k", "m", 1, t) };
+        for (id, t) in [("resp_old", 1_000), ("resp_new", 5_000), ("resp_gone", 5_000)] {
+            ledger.settle(ledger.hold("k", 1).expect("db").expect("ok"), booked(id, t)).await.expect("settle");
+        }
+        // Queued, not yet committed: the lookup commits first.
+        let owner = ledger.response_owner("resp_new").await.expect("read").expect("owner");
+        assert_eq!(owner, ResponseOwner { key_id: "k".into(), provider: "p1".into(), model: "m".into(), time_ms: 5_000 });
+        assert_eq!(ledger.response_owner("resp_unknown").await.expect("read"), None);
+        ledger.forget_response("resp_gone").expect("forget");
+        assert_eq!(ledger.response_owner("resp_gone").await.expect("read"), None);
+        ledger.prune(2_000).await.expect("prune");
+        assert_eq!(ledger.response_owner("resp_old").await.expect("read"), None, "expires with its usage record");
+        assert!(ledger.response_owner("resp_new").await.expect("read").is_some());
+        // A record without a response id makes no owner.
+        assert_eq!(ledger.records("k").expect("records").iter().filter(|r| r.response_id.is_some()).count(), 2);
     }
 
     #[tokio::test]

@@ -22,6 +22,7 @@ pub mod mock;
 pub mod protocol;
 pub mod relay;
 pub mod response;
+pub mod responses;
 pub mod route;
 pub mod server;
 pub mod storage;

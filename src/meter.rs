@@ -52,9 +52,14 @@ pub struct UsageScanner {
     reading: Reading,
     tail: VecDeque<Bytes>,
     tail_len: usize,
+    /// A non-streamed response object's first bytes, where its id is (the tail may not reach back to it).
+    head: Vec<u8>,
     /// Bytes that reached the client.
     pub body_bytes: u64,
 }
+
+/// How much of a non-streamed response object is kept to read its id.
+const HEAD_WINDOW: usize = 16 * 1024;
 
 /// What the scanner found once the body ended (or stopped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +90,7 @@ impl UsageScanner {
             reading: Reading::default(),
             tail: VecDeque::new(),
             tail_len: 0,
+            head: Vec::new(),
             body_bytes: 0,
         }
     }
@@ -92,6 +98,10 @@ impl UsageScanner {
     /// Look at one chunk. Returns a replacement only when an event had to be withheld.
     pub fn feed(&mut self, chunk: &Bytes) -> Option<Bytes> {
         if !self.sse {
+            if self.shape == Shape::Responses && self.head.len() < HEAD_WINDOW {
+                let room = HEAD_WINDOW - self.head.len();
+                self.head.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
             self.tail.push_back(chunk.clone());
             self.tail_len += chunk.len();
             while self.tail_len - self.tail.front().map_or(0, Bytes::len) >= TAIL_WINDOW {
@@ -249,6 +259,12 @@ impl UsageScanner {
         }
     }
 
+    /// The id of the response being relayed (responses API), once seen: a stream names it in
+    /// its first event, a response object when its body ended ([`UsageScanner::finish`]).
+    pub fn response_id(&self) -> Option<&str> {
+        self.reading.response_id.as_deref()
+    }
+
     /// The body ended (or was cut): what was found.
     pub fn finish(&mut self) -> ScanResult {
         if self.sse {
@@ -258,6 +274,9 @@ impl UsageScanner {
             }
         } else {
             self.scan_tail();
+            if self.shape == Shape::Responses && self.reading.response_id.is_none() {
+                self.reading.response_id = openai::response_id_in_head(&self.head);
+            }
         }
         let seen = &self.reading.seen;
         ScanResult {
@@ -400,6 +419,25 @@ mod tests {
         "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"A\"}]}}],\"usageMetadata\":{\"promptTokenCount\":4,\"candidatesTokenCount\":1}}\r\n\r\n",
         "data: {\"candidates\":[{\"content\":{\"parts\":[{\"text\":\"BC\"}]}}],\"usageMetadata\":{\"promptTokenCount\":4,\"candidatesTokenCount\":3,\"thoughtsTokenCount\":2}}\r\n\r\n"
     );
+
+    #[test]
+    fn the_response_id_is_found_in_a_stream_and_in_a_body_larger_than_the_tail() {
+        let stream = "data: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_s\"}}\n\n";
+        let mut s = UsageScanner::new(Shape::Responses, true, false);
+        s.feed(&Bytes::from(stream));
+        assert_eq!(s.response_id(), Some("resp_s"), "known once the first event passed");
+        let filler = "x".repeat(TAIL_WINDOW * 2);
+        let body = format!(
+            r#"{{"id":"resp_b","object":"response","output":[{{"text":"{filler}"}}],"usage":{{"input_tokens":2,"output_tokens":1}}}}"#
+        );
+        let mut s = UsageScanner::new(Shape::Responses, false, false);
+        for piece in body.as_bytes().chunks(1000) {
+            s.feed(&Bytes::copy_from_slice(piece));
+        }
+        let r = s.finish();
+        assert_eq!((r.input, r.output), (Some(2), Some(1)));
+        assert_eq!(s.response_id(), Some("resp_b"));
+    }
 
     #[test]
     fn responses_messages_gemini_streams() {

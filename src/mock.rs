@@ -4,7 +4,17 @@
 //! Served paths (any prefix before them is ignored, so one mock can stand in for several
 //! providers told apart by their base-URL prefix):
 //! `…/v1/chat/completions`, `…/v1/responses`, `…/v1/embeddings`, `…/v1/messages`,
-//! `…/models/{m}:generateContent`, `…/models/{m}:streamGenerateContent`.
+//! `…/models/{m}:generateContent`, `…/models/{m}:streamGenerateContent`, token counting
+//! (`…/v1/messages/count_tokens`, `…/models/{m}:countTokens`), generate-content embeddings, and
+//! the responses API's other endpoints: a created response (unique id) is stored per path
+//! prefix, i.e. per provider, and can be read, cancelled, deleted and listed
+//! (`…/v1/responses/{id}[/cancel|/input_items]`) and continued (`previous_response_id`, 400 when
+//! unknown to that provider) there only; `…/v1/responses/input_tokens` and `…/compact` answer.
+//!
+//! Agent turns: a request whose text holds `[[read:PATH]]` and that offers a file-reading or
+//! shell tool (Claude Code's `Read`, Gemini CLI's `read_file`, Codex's shell tools) is answered
+//! with a call of that tool reading PATH; a request that carries a tool result back is answered
+//! `The tool answered: <result>`. Streamed as each service streams tool calls.
 //!
 //! Control headers (a client sends them through the gateway):
 //! `x-mock-status: N` answer N with a mock error body; `x-mock-delay-ms: N` wait before the
@@ -13,8 +23,8 @@
 //! event (or after `x-mock-hold-after: N` events), wait at least one second and until
 //! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events;
 //! `x-mock-usage: IN,OUT` report these token counts; `x-mock-no-usage: 1` report no usage at
-//! all (whatever the request asked); `x-mock-tool-calls: 1` answer a chat completion with a
-//! tool call only (arguments, no text); `x-mock-cache: WRITE,READ` report prompt-cache writes
+//! all (whatever the request asked); `x-mock-tool-calls: 1` answer with a `get_weather` tool
+//! call only (arguments, no text); `x-mock-cache: WRITE,READ` report prompt-cache writes
 //! and reads (messages).
 //!
 //! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
@@ -60,6 +70,9 @@ pub struct MockUpstream {
     records: Mutex<Vec<Recorded>>,
     holds: Mutex<HashMap<String, Arc<Notify>>>,
     tc: TcMock,
+    /// Stored responses by (path prefix, i.e. provider; id): the object and its input items.
+    responses: Mutex<HashMap<(String, String), (Value, Value)>>,
+    next_id: std::sync::atomic::AtomicU64,
 }
 
 /// The Tencent-Cloud-API-3.0-style video service.
@@ -132,7 +145,12 @@ struct Call {
     /// Reported output tokens (default: one per delta).
     output_tokens: Option<u64>,
     no_usage: bool,
-    tool_calls: bool,
+    /// Answer with this tool call instead of text.
+    tool: Option<ToolCall>,
+    /// Answer with this text instead of the mock's words (an agent turn that got its tool result).
+    reply: Option<String>,
+    /// Responses: the id of the response being created.
+    response_id: String,
     /// Prompt-cache (write, read) tokens to report.
     cache: Option<(u64, u64)>,
 }
@@ -144,6 +162,158 @@ fn pair(req: &RequestHeader, name: &str) -> Option<(u64, u64)> {
 
 /// The tool call a `x-mock-tool-calls` answer makes, and its arguments in stream pieces.
 const TOOL_ARGS: [&str; 4] = ["{\"city\":", " \"Paris\",", " \"unit\":", " \"celsius\"}"];
+
+/// A tool call the mock answers with.
+#[derive(Clone, Debug)]
+struct ToolCall {
+    name: String,
+    /// The arguments as JSON text.
+    args: String,
+}
+
+impl ToolCall {
+    /// The arguments in about four stream pieces (cut at character boundaries).
+    fn pieces(&self) -> Vec<String> {
+        let chars: Vec<char> = self.args.chars().collect();
+        let size = chars.len().div_ceil(4).max(1);
+        chars.chunks(size).map(|c| c.iter().collect()).collect()
+    }
+
+    fn args_value(&self) -> Value {
+        serde_json::from_str(&self.args).unwrap_or(Value::Null)
+    }
+}
+
+/// The marker an agent test puts in its prompt: `[[read:PATH]]` asks the mock to answer with a
+/// call of a file-reading (or shell) tool the request offers, reading PATH.
+const READ_MARKER: &str = "[[read:";
+
+/// Tools the mock knows how to call to read a file, in order of preference: Claude Code's,
+/// Gemini CLI's, Codex's (several versions) and the generic shell tools.
+const READ_TOOLS: [&str; 7] = ["Read", "read_file", "shell_command", "exec_command", "shell", "run_shell_command", "Bash"];
+
+/// The tools a request offers, as (name, JSON schema of the arguments).
+fn offered_tools(kind: Kind, v: &Value) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for tool in v.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        match kind {
+            Kind::Messages => {
+                if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                    out.push((name.to_string(), tool.get("input_schema").cloned().unwrap_or(Value::Null)));
+                }
+            }
+            Kind::Generate { .. } => {
+                for d in tool.get("functionDeclarations").and_then(Value::as_array).into_iter().flatten() {
+                    if let Some(name) = d.get("name").and_then(Value::as_str) {
+                        let schema = d.get("parametersJsonSchema").or_else(|| d.get("parameters")).cloned().unwrap_or(Value::Null);
+                        out.push((name.to_string(), schema));
+                    }
+                }
+            }
+            Kind::Chat => {
+                if let Some(f) = tool.get("function") {
+                    if let Some(name) = f.get("name").and_then(Value::as_str) {
+                        out.push((name.to_string(), f.get("parameters").cloned().unwrap_or(Value::Null)));
+                    }
+                }
+            }
+            Kind::Responses | Kind::Embeddings => {
+                if tool.get("type").and_then(Value::as_str) == Some("function") {
+                    if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                        out.push((name.to_string(), tool.get("parameters").cloned().unwrap_or(Value::Null)));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Arguments that make tool `name` (with `schema`) read `path`: a property naming a path gets
+/// the path; a command gets `cat PATH` (as a string or an argv array, as the schema says).
+fn read_args(schema: &Value, path: &str) -> Value {
+    let mut args = serde_json::Map::new();
+    let props = schema.get("properties").and_then(Value::as_object);
+    for (name, prop) in props.into_iter().flatten() {
+        let kind = prop.get("type").and_then(Value::as_str).unwrap_or("string").to_ascii_lowercase();
+        if name.contains("path") {
+            args.insert(name.clone(), json!(path));
+        } else if name == "command" || name == "cmd" {
+            let command = if kind == "array" { json!(["cat", path]) } else { json!(format!("cat {path}")) };
+            args.insert(name.clone(), command);
+        }
+    }
+    Value::Object(args)
+}
+
+/// The text of the last tool result a request carries back, if any.
+fn tool_result(kind: Kind, v: &Value) -> Option<String> {
+    let text_of = |c: &Value| -> String {
+        match c {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(""),
+            other => other.to_string(),
+        }
+    };
+    let mut found = None;
+    match kind {
+        Kind::Messages => {
+            for m in v.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                for block in m.get("content").and_then(Value::as_array).into_iter().flatten() {
+                    if block.get("type").and_then(Value::as_str) == Some("tool_result") {
+                        found = Some(block.get("content").map(text_of).unwrap_or_default());
+                    }
+                }
+            }
+        }
+        Kind::Responses | Kind::Embeddings => {
+            for item in v.get("input").and_then(Value::as_array).into_iter().flatten() {
+                let t = item.get("type").and_then(Value::as_str).unwrap_or_default();
+                if t == "function_call_output" || t == "custom_tool_call_output" {
+                    found = Some(item.get("output").map(text_of).unwrap_or_default());
+                }
+            }
+        }
+        Kind::Chat => {
+            for m in v.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                if m.get("role").and_then(Value::as_str) == Some("tool") {
+                    found = Some(m.get("content").map(text_of).unwrap_or_default());
+                }
+            }
+        }
+        Kind::Generate { .. } => {
+            for c in v.get("contents").and_then(Value::as_array).into_iter().flatten() {
+                for part in c.get("parts").and_then(Value::as_array).into_iter().flatten() {
+                    if let Some(r) = part.pointer("/functionResponse/response") {
+                        found = Some(r.to_string());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// An agent's turn: a request carrying a tool result is answered with that result's text
+/// (`The tool answered: …`); one whose prompt holds `[[read:PATH]]` and that offers a known
+/// tool is answered with a call of that tool reading PATH.
+fn agent_turn(kind: Kind, v: &Value, body: &[u8]) -> (Option<ToolCall>, Option<String>) {
+    if let Some(result) = tool_result(kind, v) {
+        let result: String = result.chars().take(4000).collect();
+        return (None, Some(format!("The tool answered: {}", result.trim())));
+    }
+    let text = String::from_utf8_lossy(body);
+    let Some(at) = text.find(READ_MARKER) else { return (None, None) };
+    let rest = &text[at + READ_MARKER.len()..];
+    let Some(end) = rest.find("]]") else { return (None, None) };
+    let path = &rest[..end];
+    let tools = offered_tools(kind, v);
+    let chosen = READ_TOOLS.iter().find_map(|want| tools.iter().find(|(name, _)| name == want));
+    match chosen {
+        Some((name, schema)) => (Some(ToolCall { name: name.clone(), args: read_args(schema, path).to_string() }), None),
+        None => (None, None),
+    }
+}
 
 fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
@@ -163,6 +333,8 @@ impl MockUpstream {
             upstream_key: upstream_key.into(),
             records: Mutex::new(Vec::new()),
             holds: Mutex::new(HashMap::new()),
+            responses: Mutex::new(HashMap::new()),
+            next_id: std::sync::atomic::AtomicU64::new(1),
             tc: TcMock {
                 secret_id: tc_secret_id.into(),
                 secret_key: tc_secret_key.into(),
@@ -290,6 +462,25 @@ impl MockUpstream {
         for (k, v) in req.headers.iter() {
             headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
         }
+        if path.contains("/v1/responses/") {
+            self.record(Recorded {
+                method: req.method.to_string(),
+                path: path.clone(),
+                query: query.clone(),
+                headers: headers.clone(),
+                body_len: body.len(),
+                model: parsed.get("model").and_then(Value::as_str).map(str::to_string),
+                tag: header(&req, "x-test-tag").map(str::to_string),
+                stream_options: None,
+            });
+            if !self.credential_ok(Kind::Responses, &req) {
+                let b = error_body(Kind::Responses, 401, "mock: missing or wrong upstream key").to_string();
+                return send(session, 401, "application/json", b.into(), &[]).await;
+            }
+            if let Some((status, answer)) = self.responses_api(req.method.as_str(), &path, body.len()) {
+                return send(session, status, "application/json", answer.to_string().into(), &[]).await;
+            }
+        }
         // Token counting (`/v1/messages/count_tokens`, `…/models/{m}:countTokens`): the
         // protocol's credential, errors and answer shape, no generation.
         let counting = if path.ends_with("/v1/messages/count_tokens") {
@@ -348,6 +539,20 @@ impl MockUpstream {
             return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
         }
         let input = parsed.get("input");
+        let (mut tool, reply) = agent_turn(kind, &parsed, &body);
+        if header(&req, "x-mock-tool-calls").is_some() {
+            tool = Some(ToolCall { name: "get_weather".into(), args: TOOL_ARGS.concat() });
+        }
+        let prefix = path.split("/v1/").next().unwrap_or_default().to_string();
+        if kind == Kind::Responses {
+            if let Some(previous) = parsed.get("previous_response_id").and_then(Value::as_str) {
+                if !self.responses().contains_key(&(prefix.clone(), previous.to_string())) {
+                    let b = json!({"error": {"message": format!("Previous response with id '{previous}' not found."),
+                        "type": "invalid_request_error", "param": "previous_response_id", "code": "previous_response_not_found"}});
+                    return send(session, 400, "application/json", b.to_string().into(), &[]).await;
+                }
+            }
+        }
         let call = Call {
             kind,
             model: model.unwrap_or_else(|| "unknown".into()),
@@ -366,7 +571,9 @@ impl MockUpstream {
                 || query.as_deref().is_some_and(|q| {
                     q.split('&').any(|p| p.starts_with("fields=") || p.starts_with("$fields=") || p.starts_with("%24fields="))
                 }),
-            tool_calls: header(&req, "x-mock-tool-calls").is_some(),
+            tool,
+            reply,
+            response_id: format!("resp_mock_{}", self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
             cache: pair(&req, "x-mock-cache"),
             deltas: num(&req, "x-mock-deltas").unwrap_or(3) as usize,
             interval: Duration::from_millis(num(&req, "x-mock-interval-ms").unwrap_or(0)),
@@ -380,12 +587,85 @@ impl MockUpstream {
             embed_base64: parsed.get("encoding_format").and_then(Value::as_str) == Some("base64"),
             gemini_sse: query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "alt=sse")),
         };
+        if kind == Kind::Responses && parsed.get("store").and_then(Value::as_bool) != Some(false) {
+            // Stored as the service stores it: readable by id later (at this provider only).
+            let mut object = whole_body(&call);
+            object["store"] = json!(true);
+            let items = match parsed.get("input") {
+                Some(Value::String(text)) => {
+                    json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])
+                }
+                Some(items @ Value::Array(_)) => items.clone(),
+                _ => json!([]),
+            };
+            self.responses().insert((prefix, call.response_id.clone()), (object, items));
+        }
         if call.stream {
             self.stream(session, &call).await
         } else {
             let b = whole_body(&call).to_string();
             send(session, 200, "application/json", b.into(), &[]).await
         }
+    }
+
+    fn responses(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Value, Value)>> {
+        self.responses.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The responses API beyond creation: stored responses (`GET`/`DELETE …/responses/{id}`,
+    /// `…/cancel`, `…/input_items`), counting input tokens and compaction. None when `path` is
+    /// not one of these.
+    fn responses_api(&self, method: &str, path: &str, body_len: usize) -> Option<(u16, Value)> {
+        let (prefix, tail) = path.split_once("/v1/responses/")?;
+        let key = |id: &str| (prefix.to_string(), id.to_string());
+        let missing = |id: &str| {
+            (
+                404,
+                json!({"error": {"message": format!("Response with id '{id}' not found."), "type": "invalid_request_error", "param": null, "code": null}}),
+            )
+        };
+        let tokens = (body_len as u64).div_ceil(4).max(1);
+        Some(match (method, tail) {
+            ("POST", "input_tokens") => (200, json!({"object": "response.input_tokens", "input_tokens": tokens})),
+            ("POST", "compact") => (
+                200,
+                json!({"id": format!("cmp_mock_{}", self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+                    "object": "response.compaction", "created_at": now(),
+                    "output": [{"type": "compaction", "id": "cmp_item_mock", "encrypted_content": "bW9jaw=="}],
+                    "usage": {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": tokens + 7}}),
+            ),
+            ("POST", _) => {
+                let id = tail.strip_suffix("/cancel")?;
+                match self.responses().get_mut(&key(id)) {
+                    Some((object, _)) => {
+                        object["status"] = json!("cancelled");
+                        (200, object.clone())
+                    }
+                    None => missing(id),
+                }
+            }
+            ("GET", _) => match tail.strip_suffix("/input_items") {
+                Some(id) => match self.responses().get(&key(id)) {
+                    Some((_, Value::Array(items))) => (
+                        200,
+                        json!({"object": "list", "data": items, "has_more": false,
+                        "first_id": items.first().and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null),
+                        "last_id": items.last().and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null)}),
+                    ),
+                    _ => missing(id),
+                },
+                None => match self.responses().get(&key(tail)) {
+                    Some((object, _)) => (200, object.clone()),
+                    None => missing(tail),
+                },
+            },
+            ("DELETE", _) => match self.responses().remove(&key(tail)) {
+                Some(_) => (200, json!({"id": tail, "object": "response", "deleted": true})),
+                None => missing(tail),
+            },
+            _ => return None,
+        })
     }
 
     async fn stream(&self, session: &mut Session, call: &Call) -> Result<()> {
@@ -572,17 +852,25 @@ fn messages_usage(call: &Call, out: u64) -> Value {
     u
 }
 
+/// The answer's text in stream pieces: the reply's words, or the mock's.
+fn words_of(call: &Call) -> Vec<String> {
+    match &call.reply {
+        Some(reply) => reply.split_inclusive(' ').map(str::to_string).collect(),
+        None => text_of(call.deltas).into_iter().map(str::to_string).collect(),
+    }
+}
+
 fn whole_body_with_usage(call: &Call) -> Value {
-    let words = text_of(call.deltas);
+    let words = words_of(call);
     let text: String = words.concat();
     let out = call.output_tokens.unwrap_or(call.deltas as u64);
     let inp = call.input_tokens;
     let model = &call.model;
     match call.kind {
-        Kind::Chat if call.tool_calls => json!({
+        Kind::Chat if call.tool.is_some() => json!({
             "id": "chatcmpl-mock", "object": "chat.completion", "created": now(), "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": null, "tool_calls": [
-                {"id": "call_mock", "type": "function", "function": {"name": "get_weather", "arguments": TOOL_ARGS.concat()}}]},
+                {"id": "call_mock", "type": "function", "function": call.tool.as_ref().map(|t| json!({"name": t.name, "arguments": t.args}))}]},
                 "logprobs": null, "finish_reason": "tool_calls"}],
             "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out},
         }),
@@ -592,7 +880,7 @@ fn whole_body_with_usage(call: &Call) -> Value {
                          "logprobs": null, "finish_reason": "stop"}],
             "usage": {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out},
         }),
-        Kind::Responses => response_object(model, &text, "completed", inp, out),
+        Kind::Responses => response_object(call, &response_output(call, &text), "completed", out),
         Kind::Embeddings => {
             let vector = [0.25f32, -0.5, 0.125, 1.0];
             let data: Vec<Value> = (0..call.embed_inputs)
@@ -609,23 +897,48 @@ fn whole_body_with_usage(call: &Call) -> Value {
             json!({"object": "list", "data": data, "model": model,
                    "usage": {"prompt_tokens": inp, "total_tokens": inp}})
         }
-        Kind::Messages => json!({
-            "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
-            "content": [{"type": "text", "text": text}],
-            "stop_reason": "end_turn", "stop_sequence": null,
-            "usage": messages_usage(call, out),
-        }),
-        Kind::Generate { .. } => gemini_chunk(model, &text, Some("STOP"), inp, out),
+        Kind::Messages => {
+            let (content, stop) = match &call.tool {
+                Some(t) => (json!([{"type": "tool_use", "id": "toolu_mock", "name": t.name, "input": t.args_value()}]), "tool_use"),
+                None => (json!([{"type": "text", "text": text}]), "end_turn"),
+            };
+            json!({
+                "id": "msg_mock", "type": "message", "role": "assistant", "model": model,
+                "content": content, "stop_reason": stop, "stop_sequence": null,
+                "usage": messages_usage(call, out),
+            })
+        }
+        Kind::Generate { .. } => match &call.tool {
+            Some(t) => gemini_call_chunk(model, t, inp, out),
+            None => gemini_chunk(model, &text, Some("STOP"), inp, out),
+        },
     }
 }
 
-fn response_object(model: &str, text: &str, status: &str, inp: u64, out: u64) -> Value {
-    let output = if status == "completed" {
-        json!([{"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}]}])
-    } else {
-        json!([])
-    };
+/// A generate-content chunk that calls a function.
+fn gemini_call_chunk(model: &str, t: &ToolCall, inp: u64, out: u64) -> Value {
+    let mut chunk = gemini_chunk(model, "", Some("STOP"), inp, out);
+    chunk["candidates"][0]["content"]["parts"] = json!([{"functionCall": {"name": t.name, "args": t.args_value()}}]);
+    chunk
+}
+
+/// A finished response's output item: the message with its text, or the function call.
+fn response_item(call: &Call, text: &str) -> Value {
+    match &call.tool {
+        Some(t) => json!({"type": "function_call", "id": "fc_mock", "call_id": "call_mock", "name": t.name,
+                          "arguments": t.args, "status": "completed"}),
+        None => json!({"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
+                       "content": [{"type": "output_text", "text": text, "annotations": []}]}),
+    }
+}
+
+fn response_output(call: &Call, text: &str) -> Value {
+    json!([response_item(call, text)])
+}
+
+fn response_object(call: &Call, output: &Value, status: &str, out: u64) -> Value {
+    let (model, inp) = (call.model.as_str(), call.input_tokens);
+    let output = if status == "completed" { output.clone() } else { json!([]) };
     let usage = if status == "completed" {
         json!({"input_tokens": inp, "input_tokens_details": {"cached_tokens": 0},
                "output_tokens": out, "output_tokens_details": {"reasoning_tokens": 0},
@@ -633,7 +946,7 @@ fn response_object(model: &str, text: &str, status: &str, inp: u64, out: u64) ->
     } else {
         Value::Null
     };
-    json!({"id": "resp_mock", "object": "response", "created_at": now(), "status": status,
+    json!({"id": call.response_id, "object": "response", "created_at": now(), "status": status,
            "model": model, "output": output, "parallel_tool_calls": true, "tool_choice": "auto",
            "tools": [], "usage": usage})
 }
@@ -651,7 +964,7 @@ fn gemini_chunk(model: &str, text: &str, finish: Option<&str>, inp: u64, out: u6
 /// The stream as a list of wire pieces; the first piece is the first event. Chat streams carry
 /// usage only when asked (`include_usage`); with `no_usage` no event carries any.
 fn stream_events(call: &Call) -> Vec<String> {
-    let words = text_of(call.deltas);
+    let words = words_of(call);
     let out = call.output_tokens.unwrap_or(call.deltas as u64);
     let inp = call.input_tokens;
     let model = call.model.as_str();
@@ -663,16 +976,16 @@ fn stream_events(call: &Call) -> Vec<String> {
                 json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "created": created, "model": model,
                        "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}]})
             };
-            if call.tool_calls {
+            if let Some(tool) = &call.tool {
                 ev.push(sse(
                     None,
                     &chunk(
                         json!({"role": "assistant", "content": null, "tool_calls": [
-                    {"index": 0, "id": "call_mock", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
+                    {"index": 0, "id": "call_mock", "type": "function", "function": {"name": tool.name, "arguments": ""}}]}),
                         Value::Null,
                     ),
                 ));
-                for piece in TOOL_ARGS {
+                for piece in tool.pieces() {
                     ev.push(sse(None, &chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}), Value::Null)));
                 }
             } else {
@@ -682,7 +995,7 @@ fn stream_events(call: &Call) -> Vec<String> {
                 }
             }
             // The finish chunk, the usage chunk and [DONE] leave together, as the service sends them.
-            let finish = if call.tool_calls { "tool_calls" } else { "stop" };
+            let finish = if call.tool.is_some() { "tool_calls" } else { "stop" };
             let mut tail = sse(None, &chunk(json!({}), json!(finish)));
             if call.include_usage {
                 tail.push_str(&sse(
@@ -706,34 +1019,48 @@ fn stream_events(call: &Call) -> Vec<String> {
                 seq += 1;
                 ev.push(sse(Some(name), &data));
             };
-            push("response.created", json!({"response": response_object(model, "", "in_progress", inp, 0)}));
-            push(
-                "response.output_item.added",
-                json!({"output_index": 0, "item":
-                {"type": "message", "id": "msg_mock", "status": "in_progress", "role": "assistant", "content": []}}),
-            );
-            push(
-                "response.content_part.added",
-                json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
-                "part": {"type": "output_text", "text": "", "annotations": []}}),
-            );
-            for w in &words {
-                push("response.output_text.delta", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "delta": w}));
-            }
+            push("response.created", json!({"response": response_object(call, &json!([]), "in_progress", 0)}));
+            push("response.in_progress", json!({"response": response_object(call, &json!([]), "in_progress", 0)}));
             let text: String = words.concat();
-            push("response.output_text.done", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": text}));
-            push(
-                "response.content_part.done",
-                json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
-                "part": {"type": "output_text", "text": text, "annotations": []}}),
-            );
-            push(
-                "response.output_item.done",
-                json!({"output_index": 0, "item":
-                {"type": "message", "id": "msg_mock", "status": "completed", "role": "assistant",
-                 "content": [{"type": "output_text", "text": text, "annotations": []}]}}),
-            );
-            push("response.completed", json!({"response": response_object(model, &text, "completed", inp, out)}));
+            let item = response_item(call, &text);
+            match &call.tool {
+                Some(tool) => {
+                    let mut started = item.clone();
+                    started["arguments"] = json!("");
+                    started["status"] = json!("in_progress");
+                    push("response.output_item.added", json!({"output_index": 0, "item": started}));
+                    for piece in tool.pieces() {
+                        push("response.function_call_arguments.delta", json!({"item_id": "fc_mock", "output_index": 0, "delta": piece}));
+                    }
+                    push("response.function_call_arguments.done", json!({"item_id": "fc_mock", "output_index": 0, "arguments": tool.args}));
+                }
+                None => {
+                    push(
+                        "response.output_item.added",
+                        json!({"output_index": 0, "item":
+                        {"type": "message", "id": "msg_mock", "status": "in_progress", "role": "assistant", "content": []}}),
+                    );
+                    push(
+                        "response.content_part.added",
+                        json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                        "part": {"type": "output_text", "text": "", "annotations": []}}),
+                    );
+                    for w in &words {
+                        push(
+                            "response.output_text.delta",
+                            json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "delta": w}),
+                        );
+                    }
+                    push("response.output_text.done", json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0, "text": text}));
+                    push(
+                        "response.content_part.done",
+                        json!({"item_id": "msg_mock", "output_index": 0, "content_index": 0,
+                        "part": {"type": "output_text", "text": text, "annotations": []}}),
+                    );
+                }
+            }
+            push("response.output_item.done", json!({"output_index": 0, "item": item}));
+            push("response.completed", json!({"response": response_object(call, &json!([item]), "completed", out)}));
         }
         Kind::Messages => {
             ev.push(sse(
@@ -742,36 +1069,40 @@ fn stream_events(call: &Call) -> Vec<String> {
                 "id": "msg_mock", "type": "message", "role": "assistant", "model": model, "content": [],
                 "stop_reason": null, "stop_sequence": null, "usage": messages_usage(call, 1)}}),
             ));
-            ev.push(sse(
-                Some("content_block_start"),
-                &json!({"type": "content_block_start", "index": 0,
-                "content_block": {"type": "text", "text": ""}}),
-            ));
+            let block = match &call.tool {
+                Some(t) => json!({"type": "tool_use", "id": "toolu_mock", "name": t.name, "input": {}}),
+                None => json!({"type": "text", "text": ""}),
+            };
+            ev.push(sse(Some("content_block_start"), &json!({"type": "content_block_start", "index": 0, "content_block": block})));
             ev.push(sse(Some("ping"), &json!({"type": "ping"})));
-            for w in &words {
-                ev.push(sse(
-                    Some("content_block_delta"),
-                    &json!({"type": "content_block_delta", "index": 0,
-                    "delta": {"type": "text_delta", "text": w}}),
-                ));
+            let deltas: Vec<Value> = match &call.tool {
+                Some(t) => t.pieces().into_iter().map(|p| json!({"type": "input_json_delta", "partial_json": p})).collect(),
+                None => words.iter().map(|w| json!({"type": "text_delta", "text": w})).collect(),
+            };
+            for delta in deltas {
+                ev.push(sse(Some("content_block_delta"), &json!({"type": "content_block_delta", "index": 0, "delta": delta})));
             }
             ev.push(sse(Some("content_block_stop"), &json!({"type": "content_block_stop", "index": 0})));
+            let stop = if call.tool.is_some() { "tool_use" } else { "end_turn" };
             ev.push(sse(
                 Some("message_delta"),
                 &json!({"type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": out}}),
+                "delta": {"stop_reason": stop, "stop_sequence": null}, "usage": {"output_tokens": out}}),
             ));
             ev.push(sse(Some("message_stop"), &json!({"type": "message_stop"})));
         }
         Kind::Generate { .. } => {
-            let n = words.len().max(1);
+            let n = if call.tool.is_some() { 1 } else { words.len().max(1) };
             let chunks: Vec<Value> = (0..n)
                 .map(|i| {
-                    let w = words.get(i).copied().unwrap_or("");
+                    let w = words.get(i).map_or("", String::as_str);
                     let finish = (i + 1 == n).then_some("STOP");
                     // Counts grow chunk by chunk; the last chunk carries the answer's total.
                     let so_far = if i + 1 == n { out } else { (i as u64 + 1).min(out) };
-                    let mut chunk = gemini_chunk(model, w, finish, inp, so_far);
+                    let mut chunk = match &call.tool {
+                        Some(t) => gemini_call_chunk(model, t, inp, out),
+                        None => gemini_chunk(model, w, finish, inp, so_far),
+                    };
                     if call.no_usage {
                         strip_usage(&mut chunk);
                     }

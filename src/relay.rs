@@ -216,6 +216,14 @@ fn query_allowlist(route: &Route) -> &'static [&'static str] {
     match route {
         Route::GenerateContent { .. } => &["alt"],
         Route::Messages => &["beta"],
+        // Reading a stored response: which extra fields, and resuming its stream.
+        Route::StoredResponse { op: crate::route::ResponseOp::Get, .. } => {
+            &["include", "include[]", "stream", "starting_after", "include_obfuscation"]
+        }
+        // Paging through its input items.
+        Route::StoredResponse { op: crate::route::ResponseOp::InputItems, .. } => {
+            &["after", "before", "limit", "order", "include", "include[]"]
+        }
         _ => &[],
     }
 }
@@ -282,6 +290,49 @@ pub struct Draft {
     pub client_body_len: usize,
     /// tollgate asked for stream usage; the usage chunk is not the client's to see.
     pub withhold_usage: bool,
+    /// The stored response this turn continues (responses API): the caller must own it, and
+    /// its provider serves the turn.
+    pub previous_response_id: Option<String>,
+}
+
+/// Order the providers of a model for one conversation (rendezvous hashing on the provider's
+/// name): every turn puts the same provider first while the set of providers is unchanged,
+/// and a provider that fails hands only its own conversations to the next in their order.
+pub fn order_for_conversation(catalog: &Catalog, candidates: &mut [usize], conversation: u64) {
+    use std::hash::{Hash, Hasher};
+    let score = |i: &usize| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (conversation, catalog.upstreams[*i].config.name.as_str()).hash(&mut h);
+        h.finish()
+    };
+    candidates.sort_by_cached_key(|i| std::cmp::Reverse(score(i)));
+}
+
+/// Put the provider named `provider` first, if it serves this request (a conversation that
+/// continues a stored response goes where that response is stored).
+pub fn prefer_provider(catalog: &Catalog, candidates: &mut [usize], provider: &str) -> bool {
+    match candidates.iter().position(|&i| catalog.upstreams[i].config.name == provider) {
+        Some(at) => {
+            candidates[..=at].rotate_right(1);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Plan a request on a stored response (read, cancel, delete, list its input items): it goes
+/// to the provider that stored it, unbilled. None when that provider is no longer configured.
+pub fn stored_draft(routing: &Routing, owner: &crate::ledger::ResponseOwner, client_body: bytes::Bytes) -> Option<Draft> {
+    let index = routing.catalog.upstreams.iter().position(|u| u.config.name == owner.provider)?;
+    Some(Draft {
+        model: owner.model.clone(),
+        candidates: vec![index],
+        hold_nanos: 0,
+        client_body_len: client_body.len(),
+        body: client_body,
+        withhold_usage: false,
+        previous_response_id: None,
+    })
 }
 
 /// Plan a relayed request: the model (from the body, or the path for generate-content), the
@@ -305,7 +356,14 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
             .filter(|m| !m.is_empty())
             .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
     };
-    let candidates = catalog
+    if fields.background == Some(true) {
+        return Err(ApiError::new(
+            ErrorKind::BadRequest,
+            "Background responses are not available through this gateway: their usage is only known after the request ends. Send the request without 'background', streamed if it runs long.",
+        )
+        .with_param("background"));
+    }
+    let mut candidates = catalog
         .candidates(protocol, &model)
         .filter(|_| catalog.group_allows(group, protocol))
         .ok_or_else(|| {
@@ -329,11 +387,20 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
             ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
         })?
     };
+    if candidates.len() > 1 {
+        if let Some(conversation) = crate::protocol::conversation_key(&fields) {
+            order_for_conversation(catalog, &mut candidates, conversation);
+        }
+    }
+    let previous_response_id = match route {
+        Route::Responses | Route::ResponsesCompact | Route::ResponsesInputTokens => fields.previous_response_id.clone(),
+        _ => None,
+    };
     let withhold_usage =
         *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
     let body = if withhold_usage { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
     drop(fields);
-    Ok(Draft { model, candidates, hold_nanos, body, client_body_len: client_body.len(), withhold_usage })
+    Ok(Draft { model, candidates, hold_nanos, body, client_body_len: client_body.len(), withhold_usage, previous_response_id })
 }
 
 /// The request header sent to `upstream`, built from the client's: only allowlisted client

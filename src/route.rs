@@ -38,6 +38,16 @@ pub enum Route {
     },
     /// `GET /` and `HEAD /`: a reachability probe of the base URL (answered without a key).
     Root,
+    /// A stored response (`/v1/responses/{id}`…): relayed to the provider that created it, for
+    /// the key that created it only. Not billed.
+    StoredResponse {
+        id: String,
+        op: ResponseOp,
+    },
+    /// `POST /v1/responses/input_tokens`: relayed, not billed.
+    ResponsesInputTokens,
+    /// `POST /v1/responses/compact`: relayed, billed from its usage.
+    ResponsesCompact,
     /// `POST /v1/videos`; legacy: `/v1/video/generations`, `/v1/videos/generations`.
     VideoCreate {
         legacy: bool,
@@ -57,11 +67,29 @@ pub enum Route {
     },
 }
 
+/// What is done with a stored response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseOp {
+    /// `GET /v1/responses/{id}`
+    Get,
+    /// `DELETE /v1/responses/{id}`
+    Delete,
+    /// `POST /v1/responses/{id}/cancel`
+    Cancel,
+    /// `GET /v1/responses/{id}/input_items`
+    InputItems,
+}
+
 impl Route {
     /// The protocol a relayed route speaks upstream (None for locally answered routes).
     pub fn relay_protocol(&self) -> Option<Protocol> {
         match self {
-            Route::ChatCompletions | Route::Responses | Route::Embeddings => Some(Protocol::Openai),
+            Route::ChatCompletions
+            | Route::Responses
+            | Route::Embeddings
+            | Route::StoredResponse { .. }
+            | Route::ResponsesInputTokens
+            | Route::ResponsesCompact => Some(Protocol::Openai),
             Route::Messages | Route::CountTokens => Some(Protocol::Anthropic),
             Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } | Route::GeminiEmbed { .. } => Some(Protocol::Gemini),
             _ => None,
@@ -74,9 +102,9 @@ impl Route {
         matches!(self, Route::Embeddings | Route::GeminiEmbed { .. })
     }
 
-    /// Whether a relayed route is billed (token counting is not).
+    /// Whether a relayed route is billed (token counting and reading stored responses are not).
     pub fn billed(&self) -> bool {
-        !matches!(self, Route::CountTokens | Route::GeminiCountTokens { .. })
+        !matches!(self, Route::CountTokens | Route::GeminiCountTokens { .. } | Route::ResponsesInputTokens | Route::StoredResponse { .. })
     }
 
     /// How the response of a relayed route reports usage.
@@ -84,7 +112,7 @@ impl Route {
         use crate::meter::Shape;
         match self {
             Route::ChatCompletions => Some(Shape::Chat),
-            Route::Responses => Some(Shape::Responses),
+            Route::Responses | Route::ResponsesCompact => Some(Shape::Responses),
             Route::Embeddings => Some(Shape::Embeddings),
             Route::Messages => Some(Shape::Messages),
             Route::GenerateContent { .. } | Route::GeminiEmbed { .. } => Some(Shape::Gemini),
@@ -110,6 +138,12 @@ impl Route {
             Route::GeminiEmbed { batch: false, .. } => "embed_content",
             Route::GeminiEmbed { batch: true, .. } => "batch_embed_contents",
             Route::Root => "root",
+            Route::StoredResponse { op: ResponseOp::Get, .. } => "response_get",
+            Route::StoredResponse { op: ResponseOp::Delete, .. } => "response_delete",
+            Route::StoredResponse { op: ResponseOp::Cancel, .. } => "response_cancel",
+            Route::StoredResponse { op: ResponseOp::InputItems, .. } => "response_input_items",
+            Route::ResponsesInputTokens => "responses_input_tokens",
+            Route::ResponsesCompact => "responses_compact",
             Route::VideoCreate { .. } => "video_create",
             Route::VideoGet { .. } => "video_get",
             Route::VideoContent { .. } => "video_content",
@@ -150,6 +184,9 @@ pub fn classify(method: &str, path: &str) -> Route {
     if let Some(route) = video(method, rest) {
         return route;
     }
+    if let Some(tail) = rest.strip_prefix("/responses/") {
+        return responses(method, tail).unwrap_or_else(not_found);
+    }
     match (method, rest) {
         ("POST", "/chat/completions") => Route::ChatCompletions,
         ("POST", "/responses") => Route::Responses,
@@ -182,6 +219,22 @@ fn video(method: &str, rest: &str) -> Option<Route> {
             }
             id_ok(tail).then(|| Route::VideoGet { id: tail.to_string(), legacy: false })
         }
+        _ => None,
+    }
+}
+
+/// The Responses API's paths below `/responses/` (`tail` is what follows it).
+fn responses(method: &str, tail: &str) -> Option<Route> {
+    let stored = |id: &str, op| (!id.is_empty() && !id.contains('/')).then(|| Route::StoredResponse { id: id.to_string(), op });
+    match (method, tail) {
+        ("POST", "input_tokens") => Some(Route::ResponsesInputTokens),
+        ("POST", "compact") => Some(Route::ResponsesCompact),
+        ("POST", _) => stored(tail.strip_suffix("/cancel")?, ResponseOp::Cancel),
+        ("GET", _) => match tail.strip_suffix("/input_items") {
+            Some(id) => stored(id, ResponseOp::InputItems),
+            None => stored(tail, ResponseOp::Get),
+        },
+        ("DELETE", _) => stored(tail, ResponseOp::Delete),
         _ => None,
     }
 }
@@ -300,6 +353,26 @@ mod tests {
         assert_eq!(classify("HEAD", "/"), Route::Root);
         assert!(matches!(classify("POST", "/"), Route::NotFound { .. }));
         assert!(matches!(classify("GET", "/v1/"), Route::NotFound { .. }));
+    }
+
+    #[test]
+    fn responses_paths() {
+        let stored = |id: &str, op| Route::StoredResponse { id: id.into(), op };
+        assert_eq!(classify("GET", "/v1/responses/resp_1"), stored("resp_1", ResponseOp::Get));
+        assert_eq!(classify("DELETE", "/v1/responses/resp_1"), stored("resp_1", ResponseOp::Delete));
+        assert_eq!(classify("POST", "/v1/responses/resp_1/cancel"), stored("resp_1", ResponseOp::Cancel));
+        assert_eq!(classify("GET", "/v1/responses/resp_1/input_items"), stored("resp_1", ResponseOp::InputItems));
+        assert_eq!(classify("GET", "/responses/resp_1"), stored("resp_1", ResponseOp::Get));
+        assert_eq!(classify("POST", "/v1/responses/input_tokens"), Route::ResponsesInputTokens);
+        assert_eq!(classify("POST", "/v1/responses/compact"), Route::ResponsesCompact);
+        for (m, p) in
+            [("POST", "/v1/responses/resp_1"), ("GET", "/v1/responses/a/b"), ("PUT", "/v1/responses/r"), ("POST", "/v1/responses//cancel")]
+        {
+            assert_eq!(classify(m, p), Route::NotFound { shape: Protocol::Openai }, "{m} {p}");
+        }
+        assert!(!stored("r", ResponseOp::Get).billed() && !Route::ResponsesInputTokens.billed() && Route::ResponsesCompact.billed());
+        assert_eq!(Route::ResponsesCompact.usage_shape(), Some(crate::meter::Shape::Responses));
+        assert_eq!(stored("r", ResponseOp::Cancel).relay_protocol(), Some(Protocol::Openai));
     }
 
     #[test]

@@ -382,6 +382,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         keys,
         body: body_limits,
         video,
+        owners: crate::responses::Owners::new(ledger.clone()),
         ledger,
         limits: Arc::new(Limits::default()),
         metrics,

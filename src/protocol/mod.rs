@@ -99,6 +99,109 @@ pub struct BodyFields<'a> {
     pub generation_config: Option<GenerationConfig>,
     #[serde(default, borrow, deserialize_with = "present_raw")]
     pub stream_options: Option<&'a serde_json::value::RawValue>,
+    /// Responses: the stored response this turn continues (it must be the caller's).
+    #[serde(default)]
+    pub previous_response_id: Option<String>,
+    /// Responses and chat completions: the client's own conversation key for prompt caching.
+    #[serde(default)]
+    pub prompt_cache_key: Option<String>,
+    /// Responses: run detached from the request (refused: its usage arrives after the request).
+    #[serde(default)]
+    pub background: Option<bool>,
+    /// How the conversation begins, as raw text, for provider affinity: the system prompt (each
+    /// protocol's field) and the message list (chat and messages: `messages`; responses:
+    /// `input`; generate-content: `contents`). Only their first items are ever read.
+    #[serde(default, borrow)]
+    pub messages: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    pub input: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    pub contents: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    pub system: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    pub instructions: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow, rename = "systemInstruction")]
+    pub system_instruction: Option<&'a serde_json::value::RawValue>,
+}
+
+/// What keeps the turns of one conversation on one provider: the client's `prompt_cache_key`,
+/// else a digest of how the conversation begins (its system prompt and its items up to the
+/// first user message, which every later turn repeats). None for a body with neither.
+pub fn conversation_key(f: &BodyFields<'_>) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    if let Some(key) = f.prompt_cache_key.as_deref().filter(|k| !k.is_empty()) {
+        ("prompt_cache_key", key).hash(&mut h);
+        return Some(h.finish());
+    }
+    let list = f.messages.or(f.input).or(f.contents)?;
+    for part in [f.system, f.instructions, f.system_instruction].into_iter().flatten() {
+        part.get().hash(&mut h);
+    }
+    let mut any = false;
+    leading_items(list, MAX_LEADING_ITEMS, &mut |item| {
+        any = true;
+        item.get().hash(&mut h);
+        !is_user_item(item)
+    });
+    any.then(|| h.finish())
+}
+
+/// How many items of a conversation are read, at most, looking for its first user message.
+const MAX_LEADING_ITEMS: usize = 8;
+
+/// Whether a conversation item is the user's (chat, messages and responses: `role: user`;
+/// generate-content: `role: user` or no role).
+fn is_user_item(item: &serde_json::value::RawValue) -> bool {
+    #[derive(Deserialize)]
+    struct Role<'a> {
+        #[serde(default, borrow)]
+        role: Option<std::borrow::Cow<'a, str>>,
+        #[serde(default, borrow, rename = "parts")]
+        parts: Option<&'a serde_json::value::RawValue>,
+    }
+    match serde_json::from_str::<Role>(item.get()) {
+        Ok(r) => r.role.as_deref() == Some("user") || (r.role.is_none() && r.parts.is_some()),
+        // Not an object (a plain string input): it is the user's.
+        Err(_) => true,
+    }
+}
+
+/// Call `each` with the raw text of an array's items in order, until it returns false or
+/// `max` were seen; the rest of the array is never read. A value that is not an array is
+/// passed whole, once.
+pub fn leading_items<'a>(raw: &'a serde_json::value::RawValue, max: usize, each: &mut dyn FnMut(&'a serde_json::value::RawValue) -> bool) {
+    use serde::de::{Deserializer as _, Error as _, SeqAccess, Visitor};
+    struct Lead<'f, 'a> {
+        max: usize,
+        each: &'f mut dyn FnMut(&'a serde_json::value::RawValue) -> bool,
+    }
+    impl<'de> Visitor<'de> for Lead<'_, 'de> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an array")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            for _ in 0..self.max {
+                match seq.next_element::<&'de serde_json::value::RawValue>()? {
+                    Some(item) if (self.each)(item) => {}
+                    Some(_) => break,
+                    None => return Ok(()),
+                }
+            }
+            // Enough was read: stop here rather than scan the rest.
+            Err(A::Error::custom("stopped"))
+        }
+    }
+    let text = raw.get();
+    if !text.trim_start().starts_with('[') {
+        each(raw);
+        return;
+    }
+    let mut de = serde_json::Deserializer::from_str(text);
+    // An early stop ends in an error by design; the items seen were passed on already.
+    let _ = (&mut de).deserialize_seq(Lead { max, each });
 }
 
 /// The most values (array items and object members, nested ones included) a part of a client's
@@ -200,10 +303,12 @@ pub struct SeenUsage {
 
 /// What the per-protocol usage readers gather from a response's events: reported usage, and
 /// the bytes of generated content (text, reasoning, tool-call arguments) for an estimate.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub struct Reading {
     pub seen: SeenUsage,
     pub text_bytes: u64,
+    /// The id of the response being read (responses API), once seen.
+    pub response_id: Option<String>,
 }
 
 impl Reading {
@@ -363,6 +468,7 @@ pub fn rfc3339(unix: u64) -> String {
 pub mod tests {
     use super::*;
     use proptest::prelude::*;
+    use serde_json::json;
 
     /// Any JSON value (nested up to a few levels).
     pub fn arb_json() -> impl Strategy<Value = Value> {
@@ -392,7 +498,18 @@ pub mod tests {
         )
             .prop_map(|(others, model, stream, max_tokens, stream_options)| {
                 let mut m: serde_json::Map<String, Value> = others.into_iter().collect();
-                for name in ["model", "stream", "max_tokens", "stream_options", "n", "max_completion_tokens", "max_output_tokens"] {
+                for name in [
+                    "model",
+                    "stream",
+                    "max_tokens",
+                    "stream_options",
+                    "n",
+                    "max_completion_tokens",
+                    "max_output_tokens",
+                    "previous_response_id",
+                    "prompt_cache_key",
+                    "background",
+                ] {
                     m.remove(name);
                 }
                 if let Some(v) = model {
@@ -504,5 +621,61 @@ pub mod tests {
             let v: serde_json::Value = serde_json::from_slice(&e.body(p)).expect("json");
             assert!(v.to_string().contains("invalid API key"));
         }
+    }
+
+    fn key_of(v: Value) -> Option<u64> {
+        let text = v.to_string();
+        conversation_key(&body_fields(text.as_bytes()).expect("parse"))
+    }
+
+    #[test]
+    fn a_conversation_keeps_its_key_from_turn_to_turn() {
+        let sys = json!({"role": "system", "content": "be brief"});
+        let first = json!({"role": "user", "content": "hello"});
+        let turn1 = key_of(json!({"model": "m", "messages": [sys, first]}));
+        let turn2 = key_of(
+            json!({"model": "m", "messages": [sys, first, {"role": "assistant", "content": "hi"}, {"role": "user", "content": "more"}]}),
+        );
+        assert!(turn1.is_some());
+        assert_eq!(turn1, turn2, "later turns repeat the beginning");
+        let other = key_of(json!({"model": "m", "messages": [sys, {"role": "user", "content": "another"}]}));
+        assert_ne!(turn1, other, "another conversation with the same system prompt");
+        // Messages: the system prompt is a field of its own.
+        let m1 = key_of(json!({"system": "s", "messages": [first]}));
+        assert_ne!(m1, key_of(json!({"system": "t", "messages": [first]})));
+        assert_eq!(m1, key_of(json!({"system": "s", "messages": [first, {"role": "assistant", "content": "x"}]})));
+        // Generate-content: the first content has the user's role, or none.
+        let g = key_of(json!({"contents": [{"parts": [{"text": "a"}]}]}));
+        assert_eq!(g, key_of(json!({"contents": [{"parts": [{"text": "a"}]}, {"role": "model", "parts": [{"text": "b"}]}]})));
+        // Responses: a plain string input; a prompt_cache_key wins over everything.
+        assert!(key_of(json!({"model": "m", "input": "hi"})).is_some());
+        let keyed = key_of(json!({"model": "m", "input": "hi", "prompt_cache_key": "conv-1"}));
+        assert_eq!(keyed, key_of(json!({"model": "m", "input": "other", "prompt_cache_key": "conv-1"})));
+        assert_ne!(keyed, key_of(json!({"model": "m", "input": "hi"})));
+        assert_eq!(key_of(json!({"model": "m"})), None);
+    }
+
+    #[test]
+    fn leading_items_stop_without_reading_the_rest() {
+        let raw: &serde_json::value::RawValue = serde_json::from_str(r#"[{"role":"user"},2,3]"#).expect("raw");
+        let mut seen = Vec::new();
+        leading_items(raw, 8, &mut |item| {
+            seen.push(item.get().to_string());
+            !is_user_item(item)
+        });
+        assert_eq!(seen, [r#"{"role":"user"}"#]);
+        let mut n = 0;
+        leading_items(raw, 2, &mut |_| {
+            n += 1;
+            true
+        });
+        assert_eq!(n, 2, "at most max items");
+        let scalar: &serde_json::value::RawValue = serde_json::from_str(r#""text""#).expect("raw");
+        let mut whole = Vec::new();
+        leading_items(scalar, 8, &mut |item| {
+            whole.push(item.get().to_string());
+            true
+        });
+        assert_eq!(whole, [r#""text""#], "not an array: passed whole");
     }
 }

@@ -70,10 +70,47 @@ pub fn read_responses_event(v: &Value, r: &mut super::Reading) {
     if kind.ends_with(".delta") {
         r.text(v.get("delta"));
     }
+    if r.response_id.is_none() {
+        let id = if kind.is_empty() {
+            v.get("id").filter(|_| v.get("object").and_then(Value::as_str) == Some("response"))
+        } else {
+            v.pointer("/response/id")
+        };
+        r.response_id = id.and_then(Value::as_str).map(str::to_string);
+    }
     let usage = if kind.is_empty() { v.get("usage") } else { v.pointer("/response/usage") };
     if let Some(usage) = usage.filter(|u| u.is_object()) {
         r.seen = seen(usage, "/input_tokens", "/input_tokens_details/cached_tokens", "/output_tokens");
     }
+}
+
+/// The top-level `id` of a response object whose text may be cut short (the first part of a
+/// large body): read field by field, stopping at `id` (the API writes it first).
+pub fn response_id_in_head(head: &[u8]) -> Option<String> {
+    use serde::de::{Deserializer as _, Error as _, IgnoredAny, MapAccess, Visitor};
+    struct FindId<'f>(&'f mut Option<String>);
+    impl<'de> Visitor<'de> for FindId<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a response object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == "id" {
+                    *self.0 = map.next_value::<String>().ok();
+                    // Found: the rest is not read.
+                    return Err(A::Error::custom("found"));
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Ok(())
+        }
+    }
+    let mut id = None;
+    let mut de = serde_json::Deserializer::from_slice(head);
+    // Stopping at the id (or at the cut) ends in an error by design.
+    let _ = (&mut de).deserialize_map(FindId(&mut id));
+    id
 }
 
 /// A usage object whose input count includes its cache reads (both OpenAI shapes): the cache
@@ -144,6 +181,21 @@ pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_response_id_is_read_from_a_head_or_an_event() {
+        let body = br#"{"id":"resp_1","object":"response","output":[{"id":"msg_2","content":[]}],"usage":{"input_tokens":1}}"#;
+        assert_eq!(response_id_in_head(body).as_deref(), Some("resp_1"));
+        assert_eq!(response_id_in_head(&body[..20]).as_deref(), Some("resp_1"), "a cut head");
+        let later = br#"{"object":"response","metadata":{"id":"not-this"},"id":"resp_3","output":[{"x"#;
+        assert_eq!(response_id_in_head(later).as_deref(), Some("resp_3"), "top level only, even after nested ids");
+        assert_eq!(response_id_in_head(br#"{"object":"response","output":[1,2"#), None);
+        assert_eq!(response_id_in_head(b"not json"), None);
+        let mut r = super::super::Reading::default();
+        read_responses_event(&json!({"type": "response.created", "response": {"id": "resp_9", "status": "in_progress"}}), &mut r);
+        read_responses_event(&json!({"type": "response.output_item.added", "item": {"id": "msg_1"}}), &mut r);
+        assert_eq!(r.response_id.as_deref(), Some("resp_9"));
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(256))]

@@ -113,6 +113,8 @@ impl VideoService {
             estimated: false,
             seq: 0,
             balance_after: 0,
+            provider: None,
+            response_id: None,
         }
     }
 
