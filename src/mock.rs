@@ -61,6 +61,8 @@ pub struct Recorded {
     pub tag: Option<String>,
     /// The request's `stream_options` (chat completions), as received.
     pub stream_options: Option<Value>,
+    /// The request asked for a stream (`"stream": true`, or `:streamGenerateContent`).
+    pub stream: bool,
 }
 
 /// The mock server's state.
@@ -472,6 +474,7 @@ impl MockUpstream {
                 model: parsed.get("model").and_then(Value::as_str).map(str::to_string),
                 tag: header(&req, "x-test-tag").map(str::to_string),
                 stream_options: None,
+                stream: false,
             });
             if !self.credential_ok(Kind::Responses, &req) {
                 let b = error_body(Kind::Responses, 401, "mock: missing or wrong upstream key").to_string();
@@ -507,6 +510,7 @@ impl MockUpstream {
             model: model.clone(),
             tag: header(&req, "x-test-tag").map(str::to_string),
             stream_options: parsed.get("stream_options").cloned(),
+            stream: kind == Kind::Generate { stream: true } || parsed.get("stream").and_then(Value::as_bool) == Some(true),
         });
 
         if !self.credential_ok(kind, &req) {

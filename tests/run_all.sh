@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: system packages, formatting and lints (rustfmt, clippy with warnings
-# as errors), Rust unit + integration tests (one `cargo test` build), then the SDK compatibility suite in a virtualenv against the binaries that build made.
+# The whole test suite: system packages, the agent CLIs from npm, formatting and lints (rustfmt,
+# clippy with warnings as errors), Rust unit + integration tests (one `cargo test` build), fuzz
+# targets, then the SDK compatibility suite in a virtualenv against the binaries that build made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,6 +25,24 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import sys' 2>/dev/null; 
 fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/sdk/requirements.txt
 export TOLLGATE_S3_SERVER="$PWD/.venv/bin/moto_server"
+
+echo "== Agent CLIs from npm (Claude Code, Codex, Gemini CLI) for tests/agent_clis.rs"
+# Pinned: the versions the tests were written against. Node (20 or newer) from Debian's packages
+# when the machine has none.
+AGENT_CLIS="${TOLLGATE_AGENT_CLI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/agent-clis}"
+AGENT_PACKAGES=(@anthropic-ai/claude-code@2.1.197 @openai/codex@0.169.0 @google/gemini-cli@0.61.0)
+if ! command -v npm >/dev/null 2>&1; then
+  export DEBIAN_FRONTEND=noninteractive
+  { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq nodejs npm; } || true
+fi
+if command -v npm >/dev/null 2>&1 \
+  && npm install --prefix "$AGENT_CLIS" --no-audit --no-fund --loglevel=error "${AGENT_PACKAGES[@]}" >/dev/null; then
+  export TOLLGATE_AGENT_CLIS="$AGENT_CLIS/node_modules/.bin"
+  export TOLLGATE_AGENT_CLIS_REQUIRED=1
+  echo "installed into $AGENT_CLIS: ${AGENT_PACKAGES[*]} (node $(node --version))"
+else
+  echo "agent CLI tests will be SKIPPED: npm is missing or could not install ${AGENT_PACKAGES[*]}"
+fi
 
 echo "== cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --version >/dev/null 2>&1 || rustup component add rustfmt

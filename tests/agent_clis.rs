@@ -1,0 +1,215 @@
+//! The real coding-agent CLIs, headless, through tollgate to `tollgate-mock`: Claude Code
+//! (`claude -p`, messages), Codex (`codex exec`, responses) and Gemini CLI (`gemini -p`,
+//! generate-content). Each does a plain turn, then a turn in which the mock's streamed answer
+//! calls the CLI's own file-reading tool and the CLI sends the tool result back; the mock then
+//! answers with that result, so the printed answer holds a nonce only the file had.
+//!
+//! The CLIs come from npm: tests/run_all.sh installs them (pinned versions) and sets
+//! `TOLLGATE_AGENT_CLIS` to their `node_modules/.bin`, and `TOLLGATE_AGENT_CLIS_REQUIRED=1`
+//! once the install worked. Without them the tests say so and pass only when not required.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+const AGENT_KEY: &str = "sk-agent-test-0001";
+
+/// The directory holding `claude`, `codex` and `gemini`, or None (with the reason printed).
+fn clis() -> Option<PathBuf> {
+    let required = std::env::var("TOLLGATE_AGENT_CLIS_REQUIRED").is_ok_and(|v| v == "1");
+    let dir = std::env::var("TOLLGATE_AGENT_CLIS").map(PathBuf::from).ok();
+    let found = dir.filter(|d| ["claude", "codex", "gemini"].iter().all(|c| d.join(c).exists()));
+    if found.is_none() {
+        assert!(!required, "TOLLGATE_AGENT_CLIS_REQUIRED=1 but claude, codex and gemini are not in TOLLGATE_AGENT_CLIS");
+        eprintln!("SKIPPED: the agent CLIs are not installed (tests/run_all.sh installs them with npm into a cache directory)");
+    }
+    found
+}
+
+fn config(mock_port: u16) -> String {
+    format!(
+        r#"
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}/oa", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
+  - {{ name: an, protocol: anthropic, base_url: "http://127.0.0.1:{mock_port}/an", api_key: {UPSTREAM_KEY}, models: [beta-opus-4-7, beta-haiku-4-5] }}
+  - {{ name: ge, protocol: gemini, base_url: "http://127.0.0.1:{mock_port}/ge", api_key: {UPSTREAM_KEY}, models: [gamma-3.5-flash] }}
+groups:
+  default: {{ platforms: [openai, anthropic, gemini] }}
+prices:
+  alpha-5.5: {{ input: 1, output: 2 }}
+  beta-opus-4-7: {{ input: 1, output: 2 }}
+  beta-haiku-4-5: {{ input: 1, output: 2 }}
+  gamma-3.5-flash: {{ input: 1, output: 2 }}
+keys:
+  - {{ key: {AGENT_KEY}, name: agent, group: default, balance: 5.0 }}
+"#
+    )
+}
+
+/// A CLI's sandbox: a home of its own and a working directory holding `secret.txt`.
+struct Workspace {
+    dir: tempfile::TempDir,
+    nonce: String,
+}
+
+impl Workspace {
+    fn new() -> Workspace {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir_all(dir.path().join("home")).expect("home");
+        std::fs::create_dir_all(dir.path().join("work")).expect("work");
+        let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let nonce = format!("nonce-{}-{}", std::process::id(), since_epoch.as_nanos());
+        std::fs::write(dir.path().join("work/secret.txt"), format!("{nonce}\n")).expect("secret");
+        Workspace { dir, nonce }
+    }
+
+    fn home(&self) -> PathBuf {
+        self.dir.path().join("home")
+    }
+
+    fn work(&self) -> PathBuf {
+        self.dir.path().join("work")
+    }
+
+    /// The prompt that makes the mock call the CLI's file-reading tool on `secret.txt`.
+    fn tool_prompt(&self) -> String {
+        format!("What does [[read:{}]] say?", self.work().join("secret.txt").display())
+    }
+}
+
+/// Run a CLI to completion (at most three minutes); returns its stdout, after checking it
+/// exited 0.
+fn run(program: &Path, args: &[&str], env: &[(&str, String)], ws: &Workspace) -> String {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .current_dir(ws.work())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", ws.home())
+        .env("TERM", "dumb")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()));
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(Duration::from_secs(180)) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+            panic!("{} {args:?} did not finish within 3 minutes", program.display());
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{} {args:?} failed ({}):\nstdout: {stdout}\nstderr: {stderr}", program.display(), out.status);
+    stdout
+}
+
+/// What the upstream saw: no client key anywhere, every generation streamed; the key was
+/// billed once per generation call. Returns the generation calls.
+async fn check_upstream_and_bill(mock: &Proc, gw: &Gateway, generation_path: &str) -> Vec<Value> {
+    let seen = mock_requests_all(mock).await;
+    let all = serde_json::to_string(&seen).expect("json");
+    assert!(!all.contains(AGENT_KEY), "a client key reached the upstream: {all}");
+    let generations: Vec<Value> = seen.into_iter().filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with(generation_path))).collect();
+    assert!(generations.len() >= 3, "a plain turn and the two calls of the tool turn: {generations:?}");
+    assert!(generations.iter().all(|r| r["stream"] == true), "every turn was streamed: {generations:?}");
+    let usage = wait_requests(gw, AGENT_KEY, generations.len() as u64).await;
+    assert_eq!(usage["total"]["requests"].as_u64(), Some(generations.len() as u64), "one bill per call: {usage}");
+    generations
+}
+
+/// Every request the mock recorded (any tag).
+async fn mock_requests_all(mock: &Proc) -> Vec<Value> {
+    client().get(mock.url("/__mock/requests")).send().await.expect("mock").json().await.expect("json")
+}
+
+#[tokio::test]
+async fn claude_code_plain_and_tool_turns() {
+    let Some(bin) = clis() else { return };
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let ws = Workspace::new();
+    let env = [
+        ("ANTHROPIC_BASE_URL", gw.url("")),
+        ("ANTHROPIC_AUTH_TOKEN", AGENT_KEY.to_string()),
+        ("ANTHROPIC_MODEL", "beta-opus-4-7".to_string()),
+        ("ANTHROPIC_DEFAULT_HAIKU_MODEL", "beta-haiku-4-5".to_string()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
+        ("DISABLE_AUTOUPDATER", "1".to_string()),
+    ];
+    let claude = bin.join("claude");
+    let plain = run(&claude, &["-p", "Say hello"], &env, &ws);
+    assert!(plain.contains("Hello from the"), "{plain}");
+    let tool = run(&claude, &["-p", &ws.tool_prompt(), "--allowedTools", "Read"], &env, &ws);
+    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the Read tool's result came back: {tool}");
+    check_upstream_and_bill(&mock, &gw, "/an/v1/messages").await;
+}
+
+#[tokio::test]
+async fn codex_plain_and_tool_turns() {
+    let Some(bin) = clis() else { return };
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let ws = Workspace::new();
+    let codex_home = ws.home().join(".codex");
+    std::fs::create_dir_all(&codex_home).expect("codex home");
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"alpha-5.5\"\nmodel_provider = \"tollgate\"\n\n[model_providers.tollgate]\nname = \"tollgate\"\nbase_url = \"{}\"\nenv_key = \"TOLLGATE_API_KEY\"\nwire_api = \"responses\"\n",
+            gw.url("/v1")
+        ),
+    )
+    .expect("config.toml");
+    let env = [("CODEX_HOME", codex_home.display().to_string()), ("TOLLGATE_API_KEY", AGENT_KEY.to_string())];
+    let codex = bin.join("codex");
+    let plain = run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env, &ws);
+    assert!(plain.contains("Hello from the"), "{plain}");
+    // The shell tool runs `cat`; the sandbox is not what this test is about (and needs
+    // namespaces a CI container may not give).
+    let args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", &ws.tool_prompt()];
+    let tool = run(&codex, &args, &env, &ws);
+    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the shell tool's result came back: {tool}");
+    let calls = check_upstream_and_bill(&mock, &gw, "/oa/v1/responses").await;
+    assert!(calls.iter().all(|c| c["model"] == "alpha-5.5"));
+}
+
+#[tokio::test]
+async fn gemini_cli_plain_and_tool_turns() {
+    let Some(bin) = clis() else { return };
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let ws = Workspace::new();
+    let settings = ws.home().join(".gemini");
+    std::fs::create_dir_all(&settings).expect("settings dir");
+    std::fs::write(
+        settings.join("settings.json"),
+        r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": false},
+            "telemetry": {"enabled": false}, "general": {"disableAutoUpdate": true, "disableUpdateNag": true}}"#,
+    )
+    .expect("settings.json");
+    let env = [
+        ("GOOGLE_GEMINI_BASE_URL", gw.url("")),
+        ("GEMINI_API_KEY", AGENT_KEY.to_string()),
+        ("GEMINI_CLI_TRUST_WORKSPACE", "true".to_string()),
+    ];
+    let gemini = bin.join("gemini");
+    let plain = run(&gemini, &["-m", "gamma-3.5-flash", "-p", "Say hello"], &env, &ws);
+    assert!(plain.contains("Hello from the"), "{plain}");
+    let tool = run(&gemini, &["-m", "gamma-3.5-flash", "-p", &ws.tool_prompt()], &env, &ws);
+    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the read_file tool's result came back: {tool}");
+    check_upstream_and_bill(&mock, &gw, "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent").await;
+}
