@@ -243,3 +243,47 @@ groups:
     // Some of these conversations preferred the provider that is down (ten coin flips).
     assert!(gw.log().contains("provider down failed to connect"), "{}", gw.log());
 }
+
+/// A stream names its response in its first event; from then on (long before the request is
+/// settled and its owner booked) the owner can reach it and another key cannot.
+#[tokio::test]
+async fn a_response_still_streaming_is_owned_from_its_first_event() {
+    let mock = start_mock();
+    let gw = start_gateway(&two_provider_config(mock.port));
+    let tag = format!("live-{}", std::process::id());
+    let token = format!("hold-{}", std::process::id());
+    let mut r = client()
+        .post(gw.url("/v1/responses"))
+        .bearer_auth(CLIENT_KEY)
+        .header("x-test-tag", &tag)
+        .header("x-mock-hold", &token)
+        .json(&json!({"model": "alpha-5.5", "input": "a long answer", "stream": true}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 200);
+    let mut seen = String::new();
+    let id = loop {
+        let chunk = r.chunk().await.expect("read").expect("the first event before the stream ends");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+        if let Some(event) = seen.split("\n\n").next().filter(|_| seen.contains("\n\n")) {
+            let data = event.lines().find_map(|l| l.strip_prefix("data: ")).expect("data");
+            break serde_json::from_str::<Value>(data).expect("json")["response"]["id"].as_str().expect("id").to_string();
+        }
+    };
+    // The stream is held open by the mock: nothing is settled yet.
+    assert_eq!(usage(&gw, CLIENT_KEY).await["total"]["requests"], 0);
+    let (status, got) = send(&gw, "GET", &format!("/v1/responses/{id}"), CLIENT_KEY, &tag, None).await;
+    assert_eq!((status, got["id"].as_str()), (200, Some(id.as_str())), "{got}");
+    let (status, _) = send(&gw, "GET", &format!("/v1/responses/{id}"), OTHER_KEY, &tag, None).await;
+    assert_eq!(status, 404);
+    client().post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
+    let rest = r.text().await.expect("rest of the stream");
+    assert!(rest.contains("response.completed"), "{rest}");
+    // Settled: the owner is now read from the booked record.
+    wait_requests(&gw, CLIENT_KEY, 1).await;
+    let (status, _) = send(&gw, "GET", &format!("/v1/responses/{id}"), CLIENT_KEY, &tag, None).await;
+    assert_eq!(status, 200);
+    let (status, _) = send(&gw, "GET", &format!("/v1/responses/{id}"), OTHER_KEY, &tag, None).await;
+    assert_eq!(status, 404);
+}
