@@ -29,6 +29,8 @@ pub struct AdminApi {
     /// For the groups that exist now (they change on reload).
     pub routing: Arc<arc_swap::ArcSwap<crate::relay::Routing>>,
     pub metrics: Arc<Metrics>,
+    /// Provider health, for its state gauges.
+    pub health: Arc<crate::health::HealthBook>,
     pub video: Option<Arc<crate::video::VideoService>>,
 }
 
@@ -173,6 +175,7 @@ impl AdminApi {
                     ("tollgate_video_tasks_open", open as f64),
                     ("tollgate_video_poller_lag_seconds", lag as f64),
                 ]);
+                text.push_str(&self.health.render());
                 text.push_str("# TYPE tollgate_video_tasks gauge\n");
                 for status in ["queued", "in_progress"] {
                     text.push_str(&format!(

@@ -121,6 +121,17 @@ struct RawConfig {
     /// Extra client headers relayed upstream, beyond each protocol's allowlist.
     #[serde(default)]
     forward_headers: Vec<String>,
+    #[serde(default)]
+    retry: Option<RawRetry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRetry {
+    #[serde(default)]
+    attempts: Option<u32>,
+    #[serde(default)]
+    on_status: Option<Vec<u16>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -242,6 +253,24 @@ struct RawProvider {
     api_key: Option<String>,
     #[serde(default)]
     api_key_env: Option<String>,
+    /// A pool of upstream keys, used in turn (instead of `api_key`).
+    #[serde(default)]
+    api_keys: Option<Vec<String>>,
+    /// An environment variable holding the pool, separated by commas or whitespace.
+    #[serde(default)]
+    api_keys_env: Option<String>,
+    /// Lower tiers are used first; a tier only when every provider before it is out.
+    #[serde(default)]
+    priority: Option<u32>,
+    /// Share of its tier's traffic.
+    #[serde(default)]
+    weight: Option<u32>,
+    /// How long the provider rests after a 429 without `Retry-After`, or after failing
+    /// `failures_before_cooldown` times in a row.
+    #[serde(default)]
+    cooldown_secs: Option<u64>,
+    #[serde(default)]
+    failures_before_cooldown: Option<u32>,
     #[serde(default)]
     models: Vec<String>,
     /// `anthropic-version` sent when the client sends none (anthropic only).
@@ -333,7 +362,27 @@ pub struct Config {
     pub commit: CommitPolicy,
     pub video: Option<VideoConfig>,
     pub storage: Option<S3Config>,
+    /// Retries before the first byte (`retry:`).
+    pub retry: RetryPolicy,
 }
+
+/// `retry: {attempts, on_status}`: how many times a request may be sent upstream (connect
+/// failures, which send nothing, do not count), and which upstream statuses are retried
+/// (besides timeouts before the response header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub attempts: u32,
+    pub on_status: Vec<u16>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy { attempts: 2, on_status: vec![429, 500, 502, 503, 504] }
+    }
+}
+
+/// Most attempts `retry.attempts` may allow.
+pub const MAX_ATTEMPTS: u32 = 10;
 
 /// S3-compatible object storage for result videos and base64 inputs.
 #[derive(Debug, Clone)]
@@ -417,7 +466,15 @@ pub struct ProviderConfig {
     pub name: String,
     pub protocol: Protocol,
     pub base_url: BaseUrl,
-    pub api_key: String,
+    /// The upstream keys (one, or a pool used in turn).
+    pub api_keys: Vec<String>,
+    /// Tier: lower first (default 0).
+    pub priority: u32,
+    /// Share of its tier's traffic (default 1).
+    pub weight: u32,
+    pub cooldown: std::time::Duration,
+    /// Failures in a row that start a cooldown.
+    pub failures_before_cooldown: u32,
     pub models: Vec<String>,
     pub anthropic_version: String,
     pub connect_timeout_ms: u64,
@@ -557,10 +614,34 @@ impl Config {
                 return err(format!("{at}.name: '{}' is used twice", p.name));
             }
             let base_url = BaseUrl::parse(&p.base_url).map_err(|e| ConfigError(format!("{at}.base_url: {e}")))?;
-            let api_key = secret(&format!("{at}.api_key"), p.api_key, p.api_key_env, env)?
-                .ok_or_else(|| ConfigError(format!("{at}.api_key: required (or {at}.api_key_env)")))?;
-            if api_key.is_empty() || !api_key.bytes().all(|b| b.is_ascii_graphic()) {
+            let single = secret(&format!("{at}.api_key"), p.api_key, p.api_key_env, env)?;
+            let pool_env = match p.api_keys_env {
+                Some(name) => match env(&name) {
+                    Some(v) if !v.trim().is_empty() => {
+                        Some(v.split(|c: char| c == ',' || c.is_whitespace()).filter(|k| !k.is_empty()).map(str::to_string).collect())
+                    }
+                    _ => return err(format!("{at}.api_keys_env: environment variable {name} is not set")),
+                },
+                None => None,
+            };
+            let api_keys: Vec<String> = match (single, p.api_keys, pool_env) {
+                (Some(k), None, None) => vec![k],
+                (None, Some(pool), None) | (None, None, Some(pool)) if !pool.is_empty() => pool,
+                (None, Some(_), None) | (None, None, Some(_)) => return err(format!("{at}.api_keys: list at least one key")),
+                (None, None, None) => return err(format!("{at}.api_key: required (or api_key_env, api_keys, api_keys_env)")),
+                _ => return err(format!("{at}: give one of api_key, api_key_env, api_keys, api_keys_env")),
+            };
+            if api_keys.iter().any(|k| k.is_empty() || !k.bytes().all(|b| b.is_ascii_graphic())) {
                 return err(format!("{at}.api_key: must be printable ASCII without spaces (it is sent as a header)"));
+            }
+            if p.weight.is_some_and(|w| w == 0 || w > 1000) {
+                return err(format!("{at}.weight: 1 to 1000"));
+            }
+            if p.cooldown_secs.is_some_and(|c| c > 86_400) {
+                return err(format!("{at}.cooldown_secs: at most 86400"));
+            }
+            if p.failures_before_cooldown == Some(0) {
+                return err(format!("{at}.failures_before_cooldown: at least 1"));
             }
             if p.models.is_empty() {
                 return err(format!("{at}.models: list at least one model"));
@@ -583,7 +664,11 @@ impl Config {
                 name: p.name,
                 protocol: p.protocol,
                 base_url,
-                api_key,
+                api_keys,
+                priority: p.priority.unwrap_or(0),
+                weight: p.weight.unwrap_or(1),
+                cooldown: std::time::Duration::from_secs(p.cooldown_secs.unwrap_or(30)),
+                failures_before_cooldown: p.failures_before_cooldown.unwrap_or(3),
                 models: p.models,
                 anthropic_version: p.anthropic_version.unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
                 connect_timeout_ms: p.connect_timeout_ms.unwrap_or(10_000),
@@ -688,8 +773,24 @@ impl Config {
         }
         let commit =
             CommitPolicy { interval: std::time::Duration::from_millis(commit_interval_ms), sync: billing.sync_commit.unwrap_or(false) };
+        let mut retry = RetryPolicy::default();
+        if let Some(r) = raw.retry {
+            if let Some(attempts) = r.attempts {
+                if attempts == 0 || attempts > MAX_ATTEMPTS {
+                    return err(format!("retry.attempts: 1 to {MAX_ATTEMPTS} (1: never retry)"));
+                }
+                retry.attempts = attempts;
+            }
+            if let Some(on_status) = r.on_status {
+                if let Some(bad) = on_status.iter().find(|s| !(400..=599).contains(*s)) {
+                    return err(format!("retry.on_status: {bad} is not an error status (400 to 599)"));
+                }
+                retry.on_status = on_status;
+            }
+        }
 
         Ok(Config {
+            retry,
             pingora: raw.pingora,
             default_max_output_tokens,
             commit,
@@ -921,7 +1022,38 @@ keys:
         assert!(e.0.contains("providers[0].api_key_env"), "{e}");
         let found = |n: &str| (n == "TOLLGATE_TEST_MISSING").then(|| "sk-env".to_string());
         let c = Config::parse(&text, &found).expect("valid");
-        assert_eq!(c.providers[0].api_key, "sk-env");
+        assert_eq!(c.providers[0].api_keys, ["sk-env"]);
+    }
+
+    #[test]
+    fn routing_settings_default_and_are_checked() {
+        let c = Config::parse(MINIMAL, &no_env).expect("valid");
+        assert_eq!(c.retry, RetryPolicy { attempts: 2, on_status: vec![429, 500, 502, 503, 504] });
+        let p = &c.providers[0];
+        assert_eq!((p.priority, p.weight, p.cooldown.as_secs(), p.failures_before_cooldown), (0, 1, 30, 3));
+        let text = MINIMAL.replace(
+            "api_key: sk-up",
+            "api_keys: [sk-a, sk-b]\n    priority: 2\n    weight: 5\n    cooldown_secs: 9\n    failures_before_cooldown: 1",
+        );
+        let c = Config::parse(&format!("{text}retry: {{ attempts: 3, on_status: [429, 529] }}\n"), &no_env).expect("valid");
+        assert_eq!(c.retry, RetryPolicy { attempts: 3, on_status: vec![429, 529] });
+        let p = &c.providers[0];
+        assert_eq!((p.api_keys.len(), p.priority, p.weight, p.cooldown.as_secs(), p.failures_before_cooldown), (2, 2, 5, 9, 1));
+        let pool = MINIMAL.replace("api_key: sk-up", "api_keys_env: POOL");
+        let env = |n: &str| (n == "POOL").then(|| "sk-1, sk-2\nsk-3".to_string());
+        assert_eq!(Config::parse(&pool, &env).expect("valid").providers[0].api_keys, ["sk-1", "sk-2", "sk-3"]);
+        for (bad, named) in [
+            (MINIMAL.replace("api_key: sk-up", "api_key: sk-up\n    api_keys: [sk-a]"), "give one of"),
+            (MINIMAL.replace("api_key: sk-up", "api_keys: []"), "api_keys: list at least one"),
+            (MINIMAL.replace("api_key: sk-up", "api_keys: [sk-a, \"b c\"]"), "printable ASCII"),
+            (MINIMAL.replace("api_key: sk-up", "api_key: sk-up\n    weight: 0"), "weight: 1 to 1000"),
+            (MINIMAL.replace("api_key: sk-up", "api_key: sk-up\n    failures_before_cooldown: 0"), "failures_before_cooldown"),
+            (format!("{MINIMAL}retry: {{ attempts: 0 }}\n"), "retry.attempts"),
+            (format!("{MINIMAL}retry: {{ on_status: [200] }}\n"), "retry.on_status: 200"),
+        ] {
+            let e = Config::parse(&bad, &no_env).unwrap_err();
+            assert!(e.0.contains(named), "{bad}: {e}");
+        }
     }
 
     #[test]

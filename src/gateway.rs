@@ -25,6 +25,7 @@ use crate::billing;
 use crate::ledger::{now_ms, Hold, Ledger, UsageRecord, NANOS_PER_USD};
 
 use crate::config::{Platform, Protocol};
+use crate::health::{Admission, Verdict};
 use crate::limits::Limits;
 use crate::meter::{Shape, UsageScanner};
 use crate::protocol::{anthropic, gemini, header_str, openai, ApiError, ErrorKind};
@@ -92,6 +93,8 @@ pub struct RelayPlan {
     pub billed: Option<(crate::meter::Usage, i64, bool)>,
     /// The provider (catalog index) that answered, once one did.
     pub served_by: Option<usize>,
+    /// Requests sent upstream (retries included).
+    pub attempts: u32,
     /// Counts the request against the key's `max_concurrent` while the plan lives (held, not read).
     pub concurrency_slot: Option<crate::limits::Slot>,
     /// The body's share of the buffered-body budget; given back once the body is sent.
@@ -280,6 +283,7 @@ impl Gateway {
             started: Instant::now(),
             billed: None,
             served_by: None,
+            attempts: 0,
             concurrency_slot: slot,
             body_reservation: Some(client_body.reservation),
         })))
@@ -381,6 +385,7 @@ impl Gateway {
             seq: 0,
             balance_after: 0,
             provider: plan.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.clone()),
+            attempts: plan.attempts,
             response_id,
         };
         let response_id = record.response_id.clone();
@@ -419,55 +424,145 @@ impl Gateway {
         }
     }
 
-    /// Connect to the first provider that accepts a connection and send the request; returns
-    /// the upstream session with the final response header read. A connect failure moves on
-    /// to the next provider; a pooled connection that its peer had closed is replaced (the
-    /// request cannot have been processed); any other failure is final.
-    async fn open_upstream(&self, client: &RequestHeader, plan: &RelayPlan) -> Result<(HttpSession, HttpPeer, usize)> {
-        let catalog = &plan.routing.catalog;
+    /// The provider to try next, admitted by its health: the first untried one in the plan's
+    /// order that is not resting; else (a retry with no other provider left) one already tried
+    /// that still takes requests; else, while nothing was sent yet, the reachable one whose rest
+    /// ends first (every provider rests: try rather than fail without trying).
+    fn next_provider(catalog: &relay::Catalog, candidates: &[usize], tried: &[usize], dead: &[usize]) -> Option<(usize, Admission)> {
+        let now = Instant::now();
+        let admit = |i: usize, force| catalog.upstreams[i].health.admit(now, force).map(|a| (i, a));
+        let untried = candidates.iter().copied().filter(|i| !tried.contains(i) && !dead.contains(i));
+        if let Some(found) = untried.clone().find_map(|i| admit(i, false)) {
+            return Some(found);
+        }
+        if let Some(found) = candidates.iter().copied().filter(|i| tried.contains(i) && !dead.contains(i)).find_map(|i| admit(i, false)) {
+            return Some(found);
+        }
+        if tried.is_empty() {
+            let reachable = candidates.iter().copied().filter(|i| !dead.contains(i));
+            let first_free = reachable.min_by_key(|&i| catalog.upstreams[i].health.free_at(now))?;
+            return admit(first_free, true);
+        }
+        None
+    }
+
+    /// Send the request upstream and read up to the final response header, with retries before
+    /// the first byte: a connect failure (nothing sent) moves on to the next provider; a timeout
+    /// or failure before the response header, or a status in `retry.on_status`, is retried —
+    /// on another provider when there is one — while fewer than `retry.attempts` requests were
+    /// sent, after a short jittered backoff. Every outcome goes to the provider's health (and
+    /// its key's). Sets `plan.served_by` and `plan.attempts`.
+    async fn open_upstream(&self, client: &RequestHeader, plan: &mut RelayPlan) -> Result<(HttpSession, HttpPeer)> {
+        let routing = plan.routing.clone();
+        let (catalog, policy) = (&routing.catalog, &routing.retry);
+        let (mut tried, mut dead): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         let mut last: Option<Box<Error>> = None;
-        for (attempt, &index) in plan.candidates.iter().enumerate() {
+        let mut next = Self::next_provider(catalog, &plan.candidates, &tried, &dead);
+        while let Some((index, admission)) = next.take() {
             let upstream = &catalog.upstreams[index];
-            let Some(peer) = upstream.peer(attempt) else {
+            let Some(peer) = upstream.peer(tried.len() + dead.len()) else {
                 log::warn!("provider {} has no resolved address", upstream.config.name);
+                admission.report(Verdict::Failed);
+                dead.push(index);
+                next = Self::next_provider(catalog, &plan.candidates, &tried, &dead);
                 continue;
             };
-            let mut stale = 0;
-            loop {
-                // Built per attempt (moved into the send; a replaced connection gets a new one).
-                let req = relay::upstream_request(
-                    client,
-                    upstream,
-                    &plan.route,
-                    plan.client_version.as_deref(),
-                    plan.body.len(),
-                    &plan.routing.forward_headers,
-                )?;
-                let (mut http, reused) = match self.connector.get_http_session(&peer).await {
-                    Ok(opened) => opened,
-                    Err(e) => {
-                        log::warn!("provider {} failed to connect ({}); trying the next", upstream.config.name, e.etype().as_str());
-                        last = Some(e);
-                        break;
+            let key = admission.key;
+            match self.exchange(client, upstream, key, &peer, plan).await {
+                Err(Exchange::Unsent(e)) => {
+                    log::warn!("provider {} failed to connect ({}); trying the next", upstream.config.name, e.etype().as_str());
+                    admission.report(Verdict::Failed);
+                    dead.push(index);
+                    last = Some(e);
+                    next = Self::next_provider(catalog, &plan.candidates, &tried, &dead);
+                }
+                Err(Exchange::Sent(e)) => {
+                    plan.attempts += 1;
+                    admission.report(Verdict::Failed);
+                    tried.push(index);
+                    last = Some(e);
+                    if plan.attempts < policy.attempts {
+                        next = Self::next_provider(catalog, &plan.candidates, &tried, &dead);
+                        if next.is_some() {
+                            log::warn!("provider {} failed before answering; retrying", upstream.config.name);
+                            upstream.health.retries.add(1);
+                            backoff(plan.attempts).await;
+                        }
                     }
-                };
-                http.set_read_timeout(peer.options.read_timeout);
-                http.set_write_timeout(peer.options.write_timeout);
-                match send_request(&mut http, req, &plan.body).await {
-                    Ok(()) => return Ok((http, peer, index)),
-                    Err(mut e) => {
-                        e.retry.decide_reuse(reused);
-                        if e.retry() && stale < MAX_STALE_CONNECTIONS {
-                            log::debug!("provider {}: pooled connection was closed ({e}); using another", upstream.config.name);
-                            stale += 1;
+                }
+                Ok(mut http) => {
+                    plan.attempts += 1;
+                    let Some(header) = http.response_header() else {
+                        return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header"));
+                    };
+                    let status = header.status.as_u16();
+                    upstream.health.status(status);
+                    let verdict = match status {
+                        429 => Verdict::Throttled(retry_after(header)),
+                        500..=599 => Verdict::Failed,
+                        _ => Verdict::Answered,
+                    };
+                    admission.report(verdict);
+                    if policy.on_status.contains(&status) && plan.attempts < policy.attempts {
+                        tried.push(index);
+                        if let Some(then) = Self::next_provider(catalog, &plan.candidates, &tried, &dead) {
+                            log::warn!("provider {} answered {status}; retrying", upstream.config.name);
+                            upstream.health.retries.add(1);
+                            // Not the client's: this answer is dropped with its connection.
+                            http.shutdown().await;
+                            next = Some(then);
+                            backoff(plan.attempts).await;
                             continue;
                         }
-                        return Err(e.into_up());
                     }
+                    plan.served_by = Some(index);
+                    return Ok((http, peer));
                 }
             }
         }
         Err(last.unwrap_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no provider address available")))
+    }
+
+    /// One request to one provider: connect (pooled), send, read up to the final response
+    /// header. A pooled connection its peer had closed is replaced (the request cannot have
+    /// been processed).
+    async fn exchange(
+        &self,
+        client: &RequestHeader,
+        upstream: &relay::Upstream,
+        key: usize,
+        peer: &HttpPeer,
+        plan: &RelayPlan,
+    ) -> std::result::Result<HttpSession, Exchange> {
+        let mut stale = 0;
+        loop {
+            // Built per attempt (moved into the send; a replaced connection gets a new one).
+            let req = relay::upstream_request(
+                client,
+                upstream,
+                key,
+                &plan.route,
+                plan.client_version.as_deref(),
+                plan.body.len(),
+                &plan.routing.forward_headers,
+            )
+            .map_err(Exchange::Unsent)?;
+            let (mut http, reused) = self.connector.get_http_session(peer).await.map_err(Exchange::Unsent)?;
+            http.set_read_timeout(peer.options.read_timeout);
+            http.set_write_timeout(peer.options.write_timeout);
+            match send_request(&mut http, req, &plan.body).await {
+                Ok(()) => return Ok(http),
+                Err(mut e) => {
+                    e.retry.decide_reuse(reused);
+                    if e.retry() && stale < MAX_STALE_CONNECTIONS {
+                        log::debug!("provider {}: pooled connection was closed ({e}); using another", upstream.config.name);
+                        stale += 1;
+                        continue;
+                    }
+                    return Err(Exchange::Sent(e.into_up()));
+                }
+            }
+        }
     }
 
     /// A response stream named its response: the caller owns it from now on (before the
@@ -498,10 +593,7 @@ impl Gateway {
     async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let shape = plan.protocol;
         let (mut http, peer) = match self.open_upstream(session.req_header(), plan).await {
-            Ok((http, peer, index)) => {
-                plan.served_by = Some(index);
-                (http, peer)
-            }
+            Ok(opened) => opened,
             Err(e) => {
                 log::warn!("relay failed: {e}");
                 let err = upstream_failure(&e);
@@ -601,6 +693,33 @@ impl Gateway {
 /// How many pooled connections found closed by their peer are replaced before giving up.
 const MAX_STALE_CONNECTIONS: usize = 2;
 
+/// How one upstream exchange failed.
+enum Exchange {
+    /// Nothing was sent (no connection): another provider can take it at no risk.
+    Unsent(Box<Error>),
+    /// The request went out and no response header came back.
+    Sent(Box<Error>),
+}
+
+/// A 429's `Retry-After`, in seconds or as an HTTP date.
+fn retry_after(header: &ResponseHeader) -> Option<std::time::Duration> {
+    let value = header.headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(std::time::Duration::from_secs(secs));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())
+}
+
+/// The pause before retry `n` (1, 2, …): 50 ms doubling per retry, at most 1 s, jittered down
+/// to half, so that clients retrying together do not hit the next provider at once.
+async fn backoff(n: u32) {
+    use rand::Rng;
+    let full = 50u64.saturating_mul(1 << n.saturating_sub(1).min(5)).min(1000);
+    let ms = rand::thread_rng().gen_range(full / 2..=full);
+    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+}
+
 /// Send the request header and body; read up to the final response header.
 async fn send_request(http: &mut HttpSession, req: RequestHeader, body: &Bytes) -> Result<()> {
     http.write_request_header(Box::new(req)).await?;
@@ -652,21 +771,26 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     }
     let req = session.req_header();
     let latency_ms = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0);
-    let (model, usage) = match &ctx.relayed {
-        Some(plan) => (plan.model.as_str(), plan.billed),
-        None => ("-", None),
+    let (model, usage, provider, attempts) = match &ctx.relayed {
+        Some(plan) => {
+            let provider = plan.served_by.map_or("-", |i| plan.routing.catalog.upstreams[i].config.name.as_str());
+            (plan.model.as_str(), plan.billed, provider, plan.attempts)
+        }
+        None => ("-", None, "-", 0),
     };
     let (input, output, cost, estimated) =
         usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input.saturating_add(u.cached).saturating_add(u.cache_write), u.output, c, e));
     log::info!(
         target: "access",
-        "method={} path={:?} route={} status={} key={:?} model={:?} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}",
+        "method={} path={:?} route={} status={} key={:?} model={:?} provider={:?} attempts={} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}",
         req.method,
         req.uri.path(),
         ctx.route,
         status,
         ctx.key_name.as_deref().unwrap_or("-"),
         model,
+        provider,
+        attempts,
         input,
         output,
         cost as f64 / NANOS_PER_USD as f64,

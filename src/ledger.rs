@@ -149,10 +149,17 @@ pub struct UsageRecord {
     /// The provider that served the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
+    /// Requests sent upstream for it (more than 1: retried before the first byte).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
     /// The stored response the request created (responses API): booking the record makes the
     /// key its owner (see [`ResponseOwner`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_id: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Who created a stored response, and where it is stored: tree `response_owners`, keyed by the
@@ -756,6 +763,7 @@ pub(crate) mod tests {
             seq: 0,
             balance_after: 0,
             provider: None,
+            attempts: 0,
             response_id: None,
         }
     }

@@ -13,6 +13,7 @@ pub mod commit;
 pub mod config;
 pub mod gateway;
 pub mod handover;
+pub mod health;
 pub mod ledger;
 pub mod limits;
 pub mod logging;

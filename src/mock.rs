@@ -25,11 +25,14 @@
 //! `x-mock-usage: IN,OUT` report these token counts; `x-mock-no-usage: 1` report no usage at
 //! all (whatever the request asked); `x-mock-tool-calls: 1` answer with a `get_weather` tool
 //! call only (arguments, no text); `x-mock-cache: WRITE,READ` report prompt-cache writes
-//! and reads (messages).
+//! and reads (messages). Per provider and key: `x-mock-only: PREFIX[,PREFIX]` applies the
+//! failure controls (`x-mock-status`, `x-mock-delay-ms`, `x-mock-cut-after`, `x-mock-hold`,
+//! `x-mock-retry-after: N`, which adds `Retry-After` to an `x-mock-status` answer) only to
+//! paths under those prefixes, `x-mock-only-key: KEY` only to requests with that upstream key.
 //!
 //! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
-//! body length, model; tag from `x-test-tag`). The mock demands its own upstream key in the
-//! protocol's credential header and answers 401 otherwise.
+//! body length, model; tag from `x-test-tag`). The mock demands its own upstream key (one of
+//! them: `--key a,b`) in the protocol's credential header and answers 401 otherwise.
 
 use async_trait::async_trait;
 use base64::Engine;
@@ -67,7 +70,7 @@ pub struct Recorded {
 
 /// The mock server's state.
 pub struct MockUpstream {
-    /// The key every request must carry in its protocol's credential header.
+    /// The key (or comma-separated keys) a request must carry in its protocol's credential header.
     pub upstream_key: String,
     records: Mutex<Vec<Recorded>>,
     holds: Mutex<HashMap<String, Arc<Notify>>>,
@@ -365,13 +368,18 @@ impl MockUpstream {
         records.iter().filter(|r| tag.is_none() || r.tag.as_deref() == tag).cloned().collect()
     }
 
+    /// The upstream key a request presents in its protocol's credential header.
+    fn presented_key(kind: Kind, req: &RequestHeader) -> Option<&str> {
+        match kind {
+            Kind::Messages => header(req, "x-api-key"),
+            Kind::Generate { .. } => header(req, "x-goog-api-key"),
+            _ => header(req, "authorization").and_then(|v| v.strip_prefix("Bearer ")),
+        }
+    }
+
+    /// Whether the request carries one of the mock's keys (`--key` takes a comma-separated pool).
     fn credential_ok(&self, kind: Kind, req: &RequestHeader) -> bool {
-        let presented = match kind {
-            Kind::Messages => header(req, "x-api-key").map(str::to_string),
-            Kind::Generate { .. } => header(req, "x-goog-api-key").map(str::to_string),
-            _ => header(req, "authorization").and_then(|v| v.strip_prefix("Bearer ")).map(str::to_string),
-        };
-        presented.as_deref() == Some(self.upstream_key.as_str())
+        Self::presented_key(kind, req).is_some_and(|k| self.upstream_key.split(',').any(|mine| mine == k))
     }
 }
 
@@ -517,12 +525,23 @@ impl MockUpstream {
             let b = error_body(kind, 401, "mock: missing or wrong upstream key").to_string();
             return send(session, 401, "application/json", b.into(), &[]).await;
         }
-        if let Some(ms) = num(&req, "x-mock-delay-ms") {
+        // Failure controls apply only to the provider (`x-mock-only: PREFIX,…`) and the key
+        // (`x-mock-only-key: KEY`) they name, when named.
+        let applies = header(&req, "x-mock-only").is_none_or(|only| only.split(',').any(|p| path.starts_with(p.trim())))
+            && header(&req, "x-mock-only-key").is_none_or(|k| Self::presented_key(kind, &req) == Some(k));
+        let ctl = |name: &str| if applies { header(&req, name) } else { None };
+        let ctl_num = |name: &str| ctl(name).and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(ms) = ctl_num("x-mock-delay-ms") {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
-        if let Some(status) = num(&req, "x-mock-status").and_then(|s| u16::try_from(s).ok()) {
+        if let Some(status) = ctl_num("x-mock-status").and_then(|s| u16::try_from(s).ok()) {
             let b = error_body(kind, status, &format!("mock says {status}")).to_string();
-            return send(session, status, "application/json", b.into(), &[("x-mock-error", "yes")]).await;
+            let retry_after = ctl("x-mock-retry-after").unwrap_or_default().to_string();
+            let mut extra = vec![("x-mock-error", "yes")];
+            if !retry_after.is_empty() {
+                extra.push(("retry-after", retry_after.as_str()));
+            }
+            return send(session, status, "application/json", b.into(), &extra).await;
         }
 
         // Embeddings of generate-content (no usage reported, as the service does).
@@ -581,9 +600,9 @@ impl MockUpstream {
             cache: pair(&req, "x-mock-cache"),
             deltas: num(&req, "x-mock-deltas").unwrap_or(3) as usize,
             interval: Duration::from_millis(num(&req, "x-mock-interval-ms").unwrap_or(0)),
-            hold: header(&req, "x-mock-hold").map(str::to_string),
+            hold: ctl("x-mock-hold").map(str::to_string),
             hold_after: num(&req, "x-mock-hold-after").unwrap_or(1).max(1) as usize,
-            cut_after: num(&req, "x-mock-cut-after").map(|n| n as usize),
+            cut_after: ctl_num("x-mock-cut-after").map(|n| n as usize),
             embed_inputs: match input {
                 Some(Value::Array(items)) => items.len().max(1),
                 _ => 1,

@@ -22,26 +22,36 @@ pub struct Upstream {
     pub config: ProviderConfig,
     addrs: ArcSwap<Vec<SocketAddr>>,
     pool_key: u64,
-    /// The credential header's value (`Bearer <key>` for chat-completions), built once.
-    auth_value: http::HeaderValue,
+    /// The credential header's value per key of the pool (`Bearer <key>` for
+    /// chat-completions), built once.
+    auth_values: Vec<http::HeaderValue>,
+    /// Cooldowns, probes and the key rotation (kept across reloads).
+    pub health: Arc<crate::health::ProviderHealth>,
     /// The `Host` header's value, built once.
     host_value: http::HeaderValue,
 }
 
 impl Upstream {
-    fn new(config: ProviderConfig) -> Self {
+    fn new(config: ProviderConfig, health: Arc<crate::health::ProviderHealth>) -> Self {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         config.name.hash(&mut h);
-        let auth = match config.protocol {
-            Protocol::Openai => format!("Bearer {}", config.api_key),
-            Protocol::Anthropic | Protocol::Gemini => config.api_key.clone(),
-        };
-        // Validated when the configuration was loaded; an unusable value sends no credential.
-        let mut auth_value = http::HeaderValue::from_str(&auth).unwrap_or_else(|_| http::HeaderValue::from_static(""));
-        auth_value.set_sensitive(true);
+        let auth_values = config
+            .api_keys
+            .iter()
+            .map(|key| {
+                let auth = match config.protocol {
+                    Protocol::Openai => format!("Bearer {key}"),
+                    Protocol::Anthropic | Protocol::Gemini => key.clone(),
+                };
+                // Validated when the configuration was loaded; an unusable value sends no credential.
+                let mut value = http::HeaderValue::from_str(&auth).unwrap_or_else(|_| http::HeaderValue::from_static(""));
+                value.set_sensitive(true);
+                value
+            })
+            .collect();
         let host_value = http::HeaderValue::from_str(&config.base_url.host_header()).unwrap_or_else(|_| http::HeaderValue::from_static(""));
-        Upstream { pool_key: h.finish(), config, addrs: ArcSwap::from_pointee(Vec::new()), auth_value, host_value }
+        Upstream { pool_key: h.finish(), config, addrs: ArcSwap::from_pointee(Vec::new()), auth_values, health, host_value }
     }
 
     /// A peer for this upstream, or None while its host does not resolve.
@@ -93,10 +103,13 @@ pub struct Catalog {
     groups: BTreeMap<String, Vec<Platform>>,
     /// Unix time shown as the models' creation time.
     created: u64,
+    /// Smooth weighted round-robin state per tier (its providers' indexes): each provider's
+    /// current weight.
+    rotation: std::sync::Mutex<HashMap<Vec<usize>, Vec<i64>>>,
 }
 
 impl Catalog {
-    pub fn new(config: &Config, created: u64) -> Catalog {
+    pub fn new(config: &Config, created: u64, health: &crate::health::HealthBook) -> Catalog {
         let mut by_model: HashMap<(Protocol, String), Vec<usize>> = HashMap::new();
         for (i, p) in config.providers.iter().enumerate() {
             for m in &p.models {
@@ -107,10 +120,11 @@ impl Catalog {
             }
         }
         Catalog {
-            upstreams: config.providers.iter().cloned().map(|p| Arc::new(Upstream::new(p))).collect(),
+            upstreams: config.providers.iter().map(|p| Arc::new(Upstream::new(p.clone(), health.provider(p)))).collect(),
             by_model,
             groups: config.groups.clone(),
             created,
+            rotation: std::sync::Mutex::new(HashMap::new()),
         }
     }
 
@@ -252,6 +266,8 @@ pub struct Routing {
     pub default_max_output_tokens: u64,
     /// Extra client headers relayed upstream (`forward_headers`).
     pub forward_headers: Vec<String>,
+    /// Retries before the first byte.
+    pub retry: crate::config::RetryPolicy,
 }
 
 /// The output tokens a request may produce, all choices together: the per-choice maximum it
@@ -295,17 +311,68 @@ pub struct Draft {
     pub previous_response_id: Option<String>,
 }
 
-/// Order the providers of a model for one conversation (rendezvous hashing on the provider's
-/// name): every turn puts the same provider first while the set of providers is unchanged,
-/// and a provider that fails hands only its own conversations to the next in their order.
-pub fn order_for_conversation(catalog: &Catalog, candidates: &mut [usize], conversation: u64) {
+/// Order the providers of a model for one request: by tier (`priority`, lower first); within a
+/// tier, a conversation's own order, or without a conversation the next provider of the tier's
+/// smooth weighted round-robin first (then the others in file order). A conversation's order is
+/// weighted rendezvous hashing on the providers' names: every turn puts the same provider first
+/// while the tier is unchanged, each provider comes first for a share of conversations in
+/// proportion to its `weight`, and a provider that is out hands only its own conversations on.
+pub fn order_providers(catalog: &Catalog, candidates: &mut [usize], conversation: Option<u64>) {
+    let cfg = |i: usize| &catalog.upstreams[i].config;
+    candidates.sort_by_key(|&i| cfg(i).priority);
+    let mut start = 0;
+    while start < candidates.len() {
+        let tier = cfg(candidates[start]).priority;
+        let end = start + candidates[start..].iter().take_while(|&&i| cfg(i).priority == tier).count();
+        let members = &mut candidates[start..end];
+        if members.len() > 1 {
+            match conversation {
+                Some(conversation) => members.sort_by(|&a, &b| {
+                    rendezvous_score(conversation, &cfg(b).name, cfg(b).weight).total_cmp(&rendezvous_score(
+                        conversation,
+                        &cfg(a).name,
+                        cfg(a).weight,
+                    ))
+                }),
+                None => {
+                    let first = catalog.next_in_rotation(members);
+                    if let Some(at) = members.iter().position(|&i| i == first) {
+                        members[..=at].rotate_right(1);
+                    }
+                }
+            }
+        }
+        start = end;
+    }
+}
+
+/// Weighted rendezvous score of a provider for a conversation: `weight / -ln(u)` with `u` in
+/// (0, 1) from a hash of both; the highest score wins, each provider with probability
+/// proportional to its weight.
+fn rendezvous_score(conversation: u64, name: &str, weight: u32) -> f64 {
     use std::hash::{Hash, Hasher};
-    let score = |i: &usize| {
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        (conversation, catalog.upstreams[*i].config.name.as_str()).hash(&mut h);
-        h.finish()
-    };
-    candidates.sort_by_cached_key(|i| std::cmp::Reverse(score(i)));
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (conversation, name).hash(&mut h);
+    let u = ((h.finish() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    f64::from(weight) / -u.ln()
+}
+
+impl Catalog {
+    /// Smooth weighted round-robin over one tier: the provider whose turn it is.
+    fn next_in_rotation(&self, members: &[usize]) -> usize {
+        let mut key = members.to_vec();
+        key.sort_unstable();
+        let mut all = self.rotation.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let current = all.entry(key.clone()).or_insert_with(|| vec![0; key.len()]);
+        let weights: Vec<i64> = key.iter().map(|&i| i64::from(self.upstreams[i].config.weight)).collect();
+        let total: i64 = weights.iter().sum();
+        for (c, w) in current.iter_mut().zip(&weights) {
+            *c += w;
+        }
+        let best = (0..key.len()).max_by_key(|&j| (current[j], std::cmp::Reverse(j))).unwrap_or(0);
+        current[best] -= total;
+        key[best]
+    }
 }
 
 /// Put the provider named `provider` first, if it serves this request (a conversation that
@@ -388,9 +455,9 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         })?
     };
     if candidates.len() > 1 {
-        if let Some(conversation) = crate::protocol::conversation_key(&fields) {
-            order_for_conversation(catalog, &mut candidates, conversation);
-        }
+        // Embeddings are not conversations: they only spread by weight.
+        let conversation = if route.embeds() { None } else { crate::protocol::conversation_key(&fields) };
+        order_providers(catalog, &mut candidates, conversation);
     }
     let previous_response_id = match route {
         Route::Responses | Route::ResponsesCompact | Route::ResponsesInputTokens => fields.previous_response_id.clone(),
@@ -412,6 +479,7 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
 pub fn upstream_request(
     client: &RequestHeader,
     upstream: &Upstream,
+    key: usize,
     route: &Route,
     client_version: Option<&str>,
     body_len: usize,
@@ -431,7 +499,9 @@ pub fn upstream_request(
         }
     }
     req.insert_header(http::header::CONTENT_LENGTH, body_len)?;
-    req.insert_header(protocol.credential_header(), upstream.auth_value.clone())?;
+    let credential =
+        upstream.auth_values.get(key).or(upstream.auth_values.first()).cloned().unwrap_or_else(|| http::HeaderValue::from_static(""));
+    req.insert_header(protocol.credential_header(), credential)?;
     if protocol == Protocol::Anthropic {
         req.insert_header(crate::protocol::anthropic::VERSION_HEADER, client_version.unwrap_or(&cfg.anthropic_version))?;
     }
@@ -476,11 +546,16 @@ prices:
     fn routing() -> Routing {
         let config = config();
         Routing {
-            catalog: Arc::new(Catalog::new(&config, 0)),
+            catalog: Arc::new(Catalog::new(&config, 0, &health())),
             prices: Arc::new(crate::ledger::PriceBook::new(&config.prices)),
             default_max_output_tokens: 100,
             forward_headers: Vec::new(),
+            retry: crate::config::RetryPolicy::default(),
         }
+    }
+
+    fn health() -> crate::health::HealthBook {
+        crate::health::HealthBook::new(Arc::new(crate::metrics::Metrics::default()))
     }
 
     fn body(v: serde_json::Value) -> bytes::Bytes {
@@ -551,9 +626,49 @@ prices:
         );
     }
 
+    fn weighted() -> Catalog {
+        let text = r#"
+listen: 127.0.0.1:8080
+providers:
+  - { name: heavy, protocol: openai, base_url: "http://127.0.0.1:1", api_key: k, models: [m], weight: 3 }
+  - { name: light, protocol: openai, base_url: "http://127.0.0.1:2", api_key: k, models: [m] }
+  - { name: backup, protocol: openai, base_url: "http://127.0.0.1:3", api_key: k, models: [m], priority: 1 }
+prices:
+  m: { input: 1, output: 1 }
+"#;
+        Catalog::new(&Config::parse(text, &|_| None).expect("valid"), 0, &health())
+    }
+
+    #[test]
+    fn tiers_come_in_priority_order_and_weights_split_a_tier() {
+        let c = weighted();
+        let mut firsts = [0usize; 3];
+        for _ in 0..200 {
+            let mut order = vec![2, 1, 0];
+            order_providers(&c, &mut order, None);
+            assert_eq!(order[2], 2, "the backup tier comes last: {order:?}");
+            firsts[order[0]] += 1;
+        }
+        assert_eq!(firsts, [150, 50, 0], "smooth weighted round-robin is exact");
+
+        // Conversations: each keeps its order; over many, the split follows the weights.
+        let mut firsts = [0usize; 3];
+        for conversation in 0..20_000u64 {
+            let mut order = vec![0, 1, 2];
+            order_providers(&c, &mut order, Some(conversation));
+            let mut again = vec![2, 0, 1];
+            order_providers(&c, &mut again, Some(conversation));
+            assert_eq!(order, again, "the same order from any starting order");
+            assert_eq!(order[2], 2);
+            firsts[order[0]] += 1;
+        }
+        let heavy = firsts[0] as f64 / 20_000.0;
+        assert!((heavy - 0.75).abs() < 0.02, "weight 3 of 4: {heavy}");
+    }
+
     #[test]
     fn candidates_in_config_order_per_protocol() {
-        let c = Catalog::new(&config(), 0);
+        let c = Catalog::new(&config(), 0, &health());
         assert_eq!(c.candidates(Protocol::Openai, "alpha-5.5"), Some(&[0usize, 1][..]));
         assert_eq!(c.candidates(Protocol::Openai, "alpha-4o-mini"), Some(&[0usize][..]));
         assert_eq!(c.candidates(Protocol::Anthropic, "alpha-5.5"), None);
@@ -562,7 +677,7 @@ prices:
 
     #[test]
     fn models_filtered_by_group() {
-        let c = Catalog::new(&config(), 0);
+        let c = Catalog::new(&config(), 0, &health());
         let ids = |g, p| c.models_for(g, p).into_iter().map(|m| m.id).collect::<Vec<_>>();
         assert_eq!(ids("default", None), ["alpha-5.5", "alpha-4o-mini", "beta-opus-4-7", "gamma-3.5-flash"]);
         assert_eq!(ids("chat", None), ["alpha-5.5", "alpha-4o-mini"]);
@@ -682,7 +797,7 @@ prices:
 
     #[test]
     fn rewrite_strips_client_keys_and_sets_provider_credentials() {
-        let c = Catalog::new(&config(), 0);
+        let c = Catalog::new(&config(), 0, &health());
         let mut req = RequestHeader::build("POST", b"/messages?beta=true&fields=x", None).expect("req");
         for (k, v) in [
             ("authorization", "Bearer sk-client"),
@@ -697,7 +812,7 @@ prices:
         ] {
             req.insert_header(k, v).expect("hdr");
         }
-        let req = upstream_request(&req, &c.upstreams[2], &Route::Messages, Some("2024-01-01"), 12, &[]).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[2], 0, &Route::Messages, Some("2024-01-01"), 12, &[]).expect("rewrite");
         assert_eq!(req.headers["anthropic-beta"], "tools-1");
         assert!(req.headers.get("openai-organization").is_none());
         let wire = format!("{:?}", req.headers);
@@ -713,7 +828,7 @@ prices:
         let mut req = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("req");
         req.insert_header("x-api-key", "sk-client").expect("hdr");
         req.set_version(http::Version::HTTP_2);
-        let req = upstream_request(&req, &c.upstreams[0], &Route::ChatCompletions, None, 0, &[]).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[0], 0, &Route::ChatCompletions, None, 0, &[]).expect("rewrite");
         assert_eq!(req.headers["authorization"], "Bearer up-a");
         assert!(req.headers.get("x-api-key").is_none());
         assert_eq!(req.headers["host"], "127.0.0.1:1");
@@ -723,9 +838,9 @@ prices:
 
     #[test]
     fn anthropic_version_defaults_and_paths() {
-        let c = Catalog::new(&config(), 0);
+        let c = Catalog::new(&config(), 0, &health());
         let req = RequestHeader::build("POST", b"/v1/messages", None).expect("req");
-        let req = upstream_request(&req, &c.upstreams[2], &Route::Messages, None, 0, &[]).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[2], 0, &Route::Messages, None, 0, &[]).expect("rewrite");
         assert_eq!(req.headers["anthropic-version"], crate::config::DEFAULT_ANTHROPIC_VERSION);
         assert_eq!(upstream_path("/v1beta/models/g:generateContent", ""), "/v1beta/models/g:generateContent");
         assert_eq!(upstream_path("/embeddings", "/x"), "/x/v1/embeddings");

@@ -159,14 +159,15 @@ fn notify_systemd() {
 }
 
 /// The reloadable routing state for a configuration (resolves upstream hosts: blocking).
-fn routing_for(config: &Config) -> Routing {
-    let catalog = Arc::new(Catalog::new(config, now_unix()));
+fn routing_for(config: &Config, health: &crate::health::HealthBook) -> Routing {
+    let catalog = Arc::new(Catalog::new(config, now_unix(), health));
     catalog.resolve_all_blocking();
     Routing {
         catalog,
         prices: Arc::new(PriceBook::new(&config.prices)),
         default_max_output_tokens: config.default_max_output_tokens,
         forward_headers: config.forward_headers.clone(),
+        retry: config.retry.clone(),
     }
 }
 
@@ -183,14 +184,17 @@ struct Reload {
     ledger: Arc<Ledger>,
     /// The HTTPS listener's certificate, re-read on every reload.
     certificate: Option<Arc<crate::tls::ReloadableCert>>,
+    /// Provider health, kept for the providers that remain.
+    health: Arc<crate::health::HealthBook>,
 }
 
 impl Reload {
     async fn reload(&self) -> Result<Vec<&'static str>, String> {
         let path = self.path.clone();
+        let health = self.health.clone();
         let (config, routing) = tokio::task::spawn_blocking(move || {
             let config = Config::load(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
-            let routing = routing_for(&config);
+            let routing = routing_for(&config, &health);
             Ok::<_, String>((config, routing))
         })
         .await
@@ -203,6 +207,8 @@ impl Reload {
         }
         self.keys.seed(&self.store, &config.keys).map_err(|e| e.to_string())?;
         self.store.flush().map_err(|e| e.to_string())?;
+        let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
+        self.health.retain(&names);
         self.routing.store(Arc::new(routing));
         let old = &self.running;
         let mut needs_upgrade = Vec::new();
@@ -301,7 +307,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     store.flush().map_err(|e| e.to_string())?;
     let metrics = Arc::new(Metrics::default());
-    let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config)));
+    let health = Arc::new(crate::health::HealthBook::new(metrics.clone()));
+    let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)));
     let video = match &config.video {
         Some(v) => {
             let storage = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
@@ -343,6 +350,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             ledger: ledger.clone(),
             routing: routing.clone(),
             metrics: metrics.clone(),
+            health: health.clone(),
             video: video.clone(),
         };
         let mut service = pingora_proxy::http_proxy_service_with_name(&server.configuration, api, "tollgate admin");
@@ -372,6 +380,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             store,
             ledger: ledger.clone(),
             certificate: certificate.clone(),
+            health: health.clone(),
         },
     ));
     let connector = pingora_core::connectors::http::Connector::new(Some(pingora_core::connectors::ConnectorOptions::from_server_conf(

@@ -114,6 +114,7 @@ impl VideoService {
             seq: 0,
             balance_after: 0,
             provider: None,
+            attempts: 0,
             response_id: None,
         }
     }

@@ -52,9 +52,14 @@ impl Drop for Proc {
 }
 
 pub fn start_mock() -> Proc {
+    start_mock_with_keys(UPSTREAM_KEY)
+}
+
+/// A mock accepting any of `keys` (comma-separated).
+pub fn start_mock_with_keys(keys: &str) -> Proc {
     let port = free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-mock"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--key", UPSTREAM_KEY])
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--key", keys])
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
