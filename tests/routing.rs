@@ -313,3 +313,35 @@ async fn pool_keys_rotate_and_a_throttled_key_rests_alone() {
     let text = s.metrics().await;
     assert!(!keys.iter().any(|k| text.contains(k)), "metrics name keys by index only");
 }
+
+/// A conversation pinned to a provider leaves it only while that provider rests, and comes back
+/// once it is healthy again.
+#[tokio::test]
+async fn a_pinned_conversation_leaves_its_provider_only_while_it_rests() {
+    let s = setup(&[&key(), &key()], "");
+    let (status, _) = s.chat("pin", &[], "the pinned conversation").await;
+    assert_eq!(status, 200);
+    let home = s.seen("pin").await[0].clone();
+    let other = if home == "/p1" { "/p2" } else { "/p1" };
+    for _ in 0..3 {
+        s.chat("pin", &[], "the pinned conversation").await;
+    }
+    assert!(s.seen("pin").await.iter().all(|p| *p == home), "pinned");
+    // Its provider answers 429 (rest 2 s): the turn is retried on the other, and so are the
+    // next turns while it rests.
+    let (status, _) = s
+        .chat("moved", &[("x-mock-only", home.as_str()), ("x-mock-status", "429"), ("x-mock-retry-after", "2")], "the pinned conversation")
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(s.seen("moved").await, [home.clone(), other.to_string()]);
+    let (status, _) = s.chat("resting", &[], "the pinned conversation").await;
+    assert_eq!(status, 200);
+    let name = home.trim_start_matches('/');
+    if s.metric(&format!("tollgate_provider_state{{provider=\"{name}\"}}")).await == 1.0 {
+        assert_eq!(s.seen("resting").await, [other.to_string()], "away while its provider rests");
+    }
+    s.wait_state(name, 2.0, Duration::from_secs(10)).await;
+    let (status, _) = s.chat("back", &[], "the pinned conversation").await;
+    assert_eq!(status, 200);
+    assert_eq!(s.seen("back").await, [home], "back once its provider may take requests again");
+}
