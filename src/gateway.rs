@@ -25,7 +25,7 @@ use crate::billing;
 use crate::ledger::{now_ms, Hold, Ledger, UsageRecord, NANOS_PER_USD};
 
 use crate::config::{Platform, Protocol};
-use crate::health::{Admission, Verdict};
+use crate::health::Verdict;
 use crate::limits::Limits;
 use crate::meter::{Shape, UsageScanner};
 use crate::protocol::{anthropic, gemini, header_str, openai, ApiError, ErrorKind};
@@ -424,28 +424,6 @@ impl Gateway {
         }
     }
 
-    /// The provider to try next, admitted by its health: the first untried one in the plan's
-    /// order that is not resting; else (a retry with no other provider left) one already tried
-    /// that still takes requests; else, while nothing was sent yet, the reachable one whose rest
-    /// ends first (every provider rests: try rather than fail without trying).
-    fn next_provider(catalog: &relay::Catalog, candidates: &[usize], tried: &[usize], dead: &[usize]) -> Option<(usize, Admission)> {
-        let now = Instant::now();
-        let admit = |i: usize, force| catalog.upstreams[i].health.admit(now, force).map(|a| (i, a));
-        let untried = candidates.iter().copied().filter(|i| !tried.contains(i) && !dead.contains(i));
-        if let Some(found) = untried.clone().find_map(|i| admit(i, false)) {
-            return Some(found);
-        }
-        if let Some(found) = candidates.iter().copied().filter(|i| tried.contains(i) && !dead.contains(i)).find_map(|i| admit(i, false)) {
-            return Some(found);
-        }
-        if tried.is_empty() {
-            let reachable = candidates.iter().copied().filter(|i| !dead.contains(i));
-            let first_free = reachable.min_by_key(|&i| catalog.upstreams[i].health.free_at(now))?;
-            return admit(first_free, true);
-        }
-        None
-    }
-
     /// Send the request upstream and read up to the final response header, with retries before
     /// the first byte: a connect failure (nothing sent) moves on to the next provider; a timeout
     /// or failure before the response header, or a status in `retry.on_status`, is retried —
@@ -457,14 +435,14 @@ impl Gateway {
         let (catalog, policy) = (&routing.catalog, &routing.retry);
         let (mut tried, mut dead): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         let mut last: Option<Box<Error>> = None;
-        let mut next = Self::next_provider(catalog, &plan.candidates, &tried, &dead);
+        let mut next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
         while let Some((index, admission)) = next.take() {
             let upstream = &catalog.upstreams[index];
             let Some(peer) = upstream.peer(tried.len() + dead.len()) else {
                 log::warn!("provider {} has no resolved address", upstream.config.name);
                 admission.report(Verdict::Failed);
                 dead.push(index);
-                next = Self::next_provider(catalog, &plan.candidates, &tried, &dead);
+                next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
                 continue;
             };
             let key = admission.key;
@@ -474,7 +452,7 @@ impl Gateway {
                     admission.report(Verdict::Failed);
                     dead.push(index);
                     last = Some(e);
-                    next = Self::next_provider(catalog, &plan.candidates, &tried, &dead);
+                    next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
                 }
                 Err(Exchange::Sent(e)) => {
                     plan.attempts += 1;
@@ -482,7 +460,7 @@ impl Gateway {
                     tried.push(index);
                     last = Some(e);
                     if plan.attempts < policy.attempts {
-                        next = Self::next_provider(catalog, &plan.candidates, &tried, &dead);
+                        next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
                         if next.is_some() {
                             log::warn!("provider {} failed before answering; retrying", upstream.config.name);
                             upstream.health.retries.add(1);
@@ -505,7 +483,7 @@ impl Gateway {
                     admission.report(verdict);
                     if policy.on_status.contains(&status) && plan.attempts < policy.attempts {
                         tried.push(index);
-                        if let Some(then) = Self::next_provider(catalog, &plan.candidates, &tried, &dead) {
+                        if let Some(then) = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now()) {
                             log::warn!("provider {} answered {status}; retrying", upstream.config.name);
                             upstream.health.retries.add(1);
                             // Not the client's: this answer is dropped with its connection.

@@ -358,6 +358,33 @@ fn rendezvous_score(conversation: u64, name: &str, weight: u32) -> f64 {
 }
 
 impl Catalog {
+    /// The provider to try next for a request whose providers are `candidates` (in the plan's
+    /// order), admitted by its health at `now`: the first not yet `tried` (sent to) nor `dead`
+    /// (unreachable) that is not resting; else, for a retry with no other provider left, one
+    /// already tried that still takes requests; else, while nothing was sent yet, the reachable
+    /// one whose rest ends first (every provider rests: try rather than fail without trying).
+    pub fn next_provider(
+        &self,
+        candidates: &[usize],
+        tried: &[usize],
+        dead: &[usize],
+        now: std::time::Instant,
+    ) -> Option<(usize, crate::health::Admission)> {
+        let admit = |i: usize, force| self.upstreams[i].health.admit(now, force).map(|a| (i, a));
+        let alive = || candidates.iter().copied().filter(|i| !dead.contains(i));
+        if let Some(found) = alive().filter(|i| !tried.contains(i)).find_map(|i| admit(i, false)) {
+            return Some(found);
+        }
+        if let Some(found) = alive().filter(|i| tried.contains(i)).find_map(|i| admit(i, false)) {
+            return Some(found);
+        }
+        if tried.is_empty() {
+            let first_free = alive().min_by_key(|&i| self.upstreams[i].health.free_at(now))?;
+            return admit(first_free, true);
+        }
+        None
+    }
+
     /// Smooth weighted round-robin over one tier: the provider whose turn it is.
     fn next_in_rotation(&self, members: &[usize]) -> usize {
         let mut key = members.to_vec();
@@ -664,6 +691,32 @@ prices:
         }
         let heavy = firsts[0] as f64 / 20_000.0;
         assert!((heavy - 0.75).abs() < 0.02, "weight 3 of 4: {heavy}");
+    }
+
+    #[test]
+    fn the_next_provider_skips_the_resting_and_the_tried() {
+        use crate::health::Verdict;
+        let c = weighted();
+        let now = std::time::Instant::now();
+        let order = [0, 1, 2];
+        let next = |tried: &[usize], dead: &[usize]| c.next_provider(&order, tried, dead, now).map(|(i, _)| i);
+        assert_eq!(next(&[], &[]), Some(0));
+        assert_eq!(next(&[0], &[]), Some(1), "another provider first");
+        assert_eq!(next(&[0, 1, 2], &[]), Some(0), "then one already tried that takes requests");
+        assert_eq!(next(&[], &[0, 1, 2]), None, "none reachable");
+        // Provider 0 answered 429 for 60 s: skipped, even for a retry.
+        let (_, a) = c.next_provider(&[0], &[], &[], now).expect("admitted");
+        a.report_at(Verdict::Throttled(Some(std::time::Duration::from_secs(60))), now);
+        assert_eq!(next(&[], &[]), Some(1));
+        assert_eq!(next(&[1, 2], &[]), Some(1), "a retry never goes to a resting provider");
+        // Every provider rests: the first free is tried, but only before anything was sent.
+        for i in [1, 2] {
+            let (_, a) = c.next_provider(&[i], &[], &[], now).expect("admitted");
+            a.report_at(Verdict::Throttled(Some(std::time::Duration::from_secs(10 * i as u64))), now);
+        }
+        assert_eq!(next(&[], &[]), Some(1), "the one whose rest ends first (10 s)");
+        assert_eq!(next(&[], &[1]), Some(2), "of those reachable");
+        assert_eq!(next(&[1], &[]), None, "no retry into a rest");
     }
 
     #[test]
