@@ -95,6 +95,8 @@ pub struct RelayPlan {
     pub served_by: Option<usize>,
     /// Requests sent upstream (retries included).
     pub attempts: u32,
+    /// A streamed response's owner, known while the request lives (responses API).
+    pub streaming_owner: Option<crate::responses::StreamingOwner>,
     /// Counts the request against the key's `max_concurrent` while the plan lives (held, not read).
     pub concurrency_slot: Option<crate::limits::Slot>,
     /// The body's share of the buffered-body budget; given back once the body is sent.
@@ -284,6 +286,7 @@ impl Gateway {
             billed: None,
             served_by: None,
             attempts: 0,
+            streaming_owner: None,
             concurrency_slot: slot,
             body_reservation: Some(client_body.reservation),
         })))
@@ -388,12 +391,8 @@ impl Gateway {
             attempts: plan.attempts,
             response_id,
         };
-        let response_id = record.response_id.clone();
         if let Err(e) = self.ledger.settle(hold, record).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
-        }
-        if let Some(id) = response_id {
-            self.owners.settled(&id);
         }
     }
 
@@ -544,18 +543,17 @@ impl Gateway {
     }
 
     /// A response stream named its response: the caller owns it from now on (before the
-    /// request is settled, which books the owner). Returns whether the id was seen.
-    fn note_streamed_response(&self, plan: &RelayPlan, scanner: &UsageScanner, status: u16) -> bool {
+    /// request is settled, which books the owner; the plan holds the guard). Returns whether
+    /// the id was seen.
+    fn note_streamed_response(&self, plan: &mut RelayPlan, scanner: &UsageScanner) -> bool {
         let (Some(id), Some(index)) = (scanner.response_id(), plan.served_by) else { return false };
-        if status == 200 {
-            let owner = crate::ledger::ResponseOwner {
-                key_id: plan.key.id.clone(),
-                provider: plan.routing.catalog.upstreams[index].config.name.clone(),
-                model: plan.model.clone(),
-                time_ms: now_ms(),
-            };
-            self.owners.started(id, owner);
-        }
+        let owner = crate::ledger::ResponseOwner {
+            key_id: plan.key.id.clone(),
+            provider: plan.routing.catalog.upstreams[index].config.name.clone(),
+            model: plan.model.clone(),
+            time_ms: now_ms(),
+        };
+        plan.streaming_owner = Some(self.owners.started(id, owner));
         true
     }
 
@@ -628,7 +626,7 @@ impl Gateway {
                     out = Some(replacement);
                 }
                 if !response_named {
-                    response_named = self.note_streamed_response(plan, &scanner, status);
+                    response_named = self.note_streamed_response(plan, &scanner);
                 }
             }
             if done {

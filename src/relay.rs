@@ -404,13 +404,9 @@ impl Catalog {
 
 /// Put the provider named `provider` first, if it serves this request (a conversation that
 /// continues a stored response goes where that response is stored).
-pub fn prefer_provider(catalog: &Catalog, candidates: &mut [usize], provider: &str) -> bool {
-    match candidates.iter().position(|&i| catalog.upstreams[i].config.name == provider) {
-        Some(at) => {
-            candidates[..=at].rotate_right(1);
-            true
-        }
-        None => false,
+pub fn prefer_provider(catalog: &Catalog, candidates: &mut [usize], provider: &str) {
+    if let Some(at) = candidates.iter().position(|&i| catalog.upstreams[i].config.name == provider) {
+        candidates[..=at].rotate_right(1);
     }
 }
 

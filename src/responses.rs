@@ -9,7 +9,8 @@
 //! response does not exist, exactly as for an id nobody created.
 //!
 //! A stream names its response in its first event, long before the request is settled: from
-//! then until the usage record is booked, the owner is known from memory.
+//! then until the request ends (its usage record booked, or the request dropped), the owner is
+//! known from memory, through a guard the request holds.
 
 use crate::ledger::{Ledger, ResponseOwner};
 use crate::protocol::{ApiError, ErrorKind};
@@ -17,35 +18,47 @@ use crate::store::StoreError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+type Streaming = Arc<Mutex<HashMap<String, ResponseOwner>>>;
+
+fn lock(map: &Streaming) -> std::sync::MutexGuard<'_, HashMap<String, ResponseOwner>> {
+    map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub struct Owners {
     ledger: Arc<Ledger>,
     /// Responses whose stream is still being relayed (not booked yet).
-    streaming: Mutex<HashMap<String, ResponseOwner>>,
+    streaming: Streaming,
+}
+
+/// Keeps a streamed response's owner known while its request lives; dropped with the request
+/// (by then settled: its usage record names the owner).
+pub struct StreamingOwner {
+    streaming: Streaming,
+    id: String,
+}
+
+impl Drop for StreamingOwner {
+    fn drop(&mut self) {
+        lock(&self.streaming).remove(&self.id);
+    }
 }
 
 impl Owners {
     pub fn new(ledger: Arc<Ledger>) -> Self {
-        Owners { ledger, streaming: Mutex::new(HashMap::new()) }
+        Owners { ledger, streaming: Arc::new(Mutex::new(HashMap::new())) }
     }
 
-    fn streaming(&self) -> std::sync::MutexGuard<'_, HashMap<String, ResponseOwner>> {
-        self.streaming.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A stream being relayed named its response: its owner is known before it is booked.
-    pub fn started(&self, id: &str, owner: ResponseOwner) {
-        self.streaming().insert(id.to_string(), owner);
-    }
-
-    /// The request that created `id` was settled (its record, which names the owner, is booked).
-    pub fn settled(&self, id: &str) {
-        self.streaming().remove(id);
+    /// A stream being relayed named its response: its owner is known before it is booked, for
+    /// as long as the returned guard lives.
+    pub fn started(&self, id: &str, owner: ResponseOwner) -> StreamingOwner {
+        lock(&self.streaming).insert(id.to_string(), owner);
+        StreamingOwner { streaming: self.streaming.clone(), id: id.to_string() }
     }
 
     /// The response `id` if `key_id` created it; None for a response of another key, an
     /// expired one and an id nobody created alike.
     pub async fn owned_by(&self, id: &str, key_id: &str) -> Result<Option<ResponseOwner>, StoreError> {
-        let relaying = self.streaming().get(id).cloned();
+        let relaying = lock(&self.streaming).get(id).cloned();
         let owner = match relaying {
             Some(owner) => Some(owner),
             None => self.ledger.response_owner(id).await?,
