@@ -697,6 +697,8 @@ impl MockUpstream {
         let mut h = ResponseHeader::build(200, Some(3))?;
         h.insert_header("content-type", ctype)?;
         h.insert_header("cache-control", "no-cache")?;
+        // Framed as the services frame a stream: chunked, so a cut (no last chunk) shows as one.
+        h.insert_header("transfer-encoding", "chunked")?;
         session.write_response_header(Box::new(h), false).await?;
         let count = events.len();
         for (i, event) in events.into_iter().enumerate() {

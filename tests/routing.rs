@@ -131,8 +131,18 @@ async fn no_retry_of_a_client_error_or_after_the_first_byte() {
         .await
         .expect("stream");
     assert_eq!(r.status(), 200);
-    let text = r.text().await.unwrap_or_default();
+    let mut r = r;
+    let mut got = Vec::new();
+    let ended = loop {
+        match r.chunk().await {
+            Ok(Some(chunk)) => got.extend_from_slice(&chunk),
+            Ok(None) => break "complete",
+            Err(_) => break "cut",
+        }
+    };
+    let text = String::from_utf8_lossy(&got);
     assert!(text.contains("Hello") && !text.contains("[DONE]"), "the stream as far as it went: {text}");
+    assert_eq!(ended, "cut", "the client sees the cut as a cut, not as an end");
     assert_eq!(s.seen("cut").await, ["/p1"], "never retried once bytes went out");
 }
 
