@@ -1,8 +1,8 @@
 //! Provider health: cooldowns, half-open probes and key pools.
 //!
 //! A provider rests (cools down) after a 429 (for its `Retry-After`, else `cooldown_secs`) or
-//! after `failures_before_cooldown` failures in a row (connect failures, timeouts, the retried
-//! 5xx statuses). When the rest ends, one request probes it (half-open); its success brings the
+//! after `failures_before_cooldown` failures in a row (connect failures, timeouts before the
+//! response header, 5xx answers). When the rest ends, one request probes it (half-open); its success brings the
 //! provider back, its failure sends it to rest again. Meanwhile requests skip it, unless every
 //! provider of the model rests: then the one whose rest ends first is tried anyway.
 //!
@@ -133,7 +133,7 @@ pub enum Verdict {
     Answered,
     /// 429, with its `Retry-After` if any.
     Throttled(Option<Duration>),
-    /// No connection, a timeout, or a retried 5xx.
+    /// No connection, a timeout before the response header, or a 5xx answer.
     Failed,
 }
 

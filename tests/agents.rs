@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 
 const OTHER_KEY: &str = "sk-client-other-0001";
 
-/// Two chat-completions providers serve alpha-5.5 (told apart by their path prefix at the mock).
-fn two_provider_config(mock_port: u16) -> String {
+/// Three chat-completions providers serve alpha-5.5 (told apart by their path prefix at the
+/// mock), and two keys.
+fn three_provider_config(mock_port: u16) -> String {
     let config = format!(
         r#"
 providers:
@@ -73,7 +74,7 @@ async fn create_streamed(gw: &Gateway, key: &str, tag: &str, input: &str) -> Str
 #[tokio::test]
 async fn a_stored_response_is_reachable_by_its_owner_only() {
     let mock = start_mock();
-    let gw = start_gateway(&two_provider_config(mock.port));
+    let gw = start_gateway(&three_provider_config(mock.port));
     let tag = format!("own-{}", std::process::id());
     let intruder = format!("intruder-{}", std::process::id());
 
@@ -147,7 +148,7 @@ async fn a_stored_response_is_reachable_by_its_owner_only() {
 #[tokio::test]
 async fn input_tokens_and_compact_are_relayed_and_background_is_refused() {
     let mock = start_mock();
-    let gw = start_gateway(&two_provider_config(mock.port));
+    let gw = start_gateway(&three_provider_config(mock.port));
     let tag = format!("count-{}", std::process::id());
     let body = json!({"model": "alpha-5.5", "input": "count me"});
     let (status, counted) = send(&gw, "POST", "/v1/responses/input_tokens", CLIENT_KEY, &tag, Some(&body)).await;
@@ -176,7 +177,7 @@ async fn input_tokens_and_compact_are_relayed_and_background_is_refused() {
 #[tokio::test]
 async fn the_turns_of_a_conversation_stay_with_one_provider() {
     let mock = start_mock();
-    let gw = start_gateway(&two_provider_config(mock.port));
+    let gw = start_gateway(&three_provider_config(mock.port));
     let mut homes = std::collections::BTreeSet::new();
     for conv in 0..12 {
         let tag = format!("conv-{conv}-{}", std::process::id());
@@ -249,7 +250,7 @@ groups:
 #[tokio::test]
 async fn a_response_still_streaming_is_owned_from_its_first_event() {
     let mock = start_mock();
-    let gw = start_gateway(&two_provider_config(mock.port));
+    let gw = start_gateway(&three_provider_config(mock.port));
     let tag = format!("live-{}", std::process::id());
     let token = format!("hold-{}", std::process::id());
     let mut r = client()
