@@ -132,6 +132,8 @@ struct RawRetry {
     attempts: Option<u32>,
     #[serde(default)]
     on_status: Option<Vec<u16>>,
+    #[serde(default)]
+    deadline_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -366,18 +368,22 @@ pub struct Config {
     pub retry: RetryPolicy,
 }
 
-/// `retry: {attempts, on_status}`: how many times a request may be sent upstream (connect
-/// failures, which send nothing, do not count), and which upstream statuses are retried
-/// (besides timeouts before the response header).
+/// `retry: {attempts, on_status, deadline_secs}`: how many times a request may be sent upstream
+/// (connect failures, which send nothing, do not count), which upstream statuses are retried
+/// (besides timeouts before the response header), and the most time all attempts together may
+/// take to a response header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {
     pub attempts: u32,
     pub on_status: Vec<u16>,
+    /// From the first attempt: no retry starts after it, and an attempt waits for its response
+    /// header at most until it. None: each attempt waits its provider's `read_timeout_secs`.
+    pub deadline: Option<std::time::Duration>,
 }
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy { attempts: 2, on_status: vec![429, 500, 502, 503, 504] }
+        RetryPolicy { attempts: 2, on_status: vec![429, 500, 502, 503, 504], deadline: None }
     }
 }
 
@@ -787,6 +793,12 @@ impl Config {
                 }
                 retry.on_status = on_status;
             }
+            if let Some(secs) = r.deadline_secs {
+                if secs == 0 {
+                    return err("retry.deadline_secs: must be greater than 0 (leave it out for no deadline)");
+                }
+                retry.deadline = Some(std::time::Duration::from_secs(secs));
+            }
         }
 
         Ok(Config {
@@ -1028,15 +1040,16 @@ keys:
     #[test]
     fn routing_settings_default_and_are_checked() {
         let c = Config::parse(MINIMAL, &no_env).expect("valid");
-        assert_eq!(c.retry, RetryPolicy { attempts: 2, on_status: vec![429, 500, 502, 503, 504] });
+        assert_eq!(c.retry, RetryPolicy { attempts: 2, on_status: vec![429, 500, 502, 503, 504], deadline: None });
         let p = &c.providers[0];
         assert_eq!((p.priority, p.weight, p.cooldown.as_secs(), p.failures_before_cooldown), (0, 1, 30, 3));
         let text = MINIMAL.replace(
             "api_key: sk-up",
             "api_keys: [sk-a, sk-b]\n    priority: 2\n    weight: 5\n    cooldown_secs: 9\n    failures_before_cooldown: 1",
         );
-        let c = Config::parse(&format!("{text}retry: {{ attempts: 3, on_status: [429, 529] }}\n"), &no_env).expect("valid");
-        assert_eq!(c.retry, RetryPolicy { attempts: 3, on_status: vec![429, 529] });
+        let c =
+            Config::parse(&format!("{text}retry: {{ attempts: 3, on_status: [429, 529], deadline_secs: 20 }}\n"), &no_env).expect("valid");
+        assert_eq!(c.retry, RetryPolicy { attempts: 3, on_status: vec![429, 529], deadline: Some(std::time::Duration::from_secs(20)) });
         let p = &c.providers[0];
         assert_eq!((p.api_keys.len(), p.priority, p.weight, p.cooldown.as_secs(), p.failures_before_cooldown), (2, 2, 5, 9, 1));
         let pool = MINIMAL.replace("api_key: sk-up", "api_keys_env: POOL");
@@ -1050,6 +1063,7 @@ keys:
             (MINIMAL.replace("api_key: sk-up", "api_key: sk-up\n    failures_before_cooldown: 0"), "failures_before_cooldown"),
             (format!("{MINIMAL}retry: {{ attempts: 0 }}\n"), "retry.attempts"),
             (format!("{MINIMAL}retry: {{ on_status: [200] }}\n"), "retry.on_status: 200"),
+            (format!("{MINIMAL}retry: {{ deadline_secs: 0 }}\n"), "retry.deadline_secs"),
         ] {
             let e = Config::parse(&bad, &no_env).unwrap_err();
             assert!(e.0.contains(named), "{bad}: {e}");

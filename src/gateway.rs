@@ -44,7 +44,7 @@ use pingora_error::{Error, ErrorSource, ErrorType, Result};
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Shared state of the gateway.
 pub struct Gateway {
@@ -427,11 +427,15 @@ impl Gateway {
     /// the first byte: a connect failure (nothing sent) moves on to the next provider; a timeout
     /// or failure before the response header, or a status in `retry.on_status`, is retried —
     /// on another provider when there is one — while fewer than `retry.attempts` requests were
-    /// sent, after a short jittered backoff. Every outcome goes to the provider's health (and
-    /// its key's). Sets `plan.served_by` and `plan.attempts`.
+    /// sent, after a short jittered backoff, and within `retry.deadline_secs` when it is set
+    /// (no attempt starts after it, and none waits for its header past it). Every outcome goes
+    /// to the provider's health (and its key's). Sets `plan.served_by` and `plan.attempts`.
     async fn open_upstream(&self, client: &RequestHeader, plan: &mut RelayPlan) -> Result<(HttpSession, HttpPeer)> {
         let routing = plan.routing.clone();
         let (catalog, policy) = (&routing.catalog, &routing.retry);
+        let deadline = policy.deadline.map(|d| Instant::now() + d);
+        // A retry after `pause` still starts inside the deadline.
+        let in_time = |pause: Duration| deadline.is_none_or(|d| Instant::now() + pause < d);
         let (mut tried, mut dead): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         let mut last: Option<Box<Error>> = None;
         let mut next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
@@ -445,25 +449,29 @@ impl Gateway {
                 continue;
             };
             let key = admission.key;
-            match self.exchange(client, upstream, key, &peer, plan).await {
+            let wait = header_wait(deadline, peer.options.read_timeout, Instant::now());
+            match self.exchange(client, upstream, key, &peer, wait, plan).await {
                 Err(Exchange::Unsent(e)) => {
                     log::warn!("provider {} failed to connect ({}); trying the next", upstream.config.name, e.etype().as_str());
                     admission.report(Verdict::Failed);
                     dead.push(index);
                     last = Some(e);
-                    next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
+                    if in_time(Duration::ZERO) {
+                        next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
+                    }
                 }
                 Err(Exchange::Sent(e)) => {
                     plan.attempts += 1;
                     admission.report(Verdict::Failed);
                     tried.push(index);
                     last = Some(e);
-                    if plan.attempts < policy.attempts {
+                    let pause = backoff(plan.attempts);
+                    if plan.attempts < policy.attempts && in_time(pause) {
                         next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
                         if next.is_some() {
                             log::warn!("provider {} failed before answering; retrying", upstream.config.name);
                             upstream.health.retries.add(1);
-                            backoff(plan.attempts).await;
+                            tokio::time::sleep(pause).await;
                         }
                     }
                 }
@@ -480,7 +488,8 @@ impl Gateway {
                         _ => Verdict::Answered,
                     };
                     admission.report(verdict);
-                    if policy.on_status.contains(&status) && plan.attempts < policy.attempts {
+                    let pause = backoff(plan.attempts);
+                    if policy.on_status.contains(&status) && plan.attempts < policy.attempts && in_time(pause) {
                         tried.push(index);
                         if let Some(then) = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now()) {
                             log::warn!("provider {} answered {status}; retrying", upstream.config.name);
@@ -488,10 +497,13 @@ impl Gateway {
                             // Not the client's: this answer is dropped with its connection.
                             http.shutdown().await;
                             next = Some(then);
-                            backoff(plan.attempts).await;
+                            tokio::time::sleep(pause).await;
                             continue;
                         }
                     }
+                    // The answer streams under the provider's own read timeout, whatever was
+                    // left of the deadline for its header.
+                    http.set_read_timeout(peer.options.read_timeout);
                     plan.served_by = Some(index);
                     return Ok((http, peer));
                 }
@@ -509,6 +521,7 @@ impl Gateway {
         upstream: &relay::Upstream,
         key: usize,
         peer: &HttpPeer,
+        header_wait: Option<Duration>,
         plan: &RelayPlan,
     ) -> std::result::Result<HttpSession, Exchange> {
         let mut stale = 0;
@@ -525,7 +538,7 @@ impl Gateway {
             )
             .map_err(Exchange::Unsent)?;
             let (mut http, reused) = self.connector.get_http_session(peer).await.map_err(Exchange::Unsent)?;
-            http.set_read_timeout(peer.options.read_timeout);
+            http.set_read_timeout(header_wait);
             http.set_write_timeout(peer.options.write_timeout);
             match send_request(&mut http, req, &plan.body).await {
                 Ok(()) => return Ok(http),
@@ -687,13 +700,22 @@ fn retry_after(header: &ResponseHeader) -> Option<std::time::Duration> {
     Some(at.duration_since(std::time::SystemTime::now()).unwrap_or_default())
 }
 
+/// How long an attempt started at `now` may wait for its response header: its provider's read
+/// timeout, cut to what is left of the retry deadline.
+fn header_wait(deadline: Option<Instant>, read_timeout: Option<Duration>, now: Instant) -> Option<Duration> {
+    let left = deadline.map(|d| d.saturating_duration_since(now));
+    match (left, read_timeout) {
+        (Some(left), Some(read)) => Some(left.min(read)),
+        (left, read) => left.or(read),
+    }
+}
+
 /// The pause before retry `n` (1, 2, …): 50 ms doubling per retry, at most 1 s, jittered down
 /// to half, so that clients retrying together do not hit the next provider at once.
-async fn backoff(n: u32) {
+fn backoff(n: u32) -> Duration {
     use rand::Rng;
     let full = 50u64.saturating_mul(1 << n.saturating_sub(1).min(5)).min(1000);
-    let ms = rand::thread_rng().gen_range(full / 2..=full);
-    tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
+    Duration::from_millis(rand::thread_rng().gen_range(full / 2..=full))
 }
 
 /// Send the request header and body; read up to the final response header.
@@ -844,5 +866,32 @@ impl ProxyHttp for Gateway {
             }
         };
         FailToProxy { error_code: code, can_reuse_downstream: false }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_attempt_waits_for_its_header_at_most_until_the_deadline() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(header_wait(None, Some(s(600)), now), Some(s(600)), "no deadline: the provider's read timeout");
+        assert_eq!(header_wait(Some(now + s(20)), Some(s(600)), now), Some(s(20)), "cut to the deadline");
+        assert_eq!(header_wait(Some(now + s(20)), Some(s(5)), now), Some(s(5)), "the read timeout when it ends first");
+        assert_eq!(header_wait(Some(now + s(20)), None, now), Some(s(20)));
+        assert_eq!(header_wait(None, None, now), None);
+        assert_eq!(header_wait(Some(now), Some(s(5)), now + s(1)), Some(Duration::ZERO), "a spent deadline leaves nothing");
+    }
+
+    #[test]
+    fn the_backoff_doubles_from_50_ms_to_1_s_jittered_down_to_half() {
+        for (n, full) in [(1, 50), (2, 100), (3, 200), (5, 800), (6, 1000), (40, 1000)] {
+            for _ in 0..50 {
+                let ms = backoff(n).as_millis() as u64;
+                assert!((full / 2..=full).contains(&ms), "retry {n}: {ms} ms, expected {} to {full}", full / 2);
+            }
+        }
     }
 }

@@ -146,6 +146,26 @@ async fn no_retry_of_a_client_error_or_after_the_first_byte() {
     assert_eq!(s.seen("cut").await, ["/p1"], "never retried once bytes went out");
 }
 
+/// `retry.deadline_secs` bounds all attempts together: with every provider too slow, attempts
+/// stop once the deadline is spent, not after `attempts`; the client gets the timeout (504 in
+/// its protocol's shape), billed nothing. (How long the last attempt may wait is
+/// `gateway::tests::an_attempt_waits_for_its_header_at_most_until_the_deadline`.)
+#[tokio::test]
+async fn retries_stop_at_the_deadline() {
+    let slow = format!("{}, read_timeout_secs: 1", key());
+    let s = setup(&[&slow, &slow], "retry: { attempts: 5, deadline_secs: 2 }\n");
+    let before = balance(&s.gw, CLIENT_KEY).await;
+    let (status, body) = s.chat("deadline", &[("x-mock-delay-ms", "1500")], "hi").await;
+    assert_eq!(status, 504, "{body}");
+    let v: Value = serde_json::from_str(&body).expect("json");
+    assert_eq!(v["error"]["message"], "The upstream service did not answer in time.", "{v}");
+    let seen = s.seen("deadline").await;
+    assert_eq!(seen.len(), 2, "1 s per attempt, 2 s in all: two attempts of five ({seen:?})");
+    assert_ne!(seen[0], seen[1], "the retry went to the other provider");
+    wait_requests(&s.gw, CLIENT_KEY, 1).await;
+    assert_eq!(balance(&s.gw, CLIENT_KEY).await, before, "billed nothing");
+}
+
 /// Everywhere failing: the last upstream's error in the protocol's shape, billed nothing.
 #[tokio::test]
 async fn a_request_failing_everywhere_gets_the_last_error_and_no_bill() {
