@@ -149,6 +149,19 @@ fn start_rig() -> Rig {
         eprintln!("nginx not found: its baseline is skipped (apt-get install nginx-light)");
     }
 
+    // TOLLGATE_BENCH_CANDIDATES: the relay-speed candidate built on the Pingora fork
+    // (benches/fork-candidate), as a passthrough and as a one-pass relay, against the same mock.
+    if let Ok(bin) = std::env::var("TOLLGATE_BENCH_CANDIDATES") {
+        for (name, mode) in [("fork-bare", "bare"), ("fork-relay", "relay")] {
+            let port = free_port();
+            let proc = spawn(Command::new(&bin).args([mode, &format!("127.0.0.1:{port}"), &format!("127.0.0.1:{mock_port}")]));
+            let pid = proc.0.id();
+            procs.push(proc);
+            wait_port(port);
+            targets.push((name, port, Some(pid)));
+        }
+    }
+
     // tollgate in its default commit mode and with `sync_commit: true`
     // (TOLLGATE_BENCH_MODES=default skips the second, for builds that predate the setting).
     let modes: &[(&'static str, &str)] = if std::env::var("TOLLGATE_BENCH_MODES").as_deref() == Ok("default") {
@@ -325,19 +338,22 @@ fn sorted(mut v: Vec<f64>) -> Vec<f64> {
     v
 }
 
-/// Sequential requests: latencies in milliseconds.
-async fn latency_c1(client: &reqwest::Client, name: &str, port: u16, n: usize) -> Vec<f64> {
+/// `n` sequential requests to each target, one to each in turn; per target, the sorted
+/// latencies in ms.
+async fn latency_c1_interleaved(client: &reqwest::Client, targets: &[(String, u16)], n: usize) -> Vec<Vec<f64>> {
     let body = chat_body(false);
-    let mut out = Vec::with_capacity(n);
+    let mut out = vec![Vec::with_capacity(n); targets.len()];
     for _ in 0..n {
-        let t = Instant::now();
-        let r = request(client, port, "/v1/chat/completions", &body, auth_for(name)).send().await;
-        if let Ok(r) = r {
-            let _ = r.bytes().await;
+        for ((name, port), lat) in targets.iter().zip(out.iter_mut()) {
+            let t = Instant::now();
+            let r = request(client, *port, "/v1/chat/completions", &body, auth_for(name)).send().await;
+            if let Ok(r) = r {
+                let _ = r.bytes().await;
+            }
+            lat.push(t.elapsed().as_secs_f64() * 1000.0);
         }
-        out.push(t.elapsed().as_secs_f64() * 1000.0);
     }
-    sorted(out)
+    out.into_iter().map(sorted).collect()
 }
 
 struct StreamStats {
@@ -480,17 +496,25 @@ async fn run(quick: bool, fds: u64) {
         let _ = throughput(&client, name, *port, 16, Duration::from_millis(500), &small).await;
         let (rps, errors) = throughput(&client, name, *port, 64, sat_dur, &small).await;
         let (large_rps, large_errors) = throughput(&client, name, *port, 16, sat_dur, &large).await;
-        let lat = latency_c1(&client, name, *port, c1_n).await;
         let st = streams(&client, name, *port, stream_n, || {}).await;
         let row = json!({
             "target": name, "throughput_rps": rps, "errors": errors,
             "large_rps": large_rps, "large_errors": large_errors,
-            "p50_ms": pct(&lat, 0.5), "p99_ms": pct(&lat, 0.99),
             "ttft_p50_ms": pct(&st.ttft_ms, 0.5), "ttft_p99_ms": pct(&st.ttft_ms, 0.99),
             "gap_p99_ms": pct(&st.gaps_ms, 0.99), "stream_stalls": st.stalls,
         });
-        println!("{row}");
         rows.push((name.to_string(), *pid, row));
+    }
+    // Latency at c=1, interleaved: one request to each target in turn, so that every target's
+    // tail sees the same moments of this shared machine's noise (measured one target after
+    // another, bare Pingora's own p99 ranged 0.42–2.1 ms between runs of one hour).
+    let ports: Vec<(String, u16)> =
+        rows.iter().filter_map(|r| rig.targets.iter().find(|t| t.0 == r.0).map(|t| (r.0.clone(), t.1))).collect();
+    let latencies = latency_c1_interleaved(&client, &ports, c1_n).await;
+    for ((_, _, row), lat) in rows.iter_mut().zip(&latencies) {
+        row["p50_ms"] = json!(pct(lat, 0.5));
+        row["p99_ms"] = json!(pct(lat, 0.99));
+        println!("{row}");
     }
     let get = |target: &str, field: &str| rows.iter().find(|r| r.0 == target).and_then(|r| r.2[field].as_f64()).unwrap_or(f64::NAN);
 
@@ -547,7 +571,7 @@ async fn run(quick: bool, fds: u64) {
     let added_ttft = |t: &str| get(t, "ttft_p50_ms") - get("direct", "ttft_p50_ms");
     let per_stream = |t: &str| held_rows.iter().find(|r| r.0 == t).map_or(f64::NAN, |r| r.4);
     let mut ratios = serde_json::Map::new();
-    for mode in rows.iter().map(|r| r.0.clone()).filter(|n| n.starts_with("tollgate")) {
+    for mode in rows.iter().map(|r| r.0.clone()).filter(|n| n.starts_with("tollgate") || n.starts_with("fork-")) {
         let m = mode.as_str();
         ratios.insert(
             mode.clone(),
