@@ -436,6 +436,9 @@ impl Gateway {
         let deadline = policy.deadline.map(|d| Instant::now() + d);
         // A retry after `pause` still starts inside the deadline.
         let in_time = |pause: Duration| deadline.is_none_or(|d| Instant::now() + pause < d);
+        // The pause before another attempt, when `attempts` sent so far leave room for one in
+        // number and in time (drawn only then: nothing is computed for a request that succeeds).
+        let retry_pause = |attempts: u32| (attempts < policy.attempts).then(|| backoff(attempts)).filter(|pause| in_time(*pause));
         let (mut tried, mut dead): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         let mut last: Option<Box<Error>> = None;
         let mut next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
@@ -465,8 +468,7 @@ impl Gateway {
                     admission.report(Verdict::Failed);
                     tried.push(index);
                     last = Some(e);
-                    let pause = backoff(plan.attempts);
-                    if plan.attempts < policy.attempts && in_time(pause) {
+                    if let Some(pause) = retry_pause(plan.attempts) {
                         next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
                         if next.is_some() {
                             log::warn!("provider {} failed before answering; retrying", upstream.config.name);
@@ -488,8 +490,8 @@ impl Gateway {
                         _ => Verdict::Answered,
                     };
                     admission.report(verdict);
-                    let pause = backoff(plan.attempts);
-                    if policy.on_status.contains(&status) && plan.attempts < policy.attempts && in_time(pause) {
+                    let pause = if policy.on_status.contains(&status) { retry_pause(plan.attempts) } else { None };
+                    if let Some(pause) = pause {
                         tried.push(index);
                         if let Some(then) = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now()) {
                             log::warn!("provider {} answered {status}; retrying", upstream.config.name);
