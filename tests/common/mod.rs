@@ -13,8 +13,20 @@ pub const CLIENT_KEY: &str = "sk-client-test-0001";
 pub const CHAT_KEY: &str = "sk-client-chat-0001";
 pub const DISABLED_KEY: &str = "sk-client-off-0001";
 
+/// A loopback port nothing listens on, never one this test process handed out before: the
+/// tests of one binary run at once, each starting gateways and mocks on ports it picked, and the
+/// kernel may offer a port again once the picking socket is closed (a TLS test once reached
+/// another test's plain listener that way).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    loop {
+        let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port");
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return port;
+        }
+    }
 }
 
 /// Wait until something accepts connections on `port`, or panic after 20 s.
