@@ -23,6 +23,8 @@ const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrst
 
 pub struct AdminApi {
     pub token: String,
+    /// `Host` names accepted besides localhost and loopback literals (`admin.hosts`).
+    pub hosts: Vec<String>,
     pub store: Store,
     pub keys: Arc<KeyIndex>,
     pub ledger: Arc<Ledger>,
@@ -85,6 +87,44 @@ fn token_matches(presented: &str, expected: &str) -> bool {
     let a = Sha256::digest(presented.as_bytes());
     let b = Sha256::digest(expected.as_bytes());
     a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Whether a request's `Host` names this loopback listener: `localhost`, a loopback address
+/// literal (either with a port), or a name the operator listed. Any other name is a request a
+/// browser was steered to through DNS rebinding, and is refused.
+pub fn host_allowed(host: Option<&str>, extra: &[String]) -> bool {
+    let Some(host) = host.map(str::trim).filter(|h| !h.is_empty()) else { return false };
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((inner, port)) if port.is_empty() || port.strip_prefix(':').is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())) => {
+                inner
+            }
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => name,
+            Some(_) => return false,
+            None => host,
+        }
+    };
+    let name = name.to_ascii_lowercase();
+    name == "localhost" || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) || extra.iter().any(|h| *h == name)
+}
+
+/// A browser's request carries `Origin`: accepted only from the admin listener's own origin
+/// (`http://` and the request's accepted `Host`), so no other page can drive the admin API.
+pub fn origin_allowed(origin: Option<&str>, host: Option<&str>) -> bool {
+    match origin {
+        None => true,
+        Some(origin) => host.is_some_and(|h| origin.eq_ignore_ascii_case(&format!("http://{h}"))),
+    }
+}
+
+/// A random admin token for a process whose configuration sets none.
+pub fn generated_token() -> String {
+    let mut rng = rand::thread_rng();
+    (0..43).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect()
 }
 
 fn new_secret() -> String {
@@ -150,6 +190,19 @@ impl AdminApi {
         let req = session.req_header();
         let method = req.method.as_str().to_string();
         let path = req.uri.path().to_string();
+        let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri.authority().map(|a| a.as_str()));
+        if !host_allowed(host, &self.hosts) {
+            self.metrics.counter("tollgate_admin_refused_total", &[("reason", "host")]).add(1);
+            return Err(ApiError::new(
+                ErrorKind::Forbidden,
+                "The admin API answers only requests to localhost or a loopback address (or a name in admin.hosts).",
+            ));
+        }
+        let origin = req.headers.get(http::header::ORIGIN).map(|v| v.to_str().unwrap_or("invalid"));
+        if !origin_allowed(origin, host) {
+            self.metrics.counter("tollgate_admin_refused_total", &[("reason", "origin")]).add(1);
+            return Err(ApiError::new(ErrorKind::Forbidden, "The admin API does not answer requests made by other web pages."));
+        }
         if method == "GET" && path == "/healthz" {
             return Ok(LocalResponse::json(200, &json!({"status": "ok"})));
         }
@@ -300,11 +353,35 @@ impl ProxyHttp for AdminApi {
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         Err(Error::explain(ErrorType::InternalError, "the admin API has no upstream"))
     }
+
+    /// The next request on this connection gets fresh header bounds (see `listener`).
+    async fn logging(&self, session: &mut Session, _e: Option<&pingora_error::Error>, _ctx: &mut ()) {
+        crate::listener::request_done(session.as_downstream());
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_loopback_hosts_and_the_listeners_own_origin_are_answered() {
+        let none: &[String] = &[];
+        for ok in ["localhost", "LOCALHOST:8081", "127.0.0.1", "127.0.0.1:8081", "127.9.0.1:1", "[::1]", "[::1]:8081"] {
+            assert!(host_allowed(Some(ok), none), "{ok}");
+        }
+        for bad in
+            ["rebind.evil.example", "rebind.evil.example:8081", "10.0.0.1:8081", "[::2]:1", "localhost:x", "", "[::1", "localhost.evil"]
+        {
+            assert!(!host_allowed(Some(bad), none), "{bad}");
+        }
+        assert!(!host_allowed(None, none));
+        assert!(host_allowed(Some("admin.internal:8081"), &["admin.internal".to_string()]));
+        assert!(origin_allowed(None, Some("127.0.0.1:8081")));
+        assert!(origin_allowed(Some("http://127.0.0.1:8081"), Some("127.0.0.1:8081")));
+        assert!(!origin_allowed(Some("http://rebind.evil.example"), Some("127.0.0.1:8081")));
+        assert!(!origin_allowed(Some("null"), Some("127.0.0.1:8081")));
+    }
 
     #[test]
     fn token_comparison_and_secrets() {

@@ -24,6 +24,8 @@ pub struct ConfigError(pub String);
 /// Every API model the video service knows (§4.2), in the spec's order.
 pub const VIDEO_MODELS: [&str; 7] = ["genq3-pro", "genq3-turbo", "genq3-pro-fast", "genq2-pro", "genq2-turbo", "genq2-pro-fast", "genq2"];
 
+/// Default `billing.drain_secs`.
+pub const DEFAULT_DRAIN_SECS: u64 = 30;
 /// Default `billing.commit_interval_ms`.
 pub const DEFAULT_COMMIT_INTERVAL_MS: u64 = 10;
 /// Largest `billing.commit_interval_ms` accepted.
@@ -77,6 +79,8 @@ impl From<Protocol> for Platform {
     }
 }
 
+/// A configured client key shorter than this gets a warning at start.
+pub const MIN_STRONG_KEY_LEN: usize = 32;
 /// Shortest admin token accepted.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 /// The largest output allowance (tokens, all choices together) a request may ask for when its
@@ -121,8 +125,29 @@ struct RawConfig {
     /// Extra client headers relayed upstream, beyond each protocol's allowlist.
     #[serde(default)]
     forward_headers: Vec<String>,
+    /// Extra upstream response headers relayed to clients, beyond each protocol's allowlist.
+    #[serde(default)]
+    forward_response_headers: Vec<String>,
     #[serde(default)]
     retry: Option<RawRetry>,
+    /// Client connections and request headers (see `listener`).
+    #[serde(default)]
+    limits: Option<RawLimits>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    #[serde(default)]
+    header_timeout_secs: Option<u64>,
+    #[serde(default)]
+    max_header_bytes: Option<usize>,
+    #[serde(default)]
+    max_connections: Option<usize>,
+    #[serde(default)]
+    max_connections_per_ip: Option<usize>,
+    #[serde(default)]
+    keepalive_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -181,6 +206,13 @@ struct RawBilling {
     commit_interval_ms: Option<u64>,
     #[serde(default)]
     sync_commit: Option<bool>,
+    /// How long a response whose client left is still read for its usage.
+    #[serde(default)]
+    drain_secs: Option<u64>,
+    #[serde(default)]
+    image_input_tokens: Option<u64>,
+    #[serde(default)]
+    file_input_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -243,6 +275,9 @@ struct RawAdmin {
     token: Option<String>,
     #[serde(default)]
     token_env: Option<String>,
+    /// Host names (besides localhost and loopback literals) the admin API answers to.
+    #[serde(default)]
+    hosts: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -355,6 +390,8 @@ pub struct Config {
     pub prices: BTreeMap<String, Price>,
     /// Extra client headers relayed upstream (lower case; a trailing `*` is a prefix).
     pub forward_headers: Vec<String>,
+    /// Extra upstream response headers relayed to clients (lower case; a trailing `*` is a prefix).
+    pub forward_response_headers: Vec<String>,
     pub keys: Vec<KeyConfig>,
     /// Output tokens held for a request that names no maximum.
     pub default_max_output_tokens: u64,
@@ -366,6 +403,12 @@ pub struct Config {
     pub storage: Option<S3Config>,
     /// Retries before the first byte (`retry:`).
     pub retry: RetryPolicy,
+    /// Client connections and request headers (`limits:`).
+    pub connections: crate::listener::ConnLimits,
+    /// How long a response whose client left is still read for its usage (`billing.drain_secs`).
+    pub drain: std::time::Duration,
+    /// Input tokens held per referenced image and file.
+    pub media_allowance: crate::relay::MediaAllowance,
 }
 
 /// `retry: {attempts, on_status, deadline_secs}`: how many times a request may be sent upstream
@@ -416,7 +459,21 @@ pub struct TlsConfig {
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
-    pub token: String,
+    /// None: neither set nor in its environment variable; a random one is generated at start.
+    pub token: Option<String>,
+    /// Extra `Host` names accepted (lower case, without port).
+    pub hosts: Vec<String>,
+}
+
+/// Admin tokens that documentation and sample files show: refused, since anyone who read the
+/// same page knows them.
+const PLACEHOLDER_TOKEN_MARKS: [&str; 8] =
+    ["change-me", "changeme", "change_me", "replace-me", "replace_me", "placeholder", "example", "your-admin-token"];
+
+/// Whether `token` is a documentation placeholder rather than a secret.
+pub fn is_placeholder_token(token: &str) -> bool {
+    let lower = token.to_ascii_lowercase();
+    PLACEHOLDER_TOKEN_MARKS.iter().any(|m| lower.contains(m))
 }
 
 /// An upstream base address split into its parts.
@@ -597,14 +654,32 @@ impl Config {
                         "admin.listen: {listen} is not a loopback address; the admin API listens on 127.0.0.1 or ::1 only"
                     ));
                 }
-                let token = secret("admin.token", a.token, a.token_env, env)?
-                    .ok_or_else(|| ConfigError("admin.token: required (or admin.token_env)".into()))?;
-                if token.chars().count() < MIN_ADMIN_TOKEN_LEN {
-                    return err(format!(
-                        "admin.token: at least {MIN_ADMIN_TOKEN_LEN} characters (an empty or short token would leave the admin API open to guessing)"
-                    ));
+                let token = match (a.token, a.token_env) {
+                    (Some(_), Some(_)) => return err("admin.token: give either token or token_env, not both"),
+                    (Some(t), None) => Some(t),
+                    // Unset: a token is generated at start (and printed once to the log).
+                    (None, Some(name)) => env(&name).filter(|v| !v.is_empty()),
+                    (None, None) => None,
+                };
+                if let Some(token) = &token {
+                    if token.chars().count() < MIN_ADMIN_TOKEN_LEN {
+                        return err(format!(
+                            "admin.token: at least {MIN_ADMIN_TOKEN_LEN} characters (an empty or short token would leave the admin API open to guessing)"
+                        ));
+                    }
+                    if is_placeholder_token(token) {
+                        return err("admin.token: this is a placeholder from the documentation, not a secret; set a long random token (admin.token_env), or set none to have one generated at each start");
+                    }
                 }
-                Some(AdminConfig { listen, token })
+                let mut hosts = Vec::with_capacity(a.hosts.len());
+                for (i, h) in a.hosts.iter().enumerate() {
+                    let name = h.trim().to_ascii_lowercase();
+                    if name.is_empty() || name.contains(|c: char| c == '/' || c == ':' || c.is_whitespace()) {
+                        return err(format!("admin.hosts[{i}]: '{h}' is not a host name (no scheme, port or path)"));
+                    }
+                    hosts.push(name);
+                }
+                Some(AdminConfig { listen, token, hosts })
             }
             None => None,
         };
@@ -750,6 +825,9 @@ impl Config {
             usage_retention_days: None,
             commit_interval_ms: None,
             sync_commit: None,
+            drain_secs: None,
+            image_input_tokens: None,
+            file_input_tokens: None,
         });
         let default_max_output_tokens = billing.default_max_output_tokens.unwrap_or(4096);
         if default_max_output_tokens == 0 || default_max_output_tokens > MAX_OUTPUT_ALLOWANCE {
@@ -766,6 +844,18 @@ impl Config {
                 return err(format!("forward_headers[{i}]: '{h}' carries credentials or is set by tollgate; it is never forwarded"));
             }
             forward_headers.push(name);
+        }
+        let mut forward_response_headers = Vec::with_capacity(raw.forward_response_headers.len());
+        for (i, h) in raw.forward_response_headers.iter().enumerate() {
+            let name = h.trim().to_ascii_lowercase();
+            let bare = name.strip_suffix('*').unwrap_or(&name);
+            if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
+                return err(format!("forward_response_headers[{i}]: '{h}' is not a header name (a trailing * makes it a prefix)"));
+            }
+            if "set-cookie".starts_with(bare) || ["connection", "keep-alive", "proxy-connection", "upgrade"].contains(&bare) {
+                return err(format!("forward_response_headers[{i}]: '{h}' would relay cookies or connection headers; it is never relayed"));
+            }
+            forward_response_headers.push(name);
         }
         let usage_retention_days = billing.usage_retention_days.unwrap_or(30);
         if usage_retention_days == 0 {
@@ -801,12 +891,34 @@ impl Config {
             }
         }
 
+        let connections = conn_limits(raw.limits)?;
+        let drain_secs = billing.drain_secs.unwrap_or(DEFAULT_DRAIN_SECS);
+        if drain_secs > 600 {
+            return err("billing.drain_secs: 0 to 600 (0: stop reading when the client leaves, and bill from the estimate)");
+        }
+        let mut media_allowance = crate::relay::MediaAllowance::default();
+        for (name, given, slot) in [
+            ("image_input_tokens", billing.image_input_tokens, &mut media_allowance.image_tokens),
+            ("file_input_tokens", billing.file_input_tokens, &mut media_allowance.file_tokens),
+        ] {
+            if let Some(n) = given {
+                if n > MAX_OUTPUT_ALLOWANCE {
+                    return err(format!("billing.{name}: 0 to {MAX_OUTPUT_ALLOWANCE}"));
+                }
+                *slot = n;
+            }
+        }
+
         Ok(Config {
+            drain: std::time::Duration::from_secs(drain_secs),
+            media_allowance,
+            connections,
             retry,
             pingora: raw.pingora,
             default_max_output_tokens,
             commit,
             forward_headers,
+            forward_response_headers,
             usage_retention_days,
             listen,
             tls,
@@ -826,6 +938,40 @@ impl Config {
             },
         })
     }
+}
+
+/// Largest `limits.max_header_bytes` (Pingora's own limit).
+pub const MAX_HEADER_BYTES_LIMIT: usize = 1_048_575;
+
+fn conn_limits(raw: Option<RawLimits>) -> Result<crate::listener::ConnLimits, ConfigError> {
+    use crate::listener::{ConnLimits, MAX_KEEPALIVE_TIMEOUT_SECS};
+    let mut limits = ConnLimits::default();
+    let Some(raw) = raw else { return Ok(limits) };
+    if let Some(secs) = raw.header_timeout_secs {
+        if !(1..=60).contains(&secs) {
+            return err("limits.header_timeout_secs: 1 to 60 (the time a whole request header may take, from its first byte)");
+        }
+        limits.header_timeout = std::time::Duration::from_secs(secs);
+    }
+    if let Some(bytes) = raw.max_header_bytes {
+        if !(1024..=MAX_HEADER_BYTES_LIMIT).contains(&bytes) {
+            return err(format!("limits.max_header_bytes: 1024 to {MAX_HEADER_BYTES_LIMIT}"));
+        }
+        limits.max_header_bytes = bytes;
+    }
+    if let Some(secs) = raw.keepalive_timeout_secs {
+        if !(1..=MAX_KEEPALIVE_TIMEOUT_SECS).contains(&secs) {
+            return err(format!("limits.keepalive_timeout_secs: 1 to {MAX_KEEPALIVE_TIMEOUT_SECS}"));
+        }
+        limits.keepalive_timeout = std::time::Duration::from_secs(secs);
+    }
+    if let Some(n) = raw.max_connections {
+        limits.max_connections = n;
+    }
+    if let Some(n) = raw.max_connections_per_ip {
+        limits.max_connections_per_ip = n;
+    }
+    Ok(limits)
 }
 
 /// The PEM text of a CA bundle, checked to hold certificates; errors name `key_path`.
@@ -1144,7 +1290,26 @@ keys:
             assert!(e.0.contains("admin.token: at least 16 characters"), "{token}: {e}");
         }
         let text = format!("{MINIMAL}admin: {{ listen: 127.0.0.1:9, token: sixteen-chars-xx }}\n");
-        assert_eq!(Config::parse(&text, &no_env).expect("valid").admin.expect("admin").token, "sixteen-chars-xx");
+        assert_eq!(Config::parse(&text, &no_env).expect("valid").admin.expect("admin").token.as_deref(), Some("sixteen-chars-xx"));
+    }
+
+    #[test]
+    fn placeholder_admin_tokens_are_refused_and_an_unset_one_is_generated_later() {
+        for token in ["change-me-to-a-long-random-secret", "CHANGEME-please-0000", "replace-me-with-a-secret", "example-admin-token-1234"] {
+            let text = format!("{MINIMAL}admin: {{ listen: 127.0.0.1:9, token: {token} }}\n");
+            let e = Config::parse(&text, &no_env).unwrap_err();
+            assert!(e.0.contains("admin.token: this is a placeholder"), "{token}: {e}");
+        }
+        let text = format!("{MINIMAL}admin: {{ listen: 127.0.0.1:9, token_env: TOLLGATE_ADMIN_TOKEN }}\n");
+        assert_eq!(Config::parse(&text, &no_env).expect("valid").admin.expect("admin").token, None);
+        let placeholder = |_: &str| Some("change-me-to-a-long-random-secret".to_string());
+        assert!(Config::parse(&text, &placeholder).is_err(), "a placeholder from the environment too");
+        let set = |_: &str| Some("k3Jd9sLq0PzX7vBn2MwE".to_string());
+        assert_eq!(Config::parse(&text, &set).expect("valid").admin.expect("admin").token.as_deref(), Some("k3Jd9sLq0PzX7vBn2MwE"));
+        let hosts = format!("{MINIMAL}admin: {{ listen: 127.0.0.1:9, hosts: [Admin.Internal] }}\n");
+        assert_eq!(Config::parse(&hosts, &no_env).expect("valid").admin.expect("admin").hosts, ["admin.internal"]);
+        let bad = format!("{MINIMAL}admin: {{ listen: 127.0.0.1:9, hosts: [\"http://x\"] }}\n");
+        assert!(Config::parse(&bad, &no_env).unwrap_err().0.contains("admin.hosts[0]"));
     }
 
     #[test]

@@ -63,6 +63,8 @@ pub struct Gateway {
     pub connector: Connector,
     /// `/v1/usage` summaries run one at a time (see `usage`).
     pub usage_queries: tokio::sync::Semaphore,
+    /// How long a response whose client left is still read for its usage (`billing.drain_secs`).
+    pub drain: Duration,
     /// Set once an upgrade began (the listeners go to the new process): every answer from then
     /// on closes its connection (`Connection: close`), so keep-alive clients move to the new
     /// process after their next request instead of holding a connection that Pingora drops,
@@ -81,6 +83,8 @@ pub struct RelayPlan {
     pub body: Bytes,
     /// Length of the body the client sent (before any rewrite).
     pub client_body_len: usize,
+    /// The input tokens held, billed when the upstream reports none.
+    pub input_estimate: u64,
     /// The client's `anthropic-version` / `compat-version`.
     pub client_version: Option<String>,
     pub key: Arc<KeyRecord>,
@@ -255,6 +259,8 @@ impl Gateway {
                     let owner = owner.ok_or_else(|| crate::responses::previous_not_found(previous))?;
                     // The conversation is stored with that provider: it serves the turn.
                     relay::prefer_provider(catalog, &mut draft.candidates, &owner.provider);
+                    // And it is counted again as this turn's input.
+                    draft.continues(&routing, &route, owner.context_tokens)?;
                 }
                 draft
             }
@@ -276,6 +282,7 @@ impl Gateway {
             candidates: draft.candidates,
             body: draft.body,
             client_body_len: draft.client_body_len,
+            input_estimate: draft.input.tokens(),
             client_version: version,
             key,
             // An unbilled route (token counting) still needs a key in credit, but holds
@@ -359,7 +366,7 @@ impl Gateway {
             Some((scan, id)) => (Some(scan), id.filter(|_| plan.route == Route::Responses && (200..300).contains(&status))),
             None => (None, None),
         };
-        let (usage, estimated) = billing::billed_usage(scan, status, plan.client_body_len, plan.route.embeds());
+        let (usage, estimated) = billing::billed_usage(scan, status, plan.input_estimate, plan.route.embeds());
         let cost = plan.routing.prices.cost(&plan.model, usage);
         plan.billed = Some((usage, cost, estimated));
         let input_total = usage.input.saturating_add(usage.cached).saturating_add(usage.cache_write);
@@ -567,14 +574,47 @@ impl Gateway {
             provider: plan.routing.catalog.upstreams[index].config.name.clone(),
             model: plan.model.clone(),
             time_ms: now_ms(),
+            // Known once the response is settled (then booked with the record).
+            context_tokens: 0,
         };
         plan.streaming_owner = Some(self.owners.started(id, owner));
         true
     }
 
-    /// End a relay whose response had started (upstream cut, client gone): give up the
-    /// upstream connection and bill what the client received.
+    /// End a relay whose upstream cut its response: give up the connection and bill what came.
     async fn abandon(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
+        http.shutdown().await;
+        self.settle(plan, Some(scanner), status).await;
+    }
+
+    /// The client left while its answer streamed. The upstream generates (and charges) the
+    /// whole answer anyway, and reports its usage only at the end: keep reading it, unsent, for
+    /// at most `billing.drain_secs` and [`DRAIN_MAX_BYTES`], and settle on what it reports.
+    /// Only when it reports nothing in time is the bill estimated (every byte received, and
+    /// the input the hold was made from).
+    async fn drain(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
+        let deadline = Instant::now() + self.drain;
+        let mut read = 0usize;
+        let complete = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || read > DRAIN_MAX_BYTES {
+                break false;
+            }
+            match tokio::time::timeout(left, http.read_response_body()).await {
+                Ok(Ok(Some(chunk))) => {
+                    read += chunk.len();
+                    scanner.feed(&chunk);
+                    if http.response_done() {
+                        break true;
+                    }
+                }
+                Ok(Ok(None)) => break true,
+                Ok(Err(_)) | Err(_) => break false,
+            }
+        };
+        let outcome = if complete { "complete" } else { "cut" };
+        self.metrics.counter("tollgate_drained_responses_total", &[("outcome", outcome)]).add(1);
+        log::info!("client left during the answer of a {} request; the rest was read for its usage ({outcome}, {read} bytes)", plan.model);
         http.shutdown().await;
         self.settle(plan, Some(scanner), status).await;
     }
@@ -610,12 +650,12 @@ impl Gateway {
         let sse = header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let _open_stream = sse.then(|| crate::metrics::Live::new(&self.metrics, crate::metrics::Gauge::OpenStreams));
         let withhold = plan.withhold_usage && status == 200;
-        prepare_response_header(&mut header, withhold)?;
+        prepare_response_header(&mut header, withhold, shape, &plan.routing.forward_response_headers)?;
         let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);
 
         ctx.response_started = true;
         if let Err(e) = session.write_response_header(header, false).await {
-            self.abandon(&mut http, plan, &mut scanner, status).await;
+            self.drain(&mut http, plan, &mut scanner, status).await;
             return Err(e.into_down());
         }
         let mut first_byte = true;
@@ -672,14 +712,17 @@ impl Gateway {
             }
             if let Some(data) = out.filter(|d| !d.is_empty()) {
                 if let Err(e) = session.write_response_body(Some(data), false).await {
-                    // The client left: bill what it was sent.
-                    self.abandon(&mut http, plan, &mut scanner, status).await;
+                    // The client left: the upstream's answer is still billed as it reports it.
+                    self.drain(&mut http, plan, &mut scanner, status).await;
                     return Err(e.into_down());
                 }
             }
         }
     }
 }
+
+/// The most response bytes read, unsent, after the client left (see `Gateway::drain`).
+const DRAIN_MAX_BYTES: usize = 64 << 20;
 
 /// How many pooled connections found closed by their peer are replaced before giving up.
 const MAX_STALE_CONNECTIONS: usize = 2;
@@ -737,19 +780,14 @@ async fn send_request(http: &mut HttpSession, req: RequestHeader, body: &Bytes) 
     }
 }
 
-/// Connection-level headers of the upstream's answer are not the client's; Pingora sets its
-/// own `Connection` (HTTP/1) or none (HTTP/2).
-const HOP_BY_HOP: [http::header::HeaderName; 4] = [
-    http::header::CONNECTION,
-    http::header::HeaderName::from_static("keep-alive"),
-    http::header::HeaderName::from_static("proxy-connection"),
-    http::header::UPGRADE,
-];
-
-/// The upstream's response header as the client gets it: hop-by-hop headers dropped, and a
-/// body whose length changes (usage withheld) or was never given is sent chunked.
-fn prepare_response_header(header: &mut ResponseHeader, length_changes: bool) -> Result<()> {
-    for name in &HOP_BY_HOP {
+/// The upstream's response header as the client gets it: only allowlisted headers (see
+/// [`relay::response_header_allowed`]: no connection-level header, no account identifier, rate
+/// limit or cookie of the operator's), and a body whose length changes (usage withheld) or was
+/// never given is sent chunked.
+fn prepare_response_header(header: &mut ResponseHeader, length_changes: bool, protocol: Protocol, forward: &[String]) -> Result<()> {
+    let dropped: Vec<http::header::HeaderName> =
+        header.headers.keys().filter(|name| !relay::response_header_allowed(name.as_str(), protocol, forward)).cloned().collect();
+    for name in &dropped {
         header.remove_header(name);
     }
     if length_changes {
@@ -843,6 +881,7 @@ impl ProxyHttp for Gateway {
         let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
         self.metrics.request(ctx.route, model, status);
         access_log(session, ctx, status);
+        crate::listener::request_done(session.as_downstream());
     }
 
     /// A relay that failed after its response header went out was logged where it failed:

@@ -171,6 +171,10 @@ pub struct ResponseOwner {
     pub provider: String,
     pub model: String,
     pub time_ms: u64,
+    /// The conversation's size as of this response: its input (cache reads and writes
+    /// included) and output tokens. A turn that continues it is held for them as input.
+    #[serde(default)]
+    pub context_tokens: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -506,6 +510,11 @@ impl Ledger {
                     provider: provider.clone(),
                     model: record.model.clone(),
                     time_ms: record.time_ms,
+                    context_tokens: record
+                        .input_tokens
+                        .saturating_add(record.cached_tokens)
+                        .saturating_add(record.cache_write_tokens)
+                        .saturating_add(record.output_tokens),
                 };
                 let owner = serde_json::to_vec(&owner).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 // Queued before the record: its waiter covers both.
@@ -890,7 +899,10 @@ pub(crate) mod tests {
         }
         // Queued, not yet committed: the lookup commits first.
         let owner = ledger.response_owner("resp_new").await.expect("read").expect("owner");
-        assert_eq!(owner, ResponseOwner { key_id: "k".into(), provider: "p1".into(), model: "m".into(), time_ms: 5_000 });
+        assert_eq!(owner.key_id, "k");
+        assert_eq!((owner.provider.as_str(), owner.model.as_str(), owner.time_ms), ("p1", "m", 5_000));
+        let r = record("k", "m", 1, 5_000);
+        assert_eq!(owner.context_tokens, r.input_tokens + r.cached_tokens + r.cache_write_tokens + r.output_tokens);
         assert_eq!(ledger.response_owner("resp_unknown").await.expect("read"), None);
         ledger.forget_response("resp_gone").expect("forget");
         assert_eq!(ledger.response_owner("resp_gone").await.expect("read"), None);

@@ -2,7 +2,7 @@
 //!
 //! Module map (one concern each): [`config`] file → typed config; [`route`] method+path →
 //! route; [`auth`] keys; [`protocol`] wire shapes per protocol; [`relay`] providers, upstream
-//! rewrite, DNS; [`store`] sled; [`ledger`] balances and usage records; [`meter`] usage extraction; [`limits`] rate limits; [`response`] local responses; [`gateway`] the Pingora hooks;
+//! rewrite, DNS; [`store`] sled; [`ledger`] balances and usage records; [`meter`] usage extraction; [`limits`] rate limits; [`listener`] connection caps and the request-header phase; [`response`] local responses; [`gateway`] the Pingora hooks;
 //! [`server`] wiring; [`video`] asynchronous video tasks; [`mock`] the mock upstream used by tests and benches.
 
 pub mod admin;
@@ -16,6 +16,7 @@ pub mod handover;
 pub mod health;
 pub mod ledger;
 pub mod limits;
+pub mod listener;
 pub mod logging;
 pub mod meter;
 pub mod metrics;

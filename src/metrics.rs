@@ -113,6 +113,8 @@ pub struct Metrics {
     pub in_flight: AtomicI64,
     /// Event streams open to clients.
     pub open_streams: AtomicI64,
+    /// Client connections open on the public listeners.
+    pub connections: AtomicI64,
 }
 
 fn escape(v: &str) -> String {
@@ -126,6 +128,8 @@ pub enum Gauge {
     InFlight,
     /// `tollgate_open_streams`
     OpenStreams,
+    /// `tollgate_client_connections`
+    Connections,
 }
 
 /// Counts one in a live gauge for as long as it lives.
@@ -152,6 +156,7 @@ impl Metrics {
         match gauge {
             Gauge::InFlight => &self.in_flight,
             Gauge::OpenStreams => &self.open_streams,
+            Gauge::Connections => &self.connections,
         }
     }
 
@@ -235,6 +240,7 @@ impl Metrics {
         let live = [
             ("tollgate_in_flight_requests", self.in_flight.load(Relaxed) as f64),
             ("tollgate_open_streams", self.open_streams.load(Relaxed) as f64),
+            ("tollgate_client_connections", self.connections.load(Relaxed) as f64),
         ];
         for (name, value) in live.iter().chain(extra.iter()) {
             let _ = writeln!(out, "# TYPE {name} gauge\n{name} {value}");

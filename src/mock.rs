@@ -409,10 +409,35 @@ fn error_body(kind: Kind, status: u16, message: &str) -> Value {
     }
 }
 
+/// Headers the real services send on every answer that belong to the operator's account (its
+/// organisation, project, account-wide rate limits, cookies) or to the service's insides, next
+/// to the ones SDKs read (request ids, processing time, `x-should-retry`).
+const SERVICE_HEADERS: [(&str, &str); 11] = [
+    ("x-request-id", "req_mock_0001"),
+    ("request-id", "req_mock_0001"),
+    ("openai-processing-ms", "12"),
+    ("x-should-retry", "false"),
+    ("openai-organization", "org-mock-operator"),
+    ("openai-project", "proj_mock_operator"),
+    ("x-ratelimit-remaining-requests", "4999"),
+    ("anthropic-ratelimit-tokens-remaining", "399000"),
+    ("anthropic-organization-id", "mock-operator-org"),
+    ("set-cookie", "__cf_bm=mock-operator-cookie; path=/; HttpOnly"),
+    ("x-envoy-upstream-service-time", "11"),
+];
+
+fn service_headers(h: &mut ResponseHeader) -> Result<()> {
+    for (k, v) in SERVICE_HEADERS {
+        h.append_header(k, v)?;
+    }
+    Ok(())
+}
+
 async fn send(session: &mut Session, status: u16, ctype: &str, body: Bytes, extra: &[(&str, &str)]) -> Result<()> {
-    let mut h = ResponseHeader::build(status, Some(4))?;
+    let mut h = ResponseHeader::build(status, Some(4 + SERVICE_HEADERS.len()))?;
     h.insert_header("content-type", ctype)?;
     h.insert_header("content-length", body.len().to_string())?;
+    service_headers(&mut h)?;
     for (k, v) in extra {
         h.insert_header(k.to_string(), *v)?;
     }
@@ -699,6 +724,7 @@ impl MockUpstream {
         h.insert_header("cache-control", "no-cache")?;
         // Framed as the services frame a stream: chunked, so a cut (no last chunk) shows as one.
         h.insert_header("transfer-encoding", "chunked")?;
+        service_headers(&mut h)?;
         session.write_response_header(Box::new(h), false).await?;
         let count = events.len();
         for (i, event) in events.into_iter().enumerate() {

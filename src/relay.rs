@@ -223,6 +223,39 @@ pub fn header_allowed(name: &str, protocol: Protocol, forward: &[String]) -> boo
         })
 }
 
+/// Upstream response headers every client gets: framing and content (Pingora re-frames the
+/// body, see `gateway::prepare_response_header`), caching, and when to retry. Everything else
+/// an upstream sends is dropped unless allowlisted for its protocol or by the operator
+/// (`forward_response_headers`): the operator's account identifiers (`openai-organization`,
+/// `openai-project`, `anthropic-organization-id`), account-wide rate limits
+/// (`x-ratelimit-*`, `anthropic-ratelimit-*`), cookies and the service's internal headers.
+const COMMON_RESPONSE_HEADERS: [&str; 10] = [
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "content-encoding",
+    "content-disposition",
+    "cache-control",
+    "date",
+    "retry-after",
+    // The official SDKs' retry hints.
+    "retry-after-ms",
+    "x-should-retry",
+];
+
+/// Whether an upstream response header (lower-case name) may reach a client of `protocol`.
+pub fn response_header_allowed(name: &str, protocol: Protocol, forward: &[String]) -> bool {
+    if name == "set-cookie" {
+        return false;
+    }
+    COMMON_RESPONSE_HEADERS.contains(&name)
+        || protocol.response_headers().contains(&name)
+        || forward.iter().any(|f| match f.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => f == name,
+        })
+}
+
 /// Query parameters a route relays: `alt` (stream framing) for generate-content, `beta`
 /// (the beta messages API the `anthropic` SDK and Claude Code call) for messages; nothing
 /// elsewhere, so no client can shape the answer (`fields`, `$fields`, `prettyPrint`…).
@@ -266,8 +299,26 @@ pub struct Routing {
     pub default_max_output_tokens: u64,
     /// Extra client headers relayed upstream (`forward_headers`).
     pub forward_headers: Vec<String>,
+    /// Extra upstream response headers relayed to clients (`forward_response_headers`).
+    pub forward_response_headers: Vec<String>,
     /// Retries before the first byte.
     pub retry: crate::config::RetryPolicy,
+    /// Input tokens held per referenced image and per file (`billing.image_input_tokens`,
+    /// `billing.file_input_tokens`).
+    pub media_allowance: MediaAllowance,
+}
+
+/// Input tokens held for content a request references rather than carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaAllowance {
+    pub image_tokens: u64,
+    pub file_tokens: u64,
+}
+
+impl Default for MediaAllowance {
+    fn default() -> Self {
+        MediaAllowance { image_tokens: crate::billing::DEFAULT_IMAGE_INPUT_TOKENS, file_tokens: crate::billing::DEFAULT_FILE_INPUT_TOKENS }
+    }
 }
 
 /// The output tokens a request may produce, all choices together: the per-choice maximum it
@@ -301,6 +352,10 @@ pub struct Draft {
     pub candidates: Vec<usize>,
     /// The most the request can cost, in nano-USD: held before anything is sent.
     pub hold_nanos: i64,
+    /// The input it may be billed (see [`crate::billing::InputEstimate`]).
+    pub input: crate::billing::InputEstimate,
+    /// The output tokens held, all choices together.
+    pub output_allowance: u64,
     /// The body to send (the client's, or with usage asked for).
     pub body: bytes::Bytes,
     pub client_body_len: usize,
@@ -418,6 +473,8 @@ pub fn stored_draft(routing: &Routing, owner: &crate::ledger::ResponseOwner, cli
         model: owner.model.clone(),
         candidates: vec![index],
         hold_nanos: 0,
+        input: crate::billing::InputEstimate::default(),
+        output_allowance: 0,
         client_body_len: client_body.len(),
         body: client_body,
         withhold_usage: false,
@@ -469,14 +526,18 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         _ if !route.billed() => 0,
         _ => output_allowance(&fields, protocol, routing, &model)?,
     };
-    let hold_nanos = if !route.billed() {
-        0
-    } else {
-        routing.prices.hold_cost(&model, crate::billing::hold_input_tokens(client_body.len()), output_allowance).ok_or_else(|| {
-            log::error!("model {model} is served without a price; refused");
-            ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
-        })?
+    let input = crate::billing::InputEstimate {
+        body_tokens: crate::billing::hold_input_tokens(client_body.len()),
+        media_tokens: if route.billed() {
+            let media = crate::protocol::MediaCount::of(&fields);
+            let allowance = routing.media_allowance;
+            media.images.saturating_mul(allowance.image_tokens).saturating_add(media.files.saturating_mul(allowance.file_tokens))
+        } else {
+            0
+        },
+        referenced_tokens: 0,
     };
+    let hold_nanos = if !route.billed() { 0 } else { hold_cost(routing, &model, input, output_allowance)? };
     if candidates.len() > 1 {
         // Embeddings are not conversations: they only spread by weight.
         let conversation = if route.embeds() { None } else { crate::protocol::conversation_key(&fields) };
@@ -490,7 +551,38 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
     let body = if withhold_usage { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
     drop(fields);
-    Ok(Draft { model, candidates, hold_nanos, body, client_body_len: client_body.len(), withhold_usage, previous_response_id })
+    Ok(Draft {
+        model,
+        candidates,
+        hold_nanos,
+        input,
+        output_allowance,
+        body,
+        client_body_len: client_body.len(),
+        withhold_usage,
+        previous_response_id,
+    })
+}
+
+/// The hold for `input` and `output` tokens of `model`; a model without a price is refused.
+fn hold_cost(routing: &Routing, model: &str, input: crate::billing::InputEstimate, output: u64) -> Result<i64, ApiError> {
+    routing.prices.hold_cost(model, input.tokens(), output).ok_or_else(|| {
+        log::error!("model {model} is served without a price; refused");
+        ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
+    })
+}
+
+impl Draft {
+    /// The turn continues a stored conversation of `context_tokens` (its recorded input and
+    /// output): the upstream counts them again as input, so they are held (and estimated) too.
+    pub fn continues(&mut self, routing: &Routing, route: &Route, context_tokens: u64) -> Result<(), ApiError> {
+        if !route.billed() {
+            return Ok(());
+        }
+        self.input.referenced_tokens = context_tokens;
+        self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?;
+        Ok(())
+    }
 }
 
 /// The request header sent to `upstream`, built from the client's: only allowlisted client
@@ -573,7 +665,9 @@ prices:
             prices: Arc::new(crate::ledger::PriceBook::new(&config.prices)),
             default_max_output_tokens: 100,
             forward_headers: Vec::new(),
+            forward_response_headers: Vec::new(),
             retry: crate::config::RetryPolicy::default(),
+            media_allowance: MediaAllowance::default(),
         }
     }
 
@@ -761,6 +855,16 @@ prices:
         assert_eq!(Protocol::Anthropic.max_output(&f), Some(7));
         let f = body_fields(br#"{"model":"m","max_output_tokens":5}"#).expect("parse");
         assert_eq!(Protocol::Openai.max_output(&f), Some(5), "responses");
+        // The proto field names the service also accepts are held alike.
+        let f = body_fields(br#"{"generation_config":{"max_output_tokens":13,"candidate_count":4}}"#).expect("parse");
+        assert_eq!(Protocol::Gemini.max_output(&f), Some(13));
+        assert_eq!(Protocol::Gemini.choices(&f).ok(), Some(4));
+        let f = body_fields(br#"{"generationConfig":{"max_output_tokens":13,"candidateCount":2}}"#).expect("parse");
+        assert_eq!((Protocol::Gemini.max_output(&f), Protocol::Gemini.choices(&f).ok()), (Some(13), Some(2)));
+        let both = br#"{"generationConfig":{"maxOutputTokens":1},"generation_config":{"max_output_tokens":100000}}"#;
+        assert_eq!(body_fields(both).unwrap_err().status(), 400, "two spellings of one field: refused, not guessed");
+        let both = br#"{"generationConfig":{"maxOutputTokens":1,"max_output_tokens":100000}}"#;
+        assert_eq!(body_fields(both).unwrap_err().status(), 400);
         let f = body_fields(br#"{"generationConfig":{"maxOutputTokens":11,"temperature":1}}"#).expect("parse");
         assert_eq!(Protocol::Gemini.max_output(&f), Some(11));
         assert_eq!(Protocol::Openai.max_output(&f), None);
@@ -810,6 +914,24 @@ prices:
             body_fields(br#"{"model":"m","stream_options":null,"stream_options":{"include_usage":true}}"#).unwrap_err().status(),
             400
         );
+    }
+
+    #[test]
+    fn only_allowlisted_response_headers_reach_a_client() {
+        let none: &[String] = &[];
+        for name in ["content-type", "retry-after", "x-should-retry", "x-request-id", "openai-processing-ms"] {
+            assert!(response_header_allowed(name, Protocol::Openai, none), "{name}");
+        }
+        assert!(response_header_allowed("request-id", Protocol::Anthropic, none));
+        for name in ["openai-organization", "openai-project", "x-ratelimit-remaining-requests", "set-cookie", "connection", "x-internal"] {
+            assert!(!response_header_allowed(name, Protocol::Openai, none), "{name}");
+        }
+        assert!(!response_header_allowed("anthropic-ratelimit-tokens-remaining", Protocol::Anthropic, none));
+        assert!(!response_header_allowed("request-id", Protocol::Openai, none), "the allowlist is the protocol's");
+        let forward = ["x-ratelimit-*".to_string(), "openai-project".to_string()];
+        assert!(response_header_allowed("x-ratelimit-remaining-requests", Protocol::Openai, &forward));
+        assert!(response_header_allowed("openai-project", Protocol::Openai, &forward));
+        assert!(!response_header_allowed("set-cookie", Protocol::Openai, &["set-*".to_string()]), "cookies never");
     }
 
     #[test]

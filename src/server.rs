@@ -167,7 +167,9 @@ fn routing_for(config: &Config, health: &crate::health::HealthBook) -> Routing {
         prices: Arc::new(PriceBook::new(&config.prices)),
         default_max_output_tokens: config.default_max_output_tokens,
         forward_headers: config.forward_headers.clone(),
+        forward_response_headers: config.forward_response_headers.clone(),
         retry: config.retry.clone(),
+        media_allowance: config.media_allowance,
     }
 }
 
@@ -227,6 +229,9 @@ impl Reload {
         if config.body_read_timeout != old.body_read_timeout {
             needs_upgrade.push("body_read_timeout_secs");
         }
+        if config.connections != old.connections {
+            needs_upgrade.push("limits");
+        }
         if format!("{:?}", config.admin) != format!("{:?}", old.admin) {
             needs_upgrade.push("admin");
         }
@@ -268,6 +273,20 @@ impl BackgroundService for Reload {
     }
 }
 
+/// A key in the file is stored as an unsalted SHA-256 hash: a short, hand-picked one is cheap to
+/// search for if the database leaks.
+fn warn_short_keys(config: &Config) {
+    for (i, k) in config.keys.iter().enumerate() {
+        if k.key.chars().count() < crate::config::MIN_STRONG_KEY_LEN {
+            log::warn!(
+                "keys[{i}] ({}): shorter than {} characters; its stored hash is cheap to search if the database leaks (admin-created keys are long and random)",
+                k.name,
+                crate::config::MIN_STRONG_KEY_LEN
+            );
+        }
+    }
+}
+
 /// Load everything and run until told to stop. Returns only on a start-up error.
 pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
@@ -283,6 +302,12 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         println!("tollgate: configuration {path} is valid");
         return Ok(());
     }
+    // Everything this process creates (database files, pid file, sockets) is its user's alone.
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail.
+    unsafe {
+        libc::umask(0o077);
+    }
+    warn_short_keys(&config);
 
     // Listening sockets first: in an upgrade (-u) this waits for the old process to pass them,
     // then the database, which the old process releases when it stops accepting.
@@ -293,6 +318,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         budget: crate::body::BodyBudget::new(config.max_buffered_body_bytes),
     };
     let listen = config.listen;
+    let connections = config.connections.clone();
+    let drain_time = config.drain;
     let tls_listen = config.tls.as_ref().map(|t| t.listen);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
@@ -343,8 +370,19 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         server.add_service(background_service("video poller", VideoPoller { service: svc.clone() }));
     }
     if let Some(admin) = &config.admin {
+        let token = match &admin.token {
+            Some(token) => token.clone(),
+            None => {
+                let token = crate::admin::generated_token();
+                log::warn!(
+                    "admin.token is not set (nor its admin.token_env variable): this process's admin token is {token} — printed once, kept nowhere, and a new one is generated at every start; set admin.token_env to keep one"
+                );
+                token
+            }
+        };
         let api = AdminApi {
-            token: admin.token.clone(),
+            token,
+            hosts: admin.hosts.clone(),
             store: store.clone(),
             keys: keys.clone(),
             ledger: ledger.clone(),
@@ -353,7 +391,13 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             health: health.clone(),
             video: video.clone(),
         };
-        let mut service = pingora_proxy::http_proxy_service_with_name(&server.configuration, api, "tollgate admin");
+        let app = crate::listener::Guarded::new(
+            pingora_proxy::http_proxy(&server.configuration, api),
+            config.connections.clone(),
+            metrics.clone(),
+            false,
+        );
+        let mut service = pingora_core::services::listening::Service::new("tollgate admin".to_string(), app);
         service.add_tcp(&admin.listen.to_string());
         server.add_service(service);
     }
@@ -383,6 +427,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             health: health.clone(),
         },
     ));
+    let metrics_for_listener = metrics.clone();
     let connector = pingora_core::connectors::http::Connector::new(Some(pingora_core::connectors::ConnectorOptions::from_server_conf(
         &server.configuration,
     )));
@@ -397,9 +442,19 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         metrics,
         connector,
         usage_queries: tokio::sync::Semaphore::new(1),
+        drain: drain_time,
         closing,
     };
-    let mut proxy = pingora_proxy::http_proxy_service_with_name(&server.configuration, gateway, "tollgate");
+    let mut app = pingora_proxy::http_proxy(&server.configuration, gateway);
+    // HTTP/2 clients: the same header size and idle bounds as HTTP/1 (see `listener`).
+    let mut h2 = pingora_core::protocols::http::v2::server::default_h2_options();
+    h2.max_header_list_size(u32::try_from(connections.max_header_bytes).unwrap_or(u32::MAX));
+    app.h2_options = Some(h2);
+    let mut options = pingora_core::apps::HttpServerOptions::default();
+    options.h2_idle_timeout = Some(connections.keepalive_timeout);
+    app.server_options = Some(options);
+    let app = crate::listener::Guarded::new(app, connections, metrics_for_listener, true);
+    let mut proxy = pingora_core::services::listening::Service::new("tollgate".to_string(), app);
     if let Some(addr) = listen {
         proxy.add_tcp(&addr.to_string());
     }

@@ -167,8 +167,39 @@ pub struct Store {
     slot: DbSlot,
 }
 
+/// Make the data directory private to this user before anything is written into it: created
+/// 0700, and an existing one (and what it holds) stripped of group and other permissions. The
+/// database holds key hashes, balances, usage and video payloads. Files created later are
+/// 0600 through the process umask (`server` sets 0077 at start).
+pub fn make_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
+    fn tighten(path: &Path, depth: usize) -> std::io::Result<()> {
+        let meta = std::fs::symlink_metadata(path)?;
+        if meta.file_type().is_symlink() {
+            return Ok(());
+        }
+        let mode = meta.permissions().mode();
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7700))?;
+        }
+        if meta.is_dir() && depth < 4 {
+            for entry in std::fs::read_dir(path)? {
+                tighten(&entry?.path(), depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+    let loose = std::fs::metadata(dir)?.permissions().mode() & 0o077 != 0;
+    if loose {
+        log::warn!("data_dir {}: was readable by other users; now 0700 (files 0600)", dir.display());
+    }
+    tighten(dir, 0)
+}
+
 impl Store {
     pub fn open(dir: &Path) -> Result<Store, StoreError> {
+        make_private(dir).map_err(|e| StoreError::Db(sled::Error::Io(e)))?;
         let db = sled::Config::new().path(dir).open()?;
         Ok(Store { slot: DbSlot::new(db) })
     }

@@ -6,6 +6,8 @@ use serde_json::{json, Value};
 
 /// The header that carries the upstream credential.
 pub const CREDENTIAL_HEADER: &str = "x-api-key";
+/// Upstream response headers its clients get beyond the common ones (see `relay`).
+pub const RESPONSE_HEADERS: [&str; 2] = ["request-id", "x-request-id"];
 /// Client headers relayed to these upstreams beyond the common ones.
 pub const RELAYED_HEADERS: [&str; 1] = ["anthropic-beta"];
 /// The API version header (the client's, else the provider's configured default).
@@ -17,6 +19,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::Unauthorized => "authentication_error",
         ErrorKind::InsufficientBalance => "billing_error",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "not_found_error",
+        ErrorKind::Forbidden => "permission_error",
         ErrorKind::Conflict => "invalid_request_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::RequestTimeout => "timeout_error",

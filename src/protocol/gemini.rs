@@ -6,6 +6,8 @@ use serde_json::{json, Value};
 
 /// The header that carries the upstream credential.
 pub const CREDENTIAL_HEADER: &str = "x-goog-api-key";
+/// Upstream response headers its clients get beyond the common ones (see `relay`).
+pub const RESPONSE_HEADERS: [&str; 2] = ["x-request-id", "server-timing"];
 /// Client headers relayed to these upstreams beyond the common ones.
 pub const RELAYED_HEADERS: [&str; 1] = ["x-goog-api-client"];
 
@@ -15,6 +17,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::Unauthorized => "UNAUTHENTICATED",
         ErrorKind::InsufficientBalance => "FAILED_PRECONDITION",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "NOT_FOUND",
+        ErrorKind::Forbidden => "PERMISSION_DENIED",
         ErrorKind::Conflict => "FAILED_PRECONDITION",
         ErrorKind::RateLimited => "RESOURCE_EXHAUSTED",
         ErrorKind::BadGateway => "UNAVAILABLE",

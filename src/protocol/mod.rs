@@ -44,6 +44,16 @@ impl Protocol {
         }
     }
 
+    /// Upstream response headers relayed to this protocol's clients beyond the common ones:
+    /// what its SDKs read (request ids, processing time).
+    pub fn response_headers(self) -> &'static [&'static str] {
+        match self {
+            Protocol::Openai => &openai::RESPONSE_HEADERS,
+            Protocol::Anthropic => &anthropic::RESPONSE_HEADERS,
+            Protocol::Gemini => &gemini::RESPONSE_HEADERS,
+        }
+    }
+
     /// The most output tokens a request allows per choice, if it names a maximum.
     pub fn max_output(self, f: &BodyFields<'_>) -> Option<u64> {
         match self {
@@ -95,7 +105,9 @@ pub struct BodyFields<'a> {
     /// Chat completions: number of choices.
     #[serde(default)]
     pub n: Option<u64>,
-    #[serde(default, rename = "generationConfig")]
+    /// The service also accepts the proto field names (`generation_config`, `candidate_count`,
+    /// `max_output_tokens`): both spellings are read, and a body giving both is refused.
+    #[serde(default, rename = "generationConfig", alias = "generation_config")]
     pub generation_config: Option<GenerationConfig>,
     #[serde(default, borrow, deserialize_with = "present_raw")]
     pub stream_options: Option<&'a serde_json::value::RawValue>,
@@ -123,6 +135,100 @@ pub struct BodyFields<'a> {
     pub instructions: Option<&'a serde_json::value::RawValue>,
     #[serde(default, borrow, rename = "systemInstruction")]
     pub system_instruction: Option<&'a serde_json::value::RawValue>,
+}
+
+/// Images and files a request's content names, whose tokens are not in its body: parts whose
+/// `type` is an image (`image_url`, `input_image`, `image`) or a file (`file`, `input_file`,
+/// `document`) in any protocol, and generate-content's `fileData` parts. Inline data
+/// (`inlineData`) is in the body already and is not counted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MediaCount {
+    pub images: u64,
+    pub files: u64,
+}
+
+impl MediaCount {
+    /// Counted over the content fields (`messages`, `input`, `contents`); a body that mentions
+    /// no image, file or document is not walked.
+    pub fn of(f: &BodyFields<'_>) -> MediaCount {
+        let mut count = MediaCount::default();
+        for raw in [f.messages, f.input, f.contents].into_iter().flatten() {
+            let text = raw.get();
+            if !(text.contains("image") || text.contains("file") || text.contains("File") || text.contains("document")) {
+                continue;
+            }
+            let mut de = serde_json::Deserializer::from_str(text);
+            if serde::de::DeserializeSeed::deserialize(MediaWalk(&mut count), &mut de).is_err() {
+                log::debug!("media count: content not walkable");
+            }
+        }
+        count
+    }
+}
+
+struct MediaWalk<'c>(&'c mut MediaCount);
+
+impl<'de> serde::de::DeserializeSeed<'de> for MediaWalk<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for MediaWalk<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(MediaWalk(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "type" => match map.next_value::<TypeField<'de>>()? {
+                    TypeField::Name(t) if matches!(t.as_ref(), "image_url" | "input_image" | "image") => self.0.images += 1,
+                    TypeField::Name(t) if matches!(t.as_ref(), "file" | "input_file" | "document") => self.0.files += 1,
+                    _ => {}
+                },
+                "fileData" | "file_data" => {
+                    self.0.files += 1;
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+                "inlineData" | "inline_data" => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+                _ => map.next_value_seed(MediaWalk(&mut *self.0))?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum TypeField<'a> {
+    Name(#[serde(borrow)] std::borrow::Cow<'a, str>),
+    Other(serde::de::IgnoredAny),
 }
 
 /// What keeps the turns of one conversation on one provider: the client's `prompt_cache_key`,
@@ -260,9 +366,9 @@ fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de ser
 
 #[derive(Debug, Default, Deserialize)]
 pub struct GenerationConfig {
-    #[serde(default, rename = "maxOutputTokens")]
+    #[serde(default, rename = "maxOutputTokens", alias = "max_output_tokens")]
     pub max_output_tokens: Option<u64>,
-    #[serde(default, rename = "candidateCount")]
+    #[serde(default, rename = "candidateCount", alias = "candidate_count")]
     pub candidate_count: Option<u64>,
 }
 
@@ -365,6 +471,8 @@ pub enum ErrorKind {
     BadRequest,
     Unauthorized,
     InsufficientBalance,
+    /// The caller is known but may not do this (403).
+    Forbidden,
     NotFound,
     ModelNotFound,
     PayloadTooLarge,
@@ -388,6 +496,7 @@ impl ErrorKind {
             ErrorKind::BadRequest => 400,
             ErrorKind::Unauthorized => 401,
             ErrorKind::InsufficientBalance => 402,
+            ErrorKind::Forbidden => 403,
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::PayloadTooLarge => 413,
             ErrorKind::RequestTimeout => 408,

@@ -6,6 +6,8 @@ use serde_json::{json, Value};
 
 /// The header that carries the upstream credential.
 pub const CREDENTIAL_HEADER: &str = "authorization";
+/// Upstream response headers its clients get beyond the common ones (see `relay`).
+pub const RESPONSE_HEADERS: [&str; 3] = ["x-request-id", "openai-processing-ms", "openai-version"];
 /// Client headers relayed to these upstreams beyond the common ones.
 pub const RELAYED_HEADERS: [&str; 1] = ["openai-beta"];
 
@@ -21,6 +23,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::Overloaded => ("api_error", json!("overloaded")),
         ErrorKind::Conflict => ("invalid_request_error", json!("not_ready")),
         ErrorKind::Gone => ("invalid_request_error", json!("expired")),
+        ErrorKind::Forbidden => ("permission_error", json!("forbidden")),
         ErrorKind::RateLimited => ("rate_limit_error", json!("rate_limit_exceeded")),
         ErrorKind::BadGateway => ("api_error", json!("upstream_unavailable")),
         ErrorKind::GatewayTimeout => ("api_error", json!("upstream_timeout")),

@@ -1,0 +1,535 @@
+//! A client connection before Pingora parses its request: how many connections are open
+//! (overall and per client address), how long and how large a request header may be, and how
+//! long an idle keep-alive connection stays.
+//!
+//! Pingora calls no hook before a request header is complete, so these bounds live at the
+//! listener: [`Guarded`] is the `ServerApp` of the public (and admin) listeners, wrapped around
+//! Pingora's HTTP proxy. For each accepted connection it takes a slot (past the caps the
+//! connection is closed at once and counted) and wraps the stream in [`HeaderGuard`], which
+//! holds back the bytes of each HTTP/1 request header until its blank line arrives:
+//!
+//! * the whole header must arrive within `limits.header_timeout_secs` of its first byte (a
+//!   trickle does not extend it) → `408`, connection closed;
+//! * it may be at most `limits.max_header_bytes` → `431`, connection closed;
+//! * before a request's first byte, a connection may idle `limits.keepalive_timeout_secs` →
+//!   closed quietly.
+//!
+//! Pingora never sees a partial header, so a refused one costs it nothing and logs nothing
+//! there; a held header costs at most `max_header_bytes` here. The gateway re-arms the guard
+//! when a request ends ([`request_done`]), so every request on a keep-alive connection gets
+//! the same bounds. HTTP/2 connections (TLS with ALPN h2) pass through: their header size is
+//! bounded by the HTTP/2 settings and their idle time by Pingora's h2 idle timeout, both set
+//! from the same limits in `server`.
+
+use async_trait::async_trait;
+use pingora_core::apps::ServerApp;
+use pingora_core::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, Ssl, Stream, UniqueID, UniqueIDType, ALPN,
+};
+use pingora_core::server::ShutdownWatch;
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The connection and header-phase bounds (`limits:` in the configuration).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// From a request header's first byte to its blank line.
+    pub header_timeout: Duration,
+    /// Largest request header (request line and fields).
+    pub max_header_bytes: usize,
+    /// Client connections open at once, all addresses together (0: no cap).
+    pub max_connections: usize,
+    /// Client connections open at once from one address (0: no cap).
+    pub max_connections_per_ip: usize,
+    /// How long a connection may wait, idle, for its next request.
+    pub keepalive_timeout: Duration,
+}
+
+pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
+pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
+pub const DEFAULT_KEEPALIVE_TIMEOUT_SECS: u64 = 30;
+/// Pingora itself closes a connection that waits longer than this for a request.
+pub const MAX_KEEPALIVE_TIMEOUT_SECS: u64 = 60;
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            header_timeout: Duration::from_secs(DEFAULT_HEADER_TIMEOUT_SECS),
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
+            keepalive_timeout: Duration::from_secs(DEFAULT_KEEPALIVE_TIMEOUT_SECS),
+        }
+    }
+}
+
+/// Open connections, overall and by client address.
+#[derive(Default)]
+struct Counts {
+    total: AtomicUsize,
+    by_ip: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// Why a connection was refused at accept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    Total,
+    PerIp,
+}
+
+/// One open connection; gives its place back when dropped.
+struct Slot {
+    counts: Arc<Counts>,
+    ip: Option<IpAddr>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.counts.total.fetch_sub(1, Ordering::Relaxed);
+        if let Some(ip) = self.ip {
+            let mut by_ip = self.counts.by_ip.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(n) = by_ip.get_mut(&ip) {
+                *n -= 1;
+                if *n == 0 {
+                    by_ip.remove(&ip);
+                }
+            }
+        }
+    }
+}
+
+/// An IPv4 client seen through an IPv6 socket (`::ffff:a.b.c.d`) counts as that IPv4 address.
+fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+impl Counts {
+    fn admit(self: &Arc<Self>, ip: Option<IpAddr>, limits: &ConnLimits) -> Result<Slot, Refusal> {
+        let total = self.total.fetch_add(1, Ordering::Relaxed) + 1;
+        // From here on the slot gives the place back on every path.
+        let mut slot = Slot { counts: self.clone(), ip: None };
+        if limits.max_connections > 0 && total > limits.max_connections {
+            return Err(Refusal::Total);
+        }
+        if let Some(ip) = ip.map(canonical) {
+            let mut by_ip = self.by_ip.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let n = by_ip.entry(ip).or_insert(0);
+            if limits.max_connections_per_ip > 0 && *n >= limits.max_connections_per_ip {
+                return Err(Refusal::PerIp);
+            }
+            *n += 1;
+            slot.ip = Some(ip);
+        }
+        Ok(slot)
+    }
+}
+
+/// The listeners' application: Pingora's HTTP proxy `A`, behind the connection caps and the
+/// header guard.
+pub struct Guarded<A> {
+    app: Arc<A>,
+    /// Whether open connections show in `tollgate_client_connections` (the public listeners).
+    public: bool,
+    limits: Arc<ConnLimits>,
+    counts: Arc<Counts>,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl<A> Guarded<A> {
+    /// `public`: the client listeners (their connections are counted in `/metrics`).
+    pub fn new(app: A, limits: ConnLimits, metrics: Arc<crate::metrics::Metrics>, public: bool) -> Self {
+        Guarded { app: Arc::new(app), public, limits: Arc::new(limits), counts: Arc::default(), metrics }
+    }
+}
+
+#[async_trait]
+impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guarded<A> {
+    async fn process_new(self: &Arc<Self>, stream: Stream, shutdown: &ShutdownWatch) -> Option<Stream> {
+        let ip = stream.get_socket_digest().and_then(|d| d.peer_addr().and_then(|a| a.as_inet()).map(|a| a.ip()));
+        let _slot = match self.counts.admit(ip, &self.limits) {
+            Ok(slot) => slot,
+            Err(why) => {
+                let reason = match why {
+                    Refusal::Total => "max_connections",
+                    Refusal::PerIp => "max_connections_per_ip",
+                };
+                self.metrics.counter("tollgate_connections_refused_total", &[("reason", reason)]).add(1);
+                log::debug!("connection from {ip:?} refused: {reason}");
+                return None;
+            }
+        };
+        let _open = self.public.then(|| crate::metrics::Live::new(&self.metrics, crate::metrics::Gauge::Connections));
+        let h2 = matches!(stream.selected_alpn_proto(), Some(ALPN::H2));
+        let guarded: Stream = Box::new(HeaderGuard::new(stream, self.limits.clone(), self.metrics.clone(), h2));
+        // Pingora's HTTP/1 loop serves every request of the connection in this call.
+        self.app.process_new(guarded, shutdown).await
+    }
+
+    async fn cleanup(&self) {
+        self.app.cleanup().await;
+    }
+}
+
+/// A request on this connection ended: the next one gets a fresh header deadline and size,
+/// and the idle bound until its first byte. Called from the `logging` hooks.
+pub fn request_done(session: &pingora_core::protocols::http::ServerSession) {
+    if let Some(guard) = session.stream().and_then(|s| s.as_any().downcast_ref::<HeaderGuard>()) {
+        guard.next_request.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Where a connection's reads are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Before the first byte of a request header.
+    Idle,
+    /// Inside a header: bytes are held back until its blank line.
+    Header,
+    /// The held header is handed to Pingora, then reads pass through.
+    Handing,
+    /// Past the header (body, or an HTTP/2 connection): reads pass through.
+    Passing,
+    /// Writing a refusal (408, 431); then the connection ends.
+    Refusing,
+    /// Every read is the end of the stream.
+    Closed,
+}
+
+/// Finds the blank line that ends a header: CRLF CRLF, or bare LFs (which the parser also
+/// accepts). Blank lines before the request line do not count.
+#[derive(Debug, Default, Clone, Copy)]
+struct HeaderEnd {
+    /// 0: inside a line; 1: just after a line end; 2: after a line end and a CR.
+    state: u8,
+    content: bool,
+}
+
+impl HeaderEnd {
+    /// The offset just past the blank line in `bytes`, if it is there.
+    fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
+        for (i, &b) in bytes.iter().enumerate() {
+            self.state = match (self.state, b) {
+                (1 | 2, b'\n') if self.content => return Some(i + 1),
+                (_, b'\n') => 1,
+                (1, b'\r') => 2,
+                (0, b'\r') => 0,
+                _ => {
+                    self.content = true;
+                    0
+                }
+            };
+        }
+        None
+    }
+}
+
+fn refusal(status: &str, code: &str, message: &str) -> Vec<u8> {
+    let body = serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}).to_string();
+    format!("HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len())
+        .into_bytes()
+}
+
+/// A client stream whose request headers are held back until complete (see the module doc).
+pub struct HeaderGuard {
+    inner: Stream,
+    limits: Arc<ConnLimits>,
+    metrics: Arc<crate::metrics::Metrics>,
+    phase: Phase,
+    /// The header read so far (Header), or what is left to hand over (Handing).
+    held: Vec<u8>,
+    handed: usize,
+    end: HeaderEnd,
+    /// The idle bound (Idle) or the header deadline (Header); allocated once, reset per request.
+    timer: Pin<Box<tokio::time::Sleep>>,
+    /// The refusal being written, and how much of it is written.
+    refusal: Vec<u8>,
+    written: usize,
+    /// Set when a request ended: the next read starts a new header.
+    next_request: AtomicBool,
+}
+
+impl std::fmt::Debug for HeaderGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeaderGuard").field("inner", &self.inner).field("phase", &self.phase).finish()
+    }
+}
+
+impl HeaderGuard {
+    fn new(inner: Stream, limits: Arc<ConnLimits>, metrics: Arc<crate::metrics::Metrics>, passing: bool) -> Self {
+        let mut guard = HeaderGuard {
+            inner,
+            limits,
+            metrics,
+            phase: Phase::Passing,
+            held: Vec::new(),
+            handed: 0,
+            end: HeaderEnd::default(),
+            timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
+            refusal: Vec::new(),
+            written: 0,
+            next_request: AtomicBool::new(false),
+        };
+        if !passing {
+            guard.await_request();
+        }
+        guard
+    }
+
+    fn await_request(&mut self) {
+        self.phase = Phase::Idle;
+        self.held.clear();
+        self.handed = 0;
+        self.end = HeaderEnd::default();
+        self.timer.as_mut().reset(tokio::time::Instant::now() + self.limits.keepalive_timeout);
+    }
+
+    fn refuse(&mut self, status: &str, code: &'static str, message: &str) {
+        self.metrics.counter("tollgate_request_headers_refused_total", &[("reason", code)]).add(1);
+        log::debug!("request header refused: {code}");
+        self.phase = Phase::Refusing;
+        self.refusal = refusal(status, code, message);
+        self.written = 0;
+        self.held = Vec::new();
+    }
+
+    /// Takes in freshly read header bytes: complete (hand it over), too large (refuse), or not yet.
+    fn take_header_bytes(&mut self, bytes: &[u8]) {
+        if self.phase == Phase::Idle {
+            self.phase = Phase::Header;
+            self.timer.as_mut().reset(tokio::time::Instant::now() + self.limits.header_timeout);
+        }
+        let found = self.end.feed(bytes);
+        // Grown by doubling, but never past the largest header allowed (plus the byte that
+        // shows it is too large).
+        let needed = self.held.len() + bytes.len();
+        if needed > self.held.capacity() {
+            let target = (self.held.capacity() * 2).max(needed).min(self.limits.max_header_bytes + 1).max(needed);
+            self.held.reserve_exact(target - self.held.len());
+        }
+        self.held.extend_from_slice(bytes);
+        match found {
+            // Bytes after the blank line (a body) are handed over with it.
+            Some(_) => self.phase = Phase::Handing,
+            None if self.held.len() > self.limits.max_header_bytes => self.refuse(
+                "431 Request Header Fields Too Large",
+                "request_header_too_large",
+                &format!("The request header is larger than {} bytes.", self.limits.max_header_bytes),
+            ),
+            None => {}
+        }
+    }
+}
+
+impl AsyncRead for HeaderGuard {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.next_request.swap(false, Ordering::Relaxed) && this.phase == Phase::Passing {
+            this.await_request();
+        }
+        loop {
+            match this.phase {
+                Phase::Passing => return Pin::new(&mut this.inner).poll_read(cx, buf),
+                Phase::Closed => return Poll::Ready(Ok(())),
+                Phase::Handing => {
+                    let rest = &this.held[this.handed..];
+                    let n = rest.len().min(buf.remaining());
+                    buf.put_slice(&rest[..n]);
+                    this.handed += n;
+                    if this.handed == this.held.len() {
+                        // Keep a usual header's room for the next request, not a large one's.
+                        if this.held.capacity() > 8192 {
+                            this.held = Vec::new();
+                        }
+                        this.held.clear();
+                        this.handed = 0;
+                        this.phase = Phase::Passing;
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Phase::Refusing => {
+                    while this.written < this.refusal.len() {
+                        match Pin::new(&mut this.inner).poll_write(cx, &this.refusal[this.written..]) {
+                            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => break,
+                            Poll::Ready(Ok(n)) => this.written += n,
+                            Poll::Pending => return Poll::Pending,
+                        }
+                    }
+                    if Pin::new(&mut this.inner).poll_flush(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // Pingora read nothing of this header: the end of the stream closes the
+                    // connection without another answer or an error in its log.
+                    this.phase = Phase::Closed;
+                }
+                Phase::Idle | Phase::Header => {
+                    let mut chunk = [0u8; 4096];
+                    let room = (this.limits.max_header_bytes + 1).saturating_sub(this.held.len()).clamp(1, chunk.len());
+                    let mut read = ReadBuf::new(&mut chunk[..room]);
+                    match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+                        Poll::Ready(Ok(())) if read.filled().is_empty() => {
+                            // The client closed: whatever was held is not a request.
+                            this.phase = Phase::Closed;
+                        }
+                        Poll::Ready(Ok(())) => {
+                            let n = read.filled().len();
+                            this.take_header_bytes(&chunk[..n]);
+                        }
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => {
+                            if this.timer.as_mut().poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            if this.phase == Phase::Idle {
+                                this.phase = Phase::Closed;
+                            } else {
+                                this.refuse(
+                                    "408 Request Timeout",
+                                    "request_header_timeout",
+                                    &format!("The request header did not arrive within {} seconds.", this.limits.header_timeout.as_secs()),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AsyncWrite for HeaderGuard {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
+
+#[async_trait]
+impl Shutdown for HeaderGuard {
+    async fn shutdown(&mut self) {
+        self.inner.shutdown().await
+    }
+}
+
+impl UniqueID for HeaderGuard {
+    fn id(&self) -> UniqueIDType {
+        self.inner.id()
+    }
+}
+
+impl Ssl for HeaderGuard {
+    fn get_ssl(&self) -> Option<&pingora_core::protocols::tls::TlsRef> {
+        self.inner.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<pingora_core::protocols::tls::SslDigest>> {
+        self.inner.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.inner.selected_alpn_proto()
+    }
+}
+
+impl GetTimingDigest for HeaderGuard {
+    fn get_timing_digest(&self) -> Vec<Option<pingora_core::protocols::TimingDigest>> {
+        self.inner.get_timing_digest()
+    }
+
+    fn get_read_pending_time(&self) -> Duration {
+        self.inner.get_read_pending_time()
+    }
+
+    fn get_write_pending_time(&self) -> Duration {
+        self.inner.get_write_pending_time()
+    }
+}
+
+impl GetProxyDigest for HeaderGuard {
+    fn get_proxy_digest(&self) -> Option<Arc<pingora_core::protocols::raw_connect::ProxyDigest>> {
+        self.inner.get_proxy_digest()
+    }
+}
+
+impl GetSocketDigest for HeaderGuard {
+    fn get_socket_digest(&self) -> Option<Arc<pingora_core::protocols::SocketDigest>> {
+        self.inner.get_socket_digest()
+    }
+}
+
+#[async_trait]
+impl Peek for HeaderGuard {
+    async fn try_peek(&mut self, buf: &mut [u8]) -> std::io::Result<bool> {
+        if self.phase == Phase::Passing {
+            self.inner.try_peek(buf).await
+        } else {
+            Ok(false)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_header_ends_at_its_first_blank_line_in_any_chunking() {
+        let head = b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\nbody";
+        for cut in 0..head.len() {
+            let mut end = HeaderEnd::default();
+            let found = end.feed(&head[..cut]).or_else(|| end.feed(&head[cut..]).map(|at| at + cut));
+            assert_eq!(found, Some(head.len() - 4), "cut at {cut}");
+        }
+        let mut end = HeaderEnd::default();
+        assert_eq!(end.feed(b"GET / HTTP/1.1\nHost: a\n\n"), Some(24));
+        let mut end = HeaderEnd::default();
+        assert_eq!(end.feed(b"\r\n\r\n\n"), None, "blank lines before the request line are not its end");
+    }
+
+    #[test]
+    fn connections_are_capped_overall_and_per_address_and_places_come_back() {
+        let counts = Arc::new(Counts::default());
+        let limits = ConnLimits { max_connections: 3, max_connections_per_ip: 2, ..ConnLimits::default() };
+        let a: IpAddr = "10.0.0.1".parse().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let b: IpAddr = "10.0.0.2".parse().unwrap_or(IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        let first = counts.admit(Some(a), &limits).ok();
+        let second = counts.admit(Some(mapped), &limits).ok();
+        assert!(first.is_some() && second.is_some());
+        assert_eq!(counts.admit(Some(a), &limits).err(), Some(Refusal::PerIp), "the mapped address is the same client");
+        let third = counts.admit(Some(b), &limits).ok();
+        assert!(third.is_some());
+        assert_eq!(counts.admit(Some(b), &limits).err(), Some(Refusal::Total));
+        drop(first);
+        assert!(counts.admit(Some(a), &limits).is_ok(), "a closed connection gives its place back");
+        drop((second, third));
+        assert_eq!(counts.total.load(Ordering::Relaxed), 0);
+        assert!(counts.by_ip.lock().map(|m| m.is_empty()).unwrap_or(false));
+    }
+}
