@@ -228,12 +228,11 @@ impl Gateway {
                     format!("This endpoint is not available to keys of group '{}'.", key.group),
                 ));
             }
-            Route::VideoCreate { .. } => {
+            // Every video call is rate-limited like any other: reads too (a download is the
+            // operator's egress), and a download holds its `max_concurrent` slot while it streams.
+            Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } => {
                 self.limits.admit(&key)?;
                 let _slot = self.limits.enter(&key)?;
-                return self.video_route(session, &route, &key).await;
-            }
-            Route::VideoGet { .. } | Route::VideoContent { .. } => {
                 return self.video_route(session, &route, &key).await;
             }
             other => other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?,

@@ -185,9 +185,10 @@ struct Account {
 
 impl Account {
     /// Whether `balance − held` covers `amount` (a positive amount needs a positive remainder).
+    /// A key in debt (negative remainder) is refused even what holds nothing, until topped up.
     fn covers(&self, amount: i64) -> Result<(), Insufficient> {
         let available = self.balance.saturating_sub(self.held);
-        if available < amount || (amount > 0 && available <= 0) {
+        if available < amount || (amount > 0 && available <= 0) || available < 0 {
             return Err(Insufficient { available, needed: amount });
         }
         Ok(())

@@ -241,6 +241,54 @@ fn refusal(status: &str, code: &str, message: &str) -> Vec<u8> {
         .into_bytes()
 }
 
+/// Bytes held in pages of [`PAGE`] bytes: growing never copies or leaves freed buffers behind,
+/// so a held header costs its size rounded up to a page, however it trickles in.
+#[derive(Default)]
+struct Held {
+    pages: Vec<Vec<u8>>,
+    len: usize,
+}
+
+const PAGE: usize = 4096;
+
+impl Held {
+    fn push(&mut self, mut bytes: &[u8]) {
+        self.len += bytes.len();
+        while !bytes.is_empty() {
+            if self.pages.last().is_none_or(|p| p.len() == PAGE) {
+                self.pages.push(Vec::with_capacity(PAGE));
+            }
+            if let Some(page) = self.pages.last_mut() {
+                let n = (PAGE - page.len()).min(bytes.len());
+                page.extend_from_slice(&bytes[..n]);
+                bytes = &bytes[n..];
+            }
+        }
+    }
+
+    /// Copies the bytes from `offset` on into `buf`, as many as fit; returns how many.
+    fn copy_out(&self, offset: usize, buf: &mut ReadBuf<'_>) -> usize {
+        let mut at = offset;
+        while at < self.len && buf.remaining() > 0 {
+            let (page, within) = (at / PAGE, at % PAGE);
+            let Some(bytes) = self.pages.get(page).map(|p| &p[within..]) else { break };
+            let n = bytes.len().min(buf.remaining());
+            buf.put_slice(&bytes[..n]);
+            at += n;
+        }
+        at - offset
+    }
+
+    /// Empty, keeping one page for the next header (a usual one fits in it).
+    fn clear(&mut self) {
+        self.pages.truncate(1);
+        if let Some(page) = self.pages.first_mut() {
+            page.clear();
+        }
+        self.len = 0;
+    }
+}
+
 /// A client stream whose request headers are held back until complete (see the module doc).
 pub struct HeaderGuard {
     inner: Stream,
@@ -248,7 +296,7 @@ pub struct HeaderGuard {
     metrics: Arc<crate::metrics::Metrics>,
     phase: Phase,
     /// The header read so far (Header), or what is left to hand over (Handing).
-    held: Vec<u8>,
+    held: Held,
     handed: usize,
     end: HeaderEnd,
     /// The idle bound (Idle) or the header deadline (Header); allocated once, reset per request.
@@ -273,7 +321,7 @@ impl HeaderGuard {
             limits,
             metrics,
             phase: Phase::Passing,
-            held: Vec::new(),
+            held: Held::default(),
             handed: 0,
             end: HeaderEnd::default(),
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
@@ -301,7 +349,7 @@ impl HeaderGuard {
         self.phase = Phase::Refusing;
         self.refusal = refusal(status, code, message);
         self.written = 0;
-        self.held = Vec::new();
+        self.held = Held::default();
     }
 
     /// Takes in freshly read header bytes: complete (hand it over), too large (refuse), or not yet.
@@ -311,18 +359,11 @@ impl HeaderGuard {
             self.timer.as_mut().reset(tokio::time::Instant::now() + self.limits.header_timeout);
         }
         let found = self.end.feed(bytes);
-        // Grown by doubling, but never past the largest header allowed (plus the byte that
-        // shows it is too large).
-        let needed = self.held.len() + bytes.len();
-        if needed > self.held.capacity() {
-            let target = (self.held.capacity() * 2).max(needed).min(self.limits.max_header_bytes + 1).max(needed);
-            self.held.reserve_exact(target - self.held.len());
-        }
-        self.held.extend_from_slice(bytes);
+        self.held.push(bytes);
         match found {
             // Bytes after the blank line (a body) are handed over with it.
             Some(_) => self.phase = Phase::Handing,
-            None if self.held.len() > self.limits.max_header_bytes => self.refuse(
+            None if self.held.len > self.limits.max_header_bytes => self.refuse(
                 "431 Request Header Fields Too Large",
                 "request_header_too_large",
                 &format!("The request header is larger than {} bytes.", self.limits.max_header_bytes),
@@ -343,15 +384,8 @@ impl AsyncRead for HeaderGuard {
                 Phase::Passing => return Pin::new(&mut this.inner).poll_read(cx, buf),
                 Phase::Closed => return Poll::Ready(Ok(())),
                 Phase::Handing => {
-                    let rest = &this.held[this.handed..];
-                    let n = rest.len().min(buf.remaining());
-                    buf.put_slice(&rest[..n]);
-                    this.handed += n;
-                    if this.handed == this.held.len() {
-                        // Keep a usual header's room for the next request, not a large one's.
-                        if this.held.capacity() > 8192 {
-                            this.held = Vec::new();
-                        }
+                    this.handed += this.held.copy_out(this.handed, buf);
+                    if this.handed == this.held.len {
                         this.held.clear();
                         this.handed = 0;
                         this.phase = Phase::Passing;
@@ -375,7 +409,7 @@ impl AsyncRead for HeaderGuard {
                 }
                 Phase::Idle | Phase::Header => {
                     let mut chunk = [0u8; 4096];
-                    let room = (this.limits.max_header_bytes + 1).saturating_sub(this.held.len()).clamp(1, chunk.len());
+                    let room = (this.limits.max_header_bytes + 1).saturating_sub(this.held.len).clamp(1, chunk.len());
                     let mut read = ReadBuf::new(&mut chunk[..room]);
                     match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
                         Poll::Ready(Ok(())) if read.filled().is_empty() => {
@@ -510,6 +544,28 @@ mod tests {
         assert_eq!(end.feed(b"GET / HTTP/1.1\nHost: a\n\n"), Some(24));
         let mut end = HeaderEnd::default();
         assert_eq!(end.feed(b"\r\n\r\n\n"), None, "blank lines before the request line are not its end");
+    }
+
+    #[test]
+    fn held_bytes_come_out_as_they_went_in_whatever_the_pieces() {
+        let data: Vec<u8> = (0..3 * PAGE + 17).map(|i| (i % 251) as u8).collect();
+        let mut held = Held::default();
+        for piece in data.chunks(1000).chain(std::iter::once(&[][..])) {
+            held.push(piece);
+        }
+        assert_eq!(held.len, data.len());
+        assert_eq!(held.pages.iter().map(Vec::capacity).max(), Some(PAGE), "pages never grow");
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < held.len {
+            let mut space = [0u8; 777];
+            let mut buf = ReadBuf::new(&mut space);
+            at += held.copy_out(at, &mut buf);
+            out.extend_from_slice(buf.filled());
+        }
+        assert_eq!(out, data);
+        held.clear();
+        assert_eq!((held.len, held.pages.len()), (0, 1));
     }
 
     #[test]

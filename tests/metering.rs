@@ -276,10 +276,10 @@ async fn a_cut_stream_is_billed_for_what_it_produced_once() {
     assert!(String::from_utf8_lossy(&got).contains(" from"));
     let u = wait_requests(&gw, CLIENT_KEY, 1).await;
     // No usage was reported: billing fails closed on every byte the client received (one
-    // token per four bytes); the input is estimated at one token per four bytes it sent.
+    // token per four bytes); the input at the hold's estimate (one token per three bytes sent).
     let client_len = serde_json::to_vec(&body).expect("json").len() as u64;
     let output = (got.len() as u64).div_ceil(4);
-    let expected = cost_nanos("alpha-5.5", client_len.div_ceil(4), output);
+    let expected = cost_nanos("alpha-5.5", client_len.div_ceil(3), output);
     assert_eq!(u["total"]["output_tokens"], output);
     assert_eq!(before - nanos(&u["balance"]), expected);
 
