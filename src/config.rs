@@ -833,30 +833,13 @@ impl Config {
         if default_max_output_tokens == 0 || default_max_output_tokens > MAX_OUTPUT_ALLOWANCE {
             return err(format!("billing.default_max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
         }
-        let mut forward_headers = Vec::with_capacity(raw.forward_headers.len());
-        for (i, h) in raw.forward_headers.iter().enumerate() {
-            let name = h.trim().to_ascii_lowercase();
-            let bare = name.strip_suffix('*').unwrap_or(&name);
-            if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
-                return err(format!("forward_headers[{i}]: '{h}' is not a header name (a trailing * makes it a prefix)"));
-            }
-            if crate::protocol::never_forwarded(bare) {
-                return err(format!("forward_headers[{i}]: '{h}' carries credentials or is set by tollgate; it is never forwarded"));
-            }
-            forward_headers.push(name);
-        }
-        let mut forward_response_headers = Vec::with_capacity(raw.forward_response_headers.len());
-        for (i, h) in raw.forward_response_headers.iter().enumerate() {
-            let name = h.trim().to_ascii_lowercase();
-            let bare = name.strip_suffix('*').unwrap_or(&name);
-            if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
-                return err(format!("forward_response_headers[{i}]: '{h}' is not a header name (a trailing * makes it a prefix)"));
-            }
-            if "set-cookie".starts_with(bare) || ["connection", "keep-alive", "proxy-connection", "upgrade"].contains(&bare) {
-                return err(format!("forward_response_headers[{i}]: '{h}' would relay cookies or connection headers; it is never relayed"));
-            }
-            forward_response_headers.push(name);
-        }
+        let forward_headers = header_patterns("forward_headers", &raw.forward_headers, &|bare| {
+            crate::protocol::never_forwarded(bare).then_some("carries credentials or is set by tollgate; it is never forwarded")
+        })?;
+        let forward_response_headers = header_patterns("forward_response_headers", &raw.forward_response_headers, &|bare| {
+            ("set-cookie".starts_with(bare) || ["connection", "keep-alive", "proxy-connection", "upgrade"].contains(&bare))
+                .then_some("would relay cookies or connection headers; it is never relayed")
+        })?;
         let usage_retention_days = billing.usage_retention_days.unwrap_or(30);
         if usage_retention_days == 0 {
             return err("billing.usage_retention_days: must be at least 1");
@@ -938,6 +921,24 @@ impl Config {
             },
         })
     }
+}
+
+/// A list of header names (a trailing `*` makes a prefix), lower-cased; `refused` says why a
+/// name may not be listed.
+fn header_patterns(key: &str, list: &[String], refused: &dyn Fn(&str) -> Option<&'static str>) -> Result<Vec<String>, ConfigError> {
+    let mut names = Vec::with_capacity(list.len());
+    for (i, h) in list.iter().enumerate() {
+        let name = h.trim().to_ascii_lowercase();
+        let bare = name.strip_suffix('*').unwrap_or(&name);
+        if bare.is_empty() || http::HeaderName::from_bytes(bare.as_bytes()).is_err() {
+            return err(format!("{key}[{i}]: '{h}' is not a header name (a trailing * makes it a prefix)"));
+        }
+        if let Some(why) = refused(bare) {
+            return err(format!("{key}[{i}]: '{h}' {why}"));
+        }
+        names.push(name);
+    }
+    Ok(names)
 }
 
 /// Largest `limits.max_header_bytes` (Pingora's own limit).
@@ -1322,6 +1323,44 @@ keys:
         assert!(e.0.contains("forward_headers[0]"), "{e}");
         let e = Config::parse(&format!("{MINIMAL}forward_headers: [\"bad header\"]\n"), &no_env).unwrap_err();
         assert!(e.0.contains("forward_headers[0]"), "{e}");
+        let c = Config::parse(&format!("{MINIMAL}forward_response_headers: [X-RateLimit-*]\n"), &no_env).expect("valid");
+        assert_eq!(c.forward_response_headers, ["x-ratelimit-*"]);
+        for bad in ["Set-Cookie", "set-*", "connection"] {
+            let e = Config::parse(&format!("{MINIMAL}forward_response_headers: [\"{bad}\"]\n"), &no_env).unwrap_err();
+            assert!(e.0.contains("forward_response_headers[0]") && e.0.contains("never relayed"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn limits_default_and_are_checked() {
+        let c = Config::parse(MINIMAL, &no_env).expect("valid");
+        assert_eq!(c.connections, crate::listener::ConnLimits::default());
+        assert_eq!(c.drain, std::time::Duration::from_secs(DEFAULT_DRAIN_SECS));
+        let text = format!("{MINIMAL}limits: {{ header_timeout_secs: 5, max_header_bytes: 8192, max_connections: 0, max_connections_per_ip: 9, keepalive_timeout_secs: 2 }}\n");
+        let l = Config::parse(&text, &no_env).expect("valid").connections;
+        assert_eq!(
+            (l.header_timeout.as_secs(), l.max_header_bytes, l.max_connections, l.max_connections_per_ip, l.keepalive_timeout.as_secs()),
+            (5, 8192, 0, 9, 2)
+        );
+        for bad in [
+            "header_timeout_secs: 0",
+            "header_timeout_secs: 61",
+            "max_header_bytes: 100",
+            "max_header_bytes: 2000000",
+            "keepalive_timeout_secs: 0",
+            "keepalive_timeout_secs: 61",
+            "nonsense: 1",
+        ] {
+            let e = Config::parse(&format!("{MINIMAL}limits: {{ {bad} }}\n"), &no_env).unwrap_err();
+            assert!(e.0.contains("limits") || e.0.contains("unknown field"), "{bad}: {e}");
+        }
+        assert!(Config::parse(&format!("{MINIMAL}billing: {{ drain_secs: 601 }}\n"), &no_env)
+            .unwrap_err()
+            .0
+            .contains("billing.drain_secs"));
+        let media =
+            Config::parse(&format!("{MINIMAL}billing: {{ image_input_tokens: 10, file_input_tokens: 20 }}\n"), &no_env).expect("valid");
+        assert_eq!((media.media_allowance.image_tokens, media.media_allowance.file_tokens), (10, 20));
     }
 
     #[test]

@@ -52,20 +52,7 @@ async fn post(gw: &Gateway, path: &str, key: &str, body: &Value, headers: &[(&st
 }
 
 async fn metrics(s: &Setup) -> String {
-    client()
-        .get(format!("http://127.0.0.1:{}/metrics", s.admin_port))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
-/// The value of one metric line (name with its labels), 0 when absent.
-fn metric(text: &str, series: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0)
+    admin_metrics(s.admin_port, ADMIN_TOKEN).await
 }
 
 /// Point 1: whatever `stream_options` holds, tollgate asks for usage, bills the upstream's

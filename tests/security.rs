@@ -19,20 +19,7 @@ fn with_admin(config: &str, admin_port: u16) -> String {
 }
 
 async fn metrics(admin_port: u16) -> String {
-    client()
-        .get(format!("http://127.0.0.1:{admin_port}/metrics"))
-        .bearer_auth(ADMIN_TOKEN)
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text")
-}
-
-/// The value of one series in Prometheus text (0 when absent).
-fn series(text: &str, name_and_labels: &str) -> f64 {
-    text.lines().find_map(|l| l.strip_prefix(name_and_labels).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+    admin_metrics(admin_port, ADMIN_TOKEN).await
 }
 
 /// Resident memory of a process, in bytes.
@@ -195,9 +182,9 @@ async fn connections_past_the_caps_are_closed_at_once_and_counted() {
     let mut over = connect_from([127, 0, 0, 3], port).await;
     assert_eq!(read_to_close(&mut over).await, "", "refused overall");
     let m = metrics(admin_port).await;
-    assert_eq!(series(&m, "tollgate_connections_refused_total{reason=\"max_connections_per_ip\"}"), 1.0, "{m}");
-    assert_eq!(series(&m, "tollgate_connections_refused_total{reason=\"max_connections\"}"), 1.0, "{m}");
-    assert_eq!(series(&m, "tollgate_client_connections"), 6.0, "{m}");
+    assert_eq!(metric(&m, "tollgate_connections_refused_total{reason=\"max_connections_per_ip\"}"), 1.0, "{m}");
+    assert_eq!(metric(&m, "tollgate_connections_refused_total{reason=\"max_connections\"}"), 1.0, "{m}");
+    assert_eq!(metric(&m, "tollgate_client_connections"), 6.0, "{m}");
 
     // A closed connection gives its place back.
     drop(from_one.pop());
@@ -262,8 +249,8 @@ async fn a_client_that_leaves_before_the_usage_event_is_billed_what_the_upstream
     assert_eq!(u["total"]["output_tokens"], 40, "{u}");
     assert_eq!(before - balance(&gw, CLIENT_KEY).await, cost_nanos("alpha-5.5", 200_000, 40));
     let m = metrics(admin_port).await;
-    assert_eq!(series(&m, "tollgate_drained_responses_total{outcome=\"complete\"}"), 1.0, "the rest was read after the client left: {m}");
-    assert_eq!(series(&m, "tollgate_estimated_bills_total{model=\"alpha-5.5\"}"), 0.0, "{m}");
+    assert_eq!(metric(&m, "tollgate_drained_responses_total{outcome=\"complete\"}"), 1.0, "the rest was read after the client left: {m}");
+    assert_eq!(metric(&m, "tollgate_estimated_bills_total{model=\"alpha-5.5\"}"), 0.0, "{m}");
 }
 
 #[tokio::test]

@@ -322,6 +322,24 @@ pub async fn mock_requests(mock: &Proc, tag: &str) -> Vec<serde_json::Value> {
     client().get(mock.url(&format!("/__mock/requests?tag={tag}"))).send().await.expect("mock requests").json().await.expect("json")
 }
 
+/// The admin listener's `/metrics` text.
+pub async fn admin_metrics(admin_port: u16, token: &str) -> String {
+    client()
+        .get(format!("http://127.0.0.1:{admin_port}/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text")
+}
+
+/// The value of one metric line (name with its labels) in Prometheus text, 0 when absent.
+pub fn metric(text: &str, series: &str) -> f64 {
+    text.lines().find_map(|l| l.strip_prefix(series).and_then(|rest| rest.trim().parse().ok())).unwrap_or(0.0)
+}
+
 /// `GET /v1/usage` for a key.
 pub async fn usage(gw: &Gateway, key: &str) -> serde_json::Value {
     client().get(gw.url("/v1/usage")).bearer_auth(key).send().await.expect("usage").json().await.expect("json")
