@@ -61,28 +61,32 @@ impl ResolvesServerCert for ReloadableCert {
     }
 }
 
-/// The CA certificates of a PEM bundle, as Pingora's per-peer CA list.
-pub fn load_ca_bundle(path: &Path) -> Result<Arc<[WrappedX509]>, String> {
+/// The DER certificates of PEM text (`what` names it in errors), each checked to parse.
+pub fn pem_certificates(text: &str, what: &str) -> Result<Vec<Vec<u8>>, String> {
     use base64::Engine;
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut certs = Vec::new();
-    let mut rest = text.as_str();
+    let mut rest = text;
     while let Some(start) = rest.find("-----BEGIN CERTIFICATE-----") {
         let body = &rest[start + "-----BEGIN CERTIFICATE-----".len()..];
-        let end = body.find("-----END CERTIFICATE-----").ok_or_else(|| format!("{}: unterminated certificate", path.display()))?;
+        let end = body.find("-----END CERTIFICATE-----").ok_or_else(|| format!("{what}: unterminated certificate"))?;
         let b64: String = body[..end].chars().filter(|c| !c.is_whitespace()).collect();
-        let der = base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| format!("{}: bad certificate encoding: {e}", path.display()))?;
+        let der = base64::engine::general_purpose::STANDARD.decode(b64).map_err(|e| format!("{what}: bad certificate encoding: {e}"))?;
         // Check it parses before handing it to Pingora's parser (which panics on bad input).
         pingora_rustls::RootCertStore::empty()
             .add(pingora_rustls::CertificateDer::from(der.clone()))
-            .map_err(|e| format!("{}: not a CA certificate: {e}", path.display()))?;
-        certs.push(WrappedX509::new(der, pingora_core::utils::tls::parse_x509));
+            .map_err(|e| format!("{what}: not a CA certificate: {e}"))?;
+        certs.push(der);
         rest = &body[end..];
     }
     if certs.is_empty() {
-        return Err(format!("{}: no PEM certificate found", path.display()));
+        return Err(format!("{what}: no PEM certificate found"));
     }
-    Ok(certs.into())
+    Ok(certs)
+}
+
+/// The CA certificates of a PEM bundle, as Pingora's per-peer CA list.
+pub fn load_ca_bundle(path: &Path) -> Result<Arc<[WrappedX509]>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let certs = pem_certificates(&text, &path.display().to_string())?;
+    Ok(certs.into_iter().map(|der| WrappedX509::new(der, pingora_core::utils::tls::parse_x509)).collect::<Vec<_>>().into())
 }

@@ -2,6 +2,8 @@
 //! on free loopback ports and kills them on drop.
 #![allow(dead_code)]
 
+pub mod postgres;
+
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -1,0 +1,178 @@
+//! PostgreSQL: the store a fleet of tollgate nodes shares (issue 24).
+//!
+//! What is here is the foundation, built and tested against a real server but not yet wired
+//! into the gateway (which keeps sled, `super`): the connection pool (TLS through rustls when
+//! the URL's `sslmode` asks for it; the system's web roots plus an optional CA file), the
+//! schema that tollgate creates and migrates itself — versioned migrations, each in its own
+//! transaction under an advisory lock so that nodes starting together migrate once, and a
+//! database newer than this binary refused —, and the fleet's money ([`accounts`]).
+
+pub mod accounts;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Why a PostgreSQL call failed.
+#[derive(Debug)]
+pub enum PgError {
+    /// The URL or TLS settings are unusable.
+    Config(String),
+    /// No connection could be had (server down, refused, TLS failure).
+    Unavailable(String),
+    /// A statement failed.
+    Query(String),
+    /// The database's schema is not one this binary can use.
+    Schema(String),
+}
+
+impl std::fmt::Display for PgError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PgError::Config(m) => write!(f, "store.postgres: {m}"),
+            PgError::Unavailable(m) => write!(f, "the database is unreachable: {m}"),
+            PgError::Query(m) => write!(f, "database statement failed: {m}"),
+            PgError::Schema(m) => write!(f, "database schema: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for PgError {}
+
+impl From<tokio_postgres::Error> for PgError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        if e.is_closed() || e.as_db_error().is_none() {
+            PgError::Unavailable(e.to_string())
+        } else {
+            PgError::Query(e.to_string())
+        }
+    }
+}
+
+impl From<deadpool_postgres::PoolError> for PgError {
+    fn from(e: deadpool_postgres::PoolError) -> Self {
+        PgError::Unavailable(e.to_string())
+    }
+}
+
+/// How to reach the database.
+#[derive(Debug, Clone)]
+pub struct PgSettings {
+    /// `postgres://user[:password]@host[:port]/database[?sslmode=disable|prefer|require]`.
+    pub url: String,
+    pub pool_size: usize,
+    /// PEM text of extra CA certificates (`store.postgres.ca_file`).
+    pub ca_pem: Option<String>,
+}
+
+/// A pool of connections to the shared database, and how many statements went to it.
+#[derive(Clone)]
+pub struct Pg {
+    pool: deadpool_postgres::Pool,
+    statements: Arc<AtomicU64>,
+}
+
+/// The schema, one migration per version, applied in order. Never edit one that has shipped:
+/// add the next.
+const MIGRATIONS: &[(i32, &str)] = &[(
+    1,
+    "CREATE TABLE accounts (
+         key_id TEXT PRIMARY KEY,
+         balance BIGINT NOT NULL,
+         leased BIGINT NOT NULL DEFAULT 0 CHECK (leased >= 0)
+     );
+     CREATE TABLE leases (
+         key_id TEXT NOT NULL REFERENCES accounts (key_id),
+         node_id TEXT NOT NULL,
+         amount BIGINT NOT NULL CHECK (amount >= 0),
+         expires_at TIMESTAMPTZ NOT NULL,
+         PRIMARY KEY (key_id, node_id)
+     );
+     CREATE INDEX leases_expiry ON leases (expires_at);
+     CREATE TABLE settlements (
+         node_id TEXT NOT NULL,
+         batch BIGINT NOT NULL,
+         applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+         PRIMARY KEY (node_id, batch)
+     );",
+)];
+
+/// The advisory lock that serialises migrations across nodes.
+const MIGRATION_LOCK: i64 = 0x7011_6a7e_0001;
+
+fn tls(settings: &PgSettings) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgError> {
+    let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
+    if let Some(pem) = &settings.ca_pem {
+        for der in crate::tls::pem_certificates(pem, "ca_file").map_err(PgError::Config)? {
+            roots.add(rustls::pki_types::CertificateDer::from(der)).map_err(|e| PgError::Config(format!("ca_file: {e}")))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| PgError::Config(format!("tls: {e}")))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
+}
+
+impl Pg {
+    /// A pool for `settings` (no connection is made until one is needed).
+    pub fn new(settings: &PgSettings) -> Result<Pg, PgError> {
+        let config: tokio_postgres::Config = settings.url.parse().map_err(|e| PgError::Config(format!("url: {e}")))?;
+        let manager = deadpool_postgres::Manager::from_config(
+            config,
+            tls(settings)?,
+            deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast },
+        );
+        let pool = deadpool_postgres::Pool::builder(manager)
+            .max_size(settings.pool_size.max(1))
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(std::time::Duration::from_secs(5)))
+            .wait_timeout(Some(std::time::Duration::from_secs(5)))
+            .build()
+            .map_err(|e| PgError::Config(e.to_string()))?;
+        Ok(Pg { pool, statements: Arc::new(AtomicU64::new(0)) })
+    }
+
+    /// A connection from the pool.
+    pub async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Count `n` statements sent (for `/metrics`: statements per relayed request).
+    pub fn count(&self, n: u64) {
+        self.statements.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Statements sent since start.
+    pub fn statements(&self) -> u64 {
+        self.statements.load(Ordering::Relaxed)
+    }
+
+    /// Bring the schema to this binary's version; returns it. A database at a later version
+    /// (a newer tollgate migrated it) is refused rather than written with old assumptions.
+    pub async fn migrate(&self) -> Result<i32, PgError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK]).await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS tollgate_schema (version INTEGER PRIMARY KEY, applied_at TIMESTAMPTZ NOT NULL DEFAULT now())",
+        )
+        .await?;
+        let current: i32 = tx.query_one("SELECT COALESCE(MAX(version), 0) FROM tollgate_schema", &[]).await?.get(0);
+        let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+        if current > newest {
+            return Err(PgError::Schema(format!(
+                "the database is at version {current}, this tollgate knows up to {newest}: upgrade tollgate on this node"
+            )));
+        }
+        for (version, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > current) {
+            tx.batch_execute(sql).await.map_err(|e| PgError::Schema(format!("migration {version}: {e}")))?;
+            tx.execute("INSERT INTO tollgate_schema (version) VALUES ($1)", &[version]).await?;
+            log::info!("database schema migrated to version {version}");
+        }
+        tx.commit().await?;
+        self.count(4);
+        Ok(newest)
+    }
+}

@@ -1,0 +1,145 @@
+//! Issue 24, the foundation: the fleet's money on a real PostgreSQL server (started by the
+//! test in a temporary directory), several nodes as several `FleetAccounts` on one database.
+//! Not yet the gateway: these drive the store directly.
+
+mod common;
+
+use common::postgres::Postgres;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tollgate::store::postgres::accounts::FleetAccounts;
+use tollgate::store::postgres::{Pg, PgError, PgSettings};
+
+const CENT: i64 = 10_000_000;
+
+async fn pg(server: &Postgres) -> Pg {
+    let pg = Pg::new(&PgSettings { url: server.url(), pool_size: 8, ca_pem: None }).expect("pool");
+    pg.migrate().await.expect("migrate");
+    pg
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn thirty_one_cent_requests_over_three_nodes_on_ten_cents_serve_exactly_ten() {
+    let server = Postgres::start();
+    let nodes: Vec<Arc<FleetAccounts>> = {
+        let mut v = Vec::new();
+        for name in ["a", "b", "c"] {
+            v.push(Arc::new(FleetAccounts::new(pg(&server).await, name, Duration::from_secs(30))));
+        }
+        v
+    };
+    assert!(nodes[0].open_account("k", 10 * CENT).await.expect("open"));
+    assert!(!nodes[1].open_account("k", 99 * CENT).await.expect("open"), "a balance applies once");
+    let requests = (0..30).map(|i| {
+        let node = nodes[i % 3].clone();
+        tokio::spawn(async move {
+            match node.hold("k", CENT).await.expect("database") {
+                Ok(hold) => {
+                    node.settle(hold, CENT).await;
+                    true
+                }
+                Err(_) => false,
+            }
+        })
+    });
+    let served = futures_util::future::join_all(requests).await.into_iter().filter(|r| *r.as_ref().expect("task")).count();
+    assert_eq!(served, 10);
+    for node in &nodes {
+        node.flush().await.expect("flush");
+        node.release_unused("k").await.expect("release");
+    }
+    assert_eq!(nodes[2].balance("k").await.expect("balance"), (0, 0), "spent exactly, nothing left leased");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn holds_are_served_from_the_lease_without_the_database_and_settle_in_batches() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let node = FleetAccounts::new(db.clone(), "a", Duration::from_secs(30));
+    node.open_account("k", 100 * 100 * CENT).await.expect("open"); // $100
+    let before = db.statements();
+    for _ in 0..200 {
+        let hold = node.hold("k", CENT).await.expect("database").expect("covered");
+        node.settle(hold, CENT / 2).await;
+    }
+    let statements = db.statements() - before;
+    // The first hold leases $1 (an eighth of $100, at most $1), good for 100 holds of a cent;
+    // the second lease covers the rest.
+    assert!(statements <= 8, "{statements} statements for 200 holds");
+    node.flush().await.expect("flush");
+    let (balance, leased) = node.balance("k").await.expect("balance");
+    assert_eq!(balance, 100 * 100 * CENT - 200 * CENT / 2);
+    assert!(leased > 0 && leased <= 2 * 1_000_000_000, "{leased}");
+    node.flush().await.expect("a flush with nothing owed");
+    assert_eq!(node.balance("k").await.expect("balance").0, balance, "nothing applied twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_nodes_lease_comes_back_after_lease_secs_by_the_databases_clock() {
+    let server = Postgres::start();
+    let lease = Duration::from_secs(2);
+    let a = FleetAccounts::new(pg(&server).await, "a", lease);
+    let b = FleetAccounts::new(pg(&server).await, "b", lease);
+    a.open_account("k", 80 * CENT).await.expect("open");
+    // A leases a tenth of the money (an eighth of what is free, here), holds and dies.
+    let held = a.hold("k", CENT).await.expect("database").expect("covered");
+    let (_, leased) = b.balance("k").await.expect("balance");
+    assert_eq!(leased, 10 * CENT);
+    drop(held);
+    drop(a);
+    // B cannot take all of it while A's lease lives…
+    assert!(b.hold("k", 80 * CENT).await.expect("database").is_err());
+    let died = Instant::now();
+    // …and can once it expired (B's renewals reclaim expired leases).
+    loop {
+        b.renew().await.expect("renew");
+        if b.balance("k").await.expect("balance").1 == 0 {
+            break;
+        }
+        assert!(died.elapsed() < Duration::from_secs(20), "the dead node's lease never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(died.elapsed() >= lease / 2, "reclaimed before it could have expired");
+    let _all = b.hold("k", 80 * CENT).await.expect("database").expect("all the money is B's to hold now");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let lease = Duration::from_secs(2);
+    let a = FleetAccounts::new(db.clone(), "a", lease);
+    a.open_account("k", 100 * 100 * CENT).await.expect("open");
+    let h = a.hold("k", CENT).await.expect("database").expect("covered");
+    a.settle(h, CENT).await;
+    let local = db.statements();
+    let h = a.hold("k", CENT).await.expect("database").expect("from the lease");
+    a.settle(h, CENT).await;
+    assert_eq!(db.statements(), local, "a fresh lease is spent without the database");
+    // No renewal for half the lease: the lease is stale, the next hold goes to the database.
+    tokio::time::sleep(lease / 2 + Duration::from_millis(50)).await;
+    let h = a.hold("k", CENT).await.expect("database").expect("leased again");
+    a.settle(h, CENT).await;
+    assert!(db.statements() > local, "a stale lease was spent");
+    // A renewal makes it fresh again.
+    a.renew().await.expect("renew");
+    let renewed = db.statements();
+    let h = a.hold("k", CENT).await.expect("database").expect("from the lease");
+    a.settle(h, CENT).await;
+    assert_eq!(db.statements(), renewed);
+}
+
+#[tokio::test]
+async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    assert_eq!(db.migrate().await.expect("again"), 1, "migrating twice changes nothing");
+    let client = db.client().await.expect("client");
+    client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
+    match db.migrate().await {
+        Err(PgError::Schema(m)) => assert!(m.contains("version 99"), "{m}"),
+        other => panic!("a newer schema was accepted: {:?}", other.map_err(|e| e.to_string())),
+    }
+    let unreachable = Pg::new(&PgSettings { url: "postgres://postgres@127.0.0.1:1/x".into(), pool_size: 1, ca_pem: None }).expect("pool");
+    assert!(matches!(unreachable.migrate().await, Err(PgError::Unavailable(_))));
+}
