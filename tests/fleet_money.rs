@@ -143,3 +143,41 @@ async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let unreachable = Pg::new(&PgSettings { url: "postgres://postgres@127.0.0.1:1/x".into(), pool_size: 1, ca_pem: None }).expect("pool");
     assert!(matches!(unreachable.migrate().await, Err(PgError::Unavailable(_))));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sync_loop_flushes_renews_and_gives_back_quiet_leases_and_a_restarted_node_settles_again() {
+    let server = Postgres::start();
+    let lease = Duration::from_secs(2);
+    let a = Arc::new(FleetAccounts::new(pg(&server).await, "a", lease));
+    a.open_account("k", 80 * CENT).await.expect("open");
+    let h = a.hold("k", CENT).await.expect("database").expect("covered");
+    a.settle(h, 3 * CENT).await; // the upstream counted more than the hold
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let sync = tokio::spawn({
+        let a = a.clone();
+        async move { a.maintain(Duration::from_millis(100), stopped).await }
+    });
+    // Flushed within a round; the lease kept fresh by renewals, then given back once quiet.
+    let started = Instant::now();
+    loop {
+        let (balance, leased) = a.balance("k").await.expect("balance");
+        if balance == 77 * CENT && leased == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "balance {balance}, leased {leased}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let h = a.hold("k", CENT).await.expect("database").expect("covered");
+    a.settle(h, CENT).await;
+    stop.send(true).expect("stop");
+    sync.await.expect("sync loop");
+    assert_eq!(a.balance("k").await.expect("balance").0, 76 * CENT, "the last round flushes what is owed");
+
+    // The same node id after a restart: its settlements are new batches, not duplicates.
+    drop(a);
+    let again = FleetAccounts::new(pg(&server).await, "a", lease);
+    let h = again.hold("k", CENT).await.expect("database").expect("covered");
+    again.settle(h, CENT).await;
+    again.flush().await.expect("flush");
+    assert_eq!(again.balance("k").await.expect("balance").0, 75 * CENT);
+}

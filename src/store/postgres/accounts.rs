@@ -48,6 +48,11 @@ struct Local {
     owed: i64,
     /// Until when the lease may be spent locally (fencing).
     fresh_until: Option<Instant>,
+    /// A batch of `owed` on its way to the database: (batch number, amount). Retried with the
+    /// same number until it is known applied, so a lost reply never debits twice.
+    pending: Option<(i64, i64)>,
+    /// The last hold made against this key here.
+    last_used: Option<Instant>,
 }
 
 impl Local {
@@ -78,16 +83,19 @@ pub struct FleetAccounts {
     state: tokio::sync::Mutex<State>,
 }
 
-#[derive(Default)]
 struct State {
     keys: HashMap<String, Local>,
+    /// Settlement batch numbers: from the start time in ms × 65536, so a restarted node (same
+    /// `node_id`) never reuses one.
     next_batch: i64,
 }
 
 impl FleetAccounts {
     /// `node` must differ between nodes; `lease_for` is `store.lease_secs`.
     pub fn new(pg: Pg, node: &str, lease_for: Duration) -> Self {
-        FleetAccounts { pg, node: node.to_string(), lease_for, state: tokio::sync::Mutex::new(State::default()) }
+        let start_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+        let state = State { keys: HashMap::new(), next_batch: start_ms.saturating_mul(65_536) };
+        FleetAccounts { pg, node: node.to_string(), lease_for, state: tokio::sync::Mutex::new(state) }
     }
 
     /// Create the key's account with `initial` if it has none; whether it was created.
@@ -115,6 +123,7 @@ impl FleetAccounts {
         let mut state = self.state.lock().await;
         let local = state.keys.entry(key_id.to_string()).or_default();
         let fresh = local.fresh_until.is_some_and(|t| Instant::now() < t);
+        local.last_used = Some(Instant::now());
         if fresh && local.free() >= amount && (amount > 0 || local.free() >= 0) {
             local.held += amount;
             return Ok(Ok(FleetHold { key_id: key_id.to_string(), amount }));
@@ -176,17 +185,28 @@ impl FleetAccounts {
     }
 
     /// Write what this node owes to the database: per key, one transaction debits the balance
-    /// and takes what it can out of this node's lease. Returns the keys flushed.
+    /// and takes what it can out of this node's lease. Returns the keys flushed. On an error
+    /// the batch stays pending and is retried, under the same number, by the next flush.
     pub async fn flush(&self) -> Result<usize, PgError> {
         let mut state = self.state.lock().await;
-        let owed: Vec<(String, i64)> = state.keys.iter().filter(|(_, l)| l.owed != 0).map(|(k, l)| (k.clone(), l.owed)).collect();
+        let mut batches = Vec::new();
+        let mut next = state.next_batch;
+        for (key_id, local) in state.keys.iter_mut() {
+            if local.pending.is_none() && local.owed != 0 {
+                local.pending = Some((next, local.owed));
+                next += 1;
+            }
+            if let Some(batch) = local.pending {
+                batches.push((key_id.clone(), batch));
+            }
+        }
+        state.next_batch = next;
         let mut flushed = 0;
-        for (key_id, amount) in owed {
-            let batch = state.next_batch;
-            state.next_batch += 1;
+        for (key_id, (batch, amount)) in batches {
             let lease_left = self.apply(&key_id, amount, batch).await?;
             if let Some(local) = state.keys.get_mut(&key_id) {
                 local.owed -= amount;
+                local.pending = None;
                 local.lease = lease_left;
             }
             flushed += 1;
@@ -266,6 +286,8 @@ impl FleetAccounts {
             )
             .await?
             .get(0);
+        // Settlement numbers are kept long enough for any retry.
+        tx.execute("DELETE FROM settlements WHERE node_id = $1 AND applied_at < now() - interval '1 day'", &[&self.node]).await?;
         let mine = tx
             .query(
                 "UPDATE leases SET expires_at = now() + $2 * interval '1 millisecond' WHERE node_id = $1 RETURNING key_id, amount",
@@ -273,7 +295,7 @@ impl FleetAccounts {
             )
             .await?;
         tx.commit().await?;
-        self.pg.count(4);
+        self.pg.count(5);
         let mine: HashMap<String, i64> = mine.iter().map(|r| (r.get(0), r.get(1))).collect();
         let mut state = self.state.lock().await;
         for (key_id, local) in state.keys.iter_mut() {
@@ -292,5 +314,41 @@ impl FleetAccounts {
             log::info!("reclaimed {reclaimed} nano-USD of expired leases");
         }
         Ok(reclaimed)
+    }
+
+    /// Keep this node's share of the accounts in step until `stop` is set: every `every`
+    /// (`store.sync_ms`), flush what is owed, renew the leases (reclaiming expired ones) and
+    /// give back the leases of keys unused for half a lease. A failed round is logged and the
+    /// next one retries it; meanwhile leases go stale at half their lifetime (fencing).
+    pub async fn maintain(&self, every: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
+        loop {
+            if let Err(e) = self.round().await {
+                log::warn!("store: accounts sync failed, retrying in {every:?}: {e}");
+            }
+            tokio::select! {
+                _ = stop.changed() => {
+                    if let Err(e) = self.flush().await {
+                        log::error!("store: final flush of what this node owes failed: {e}");
+                    }
+                    return;
+                }
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
+    async fn round(&self) -> Result<(), PgError> {
+        self.flush().await?;
+        self.renew().await?;
+        let idle: Vec<String> = {
+            let state = self.state.lock().await;
+            // Unused for half a lease: its money goes back to the fleet.
+            let quiet = |l: &Local| l.last_used.is_none_or(|t| t.elapsed() >= self.lease_for / 2);
+            state.keys.iter().filter(|(_, l)| l.held == 0 && l.owed == 0 && l.lease > 0 && quiet(l)).map(|(k, _)| k.clone()).collect()
+        };
+        for key_id in idle {
+            self.release_unused(&key_id).await?;
+        }
+        Ok(())
     }
 }
