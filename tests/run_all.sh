@@ -12,7 +12,7 @@ command -v cmake >/dev/null 2>&1 || need+=(cmake)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
-# A real PostgreSQL server for the fleet tests (tests/fleet_money.rs starts its own in a temp dir).
+# A real PostgreSQL server for the fleet tests (tests/fleet_store.rs starts its own in a temp dir).
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive

@@ -8,6 +8,7 @@
 //! database newer than this binary refused —, and the fleet's money ([`accounts`]).
 
 pub mod accounts;
+pub mod keys;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -69,13 +70,17 @@ pub struct PgSettings {
 pub struct Pg {
     pool: deadpool_postgres::Pool,
     statements: Arc<AtomicU64>,
+    /// For connections outside the pool (a `LISTEN`er).
+    config: tokio_postgres::Config,
+    tls: tokio_postgres_rustls::MakeRustlsConnect,
 }
 
 /// The schema, one migration per version, applied in order. Never edit one that has shipped:
 /// add the next.
-const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE accounts (
+const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE accounts (
          key_id TEXT PRIMARY KEY,
          balance BIGINT NOT NULL,
          leased BIGINT NOT NULL DEFAULT 0 CHECK (leased >= 0)
@@ -94,7 +99,23 @@ const MIGRATIONS: &[(i32, &str)] = &[(
          applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
          PRIMARY KEY (node_id, batch)
      );",
-)];
+    ),
+    (
+        2,
+        "CREATE TABLE keys (
+         id TEXT PRIMARY KEY,
+         key_hash TEXT NOT NULL UNIQUE,
+         record TEXT NOT NULL,
+         updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE TABLE key_changes (
+         seq BIGSERIAL PRIMARY KEY,
+         key_id TEXT NOT NULL,
+         at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE INDEX key_changes_at ON key_changes (at);",
+    ),
+];
 
 /// The advisory lock that serialises migrations across nodes.
 const MIGRATION_LOCK: i64 = 0x7011_6a7e_0001;
@@ -119,9 +140,10 @@ impl Pg {
     /// A pool for `settings` (no connection is made until one is needed).
     pub fn new(settings: &PgSettings) -> Result<Pg, PgError> {
         let config: tokio_postgres::Config = settings.url.parse().map_err(|e| PgError::Config(format!("url: {e}")))?;
+        let tls = tls(settings)?;
         let manager = deadpool_postgres::Manager::from_config(
-            config,
-            tls(settings)?,
+            config.clone(),
+            tls.clone(),
             deadpool_postgres::ManagerConfig { recycling_method: deadpool_postgres::RecyclingMethod::Fast },
         );
         let pool = deadpool_postgres::Pool::builder(manager)
@@ -131,12 +153,43 @@ impl Pg {
             .wait_timeout(Some(std::time::Duration::from_secs(5)))
             .build()
             .map_err(|e| PgError::Config(e.to_string()))?;
-        Ok(Pg { pool, statements: Arc::new(AtomicU64::new(0)) })
+        Ok(Pg { pool, statements: Arc::new(AtomicU64::new(0)), config, tls })
     }
 
     /// A connection from the pool.
     pub async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
         Ok(self.pool.get().await?)
+    }
+
+    /// A connection of its own that `LISTEN`s on `channel`: the notifications arrive on the
+    /// receiver, which ends when the connection does. Keep the client: dropping it closes the
+    /// connection.
+    pub async fn listen(
+        &self,
+        channel: &str,
+    ) -> Result<(tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>), PgError> {
+        let (client, mut connection) = self.config.connect(self.tls.clone()).await?;
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                        if tx.send(n).is_err() {
+                            return;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => {
+                        log::warn!("store: listening connection ended: {e}");
+                        return;
+                    }
+                    None => return,
+                }
+            }
+        });
+        client.batch_execute(&format!("LISTEN {channel}")).await?;
+        self.count(1);
+        Ok((client, rx))
     }
 
     /// Count `n` statements sent (for `/metrics`: statements per relayed request).

@@ -1,6 +1,6 @@
-//! Issue 24, the foundation: the fleet's money on a real PostgreSQL server (started by the
-//! test in a temporary directory), several nodes as several `FleetAccounts` on one database.
-//! Not yet the gateway: these drive the store directly.
+//! Issue 24, the foundation: the fleet's money and keys on a real PostgreSQL server (started
+//! by the test in a temporary directory), several nodes as several `FleetAccounts` /
+//! `FleetKeys` on one database. Not yet the gateway: these drive the store directly.
 
 mod common;
 
@@ -8,7 +8,9 @@ use common::postgres::Postgres;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate::store::postgres::accounts::FleetAccounts;
+use tollgate::store::postgres::keys::{FleetKeys, KeyLookup};
 use tollgate::store::postgres::{Pg, PgError, PgSettings};
+use tollgate::store::{KeyOrigin, KeyRecord};
 
 const CENT: i64 = 10_000_000;
 
@@ -133,7 +135,7 @@ async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime()
 async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let server = Postgres::start();
     let db = pg(&server).await;
-    assert_eq!(db.migrate().await.expect("again"), 1, "migrating twice changes nothing");
+    assert_eq!(db.migrate().await.expect("again"), 2, "migrating twice changes nothing");
     let client = db.client().await.expect("client");
     client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
     match db.migrate().await {
@@ -180,4 +182,105 @@ async fn the_sync_loop_flushes_renews_and_gives_back_quiet_leases_and_a_restarte
     again.settle(h, CENT).await;
     again.flush().await.expect("flush");
     assert_eq!(again.balance("k").await.expect("balance").0, 75 * CENT);
+}
+
+fn record(id: &str, hash: &str, enabled: bool) -> KeyRecord {
+    KeyRecord {
+        id: id.into(),
+        name: id.into(),
+        group: "default".into(),
+        key_hash: hash.into(),
+        rpm: None,
+        tpm: None,
+        enabled,
+        created_at: 1,
+        max_concurrent: None,
+        origin: KeyOrigin::Admin,
+        seed_digest: None,
+    }
+}
+
+fn enabled(lookup: KeyLookup) -> Option<bool> {
+    match lookup {
+        KeyLookup::Found(r) => Some(r.enabled),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_disabled_on_one_node_is_refused_by_another_within_sync_ms() {
+    let server = Postgres::start();
+    let sync = Duration::from_millis(1000);
+    let a = Arc::new(FleetKeys::new(pg(&server).await, sync));
+    let c = Arc::new(FleetKeys::new(pg(&server).await, sync));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    for node in [&a, &c] {
+        let node = node.clone();
+        let stopped = stopped.clone();
+        tokio::spawn(async move { node.follow(stopped).await });
+    }
+    a.put(&record("key_1", "hash-1", true)).await.expect("put");
+    let wait = |want: Option<bool>| {
+        let c = c.clone();
+        async move {
+            let at = Instant::now();
+            while enabled(c.lookup("hash-1")) != want {
+                assert!(at.elapsed() < Duration::from_secs(10), "node C never saw {want:?}");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            at.elapsed()
+        }
+    };
+    wait(Some(true)).await;
+    let delay = wait_after(a.put(&record("key_1", "hash-1", false)), wait(Some(false))).await;
+    eprintln!("revocation reached node C after {delay:?} (sync_ms {sync:?})");
+    assert!(delay <= sync + Duration::from_millis(500), "{delay:?}");
+    // Rotation: the old secret's hash stops working everywhere.
+    a.put(&record("key_1", "hash-2", true)).await.expect("rotate");
+    let at = Instant::now();
+    while c.lookup("hash-2") == KeyLookup::Unknown {
+        assert!(at.elapsed() < sync + Duration::from_millis(500));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(c.lookup("hash-1"), KeyLookup::Unknown);
+    stop.send(true).expect("stop");
+}
+
+/// Runs `first`, then measures `then`.
+async fn wait_after<F: std::future::Future<Output = Result<(), PgError>>, G: std::future::Future<Output = Duration>>(
+    first: F,
+    then: G,
+) -> Duration {
+    first.await.expect("put");
+    then.await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_change_committed_after_a_later_read_is_still_found_and_a_node_that_cannot_sync_goes_stale() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let c = FleetKeys::new(pg(&server).await, Duration::from_millis(100));
+    assert_eq!(c.lookup("hash-9"), KeyLookup::Stale, "never synced: nothing is trusted");
+    c.sync().await.expect("first sync");
+    assert_eq!(c.lookup("hash-9"), KeyLookup::Unknown);
+    // A writer's transaction starts (its change row carries this time), C reads the log, then
+    // the writer commits: the next read must still find it (no notification is listened to).
+    let mut writer = db.client().await.expect("client");
+    let tx = writer.transaction().await.expect("begin");
+    tx.execute(
+        "INSERT INTO keys (id, key_hash, record) VALUES ($1, $2, $3)",
+        &[&"key_9", &"hash-9", &serde_json::to_string(&record("key_9", "hash-9", true)).expect("json")],
+    )
+    .await
+    .expect("insert");
+    tx.execute("INSERT INTO key_changes (key_id) VALUES ('key_9')", &[]).await.expect("change");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    c.sync().await.expect("sync before the commit");
+    assert_eq!(c.lookup("hash-9"), KeyLookup::Unknown);
+    tx.commit().await.expect("commit");
+    c.sync().await.expect("sync after the commit");
+    assert_eq!(enabled(c.lookup("hash-9")), Some(true), "a change that committed late was missed");
+    // No sync for longer than the staleness bound: refused, not guessed.
+    tokio::time::sleep(c.stale_after() + Duration::from_millis(100)).await;
+    assert_eq!(c.lookup("hash-9"), KeyLookup::Stale);
 }

@@ -1,0 +1,171 @@
+//! The fleet's keys: one table every node reads, and changes (a key created, disabled,
+//! re-grouped, its limits changed) that reach every node within `store.sync_ms`.
+//!
+//! A write ([`FleetKeys::put`]) stores the record and a row in `key_changes` in one
+//! transaction and sends `NOTIFY tollgate_keys` (delivered at commit). Each node keeps the
+//! whole index in memory (authentication reads only memory) and refreshes it:
+//!
+//! * on a notification, at once;
+//! * every `sync_ms` regardless, from the change log, so changes whose notification was lost
+//!   (the listening connection dropped, the node was away) still arrive. The log is read from
+//!   the database time of the previous read less [`OVERLAP`], which covers transactions that
+//!   committed after a later one (their rows carry their start time); reading a change twice
+//!   is harmless.
+//!
+//! A node whose index has not been refreshed for [`FleetKeys::stale_after`] (3 × `sync_ms`,
+//! at least 5 s) refuses to authenticate ([`KeyLookup::Stale`]): it cannot know that a key was
+//! not revoked meanwhile.
+
+use super::{Pg, PgError};
+use crate::store::KeyRecord;
+use arc_swap::ArcSwap;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The notification channel.
+pub const CHANNEL: &str = "tollgate_keys";
+/// How far back each read of the change log reaches past the previous one.
+pub const OVERLAP: Duration = Duration::from_secs(5);
+
+/// The in-memory index: key hash → record.
+type Index = HashMap<String, Arc<KeyRecord>>;
+
+/// What an authentication finds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyLookup {
+    Found(Arc<KeyRecord>),
+    Unknown,
+    /// The index is older than the staleness bound: refuse (503) rather than guess.
+    Stale,
+}
+
+pub struct FleetKeys {
+    pg: Pg,
+    sync_every: Duration,
+    index: ArcSwap<Index>,
+    /// When the index was last known current (local monotonic clock), and the database time
+    /// of that read.
+    synced: std::sync::Mutex<Option<(Instant, f64)>>,
+}
+
+impl FleetKeys {
+    pub fn new(pg: Pg, sync_every: Duration) -> Self {
+        FleetKeys { pg, sync_every, index: ArcSwap::from_pointee(HashMap::new()), synced: std::sync::Mutex::new(None) }
+    }
+
+    /// The staleness bound.
+    pub fn stale_after(&self) -> Duration {
+        (self.sync_every * 3).max(Duration::from_secs(5))
+    }
+
+    fn synced(&self) -> std::sync::MutexGuard<'_, Option<(Instant, f64)>> {
+        self.synced.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Store `record` (new or changed) for every node, and tell them.
+    pub async fn put(&self, record: &KeyRecord) -> Result<(), PgError> {
+        let text = serde_json::to_string(record).map_err(|e| PgError::Query(format!("key record: {e}")))?;
+        let mut client = self.pg.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute(
+            "INSERT INTO keys (id, key_hash, record) VALUES ($1, $2, $3)
+             ON CONFLICT (id) DO UPDATE SET key_hash = EXCLUDED.key_hash, record = EXCLUDED.record, updated_at = now()",
+            &[&record.id, &record.key_hash, &text],
+        )
+        .await?;
+        tx.execute("INSERT INTO key_changes (key_id) VALUES ($1)", &[&record.id]).await?;
+        tx.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
+        tx.commit().await?;
+        self.pg.count(3);
+        Ok(())
+    }
+
+    /// Refresh the index: everything the first time, then the keys the change log names since
+    /// the previous read (less [`OVERLAP`]).
+    pub async fn sync(&self) -> Result<usize, PgError> {
+        let started = Instant::now();
+        let since = self.synced().map(|(_, db_time)| db_time - OVERLAP.as_secs_f64());
+        let client = self.pg.client().await?;
+        let now: f64 = client.query_one("SELECT extract(epoch FROM now())::float8", &[]).await?.get(0);
+        let rows = match since {
+            None => client.query("SELECT record FROM keys", &[]).await?,
+            Some(since) => {
+                client
+                    .query(
+                        "SELECT record FROM keys WHERE id IN
+                           (SELECT key_id FROM key_changes WHERE at >= to_timestamp($1))",
+                        &[&since],
+                    )
+                    .await?
+            }
+        };
+        self.pg.count(2);
+        let mut changed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let text: String = row.get(0);
+            match serde_json::from_str::<KeyRecord>(&text) {
+                Ok(record) => changed.push(record),
+                Err(e) => log::error!("store: an unreadable key record was skipped: {e}"),
+            }
+        }
+        let n = changed.len();
+        if since.is_none() {
+            self.index.store(Arc::new(changed.into_iter().map(|r| (r.key_hash.clone(), Arc::new(r))).collect()));
+        } else if n > 0 {
+            let mut index: Index = (**self.index.load()).clone();
+            for record in changed {
+                // A re-keyed record (rotation) drops its old hash.
+                index.retain(|_, r| r.id != record.id);
+                index.insert(record.key_hash.clone(), Arc::new(record));
+            }
+            self.index.store(Arc::new(index));
+        }
+        *self.synced() = Some((started, now));
+        Ok(n)
+    }
+
+    /// The key with this secret's hash, from memory; `Stale` when the index is too old.
+    pub fn lookup(&self, key_hash: &str) -> KeyLookup {
+        let fresh = self.synced().is_some_and(|(at, _)| at.elapsed() <= self.stale_after());
+        if !fresh {
+            return KeyLookup::Stale;
+        }
+        match self.index.load().get(key_hash) {
+            Some(record) => KeyLookup::Found(record.clone()),
+            None => KeyLookup::Unknown,
+        }
+    }
+
+    /// Keep the index current until `stop` is set: listen for notifications (reconnecting
+    /// when the listening connection drops) and read the change log every `sync_ms`.
+    pub async fn follow(&self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        let mut listener: Option<(tokio_postgres::Client, tokio::sync::mpsc::UnboundedReceiver<tokio_postgres::Notification>)> = None;
+        loop {
+            if listener.is_none() {
+                match self.pg.listen(CHANNEL).await {
+                    Ok(l) => listener = Some(l),
+                    Err(e) => log::warn!("store: cannot listen for key changes (polling every {:?}): {e}", self.sync_every),
+                }
+            }
+            if let Err(e) = self.sync().await {
+                log::warn!("store: key sync failed: {e}");
+            }
+            let notified = async {
+                match listener.as_mut() {
+                    Some((_, rx)) => rx.recv().await.is_some(),
+                    None => std::future::pending().await,
+                }
+            };
+            let lost = tokio::select! {
+                _ = stop.changed() => return,
+                got = notified => !got,
+                _ = tokio::time::sleep(self.sync_every) => false,
+            };
+            if lost {
+                // The listening connection ended: reconnect next round.
+                listener = None;
+            }
+        }
+    }
+}
