@@ -306,7 +306,8 @@ pub struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, r: &UsageRecord) {
+    /// Count one record (a negative cost is an adjustment: money, not a request).
+    pub fn add(&mut self, r: &UsageRecord) {
         if r.cost_nanos >= 0 {
             self.requests += 1;
         }

@@ -7,8 +7,10 @@ mod common;
 use common::postgres::Postgres;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tollgate::ledger::UsageRecord;
 use tollgate::store::postgres::accounts::FleetAccounts;
 use tollgate::store::postgres::keys::{FleetKeys, KeyLookup};
+use tollgate::store::postgres::records::FleetRecords;
 use tollgate::store::postgres::{Pg, PgError, PgSettings};
 use tollgate::store::{KeyOrigin, KeyRecord};
 
@@ -135,7 +137,7 @@ async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime()
 async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let server = Postgres::start();
     let db = pg(&server).await;
-    assert_eq!(db.migrate().await.expect("again"), 2, "migrating twice changes nothing");
+    assert_eq!(db.migrate().await.expect("again"), 3, "migrating twice changes nothing");
     let client = db.client().await.expect("client");
     client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
     match db.migrate().await {
@@ -283,4 +285,53 @@ async fn a_change_committed_after_a_later_read_is_still_found_and_a_node_that_ca
     // No sync for longer than the staleness bound: refused, not guessed.
     tokio::time::sleep(c.stale_after() + Duration::from_millis(100)).await;
     assert_eq!(c.lookup("hash-9"), KeyLookup::Stale);
+}
+
+fn usage(key: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
+    UsageRecord {
+        time_ms,
+        key_id: key.into(),
+        model: model.into(),
+        protocol: "openai".into(),
+        route: "chat_completions".into(),
+        input_tokens: 10,
+        cached_tokens: 2,
+        cache_write_tokens: 0,
+        output_tokens: 5,
+        cost_nanos: cost,
+        status: 200,
+        latency_ms: 1,
+        estimated: false,
+        seq: 0,
+        balance_after: 0,
+        provider: None,
+        attempts: 1,
+        response_id: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_nodes_records_count_on_every_node_and_a_retried_batch_counts_once() {
+    let server = Postgres::start();
+    let nodes =
+        [FleetRecords::new(pg(&server).await, "a"), FleetRecords::new(pg(&server).await, "b"), FleetRecords::new(pg(&server).await, "c")];
+    for (i, node) in nodes.iter().enumerate() {
+        let batch =
+            node.numbered((0..4).map(|j| usage("k", if j % 2 == 0 { "m1" } else { "m2" }, 100, 1_000 + (i * 4 + j) as u64)).collect());
+        assert_eq!(node.book(&batch).await.expect("book"), 4);
+        // The reply was lost and the batch is sent again: nothing is counted twice.
+        assert_eq!(node.book(&batch).await.expect("book again"), 0);
+    }
+    let (total, by_model) = nodes[2].summary("k", 0, u64::MAX >> 1).await.expect("summary");
+    assert_eq!(total.requests, 12);
+    assert_eq!(total.cost_nanos, 1_200);
+    assert_eq!(total.input_tokens, 12 * 12, "plain, cached and cache-write input together");
+    assert_eq!((by_model["m1"].requests, by_model["m2"].requests), (6, 6));
+    let (window, _) = nodes[0].summary("k", 1_004, 1_008).await.expect("summary");
+    assert_eq!(window.requests, 4, "the time range is [start, end)");
+    // A restarted node with the same id numbers its records anew.
+    let again = FleetRecords::new(pg(&server).await, "a");
+    let batch = again.numbered(vec![usage("k", "m1", 100, 2_000)]);
+    assert_eq!(again.book(&batch).await.expect("book"), 1);
+    assert_eq!(nodes[1].summary("k", 0, u64::MAX >> 1).await.expect("summary").0.requests, 13);
 }

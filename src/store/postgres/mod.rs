@@ -9,6 +9,7 @@
 
 pub mod accounts;
 pub mod keys;
+pub mod records;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -114,6 +115,18 @@ const MIGRATIONS: &[(i32, &str)] = &[
          at TIMESTAMPTZ NOT NULL DEFAULT now()
      );
      CREATE INDEX key_changes_at ON key_changes (at);",
+    ),
+    (
+        3,
+        "CREATE TABLE usage_records (
+         node_id TEXT NOT NULL,
+         seq BIGINT NOT NULL,
+         key_id TEXT NOT NULL,
+         time_ms BIGINT NOT NULL,
+         record TEXT NOT NULL,
+         PRIMARY KEY (node_id, seq)
+     );
+     CREATE INDEX usage_records_by_key ON usage_records (key_id, time_ms);",
     ),
 ];
 
