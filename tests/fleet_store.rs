@@ -11,6 +11,7 @@ use tollgate::ledger::UsageRecord;
 use tollgate::store::postgres::accounts::FleetAccounts;
 use tollgate::store::postgres::keys::{FleetKeys, KeyLookup};
 use tollgate::store::postgres::records::FleetRecords;
+use tollgate::store::postgres::tasks::{Created, FleetTasks};
 use tollgate::store::postgres::{Pg, PgError, PgSettings};
 use tollgate::store::{KeyOrigin, KeyRecord};
 
@@ -137,7 +138,7 @@ async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime()
 async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let server = Postgres::start();
     let db = pg(&server).await;
-    assert_eq!(db.migrate().await.expect("again"), 3, "migrating twice changes nothing");
+    assert_eq!(db.migrate().await.expect("again"), 4, "migrating twice changes nothing");
     let client = db.client().await.expect("client");
     client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
     match db.migrate().await {
@@ -334,4 +335,67 @@ async fn every_nodes_records_count_on_every_node_and_a_retried_batch_counts_once
     let batch = again.numbered(vec![usage("k", "m1", 100, 2_000)]);
     assert_eq!(again.book(&batch).await.expect("book"), 1);
     assert_eq!(nodes[1].summary("k", 0, u64::MAX >> 1).await.expect("summary").0.requests, 13);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_task_belongs_to_the_fleet_one_node_at_a_time() {
+    let server = Postgres::start();
+    let claim = Duration::from_secs(1);
+    let a = FleetTasks::new(pg(&server).await, "a", claim);
+    let c = FleetTasks::new(pg(&server).await, "c", claim);
+    // Created on A, readable on C by its owner only; the same idempotency key on C returns it.
+    assert_eq!(a.create("task_1", "k", r#"{"status":"submitting"}"#, Some("idem-1")).await.expect("create"), Created::New);
+    assert_eq!(c.get("task_1", "k").await.expect("get").as_deref(), Some(r#"{"status":"submitting"}"#));
+    assert_eq!(c.get("task_1", "other-key").await.expect("get"), None);
+    assert_eq!(c.create("task_2", "k", "{}", Some("idem-1")).await.expect("create"), Created::Existing("task_1".into()));
+    assert_eq!(c.get("task_2", "k").await.expect("get"), None, "no second task (and no second submission)");
+    // A holds it: C cannot take it, nor write it.
+    assert!(c.claim(10).await.expect("claim").is_empty());
+    assert!(!c.update("task_1", r#"{"status":"x"}"#, true).await.expect("update"));
+    assert!(a.update("task_1", r#"{"status":"queued"}"#, true).await.expect("update"));
+    // A dies: once its claim lapses C takes the task over, and A's late write is refused.
+    let died = Instant::now();
+    let taken = loop {
+        let got = c.claim(10).await.expect("claim");
+        if !got.is_empty() {
+            break got;
+        }
+        assert!(died.elapsed() < Duration::from_secs(10), "never taken over");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(taken, vec![("task_1".to_string(), r#"{"status":"queued"}"#.to_string())]);
+    assert!(!a.update("task_1", r#"{"status":"stale"}"#, true).await.expect("update"), "a node past its claim wrote");
+    assert!(c.update("task_1", r#"{"status":"completed"}"#, false).await.expect("update"));
+    assert!(c.claim(10).await.expect("claim").is_empty(), "a finished task is not polled");
+    assert_eq!(a.get("task_1", "k").await.expect("get").as_deref(), Some(r#"{"status":"completed"}"#));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_pollers_never_take_the_same_task() {
+    let server = Postgres::start();
+    let claim = Duration::from_millis(300);
+    let creator = FleetTasks::new(pg(&server).await, "creator", claim);
+    for i in 0..40 {
+        assert_eq!(creator.create(&format!("t{i}"), "k", "{}", None).await.expect("create"), Created::New);
+    }
+    tokio::time::sleep(claim + Duration::from_millis(100)).await; // the creator's claims lapse
+    let a = Arc::new(FleetTasks::new(pg(&server).await, "a", Duration::from_secs(30)));
+    let c = Arc::new(FleetTasks::new(pg(&server).await, "c", Duration::from_secs(30)));
+    // Four rounds each, at once: a node may take its own tasks again (renewing its claim),
+    // never one the other holds.
+    let mut rounds = Vec::new();
+    for _ in 0..4 {
+        for (name, node) in [("a", a.clone()), ("c", c.clone())] {
+            rounds.push(tokio::spawn(async move { (name, node.claim(10).await.expect("claim")) }));
+        }
+    }
+    let mut holder: std::collections::HashMap<String, &str> = std::collections::HashMap::new();
+    for round in rounds {
+        let (name, got) = round.await.expect("task");
+        for (id, _) in got {
+            let first = *holder.entry(id.clone()).or_insert(name);
+            assert_eq!(first, name, "{id} was taken by both nodes");
+        }
+    }
+    assert!(holder.len() <= 40);
 }

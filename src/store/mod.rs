@@ -1,6 +1,6 @@
 //! The store. Today every node keeps its own: the sled database here (one file lock, opened
 //! once, trees by concern). [`postgres`] is the store a fleet of nodes will share (issue 24):
-//! its connection, schema, money, keys and usage records are built and tested, not yet wired
+//! its connection, schema, money, keys, usage records and video tasks are built and tested, not yet wired
 //! into the gateway.
 //!
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.

@@ -10,6 +10,7 @@
 pub mod accounts;
 pub mod keys;
 pub mod records;
+pub mod tasks;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -127,6 +128,26 @@ const MIGRATIONS: &[(i32, &str)] = &[
          PRIMARY KEY (node_id, seq)
      );
      CREATE INDEX usage_records_by_key ON usage_records (key_id, time_ms);",
+    ),
+    (
+        4,
+        "CREATE TABLE video_tasks (
+         id TEXT PRIMARY KEY,
+         key_id TEXT NOT NULL,
+         record TEXT NOT NULL,
+         open BOOLEAN NOT NULL,
+         claimed_by TEXT,
+         claim_until TIMESTAMPTZ,
+         updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE INDEX video_tasks_open ON video_tasks (updated_at) WHERE open;
+     CREATE TABLE idempotency_keys (
+         key_id TEXT NOT NULL,
+         idem_key TEXT NOT NULL,
+         task_id TEXT NOT NULL,
+         created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+         PRIMARY KEY (key_id, idem_key)
+     );",
     ),
 ];
 

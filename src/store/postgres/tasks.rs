@@ -1,0 +1,118 @@
+//! Video tasks that belong to the fleet: created on any node, readable on every node (by their
+//! owner only), worked on by exactly one node at a time.
+//!
+//! A node works on a task (submits it, polls it) only while it holds the task's **claim**, which
+//! lasts `claim_for` by the database's clock. The creating node holds it from creation; the
+//! pollers take open tasks whose claim lapsed with `FOR UPDATE SKIP LOCKED`, so two nodes never
+//! take the same one, and a dead node's tasks are taken by another once its claims expire.
+//! Every write of a task's state is **fenced** by the claim: it applies only while the writer
+//! still holds an unexpired claim, so a node that stalled past its claim cannot overwrite (or
+//! submit again) what another node took over. Idempotency keys are a table of their own: the
+//! first task created with a key is the one every node returns for it.
+
+use super::{Pg, PgError};
+use std::time::Duration;
+
+/// What a create found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Created {
+    /// The task was created, claimed by this node.
+    New,
+    /// The idempotency key was used before: that task.
+    Existing(String),
+}
+
+pub struct FleetTasks {
+    pg: Pg,
+    node: String,
+    claim_for: Duration,
+}
+
+impl FleetTasks {
+    pub fn new(pg: Pg, node: &str, claim_for: Duration) -> Self {
+        FleetTasks { pg, node: node.to_string(), claim_for }
+    }
+
+    fn claim_ms(&self) -> f64 {
+        self.claim_for.as_millis() as f64
+    }
+
+    /// Create task `id` of `key_id` (its state as JSON text), claimed by this node; with an
+    /// idempotency key, the task first created with it instead, if any.
+    pub async fn create(&self, id: &str, key_id: &str, record: &str, idem: Option<&str>) -> Result<Created, PgError> {
+        let mut client = self.pg.client().await?;
+        let tx = client.transaction().await?;
+        if let Some(idem) = idem {
+            let taken = tx
+                .query_opt(
+                    "INSERT INTO idempotency_keys (key_id, idem_key, task_id) VALUES ($1, $2, $3)
+                     ON CONFLICT (key_id, idem_key) DO NOTHING RETURNING task_id",
+                    &[&key_id, &idem, &id],
+                )
+                .await?;
+            if taken.is_none() {
+                let existing: String = tx
+                    .query_one("SELECT task_id FROM idempotency_keys WHERE key_id = $1 AND idem_key = $2", &[&key_id, &idem])
+                    .await?
+                    .get(0);
+                tx.commit().await?;
+                self.pg.count(3);
+                return Ok(Created::Existing(existing));
+            }
+        }
+        tx.execute(
+            "INSERT INTO video_tasks (id, key_id, record, open, claimed_by, claim_until)
+             VALUES ($1, $2, $3, true, $4, now() + $5 * interval '1 millisecond')",
+            &[&id, &key_id, &record, &self.node, &self.claim_ms()],
+        )
+        .await?;
+        tx.commit().await?;
+        self.pg.count(3);
+        Ok(Created::New)
+    }
+
+    /// The task's state, for its owner only (another key's task is unknown).
+    pub async fn get(&self, id: &str, key_id: &str) -> Result<Option<String>, PgError> {
+        let client = self.pg.client().await?;
+        let row = client.query_opt("SELECT record FROM video_tasks WHERE id = $1 AND key_id = $2", &[&id, &key_id]).await?;
+        self.pg.count(1);
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Take up to `limit` open tasks that no node holds (their claim lapsed) or that this node
+    /// holds already, and (re)claim them for `claim_for`: `(id, state)`.
+    pub async fn claim(&self, limit: i64) -> Result<Vec<(String, String)>, PgError> {
+        let client = self.pg.client().await?;
+        let rows = client
+            .query(
+                "UPDATE video_tasks SET claimed_by = $1, claim_until = now() + $2 * interval '1 millisecond'
+                 WHERE id IN (
+                     SELECT id FROM video_tasks
+                     WHERE open AND (claim_until IS NULL OR claim_until < now() OR claimed_by = $1)
+                     ORDER BY updated_at LIMIT $3
+                     FOR UPDATE SKIP LOCKED)
+                 RETURNING id, record",
+                &[&self.node, &self.claim_ms(), &limit],
+            )
+            .await?;
+        self.pg.count(1);
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// Write the task's new state (`open`: still to be polled), and extend the claim, only if
+    /// this node still holds an unexpired claim on it; whether it did.
+    pub async fn update(&self, id: &str, record: &str, open: bool) -> Result<bool, PgError> {
+        let client = self.pg.client().await?;
+        let n = client
+            .execute(
+                "UPDATE video_tasks SET record = $3, open = $4, updated_at = now(),
+                        claim_until = CASE WHEN $4 THEN now() + $5 * interval '1 millisecond' ELSE NULL END,
+                        claimed_by = CASE WHEN $4 THEN claimed_by ELSE NULL END
+                 WHERE id = $1 AND claimed_by = $2 AND claim_until > now()",
+                &[&id, &self.node, &record, &open, &self.claim_ms()],
+            )
+            .await?;
+        self.pg.count(1);
+        Ok(n == 1)
+    }
+}
