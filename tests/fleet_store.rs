@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tollgate::ledger::UsageRecord;
 use tollgate::store::postgres::accounts::FleetAccounts;
 use tollgate::store::postgres::keys::{FleetKeys, KeyLookup};
+use tollgate::store::postgres::rates::{Admission, FleetRates};
 use tollgate::store::postgres::records::FleetRecords;
 use tollgate::store::postgres::tasks::{Created, FleetTasks};
 use tollgate::store::postgres::{Pg, PgError, PgSettings};
@@ -138,7 +139,7 @@ async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime()
 async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let server = Postgres::start();
     let db = pg(&server).await;
-    assert_eq!(db.migrate().await.expect("again"), 4, "migrating twice changes nothing");
+    assert_eq!(db.migrate().await.expect("again"), 5, "migrating twice changes nothing");
     let client = db.client().await.expect("client");
     client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
     match db.migrate().await {
@@ -398,4 +399,60 @@ async fn two_pollers_never_take_the_same_task() {
         }
     }
     assert!(holder.len() <= 40);
+}
+
+/// The database's minute number now.
+async fn db_minute(db: &Pg) -> i64 {
+    let client = db.client().await.expect("client");
+    client.query_one("SELECT floor(extract(epoch FROM now()) / 60)::BIGINT", &[]).await.expect("now").get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rpm_holds_exactly_for_the_sum_of_the_nodes() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let nodes: Vec<Arc<FleetRates>> = vec![
+        Arc::new(FleetRates::new(pg(&server).await)),
+        Arc::new(FleetRates::new(pg(&server).await)),
+        Arc::new(FleetRates::new(pg(&server).await)),
+    ];
+    // A run that straddles a minute boundary (a new window) is tried again with a new key.
+    for attempt in 0..3 {
+        let key = format!("k{attempt}");
+        let minute = db_minute(&db).await;
+        let calls = (0..90).map(|i| {
+            let node = nodes[i % 3].clone();
+            let key = key.clone();
+            tokio::spawn(async move { node.admit_request(&key, 30).await.expect("database") })
+        });
+        let outcomes: Vec<Admission> = futures_util::future::join_all(calls).await.into_iter().map(|r| r.expect("task")).collect();
+        if db_minute(&db).await != minute {
+            continue;
+        }
+        let admitted = outcomes.iter().filter(|o| **o == Admission::Admitted).count();
+        assert_eq!(admitted, 30, "{outcomes:?}");
+        assert!(outcomes.iter().all(|o| match o {
+            Admission::Refused { retry_after_secs } => (1..=60).contains(retry_after_secs),
+            Admission::Admitted => true,
+        }));
+        return;
+    }
+    panic!("three runs in a row straddled a minute boundary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tpm_holds_for_the_fleet_within_one_flush_of_the_other_nodes() {
+    let server = Postgres::start();
+    let a = FleetRates::new(pg(&server).await);
+    let c = FleetRates::new(pg(&server).await);
+    assert_eq!(c.admit_tokens("k", 1000).await, Admission::Admitted);
+    // A spends 900, C 200: each alone is under 1000, the fleet is over once both flushed.
+    a.spend_tokens("k", 900).await;
+    c.spend_tokens("k", 200).await;
+    assert_eq!(c.admit_tokens("k", 1000).await, Admission::Admitted, "before the flush C knows only its own 200");
+    a.flush().await.expect("flush");
+    c.flush().await.expect("flush");
+    assert!(matches!(c.admit_tokens("k", 1000).await, Admission::Refused { .. }));
+    a.flush().await.expect("flush");
+    assert!(matches!(a.admit_tokens("k", 1000).await, Admission::Refused { .. }), "A read the fleet's total back");
 }

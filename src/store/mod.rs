@@ -1,7 +1,7 @@
 //! The store. Today every node keeps its own: the sled database here (one file lock, opened
 //! once, trees by concern). [`postgres`] is the store a fleet of nodes will share (issue 24):
-//! its connection, schema, money, keys, usage records and video tasks are built and tested,
-//! not yet wired into the gateway.
+//! its connection, schema, money, keys, usage records, video tasks and rate limits are built
+//! and tested, not yet wired into the gateway.
 //!
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
 //! Balances live in the ledger's tree, not in the key record.

@@ -9,6 +9,7 @@
 
 pub mod accounts;
 pub mod keys;
+pub mod rates;
 pub mod records;
 pub mod tasks;
 
@@ -147,6 +148,16 @@ const MIGRATIONS: &[(i32, &str)] = &[
          task_id TEXT NOT NULL,
          created_at TIMESTAMPTZ NOT NULL DEFAULT now(),
          PRIMARY KEY (key_id, idem_key)
+     );",
+    ),
+    (
+        5,
+        "CREATE TABLE rate_windows (
+         key_id TEXT NOT NULL,
+         window_start BIGINT NOT NULL,
+         requests_granted BIGINT NOT NULL DEFAULT 0,
+         tokens BIGINT NOT NULL DEFAULT 0,
+         PRIMARY KEY (key_id, window_start)
      );",
     ),
 ];
