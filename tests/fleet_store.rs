@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tollgate::ledger::UsageRecord;
 use tollgate::store::postgres::accounts::FleetAccounts;
 use tollgate::store::postgres::keys::{FleetKeys, KeyLookup};
-use tollgate::store::postgres::rates::{Admission, FleetRates};
+use tollgate::store::postgres::rates::{Admission, FleetRates, FleetSlots};
 use tollgate::store::postgres::records::FleetRecords;
 use tollgate::store::postgres::tasks::{Created, FleetTasks};
 use tollgate::store::postgres::{Pg, PgError, PgSettings};
@@ -139,7 +139,7 @@ async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime()
 async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let server = Postgres::start();
     let db = pg(&server).await;
-    assert_eq!(db.migrate().await.expect("again"), 5, "migrating twice changes nothing");
+    assert_eq!(db.migrate().await.expect("again"), 6, "migrating twice changes nothing");
     let client = db.client().await.expect("client");
     client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
     match db.migrate().await {
@@ -455,4 +455,45 @@ async fn tpm_holds_for_the_fleet_within_one_flush_of_the_other_nodes() {
     assert!(matches!(c.admit_tokens("k", 1000).await, Admission::Refused { .. }));
     a.flush().await.expect("flush");
     assert!(matches!(a.admit_tokens("k", 1000).await, Admission::Refused { .. }), "A read the fleet's total back");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_concurrent_holds_for_the_fleet_and_a_dead_nodes_slots_come_back() {
+    let server = Postgres::start();
+    let lease = Duration::from_secs(2);
+    let nodes: Vec<Arc<FleetSlots>> = vec![
+        Arc::new(FleetSlots::new(pg(&server).await, "a", lease)),
+        Arc::new(FleetSlots::new(pg(&server).await, "b", lease)),
+        Arc::new(FleetSlots::new(pg(&server).await, "c", lease)),
+    ];
+    // 15 requests at once over three nodes, none ending: exactly 5 get in.
+    let entries = (0..15).map(|i| {
+        let node = nodes[i % 3].clone();
+        tokio::spawn(async move { (i % 3, node.enter("k", 5).await.expect("database")) })
+    });
+    let outcomes: Vec<(usize, bool)> = futures_util::future::join_all(entries).await.into_iter().map(|r| r.expect("task")).collect();
+    assert_eq!(outcomes.iter().filter(|(_, ok)| *ok).count(), 5, "{outcomes:?}");
+    // The requests end on every node but A, which dies with its slots.
+    let on_a = outcomes.iter().filter(|(n, ok)| *ok && *n == 0).count();
+    for (n, ok) in &outcomes {
+        if *ok && *n != 0 {
+            nodes[*n].exit("k").await;
+        }
+    }
+    // Once A's lease expired (and the others gave back their quiet slots), C has all five.
+    let started = Instant::now();
+    let c = nodes[2].clone();
+    let mut got = 0;
+    while got < 5 {
+        if c.enter("k", 5).await.expect("database") {
+            got += 1;
+            continue;
+        }
+        for n in &nodes[1..] {
+            n.renew().await.expect("renew");
+        }
+        assert!(started.elapsed() < Duration::from_secs(15), "slots never came back (A held {on_a}, C got {got})");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!c.enter("k", 5).await.expect("database"), "a sixth slot");
 }

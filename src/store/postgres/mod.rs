@@ -160,6 +160,16 @@ const MIGRATIONS: &[(i32, &str)] = &[
          PRIMARY KEY (key_id, window_start)
      );",
     ),
+    (
+        6,
+        "CREATE TABLE concurrency_leases (
+         key_id TEXT NOT NULL,
+         node_id TEXT NOT NULL,
+         slots BIGINT NOT NULL CHECK (slots >= 0),
+         expires_at TIMESTAMPTZ NOT NULL,
+         PRIMARY KEY (key_id, node_id)
+     );",
+    ),
 ];
 
 /// The advisory lock that serialises migrations across nodes.

@@ -11,6 +11,7 @@
 //!   every `sync_ms`) and admits while the fleet's total it last read plus its own unflushed
 //!   spend is under `tpm`. The fleet can overrun `tpm` by what the other nodes spent since
 //!   their last flush: at most one `sync_ms` of their traffic.
+//! * **Requests in flight** (`max_concurrent`): leased slots, see [`FleetSlots`].
 
 use super::{Pg, PgError};
 use std::collections::HashMap;
@@ -152,6 +153,112 @@ impl FleetRates {
             w.fleet_tokens = tokens;
             w.unflushed_tokens = 0;
         }
+        Ok(())
+    }
+}
+
+/// `max_concurrent` for the sum of all nodes: each node leases request slots of a key (an
+/// eighth of what is free, at least one) under a per-key advisory lock, admits locally while
+/// its slots last, gives back slots it has not used for half a lease, and renews its leases;
+/// slots of a lease that expired (a dead node) are free again, by the database's clock. A lease
+/// is used only until half its lifetime after the statement that extended it was sent
+/// (fencing). Bound: requests still running on a node whose lease expired (it was cut off from
+/// the database) can exceed the limit by that node's requests in flight; otherwise in flight ≤
+/// `max_concurrent` across the fleet.
+pub struct FleetSlots {
+    pg: Pg,
+    node: String,
+    lease_for: Duration,
+    keys: tokio::sync::Mutex<HashMap<String, SlotLease>>,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct SlotLease {
+    granted: i64,
+    in_flight: i64,
+    fresh_until: Option<Instant>,
+    last_used: Option<Instant>,
+}
+
+impl FleetSlots {
+    pub fn new(pg: Pg, node: &str, lease_for: Duration) -> Self {
+        FleetSlots { pg, node: node.to_string(), lease_for, keys: tokio::sync::Mutex::new(HashMap::new()) }
+    }
+
+    /// Take a slot of `key_id` under `max` for the fleet; false when all are taken.
+    pub async fn enter(&self, key_id: &str, max: u32) -> Result<bool, PgError> {
+        let mut keys = self.keys.lock().await;
+        let lease = keys.entry(key_id.to_string()).or_default();
+        lease.last_used = Some(Instant::now());
+        let fresh = lease.fresh_until.is_some_and(|t| Instant::now() < t);
+        if fresh && lease.in_flight < lease.granted {
+            lease.in_flight += 1;
+            return Ok(true);
+        }
+        let sent = Instant::now();
+        let lease_ms = self.lease_for.as_millis() as f64;
+        let mut client = self.pg.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute("SELECT pg_advisory_xact_lock(hashtext($1))", &[&key_id]).await?;
+        let others: i64 = tx
+            .query_one(
+                "SELECT COALESCE(SUM(slots), 0)::BIGINT FROM concurrency_leases WHERE key_id = $1 AND node_id <> $2 AND expires_at > now()",
+                &[&key_id, &self.node],
+            )
+            .await?
+            .get(0);
+        // A stale lease of this node counts only for what is in flight on it.
+        let mine = lease.in_flight;
+        let free = i64::from(max) - others - mine;
+        let grant = if free > 0 { (free / 8).max(1) } else { 0 };
+        tx.execute(
+            "INSERT INTO concurrency_leases (key_id, node_id, slots, expires_at) VALUES ($1, $2, $3, now() + $4 * interval '1 millisecond')
+             ON CONFLICT (key_id, node_id) DO UPDATE SET slots = EXCLUDED.slots, expires_at = EXCLUDED.expires_at",
+            &[&key_id, &self.node, &(mine + grant), &lease_ms],
+        )
+        .await?;
+        tx.commit().await?;
+        self.pg.count(4);
+        lease.granted = mine + grant;
+        lease.fresh_until = Some(sent + self.lease_for / 2);
+        if lease.in_flight < lease.granted {
+            lease.in_flight += 1;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// A request of `key_id` that [`Self::enter`] admitted ended.
+    pub async fn exit(&self, key_id: &str) {
+        let mut keys = self.keys.lock().await;
+        if let Some(lease) = keys.get_mut(key_id) {
+            lease.in_flight = (lease.in_flight - 1).max(0);
+        }
+    }
+
+    /// Renew this node's slot leases to what it needs now: what is in flight, plus the
+    /// unused slots of keys used within half a lease (quieter keys give theirs back).
+    pub async fn renew(&self) -> Result<(), PgError> {
+        let sent = Instant::now();
+        let lease_ms = self.lease_for.as_millis() as f64;
+        let mut keys = self.keys.lock().await;
+        let client = self.pg.client().await?;
+        for (key_id, lease) in keys.iter_mut() {
+            let quiet = lease.last_used.is_none_or(|t| t.elapsed() >= self.lease_for / 2);
+            let keep = if quiet { lease.in_flight } else { lease.granted.max(lease.in_flight) };
+            client
+                .execute(
+                    "UPDATE concurrency_leases SET slots = $3, expires_at = now() + $4 * interval '1 millisecond'
+                     WHERE key_id = $1 AND node_id = $2",
+                    &[key_id, &self.node, &keep, &lease_ms],
+                )
+                .await?;
+            self.pg.count(1);
+            lease.granted = keep;
+            lease.fresh_until = Some(sent + self.lease_for / 2);
+        }
+        client.execute("DELETE FROM concurrency_leases WHERE expires_at < now() - interval '1 hour'", &[]).await?;
+        self.pg.count(1);
         Ok(())
     }
 }
