@@ -121,16 +121,19 @@ pub fn origin_allowed(origin: Option<&str>, host: Option<&str>) -> bool {
     }
 }
 
+/// `n` random base-62 characters.
+fn random_base62(n: usize) -> String {
+    let mut rng = rand::thread_rng();
+    (0..n).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect()
+}
+
 /// A random admin token for a process whose configuration sets none.
 pub fn generated_token() -> String {
-    let mut rng = rand::thread_rng();
-    (0..43).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect()
+    random_base62(43)
 }
 
 fn new_secret() -> String {
-    let mut rng = rand::thread_rng();
-    let tail: String = (0..40).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect();
-    format!("sk-tg-{tail}")
+    format!("sk-tg-{}", random_base62(40))
 }
 
 fn usd(nanos: i64) -> f64 {

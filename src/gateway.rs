@@ -368,7 +368,7 @@ impl Gateway {
         let (usage, estimated) = billing::billed_usage(scan, status, plan.input_estimate, plan.route.embeds());
         let cost = plan.routing.prices.cost(&plan.model, usage);
         plan.billed = Some((usage, cost, estimated));
-        let input_total = usage.input.saturating_add(usage.cached).saturating_add(usage.cache_write);
+        let input_total = usage.input_total();
         self.limits.spend_tokens(&plan.key.id, input_total.saturating_add(usage.output));
         let series = self.metrics.model(&plan.model);
         if estimated {
@@ -580,7 +580,8 @@ impl Gateway {
         true
     }
 
-    /// End a relay whose upstream cut its response: give up the connection and bill what came.
+    /// End a relay whose response cannot go on: give up the upstream connection and bill what
+    /// came from it.
     async fn abandon(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
         http.shutdown().await;
         self.settle(plan, Some(scanner), status).await;
@@ -614,8 +615,7 @@ impl Gateway {
         let outcome = if complete { "complete" } else { "cut" };
         self.metrics.counter("tollgate_drained_responses_total", &[("outcome", outcome)]).add(1);
         log::info!("client left during the answer of a {} request; the rest was read for its usage ({outcome}, {read} bytes)", plan.model);
-        http.shutdown().await;
-        self.settle(plan, Some(scanner), status).await;
+        self.abandon(http, plan, scanner, status).await;
     }
 
     /// Relay the planned request and stream its answer to the client, reading usage on the
@@ -815,8 +815,7 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
         }
         None => ("-", None, "-", 0),
     };
-    let (input, output, cost, estimated) =
-        usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input.saturating_add(u.cached).saturating_add(u.cache_write), u.output, c, e));
+    let (input, output, cost, estimated) = usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input_total(), u.output, c, e));
     log::info!(
         target: "access",
         "method={} path={:?} route={} status={} key={:?} model={:?} provider={:?} attempts={} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}",

@@ -305,14 +305,20 @@ pub struct Totals {
     pub cost_nanos: i64,
 }
 
+impl UsageRecord {
+    /// All input: plain, cache reads and cache writes.
+    pub fn input_total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.cached_tokens).saturating_add(self.cache_write_tokens)
+    }
+}
+
 impl Totals {
     /// Count one record (a negative cost is an adjustment: money, not a request).
     pub fn add(&mut self, r: &UsageRecord) {
         if r.cost_nanos >= 0 {
             self.requests += 1;
         }
-        self.input_tokens =
-            self.input_tokens.saturating_add(r.input_tokens.saturating_add(r.cached_tokens).saturating_add(r.cache_write_tokens));
+        self.input_tokens = self.input_tokens.saturating_add(r.input_total());
         self.cached_input_tokens = self.cached_input_tokens.saturating_add(r.cached_tokens);
         self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(r.cache_write_tokens);
         self.output_tokens = self.output_tokens.saturating_add(r.output_tokens);
@@ -512,11 +518,7 @@ impl Ledger {
                     provider: provider.clone(),
                     model: record.model.clone(),
                     time_ms: record.time_ms,
-                    context_tokens: record
-                        .input_tokens
-                        .saturating_add(record.cached_tokens)
-                        .saturating_add(record.cache_write_tokens)
-                        .saturating_add(record.output_tokens),
+                    context_tokens: record.input_total().saturating_add(record.output_tokens),
                 };
                 let owner = serde_json::to_vec(&owner).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 // Queued before the record: its waiter covers both.

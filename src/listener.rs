@@ -182,6 +182,31 @@ impl<A: ServerApp + Send + Sync + 'static> ServerApp for Guarded<A> {
     }
 }
 
+/// A listening service for `inner` (the gateway or the admin API) behind the connection caps
+/// and the header guard, with the same header size and idle bounds for HTTP/2 clients.
+/// `public`: its connections are counted in `tollgate_client_connections`.
+pub fn service<SV>(
+    conf: &Arc<pingora_core::server::configuration::ServerConf>,
+    inner: SV,
+    name: &str,
+    limits: &ConnLimits,
+    metrics: &Arc<crate::metrics::Metrics>,
+    public: bool,
+) -> pingora_core::services::listening::Service<Guarded<pingora_proxy::HttpProxy<SV>>>
+where
+    SV: pingora_proxy::ProxyHttp + Send + Sync + 'static,
+    SV::CTX: Send + Sync,
+{
+    let mut proxy = pingora_proxy::http_proxy(conf, inner);
+    let mut h2 = pingora_core::protocols::http::v2::server::default_h2_options();
+    h2.max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    proxy.h2_options = Some(h2);
+    let mut options = pingora_core::apps::HttpServerOptions::default();
+    options.h2_idle_timeout = Some(limits.keepalive_timeout);
+    proxy.server_options = Some(options);
+    pingora_core::services::listening::Service::new(name.to_string(), Guarded::new(proxy, limits.clone(), metrics.clone(), public))
+}
+
 /// A request on this connection ended: the next one gets a fresh header deadline and size,
 /// and the idle bound until its first byte. Called from the `logging` hooks.
 pub fn request_done(session: &pingora_core::protocols::http::ServerSession) {

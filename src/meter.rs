@@ -18,6 +18,13 @@ pub struct Usage {
     pub output: u64,
 }
 
+impl Usage {
+    /// All input: plain, cache reads and cache writes.
+    pub fn input_total(&self) -> u64 {
+        self.input.saturating_add(self.cached).saturating_add(self.cache_write)
+    }
+}
+
 /// Which response format is being read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {

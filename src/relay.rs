@@ -217,10 +217,15 @@ pub fn header_allowed(name: &str, protocol: Protocol, forward: &[String]) -> boo
     COMMON_HEADERS.contains(&name)
         || protocol.relayed_headers().contains(&name)
         || COMMON_PREFIXES.iter().any(|p| name.starts_with(p))
-        || forward.iter().any(|f| match f.strip_suffix('*') {
-            Some(prefix) => name.starts_with(prefix),
-            None => f == name,
-        })
+        || listed(name, forward)
+}
+
+/// Whether `name` is one of the operator's header patterns (a trailing `*` makes a prefix).
+fn listed(name: &str, patterns: &[String]) -> bool {
+    patterns.iter().any(|f| match f.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => f == name,
+    })
 }
 
 /// Upstream response headers every client gets: framing and content (Pingora re-frames the
@@ -248,12 +253,7 @@ pub fn response_header_allowed(name: &str, protocol: Protocol, forward: &[String
     if name == "set-cookie" {
         return false;
     }
-    COMMON_RESPONSE_HEADERS.contains(&name)
-        || protocol.response_headers().contains(&name)
-        || forward.iter().any(|f| match f.strip_suffix('*') {
-            Some(prefix) => name.starts_with(prefix),
-            None => f == name,
-        })
+    COMMON_RESPONSE_HEADERS.contains(&name) || protocol.response_headers().contains(&name) || listed(name, forward)
 }
 
 /// Query parameters a route relays: `alt` (stream framing) for generate-content, `beta`
@@ -313,6 +313,13 @@ pub struct Routing {
 pub struct MediaAllowance {
     pub image_tokens: u64,
     pub file_tokens: u64,
+}
+
+impl MediaAllowance {
+    /// The input tokens held for the images and files a request references.
+    pub fn tokens(&self, media: crate::protocol::MediaCount) -> u64 {
+        media.images.saturating_mul(self.image_tokens).saturating_add(media.files.saturating_mul(self.file_tokens))
+    }
 }
 
 impl Default for MediaAllowance {
@@ -528,13 +535,7 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
     };
     let input = crate::billing::InputEstimate {
         body_tokens: crate::billing::hold_input_tokens(client_body.len()),
-        media_tokens: if route.billed() {
-            let media = crate::protocol::MediaCount::of(&fields);
-            let allowance = routing.media_allowance;
-            media.images.saturating_mul(allowance.image_tokens).saturating_add(media.files.saturating_mul(allowance.file_tokens))
-        } else {
-            0
-        },
+        media_tokens: if route.billed() { routing.media_allowance.tokens(crate::protocol::MediaCount::of(&fields)) } else { 0 },
         referenced_tokens: 0,
     };
     let hold_nanos = if !route.billed() { 0 } else { hold_cost(routing, &model, input, output_allowance)? };

@@ -391,13 +391,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             health: health.clone(),
             video: video.clone(),
         };
-        let app = crate::listener::Guarded::new(
-            pingora_proxy::http_proxy(&server.configuration, api),
-            config.connections.clone(),
-            metrics.clone(),
-            false,
-        );
-        let mut service = pingora_core::services::listening::Service::new("tollgate admin".to_string(), app);
+        let mut service = crate::listener::service(&server.configuration, api, "tollgate admin", &config.connections, &metrics, false);
         service.add_tcp(&admin.listen.to_string());
         server.add_service(service);
     }
@@ -427,7 +421,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             health: health.clone(),
         },
     ));
-    let metrics_for_listener = metrics.clone();
+    let listener_metrics = metrics.clone();
     let connector = pingora_core::connectors::http::Connector::new(Some(pingora_core::connectors::ConnectorOptions::from_server_conf(
         &server.configuration,
     )));
@@ -445,16 +439,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         drain: drain_time,
         closing,
     };
-    let mut app = pingora_proxy::http_proxy(&server.configuration, gateway);
-    // HTTP/2 clients: the same header size and idle bounds as HTTP/1 (see `listener`).
-    let mut h2 = pingora_core::protocols::http::v2::server::default_h2_options();
-    h2.max_header_list_size(u32::try_from(connections.max_header_bytes).unwrap_or(u32::MAX));
-    app.h2_options = Some(h2);
-    let mut options = pingora_core::apps::HttpServerOptions::default();
-    options.h2_idle_timeout = Some(connections.keepalive_timeout);
-    app.server_options = Some(options);
-    let app = crate::listener::Guarded::new(app, connections, metrics_for_listener, true);
-    let mut proxy = pingora_core::services::listening::Service::new("tollgate".to_string(), app);
+    let mut proxy = crate::listener::service(&server.configuration, gateway, "tollgate", &connections, &listener_metrics, true);
     if let Some(addr) = listen {
         proxy.add_tcp(&addr.to_string());
     }
