@@ -122,7 +122,7 @@ pub fn origin_allowed(origin: Option<&str>, host: Option<&str>) -> bool {
 }
 
 /// `n` random base-62 characters.
-fn random_base62(n: usize) -> String {
+pub fn random_base62(n: usize) -> String {
     let mut rng = rand::thread_rng();
     (0..n).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect()
 }
@@ -150,8 +150,13 @@ fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
 impl AdminApi {
     /// Ready: the database answers and every upstream host resolves.
     fn readiness(&self) -> LocalResponse {
-        let database = match self.store.all_keys() {
-            Ok(_) => "ok".to_string(),
+        let local = self.store.all_keys().map(|_| ()).map_err(|e| e.to_string());
+        let shared = match self.ledger.fleet() {
+            Some(fleet) => fleet.readiness(),
+            None => Ok(()),
+        };
+        let database = match local.and(shared) {
+            Ok(()) => "ok".to_string(),
             Err(e) => format!("error: {e}"),
         };
         let routing = self.routing.load();
@@ -169,8 +174,8 @@ impl AdminApi {
         )
     }
 
-    fn view(&self, rec: &KeyRecord) -> std::result::Result<Value, ApiError> {
-        let balance = self.ledger.balance(&rec.id).map_err(internal)?;
+    async fn view(&self, rec: &KeyRecord) -> std::result::Result<Value, ApiError> {
+        let balance = self.ledger.balance(&rec.id).await.map_err(internal)?;
         Ok(json!({
             "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
             "rpm": rec.rpm, "tpm": rec.tpm, "max_concurrent": rec.max_concurrent,
@@ -219,7 +224,7 @@ impl AdminApi {
         }
         match (method.as_str(), path.as_str()) {
             ("GET", "/metrics") => {
-                let keys = self.store.all_keys().map_err(internal)?.len() as f64;
+                let keys = self.keys.all_keys(&self.store).await.map_err(internal)?.len() as f64;
                 let db_bytes = self.store.size_on_disk() as f64;
                 let (by_status, lag) = self.video.as_ref().map_or((Default::default(), 0), |v| v.open_stats());
                 let (completed, failed) = self.video.as_ref().map_or((0, 0), |v| v.finished_counts());
@@ -232,6 +237,15 @@ impl AdminApi {
                     ("tollgate_video_poller_lag_seconds", lag as f64),
                 ]);
                 text.push_str(&self.health.render());
+                if let Some(fleet) = self.ledger.fleet() {
+                    // How far leases and batches keep the shared database off the request path.
+                    let statements = fleet.statements();
+                    let requests = self.metrics.total_requests();
+                    text.push_str(&format!(
+                        "# TYPE tollgate_store_statements_total counter\ntollgate_store_statements_total {statements}\n# TYPE tollgate_store_statements_per_request gauge\ntollgate_store_statements_per_request {}\n",
+                        if requests == 0 { 0.0 } else { statements as f64 / requests as f64 }
+                    ));
+                }
                 text.push_str("# TYPE tollgate_video_tasks gauge\n");
                 for status in ["queued", "in_progress"] {
                     text.push_str(&format!(
@@ -248,8 +262,8 @@ impl AdminApi {
             }
             ("GET", "/admin/keys") => {
                 let mut data = Vec::new();
-                for rec in self.store.all_keys().map_err(internal)? {
-                    data.push(self.view(&rec)?);
+                for rec in self.keys.all_keys(&self.store).await.map_err(internal)? {
+                    data.push(self.view(&rec).await?);
                 }
                 Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
             }
@@ -283,11 +297,9 @@ impl AdminApi {
                 if body.max_concurrent == Some(0) {
                     return Err(bad("max_concurrent: at least 1"));
                 }
-                self.ledger.open_account(&rec.id, balance).map_err(internal)?;
-                self.store.put_key(&rec).map_err(internal)?;
-                self.store.flush().map_err(internal)?;
-                self.keys.reload(&self.store).map_err(internal)?;
-                let mut v = self.view(&rec)?;
+                self.ledger.open_account(&rec.id, balance).await.map_err(internal)?;
+                self.keys.put_key(&self.store, &rec).await.map_err(internal)?;
+                let mut v = self.view(&rec).await?;
                 v["key"] = json!(secret);
                 Ok(LocalResponse::json(201, &v))
             }
@@ -295,8 +307,9 @@ impl AdminApi {
                 let id = p.trim_start_matches("/admin/keys/").to_string();
                 let patch: PatchKey = Self::read_json(session).await?;
                 let mut rec = self
-                    .store
-                    .all_keys()
+                    .keys
+                    .all_keys(&self.store)
+                    .await
                     .map_err(internal)?
                     .into_iter()
                     .find(|r| r.id == id)
@@ -325,10 +338,8 @@ impl AdminApi {
                 if let Some(delta) = patch.balance_delta {
                     self.ledger.top_up(&rec.id, to_nanos("balance_delta", delta)?).await.map_err(internal)?;
                 }
-                self.store.put_key(&rec).map_err(internal)?;
-                self.store.flush().map_err(internal)?;
-                self.keys.reload(&self.store).map_err(internal)?;
-                Ok(LocalResponse::json(200, &self.view(&rec)?))
+                self.keys.put_key(&self.store, &rec).await.map_err(internal)?;
+                Ok(LocalResponse::json(200, &self.view(&rec).await?))
             }
             _ => Err(ApiError::new(ErrorKind::NotFound, format!("Unknown admin endpoint: {method} {path}"))),
         }

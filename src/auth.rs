@@ -96,6 +96,9 @@ pub fn seed_key_id(secret: &str) -> String {
 /// Lock-free map of key hash → record; replaced whole on every change.
 pub struct KeyIndex {
     by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>>>,
+    /// In a fleet the keys live in the shared database (and its index, kept current by the
+    /// store's sync): the local store is not used for them.
+    fleet: Option<Arc<crate::store::fleet::Fleet>>,
 }
 
 fn parse_hash(hex_str: &str) -> Option<KeyHash> {
@@ -118,69 +121,131 @@ pub fn usd_to_nanos(usd: f64) -> i64 {
     (usd * 1e9).round() as i64
 }
 
+/// The key records to write so that the store follows the configuration file's keys:
+///
+/// * A new entry creates its key. An entry that changed since it was last applied sets the
+///   key's name, group, limits and enabled flag; an unchanged entry leaves the key as the
+///   admin API last set it (a key disabled there stays disabled).
+/// * A key that came from the file and is no longer named there is disabled (once: the
+///   admin API may enable it again).
+/// * Keys created through the admin API are never touched by the file.
+fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord> {
+    let existing: HashMap<String, KeyRecord> = existing.into_iter().map(|r| (r.key_hash.clone(), r)).collect();
+    let mut out = Vec::new();
+    let mut named = std::collections::HashSet::new();
+    for seed in seeds {
+        let hash = hex(&hash_key(&seed.key));
+        named.insert(hash.clone());
+        let digest = seed_digest(seed);
+        let from_file = |base: KeyRecord| KeyRecord {
+            name: seed.name.clone(),
+            group: seed.group.clone(),
+            rpm: seed.rpm,
+            tpm: seed.tpm,
+            enabled: seed.enabled,
+            max_concurrent: seed.max_concurrent,
+            origin: KeyOrigin::Config,
+            seed_digest: Some(digest.clone()),
+            ..base
+        };
+        let rec = match existing.get(&hash) {
+            Some(old) if old.origin == KeyOrigin::Admin => {
+                log::warn!("keys: '{}' names a key created through the admin API; the file entry is ignored", seed.name);
+                continue;
+            }
+            Some(old) if old.origin == KeyOrigin::Config && old.seed_digest.as_deref() == Some(digest.as_str()) => continue,
+            Some(old) => from_file(old.clone()),
+            None => from_file(KeyRecord {
+                id: seed_key_id(&seed.key),
+                name: String::new(),
+                group: String::new(),
+                key_hash: hash.clone(),
+                rpm: None,
+                tpm: None,
+                enabled: false,
+                created_at: now_unix(),
+                max_concurrent: None,
+                origin: KeyOrigin::Config,
+                seed_digest: None,
+            }),
+        };
+        out.push(rec);
+    }
+    for (hash, old) in &existing {
+        if old.origin == KeyOrigin::Config && old.seed_digest.is_some() && !named.contains(hash) {
+            log::info!("key '{}' ({}) is no longer in the configuration file: disabled", old.name, old.id);
+            out.push(KeyRecord { enabled: false, seed_digest: None, ..old.clone() });
+        }
+    }
+    out
+}
+
 impl KeyIndex {
     /// Seed the configured keys, then load all (see [`KeyIndex::seed`]).
     pub fn load(store: &Store, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
-        let index = KeyIndex { by_hash: ArcSwap::from_pointee(HashMap::new()) };
+        let index = KeyIndex { by_hash: ArcSwap::from_pointee(HashMap::new()), fleet: None };
         index.seed(store, seeds)?;
         Ok(index)
     }
 
-    /// Apply the configuration file's keys to the store, then reload the index. Used at start,
-    /// on reload and after an upgrade.
-    ///
-    /// * A new entry creates its key. An entry that changed since it was last applied sets the
-    ///   key's name, group, limits and enabled flag; an unchanged entry leaves the key as the
-    ///   admin API last set it (a key disabled there stays disabled).
-    /// * A key that came from the file and is no longer named there is disabled (once: the
-    ///   admin API may enable it again).
-    /// * Keys created through the admin API are never touched by the file.
-    pub fn seed(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
-        let existing: HashMap<String, KeyRecord> = store.all_keys()?.into_iter().map(|r| (r.key_hash.clone(), r)).collect();
-        let mut named = std::collections::HashSet::new();
-        for seed in seeds {
-            let hash = hex(&hash_key(&seed.key));
-            named.insert(hash.clone());
-            let digest = seed_digest(seed);
-            let from_file = |base: KeyRecord| KeyRecord {
-                name: seed.name.clone(),
-                group: seed.group.clone(),
-                rpm: seed.rpm,
-                tpm: seed.tpm,
-                enabled: seed.enabled,
-                max_concurrent: seed.max_concurrent,
-                origin: KeyOrigin::Config,
-                seed_digest: Some(digest.clone()),
-                ..base
-            };
-            let rec = match existing.get(&hash) {
-                Some(old) if old.origin == KeyOrigin::Admin => {
-                    log::warn!("keys: '{}' names a key created through the admin API; the file entry is ignored", seed.name);
-                    continue;
-                }
-                Some(old) if old.origin == KeyOrigin::Config && old.seed_digest.as_deref() == Some(digest.as_str()) => continue,
-                Some(old) => from_file(old.clone()),
-                None => from_file(KeyRecord {
-                    id: seed_key_id(&seed.key),
-                    name: String::new(),
-                    group: String::new(),
-                    key_hash: hash.clone(),
-                    rpm: None,
-                    tpm: None,
-                    enabled: false,
-                    created_at: now_unix(),
-                    max_concurrent: None,
-                    origin: KeyOrigin::Config,
-                    seed_digest: None,
-                }),
-            };
-            store.put_key(&rec)?;
+    /// The keys of a fleet: the file's keys applied to the shared database (by the same rules
+    /// as [`KeyIndex::seed`]), authentication from the fleet's index.
+    pub async fn for_fleet(fleet: Arc<crate::store::fleet::Fleet>, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
+        let index = KeyIndex { by_hash: ArcSwap::from_pointee(HashMap::new()), fleet: Some(fleet) };
+        index.seed_fleet(seeds).await?;
+        Ok(index)
+    }
+
+    /// Every key record, from wherever keys are kept.
+    pub async fn all_keys(&self, store: &Store) -> Result<Vec<KeyRecord>, StoreError> {
+        match &self.fleet {
+            Some(fleet) => Ok(fleet.keys.all().await?),
+            None => store.all_keys(),
         }
-        for (hash, old) in &existing {
-            if old.origin == KeyOrigin::Config && old.seed_digest.is_some() && !named.contains(hash) {
-                log::info!("key '{}' ({}) is no longer in the configuration file: disabled", old.name, old.id);
-                store.put_key(&KeyRecord { enabled: false, seed_digest: None, ..old.clone() })?;
+    }
+
+    /// Store a new or changed key where keys are kept; it is in force here when this returns
+    /// (on the other nodes of a fleet within `store.sync_ms`).
+    pub async fn put_key(&self, store: &Store, rec: &KeyRecord) -> Result<(), StoreError> {
+        match &self.fleet {
+            Some(fleet) => {
+                fleet.keys.put(rec).await?;
+                fleet.keys.sync().await?;
+                Ok(())
             }
+            None => {
+                store.put_key(rec)?;
+                store.flush()?;
+                self.reload(store)
+            }
+        }
+    }
+
+    /// Apply the configuration file's keys where keys are kept ([`KeyIndex::seed`] on a single
+    /// node), durably.
+    pub async fn apply_file(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
+        if self.fleet.is_some() {
+            return self.seed_fleet(seeds).await;
+        }
+        self.seed(store, seeds)?;
+        store.flush()
+    }
+
+    /// [`KeyIndex::seed`] for a fleet.
+    async fn seed_fleet(&self, seeds: &[KeyConfig]) -> Result<(), StoreError> {
+        let Some(fleet) = &self.fleet else { return Ok(()) };
+        for rec in seed_changes(fleet.keys.all().await?, seeds) {
+            fleet.keys.put(&rec).await?;
+        }
+        fleet.keys.sync().await?;
+        Ok(())
+    }
+
+    /// Apply the configuration file's keys to the store ([`seed_changes`]), then reload the
+    /// index. Used at start, on reload and after an upgrade.
+    pub fn seed(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
+        for rec in seed_changes(store.all_keys()?, seeds) {
+            store.put_key(&rec)?;
         }
         self.reload(store)
     }
@@ -200,7 +265,8 @@ impl KeyIndex {
         Ok(())
     }
 
-    /// Authenticate: the record for this secret, or the 401 to send.
+    /// Authenticate: the record for this secret, or the 401 to send (in a fleet whose index is
+    /// stale, a 503: a revocation may not have arrived).
     pub fn authenticate(&self, secret: Option<&str>) -> Result<Arc<KeyRecord>, ApiError> {
         let secret = secret.ok_or_else(|| {
             ApiError::new(
@@ -208,12 +274,15 @@ impl KeyIndex {
                 "Missing API key. Send it as 'Authorization: Bearer <key>', 'x-api-key' or 'x-goog-api-key'.",
             )
         })?;
-        let rec = self
-            .by_hash
-            .load()
-            .get(&hash_key(secret))
-            .cloned()
-            .ok_or_else(|| ApiError::new(ErrorKind::Unauthorized, "Invalid API key."))?;
+        let invalid = || ApiError::new(ErrorKind::Unauthorized, "Invalid API key.");
+        let rec = match &self.fleet {
+            Some(fleet) => match fleet.keys.lookup(&hex(&hash_key(secret))) {
+                crate::store::postgres::keys::KeyLookup::Found(rec) => rec,
+                crate::store::postgres::keys::KeyLookup::Unknown => return Err(invalid()),
+                crate::store::postgres::keys::KeyLookup::Stale => return Err(crate::store::fleet::unavailable("the key list")),
+            },
+            None => self.by_hash.load().get(&hash_key(secret)).cloned().ok_or_else(invalid)?,
+        };
         if !rec.enabled {
             return Err(ApiError::new(ErrorKind::Unauthorized, "This API key is disabled."));
         }

@@ -39,6 +39,8 @@ pub enum TreeName {
     UsageRecords,
     Balances,
     ResponseOwners,
+    /// A fleet node's records on their way to the shared database (`store::fleet`).
+    FleetJournal,
 }
 
 impl TreeName {
@@ -47,6 +49,7 @@ impl TreeName {
             TreeName::UsageRecords => "usage_records",
             TreeName::Balances => "balances",
             TreeName::ResponseOwners => RESPONSE_OWNERS,
+            TreeName::FleetJournal => crate::store::fleet::JOURNAL,
         }
     }
 }

@@ -216,8 +216,8 @@ impl Gateway {
             }
             Route::Usage => {
                 // Rate-limited like any call.
-                self.limits.admit(&key)?;
-                let _slot = self.limits.enter(&key)?;
+                self.limits.admit(&key).await?;
+                let _slot = self.limits.enter(&key).await?;
                 return self.usage(req.uri.query(), &key).await.map(Outcome::Respond);
             }
             Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. }
@@ -231,8 +231,8 @@ impl Gateway {
             // Every video call is rate-limited like any other: reads too (a download is the
             // operator's egress), and a download holds its `max_concurrent` slot while it streams.
             Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } => {
-                self.limits.admit(&key)?;
-                let _slot = self.limits.enter(&key)?;
+                self.limits.admit(&key).await?;
+                let _slot = self.limits.enter(&key).await?;
                 return self.video_route(session, &route, &key).await;
             }
             other => other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?,
@@ -241,8 +241,8 @@ impl Gateway {
         if !catalog.group_allows(&key.group, protocol) {
             return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
         }
-        self.limits.admit(&key)?;
-        let slot = self.limits.enter(&key)?;
+        self.limits.admit(&key).await?;
+        let slot = self.limits.enter(&key).await?;
         let client_body = crate::body::read(session, &self.body).await?;
         let draft = match &route {
             Route::StoredResponse { id, .. } => {
@@ -264,9 +264,13 @@ impl Gateway {
                 draft
             }
         };
-        let hold = match self.ledger.hold(&key.id, draft.hold_nanos) {
+        let hold = match self.ledger.hold(&key.id, draft.hold_nanos).await {
             Ok(Ok(hold)) => hold,
             Ok(Err(short)) => return Err(short.to_api_error("this request may cost up to")),
+            Err(crate::store::StoreError::Shared(e)) => {
+                log::warn!("ledger: {e}");
+                return Err(crate::store::fleet::unavailable("the key's balance"));
+            }
             Err(e) => {
                 log::error!("ledger: {e}");
                 return Err(ApiError::new(ErrorKind::Internal, "Internal error while checking the balance."));
@@ -315,9 +319,15 @@ impl Gateway {
                 _ => {}
             }
         }
-        let internal = |e: crate::store::StoreError| {
-            log::error!("usage query: {e}");
-            ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
+        let internal = |e: crate::store::StoreError| match e {
+            crate::store::StoreError::Shared(e) => {
+                log::warn!("usage query: {e}");
+                crate::store::fleet::unavailable("the key's usage")
+            }
+            e => {
+                log::error!("usage query: {e}");
+                ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
+            }
         };
         // Read your writes: what was booked before this request is counted.
         self.ledger.commit_now().await.map_err(internal)?;
@@ -325,16 +335,9 @@ impl Gateway {
         // on the threads that relay requests.
         let (total, by_model) = {
             let _turn = self.usage_queries.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))?;
-            let (ledger, key_id) = (self.ledger.clone(), key.id.clone());
-            tokio::task::spawn_blocking(move || ledger.summary(&key_id, start, end))
-                .await
-                .map_err(|e| {
-                    log::error!("usage query: {e}");
-                    ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
-                })?
-                .map_err(internal)?
+            self.ledger.usage_summary(&key.id, start, end).await.map_err(internal)?
         };
-        let balance = self.ledger.balance(&key.id).map_err(internal)?;
+        let balance = self.ledger.balance(&key.id).await.map_err(internal)?;
         let models: Vec<serde_json::Value> = by_model
             .iter()
             .map(|(model, t)| {
@@ -369,7 +372,7 @@ impl Gateway {
         let cost = plan.routing.prices.cost(&plan.model, usage);
         plan.billed = Some((usage, cost, estimated));
         let input_total = usage.input_total();
-        self.limits.spend_tokens(&plan.key.id, input_total.saturating_add(usage.output));
+        self.limits.spend_tokens(&plan.key.id, input_total.saturating_add(usage.output)).await;
         let series = self.metrics.model(&plan.model);
         if estimated {
             series.estimated_bills.add(1);
@@ -700,7 +703,7 @@ impl Gateway {
                 self.settle(plan, Some(&mut scanner), status).await;
                 if let Route::StoredResponse { id, op: crate::route::ResponseOp::Delete } = &plan.route {
                     if (200..300).contains(&status) {
-                        self.owners.deleted(id);
+                        self.owners.deleted(id).await;
                     }
                 }
                 let written = session.write_response_body(out, true).await.map_err(|e| e.into_down());

@@ -229,6 +229,16 @@ pub struct Ledger {
     seq: AtomicU64,
     /// Where bookings go once the database was handed over (upgrade); injected at start.
     handover: std::sync::OnceLock<Arc<dyn ForwardBookings>>,
+    /// In a fleet: balances live in the shared database, records go through the journal.
+    fleet: Option<FleetLedger>,
+}
+
+/// The ledger's part in a fleet (see `store::fleet`).
+struct FleetLedger {
+    fleet: Arc<crate::store::fleet::Fleet>,
+    journal_id: String,
+    /// Journal numbers from here on were settled by this process.
+    owed_from: u64,
 }
 
 /// Books a record in the process that has the database now (after an upgrade hand-over);
@@ -265,6 +275,12 @@ pub struct Hold {
     done: bool,
 }
 
+impl Hold {
+    fn fleet_hold(&self) -> crate::store::postgres::accounts::FleetHold {
+        crate::store::postgres::accounts::FleetHold { key_id: self.key_id.clone(), amount: self.amount }
+    }
+}
+
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hold").field("key_id", &self.key_id).field("amount", &self.amount).finish()
@@ -273,8 +289,15 @@ impl std::fmt::Debug for Hold {
 
 impl Drop for Hold {
     fn drop(&mut self) {
-        if !self.done {
-            self.ledger.release(&self.key_id, self.amount);
+        if self.done {
+            return;
+        }
+        match self.ledger.fleet() {
+            Some(fleet) => {
+                let (fleet, hold) = (fleet.clone(), self.fleet_hold());
+                fleet.clone().spawn(async move { fleet.accounts.settle(hold, 0).await });
+            }
+            None => self.ledger.release(&self.key_id, self.amount),
         }
     }
 }
@@ -306,6 +329,18 @@ pub struct Totals {
 }
 
 impl UsageRecord {
+    /// The owner of the stored response this record created, if it created one.
+    pub fn owner(&self) -> Option<ResponseOwner> {
+        self.response_id.as_ref()?;
+        Some(ResponseOwner {
+            key_id: self.key_id.clone(),
+            provider: self.provider.clone()?,
+            model: self.model.clone(),
+            time_ms: self.time_ms,
+            context_tokens: self.input_total().saturating_add(self.output_tokens),
+        })
+    }
+
     /// All input: plain, cache reads and cache writes.
     pub fn input_total(&self) -> u64 {
         self.input_tokens.saturating_add(self.cached_tokens).saturating_add(self.cache_write_tokens)
@@ -357,7 +392,30 @@ impl Ledger {
             accounts: Mutex::new(HashMap::new()),
             seq: AtomicU64::new(0),
             handover: std::sync::OnceLock::new(),
+            fleet: None,
         })
+    }
+
+    /// Keep balances in the fleet's database and book records through this node's journal.
+    pub fn with_fleet(mut self, fleet: Arc<crate::store::fleet::Fleet>) -> Result<Self, StoreError> {
+        self.slot.tree(crate::store::fleet::JOURNAL)?;
+        let journal_id = fleet.journal_id(&self.slot)?;
+        let owed_from = self.slot.db()?.generate_id()?;
+        self.fleet = Some(FleetLedger { fleet, journal_id, owed_from });
+        Ok(self)
+    }
+
+    /// The fleet this ledger belongs to, if any.
+    pub fn fleet(&self) -> Option<&Arc<crate::store::fleet::Fleet>> {
+        self.fleet.as_ref().map(|f| &f.fleet)
+    }
+
+    /// One sync round of the fleet (journal booked, leases renewed); nothing on a single node.
+    pub async fn sync_round(&self) -> Result<(), StoreError> {
+        match &self.fleet {
+            Some(f) => f.fleet.round(&self.slot, &f.journal_id, f.owed_from).await,
+            None => Ok(()),
+        }
     }
 
     /// After the database is handed over, bookings go to `to` (the new process).
@@ -414,21 +472,36 @@ impl Ledger {
     }
 
     /// Give a new key its opening balance; an existing balance is kept. True if created.
-    pub fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError> {
+    pub async fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError> {
+        if let Some(f) = &self.fleet {
+            return Ok(f.fleet.accounts.open_account(key_id, initial).await?);
+        }
         let created =
             self.balances()?.compare_and_swap(key_id.as_bytes(), None as Option<&[u8]>, Some(&encode_balance(initial, 0)[..]))?.is_ok();
         Ok(created)
     }
 
-    /// The durable balance (holds not subtracted).
-    pub fn balance(&self, key_id: &str) -> Result<i64, StoreError> {
+    /// The durable balance (holds not subtracted). In a fleet: the database's, less what this
+    /// node settled and has not booked yet.
+    pub async fn balance(&self, key_id: &str) -> Result<i64, StoreError> {
+        if let Some(f) = &self.fleet {
+            let (balance, _leased) = f.fleet.accounts.balance(key_id).await?;
+            return Ok(balance.saturating_sub(f.fleet.accounts.owed(key_id).await));
+        }
         let mut map = self.accounts();
         Ok(self.load(&mut map, key_id)?.balance)
     }
 
-    /// Reserve `amount` if `balance − held` covers it.
-    pub fn hold(self: &Arc<Self>, key_id: &str, amount: i64) -> Result<Result<Hold, Insufficient>, StoreError> {
+    /// Reserve `amount` if `balance − held` covers it (in a fleet: this node's lease, or more
+    /// leased from the database).
+    pub async fn hold(self: &Arc<Self>, key_id: &str, amount: i64) -> Result<Result<Hold, Insufficient>, StoreError> {
         let amount = amount.max(0);
+        if let Some(f) = &self.fleet {
+            return Ok(match f.fleet.accounts.hold(key_id, amount).await? {
+                Ok(_) => Ok(Hold { ledger: self.clone(), key_id: key_id.to_string(), amount, done: false }),
+                Err(short) => Err(Insufficient { available: short.available, needed: short.needed }),
+            });
+        }
         let mut map = self.accounts();
         let mut acc = self.load(&mut map, key_id)?;
         if let Err(short) = acc.covers(amount) {
@@ -471,6 +544,9 @@ impl Ledger {
     /// their balances were computed, and a hand-over (which sets its flag under the same lock,
     /// then waits for the queue) misses none.
     async fn book_if(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Result<i64, Insufficient>, StoreError> {
+        if let Some(f) = &self.fleet {
+            return self.book_in_fleet(f, record, release, check, wait).await;
+        }
         let queued = self.queue_booking(record, release, check, wait)?;
         let (balance, waiter) = match queued {
             Queued::Refused(short) => return Ok(Err(short)),
@@ -481,6 +557,40 @@ impl Ledger {
             waiter.wait().await?;
         }
         Ok(Ok(balance))
+    }
+
+    /// A booking in a fleet: the money settled against this node's lease (a checked one holds
+    /// its cost first, so the fleet's balance decides), the record written to the journal.
+    /// Returns 0: the new balance is the database's, known once the journal is booked.
+    async fn book_in_fleet(
+        &self,
+        f: &FleetLedger,
+        record: &UsageRecord,
+        release: i64,
+        check: bool,
+        wait: bool,
+    ) -> Result<Result<i64, Insufficient>, StoreError> {
+        let accounts = &f.fleet.accounts;
+        let held = if check {
+            match accounts.hold(&record.key_id, record.cost_nanos).await? {
+                Ok(hold) => hold.amount,
+                Err(short) => return Ok(Err(Insufficient { available: short.available, needed: short.needed })),
+            }
+        } else {
+            release
+        };
+        let hold = crate::store::postgres::accounts::FleetHold { key_id: record.key_id.clone(), amount: held };
+        let seq = self.slot.db()?.generate_id()?;
+        let mut record = record.clone();
+        record.seq = seq;
+        let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let waiter = self.writer.insert(crate::commit::TreeName::FleetJournal, seq.to_be_bytes().to_vec(), value, wait);
+        accounts.settle(hold, record.cost_nanos).await;
+        if let Some(waiter) = waiter? {
+            waiter.wait().await?;
+        }
+        // The fleet's balance is the database's once the journal is booked: not known here.
+        Ok(Ok(0))
     }
 
     /// The synchronous part of a booking, under the accounts lock.
@@ -512,14 +622,7 @@ impl Ledger {
             // balance entry), so the balance entry is not rewritten per booking: one insert.
             let mut group = record.key_id.as_bytes().to_vec();
             group.push(0);
-            if let (Some(id), Some(provider)) = (&record.response_id, &record.provider) {
-                let owner = ResponseOwner {
-                    key_id: record.key_id.clone(),
-                    provider: provider.clone(),
-                    model: record.model.clone(),
-                    time_ms: record.time_ms,
-                    context_tokens: record.input_total().saturating_add(record.output_tokens),
-                };
+            if let (Some(id), Some(owner)) = (&record.response_id, record.owner()) {
                 let owner = serde_json::to_vec(&owner).map_err(|e| StoreError::Corrupt(e.to_string()))?;
                 // Queued before the record: its waiter covers both.
                 self.writer.insert(crate::commit::TreeName::ResponseOwners, id.as_bytes().to_vec(), owner, false)?;
@@ -577,6 +680,9 @@ impl Ledger {
 
     /// Balance change by an administrator: no usage record. Durable before this returns.
     pub async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError> {
+        if let Some(f) = &self.fleet {
+            return Ok(f.fleet.accounts.top_up(key_id, delta).await?);
+        }
         let (balance, waiter) = {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, key_id)?;
@@ -600,6 +706,15 @@ impl Ledger {
     /// Return once every booking made before this call is on disk (read-your-writes for
     /// `/v1/usage`; a graceful stop).
     pub async fn commit_now(&self) -> Result<(), StoreError> {
+        self.commit_local().await?;
+        if let Some(f) = &self.fleet {
+            f.fleet.book_journal(&self.slot, &f.journal_id, f.owed_from).await?;
+        }
+        Ok(())
+    }
+
+    /// Return once every booking made before this call is on this node's disk.
+    async fn commit_local(&self) -> Result<(), StoreError> {
         // Nothing outstanding (every write queued so far is committed or failed): no flush.
         let stats = &self.writer.stats;
         let queued = stats.queued.load(Ordering::SeqCst);
@@ -616,12 +731,24 @@ impl Ledger {
             let _map = self.accounts();
             self.handing_over.store(true, Ordering::SeqCst);
         }
-        self.commit_now().await
+        self.commit_local().await
     }
 
     /// The writer's counters (queued, committed, flushes, failed).
     pub fn commit_stats(&self) -> &crate::commit::CommitStats {
         &self.writer.stats
+    }
+
+    /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms`, every
+    /// node's in a fleet; reading a long history on a single node runs on a blocking thread.
+    pub async fn usage_summary(self: &Arc<Self>, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+        if let Some(f) = &self.fleet {
+            return Ok(f.fleet.records.summary(key_id, start_ms, end_ms).await?);
+        }
+        let (ledger, key_id) = (self.clone(), key_id.to_string());
+        tokio::task::spawn_blocking(move || ledger.summary(&key_id, start_ms, end_ms))
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("usage query task: {e}")))?
     }
 
     /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms`.
@@ -664,6 +791,9 @@ impl Ledger {
     /// entry), so before any record of a key goes, the key's balance is checkpointed into its
     /// balance entry under a fresh sequence number: pruning never changes a balance.
     pub async fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
+        if let Some(f) = &self.fleet {
+            return Ok(f.fleet.records.prune(before_ms).await? as usize);
+        }
         // Queued records first, so that every record older than the cut is seen.
         self.commit_now().await?;
         let records = self.records_tree()?;
@@ -701,6 +831,13 @@ impl Ledger {
     /// Who created the stored response `id` (None: nobody known, or the record expired).
     /// Bookings still queued are committed first when it is not found.
     pub async fn response_owner(&self, id: &str) -> Result<Option<ResponseOwner>, StoreError> {
+        if let Some(f) = &self.fleet {
+            if let Some(found) = f.fleet.records.owner(id).await? {
+                return Ok(Some(found));
+            }
+            self.commit_now().await?;
+            return Ok(f.fleet.records.owner(id).await?);
+        }
         if let Some(found) = self.read_owner(id)? {
             return Ok(Some(found));
         }
@@ -716,7 +853,10 @@ impl Ledger {
     }
 
     /// The response `id` was deleted upstream: forget its owner.
-    pub fn forget_response(&self, id: &str) -> Result<(), StoreError> {
+    pub async fn forget_response(&self, id: &str) -> Result<(), StoreError> {
+        if let Some(f) = &self.fleet {
+            return Ok(f.fleet.records.forget_owner(id).await?);
+        }
         self.slot.tree(crate::commit::RESPONSE_OWNERS)?.remove(id.as_bytes())?;
         Ok(())
     }

@@ -15,12 +15,20 @@ pub struct Limits {
     tokens: Rate,
     /// Requests in flight by key id (keys with a `max_concurrent` only).
     in_flight: Mutex<HashMap<String, u32>>,
+    /// In a fleet the limits hold for the sum of all nodes (`store::postgres::rates`).
+    fleet: Option<Arc<crate::store::fleet::Fleet>>,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { requests: Rate::new(WINDOW), tokens: Rate::new(WINDOW), in_flight: Mutex::new(HashMap::new()) }
+        Limits { requests: Rate::new(WINDOW), tokens: Rate::new(WINDOW), in_flight: Mutex::new(HashMap::new()), fleet: None }
     }
+}
+
+fn rate_limited(message: String, retry_after: u64) -> ApiError {
+    let mut e = ApiError::new(ErrorKind::RateLimited, message);
+    e.retry_after = Some(retry_after);
+    e
 }
 
 /// One request of a key counted in flight; released on drop.
@@ -31,6 +39,11 @@ pub struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        if let Some(fleet) = &self.limits.fleet {
+            let (fleet, key_id) = (fleet.clone(), std::mem::take(&mut self.key_id));
+            fleet.clone().spawn(async move { fleet.slots.exit(&key_id).await });
+            return;
+        }
         let mut map = self.limits.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = map.get_mut(&self.key_id) {
             *n = n.saturating_sub(1);
@@ -48,8 +61,37 @@ fn seconds_left(rate: &Rate, key: &str) -> u64 {
 }
 
 impl Limits {
-    /// Count this request; refuse it when the key is over its `rpm` or `tpm`.
-    pub fn admit(&self, key: &KeyRecord) -> Result<(), ApiError> {
+    /// Limits for a node of `fleet`.
+    pub fn for_fleet(fleet: Arc<crate::store::fleet::Fleet>) -> Self {
+        Limits { fleet: Some(fleet), ..Limits::default() }
+    }
+
+    /// Count this request; refuse it when the key is over its `rpm` or `tpm` (429 with
+    /// `Retry-After`; in a fleet, 503 when the database is needed and out of reach).
+    pub async fn admit(&self, key: &KeyRecord) -> Result<(), ApiError> {
+        let Some(fleet) = &self.fleet else { return self.admit_here(key) };
+        use crate::store::postgres::rates::Admission;
+        if let Some(tpm) = key.tpm {
+            if let Admission::Refused { retry_after_secs } = fleet.rates.admit_tokens(&key.id, tpm).await {
+                return Err(rate_limited(format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."), retry_after_secs));
+            }
+        }
+        if let Some(rpm) = key.rpm {
+            match fleet.rates.admit_request(&key.id, rpm).await {
+                Ok(Admission::Admitted) => {}
+                Ok(Admission::Refused { retry_after_secs }) => {
+                    return Err(rate_limited(format!("Rate limit reached: {rpm} requests per minute for this key. Retry later."), retry_after_secs))
+                }
+                Err(e) => {
+                    log::warn!("rate limits: {e}");
+                    return Err(crate::store::fleet::unavailable("the key's rate limit"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn admit_here(&self, key: &KeyRecord) -> Result<(), ApiError> {
         if let Some(tpm) = key.tpm {
             let used = self.tokens.observe(&key.id.as_str(), 0);
             if used >= 0 && used as u64 >= tpm {
@@ -77,24 +119,35 @@ impl Limits {
 
     /// Count a request in flight for a key with `max_concurrent`; 429 when it has that many.
     /// None for a key without the cap.
-    pub fn enter(self: &Arc<Self>, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
+    pub async fn enter(self: &Arc<Self>, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
         let Some(max) = key.max_concurrent else { return Ok(None) };
+        let busy = || {
+            rate_limited(format!("Too many requests in flight: this key may have {max} at once. Retry when one finishes."), 1)
+        };
+        if let Some(fleet) = &self.fleet {
+            return match fleet.slots.enter(&key.id, max).await {
+                Ok(true) => Ok(Some(Slot { limits: self.clone(), key_id: key.id.clone() })),
+                Ok(false) => Err(busy()),
+                Err(e) => {
+                    log::warn!("rate limits: {e}");
+                    Err(crate::store::fleet::unavailable("the key's requests in flight"))
+                }
+            };
+        }
         let mut map = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
         let n = map.entry(key.id.clone()).or_insert(0);
         if *n >= max {
-            let mut e = ApiError::new(
-                ErrorKind::RateLimited,
-                format!("Too many requests in flight: this key may have {max} at once. Retry when one finishes."),
-            );
-            e.retry_after = Some(1);
-            return Err(e);
+            return Err(busy());
         }
         *n += 1;
         Ok(Some(Slot { limits: self.clone(), key_id: key.id.clone() }))
     }
 
     /// Count the tokens a finished request used.
-    pub fn spend_tokens(&self, key_id: &str, tokens: u64) {
+    pub async fn spend_tokens(&self, key_id: &str, tokens: u64) {
+        if let Some(fleet) = &self.fleet {
+            return fleet.rates.spend_tokens(key_id, tokens).await;
+        }
         self.tokens.observe(&key_id, isize::try_from(tokens).unwrap_or(isize::MAX));
     }
 }

@@ -188,6 +188,12 @@ impl Metrics {
     }
 
     /// Prometheus text format; `extra` lines (gauges computed at scrape time) are appended.
+    /// Every request counted in `tollgate_requests_total`.
+    pub fn total_requests(&self) -> u64 {
+        let models = self.models.read().unwrap_or_else(|p| p.into_inner());
+        models.values().map(|s| s.requests.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, _, c)| c.get()).sum::<u64>()).sum()
+    }
+
     pub fn render(&self, extra: &[(&str, f64)]) -> String {
         let mut out = String::new();
         let models: BTreeMap<String, Arc<ModelSeries>> =

@@ -67,8 +67,8 @@ impl Owners {
     }
 
     /// The response was deleted upstream.
-    pub fn deleted(&self, id: &str) {
-        if let Err(e) = self.ledger.forget_response(id) {
+    pub async fn deleted(&self, id: &str) {
+        if let Err(e) = self.ledger.forget_response(id).await {
             log::warn!("could not forget the owner of a deleted response: {e}");
         }
     }

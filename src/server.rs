@@ -202,13 +202,12 @@ impl Reload {
         .await
         .map_err(|e| format!("reload task: {e}"))??;
         for seed in &config.keys {
-            self.ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).map_err(|e| e.to_string())?;
+            self.ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await.map_err(|e| e.to_string())?;
         }
         if let Some(cert) = &self.certificate {
             cert.reload()?;
         }
-        self.keys.seed(&self.store, &config.keys).map_err(|e| e.to_string())?;
-        self.store.flush().map_err(|e| e.to_string())?;
+        self.keys.apply_file(&self.store, &config.keys).await.map_err(|e| e.to_string())?;
         let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
         self.health.retain(&names);
         self.routing.store(Arc::new(routing));
@@ -219,6 +218,9 @@ impl Reload {
         }
         if config.data_dir != old.data_dir {
             needs_upgrade.push("data_dir");
+        }
+        if config.fleet.as_ref().map(|f| (&f.postgres.url, &f.node_id)) != old.fleet.as_ref().map(|f| (&f.postgres.url, &f.node_id)) {
+            needs_upgrade.push("store");
         }
         if config.max_body_bytes != old.max_body_bytes {
             needs_upgrade.push("max_body_bytes");
@@ -299,6 +301,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
     if opt.test {
+        if let Some(fleet) = &config.fleet {
+            let version = crate::store::fleet::check(fleet).map_err(|e| e.to_string())?;
+            println!("tollgate: store.postgres reached; schema version {version} (node '{}')", fleet.node_id);
+        }
         println!("tollgate: configuration {path} is valid");
         return Ok(());
     }
@@ -326,13 +332,36 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let store = if upgrading { Store::open_waiting(&config.data_dir, Duration::from_secs(600)) } else { Store::open(&config.data_dir) }
         .map_err(|e| format!("data_dir {}: {e} (is another tollgate running on it?)", config.data_dir.display()))?;
     let handover_socket = config.data_dir.join(crate::handover::SOCKET);
-    let keys = Arc::new(KeyIndex::load(&store, &config.keys).map_err(|e| e.to_string())?);
-    let ledger = Arc::new(Ledger::open_with(store.db(), config.commit).map_err(|e| e.to_string())?);
-    for seed in &config.keys {
-        // The configured balance applies only when the key is first created.
-        ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).map_err(|e| e.to_string())?;
+    let fleet = match &config.fleet {
+        Some(conf) => Some(crate::store::fleet::Fleet::connect(conf).map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let start_up = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start-up runtime: {e}"))?;
+    let keys = Arc::new(match &fleet {
+        Some(fleet) => fleet.block_on(KeyIndex::for_fleet(fleet.clone(), &config.keys)),
+        None => KeyIndex::load(&store, &config.keys),
+    }
+    .map_err(|e| e.to_string())?);
+    let mut ledger = Ledger::open_with(store.db(), config.commit).map_err(|e| e.to_string())?;
+    if let Some(fleet) = &fleet {
+        ledger = ledger.with_fleet(fleet.clone()).map_err(|e| e.to_string())?;
+    }
+    let ledger = Arc::new(ledger);
+    let open_accounts = async {
+        for seed in &config.keys {
+            // The configured balance applies only when the key is first created.
+            ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await.map_err(|e| e.to_string())?;
+        }
+        Ok::<(), String>(())
+    };
+    match &fleet {
+        Some(fleet) => fleet.block_on(open_accounts)?,
+        None => start_up.block_on(open_accounts)?,
     }
     store.flush().map_err(|e| e.to_string())?;
+    if let Some(fleet) = &fleet {
+        crate::store::fleet::start(fleet, ledger.clone(), keys.clone());
+    }
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(crate::health::HealthBook::new(metrics.clone()));
     let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)));
@@ -360,10 +389,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
     if let Some(svc) = &video {
         // Tasks left in `submitting` by a crash are failed before anything else runs.
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start-up runtime: {e}"))?;
         // In an upgrade the previous process may still be submitting recent tasks.
         let spare = if upgrading { 600 } else { 0 };
-        let failed = runtime.block_on(svc.recover(spare)).map_err(|e| format!("video recovery: {e}"))?;
+        let failed = start_up.block_on(svc.recover(spare)).map_err(|e| format!("video recovery: {e}"))?;
         if failed > 0 {
             log::warn!("video: {failed} task(s) interrupted before submission were marked failed");
         }
@@ -432,7 +460,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         video,
         owners: crate::responses::Owners::new(ledger.clone()),
         ledger,
-        limits: Arc::new(Limits::default()),
+        limits: Arc::new(match &fleet {
+            Some(fleet) => Limits::for_fleet(fleet.clone()),
+            None => Limits::default(),
+        }),
         metrics,
         connector,
         usage_queries: tokio::sync::Semaphore::new(1),

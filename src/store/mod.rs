@@ -6,6 +6,7 @@
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
 //! Balances live in the ledger's tree, not in the key record.
 
+pub mod fleet;
 pub mod postgres;
 
 use arc_swap::ArcSwapOption;
@@ -59,6 +60,8 @@ pub enum StoreError {
     Corrupt(String),
     /// The database was handed over to the process that replaces this one.
     Released,
+    /// The shared database (PostgreSQL) failed or cannot be reached.
+    Shared(String),
 }
 
 impl fmt::Display for StoreError {
@@ -67,6 +70,7 @@ impl fmt::Display for StoreError {
             StoreError::Db(e) => write!(f, "database error: {e}"),
             StoreError::Corrupt(what) => write!(f, "database record is unreadable: {what}"),
             StoreError::Released => write!(f, "the database was handed over to the new process"),
+            StoreError::Shared(e) => write!(f, "{e}"),
         }
     }
 }

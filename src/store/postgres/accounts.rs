@@ -8,14 +8,17 @@
 //! * **holds** locally against its lease while the lease covers the hold and is still fresh
 //!   (see fencing); otherwise it leases more in one transaction that checks
 //!   `balance − leased ≥ amount` under the row's lock. It asks for a chunk — an eighth of what
-//!   is free, at most [`LEASE_CHUNK`], never less than the hold — and, refused that, for exactly
-//!   the hold: a key too small to split goes through the database per request, exactly;
-//! * **settles** locally (the hold released, the cost added to what it owes) and **flushes**
-//!   what it owes in batches: one transaction per key debits the balance and shrinks the lease
-//!   and `leased` by what came out of the lease. A cost above its hold (the upstream counted
-//!   more than the estimate) is debited all the same: that, and only that, takes a balance
-//!   below zero. Batches are numbered per node and recorded, so a batch retried after a lost
-//!   reply is applied once;
+//!   is free, at most [`LEASE_CHUNK`], never less than the hold — while the key has room for
+//!   [`SPLIT_ROOM`] such holds, and for exactly the hold below that: a small key goes through
+//!   the database per request, exactly, and what is left of its lease goes back at the next
+//!   sync (so no money is stranded in fragments on several nodes);
+//! * **settles** locally (the hold released, the cost added to what it owes) and writes the
+//!   usage record to its journal; the journal is **booked** in batches ([`FleetAccounts::book`]):
+//!   one transaction stores the records and debits their costs from the balances and this
+//!   node's leases. A record is keyed by its journal and number, so a batch retried after a
+//!   lost reply debits nothing twice, and money and records can never disagree. A cost above
+//!   its hold (the upstream counted more than the estimate) is debited all the same: that, and
+//!   only that, takes a balance below zero;
 //! * **renews** its leases (and, while at it, reclaims every node's expired ones: their money
 //!   goes back to `balance − leased`). A node that dies leaves its leases to expire after
 //!   `lease_secs`;
@@ -27,8 +30,10 @@
 //! Bounds: money stranded by a dead node is at most its leases, for at most `lease_secs`; a
 //! request refused while money sits in other nodes' leases sees at most the sum of their
 //! unspent leases (each at most an eighth of what was free when taken, and at most
-//! [`LEASE_CHUNK`]); overdraft comes only from costs above their holds, and from what a node
-//! spent but had not flushed when its lease expired (at most one flush window of its spending).
+//! [`LEASE_CHUNK`], and only while the key still had room for [`SPLIT_ROOM`] holds); overdraft
+//! comes only from costs above their holds, and from what a node spent but had not booked when
+//! its lease expired (the database was out of its reach for over half a lease: at most what it
+//! had in flight and in its journal then).
 
 use super::{Pg, PgError};
 use std::collections::HashMap;
@@ -48,9 +53,9 @@ struct Local {
     owed: i64,
     /// Until when the lease may be spent locally (fencing).
     fresh_until: Option<Instant>,
-    /// A batch of `owed` on its way to the database: (batch number, amount). Retried with the
-    /// same number until it is known applied, so a lost reply never debits twice.
-    pending: Option<(i64, i64)>,
+    /// The last lease was exactly the hold (the key is too small to split): what is left of
+    /// it goes back at the next sync instead of waiting for the key to go quiet.
+    exact: bool,
     /// The last hold made against this key here.
     last_used: Option<Instant>,
 }
@@ -65,7 +70,23 @@ impl Local {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Insufficient {
     pub needed: i64,
+    /// What the database had free, plus this node's usable lease.
+    pub available: i64,
 }
+
+/// One usage record on its way from a node's journal to the database, where it debits its cost.
+#[derive(Debug, Clone)]
+pub struct Journaled {
+    /// Its number in the node's journal; with the journal's id, its key in the database.
+    pub seq: i64,
+    pub record: crate::ledger::UsageRecord,
+    /// Its cost was settled in this process (and is part of what this node owes).
+    pub owed_here: bool,
+}
+
+/// The largest lease is a chunk only while the key has room for this many holds of the size
+/// asked; below, leases are exactly the hold, so no money is stranded in fragments.
+const SPLIT_ROOM: i64 = 64;
 
 /// Money held for one request; give it to [`FleetAccounts::settle`].
 #[derive(Debug)]
@@ -85,16 +106,12 @@ pub struct FleetAccounts {
 
 struct State {
     keys: HashMap<String, Local>,
-    /// Settlement batch numbers: from the start time in ms × 65536, so a restarted node (same
-    /// `node_id`) never reuses one.
-    next_batch: i64,
 }
 
 impl FleetAccounts {
     /// `node` must differ between nodes; `lease_for` is `store.lease_secs`.
     pub fn new(pg: Pg, node: &str, lease_for: Duration) -> Self {
-        let start_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-        let state = State { keys: HashMap::new(), next_batch: start_ms.saturating_mul(65_536) };
+        let state = State { keys: HashMap::new() };
         FleetAccounts { pg, node: node.to_string(), lease_for, state: tokio::sync::Mutex::new(state) }
     }
 
@@ -132,34 +149,38 @@ impl FleetAccounts {
         let covered = if fresh { local.free().max(0) } else { 0 };
         let short = amount - covered;
         let sent = Instant::now();
-        let granted = self.lease_more(key_id, short).await?;
-        let Some((granted, total)) = granted else { return Ok(Err(Insufficient { needed: amount })) };
+        let (granted, total) = match self.lease_more(key_id, short).await? {
+            Ok(grant) => grant,
+            Err(free) => return Ok(Err(Insufficient { needed: amount, available: free.max(0).saturating_add(covered) })),
+        };
         let local = state.keys.entry(key_id.to_string()).or_default();
         log::debug!("lease of {key_id}: +{granted} nano-USD, {total} now");
+        local.exact = granted == short;
         local.lease = total;
         local.fresh_until = Some(sent + self.lease_for / 2);
         local.held += amount;
         Ok(Ok(FleetHold { key_id: key_id.to_string(), amount }))
     }
 
-    /// Lease at least `short` more of the key's money: a chunk if the key has room, else
-    /// exactly `short`; the lease's new total. None when `balance − leased` is below `short`
-    /// (or the balance is negative).
-    async fn lease_more(&self, key_id: &str, short: i64) -> Result<Option<(i64, i64)>, PgError> {
+    /// Lease at least `short` more of the key's money: a chunk if the key has room for many
+    /// such holds, else exactly `short`; (granted, the lease's new total). Err(what is free)
+    /// when `balance − leased` is below `short` (or the balance is negative).
+    async fn lease_more(&self, key_id: &str, short: i64) -> Result<Result<(i64, i64), i64>, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
         let row = tx.query_opt("SELECT balance, leased FROM accounts WHERE key_id = $1 FOR UPDATE", &[&key_id]).await?;
         let Some(row) = row else {
             self.pg.count(1);
-            return Ok(None);
+            return Ok(Err(0));
         };
         let (balance, leased): (i64, i64) = (row.get(0), row.get(1));
         let free = balance - leased;
         if free < short || (short >= 0 && balance < 0) {
             self.pg.count(1);
-            return Ok(None);
+            return Ok(Err(free));
         }
-        let grant = (free / 8).min(LEASE_CHUNK).max(short).max(0);
+        let roomy = short > 0 && free / SPLIT_ROOM >= short;
+        let grant = if roomy { (free / 8).min(LEASE_CHUNK).max(short) } else { short.max(0) };
         let lease_ms = i64::try_from(self.lease_for.as_millis()).unwrap_or(i64::MAX);
         tx.execute("UPDATE accounts SET leased = leased + $2 WHERE key_id = $1", &[&key_id, &grant]).await?;
         let total: i64 = tx
@@ -173,7 +194,7 @@ impl FleetAccounts {
             .get(0);
         tx.commit().await?;
         self.pg.count(4);
-        Ok(Some((grant, total)))
+        Ok(Ok((grant, total)))
     }
 
     /// A request ended: its hold is released and `cost` is owed (flushed by [`Self::flush`]).
@@ -184,62 +205,79 @@ impl FleetAccounts {
         local.owed += cost;
     }
 
-    /// Write what this node owes to the database: per key, one transaction debits the balance
-    /// and takes what it can out of this node's lease. Returns the keys flushed. On an error
-    /// the batch stays pending and is retried, under the same number, by the next flush.
-    pub async fn flush(&self) -> Result<usize, PgError> {
+    /// Book journaled usage records in one transaction: every record new to the database is
+    /// stored (with the owner of the response it created) and its cost debited from its key's
+    /// balance, taken first out of this node's lease. A record already there (a batch retried
+    /// after a lost reply) adds nothing, so no cost is ever debited twice; a cost above its hold
+    /// is debited all the same, which, and only which, takes a balance below zero. `journal` names the node's
+    /// journal (node id and journal incarnation) in `usage_records`.
+    pub async fn book(&self, journal: &str, batch: &[Journaled]) -> Result<usize, PgError> {
+        if batch.is_empty() {
+            return Ok(0);
+        }
         let mut state = self.state.lock().await;
-        let mut batches = Vec::new();
-        let mut next = state.next_batch;
-        for (key_id, local) in state.keys.iter_mut() {
-            if local.pending.is_none() && local.owed != 0 {
-                local.pending = Some((next, local.owed));
-                next += 1;
-            }
-            if let Some(batch) = local.pending {
-                batches.push((key_id.clone(), batch));
-            }
-        }
-        state.next_batch = next;
-        let mut flushed = 0;
-        for (key_id, (batch, amount)) in batches {
-            let lease_left = self.apply(&key_id, amount, batch).await?;
-            if let Some(local) = state.keys.get_mut(&key_id) {
-                local.owed -= amount;
-                local.pending = None;
-                local.lease = lease_left;
-            }
-            flushed += 1;
-        }
-        Ok(flushed)
-    }
-
-    /// Debit `amount` owed on `key_id` as batch `batch` of this node, once; the lease left.
-    async fn apply(&self, key_id: &str, amount: i64, batch: i64) -> Result<i64, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
-        let fresh =
-            tx.execute("INSERT INTO settlements (node_id, batch) VALUES ($1, $2) ON CONFLICT DO NOTHING", &[&self.node, &batch]).await?;
-        let lease: Option<i64> = tx
-            .query_opt("SELECT amount FROM leases WHERE key_id = $1 AND node_id = $2 FOR UPDATE", &[&key_id, &self.node])
-            .await?
-            .map(|r| r.get(0));
-        if fresh == 1 {
-            let from_lease = lease.unwrap_or(0).min(amount.max(0));
-            tx.execute(
-                "UPDATE accounts SET balance = balance - $2, leased = leased - $3 WHERE key_id = $1",
-                &[&key_id, &amount, &from_lease],
-            )
-            .await?;
-            tx.execute("UPDATE leases SET amount = amount - $3 WHERE key_id = $1 AND node_id = $2", &[&key_id, &self.node, &from_lease])
+        let new = super::records::insert(&tx, journal, batch.iter().map(|j| (j.seq, &j.record))).await?;
+        let new: std::collections::HashSet<i64> = new.into_iter().collect();
+        let mut statements = 1;
+        let mut spent: HashMap<&str, i64> = HashMap::new();
+        for j in batch.iter().filter(|j| new.contains(&j.seq)) {
+            *spent.entry(j.record.key_id.as_str()).or_default() += j.record.cost_nanos;
+        }
+        statements += super::records::insert_owners(&tx, batch.iter().filter(|j| new.contains(&j.seq)).map(|j| &j.record)).await?;
+        let mut lease_left: HashMap<&str, i64> = HashMap::new();
+        for (key_id, amount) in &spent {
+            let lease: Option<i64> = tx
+                .query_opt("SELECT amount FROM leases WHERE key_id = $1 AND node_id = $2 FOR UPDATE", &[key_id, &self.node])
+                .await?
+                .map(|r| r.get(0));
+            let from_lease = lease.unwrap_or(0).min((*amount).max(0));
+            tx.execute("UPDATE accounts SET balance = balance - $2, leased = leased - $3 WHERE key_id = $1", &[key_id, amount, &from_lease])
                 .await?;
-            tx.commit().await?;
-            self.pg.count(6);
-            return Ok(lease.unwrap_or(0) - from_lease);
+            statements += 2;
+            if from_lease > 0 {
+                tx.execute("UPDATE leases SET amount = amount - $3 WHERE key_id = $1 AND node_id = $2", &[key_id, &self.node, &from_lease])
+                    .await?;
+                statements += 1;
+            }
+            if let Some(lease) = lease {
+                lease_left.insert(key_id, lease - from_lease);
+            }
         }
         tx.commit().await?;
-        self.pg.count(3);
-        Ok(lease.unwrap_or(0))
+        self.pg.count(statements + 2);
+        for j in batch.iter().filter(|j| j.owed_here) {
+            if let Some(local) = state.keys.get_mut(&j.record.key_id) {
+                local.owed -= j.record.cost_nanos;
+            }
+        }
+        for (key_id, left) in lease_left {
+            if let Some(local) = state.keys.get_mut(key_id) {
+                local.lease = left;
+            }
+        }
+        Ok(new.len())
+    }
+
+    /// Add `delta` to the key's balance (an administrator's top-up); the new balance.
+    pub async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, PgError> {
+        let client = self.pg.client().await?;
+        let balance: i64 = client
+            .query_one(
+                "INSERT INTO accounts (key_id, balance) VALUES ($1, $2)
+                 ON CONFLICT (key_id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance RETURNING balance",
+                &[&key_id, &delta],
+            )
+            .await?
+            .get(0);
+        self.pg.count(1);
+        Ok(balance)
+    }
+
+    /// What this node has settled and not yet booked, for `key_id`.
+    pub async fn owed(&self, key_id: &str) -> i64 {
+        self.state.lock().await.keys.get(key_id).map_or(0, |l| l.owed)
     }
 
     /// Give back what this node's lease of `key_id` does not need now (nothing held or owed
@@ -286,8 +324,6 @@ impl FleetAccounts {
             )
             .await?
             .get(0);
-        // Settlement numbers are kept long enough for any retry.
-        tx.execute("DELETE FROM settlements WHERE node_id = $1 AND applied_at < now() - interval '1 day'", &[&self.node]).await?;
         let mine = tx
             .query(
                 "UPDATE leases SET expires_at = now() + $2 * interval '1 millisecond' WHERE node_id = $1 RETURNING key_id, amount",
@@ -295,7 +331,7 @@ impl FleetAccounts {
             )
             .await?;
         tx.commit().await?;
-        self.pg.count(5);
+        self.pg.count(4);
         let mine: HashMap<String, i64> = mine.iter().map(|r| (r.get(0), r.get(1))).collect();
         let mut state = self.state.lock().await;
         for (key_id, local) in state.keys.iter_mut() {
@@ -316,35 +352,22 @@ impl FleetAccounts {
         Ok(reclaimed)
     }
 
-    /// Keep this node's share of the accounts in step until `stop` is set: every `every`
-    /// (`store.sync_ms`), flush what is owed, renew the leases (reclaiming expired ones) and
-    /// give back the leases of keys unused for half a lease. A failed round is logged and the
-    /// next one retries it; meanwhile leases go stale at half their lifetime (fencing).
-    pub async fn maintain(&self, every: Duration, mut stop: tokio::sync::watch::Receiver<bool>) {
-        loop {
-            if let Err(e) = self.round().await {
-                log::warn!("store: accounts sync failed, retrying in {every:?}: {e}");
-            }
-            tokio::select! {
-                _ = stop.changed() => {
-                    if let Err(e) = self.flush().await {
-                        log::error!("store: final flush of what this node owes failed: {e}");
-                    }
-                    return;
-                }
-                _ = tokio::time::sleep(every) => {}
-            }
-        }
-    }
-
-    async fn round(&self) -> Result<(), PgError> {
-        self.flush().await?;
+    /// One sync round (every `store.sync_ms`, after the journal was booked): renew the leases
+    /// (reclaiming expired ones) and give back what is not needed — the whole unused lease of
+    /// a key unused for half a lease, and what is left of an exact lease once nothing is held
+    /// against it. A failed round is retried by the next; meanwhile leases go stale at half
+    /// their lifetime (fencing).
+    pub async fn round(&self) -> Result<(), PgError> {
         self.renew().await?;
         let idle: Vec<String> = {
             let state = self.state.lock().await;
-            // Unused for half a lease: its money goes back to the fleet.
             let quiet = |l: &Local| l.last_used.is_none_or(|t| t.elapsed() >= self.lease_for / 2);
-            state.keys.iter().filter(|(_, l)| l.held == 0 && l.owed == 0 && l.lease > 0 && quiet(l)).map(|(k, _)| k.clone()).collect()
+            state
+                .keys
+                .iter()
+                .filter(|(_, l)| l.held == 0 && l.owed <= 0 && l.lease > 0 && (l.exact || quiet(l)))
+                .map(|(k, _)| k.clone())
+                .collect()
         };
         for key_id in idle {
             self.release_unused(&key_id).await?;

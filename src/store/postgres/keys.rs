@@ -81,6 +81,19 @@ impl FleetKeys {
         Ok(())
     }
 
+    /// Every key record, as the database has it now.
+    pub async fn all(&self) -> Result<Vec<KeyRecord>, PgError> {
+        let client = self.pg.client().await?;
+        let rows = client.query("SELECT record FROM keys ORDER BY id", &[]).await?;
+        self.pg.count(1);
+        rows.iter()
+            .map(|row| {
+                let text: String = row.get(0);
+                serde_json::from_str(&text).map_err(|e| PgError::Query(format!("key record: {e}")))
+            })
+            .collect()
+    }
+
     /// Refresh the index: everything the first time, then the keys the change log names since
     /// the previous read (less [`OVERLAP`]).
     pub async fn sync(&self) -> Result<usize, PgError> {

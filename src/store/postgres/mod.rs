@@ -59,13 +59,20 @@ impl From<deadpool_postgres::PoolError> for PgError {
 }
 
 /// How to reach the database.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PgSettings {
     /// `postgres://user[:password]@host[:port]/database[?sslmode=disable|prefer|require]`.
     pub url: String,
     pub pool_size: usize,
     /// PEM text of extra CA certificates (`store.postgres.ca_file`).
     pub ca_pem: Option<String>,
+}
+
+impl std::fmt::Debug for PgSettings {
+    /// The URL may carry a password: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgSettings").field("url", &"<redacted>").field("pool_size", &self.pool_size).finish()
+    }
 }
 
 /// A pool of connections to the shared database, and how many statements went to it.
@@ -76,6 +83,8 @@ pub struct Pg {
     /// For connections outside the pool (a `LISTEN`er).
     config: tokio_postgres::Config,
     tls: tokio_postgres_rustls::MakeRustlsConnect,
+    /// The runtime that makes (and drives) connections, when not the caller's.
+    driver: Option<tokio::runtime::Handle>,
 }
 
 /// The schema, one migration per version, applied in order. Never edit one that has shipped:
@@ -95,13 +104,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
          expires_at TIMESTAMPTZ NOT NULL,
          PRIMARY KEY (key_id, node_id)
      );
-     CREATE INDEX leases_expiry ON leases (expires_at);
-     CREATE TABLE settlements (
-         node_id TEXT NOT NULL,
-         batch BIGINT NOT NULL,
-         applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
-         PRIMARY KEY (node_id, batch)
-     );",
+     CREATE INDEX leases_expiry ON leases (expires_at);",
     ),
     (
         2,
@@ -170,6 +173,16 @@ const MIGRATIONS: &[(i32, &str)] = &[
          PRIMARY KEY (key_id, node_id)
      );",
     ),
+    (
+        7,
+        "CREATE TABLE response_owners (
+         id TEXT PRIMARY KEY,
+         owner TEXT NOT NULL,
+         time_ms BIGINT NOT NULL
+     );
+     CREATE INDEX response_owners_time ON response_owners (time_ms);
+     CREATE INDEX usage_records_time ON usage_records (time_ms);",
+    ),
 ];
 
 /// The advisory lock that serialises migrations across nodes.
@@ -208,12 +221,25 @@ impl Pg {
             .wait_timeout(Some(std::time::Duration::from_secs(5)))
             .build()
             .map_err(|e| PgError::Config(e.to_string()))?;
-        Ok(Pg { pool, statements: Arc::new(AtomicU64::new(0)), config, tls })
+        Ok(Pg { pool, statements: Arc::new(AtomicU64::new(0)), config, tls, driver: None })
+    }
+
+    /// Make connections on `runtime`: a connection's task lives on the runtime that made it,
+    /// so the pool's connections are made on one that lives as long as the process.
+    pub fn on(mut self, runtime: tokio::runtime::Handle) -> Pg {
+        self.driver = Some(runtime);
+        self
     }
 
     /// A connection from the pool.
     pub async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
-        Ok(self.pool.get().await?)
+        match &self.driver {
+            Some(runtime) => {
+                let pool = self.pool.clone();
+                runtime.spawn(async move { pool.get().await }).await.map_err(|e| PgError::Unavailable(format!("store runtime: {e}")))?.map_err(Into::into)
+            }
+            None => Ok(self.pool.get().await?),
+        }
     }
 
     /// A connection of its own that `LISTEN`s on `channel`: the notifications arrive on the
@@ -255,6 +281,22 @@ impl Pg {
     /// Statements sent since start.
     pub fn statements(&self) -> u64 {
         self.statements.load(Ordering::Relaxed)
+    }
+
+    /// The schema version the database is at (0: none yet); refused when newer than this
+    /// binary knows.
+    pub async fn version(&self) -> Result<i32, PgError> {
+        let client = self.client().await?;
+        let exists: bool = client.query_one("SELECT to_regclass('tollgate_schema') IS NOT NULL", &[]).await?.get(0);
+        let current: i32 =
+            if exists { client.query_one("SELECT COALESCE(MAX(version), 0) FROM tollgate_schema", &[]).await?.get(0) } else { 0 };
+        let newest = MIGRATIONS.last().map_or(0, |m| m.0);
+        if current > newest {
+            return Err(PgError::Schema(format!(
+                "the database is at version {current}, this tollgate knows up to {newest}: upgrade tollgate on this node"
+            )));
+        }
+        Ok(current)
     }
 
     /// Bring the schema to this binary's version; returns it. A database at a later version

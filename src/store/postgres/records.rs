@@ -1,58 +1,105 @@
 //! Usage records from every node in one table, so that `/v1/usage` on any node counts them
-//! all. A node numbers its records itself — from its start time in ms × 65,536, so a restarted
-//! node (same `node_id`) never reuses a number — and books them in batches (group commit, as
-//! with sled) in one multi-row statement; `(node_id, seq)` is the key, so a batch retried after
-//! a lost reply adds nothing twice. Totals are counted by the ledger's own rule
-//! ([`crate::ledger::Totals::add`]).
+//! all. A node writes its records to its local journal first (sled, group commit) and books
+//! them in batches with their money ([`super::accounts::FleetAccounts::book`]), in one
+//! multi-row statement; `(node_id, seq)` — the journal's id and the record's number in it — is
+//! the key, so a batch retried after a lost reply adds nothing twice. The owners of stored
+//! responses are booked with the records that created them. Totals are counted by the
+//! ledger's own rule ([`crate::ledger::Totals::add`]).
 
 use super::{Pg, PgError};
-use crate::ledger::{Totals, UsageRecord};
+use crate::ledger::{ResponseOwner, Totals, UsageRecord};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicI64, Ordering};
 
 pub struct FleetRecords {
     pg: Pg,
-    node: String,
-    next_seq: AtomicI64,
+}
+
+/// Store `records` of journal `journal` (numbered by the journal); the numbers that were new.
+pub(super) async fn insert<'a>(
+    tx: &tokio_postgres::Transaction<'_>,
+    journal: &str,
+    records: impl Iterator<Item = (i64, &'a UsageRecord)>,
+) -> Result<Vec<i64>, PgError> {
+    let (mut seqs, mut keys, mut times, mut texts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for (seq, r) in records {
+        seqs.push(seq);
+        keys.push(r.key_id.clone());
+        times.push(i64::try_from(r.time_ms).unwrap_or(i64::MAX));
+        texts.push(serde_json::to_string(r).map_err(|e| PgError::Query(format!("usage record: {e}")))?);
+    }
+    let rows = tx
+        .query(
+            "INSERT INTO usage_records (node_id, seq, key_id, time_ms, record)
+             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[])
+             ON CONFLICT (node_id, seq) DO NOTHING RETURNING seq",
+            &[&journal, &seqs, &keys, &times, &texts],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// Make the key of each record that created a stored response its owner; statements sent.
+pub(super) async fn insert_owners<'a>(
+    tx: &tokio_postgres::Transaction<'_>,
+    records: impl Iterator<Item = &'a UsageRecord>,
+) -> Result<u64, PgError> {
+    let (mut ids, mut texts, mut times) = (Vec::new(), Vec::new(), Vec::new());
+    for r in records {
+        if let Some(owner) = r.owner() {
+            if let Some(id) = &r.response_id {
+                ids.push(id.clone());
+                texts.push(serde_json::to_string(&owner).map_err(|e| PgError::Query(format!("response owner: {e}")))?);
+                times.push(i64::try_from(r.time_ms).unwrap_or(i64::MAX));
+            }
+        }
+    }
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    tx.execute(
+        "INSERT INTO response_owners (id, owner, time_ms) SELECT * FROM UNNEST($1::TEXT[], $2::TEXT[], $3::BIGINT[])
+         ON CONFLICT (id) DO NOTHING",
+        &[&ids, &texts, &times],
+    )
+    .await?;
+    Ok(1)
 }
 
 impl FleetRecords {
-    pub fn new(pg: Pg, node: &str) -> Self {
-        let start_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
-        FleetRecords { pg, node: node.to_string(), next_seq: AtomicI64::new(start_ms.saturating_mul(65_536)) }
+    pub fn new(pg: Pg) -> Self {
+        FleetRecords { pg }
     }
 
-    /// Give each record its number on this node, once: a retry books the same numbers.
-    pub fn numbered(&self, records: Vec<UsageRecord>) -> Vec<(i64, UsageRecord)> {
-        let first = self.next_seq.fetch_add(records.len() as i64, Ordering::Relaxed);
-        records.into_iter().enumerate().map(|(i, r)| (first + i as i64, r)).collect()
-    }
-
-    /// Book a batch in one statement; how many records were new.
-    pub async fn book(&self, batch: &[(i64, UsageRecord)]) -> Result<u64, PgError> {
-        if batch.is_empty() {
-            return Ok(0);
-        }
-        let mut seqs = Vec::with_capacity(batch.len());
-        let mut keys = Vec::with_capacity(batch.len());
-        let mut times = Vec::with_capacity(batch.len());
-        let mut texts = Vec::with_capacity(batch.len());
-        for (seq, r) in batch {
-            seqs.push(*seq);
-            keys.push(r.key_id.clone());
-            times.push(i64::try_from(r.time_ms).unwrap_or(i64::MAX));
-            texts.push(serde_json::to_string(r).map_err(|e| PgError::Query(format!("usage record: {e}")))?);
-        }
+    /// Who created the stored response `id`.
+    pub async fn owner(&self, id: &str) -> Result<Option<ResponseOwner>, PgError> {
         let client = self.pg.client().await?;
-        let n = client
-            .execute(
-                "INSERT INTO usage_records (node_id, seq, key_id, time_ms, record)
-                 SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[])
-                 ON CONFLICT (node_id, seq) DO NOTHING",
-                &[&self.node, &seqs, &keys, &times, &texts],
-            )
-            .await?;
+        let row = client.query_opt("SELECT owner FROM response_owners WHERE id = $1", &[&id]).await?;
         self.pg.count(1);
+        match row {
+            Some(row) => {
+                let text: String = row.get(0);
+                serde_json::from_str(&text).map(Some).map_err(|e| PgError::Query(format!("response owner {id}: {e}")))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// The response `id` was deleted upstream.
+    pub async fn forget_owner(&self, id: &str) -> Result<(), PgError> {
+        let client = self.pg.client().await?;
+        client.execute("DELETE FROM response_owners WHERE id = $1", &[&id]).await?;
+        self.pg.count(1);
+        Ok(())
+    }
+
+    /// Delete every node's records (and response owners) older than `before_ms`; how many
+    /// records. Balances live in `accounts`, so pruning never changes one.
+    pub async fn prune(&self, before_ms: u64) -> Result<u64, PgError> {
+        let before = i64::try_from(before_ms).unwrap_or(i64::MAX);
+        let client = self.pg.client().await?;
+        let n = client.execute("DELETE FROM usage_records WHERE time_ms < $1", &[&before]).await?;
+        client.execute("DELETE FROM response_owners WHERE time_ms < $1", &[&before]).await?;
+        self.pg.count(2);
         Ok(n)
     }
 

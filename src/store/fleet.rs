@@ -1,0 +1,227 @@
+//! A node of a fleet: the parts of [`super::postgres`] put together for the gateway, on a
+//! runtime of their own, with the node's journal.
+//!
+//! Every connection to the database is made, and every background loop runs, on the fleet's
+//! own runtime (one thread, `tollgate-store`), so that connections outlive any one Pingora
+//! service and never run on the threads that relay requests. The request path touches the
+//! database only when a lease runs out; otherwise it reads memory.
+//!
+//! **The journal.** Every usage record is first written to a sled tree of the node
+//! (`fleet_journal`, group commit as on a single node) and booked into the database with its
+//! money by the sync loop every `store.sync_ms` (and at once when `/v1/usage` or a stop asks).
+//! While the database is unreachable the journal grows and nothing is lost; once it is back
+//! the journal is booked, each record exactly once (see
+//! [`super::postgres::accounts::FleetAccounts::book`]). The journal's id (`node_id/` and a
+//! random id kept in the data directory) names the records in the database, so a node whose
+//! data directory was replaced never collides with its own older records.
+
+use super::postgres::accounts::{FleetAccounts, Journaled};
+use super::postgres::keys::FleetKeys;
+use super::postgres::rates::{FleetRates, FleetSlots};
+use super::postgres::records::FleetRecords;
+use super::postgres::tasks::FleetTasks;
+use super::postgres::{Pg, PgError};
+use super::{DbSlot, StoreError};
+use crate::config::FleetConfig;
+use crate::ledger::UsageRecord;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The journal's tree and the key of the journal's id in the `meta` tree.
+pub const JOURNAL: &str = "fleet_journal";
+const JOURNAL_ID: &[u8] = b"fleet_journal_id";
+/// Records booked per transaction.
+const BOOK_BATCH: usize = 2000;
+
+pub struct Fleet {
+    pub pg: Pg,
+    pub node: String,
+    pub accounts: FleetAccounts,
+    pub keys: FleetKeys,
+    pub records: FleetRecords,
+    pub rates: FleetRates,
+    pub slots: FleetSlots,
+    pub tasks: FleetTasks,
+    pub sync: Duration,
+    pub lease: Duration,
+    runtime: tokio::runtime::Runtime,
+    /// When a sync round last reached the database (for `/readyz`).
+    reached: std::sync::Mutex<Option<Instant>>,
+    /// Booking the journal is one at a time.
+    booking: tokio::sync::Mutex<()>,
+}
+
+impl From<PgError> for StoreError {
+    fn from(e: PgError) -> Self {
+        StoreError::Shared(e.to_string())
+    }
+}
+
+impl Fleet {
+    /// Connect, migrate the schema and load the keys; fails when the database cannot be
+    /// reached (a node does not start blind).
+    pub fn connect(conf: &FleetConfig) -> Result<Arc<Fleet>, PgError> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tollgate-store")
+            .enable_all()
+            .build()
+            .map_err(|e| PgError::Config(format!("cannot start the store's runtime: {e}")))?;
+        let pg = Pg::new(&conf.postgres)?.on(runtime.handle().clone());
+        let fleet = Fleet {
+            accounts: FleetAccounts::new(pg.clone(), &conf.node_id, conf.lease),
+            keys: FleetKeys::new(pg.clone(), conf.sync),
+            records: FleetRecords::new(pg.clone()),
+            rates: FleetRates::new(pg.clone()),
+            slots: FleetSlots::new(pg.clone(), &conf.node_id, conf.lease),
+            tasks: FleetTasks::new(pg.clone(), &conf.node_id, conf.lease),
+            pg,
+            node: conf.node_id.clone(),
+            sync: conf.sync,
+            lease: conf.lease,
+            runtime,
+            reached: std::sync::Mutex::new(None),
+            booking: tokio::sync::Mutex::new(()),
+        };
+        let version = fleet.block_on(fleet.pg.migrate())?;
+        fleet.block_on(fleet.keys.sync())?;
+        *fleet.reached_at() = Some(Instant::now());
+        log::info!("store: PostgreSQL schema version {version}; node '{}'", fleet.node);
+        Ok(Arc::new(fleet))
+    }
+
+    /// Run `fut` to completion on the store's runtime, from outside any runtime (start-up).
+    pub fn block_on<F: std::future::Future>(&self, fut: F) -> F::Output {
+        self.runtime.block_on(fut)
+    }
+
+    /// Spawn `fut` on the store's runtime.
+    pub fn spawn<F: std::future::Future<Output = ()> + Send + 'static>(&self, fut: F) {
+        self.runtime.spawn(fut);
+    }
+
+    fn reached_at(&self) -> std::sync::MutexGuard<'_, Option<Instant>> {
+        self.reached.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The database as `/readyz` reports it: Ok while a sync round reached it within the
+    /// staleness bound of the keys.
+    pub fn readiness(&self) -> Result<(), String> {
+        match *self.reached_at() {
+            Some(at) if at.elapsed() <= self.keys.stale_after() => Ok(()),
+            Some(at) => Err(format!("PostgreSQL not reached for {} s", at.elapsed().as_secs())),
+            None => Err("PostgreSQL not reached yet".into()),
+        }
+    }
+
+    /// The journal's id: `node_id/` and a random id created with the data directory.
+    pub fn journal_id(&self, db: &DbSlot) -> Result<String, StoreError> {
+        let meta = db.tree("meta")?;
+        let id = match meta.get(JOURNAL_ID)? {
+            Some(v) => String::from_utf8_lossy(&v).into_owned(),
+            None => {
+                let fresh = crate::admin::random_base62(16);
+                meta.insert(JOURNAL_ID, fresh.as_bytes())?;
+                db.db()?.flush()?;
+                fresh
+            }
+        };
+        Ok(format!("{}/{id}", self.node))
+    }
+
+    /// Book the journal into the database, oldest first, until it is empty; records numbered
+    /// from `owed_from` on were settled by this process. Returns how many were booked.
+    pub async fn book_journal(&self, db: &DbSlot, journal_id: &str, owed_from: u64) -> Result<usize, StoreError> {
+        let _turn = self.booking.lock().await;
+        let tree = db.tree(JOURNAL)?;
+        let mut booked = 0;
+        loop {
+            let mut batch = Vec::new();
+            let mut keys = Vec::new();
+            for item in tree.iter().take(BOOK_BATCH) {
+                let (k, v) = item?;
+                let seq = <[u8; 8]>::try_from(&k[..]).map(u64::from_be_bytes).map_err(|_| StoreError::Corrupt("journal key".into()))?;
+                match serde_json::from_slice::<UsageRecord>(&v) {
+                    Ok(record) => batch.push(Journaled {
+                        seq: i64::try_from(seq).unwrap_or(i64::MAX),
+                        record,
+                        owed_here: seq >= owed_from,
+                    }),
+                    // Kept out of the database, and out of the way: logged once, removed.
+                    Err(e) => log::error!("store: unreadable journal record {seq} dropped: {e}"),
+                }
+                keys.push(k);
+            }
+            if keys.is_empty() {
+                return Ok(booked);
+            }
+            self.accounts.book(journal_id, &batch).await?;
+            for k in &keys {
+                tree.remove(k)?;
+            }
+            booked += batch.len();
+        }
+    }
+
+    /// One sync round: book the journal, renew and give back leases, flush token counts,
+    /// renew request slots.
+    pub async fn round(&self, db: &DbSlot, journal_id: &str, owed_from: u64) -> Result<(), StoreError> {
+        self.book_journal(db, journal_id, owed_from).await?;
+        self.accounts.round().await?;
+        self.rates.flush().await?;
+        self.slots.renew().await?;
+        *self.reached_at() = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Statements sent to the database since start.
+    pub fn statements(&self) -> u64 {
+        self.pg.statements()
+    }
+}
+
+/// The answer to a request this node cannot serve while the shared database is out of reach
+/// (503, retry shortly); `what` names what could not be checked.
+pub fn unavailable(what: &str) -> crate::protocol::ApiError {
+    let mut e = crate::protocol::ApiError::new(
+        crate::protocol::ErrorKind::Overloaded,
+        format!("The gateway cannot reach its database to check {what}; retry shortly."),
+    );
+    e.retry_after = Some(5);
+    e
+}
+
+/// `tollgate -t`: reach the database and read its schema version (nothing is written).
+pub fn check(conf: &FleetConfig) -> Result<i32, PgError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| PgError::Config(format!("cannot start a runtime: {e}")))?;
+    let pg = Pg::new(&conf.postgres)?;
+    runtime.block_on(pg.version())
+}
+
+/// Start the node's loops on the store's runtime: the key index follows the database
+/// (notifications and the change log), and every `store.sync_ms` a sync round books the
+/// journal, renews leases and flushes counters. They run until the process ends; a stop books
+/// the journal itself (`Ledger::commit_now`).
+pub fn start(fleet: &Arc<Fleet>, ledger: Arc<crate::ledger::Ledger>, keys: Arc<crate::auth::KeyIndex>) {
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let follower = fleet.clone();
+    fleet.spawn(async move {
+        // Kept for as long as the loop runs: dropping the sender would read as a stop.
+        let _stop_tx = stop_tx;
+        follower.keys.follow(stop).await;
+    });
+    let every = fleet.sync;
+    fleet.spawn(async move {
+        // The index is the one authentication reads; it is refreshed by the follower.
+        let _keys = keys;
+        loop {
+            if let Err(e) = ledger.sync_round().await {
+                log::warn!("store: sync with PostgreSQL failed, retrying in {every:?}: {e}");
+            }
+            tokio::time::sleep(every).await;
+        }
+    });
+}
