@@ -287,7 +287,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path().join("db")).expect("sled");
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-        ledger.open_account("k", 1_000_000).expect("account");
+        ledger.open_account("k", 1_000_000).await.expect("account");
         let socket = dir.path().join(SOCKET);
         let (stop, watch) = tokio::sync::watch::channel(false);
         let service = HandoverService(Arc::new(HandoverServer { socket: socket.clone(), ledger: ledger.clone(), video: None }));

@@ -927,15 +927,15 @@ pub(crate) mod tests {
         {
             let db = sled::open(dir.path()).expect("open");
             let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-            ledger.open_account("k", 1000).expect("open");
-            ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 100, 1)).await.expect("settle");
+            ledger.open_account("k", 1000).await.expect("open");
+            ledger.settle(ledger.hold("k", 0).await.expect("db").expect("ok"), record("k", "m", 100, 1)).await.expect("settle");
             // Bookings do not rewrite the balance entry: it still says 1000.
             assert_eq!(decode_balance(&ledger.balances().expect("tree").get("k").expect("get").expect("entry")).expect("decode").0, 1000);
             db.flush().expect("flush");
         }
         let db = crate::store::reopen(dir.path());
         let ledger = Ledger::open(&db).expect("ledger");
-        assert_eq!(ledger.balance("k").expect("balance"), 900);
+        assert_eq!(ledger.balance("k").await.expect("balance"), 900);
     }
 
     #[tokio::test]
@@ -946,11 +946,11 @@ pub(crate) mod tests {
         let db = sled::open(dir.path()).expect("open");
         // Default mode, with a window long enough to look inside it.
         let ledger = Arc::new(Ledger::open_with(&db, CommitPolicy { interval: Duration::from_secs(3600), sync: false }).expect("ledger"));
-        ledger.open_account("k", 1000).expect("open");
-        let balance = ledger.settle(ledger.hold("k", 100).expect("db").expect("ok"), record("k", "m", 100, 1)).await.expect("settle");
+        ledger.open_account("k", 1000).await.expect("open");
+        let balance = ledger.settle(ledger.hold("k", 100).await.expect("db").expect("ok"), record("k", "m", 100, 1)).await.expect("settle");
         // The balance moved at once; the record is queued, not yet written.
         assert_eq!(balance, 900);
-        assert_eq!(ledger.balance("k").expect("balance"), 900);
+        assert_eq!(ledger.balance("k").await.expect("balance"), 900);
         assert_eq!(ledger.commit_stats().committed.load(Ordering::SeqCst), 0);
         assert!(ledger.records("k").expect("records").is_empty());
         // A top-up waits for the disk, and so for everything queued before it.
@@ -959,10 +959,10 @@ pub(crate) mod tests {
         drop(ledger);
 
         let ledger = Arc::new(Ledger::open_with(&db, CommitPolicy { interval: Duration::from_secs(3600), sync: true }).expect("ledger"));
-        ledger.settle(ledger.hold("k", 100).expect("db").expect("ok"), record("k", "m", 100, 2)).await.expect("settle");
+        ledger.settle(ledger.hold("k", 100).await.expect("db").expect("ok"), record("k", "m", 100, 2)).await.expect("settle");
         assert_eq!(ledger.commit_stats().committed.load(Ordering::SeqCst), 1, "sync_commit: on disk before settle returns");
         assert_eq!(ledger.records("k").expect("records").len(), 2);
-        assert_eq!(ledger.balance("k").expect("balance"), 850);
+        assert_eq!(ledger.balance("k").await.expect("balance"), 850);
     }
 
     /// Records written one per entry (before batches were grouped) and grouped entries are
@@ -983,9 +983,9 @@ pub(crate) mod tests {
             db.open_tree("balances").expect("tree").insert("k", &encode_balance(1_000, 1)[..]).expect("insert");
         }
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-        assert_eq!(ledger.balance("k").expect("balance"), 900, "the old record is the newest booking");
+        assert_eq!(ledger.balance("k").await.expect("balance"), 900, "the old record is the newest booking");
         for t in [2_000u64, 2_500, 3_000] {
-            ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "b", 10, t)).await.expect("settle");
+            ledger.settle(ledger.hold("k", 0).await.expect("db").expect("ok"), record("k", "b", 10, t)).await.expect("settle");
         }
         ledger.commit_now().await.expect("commit");
         assert_eq!(ledger.records_tree().expect("tree").len(), 2, "the three new records share one entry");
@@ -996,7 +996,7 @@ pub(crate) mod tests {
         assert_eq!(ledger.prune(2_600).await.expect("prune"), 1, "only the old entry: the grouped one still has a newer record");
         assert_eq!(ledger.prune(5_000).await.expect("prune"), 3);
         drop(ledger);
-        assert_eq!(Ledger::open(&db).expect("ledger").balance("k").expect("balance"), 870);
+        assert_eq!(Ledger::open(&db).expect("ledger").balance("k").await.expect("balance"), 870);
     }
 
     #[tokio::test]
@@ -1006,13 +1006,13 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
         let ledger = Arc::new(Ledger::open_with(&db, CommitPolicy { interval: Duration::from_secs(3600), sync: false }).expect("ledger"));
-        ledger.open_account("k", 1000).expect("open");
-        ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 10, 1)).await.expect("settle");
+        ledger.open_account("k", 1000).await.expect("open");
+        ledger.settle(ledger.hold("k", 0).await.expect("db").expect("ok"), record("k", "m", 10, 1)).await.expect("settle");
         ledger.hand_over().await.expect("hand over");
         assert_eq!(ledger.records("k").expect("records").len(), 1, "queued before the hand-over: committed");
         // After it, bookings go to the new process; with no socket configured they fail
         // loudly instead of writing to a database this process no longer owns.
-        let after = ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 10, 2)).await;
+        let after = ledger.settle(ledger.hold("k", 0).await.expect("db").expect("ok"), record("k", "m", 10, 2)).await;
         assert!(matches!(after, Err(StoreError::Released)), "{after:?}");
         assert_eq!(ledger.records("k").expect("records").len(), 1);
     }
@@ -1036,10 +1036,10 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-        ledger.open_account("k", 1000).expect("open");
+        ledger.open_account("k", 1000).await.expect("open");
         let booked = |id: &str, t| UsageRecord { provider: Some("p1".into()), response_id: Some(id.into()), ..record("k", "m", 1, t) };
         for (id, t) in [("resp_old", 1_000), ("resp_new", 5_000), ("resp_gone", 5_000)] {
-            ledger.settle(ledger.hold("k", 1).expect("db").expect("ok"), booked(id, t)).await.expect("settle");
+            ledger.settle(ledger.hold("k", 1).await.expect("db").expect("ok"), booked(id, t)).await.expect("settle");
         }
         // Queued, not yet committed: the lookup commits first.
         let owner = ledger.response_owner("resp_new").await.expect("read").expect("owner");
@@ -1048,7 +1048,7 @@ pub(crate) mod tests {
         let r = record("k", "m", 1, 5_000);
         assert_eq!(owner.context_tokens, r.input_tokens + r.cached_tokens + r.cache_write_tokens + r.output_tokens);
         assert_eq!(ledger.response_owner("resp_unknown").await.expect("read"), None);
-        ledger.forget_response("resp_gone").expect("forget");
+        ledger.forget_response("resp_gone").await.expect("forget");
         assert_eq!(ledger.response_owner("resp_gone").await.expect("read"), None);
         ledger.prune(2_000).await.expect("prune");
         assert_eq!(ledger.response_owner("resp_old").await.expect("read"), None, "expires with its usage record");
@@ -1062,19 +1062,19 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-        assert!(ledger.open_account("k", 1000).expect("open"));
-        assert!(!ledger.open_account("k", 5).expect("again"), "existing balance kept");
-        let h1 = ledger.hold("k", 600).expect("db").expect("covered");
-        assert_eq!(ledger.hold("k", 600).expect("db").unwrap_err(), Insufficient { available: 400, needed: 600 });
+        assert!(ledger.open_account("k", 1000).await.expect("open"));
+        assert!(!ledger.open_account("k", 5).await.expect("again"), "existing balance kept");
+        let h1 = ledger.hold("k", 600).await.expect("db").expect("covered");
+        assert_eq!(ledger.hold("k", 600).await.expect("db").unwrap_err(), Insufficient { available: 400, needed: 600 });
         drop(h1);
-        let h2 = ledger.hold("k", 600).expect("db").expect("released hold frees the money");
+        let h2 = ledger.hold("k", 600).await.expect("db").expect("released hold frees the money");
         let bal = ledger.settle(h2, record("k", "m", 250, 5)).await.expect("settle");
         assert_eq!(bal, 750);
-        assert_eq!(ledger.balance("k").expect("bal"), 750);
+        assert_eq!(ledger.balance("k").await.expect("bal"), 750);
         // A zero-cost hold on an empty key is fine; a priced one is not.
-        ledger.open_account("empty", 0).expect("open");
-        assert!(ledger.hold("empty", 0).expect("db").is_ok());
-        assert!(ledger.hold("empty", 1).expect("db").is_err());
+        ledger.open_account("empty", 0).await.expect("open");
+        assert!(ledger.hold("empty", 0).await.expect("db").is_ok());
+        assert!(ledger.hold("empty", 1).await.expect("db").is_err());
     }
 
     #[tokio::test]
@@ -1083,17 +1083,17 @@ pub(crate) mod tests {
         {
             let db = sled::open(dir.path()).expect("open");
             let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-            ledger.open_account("k", 10_000).expect("open");
+            ledger.open_account("k", 10_000).await.expect("open");
             for (i, model) in ["a", "b", "a"].iter().enumerate() {
-                let h = ledger.hold("k", 100).expect("db").expect("ok");
+                let h = ledger.hold("k", 100).await.expect("db").expect("ok");
                 ledger.settle(h, record("k", model, 100, 1000 * (i as u64 + 1))).await.expect("settle");
             }
             ledger.adjust(record("k", "a", -50, 4000)).await.expect("refund");
-            ledger.settle(ledger.hold("other", 0).expect("db").expect("ok"), record("other", "a", 0, 1500)).await.expect("other");
+            ledger.settle(ledger.hold("other", 0).await.expect("db").expect("ok"), record("other", "a", 0, 1500)).await.expect("other");
         }
         let db = crate::store::reopen(dir.path());
         let ledger = Ledger::open(&db).expect("ledger");
-        assert_eq!(ledger.balance("k").expect("bal"), 10_000 - 300 + 50);
+        assert_eq!(ledger.balance("k").await.expect("bal"), 10_000 - 300 + 50);
         let (total, by_model) = ledger.summary("k", 0, u64::MAX).expect("summary");
         assert_eq!(total.requests, 3, "a refund is not a request");
         assert_eq!(total.cost_nanos, 250);
@@ -1114,25 +1114,25 @@ pub(crate) mod tests {
         {
             let db = sled::open(dir.path()).expect("open");
             let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-            ledger.open_account("k", 10_000).expect("open");
+            ledger.open_account("k", 10_000).await.expect("open");
             for t in 1..=20u64 {
-                let h = ledger.hold("k", 100).expect("db").expect("ok");
+                let h = ledger.hold("k", 100).await.expect("db").expect("ok");
                 ledger.settle(h, record("k", "m", 100, t)).await.expect("settle");
             }
-            assert_eq!(ledger.balance("k").expect("bal"), 8_000);
+            assert_eq!(ledger.balance("k").await.expect("bal"), 8_000);
             assert_eq!(ledger.prune(u64::MAX).await.expect("prune"), 20);
             assert!(ledger.records("k").expect("records").is_empty());
             db.flush().expect("flush");
         }
         let db = crate::store::reopen(dir.path());
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-        assert_eq!(ledger.balance("k").expect("balance"), 8_000, "the spending is not given back");
+        assert_eq!(ledger.balance("k").await.expect("balance"), 8_000, "the spending is not given back");
         // Bookings after the checkpoint still win over it.
-        ledger.settle(ledger.hold("k", 0).expect("db").expect("ok"), record("k", "m", 500, 30)).await.expect("settle");
+        ledger.settle(ledger.hold("k", 0).await.expect("db").expect("ok"), record("k", "m", 500, 30)).await.expect("settle");
         drop(ledger);
         drop(db);
         let db = crate::store::reopen(dir.path());
-        assert_eq!(Ledger::open(&db).expect("ledger").balance("k").expect("balance"), 7_500);
+        assert_eq!(Ledger::open(&db).expect("ledger").balance("k").await.expect("balance"), 7_500);
     }
 
     /// `charge` checks and debits under one lock: of many concurrent charges that each fit
@@ -1142,7 +1142,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-        ledger.open_account("v", 1_000).expect("open");
+        ledger.open_account("v", 1_000).await.expect("open");
         let tasks: Vec<_> = (0..32)
             .map(|i| {
                 let l = ledger.clone();
@@ -1154,7 +1154,7 @@ pub(crate) mod tests {
             charged += usize::from(t.await.expect("join"));
         }
         assert_eq!(charged, 3);
-        assert_eq!(ledger.balance("v").expect("bal"), 100);
+        assert_eq!(ledger.balance("v").await.expect("bal"), 100);
     }
 
     #[test]

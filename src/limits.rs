@@ -172,41 +172,41 @@ mod tests {
         }
     }
 
-    #[test]
-    fn max_concurrent_counts_requests_in_flight() {
+    #[tokio::test]
+    async fn max_concurrent_counts_requests_in_flight() {
         let limits = Arc::new(Limits::default());
         let k = key(None, None);
-        let a = limits.enter(&k).expect("first").expect("slot");
-        let _b = limits.enter(&k).expect("second").expect("slot");
-        let e = limits.enter(&k).err().expect("a third is refused");
+        let a = limits.enter(&k).await.expect("first").expect("slot");
+        let _b = limits.enter(&k).await.expect("second").expect("slot");
+        let e = limits.enter(&k).await.err().expect("a third is refused");
         assert_eq!(e.status(), 429);
         drop(a);
-        assert!(limits.enter(&k).expect("one finished").is_some());
+        assert!(limits.enter(&k).await.expect("one finished").is_some());
         let free = KeyRecord { max_concurrent: None, ..k };
-        assert!(limits.enter(&free).expect("no cap").is_none());
+        assert!(limits.enter(&free).await.expect("no cap").is_none());
     }
 
-    #[test]
-    fn rpm_refuses_the_request_over_the_limit() {
+    #[tokio::test]
+    async fn rpm_refuses_the_request_over_the_limit() {
         let limits = Limits::default();
         let k = key(Some(3), None);
         for _ in 0..3 {
-            assert!(limits.admit(&k).is_ok());
+            assert!(limits.admit(&k).await.is_ok());
         }
-        let e = limits.admit(&k).unwrap_err();
+        let e = limits.admit(&k).await.unwrap_err();
         assert_eq!(e.status(), 429);
         assert!(e.retry_after.is_some_and(|s| (1..=60).contains(&s)));
-        assert!(limits.admit(&key(None, None)).is_ok(), "no limit configured");
+        assert!(limits.admit(&key(None, None)).await.is_ok(), "no limit configured");
     }
 
-    #[test]
-    fn tpm_refuses_once_the_window_is_spent() {
+    #[tokio::test]
+    async fn tpm_refuses_once_the_window_is_spent() {
         let limits = Limits::default();
         let k = key(None, Some(100));
-        assert!(limits.admit(&k).is_ok());
-        limits.spend_tokens(&k.id, 60);
-        assert!(limits.admit(&k).is_ok());
-        limits.spend_tokens(&k.id, 40);
-        assert_eq!(limits.admit(&k).unwrap_err().status(), 429);
+        assert!(limits.admit(&k).await.is_ok());
+        limits.spend_tokens(&k.id, 60).await;
+        assert!(limits.admit(&k).await.is_ok());
+        limits.spend_tokens(&k.id, 40).await;
+        assert_eq!(limits.admit(&k).await.unwrap_err().status(), 429);
     }
 }

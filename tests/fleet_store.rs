@@ -1,6 +1,6 @@
-//! Issue 24, the foundation: the fleet's money and keys on a real PostgreSQL server (started
-//! by the test in a temporary directory), several nodes as several `FleetAccounts` /
-//! `FleetKeys` on one database. Not yet the gateway: these drive the store directly.
+//! Issue 24, the store's parts: the fleet's money, keys, records, tasks and limits on a real
+//! PostgreSQL server (started by the test in a temporary directory), several nodes as several
+//! `FleetAccounts` / `FleetKeys` / … on one database. `tests/fleet.rs` runs whole nodes.
 
 mod common;
 
@@ -8,7 +8,7 @@ use common::postgres::Postgres;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate::ledger::UsageRecord;
-use tollgate::store::postgres::accounts::FleetAccounts;
+use tollgate::store::postgres::accounts::{FleetAccounts, Journaled};
 use tollgate::store::postgres::keys::{FleetKeys, KeyLookup};
 use tollgate::store::postgres::rates::{Admission, FleetRates, FleetSlots};
 use tollgate::store::postgres::records::FleetRecords;
@@ -17,6 +17,15 @@ use tollgate::store::postgres::{Pg, PgError, PgSettings};
 use tollgate::store::{KeyOrigin, KeyRecord};
 
 const CENT: i64 = 10_000_000;
+
+/// A journal's records of `cost` each on `key`, numbered from `first`.
+fn journal(first: i64, key: &str, costs: &[i64]) -> Vec<Journaled> {
+    costs
+        .iter()
+        .enumerate()
+        .map(|(i, cost)| Journaled { seq: first + i as i64, record: usage(key, "m", *cost, 1_000 + i as u64), owed_here: true })
+        .collect()
+}
 
 async fn pg(server: &Postgres) -> Pg {
     let pg = Pg::new(&PgSettings { url: server.url(), pool_size: 8, ca_pem: None }).expect("pool");
@@ -42,16 +51,17 @@ async fn thirty_one_cent_requests_over_three_nodes_on_ten_cents_serve_exactly_te
             match node.hold("k", CENT).await.expect("database") {
                 Ok(hold) => {
                     node.settle(hold, CENT).await;
-                    true
+                    Some(i % 3)
                 }
-                Err(_) => false,
+                Err(_) => None,
             }
         })
     });
-    let served = futures_util::future::join_all(requests).await.into_iter().filter(|r| *r.as_ref().expect("task")).count();
-    assert_eq!(served, 10);
-    for node in &nodes {
-        node.flush().await.expect("flush");
+    let served: Vec<usize> = futures_util::future::join_all(requests).await.into_iter().filter_map(|r| r.expect("task")).collect();
+    assert_eq!(served.len(), 10);
+    for (n, node) in nodes.iter().enumerate() {
+        let mine = served.iter().filter(|s| **s == n).count();
+        node.book(&format!("{n}/j"), &journal(0, "k", &vec![CENT; mine])).await.expect("book");
         node.release_unused("k").await.expect("release");
     }
     assert_eq!(nodes[2].balance("k").await.expect("balance"), (0, 0), "spent exactly, nothing left leased");
@@ -72,11 +82,14 @@ async fn holds_are_served_from_the_lease_without_the_database_and_settle_in_batc
     // The first hold leases $1 (an eighth of $100, at most $1), good for 100 holds of a cent;
     // the second lease covers the rest.
     assert!(statements <= 8, "{statements} statements for 200 holds");
-    node.flush().await.expect("flush");
+    let records = journal(0, "k", &[CENT / 2; 200]);
+    let before = db.statements();
+    assert_eq!(node.book("a/j", &records).await.expect("book"), 200);
+    assert!(db.statements() - before <= 8, "200 records booked in one transaction of a few statements");
     let (balance, leased) = node.balance("k").await.expect("balance");
     assert_eq!(balance, 100 * 100 * CENT - 200 * CENT / 2);
     assert!(leased > 0 && leased <= 2 * 1_000_000_000, "{leased}");
-    node.flush().await.expect("a flush with nothing owed");
+    assert_eq!(node.book("a/j", &records).await.expect("the reply was lost: booked again"), 0);
     assert_eq!(node.balance("k").await.expect("balance").0, balance, "nothing applied twice");
 }
 
@@ -139,7 +152,8 @@ async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime()
 async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let server = Postgres::start();
     let db = pg(&server).await;
-    assert_eq!(db.migrate().await.expect("again"), 6, "migrating twice changes nothing");
+    assert_eq!(db.migrate().await.expect("again"), 7, "migrating twice changes nothing");
+    assert_eq!(db.version().await.expect("version"), 7);
     let client = db.client().await.expect("client");
     client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
     match db.migrate().await {
@@ -151,41 +165,36 @@ async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_sync_loop_flushes_renews_and_gives_back_quiet_leases_and_a_restarted_node_settles_again() {
+async fn a_sync_round_renews_and_gives_back_quiet_and_exact_leases_and_costs_over_the_hold_are_debited() {
     let server = Postgres::start();
     let lease = Duration::from_secs(2);
-    let a = Arc::new(FleetAccounts::new(pg(&server).await, "a", lease));
-    a.open_account("k", 80 * CENT).await.expect("open");
+    let a = FleetAccounts::new(pg(&server).await, "a", lease);
+    a.open_account("k", 40 * CENT).await.expect("open");
     let h = a.hold("k", CENT).await.expect("database").expect("covered");
     a.settle(h, 3 * CENT).await; // the upstream counted more than the hold
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let sync = tokio::spawn({
-        let a = a.clone();
-        async move { a.maintain(Duration::from_millis(100), stopped).await }
-    });
-    // Flushed within a round; the lease kept fresh by renewals, then given back once quiet.
-    let started = Instant::now();
-    loop {
-        let (balance, leased) = a.balance("k").await.expect("balance");
-        if balance == 77 * CENT && leased == 0 {
-            break;
-        }
-        assert!(started.elapsed() < Duration::from_secs(10), "balance {balance}, leased {leased}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    a.book("a/j", &journal(0, "k", &[3 * CENT])).await.expect("book");
+    // A key with room for fewer than 64 holds leases exactly the hold; a round gives back
+    // what is left of it at once.
+    a.round().await.expect("round");
+    assert_eq!(a.balance("k").await.expect("balance"), (37 * CENT, 0));
+    // A roomy key leases a chunk, kept while it is used, given back once quiet.
+    a.top_up("k", 10_000 * CENT).await.expect("top up");
     let h = a.hold("k", CENT).await.expect("database").expect("covered");
     a.settle(h, CENT).await;
-    stop.send(true).expect("stop");
-    sync.await.expect("sync loop");
-    assert_eq!(a.balance("k").await.expect("balance").0, 76 * CENT, "the last round flushes what is owed");
-
-    // The same node id after a restart: its settlements are new batches, not duplicates.
-    drop(a);
-    let again = FleetAccounts::new(pg(&server).await, "a", lease);
-    let h = again.hold("k", CENT).await.expect("database").expect("covered");
-    again.settle(h, CENT).await;
-    again.flush().await.expect("flush");
-    assert_eq!(again.balance("k").await.expect("balance").0, 75 * CENT);
+    a.book("a/j", &journal(1, "k", &[CENT])).await.expect("book");
+    a.round().await.expect("round");
+    assert!(a.balance("k").await.expect("balance").1 > 0, "a lease in use is kept");
+    let started = Instant::now();
+    loop {
+        a.round().await.expect("round");
+        if a.balance("k").await.expect("balance").1 == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "a quiet lease was never given back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(started.elapsed() >= lease / 2 - Duration::from_millis(150), "given back before it was quiet");
+    assert_eq!(a.balance("k").await.expect("balance").0, 10_036 * CENT);
 }
 
 fn record(id: &str, hash: &str, enabled: bool) -> KeyRecord {
@@ -315,27 +324,41 @@ fn usage(key: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_nodes_records_count_on_every_node_and_a_retried_batch_counts_once() {
     let server = Postgres::start();
-    let nodes =
-        [FleetRecords::new(pg(&server).await, "a"), FleetRecords::new(pg(&server).await, "b"), FleetRecords::new(pg(&server).await, "c")];
+    let db = pg(&server).await;
+    let nodes = [
+        FleetAccounts::new(db.clone(), "a", Duration::from_secs(30)),
+        FleetAccounts::new(db.clone(), "b", Duration::from_secs(30)),
+        FleetAccounts::new(db.clone(), "c", Duration::from_secs(30)),
+    ];
+    nodes[0].open_account("k", 100 * CENT).await.expect("open");
     for (i, node) in nodes.iter().enumerate() {
-        let batch =
-            node.numbered((0..4).map(|j| usage("k", if j % 2 == 0 { "m1" } else { "m2" }, 100, 1_000 + (i * 4 + j) as u64)).collect());
-        assert_eq!(node.book(&batch).await.expect("book"), 4);
+        let batch: Vec<Journaled> = (0..4)
+            .map(|j| Journaled {
+                seq: j,
+                record: usage("k", if j % 2 == 0 { "m1" } else { "m2" }, 100, 1_000 + (i as u64 * 4 + j as u64)),
+                owed_here: false,
+            })
+            .collect();
+        let journal_id = format!("{i}/j");
+        assert_eq!(node.book(&journal_id, &batch).await.expect("book"), 4);
         // The reply was lost and the batch is sent again: nothing is counted twice.
-        assert_eq!(node.book(&batch).await.expect("book again"), 0);
+        assert_eq!(node.book(&journal_id, &batch).await.expect("book again"), 0);
     }
-    let (total, by_model) = nodes[2].summary("k", 0, u64::MAX >> 1).await.expect("summary");
+    let records = FleetRecords::new(db.clone());
+    let (total, by_model) = records.summary("k", 0, u64::MAX >> 1).await.expect("summary");
     assert_eq!(total.requests, 12);
     assert_eq!(total.cost_nanos, 1_200);
+    assert_eq!(nodes[1].balance("k").await.expect("balance").0, 100 * CENT - 1_200, "the records' money, once");
     assert_eq!(total.input_tokens, 12 * 12, "plain, cached and cache-write input together");
     assert_eq!((by_model["m1"].requests, by_model["m2"].requests), (6, 6));
-    let (window, _) = nodes[0].summary("k", 1_004, 1_008).await.expect("summary");
+    let (window, _) = records.summary("k", 1_004, 1_008).await.expect("summary");
     assert_eq!(window.requests, 4, "the time range is [start, end)");
-    // A restarted node with the same id numbers its records anew.
-    let again = FleetRecords::new(pg(&server).await, "a");
-    let batch = again.numbered(vec![usage("k", "m1", 100, 2_000)]);
-    assert_eq!(again.book(&batch).await.expect("book"), 1);
-    assert_eq!(nodes[1].summary("k", 0, u64::MAX >> 1).await.expect("summary").0.requests, 13);
+    // A node whose data directory was replaced has a new journal id: its numbers start over.
+    let batch = vec![Journaled { seq: 0, record: usage("k", "m1", 100, 2_000), owed_here: false }];
+    assert_eq!(nodes[0].book("0/another", &batch).await.expect("book"), 1);
+    assert_eq!(records.summary("k", 0, u64::MAX >> 1).await.expect("summary").0.requests, 13);
+    assert_eq!(records.prune(1_008).await.expect("prune"), 8);
+    assert_eq!(records.summary("k", 0, u64::MAX >> 1).await.expect("summary").0.requests, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -578,7 +578,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
-        ledger.open_account("key_a", 1_000_000_000).expect("account");
+        ledger.open_account("key_a", 1_000_000_000).await.expect("account");
         let svc = VideoService::new(config(), &db, ledger.clone(), None).expect("service");
         let mut interrupted = task::tests::task();
         interrupted.id = "task_interrupted".into();
@@ -594,7 +594,7 @@ mod tests {
         assert_eq!(t.status, Status::Failed);
         assert_eq!(t.error.map(|e| e.code), Some("interrupted".to_string()));
         assert!(t.refunded);
-        assert_eq!(ledger.balance("key_a").expect("balance"), 1_000_000_000, "charge given back");
+        assert_eq!(ledger.balance("key_a").await.expect("balance"), 1_000_000_000, "charge given back");
         assert_eq!(svc.recover(0).await.expect("again"), 0, "refunded once");
         assert_eq!(svc.store.get("task_queued").expect("get").map(|t| t.status), Some(Status::Queued));
         assert_eq!(svc.store.open_ids().expect("ids"), vec!["task_queued".to_string()]);
