@@ -70,7 +70,7 @@ impl Fleet {
         let pg = Pg::new(&conf.postgres)?.on(runtime.handle().clone());
         let fleet = Fleet {
             accounts: FleetAccounts::new(pg.clone(), &conf.node_id, conf.lease),
-            keys: FleetKeys::new(pg.clone(), conf.sync),
+            keys: FleetKeys::new(pg.clone(), conf.sync).with_staleness((conf.lease / 2).max(conf.sync * 3)),
             records: FleetRecords::new(pg.clone()),
             rates: FleetRates::new(pg.clone()),
             slots: FleetSlots::new(pg.clone(), &conf.node_id, conf.lease),
@@ -104,11 +104,12 @@ impl Fleet {
         self.reached.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The database as `/readyz` reports it: Ok while a sync round reached it within the
-    /// staleness bound of the keys.
+    /// The database as `/readyz` reports it: Ok while a sync round reached it within the last
+    /// three rounds (at least a second).
     pub fn readiness(&self) -> Result<(), String> {
+        let bound = (self.sync * 3).max(Duration::from_secs(1));
         match *self.reached_at() {
-            Some(at) if at.elapsed() <= self.keys.stale_after() => Ok(()),
+            Some(at) if at.elapsed() <= bound => Ok(()),
             Some(at) => Err(format!("PostgreSQL not reached for {} s", at.elapsed().as_secs())),
             None => Err("PostgreSQL not reached yet".into()),
         }

@@ -27,7 +27,7 @@ pub struct Postgres {
     child: Child,
     pub port: u16,
     data: PathBuf,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 fn is_root() -> bool {
@@ -67,58 +67,29 @@ impl Postgres {
             .expect("initdb");
         assert!(out.status.success(), "initdb: {}", String::from_utf8_lossy(&out.stderr));
         let port = super::free_port();
-        let socket_dir = dir.path().to_str().expect("utf-8 path").to_string();
+        let mut child = spawn(&bin, &data_s, dir.path(), port);
+        wait_ready(&bin, port, &mut child);
         let port_s = port.to_string();
-        let mut child = command(
-            bin.join("postgres"),
-            &[
-                "-D",
-                &data_s,
-                "-p",
-                &port_s,
-                "-k",
-                &socket_dir,
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "fsync=off",
-                "-c",
-                "max_connections=200",
-            ],
-        )
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start postgres");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let ready = command(bin.join("pg_isready"), &["-h", "127.0.0.1", "-p", &port_s, "-U", "postgres"])
-                .stdout(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            if ready {
-                break;
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!("postgres exited before accepting connections: {status}");
-            }
-            assert!(Instant::now() < deadline, "postgres did not accept connections within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
         let out =
             command(bin.join("createdb"), &["-h", "127.0.0.1", "-p", &port_s, "-U", "postgres", "tollgate"]).output().expect("createdb");
         assert!(out.status.success(), "createdb: {}", String::from_utf8_lossy(&out.stderr));
-        Postgres { child, port, data, _dir: dir }
+        Postgres { child, port, data, dir }
     }
 
-    /// The connection URL of the `tollgate` database.
-    pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/tollgate", self.port)
+    /// Stop the server (fast shutdown: clients are disconnected), as an outage would.
+    pub fn stop(&mut self) {
+        self.shut_down();
     }
-}
 
-impl Drop for Postgres {
-    fn drop(&mut self) {
+    /// Start the stopped server again on the same data and port.
+    pub fn start_again(&mut self) {
+        let bin = bin_dir().expect("PostgreSQL is installed");
+        let data_s = self.data.to_str().expect("utf-8 path").to_string();
+        self.child = spawn(&bin, &data_s, self.dir.path(), self.port);
+        wait_ready(&bin, self.port, &mut self.child);
+    }
+
+    fn shut_down(&mut self) {
         // SIGINT to the server itself (under root it is runuser's child): fast shutdown.
         let server = std::fs::read_to_string(self.data.join("postmaster.pid"))
             .ok()
@@ -134,5 +105,63 @@ impl Drop for Postgres {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+fn spawn(bin: &std::path::Path, data_s: &str, socket_dir: &std::path::Path, port: u16) -> Child {
+    let socket_dir = socket_dir.to_str().expect("utf-8 path").to_string();
+    let port_s = port.to_string();
+    command(
+        bin.join("postgres"),
+        &[
+            "-D",
+            &data_s,
+            "-p",
+            &port_s,
+            "-k",
+            &socket_dir,
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            "fsync=off",
+            "-c",
+            "max_connections=200",
+        ],
+    )
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("start postgres")
+}
+
+fn wait_ready(bin: &std::path::Path, port: u16, child: &mut Child) {
+    let port_s = port.to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = command(bin.join("pg_isready"), &["-h", "127.0.0.1", "-p", &port_s, "-U", "postgres"])
+            .stdout(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if ready {
+            break;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("postgres exited before accepting connections: {status}");
+        }
+        assert!(Instant::now() < deadline, "postgres did not accept connections within 30 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+impl Postgres {
+    /// The connection URL of the `tollgate` database.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/tollgate", self.port)
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        self.shut_down();
     }
 }

@@ -12,9 +12,11 @@
 //!   committed after a later one (their rows carry their start time); reading a change twice
 //!   is harmless.
 //!
-//! A node whose index has not been refreshed for [`FleetKeys::stale_after`] (3 × `sync_ms`,
-//! at least 5 s) refuses to authenticate ([`KeyLookup::Stale`]): it cannot know that a key was
-//! not revoked meanwhile.
+//! A node whose index has not been refreshed for [`FleetKeys::stale_after`] refuses to
+//! authenticate ([`KeyLookup::Stale`]): it cannot know that a key was not revoked meanwhile. A
+//! gateway node sets it to half of `store.lease_secs` (15 s by default), the time it also
+//! keeps spending its leases without the database: while the database is down for every node
+//! nothing can be revoked, and a node cut off alone stops serving within that bound.
 
 use super::{Pg, PgError};
 use crate::store::KeyRecord;
@@ -43,6 +45,8 @@ pub enum KeyLookup {
 pub struct FleetKeys {
     pg: Pg,
     sync_every: Duration,
+    /// How old the index may get before lookups are refused.
+    stale_after: Duration,
     index: ArcSwap<Index>,
     /// When the index was last known current (local monotonic clock), and the database time
     /// of that read.
@@ -51,12 +55,20 @@ pub struct FleetKeys {
 
 impl FleetKeys {
     pub fn new(pg: Pg, sync_every: Duration) -> Self {
-        FleetKeys { pg, sync_every, index: ArcSwap::from_pointee(HashMap::new()), synced: std::sync::Mutex::new(None) }
+        let stale_after = (sync_every * 3).max(Duration::from_secs(5));
+        FleetKeys { pg, sync_every, stale_after, index: ArcSwap::from_pointee(HashMap::new()), synced: std::sync::Mutex::new(None) }
+    }
+
+    /// Refuse lookups once the index is older than `bound` (instead of 3 × `sync_ms`, at least
+    /// 5 s).
+    pub fn with_staleness(mut self, bound: Duration) -> Self {
+        self.stale_after = bound;
+        self
     }
 
     /// The staleness bound.
     pub fn stale_after(&self) -> Duration {
-        (self.sync_every * 3).max(Duration::from_secs(5))
+        self.stale_after
     }
 
     fn synced(&self) -> std::sync::MutexGuard<'_, Option<(Instant, f64)>> {

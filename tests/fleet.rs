@@ -1,0 +1,305 @@
+//! Issue 24: several tollgate daemons on one PostgreSQL server (real, started by the test in a
+//! temporary directory) behind no load balancer but the test itself, which spreads requests
+//! over the nodes. Money, keys, limits, records and the database's outage, end to end.
+
+mod common;
+
+use common::postgres::Postgres;
+use common::*;
+use serde_json::json;
+use std::time::{Duration, Instant};
+use tollgate::store::postgres::{Pg, PgSettings};
+
+const ADMIN_TOKEN: &str = "fleet-admin-token-0123456789";
+/// A model that costs $0.001 per output token and nothing for input: a request with
+/// `max_tokens: 10` answered with 10 output tokens holds and costs exactly $0.01.
+const MODEL: &str = "fleet-m";
+const CENT_NANOS: i64 = 10_000_000;
+
+struct Node {
+    gw: Gateway,
+    admin: u16,
+}
+
+/// The config of node `name` against the mock and the database; `keys` is the `keys:` list.
+fn node_config(mock: u16, pg: &Postgres, name: &str, keys: &str, store_extra: &str) -> (String, u16) {
+    let admin = free_port();
+    let body = format!(
+        r#"
+admin: {{ listen: "127.0.0.1:{admin}", token: {ADMIN_TOKEN} }}
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock}/oa", api_key: {UPSTREAM_KEY}, models: [{MODEL}] }}
+groups:
+  default: {{ platforms: [openai] }}
+prices:
+  {MODEL}: {{ input: 0, output: 1000 }}
+billing: {{ commit_interval_ms: 20 }}
+store: {{ postgres: {{ url: "{url}", pool_size: 4 }}, node_id: {name}{store_extra} }}
+keys:
+{keys}
+"#,
+        url = pg.url()
+    );
+    (body, admin)
+}
+
+fn start_node(mock: u16, pg: &Postgres, name: &str, keys: &str, store_extra: &str) -> Node {
+    let (body, admin) = node_config(mock, pg, name, keys, store_extra);
+    Node { gw: start_gateway_logged(&body), admin }
+}
+
+fn three(mock: u16, pg: &Postgres, keys: &str, store_extra: &str) -> Vec<Node> {
+    ["node-a", "node-b", "node-c"].iter().map(|n| start_node(mock, pg, n, keys, store_extra)).collect()
+}
+
+/// One chat completion that holds and costs exactly one cent.
+async fn cent_request(c: &reqwest::Client, node: &Node, key: &str) -> reqwest::Response {
+    c.post(node.gw.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .header("x-mock-usage", "0,10")
+        .json(&json!({"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("request")
+}
+
+async fn db(pg: &Postgres) -> Pg {
+    Pg::new(&PgSettings { url: pg.url(), pool_size: 2, ca_pem: None }).expect("pool")
+}
+
+async fn leased(pg: &Pg, key_id: &str) -> (i64, i64) {
+    let row = pg
+        .client()
+        .await
+        .expect("client")
+        .query_one("SELECT balance, leased FROM accounts WHERE key_id = $1", &[&key_id])
+        .await
+        .expect("account");
+    (row.get(0), row.get(1))
+}
+
+fn key_id(secret: &str) -> String {
+    tollgate::auth::seed_key_id(secret)
+}
+
+async fn admin(c: &reqwest::Client, node: &Node, method: reqwest::Method, path: &str, body: Option<serde_json::Value>) -> reqwest::Response {
+    let mut req = c.request(method, format!("http://127.0.0.1:{}{path}", node.admin)).bearer_auth(ADMIN_TOKEN);
+    if let Some(body) = body {
+        req = req.json(&body);
+    }
+    req.send().await.expect("admin request")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_cents_over_three_nodes_serve_exactly_ten_one_cent_requests_and_leave_exactly_zero() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "sk-fleet-ten-cents-000000000001";
+    let nodes = three(mock.port, &pg, &format!("  - {{ key: {secret}, name: ten, group: default, balance: 0.10 }}"), "");
+    let c = client();
+    let answers = futures_util::future::join_all((0..30).map(|i| {
+        let (c, node) = (c.clone(), &nodes[i % 3]);
+        async move { cent_request(&c, node, secret).await.status().as_u16() }
+    }))
+    .await;
+    assert_eq!(answers.iter().filter(|s| **s == 200).count(), 10, "{answers:?}");
+    assert_eq!(answers.iter().filter(|s| **s == 402).count(), 20, "{answers:?}");
+    // Any node's /v1/usage books its own journal first; the others book theirs within a sync.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let u = usage(&nodes[2].gw, secret).await;
+        if u["total"]["requests"] == 10 {
+            assert_eq!(nanos(&u["total"]["cost"]), 10 * CENT_NANOS);
+            assert_eq!(nanos(&u["balance"]), 0, "{u}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "every node's records never reached the database: {u}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pg_db = db(&pg).await;
+    assert_eq!(leased(&pg_db, &key_id(secret)).await.0, 0, "the database's balance is exactly zero");
+    // The database stays off the request path: statements per request are reported.
+    let metrics = admin_metrics(nodes[0].admin, ADMIN_TOKEN).await;
+    assert!(metric(&metrics, "tollgate_store_statements_total") > 0.0, "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_nodes_lease_comes_back_within_lease_secs_and_its_journal_is_booked_when_it_returns() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "sk-fleet-lease-000000000000001";
+    let keys = format!("  - {{ key: {secret}, name: roomy, group: default, balance: 100 }}");
+    let mut nodes = three(mock.port, &pg, &keys, ", lease_secs: 4, sync_ms: 200");
+    let c = client();
+    for _ in 0..5 {
+        assert_eq!(cent_request(&c, &nodes[0], secret).await.status(), 200);
+    }
+    let pg_db = db(&pg).await;
+    let id = key_id(secret);
+    let (_, held_by_a) = leased(&pg_db, &id).await;
+    assert!(held_by_a > 0, "node A serves from a lease");
+    nodes[0].gw.kill_hard();
+    let killed = Instant::now();
+    // B and C renew theirs and reclaim expired ones: A's money comes back within lease_secs
+    // (and a sync), never before half of it.
+    loop {
+        if leased(&pg_db, &id).await.1 == 0 {
+            break;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(4 + 3), "the dead node's lease never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(killed.elapsed() >= Duration::from_secs(1), "reclaimed at {:?}, before the lease could have expired", killed.elapsed());
+    // A comes back: what its journal held is booked, once.
+    nodes[0].gw.start_again();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let u = usage(&nodes[1].gw, secret).await;
+        let requests = u["total"]["requests"].as_u64().unwrap_or(0);
+        // A kill -9 loses at most one commit window (20 ms here) of A's records.
+        if requests == 5 {
+            assert_eq!(nanos(&u["balance"]), 100 * 100 * CENT_NANOS - 5 * CENT_NANOS, "{u}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "A's journal was not booked: {u}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_disabled_on_node_a_is_refused_by_node_c_within_sync_ms_and_a_key_created_on_b_works_on_a() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "sk-fleet-revoke-00000000000001";
+    let nodes = three(mock.port, &pg, &format!("  - {{ key: {secret}, name: revokable, group: default, balance: 5 }}"), "");
+    let c = client();
+    assert_eq!(cent_request(&c, &nodes[2], secret).await.status(), 200);
+    let id = key_id(secret);
+    let r = admin(&c, &nodes[0], reqwest::Method::PATCH, &format!("/admin/keys/{id}"), Some(json!({"enabled": false}))).await;
+    assert_eq!(r.status(), 200);
+    let disabled = Instant::now();
+    loop {
+        let status = cent_request(&c, &nodes[2], secret).await.status();
+        if status == 401 {
+            break;
+        }
+        assert_eq!(status, 200);
+        // sync_ms is 1000 (the default); the notification usually makes it milliseconds.
+        assert!(disabled.elapsed() <= Duration::from_millis(1000), "still served {:?} after the disable", disabled.elapsed());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // A key created through B's admin API, with its balance, is served by A at once.
+    let r = admin(&c, &nodes[1], reqwest::Method::POST, "/admin/keys", Some(json!({"name": "new", "group": "default", "balance": 1.0}))).await;
+    assert_eq!(r.status(), 201);
+    let created: serde_json::Value = r.json().await.expect("json");
+    let new_secret = created["key"].as_str().expect("secret").to_string();
+    let created_at = Instant::now();
+    loop {
+        let status = cent_request(&c, &nodes[0], &new_secret).await.status();
+        if status == 200 {
+            break;
+        }
+        assert!(created_at.elapsed() <= Duration::from_millis(1000), "a new key unknown on another node: {status}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Every node lists it.
+    let list: serde_json::Value = admin(&c, &nodes[2], reqwest::Method::GET, "/admin/keys", None).await.json().await.expect("json");
+    assert!(list["data"].as_array().expect("keys").iter().any(|k| k["name"] == "new"), "{list}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rpm_holds_exactly_for_the_sum_of_the_nodes() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "sk-fleet-rpm-000000000000000001";
+    let nodes = three(mock.port, &pg, &format!("  - {{ key: {secret}, name: limited, group: default, balance: 50, rpm: 30 }}"), "");
+    let c = client();
+    let answers = futures_util::future::join_all((0..90).map(|i| {
+        let (c, node) = (c.clone(), &nodes[i % 3]);
+        async move { cent_request(&c, node, secret).await.status().as_u16() }
+    }))
+    .await;
+    // Exact unless the minute turned during the burst (then at most twice the limit).
+    let served = answers.iter().filter(|s| **s == 200).count();
+    let limited = answers.iter().filter(|s| **s == 429).count();
+    assert_eq!(served + limited, 90, "{answers:?}");
+    assert!(served == 30 || (served > 30 && served <= 60), "{served} served at rpm 30 over three nodes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_database_stopped_for_ten_seconds_leases_keep_serving_others_get_503_and_every_answer_has_one_record() {
+    let mut pg = Postgres::start();
+    let mock = start_mock();
+    let leased_key = "sk-fleet-outage-leased-0000001";
+    let cold_key = "sk-fleet-outage-cold-000000001";
+    let keys = format!(
+        "  - {{ key: {leased_key}, name: warm, group: default, balance: 100 }}\n  - {{ key: {cold_key}, name: cold, group: default, balance: 100 }}"
+    );
+    let nodes = three(mock.port, &pg, &keys, ", lease_secs: 30, sync_ms: 500");
+    let c = client();
+    let mut answered = 0;
+    for node in &nodes {
+        assert_eq!(cent_request(&c, node, leased_key).await.status(), 200);
+        answered += 1;
+    }
+    pg.stop();
+    let stopped = Instant::now();
+    let mut refused_cold = 0;
+    while stopped.elapsed() < Duration::from_secs(10) {
+        for node in &nodes {
+            // Leases are spent for half their lifetime (15 s) without the database.
+            let status = cent_request(&c, node, leased_key).await.status();
+            assert_eq!(status, 200, "a leased key refused {:?} into the outage", stopped.elapsed());
+            answered += 1;
+            let r = cent_request(&c, node, cold_key).await;
+            match r.status().as_u16() {
+                503 => {
+                    assert!(r.headers().contains_key("retry-after"), "503 without Retry-After");
+                    refused_cold += 1;
+                }
+                other => panic!("a key without a lease got {other} while the database was down"),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(refused_cold > 0);
+    // /readyz says so.
+    let ready = c.get(format!("http://127.0.0.1:{}/readyz", nodes[0].admin)).send().await.expect("readyz");
+    assert_eq!(ready.status(), 503);
+    let body: serde_json::Value = ready.json().await.expect("json");
+    assert!(body["database"].as_str().is_some_and(|d| d.contains("PostgreSQL")), "{body}");
+    pg.start_again();
+    // Every answered request has exactly one record, once the journals are booked.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = c.get(nodes[1].gw.url("/v1/usage")).bearer_auth(leased_key).send().await {
+            if r.status() == 200 {
+                let u: serde_json::Value = r.json().await.expect("json");
+                if u["total"]["requests"] == answered {
+                    assert_eq!(nanos(&u["total"]["cost"]), answered as i64 * CENT_NANOS);
+                    assert_eq!(nanos(&u["balance"]), 100 * 100 * CENT_NANOS - answered as i64 * CENT_NANOS);
+                    break;
+                }
+                assert!(u["total"]["requests"].as_i64().unwrap_or(0) <= answered, "a record counted twice: {u}");
+            }
+        }
+        assert!(Instant::now() < deadline, "the journals were not booked after the database came back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ready = c.get(format!("http://127.0.0.1:{}/readyz", nodes[0].admin)).send().await.expect("readyz");
+    assert_eq!(ready.status(), 200);
+}
+
+#[test]
+fn check_config_reaches_the_database_or_says_why() {
+    let pg = Postgres::start();
+    let (body, _) = node_config(1, &pg, "node-t", "  []", "");
+    let (_dir, path, _) = write_config(&body);
+    let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("store.postgres reached"), "{out}");
+    drop(pg);
+    let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("unreachable"), "{out}");
+}
