@@ -468,7 +468,9 @@ fn fleet_config(raw: Option<RawStore>, env: &dyn Fn(&str) -> Option<String>) -> 
     let Some(raw) = raw else { return Ok(None) };
     let Some(pg) = raw.postgres else {
         if raw.node_id.is_some() || raw.lease_secs.is_some() || raw.sync_ms.is_some() {
-            return err("store: node_id, lease_secs and sync_ms apply to a shared store; add store.postgres (or remove store: for the local one)");
+            return err(
+                "store: node_id, lease_secs and sync_ms apply to a shared store; add store.postgres (or remove store: for the local one)",
+            );
         }
         return Ok(None);
     };

@@ -741,7 +741,12 @@ impl Ledger {
 
     /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms`, every
     /// node's in a fleet; reading a long history on a single node runs on a blocking thread.
-    pub async fn usage_summary(self: &Arc<Self>, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+    pub async fn usage_summary(
+        self: &Arc<Self>,
+        key_id: &str,
+        start_ms: u64,
+        end_ms: u64,
+    ) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
         if let Some(f) = &self.fleet {
             return Ok(f.fleet.records.summary(key_id, start_ms, end_ms).await?);
         }

@@ -73,14 +73,20 @@ impl Limits {
         use crate::store::postgres::rates::Admission;
         if let Some(tpm) = key.tpm {
             if let Admission::Refused { retry_after_secs } = fleet.rates.admit_tokens(&key.id, tpm).await {
-                return Err(rate_limited(format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."), retry_after_secs));
+                return Err(rate_limited(
+                    format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."),
+                    retry_after_secs,
+                ));
             }
         }
         if let Some(rpm) = key.rpm {
             match fleet.rates.admit_request(&key.id, rpm).await {
                 Ok(Admission::Admitted) => {}
                 Ok(Admission::Refused { retry_after_secs }) => {
-                    return Err(rate_limited(format!("Rate limit reached: {rpm} requests per minute for this key. Retry later."), retry_after_secs))
+                    return Err(rate_limited(
+                        format!("Rate limit reached: {rpm} requests per minute for this key. Retry later."),
+                        retry_after_secs,
+                    ))
                 }
                 Err(e) => {
                     log::warn!("rate limits: {e}");
@@ -121,9 +127,7 @@ impl Limits {
     /// None for a key without the cap.
     pub async fn enter(self: &Arc<Self>, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
         let Some(max) = key.max_concurrent else { return Ok(None) };
-        let busy = || {
-            rate_limited(format!("Too many requests in flight: this key may have {max} at once. Retry when one finishes."), 1)
-        };
+        let busy = || rate_limited(format!("Too many requests in flight: this key may have {max} at once. Retry when one finishes."), 1);
         if let Some(fleet) = &self.fleet {
             return match fleet.slots.enter(&key.id, max).await {
                 Ok(true) => Ok(Some(Slot { limits: self.clone(), key_id: key.id.clone() })),

@@ -337,11 +337,13 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
     let start_up = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start-up runtime: {e}"))?;
-    let keys = Arc::new(match &fleet {
-        Some(fleet) => fleet.block_on(KeyIndex::for_fleet(fleet.clone(), &config.keys)),
-        None => KeyIndex::load(&store, &config.keys),
-    }
-    .map_err(|e| e.to_string())?);
+    let keys = Arc::new(
+        match &fleet {
+            Some(fleet) => fleet.block_on(KeyIndex::for_fleet(fleet.clone(), &config.keys)),
+            None => KeyIndex::load(&store, &config.keys),
+        }
+        .map_err(|e| e.to_string())?,
+    );
     let mut ledger = Ledger::open_with(store.db(), config.commit).map_err(|e| e.to_string())?;
     if let Some(fleet) = &fleet {
         ledger = ledger.with_fleet(fleet.clone()).map_err(|e| e.to_string())?;

@@ -143,11 +143,9 @@ impl Fleet {
                 let (k, v) = item?;
                 let seq = <[u8; 8]>::try_from(&k[..]).map(u64::from_be_bytes).map_err(|_| StoreError::Corrupt("journal key".into()))?;
                 match serde_json::from_slice::<UsageRecord>(&v) {
-                    Ok(record) => batch.push(Journaled {
-                        seq: i64::try_from(seq).unwrap_or(i64::MAX),
-                        record,
-                        owed_here: seq >= owed_from,
-                    }),
+                    Ok(record) => {
+                        batch.push(Journaled { seq: i64::try_from(seq).unwrap_or(i64::MAX), record, owed_here: seq >= owed_from })
+                    }
                     // Kept out of the database, and out of the way: logged once, removed.
                     Err(e) => log::error!("store: unreadable journal record {seq} dropped: {e}"),
                 }
@@ -156,7 +154,8 @@ impl Fleet {
             if keys.is_empty() {
                 return Ok(booked);
             }
-            self.accounts.book(journal_id, &batch).await?;
+            let new = self.accounts.book(journal_id, &batch).await?;
+            log::debug!("store: booked {new} of {} journaled record(s) as {journal_id}", batch.len());
             for k in &keys {
                 tree.remove(k)?;
             }

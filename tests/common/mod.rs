@@ -172,9 +172,9 @@ fn spawn_gateway(path: &std::path::Path, port: u16) -> Proc {
     let log = path.with_file_name("tollgate.log");
     let (level, stderr) = if log.exists() {
         let file = std::fs::OpenOptions::new().append(true).open(&log).expect("log file");
-        ("info", Stdio::from(file))
+        (std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "info".into()), Stdio::from(file))
     } else {
-        ("warn", Stdio::inherit())
+        ("warn".to_string(), Stdio::inherit())
     };
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate"))
         .arg("-c")

@@ -115,7 +115,7 @@ fn spawn(bin: &std::path::Path, data_s: &str, socket_dir: &std::path::Path, port
         bin.join("postgres"),
         &[
             "-D",
-            &data_s,
+            data_s,
             "-p",
             &port_s,
             "-k",

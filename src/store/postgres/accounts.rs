@@ -233,8 +233,11 @@ impl FleetAccounts {
                 .await?
                 .map(|r| r.get(0));
             let from_lease = lease.unwrap_or(0).min((*amount).max(0));
-            tx.execute("UPDATE accounts SET balance = balance - $2, leased = leased - $3 WHERE key_id = $1", &[key_id, amount, &from_lease])
-                .await?;
+            tx.execute(
+                "UPDATE accounts SET balance = balance - $2, leased = leased - $3 WHERE key_id = $1",
+                &[key_id, amount, &from_lease],
+            )
+            .await?;
             statements += 2;
             if from_lease > 0 {
                 tx.execute("UPDATE leases SET amount = amount - $3 WHERE key_id = $1 AND node_id = $2", &[key_id, &self.node, &from_lease])

@@ -236,7 +236,11 @@ impl Pg {
         match &self.driver {
             Some(runtime) => {
                 let pool = self.pool.clone();
-                runtime.spawn(async move { pool.get().await }).await.map_err(|e| PgError::Unavailable(format!("store runtime: {e}")))?.map_err(Into::into)
+                runtime
+                    .spawn(async move { pool.get().await })
+                    .await
+                    .map_err(|e| PgError::Unavailable(format!("store runtime: {e}")))?
+                    .map_err(Into::into)
             }
             None => Ok(self.pool.get().await?),
         }
