@@ -226,7 +226,10 @@ impl AdminApi {
             ("GET", "/metrics") => {
                 let keys = self.keys.all_keys(&self.store).await.map_err(internal)?.len() as f64;
                 let db_bytes = self.store.size_on_disk() as f64;
-                let (by_status, lag) = self.video.as_ref().map_or((Default::default(), 0), |v| v.open_stats());
+                let (by_status, lag) = match &self.video {
+                    Some(v) => v.open_stats().await,
+                    None => (Default::default(), 0),
+                };
                 let (completed, failed) = self.video.as_ref().map_or((0, 0), |v| v.finished_counts());
                 let open: usize = by_status.values().sum();
                 let mut resp = LocalResponse::json(200, &Value::Null);

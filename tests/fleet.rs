@@ -30,15 +30,16 @@ admin: {{ listen: "127.0.0.1:{admin}", token: {ADMIN_TOKEN} }}
 providers:
   - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock}/oa", api_key: {UPSTREAM_KEY}, models: [{MODEL}] }}
 groups:
-  default: {{ platforms: [openai] }}
+  default: {{ platforms: [openai, video] }}
 prices:
   {MODEL}: {{ input: 0, output: 1000 }}
 billing: {{ commit_interval_ms: 20, sync_commit: true }}
 store: {{ postgres: {{ url: "{url}", pool_size: 4 }}, node_id: {name}{store_extra} }}
 keys:
 {keys}
-"#,
-        url = pg.url()
+{video}"#,
+        url = pg.url(),
+        video = video_section(mock)
     );
     (body, admin)
 }
@@ -314,4 +315,71 @@ fn check_config_reaches_the_database_or_says_why() {
     let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
     assert_ne!(code, 0, "{out}");
     assert!(out.contains("unreachable"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_video_task_created_on_a_is_completed_and_downloaded_through_c_after_a_was_killed_with_one_submission() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "sk-fleet-video-00000000000001";
+    let keys = format!("  - {{ key: {secret}, name: filmmaker, group: default, balance: 5 }}");
+    let mut nodes = three(mock.port, &pg, &keys, ", lease_secs: 4, sync_ms: 200");
+    let c = client();
+    let token = format!("fleet-{}", std::process::id());
+    let prompt = format!("fleet video [hold:{token}]");
+    let r = c
+        .post(nodes[0].gw.url("/v1/videos"))
+        .bearer_auth(secret)
+        .header("idempotency-key", "fleet-idem-1")
+        .json(&json!({"model": "genq3-pro", "prompt": prompt}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 200);
+    let id = r.json::<serde_json::Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    // Readable on C at once, by its owner; the same idempotency key on B returns it.
+    let (status, task) = (|| async {
+        let r = c.get(nodes[2].gw.url(&format!("/v1/videos/{id}"))).bearer_auth(secret).send().await.expect("get");
+        (r.status().as_u16(), r.json::<serde_json::Value>().await.expect("json"))
+    })()
+    .await;
+    assert_eq!(status, 200, "{task}");
+    let again = c
+        .post(nodes[1].gw.url("/v1/videos"))
+        .bearer_auth(secret)
+        .header("idempotency-key", "fleet-idem-1")
+        .json(&json!({"model": "genq3-pro", "prompt": prompt}))
+        .send()
+        .await
+        .expect("create again");
+    assert_eq!(again.json::<serde_json::Value>().await.expect("json")["id"], id.as_str());
+    // A dies while the upstream still works on it; the job finishes meanwhile.
+    nodes[0].gw.kill_hard();
+    c.post(mock.url(&format!("/__mock/release?token={token}"))).send().await.expect("release");
+    // B or C takes the task over once A's claim lapsed (lease_secs 4) and completes it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = c.get(nodes[2].gw.url(&format!("/v1/videos/{id}"))).bearer_auth(secret).send().await.expect("get");
+        let v: serde_json::Value = r.json().await.expect("json");
+        if v["status"] == "completed" {
+            break;
+        }
+        assert_ne!(v["status"], "failed", "{v}");
+        assert!(Instant::now() < deadline, "the task was never taken over: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r = c.get(nodes[2].gw.url(&format!("/v1/videos/{id}/content"))).bearer_auth(secret).send().await.expect("content");
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.bytes().await.expect("bytes").as_ref(), tollgate::mock::mock_video_bytes().as_slice());
+    let calls: Vec<serde_json::Value> = c.get(mock.url("/__mock/tc_calls")).send().await.expect("calls").json().await.expect("json");
+    let submits =
+        calls.iter().filter(|c| c["action"].as_str().is_some_and(|a| a.starts_with("Submit")) && c["payload"]["Prompt"] == prompt).count();
+    assert_eq!(submits, 1, "one upstream submission for one task");
+    // Another key does not see it on any node.
+    let other = c.get(nodes[1].gw.url(&format!("/v1/videos/{id}"))).bearer_auth("sk-not-a-key-000000000000").send().await.expect("get");
+    assert_eq!(other.status(), 401);
+    // Charged once, for the fleet.
+    let u = usage(&nodes[1].gw, secret).await;
+    assert_eq!(u["total"]["requests"], 1, "{u}");
+    assert!(nanos(&u["total"]["cost"]) > 0, "{u}");
 }

@@ -375,8 +375,8 @@ async fn a_task_belongs_to_the_fleet_one_node_at_a_time() {
     assert_eq!(c.get("task_2", "k").await.expect("get"), None, "no second task (and no second submission)");
     // A holds it: C cannot take it, nor write it.
     assert!(c.claim(10).await.expect("claim").is_empty());
-    assert!(!c.update("task_1", r#"{"status":"x"}"#, true).await.expect("update"));
-    assert!(a.update("task_1", r#"{"status":"queued"}"#, true).await.expect("update"));
+    assert!(!c.put("task_1", "k", r#"{"status":"x"}"#, true).await.expect("update"));
+    assert!(a.put("task_1", "k", r#"{"status":"queued"}"#, true).await.expect("update"));
     // A dies: once its claim lapses C takes the task over, and A's late write is refused.
     let died = Instant::now();
     let taken = loop {
@@ -388,8 +388,8 @@ async fn a_task_belongs_to_the_fleet_one_node_at_a_time() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert_eq!(taken, vec![("task_1".to_string(), r#"{"status":"queued"}"#.to_string())]);
-    assert!(!a.update("task_1", r#"{"status":"stale"}"#, true).await.expect("update"), "a node past its claim wrote");
-    assert!(c.update("task_1", r#"{"status":"completed"}"#, false).await.expect("update"));
+    assert!(!a.put("task_1", "k", r#"{"status":"stale"}"#, true).await.expect("update"), "a node past its claim wrote");
+    assert!(c.put("task_1", "k", r#"{"status":"completed"}"#, false).await.expect("update"));
     assert!(c.claim(10).await.expect("claim").is_empty(), "a finished task is not polled");
     assert_eq!(a.get("task_1", "k").await.expect("get").as_deref(), Some(r#"{"status":"completed"}"#));
 }

@@ -60,6 +60,10 @@ pub struct VideoService {
     pub(crate) download: reqwest::Client,
     completed: std::sync::atomic::AtomicU64,
     failed: std::sync::atomic::AtomicU64,
+    /// Tasks this process is submitting now. In a fleet, a task found in `submitting` that is
+    /// not one of these was left so by a node that died (or stalled past its claim) during the
+    /// submission: it is failed and refunded, never submitted a second time.
+    creating: Mutex<std::collections::HashSet<String>>,
 }
 
 impl VideoService {
@@ -69,7 +73,7 @@ impl VideoService {
         ledger: Arc<Ledger>,
         storage: Option<Arc<ObjectStore>>,
     ) -> Result<Self, String> {
-        let store = VideoStore::new(db).map_err(|e| e.to_string())?;
+        let store = VideoStore::new(db).map_err(|e| e.to_string())?.with_fleet(ledger.fleet().cloned());
         let upstream = VideoUpstream::new(cfg.clone())?;
         let download = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -86,6 +90,7 @@ impl VideoService {
             download,
             completed: Default::default(),
             failed: Default::default(),
+            creating: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -182,7 +187,7 @@ impl VideoService {
 
     /// Retry a pending copy whose time has come (background poller).
     async fn retry_copy(&self, id: &str) -> Result<(), StoreError> {
-        let Some(mut task) = self.store.get(id)? else { return self.store.drop_copy(id) };
+        let Some(mut task) = self.store.get(id).await? else { return self.store.drop_copy(id) };
         let now = now_unix();
         if !task.copy_pending {
             return self.store.drop_copy(id);
@@ -254,8 +259,8 @@ impl VideoService {
     pub async fn recover(&self, spare_newer_than: u64) -> Result<usize, StoreError> {
         let mut failed = 0;
         let now = now_unix();
-        for id in self.store.open_ids()? {
-            let Some(task) = self.store.get(&id)? else { continue };
+        for id in self.store.open_ids().await? {
+            let Some(task) = self.store.get(&id).await? else { continue };
             if task.status == Status::Submitting && now.saturating_sub(task.created_at) >= spare_newer_than {
                 let next = task.apply(
                     Event::Fail(TaskError::new(
@@ -277,8 +282,8 @@ impl VideoService {
         let json = request::parse_body(body)?;
         let now = now_unix();
         if let Some(idem) = idempotency_key {
-            if let Some(existing) = self.store.idempotent_task(&key.id, idem, now).map_err(internal)? {
-                if let Some(task) = self.store.get(&existing).map_err(internal)? {
+            if let Some(existing) = self.store.idempotent_task(&key.id, idem, now).await.map_err(internal)? {
+                if let Some(task) = self.store.get(&existing).await.map_err(internal)? {
                     return Ok(task);
                 }
             }
@@ -289,6 +294,7 @@ impl VideoService {
             ApiError::new(ErrorKind::Internal, format!("The model '{}' is not priced on this gateway and cannot be served.", sub.api_model))
         })?;
         let mut task = Task::new(new_task_id(), key.id.clone(), &sub, now, cost);
+        let _creating = Creating::mark(&self.creating, &task.id);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {
             match self.ledger.charge(Self::billing_record(&task, task.cost_nanos, "video")).await.map_err(internal)? {
@@ -309,6 +315,7 @@ impl VideoService {
                 return self
                     .store
                     .get(&holder)
+                    .await
                     .map_err(internal)?
                     .ok_or_else(|| ApiError::new(ErrorKind::Internal, "The task for this Idempotency-Key is missing."));
             }
@@ -337,18 +344,19 @@ impl VideoService {
     }
 
     /// The caller's task, refreshed from the upstream first when its last poll is stale.
+    /// In a fleet, the task as stored: the node holding its claim keeps it current.
     pub async fn get(&self, key: &KeyRecord, id: &str) -> Result<Task, ApiError> {
-        let task = self.owned(key, id)?;
-        if !task.status.is_terminal() && self.is_stale(&task, now_unix()) {
+        let task = self.owned(key, id).await?;
+        if !self.store.shared() && !task.status.is_terminal() && self.is_stale(&task, now_unix()) {
             self.refresh(id).await;
-            return self.owned(key, id);
+            return self.owned(key, id).await;
         }
         Ok(task)
     }
 
     /// A task only its owner may see; anyone else gets the same 404 as for no task at all.
-    pub fn owned(&self, key: &KeyRecord, id: &str) -> Result<Task, ApiError> {
-        match self.store.get(id).map_err(internal)? {
+    pub async fn owned(&self, key: &KeyRecord, id: &str) -> Result<Task, ApiError> {
+        match self.store.get(id).await.map_err(internal)? {
             Some(t) if t.owner == key.id => Ok(t),
             _ => Err(ApiError::new(ErrorKind::NotFound, format!("No video task with id '{id}'.")).with_param("task_id")),
         }
@@ -379,7 +387,7 @@ impl VideoService {
     }
 
     async fn refresh_locked(&self, id: &str) -> Result<(), StoreError> {
-        let Some(task) = self.store.get(id)? else {
+        let Some(task) = self.store.get(id).await? else {
             self.store.drop_open(id)?;
             self.forget_lock(id);
             return Ok(());
@@ -387,6 +395,21 @@ impl VideoService {
         let now = now_unix();
         if task.status.is_terminal() {
             self.store.drop_open(id)?;
+            self.forget_lock(id);
+            return Ok(());
+        }
+        if task.status == Status::Submitting && self.store.shared() && !self.is_creating(id) {
+            // Left in `submitting` by a node that died or stalled during the submission (this
+            // node holds its claim now): failed and refunded, not submitted again.
+            let next = task.apply(
+                Event::Fail(TaskError::new(
+                    "interrupted",
+                    "The gateway stopped before the video service confirmed this task; it was not started.",
+                )),
+                now,
+            );
+            let next = self.settle_terminal(next).await?;
+            self.store.put(&next).await?;
             self.forget_lock(id);
             return Ok(());
         }
@@ -427,7 +450,7 @@ impl VideoService {
 
     /// One poller round: refresh every stale unfinished task, `poll_concurrency` at a time.
     pub async fn poll_once(&self) {
-        let ids = match self.store.open_ids() {
+        let ids = match self.store.open_ids().await {
             Ok(ids) => ids,
             Err(e) => {
                 log::error!("video poller: {e}");
@@ -435,7 +458,7 @@ impl VideoService {
             }
         };
         futures_util::stream::iter(ids).for_each_concurrent(self.cfg.poll_concurrency, |id| async move { self.refresh(&id).await }).await;
-        let copies = match self.store.copy_pending_ids() {
+        let copies = match self.store.copy_pending_ids().await {
             Ok(ids) => ids,
             Err(e) => {
                 log::error!("video poller: {e}");
@@ -467,15 +490,20 @@ impl VideoService {
 
     /// Unfinished tasks by public status, and the longest time since one of them was last
     /// polled (seconds).
-    pub fn open_stats(&self) -> (std::collections::BTreeMap<&'static str, usize>, u64) {
+    /// In a fleet: of the tasks this node holds.
+    pub async fn open_stats(&self) -> (std::collections::BTreeMap<&'static str, usize>, u64) {
         let now = now_unix();
         let mut by_status = std::collections::BTreeMap::new();
         let mut lag = 0;
-        for task in self.store.open_ids().unwrap_or_default().iter().filter_map(|id| self.store.get(id).ok().flatten()) {
+        for task in self.store.open_tasks().await.unwrap_or_default() {
             *by_status.entry(task.status.public()).or_insert(0) += 1;
             lag = lag.max(now.saturating_sub(task.last_polled_at));
         }
         (by_status, lag)
+    }
+
+    fn is_creating(&self, id: &str) -> bool {
+        self.creating.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
     }
 
     /// Tasks that ended in this process's lifetime: (completed, failed).
@@ -486,6 +514,25 @@ impl VideoService {
 
     pub fn poll_interval(&self) -> Duration {
         Duration::from_secs(self.cfg.poll_interval_secs)
+    }
+}
+
+/// A task id in [`VideoService::creating`] for as long as its creation runs.
+struct Creating<'a> {
+    set: &'a Mutex<std::collections::HashSet<String>>,
+    id: String,
+}
+
+impl<'a> Creating<'a> {
+    fn mark(set: &'a Mutex<std::collections::HashSet<String>>, id: &str) -> Self {
+        set.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string());
+        Creating { set, id: id.to_string() }
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
     }
 }
 
@@ -590,14 +637,14 @@ mod tests {
         svc.store.put(&interrupted).await.expect("put");
         svc.store.put(&queued).await.expect("put");
         assert_eq!(svc.recover(0).await.expect("recover"), 1);
-        let t = svc.store.get("task_interrupted").expect("get").expect("task");
+        let t = svc.store.get("task_interrupted").await.expect("get").expect("task");
         assert_eq!(t.status, Status::Failed);
         assert_eq!(t.error.map(|e| e.code), Some("interrupted".to_string()));
         assert!(t.refunded);
         assert_eq!(ledger.balance("key_a").await.expect("balance"), 1_000_000_000, "charge given back");
         assert_eq!(svc.recover(0).await.expect("again"), 0, "refunded once");
-        assert_eq!(svc.store.get("task_queued").expect("get").map(|t| t.status), Some(Status::Queued));
-        assert_eq!(svc.store.open_ids().expect("ids"), vec!["task_queued".to_string()]);
+        assert_eq!(svc.store.get("task_queued").await.expect("get").map(|t| t.status), Some(Status::Queued));
+        assert_eq!(svc.store.open_ids().await.expect("ids"), vec!["task_queued".to_string()]);
     }
 
     #[test]

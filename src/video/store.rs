@@ -1,6 +1,9 @@
-//! Video task persistence in sled: `video_tasks` (public id → task), `video_open` (ids of
-//! unfinished tasks, the poller's work list) and `video_idem` (owner + Idempotency-Key →
-//! task id and time). Every write that matters is flushed before it returns.
+//! Video task persistence. On one node, in sled: `video_tasks` (public id → task),
+//! `video_open` (ids of unfinished tasks, the poller's work list) and `video_idem` (owner +
+//! Idempotency-Key → task id and time); every write that matters is flushed before it
+//! returns. In a fleet, in the shared database (`store::postgres::tasks`): every node reads
+//! every task, the poller's work list is the tasks this node holds the claim of, and every
+//! write is fenced by that claim.
 
 use super::task::Task;
 use crate::store::StoreError;
@@ -15,7 +18,12 @@ pub struct VideoStore {
     durable: std::sync::Arc<crate::store::Durable>,
     /// Where task writes go once the database was handed over (upgrade); injected at start.
     handover: std::sync::Arc<std::sync::OnceLock<std::sync::Arc<dyn ForwardTasks>>>,
+    /// In a fleet, tasks live in the shared database.
+    fleet: Option<std::sync::Arc<crate::store::fleet::Fleet>>,
 }
+
+/// Tasks a poller round takes (claims) at most.
+const CLAIM_BATCH: i64 = 1000;
 
 /// Writes a task in the process that has the database now (after an upgrade hand-over);
 /// returns once it is durable there. Implemented by `handover`.
@@ -35,6 +43,17 @@ fn corrupt(what: &str, e: impl std::fmt::Display) -> StoreError {
 }
 
 impl VideoStore {
+    /// Tasks in the fleet's database when `fleet` is given, else in sled.
+    pub fn with_fleet(mut self, fleet: Option<std::sync::Arc<crate::store::fleet::Fleet>>) -> Self {
+        self.fleet = fleet;
+        self
+    }
+
+    /// Whether tasks are shared with other nodes.
+    pub fn shared(&self) -> bool {
+        self.fleet.is_some()
+    }
+
     pub fn new(db: impl Into<crate::store::DbSlot>) -> Result<Self, StoreError> {
         let slot: crate::store::DbSlot = db.into();
         for name in ["video_tasks", "video_open", "video_idem", "video_copy_pending"] {
@@ -44,6 +63,7 @@ impl VideoStore {
             durable: std::sync::Arc::new(crate::store::Durable::new(&slot)),
             slot,
             handover: std::sync::Arc::new(std::sync::OnceLock::new()),
+            fleet: None,
         })
     }
 
@@ -64,7 +84,13 @@ impl VideoStore {
         self.slot.tree("video_copy_pending")
     }
 
-    pub fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+    pub async fn get(&self, id: &str) -> Result<Option<Task>, StoreError> {
+        if let Some(fleet) = &self.fleet {
+            return match fleet.tasks.get_any(id).await? {
+                Some(text) => serde_json::from_str(&text).map(Some).map_err(|e| corrupt(id, e)),
+                None => Ok(None),
+            };
+        }
         match self.tasks()?.get(id.as_bytes())? {
             Some(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| corrupt(id, e)),
             None => Ok(None),
@@ -77,6 +103,14 @@ impl VideoStore {
     /// task and removed after it, so a crash between the writes leaves at worst an index entry
     /// whose task says it needs nothing (the poller drops it), never a task the poller misses.
     pub async fn put(&self, task: &Task) -> Result<(), StoreError> {
+        if let Some(fleet) = &self.fleet {
+            let text = serde_json::to_string(task).map_err(|e| corrupt(&task.id, e))?;
+            let open = !task.status.is_terminal() || task.copy_pending;
+            if !fleet.tasks.put(&task.id, &task.owner, &text, open).await? {
+                return Err(StoreError::Shared(format!("video task {}: another node holds it now; this write was refused", task.id)));
+            }
+            return Ok(());
+        }
         if self.slot.is_released() {
             return self.handover.get().ok_or(StoreError::Released)?.forward_task(task).await;
         }
@@ -103,31 +137,67 @@ impl VideoStore {
 
     /// Drop an open-index entry whose task is finished or gone (after a crash between writes).
     pub fn drop_open(&self, id: &str) -> Result<(), StoreError> {
+        if self.fleet.is_some() {
+            return Ok(());
+        }
         self.open_tree()?.remove(id.as_bytes())?;
         Ok(())
     }
 
     /// Drop a copy-index entry whose task needs no copy or is gone.
     pub fn drop_copy(&self, id: &str) -> Result<(), StoreError> {
+        if self.fleet.is_some() {
+            return Ok(());
+        }
         self.copies()?.remove(id.as_bytes())?;
         Ok(())
     }
 
     /// Remove a task that never became visible (lost an idempotency race).
     pub async fn discard(&self, id: &str) -> Result<(), StoreError> {
+        if let Some(fleet) = &self.fleet {
+            return Ok(fleet.tasks.discard(id).await?);
+        }
         self.tasks()?.remove(id.as_bytes())?;
         self.open_tree()?.remove(id.as_bytes())?;
         self.durable.flush().await?;
         Ok(())
     }
 
-    /// Ids of unfinished tasks.
-    pub fn open_ids(&self) -> Result<Vec<String>, StoreError> {
+    /// Ids of unfinished tasks (in a fleet: those this node holds, claiming the ones whose
+    /// claim lapsed — a dead node's).
+    pub async fn open_ids(&self) -> Result<Vec<String>, StoreError> {
+        if let Some(fleet) = &self.fleet {
+            return Ok(fleet.tasks.claim(CLAIM_BATCH).await?.into_iter().map(|(id, _)| id).collect());
+        }
         Self::ids(&self.open_tree()?)
     }
 
-    /// Ids of completed tasks whose copy to object storage is still to be done.
-    pub fn copy_pending_ids(&self) -> Result<Vec<String>, StoreError> {
+    /// Unfinished tasks, for metrics (in a fleet: those this node holds; nothing is claimed).
+    pub async fn open_tasks(&self) -> Result<Vec<Task>, StoreError> {
+        if let Some(fleet) = &self.fleet {
+            return Ok(fleet.tasks.held().await?.into_iter().filter_map(|(_, text)| serde_json::from_str(&text).ok()).collect());
+        }
+        let mut out = Vec::new();
+        for id in Self::ids(&self.open_tree()?)? {
+            if let Some(task) = self.get(&id).await? {
+                out.push(task);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ids of completed tasks whose copy to object storage is still to be done (in a fleet:
+    /// of those this node holds).
+    pub async fn copy_pending_ids(&self) -> Result<Vec<String>, StoreError> {
+        if let Some(fleet) = &self.fleet {
+            let held = fleet.tasks.claim(CLAIM_BATCH).await?;
+            return Ok(held
+                .into_iter()
+                .filter(|(_, text)| serde_json::from_str::<Task>(text).is_ok_and(|t| t.copy_pending))
+                .map(|(id, _)| id)
+                .collect());
+        }
         Self::ids(&self.copies()?)
     }
 
@@ -143,7 +213,10 @@ impl VideoStore {
     }
 
     /// The task an Idempotency-Key already names (within the window), if any.
-    pub fn idempotent_task(&self, owner: &str, key: &str, now: u64) -> Result<Option<String>, StoreError> {
+    pub async fn idempotent_task(&self, owner: &str, key: &str, now: u64) -> Result<Option<String>, StoreError> {
+        if let Some(fleet) = &self.fleet {
+            return Ok(fleet.tasks.idempotent_task(owner, key).await?);
+        }
         let Some(bytes) = self.idem()?.get(Self::idem_key(owner, key))? else { return Ok(None) };
         let entry: IdemEntry = serde_json::from_slice(&bytes).map_err(|e| corrupt("idempotency entry", e))?;
         Ok((now.saturating_sub(entry.at) < IDEMPOTENCY_WINDOW_SECS).then_some(entry.task_id))
@@ -151,6 +224,9 @@ impl VideoStore {
 
     /// Claim `key` for `task_id`. Returns the task id that holds it: ours, or an earlier one.
     pub async fn claim_idempotency(&self, owner: &str, key: &str, task_id: &str, now: u64) -> Result<String, StoreError> {
+        if let Some(fleet) = &self.fleet {
+            return Ok(fleet.tasks.claim_idempotency(owner, key, task_id).await?);
+        }
         let k = Self::idem_key(owner, key);
         let ours = serde_json::to_vec(&IdemEntry { task_id: task_id.to_string(), at: now }).map_err(|e| corrupt("idem", e))?;
         let idem = self.idem()?;
@@ -183,14 +259,14 @@ mod tests {
             let s = VideoStore::new(&db).expect("store");
             let mut t = task();
             s.put(&t).await.expect("put");
-            assert_eq!(s.open_ids().expect("ids"), vec!["task_x".to_string()]);
+            assert_eq!(s.open_ids().await.expect("ids"), vec!["task_x".to_string()]);
             t.status = Status::Completed;
             s.put(&t).await.expect("put");
-            assert!(s.open_ids().expect("ids").is_empty());
+            assert!(s.open_ids().await.expect("ids").is_empty());
         }
         let db = crate::store::reopen(dir.path());
         let s = VideoStore::new(&db).expect("store");
-        assert_eq!(s.get("task_x").expect("get").map(|t| t.status), Some(Status::Completed));
+        assert_eq!(s.get("task_x").await.expect("get").map(|t| t.status), Some(Status::Completed));
     }
 
     #[tokio::test]
@@ -201,9 +277,9 @@ mod tests {
         assert_eq!(s.claim_idempotency("k1", "abc", "task_1", 1000).await.expect("claim"), "task_1");
         assert_eq!(s.claim_idempotency("k1", "abc", "task_2", 1001).await.expect("claim"), "task_1");
         assert_eq!(s.claim_idempotency("k2", "abc", "task_3", 1001).await.expect("claim"), "task_3", "per key");
-        assert_eq!(s.idempotent_task("k1", "abc", 1002).expect("get"), Some("task_1".into()));
+        assert_eq!(s.idempotent_task("k1", "abc", 1002).await.expect("get"), Some("task_1".into()));
         let later = 1000 + IDEMPOTENCY_WINDOW_SECS;
-        assert_eq!(s.idempotent_task("k1", "abc", later).expect("get"), None);
+        assert_eq!(s.idempotent_task("k1", "abc", later).await.expect("get"), None);
         assert_eq!(s.claim_idempotency("k1", "abc", "task_4", later).await.expect("claim"), "task_4");
     }
 }

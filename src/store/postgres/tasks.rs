@@ -40,35 +40,95 @@ impl FleetTasks {
     /// Create task `id` of `key_id` (its state as JSON text), claimed by this node; with an
     /// idempotency key, the task first created with it instead, if any.
     pub async fn create(&self, id: &str, key_id: &str, record: &str, idem: Option<&str>) -> Result<Created, PgError> {
-        let mut client = self.pg.client().await?;
-        let tx = client.transaction().await?;
         if let Some(idem) = idem {
-            let taken = tx
-                .query_opt(
-                    "INSERT INTO idempotency_keys (key_id, idem_key, task_id) VALUES ($1, $2, $3)
-                     ON CONFLICT (key_id, idem_key) DO NOTHING RETURNING task_id",
-                    &[&key_id, &idem, &id],
-                )
-                .await?;
-            if taken.is_none() {
-                let existing: String = tx
-                    .query_one("SELECT task_id FROM idempotency_keys WHERE key_id = $1 AND idem_key = $2", &[&key_id, &idem])
-                    .await?
-                    .get(0);
-                tx.commit().await?;
-                self.pg.count(3);
-                return Ok(Created::Existing(existing));
+            let holder = self.claim_idempotency(key_id, idem, id).await?;
+            if holder != id {
+                return Ok(Created::Existing(holder));
             }
         }
-        tx.execute(
-            "INSERT INTO video_tasks (id, key_id, record, open, claimed_by, claim_until)
-             VALUES ($1, $2, $3, true, $4, now() + $5 * interval '1 millisecond')",
-            &[&id, &key_id, &record, &self.node, &self.claim_ms()],
-        )
-        .await?;
-        tx.commit().await?;
-        self.pg.count(3);
+        self.put(id, key_id, record, true).await?;
         Ok(Created::New)
+    }
+
+    /// Write task `id`'s state (`open`: still to be worked on): a new task is created claimed by
+    /// this node; an existing one is written, and its claim extended (or dropped once closed),
+    /// only while this node holds an unexpired claim on it. Whether it was written.
+    pub async fn put(&self, id: &str, key_id: &str, record: &str, open: bool) -> Result<bool, PgError> {
+        let client = self.pg.client().await?;
+        let n = client
+            .execute(
+                "INSERT INTO video_tasks (id, key_id, record, open, claimed_by, claim_until)
+                 VALUES ($1, $2, $3, $4, CASE WHEN $4 THEN $5 END, CASE WHEN $4 THEN now() + $6 * interval '1 millisecond' END)
+                 ON CONFLICT (id) DO UPDATE SET record = EXCLUDED.record, open = EXCLUDED.open, updated_at = now(),
+                        claim_until = EXCLUDED.claim_until, claimed_by = EXCLUDED.claimed_by
+                 WHERE video_tasks.claimed_by = $5 AND video_tasks.claim_until > now()",
+                &[&id, &key_id, &record, &open, &self.node, &self.claim_ms()],
+            )
+            .await?;
+        self.pg.count(1);
+        Ok(n == 1)
+    }
+
+    /// The open tasks this node holds now, without claiming any: `(id, state)`.
+    pub async fn held(&self) -> Result<Vec<(String, String)>, PgError> {
+        let client = self.pg.client().await?;
+        let rows = client
+            .query("SELECT id, record FROM video_tasks WHERE open AND claimed_by = $1 AND claim_until > now()", &[&self.node])
+            .await?;
+        self.pg.count(1);
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    /// Any task's state (for the node that works on it).
+    pub async fn get_any(&self, id: &str) -> Result<Option<String>, PgError> {
+        let client = self.pg.client().await?;
+        let row = client.query_opt("SELECT record FROM video_tasks WHERE id = $1", &[&id]).await?;
+        self.pg.count(1);
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Remove a task that never became visible (it lost an idempotency race).
+    pub async fn discard(&self, id: &str) -> Result<(), PgError> {
+        let client = self.pg.client().await?;
+        client.execute("DELETE FROM video_tasks WHERE id = $1 AND claimed_by = $2", &[&id, &self.node]).await?;
+        self.pg.count(1);
+        Ok(())
+    }
+
+    /// The task an idempotency key of `key_id` names, if used within the last 24 hours.
+    pub async fn idempotent_task(&self, key_id: &str, idem: &str) -> Result<Option<String>, PgError> {
+        let client = self.pg.client().await?;
+        let row = client
+            .query_opt(
+                "SELECT task_id FROM idempotency_keys WHERE key_id = $1 AND idem_key = $2 AND created_at > now() - interval '24 hours'",
+                &[&key_id, &idem],
+            )
+            .await?;
+        self.pg.count(1);
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    /// Claim an idempotency key of `key_id` for `task_id`: the task that holds it, ours or one
+    /// created with it within the last 24 hours. Two nodes claiming at once: one wins.
+    pub async fn claim_idempotency(&self, key_id: &str, idem: &str, task_id: &str) -> Result<String, PgError> {
+        let client = self.pg.client().await?;
+        let won = client
+            .query_opt(
+                "INSERT INTO idempotency_keys (key_id, idem_key, task_id) VALUES ($1, $2, $3)
+                 ON CONFLICT (key_id, idem_key) DO UPDATE SET task_id = EXCLUDED.task_id, created_at = now()
+                 WHERE idempotency_keys.created_at <= now() - interval '24 hours'
+                 RETURNING task_id",
+                &[&key_id, &idem, &task_id],
+            )
+            .await?;
+        self.pg.count(1);
+        if let Some(row) = won {
+            return Ok(row.get(0));
+        }
+        let holder: String =
+            client.query_one("SELECT task_id FROM idempotency_keys WHERE key_id = $1 AND idem_key = $2", &[&key_id, &idem]).await?.get(0);
+        self.pg.count(1);
+        Ok(holder)
     }
 
     /// The task's state, for its owner only (another key's task is unknown).
@@ -97,22 +157,5 @@ impl FleetTasks {
             .await?;
         self.pg.count(1);
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-    }
-
-    /// Write the task's new state (`open`: still to be polled), and extend the claim, only if
-    /// this node still holds an unexpired claim on it; whether it did.
-    pub async fn update(&self, id: &str, record: &str, open: bool) -> Result<bool, PgError> {
-        let client = self.pg.client().await?;
-        let n = client
-            .execute(
-                "UPDATE video_tasks SET record = $3, open = $4, updated_at = now(),
-                        claim_until = CASE WHEN $4 THEN now() + $5 * interval '1 millisecond' ELSE NULL END,
-                        claimed_by = CASE WHEN $4 THEN claimed_by ELSE NULL END
-                 WHERE id = $1 AND claimed_by = $2 AND claim_until > now()",
-                &[&id, &self.node, &record, &open, &self.claim_ms()],
-            )
-            .await?;
-        self.pg.count(1);
-        Ok(n == 1)
     }
 }
