@@ -669,13 +669,28 @@ impl Ledger {
     /// Charge a price at once (video submission) when `balance − held` covers it: the check
     /// and the debit happen under one lock. Durable before this returns.
     pub async fn charge(&self, record: UsageRecord) -> Result<Result<i64, Insufficient>, StoreError> {
-        self.book_if(&record, 0, true, true).await
+        let charged = self.book_if(&record, 0, true, true).await?;
+        self.book_fleet_now().await;
+        Ok(charged)
+    }
+
+    /// In a fleet, book the journal at once (a charge or refund reaches the shared database
+    /// before it is acknowledged, so a node that dies after it loses nothing of it). When the
+    /// database cannot be reached, the journal keeps it for the sync loop.
+    async fn book_fleet_now(&self) {
+        if let Some(f) = &self.fleet {
+            if let Err(e) = f.fleet.book_journal(&self.slot, &f.journal_id, f.owed_from).await {
+                log::warn!("store: a charge stays in this node's journal until the database is back: {e}");
+            }
+        }
     }
 
     /// Credit (refund, top-up) or debit without a hold; the record says why. Durable before
     /// this returns.
     pub async fn adjust(&self, record: UsageRecord) -> Result<i64, StoreError> {
-        self.book(&record, 0, true).await
+        let balance = self.book(&record, 0, true).await?;
+        self.book_fleet_now().await;
+        Ok(balance)
     }
 
     /// Balance change by an administrator: no usage record. Durable before this returns.
@@ -787,6 +802,39 @@ impl Ledger {
             out.extend(decode_records(&v)?);
         }
         Ok(out)
+    }
+
+    /// Every usage record and every response owner of this node's sled store (`store copy`).
+    pub fn export(&self) -> Result<(Vec<UsageRecord>, Vec<(String, ResponseOwner)>), StoreError> {
+        let mut records = Vec::new();
+        for item in self.records_tree()?.iter() {
+            let (_, v) = item?;
+            records.extend(decode_records(&v)?);
+        }
+        let mut owners = Vec::new();
+        for item in self.slot.tree(crate::commit::RESPONSE_OWNERS)?.iter() {
+            let (k, v) = item?;
+            let owner = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("response owner: {e}")))?;
+            owners.push((String::from_utf8_lossy(&k).into_owned(), owner));
+        }
+        Ok((records, owners))
+    }
+
+    /// Write copied records and owners into this (empty) sled store as history: the records
+    /// carry no balance (sequence 0), so the balances stay those the copy opened.
+    pub fn import(&self, records: &[UsageRecord], owners: &[(String, ResponseOwner)]) -> Result<(), StoreError> {
+        let tree = self.records_tree()?;
+        for r in records {
+            let record = UsageRecord { seq: 0, balance_after: 0, ..r.clone() };
+            let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            tree.insert(self.record_key(&record), value)?;
+        }
+        let tree = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
+        for (id, owner) in owners {
+            tree.insert(id.as_bytes(), serde_json::to_vec(owner).map_err(|e| StoreError::Corrupt(e.to_string()))?)?;
+        }
+        self.slot.db()?.flush()?;
+        Ok(())
     }
 
     /// Delete records older than `before_ms` (a batch entry once all its records are). Returns

@@ -54,8 +54,8 @@ fn three(mock: u16, pg: &Postgres, keys: &str, store_extra: &str) -> Vec<Node> {
 }
 
 /// One chat completion that holds and costs exactly one cent.
-async fn cent_request(c: &reqwest::Client, node: &Node, key: &str) -> reqwest::Response {
-    c.post(node.gw.url("/v1/chat/completions"))
+async fn cent_request(c: &reqwest::Client, gw: &Gateway, key: &str) -> reqwest::Response {
+    c.post(gw.url("/v1/chat/completions"))
         .bearer_auth(key)
         .header("x-mock-usage", "0,10")
         .json(&json!({"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}))
@@ -101,12 +101,12 @@ async fn admin(
 async fn ten_cents_over_three_nodes_serve_exactly_ten_one_cent_requests_and_leave_exactly_zero() {
     let pg = Postgres::start();
     let mock = start_mock();
-    let secret = "sk-fleet-ten-cents-000000000001";
+    let secret = "sk-fleet-key-ten-cents-000000000001";
     let nodes = three(mock.port, &pg, &format!("  - {{ key: {secret}, name: ten, group: default, balance: 0.10 }}"), "");
     let c = client();
     let answers = futures_util::future::join_all((0..30).map(|i| {
         let (c, node) = (c.clone(), &nodes[i % 3]);
-        async move { cent_request(&c, node, secret).await.status().as_u16() }
+        async move { cent_request(&c, &node.gw, secret).await.status().as_u16() }
     }))
     .await;
     assert_eq!(answers.iter().filter(|s| **s == 200).count(), 10, "{answers:?}");
@@ -134,7 +134,7 @@ async fn ten_cents_over_three_nodes_serve_exactly_ten_one_cent_requests_and_leav
 async fn a_killed_nodes_lease_comes_back_within_lease_secs_and_its_journal_is_booked_when_it_returns() {
     let pg = Postgres::start();
     let mock = start_mock();
-    let secret = "sk-fleet-lease-000000000000001";
+    let secret = "sk-fleet-key-lease-000000000000001";
     let keys = format!("  - {{ key: {secret}, name: roomy, group: default, balance: 100 }}");
     // A books its journal every 1.5 s, so it dies with records journaled and not yet booked;
     // B and C sync every 200 ms, reclaiming expired leases as they go.
@@ -144,7 +144,7 @@ async fn a_killed_nodes_lease_comes_back_within_lease_secs_and_its_journal_is_bo
     }
     let c = client();
     for _ in 0..5 {
-        assert_eq!(cent_request(&c, &nodes[0], secret).await.status(), 200);
+        assert_eq!(cent_request(&c, &nodes[0].gw, secret).await.status(), 200);
     }
     let pg_db = db(&pg).await;
     let id = key_id(secret);
@@ -182,16 +182,16 @@ async fn a_killed_nodes_lease_comes_back_within_lease_secs_and_its_journal_is_bo
 async fn a_key_disabled_on_node_a_is_refused_by_node_c_within_sync_ms_and_a_key_created_on_b_works_on_a() {
     let pg = Postgres::start();
     let mock = start_mock();
-    let secret = "sk-fleet-revoke-00000000000001";
+    let secret = "sk-fleet-key-revoke-00000000000001";
     let nodes = three(mock.port, &pg, &format!("  - {{ key: {secret}, name: revokable, group: default, balance: 5 }}"), "");
     let c = client();
-    assert_eq!(cent_request(&c, &nodes[2], secret).await.status(), 200);
+    assert_eq!(cent_request(&c, &nodes[2].gw, secret).await.status(), 200);
     let id = key_id(secret);
     let r = admin(&c, &nodes[0], reqwest::Method::PATCH, &format!("/admin/keys/{id}"), Some(json!({"enabled": false}))).await;
     assert_eq!(r.status(), 200);
     let disabled = Instant::now();
     loop {
-        let status = cent_request(&c, &nodes[2], secret).await.status();
+        let status = cent_request(&c, &nodes[2].gw, secret).await.status();
         if status == 401 {
             break;
         }
@@ -208,7 +208,7 @@ async fn a_key_disabled_on_node_a_is_refused_by_node_c_within_sync_ms_and_a_key_
     let new_secret = created["key"].as_str().expect("secret").to_string();
     let created_at = Instant::now();
     loop {
-        let status = cent_request(&c, &nodes[0], &new_secret).await.status();
+        let status = cent_request(&c, &nodes[0].gw, &new_secret).await.status();
         if status == 200 {
             break;
         }
@@ -224,12 +224,12 @@ async fn a_key_disabled_on_node_a_is_refused_by_node_c_within_sync_ms_and_a_key_
 async fn rpm_holds_exactly_for_the_sum_of_the_nodes() {
     let pg = Postgres::start();
     let mock = start_mock();
-    let secret = "sk-fleet-rpm-000000000000000001";
+    let secret = "sk-fleet-key-rpm-000000000000000001";
     let nodes = three(mock.port, &pg, &format!("  - {{ key: {secret}, name: limited, group: default, balance: 50, rpm: 30 }}"), "");
     let c = client();
     let answers = futures_util::future::join_all((0..90).map(|i| {
         let (c, node) = (c.clone(), &nodes[i % 3]);
-        async move { cent_request(&c, node, secret).await.status().as_u16() }
+        async move { cent_request(&c, &node.gw, secret).await.status().as_u16() }
     }))
     .await;
     // Exact unless the minute turned during the burst (then at most twice the limit).
@@ -243,8 +243,8 @@ async fn rpm_holds_exactly_for_the_sum_of_the_nodes() {
 async fn the_database_stopped_for_ten_seconds_leases_keep_serving_others_get_503_and_every_answer_has_one_record() {
     let mut pg = Postgres::start();
     let mock = start_mock();
-    let leased_key = "sk-fleet-outage-leased-0000001";
-    let cold_key = "sk-fleet-outage-cold-000000001";
+    let leased_key = "sk-fleet-key-outage-leased-0000001";
+    let cold_key = "sk-fleet-key-outage-cold-000000001";
     let keys = format!(
         "  - {{ key: {leased_key}, name: warm, group: default, balance: 100 }}\n  - {{ key: {cold_key}, name: cold, group: default, balance: 100 }}"
     );
@@ -252,7 +252,7 @@ async fn the_database_stopped_for_ten_seconds_leases_keep_serving_others_get_503
     let c = client();
     let mut answered: i64 = 0;
     for node in &nodes {
-        assert_eq!(cent_request(&c, node, leased_key).await.status(), 200);
+        assert_eq!(cent_request(&c, &node.gw, leased_key).await.status(), 200);
         answered += 1;
     }
     pg.stop();
@@ -261,10 +261,10 @@ async fn the_database_stopped_for_ten_seconds_leases_keep_serving_others_get_503
     while stopped.elapsed() < Duration::from_secs(10) {
         for node in &nodes {
             // Leases are spent for half their lifetime (15 s) without the database.
-            let status = cent_request(&c, node, leased_key).await.status();
+            let status = cent_request(&c, &node.gw, leased_key).await.status();
             assert_eq!(status, 200, "a leased key refused {:?} into the outage", stopped.elapsed());
             answered += 1;
-            let r = cent_request(&c, node, cold_key).await;
+            let r = cent_request(&c, &node.gw, cold_key).await;
             match r.status().as_u16() {
                 503 => {
                     assert!(r.headers().contains_key("retry-after"), "503 without Retry-After");
@@ -321,7 +321,7 @@ fn check_config_reaches_the_database_or_says_why() {
 async fn a_video_task_created_on_a_is_completed_and_downloaded_through_c_after_a_was_killed_with_one_submission() {
     let pg = Postgres::start();
     let mock = start_mock();
-    let secret = "sk-fleet-video-00000000000001";
+    let secret = "sk-fleet-key-video-00000000000001";
     let keys = format!("  - {{ key: {secret}, name: filmmaker, group: default, balance: 5 }}");
     let mut nodes = three(mock.port, &pg, &keys, ", lease_secs: 4, sync_ms: 200");
     let c = client();
@@ -382,4 +382,57 @@ async fn a_video_task_created_on_a_is_completed_and_downloaded_through_c_after_a
     let u = usage(&nodes[1].gw, secret).await;
     assert_eq!(u["total"]["requests"], 1, "{u}");
     assert!(nanos(&u["total"]["cost"]) > 0, "{u}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_non_empty_target() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "sk-fleet-key-copy-0000000000000001";
+    let keys = format!("  - {{ key: {secret}, name: mover, group: default, balance: 3 }}");
+    // A single node on sled: the same config without `store:`.
+    let (fleet_body, _) = node_config(mock.port, &pg, "node-a", &keys, "");
+    let single_body: String = fleet_body.lines().filter(|l| !l.starts_with("store:")).map(|l| format!("{l}\n")).collect();
+    let mut single = start_gateway(&single_body);
+    let c = client();
+    for _ in 0..4 {
+        assert_eq!(cent_request(&c, &single, secret).await.status(), 200);
+    }
+    let before = usage(&single, secret).await;
+    assert_eq!(before["total"]["requests"], 4);
+    single.signal("TERM");
+    wait_exit(&mut single.proc.child, Duration::from_secs(30), "the single node").await;
+    let sled_dir = single.dir.path().join("data");
+
+    let to_pg = ["store", "copy", "--from", &format!("sled:{}", sled_dir.display()), "--to", &pg.url()];
+    let (code, out) = run_tollgate(&to_pg, &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("1 key(s), 1 balance(s), 4 usage record(s)"), "{out}");
+    let (code, out) = run_tollgate(&to_pg, &[]);
+    assert_eq!(code, 2, "a second copy onto a non-empty database: {out}");
+    assert!(out.contains("not empty"), "{out}");
+
+    // A fleet node on the copy sees the same key, balance and history.
+    let mut node = start_gateway(&fleet_body);
+    let after = usage(&node, secret).await;
+    assert_eq!(after["total"], before["total"], "{after}");
+    assert_eq!(nanos(&after["balance"]), nanos(&before["balance"]));
+    assert_eq!(cent_request(&c, &node, secret).await.status(), 200);
+    let moved = usage(&node, secret).await;
+    assert_eq!(moved["total"]["requests"], 5);
+    node.signal("TERM");
+    wait_exit(&mut node.proc.child, Duration::from_secs(30), "the fleet node").await;
+
+    // And back: a new single node's sled directory from the database.
+    let (dir, path, port) = write_config(&single_body);
+    let back_dir = dir.path().join("data");
+    let (code, out) = run_tollgate(&["store", "copy", "--from", &pg.url(), "--to", &format!("sled:{}", back_dir.display())], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("1 key(s), 1 balance(s), 5 usage record(s)"), "{out}");
+    let returned = start_written(dir, &path, port);
+    let back = usage(&returned, secret).await;
+    assert_eq!(back["total"], moved["total"], "{back}");
+    assert_eq!(nanos(&back["balance"]), nanos(&moved["balance"]));
+    assert_eq!(cent_request(&c, &returned, secret).await.status(), 200);
+    assert_eq!(nanos(&usage(&returned, secret).await["balance"]), nanos(&moved["balance"]) - CENT_NANOS);
 }

@@ -6,6 +6,7 @@
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
 //! Balances live in the ledger's tree, not in the key record.
 
+pub mod copy;
 pub mod fleet;
 pub mod postgres;
 

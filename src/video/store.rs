@@ -205,6 +205,26 @@ impl VideoStore {
         tree.iter().keys().map(|k| k.map_err(StoreError::Db).map(|k| String::from_utf8_lossy(&k).into_owned())).collect()
     }
 
+    /// Every task and every idempotency key `(owner, key, task id, unix time)` of the sled
+    /// store (`store copy`).
+    pub fn export(&self) -> Result<(Vec<Task>, Vec<(String, String, String, u64)>), StoreError> {
+        let mut tasks = Vec::new();
+        for item in self.tasks()?.iter() {
+            let (k, v) = item?;
+            tasks.push(serde_json::from_slice(&v).map_err(|e| corrupt(&String::from_utf8_lossy(&k), e))?);
+        }
+        let mut idem = Vec::new();
+        for item in self.idem()?.iter() {
+            let (k, v) = item?;
+            let entry: IdemEntry = serde_json::from_slice(&v).map_err(|e| corrupt("idempotency entry", e))?;
+            let mut parts = k.splitn(2, |b| *b == 0);
+            let owner = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+            let key = String::from_utf8_lossy(parts.next().unwrap_or_default()).into_owned();
+            idem.push((owner, key, entry.task_id, entry.at));
+        }
+        Ok((tasks, idem))
+    }
+
     fn idem_key(owner: &str, key: &str) -> Vec<u8> {
         let mut k = owner.as_bytes().to_vec();
         k.push(0);

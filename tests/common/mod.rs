@@ -190,7 +190,12 @@ fn spawn_gateway(path: &std::path::Path, port: u16) -> Proc {
 
 pub fn start_gateway(body: &str) -> Gateway {
     let (dir, path, port) = write_config(body);
-    let proc = spawn_gateway(&path, port);
+    start_written(dir, &path, port)
+}
+
+/// Start a gateway on a config [`write_config`] wrote (after preparing its data directory).
+pub fn start_written(dir: tempfile::TempDir, path: &std::path::Path, port: u16) -> Gateway {
+    let proc = spawn_gateway(path, port);
     Gateway { proc, dir }
 }
 

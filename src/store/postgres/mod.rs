@@ -8,6 +8,7 @@
 //! database newer than this binary refused —, and the fleet's money ([`accounts`]).
 
 pub mod accounts;
+pub mod copy;
 pub mod keys;
 pub mod rates;
 pub mod records;

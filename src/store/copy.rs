@@ -1,0 +1,205 @@
+//! `tollgate store copy --from A --to B`: moving a node's data into the fleet's database
+//! (`sled:DIR` → `postgres:URL`) and back. Keys (hashes only, as stored), balances, usage
+//! records, response owners, video tasks and idempotency keys; the target must be empty, and
+//! the nodes of the source stopped (a running node may still book what it holds).
+
+use super::postgres::{Pg, PgSettings};
+use super::{KeyRecord, Store, StoreError};
+use crate::ledger::{Ledger, ResponseOwner, UsageRecord};
+use crate::video::store::VideoStore;
+use crate::video::task::Task;
+use std::path::PathBuf;
+
+/// Everything a copy moves.
+#[derive(Default)]
+pub struct Snapshot {
+    pub keys: Vec<KeyRecord>,
+    /// Key id → balance (nano-USD).
+    pub balances: Vec<(String, i64)>,
+    pub records: Vec<UsageRecord>,
+    pub owners: Vec<(String, ResponseOwner)>,
+    pub tasks: Vec<Task>,
+    /// (key id, idempotency key, task id, unix time)
+    pub idempotency: Vec<(String, String, String, u64)>,
+}
+
+impl Snapshot {
+    /// What a copy prints.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} key(s), {} balance(s), {} usage record(s), {} response owner(s), {} video task(s), {} idempotency key(s)",
+            self.keys.len(),
+            self.balances.len(),
+            self.records.len(),
+            self.owners.len(),
+            self.tasks.len(),
+            self.idempotency.len()
+        )
+    }
+}
+
+/// One end of a copy.
+pub enum Place {
+    Sled(PathBuf),
+    Postgres(PgSettings),
+}
+
+impl Place {
+    /// `sled:DIR` or `postgres:URL` (`postgres://…` alone is taken as a URL too).
+    pub fn parse(text: &str, ca_pem: Option<String>) -> Result<Place, String> {
+        if let Some(dir) = text.strip_prefix("sled:") {
+            return Ok(Place::Sled(PathBuf::from(dir)));
+        }
+        let url = text.strip_prefix("postgres:").filter(|u| u.starts_with("//")).map(|u| format!("postgres:{u}"));
+        let url = url.or_else(|| (text.starts_with("postgres://") || text.starts_with("postgresql://")).then(|| text.to_string()));
+        match url {
+            Some(url) => Ok(Place::Postgres(PgSettings { url, pool_size: 2, ca_pem })),
+            None => Err(format!("'{text}': give sled:DIR or postgres://user@host/db")),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum CopyError {
+    NotEmpty(String),
+    Store(StoreError),
+}
+
+impl std::fmt::Display for CopyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CopyError::NotEmpty(what) => write!(f, "the target is not empty ({what}); nothing was copied"),
+            CopyError::Store(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<StoreError> for CopyError {
+    fn from(e: StoreError) -> Self {
+        CopyError::Store(e)
+    }
+}
+
+impl From<super::postgres::PgError> for CopyError {
+    fn from(e: super::postgres::PgError) -> Self {
+        CopyError::Store(e.into())
+    }
+}
+
+/// Copy everything from `from` to `to` (refused unless `to` is empty); what was copied.
+pub async fn copy(from: &Place, to: &Place) -> Result<Snapshot, CopyError> {
+    // The target is checked before anything is read, and written in one go.
+    match to {
+        Place::Sled(dir) => {
+            let store = Store::open(dir)?;
+            if !sled_is_empty(&store)? {
+                return Err(CopyError::NotEmpty(format!("sled:{}", dir.display())));
+            }
+        }
+        Place::Postgres(settings) => {
+            let pg = Pg::new(settings)?;
+            pg.migrate().await?;
+            if !super::postgres::copy::is_empty(&pg).await? {
+                return Err(CopyError::NotEmpty("the PostgreSQL database has tollgate data".into()));
+            }
+        }
+    }
+    let snapshot = match from {
+        Place::Sled(dir) => read_sled(dir).await?,
+        Place::Postgres(settings) => {
+            let pg = Pg::new(settings)?;
+            pg.migrate().await?;
+            super::postgres::copy::read(&pg).await?
+        }
+    };
+    match to {
+        Place::Sled(dir) => write_sled(dir, &snapshot).await?,
+        Place::Postgres(settings) => super::postgres::copy::write(&Pg::new(settings)?, &snapshot).await?,
+    }
+    Ok(snapshot)
+}
+
+fn sled_is_empty(store: &Store) -> Result<bool, StoreError> {
+    let db = store.db();
+    for tree in ["keys", "balances", "usage_records", "video_tasks"] {
+        if !db.tree(tree)?.is_empty() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+async fn read_sled(dir: &std::path::Path) -> Result<Snapshot, StoreError> {
+    let store = Store::open(dir)?;
+    let keys = store.all_keys()?;
+    let ledger = Ledger::open(store.db())?;
+    let mut balances = Vec::with_capacity(keys.len());
+    for k in &keys {
+        balances.push((k.id.clone(), ledger.balance(&k.id).await?));
+    }
+    let (records, owners) = ledger.export()?;
+    let (tasks, idempotency) = VideoStore::new(store.db())?.export()?;
+    Ok(Snapshot { keys, balances, records, owners, tasks, idempotency })
+}
+
+async fn write_sled(dir: &std::path::Path, s: &Snapshot) -> Result<(), StoreError> {
+    let store = Store::open(dir)?;
+    for k in &s.keys {
+        store.put_key(k)?;
+    }
+    let ledger = Ledger::open(store.db())?;
+    for (key_id, balance) in &s.balances {
+        ledger.open_account(key_id, *balance).await?;
+    }
+    ledger.import(&s.records, &s.owners)?;
+    let video = VideoStore::new(store.db())?;
+    for task in &s.tasks {
+        video.put(task).await?;
+    }
+    for (owner, key, task_id, at) in &s.idempotency {
+        video.claim_idempotency(owner, key, task_id, *at).await?;
+    }
+    store.flush()
+}
+
+/// `tollgate store copy --from A --to B [--ca-file F]`: exit code and what to print.
+pub fn cli(args: &[String]) -> (i32, String) {
+    const USAGE: &str = "usage: tollgate store copy --from sled:DIR|postgres://URL --to sled:DIR|postgres://URL [--ca-file FILE]";
+    let mut from = None;
+    let mut to = None;
+    let mut ca_file = None;
+    let mut it = args.iter();
+    match it.next().map(String::as_str) {
+        Some("copy") => {}
+        _ => return (2, USAGE.into()),
+    }
+    while let Some(arg) = it.next() {
+        let slot = match arg.as_str() {
+            "--from" => &mut from,
+            "--to" => &mut to,
+            "--ca-file" => &mut ca_file,
+            _ => return (2, format!("unknown argument '{arg}'\n{USAGE}")),
+        };
+        match it.next() {
+            Some(v) => *slot = Some(v.clone()),
+            None => return (2, format!("{arg} needs a value\n{USAGE}")),
+        }
+    }
+    let (Some(from), Some(to)) = (from, to) else { return (2, USAGE.into()) };
+    let ca_pem = match ca_file.map(std::fs::read_to_string).transpose() {
+        Ok(pem) => pem,
+        Err(e) => return (2, format!("--ca-file: {e}")),
+    };
+    let (from, to) = match (Place::parse(&from, ca_pem.clone()), Place::parse(&to, ca_pem)) {
+        (Ok(f), Ok(t)) => (f, t),
+        (Err(e), _) | (_, Err(e)) => return (2, format!("{e}\n{USAGE}")),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => return (2, format!("cannot start a runtime: {e}")),
+    };
+    match runtime.block_on(copy(&from, &to)) {
+        Ok(snapshot) => (0, format!("copied {}", snapshot.summary())),
+        Err(e) => (2, e.to_string()),
+    }
+}
