@@ -805,7 +805,7 @@ impl Ledger {
     }
 
     /// Every usage record and every response owner of this node's sled store (`store copy`).
-    pub fn export(&self) -> Result<(Vec<UsageRecord>, Vec<(String, ResponseOwner)>), StoreError> {
+    pub fn export(&self) -> Result<LedgerExport, StoreError> {
         let mut records = Vec::new();
         for item in self.records_tree()?.iter() {
             let (_, v) = item?;
@@ -941,6 +941,9 @@ impl Ledger {
         Ok(())
     }
 }
+
+/// A sled ledger's records and response owners (id, owner), for `store copy`.
+pub type LedgerExport = (Vec<UsageRecord>, Vec<(String, ResponseOwner)>);
 
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)

@@ -19,8 +19,7 @@ pub struct Snapshot {
     pub records: Vec<UsageRecord>,
     pub owners: Vec<(String, ResponseOwner)>,
     pub tasks: Vec<Task>,
-    /// (key id, idempotency key, task id, unix time)
-    pub idempotency: Vec<(String, String, String, u64)>,
+    pub idempotency: Vec<crate::video::store::IdempotencyRow>,
 }
 
 impl Snapshot {

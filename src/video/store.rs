@@ -32,6 +32,9 @@ pub trait ForwardTasks: Send + Sync {
     async fn forward_task(&self, task: &Task) -> Result<(), StoreError>;
 }
 
+/// An idempotency key as `store copy` moves it: (key id, idempotency key, task id, unix time).
+pub type IdempotencyRow = (String, String, String, u64);
+
 #[derive(Serialize, Deserialize)]
 struct IdemEntry {
     task_id: String,
@@ -207,7 +210,7 @@ impl VideoStore {
 
     /// Every task and every idempotency key `(owner, key, task id, unix time)` of the sled
     /// store (`store copy`).
-    pub fn export(&self) -> Result<(Vec<Task>, Vec<(String, String, String, u64)>), StoreError> {
+    pub fn export(&self) -> Result<(Vec<Task>, Vec<IdempotencyRow>), StoreError> {
         let mut tasks = Vec::new();
         for item in self.tasks()?.iter() {
             let (k, v) = item?;
