@@ -338,11 +338,9 @@ async fn a_video_task_created_on_a_is_completed_and_downloaded_through_c_after_a
     assert_eq!(r.status(), 200);
     let id = r.json::<serde_json::Value>().await.expect("json")["id"].as_str().expect("id").to_string();
     // Readable on C at once, by its owner; the same idempotency key on B returns it.
-    let (status, task) = (|| async {
-        let r = c.get(nodes[2].gw.url(&format!("/v1/videos/{id}"))).bearer_auth(secret).send().await.expect("get");
-        (r.status().as_u16(), r.json::<serde_json::Value>().await.expect("json"))
-    })()
-    .await;
+    let r = c.get(nodes[2].gw.url(&format!("/v1/videos/{id}"))).bearer_auth(secret).send().await.expect("get");
+    let status = r.status().as_u16();
+    let task = r.json::<serde_json::Value>().await.expect("json");
     assert_eq!(status, 200, "{task}");
     let again = c
         .post(nodes[1].gw.url("/v1/videos"))
