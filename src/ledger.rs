@@ -410,6 +410,21 @@ impl Ledger {
         self.fleet.as_ref().map(|f| &f.fleet)
     }
 
+    /// A graceful stop in a fleet: what the journal holds is booked and the leases are given
+    /// back, so nothing waits for `lease_secs`. Nothing on a single node.
+    pub async fn leave_fleet(&self) {
+        let Some(f) = &self.fleet else { return };
+        // After an upgrade's hand-over the journal is the new process's to book.
+        let booked = if self.slot.is_released() { Ok(0) } else { f.fleet.book_journal(&self.slot, &f.journal_id, f.owed_from).await };
+        if let Err(e) = booked {
+            log::error!("store: the journal could not be booked before stopping (it will be when this node starts again): {e}");
+        }
+        match f.fleet.accounts.release_all().await {
+            Ok(back) => log::info!("store: {back} nano-USD of leases given back"),
+            Err(e) => log::warn!("store: leases not given back (they expire after lease_secs): {e}"),
+        }
+    }
+
     /// One sync round of the fleet (journal booked, leases renewed); nothing on a single node.
     pub async fn sync_round(&self) -> Result<(), StoreError> {
         match &self.fleet {

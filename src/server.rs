@@ -113,6 +113,7 @@ impl BackgroundService for Drain {
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            self.ledger.leave_fleet().await;
             log::info!("upgrade: drained; exiting");
             std::process::exit(0);
         }
@@ -126,6 +127,7 @@ impl BackgroundService for Drain {
         if let Err(e) = self.ledger.commit_now().await {
             log::error!("shutting down: committing queued usage records failed: {e}");
         }
+        self.ledger.leave_fleet().await;
         match self.store.flush() {
             Ok(()) => log::info!("drained; database flushed; exiting"),
             Err(e) => log::error!("drained; database flush failed: {e}"),

@@ -68,13 +68,17 @@ impl Fleet {
             .build()
             .map_err(|e| PgError::Config(format!("cannot start the store's runtime: {e}")))?;
         let pg = Pg::new(&conf.postgres)?.on(runtime.handle().clone());
+        // Leases and claims belong to this process, not only to the node: in an upgrade the old
+        // and the new process serve side by side for a moment, and must never spend one lease
+        // twice. A restarted process leaves its predecessor's leases to expire.
+        let holder = format!("{}#{}", conf.node_id, std::process::id());
         let fleet = Fleet {
-            accounts: FleetAccounts::new(pg.clone(), &conf.node_id, conf.lease),
+            accounts: FleetAccounts::new(pg.clone(), &holder, conf.lease),
             keys: FleetKeys::new(pg.clone(), conf.sync).with_staleness((conf.lease / 2).max(conf.sync * 3)),
             records: FleetRecords::new(pg.clone()),
             rates: FleetRates::new(pg.clone()),
-            slots: FleetSlots::new(pg.clone(), &conf.node_id, conf.lease),
-            tasks: FleetTasks::new(pg.clone(), &conf.node_id, conf.lease),
+            slots: FleetSlots::new(pg.clone(), &holder, conf.lease),
+            tasks: FleetTasks::new(pg.clone(), &holder, conf.lease),
             pg,
             node: conf.node_id.clone(),
             sync: conf.sync,

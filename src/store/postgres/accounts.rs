@@ -309,6 +309,16 @@ impl FleetAccounts {
         Ok(back)
     }
 
+    /// Give back everything this node leased and does not hold (a graceful stop).
+    pub async fn release_all(&self) -> Result<i64, PgError> {
+        let keys: Vec<String> = self.state.lock().await.keys.keys().cloned().collect();
+        let mut back = 0;
+        for key_id in keys {
+            back += self.release_unused(&key_id).await?;
+        }
+        Ok(back)
+    }
+
     /// Extend this node's leases by `lease_secs` from now (the database's clock), and reclaim
     /// every node's expired leases. Keeps the local view in step: a lease the database let
     /// expire (this node was fenced) is gone here too. Returns the money reclaimed.
