@@ -1481,6 +1481,32 @@ keys:
     }
 
     #[test]
+    fn the_store_section_is_checked_and_its_url_never_printed() {
+        let env = |name: &str| (name == "DB_URL").then(|| "postgres://tollgate:s3cret@db:5432/tollgate".to_string());
+        let c = Config::parse(&format!("{MINIMAL}store: {{ postgres: {{ url_env: DB_URL }}, node_id: edge-1 }}\n"), &env).expect("valid");
+        let fleet = c.fleet.as_ref().expect("a fleet");
+        assert_eq!((fleet.node_id.as_str(), fleet.lease.as_secs(), fleet.sync.as_millis()), ("edge-1", 30, 1000));
+        assert_eq!(fleet.postgres.pool_size, 16);
+        assert!(!format!("{c:?}").contains("s3cret"), "the database password in a debug print");
+        assert!(Config::parse(MINIMAL, &env).expect("valid").fleet.is_none(), "no store: the local one");
+        for (bad, says) in [
+            ("store: { postgres: { url_env: NOPE } }", "NOPE is not set"),
+            ("store: { postgres: { url: 'mysql://x' } }", "postgres://"),
+            ("store: { postgres: {} }", "url or url_env"),
+            ("store: { postgres: { url: 'postgres://a@b/c', url_env: DB_URL } }", "either"),
+            ("store: { node_id: a }", "add store.postgres"),
+            ("store: { postgres: { url_env: DB_URL }, node_id: 'a b' }", "store.node_id"),
+            ("store: { postgres: { url_env: DB_URL }, node_id: a, lease_secs: 2 }", "store.lease_secs"),
+            ("store: { postgres: { url_env: DB_URL }, node_id: a, lease_secs: 4, sync_ms: 2000 }", "half of store.lease_secs"),
+            ("store: { postgres: { url_env: DB_URL, pool_size: 0 }, node_id: a }", "pool_size"),
+            ("store: { postgres: { url_env: DB_URL }, nodes: 3 }", "unknown field"),
+        ] {
+            let e = Config::parse(&format!("{MINIMAL}{bad}\n"), &env).expect_err(bad);
+            assert!(e.0.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn base_url_parts() {
         let b = BaseUrl::parse("http://127.0.0.1:9100/openai/").expect("valid");
         assert_eq!(b, BaseUrl { tls: false, host: "127.0.0.1".into(), port: 9100, prefix: "/openai".into() });

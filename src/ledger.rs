@@ -250,7 +250,7 @@ pub trait ForwardBookings: Send + Sync {
 
 /// The records of one entry of the `usage_records` tree: a JSON array (the records of one key
 /// committed in one batch) or, as written before batches were grouped, one JSON object.
-fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
+pub(crate) fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
     let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("usage record: {e}"));
     match v.iter().find(|b| !b.is_ascii_whitespace()) {
         Some(b'[') => serde_json::from_slice(v).map_err(corrupt),
@@ -599,7 +599,16 @@ impl Ledger {
         let mut record = record.clone();
         record.seq = seq;
         let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        let waiter = self.writer.insert(crate::commit::TreeName::FleetJournal, seq.to_be_bytes().to_vec(), value, wait);
+        // One journal entry per commit batch (a JSON array keyed by its first record's number):
+        // an insert per record would be most of the writer's work.
+        let waiter = self.writer.insert_grouped(
+            crate::commit::TreeName::FleetJournal,
+            b"journal".to_vec(),
+            record.time_ms,
+            seq.to_be_bytes().to_vec(),
+            value,
+            wait,
+        );
         accounts.settle(hold, record.cost_nanos).await;
         if let Some(waiter) = waiter? {
             waiter.wait().await?;

@@ -7,7 +7,7 @@
 //! database only when a lease runs out; otherwise it reads memory.
 //!
 //! **The journal.** Every usage record is first written to a sled tree of the node
-//! (`fleet_journal`, group commit as on a single node) and booked into the database with its
+//! (`fleet_journal`, group commit as on a single node: one entry per commit batch) and booked into the database with its
 //! money by the sync loop every `store.sync_ms` (and at once when `/v1/usage` or a stop asks).
 //! While the database is unreachable the journal grows and nothing is lost; once it is back
 //! the journal is booked, each record exactly once (see
@@ -23,14 +23,13 @@ use super::postgres::tasks::FleetTasks;
 use super::postgres::{Pg, PgError};
 use super::{DbSlot, StoreError};
 use crate::config::FleetConfig;
-use crate::ledger::UsageRecord;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The journal's tree and the key of the journal's id in the `meta` tree.
 pub const JOURNAL: &str = "fleet_journal";
 const JOURNAL_ID: &[u8] = b"fleet_journal_id";
-/// Records booked per transaction.
+/// Records booked per transaction (at least; whole journal entries are taken).
 const BOOK_BATCH: usize = 2000;
 
 pub struct Fleet {
@@ -143,17 +142,21 @@ impl Fleet {
         loop {
             let mut batch = Vec::new();
             let mut keys = Vec::new();
-            for item in tree.iter().take(BOOK_BATCH) {
+            for item in tree.iter() {
                 let (k, v) = item?;
-                let seq = <[u8; 8]>::try_from(&k[..]).map(u64::from_be_bytes).map_err(|_| StoreError::Corrupt("journal key".into()))?;
-                match serde_json::from_slice::<UsageRecord>(&v) {
-                    Ok(record) => {
-                        batch.push(Journaled { seq: i64::try_from(seq).unwrap_or(i64::MAX), record, owed_here: seq >= owed_from })
-                    }
+                match crate::ledger::decode_records(&v) {
+                    Ok(records) => batch.extend(records.into_iter().map(|record| Journaled {
+                        seq: i64::try_from(record.seq).unwrap_or(i64::MAX),
+                        owed_here: record.seq >= owed_from,
+                        record,
+                    })),
                     // Kept out of the database, and out of the way: logged once, removed.
-                    Err(e) => log::error!("store: unreadable journal record {seq} dropped: {e}"),
+                    Err(e) => log::error!("store: an unreadable journal entry was dropped: {e}"),
                 }
                 keys.push(k);
+                if batch.len() >= BOOK_BATCH {
+                    break;
+                }
             }
             if keys.is_empty() {
                 return Ok(booked);

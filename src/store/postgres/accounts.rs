@@ -102,6 +102,11 @@ pub struct FleetAccounts {
     node: String,
     lease_for: Duration,
     state: tokio::sync::Mutex<State>,
+    /// Bookings, renewals and give-backs one at a time, so that their local updates (made
+    /// after their transactions, without holding up requests) apply in commit order. Grants
+    /// run beside them: a grant's local lease is the newest when written, and an older value
+    /// written after it only understates the lease until the next renewal.
+    maintenance: tokio::sync::Mutex<()>,
 }
 
 struct State {
@@ -112,7 +117,13 @@ impl FleetAccounts {
     /// `node` must differ between nodes; `lease_for` is `store.lease_secs`.
     pub fn new(pg: Pg, node: &str, lease_for: Duration) -> Self {
         let state = State { keys: HashMap::new() };
-        FleetAccounts { pg, node: node.to_string(), lease_for, state: tokio::sync::Mutex::new(state) }
+        FleetAccounts {
+            pg,
+            node: node.to_string(),
+            lease_for,
+            state: tokio::sync::Mutex::new(state),
+            maintenance: tokio::sync::Mutex::new(()),
+        }
     }
 
     /// Create the key's account with `initial` if it has none; whether it was created.
@@ -215,7 +226,8 @@ impl FleetAccounts {
         if batch.is_empty() {
             return Ok(0);
         }
-        let mut state = self.state.lock().await;
+        // The transaction runs without the node's lock: requests keep being held meanwhile.
+        let _turn = self.maintenance.lock().await;
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
         let new = super::records::insert(&tx, journal, batch.iter().map(|j| (j.seq, &j.record))).await?;
@@ -250,6 +262,9 @@ impl FleetAccounts {
         }
         tx.commit().await?;
         self.pg.count(statements + 2);
+        // A grant that committed after this booking has set a newer lease here already; this
+        // write can only understate it until the next renewal (less is spent, never more).
+        let mut state = self.state.lock().await;
         for j in batch.iter().filter(|j| j.owed_here) {
             if let Some(local) = state.keys.get_mut(&j.record.key_id) {
                 local.owed -= j.record.cost_nanos;
@@ -286,9 +301,18 @@ impl FleetAccounts {
     /// Give back what this node's lease of `key_id` does not need now (nothing held or owed
     /// against it).
     pub async fn release_unused(&self, key_id: &str) -> Result<i64, PgError> {
-        let mut state = self.state.lock().await;
-        let Some(local) = state.keys.get(key_id).copied() else { return Ok(0) };
-        let unused = local.free().max(0);
+        // Set aside first, under the lock, so no hold can take what is on its way back; the
+        // database is then written without holding up this node's other requests. Whatever
+        // happens, the local lease stays at most what the database has (the next renewal
+        // reads it back).
+        let _turn = self.maintenance.lock().await;
+        let unused = {
+            let mut state = self.state.lock().await;
+            let Some(local) = state.keys.get_mut(key_id) else { return Ok(0) };
+            let unused = local.free().max(0);
+            local.lease -= unused;
+            unused
+        };
         if unused == 0 {
             return Ok(0);
         }
@@ -303,9 +327,6 @@ impl FleetAccounts {
         tx.execute("UPDATE accounts SET leased = leased - $2 WHERE key_id = $1", &[&key_id, &back]).await?;
         tx.commit().await?;
         self.pg.count(4);
-        if let Some(local) = state.keys.get_mut(key_id) {
-            local.lease = lease.unwrap_or(0) - back;
-        }
         Ok(back)
     }
 
@@ -323,6 +344,7 @@ impl FleetAccounts {
     /// every node's expired leases. Keeps the local view in step: a lease the database let
     /// expire (this node was fenced) is gone here too. Returns the money reclaimed.
     pub async fn renew(&self) -> Result<i64, PgError> {
+        let _turn = self.maintenance.lock().await;
         let sent = Instant::now();
         let lease_ms = i64::try_from(self.lease_for.as_millis()).unwrap_or(i64::MAX) as f64;
         let mut client = self.pg.client().await?;
