@@ -64,6 +64,15 @@ async fn cent_request(c: &reqwest::Client, gw: &Gateway, key: &str) -> reqwest::
         .expect("request")
 }
 
+/// `n` one-cent requests at once, spread round-robin over the nodes: their statuses.
+async fn spread(c: &reqwest::Client, nodes: &[Node], n: usize, key: &str) -> Vec<u16> {
+    futures_util::future::join_all((0..n).map(|i| {
+        let (c, node) = (c.clone(), &nodes[i % nodes.len()]);
+        async move { cent_request(&c, &node.gw, key).await.status().as_u16() }
+    }))
+    .await
+}
+
 async fn db(pg: &Postgres) -> Pg {
     Pg::new(&PgSettings { url: pg.url(), pool_size: 2, ca_pem: None }).expect("pool")
 }
@@ -104,11 +113,7 @@ async fn ten_cents_over_three_nodes_serve_exactly_ten_one_cent_requests_and_leav
     let secret = "sk-fleet-key-ten-cents-000000000001";
     let nodes = three(mock.port, &pg, &format!("  - {{ key: {secret}, name: ten, group: default, balance: 0.10 }}"), "");
     let c = client();
-    let answers = futures_util::future::join_all((0..30).map(|i| {
-        let (c, node) = (c.clone(), &nodes[i % 3]);
-        async move { cent_request(&c, &node.gw, secret).await.status().as_u16() }
-    }))
-    .await;
+    let answers = spread(&c, &nodes, 30, secret).await;
     assert_eq!(answers.iter().filter(|s| **s == 200).count(), 10, "{answers:?}");
     assert_eq!(answers.iter().filter(|s| **s == 402).count(), 20, "{answers:?}");
     // Any node's /v1/usage books its own journal first; the others book theirs within a sync.
@@ -227,11 +232,7 @@ async fn rpm_holds_exactly_for_the_sum_of_the_nodes() {
     let secret = "sk-fleet-key-rpm-000000000000000001";
     let nodes = three(mock.port, &pg, &format!("  - {{ key: {secret}, name: limited, group: default, balance: 50, rpm: 30 }}"), "");
     let c = client();
-    let answers = futures_util::future::join_all((0..90).map(|i| {
-        let (c, node) = (c.clone(), &nodes[i % 3]);
-        async move { cent_request(&c, &node.gw, secret).await.status().as_u16() }
-    }))
-    .await;
+    let answers = spread(&c, &nodes, 90, secret).await;
     // Exact unless the minute turned during the burst (then at most twice the limit).
     let served = answers.iter().filter(|s| **s == 200).count();
     let limited = answers.iter().filter(|s| **s == 429).count();
