@@ -101,7 +101,10 @@ pub struct FleetAccounts {
     pg: Pg,
     node: String,
     lease_for: Duration,
-    state: tokio::sync::Mutex<State>,
+    /// This node's view, locked only for memory work (never across a database call).
+    state: std::sync::Mutex<State>,
+    /// Lease requests one at a time.
+    leasing: tokio::sync::Mutex<()>,
     /// Bookings, renewals and give-backs one at a time, so that their local updates (made
     /// after their transactions, without holding up requests) apply in commit order. Grants
     /// run beside them: a grant's local lease is the newest when written, and an older value
@@ -121,7 +124,8 @@ impl FleetAccounts {
             pg,
             node: node.to_string(),
             lease_for,
-            state: tokio::sync::Mutex::new(state),
+            state: std::sync::Mutex::new(state),
+            leasing: tokio::sync::Mutex::new(()),
             maintenance: tokio::sync::Mutex::new(()),
         }
     }
@@ -148,29 +152,66 @@ impl FleetAccounts {
     /// leasing more from the database.
     pub async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<FleetHold, Insufficient>, PgError> {
         let amount = amount.max(0);
-        let mut state = self.state.lock().await;
-        let local = state.keys.entry(key_id.to_string()).or_default();
-        let fresh = local.fresh_until.is_some_and(|t| Instant::now() < t);
-        local.last_used = Some(Instant::now());
-        if fresh && local.free() >= amount && (amount > 0 || local.free() >= 0) {
-            local.held += amount;
-            return Ok(Ok(FleetHold { key_id: key_id.to_string(), amount }));
+        let held = || FleetHold { key_id: key_id.to_string(), amount };
+        if self.hold_locally(key_id, amount) {
+            return Ok(Ok(held()));
         }
-        // A stale lease is not spent: what it still covers is asked for again.
-        let covered = if fresh { local.free().max(0) } else { 0 };
+        // One lease request at a time on this node; the others keep holding from memory.
+        let _leasing = self.leasing.lock().await;
+        // Another request may have leased meanwhile. What a fresh lease still covers is set
+        // aside for this request; a stale lease is not spent, what it covers is asked again.
+        let covered = {
+            let mut state = self.lock_state();
+            let local = state.keys.entry(key_id.to_string()).or_default();
+            let fresh = local.fresh_until.is_some_and(|t| Instant::now() < t);
+            if fresh && local.free() >= amount && (amount > 0 || local.free() >= 0) {
+                local.held += amount;
+                return Ok(Ok(held()));
+            }
+            let covered = if fresh { local.free().max(0).min(amount) } else { 0 };
+            local.held += covered;
+            covered
+        };
         let short = amount - covered;
         let sent = Instant::now();
-        let (granted, total) = match self.lease_more(key_id, short).await? {
-            Ok(grant) => grant,
-            Err(free) => return Ok(Err(Insufficient { needed: amount, available: free.max(0).saturating_add(covered) })),
-        };
+        let leased = self.lease_more(key_id, short).await;
+        let mut state = self.lock_state();
         let local = state.keys.entry(key_id.to_string()).or_default();
+        let (granted, total) = match leased {
+            Ok(Ok(grant)) => grant,
+            Ok(Err(free)) => {
+                local.held -= covered;
+                return Ok(Err(Insufficient { needed: amount, available: free.max(0).saturating_add(covered) }));
+            }
+            Err(e) => {
+                local.held -= covered;
+                return Err(e);
+            }
+        };
         log::debug!("lease of {key_id}: +{granted} nano-USD, {total} now");
         local.exact = granted == short;
         local.lease = total;
         local.fresh_until = Some(sent + self.lease_for / 2);
-        local.held += amount;
-        Ok(Ok(FleetHold { key_id: key_id.to_string(), amount }))
+        local.held += short;
+        Ok(Ok(held()))
+    }
+
+    /// Hold `amount` from this node's fresh lease, in memory; false when it does not cover it.
+    fn hold_locally(&self, key_id: &str, amount: i64) -> bool {
+        let mut state = self.lock_state();
+        let Some(local) = state.keys.get_mut(key_id) else { return false };
+        let now = Instant::now();
+        local.last_used = Some(now);
+        let fresh = local.fresh_until.is_some_and(|t| now < t);
+        if fresh && local.free() >= amount && (amount > 0 || local.free() >= 0) {
+            local.held += amount;
+            return true;
+        }
+        false
+    }
+
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Lease at least `short` more of the key's money: a chunk if the key has room for many
@@ -210,7 +251,7 @@ impl FleetAccounts {
 
     /// A request ended: its hold is released and `cost` is owed (flushed by [`Self::flush`]).
     pub async fn settle(&self, hold: FleetHold, cost: i64) {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_state();
         let local = state.keys.entry(hold.key_id).or_default();
         local.held -= hold.amount;
         local.owed += cost;
@@ -264,7 +305,7 @@ impl FleetAccounts {
         self.pg.count(statements + 2);
         // A grant that committed after this booking has set a newer lease here already; this
         // write can only understate it until the next renewal (less is spent, never more).
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_state();
         for j in batch.iter().filter(|j| j.owed_here) {
             if let Some(local) = state.keys.get_mut(&j.record.key_id) {
                 local.owed -= j.record.cost_nanos;
@@ -295,7 +336,7 @@ impl FleetAccounts {
 
     /// What this node has settled and not yet booked, for `key_id`.
     pub async fn owed(&self, key_id: &str) -> i64 {
-        self.state.lock().await.keys.get(key_id).map_or(0, |l| l.owed)
+        self.lock_state().keys.get(key_id).map_or(0, |l| l.owed)
     }
 
     /// Give back what this node's lease of `key_id` does not need now (nothing held or owed
@@ -307,7 +348,7 @@ impl FleetAccounts {
         // reads it back).
         let _turn = self.maintenance.lock().await;
         let unused = {
-            let mut state = self.state.lock().await;
+            let mut state = self.lock_state();
             let Some(local) = state.keys.get_mut(key_id) else { return Ok(0) };
             let unused = local.free().max(0);
             local.lease -= unused;
@@ -332,7 +373,7 @@ impl FleetAccounts {
 
     /// Give back everything this node leased and does not hold (a graceful stop).
     pub async fn release_all(&self) -> Result<i64, PgError> {
-        let keys: Vec<String> = self.state.lock().await.keys.keys().cloned().collect();
+        let keys: Vec<String> = self.lock_state().keys.keys().cloned().collect();
         let mut back = 0;
         for key_id in keys {
             back += self.release_unused(&key_id).await?;
@@ -368,7 +409,7 @@ impl FleetAccounts {
         tx.commit().await?;
         self.pg.count(4);
         let mine: HashMap<String, i64> = mine.iter().map(|r| (r.get(0), r.get(1))).collect();
-        let mut state = self.state.lock().await;
+        let mut state = self.lock_state();
         for (key_id, local) in state.keys.iter_mut() {
             match mine.get(key_id) {
                 Some(amount) => {
@@ -395,7 +436,7 @@ impl FleetAccounts {
     pub async fn round(&self) -> Result<(), PgError> {
         self.renew().await?;
         let idle: Vec<String> = {
-            let state = self.state.lock().await;
+            let state = self.lock_state();
             let quiet = |l: &Local| l.last_used.is_none_or(|t| t.elapsed() >= self.lease_for / 2);
             state
                 .keys
