@@ -1,7 +1,8 @@
-//! The store. Today every node keeps its own: the sled database here (one file lock, opened
-//! once, trees by concern). [`postgres`] is the store a fleet of nodes will share (issue 24):
-//! its connection, schema, money, keys, usage records, video tasks and rate limits are built
-//! and tested, not yet wired into the gateway.
+//! The store. A single node keeps everything in the sled database here (one file lock, opened
+//! once, trees by concern). A node of a fleet (`store.postgres`) keeps keys, money, limits,
+//! usage records, response owners and video tasks in [`postgres`], shared by every node, and
+//! only its journal in sled; [`fleet`] puts the two together, and the ledger, key index, limits
+//! and video store each pick their backend from it. [`copy`] moves data between the two.
 //!
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
 //! Balances live in the ledger's tree, not in the key record.

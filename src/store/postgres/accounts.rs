@@ -49,7 +49,7 @@ struct Local {
     lease: i64,
     /// Held by requests in flight.
     held: i64,
-    /// Spent (settled) and not yet flushed to the database.
+    /// Spent (settled) and not yet booked into the database.
     owed: i64,
     /// Until when the lease may be spent locally (fencing).
     fresh_until: Option<Instant>,

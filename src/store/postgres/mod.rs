@@ -1,11 +1,10 @@
 //! PostgreSQL: the store a fleet of tollgate nodes shares (issue 24).
 //!
-//! What is here is the foundation, built and tested against a real server but not yet wired
-//! into the gateway (which keeps sled, `super`): the connection pool (TLS through rustls when
-//! the URL's `sslmode` asks for it; the system's web roots plus an optional CA file), the
-//! schema that tollgate creates and migrates itself — versioned migrations, each in its own
-//! transaction under an advisory lock so that nodes starting together migrate once, and a
-//! database newer than this binary refused —, and the fleet's money ([`accounts`]).
+//! Here: the connection pool (TLS through rustls when the URL's `sslmode` asks for it; the
+//! system's web roots plus an optional CA file), the schema that tollgate creates and migrates
+//! itself — versioned migrations under an advisory lock so that nodes starting together
+//! migrate once, and a database newer than this binary refused —, and the fleet's money
+//! ([`accounts`]), keys, records, rate limits and video tasks. `super::fleet` wires them in.
 
 pub mod accounts;
 pub mod copy;
