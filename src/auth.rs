@@ -241,7 +241,7 @@ impl KeyIndex {
         Ok(())
     }
 
-    /// Apply the configuration file's keys to the store ([`seed_changes`]), then reload the
+    /// Apply the configuration file's keys to the store (`seed_changes`), then reload the
     /// index. Used at start, on reload and after an upgrade.
     pub fn seed(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
         for rec in seed_changes(store.all_keys()?, seeds) {

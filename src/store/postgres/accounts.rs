@@ -86,7 +86,7 @@ pub struct Journaled {
 
 /// The largest lease is a chunk only while the key has room for this many holds of the size
 /// asked; below, leases are exactly the hold, so no money is stranded in fragments.
-const SPLIT_ROOM: i64 = 64;
+pub const SPLIT_ROOM: i64 = 64;
 
 /// Money held for one request; give it to [`FleetAccounts::settle`].
 #[derive(Debug)]
@@ -249,7 +249,7 @@ impl FleetAccounts {
         Ok(Ok((grant, total)))
     }
 
-    /// A request ended: its hold is released and `cost` is owed (flushed by [`Self::flush`]).
+    /// A request ended: its hold is released and `cost` is owed (booked with its record by [`Self::book`]).
     pub async fn settle(&self, hold: FleetHold, cost: i64) {
         let mut state = self.lock_state();
         let local = state.keys.entry(hold.key_id).or_default();
