@@ -514,7 +514,7 @@ impl Ledger {
         if let Some(f) = &self.fleet {
             return Ok(match f.fleet.accounts.hold(key_id, amount).await? {
                 Ok(_) => Ok(Hold { ledger: self.clone(), key_id: key_id.to_string(), amount, done: false }),
-                Err(short) => Err(Insufficient { available: short.available, needed: short.needed }),
+                Err(short) => Err(short),
             });
         }
         let mut map = self.accounts();
@@ -589,7 +589,7 @@ impl Ledger {
         let held = if check {
             match accounts.hold(&record.key_id, record.cost_nanos).await? {
                 Ok(hold) => hold.amount,
-                Err(short) => return Ok(Err(Insufficient { available: short.available, needed: short.needed })),
+                Err(short) => return Ok(Err(short)),
             }
         } else {
             release

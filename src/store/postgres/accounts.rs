@@ -36,6 +36,8 @@
 //! had in flight and in its journal then).
 
 use super::{Pg, PgError};
+/// A refusal: the key's money (free in the database plus this node's lease) does not cover it.
+pub use crate::ledger::Insufficient;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -64,14 +66,6 @@ impl Local {
     fn free(&self) -> i64 {
         self.lease - self.held - self.owed.max(0)
     }
-}
-
-/// A refusal: the key's money (free in the database plus this node's lease) does not cover it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Insufficient {
-    pub needed: i64,
-    /// What the database had free, plus this node's usable lease.
-    pub available: i64,
 }
 
 /// One usage record on its way from a node's journal to the database, where it debits its cost.
