@@ -152,8 +152,8 @@ async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime()
 async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let server = Postgres::start();
     let db = pg(&server).await;
-    assert_eq!(db.migrate().await.expect("again"), 7, "migrating twice changes nothing");
-    assert_eq!(db.version().await.expect("version"), 7);
+    assert_eq!(db.migrate().await.expect("again"), 8, "migrating twice changes nothing");
+    assert_eq!(db.version().await.expect("version"), 8);
     let client = db.client().await.expect("client");
     client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
     match db.migrate().await {
@@ -359,6 +359,53 @@ async fn every_nodes_records_count_on_every_node_and_a_retried_batch_counts_once
     assert_eq!(records.summary("k", 0, u64::MAX >> 1).await.expect("summary").0.requests, 13);
     assert_eq!(records.prune(1_008).await.expect("prune"), 8);
     assert_eq!(records.summary("k", 0, u64::MAX >> 1).await.expect("summary").0.requests, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_record_is_new_by_the_journals_mark_or_looked_up_when_below_it() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let node = FleetAccounts::new(db.clone(), "a", Duration::from_secs(30));
+    node.open_account("k", 100 * CENT).await.expect("open");
+    let all = journal(0, "k", &[1, 10, 100, 1_000, 10_000]);
+    let pick = |seqs: &[i64]| all.iter().filter(|j| seqs.contains(&j.seq)).cloned().collect::<Vec<_>>();
+    assert_eq!(node.book("a/j", &pick(&[0, 1, 3])).await.expect("book"), 3);
+    // Number 2 was drawn before 3 but reached the journal after 3 was booked: below the
+    // mark, yet new.
+    assert_eq!(node.book("a/j", &pick(&[2])).await.expect("late record"), 1);
+    // A batch sent again with one more record: only that one counts.
+    assert_eq!(node.book("a/j", &pick(&[0, 1, 2, 3, 4])).await.expect("retried batch"), 1);
+    assert_eq!(node.balance("k").await.expect("balance").0, 100 * CENT - 11_111, "each cost once");
+    let (total, _) = FleetRecords::new(db.clone()).summary("k", 0, u64::MAX >> 1).await.expect("summary");
+    assert_eq!(total.requests, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn records_booked_before_the_marks_existed_are_not_booked_again() {
+    let server = Postgres::start();
+    let db = Pg::new(&PgSettings { url: server.url(), pool_size: 4, ca_pem: None }).expect("pool");
+    assert_eq!(db.migrate_to(7).await.expect("migrate to 7"), 7);
+    let node = FleetAccounts::new(db.clone(), "a", Duration::from_secs(30));
+    node.open_account("k", 100 * CENT).await.expect("open");
+    // What version 7 left: records keyed by (journal, number) with their money debited.
+    let old = journal(0, "k", &[1, 10, 100, 1_000, 10_000]);
+    let client = db.client().await.expect("client");
+    for j in &old[..4] {
+        let text = serde_json::to_string(&j.record).expect("json");
+        client
+            .execute(
+                "INSERT INTO usage_records (node_id, seq, key_id, time_ms, record) VALUES ('a/j', $1, 'k', $2, $3)",
+                &[&j.seq, &(j.record.time_ms as i64), &text],
+            )
+            .await
+            .expect("insert");
+    }
+    client.execute("UPDATE accounts SET balance = balance - 1111 WHERE key_id = 'k'", &[]).await.expect("debit");
+    assert_eq!(db.migrate().await.expect("migrate"), 8);
+    // The node's journal still holds the first four (their reply was lost) and a fifth.
+    assert_eq!(node.book("a/j", &old).await.expect("book"), 1);
+    assert_eq!(node.balance("k").await.expect("balance").0, 100 * CENT - 11_111);
+    assert_eq!(FleetRecords::new(db.clone()).summary("k", 0, u64::MAX >> 1).await.expect("summary").0.requests, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

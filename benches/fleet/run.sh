@@ -18,7 +18,7 @@ UP=$(port); SL=$(port); PG=$(port); PGA=$(port); SLA=$(port); DB=$(port)
 as_pg() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 mkdir "$dir/pg"; [ "$(id -u)" = 0 ] && chown postgres:postgres "$dir/pg"
 as_pg "$pgbin/initdb" -D "$dir/pg/data" -U postgres -A trust --no-sync -E UTF8 >/dev/null
-as_pg "$pgbin/postgres" -D "$dir/pg/data" -p "$DB" -k "$dir/pg" -c listen_addresses=127.0.0.1 -c max_connections=100 >"$dir/pg.log" 2>&1 & ppg=$!
+as_pg "$pgbin/postgres" -D "$dir/pg/data" -p "$DB" -k "$dir/pg" -c listen_addresses=127.0.0.1 -c max_connections=100 >"$dir/pg.log" 2>&1 &
 for i in $(seq 1 100); do as_pg "$pgbin/pg_isready" -q -h 127.0.0.1 -p "$DB" && break; sleep 0.2; done
 as_pg "$pgbin/createdb" -h 127.0.0.1 -p "$DB" -U postgres tollgate
 sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" "$here/upstream.conf.tmpl" > "$dir/upstream.conf"
@@ -38,7 +38,7 @@ YAML
 }
 node sled "$SL" "$SLA" ""; psl=$!
 node postgres "$PG" "$PGA" "\"store\": {\"postgres\": {\"url\": \"postgres://postgres@127.0.0.1:$DB/tollgate\"}, \"node_id\": \"bench-1\"},"; ppn=$!
-cleanup() { kill $psl $ppn $pu 2>/dev/null; kill -INT $ppg 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
+cleanup() { kill $psl $ppn $pu 2>/dev/null; as_pg "$pgbin/pg_ctl" -D "$dir/pg/data" stop -m fast >/dev/null 2>&1; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 for p in $UP $SL $PG; do for i in $(seq 1 200); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done; done
 path=/v1/chat/completions

@@ -255,8 +255,8 @@ impl FleetAccounts {
     /// stored (with the owner of the response it created) and its cost debited from its key's
     /// balance, taken first out of this node's lease. A record already there (a batch retried
     /// after a lost reply) adds nothing, so no cost is ever debited twice; a cost above its hold
-    /// is debited all the same, which, and only which, takes a balance below zero. `journal` names the node's
-    /// journal (node id and journal incarnation) in `usage_records`.
+    /// is debited all the same, which, and only which, takes a balance below zero. `journal`
+    /// names the node's journal (node id and journal incarnation) in `usage_records`.
     pub async fn book(&self, journal: &str, batch: &[Journaled]) -> Result<usize, PgError> {
         if batch.is_empty() {
             return Ok(0);
@@ -265,9 +265,8 @@ impl FleetAccounts {
         let _turn = self.maintenance.lock().await;
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
-        let new = super::records::insert(&tx, journal, batch.iter().map(|j| (j.seq, &j.record))).await?;
+        let (new, mut statements) = super::records::insert(&tx, journal, batch.iter().map(|j| (j.seq, &j.record))).await?;
         let new: std::collections::HashSet<i64> = new.into_iter().collect();
-        let mut statements = 1;
         let mut spent: HashMap<&str, i64> = HashMap::new();
         for j in batch.iter().filter(|j| new.contains(&j.seq)) {
             *spent.entry(j.record.key_id.as_str()).or_default() += j.record.cost_nanos;

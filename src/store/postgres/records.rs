@@ -14,28 +14,72 @@ pub struct FleetRecords {
     pg: Pg,
 }
 
-/// Store `records` of journal `journal` (numbered by the journal); the numbers that were new.
+/// Store `records` of journal `journal` (numbered by the journal); the numbers that were new,
+/// and the statements sent.
+///
+/// The journal's mark is the highest number it has booked: a record numbered above it is new
+/// (a committed batch raises the mark past all its records). One at or below it was booked
+/// already — a batch sent again after its reply was lost — or, rarely, reached the journal
+/// after a higher-numbered one was booked (numbers are drawn before records are queued): those
+/// few are looked up one by one. The mark's row is locked until the transaction ends.
 pub(super) async fn insert<'a>(
     tx: &tokio_postgres::Transaction<'_>,
     journal: &str,
     records: impl Iterator<Item = (i64, &'a UsageRecord)>,
-) -> Result<Vec<i64>, PgError> {
+) -> Result<(Vec<i64>, u64), PgError> {
+    let records: Vec<(i64, &UsageRecord)> = records.collect();
+    let Some(highest) = records.iter().map(|(seq, _)| *seq).max() else { return Ok((Vec::new(), 0)) };
+    let mark: i64 = tx
+        .query_one(
+            "INSERT INTO journal_marks (node_id, booked_through) VALUES ($1, -1)
+             ON CONFLICT (node_id) DO UPDATE SET booked_through = journal_marks.booked_through RETURNING booked_through",
+            &[&journal],
+        )
+        .await?
+        .get(0);
+    let mut statements = 2;
+    let (maybe_booked, mut new): (Vec<_>, Vec<_>) = records.into_iter().partition(|(seq, _)| *seq <= mark);
+    if !maybe_booked.is_empty() {
+        let (mut seqs, mut keys, mut times) = (Vec::new(), Vec::new(), Vec::new());
+        for (seq, r) in &maybe_booked {
+            seqs.push(*seq);
+            keys.push(r.key_id.as_str());
+            times.push(time(r));
+        }
+        let booked: std::collections::HashSet<i64> = tx
+            .query(
+                "SELECT c.seq FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[]) AS c (seq, key_id, time_ms)
+                 WHERE EXISTS (SELECT 1 FROM usage_records u
+                               WHERE u.key_id = c.key_id AND u.time_ms = c.time_ms AND u.node_id = $1 AND u.seq = c.seq)",
+                &[&journal, &seqs, &keys, &times],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        statements += 1;
+        new.extend(maybe_booked.into_iter().filter(|(seq, _)| !booked.contains(seq)));
+    }
     let (mut seqs, mut keys, mut times, mut texts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (seq, r) in records {
-        seqs.push(seq);
-        keys.push(r.key_id.clone());
-        times.push(i64::try_from(r.time_ms).unwrap_or(i64::MAX));
+    for (seq, r) in &new {
+        seqs.push(*seq);
+        keys.push(r.key_id.as_str());
+        times.push(time(r));
         texts.push(serde_json::to_string(r).map_err(|e| PgError::Query(format!("usage record: {e}")))?);
     }
-    let rows = tx
-        .query(
-            "INSERT INTO usage_records (node_id, seq, key_id, time_ms, record)
-             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[])
-             ON CONFLICT (node_id, seq) DO NOTHING RETURNING seq",
-            &[&journal, &seqs, &keys, &times, &texts],
-        )
-        .await?;
-    Ok(rows.iter().map(|r| r.get(0)).collect())
+    tx.execute(
+        "WITH stored AS (
+             INSERT INTO usage_records (node_id, seq, key_id, time_ms, record)
+             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[]))
+         UPDATE journal_marks SET booked_through = GREATEST(booked_through, $6) WHERE node_id = $1",
+        &[&journal, &seqs, &keys, &times, &texts, &highest],
+    )
+    .await?;
+    Ok((seqs, statements))
+}
+
+fn time(r: &UsageRecord) -> i64 {
+    i64::try_from(r.time_ms).unwrap_or(i64::MAX)
 }
 
 /// Make the key of each record that created a stored response its owner; statements sent.
