@@ -372,7 +372,7 @@ impl Gateway {
         let cost = plan.routing.prices.cost(&plan.model, usage);
         plan.billed = Some((usage, cost, estimated));
         let input_total = usage.input_total();
-        self.limits.spend_tokens(&plan.key.id, input_total.saturating_add(usage.output)).await;
+        self.limits.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;
         let series = self.metrics.model(&plan.model);
         if estimated {
             series.estimated_bills.add(1);

@@ -40,8 +40,7 @@ pub struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         if let Some(fleet) = &self.limits.fleet {
-            let (fleet, key_id) = (fleet.clone(), std::mem::take(&mut self.key_id));
-            fleet.clone().spawn(async move { fleet.slots.exit(&key_id).await });
+            fleet.slots.exit(&self.key_id);
             return;
         }
         let mut map = self.limits.in_flight.lock().unwrap_or_else(|p| p.into_inner());
@@ -147,12 +146,15 @@ impl Limits {
         Ok(Some(Slot { limits: self.clone(), key_id: key.id.clone() }))
     }
 
-    /// Count the tokens a finished request used.
-    pub async fn spend_tokens(&self, key_id: &str, tokens: u64) {
-        if let Some(fleet) = &self.fleet {
-            return fleet.rates.spend_tokens(key_id, tokens).await;
+    /// Count the tokens a finished request of `key` used (only a key with a `tpm` counts them).
+    pub async fn spend_tokens(&self, key: &KeyRecord, tokens: u64) {
+        if key.tpm.is_none() {
+            return;
         }
-        self.tokens.observe(&key_id, isize::try_from(tokens).unwrap_or(isize::MAX));
+        if let Some(fleet) = &self.fleet {
+            return fleet.rates.spend_tokens(&key.id, tokens).await;
+        }
+        self.tokens.observe(&key.id.as_str(), isize::try_from(tokens).unwrap_or(isize::MAX));
     }
 }
 
@@ -208,9 +210,9 @@ mod tests {
         let limits = Limits::default();
         let k = key(None, Some(100));
         assert!(limits.admit(&k).await.is_ok());
-        limits.spend_tokens(&k.id, 60).await;
+        limits.spend_tokens(&k, 60).await;
         assert!(limits.admit(&k).await.is_ok());
-        limits.spend_tokens(&k.id, 40).await;
+        limits.spend_tokens(&k, 40).await;
         assert_eq!(limits.admit(&k).await.unwrap_err().status(), 429);
     }
 }

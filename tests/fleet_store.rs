@@ -547,7 +547,7 @@ async fn max_concurrent_holds_for_the_fleet_and_a_dead_nodes_slots_come_back() {
     let on_a = outcomes.iter().filter(|(n, ok)| *ok && *n == 0).count();
     for (n, ok) in &outcomes {
         if *ok && *n != 0 {
-            nodes[*n].exit("k").await;
+            nodes[*n].exit("k");
         }
     }
     // Once A's lease expired (and the others gave back their quiet slots), C has all five.
@@ -566,4 +566,60 @@ async fn max_concurrent_holds_for_the_fleet_and_a_dead_nodes_slots_come_back() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!c.enter("k", 5).await.expect("database"), "a sixth slot");
+}
+
+/// Issue 24, point 2 ("the per-request path must not wait for a database round trip"): a key
+/// served from this node's share is admitted while another key's lease request is stuck in the
+/// database (its rows locked by another session), for `rpm` and for `max_concurrent`; and a
+/// flush of token counts that is stuck holds up no admission either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_served_locally_never_waits_for_another_keys_statement() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let rates = Arc::new(FleetRates::new(pg(&server).await));
+    let slots = Arc::new(FleetSlots::new(pg(&server).await, "a", Duration::from_secs(30)));
+    // Shares for "fast" first (rpm 800: a share of 100; 800 slots: a lease of 100).
+    assert_eq!(rates.admit_request("fast", 800).await.expect("database"), Admission::Admitted);
+    assert!(slots.enter("fast", 800).await.expect("database"));
+    assert_eq!(rates.admit_tokens("fast", 1_000_000).await, Admission::Admitted);
+    rates.spend_tokens("fast", 10).await;
+    // Another session locks what a lease of "slow" and a flush of "fast" need.
+    let mut blocker = db.client().await.expect("client");
+    let tx = blocker.transaction().await.expect("begin");
+    let minute = db_minute(&db).await;
+    // This minute's windows and the next's, so that a minute boundary changes nothing.
+    tx.execute(
+        "INSERT INTO rate_windows (key_id, window_start) VALUES ('slow', $1), ('fast', $1), ('slow', $1 + 1), ('fast', $1 + 1)
+         ON CONFLICT DO NOTHING",
+        &[&minute],
+    )
+    .await
+    .expect("window");
+    tx.execute("SELECT pg_advisory_xact_lock(hashtext('slow'))", &[]).await.expect("lock");
+    let stuck_rate = tokio::spawn({
+        let rates = rates.clone();
+        async move { rates.admit_request("slow", 800).await }
+    });
+    let stuck_slot = tokio::spawn({
+        let slots = slots.clone();
+        async move { slots.enter("slow", 800).await }
+    });
+    let stuck_flush = tokio::spawn({
+        let rates = rates.clone();
+        async move { rates.flush().await }
+    });
+    let fast = async {
+        for _ in 0..50 {
+            assert_eq!(rates.admit_request("fast", 800).await.expect("database"), Admission::Admitted);
+            assert!(slots.enter("fast", 800).await.expect("database"));
+            assert_eq!(rates.admit_tokens("fast", 1_000_000).await, Admission::Admitted);
+            rates.spend_tokens("fast", 10).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), fast).await.expect("a local admission waited for another key's statement");
+    assert!(!stuck_rate.is_finished() && !stuck_slot.is_finished() && !stuck_flush.is_finished(), "the blocker holds them");
+    tx.rollback().await.expect("rollback");
+    assert_eq!(stuck_rate.await.expect("task").expect("database"), Admission::Admitted);
+    assert!(stuck_slot.await.expect("task").expect("database"));
+    stuck_flush.await.expect("task").expect("flush");
 }

@@ -39,6 +39,9 @@ struct Window {
     /// The fleet's tokens in it as last read, and this node's spend not yet written.
     fleet_tokens: i64,
     unflushed_tokens: i64,
+    /// The key has a `tpm` here: its tokens are flushed every sync while it is in use.
+    counts_tokens: bool,
+    last_used: Option<Instant>,
 }
 
 impl Window {
@@ -49,24 +52,68 @@ impl Window {
     fn secs_left(&self) -> u64 {
         self.ends.map_or(1, |t| t.saturating_duration_since(Instant::now()).as_secs().max(1))
     }
+
+    /// Take what the database says window `number` is (ending in `secs_left` from `sent`);
+    /// an older window than the one known here changes nothing.
+    fn at(&mut self, number: i64, sent: Instant, secs_left: f64) -> bool {
+        if number < self.number {
+            return false;
+        }
+        if number != self.number {
+            *self = Window {
+                number,
+                counts_tokens: self.counts_tokens,
+                last_used: self.last_used,
+                unflushed_tokens: self.unflushed_tokens,
+                ..Window::default()
+            };
+        }
+        self.ends = Some(sent + Duration::from_secs_f64(secs_left.clamp(0.0, 60.0)));
+        true
+    }
 }
 
+/// A key quiet on this node for this long is forgotten (its windows have ended).
+const FORGET_AFTER: Duration = Duration::from_secs(120);
+
+/// The fleet's request and token counts per key, as this node sees them. The counts are
+/// behind a std mutex held only for memory work: no request waits for a database statement
+/// it does not need itself. Lease requests for `rpm` go one at a time.
 pub struct FleetRates {
     pg: Pg,
-    windows: tokio::sync::Mutex<HashMap<String, Window>>,
+    windows: std::sync::Mutex<HashMap<String, Window>>,
+    leasing: tokio::sync::Mutex<()>,
 }
 
 impl FleetRates {
     pub fn new(pg: Pg) -> Self {
-        FleetRates { pg, windows: tokio::sync::Mutex::new(HashMap::new()) }
+        FleetRates { pg, windows: std::sync::Mutex::new(HashMap::new()), leasing: tokio::sync::Mutex::new(()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Window>> {
+        self.windows.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Admit from this node's share of the current window, if it has one left.
+    fn admit_locally(&self, key_id: &str) -> bool {
+        let mut windows = self.lock();
+        let Some(w) = windows.get_mut(key_id) else { return false };
+        w.last_used = Some(Instant::now());
+        if w.current() && w.admitted < w.granted {
+            w.admitted += 1;
+            return true;
+        }
+        false
     }
 
     /// Count one request of `key_id` against `rpm` for the fleet.
     pub async fn admit_request(&self, key_id: &str, rpm: u32) -> Result<Admission, PgError> {
-        let mut windows = self.windows.lock().await;
-        let w = windows.entry(key_id.to_string()).or_default();
-        if w.current() && w.admitted < w.granted {
-            w.admitted += 1;
+        if self.admit_locally(key_id) {
+            return Ok(Admission::Admitted);
+        }
+        let _leasing = self.leasing.lock().await;
+        // Another request may have leased meanwhile.
+        if self.admit_locally(key_id) {
             return Ok(Admission::Admitted);
         }
         let sent = Instant::now();
@@ -92,10 +139,13 @@ impl FleetRates {
         }
         tx.commit().await?;
         self.pg.count(5);
-        if w.number != number {
-            *w = Window { number, ..Window::default() };
+        let mut windows = self.lock();
+        let w = windows.entry(key_id.to_string()).or_default();
+        w.last_used = Some(Instant::now());
+        if !w.at(number, sent, secs_left) {
+            // The database is in a later window than this grant's already: the grant is unused.
+            return Ok(Admission::Refused { retry_after_secs: 1 });
         }
-        w.ends = Some(sent + Duration::from_secs_f64(secs_left.clamp(0.0, 60.0)));
         w.granted += grant;
         if w.admitted < w.granted {
             w.admitted += 1;
@@ -108,32 +158,54 @@ impl FleetRates {
     /// Whether `key_id` may make another request under `tpm` (the fleet's spend as last read
     /// plus this node's unflushed spend).
     pub async fn admit_tokens(&self, key_id: &str, tpm: u64) -> Admission {
-        let windows = self.windows.lock().await;
-        match windows.get(key_id) {
-            Some(w) if w.current() && (w.fleet_tokens + w.unflushed_tokens).max(0) as u64 >= tpm => {
-                Admission::Refused { retry_after_secs: w.secs_left() }
-            }
-            _ => Admission::Admitted,
+        let mut windows = self.lock();
+        let w = windows.entry(key_id.to_string()).or_default();
+        w.counts_tokens = true;
+        w.last_used = Some(Instant::now());
+        if w.current() && (w.fleet_tokens + w.unflushed_tokens).max(0) as u64 >= tpm {
+            return Admission::Refused { retry_after_secs: w.secs_left() };
         }
+        Admission::Admitted
     }
 
-    /// Tokens a request of `key_id` used.
+    /// Tokens a request of `key_id` (a key with a `tpm`) used.
     pub async fn spend_tokens(&self, key_id: &str, tokens: u64) {
-        let mut windows = self.windows.lock().await;
+        let mut windows = self.lock();
         let w = windows.entry(key_id.to_string()).or_default();
+        w.counts_tokens = true;
+        w.last_used = Some(Instant::now());
         w.unflushed_tokens = w.unflushed_tokens.saturating_add(i64::try_from(tokens).unwrap_or(i64::MAX));
     }
 
-    /// Add this node's token spend to the fleet's windows and read their totals back.
+    /// Add this node's token spend to the fleet's windows and read their totals back, for the
+    /// keys with a `tpm` in use here; forget keys quiet for [`FORGET_AFTER`]. The spend is
+    /// taken out of the counts before the statements and put back if they fail.
     pub async fn flush(&self) -> Result<(), PgError> {
-        let mut windows = self.windows.lock().await;
-        let keys: Vec<String> = windows.keys().cloned().collect();
-        if keys.is_empty() {
+        let pending: Vec<(String, i64)> = {
+            let mut windows = self.lock();
+            windows.retain(|_, w| w.unflushed_tokens != 0 || w.last_used.is_some_and(|t| t.elapsed() < FORGET_AFTER));
+            windows
+                .iter_mut()
+                .filter(|(_, w)| w.counts_tokens)
+                .map(|(key_id, w)| (key_id.clone(), std::mem::take(&mut w.unflushed_tokens)))
+                .collect()
+        };
+        if pending.is_empty() {
             return Ok(());
         }
+        let mut rest = pending.iter();
+        let result = self.write_tokens(&mut rest).await;
+        // What was not written goes back into the counts.
+        let mut windows = self.lock();
+        for (key_id, tokens) in rest {
+            windows.entry(key_id.clone()).or_default().unflushed_tokens += tokens;
+        }
+        result
+    }
+
+    async fn write_tokens(&self, pending: &mut std::slice::Iter<'_, (String, i64)>) -> Result<(), PgError> {
         let client = self.pg.client().await?;
-        for key_id in keys {
-            let Some(w) = windows.get_mut(&key_id) else { continue };
+        for (key_id, tokens) in pending.as_slice() {
             let sent = Instant::now();
             let row = client
                 .query_one(
@@ -141,17 +213,17 @@ impl FleetRates {
                      VALUES ($1, floor(extract(epoch FROM now()) / 60)::BIGINT, $2)
                      ON CONFLICT (key_id, window_start) DO UPDATE SET tokens = rate_windows.tokens + EXCLUDED.tokens
                      RETURNING window_start, tokens, 60 - (extract(epoch FROM now())::numeric % 60)::float8",
-                    &[&key_id, &w.unflushed_tokens],
+                    &[key_id, tokens],
                 )
                 .await?;
+            pending.next();
             self.pg.count(1);
-            let (number, tokens, secs_left): (i64, i64, f64) = (row.get(0), row.get(1), row.get(2));
-            if w.number != number {
-                *w = Window { number, ..Window::default() };
+            let (number, fleet, secs_left): (i64, i64, f64) = (row.get(0), row.get(1), row.get(2));
+            let mut windows = self.lock();
+            let w = windows.entry(key_id.clone()).or_default();
+            if w.at(number, sent, secs_left) {
+                w.fleet_tokens = fleet;
             }
-            w.ends = Some(sent + Duration::from_secs_f64(secs_left.clamp(0.0, 60.0)));
-            w.fleet_tokens = tokens;
-            w.unflushed_tokens = 0;
         }
         Ok(())
     }
@@ -169,7 +241,11 @@ pub struct FleetSlots {
     pg: Pg,
     node: String,
     lease_for: Duration,
-    keys: tokio::sync::Mutex<HashMap<String, SlotLease>>,
+    /// This node's slots, locked only for memory work.
+    keys: std::sync::Mutex<HashMap<String, SlotLease>>,
+    /// Lease requests and renewals one at a time, so their local updates apply in the order
+    /// their statements ran.
+    leasing: tokio::sync::Mutex<()>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -180,19 +256,46 @@ struct SlotLease {
     last_used: Option<Instant>,
 }
 
+impl SlotLease {
+    fn take(&mut self) -> bool {
+        let fresh = self.fresh_until.is_some_and(|t| Instant::now() < t);
+        if fresh && self.in_flight < self.granted {
+            self.in_flight += 1;
+            return true;
+        }
+        false
+    }
+}
+
 impl FleetSlots {
     pub fn new(pg: Pg, node: &str, lease_for: Duration) -> Self {
-        FleetSlots { pg, node: node.to_string(), lease_for, keys: tokio::sync::Mutex::new(HashMap::new()) }
+        FleetSlots {
+            pg,
+            node: node.to_string(),
+            lease_for,
+            keys: std::sync::Mutex::new(HashMap::new()),
+            leasing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, SlotLease>> {
+        self.keys.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take_locally(&self, key_id: &str) -> bool {
+        let mut keys = self.lock();
+        let lease = keys.entry(key_id.to_string()).or_default();
+        lease.last_used = Some(Instant::now());
+        lease.take()
     }
 
     /// Take a slot of `key_id` under `max` for the fleet; false when all are taken.
     pub async fn enter(&self, key_id: &str, max: u32) -> Result<bool, PgError> {
-        let mut keys = self.keys.lock().await;
-        let lease = keys.entry(key_id.to_string()).or_default();
-        lease.last_used = Some(Instant::now());
-        let fresh = lease.fresh_until.is_some_and(|t| Instant::now() < t);
-        if fresh && lease.in_flight < lease.granted {
-            lease.in_flight += 1;
+        if self.take_locally(key_id) {
+            return Ok(true);
+        }
+        let _leasing = self.leasing.lock().await;
+        if self.take_locally(key_id) {
             return Ok(true);
         }
         let sent = Instant::now();
@@ -207,8 +310,9 @@ impl FleetSlots {
             )
             .await?
             .get(0);
-        // A stale lease of this node counts only for what is in flight on it.
-        let mine = lease.in_flight;
+        // A stale lease of this node counts only for what is in flight on it; slots that
+        // come free meanwhile are not counted here, so the lease written is never too small.
+        let mine = self.lock().get(key_id).map_or(0, |l| l.in_flight);
         let free = i64::from(max) - others - mine;
         let grant = if free > 0 { (free / 8).max(1) } else { 0 };
         tx.execute(
@@ -219,43 +323,53 @@ impl FleetSlots {
         .await?;
         tx.commit().await?;
         self.pg.count(4);
+        let mut keys = self.lock();
+        let lease = keys.entry(key_id.to_string()).or_default();
         lease.granted = mine + grant;
         lease.fresh_until = Some(sent + self.lease_for / 2);
-        if lease.in_flight < lease.granted {
-            lease.in_flight += 1;
-            return Ok(true);
-        }
-        Ok(false)
+        Ok(lease.take())
     }
 
     /// A request of `key_id` that [`Self::enter`] admitted ended.
-    pub async fn exit(&self, key_id: &str) {
-        let mut keys = self.keys.lock().await;
-        if let Some(lease) = keys.get_mut(key_id) {
+    pub fn exit(&self, key_id: &str) {
+        if let Some(lease) = self.lock().get_mut(key_id) {
             lease.in_flight = (lease.in_flight - 1).max(0);
         }
     }
 
     /// Renew this node's slot leases to what it needs now: what is in flight, plus the
-    /// unused slots of keys used within half a lease (quieter keys give theirs back).
+    /// unused slots of keys used within half a lease (quieter keys give theirs back). The
+    /// local grant is cut to what is renewed before the statement, so no request takes a slot
+    /// the database is about to lose.
     pub async fn renew(&self) -> Result<(), PgError> {
+        let _leasing = self.leasing.lock().await;
         let sent = Instant::now();
         let lease_ms = self.lease_for.as_millis() as f64;
-        let mut keys = self.keys.lock().await;
+        let renewals: Vec<(String, i64)> = {
+            let mut keys = self.lock();
+            keys.retain(|_, l| l.in_flight > 0 || l.granted > 0 || l.last_used.is_some_and(|t| t.elapsed() < self.lease_for));
+            keys.iter_mut()
+                .map(|(key_id, lease)| {
+                    let quiet = lease.last_used.is_none_or(|t| t.elapsed() >= self.lease_for / 2);
+                    let keep = if quiet { lease.in_flight } else { lease.granted.max(lease.in_flight) };
+                    lease.granted = keep;
+                    (key_id.clone(), keep)
+                })
+                .collect()
+        };
         let client = self.pg.client().await?;
-        for (key_id, lease) in keys.iter_mut() {
-            let quiet = lease.last_used.is_none_or(|t| t.elapsed() >= self.lease_for / 2);
-            let keep = if quiet { lease.in_flight } else { lease.granted.max(lease.in_flight) };
+        for (key_id, keep) in &renewals {
             client
                 .execute(
                     "UPDATE concurrency_leases SET slots = $3, expires_at = now() + $4 * interval '1 millisecond'
                      WHERE key_id = $1 AND node_id = $2",
-                    &[key_id, &self.node, &keep, &lease_ms],
+                    &[key_id, &self.node, keep, &lease_ms],
                 )
                 .await?;
             self.pg.count(1);
-            lease.granted = keep;
-            lease.fresh_until = Some(sent + self.lease_for / 2);
+            if let Some(lease) = self.lock().get_mut(key_id) {
+                lease.fresh_until = Some(sent + self.lease_for / 2);
+            }
         }
         client.execute("DELETE FROM concurrency_leases WHERE expires_at < now() - interval '1 hour'", &[]).await?;
         self.pg.count(1);
