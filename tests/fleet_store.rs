@@ -623,3 +623,56 @@ async fn a_key_served_locally_never_waits_for_another_keys_statement() {
     assert!(stuck_slot.await.expect("task").expect("database"));
     stuck_flush.await.expect("task").expect("flush");
 }
+
+/// Issue 24, point 2: a steady key's lease is refilled ahead of need, off the request path —
+/// its holds keep being served from memory while the database is busy (the key's row locked by
+/// another session), beyond the first chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lease_running_low_is_refilled_in_the_background_and_holds_never_wait() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let node = Arc::new(FleetAccounts::new(db.clone(), "a", Duration::from_secs(30)));
+    let mut refills = node.take_refills().expect("the refill queue");
+    node.open_account("k", 100 * 100 * CENT).await.expect("open"); // $100: chunks of $1
+                                                                   // The first hold leases a chunk of $1 (100 cents); holds up to half of it ask no refill.
+    for _ in 0..50 {
+        let hold = node.hold("k", CENT).await.expect("database").expect("covered");
+        node.settle(hold, CENT).await;
+    }
+    assert!(refills.try_recv().is_err(), "half the chunk is still free");
+    let hold = node.hold("k", CENT).await.expect("database").expect("covered");
+    node.settle(hold, CENT).await;
+    assert_eq!(refills.try_recv().expect("below half a chunk: a refill is asked for"), "k");
+    // Another session holds the key's row: the refill waits, the holds do not.
+    let mut blocker = db.client().await.expect("client");
+    let tx = blocker.transaction().await.expect("begin");
+    tx.execute("SELECT 1 FROM accounts WHERE key_id = 'k' FOR UPDATE", &[]).await.expect("lock");
+    let refill = tokio::spawn({
+        let node = node.clone();
+        async move { node.refill("k").await }
+    });
+    let rest_of_chunk = async {
+        for _ in 0..49 {
+            let hold = node.hold("k", CENT).await.expect("database").expect("covered");
+            node.settle(hold, CENT).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), rest_of_chunk).await.expect("a hold waited for the database");
+    assert!(!refill.is_finished(), "the blocker holds the refill");
+    tx.rollback().await.expect("rollback");
+    refill.await.expect("task").expect("refill");
+    // The refill took a second chunk: another 90 holds from memory, the row locked again.
+    let tx = blocker.transaction().await.expect("begin");
+    tx.execute("SELECT 1 FROM accounts WHERE key_id = 'k' FOR UPDATE", &[]).await.expect("lock");
+    let next_chunk = async {
+        for _ in 0..90 {
+            let hold = node.hold("k", CENT).await.expect("database").expect("covered");
+            node.settle(hold, CENT).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), next_chunk).await.expect("the refilled chunk was not there");
+    tx.rollback().await.expect("rollback");
+    let (balance, leased) = node.balance("k").await.expect("balance");
+    assert_eq!(balance, 100 * 100 * CENT, "nothing booked yet");
+    assert!(leased <= 3 * 100 * CENT / 2 + 100 * CENT, "{leased}: at most the chunks taken");
+}

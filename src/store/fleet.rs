@@ -209,9 +209,9 @@ pub fn check(conf: &FleetConfig) -> Result<i32, PgError> {
 }
 
 /// Start the node's loops on the store's runtime: the key index follows the database
-/// (notifications and the change log), and every `store.sync_ms` a sync round books the
-/// journal, renews leases and flushes counters. They run until the process ends; a stop books
-/// the journal itself (`Ledger::commit_now`).
+/// (notifications and the change log), leases running low are refilled, and every
+/// `store.sync_ms` a sync round books the journal, renews leases and flushes counters. They
+/// run until the process ends; a stop books the journal itself (`Ledger::commit_now`).
 pub fn start(fleet: &Arc<Fleet>, ledger: Arc<crate::ledger::Ledger>, keys: Arc<crate::auth::KeyIndex>) {
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let follower = fleet.clone();
@@ -220,6 +220,16 @@ pub fn start(fleet: &Arc<Fleet>, ledger: Arc<crate::ledger::Ledger>, keys: Arc<c
         let _stop_tx = stop_tx;
         follower.keys.follow(stop).await;
     });
+    if let Some(mut refills) = fleet.accounts.take_refills() {
+        let refiller = fleet.clone();
+        fleet.spawn(async move {
+            while let Some(key_id) = refills.recv().await {
+                if let Err(e) = refiller.accounts.refill(&key_id).await {
+                    log::debug!("store: refill of {key_id} failed (its requests lease themselves): {e}");
+                }
+            }
+        });
+    }
     let every = fleet.sync;
     fleet.spawn(async move {
         // The index is the one authentication reads; it is refreshed by the follower.

@@ -11,7 +11,10 @@
 //!   is free, at most [`LEASE_CHUNK`], never less than the hold — while the key has room for
 //!   [`SPLIT_ROOM`] such holds, and for exactly the hold below that: a small key goes through
 //!   the database per request, exactly, and what is left of its lease goes back at the next
-//!   sync (so no money is stranded in fragments on several nodes);
+//!   sync (so no money is stranded in fragments on several nodes). Once less than half of its
+//!   last chunk is free, the next chunk is **refilled** in the background
+//!   ([`FleetAccounts::refill`]), so a steady key's requests do not wait for the database;
+
 //! * **settles** locally (the hold released, the cost added to what it owes) and writes the
 //!   usage record to its journal; the journal is **booked** in batches ([`FleetAccounts::book`]):
 //!   one transaction stores the records and debits their costs from the balances and this
@@ -27,9 +30,10 @@
 //!   clock. A node that cannot reach the database therefore stops spending its leases well
 //!   before the database can hand their money to others: money returned is never spent twice.
 //!
-//! Bounds: money stranded by a dead node is at most its leases, for at most `lease_secs`; a
-//! request refused while money sits in other nodes' leases sees at most the sum of their
-//! unspent leases (each at most an eighth of what was free when taken, and at most
+//! Bounds: money stranded by a dead node is at most its leases, for at most `lease_secs` (a
+//! node's lease of one key is at most one and a half chunks: a refill is asked for below half a
+//! chunk); a request refused while money sits in other nodes' leases sees at most the sum of
+//! their unspent leases (each chunk at most an eighth of what was free when taken, and at most
 //! [`LEASE_CHUNK`], and only while the key still had room for [`SPLIT_ROOM`] holds); overdraft
 //! comes only from costs above their holds, and from what a node spent but had not booked when
 //! its lease expired (the database was out of its reach for over half a lease: at most what it
@@ -60,6 +64,22 @@ struct Local {
     exact: bool,
     /// The last hold made against this key here.
     last_used: Option<Instant>,
+    /// The last chunk leased (0 after an exact lease): once less than half of it is free, a
+    /// refill is asked for in the background.
+    chunk: i64,
+    /// The size of the hold that took the last lease: a refill asks for room for it.
+    hold_size: i64,
+    /// A refill is asked for or under way.
+    refilling: bool,
+}
+
+/// What a hold from memory found.
+#[derive(Debug, PartialEq, Eq)]
+enum LocalHold {
+    Held,
+    /// Held, and less than half the last chunk is free now: a refill should be asked for.
+    HeldRunningLow,
+    NotCovered,
 }
 
 impl Local {
@@ -90,6 +110,9 @@ pub struct FleetHold {
     pub amount: i64,
 }
 
+/// Keys waiting for a refill at most (more are refilled when a request needs it).
+const REFILL_QUEUE: usize = 1024;
+
 /// One node's view of the fleet's accounts.
 pub struct FleetAccounts {
     pg: Pg,
@@ -99,6 +122,9 @@ pub struct FleetAccounts {
     state: std::sync::Mutex<State>,
     /// Lease requests one at a time.
     leasing: tokio::sync::Mutex<()>,
+    /// Keys whose lease runs low, for the refiller (see [`FleetAccounts::take_refills`]).
+    refills: tokio::sync::mpsc::Sender<String>,
+    refills_rx: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<String>>>,
     /// Bookings, renewals and give-backs one at a time, so that their local updates (made
     /// after their transactions, without holding up requests) apply in commit order. Grants
     /// run beside them: a grant's local lease is the newest when written, and an older value
@@ -114,7 +140,10 @@ impl FleetAccounts {
     /// `node` must differ between nodes; `lease_for` is `store.lease_secs`.
     pub fn new(pg: Pg, node: &str, lease_for: Duration) -> Self {
         let state = State { keys: HashMap::new() };
+        let (refills, refills_rx) = tokio::sync::mpsc::channel(REFILL_QUEUE);
         FleetAccounts {
+            refills,
+            refills_rx: std::sync::Mutex::new(Some(refills_rx)),
             pg,
             node: node.to_string(),
             lease_for,
@@ -147,8 +176,13 @@ impl FleetAccounts {
     pub async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<FleetHold, Insufficient>, PgError> {
         let amount = amount.max(0);
         let held = || FleetHold { key_id: key_id.to_string(), amount };
-        if self.hold_locally(key_id, amount) {
-            return Ok(Ok(held()));
+        match self.hold_locally(key_id, amount) {
+            LocalHold::Held => return Ok(Ok(held())),
+            LocalHold::HeldRunningLow => {
+                self.ask_refill(key_id);
+                return Ok(Ok(held()));
+            }
+            LocalHold::NotCovered => {}
         }
         // One lease request at a time on this node; the others keep holding from memory.
         let _leasing = self.leasing.lock().await;
@@ -168,7 +202,7 @@ impl FleetAccounts {
         };
         let short = amount - covered;
         let sent = Instant::now();
-        let leased = self.lease_more(key_id, short).await;
+        let leased = self.lease_more(key_id, short, false).await;
         let mut state = self.lock_state();
         let local = state.keys.entry(key_id.to_string()).or_default();
         let (granted, total) = match leased {
@@ -184,24 +218,75 @@ impl FleetAccounts {
         };
         log::debug!("lease of {key_id}: +{granted} nano-USD, {total} now");
         local.exact = granted == short;
+        local.chunk = if local.exact { 0 } else { granted };
+        local.hold_size = amount;
         local.lease = total;
         local.fresh_until = Some(sent + self.lease_for / 2);
         local.held += short;
         Ok(Ok(held()))
     }
 
-    /// Hold `amount` from this node's fresh lease, in memory; false when it does not cover it.
-    fn hold_locally(&self, key_id: &str, amount: i64) -> bool {
+    /// Hold `amount` from this node's fresh lease, in memory.
+    fn hold_locally(&self, key_id: &str, amount: i64) -> LocalHold {
         let mut state = self.lock_state();
-        let Some(local) = state.keys.get_mut(key_id) else { return false };
+        let Some(local) = state.keys.get_mut(key_id) else { return LocalHold::NotCovered };
         let now = Instant::now();
         local.last_used = Some(now);
         let fresh = local.fresh_until.is_some_and(|t| now < t);
         if fresh && local.free() >= amount && (amount > 0 || local.free() >= 0) {
             local.held += amount;
-            return true;
+            if local.chunk > 0 && !local.refilling && local.free() < local.chunk / 2 {
+                local.refilling = true;
+                return LocalHold::HeldRunningLow;
+            }
+            return LocalHold::Held;
         }
-        false
+        LocalHold::NotCovered
+    }
+
+    /// Queue `key_id` for the refiller; when the queue is full (or nobody refills), the next
+    /// request that finds the lease short leases itself.
+    fn ask_refill(&self, key_id: &str) {
+        if self.refills.try_send(key_id.to_string()).is_err() {
+            if let Some(local) = self.lock_state().keys.get_mut(key_id) {
+                local.refilling = false;
+            }
+        }
+    }
+
+    /// The keys whose lease runs low, to give to [`Self::refill`] one by one (once: the
+    /// fleet's refiller takes it at start).
+    pub fn take_refills(&self) -> Option<tokio::sync::mpsc::Receiver<String>> {
+        self.refills_rx.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+
+    /// Lease another chunk of `key_id` ahead of need, off the request path, while less than
+    /// half of the last chunk is free; what the key can spare decides as for a request's
+    /// lease. A key too small to split is not refilled (its requests lease exactly).
+    pub async fn refill(&self, key_id: &str) -> Result<(), PgError> {
+        let _leasing = self.leasing.lock().await;
+        let low = |l: &Local| l.fresh_until.is_some_and(|t| Instant::now() < t) && l.chunk > 0 && l.free() < l.chunk / 2;
+        let size = {
+            let mut state = self.lock_state();
+            let Some(local) = state.keys.get_mut(key_id) else { return Ok(()) };
+            if !low(local) {
+                local.refilling = false;
+                return Ok(());
+            }
+            local.hold_size.max(1)
+        };
+        let sent = Instant::now();
+        let leased = self.lease_more(key_id, size, true).await;
+        let mut state = self.lock_state();
+        let local = state.keys.entry(key_id.to_string()).or_default();
+        local.refilling = false;
+        if let Ok((granted, total)) = leased? {
+            log::debug!("refill of {key_id}: +{granted} nano-USD, {total} now");
+            local.chunk = granted;
+            local.lease = total;
+            local.fresh_until = Some(sent + self.lease_for / 2);
+        }
+        Ok(())
     }
 
     fn lock_state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -209,9 +294,10 @@ impl FleetAccounts {
     }
 
     /// Lease at least `short` more of the key's money: a chunk if the key has room for many
-    /// such holds, else exactly `short`; (granted, the lease's new total). Err(what is free)
-    /// when `balance − leased` is below `short` (or the balance is negative).
-    async fn lease_more(&self, key_id: &str, short: i64) -> Result<Result<(i64, i64), i64>, PgError> {
+    /// such holds, else exactly `short` (with `chunk_only`, nothing); (granted, the lease's new
+    /// total). Err(what is free) when `balance − leased` is below `short` (or the balance is
+    /// negative).
+    async fn lease_more(&self, key_id: &str, short: i64, chunk_only: bool) -> Result<Result<(i64, i64), i64>, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
         let row = tx.query_opt("SELECT balance, leased FROM accounts WHERE key_id = $1 FOR UPDATE", &[&key_id]).await?;
@@ -226,6 +312,10 @@ impl FleetAccounts {
             return Ok(Err(free));
         }
         let roomy = short > 0 && free / SPLIT_ROOM >= short;
+        if chunk_only && !roomy {
+            self.pg.count(1);
+            return Ok(Err(free));
+        }
         let grant = if roomy { (free / 8).min(LEASE_CHUNK).max(short) } else { short.max(0) };
         let lease_ms = i64::try_from(self.lease_for.as_millis()).unwrap_or(i64::MAX);
         tx.execute("UPDATE accounts SET leased = leased + $2 WHERE key_id = $1", &[&key_id, &grant]).await?;
