@@ -45,7 +45,18 @@ path=/v1/chat/completions
 run() { wrk -t"$1" -c"$2" -d"${dur}s" -s "$here/post.lua" "http://127.0.0.1:$3$path" 2>/dev/null | grep RESULT; }
 xacts() { as_pg "$pgbin/psql" -h 127.0.0.1 -p "$DB" -U postgres -tAc "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'tollgate'"; }
 metric() { curl -s -H "Authorization: Bearer perf-admin-token-000000000001" "http://127.0.0.1:$PGA/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+psql_() { as_pg "$pgbin/psql" -h 127.0.0.1 -p "$DB" -U postgres -qtA tollgate "$@"; }
+# The control row "sled+db": the sled node at c=1 while the database beside it stores as many
+# usage records per second (same text, same indexes) as the postgres node booked at c=1. On one
+# machine the database's work competes with the node for the cores and the disk; this row shows
+# how much of the postgres node's added p99 is that, not the node's request path.
+db_load() { # rows per second, seconds
+  for i in $(seq 1 "$2"); do
+    echo "INSERT INTO bench_load SELECT 'load', g, 'k', g, (SELECT record FROM usage_records LIMIT 1) FROM generate_series(1, $1) g; SELECT pg_sleep(1);"
+  done | psql_ >/dev/null 2>&1
+}
 for p in $UP $SL $PG; do run 1 4 "$p" >/dev/null; done
+psql_ -c "CREATE TABLE bench_load (LIKE usage_records INCLUDING INDEXES)"
 declare -A RPS P99
 xact_rate=""
 for round in 1 2; do
@@ -57,19 +68,26 @@ for round in 1 2; do
     l=$(run 1 1 "$p")
     RPS[$n]="${RPS[$n]:-} $(echo "$r" | sed -E 's/.*rps=([0-9.]+).*/\1/')"
     P99[$n]="${P99[$n]:-} $(echo "$l" | sed -E 's/.*p99_us=([0-9]+).*/\1/')"
-    [ "$n" = postgres ] && xact_rate="$xact_rate $(( (x1 - x0) / dur ))"
+    [ "$n" = postgres ] && xact_rate="$xact_rate $(( (x1 - x0) / dur ))" && c1_rate=$(echo "$l" | sed -E 's/.*rps=([0-9]+).*/\1/')
   done
+  db_load "$c1_rate" $((dur + 2)) & loader=$!
+  l=$(run 1 1 "$SL")
+  kill $loader 2>/dev/null; wait $loader 2>/dev/null
+  P99[control]="${P99[control]:-} $(echo "$l" | sed -E 's/.*p99_us=([0-9]+).*/\1/')"
 done
 best() { echo $1 | tr ' ' '\n' | sort -g | tail -1; }
 low() { echo $1 | tr ' ' '\n' | sort -g | head -1; }
 printf "%-9s %12s %10s\n" target "rps(c=64)" "p99us(c=1)"
 for n in direct sled postgres; do printf "%-9s %12s %10s\n" $n "$(best "${RPS[$n]}")" "$(low "${P99[$n]}")"; done
+printf "%-9s %12s %10s\n" sled+db - "$(low "${P99[control]}")"
 python3 - "$(best "${RPS[sled]}")" "$(best "${RPS[postgres]}")" "$(low "${P99[sled]}")" "$(low "${P99[postgres]}")" "$(low "${P99[direct]}")" \
-  "$(metric tollgate_store_statements_per_request)" "$(metric tollgate_store_statements_total)" "$(best "$xact_rate")" <<'PY'
+  "$(metric tollgate_store_statements_per_request)" "$(metric tollgate_store_statements_total)" "$(best "$xact_rate")" "$(low "${P99[control]}")" <<'PY'
 import sys
 s, p, s99, p99, d99 = (float(x) for x in sys.argv[1:6])
 per_request, statements, xact_rate = float(sys.argv[6] or 0), float(sys.argv[7] or 0), float(sys.argv[8] or 0)
-added_s, added_p = max(s99 - d99, 1.0), max(p99 - d99, 1.0)
+c99 = float(sys.argv[9] or 0)
+added_s, added_p, added_c = max(s99 - d99, 1.0), max(p99 - d99, 1.0), max(c99 - d99, 1.0)
 print("postgres/sled throughput=%.2f added_p99 postgres=%dus sled=%dus ratio=%.2f" % (p / s, added_p, added_s, added_p / added_s))
+print("added_p99 sled with the same database load beside it=%dus; postgres/that=%.2f" % (added_c, added_p / added_c))
 print("statements per relayed request=%.5f (total %d); PostgreSQL transactions/s at %.0f req/s: %.1f" % (per_request, statements, p, xact_rate))
 PY
