@@ -1,8 +1,10 @@
 //! Usage records from every node in one table, so that `/v1/usage` on any node counts them
 //! all. A node writes its records to its local journal first (sled, group commit) and books
 //! them in batches with their money ([`super::accounts::FleetAccounts::book`]), in one
-//! multi-row statement; `(node_id, seq)` — the journal's id and the record's number in it — is
-//! the key, so a batch retried after a lost reply adds nothing twice. The owners of stored
+//! multi-row statement. A record is identified by `(node_id, seq)` — the journal's id and the
+//! record's number in it — and each journal's mark (the highest number booked, table
+//! `journal_marks`) tells new records from those of a batch retried after a lost reply, which
+//! add nothing twice (see [`insert`]). The owners of stored
 //! responses are booked with the records that created them. Totals are counted by the
 //! ledger's own rule ([`crate::ledger::Totals::add`]).
 
