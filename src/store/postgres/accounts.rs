@@ -18,8 +18,9 @@
 //! * **settles** locally (the hold released, the cost added to what it owes) and writes the
 //!   usage record to its journal; the journal is **booked** in batches ([`FleetAccounts::book`]):
 //!   one transaction stores the records and debits their costs from the balances and this
-//!   node's leases. A record is known by its journal and number (and the journal's mark), so a batch retried after a
-//!   lost reply debits nothing twice, and money and records can never disagree. A cost above
+//!   node's leases. A record is known by its journal and number (and the journal's mark), so
+//!   a batch retried after a lost reply debits nothing twice, and money and records can never
+//!   disagree. A cost above
 //!   its hold (the upstream counted more than the estimate) is debited all the same: that, and
 //!   only that, takes a balance below zero;
 //! * **renews** its leases (and, while at it, reclaims every node's expired ones: their money

@@ -178,7 +178,7 @@ impl FleetRates {
     }
 
     /// Add this node's token spend to the fleet's windows and read their totals back, for the
-    /// keys with a `tpm` in use here; forget keys quiet for [`FORGET_AFTER`]. The spend is
+    /// keys with a `tpm` in use here; forget keys quiet for two minutes. The spend is
     /// taken out of the counts before the statements and put back if they fail.
     pub async fn flush(&self) -> Result<(), PgError> {
         let pending: Vec<(String, i64)> = {

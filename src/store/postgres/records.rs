@@ -4,7 +4,7 @@
 //! multi-row statement. A record is identified by `(node_id, seq)` — the journal's id and the
 //! record's number in it — and each journal's mark (the highest number booked, table
 //! `journal_marks`) tells new records from those of a batch retried after a lost reply, which
-//! add nothing twice (see [`insert`]). The owners of stored
+//! add nothing twice (see `insert`). The owners of stored
 //! responses are booked with the records that created them. Totals are counted by the
 //! ledger's own rule ([`crate::ledger::Totals::add`]).
 
