@@ -3,6 +3,8 @@
 # load generator (wrk): throughput at c=64 and added p99 at c=1 (over going direct), best of two
 # rounds; then what the shared database carries: statements per relayed request (tollgate's own
 # counter) and the server's transactions per second at the measured rate (pg_stat_database).
+# A control row runs the sled node with the same database load beside it (see db_load). The
+# upstream and the request are the relay bench's (benches/relay).
 # Usage, from the repository root: bash benches/fleet/run.sh  (PERF_SECONDS=8 by default).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,7 +23,7 @@ as_pg "$pgbin/initdb" -D "$dir/pg/data" -U postgres -A trust --no-sync -E UTF8 >
 as_pg "$pgbin/postgres" -D "$dir/pg/data" -p "$DB" -k "$dir/pg" -c listen_addresses=127.0.0.1 -c max_connections=100 >"$dir/pg.log" 2>&1 &
 for i in $(seq 1 100); do as_pg "$pgbin/pg_isready" -q -h 127.0.0.1 -p "$DB" && break; sleep 0.2; done
 as_pg "$pgbin/createdb" -h 127.0.0.1 -p "$DB" -U postgres tollgate
-sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" "$here/upstream.conf.tmpl" > "$dir/upstream.conf"
+sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" "$here/../relay/upstream.conf.tmpl" > "$dir/upstream.conf"
 nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & pu=$!
 node() { # name listen admin store
   cat > "$dir/$1.yaml" <<YAML
@@ -42,7 +44,7 @@ cleanup() { kill $psl $ppn $pu 2>/dev/null; as_pg "$pgbin/pg_ctl" -D "$dir/pg/da
 trap cleanup EXIT
 for p in $UP $SL $PG; do for i in $(seq 1 200); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done; done
 path=/v1/chat/completions
-run() { wrk -t"$1" -c"$2" -d"${dur}s" -s "$here/post.lua" "http://127.0.0.1:$3$path" 2>/dev/null | grep RESULT; }
+run() { wrk -t"$1" -c"$2" -d"${dur}s" -s "$here/../relay/post.lua" "http://127.0.0.1:$3$path" 2>/dev/null | grep RESULT; }
 xacts() { as_pg "$pgbin/psql" -h 127.0.0.1 -p "$DB" -U postgres -tAc "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = 'tollgate'"; }
 metric() { curl -s -H "Authorization: Bearer perf-admin-token-000000000001" "http://127.0.0.1:$PGA/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
 psql_() { as_pg "$pgbin/psql" -h 127.0.0.1 -p "$DB" -U postgres -qtA tollgate "$@"; }

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The relay's own overhead, seen by an external load generator (issue 25). wrk (2 threads, so the
+# generator gets one core's worth of the machine's two) POSTs a small chat completion at c=64 and
+# c=1, then a 256 KiB body with "model" last at c=16, to an nginx upstream that answers a fixed
+# completion with usage (it costs almost nothing: going direct is several times any proxy). In
+# one run, best of two rounds:
+#   direct     the upstream itself
+#   nginx      nginx as a plain reverse proxy (2 workers, upstream keepalive)
+#   bare       a Pingora proxy with no logic (bare/, same Pingora version, 2 threads): the ceiling
+#   tollgate   2 threads, default commit mode, RUST_LOG=warn
+#   tg-sync    the same with billing.sync_commit: true (every record on disk before its answer)
+# Prints the table, then tollgate's and tg-sync's ratios to bare (throughput) and added p99 at c=1
+# (over direct) against bare's. `../shared/perf/run.sh`, the team's reference, measures the same.
+# Usage, from the repository root: bash benches/relay/run.sh  (PERF_SECONDS=8 by default).
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+dur="${PERF_SECONDS:-8}"
+command -v nginx >/dev/null && command -v wrk >/dev/null && command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y nginx wrk cmake; } >/dev/null 2>&1
+cargo build --release --bin tollgate >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
+bare_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-perf-bare-target"
+bare="$bare_dir/release/bare-pingora"
+CARGO_TARGET_DIR="$bare_dir" cargo build --release --manifest-path "$here/bare/Cargo.toml" >/dev/null 2>&1 || { echo "bare Pingora build failed"; exit 1; }
+bin="$PWD/target/release/tollgate"
+dir="$(mktemp -d -t tollgate-relay-perf.XXXX)"
+port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+UP=$(port); PX=$(port); BP=$(port); GW=$(port); GA=$(port); GS=$(port); GSA=$(port)
+for t in upstream proxy; do sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" -e "s#__PX__#$PX#g" "$here/$t.conf.tmpl" > "$dir/$t.conf"; done
+pids=""
+nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & pids="$pids $!"
+nginx -p "$dir" -c "$dir/proxy.conf" -g 'daemon off;' & pids="$pids $!"
+"$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2 >"$dir/bare.log" 2>&1 & pids="$pids $!"
+gateway() { # name listen admin billing
+  cat > "$dir/$1.yaml" <<YAML
+{"pingora": {"threads": 2, "pid_file": "$dir/$1.pid", "upgrade_sock": "$dir/$1.sock"},
+ "listen": "127.0.0.1:$2", "data_dir": "$dir/$1-data",
+ "admin": {"listen": "127.0.0.1:$3", "token": "perf-admin-token-000000000001"},
+ "providers": [{"name": "up", "protocol": "openai", "base_url": "http://127.0.0.1:$UP", "api_key": "up-openai-key", "models": ["alpha-5.5"]}],
+ "groups": {"default": {"platforms": ["openai", "anthropic", "gemini"]}},
+ "prices": {"alpha-5.5": {"input": 1.0, "output": 2.0}},
+ "billing": $4,
+ "keys": [{"key": "sk-bench-0000000000000000000001", "name": "bench", "group": "default", "balance": 1000000000.0}]}
+YAML
+  RUST_LOG=warn "$bin" -c "$dir/$1.yaml" >"$dir/$1.log" 2>&1 & pids="$pids $!"
+}
+gateway tollgate "$GW" "$GA" '{}'
+gateway tg-sync "$GS" "$GSA" '{"sync_commit": true}'
+cleanup() { kill $pids 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+targets="direct:$UP nginx:$PX bare:$BP tollgate:$GW tg-sync:$GS"
+for t in $targets; do p=${t#*:}; for i in $(seq 1 200); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done; done
+path=/v1/chat/completions
+run() { wrk -t"$1" -c"$2" -d"${dur}s" -s "$here/$4" "http://127.0.0.1:$3$path" 2>/dev/null | grep RESULT; }
+field() { sed -E "s/.*$1=([0-9.]+).*/\\1/"; }
+declare -A RPS P50 P99 LRPS ERR
+for t in $targets; do run 1 4 "${t#*:}" post.lua >/dev/null; done   # warm-up
+for round in 1 2; do
+  for t in $targets; do
+    n=${t%%:*}; p=${t#*:}
+    r=$(run 2 64 "$p" post.lua); l=$(run 1 1 "$p" post.lua); g=$(run 2 16 "$p" post-large.lua)
+    RPS[$n]="${RPS[$n]:-} $(echo "$r" | field rps)"
+    P50[$n]="${P50[$n]:-} $(echo "$l" | field p50_us)"
+    P99[$n]="${P99[$n]:-} $(echo "$l" | field p99_us)"
+    LRPS[$n]="${LRPS[$n]:-} $(echo "$g" | field rps)"
+    ERR[$n]="${ERR[$n]:-} $(echo "$r $g" | grep -oE 'errors=[0-9]+ non2xx=[0-9]+' | tr '\n' ' ')"
+  done
+done
+best() { echo $1 | tr ' ' '\n' | sort -g | tail -1; }
+low() { echo $1 | tr ' ' '\n' | sort -g | head -1; }
+printf "%-9s %12s %11s %11s %17s\n" target "rps c=64" "p50 us c=1" "p99 us c=1" "256 KiB rps c=16"
+for t in $targets; do n=${t%%:*}; printf "%-9s %12s %11s %11s %17s\n" $n "$(best "${RPS[$n]}")" "$(low "${P50[$n]}")" "$(low "${P99[$n]}")" "$(best "${LRPS[$n]}")"; done
+for n in tollgate tg-sync; do
+  python3 - "$n" "$(best "${RPS[$n]}")" "$(best "${RPS[bare]}")" "$(best "${LRPS[$n]}")" "$(best "${LRPS[bare]}")" "$(low "${P99[$n]}")" "$(low "${P99[bare]}")" "$(low "${P99[direct]}")" "${ERR[$n]}" <<'PY'
+import sys
+n = sys.argv[1]
+t, b, lt, lb, t99, b99, d99 = (float(x) for x in sys.argv[2:9])
+added_t, added_b = max(t99 - d99, 1.0), max(b99 - d99, 1.0)
+errors = sum(int(x.split("=")[1]) for x in sys.argv[9].split() if "=" in x)
+print("%s/bare throughput=%.2f 256KiB=%.2f added_p99 %s=%dus bare=%dus ratio=%.2f errors+non2xx=%d"
+      % (n, t / b, lt / lb, n, added_t, added_b, added_t / added_b, errors))
+PY
+done
