@@ -10,7 +10,9 @@
 #   tollgate   2 threads, default commit mode, RUST_LOG=warn
 #   tg-sync    the same with billing.sync_commit: true (every record on disk before its answer)
 # Prints the table, then tollgate's and tg-sync's ratios to bare (throughput) and added p99 at c=1
-# (over direct) against bare's. `../shared/perf/run.sh`, the team's reference, measures the same.
+# (over direct) against bare's. The proxies' CPU time (user + system, all threads, from /proc) and
+# context switches per request at c=64 show small changes that throughput's noise hides.
+# PERF_OTHER_BIN=path/to/another/tollgate adds it as target "other" (a change against HEAD's build). `../shared/perf/run.sh`, the team's reference, measures the same.
 # Usage, from the repository root: bash benches/relay/run.sh  (PERF_SECONDS=8 by default).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -44,19 +46,41 @@ YAML
 }
 gateway tollgate "$GW" "$GA" '{}'
 gateway tg-sync "$GS" "$GSA" '{"sync_commit": true}'
+declare -A PID
+PID[bare]=$(echo $pids | awk '{print $3}')
+PID[tollgate]=$(echo $pids | awk '{print $4}')
+PID[tg-sync]=$(echo $pids | awk '{print $5}')
+targets="direct:$UP nginx:$PX bare:$BP tollgate:$GW tg-sync:$GS"
+if [ -n "${PERF_OTHER_BIN:-}" ]; then
+  GO=$(port); GOA=$(port)
+  bin="$PERF_OTHER_BIN" gateway other "$GO" "$GOA" '{}'
+  PID[other]=$(echo $pids | awk '{print $6}')
+  targets="$targets other:$GO"
+fi
+# CPU ticks (user + system, all threads) and context switches (all threads) of a process.
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s + 0}'; }
+hz=$(getconf CLK_TCK)
 cleanup() { kill $pids 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
-targets="direct:$UP nginx:$PX bare:$BP tollgate:$GW tg-sync:$GS"
 for t in $targets; do p=${t#*:}; for i in $(seq 1 200); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done; done
 path=/v1/chat/completions
 run() { wrk -t"$1" -c"$2" -d"${dur}s" -s "$here/$4" "http://127.0.0.1:$3$path" 2>/dev/null | grep RESULT; }
 field() { sed -E "s/.*$1=([0-9.]+).*/\\1/"; }
-declare -A RPS P50 P99 LRPS ERR
+declare -A RPS P50 P99 LRPS ERR CPU CSW
 for t in $targets; do run 1 4 "${t#*:}" post.lua >/dev/null; done   # warm-up
 for round in 1 2; do
   for t in $targets; do
     n=${t%%:*}; p=${t#*:}
-    r=$(run 2 64 "$p" post.lua); l=$(run 1 1 "$p" post.lua); g=$(run 2 16 "$p" post-large.lua)
+    pid=${PID[$n]:-}
+    [ -n "$pid" ] && { c0=$(ticks "$pid"); s0=$(switches "$pid"); }
+    r=$(run 2 64 "$p" post.lua)
+    if [ -n "$pid" ]; then
+      c1=$(ticks "$pid"); s1=$(switches "$pid"); reqs=$(echo "$r" | field rps | awk -v d="$dur" '{print $1 * d}')
+      CPU[$n]="${CPU[$n]:-} $(awk -v a="$c0" -v b="$c1" -v n="$reqs" -v hz="$hz" 'BEGIN {printf "%.1f", (b - a) / hz * 1e6 / n}')"
+      CSW[$n]="${CSW[$n]:-} $(awk -v a="$s0" -v b="$s1" -v n="$reqs" 'BEGIN {printf "%.2f", (b - a) / n}')"
+    fi
+    l=$(run 1 1 "$p" post.lua); g=$(run 2 16 "$p" post-large.lua)
     RPS[$n]="${RPS[$n]:-} $(echo "$r" | field rps)"
     P50[$n]="${P50[$n]:-} $(echo "$l" | field p50_us)"
     P99[$n]="${P99[$n]:-} $(echo "$l" | field p99_us)"
@@ -66,9 +90,12 @@ for round in 1 2; do
 done
 best() { echo $1 | tr ' ' '\n' | sort -g | tail -1; }
 low() { echo $1 | tr ' ' '\n' | sort -g | head -1; }
-printf "%-9s %12s %11s %11s %17s\n" target "rps c=64" "p50 us c=1" "p99 us c=1" "256 KiB rps c=16"
-for t in $targets; do n=${t%%:*}; printf "%-9s %12s %11s %11s %17s\n" $n "$(best "${RPS[$n]}")" "$(low "${P50[$n]}")" "$(low "${P99[$n]}")" "$(best "${LRPS[$n]}")"; done
-for n in tollgate tg-sync; do
+printf "%-9s %12s %11s %11s %17s %14s %13s\n" target "rps c=64" "p50 us c=1" "p99 us c=1" "256 KiB rps c=16" "cpu us/req" "switches/req"
+for t in $targets; do
+  n=${t%%:*}
+  printf "%-9s %12s %11s %11s %17s %14s %13s\n" $n "$(best "${RPS[$n]}")" "$(low "${P50[$n]}")" "$(low "${P99[$n]}")" "$(best "${LRPS[$n]}")" "$(low "${CPU[$n]:--}")" "$(low "${CSW[$n]:--}")"
+done
+for n in tollgate tg-sync ${PERF_OTHER_BIN:+other}; do
   python3 - "$n" "$(best "${RPS[$n]}")" "$(best "${RPS[bare]}")" "$(best "${LRPS[$n]}")" "$(best "${LRPS[bare]}")" "$(low "${P99[$n]}")" "$(low "${P99[bare]}")" "$(low "${P99[direct]}")" "${ERR[$n]}" <<'PY'
 import sys
 n = sys.argv[1]
