@@ -583,18 +583,26 @@ async fn a_key_served_locally_never_waits_for_another_keys_statement() {
     assert!(slots.enter("fast", 800).await.expect("database"));
     assert_eq!(rates.admit_tokens("fast", 1_000_000).await, Admission::Admitted);
     rates.spend_tokens("fast", 10).await;
+    // "capped" (tpm 100) knows its window after one flush, then spends over its limit.
+    assert_eq!(rates.admit_tokens("capped", 100).await, Admission::Admitted);
+    rates.spend_tokens("capped", 10).await;
+    rates.flush().await.expect("flush");
+    rates.spend_tokens("capped", 200).await;
     // Another session locks what a lease of "slow" and a flush of "fast" need.
     let mut blocker = db.client().await.expect("client");
     let tx = blocker.transaction().await.expect("begin");
     let minute = db_minute(&db).await;
-    // This minute's windows and the next's, so that a minute boundary changes nothing.
+    // This minute's windows and the next's, so that a minute boundary changes nothing: those
+    // not there yet are inserted, those there already (flushed above) locked.
     tx.execute(
-        "INSERT INTO rate_windows (key_id, window_start) VALUES ('slow', $1), ('fast', $1), ('slow', $1 + 1), ('fast', $1 + 1)
+        "INSERT INTO rate_windows (key_id, window_start)
+         VALUES ('slow', $1), ('fast', $1), ('capped', $1), ('slow', $1 + 1), ('fast', $1 + 1), ('capped', $1 + 1)
          ON CONFLICT DO NOTHING",
         &[&minute],
     )
     .await
     .expect("window");
+    tx.execute("SELECT 1 FROM rate_windows WHERE key_id IN ('slow', 'fast', 'capped') FOR UPDATE", &[]).await.expect("lock rows");
     tx.execute("SELECT pg_advisory_xact_lock(hashtext('slow'))", &[]).await.expect("lock");
     let stuck_rate = tokio::spawn({
         let rates = rates.clone();
@@ -617,6 +625,28 @@ async fn a_key_served_locally_never_waits_for_another_keys_statement() {
         }
     };
     tokio::time::timeout(Duration::from_secs(10), fast).await.expect("a local admission waited for another key's statement");
+    // While the flush is under way (its statement waits for the blocker's lock), the spend
+    // it carries still counts here.
+    let monitor = db.client().await.expect("client");
+    let waiting = async {
+        loop {
+            let n: i64 = monitor
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE wait_event_type = 'Lock' AND query LIKE 'INSERT INTO rate_windows (key_id, window_start, tokens)%'",
+                    &[],
+                )
+                .await
+                .expect("activity")
+                .get(0);
+            if n > 0 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), waiting).await.expect("the flush never reached the database");
+    assert!(matches!(rates.admit_tokens("capped", 100).await, Admission::Refused { .. }), "a flush in flight hid this node's own spend");
     assert!(!stuck_rate.is_finished() && !stuck_slot.is_finished() && !stuck_flush.is_finished(), "the blocker holds them");
     tx.rollback().await.expect("rollback");
     assert_eq!(stuck_rate.await.expect("task").expect("database"), Admission::Admitted);

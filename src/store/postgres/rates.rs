@@ -39,6 +39,8 @@ struct Window {
     /// The fleet's tokens in it as last read, and this node's spend not yet written.
     fleet_tokens: i64,
     unflushed_tokens: i64,
+    /// This node's spend on its way to the database in a flush under way: still counted here.
+    flushing_tokens: i64,
     /// The key has a `tpm` here: its tokens are flushed every sync while it is in use.
     counts_tokens: bool,
     last_used: Option<Instant>,
@@ -65,6 +67,7 @@ impl Window {
                 counts_tokens: self.counts_tokens,
                 last_used: self.last_used,
                 unflushed_tokens: self.unflushed_tokens,
+                flushing_tokens: self.flushing_tokens,
                 ..Window::default()
             };
         }
@@ -162,7 +165,7 @@ impl FleetRates {
         let w = windows.entry(key_id.to_string()).or_default();
         w.counts_tokens = true;
         w.last_used = Some(Instant::now());
-        if w.current() && (w.fleet_tokens + w.unflushed_tokens).max(0) as u64 >= tpm {
+        if w.current() && (w.fleet_tokens + w.flushing_tokens + w.unflushed_tokens).max(0) as u64 >= tpm {
             return Admission::Refused { retry_after_secs: w.secs_left() };
         }
         Admission::Admitted
@@ -178,16 +181,23 @@ impl FleetRates {
     }
 
     /// Add this node's token spend to the fleet's windows and read their totals back, for the
-    /// keys with a `tpm` in use here; forget keys quiet for two minutes. The spend is
-    /// taken out of the counts before the statements and put back if they fail.
+    /// keys with a `tpm` in use here; forget keys quiet for two minutes. The spend is moved
+    /// from unflushed to flushing before the statements (admission counts both), and back if
+    /// they fail.
     pub async fn flush(&self) -> Result<(), PgError> {
         let pending: Vec<(String, i64)> = {
             let mut windows = self.lock();
-            windows.retain(|_, w| w.unflushed_tokens != 0 || w.last_used.is_some_and(|t| t.elapsed() < FORGET_AFTER));
+            windows.retain(|_, w| {
+                w.unflushed_tokens != 0 || w.flushing_tokens != 0 || w.last_used.is_some_and(|t| t.elapsed() < FORGET_AFTER)
+            });
             windows
                 .iter_mut()
                 .filter(|(_, w)| w.counts_tokens)
-                .map(|(key_id, w)| (key_id.clone(), std::mem::take(&mut w.unflushed_tokens)))
+                .map(|(key_id, w)| {
+                    let tokens = std::mem::take(&mut w.unflushed_tokens);
+                    w.flushing_tokens += tokens;
+                    (key_id.clone(), tokens)
+                })
                 .collect()
         };
         if pending.is_empty() {
@@ -198,7 +208,9 @@ impl FleetRates {
         // What was not written goes back into the counts.
         let mut windows = self.lock();
         for (key_id, tokens) in rest {
-            windows.entry(key_id.clone()).or_default().unflushed_tokens += tokens;
+            let w = windows.entry(key_id.clone()).or_default();
+            w.flushing_tokens -= tokens;
+            w.unflushed_tokens += tokens;
         }
         result
     }
@@ -221,6 +233,7 @@ impl FleetRates {
             let (number, fleet, secs_left): (i64, i64, f64) = (row.get(0), row.get(1), row.get(2));
             let mut windows = self.lock();
             let w = windows.entry(key_id.clone()).or_default();
+            w.flushing_tokens -= tokens;
             if w.at(number, sent, secs_left) {
                 w.fleet_tokens = fleet;
             }
