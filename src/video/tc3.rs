@@ -1,5 +1,6 @@
 //! Tencent Cloud API 3.0 request signing (TC3-HMAC-SHA256). Pure.
 
+use crate::auth::hex;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 
@@ -30,10 +31,6 @@ fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
     };
     mac.update(data);
     mac.finalize().into_bytes().to_vec()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// UTC date (YYYY-MM-DD) of a unix timestamp.

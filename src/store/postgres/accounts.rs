@@ -60,13 +60,11 @@ struct Local {
     owed: i64,
     /// Until when the lease may be spent locally (fencing).
     fresh_until: Option<Instant>,
-    /// The last lease was exactly the hold (the key is too small to split): what is left of
-    /// it goes back at the next sync instead of waiting for the key to go quiet.
-    exact: bool,
     /// The last hold made against this key here.
     last_used: Option<Instant>,
-    /// The last chunk leased (0 after an exact lease): once less than half of it is free, a
-    /// refill is asked for in the background.
+    /// The last chunk leased, 0 after an exact lease (the key is too small to split: what is
+    /// left of it goes back at the next sync instead of waiting for the key to go quiet). Once
+    /// less than half of a chunk is free, a refill is asked for in the background.
     chunk: i64,
     /// The size of the hold that took the last lease: a refill asks for room for it.
     hold_size: i64,
@@ -218,8 +216,7 @@ impl FleetAccounts {
             }
         };
         log::debug!("lease of {key_id}: +{granted} nano-USD, {total} now");
-        local.exact = granted == short;
-        local.chunk = if local.exact { 0 } else { granted };
+        local.chunk = if granted == short { 0 } else { granted };
         local.hold_size = amount;
         local.lease = total;
         local.fresh_until = Some(sent + self.lease_for / 2);
@@ -525,7 +522,7 @@ impl FleetAccounts {
             state
                 .keys
                 .iter()
-                .filter(|(_, l)| l.held == 0 && l.owed <= 0 && l.lease > 0 && (l.exact || quiet(l)))
+                .filter(|(_, l)| l.held == 0 && l.owed <= 0 && l.lease > 0 && (l.chunk == 0 || quiet(l)))
                 .map(|(k, _)| k.clone())
                 .collect()
         };

@@ -203,11 +203,11 @@ impl FleetRates {
         if pending.is_empty() {
             return Ok(());
         }
-        let mut rest = pending.iter();
-        let result = self.write_tokens(&mut rest).await;
-        // What was not written goes back into the counts.
+        let mut written = 0;
+        let result = self.write_tokens(&pending, &mut written).await;
+        // What was not written goes back from flushing to unflushed.
         let mut windows = self.lock();
-        for (key_id, tokens) in rest {
+        for (key_id, tokens) in &pending[written..] {
             let w = windows.entry(key_id.clone()).or_default();
             w.flushing_tokens -= tokens;
             w.unflushed_tokens += tokens;
@@ -215,9 +215,10 @@ impl FleetRates {
         result
     }
 
-    async fn write_tokens(&self, pending: &mut std::slice::Iter<'_, (String, i64)>) -> Result<(), PgError> {
+    /// Write `pending` in order, counting in `written` those the database took.
+    async fn write_tokens(&self, pending: &[(String, i64)], written: &mut usize) -> Result<(), PgError> {
         let client = self.pg.client().await?;
-        for (key_id, tokens) in pending.as_slice() {
+        for (key_id, tokens) in pending {
             let sent = Instant::now();
             let row = client
                 .query_one(
@@ -228,7 +229,7 @@ impl FleetRates {
                     &[key_id, tokens],
                 )
                 .await?;
-            pending.next();
+            *written += 1;
             self.pg.count(1);
             let (number, fleet, secs_left): (i64, i64, f64) = (row.get(0), row.get(1), row.get(2));
             let mut windows = self.lock();
