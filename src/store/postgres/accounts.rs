@@ -125,9 +125,12 @@ pub struct FleetAccounts {
     refills: tokio::sync::mpsc::Sender<String>,
     refills_rx: std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<String>>>,
     /// Bookings, renewals and give-backs one at a time, so that their local updates (made
-    /// after their transactions, without holding up requests) apply in commit order. Grants
-    /// run beside them: a grant's local lease is the newest when written, and an older value
-    /// written after it only understates the lease until the next renewal.
+    /// after their transactions, without holding up requests) apply in commit order. A grant
+    /// writes the lease the database returned (after a stale spell, what the database still
+    /// has is all there is); a booking subtracts what it took, so a grant written meanwhile is
+    /// at most understated by that. A renewal writes every lease whole and takes `leasing` too,
+    /// so no grant falls between its read and its write (a grant lost that way left the lease
+    /// at 0 here: a false 503 in an outage).
     maintenance: tokio::sync::Mutex<()>,
 }
 
@@ -360,7 +363,7 @@ impl FleetAccounts {
             *spent.entry(j.record.key_id.as_str()).or_default() += j.record.cost_nanos;
         }
         statements += super::records::insert_owners(&tx, batch.iter().filter(|j| new.contains(&j.seq)).map(|j| &j.record)).await?;
-        let mut lease_left: HashMap<&str, i64> = HashMap::new();
+        let mut from_leases: HashMap<&str, i64> = HashMap::new();
         for (key_id, amount) in &spent {
             let lease: Option<i64> = tx
                 .query_opt("SELECT amount FROM leases WHERE key_id = $1 AND node_id = $2 FOR UPDATE", &[key_id, &self.node])
@@ -378,23 +381,23 @@ impl FleetAccounts {
                     .await?;
                 statements += 1;
             }
-            if let Some(lease) = lease {
-                lease_left.insert(key_id, lease - from_lease);
+            if lease.is_some() {
+                from_leases.insert(key_id, from_lease);
             }
         }
         tx.commit().await?;
         self.pg.count(statements + 2);
-        // A grant that committed after this booking has set a newer lease here already; this
-        // write can only understate it until the next renewal (less is spent, never more).
+        // What came out of this node's lease is subtracted: a grant written here meanwhile
+        // (the database's newer total) is understated by at most that until the next renewal.
         let mut state = self.lock_state();
         for j in batch.iter().filter(|j| j.owed_here) {
             if let Some(local) = state.keys.get_mut(&j.record.key_id) {
                 local.owed -= j.record.cost_nanos;
             }
         }
-        for (key_id, left) in lease_left {
+        for (key_id, from_lease) in from_leases {
             if let Some(local) = state.keys.get_mut(key_id) {
-                local.lease = left;
+                local.lease -= from_lease;
             }
         }
         Ok(new.len())
@@ -467,6 +470,9 @@ impl FleetAccounts {
     /// expire (this node was fenced) is gone here too. Returns the money reclaimed.
     pub async fn renew(&self) -> Result<i64, PgError> {
         let _turn = self.maintenance.lock().await;
+        // No grant between this renewal's read of the leases and its writing them here: the
+        // values it writes are absolute, a grant's are added.
+        let _leasing = self.leasing.lock().await;
         let sent = Instant::now();
         let lease_ms = i64::try_from(self.lease_for.as_millis()).unwrap_or(i64::MAX) as f64;
         let mut client = self.pg.client().await?;
