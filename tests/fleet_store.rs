@@ -706,3 +706,20 @@ async fn a_lease_running_low_is_refilled_in_the_background_and_holds_never_wait(
     assert_eq!(balance, 100 * 100 * CENT, "nothing booked yet");
     assert!(leased <= 3 * 100 * CENT / 2 + 100 * CENT, "{leased}: at most the chunks taken");
 }
+
+/// A key whose only hold so far took its lease is in use: the next sync round keeps its lease
+/// (a round gives back only the leases of keys quiet for half a lease), so the node can go on
+/// serving it from memory — through an outage, too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_just_leased_keeps_its_lease_through_the_next_round() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let node = FleetAccounts::new(db.clone(), "a", Duration::from_secs(30));
+    node.open_account("k", 100 * 100 * CENT).await.expect("open");
+    let hold = node.hold("k", CENT).await.expect("database").expect("leased");
+    node.settle(hold, CENT).await;
+    assert_eq!(node.book("a/j", &journal(0, "k", &[CENT])).await.expect("book"), 1);
+    node.round().await.expect("round");
+    let (_, leased) = node.balance("k").await.expect("balance");
+    assert!(leased > 0, "the lease of a key used a moment ago was given back");
+}

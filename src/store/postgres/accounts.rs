@@ -193,6 +193,9 @@ impl FleetAccounts {
         let covered = {
             let mut state = self.lock_state();
             let local = state.keys.entry(key_id.to_string()).or_default();
+            // A key's first hold comes this way: it is in use from now (a sync round gives
+            // back the whole lease of a key it finds quiet).
+            local.last_used = Some(Instant::now());
             let fresh = local.fresh_until.is_some_and(|t| Instant::now() < t);
             if fresh && local.free() >= amount && (amount > 0 || local.free() >= 0) {
                 local.held += amount;
