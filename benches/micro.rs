@@ -8,7 +8,7 @@ use tollgate::config::KeyConfig;
 use tollgate::meter::{Shape, UsageScanner};
 use tollgate::relay::body_fields;
 use tollgate::route::classify;
-use tollgate::store::Store;
+use tollgate::store::sled::{keys::SledKeys, SledDb};
 use tollgate::video::tc3;
 
 fn routing(c: &mut Criterion) {
@@ -20,7 +20,8 @@ fn routing(c: &mut Criterion) {
 
 fn key_lookup(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Store::open(dir.path()).expect("store");
+    let db = SledDb::open(dir.path()).expect("store");
+    let store = std::sync::Arc::new(SledKeys::new(db.db()).expect("keys"));
     let seeds: Vec<KeyConfig> = (0..1000)
         .map(|i| KeyConfig {
             key: format!("sk-bench-key-{i:06}"),
@@ -33,7 +34,8 @@ fn key_lookup(c: &mut Criterion) {
             enabled: true,
         })
         .collect();
-    let index = KeyIndex::load(&store, &seeds).expect("index");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let index = runtime.block_on(KeyIndex::load(store, &seeds)).expect("index");
     c.bench_function("auth/lookup_1000_keys", |b| b.iter(|| index.authenticate(black_box(Some("sk-bench-key-000500"))).is_ok()));
 }
 

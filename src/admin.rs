@@ -7,6 +7,7 @@ use crate::ledger::{Ledger, NANOS_PER_USD};
 use crate::metrics::Metrics;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::response::LocalResponse;
+use crate::store::sled::SledDb;
 use crate::store::{KeyRecord, Store};
 use async_trait::async_trait;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -25,7 +26,10 @@ pub struct AdminApi {
     pub token: String,
     /// `Host` names accepted besides localhost and loopback literals (`admin.hosts`).
     pub hosts: Vec<String>,
-    pub store: Store,
+    /// This node's sled database (in a fleet: its journal).
+    pub local: SledDb,
+    /// Where keys, money and tasks are kept.
+    pub store: Arc<dyn Store>,
     pub keys: Arc<KeyIndex>,
     pub ledger: Arc<Ledger>,
     /// For the groups that exist now (they change on reload).
@@ -150,11 +154,8 @@ fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
 impl AdminApi {
     /// Ready: the database answers and every upstream host resolves.
     fn readiness(&self) -> LocalResponse {
-        let local = self.store.all_keys().map(|_| ()).map_err(|e| e.to_string());
-        let shared = match self.ledger.fleet() {
-            Some(fleet) => fleet.readiness(),
-            None => Ok(()),
-        };
+        let local = self.local.db().tree("keys").map(|_| ()).map_err(|e| e.to_string());
+        let shared = self.store.readiness();
         let database = match local.and(shared) {
             Ok(()) => "ok".to_string(),
             Err(e) => format!("error: {e}"),
@@ -224,8 +225,8 @@ impl AdminApi {
         }
         match (method.as_str(), path.as_str()) {
             ("GET", "/metrics") => {
-                let keys = self.keys.all_keys(&self.store).await.map_err(internal)?.len() as f64;
-                let db_bytes = self.store.size_on_disk() as f64;
+                let keys = self.keys.all_keys().await.map_err(internal)?.len() as f64;
+                let db_bytes = self.local.size_on_disk() as f64;
                 let (by_status, lag) = match &self.video {
                     Some(v) => v.open_stats().await,
                     None => (Default::default(), 0),
@@ -240,9 +241,8 @@ impl AdminApi {
                     ("tollgate_video_poller_lag_seconds", lag as f64),
                 ]);
                 text.push_str(&self.health.render());
-                if let Some(fleet) = self.ledger.fleet() {
+                if let Some(statements) = self.store.statements() {
                     // How far leases and batches keep the shared database off the request path.
-                    let statements = fleet.statements();
                     let requests = self.metrics.total_requests();
                     text.push_str(&format!(
                         "# TYPE tollgate_store_statements_total counter\ntollgate_store_statements_total {statements}\n# TYPE tollgate_store_statements_per_request gauge\ntollgate_store_statements_per_request {}\n",
@@ -265,7 +265,7 @@ impl AdminApi {
             }
             ("GET", "/admin/keys") => {
                 let mut data = Vec::new();
-                for rec in self.keys.all_keys(&self.store).await.map_err(internal)? {
+                for rec in self.keys.all_keys().await.map_err(internal)? {
                     data.push(self.view(&rec).await?);
                 }
                 Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
@@ -301,7 +301,7 @@ impl AdminApi {
                     return Err(bad("max_concurrent: at least 1"));
                 }
                 self.ledger.open_account(&rec.id, balance).await.map_err(internal)?;
-                self.keys.put_key(&self.store, &rec).await.map_err(internal)?;
+                self.keys.put_key(&rec).await.map_err(internal)?;
                 let mut v = self.view(&rec).await?;
                 v["key"] = json!(secret);
                 Ok(LocalResponse::json(201, &v))
@@ -311,7 +311,7 @@ impl AdminApi {
                 let patch: PatchKey = Self::read_json(session).await?;
                 let mut rec = self
                     .keys
-                    .all_keys(&self.store)
+                    .all_keys()
                     .await
                     .map_err(internal)?
                     .into_iter()
@@ -341,7 +341,7 @@ impl AdminApi {
                 if let Some(delta) = patch.balance_delta {
                     self.ledger.top_up(&rec.id, to_nanos("balance_delta", delta)?).await.map_err(internal)?;
                 }
-                self.keys.put_key(&self.store, &rec).await.map_err(internal)?;
+                self.keys.put_key(&rec).await.map_err(internal)?;
                 Ok(LocalResponse::json(200, &self.view(&rec).await?))
             }
             _ => Err(ApiError::new(ErrorKind::NotFound, format!("Unknown admin endpoint: {method} {path}"))),

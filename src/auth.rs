@@ -3,8 +3,7 @@
 
 use crate::config::KeyConfig;
 use crate::protocol::{ApiError, ErrorKind};
-use crate::store::{KeyOrigin, KeyRecord, Store, StoreError};
-use arc_swap::ArcSwap;
+use crate::store::{KeyLookup, KeyOrigin, KeyRecord, KeyStore, StoreError};
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -99,23 +98,10 @@ pub fn seed_key_id(secret: &str) -> String {
     format!("key_{}", &hex(&hash_key(secret))[..16])
 }
 
-/// Lock-free map of key hash → record; replaced whole on every change.
+/// The keys the gateway authenticates against: the store's records and in-memory index
+/// ([`KeyStore`]), and the rules by which the configuration file's `keys:` change them.
 pub struct KeyIndex {
-    by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>>>,
-    /// In a fleet the keys live in the shared database (and its index, kept current by the
-    /// store's sync): the local store is not used for them.
-    fleet: Option<Arc<crate::store::fleet::Fleet>>,
-}
-
-fn parse_hash(hex_str: &str) -> Option<KeyHash> {
-    if hex_str.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex_str.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+    store: Arc<dyn KeyStore>,
 }
 
 pub fn now_unix() -> u64 {
@@ -187,88 +173,30 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
 }
 
 impl KeyIndex {
-    /// Seed the configured keys, then load all (see [`KeyIndex::seed`]).
-    pub fn load(store: &Store, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
-        let index = KeyIndex { by_hash: ArcSwap::from_pointee(HashMap::new()), fleet: None };
-        index.seed(store, seeds)?;
+    /// Apply the configuration file's keys to `store` ([`KeyIndex::seed`]), then authenticate
+    /// from its index.
+    pub async fn load(store: Arc<dyn KeyStore>, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
+        let index = KeyIndex { store };
+        index.seed(seeds).await?;
         Ok(index)
     }
 
-    /// The keys of a fleet: the file's keys applied to the shared database (by the same rules
-    /// as [`KeyIndex::seed`]), authentication from the fleet's index.
-    pub async fn for_fleet(fleet: Arc<crate::store::fleet::Fleet>, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
-        let index = KeyIndex { by_hash: ArcSwap::from_pointee(HashMap::new()), fleet: Some(fleet) };
-        index.seed_fleet(seeds).await?;
-        Ok(index)
+    /// Every key record.
+    pub async fn all_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        self.store.all().await
     }
 
-    /// Every key record, from wherever keys are kept.
-    pub async fn all_keys(&self, store: &Store) -> Result<Vec<KeyRecord>, StoreError> {
-        match &self.fleet {
-            Some(fleet) => Ok(fleet.keys.all().await?),
-            None => store.all_keys(),
-        }
+    /// Store a new or changed key; it is in force here when this returns (on the other nodes
+    /// of a fleet within `store.sync_ms`).
+    pub async fn put_key(&self, rec: &KeyRecord) -> Result<(), StoreError> {
+        self.store.put(std::slice::from_ref(rec)).await
     }
 
-    /// Store a new or changed key where keys are kept; it is in force here when this returns
-    /// (on the other nodes of a fleet within `store.sync_ms`).
-    pub async fn put_key(&self, store: &Store, rec: &KeyRecord) -> Result<(), StoreError> {
-        match &self.fleet {
-            Some(fleet) => {
-                fleet.keys.put(rec).await?;
-                fleet.keys.sync().await?;
-                Ok(())
-            }
-            None => {
-                store.put_key(rec)?;
-                store.flush()?;
-                self.reload(store)
-            }
-        }
-    }
-
-    /// Apply the configuration file's keys where keys are kept ([`KeyIndex::seed`] on a single
-    /// node), durably.
-    pub async fn apply_file(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
-        if self.fleet.is_some() {
-            return self.seed_fleet(seeds).await;
-        }
-        self.seed(store, seeds)?;
-        store.flush()
-    }
-
-    /// [`KeyIndex::seed`] for a fleet.
-    async fn seed_fleet(&self, seeds: &[KeyConfig]) -> Result<(), StoreError> {
-        let Some(fleet) = &self.fleet else { return Ok(()) };
-        for rec in seed_changes(fleet.keys.all().await?, seeds) {
-            fleet.keys.put(&rec).await?;
-        }
-        fleet.keys.sync().await?;
-        Ok(())
-    }
-
-    /// Apply the configuration file's keys to the store (`seed_changes`), then reload the
-    /// index. Used at start, on reload and after an upgrade.
-    pub fn seed(&self, store: &Store, seeds: &[KeyConfig]) -> Result<(), StoreError> {
-        for rec in seed_changes(store.all_keys()?, seeds) {
-            store.put_key(&rec)?;
-        }
-        self.reload(store)
-    }
-
-    /// Re-read every record from the store.
-    pub fn reload(&self, store: &Store) -> Result<(), StoreError> {
-        let mut map = HashMap::new();
-        for rec in store.all_keys()? {
-            match parse_hash(&rec.key_hash) {
-                Some(h) => {
-                    map.insert(h, Arc::new(rec));
-                }
-                None => log::warn!("key {} has an unreadable hash; ignored", rec.id),
-            }
-        }
-        self.by_hash.store(Arc::new(map));
-        Ok(())
+    /// Apply the configuration file's keys to the store (`seed_changes`), durably, and bring
+    /// the index up to date. Used at start, on reload and after an upgrade.
+    pub async fn seed(&self, seeds: &[KeyConfig]) -> Result<(), StoreError> {
+        let changes = seed_changes(self.store.all().await?, seeds);
+        self.store.put(&changes).await
     }
 
     /// Authenticate: the record for this secret, or the 401 to send (in a fleet whose index is
@@ -281,13 +209,10 @@ impl KeyIndex {
             )
         })?;
         let invalid = || ApiError::new(ErrorKind::Unauthorized, "Invalid API key.");
-        let rec = match &self.fleet {
-            Some(fleet) => match fleet.keys.lookup(&hex(&hash_key(secret))) {
-                crate::store::postgres::keys::KeyLookup::Found(rec) => rec,
-                crate::store::postgres::keys::KeyLookup::Unknown => return Err(invalid()),
-                crate::store::postgres::keys::KeyLookup::Stale => return Err(crate::store::fleet::unavailable("the key list")),
-            },
-            None => self.by_hash.load().get(&hash_key(secret)).cloned().ok_or_else(invalid)?,
+        let rec = match self.store.lookup(&hash_key(secret)) {
+            KeyLookup::Found(rec) => rec,
+            KeyLookup::Unknown => return Err(invalid()),
+            KeyLookup::Stale => return Err(crate::store::fleet::unavailable("the key list")),
         };
         if !rec.enabled {
             return Err(ApiError::new(ErrorKind::Unauthorized, "This API key is disabled."));
@@ -353,10 +278,11 @@ mod tests {
 
     /// Revocation sticks: a key the file drops is disabled; an admin change to a seeded key
     /// lasts until the file changes that key's entry; admin-created keys are left alone.
-    #[test]
-    fn the_file_revokes_and_admin_changes_stick() {
+    #[tokio::test]
+    async fn the_file_revokes_and_admin_changes_stick() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path()).expect("open");
+        let db = crate::store::sled::SledDb::open(dir.path()).expect("open");
+        let store = Arc::new(crate::store::sled::keys::SledKeys::new(db.db()).expect("keys"));
         let admin = KeyRecord {
             id: "key_admin".into(),
             name: "made-by-admin".into(),
@@ -370,38 +296,40 @@ mod tests {
             origin: KeyOrigin::Admin,
             seed_digest: None,
         };
-        store.put_key(&admin).expect("put");
-        let index = KeyIndex::load(&store, &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).expect("load");
+        store.put(std::slice::from_ref(&admin)).await.expect("put");
+        let index = KeyIndex::load(store.clone(), &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).await.expect("load");
         assert!(index.authenticate(Some("sk-file-b-0001")).is_ok());
 
         // The admin API disables a: the same file loaded again keeps it disabled.
-        let mut a = store.all_keys().expect("all").into_iter().find(|r| r.name == "n-sk-file-a-0001").expect("a");
+        let mut a = store.all().await.expect("all").into_iter().find(|r| r.name == "n-sk-file-a-0001").expect("a");
         a.enabled = false;
-        store.put_key(&a).expect("put");
-        index.seed(&store, &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).expect("reseed");
+        store.put(std::slice::from_ref(&a)).await.expect("put");
+        index.seed(&[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).await.expect("reseed");
         assert!(index.authenticate(Some("sk-file-a-0001")).is_err(), "admin change survives a reload of an unchanged entry");
 
         // The file drops b: disabled. The admin key is untouched throughout.
-        index.seed(&store, &[seed("sk-file-a-0001", true)]).expect("reseed");
+        index.seed(&[seed("sk-file-a-0001", true)]).await.expect("reseed");
         assert!(index.authenticate(Some("sk-file-b-0001")).unwrap_err().message.contains("disabled"));
         assert!(index.authenticate(Some("sk-admin-made-0001")).is_ok());
 
         // Changing a's entry in the file applies the file again; re-adding b enables it.
         let changed = KeyConfig { rpm: Some(5), ..seed("sk-file-a-0001", true) };
-        index.seed(&store, &[changed, seed("sk-file-b-0001", true)]).expect("reseed");
+        index.seed(&[changed, seed("sk-file-b-0001", true)]).await.expect("reseed");
         assert_eq!(index.authenticate(Some("sk-file-a-0001")).expect("enabled by the file").rpm, Some(5));
         assert!(index.authenticate(Some("sk-file-b-0001")).is_ok());
 
         // A restart (a new index on the same store) changes nothing.
-        let again = KeyIndex::load(&store, &[seed("sk-file-b-0001", true)]).expect("restart");
+        let store = Arc::new(crate::store::sled::keys::SledKeys::new(db.db()).expect("keys"));
+        let again = KeyIndex::load(store.clone(), &[seed("sk-file-b-0001", true)]).await.expect("restart");
         assert!(again.authenticate(Some("sk-file-a-0001")).is_err(), "dropped from the file: disabled");
         assert!(again.authenticate(Some("sk-admin-made-0001")).is_ok());
     }
 
-    #[test]
-    fn seeded_keys_are_hashed_and_balance_kept_on_reseed() {
+    #[tokio::test]
+    async fn seeded_keys_are_hashed_and_balance_kept_on_reseed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path()).expect("open");
+        let db = crate::store::sled::SledDb::open(dir.path()).expect("open");
+        let store = Arc::new(crate::store::sled::keys::SledKeys::new(db.db()).expect("keys"));
         let seed = KeyConfig {
             key: "sk-demo-0001".into(),
             name: "demo".into(),
@@ -412,26 +340,27 @@ mod tests {
             enabled: true,
             max_concurrent: None,
         };
-        let index = KeyIndex::load(&store, std::slice::from_ref(&seed)).expect("load");
+        let index = KeyIndex::load(store.clone(), std::slice::from_ref(&seed)).await.expect("load");
         let rec = index.authenticate(Some("sk-demo-0001")).expect("known");
         assert_eq!(rec.id, seed_key_id("sk-demo-0001"));
-        let raw = format!("{:?}", store.all_keys().expect("all"));
+        let raw = format!("{:?}", store.all().await.expect("all"));
         assert!(!raw.contains("sk-demo-0001"), "secret stored in clear: {raw}");
 
         // Re-seeding applies the file's `enabled` and keeps the id.
         let seed2 = KeyConfig { balance: 100.0, enabled: false, ..seed };
-        let index = KeyIndex::load(&store, &[seed2]).expect("reload");
+        let index = KeyIndex::load(store.clone(), &[seed2]).await.expect("reload");
         let e = index.authenticate(Some("sk-demo-0001")).unwrap_err();
         assert_eq!(e.kind, ErrorKind::Unauthorized);
         assert!(e.message.contains("disabled"));
-        assert_eq!(store.all_keys().expect("all")[0].id, rec.id);
+        assert_eq!(store.all().await.expect("all")[0].id, rec.id);
     }
 
-    #[test]
-    fn unknown_and_missing_keys_are_401() {
+    #[tokio::test]
+    async fn unknown_and_missing_keys_are_401() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let store = Store::open(dir.path()).expect("open");
-        let index = KeyIndex::load(&store, &[]).expect("load");
+        let db = crate::store::sled::SledDb::open(dir.path()).expect("open");
+        let store = Arc::new(crate::store::sled::keys::SledKeys::new(db.db()).expect("keys"));
+        let index = KeyIndex::load(store.clone(), &[]).await.expect("load");
         assert_eq!(index.authenticate(None).unwrap_err().status(), 401);
         assert_eq!(index.authenticate(Some("sk-nope")).unwrap_err().status(), 401);
     }

@@ -208,6 +208,16 @@ impl Writer {
         self.send(Job::Barrier(tx))?;
         Ok(Waiter(rx))
     }
+
+    /// Return once everything queued before this call is on disk; no flush when nothing is
+    /// outstanding (every write queued so far is committed or failed).
+    pub async fn settled(&self) -> Result<(), StoreError> {
+        let queued = self.stats.queued.load(Ordering::SeqCst);
+        if self.stats.committed.load(Ordering::SeqCst) + self.stats.failed.load(Ordering::SeqCst) >= queued {
+            return Ok(());
+        }
+        self.barrier()?.wait().await
+    }
 }
 
 impl Drop for Writer {

@@ -279,7 +279,7 @@ mod tests {
     struct Running {
         _dir: tempfile::TempDir,
         socket: PathBuf,
-        ledger: Arc<Ledger>,
+        db: sled::Db,
         _stop: tokio::sync::watch::Sender<bool>,
     }
 
@@ -296,7 +296,7 @@ mod tests {
         while !socket.exists() {
             tokio::task::yield_now().await;
         }
-        Running { _dir: dir, socket, ledger, _stop: stop }
+        Running { _dir: dir, socket, db, _stop: stop }
     }
 
     /// Send raw lines on a new connection; the answer line (empty if the connection closed).
@@ -321,7 +321,7 @@ mod tests {
         assert_eq!(mode(&r.socket), 0o600);
         assert_eq!(mode(&r.socket.with_file_name(SECRET)), 0o600);
         send(&r.socket, &Message::Booking(Box::new(booking("k")))).await.expect("delivered");
-        assert_eq!(r.ledger.records("k").expect("records").len(), 1);
+        assert_eq!(crate::ledger::tests::records(&r.db, "k").expect("records").len(), 1);
     }
 
     #[tokio::test]
@@ -332,7 +332,7 @@ mod tests {
             let answer = raw(&r.socket, &[first, line.as_bytes()]).await;
             assert_eq!(answer, "error: unauthenticated");
         }
-        assert!(r.ledger.records("k").expect("records").is_empty());
+        assert!(crate::ledger::tests::records(&r.db, "k").expect("records").is_empty());
     }
 
     #[tokio::test]
@@ -345,6 +345,6 @@ mod tests {
         let long = vec![b'x'; MAX_LINE + 10];
         let answer = raw(&r.socket, &[auth.as_bytes(), &long]).await;
         assert!(answer.starts_with("error:") && answer.contains("longer than"), "{answer}");
-        assert!(r.ledger.records("k").expect("records").is_empty());
+        assert!(crate::ledger::tests::records(&r.db, "k").expect("records").is_empty());
     }
 }

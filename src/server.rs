@@ -10,6 +10,7 @@ use crate::metrics::Metrics;
 use crate::relay::Routing;
 use crate::relay::{Catalog, DnsRefresh};
 use crate::storage::ObjectStore;
+use crate::store::sled::{SledDb, SledStore};
 use crate::store::Store;
 use crate::video::{VideoPoller, VideoService};
 use arc_swap::ArcSwap;
@@ -65,7 +66,7 @@ impl BackgroundService for Retention {
 /// through the hand-over socket (see `handover`).
 struct Drain {
     metrics: Arc<Metrics>,
-    store: Store,
+    local: SledDb,
     ledger: Arc<Ledger>,
     phases: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<pingora_core::server::ExecutionPhase>>,
     /// The gateway's "answers close their connections" flag, set when an upgrade begins.
@@ -102,10 +103,10 @@ impl BackgroundService for Drain {
             if let Err(e) = self.ledger.hand_over().await {
                 log::error!("upgrade: committing queued usage records before hand-over failed: {e}");
             }
-            if let Err(e) = self.store.flush() {
+            if let Err(e) = self.local.flush() {
                 log::error!("upgrade: database flush before hand-over failed: {e}");
             }
-            self.store.db().release();
+            self.local.db().release();
             log::info!("upgrade: database released to the new process; draining in-flight requests");
             loop {
                 if self.metrics.in_flight.load(std::sync::atomic::Ordering::SeqCst) <= 0 {
@@ -113,7 +114,7 @@ impl BackgroundService for Drain {
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            self.ledger.leave_fleet().await;
+            self.ledger.leave().await;
             log::info!("upgrade: drained; exiting");
             std::process::exit(0);
         }
@@ -127,8 +128,8 @@ impl BackgroundService for Drain {
         if let Err(e) = self.ledger.commit_now().await {
             log::error!("shutting down: committing queued usage records failed: {e}");
         }
-        self.ledger.leave_fleet().await;
-        match self.store.flush() {
+        self.ledger.leave().await;
+        match self.local.flush() {
             Ok(()) => log::info!("drained; database flushed; exiting"),
             Err(e) => log::error!("drained; database flush failed: {e}"),
         }
@@ -184,7 +185,6 @@ struct Reload {
     running: Config,
     routing: Arc<ArcSwap<Routing>>,
     keys: Arc<KeyIndex>,
-    store: Store,
     ledger: Arc<Ledger>,
     /// The HTTPS listener's certificate, re-read on every reload.
     certificate: Option<Arc<crate::tls::ReloadableCert>>,
@@ -209,7 +209,7 @@ impl Reload {
         if let Some(cert) = &self.certificate {
             cert.reload()?;
         }
-        self.keys.apply_file(&self.store, &config.keys).await.map_err(|e| e.to_string())?;
+        self.keys.seed(&config.keys).await.map_err(|e| e.to_string())?;
         let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
         self.health.retain(&names);
         self.routing.store(Arc::new(routing));
@@ -331,40 +331,40 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let tls_listen = config.tls.as_ref().map(|t| t.listen);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
-    let store = if upgrading { Store::open_waiting(&config.data_dir, Duration::from_secs(600)) } else { Store::open(&config.data_dir) }
+    let local = if upgrading { SledDb::open_waiting(&config.data_dir, Duration::from_secs(600)) } else { SledDb::open(&config.data_dir) }
         .map_err(|e| format!("data_dir {}: {e} (is another tollgate running on it?)", config.data_dir.display()))?;
     let handover_socket = config.data_dir.join(crate::handover::SOCKET);
+    // The one store: sled on a single node, the shared PostgreSQL database in a fleet (with
+    // this node's journal in `local`).
     let fleet = match &config.fleet {
-        Some(conf) => Some(crate::store::fleet::Fleet::connect(conf).map_err(|e| e.to_string())?),
+        Some(conf) => {
+            let fleet = crate::store::fleet::Fleet::connect(conf).map_err(|e| e.to_string())?;
+            Some(Arc::new(crate::store::fleet::FleetStore::new(fleet, local.db(), config.commit).map_err(|e| e.to_string())?))
+        }
         None => None,
     };
+    let store: Arc<dyn Store> = match &fleet {
+        Some(node) => node.clone(),
+        None => Arc::new(SledStore::new(local.db(), config.commit).map_err(|e| e.to_string())?),
+    };
     let start_up = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start-up runtime: {e}"))?;
-    let keys = Arc::new(
-        match &fleet {
-            Some(fleet) => fleet.block_on(KeyIndex::for_fleet(fleet.clone(), &config.keys)),
-            None => KeyIndex::load(&store, &config.keys),
-        }
-        .map_err(|e| e.to_string())?,
-    );
-    let mut ledger = Ledger::open_with(store.db(), config.commit).map_err(|e| e.to_string())?;
-    if let Some(fleet) = &fleet {
-        ledger = ledger.with_fleet(fleet.clone()).map_err(|e| e.to_string())?;
-    }
-    let ledger = Arc::new(ledger);
-    let open_accounts = async {
+    let ledger = Arc::new(Ledger::new(store.money(), config.commit.sync));
+    let seeding = async {
+        let keys = KeyIndex::load(store.keys(), &config.keys).await.map_err(|e| e.to_string())?;
         for seed in &config.keys {
             // The configured balance applies only when the key is first created.
             ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await.map_err(|e| e.to_string())?;
         }
-        Ok::<(), String>(())
+        Ok::<_, String>(keys)
     };
-    match &fleet {
-        Some(fleet) => fleet.block_on(open_accounts)?,
-        None => start_up.block_on(open_accounts)?,
-    }
-    store.flush().map_err(|e| e.to_string())?;
-    if let Some(fleet) = &fleet {
-        crate::store::fleet::start(fleet, ledger.clone(), keys.clone());
+    // Start-up work runs where the store's connections live (a fleet's own runtime).
+    let keys = Arc::new(match &fleet {
+        Some(node) => node.fleet.block_on(seeding),
+        None => start_up.block_on(seeding),
+    }?);
+    local.flush().map_err(|e| e.to_string())?;
+    if let Some(node) = &fleet {
+        crate::store::fleet::start(node);
     }
     let metrics = Arc::new(Metrics::default());
     let health = Arc::new(crate::health::HealthBook::new(metrics.clone()));
@@ -372,7 +372,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let video = match &config.video {
         Some(v) => {
             let storage = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
-            Some(Arc::new(VideoService::new(v.clone(), store.db(), ledger.clone(), storage)?))
+            Some(Arc::new(VideoService::new(v.clone(), store.tasks(), ledger.clone(), storage)?))
         }
         None => None,
     };
@@ -415,6 +415,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         let api = AdminApi {
             token,
             hosts: admin.hosts.clone(),
+            local: local.clone(),
             store: store.clone(),
             keys: keys.clone(),
             ledger: ledger.clone(),
@@ -430,7 +431,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let drain = Drain {
         metrics: metrics.clone(),
-        store: store.clone(),
+        local,
         ledger: ledger.clone(),
         phases: tokio::sync::Mutex::new(server.watch_execution_phase()),
         closing: closing.clone(),
@@ -447,7 +448,6 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             running: config,
             routing: routing.clone(),
             keys: keys.clone(),
-            store,
             ledger: ledger.clone(),
             certificate: certificate.clone(),
             health: health.clone(),
@@ -465,7 +465,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         owners: crate::responses::Owners::new(ledger.clone()),
         ledger,
         limits: Arc::new(match &fleet {
-            Some(fleet) => Limits::for_fleet(fleet.clone()),
+            Some(node) => Limits::for_fleet(node.fleet.clone()),
             None => Limits::default(),
         }),
         metrics,

@@ -4,9 +4,9 @@
 //! the nodes of the source stopped (a running node may still book what it holds).
 
 use super::postgres::{Pg, PgSettings};
-use super::{KeyRecord, Store, StoreError};
-use crate::ledger::{Ledger, ResponseOwner, UsageRecord};
-use crate::video::store::VideoStore;
+use super::sled::{SledDb, SledStore};
+use super::{KeyRecord, KeyStore, MoneyStore, StoreError, TaskStore};
+use crate::ledger::{ResponseOwner, UsageRecord};
 use crate::video::task::Task;
 use std::path::PathBuf;
 
@@ -90,7 +90,7 @@ pub async fn copy(from: &Place, to: &Place) -> Result<Snapshot, CopyError> {
     // The target is checked before anything is read, and written in one go.
     match to {
         Place::Sled(dir) => {
-            let store = Store::open(dir)?;
+            let store = SledDb::open(dir)?;
             if !sled_is_empty(&store)? {
                 return Err(CopyError::NotEmpty(format!("sled:{}", dir.display())));
             }
@@ -118,7 +118,7 @@ pub async fn copy(from: &Place, to: &Place) -> Result<Snapshot, CopyError> {
     Ok(snapshot)
 }
 
-fn sled_is_empty(store: &Store) -> Result<bool, StoreError> {
+fn sled_is_empty(store: &SledDb) -> Result<bool, StoreError> {
     let db = store.db();
     for tree in ["keys", "balances", "usage_records", "video_tasks"] {
         if !db.tree(tree)?.is_empty() {
@@ -129,36 +129,33 @@ fn sled_is_empty(store: &Store) -> Result<bool, StoreError> {
 }
 
 async fn read_sled(dir: &std::path::Path) -> Result<Snapshot, StoreError> {
-    let store = Store::open(dir)?;
-    let keys = store.all_keys()?;
-    let ledger = Ledger::open(store.db())?;
+    let db = SledDb::open(dir)?;
+    let store = SledStore::new(db.db(), crate::config::CommitPolicy::default())?;
+    let keys = store.keys.all().await?;
     let mut balances = Vec::with_capacity(keys.len());
     for k in &keys {
-        balances.push((k.id.clone(), ledger.balance(&k.id).await?));
+        balances.push((k.id.clone(), store.money.balance(&k.id).await?));
     }
-    let (records, owners) = ledger.export()?;
-    let (tasks, idempotency) = VideoStore::new(store.db())?.export()?;
+    let (records, owners) = store.money.export()?;
+    let (tasks, idempotency) = store.tasks.export()?;
     Ok(Snapshot { keys, balances, records, owners, tasks, idempotency })
 }
 
 async fn write_sled(dir: &std::path::Path, s: &Snapshot) -> Result<(), StoreError> {
-    let store = Store::open(dir)?;
-    for k in &s.keys {
-        store.put_key(k)?;
-    }
-    let ledger = Ledger::open(store.db())?;
+    let db = SledDb::open(dir)?;
+    let store = SledStore::new(db.db(), crate::config::CommitPolicy::default())?;
+    store.keys.put(&s.keys).await?;
     for (key_id, balance) in &s.balances {
-        ledger.open_account(key_id, *balance).await?;
+        store.money.open_account(key_id, *balance).await?;
     }
-    ledger.import(&s.records, &s.owners)?;
-    let video = VideoStore::new(store.db())?;
+    store.money.import(&s.records, &s.owners)?;
     for task in &s.tasks {
-        video.put(task).await?;
+        store.tasks.put(task).await?;
     }
     for (owner, key, task_id, at) in &s.idempotency {
-        video.claim_idempotency(owner, key, task_id, *at).await?;
+        store.tasks.claim_idempotency(owner, key, task_id, *at).await?;
     }
-    store.flush()
+    db.flush()
 }
 
 /// `tollgate store copy --from A --to B [--ca-file F]`: exit code and what to print.

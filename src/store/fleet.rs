@@ -21,7 +21,9 @@ use super::postgres::rates::{FleetRates, FleetSlots};
 use super::postgres::records::FleetRecords;
 use super::postgres::tasks::FleetTasks;
 use super::postgres::{Pg, PgError};
-use super::{DbSlot, StoreError};
+use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
+use crate::ledger::{ForwardBookings, Insufficient, ResponseOwner, Totals, UsageRecord};
+use std::collections::BTreeMap;
 use crate::config::FleetConfig;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,11 +38,11 @@ pub struct Fleet {
     pub pg: Pg,
     pub node: String,
     pub accounts: FleetAccounts,
-    pub keys: FleetKeys,
+    pub keys: Arc<FleetKeys>,
     pub records: FleetRecords,
     pub rates: FleetRates,
     pub slots: FleetSlots,
-    pub tasks: FleetTasks,
+    pub tasks: Arc<FleetTasks>,
     pub sync: Duration,
     pub lease: Duration,
     runtime: tokio::runtime::Runtime,
@@ -73,11 +75,11 @@ impl Fleet {
         let holder = format!("{}#{}", conf.node_id, std::process::id());
         let fleet = Fleet {
             accounts: FleetAccounts::new(pg.clone(), &holder, conf.lease),
-            keys: FleetKeys::new(pg.clone(), conf.sync).with_staleness((conf.lease / 2).max(conf.sync * 3)),
+            keys: Arc::new(FleetKeys::new(pg.clone(), conf.sync).with_staleness((conf.lease / 2).max(conf.sync * 3))),
             records: FleetRecords::new(pg.clone()),
             rates: FleetRates::new(pg.clone()),
             slots: FleetSlots::new(pg.clone(), &holder, conf.lease),
-            tasks: FleetTasks::new(pg.clone(), &holder, conf.lease),
+            tasks: Arc::new(FleetTasks::new(pg.clone(), &holder, conf.lease)),
             pg,
             node: conf.node_id.clone(),
             sync: conf.sync,
@@ -144,7 +146,7 @@ impl Fleet {
             let mut keys = Vec::new();
             for item in tree.iter() {
                 let (k, v) = item?;
-                match crate::ledger::decode_records(&v) {
+                match super::sled::decode_records(&v) {
                     Ok(records) => batch.extend(records.into_iter().map(|record| Journaled {
                         seq: i64::try_from(record.seq).unwrap_or(i64::MAX),
                         owed_here: record.seq >= owed_from,
@@ -211,8 +213,9 @@ pub fn check(conf: &FleetConfig) -> Result<i32, PgError> {
 /// Start the node's loops on the store's runtime: the key index follows the database
 /// (notifications and the change log), leases running low are refilled, and every
 /// `store.sync_ms` a sync round books the journal, renews leases and flushes counters. They
-/// run until the process ends; a stop books the journal itself (`Ledger::commit_now`).
-pub fn start(fleet: &Arc<Fleet>, ledger: Arc<crate::ledger::Ledger>, keys: Arc<crate::auth::KeyIndex>) {
+/// run until the process ends; a stop books the journal itself (`MoneyStore::leave`).
+pub fn start(store: &FleetStore) {
+    let (fleet, money) = (&store.fleet, store.money.clone());
     let (stop_tx, stop) = tokio::sync::watch::channel(false);
     let follower = fleet.clone();
     fleet.spawn(async move {
@@ -232,13 +235,200 @@ pub fn start(fleet: &Arc<Fleet>, ledger: Arc<crate::ledger::Ledger>, keys: Arc<c
     }
     let every = fleet.sync;
     fleet.spawn(async move {
-        // The index is the one authentication reads; it is refreshed by the follower.
-        let _keys = keys;
         loop {
-            if let Err(e) = ledger.sync_round().await {
+            if let Err(e) = money.sync_round().await {
                 log::warn!("store: sync with PostgreSQL failed, retrying in {every:?}: {e}");
             }
             tokio::time::sleep(every).await;
         }
     });
+}
+
+/// A node of a fleet as the one store interface: keys and tasks in the shared database,
+/// money through [`FleetMoney`].
+pub struct FleetStore {
+    pub fleet: Arc<Fleet>,
+    pub money: Arc<FleetMoney>,
+}
+
+impl FleetStore {
+    /// The node's store: the fleet's database, and the node's journal in `db` (its sled
+    /// database), bookings committed to the journal by `policy`.
+    pub fn new(fleet: Arc<Fleet>, db: &DbSlot, policy: crate::config::CommitPolicy) -> Result<FleetStore, StoreError> {
+        Ok(FleetStore { money: Arc::new(FleetMoney::open(fleet.clone(), db, policy)?), fleet })
+    }
+}
+
+impl Store for FleetStore {
+    fn backend(&self) -> &'static str {
+        "postgres"
+    }
+    fn keys(&self) -> Arc<dyn KeyStore> {
+        self.fleet.keys.clone()
+    }
+    fn money(&self) -> Arc<dyn MoneyStore> {
+        self.money.clone()
+    }
+    fn tasks(&self) -> Arc<dyn TaskStore> {
+        self.fleet.tasks.clone()
+    }
+    fn readiness(&self) -> Result<(), String> {
+        self.fleet.readiness()
+    }
+    fn statements(&self) -> Option<u64> {
+        Some(self.fleet.statements())
+    }
+}
+
+/// Money on a node of a fleet: balances in the shared database, holds against this node's
+/// leases, every record written first to the node's journal (group commit as on one node) and
+/// booked into the database with its money by the sync round.
+pub struct FleetMoney {
+    fleet: Arc<Fleet>,
+    slot: DbSlot,
+    writer: crate::commit::Writer,
+    journal_id: String,
+    /// Journal numbers from here on were settled by this process.
+    owed_from: u64,
+}
+
+impl FleetMoney {
+    pub fn open(fleet: Arc<Fleet>, db: &DbSlot, policy: crate::config::CommitPolicy) -> Result<FleetMoney, StoreError> {
+        db.tree(JOURNAL)?;
+        let journal_id = fleet.journal_id(db)?;
+        let owed_from = db.db()?.generate_id()?;
+        let writer = crate::commit::Writer::start(db.clone(), policy.interval, !policy.sync)
+            .map_err(|e| StoreError::Corrupt(format!("cannot start the commit writer: {e}")))?;
+        Ok(FleetMoney { fleet, slot: db.clone(), writer, journal_id, owed_from })
+    }
+
+    async fn book_journal(&self) -> Result<usize, StoreError> {
+        self.fleet.book_journal(&self.slot, &self.journal_id, self.owed_from).await
+    }
+
+}
+
+#[async_trait::async_trait]
+impl MoneyStore for FleetMoney {
+    async fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError> {
+        Ok(self.fleet.accounts.open_account(key_id, initial).await?)
+    }
+
+    /// The database's balance, less what this node settled and has not booked yet.
+    async fn balance(&self, key_id: &str) -> Result<i64, StoreError> {
+        let (balance, _leased) = self.fleet.accounts.balance(key_id).await?;
+        Ok(balance.saturating_sub(self.fleet.accounts.owed(key_id).await))
+    }
+
+    /// Against this node's lease, or more leased from the database.
+    async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<(), Insufficient>, StoreError> {
+        Ok(self.fleet.accounts.hold(key_id, amount).await?.map(|_| ()))
+    }
+
+    fn release(&self, key_id: &str, amount: i64) {
+        let fleet = self.fleet.clone();
+        let hold = super::postgres::accounts::FleetHold { key_id: key_id.to_string(), amount };
+        self.fleet.spawn(async move { fleet.accounts.settle(hold, 0).await });
+    }
+
+    /// The money settled against this node's lease (a checked booking holds its cost first, so
+    /// the fleet's balance decides), the record written to the journal. Answers 0: the new
+    /// balance is the database's, known once the journal is booked.
+    async fn book(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Result<i64, Insufficient>, StoreError> {
+        let accounts = &self.fleet.accounts;
+        let held = if check {
+            match accounts.hold(&record.key_id, record.cost_nanos).await? {
+                Ok(hold) => hold.amount,
+                Err(short) => return Ok(Err(short)),
+            }
+        } else {
+            release
+        };
+        let hold = super::postgres::accounts::FleetHold { key_id: record.key_id.clone(), amount: held };
+        let seq = self.slot.db()?.generate_id()?;
+        let mut record = record.clone();
+        record.seq = seq;
+        let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        // One journal entry per commit batch (a JSON array keyed by its first record's number):
+        // an insert per record would be most of the writer's work.
+        let waiter = self.writer.insert_grouped(
+            crate::commit::TreeName::FleetJournal,
+            b"journal".to_vec(),
+            record.time_ms,
+            seq.to_be_bytes().to_vec(),
+            value,
+            wait,
+        );
+        accounts.settle(hold, record.cost_nanos).await;
+        if let Some(waiter) = waiter? {
+            waiter.wait().await?;
+        }
+        Ok(Ok(0))
+    }
+
+    /// Book the journal at once: a charge or refund reaches the shared database before it is
+    /// acknowledged, so a node that dies after it loses nothing of it. When the database cannot
+    /// be reached, the journal keeps it for the sync round.
+    async fn publish(&self) {
+        if let Err(e) = self.book_journal().await {
+            log::warn!("store: a charge stays in this node's journal until the database is back: {e}");
+        }
+    }
+
+    async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError> {
+        Ok(self.fleet.accounts.top_up(key_id, delta).await?)
+    }
+
+    async fn commit(&self) -> Result<(), StoreError> {
+        self.writer.settled().await?;
+        self.book_journal().await?;
+        Ok(())
+    }
+
+    async fn usage_summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+        Ok(self.fleet.records.summary(key_id, start_ms, end_ms).await?)
+    }
+
+    async fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
+        Ok(self.fleet.records.prune(before_ms).await? as usize)
+    }
+
+    async fn response_owner(&self, id: &str) -> Result<Option<ResponseOwner>, StoreError> {
+        Ok(self.fleet.records.owner(id).await?)
+    }
+
+    async fn forget_response(&self, id: &str) -> Result<(), StoreError> {
+        Ok(self.fleet.records.forget_owner(id).await?)
+    }
+
+    /// The journal is the node's sled database: what was queued is committed before it goes to
+    /// the new process, which books it.
+    async fn hand_over(&self) -> Result<(), StoreError> {
+        self.writer.settled().await
+    }
+
+    /// Bookings after a hand-over are not forwarded in a fleet: the new process serves.
+    fn set_handover(&self, _to: Arc<dyn ForwardBookings>) {}
+
+    fn commit_stats(&self) -> &crate::commit::CommitStats {
+        &self.writer.stats
+    }
+
+    async fn sync_round(&self) -> Result<(), StoreError> {
+        self.fleet.round(&self.slot, &self.journal_id, self.owed_from).await
+    }
+
+    /// What the journal holds is booked and the leases are given back, so nothing waits for
+    /// `lease_secs`.
+    async fn leave(&self) {
+        // After an upgrade's hand-over the journal is the new process's to book.
+        let booked = if self.slot.is_released() { Ok(0) } else { self.book_journal().await };
+        if let Err(e) = booked {
+            log::error!("store: the journal could not be booked before stopping (it will be when this node starts again): {e}");
+        }
+        match self.fleet.accounts.release_all().await {
+            Ok(back) => log::info!("store: {back} nano-USD of leases given back"),
+            Err(e) => log::warn!("store: leases not given back (they expire after lease_secs): {e}"),
+        }
+    }
 }

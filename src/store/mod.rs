@@ -1,21 +1,157 @@
-//! The store. A single node keeps everything in the sled database here (one file lock, opened
-//! once, trees by concern). A node of a fleet (`store.postgres`) keeps keys, money, limits,
-//! usage records, response owners and video tasks in [`postgres`], shared by every node, and
-//! only its journal in sled; [`fleet`] puts the two together, and the ledger, key index, limits
-//! and video store each pick their backend from it. [`copy`] moves data between the two.
+//! The store: everything tollgate persists, behind one interface ([`Store`]) with two
+//! backends, each in its own folder.
+//!
+//! * [`sled`]: the embedded default for one node. Everything lives in one sled database in
+//!   `data_dir` (one file lock, opened once, trees by concern).
+//! * [`postgres`] with [`fleet`]: a node of a fleet (`store.postgres`). Keys, money, usage
+//!   records, response owners and video tasks live in the PostgreSQL database every node
+//!   shares; only the node's journal (records on their way there) stays in sled.
+//!
+//! The interface has three parts, one per concern, each a trait defined here:
+//!
+//! * [`KeyStore`]: key records, and the in-memory index authentication reads.
+//! * [`MoneyStore`]: accounts and balances, holds (leases in a fleet), bookings with their
+//!   usage records, usage queries, retention, and stored-response owners.
+//! * [`TaskStore`]: video tasks, the poller's claims on them, and idempotency keys.
+//!
+//! The rules that are the same whatever the backend (pricing, what a hold covers, which key
+//! file entries change which records, the video task's life) stay with their modules
+//! (`ledger`, `auth`, `video`), which are built on `Arc<dyn …Store>`. [`copy`] moves data
+//! between the two backends.
 //!
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
-//! Balances live in the ledger's tree, not in the key record.
+//! Balances live in the money store, not in the key record.
 
 pub mod copy;
 pub mod fleet;
 pub mod postgres;
+pub mod sled;
 
+use crate::ledger::{Insufficient, ResponseOwner, Totals, UsageRecord};
+use crate::video::task::Task;
 use arc_swap::ArcSwapOption;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
-use std::path::Path;
 use std::sync::Arc;
+
+/// Everything persisted, through one handle: the gateway opens one (by the configuration:
+/// [`sled::SledStore`] or [`fleet::FleetStore`]) and builds its key index, ledger and video
+/// store on its parts.
+pub trait Store: Send + Sync {
+    /// `sled` or `postgres`.
+    fn backend(&self) -> &'static str;
+    fn keys(&self) -> Arc<dyn KeyStore>;
+    fn money(&self) -> Arc<dyn MoneyStore>;
+    fn tasks(&self) -> Arc<dyn TaskStore>;
+    /// Whether the shared database is reachable (`/readyz`); always Ok for one node.
+    fn readiness(&self) -> Result<(), String> {
+        Ok(())
+    }
+    /// Statements sent to a shared database since start (None for one node).
+    fn statements(&self) -> Option<u64> {
+        None
+    }
+}
+
+/// What an authentication finds in the key index.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeyLookup {
+    Found(Arc<KeyRecord>),
+    Unknown,
+    /// The index is older than the staleness bound (a fleet node cut off from its database):
+    /// refuse (503) rather than guess whether the key was revoked meanwhile.
+    Stale,
+}
+
+/// Key records. Authentication reads only the in-memory index ([`KeyStore::lookup`]).
+#[async_trait::async_trait]
+pub trait KeyStore: Send + Sync {
+    /// Every key record.
+    async fn all(&self) -> Result<Vec<KeyRecord>, StoreError>;
+    /// Store new or changed records durably and bring the index up to date: they are in force
+    /// on this node when this returns (on the other nodes of a fleet within `store.sync_ms`).
+    /// With no records, only the index is refreshed.
+    async fn put(&self, records: &[KeyRecord]) -> Result<(), StoreError>;
+    /// The record whose secret hashes (SHA-256) to `hash`.
+    fn lookup(&self, hash: &[u8; 32]) -> KeyLookup;
+}
+
+/// Accounts, holds, bookings, usage records and response owners. Amounts are nano-USD.
+#[async_trait::async_trait]
+pub trait MoneyStore: Send + Sync {
+    /// Give a new key its opening balance; an existing balance is kept. True if created.
+    async fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError>;
+    /// The durable balance (holds not subtracted).
+    async fn balance(&self, key_id: &str) -> Result<i64, StoreError>;
+    /// Reserve `amount` (≥ 0) if what the key has available covers it.
+    async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<(), Insufficient>, StoreError>;
+    /// Give back a hold that ends without a booking (a request that failed before it cost).
+    fn release(&self, key_id: &str, amount: i64);
+    /// Debit `record.cost_nanos` (a credit when negative), release `release` of the key's
+    /// holds and store the record; with `check`, only when what is available covers the cost,
+    /// decided atomically with the debit; with `wait`, return once the record is durable.
+    /// Returns the new balance where it is known here (a fleet node answers 0).
+    async fn book(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Result<i64, Insufficient>, StoreError>;
+    /// After a booking that must not wait for the next sync (a charge, a refund): pass it on
+    /// to where every node sees it, if the backend has such a place.
+    async fn publish(&self) {}
+    /// Balance change by an administrator, without a record. Durable before this returns.
+    async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError>;
+    /// Return once every booking made before this call is durable (and, in a fleet, booked
+    /// into the shared database).
+    async fn commit(&self) -> Result<(), StoreError>;
+    /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms`.
+    async fn usage_summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError>;
+    /// Delete records (and response owners) older than `before_ms`; how many records.
+    async fn prune(&self, before_ms: u64) -> Result<usize, StoreError>;
+    /// Who created the stored response `id`, as far as records already stored say.
+    async fn response_owner(&self, id: &str) -> Result<Option<ResponseOwner>, StoreError>;
+    /// The response `id` was deleted upstream: forget its owner.
+    async fn forget_response(&self, id: &str) -> Result<(), StoreError>;
+    /// Before the local database is released to a new process (upgrade): from now on
+    /// bookings go to `set_handover`'s target; returns once everything before is on disk.
+    async fn hand_over(&self) -> Result<(), StoreError>;
+    /// Where bookings go once the local database was handed over.
+    fn set_handover(&self, to: Arc<dyn crate::ledger::ForwardBookings>);
+    /// The local group-commit writer's counters.
+    fn commit_stats(&self) -> &crate::commit::CommitStats;
+    /// One sync round with the shared database (nothing on one node).
+    async fn sync_round(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+    /// A graceful stop: book what is pending and give back what is leased (nothing on one node).
+    async fn leave(&self) {}
+}
+
+/// Video tasks, the poller's work lists and idempotency keys.
+#[async_trait::async_trait]
+pub trait TaskStore: Send + Sync {
+    /// Whether tasks are shared with other nodes.
+    fn shared(&self) -> bool;
+    async fn get(&self, id: &str) -> Result<Option<Task>, StoreError>;
+    /// Write the task (durable before this returns).
+    async fn put(&self, task: &Task) -> Result<(), StoreError>;
+    /// Drop an open-list entry whose task is finished or gone (after a crash between writes).
+    fn drop_open(&self, id: &str) -> Result<(), StoreError>;
+    /// Drop a copy-list entry whose task needs no copy or is gone.
+    fn drop_copy(&self, id: &str) -> Result<(), StoreError>;
+    /// Remove a task that never became visible (lost an idempotency race).
+    async fn discard(&self, id: &str) -> Result<(), StoreError>;
+    /// Ids of unfinished tasks this node polls (in a fleet: those it holds the claim of,
+    /// claiming the ones whose claim lapsed — a dead node's).
+    async fn open_ids(&self) -> Result<Vec<String>, StoreError>;
+    /// Unfinished tasks, for metrics (in a fleet: those this node holds; nothing is claimed).
+    async fn open_tasks(&self) -> Result<Vec<Task>, StoreError>;
+    /// Ids of completed tasks whose copy to object storage is still to be done.
+    async fn copy_pending_ids(&self) -> Result<Vec<String>, StoreError>;
+    /// The task an Idempotency-Key of `owner` already names (within the window), if any.
+    async fn idempotent_task(&self, owner: &str, key: &str, now: u64) -> Result<Option<String>, StoreError>;
+    /// Claim `key` for `task_id`. Returns the task id that holds it: ours, or an earlier one.
+    async fn claim_idempotency(&self, owner: &str, key: &str, task_id: &str, now: u64) -> Result<String, StoreError>;
+    /// Where task writes go once the local database was handed over (upgrade).
+    fn set_handover(&self, _to: Arc<dyn crate::video::store::ForwardTasks>) {}
+}
 
 /// One API key as persisted.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -58,7 +194,7 @@ pub enum KeyOrigin {
 
 #[derive(Debug, Clone)]
 pub enum StoreError {
-    Db(sled::Error),
+    Db(::sled::Error),
     Corrupt(String),
     /// The database was handed over to the process that replaces this one.
     Released,
@@ -79,8 +215,8 @@ impl fmt::Display for StoreError {
 
 impl std::error::Error for StoreError {}
 
-impl From<sled::Error> for StoreError {
-    fn from(e: sled::Error) -> Self {
+impl From<::sled::Error> for StoreError {
+    fn from(e: ::sled::Error) -> Self {
         StoreError::Db(e)
     }
 }
@@ -89,18 +225,18 @@ impl From<sled::Error> for StoreError {
 /// process of an upgrade releases it so the new one can open it (sled holds an exclusive file
 /// lock). Modules reach their trees through it per operation and never keep a tree.
 #[derive(Clone)]
-pub struct DbSlot(Arc<ArcSwapOption<sled::Db>>);
+pub struct DbSlot(Arc<ArcSwapOption<::sled::Db>>);
 
 impl DbSlot {
-    pub fn new(db: sled::Db) -> Self {
+    pub fn new(db: ::sled::Db) -> Self {
         DbSlot(Arc::new(ArcSwapOption::from_pointee(db)))
     }
 
-    pub fn db(&self) -> Result<sled::Db, StoreError> {
+    pub fn db(&self) -> Result<::sled::Db, StoreError> {
         self.0.load_full().map(|db| (*db).clone()).ok_or(StoreError::Released)
     }
 
-    pub fn tree(&self, name: &str) -> Result<sled::Tree, StoreError> {
+    pub fn tree(&self, name: &str) -> Result<::sled::Tree, StoreError> {
         Ok(self.db()?.open_tree(name)?)
     }
 
@@ -115,8 +251,8 @@ impl DbSlot {
     }
 }
 
-impl From<&sled::Db> for DbSlot {
-    fn from(db: &sled::Db) -> Self {
+impl From<&::sled::Db> for DbSlot {
+    fn from(db: &::sled::Db) -> Self {
         DbSlot::new(db.clone())
     }
 }
@@ -172,104 +308,13 @@ impl Durable {
     }
 }
 
-/// Handle to the open database.
-#[derive(Clone)]
-pub struct Store {
-    slot: DbSlot,
-}
-
-/// Make the data directory private to this user before anything is written into it: created
-/// 0700, and an existing one (and what it holds) stripped of group and other permissions. The
-/// database holds key hashes, balances, usage and video payloads. Files created later are
-/// 0600 through the process umask (`server` sets 0077 at start).
-pub fn make_private(dir: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir)?;
-    fn tighten(path: &Path, depth: usize) -> std::io::Result<()> {
-        let meta = std::fs::symlink_metadata(path)?;
-        if meta.file_type().is_symlink() {
-            return Ok(());
-        }
-        let mode = meta.permissions().mode();
-        if mode & 0o077 != 0 {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7700))?;
-        }
-        if meta.is_dir() && depth < 4 {
-            for entry in std::fs::read_dir(path)? {
-                tighten(&entry?.path(), depth + 1)?;
-            }
-        }
-        Ok(())
-    }
-    let loose = std::fs::metadata(dir)?.permissions().mode() & 0o077 != 0;
-    if loose {
-        log::warn!("data_dir {}: was readable by other users; now 0700 (files 0600)", dir.display());
-    }
-    tighten(dir, 0)
-}
-
-impl Store {
-    pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        make_private(dir).map_err(|e| StoreError::Db(sled::Error::Io(e)))?;
-        let db = sled::Config::new().path(dir).open()?;
-        Ok(Store { slot: DbSlot::new(db) })
-    }
-
-    /// Open, retrying while another process (the one being upgraded away) holds the lock.
-    pub fn open_waiting(dir: &Path, patience: std::time::Duration) -> Result<Store, StoreError> {
-        let deadline = std::time::Instant::now() + patience;
-        loop {
-            match Store::open(dir) {
-                Ok(s) => return Ok(s),
-                Err(StoreError::Db(sled::Error::Io(e))) if std::time::Instant::now() < deadline => {
-                    log::debug!("database busy ({e}); waiting for the previous process to hand it over");
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Every key record.
-    pub fn all_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
-        let mut out = Vec::new();
-        for item in self.slot.tree("keys")?.iter() {
-            let (id, value) = item?;
-            let rec: KeyRecord =
-                serde_json::from_slice(&value).map_err(|e| StoreError::Corrupt(format!("key {}: {e}", String::from_utf8_lossy(&id))))?;
-            out.push(rec);
-        }
-        Ok(out)
-    }
-
-    pub fn put_key(&self, rec: &KeyRecord) -> Result<(), StoreError> {
-        let value = serde_json::to_vec(rec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        self.slot.tree("keys")?.insert(rec.id.as_bytes(), value)?;
-        Ok(())
-    }
-
-    /// The database slot, for modules with trees of their own.
-    pub fn db(&self) -> &DbSlot {
-        &self.slot
-    }
-
-    pub fn flush(&self) -> Result<(), StoreError> {
-        self.slot.db()?.flush()?;
-        Ok(())
-    }
-
-    pub fn size_on_disk(&self) -> u64 {
-        self.slot.db().ok().and_then(|db| db.size_on_disk().ok()).unwrap_or(0)
-    }
-}
-
 /// Reopen a database a test just closed: sled's background threads may hold its lock for a
 /// moment after the last handle is dropped.
 #[cfg(test)]
-pub(crate) fn reopen(path: &Path) -> sled::Db {
+pub(crate) fn reopen(path: &std::path::Path) -> ::sled::Db {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        match sled::open(path) {
+        match ::sled::open(path) {
             Ok(db) => return db,
             Err(e) if std::time::Instant::now() < deadline => {
                 let _ = e;
@@ -280,32 +325,3 @@ pub(crate) fn reopen(path: &Path) -> sled::Db {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_round_trip_across_reopen() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let rec = KeyRecord {
-            id: "key_1".into(),
-            name: "demo".into(),
-            group: "default".into(),
-            key_hash: "ab".into(),
-            rpm: Some(60),
-            tpm: None,
-            enabled: true,
-            created_at: 1,
-            max_concurrent: None,
-            origin: KeyOrigin::Admin,
-            seed_digest: None,
-        };
-        {
-            let s = Store::open(dir.path()).expect("open");
-            s.put_key(&rec).expect("put");
-            s.flush().expect("flush");
-        }
-        let s = Store::open_waiting(dir.path(), std::time::Duration::from_secs(20)).expect("reopen");
-        assert_eq!(s.all_keys().expect("read"), vec![rec]);
-    }
-}

@@ -69,11 +69,10 @@ pub struct VideoService {
 impl VideoService {
     pub fn new(
         cfg: VideoConfig,
-        db: impl Into<crate::store::DbSlot>,
+        store: VideoStore,
         ledger: Arc<Ledger>,
         storage: Option<Arc<ObjectStore>>,
     ) -> Result<Self, String> {
-        let store = VideoStore::new(db).map_err(|e| e.to_string())?.with_fleet(ledger.fleet().cloned());
         let upstream = VideoUpstream::new(cfg.clone())?;
         let download = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
@@ -601,6 +600,10 @@ mod tests {
         assert!(tail.len() >= 24 && tail.bytes().all(|c| c.is_ascii_alphanumeric()), "{a}");
     }
 
+    fn sled_tasks(db: &sled::Db) -> VideoStore {
+        Arc::new(crate::store::sled::tasks::SledTasks::new(db).expect("tasks"))
+    }
+
     fn config() -> VideoConfig {
         VideoConfig {
             base_url: crate::config::BaseUrl::parse("http://127.0.0.1:9").expect("url"),
@@ -626,7 +629,7 @@ mod tests {
         let db = sled::open(dir.path()).expect("open");
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
         ledger.open_account("key_a", 1_000_000_000).await.expect("account");
-        let svc = VideoService::new(config(), &db, ledger.clone(), None).expect("service");
+        let svc = VideoService::new(config(), sled_tasks(&db), ledger.clone(), None).expect("service");
         let mut interrupted = task::tests::task();
         interrupted.id = "task_interrupted".into();
         interrupted.cost_nanos = 250_000_000;
@@ -651,7 +654,7 @@ mod tests {
     fn price_is_per_second_times_duration() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
-        let svc = VideoService::new(config(), &db, Arc::new(Ledger::open(&db).expect("ledger")), None).expect("service");
+        let svc = VideoService::new(config(), sled_tasks(&db), Arc::new(Ledger::open(&db).expect("ledger")), None).expect("service");
         assert_eq!(svc.price_nanos("genq3-pro", 8), Some(400_000_000));
         assert_eq!(svc.price_nanos("genq2", 8), None, "no price configured");
     }

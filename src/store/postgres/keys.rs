@@ -33,14 +33,7 @@ pub const OVERLAP: Duration = Duration::from_secs(5);
 /// The in-memory index: key hash → record.
 type Index = HashMap<String, Arc<KeyRecord>>;
 
-/// What an authentication finds.
-#[derive(Debug, Clone, PartialEq)]
-pub enum KeyLookup {
-    Found(Arc<KeyRecord>),
-    Unknown,
-    /// The index is older than the staleness bound: refuse (503) rather than guess.
-    Stale,
-}
+pub use crate::store::KeyLookup;
 
 pub struct FleetKeys {
     pg: Pg,
@@ -192,5 +185,27 @@ impl FleetKeys {
                 listener = None;
             }
         }
+    }
+}
+
+/// The fleet's side of the one store interface.
+#[async_trait::async_trait]
+impl crate::store::KeyStore for FleetKeys {
+    async fn all(&self) -> Result<Vec<KeyRecord>, crate::store::StoreError> {
+        Ok(FleetKeys::all(self).await?)
+    }
+
+    /// Each record with its change-log row, then this node's index re-read (the other nodes
+    /// follow within `store.sync_ms`).
+    async fn put(&self, records: &[KeyRecord]) -> Result<(), crate::store::StoreError> {
+        for record in records {
+            FleetKeys::put(self, record).await?;
+        }
+        self.sync().await?;
+        Ok(())
+    }
+
+    fn lookup(&self, hash: &[u8; 32]) -> KeyLookup {
+        FleetKeys::lookup(self, &crate::auth::hex(hash))
     }
 }

@@ -11,6 +11,7 @@
 //! first task created with a key is the one every node returns for it.
 
 use super::{Pg, PgError};
+use crate::video::task::Task;
 use std::time::Duration;
 
 /// What a create found.
@@ -157,5 +158,74 @@ impl FleetTasks {
             .await?;
         self.pg.count(1);
         Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+}
+
+/// Tasks a poller round takes (claims) at most.
+const CLAIM_BATCH: i64 = 1000;
+
+fn corrupt(id: &str, e: serde_json::Error) -> crate::store::StoreError {
+    crate::store::StoreError::Corrupt(format!("video task {id}: {e}"))
+}
+
+/// The fleet's side of the one store interface: tasks as JSON text in `video_tasks`.
+#[async_trait::async_trait]
+impl crate::store::TaskStore for FleetTasks {
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn get(&self, id: &str) -> Result<Option<Task>, crate::store::StoreError> {
+        match self.get_any(id).await? {
+            Some(text) => serde_json::from_str(&text).map(Some).map_err(|e| corrupt(id, e)),
+            None => Ok(None),
+        }
+    }
+
+    async fn put(&self, task: &Task) -> Result<(), crate::store::StoreError> {
+        let text = serde_json::to_string(task).map_err(|e| corrupt(&task.id, e))?;
+        let open = !task.status.is_terminal() || task.copy_pending;
+        if !FleetTasks::put(self, &task.id, &task.owner, &text, open).await? {
+            return Err(crate::store::StoreError::Shared(format!(
+                "video task {}: another node holds it now; this write was refused",
+                task.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// The work list is the claimed tasks themselves: nothing to drop.
+    fn drop_open(&self, _id: &str) -> Result<(), crate::store::StoreError> {
+        Ok(())
+    }
+
+    fn drop_copy(&self, _id: &str) -> Result<(), crate::store::StoreError> {
+        Ok(())
+    }
+
+    async fn discard(&self, id: &str) -> Result<(), crate::store::StoreError> {
+        Ok(FleetTasks::discard(self, id).await?)
+    }
+
+    async fn open_ids(&self) -> Result<Vec<String>, crate::store::StoreError> {
+        Ok(self.claim(CLAIM_BATCH).await?.into_iter().map(|(id, _)| id).collect())
+    }
+
+    async fn open_tasks(&self) -> Result<Vec<Task>, crate::store::StoreError> {
+        Ok(self.held().await?.into_iter().filter_map(|(_, text)| serde_json::from_str(&text).ok()).collect())
+    }
+
+    async fn copy_pending_ids(&self) -> Result<Vec<String>, crate::store::StoreError> {
+        let held = self.claim(CLAIM_BATCH).await?;
+        Ok(held.into_iter().filter(|(_, text)| serde_json::from_str::<Task>(text).is_ok_and(|t| t.copy_pending)).map(|(id, _)| id).collect())
+    }
+
+    /// The window is the database's (rows expire by its clock), not `now`.
+    async fn idempotent_task(&self, owner: &str, key: &str, _now: u64) -> Result<Option<String>, crate::store::StoreError> {
+        Ok(FleetTasks::idempotent_task(self, owner, key).await?)
+    }
+
+    async fn claim_idempotency(&self, owner: &str, key: &str, task_id: &str, _now: u64) -> Result<String, crate::store::StoreError> {
+        Ok(FleetTasks::claim_idempotency(self, owner, key, task_id).await?)
     }
 }

@@ -1,0 +1,131 @@
+//! Keys on one node: tree `keys` (key id → [`KeyRecord`] as JSON) and a lock-free index of
+//! key hash → record, replaced whole after every change.
+
+use crate::store::{DbSlot, KeyLookup, KeyRecord, KeyStore, StoreError};
+use arc_swap::ArcSwap;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+type KeyHash = [u8; 32];
+
+pub struct SledKeys {
+    slot: DbSlot,
+    by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>>>,
+}
+
+fn parse_hash(hex_str: &str) -> Option<KeyHash> {
+    if hex_str.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex_str.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+impl SledKeys {
+    /// The keys of `slot`, index loaded.
+    pub fn new(slot: &DbSlot) -> Result<SledKeys, StoreError> {
+        slot.tree("keys")?;
+        let keys = SledKeys { slot: slot.clone(), by_hash: ArcSwap::from_pointee(HashMap::new()) };
+        keys.reload()?;
+        Ok(keys)
+    }
+
+    /// Every key record, read from the tree.
+    pub fn read_all(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.slot.tree("keys")?.iter() {
+            let (id, value) = item?;
+            let rec: KeyRecord =
+                serde_json::from_slice(&value).map_err(|e| StoreError::Corrupt(format!("key {}: {e}", String::from_utf8_lossy(&id))))?;
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// Write a record (not yet durable, index not reloaded).
+    pub fn write(&self, rec: &KeyRecord) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(rec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.slot.tree("keys")?.insert(rec.id.as_bytes(), value)?;
+        Ok(())
+    }
+
+    /// Re-read every record into the index.
+    fn reload(&self) -> Result<(), StoreError> {
+        let mut map = HashMap::new();
+        for rec in self.read_all()? {
+            match parse_hash(&rec.key_hash) {
+                Some(h) => {
+                    map.insert(h, Arc::new(rec));
+                }
+                None => log::warn!("key {} has an unreadable hash; ignored", rec.id),
+            }
+        }
+        self.by_hash.store(Arc::new(map));
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl KeyStore for SledKeys {
+    async fn all(&self) -> Result<Vec<KeyRecord>, StoreError> {
+        self.read_all()
+    }
+
+    async fn put(&self, records: &[KeyRecord]) -> Result<(), StoreError> {
+        for rec in records {
+            self.write(rec)?;
+        }
+        if !records.is_empty() {
+            let db = self.slot.db()?;
+            tokio::task::spawn_blocking(move || db.flush()).await.map_err(|e| StoreError::Corrupt(format!("flush task: {e}")))??;
+        }
+        self.reload()
+    }
+
+    fn lookup(&self, hash: &[u8; 32]) -> KeyLookup {
+        match self.by_hash.load().get(hash) {
+            Some(rec) => KeyLookup::Found(rec.clone()),
+            None => KeyLookup::Unknown,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::sled::SledDb;
+    use crate::store::KeyOrigin;
+
+    #[tokio::test]
+    async fn keys_round_trip_across_reopen_and_are_found_by_hash() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let hash = crate::auth::hash_key("sk-round-trip");
+        let rec = KeyRecord {
+            id: "key_1".into(),
+            name: "demo".into(),
+            group: "default".into(),
+            key_hash: crate::auth::hex(&hash),
+            rpm: Some(60),
+            tpm: None,
+            enabled: true,
+            created_at: 1,
+            max_concurrent: None,
+            origin: KeyOrigin::Admin,
+            seed_digest: None,
+        };
+        {
+            let db = SledDb::open(dir.path()).expect("open");
+            let keys = SledKeys::new(db.db()).expect("keys");
+            assert_eq!(keys.lookup(&hash), KeyLookup::Unknown);
+            keys.put(std::slice::from_ref(&rec)).await.expect("put");
+            assert_eq!(keys.lookup(&hash), KeyLookup::Found(Arc::new(rec.clone())), "in force when put returns");
+        }
+        let db = SledDb::open_waiting(dir.path(), std::time::Duration::from_secs(20)).expect("reopen");
+        let keys = SledKeys::new(db.db()).expect("keys");
+        assert_eq!(keys.all().await.expect("read"), vec![rec.clone()]);
+        assert_eq!(keys.lookup(&hash), KeyLookup::Found(Arc::new(rec)), "the index is loaded on open");
+    }
+}

@@ -1,0 +1,463 @@
+//! Money on one node: trees `balances`, `usage_records` and `response_owners`.
+//!
+//! The in-memory account (balance and what is held) is the authoritative one while the process
+//! runs; every admission decision and every debit is made under one lock. A booking queues its
+//! usage record to the one writer (`commit`), which makes it durable within
+//! `billing.commit_interval_ms` (or before the booking returns when it waits).
+//!
+//! No sled transaction or batch is used anywhere: in sled 0.34 either switches the whole
+//! database to a lock mode in which a concurrent `flush` can deadlock (seen under load).
+//! Instead every booking takes a persistent sequence number and writes one usage record that
+//! carries it and the balance after it (the records of one key committed in one batch share
+//! a sled entry, a JSON array keyed by the first one's time and sequence); the balance entry
+//! `(balance, seq)` is written only by top-ups and repairs. Loading an account takes the newer
+//! of the balance entry and the key's newest record, so a booking is one insert and can never
+//! be half done.
+
+use crate::ledger::{ForwardBookings, Insufficient, ResponseOwner, Totals, UsageRecord};
+use crate::store::{DbSlot, MoneyStore, StoreError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Account {
+    balance: i64,
+    held: i64,
+}
+
+impl Account {
+    /// Whether `balance − held` covers `amount` (a positive amount needs a positive remainder).
+    /// A key in debt (negative remainder) is refused even what holds nothing, until topped up.
+    fn covers(&self, amount: i64) -> Result<(), Insufficient> {
+        let available = self.balance.saturating_sub(self.held);
+        if available < amount || (amount > 0 && available <= 0) || available < 0 {
+            return Err(Insufficient { available, needed: amount });
+        }
+        Ok(())
+    }
+}
+
+
+/// The records of one entry of the `usage_records` tree: a JSON array (the records of one key
+/// committed in one batch) or, as written before batches were grouped, one JSON object.
+pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("usage record: {e}"));
+    match v.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'[') => serde_json::from_slice(v).map_err(corrupt),
+        _ => serde_json::from_slice(v).map(|r| vec![r]).map_err(corrupt),
+    }
+}
+
+/// Outcome of the locked part of a booking.
+enum Queued {
+    Refused(Insufficient),
+    /// The database belongs to the new process: forward the booking.
+    HandedOver,
+    /// The new balance, and the waiter when the booking waits for the disk.
+    Booked(i64, Option<crate::commit::Waiter>),
+}
+
+/// A balance entry: the balance and the sequence number of the booking that set it.
+pub(crate) fn encode_balance(balance: i64, seq: u64) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&balance.to_be_bytes());
+    out[8..].copy_from_slice(&seq.to_be_bytes());
+    out
+}
+
+pub(crate) fn decode_balance(bytes: &[u8]) -> Result<(i64, u64), StoreError> {
+    let corrupt = || StoreError::Corrupt("balance entry is not 16 bytes".into());
+    let balance: [u8; 8] = bytes.get(..8).and_then(|b| b.try_into().ok()).ok_or_else(corrupt)?;
+    let seq: [u8; 8] = bytes.get(8..16).and_then(|b| b.try_into().ok()).ok_or_else(corrupt)?;
+    Ok((i64::from_be_bytes(balance), u64::from_be_bytes(seq)))
+}
+
+
+/// The money of one node.
+pub struct SledMoney {
+    slot: DbSlot,
+    /// The one writer of balance entries and usage records.
+    writer: crate::commit::Writer,
+    /// Set (under the accounts lock) once the database is being handed to a new process:
+    /// every later booking goes through the hand-over socket.
+    handing_over: std::sync::atomic::AtomicBool,
+    accounts: Mutex<HashMap<String, Account>>,
+    seq: AtomicU64,
+    /// Where bookings go once the database was handed over (upgrade); injected at start.
+    handover: std::sync::OnceLock<Arc<dyn ForwardBookings>>,
+}
+
+impl SledMoney {
+    pub fn open(slot: &DbSlot, policy: crate::config::CommitPolicy) -> Result<Self, StoreError> {
+        slot.tree("balances")?;
+        slot.tree("usage_records")?;
+        let writer = crate::commit::Writer::start(slot.clone(), policy.interval, !policy.sync)
+            .map_err(|e| StoreError::Corrupt(format!("cannot start the commit writer: {e}")))?;
+        Ok(SledMoney {
+            writer,
+            handing_over: std::sync::atomic::AtomicBool::new(false),
+            slot: slot.clone(),
+            accounts: Mutex::new(HashMap::new()),
+            seq: AtomicU64::new(0),
+            handover: std::sync::OnceLock::new(),
+        })
+    }
+
+    fn balances(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("balances")
+    }
+
+    fn records_tree(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("usage_records")
+    }
+
+    fn accounts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Account>> {
+        self.accounts.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn load(&self, map: &mut HashMap<String, Account>, key_id: &str) -> Result<Account, StoreError> {
+        if let Some(a) = map.get(key_id) {
+            return Ok(*a);
+        }
+        let (mut balance, seq) = match self.balances()?.get(key_id.as_bytes())? {
+            Some(b) => decode_balance(&b)?,
+            None => (0, 0),
+        };
+        // A record newer than the balance entry means the process stopped between the two
+        // writes of a booking: the record's balance is the right one.
+        if let Some(newest) = self.newest_record(key_id)? {
+            if newest.seq > seq {
+                balance = newest.balance_after;
+            }
+        }
+        let a = Account { balance, held: 0 };
+        map.insert(key_id.to_string(), a);
+        Ok(a)
+    }
+
+    /// The key's record with the highest sequence number among its latest few.
+    fn newest_record(&self, key_id: &str) -> Result<Option<UsageRecord>, StoreError> {
+        let mut prefix = key_id.as_bytes().to_vec();
+        prefix.push(0);
+        let mut newest: Option<UsageRecord> = None;
+        for item in self.records_tree()?.scan_prefix(prefix).rev().take(16) {
+            let (_, v) = item?;
+            for r in decode_records(&v)? {
+                if newest.as_ref().is_none_or(|n| r.seq > n.seq) {
+                    newest = Some(r);
+                }
+            }
+        }
+        Ok(newest)
+    }
+
+
+    fn record_key(&self, r: &UsageRecord) -> Vec<u8> {
+        let mut k = r.key_id.as_bytes().to_vec();
+        k.push(0);
+        k.extend_from_slice(&r.time_ms.to_be_bytes());
+        k.extend_from_slice(&self.seq.fetch_add(1, Ordering::Relaxed).to_be_bytes());
+        k
+    }
+
+
+    /// The synchronous part of a booking, under the accounts lock.
+    fn queue_booking(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Queued, StoreError> {
+        {
+            let mut map = self.accounts();
+            if self.handing_over.load(Ordering::SeqCst) || self.slot.is_released() {
+                if check {
+                    let acc = map.get(&record.key_id).copied().unwrap_or_default();
+                    if let Err(short) = acc.covers(record.cost_nanos) {
+                        return Ok(Queued::Refused(short));
+                    }
+                }
+                return Ok(Queued::HandedOver);
+            }
+            let mut acc = self.load(&mut map, &record.key_id)?;
+            if check {
+                if let Err(short) = acc.covers(record.cost_nanos) {
+                    return Ok(Queued::Refused(short));
+                }
+            }
+            let new_balance = acc.balance.saturating_sub(record.cost_nanos);
+            let seq = self.slot.db()?.generate_id()? + 1;
+            let mut record = record.clone();
+            record.seq = seq;
+            record.balance_after = new_balance;
+            let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            // The record alone carries the new balance (`balance_after`, newer `seq` than the
+            // balance entry), so the balance entry is not rewritten per booking: one insert.
+            let mut group = record.key_id.as_bytes().to_vec();
+            group.push(0);
+            if let (Some(id), Some(owner)) = (&record.response_id, record.owner()) {
+                let owner = serde_json::to_vec(&owner).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                // Queued before the record: its waiter covers both.
+                self.writer.insert(crate::commit::TreeName::ResponseOwners, id.as_bytes().to_vec(), owner, false)?;
+            }
+            let waiter = self.writer.insert_grouped(
+                crate::commit::TreeName::UsageRecords,
+                group,
+                record.time_ms,
+                self.record_key(&record),
+                value,
+                wait,
+            )?;
+            acc.balance = new_balance;
+            acc.held -= release;
+            map.insert(record.key_id.clone(), acc);
+            Ok(Queued::Booked(new_balance, waiter))
+        }
+    }
+
+    /// The database belongs to the new process now: it books the record; this process keeps
+    /// its in-memory view (balance estimate, released hold) for the requests it still finishes.
+    async fn forward(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
+        self.handover.get().ok_or(StoreError::Released)?.forward_booking(record).await?;
+        let mut map = self.accounts();
+        let acc = map.entry(record.key_id.clone()).or_default();
+        acc.balance -= record.cost_nanos;
+        acc.held -= release;
+        Ok(acc.balance)
+    }
+
+
+    /// Every usage record and every response owner of this node's sled store (`store copy`).
+    pub fn export(&self) -> Result<LedgerExport, StoreError> {
+        let mut records = Vec::new();
+        for item in self.records_tree()?.iter() {
+            let (_, v) = item?;
+            records.extend(decode_records(&v)?);
+        }
+        let mut owners = Vec::new();
+        for item in self.slot.tree(crate::commit::RESPONSE_OWNERS)?.iter() {
+            let (k, v) = item?;
+            let owner = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("response owner: {e}")))?;
+            owners.push((String::from_utf8_lossy(&k).into_owned(), owner));
+        }
+        Ok((records, owners))
+    }
+
+    /// Write copied records and owners into this (empty) sled store as history: the records
+    /// carry no balance (sequence 0), so the balances stay those the copy opened.
+    pub fn import(&self, records: &[UsageRecord], owners: &[(String, ResponseOwner)]) -> Result<(), StoreError> {
+        let tree = self.records_tree()?;
+        for r in records {
+            let record = UsageRecord { seq: 0, balance_after: 0, ..r.clone() };
+            let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            tree.insert(self.record_key(&record), value)?;
+        }
+        let tree = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
+        for (id, owner) in owners {
+            tree.insert(id.as_bytes(), serde_json::to_vec(owner).map_err(|e| StoreError::Corrupt(e.to_string()))?)?;
+        }
+        self.slot.db()?.flush()?;
+        Ok(())
+    }
+
+    /// Delete records older than `before_ms` (a batch entry once all its records are). Returns
+    /// how many records.
+    ///
+    /// A key's balance may live only in its newest record (bookings do not rewrite the balance
+    /// entry), so before any record of a key goes, the key's balance is checkpointed into its
+    /// balance entry under a fresh sequence number: pruning never changes a balance.
+    async fn prune_records(&self, before_ms: u64) -> Result<usize, StoreError> {
+        // Queued records first, so that every record older than the cut is seen.
+        self.writer.settled().await?;
+        let records = self.records_tree()?;
+        let mut old_keys: Vec<sled::IVec> = Vec::new();
+        let mut pruned = 0usize;
+        let mut key_ids: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        for item in records.iter() {
+            let (k, v) = item?;
+            match decode_records(&v) {
+                // An entry goes when every record in it is older than the cut.
+                Ok(rs) if !rs.is_empty() && rs.iter().all(|r| r.time_ms < before_ms) => {
+                    pruned += rs.len();
+                    key_ids.extend(rs.into_iter().map(|r| r.key_id));
+                    old_keys.push(k);
+                }
+                Ok(_) => {}
+                Err(e) => log::warn!("ledger: unreadable usage record kept: {e}"),
+            }
+        }
+        self.prune_owners(before_ms)?;
+        if old_keys.is_empty() {
+            return Ok(0);
+        }
+        for key_id in &key_ids {
+            self.checkpoint(key_id)?;
+        }
+        // The checkpoints are on disk before the records they replace are deleted.
+        self.slot.db()?.flush()?;
+        for k in &old_keys {
+            records.remove(k)?;
+        }
+        Ok(pruned)
+    }
+
+
+    /// Forget the owners of responses created before `before_ms` (with their usage records).
+    fn prune_owners(&self, before_ms: u64) -> Result<usize, StoreError> {
+        let owners = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
+        let mut old = Vec::new();
+        for item in owners.iter() {
+            let (k, v) = item?;
+            match serde_json::from_slice::<ResponseOwner>(&v) {
+                Ok(o) if o.time_ms < before_ms => old.push(k),
+                Ok(_) => {}
+                Err(e) => log::warn!("ledger: unreadable response owner kept: {e}"),
+            }
+        }
+        for k in &old {
+            owners.remove(k)?;
+        }
+        Ok(old.len())
+    }
+
+    /// Write the key's current balance into its balance entry with a new sequence number.
+    fn checkpoint(&self, key_id: &str) -> Result<(), StoreError> {
+        let mut map = self.accounts();
+        let acc = self.load(&mut map, key_id)?;
+        let seq = self.slot.db()?.generate_id()? + 1;
+        self.balances()?.insert(key_id.as_bytes(), &encode_balance(acc.balance, seq)[..])?;
+        Ok(())
+    }
+}
+
+/// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms` (run on
+/// a blocking thread: a long history is a long read).
+fn summary_in(slot: &DbSlot, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+    let mut lo = key_id.as_bytes().to_vec();
+    lo.push(0);
+    let mut hi = lo.clone();
+    // An entry is keyed by its first record's time and spans at most GROUP_SPAN_MS.
+    lo.extend_from_slice(&start_ms.saturating_sub(crate::commit::GROUP_SPAN_MS).to_be_bytes());
+    hi.extend_from_slice(&end_ms.to_be_bytes());
+    let mut total = Totals::default();
+    let mut by_model: BTreeMap<String, Totals> = BTreeMap::new();
+    for item in slot.tree("usage_records")?.range(lo..hi) {
+        let (_, v) = item?;
+        for r in decode_records(&v)?.into_iter().filter(|r| r.time_ms >= start_ms && r.time_ms < end_ms) {
+            total.add(&r);
+            by_model.entry(r.model.clone()).or_default().add(&r);
+        }
+    }
+    Ok((total, by_model))
+}
+
+/// A sled ledger's records and response owners (id, owner), for `store copy`.
+pub type LedgerExport = (Vec<UsageRecord>, Vec<(String, ResponseOwner)>);
+
+#[async_trait::async_trait]
+impl MoneyStore for SledMoney {
+    async fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError> {
+        let created =
+            self.balances()?.compare_and_swap(key_id.as_bytes(), None as Option<&[u8]>, Some(&encode_balance(initial, 0)[..]))?.is_ok();
+        Ok(created)
+    }
+
+    async fn balance(&self, key_id: &str) -> Result<i64, StoreError> {
+        let mut map = self.accounts();
+        Ok(self.load(&mut map, key_id)?.balance)
+    }
+
+    async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<(), Insufficient>, StoreError> {
+        let mut map = self.accounts();
+        let mut acc = self.load(&mut map, key_id)?;
+        if let Err(short) = acc.covers(amount) {
+            return Ok(Err(short));
+        }
+        acc.held = acc.held.saturating_add(amount);
+        map.insert(key_id.to_string(), acc);
+        Ok(Ok(()))
+    }
+
+    fn release(&self, key_id: &str, amount: i64) {
+        let mut map = self.accounts();
+        if let Some(acc) = map.get_mut(key_id) {
+            acc.held -= amount;
+        }
+    }
+
+    /// The record is queued under the accounts lock, so records reach the disk in the order
+    /// their balances were computed, and a hand-over (which sets its flag under the same lock,
+    /// then waits for the queue) misses none.
+    async fn book(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Result<i64, Insufficient>, StoreError> {
+        let (balance, waiter) = match self.queue_booking(record, release, check, wait)? {
+            Queued::Refused(short) => return Ok(Err(short)),
+            Queued::HandedOver => return self.forward(record, release).await.map(Ok),
+            Queued::Booked(balance, waiter) => (balance, waiter),
+        };
+        if let Some(waiter) = waiter {
+            waiter.wait().await?;
+        }
+        Ok(Ok(balance))
+    }
+
+    async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError> {
+        let (balance, waiter) = {
+            let mut map = self.accounts();
+            let mut acc = self.load(&mut map, key_id)?;
+            acc.balance += delta;
+            let seq = self.slot.db()?.generate_id()? + 1;
+            let waiter = self.writer.insert(
+                crate::commit::TreeName::Balances,
+                key_id.as_bytes().to_vec(),
+                encode_balance(acc.balance, seq).to_vec(),
+                true,
+            )?;
+            map.insert(key_id.to_string(), acc);
+            (acc.balance, waiter)
+        };
+        if let Some(waiter) = waiter {
+            waiter.wait().await?;
+        }
+        Ok(balance)
+    }
+
+    async fn commit(&self) -> Result<(), StoreError> {
+        self.writer.settled().await
+    }
+
+    async fn usage_summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+        // A long history is read on a blocking thread, on its own handle of the trees.
+        let (slot, key_id) = (self.slot.clone(), key_id.to_string());
+        tokio::task::spawn_blocking(move || summary_in(&slot, &key_id, start_ms, end_ms))
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("usage query task: {e}")))?
+    }
+
+    async fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
+        self.prune_records(before_ms).await
+    }
+
+    async fn response_owner(&self, id: &str) -> Result<Option<ResponseOwner>, StoreError> {
+        match self.slot.tree(crate::commit::RESPONSE_OWNERS)?.get(id.as_bytes())? {
+            Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| StoreError::Corrupt(format!("response owner {id}: {e}"))),
+            None => Ok(None),
+        }
+    }
+
+    async fn forget_response(&self, id: &str) -> Result<(), StoreError> {
+        self.slot.tree(crate::commit::RESPONSE_OWNERS)?.remove(id.as_bytes())?;
+        Ok(())
+    }
+
+    async fn hand_over(&self) -> Result<(), StoreError> {
+        {
+            let _map = self.accounts();
+            self.handing_over.store(true, Ordering::SeqCst);
+        }
+        self.writer.settled().await
+    }
+
+    fn set_handover(&self, to: Arc<dyn ForwardBookings>) {
+        let _ = self.handover.set(to);
+    }
+
+    fn commit_stats(&self) -> &crate::commit::CommitStats {
+        &self.writer.stats
+    }
+}
