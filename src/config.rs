@@ -130,6 +130,9 @@ struct RawConfig {
     forward_response_headers: Vec<String>,
     #[serde(default)]
     retry: Option<RawRetry>,
+    /// How providers of one tier share the traffic.
+    #[serde(default)]
+    routing: Option<RawRouting>,
     /// Client connections and request headers (see `listener`).
     #[serde(default)]
     limits: Option<RawLimits>,
@@ -178,6 +181,13 @@ struct RawLimits {
     max_connections_per_ip: Option<usize>,
     #[serde(default)]
     keepalive_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRouting {
+    #[serde(default)]
+    balance_factor: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -433,6 +443,10 @@ pub struct Config {
     pub storage: Option<S3Config>,
     /// Retries before the first byte (`retry:`).
     pub retry: RetryPolicy,
+    /// ε of conversation affinity's bounded load (`routing.balance_factor`): a provider takes
+    /// a conversation's request only while its share of its tier's recent traffic is within
+    /// `1 + ε` times its weighted share.
+    pub balance_factor: f64,
     /// Client connections and request headers (`limits:`).
     pub connections: crate::listener::ConnLimits,
     /// How long a response whose client left is still read for its usage (`billing.drain_secs`).
@@ -544,6 +558,10 @@ impl Default for RetryPolicy {
         RetryPolicy { attempts: 2, on_status: vec![429, 500, 502, 503, 504], deadline: None }
     }
 }
+
+/// Largest `routing.balance_factor`: at 100 a provider may take 101 times its share, which
+/// is affinity without a bound in practice.
+const MAX_BALANCE_FACTOR: f64 = 100.0;
 
 /// Most attempts `retry.attempts` may allow.
 pub const MAX_ATTEMPTS: u32 = 10;
@@ -989,6 +1007,12 @@ impl Config {
             }
         }
 
+        let balance_factor = raw.routing.and_then(|r| r.balance_factor).unwrap_or(crate::affinity::DEFAULT_BALANCE_FACTOR);
+        if !(0.0..=MAX_BALANCE_FACTOR).contains(&balance_factor) {
+            return err(format!(
+                "routing.balance_factor: 0 to {MAX_BALANCE_FACTOR} (a provider may take up to 1 + this times its weighted share of a tier's traffic before a conversation goes on to the next; 0.25 by default)"
+            ));
+        }
         let connections = conn_limits(raw.limits)?;
         let drain_secs = billing.drain_secs.unwrap_or(DEFAULT_DRAIN_SECS);
         if drain_secs > 600 {
@@ -1014,6 +1038,7 @@ impl Config {
             media_allowance,
             connections,
             retry,
+            balance_factor,
             pingora: raw.pingora,
             default_max_output_tokens,
             commit,
@@ -1305,6 +1330,8 @@ keys:
     fn routing_settings_default_and_are_checked() {
         let c = Config::parse(MINIMAL, &no_env).expect("valid");
         assert_eq!(c.retry, RetryPolicy { attempts: 2, on_status: vec![429, 500, 502, 503, 504], deadline: None });
+        assert_eq!(c.balance_factor, 0.25);
+        assert_eq!(Config::parse(&format!("{MINIMAL}routing: {{ balance_factor: 0.1 }}\n"), &no_env).expect("valid").balance_factor, 0.1);
         let p = &c.providers[0];
         assert_eq!((p.priority, p.weight, p.cooldown.as_secs(), p.failures_before_cooldown), (0, 1, 30, 3));
         let text = MINIMAL.replace(
@@ -1328,6 +1355,9 @@ keys:
             (format!("{MINIMAL}retry: {{ attempts: 0 }}\n"), "retry.attempts"),
             (format!("{MINIMAL}retry: {{ on_status: [200] }}\n"), "retry.on_status: 200"),
             (format!("{MINIMAL}retry: {{ deadline_secs: 0 }}\n"), "retry.deadline_secs"),
+            (format!("{MINIMAL}routing: {{ balance_factor: -0.1 }}\n"), "routing.balance_factor: 0 to 100"),
+            (format!("{MINIMAL}routing: {{ balance_factor: .nan }}\n"), "routing.balance_factor"),
+            (format!("{MINIMAL}routing: {{ spread: 1 }}\n"), "spread"),
         ] {
             let e = Config::parse(&bad, &no_env).unwrap_err();
             assert!(e.0.contains(named), "{bad}: {e}");

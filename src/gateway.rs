@@ -453,6 +453,10 @@ impl Gateway {
         let mut next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
         while let Some((index, admission)) = next.take() {
             let upstream = &catalog.upstreams[index];
+            if !(tried.is_empty() && dead.is_empty() && plan.candidates.first() == Some(&index)) {
+                // Not the provider the plan counted (see `relay::draft`): count it here.
+                upstream.health.load.add();
+            }
             let Some(peer) = upstream.peer(tried.len() + dead.len()) else {
                 log::warn!("provider {} has no resolved address", upstream.config.name);
                 admission.report(Verdict::Failed);

@@ -2,10 +2,12 @@
 //!
 //! Module map (one concern each): [`config`] file → typed config; [`route`] method+path →
 //! route; [`auth`] keys; [`protocol`] wire shapes per protocol; [`relay`] providers, upstream
-//! rewrite, DNS; [`store`] sled; [`ledger`] balances and usage records; [`meter`] usage extraction; [`limits`] rate limits; [`listener`] connection caps and the request-header phase; [`response`] local responses; [`gateway`] the Pingora hooks;
+//! rewrite, DNS; [`affinity`] which provider of a tier a conversation goes to; [`store`] everything
+//! persisted (one interface, sled and PostgreSQL backends); [`ledger`] prices, holds and bookings; [`meter`] usage extraction; [`limits`] rate limits; [`listener`] connection caps and the request-header phase; [`response`] local responses; [`gateway`] the Pingora hooks;
 //! [`server`] wiring; [`video`] asynchronous video tasks; [`mock`] the mock upstream used by tests and benches.
 
 pub mod admin;
+pub mod affinity;
 pub mod auth;
 pub mod billing;
 pub mod body;

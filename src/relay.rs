@@ -3,6 +3,7 @@
 //! request rewrite (credentials, host, path), peers built from pre-resolved addresses, and the
 //! background DNS refresh.
 
+use crate::affinity::rendezvous_score;
 use crate::config::{Config, Platform, Protocol, ProviderConfig};
 use crate::protocol::{ApiError, ErrorKind, ModelEntry};
 use crate::route::Route;
@@ -106,6 +107,8 @@ pub struct Catalog {
     /// Smooth weighted round-robin state per tier (its providers' indexes): each provider's
     /// current weight.
     rotation: std::sync::Mutex<HashMap<Vec<usize>, Vec<i64>>>,
+    /// ε of conversation affinity's bounded load (`routing.balance_factor`).
+    balance_factor: f64,
 }
 
 impl Catalog {
@@ -125,6 +128,7 @@ impl Catalog {
             groups: config.groups.clone(),
             created,
             rotation: std::sync::Mutex::new(HashMap::new()),
+            balance_factor: config.balance_factor,
         }
     }
 
@@ -389,13 +393,27 @@ pub fn order_providers(catalog: &Catalog, candidates: &mut [usize], conversation
         let members = &mut candidates[start..end];
         if members.len() > 1 {
             match conversation {
-                Some(conversation) => members.sort_by(|&a, &b| {
-                    rendezvous_score(conversation, &cfg(b).name, cfg(b).weight).total_cmp(&rendezvous_score(
-                        conversation,
-                        &cfg(a).name,
-                        cfg(a).weight,
-                    ))
-                }),
+                Some(conversation) => {
+                    members.sort_by(|&a, &b| {
+                        rendezvous_score(conversation, &cfg(b).name, cfg(b).weight).total_cmp(&rendezvous_score(
+                            conversation,
+                            &cfg(a).name,
+                            cfg(a).weight,
+                        ))
+                    });
+                    // Bounded load: the first in the conversation's order within its bound takes
+                    // it; those passed over stay next in line (see `affinity`).
+                    let health = |j: usize| &catalog.upstreams[members[j]].health;
+                    let at = crate::affinity::first_within_bound(
+                        members.len(),
+                        |j| (health(j).load.get(), cfg(members[j]).weight),
+                        catalog.balance_factor,
+                    );
+                    if at > 0 {
+                        (0..at).for_each(|j| health(j).overflows.add(1));
+                        members[..=at].rotate_right(1);
+                    }
+                }
                 None => {
                     let first = catalog.next_in_rotation(members);
                     if let Some(at) = members.iter().position(|&i| i == first) {
@@ -406,17 +424,6 @@ pub fn order_providers(catalog: &Catalog, candidates: &mut [usize], conversation
         }
         start = end;
     }
-}
-
-/// Weighted rendezvous score of a provider for a conversation: `weight / -ln(u)` with `u` in
-/// (0, 1) from a hash of both; the highest score wins, each provider with probability
-/// proportional to its weight.
-fn rendezvous_score(conversation: u64, name: &str, weight: u32) -> f64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (conversation, name).hash(&mut h);
-    let u = ((h.finish() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
-    f64::from(weight) / -u.ln()
 }
 
 impl Catalog {
@@ -543,6 +550,12 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         // Embeddings are not conversations: they only spread by weight.
         let conversation = if route.embeds() { None } else { crate::protocol::conversation_key(&fields) };
         order_providers(catalog, &mut candidates, conversation);
+    }
+    // The provider chosen is that provider's load from now on (counted at once, so requests
+    // deciding at the same moment see each other); a request sent elsewhere after all (its
+    // provider rests or fails) is counted where it goes (the gateway's attempt loop).
+    if let Some(&first) = candidates.first() {
+        catalog.upstreams[first].health.load.add();
     }
     let previous_response_id = match route {
         Route::Responses | Route::ResponsesCompact | Route::ResponsesInputTokens => fields.previous_response_id.clone(),

@@ -375,3 +375,125 @@ async fn a_pinned_conversation_leaves_its_provider_only_while_it_rests() {
     assert_eq!(status, 200);
     assert_eq!(s.seen("back").await, [home], "back once its provider may take requests again");
 }
+
+/// The providers of a tier in a prompt's rendezvous order, as tollgate computes it (the body
+/// sent by `Setup::chat`), given `(name, weight)` of each.
+fn rendezvous_order(prompt: &str, providers: &[(&str, u32)]) -> Vec<String> {
+    let body = json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": prompt}]}).to_string();
+    let fields = tollgate::protocol::body_fields(body.as_bytes()).expect("parse");
+    let conversation = tollgate::protocol::conversation_key(&fields).expect("a conversation");
+    let mut order: Vec<(f64, &str)> =
+        providers.iter().map(|(name, w)| (tollgate::affinity::rendezvous_score(conversation, name, *w), *name)).collect();
+    order.sort_by(|a, b| b.0.total_cmp(&a.0));
+    order.into_iter().map(|(_, name)| format!("/{name}")).collect()
+}
+
+/// The first prompt `hot prompt {n}` whose rendezvous order starts with `first`.
+fn prompt_preferring(first: &str, providers: &[(&str, u32)]) -> String {
+    (0..).map(|n| format!("hot prompt {n}")).find(|p| rendezvous_order(p, providers)[0] == first).expect("some prompt")
+}
+
+/// Share of `provider` among the requests the mock saw with `tag`.
+async fn share(s: &Setup, tag: &str, provider: &str) -> f64 {
+    let seen = s.seen(tag).await;
+    seen.iter().filter(|p| *p == provider).count() as f64 / seen.len() as f64
+}
+
+/// Issue 26: 200 identical single-turn requests on a 3:1 tier. Without a bound all went to the
+/// provider the prompt hashes to (200 to 0). With it, the prompt's first provider takes at
+/// most (1 + ε) times its weighted share, and the rest goes to the next in its order: at the
+/// default ε = 0.25, 0.9375 when it prefers the weight-3 provider, 0.3125 (the heavy one
+/// 0.6875) when it prefers the weight-1 one; at ε = 0.1, 0.825 and 0.725.
+#[tokio::test]
+async fn identical_prompts_split_within_the_bound() {
+    let tier = [("p1", 3), ("p2", 1)];
+    let providers = [format!("{}, weight: 3", key()), key()];
+    let providers: Vec<&str> = providers.iter().map(String::as_str).collect();
+    for (extra, epsilon) in [("", 0.25), ("routing: { balance_factor: 0.1 }\n", 0.1)] {
+        for (home, tag) in [("/p1", "prefers-heavy"), ("/p2", "prefers-light")] {
+            // A gateway of its own: the tier's load is this prompt's alone.
+            let s = setup(&providers, extra);
+            let prompt = prompt_preferring(home, &tier);
+            // As a batch job sends them: eight at a time.
+            for _ in 0..25 {
+                let batch = (0..8).map(|_| s.chat(tag, &[], &prompt));
+                for (status, _) in futures_util::future::join_all(batch).await {
+                    assert_eq!(status, 200);
+                }
+            }
+            let weight_share = if home == "/p1" { 0.75 } else { 0.25 };
+            let at_home = share(&s, tag, home).await;
+            let heavy = share(&s, tag, "/p1").await;
+            eprintln!("ε {epsilon}, {tag}: home {home} {at_home:.3}, heavy share {heavy:.3}");
+            // The share is the bound's, within the few requests a quiet provider takes anyway.
+            let bound = (1.0 + epsilon) * weight_share;
+            assert!(at_home <= bound + 0.03, "ε {epsilon}, {tag}: {at_home} over the bound {bound}");
+            assert!(at_home >= bound - 0.08, "ε {epsilon}, {tag}: {at_home}: affinity kept up to the bound {bound}");
+            if epsilon <= 0.1 || home == "/p2" {
+                assert!((0.65..=0.85).contains(&heavy), "ε {epsilon}, {tag}: heavy share {heavy}");
+            }
+            let name = home.trim_start_matches('/');
+            let overflow = s.metric(&format!("tollgate_affinity_overflow_total{{provider=\"{name}\"}}")).await;
+            assert!(overflow > 0.0, "the overflow of {name} is counted:\n{}", s.metrics().await);
+        }
+    }
+}
+
+/// Requests without a conversation (embeddings), spread by smooth weighted round-robin:
+/// load on every provider exactly by weight.
+async fn even_load(s: &Setup, tag: &str, n: usize) {
+    for i in 0..n {
+        let r = client()
+            .post(s.gw.url("/v1/embeddings"))
+            .bearer_auth(CLIENT_KEY)
+            .header("x-test-tag", tag)
+            .json(&json!({"model": "alpha-embed-3", "input": format!("text {i}")}))
+            .send()
+            .await
+            .expect("embed");
+        assert_eq!(r.status(), 200);
+    }
+}
+
+/// A conversation keeps its provider while that provider is within its bound (here under
+/// traffic spread evenly), a hot prompt's overflow goes to the next provider in its own
+/// rendezvous order, and a provider back under its bound gets its conversations back.
+#[tokio::test]
+async fn affinity_holds_within_the_bound_and_overflow_follows_the_order() {
+    let tier = [("p1", 1), ("p2", 1), ("p3", 1)];
+    let s = setup(&[&key(), &key(), &key()], "");
+    // Sticky: 10 turns of one conversation among 400 requests spread evenly.
+    let sticky = "a conversation that goes on";
+    let home = rendezvous_order(sticky, &tier)[0].clone();
+    for i in 0..400 {
+        even_load(&s, "spread", 1).await;
+        if i % 40 == 0 {
+            assert_eq!(s.chat("sticky", &[], sticky).await.0, 200);
+        }
+    }
+    let seen = s.seen("sticky").await;
+    assert!(seen.iter().all(|p| *p == home), "every turn on {home}: {seen:?}");
+
+    // A hot prompt: its first provider fills to its bound, the overflow goes to the second in
+    // its order, the third gets only what is left over after both are at their bounds.
+    let prompt = "one popular prompt";
+    let order = rendezvous_order(prompt, &tier);
+    for _ in 0..300 {
+        assert_eq!(s.chat("hot", &[], prompt).await.0, 200);
+    }
+    let seen = s.seen("hot").await;
+    let count = |p: &String| seen.iter().filter(|q| *q == p).count();
+    let (first, second, third) = (count(&order[0]), count(&order[1]), count(&order[2]));
+    eprintln!("hot prompt over {order:?}: {first} {second} {third}");
+    assert!(first >= second && second > third, "overflow follows the order {order:?}: {first} {second} {third}");
+    let first_away = seen.iter().position(|p| *p != order[0]).expect("some overflow");
+    assert_eq!(seen[first_away], order[1], "the first overflow goes to the second in the order");
+    let name = order[0].trim_start_matches('/');
+    assert!(s.metric(&format!("tollgate_affinity_overflow_total{{provider=\"{name}\"}}")).await > 0.0);
+
+    // Traffic spread evenly brings the first provider back under its bound: the hot prompt
+    // comes back to it.
+    even_load(&s, "calm", 300).await;
+    assert_eq!(s.chat("back", &[], prompt).await.0, 200);
+    assert_eq!(s.seen("back").await, [order[0].clone()], "back on its first provider once under its bound");
+}
