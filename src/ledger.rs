@@ -170,7 +170,6 @@ pub struct ResponseOwner {
     pub context_tokens: u64,
 }
 
-
 /// The balance was too low for the hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Insufficient {
@@ -191,7 +190,6 @@ impl Insufficient {
         )
     }
 }
-
 
 pub struct Ledger {
     money: Arc<dyn MoneyStore>,
@@ -282,7 +280,6 @@ impl Totals {
         })
     }
 }
-
 
 impl Ledger {
     /// The ledger on a money store; `sync`: bookings of relayed requests wait for the disk.
@@ -480,7 +477,12 @@ pub(crate) mod tests {
             ledger.open_account("k", 1000).await.expect("open");
             ledger.settle(ledger.hold("k", 0).await.expect("db").expect("ok"), record("k", "m", 100, 1)).await.expect("settle");
             // Bookings do not rewrite the balance entry: it still says 1000.
-            assert_eq!(crate::store::sled::money::decode_balance(&db.open_tree("balances").expect("tree").get("k").expect("get").expect("entry")).expect("decode").0, 1000);
+            assert_eq!(
+                crate::store::sled::money::decode_balance(&db.open_tree("balances").expect("tree").get("k").expect("get").expect("entry"))
+                    .expect("decode")
+                    .0,
+                1000
+            );
             db.flush().expect("flush");
         }
         let db = crate::store::reopen(dir.path());
@@ -510,7 +512,11 @@ pub(crate) mod tests {
 
         let ledger = Arc::new(Ledger::open_with(&db, CommitPolicy { interval: Duration::from_secs(3600), sync: true }).expect("ledger"));
         ledger.settle(ledger.hold("k", 100).await.expect("db").expect("ok"), record("k", "m", 100, 2)).await.expect("settle");
-        assert_eq!(ledger.commit_stats().committed.load(std::sync::atomic::Ordering::SeqCst), 1, "sync_commit: on disk before settle returns");
+        assert_eq!(
+            ledger.commit_stats().committed.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "sync_commit: on disk before settle returns"
+        );
         assert_eq!(records(&db, "k").expect("records").len(), 2);
         assert_eq!(ledger.balance("k").await.expect("balance"), 850);
     }
@@ -761,4 +767,3 @@ pub(crate) mod tests {
         }
     }
 }
-

@@ -148,7 +148,11 @@ async fn contract(store: Arc<dyn Store>) {
     assert!(tasks.open_ids().await.expect("open").is_empty(), "{backend}: a finished task is not polled");
     let now = tollgate::auth::now_unix();
     assert_eq!(tasks.claim_idempotency("key_a", "idem-1", "task_contract", now).await.expect("claim"), "task_contract", "{backend}");
-    assert_eq!(tasks.claim_idempotency("key_a", "idem-1", "task_other", now).await.expect("claim"), "task_contract", "{backend}: first wins");
+    assert_eq!(
+        tasks.claim_idempotency("key_a", "idem-1", "task_other", now).await.expect("claim"),
+        "task_contract",
+        "{backend}: first wins"
+    );
     assert_eq!(tasks.claim_idempotency("key_b", "idem-1", "task_b", now).await.expect("claim"), "task_b", "{backend}: per key");
     assert_eq!(tasks.idempotent_task("key_a", "idem-1", now).await.expect("idem"), Some("task_contract".into()), "{backend}");
 }

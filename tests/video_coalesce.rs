@@ -34,7 +34,9 @@ async fn stale_gets_coalesce_into_one_describe() {
         models: vec!["genq3-pro".to_string()],
         max_task_hours: 24,
     };
-    let svc = Arc::new(VideoService::new(cfg, Arc::new(tollgate::store::sled::tasks::SledTasks::new(&db).expect("tasks")), ledger, None).expect("service"));
+    let svc = Arc::new(
+        VideoService::new(cfg, Arc::new(tollgate::store::sled::tasks::SledTasks::new(&db).expect("tasks")), ledger, None).expect("service"),
+    );
     let key = KeyRecord {
         id: "key_coalesce".into(),
         name: "c".into(),

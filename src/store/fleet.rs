@@ -22,9 +22,9 @@ use super::postgres::records::FleetRecords;
 use super::postgres::tasks::FleetTasks;
 use super::postgres::{Pg, PgError};
 use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
+use crate::config::FleetConfig;
 use crate::ledger::{ForwardBookings, Insufficient, ResponseOwner, Totals, UsageRecord};
 use std::collections::BTreeMap;
-use crate::config::FleetConfig;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -305,7 +305,6 @@ impl FleetMoney {
     async fn book_journal(&self) -> Result<usize, StoreError> {
         self.fleet.book_journal(&self.slot, &self.journal_id, self.owed_from).await
     }
-
 }
 
 #[async_trait::async_trait]

@@ -324,4 +324,3 @@ pub(crate) fn reopen(path: &std::path::Path) -> ::sled::Db {
         }
     }
 }
-

@@ -67,12 +67,7 @@ pub struct VideoService {
 }
 
 impl VideoService {
-    pub fn new(
-        cfg: VideoConfig,
-        store: VideoStore,
-        ledger: Arc<Ledger>,
-        storage: Option<Arc<ObjectStore>>,
-    ) -> Result<Self, String> {
+    pub fn new(cfg: VideoConfig, store: VideoStore, ledger: Arc<Ledger>, storage: Option<Arc<ObjectStore>>) -> Result<Self, String> {
         let upstream = VideoUpstream::new(cfg.clone())?;
         let download = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))

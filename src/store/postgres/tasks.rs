@@ -217,7 +217,11 @@ impl crate::store::TaskStore for FleetTasks {
 
     async fn copy_pending_ids(&self) -> Result<Vec<String>, crate::store::StoreError> {
         let held = self.claim(CLAIM_BATCH).await?;
-        Ok(held.into_iter().filter(|(_, text)| serde_json::from_str::<Task>(text).is_ok_and(|t| t.copy_pending)).map(|(id, _)| id).collect())
+        Ok(held
+            .into_iter()
+            .filter(|(_, text)| serde_json::from_str::<Task>(text).is_ok_and(|t| t.copy_pending))
+            .map(|(id, _)| id)
+            .collect())
     }
 
     /// The window is the database's (rows expire by its clock), not `now`.

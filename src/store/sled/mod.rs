@@ -126,4 +126,3 @@ impl SledDb {
         self.slot.db().ok().and_then(|db| db.size_on_disk().ok()).unwrap_or(0)
     }
 }
-

@@ -38,7 +38,6 @@ impl Account {
     }
 }
 
-
 /// The records of one entry of the `usage_records` tree: a JSON array (the records of one key
 /// committed in one batch) or, as written before batches were grouped, one JSON object.
 pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
@@ -72,7 +71,6 @@ pub(crate) fn decode_balance(bytes: &[u8]) -> Result<(i64, u64), StoreError> {
     let seq: [u8; 8] = bytes.get(8..16).and_then(|b| b.try_into().ok()).ok_or_else(corrupt)?;
     Ok((i64::from_be_bytes(balance), u64::from_be_bytes(seq)))
 }
-
 
 /// The money of one node.
 pub struct SledMoney {
@@ -152,7 +150,6 @@ impl SledMoney {
         Ok(newest)
     }
 
-
     fn record_key(&self, r: &UsageRecord) -> Vec<u8> {
         let mut k = r.key_id.as_bytes().to_vec();
         k.push(0);
@@ -160,7 +157,6 @@ impl SledMoney {
         k.extend_from_slice(&self.seq.fetch_add(1, Ordering::Relaxed).to_be_bytes());
         k
     }
-
 
     /// The synchronous part of a booking, under the accounts lock.
     fn queue_booking(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Queued, StoreError> {
@@ -221,7 +217,6 @@ impl SledMoney {
         acc.held -= release;
         Ok(acc.balance)
     }
-
 
     /// Every usage record and every response owner of this node's sled store (`store copy`).
     pub fn export(&self) -> Result<LedgerExport, StoreError> {
@@ -296,7 +291,6 @@ impl SledMoney {
         }
         Ok(pruned)
     }
-
 
     /// Forget the owners of responses created before `before_ms` (with their usage records).
     fn prune_owners(&self, before_ms: u64) -> Result<usize, StoreError> {
