@@ -43,9 +43,11 @@ pub fn rendezvous_score(conversation: u64, name: &str, weight: u32) -> f64 {
 }
 
 /// A provider with less recent load than this (about 2.8 requests a second sustained, with
-/// [`HALF_LIFE_MS`] of 2 s) is never passed over: while a provider is quiet the shares are
-/// noise, and a conversation is not moved off its provider for noise (one conversation alone on
-/// a tier, an agent sending a turn a second, stays where it is).
+/// [`HALF_LIFE_MS`] of 2 s) is never passed over: while a provider is quiet the shares are noise,
+/// and a conversation is not moved off its provider for noise (one conversation alone on a
+/// tier, an agent sending a turn a second, stays where it is). Above it, the bound decides: a
+/// dozen busy conversations on three providers are not spread evenly by their hashes, and one
+/// whose provider has more than 1 + ε times its share is sent to its next provider.
 pub const QUIET: f64 = 8.0;
 
 /// Whether a provider with recent load `load` and weight `weight` may take one more request
@@ -199,9 +201,9 @@ mod tests {
     #[test]
     fn a_provider_back_under_its_bound_takes_its_keys_again() {
         // The first choice is over its bound: passed over; once the others took enough, back.
-        let over = [(30.0, 1), (10.0, 1)];
+        let over = [(300.0, 1), (100.0, 1)];
         assert_eq!(first_within_bound(2, |i| over[i], 0.25), 1);
-        let under = [(30.0, 1), (30.0, 1)];
+        let under = [(300.0, 1), (300.0, 1)];
         assert_eq!(first_within_bound(2, |i| under[i], 0.25), 0);
     }
 
