@@ -435,3 +435,83 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     assert_eq!(cent_request(&c, &returned, secret).await.status(), 200);
     assert_eq!(nanos(&usage(&returned, secret).await["balance"]), nanos(&moved["balance"]) - CENT_NANOS);
 }
+
+/// A fleet node upgraded (`-u`, then SIGQUIT) while a stream is running: the old process
+/// finishes the stream after it handed its data directory (and so its journal) to the new one.
+/// The stream is billed all the same — its record reaches the shared database, its cost leaves
+/// the balance — and nothing stays leased by the old process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stream_that_outlives_an_upgrade_of_a_fleet_node_is_billed() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "sk-fleet-key-upgrade-stream-00000001";
+    let mut node = start_node(mock.port, &pg, "node-u", &format!("  - {{ key: {secret}, name: up, group: default, balance: 1.00 }}"), "");
+    // 100 output tokens at $0.001, streamed over 10 s: past Pingora's wait between handing the
+    // listeners over and the shutdown, at which the old process releases its data directory.
+    let response = client()
+        .post(node.gw.url("/v1/chat/completions"))
+        .bearer_auth(secret)
+        .header("x-mock-deltas", "100")
+        .header("x-mock-interval-ms", "100")
+        .json(&json!({"model": MODEL, "max_tokens": 200, "stream": true, "messages": [{"role": "user", "content": "long"}]}))
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(response.status(), 200);
+    let stream = tokio::spawn(async move { response.text().await.expect("the stream is not cut") });
+
+    let path = node.gw.config_path();
+    let upgrade_sock = node.gw.dir.path().join("upgrade.sock");
+    let _new = Proc {
+        child: std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .args(["-u", "-c"])
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn the new process"),
+        port: node.gw.proc.port,
+    };
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !upgrade_sock.exists() {
+        assert!(Instant::now() < deadline, "the new process never waited for the sockets");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let old_pid = node.gw.proc.child.id();
+    node.gw.signal("QUIT");
+    let status = wait_exit(&mut node.gw.proc.child, Duration::from_secs(60), "the old process did not exit").await;
+    assert!(status.success(), "{status}");
+    let body = stream.await.expect("stream task");
+    assert!(body.contains("[DONE]"), "the stream finished on the old process: {body}");
+
+    // The new process (same port) reports the stream's usage from the database; the database's
+    // balance lost exactly its cost, and the old process's lease is back.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let u = usage(&node.gw, secret).await;
+        if u["total"]["requests"] == 1 {
+            assert_eq!(u["total"]["output_tokens"], 100, "{u}");
+            assert_eq!(nanos(&u["total"]["cost"]), 10 * CENT_NANOS, "{u}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the stream finished after the hand-over was never booked: {u}\n{}", node.gw.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pg_db = db(&pg).await;
+    let (balance, leased_now) = leased(&pg_db, &key_id(secret)).await;
+    assert_eq!(balance, 100 * CENT_NANOS - 10 * CENT_NANOS, "the cost left the balance exactly once");
+    assert!(node.gw.log().contains("database released to the new process"), "the stream outlived the hand-over");
+    let held_by_old: i64 = pg_db
+        .client()
+        .await
+        .expect("client")
+        .query_one(
+            "SELECT coalesce(sum(amount), 0)::bigint FROM leases WHERE key_id = $1 AND node_id = $2",
+            &[&key_id(secret), &format!("node-u#{old_pid}")],
+        )
+        .await
+        .expect("leases")
+        .get(0);
+    assert_eq!(held_by_old, 0, "the old process gave its lease back ({leased_now} leased in all)");
+}

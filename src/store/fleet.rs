@@ -175,7 +175,11 @@ impl Fleet {
     /// One sync round: book the journal, renew and give back leases, flush token counts,
     /// renew request slots.
     pub async fn round(&self, db: &DbSlot, journal_id: &str, owed_from: u64) -> Result<(), StoreError> {
-        self.book_journal(db, journal_id, owed_from).await?;
+        // After an upgrade's hand-over the journal is the new process's to book; this one keeps
+        // renewing its leases while it finishes its requests.
+        if !db.is_released() {
+            self.book_journal(db, journal_id, owed_from).await?;
+        }
         self.accounts.round().await?;
         self.rates.flush().await?;
         self.slots.renew().await?;
@@ -290,6 +294,11 @@ pub struct FleetMoney {
     journal_id: String,
     /// Journal numbers from here on were settled by this process.
     owed_from: u64,
+    /// After an upgrade's hand-over the journal is the new process's: what this process still
+    /// settles is booked straight into the database under this journal of its own (a random
+    /// name, so its numbers never meet another journal's marks), numbered by `drained`.
+    drain_journal: String,
+    drained: std::sync::atomic::AtomicU64,
 }
 
 impl FleetMoney {
@@ -299,7 +308,40 @@ impl FleetMoney {
         let owed_from = db.db()?.generate_id()?;
         let writer = crate::commit::Writer::start(db.clone(), policy.interval, !policy.sync)
             .map_err(|e| StoreError::Corrupt(format!("cannot start the commit writer: {e}")))?;
-        Ok(FleetMoney { fleet, slot: db.clone(), writer, journal_id, owed_from })
+        let drain_journal = format!("{journal_id}/drain-{}", crate::admin::random_base62(12));
+        Ok(FleetMoney {
+            fleet,
+            slot: db.clone(),
+            writer,
+            journal_id,
+            owed_from,
+            drain_journal,
+            drained: std::sync::atomic::AtomicU64::new(0),
+        })
+    }
+
+    /// A booking once the journal was handed over (an upgrade: this process finishes the
+    /// requests it had begun while the new one serves): settled against this process's lease
+    /// and booked into the database at once, each record exactly once (its own journal's mark).
+    /// If the database cannot be reached then, the record is lost, and said so.
+    async fn book_direct(
+        &self,
+        record: &UsageRecord,
+        hold: super::postgres::accounts::FleetHold,
+    ) -> Result<Result<i64, Insufficient>, StoreError> {
+        let seq = self.drained.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        let record = UsageRecord { seq, ..record.clone() };
+        self.fleet.accounts.settle(hold, record.cost_nanos).await;
+        let booked = Journaled { seq: i64::try_from(seq).unwrap_or(i64::MAX), owed_here: true, record };
+        if let Err(e) = self.fleet.accounts.book(&self.drain_journal, std::slice::from_ref(&booked)).await {
+            log::error!(
+                "store: a usage record of key {} (cost {} nano-USD) finished after the hand-over could not be booked: {e}",
+                booked.record.key_id,
+                booked.record.cost_nanos
+            );
+            return Err(e.into());
+        }
+        Ok(Ok(0))
     }
 
     async fn book_journal(&self) -> Result<usize, StoreError> {
@@ -344,6 +386,9 @@ impl MoneyStore for FleetMoney {
             release
         };
         let hold = super::postgres::accounts::FleetHold { key_id: record.key_id.clone(), amount: held };
+        if self.slot.is_released() {
+            return self.book_direct(record, hold).await;
+        }
         let seq = self.slot.db()?.generate_id()?;
         let mut record = record.clone();
         record.seq = seq;
@@ -369,6 +414,10 @@ impl MoneyStore for FleetMoney {
     /// acknowledged, so a node that dies after it loses nothing of it. When the database cannot
     /// be reached, the journal keeps it for the sync round.
     async fn publish(&self) {
+        if self.slot.is_released() {
+            // Booked directly (see `book_direct`): nothing of this process is in the journal.
+            return;
+        }
         if let Err(e) = self.book_journal().await {
             log::warn!("store: a charge stays in this node's journal until the database is back: {e}");
         }
@@ -379,6 +428,9 @@ impl MoneyStore for FleetMoney {
     }
 
     async fn commit(&self) -> Result<(), StoreError> {
+        if self.slot.is_released() {
+            return Ok(());
+        }
         self.writer.settled().await?;
         self.book_journal().await?;
         Ok(())
@@ -406,7 +458,8 @@ impl MoneyStore for FleetMoney {
         self.writer.settled().await
     }
 
-    /// Bookings after a hand-over are not forwarded in a fleet: the new process serves.
+    /// Bookings after a hand-over are not forwarded in a fleet: they go to the shared database
+    /// directly (`book_direct`).
     fn set_handover(&self, _to: Arc<dyn ForwardBookings>) {}
 
     fn commit_stats(&self) -> &crate::commit::CommitStats {
