@@ -619,6 +619,20 @@ pub struct BaseUrl {
     pub prefix: String,
 }
 
+/// A provider's `base_url` ending in its protocol's version segment (`…/v1`, as the `openai`
+/// SDK and other gateways write it; `…/v1beta` for generate-content) would reach the upstream
+/// as `/v1/v1/…`: refused, with the URL to write instead.
+fn version_segment_refused(at: &str, given: &str, url: &BaseUrl, protocol: Protocol) -> Result<(), ConfigError> {
+    let last = url.prefix.rsplit('/').next().unwrap_or_default();
+    let versioned = last == "v1" || (protocol == Protocol::Gemini && (last == "v1beta" || last == "v1alpha"));
+    if !versioned {
+        return Ok(());
+    }
+    let root = given.trim_end_matches('/');
+    let root = root.strip_suffix(last).unwrap_or(root).trim_end_matches('/');
+    err(format!("{at}.base_url: ends in /{last}, which tollgate adds to every upstream path itself (/{last}/…); write base_url: {root}"))
+}
+
 impl BaseUrl {
     /// Parse `scheme://host[:port][/path-prefix]` (http or https only).
     pub fn parse(s: &str) -> Result<BaseUrl, String> {
@@ -828,6 +842,7 @@ impl Config {
                 return err(format!("{at}.name: '{}' is used twice", p.name));
             }
             let base_url = BaseUrl::parse(&p.base_url).map_err(|e| ConfigError(format!("{at}.base_url: {e}")))?;
+            version_segment_refused(&at, &p.base_url, &base_url, p.protocol)?;
             let single = secret(&format!("{at}.api_key"), p.api_key, p.api_key_env, env)?;
             let pool_env = match p.api_keys_env {
                 Some(name) => match env(&name) {
@@ -1351,6 +1366,11 @@ keys:
             (MINIMAL.replace("api_key: sk-up", "api_keys: []"), "api_keys: list at least one"),
             (MINIMAL.replace("api_key: sk-up", "api_keys: [sk-a, \"b c\"]"), "printable ASCII"),
             (MINIMAL.replace("api_key: sk-up", "api_key: sk-up\n    weight: 0"), "weight: 1 to 1000"),
+            (
+                MINIMAL.replace("https://api.openai.com", "https://api.openai.com/v1"),
+                "ends in /v1, which tollgate adds to every upstream path itself (/v1/…); write base_url: https://api.openai.com",
+            ),
+            (MINIMAL.replace("https://api.openai.com", "https://openrouter.ai/api/v1/"), "write base_url: https://openrouter.ai/api"),
             (MINIMAL.replace("api_key: sk-up", "api_key: sk-up\n    failures_before_cooldown: 0"), "failures_before_cooldown"),
             (format!("{MINIMAL}retry: {{ attempts: 0 }}\n"), "retry.attempts"),
             (format!("{MINIMAL}retry: {{ on_status: [200] }}\n"), "retry.on_status: 200"),

@@ -6,6 +6,9 @@
 //! persisted (one interface, sled and PostgreSQL backends); [`ledger`] prices, holds and bookings; [`meter`] usage extraction; [`limits`] rate limits; [`listener`] connection caps and the request-header phase; [`response`] local responses; [`gateway`] the Pingora hooks;
 //! [`server`] wiring; [`video`] asynchronous video tasks; [`mock`] the mock upstream used by tests and benches.
 
+/// `0.1.0 (commit)`: the version and the commit the binary was built from.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TOLLGATE_COMMIT"), ")");
+
 pub mod admin;
 pub mod affinity;
 pub mod auth;

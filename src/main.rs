@@ -1,5 +1,5 @@
-//! `tollgate -c conf/tollgate.yaml` (Pingora's `-c/-d/-u/-t` flags keep their meaning), and
-//! `tollgate store copy --from … --to …` (see `store::copy`).
+//! `tollgate -c conf/tollgate.yaml` (Pingora's `-c/-d/-u/-t` flags keep their meaning),
+//! `tollgate store copy --from … --to …` (see `store::copy`), `tollgate --version`, `--help`.
 
 use pingora_core::server::configuration::Opt;
 
@@ -11,9 +11,50 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// `tollgate --help`.
+const HELP: &str = "\
+tollgate — an edge gateway for model APIs (chat completions, messages, generate-content, video)
+
+Usage:
+  tollgate [-c FILE] [-t] [-d] [-u]   start the gateway (or check its configuration with -t)
+  tollgate store copy --from sled:DIR|postgres://URL --to sled:DIR|postgres://URL [--ca-file FILE]
+  tollgate --version | --help
+
+Options:
+  -c, --conf FILE  the configuration file (default: conf/tollgate.yaml, relative to the
+                   working directory; the systemd unit uses /etc/tollgate/tollgate.yaml)
+  -t, --test       check the configuration (and reach store.postgres when set), print the
+                   result and exit: 0 valid, 2 not (one line naming the key at fault)
+  -d, --daemon     run in the background (pingora.pid_file names the pid file)
+  -u, --upgrade    take the listening sockets over from the running tollgate (pingora.upgrade_sock),
+                   then send it SIGQUIT: a zero-downtime upgrade
+  -h, --help       this text
+  -V, --version    the version and the commit it was built from
+
+Environment:
+  RUST_LOG               log level (info by default; warn for less, debug for more)
+  TOLLGATE_ADMIN_TOKEN   the admin token, when the file says admin: { token_env: TOLLGATE_ADMIN_TOKEN }
+                         (any `*_env` key of the file names a variable the same way)
+
+Signals: SIGHUP reloads the file, SIGTERM drains and stops, SIGQUIT hands over to a -u process.
+The admin API listens on admin.listen (loopback only) and wants `Authorization: Bearer <token>`;
+see README.md, \"Keys and the admin API\".
+";
+
 fn main() {
     tollgate::logging::init("info");
     let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some("--version" | "-V") => {
+            println!("tollgate {}", tollgate::VERSION);
+            return;
+        }
+        Some("--help" | "-h") => {
+            print!("{HELP}");
+            return;
+        }
+        _ => {}
+    }
     if args.get(1).map(String::as_str) == Some("store") {
         let (code, text) = tollgate::store::copy::cli(&args[2..]);
         if code == 0 {

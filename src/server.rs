@@ -291,6 +291,60 @@ fn warn_short_keys(config: &Config) {
     }
 }
 
+/// The start-up line: version, file, listeners, store, what is served.
+fn banner(config: &Config, path: &str) -> String {
+    let mut listeners = Vec::new();
+    if let Some(l) = config.listen {
+        listeners.push(format!("http://{l}"));
+    }
+    if let Some(t) = &config.tls {
+        listeners.push(format!("https://{}", t.listen));
+    }
+    let admin = match &config.admin {
+        Some(a) => format!("admin http://{}", a.listen),
+        None => "no admin API".into(),
+    };
+    let store = match &config.fleet {
+        Some(f) => format!("store postgres (node '{}', journal in {})", f.node_id, config.data_dir.display()),
+        None => format!("store sled in {}", config.data_dir.display()),
+    };
+    let models: std::collections::BTreeSet<&str> = config.providers.iter().flat_map(|p| p.models.iter().map(String::as_str)).collect();
+    format!(
+        "tollgate {} with {path}: listening on {}, {admin}; {store}; {} provider(s) serving {} model(s){}",
+        crate::VERSION,
+        listeners.join(" and "),
+        config.providers.len(),
+        models.len(),
+        if config.video.is_some() { " and video" } else { "" },
+    )
+}
+
+/// Refuse to start when a listener's address is taken (by another tollgate, or anything else).
+fn check_ports_free(config: &Config) -> Result<(), String> {
+    let mut addrs: Vec<(&str, std::net::SocketAddr)> = Vec::new();
+    if let Some(l) = config.listen {
+        addrs.push(("listen", l));
+    }
+    if let Some(t) = &config.tls {
+        addrs.push(("tls.listen", t.listen));
+    }
+    if let Some(a) = &config.admin {
+        addrs.push(("admin.listen", a.listen));
+    }
+    for (key, addr) in addrs {
+        if let Err(e) = std::net::TcpListener::bind(addr) {
+            let why = match e.kind() {
+                std::io::ErrorKind::AddrInUse => {
+                    "address already in use (is another tollgate, or another program, listening there?)".to_string()
+                }
+                _ => e.to_string(),
+            };
+            return Err(format!("{key} {addr}: {why}"));
+        }
+    }
+    Ok(())
+}
+
 /// Load everything and run until told to stop. Returns only on a start-up error.
 pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
@@ -316,6 +370,12 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         libc::umask(0o077);
     }
     warn_short_keys(&config);
+    if !opt.upgrade {
+        // A taken port is one fatal line, like every other start-up error (Pingora would retry
+        // it every second for ever). An upgrade takes the running process's sockets over.
+        check_ports_free(&config)?;
+    }
+    let banner = banner(&config, &path);
 
     // Listening sockets first: in an upgrade (-u) this waits for the old process to pass them,
     // then the database, which the old process releases when it stops accepting.
@@ -355,13 +415,15 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             // The configured balance applies only when the key is first created.
             ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await.map_err(|e| e.to_string())?;
         }
-        Ok::<_, String>(keys)
+        let enabled = keys.all_keys().await.map_err(|e| e.to_string())?.iter().filter(|k| k.enabled).count();
+        Ok::<_, String>((keys, enabled))
     };
     // Start-up work runs where the store's connections live (a fleet's own runtime).
-    let keys = Arc::new(match &fleet {
+    let (keys, enabled_keys) = match &fleet {
         Some(node) => node.fleet.block_on(seeding),
         None => start_up.block_on(seeding),
-    }?);
+    }?;
+    let keys = Arc::new(keys);
     local.flush().map_err(|e| e.to_string())?;
     if let Some(node) = &fleet {
         crate::store::fleet::start(node);
@@ -487,7 +549,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     server.add_service(proxy);
     server.add_service(background_service("dns refresh", DnsRefresh { routing, every: Duration::from_secs(60) }));
-    log::info!("tollgate starting with {path}");
+    log::info!("{banner}; {enabled_keys} enabled key(s)");
     notify_systemd();
     server.run_forever();
 }

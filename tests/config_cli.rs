@@ -88,3 +88,100 @@ fn a_short_or_empty_admin_token_is_refused() {
     let (code, out) = check(&body, &[("TOLLGATE_CLI_ADMIN", "a-long-enough-admin-token")]);
     assert_eq!(code, 0, "{out}");
 }
+
+/// Issue 27: `--version` names the version and the commit; `--help` is tollgate's own (the
+/// default file, the flags, the environment), not Pingora's generic text; the mock has both.
+#[test]
+fn version_and_help_are_tollgates_own() {
+    let (code, out) = run_tollgate(&["--version"], &[]);
+    assert_eq!(code, 0, "{out}");
+    let line = out.trim();
+    assert!(line.starts_with(&format!("tollgate {} (", env!("CARGO_PKG_VERSION"))) && line.ends_with(')'), "{out}");
+    let (code, out) = run_tollgate(&["--help"], &[]);
+    assert_eq!(code, 0, "{out}");
+    for needle in ["conf/tollgate.yaml", "-t, --test", "-u, --upgrade", "RUST_LOG", "TOLLGATE_ADMIN_TOKEN", "store copy", "admin API"] {
+        assert!(out.contains(needle), "--help lacks {needle}: {out}");
+    }
+    assert!(!out.contains("base set of command line arguments"), "Pingora's text: {out}");
+    let mock = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-mock")).arg("--version").output().expect("mock");
+    assert!(String::from_utf8_lossy(&mock.stdout).starts_with("tollgate-mock "), "{mock:?}");
+}
+
+/// Issue 27: a base URL written with the protocol's version segment, as the `openai` SDK and
+/// other gateways write it, would reach the upstream as `/v1/v1/…`: `-t` refuses it and says
+/// what to write.
+#[test]
+fn a_base_url_ending_in_the_version_segment_is_refused_with_the_fix() {
+    let body = standard_config(1).replace("base_url: \"http://127.0.0.1:1/oa\"", "base_url: \"https://api.openai.com/v1\"");
+    assert!(body.contains("api.openai.com/v1"), "the fixture changed");
+    let (code, out) = check(&body, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("providers[0].base_url: ends in /v1") && out.contains("write base_url: https://api.openai.com"), "{out}");
+    let body = standard_config(1)
+        .replace("base_url: \"http://127.0.0.1:1/ge\"", "base_url: \"https://generativelanguage.googleapis.com/v1beta/\"");
+    let (code, out) = check(&body, &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("ends in /v1beta") && out.contains("write base_url: https://generativelanguage.googleapis.com"), "{out}");
+}
+
+/// Issue 27: a listener whose address is taken is one fatal line and exit 2, not a retry every
+/// second for ever.
+#[test]
+fn a_taken_port_is_one_fatal_line() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = taken.local_addr().expect("addr").port();
+    let (_dir, path, _port) = write_config(&standard_config(1));
+    let text = std::fs::read_to_string(&path).expect("read");
+    let text = text
+        .lines()
+        .map(|l| if l.starts_with("listen: ") { format!("listen: 127.0.0.1:{port}") } else { l.to_string() })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&path, text).expect("write");
+    let path = path.to_string_lossy().into_owned();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+        .args(["-c", &path])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("tollgate kept running on a taken port");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let out = child.wait_with_output().expect("output");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(status.code(), Some(2), "{err}");
+    assert!(err.contains(&format!("listen 127.0.0.1:{port}: address already in use")), "{err}");
+    drop(taken);
+}
+
+/// Issue 27: the start-up line says what is served where.
+#[tokio::test]
+async fn the_start_up_line_says_what_is_served_where() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&standard_config(mock.port));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let line = loop {
+        if let Some(l) = gw.log().lines().find(|l| l.contains("enabled key(s)")) {
+            break l.to_string();
+        }
+        assert!(std::time::Instant::now() < deadline, "no start-up line: {}", gw.log());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    for needle in [
+        format!("tollgate {} (", env!("CARGO_PKG_VERSION")),
+        format!("listening on http://127.0.0.1:{}", gw.proc.port),
+        "store sled in".to_string(),
+        "3 provider(s) serving".to_string(),
+    ] {
+        assert!(line.contains(&needle), "{needle} missing from: {line}");
+    }
+}

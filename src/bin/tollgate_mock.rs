@@ -6,7 +6,10 @@ use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
 use tollgate::mock::MockUpstream;
 
+/// The mock upstream of tollgate's tests, benchmarks and offline demo: chat completions,
+/// messages, generate-content and the video service, answering from headers (`x-mock-*`).
 #[derive(Parser)]
+#[command(name = "tollgate-mock", version = tollgate::VERSION)]
 struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:9100")]
