@@ -44,7 +44,9 @@ pub struct AdminApi {
 #[serde(deny_unknown_fields)]
 struct CreateKey {
     name: String,
-    group: String,
+    /// `default` when left out (and such a group exists).
+    #[serde(default)]
+    group: Option<String>,
     #[serde(default)]
     balance: f64,
     #[serde(default)]
@@ -75,7 +77,23 @@ struct PatchKey {
     max_concurrent: Option<Option<u32>>,
     #[serde(default)]
     group: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
 }
+
+/// `POST /admin/keys/{id}/rotate`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RotateKey {
+    /// How long the previous secret stays accepted (0: not at all).
+    #[serde(default)]
+    grace_secs: u64,
+}
+
+/// Longest grace period of a rotation: 30 days.
+const MAX_GRACE_SECS: u64 = 30 * 86_400;
+/// Most days `GET /admin/usage?group_by=day` reports at once.
+const MAX_USAGE_DAYS: u64 = 366;
 
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::BadRequest, msg)
@@ -140,6 +158,26 @@ fn new_secret() -> String {
     format!("sk-tg-{}", random_base62(40))
 }
 
+/// The request's query string.
+fn req_query(session: &Session) -> Option<String> {
+    session.req_header().uri.query().map(str::to_string)
+}
+
+/// `2026-11-24` for a day number since the Unix epoch (UTC).
+fn day_label(day: u64) -> String {
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = day as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
 fn usd(nanos: i64) -> f64 {
     nanos as f64 / NANOS_PER_USD as f64
 }
@@ -181,7 +219,84 @@ impl AdminApi {
             "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
             "rpm": rec.rpm, "tpm": rec.tpm, "max_concurrent": rec.max_concurrent,
             "enabled": rec.enabled, "created_at": rec.created_at, "origin": rec.origin,
+            "revoked_at": rec.revoked_at,
+            "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
         }))
+    }
+
+    /// The key with this id, or the 404.
+    async fn key(&self, id: &str) -> std::result::Result<KeyRecord, ApiError> {
+        self.keys
+            .all_keys()
+            .await
+            .map_err(internal)?
+            .into_iter()
+            .find(|r| r.id == id)
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No key with id '{id}'.")))
+    }
+
+    /// `GET /admin/usage?group_by=key|model|day&start=&end=`: every key's usage in the window,
+    /// one row per key, model or UTC day (with `/v1/usage`'s counters).
+    async fn usage_by(&self, query: Option<&str>) -> std::result::Result<LocalResponse, ApiError> {
+        let (start, end) = crate::ledger::usage_window(query)?;
+        let group_by = query.unwrap_or_default().split('&').find_map(|p| p.strip_prefix("group_by=")).unwrap_or("key").to_string();
+        self.ledger.commit_now().await.map_err(internal)?;
+        let keys = self.keys.all_keys().await.map_err(internal)?;
+        let mut total = crate::ledger::Totals::default();
+        let mut rows: std::collections::BTreeMap<String, (Value, crate::ledger::Totals)> = std::collections::BTreeMap::new();
+        let mut add = |label: String, tag: Value, t: &crate::ledger::Totals| {
+            let row = rows.entry(label).or_insert_with(|| (tag, crate::ledger::Totals::default()));
+            row.1.merge(t);
+        };
+        match group_by.as_str() {
+            "key" | "model" => {
+                for rec in &keys {
+                    let (t, by_model) = self.ledger.usage_summary(&rec.id, start, end).await.map_err(internal)?;
+                    total.merge(&t);
+                    if group_by == "key" {
+                        if t.requests > 0 || t.cost_nanos != 0 {
+                            add(rec.id.clone(), json!({"key": {"id": rec.id, "name": rec.name, "group": rec.group}}), &t);
+                        }
+                    } else {
+                        for (model, t) in &by_model {
+                            add(model.clone(), json!({"model": model}), t);
+                        }
+                    }
+                }
+            }
+            "day" => {
+                const DAY_MS: u64 = 86_400_000;
+                let end = end.min(crate::ledger::now_ms().div_ceil(DAY_MS) * DAY_MS);
+                let first = start / DAY_MS;
+                let days = end.div_ceil(DAY_MS).saturating_sub(first);
+                if start == 0 || days > MAX_USAGE_DAYS {
+                    return Err(
+                        bad(format!("group_by=day needs start (unix seconds) and at most {MAX_USAGE_DAYS} days")).with_param("start")
+                    );
+                }
+                for day in first..first + days {
+                    let (lo, hi) = ((day * DAY_MS).max(start), ((day + 1) * DAY_MS).min(end));
+                    for rec in &keys {
+                        let (t, _) = self.ledger.usage_summary(&rec.id, lo, hi).await.map_err(internal)?;
+                        total.merge(&t);
+                        if t.requests > 0 || t.cost_nanos != 0 {
+                            add(format!("{day:08}"), json!({"day": day_label(day)}), &t);
+                        }
+                    }
+                }
+            }
+            other => return Err(bad(format!("group_by: key, model or day, not '{other}'")).with_param("group_by")),
+        }
+        let data: Vec<Value> = rows
+            .into_values()
+            .map(|(mut tag, t)| {
+                if let (Some(tag), Value::Object(counters)) = (tag.as_object_mut(), t.to_json()) {
+                    tag.extend(counters);
+                }
+                tag
+            })
+            .collect();
+        Ok(LocalResponse::json(200, &json!({"object": "usage", "group_by": group_by, "total": total.to_json(), "data": data})))
     }
 
     async fn read_json<T: for<'de> Deserialize<'de>>(session: &mut Session) -> std::result::Result<T, ApiError> {
@@ -192,7 +307,13 @@ impl AdminApi {
                 return Err(ApiError::new(ErrorKind::PayloadTooLarge, "The request body is too large."));
             }
         }
-        serde_json::from_slice(&body).map_err(|e| bad(format!("Invalid JSON: {e}")))
+        if body.iter().all(u8::is_ascii_whitespace) {
+            body = b"{}".to_vec();
+        }
+        serde_json::from_slice(&body).map_err(|e| match e.classify() {
+            serde_json::error::Category::Data => bad(format!("Invalid field: {e}")),
+            _ => bad(format!("Invalid JSON: {e}")),
+        })
     }
 
     async fn handle(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
@@ -275,8 +396,13 @@ impl AdminApi {
                 if body.name.trim().is_empty() {
                     return Err(bad("name: must not be empty"));
                 }
-                if !self.routing.load().catalog.has_group(&body.group) {
-                    return Err(bad(format!("group: no group named '{}'", body.group)));
+                let group = match body.group {
+                    Some(group) => group,
+                    None if self.routing.load().catalog.has_group("default") => "default".to_string(),
+                    None => return Err(bad("group: required (there is no group named 'default')")),
+                };
+                if !self.routing.load().catalog.has_group(&group) {
+                    return Err(bad(format!("group: no group named '{group}'")));
                 }
                 let balance = to_nanos("balance", body.balance)?;
                 if balance < 0 {
@@ -287,7 +413,7 @@ impl AdminApi {
                 let rec = KeyRecord {
                     id: format!("key_{}", &hash[..16]),
                     name: body.name,
-                    group: body.group,
+                    group,
                     key_hash: hash,
                     rpm: body.rpm,
                     tpm: body.tpm,
@@ -296,6 +422,8 @@ impl AdminApi {
                     max_concurrent: body.max_concurrent,
                     origin: crate::store::KeyOrigin::Admin,
                     seed_digest: None,
+                    revoked_at: None,
+                    rotated: None,
                 };
                 if body.max_concurrent == Some(0) {
                     return Err(bad("max_concurrent: at least 1"));
@@ -306,24 +434,79 @@ impl AdminApi {
                 v["key"] = json!(secret);
                 Ok(LocalResponse::json(201, &v))
             }
+            ("GET", "/admin/usage") => self.usage_by(req_query(session).as_deref()).await,
+            ("GET", p) if p.starts_with("/admin/keys/") && p.ends_with("/usage") => {
+                let id = p.trim_start_matches("/admin/keys/").trim_end_matches("/usage").to_string();
+                let rec = self.key(&id).await?;
+                let (start, end) = crate::ledger::usage_window(req_query(session).as_deref())?;
+                self.ledger.commit_now().await.map_err(internal)?;
+                let (total, by_model) = self.ledger.usage_summary(&rec.id, start, end).await.map_err(internal)?;
+                let balance = self.ledger.balance(&rec.id).await.map_err(internal)?;
+                Ok(LocalResponse::json(200, &crate::ledger::usage_report(&rec, balance, &total, &by_model)))
+            }
+            ("GET", p) if p.starts_with("/admin/keys/") => {
+                let rec = self.key(p.trim_start_matches("/admin/keys/")).await?;
+                Ok(LocalResponse::json(200, &self.view(&rec).await?))
+            }
+            ("DELETE", p) if p.starts_with("/admin/keys/") => {
+                let mut rec = self.key(p.trim_start_matches("/admin/keys/")).await?;
+                if rec.revoked_at.is_none() {
+                    rec.revoked_at = Some(now_unix());
+                    rec.enabled = false;
+                    self.keys.put_key(&rec).await.map_err(internal)?;
+                    log::info!("admin: key '{}' ({}) revoked", rec.name, rec.id);
+                }
+                Ok(LocalResponse::json(200, &self.view(&rec).await?))
+            }
+            ("POST", p) if p.starts_with("/admin/keys/") && p.ends_with("/rotate") => {
+                let id = p.trim_start_matches("/admin/keys/").trim_end_matches("/rotate").to_string();
+                let body: RotateKey = Self::read_json(session).await?;
+                if body.grace_secs > MAX_GRACE_SECS {
+                    return Err(bad(format!("grace_secs: 0 to {MAX_GRACE_SECS} (30 days)")).with_param("grace_secs"));
+                }
+                let mut rec = self.key(&id).await?;
+                if rec.revoked_at.is_some() {
+                    return Err(ApiError::new(ErrorKind::Conflict, format!("Key '{id}' was revoked; create a new key.")));
+                }
+                if rec.origin == crate::store::KeyOrigin::Config {
+                    return Err(ApiError::new(
+                        ErrorKind::Conflict,
+                        format!("Key '{id}' comes from the configuration file: change its secret there (and reload)."),
+                    ));
+                }
+                let secret = new_secret();
+                let previous = std::mem::replace(&mut rec.key_hash, hex(&hash_key(&secret)));
+                rec.rotated =
+                    (body.grace_secs > 0).then(|| crate::store::Rotation { previous_hash: previous, until: now_unix() + body.grace_secs });
+                self.keys.put_key(&rec).await.map_err(internal)?;
+                log::info!("admin: key '{}' ({}) rotated; the previous secret is accepted for {} s", rec.name, rec.id, body.grace_secs);
+                let mut v = self.view(&rec).await?;
+                v["key"] = json!(secret);
+                Ok(LocalResponse::json(200, &v))
+            }
             ("PATCH", p) if p.starts_with("/admin/keys/") => {
                 let id = p.trim_start_matches("/admin/keys/").to_string();
                 let patch: PatchKey = Self::read_json(session).await?;
-                let mut rec = self
-                    .keys
-                    .all_keys()
-                    .await
-                    .map_err(internal)?
-                    .into_iter()
-                    .find(|r| r.id == id)
-                    .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No key with id '{id}'.")))?;
+                let mut rec = self.key(&id).await?;
                 if let Some(group) = patch.group {
                     if !self.routing.load().catalog.has_group(&group) {
                         return Err(bad(format!("group: no group named '{group}'")));
                     }
                     rec.group = group;
                 }
+                if let Some(name) = patch.name {
+                    if name.trim().is_empty() {
+                        return Err(bad("name: must not be empty"));
+                    }
+                    rec.name = name;
+                }
                 if let Some(enabled) = patch.enabled {
+                    if enabled && rec.revoked_at.is_some() {
+                        return Err(ApiError::new(
+                            ErrorKind::Conflict,
+                            format!("Key '{id}' was revoked; revoked keys stay revoked. Create a new key."),
+                        ));
+                    }
                     rec.enabled = enabled;
                 }
                 if let Some(rpm) = patch.rpm {
@@ -398,6 +581,14 @@ mod tests {
         assert!(origin_allowed(Some("http://127.0.0.1:8081"), Some("127.0.0.1:8081")));
         assert!(!origin_allowed(Some("http://rebind.evil.example"), Some("127.0.0.1:8081")));
         assert!(!origin_allowed(Some("null"), Some("127.0.0.1:8081")));
+    }
+
+    #[test]
+    fn day_labels_are_utc_dates() {
+        assert_eq!(day_label(0), "1970-01-01");
+        assert_eq!(day_label(59), "1970-03-01");
+        assert_eq!(day_label(11_016), "2000-02-29");
+        assert_eq!(day_label(20_781), "2026-11-24");
     }
 
     #[test]

@@ -141,6 +141,10 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
             ..base
         };
         let rec = match existing.get(&hash) {
+            Some(old) if old.revoked_at.is_some() => {
+                log::warn!("keys: '{}' names a revoked key; it stays revoked (remove the entry)", seed.name);
+                continue;
+            }
             Some(old) if old.origin == KeyOrigin::Admin => {
                 log::warn!("keys: '{}' names a key created through the admin API; the file entry is ignored", seed.name);
                 continue;
@@ -159,6 +163,8 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
                 max_concurrent: None,
                 origin: KeyOrigin::Config,
                 seed_digest: None,
+                revoked_at: None,
+                rotated: None,
             }),
         };
         out.push(rec);
@@ -209,11 +215,25 @@ impl KeyIndex {
             )
         })?;
         let invalid = || ApiError::new(ErrorKind::Unauthorized, "Invalid API key.");
-        let rec = match self.store.lookup(&hash_key(secret)) {
+        let hash = hash_key(secret);
+        let rec = match self.store.lookup(&hash) {
             KeyLookup::Found(rec) => rec,
             KeyLookup::Unknown => return Err(invalid()),
             KeyLookup::Stale => return Err(crate::store::fleet::unavailable("the key list")),
         };
+        if rec.revoked_at.is_some() {
+            return Err(ApiError::new(ErrorKind::Unauthorized, "This API key was revoked."));
+        }
+        if rec.rotated.is_some() {
+            // Found by its previous secret: only during the grace period.
+            let presented = hex(&hash);
+            if !rec.hashes(now_unix()).any(|h| h == presented) {
+                return Err(ApiError::new(
+                    ErrorKind::Unauthorized,
+                    "This API key was rotated and its grace period is over; use the new key.",
+                ));
+            }
+        }
         if !rec.enabled {
             return Err(ApiError::new(ErrorKind::Unauthorized, "This API key is disabled."));
         }
@@ -295,6 +315,8 @@ mod tests {
             max_concurrent: None,
             origin: KeyOrigin::Admin,
             seed_digest: None,
+            revoked_at: None,
+            rotated: None,
         };
         store.put(std::slice::from_ref(&admin)).await.expect("put");
         let index = KeyIndex::load(store.clone(), &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).await.expect("load");

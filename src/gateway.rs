@@ -304,21 +304,7 @@ impl Gateway {
 
     /// `GET /v1/usage[?start=&end=]` for the calling key.
     async fn usage(&self, query: Option<&str>, key: &KeyRecord) -> std::result::Result<LocalResponse, ApiError> {
-        let mut start = 0u64;
-        let mut end = u64::MAX;
-        for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let parse = || {
-                value
-                    .parse::<u64>()
-                    .map_err(|_| ApiError::new(ErrorKind::BadRequest, format!("{name}: must be a unix time in seconds")).with_param(name))
-            };
-            match name {
-                "start" => start = parse()?.saturating_mul(1000),
-                "end" => end = parse()?.saturating_mul(1000),
-                _ => {}
-            }
-        }
+        let (start, end) = crate::ledger::usage_window(query)?;
         let internal = |e: crate::store::StoreError| match e {
             crate::store::StoreError::Shared(e) => {
                 log::warn!("usage query: {e}");
@@ -338,24 +324,7 @@ impl Gateway {
             self.ledger.usage_summary(&key.id, start, end).await.map_err(internal)?
         };
         let balance = self.ledger.balance(&key.id).await.map_err(internal)?;
-        let models: Vec<serde_json::Value> = by_model
-            .iter()
-            .map(|(model, t)| {
-                let mut row = t.to_json();
-                row["model"] = serde_json::json!(model);
-                row
-            })
-            .collect();
-        Ok(LocalResponse::json(
-            200,
-            &serde_json::json!({
-                "object": "usage",
-                "key": {"name": key.name, "group": key.group},
-                "balance": balance as f64 / NANOS_PER_USD as f64,
-                "total": total.to_json(),
-                "models": models,
-            }),
-        ))
+        Ok(LocalResponse::json(200, &crate::ledger::usage_report(key, balance, &total, &by_model)))
     }
 
     /// Bill a finished relay: release the hold, charge what was used. Runs before the last

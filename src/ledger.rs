@@ -269,6 +269,16 @@ impl Totals {
         self.cost_nanos = self.cost_nanos.saturating_add(r.cost_nanos);
     }
 
+    /// Add another set of counters to these.
+    pub fn merge(&mut self, other: &Totals) {
+        self.requests = self.requests.saturating_add(other.requests);
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.cached_input_tokens = self.cached_input_tokens.saturating_add(other.cached_input_tokens);
+        self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(other.cache_write_input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cost_nanos = self.cost_nanos.saturating_add(other.cost_nanos);
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         serde_json::json!({
             "requests": self.requests,
@@ -422,6 +432,46 @@ impl Ledger {
     pub async fn forget_response(&self, id: &str) -> Result<(), StoreError> {
         self.money.forget_response(id).await
     }
+}
+
+/// `start` and `end` (unix seconds) of a usage query string, as a millisecond window
+/// (`start <= time_ms < end`; the whole history by default).
+pub fn usage_window(query: Option<&str>) -> Result<(u64, u64), crate::protocol::ApiError> {
+    let (mut start, mut end) = (0u64, u64::MAX);
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let parse = || {
+            value.parse::<u64>().map_err(|_| {
+                crate::protocol::ApiError::new(crate::protocol::ErrorKind::BadRequest, format!("{name}: must be a unix time in seconds"))
+                    .with_param(name)
+            })
+        };
+        match name {
+            "start" => start = parse()?.saturating_mul(1000),
+            "end" => end = parse()?.saturating_mul(1000),
+            _ => {}
+        }
+    }
+    Ok((start, end))
+}
+
+/// A key's usage report (`/v1/usage`, and `GET /admin/keys/{id}/usage`).
+pub fn usage_report(key: &crate::store::KeyRecord, balance: i64, total: &Totals, by_model: &BTreeMap<String, Totals>) -> serde_json::Value {
+    let models: Vec<serde_json::Value> = by_model
+        .iter()
+        .map(|(model, t)| {
+            let mut row = t.to_json();
+            row["model"] = serde_json::json!(model);
+            row
+        })
+        .collect();
+    serde_json::json!({
+        "object": "usage",
+        "key": {"name": key.name, "group": key.group},
+        "balance": balance as f64 / NANOS_PER_USD as f64,
+        "total": total.to_json(),
+        "models": models,
+    })
 }
 
 pub fn now_ms() -> u64 {

@@ -175,6 +175,8 @@ mod tests {
             max_concurrent: Some(2),
             origin: crate::store::KeyOrigin::Admin,
             seed_digest: None,
+            revoked_at: None,
+            rotated: None,
         }
     }
 

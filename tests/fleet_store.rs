@@ -210,6 +210,8 @@ fn record(id: &str, hash: &str, enabled: bool) -> KeyRecord {
         max_concurrent: None,
         origin: KeyOrigin::Admin,
         seed_digest: None,
+        revoked_at: None,
+        rotated: None,
     }
 }
 

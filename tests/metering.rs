@@ -486,3 +486,112 @@ async fn sustained_concurrent_settlement_completes() {
     let u = wait_requests(&gw, CLIENT_KEY, 640).await;
     assert_eq!(u["total"]["output_tokens"], 640 * 3);
 }
+
+/// Issue 27: the admin API complete for keys — read one, rename, revoke (for good, records
+/// kept), rotate with a grace period, `group` defaulting to `default`, field errors named, and
+/// the operator's usage views without the key's secret.
+#[tokio::test]
+async fn admin_api_reads_renames_revokes_rotates_and_reports_usage() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port));
+    let admin = |p: &str| format!("http://127.0.0.1:{admin_port}{p}");
+    let send = |m: reqwest::Method, p: &str, body: Option<Value>| {
+        let r = client().request(m, admin(p)).bearer_auth(ADMIN_TOKEN);
+        let r = match body {
+            Some(b) => r.json(&b),
+            None => r,
+        };
+        async move {
+            let r = r.send().await.expect("admin");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    use reqwest::Method;
+
+    // No group: the `default` group. A field error says which field.
+    let (status, created) = send(Method::POST, "/admin/keys", Some(json!({"name": "ops", "balance": 1.0}))).await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["group"], "default");
+    let (id, secret) = (created["id"].as_str().expect("id").to_string(), created["key"].as_str().expect("secret").to_string());
+    let (status, e) = send(Method::POST, "/admin/keys", Some(json!({"name": "x", "balance": "lots"}))).await;
+    assert_eq!(status, 400);
+    assert!(e["error"]["message"].as_str().is_some_and(|m| m.starts_with("Invalid field")), "{e}");
+    let (status, e) = send(Method::POST, "/admin/keys", Some(json!({"group": "default"}))).await;
+    assert!(status == 400 && e["error"]["message"].as_str().is_some_and(|m| m.contains("name")), "{e}");
+
+    // Read one; rename.
+    let (status, one) = send(Method::GET, &format!("/admin/keys/{id}"), None).await;
+    assert_eq!((status, one["name"].as_str(), one.get("key")), (200, Some("ops"), None), "{one}");
+    let (status, renamed) = send(Method::PATCH, &format!("/admin/keys/{id}"), Some(json!({"name": "ops-2"}))).await;
+    assert_eq!((status, renamed["name"].as_str()), (200, Some("ops-2")));
+    assert_eq!(send(Method::GET, "/admin/keys/key_nope", None).await.0, 404);
+
+    // Usage seen by the operator, without the secret: per key, and over every key.
+    let chat = |key: &str| {
+        client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(key.to_string())
+            .json(&json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "x"}]}))
+            .send()
+    };
+    assert_eq!(chat(&secret).await.expect("chat").status(), 200);
+    assert_eq!(chat(CLIENT_KEY).await.expect("chat").status(), 200);
+    let own = wait_requests(&gw, &secret, 1).await;
+    let (status, seen) = send(Method::GET, &format!("/admin/keys/{id}/usage"), None).await;
+    assert_eq!(status, 200);
+    assert_eq!(seen["total"], own["total"], "the operator sees what the key sees");
+    assert_eq!(seen["models"], own["models"]);
+    let (status, by_key) = send(Method::GET, "/admin/usage?group_by=key", None).await;
+    assert_eq!(status, 200, "{by_key}");
+    let row = by_key["data"].as_array().and_then(|rows| rows.iter().find(|r| r["key"]["id"] == id.as_str())).expect("a row for the key");
+    assert_eq!(row["requests"], 1);
+    assert!(by_key["total"]["requests"].as_u64().is_some_and(|n| n >= 2), "{by_key}");
+    let (_, by_model) = send(Method::GET, "/admin/usage?group_by=model", None).await;
+    assert!(by_model["data"].as_array().is_some_and(|rows| rows.iter().any(|r| r["model"] == "alpha-5.5")), "{by_model}");
+    let today = tollgate::auth::now_unix() / 86_400 * 86_400;
+    let (status, by_day) = send(Method::GET, &format!("/admin/usage?group_by=day&start={today}"), None).await;
+    assert_eq!(status, 200, "{by_day}");
+    assert_eq!(by_day["data"].as_array().map(Vec::len), Some(1), "{by_day}");
+    assert_eq!(by_day["data"][0]["requests"], by_day["total"]["requests"]);
+    assert_eq!(send(Method::GET, "/admin/usage?group_by=day", None).await.0, 400, "a day view needs a start");
+    assert_eq!(send(Method::GET, "/admin/usage?group_by=colour", None).await.0, 400);
+
+    // Rotation: a new secret at once, the old one accepted during the grace period only.
+    let (status, rotated) = send(Method::POST, &format!("/admin/keys/{id}/rotate"), Some(json!({"grace_secs": 2}))).await;
+    assert_eq!(status, 200, "{rotated}");
+    let new_secret = rotated["key"].as_str().expect("new secret").to_string();
+    assert_ne!(new_secret, secret);
+    assert_eq!(rotated["id"].as_str(), Some(id.as_str()), "the same key: its balance and usage stay");
+    assert_eq!(chat(&new_secret).await.expect("chat").status(), 200);
+    assert_eq!(chat(&secret).await.expect("chat").status(), 200, "the old secret within the grace period");
+    let until = rotated["previous_key_valid_until"].as_u64().expect("grace end");
+    while tollgate::auth::now_unix() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let r = chat(&secret).await.expect("chat");
+    assert_eq!(r.status(), 401, "the old secret after the grace period");
+    assert!(r.text().await.unwrap_or_default().contains("rotated"));
+    assert_eq!(chat(&new_secret).await.expect("chat").status(), 200);
+    let (status, now_usage) = send(Method::GET, &format!("/admin/keys/{id}/usage"), None).await;
+    assert_eq!((status, now_usage["total"]["requests"].as_u64()), (200, Some(4)), "{now_usage}");
+    let (status, _) = send(Method::POST, &format!("/admin/keys/{id}/rotate"), Some(json!({"grace_secs": 9_999_999}))).await;
+    assert_eq!(status, 400);
+
+    // Revocation: refused at once and for good; the records stay.
+    let (status, revoked) = send(Method::DELETE, &format!("/admin/keys/{id}"), None).await;
+    assert_eq!(status, 200);
+    assert!(revoked["revoked_at"].as_u64().is_some(), "{revoked}");
+    let r = chat(&new_secret).await.expect("chat");
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.unwrap_or_default().contains("revoked"));
+    let (status, e) = send(Method::PATCH, &format!("/admin/keys/{id}"), Some(json!({"enabled": true}))).await;
+    assert_eq!(status, 409, "{e}");
+    assert_eq!(send(Method::POST, &format!("/admin/keys/{id}/rotate"), Some(json!({}))).await.0, 409);
+    let (_, kept) = send(Method::GET, &format!("/admin/keys/{id}/usage"), None).await;
+    assert_eq!(kept["total"]["requests"], 4, "records kept: {kept}");
+    // A key from the file is rotated in the file.
+    let file_key = tollgate::auth::seed_key_id(CLIENT_KEY);
+    assert_eq!(send(Method::POST, &format!("/admin/keys/{file_key}/rotate"), Some(json!({}))).await.0, 409);
+}

@@ -31,6 +31,8 @@ fn key(id: &str, secret: &str, enabled: bool) -> KeyRecord {
         max_concurrent: None,
         origin: KeyOrigin::Admin,
         seed_digest: None,
+        revoked_at: None,
+        rotated: None,
     }
 }
 
@@ -86,6 +88,19 @@ async fn contract(store: Arc<dyn Store>) {
     match keys.lookup(&hash_key("sk-contract-b")) {
         KeyLookup::Found(rec) => assert!(!rec.enabled, "{backend}: the change is in force when put returns"),
         other => panic!("{backend}: key_b not found: {other:?}"),
+    }
+    // A rotated key is found by its previous secret too (authentication checks the grace).
+    let rotated = KeyRecord {
+        key_hash: hex(&hash_key("sk-contract-a-new")),
+        rotated: Some(tollgate::store::Rotation { previous_hash: hex(&hash_key("sk-contract-a")), until: u64::MAX }),
+        ..key("key_a", "sk-contract-a", true)
+    };
+    keys.put(std::slice::from_ref(&rotated)).await.expect("rotate");
+    for secret in ["sk-contract-a", "sk-contract-a-new"] {
+        match keys.lookup(&hash_key(secret)) {
+            KeyLookup::Found(rec) => assert_eq!(*rec, rotated, "{backend}: {secret}"),
+            other => panic!("{backend}: {secret} not found after the rotation: {other:?}"),
+        }
     }
     let mut ids: Vec<String> = keys.all().await.expect("all").into_iter().map(|k| k.id).collect();
     ids.sort();

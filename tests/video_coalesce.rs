@@ -49,6 +49,8 @@ async fn stale_gets_coalesce_into_one_describe() {
         max_concurrent: None,
         origin: tollgate::store::KeyOrigin::Admin,
         seed_digest: None,
+        revoked_at: None,
+        rotated: None,
     };
     let task = svc.create(&key, br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None).await.expect("created");
     // Staleness is a matter of time: let the one-second poll interval pass.

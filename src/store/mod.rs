@@ -177,6 +177,31 @@ pub struct KeyRecord {
     /// unchanged, changes made through the admin API stand; None once the file dropped the key.
     #[serde(default)]
     pub seed_digest: Option<String>,
+    /// Revoked by the operator at this unix time (`DELETE /admin/keys/{id}`): refused from then
+    /// on, for good (the file and `PATCH` cannot enable it again); its records are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revoked_at: Option<u64>,
+    /// The secret this key had before its last rotation, still accepted until a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rotated: Option<Rotation>,
+}
+
+/// The previous secret of a rotated key and the end of its grace period.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Rotation {
+    /// Hex SHA-256 of the previous secret.
+    pub previous_hash: String,
+    /// Unix time (seconds) until which the previous secret is accepted.
+    pub until: u64,
+}
+
+impl KeyRecord {
+    /// The hashes a secret of this key may have now: the current one, and the previous one
+    /// while its grace period lasts.
+    pub fn hashes(&self, now: u64) -> impl Iterator<Item = &str> {
+        let previous = self.rotated.as_ref().filter(|r| now < r.until).map(|r| r.previous_hash.as_str());
+        std::iter::once(self.key_hash.as_str()).chain(previous)
+    }
 }
 
 /// Where a key record comes from.

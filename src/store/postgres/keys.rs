@@ -33,6 +33,16 @@ pub const OVERLAP: Duration = Duration::from_secs(5);
 /// The in-memory index: key hash → record.
 type Index = HashMap<String, Arc<KeyRecord>>;
 
+/// Index a record by its secret's hash, and a rotated key by its previous one too
+/// (authentication checks the grace period).
+fn index_record(index: &mut Index, record: KeyRecord) {
+    let record = Arc::new(record);
+    if let Some(r) = &record.rotated {
+        index.insert(r.previous_hash.clone(), record.clone());
+    }
+    index.insert(record.key_hash.clone(), record);
+}
+
 pub use crate::store::KeyLookup;
 
 pub struct FleetKeys {
@@ -129,13 +139,15 @@ impl FleetKeys {
         }
         let n = changed.len();
         if since.is_none() {
-            self.index.store(Arc::new(changed.into_iter().map(|r| (r.key_hash.clone(), Arc::new(r))).collect()));
+            let mut index = Index::new();
+            changed.into_iter().for_each(|r| index_record(&mut index, r));
+            self.index.store(Arc::new(index));
         } else if n > 0 {
             let mut index: Index = (**self.index.load()).clone();
             for record in changed {
                 // A re-keyed record (rotation) drops its old hash.
                 index.retain(|_, r| r.id != record.id);
-                index.insert(record.key_hash.clone(), Arc::new(record));
+                index_record(&mut index, record);
             }
             self.index.store(Arc::new(index));
         }

@@ -56,11 +56,17 @@ impl SledKeys {
     fn reload(&self) -> Result<(), StoreError> {
         let mut map = HashMap::new();
         for rec in self.read_all()? {
-            match parse_hash(&rec.key_hash) {
-                Some(h) => {
-                    map.insert(h, Arc::new(rec));
+            let rec = Arc::new(rec);
+            // A rotated key is found by its previous secret too; authentication checks the
+            // grace period.
+            let previous = rec.rotated.as_ref().map(|r| r.previous_hash.as_str());
+            for hash in std::iter::once(rec.key_hash.as_str()).chain(previous) {
+                match parse_hash(hash) {
+                    Some(h) => {
+                        map.insert(h, rec.clone());
+                    }
+                    None => log::warn!("key {} has an unreadable hash; ignored", rec.id),
                 }
-                None => log::warn!("key {} has an unreadable hash; ignored", rec.id),
             }
         }
         self.by_hash.store(Arc::new(map));
@@ -115,6 +121,8 @@ mod tests {
             max_concurrent: None,
             origin: KeyOrigin::Admin,
             seed_digest: None,
+            revoked_at: None,
+            rotated: None,
         };
         {
             let db = SledDb::open(dir.path()).expect("open");
