@@ -133,6 +133,9 @@ struct RawConfig {
     /// How providers of one tier share the traffic.
     #[serde(default)]
     routing: Option<RawRouting>,
+    /// `log: { format: text | json }`.
+    #[serde(default)]
+    log: Option<RawLog>,
     /// Client connections and request headers (see `listener`).
     #[serde(default)]
     limits: Option<RawLimits>,
@@ -181,6 +184,24 @@ struct RawLimits {
     max_connections_per_ip: Option<usize>,
     #[serde(default)]
     keepalive_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLog {
+    #[serde(default)]
+    format: Option<LogFormat>,
+}
+
+/// How log lines are written (`log.format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// `[time LEVEL target] message`, the access line as `name=value` pairs.
+    #[default]
+    Text,
+    /// One JSON object per line: `ts`, `level`, `target`, and `message` or the access line's fields.
+    Json,
 }
 
 #[derive(Debug, Deserialize)]
@@ -447,6 +468,8 @@ pub struct Config {
     /// a conversation's request only while its share of its tier's recent traffic is within
     /// `1 + ε` times its weighted share.
     pub balance_factor: f64,
+    /// `log.format`.
+    pub log_format: LogFormat,
     /// Client connections and request headers (`limits:`).
     pub connections: crate::listener::ConnLimits,
     /// How long a response whose client left is still read for its usage (`billing.drain_secs`).
@@ -1054,6 +1077,7 @@ impl Config {
             connections,
             retry,
             balance_factor,
+            log_format: raw.log.and_then(|l| l.format).unwrap_or_default(),
             pingora: raw.pingora,
             default_max_output_tokens,
             commit,

@@ -123,6 +123,12 @@ pub struct RequestCtx {
     /// A relayed response's header went to the client: a later failure can only end the
     /// connection (no error response can follow).
     pub response_started: bool,
+    /// For the access log of a request that was not relayed: the model it asked for.
+    pub model_asked: Option<String>,
+    /// For the access log of a refused request: why (`ErrorKind::reason`).
+    pub reason: Option<&'static str>,
+    /// For the access log of a video submission: what it charged (nano-USD) for how many seconds.
+    pub video_charge: Option<(i64, u32)>,
 }
 
 /// What the request does next.
@@ -233,7 +239,7 @@ impl Gateway {
             Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } => {
                 self.limits.admit(&key).await?;
                 let _slot = self.limits.enter(&key).await?;
-                return self.video_route(session, &route, &key).await;
+                return self.video_route(session, ctx, &route, &key).await;
             }
             other => other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?,
         };
@@ -252,7 +258,11 @@ impl Gateway {
                     .ok_or_else(|| crate::responses::not_found(id))?
             }
             _ => {
-                let mut draft = relay::draft(&routing, &route, protocol, &key.group, client_body.bytes)?;
+                let body = client_body.bytes.clone();
+                let mut draft = relay::draft(&routing, &route, protocol, &key.group, client_body.bytes).inspect_err(|_| {
+                    // Refused: the access log names the model asked for, if the body names one.
+                    ctx.model_asked = crate::protocol::body_fields(&body).ok().and_then(|f| f.model);
+                })?;
                 if let Some(previous) = &draft.previous_response_id {
                     let owner = self.owners.owned_by(previous, &key.id).await.map_err(crate::responses::unavailable)?;
                     let owner = owner.ok_or_else(|| crate::responses::previous_not_found(previous))?;
@@ -264,7 +274,11 @@ impl Gateway {
                 draft
             }
         };
-        let hold = match self.ledger.hold(&key.id, draft.hold_nanos).await {
+        let held = self.ledger.hold(&key.id, draft.hold_nanos).await;
+        if !matches!(held, Ok(Ok(_))) {
+            ctx.model_asked = Some(draft.model.clone());
+        }
+        let hold = match held {
             Ok(Ok(hold)) => hold,
             Ok(Err(short)) => return Err(short.to_api_error("this request may cost up to")),
             Err(crate::store::StoreError::Shared(e)) => {
@@ -375,7 +389,13 @@ impl Gateway {
     }
 
     /// The video task endpoints.
-    async fn video_route(&self, session: &mut Session, route: &Route, key: &KeyRecord) -> std::result::Result<Outcome, ApiError> {
+    async fn video_route(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        route: &Route,
+        key: &KeyRecord,
+    ) -> std::result::Result<Outcome, ApiError> {
         let Some(svc) = self.video.as_ref() else {
             return Err(ApiError::new(ErrorKind::NotFound, "Video generation is not configured on this gateway."));
         };
@@ -386,7 +406,18 @@ impl Gateway {
                 if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
                 }
-                let task = svc.present(svc.create(key, &body.bytes, idem.as_deref()).await?).await;
+                let asked = auth::now_unix();
+                let task = svc.create(key, &body.bytes, idem.as_deref()).await.inspect_err(|_| {
+                    ctx.model_asked = serde_json::from_slice::<serde_json::Value>(&body.bytes)
+                        .ok()
+                        .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
+                })?;
+                ctx.model_asked = Some(task.api_model.clone());
+                // A new task's charge (an Idempotency-Key's earlier task charged nothing now).
+                if task.charged && task.created_at >= asked {
+                    ctx.video_charge = Some((task.cost_nanos, task.duration));
+                }
+                let task = svc.present(task).await;
                 Ok(Outcome::Respond(LocalResponse::json(200, &task.to_json(true, *legacy))))
             }
             Route::VideoGet { id, legacy } => {
@@ -776,8 +807,10 @@ fn prepare_response_header(header: &mut ResponseHeader, length_changes: bool, pr
     Ok(())
 }
 
-/// One structured line per client request (target `access`). Names the key, never its secret;
-/// the path is logged without its query string.
+/// One structured line per client request (target `access`), as `name=value` pairs or, with
+/// `log.format: json`, one JSON object with the same fields. Names the key, never its secret;
+/// the path is logged without its query string. A refused request names the model it asked
+/// for and `reason`; a video submission its model, seconds and charge.
 fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     if !log::log_enabled!(target: "access", log::Level::Info) {
         return;
@@ -789,23 +822,52 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
             let provider = plan.served_by.map_or("-", |i| plan.routing.catalog.upstreams[i].config.name.as_str());
             (plan.model.as_str(), plan.billed, provider, plan.attempts)
         }
-        None => ("-", None, "-", 0),
+        None => (ctx.model_asked.as_deref().unwrap_or("-"), None, "-", 0),
     };
-    let (input, output, cost, estimated) = usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input_total(), u.output, c, e));
+    let (input, output, mut cost, estimated) = usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input_total(), u.output, c, e));
+    if let Some((charged, _)) = ctx.video_charge {
+        cost = charged;
+    }
+    let cost_usd = cost as f64 / NANOS_PER_USD as f64;
+    let key = ctx.key_name.as_deref().unwrap_or("-");
+    if crate::logging::json() {
+        let mut line = serde_json::json!({
+            "method": req.method.as_str(), "path": req.uri.path(), "route": ctx.route, "status": status,
+            "key": key, "model": model, "provider": provider, "attempts": attempts,
+            "input_tokens": input, "output_tokens": output, "cost_usd": cost_usd, "estimated": estimated,
+            "latency_ms": (latency_ms * 1000.0).round() / 1000.0,
+        });
+        if let Some(reason) = ctx.reason {
+            line["reason"] = reason.into();
+        }
+        if let Some((_, seconds)) = ctx.video_charge {
+            line["video_seconds"] = seconds.into();
+        }
+        log::info!(target: "access", "{line}");
+        return;
+    }
+    let mut extra = String::new();
+    if let Some(reason) = ctx.reason {
+        extra.push_str(" reason=");
+        extra.push_str(reason);
+    }
+    if let Some((_, seconds)) = ctx.video_charge {
+        extra.push_str(&format!(" video_seconds={seconds}"));
+    }
     log::info!(
         target: "access",
-        "method={} path={:?} route={} status={} key={:?} model={:?} provider={:?} attempts={} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}",
+        "method={} path={:?} route={} status={} key={:?} model={:?} provider={:?} attempts={} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}{extra}",
         req.method,
         req.uri.path(),
         ctx.route,
         status,
-        ctx.key_name.as_deref().unwrap_or("-"),
+        key,
         model,
         provider,
         attempts,
         input,
         output,
-        cost as f64 / NANOS_PER_USD as f64,
+        cost_usd,
         estimated,
         latency_ms
     );
@@ -836,6 +898,7 @@ impl ProxyHttp for Gateway {
             }
             Ok(Outcome::Done) => {}
             Err(err) => {
+                ctx.reason = Some(err.kind.reason());
                 // The body may be unread: do not reuse the connection after an early refusal.
                 session.set_keepalive(None);
                 LocalResponse::error(&err, ctx.shape.unwrap_or(Protocol::Openai)).send(session).await?;

@@ -7,6 +7,33 @@
 //! by the relay itself.
 
 use log::{Level, Log, Metadata, Record};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// `log: { format: json }`: every line one JSON object (set once the configuration is read).
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Write JSON lines from now on (`log.format: json`), or text.
+pub fn set_json(on: bool) {
+    JSON.store(on, Ordering::Relaxed);
+}
+
+/// Whether lines are JSON objects.
+pub fn json() -> bool {
+    JSON.load(Ordering::Relaxed)
+}
+
+/// One JSON log line: time, level and target, then the access line's own fields (its message
+/// is a JSON object already) or `message`.
+fn json_line(buf: &mut env_logger::fmt::Formatter, record: &Record<'_>) -> std::io::Result<()> {
+    use std::io::Write;
+    let message = record.args().to_string();
+    let target = serde_json::Value::from(record.target());
+    let head = format!("{{\"ts\":\"{}\",\"level\":\"{}\",\"target\":{target}", buf.timestamp_millis(), record.level());
+    match message.strip_prefix('{') {
+        Some(fields) if record.target() == "access" => writeln!(buf, "{head},{fields}"),
+        _ => writeln!(buf, "{head},\"message\":{}}}", serde_json::Value::from(message)),
+    }
+}
 
 /// Messages logged at a higher level than what they report deserves: (target, message).
 const ROUTINE: &[(&str, &str)] = &[("pingora_core::connectors", "failed to acquire reusable stream")];
@@ -22,22 +49,37 @@ pub fn level_for(record: &Record<'_>) -> Level {
     }
 }
 
-struct Filtered(env_logger::Logger);
+/// The process's logger: the text one, or the JSON one once `log.format: json` is read.
+struct Filtered {
+    text: env_logger::Logger,
+    json: env_logger::Logger,
+}
+
+impl Filtered {
+    fn current(&self) -> &env_logger::Logger {
+        if json() {
+            &self.json
+        } else {
+            &self.text
+        }
+    }
+}
 
 impl Log for Filtered {
     fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-        self.0.enabled(metadata)
+        self.current().enabled(metadata)
     }
 
     fn log(&self, record: &Record<'_>) {
+        let logger = self.current();
         let level = level_for(record);
         if level == record.level() {
-            self.0.log(record);
+            logger.log(record);
             return;
         }
         let meta = Metadata::builder().level(level).target(record.target()).build();
-        if self.0.enabled(&meta) {
-            self.0.log(
+        if logger.enabled(&meta) {
+            logger.log(
                 &Record::builder()
                     .metadata(meta)
                     .args(*record.args())
@@ -50,15 +92,17 @@ impl Log for Filtered {
     }
 
     fn flush(&self) {
-        self.0.flush()
+        self.current().flush()
     }
 }
 
 /// Install the logger; `default_filter` applies when `RUST_LOG` is unset.
 pub fn init(default_filter: &str) {
-    let logger = env_logger::Builder::from_env(env_logger::Env::default().default_filter_or(default_filter)).build();
-    let max = logger.filter();
-    if log::set_boxed_logger(Box::new(Filtered(logger))).is_ok() {
+    let env = || env_logger::Env::default().default_filter_or(default_filter);
+    let text = env_logger::Builder::from_env(env()).build();
+    let json = env_logger::Builder::from_env(env()).format(json_line).build();
+    let max = text.filter();
+    if log::set_boxed_logger(Box::new(Filtered { text, json })).is_ok() {
         log::set_max_level(max);
     }
 }

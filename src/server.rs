@@ -210,6 +210,7 @@ impl Reload {
             cert.reload()?;
         }
         self.keys.seed(&config.keys).await.map_err(|e| e.to_string())?;
+        crate::logging::set_json(config.log_format == crate::config::LogFormat::Json);
         let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
         self.health.retain(&names);
         self.routing.store(Arc::new(routing));
@@ -349,6 +350,7 @@ fn check_ports_free(config: &Config) -> Result<(), String> {
 pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
     let config = Config::load(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
+    crate::logging::set_json(config.log_format == crate::config::LogFormat::Json);
     let conf = server_conf(&config)?;
     // The certificate is part of what `-t` checks (a reload must not start a process that
     // cannot serve TLS).

@@ -325,3 +325,72 @@ fn systemd_is_notified_with_ready_and_mainpid() {
     assert!(text.contains("READY=1"), "{text}");
     assert!(text.contains(&format!("MAINPID={pid}")), "{text}");
 }
+
+/// Issue 27: the access log agrees with the ledger. A refused request names the model it asked
+/// for and why; a video submission its model, seconds and charge; the poller logs the task's
+/// end; `log.format: json` writes the same fields as one JSON object per line.
+#[tokio::test]
+async fn the_access_log_tells_refusals_and_videos_as_the_ledger_does() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&format!("{}{}", config(mock.port, free_port()), video_section(mock.port)));
+    let chat = |model: &str, n: u64| {
+        client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(CLIENT_KEY)
+            .json(&json!({"model": model, "max_tokens": 100_000, "n": n, "messages": [{"role": "user", "content": "x"}]}))
+            .send()
+    };
+    assert_eq!(chat("no-such-model", 1).await.expect("chat").status(), 404);
+    // Eight answers of up to 100,000 tokens at $10 per million: $8 held of $5.
+    assert_eq!(chat("alpha-5.5", 8).await.expect("chat").status(), 402);
+    let r = client()
+        .post(gw.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": "genq3-pro", "prompt": "a cat", "duration": 4}))
+        .send()
+        .await
+        .expect("video");
+    assert_eq!(r.status(), 200);
+    let task: Value = r.json().await.expect("json");
+    let id = task["id"].as_str().expect("id").to_string();
+    assert_eq!(task["seconds"], 4, "{task}");
+    until("the poller's end-of-task line", || async { gw.log().contains(&format!("video: task {id} of key")) }).await;
+    let log = gw.log();
+    let line =
+        |needle: &str| log.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no line with {needle}:\n{log}")).to_string();
+    let unknown = line("model=\"no-such-model\"");
+    assert!(unknown.contains("status=404") && unknown.contains("reason=unknown_model"), "{unknown}");
+    let poor = line("reason=insufficient_balance");
+    assert!(poor.contains("status=402") && poor.contains("model=\"alpha-5.5\""), "{poor}");
+    let video = line("route=video_create");
+    let charged = (4.0 * 0.05 * 1e9_f64).round() as i64;
+    for part in
+        ["status=200".to_string(), "model=\"genq3-pro\"".into(), format!("cost_usd={:.9}", charged as f64 / 1e9), "video_seconds=4".into()]
+    {
+        assert!(video.contains(&part), "{part} in {video}");
+    }
+    let ended = line(&format!("video: task {id} of key"));
+    assert!(ended.contains("completed") && ended.contains("model=genq3-pro") && ended.contains("seconds=4"), "{ended}");
+
+    // The same fields as JSON, one object per line.
+    let gw = start_gateway_logged(&format!("{}log: {{ format: json }}\n", config(mock.port, free_port())));
+    let json_chat = |model: &'static str| {
+        client().post(gw.url("/v1/chat/completions")).bearer_auth(CLIENT_KEY).json(&json!({"model": model, "messages": []})).send()
+    };
+    assert_eq!(json_chat("alpha-5.5").await.expect("chat").status(), 200);
+    assert_eq!(json_chat("no-such-model").await.expect("chat").status(), 404);
+    until("two JSON access lines", || async { gw.log().matches("\"target\":\"access\"").count() >= 2 }).await;
+    let log = gw.log();
+    let lines: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"))).collect();
+    let access: Vec<&Value> = lines.iter().filter(|v| v["target"] == "access").collect();
+    let ok = access.iter().find(|v| v["status"] == 200).expect("the 200");
+    assert_eq!(
+        (ok["key"].as_str(), ok["model"].as_str(), ok["output_tokens"].as_u64()),
+        (Some("tester"), Some("alpha-5.5"), Some(3)),
+        "{ok}"
+    );
+    assert!(ok["cost_usd"].as_f64().is_some_and(|c| c > 0.0) && ok["ts"].is_string() && ok["level"] == "INFO", "{ok}");
+    let refused = access.iter().find(|v| v["status"] == 404).expect("the 404");
+    assert_eq!((refused["model"].as_str(), refused["reason"].as_str()), (Some("no-such-model"), Some("unknown_model")), "{refused}");
+    assert!(lines.iter().any(|v| v["target"] != "access" && v["message"].is_string()), "other lines are JSON too");
+}

@@ -491,6 +491,27 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
+    /// A short code for the access log's `reason=`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            ErrorKind::BadRequest => "invalid_request",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::InsufficientBalance => "insufficient_balance",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::ModelNotFound => "unknown_model",
+            ErrorKind::PayloadTooLarge => "body_too_large",
+            ErrorKind::RequestTimeout => "body_timeout",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Gone => "gone",
+            ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::BadGateway => "upstream_failed",
+            ErrorKind::GatewayTimeout => "upstream_timeout",
+            ErrorKind::Internal => "internal",
+        }
+    }
+
     pub fn status(self) -> u16 {
         match self {
             ErrorKind::BadRequest => 400,
