@@ -163,21 +163,6 @@ fn req_query(session: &Session) -> Option<String> {
     session.req_header().uri.query().map(str::to_string)
 }
 
-/// `2026-11-24` for a day number since the Unix epoch (UTC).
-fn day_label(day: u64) -> String {
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = day as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
-}
-
 fn usd(nanos: i64) -> f64 {
     nanos as f64 / NANOS_PER_USD as f64
 }
@@ -280,7 +265,7 @@ impl AdminApi {
                         let (t, _) = self.ledger.usage_summary(&rec.id, lo, hi).await.map_err(internal)?;
                         total.merge(&t);
                         if t.requests > 0 || t.cost_nanos != 0 {
-                            add(format!("{day:08}"), json!({"day": day_label(day)}), &t);
+                            add(format!("{day:08}"), json!({"day": crate::protocol::utc_date(day)}), &t);
                         }
                     }
                 }
@@ -585,10 +570,11 @@ mod tests {
 
     #[test]
     fn day_labels_are_utc_dates() {
-        assert_eq!(day_label(0), "1970-01-01");
-        assert_eq!(day_label(59), "1970-03-01");
-        assert_eq!(day_label(11_016), "2000-02-29");
-        assert_eq!(day_label(20_781), "2026-11-24");
+        use crate::protocol::utc_date;
+        assert_eq!(utc_date(0), "1970-01-01");
+        assert_eq!(utc_date(59), "1970-03-01");
+        assert_eq!(utc_date(11_016), "2000-02-29");
+        assert_eq!(utc_date(20_781), "2026-11-24");
     }
 
     #[test]

@@ -579,10 +579,14 @@ pub struct ModelEntry {
 
 /// Unix seconds → RFC 3339 UTC (`1970-01-01T00:00:00Z`).
 pub fn rfc3339(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
     let secs = unix % 86_400;
+    format!("{}T{:02}:{:02}:{:02}Z", utc_date(unix / 86_400), secs / 3600, (secs / 60) % 60, secs % 60)
+}
+
+/// Days since the Unix epoch → the UTC date (`1970-01-01`).
+pub fn utc_date(days: u64) -> String {
     // Civil-from-days (H. Hinnant's algorithm).
-    let z = days + 719_468;
+    let z = days as i64 + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
     let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
@@ -591,7 +595,7 @@ pub fn rfc3339(unix: u64) -> String {
     let day = doy - (153 * mp + 2) / 5 + 1;
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z", secs / 3600, (secs / 60) % 60, secs % 60)
+    format!("{year:04}-{month:02}-{day:02}")
 }
 
 #[cfg(test)]
