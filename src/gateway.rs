@@ -127,6 +127,8 @@ pub struct RequestCtx {
     pub model_asked: Option<String>,
     /// For the access log of a refused request: why (`ErrorKind::reason`).
     pub reason: Option<&'static str>,
+    /// And the request field it was about, when the refusal names one.
+    pub reason_param: Option<String>,
     /// For the access log of a video submission: what it charged (nano-USD) for how many seconds.
     pub video_charge: Option<(i64, u32)>,
 }
@@ -406,15 +408,14 @@ impl Gateway {
                 if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
                 }
-                let asked = auth::now_unix();
-                let task = svc.create(key, &body.bytes, idem.as_deref()).await.inspect_err(|_| {
+                let (task, created) = svc.create(key, &body.bytes, idem.as_deref()).await.inspect_err(|_| {
                     ctx.model_asked = serde_json::from_slice::<serde_json::Value>(&body.bytes)
                         .ok()
                         .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
                 })?;
                 ctx.model_asked = Some(task.api_model.clone());
                 // A new task's charge (an Idempotency-Key's earlier task charged nothing now).
-                if task.charged && task.created_at >= asked {
+                if created && task.charged {
                     ctx.video_charge = Some((task.cost_nanos, task.duration));
                 }
                 let task = svc.present(task).await;
@@ -840,6 +841,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
         if let Some(reason) = ctx.reason {
             line["reason"] = reason.into();
         }
+        if let Some(param) = &ctx.reason_param {
+            line["param"] = param.as_str().into();
+        }
         if let Some((_, seconds)) = ctx.video_charge {
             line["video_seconds"] = seconds.into();
         }
@@ -850,6 +854,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     if let Some(reason) = ctx.reason {
         extra.push_str(" reason=");
         extra.push_str(reason);
+    }
+    if let Some(param) = &ctx.reason_param {
+        extra.push_str(&format!(" param={param:?}"));
     }
     if let Some((_, seconds)) = ctx.video_charge {
         extra.push_str(&format!(" video_seconds={seconds}"));
@@ -899,6 +906,7 @@ impl ProxyHttp for Gateway {
             Ok(Outcome::Done) => {}
             Err(err) => {
                 ctx.reason = Some(err.kind.reason());
+                ctx.reason_param = err.param.clone();
                 // The body may be unread: do not reuse the connection after an early refusal.
                 session.set_keepalive(None);
                 LocalResponse::error(&err, ctx.shape.unwrap_or(Protocol::Openai)).send(session).await?;

@@ -343,15 +343,20 @@ async fn the_access_log_tells_refusals_and_videos_as_the_ledger_does() {
     assert_eq!(chat("no-such-model", 1).await.expect("chat").status(), 404);
     // Eight answers of up to 100,000 tokens at $10 per million: $8 held of $5.
     assert_eq!(chat("alpha-5.5", 8).await.expect("chat").status(), 402);
-    let r = client()
-        .post(gw.url("/v1/videos"))
-        .bearer_auth(CLIENT_KEY)
-        .json(&json!({"model": "genq3-pro", "prompt": "a cat", "duration": 4}))
-        .send()
-        .await
-        .expect("video");
+    let create = || {
+        client()
+            .post(gw.url("/v1/videos"))
+            .bearer_auth(CLIENT_KEY)
+            .header("Idempotency-Key", "log-once")
+            .json(&json!({"model": "genq3-pro", "prompt": "a cat", "duration": 4}))
+            .send()
+    };
+    let r = create().await.expect("video");
     assert_eq!(r.status(), 200);
     let task: Value = r.json().await.expect("json");
+    // The same Idempotency-Key again: the same task, charged once, logged as charged once.
+    let again: Value = create().await.expect("video").json().await.expect("json");
+    assert_eq!(again["id"], task["id"]);
     let id = task["id"].as_str().expect("id").to_string();
     assert_eq!(task["seconds"], 4, "{task}");
     until("the poller's end-of-task line", || async { gw.log().contains(&format!("video: task {id} of key")) }).await;
@@ -360,6 +365,8 @@ async fn the_access_log_tells_refusals_and_videos_as_the_ledger_does() {
         |needle: &str| log.lines().find(|l| l.contains(needle)).unwrap_or_else(|| panic!("no line with {needle}:\n{log}")).to_string();
     let unknown = line("model=\"no-such-model\"");
     assert!(unknown.contains("status=404") && unknown.contains("reason=unknown_model"), "{unknown}");
+    let unknown_param = unknown.contains("param=\"model\"");
+    assert!(unknown_param, "the field the refusal is about: {unknown}");
     let poor = line("reason=insufficient_balance");
     assert!(poor.contains("status=402") && poor.contains("model=\"alpha-5.5\""), "{poor}");
     let video = line("route=video_create");
@@ -369,6 +376,13 @@ async fn the_access_log_tells_refusals_and_videos_as_the_ledger_does() {
     {
         assert!(video.contains(&part), "{part} in {video}");
     }
+    let creates: Vec<&str> = log.lines().filter(|l| l.contains("route=video_create")).collect();
+    assert_eq!(creates.len(), 2, "{creates:?}");
+    assert!(
+        creates[1].contains("cost_usd=0.000000000") && !creates[1].contains("video_seconds"),
+        "the replay charged nothing: {}",
+        creates[1]
+    );
     let ended = line(&format!("video: task {id} of key"));
     assert!(ended.contains("completed") && ended.contains("model=genq3-pro") && ended.contains("seconds=4"), "{ended}");
 

@@ -292,13 +292,15 @@ impl VideoService {
     }
 
     /// Validate, persist, submit. Returns the task (new, or the one an Idempotency-Key names).
-    pub async fn create(&self, key: &KeyRecord, body: &[u8], idempotency_key: Option<&str>) -> Result<Task, ApiError> {
+    /// Create (validate, charge, store, submit) a task; or, for an Idempotency-Key used before,
+    /// the task it named. The flag says whether this call created (and charged) the task.
+    pub async fn create(&self, key: &KeyRecord, body: &[u8], idempotency_key: Option<&str>) -> Result<(Task, bool), ApiError> {
         let json = request::parse_body(body)?;
         let now = now_unix();
         if let Some(idem) = idempotency_key {
             if let Some(existing) = self.store.idempotent_task(&key.id, idem, now).await.map_err(internal)? {
                 if let Some(task) = self.store.get(&existing).await.map_err(internal)? {
-                    return Ok(task);
+                    return Ok((task, false));
                 }
             }
         }
@@ -326,11 +328,9 @@ impl VideoService {
                     let refund = Self::billing_record(&task, -task.cost_nanos, "video_refund");
                     self.ledger.adjust(refund).await.map_err(internal)?;
                 }
-                return self
-                    .store
-                    .get(&holder)
-                    .await
-                    .map_err(internal)?
+                let earlier = self.store.get(&holder).await.map_err(internal)?;
+                return earlier
+                    .map(|task| (task, false))
                     .ok_or_else(|| ApiError::new(ErrorKind::Internal, "The task for this Idempotency-Key is missing."));
             }
         }
@@ -345,7 +345,7 @@ impl VideoService {
                 task = task.apply(Event::Submitted { job_id }, now_unix());
                 // Durable again before the client sees the id.
                 self.store.put(&task).await.map_err(internal)?;
-                Ok(task)
+                Ok((task, true))
             }
             Err(e) => {
                 log::warn!("video submit for {} failed: {e}", task.id);
