@@ -409,9 +409,8 @@ impl Gateway {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
                 }
                 let (task, created) = svc.create(key, &body.bytes, idem.as_deref()).await.inspect_err(|_| {
-                    ctx.model_asked = serde_json::from_slice::<serde_json::Value>(&body.bytes)
-                        .ok()
-                        .and_then(|v| v.get("model").and_then(|m| m.as_str()).map(str::to_string));
+                    // The bounded field reader, never a whole JSON tree: a refused body may be a bomb.
+                    ctx.model_asked = crate::protocol::body_fields(&body.bytes).ok().and_then(|f| f.model);
                 })?;
                 ctx.model_asked = Some(task.api_model.clone());
                 // A new task's charge (an Idempotency-Key's earlier task charged nothing now).
