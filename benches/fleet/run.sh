@@ -25,17 +25,9 @@ for i in $(seq 1 100); do as_pg "$pgbin/pg_isready" -q -h 127.0.0.1 -p "$DB" && 
 as_pg "$pgbin/createdb" -h 127.0.0.1 -p "$DB" -U postgres tollgate
 sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" "$here/../relay/upstream.conf.tmpl" > "$dir/upstream.conf"
 nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & pu=$!
+. "$here/../gateway-config.sh"
 node() { # name listen admin store
-  cat > "$dir/$1.yaml" <<YAML
-{"pingora": {"threads": 2, "pid_file": "$dir/$1.pid", "upgrade_sock": "$dir/$1.sock"},
- "listen": "127.0.0.1:$2", "data_dir": "$dir/$1-data",
- "admin": {"listen": "127.0.0.1:$3", "token": "perf-admin-token-000000000001"},
- "providers": [{"name": "up", "protocol": "openai", "base_url": "http://127.0.0.1:$UP", "api_key": "up-openai-key", "models": ["alpha-5.5"]}],
- "groups": {"default": {"platforms": ["openai"]}},
- "prices": {"alpha-5.5": {"input": 1.0, "output": 2.0}},
- $4
- "keys": [{"key": "sk-bench-0000000000000000000001", "name": "bench", "group": "default", "balance": 1000000000.0}]}
-YAML
+  write_gateway_config "$dir/$1.yaml" "$dir" "$1" "$2" "$3" "$UP" "$4"
   RUST_LOG=warn "$bin" -c "$dir/$1.yaml" >"$dir/$1.log" 2>&1 &
 }
 node sled "$SL" "$SLA" ""; psl=$!

@@ -31,17 +31,9 @@ pids=""
 nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & pids="$pids $!"
 nginx -p "$dir" -c "$dir/proxy.conf" -g 'daemon off;' & pids="$pids $!"
 "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2 >"$dir/bare.log" 2>&1 & pids="$pids $!"
+. "$here/../gateway-config.sh"
 gateway() { # name listen admin billing
-  cat > "$dir/$1.yaml" <<YAML
-{"pingora": {"threads": 2, "pid_file": "$dir/$1.pid", "upgrade_sock": "$dir/$1.sock"},
- "listen": "127.0.0.1:$2", "data_dir": "$dir/$1-data",
- "admin": {"listen": "127.0.0.1:$3", "token": "perf-admin-token-000000000001"},
- "providers": [{"name": "up", "protocol": "openai", "base_url": "http://127.0.0.1:$UP", "api_key": "up-openai-key", "models": ["alpha-5.5"]}],
- "groups": {"default": {"platforms": ["openai", "anthropic", "gemini"]}},
- "prices": {"alpha-5.5": {"input": 1.0, "output": 2.0}},
- "billing": $4,
- "keys": [{"key": "sk-bench-0000000000000000000001", "name": "bench", "group": "default", "balance": 1000000000.0}]}
-YAML
+  write_gateway_config "$dir/$1.yaml" "$dir" "$1" "$2" "$3" "$UP" "\"billing\": $4,"
   RUST_LOG=warn "$bin" -c "$dir/$1.yaml" >"$dir/$1.log" 2>&1 & pids="$pids $!"
 }
 gateway tollgate "$GW" "$GA" '{}'
@@ -80,7 +72,7 @@ for round in 1 2; do
       CPU[$n]="${CPU[$n]:-} $(awk -v a="$c0" -v b="$c1" -v n="$reqs" -v hz="$hz" 'BEGIN {printf "%.1f", (b - a) / hz * 1e6 / n}')"
       CSW[$n]="${CSW[$n]:-} $(awk -v a="$s0" -v b="$s1" -v n="$reqs" 'BEGIN {printf "%.2f", (b - a) / n}')"
     fi
-    l=$(run 1 1 "$p" post.lua); g=$(run 2 16 "$p" post-large.lua)
+    l=$(run 1 1 "$p" post.lua); g=$(TOLLGATE_WRK_BODY=large run 2 16 "$p" post.lua)
     RPS[$n]="${RPS[$n]:-} $(echo "$r" | field rps)"
     P50[$n]="${P50[$n]:-} $(echo "$l" | field p50_us)"
     P99[$n]="${P99[$n]:-} $(echo "$l" | field p99_us)"
