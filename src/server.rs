@@ -293,18 +293,26 @@ fn warn_short_keys(config: &Config) {
 }
 
 /// The start-up line: version, file, listeners, store, what is served.
-fn banner(config: &Config, path: &str) -> String {
-    let mut listeners = Vec::new();
+/// The listeners a configuration opens: (its key, its address, how it is reached).
+fn listeners(config: &Config) -> Vec<(&'static str, std::net::SocketAddr, &'static str)> {
+    let mut out = Vec::new();
     if let Some(l) = config.listen {
-        listeners.push(format!("http://{l}"));
+        out.push(("listen", l, "http://"));
     }
     if let Some(t) = &config.tls {
-        listeners.push(format!("https://{}", t.listen));
+        out.push(("tls.listen", t.listen, "https://"));
     }
-    let admin = match &config.admin {
-        Some(a) => format!("admin http://{}", a.listen),
-        None => "no admin API".into(),
-    };
+    if let Some(a) = &config.admin {
+        out.push(("admin.listen", a.listen, "admin http://"));
+    }
+    out
+}
+
+fn banner(config: &Config, path: &str) -> String {
+    let all = listeners(config);
+    let public: Vec<String> = all.iter().filter(|(key, ..)| *key != "admin.listen").map(|(_, addr, how)| format!("{how}{addr}")).collect();
+    let admin =
+        all.iter().find(|(key, ..)| *key == "admin.listen").map_or("no admin API".to_string(), |(_, addr, how)| format!("{how}{addr}"));
     let store = match &config.fleet {
         Some(f) => format!("store postgres (node '{}', journal in {})", f.node_id, config.data_dir.display()),
         None => format!("store sled in {}", config.data_dir.display()),
@@ -313,7 +321,7 @@ fn banner(config: &Config, path: &str) -> String {
     format!(
         "tollgate {} with {path}: listening on {}, {admin}; {store}; {} provider(s) serving {} model(s){}",
         crate::VERSION,
-        listeners.join(" and "),
+        public.join(" and "),
         config.providers.len(),
         models.len(),
         if config.video.is_some() { " and video" } else { "" },
@@ -322,17 +330,7 @@ fn banner(config: &Config, path: &str) -> String {
 
 /// Refuse to start when a listener's address is taken (by another tollgate, or anything else).
 fn check_ports_free(config: &Config) -> Result<(), String> {
-    let mut addrs: Vec<(&str, std::net::SocketAddr)> = Vec::new();
-    if let Some(l) = config.listen {
-        addrs.push(("listen", l));
-    }
-    if let Some(t) = &config.tls {
-        addrs.push(("tls.listen", t.listen));
-    }
-    if let Some(a) = &config.admin {
-        addrs.push(("admin.listen", a.listen));
-    }
-    for (key, addr) in addrs {
+    for (key, addr, _) in listeners(config) {
         if let Err(e) = std::net::TcpListener::bind(addr) {
             let why = match e.kind() {
                 std::io::ErrorKind::AddrInUse => {
