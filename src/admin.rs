@@ -82,7 +82,7 @@ struct PatchKey {
 }
 
 /// `POST /admin/keys/{id}/rotate`.
-#[derive(Deserialize, Default)]
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RotateKey {
     /// How long the previous secret stays accepted (0: not at all).

@@ -1,7 +1,7 @@
 //! Keys on one node: tree `keys` (key id → [`KeyRecord`] as JSON) and a lock-free index of
 //! key hash → record, replaced whole after every change.
 
-use crate::store::{DbSlot, KeyLookup, KeyRecord, KeyStore, StoreError};
+use crate::store::{DbSlot, Durable, KeyLookup, KeyRecord, KeyStore, StoreError};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,6 +10,8 @@ type KeyHash = [u8; 32];
 
 pub struct SledKeys {
     slot: DbSlot,
+    /// Writes are made durable through the store's one-flush-at-a-time group commit.
+    durable: Durable,
     by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>>>,
 }
 
@@ -28,7 +30,7 @@ impl SledKeys {
     /// The keys of `slot`, index loaded.
     pub fn new(slot: &DbSlot) -> Result<SledKeys, StoreError> {
         slot.tree("keys")?;
-        let keys = SledKeys { slot: slot.clone(), by_hash: ArcSwap::from_pointee(HashMap::new()) };
+        let keys = SledKeys { slot: slot.clone(), durable: Durable::new(slot), by_hash: ArcSwap::from_pointee(HashMap::new()) };
         keys.reload()?;
         Ok(keys)
     }
@@ -85,8 +87,7 @@ impl KeyStore for SledKeys {
             self.write(rec)?;
         }
         if !records.is_empty() {
-            let db = self.slot.db()?;
-            tokio::task::spawn_blocking(move || db.flush()).await.map_err(|e| StoreError::Corrupt(format!("flush task: {e}")))??;
+            self.durable.flush().await?;
         }
         self.reload()
     }
