@@ -329,9 +329,14 @@ fn banner(config: &Config, path: &str) -> String {
 }
 
 /// Refuse to start when a listener's address is taken (by another tollgate, or anything else).
+///
+/// The address is only bound, never listened on: a listening probe would accept a client's
+/// connection for the instant between the check and Pingora's own listen, and a client that
+/// waits for the port to open (a test, a health check, systemd's socket probe) would then be
+/// refused by the closed probe.
 fn check_ports_free(config: &Config) -> Result<(), String> {
     for (key, addr, _) in listeners(config) {
-        if let Err(e) = std::net::TcpListener::bind(addr) {
+        if let Err(e) = bind_only(addr) {
             let why = match e.kind() {
                 std::io::ErrorKind::AddrInUse => {
                     "address already in use (is another tollgate, or another program, listening there?)".to_string()
@@ -342,6 +347,15 @@ fn check_ports_free(config: &Config) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A socket bound to `addr` and not listening (see `check_ports_free`).
+fn bind_only(addr: std::net::SocketAddr) -> std::io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(socket2::Domain::for_address(addr), socket2::Type::STREAM, None)?;
+    // As Pingora binds: a port left in TIME_WAIT is free, one in LISTEN is not.
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 /// Load everything and run until told to stop. Returns only on a start-up error.
@@ -552,4 +566,23 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     log::info!("{banner}; {enabled_keys} enabled key(s)");
     notify_systemd();
     server.run_forever();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bind_only;
+
+    #[test]
+    fn the_port_probe_never_accepts_a_connection() {
+        // A client waiting for the port to open must not be let in by the probe and then
+        // refused once the probe closes (tests/tls.rs lost a request to exactly that).
+        let probe = bind_only("127.0.0.1:0".parse().expect("address")).expect("bind");
+        let addr = probe.local_addr().expect("local").as_socket().expect("inet");
+        let err = std::net::TcpStream::connect(addr).expect_err("a bound, not listening socket accepts nothing");
+        assert_eq!(err.kind(), std::io::ErrorKind::ConnectionRefused);
+        // And a listening port is reported taken.
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+        let err = bind_only(taken.local_addr().expect("local")).expect_err("in use");
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    }
 }
