@@ -37,7 +37,7 @@ use crate::video::{self, VideoService};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use bytes::Bytes;
-use pingora_core::connectors::http::Connector;
+use pingora_core::connectors::http::v1::Connector;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
 use pingora_error::{Error, ErrorSource, ErrorType, Result};
@@ -59,7 +59,9 @@ pub struct Gateway {
     pub owners: crate::responses::Owners,
     pub limits: Arc<Limits>,
     pub metrics: Arc<crate::metrics::Metrics>,
-    /// Upstream connections, pooled per provider.
+    /// Upstream connections, pooled per provider. HTTP/1.1 only: no provider's peer offers h2
+    /// (ALPN), and the HTTP/1.1 connector lets a pooled connection be taken without the state
+    /// of a new connection's connect (see `exchange`).
     pub connector: Connector,
     /// `/v1/usage` summaries run one at a time (see `usage`).
     pub usage_queries: tokio::sync::Semaphore,
@@ -241,7 +243,9 @@ impl Gateway {
             Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } => {
                 self.limits.admit(&key).await?;
                 let _slot = self.limits.enter(&key).await?;
-                return self.video_route(session, ctx, &route, &key).await;
+                // Boxed: its future (uploads, downloads, the video service's calls) is larger
+                // than the rest of `decide`'s, which every relayed request carries.
+                return Box::pin(self.video_route(session, ctx, &route, &key)).await;
             }
             other => other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?,
         };
@@ -552,7 +556,13 @@ impl Gateway {
                 &plan.routing.forward_headers,
             )
             .map_err(Exchange::Unsent)?;
-            let (mut http, reused) = self.connector.get_http_session(peer).await.map_err(Exchange::Unsent)?;
+            let (http, reused) = match self.connector.reused_http_session(peer).await {
+                Some(pooled) => (pooled, true),
+                // A new connection's future (TCP and TLS connect, ~9 KB) is kept on the heap:
+                // inline, every request's future would carry it and be copied with it.
+                None => Box::pin(self.connector.get_http_session(peer)).await.map_err(Exchange::Unsent)?,
+            };
+            let mut http = HttpSession::H1(http);
             http.set_read_timeout(header_wait);
             http.set_write_timeout(peer.options.write_timeout);
             match send_request(&mut http, req, &plan.body).await {
@@ -713,7 +723,9 @@ impl Gateway {
                 let written = session.write_response_body(out, true).await.map_err(|e| e.into_down());
                 // The client has its answer; then the upstream connection goes back to the pool.
                 let idle = peer.idle_timeout();
-                self.connector.release_http_session(http, &peer, idle).await;
+                if let HttpSession::H1(h1) = http {
+                    self.connector.release_http_session(h1, &peer, idle).await;
+                }
                 return written;
             }
             if let Some(data) = out.filter(|d| !d.is_empty()) {

@@ -67,11 +67,15 @@ impl Limits {
 
     /// Count this request; refuse it when the key is over its `rpm` or `tpm` (429 with
     /// `Retry-After`; in a fleet, 503 when the database is needed and out of reach).
+    ///
+    /// A fleet's calls are boxed here and in `enter` and `spend_tokens`: their futures (a
+    /// database round trip) take kilobytes, which every request's future would otherwise carry
+    /// and copy on one node too.
     pub async fn admit(&self, key: &KeyRecord) -> Result<(), ApiError> {
         let Some(fleet) = &self.fleet else { return self.admit_here(key) };
         use crate::store::postgres::rates::Admission;
         if let Some(tpm) = key.tpm {
-            if let Admission::Refused { retry_after_secs } = fleet.rates.admit_tokens(&key.id, tpm).await {
+            if let Admission::Refused { retry_after_secs } = Box::pin(fleet.rates.admit_tokens(&key.id, tpm)).await {
                 return Err(rate_limited(
                     format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."),
                     retry_after_secs,
@@ -79,7 +83,7 @@ impl Limits {
             }
         }
         if let Some(rpm) = key.rpm {
-            match fleet.rates.admit_request(&key.id, rpm).await {
+            match Box::pin(fleet.rates.admit_request(&key.id, rpm)).await {
                 Ok(Admission::Admitted) => {}
                 Ok(Admission::Refused { retry_after_secs }) => {
                     return Err(rate_limited(
@@ -128,7 +132,7 @@ impl Limits {
         let Some(max) = key.max_concurrent else { return Ok(None) };
         let busy = || rate_limited(format!("Too many requests in flight: this key may have {max} at once. Retry when one finishes."), 1);
         if let Some(fleet) = &self.fleet {
-            return match fleet.slots.enter(&key.id, max).await {
+            return match Box::pin(fleet.slots.enter(&key.id, max)).await {
                 Ok(true) => Ok(Some(Slot { limits: self.clone(), key_id: key.id.clone() })),
                 Ok(false) => Err(busy()),
                 Err(e) => {
@@ -152,7 +156,7 @@ impl Limits {
             return;
         }
         if let Some(fleet) = &self.fleet {
-            return fleet.rates.spend_tokens(&key.id, tokens).await;
+            return Box::pin(fleet.rates.spend_tokens(&key.id, tokens)).await;
         }
         self.tokens.observe(&key.id.as_str(), isize::try_from(tokens).unwrap_or(isize::MAX));
     }

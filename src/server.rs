@@ -530,7 +530,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         },
     ));
     let listener_metrics = metrics.clone();
-    let connector = pingora_core::connectors::http::Connector::new(Some(pingora_core::connectors::ConnectorOptions::from_server_conf(
+    let connector = pingora_core::connectors::http::v1::Connector::new(Some(pingora_core::connectors::ConnectorOptions::from_server_conf(
         &server.configuration,
     )));
     let gateway = Gateway {
