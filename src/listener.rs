@@ -377,6 +377,20 @@ impl HeaderGuard {
         self.held = Held::default();
     }
 
+    /// The timer ran out before a header was complete: an idle connection closes, a started
+    /// header is answered 408.
+    fn expire(&mut self) {
+        if self.phase == Phase::Idle {
+            self.phase = Phase::Closed;
+        } else {
+            self.refuse(
+                "408 Request Timeout",
+                "request_header_timeout",
+                &format!("The request header did not arrive within {} seconds.", self.limits.header_timeout.as_secs()),
+            );
+        }
+    }
+
     /// Takes in freshly read header bytes: complete (hand it over), too large (refuse), or not yet.
     fn take_header_bytes(&mut self, bytes: &[u8]) {
         if self.phase == Phase::Idle {
@@ -432,6 +446,41 @@ impl AsyncRead for HeaderGuard {
                     // connection without another answer or an error in its log.
                     this.phase = Phase::Closed;
                 }
+                Phase::Idle | Phase::Header if this.held.len == 0 && buf.remaining() > 0 => {
+                    // Nothing held yet: read into the caller's buffer. A header complete in
+                    // this read (the usual request comes in one segment) is handed over where
+                    // it is; a partial one is moved out to be held, as below.
+                    let room = (this.limits.max_header_bytes + 1).min(buf.remaining());
+                    let start = buf.filled().len();
+                    let mut read = buf.take(room);
+                    match Pin::new(&mut this.inner).poll_read(cx, &mut read) {
+                        Poll::Ready(Ok(())) => {
+                            let n = read.filled().len();
+                            if n == 0 {
+                                this.phase = Phase::Closed;
+                                continue;
+                            }
+                            // SAFETY: the first `n` bytes of the unfilled part were just
+                            // written by the read above (`take` lends exactly that region).
+                            unsafe { buf.assume_init(n) };
+                            buf.advance(n);
+                            let mut probe = this.end;
+                            if probe.feed(&buf.filled()[start..]).is_some() {
+                                this.phase = Phase::Passing;
+                                return Poll::Ready(Ok(()));
+                            }
+                            this.take_header_bytes(&buf.filled()[start..]);
+                            buf.set_filled(start);
+                        }
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(e)),
+                        Poll::Pending => {
+                            if this.timer.as_mut().poll(cx).is_pending() {
+                                return Poll::Pending;
+                            }
+                            this.expire();
+                        }
+                    }
+                }
                 Phase::Idle | Phase::Header => {
                     let mut chunk = [0u8; 4096];
                     let room = (this.limits.max_header_bytes + 1).saturating_sub(this.held.len).clamp(1, chunk.len());
@@ -450,15 +499,7 @@ impl AsyncRead for HeaderGuard {
                             if this.timer.as_mut().poll(cx).is_pending() {
                                 return Poll::Pending;
                             }
-                            if this.phase == Phase::Idle {
-                                this.phase = Phase::Closed;
-                            } else {
-                                this.refuse(
-                                    "408 Request Timeout",
-                                    "request_header_timeout",
-                                    &format!("The request header did not arrive within {} seconds.", this.limits.header_timeout.as_secs()),
-                                );
-                            }
+                            this.expire();
                         }
                     }
                 }
