@@ -299,10 +299,17 @@ impl UsageScanner {
     /// A non-streamed body: parse it whole when it fits the window, else read the last usage
     /// object in the tail (also how a generate-content JSON-array stream is read).
     fn scan_tail(&mut self) {
-        let mut tail = Vec::with_capacity(self.tail_len);
-        for b in &self.tail {
-            tail.extend_from_slice(b);
-        }
+        // One chunk (a usual body) is read where it is; several are joined.
+        let tail: Bytes = match (self.tail.len(), self.tail.front()) {
+            (1, Some(only)) => only.clone(),
+            _ => {
+                let mut all = Vec::with_capacity(self.tail_len);
+                for b in &self.tail {
+                    all.extend_from_slice(b);
+                }
+                Bytes::from(all)
+            }
+        };
         // The usage object alone is parsed; the whole body only when there is none (to count
         // its text for an estimate).
         let key: &[u8] = if self.shape == Shape::Gemini { b"\"usageMetadata\"" } else { b"\"usage\"" };
@@ -336,7 +343,7 @@ impl UsageScanner {
 /// The JSON object that follows the last `key:` in `buf`.
 fn last_object_after(buf: &[u8], key: &[u8]) -> Option<Value> {
     let mut search_end = buf.len();
-    while let Some(pos) = buf[..search_end].windows(key.len()).rposition(|w| w == key) {
+    while let Some(pos) = memchr::memmem::rfind(&buf[..search_end], key) {
         let rest = &buf[pos + key.len()..];
         let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(rest.len())..];
         if let Some(after_colon) = rest.strip_prefix(b":") {

@@ -48,12 +48,12 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
 pub fn read_event(v: &Value, r: &mut super::Reading) {
     let kind = v.get("type").and_then(Value::as_str).unwrap_or_default();
     let usage = match kind {
-        "message_start" => v.pointer("/message/usage"),
+        "message_start" => super::at(v, "/message/usage"),
         "content_block_delta" => {
-            r.text(v.pointer("/delta/text"));
-            r.text(v.pointer("/delta/partial_json"));
-            r.text(v.pointer("/delta/thinking"));
-            r.text(v.pointer("/delta/signature"));
+            r.text(super::at(v, "/delta/text"));
+            r.text(super::at(v, "/delta/partial_json"));
+            r.text(super::at(v, "/delta/thinking"));
+            r.text(super::at(v, "/delta/signature"));
             None
         }
         _ => v.get("usage"),

@@ -47,7 +47,7 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
 pub fn read_event(v: &Value, r: &mut super::Reading) {
     if let Some(candidates) = v.get("candidates").and_then(Value::as_array) {
         for c in candidates {
-            if let Some(parts) = c.pointer("/content/parts").and_then(Value::as_array) {
+            if let Some(parts) = super::at(c, "/content/parts").and_then(Value::as_array) {
                 for p in parts {
                     r.text(p.get("text"));
                     // Function calls and code carry their arguments as JSON.

@@ -433,7 +433,18 @@ impl Reading {
 
 /// An unsigned integer at a JSON pointer.
 pub(crate) fn u(v: &Value, path: &str) -> Option<u64> {
-    v.pointer(path).and_then(Value::as_u64)
+    at(v, path).and_then(Value::as_u64)
+}
+
+/// The value at a JSON pointer written without escapes (`/usage/prompt_tokens`), found without
+/// allocating: `Value::pointer` builds a `String` per segment, and the usage readers run on
+/// every response and every stream event.
+pub(crate) fn at<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('/').skip(1).try_fold(v, |v, segment| match v {
+        Value::Object(map) => map.get(segment),
+        Value::Array(items) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
+        _ => None,
+    })
 }
 
 /// Every header a client key may arrive in (each protocol's, and the spec's alternative).

@@ -51,8 +51,8 @@ pub fn read_chat_event(v: &Value, r: &mut super::Reading) -> bool {
                 }
                 if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
                     for call in calls {
-                        r.text(call.pointer("/function/name"));
-                        r.text(call.pointer("/function/arguments"));
+                        r.text(super::at(call, "/function/name"));
+                        r.text(super::at(call, "/function/arguments"));
                     }
                 }
             }
@@ -77,11 +77,11 @@ pub fn read_responses_event(v: &Value, r: &mut super::Reading) {
         let id = if kind.is_empty() {
             v.get("id").filter(|_| v.get("object").and_then(Value::as_str) == Some("response"))
         } else {
-            v.pointer("/response/id")
+            super::at(v, "/response/id")
         };
         r.response_id = id.and_then(Value::as_str).map(str::to_string);
     }
-    let usage = if kind.is_empty() { v.get("usage") } else { v.pointer("/response/usage") };
+    let usage = if kind.is_empty() { v.get("usage") } else { super::at(v, "/response/usage") };
     if let Some(usage) = usage.filter(|u| u.is_object()) {
         r.seen = seen(usage, "/input_tokens", "/input_tokens_details/cached_tokens", "/output_tokens");
     }
