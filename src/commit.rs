@@ -101,6 +101,10 @@ struct Queue {
     urgent: bool,
     /// No more jobs will come (the handle is being dropped).
     closed: bool,
+    /// The writer waits on the condition variable: only then does a new job need to wake it
+    /// (a notify is a system call even when nobody waits; with `sync_commit` every booking
+    /// would make one while the writer is busy flushing).
+    sleeping: bool,
 }
 
 struct Shared {
@@ -165,7 +169,7 @@ impl Writer {
             let was_empty = q.jobs.is_empty();
             q.jobs.push(job);
             q.urgent |= urgent;
-            was_empty || urgent
+            q.sleeping && (was_empty || urgent)
         };
         if wake {
             self.shared.wake.notify_one();
@@ -279,7 +283,9 @@ fn run(db: DbSlot, window: Duration, shared: &Shared, stats: &CommitStats) {
         let batch = {
             let mut q = shared.lock();
             while q.jobs.is_empty() && !q.closed {
+                q.sleeping = true;
                 q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                q.sleeping = false;
             }
             if q.jobs.is_empty() {
                 return; // closed, nothing left
@@ -292,7 +298,9 @@ fn run(db: DbSlot, window: Duration, shared: &Shared, stats: &CommitStats) {
                 if left.is_zero() {
                     break;
                 }
+                q.sleeping = true;
                 q = shared.wake.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+                q.sleeping = false;
             }
             q.urgent = false;
             std::mem::take(&mut q.jobs)

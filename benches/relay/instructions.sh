@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# User-space instructions per relayed request, counted by callgrind (issue 25): the measure that
+# holds still on a shared machine where time and throughput move by 10 % between runs (the
+# same binary measures within ~2 % of itself). Kernel work (system calls, wake-ups) is not
+# counted: `run.sh`'s CPU and context-switch columns show it.
+#
+# Each target runs alone under valgrind behind the nginx upstream of run.sh; wrk (1 thread,
+# c=8) warms it for 3 s, then the instructions of the next 4 s are divided by the requests wrk
+# counted. Small bodies by default; TOLLGATE_WRK_BODY=large for the 256 KiB one.
+#   bare      the bare Pingora proxy of run.sh
+#   tollgate  HEAD's release build
+#   other     PERF_OTHER_BIN, when set (a change against HEAD)
+# Usage, from the repository root: bash benches/relay/instructions.sh
+set -u
+here="$(cd "$(dirname "$0")" && pwd)"
+command -v nginx >/dev/null && command -v wrk >/dev/null && command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y nginx wrk valgrind cmake; } >/dev/null 2>&1
+cargo build --release --bin tollgate >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
+bare_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-perf-bare-target"
+CARGO_TARGET_DIR="$bare_dir" cargo build --release --manifest-path "$here/bare/Cargo.toml" >/dev/null 2>&1 || { echo "bare Pingora build failed"; exit 1; }
+dir="$(mktemp -d -t tollgate-instructions.XXXX)"
+port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+UP=$(port)
+sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" "$here/upstream.conf.tmpl" > "$dir/upstream.conf"
+nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & upstream=$!
+cleanup() { kill "$upstream" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
+trap cleanup EXIT
+. "$here/../gateway-config.sh"
+load() { wrk -t1 -c8 -d"$1s" -s "$here/post.lua" "http://127.0.0.1:$2/v1/chat/completions" 2>/dev/null; }
+measure() { # name port command...
+  local name=$1 p=$2; shift 2
+  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.$name" "$@" >"$dir/$name.log" 2>&1 &
+  local vg=$!
+  for _ in $(seq 1 150); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done
+  load 3 "$p" >/dev/null
+  callgrind_control -i on "$vg" >/dev/null 2>&1
+  local r; r=$(load 4 "$p" | grep RESULT)
+  callgrind_control -i off "$vg" >/dev/null 2>&1
+  callgrind_control -d "$vg" >/dev/null 2>&1
+  kill "$vg"; wait "$vg" 2>/dev/null
+  local total; total=$(callgrind_annotate "$dir/cg.$name.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+  python3 - "$name" "$r" "${total:-0}" <<'PY'
+import re, sys
+name, result, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+m = re.search(r"rps=([0-9.]+)", result)
+requests = float(m.group(1)) * 4 if m else 0
+print("%-9s requests=%6d  K instructions/request=%.1f" % (name, requests, total / requests / 1000 if requests else float("nan")))
+PY
+}
+BP=$(port); measure bare "$BP" "$bare_dir/release/bare-pingora" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
+GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" ""
+RUST_LOG=warn measure tollgate "$GW" "$PWD/target/release/tollgate" -c "$dir/tollgate.yaml"
+if [ -n "${PERF_OTHER_BIN:-}" ]; then
+  GO=$(port); write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" ""
+  RUST_LOG=warn measure other "$GO" "$PERF_OTHER_BIN" -c "$dir/other.yaml"
+fi
