@@ -3,7 +3,7 @@
 
 use crate::auth::{hash_key, hex, now_unix, KeyIndex};
 use crate::config::Protocol;
-use crate::ledger::{Ledger, NANOS_PER_USD};
+use crate::ledger::{usd, Ledger};
 use crate::metrics::Metrics;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::response::LocalResponse;
@@ -161,10 +161,6 @@ fn new_secret() -> String {
 /// The request's query string.
 fn req_query(session: &Session) -> Option<String> {
     session.req_header().uri.query().map(str::to_string)
-}
-
-fn usd(nanos: i64) -> f64 {
-    nanos as f64 / NANOS_PER_USD as f64
 }
 
 fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
@@ -566,15 +562,6 @@ mod tests {
         assert!(origin_allowed(Some("http://127.0.0.1:8081"), Some("127.0.0.1:8081")));
         assert!(!origin_allowed(Some("http://rebind.evil.example"), Some("127.0.0.1:8081")));
         assert!(!origin_allowed(Some("null"), Some("127.0.0.1:8081")));
-    }
-
-    #[test]
-    fn day_labels_are_utc_dates() {
-        use crate::protocol::utc_date;
-        assert_eq!(utc_date(0), "1970-01-01");
-        assert_eq!(utc_date(59), "1970-03-01");
-        assert_eq!(utc_date(11_016), "2000-02-29");
-        assert_eq!(utc_date(20_781), "2026-11-24");
     }
 
     #[test]

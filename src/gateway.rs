@@ -22,7 +22,7 @@
 
 use crate::auth::{self, KeyIndex};
 use crate::billing;
-use crate::ledger::{now_ms, Hold, Ledger, UsageRecord, NANOS_PER_USD};
+use crate::ledger::{now_ms, Hold, Ledger, UsageRecord};
 
 use crate::config::{Platform, Protocol};
 use crate::health::Verdict;
@@ -840,7 +840,7 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     if let Some((charged, _)) = ctx.video_charge {
         cost = charged;
     }
-    let cost_usd = cost as f64 / NANOS_PER_USD as f64;
+    let cost_usd = crate::ledger::usd(cost);
     let key = ctx.key_name.as_deref().unwrap_or("-");
     if crate::logging::json() {
         let mut line = serde_json::json!({

@@ -26,6 +26,11 @@ use std::sync::Arc;
 
 pub const NANOS_PER_USD: i64 = 1_000_000_000;
 
+/// nano-USD as dollars, for answers and log lines.
+pub fn usd(nanos: i64) -> f64 {
+    nanos as f64 / NANOS_PER_USD as f64
+}
+
 /// nano-USD per one million tokens, and the model's output limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TokenPrice {
@@ -182,11 +187,7 @@ impl Insufficient {
     pub fn to_api_error(self, what: &str) -> crate::protocol::ApiError {
         crate::protocol::ApiError::new(
             crate::protocol::ErrorKind::InsufficientBalance,
-            format!(
-                "Insufficient balance: {what} ${:.6}, the key has ${:.6} available.",
-                self.needed as f64 / NANOS_PER_USD as f64,
-                self.available.max(0) as f64 / NANOS_PER_USD as f64
-            ),
+            format!("Insufficient balance: {what} ${:.6}, the key has ${:.6} available.", usd(self.needed), usd(self.available.max(0))),
         )
     }
 }
@@ -286,7 +287,7 @@ impl Totals {
             "cached_input_tokens": self.cached_input_tokens,
             "cache_write_input_tokens": self.cache_write_input_tokens,
             "output_tokens": self.output_tokens,
-            "cost": self.cost_nanos as f64 / NANOS_PER_USD as f64,
+            "cost": usd(self.cost_nanos),
         })
     }
 }
@@ -468,7 +469,7 @@ pub fn usage_report(key: &crate::store::KeyRecord, balance: i64, total: &Totals,
     serde_json::json!({
         "object": "usage",
         "key": {"name": key.name, "group": key.group},
-        "balance": balance as f64 / NANOS_PER_USD as f64,
+        "balance": usd(balance),
         "total": total.to_json(),
         "models": models,
     })

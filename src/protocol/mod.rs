@@ -748,6 +748,14 @@ pub mod tests {
     }
 
     #[test]
+    fn day_labels_are_utc_dates() {
+        assert_eq!(utc_date(0), "1970-01-01");
+        assert_eq!(utc_date(59), "1970-03-01");
+        assert_eq!(utc_date(11_016), "2000-02-29");
+        assert_eq!(utc_date(20_781), "2026-11-24");
+    }
+
+    #[test]
     fn rfc3339_known_dates() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");

@@ -136,7 +136,6 @@ impl VideoService {
         }
         let counter = if task.status == Status::Completed { &self.completed } else { &self.failed };
         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let charge = |nanos: i64| nanos as f64 / crate::ledger::NANOS_PER_USD as f64;
         match task.status {
             Status::Completed => log::info!(
                 "video: task {} of key {} completed: model={} seconds={} charged_usd={:.9}",
@@ -144,7 +143,7 @@ impl VideoService {
                 task.owner,
                 task.api_model,
                 task.duration,
-                charge(task.cost_nanos)
+                crate::ledger::usd(task.cost_nanos)
             ),
             _ => log::info!(
                 "video: task {} of key {} failed ({}): model={} seconds={} refunded_usd={:.9}",
@@ -153,7 +152,7 @@ impl VideoService {
                 task.error.as_ref().map_or("no reason given", |e| e.message.as_str()),
                 task.api_model,
                 task.duration,
-                charge(if task.refunded { task.cost_nanos } else { 0 })
+                crate::ledger::usd(if task.refunded { task.cost_nanos } else { 0 })
             ),
         }
         if task.status == Status::Completed && task.storage_key.is_none() && !task.copy_pending && self.storage.is_some() {
