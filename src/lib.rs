@@ -35,4 +35,5 @@ pub mod server;
 pub mod storage;
 pub mod store;
 pub mod tls;
+pub mod translate;
 pub mod video;

@@ -555,11 +555,33 @@ pub struct ApiError {
     pub param: Option<String>,
     /// Seconds for `Retry-After` (429).
     pub retry_after: Option<u64>,
+    /// An upstream's own status, kept when its error is passed on in another protocol's shape.
+    pub upstream_status: Option<u16>,
 }
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        ApiError { kind, message: message.into(), param: None, retry_after: None }
+        ApiError { kind, message: message.into(), param: None, retry_after: None, upstream_status: None }
+    }
+
+    /// An upstream's error answer, to be shown in the client's protocol with the same status.
+    pub fn upstream(status: u16, message: impl Into<String>) -> Self {
+        let kind = match status {
+            401 => ErrorKind::Unauthorized,
+            402 => ErrorKind::InsufficientBalance,
+            403 => ErrorKind::Forbidden,
+            404 => ErrorKind::NotFound,
+            408 => ErrorKind::RequestTimeout,
+            413 => ErrorKind::PayloadTooLarge,
+            429 => ErrorKind::RateLimited,
+            400..=499 => ErrorKind::BadRequest,
+            503 | 529 => ErrorKind::Overloaded,
+            502 => ErrorKind::BadGateway,
+            504 => ErrorKind::GatewayTimeout,
+            _ => ErrorKind::Internal,
+        };
+        let status = if (400..=599).contains(&status) { status } else { 502 };
+        ApiError { upstream_status: Some(status), ..ApiError::new(kind, message) }
     }
 
     pub fn with_param(mut self, param: &str) -> Self {
@@ -568,7 +590,7 @@ impl ApiError {
     }
 
     pub fn status(&self) -> u16 {
-        self.kind.status()
+        self.upstream_status.unwrap_or_else(|| self.kind.status())
     }
 
     /// The JSON body in `protocol`'s own error shape.

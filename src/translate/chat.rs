@@ -1,0 +1,614 @@
+//! Chat completions, both sides: a client's request and the answer it reads, a provider's
+//! request and the answer it sends (whole and streamed).
+
+use super::carry::{self, Carried};
+use super::{
+    data_url, float, invalid, new_id, stops, text_of, uint, unsupported, Dialect, Event, Image, Message, Part,
+    Reasoning, Request, Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+};
+use crate::protocol::ApiError;
+use serde_json::{json, Map, Value};
+
+/// Request fields read by the decoder.
+const MAPPED: [&str; 18] = [
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "reasoning_effort",
+    "response_format",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+];
+
+/// Request fields that change nothing a provider of another protocol answers: dropped.
+pub const DROPPED: [&str; 7] = ["user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prompt_cache_retention"];
+
+fn role_of(m: &Value) -> &str {
+    m.get("role").and_then(Value::as_str).unwrap_or_default()
+}
+
+/// A chat-completions client's request in the internal form, refused where `to` cannot carry it.
+pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Request, ApiError> {
+    super::check_fields(&body, &MAPPED, &DROPPED, to)?;
+    let mut req = Request::default();
+    if let Some(n) = body.get("n").filter(|v| !v.is_null()) {
+        if uint(n, "n")? > 1 {
+            return Err(unsupported("n", to, "one choice per request only"));
+        }
+    }
+    let Some(Value::Array(messages)) = body.remove("messages") else {
+        return Err(invalid("messages", "a list of messages is required"));
+    };
+    let mut seen_conversation = false;
+    for (i, m) in messages.iter().enumerate() {
+        let field = format!("messages[{i}]");
+        match role_of(m) {
+            "system" | "developer" => {
+                let text = m.get("content").and_then(text_of).ok_or_else(|| invalid(&field, "content must be text"))?;
+                if seen_conversation {
+                    req.messages.push(Message { role: Role::System, parts: vec![Part::Text(text)] });
+                } else {
+                    req.system.push(text);
+                }
+            }
+            "user" => {
+                seen_conversation = true;
+                let parts = user_parts(m.get("content").unwrap_or(&Value::Null), &field, to)?;
+                req.messages.push(Message { role: Role::User, parts });
+            }
+            "assistant" => {
+                seen_conversation = true;
+                let mut parts = Vec::new();
+                for field_name in ["reasoning_content", "reasoning"] {
+                    if let Some(text) = m.get(field_name).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                        parts.push(Part::Thinking { text: text.to_string(), signature: None });
+                    }
+                }
+                match m.get("content") {
+                    Some(Value::String(s)) if !s.is_empty() => parts.push(Part::Text(s.clone())),
+                    Some(Value::Array(items)) => {
+                        for p in items {
+                            if let Some(t) = p.get("text").or_else(|| p.get("refusal")).and_then(Value::as_str) {
+                                parts.push(Part::Text(t.to_string()));
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+                if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+                    for call in calls {
+                        let id = call.get("id").and_then(Value::as_str).ok_or_else(|| invalid(&field, "a tool call needs its id"))?;
+                        let name = crate::protocol::at(call, "/function/name").and_then(Value::as_str).unwrap_or_default();
+                        let arguments = crate::protocol::at(call, "/function/arguments").and_then(Value::as_str).unwrap_or("{}");
+                        parts.push(Part::ToolCall(ToolCall {
+                            id: id.to_string(),
+                            name: name.to_string(),
+                            arguments: arguments.to_string(),
+                            signature: None,
+                        }));
+                    }
+                }
+                req.messages.push(Message { role: Role::Assistant, parts });
+            }
+            "tool" => {
+                seen_conversation = true;
+                let id = m.get("tool_call_id").and_then(Value::as_str).ok_or_else(|| invalid(&field, "tool_call_id is required"))?;
+                let text = m.get("content").and_then(text_of).unwrap_or_default();
+                req.messages.push(Message {
+                    role: Role::User,
+                    parts: vec![Part::ToolResult { id: id.to_string(), content: vec![Part::Text(text)], is_error: false }],
+                });
+            }
+            other => return Err(unsupported(&format!("{field}.role"), to, &format!("the role '{other}' has no counterpart"))),
+        }
+    }
+    req.messages = super::merge_roles(req.messages);
+    if let Some(Value::Array(tools)) = body.get("tools") {
+        for t in tools {
+            if t.get("type").and_then(Value::as_str) != Some("function") {
+                return Err(unsupported("tools", to, "only function tools can be carried"));
+            }
+            let f = t.get("function").ok_or_else(|| invalid("tools", "a function tool needs 'function'"))?;
+            req.tools.push(Tool {
+                name: f.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
+                description: f.get("description").and_then(Value::as_str).map(str::to_string),
+                schema: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            });
+        }
+    }
+    req.tool_choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            _ => return Err(invalid("tool_choice", "must be auto, none, required or a named function")),
+        }),
+        Some(v) => match crate::protocol::at(v, "/function/name").and_then(Value::as_str) {
+            Some(name) => Some(ToolChoice::Named(name.to_string())),
+            None => return Err(unsupported("tool_choice", to, "only auto, none, required or one named function")),
+        },
+    };
+    req.no_parallel_tools = body.get("parallel_tool_calls") == Some(&Value::Bool(false));
+    for field in ["max_completion_tokens", "max_tokens"] {
+        if let Some(v) = body.get(field).filter(|v| !v.is_null()) {
+            req.max_output = Some(uint(v, field)?);
+            break;
+        }
+    }
+    if let Some(v) = body.get("temperature").filter(|v| !v.is_null()) {
+        req.temperature = Some(float(v, "temperature")?);
+    }
+    if let Some(v) = body.get("top_p").filter(|v| !v.is_null()) {
+        req.top_p = Some(float(v, "top_p")?);
+    }
+    if let Some(v) = body.get("stop").filter(|v| !v.is_null()) {
+        req.stop = stops(v, "stop")?;
+    }
+    if let Some(v) = body.get("seed").filter(|v| !v.is_null()) {
+        if to == Dialect::Messages {
+            return Err(unsupported("seed", to, "it has no seed"));
+        }
+        req.seed = Some(v.as_i64().ok_or_else(|| invalid("seed", "must be an integer"))?);
+    }
+    for (field, slot) in [("presence_penalty", &mut req.presence_penalty), ("frequency_penalty", &mut req.frequency_penalty)] {
+        if let Some(v) = body.get(field).filter(|v| !v.is_null()) {
+            let value = float(v, field)?;
+            if to == Dialect::Messages && value != 0.0 {
+                return Err(unsupported(field, to, "it has no penalties"));
+            }
+            *slot = Some(value).filter(|v| *v != 0.0);
+        }
+    }
+    if let Some(v) = body.get("reasoning_effort").filter(|v| !v.is_null()) {
+        let effort = v.as_str().unwrap_or_default();
+        req.reasoning = Some(Reasoning::from_effort(effort).ok_or_else(|| invalid("reasoning_effort", "unknown effort"))?);
+    }
+    req.json_output = match body.get("response_format") {
+        None | Some(Value::Null) => None,
+        Some(f) => match f.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(None),
+            Some("json_schema") => Some(Some(
+                crate::protocol::at(f, "/json_schema/schema").cloned().ok_or_else(|| invalid("response_format", "json_schema.schema is required"))?,
+            )),
+            _ => return Err(invalid("response_format", "type must be text, json_object or json_schema")),
+        },
+    };
+    Ok(req)
+}
+
+fn user_parts(content: &Value, field: &str, to: Dialect) -> Result<Vec<Part>, ApiError> {
+    match content {
+        Value::String(s) => Ok(vec![Part::Text(s.clone())]),
+        Value::Array(items) => items
+            .iter()
+            .map(|p| match p.get("type").and_then(Value::as_str) {
+                Some("text") => Ok(Part::Text(p.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+                Some("image_url") => {
+                    let url = crate::protocol::at(p, "/image_url/url")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| invalid(field, "image_url.url is required"))?;
+                    Ok(Part::Image(match data_url(url) {
+                        Some((media_type, data)) => Image::Base64 { media_type, data },
+                        None => Image::Url(url.to_string()),
+                    }))
+                }
+                Some(other) => Err(unsupported(&format!("{field}.content"), to, &format!("'{other}' parts have no counterpart"))),
+                None => Err(invalid(field, "a content part needs a type")),
+            })
+            .collect(),
+        _ => Err(invalid(field, "content must be text or a list of parts")),
+    }
+}
+
+/// The internal form as a chat-completions provider's request (usage always asked for).
+pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
+    let mut messages: Vec<Value> = req.system.iter().map(|s| json!({"role": "system", "content": s})).collect();
+    for m in &req.messages {
+        match m.role {
+            Role::System => messages.push(json!({"role": "system", "content": plain_text(&m.parts)})),
+            Role::User => {
+                let mut rest: Vec<Value> = Vec::new();
+                for p in &m.parts {
+                    match p {
+                        Part::ToolResult { id, content, is_error } => {
+                            let text = plain_text(content);
+                            let text = if *is_error { format!("Error: {text}") } else { text };
+                            messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+                            // Chat completions' tool messages carry text only: images follow as the user's.
+                            rest.extend(content.iter().filter_map(image_part));
+                        }
+                        Part::Text(t) => rest.push(json!({"type": "text", "text": t})),
+                        Part::Image(_) => rest.extend(image_part(p)),
+                        _ => {}
+                    }
+                }
+                if !rest.is_empty() {
+                    let only_text = rest.iter().all(|p| p["type"] == "text");
+                    let content = if only_text {
+                        Value::String(rest.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n"))
+                    } else {
+                        Value::Array(rest)
+                    };
+                    messages.push(json!({"role": "user", "content": content}));
+                }
+            }
+            Role::Assistant => {
+                let text = plain_text(&m.parts);
+                let calls: Vec<Value> = m
+                    .parts
+                    .iter()
+                    .filter_map(|p| match p {
+                        Part::ToolCall(c) => {
+                            Some(json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let mut msg = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text) }});
+                if !calls.is_empty() {
+                    msg["tool_calls"] = Value::Array(calls);
+                }
+                messages.push(msg);
+            }
+        }
+    }
+    let mut out = json!({"model": req.model, "messages": messages});
+    if req.stream {
+        out["stream"] = json!(true);
+        out["stream_options"] = json!({"include_usage": true});
+    }
+    if let Some(max) = req.max_output {
+        out["max_completion_tokens"] = json!(max);
+    }
+    if !req.tools.is_empty() {
+        out["tools"] = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut f = json!({"name": t.name, "parameters": t.schema});
+                if let Some(d) = &t.description {
+                    f["description"] = json!(d);
+                }
+                json!({"type": "function", "function": f})
+            })
+            .collect();
+    }
+    if let Some(choice) = &req.tool_choice {
+        out["tool_choice"] = match choice {
+            ToolChoice::Auto => json!("auto"),
+            ToolChoice::None => json!("none"),
+            ToolChoice::Required => json!("required"),
+            ToolChoice::Named(name) => json!({"type": "function", "function": {"name": name}}),
+        };
+    }
+    if req.no_parallel_tools && !req.tools.is_empty() {
+        out["parallel_tool_calls"] = json!(false);
+    }
+    if req.top_k.is_some() {
+        return Err(unsupported("top_k", Dialect::Chat, "it has no top_k"));
+    }
+    for (name, v) in [("temperature", req.temperature), ("top_p", req.top_p), ("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)] {
+        if let Some(v) = v {
+            out[name] = json!(v);
+        }
+    }
+    if !req.stop.is_empty() {
+        out["stop"] = json!(req.stop);
+    }
+    if let Some(seed) = req.seed {
+        out["seed"] = json!(seed);
+    }
+    if let Some(r @ Reasoning::Budget(_)) = req.reasoning {
+        out["reasoning_effort"] = json!(r.effort());
+    }
+    match &req.json_output {
+        Some(Some(schema)) => out["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
+        Some(None) => out["response_format"] = json!({"type": "json_object"}),
+        None => {}
+    }
+    Ok(out)
+}
+
+fn image_part(p: &Part) -> Option<Value> {
+    match p {
+        Part::Image(Image::Url(url)) => Some(json!({"type": "image_url", "image_url": {"url": url}})),
+        Part::Image(Image::Base64 { media_type, data }) => {
+            Some(json!({"type": "image_url", "image_url": {"url": format!("data:{media_type};base64,{data}")}}))
+        }
+        _ => None,
+    }
+}
+
+/// The text parts of a message, joined.
+fn plain_text(parts: &[Part]) -> String {
+    let texts: Vec<&str> = parts.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
+    texts.join("\n")
+}
+
+fn stop_of(reason: &str) -> Option<Stop> {
+    Some(match reason {
+        "stop" => Stop::EndTurn,
+        "length" => Stop::MaxTokens,
+        "tool_calls" | "function_call" => Stop::ToolUse,
+        "content_filter" => Stop::ContentFilter,
+        _ => return None,
+    })
+}
+
+fn stop_name(stop: Stop) -> &'static str {
+    match stop {
+        Stop::EndTurn | Stop::StopSequence => "stop",
+        Stop::MaxTokens => "length",
+        Stop::ToolUse => "tool_calls",
+        Stop::ContentFilter => "content_filter",
+    }
+}
+
+/// Chat usage in the internal meaning (`prompt_tokens` includes cache reads).
+pub fn usage_of(u: &Value) -> Option<Usage> {
+    let prompt = u.get("prompt_tokens")?.as_u64()?;
+    let cached = crate::protocol::u(u, "/prompt_tokens_details/cached_tokens").unwrap_or(0).min(prompt);
+    Some(Usage {
+        input: prompt - cached,
+        cache_read: cached,
+        cache_write: 0,
+        output: crate::protocol::u(u, "/completion_tokens").unwrap_or(0),
+        reasoning: crate::protocol::u(u, "/completion_tokens_details/reasoning_tokens").unwrap_or(0),
+    })
+}
+
+fn usage_value(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_total(),
+        "completion_tokens": u.output,
+        "total_tokens": u.prompt_total() + u.output,
+        "prompt_tokens_details": {"cached_tokens": u.cache_read},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning},
+    })
+}
+
+/// A chat-completions provider's whole answer in the internal form.
+pub fn decode_response(v: &Value) -> Option<Response> {
+    let choice = v.get("choices")?.get(0)?;
+    let m = choice.get("message")?;
+    let mut parts = Vec::new();
+    for field in ["reasoning_content", "reasoning"] {
+        if let Some(t) = m.get(field).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            parts.push(Part::Thinking { text: t.to_string(), signature: None });
+        }
+    }
+    if let Some(t) = m.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        parts.push(Part::Text(t.to_string()));
+    }
+    if let Some(t) = m.get("refusal").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        parts.push(Part::Text(t.to_string()));
+    }
+    for call in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+        parts.push(Part::ToolCall(ToolCall {
+            id: call.get("id").and_then(Value::as_str).map_or_else(|| new_id("call_"), str::to_string),
+            name: crate::protocol::at(call, "/function/name").and_then(Value::as_str).unwrap_or_default().to_string(),
+            arguments: crate::protocol::at(call, "/function/arguments").and_then(Value::as_str).unwrap_or("{}").to_string(),
+            signature: None,
+        }));
+    }
+    Some(Response {
+        id: v.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+        parts,
+        stop: choice.get("finish_reason").and_then(Value::as_str).and_then(stop_of),
+        usage: v.get("usage").and_then(usage_of),
+    })
+}
+
+/// The internal form as the whole answer a chat-completions client reads.
+pub fn encode_response(t: &Translation, r: &Response) -> Value {
+    let ids = carry::client_call_ids(&r.parts);
+    let mut calls = Vec::new();
+    let mut text = String::new();
+    let mut thinking = String::new();
+    for p in &r.parts {
+        match p {
+            Part::Text(s) => text.push_str(s),
+            Part::Thinking { text: s, .. } => thinking.push_str(s),
+            Part::ToolCall(c) => calls.push(json!({
+                "id": ids.get(calls.len()).cloned().unwrap_or_else(|| c.id.clone()),
+                "type": "function",
+                "function": {"name": c.name, "arguments": if c.arguments.is_empty() { "{}" } else { c.arguments.as_str() }},
+            })),
+            _ => {}
+        }
+    }
+    let mut message = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }, "refusal": null});
+    if !thinking.is_empty() {
+        message["reasoning_content"] = json!(thinking);
+    }
+    if !calls.is_empty() {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    let mut out = json!({
+        "id": chat_id(&r.id),
+        "object": "chat.completion",
+        "created": now(),
+        "model": t.model,
+        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": r.stop.map_or("stop", stop_name)}],
+    });
+    if let Some(u) = &r.usage {
+        out["usage"] = usage_value(u);
+    }
+    out
+}
+
+fn chat_id(upstream: &str) -> String {
+    if upstream.starts_with("chatcmpl-") {
+        upstream.to_string()
+    } else {
+        new_id("chatcmpl-")
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// Reads a chat-completions provider's stream.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    /// The provider's index of the tool call being streamed.
+    tool: Option<u64>,
+}
+
+impl Decoder {
+    pub fn event(&mut self, data: &str, out: &mut Vec<Event>) {
+        if data.trim() == "[DONE]" {
+            return;
+        }
+        let Ok(v) = serde_json::from_str::<Value>(data) else { return };
+        if let Some(e) = v.get("error") {
+            let message = e.get("message").and_then(Value::as_str).unwrap_or("The upstream service failed.").to_string();
+            out.push(Event::Error { status: 500, message });
+            return;
+        }
+        if let Some(choice) = v.get("choices").and_then(|c| c.get(0)) {
+            if let Some(d) = choice.get("delta") {
+                for field in ["reasoning_content", "reasoning"] {
+                    if let Some(t) = d.get(field).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                        out.push(Event::Thinking(t.to_string()));
+                    }
+                }
+                if let Some(t) = d.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                    out.push(Event::Text(t.to_string()));
+                }
+                if let Some(t) = d.get("refusal").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                    out.push(Event::Text(t.to_string()));
+                }
+                for call in d.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+                    let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
+                    let name = crate::protocol::at(call, "/function/name").and_then(Value::as_str);
+                    let id = call.get("id").and_then(Value::as_str);
+                    if self.tool != Some(index) && (id.is_some() || name.is_some()) {
+                        self.tool = Some(index);
+                        out.push(Event::ToolStart {
+                            id: id.map_or_else(|| new_id("call_"), str::to_string),
+                            name: name.unwrap_or_default().to_string(),
+                            signature: None,
+                        });
+                    }
+                    if let Some(a) = crate::protocol::at(call, "/function/arguments").and_then(Value::as_str).filter(|a| !a.is_empty()) {
+                        out.push(Event::ToolArgs(a.to_string()));
+                    }
+                }
+            }
+            if let Some(stop) = choice.get("finish_reason").and_then(Value::as_str).and_then(stop_of) {
+                out.push(Event::Stop(stop));
+            }
+        }
+        if let Some(u) = v.get("usage").and_then(usage_of) {
+            out.push(Event::Usage(u));
+        }
+    }
+}
+
+/// Writes the stream a chat-completions client reads.
+pub struct Encoder {
+    id: String,
+    created: u64,
+    model: String,
+    wants_usage: bool,
+    /// Index of the tool call being streamed.
+    tool: Option<usize>,
+    /// Signed thinking not yet given to a tool call id (see `carry`).
+    pending: Carried,
+    thinking: String,
+    finished: bool,
+    usage: Option<Usage>,
+}
+
+impl Encoder {
+    pub fn new(t: &Translation) -> Encoder {
+        Encoder {
+            id: new_id("chatcmpl-"),
+            created: now(),
+            model: t.model.clone(),
+            wants_usage: t.client_wants_usage,
+            tool: None,
+            pending: Carried::default(),
+            thinking: String::new(),
+            finished: false,
+            usage: None,
+        }
+    }
+
+    fn chunk(&self, out: &mut Vec<u8>, delta: Value, finish: Option<&str>) {
+        let v = json!({
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        super::sse::write(out, None, &v.to_string());
+    }
+
+    pub fn start(&mut self, out: &mut Vec<u8>) {
+        self.chunk(out, json!({"role": "assistant", "content": ""}), None);
+    }
+
+    pub fn event(&mut self, e: Event, out: &mut Vec<u8>) {
+        match e {
+            Event::Text(t) => self.chunk(out, json!({"content": t}), None),
+            Event::Thinking(t) => {
+                self.thinking.push_str(&t);
+                self.chunk(out, json!({"reasoning_content": t}), None);
+            }
+            Event::ThinkingSignature(sig) => self.pending.thinking.push((std::mem::take(&mut self.thinking), sig)),
+            Event::RedactedThinking(data) => self.pending.redacted.push(data),
+            Event::ToolStart { id, name, signature } => {
+                let index = self.tool.map_or(0, |i| i + 1);
+                self.tool = Some(index);
+                let mut carried = std::mem::take(&mut self.pending);
+                carried.signature = signature;
+                let id = carry::wrap(&id, &carried);
+                self.chunk(
+                    out,
+                    json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+                    None,
+                );
+            }
+            Event::ToolArgs(a) => {
+                let index = self.tool.unwrap_or(0);
+                self.chunk(out, json!({"tool_calls": [{"index": index, "function": {"arguments": a}}]}), None);
+            }
+            Event::Stop(stop) => {
+                if !self.finished {
+                    self.finished = true;
+                    self.chunk(out, json!({}), Some(stop_name(stop)));
+                }
+            }
+            Event::Usage(u) => self.usage = Some(u),
+            Event::Error { status, message } => {
+                let err = ApiError::upstream(status, message);
+                super::sse::write(out, None, &crate::protocol::openai::error_body(&err).to_string());
+            }
+        }
+    }
+
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        if let (true, Some(u)) = (self.wants_usage, &self.usage) {
+            let v = json!({
+                "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
+                "choices": [], "usage": usage_value(u),
+            });
+            super::sse::write(out, None, &v.to_string());
+        }
+        super::sse::write(out, None, "[DONE]");
+    }
+}

@@ -1,0 +1,607 @@
+//! The messages protocol, both sides: a client's request and the answer it reads, a provider's
+//! request and the answer it sends (whole and streamed).
+
+use super::carry;
+use super::{
+    arguments_value, float, invalid, new_id, stops, text_of, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning,
+    Request, Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+};
+use crate::protocol::ApiError;
+use serde_json::{json, Map, Value};
+
+/// Request fields read by the decoder.
+const MAPPED: [&str; 12] =
+    ["model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream", "tools", "tool_choice", "thinking"];
+
+/// Request fields that change nothing a provider of another protocol answers: dropped. (Also
+/// dropped wherever they appear: `cache_control` on blocks, and the `anthropic-beta` header.)
+pub const DROPPED: [&str; 3] = ["metadata", "service_tier", "context_management"];
+
+/// The thinking budget the messages protocol accepts at least.
+const MIN_BUDGET: u64 = 1024;
+
+/// A messages client's request in the internal form, refused where `to` cannot carry it.
+pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Request, ApiError> {
+    super::check_fields(&body, &MAPPED, &DROPPED, to)?;
+    let mut req = Request::default();
+    match body.get("system") {
+        None | Some(Value::Null) => {}
+        Some(v) => req.system.push(text_of(v).ok_or_else(|| invalid("system", "must be text or text blocks"))?),
+    }
+    let Some(Value::Array(messages)) = body.remove("messages") else {
+        return Err(invalid("messages", "a list of messages is required"));
+    };
+    for (i, m) in messages.iter().enumerate() {
+        let field = format!("messages[{i}]");
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
+            // Instructions in the middle of a conversation (sent by some agents).
+            Some("system") => Role::System,
+            _ => return Err(invalid(&field, "role must be user or assistant")),
+        };
+        let parts = match m.get("content") {
+            Some(Value::String(s)) => vec![Part::Text(s.clone())],
+            Some(Value::Array(blocks)) => blocks.iter().map(|b| block(b, &field, to)).collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect(),
+            _ => return Err(invalid(&field, "content must be text or a list of blocks")),
+        };
+        req.messages.push(Message { role, parts });
+    }
+    if let Some(Value::Array(tools)) = body.get("tools") {
+        for t in tools {
+            if t.get("type").and_then(Value::as_str).is_some_and(|kind| kind != "custom") {
+                return Err(unsupported("tools", to, "only client tools (name, input_schema) can be carried"));
+            }
+            req.tools.push(Tool {
+                name: t.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a tool needs a name"))?.to_string(),
+                description: t.get("description").and_then(Value::as_str).map(str::to_string),
+                schema: t.get("input_schema").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            });
+        }
+    }
+    if let Some(choice) = body.get("tool_choice").filter(|v| !v.is_null()) {
+        req.no_parallel_tools = choice.get("disable_parallel_tool_use") == Some(&Value::Bool(true));
+        req.tool_choice = Some(match choice.get("type").and_then(Value::as_str) {
+            Some("auto") => ToolChoice::Auto,
+            Some("any") => ToolChoice::Required,
+            Some("none") => ToolChoice::None,
+            Some("tool") => ToolChoice::Named(
+                choice.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tool_choice", "a named tool needs its name"))?.to_string(),
+            ),
+            _ => return Err(invalid("tool_choice", "type must be auto, any, none or tool")),
+        });
+    }
+    if let Some(v) = body.get("max_tokens").filter(|v| !v.is_null()) {
+        req.max_output = Some(uint(v, "max_tokens")?);
+    }
+    if let Some(v) = body.get("temperature").filter(|v| !v.is_null()) {
+        req.temperature = Some(float(v, "temperature")?);
+    }
+    if let Some(v) = body.get("top_p").filter(|v| !v.is_null()) {
+        req.top_p = Some(float(v, "top_p")?);
+    }
+    if let Some(v) = body.get("top_k").filter(|v| !v.is_null()) {
+        req.top_k = Some(uint(v, "top_k")?);
+    }
+    if let Some(v) = body.get("stop_sequences").filter(|v| !v.is_null()) {
+        req.stop = stops(v, "stop_sequences")?;
+    }
+    if let Some(t) = body.get("thinking").filter(|v| !v.is_null()) {
+        req.reasoning = match t.get("type").and_then(Value::as_str) {
+            Some("enabled") => Some(Reasoning::Budget(uint(t.get("budget_tokens").unwrap_or(&Value::Null), "thinking.budget_tokens")?)),
+            Some("disabled") => Some(Reasoning::Off),
+            Some("adaptive") => Reasoning::from_effort("medium"),
+            _ => return Err(invalid("thinking", "type must be enabled, disabled or adaptive")),
+        };
+    }
+    Ok(req)
+}
+
+/// One content block (None: nothing to carry, e.g. an empty thinking block).
+fn block(b: &Value, field: &str, to: Dialect) -> Result<Option<Part>, ApiError> {
+    let kind = b.get("type").and_then(Value::as_str).unwrap_or_default();
+    Ok(Some(match kind {
+        "text" => Part::Text(b.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
+        "image" => Part::Image(image(b, field)?),
+        "tool_use" => Part::ToolCall(ToolCall {
+            id: b.get("id").and_then(Value::as_str).ok_or_else(|| invalid(field, "tool_use needs an id"))?.to_string(),
+            name: b.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+            arguments: b.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
+            signature: None,
+        }),
+        "tool_result" => {
+            let content = match b.get("content") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::String(s)) => vec![Part::Text(s.clone())],
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .map(|i| match i.get("type").and_then(Value::as_str) {
+                        Some("text") => Ok(Part::Text(i.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+                        Some("image") => image(i, field).map(Part::Image),
+                        _ => Err(unsupported(&format!("{field}.content"), to, "tool results carry text and images only")),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => return Err(invalid(field, "tool_result content must be text or blocks")),
+            };
+            Part::ToolResult {
+                id: b.get("tool_use_id").and_then(Value::as_str).ok_or_else(|| invalid(field, "tool_result needs tool_use_id"))?.to_string(),
+                content,
+                is_error: b.get("is_error") == Some(&Value::Bool(true)),
+            }
+        }
+        "thinking" => {
+            let text = b.get("thinking").and_then(Value::as_str).unwrap_or_default().to_string();
+            // An empty signature is tollgate's own (thinking from a provider of another protocol).
+            let signature = b.get("signature").and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+            Part::Thinking { text, signature }
+        }
+        "redacted_thinking" => Part::RedactedThinking(b.get("data").and_then(Value::as_str).unwrap_or_default().to_string()),
+        other => return Err(unsupported(&format!("{field}.content"), to, &format!("'{other}' blocks have no counterpart"))),
+    }))
+}
+
+fn image(b: &Value, field: &str) -> Result<Image, ApiError> {
+    let source = b.get("source").ok_or_else(|| invalid(field, "an image needs a source"))?;
+    match source.get("type").and_then(Value::as_str) {
+        Some("base64") => Ok(Image::Base64 {
+            media_type: source.get("media_type").and_then(Value::as_str).unwrap_or("image/png").to_string(),
+            data: source.get("data").and_then(Value::as_str).unwrap_or_default().to_string(),
+        }),
+        Some("url") => Ok(Image::Url(source.get("url").and_then(Value::as_str).unwrap_or_default().to_string())),
+        _ => Err(invalid(field, "an image source is base64 or url")),
+    }
+}
+
+fn image_block(i: &Image) -> Value {
+    match i {
+        Image::Url(url) => json!({"type": "image", "source": {"type": "url", "url": url}}),
+        Image::Base64 { media_type, data } => json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}),
+    }
+}
+
+/// The internal form as a messages provider's request.
+pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
+    let to = Dialect::Messages;
+    if req.seed.is_some() {
+        return Err(unsupported("seed", to, "it has no seed"));
+    }
+    if req.presence_penalty.is_some() || req.frequency_penalty.is_some() {
+        return Err(unsupported("presence_penalty", to, "it has no penalties"));
+    }
+    if req.json_output.is_some() {
+        return Err(unsupported("response_format", to, "it has no structured output mode"));
+    }
+    // Mid-conversation instructions become the user's (the protocol has system only on top).
+    let messages: Vec<Message> = req
+        .messages
+        .iter()
+        .map(|m| match m.role {
+            Role::System => Message {
+                role: Role::User,
+                parts: m.parts.iter().map(|p| match p {
+                    Part::Text(t) => Part::Text(format!("<system-reminder>\n{t}\n</system-reminder>")),
+                    other => other.clone(),
+                }).collect(),
+            },
+            _ => m.clone(),
+        })
+        .collect();
+    let mut out_messages = Vec::new();
+    for m in super::merge_roles(messages) {
+        let mut blocks: Vec<Value> = Vec::new();
+        // Tool results open a user turn.
+        let (results, rest): (Vec<&Part>, Vec<&Part>) = m.parts.iter().partition(|p| matches!(p, Part::ToolResult { .. }));
+        for p in results.into_iter().chain(rest) {
+            match p {
+                Part::Text(t) if !t.is_empty() => blocks.push(json!({"type": "text", "text": t})),
+                Part::Text(_) => {}
+                Part::Image(i) => blocks.push(image_block(i)),
+                // Never invented: thinking without an Anthropic signature stays behind.
+                Part::Thinking { text, signature: Some(sig) } => blocks.push(json!({"type": "thinking", "thinking": text, "signature": sig})),
+                Part::Thinking { .. } => {}
+                Part::RedactedThinking(data) => blocks.push(json!({"type": "redacted_thinking", "data": data})),
+                Part::ToolCall(c) => blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": arguments_value(&c.arguments)})),
+                Part::ToolResult { id, content, is_error } => {
+                    let content: Vec<Value> = content
+                        .iter()
+                        .filter_map(|p| match p {
+                            Part::Text(t) => Some(json!({"type": "text", "text": t})),
+                            Part::Image(i) => Some(image_block(i)),
+                            _ => None,
+                        })
+                        .collect();
+                    let mut b = json!({"type": "tool_result", "tool_use_id": id, "content": content});
+                    if *is_error {
+                        b["is_error"] = json!(true);
+                    }
+                    blocks.push(b);
+                }
+            }
+        }
+        if blocks.is_empty() {
+            continue;
+        }
+        let role = if m.role == Role::Assistant { "assistant" } else { "user" };
+        out_messages.push(json!({"role": role, "content": blocks}));
+    }
+    let max_tokens = req.max_output.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
+    let mut out = json!({"model": req.model, "messages": out_messages, "max_tokens": max_tokens});
+    if !req.system.is_empty() {
+        out["system"] = req.system.iter().map(|s| json!({"type": "text", "text": s})).collect();
+    }
+    if req.stream {
+        out["stream"] = json!(true);
+    }
+    if !req.tools.is_empty() {
+        out["tools"] = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut v = json!({"name": t.name, "input_schema": t.schema});
+                if let Some(d) = &t.description {
+                    v["description"] = json!(d);
+                }
+                v
+            })
+            .collect();
+    }
+    let choice = match &req.tool_choice {
+        Some(ToolChoice::Auto) => Some(json!({"type": "auto"})),
+        Some(ToolChoice::None) => Some(json!({"type": "none"})),
+        Some(ToolChoice::Required) => Some(json!({"type": "any"})),
+        Some(ToolChoice::Named(name)) => Some(json!({"type": "tool", "name": name})),
+        None if req.no_parallel_tools && !req.tools.is_empty() => Some(json!({"type": "auto"})),
+        None => None,
+    };
+    if let Some(mut choice) = choice {
+        if req.no_parallel_tools && choice["type"] != "none" {
+            choice["disable_parallel_tool_use"] = json!(true);
+        }
+        out["tool_choice"] = choice;
+    }
+    for (name, v) in [("temperature", req.temperature), ("top_p", req.top_p)] {
+        if let Some(v) = v {
+            out[name] = json!(v);
+        }
+    }
+    if let Some(k) = req.top_k {
+        out["top_k"] = json!(k);
+    }
+    if !req.stop.is_empty() {
+        out["stop_sequences"] = json!(req.stop);
+    }
+    if let Some(Reasoning::Budget(b)) = req.reasoning {
+        // The protocol takes a budget of at least 1024 and below the output maximum.
+        let budget = b.max(MIN_BUDGET).min(max_tokens.saturating_sub(1));
+        if budget >= MIN_BUDGET {
+            out["thinking"] = json!({"type": "enabled", "budget_tokens": budget});
+        }
+    }
+    Ok(out)
+}
+
+fn stop_of(reason: &str) -> Option<Stop> {
+    Some(match reason {
+        "end_turn" | "pause_turn" => Stop::EndTurn,
+        "max_tokens" | "model_context_window_exceeded" => Stop::MaxTokens,
+        "tool_use" => Stop::ToolUse,
+        "stop_sequence" => Stop::StopSequence,
+        "refusal" => Stop::ContentFilter,
+        _ => return None,
+    })
+}
+
+fn stop_name(stop: Stop) -> &'static str {
+    match stop {
+        Stop::EndTurn => "end_turn",
+        Stop::MaxTokens => "max_tokens",
+        Stop::ToolUse => "tool_use",
+        Stop::StopSequence => "stop_sequence",
+        Stop::ContentFilter => "refusal",
+    }
+}
+
+/// Messages usage (already the internal meaning: input excludes cache reads and writes).
+fn usage_of(u: &Value) -> Usage {
+    Usage {
+        input: crate::protocol::u(u, "/input_tokens").unwrap_or(0),
+        cache_read: crate::protocol::u(u, "/cache_read_input_tokens").unwrap_or(0),
+        cache_write: crate::protocol::u(u, "/cache_creation_input_tokens").unwrap_or(0),
+        output: crate::protocol::u(u, "/output_tokens").unwrap_or(0),
+        reasoning: 0,
+    }
+}
+
+fn usage_value(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.input,
+        "cache_creation_input_tokens": u.cache_write,
+        "cache_read_input_tokens": u.cache_read,
+        "output_tokens": u.output,
+    })
+}
+
+/// A messages provider's whole answer in the internal form.
+pub fn decode_response(v: &Value) -> Option<Response> {
+    let blocks = v.get("content")?.as_array()?;
+    let mut parts = Vec::new();
+    for b in blocks {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => parts.push(Part::Text(b.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+            Some("thinking") => parts.push(Part::Thinking {
+                text: b.get("thinking").and_then(Value::as_str).unwrap_or_default().to_string(),
+                signature: b.get("signature").and_then(Value::as_str).map(str::to_string),
+            }),
+            Some("redacted_thinking") => parts.push(Part::RedactedThinking(b.get("data").and_then(Value::as_str).unwrap_or_default().to_string())),
+            Some("tool_use") => parts.push(Part::ToolCall(ToolCall {
+                id: b.get("id").and_then(Value::as_str).map_or_else(|| new_id("toolu_"), str::to_string),
+                name: b.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                arguments: b.get("input").map_or_else(|| "{}".to_string(), Value::to_string),
+                signature: None,
+            })),
+            _ => {}
+        }
+    }
+    Some(Response {
+        id: v.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+        parts,
+        stop: v.get("stop_reason").and_then(Value::as_str).and_then(stop_of),
+        usage: v.get("usage").filter(|u| u.is_object()).map(usage_of),
+    })
+}
+
+/// The internal form as the whole answer a messages client reads.
+pub fn encode_response(t: &Translation, r: &Response) -> Value {
+    let ids = carry::client_call_ids(&r.parts);
+    let mut calls = 0;
+    let content: Vec<Value> = r
+        .parts
+        .iter()
+        .filter_map(|p| match p {
+            Part::Text(s) => Some(json!({"type": "text", "text": s})),
+            Part::Thinking { text, signature } => {
+                Some(json!({"type": "thinking", "thinking": text, "signature": signature.clone().unwrap_or_default()}))
+            }
+            Part::RedactedThinking(data) => Some(json!({"type": "redacted_thinking", "data": data})),
+            Part::ToolCall(c) => {
+                let id = ids.get(calls).cloned().unwrap_or_else(|| c.id.clone());
+                calls += 1;
+                Some(json!({"type": "tool_use", "id": id, "name": c.name, "input": arguments_value(&c.arguments)}))
+            }
+            _ => None,
+        })
+        .collect();
+    let usage = r.usage.unwrap_or(Usage { input: t.input_estimate, ..Usage::default() });
+    json!({
+        "id": new_id("msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": t.model,
+        "content": content,
+        "stop_reason": stop_name(r.stop.unwrap_or(Stop::EndTurn)),
+        "stop_sequence": null,
+        "usage": usage_value(&usage),
+    })
+}
+
+/// Reads a messages provider's stream.
+#[derive(Debug, Default)]
+pub struct Decoder {
+    usage: Usage,
+}
+
+impl Decoder {
+    pub fn event(&mut self, data: &str, out: &mut Vec<Event>) {
+        let Ok(v) = serde_json::from_str::<Value>(data) else { return };
+        match v.get("type").and_then(Value::as_str).unwrap_or_default() {
+            "message_start" => {
+                if let Some(u) = crate::protocol::at(&v, "/message/usage") {
+                    self.usage = usage_of(u);
+                    out.push(Event::Usage(self.usage));
+                }
+            }
+            "content_block_start" => {
+                let b = v.get("content_block").unwrap_or(&Value::Null);
+                match b.get("type").and_then(Value::as_str) {
+                    Some("text") => {
+                        if let Some(t) = b.get("text").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                            out.push(Event::Text(t.to_string()));
+                        }
+                    }
+                    Some("tool_use") => out.push(Event::ToolStart {
+                        id: b.get("id").and_then(Value::as_str).map_or_else(|| new_id("toolu_"), str::to_string),
+                        name: b.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                        signature: None,
+                    }),
+                    Some("redacted_thinking") => {
+                        out.push(Event::RedactedThinking(b.get("data").and_then(Value::as_str).unwrap_or_default().to_string()))
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_delta" => {
+                let d = v.get("delta").unwrap_or(&Value::Null);
+                let s = |field: &str| d.get(field).and_then(Value::as_str).unwrap_or_default().to_string();
+                match d.get("type").and_then(Value::as_str) {
+                    Some("text_delta") => out.push(Event::Text(s("text"))),
+                    Some("input_json_delta") => {
+                        let piece = s("partial_json");
+                        if !piece.is_empty() {
+                            out.push(Event::ToolArgs(piece));
+                        }
+                    }
+                    Some("thinking_delta") => out.push(Event::Thinking(s("thinking"))),
+                    Some("signature_delta") => out.push(Event::ThinkingSignature(s("signature"))),
+                    _ => {}
+                }
+            }
+            "message_delta" => {
+                if let Some(stop) = crate::protocol::at(&v, "/delta/stop_reason").and_then(Value::as_str).and_then(stop_of) {
+                    out.push(Event::Stop(stop));
+                }
+                if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+                    let later = usage_of(u);
+                    self.usage.output = later.output;
+                    if u.get("input_tokens").is_some_and(|i| !i.is_null()) {
+                        self.usage.input = later.input;
+                        self.usage.cache_read = later.cache_read;
+                        self.usage.cache_write = later.cache_write;
+                    }
+                    out.push(Event::Usage(self.usage));
+                }
+            }
+            "error" => {
+                let kind = crate::protocol::at(&v, "/error/type").and_then(Value::as_str).unwrap_or_default();
+                let status = match kind {
+                    "rate_limit_error" => 429,
+                    "overloaded_error" => 529,
+                    "invalid_request_error" => 400,
+                    _ => 500,
+                };
+                let message = crate::protocol::at(&v, "/error/message").and_then(Value::as_str).unwrap_or("The upstream service failed.");
+                out.push(Event::Error { status, message: message.to_string() });
+            }
+            _ => {}
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
+    Tool,
+}
+
+/// Writes the stream a messages client reads.
+pub struct Encoder {
+    id: String,
+    model: String,
+    input_estimate: u64,
+    started: bool,
+    /// The open block and its index.
+    open: Option<(Block, usize)>,
+    next_index: usize,
+    stop: Option<Stop>,
+    usage: Option<Usage>,
+}
+
+impl Encoder {
+    pub fn new(t: &Translation) -> Encoder {
+        Encoder {
+            id: new_id("msg_"),
+            model: t.model.clone(),
+            input_estimate: t.input_estimate,
+            started: false,
+            open: None,
+            next_index: 0,
+            stop: None,
+            usage: None,
+        }
+    }
+
+    fn emit(out: &mut Vec<u8>, name: &str, v: Value) {
+        super::sse::write(out, Some(name), &v.to_string());
+    }
+
+    /// `message_start`, once: with the provider's input count if it came first, else the estimate
+    /// (a context meter reads it; the real count follows in `message_delta`).
+    pub fn start(&mut self, out: &mut Vec<u8>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let mut usage = self.usage.unwrap_or(Usage { input: self.input_estimate, ..Usage::default() });
+        usage.output = 1;
+        Self::emit(
+            out,
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+                "stop_reason": null, "stop_sequence": null, "usage": usage_value(&usage),
+            }}),
+        );
+    }
+
+    fn close(&mut self, out: &mut Vec<u8>) {
+        if let Some((_, index)) = self.open.take() {
+            Self::emit(out, "content_block_stop", json!({"type": "content_block_stop", "index": index}));
+        }
+    }
+
+    /// Make `kind` the open block (a new one unless it already is).
+    fn open(&mut self, kind: Block, block: Value, out: &mut Vec<u8>) -> usize {
+        if let Some((open, index)) = self.open {
+            if open == kind && kind != Block::Tool {
+                return index;
+            }
+        }
+        self.close(out);
+        let index = self.next_index;
+        self.next_index += 1;
+        self.open = Some((kind, index));
+        Self::emit(out, "content_block_start", json!({"type": "content_block_start", "index": index, "content_block": block}));
+        index
+    }
+
+    fn delta(out: &mut Vec<u8>, index: usize, delta: Value) {
+        Self::emit(out, "content_block_delta", json!({"type": "content_block_delta", "index": index, "delta": delta}));
+    }
+
+    pub fn event(&mut self, e: Event, out: &mut Vec<u8>) {
+        if let Event::Usage(u) = e {
+            self.usage = Some(u);
+            return;
+        }
+        self.start(out);
+        match e {
+            Event::Text(t) => {
+                let index = self.open(Block::Text, json!({"type": "text", "text": ""}), out);
+                Self::delta(out, index, json!({"type": "text_delta", "text": t}));
+            }
+            Event::Thinking(t) => {
+                let index = self.open(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), out);
+                Self::delta(out, index, json!({"type": "thinking_delta", "thinking": t}));
+            }
+            Event::ThinkingSignature(sig) => {
+                if let Some((Block::Thinking, index)) = self.open {
+                    Self::delta(out, index, json!({"type": "signature_delta", "signature": sig}));
+                }
+            }
+            Event::RedactedThinking(data) => {
+                self.close(out);
+                let index = self.open(Block::Thinking, json!({"type": "redacted_thinking", "data": data}), out);
+                let _ = index;
+                self.close(out);
+            }
+            Event::ToolStart { id, name, signature } => {
+                let id = carry::wrap(&id, &carry::Carried { signature, ..Default::default() });
+                self.open(Block::Tool, json!({"type": "tool_use", "id": id, "name": name, "input": {}}), out);
+            }
+            Event::ToolArgs(a) => {
+                if let Some((Block::Tool, index)) = self.open {
+                    Self::delta(out, index, json!({"type": "input_json_delta", "partial_json": a}));
+                }
+            }
+            Event::Stop(stop) => self.stop = Some(stop),
+            Event::Usage(_) => {}
+            Event::Error { status, message } => {
+                self.close(out);
+                let err = ApiError::upstream(status, message);
+                Self::emit(out, "error", crate::protocol::anthropic::error_body(&err));
+            }
+        }
+    }
+
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        self.start(out);
+        self.close(out);
+        let usage = self.usage.unwrap_or(Usage { input: self.input_estimate, ..Usage::default() });
+        Self::emit(
+            out,
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": stop_name(self.stop.unwrap_or(Stop::EndTurn)), "stop_sequence": null}, "usage": usage_value(&usage)}),
+        );
+        Self::emit(out, "message_stop", json!({"type": "message_stop"}));
+    }
+}

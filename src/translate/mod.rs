@@ -1,0 +1,437 @@
+//! Protocol translation: a client of one protocol calling a model served by a provider of
+//! another (opt-in per group, `groups.<name>.translate`). Every request, whole response and
+//! stream event goes through one internal form ([`Request`], [`Response`], [`Event`]); each
+//! protocol has one decoder and one encoder for it (`chat`, `messages`, `gemini`), so a protocol
+//! is added by writing its two sides, not a converter per pair. A request whose client protocol
+//! is its provider's never comes here: it is relayed byte for byte.
+//!
+//! What cannot be carried faithfully (a field that would change the answer and that the
+//! provider's protocol has no counterpart for) is refused with 400 naming the field; fields that
+//! change nothing upstream are dropped by a list per protocol ([`chat::DROPPED`],
+//! [`messages::DROPPED`], [`gemini::DROPPED`]). Usage is not billed from here: the meter reads
+//! the provider's own answer, so every token is billed once, as the provider counted it.
+//!
+//! Round trips: an Anthropic thinking `signature` and a generate-content `thoughtSignature` must
+//! come back byte-exact on the next turn. They ride inside the tool-call id the client sees
+//! ([`carry`]) and are restored when the client sends that id back.
+
+pub mod carry;
+pub mod chat;
+pub mod gemini;
+pub mod messages;
+pub mod sse;
+pub mod stream;
+
+use crate::config::Protocol;
+use crate::protocol::{ApiError, ErrorKind};
+use serde_json::Value;
+
+pub use stream::StreamTranslator;
+
+/// The protocol a client speaks (one more than the providers: the responses API is a client
+/// protocol only, relayed natively to `openai` providers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Chat,
+    Messages,
+    Gemini,
+}
+
+impl Dialect {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Chat => "openai",
+            Dialect::Messages => "anthropic",
+            Dialect::Gemini => "gemini",
+        }
+    }
+
+    /// The dialect a provider of `protocol` speaks.
+    pub fn of(protocol: Protocol) -> Dialect {
+        match protocol {
+            Protocol::Openai => Dialect::Chat,
+            Protocol::Anthropic => Dialect::Messages,
+            Protocol::Gemini => Dialect::Gemini,
+        }
+    }
+
+    /// The error shape of this dialect.
+    pub fn shape(self) -> Protocol {
+        match self {
+            Dialect::Chat => Protocol::Openai,
+            Dialect::Messages => Protocol::Anthropic,
+            Dialect::Gemini => Protocol::Gemini,
+        }
+    }
+}
+
+/// A translated relay: who speaks what, and what the client's answer must look like.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Translation {
+    pub client: Dialect,
+    pub upstream: Dialect,
+    /// The model as the client named it (answers name it back).
+    pub model: String,
+    pub stream: bool,
+    /// A chat-completions client asked for the usage chunk (`stream_options.include_usage`).
+    pub client_wants_usage: bool,
+    /// A generate-content client streams over SSE (`alt=sse`); without it, one JSON array.
+    pub gemini_sse: bool,
+    /// The input tokens estimated for the request (the messages protocol's `message_start`
+    /// reports it before the upstream's real count arrives).
+    pub input_estimate: u64,
+}
+
+impl Translation {
+    /// The upstream path (after the provider's prefix) and query for this request.
+    pub fn upstream_path(&self, prefix: &str) -> String {
+        match self.upstream {
+            Dialect::Chat => format!("{prefix}/v1/chat/completions"),
+            Dialect::Messages => format!("{prefix}/v1/messages"),
+            Dialect::Gemini if self.stream => format!("{prefix}/v1beta/models/{}:streamGenerateContent?alt=sse", self.model),
+            Dialect::Gemini => format!("{prefix}/v1beta/models/{}:generateContent", self.model),
+        }
+    }
+
+    /// The content type of the client's answer.
+    pub fn content_type(&self) -> &'static str {
+        if self.stream && (self.client != Dialect::Gemini || self.gemini_sse) {
+            "text/event-stream"
+        } else {
+            "application/json"
+        }
+    }
+}
+
+/// Who says a piece of conversation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    User,
+    Assistant,
+    /// Instructions in the middle of a conversation (earlier ones are [`Request::system`]).
+    System,
+}
+
+/// An image, by reference or inline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Image {
+    Url(String),
+    Base64 { media_type: String, data: String },
+}
+
+/// One part of a message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    Text(String),
+    Image(Image),
+    /// Reasoning text; `signature` only when an Anthropic upstream signed it.
+    Thinking { text: String, signature: Option<String> },
+    /// Anthropic's encrypted reasoning.
+    RedactedThinking(String),
+    ToolCall(ToolCall),
+    ToolResult { id: String, content: Vec<Part>, is_error: bool },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// The upstream's id (generate-content has none: tollgate makes one).
+    pub id: String,
+    pub name: String,
+    /// The arguments as JSON text (an object).
+    pub arguments: String,
+    /// A generate-content `thoughtSignature` that came on this call.
+    pub signature: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Message {
+    pub role: Role,
+    pub parts: Vec<Part>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// JSON Schema of the arguments (an object schema).
+    pub schema: Value,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    Auto,
+    None,
+    /// Some tool must be called.
+    Required,
+    Named(String),
+}
+
+/// Reasoning asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reasoning {
+    Off,
+    /// A budget in tokens.
+    Budget(u64),
+}
+
+/// The effort names of chat completions and their budgets (both ways, nearest).
+const EFFORTS: [(&str, u64); 4] = [("minimal", 512), ("low", 1024), ("medium", 8192), ("high", 24576)];
+
+impl Reasoning {
+    pub fn from_effort(effort: &str) -> Option<Reasoning> {
+        if effort == "none" {
+            return Some(Reasoning::Off);
+        }
+        EFFORTS.iter().find(|(name, _)| *name == effort).map(|(_, b)| Reasoning::Budget(*b))
+    }
+
+    /// The effort name nearest to this budget.
+    pub fn effort(self) -> &'static str {
+        match self {
+            Reasoning::Off => "none",
+            Reasoning::Budget(b) => EFFORTS.iter().rev().find(|(_, at)| b >= *at).map_or("minimal", |(name, _)| name),
+        }
+    }
+}
+
+/// A request in the internal form.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Request {
+    pub model: String,
+    /// Instructions before the conversation.
+    pub system: Vec<String>,
+    pub messages: Vec<Message>,
+    pub tools: Vec<Tool>,
+    pub tool_choice: Option<ToolChoice>,
+    /// Only one tool call per turn.
+    pub no_parallel_tools: bool,
+    pub max_output: Option<u64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub top_k: Option<u64>,
+    pub stop: Vec<String>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub stream: bool,
+    pub reasoning: Option<Reasoning>,
+    /// Structured output: a JSON Schema (`Some(None)`: any JSON object).
+    pub json_output: Option<Option<Value>>,
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    EndTurn,
+    MaxTokens,
+    ToolUse,
+    StopSequence,
+    ContentFilter,
+}
+
+/// Token counts in one meaning: `input` excludes cache reads and writes; `output` includes
+/// reasoning (`reasoning` says how much of it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    pub input: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    pub output: u64,
+    pub reasoning: u64,
+}
+
+impl Usage {
+    pub fn prompt_total(&self) -> u64 {
+        self.input + self.cache_read + self.cache_write
+    }
+}
+
+/// A whole answer in the internal form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Response {
+    pub id: String,
+    pub parts: Vec<Part>,
+    pub stop: Option<Stop>,
+    pub usage: Option<Usage>,
+}
+
+/// One step of a streamed answer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Text(String),
+    Thinking(String),
+    /// The signature of the thinking block just streamed (Anthropic).
+    ThinkingSignature(String),
+    RedactedThinking(String),
+    /// A tool call begins (later [`Event::ToolArgs`] belong to it).
+    ToolStart { id: String, name: String, signature: Option<String> },
+    ToolArgs(String),
+    Stop(Stop),
+    /// The usage so far (a later report replaces it).
+    Usage(Usage),
+    /// The upstream reported an error inside its stream.
+    Error { status: u16, message: String },
+}
+
+/// Refuse a field that cannot be carried to `to`.
+pub fn unsupported(field: &str, to: Dialect, why: &str) -> ApiError {
+    ApiError::new(
+        ErrorKind::BadRequest,
+        format!("'{field}' cannot be carried to this model, which is served over the {} protocol: {why}.", to.as_str()),
+    )
+    .with_param(field)
+}
+
+/// A malformed client request.
+pub fn invalid(field: &str, what: &str) -> ApiError {
+    ApiError::new(ErrorKind::BadRequest, format!("'{field}': {what}.")).with_param(field)
+}
+
+/// Check a client request's top-level fields: each must be in `mapped` or `dropped`, else it
+/// is refused (it would change the answer and the provider's protocol has no counterpart). A
+/// field set to `null` or `false` asks for nothing and passes.
+pub fn check_fields(body: &serde_json::Map<String, Value>, mapped: &[&str], dropped: &[&str], to: Dialect) -> Result<(), ApiError> {
+    for (name, value) in body {
+        if value.is_null() || *value == Value::Bool(false) || mapped.contains(&name.as_str()) || dropped.contains(&name.as_str()) {
+            continue;
+        }
+        return Err(unsupported(name, to, "it has no counterpart there"));
+    }
+    Ok(())
+}
+
+/// Translate a client request body into the provider's: decode, check what the provider can
+/// take, encode. `default_max_output` is set when the request names no maximum (the messages
+/// protocol requires one; it is also what the request was held for).
+pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<bytes::Bytes, ApiError> {
+    let value = crate::protocol::parse_bounded(
+        std::str::from_utf8(body).map_err(|_| ApiError::new(ErrorKind::BadRequest, "The request body is not valid UTF-8."))?,
+        "request body",
+    )?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
+    };
+    let mut req = match t.client {
+        Dialect::Chat => chat::decode_request(map, t.upstream)?,
+        Dialect::Messages => messages::decode_request(map, t.upstream)?,
+        Dialect::Gemini => gemini::decode_request(map, t.upstream)?,
+    };
+    req.model = t.model.clone();
+    req.stream = t.stream;
+    if req.max_output.is_none() {
+        req.max_output = Some(default_max_output);
+    }
+    carry::restore(&mut req);
+    let out = match t.upstream {
+        Dialect::Chat => chat::encode_request(&req)?,
+        Dialect::Messages => messages::encode_request(&req)?,
+        Dialect::Gemini => gemini::encode_request(&req)?,
+    };
+    Ok(bytes::Bytes::from(out.to_string()))
+}
+
+/// Translate a whole (non-streamed) successful answer.
+pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
+    let bad = || ApiError::new(ErrorKind::BadGateway, "The upstream service sent an answer that could not be read.");
+    let value: Value = serde_json::from_slice(body).map_err(|_| bad())?;
+    let resp = match t.upstream {
+        Dialect::Chat => chat::decode_response(&value),
+        Dialect::Messages => messages::decode_response(&value),
+        Dialect::Gemini => gemini::decode_response(&value),
+    }
+    .ok_or_else(bad)?;
+    let out = match t.client {
+        Dialect::Chat => chat::encode_response(t, &resp),
+        Dialect::Messages => messages::encode_response(t, &resp),
+        Dialect::Gemini => gemini::encode_response(t, &resp),
+    };
+    Ok(out.to_string().into_bytes())
+}
+
+/// An upstream's error answer (any protocol's shape, or none) as the client's error: the same
+/// status, the upstream's message.
+pub fn upstream_error(status: u16, body: &[u8]) -> ApiError {
+    let value: Option<Value> = serde_json::from_slice(body).ok();
+    let message = value
+        .as_ref()
+        .and_then(|v| {
+            crate::protocol::at(v, "/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get(0).and_then(|first| crate::protocol::at(first, "/error/message")))
+        })
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("The upstream service answered {status}."));
+    ApiError::upstream(status, message)
+}
+
+/// A stable id for a call or answer that came without one.
+pub fn new_id(prefix: &str) -> String {
+    use rand::Rng;
+    let n: u128 = rand::thread_rng().gen();
+    format!("{prefix}{}", &format!("{n:032x}")[..24])
+}
+
+/// A JSON object's text, or `{}` for an empty string (a tool call with no arguments).
+pub fn arguments_value(arguments: &str) -> Value {
+    if arguments.trim().is_empty() {
+        return Value::Object(Default::default());
+    }
+    serde_json::from_str(arguments).unwrap_or_else(|_| Value::Object(Default::default()))
+}
+
+/// The text of a string field or of an array of `{type: text, text}` parts.
+pub fn text_of(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(items) => {
+            Some(items.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"))
+        }
+        _ => None,
+    }
+}
+
+/// A `data:` URL's media type and base64 payload.
+pub fn data_url(url: &str) -> Option<(String, String)> {
+    let rest = url.strip_prefix("data:")?;
+    let (meta, data) = rest.split_once(',')?;
+    let media = meta.strip_suffix(";base64")?;
+    Some((media.to_string(), data.to_string()))
+}
+
+/// Merge consecutive messages of one role (protocols that alternate roles need it; tool results
+/// of one turn become one message).
+pub fn merge_roles(messages: Vec<Message>) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(messages.len());
+    for m in messages {
+        match out.last_mut() {
+            Some(last) if last.role == m.role && m.role != Role::System => last.parts.extend(m.parts),
+            _ => out.push(m),
+        }
+    }
+    out
+}
+
+/// A number field as u64, refused when it is not one.
+pub fn uint(v: &Value, field: &str) -> Result<u64, ApiError> {
+    v.as_u64().ok_or_else(|| invalid(field, "must be a non-negative integer"))
+}
+
+/// A number field as f64, refused when it is not one.
+pub fn float(v: &Value, field: &str) -> Result<f64, ApiError> {
+    v.as_f64().ok_or_else(|| invalid(field, "must be a number"))
+}
+
+/// Stop sequences: a string or a list of strings.
+pub fn stops(v: &Value, field: &str) -> Result<Vec<String>, ApiError> {
+    match v {
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(items) => {
+            items.iter().map(|s| s.as_str().map(str::to_string).ok_or_else(|| invalid(field, "must be strings"))).collect()
+        }
+        _ => Err(invalid(field, "must be a string or a list of strings")),
+    }
+}
+
+#[cfg(test)]
+mod tests;

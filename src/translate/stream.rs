@@ -1,0 +1,99 @@
+//! A translated stream, event by event: the provider's SSE bytes are read into internal
+//! [`Event`]s as they arrive and written at once in the client's protocol. Nothing waits for
+//! the end but what the client's protocol itself puts there (the messages protocol's final
+//! usage, the chat-completions usage chunk, generate-content's finishing chunk).
+
+use super::sse::{SseEvent, SseReader};
+use super::{chat, gemini, messages, Dialect, Event, Translation};
+
+enum Decoder {
+    Chat(chat::Decoder),
+    Messages(messages::Decoder),
+    Gemini(gemini::Decoder),
+}
+
+enum Encoder {
+    Chat(chat::Encoder),
+    Messages(messages::Encoder),
+    Gemini(gemini::Encoder),
+}
+
+pub struct StreamTranslator {
+    reader: SseReader,
+    decoder: Decoder,
+    encoder: Encoder,
+    events: Vec<SseEvent>,
+    decoded: Vec<Event>,
+}
+
+/// The provider's stream broke the protocol (a line longer than any event).
+#[derive(Debug)]
+pub struct Broken;
+
+impl StreamTranslator {
+    pub fn new(t: &Translation) -> StreamTranslator {
+        StreamTranslator {
+            reader: SseReader::default(),
+            decoder: match t.upstream {
+                Dialect::Chat => Decoder::Chat(chat::Decoder::default()),
+                Dialect::Messages => Decoder::Messages(messages::Decoder::default()),
+                Dialect::Gemini => Decoder::Gemini(gemini::Decoder::default()),
+            },
+            encoder: match t.client {
+                Dialect::Chat => Encoder::Chat(chat::Encoder::new(t)),
+                Dialect::Messages => Encoder::Messages(messages::Encoder::new(t)),
+                Dialect::Gemini => Encoder::Gemini(gemini::Encoder::new(t)),
+            },
+            events: Vec::new(),
+            decoded: Vec::new(),
+        }
+    }
+
+    /// What the client gets before the provider's first event.
+    pub fn start(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match &mut self.encoder {
+            Encoder::Chat(e) => e.start(&mut out),
+            Encoder::Messages(e) => e.start(&mut out),
+            Encoder::Gemini(_) => {}
+        }
+        out
+    }
+
+    /// One chunk of the provider's stream → the client's bytes for it (often none).
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<u8>, Broken> {
+        self.reader.feed(chunk, &mut self.events).map_err(|_| Broken)?;
+        Ok(self.drain())
+    }
+
+    /// The provider's stream ended: the client's last bytes.
+    pub fn finish(&mut self) -> Vec<u8> {
+        self.reader.finish(&mut self.events);
+        let mut out = self.drain();
+        match &mut self.encoder {
+            Encoder::Chat(e) => e.finish(&mut out),
+            Encoder::Messages(e) => e.finish(&mut out),
+            Encoder::Gemini(e) => e.finish(&mut out),
+        }
+        out
+    }
+
+    fn drain(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for ev in self.events.drain(..) {
+            match &mut self.decoder {
+                Decoder::Chat(d) => d.event(&ev.data, &mut self.decoded),
+                Decoder::Messages(d) => d.event(&ev.data, &mut self.decoded),
+                Decoder::Gemini(d) => d.event(&ev.data, &mut self.decoded),
+            }
+            for e in self.decoded.drain(..) {
+                match &mut self.encoder {
+                    Encoder::Chat(enc) => enc.event(e, &mut out),
+                    Encoder::Messages(enc) => enc.event(e, &mut out),
+                    Encoder::Gemini(enc) => enc.event(e, &mut out),
+                }
+            }
+        }
+        out
+    }
+}
