@@ -388,6 +388,19 @@ struct RawProvider {
 #[serde(deny_unknown_fields)]
 struct RawGroup {
     platforms: Vec<Platform>,
+    #[serde(default)]
+    translate: bool,
+}
+
+/// What a group's keys may call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// The endpoints (model protocols, video) open to them.
+    pub platforms: Vec<Platform>,
+    /// Through each endpoint open to them, every model a provider serves, whatever protocol
+    /// the provider speaks (`translate`); without it, only the models of providers of the
+    /// endpoint's own protocol.
+    pub translate: bool,
 }
 
 /// USD per one million tokens, and the model's output limit.
@@ -447,7 +460,7 @@ pub struct Config {
     pub body_read_timeout: std::time::Duration,
     pub admin: Option<AdminConfig>,
     pub providers: Vec<ProviderConfig>,
-    pub groups: BTreeMap<String, Vec<Platform>>,
+    pub groups: BTreeMap<String, Group>,
     pub prices: BTreeMap<String, Price>,
     /// Extra client headers relayed upstream (lower case; a trailing `*` is a prefix).
     pub forward_headers: Vec<String>,
@@ -930,10 +943,11 @@ impl Config {
 
         let mut groups = BTreeMap::new();
         for (name, g) in raw.groups {
-            groups.insert(name, g.platforms);
+            groups.insert(name, Group { platforms: g.platforms, translate: g.translate });
         }
         if groups.is_empty() {
-            groups.insert("default".to_string(), vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video]);
+            let platforms = vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video];
+            groups.insert("default".to_string(), Group { platforms, translate: false });
         }
 
         let usd_ok = |v: f64| v.is_finite() && (0.0..=1e6).contains(&v);
@@ -1285,7 +1299,7 @@ keys:
     fn minimal_config_gets_defaults() {
         let c = Config::parse(MINIMAL, &no_env).expect("valid");
         assert_eq!(c.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
-        assert_eq!(c.groups["default"].len(), 4, "every platform, video included");
+        assert_eq!(c.groups["default"].platforms.len(), 4, "every platform, video included");
         assert_eq!(c.providers[0].base_url.port, 443);
         assert!(c.keys[0].enabled);
     }
@@ -1508,7 +1522,7 @@ keys:
     fn video_is_a_platform_and_forward_headers_are_checked() {
         let text = format!("{MINIMAL}groups:\n  default: {{ platforms: [openai, video] }}\nforward_headers: [X-Trace-Id, \"x-mock-*\"]\n");
         let c = Config::parse(&text, &no_env).expect("valid");
-        assert_eq!(c.groups["default"], [Platform::Openai, Platform::Video]);
+        assert_eq!(c.groups["default"].platforms, [Platform::Openai, Platform::Video]);
         assert_eq!(c.forward_headers, ["x-trace-id", "x-mock-*"]);
         let e = Config::parse(&format!("{MINIMAL}forward_headers: [Authorization]\n"), &no_env).unwrap_err();
         assert!(e.0.contains("forward_headers[0]"), "{e}");

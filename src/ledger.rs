@@ -154,6 +154,9 @@ pub struct UsageRecord {
     /// key its owner (see [`ResponseOwner`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_id: Option<String>,
+    /// The provider's protocol when it is not the client's (`protocol`): a translated request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_protocol: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -516,6 +519,7 @@ pub(crate) mod tests {
             provider: None,
             attempts: 0,
             response_id: None,
+            upstream_protocol: None,
         }
     }
 

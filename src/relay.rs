@@ -4,7 +4,7 @@
 //! background DNS refresh.
 
 use crate::affinity::rendezvous_score;
-use crate::config::{Config, Platform, Protocol, ProviderConfig};
+use crate::config::{Config, Group, Platform, Protocol, ProviderConfig};
 use crate::protocol::{ApiError, ErrorKind, ModelEntry};
 use crate::route::Route;
 use arc_swap::ArcSwap;
@@ -101,7 +101,7 @@ impl Upstream {
 pub struct Catalog {
     pub upstreams: Vec<Arc<Upstream>>,
     by_model: HashMap<(Protocol, String), Vec<usize>>,
-    groups: BTreeMap<String, Vec<Platform>>,
+    groups: BTreeMap<String, Group>,
     /// Unix time shown as the models' creation time.
     created: u64,
     /// Smooth weighted round-robin state per tier (its providers' indexes): each provider's
@@ -139,7 +139,21 @@ impl Catalog {
     /// Whether a key of `group` may call `platform` (a model protocol or video).
     pub fn group_allows(&self, group: &str, platform: impl Into<Platform>) -> bool {
         let platform = platform.into();
-        self.groups.get(group).is_some_and(|p| p.contains(&platform))
+        self.groups.get(group).is_some_and(|g| g.platforms.contains(&platform))
+    }
+
+    /// Whether a key of `group` may call models of providers of another protocol (translated).
+    pub fn group_translates(&self, group: &str) -> bool {
+        self.groups.get(group).is_some_and(|g| g.translate)
+    }
+
+    /// The protocol and providers of `model` when no provider of `protocol` serves it: the first
+    /// protocol (chat completions, messages, generate-content) whose providers do.
+    pub fn served_elsewhere(&self, protocol: Protocol, model: &str) -> Option<(Protocol, &[usize])> {
+        [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini]
+            .into_iter()
+            .filter(|p| *p != protocol)
+            .find_map(|p| self.candidates(p, model).map(|c| (p, c)))
     }
 
     /// Provider indexes serving `model` over `protocol`, in configuration order.
@@ -147,12 +161,21 @@ impl Catalog {
         self.by_model.get(&(protocol, model.to_string())).map(Vec::as_slice).filter(|c| !c.is_empty())
     }
 
-    /// Models a group may call, optionally restricted to one protocol; first occurrence wins.
+    /// Models a group may call, optionally through one protocol's endpoints only; first
+    /// occurrence wins. A translating group calls every provider's models through every
+    /// endpoint open to it.
     pub fn models_for(&self, group: &str, only: Option<Protocol>) -> Vec<ModelEntry> {
         let mut out: Vec<ModelEntry> = Vec::new();
+        let translates = self.group_translates(group);
         for u in &self.upstreams {
             let p = u.config.protocol;
-            if only.is_some_and(|o| o != p) || !self.group_allows(group, p) {
+            let reachable = match only {
+                Some(endpoint) if translates => self.group_allows(group, endpoint),
+                Some(endpoint) => endpoint == p && self.group_allows(group, p),
+                None if translates => [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini].into_iter().any(|e| self.group_allows(group, e)),
+                None => self.group_allows(group, p),
+            };
+            if !reachable {
                 continue;
             }
             for m in &u.config.models {
@@ -375,6 +398,8 @@ pub struct Draft {
     /// The stored response this turn continues (responses API): the caller must own it, and
     /// its provider serves the turn.
     pub previous_response_id: Option<String>,
+    /// The model is served over another protocol than the client's: `body` is the provider's.
+    pub translation: Option<crate::translate::Translation>,
 }
 
 /// Order the providers of a model for one request: by tier (`priority`, lower first); within a
@@ -493,6 +518,7 @@ pub fn stored_draft(routing: &Routing, owner: &crate::ledger::ResponseOwner, cli
         body: client_body,
         withhold_usage: false,
         previous_response_id: None,
+        translation: None,
     })
 }
 
@@ -524,9 +550,17 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         )
         .with_param("background"));
     }
-    let mut candidates = catalog
-        .candidates(protocol, &model)
-        .filter(|_| catalog.group_allows(group, protocol))
+    let client = crate::translate::client_dialect(route);
+    let native = catalog.candidates(protocol, &model).filter(|_| catalog.group_allows(group, protocol));
+    // Not served over the client's protocol: a translating group reaches it through another.
+    let translated = match (native, client) {
+        (None, Some(_)) if catalog.group_translates(group) && catalog.group_allows(group, protocol) => {
+            catalog.served_elsewhere(protocol, &model)
+        }
+        _ => None,
+    };
+    let mut candidates = native
+        .or(translated.map(|(_, c)| c))
         .ok_or_else(|| {
             ApiError::new(
                 ErrorKind::ModelNotFound,
@@ -561,6 +595,34 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         Route::Responses | Route::ResponsesCompact | Route::ResponsesInputTokens => fields.previous_response_id.clone(),
         _ => None,
     };
+    if let (Some((upstream, _)), Some(client)) = (translated, client) {
+        let translation = crate::translate::Translation {
+            client,
+            upstream: crate::translate::Dialect::of(upstream),
+            model: model.clone(),
+            stream: match route {
+                Route::GenerateContent { stream, .. } => *stream,
+                _ => fields.stream == Some(true),
+            },
+            client_wants_usage: crate::protocol::openai::client_wants_usage(&fields),
+            gemini_sse: false,
+            input_estimate: input.tokens(),
+        };
+        drop(fields);
+        let body = crate::translate::request(&translation, &client_body, output_allowance)?;
+        return Ok(Draft {
+            model,
+            candidates,
+            hold_nanos,
+            input,
+            output_allowance,
+            body,
+            client_body_len: client_body.len(),
+            withhold_usage: false,
+            previous_response_id,
+            translation: Some(translation),
+        });
+    }
     let withhold_usage =
         *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
     let body = if withhold_usage { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
@@ -575,6 +637,7 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         client_body_len: client_body.len(),
         withhold_usage,
         previous_response_id,
+        translation: None,
     })
 }
 
@@ -613,13 +676,20 @@ pub fn upstream_request(
     client_version: Option<&str>,
     body_len: usize,
     forward: &[String],
+    translation: Option<&crate::translate::Translation>,
 ) -> pingora_error::Result<RequestHeader> {
     let cfg = &upstream.config;
     let protocol = cfg.protocol;
-    let path = upstream_path(client.uri.path(), &cfg.base_url.prefix);
-    let path_and_query = match upstream_query(client.uri.query(), route) {
-        Some(q) => format!("{path}?{q}"),
-        None => path,
+    // A translated request goes to the provider's own endpoint (no client query parameter).
+    let path_and_query = match translation {
+        Some(t) => t.upstream_path(&cfg.base_url.prefix),
+        None => {
+            let path = upstream_path(client.uri.path(), &cfg.base_url.prefix);
+            match upstream_query(client.uri.query(), route) {
+                Some(q) => format!("{path}?{q}"),
+                None => path,
+            }
+        }
     };
     let mut req = RequestHeader::build(client.method.clone(), path_and_query.as_bytes(), Some(client.headers.len() + 4))?;
     for (name, value) in client.headers.iter() {
@@ -997,7 +1067,7 @@ prices:
         ] {
             req.insert_header(k, v).expect("hdr");
         }
-        let req = upstream_request(&req, &c.upstreams[2], 0, &Route::Messages, Some("2024-01-01"), 12, &[]).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[2], 0, &Route::Messages, Some("2024-01-01"), 12, &[], None).expect("rewrite");
         assert_eq!(req.headers["anthropic-beta"], "tools-1");
         assert!(req.headers.get("openai-organization").is_none());
         let wire = format!("{:?}", req.headers);
@@ -1013,7 +1083,7 @@ prices:
         let mut req = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("req");
         req.insert_header("x-api-key", "sk-client").expect("hdr");
         req.set_version(http::Version::HTTP_2);
-        let req = upstream_request(&req, &c.upstreams[0], 0, &Route::ChatCompletions, None, 0, &[]).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[0], 0, &Route::ChatCompletions, None, 0, &[], None).expect("rewrite");
         assert_eq!(req.headers["authorization"], "Bearer up-a");
         assert!(req.headers.get("x-api-key").is_none());
         assert_eq!(req.headers["host"], "127.0.0.1:1");
@@ -1025,7 +1095,7 @@ prices:
     fn anthropic_version_defaults_and_paths() {
         let c = Catalog::new(&config(), 0, &health());
         let req = RequestHeader::build("POST", b"/v1/messages", None).expect("req");
-        let req = upstream_request(&req, &c.upstreams[2], 0, &Route::Messages, None, 0, &[]).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[2], 0, &Route::Messages, None, 0, &[], None).expect("rewrite");
         assert_eq!(req.headers["anthropic-version"], crate::config::DEFAULT_ANTHROPIC_VERSION);
         assert_eq!(upstream_path("/v1beta/models/g:generateContent", ""), "/v1beta/models/g:generateContent");
         assert_eq!(upstream_path("/embeddings", "/x"), "/x/v1/embeddings");

@@ -320,6 +320,7 @@ fn usage(key: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         provider: None,
         attempts: 1,
         response_id: None,
+        upstream_protocol: None,
     }
 }
 

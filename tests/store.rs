@@ -56,6 +56,7 @@ fn usage(key_id: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         provider: None,
         attempts: 0,
         response_id: None,
+        upstream_protocol: None,
     }
 }
 

@@ -65,6 +65,18 @@ impl Dialect {
     }
 }
 
+/// The client protocol of a route that can be translated (generation only: embeddings, token
+/// counting and stored responses go to providers of their own protocol).
+pub fn client_dialect(route: &crate::route::Route) -> Option<Dialect> {
+    use crate::route::Route;
+    match route {
+        Route::ChatCompletions => Some(Dialect::Chat),
+        Route::Messages => Some(Dialect::Messages),
+        Route::GenerateContent { .. } => Some(Dialect::Gemini),
+        _ => None,
+    }
+}
+
 /// A translated relay: who speaks what, and what the client's answer must look like.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Translation {

@@ -115,6 +115,7 @@ impl VideoService {
             provider: None,
             attempts: 0,
             response_id: None,
+            upstream_protocol: None,
         }
     }
 

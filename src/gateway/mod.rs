@@ -46,6 +46,8 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod translated;
+
 /// Shared state of the gateway.
 pub struct Gateway {
     pub routing: Arc<ArcSwap<Routing>>,
@@ -107,6 +109,8 @@ pub struct RelayPlan {
     pub concurrency_slot: Option<crate::limits::Slot>,
     /// The body's share of the buffered-body budget; given back once the body is sent.
     pub body_reservation: Option<crate::body::Reservation>,
+    /// The provider speaks another protocol than the client (see `translate`).
+    pub translation: Option<crate::translate::Translation>,
 }
 
 /// Per-request state.
@@ -256,7 +260,7 @@ impl Gateway {
         self.limits.admit(&key).await?;
         let slot = self.limits.enter(&key).await?;
         let client_body = crate::body::read(session, &self.body).await?;
-        let draft = match &route {
+        let mut draft = match &route {
             Route::StoredResponse { id, .. } => {
                 let owner = self.owners.owned_by(id, &key.id).await.map_err(crate::responses::unavailable)?;
                 owner
@@ -280,6 +284,9 @@ impl Gateway {
                 draft
             }
         };
+        if let Some(t) = &mut draft.translation {
+            t.gemini_sse = session.req_header().uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
+        }
         let held = self.ledger.hold(&key.id, draft.hold_nanos).await;
         if !matches!(held, Ok(Ok(_))) {
             ctx.model_asked = Some(draft.model.clone());
@@ -319,6 +326,7 @@ impl Gateway {
             streaming_owner: None,
             concurrency_slot: slot,
             body_reservation: Some(client_body.reservation),
+            translation: draft.translation,
         })))
     }
 
@@ -388,6 +396,7 @@ impl Gateway {
             provider: plan.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.clone()),
             attempts: plan.attempts,
             response_id,
+            upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
         };
         if let Err(e) = self.ledger.settle(hold, record).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
@@ -554,6 +563,7 @@ impl Gateway {
                 plan.client_version.as_deref(),
                 plan.body.len(),
                 &plan.routing.forward_headers,
+                plan.translation.as_ref(),
             )
             .map_err(Exchange::Unsent)?;
             let (http, reused) = match self.connector.reused_http_session(peer).await {
@@ -653,6 +663,9 @@ impl Gateway {
         // requests are hundreds of KiB, their answers last minutes).
         plan.body = Bytes::new();
         plan.body_reservation = None;
+        if let Some(t) = plan.translation.clone() {
+            return Box::pin(self.relay_translated(session, ctx, plan, http, peer, t)).await;
+        }
         let Some(upstream_header) = http.response_header() else {
             let err = ApiError::new(ErrorKind::BadGateway, "The upstream service sent no response.");
             self.settle(plan, None, err.status()).await;
