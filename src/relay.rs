@@ -172,7 +172,9 @@ impl Catalog {
             let reachable = match only {
                 Some(endpoint) if translates => self.group_allows(group, endpoint),
                 Some(endpoint) => endpoint == p && self.group_allows(group, p),
-                None if translates => [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini].into_iter().any(|e| self.group_allows(group, e)),
+                None if translates => {
+                    [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini].into_iter().any(|e| self.group_allows(group, e))
+                }
                 None => self.group_allows(group, p),
             };
             if !reachable {
@@ -662,6 +664,15 @@ impl Draft {
     }
 }
 
+/// Where a request goes upstream.
+#[derive(Debug, Clone, Copy)]
+pub enum Destination<'a> {
+    /// The client's own path (a route of the provider's protocol), with its allowed query.
+    Relayed(&'a Route),
+    /// The provider's endpoint for a translated request.
+    Translated(&'a crate::translate::Translation),
+}
+
 /// The request header sent to `upstream`, built from the client's: only allowlisted client
 /// headers are copied (credentials, account selectors and answer shaping never reach the
 /// operator's upstream account; also dropped: accept-encoding, since the usage scanner needs
@@ -672,18 +683,17 @@ pub fn upstream_request(
     client: &RequestHeader,
     upstream: &Upstream,
     key: usize,
-    route: &Route,
+    to: Destination<'_>,
     client_version: Option<&str>,
     body_len: usize,
     forward: &[String],
-    translation: Option<&crate::translate::Translation>,
 ) -> pingora_error::Result<RequestHeader> {
     let cfg = &upstream.config;
     let protocol = cfg.protocol;
-    // A translated request goes to the provider's own endpoint (no client query parameter).
-    let path_and_query = match translation {
-        Some(t) => t.upstream_path(&cfg.base_url.prefix),
-        None => {
+    let path_and_query = match to {
+        // A translated request goes to the provider's own endpoint (no client query parameter).
+        Destination::Translated(t) => t.upstream_path(&cfg.base_url.prefix),
+        Destination::Relayed(route) => {
             let path = upstream_path(client.uri.path(), &cfg.base_url.prefix);
             match upstream_query(client.uri.query(), route) {
                 Some(q) => format!("{path}?{q}"),
@@ -1067,7 +1077,8 @@ prices:
         ] {
             req.insert_header(k, v).expect("hdr");
         }
-        let req = upstream_request(&req, &c.upstreams[2], 0, &Route::Messages, Some("2024-01-01"), 12, &[], None).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[2], 0, Destination::Relayed(&Route::Messages), Some("2024-01-01"), 12, &[])
+            .expect("rewrite");
         assert_eq!(req.headers["anthropic-beta"], "tools-1");
         assert!(req.headers.get("openai-organization").is_none());
         let wire = format!("{:?}", req.headers);
@@ -1083,7 +1094,7 @@ prices:
         let mut req = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("req");
         req.insert_header("x-api-key", "sk-client").expect("hdr");
         req.set_version(http::Version::HTTP_2);
-        let req = upstream_request(&req, &c.upstreams[0], 0, &Route::ChatCompletions, None, 0, &[], None).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[0], 0, Destination::Relayed(&Route::ChatCompletions), None, 0, &[]).expect("rewrite");
         assert_eq!(req.headers["authorization"], "Bearer up-a");
         assert!(req.headers.get("x-api-key").is_none());
         assert_eq!(req.headers["host"], "127.0.0.1:1");
@@ -1095,7 +1106,7 @@ prices:
     fn anthropic_version_defaults_and_paths() {
         let c = Catalog::new(&config(), 0, &health());
         let req = RequestHeader::build("POST", b"/v1/messages", None).expect("req");
-        let req = upstream_request(&req, &c.upstreams[2], 0, &Route::Messages, None, 0, &[], None).expect("rewrite");
+        let req = upstream_request(&req, &c.upstreams[2], 0, Destination::Relayed(&Route::Messages), None, 0, &[]).expect("rewrite");
         assert_eq!(req.headers["anthropic-version"], crate::config::DEFAULT_ANTHROPIC_VERSION);
         assert_eq!(upstream_path("/v1beta/models/g:generateContent", ""), "/v1beta/models/g:generateContent");
         assert_eq!(upstream_path("/embeddings", "/x"), "/x/v1/embeddings");

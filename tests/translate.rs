@@ -28,7 +28,8 @@ enum Client {
 
 /// The request a client of each protocol sends for `model` (one question, a tool offered).
 fn request(client: Client, model: &str, stream: bool) -> (String, Value) {
-    let tool_schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]});
+    let tool_schema =
+        json!({"type": "object", "properties": {"city": {"type": "string"}, "unit": {"type": "string"}}, "required": ["city"]});
     match client {
         Client::Chat => (
             "/v1/chat/completions".into(),
@@ -159,7 +160,10 @@ async fn send(gw: &Gateway, client: Client, model: &str, stream: bool, tag: &str
     let mut r = common::client().post(gw.url(&path)).header("x-test-tag", tag).json(&body);
     r = match client {
         Client::Chat => r.bearer_auth(BRIDGE_KEY),
-        Client::Messages => r.header("x-api-key", BRIDGE_KEY).header("anthropic-version", "2023-06-01").header("anthropic-beta", "prompt-caching-2024-07-31"),
+        Client::Messages => r
+            .header("x-api-key", BRIDGE_KEY)
+            .header("anthropic-version", "2023-06-01")
+            .header("anthropic-beta", "prompt-caching-2024-07-31"),
         Client::Gemini => r.header("x-goog-api-key", BRIDGE_KEY),
     };
     for (name, value) in extra {
@@ -168,8 +172,11 @@ async fn send(gw: &Gateway, client: Client, model: &str, stream: bool, tag: &str
     r.send().await.expect("request")
 }
 
-const MODELS: [(&str, &str, &str); 3] =
-    [("alpha-5.5", "/oa/v1/chat/completions", "openai"), ("beta-opus-4-7", "/an/v1/messages", "anthropic"), ("gamma-3.5-flash", "/ge/v1beta/models/gamma-3.5-flash:", "gemini")];
+const MODELS: [(&str, &str, &str); 3] = [
+    ("alpha-5.5", "/oa/v1/chat/completions", "openai"),
+    ("beta-opus-4-7", "/an/v1/messages", "anthropic"),
+    ("gamma-3.5-flash", "/ge/v1beta/models/gamma-3.5-flash:", "gemini"),
+];
 
 fn native(client: Client, provider: &str) -> bool {
     matches!((client, provider), (Client::Chat, "openai") | (Client::Messages, "anthropic") | (Client::Gemini, "gemini"))
@@ -200,7 +207,11 @@ async fn every_client_protocol_reaches_every_model_whole_and_streamed_with_tool_
                     let body = resp.text().await.expect("body");
                     let answer = read_answer(client, stream, &body);
                     if tools {
-                        assert_eq!(answer.calls, vec![("get_weather".to_string(), json!({"city": "Paris", "unit": "celsius"}))], "{tag}: {body}");
+                        assert_eq!(
+                            answer.calls,
+                            vec![("get_weather".to_string(), json!({"city": "Paris", "unit": "celsius"}))],
+                            "{tag}: {body}"
+                        );
                         let stop = match client {
                             Client::Chat => "tool_calls",
                             Client::Messages => "tool_use",
@@ -254,13 +265,21 @@ async fn translation_is_opt_in_per_group_and_model_lists_follow_it() {
     let body: Value = resp.json().await.expect("json");
     assert_eq!(body["type"], "error");
     // The bridge key's lists name every model, in each endpoint's shape.
-    let list: Value = common::client().get(gw.url("/v1/models")).bearer_auth(BRIDGE_KEY).send().await.expect("list").json().await.expect("json");
+    let list: Value =
+        common::client().get(gw.url("/v1/models")).bearer_auth(BRIDGE_KEY).send().await.expect("list").json().await.expect("json");
     let ids: Vec<&str> = list["data"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();
     for (model, _, _) in MODELS {
         assert!(ids.contains(&model), "{model} in {ids:?}");
     }
-    let list: Value =
-        common::client().get(gw.url("/v1beta/models")).header("x-goog-api-key", BRIDGE_KEY).send().await.expect("list").json().await.expect("json");
+    let list: Value = common::client()
+        .get(gw.url("/v1beta/models"))
+        .header("x-goog-api-key", BRIDGE_KEY)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
     let names: Vec<&str> = list["models"].as_array().into_iter().flatten().filter_map(|m| m["name"].as_str()).collect();
     assert!(names.contains(&"models/beta-opus-4-7") && names.contains(&"models/alpha-5.5"), "{names:?}");
     let resp = common::client().get(gw.url("/v1beta/models/alpha-5.5")).header("x-goog-api-key", BRIDGE_KEY).send().await.expect("get");
@@ -284,8 +303,14 @@ async fn upstream_errors_reach_the_client_in_its_shape_with_the_same_status_and_
             let body: Value = resp.json().await.expect("json error");
             match client {
                 Client::Chat => assert_eq!(body["error"]["type"], "rate_limit_error", "{body}"),
-                Client::Messages => assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("rate_limit_error")), "{body}"),
-                Client::Gemini => assert_eq!((body["error"]["code"].as_u64(), body["error"]["status"].as_str()), (Some(429), Some("RESOURCE_EXHAUSTED")), "{body}"),
+                Client::Messages => {
+                    assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("rate_limit_error")), "{body}")
+                }
+                Client::Gemini => assert_eq!(
+                    (body["error"]["code"].as_u64(), body["error"]["status"].as_str()),
+                    (Some(429), Some("RESOURCE_EXHAUSTED")),
+                    "{body}"
+                ),
             }
             let resp = send(&gw, client, model, false, &format!("{tag}-400"), &[("x-mock-status", "400")]).await;
             assert_eq!(resp.status(), 400, "{tag}");

@@ -559,11 +559,13 @@ impl Gateway {
                 client,
                 upstream,
                 key,
-                &plan.route,
+                match &plan.translation {
+                    Some(t) => relay::Destination::Translated(t),
+                    None => relay::Destination::Relayed(&plan.route),
+                },
                 plan.client_version.as_deref(),
                 plan.body.len(),
                 &plan.routing.forward_headers,
-                plan.translation.as_ref(),
             )
             .map_err(Exchange::Unsent)?;
             let (http, reused) = match self.connector.reused_http_session(peer).await {

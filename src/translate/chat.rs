@@ -3,8 +3,8 @@
 
 use super::carry::{self, Carried};
 use super::{
-    data_url, float, invalid, new_id, stops, text_of, uint, unsupported, Dialect, Event, Image, Message, Part,
-    Reasoning, Request, Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+    data_url, float, invalid, new_id, stops, text_of, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning, Request,
+    Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
 };
 use crate::protocol::ApiError;
 use serde_json::{json, Map, Value};
@@ -32,7 +32,8 @@ const MAPPED: [&str; 18] = [
 ];
 
 /// Request fields that change nothing a provider of another protocol answers: dropped.
-pub const DROPPED: [&str; 7] = ["user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prompt_cache_retention"];
+pub const DROPPED: [&str; 7] =
+    ["user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prompt_cache_retention"];
 
 fn role_of(m: &Value) -> &str {
     m.get("role").and_then(Value::as_str).unwrap_or_default()
@@ -181,7 +182,9 @@ pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Reque
             Some("text") => None,
             Some("json_object") => Some(None),
             Some("json_schema") => Some(Some(
-                crate::protocol::at(f, "/json_schema/schema").cloned().ok_or_else(|| invalid("response_format", "json_schema.schema is required"))?,
+                crate::protocol::at(f, "/json_schema/schema")
+                    .cloned()
+                    .ok_or_else(|| invalid("response_format", "json_schema.schema is required"))?,
             )),
             _ => return Err(invalid("response_format", "type must be text, json_object or json_schema")),
         },
@@ -300,7 +303,12 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
     if req.top_k.is_some() {
         return Err(unsupported("top_k", Dialect::Chat, "it has no top_k"));
     }
-    for (name, v) in [("temperature", req.temperature), ("top_p", req.top_p), ("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)] {
+    for (name, v) in [
+        ("temperature", req.temperature),
+        ("top_p", req.top_p),
+        ("presence_penalty", req.presence_penalty),
+        ("frequency_penalty", req.frequency_penalty),
+    ] {
         if let Some(v) = v {
             out[name] = json!(v);
         }

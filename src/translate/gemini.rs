@@ -6,8 +6,8 @@
 
 use super::carry::{self, Carried};
 use super::{
-    arguments_value, float, invalid, new_id, stops, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning, Request,
-    Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+    arguments_value, float, invalid, new_id, stops, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning, Request, Response,
+    Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
 };
 use crate::protocol::ApiError;
 use serde_json::{json, Map, Value};
@@ -159,7 +159,9 @@ pub fn decode_request(body: Map<String, Value>, to: Dialect) -> Result<Request, 
             });
         }
     }
-    if let Some(cfg) = get(&body, "toolConfig", "tool_config").and_then(|c| c.get("functionCallingConfig").or_else(|| c.get("function_calling_config"))) {
+    if let Some(cfg) =
+        get(&body, "toolConfig", "tool_config").and_then(|c| c.get("functionCallingConfig").or_else(|| c.get("function_calling_config")))
+    {
         let names: Vec<&str> = cfg
             .get("allowedFunctionNames")
             .or_else(|| cfg.get("allowed_function_names"))
@@ -188,7 +190,9 @@ fn generation(raw: &Map<String, Value>, req: &mut Request, to: Dialect) -> Resul
         if v.is_null() || GENERATION.contains(&name.as_str()) {
             continue;
         }
-        if name == "responseModalities" && v.as_array().is_some_and(|m| m.iter().all(|x| x.as_str().is_some_and(|s| s.eq_ignore_ascii_case("text")))) {
+        if name == "responseModalities"
+            && v.as_array().is_some_and(|m| m.iter().all(|x| x.as_str().is_some_and(|s| s.eq_ignore_ascii_case("text"))))
+        {
             continue;
         }
         return Err(unsupported(&format!("generationConfig.{name}"), to, "it has no counterpart there"));
@@ -391,10 +395,14 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
         .map(|m| match m.role {
             Role::System => Message {
                 role: Role::User,
-                parts: m.parts.iter().map(|p| match p {
-                    Part::Text(t) => Part::Text(format!("<system-reminder>\n{t}\n</system-reminder>")),
-                    other => other.clone(),
-                }).collect(),
+                parts: m
+                    .parts
+                    .iter()
+                    .map(|p| match p {
+                        Part::Text(t) => Part::Text(format!("<system-reminder>\n{t}\n</system-reminder>")),
+                        other => other.clone(),
+                    })
+                    .collect(),
             },
             _ => m.clone(),
         })
@@ -417,7 +425,8 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
                     let Some(name) = names.get(id.as_str()) else {
                         return Err(invalid("tool result", &format!("'{id}' answers no tool call of this conversation")));
                     };
-                    let text: Vec<&str> = content.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
+                    let text: Vec<&str> =
+                        content.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
                     let text = text.join("\n");
                     let response = if *is_error { json!({"error": text}) } else { json!({"output": text}) };
                     parts.push(json!({"functionResponse": {"name": name, "response": response}}));
@@ -463,7 +472,12 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
     if let Some(max) = req.max_output {
         g.insert("maxOutputTokens".into(), json!(max));
     }
-    for (name, v) in [("temperature", req.temperature), ("topP", req.top_p), ("presencePenalty", req.presence_penalty), ("frequencyPenalty", req.frequency_penalty)] {
+    for (name, v) in [
+        ("temperature", req.temperature),
+        ("topP", req.top_p),
+        ("presencePenalty", req.presence_penalty),
+        ("frequencyPenalty", req.frequency_penalty),
+    ] {
         if let Some(v) = v {
             g.insert(name.into(), json!(v));
         }

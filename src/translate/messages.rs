@@ -3,15 +3,27 @@
 
 use super::carry;
 use super::{
-    arguments_value, float, invalid, new_id, stops, text_of, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning,
-    Request, Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+    arguments_value, float, invalid, new_id, stops, text_of, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning, Request,
+    Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
 };
 use crate::protocol::ApiError;
 use serde_json::{json, Map, Value};
 
 /// Request fields read by the decoder.
-const MAPPED: [&str; 12] =
-    ["model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream", "tools", "tool_choice", "thinking"];
+const MAPPED: [&str; 12] = [
+    "model",
+    "messages",
+    "system",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "stop_sequences",
+    "stream",
+    "tools",
+    "tool_choice",
+    "thinking",
+];
 
 /// Request fields that change nothing a provider of another protocol answers: dropped. (Also
 /// dropped wherever they appear: `cache_control` on blocks, and the `anthropic-beta` header.)
@@ -42,7 +54,9 @@ pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Reque
         };
         let parts = match m.get("content") {
             Some(Value::String(s)) => vec![Part::Text(s.clone())],
-            Some(Value::Array(blocks)) => blocks.iter().map(|b| block(b, &field, to)).collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect(),
+            Some(Value::Array(blocks)) => {
+                blocks.iter().map(|b| block(b, &field, to)).collect::<Result<Vec<_>, _>>()?.into_iter().flatten().collect()
+            }
             _ => return Err(invalid(&field, "content must be text or a list of blocks")),
         };
         req.messages.push(Message { role, parts });
@@ -66,7 +80,11 @@ pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Reque
             Some("any") => ToolChoice::Required,
             Some("none") => ToolChoice::None,
             Some("tool") => ToolChoice::Named(
-                choice.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tool_choice", "a named tool needs its name"))?.to_string(),
+                choice
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| invalid("tool_choice", "a named tool needs its name"))?
+                    .to_string(),
             ),
             _ => return Err(invalid("tool_choice", "type must be auto, any, none or tool")),
         });
@@ -124,7 +142,11 @@ fn block(b: &Value, field: &str, to: Dialect) -> Result<Option<Part>, ApiError> 
                 Some(_) => return Err(invalid(field, "tool_result content must be text or blocks")),
             };
             Part::ToolResult {
-                id: b.get("tool_use_id").and_then(Value::as_str).ok_or_else(|| invalid(field, "tool_result needs tool_use_id"))?.to_string(),
+                id: b
+                    .get("tool_use_id")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| invalid(field, "tool_result needs tool_use_id"))?
+                    .to_string(),
                 content,
                 is_error: b.get("is_error") == Some(&Value::Bool(true)),
             }
@@ -155,7 +177,9 @@ fn image(b: &Value, field: &str) -> Result<Image, ApiError> {
 fn image_block(i: &Image) -> Value {
     match i {
         Image::Url(url) => json!({"type": "image", "source": {"type": "url", "url": url}}),
-        Image::Base64 { media_type, data } => json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}}),
+        Image::Base64 { media_type, data } => {
+            json!({"type": "image", "source": {"type": "base64", "media_type": media_type, "data": data}})
+        }
     }
 }
 
@@ -178,10 +202,14 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
         .map(|m| match m.role {
             Role::System => Message {
                 role: Role::User,
-                parts: m.parts.iter().map(|p| match p {
-                    Part::Text(t) => Part::Text(format!("<system-reminder>\n{t}\n</system-reminder>")),
-                    other => other.clone(),
-                }).collect(),
+                parts: m
+                    .parts
+                    .iter()
+                    .map(|p| match p {
+                        Part::Text(t) => Part::Text(format!("<system-reminder>\n{t}\n</system-reminder>")),
+                        other => other.clone(),
+                    })
+                    .collect(),
             },
             _ => m.clone(),
         })
@@ -197,10 +225,14 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
                 Part::Text(_) => {}
                 Part::Image(i) => blocks.push(image_block(i)),
                 // Never invented: thinking without an Anthropic signature stays behind.
-                Part::Thinking { text, signature: Some(sig) } => blocks.push(json!({"type": "thinking", "thinking": text, "signature": sig})),
+                Part::Thinking { text, signature: Some(sig) } => {
+                    blocks.push(json!({"type": "thinking", "thinking": text, "signature": sig}))
+                }
                 Part::Thinking { .. } => {}
                 Part::RedactedThinking(data) => blocks.push(json!({"type": "redacted_thinking", "data": data})),
-                Part::ToolCall(c) => blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": arguments_value(&c.arguments)})),
+                Part::ToolCall(c) => {
+                    blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": arguments_value(&c.arguments)}))
+                }
                 Part::ToolResult { id, content, is_error } => {
                     let content: Vec<Value> = content
                         .iter()
@@ -332,7 +364,9 @@ pub fn decode_response(v: &Value) -> Option<Response> {
                 text: b.get("thinking").and_then(Value::as_str).unwrap_or_default().to_string(),
                 signature: b.get("signature").and_then(Value::as_str).map(str::to_string),
             }),
-            Some("redacted_thinking") => parts.push(Part::RedactedThinking(b.get("data").and_then(Value::as_str).unwrap_or_default().to_string())),
+            Some("redacted_thinking") => {
+                parts.push(Part::RedactedThinking(b.get("data").and_then(Value::as_str).unwrap_or_default().to_string()))
+            }
             Some("tool_use") => parts.push(Part::ToolCall(ToolCall {
                 id: b.get("id").and_then(Value::as_str).map_or_else(|| new_id("toolu_"), str::to_string),
                 name: b.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),

@@ -137,11 +137,18 @@ pub enum Part {
     Text(String),
     Image(Image),
     /// Reasoning text; `signature` only when an Anthropic upstream signed it.
-    Thinking { text: String, signature: Option<String> },
+    Thinking {
+        text: String,
+        signature: Option<String>,
+    },
     /// Anthropic's encrypted reasoning.
     RedactedThinking(String),
     ToolCall(ToolCall),
-    ToolResult { id: String, content: Vec<Part>, is_error: bool },
+    ToolResult {
+        id: String,
+        content: Vec<Part>,
+        is_error: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -276,13 +283,20 @@ pub enum Event {
     ThinkingSignature(String),
     RedactedThinking(String),
     /// A tool call begins (later [`Event::ToolArgs`] belong to it).
-    ToolStart { id: String, name: String, signature: Option<String> },
+    ToolStart {
+        id: String,
+        name: String,
+        signature: Option<String>,
+    },
     ToolArgs(String),
     Stop(Stop),
     /// The usage so far (a later report replaces it).
     Usage(Usage),
     /// The upstream reported an error inside its stream.
-    Error { status: u16, message: String },
+    Error {
+        status: u16,
+        message: String,
+    },
 }
 
 /// Refuse a field that cannot be carried to `to`.
@@ -396,9 +410,7 @@ pub fn arguments_value(arguments: &str) -> Value {
 pub fn text_of(v: &Value) -> Option<String> {
     match v {
         Value::String(s) => Some(s.clone()),
-        Value::Array(items) => {
-            Some(items.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n"))
-        }
+        Value::Array(items) => Some(items.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")),
         _ => None,
     }
 }

@@ -5,15 +5,7 @@ use super::*;
 use serde_json::json;
 
 fn t(client: Dialect, upstream: Dialect, stream: bool) -> Translation {
-    Translation {
-        client,
-        upstream,
-        model: "m-1".into(),
-        stream,
-        client_wants_usage: true,
-        gemini_sse: true,
-        input_estimate: 42,
-    }
+    Translation { client, upstream, model: "m-1".into(), stream, client_wants_usage: true, gemini_sse: true, input_estimate: 42 }
 }
 
 fn req(client: Dialect, upstream: Dialect, body: Value) -> Value {
@@ -168,7 +160,11 @@ fn what_cannot_be_carried_is_refused_naming_the_field() {
         (json!({"presence_penalty": 0.5}), Dialect::Messages, "presence_penalty"),
         (json!({"response_format": {"type": "json_object"}}), Dialect::Messages, "response_format"),
         (json!({"audio": {"voice": "x"}}), Dialect::Gemini, "audio"),
-        (json!({"parallel_tool_calls": false, "tools": [{"type": "function", "function": {"name": "f"}}]}), Dialect::Gemini, "parallel_tool_calls"),
+        (
+            json!({"parallel_tool_calls": false, "tools": [{"type": "function", "function": {"name": "f"}}]}),
+            Dialect::Gemini,
+            "parallel_tool_calls",
+        ),
     ] {
         let e = refused(Dialect::Chat, to, chat(extra.clone()));
         assert_eq!((e.status(), e.param.as_deref()), (400, Some(field)), "{extra}: {e:?}");
@@ -179,9 +175,17 @@ fn what_cannot_be_carried_is_refused_naming_the_field() {
         json!({"model": "m-1", "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]}),
     );
     assert_eq!(e.param.as_deref(), Some("messages[0].content"));
-    let e = refused(Dialect::Messages, Dialect::Chat, json!({"model": "m", "max_tokens": 5, "top_k": 3, "messages": [{"role": "user", "content": "x"}]}));
+    let e = refused(
+        Dialect::Messages,
+        Dialect::Chat,
+        json!({"model": "m", "max_tokens": 5, "top_k": 3, "messages": [{"role": "user", "content": "x"}]}),
+    );
     assert_eq!(e.param.as_deref(), Some("top_k"));
-    let e = refused(Dialect::Gemini, Dialect::Chat, json!({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"candidateCount": 2}}));
+    let e = refused(
+        Dialect::Gemini,
+        Dialect::Chat,
+        json!({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"candidateCount": 2}}),
+    );
     assert_eq!(e.param.as_deref(), Some("generationConfig.candidateCount"));
     // Harmless settings pass: n = 1, logprobs false.
     req(Dialect::Chat, Dialect::Messages, chat(json!({"n": 1, "logprobs": false, "store": true, "service_tier": "auto"})));
@@ -296,9 +300,10 @@ fn signatures_come_back_byte_exact_on_the_next_turn() {
     assert_eq!(next["messages"][2]["content"][0]["tool_use_id"], "toolu_9");
 
     // A generate-content thoughtSignature through a messages client.
-    let out: Value =
-        serde_json::from_slice(&response(&t(Dialect::Messages, Dialect::Gemini, false), answers[2].1.to_string().as_bytes()).expect("reads"))
-            .expect("json");
+    let out: Value = serde_json::from_slice(
+        &response(&t(Dialect::Messages, Dialect::Gemini, false), answers[2].1.to_string().as_bytes()).expect("reads"),
+    )
+    .expect("json");
     let id = out["content"][2]["id"].as_str().expect("id").to_string();
     let next = req(
         Dialect::Messages,
@@ -327,29 +332,84 @@ fn provider_stream(upstream: Dialect) -> String {
             data(&mut out, None, chunk(json!({"reasoning_content": "Think."}), Value::Null));
             data(&mut out, None, chunk(json!({"content": "Let me "}), Value::Null));
             data(&mut out, None, chunk(json!({"content": "check."}), Value::Null));
-            data(&mut out, None, chunk(json!({"tool_calls": [{"index": 0, "id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}), Value::Null));
+            data(
+                &mut out,
+                None,
+                chunk(
+                    json!({"tool_calls": [{"index": 0, "id": "call_9", "type": "function", "function": {"name": "get_weather", "arguments": ""}}]}),
+                    Value::Null,
+                ),
+            );
             data(&mut out, None, chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":"}}]}), Value::Null));
             data(&mut out, None, chunk(json!({"tool_calls": [{"index": 0, "function": {"arguments": "\"Paris\"}"}}]}), Value::Null));
             data(&mut out, None, chunk(json!({}), json!("tool_calls")));
-            data(&mut out, None, json!({"id": "c", "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 20, "prompt_tokens_details": {"cached_tokens": 30}}}));
+            data(
+                &mut out,
+                None,
+                json!({"id": "c", "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 20, "prompt_tokens_details": {"cached_tokens": 30}}}),
+            );
             sse::write(&mut out, None, "[DONE]");
         }
         Dialect::Messages => {
-            data(&mut out, Some("message_start"), json!({"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 70, "cache_read_input_tokens": 30, "output_tokens": 1}}}));
-            data(&mut out, Some("content_block_start"), json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}));
-            data(&mut out, Some("content_block_delta"), json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Think."}}));
-            data(&mut out, Some("content_block_delta"), json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "SIG+/="}}));
+            data(
+                &mut out,
+                Some("message_start"),
+                json!({"type": "message_start", "message": {"id": "msg_1", "usage": {"input_tokens": 70, "cache_read_input_tokens": 30, "output_tokens": 1}}}),
+            );
+            data(
+                &mut out,
+                Some("content_block_start"),
+                json!({"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}}),
+            );
+            data(
+                &mut out,
+                Some("content_block_delta"),
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "Think."}}),
+            );
+            data(
+                &mut out,
+                Some("content_block_delta"),
+                json!({"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "SIG+/="}}),
+            );
             data(&mut out, Some("content_block_stop"), json!({"type": "content_block_stop", "index": 0}));
-            data(&mut out, Some("content_block_start"), json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}));
-            data(&mut out, Some("content_block_delta"), json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Let me "}}));
+            data(
+                &mut out,
+                Some("content_block_start"),
+                json!({"type": "content_block_start", "index": 1, "content_block": {"type": "text", "text": ""}}),
+            );
+            data(
+                &mut out,
+                Some("content_block_delta"),
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Let me "}}),
+            );
             data(&mut out, Some("ping"), json!({"type": "ping"}));
-            data(&mut out, Some("content_block_delta"), json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "check."}}));
+            data(
+                &mut out,
+                Some("content_block_delta"),
+                json!({"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "check."}}),
+            );
             data(&mut out, Some("content_block_stop"), json!({"type": "content_block_stop", "index": 1}));
-            data(&mut out, Some("content_block_start"), json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_9", "name": "get_weather", "input": {}}}));
-            data(&mut out, Some("content_block_delta"), json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"city\":"}}));
-            data(&mut out, Some("content_block_delta"), json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "\"Paris\"}"}}));
+            data(
+                &mut out,
+                Some("content_block_start"),
+                json!({"type": "content_block_start", "index": 2, "content_block": {"type": "tool_use", "id": "toolu_9", "name": "get_weather", "input": {}}}),
+            );
+            data(
+                &mut out,
+                Some("content_block_delta"),
+                json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "{\"city\":"}}),
+            );
+            data(
+                &mut out,
+                Some("content_block_delta"),
+                json!({"type": "content_block_delta", "index": 2, "delta": {"type": "input_json_delta", "partial_json": "\"Paris\"}"}}),
+            );
             data(&mut out, Some("content_block_stop"), json!({"type": "content_block_stop", "index": 2}));
-            data(&mut out, Some("message_delta"), json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 20}}));
+            data(
+                &mut out,
+                Some("message_delta"),
+                json!({"type": "message_delta", "delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 20}}),
+            );
             data(&mut out, Some("message_stop"), json!({"type": "message_stop"}));
         }
         Dialect::Gemini => {
@@ -364,7 +424,15 @@ fn provider_stream(upstream: Dialect) -> String {
             data(&mut out, None, chunk(json!([{"text": "Think.", "thought": true}]), None, 0));
             data(&mut out, None, chunk(json!([{"text": "Let me "}]), None, 3));
             data(&mut out, None, chunk(json!([{"text": "check."}]), None, 6));
-            data(&mut out, None, chunk(json!([{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}, "thoughtSignature": "GSIG=="}]), Some("STOP"), 15));
+            data(
+                &mut out,
+                None,
+                chunk(
+                    json!([{"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}, "thoughtSignature": "GSIG=="}]),
+                    Some("STOP"),
+                    15,
+                ),
+            );
         }
     }
     String::from_utf8(out).unwrap_or_default()
@@ -420,11 +488,9 @@ fn rebuild(client: Dialect, bytes: &[u8]) -> Rebuilt {
             }
             Dialect::Messages => match v["type"].as_str().unwrap_or_default() {
                 "message_start" => r.prompt = v.pointer("/message/usage/input_tokens").and_then(Value::as_u64).unwrap_or(0),
-                "content_block_start" => {
-                    if v.pointer("/content_block/type") == Some(&json!("tool_use")) {
-                        r.calls.push((v.pointer("/content_block/name").and_then(Value::as_str).unwrap_or_default().to_string(), Value::Null));
-                        args.push(String::new());
-                    }
+                "content_block_start" if v.pointer("/content_block/type") == Some(&json!("tool_use")) => {
+                    r.calls.push((v.pointer("/content_block/name").and_then(Value::as_str).unwrap_or_default().to_string(), Value::Null));
+                    args.push(String::new());
                 }
                 "content_block_delta" => {
                     let d = &v["delta"];
@@ -531,7 +597,10 @@ fn message_start_carries_an_estimate_and_message_delta_the_real_usage() {
     let rest = s.feed(provider_stream(Dialect::Chat).as_bytes()).expect("reads");
     let rest = String::from_utf8([rest, s.finish()].concat()).expect("utf-8");
     let delta = rest.lines().find(|l| l.contains("\"message_delta\"")).expect("message_delta");
-    assert!(delta.contains("\"input_tokens\":70") && delta.contains("\"cache_read_input_tokens\":30") && delta.contains("\"output_tokens\":20"), "{delta}");
+    assert!(
+        delta.contains("\"input_tokens\":70") && delta.contains("\"cache_read_input_tokens\":30") && delta.contains("\"output_tokens\":20"),
+        "{delta}"
+    );
     assert!(rest.trim_end().ends_with("data: {\"type\":\"message_stop\"}"));
 }
 
@@ -593,7 +662,14 @@ mod round_trip {
                 if !calls.is_empty() {
                     messages.push(Message {
                         role: Role::User,
-                        parts: calls.iter().map(|c| Part::ToolResult { id: c.id.clone(), content: vec![Part::Text(format!("r{}", c.name))], is_error: false }).collect(),
+                        parts: calls
+                            .iter()
+                            .map(|c| Part::ToolResult {
+                                id: c.id.clone(),
+                                content: vec![Part::Text(format!("r{}", c.name))],
+                                is_error: false,
+                            })
+                            .collect(),
                     });
                 }
                 Request {
@@ -603,7 +679,11 @@ mod round_trip {
                     max_output: max,
                     temperature: temp.map(|t| f64::from(t) / 10.0),
                     stop: vec!["END".into()],
-                    tools: vec![Tool { name: "f".into(), description: Some("d".into()), schema: serde_json::json!({"type": "object", "properties": {"v": {"type": "string"}}}) }],
+                    tools: vec![Tool {
+                        name: "f".into(),
+                        description: Some("d".into()),
+                        schema: serde_json::json!({"type": "object", "properties": {"v": {"type": "string"}}}),
+                    }],
                     ..Request::default()
                 }
             })
