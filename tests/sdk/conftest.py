@@ -13,6 +13,8 @@ BIN_DIR = os.environ.get("TOLLGATE_BIN_DIR", os.path.join(ROOT, "target", "debug
 UPSTREAM_KEY = "mock-upstream-key-sdk"
 CLIENT_KEY = "sk-sdk-client-0001"
 CHAT_KEY = "sk-sdk-chat-0001"
+# A key of a translating group: every model through every protocol.
+BRIDGE_KEY = "sk-sdk-bridge-0001"
 
 
 def free_port():
@@ -81,15 +83,19 @@ providers:
 groups:
   default: {{ platforms: [openai, anthropic, gemini] }}
   chat: {{ platforms: [openai] }}
+  bridge: {{ platforms: [openai, anthropic, gemini], translate: true }}
 prices:
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
   alpha-embed-3: {{ input: 0.1, output: 0.0 }}
   beta-opus-4-7: {{ input: 3.0, output: 15.0, cache_write_input: 3.75 }}
   beta-sonnet-4-6: {{ input: 3.0, output: 15.0 }}
   gamma-3.5-flash: {{ input: 0.5, output: 1.5 }}
+# The mock is steered by x-mock-* headers (the translation tests ask it for tool calls).
+forward_headers: ["x-mock-*"]
 keys:
   - {{ key: {CLIENT_KEY}, name: sdk, group: default, balance: 5.0 }}
   - {{ key: {CHAT_KEY}, name: sdk-chat, group: chat, balance: 5.0 }}
+  - {{ key: {BRIDGE_KEY}, name: sdk-bridge, group: bridge, balance: 5.0 }}
 """
     path = os.path.join(tmp, "tollgate.yaml")
     with open(path, "w") as f:
