@@ -17,6 +17,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 const AGENT_KEY: &str = "sk-agent-test-0001";
+/// A key of a translating group (`translate: true`): every model through every protocol.
+const BRIDGE_KEY: &str = "sk-agent-bridge-0001";
 
 /// The directory holding `claude`, `codex` and `gemini`, or None (with the reason printed).
 fn clis() -> Option<PathBuf> {
@@ -39,6 +41,7 @@ providers:
   - {{ name: ge, protocol: gemini, base_url: "http://127.0.0.1:{mock_port}/ge", api_key: {UPSTREAM_KEY}, models: [gamma-3.5-flash] }}
 groups:
   default: {{ platforms: [openai, anthropic, gemini] }}
+  bridge: {{ platforms: [openai, anthropic, gemini], translate: true }}
 prices:
   alpha-5.5: {{ input: 1, output: 2 }}
   beta-opus-4-7: {{ input: 1, output: 2 }}
@@ -46,6 +49,7 @@ prices:
   gamma-3.5-flash: {{ input: 1, output: 2 }}
 keys:
   - {{ key: {AGENT_KEY}, name: agent, group: default, balance: 5.0 }}
+  - {{ key: {BRIDGE_KEY}, name: bridge, group: bridge, balance: 5.0 }}
 "#
     )
 }
@@ -120,13 +124,17 @@ fn run(program: &Path, args: &[&str], env: &[(&str, String)], ws: &Workspace) ->
 /// What the upstream saw: no client key anywhere, every generation streamed; the key was
 /// billed once per generation call. Returns the generation calls.
 async fn check_upstream_and_bill(mock: &Proc, gw: &Gateway, generation_path: &str) -> Vec<Value> {
+    check_upstream_and_bill_key(mock, gw, generation_path, AGENT_KEY).await
+}
+
+async fn check_upstream_and_bill_key(mock: &Proc, gw: &Gateway, generation_path: &str, key: &str) -> Vec<Value> {
     let seen = mock_requests_all(mock).await;
     let all = serde_json::to_string(&seen).expect("json");
-    assert!(!all.contains(AGENT_KEY), "a client key reached the upstream: {all}");
+    assert!(!all.contains(key), "a client key reached the upstream: {all}");
     let generations: Vec<Value> = seen.into_iter().filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with(generation_path))).collect();
     assert!(generations.len() >= 3, "a plain turn and the two calls of the tool turn: {generations:?}");
     assert!(generations.iter().all(|r| r["stream"] == true), "every turn was streamed: {generations:?}");
-    let usage = wait_requests(gw, AGENT_KEY, generations.len() as u64).await;
+    let usage = wait_requests(gw, key, generations.len() as u64).await;
     assert_eq!(usage["total"]["requests"].as_u64(), Some(generations.len() as u64), "one bill per call: {usage}");
     generations
 }
@@ -212,4 +220,66 @@ async fn gemini_cli_plain_and_tool_turns() {
     let tool = run(&gemini, &["-m", "gamma-3.5-flash", "-p", &ws.tool_prompt()], &env, &ws);
     assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the read_file tool's result came back: {tool}");
     check_upstream_and_bill(&mock, &gw, "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent").await;
+}
+
+/// Claude Code on a model served over another protocol (a translating key): a plain turn and
+/// a Read-tool turn, streamed; the provider got its own protocol.
+async fn claude_code_on(model: &str, generation_path: &str) {
+    let Some(bin) = clis() else { return };
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let ws = Workspace::new();
+    let env = [
+        ("ANTHROPIC_BASE_URL", gw.url("")),
+        ("ANTHROPIC_AUTH_TOKEN", BRIDGE_KEY.to_string()),
+        ("ANTHROPIC_MODEL", model.to_string()),
+        ("ANTHROPIC_DEFAULT_HAIKU_MODEL", model.to_string()),
+        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
+        ("DISABLE_AUTOUPDATER", "1".to_string()),
+    ];
+    let claude = bin.join("claude");
+    let plain = run(&claude, &["-p", "Say hello", "--model", model], &env, &ws);
+    assert!(plain.contains("Hello from the"), "{plain}");
+    let tool = run(&claude, &["-p", &ws.tool_prompt(), "--allowedTools", "Read", "--model", model], &env, &ws);
+    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the Read tool's result came back: {tool}");
+    let calls = check_upstream_and_bill_key(&mock, &gw, generation_path, BRIDGE_KEY).await;
+    assert!(calls.iter().all(|c| c["model"] == model || generation_path.contains(model)), "{calls:?}");
+}
+
+#[tokio::test]
+async fn claude_code_on_a_chat_completions_model() {
+    claude_code_on("alpha-5.5", "/oa/v1/chat/completions").await;
+}
+
+#[tokio::test]
+async fn claude_code_on_a_generate_content_model() {
+    claude_code_on("gamma-3.5-flash", "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent").await;
+}
+
+#[tokio::test]
+async fn gemini_cli_on_a_chat_completions_model() {
+    let Some(bin) = clis() else { return };
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let ws = Workspace::new();
+    let settings = ws.home().join(".gemini");
+    std::fs::create_dir_all(&settings).expect("settings dir");
+    std::fs::write(
+        settings.join("settings.json"),
+        r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": false},
+            "telemetry": {"enabled": false}, "general": {"disableAutoUpdate": true, "disableUpdateNag": true}}"#,
+    )
+    .expect("settings.json");
+    let env = [
+        ("GOOGLE_GEMINI_BASE_URL", gw.url("")),
+        ("GEMINI_API_KEY", BRIDGE_KEY.to_string()),
+        ("GEMINI_CLI_TRUST_WORKSPACE", "true".to_string()),
+    ];
+    let gemini = bin.join("gemini");
+    let plain = run(&gemini, &["-m", "alpha-5.5", "-p", "Say hello"], &env, &ws);
+    assert!(plain.contains("Hello from the"), "{plain}");
+    let tool = run(&gemini, &["-m", "alpha-5.5", "-p", &ws.tool_prompt()], &env, &ws);
+    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the read_file tool's result came back: {tool}");
+    let calls = check_upstream_and_bill_key(&mock, &gw, "/oa/v1/chat/completions", BRIDGE_KEY).await;
+    assert!(calls.iter().all(|c| c["model"] == "alpha-5.5"), "{calls:?}");
 }

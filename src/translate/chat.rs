@@ -31,7 +31,8 @@ const MAPPED: [&str; 18] = [
     "frequency_penalty",
 ];
 
-/// Request fields that change nothing a provider of another protocol answers: dropped.
+/// Request fields that change nothing a provider of another protocol answers: dropped. (Also
+/// dropped on the way to a chat-completions provider: a request's `top_k`.)
 pub const DROPPED: [&str; 7] =
     ["user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prompt_cache_retention"];
 
@@ -300,9 +301,8 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
     if req.no_parallel_tools && !req.tools.is_empty() {
         out["parallel_tool_calls"] = json!(false);
     }
-    if req.top_k.is_some() {
-        return Err(unsupported("top_k", Dialect::Chat, "it has no top_k"));
-    }
+    // `top_k` has no counterpart and is left out: it narrows sampling, it asks for nothing (and
+    // Gemini CLI sends it on every request). Documented as dropped in the README.
     for (name, v) in [
         ("temperature", req.temperature),
         ("top_p", req.top_p),

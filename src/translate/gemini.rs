@@ -246,8 +246,12 @@ fn generation(raw: &Map<String, Value>, req: &mut Request, to: Dialect) -> Resul
         req.reasoning = match (budget, level) {
             (Some(0), _) => Some(Reasoning::Off),
             (Some(b), _) if b > 0 => Some(Reasoning::Budget(b as u64)),
-            (_, Some(level)) => Reasoning::from_effort(&level.to_ascii_lowercase()),
-            _ => Reasoning::from_effort("medium"),
+            (_, Some(level)) => Some(
+                Reasoning::from_effort(&level.to_ascii_lowercase())
+                    .ok_or_else(|| invalid("generationConfig.thinkingConfig.thinkingLevel", "unknown level"))?,
+            ),
+            // Dynamic (-1) or only `includeThoughts`: the provider's default.
+            _ => None,
         };
     }
     Ok(())

@@ -10,7 +10,7 @@ use crate::protocol::ApiError;
 use serde_json::{json, Map, Value};
 
 /// Request fields read by the decoder.
-const MAPPED: [&str; 12] = [
+const MAPPED: [&str; 13] = [
     "model",
     "messages",
     "system",
@@ -23,6 +23,7 @@ const MAPPED: [&str; 12] = [
     "tools",
     "tool_choice",
     "thinking",
+    "output_config",
 ];
 
 /// Request fields that change nothing a provider of another protocol answers: dropped. (Also
@@ -108,9 +109,30 @@ pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Reque
         req.reasoning = match t.get("type").and_then(Value::as_str) {
             Some("enabled") => Some(Reasoning::Budget(uint(t.get("budget_tokens").unwrap_or(&Value::Null), "thinking.budget_tokens")?)),
             Some("disabled") => Some(Reasoning::Off),
-            Some("adaptive") => Reasoning::from_effort("medium"),
+            // The model decides: the provider's default.
+            Some("adaptive") => None,
             _ => return Err(invalid("thinking", "type must be enabled, disabled or adaptive")),
         };
+    }
+    if let Some(config) = body.get("output_config").filter(|v| !v.is_null()) {
+        if let Some(effort) = config.get("effort").and_then(Value::as_str) {
+            // Effort asks for more or less reasoning: the other protocols' reasoning controls.
+            let effort = if effort == "max" { "high" } else { effort };
+            if req.reasoning != Some(Reasoning::Off) {
+                req.reasoning =
+                    Some(Reasoning::from_effort(effort).ok_or_else(|| invalid("output_config.effort", "low, medium, high or max"))?);
+            }
+        }
+        if let Some(format) = config.get("format").filter(|v| !v.is_null()) {
+            if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+                return Err(invalid("output_config.format", "type must be json_schema"));
+            }
+            req.json_output =
+                Some(Some(format.get("schema").cloned().ok_or_else(|| invalid("output_config.format", "schema is required"))?));
+        }
+        if let Some(other) = config.as_object().and_then(|c| c.keys().find(|k| !["effort", "format"].contains(&k.as_str()))) {
+            return Err(unsupported(&format!("output_config.{other}"), to, "it has no counterpart there"));
+        }
     }
     Ok(req)
 }

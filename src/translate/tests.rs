@@ -175,12 +175,19 @@ fn what_cannot_be_carried_is_refused_naming_the_field() {
         json!({"model": "m-1", "messages": [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}]}),
     );
     assert_eq!(e.param.as_deref(), Some("messages[0].content"));
-    let e = refused(
+    // `top_k` narrows sampling only: left out for a chat-completions provider (which has none).
+    let out = req(
         Dialect::Messages,
         Dialect::Chat,
         json!({"model": "m", "max_tokens": 5, "top_k": 3, "messages": [{"role": "user", "content": "x"}]}),
     );
-    assert_eq!(e.param.as_deref(), Some("top_k"));
+    assert!(out.get("top_k").is_none(), "{out}");
+    let e = refused(
+        Dialect::Messages,
+        Dialect::Gemini,
+        json!({"model": "m", "max_tokens": 5, "output_config": {"task_budget": 3}, "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(e.param.as_deref(), Some("output_config.task_budget"));
     let e = refused(
         Dialect::Gemini,
         Dialect::Chat,
@@ -189,6 +196,43 @@ fn what_cannot_be_carried_is_refused_naming_the_field() {
     assert_eq!(e.param.as_deref(), Some("generationConfig.candidateCount"));
     // Harmless settings pass: n = 1, logprobs false.
     req(Dialect::Chat, Dialect::Messages, chat(json!({"n": 1, "logprobs": false, "store": true, "service_tier": "auto"})));
+}
+
+#[test]
+fn reasoning_controls_map_between_protocols() {
+    // Claude Code: adaptive thinking with an effort.
+    let claude = json!({"model": "m", "max_tokens": 32000, "thinking": {"type": "adaptive"}, "output_config": {"effort": "high"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}, "messages": [{"role": "user", "content": "x"}]});
+    assert_eq!(req(Dialect::Messages, Dialect::Chat, claude.clone())["reasoning_effort"], "high");
+    assert_eq!(
+        req(Dialect::Messages, Dialect::Gemini, claude)["generationConfig"]["thinkingConfig"],
+        json!({"thinkingBudget": 24576, "includeThoughts": true})
+    );
+    // Gemini CLI: thoughts included, no budget: the provider's default, nothing asked.
+    let gemini = json!({"contents": [{"role": "user", "parts": [{"text": "x"}]}], "generationConfig": {"temperature": 1, "topP": 0.95, "topK": 64, "thinkingConfig": {"includeThoughts": true}}});
+    let out = req(Dialect::Gemini, Dialect::Chat, gemini);
+    assert!(out.get("reasoning_effort").is_none() && out.get("top_k").is_none(), "{out}");
+    assert_eq!((out["temperature"].as_f64(), out["top_p"].as_f64()), (Some(1.0), Some(0.95)));
+    let budget = json!({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"maxOutputTokens": 20000, "thinkingConfig": {"thinkingBudget": 1500}}});
+    assert_eq!(req(Dialect::Gemini, Dialect::Messages, budget.clone())["thinking"], json!({"type": "enabled", "budget_tokens": 1500}));
+    assert_eq!(req(Dialect::Gemini, Dialect::Chat, budget)["reasoning_effort"], "low");
+    let off = json!({"model": "m", "reasoning_effort": "low", "messages": [{"role": "user", "content": "x"}]});
+    assert_eq!(req(Dialect::Chat, Dialect::Gemini, off)["generationConfig"]["thinkingConfig"]["thinkingBudget"], 1024);
+}
+
+#[test]
+fn structured_output_maps_to_response_schema() {
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema",
+        "json_schema": {"name": "r", "schema": {"type": "object", "properties": {"a": {"type": ["string", "null"]}}, "additionalProperties": false}}}});
+    let g = req(Dialect::Chat, Dialect::Gemini, body)["generationConfig"].clone();
+    assert_eq!(g["responseMimeType"], "application/json");
+    assert_eq!(g["responseSchema"], json!({"type": "object", "properties": {"a": {"type": "string", "nullable": true}}}));
+    let back = req(
+        Dialect::Gemini,
+        Dialect::Chat,
+        json!({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"responseMimeType": "application/json", "responseSchema": {"type": "OBJECT", "properties": {"a": {"type": "STRING"}}}}}),
+    );
+    assert_eq!(back["response_format"]["json_schema"]["schema"], json!({"type": "object", "properties": {"a": {"type": "string"}}}));
 }
 
 #[test]
