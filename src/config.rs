@@ -382,6 +382,10 @@ struct RawProvider {
     /// PEM CA bundle to verify an https upstream with (default: the system roots).
     #[serde(default)]
     ca_file: Option<PathBuf>,
+    /// `false`: an `openai` provider that serves chat completions only (most OpenAI-compatible
+    /// servers); responses-API requests for its models are translated to chat completions.
+    #[serde(default)]
+    responses: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -725,6 +729,8 @@ pub struct ProviderConfig {
     pub anthropic_version: String,
     pub connect_timeout_ms: u64,
     pub read_timeout_secs: u64,
+    /// It serves the responses API (`openai` providers; default true).
+    pub responses: bool,
     /// CA certificates for an https upstream (None: the system roots).
     pub ca: Option<std::sync::Arc<[pingora_core::utils::tls::WrappedX509]>>,
 }
@@ -917,6 +923,9 @@ impl Config {
             if p.anthropic_version.is_some() && p.protocol != Protocol::Anthropic {
                 return err(format!("{at}.anthropic_version: only for protocol anthropic"));
             }
+            if p.responses.is_some() && p.protocol != Protocol::Openai {
+                return err(format!("{at}.responses: only for protocol openai"));
+            }
             let ca = match &p.ca_file {
                 Some(path) if base_url.tls => {
                     Some(crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{at}.ca_file: {e}")))?)
@@ -938,6 +947,7 @@ impl Config {
                 anthropic_version: p.anthropic_version.unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
                 connect_timeout_ms: p.connect_timeout_ms.unwrap_or(10_000),
                 read_timeout_secs: p.read_timeout_secs.unwrap_or(600),
+                responses: p.responses.unwrap_or(true),
             });
         }
 

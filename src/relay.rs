@@ -553,24 +553,35 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         .with_param("background"));
     }
     let client = crate::translate::client_dialect(route);
-    let native = catalog.candidates(protocol, &model).filter(|_| catalog.group_allows(group, protocol));
+    let allowed = catalog.candidates(protocol, &model).filter(|_| catalog.group_allows(group, protocol));
+    // A responses-API request goes to the providers of its model that serve that API; when none
+    // does (`responses: false`), it is translated to their chat completions.
+    let (native, chat_only) = match allowed {
+        Some(all) if *route == Route::Responses => {
+            let serving: Vec<usize> = all.iter().copied().filter(|&i| catalog.upstreams[i].config.responses).collect();
+            if serving.is_empty() {
+                (None, Some((Protocol::Openai, all)))
+            } else {
+                (Some(serving), None)
+            }
+        }
+        other => (other.map(<[usize]>::to_vec), None),
+    };
     // Not served over the client's protocol: a translating group reaches it through another.
-    let translated = match (native, client) {
+    let translated = match (&native, client) {
+        (None, Some(_)) if chat_only.is_some() => chat_only,
         (None, Some(_)) if catalog.group_translates(group) && catalog.group_allows(group, protocol) => {
             catalog.served_elsewhere(protocol, &model)
         }
         _ => None,
     };
-    let mut candidates = native
-        .or(translated.map(|(_, c)| c))
-        .ok_or_else(|| {
-            ApiError::new(
-                ErrorKind::ModelNotFound,
-                format!("The model '{model}' does not exist or is not available to this key. See the model list."),
-            )
-            .with_param("model")
-        })?
-        .to_vec();
+    let mut candidates = native.or(translated.map(|(_, c)| c.to_vec())).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::ModelNotFound,
+            format!("The model '{model}' does not exist or is not available to this key. See the model list."),
+        )
+        .with_param("model")
+    })?;
     let output_allowance = match route {
         _ if route.embeds() => 0,
         _ if !route.billed() => 0,
@@ -600,7 +611,7 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
     if let (Some((upstream, _)), Some(client)) = (translated, client) {
         let translation = crate::translate::Translation {
             client,
-            upstream: crate::translate::Dialect::of(upstream),
+            upstream,
             model: model.clone(),
             stream: match route {
                 Route::GenerateContent { stream, .. } => *stream,

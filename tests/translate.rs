@@ -24,6 +24,7 @@ enum Client {
     Chat,
     Messages,
     Gemini,
+    Responses,
 }
 
 /// The request a client of each protocol sends for `model` (one question, a tool offered).
@@ -42,6 +43,12 @@ fn request(client: Client, model: &str, stream: bool) -> (String, Value) {
             json!({"model": model, "max_tokens": 200, "stream": stream, "system": "Be brief.",
                    "messages": [{"role": "user", "content": "Weather in Paris?"}],
                    "tools": [{"name": "get_weather", "input_schema": tool_schema}]}),
+        ),
+        Client::Responses => (
+            "/v1/responses".into(),
+            json!({"model": model, "stream": stream, "store": false, "instructions": "Be brief.",
+                   "input": [{"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]}],
+                   "tools": [{"type": "function", "name": "get_weather", "parameters": tool_schema, "strict": false}]}),
         ),
         Client::Gemini => (
             format!("/v1beta/models/{model}:{}", if stream { "streamGenerateContent?alt=sse" } else { "generateContent" }),
@@ -129,6 +136,39 @@ fn read_answer(client: Client, stream: bool, body: &str) -> Answer {
                 a.input = v["usage"]["input_tokens"].as_u64().unwrap_or(0);
                 a.output = v["usage"]["output_tokens"].as_u64().unwrap_or(0);
             }
+            Client::Responses if stream => match v["type"].as_str().unwrap_or_default() {
+                "response.output_text.delta" => a.text.push_str(v["delta"].as_str().unwrap_or_default()),
+                "response.output_item.added" if v["item"]["type"] == "function_call" => {
+                    a.calls.push((v["item"]["name"].as_str().unwrap_or_default().into(), Value::Null));
+                    args.push(String::new());
+                }
+                "response.function_call_arguments.delta" => {
+                    args.last_mut().expect("inside a call").push_str(v["delta"].as_str().unwrap_or_default())
+                }
+                "response.completed" => {
+                    let calls = v["response"]["output"].as_array().into_iter().flatten().any(|i| i["type"] == "function_call");
+                    a.stop = if calls { "function_call" } else { "completed" }.into();
+                    a.input = v["response"]["usage"]["input_tokens"].as_u64().unwrap_or(0);
+                    a.output = v["response"]["usage"]["output_tokens"].as_u64().unwrap_or(0);
+                }
+                _ => {}
+            },
+            Client::Responses => {
+                for item in v["output"].as_array().into_iter().flatten() {
+                    match item["type"].as_str() {
+                        Some("message") => a.text.push_str(item["content"][0]["text"].as_str().unwrap_or_default()),
+                        Some("function_call") => {
+                            a.calls.push((item["name"].as_str().unwrap_or_default().into(), Value::Null));
+                            args.push(item["arguments"].as_str().unwrap_or_default().to_string());
+                        }
+                        _ => {}
+                    }
+                }
+                let calls = !a.calls.is_empty();
+                a.stop = if calls { "function_call" } else { "completed" }.into();
+                a.input = v["usage"]["input_tokens"].as_u64().unwrap_or(0);
+                a.output = v["usage"]["output_tokens"].as_u64().unwrap_or(0);
+            }
             Client::Gemini => {
                 for p in v.pointer("/candidates/0/content/parts").and_then(Value::as_array).into_iter().flatten() {
                     if let Some(t) = p["text"].as_str() {
@@ -159,7 +199,7 @@ async fn send(gw: &Gateway, client: Client, model: &str, stream: bool, tag: &str
     let (path, body) = request(client, model, stream);
     let mut r = common::client().post(gw.url(&path)).header("x-test-tag", tag).json(&body);
     r = match client {
-        Client::Chat => r.bearer_auth(BRIDGE_KEY),
+        Client::Chat | Client::Responses => r.bearer_auth(BRIDGE_KEY),
         Client::Messages => r
             .header("x-api-key", BRIDGE_KEY)
             .header("anthropic-version", "2023-06-01")
@@ -179,7 +219,10 @@ const MODELS: [(&str, &str, &str); 3] = [
 ];
 
 fn native(client: Client, provider: &str) -> bool {
-    matches!((client, provider), (Client::Chat, "openai") | (Client::Messages, "anthropic") | (Client::Gemini, "gemini"))
+    matches!(
+        (client, provider),
+        (Client::Chat | Client::Responses, "openai") | (Client::Messages, "anthropic") | (Client::Gemini, "gemini")
+    )
 }
 
 #[tokio::test]
@@ -188,7 +231,7 @@ async fn every_client_protocol_reaches_every_model_whole_and_streamed_with_tool_
     let gw = start_gateway(&config(mock.port));
     let mut requests = 0;
     let mut spent = 0i64;
-    for client in [Client::Chat, Client::Messages, Client::Gemini] {
+    for client in [Client::Chat, Client::Messages, Client::Gemini, Client::Responses] {
         for (model, upstream_path, provider) in MODELS {
             if native(client, provider) {
                 continue;
@@ -216,6 +259,7 @@ async fn every_client_protocol_reaches_every_model_whole_and_streamed_with_tool_
                             Client::Chat => "tool_calls",
                             Client::Messages => "tool_use",
                             Client::Gemini => "STOP",
+                            Client::Responses => "function_call",
                         };
                         assert_eq!(answer.stop, stop, "{tag}");
                     } else {
@@ -290,7 +334,7 @@ async fn translation_is_opt_in_per_group_and_model_lists_follow_it() {
 async fn upstream_errors_reach_the_client_in_its_shape_with_the_same_status_and_nothing_billed() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
-    for client in [Client::Chat, Client::Messages, Client::Gemini] {
+    for client in [Client::Chat, Client::Messages, Client::Gemini, Client::Responses] {
         for (model, _, provider) in MODELS {
             if native(client, provider) {
                 continue;
@@ -302,7 +346,7 @@ async fn upstream_errors_reach_the_client_in_its_shape_with_the_same_status_and_
             assert_eq!(resp.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("7"), "{tag}");
             let body: Value = resp.json().await.expect("json error");
             match client {
-                Client::Chat => assert_eq!(body["error"]["type"], "rate_limit_error", "{body}"),
+                Client::Chat | Client::Responses => assert_eq!(body["error"]["type"], "rate_limit_error", "{body}"),
                 Client::Messages => {
                     assert_eq!((body["type"].as_str(), body["error"]["type"].as_str()), (Some("error"), Some("rate_limit_error")), "{body}")
                 }
@@ -365,4 +409,41 @@ async fn a_translated_stream_cut_by_the_provider_is_billed_and_ends_the_connecti
     // Billed fail-closed from what came (estimated), one record.
     let usage = wait_requests(&gw, BRIDGE_KEY, 1).await;
     assert!(nanos(&usage["total"]["cost"]) > 0, "{usage}");
+}
+
+#[tokio::test]
+async fn a_provider_without_the_responses_api_gets_responses_requests_as_chat_completions() {
+    let mock = start_mock();
+    // `responses: false`: no translating group needed, the provider's own models.
+    let body = format!(
+        r#"
+providers:
+  - {{ name: compat, protocol: openai, base_url: "http://127.0.0.1:{port}/compat", api_key: {UPSTREAM_KEY}, models: [alpha-5.5], responses: false }}
+{prices}keys:
+  - {{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}
+"#,
+        port = mock.port,
+        prices = prices_section()
+    );
+    let gw = start_gateway(&body);
+    for stream in [false, true] {
+        let tag = format!("compat-{stream}");
+        let (path, body) = request(Client::Responses, "alpha-5.5", stream);
+        let resp = common::client()
+            .post(gw.url(&path))
+            .bearer_auth(CLIENT_KEY)
+            .header("x-test-tag", &tag)
+            .header("x-mock-usage", "40,3")
+            .json(&body)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(resp.status(), 200);
+        let answer = read_answer(Client::Responses, stream, &resp.text().await.expect("body"));
+        assert_eq!((answer.text.as_str(), answer.input, answer.output), ("Hello from the", 40, 3), "{tag}");
+        let seen = mock_requests(&mock, &tag).await;
+        assert_eq!(seen[0]["path"], "/compat/v1/chat/completions", "{tag}");
+    }
+    let usage = wait_requests(&gw, CLIENT_KEY, 2).await;
+    assert_eq!(nanos(&usage["total"]["cost"]), 2 * cost_nanos("alpha-5.5", 40, 3));
 }

@@ -4,10 +4,11 @@
 //! re-encoded: a whole answer once it is complete, a stream event by event.
 
 use super::{Gateway, RelayPlan, RequestCtx, DRAIN_MAX_BYTES};
+use crate::config::Protocol;
 use crate::meter::{Shape, UsageScanner};
 use crate::protocol::{ApiError, ErrorKind};
 use crate::response::LocalResponse;
-use crate::translate::{self, Dialect, StreamTranslator, Translation};
+use crate::translate::{self, StreamTranslator, Translation};
 use bytes::Bytes;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
@@ -16,11 +17,11 @@ use pingora_http::ResponseHeader;
 use pingora_proxy::Session;
 
 /// How the provider's answer reports usage.
-fn shape_of(upstream: Dialect) -> Shape {
+fn shape_of(upstream: Protocol) -> Shape {
     match upstream {
-        Dialect::Chat => Shape::Chat,
-        Dialect::Messages => Shape::Messages,
-        Dialect::Gemini => Shape::Gemini,
+        Protocol::Openai => Shape::Chat,
+        Protocol::Anthropic => Shape::Messages,
+        Protocol::Gemini => Shape::Gemini,
     }
 }
 

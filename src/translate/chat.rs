@@ -3,9 +3,10 @@
 
 use super::carry::{self, Carried};
 use super::{
-    data_url, float, invalid, new_id, stops, text_of, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning, Request,
-    Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+    data_url, float, invalid, new_id, stops, text_of, uint, unsupported, Event, Image, Message, Part, Reasoning, Request, Response, Role,
+    Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
 };
+use crate::config::Protocol;
 use crate::protocol::ApiError;
 use serde_json::{json, Map, Value};
 
@@ -41,7 +42,7 @@ fn role_of(m: &Value) -> &str {
 }
 
 /// A chat-completions client's request in the internal form, refused where `to` cannot carry it.
-pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Request, ApiError> {
+pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Request, ApiError> {
     super::check_fields(&body, &MAPPED, &DROPPED, to)?;
     let mut req = Request::default();
     if let Some(n) = body.get("n").filter(|v| !v.is_null()) {
@@ -159,7 +160,7 @@ pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Reque
         req.stop = stops(v, "stop")?;
     }
     if let Some(v) = body.get("seed").filter(|v| !v.is_null()) {
-        if to == Dialect::Messages {
+        if to == Protocol::Anthropic {
             return Err(unsupported("seed", to, "it has no seed"));
         }
         req.seed = Some(v.as_i64().ok_or_else(|| invalid("seed", "must be an integer"))?);
@@ -167,7 +168,7 @@ pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Reque
     for (field, slot) in [("presence_penalty", &mut req.presence_penalty), ("frequency_penalty", &mut req.frequency_penalty)] {
         if let Some(v) = body.get(field).filter(|v| !v.is_null()) {
             let value = float(v, field)?;
-            if to == Dialect::Messages && value != 0.0 {
+            if to == Protocol::Anthropic && value != 0.0 {
                 return Err(unsupported(field, to, "it has no penalties"));
             }
             *slot = Some(value).filter(|v| *v != 0.0);
@@ -193,7 +194,7 @@ pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Reque
     Ok(req)
 }
 
-fn user_parts(content: &Value, field: &str, to: Dialect) -> Result<Vec<Part>, ApiError> {
+fn user_parts(content: &Value, field: &str, to: Protocol) -> Result<Vec<Part>, ApiError> {
     match content {
         Value::String(s) => Ok(vec![Part::Text(s.clone())]),
         Value::Array(items) => items

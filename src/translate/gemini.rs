@@ -6,9 +6,10 @@
 
 use super::carry::{self, Carried};
 use super::{
-    arguments_value, float, invalid, new_id, stops, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning, Request, Response,
-    Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+    arguments_value, float, invalid, new_id, stops, uint, unsupported, Event, Image, Message, Part, Reasoning, Request, Response, Role,
+    Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
 };
+use crate::config::Protocol;
 use crate::protocol::ApiError;
 use serde_json::{json, Map, Value};
 use std::collections::HashMap;
@@ -54,7 +55,7 @@ fn get<'a>(map: &'a Map<String, Value>, camel: &str, snake: &str) -> Option<&'a 
 }
 
 /// A generate-content client's request in the internal form, refused where `to` cannot carry it.
-pub fn decode_request(body: Map<String, Value>, to: Dialect) -> Result<Request, ApiError> {
+pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request, ApiError> {
     super::check_fields(&body, &MAPPED, &DROPPED, to)?;
     let mut req = Request::default();
     if let Some(sys) = get(&body, "systemInstruction", "system_instruction") {
@@ -183,7 +184,7 @@ pub fn decode_request(body: Map<String, Value>, to: Dialect) -> Result<Request, 
     Ok(req)
 }
 
-fn generation(raw: &Map<String, Value>, req: &mut Request, to: Dialect) -> Result<(), ApiError> {
+fn generation(raw: &Map<String, Value>, req: &mut Request, to: Protocol) -> Result<(), ApiError> {
     // The REST API takes both spellings; read them as camelCase.
     let g: Map<String, Value> = raw.iter().map(|(k, v)| (camel(k), v.clone())).collect();
     for (name, v) in &g {
@@ -219,7 +220,7 @@ fn generation(raw: &Map<String, Value>, req: &mut Request, to: Dialect) -> Resul
         req.stop = stops(v, "generationConfig.stopSequences")?;
     }
     if let Some(v) = field("seed") {
-        if to == Dialect::Messages {
+        if to == Protocol::Anthropic {
             return Err(unsupported("generationConfig.seed", to, "it has no seed"));
         }
         req.seed = Some(v.as_i64().ok_or_else(|| invalid("generationConfig.seed", "must be an integer"))?);
@@ -227,7 +228,7 @@ fn generation(raw: &Map<String, Value>, req: &mut Request, to: Dialect) -> Resul
     for (name, slot) in [("presencePenalty", &mut req.presence_penalty), ("frequencyPenalty", &mut req.frequency_penalty)] {
         if let Some(v) = field(name) {
             let value = float(v, name)?;
-            if to == Dialect::Messages && value != 0.0 {
+            if to == Protocol::Anthropic && value != 0.0 {
                 return Err(unsupported(&format!("generationConfig.{name}"), to, "it has no penalties"));
             }
             *slot = Some(value).filter(|v| *v != 0.0);
@@ -381,7 +382,7 @@ fn image_part(i: &Image) -> Value {
 /// The internal form as a generate-content provider's request (thoughts asked for when the
 /// request reasons, so they reach the client).
 pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
-    let to = Dialect::Gemini;
+    let to = Protocol::Gemini;
     if req.no_parallel_tools {
         return Err(unsupported("parallel_tool_calls", to, "it cannot limit a turn to one call"));
     }

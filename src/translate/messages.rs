@@ -3,9 +3,10 @@
 
 use super::carry;
 use super::{
-    arguments_value, float, invalid, new_id, stops, text_of, uint, unsupported, Dialect, Event, Image, Message, Part, Reasoning, Request,
-    Response, Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+    arguments_value, float, invalid, new_id, stops, text_of, uint, unsupported, Event, Image, Message, Part, Reasoning, Request, Response,
+    Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
 };
+use crate::config::Protocol;
 use crate::protocol::ApiError;
 use serde_json::{json, Map, Value};
 
@@ -34,7 +35,7 @@ pub const DROPPED: [&str; 3] = ["metadata", "service_tier", "context_management"
 const MIN_BUDGET: u64 = 1024;
 
 /// A messages client's request in the internal form, refused where `to` cannot carry it.
-pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Request, ApiError> {
+pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Request, ApiError> {
     super::check_fields(&body, &MAPPED, &DROPPED, to)?;
     let mut req = Request::default();
     match body.get("system") {
@@ -138,7 +139,7 @@ pub fn decode_request(mut body: Map<String, Value>, to: Dialect) -> Result<Reque
 }
 
 /// One content block (None: nothing to carry, e.g. an empty thinking block).
-fn block(b: &Value, field: &str, to: Dialect) -> Result<Option<Part>, ApiError> {
+fn block(b: &Value, field: &str, to: Protocol) -> Result<Option<Part>, ApiError> {
     let kind = b.get("type").and_then(Value::as_str).unwrap_or_default();
     Ok(Some(match kind {
         "text" => Part::Text(b.get("text").and_then(Value::as_str).unwrap_or_default().to_string()),
@@ -207,7 +208,7 @@ fn image_block(i: &Image) -> Value {
 
 /// The internal form as a messages provider's request.
 pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
-    let to = Dialect::Messages;
+    let to = Protocol::Anthropic;
     if req.seed.is_some() {
         return Err(unsupported("seed", to, "it has no seed"));
     }

@@ -19,6 +19,7 @@ pub mod carry;
 pub mod chat;
 pub mod gemini;
 pub mod messages;
+pub mod responses;
 pub mod sse;
 pub mod stream;
 
@@ -28,13 +29,15 @@ use serde_json::Value;
 
 pub use stream::StreamTranslator;
 
-/// The protocol a client speaks (one more than the providers: the responses API is a client
-/// protocol only, relayed natively to `openai` providers).
+/// The protocol a client speaks: one more than the providers, since the responses API is a
+/// client protocol only (relayed natively to `openai` providers that serve it, translated to
+/// chat completions for those that do not).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
     Chat,
     Messages,
     Gemini,
+    Responses,
 }
 
 impl Dialect {
@@ -43,6 +46,7 @@ impl Dialect {
             Dialect::Chat => "openai",
             Dialect::Messages => "anthropic",
             Dialect::Gemini => "gemini",
+            Dialect::Responses => "responses",
         }
     }
 
@@ -58,7 +62,7 @@ impl Dialect {
     /// The error shape of this dialect.
     pub fn shape(self) -> Protocol {
         match self {
-            Dialect::Chat => Protocol::Openai,
+            Dialect::Chat | Dialect::Responses => Protocol::Openai,
             Dialect::Messages => Protocol::Anthropic,
             Dialect::Gemini => Protocol::Gemini,
         }
@@ -71,6 +75,7 @@ pub fn client_dialect(route: &crate::route::Route) -> Option<Dialect> {
     use crate::route::Route;
     match route {
         Route::ChatCompletions => Some(Dialect::Chat),
+        Route::Responses => Some(Dialect::Responses),
         Route::Messages => Some(Dialect::Messages),
         Route::GenerateContent { .. } => Some(Dialect::Gemini),
         _ => None,
@@ -81,7 +86,8 @@ pub fn client_dialect(route: &crate::route::Route) -> Option<Dialect> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Translation {
     pub client: Dialect,
-    pub upstream: Dialect,
+    /// The provider's protocol.
+    pub upstream: Protocol,
     /// The model as the client named it (answers name it back).
     pub model: String,
     pub stream: bool,
@@ -98,10 +104,10 @@ impl Translation {
     /// The upstream path (after the provider's prefix) and query for this request.
     pub fn upstream_path(&self, prefix: &str) -> String {
         match self.upstream {
-            Dialect::Chat => format!("{prefix}/v1/chat/completions"),
-            Dialect::Messages => format!("{prefix}/v1/messages"),
-            Dialect::Gemini if self.stream => format!("{prefix}/v1beta/models/{}:streamGenerateContent?alt=sse", self.model),
-            Dialect::Gemini => format!("{prefix}/v1beta/models/{}:generateContent", self.model),
+            Protocol::Openai => format!("{prefix}/v1/chat/completions"),
+            Protocol::Anthropic => format!("{prefix}/v1/messages"),
+            Protocol::Gemini if self.stream => format!("{prefix}/v1beta/models/{}:streamGenerateContent?alt=sse", self.model),
+            Protocol::Gemini => format!("{prefix}/v1beta/models/{}:generateContent", self.model),
         }
     }
 
@@ -300,7 +306,7 @@ pub enum Event {
 }
 
 /// Refuse a field that cannot be carried to `to`.
-pub fn unsupported(field: &str, to: Dialect, why: &str) -> ApiError {
+pub fn unsupported(field: &str, to: Protocol, why: &str) -> ApiError {
     ApiError::new(
         ErrorKind::BadRequest,
         format!("'{field}' cannot be carried to this model, which is served over the {} protocol: {why}.", to.as_str()),
@@ -316,7 +322,7 @@ pub fn invalid(field: &str, what: &str) -> ApiError {
 /// Check a client request's top-level fields: each must be in `mapped` or `dropped`, else it
 /// is refused (it would change the answer and the provider's protocol has no counterpart). A
 /// field set to `null` or `false` asks for nothing and passes.
-pub fn check_fields(body: &serde_json::Map<String, Value>, mapped: &[&str], dropped: &[&str], to: Dialect) -> Result<(), ApiError> {
+pub fn check_fields(body: &serde_json::Map<String, Value>, mapped: &[&str], dropped: &[&str], to: Protocol) -> Result<(), ApiError> {
     for (name, value) in body {
         if value.is_null() || *value == Value::Bool(false) || mapped.contains(&name.as_str()) || dropped.contains(&name.as_str()) {
             continue;
@@ -341,6 +347,7 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
         Dialect::Chat => chat::decode_request(map, t.upstream)?,
         Dialect::Messages => messages::decode_request(map, t.upstream)?,
         Dialect::Gemini => gemini::decode_request(map, t.upstream)?,
+        Dialect::Responses => responses::decode_request(map, t.upstream)?,
     };
     req.model = t.model.clone();
     req.stream = t.stream;
@@ -349,9 +356,9 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
     }
     carry::restore(&mut req);
     let out = match t.upstream {
-        Dialect::Chat => chat::encode_request(&req)?,
-        Dialect::Messages => messages::encode_request(&req)?,
-        Dialect::Gemini => gemini::encode_request(&req)?,
+        Protocol::Openai => chat::encode_request(&req)?,
+        Protocol::Anthropic => messages::encode_request(&req)?,
+        Protocol::Gemini => gemini::encode_request(&req)?,
     };
     Ok(bytes::Bytes::from(out.to_string()))
 }
@@ -361,15 +368,16 @@ pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
     let bad = || ApiError::new(ErrorKind::BadGateway, "The upstream service sent an answer that could not be read.");
     let value: Value = serde_json::from_slice(body).map_err(|_| bad())?;
     let resp = match t.upstream {
-        Dialect::Chat => chat::decode_response(&value),
-        Dialect::Messages => messages::decode_response(&value),
-        Dialect::Gemini => gemini::decode_response(&value),
+        Protocol::Openai => chat::decode_response(&value),
+        Protocol::Anthropic => messages::decode_response(&value),
+        Protocol::Gemini => gemini::decode_response(&value),
     }
     .ok_or_else(bad)?;
     let out = match t.client {
         Dialect::Chat => chat::encode_response(t, &resp),
         Dialect::Messages => messages::encode_response(t, &resp),
         Dialect::Gemini => gemini::encode_response(t, &resp),
+        Dialect::Responses => responses::encode_response(t, &resp),
     };
     Ok(out.to_string().into_bytes())
 }
@@ -434,6 +442,12 @@ pub fn merge_roles(messages: Vec<Message>) -> Vec<Message> {
         }
     }
     out
+}
+
+/// The text parts of a message, joined by new lines.
+pub fn chat_text(parts: &[Part]) -> String {
+    let texts: Vec<&str> = parts.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
+    texts.join("\n")
 }
 
 /// A number field as u64, refused when it is not one.

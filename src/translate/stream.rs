@@ -4,7 +4,8 @@
 //! usage, the chat-completions usage chunk, generate-content's finishing chunk).
 
 use super::sse::{SseEvent, SseReader};
-use super::{chat, gemini, messages, Dialect, Event, Translation};
+use super::{chat, gemini, messages, responses, Dialect, Event, Translation};
+use crate::config::Protocol;
 
 enum Decoder {
     Chat(chat::Decoder),
@@ -16,6 +17,7 @@ enum Encoder {
     Chat(chat::Encoder),
     Messages(messages::Encoder),
     Gemini(gemini::Encoder),
+    Responses(responses::Encoder),
 }
 
 pub struct StreamTranslator {
@@ -35,14 +37,15 @@ impl StreamTranslator {
         StreamTranslator {
             reader: SseReader::default(),
             decoder: match t.upstream {
-                Dialect::Chat => Decoder::Chat(chat::Decoder::default()),
-                Dialect::Messages => Decoder::Messages(messages::Decoder::default()),
-                Dialect::Gemini => Decoder::Gemini(gemini::Decoder::default()),
+                Protocol::Openai => Decoder::Chat(chat::Decoder::default()),
+                Protocol::Anthropic => Decoder::Messages(messages::Decoder::default()),
+                Protocol::Gemini => Decoder::Gemini(gemini::Decoder::default()),
             },
             encoder: match t.client {
                 Dialect::Chat => Encoder::Chat(chat::Encoder::new(t)),
                 Dialect::Messages => Encoder::Messages(messages::Encoder::new(t)),
                 Dialect::Gemini => Encoder::Gemini(gemini::Encoder::new(t)),
+                Dialect::Responses => Encoder::Responses(responses::Encoder::new(t)),
             },
             events: Vec::new(),
             decoded: Vec::new(),
@@ -55,6 +58,7 @@ impl StreamTranslator {
         match &mut self.encoder {
             Encoder::Chat(e) => e.start(&mut out),
             Encoder::Messages(e) => e.start(&mut out),
+            Encoder::Responses(e) => e.start(&mut out),
             Encoder::Gemini(_) => {}
         }
         out
@@ -74,6 +78,7 @@ impl StreamTranslator {
             Encoder::Chat(e) => e.finish(&mut out),
             Encoder::Messages(e) => e.finish(&mut out),
             Encoder::Gemini(e) => e.finish(&mut out),
+            Encoder::Responses(e) => e.finish(&mut out),
         }
         out
     }
@@ -91,6 +96,7 @@ impl StreamTranslator {
                     Encoder::Chat(enc) => enc.event(e, &mut out),
                     Encoder::Messages(enc) => enc.event(e, &mut out),
                     Encoder::Gemini(enc) => enc.event(e, &mut out),
+                    Encoder::Responses(enc) => enc.event(e, &mut out),
                 }
             }
         }

@@ -2,10 +2,19 @@
 //! answers and streams (every cut of the provider's bytes), and round trips of the internal form.
 
 use super::*;
+use crate::config::Protocol;
 use serde_json::json;
 
 fn t(client: Dialect, upstream: Dialect, stream: bool) -> Translation {
-    Translation { client, upstream, model: "m-1".into(), stream, client_wants_usage: true, gemini_sse: true, input_estimate: 42 }
+    Translation {
+        client,
+        upstream: upstream.shape(),
+        model: "m-1".into(),
+        stream,
+        client_wants_usage: true,
+        gemini_sse: true,
+        input_estimate: 42,
+    }
 }
 
 fn req(client: Dialect, upstream: Dialect, body: Value) -> Value {
@@ -236,6 +245,50 @@ fn structured_output_maps_to_response_schema() {
 }
 
 #[test]
+fn responses_items_become_turns_consecutive_calls_one_assistant_message() {
+    let body = json!({
+        "model": "m", "instructions": "Be brief.", "store": false, "include": ["reasoning.encrypted_content"],
+        "input": [
+            {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "Use tools."}]},
+            {"role": "user", "content": "Weather in two cities?"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "two calls"}]},
+            {"type": "function_call", "call_id": "call_a", "name": "w", "arguments": "{\"c\":\"a\"}"},
+            {"type": "function_call", "call_id": "call_b", "name": "w", "arguments": "{\"c\":\"b\"}"},
+            {"type": "function_call_output", "call_id": "call_a", "output": "A"},
+            {"type": "function_call_output", "call_id": "call_b", "output": "B"}
+        ],
+        "tools": [{"type": "function", "name": "w", "parameters": {"type": "object"}, "strict": false}],
+        "max_output_tokens": 500, "reasoning": {"effort": "low", "summary": "auto"}
+    });
+    let out = req(Dialect::Responses, Dialect::Messages, body.clone());
+    assert_eq!(out["system"], json!([{"type": "text", "text": "Be brief."}, {"type": "text", "text": "Use tools."}]));
+    let m = out["messages"].as_array().expect("messages");
+    assert_eq!(m.len(), 3, "{out}");
+    let calls: Vec<&str> = m[1]["content"].as_array().into_iter().flatten().filter_map(|b| b["id"].as_str()).collect();
+    assert_eq!(calls, ["call_a", "call_b"], "one assistant turn with both calls");
+    assert_eq!(m[2]["content"][1]["tool_use_id"], "call_b");
+    assert_eq!(out["max_tokens"], 500);
+    let out = req(Dialect::Responses, Dialect::Chat, body);
+    assert_eq!(out["messages"][3]["tool_calls"].as_array().map(Vec::len), Some(2), "{out}");
+    assert_eq!(out["reasoning_effort"], "low");
+    // A stored conversation cannot be continued on another protocol's model.
+    let e = refused(Dialect::Responses, Dialect::Gemini, json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}));
+    assert_eq!(e.param.as_deref(), Some("previous_response_id"));
+    let e = refused(Dialect::Responses, Dialect::Chat, json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}));
+    assert_eq!(e.param.as_deref(), Some("tools"));
+}
+
+#[test]
+fn a_cut_answer_is_an_incomplete_response() {
+    let answer = json!({"id": "c", "choices": [{"index": 0, "finish_reason": "length", "message": {"role": "assistant", "content": "Hel"}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 1}});
+    let out: Value =
+        serde_json::from_slice(&response(&t(Dialect::Responses, Dialect::Chat, false), answer.to_string().as_bytes()).expect("reads"))
+            .expect("json");
+    assert_eq!((out["status"].as_str(), out["incomplete_details"]["reason"].as_str()), (Some("incomplete"), Some("max_output_tokens")));
+}
+
+#[test]
 fn a_missing_maximum_is_the_held_one() {
     let out = req(Dialect::Chat, Dialect::Messages, json!({"model": "m-1", "messages": [{"role": "user", "content": "hi"}]}));
     assert_eq!(out["max_tokens"], 4096);
@@ -273,7 +326,7 @@ fn provider_answers() -> Vec<(Dialect, Value)> {
 #[test]
 fn whole_answers_carry_text_reasoning_calls_stop_and_usage_in_every_pair() {
     for (upstream, answer) in provider_answers() {
-        for client in [Dialect::Chat, Dialect::Messages, Dialect::Gemini] {
+        for client in [Dialect::Chat, Dialect::Messages, Dialect::Gemini, Dialect::Responses] {
             if client == upstream {
                 continue;
             }
@@ -301,6 +354,17 @@ fn whole_answers_carry_text_reasoning_calls_stop_and_usage_in_every_pair() {
                     assert_eq!(out["stop_reason"], "tool_use", "{what}");
                     assert_eq!(out["usage"]["input_tokens"], 70, "cache reads apart: {what}");
                     assert_eq!(out["usage"]["cache_read_input_tokens"], 30, "{what}");
+                    assert_eq!(out["usage"]["output_tokens"], 20, "{what}");
+                }
+                Dialect::Responses => {
+                    let o = &out["output"];
+                    assert_eq!(o[0]["summary"][0]["text"], "Think.", "{what}");
+                    assert_eq!(o[1]["content"][0]["text"], "Let me check.", "{what}");
+                    assert_eq!((o[2]["type"].as_str(), o[2]["name"].as_str()), (Some("function_call"), Some("get_weather")), "{what}");
+                    assert_eq!(o[2]["arguments"], "{\"city\":\"Paris\"}", "{what}");
+                    assert_eq!(out["status"], "completed", "{what}");
+                    assert_eq!(out["usage"]["input_tokens"], 100, "{what}");
+                    assert_eq!(out["usage"]["input_tokens_details"]["cached_tokens"], 30, "{what}");
                     assert_eq!(out["usage"]["output_tokens"], 20, "{what}");
                 }
                 Dialect::Gemini => {
@@ -367,10 +431,11 @@ fn signatures_come_back_byte_exact_on_the_next_turn() {
 /// A provider's stream in its own framing: thinking, text in pieces, a call with arguments in
 /// pieces, the stop and the usage.
 fn provider_stream(upstream: Dialect) -> String {
+    let upstream = upstream.shape();
     let mut out = Vec::new();
     let data = |out: &mut Vec<u8>, name: Option<&str>, v: Value| sse::write(out, name, &v.to_string());
     match upstream {
-        Dialect::Chat => {
+        Protocol::Openai => {
             let chunk = |delta: Value, finish: Value| json!({"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
             data(&mut out, None, chunk(json!({"role": "assistant", "content": ""}), Value::Null));
             data(&mut out, None, chunk(json!({"reasoning_content": "Think."}), Value::Null));
@@ -394,7 +459,7 @@ fn provider_stream(upstream: Dialect) -> String {
             );
             sse::write(&mut out, None, "[DONE]");
         }
-        Dialect::Messages => {
+        Protocol::Anthropic => {
             data(
                 &mut out,
                 Some("message_start"),
@@ -456,7 +521,7 @@ fn provider_stream(upstream: Dialect) -> String {
             );
             data(&mut out, Some("message_stop"), json!({"type": "message_stop"}));
         }
-        Dialect::Gemini => {
+        Protocol::Gemini => {
             let chunk = |parts: Value, finish: Option<&str>, out_tokens: u64| {
                 let mut c = json!({"candidates": [{"content": {"role": "model", "parts": parts}, "index": 0}],
                     "usageMetadata": {"promptTokenCount": 100, "cachedContentTokenCount": 30, "candidatesTokenCount": out_tokens, "thoughtsTokenCount": 5}});
@@ -506,6 +571,7 @@ fn rebuild(client: Dialect, bytes: &[u8]) -> Rebuilt {
         events.iter().filter(|e| e.data != "[DONE]").map(|e| serde_json::from_str(&e.data).expect("json event")).collect()
     };
     let mut args: Vec<String> = Vec::new();
+    let mut done_items: Vec<Value> = Vec::new();
     for v in &values {
         match client {
             Dialect::Chat => {
@@ -552,6 +618,26 @@ fn rebuild(client: Dialect, bytes: &[u8]) -> Rebuilt {
                 }
                 _ => {}
             },
+            Dialect::Responses => match v["type"].as_str().unwrap_or_default() {
+                "response.output_text.delta" => r.text.push_str(v["delta"].as_str().unwrap_or_default()),
+                "response.reasoning_summary_text.delta" => r.thinking.push_str(v["delta"].as_str().unwrap_or_default()),
+                "response.output_item.added" if v["item"]["type"] == "function_call" => {
+                    r.calls.push((v["item"]["name"].as_str().unwrap_or_default().to_string(), Value::Null));
+                    args.push(String::new());
+                }
+                "response.function_call_arguments.delta" => {
+                    args.last_mut().expect("inside a call").push_str(v["delta"].as_str().unwrap_or_default())
+                }
+                "response.output_item.done" => done_items.push(v["item"].clone()),
+                "response.completed" | "response.incomplete" => {
+                    let resp = &v["response"];
+                    assert_eq!(resp["output"].as_array(), Some(&done_items), "completed lists the finished items");
+                    r.stop = resp["status"].as_str().unwrap_or_default().to_string();
+                    r.prompt = resp["usage"]["input_tokens"].as_u64().unwrap_or(0);
+                    r.output = resp["usage"]["output_tokens"].as_u64().unwrap_or(0);
+                }
+                _ => {}
+            },
             Dialect::Gemini => {
                 for p in v.pointer("/candidates/0/content/parts").and_then(Value::as_array).into_iter().flatten() {
                     if p["thought"] == json!(true) {
@@ -593,7 +679,7 @@ fn streams_rebuild_the_same_answer_in_every_pair_at_every_cut() {
     for upstream in [Dialect::Chat, Dialect::Messages, Dialect::Gemini] {
         let bytes = provider_stream(upstream);
         let bytes = bytes.as_bytes();
-        for client in [Dialect::Chat, Dialect::Messages, Dialect::Gemini] {
+        for client in [Dialect::Chat, Dialect::Messages, Dialect::Gemini, Dialect::Responses] {
             if client == upstream {
                 continue;
             }
@@ -607,6 +693,7 @@ fn streams_rebuild_the_same_answer_in_every_pair_at_every_cut() {
                     Dialect::Chat => "tool_calls",
                     Dialect::Messages => "tool_use",
                     Dialect::Gemini => "STOP",
+                    Dialect::Responses => "completed",
                 };
                 assert_eq!(
                     whole,
@@ -680,6 +767,7 @@ fn upstream_errors_keep_their_status_and_message() {
 mod round_trip {
     //! internal form → encode → decode is the identity on what both protocols can say.
     use super::super::*;
+    use crate::config::Protocol;
     use proptest::prelude::*;
 
     fn text() -> impl Strategy<Value = String> {
@@ -733,18 +821,18 @@ mod round_trip {
             })
     }
 
-    fn through(req: &Request, via: Dialect) -> Request {
+    fn through(req: &Request, via: Protocol) -> Request {
         let encoded = match via {
-            Dialect::Chat => chat::encode_request(req),
-            Dialect::Messages => messages::encode_request(req),
-            Dialect::Gemini => gemini::encode_request(req),
+            Protocol::Openai => chat::encode_request(req),
+            Protocol::Anthropic => messages::encode_request(req),
+            Protocol::Gemini => gemini::encode_request(req),
         }
         .expect("encodes");
         let serde_json::Value::Object(map) = encoded else { panic!("an object") };
         let mut back = match via {
-            Dialect::Chat => chat::decode_request(map, Dialect::Messages),
-            Dialect::Messages => messages::decode_request(map, Dialect::Chat),
-            Dialect::Gemini => gemini::decode_request(map, Dialect::Chat),
+            Protocol::Openai => chat::decode_request(map, Protocol::Anthropic),
+            Protocol::Anthropic => messages::decode_request(map, Protocol::Openai),
+            Protocol::Gemini => gemini::decode_request(map, Protocol::Openai),
         }
         .expect("decodes");
         back.model = req.model.clone();
@@ -759,13 +847,13 @@ mod round_trip {
             expected.max_output = Some(req.max_output.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE));
             let mut req = req;
             req.max_output = expected.max_output;
-            prop_assert_eq!(through(&req, Dialect::Chat), req.clone());
-            prop_assert_eq!(through(&req, Dialect::Messages), expected);
+            prop_assert_eq!(through(&req, Protocol::Openai), req.clone());
+            prop_assert_eq!(through(&req, Protocol::Anthropic), expected);
         }
 
         #[test]
         fn generate_content_says_it_back_but_for_its_own_call_ids(req in conversation()) {
-            let back = through(&req, Dialect::Gemini);
+            let back = through(&req, Protocol::Gemini);
             // Ids are tollgate's on the way back; everything else is the same.
             let strip = |r: &Request| {
                 let mut r = r.clone();

@@ -1,0 +1,470 @@
+//! The responses API, client side only (providers of the `openai` protocol serve it natively
+//! unless they say `responses: false`): a client's request and the answer it reads, whole and
+//! streamed. Consecutive `function_call` items become one assistant turn with several calls;
+//! a streamed answer ends each item with `response.output_item.done` and the whole answer with
+//! `response.completed`.
+//!
+//! A translated response is not stored by any provider: `previous_response_id` is refused and
+//! `store` is dropped (the client sends its whole conversation, as Codex does).
+
+use super::carry::{self, Carried};
+use super::{
+    data_url, float, invalid, new_id, uint, unsupported, Event, Image, Message, Part, Reasoning, Request, Response, Role, Stop, Tool,
+    ToolCall, ToolChoice, Translation, Usage,
+};
+use crate::config::Protocol;
+use crate::protocol::ApiError;
+use serde_json::{json, Map, Value};
+
+/// Request fields read by the decoder.
+const MAPPED: [&str; 14] = [
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "stream",
+    "reasoning",
+    "text",
+    "previous_response_id",
+    "stream_options",
+];
+
+/// Request fields that change nothing a provider of another protocol answers: dropped.
+pub const DROPPED: [&str; 9] = [
+    "store",
+    "include",
+    "metadata",
+    "user",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "truncation",
+    "prompt_cache_retention",
+];
+
+/// A responses client's request in the internal form, refused where `to` cannot carry it.
+pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request, ApiError> {
+    super::check_fields(&body, &MAPPED, &DROPPED, to)?;
+    if body.get("previous_response_id").is_some_and(|v| !v.is_null()) {
+        return Err(unsupported(
+            "previous_response_id",
+            to,
+            "responses of a model of another protocol are not stored; send the whole conversation in 'input'",
+        ));
+    }
+    let mut req = Request::default();
+    if let Some(text) = body.get("instructions").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        req.system.push(text.to_string());
+    }
+    match body.get("input") {
+        Some(Value::String(s)) => req.messages.push(Message { role: Role::User, parts: vec![Part::Text(s.clone())] }),
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                input_item(item, &format!("input[{i}]"), to, &mut req)?;
+            }
+        }
+        _ => return Err(invalid("input", "text or a list of items is required")),
+    }
+    req.messages = super::merge_roles(req.messages);
+    for t in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            let kind = t.get("type").and_then(Value::as_str).unwrap_or("unknown");
+            return Err(unsupported("tools", to, &format!("'{kind}' tools have no counterpart; function tools can be carried")));
+        }
+        req.tools.push(Tool {
+            name: t.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
+            description: t.get("description").and_then(Value::as_str).map(str::to_string),
+            schema: t.get("parameters").cloned().filter(|p| !p.is_null()).unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        });
+    }
+    req.tool_choice = match body.get("tool_choice") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            _ => return Err(invalid("tool_choice", "must be auto, none, required or a named function")),
+        }),
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => Some(ToolChoice::Named(
+            v.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tool_choice", "a named function needs its name"))?.to_string(),
+        )),
+        Some(_) => return Err(unsupported("tool_choice", to, "only auto, none, required or one named function")),
+    };
+    req.no_parallel_tools = body.get("parallel_tool_calls") == Some(&Value::Bool(false));
+    if let Some(v) = body.get("max_output_tokens").filter(|v| !v.is_null()) {
+        req.max_output = Some(uint(v, "max_output_tokens")?);
+    }
+    if let Some(v) = body.get("temperature").filter(|v| !v.is_null()) {
+        req.temperature = Some(float(v, "temperature")?);
+    }
+    if let Some(v) = body.get("top_p").filter(|v| !v.is_null()) {
+        req.top_p = Some(float(v, "top_p")?);
+    }
+    if let Some(effort) = body.get("reasoning").and_then(|r| r.get("effort")).and_then(Value::as_str) {
+        req.reasoning = Some(Reasoning::from_effort(effort).ok_or_else(|| invalid("reasoning.effort", "unknown effort"))?);
+    }
+    if let Some(format) = body.get("text").and_then(|t| t.get("format")).filter(|f| !f.is_null()) {
+        req.json_output = match format.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(None),
+            Some("json_schema") => {
+                Some(Some(format.get("schema").cloned().ok_or_else(|| invalid("text.format", "json_schema needs its schema"))?))
+            }
+            _ => return Err(invalid("text.format", "type must be text, json_object or json_schema")),
+        };
+    }
+    Ok(req)
+}
+
+fn input_item(item: &Value, field: &str, to: Protocol, req: &mut Request) -> Result<(), ApiError> {
+    let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+    match kind {
+        "message" => {
+            let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+            let parts = match item.get("content") {
+                Some(Value::String(s)) => vec![Part::Text(s.clone())],
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| match p.get("type").and_then(Value::as_str) {
+                        Some("input_text") | Some("output_text") | Some("text") => {
+                            Ok(Part::Text(p.get("text").and_then(Value::as_str).unwrap_or_default().to_string()))
+                        }
+                        Some("refusal") => Ok(Part::Text(p.get("refusal").and_then(Value::as_str).unwrap_or_default().to_string())),
+                        Some("input_image") => {
+                            let url = p.get("image_url").and_then(Value::as_str).ok_or_else(|| {
+                                unsupported(&format!("{field}.content"), to, "images by file id have no counterpart; send image_url")
+                            })?;
+                            Ok(Part::Image(match data_url(url) {
+                                Some((media_type, data)) => Image::Base64 { media_type, data },
+                                None => Image::Url(url.to_string()),
+                            }))
+                        }
+                        Some(other) => Err(unsupported(&format!("{field}.content"), to, &format!("'{other}' parts have no counterpart"))),
+                        None => Err(invalid(field, "a content part needs a type")),
+                    })
+                    .collect::<Result<_, _>>()?,
+                _ => return Err(invalid(field, "content must be text or a list of parts")),
+            };
+            match role {
+                "system" | "developer" if req.messages.is_empty() => req.system.push(super::chat_text(&parts)),
+                "system" | "developer" => req.messages.push(Message { role: Role::System, parts }),
+                "assistant" => req.messages.push(Message { role: Role::Assistant, parts }),
+                _ => req.messages.push(Message { role: Role::User, parts }),
+            }
+        }
+        "function_call" => {
+            let call = ToolCall {
+                id: item.get("call_id").and_then(Value::as_str).ok_or_else(|| invalid(field, "call_id is required"))?.to_string(),
+                name: item.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
+                arguments: item.get("arguments").and_then(Value::as_str).unwrap_or("{}").to_string(),
+                signature: None,
+            };
+            req.messages.push(Message { role: Role::Assistant, parts: vec![Part::ToolCall(call)] });
+        }
+        "function_call_output" => {
+            let id = item.get("call_id").and_then(Value::as_str).ok_or_else(|| invalid(field, "call_id is required"))?;
+            let text = match item.get("output") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
+                }
+                _ => String::new(),
+            };
+            req.messages.push(Message {
+                role: Role::User,
+                parts: vec![Part::ToolResult { id: id.to_string(), content: vec![Part::Text(text)], is_error: false }],
+            });
+        }
+        "reasoning" => {
+            let text: Vec<&str> = item
+                .get("summary")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.get("text").and_then(Value::as_str))
+                .collect();
+            if !text.is_empty() {
+                req.messages
+                    .push(Message { role: Role::Assistant, parts: vec![Part::Thinking { text: text.join("\n"), signature: None }] });
+            }
+        }
+        other => return Err(unsupported(field, to, &format!("'{other}' items have no counterpart"))),
+    }
+    Ok(())
+}
+
+fn usage_value(u: &Usage) -> Value {
+    json!({
+        "input_tokens": u.prompt_total(),
+        "input_tokens_details": {"cached_tokens": u.cache_read},
+        "output_tokens": u.output,
+        "output_tokens_details": {"reasoning_tokens": u.reasoning},
+        "total_tokens": u.prompt_total() + u.output,
+    })
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    json!({"type": "message", "id": id, "status": status, "role": "assistant",
+           "content": [{"type": "output_text", "text": text, "annotations": []}]})
+}
+
+fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
+    json!({"type": "function_call", "id": id, "call_id": call_id, "name": name, "arguments": arguments, "status": status})
+}
+
+fn reasoning_item(id: &str, text: &str) -> Value {
+    json!({"type": "reasoning", "id": id, "summary": [{"type": "summary_text", "text": text}]})
+}
+
+/// The response object: `completed`, or `incomplete` when the output maximum cut it.
+fn response_object(
+    id: &str,
+    model: &str,
+    created: u64,
+    output: Vec<Value>,
+    stop: Option<Stop>,
+    usage: Option<&Usage>,
+    done: bool,
+) -> Value {
+    let (status, incomplete) = match (done, stop) {
+        (false, _) => ("in_progress", Value::Null),
+        (true, Some(Stop::MaxTokens)) => ("incomplete", json!({"reason": "max_output_tokens"})),
+        (true, Some(Stop::ContentFilter)) => ("incomplete", json!({"reason": "content_filter"})),
+        (true, _) => ("completed", Value::Null),
+    };
+    json!({
+        "id": id, "object": "response", "created_at": created, "status": status, "incomplete_details": incomplete,
+        "model": model, "output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": [],
+        "usage": usage.map(usage_value),
+    })
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The internal form as the whole answer a responses client reads.
+pub fn encode_response(t: &Translation, r: &Response) -> Value {
+    let ids = carry::client_call_ids(&r.parts);
+    let mut calls = 0;
+    let mut output = Vec::new();
+    for p in &r.parts {
+        match p {
+            Part::Text(s) => output.push(message_item(&new_id("msg_"), s, "completed")),
+            Part::Thinking { text, .. } => output.push(reasoning_item(&new_id("rs_"), text)),
+            Part::ToolCall(c) => {
+                let call_id = ids.get(calls).cloned().unwrap_or_else(|| c.id.clone());
+                calls += 1;
+                let arguments = if c.arguments.is_empty() { "{}" } else { c.arguments.as_str() };
+                output.push(call_item(&new_id("fc_"), &call_id, &c.name, arguments, "completed"));
+            }
+            _ => {}
+        }
+    }
+    response_object(&new_id("resp_"), &t.model, now(), output, r.stop, r.usage.as_ref(), true)
+}
+
+/// The item being streamed.
+enum Open {
+    Message { id: String, text: String },
+    Reasoning { id: String, text: String },
+    Call { id: String, call_id: String, name: String, arguments: String },
+}
+
+/// Writes the stream a responses client reads.
+pub struct Encoder {
+    id: String,
+    model: String,
+    created: u64,
+    seq: u64,
+    open: Option<Open>,
+    /// Finished items, for `response.completed`.
+    done: Vec<Value>,
+    pending: Carried,
+    thinking: String,
+    stop: Option<Stop>,
+    usage: Option<Usage>,
+}
+
+impl Encoder {
+    pub fn new(t: &Translation) -> Encoder {
+        Encoder {
+            id: new_id("resp_"),
+            model: t.model.clone(),
+            created: now(),
+            seq: 0,
+            open: None,
+            done: Vec::new(),
+            pending: Carried::default(),
+            thinking: String::new(),
+            stop: None,
+            usage: None,
+        }
+    }
+
+    fn emit(&mut self, out: &mut Vec<u8>, name: &str, mut data: Value) {
+        data["type"] = json!(name);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        super::sse::write(out, Some(name), &data.to_string());
+    }
+
+    pub fn start(&mut self, out: &mut Vec<u8>) {
+        let response = response_object(&self.id, &self.model, self.created, Vec::new(), None, None, false);
+        self.emit(out, "response.created", json!({"response": response.clone()}));
+        self.emit(out, "response.in_progress", json!({"response": response}));
+    }
+
+    fn index(&self) -> usize {
+        self.done.len()
+    }
+
+    /// End the open item: its `…done` events and `response.output_item.done`.
+    fn close(&mut self, out: &mut Vec<u8>) {
+        let Some(open) = self.open.take() else { return };
+        let index = self.index();
+        let item = match open {
+            Open::Message { id, text } => {
+                let part = json!({"type": "output_text", "text": text, "annotations": []});
+                self.emit(
+                    out,
+                    "response.output_text.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
+                );
+                self.emit(
+                    out,
+                    "response.content_part.done",
+                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                );
+                message_item(&id, &text, "completed")
+            }
+            Open::Reasoning { id, text } => {
+                let part = json!({"type": "summary_text", "text": text});
+                self.emit(
+                    out,
+                    "response.reasoning_summary_text.done",
+                    json!({"item_id": id, "output_index": index, "summary_index": 0, "text": text}),
+                );
+                self.emit(
+                    out,
+                    "response.reasoning_summary_part.done",
+                    json!({"item_id": id, "output_index": index, "summary_index": 0, "part": part}),
+                );
+                reasoning_item(&id, &text)
+            }
+            Open::Call { id, call_id, name, arguments } => {
+                let arguments = if arguments.is_empty() { "{}".to_string() } else { arguments };
+                self.emit(
+                    out,
+                    "response.function_call_arguments.done",
+                    json!({"item_id": id, "output_index": index, "arguments": arguments}),
+                );
+                call_item(&id, &call_id, &name, &arguments, "completed")
+            }
+        };
+        self.emit(out, "response.output_item.done", json!({"output_index": index, "item": item}));
+        self.done.push(item);
+    }
+
+    pub fn event(&mut self, e: Event, out: &mut Vec<u8>) {
+        let index = self.index();
+        match e {
+            Event::Text(t) => {
+                if !matches!(self.open, Some(Open::Message { .. })) {
+                    self.close(out);
+                    let id = new_id("msg_");
+                    let index = self.index();
+                    let item = json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
+                    self.emit(out, "response.output_item.added", json!({"output_index": index, "item": item}));
+                    let part = json!({"type": "output_text", "text": "", "annotations": []});
+                    self.emit(
+                        out,
+                        "response.content_part.added",
+                        json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
+                    );
+                    self.open = Some(Open::Message { id, text: String::new() });
+                }
+                let index = self.index();
+                if let Some(Open::Message { id, text }) = &mut self.open {
+                    text.push_str(&t);
+                    let id = id.clone();
+                    self.emit(
+                        out,
+                        "response.output_text.delta",
+                        json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t}),
+                    );
+                }
+            }
+            Event::Thinking(t) => {
+                self.thinking.push_str(&t);
+                if !matches!(self.open, Some(Open::Reasoning { .. })) {
+                    self.close(out);
+                    let id = new_id("rs_");
+                    let index = self.index();
+                    self.emit(
+                        out,
+                        "response.output_item.added",
+                        json!({"output_index": index, "item": {"type": "reasoning", "id": id, "summary": []}}),
+                    );
+                    let part = json!({"type": "summary_text", "text": ""});
+                    self.emit(
+                        out,
+                        "response.reasoning_summary_part.added",
+                        json!({"item_id": id, "output_index": index, "summary_index": 0, "part": part}),
+                    );
+                    self.open = Some(Open::Reasoning { id, text: String::new() });
+                }
+                let index = self.index();
+                if let Some(Open::Reasoning { id, text }) = &mut self.open {
+                    text.push_str(&t);
+                    let id = id.clone();
+                    self.emit(
+                        out,
+                        "response.reasoning_summary_text.delta",
+                        json!({"item_id": id, "output_index": index, "summary_index": 0, "delta": t}),
+                    );
+                }
+            }
+            Event::ThinkingSignature(sig) => self.pending.thinking.push((std::mem::take(&mut self.thinking), sig)),
+            Event::RedactedThinking(data) => self.pending.redacted.push(data),
+            Event::ToolStart { id, name, signature } => {
+                self.close(out);
+                let mut carried = std::mem::take(&mut self.pending);
+                carried.signature = signature;
+                let call_id = carry::wrap(&id, &carried);
+                let item_id = new_id("fc_");
+                let index = self.index();
+                let item = call_item(&item_id, &call_id, &name, "", "in_progress");
+                self.emit(out, "response.output_item.added", json!({"output_index": index, "item": item}));
+                self.open = Some(Open::Call { id: item_id, call_id, name, arguments: String::new() });
+            }
+            Event::ToolArgs(a) => {
+                if let Some(Open::Call { id, arguments, .. }) = &mut self.open {
+                    arguments.push_str(&a);
+                    let id = id.clone();
+                    self.emit(out, "response.function_call_arguments.delta", json!({"item_id": id, "output_index": index, "delta": a}));
+                }
+            }
+            Event::Stop(stop) => self.stop = Some(stop),
+            Event::Usage(u) => self.usage = Some(u),
+            Event::Error { status, message } => {
+                let err = ApiError::upstream(status, message);
+                let body = crate::protocol::openai::error_body(&err);
+                self.emit(out, "error", json!({"code": body["error"]["code"], "message": body["error"]["message"], "param": null}));
+            }
+        }
+    }
+
+    pub fn finish(&mut self, out: &mut Vec<u8>) {
+        self.close(out);
+        let output = std::mem::take(&mut self.done);
+        let response = response_object(&self.id, &self.model, self.created, output, self.stop, self.usage.as_ref(), true);
+        let name = if response["status"] == "completed" { "response.completed" } else { "response.incomplete" };
+        self.emit(out, name, json!({"response": response}));
+    }
+}
