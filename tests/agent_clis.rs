@@ -283,3 +283,30 @@ async fn gemini_cli_on_a_chat_completions_model() {
     let calls = check_upstream_and_bill_key(&mock, &gw, "/oa/v1/chat/completions", BRIDGE_KEY).await;
     assert!(calls.iter().all(|c| c["model"] == "alpha-5.5"), "{calls:?}");
 }
+
+#[tokio::test]
+async fn codex_on_a_messages_model() {
+    let Some(bin) = clis() else { return };
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let ws = Workspace::new();
+    let codex_home = ws.home().join(".codex");
+    std::fs::create_dir_all(&codex_home).expect("codex home");
+    std::fs::write(
+        codex_home.join("config.toml"),
+        format!(
+            "model = \"beta-opus-4-7\"\nmodel_provider = \"tollgate\"\n\n[model_providers.tollgate]\nname = \"tollgate\"\nbase_url = \"{}\"\nenv_key = \"TOLLGATE_API_KEY\"\nwire_api = \"responses\"\n",
+            gw.url("/v1")
+        ),
+    )
+    .expect("config.toml");
+    let env = [("CODEX_HOME", codex_home.display().to_string()), ("TOLLGATE_API_KEY", BRIDGE_KEY.to_string())];
+    let codex = bin.join("codex");
+    let plain = run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env, &ws);
+    assert!(plain.contains("Hello from the"), "{plain}");
+    let args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", &ws.tool_prompt()];
+    let tool = run(&codex, &args, &env, &ws);
+    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the shell tool's result came back: {tool}");
+    let calls = check_upstream_and_bill_key(&mock, &gw, "/an/v1/messages", BRIDGE_KEY).await;
+    assert!(calls.iter().all(|c| c["model"] == "beta-opus-4-7"), "{calls:?}");
+}

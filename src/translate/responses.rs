@@ -35,16 +35,31 @@ const MAPPED: [&str; 14] = [
 ];
 
 /// Request fields that change nothing a provider of another protocol answers: dropped.
-pub const DROPPED: [&str; 9] = [
+pub const DROPPED: [&str; 10] = [
     "store",
     "include",
     "metadata",
+    "client_metadata",
     "user",
     "service_tier",
     "prompt_cache_key",
     "safety_identifier",
     "truncation",
     "prompt_cache_retention",
+];
+
+/// Tools the responses API runs itself. No provider of another protocol can run them: offered
+/// beside function tools they are left out (Codex offers `web_search` on every turn); a request
+/// that requires one is refused.
+pub const HOSTED_TOOLS: [&str; 8] = [
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "mcp",
+    "local_shell",
 ];
 
 /// A responses client's request in the internal form, refused where `to` cannot carry it.
@@ -72,15 +87,10 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
     }
     req.messages = super::merge_roles(req.messages);
     for t in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
-        if t.get("type").and_then(Value::as_str) != Some("function") {
-            let kind = t.get("type").and_then(Value::as_str).unwrap_or("unknown");
-            return Err(unsupported("tools", to, &format!("'{kind}' tools have no counterpart; function tools can be carried")));
-        }
-        req.tools.push(Tool {
-            name: t.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
-            description: t.get("description").and_then(Value::as_str).map(str::to_string),
-            schema: t.get("parameters").cloned().filter(|p| !p.is_null()).unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-        });
+        tool(t, to, &mut req.tools)?;
+    }
+    if let Some(kind) = body.get("tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str).filter(|k| HOSTED_TOOLS.contains(k)) {
+        return Err(unsupported("tool_choice", to, &format!("the hosted '{kind}' tool cannot run there")));
     }
     req.tool_choice = match body.get("tool_choice") {
         None | Some(Value::Null) => None,
@@ -119,6 +129,25 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
         };
     }
     Ok(req)
+}
+
+/// A function tool, the function tools of a namespace (flattened), or a hosted tool (left out).
+fn tool(t: &Value, to: Protocol, out: &mut Vec<Tool>) -> Result<(), ApiError> {
+    match t.get("type").and_then(Value::as_str).unwrap_or_default() {
+        "function" => out.push(Tool {
+            name: t.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
+            description: t.get("description").and_then(Value::as_str).map(str::to_string),
+            schema: t.get("parameters").cloned().filter(|p| !p.is_null()).unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        }),
+        "namespace" => {
+            for inner in t.get("tools").and_then(Value::as_array).into_iter().flatten() {
+                tool(inner, to, out)?;
+            }
+        }
+        kind if HOSTED_TOOLS.contains(&kind) => {}
+        kind => return Err(unsupported("tools", to, &format!("'{kind}' tools have no counterpart; function tools can be carried"))),
+    }
+    Ok(())
 }
 
 fn input_item(item: &Value, field: &str, to: Protocol, req: &mut Request) -> Result<(), ApiError> {

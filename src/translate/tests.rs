@@ -274,7 +274,29 @@ fn responses_items_become_turns_consecutive_calls_one_assistant_message() {
     // A stored conversation cannot be continued on another protocol's model.
     let e = refused(Dialect::Responses, Dialect::Gemini, json!({"model": "m", "input": "x", "previous_response_id": "resp_1"}));
     assert_eq!(e.param.as_deref(), Some("previous_response_id"));
-    let e = refused(Dialect::Responses, Dialect::Chat, json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}));
+    // Codex: hosted tools offered beside functions are left out; namespaces are flattened.
+    let codex = json!({"model": "m", "input": "x", "client_metadata": {"x": "y"}, "tools": [
+        {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+        {"type": "namespace", "name": "agents", "tools": [{"type": "function", "name": "spawn_agent", "parameters": {"type": "object"}}]},
+        {"type": "web_search", "external_web_access": false}]});
+    let names: Vec<String> = req(Dialect::Responses, Dialect::Messages, codex)["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(names, ["exec_command", "spawn_agent"]);
+    let e = refused(
+        Dialect::Responses,
+        Dialect::Chat,
+        json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}),
+    );
+    assert_eq!(e.param.as_deref(), Some("tool_choice"));
+    let e = refused(
+        Dialect::Responses,
+        Dialect::Chat,
+        json!({"model": "m", "input": "x", "tools": [{"type": "custom", "name": "apply_patch"}]}),
+    );
     assert_eq!(e.param.as_deref(), Some("tools"));
 }
 

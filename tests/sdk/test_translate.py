@@ -160,3 +160,29 @@ def test_gemini_sdk_tool_round_trip_on_other_protocols(gateway, model):
     ]
     r = c.models.generate_content(model=model, contents=turn, config=gconfig(tools=GE_TOOLS))
     assert answered_from(r.text), r.text
+
+
+RS_TOOLS = [{"type": "function", "name": "get_weather", "parameters": TOOL, "strict": False}]
+
+
+@pytest.mark.parametrize("model", ["beta-opus-4-7", "gamma-3.5-flash"])
+def test_openai_responses_api_on_other_protocols(oa, model):
+    r = oa.responses.create(model=model, input="hi", store=False)
+    assert r.output_text == EXPECTED_3
+    assert r.usage.output_tokens == 3
+    with oa.responses.stream(model=model, input="hi", store=False) as stream:
+        final = stream.get_final_response()
+    assert final.output_text == EXPECTED_3 and final.usage.output_tokens == 3
+    # A tool round trip: the call item goes back with its output item.
+    whole = oa.responses.create(model=model, input="Weather in Paris?", tools=RS_TOOLS, store=False, extra_headers=CALL)
+    call = next(i for i in whole.output if i.type == "function_call")
+    assert (call.name, json.loads(call.arguments)) == ("get_weather", CALL_ARGS)
+    with oa.responses.stream(model=model, input="Weather in Paris?", tools=RS_TOOLS, store=False,
+                             extra_headers=CALL) as stream:
+        scall = next(i for i in stream.get_final_response().output if i.type == "function_call")
+    assert (scall.name, json.loads(scall.arguments)) == ("get_weather", CALL_ARGS)
+    turn = [{"role": "user", "content": "Weather in Paris?"},
+            {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+            {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}]
+    r = oa.responses.create(model=model, input=turn, tools=RS_TOOLS, store=False)
+    assert answered_from(r.output_text), r.output_text
