@@ -615,11 +615,13 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
             model: model.clone(),
             stream: match route {
                 Route::GenerateContent { stream, .. } => *stream,
+                _ if crate::translate::counts(route) => false,
                 _ => fields.stream == Some(true),
             },
             client_wants_usage: crate::protocol::openai::client_wants_usage(&fields),
             gemini_sse: false,
             input_estimate: input.tokens(),
+            count: crate::translate::counts(route),
         };
         drop(fields);
         let body = crate::translate::request(&translation, &client_body, output_allowance)?;

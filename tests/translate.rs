@@ -447,3 +447,63 @@ providers:
     let usage = wait_requests(&gw, CLIENT_KEY, 2).await;
     assert_eq!(nanos(&usage["total"]["cost"]), 2 * cost_nanos("alpha-5.5", 40, 3));
 }
+
+#[tokio::test]
+async fn token_counting_reaches_translated_models_never_404() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let messages_body = json!({"model": "M", "system": "Be brief.", "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    // The provider's own count where its protocol has one (x-mock-usage sets it).
+    let mut body = messages_body.clone();
+    body["model"] = json!("gamma-3.5-flash");
+    let resp = common::client()
+        .post(gw.url("/v1/messages/count_tokens"))
+        .header("x-api-key", BRIDGE_KEY)
+        .header("x-test-tag", "count-ge")
+        .header("x-mock-usage", "31,0")
+        .json(&body)
+        .send()
+        .await
+        .expect("count");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.json::<Value>().await.expect("json"), json!({"input_tokens": 31}));
+    assert_eq!(mock_requests(&mock, "count-ge").await[0]["path"], "/ge/v1beta/models/gamma-3.5-flash:countTokens");
+    let resp = common::client()
+        .post(gw.url("/v1beta/models/beta-opus-4-7:countTokens"))
+        .header("x-goog-api-key", BRIDGE_KEY)
+        .header("x-test-tag", "count-an")
+        .header("x-mock-usage", "44,0")
+        .json(&json!({"contents": [{"role": "user", "parts": [{"text": "Weather in Paris?"}]}]}))
+        .send()
+        .await
+        .expect("count");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.json::<Value>().await.expect("json"), json!({"totalTokens": 44}));
+    assert_eq!(mock_requests(&mock, "count-an").await[0]["path"], "/an/v1/messages/count_tokens");
+    let resp = common::client()
+        .post(gw.url("/v1/responses/input_tokens"))
+        .bearer_auth(BRIDGE_KEY)
+        .header("x-mock-usage", "12,0")
+        .json(&json!({"model": "gamma-3.5-flash", "input": "Weather in Paris?"}))
+        .send()
+        .await
+        .expect("count");
+    assert_eq!(resp.json::<Value>().await.expect("json")["input_tokens"], 12);
+    // A chat-completions provider has no count: tollgate's estimate (a token per 4 bytes).
+    let mut body = messages_body.clone();
+    body["model"] = json!("alpha-5.5");
+    let len = serde_json::to_vec(&body).expect("json").len() as u64;
+    let resp = common::client()
+        .post(gw.url("/v1/messages/count_tokens"))
+        .header("x-api-key", BRIDGE_KEY)
+        .header("x-test-tag", "count-oa")
+        .json(&body)
+        .send()
+        .await
+        .expect("count");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.json::<Value>().await.expect("json"), json!({"input_tokens": len.div_ceil(4)}));
+    assert!(mock_requests(&mock, "count-oa").await.is_empty(), "answered by tollgate");
+    // Counting is not billed.
+    assert_eq!(balance(&gw, BRIDGE_KEY).await, 5_000_000_000);
+}

@@ -286,6 +286,10 @@ impl Gateway {
         };
         if let Some(t) = &mut draft.translation {
             t.gemini_sse = session.req_header().uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
+            if t.count && t.upstream == Protocol::Openai {
+                // Chat completions has no token count: tollgate's estimate, answered here.
+                return Ok(Outcome::Respond(LocalResponse::json(200, &crate::translate::count_estimate(t, draft.client_body_len))));
+            }
         }
         let held = self.ledger.hold(&key.id, draft.hold_nanos).await;
         if !matches!(held, Ok(Ok(_))) {

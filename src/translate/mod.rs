@@ -75,11 +75,17 @@ pub fn client_dialect(route: &crate::route::Route) -> Option<Dialect> {
     use crate::route::Route;
     match route {
         Route::ChatCompletions => Some(Dialect::Chat),
-        Route::Responses => Some(Dialect::Responses),
-        Route::Messages => Some(Dialect::Messages),
-        Route::GenerateContent { .. } => Some(Dialect::Gemini),
+        Route::Responses | Route::ResponsesInputTokens => Some(Dialect::Responses),
+        Route::Messages | Route::CountTokens => Some(Dialect::Messages),
+        Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } => Some(Dialect::Gemini),
         _ => None,
     }
+}
+
+/// Whether a route counts the input tokens of a request instead of answering it.
+pub fn counts(route: &crate::route::Route) -> bool {
+    use crate::route::Route;
+    matches!(route, Route::CountTokens | Route::GeminiCountTokens { .. } | Route::ResponsesInputTokens)
 }
 
 /// A translated relay: who speaks what, and what the client's answer must look like.
@@ -98,12 +104,17 @@ pub struct Translation {
     /// The input tokens estimated for the request (the messages protocol's `message_start`
     /// reports it before the upstream's real count arrives).
     pub input_estimate: u64,
+    /// Token counting (`/v1/messages/count_tokens`, `:countTokens`, `/v1/responses/input_tokens`):
+    /// the provider's own count where its protocol has one, else [`count_estimate`].
+    pub count: bool,
 }
 
 impl Translation {
     /// The upstream path (after the provider's prefix) and query for this request.
     pub fn upstream_path(&self, prefix: &str) -> String {
         match self.upstream {
+            Protocol::Anthropic if self.count => format!("{prefix}/v1/messages/count_tokens"),
+            Protocol::Gemini if self.count => format!("{prefix}/v1beta/models/{}:countTokens", self.model),
             Protocol::Openai => format!("{prefix}/v1/chat/completions"),
             Protocol::Anthropic => format!("{prefix}/v1/messages"),
             Protocol::Gemini if self.stream => format!("{prefix}/v1beta/models/{}:streamGenerateContent?alt=sse", self.model),
@@ -340,9 +351,15 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
         std::str::from_utf8(body).map_err(|_| ApiError::new(ErrorKind::BadRequest, "The request body is not valid UTF-8."))?,
         "request body",
     )?;
-    let Value::Object(map) = value else {
+    let Value::Object(mut map) = value else {
         return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
     };
+    // A generate-content count may wrap the request it counts.
+    if t.count && t.client == Dialect::Gemini {
+        if let Some(Value::Object(inner)) = map.remove("generateContentRequest") {
+            map = inner;
+        }
+    }
     let mut req = match t.client {
         Dialect::Chat => chat::decode_request(map, t.upstream)?,
         Dialect::Messages => messages::decode_request(map, t.upstream)?,
@@ -351,22 +368,61 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
     };
     req.model = t.model.clone();
     req.stream = t.stream;
-    if req.max_output.is_none() {
+    if req.max_output.is_none() && !t.count {
         req.max_output = Some(default_max_output);
     }
     carry::restore(&mut req);
-    let out = match t.upstream {
+    let mut out = match t.upstream {
         Protocol::Openai => chat::encode_request(&req)?,
         Protocol::Anthropic => messages::encode_request(&req)?,
         Protocol::Gemini => gemini::encode_request(&req)?,
     };
+    if t.count {
+        out = count_request(t.upstream, &t.model, out);
+    }
     Ok(bytes::Bytes::from(out.to_string()))
+}
+
+/// A generation request as the provider's token-counting request: what counts as input stays.
+fn count_request(upstream: Protocol, model: &str, generation: Value) -> Value {
+    match (upstream, generation) {
+        (Protocol::Anthropic, Value::Object(mut m)) => {
+            for field in ["max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences"] {
+                m.remove(field);
+            }
+            Value::Object(m)
+        }
+        (Protocol::Gemini, Value::Object(mut m)) => {
+            m.insert("model".into(), Value::String(format!("models/{model}")));
+            serde_json::json!({"generateContentRequest": Value::Object(m)})
+        }
+        (_, other) => other,
+    }
+}
+
+/// A token count in the client's shape.
+pub fn count_answer(client: Dialect, tokens: u64) -> Value {
+    match client {
+        Dialect::Messages => serde_json::json!({"input_tokens": tokens}),
+        Dialect::Gemini => serde_json::json!({"totalTokens": tokens}),
+        Dialect::Responses | Dialect::Chat => serde_json::json!({"object": "response.input_tokens", "input_tokens": tokens}),
+    }
+}
+
+/// tollgate's estimate of a request's input tokens, for a provider whose protocol has no
+/// count (chat completions): one token per four bytes of the request body as the client sent it.
+pub fn count_estimate(t: &Translation, client_body_len: usize) -> Value {
+    count_answer(t.client, crate::meter::tokens_from_bytes(client_body_len as u64))
 }
 
 /// Translate a whole (non-streamed) successful answer.
 pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
     let bad = || ApiError::new(ErrorKind::BadGateway, "The upstream service sent an answer that could not be read.");
     let value: Value = serde_json::from_slice(body).map_err(|_| bad())?;
+    if t.count {
+        let tokens = value.get("input_tokens").or_else(|| value.get("totalTokens")).and_then(Value::as_u64).ok_or_else(bad)?;
+        return Ok(count_answer(t.client, tokens).to_string().into_bytes());
+    }
     let resp = match t.upstream {
         Protocol::Openai => chat::decode_response(&value),
         Protocol::Anthropic => messages::decode_response(&value),
