@@ -14,6 +14,7 @@ fn t(client: Dialect, upstream: Dialect, stream: bool) -> Translation {
         client_wants_usage: true,
         gemini_sse: true,
         input_estimate: 42,
+        count: false,
     }
 }
 
@@ -308,6 +309,29 @@ fn a_cut_answer_is_an_incomplete_response() {
         serde_json::from_slice(&response(&t(Dialect::Responses, Dialect::Chat, false), answer.to_string().as_bytes()).expect("reads"))
             .expect("json");
     assert_eq!((out["status"].as_str(), out["incomplete_details"]["reason"].as_str()), (Some("incomplete"), Some("max_output_tokens")));
+}
+
+#[test]
+fn counting_requests_keep_what_counts_and_answers_take_the_client_shape() {
+    let count = |client, upstream: Dialect, body: Value| {
+        let tr = Translation { count: true, ..t(client, upstream, false) };
+        let out = request(&tr, body.to_string().as_bytes(), 0).expect("translates");
+        (tr, serde_json::from_slice::<Value>(&out).expect("json"))
+    };
+    let (tr, out) = count(Dialect::Messages, Dialect::Gemini, json!({"model": "m-1", "messages": [{"role": "user", "content": "x"}]}));
+    assert_eq!(tr.upstream_path("/p"), "/p/v1beta/models/m-1:countTokens");
+    assert_eq!(out["generateContentRequest"]["model"], "models/m-1");
+    assert!(out["generateContentRequest"].get("generationConfig").is_none(), "no output maximum asked: {out}");
+    assert_eq!(response(&tr, br#"{"totalTokens": 9}"#).expect("reads"), br#"{"input_tokens":9}"#);
+    let (tr, out) = count(
+        Dialect::Gemini,
+        Dialect::Messages,
+        json!({"generateContentRequest": {"model": "models/m-1", "contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"temperature": 0.2}}}),
+    );
+    assert_eq!(tr.upstream_path(""), "/v1/messages/count_tokens");
+    assert!(out.get("max_tokens").is_none() && out.get("temperature").is_none(), "{out}");
+    assert_eq!(out["messages"][0]["content"][0]["text"], "x");
+    assert_eq!(response(&tr, br#"{"input_tokens": 9}"#).expect("reads"), br#"{"totalTokens":9}"#);
 }
 
 #[test]
