@@ -201,9 +201,15 @@ listen: 127.0.0.1:{gw_port}
 data_dir: {d}/data
 providers:
   - {{ name: mock, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
+groups:
+  # Translating: a messages client reaches alpha-5.5 (the translation targets below).
+  default: {{ platforms: [openai, anthropic, video], translate: true }}
 prices:
   alpha-5.5: {{ input: 1.25, output: 10.0 }}
 forward_headers: ["x-mock-*"]
+# Every client of the harness is 127.0.0.1: the per-address cap (256 by default) would refuse
+# the held streams.
+limits: {{ max_connections: 20000, max_connections_per_ip: 20000 }}
 {billing}keys:
   - {{ key: {KEY}, name: bench, group: default, balance: 1000000.0 }}
 video:
@@ -292,6 +298,19 @@ fn auth_for(name: &str) -> &'static str {
 }
 
 async fn throughput(client: &reqwest::Client, name: &str, port: u16, concurrency: usize, dur: Duration, body: &bytes::Bytes) -> (f64, u64) {
+    throughput_at(client, name, port, "/v1/chat/completions", concurrency, dur, body).await
+}
+
+/// Requests of `body` to `path` from `concurrency` workers for `dur`: answered per second, errors.
+async fn throughput_at(
+    client: &reqwest::Client,
+    name: &str,
+    port: u16,
+    path: &'static str,
+    concurrency: usize,
+    dur: Duration,
+    body: &bytes::Bytes,
+) -> (f64, u64) {
     let ok = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + dur;
@@ -301,7 +320,7 @@ async fn throughput(client: &reqwest::Client, name: &str, port: u16, concurrency
         tokio::spawn(async move {
             while Instant::now() < deadline {
                 let r = client
-                    .post(format!("http://127.0.0.1:{port}/v1/chat/completions"))
+                    .post(format!("http://127.0.0.1:{port}{path}"))
                     .header("authorization", format!("Bearer {auth}"))
                     .header("content-type", "application/json")
                     .body(body.clone())
@@ -365,16 +384,28 @@ struct StreamStats {
 
 /// `n` concurrent streams (64 deltas, 20 ms apart). While all are open, `during` runs once.
 async fn streams<F: FnOnce() + Send + 'static>(client: &reqwest::Client, name: &str, port: u16, n: usize, during: F) -> StreamStats {
+    streams_at(client, name, port, "/v1/chat/completions", chat_body(true), n, during).await
+}
+
+/// [`streams`] of `body` to `path`.
+async fn streams_at<F: FnOnce() + Send + 'static>(
+    client: &reqwest::Client,
+    name: &str,
+    port: u16,
+    path: &'static str,
+    body: Value,
+    n: usize,
+    during: F,
+) -> StreamStats {
     let opened = Arc::new(AtomicUsize::new(0));
     let notify = Arc::new(tokio::sync::Notify::new());
-    let body = chat_body(true);
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let (client, body, opened, notify) = (client.clone(), body.clone(), opened.clone(), notify.clone());
             let auth = auth_for(name);
             tokio::spawn(async move {
                 let t = Instant::now();
-                let r = request(&client, port, "/v1/chat/completions", &body, auth)
+                let r = request(&client, port, path, &body, auth)
                     .header("x-mock-deltas", STREAM_DELTAS.to_string())
                     .header("x-mock-interval-ms", STREAM_INTERVAL_MS.to_string())
                     .send()
@@ -545,6 +576,11 @@ async fn run(quick: bool, fds: u64) {
         None => (StreamStats { ttft_ms: Vec::new(), gaps_ms: Vec::new(), stalls: 0, completed: 0 }, 0, 0, f64::NAN),
     };
     let videos = video_rate(&client, tg_port, 32, Duration::from_secs(if quick { 2 } else { 5 })).await;
+    let translation = if only.as_deref().is_none_or(|o| o.split(',').any(|t| t == "translated")) {
+        Some(translation(&client, &rig, quick, held_n.min(2000)).await)
+    } else {
+        None
+    };
 
     // Table and ratios.
     println!();
@@ -631,6 +667,9 @@ async fn run(quick: bool, fds: u64) {
     );
     report.insert("held_streams_bare".into(), json!(held_rows.iter().find(|r| r.0 == "pingora-bare").map(|r| r.4)));
     report.insert("video_tasks_per_sec".into(), json!(videos));
+    if let Some(t) = translation {
+        report.insert("translation".into(), t);
+    }
     report.insert("ratios".into(), ratios);
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let _ = std::fs::create_dir_all(&out);
@@ -639,6 +678,87 @@ async fn run(quick: bool, fds: u64) {
         println!("JSON: {}", file.display());
     }
     drop(rig.dir);
+}
+
+/// A messages client on a chat-completions model (translated) against the same model called
+/// natively, through the same tollgate. Interleaved so that both see the same moments of this
+/// shared machine's noise: throughput in alternating one-second rounds at c=64; time to first
+/// byte at c=1, one native and one translated stream in turn; memory per open stream with
+/// `held` streams open (native, translated, native again: the first run also grows the
+/// allocator's pools).
+async fn translation(client: &reqwest::Client, rig: &Rig, quick: bool, held: usize) -> Value {
+    let Some(&(name, port, pid)) = rig.targets.iter().find(|t| t.0 == "tollgate") else { return Value::Null };
+    let pid = pid.unwrap_or(0);
+    let native = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
+    let messages = |stream: bool| {
+        json!({"model": "alpha-5.5", "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "Say hello."}]})
+    };
+    let translated = bytes::Bytes::from(serde_json::to_vec(&messages(false)).expect("body"));
+    let _ = throughput_at(client, name, port, "/v1/messages", 16, Duration::from_millis(500), &translated).await;
+    let rounds = if quick { 4 } else { 10 };
+    let (mut native_rps, mut translated_rps, mut translated_errors) = (0.0, 0.0, 0);
+    for round in 0..rounds {
+        // Alternate which goes first.
+        for which in [round % 2, 1 - round % 2] {
+            if which == 0 {
+                native_rps += throughput_at(client, name, port, "/v1/chat/completions", 64, Duration::from_secs(1), &native).await.0;
+            } else {
+                let (rps, errors) = throughput_at(client, name, port, "/v1/messages", 64, Duration::from_secs(1), &translated).await;
+                translated_rps += rps;
+                translated_errors += errors;
+            }
+        }
+    }
+    let (native_rps, translated_rps) = (native_rps / rounds as f64, translated_rps / rounds as f64);
+    // Time to the first body byte of a stream, one at a time.
+    let first_byte = |path: &'static str, body: Value| {
+        let client = client.clone();
+        async move {
+            let t = Instant::now();
+            let r = request(&client, port, path, &body, KEY).header("x-mock-deltas", "3").send().await.ok()?;
+            let mut s = r.bytes_stream();
+            let first = s.next().await?.ok().map(|_| t.elapsed().as_secs_f64() * 1000.0);
+            while s.next().await.is_some() {}
+            first
+        }
+    };
+    let n = if quick { 300 } else { 2000 };
+    let (mut native_ttft, mut translated_ttft) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n {
+        native_ttft.extend(first_byte("/v1/chat/completions", chat_body(true)).await);
+        translated_ttft.extend(first_byte("/v1/messages", messages(true)).await);
+    }
+    let (native_ttft, translated_ttft) = (sorted(native_ttft), sorted(translated_ttft));
+    let kib_per_stream = |path: &'static str, body: Value| {
+        let client = client.clone();
+        async move {
+            let idle = rss_kib(pid);
+            let during = Arc::new(AtomicU64::new(0));
+            let sample = during.clone();
+            let s = streams_at(&client, name, port, path, body, held, move || sample.store(rss_kib(pid), Ordering::SeqCst)).await;
+            (during.load(Ordering::SeqCst).saturating_sub(idle) as f64 / held.max(1) as f64, s.completed)
+        }
+    };
+    let (native_kib_first, _) = kib_per_stream("/v1/chat/completions", chat_body(true)).await;
+    let (translated_kib, translated_done) = kib_per_stream("/v1/messages", messages(true)).await;
+    let (native_kib, native_done) = kib_per_stream("/v1/chat/completions", chat_body(true)).await;
+    let ratio = translated_rps / native_rps;
+    let added_ttft = pct(&translated_ttft, 0.5) - pct(&native_ttft, 0.5);
+    println!(
+        "translation (messages client on a chat-completions model, one tollgate): {translated_rps:.0} req/s ({translated_errors} errors) vs native {native_rps:.0} → {ratio:.2}× native [≥ 0.9×: {}]; first byte of a stream at c=1, p50 {:.3} ms vs {:.3} ms → added {added_ttft:.3} ms [≤ 0.5 ms: {}]; {translated_kib:.1} KiB per open stream vs native {native_kib:.1} (first native run {native_kib_first:.1}; {held} open, {translated_done}/{native_done} completed) [within 16 KiB: {}]",
+        verdict(ratio >= 0.9),
+        pct(&translated_ttft, 0.5),
+        pct(&native_ttft, 0.5),
+        verdict(added_ttft <= 0.5),
+        verdict(translated_kib - native_kib <= 16.0),
+    );
+    json!({
+        "native_rps": native_rps, "translated_rps": translated_rps, "translated_errors": translated_errors,
+        "throughput_vs_native": ratio,
+        "first_byte_p50_ms": {"native": pct(&native_ttft, 0.5), "translated": pct(&translated_ttft, 0.5)},
+        "added_ttft_ms": added_ttft,
+        "kib_per_stream": {"native": native_kib, "native_first_run": native_kib_first, "translated": translated_kib, "open": held},
+    })
 }
 
 fn verdict(ok: bool) -> &'static str {
