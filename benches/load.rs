@@ -690,9 +690,7 @@ async fn translation(client: &reqwest::Client, rig: &Rig, quick: bool, held: usi
     let Some(&(name, port, pid)) = rig.targets.iter().find(|t| t.0 == "tollgate") else { return Value::Null };
     let pid = pid.unwrap_or(0);
     let native = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
-    let messages = |stream: bool| {
-        json!({"model": "alpha-5.5", "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "Say hello."}]})
-    };
+    let messages = |stream: bool| json!({"model": "alpha-5.5", "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "Say hello."}]});
     let translated = bytes::Bytes::from(serde_json::to_vec(&messages(false)).expect("body"));
     let _ = throughput_at(client, name, port, "/v1/messages", 16, Duration::from_millis(500), &translated).await;
     let rounds = if quick { 4 } else { 10 };

@@ -6,7 +6,8 @@
 #
 # Each target runs alone under valgrind behind the nginx upstream of run.sh; wrk (1 thread,
 # c=8) warms it for 3 s, then the instructions of the next 4 s are divided by the requests wrk
-# counted. Small bodies by default; TOLLGATE_WRK_BODY=large for the 256 KiB one.
+# counted. Small bodies by default; TOLLGATE_WRK_BODY=large for the 256 KiB one,
+# TOLLGATE_WRK_BODY=messages for a small messages request translated to chat completions.
 #   bare      the bare Pingora proxy of run.sh
 #   tollgate  HEAD's release build
 #   other     PERF_OTHER_BIN, when set (a change against HEAD)
@@ -25,7 +26,11 @@ nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & upstream=$!
 cleanup() { kill "$upstream" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 . "$here/../gateway-config.sh"
-load() { wrk -t1 -c8 -d"$1s" -s "$here/post.lua" "http://127.0.0.1:$2/v1/chat/completions" 2>/dev/null; }
+# TOLLGATE_WRK_BODY=messages posts a messages request to /v1/messages (translated; the bare
+# proxy passes it to nginx, which answers any path alike).
+path=/v1/chat/completions
+[ "${TOLLGATE_WRK_BODY:-}" = messages ] && path=/v1/messages
+load() { wrk -t1 -c8 -d"$1s" -s "$here/post.lua" "http://127.0.0.1:$2$path" 2>/dev/null; }
 measure() { # name port command...
   local name=$1 p=$2; shift 2
   valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.$name" "$@" >"$dir/$name.log" 2>&1 &

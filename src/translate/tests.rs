@@ -78,6 +78,7 @@ fn chat_to_gemini_names_function_responses_and_narrows_schemas() {
     let params = &out["tools"][0]["functionDeclarations"][0]["parameters"];
     assert!(params.get("additionalProperties").is_none() && params.get("$schema").is_none(), "{params}");
     let c = out["contents"].as_array().expect("contents");
+    assert_eq!(c[0]["parts"][1], json!({"inlineData": {"mimeType": "image/png", "data": "iVBO"}}));
     assert_eq!(c[1]["role"], "model");
     assert_eq!(c[1]["parts"][1], json!({"functionCall": {"name": "get_weather", "args": {"city": "Rome"}}}));
     assert_eq!(c[2]["parts"][0], json!({"functionResponse": {"name": "get_weather", "response": {"output": "sunny"}}}));
@@ -332,6 +333,41 @@ fn counting_requests_keep_what_counts_and_answers_take_the_client_shape() {
     assert!(out.get("max_tokens").is_none() && out.get("temperature").is_none(), "{out}");
     assert_eq!(out["messages"][0]["content"][0]["text"], "x");
     assert_eq!(response(&tr, br#"{"input_tokens": 9}"#).expect("reads"), br#"{"totalTokens":9}"#);
+}
+
+#[test]
+fn images_cross_every_protocol() {
+    let url = "https://example.com/cat.jpg";
+    // A generate-content client's inline image and file reference.
+    let gemini = json!({"contents": [{"role": "user", "parts": [{"text": "what is it?"},
+        {"inlineData": {"mimeType": "image/jpeg", "data": "/9j/"}}, {"fileData": {"mimeType": "image/jpeg", "fileUri": url}}]}]});
+    let m = req(Dialect::Gemini, Dialect::Messages, gemini.clone());
+    assert_eq!(m["messages"][0]["content"][1]["source"], json!({"type": "base64", "media_type": "image/jpeg", "data": "/9j/"}));
+    assert_eq!(m["messages"][0]["content"][2]["source"], json!({"type": "url", "url": url}));
+    let c = req(Dialect::Gemini, Dialect::Chat, gemini);
+    assert_eq!(c["messages"][0]["content"][1]["image_url"]["url"], "data:image/jpeg;base64,/9j/");
+    assert_eq!(c["messages"][0]["content"][2]["image_url"]["url"], url);
+    // A messages client's images, one inside a tool result (Claude Code's Read of an image).
+    let messages = json!({"model": "m", "max_tokens": 10, "messages": [
+        {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": url}}, {"type": "text", "text": "and?"}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "a.png"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBO"}}]}]}]});
+    let c = req(Dialect::Messages, Dialect::Chat, messages.clone());
+    assert_eq!(c["messages"][0]["content"][0]["image_url"]["url"], url);
+    assert_eq!(c["messages"][2]["role"], "tool");
+    assert_eq!(c["messages"][3]["content"][0]["image_url"]["url"], "data:image/png;base64,iVBO", "the tool's image follows as the user's");
+    let g = req(Dialect::Messages, Dialect::Gemini, messages);
+    assert_eq!(g["contents"][0]["parts"][0]["fileData"]["fileUri"], url);
+    assert_eq!(g["contents"][2]["parts"][1]["inlineData"]["data"], "iVBO");
+    // A responses client's input image.
+    let r = req(
+        Dialect::Responses,
+        Dialect::Messages,
+        json!({"model": "m", "input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/webp;base64,UklG"}]}]}),
+    );
+    assert_eq!(r["messages"][0]["content"][0]["source"]["media_type"], "image/webp");
 }
 
 #[test]
