@@ -8,7 +8,9 @@ use super::{
 };
 use crate::config::Protocol;
 use crate::protocol::ApiError;
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
+use std::borrow::Cow;
 
 /// Request fields read by the decoder.
 const MAPPED: [&str; 18] = [
@@ -389,35 +391,114 @@ fn usage_value(u: &Usage) -> Value {
     })
 }
 
+/// A chat-completions answer, read without building a JSON tree (only these fields are kept;
+/// the rest is skipped as it is parsed).
+#[derive(Deserialize)]
+struct Answer<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Option<Vec<Choice<'a>>>,
+    #[serde(default)]
+    usage: Option<WireUsage>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow, default)]
+    message: Option<WireMessage<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct WireMessage<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tool_calls: Option<Vec<WireCall<'a>>>,
+}
+
+#[derive(Deserialize)]
+struct WireCall<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    function: Option<WireFunction<'a>>,
+}
+
+#[derive(Deserialize)]
+struct WireFunction<'a> {
+    #[serde(borrow, default)]
+    name: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    arguments: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct WireUsage {
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+    #[serde(default)]
+    completion_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
 /// A chat-completions provider's whole answer in the internal form.
-pub fn decode_response(v: &Value) -> Option<Response> {
-    let choice = v.get("choices")?.get(0)?;
-    let m = choice.get("message")?;
+pub fn decode_response(body: &[u8]) -> Option<Response> {
+    let answer: Answer<'_> = serde_json::from_slice(body).ok()?;
+    let choice = answer.choices?.into_iter().next()?;
+    let m = choice.message?;
     let mut parts = Vec::new();
-    for field in ["reasoning_content", "reasoning"] {
-        if let Some(t) = m.get(field).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-            parts.push(Part::Thinking { text: t.to_string(), signature: None });
-        }
+    let present = |t: Option<Cow<'_, str>>| t.filter(|t| !t.is_empty()).map(Cow::into_owned);
+    for t in [m.reasoning_content, m.reasoning].into_iter().filter_map(present) {
+        parts.push(Part::Thinking { text: t, signature: None });
     }
-    if let Some(t) = m.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-        parts.push(Part::Text(t.to_string()));
+    for t in [m.content, m.refusal].into_iter().filter_map(present) {
+        parts.push(Part::Text(t));
     }
-    if let Some(t) = m.get("refusal").and_then(Value::as_str).filter(|t| !t.is_empty()) {
-        parts.push(Part::Text(t.to_string()));
-    }
-    for call in m.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
+    for call in m.tool_calls.into_iter().flatten() {
+        let function = call.function;
+        let (name, arguments) = function.map_or((None, None), |f| (f.name, f.arguments));
         parts.push(Part::ToolCall(ToolCall {
-            id: call.get("id").and_then(Value::as_str).map_or_else(|| new_id("call_"), str::to_string),
-            name: crate::protocol::at(call, "/function/name").and_then(Value::as_str).unwrap_or_default().to_string(),
-            arguments: crate::protocol::at(call, "/function/arguments").and_then(Value::as_str).unwrap_or("{}").to_string(),
+            id: call.id.map_or_else(|| new_id("call_"), Cow::into_owned),
+            name: name.map(Cow::into_owned).unwrap_or_default(),
+            arguments: arguments.map_or_else(|| "{}".to_string(), Cow::into_owned),
             signature: None,
         }));
     }
+    let usage = answer.usage.and_then(|u| {
+        let prompt = u.prompt_tokens?;
+        let cached = u.prompt_tokens_details.and_then(|d| d.cached_tokens).unwrap_or(0).min(prompt);
+        Some(Usage {
+            input: prompt - cached,
+            cache_read: cached,
+            cache_write: 0,
+            output: u.completion_tokens.unwrap_or(0),
+            reasoning: u.completion_tokens_details.and_then(|d| d.reasoning_tokens).unwrap_or(0),
+        })
+    });
     Some(Response {
-        id: v.get("id").and_then(Value::as_str).unwrap_or_default().to_string(),
+        id: answer.id.map(Cow::into_owned).unwrap_or_default(),
         parts,
-        stop: choice.get("finish_reason").and_then(Value::as_str).and_then(stop_of),
-        usage: v.get("usage").and_then(usage_of),
+        stop: choice.finish_reason.as_deref().and_then(stop_of),
+        usage,
     })
 }
 
@@ -564,7 +645,7 @@ impl Encoder {
             "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
         });
-        super::sse::write(out, None, &v.to_string());
+        super::sse::write_json(out, None, &v);
     }
 
     pub fn start(&mut self, out: &mut Vec<u8>) {
@@ -605,7 +686,7 @@ impl Encoder {
             Event::Usage(u) => self.usage = Some(u),
             Event::Error { status, message } => {
                 let err = ApiError::upstream(status, message);
-                super::sse::write(out, None, &crate::protocol::openai::error_body(&err).to_string());
+                super::sse::write_json(out, None, &crate::protocol::openai::error_body(&err));
             }
         }
     }
@@ -616,7 +697,7 @@ impl Encoder {
                 "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
                 "choices": [], "usage": usage_value(u),
             });
-            super::sse::write(out, None, &v.to_string());
+            super::sse::write_json(out, None, &v);
         }
         super::sse::write(out, None, "[DONE]");
     }

@@ -728,17 +728,17 @@ impl Encoder {
         if let Some(u) = &self.usage {
             v["usageMetadata"] = usage_value(u);
         }
-        self.write(out, &v.to_string());
+        self.write(out, &v);
     }
 
-    fn write(&mut self, out: &mut Vec<u8>, data: &str) {
+    fn write(&mut self, out: &mut Vec<u8>, data: &Value) {
         if self.sse {
             out.extend_from_slice(b"data: ");
-            out.extend_from_slice(data.as_bytes());
+            super::sse::json_into(out, data);
             out.extend_from_slice(b"\r\n\r\n");
         } else {
             out.extend_from_slice(if self.chunks == 0 { b"[" } else { b",\r\n" });
-            out.extend_from_slice(data.as_bytes());
+            super::sse::json_into(out, data);
         }
         self.chunks += 1;
     }
@@ -780,7 +780,7 @@ impl Encoder {
             Event::Stop(stop) => self.stop = Some(stop),
             Event::Error { status, message } => {
                 let err = ApiError::upstream(status, message);
-                self.write(out, &crate::protocol::gemini::error_body(&err).to_string());
+                self.write(out, &crate::protocol::gemini::error_body(&err));
             }
             Event::ToolArgs(_) | Event::Usage(_) => {}
         }

@@ -8,6 +8,7 @@ use super::{
 };
 use crate::config::Protocol;
 use crate::protocol::ApiError;
+use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 /// Request fields read by the decoder.
@@ -407,38 +408,87 @@ pub fn decode_response(v: &Value) -> Option<Response> {
     })
 }
 
+/// A messages answer as it is written (no JSON tree).
+#[derive(Serialize)]
+struct Answer<'a> {
+    id: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    role: &'static str,
+    model: &'a str,
+    content: Vec<WireBlock<'a>>,
+    stop_reason: &'static str,
+    stop_sequence: Option<&'a str>,
+    usage: WireUsage,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum WireBlock<'a> {
+    Text { text: &'a str },
+    Thinking { thinking: &'a str, signature: &'a str },
+    RedactedThinking { data: &'a str },
+    ToolUse { id: String, name: &'a str, input: Box<serde_json::value::RawValue> },
+}
+
+#[derive(Serialize)]
+struct WireUsage {
+    input_tokens: u64,
+    cache_creation_input_tokens: u64,
+    cache_read_input_tokens: u64,
+    output_tokens: u64,
+}
+
+/// A tool call's arguments as the JSON object a tool_use block's `input` is (`{}` when they
+/// are empty or not an object).
+fn input_of(arguments: &str) -> Box<serde_json::value::RawValue> {
+    let empty = || serde_json::value::RawValue::from_string("{}".to_string()).ok();
+    let raw = if arguments.trim_start().starts_with('{') {
+        serde_json::from_str::<Box<serde_json::value::RawValue>>(arguments).ok().or_else(empty)
+    } else {
+        empty()
+    };
+    raw.unwrap_or_else(|| serde_json::value::to_raw_value(&Value::Object(Map::new())).unwrap_or_default())
+}
+
 /// The internal form as the whole answer a messages client reads.
-pub fn encode_response(t: &Translation, r: &Response) -> Value {
+pub fn encode_response(t: &Translation, r: &Response) -> Vec<u8> {
     let ids = carry::client_call_ids(&r.parts);
     let mut calls = 0;
-    let content: Vec<Value> = r
+    let content: Vec<WireBlock<'_>> = r
         .parts
         .iter()
         .filter_map(|p| match p {
-            Part::Text(s) => Some(json!({"type": "text", "text": s})),
+            Part::Text(s) => Some(WireBlock::Text { text: s }),
             Part::Thinking { text, signature } => {
-                Some(json!({"type": "thinking", "thinking": text, "signature": signature.clone().unwrap_or_default()}))
+                Some(WireBlock::Thinking { thinking: text, signature: signature.as_deref().unwrap_or_default() })
             }
-            Part::RedactedThinking(data) => Some(json!({"type": "redacted_thinking", "data": data})),
+            Part::RedactedThinking(data) => Some(WireBlock::RedactedThinking { data }),
             Part::ToolCall(c) => {
                 let id = ids.get(calls).cloned().unwrap_or_else(|| c.id.clone());
                 calls += 1;
-                Some(json!({"type": "tool_use", "id": id, "name": c.name, "input": arguments_value(&c.arguments)}))
+                Some(WireBlock::ToolUse { id, name: &c.name, input: input_of(&c.arguments) })
             }
             _ => None,
         })
         .collect();
     let usage = r.usage.unwrap_or(Usage { input: t.input_estimate, ..Usage::default() });
-    json!({
-        "id": new_id("msg_"),
-        "type": "message",
-        "role": "assistant",
-        "model": t.model,
-        "content": content,
-        "stop_reason": stop_name(r.stop.unwrap_or(Stop::EndTurn)),
-        "stop_sequence": null,
-        "usage": usage_value(&usage),
-    })
+    let answer = Answer {
+        id: new_id("msg_"),
+        kind: "message",
+        role: "assistant",
+        model: &t.model,
+        content,
+        stop_reason: stop_name(r.stop.unwrap_or(Stop::EndTurn)),
+        stop_sequence: None,
+        usage: WireUsage {
+            input_tokens: usage.input,
+            cache_creation_input_tokens: usage.cache_write,
+            cache_read_input_tokens: usage.cache_read,
+            output_tokens: usage.output,
+        },
+    };
+    serde_json::to_vec(&answer).unwrap_or_default()
 }
 
 /// Reads a messages provider's stream.
@@ -558,7 +608,7 @@ impl Encoder {
     }
 
     fn emit(out: &mut Vec<u8>, name: &str, v: Value) {
-        super::sse::write(out, Some(name), &v.to_string());
+        super::sse::write_json(out, Some(name), &v);
     }
 
     /// `message_start`, once: with the provider's input count if it came first, else the estimate

@@ -380,7 +380,9 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
     if t.count {
         out = count_request(t.upstream, &t.model, out);
     }
-    Ok(bytes::Bytes::from(out.to_string()))
+    let mut bytes = Vec::with_capacity(body.len() + 64);
+    sse::json_into(&mut bytes, &out);
+    Ok(bytes::Bytes::from(bytes))
 }
 
 /// A generation request as the provider's token-counting request: what counts as input stays.
@@ -418,24 +420,31 @@ pub fn count_estimate(t: &Translation, client_body_len: usize) -> Value {
 /// Translate a whole (non-streamed) successful answer.
 pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
     let bad = || ApiError::new(ErrorKind::BadGateway, "The upstream service sent an answer that could not be read.");
-    let value: Value = serde_json::from_slice(body).map_err(|_| bad())?;
+    let tree = || serde_json::from_slice::<Value>(body).map_err(|_| bad());
     if t.count {
+        let value = tree()?;
         let tokens = value.get("input_tokens").or_else(|| value.get("totalTokens")).and_then(Value::as_u64).ok_or_else(bad)?;
-        return Ok(count_answer(t.client, tokens).to_string().into_bytes());
+        let mut bytes = Vec::new();
+        sse::json_into(&mut bytes, &count_answer(t.client, tokens));
+        return Ok(bytes);
     }
     let resp = match t.upstream {
-        Protocol::Openai => chat::decode_response(&value),
-        Protocol::Anthropic => messages::decode_response(&value),
-        Protocol::Gemini => gemini::decode_response(&value),
+        // Read field by field (the most common provider protocol; no JSON tree).
+        Protocol::Openai => chat::decode_response(body),
+        Protocol::Anthropic => messages::decode_response(&tree()?),
+        Protocol::Gemini => gemini::decode_response(&tree()?),
     }
     .ok_or_else(bad)?;
     let out = match t.client {
         Dialect::Chat => chat::encode_response(t, &resp),
-        Dialect::Messages => messages::encode_response(t, &resp),
+        // Written field by field (Claude Code's protocol; no JSON tree).
+        Dialect::Messages => return Ok(messages::encode_response(t, &resp)),
         Dialect::Gemini => gemini::encode_response(t, &resp),
         Dialect::Responses => responses::encode_response(t, &resp),
     };
-    Ok(out.to_string().into_bytes())
+    let mut bytes = Vec::with_capacity(body.len() + 128);
+    sse::json_into(&mut bytes, &out);
+    Ok(bytes)
 }
 
 /// An upstream's error answer (any protocol's shape, or none) as the client's error: the same

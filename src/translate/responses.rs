@@ -340,7 +340,7 @@ impl Encoder {
         data["type"] = json!(name);
         data["sequence_number"] = json!(self.seq);
         self.seq += 1;
-        super::sse::write(out, Some(name), &data.to_string());
+        super::sse::write_json(out, Some(name), &data);
     }
 
     pub fn start(&mut self, out: &mut Vec<u8>) {

@@ -100,14 +100,34 @@ impl SseReader {
 
 /// Append one event as a client reads it.
 pub fn write(out: &mut Vec<u8>, name: Option<&str>, data: &str) {
+    open(out, name);
+    out.extend_from_slice(data.as_bytes());
+    out.extend_from_slice(b"\n\n");
+}
+
+/// Append one event whose data is `value`, serialized in place.
+pub fn write_json(out: &mut Vec<u8>, name: Option<&str>, value: &serde_json::Value) {
+    open(out, name);
+    json_into(out, value);
+    out.extend_from_slice(b"\n\n");
+}
+
+fn open(out: &mut Vec<u8>, name: Option<&str>) {
     if let Some(name) = name {
         out.extend_from_slice(b"event: ");
         out.extend_from_slice(name.as_bytes());
         out.push(b'\n');
     }
     out.extend_from_slice(b"data: ");
-    out.extend_from_slice(data.as_bytes());
-    out.extend_from_slice(b"\n\n");
+}
+
+/// Serialize `value` at the end of `out` (a JSON value always serializes; nothing is written
+/// if it somehow does not).
+pub fn json_into(out: &mut Vec<u8>, value: &serde_json::Value) {
+    let mark = out.len();
+    if serde_json::to_writer(&mut *out, value).is_err() {
+        out.truncate(mark);
+    }
 }
 
 #[cfg(test)]
