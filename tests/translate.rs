@@ -507,3 +507,21 @@ async fn token_counting_reaches_translated_models_never_404() {
     // Counting is not billed.
     assert_eq!(balance(&gw, BRIDGE_KEY).await, 5_000_000_000);
 }
+
+#[tokio::test]
+async fn the_access_line_names_the_providers_protocol() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&config(mock.port));
+    let resp = send(&gw, Client::Messages, "alpha-5.5", false, "logged", &[]).await;
+    assert_eq!(resp.status(), 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let line = loop {
+        if let Some(line) = gw.log().lines().find(|l| l.contains("route=messages")).map(str::to_string) {
+            break line;
+        }
+        assert!(std::time::Instant::now() < deadline, "no access line: {}", gw.log());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(line.contains("translated_to=openai") && line.contains("provider=\"oa\""), "{line}");
+    assert!(!line.contains(BRIDGE_KEY), "{line}");
+}

@@ -861,6 +861,8 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     }
     let cost_usd = crate::ledger::usd(cost);
     let key = ctx.key_name.as_deref().unwrap_or("-");
+    // A translated request names the provider's protocol.
+    let translated = ctx.relayed.as_ref().and_then(|p| p.translation.as_ref()).map(|t| t.upstream.as_str());
     if crate::logging::json() {
         let mut line = serde_json::json!({
             "method": req.method.as_str(), "path": req.uri.path(), "route": ctx.route, "status": status,
@@ -877,6 +879,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
         if let Some((_, seconds)) = ctx.video_charge {
             line["video_seconds"] = seconds.into();
         }
+        if let Some(upstream) = translated {
+            line["translated_to"] = upstream.into();
+        }
         log::info!(target: "access", "{line}");
         return;
     }
@@ -890,6 +895,10 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     }
     if let Some((_, seconds)) = ctx.video_charge {
         extra.push_str(&format!(" video_seconds={seconds}"));
+    }
+    if let Some(upstream) = translated {
+        extra.push_str(" translated_to=");
+        extra.push_str(upstream);
     }
     log::info!(
         target: "access",
