@@ -608,40 +608,32 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         Route::Responses | Route::ResponsesCompact | Route::ResponsesInputTokens => fields.previous_response_id.clone(),
         _ => None,
     };
-    if let (Some((upstream, _)), Some(client)) = (translated, client) {
-        let translation = crate::translate::Translation {
-            client,
-            upstream,
-            model: model.clone(),
-            stream: match route {
-                Route::GenerateContent { stream, .. } => *stream,
-                _ if crate::translate::counts(route) => false,
-                _ => fields.stream == Some(true),
-            },
-            client_wants_usage: crate::protocol::openai::client_wants_usage(&fields),
-            gemini_sse: false,
-            input_estimate: input.tokens(),
-            count: crate::translate::counts(route),
-        };
-        drop(fields);
-        let body = crate::translate::request(&translation, &client_body, output_allowance)?;
-        return Ok(Draft {
-            model,
-            candidates,
-            hold_nanos,
-            input,
-            output_allowance,
-            body,
-            client_body_len: client_body.len(),
-            withhold_usage: false,
-            previous_response_id,
-            translation: Some(translation),
-        });
-    }
-    let withhold_usage =
-        *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
-    let body = if withhold_usage { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
-    drop(fields);
+    let (body, withhold_usage, translation) = match (translated, client) {
+        (Some((upstream, _)), Some(client)) => {
+            let translation = crate::translate::Translation {
+                client,
+                upstream,
+                model: model.clone(),
+                stream: match route {
+                    Route::GenerateContent { stream, .. } => *stream,
+                    _ if crate::translate::counts(route) => false,
+                    _ => fields.stream == Some(true),
+                },
+                client_wants_usage: crate::protocol::openai::client_wants_usage(&fields),
+                gemini_sse: false,
+                input_estimate: input.tokens(),
+                count: crate::translate::counts(route),
+            };
+            drop(fields);
+            (crate::translate::request(&translation, &client_body, output_allowance)?, false, Some(translation))
+        }
+        _ => {
+            let withhold =
+                *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
+            let body = if withhold { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
+            (body, withhold, None)
+        }
+    };
     Ok(Draft {
         model,
         candidates,
@@ -652,7 +644,7 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         client_body_len: client_body.len(),
         withhold_usage,
         previous_response_id,
-        translation: None,
+        translation,
     })
 }
 

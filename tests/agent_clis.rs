@@ -79,6 +79,33 @@ impl Workspace {
         self.dir.path().join("work")
     }
 
+    /// Codex's home with `config.toml`: `model` from a provider at `base_url` over the responses
+    /// API, its key in `TOLLGATE_API_KEY`. Returns the home (`CODEX_HOME`).
+    fn codex_config(&self, model: &str, base_url: &str) -> PathBuf {
+        let codex_home = self.home().join(".codex");
+        std::fs::create_dir_all(&codex_home).expect("codex home");
+        std::fs::write(
+            codex_home.join("config.toml"),
+            format!(
+                "model = \"{model}\"\nmodel_provider = \"tollgate\"\n\n[model_providers.tollgate]\nname = \"tollgate\"\nbase_url = \"{base_url}\"\nenv_key = \"TOLLGATE_API_KEY\"\nwire_api = \"responses\"\n"
+            ),
+        )
+        .expect("config.toml");
+        codex_home
+    }
+
+    /// Gemini CLI's settings in the home: API-key auth, no telemetry, no update checks.
+    fn gemini_settings(&self) {
+        let settings = self.home().join(".gemini");
+        std::fs::create_dir_all(&settings).expect("settings dir");
+        std::fs::write(
+            settings.join("settings.json"),
+            r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": false},
+            "telemetry": {"enabled": false}, "general": {"disableAutoUpdate": true, "disableUpdateNag": true}}"#,
+        )
+        .expect("settings.json");
+    }
+
     /// The prompt that makes the mock call the CLI's file-reading tool on `secret.txt`.
     fn tool_prompt(&self) -> String {
         format!("What does [[read:{}]] say?", self.work().join("secret.txt").display())
@@ -172,16 +199,7 @@ async fn codex_plain_and_tool_turns() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let ws = Workspace::new();
-    let codex_home = ws.home().join(".codex");
-    std::fs::create_dir_all(&codex_home).expect("codex home");
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"alpha-5.5\"\nmodel_provider = \"tollgate\"\n\n[model_providers.tollgate]\nname = \"tollgate\"\nbase_url = \"{}\"\nenv_key = \"TOLLGATE_API_KEY\"\nwire_api = \"responses\"\n",
-            gw.url("/v1")
-        ),
-    )
-    .expect("config.toml");
+    let codex_home = ws.codex_config("alpha-5.5", &gw.url("/v1"));
     let env = [("CODEX_HOME", codex_home.display().to_string()), ("TOLLGATE_API_KEY", AGENT_KEY.to_string())];
     let codex = bin.join("codex");
     let plain = run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env, &ws);
@@ -201,14 +219,7 @@ async fn gemini_cli_plain_and_tool_turns() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let ws = Workspace::new();
-    let settings = ws.home().join(".gemini");
-    std::fs::create_dir_all(&settings).expect("settings dir");
-    std::fs::write(
-        settings.join("settings.json"),
-        r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": false},
-            "telemetry": {"enabled": false}, "general": {"disableAutoUpdate": true, "disableUpdateNag": true}}"#,
-    )
-    .expect("settings.json");
+    ws.gemini_settings();
     let env = [
         ("GOOGLE_GEMINI_BASE_URL", gw.url("")),
         ("GEMINI_API_KEY", AGENT_KEY.to_string()),
@@ -262,14 +273,7 @@ async fn gemini_cli_on_a_chat_completions_model() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let ws = Workspace::new();
-    let settings = ws.home().join(".gemini");
-    std::fs::create_dir_all(&settings).expect("settings dir");
-    std::fs::write(
-        settings.join("settings.json"),
-        r#"{"security": {"auth": {"selectedType": "gemini-api-key"}}, "privacy": {"usageStatisticsEnabled": false},
-            "telemetry": {"enabled": false}, "general": {"disableAutoUpdate": true, "disableUpdateNag": true}}"#,
-    )
-    .expect("settings.json");
+    ws.gemini_settings();
     let env = [
         ("GOOGLE_GEMINI_BASE_URL", gw.url("")),
         ("GEMINI_API_KEY", BRIDGE_KEY.to_string()),
@@ -290,16 +294,7 @@ async fn codex_on_a_messages_model() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let ws = Workspace::new();
-    let codex_home = ws.home().join(".codex");
-    std::fs::create_dir_all(&codex_home).expect("codex home");
-    std::fs::write(
-        codex_home.join("config.toml"),
-        format!(
-            "model = \"beta-opus-4-7\"\nmodel_provider = \"tollgate\"\n\n[model_providers.tollgate]\nname = \"tollgate\"\nbase_url = \"{}\"\nenv_key = \"TOLLGATE_API_KEY\"\nwire_api = \"responses\"\n",
-            gw.url("/v1")
-        ),
-    )
-    .expect("config.toml");
+    let codex_home = ws.codex_config("beta-opus-4-7", &gw.url("/v1"));
     let env = [("CODEX_HOME", codex_home.display().to_string()), ("TOLLGATE_API_KEY", BRIDGE_KEY.to_string())];
     let codex = bin.join("codex");
     let plain = run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env, &ws);

@@ -696,16 +696,7 @@ impl Gateway {
         let mut first_byte = true;
         let mut response_named = plan.route != Route::Responses || !sse || status != 200;
         loop {
-            let chunk = match http.read_response_body().await {
-                Ok(chunk) => chunk,
-                Err(e) => {
-                    // Cut by the upstream: bill what the client got, end its connection.
-                    log::warn!("upstream response ended early: {e}");
-                    self.abandon(&mut http, plan, &mut scanner, status).await;
-                    return Err(e.into_up());
-                }
-            };
-            let done = chunk.is_none() || http.response_done();
+            let (chunk, done) = self.next_chunk(&mut http, plan, &mut scanner, status).await?;
             let mut out = chunk;
             if let Some(data) = out.as_ref() {
                 if first_byte && !data.is_empty() {
@@ -739,13 +730,7 @@ impl Gateway {
                         self.owners.deleted(id).await;
                     }
                 }
-                let written = session.write_response_body(out, true).await.map_err(|e| e.into_down());
-                // The client has its answer; then the upstream connection goes back to the pool.
-                let idle = peer.idle_timeout();
-                if let HttpSession::H1(h1) = http {
-                    self.connector.release_http_session(h1, &peer, idle).await;
-                }
-                return written;
+                return self.end_relay(session, http, &peer, out).await;
             }
             if let Some(data) = out.filter(|d| !d.is_empty()) {
                 if let Err(e) = session.write_response_body(Some(data), false).await {
@@ -755,6 +740,38 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// The next chunk of the upstream's answer and whether it is the last. An answer cut by the
+    /// upstream is billed for what came and ends the client's connection (`Err`).
+    async fn next_chunk(
+        &self,
+        http: &mut HttpSession,
+        plan: &mut RelayPlan,
+        scanner: &mut UsageScanner,
+        status: u16,
+    ) -> Result<(Option<Bytes>, bool)> {
+        match http.read_response_body().await {
+            Ok(chunk) => {
+                let done = chunk.is_none() || http.response_done();
+                Ok((chunk, done))
+            }
+            Err(e) => {
+                log::warn!("upstream response ended early: {e}");
+                self.abandon(http, plan, scanner, status).await;
+                Err(e.into_up())
+            }
+        }
+    }
+
+    /// The client's last bytes (after settlement), then the upstream connection back to the pool.
+    async fn end_relay(&self, session: &mut Session, http: HttpSession, peer: &HttpPeer, last: Option<Bytes>) -> Result<()> {
+        let written = session.write_response_body(last, true).await.map_err(|e| e.into_down());
+        let idle = peer.idle_timeout();
+        if let HttpSession::H1(h1) = http {
+            self.connector.release_http_session(h1, peer, idle).await;
+        }
+        written
     }
 }
 

@@ -104,16 +104,7 @@ impl Gateway {
         }
         let mut first_byte = true;
         loop {
-            let chunk = match http.read_response_body().await {
-                Ok(chunk) => chunk,
-                Err(e) => {
-                    // Cut by the provider: bill what came, end the client's connection.
-                    log::warn!("upstream response ended early: {e}");
-                    self.abandon(&mut http, plan, &mut scanner, status).await;
-                    return Err(e.into_up());
-                }
-            };
-            let done = chunk.is_none() || http.response_done();
+            let (chunk, done) = self.next_chunk(&mut http, plan, &mut scanner, status).await?;
             let mut out = Vec::new();
             if let Some(data) = chunk {
                 if first_byte && !data.is_empty() {
@@ -134,12 +125,7 @@ impl Gateway {
                 out.extend(translator.finish());
                 // Settled before the client sees the end, as a native relay.
                 self.settle(plan, Some(&mut scanner), status).await;
-                let written = session.write_response_body(Some(Bytes::from(out)), true).await.map_err(|e| e.into_down());
-                let idle = peer.idle_timeout();
-                if let HttpSession::H1(h1) = http {
-                    self.connector.release_http_session(h1, &peer, idle).await;
-                }
-                return written;
+                return self.end_relay(session, http, &peer, Some(Bytes::from(out))).await;
             }
             if !out.is_empty() {
                 if let Err(e) = session.write_response_body(Some(Bytes::from(out)), false).await {

@@ -134,12 +134,7 @@ pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Requ
     }
     req.tool_choice = match body.get("tool_choice") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            _ => return Err(invalid("tool_choice", "must be auto, none, required or a named function")),
-        }),
+        Some(Value::String(s)) => Some(super::tool_choice_word(s)?),
         Some(v) => match crate::protocol::at(v, "/function/name").and_then(Value::as_str) {
             Some(name) => Some(ToolChoice::Named(name.to_string())),
             None => return Err(unsupported("tool_choice", to, "only auto, none, required or one named function")),

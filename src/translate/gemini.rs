@@ -394,26 +394,8 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
             }
         }
     }
-    let messages: Vec<Message> = req
-        .messages
-        .iter()
-        .map(|m| match m.role {
-            Role::System => Message {
-                role: Role::User,
-                parts: m
-                    .parts
-                    .iter()
-                    .map(|p| match p {
-                        Part::Text(t) => Part::Text(format!("<system-reminder>\n{t}\n</system-reminder>")),
-                        other => other.clone(),
-                    })
-                    .collect(),
-            },
-            _ => m.clone(),
-        })
-        .collect();
     let mut contents = Vec::new();
-    for m in super::merge_roles(messages) {
+    for m in super::alternating_turns(&req.messages) {
         let mut parts = Vec::new();
         for p in &m.parts {
             match p {

@@ -216,30 +216,13 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
     if req.presence_penalty.is_some() || req.frequency_penalty.is_some() {
         return Err(unsupported("presence_penalty", to, "it has no penalties"));
     }
-    if req.json_output.is_some() {
-        return Err(unsupported("response_format", to, "it has no structured output mode"));
-    }
-    // Mid-conversation instructions become the user's (the protocol has system only on top).
-    let messages: Vec<Message> = req
-        .messages
-        .iter()
-        .map(|m| match m.role {
-            Role::System => Message {
-                role: Role::User,
-                parts: m
-                    .parts
-                    .iter()
-                    .map(|p| match p {
-                        Part::Text(t) => Part::Text(format!("<system-reminder>\n{t}\n</system-reminder>")),
-                        other => other.clone(),
-                    })
-                    .collect(),
-            },
-            _ => m.clone(),
-        })
-        .collect();
+    let format = match &req.json_output {
+        Some(Some(schema)) => Some(json!({"type": "json_schema", "schema": schema})),
+        Some(None) => return Err(unsupported("response_format", to, "structured output needs a JSON schema there (json_object has none)")),
+        None => None,
+    };
     let mut out_messages = Vec::new();
-    for m in super::merge_roles(messages) {
+    for m in super::alternating_turns(&req.messages) {
         let mut blocks: Vec<Value> = Vec::new();
         // Tool results open a user turn.
         let (results, rest): (Vec<&Part>, Vec<&Part>) = m.parts.iter().partition(|p| matches!(p, Part::ToolResult { .. }));
@@ -325,6 +308,9 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
     }
     if !req.stop.is_empty() {
         out["stop_sequences"] = json!(req.stop);
+    }
+    if let Some(format) = format {
+        out["output_config"] = json!({"format": format});
     }
     if let Some(Reasoning::Budget(b)) = req.reasoning {
         // The protocol takes a budget of at least 1024 and below the output maximum.

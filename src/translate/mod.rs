@@ -515,6 +515,40 @@ pub fn chat_text(parts: &[Part]) -> String {
     texts.join("\n")
 }
 
+/// The conversation as protocols with instructions only on top take it (messages,
+/// generate-content): a mid-conversation instruction becomes a user turn's
+/// `<system-reminder>` text, and consecutive turns of one role are merged.
+pub fn alternating_turns(messages: &[Message]) -> Vec<Message> {
+    let turns = messages
+        .iter()
+        .map(|m| match m.role {
+            Role::System => Message {
+                role: Role::User,
+                parts: m
+                    .parts
+                    .iter()
+                    .map(|p| match p {
+                        Part::Text(t) => Part::Text(format!("<system-reminder>\n{t}\n</system-reminder>")),
+                        other => other.clone(),
+                    })
+                    .collect(),
+            },
+            _ => m.clone(),
+        })
+        .collect();
+    merge_roles(turns)
+}
+
+/// `auto`, `none` or `required` as a tool choice (chat completions, responses).
+pub fn tool_choice_word(word: &str) -> Result<ToolChoice, ApiError> {
+    match word {
+        "auto" => Ok(ToolChoice::Auto),
+        "none" => Ok(ToolChoice::None),
+        "required" => Ok(ToolChoice::Required),
+        _ => Err(invalid("tool_choice", "must be auto, none, required or a named function")),
+    }
+}
+
 /// A number field as u64, refused when it is not one.
 pub fn uint(v: &Value, field: &str) -> Result<u64, ApiError> {
     v.as_u64().ok_or_else(|| invalid(field, "must be a non-negative integer"))

@@ -94,12 +94,7 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
     }
     req.tool_choice = match body.get("tool_choice") {
         None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(match s.as_str() {
-            "auto" => ToolChoice::Auto,
-            "none" => ToolChoice::None,
-            "required" => ToolChoice::Required,
-            _ => return Err(invalid("tool_choice", "must be auto, none, required or a named function")),
-        }),
+        Some(Value::String(s)) => Some(super::tool_choice_word(s)?),
         Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => Some(ToolChoice::Named(
             v.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tool_choice", "a named function needs its name"))?.to_string(),
         )),

@@ -244,6 +244,21 @@ fn structured_output_maps_to_response_schema() {
         json!({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"responseMimeType": "application/json", "responseSchema": {"type": "OBJECT", "properties": {"a": {"type": "STRING"}}}}}),
     );
     assert_eq!(back["response_format"]["json_schema"]["schema"], json!({"type": "object", "properties": {"a": {"type": "string"}}}));
+    // To a messages provider: its output_config.format (a schema is required there).
+    let m = req(
+        Dialect::Chat,
+        Dialect::Messages,
+        json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {"type": "object"}}}}),
+    );
+    assert_eq!(m["output_config"], json!({"format": {"type": "json_schema", "schema": {"type": "object"}}}));
+    let back = req(
+        Dialect::Messages,
+        Dialect::Gemini,
+        json!({"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": "x"}],
+        "output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}}),
+    );
+    assert_eq!(back["generationConfig"]["responseSchema"], json!({"type": "object", "properties": {"a": {"type": "integer"}}}));
 }
 
 #[test]
