@@ -213,24 +213,28 @@ async fn codex_plain_and_tool_turns() {
     assert!(calls.iter().all(|c| c["model"] == "alpha-5.5"));
 }
 
-#[tokio::test]
-async fn gemini_cli_plain_and_tool_turns() {
+/// Gemini CLI with `key` on `model`: a plain turn and a read_file-tool turn, streamed; every
+/// generation reached `generation_path` and was billed once.
+async fn gemini_cli_on(key: &str, model: &str, generation_path: &str) {
     let Some(bin) = clis() else { return };
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let ws = Workspace::new();
     ws.gemini_settings();
-    let env = [
-        ("GOOGLE_GEMINI_BASE_URL", gw.url("")),
-        ("GEMINI_API_KEY", AGENT_KEY.to_string()),
-        ("GEMINI_CLI_TRUST_WORKSPACE", "true".to_string()),
-    ];
+    let env =
+        [("GOOGLE_GEMINI_BASE_URL", gw.url("")), ("GEMINI_API_KEY", key.to_string()), ("GEMINI_CLI_TRUST_WORKSPACE", "true".to_string())];
     let gemini = bin.join("gemini");
-    let plain = run(&gemini, &["-m", "gamma-3.5-flash", "-p", "Say hello"], &env, &ws);
+    let plain = run(&gemini, &["-m", model, "-p", "Say hello"], &env, &ws);
     assert!(plain.contains("Hello from the"), "{plain}");
-    let tool = run(&gemini, &["-m", "gamma-3.5-flash", "-p", &ws.tool_prompt()], &env, &ws);
+    let tool = run(&gemini, &["-m", model, "-p", &ws.tool_prompt()], &env, &ws);
     assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the read_file tool's result came back: {tool}");
-    check_upstream_and_bill(&mock, &gw, "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent").await;
+    let calls = check_upstream_and_bill_key(&mock, &gw, generation_path, key).await;
+    assert!(calls.iter().all(|c| c["model"] == model || generation_path.contains(model)), "{calls:?}");
+}
+
+#[tokio::test]
+async fn gemini_cli_plain_and_tool_turns() {
+    gemini_cli_on(AGENT_KEY, "gamma-3.5-flash", "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent").await;
 }
 
 /// Claude Code on a model served over another protocol (a translating key): a plain turn and
@@ -269,23 +273,7 @@ async fn claude_code_on_a_generate_content_model() {
 
 #[tokio::test]
 async fn gemini_cli_on_a_chat_completions_model() {
-    let Some(bin) = clis() else { return };
-    let mock = start_mock();
-    let gw = start_gateway(&config(mock.port));
-    let ws = Workspace::new();
-    ws.gemini_settings();
-    let env = [
-        ("GOOGLE_GEMINI_BASE_URL", gw.url("")),
-        ("GEMINI_API_KEY", BRIDGE_KEY.to_string()),
-        ("GEMINI_CLI_TRUST_WORKSPACE", "true".to_string()),
-    ];
-    let gemini = bin.join("gemini");
-    let plain = run(&gemini, &["-m", "alpha-5.5", "-p", "Say hello"], &env, &ws);
-    assert!(plain.contains("Hello from the"), "{plain}");
-    let tool = run(&gemini, &["-m", "alpha-5.5", "-p", &ws.tool_prompt()], &env, &ws);
-    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the read_file tool's result came back: {tool}");
-    let calls = check_upstream_and_bill_key(&mock, &gw, "/oa/v1/chat/completions", BRIDGE_KEY).await;
-    assert!(calls.iter().all(|c| c["model"] == "alpha-5.5"), "{calls:?}");
+    gemini_cli_on(BRIDGE_KEY, "alpha-5.5", "/oa/v1/chat/completions").await;
 }
 
 #[tokio::test]
