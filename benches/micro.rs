@@ -32,6 +32,7 @@ fn key_lookup(c: &mut Criterion) {
             tpm: None,
             max_concurrent: None,
             enabled: true,
+            policy: Default::default(),
         })
         .collect();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

@@ -55,6 +55,15 @@ struct CreateKey {
     tpm: Option<u64>,
     #[serde(default)]
     max_concurrent: Option<u32>,
+    /// RFC 3339 (or `ttl_secs` from now).
+    #[serde(default)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    ttl_secs: Option<u64>,
+    #[serde(default)]
+    models: Option<crate::policy::ModelRules>,
+    #[serde(default)]
+    ip_allow: Option<Vec<String>>,
 }
 
 /// `Some(None)` clears a limit; absent leaves it.
@@ -79,6 +88,30 @@ struct PatchKey {
     group: Option<String>,
     #[serde(default)]
     name: Option<String>,
+    #[serde(default, deserialize_with = "double_option")]
+    expires_at: Option<Option<String>>,
+    #[serde(default)]
+    ttl_secs: Option<u64>,
+    #[serde(default, deserialize_with = "double_option")]
+    models: Option<Option<crate::policy::ModelRules>>,
+    #[serde(default, deserialize_with = "double_option")]
+    ip_allow: Option<Option<Vec<String>>>,
+}
+
+/// The expiry a request sets: `expires_at` (RFC 3339) or `ttl_secs` from now, not both.
+fn expiry_text(expires_at: Option<String>, ttl_secs: Option<u64>) -> std::result::Result<Option<String>, ApiError> {
+    match (expires_at, ttl_secs) {
+        (Some(_), Some(_)) => Err(bad("give expires_at or ttl_secs, not both").with_param("ttl_secs")),
+        (None, Some(0)) => Err(bad("ttl_secs: at least 1").with_param("ttl_secs")),
+        (None, Some(ttl)) => Ok(Some(crate::protocol::rfc3339(now_unix().saturating_add(ttl)))),
+        (at, None) => Ok(at),
+    }
+}
+
+/// A policy refused: 400 naming its field (`expires_at: …`, `models.allow: …`, `ip_allow: …`).
+fn policy_error(message: String) -> ApiError {
+    let field = message.split([':', '.']).next().unwrap_or_default().to_string();
+    bad(message).with_param(&field)
 }
 
 /// `POST /admin/keys/{id}/rotate`.
@@ -201,6 +234,8 @@ impl AdminApi {
             "rpm": rec.rpm, "tpm": rec.tpm, "max_concurrent": rec.max_concurrent,
             "enabled": rec.enabled, "created_at": rec.created_at, "origin": rec.origin,
             "revoked_at": rec.revoked_at,
+            "expires_at": rec.policy.expires_at.map(crate::protocol::rfc3339),
+            "models": rec.policy.models, "ip_allow": rec.policy.ip_allow,
             "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
         }))
     }
@@ -389,6 +424,9 @@ impl AdminApi {
                 if balance < 0 {
                     return Err(bad("balance: must not be negative"));
                 }
+                let expires_at = expiry_text(body.expires_at, body.ttl_secs)?;
+                let policy = crate::policy::KeyPolicy::parse(expires_at.as_deref(), body.models, body.ip_allow.as_deref(), now_unix())
+                    .map_err(policy_error)?;
                 let secret = new_secret();
                 let hash = hex(&hash_key(&secret));
                 let rec = KeyRecord {
@@ -405,6 +443,7 @@ impl AdminApi {
                     seed_digest: None,
                     revoked_at: None,
                     rotated: None,
+                    policy,
                 };
                 if body.max_concurrent == Some(0) {
                     return Err(bad("max_concurrent: at least 1"));
@@ -468,6 +507,7 @@ impl AdminApi {
             ("PATCH", p) if p.starts_with("/admin/keys/") => {
                 let id = p.trim_start_matches("/admin/keys/").to_string();
                 let patch: PatchKey = Self::read_json(session).await?;
+                let patch_sets_expiry = patch.expires_at.is_some() || patch.ttl_secs.is_some();
                 let mut rec = self.key(&id).await?;
                 if let Some(group) = patch.group {
                     if !self.routing.load().catalog.has_group(&group) {
@@ -502,6 +542,25 @@ impl AdminApi {
                     }
                     rec.max_concurrent = max;
                 }
+                // Policy fields: `null` clears one, absent leaves it; the result is validated whole.
+                let current = &rec.policy;
+                let expires_at = match (patch.expires_at, patch.ttl_secs) {
+                    (None, None) => current.expires_at.map(crate::protocol::rfc3339),
+                    (Some(at), ttl) => expiry_text(at, ttl)?,
+                    (None, ttl) => expiry_text(None, ttl)?,
+                };
+                let models = patch.models.unwrap_or_else(|| current.models.clone());
+                let ip_allow = match patch.ip_allow {
+                    Some(list) => list,
+                    None => current.ip_allow.as_ref().map(|blocks| blocks.iter().map(ToString::to_string).collect()),
+                };
+                // An expiry already stored is kept even if it passed (the key is then simply expired).
+                let now = match (current.expires_at, patch_sets_expiry) {
+                    (Some(at), false) => now_unix().min(at.saturating_sub(1)),
+                    _ => now_unix(),
+                };
+                rec.policy =
+                    crate::policy::KeyPolicy::parse(expires_at.as_deref(), models, ip_allow.as_deref(), now).map_err(policy_error)?;
                 if let Some(delta) = patch.balance_delta {
                     self.ledger.top_up(&rec.id, to_nanos("balance_delta", delta)?).await.map_err(internal)?;
                 }

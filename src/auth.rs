@@ -89,7 +89,11 @@ pub fn extract_key(headers: &HeaderMap) -> Option<&str> {
 
 /// Digest of a configuration-file key entry (balance aside: it applies only at creation).
 fn seed_digest(seed: &KeyConfig) -> String {
-    let text = serde_json::json!([seed.name, seed.group, seed.rpm, seed.tpm, seed.enabled, seed.max_concurrent]).to_string();
+    let mut text = serde_json::json!([seed.name, seed.group, seed.rpm, seed.tpm, seed.enabled, seed.max_concurrent]).to_string();
+    // A policy joins the digest only when set, so entries written before it keep their digest.
+    if !seed.policy.is_empty() {
+        text.push_str(&serde_json::to_string(&seed.policy).unwrap_or_default());
+    }
     hex(&Sha256::digest(text.as_bytes())[..16])
 }
 
@@ -138,6 +142,7 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
             max_concurrent: seed.max_concurrent,
             origin: KeyOrigin::Config,
             seed_digest: Some(digest.clone()),
+            policy: seed.policy.clone(),
             ..base
         };
         let rec = match existing.get(&hash) {
@@ -165,6 +170,7 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
                 seed_digest: None,
                 revoked_at: None,
                 rotated: None,
+                policy: Default::default(),
             }),
         };
         out.push(rec);
@@ -237,6 +243,7 @@ impl KeyIndex {
         if !rec.enabled {
             return Err(ApiError::new(ErrorKind::Unauthorized, "This API key is disabled."));
         }
+        rec.policy.check_expiry(now_unix())?;
         Ok(rec)
     }
 }
@@ -293,6 +300,7 @@ mod tests {
             tpm: None,
             enabled,
             max_concurrent: None,
+            policy: Default::default(),
         }
     }
 
@@ -317,6 +325,7 @@ mod tests {
             seed_digest: None,
             revoked_at: None,
             rotated: None,
+            policy: Default::default(),
         };
         store.put(std::slice::from_ref(&admin)).await.expect("put");
         let index = KeyIndex::load(store.clone(), &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).await.expect("load");
@@ -361,6 +370,7 @@ mod tests {
             tpm: None,
             enabled: true,
             max_concurrent: None,
+            policy: Default::default(),
         };
         let index = KeyIndex::load(store.clone(), std::slice::from_ref(&seed)).await.expect("load");
         let rec = index.authenticate(Some("sk-demo-0001")).expect("known");

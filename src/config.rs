@@ -128,6 +128,9 @@ struct RawConfig {
     /// Extra upstream response headers relayed to clients, beyond each protocol's allowlist.
     #[serde(default)]
     forward_response_headers: Vec<String>,
+    /// Proxies in front of tollgate whose `X-Forwarded-For` is believed (CIDR blocks).
+    #[serde(default)]
+    trusted_proxies: Vec<String>,
     #[serde(default)]
     retry: Option<RawRetry>,
     /// How providers of one tier share the traffic.
@@ -441,6 +444,13 @@ struct RawKey {
     enabled: bool,
     #[serde(default)]
     max_concurrent: Option<u32>,
+    /// RFC 3339; refused once past.
+    #[serde(default)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    models: Option<crate::policy::ModelRules>,
+    #[serde(default)]
+    ip_allow: Option<Vec<String>>,
 }
 
 fn yes() -> bool {
@@ -470,6 +480,8 @@ pub struct Config {
     pub forward_headers: Vec<String>,
     /// Extra upstream response headers relayed to clients (lower case; a trailing `*` is a prefix).
     pub forward_response_headers: Vec<String>,
+    /// Proxies whose `X-Forwarded-For` is believed (see `policy::client_address`).
+    pub trusted_proxies: Vec<crate::policy::Cidr>,
     pub keys: Vec<KeyConfig>,
     /// Output tokens held for a request that names no maximum.
     pub default_max_output_tokens: u64,
@@ -770,6 +782,8 @@ pub struct KeyConfig {
     pub enabled: bool,
     /// Requests of this key in flight at once.
     pub max_concurrent: Option<u32>,
+    /// Expiry, model rules, address allowlist.
+    pub policy: crate::policy::KeyPolicy,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -995,6 +1009,8 @@ impl Config {
             if !(k.balance.is_finite() && k.balance >= 0.0) {
                 return err(format!("{at}.balance: must be a non-negative number"));
             }
+            let policy = crate::policy::KeyPolicy::parse(k.expires_at.as_deref(), k.models, k.ip_allow.as_deref(), crate::auth::now_unix())
+                .map_err(|e| ConfigError(format!("{at}.{e}")))?;
             keys.push(KeyConfig {
                 key: k.key,
                 name: k.name,
@@ -1004,6 +1020,7 @@ impl Config {
                 tpm: k.tpm,
                 enabled: k.enabled,
                 max_concurrent: k.max_concurrent,
+                policy,
             });
             if k.max_concurrent == Some(0) {
                 return err(format!("{at}.max_concurrent: at least 1 (disable the key instead)"));
@@ -1031,6 +1048,12 @@ impl Config {
         let forward_headers = header_patterns("forward_headers", &raw.forward_headers, &|bare| {
             crate::protocol::never_forwarded(bare).then_some("carries credentials or is set by tollgate; it is never forwarded")
         })?;
+        let trusted_proxies = raw
+            .trusted_proxies
+            .iter()
+            .enumerate()
+            .map(|(i, c)| crate::policy::Cidr::parse(c).map_err(|e| ConfigError(format!("trusted_proxies[{i}]: {e}"))))
+            .collect::<Result<Vec<_>, _>>()?;
         let forward_response_headers = header_patterns("forward_response_headers", &raw.forward_response_headers, &|bare| {
             ("set-cookie".starts_with(bare) || ["connection", "keep-alive", "proxy-connection", "upgrade"].contains(&bare))
                 .then_some("would relay cookies or connection headers; it is never relayed")
@@ -1107,6 +1130,7 @@ impl Config {
             commit,
             forward_headers,
             forward_response_headers,
+            trusted_proxies,
             usage_retention_days,
             listen,
             tls,

@@ -26,6 +26,7 @@ pub mod logging;
 pub mod meter;
 pub mod metrics;
 pub mod mock;
+pub mod policy;
 pub mod protocol;
 pub mod relay;
 pub mod response;

@@ -181,6 +181,7 @@ mod tests {
             seed_digest: None,
             revoked_at: None,
             rotated: None,
+            policy: Default::default(),
         }
     }
 

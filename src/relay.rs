@@ -330,6 +330,8 @@ pub struct Routing {
     pub forward_headers: Vec<String>,
     /// Extra upstream response headers relayed to clients (`forward_response_headers`).
     pub forward_response_headers: Vec<String>,
+    /// Proxies whose `X-Forwarded-For` is believed (`trusted_proxies`).
+    pub trusted_proxies: Vec<crate::policy::Cidr>,
     /// Retries before the first byte.
     pub retry: crate::config::RetryPolicy,
     /// Input tokens held per referenced image and per file (`billing.image_input_tokens`,
@@ -765,6 +767,7 @@ prices:
             default_max_output_tokens: 100,
             forward_headers: Vec::new(),
             forward_response_headers: Vec::new(),
+            trusted_proxies: Vec::new(),
             retry: crate::config::RetryPolicy::default(),
             media_allowance: MediaAllowance::default(),
         }

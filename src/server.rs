@@ -171,6 +171,7 @@ fn routing_for(config: &Config, health: &crate::health::HealthBook) -> Routing {
         default_max_output_tokens: config.default_max_output_tokens,
         forward_headers: config.forward_headers.clone(),
         forward_response_headers: config.forward_response_headers.clone(),
+        trusted_proxies: config.trusted_proxies.clone(),
         retry: config.retry.clone(),
         media_allowance: config.media_allowance,
     }

@@ -212,6 +212,7 @@ fn record(id: &str, hash: &str, enabled: bool) -> KeyRecord {
         seed_digest: None,
         revoked_at: None,
         rotated: None,
+        policy: Default::default(),
     }
 }
 

@@ -33,6 +33,7 @@ fn key(id: &str, secret: &str, enabled: bool) -> KeyRecord {
         seed_digest: None,
         revoked_at: None,
         rotated: None,
+        policy: Default::default(),
     }
 }
 

@@ -51,6 +51,7 @@ async fn stale_gets_coalesce_into_one_describe() {
         seed_digest: None,
         revoked_at: None,
         rotated: None,
+        policy: Default::default(),
     };
     let (task, _) = svc.create(&key, br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None).await.expect("created");
     // Staleness is a matter of time: let the one-second poll interval pass.

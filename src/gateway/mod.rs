@@ -204,12 +204,25 @@ impl Gateway {
         let version = client_version(req);
         let routing = self.routing.load_full();
         let catalog = &routing.catalog;
+        if key.policy.ip_allow.is_some() {
+            let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip());
+            let Some(peer) = peer else {
+                return Err(ApiError::new(ErrorKind::IpNotAllowed, "This API key may only be used from listed addresses."));
+            };
+            let client = crate::policy::client_address(peer, header_str(req, "x-forwarded-for"), &routing.trusted_proxies);
+            key.policy.check_address(client)?;
+        }
+        // The model lists show exactly what the key may call.
+        let listed = |mut models: Vec<crate::protocol::ModelEntry>| {
+            models.retain(|m| key.policy.allows_model(&m.id));
+            models
+        };
 
         let protocol = match &route {
             Route::Models => {
                 let (only, shape) =
                     if version.is_some() { (Some(Protocol::Anthropic), Protocol::Anthropic) } else { (None, Protocol::Openai) };
-                let models = catalog.models_for(&key.group, only);
+                let models = listed(catalog.models_for(&key.group, only));
                 let body = match shape {
                     Protocol::Anthropic => anthropic::model_list(&models),
                     _ => openai::model_list(&models),
@@ -217,11 +230,11 @@ impl Gateway {
                 return Ok(Outcome::Respond(LocalResponse::json(200, &body)));
             }
             Route::GeminiModels => {
-                let models = catalog.models_for(&key.group, Some(Protocol::Gemini));
+                let models = listed(catalog.models_for(&key.group, Some(Protocol::Gemini)));
                 return Ok(Outcome::Respond(LocalResponse::json(200, &gemini::model_list(&models))));
             }
             Route::GeminiModel { model } => {
-                let models = catalog.models_for(&key.group, Some(Protocol::Gemini));
+                let models = listed(catalog.models_for(&key.group, Some(Protocol::Gemini)));
                 let wanted = model.strip_prefix("models/").unwrap_or(model);
                 return match models.iter().find(|m| m.id == wanted) {
                     Some(m) => Ok(Outcome::Respond(LocalResponse::json(200, &gemini::model(m)))),
@@ -284,6 +297,8 @@ impl Gateway {
                 draft
             }
         };
+        // After the model resolved to one a provider serves (an unknown model stayed a 404).
+        key.policy.check_model(&draft.model).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
         if let Some(t) = &mut draft.translation {
             t.gemini_sse = session.req_header().uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
             if t.count && t.upstream == Protocol::Openai {

@@ -16,10 +16,10 @@ pub const VERSION_HEADER: &str = "anthropic-version";
 pub fn error_body(e: &ApiError) -> Value {
     let etype = match e.kind {
         ErrorKind::BadRequest => "invalid_request_error",
-        ErrorKind::Unauthorized => "authentication_error",
+        ErrorKind::Unauthorized | ErrorKind::KeyExpired => "authentication_error",
         ErrorKind::InsufficientBalance => "billing_error",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "not_found_error",
-        ErrorKind::Forbidden => "permission_error",
+        ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => "permission_error",
         ErrorKind::Conflict => "invalid_request_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::RequestTimeout => "timeout_error",

@@ -14,10 +14,10 @@ pub const RELAYED_HEADERS: [&str; 1] = ["x-goog-api-client"];
 pub fn error_body(e: &ApiError) -> Value {
     let status = match e.kind {
         ErrorKind::BadRequest | ErrorKind::PayloadTooLarge => "INVALID_ARGUMENT",
-        ErrorKind::Unauthorized => "UNAUTHENTICATED",
+        ErrorKind::Unauthorized | ErrorKind::KeyExpired => "UNAUTHENTICATED",
         ErrorKind::InsufficientBalance => "FAILED_PRECONDITION",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "NOT_FOUND",
-        ErrorKind::Forbidden => "PERMISSION_DENIED",
+        ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => "PERMISSION_DENIED",
         ErrorKind::Conflict => "FAILED_PRECONDITION",
         ErrorKind::RateLimited => "RESOURCE_EXHAUSTED",
         ErrorKind::BadGateway => "UNAVAILABLE",

@@ -502,6 +502,12 @@ pub enum ErrorKind {
     BadGateway,
     GatewayTimeout,
     Internal,
+    /// The key is past its `expires_at` (401).
+    KeyExpired,
+    /// The client address is outside the key's `ip_allow` (403).
+    IpNotAllowed,
+    /// The key's model rules exclude the model (403).
+    ModelNotAllowed,
 }
 
 impl ErrorKind {
@@ -523,15 +529,18 @@ impl ErrorKind {
             ErrorKind::BadGateway => "upstream_failed",
             ErrorKind::GatewayTimeout => "upstream_timeout",
             ErrorKind::Internal => "internal",
+            ErrorKind::KeyExpired => "key_expired",
+            ErrorKind::IpNotAllowed => "ip_not_allowed",
+            ErrorKind::ModelNotAllowed => "model_not_allowed",
         }
     }
 
     pub fn status(self) -> u16 {
         match self {
             ErrorKind::BadRequest => 400,
-            ErrorKind::Unauthorized => 401,
+            ErrorKind::Unauthorized | ErrorKind::KeyExpired => 401,
             ErrorKind::InsufficientBalance => 402,
-            ErrorKind::Forbidden => 403,
+            ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => 403,
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::PayloadTooLarge => 413,
             ErrorKind::RequestTimeout => 408,

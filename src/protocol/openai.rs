@@ -28,6 +28,9 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::BadGateway => ("api_error", json!("upstream_unavailable")),
         ErrorKind::GatewayTimeout => ("api_error", json!("upstream_timeout")),
         ErrorKind::Internal => ("api_error", json!("internal_error")),
+        ErrorKind::KeyExpired => ("authentication_error", json!("key_expired")),
+        ErrorKind::IpNotAllowed => ("permission_error", json!("ip_not_allowed")),
+        ErrorKind::ModelNotAllowed => ("permission_error", json!("model_not_allowed")),
     };
     json!({"error": {"message": e.message, "type": etype, "param": e.param, "code": code}})
 }

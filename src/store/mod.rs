@@ -184,6 +184,9 @@ pub struct KeyRecord {
     /// The secret this key had before its last rotation, still accepted until a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rotated: Option<Rotation>,
+    /// Expiry, model rules, address allowlist (see `policy`).
+    #[serde(default, skip_serializing_if = "crate::policy::KeyPolicy::is_empty")]
+    pub policy: crate::policy::KeyPolicy,
 }
 
 /// The previous secret of a rotated key and the end of its grace period.

@@ -883,7 +883,11 @@ mod round_trip {
     /// A conversation: user text, assistant text and calls, user results of those calls.
     fn conversation() -> impl Strategy<Value = Request> {
         (text(), text(), proptest::collection::vec(call(), 0..3), proptest::option::of(1u64..5000), proptest::option::of(0u32..20))
-            .prop_map(|(system, said, calls, max, temp)| {
+            .prop_map(|(system, said, mut calls, max, temp)| {
+                // Call ids are unique within a conversation (as every protocol requires).
+                for (i, c) in calls.iter_mut().enumerate() {
+                    c.id = format!("{}_{i}", c.id);
+                }
                 let mut messages = vec![Message { role: Role::User, parts: vec![Part::Text("hello".into())] }];
                 let mut assistant = vec![Part::Text(said)];
                 assistant.extend(calls.iter().cloned().map(Part::ToolCall));

@@ -124,6 +124,7 @@ mod tests {
             seed_digest: None,
             revoked_at: None,
             rotated: None,
+            policy: Default::default(),
         };
         {
             let db = SledDb::open(dir.path()).expect("open");

@@ -1,0 +1,344 @@
+//! Per-key policy beyond group, balance and rate limits: when a key expires, which models it may
+//! call, from which addresses. Parsed and validated once (the configuration file, the admin
+//! API: a bad value is refused naming its field, nothing is stored), checked here on every
+//! request.
+//!
+//! The client address is the TCP peer's; only when the peer is a trusted proxy
+//! (`trusted_proxies`) is `X-Forwarded-For` read, right to left, and the first hop that is not a
+//! trusted proxy is the client. No other header is believed.
+
+use crate::protocol::{ApiError, ErrorKind};
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// An address block: `10.0.0.0/8`, `2001:db8::/32`, or one address (`192.0.2.7`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+/// An IPv4 address written as IPv6 (`::ffff:a.b.c.d`) is that IPv4 address.
+pub fn normalize(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+impl Cidr {
+    pub fn parse(text: &str) -> Result<Cidr, String> {
+        let text = text.trim();
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text, None),
+        };
+        let parsed: IpAddr = addr.parse().map_err(|_| format!("'{text}' is not an address or address block (CIDR)"))?;
+        let mapped = matches!(parsed, IpAddr::V6(v6) if v6.to_ipv4_mapped().is_some());
+        let addr = normalize(parsed);
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => {
+                let p: u8 = p.parse().map_err(|_| format!("'{text}': the prefix length must be a number"))?;
+                // A mapped block's prefix counts the 96 bits of the mapping.
+                let p = if mapped {
+                    p.checked_sub(96).ok_or_else(|| format!("'{text}': prefix below /96 for a mapped IPv4 block"))?
+                } else {
+                    p
+                };
+                if p > max {
+                    return Err(format!("'{text}': the prefix length is at most {max}"));
+                }
+                p
+            }
+        };
+        Ok(Cidr { addr, prefix })
+    }
+
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, normalize(ip)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = if self.prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(self.prefix)) };
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = if self.prefix == 0 { 0 } else { u128::MAX << (128 - u32::from(self.prefix)) };
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+impl Serialize for Cidr {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Cidr {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Cidr, D::Error> {
+        let text = String::deserialize(d)?;
+        Cidr::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Which models a key may call: exact names or a prefix ending in `*`. `deny` wins; with
+/// `allow`, only what it names.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRules {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+fn matches(pattern: &str, model: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => model.starts_with(prefix),
+        None => pattern == model,
+    }
+}
+
+impl ModelRules {
+    /// Refuse an empty `allow` (never read as "everything") and a `*` anywhere but at the end.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.allow.as_ref().is_some_and(Vec::is_empty) {
+            return Err("models.allow: an empty list would allow nothing; leave it out to allow every model".into());
+        }
+        for (list, patterns) in [("allow", self.allow.as_deref().unwrap_or_default()), ("deny", &self.deny)] {
+            if let Some(bad) = patterns.iter().find(|p| p.is_empty() || p.trim_end_matches('*').contains('*') || p.matches('*').count() > 1)
+            {
+                return Err(format!("models.{list}: '{bad}' — a name, or a prefix ending in one '*'"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn allows(&self, model: &str) -> bool {
+        !self.deny.iter().any(|p| matches(p, model)) && self.allow.as_ref().is_none_or(|allow| allow.iter().any(|p| matches(p, model)))
+    }
+}
+
+/// A key's policy (stored with the key).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyPolicy {
+    /// Unix seconds after which the key is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<ModelRules>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip_allow: Option<Vec<Cidr>>,
+}
+
+impl KeyPolicy {
+    pub fn is_empty(&self) -> bool {
+        *self == KeyPolicy::default()
+    }
+
+    /// 401 `key_expired` once past `expires_at`.
+    pub fn check_expiry(&self, now: u64) -> Result<(), ApiError> {
+        match self.expires_at {
+            Some(at) if now >= at => Err(ApiError::new(ErrorKind::KeyExpired, "This API key has expired.")),
+            _ => Ok(()),
+        }
+    }
+
+    /// 403 `ip_not_allowed` when the client address is outside `ip_allow`.
+    pub fn check_address(&self, client: IpAddr) -> Result<(), ApiError> {
+        match &self.ip_allow {
+            Some(blocks) if !blocks.iter().any(|b| b.contains(client)) => {
+                Err(ApiError::new(ErrorKind::IpNotAllowed, format!("This API key may not be used from {}.", normalize(client))))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the key may call `model` (the model a provider serves).
+    pub fn allows_model(&self, model: &str) -> bool {
+        self.models.as_ref().is_none_or(|rules| rules.allows(model))
+    }
+
+    /// 403 `model_not_allowed` for a model the rules exclude.
+    pub fn check_model(&self, model: &str) -> Result<(), ApiError> {
+        if self.allows_model(model) {
+            Ok(())
+        } else {
+            Err(ApiError::new(ErrorKind::ModelNotAllowed, format!("This API key may not call the model '{model}'.")).with_param("model"))
+        }
+    }
+
+    /// Validate a policy given as text: an RFC 3339 expiry (refused when past), model rules,
+    /// address blocks. Errors name the field.
+    pub fn parse(expires_at: Option<&str>, models: Option<ModelRules>, ip_allow: Option<&[String]>, now: u64) -> Result<KeyPolicy, String> {
+        let expires_at = match expires_at {
+            Some(text) => {
+                let at =
+                    rfc3339_unix(text).ok_or_else(|| format!("expires_at: '{text}' is not an RFC 3339 time (2026-12-31T23:59:59Z)"))?;
+                if at <= now {
+                    return Err(format!("expires_at: '{text}' is in the past"));
+                }
+                Some(at)
+            }
+            None => None,
+        };
+        if let Some(rules) = &models {
+            rules.validate()?;
+        }
+        let ip_allow = match ip_allow {
+            Some([]) => {
+                return Err("ip_allow: an empty list would allow no address; leave it out to allow every address".into())
+            }
+            Some(list) => Some(list.iter().map(|c| Cidr::parse(c).map_err(|e| format!("ip_allow: {e}"))).collect::<Result<Vec<_>, _>>()?),
+            None => None,
+        };
+        Ok(KeyPolicy { expires_at, models, ip_allow })
+    }
+}
+
+/// The client's address: the TCP peer's, or, when the peer is a trusted proxy, the right-most
+/// `X-Forwarded-For` hop that is not one (a hop that does not parse ends the walk at the proxy
+/// that wrote it).
+pub fn client_address(peer: IpAddr, forwarded_for: Option<&str>, trusted: &[Cidr]) -> IpAddr {
+    let peer = normalize(peer);
+    let trusted_ip = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
+    if !trusted_ip(peer) {
+        return peer;
+    }
+    let mut nearest = peer;
+    for hop in forwarded_for.unwrap_or_default().rsplit(',').map(str::trim).filter(|h| !h.is_empty()) {
+        let Ok(ip) = hop.parse::<IpAddr>() else { return nearest };
+        let ip = normalize(ip);
+        if !trusted_ip(ip) {
+            return ip;
+        }
+        nearest = ip;
+    }
+    nearest
+}
+
+/// RFC 3339 (`2026-12-31T23:59:59Z`, `…+02:00`, fractions ignored) → unix seconds.
+pub fn rfc3339_unix(text: &str) -> Option<u64> {
+    let b = text.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| text.get(r)?.parse::<i64>().ok();
+    let (y, mo, d, h, mi, s) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || s > 60 {
+        return None;
+    }
+    let mut rest = &text[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let digits = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        rest = &frac[digits..];
+    }
+    let offset = match rest {
+        "Z" | "z" => 0,
+        _ => {
+            let sign = match rest.as_bytes().first()? {
+                b'+' => 1,
+                b'-' => -1,
+                _ => return None,
+            };
+            if rest.len() != 6 || rest.as_bytes()[3] != b':' {
+                return None;
+            }
+            sign * (rest[1..3].parse::<i64>().ok()? * 3600 + rest[4..6].parse::<i64>().ok()? * 60)
+        }
+    };
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if mo <= 2 { (y - 1, mo + 9) } else { (y, mo - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(days * 86_400 + h * 3600 + mi * 60 + s - offset).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("an address")
+    }
+
+    #[test]
+    fn blocks_contain_their_addresses_v4_v6_and_mapped() {
+        let b = Cidr::parse("10.1.0.0/16").expect("cidr");
+        assert!(b.contains(ip("10.1.200.3")) && !b.contains(ip("10.2.0.1")));
+        assert!(b.contains(ip("::ffff:10.1.2.3")), "a mapped address is its IPv4 address");
+        let one = Cidr::parse("::ffff:192.0.2.7").expect("cidr");
+        assert_eq!(one.to_string(), "192.0.2.7/32");
+        assert!(one.contains(ip("192.0.2.7")));
+        let v6 = Cidr::parse("2001:db8::/32").expect("cidr");
+        assert!(v6.contains(ip("2001:db8:1::5")) && !v6.contains(ip("2001:db9::1")) && !v6.contains(ip("10.0.0.1")));
+        assert!(Cidr::parse("0.0.0.0/0").expect("cidr").contains(ip("8.8.8.8")));
+        for bad in ["10.0.0.0/33", "10.0.0/8", "nope", "2001:db8::/129", "10.0.0.0/x"] {
+            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn forwarded_for_is_believed_only_from_trusted_proxies() {
+        let trusted = [Cidr::parse("10.0.0.0/8").expect("cidr")];
+        // An untrusted peer's header is ignored (the spoofing case).
+        assert_eq!(client_address(ip("203.0.113.9"), Some("198.51.100.1"), &trusted), ip("203.0.113.9"));
+        // Through the proxy: the right-most hop that is not a proxy, whatever the client prepended.
+        assert_eq!(client_address(ip("10.0.0.2"), Some("1.2.3.4, 198.51.100.7, 10.0.0.9"), &trusted), ip("198.51.100.7"));
+        // Only proxies, or no header: the nearest proxy.
+        assert_eq!(client_address(ip("10.0.0.2"), Some("10.0.0.9"), &trusted), ip("10.0.0.9"));
+        assert_eq!(client_address(ip("10.0.0.2"), None, &trusted), ip("10.0.0.2"));
+        // A hop that does not parse stops the walk at the proxy that wrote it.
+        assert_eq!(client_address(ip("10.0.0.2"), Some("198.51.100.7, garbage"), &trusted), ip("10.0.0.2"));
+        // No trusted proxies: the peer, always.
+        assert_eq!(client_address(ip("::ffff:10.0.0.2"), Some("1.1.1.1"), &[]), ip("10.0.0.2"));
+    }
+
+    #[test]
+    fn model_rules_deny_first_globs_at_the_end_and_no_empty_allow() {
+        let rules = ModelRules { allow: Some(vec!["alpha-*".into(), "beta-opus-4-7".into()]), deny: vec!["alpha-5.5".into()] };
+        assert!(rules.validate().is_ok());
+        assert!(rules.allows("alpha-4o-mini") && rules.allows("beta-opus-4-7"));
+        assert!(!rules.allows("alpha-5.5") && !rules.allows("beta-opus-4-6") && !rules.allows("gamma-3.5-flash"));
+        let deny_only = ModelRules { allow: None, deny: vec!["gamma-*".into()] };
+        assert!(deny_only.allows("alpha-5.5") && !deny_only.allows("gamma-3.5-flash"));
+        assert!(ModelRules { allow: Some(vec![]), deny: vec![] }.validate().is_err(), "an empty allow list is refused");
+        for bad in ["al*pha", "*", "a**", ""] {
+            let r = ModelRules { allow: None, deny: vec![bad.into()] };
+            assert_eq!(r.validate().is_err(), bad != "*", "{bad}");
+        }
+    }
+
+    #[test]
+    fn expiry_is_checked_and_rfc3339_read() {
+        assert_eq!(rfc3339_unix("1970-01-01T00:00:00Z"), Some(0));
+        assert_eq!(rfc3339_unix("2026-11-24T12:00:00Z"), Some(1_795_521_600));
+        assert_eq!(rfc3339_unix("2026-11-24T14:00:00.123+02:00"), Some(1_795_521_600));
+        assert_eq!(rfc3339_unix("2026-11-24T07:00:00-05:00"), Some(1_795_521_600));
+        for bad in ["2026-11-24", "2026-13-01T00:00:00Z", "2026-11-24T12:00:00", "2026-11-24T12:00:00+0200"] {
+            assert_eq!(rfc3339_unix(bad), None, "{bad}");
+        }
+        let now = 1_795_521_600;
+        assert!(KeyPolicy::parse(Some("2026-11-24T11:59:59Z"), None, None, now).is_err(), "past expiry refused");
+        let p = KeyPolicy::parse(Some("2026-11-24T12:00:10Z"), None, None, now).expect("valid");
+        assert!(p.check_expiry(now + 9).is_ok());
+        assert_eq!(p.check_expiry(now + 10).map_err(|e| e.kind), Err(ErrorKind::KeyExpired));
+        assert!(KeyPolicy::parse(None, None, Some(&[]), now).is_err(), "an empty ip_allow is refused");
+        assert!(KeyPolicy::parse(None, None, Some(&["10.0.0.0/40".to_string()]), now).unwrap_err().starts_with("ip_allow:"));
+    }
+}

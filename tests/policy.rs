@@ -1,0 +1,191 @@
+//! Key policy (issue 29, first part) against the real daemon: expiry, model rules (after
+//! translation resolves the model), address allowlists with and without trusted proxies
+//! (spoofed `X-Forwarded-For`), validation in the file and in the admin API.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+const ADMIN_TOKEN: &str = "policy-admin-token-0000000001";
+const MODELS_KEY: &str = "sk-policy-models-0001";
+const IP_KEY: &str = "sk-policy-ip-000001";
+const LOCAL_KEY: &str = "sk-policy-local-0001";
+
+fn config(mock_port: u16, admin_port: u16, trusted: &str) -> String {
+    let base = standard_config(mock_port).replace(
+        "  chat: { platforms: [openai] }\n",
+        "  chat: { platforms: [openai] }\n  bridge: { platforms: [openai, anthropic, gemini], translate: true }\n",
+    );
+    let base = with_key(&base, &format!("{{ key: {MODELS_KEY}, name: models, group: bridge, balance: 5.0, models: {{ allow: [\"alpha-*\", beta-opus-4-7], deny: [alpha-4o-mini] }} }}"));
+    let base = with_key(
+        &base,
+        &format!("{{ key: {IP_KEY}, name: office, group: default, balance: 5.0, ip_allow: [10.0.0.0/8, \"2001:db8::/32\"] }}"),
+    );
+    let base = with_key(&base, &format!("{{ key: {LOCAL_KEY}, name: local, group: default, balance: 5.0, ip_allow: [127.0.0.1] }}"));
+    format!("{base}admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}\n{trusted}")
+}
+
+async fn chat(gw: &Gateway, key: &str, model: &str, headers: &[(&str, &str)]) -> (u16, Value) {
+    let mut r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}));
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    let resp = r.send().await.expect("request");
+    (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn model_rules_apply_after_translation_and_shape_the_model_lists() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, free_port(), ""));
+    assert_eq!(chat(&gw, MODELS_KEY, "alpha-5.5", &[]).await.0, 200);
+    // Reached through translation, allowed by name.
+    assert_eq!(chat(&gw, MODELS_KEY, "beta-opus-4-7", &[]).await.0, 200);
+    for model in ["alpha-4o-mini", "beta-sonnet-4-6", "gamma-3.5-flash"] {
+        let (status, body) = chat(&gw, MODELS_KEY, model, &[]).await;
+        assert_eq!(status, 403, "{model}: {body}");
+        assert_eq!(body["error"]["code"], "model_not_allowed", "{body}");
+    }
+    // An unknown model stays a 404.
+    assert_eq!(chat(&gw, MODELS_KEY, "alpha-none", &[]).await.0, 404);
+    // In the messages shape too.
+    let resp = client()
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", MODELS_KEY)
+        .json(&json!({"model": "gamma-3.5-flash", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status(), 403);
+    assert_eq!(resp.json::<Value>().await.expect("json")["error"]["type"], "permission_error");
+    let list: Value = client().get(gw.url("/v1/models")).bearer_auth(MODELS_KEY).send().await.expect("list").json().await.expect("json");
+    let mut ids: Vec<&str> = list["data"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, ["alpha-5.5", "alpha-embed-3", "beta-opus-4-7"]);
+    let resp = client().get(gw.url("/v1beta/models/gamma-3.5-flash")).header("x-goog-api-key", MODELS_KEY).send().await.expect("get");
+    assert_eq!(resp.status(), 404, "a model the key may not call is not shown");
+}
+
+#[tokio::test]
+async fn an_address_allowlist_believes_forwarded_for_only_from_trusted_proxies() {
+    let mock = start_mock();
+    // No trusted proxies: the TCP peer (127.0.0.1) is the client, whatever the header says.
+    let gw = start_gateway(&config(mock.port, free_port(), ""));
+    let (status, body) = chat(&gw, IP_KEY, "alpha-5.5", &[]).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("ip_not_allowed")), "{body}");
+    let (status, _) = chat(&gw, IP_KEY, "alpha-5.5", &[("x-forwarded-for", "10.1.2.3")]).await;
+    assert_eq!(status, 403, "a spoofed X-Forwarded-For is not believed from an untrusted peer");
+    let (status, _) = chat(&gw, IP_KEY, "alpha-5.5", &[("x-real-ip", "10.1.2.3"), ("forwarded", "for=10.1.2.3")]).await;
+    assert_eq!(status, 403, "no other header is believed");
+    assert_eq!(chat(&gw, LOCAL_KEY, "alpha-5.5", &[]).await.0, 200);
+    // The model list is refused too: the key may not be used from here at all.
+    assert_eq!(client().get(gw.url("/v1/models")).bearer_auth(IP_KEY).send().await.expect("list").status(), 403);
+    drop(gw);
+
+    // Behind a trusted proxy (127.0.0.1 plays it): the right-most hop that is not a proxy.
+    let gw = start_gateway(&config(mock.port, free_port(), "trusted_proxies: [127.0.0.0/8]\n"));
+    assert_eq!(chat(&gw, IP_KEY, "alpha-5.5", &[("x-forwarded-for", "10.1.2.3")]).await.0, 200);
+    assert_eq!(chat(&gw, IP_KEY, "alpha-5.5", &[("x-forwarded-for", "::ffff:10.9.9.9")]).await.0, 200, "mapped IPv4 normalised");
+    assert_eq!(chat(&gw, IP_KEY, "alpha-5.5", &[("x-forwarded-for", "2001:db8::7")]).await.0, 200);
+    // A client that prepends an allowed address gains nothing: the proxy appended the real one.
+    let (status, _) = chat(&gw, IP_KEY, "alpha-5.5", &[("x-forwarded-for", "10.1.2.3, 203.0.113.5")]).await;
+    assert_eq!(status, 403);
+    // Without the header, the client is the proxy itself (not allowed for IP_KEY).
+    assert_eq!(chat(&gw, IP_KEY, "alpha-5.5", &[]).await.0, 403);
+}
+
+async fn admin(gw_admin: u16, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut r = client().request(method, format!("http://127.0.0.1:{gw_admin}{path}")).bearer_auth(ADMIN_TOKEN);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().await.expect("admin");
+    (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
+}
+
+#[tokio::test]
+async fn the_admin_api_validates_policy_fields_and_null_clears_them() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port, ""));
+    for (body, field) in [
+        (json!({"name": "x", "ip_allow": ["10.0.0.0/33"]}), "ip_allow"),
+        (json!({"name": "x", "ip_allow": []}), "ip_allow"),
+        (json!({"name": "x", "models": {"allow": []}}), "models"),
+        (json!({"name": "x", "models": {"deny": ["al*pha"]}}), "models"),
+        (json!({"name": "x", "expires_at": "2020-01-01T00:00:00Z"}), "expires_at"),
+        (json!({"name": "x", "expires_at": "tomorrow"}), "expires_at"),
+        (json!({"name": "x", "expires_at": "2099-01-01T00:00:00Z", "ttl_secs": 5}), "ttl_secs"),
+    ] {
+        let (status, answer) = admin(admin_port, reqwest::Method::POST, "/admin/keys", Some(body.clone())).await;
+        assert_eq!((status, answer["error"]["param"].as_str()), (400, Some(field)), "{body}: {answer}");
+    }
+    let (_, before) = admin(admin_port, reqwest::Method::GET, "/admin/keys", None).await;
+    assert_eq!(before["data"].as_array().map(Vec::len), Some(6), "nothing stored: {before}");
+
+    // A key usable from 10/8 only; then the allowlist is cleared with null.
+    let (status, created) = admin(
+        admin_port,
+        reqwest::Method::POST,
+        "/admin/keys",
+        Some(json!({"name": "k", "balance": 1.0, "ip_allow": ["10.0.0.0/8"], "expires_at": "2099-01-01T00:00:00Z"})),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    assert_eq!(created["ip_allow"], json!(["10.0.0.0/8"]));
+    assert_eq!(created["expires_at"], "2099-01-01T00:00:00Z");
+    let secret = created["key"].as_str().expect("secret").to_string();
+    let id = created["id"].as_str().expect("id").to_string();
+    assert_eq!(chat(&gw, &secret, "alpha-5.5", &[]).await.0, 403);
+    let (status, patched) = admin(admin_port, reqwest::Method::PATCH, &format!("/admin/keys/{id}"), Some(json!({"ip_allow": null}))).await;
+    assert_eq!((status, &patched["ip_allow"]), (200, &Value::Null), "{patched}");
+    assert_eq!(patched["expires_at"], "2099-01-01T00:00:00Z", "other fields kept");
+    assert_eq!(chat(&gw, &secret, "alpha-5.5", &[]).await.0, 200);
+    // A bad patch changes nothing.
+    let (status, _) =
+        admin(admin_port, reqwest::Method::PATCH, &format!("/admin/keys/{id}"), Some(json!({"name": "renamed", "models": {"allow": []}})))
+            .await;
+    assert_eq!(status, 400);
+    let (_, view) = admin(admin_port, reqwest::Method::GET, &format!("/admin/keys/{id}"), None).await;
+    assert_eq!(view["name"], "k");
+
+    // Expiry: a key with one second to live answers 401 key_expired once it passed.
+    let (_, short) =
+        admin(admin_port, reqwest::Method::POST, "/admin/keys", Some(json!({"name": "short", "balance": 1.0, "ttl_secs": 1}))).await;
+    let short_secret = short["key"].as_str().expect("secret").to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let body = loop {
+        let (status, body) = chat(&gw, &short_secret, "alpha-5.5", &[]).await;
+        if status == 401 {
+            break body;
+        }
+        assert_eq!(status, 200);
+        assert!(std::time::Instant::now() < deadline, "still accepted after its expiry");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(body["error"]["code"], "key_expired", "{body}");
+}
+
+#[test]
+fn the_file_is_refused_naming_the_key_and_field() {
+    for (entry, expected) in [
+        ("{ key: sk-bad-policy-01, name: b, group: default, ip_allow: [300.1.1.1] }", "keys[0].ip_allow"),
+        ("{ key: sk-bad-policy-01, name: b, group: default, models: { allow: [] } }", "keys[0].models.allow"),
+        ("{ key: sk-bad-policy-01, name: b, group: default, models: { deny: [\"a*b*\"] } }", "keys[0].models.deny"),
+        ("{ key: sk-bad-policy-01, name: b, group: default, expires_at: \"2001-01-01T00:00:00Z\" }", "keys[0].expires_at"),
+    ] {
+        let (dir, path, _) = write_config(&with_key(&standard_config(1), entry));
+        let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+        assert_eq!(code, 2, "{entry}: {out}");
+        assert!(out.contains(expected), "{entry}: {out}");
+        drop(dir);
+    }
+    let (dir, path, _) = write_config(&format!("{}trusted_proxies: [10.0.0.0/99]\n", standard_config(1)));
+    let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+    assert!(code == 2 && out.contains("trusted_proxies[0]"), "{out}");
+    drop(dir);
+}
