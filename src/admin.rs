@@ -64,6 +64,13 @@ struct CreateKey {
     models: Option<crate::policy::ModelRules>,
     #[serde(default)]
     ip_allow: Option<Vec<String>>,
+    /// USD.
+    #[serde(default)]
+    max_request_cost: Option<f64>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    default_output_tokens: Option<u64>,
 }
 
 /// `Some(None)` clears a limit; absent leaves it.
@@ -96,6 +103,12 @@ struct PatchKey {
     models: Option<Option<crate::policy::ModelRules>>,
     #[serde(default, deserialize_with = "double_option")]
     ip_allow: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "double_option")]
+    max_request_cost: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    max_output_tokens: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    default_output_tokens: Option<Option<u64>>,
 }
 
 /// The expiry a request sets: `expires_at` (RFC 3339) or `ttl_secs` from now, not both.
@@ -236,6 +249,8 @@ impl AdminApi {
             "revoked_at": rec.revoked_at,
             "expires_at": rec.policy.expires_at.map(crate::protocol::rfc3339),
             "models": rec.policy.models, "ip_allow": rec.policy.ip_allow,
+            "max_request_cost": rec.policy.max_request_cost_nanos.map(usd),
+            "max_output_tokens": rec.policy.max_output_tokens, "default_output_tokens": rec.policy.default_output_tokens,
             "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
         }))
     }
@@ -425,8 +440,15 @@ impl AdminApi {
                     return Err(bad("balance: must not be negative"));
                 }
                 let expires_at = expiry_text(body.expires_at, body.ttl_secs)?;
-                let policy = crate::policy::KeyPolicy::parse(expires_at.as_deref(), body.models, body.ip_allow.as_deref(), now_unix())
-                    .map_err(policy_error)?;
+                let input = crate::policy::PolicyInput {
+                    expires_at,
+                    models: body.models,
+                    ip_allow: body.ip_allow,
+                    max_request_cost: body.max_request_cost,
+                    max_output_tokens: body.max_output_tokens,
+                    default_output_tokens: body.default_output_tokens,
+                };
+                let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
                 let secret = new_secret();
                 let hash = hex(&hash_key(&secret));
                 let rec = KeyRecord {
@@ -544,23 +566,33 @@ impl AdminApi {
                 }
                 // Policy fields: `null` clears one, absent leaves it; the result is validated whole.
                 let current = &rec.policy;
-                let expires_at = match (patch.expires_at, patch.ttl_secs) {
-                    (None, None) => current.expires_at.map(crate::protocol::rfc3339),
-                    (Some(at), ttl) => expiry_text(at, ttl)?,
-                    (None, ttl) => expiry_text(None, ttl)?,
-                };
-                let models = patch.models.unwrap_or_else(|| current.models.clone());
-                let ip_allow = match patch.ip_allow {
-                    Some(list) => list,
-                    None => current.ip_allow.as_ref().map(|blocks| blocks.iter().map(ToString::to_string).collect()),
-                };
+                let mut input = current.input();
+                match (patch.expires_at, patch.ttl_secs) {
+                    (None, None) => {}
+                    (Some(at), ttl) => input.expires_at = expiry_text(at, ttl)?,
+                    (None, ttl) => input.expires_at = expiry_text(None, ttl)?,
+                }
+                if let Some(models) = patch.models {
+                    input.models = models;
+                }
+                if let Some(list) = patch.ip_allow {
+                    input.ip_allow = list;
+                }
+                if let Some(cost) = patch.max_request_cost {
+                    input.max_request_cost = cost;
+                }
+                if let Some(max) = patch.max_output_tokens {
+                    input.max_output_tokens = max;
+                }
+                if let Some(default) = patch.default_output_tokens {
+                    input.default_output_tokens = default;
+                }
                 // An expiry already stored is kept even if it passed (the key is then simply expired).
                 let now = match (current.expires_at, patch_sets_expiry) {
                     (Some(at), false) => now_unix().min(at.saturating_sub(1)),
                     _ => now_unix(),
                 };
-                rec.policy =
-                    crate::policy::KeyPolicy::parse(expires_at.as_deref(), models, ip_allow.as_deref(), now).map_err(policy_error)?;
+                rec.policy = crate::policy::KeyPolicy::parse(input, now).map_err(policy_error)?;
                 if let Some(delta) = patch.balance_delta {
                     self.ledger.top_up(&rec.id, to_nanos("balance_delta", delta)?).await.map_err(internal)?;
                 }

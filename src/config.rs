@@ -451,6 +451,13 @@ struct RawKey {
     models: Option<crate::policy::ModelRules>,
     #[serde(default)]
     ip_allow: Option<Vec<String>>,
+    /// USD.
+    #[serde(default)]
+    max_request_cost: Option<f64>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    default_output_tokens: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -1009,8 +1016,15 @@ impl Config {
             if !(k.balance.is_finite() && k.balance >= 0.0) {
                 return err(format!("{at}.balance: must be a non-negative number"));
             }
-            let policy = crate::policy::KeyPolicy::parse(k.expires_at.as_deref(), k.models, k.ip_allow.as_deref(), crate::auth::now_unix())
-                .map_err(|e| ConfigError(format!("{at}.{e}")))?;
+            let input = crate::policy::PolicyInput {
+                expires_at: k.expires_at,
+                models: k.models,
+                ip_allow: k.ip_allow,
+                max_request_cost: k.max_request_cost,
+                max_output_tokens: k.max_output_tokens,
+                default_output_tokens: k.default_output_tokens,
+            };
+            let policy = crate::policy::KeyPolicy::parse(input, crate::auth::now_unix()).map_err(|e| ConfigError(format!("{at}.{e}")))?;
             keys.push(KeyConfig {
                 key: k.key,
                 name: k.name,

@@ -66,6 +66,16 @@ pub struct Recorded {
     pub stream_options: Option<Value>,
     /// The request asked for a stream (`"stream": true`, or `:streamGenerateContent`).
     pub stream: bool,
+    /// The output maximum the request named, in whichever protocol field.
+    pub max_output: Option<u64>,
+}
+
+/// The output maximum a request body names (`max_tokens`, `max_completion_tokens`,
+/// `max_output_tokens`, `generationConfig.maxOutputTokens`).
+fn max_output_of(v: &Value) -> Option<u64> {
+    ["/max_tokens", "/max_completion_tokens", "/max_output_tokens", "/generationConfig/maxOutputTokens"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_u64))
 }
 
 /// The mock server's state.
@@ -508,6 +518,7 @@ impl MockUpstream {
                 tag: header(&req, "x-test-tag").map(str::to_string),
                 stream_options: None,
                 stream: false,
+                max_output: max_output_of(&parsed),
             });
             if !self.credential_ok(Kind::Responses, &req) {
                 let b = error_body(Kind::Responses, 401, "mock: missing or wrong upstream key").to_string();
@@ -543,6 +554,7 @@ impl MockUpstream {
             model: model.clone(),
             tag: header(&req, "x-test-tag").map(str::to_string),
             stream_options: parsed.get("stream_options").cloned(),
+            max_output: max_output_of(&parsed),
             stream: kind == Kind::Generate { stream: true } || parsed.get("stream").and_then(Value::as_bool) == Some(true),
         });
 

@@ -138,6 +138,29 @@ pub struct KeyPolicy {
     pub models: Option<ModelRules>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip_allow: Option<Vec<Cidr>>,
+    /// The most one request may cost (its hold, the worst case), nano-USD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_request_cost_nanos: Option<i64>,
+    /// The largest output maximum a request may ask for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u64>,
+    /// The output maximum set for a request that names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_output_tokens: Option<u64>,
+}
+
+/// A policy as the configuration file and the admin API give it (validated by
+/// [`KeyPolicy::parse`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PolicyInput {
+    /// RFC 3339.
+    pub expires_at: Option<String>,
+    pub models: Option<ModelRules>,
+    pub ip_allow: Option<Vec<String>>,
+    /// USD.
+    pub max_request_cost: Option<f64>,
+    pub max_output_tokens: Option<u64>,
+    pub default_output_tokens: Option<u64>,
 }
 
 impl KeyPolicy {
@@ -177,10 +200,44 @@ impl KeyPolicy {
         }
     }
 
-    /// Validate a policy given as text: an RFC 3339 expiry (refused when past), model rules,
-    /// address blocks. Errors name the field.
-    pub fn parse(expires_at: Option<&str>, models: Option<ModelRules>, ip_allow: Option<&[String]>, now: u64) -> Result<KeyPolicy, String> {
-        let expires_at = match expires_at {
+    /// 402 `request_cost_cap_exceeded` when a request's hold (its worst-case cost) is above
+    /// `max_request_cost`.
+    pub fn check_cost(&self, hold_nanos: i64) -> Result<(), ApiError> {
+        match self.max_request_cost_nanos {
+            Some(cap) if hold_nanos > cap => Err(ApiError::new(
+                ErrorKind::RequestCostCap,
+                format!(
+                    "This request may cost up to ${:.6}, more than this API key's cap of ${:.6} per request. Ask for fewer output tokens or send less input.",
+                    crate::ledger::usd(hold_nanos),
+                    crate::ledger::usd(cap)
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// The output maximum a request gets from the key: refused (400 naming `field`) above
+    /// `max_output_tokens`; for a request that names none, `default_output_tokens` (at most
+    /// `max_output_tokens`), or `max_output_tokens` itself, to be set in the request.
+    pub fn output_tokens(&self, asked: Option<u64>, field: &str) -> Result<Option<u64>, ApiError> {
+        match (asked, self.max_output_tokens) {
+            (Some(a), Some(cap)) if a > cap => Err(ApiError::new(
+                ErrorKind::BadRequest,
+                format!("'{field}' asks for {a} output tokens; this API key may ask for at most {cap}."),
+            )
+            .with_param(field)),
+            (Some(_), _) => Ok(None),
+            (None, cap) => Ok(match (self.default_output_tokens, cap) {
+                (Some(d), Some(cap)) => Some(d.min(cap)),
+                (d, cap) => d.or(cap),
+            }),
+        }
+    }
+
+    /// Validate a policy as given: an RFC 3339 expiry (refused when past), model rules, address
+    /// blocks, a cost cap, output limits. Errors name the field.
+    pub fn parse(input: PolicyInput, now: u64) -> Result<KeyPolicy, String> {
+        let expires_at = match input.expires_at.as_deref() {
             Some(text) => {
                 let at =
                     rfc3339_unix(text).ok_or_else(|| format!("expires_at: '{text}' is not an RFC 3339 time (2026-12-31T23:59:59Z)"))?;
@@ -191,17 +248,52 @@ impl KeyPolicy {
             }
             None => None,
         };
-        if let Some(rules) = &models {
+        if let Some(rules) = &input.models {
             rules.validate()?;
         }
-        let ip_allow = match ip_allow {
-            Some([]) => {
-                return Err("ip_allow: an empty list would allow no address; leave it out to allow every address".into())
-            }
+        let ip_allow = match input.ip_allow.as_deref() {
+            Some([]) => return Err("ip_allow: an empty list would allow no address; leave it out to allow every address".into()),
             Some(list) => Some(list.iter().map(|c| Cidr::parse(c).map_err(|e| format!("ip_allow: {e}"))).collect::<Result<Vec<_>, _>>()?),
             None => None,
         };
-        Ok(KeyPolicy { expires_at, models, ip_allow })
+        let max_request_cost_nanos = match input.max_request_cost {
+            Some(usd) if !(usd.is_finite() && usd > 0.0 && usd <= 1e6) => {
+                return Err("max_request_cost: a positive number of USD, at most 1000000".into())
+            }
+            Some(usd) => Some(crate::auth::usd_to_nanos(usd)),
+            None => None,
+        };
+        let limit = crate::config::MAX_OUTPUT_ALLOWANCE;
+        for (field, v) in [("max_output_tokens", input.max_output_tokens), ("default_output_tokens", input.default_output_tokens)] {
+            if v.is_some_and(|n| n == 0 || n > limit) {
+                return Err(format!("{field}: 1 to {limit}"));
+            }
+        }
+        if let (Some(d), Some(m)) = (input.default_output_tokens, input.max_output_tokens) {
+            if d > m {
+                return Err(format!("default_output_tokens: {d} is above max_output_tokens ({m})"));
+            }
+        }
+        Ok(KeyPolicy {
+            expires_at,
+            models: input.models,
+            ip_allow,
+            max_request_cost_nanos,
+            max_output_tokens: input.max_output_tokens,
+            default_output_tokens: input.default_output_tokens,
+        })
+    }
+
+    /// The policy as [`PolicyInput`] (to change one field and validate the whole again).
+    pub fn input(&self) -> PolicyInput {
+        PolicyInput {
+            expires_at: self.expires_at.map(crate::protocol::rfc3339),
+            models: self.models.clone(),
+            ip_allow: self.ip_allow.as_ref().map(|blocks| blocks.iter().map(ToString::to_string).collect()),
+            max_request_cost: self.max_request_cost_nanos.map(crate::ledger::usd),
+            max_output_tokens: self.max_output_tokens,
+            default_output_tokens: self.default_output_tokens,
+        }
     }
 }
 
@@ -334,11 +426,44 @@ mod tests {
             assert_eq!(rfc3339_unix(bad), None, "{bad}");
         }
         let now = 1_795_521_600;
-        assert!(KeyPolicy::parse(Some("2026-11-24T11:59:59Z"), None, None, now).is_err(), "past expiry refused");
-        let p = KeyPolicy::parse(Some("2026-11-24T12:00:10Z"), None, None, now).expect("valid");
+        let at = |t: &str| PolicyInput { expires_at: Some(t.into()), ..PolicyInput::default() };
+        assert!(KeyPolicy::parse(at("2026-11-24T11:59:59Z"), now).is_err(), "past expiry refused");
+        let p = KeyPolicy::parse(at("2026-11-24T12:00:10Z"), now).expect("valid");
         assert!(p.check_expiry(now + 9).is_ok());
         assert_eq!(p.check_expiry(now + 10).map_err(|e| e.kind), Err(ErrorKind::KeyExpired));
-        assert!(KeyPolicy::parse(None, None, Some(&[]), now).is_err(), "an empty ip_allow is refused");
-        assert!(KeyPolicy::parse(None, None, Some(&["10.0.0.0/40".to_string()]), now).unwrap_err().starts_with("ip_allow:"));
+        let ips = |list: Vec<String>| PolicyInput { ip_allow: Some(list), ..PolicyInput::default() };
+        assert!(KeyPolicy::parse(ips(vec![]), now).is_err(), "an empty ip_allow is refused");
+        assert!(KeyPolicy::parse(ips(vec!["10.0.0.0/40".into()]), now).unwrap_err().starts_with("ip_allow:"));
+    }
+
+    #[test]
+    fn output_limits_and_the_cost_cap() {
+        let p = KeyPolicy::parse(
+            PolicyInput {
+                max_output_tokens: Some(1000),
+                default_output_tokens: Some(200),
+                max_request_cost: Some(0.01),
+                ..PolicyInput::default()
+            },
+            0,
+        )
+        .expect("valid");
+        assert_eq!(p.output_tokens(Some(1000), "max_tokens").map_err(|e| e.param), Ok(None));
+        assert_eq!(p.output_tokens(Some(1001), "max_tokens").map_err(|e| e.param), Err(Some("max_tokens".into())));
+        assert_eq!(p.output_tokens(None, "max_tokens").map_err(|e| e.kind), Ok(Some(200)));
+        let cap_only = KeyPolicy { max_output_tokens: Some(50), ..KeyPolicy::default() };
+        assert_eq!(cap_only.output_tokens(None, "x").map_err(|e| e.kind), Ok(Some(50)), "a cap alone is set in the request");
+        assert_eq!(KeyPolicy::default().output_tokens(None, "x").map_err(|e| e.kind), Ok(None));
+        assert!(p.check_cost(10_000_000).is_ok());
+        assert_eq!(p.check_cost(10_000_001).map_err(|e| e.status()), Err(402));
+        for bad in [
+            PolicyInput { max_request_cost: Some(-1.0), ..PolicyInput::default() },
+            PolicyInput { max_output_tokens: Some(0), ..PolicyInput::default() },
+            PolicyInput { max_output_tokens: Some(10), default_output_tokens: Some(20), ..PolicyInput::default() },
+        ] {
+            assert!(KeyPolicy::parse(bad.clone(), 0).is_err(), "{bad:?}");
+        }
+        // The input form says the same policy again.
+        assert_eq!(KeyPolicy::parse(p.input(), 0), Ok(p));
     }
 }

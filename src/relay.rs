@@ -363,7 +363,13 @@ impl Default for MediaAllowance {
 /// names (refused above the model's `max_output_tokens`, or above [`crate::config::MAX_OUTPUT_ALLOWANCE`]),
 /// else the model's limit, else `billing.default_max_output_tokens`; times `n` /
 /// `candidateCount`.
-fn output_allowance(fields: &BodyFields<'_>, protocol: Protocol, routing: &Routing, model: &str) -> Result<u64, ApiError> {
+fn output_allowance(
+    fields: &BodyFields<'_>,
+    protocol: Protocol,
+    routing: &Routing,
+    model: &str,
+    set_by_key: Option<u64>,
+) -> Result<u64, ApiError> {
     let model_limit = routing.prices.price(model).and_then(|p| p.max_output_tokens);
     let per_choice = match protocol.max_output(fields) {
         Some(asked) => {
@@ -376,9 +382,52 @@ fn output_allowance(fields: &BodyFields<'_>, protocol: Protocol, routing: &Routi
             }
             asked
         }
-        None => model_limit.unwrap_or(routing.default_max_output_tokens),
+        None => set_by_key.unwrap_or_else(|| model_limit.unwrap_or(routing.default_max_output_tokens)),
     };
     Ok(per_choice.saturating_mul(protocol.choices(fields)?))
+}
+
+/// The request field that names the output maximum on `route`.
+fn output_field(route: &Route, fields: &BodyFields<'_>) -> &'static str {
+    match route {
+        Route::ChatCompletions if fields.max_tokens.is_some() && fields.max_completion_tokens.is_none() => "max_tokens",
+        Route::ChatCompletions => "max_completion_tokens",
+        Route::Responses | Route::ResponsesCompact => "max_output_tokens",
+        Route::GenerateContent { .. } => "generationConfig.maxOutputTokens",
+        _ => "max_tokens",
+    }
+}
+
+/// `body` with its output maximum set to `tokens` in the route's own field (a request that
+/// named none, for a key with `default_output_tokens` or `max_output_tokens`): a top-level
+/// field goes in first; generate-content's sits in `generationConfig`.
+fn with_output_maximum(route: &Route, body: &bytes::Bytes, tokens: u64) -> Result<bytes::Bytes, ApiError> {
+    let field = output_field(route, &BodyFields::default());
+    if let Some(nested) = field.strip_prefix("generationConfig.") {
+        let mut value: serde_json::Value = if body.is_empty() {
+            serde_json::json!({})
+        } else {
+            crate::protocol::parse_bounded(std::str::from_utf8(body).unwrap_or("{}"), "request body")?
+        };
+        let Some(map) = value.as_object_mut() else {
+            return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
+        };
+        let config = map.entry("generationConfig").or_insert_with(|| serde_json::json!({}));
+        if let Some(config) = config.as_object_mut() {
+            config.insert(nested.to_string(), tokens.into());
+        }
+        return Ok(bytes::Bytes::from(serde_json::to_vec(&value).unwrap_or_default()));
+    }
+    let trimmed = body.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(body.len());
+    if body.get(trimmed) != Some(&b'{') {
+        return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
+    }
+    let rest = &body[trimmed + 1..];
+    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let mut out = Vec::with_capacity(body.len() + 40);
+    out.extend_from_slice(format!("{{\"{field}\":{tokens}{}", if empty { "" } else { "," }).as_bytes());
+    out.extend_from_slice(rest);
+    Ok(bytes::Bytes::from(out))
 }
 
 /// What a relayed request will do, decided from the routing snapshot, its route, its key's
@@ -531,7 +580,14 @@ pub fn stored_draft(routing: &Routing, owner: &crate::ledger::ResponseOwner, cli
 /// output allowance of every choice), and the body to send. A streamed chat completion reports
 /// usage only when asked: whatever the client sent in `stream_options`, ask, and withhold the
 /// usage chunk from a client that did not (one splice; the body is parsed once).
-pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, client_body: bytes::Bytes) -> Result<Draft, ApiError> {
+pub fn draft(
+    routing: &Routing,
+    route: &Route,
+    protocol: Protocol,
+    group: &str,
+    policy: &crate::policy::KeyPolicy,
+    client_body: bytes::Bytes,
+) -> Result<Draft, ApiError> {
     let catalog = &routing.catalog;
     let fields = match route {
         Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } | Route::GeminiEmbed { .. } if client_body.is_empty() => {
@@ -584,10 +640,17 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
         )
         .with_param("model")
     })?;
+    // The key's output limits (refused above its cap; set when the request names none).
+    let set_by_key = if route.embeds() || !route.billed() {
+        None
+    } else {
+        let limit = routing.prices.price(&model).and_then(|p| p.max_output_tokens).unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
+        policy.output_tokens(protocol.max_output(&fields), output_field(route, &fields))?.map(|n| n.min(limit))
+    };
     let output_allowance = match route {
         _ if route.embeds() => 0,
         _ if !route.billed() => 0,
-        _ => output_allowance(&fields, protocol, routing, &model)?,
+        _ => output_allowance(&fields, protocol, routing, &model, set_by_key)?,
     };
     let input = crate::billing::InputEstimate {
         body_tokens: crate::billing::hold_input_tokens(client_body.len()),
@@ -633,6 +696,10 @@ pub fn draft(routing: &Routing, route: &Route, protocol: Protocol, group: &str, 
             let withhold =
                 *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
             let body = if withhold { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
+            let body = match set_by_key {
+                Some(tokens) => with_output_maximum(route, &body, tokens)?,
+                None => body,
+            };
             (body, withhold, None)
         }
     };
@@ -786,7 +853,8 @@ prices:
         let r = routing();
         // 1 USD per 1M input tokens = 1,000 nano-USD a token; 2 USD per 1M output tokens.
         let chat = body(serde_json::json!({"model": "alpha-5.5", "messages": [], "max_tokens": 10, "n": 3}));
-        let d = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", chat.clone()).expect("draft");
+        let d = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", &crate::policy::KeyPolicy::default(), chat.clone())
+            .expect("draft");
         assert_eq!(d.model, "alpha-5.5");
         assert_eq!(d.candidates, vec![0, 1], "both providers of the model, in file order");
         let input = crate::billing::hold_input_tokens(chat.len()) as i64;
@@ -795,17 +863,32 @@ prices:
         assert!(!d.withhold_usage);
 
         // No maximum named: the default allowance is held. Embeddings hold no output.
-        let d = draft(&r, &Route::ChatCompletions, Protocol::Openai, "chat", body(serde_json::json!({"model": "alpha-4o-mini"})))
-            .expect("draft");
+        let d = draft(
+            &r,
+            &Route::ChatCompletions,
+            Protocol::Openai,
+            "chat",
+            &crate::policy::KeyPolicy::default(),
+            body(serde_json::json!({"model": "alpha-4o-mini"})),
+        )
+        .expect("draft");
         assert_eq!(d.hold_nanos % 1_000, 0);
         assert!(d.hold_nanos >= 100 * 2_000);
-        let e = draft(&r, &Route::Embeddings, Protocol::Openai, "default", body(serde_json::json!({"model": "alpha-5.5", "input": "x"})))
-            .expect("draft");
+        let e = draft(
+            &r,
+            &Route::Embeddings,
+            Protocol::Openai,
+            "default",
+            &crate::policy::KeyPolicy::default(),
+            body(serde_json::json!({"model": "alpha-5.5", "input": "x"})),
+        )
+        .expect("draft");
         assert!(e.hold_nanos < 100 * 2_000);
 
         // A stream that did not ask for usage: asked for, and withheld from the client.
         let stream = body(serde_json::json!({"model": "alpha-5.5", "stream": true, "stream_options": null}));
-        let d = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", stream.clone()).expect("draft");
+        let d = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", &crate::policy::KeyPolicy::default(), stream.clone())
+            .expect("draft");
         assert!(d.withhold_usage);
         assert_eq!(d.client_body_len, stream.len());
         let sent: serde_json::Value = serde_json::from_slice(&d.body).expect("json");
@@ -813,7 +896,7 @@ prices:
 
         // Generate-content takes the model from the path; an empty body is allowed.
         let gen = Route::GenerateContent { model: "gamma-3.5-flash".into(), stream: false };
-        let d = draft(&r, &gen, Protocol::Gemini, "default", bytes::Bytes::new()).expect("draft");
+        let d = draft(&r, &gen, Protocol::Gemini, "default", &crate::policy::KeyPolicy::default(), bytes::Bytes::new()).expect("draft");
         assert_eq!((d.model.as_str(), d.candidates.as_slice(), d.hold_nanos), ("gamma-3.5-flash", &[3usize][..], 0));
     }
 
@@ -821,7 +904,7 @@ prices:
     fn a_draft_refuses_what_cannot_be_relayed() {
         let r = routing();
         let refuse = |route: Route, protocol: Protocol, group: &str, v: serde_json::Value| {
-            draft(&r, &route, protocol, group, body(v)).expect_err("refused").status()
+            draft(&r, &route, protocol, group, &crate::policy::KeyPolicy::default(), body(v)).expect_err("refused").status()
         };
         assert_eq!(refuse(Route::ChatCompletions, Protocol::Openai, "default", serde_json::json!({"messages": []})), 400, "no model");
         assert_eq!(refuse(Route::ChatCompletions, Protocol::Openai, "default", serde_json::json!({"model": ""})), 400, "empty model");
@@ -838,9 +921,16 @@ prices:
             "beyond any output limit"
         );
         assert_eq!(
-            draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", bytes::Bytes::from_static(b"{not json"))
-                .expect_err("bad")
-                .status(),
+            draft(
+                &r,
+                &Route::ChatCompletions,
+                Protocol::Openai,
+                "default",
+                &crate::policy::KeyPolicy::default(),
+                bytes::Bytes::from_static(b"{not json")
+            )
+            .expect_err("bad")
+            .status(),
             400
         );
     }

@@ -11,6 +11,8 @@ const ADMIN_TOKEN: &str = "policy-admin-token-0000000001";
 const MODELS_KEY: &str = "sk-policy-models-0001";
 const IP_KEY: &str = "sk-policy-ip-000001";
 const LOCAL_KEY: &str = "sk-policy-local-0001";
+const LIMITS_KEY: &str = "sk-policy-limits-0001";
+const STRICT_KEY: &str = "sk-policy-strict-0001";
 
 fn config(mock_port: u16, admin_port: u16, trusted: &str) -> String {
     let base = standard_config(mock_port).replace(
@@ -23,6 +25,15 @@ fn config(mock_port: u16, admin_port: u16, trusted: &str) -> String {
         &format!("{{ key: {IP_KEY}, name: office, group: default, balance: 5.0, ip_allow: [10.0.0.0/8, \"2001:db8::/32\"] }}"),
     );
     let base = with_key(&base, &format!("{{ key: {LOCAL_KEY}, name: local, group: default, balance: 5.0, ip_allow: [127.0.0.1] }}"));
+    let base = with_key(
+        &base,
+        &format!("{{ key: {LIMITS_KEY}, name: limits, group: default, balance: 5.0, max_output_tokens: 100, default_output_tokens: 20, max_request_cost: 0.0005 }}"),
+    );
+    // One request a minute, alpha-5* only: shows the order of the checks.
+    let base = with_key(
+        &base,
+        &format!("{{ key: {STRICT_KEY}, name: strict, group: default, balance: 5.0, rpm: 1, models: {{ allow: [\"alpha-5*\"] }} }}"),
+    );
     format!("{base}admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}\n{trusted}")
 }
 
@@ -125,7 +136,7 @@ async fn the_admin_api_validates_policy_fields_and_null_clears_them() {
         assert_eq!((status, answer["error"]["param"].as_str()), (400, Some(field)), "{body}: {answer}");
     }
     let (_, before) = admin(admin_port, reqwest::Method::GET, "/admin/keys", None).await;
-    assert_eq!(before["data"].as_array().map(Vec::len), Some(6), "nothing stored: {before}");
+    assert_eq!(before["data"].as_array().map(Vec::len), Some(8), "nothing stored: {before}");
 
     // A key usable from 10/8 only; then the allowlist is cleared with null.
     let (status, created) = admin(
@@ -188,4 +199,66 @@ fn the_file_is_refused_naming_the_key_and_field() {
     let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
     assert!(code == 2 && out.contains("trusted_proxies[0]"), "{out}");
     drop(dir);
+}
+
+#[tokio::test]
+async fn output_limits_are_refused_or_set_and_a_request_may_not_cost_more_than_its_cap() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port, ""));
+    let ask = |model: &str, max: Option<u64>, tag: &str| {
+        let mut body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+        if let Some(m) = max {
+            body["max_tokens"] = json!(m);
+        }
+        client().post(gw.url("/v1/chat/completions")).bearer_auth(LIMITS_KEY).header("x-test-tag", tag).json(&body).send()
+    };
+    let resp = ask("alpha-4o-mini", Some(101), "over").await.expect("request");
+    assert_eq!(resp.status(), 400);
+    assert_eq!(resp.json::<Value>().await.expect("json")["error"]["param"], "max_tokens");
+    assert!(mock_requests(&mock, "over").await.is_empty(), "nothing sent");
+    // Named within the cap: as asked. Named nowhere: the key's default, in the protocol's field.
+    assert_eq!(ask("alpha-4o-mini", Some(100), "within").await.expect("request").status(), 200);
+    assert_eq!(mock_requests(&mock, "within").await[0]["max_output"], 100);
+    assert_eq!(ask("alpha-4o-mini", None, "default").await.expect("request").status(), 200);
+    assert_eq!(mock_requests(&mock, "default").await[0]["max_output"], 20);
+    let resp = client()
+        .post(gw.url("/v1beta/models/gamma-3.5-flash:generateContent"))
+        .header("x-goog-api-key", LIMITS_KEY)
+        .header("x-test-tag", "gemini-default")
+        .json(&json!({"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"temperature": 0.1}}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(mock_requests(&mock, "gemini-default").await[0]["max_output"], 20);
+    // The cost cap ($0.0005): 100 output tokens of alpha-5.5 ($8 per 1M in the test prices) are
+    // $0.0008 at worst: refused before anything is sent, in the protocol's shape.
+    let resp = ask("alpha-5.5", Some(100), "costly").await.expect("request");
+    assert_eq!(resp.status(), 402);
+    assert_eq!(resp.json::<Value>().await.expect("json")["error"]["code"], "request_cost_cap_exceeded");
+    assert!(mock_requests(&mock, "costly").await.is_empty());
+    assert_eq!(ask("alpha-5.5", Some(20), "cheap").await.expect("request").status(), 200);
+    let metrics = admin_metrics(admin_port, ADMIN_TOKEN).await;
+    assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"request_cost_cap_exceeded\"}"), 1.0, "{metrics}");
+    assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"invalid_request\"}"), 1.0);
+}
+
+#[tokio::test]
+async fn checks_come_in_one_order() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port, ""));
+    // The one request of this minute.
+    assert_eq!(chat(&gw, STRICT_KEY, "alpha-5.5", &[]).await.0, 200);
+    // Model rules come before rate limits; an unknown model is still a 404 first.
+    let (status, body) = chat(&gw, STRICT_KEY, "alpha-4o-mini", &[]).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("model_not_allowed")), "{body}");
+    assert_eq!(chat(&gw, STRICT_KEY, "alpha-none", &[]).await.0, 404);
+    // An allowed model now meets the rate limit.
+    let (status, body) = chat(&gw, STRICT_KEY, "alpha-5.5", &[]).await;
+    assert_eq!(status, 429, "{body}");
+    let metrics = admin_metrics(admin_port, ADMIN_TOKEN).await;
+    assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"model_not_allowed\"}"), 1.0, "{metrics}");
+    assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"rate_limited\"}"), 1.0, "{metrics}");
 }

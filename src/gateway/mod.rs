@@ -270,8 +270,6 @@ impl Gateway {
         if !catalog.group_allows(&key.group, protocol) {
             return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
         }
-        self.limits.admit(&key).await?;
-        let slot = self.limits.enter(&key).await?;
         let client_body = crate::body::read(session, &self.body).await?;
         let mut draft = match &route {
             Route::StoredResponse { id, .. } => {
@@ -282,7 +280,7 @@ impl Gateway {
             }
             _ => {
                 let body = client_body.bytes.clone();
-                let mut draft = relay::draft(&routing, &route, protocol, &key.group, client_body.bytes).inspect_err(|_| {
+                let mut draft = relay::draft(&routing, &route, protocol, &key.group, &key.policy, client_body.bytes).inspect_err(|_| {
                     // Refused: the access log names the model asked for, if the body names one.
                     ctx.model_asked = crate::protocol::body_fields(&body).ok().and_then(|f| f.model);
                 })?;
@@ -297,8 +295,13 @@ impl Gateway {
                 draft
             }
         };
-        // After the model resolved to one a provider serves (an unknown model stayed a 404).
+        // The order of checks (README "Keys and policy"): the model's rules (after the model
+        // resolved to one a provider serves; an unknown one stayed a 404) and the output limits
+        // (in the draft), then rate limits, then the request's cost cap, then the balance.
         key.policy.check_model(&draft.model).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+        self.limits.admit(&key).await?;
+        let slot = self.limits.enter(&key).await?;
+        key.policy.check_cost(draft.hold_nanos).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
         if let Some(t) = &mut draft.translation {
             t.gemini_sse = session.req_header().uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
             if t.count && t.upstream == Protocol::Openai {
@@ -978,6 +981,7 @@ impl ProxyHttp for Gateway {
             Err(err) => {
                 ctx.reason = Some(err.kind.reason());
                 ctx.reason_param = err.param.clone();
+                self.metrics.counter("tollgate_refusals_total", &[("code", err.kind.reason())]).add(1);
                 // The body may be unread: do not reuse the connection after an early refusal.
                 session.set_keepalive(None);
                 LocalResponse::error(&err, ctx.shape.unwrap_or(Protocol::Openai)).send(session).await?;

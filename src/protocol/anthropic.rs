@@ -17,7 +17,7 @@ pub fn error_body(e: &ApiError) -> Value {
     let etype = match e.kind {
         ErrorKind::BadRequest => "invalid_request_error",
         ErrorKind::Unauthorized | ErrorKind::KeyExpired => "authentication_error",
-        ErrorKind::InsufficientBalance => "billing_error",
+        ErrorKind::InsufficientBalance | ErrorKind::RequestCostCap => "billing_error",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "not_found_error",
         ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => "permission_error",
         ErrorKind::Conflict => "invalid_request_error",

@@ -15,7 +15,7 @@ pub fn error_body(e: &ApiError) -> Value {
     let status = match e.kind {
         ErrorKind::BadRequest | ErrorKind::PayloadTooLarge => "INVALID_ARGUMENT",
         ErrorKind::Unauthorized | ErrorKind::KeyExpired => "UNAUTHENTICATED",
-        ErrorKind::InsufficientBalance => "FAILED_PRECONDITION",
+        ErrorKind::InsufficientBalance | ErrorKind::RequestCostCap => "FAILED_PRECONDITION",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "NOT_FOUND",
         ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => "PERMISSION_DENIED",
         ErrorKind::Conflict => "FAILED_PRECONDITION",

@@ -508,6 +508,8 @@ pub enum ErrorKind {
     IpNotAllowed,
     /// The key's model rules exclude the model (403).
     ModelNotAllowed,
+    /// The request's worst-case cost is above the key's `max_request_cost` (402).
+    RequestCostCap,
 }
 
 impl ErrorKind {
@@ -532,6 +534,7 @@ impl ErrorKind {
             ErrorKind::KeyExpired => "key_expired",
             ErrorKind::IpNotAllowed => "ip_not_allowed",
             ErrorKind::ModelNotAllowed => "model_not_allowed",
+            ErrorKind::RequestCostCap => "request_cost_cap_exceeded",
         }
     }
 
@@ -539,7 +542,7 @@ impl ErrorKind {
         match self {
             ErrorKind::BadRequest => 400,
             ErrorKind::Unauthorized | ErrorKind::KeyExpired => 401,
-            ErrorKind::InsufficientBalance => 402,
+            ErrorKind::InsufficientBalance | ErrorKind::RequestCostCap => 402,
             ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => 403,
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::PayloadTooLarge => 413,
