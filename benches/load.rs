@@ -18,6 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const KEY: &str = "sk-bench-0000000001";
+/// A key carrying every policy rule (expiry, address allowlist, model rules, output limits, a
+/// cost cap), none of which refuses the bench's requests.
+const POLICY_KEY: &str = "sk-bench-policy-0000001";
 const UPSTREAM_KEY: &str = "bench-upstream-key";
 const STREAM_DELTAS: usize = 64;
 const STREAM_INTERVAL_MS: u64 = 20;
@@ -212,6 +215,9 @@ forward_headers: ["x-mock-*"]
 limits: {{ max_connections: 20000, max_connections_per_ip: 20000 }}
 {billing}keys:
   - {{ key: {KEY}, name: bench, group: default, balance: 1000000.0 }}
+  - {{ key: {POLICY_KEY}, name: bench-policy, group: default, balance: 1000000.0, expires_at: "2099-01-01T00:00:00Z",
+      ip_allow: [127.0.0.0/8, "::1"], models: {{ allow: ["alpha-*"], deny: [alpha-embed-3] }},
+      max_output_tokens: 100000, default_output_tokens: 64, max_request_cost: 10.0 }}
 video:
   upstream: {{ base_url: "http://127.0.0.1:{mock_port}", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key, region: r, version: "2024-05-23", rate_per_sec: 100000 }}
   poll_interval_secs: 3600
@@ -311,12 +317,24 @@ async fn throughput_at(
     dur: Duration,
     body: &bytes::Bytes,
 ) -> (f64, u64) {
+    throughput_as(client, auth_for(name), port, path, concurrency, dur, body).await
+}
+
+/// [`throughput_at`] with the key `auth`.
+async fn throughput_as(
+    client: &reqwest::Client,
+    auth: &'static str,
+    port: u16,
+    path: &'static str,
+    concurrency: usize,
+    dur: Duration,
+    body: &bytes::Bytes,
+) -> (f64, u64) {
     let ok = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + dur;
     let workers = (0..concurrency).map(|_| {
         let (client, ok, errors, body) = (client.clone(), ok.clone(), errors.clone(), body.clone());
-        let auth = auth_for(name);
         tokio::spawn(async move {
             while Instant::now() < deadline {
                 let r = client
@@ -576,6 +594,11 @@ async fn run(quick: bool, fds: u64) {
         None => (StreamStats { ttft_ms: Vec::new(), gaps_ms: Vec::new(), stalls: 0, completed: 0 }, 0, 0, f64::NAN),
     };
     let videos = video_rate(&client, tg_port, 32, Duration::from_secs(if quick { 2 } else { 5 })).await;
+    let policy = if only.as_deref().is_none_or(|o| o.split(',').any(|t| t == "policy")) {
+        Some(policy_key(&client, &rig, quick).await)
+    } else {
+        None
+    };
     let translation = if only.as_deref().is_none_or(|o| o.split(',').any(|t| t == "translated")) {
         Some(translation(&client, &rig, quick, held_n.min(2000)).await)
     } else {
@@ -670,6 +693,9 @@ async fn run(quick: bool, fds: u64) {
     if let Some(t) = translation {
         report.insert("translation".into(), t);
     }
+    if let Some(p) = policy {
+        report.insert("policy_key".into(), p);
+    }
     report.insert("ratios".into(), ratios);
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let _ = std::fs::create_dir_all(&out);
@@ -757,6 +783,37 @@ async fn translation(client: &reqwest::Client, rig: &Rig, quick: bool, held: usi
         "added_ttft_ms": added_ttft,
         "kib_per_stream": {"native": native_kib, "native_first_run": native_kib_first, "translated": translated_kib, "open": held},
     })
+}
+
+/// Small requests from a plain key and from a key carrying every policy rule, through the same
+/// tollgate, in alternating one-second rounds at c=64.
+async fn policy_key(client: &reqwest::Client, rig: &Rig, quick: bool) -> Value {
+    let Some(&(_, port, _)) = rig.targets.iter().find(|t| t.0 == "tollgate") else { return Value::Null };
+    let body = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
+    let path = "/v1/chat/completions";
+    let _ = throughput_as(client, POLICY_KEY, port, path, 16, Duration::from_millis(500), &body).await;
+    let rounds = if quick { 4 } else { 10 };
+    let (mut plain, mut ruled, mut errors) = (0.0, 0.0, 0);
+    for round in 0..rounds {
+        for which in [round % 2, 1 - round % 2] {
+            let key = if which == 0 { KEY } else { POLICY_KEY };
+            let (rps, e) = throughput_as(client, key, port, path, 64, Duration::from_secs(1), &body).await;
+            if which == 0 {
+                plain += rps;
+            } else {
+                ruled += rps;
+                errors += e;
+            }
+        }
+    }
+    let ratio = ruled / plain;
+    println!(
+        "key policy (every rule on one key vs a plain key, one tollgate): {:.0} vs {:.0} req/s → {ratio:.3}× ({errors} errors) [within 3%: {}]",
+        ruled / rounds as f64,
+        plain / rounds as f64,
+        verdict(ratio >= 0.97),
+    );
+    json!({"plain_rps": plain / rounds as f64, "policy_rps": ruled / rounds as f64, "ratio": ratio, "errors": errors})
 }
 
 fn verdict(ok: bool) -> &'static str {
