@@ -407,7 +407,9 @@ fn with_output_maximum(route: &Route, body: &bytes::Bytes, tokens: u64) -> Resul
         let mut value: serde_json::Value = if body.is_empty() {
             serde_json::json!({})
         } else {
-            crate::protocol::parse_bounded(std::str::from_utf8(body).unwrap_or("{}"), "request body")?
+            let text =
+                std::str::from_utf8(body).map_err(|_| ApiError::new(ErrorKind::BadRequest, "The request body is not valid UTF-8."))?;
+            crate::protocol::parse_bounded(text, "request body")?
         };
         let Some(map) = value.as_object_mut() else {
             return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
