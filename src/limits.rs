@@ -12,6 +12,9 @@ const WINDOW: Duration = Duration::from_secs(60);
 
 pub struct Limits {
     requests: Rate,
+    /// Counts requests one at a time: `Rate::observe` bumps each row of its estimator apart, so
+    /// two requests counted at once can both read a total one short and both pass the limit.
+    requests_turn: Mutex<()>,
     tokens: Rate,
     /// Requests in flight by key id (keys with a `max_concurrent` only).
     in_flight: Mutex<HashMap<String, u32>>,
@@ -21,7 +24,13 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { requests: Rate::new(WINDOW), tokens: Rate::new(WINDOW), in_flight: Mutex::new(HashMap::new()), fleet: None }
+        Limits {
+            requests: Rate::new(WINDOW),
+            requests_turn: Mutex::new(()),
+            tokens: Rate::new(WINDOW),
+            in_flight: Mutex::new(HashMap::new()),
+            fleet: None,
+        }
     }
 }
 
@@ -113,7 +122,10 @@ impl Limits {
             }
         }
         if let Some(rpm) = key.rpm {
-            let count = self.requests.observe(&key.id.as_str(), 1);
+            let count = {
+                let _turn = self.requests_turn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                self.requests.observe(&key.id.as_str(), 1)
+            };
             if count > i64::from(rpm) as isize {
                 let mut e = ApiError::new(
                     ErrorKind::RateLimited,
@@ -165,6 +177,28 @@ impl Limits {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn requests_counted_at_once_never_pass_the_limit_together() {
+        // Many threads asking at the same moment, again and again: at most `rpm` pass each time.
+        for round in 0..1000 {
+            let limits = Arc::new(Limits::default());
+            let barrier = Arc::new(std::sync::Barrier::new(8));
+            let passed: usize = (0..8)
+                .map(|_| {
+                    let (limits, barrier) = (limits.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        usize::from(limits.admit_here(&key(Some(2), None)).is_ok())
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().unwrap_or(0))
+                .sum();
+            assert!(passed <= 2, "round {round}: {passed} passed a limit of 2");
+        }
+    }
 
     fn key(rpm: Option<u32>, tpm: Option<u64>) -> KeyRecord {
         KeyRecord {
