@@ -304,23 +304,11 @@ fn auth_for(name: &str) -> &'static str {
 }
 
 async fn throughput(client: &reqwest::Client, name: &str, port: u16, concurrency: usize, dur: Duration, body: &bytes::Bytes) -> (f64, u64) {
-    throughput_at(client, name, port, "/v1/chat/completions", concurrency, dur, body).await
+    throughput_as(client, auth_for(name), port, "/v1/chat/completions", concurrency, dur, body).await
 }
 
-/// Requests of `body` to `path` from `concurrency` workers for `dur`: answered per second, errors.
-async fn throughput_at(
-    client: &reqwest::Client,
-    name: &str,
-    port: u16,
-    path: &'static str,
-    concurrency: usize,
-    dur: Duration,
-    body: &bytes::Bytes,
-) -> (f64, u64) {
-    throughput_as(client, auth_for(name), port, path, concurrency, dur, body).await
-}
-
-/// [`throughput_at`] with the key `auth`.
+/// Requests of `body` to `path` with the key `auth` from `concurrency` workers for `dur`:
+/// answered per second, errors.
 async fn throughput_as(
     client: &reqwest::Client,
     auth: &'static str,
@@ -718,16 +706,16 @@ async fn translation(client: &reqwest::Client, rig: &Rig, quick: bool, held: usi
     let native = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
     let messages = |stream: bool| json!({"model": "alpha-5.5", "max_tokens": 64, "stream": stream, "messages": [{"role": "user", "content": "Say hello."}]});
     let translated = bytes::Bytes::from(serde_json::to_vec(&messages(false)).expect("body"));
-    let _ = throughput_at(client, name, port, "/v1/messages", 16, Duration::from_millis(500), &translated).await;
+    let _ = throughput_as(client, KEY, port, "/v1/messages", 16, Duration::from_millis(500), &translated).await;
     let rounds = if quick { 4 } else { 10 };
     let (mut native_rps, mut translated_rps, mut translated_errors) = (0.0, 0.0, 0);
     for round in 0..rounds {
         // Alternate which goes first.
         for which in [round % 2, 1 - round % 2] {
             if which == 0 {
-                native_rps += throughput_at(client, name, port, "/v1/chat/completions", 64, Duration::from_secs(1), &native).await.0;
+                native_rps += throughput_as(client, KEY, port, "/v1/chat/completions", 64, Duration::from_secs(1), &native).await.0;
             } else {
-                let (rps, errors) = throughput_at(client, name, port, "/v1/messages", 64, Duration::from_secs(1), &translated).await;
+                let (rps, errors) = throughput_as(client, KEY, port, "/v1/messages", 64, Duration::from_secs(1), &translated).await;
                 translated_rps += rps;
                 translated_errors += errors;
             }

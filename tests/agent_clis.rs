@@ -150,11 +150,7 @@ fn run(program: &Path, args: &[&str], env: &[(&str, String)], ws: &Workspace) ->
 
 /// What the upstream saw: no client key anywhere, every generation streamed; the key was
 /// billed once per generation call. Returns the generation calls.
-async fn check_upstream_and_bill(mock: &Proc, gw: &Gateway, generation_path: &str) -> Vec<Value> {
-    check_upstream_and_bill_key(mock, gw, generation_path, AGENT_KEY).await
-}
-
-async fn check_upstream_and_bill_key(mock: &Proc, gw: &Gateway, generation_path: &str, key: &str) -> Vec<Value> {
+async fn check_upstream_and_bill(mock: &Proc, gw: &Gateway, generation_path: &str, key: &str) -> Vec<Value> {
     let seen = mock_requests_all(mock).await;
     let all = serde_json::to_string(&seen).expect("json");
     assert!(!all.contains(key), "a client key reached the upstream: {all}");
@@ -169,48 +165,6 @@ async fn check_upstream_and_bill_key(mock: &Proc, gw: &Gateway, generation_path:
 /// Every request the mock recorded (any tag).
 async fn mock_requests_all(mock: &Proc) -> Vec<Value> {
     client().get(mock.url("/__mock/requests")).send().await.expect("mock").json().await.expect("json")
-}
-
-#[tokio::test]
-async fn claude_code_plain_and_tool_turns() {
-    let Some(bin) = clis() else { return };
-    let mock = start_mock();
-    let gw = start_gateway(&config(mock.port));
-    let ws = Workspace::new();
-    let env = [
-        ("ANTHROPIC_BASE_URL", gw.url("")),
-        ("ANTHROPIC_AUTH_TOKEN", AGENT_KEY.to_string()),
-        ("ANTHROPIC_MODEL", "beta-opus-4-7".to_string()),
-        ("ANTHROPIC_DEFAULT_HAIKU_MODEL", "beta-haiku-4-5".to_string()),
-        ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
-        ("DISABLE_AUTOUPDATER", "1".to_string()),
-    ];
-    let claude = bin.join("claude");
-    let plain = run(&claude, &["-p", "Say hello"], &env, &ws);
-    assert!(plain.contains("Hello from the"), "{plain}");
-    let tool = run(&claude, &["-p", &ws.tool_prompt(), "--allowedTools", "Read"], &env, &ws);
-    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the Read tool's result came back: {tool}");
-    check_upstream_and_bill(&mock, &gw, "/an/v1/messages").await;
-}
-
-#[tokio::test]
-async fn codex_plain_and_tool_turns() {
-    let Some(bin) = clis() else { return };
-    let mock = start_mock();
-    let gw = start_gateway(&config(mock.port));
-    let ws = Workspace::new();
-    let codex_home = ws.codex_config("alpha-5.5", &gw.url("/v1"));
-    let env = [("CODEX_HOME", codex_home.display().to_string()), ("TOLLGATE_API_KEY", AGENT_KEY.to_string())];
-    let codex = bin.join("codex");
-    let plain = run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env, &ws);
-    assert!(plain.contains("Hello from the"), "{plain}");
-    // The shell tool runs `cat`; the sandbox is not what this test is about (and needs
-    // namespaces a CI container may not give).
-    let args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", &ws.tool_prompt()];
-    let tool = run(&codex, &args, &env, &ws);
-    assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the shell tool's result came back: {tool}");
-    let calls = check_upstream_and_bill(&mock, &gw, "/oa/v1/responses").await;
-    assert!(calls.iter().all(|c| c["model"] == "alpha-5.5"));
 }
 
 /// Gemini CLI with `key` on `model`: a plain turn and a read_file-tool turn, streamed; every
@@ -228,7 +182,7 @@ async fn gemini_cli_on(key: &str, model: &str, generation_path: &str) {
     assert!(plain.contains("Hello from the"), "{plain}");
     let tool = run(&gemini, &["-m", model, "-p", &ws.tool_prompt()], &env, &ws);
     assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the read_file tool's result came back: {tool}");
-    let calls = check_upstream_and_bill_key(&mock, &gw, generation_path, key).await;
+    let calls = check_upstream_and_bill(&mock, &gw, generation_path, key).await;
     assert!(calls.iter().all(|c| c["model"] == model || generation_path.contains(model)), "{calls:?}");
 }
 
@@ -237,18 +191,18 @@ async fn gemini_cli_plain_and_tool_turns() {
     gemini_cli_on(AGENT_KEY, "gamma-3.5-flash", "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent").await;
 }
 
-/// Claude Code on a model served over another protocol (a translating key): a plain turn and
-/// a Read-tool turn, streamed; the provider got its own protocol.
-async fn claude_code_on(model: &str, generation_path: &str) {
+/// Claude Code with `key` on `model` (`haiku` for its small tasks): a plain turn and a Read-tool
+/// turn, streamed; every generation reached `generation_path` and was billed once.
+async fn claude_code_on(key: &str, model: &str, haiku: &str, generation_path: &str) {
     let Some(bin) = clis() else { return };
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let ws = Workspace::new();
     let env = [
         ("ANTHROPIC_BASE_URL", gw.url("")),
-        ("ANTHROPIC_AUTH_TOKEN", BRIDGE_KEY.to_string()),
+        ("ANTHROPIC_AUTH_TOKEN", key.to_string()),
         ("ANTHROPIC_MODEL", model.to_string()),
-        ("ANTHROPIC_DEFAULT_HAIKU_MODEL", model.to_string()),
+        ("ANTHROPIC_DEFAULT_HAIKU_MODEL", haiku.to_string()),
         ("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1".to_string()),
         ("DISABLE_AUTOUPDATER", "1".to_string()),
     ];
@@ -257,18 +211,24 @@ async fn claude_code_on(model: &str, generation_path: &str) {
     assert!(plain.contains("Hello from the"), "{plain}");
     let tool = run(&claude, &["-p", &ws.tool_prompt(), "--allowedTools", "Read", "--model", model], &env, &ws);
     assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the Read tool's result came back: {tool}");
-    let calls = check_upstream_and_bill_key(&mock, &gw, generation_path, BRIDGE_KEY).await;
-    assert!(calls.iter().all(|c| c["model"] == model || generation_path.contains(model)), "{calls:?}");
+    let calls = check_upstream_and_bill(&mock, &gw, generation_path, key).await;
+    let served_here = |c: &Value| c["model"] == model || c["model"] == haiku || generation_path.contains(model);
+    assert!(calls.iter().all(served_here), "{calls:?}");
+}
+
+#[tokio::test]
+async fn claude_code_plain_and_tool_turns() {
+    claude_code_on(AGENT_KEY, "beta-opus-4-7", "beta-haiku-4-5", "/an/v1/messages").await;
 }
 
 #[tokio::test]
 async fn claude_code_on_a_chat_completions_model() {
-    claude_code_on("alpha-5.5", "/oa/v1/chat/completions").await;
+    claude_code_on(BRIDGE_KEY, "alpha-5.5", "alpha-5.5", "/oa/v1/chat/completions").await;
 }
 
 #[tokio::test]
 async fn claude_code_on_a_generate_content_model() {
-    claude_code_on("gamma-3.5-flash", "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent").await;
+    claude_code_on(BRIDGE_KEY, "gamma-3.5-flash", "gamma-3.5-flash", "/ge/v1beta/models/gamma-3.5-flash:streamGenerateContent").await;
 }
 
 #[tokio::test]
@@ -276,20 +236,34 @@ async fn gemini_cli_on_a_chat_completions_model() {
     gemini_cli_on(BRIDGE_KEY, "alpha-5.5", "/oa/v1/chat/completions").await;
 }
 
-#[tokio::test]
-async fn codex_on_a_messages_model() {
+/// Codex with `key` on `model` over the responses API: a plain turn and a shell-tool turn,
+/// streamed; every generation reached `generation_path` (as the provider's protocol) and was
+/// billed once.
+async fn codex_on(key: &str, model: &str, generation_path: &str) {
     let Some(bin) = clis() else { return };
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let ws = Workspace::new();
-    let codex_home = ws.codex_config("beta-opus-4-7", &gw.url("/v1"));
-    let env = [("CODEX_HOME", codex_home.display().to_string()), ("TOLLGATE_API_KEY", BRIDGE_KEY.to_string())];
+    let codex_home = ws.codex_config(model, &gw.url("/v1"));
+    let env = [("CODEX_HOME", codex_home.display().to_string()), ("TOLLGATE_API_KEY", key.to_string())];
     let codex = bin.join("codex");
     let plain = run(&codex, &["exec", "--skip-git-repo-check", "Say hello"], &env, &ws);
     assert!(plain.contains("Hello from the"), "{plain}");
+    // The shell tool runs `cat`; the sandbox is not what this test is about (and needs
+    // namespaces a CI container may not give).
     let args = ["exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", &ws.tool_prompt()];
     let tool = run(&codex, &args, &env, &ws);
     assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the shell tool's result came back: {tool}");
-    let calls = check_upstream_and_bill_key(&mock, &gw, "/an/v1/messages", BRIDGE_KEY).await;
-    assert!(calls.iter().all(|c| c["model"] == "beta-opus-4-7"), "{calls:?}");
+    let calls = check_upstream_and_bill(&mock, &gw, generation_path, key).await;
+    assert!(calls.iter().all(|c| c["model"] == model), "{calls:?}");
+}
+
+#[tokio::test]
+async fn codex_plain_and_tool_turns() {
+    codex_on(AGENT_KEY, "alpha-5.5", "/oa/v1/responses").await;
+}
+
+#[tokio::test]
+async fn codex_on_a_messages_model() {
+    codex_on(BRIDGE_KEY, "beta-opus-4-7", "/an/v1/messages").await;
 }

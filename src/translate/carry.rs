@@ -35,6 +35,14 @@ impl Carried {
     pub fn is_empty(&self) -> bool {
         self.thinking.is_empty() && self.redacted.is_empty() && self.signature.is_none()
     }
+
+    /// The id the client sees for the call `id` with its own `signature`: it carries the
+    /// thinking collected since the last call, which starts over.
+    pub fn call_id(&mut self, id: &str, signature: Option<String>) -> String {
+        let mut carried = std::mem::take(self);
+        carried.signature = signature;
+        wrap(id, &carried)
+    }
 }
 
 /// The id a client sees for upstream id `id` carrying `carried`.
@@ -102,11 +110,7 @@ pub fn client_call_ids(parts: &[Part]) -> Vec<String> {
         match part {
             Part::Thinking { text, signature: Some(sig) } => pending.thinking.push((text.clone(), sig.clone())),
             Part::RedactedThinking(data) => pending.redacted.push(data.clone()),
-            Part::ToolCall(call) => {
-                let mut carried = std::mem::take(&mut pending);
-                carried.signature = call.signature.clone();
-                ids.push(wrap(&call.id, &carried));
-            }
+            Part::ToolCall(call) => ids.push(pending.call_id(&call.id, call.signature.clone())),
             _ => {}
         }
     }

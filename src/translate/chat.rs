@@ -220,13 +220,13 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
     let mut messages: Vec<Value> = req.system.iter().map(|s| json!({"role": "system", "content": s})).collect();
     for m in &req.messages {
         match m.role {
-            Role::System => messages.push(json!({"role": "system", "content": plain_text(&m.parts)})),
+            Role::System => messages.push(json!({"role": "system", "content": super::parts_text(&m.parts)})),
             Role::User => {
                 let mut rest: Vec<Value> = Vec::new();
                 for p in &m.parts {
                     match p {
                         Part::ToolResult { id, content, is_error } => {
-                            let text = plain_text(content);
+                            let text = super::parts_text(content);
                             let text = if *is_error { format!("Error: {text}") } else { text };
                             messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
                             // Chat completions' tool messages carry text only: images follow as the user's.
@@ -248,7 +248,7 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
                 }
             }
             Role::Assistant => {
-                let text = plain_text(&m.parts);
+                let text = super::parts_text(&m.parts);
                 let calls: Vec<Value> = m
                     .parts
                     .iter()
@@ -336,12 +336,6 @@ fn image_part(p: &Part) -> Option<Value> {
         }
         _ => None,
     }
-}
-
-/// The text parts of a message, joined.
-fn plain_text(parts: &[Part]) -> String {
-    let texts: Vec<&str> = parts.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
-    texts.join("\n")
 }
 
 fn stop_of(reason: &str) -> Option<Stop> {
@@ -525,7 +519,7 @@ pub fn encode_response(t: &Translation, r: &Response) -> Value {
     let mut out = json!({
         "id": chat_id(&r.id),
         "object": "chat.completion",
-        "created": now(),
+        "created": crate::auth::now_unix(),
         "model": t.model,
         "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": r.stop.map_or("stop", stop_name)}],
     });
@@ -541,10 +535,6 @@ fn chat_id(upstream: &str) -> String {
     } else {
         new_id("chatcmpl-")
     }
-}
-
-fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 /// Reads a chat-completions provider's stream.
@@ -615,7 +605,6 @@ pub struct Encoder {
     tool: Option<usize>,
     /// Signed thinking not yet given to a tool call id (see `carry`).
     pending: Carried,
-    thinking: String,
     finished: bool,
     usage: Option<Usage>,
 }
@@ -624,12 +613,11 @@ impl Encoder {
     pub fn new(t: &Translation) -> Encoder {
         Encoder {
             id: new_id("chatcmpl-"),
-            created: now(),
+            created: crate::auth::now_unix(),
             model: t.model.clone(),
             wants_usage: t.client_wants_usage,
             tool: None,
             pending: Carried::default(),
-            thinking: String::new(),
             finished: false,
             usage: None,
         }
@@ -650,18 +638,13 @@ impl Encoder {
     pub fn event(&mut self, e: Event, out: &mut Vec<u8>) {
         match e {
             Event::Text(t) => self.chunk(out, json!({"content": t}), None),
-            Event::Thinking(t) => {
-                self.thinking.push_str(&t);
-                self.chunk(out, json!({"reasoning_content": t}), None);
-            }
-            Event::ThinkingSignature(sig) => self.pending.thinking.push((std::mem::take(&mut self.thinking), sig)),
+            Event::Thinking(t) => self.chunk(out, json!({"reasoning_content": t}), None),
+            Event::SignedThinking { text, signature } => self.pending.thinking.push((text, signature)),
             Event::RedactedThinking(data) => self.pending.redacted.push(data),
             Event::ToolStart { id, name, signature } => {
                 let index = self.tool.map_or(0, |i| i + 1);
                 self.tool = Some(index);
-                let mut carried = std::mem::take(&mut self.pending);
-                carried.signature = signature;
-                let id = carry::wrap(&id, &carried);
+                let id = self.pending.call_id(&id, signature);
                 self.chunk(
                     out,
                     json!({"tool_calls": [{"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),

@@ -61,7 +61,7 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
     if let Some(sys) = get(&body, "systemInstruction", "system_instruction") {
         let text = match sys {
             Value::String(s) => s.clone(),
-            v => texts(v.get("parts").unwrap_or(&Value::Null)),
+            v => v.get("parts").and_then(super::text_of).unwrap_or_default(),
         };
         req.system.push(text);
     }
@@ -274,11 +274,6 @@ fn camel(name: &str) -> String {
     out
 }
 
-fn texts(parts: &Value) -> String {
-    let t: Vec<&str> = parts.as_array().into_iter().flatten().filter_map(|p| p.get("text").and_then(Value::as_str)).collect();
-    t.join("\n")
-}
-
 /// A generate-content schema (OpenAPI subset, upper-case types) as JSON Schema.
 pub fn json_schema(s: &Value) -> Value {
     match s {
@@ -412,9 +407,7 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
                     let Some(name) = names.get(id.as_str()) else {
                         return Err(invalid("tool result", &format!("'{id}' answers no tool call of this conversation")));
                     };
-                    let text: Vec<&str> =
-                        content.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
-                    let text = text.join("\n");
+                    let text = super::parts_text(content);
                     let response = if *is_error { json!({"error": text}) } else { json!({"output": text}) };
                     parts.push(json!({"functionResponse": {"name": name, "response": response}}));
                     parts.extend(content.iter().filter_map(|p| if let Part::Image(i) = p { Some(image_part(i)) } else { None }));
@@ -681,7 +674,6 @@ pub struct Encoder {
     chunks: usize,
     call: Option<OpenCall>,
     pending: Carried,
-    thinking: String,
     stop: Option<Stop>,
     usage: Option<Usage>,
 }
@@ -695,7 +687,6 @@ impl Encoder {
             chunks: 0,
             call: None,
             pending: Carried::default(),
-            thinking: String::new(),
             stop: None,
             usage: None,
         }
@@ -748,16 +739,11 @@ impl Encoder {
         self.flush_call(out);
         match e {
             Event::Text(t) => self.chunk(out, vec![json!({"text": t})], None),
-            Event::Thinking(t) => {
-                self.thinking.push_str(&t);
-                self.chunk(out, vec![json!({"text": t, "thought": true})], None);
-            }
-            Event::ThinkingSignature(sig) => self.pending.thinking.push((std::mem::take(&mut self.thinking), sig)),
+            Event::Thinking(t) => self.chunk(out, vec![json!({"text": t, "thought": true})], None),
+            Event::SignedThinking { text, signature } => self.pending.thinking.push((text, signature)),
             Event::RedactedThinking(data) => self.pending.redacted.push(data),
             Event::ToolStart { id, name, signature } => {
-                let mut carried = std::mem::take(&mut self.pending);
-                carried.signature = signature;
-                self.call = Some(OpenCall { id: carry::wrap(&id, &carried), name, arguments: String::new() });
+                self.call = Some(OpenCall { id: self.pending.call_id(&id, signature), name, arguments: String::new() });
             }
             Event::Stop(stop) => self.stop = Some(stop),
             Event::Error { status, message } => {

@@ -481,6 +481,8 @@ pub fn encode_response(t: &Translation, r: &Response) -> Vec<u8> {
 #[derive(Debug, Default)]
 pub struct Decoder {
     usage: Usage,
+    /// The text of the thinking block being streamed (its signature comes last).
+    thinking: String,
 }
 
 impl Decoder {
@@ -506,6 +508,7 @@ impl Decoder {
                         name: b.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
                         signature: None,
                     }),
+                    Some("thinking") => self.thinking.clear(),
                     Some("redacted_thinking") => {
                         out.push(Event::RedactedThinking(b.get("data").and_then(Value::as_str).unwrap_or_default().to_string()))
                     }
@@ -523,8 +526,14 @@ impl Decoder {
                             out.push(Event::ToolArgs(piece));
                         }
                     }
-                    Some("thinking_delta") => out.push(Event::Thinking(s("thinking"))),
-                    Some("signature_delta") => out.push(Event::ThinkingSignature(s("signature"))),
+                    Some("thinking_delta") => {
+                        let piece = s("thinking");
+                        self.thinking.push_str(&piece);
+                        out.push(Event::Thinking(piece));
+                    }
+                    Some("signature_delta") => {
+                        out.push(Event::SignedThinking { text: std::mem::take(&mut self.thinking), signature: s("signature") })
+                    }
                     _ => {}
                 }
             }
@@ -656,7 +665,7 @@ impl Encoder {
                 let index = self.open(Block::Thinking, json!({"type": "thinking", "thinking": "", "signature": ""}), out);
                 Self::delta(out, index, json!({"type": "thinking_delta", "thinking": t}));
             }
-            Event::ThinkingSignature(sig) => {
+            Event::SignedThinking { signature: sig, .. } => {
                 if let Some((Block::Thinking, index)) = self.open {
                     Self::delta(out, index, json!({"type": "signature_delta", "signature": sig}));
                 }

@@ -296,8 +296,11 @@ pub struct Response {
 pub enum Event {
     Text(String),
     Thinking(String),
-    /// The signature of the thinking block just streamed (Anthropic).
-    ThinkingSignature(String),
+    /// The thinking block just streamed was signed (Anthropic): its whole text and signature.
+    SignedThinking {
+        text: String,
+        signature: String,
+    },
     RedactedThinking(String),
     /// A tool call begins (later [`Event::ToolArgs`] belong to it).
     ToolStart {
@@ -510,7 +513,7 @@ pub fn merge_roles(messages: Vec<Message>) -> Vec<Message> {
 }
 
 /// The text parts of a message, joined by new lines.
-pub fn chat_text(parts: &[Part]) -> String {
+pub fn parts_text(parts: &[Part]) -> String {
     let texts: Vec<&str> = parts.iter().filter_map(|p| if let Part::Text(t) = p { Some(t.as_str()) } else { None }).collect();
     texts.join("\n")
 }

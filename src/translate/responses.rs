@@ -175,7 +175,7 @@ fn input_item(item: &Value, field: &str, to: Protocol, req: &mut Request) -> Res
                 _ => return Err(invalid(field, "content must be text or a list of parts")),
             };
             match role {
-                "system" | "developer" if req.messages.is_empty() => req.system.push(super::chat_text(&parts)),
+                "system" | "developer" if req.messages.is_empty() => req.system.push(super::parts_text(&parts)),
                 "system" | "developer" => req.messages.push(Message { role: Role::System, parts }),
                 "assistant" => req.messages.push(Message { role: Role::Assistant, parts }),
                 _ => req.messages.push(Message { role: Role::User, parts }),
@@ -194,9 +194,7 @@ fn input_item(item: &Value, field: &str, to: Protocol, req: &mut Request) -> Res
             let id = item.get("call_id").and_then(Value::as_str).ok_or_else(|| invalid(field, "call_id is required"))?;
             let text = match item.get("output") {
                 Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => {
-                    parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")
-                }
+                Some(v @ Value::Array(_)) => super::text_of(v).unwrap_or_default(),
                 _ => String::new(),
             };
             req.messages.push(Message {
@@ -268,10 +266,6 @@ fn response_object(
     })
 }
 
-fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
 /// The internal form as the whole answer a responses client reads.
 pub fn encode_response(t: &Translation, r: &Response) -> Value {
     let ids = carry::client_call_ids(&r.parts);
@@ -290,14 +284,72 @@ pub fn encode_response(t: &Translation, r: &Response) -> Value {
             _ => {}
         }
     }
-    response_object(&new_id("resp_"), &t.model, now(), output, r.stop, r.usage.as_ref(), true)
+    response_object(&new_id("resp_"), &t.model, crate::auth::now_unix(), output, r.stop, r.usage.as_ref(), true)
 }
 
 /// The item being streamed.
 enum Open {
-    Message { id: String, text: String },
-    Reasoning { id: String, text: String },
+    Text { kind: TextItem, id: String, text: String },
     Call { id: String, call_id: String, name: String, arguments: String },
+}
+
+/// The two items that stream text: an answer (a message's output text) and reasoning (a
+/// reasoning item's summary). Their events differ only in names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum TextItem {
+    Message,
+    Reasoning,
+}
+
+impl TextItem {
+    fn id_prefix(self) -> &'static str {
+        match self {
+            TextItem::Message => "msg_",
+            TextItem::Reasoning => "rs_",
+        }
+    }
+
+    /// The item as `response.output_item.added` shows it (nothing in it yet).
+    fn started(self, id: &str) -> Value {
+        match self {
+            TextItem::Message => json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []}),
+            TextItem::Reasoning => json!({"type": "reasoning", "id": id, "summary": []}),
+        }
+    }
+
+    fn finished(self, id: &str, text: &str) -> Value {
+        match self {
+            TextItem::Message => message_item(id, text, "completed"),
+            TextItem::Reasoning => reasoning_item(id, text),
+        }
+    }
+
+    fn part(self, text: &str) -> Value {
+        match self {
+            TextItem::Message => json!({"type": "output_text", "text": text, "annotations": []}),
+            TextItem::Reasoning => json!({"type": "summary_text", "text": text}),
+        }
+    }
+
+    /// Event names: part added, text delta, text done, part done; and the part's index field.
+    fn events(self) -> [&'static str; 5] {
+        match self {
+            TextItem::Message => [
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "content_index",
+            ],
+            TextItem::Reasoning => [
+                "response.reasoning_summary_part.added",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.done",
+                "response.reasoning_summary_part.done",
+                "summary_index",
+            ],
+        }
+    }
 }
 
 /// Writes the stream a responses client reads.
@@ -310,7 +362,6 @@ pub struct Encoder {
     /// Finished items, for `response.completed`.
     done: Vec<Value>,
     pending: Carried,
-    thinking: String,
     stop: Option<Stop>,
     usage: Option<Usage>,
 }
@@ -320,12 +371,11 @@ impl Encoder {
         Encoder {
             id: new_id("resp_"),
             model: t.model.clone(),
-            created: now(),
+            created: crate::auth::now_unix(),
             seq: 0,
             open: None,
             done: Vec::new(),
             pending: Carried::default(),
-            thinking: String::new(),
             stop: None,
             usage: None,
         }
@@ -353,33 +403,11 @@ impl Encoder {
         let Some(open) = self.open.take() else { return };
         let index = self.index();
         let item = match open {
-            Open::Message { id, text } => {
-                let part = json!({"type": "output_text", "text": text, "annotations": []});
-                self.emit(
-                    out,
-                    "response.output_text.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "text": text}),
-                );
-                self.emit(
-                    out,
-                    "response.content_part.done",
-                    json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
-                );
-                message_item(&id, &text, "completed")
-            }
-            Open::Reasoning { id, text } => {
-                let part = json!({"type": "summary_text", "text": text});
-                self.emit(
-                    out,
-                    "response.reasoning_summary_text.done",
-                    json!({"item_id": id, "output_index": index, "summary_index": 0, "text": text}),
-                );
-                self.emit(
-                    out,
-                    "response.reasoning_summary_part.done",
-                    json!({"item_id": id, "output_index": index, "summary_index": 0, "part": part}),
-                );
-                reasoning_item(&id, &text)
+            Open::Text { kind, id, text } => {
+                let [_, _, text_done, part_done, at] = kind.events();
+                self.emit(out, text_done, json!({"item_id": id, "output_index": index, at: 0, "text": text}));
+                self.emit(out, part_done, json!({"item_id": id, "output_index": index, at: 0, "part": kind.part(&text)}));
+                kind.finished(&id, &text)
             }
             Open::Call { id, call_id, name, arguments } => {
                 let arguments = if arguments.is_empty() { "{}".to_string() } else { arguments };
@@ -395,72 +423,35 @@ impl Encoder {
         self.done.push(item);
     }
 
+    /// A piece of text for a `kind` item: opened first if another item is open.
+    fn text(&mut self, kind: TextItem, piece: String, out: &mut Vec<u8>) {
+        let [part_added, delta, _, _, at] = kind.events();
+        if !matches!(&self.open, Some(Open::Text { kind: open, .. }) if *open == kind) {
+            self.close(out);
+            let id = new_id(kind.id_prefix());
+            let index = self.index();
+            self.emit(out, "response.output_item.added", json!({"output_index": index, "item": kind.started(&id)}));
+            self.emit(out, part_added, json!({"item_id": id, "output_index": index, at: 0, "part": kind.part("")}));
+            self.open = Some(Open::Text { kind, id, text: String::new() });
+        }
+        let index = self.index();
+        if let Some(Open::Text { id, text, .. }) = &mut self.open {
+            text.push_str(&piece);
+            let id = id.clone();
+            self.emit(out, delta, json!({"item_id": id, "output_index": index, at: 0, "delta": piece}));
+        }
+    }
+
     pub fn event(&mut self, e: Event, out: &mut Vec<u8>) {
         let index = self.index();
         match e {
-            Event::Text(t) => {
-                if !matches!(self.open, Some(Open::Message { .. })) {
-                    self.close(out);
-                    let id = new_id("msg_");
-                    let index = self.index();
-                    let item = json!({"type": "message", "id": id, "status": "in_progress", "role": "assistant", "content": []});
-                    self.emit(out, "response.output_item.added", json!({"output_index": index, "item": item}));
-                    let part = json!({"type": "output_text", "text": "", "annotations": []});
-                    self.emit(
-                        out,
-                        "response.content_part.added",
-                        json!({"item_id": id, "output_index": index, "content_index": 0, "part": part}),
-                    );
-                    self.open = Some(Open::Message { id, text: String::new() });
-                }
-                let index = self.index();
-                if let Some(Open::Message { id, text }) = &mut self.open {
-                    text.push_str(&t);
-                    let id = id.clone();
-                    self.emit(
-                        out,
-                        "response.output_text.delta",
-                        json!({"item_id": id, "output_index": index, "content_index": 0, "delta": t}),
-                    );
-                }
-            }
-            Event::Thinking(t) => {
-                self.thinking.push_str(&t);
-                if !matches!(self.open, Some(Open::Reasoning { .. })) {
-                    self.close(out);
-                    let id = new_id("rs_");
-                    let index = self.index();
-                    self.emit(
-                        out,
-                        "response.output_item.added",
-                        json!({"output_index": index, "item": {"type": "reasoning", "id": id, "summary": []}}),
-                    );
-                    let part = json!({"type": "summary_text", "text": ""});
-                    self.emit(
-                        out,
-                        "response.reasoning_summary_part.added",
-                        json!({"item_id": id, "output_index": index, "summary_index": 0, "part": part}),
-                    );
-                    self.open = Some(Open::Reasoning { id, text: String::new() });
-                }
-                let index = self.index();
-                if let Some(Open::Reasoning { id, text }) = &mut self.open {
-                    text.push_str(&t);
-                    let id = id.clone();
-                    self.emit(
-                        out,
-                        "response.reasoning_summary_text.delta",
-                        json!({"item_id": id, "output_index": index, "summary_index": 0, "delta": t}),
-                    );
-                }
-            }
-            Event::ThinkingSignature(sig) => self.pending.thinking.push((std::mem::take(&mut self.thinking), sig)),
+            Event::Text(t) => self.text(TextItem::Message, t, out),
+            Event::Thinking(t) => self.text(TextItem::Reasoning, t, out),
+            Event::SignedThinking { text, signature } => self.pending.thinking.push((text, signature)),
             Event::RedactedThinking(data) => self.pending.redacted.push(data),
             Event::ToolStart { id, name, signature } => {
                 self.close(out);
-                let mut carried = std::mem::take(&mut self.pending);
-                carried.signature = signature;
-                let call_id = carry::wrap(&id, &carried);
+                let call_id = self.pending.call_id(&id, signature);
                 let item_id = new_id("fc_");
                 let index = self.index();
                 let item = call_item(&item_id, &call_id, &name, "", "in_progress");

@@ -833,6 +833,19 @@ fn message_start_carries_an_estimate_and_message_delta_the_real_usage() {
 }
 
 #[test]
+fn a_streamed_call_id_carries_the_signed_thinking_before_it() {
+    for client in [Dialect::Chat, Dialect::Gemini, Dialect::Responses] {
+        let out =
+            String::from_utf8(translate_stream(&t(client, Dialect::Messages, true), &[provider_stream(Dialect::Messages).as_bytes()]))
+                .expect("utf-8");
+        let id = out.split('"').find(|piece| piece.starts_with("toolu_9")).unwrap_or_else(|| panic!("{client:?}: no call id in {out}"));
+        let (upstream_id, carried) = carry::unwrap(id);
+        assert_eq!(upstream_id, "toolu_9", "{client:?}");
+        assert_eq!(carried.thinking, vec![("Think.".to_string(), "SIG+/=".to_string())], "{client:?}");
+    }
+}
+
+#[test]
 fn a_chat_client_that_did_not_ask_gets_no_usage_chunk() {
     let tr = Translation { client_wants_usage: false, ..t(Dialect::Chat, Dialect::Messages, true) };
     let out = String::from_utf8(translate_stream(&tr, &[provider_stream(Dialect::Messages).as_bytes()])).expect("utf-8");
