@@ -71,6 +71,34 @@ struct CreateKey {
     max_output_tokens: Option<u64>,
     #[serde(default)]
     default_output_tokens: Option<u64>,
+    #[serde(default)]
+    budgets: Option<crate::policy::budget::BudgetsInput>,
+    #[serde(default)]
+    account: Option<String>,
+}
+
+/// `POST /admin/accounts`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateAccount {
+    name: String,
+    /// USD.
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    budgets: Option<crate::policy::budget::BudgetsInput>,
+}
+
+/// `PATCH /admin/accounts/{name}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchAccount {
+    #[serde(default)]
+    balance_delta: Option<f64>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default, deserialize_with = "double_option")]
+    budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
 }
 
 /// `Some(None)` clears a limit; absent leaves it.
@@ -109,6 +137,10 @@ struct PatchKey {
     max_output_tokens: Option<Option<u64>>,
     #[serde(default, deserialize_with = "double_option")]
     default_output_tokens: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
+    #[serde(default, deserialize_with = "double_option")]
+    account: Option<Option<String>>,
 }
 
 /// The expiry a request sets: `expires_at` (RFC 3339) or `ttl_secs` from now, not both.
@@ -122,6 +154,8 @@ fn expiry_text(expires_at: Option<String>, ttl_secs: Option<u64>) -> std::result
 }
 
 /// A policy refused: 400 naming its field (`expires_at: …`, `models.allow: …`, `ip_allow: …`).
+use crate::policy::budget::Owner;
+
 fn policy_error(message: String) -> ApiError {
     let field = message.split([':', '.']).next().unwrap_or_default().to_string();
     bad(message).with_param(&field)
@@ -251,8 +285,66 @@ impl AdminApi {
             "models": rec.policy.models, "ip_allow": rec.policy.ip_allow,
             "max_request_cost": rec.policy.max_request_cost_nanos.map(usd),
             "max_output_tokens": rec.policy.max_output_tokens, "default_output_tokens": rec.policy.default_output_tokens,
+            "budgets": self.windows(Owner::Key(&rec.id), &rec.policy.budgets).await?,
+            "account": rec.policy.account,
             "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
         }))
+    }
+
+    /// Each spend window with a cap: the cap, what the window has spent so far, what requests
+    /// in flight here hold of it, and when it started and ends (`billing.timezone`).
+    async fn windows(&self, owner: Owner<'_>, budgets: &crate::policy::budget::Budgets) -> std::result::Result<Value, ApiError> {
+        let calendar = self.routing.load().calendar.clone();
+        let now = now_unix();
+        let mut out = serde_json::Map::new();
+        for (window, cap) in budgets.caps() {
+            let (start, end) = calendar.window(window, now);
+            let id = crate::policy::budget::window_purse(&owner, window, start);
+            let spent = self.ledger.balance(&id).await.map_err(internal)?.saturating_neg();
+            out.insert(
+                window.as_str().to_string(),
+                json!({
+                    "cap": usd(cap), "spent": usd(spent), "held": usd(self.ledger.held(&id)),
+                    "start": crate::protocol::rfc3339(start), "end": crate::protocol::rfc3339(end),
+                    "timezone": calendar.name(),
+                }),
+            );
+        }
+        Ok(Value::Object(out))
+    }
+
+    /// A key may only name an account that exists.
+    fn check_account(&self, policy: &crate::policy::KeyPolicy) -> std::result::Result<(), ApiError> {
+        match &policy.account {
+            Some(name) if self.keys.account(name).is_none() => {
+                Err(bad(format!("account: no account named '{name}'")).with_param("account"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// An account as the admin API shows it.
+    async fn account_view(&self, account: &crate::store::AccountRecord) -> std::result::Result<Value, ApiError> {
+        let balance = self.ledger.balance(&crate::policy::budget::account_purse(&account.name)).await.map_err(internal)?;
+        let keys: Vec<Value> = self
+            .keys
+            .all_keys()
+            .await
+            .map_err(internal)?
+            .iter()
+            .filter(|k| k.policy.account.as_deref() == Some(account.name.as_str()))
+            .map(|k| json!({"id": k.id, "name": k.name}))
+            .collect();
+        Ok(json!({
+            "object": "account", "name": account.name, "balance": usd(balance),
+            "budgets": self.windows(Owner::Account(&account.name), &account.budgets).await?,
+            "created_at": account.created_at, "origin": account.origin, "keys": keys,
+        }))
+    }
+
+    /// The account named `name`, or the 404.
+    fn account(&self, name: &str) -> std::result::Result<std::sync::Arc<crate::store::AccountRecord>, ApiError> {
+        self.keys.account(name).ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No account named '{name}'.")))
     }
 
     /// The key with this id, or the 404.
@@ -447,8 +539,11 @@ impl AdminApi {
                     max_request_cost: body.max_request_cost,
                     max_output_tokens: body.max_output_tokens,
                     default_output_tokens: body.default_output_tokens,
+                    budgets: body.budgets,
+                    account: body.account,
                 };
                 let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
+                self.check_account(&policy)?;
                 let secret = new_secret();
                 let hash = hex(&hash_key(&secret));
                 let rec = KeyRecord {
@@ -475,6 +570,59 @@ impl AdminApi {
                 let mut v = self.view(&rec).await?;
                 v["key"] = json!(secret);
                 Ok(LocalResponse::json(201, &v))
+            }
+            ("GET", "/admin/accounts") => {
+                let mut data = Vec::new();
+                for account in self.keys.all_accounts().await.map_err(internal)? {
+                    data.push(self.account_view(&account).await?);
+                }
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
+            }
+            ("POST", "/admin/accounts") => {
+                let body: CreateAccount = Self::read_json(session).await?;
+                crate::policy::budget::valid_account_name(&body.name).map_err(|e| bad(format!("name: {e}")).with_param("name"))?;
+                let balance = to_nanos("balance", body.balance)?;
+                if balance < 0 {
+                    return Err(bad("balance: must not be negative").with_param("balance"));
+                }
+                let budgets = body.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?;
+                if self.keys.all_accounts().await.map_err(internal)?.iter().any(|a| a.name == body.name) {
+                    return Err(ApiError::new(ErrorKind::Conflict, format!("An account named '{}' exists.", body.name)));
+                }
+                let account = crate::store::AccountRecord {
+                    name: body.name,
+                    budgets: budgets.unwrap_or_default(),
+                    created_at: now_unix(),
+                    origin: crate::store::KeyOrigin::Admin,
+                    seed_digest: None,
+                };
+                self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
+                self.keys.put_account(&account).await.map_err(internal)?;
+                Ok(LocalResponse::json(201, &self.account_view(&account).await?))
+            }
+            ("GET", p) if p.starts_with("/admin/accounts/") => {
+                let account = self.account(p.trim_start_matches("/admin/accounts/"))?;
+                Ok(LocalResponse::json(200, &self.account_view(&account).await?))
+            }
+            ("PATCH", p) if p.starts_with("/admin/accounts/") => {
+                let mut account = (*self.account(p.trim_start_matches("/admin/accounts/"))?).clone();
+                let patch: PatchAccount = Self::read_json(session).await?;
+                if let Some(budgets) = patch.budgets {
+                    account.budgets =
+                        budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
+                }
+                let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
+                self.keys.put_account(&account).await.map_err(internal)?;
+                if let Some(delta) = delta {
+                    self.ledger.top_up(&crate::policy::budget::account_purse(&account.name), delta).await.map_err(internal)?;
+                    log::info!(
+                        "admin: account '{}' balance {:+.6} USD ({})",
+                        account.name,
+                        usd(delta),
+                        patch.reason.as_deref().unwrap_or("no reason given")
+                    );
+                }
+                Ok(LocalResponse::json(200, &self.account_view(&account).await?))
             }
             ("GET", "/admin/usage") => self.usage_by(req_query(session).as_deref()).await,
             ("GET", p) if p.starts_with("/admin/keys/") && p.ends_with("/usage") => {
@@ -587,12 +735,19 @@ impl AdminApi {
                 if let Some(default) = patch.default_output_tokens {
                     input.default_output_tokens = default;
                 }
+                if let Some(budgets) = patch.budgets {
+                    input.budgets = budgets;
+                }
+                if let Some(account) = patch.account {
+                    input.account = account;
+                }
                 // An expiry already stored is kept even if it passed (the key is then simply expired).
                 let now = match (current.expires_at, patch_sets_expiry) {
                     (Some(at), false) => now_unix().min(at.saturating_sub(1)),
                     _ => now_unix(),
                 };
                 rec.policy = crate::policy::KeyPolicy::parse(input, now).map_err(policy_error)?;
+                self.check_account(&rec.policy)?;
                 if let Some(delta) = patch.balance_delta {
                     self.ledger.top_up(&rec.id, to_nanos("balance_delta", delta)?).await.map_err(internal)?;
                 }

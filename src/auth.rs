@@ -193,6 +193,60 @@ impl KeyIndex {
         Ok(index)
     }
 
+    /// Authenticate from `store`'s index, as it is.
+    pub fn new(store: Arc<dyn KeyStore>) -> KeyIndex {
+        KeyIndex { store }
+    }
+
+    /// The shared account named `name`, from memory.
+    pub fn account(&self, name: &str) -> Option<Arc<crate::store::AccountRecord>> {
+        self.store.account(name)
+    }
+
+    /// Every shared account.
+    pub async fn all_accounts(&self) -> Result<Vec<crate::store::AccountRecord>, StoreError> {
+        self.store.accounts().await
+    }
+
+    pub async fn put_account(&self, account: &crate::store::AccountRecord) -> Result<(), StoreError> {
+        self.store.put_account(account).await
+    }
+
+    /// Follow the configuration file's `accounts:` as keys follow `keys:`: a new entry creates
+    /// its account, a changed entry sets its budgets, an unchanged one leaves what the admin
+    /// API set; accounts created through the admin API are left alone.
+    pub async fn seed_accounts(&self, seeds: &[crate::config::AccountConfig]) -> Result<(), StoreError> {
+        let existing: HashMap<String, crate::store::AccountRecord> =
+            self.store.accounts().await?.into_iter().map(|a| (a.name.clone(), a)).collect();
+        for seed in seeds {
+            let digest =
+                hex(&Sha256::digest(format!("{}\n{}", seed.name, serde_json::to_string(&seed.budgets).unwrap_or_default()).as_bytes())
+                    [..16]);
+            let record = match existing.get(&seed.name) {
+                Some(old) if old.origin == KeyOrigin::Admin => {
+                    log::warn!("accounts: '{}' names an account created through the admin API; the file entry is ignored", seed.name);
+                    continue;
+                }
+                Some(old) if old.seed_digest.as_deref() == Some(digest.as_str()) => continue,
+                Some(old) => crate::store::AccountRecord {
+                    budgets: seed.budgets.clone(),
+                    seed_digest: Some(digest),
+                    origin: KeyOrigin::Config,
+                    ..old.clone()
+                },
+                None => crate::store::AccountRecord {
+                    name: seed.name.clone(),
+                    budgets: seed.budgets.clone(),
+                    created_at: now_unix(),
+                    origin: KeyOrigin::Config,
+                    seed_digest: Some(digest),
+                },
+            };
+            self.store.put_account(&record).await?;
+        }
+        Ok(())
+    }
+
     /// Every key record.
     pub async fn all_keys(&self) -> Result<Vec<KeyRecord>, StoreError> {
         self.store.all().await

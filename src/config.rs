@@ -116,6 +116,9 @@ struct RawConfig {
     prices: BTreeMap<String, Price>,
     #[serde(default)]
     keys: Vec<RawKey>,
+    /// Shared accounts keys may draw on (`keys[].account`).
+    #[serde(default)]
+    accounts: Vec<RawAccount>,
     #[serde(default)]
     billing: Option<RawBilling>,
     #[serde(default)]
@@ -266,6 +269,9 @@ struct RawBilling {
 
     #[serde(default)]
     usage_retention_days: Option<u64>,
+    /// The IANA time zone of spend windows (`budgets`); UTC by default.
+    #[serde(default)]
+    timezone: Option<String>,
     #[serde(default)]
     commit_interval_ms: Option<u64>,
     #[serde(default)]
@@ -458,6 +464,21 @@ struct RawKey {
     max_output_tokens: Option<u64>,
     #[serde(default)]
     default_output_tokens: Option<u64>,
+    #[serde(default)]
+    budgets: Option<crate::policy::budget::BudgetsInput>,
+    #[serde(default)]
+    account: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAccount {
+    name: String,
+    /// USD; applied only when the account is first created.
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    budgets: Option<crate::policy::budget::BudgetsInput>,
 }
 
 fn yes() -> bool {
@@ -490,6 +511,10 @@ pub struct Config {
     /// Proxies whose `X-Forwarded-For` is believed (see `policy::client_address`).
     pub trusted_proxies: Vec<crate::policy::Cidr>,
     pub keys: Vec<KeyConfig>,
+    /// `accounts:`.
+    pub accounts: Vec<AccountConfig>,
+    /// Spend windows' calendar (`billing.timezone`).
+    pub calendar: crate::policy::budget::Calendar,
     /// Output tokens held for a request that names no maximum.
     pub default_max_output_tokens: u64,
     /// Usage records older than this are deleted.
@@ -777,6 +802,15 @@ pub struct VideoConfig {
     pub max_task_hours: u64,
 }
 
+/// A shared account of the configuration file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountConfig {
+    pub name: String,
+    /// USD; applied only when the account is first created.
+    pub balance: f64,
+    pub budgets: crate::policy::budget::Budgets,
+}
+
 #[derive(Debug, Clone)]
 pub struct KeyConfig {
     pub key: String,
@@ -1000,6 +1034,20 @@ impl Config {
             }
         }
 
+        let mut accounts: Vec<AccountConfig> = Vec::with_capacity(raw.accounts.len());
+        for (i, a) in raw.accounts.into_iter().enumerate() {
+            let at = format!("accounts[{i}]");
+            crate::policy::budget::valid_account_name(&a.name).map_err(|e| ConfigError(format!("{at}.name: {e}")))?;
+            if accounts.iter().any(|b| b.name == a.name) {
+                return err(format!("{at}.name: the account '{}' is listed twice", a.name));
+            }
+            if !(a.balance.is_finite() && a.balance >= 0.0) {
+                return err(format!("{at}.balance: must be a non-negative number"));
+            }
+            let budgets =
+                a.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(|e| ConfigError(format!("{at}.{e}")))?;
+            accounts.push(AccountConfig { name: a.name, balance: a.balance, budgets: budgets.unwrap_or_default() });
+        }
         let mut keys = Vec::with_capacity(raw.keys.len());
         let mut seen = HashSet::new();
         for (i, k) in raw.keys.into_iter().enumerate() {
@@ -1023,8 +1071,13 @@ impl Config {
                 max_request_cost: k.max_request_cost,
                 max_output_tokens: k.max_output_tokens,
                 default_output_tokens: k.default_output_tokens,
+                budgets: k.budgets,
+                account: k.account,
             };
             let policy = crate::policy::KeyPolicy::parse(input, crate::auth::now_unix()).map_err(|e| ConfigError(format!("{at}.{e}")))?;
+            if let Some(name) = policy.account.as_ref().filter(|n| !accounts.iter().any(|a| &a.name == *n)) {
+                return err(format!("{at}.account: no account named '{name}' in accounts"));
+            }
             keys.push(KeyConfig {
                 key: k.key,
                 name: k.name,
@@ -1049,6 +1102,7 @@ impl Config {
         let billing = raw.billing.unwrap_or(RawBilling {
             default_max_output_tokens: None,
             usage_retention_days: None,
+            timezone: None,
             commit_interval_ms: None,
             sync_commit: None,
             drain_secs: None,
@@ -1072,6 +1126,10 @@ impl Config {
             ("set-cookie".starts_with(bare) || ["connection", "keep-alive", "proxy-connection", "upgrade"].contains(&bare))
                 .then_some("would relay cookies or connection headers; it is never relayed")
         })?;
+        let calendar = match billing.timezone.as_deref() {
+            Some(name) => crate::policy::budget::Calendar::new(name).map_err(|e| ConfigError(format!("billing.timezone: {e}")))?,
+            None => crate::policy::budget::Calendar::default(),
+        };
         let usage_retention_days = billing.usage_retention_days.unwrap_or(30);
         if usage_retention_days == 0 {
             return err("billing.usage_retention_days: must be at least 1");
@@ -1157,6 +1215,8 @@ impl Config {
             groups,
             prices: raw.prices,
             keys,
+            accounts,
+            calendar,
             video,
             storage: match raw.storage {
                 Some(st) => Some(s3_config(st.s3, env)?),

@@ -157,6 +157,10 @@ pub struct UsageRecord {
     /// The provider's protocol when it is not the client's (`protocol`): a translated request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_protocol: Option<String>,
+    /// The purses debited besides the key's own balance: its shared account's, spend windows'
+    /// (see [`Purse`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub charged: Vec<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -208,24 +212,104 @@ pub trait ForwardBookings: Send + Sync {
     async fn forward_booking(&self, record: &UsageRecord) -> Result<(), StoreError>;
 }
 
-/// Reserved money for one in-flight request. Dropped unsettled, it is released untouched.
+/// One balance a request is paid from: its key's, its shared account's, or a spend window's
+/// (see `policy::budget`). `credit` is what the purse may go below zero (a window's cap:
+/// its balance is minus what it spent); a hold is admitted while `balance + credit − held`
+/// covers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Purse {
+    /// Its name in the money store: a key id, `acct:<name>` or `win:<owner>:<window>:<start>`.
+    pub id: String,
+    pub credit: i64,
+    pub kind: PurseKind,
+}
+
+/// What a purse is, to say why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PurseKind {
+    Key,
+    Account(String),
+    /// A spend window of the key (`account: None`) or of its account, ending at `end` (unix s).
+    Window {
+        account: Option<String>,
+        window: crate::policy::budget::Window,
+        end: u64,
+    },
+}
+
+impl Purse {
+    /// A key's own balance, alone.
+    pub fn key(key_id: &str) -> Purse {
+        Purse { id: key_id.to_string(), credit: 0, kind: PurseKind::Key }
+    }
+}
+
+/// The ids of the purses a booking debits besides its key's own (a record's `charged`).
+pub fn charged(purses: &[Purse]) -> Vec<String> {
+    purses.iter().filter(|p| p.kind != PurseKind::Key).map(|p| p.id.clone()).collect()
+}
+
+/// A hold or a charge refused by the first purse that does not cover it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub kind: PurseKind,
+    pub short: Insufficient,
+}
+
+impl Refused {
+    /// The client's answer: 429 `budget_exceeded` with `Retry-After` (seconds to the window's
+    /// end) for a window, 402 for a balance. `what` names the thing being paid for.
+    pub fn to_api_error(&self, what: &str, now: u64) -> crate::protocol::ApiError {
+        use crate::protocol::{ApiError, ErrorKind};
+        let left = |s: &Insufficient| usd(s.available.max(0));
+        match &self.kind {
+            PurseKind::Key => self.short.to_api_error(what),
+            PurseKind::Account(name) => ApiError::new(
+                ErrorKind::InsufficientBalance,
+                format!(
+                    "Insufficient balance: {what} ${:.6}, the account '{name}' has ${:.6} available.",
+                    usd(self.short.needed),
+                    left(&self.short)
+                ),
+            ),
+            PurseKind::Window { account, window, end } => {
+                let whose = account.as_ref().map_or_else(|| "this API key".to_string(), |a| format!("the account '{a}'"));
+                let mut e = ApiError::new(
+                    ErrorKind::BudgetExceeded,
+                    format!(
+                        "The {} budget of {whose} is spent: {what} ${:.6}, ${:.6} is left until the window ends at {}.",
+                        window.as_str(),
+                        usd(self.short.needed),
+                        left(&self.short),
+                        crate::protocol::rfc3339(*end)
+                    ),
+                );
+                e.retry_after = Some(end.saturating_sub(now).max(1));
+                e
+            }
+        }
+    }
+}
+
+/// Reserved money for one in-flight request, in every purse it is paid from. Dropped
+/// unsettled, it is released untouched.
 pub struct Hold {
     ledger: Arc<Ledger>,
-    key_id: String,
+    purses: Vec<Purse>,
     amount: i64,
     done: bool,
 }
 
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hold").field("key_id", &self.key_id).field("amount", &self.amount).finish()
+        f.debug_struct("Hold").field("purses", &self.purses).field("amount", &self.amount).finish()
     }
 }
 
 impl Drop for Hold {
     fn drop(&mut self) {
         if !self.done {
-            self.ledger.money.release(&self.key_id, self.amount);
+            self.ledger.money.release(&self.purses, self.amount);
         }
     }
 }
@@ -339,20 +423,32 @@ impl Ledger {
         self.money.balance(key_id).await
     }
 
-    /// Reserve `amount` if `balance − held` covers it (in a fleet: this node's lease, or more
-    /// leased from the database).
+    /// What requests in flight on this node hold of a purse.
+    pub fn held(&self, id: &str) -> i64 {
+        self.money.held(id)
+    }
+
+    /// Reserve `amount` of the key's own balance alone if `balance − held` covers it.
     pub async fn hold(self: &Arc<Self>, key_id: &str, amount: i64) -> Result<Result<Hold, Insufficient>, StoreError> {
+        Ok(self.hold_from(vec![Purse::key(key_id)], amount).await?.map_err(|r| r.short))
+    }
+
+    /// Reserve `amount` in every purse if each covers it (`balance + credit − held`), or in
+    /// none: the first that does not answers (in a fleet: this node's leases, or more leased
+    /// from the database).
+    pub async fn hold_from(self: &Arc<Self>, purses: Vec<Purse>, amount: i64) -> Result<Result<Hold, Refused>, StoreError> {
         let amount = amount.max(0);
-        Ok(match self.money.hold(key_id, amount).await? {
-            Ok(()) => Ok(Hold { ledger: self.clone(), key_id: key_id.to_string(), amount, done: false }),
-            Err(short) => Err(short),
+        Ok(match self.money.hold(&purses, amount).await? {
+            Ok(()) => Ok(Hold { ledger: self.clone(), purses, amount, done: false }),
+            Err((i, short)) => Err(Refused { kind: purses.get(i).map_or(PurseKind::Key, |p| p.kind.clone()), short }),
         })
     }
 
-    /// Debit `record.cost_nanos` (a credit when negative) and store its record; with `wait`,
-    /// return once the record is durable. Returns the new balance.
+    /// Debit `record.cost_nanos` (a credit when negative) from its key and the purses it was
+    /// `charged`, and store its record; with `wait`, return once the record is durable.
+    /// Returns the key's new balance.
     async fn book(&self, record: &UsageRecord, release: i64, wait: bool) -> Result<i64, StoreError> {
-        match self.money.book(record, release, false, wait).await? {
+        match self.money.book(record, release, None, wait).await? {
             Ok(balance) => Ok(balance),
             // Unchecked bookings are never refused.
             Err(short) => Err(StoreError::Corrupt(format!("unchecked booking refused: {short:?}"))),
@@ -367,17 +463,27 @@ impl Ledger {
 
     /// Release the hold and charge the real cost, with its record (durable within the commit
     /// window, or before this returns with `sync_commit`).
-    pub async fn settle(&self, mut hold: Hold, record: UsageRecord) -> Result<i64, StoreError> {
+    pub async fn settle(&self, mut hold: Hold, mut record: UsageRecord) -> Result<i64, StoreError> {
         hold.done = true;
+        record.charged = charged(&hold.purses);
         self.book(&record, hold.amount, self.sync).await
     }
 
-    /// Charge a price at once (video submission) when `balance − held` covers it: the check
-    /// and the debit are one step. Durable before this returns.
+    /// Charge a price at once (video submission) to the key alone when `balance − held`
+    /// covers it: the check and the debit are one step. Durable before this returns.
     pub async fn charge(&self, record: UsageRecord) -> Result<Result<i64, Insufficient>, StoreError> {
-        let charged = self.money.book(&record, 0, true, true).await?;
+        let purses = [Purse::key(&record.key_id)];
+        Ok(self.charge_from(record, &purses).await?.map_err(|r| r.short))
+    }
+
+    /// Charge a price at once to every purse (the key's first among them) when each covers it;
+    /// the checks and the debits are one step. The record says which purses it was charged
+    /// (`charged`): a refund of it credits the same. Durable before this returns.
+    pub async fn charge_from(&self, mut record: UsageRecord, purses: &[Purse]) -> Result<Result<i64, Refused>, StoreError> {
+        record.charged = charged(purses);
+        let booked = self.money.book(&record, 0, Some(purses), true).await?;
         self.money.publish().await;
-        Ok(charged)
+        Ok(booked.map_err(|(i, short)| Refused { kind: purses.get(i).map_or(PurseKind::Key, |p| p.kind.clone()), short }))
     }
 
     /// Credit (refund, top-up) or debit without a hold; the record says why. Durable before
@@ -520,6 +626,7 @@ pub(crate) mod tests {
             attempts: 0,
             response_id: None,
             upstream_protocol: None,
+            charged: Vec::new(),
         }
     }
 

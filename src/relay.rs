@@ -332,6 +332,8 @@ pub struct Routing {
     pub forward_response_headers: Vec<String>,
     /// Proxies whose `X-Forwarded-For` is believed (`trusted_proxies`).
     pub trusted_proxies: Vec<crate::policy::Cidr>,
+    /// Spend windows' calendar (`billing.timezone`).
+    pub calendar: crate::policy::budget::Calendar,
     /// Retries before the first byte.
     pub retry: crate::config::RetryPolicy,
     /// Input tokens held per referenced image and per file (`billing.image_input_tokens`,
@@ -837,6 +839,7 @@ prices:
             forward_headers: Vec::new(),
             forward_response_headers: Vec::new(),
             trusted_proxies: Vec::new(),
+            calendar: Default::default(),
             retry: crate::config::RetryPolicy::default(),
             media_allowance: MediaAllowance::default(),
         }

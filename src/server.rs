@@ -172,6 +172,7 @@ fn routing_for(config: &Config, health: &crate::health::HealthBook) -> Routing {
         forward_headers: config.forward_headers.clone(),
         forward_response_headers: config.forward_response_headers.clone(),
         trusted_proxies: config.trusted_proxies.clone(),
+        calendar: config.calendar.clone(),
         retry: config.retry.clone(),
         media_allowance: config.media_allowance,
     }
@@ -193,6 +194,20 @@ struct Reload {
     health: Arc<crate::health::HealthBook>,
 }
 
+/// Apply the configuration file's accounts and keys to the store: new ones get their opening
+/// balance (the file's balance applies only then), changed entries are written (see
+/// `auth::seed_changes`).
+async fn seed(keys: &KeyIndex, ledger: &Ledger, config: &Config) -> Result<(), crate::store::StoreError> {
+    for account in &config.accounts {
+        ledger.open_account(&crate::policy::budget::account_purse(&account.name), usd_to_nanos(account.balance)).await?;
+    }
+    keys.seed_accounts(&config.accounts).await?;
+    for seed in &config.keys {
+        ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await?;
+    }
+    keys.seed(&config.keys).await
+}
+
 impl Reload {
     async fn reload(&self) -> Result<Vec<&'static str>, String> {
         let path = self.path.clone();
@@ -204,13 +219,10 @@ impl Reload {
         })
         .await
         .map_err(|e| format!("reload task: {e}"))??;
-        for seed in &config.keys {
-            self.ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await.map_err(|e| e.to_string())?;
-        }
         if let Some(cert) = &self.certificate {
             cert.reload()?;
         }
-        self.keys.seed(&config.keys).await.map_err(|e| e.to_string())?;
+        seed(&self.keys, &self.ledger, &config).await.map_err(|e| e.to_string())?;
         crate::logging::set_json(config.log_format == crate::config::LogFormat::Json);
         let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
         self.health.retain(&names);
@@ -425,11 +437,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let start_up = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start-up runtime: {e}"))?;
     let ledger = Arc::new(Ledger::new(store.money(), config.commit.sync));
     let seeding = async {
-        let keys = KeyIndex::load(store.keys(), &config.keys).await.map_err(|e| e.to_string())?;
-        for seed in &config.keys {
-            // The configured balance applies only when the key is first created.
-            ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await.map_err(|e| e.to_string())?;
-        }
+        let keys = KeyIndex::new(store.keys());
+        seed(&keys, &ledger, &config).await.map_err(|e| e.to_string())?;
         let enabled = keys.all_keys().await.map_err(|e| e.to_string())?.iter().filter(|k| k.enabled).count();
         Ok::<_, String>((keys, enabled))
     };

@@ -322,6 +322,7 @@ fn usage(key: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         attempts: 1,
         response_id: None,
         upstream_protocol: None,
+        charged: Vec::new(),
     }
 }
 

@@ -58,6 +58,7 @@ fn usage(key_id: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         attempts: 0,
         response_id: None,
         upstream_protocol: None,
+        charged: Vec::new(),
     }
 }
 
@@ -202,4 +203,219 @@ fn the_postgres_store_keeps_the_contract() {
     assert!(store.statements().is_some());
     // Run where the store's connections live, as the gateway does.
     fleet.block_on(contract(store));
+}
+
+/// Issue 29: spend windows and shared accounts through the store interface. `stores` are the
+/// nodes (one for sled; two on one database for PostgreSQL); requests alternate between them.
+async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
+    use tollgate::ledger::{Purse, PurseKind};
+    use tollgate::policy::budget::{account_purse, purses, AccountRecord, Budgets, Calendar, Window};
+    let backend = stores[0].backend();
+    let ledgers: Vec<Arc<Ledger>> = stores.iter().map(|s| Arc::new(Ledger::new(s.money(), false))).collect();
+    let keys = stores[0].keys();
+    let now = tollgate::auth::now_unix();
+    let calendar = Calendar::default();
+
+    // An account, stored and found by name on every node.
+    let account = AccountRecord {
+        name: "team".into(),
+        budgets: Budgets { day: Some(700), ..Budgets::default() },
+        created_at: 1,
+        origin: KeyOrigin::Admin,
+        seed_digest: None,
+    };
+    keys.put_account(&account).await.expect("put account");
+    for s in &stores {
+        s.keys().put(&[]).await.expect("refresh");
+        assert_eq!(s.keys().account("team").as_deref(), Some(&account), "{backend}");
+    }
+    assert_eq!(keys.accounts().await.expect("accounts"), vec![account.clone()], "{backend}");
+
+    // A key with a day budget of 1000 (and plenty of balance): of 40 parallel holds of 100,
+    // exactly 10 fit the window, whatever node they come through.
+    let mut solo = key("key_budget", "sk-budget-solo", true);
+    solo.policy.budgets = Budgets { day: Some(1_000), ..Budgets::default() };
+    ledgers[0].open_account(&solo.id, 1_000_000).await.expect("open");
+    let solo_purses = purses(&solo, None, &calendar, now);
+    let (start, end) = calendar.window(Window::Day, now);
+    let window_id = tollgate::policy::budget::window_purse(&tollgate::policy::budget::Owner::Key(&solo.id), Window::Day, start);
+    assert_eq!(solo_purses[0].id, window_id);
+    let attempts = (0..40).map(|i| {
+        let ledger = ledgers[i % ledgers.len()].clone();
+        let purses = solo_purses.clone();
+        tokio::spawn(async move { ledger.hold_from(purses, 100).await.expect("store") })
+    });
+    let results: Vec<_> = futures_util::future::join_all(attempts).await.into_iter().map(|r| r.expect("task")).collect();
+    let mut holds = Vec::new();
+    for r in results {
+        match r {
+            Ok(hold) => holds.push(hold),
+            Err(refused) => {
+                assert_eq!(refused.kind, PurseKind::Window { account: None, window: Window::Day, end }, "{backend}");
+            }
+        }
+    }
+    assert_eq!(holds.len(), 10, "{backend}: exactly what the window's cap covers");
+    // Each settles at 90: 900 spent, 100 left.
+    for (i, hold) in holds.into_iter().enumerate() {
+        ledgers[i % ledgers.len()].settle(hold, usage(&solo.id, "m1", 90, now * 1000)).await.expect("settle");
+    }
+    for l in &ledgers {
+        l.commit_now().await.expect("commit");
+    }
+    assert_eq!(ledgers[0].balance(&window_id).await.expect("window"), -900, "{backend}: the window's spend");
+    assert_eq!(ledgers[0].balance(&solo.id).await.expect("balance"), 1_000_000 - 900, "{backend}: and the key's balance");
+    let err = ledgers[0].hold_from(solo_purses.clone(), 101).await.expect("store").expect_err("over the cap");
+    // In a fleet what another node still leases of the window is not available here until
+    // its sync round gives it back.
+    assert!(err.short.available <= 100, "{backend}: {err:?}");
+    for s in &stores {
+        s.money().sync_round().await.expect("sync");
+    }
+    let last = ledgers[0].hold_from(solo_purses.clone(), 100).await.expect("store");
+    assert!(last.is_ok(), "{backend}: exactly the cap's remainder is left: {last:?}");
+    drop(last);
+    let e = err.to_api_error("this request may cost up to", now);
+    assert_eq!((e.status(), e.retry_after), (429, Some(end - now)), "{backend}: {e:?}");
+    // A cap raised mid-window applies at once to what the window spent.
+    solo.policy.budgets.day = Some(2_000);
+    let raised = purses(&solo, None, &calendar, now);
+    assert!(ledgers[0].hold_from(raised, 1_000).await.expect("store").is_ok(), "{backend}");
+    // The next window starts empty: no reset job, a new name.
+    let tomorrow = purses(&solo, None, &calendar, end);
+    assert_ne!(tomorrow[0].id, window_id);
+    assert!(ledgers[0].hold_from(tomorrow, 1_000).await.expect("store").is_ok(), "{backend}");
+
+    // Two keys of the account (500 of balance, a day cap of 700): the account's balance is
+    // the first cap reached; 30 parallel holds of 100 admit exactly 5.
+    ledgers[0].open_account(&account_purse("team"), 500).await.expect("open account");
+    let members: Vec<KeyRecord> = (0..2)
+        .map(|i| {
+            let mut k = key(&format!("key_member{i}"), &format!("sk-member-{i}"), true);
+            k.policy.account = Some("team".into());
+            k
+        })
+        .collect();
+    for m in &members {
+        ledgers[0].open_account(&m.id, 1_000_000).await.expect("open");
+    }
+    let attempts = (0..30).map(|i| {
+        let ledger = ledgers[i % ledgers.len()].clone();
+        let purses = purses(&members[i % 2], Some(&account), &calendar, now);
+        tokio::spawn(async move { ledger.hold_from(purses, 100).await.expect("store") })
+    });
+    let results: Vec<_> = futures_util::future::join_all(attempts).await.into_iter().map(|r| r.expect("task")).collect();
+    let mut held = Vec::new();
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(hold) => held.push((i, hold)),
+            // One node checks its purses under one lock: the account's balance answers. In a
+            // fleet, purses are held one after another, and what a hold given back leaves in
+            // its node's lease of the window is not available to the other node until the
+            // sync round: the window may answer first there, never letting more through.
+            Err(refused) if stores.len() == 1 => assert_eq!(refused.kind, PurseKind::Account("team".into()), "{backend}"),
+            Err(refused) => assert!(
+                matches!(&refused.kind, PurseKind::Account(a) | PurseKind::Window { account: Some(a), .. } if a == "team"),
+                "{backend}: {refused:?}"
+            ),
+        }
+    }
+    assert!(held.len() <= 5, "{backend}: never more than the account's balance covers");
+    if stores.len() == 1 {
+        assert_eq!(held.len(), 5, "{backend}: the account's balance covers five");
+    }
+    let mut admitted = held.len();
+    for (i, hold) in held {
+        ledgers[i % ledgers.len()].settle(hold, usage(&members[i % 2].id, "m1", 100, now * 1000)).await.expect("settle");
+    }
+    // Once the leases are given back, the rest is available, exactly: five in all.
+    for s in &stores {
+        s.money().commit().await.expect("commit");
+        s.money().sync_round().await.expect("sync");
+    }
+    while let Ok(hold) = ledgers[0].hold_from(purses(&members[0], Some(&account), &calendar, now), 100).await.expect("store") {
+        ledgers[0].settle(hold, usage(&members[0].id, "m1", 100, now * 1000)).await.expect("settle");
+        admitted += 1;
+        assert!(admitted <= 5, "{backend}: more than the account's balance");
+    }
+    assert_eq!(admitted, 5, "{backend}");
+    for l in &ledgers {
+        l.commit_now().await.expect("commit");
+    }
+    assert_eq!(ledgers[0].balance(&account_purse("team")).await.expect("account"), 0, "{backend}");
+    let team_day = tollgate::policy::budget::window_purse(&tollgate::policy::budget::Owner::Account("team"), Window::Day, start);
+    assert_eq!(ledgers[0].balance(&team_day).await.expect("window"), -500, "{backend}");
+    // Topped up past the window: now the account's day window (700) is the first cap reached.
+    ledgers[0].top_up(&account_purse("team"), 10_000).await.expect("top up");
+    let p = purses(&members[0], Some(&account), &calendar, now);
+    let refused = ledgers[0].hold_from(p.clone(), 300).await.expect("store").expect_err("the account's day window");
+    assert_eq!(refused.kind, PurseKind::Window { account: Some("team".into()), window: Window::Day, end }, "{backend}");
+
+    // A video-style charge checks every purse at once and is refunded to the same purses.
+    let charged = ledgers[0].charge_from(usage(&members[0].id, "genq", 150, now * 1000), &p).await.expect("store");
+    assert!(charged.is_ok(), "{backend}: {charged:?}");
+    assert_eq!(ledgers[0].balance(&team_day).await.expect("window"), -650, "{backend}");
+    let over = ledgers[0].charge_from(usage(&members[0].id, "genq", 100, now * 1000), &p).await.expect("store");
+    assert!(matches!(over, Err(ref r) if matches!(r.kind, PurseKind::Window { .. })), "{backend}: {over:?}");
+    let mut refund = usage(&members[0].id, "genq", -150, now * 1000);
+    refund.charged = tollgate::ledger::charged(&p);
+    ledgers[0].adjust(refund).await.expect("refund");
+    assert_eq!(ledgers[0].balance(&team_day).await.expect("window"), -500, "{backend}: the refund credits the window");
+    assert_eq!(ledgers[0].balance(&account_purse("team")).await.expect("account"), 10_000, "{backend}");
+    assert!(p.iter().any(|x| *x == Purse::key(&members[0].id)), "{backend}: the key's own balance is one of them");
+}
+
+#[test]
+fn the_sled_store_keeps_spend_windows_and_accounts_across_a_restart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    {
+        let db = SledDb::open(dir.path()).expect("open");
+        let store: Arc<dyn Store> = Arc::new(SledStore::new(db.db(), CommitPolicy::default()).expect("store"));
+        runtime.block_on(spend_contract(vec![store]));
+    }
+    // A restart in the middle of the window keeps its spend (and the account's).
+    let db = SledDb::open_waiting(dir.path(), Duration::from_secs(20)).expect("reopen");
+    let store: Arc<dyn Store> = Arc::new(SledStore::new(db.db(), CommitPolicy::default()).expect("store"));
+    runtime.block_on(restarted(store));
+}
+
+/// After a restart: the day windows and the account as `spend_contract` left them.
+async fn restarted(store: Arc<dyn Store>) {
+    use tollgate::policy::budget::{account_purse, window_purse, Calendar, Owner, Window};
+    let backend = store.backend();
+    let ledger = Ledger::new(store.money(), false);
+    let (start, _) = Calendar::default().window(Window::Day, tollgate::auth::now_unix());
+    assert_eq!(
+        ledger.balance(&window_purse(&Owner::Key("key_budget"), Window::Day, start)).await.expect("window"),
+        -900,
+        "{backend}: the window's spend survives"
+    );
+    assert_eq!(ledger.balance(&window_purse(&Owner::Account("team"), Window::Day, start)).await.expect("window"), -500, "{backend}");
+    assert_eq!(ledger.balance(&account_purse("team")).await.expect("account"), 10_000, "{backend}");
+    assert!(store.keys().account("team").is_some(), "{backend}: the account record survives");
+}
+
+#[test]
+fn the_postgres_store_keeps_spend_windows_and_accounts_over_two_nodes() {
+    let server = Postgres::start();
+    let node = |name: &str, dir: &std::path::Path| {
+        let conf = FleetConfig {
+            postgres: PgSettings { url: server.url(), pool_size: 4, ca_pem: None },
+            node_id: name.into(),
+            lease: Duration::from_secs(30),
+            sync: Duration::from_millis(200),
+        };
+        let fleet = Fleet::connect(&conf).expect("connect");
+        let db = SledDb::open(dir).expect("open");
+        let store: Arc<dyn Store> = Arc::new(FleetStore::new(fleet.clone(), db.db(), CommitPolicy::default()).expect("store"));
+        (fleet, store, db)
+    };
+    let (dir_a, dir_b, dir_c) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let (fleet_a, a, _db_a) = node("a", dir_a.path());
+    let (_fleet_b, b, _db_b) = node("b", dir_b.path());
+    fleet_a.block_on(spend_contract(vec![a, b]));
+    // A node that starts later sees the same spend.
+    let (fleet_c, c, _db_c) = node("c", dir_c.path());
+    fleet_c.block_on(restarted(c));
 }

@@ -53,7 +53,10 @@ async fn stale_gets_coalesce_into_one_describe() {
         rotated: None,
         policy: Default::default(),
     };
-    let (task, _) = svc.create(&key, br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None).await.expect("created");
+    let (task, _) = svc
+        .create(&key, &[tollgate::ledger::Purse::key(&key.id)], br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None)
+        .await
+        .expect("created");
     // Staleness is a matter of time: let the one-second poll interval pass.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let gets = (0..8).map(|_| {

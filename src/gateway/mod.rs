@@ -309,13 +309,14 @@ impl Gateway {
                 return Ok(Outcome::Respond(LocalResponse::json(200, &crate::translate::count_estimate(t, draft.client_body_len))));
             }
         }
-        let held = self.ledger.hold(&key.id, draft.hold_nanos).await;
+        // Then the spend windows (the key's, its account's), then the balances.
+        let held = self.ledger.hold_from(self.purses(&routing, &key)?, draft.hold_nanos).await;
         if !matches!(held, Ok(Ok(_))) {
             ctx.model_asked = Some(draft.model.clone());
         }
         let hold = match held {
             Ok(Ok(hold)) => hold,
-            Ok(Err(short)) => return Err(short.to_api_error("this request may cost up to")),
+            Ok(Err(refused)) => return Err(refused.to_api_error("this request may cost up to", crate::auth::now_unix())),
             Err(crate::store::StoreError::Shared(e)) => {
                 log::warn!("ledger: {e}");
                 return Err(crate::store::fleet::unavailable("the key's balance"));
@@ -350,6 +351,20 @@ impl Gateway {
             body_reservation: Some(client_body.reservation),
             translation: draft.translation,
         })))
+    }
+
+    /// What a request of `key` is paid from, in the order of checks: its spend windows, its
+    /// account's, its balance, its account's balance. A key whose account this node does not
+    /// know (yet) is refused for now.
+    fn purses(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<Vec<crate::ledger::Purse>, ApiError> {
+        if key.policy.account.is_none() && key.policy.budgets.is_empty() {
+            return Ok(vec![crate::ledger::Purse::key(&key.id)]);
+        }
+        let account = match &key.policy.account {
+            Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
+            None => None,
+        };
+        Ok(crate::policy::budget::purses(key, account.as_deref(), &routing.calendar, crate::auth::now_unix()))
     }
 
     /// `GET /v1/usage[?start=&end=]` for the calling key.
@@ -419,6 +434,7 @@ impl Gateway {
             attempts: plan.attempts,
             response_id,
             upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
+            charged: Vec::new(),
         };
         if let Err(e) = self.ledger.settle(hold, record).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
@@ -443,7 +459,8 @@ impl Gateway {
                 if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
                 }
-                let (task, created) = svc.create(key, &body.bytes, idem.as_deref()).await.inspect_err(|_| {
+                let purses = self.purses(&self.routing.load(), key)?;
+                let (task, created) = svc.create(key, &purses, &body.bytes, idem.as_deref()).await.inspect_err(|_| {
                     // The bounded field reader, never a whole JSON tree: a refused body may be a bomb.
                     ctx.model_asked = crate::protocol::body_fields(&body.bytes).ok().and_then(|f| f.model);
                 })?;

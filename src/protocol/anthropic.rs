@@ -24,7 +24,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::RequestTimeout => "timeout_error",
         ErrorKind::Overloaded => "overloaded_error",
-        ErrorKind::RateLimited => "rate_limit_error",
+        ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "rate_limit_error",
         ErrorKind::BadGateway | ErrorKind::Internal => "api_error",
         ErrorKind::GatewayTimeout => "timeout_error",
     };

@@ -19,7 +19,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "NOT_FOUND",
         ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => "PERMISSION_DENIED",
         ErrorKind::Conflict => "FAILED_PRECONDITION",
-        ErrorKind::RateLimited => "RESOURCE_EXHAUSTED",
+        ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "RESOURCE_EXHAUSTED",
         ErrorKind::BadGateway => "UNAVAILABLE",
         ErrorKind::GatewayTimeout | ErrorKind::RequestTimeout => "DEADLINE_EXCEEDED",
         ErrorKind::Overloaded => "UNAVAILABLE",

@@ -510,6 +510,9 @@ pub enum ErrorKind {
     ModelNotAllowed,
     /// The request's worst-case cost is above the key's `max_request_cost` (402).
     RequestCostCap,
+    /// A spend window (day, week, month) of the key or its account has no room for the
+    /// request (429, `Retry-After` to the window's end).
+    BudgetExceeded,
 }
 
 impl ErrorKind {
@@ -535,6 +538,7 @@ impl ErrorKind {
             ErrorKind::IpNotAllowed => "ip_not_allowed",
             ErrorKind::ModelNotAllowed => "model_not_allowed",
             ErrorKind::RequestCostCap => "request_cost_cap_exceeded",
+            ErrorKind::BudgetExceeded => "budget_exceeded",
         }
     }
 
@@ -550,7 +554,7 @@ impl ErrorKind {
             ErrorKind::Overloaded => 503,
             ErrorKind::Conflict => 409,
             ErrorKind::Gone => 410,
-            ErrorKind::RateLimited => 429,
+            ErrorKind::RateLimited | ErrorKind::BudgetExceeded => 429,
             ErrorKind::BadGateway => 502,
             ErrorKind::GatewayTimeout => 504,
             ErrorKind::Internal => 500,

@@ -32,6 +32,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::IpNotAllowed => ("permission_error", json!("ip_not_allowed")),
         ErrorKind::ModelNotAllowed => ("permission_error", json!("model_not_allowed")),
         ErrorKind::RequestCostCap => ("invalid_request_error", json!("request_cost_cap_exceeded")),
+        ErrorKind::BudgetExceeded => ("rate_limit_error", json!("budget_exceeded")),
     };
     json!({"error": {"message": e.message, "type": etype, "param": e.param, "code": code}})
 }

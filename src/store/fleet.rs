@@ -15,6 +15,7 @@
 //! random id kept in the data directory) names the records in the database, so a node whose
 //! data directory was replaced never collides with its own older records.
 
+use super::postgres::accounts::FleetHold;
 use super::postgres::accounts::{FleetAccounts, Journaled};
 use super::postgres::keys::FleetKeys;
 use super::postgres::rates::{FleetRates, FleetSlots};
@@ -23,7 +24,7 @@ use super::postgres::tasks::FleetTasks;
 use super::postgres::{Pg, PgError};
 use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
 use crate::config::FleetConfig;
-use crate::ledger::{ForwardBookings, Insufficient, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{ForwardBookings, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -324,14 +325,12 @@ impl FleetMoney {
     /// requests it had begun while the new one serves): settled against this process's lease
     /// and booked into the database at once, each record exactly once (its own journal's mark).
     /// If the database cannot be reached then, the record is lost, and said so.
-    async fn book_direct(
-        &self,
-        record: &UsageRecord,
-        hold: super::postgres::accounts::FleetHold,
-    ) -> Result<Result<i64, Insufficient>, StoreError> {
+    async fn book_direct(&self, record: &UsageRecord, holds: Vec<FleetHold>) -> Result<Result<i64, (usize, Insufficient)>, StoreError> {
         let seq = self.drained.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
         let record = UsageRecord { seq, ..record.clone() };
-        self.fleet.accounts.settle(hold, record.cost_nanos).await;
+        for hold in holds {
+            self.fleet.accounts.settle(hold, record.cost_nanos).await;
+        }
         let booked = Journaled { seq: i64::try_from(seq).unwrap_or(i64::MAX), owed_here: true, record };
         if let Err(e) = self.fleet.accounts.book(&self.drain_journal, std::slice::from_ref(&booked)).await {
             log::error!(
@@ -342,6 +341,25 @@ impl FleetMoney {
             return Err(e.into());
         }
         Ok(Ok(0))
+    }
+
+    /// Hold `amount` in each purse in turn; the first that does not cover it answers, and
+    /// what the ones before it held is given back. Returns the amount held.
+    async fn hold_all(&self, purses: &[Purse], amount: i64) -> Result<Result<i64, (usize, Insufficient)>, StoreError> {
+        let accounts = &self.fleet.accounts;
+        let amount = amount.max(0);
+        for (i, p) in purses.iter().enumerate() {
+            let refused = match accounts.hold_within(&p.id, amount, p.credit).await {
+                Ok(Ok(_)) => continue,
+                Ok(Err(short)) => Ok(Err((i, short))),
+                Err(e) => Err(StoreError::from(e)),
+            };
+            for before in &purses[..i] {
+                accounts.settle(FleetHold { key_id: before.id.clone(), amount }, 0).await;
+            }
+            return refused;
+        }
+        Ok(Ok(amount))
     }
 
     async fn book_journal(&self) -> Result<usize, StoreError> {
@@ -361,33 +379,52 @@ impl MoneyStore for FleetMoney {
         Ok(balance.saturating_sub(self.fleet.accounts.owed(key_id).await))
     }
 
-    /// Against this node's lease, or more leased from the database.
-    async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<(), Insufficient>, StoreError> {
-        Ok(self.fleet.accounts.hold(key_id, amount).await?.map(|_| ()))
+    fn held(&self, id: &str) -> i64 {
+        self.fleet.accounts.held(id)
     }
 
-    fn release(&self, key_id: &str, amount: i64) {
+    /// Against this node's lease of each purse, or more leased from the database; a purse
+    /// that does not cover it gives back what the ones before it held.
+    async fn hold(&self, purses: &[Purse], amount: i64) -> Result<Result<(), (usize, Insufficient)>, StoreError> {
+        Ok(self.hold_all(purses, amount).await?.map(|_| ()))
+    }
+
+    fn release(&self, purses: &[Purse], amount: i64) {
         let fleet = self.fleet.clone();
-        let hold = super::postgres::accounts::FleetHold { key_id: key_id.to_string(), amount };
-        self.fleet.spawn(async move { fleet.accounts.settle(hold, 0).await });
+        let ids: Vec<String> = purses.iter().map(|p| p.id.clone()).collect();
+        self.fleet.spawn(async move {
+            for key_id in ids {
+                fleet.accounts.settle(FleetHold { key_id, amount }, 0).await;
+            }
+        });
     }
 
-    /// The money settled against this node's lease (a checked booking holds its cost first, so
-    /// the fleet's balance decides), the record written to the journal. Answers 0: the new
+    /// The money settled against this node's leases (a checked booking holds its cost first,
+    /// so the fleet's balances decide), the record written to the journal. Answers 0: the new
     /// balance is the database's, known once the journal is booked.
-    async fn book(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Result<i64, Insufficient>, StoreError> {
+    async fn book(
+        &self,
+        record: &UsageRecord,
+        release: i64,
+        check: Option<&[Purse]>,
+        wait: bool,
+    ) -> Result<Result<i64, (usize, Insufficient)>, StoreError> {
         let accounts = &self.fleet.accounts;
-        let held = if check {
-            match accounts.hold(&record.key_id, record.cost_nanos).await? {
-                Ok(hold) => hold.amount,
-                Err(short) => return Ok(Err(short)),
-            }
-        } else {
-            release
+        let held = match check {
+            Some(purses) => match self.hold_all(purses, record.cost_nanos).await? {
+                Ok(amount) => amount,
+                Err(refused) => return Ok(Err(refused)),
+            },
+            None => release,
         };
-        let hold = super::postgres::accounts::FleetHold { key_id: record.key_id.clone(), amount: held };
+        let holds = || {
+            std::iter::once(&record.key_id)
+                .chain(&record.charged)
+                .map(|id| FleetHold { key_id: id.clone(), amount: held })
+                .collect::<Vec<_>>()
+        };
         if self.slot.is_released() {
-            return self.book_direct(record, hold).await;
+            return self.book_direct(record, holds()).await;
         }
         let seq = self.slot.db()?.generate_id()?;
         let mut record = record.clone();
@@ -403,7 +440,9 @@ impl MoneyStore for FleetMoney {
             value,
             wait,
         );
-        accounts.settle(hold, record.cost_nanos).await;
+        for hold in holds() {
+            accounts.settle(hold, record.cost_nanos).await;
+        }
         if let Some(waiter) = waiter? {
             waiter.wait().await?;
         }

@@ -27,7 +27,7 @@ pub mod fleet;
 pub mod postgres;
 pub mod sled;
 
-use crate::ledger::{Insufficient, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use crate::video::task::Task;
 use arc_swap::ArcSwapOption;
 use serde::{Deserialize, Serialize};
@@ -75,24 +75,43 @@ pub trait KeyStore: Send + Sync {
     async fn put(&self, records: &[KeyRecord]) -> Result<(), StoreError>;
     /// The record whose secret hashes (SHA-256) to `hash`.
     fn lookup(&self, hash: &[u8; 32]) -> KeyLookup;
+    /// Every shared account (its balance is in the money store).
+    async fn accounts(&self) -> Result<Vec<AccountRecord>, StoreError>;
+    /// Store a new or changed account; in force here when this returns (as for keys).
+    async fn put_account(&self, account: &AccountRecord) -> Result<(), StoreError>;
+    /// The account named `name`, from memory.
+    fn account(&self, name: &str) -> Option<Arc<AccountRecord>>;
 }
+
+pub use crate::policy::budget::AccountRecord;
 
 /// Accounts, holds, bookings, usage records and response owners. Amounts are nano-USD.
 #[async_trait::async_trait]
 pub trait MoneyStore: Send + Sync {
     /// Give a new key its opening balance; an existing balance is kept. True if created.
     async fn open_account(&self, key_id: &str, initial: i64) -> Result<bool, StoreError>;
-    /// The durable balance (holds not subtracted).
+    /// The durable balance of a key or any other purse (holds not subtracted).
     async fn balance(&self, key_id: &str) -> Result<i64, StoreError>;
-    /// Reserve `amount` (≥ 0) if what the key has available covers it.
-    async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<(), Insufficient>, StoreError>;
+    /// What is held in flight against a purse here (on this node).
+    fn held(&self, id: &str) -> i64;
+    /// Reserve `amount` (≥ 0) in every purse if what each has available
+    /// (`balance + credit − held`) covers it, else in none: Err names the first purse (its
+    /// index) that does not.
+    async fn hold(&self, purses: &[Purse], amount: i64) -> Result<Result<(), (usize, Insufficient)>, StoreError>;
     /// Give back a hold that ends without a booking (a request that failed before it cost).
-    fn release(&self, key_id: &str, amount: i64);
-    /// Debit `record.cost_nanos` (a credit when negative), release `release` of the key's
-    /// holds and store the record; with `check`, only when what is available covers the cost,
-    /// decided atomically with the debit; with `wait`, return once the record is durable.
-    /// Returns the new balance where it is known here (a fleet node answers 0).
-    async fn book(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Result<i64, Insufficient>, StoreError>;
+    fn release(&self, purses: &[Purse], amount: i64);
+    /// Debit `record.cost_nanos` (a credit when negative) from the key's balance and from each
+    /// purse the record was `charged`, release `release` of their holds and store the record;
+    /// with `check` (the same purses, key first among them, with their credits), only when each
+    /// covers the cost, decided atomically with the debit; with `wait`, return once the record
+    /// is durable. Returns the key's new balance where it is known here (a fleet node answers 0).
+    async fn book(
+        &self,
+        record: &UsageRecord,
+        release: i64,
+        check: Option<&[Purse]>,
+        wait: bool,
+    ) -> Result<Result<i64, (usize, Insufficient)>, StoreError>;
     /// After a booking that must not wait for the next sync (a charge, a refund): pass it on
     /// to where every node sees it, if the backend has such a place.
     async fn publish(&self) {}

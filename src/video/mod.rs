@@ -116,6 +116,7 @@ impl VideoService {
             attempts: 0,
             response_id: None,
             upstream_protocol: None,
+            charged: task.charged_to.clone(),
         }
     }
 
@@ -294,7 +295,14 @@ impl VideoService {
     /// Validate, persist, submit. Returns the task (new, or the one an Idempotency-Key names).
     /// Create (validate, charge, store, submit) a task; or, for an Idempotency-Key used before,
     /// the task it named. The flag says whether this call created (and charged) the task.
-    pub async fn create(&self, key: &KeyRecord, body: &[u8], idempotency_key: Option<&str>) -> Result<(Task, bool), ApiError> {
+    /// `purses`: what the key pays from (its balance, its account's, spend windows).
+    pub async fn create(
+        &self,
+        key: &KeyRecord,
+        purses: &[crate::ledger::Purse],
+        body: &[u8],
+        idempotency_key: Option<&str>,
+    ) -> Result<(Task, bool), ApiError> {
         let json = request::parse_body(body)?;
         let now = now_unix();
         if let Some(idem) = idempotency_key {
@@ -305,6 +313,8 @@ impl VideoService {
             }
         }
         let mut sub = request::validate(&json, &self.cfg.models, self.storage.is_some())?;
+        // The key's model rules apply to video models too (before anything is charged).
+        key.policy.check_model(&sub.api_model)?;
         let cost = self.price_nanos(&sub.api_model, sub.duration).ok_or_else(|| {
             log::error!("video model {} is enabled without a price; refused", sub.api_model);
             ApiError::new(ErrorKind::Internal, format!("The model '{}' is not priced on this gateway and cannot be served.", sub.api_model))
@@ -313,9 +323,12 @@ impl VideoService {
         let _creating = Creating::mark(&self.creating, &task.id);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {
-            match self.ledger.charge(Self::billing_record(&task, task.cost_nanos, "video")).await.map_err(internal)? {
-                Ok(_) => task.charged = true,
-                Err(short) => return Err(short.to_api_error("this video costs")),
+            match self.ledger.charge_from(Self::billing_record(&task, task.cost_nanos, "video"), purses).await.map_err(internal)? {
+                Ok(_) => {
+                    task.charged = true;
+                    task.charged_to = crate::ledger::charged(purses);
+                }
+                Err(refused) => return Err(refused.to_api_error("this video costs", now)),
             }
         }
         // Durable before the upstream is called.

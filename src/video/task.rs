@@ -77,6 +77,10 @@ pub struct Task {
     /// The price was given back (the task failed).
     #[serde(default)]
     pub refunded: bool,
+    /// The purses charged besides the owner's balance (its account, spend windows): a refund
+    /// credits the same.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub charged_to: Vec<String>,
     /// Object-storage key of the copied result, once copied.
     #[serde(default)]
     pub storage_key: Option<String>,
@@ -118,6 +122,7 @@ impl Task {
             cost_nanos,
             charged: false,
             refunded: false,
+            charged_to: Vec::new(),
             storage_key: None,
             upstream_url: None,
             copy_pending: false,

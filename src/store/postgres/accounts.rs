@@ -70,6 +70,8 @@ struct Local {
     hold_size: i64,
     /// A refill is asked for or under way.
     refilling: bool,
+    /// How far below zero the purse may go (a spend window's cap), as its last hold said.
+    credit: i64,
 }
 
 /// What a hold from memory found.
@@ -173,9 +175,15 @@ impl FleetAccounts {
         Ok(row.map_or((0, 0), |r| (r.get(0), r.get(1))))
     }
 
-    /// Hold `amount` for a request: from this node's fresh lease when it covers it, else by
-    /// leasing more from the database.
+    /// Hold `amount` of a key's balance for a request (see [`Self::hold_within`]).
     pub async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<FleetHold, Insufficient>, PgError> {
+        self.hold_within(key_id, amount, 0).await
+    }
+
+    /// Hold `amount` of a purse that may go `credit` below zero (a spend window: its cap), for
+    /// a request: from this node's fresh lease when it covers it, else by leasing more from the
+    /// database, where what is free is `balance + credit − leased`.
+    pub async fn hold_within(&self, key_id: &str, amount: i64, credit: i64) -> Result<Result<FleetHold, Insufficient>, PgError> {
         let amount = amount.max(0);
         let held = || FleetHold { key_id: key_id.to_string(), amount };
         match self.hold_locally(key_id, amount) {
@@ -196,6 +204,7 @@ impl FleetAccounts {
             // A key's first hold comes this way: it is in use from now (a sync round gives
             // back the whole lease of a key it finds quiet).
             local.last_used = Some(Instant::now());
+            local.credit = credit;
             let fresh = local.fresh_until.is_some_and(|t| Instant::now() < t);
             if fresh && local.free() >= amount && (amount > 0 || local.free() >= 0) {
                 local.held += amount;
@@ -207,7 +216,7 @@ impl FleetAccounts {
         };
         let short = amount - covered;
         let sent = Instant::now();
-        let leased = self.lease_more(key_id, short, false).await;
+        let leased = self.lease_more(key_id, short, credit, false).await;
         let mut state = self.lock_state();
         let local = state.keys.entry(key_id.to_string()).or_default();
         let (granted, total) = match leased {
@@ -277,10 +286,11 @@ impl FleetAccounts {
                 local.refilling = false;
                 return Ok(());
             }
-            local.hold_size.max(1)
+            (local.hold_size.max(1), local.credit)
         };
+        let (size, credit) = size;
         let sent = Instant::now();
-        let leased = self.lease_more(key_id, size, true).await;
+        let leased = self.lease_more(key_id, size, credit, true).await;
         let mut state = self.lock_state();
         let local = state.keys.entry(key_id.to_string()).or_default();
         local.refilling = false;
@@ -301,15 +311,21 @@ impl FleetAccounts {
     /// such holds, else exactly `short` (with `chunk_only`, nothing); (granted, the lease's new
     /// total). Err(what is free) when `balance − leased` is below `short` (or the balance is
     /// negative).
-    async fn lease_more(&self, key_id: &str, short: i64, chunk_only: bool) -> Result<Result<(i64, i64), i64>, PgError> {
+    async fn lease_more(&self, key_id: &str, short: i64, credit: i64, chunk_only: bool) -> Result<Result<(i64, i64), i64>, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
+        if credit > 0 {
+            // A purse with credit (a new spend window) starts at zero, made on first use.
+            tx.execute("INSERT INTO accounts (key_id, balance) VALUES ($1, 0) ON CONFLICT (key_id) DO NOTHING", &[&key_id]).await?;
+            self.pg.count(1);
+        }
         let row = tx.query_opt("SELECT balance, leased FROM accounts WHERE key_id = $1 FOR UPDATE", &[&key_id]).await?;
         let Some(row) = row else {
             self.pg.count(1);
             return Ok(Err(0));
         };
         let (balance, leased): (i64, i64) = (row.get(0), row.get(1));
+        let balance = balance.saturating_add(credit);
         let free = balance - leased;
         if free < short || (short >= 0 && balance < 0) {
             self.pg.count(1);
@@ -361,9 +377,13 @@ impl FleetAccounts {
         let tx = client.transaction().await?;
         let (new, mut statements) = super::records::insert(&tx, journal, batch.iter().map(|j| (j.seq, &j.record))).await?;
         let new: std::collections::HashSet<i64> = new.into_iter().collect();
+        // Each record debits its key and every purse it was charged besides (an account, spend
+        // windows).
         let mut spent: HashMap<&str, i64> = HashMap::new();
         for j in batch.iter().filter(|j| new.contains(&j.seq)) {
-            *spent.entry(j.record.key_id.as_str()).or_default() += j.record.cost_nanos;
+            for id in std::iter::once(&j.record.key_id).chain(&j.record.charged) {
+                *spent.entry(id.as_str()).or_default() += j.record.cost_nanos;
+            }
         }
         statements += super::records::insert_owners(&tx, batch.iter().filter(|j| new.contains(&j.seq)).map(|j| &j.record)).await?;
         let mut from_leases: HashMap<&str, i64> = HashMap::new();
@@ -373,8 +393,11 @@ impl FleetAccounts {
                 .await?
                 .map(|r| r.get(0));
             let from_lease = lease.unwrap_or(0).min((*amount).max(0));
+            // A purse that has no row yet (a window first charged by a checked booking on a
+            // node that had never held against it) is made by its first debit.
             tx.execute(
-                "UPDATE accounts SET balance = balance - $2, leased = leased - $3 WHERE key_id = $1",
+                "INSERT INTO accounts (key_id, balance) VALUES ($1, 0 - $2::BIGINT)
+                 ON CONFLICT (key_id) DO UPDATE SET balance = accounts.balance - $2, leased = accounts.leased - $3",
                 &[key_id, amount, &from_lease],
             )
             .await?;
@@ -394,8 +417,10 @@ impl FleetAccounts {
         // (the database's newer total) is understated by at most that until the next renewal.
         let mut state = self.lock_state();
         for j in batch.iter().filter(|j| j.owed_here) {
-            if let Some(local) = state.keys.get_mut(&j.record.key_id) {
-                local.owed -= j.record.cost_nanos;
+            for id in std::iter::once(&j.record.key_id).chain(&j.record.charged) {
+                if let Some(local) = state.keys.get_mut(id) {
+                    local.owed -= j.record.cost_nanos;
+                }
             }
         }
         for (key_id, from_lease) in from_leases {
@@ -419,6 +444,11 @@ impl FleetAccounts {
             .get(0);
         self.pg.count(1);
         Ok(balance)
+    }
+
+    /// What requests in flight on this node hold of `key_id`.
+    pub fn held(&self, key_id: &str) -> i64 {
+        self.lock_state().keys.get(key_id).map_or(0, |l| l.held)
     }
 
     /// What this node has settled and not yet booked, for `key_id`.

@@ -19,7 +19,7 @@
 //! nothing can be revoked, and a node cut off alone stops serving within that bound.
 
 use super::{Pg, PgError};
-use crate::store::KeyRecord;
+use crate::store::{AccountRecord, KeyRecord};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,6 +51,8 @@ pub struct FleetKeys {
     /// How old the index may get before lookups are refused.
     stale_after: Duration,
     index: ArcSwap<Index>,
+    /// Shared accounts by name.
+    accounts: ArcSwap<HashMap<String, Arc<AccountRecord>>>,
     /// When the index was last known current (local monotonic clock), and the database time
     /// of that read.
     synced: std::sync::Mutex<Option<(Instant, f64)>>,
@@ -59,7 +61,14 @@ pub struct FleetKeys {
 impl FleetKeys {
     pub fn new(pg: Pg, sync_every: Duration) -> Self {
         let stale_after = (sync_every * 3).max(Duration::from_secs(5));
-        FleetKeys { pg, sync_every, stale_after, index: ArcSwap::from_pointee(HashMap::new()), synced: std::sync::Mutex::new(None) }
+        FleetKeys {
+            pg,
+            sync_every,
+            stale_after,
+            index: ArcSwap::from_pointee(HashMap::new()),
+            accounts: ArcSwap::from_pointee(HashMap::new()),
+            synced: std::sync::Mutex::new(None),
+        }
     }
 
     /// Refuse lookups once the index is older than `bound` (instead of 3 × `sync_ms`, at least
@@ -96,6 +105,36 @@ impl FleetKeys {
         Ok(())
     }
 
+    /// Store an account for every node, and tell them (its change is `acct:<name>`).
+    pub async fn put_account(&self, account: &AccountRecord) -> Result<(), PgError> {
+        let text = serde_json::to_string(account).map_err(|e| PgError::Query(format!("account record: {e}")))?;
+        let mut client = self.pg.client().await?;
+        let tx = client.transaction().await?;
+        tx.execute(
+            "INSERT INTO key_accounts (name, record) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET record = EXCLUDED.record",
+            &[&account.name, &text],
+        )
+        .await?;
+        tx.execute("INSERT INTO key_changes (key_id) VALUES ($1)", &[&crate::policy::budget::account_purse(&account.name)]).await?;
+        tx.execute(&format!("NOTIFY {CHANNEL}"), &[]).await?;
+        tx.commit().await?;
+        self.pg.count(3);
+        Ok(())
+    }
+
+    /// Every account, as the database has it now.
+    pub async fn all_accounts(&self) -> Result<Vec<AccountRecord>, PgError> {
+        let client = self.pg.client().await?;
+        let rows = client.query("SELECT record FROM key_accounts ORDER BY name", &[]).await?;
+        self.pg.count(1);
+        rows.iter()
+            .map(|row| {
+                let text: String = row.get(0);
+                serde_json::from_str(&text).map_err(|e| PgError::Query(format!("account record: {e}")))
+            })
+            .collect()
+    }
+
     /// Every key record, as the database has it now.
     pub async fn all(&self) -> Result<Vec<KeyRecord>, PgError> {
         let client = self.pg.client().await?;
@@ -128,7 +167,33 @@ impl FleetKeys {
                     .await?
             }
         };
-        self.pg.count(2);
+        let accounts = match since {
+            None => client.query("SELECT record FROM key_accounts", &[]).await?,
+            Some(since) => {
+                client
+                    .query(
+                        "SELECT record FROM key_accounts WHERE 'acct:' || name IN
+                           (SELECT key_id FROM key_changes WHERE at >= to_timestamp($1))",
+                        &[&since],
+                    )
+                    .await?
+            }
+        };
+        self.pg.count(3);
+        if since.is_none() || !accounts.is_empty() {
+            let mut map: HashMap<String, Arc<AccountRecord>> =
+                if since.is_none() { HashMap::new() } else { (**self.accounts.load()).clone() };
+            for row in &accounts {
+                let text: String = row.get(0);
+                match serde_json::from_str::<AccountRecord>(&text) {
+                    Ok(a) => {
+                        map.insert(a.name.clone(), Arc::new(a));
+                    }
+                    Err(e) => log::error!("store: an unreadable account record was skipped: {e}"),
+                }
+            }
+            self.accounts.store(Arc::new(map));
+        }
         let mut changed = Vec::with_capacity(rows.len());
         for row in &rows {
             let text: String = row.get(0);
@@ -219,5 +284,19 @@ impl crate::store::KeyStore for FleetKeys {
 
     fn lookup(&self, hash: &[u8; 32]) -> KeyLookup {
         FleetKeys::lookup(self, &crate::auth::hex(hash))
+    }
+
+    async fn accounts(&self) -> Result<Vec<AccountRecord>, crate::store::StoreError> {
+        Ok(self.all_accounts().await?)
+    }
+
+    async fn put_account(&self, account: &AccountRecord) -> Result<(), crate::store::StoreError> {
+        FleetKeys::put_account(self, account).await?;
+        self.sync().await?;
+        Ok(())
+    }
+
+    fn account(&self, name: &str) -> Option<Arc<AccountRecord>> {
+        self.accounts.load().get(name).cloned()
     }
 }

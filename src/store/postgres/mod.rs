@@ -198,6 +198,16 @@ const MIGRATIONS: &[(i32, &str)] = &[
      DROP INDEX usage_records_time;
      CREATE INDEX usage_records_time ON usage_records USING brin (time_ms);",
     ),
+    (
+        9,
+        // Shared accounts (their balances and spend windows are rows of `accounts`, named
+        // `acct:<name>` and `win:<owner>:<window>:<start>`); their changes go through
+        // `key_changes` as `acct:<name>`.
+        "CREATE TABLE key_accounts (
+         name TEXT PRIMARY KEY,
+         record TEXT NOT NULL
+     );",
+    ),
 ];
 
 /// The advisory lock that serialises migrations across nodes.

@@ -1,7 +1,8 @@
 //! Keys on one node: tree `keys` (key id → [`KeyRecord`] as JSON) and a lock-free index of
-//! key hash → record, replaced whole after every change.
+//! key hash → record, replaced whole after every change; tree `key_accounts` (name →
+//! [`AccountRecord`]) and its index by name likewise.
 
-use crate::store::{DbSlot, Durable, KeyLookup, KeyRecord, KeyStore, StoreError};
+use crate::store::{AccountRecord, DbSlot, Durable, KeyLookup, KeyRecord, KeyStore, StoreError};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,7 +14,10 @@ pub struct SledKeys {
     /// Writes are made durable through the store's one-flush-at-a-time group commit.
     durable: Durable,
     by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>>>,
+    accounts: ArcSwap<HashMap<String, Arc<AccountRecord>>>,
 }
+
+const ACCOUNTS: &str = "key_accounts";
 
 fn parse_hash(hex_str: &str) -> Option<KeyHash> {
     if hex_str.len() != 64 {
@@ -30,8 +34,15 @@ impl SledKeys {
     /// The keys of `slot`, index loaded.
     pub fn new(slot: &DbSlot) -> Result<SledKeys, StoreError> {
         slot.tree("keys")?;
-        let keys = SledKeys { slot: slot.clone(), durable: Durable::new(slot), by_hash: ArcSwap::from_pointee(HashMap::new()) };
+        slot.tree(ACCOUNTS)?;
+        let keys = SledKeys {
+            slot: slot.clone(),
+            durable: Durable::new(slot),
+            by_hash: ArcSwap::from_pointee(HashMap::new()),
+            accounts: ArcSwap::from_pointee(HashMap::new()),
+        };
         keys.reload()?;
+        keys.reload_accounts()?;
         Ok(keys)
     }
 
@@ -51,6 +62,24 @@ impl SledKeys {
     pub fn write(&self, rec: &KeyRecord) -> Result<(), StoreError> {
         let value = serde_json::to_vec(rec).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         self.slot.tree("keys")?.insert(rec.id.as_bytes(), value)?;
+        Ok(())
+    }
+
+    /// Every account, read from the tree.
+    fn read_accounts(&self) -> Result<Vec<AccountRecord>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.slot.tree(ACCOUNTS)?.iter() {
+            let (name, value) = item?;
+            let rec: AccountRecord = serde_json::from_slice(&value)
+                .map_err(|e| StoreError::Corrupt(format!("account {}: {e}", String::from_utf8_lossy(&name))))?;
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    fn reload_accounts(&self) -> Result<(), StoreError> {
+        let map = self.read_accounts()?.into_iter().map(|a| (a.name.clone(), Arc::new(a))).collect();
+        self.accounts.store(Arc::new(map));
         Ok(())
     }
 
@@ -97,6 +126,21 @@ impl KeyStore for SledKeys {
             Some(rec) => KeyLookup::Found(rec.clone()),
             None => KeyLookup::Unknown,
         }
+    }
+
+    async fn accounts(&self) -> Result<Vec<AccountRecord>, StoreError> {
+        self.read_accounts()
+    }
+
+    async fn put_account(&self, account: &AccountRecord) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(account).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        self.slot.tree(ACCOUNTS)?.insert(account.name.as_bytes(), value)?;
+        self.durable.flush().await?;
+        self.reload_accounts()
+    }
+
+    fn account(&self, name: &str) -> Option<Arc<AccountRecord>> {
+        self.accounts.load().get(name).cloned()
     }
 }
 

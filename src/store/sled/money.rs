@@ -14,7 +14,7 @@
 //! of the balance entry and the key's newest record, so a booking is one insert and can never
 //! be half done.
 
-use crate::ledger::{ForwardBookings, Insufficient, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{ForwardBookings, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use crate::store::{DbSlot, MoneyStore, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -27,10 +27,11 @@ struct Account {
 }
 
 impl Account {
-    /// Whether `balance − held` covers `amount` (a positive amount needs a positive remainder).
-    /// A key in debt (negative remainder) is refused even what holds nothing, until topped up.
-    fn covers(&self, amount: i64) -> Result<(), Insufficient> {
-        let available = self.balance.saturating_sub(self.held);
+    /// Whether `balance + credit − held` covers `amount` (a positive amount needs a positive
+    /// remainder). A purse in debt (negative remainder) is refused even what holds nothing,
+    /// until topped up (or its window ends).
+    fn covers(&self, amount: i64, credit: i64) -> Result<(), Insufficient> {
+        let available = self.balance.saturating_add(credit).saturating_sub(self.held);
         if available < amount || (amount > 0 && available <= 0) || available < 0 {
             return Err(Insufficient { available, needed: amount });
         }
@@ -50,7 +51,8 @@ pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
 
 /// Outcome of the locked part of a booking.
 enum Queued {
-    Refused(Insufficient),
+    /// The purse at this index of the check does not cover the cost.
+    Refused(usize, Insufficient),
     /// The database belongs to the new process: forward the booking.
     HandedOver,
     /// The new balance, and the waiter when the booking waits for the disk.
@@ -159,52 +161,68 @@ impl SledMoney {
     }
 
     /// The synchronous part of a booking, under the accounts lock.
-    fn queue_booking(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Queued, StoreError> {
-        {
-            let mut map = self.accounts();
-            if self.handing_over.load(Ordering::SeqCst) || self.slot.is_released() {
-                if check {
-                    let acc = map.get(&record.key_id).copied().unwrap_or_default();
-                    if let Err(short) = acc.covers(record.cost_nanos) {
-                        return Ok(Queued::Refused(short));
-                    }
-                }
-                return Ok(Queued::HandedOver);
-            }
-            let mut acc = self.load(&mut map, &record.key_id)?;
-            if check {
-                if let Err(short) = acc.covers(record.cost_nanos) {
-                    return Ok(Queued::Refused(short));
+    ///
+    /// The purses a record was `charged` besides its key (an account, spend windows) have no
+    /// records of their own: their balance entries are rewritten, queued before the record.
+    /// sled recovers a prefix of its log, so a crash inside the commit window can lose the
+    /// record after its purses were debited (a cap reached a little early), never the reverse.
+    fn queue_booking(&self, record: &UsageRecord, release: i64, check: Option<&[Purse]>, wait: bool) -> Result<Queued, StoreError> {
+        let mut map = self.accounts();
+        let cost = record.cost_nanos;
+        if self.handing_over.load(Ordering::SeqCst) || self.slot.is_released() {
+            for (i, p) in check.unwrap_or_default().iter().enumerate() {
+                let acc = map.get(&p.id).copied().unwrap_or_default();
+                if let Err(short) = acc.covers(cost, p.credit) {
+                    return Ok(Queued::Refused(i, short));
                 }
             }
-            let new_balance = acc.balance.saturating_sub(record.cost_nanos);
-            let seq = self.slot.db()?.generate_id()? + 1;
-            let mut record = record.clone();
-            record.seq = seq;
-            record.balance_after = new_balance;
-            let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            // The record alone carries the new balance (`balance_after`, newer `seq` than the
-            // balance entry), so the balance entry is not rewritten per booking: one insert.
-            let mut group = record.key_id.as_bytes().to_vec();
-            group.push(0);
-            if let (Some(id), Some(owner)) = (&record.response_id, record.owner()) {
-                let owner = serde_json::to_vec(&owner).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-                // Queued before the record: its waiter covers both.
-                self.writer.insert(crate::commit::TreeName::ResponseOwners, id.as_bytes().to_vec(), owner, false)?;
-            }
-            let waiter = self.writer.insert_grouped(
-                crate::commit::TreeName::UsageRecords,
-                group,
-                record.time_ms,
-                self.record_key(&record),
-                value,
-                wait,
-            )?;
-            acc.balance = new_balance;
-            acc.held -= release;
-            map.insert(record.key_id.clone(), acc);
-            Ok(Queued::Booked(new_balance, waiter))
+            return Ok(Queued::HandedOver);
         }
+        let mut acc = self.load(&mut map, &record.key_id)?;
+        for (i, p) in check.unwrap_or_default().iter().enumerate() {
+            if let Err(short) = self.load(&mut map, &p.id)?.covers(cost, p.credit) {
+                return Ok(Queued::Refused(i, short));
+            }
+        }
+        let new_balance = acc.balance.saturating_sub(cost);
+        let seq = self.slot.db()?.generate_id()? + 1;
+        for id in &record.charged {
+            let mut purse = self.load(&mut map, id)?;
+            purse.balance = purse.balance.saturating_sub(cost);
+            purse.held -= release;
+            self.writer.insert(
+                crate::commit::TreeName::Balances,
+                id.as_bytes().to_vec(),
+                encode_balance(purse.balance, seq).to_vec(),
+                false,
+            )?;
+            map.insert(id.clone(), purse);
+        }
+        let mut record = record.clone();
+        record.seq = seq;
+        record.balance_after = new_balance;
+        let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        // The record alone carries the key's new balance (`balance_after`, newer `seq` than the
+        // balance entry), so the key's balance entry is not rewritten per booking: one insert.
+        let mut group = record.key_id.as_bytes().to_vec();
+        group.push(0);
+        if let (Some(id), Some(owner)) = (&record.response_id, record.owner()) {
+            let owner = serde_json::to_vec(&owner).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            // Queued before the record: its waiter covers both.
+            self.writer.insert(crate::commit::TreeName::ResponseOwners, id.as_bytes().to_vec(), owner, false)?;
+        }
+        let waiter = self.writer.insert_grouped(
+            crate::commit::TreeName::UsageRecords,
+            group,
+            record.time_ms,
+            self.record_key(&record),
+            value,
+            wait,
+        )?;
+        acc.balance = new_balance;
+        acc.held -= release;
+        map.insert(record.key_id.clone(), acc);
+        Ok(Queued::Booked(new_balance, waiter))
     }
 
     /// The database belongs to the new process now: it books the record; this process keeps
@@ -212,6 +230,11 @@ impl SledMoney {
     async fn forward(&self, record: &UsageRecord, release: i64) -> Result<i64, StoreError> {
         self.handover.get().ok_or(StoreError::Released)?.forward_booking(record).await?;
         let mut map = self.accounts();
+        for id in &record.charged {
+            let purse = map.entry(id.clone()).or_default();
+            purse.balance -= record.cost_nanos;
+            purse.held -= release;
+        }
         let acc = map.entry(record.key_id.clone()).or_default();
         acc.balance -= record.cost_nanos;
         acc.held -= release;
@@ -357,30 +380,47 @@ impl MoneyStore for SledMoney {
         Ok(self.load(&mut map, key_id)?.balance)
     }
 
-    async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<(), Insufficient>, StoreError> {
+    fn held(&self, id: &str) -> i64 {
+        self.accounts().get(id).map_or(0, |a| a.held)
+    }
+
+    /// Every purse is checked, then every purse holds, under one lock.
+    async fn hold(&self, purses: &[Purse], amount: i64) -> Result<Result<(), (usize, Insufficient)>, StoreError> {
         let mut map = self.accounts();
-        let mut acc = self.load(&mut map, key_id)?;
-        if let Err(short) = acc.covers(amount) {
-            return Ok(Err(short));
+        for (i, p) in purses.iter().enumerate() {
+            if let Err(short) = self.load(&mut map, &p.id)?.covers(amount, p.credit) {
+                return Ok(Err((i, short)));
+            }
         }
-        acc.held = acc.held.saturating_add(amount);
-        map.insert(key_id.to_string(), acc);
+        for p in purses {
+            if let Some(acc) = map.get_mut(&p.id) {
+                acc.held = acc.held.saturating_add(amount);
+            }
+        }
         Ok(Ok(()))
     }
 
-    fn release(&self, key_id: &str, amount: i64) {
+    fn release(&self, purses: &[Purse], amount: i64) {
         let mut map = self.accounts();
-        if let Some(acc) = map.get_mut(key_id) {
-            acc.held -= amount;
+        for p in purses {
+            if let Some(acc) = map.get_mut(&p.id) {
+                acc.held -= amount;
+            }
         }
     }
 
     /// The record is queued under the accounts lock, so records reach the disk in the order
     /// their balances were computed, and a hand-over (which sets its flag under the same lock,
     /// then waits for the queue) misses none.
-    async fn book(&self, record: &UsageRecord, release: i64, check: bool, wait: bool) -> Result<Result<i64, Insufficient>, StoreError> {
+    async fn book(
+        &self,
+        record: &UsageRecord,
+        release: i64,
+        check: Option<&[Purse]>,
+        wait: bool,
+    ) -> Result<Result<i64, (usize, Insufficient)>, StoreError> {
         let (balance, waiter) = match self.queue_booking(record, release, check, wait)? {
-            Queued::Refused(short) => return Ok(Err(short)),
+            Queued::Refused(i, short) => return Ok(Err((i, short))),
             Queued::HandedOver => return self.forward(record, release).await.map(Ok),
             Queued::Booked(balance, waiter) => (balance, waiter),
         };

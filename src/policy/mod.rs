@@ -7,6 +7,8 @@
 //! (`trusted_proxies`) is `X-Forwarded-For` read, right to left, and the first hop that is not a
 //! trusted proxy is the client. No other header is believed.
 
+pub mod budget;
+
 use crate::protocol::{ApiError, ErrorKind};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
@@ -147,6 +149,12 @@ pub struct KeyPolicy {
     /// The output maximum set for a request that names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_output_tokens: Option<u64>,
+    /// Spend caps per calendar window (nano-USD).
+    #[serde(default, skip_serializing_if = "budget::Budgets::is_empty")]
+    pub budgets: budget::Budgets,
+    /// The shared account the key also draws on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
 }
 
 /// A policy as the configuration file and the admin API give it (validated by
@@ -161,6 +169,9 @@ pub struct PolicyInput {
     pub max_request_cost: Option<f64>,
     pub max_output_tokens: Option<u64>,
     pub default_output_tokens: Option<u64>,
+    pub budgets: Option<budget::BudgetsInput>,
+    /// Checked against the accounts that exist by the caller.
+    pub account: Option<String>,
 }
 
 impl KeyPolicy {
@@ -274,6 +285,10 @@ impl KeyPolicy {
                 return Err(format!("default_output_tokens: {d} is above max_output_tokens ({m})"));
             }
         }
+        let budgets = input.budgets.as_ref().map(budget::Budgets::parse).transpose()?.unwrap_or_default();
+        if let Some(name) = &input.account {
+            budget::valid_account_name(name).map_err(|e| format!("account: {e}"))?;
+        }
         Ok(KeyPolicy {
             expires_at,
             models: input.models,
@@ -281,6 +296,8 @@ impl KeyPolicy {
             max_request_cost_nanos,
             max_output_tokens: input.max_output_tokens,
             default_output_tokens: input.default_output_tokens,
+            budgets,
+            account: input.account,
         })
     }
 
@@ -293,6 +310,8 @@ impl KeyPolicy {
             max_request_cost: self.max_request_cost_nanos.map(crate::ledger::usd),
             max_output_tokens: self.max_output_tokens,
             default_output_tokens: self.default_output_tokens,
+            budgets: (!self.budgets.is_empty()).then(|| self.budgets.input()),
+            account: self.account.clone(),
         }
     }
 }

@@ -1,0 +1,281 @@
+//! Spend windows: caps on what a key or a shared account may spend per calendar day, week
+//! (from Monday) and month, in `billing.timezone`.
+//!
+//! A window's spend is kept as its own balance in the money store, named by its owner, its
+//! kind and the unix time it starts ([`window_purse`]): it starts at 0 and each booking debits
+//! it, so a new window needs no reset job (its name is new) and survives restarts (it is
+//! stored like any balance). A request is held against each window like against a balance,
+//! with the cap as the window's credit (`cap − spent − held ≥ hold`): parallel requests can
+//! never take a window past its cap, and a cap changed mid-window applies at once to what the
+//! window already spent.
+
+use crate::ledger::{Purse, PurseKind};
+use serde::{Deserialize, Serialize};
+
+/// A calendar window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Window {
+    Day,
+    Week,
+    Month,
+}
+
+impl Window {
+    pub const ALL: [Window; 3] = [Window::Day, Window::Week, Window::Month];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Window::Day => "day",
+            Window::Week => "week",
+            Window::Month => "month",
+        }
+    }
+}
+
+/// Caps per window, nano-USD (as stored).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Budgets {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub day: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub week: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub month: Option<i64>,
+}
+
+/// Caps per window in USD, as the configuration file and the admin API give them; a window
+/// other than these three is refused by name.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetsInput {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub day: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub week: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub month: Option<f64>,
+}
+
+impl Budgets {
+    pub fn is_empty(&self) -> bool {
+        self.day.is_none() && self.week.is_none() && self.month.is_none()
+    }
+
+    /// The cap of `window`, if one is set.
+    pub fn cap(&self, window: Window) -> Option<i64> {
+        match window {
+            Window::Day => self.day,
+            Window::Week => self.week,
+            Window::Month => self.month,
+        }
+    }
+
+    /// The windows that have a cap, with it.
+    pub fn caps(&self) -> impl Iterator<Item = (Window, i64)> + '_ {
+        Window::ALL.into_iter().filter_map(|w| self.cap(w).map(|c| (w, c)))
+    }
+
+    /// Validate caps given in USD: each a positive number, at most 1,000,000. Errors name
+    /// the field (`budgets.day`).
+    pub fn parse(input: &BudgetsInput) -> Result<Budgets, String> {
+        let nanos = |window: Window, usd: Option<f64>| match usd {
+            Some(usd) if !(usd.is_finite() && usd > 0.0 && usd <= 1e6) => {
+                Err(format!("budgets.{}: a positive number of USD, at most 1000000", window.as_str()))
+            }
+            Some(usd) => Ok(Some(crate::auth::usd_to_nanos(usd))),
+            None => Ok(None),
+        };
+        Ok(Budgets {
+            day: nanos(Window::Day, input.day)?,
+            week: nanos(Window::Week, input.week)?,
+            month: nanos(Window::Month, input.month)?,
+        })
+    }
+
+    pub fn input(&self) -> BudgetsInput {
+        let usd = |n: Option<i64>| n.map(crate::ledger::usd);
+        BudgetsInput { day: usd(self.day), week: usd(self.week), month: usd(self.month) }
+    }
+}
+
+/// Calendar windows in the billing time zone (`billing.timezone`, an IANA name; the time zone
+/// database is compiled into the binary).
+#[derive(Debug, Clone)]
+pub struct Calendar {
+    tz: jiff::tz::TimeZone,
+    name: String,
+}
+
+impl Default for Calendar {
+    fn default() -> Self {
+        Calendar { tz: jiff::tz::TimeZone::UTC, name: "UTC".into() }
+    }
+}
+
+impl Calendar {
+    pub fn new(name: &str) -> Result<Calendar, String> {
+        let tz = jiff::tz::TimeZone::get(name).map_err(|_| format!("'{name}' is not an IANA time zone name (UTC, Europe/Berlin, …)"))?;
+        Ok(Calendar { tz, name: name.to_string() })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The window of kind `window` that contains `now` (unix seconds): its start and end (the
+    /// next window's start), unix seconds. Days start at local midnight (or the first instant
+    /// of the day where a clock change skips midnight), weeks on Monday, months on the 1st.
+    pub fn window(&self, window: Window, now: u64) -> (u64, u64) {
+        let bounds = || -> Result<(u64, u64), jiff::Error> {
+            let ts = jiff::Timestamp::from_second(i64::try_from(now).unwrap_or(i64::MAX))?;
+            let date = ts.to_zoned(self.tz.clone()).date();
+            let (start, next) = match window {
+                Window::Day => (date, date.tomorrow()?),
+                Window::Week => {
+                    let monday = date.checked_sub(jiff::Span::new().days(i64::from(date.weekday().to_monday_zero_offset())))?;
+                    (monday, monday.checked_add(jiff::Span::new().days(7))?)
+                }
+                Window::Month => {
+                    let first = date.first_of_month();
+                    (first, first.checked_add(jiff::Span::new().months(1))?)
+                }
+            };
+            let at = |d: jiff::civil::Date| -> Result<u64, jiff::Error> {
+                Ok(u64::try_from(d.to_zoned(self.tz.clone())?.start_of_day()?.timestamp().as_second()).unwrap_or(0))
+            };
+            Ok((at(start)?, at(next)?))
+        };
+        // Only for times beyond what the calendar can name (year 9999): one window for all.
+        bounds().unwrap_or((0, u64::MAX))
+    }
+
+    /// `YYYY-MM-DD` of the local date of `unix` seconds.
+    pub fn date(&self, unix: u64) -> String {
+        jiff::Timestamp::from_second(i64::try_from(unix).unwrap_or(i64::MAX))
+            .map(|ts| ts.to_zoned(self.tz.clone()).date().to_string())
+            .unwrap_or_default()
+    }
+}
+
+/// Who a window belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner<'a> {
+    Key(&'a str),
+    Account(&'a str),
+}
+
+/// The money-store name of an account's balance.
+pub fn account_purse(name: &str) -> String {
+    format!("acct:{name}")
+}
+
+/// The money-store name of a window's spend: `win:<owner>:<window>:<start>`.
+pub fn window_purse(owner: &Owner<'_>, window: Window, start: u64) -> String {
+    match owner {
+        Owner::Key(id) => format!("win:{id}:{}:{start}", window.as_str()),
+        Owner::Account(name) => format!("win:acct:{name}:{}:{start}", window.as_str()),
+    }
+}
+
+/// Every balance a request of this key is paid from, in the order they are checked: the
+/// key's windows, the account's windows, the key's balance, the account's balance.
+pub fn purses(key: &crate::store::KeyRecord, account: Option<&AccountRecord>, calendar: &Calendar, now: u64) -> Vec<Purse> {
+    let mut out = Vec::with_capacity(2);
+    let mut windows = |owner: Owner<'_>, budgets: &Budgets| {
+        for (window, cap) in budgets.caps() {
+            let (start, end) = calendar.window(window, now);
+            let of = match owner {
+                Owner::Key(_) => None,
+                Owner::Account(name) => Some(name.to_string()),
+            };
+            out.push(Purse { id: window_purse(&owner, window, start), credit: cap, kind: PurseKind::Window { account: of, window, end } });
+        }
+    };
+    windows(Owner::Key(&key.id), &key.policy.budgets);
+    if let Some(a) = account {
+        windows(Owner::Account(&a.name), &a.budgets);
+    }
+    out.push(Purse { id: key.id.clone(), credit: 0, kind: PurseKind::Key });
+    if let Some(a) = account {
+        out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(a.name.clone()) });
+    }
+    out
+}
+
+/// A shared account: keys that name it draw on its balance and its windows as well as their
+/// own. Its balance is in the money store ([`account_purse`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountRecord {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Budgets::is_empty")]
+    pub budgets: Budgets,
+    pub created_at: u64,
+    /// Where it comes from: the configuration file or the admin API.
+    #[serde(default)]
+    pub origin: crate::store::KeyOrigin,
+    /// For an account from the file: a digest of the entry last applied (as for keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed_digest: Option<String>,
+}
+
+/// An account name: 1 to 64 letters, digits, `.`, `_` or `-`.
+pub fn valid_account_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+        return Err(format!("'{name}': an account name is 1 to 64 letters, digits, '.', '_' or '-'"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(text: &str) -> u64 {
+        crate::policy::rfc3339_unix(text).expect("time")
+    }
+
+    #[test]
+    fn windows_follow_the_calendar_of_the_time_zone() {
+        let utc = Calendar::default();
+        let now = at("2026-11-25T15:30:00Z"); // a Wednesday
+        assert_eq!(utc.window(Window::Day, now), (at("2026-11-25T00:00:00Z"), at("2026-11-26T00:00:00Z")));
+        assert_eq!(utc.window(Window::Week, now), (at("2026-11-23T00:00:00Z"), at("2026-11-30T00:00:00Z")));
+        assert_eq!(utc.window(Window::Month, now), (at("2026-11-01T00:00:00Z"), at("2026-12-01T00:00:00Z")));
+        // The end of one window is the start of the next.
+        let (_, end) = utc.window(Window::Day, now);
+        assert_eq!(utc.window(Window::Day, end).0, end);
+        assert_eq!(utc.window(Window::Day, end - 1).1, end);
+        // New York: a day starts at 05:00 UTC in winter; 01:00 UTC on the 25th is still the 24th.
+        let ny = Calendar::new("America/New_York").expect("zone");
+        assert_eq!(ny.window(Window::Day, at("2026-11-25T01:00:00Z")), (at("2026-11-24T05:00:00Z"), at("2026-11-25T05:00:00Z")));
+        assert_eq!(ny.date(at("2026-11-25T01:00:00Z")), "2026-11-24");
+        // The day the clocks go back (1 November 2026) has 25 hours; the month starts at 04:00 UTC (EDT).
+        let (start, end) = ny.window(Window::Day, at("2026-11-01T12:00:00Z"));
+        assert_eq!(end - start, 25 * 3600);
+        assert_eq!(ny.window(Window::Month, at("2026-11-10T00:00:00Z")).0, at("2026-11-01T04:00:00Z"));
+        // A Sunday belongs to the week that began the Monday before.
+        assert_eq!(utc.window(Window::Week, at("2026-11-29T23:59:59Z")).0, at("2026-11-23T00:00:00Z"));
+        assert!(Calendar::new("Mars/Olympus").is_err());
+    }
+
+    #[test]
+    fn caps_are_validated_by_window() {
+        let b = Budgets::parse(&BudgetsInput { day: Some(1.5), week: None, month: Some(20.0) }).expect("valid");
+        assert_eq!(b.caps().collect::<Vec<_>>(), vec![(Window::Day, 1_500_000_000), (Window::Month, 20_000_000_000)]);
+        assert_eq!(Budgets::parse(&b.input()), Ok(b));
+        for (bad, field) in [
+            (BudgetsInput { day: Some(-1.0), ..Default::default() }, "budgets.day"),
+            (BudgetsInput { week: Some(0.0), ..Default::default() }, "budgets.week"),
+            (BudgetsInput { month: Some(f64::NAN), ..Default::default() }, "budgets.month"),
+        ] {
+            assert!(Budgets::parse(&bad).unwrap_err().starts_with(field), "{bad:?}");
+        }
+        let unknown: Result<BudgetsInput, _> = serde_json::from_str(r#"{"year": 5}"#);
+        assert!(unknown.unwrap_err().to_string().contains("year"), "an unknown window is refused by name");
+        assert!(valid_account_name("team-a.prod_1").is_ok());
+        for bad in ["", "a b", "a:b", &"x".repeat(65)] {
+            assert!(valid_account_name(bad).is_err(), "{bad}");
+        }
+    }
+}
