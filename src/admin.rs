@@ -113,6 +113,9 @@ struct PatchKey {
     enabled: Option<bool>,
     #[serde(default)]
     balance_delta: Option<f64>,
+    /// Why the balance moves (the audit trail keeps it).
+    #[serde(default)]
+    reason: Option<String>,
     #[serde(default, deserialize_with = "double_option")]
     rpm: Option<Option<u32>>,
     #[serde(default, deserialize_with = "double_option")]
@@ -141,6 +144,18 @@ struct PatchKey {
     budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
     #[serde(default, deserialize_with = "double_option")]
     account: Option<Option<String>>,
+}
+
+/// Longest `reason` of a balance move.
+const MAX_REASON: usize = 500;
+
+/// A balance move's reason: only with a `balance_delta`, at most [`MAX_REASON`] bytes.
+fn checked_reason(reason: Option<String>, delta: Option<i64>) -> std::result::Result<Option<String>, ApiError> {
+    match (&reason, delta) {
+        (Some(_), None) => Err(bad("reason: goes with a balance_delta").with_param("reason")),
+        (Some(r), _) if r.len() > MAX_REASON => Err(bad(format!("reason: at most {MAX_REASON} bytes")).with_param("reason")),
+        _ => Ok(reason),
+    }
 }
 
 /// The expiry a request sets: `expires_at` (RFC 3339) or `ttl_secs` from now, not both.
@@ -612,17 +627,31 @@ impl AdminApi {
                         budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
                 }
                 let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
+                let reason = checked_reason(patch.reason, delta)?;
                 self.keys.put_account(&account).await.map_err(internal)?;
                 if let Some(delta) = delta {
-                    self.ledger.top_up(&crate::policy::budget::account_purse(&account.name), delta).await.map_err(internal)?;
-                    log::info!(
-                        "admin: account '{}' balance {:+.6} USD ({})",
-                        account.name,
-                        usd(delta),
-                        patch.reason.as_deref().unwrap_or("no reason given")
-                    );
+                    let id = crate::policy::budget::account_purse(&account.name);
+                    self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
                 }
                 Ok(LocalResponse::json(200, &self.account_view(&account).await?))
+            }
+            ("GET", "/admin/audit") => {
+                // `?limit=` (1 to 1000, 100 by default) and `?before=` (unix ms: the page after
+                // the last entry seen).
+                let query = req_query(session).unwrap_or_default();
+                let param = |name: &str| query.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='));
+                let number = |name: &str, default: u64| match param(name) {
+                    None => Ok(default),
+                    Some(v) => v.parse::<u64>().map_err(|_| bad(format!("{name}: must be a whole number")).with_param(name)),
+                };
+                let limit = number("limit", 100)?;
+                if !(1..=1000).contains(&limit) {
+                    return Err(bad("limit: 1 to 1000").with_param("limit"));
+                }
+                let before = number("before", u64::MAX)?;
+                let entries = self.ledger.audit(limit as usize, before).await.map_err(internal)?;
+                let data: Vec<Value> = entries.iter().map(crate::ledger::AuditEntry::to_json).collect();
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
             }
             ("GET", "/admin/usage") => self.usage_by(req_query(session).as_deref()).await,
             ("GET", p) if p.starts_with("/admin/keys/") && p.ends_with("/usage") => {
@@ -748,8 +777,10 @@ impl AdminApi {
                 };
                 rec.policy = crate::policy::KeyPolicy::parse(input, now).map_err(policy_error)?;
                 self.check_account(&rec.policy)?;
-                if let Some(delta) = patch.balance_delta {
-                    self.ledger.top_up(&rec.id, to_nanos("balance_delta", delta)?).await.map_err(internal)?;
+                let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
+                let reason = checked_reason(patch.reason, delta)?;
+                if let Some(delta) = delta {
+                    self.ledger.top_up_because(&rec.id, delta, reason.as_deref()).await.map_err(internal)?;
                 }
                 self.keys.put_key(&rec).await.map_err(internal)?;
                 Ok(LocalResponse::json(200, &self.view(&rec).await?))

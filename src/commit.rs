@@ -41,6 +41,8 @@ pub enum TreeName {
     ResponseOwners,
     /// A fleet node's records on their way to the shared database (`store::fleet`).
     FleetJournal,
+    /// Balance moves by an administrator (`ledger::AuditEntry`), by time.
+    Audit,
 }
 
 impl TreeName {
@@ -50,9 +52,13 @@ impl TreeName {
             TreeName::Balances => "balances",
             TreeName::ResponseOwners => RESPONSE_OWNERS,
             TreeName::FleetJournal => crate::store::fleet::JOURNAL,
+            TreeName::Audit => AUDIT,
         }
     }
 }
+
+/// The tree of audit entries: unix ms and a sequence number (big-endian) → JSON.
+pub const AUDIT: &str = "audit";
 
 /// The tree of stored-response owners (see `ledger::ResponseOwner`).
 pub const RESPONSE_OWNERS: &str = "response_owners";

@@ -249,6 +249,52 @@ pub fn charged(purses: &[Purse]) -> Vec<String> {
     purses.iter().filter(|p| p.kind != PurseKind::Key).map(|p| p.id.clone()).collect()
 }
 
+/// A balance moved by an administrator (`balance_delta`), kept for the audit trail
+/// (`GET /admin/audit`), written with the move itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Unix milliseconds.
+    pub time_ms: u64,
+    /// `key` or `account`.
+    pub kind: String,
+    /// The key's id or the account's name.
+    pub id: String,
+    /// nano-USD.
+    pub delta: i64,
+    pub balance_before: i64,
+    pub balance_after: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl AuditEntry {
+    /// The entry for `delta` on the purse `id` (a key id or `acct:<name>`) that left it at
+    /// `balance_after`.
+    pub fn new(id: &str, delta: i64, balance_after: i64, reason: Option<&str>) -> AuditEntry {
+        let (kind, id) = match id.strip_prefix("acct:") {
+            Some(name) => ("account", name),
+            None => ("key", id),
+        };
+        AuditEntry {
+            time_ms: now_ms(),
+            kind: kind.into(),
+            id: id.into(),
+            delta,
+            balance_before: balance_after.saturating_sub(delta),
+            balance_after,
+            reason: reason.map(str::to_string),
+        }
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "object": "audit_entry", "time": crate::protocol::rfc3339(self.time_ms / 1000), "time_ms": self.time_ms,
+            "kind": self.kind, "id": self.id, "delta": usd(self.delta),
+            "balance_before": usd(self.balance_before), "balance_after": usd(self.balance_after), "reason": self.reason,
+        })
+    }
+}
+
 /// A hold or a charge refused by the first purse that does not cover it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refused {
@@ -496,7 +542,18 @@ impl Ledger {
 
     /// Balance change by an administrator: no usage record. Durable before this returns.
     pub async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError> {
-        self.money.top_up(key_id, delta).await
+        Ok(self.top_up_because(key_id, delta, None).await?.balance_after)
+    }
+
+    /// Balance change of a key or an account (`acct:<name>`) by an administrator, with its
+    /// audit entry, written together. Durable before this returns.
+    pub async fn top_up_because(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError> {
+        self.money.top_up(id, delta, reason).await
+    }
+
+    /// The audit trail, newest first: at most `limit` entries older than `before_ms`.
+    pub async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<AuditEntry>, StoreError> {
+        self.money.audit(limit, before_ms).await
     }
 
     /// Return once every booking made before this call is durable (read-your-writes for

@@ -178,7 +178,7 @@ async fn a_sync_round_renews_and_gives_back_quiet_and_exact_leases_and_costs_ove
     a.round().await.expect("round");
     assert_eq!(a.balance("k").await.expect("balance"), (37 * CENT, 0));
     // A roomy key leases a chunk, kept while it is used, given back once quiet.
-    a.top_up("k", 10_000 * CENT).await.expect("top up");
+    a.top_up("k", 10_000 * CENT, None).await.expect("top up");
     let h = a.hold("k", CENT).await.expect("database").expect("covered");
     a.settle(h, CENT).await;
     a.book("a/j", &journal(1, "k", &[CENT])).await.expect("book");

@@ -24,7 +24,7 @@ use super::postgres::tasks::FleetTasks;
 use super::postgres::{Pg, PgError};
 use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
 use crate::config::FleetConfig;
-use crate::ledger::{ForwardBookings, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{AuditEntry, ForwardBookings, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -462,8 +462,12 @@ impl MoneyStore for FleetMoney {
         }
     }
 
-    async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError> {
-        Ok(self.fleet.accounts.top_up(key_id, delta).await?)
+    async fn top_up(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError> {
+        Ok(self.fleet.accounts.top_up(id, delta, reason).await?)
+    }
+
+    async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<AuditEntry>, StoreError> {
+        Ok(self.fleet.accounts.audit(limit, before_ms).await?)
     }
 
     async fn commit(&self) -> Result<(), StoreError> {

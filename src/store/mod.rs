@@ -27,7 +27,7 @@ pub mod fleet;
 pub mod postgres;
 pub mod sled;
 
-use crate::ledger::{Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{AuditEntry, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use crate::video::task::Task;
 use arc_swap::ArcSwapOption;
 use serde::{Deserialize, Serialize};
@@ -115,8 +115,11 @@ pub trait MoneyStore: Send + Sync {
     /// After a booking that must not wait for the next sync (a charge, a refund): pass it on
     /// to where every node sees it, if the backend has such a place.
     async fn publish(&self) {}
-    /// Balance change by an administrator, without a record. Durable before this returns.
-    async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError>;
+    /// Balance change by an administrator, without a usage record, and its audit entry
+    /// (written with it; returned). Durable before this returns.
+    async fn top_up(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError>;
+    /// Audit entries older than `before_ms`, newest first, at most `limit`.
+    async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<AuditEntry>, StoreError>;
     /// Return once every booking made before this call is durable (and, in a fleet, booked
     /// into the shared database).
     async fn commit(&self) -> Result<(), StoreError>;

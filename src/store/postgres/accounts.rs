@@ -431,10 +431,12 @@ impl FleetAccounts {
         Ok(new.len())
     }
 
-    /// Add `delta` to the key's balance (an administrator's top-up); the new balance.
-    pub async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, PgError> {
-        let client = self.pg.client().await?;
-        let balance: i64 = client
+    /// Add `delta` to the balance of `key_id` (a key or `acct:<name>`: an administrator's
+    /// top-up), with its audit entry, in one transaction.
+    pub async fn top_up(&self, key_id: &str, delta: i64, reason: Option<&str>) -> Result<crate::ledger::AuditEntry, PgError> {
+        let mut client = self.pg.client().await?;
+        let tx = client.transaction().await?;
+        let balance: i64 = tx
             .query_one(
                 "INSERT INTO accounts (key_id, balance) VALUES ($1, $2)
                  ON CONFLICT (key_id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance RETURNING balance",
@@ -442,8 +444,31 @@ impl FleetAccounts {
             )
             .await?
             .get(0);
+        let entry = crate::ledger::AuditEntry::new(key_id, delta, balance, reason);
+        let text = serde_json::to_string(&entry).map_err(|e| PgError::Query(format!("audit entry: {e}")))?;
+        tx.execute("INSERT INTO audit_log (time_ms, record) VALUES ($1, $2)", &[&i64::try_from(entry.time_ms).unwrap_or(i64::MAX), &text])
+            .await?;
+        tx.commit().await?;
+        self.pg.count(4);
+        Ok(entry)
+    }
+
+    /// Audit entries older than `before_ms`, newest first.
+    pub async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<crate::ledger::AuditEntry>, PgError> {
+        let client = self.pg.client().await?;
+        let rows = client
+            .query(
+                "SELECT record FROM audit_log WHERE time_ms < $1 ORDER BY time_ms DESC, seq DESC LIMIT $2",
+                &[&i64::try_from(before_ms).unwrap_or(i64::MAX), &i64::try_from(limit).unwrap_or(i64::MAX)],
+            )
+            .await?;
         self.pg.count(1);
-        Ok(balance)
+        rows.iter()
+            .map(|r| {
+                let text: String = r.get(0);
+                serde_json::from_str(&text).map_err(|e| PgError::Query(format!("audit entry: {e}")))
+            })
+            .collect()
     }
 
     /// What requests in flight on this node hold of `key_id`.

@@ -203,10 +203,17 @@ const MIGRATIONS: &[(i32, &str)] = &[
         // Shared accounts (their balances and spend windows are rows of `accounts`, named
         // `acct:<name>` and `win:<owner>:<window>:<start>`); their changes go through
         // `key_changes` as `acct:<name>`.
+        // The audit trail of balance moves by an administrator.
         "CREATE TABLE key_accounts (
          name TEXT PRIMARY KEY,
          record TEXT NOT NULL
-     );",
+     );
+     CREATE TABLE audit_log (
+         seq BIGSERIAL PRIMARY KEY,
+         time_ms BIGINT NOT NULL,
+         record TEXT NOT NULL
+     );
+     CREATE INDEX audit_log_time ON audit_log (time_ms);",
     ),
 ];
 

@@ -14,7 +14,7 @@
 //! of the balance entry and the key's newest record, so a booking is one insert and can never
 //! be half done.
 
-use crate::ledger::{ForwardBookings, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{AuditEntry, ForwardBookings, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use crate::store::{DbSlot, MoneyStore, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -430,25 +430,41 @@ impl MoneyStore for SledMoney {
         Ok(Ok(balance))
     }
 
-    async fn top_up(&self, key_id: &str, delta: i64) -> Result<i64, StoreError> {
-        let (balance, waiter) = {
+    /// The audit entry is queued before the balance entry, in one batch: sled recovers a
+    /// prefix of its log, so no balance move is ever without its entry.
+    async fn top_up(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError> {
+        let (entry, waiter) = {
             let mut map = self.accounts();
-            let mut acc = self.load(&mut map, key_id)?;
-            acc.balance += delta;
+            let mut acc = self.load(&mut map, id)?;
+            acc.balance = acc.balance.saturating_add(delta);
             let seq = self.slot.db()?.generate_id()? + 1;
+            let entry = AuditEntry::new(id, delta, acc.balance, reason);
+            let mut audit_key = entry.time_ms.to_be_bytes().to_vec();
+            audit_key.extend_from_slice(&seq.to_be_bytes());
+            let value = serde_json::to_vec(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            self.writer.insert(crate::commit::TreeName::Audit, audit_key, value, false)?;
             let waiter = self.writer.insert(
                 crate::commit::TreeName::Balances,
-                key_id.as_bytes().to_vec(),
+                id.as_bytes().to_vec(),
                 encode_balance(acc.balance, seq).to_vec(),
                 true,
             )?;
-            map.insert(key_id.to_string(), acc);
-            (acc.balance, waiter)
+            map.insert(id.to_string(), acc);
+            (entry, waiter)
         };
         if let Some(waiter) = waiter {
             waiter.wait().await?;
         }
-        Ok(balance)
+        Ok(entry)
+    }
+
+    async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.slot.tree(crate::commit::AUDIT)?.range(..before_ms.to_be_bytes().to_vec()).rev().take(limit) {
+            let (_, v) = item?;
+            out.push(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("audit entry: {e}")))?);
+        }
+        Ok(out)
     }
 
     async fn commit(&self) -> Result<(), StoreError> {
