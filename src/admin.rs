@@ -75,6 +75,8 @@ struct CreateKey {
     budgets: Option<crate::policy::budget::BudgetsInput>,
     #[serde(default)]
     account: Option<String>,
+    #[serde(default)]
+    tags: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// `POST /admin/accounts`.
@@ -144,6 +146,8 @@ struct PatchKey {
     budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
     #[serde(default, deserialize_with = "double_option")]
     account: Option<Option<String>>,
+    #[serde(default, deserialize_with = "double_option")]
+    tags: Option<Option<std::collections::BTreeMap<String, String>>>,
 }
 
 /// Longest `reason` of a balance move.
@@ -301,31 +305,15 @@ impl AdminApi {
             "max_request_cost": rec.policy.max_request_cost_nanos.map(usd),
             "max_output_tokens": rec.policy.max_output_tokens, "default_output_tokens": rec.policy.default_output_tokens,
             "budgets": self.windows(Owner::Key(&rec.id), &rec.policy.budgets).await?,
-            "account": rec.policy.account,
+            "account": rec.policy.account, "tags": rec.policy.tags,
             "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
         }))
     }
 
-    /// Each spend window with a cap: the cap, what the window has spent so far, what requests
-    /// in flight here hold of it, and when it started and ends (`billing.timezone`).
+    /// Each spend window with a cap (see `ledger::window_report`).
     async fn windows(&self, owner: Owner<'_>, budgets: &crate::policy::budget::Budgets) -> std::result::Result<Value, ApiError> {
         let calendar = self.routing.load().calendar.clone();
-        let now = now_unix();
-        let mut out = serde_json::Map::new();
-        for (window, cap) in budgets.caps() {
-            let (start, end) = calendar.window(window, now);
-            let id = crate::policy::budget::window_purse(&owner, window, start);
-            let spent = self.ledger.balance(&id).await.map_err(internal)?.saturating_neg();
-            out.insert(
-                window.as_str().to_string(),
-                json!({
-                    "cap": usd(cap), "spent": usd(spent), "held": usd(self.ledger.held(&id)),
-                    "start": crate::protocol::rfc3339(start), "end": crate::protocol::rfc3339(end),
-                    "timezone": calendar.name(),
-                }),
-            );
-        }
-        Ok(Value::Object(out))
+        crate::ledger::window_report(&self.ledger, owner, budgets, &calendar).await.map_err(internal)
     }
 
     /// A key may only name an account that exists.
@@ -423,7 +411,19 @@ impl AdminApi {
                     }
                 }
             }
-            other => return Err(bad(format!("group_by: key, model or day, not '{other}'")).with_param("group_by")),
+            other => {
+                let Some(ref by @ crate::ledger::Grouping::Tag(ref name)) = crate::ledger::Grouping::parse(other) else {
+                    return Err(bad(format!("group_by: key, model, day or tag:<name>, not '{other}'")).with_param("group_by"));
+                };
+                for rec in &keys {
+                    let (t, by_value) = self.ledger.usage_grouped(&rec.id, start, end, by).await.map_err(internal)?;
+                    total.merge(&t);
+                    for (value, t) in &by_value {
+                        let shown = if value.is_empty() { Value::Null } else { json!(value) };
+                        add(value.clone(), json!({"tag": name, "value": shown}), t);
+                    }
+                }
+            }
         }
         let data: Vec<Value> = rows
             .into_values()
@@ -556,6 +556,7 @@ impl AdminApi {
                     default_output_tokens: body.default_output_tokens,
                     budgets: body.budgets,
                     account: body.account,
+                    tags: body.tags,
                 };
                 let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
                 self.check_account(&policy)?;
@@ -659,9 +660,12 @@ impl AdminApi {
                 let rec = self.key(&id).await?;
                 let (start, end) = crate::ledger::usage_window(req_query(session).as_deref())?;
                 self.ledger.commit_now().await.map_err(internal)?;
-                let (total, by_model) = self.ledger.usage_summary(&rec.id, start, end).await.map_err(internal)?;
+                let query = req_query(session);
+                let by = crate::ledger::usage_grouping(query.as_deref())?;
+                let (total, rows) = self.ledger.usage_grouped(&rec.id, start, end, &by).await.map_err(internal)?;
                 let balance = self.ledger.balance(&rec.id).await.map_err(internal)?;
-                Ok(LocalResponse::json(200, &crate::ledger::usage_report(&rec, balance, &total, &by_model)))
+                let budgets = self.windows(Owner::Key(&rec.id), &rec.policy.budgets).await?;
+                Ok(LocalResponse::json(200, &crate::ledger::usage_report(&rec, balance, &total, &rows, &by, budgets)))
             }
             ("GET", p) if p.starts_with("/admin/keys/") => {
                 let rec = self.key(p.trim_start_matches("/admin/keys/")).await?;
@@ -769,6 +773,9 @@ impl AdminApi {
                 }
                 if let Some(account) = patch.account {
                     input.account = account;
+                }
+                if let Some(tags) = patch.tags {
+                    input.tags = tags;
                 }
                 // An expiry already stored is kept even if it passed (the key is then simply expired).
                 let now = match (current.expires_at, patch_sets_expiry) {

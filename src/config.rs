@@ -468,6 +468,8 @@ struct RawKey {
     budgets: Option<crate::policy::budget::BudgetsInput>,
     #[serde(default)]
     account: Option<String>,
+    #[serde(default)]
+    tags: Option<BTreeMap<String, String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -1073,6 +1075,7 @@ impl Config {
                 default_output_tokens: k.default_output_tokens,
                 budgets: k.budgets,
                 account: k.account,
+                tags: k.tags,
             };
             let policy = crate::policy::KeyPolicy::parse(input, crate::auth::now_unix()).map_err(|e| ConfigError(format!("{at}.{e}")))?;
             if let Some(name) = policy.account.as_ref().filter(|n| !accounts.iter().any(|a| &a.name == *n)) {

@@ -161,6 +161,10 @@ pub struct UsageRecord {
     /// (see [`Purse`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub charged: Vec<String>,
+    /// The key's tags when the record was written (a later change of the key's tags leaves
+    /// them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -356,6 +360,35 @@ impl Drop for Hold {
     fn drop(&mut self) {
         if !self.done {
             self.ledger.money.release(&self.purses, self.amount);
+        }
+    }
+}
+
+/// What the rows of a usage summary are: a record's model, or its value of one tag (the empty
+/// string for records without the tag).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grouping {
+    Model,
+    Tag(String),
+}
+
+impl Grouping {
+    /// `model`, or `tag:<name>` (percent-decoded); None for anything else.
+    pub fn parse(text: &str) -> Option<Grouping> {
+        match text {
+            "model" => Some(Grouping::Model),
+            _ => {
+                let name = crate::auth::decode_component(text.strip_prefix("tag:")?);
+                (!name.is_empty()).then_some(Grouping::Tag(name))
+            }
+        }
+    }
+
+    /// The row `r` counts in.
+    pub fn label<'r>(&self, r: &'r UsageRecord) -> &'r str {
+        match self {
+            Grouping::Model => &r.model,
+            Grouping::Tag(name) => r.tags.get(name).map_or("", String::as_str),
         }
     }
 }
@@ -576,7 +609,18 @@ impl Ledger {
     /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms`, every
     /// node's in a fleet.
     pub async fn usage_summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
-        self.money.usage_summary(key_id, start_ms, end_ms).await
+        self.money.usage_summary(key_id, start_ms, end_ms, &Grouping::Model).await
+    }
+
+    /// Totals and rows by `by` (a model, or a tag's value) of a key's records in the window.
+    pub async fn usage_grouped(
+        &self,
+        key_id: &str,
+        start_ms: u64,
+        end_ms: u64,
+        by: &Grouping,
+    ) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+        self.money.usage_summary(key_id, start_ms, end_ms, by).await
     }
 
     /// Delete records older than `before_ms`, and the response owners they made. Returns how
@@ -602,7 +646,8 @@ impl Ledger {
 }
 
 /// `start` and `end` (unix seconds) of a usage query string, as a millisecond window
-/// (`start <= time_ms < end`; the whole history by default).
+/// (`start <= time_ms < end`; the whole history by default), and its `group_by` (`model` by
+/// default, or `tag:<name>`).
 pub fn usage_window(query: Option<&str>) -> Result<(u64, u64), crate::protocol::ApiError> {
     let (mut start, mut end) = (0u64, u64::MAX);
     for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
@@ -622,23 +667,81 @@ pub fn usage_window(query: Option<&str>) -> Result<(u64, u64), crate::protocol::
     Ok((start, end))
 }
 
-/// A key's usage report (`/v1/usage`, and `GET /admin/keys/{id}/usage`).
-pub fn usage_report(key: &crate::store::KeyRecord, balance: i64, total: &Totals, by_model: &BTreeMap<String, Totals>) -> serde_json::Value {
-    let models: Vec<serde_json::Value> = by_model
-        .iter()
-        .map(|(model, t)| {
-            let mut row = t.to_json();
-            row["model"] = serde_json::json!(model);
-            row
-        })
-        .collect();
-    serde_json::json!({
+/// A usage query's `group_by`: `model` (the default) or `tag:<name>`; the 400 otherwise.
+pub fn usage_grouping(query: Option<&str>) -> Result<Grouping, crate::protocol::ApiError> {
+    match query.unwrap_or_default().split('&').find_map(|p| p.strip_prefix("group_by=")) {
+        None => Ok(Grouping::Model),
+        Some(text) => Grouping::parse(text).ok_or_else(|| {
+            crate::protocol::ApiError::new(crate::protocol::ErrorKind::BadRequest, format!("group_by: model or tag:<name>, not '{text}'"))
+                .with_param("group_by")
+        }),
+    }
+}
+
+/// A key's usage report (`/v1/usage`, and `GET /admin/keys/{id}/usage`): rows per model
+/// (`models`) or per value of a tag (`tags`, `value` null for records without it), and the
+/// key's spend windows.
+pub fn usage_report(
+    key: &crate::store::KeyRecord,
+    balance: i64,
+    total: &Totals,
+    rows: &BTreeMap<String, Totals>,
+    by: &Grouping,
+    budgets: serde_json::Value,
+) -> serde_json::Value {
+    let row = |label: &str, t: &Totals| {
+        let mut row = t.to_json();
+        match by {
+            Grouping::Model => row["model"] = serde_json::json!(label),
+            Grouping::Tag(name) => {
+                row["tag"] = serde_json::json!(name);
+                row["value"] = if label.is_empty() { serde_json::Value::Null } else { serde_json::json!(label) };
+            }
+        }
+        row
+    };
+    let rows: Vec<serde_json::Value> = rows.iter().map(|(label, t)| row(label, t)).collect();
+    let mut report = serde_json::json!({
         "object": "usage",
         "key": {"name": key.name, "group": key.group},
         "balance": usd(balance),
         "total": total.to_json(),
-        "models": models,
-    })
+        "budgets": budgets,
+    });
+    match by {
+        Grouping::Model => report["models"] = serde_json::json!(rows),
+        Grouping::Tag(name) => {
+            report["group_by"] = serde_json::json!(format!("tag:{name}"));
+            report["tags"] = serde_json::json!(rows);
+        }
+    }
+    report
+}
+
+/// Each spend window with a cap: the cap, what the window has spent so far, what requests in
+/// flight on this node hold of it, and when it started and ends (`billing.timezone`).
+pub async fn window_report(
+    ledger: &Ledger,
+    owner: crate::policy::budget::Owner<'_>,
+    budgets: &crate::policy::budget::Budgets,
+    calendar: &crate::policy::budget::Calendar,
+) -> Result<serde_json::Value, StoreError> {
+    let now = crate::auth::now_unix();
+    let mut out = serde_json::Map::new();
+    for (window, cap) in budgets.caps() {
+        let (start, end) = calendar.window(window, now);
+        let id = crate::policy::budget::window_purse(&owner, window, start);
+        let spent = ledger.balance(&id).await?.saturating_neg();
+        out.insert(
+            window.as_str().to_string(),
+            serde_json::json!({
+                "cap": usd(cap), "spent": usd(spent), "held": usd(ledger.held(&id)),
+                "start": crate::protocol::rfc3339(start), "end": crate::protocol::rfc3339(end),
+                "timezone": calendar.name(),
+            }),
+        );
+    }
+    Ok(serde_json::Value::Object(out))
 }
 
 pub fn now_ms() -> u64 {
@@ -684,6 +787,7 @@ pub(crate) mod tests {
             response_id: None,
             upstream_protocol: None,
             charged: Vec::new(),
+            tags: BTreeMap::new(),
         }
     }
 

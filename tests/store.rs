@@ -59,6 +59,7 @@ fn usage(key_id: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         response_id: None,
         upstream_protocol: None,
         charged: Vec::new(),
+        tags: Default::default(),
     }
 }
 

@@ -384,12 +384,17 @@ impl Gateway {
         self.ledger.commit_now().await.map_err(internal)?;
         // Reading a long history is CPU work: on a blocking thread, one query at a time, never
         // on the threads that relay requests.
-        let (total, by_model) = {
+        let by = crate::ledger::usage_grouping(query)?;
+        let (total, rows) = {
             let _turn = self.usage_queries.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))?;
-            self.ledger.usage_summary(&key.id, start, end).await.map_err(internal)?
+            self.ledger.usage_grouped(&key.id, start, end, &by).await.map_err(internal)?
         };
         let balance = self.ledger.balance(&key.id).await.map_err(internal)?;
-        Ok(LocalResponse::json(200, &crate::ledger::usage_report(key, balance, &total, &by_model)))
+        let calendar = &self.routing.load().calendar;
+        let budgets = crate::ledger::window_report(&self.ledger, crate::policy::budget::Owner::Key(&key.id), &key.policy.budgets, calendar)
+            .await
+            .map_err(internal)?;
+        Ok(LocalResponse::json(200, &crate::ledger::usage_report(key, balance, &total, &rows, &by, budgets)))
     }
 
     /// Bill a finished relay: release the hold, charge what was used. Runs before the last
@@ -435,6 +440,7 @@ impl Gateway {
             response_id,
             upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
             charged: Vec::new(),
+            tags: plan.key.policy.tags.clone(),
         };
         if let Err(e) = self.ledger.settle(hold, record).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);

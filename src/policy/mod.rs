@@ -155,7 +155,16 @@ pub struct KeyPolicy {
     /// The shared account the key also draws on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account: Option<String>,
+    /// Copied onto every usage record of the key as it is written.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tags: std::collections::BTreeMap<String, String>,
 }
+
+/// At most this many tags per key.
+pub const MAX_TAGS: usize = 16;
+/// Longest tag name and value, in characters.
+pub const MAX_TAG_NAME: usize = 64;
+pub const MAX_TAG_VALUE: usize = 256;
 
 /// A policy as the configuration file and the admin API give it (validated by
 /// [`KeyPolicy::parse`]).
@@ -172,6 +181,7 @@ pub struct PolicyInput {
     pub budgets: Option<budget::BudgetsInput>,
     /// Checked against the accounts that exist by the caller.
     pub account: Option<String>,
+    pub tags: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl KeyPolicy {
@@ -289,7 +299,21 @@ impl KeyPolicy {
         if let Some(name) = &input.account {
             budget::valid_account_name(name).map_err(|e| format!("account: {e}"))?;
         }
+        let tags = input.tags.unwrap_or_default();
+        if tags.len() > MAX_TAGS {
+            return Err(format!("tags: at most {MAX_TAGS}, not {}", tags.len()));
+        }
+        for (name, value) in &tags {
+            let printable = |t: &str| !t.chars().any(char::is_control);
+            if name.is_empty() || name.chars().count() > MAX_TAG_NAME || !printable(name) {
+                return Err(format!("tags: the name '{name}' must be 1 to {MAX_TAG_NAME} printable characters"));
+            }
+            if value.chars().count() > MAX_TAG_VALUE || !printable(value) {
+                return Err(format!("tags.{name}: at most {MAX_TAG_VALUE} printable characters"));
+            }
+        }
         Ok(KeyPolicy {
+            tags,
             expires_at,
             models: input.models,
             ip_allow,
@@ -312,6 +336,7 @@ impl KeyPolicy {
             default_output_tokens: self.default_output_tokens,
             budgets: (!self.budgets.is_empty()).then(|| self.budgets.input()),
             account: self.account.clone(),
+            tags: (!self.tags.is_empty()).then(|| self.tags.clone()),
         }
     }
 }

@@ -24,7 +24,7 @@ use super::postgres::tasks::FleetTasks;
 use super::postgres::{Pg, PgError};
 use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
 use crate::config::FleetConfig;
-use crate::ledger::{AuditEntry, ForwardBookings, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{AuditEntry, ForwardBookings, Grouping, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -479,8 +479,14 @@ impl MoneyStore for FleetMoney {
         Ok(())
     }
 
-    async fn usage_summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
-        Ok(self.fleet.records.summary(key_id, start_ms, end_ms).await?)
+    async fn usage_summary(
+        &self,
+        key_id: &str,
+        start_ms: u64,
+        end_ms: u64,
+        by: &Grouping,
+    ) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+        Ok(self.fleet.records.summary(key_id, start_ms, end_ms, by).await?)
     }
 
     async fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {

@@ -27,7 +27,7 @@ pub mod fleet;
 pub mod postgres;
 pub mod sled;
 
-use crate::ledger::{AuditEntry, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{AuditEntry, Grouping, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use crate::video::task::Task;
 use arc_swap::ArcSwapOption;
 use serde::{Deserialize, Serialize};
@@ -123,8 +123,15 @@ pub trait MoneyStore: Send + Sync {
     /// Return once every booking made before this call is durable (and, in a fleet, booked
     /// into the shared database).
     async fn commit(&self) -> Result<(), StoreError>;
-    /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms`.
-    async fn usage_summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError>;
+    /// Totals and rows (per model, or per value of a tag) of a key's records with
+    /// `start_ms <= time_ms < end_ms`.
+    async fn usage_summary(
+        &self,
+        key_id: &str,
+        start_ms: u64,
+        end_ms: u64,
+        by: &Grouping,
+    ) -> Result<(Totals, BTreeMap<String, Totals>), StoreError>;
     /// Delete records (and response owners) older than `before_ms`; how many records.
     async fn prune(&self, before_ms: u64) -> Result<usize, StoreError>;
     /// Who created the stored response `id`, as far as records already stored say.

@@ -117,6 +117,7 @@ impl VideoService {
             response_id: None,
             upstream_protocol: None,
             charged: task.charged_to.clone(),
+            tags: task.tags.clone(),
         }
     }
 
@@ -320,6 +321,7 @@ impl VideoService {
             ApiError::new(ErrorKind::Internal, format!("The model '{}' is not priced on this gateway and cannot be served.", sub.api_model))
         })?;
         let mut task = Task::new(new_task_id(), key.id.clone(), &sub, now, cost);
+        task.tags = key.policy.tags.clone();
         let _creating = Creating::mark(&self.creating, &task.id);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {

@@ -81,6 +81,9 @@ pub struct Task {
     /// credits the same.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub charged_to: Vec<String>,
+    /// The owner's tags at submission, copied onto its charge and refund records.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub tags: std::collections::BTreeMap<String, String>,
     /// Object-storage key of the copied result, once copied.
     #[serde(default)]
     pub storage_key: Option<String>,
@@ -123,6 +126,7 @@ impl Task {
             charged: false,
             refunded: false,
             charged_to: Vec::new(),
+            tags: Default::default(),
             storage_key: None,
             upstream_url: None,
             copy_pending: false,

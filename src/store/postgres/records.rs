@@ -150,7 +150,13 @@ impl FleetRecords {
     }
 
     /// A key's totals over `[start_ms, end_ms)`, all nodes' records, overall and by model.
-    pub async fn summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), PgError> {
+    pub async fn summary(
+        &self,
+        key_id: &str,
+        start_ms: u64,
+        end_ms: u64,
+        by: &crate::ledger::Grouping,
+    ) -> Result<(Totals, BTreeMap<String, Totals>), PgError> {
         let client = self.pg.client().await?;
         let (lo, hi) = (i64::try_from(start_ms).unwrap_or(i64::MAX), i64::try_from(end_ms).unwrap_or(i64::MAX));
         let rows = client
@@ -163,7 +169,7 @@ impl FleetRecords {
             let text: String = row.get(0);
             let record: UsageRecord = serde_json::from_str(&text).map_err(|e| PgError::Query(format!("usage record: {e}")))?;
             total.add(&record);
-            by_model.entry(record.model.clone()).or_default().add(&record);
+            by_model.entry(by.label(&record).to_string()).or_default().add(&record);
         }
         Ok((total, by_model))
     }

@@ -14,7 +14,7 @@
 //! of the balance entry and the key's newest record, so a booking is one insert and can never
 //! be half done.
 
-use crate::ledger::{AuditEntry, ForwardBookings, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
+use crate::ledger::{AuditEntry, ForwardBookings, Grouping, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use crate::store::{DbSlot, MoneyStore, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -345,7 +345,13 @@ impl SledMoney {
 
 /// Totals and per-model rows of a key's records with `start_ms <= time_ms < end_ms` (run on
 /// a blocking thread: a long history is a long read).
-fn summary_in(slot: &DbSlot, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+fn summary_in(
+    slot: &DbSlot,
+    key_id: &str,
+    start_ms: u64,
+    end_ms: u64,
+    by: &Grouping,
+) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
     let mut lo = key_id.as_bytes().to_vec();
     lo.push(0);
     let mut hi = lo.clone();
@@ -358,7 +364,7 @@ fn summary_in(slot: &DbSlot, key_id: &str, start_ms: u64, end_ms: u64) -> Result
         let (_, v) = item?;
         for r in decode_records(&v)?.into_iter().filter(|r| r.time_ms >= start_ms && r.time_ms < end_ms) {
             total.add(&r);
-            by_model.entry(r.model.clone()).or_default().add(&r);
+            by_model.entry(by.label(&r).to_string()).or_default().add(&r);
         }
     }
     Ok((total, by_model))
@@ -471,10 +477,16 @@ impl MoneyStore for SledMoney {
         self.writer.settled().await
     }
 
-    async fn usage_summary(&self, key_id: &str, start_ms: u64, end_ms: u64) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
+    async fn usage_summary(
+        &self,
+        key_id: &str,
+        start_ms: u64,
+        end_ms: u64,
+        by: &Grouping,
+    ) -> Result<(Totals, BTreeMap<String, Totals>), StoreError> {
         // A long history is read on a blocking thread, on its own handle of the trees.
-        let (slot, key_id) = (self.slot.clone(), key_id.to_string());
-        tokio::task::spawn_blocking(move || summary_in(&slot, &key_id, start_ms, end_ms))
+        let (slot, key_id, by) = (self.slot.clone(), key_id.to_string(), by.clone());
+        tokio::task::spawn_blocking(move || summary_in(&slot, &key_id, start_ms, end_ms, &by))
             .await
             .map_err(|e| StoreError::Corrupt(format!("usage query task: {e}")))?
     }
