@@ -313,3 +313,45 @@ fn the_file_is_refused_naming_the_entry_and_field() {
     assert_eq!(code, 0, "{out}");
     drop(dir);
 }
+
+#[tokio::test]
+async fn video_tasks_follow_the_keys_model_rules_and_windows() {
+    const RULES_KEY: &str = "sk-budget-video-rules-1";
+    const WINDOW_KEY: &str = "sk-budget-video-window1";
+    let mock = start_mock();
+    let base = with_key(
+        &standard_config(mock.port),
+        &format!("{{ key: {RULES_KEY}, name: vr, group: default, balance: 5.0, models: {{ allow: [\"alpha-*\"] }} }}"),
+    );
+    let base = with_key(
+        &base,
+        &format!("{{ key: {WINDOW_KEY}, name: vw, group: default, balance: 5.0, budgets: {{ day: 0.3 }}, tags: {{ team: film }} }}"),
+    );
+    let gw = start_gateway(&format!("{base}{}", video_section(mock.port)));
+    let submit = |key: &'static str| {
+        client().post(gw.url("/v1/videos")).bearer_auth(key).json(&json!({"model": "genq3-pro", "prompt": "a budgeted video"})).send()
+    };
+    let resp = submit(RULES_KEY).await.expect("create");
+    assert_eq!(resp.status(), 403);
+    assert_eq!(resp.json::<Value>().await.expect("json")["error"]["code"], "model_not_allowed");
+    // genq3-pro costs $0.25 (5 s at $0.05): one fits the day's $0.30, the second does not, and
+    // nothing more is charged.
+    let resp = submit(WINDOW_KEY).await.expect("create");
+    let status = resp.status();
+    assert!(status.is_success(), "{status}: {}", resp.text().await.unwrap_or_default());
+    let resp = submit(WINDOW_KEY).await.expect("create");
+    assert_eq!(resp.status(), 429);
+    assert_eq!(resp.json::<Value>().await.expect("json")["error"]["code"], "budget_exceeded");
+    let u: Value = client()
+        .get(gw.url("/v1/usage?group_by=tag:team"))
+        .bearer_auth(WINDOW_KEY)
+        .send()
+        .await
+        .expect("usage")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(nanos(&u["budgets"]["day"]["spent"]), 250_000_000, "{u}");
+    assert_eq!(u["tags"][0]["value"], "film", "the charge carries the key's tags: {u}");
+    assert_eq!(nanos(&u["balance"]), 5_000_000_000 - 250_000_000);
+}
