@@ -6,7 +6,7 @@ mod common;
 
 use common::postgres::Postgres;
 use common::*;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tollgate::store::postgres::{Pg, PgSettings};
 
@@ -388,9 +388,11 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     let pg = Postgres::start();
     let mock = start_mock();
     let secret = "sk-fleet-key-copy-0000000000000001";
-    let keys = format!("  - {{ key: {secret}, name: mover, group: default, balance: 3 }}");
+    // With a shared account and a spend window, whose balances move too.
+    let keys =
+        format!("  - {{ key: {secret}, name: mover, group: default, balance: 3, account: crew, budgets: {{ day: 1 }} }}\naccounts:\n  - {{ name: crew, balance: 2 }}");
     // A single node on sled: the same config without `store:`.
-    let (fleet_body, _) = node_config(mock.port, &pg, "node-a", &keys, "");
+    let (fleet_body, admin) = node_config(mock.port, &pg, "node-a", &keys, "");
     let single_body: String = fleet_body.lines().filter(|l| !l.starts_with("store:")).map(|l| format!("{l}\n")).collect();
     let mut single = start_gateway(&single_body);
     let c = client();
@@ -399,6 +401,38 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     }
     let before = usage(&single, secret).await;
     assert_eq!(before["total"]["requests"], 4);
+    assert_eq!(nanos(&before["budgets"]["day"]["spent"]), 4 * CENT_NANOS, "{before}");
+    let topped = client()
+        .patch(format!("http://127.0.0.1:{admin}/admin/accounts/crew"))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&json!({"balance_delta": 1, "reason": "before the move"}))
+        .send()
+        .await
+        .expect("top up");
+    assert_eq!(topped.status(), 200);
+    let account = |port: u16| async move {
+        let v: Value = client()
+            .get(format!("http://127.0.0.1:{port}/admin/accounts/crew"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("account")
+            .json()
+            .await
+            .expect("json");
+        let audit: Value = client()
+            .get(format!("http://127.0.0.1:{port}/admin/audit"))
+            .bearer_auth(ADMIN_TOKEN)
+            .send()
+            .await
+            .expect("audit")
+            .json()
+            .await
+            .expect("json");
+        (nanos(&v["balance"]), audit["data"].as_array().map_or(0, Vec::len))
+    };
+    let crew_before = account(admin).await;
+    assert_eq!(crew_before, (3_000_000_000 - 4 * CENT_NANOS, 1));
     single.signal("TERM");
     wait_exit(&mut single.proc.child, Duration::from_secs(30), "the single node").await;
     let sled_dir = single.dir.path().join("data");
@@ -406,7 +440,7 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     let to_pg = ["store", "copy", "--from", &format!("sled:{}", sled_dir.display()), "--to", &pg.url()];
     let (code, out) = run_tollgate(&to_pg, &[]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("1 key(s), 1 balance(s), 4 usage record(s)"), "{out}");
+    assert!(out.contains("1 key(s), 1 account(s), 3 balance(s), 1 audit entr(y/ies), 4 usage record(s)"), "{out}");
     let (code, out) = run_tollgate(&to_pg, &[]);
     assert_eq!(code, 2, "a second copy onto a non-empty database: {out}");
     assert!(out.contains("not empty"), "{out}");
@@ -416,6 +450,8 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     let after = usage(&node, secret).await;
     assert_eq!(after["total"], before["total"], "{after}");
     assert_eq!(nanos(&after["balance"]), nanos(&before["balance"]));
+    assert_eq!(after["budgets"]["day"]["spent"], before["budgets"]["day"]["spent"], "{after}");
+    assert_eq!(account(admin).await, crew_before, "the account and its audit trail moved");
     assert_eq!(cent_request(&c, &node, secret).await.status(), 200);
     let moved = usage(&node, secret).await;
     assert_eq!(moved["total"]["requests"], 5);
@@ -427,11 +463,13 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     let back_dir = dir.path().join("data");
     let (code, out) = run_tollgate(&["store", "copy", "--from", &pg.url(), "--to", &format!("sled:{}", back_dir.display())], &[]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("1 key(s), 1 balance(s), 5 usage record(s)"), "{out}");
+    assert!(out.contains("1 key(s), 1 account(s), 3 balance(s), 1 audit entr(y/ies), 5 usage record(s)"), "{out}");
     let returned = start_written(dir, &path, port);
     let back = usage(&returned, secret).await;
     assert_eq!(back["total"], moved["total"], "{back}");
     assert_eq!(nanos(&back["balance"]), nanos(&moved["balance"]));
+    assert_eq!(nanos(&back["budgets"]["day"]["spent"]), 5 * CENT_NANOS, "{back}");
+    assert_eq!(account(admin).await, (crew_before.0 - CENT_NANOS, 1));
     assert_eq!(cent_request(&c, &returned, secret).await.status(), 200);
     assert_eq!(nanos(&usage(&returned, secret).await["balance"]), nanos(&moved["balance"]) - CENT_NANOS);
 }

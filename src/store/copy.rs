@@ -1,6 +1,7 @@
 //! `tollgate store copy --from A --to B`: moving a node's data into the fleet's database
-//! (`sled:DIR` → `postgres:URL`) and back. Keys (hashes only, as stored), balances, usage
-//! records, response owners, video tasks and idempotency keys; the target must be empty, and
+//! (`sled:DIR` → `postgres:URL`) and back. Keys (hashes only, as stored), shared accounts,
+//! balances (keys', accounts' and spend windows'), usage records, response owners, video tasks,
+//! idempotency keys and the audit trail; the target must be empty, and
 //! the nodes of the source stopped (a running node may still book what it holds).
 
 use super::postgres::{Pg, PgSettings};
@@ -14,8 +15,11 @@ use std::path::PathBuf;
 #[derive(Default)]
 pub struct Snapshot {
     pub keys: Vec<KeyRecord>,
-    /// Key id → balance (nano-USD).
+    pub accounts: Vec<super::AccountRecord>,
+    /// Key id, `acct:<name>` or spend window → balance (nano-USD).
     pub balances: Vec<(String, i64)>,
+    /// Oldest first.
+    pub audit: Vec<crate::ledger::AuditEntry>,
     pub records: Vec<UsageRecord>,
     pub owners: Vec<(String, ResponseOwner)>,
     pub tasks: Vec<Task>,
@@ -26,9 +30,11 @@ impl Snapshot {
     /// What a copy prints.
     pub fn summary(&self) -> String {
         format!(
-            "{} key(s), {} balance(s), {} usage record(s), {} response owner(s), {} video task(s), {} idempotency key(s)",
+            "{} key(s), {} account(s), {} balance(s), {} audit entr(y/ies), {} usage record(s), {} response owner(s), {} video task(s), {} idempotency key(s)",
             self.keys.len(),
+            self.accounts.len(),
             self.balances.len(),
+            self.audit.len(),
             self.records.len(),
             self.owners.len(),
             self.tasks.len(),
@@ -132,22 +138,31 @@ async fn read_sled(dir: &std::path::Path) -> Result<Snapshot, StoreError> {
     let db = SledDb::open(dir)?;
     let store = SledStore::new(db.db(), crate::config::CommitPolicy::default())?;
     let keys = store.keys.all().await?;
-    let mut balances = Vec::with_capacity(keys.len());
-    for k in &keys {
-        balances.push((k.id.clone(), store.money.balance(&k.id).await?));
+    let mut ids: std::collections::BTreeSet<String> = keys.iter().map(|k| k.id.clone()).collect();
+    ids.extend(store.money.balance_ids()?);
+    let mut balances = Vec::with_capacity(ids.len());
+    for id in ids {
+        let balance = store.money.balance(&id).await?;
+        balances.push((id, balance));
     }
     let (records, owners) = store.money.export()?;
     let (tasks, idempotency) = store.tasks.export()?;
-    Ok(Snapshot { keys, balances, records, owners, tasks, idempotency })
+    let accounts = store.keys.accounts().await?;
+    let audit = store.money.export_audit()?;
+    Ok(Snapshot { keys, accounts, balances, audit, records, owners, tasks, idempotency })
 }
 
 async fn write_sled(dir: &std::path::Path, s: &Snapshot) -> Result<(), StoreError> {
     let db = SledDb::open(dir)?;
     let store = SledStore::new(db.db(), crate::config::CommitPolicy::default())?;
     store.keys.put(&s.keys).await?;
+    for account in &s.accounts {
+        store.keys.put_account(account).await?;
+    }
     for (key_id, balance) in &s.balances {
         store.money.open_account(key_id, *balance).await?;
     }
+    store.money.import_audit(&s.audit)?;
     store.money.import(&s.records, &s.owners)?;
     for task in &s.tasks {
         store.tasks.put(task).await?;

@@ -32,8 +32,14 @@ pub async fn read(pg: &Pg) -> Result<Snapshot, PgError> {
     for row in client.query("SELECT record FROM keys ORDER BY id", &[]).await? {
         s.keys.push(parse("key", &row.get::<_, String>(0))?);
     }
+    for row in client.query("SELECT record FROM key_accounts ORDER BY name", &[]).await? {
+        s.accounts.push(parse("account", &row.get::<_, String>(0))?);
+    }
     for row in client.query("SELECT key_id, balance FROM accounts ORDER BY key_id", &[]).await? {
         s.balances.push((row.get(0), row.get(1)));
+    }
+    for row in client.query("SELECT record FROM audit_log ORDER BY time_ms, seq", &[]).await? {
+        s.audit.push(parse("audit entry", &row.get::<_, String>(0))?);
     }
     for row in client.query("SELECT record FROM usage_records ORDER BY time_ms, node_id, seq", &[]).await? {
         s.records.push(parse("usage record", &row.get::<_, String>(0))?);
@@ -58,8 +64,15 @@ pub async fn write(pg: &Pg, s: &Snapshot) -> Result<(), PgError> {
     for k in &s.keys {
         tx.execute("INSERT INTO keys (id, key_hash, record) VALUES ($1, $2, $3)", &[&k.id, &k.key_hash, &text(k)?]).await?;
     }
+    for a in &s.accounts {
+        tx.execute("INSERT INTO key_accounts (name, record) VALUES ($1, $2)", &[&a.name, &text(a)?]).await?;
+    }
     for (key_id, balance) in &s.balances {
         tx.execute("INSERT INTO accounts (key_id, balance) VALUES ($1, $2)", &[key_id, balance]).await?;
+    }
+    for e in &s.audit {
+        tx.execute("INSERT INTO audit_log (time_ms, record) VALUES ($1, $2)", &[&i64::try_from(e.time_ms).unwrap_or(i64::MAX), &text(e)?])
+            .await?;
     }
     let journal = format!("copy/{}", crate::ledger::now_ms());
     super::records::insert(&tx, &journal, s.records.iter().enumerate().map(|(i, r)| (i as i64, r))).await?;

@@ -257,6 +257,32 @@ impl SledMoney {
         Ok((records, owners))
     }
 
+    /// The id of every balance entry: keys', accounts' and spend windows' (`store copy`).
+    pub fn balance_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.balances()?.iter().keys().map(|k| Ok(String::from_utf8_lossy(&k?).into_owned())).collect()
+    }
+
+    /// Every audit entry, oldest first (`store copy`).
+    pub fn export_audit(&self) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut out = Vec::new();
+        for item in self.slot.tree(crate::commit::AUDIT)?.iter() {
+            let (_, v) = item?;
+            out.push(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("audit entry: {e}")))?);
+        }
+        Ok(out)
+    }
+
+    /// Write copied audit entries into this (empty) store.
+    pub fn import_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
+        let tree = self.slot.tree(crate::commit::AUDIT)?;
+        for (i, e) in entries.iter().enumerate() {
+            let mut k = e.time_ms.to_be_bytes().to_vec();
+            k.extend_from_slice(&(i as u64).to_be_bytes());
+            tree.insert(k, serde_json::to_vec(e).map_err(|e| StoreError::Corrupt(e.to_string()))?)?;
+        }
+        Ok(())
+    }
+
     /// Write copied records and owners into this (empty) sled store as history: the records
     /// carry no balance (sequence 0), so the balances stay those the copy opened.
     pub fn import(&self, records: &[UsageRecord], owners: &[(String, ResponseOwner)]) -> Result<(), StoreError> {
