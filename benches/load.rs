@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 
 const KEY: &str = "sk-bench-0000000001";
 /// A key carrying every policy rule (expiry, address allowlist, model rules, output limits, a
-/// cost cap), none of which refuses the bench's requests.
+/// cost cap, three spend windows, a shared account with two windows of its own, tags), none of
+/// which refuses the bench's requests.
 const POLICY_KEY: &str = "sk-bench-policy-0000001";
 const UPSTREAM_KEY: &str = "bench-upstream-key";
 const STREAM_DELTAS: usize = 64;
@@ -217,7 +218,10 @@ limits: {{ max_connections: 20000, max_connections_per_ip: 20000 }}
   - {{ key: {KEY}, name: bench, group: default, balance: 1000000.0 }}
   - {{ key: {POLICY_KEY}, name: bench-policy, group: default, balance: 1000000.0, expires_at: "2099-01-01T00:00:00Z",
       ip_allow: [127.0.0.0/8, "::1"], models: {{ allow: ["alpha-*"], deny: [alpha-embed-3] }},
-      max_output_tokens: 100000, default_output_tokens: 64, max_request_cost: 10.0 }}
+      max_output_tokens: 100000, default_output_tokens: 64, max_request_cost: 10.0,
+      budgets: {{ day: 100000, week: 200000, month: 500000 }}, account: bench-team, tags: {{ team: bench, env: perf }} }}
+accounts:
+  - {{ name: bench-team, balance: 1000000.0, budgets: {{ day: 100000, month: 500000 }} }}
 video:
   upstream: {{ base_url: "http://127.0.0.1:{mock_port}", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key, region: r, version: "2024-05-23", rate_per_sec: 100000 }}
   poll_interval_secs: 3600
