@@ -34,7 +34,7 @@ struct GroupEntry {
 }
 
 /// The sled tree a write goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TreeName {
     UsageRecords,
     Balances,
@@ -81,6 +81,11 @@ enum Job {
         key: Vec<u8>,
         value: Vec<u8>,
         ack: Option<Ack>,
+    },
+    /// Several inserts into one tree, queued at once (a booking's purse entries).
+    Inserts {
+        tree: TreeName,
+        entries: Vec<(Vec<u8>, Vec<u8>)>,
     },
     /// Answered once everything queued before it is on disk.
     Barrier(Ack),
@@ -166,7 +171,7 @@ impl Writer {
     /// Queue a job. The writer is woken only when the queue was empty or the job is urgent:
     /// writes that join a gathering batch cost no wake-up.
     fn send(&self, job: Job) -> Result<(), StoreError> {
-        let urgent = !matches!(job, Job::Insert { ack: None, .. } | Job::Grouped { ack: None, .. });
+        let urgent = !matches!(job, Job::Insert { ack: None, .. } | Job::Grouped { ack: None, .. } | Job::Inserts { .. });
         let wake = {
             let mut q = self.shared.lock();
             if q.closed {
@@ -190,6 +195,15 @@ impl Writer {
         self.stats.queued.fetch_add(1, Ordering::SeqCst);
         self.send(Job::Insert { tree, key, value, ack })?;
         Ok(waiter)
+    }
+
+    /// Queue several inserts into one tree as one job (nobody waits for them alone).
+    pub fn insert_all(&self, tree: TreeName, entries: Vec<(Vec<u8>, Vec<u8>)>) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        self.stats.queued.fetch_add(entries.len() as u64, Ordering::SeqCst);
+        self.send(Job::Inserts { tree, entries })
     }
 
     /// Queue a JSON value that is stored together with the other values of its `group` queued
@@ -315,19 +329,43 @@ fn run(db: DbSlot, window: Duration, shared: &Shared, stats: &CommitStats) {
     }
 }
 
+type Firsts = std::collections::HashMap<(TreeName, Vec<u8>), usize, ahash::RandomState>;
+
+/// Queue an insert of a batch, or give an entry inserted earlier in the batch its new value.
+fn replace_or_push(inserts: &mut Vec<(TreeName, Vec<u8>, Vec<u8>)>, first: &mut Firsts, tree: TreeName, key: Vec<u8>, value: Vec<u8>) {
+    match first.entry((tree, key)) {
+        std::collections::hash_map::Entry::Occupied(at) => inserts[*at.get()].2 = value,
+        std::collections::hash_map::Entry::Vacant(slot) => {
+            inserts.push((tree, slot.key().1.clone(), value));
+            slot.insert(inserts.len() - 1);
+        }
+    }
+}
+
 /// Insert a batch in order (grouped values as one entry per group), flush once, then answer
 /// its waiters.
 fn commit(db: &DbSlot, batch: Vec<Job>, stats: &CommitStats) {
     let mut acks = Vec::new();
     let mut writes = 0u64;
     let mut inserts: Vec<(TreeName, Vec<u8>, Vec<u8>)> = Vec::with_capacity(4);
+    // Where each (tree, key) was first inserted in this batch: a later value for it replaces
+    // that one in place (one sled insert per entry and batch; a purse's balance is rewritten
+    // by every booking). It is written at its first position, so an entry never lands after
+    // a write that was queued after its first value.
+    let mut first = Firsts::default();
     let mut groups: Vec<GroupEntry> = Vec::new();
     for job in batch {
         match job {
             Job::Insert { tree, key, value, ack } => {
                 acks.extend(ack);
                 writes += 1;
-                inserts.push((tree, key, value));
+                replace_or_push(&mut inserts, &mut first, tree, key, value);
+            }
+            Job::Inserts { tree, entries } => {
+                writes += entries.len() as u64;
+                for (key, value) in entries {
+                    replace_or_push(&mut inserts, &mut first, tree, key, value);
+                }
             }
             Job::Grouped { tree, group, at_ms, key, value, ack } => {
                 acks.extend(ack);

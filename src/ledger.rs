@@ -232,10 +232,10 @@ pub struct Purse {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PurseKind {
     Key,
-    Account(String),
+    Account(Arc<str>),
     /// A spend window of the key (`account: None`) or of its account, ending at `end` (unix s).
     Window {
-        account: Option<String>,
+        account: Option<Arc<str>>,
         window: crate::policy::budget::Window,
         end: u64,
     },
@@ -526,7 +526,7 @@ impl Ledger {
     /// Debit `record.cost_nanos` (a credit when negative) from its key and the purses it was
     /// `charged`, and store its record; with `wait`, return once the record is durable.
     /// Returns the key's new balance.
-    async fn book(&self, record: &UsageRecord, release: i64, wait: bool) -> Result<i64, StoreError> {
+    async fn book(&self, record: UsageRecord, release: i64, wait: bool) -> Result<i64, StoreError> {
         match self.money.book(record, release, None, wait).await? {
             Ok(balance) => Ok(balance),
             // Unchecked bookings are never refused.
@@ -537,15 +537,15 @@ impl Ledger {
     /// Book a record forwarded by a process that handed its database over to this one
     /// (durable before it is acknowledged).
     pub async fn book_forwarded(&self, record: UsageRecord) -> Result<i64, StoreError> {
-        self.book(&record, 0, true).await
+        self.book(record, 0, true).await
     }
 
     /// Release the hold and charge the real cost, with its record (durable within the commit
     /// window, or before this returns with `sync_commit`).
     pub async fn settle(&self, mut hold: Hold, mut record: UsageRecord) -> Result<i64, StoreError> {
         hold.done = true;
-        record.charged = charged(&hold.purses);
-        self.book(&record, hold.amount, self.sync).await
+        record.charged = std::mem::take(&mut hold.purses).into_iter().filter(|p| p.kind != PurseKind::Key).map(|p| p.id).collect();
+        self.book(record, hold.amount, self.sync).await
     }
 
     /// Charge a price at once (video submission) to the key alone when `balance − held`
@@ -560,7 +560,7 @@ impl Ledger {
     /// (`charged`): a refund of it credits the same. Durable before this returns.
     pub async fn charge_from(&self, mut record: UsageRecord, purses: &[Purse]) -> Result<Result<i64, Refused>, StoreError> {
         record.charged = charged(purses);
-        let booked = self.money.book(&record, 0, Some(purses), true).await?;
+        let booked = self.money.book(record, 0, Some(purses), true).await?;
         self.money.publish().await;
         Ok(booked.map_err(|(i, short)| Refused { kind: purses.get(i).map_or(PurseKind::Key, |p| p.kind.clone()), short }))
     }
@@ -568,7 +568,7 @@ impl Ledger {
     /// Credit (refund, top-up) or debit without a hold; the record says why. Durable before
     /// this returns.
     pub async fn adjust(&self, record: UsageRecord) -> Result<i64, StoreError> {
-        let balance = self.book(&record, 0, true).await?;
+        let balance = self.book(record, 0, true).await?;
         self.money.publish().await;
         Ok(balance)
     }

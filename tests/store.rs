@@ -316,7 +316,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
             // sync round: the window may answer first there, never letting more through.
             Err(refused) if stores.len() == 1 => assert_eq!(refused.kind, PurseKind::Account("team".into()), "{backend}"),
             Err(refused) => assert!(
-                matches!(&refused.kind, PurseKind::Account(a) | PurseKind::Window { account: Some(a), .. } if a == "team"),
+                matches!(&refused.kind, PurseKind::Account(a) | PurseKind::Window { account: Some(a), .. } if &**a == "team"),
                 "{backend}: {refused:?}"
             ),
         }
@@ -404,6 +404,14 @@ async fn restarted(store: Arc<dyn Store>) {
     assert_eq!(ledger.balance(&account_purse("team")).await.expect("account"), 10_000, "{backend}");
     assert!(store.keys().account("team").is_some(), "{backend}: the account record survives");
     assert_eq!(ledger.audit(10, u64::MAX).await.expect("audit").len(), 2, "{backend}: and the audit trail");
+    // Retention forgets windows that ended before its cut (nothing checks them again), and
+    // only those.
+    ledger.prune((start + 20 * 86_400) * 1000).await.expect("prune");
+    let day = window_purse(&Owner::Key("key_budget"), Window::Day, start);
+    assert_eq!(ledger.balance(&day).await.expect("window"), -900, "{backend}: not yet");
+    ledger.prune((start + 40 * 86_400) * 1000).await.expect("prune");
+    assert_eq!(ledger.balance(&day).await.expect("window"), 0, "{backend}: forgotten once it ended before the cut");
+    assert_eq!(ledger.balance(&account_purse("team")).await.expect("account"), 10_000, "{backend}: balances are never pruned");
 }
 
 #[test]

@@ -105,18 +105,40 @@ impl Budgets {
 pub struct Calendar {
     tz: jiff::tz::TimeZone,
     name: String,
+    /// The current window of each kind, packed in one word each (see [`pack`]): a request
+    /// inside it needs no time-zone arithmetic.
+    current: std::sync::Arc<[std::sync::atomic::AtomicU64; 3]>,
+}
+
+/// A window as one word: its start (unix seconds, 40 bits) and its length (seconds, 24 bits:
+/// a month is at most 31 days and an hour). 0: none.
+fn pack(start: u64, end: u64) -> u64 {
+    let len = end.saturating_sub(start);
+    if start >= 1 << 40 || len == 0 || len >= 1 << 24 {
+        return 0;
+    }
+    start | (len << 40)
+}
+
+fn unpack(word: u64) -> (u64, u64) {
+    let start = word & ((1 << 40) - 1);
+    (start, start + (word >> 40))
 }
 
 impl Default for Calendar {
     fn default() -> Self {
-        Calendar { tz: jiff::tz::TimeZone::UTC, name: "UTC".into() }
+        Calendar::with(jiff::tz::TimeZone::UTC, "UTC")
     }
 }
 
 impl Calendar {
+    fn with(tz: jiff::tz::TimeZone, name: &str) -> Calendar {
+        Calendar { tz, name: name.to_string(), current: Default::default() }
+    }
+
     pub fn new(name: &str) -> Result<Calendar, String> {
         let tz = jiff::tz::TimeZone::get(name).map_err(|_| format!("'{name}' is not an IANA time zone name (UTC, Europe/Berlin, …)"))?;
-        Ok(Calendar { tz, name: name.to_string() })
+        Ok(Calendar::with(tz, name))
     }
 
     pub fn name(&self) -> &str {
@@ -127,6 +149,21 @@ impl Calendar {
     /// next window's start), unix seconds. Days start at local midnight (or the first instant
     /// of the day where a clock change skips midnight), weeks on Monday, months on the 1st.
     pub fn window(&self, window: Window, now: u64) -> (u64, u64) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let slot = &self.current[window as usize];
+        let word = slot.load(Relaxed);
+        if word != 0 {
+            let (start, end) = unpack(word);
+            if start <= now && now < end {
+                return (start, end);
+            }
+        }
+        let (start, end) = self.compute(window, now);
+        slot.store(pack(start, end), Relaxed);
+        (start, end)
+    }
+
+    fn compute(&self, window: Window, now: u64) -> (u64, u64) {
         let bounds = || -> Result<(u64, u64), jiff::Error> {
             let ts = jiff::Timestamp::from_second(i64::try_from(now).unwrap_or(i64::MAX))?;
             let date = ts.to_zoned(self.tz.clone()).date();
@@ -167,27 +204,54 @@ pub enum Owner<'a> {
 
 /// The money-store name of an account's balance.
 pub fn account_purse(name: &str) -> String {
-    format!("acct:{name}")
+    let mut id = String::with_capacity(5 + name.len());
+    id.push_str("acct:");
+    id.push_str(name);
+    id
 }
 
-/// The money-store name of a window's spend: `win:<owner>:<window>:<start>`.
+/// The money-store name of a window's spend: `win:<owner>:<window>:<start>` (built in one
+/// allocation: every request of a key with budgets names its windows).
 pub fn window_purse(owner: &Owner<'_>, window: Window, start: u64) -> String {
-    match owner {
-        Owner::Key(id) => format!("win:{id}:{}:{start}", window.as_str()),
-        Owner::Account(name) => format!("win:acct:{name}:{}:{start}", window.as_str()),
-    }
+    let (prefix, name) = match owner {
+        Owner::Key(id) => ("win:", *id),
+        Owner::Account(name) => ("win:acct:", *name),
+    };
+    let mut digits = itoa::Buffer::new();
+    let start = digits.format(start);
+    let kind = window.as_str();
+    let mut id = String::with_capacity(prefix.len() + name.len() + kind.len() + start.len() + 2);
+    id.push_str(prefix);
+    id.push_str(name);
+    id.push(':');
+    id.push_str(kind);
+    id.push(':');
+    id.push_str(start);
+    id
 }
+
+/// The start (unix seconds) of the window a purse id names, if it names one.
+pub fn window_start(id: &str) -> Option<u64> {
+    id.strip_prefix("win:")?.rsplit(':').next()?.parse().ok()
+}
+
+/// A window that started this long before the retention cut has ended before it (a month is
+/// at most 31 days, and a day of a clock change 25 hours): its balance is forgotten with the
+/// records of its time.
+pub const WINDOW_KEPT_SECS: u64 = 32 * 86_400;
 
 /// Every balance a request of this key is paid from, in the order they are checked: the
 /// key's windows, the account's windows, the key's balance, the account's balance.
 pub fn purses(key: &crate::store::KeyRecord, account: Option<&AccountRecord>, calendar: &Calendar, now: u64) -> Vec<Purse> {
-    let mut out = Vec::with_capacity(2);
+    let account_windows = account.map_or(0, |a| a.budgets.caps().count());
+    let mut out = Vec::with_capacity(key.policy.budgets.caps().count() + account_windows + 2);
+    let name: Option<std::sync::Arc<str>> = account.map(|a| a.name.as_str().into());
     let mut windows = |owner: Owner<'_>, budgets: &Budgets| {
         for (window, cap) in budgets.caps() {
             let (start, end) = calendar.window(window, now);
             let of = match owner {
                 Owner::Key(_) => None,
-                Owner::Account(name) => Some(name.to_string()),
+                Owner::Account(_) => name.clone(),
             };
             out.push(Purse { id: window_purse(&owner, window, start), credit: cap, kind: PurseKind::Window { account: of, window, end } });
         }
@@ -197,8 +261,8 @@ pub fn purses(key: &crate::store::KeyRecord, account: Option<&AccountRecord>, ca
         windows(Owner::Account(&a.name), &a.budgets);
     }
     out.push(Purse { id: key.id.clone(), credit: 0, kind: PurseKind::Key });
-    if let Some(a) = account {
-        out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(a.name.clone()) });
+    if let (Some(a), Some(name)) = (account, name) {
+        out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(name) });
     }
     out
 }
@@ -254,6 +318,11 @@ mod tests {
         let (start, end) = ny.window(Window::Day, at("2026-11-01T12:00:00Z"));
         assert_eq!(end - start, 25 * 3600);
         assert_eq!(ny.window(Window::Month, at("2026-11-10T00:00:00Z")).0, at("2026-11-01T04:00:00Z"));
+        // The cached window answers as the computation does, on either side of its edges.
+        for t in [start - 1, start, end - 1, end, start + 3600] {
+            assert_eq!(ny.window(Window::Day, t), ny.compute(Window::Day, t), "{t}");
+        }
+        assert_eq!(unpack(pack(start, end)), (start, end));
         // A Sunday belongs to the week that began the Monday before.
         assert_eq!(utc.window(Window::Week, at("2026-11-29T23:59:59Z")).0, at("2026-11-23T00:00:00Z"));
         assert!(Calendar::new("Mars/Olympus").is_err());
@@ -273,6 +342,8 @@ mod tests {
         }
         let unknown: Result<BudgetsInput, _> = serde_json::from_str(r#"{"year": 5}"#);
         assert!(unknown.unwrap_err().to_string().contains("year"), "an unknown window is refused by name");
+        assert_eq!(window_start(&window_purse(&Owner::Account("a.b"), Window::Week, 1_795_392_000)), Some(1_795_392_000));
+        assert_eq!(window_start("key_0123"), None);
         assert!(valid_account_name("team-a.prod_1").is_ok());
         for bad in ["", "a b", "a:b", &"x".repeat(65)] {
             assert!(valid_account_name(bad).is_err(), "{bad}");

@@ -404,7 +404,7 @@ impl MoneyStore for FleetMoney {
     /// balance is the database's, known once the journal is booked.
     async fn book(
         &self,
-        record: &UsageRecord,
+        mut record: UsageRecord,
         release: i64,
         check: Option<&[Purse]>,
         wait: bool,
@@ -424,10 +424,11 @@ impl MoneyStore for FleetMoney {
                 .collect::<Vec<_>>()
         };
         if self.slot.is_released() {
-            return self.book_direct(record, holds()).await;
+            let holds = holds();
+            return self.book_direct(&record, holds).await;
         }
         let seq = self.slot.db()?.generate_id()?;
-        let mut record = record.clone();
+        let holds = holds();
         record.seq = seq;
         let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         // One journal entry per commit batch (a JSON array keyed by its first record's number):
@@ -440,7 +441,7 @@ impl MoneyStore for FleetMoney {
             value,
             wait,
         );
-        for hold in holds() {
+        for hold in holds {
             accounts.settle(hold, record.cost_nanos).await;
         }
         if let Some(waiter) = waiter? {
@@ -490,7 +491,9 @@ impl MoneyStore for FleetMoney {
     }
 
     async fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
-        Ok(self.fleet.records.prune(before_ms).await? as usize)
+        let pruned = self.fleet.records.prune(before_ms).await? as usize;
+        self.fleet.accounts.prune_windows(before_ms).await?;
+        Ok(pruned)
     }
 
     async fn response_owner(&self, id: &str) -> Result<Option<ResponseOwner>, StoreError> {

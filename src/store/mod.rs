@@ -107,7 +107,7 @@ pub trait MoneyStore: Send + Sync {
     /// is durable. Returns the key's new balance where it is known here (a fleet node answers 0).
     async fn book(
         &self,
-        record: &UsageRecord,
+        record: UsageRecord,
         release: i64,
         check: Option<&[Purse]>,
         wait: bool,

@@ -453,6 +453,20 @@ impl FleetAccounts {
         Ok(entry)
     }
 
+    /// Forget the balances of spend windows that ended before `before_ms` (see
+    /// `policy::budget::WINDOW_KEPT_SECS`) and that no node leases; how many.
+    pub async fn prune_windows(&self, before_ms: u64) -> Result<u64, PgError> {
+        let cut = i64::try_from((before_ms / 1000).saturating_sub(crate::policy::budget::WINDOW_KEPT_SECS)).unwrap_or(i64::MAX);
+        let mut client = self.pg.client().await?;
+        let tx = client.transaction().await?;
+        let ended = "a.key_id LIKE 'win:%' AND a.leased = 0 AND reverse(split_part(reverse(a.key_id), ':', 1))::BIGINT < $1";
+        tx.execute(&format!("DELETE FROM leases l USING accounts a WHERE l.key_id = a.key_id AND {ended}"), &[&cut]).await?;
+        let n = tx.execute(&format!("DELETE FROM accounts a WHERE {ended}"), &[&cut]).await?;
+        tx.commit().await?;
+        self.pg.count(4);
+        Ok(n)
+    }
+
     /// Audit entries older than `before_ms`, newest first.
     pub async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<crate::ledger::AuditEntry>, PgError> {
         let client = self.pg.client().await?;

@@ -49,12 +49,15 @@ pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
     }
 }
 
+/// The in-memory accounts by purse id (a key id, an account's or a window's name).
+type Purses = HashMap<String, Account, ahash::RandomState>;
+
 /// Outcome of the locked part of a booking.
 enum Queued {
     /// The purse at this index of the check does not cover the cost.
     Refused(usize, Insufficient),
     /// The database belongs to the new process: forward the booking.
-    HandedOver,
+    HandedOver(Box<UsageRecord>),
     /// The new balance, and the waiter when the booking waits for the disk.
     Booked(i64, Option<crate::commit::Waiter>),
 }
@@ -82,7 +85,7 @@ pub struct SledMoney {
     /// Set (under the accounts lock) once the database is being handed to a new process:
     /// every later booking goes through the hand-over socket.
     handing_over: std::sync::atomic::AtomicBool,
-    accounts: Mutex<HashMap<String, Account>>,
+    accounts: Mutex<Purses>,
     seq: AtomicU64,
     /// Where bookings go once the database was handed over (upgrade); injected at start.
     handover: std::sync::OnceLock<Arc<dyn ForwardBookings>>,
@@ -98,7 +101,7 @@ impl SledMoney {
             writer,
             handing_over: std::sync::atomic::AtomicBool::new(false),
             slot: slot.clone(),
-            accounts: Mutex::new(HashMap::new()),
+            accounts: Mutex::new(Purses::default()),
             seq: AtomicU64::new(0),
             handover: std::sync::OnceLock::new(),
         })
@@ -112,14 +115,28 @@ impl SledMoney {
         self.slot.tree("usage_records")
     }
 
-    fn accounts(&self) -> std::sync::MutexGuard<'_, HashMap<String, Account>> {
+    fn accounts(&self) -> std::sync::MutexGuard<'_, Purses> {
         self.accounts.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn load(&self, map: &mut HashMap<String, Account>, key_id: &str) -> Result<Account, StoreError> {
-        if let Some(a) = map.get(key_id) {
-            return Ok(*a);
+    fn load(&self, map: &mut Purses, key_id: &str) -> Result<Account, StoreError> {
+        self.with(map, key_id, |a| *a)
+    }
+
+    /// Apply `f` to the purse's account, loaded first if this process has not seen it yet
+    /// (one map lookup when it has).
+    fn with<R>(&self, map: &mut Purses, id: &str, f: impl FnOnce(&mut Account) -> R) -> Result<R, StoreError> {
+        if let Some(a) = map.get_mut(id) {
+            return Ok(f(a));
         }
+        let mut a = self.read_account(id)?;
+        let r = f(&mut a);
+        map.insert(id.to_string(), a);
+        Ok(r)
+    }
+
+    /// A purse's balance as the database has it.
+    fn read_account(&self, key_id: &str) -> Result<Account, StoreError> {
         let (mut balance, seq) = match self.balances()?.get(key_id.as_bytes())? {
             Some(b) => decode_balance(&b)?,
             None => (0, 0),
@@ -131,9 +148,7 @@ impl SledMoney {
                 balance = newest.balance_after;
             }
         }
-        let a = Account { balance, held: 0 };
-        map.insert(key_id.to_string(), a);
-        Ok(a)
+        Ok(Account { balance, held: 0 })
     }
 
     /// The key's record with the highest sequence number among its latest few.
@@ -166,7 +181,7 @@ impl SledMoney {
     /// records of their own: their balance entries are rewritten, queued before the record.
     /// sled recovers a prefix of its log, so a crash inside the commit window can lose the
     /// record after its purses were debited (a cap reached a little early), never the reverse.
-    fn queue_booking(&self, record: &UsageRecord, release: i64, check: Option<&[Purse]>, wait: bool) -> Result<Queued, StoreError> {
+    fn queue_booking(&self, mut record: UsageRecord, release: i64, check: Option<&[Purse]>, wait: bool) -> Result<Queued, StoreError> {
         let mut map = self.accounts();
         let cost = record.cost_nanos;
         if self.handing_over.load(Ordering::SeqCst) || self.slot.is_released() {
@@ -176,7 +191,7 @@ impl SledMoney {
                     return Ok(Queued::Refused(i, short));
                 }
             }
-            return Ok(Queued::HandedOver);
+            return Ok(Queued::HandedOver(Box::new(record)));
         }
         let mut acc = self.load(&mut map, &record.key_id)?;
         for (i, p) in check.unwrap_or_default().iter().enumerate() {
@@ -186,19 +201,18 @@ impl SledMoney {
         }
         let new_balance = acc.balance.saturating_sub(cost);
         let seq = self.slot.db()?.generate_id()? + 1;
-        for id in &record.charged {
-            let mut purse = self.load(&mut map, id)?;
-            purse.balance = purse.balance.saturating_sub(cost);
-            purse.held -= release;
-            self.writer.insert(
-                crate::commit::TreeName::Balances,
-                id.as_bytes().to_vec(),
-                encode_balance(purse.balance, seq).to_vec(),
-                false,
-            )?;
-            map.insert(id.clone(), purse);
+        // The purses' entries are written: the stored record need not name them again.
+        let charged = std::mem::take(&mut record.charged);
+        let mut entries = Vec::with_capacity(charged.len());
+        for id in charged {
+            let balance = self.with(&mut map, &id, |purse| {
+                purse.balance = purse.balance.saturating_sub(cost);
+                purse.held -= release;
+                purse.balance
+            })?;
+            entries.push((id.into_bytes(), encode_balance(balance, seq).to_vec()));
         }
-        let mut record = record.clone();
+        self.writer.insert_all(crate::commit::TreeName::Balances, entries)?;
         record.seq = seq;
         record.balance_after = new_balance;
         let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
@@ -221,7 +235,12 @@ impl SledMoney {
         )?;
         acc.balance = new_balance;
         acc.held -= release;
-        map.insert(record.key_id.clone(), acc);
+        match map.get_mut(&record.key_id) {
+            Some(slot) => *slot = acc,
+            None => {
+                map.insert(record.key_id, acc);
+            }
+        }
         Ok(Queued::Booked(new_balance, waiter))
     }
 
@@ -327,6 +346,7 @@ impl SledMoney {
             }
         }
         self.prune_owners(before_ms)?;
+        self.prune_windows(before_ms)?;
         if old_keys.is_empty() {
             return Ok(0);
         }
@@ -339,6 +359,26 @@ impl SledMoney {
             records.remove(k)?;
         }
         Ok(pruned)
+    }
+
+    /// Forget the balances of spend windows that ended before `before_ms` (none is checked
+    /// again), unless a request in flight still holds against one.
+    fn prune_windows(&self, before_ms: u64) -> Result<usize, StoreError> {
+        let cut = (before_ms / 1000).saturating_sub(crate::policy::budget::WINDOW_KEPT_SECS);
+        let balances = self.balances()?;
+        let mut map = self.accounts();
+        let mut n = 0;
+        for item in balances.scan_prefix(b"win:") {
+            let (k, _) = item?;
+            let id = String::from_utf8_lossy(&k).into_owned();
+            let ended = crate::policy::budget::window_start(&id).is_some_and(|start| start < cut);
+            if ended && map.get(&id).is_none_or(|a| a.held == 0) {
+                balances.remove(&k)?;
+                map.remove(&id);
+                n += 1;
+            }
+        }
+        Ok(n)
     }
 
     /// Forget the owners of responses created before `before_ms` (with their usage records).
@@ -420,14 +460,23 @@ impl MoneyStore for SledMoney {
     async fn hold(&self, purses: &[Purse], amount: i64) -> Result<Result<(), (usize, Insufficient)>, StoreError> {
         let mut map = self.accounts();
         for (i, p) in purses.iter().enumerate() {
-            if let Err(short) = self.load(&mut map, &p.id)?.covers(amount, p.credit) {
-                return Ok(Err((i, short)));
-            }
-        }
-        for p in purses {
-            if let Some(acc) = map.get_mut(&p.id) {
+            let held = self.with(&mut map, &p.id, |acc| {
+                acc.covers(amount, p.credit)?;
                 acc.held = acc.held.saturating_add(amount);
+                Ok(())
+            });
+            let refused = match held {
+                Ok(Ok(())) => continue,
+                Ok(Err(short)) => Ok(Err((i, short))),
+                Err(e) => Err(e),
+            };
+            // Give back what the purses before it held.
+            for before in &purses[..i] {
+                if let Some(acc) = map.get_mut(&before.id) {
+                    acc.held -= amount;
+                }
             }
+            return refused;
         }
         Ok(Ok(()))
     }
@@ -446,14 +495,14 @@ impl MoneyStore for SledMoney {
     /// then waits for the queue) misses none.
     async fn book(
         &self,
-        record: &UsageRecord,
+        record: UsageRecord,
         release: i64,
         check: Option<&[Purse]>,
         wait: bool,
     ) -> Result<Result<i64, (usize, Insufficient)>, StoreError> {
         let (balance, waiter) = match self.queue_booking(record, release, check, wait)? {
             Queued::Refused(i, short) => return Ok(Err((i, short))),
-            Queued::HandedOver => return self.forward(record, release).await.map(Ok),
+            Queued::HandedOver(record) => return self.forward(&record, release).await.map(Ok),
             Queued::Booked(balance, waiter) => (balance, waiter),
         };
         if let Some(waiter) = waiter {
