@@ -449,7 +449,21 @@ impl AdminApi {
             body = b"{}".to_vec();
         }
         serde_json::from_slice(&body).map_err(|e| match e.classify() {
-            serde_json::error::Category::Data => bad(format!("Invalid field: {e}")),
+            // A field's own validation says `field: …`: the error names it.
+            serde_json::error::Category::Data => {
+                let message = e.to_string();
+                let field = message
+                    .split_once(": ")
+                    .map(|(f, _)| f)
+                    .filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+                match field {
+                    Some(field) => {
+                        let field = field.to_string();
+                        bad(format!("Invalid field: {message}")).with_param(&field)
+                    }
+                    None => bad(format!("Invalid field: {message}")),
+                }
+            }
             _ => bad(format!("Invalid JSON: {e}")),
         })
     }

@@ -244,7 +244,7 @@ async fn accounts_and_budgets_are_validated_on_write() {
     let _gw = start_gateway(&config(mock.port, admin_port));
     let tags: serde_json::Map<String, Value> = (0..17).map(|i| (format!("t{i}"), json!("v"))).collect();
     for (body, field) in [
-        (json!({"name": "x", "budgets": {"year": 5}}), None),
+        (json!({"name": "x", "budgets": {"year": 5}}), Some("budgets")),
         (json!({"name": "x", "budgets": {"day": -1}}), Some("budgets")),
         (json!({"name": "x", "account": "nobody"}), Some("account")),
         (json!({"name": "x", "tags": tags}), Some("tags")),
@@ -252,11 +252,7 @@ async fn accounts_and_budgets_are_validated_on_write() {
     ] {
         let (status, answer) = admin(admin_port, reqwest::Method::POST, "/admin/keys", Some(body.clone())).await;
         assert_eq!(status, 400, "{body}: {answer}");
-        if let Some(field) = field {
-            assert_eq!(answer["error"]["param"].as_str(), Some(field), "{body}: {answer}");
-        } else {
-            assert!(answer["error"]["message"].as_str().unwrap_or_default().contains("year"), "{answer}");
-        }
+        assert_eq!(answer["error"]["param"].as_str(), field, "{body}: {answer}");
     }
     let (_, keys) = admin(admin_port, reqwest::Method::GET, "/admin/keys", None).await;
     assert_eq!(keys["data"].as_array().map(Vec::len), Some(8), "nothing stored");

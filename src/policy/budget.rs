@@ -45,9 +45,8 @@ pub struct Budgets {
 }
 
 /// Caps per window in USD, as the configuration file and the admin API give them; a window
-/// other than these three is refused by name.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// other than these three is refused by name (`budgets: 'year' is not a window …`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct BudgetsInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub day: Option<f64>,
@@ -55,6 +54,23 @@ pub struct BudgetsInput {
     pub week: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub month: Option<f64>,
+}
+
+impl<'de> Deserialize<'de> for BudgetsInput {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<BudgetsInput, D::Error> {
+        let caps = std::collections::BTreeMap::<String, f64>::deserialize(d)?;
+        let mut input = BudgetsInput::default();
+        for (name, usd) in caps {
+            let slot = match name.as_str() {
+                "day" => &mut input.day,
+                "week" => &mut input.week,
+                "month" => &mut input.month,
+                _ => return Err(serde::de::Error::custom(format!("budgets: '{name}' is not a window (day, week or month)"))),
+            };
+            *slot = Some(usd);
+        }
+        Ok(input)
+    }
 }
 
 impl Budgets {
@@ -340,8 +356,8 @@ mod tests {
         ] {
             assert!(Budgets::parse(&bad).unwrap_err().starts_with(field), "{bad:?}");
         }
-        let unknown: Result<BudgetsInput, _> = serde_json::from_str(r#"{"year": 5}"#);
-        assert!(unknown.unwrap_err().to_string().contains("year"), "an unknown window is refused by name");
+        let unknown: Result<BudgetsInput, _> = serde_json::from_str(r#"{"day": 1, "year": 5}"#);
+        assert!(unknown.unwrap_err().to_string().starts_with("budgets: 'year' is not a window"), "an unknown window is refused by name");
         assert_eq!(window_start(&window_purse(&Owner::Account("a.b"), Window::Week, 1_795_392_000)), Some(1_795_392_000));
         assert_eq!(window_start("key_0123"), None);
         assert!(valid_account_name("team-a.prod_1").is_ok());
