@@ -150,6 +150,40 @@ struct PatchKey {
     tags: Option<Option<std::collections::BTreeMap<String, String>>>,
 }
 
+/// `GET /admin/requests`' query: `key` (a key id), `model`, `status` (`2xx`, `4xx`, `5xx`),
+/// `start` and `end` (unix seconds), `limit` (1 to 500, 50 by default), `cursor` (a page's
+/// `next`).
+fn request_filter(query: Option<&str>) -> std::result::Result<crate::request_log::Filter, ApiError> {
+    let (start_ms, end_ms) = crate::ledger::usage_window(query)?;
+    let mut f = crate::request_log::Filter { start_ms, end_ms, limit: 50, ..Default::default() };
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = crate::auth::decode_component(value);
+        match name {
+            "key" => f.key_id = Some(value),
+            "model" => f.model = Some(value),
+            "status" => {
+                let class = value.strip_suffix("xx").unwrap_or(&value);
+                f.status_class = Some(match class {
+                    "2" | "3" | "4" | "5" => class.parse().unwrap_or(0),
+                    _ => return Err(bad("status: 2xx, 3xx, 4xx or 5xx").with_param("status")),
+                });
+            }
+            "limit" => {
+                f.limit = value.parse().ok().filter(|n| (1..=500).contains(n)).ok_or_else(|| bad("limit: 1 to 500").with_param("limit"))?;
+            }
+            "cursor" => {
+                f.before = Some(
+                    crate::request_log::Cursor::parse(&value)
+                        .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(f)
+}
+
 /// Longest `reason` of a balance move.
 const MAX_REASON: usize = 500;
 
@@ -649,6 +683,21 @@ impl AdminApi {
                     self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
                 }
                 Ok(LocalResponse::json(200, &self.account_view(&account).await?))
+            }
+            ("GET", "/admin/requests") => {
+                let filter = request_filter(req_query(session).as_deref())?;
+                let (entries, next) = self.store.requests().query(&filter).await.map_err(internal)?;
+                let data: Vec<Value> = entries.iter().map(crate::request_log::LogEntry::to_json).collect();
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data, "next": next.map(|c| c.to_string())})))
+            }
+            ("GET", p) if p.starts_with("/admin/requests/") => {
+                let id = p.trim_start_matches("/admin/requests/");
+                let filter = crate::request_log::Filter { id: Some(id.to_string()), end_ms: u64::MAX, limit: 1, ..Default::default() };
+                let (entries, _) = self.store.requests().query(&filter).await.map_err(internal)?;
+                match entries.first() {
+                    Some(e) => Ok(LocalResponse::json(200, &e.to_json())),
+                    None => Err(ApiError::new(ErrorKind::NotFound, format!("No request with id '{id}' in the log."))),
+                }
             }
             ("GET", "/admin/audit") => {
                 // `?limit=` (1 to 1000, 100 by default) and `?before=` (unix ms: the page after

@@ -43,6 +43,8 @@ pub enum TreeName {
     FleetJournal,
     /// Balance moves by an administrator (`ledger::AuditEntry`), by time.
     Audit,
+    /// The request log (`request_log`), by time.
+    RequestLog,
 }
 
 impl TreeName {
@@ -53,6 +55,7 @@ impl TreeName {
             TreeName::ResponseOwners => RESPONSE_OWNERS,
             TreeName::FleetJournal => crate::store::fleet::JOURNAL,
             TreeName::Audit => AUDIT,
+            TreeName::RequestLog => crate::store::sled::requests::TREE,
         }
     }
 }

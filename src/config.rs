@@ -142,6 +142,9 @@ struct RawConfig {
     /// `log: { format: text | json }`.
     #[serde(default)]
     log: Option<RawLog>,
+    /// The request log and the console (`console:`).
+    #[serde(default)]
+    console: Option<RawConsole>,
     /// Client connections and request headers (see `listener`).
     #[serde(default)]
     limits: Option<RawLimits>,
@@ -190,6 +193,30 @@ struct RawLimits {
     max_connections_per_ip: Option<usize>,
     #[serde(default)]
     keepalive_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConsole {
+    #[serde(default)]
+    request_log_days: Option<u64>,
+    #[serde(default)]
+    request_log_max: Option<usize>,
+}
+
+/// `console:`: the request log's retention and bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsoleConfig {
+    /// Entries older than this many days are deleted (hourly).
+    pub request_log_days: u64,
+    /// At most this many entries are kept (the oldest go first).
+    pub request_log_max: usize,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig { request_log_days: 7, request_log_max: 1_000_000 }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -517,6 +544,8 @@ pub struct Config {
     pub accounts: Vec<AccountConfig>,
     /// Spend windows' calendar (`billing.timezone`).
     pub calendar: crate::policy::budget::Calendar,
+    /// `console:`.
+    pub console: ConsoleConfig,
     /// Output tokens held for a request that names no maximum.
     pub default_max_output_tokens: u64,
     /// Usage records older than this are deleted.
@@ -1133,6 +1162,20 @@ impl Config {
             Some(name) => crate::policy::budget::Calendar::new(name).map_err(|e| ConfigError(format!("billing.timezone: {e}")))?,
             None => crate::policy::budget::Calendar::default(),
         };
+        let defaults = ConsoleConfig::default();
+        let console = match raw.console {
+            Some(c) => ConsoleConfig {
+                request_log_days: c.request_log_days.unwrap_or(defaults.request_log_days),
+                request_log_max: c.request_log_max.unwrap_or(defaults.request_log_max),
+            },
+            None => defaults,
+        };
+        if !(1..=3650).contains(&console.request_log_days) {
+            return err("console.request_log_days: 1 to 3650");
+        }
+        if !(1000..=100_000_000).contains(&console.request_log_max) {
+            return err("console.request_log_max: 1000 to 100000000");
+        }
         let usage_retention_days = billing.usage_retention_days.unwrap_or(30);
         if usage_retention_days == 0 {
             return err("billing.usage_retention_days: must be at least 1");
@@ -1220,6 +1263,7 @@ impl Config {
             keys,
             accounts,
             calendar,
+            console,
             video,
             storage: match raw.storage {
                 Some(st) => Some(s3_config(st.s3, env)?),

@@ -29,6 +29,7 @@ pub mod mock;
 pub mod policy;
 pub mod protocol;
 pub mod relay;
+pub mod request_log;
 pub mod response;
 pub mod responses;
 pub mod route;

@@ -39,6 +39,8 @@ pub fn server_conf(config: &Config) -> Result<ServerConf, String> {
 struct Retention {
     ledger: Arc<Ledger>,
     keep: Duration,
+    requests: Arc<dyn crate::store::RequestLogStore>,
+    console: crate::config::ConsoleConfig,
 }
 
 #[async_trait]
@@ -50,6 +52,12 @@ impl BackgroundService for Retention {
                 Ok(0) => {}
                 Ok(n) => log::info!("usage retention: deleted {n} record(s)"),
                 Err(e) => log::error!("usage retention: {e}"),
+            }
+            let log_before = now_ms().saturating_sub(self.console.request_log_days.saturating_mul(86_400_000));
+            match self.requests.prune_log(log_before, self.console.request_log_max).await {
+                Ok(0) => {}
+                Ok(n) => log::info!("request log retention: deleted {n} entr(y/ies)"),
+                Err(e) => log::error!("request log retention: {e}"),
             }
             tokio::select! {
                 _ = shutdown.changed() => return,
@@ -525,7 +533,12 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     server.add_service(background_service("drain", drain));
     server.add_service(background_service(
         "usage retention",
-        Retention { ledger: ledger.clone(), keep: Duration::from_secs(config.usage_retention_days * 86_400) },
+        Retention {
+            ledger: ledger.clone(),
+            keep: Duration::from_secs(config.usage_retention_days * 86_400),
+            requests: store.requests(),
+            console: config.console,
+        },
     ));
     server.add_service(background_service(
         "config reload",
@@ -559,6 +572,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         usage_queries: tokio::sync::Semaphore::new(1),
         drain: drain_time,
         closing,
+        requests: store.requests(),
     };
     let mut proxy = crate::listener::service(&server.configuration, gateway, "tollgate", &connections, &listener_metrics, true);
     if let Some(addr) = listen {

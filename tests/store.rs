@@ -437,3 +437,91 @@ fn the_postgres_store_keeps_spend_windows_and_accounts_over_two_nodes() {
     let (fleet_c, c, _db_c) = node("c", dir_c.path());
     fleet_c.block_on(restarted(c));
 }
+
+/// Issue 30: the request log through the store interface. `stores` are the nodes (one for
+/// sled; two on one database for PostgreSQL): entries appended on either are read, filtered and
+/// paged together, and pruned by age and by count.
+async fn request_log_contract(stores: Vec<Arc<dyn Store>>) {
+    use tollgate::request_log::{Filter, LogEntry};
+    let backend = stores[0].backend();
+    for i in 0..30u64 {
+        let entry = LogEntry {
+            id: format!("req_{i:02}"),
+            time_ms: 1_000 + i * 10,
+            key_id: Some(if i % 3 == 0 { "key_x".into() } else { "key_y".into() }),
+            model: Some("m".into()),
+            status: if i % 5 == 0 { 429 } else { 200 },
+            route: "chat_completions".into(),
+            protocol: "openai".into(),
+            ..LogEntry::default()
+        };
+        stores[i as usize % stores.len()].requests().append(&entry);
+    }
+    let log = stores[0].requests();
+    let all = Filter { end_ms: u64::MAX, limit: 100, ..Filter::default() };
+    let (entries, next) = log.query(&all).await.expect("query");
+    // Every node's entries (the other node's are shipped by its sync round).
+    let entries = if entries.len() < 30 {
+        for s in &stores {
+            s.money().sync_round().await.expect("sync");
+        }
+        log.query(&all).await.expect("query").0
+    } else {
+        entries
+    };
+    let ids: Vec<&str> = entries.iter().map(|e| e.id.as_str()).collect();
+    let expected: Vec<String> = (0..30).rev().map(|i| format!("req_{i:02}")).collect();
+    assert_eq!(ids, expected, "{backend}: newest first");
+    assert_eq!(next, None, "{backend}");
+    let (fours, _) = log.query(&Filter { status_class: Some(4), ..all.clone() }).await.expect("query");
+    assert_eq!(fours.len(), 6, "{backend}");
+    let (x, _) = log.query(&Filter { key_id: Some("key_x".into()), start_ms: 1_100, end_ms: 1_200, ..all.clone() }).await.expect("query");
+    assert_eq!(x.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["req_18", "req_15", "req_12"], "{backend}");
+    // Pages of 7 cover the log once.
+    let mut paged = Vec::new();
+    let mut before = None;
+    loop {
+        let (page, next) = log.query(&Filter { limit: 7, before, ..all.clone() }).await.expect("page");
+        paged.extend(page.into_iter().map(|e| e.id));
+        match next {
+            Some(c) => before = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(paged, expected, "{backend}");
+    let (one, _) = log.query(&Filter { id: Some("req_07".into()), ..all.clone() }).await.expect("by id");
+    assert_eq!(one.len(), 1, "{backend}");
+    // Retention: by age, then by count.
+    log.prune_log(1_100, 1_000_000).await.expect("prune");
+    assert_eq!(log.query(&all).await.expect("query").0.len(), 20, "{backend}: ten older than the cut");
+    log.prune_log(0, 5).await.expect("prune");
+    let left: Vec<String> = log.query(&all).await.expect("query").0.into_iter().map(|e| e.id).collect();
+    assert_eq!(left, ["req_29", "req_28", "req_27", "req_26", "req_25"], "{backend}: the newest kept");
+}
+
+#[test]
+fn the_request_log_keeps_its_contract_on_both_backends() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = SledDb::open(dir.path()).expect("open");
+    let store: Arc<dyn Store> = Arc::new(SledStore::new(db.db(), CommitPolicy::default()).expect("store"));
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    runtime.block_on(request_log_contract(vec![store]));
+
+    let server = Postgres::start();
+    let node = |name: &str, dir: &std::path::Path| {
+        let conf = FleetConfig {
+            postgres: PgSettings { url: server.url(), pool_size: 4, ca_pem: None },
+            node_id: name.into(),
+            lease: Duration::from_secs(30),
+            sync: Duration::from_millis(200),
+        };
+        let fleet = Fleet::connect(&conf).expect("connect");
+        let db = SledDb::open(dir).expect("open");
+        let store: Arc<dyn Store> = Arc::new(FleetStore::new(fleet.clone(), db.db(), CommitPolicy::default()).expect("store"));
+        (fleet, store, db)
+    };
+    let (dir_a, dir_b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let (fleet_a, a, _db_a) = node("a", dir_a.path());
+    let (_fleet_b, b, _db_b) = node("b", dir_b.path());
+    fleet_a.block_on(request_log_contract(vec![a, b]));
+}

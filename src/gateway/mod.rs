@@ -74,6 +74,8 @@ pub struct Gateway {
     /// process after their next request instead of holding a connection that Pingora drops,
     /// idle or not, when it stops accepting.
     pub closing: Arc<std::sync::atomic::AtomicBool>,
+    /// The request log (see `request_log`).
+    pub requests: Arc<dyn crate::store::RequestLogStore>,
 }
 
 /// Everything needed to send a request upstream, decided before anything is sent.
@@ -111,6 +113,10 @@ pub struct RelayPlan {
     pub body_reservation: Option<crate::body::Reservation>,
     /// The provider speaks another protocol than the client (see `translate`).
     pub translation: Option<crate::translate::Translation>,
+    /// When the answer's first body byte went to the client, after the start.
+    pub first_byte: Option<Duration>,
+    /// The upstream's own request id (its `x-request-id` or `request-id`), for the request log.
+    pub upstream_request_id: Option<String>,
 }
 
 /// Per-request state.
@@ -137,6 +143,9 @@ pub struct RequestCtx {
     pub reason_param: Option<String>,
     /// For the access log of a video submission: what it charged (nano-USD) for how many seconds.
     pub video_charge: Option<(i64, u32)>,
+    /// The request reached the key check: it goes into the request log.
+    pub key_checked: bool,
+    pub key_id: Option<String>,
 }
 
 /// What the request does next.
@@ -199,8 +208,10 @@ impl Gateway {
             // nothing about the configuration shown.
             return Ok(Outcome::Respond(LocalResponse::json(200, &serde_json::json!({"object": "tollgate", "status": "ok"}))));
         }
+        ctx.key_checked = true;
         let key = self.keys.authenticate(auth::extract_key(&req.headers))?;
         ctx.key_name = Some(key.name.clone());
+        ctx.key_id = Some(key.id.clone());
         let version = client_version(req);
         let routing = self.routing.load_full();
         let catalog = &routing.catalog;
@@ -350,6 +361,8 @@ impl Gateway {
             concurrency_slot: slot,
             body_reservation: Some(client_body.reservation),
             translation: draft.translation,
+            first_byte: None,
+            upstream_request_id: None,
         })))
     }
 
@@ -721,6 +734,7 @@ impl Gateway {
         };
         let mut header = Box::new(upstream_header.clone());
         let status = header.status.as_u16();
+        plan.upstream_request_id = upstream_request_id(&header);
         let series = self.metrics.protocol(shape);
         series.upstream_seconds.observe(plan.started.elapsed());
         let sse = header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
@@ -742,6 +756,7 @@ impl Gateway {
             if let Some(data) = out.as_ref() {
                 if first_byte && !data.is_empty() {
                     first_byte = false;
+                    plan.first_byte = Some(plan.started.elapsed());
                     series.first_byte_seconds.observe(plan.started.elapsed());
                 }
                 if let Some(replacement) = scanner.feed(data) {
@@ -900,6 +915,54 @@ fn prepare_response_header(header: &mut ResponseHeader, length_changes: bool, pr
 /// `log.format: json`, one JSON object with the same fields. Names the key, never its secret;
 /// the path is logged without its query string. A refused request names the model it asked
 /// for and `reason`; a video submission its model, seconds and charge.
+/// The upstream's own request id, from its answer's header.
+pub(crate) fn upstream_request_id(header: &ResponseHeader) -> Option<String> {
+    ["x-request-id", "request-id"]
+        .iter()
+        .find_map(|name| header.headers.get(*name).and_then(|v| v.to_str().ok()))
+        .filter(|v| v.len() <= 256)
+        .map(str::to_string)
+}
+
+/// The request's entry in the request log (see `request_log`).
+fn log_entry(session: &Session, ctx: &RequestCtx, status: u16) -> crate::request_log::LogEntry {
+    let elapsed = ctx.started.map_or(Duration::ZERO, |t| t.elapsed());
+    let mut entry = crate::request_log::LogEntry {
+        id: crate::request_log::id_of(session).map_or_else(crate::request_log::new_id, str::to_string),
+        time_ms: now_ms().saturating_sub(elapsed.as_millis() as u64),
+        key_id: ctx.key_id.clone(),
+        key_name: ctx.key_name.clone(),
+        model: ctx.model_asked.clone(),
+        route: ctx.route.to_string(),
+        protocol: ctx.shape.unwrap_or(Protocol::Openai).as_str().to_string(),
+        status,
+        refusal: ctx.reason.map(str::to_string),
+        param: ctx.reason_param.clone(),
+        latency_ms: elapsed.as_millis() as u64,
+        ..Default::default()
+    };
+    if let Some(plan) = &ctx.relayed {
+        entry.model = Some(plan.model.clone());
+        entry.protocol = plan.protocol.as_str().to_string();
+        entry.upstream_protocol = plan.translation.as_ref().map(|t| t.upstream.as_str().to_string());
+        entry.provider = plan.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.clone());
+        entry.attempts = plan.attempts;
+        entry.first_byte_ms = plan.first_byte.map(|d| d.as_millis() as u64);
+        entry.upstream_request_id = plan.upstream_request_id.clone();
+        if let Some((usage, cost, estimated)) = plan.billed {
+            entry.input_tokens = usage.input_total();
+            entry.output_tokens = usage.output;
+            entry.cost_nanos = cost;
+            entry.estimated = estimated;
+        }
+    }
+    if let Some((charged, _)) = ctx.video_charge {
+        entry.cost_nanos = charged;
+        entry.protocol = "video".into();
+    }
+    entry
+}
+
 fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     if !log::log_enabled!(target: "access", log::Level::Info) {
         return;
@@ -1013,6 +1076,12 @@ impl ProxyHttp for Gateway {
         Ok(true)
     }
 
+    /// Pingora's default (response compression, off) and the request id of every answer.
+    fn init_downstream_modules(&self, modules: &mut pingora_core::modules::http::HttpModules) {
+        modules.add_module(pingora_core::modules::http::compression::ResponseCompressionBuilder::enable(0));
+        modules.add_module(Box::new(crate::request_log::RequestIdBuilder));
+    }
+
     /// Never reached: `request_filter` answers every request.
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut RequestCtx) -> Result<Box<HttpPeer>> {
         Err(Error::explain(ErrorType::InternalError, "requests are relayed from request_filter"))
@@ -1024,6 +1093,9 @@ impl ProxyHttp for Gateway {
         let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
         self.metrics.request(ctx.route, model, status);
         access_log(session, ctx, status);
+        if ctx.key_checked {
+            self.requests.append(&log_entry(session, ctx, status));
+        }
         crate::listener::request_done(session.as_downstream());
     }
 

@@ -42,6 +42,7 @@ impl Gateway {
             return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header"));
         };
         let status = upstream_header.status.as_u16();
+        plan.upstream_request_id = super::upstream_request_id(upstream_header);
         let retry_after = super::retry_after(upstream_header).map(|d| d.as_secs().max(1));
         let sse = upstream_header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let series = self.metrics.protocol(shape);
@@ -109,6 +110,7 @@ impl Gateway {
             if let Some(data) = chunk {
                 if first_byte && !data.is_empty() {
                     first_byte = false;
+                    plan.first_byte = Some(plan.started.elapsed());
                     series.first_byte_seconds.observe(plan.started.elapsed());
                 }
                 scanner.feed(&data);

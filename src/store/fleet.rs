@@ -264,6 +264,26 @@ impl FleetStore {
     }
 }
 
+#[async_trait::async_trait]
+impl super::RequestLogStore for FleetMoney {
+    /// To the node's own tree first (the sync round ships it).
+    fn append(&self, entry: &crate::request_log::LogEntry) {
+        if let Err(e) = super::sled::requests::append(&self.slot, &self.writer, entry) {
+            log::warn!("request log: entry {} not written: {e}", entry.id);
+        }
+    }
+
+    /// Every node's entries: this node's are shipped first.
+    async fn query(&self, filter: &crate::request_log::Filter) -> Result<crate::request_log::Page, StoreError> {
+        self.ship_log().await?;
+        Ok(super::postgres::requests::query(&self.fleet.pg, filter).await?)
+    }
+
+    async fn prune_log(&self, before_ms: u64, max: usize) -> Result<usize, StoreError> {
+        Ok(super::postgres::requests::prune(&self.fleet.pg, before_ms, max).await? as usize)
+    }
+}
+
 impl Store for FleetStore {
     fn backend(&self) -> &'static str {
         "postgres"
@@ -276,6 +296,9 @@ impl Store for FleetStore {
     }
     fn tasks(&self) -> Arc<dyn TaskStore> {
         self.fleet.tasks.clone()
+    }
+    fn requests(&self) -> Arc<dyn super::RequestLogStore> {
+        self.money.clone()
     }
     fn readiness(&self) -> Result<(), String> {
         self.fleet.readiness()
@@ -360,6 +383,31 @@ impl FleetMoney {
             return refused;
         }
         Ok(Ok(amount))
+    }
+
+    /// Ship this node's request-log entries to the shared database, oldest first.
+    async fn ship_log(&self) -> Result<(), StoreError> {
+        if self.slot.is_released() {
+            return Ok(());
+        }
+        // What is queued goes now too (a commit window at most).
+        self.writer.settled().await?;
+        loop {
+            let slot = self.slot.clone();
+            let batch = tokio::task::spawn_blocking(move || super::sled::requests::oldest(&slot, 1000))
+                .await
+                .map_err(|e| StoreError::Corrupt(format!("request log task: {e}")))??;
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let entries: Vec<(u64, crate::request_log::LogEntry)> = batch.iter().map(|(_, seq, e)| (*seq, e.clone())).collect();
+            super::postgres::requests::ship(&self.fleet.pg, &self.journal_id, &entries).await?;
+            let keys: Vec<sled::IVec> = batch.into_iter().map(|(k, _, _)| k).collect();
+            super::sled::requests::remove(&self.slot, &keys)?;
+            if keys.len() < 1000 {
+                return Ok(());
+            }
+        }
     }
 
     async fn book_journal(&self) -> Result<usize, StoreError> {
@@ -519,7 +567,8 @@ impl MoneyStore for FleetMoney {
     }
 
     async fn sync_round(&self) -> Result<(), StoreError> {
-        self.fleet.round(&self.slot, &self.journal_id, self.owed_from).await
+        self.fleet.round(&self.slot, &self.journal_id, self.owed_from).await?;
+        self.ship_log().await
     }
 
     /// What the journal holds is booked and the leases are given back, so nothing waits for

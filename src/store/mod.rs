@@ -44,6 +44,7 @@ pub trait Store: Send + Sync {
     fn keys(&self) -> Arc<dyn KeyStore>;
     fn money(&self) -> Arc<dyn MoneyStore>;
     fn tasks(&self) -> Arc<dyn TaskStore>;
+    fn requests(&self) -> Arc<dyn RequestLogStore>;
     /// Whether the shared database is reachable (`/readyz`); always Ok for one node.
     fn readiness(&self) -> Result<(), String> {
         Ok(())
@@ -151,6 +152,18 @@ pub trait MoneyStore: Send + Sync {
     }
     /// A graceful stop: book what is pending and give back what is leased (nothing on one node).
     async fn leave(&self) {}
+}
+
+/// The request log (see `request_log`): entries queued as requests end, written with the
+/// commit writer's batches; in a fleet shipped to the shared database by the sync round.
+#[async_trait::async_trait]
+pub trait RequestLogStore: Send + Sync {
+    /// Queue an entry; never waits (a failure is logged: the log never fails a request).
+    fn append(&self, entry: &crate::request_log::LogEntry);
+    /// Matching entries, newest first, and where the next page starts.
+    async fn query(&self, filter: &crate::request_log::Filter) -> Result<crate::request_log::Page, StoreError>;
+    /// Delete entries older than `before_ms`, then the oldest beyond `max`. How many.
+    async fn prune_log(&self, before_ms: u64, max: usize) -> Result<usize, StoreError>;
 }
 
 /// Video tasks, the poller's work lists and idempotency keys.

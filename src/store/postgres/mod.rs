@@ -11,6 +11,7 @@ pub mod copy;
 pub mod keys;
 pub mod rates;
 pub mod records;
+pub mod requests;
 pub mod tasks;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -203,7 +204,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
         // Shared accounts (their balances and spend windows are rows of `accounts`, named
         // `acct:<name>` and `win:<owner>:<window>:<start>`); their changes go through
         // `key_changes` as `acct:<name>`.
-        // The audit trail of balance moves by an administrator.
+        // The audit trail of balance moves by an administrator, and the request log.
         "CREATE TABLE key_accounts (
          name TEXT PRIMARY KEY,
          record TEXT NOT NULL
@@ -213,7 +214,20 @@ const MIGRATIONS: &[(i32, &str)] = &[
          time_ms BIGINT NOT NULL,
          record TEXT NOT NULL
      );
-     CREATE INDEX audit_log_time ON audit_log (time_ms);",
+     CREATE INDEX audit_log_time ON audit_log (time_ms);
+     CREATE TABLE request_log (
+         seq BIGSERIAL PRIMARY KEY,
+         node_id TEXT NOT NULL,
+         node_seq BIGINT NOT NULL,
+         id TEXT NOT NULL,
+         time_ms BIGINT NOT NULL,
+         key_id TEXT,
+         record TEXT NOT NULL,
+         UNIQUE (node_id, node_seq)
+     );
+     CREATE INDEX request_log_time ON request_log (time_ms, seq);
+     CREATE INDEX request_log_key ON request_log (key_id, time_ms);
+     CREATE INDEX request_log_id ON request_log (id);",
     ),
 ];
 

@@ -12,6 +12,7 @@
 
 pub mod keys;
 pub mod money;
+pub mod requests;
 pub mod tasks;
 
 pub use money::decode_records;
@@ -51,6 +52,9 @@ impl Store for SledStore {
     }
     fn tasks(&self) -> Arc<dyn TaskStore> {
         self.tasks.clone()
+    }
+    fn requests(&self) -> Arc<dyn super::RequestLogStore> {
+        self.money.clone()
     }
 }
 

@@ -598,3 +598,27 @@ impl MoneyStore for SledMoney {
         &self.writer.stats
     }
 }
+
+#[async_trait::async_trait]
+impl crate::store::RequestLogStore for SledMoney {
+    fn append(&self, entry: &crate::request_log::LogEntry) {
+        if let Err(e) = super::requests::append(&self.slot, &self.writer, entry) {
+            log::warn!("request log: entry {} not written: {e}", entry.id);
+        }
+    }
+
+    async fn query(&self, filter: &crate::request_log::Filter) -> Result<crate::request_log::Page, StoreError> {
+        let (slot, filter) = (self.slot.clone(), filter.clone());
+        self.writer.settled().await?;
+        tokio::task::spawn_blocking(move || super::requests::query(&slot, &filter))
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("request log query task: {e}")))?
+    }
+
+    async fn prune_log(&self, before_ms: u64, max: usize) -> Result<usize, StoreError> {
+        let slot = self.slot.clone();
+        tokio::task::spawn_blocking(move || super::requests::prune(&slot, before_ms, max))
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("request log prune task: {e}")))?
+    }
+}

@@ -1,0 +1,201 @@
+//! The request log: one compact entry per request of the public listener that reached a key
+//! check — relayed, refused or failed — with who, what, how it ended and what it cost; never a
+//! prompt or an answer. Entries are written off the request path (queued to the store's commit
+//! writer when the request ends), kept `console.request_log_days` and at most
+//! `console.request_log_max` entries, and read back by `GET /admin/requests`.
+//!
+//! Every answer of the public listener carries `X-Request-Id`: the client's, when it sent a
+//! well-formed one (1 to 128 letters, digits, `.`, `_`, `-`), else one made here. It is the
+//! entry's id. An upstream's own request id is kept in the entry (`upstream_request_id`).
+
+use async_trait::async_trait;
+use pingora_core::modules::http::{HttpModule, HttpModuleBuilder, Module};
+use pingora_http::{RequestHeader, ResponseHeader};
+use serde::{Deserialize, Serialize};
+use std::any::Any;
+
+pub const HEADER: &str = "x-request-id";
+
+/// One request, as the log keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct LogEntry {
+    pub id: String,
+    /// Unix milliseconds of the request's start.
+    pub time_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    pub route: String,
+    /// The client's protocol (`openai`, `anthropic`, `gemini`, `video`).
+    pub protocol: String,
+    /// The provider's protocol, when it is not the client's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_protocol: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    pub status: u16,
+    /// Why tollgate refused or failed it (`ErrorKind::reason`), and the field it was about.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub param: Option<String>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// nano-USD.
+    pub cost_nanos: i64,
+    pub estimated: bool,
+    pub latency_ms: u64,
+    /// From the request's start to the first byte of the answer's body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_byte_ms: Option<u64>,
+    pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_request_id: Option<String>,
+}
+
+impl LogEntry {
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).unwrap_or_default();
+        v["object"] = "request".into();
+        v["time"] = crate::protocol::rfc3339(self.time_ms / 1000).into();
+        v["cost"] = crate::ledger::usd(self.cost_nanos).into();
+        v
+    }
+}
+
+/// What `GET /admin/requests` asks for; every part optional.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Filter {
+    /// One request, by its id.
+    pub id: Option<String>,
+    pub key_id: Option<String>,
+    pub model: Option<String>,
+    /// 2, 4 or 5: the status class.
+    pub status_class: Option<u16>,
+    /// `start_ms <= time_ms < end_ms`.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    /// Only entries before this position (the `next` of the previous page).
+    pub before: Option<Cursor>,
+    pub limit: usize,
+}
+
+impl Filter {
+    pub fn matches(&self, e: &LogEntry) -> bool {
+        e.time_ms >= self.start_ms
+            && e.time_ms < self.end_ms
+            && self.id.as_ref().is_none_or(|id| *id == e.id)
+            && self.key_id.as_ref().is_none_or(|k| e.key_id.as_ref() == Some(k))
+            && self.model.as_ref().is_none_or(|m| e.model.as_ref() == Some(m))
+            && self.status_class.is_none_or(|c| e.status / 100 == c)
+    }
+}
+
+/// A position in the log, newest first: the time and the store's sequence number of an entry
+/// (`<ms>.<n>` in answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub time_ms: u64,
+    pub seq: u64,
+}
+
+impl Cursor {
+    pub fn parse(text: &str) -> Option<Cursor> {
+        let (t, n) = text.split_once('.')?;
+        Some(Cursor { time_ms: t.parse().ok()?, seq: n.parse().ok()? })
+    }
+}
+
+impl std::fmt::Display for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.time_ms, self.seq)
+    }
+}
+
+/// A page of the log, newest first, and where the next one starts (None: no more).
+pub type Page = (Vec<LogEntry>, Option<Cursor>);
+
+/// Whether a client's request id may be used as is.
+pub fn well_formed(id: &str) -> bool {
+    (1..=128).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// A new request id: `req_` and 24 random base-62 characters.
+pub fn new_id() -> String {
+    format!("req_{}", crate::admin::random_base62(24))
+}
+
+/// The per-request module that decides the request's id when its header arrives and puts it
+/// on every response header written for it (local answers, refusals, relayed answers alike).
+#[derive(Debug, Default)]
+pub struct RequestId {
+    pub id: String,
+}
+
+#[async_trait]
+impl HttpModule for RequestId {
+    async fn request_header_filter(&mut self, req: &mut RequestHeader) -> pingora_error::Result<()> {
+        self.id = match req.headers.get(HEADER).and_then(|v| v.to_str().ok()) {
+            Some(id) if well_formed(id) => id.to_string(),
+            _ => new_id(),
+        };
+        Ok(())
+    }
+
+    async fn response_header_filter(&mut self, resp: &mut ResponseHeader, _end_of_stream: bool) -> pingora_error::Result<()> {
+        if self.id.is_empty() {
+            self.id = new_id();
+        }
+        resp.insert_header(HEADER, self.id.as_str())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+/// Builds [`RequestId`] for each request.
+pub struct RequestIdBuilder;
+
+impl HttpModuleBuilder for RequestIdBuilder {
+    fn init(&self) -> Module {
+        Box::new(RequestId::default())
+    }
+}
+
+/// The request's id, as the module decided it.
+pub fn id_of(session: &pingora_proxy::Session) -> Option<&str> {
+    session.downstream_modules_ctx.get::<RequestId>().map(|m| m.id.as_str()).filter(|id| !id.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_filters_and_cursors() {
+        assert!(well_formed("abc-123_x.y") && well_formed(&"a".repeat(128)));
+        for bad in ["", "a b", "ä", "a/b", &"a".repeat(129)] {
+            assert!(!well_formed(bad), "{bad}");
+        }
+        let id = new_id();
+        assert!(id.starts_with("req_") && well_formed(&id) && id.len() == 28);
+        let e = LogEntry { key_id: Some("k".into()), model: Some("m".into()), status: 429, time_ms: 5, ..LogEntry::default() };
+        let f = Filter { end_ms: u64::MAX, ..Filter::default() };
+        assert!(f.matches(&e));
+        assert!(Filter { status_class: Some(4), ..f.clone() }.matches(&e));
+        assert!(!Filter { status_class: Some(2), ..f.clone() }.matches(&e));
+        assert!(!Filter { key_id: Some("other".into()), ..f.clone() }.matches(&e));
+        assert!(!Filter { start_ms: 6, ..f.clone() }.matches(&e));
+        let c = Cursor { time_ms: 1_795_000_000_123, seq: 42 };
+        assert_eq!(Cursor::parse(&c.to_string()), Some(c));
+        assert_eq!(Cursor::parse("x.1"), None);
+    }
+}
