@@ -171,7 +171,12 @@ fn start_rig() -> Rig {
     let modes: &[(&'static str, &str)] = if std::env::var("TOLLGATE_BENCH_MODES").as_deref() == Ok("default") {
         &[("tollgate", "")]
     } else {
-        &[("tollgate", "billing: { commit_interval_ms: 10 }\n"), ("tollgate-sync", "billing: { sync_commit: true }\n")]
+        &[
+            ("tollgate", "billing: { commit_interval_ms: 10 }\n"),
+            ("tollgate-sync", "billing: { sync_commit: true }\n"),
+            // Only for the request log's cost (see `request_log_cost`).
+            ("nolog-tollgate", "billing: { commit_interval_ms: 10 }\nconsole: { request_log: false }\n"),
+        ]
     };
     // TOLLGATE_BENCH_BIN runs another build of tollgate (an allocator trial, an older commit).
     let bin = std::env::var("TOLLGATE_BENCH_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_tollgate").to_string());
@@ -530,7 +535,7 @@ async fn run(quick: bool, fds: u64) {
     let small = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
     let large = large_body();
     for (name, port, pid) in &rig.targets {
-        if only.as_deref().is_some_and(|o| !o.split(',').any(|t| t == *name)) {
+        if only.as_deref().is_some_and(|o| !o.split(',').any(|t| t == *name)) || *name == "nolog-tollgate" {
             continue;
         }
         // Warm up connections.
@@ -588,6 +593,11 @@ async fn run(quick: bool, fds: u64) {
     let videos = video_rate(&client, tg_port, 32, Duration::from_secs(if quick { 2 } else { 5 })).await;
     let policy = if only.as_deref().is_none_or(|o| o.split(',').any(|t| t == "policy")) {
         Some(policy_key(&client, &rig, quick).await)
+    } else {
+        None
+    };
+    let request_log = if only.as_deref().is_none_or(|o| o.split(',').any(|t| t == "request_log")) {
+        Some(request_log_cost(&client, &rig, quick).await)
     } else {
         None
     };
@@ -688,6 +698,9 @@ async fn run(quick: bool, fds: u64) {
     if let Some(p) = policy {
         report.insert("policy_key".into(), p);
     }
+    if let Some(r) = request_log {
+        report.insert("request_log".into(), r);
+    }
     report.insert("ratios".into(), ratios);
     let out = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/bench");
     let _ = std::fs::create_dir_all(&out);
@@ -775,6 +788,39 @@ async fn translation(client: &reqwest::Client, rig: &Rig, quick: bool, held: usi
         "added_ttft_ms": added_ttft,
         "kib_per_stream": {"native": native_kib, "native_first_run": native_kib_first, "translated": translated_kib, "open": held},
     })
+}
+
+/// Small requests through tollgate with the request log (the default) and through one with
+/// `console.request_log: false`, in alternating one-second rounds at c=64.
+async fn request_log_cost(client: &reqwest::Client, rig: &Rig, quick: bool) -> Value {
+    let port = |name: &str| rig.targets.iter().find(|t| t.0 == name).map(|t| t.1);
+    let (Some(on), Some(off)) = (port("tollgate"), port("nolog-tollgate")) else { return Value::Null };
+    let body = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
+    let path = "/v1/chat/completions";
+    for p in [on, off] {
+        let _ = throughput_as(client, KEY, p, path, 16, Duration::from_millis(500), &body).await;
+    }
+    let rounds = if quick { 4 } else { 10 };
+    let (mut logged, mut unlogged, mut errors) = (0.0, 0.0, 0);
+    for round in 0..rounds {
+        for which in [round % 2, 1 - round % 2] {
+            let (rps, e) = throughput_as(client, KEY, if which == 0 { on } else { off }, path, 64, Duration::from_secs(1), &body).await;
+            if which == 0 {
+                logged += rps;
+                errors += e;
+            } else {
+                unlogged += rps;
+            }
+        }
+    }
+    let ratio = logged / unlogged;
+    println!(
+        "request log (on vs console.request_log: false, two tollgates): {:.0} vs {:.0} req/s → {ratio:.3}× ({errors} errors) [within 3%: {}]",
+        logged / rounds as f64,
+        unlogged / rounds as f64,
+        verdict(ratio >= 0.97),
+    );
+    json!({"logged_rps": logged / rounds as f64, "unlogged_rps": unlogged / rounds as f64, "ratio": ratio, "errors": errors})
 }
 
 /// Small requests from a plain key and from a key carrying every policy rule, through the same

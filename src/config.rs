@@ -199,6 +199,8 @@ struct RawLimits {
 #[serde(deny_unknown_fields)]
 struct RawConsole {
     #[serde(default)]
+    request_log: Option<bool>,
+    #[serde(default)]
     request_log_days: Option<u64>,
     #[serde(default)]
     request_log_max: Option<usize>,
@@ -207,6 +209,8 @@ struct RawConsole {
 /// `console:`: the request log's retention and bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConsoleConfig {
+    /// Whether requests are logged at all (`console.request_log`, on by default).
+    pub request_log: bool,
     /// Entries older than this many days are deleted (hourly).
     pub request_log_days: u64,
     /// At most this many entries are kept (the oldest go first).
@@ -215,7 +219,7 @@ pub struct ConsoleConfig {
 
 impl Default for ConsoleConfig {
     fn default() -> Self {
-        ConsoleConfig { request_log_days: 7, request_log_max: 1_000_000 }
+        ConsoleConfig { request_log: true, request_log_days: 7, request_log_max: 1_000_000 }
     }
 }
 
@@ -1165,6 +1169,7 @@ impl Config {
         let defaults = ConsoleConfig::default();
         let console = match raw.console {
             Some(c) => ConsoleConfig {
+                request_log: c.request_log.unwrap_or(defaults.request_log),
                 request_log_days: c.request_log_days.unwrap_or(defaults.request_log_days),
                 request_log_max: c.request_log_max.unwrap_or(defaults.request_log_max),
             },

@@ -20,8 +20,11 @@ pub const HEADER: &str = "x-request-id";
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LogEntry {
     pub id: String,
-    /// Unix milliseconds of the request's start.
+    /// Unix milliseconds at which the request ended (its answer finished or failed).
     pub time_ms: u64,
+    /// The store's number of the entry (a page's position with `time_ms`).
+    #[serde(default)]
+    pub seq: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

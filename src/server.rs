@@ -423,6 +423,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let listen = config.listen;
     let connections = config.connections.clone();
     let drain_time = config.drain;
+    let log_requests = config.console.request_log;
     let tls_listen = config.tls.as_ref().map(|t| t.listen);
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
@@ -572,7 +573,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         usage_queries: tokio::sync::Semaphore::new(1),
         drain: drain_time,
         closing,
-        requests: store.requests(),
+        requests: log_requests.then(|| store.requests()),
     };
     let mut proxy = crate::listener::service(&server.configuration, gateway, "tollgate", &connections, &listener_metrics, true);
     if let Some(addr) = listen {

@@ -118,3 +118,31 @@ async fn every_answer_has_a_request_id_and_the_log_keeps_each_request() {
     assert_eq!(admin(admin_port, "/admin/requests/req_unknown").await.0, 404);
     assert_eq!(admin(admin_port, "/admin/requests?status=9xx").await.0, 400);
 }
+
+#[test]
+fn the_console_section_is_validated() {
+    for (section, expected) in [
+        ("console: { request_log_days: 0 }\n", "console.request_log_days"),
+        ("console: { request_log_max: 10 }\n", "console.request_log_max"),
+        ("console: { request_logs: true }\n", "request_logs"),
+    ] {
+        let (dir, path, _) = write_config(&format!("{}{section}", standard_config(1)));
+        let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+        assert!(code == 2 && out.contains(expected), "{section}: {out}");
+        drop(dir);
+    }
+}
+
+#[tokio::test]
+async fn the_log_can_be_turned_off_and_ids_stay() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&format!(
+        "{}admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}\nconsole: {{ request_log: false }}\n",
+        standard_config(mock.port)
+    ));
+    let resp = client().get(gw.url("/v1/models")).bearer_auth(CLIENT_KEY).send().await.expect("models");
+    assert!(resp.headers().contains_key("x-request-id"));
+    let (status, page) = admin(admin_port, "/admin/requests").await;
+    assert_eq!((status, page["data"].as_array().map(Vec::len)), (200, Some(0)), "{page}");
+}

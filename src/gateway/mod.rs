@@ -74,8 +74,8 @@ pub struct Gateway {
     /// process after their next request instead of holding a connection that Pingora drops,
     /// idle or not, when it stops accepting.
     pub closing: Arc<std::sync::atomic::AtomicBool>,
-    /// The request log (see `request_log`).
-    pub requests: Arc<dyn crate::store::RequestLogStore>,
+    /// The request log (see `request_log`); None with `console.request_log: false`.
+    pub requests: Option<Arc<dyn crate::store::RequestLogStore>>,
 }
 
 /// Everything needed to send a request upstream, decided before anything is sent.
@@ -929,7 +929,7 @@ fn log_entry(session: &Session, ctx: &RequestCtx, status: u16) -> crate::request
     let elapsed = ctx.started.map_or(Duration::ZERO, |t| t.elapsed());
     let mut entry = crate::request_log::LogEntry {
         id: crate::request_log::id_of(session).map_or_else(crate::request_log::new_id, str::to_string),
-        time_ms: now_ms().saturating_sub(elapsed.as_millis() as u64),
+        time_ms: now_ms(),
         key_id: ctx.key_id.clone(),
         key_name: ctx.key_name.clone(),
         model: ctx.model_asked.clone(),
@@ -1093,8 +1093,8 @@ impl ProxyHttp for Gateway {
         let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
         self.metrics.request(ctx.route, model, status);
         access_log(session, ctx, status);
-        if ctx.key_checked {
-            self.requests.append(&log_entry(session, ctx, status));
+        if let Some(log) = self.requests.as_ref().filter(|_| ctx.key_checked) {
+            log.append(&log_entry(session, ctx, status));
         }
         crate::listener::request_done(session.as_downstream());
     }

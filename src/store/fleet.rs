@@ -394,17 +394,15 @@ impl FleetMoney {
         self.writer.settled().await?;
         loop {
             let slot = self.slot.clone();
-            let batch = tokio::task::spawn_blocking(move || super::sled::requests::oldest(&slot, 1000))
+            let (keys, entries) = tokio::task::spawn_blocking(move || super::sled::requests::oldest(&slot, 1000))
                 .await
                 .map_err(|e| StoreError::Corrupt(format!("request log task: {e}")))??;
-            if batch.is_empty() {
+            if keys.is_empty() {
                 return Ok(());
             }
-            let entries: Vec<(u64, crate::request_log::LogEntry)> = batch.iter().map(|(_, seq, e)| (*seq, e.clone())).collect();
             super::postgres::requests::ship(&self.fleet.pg, &self.journal_id, &entries).await?;
-            let keys: Vec<sled::IVec> = batch.into_iter().map(|(k, _, _)| k).collect();
             super::sled::requests::remove(&self.slot, &keys)?;
-            if keys.len() < 1000 {
+            if entries.len() < 1000 {
                 return Ok(());
             }
         }

@@ -1,7 +1,10 @@
-//! The request log on one node (and a fleet node's outbox): tree `request_log`, keyed by the
-//! entry's time and a sequence number (big-endian, so newest last) → the entry as JSON,
-//! written by the store's commit writer.
+//! The request log on one node (and a fleet node's outbox): tree `request_log`. The entries a
+//! commit batch writes are one sled entry, a JSON array keyed by its first entry's time and
+//! number (big-endian, so newest last): one insert per batch, not per request. Entries are
+//! numbered as they are queued (`LogEntry::seq`), in the order they end, so the tree is in
+//! time order and a page's position is an entry's (time, number).
 
+use crate::commit::GROUP_SPAN_MS;
 use crate::request_log::{Cursor, Filter, LogEntry, Page};
 use crate::store::{DbSlot, StoreError};
 
@@ -14,17 +17,30 @@ fn key(time_ms: u64, seq: u64) -> [u8; 16] {
     k
 }
 
-fn cursor_of(k: &[u8]) -> Option<Cursor> {
-    let time_ms = u64::from_be_bytes(k.get(..8)?.try_into().ok()?);
-    let seq = u64::from_be_bytes(k.get(8..16)?.try_into().ok()?);
-    Some(Cursor { time_ms, seq })
+fn decode(v: &[u8]) -> Vec<LogEntry> {
+    match serde_json::from_slice::<Vec<LogEntry>>(v) {
+        Ok(entries) => entries,
+        Err(e) => {
+            log::warn!("request log: an unreadable batch was skipped: {e}");
+            Vec::new()
+        }
+    }
 }
 
-/// Queue `entry` to `writer` (written with the next batch; nobody waits).
+/// Number `entry` and queue it to `writer` (written with the next batch; nobody waits).
 pub fn append(slot: &DbSlot, writer: &crate::commit::Writer, entry: &LogEntry) -> Result<(), StoreError> {
     let seq = slot.db()?.generate_id()?;
-    let value = serde_json::to_vec(entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-    writer.insert(crate::commit::TreeName::RequestLog, key(entry.time_ms, seq).to_vec(), value, false)?;
+    let mut numbered = std::borrow::Cow::Borrowed(entry);
+    numbered.to_mut().seq = seq;
+    let value = serde_json::to_vec(&*numbered).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    writer.insert_grouped(
+        crate::commit::TreeName::RequestLog,
+        b"log".to_vec(),
+        entry.time_ms,
+        key(entry.time_ms, seq).to_vec(),
+        value,
+        false,
+    )?;
     Ok(())
 }
 
@@ -32,70 +48,68 @@ pub fn append(slot: &DbSlot, writer: &crate::commit::Writer, entry: &LogEntry) -
 /// blocking thread: a filter that matches little reads much).
 pub fn query(slot: &DbSlot, filter: &Filter) -> Result<Page, StoreError> {
     let tree = slot.tree(TREE)?;
-    let hi = match filter.before {
-        Some(c) => key(c.time_ms, c.seq).to_vec(),
-        None => key(filter.end_ms, 0).to_vec(),
-    };
-    let lo = key(filter.start_ms, 0).to_vec();
-    let mut out = Vec::new();
+    let upto = filter.before.map_or(Cursor { time_ms: filter.end_ms, seq: 0 }, |c| c.min(Cursor { time_ms: filter.end_ms, seq: 0 }));
+    // A batch starts at most GROUP_SPAN_MS before its entries.
+    let lo = key(filter.start_ms.saturating_sub(GROUP_SPAN_MS), 0).to_vec();
+    let hi = key(upto.time_ms, upto.seq).to_vec();
+    let mut out: Vec<LogEntry> = Vec::new();
     let mut last = None;
     for item in tree.range(lo..hi).rev() {
-        let (k, v) = item?;
-        let entry: LogEntry = match serde_json::from_slice(&v) {
-            Ok(e) => e,
-            Err(e) => {
-                log::warn!("request log: an unreadable entry was skipped: {e}");
+        let (_, v) = item?;
+        for entry in decode(&v).into_iter().rev() {
+            let at = Cursor { time_ms: entry.time_ms, seq: entry.seq };
+            if at >= upto || !filter.matches(&entry) {
                 continue;
             }
-        };
-        if !filter.matches(&entry) {
-            continue;
+            if out.len() == filter.limit {
+                // A match beyond the page: the next page starts after the last one shown.
+                return Ok((out, last));
+            }
+            last = Some(at);
+            out.push(entry);
         }
-        if out.len() == filter.limit {
-            // A match beyond the page: the next page starts after the last one shown.
-            return Ok((out, last));
-        }
-        out.push(entry);
-        last = cursor_of(&k);
     }
     Ok((out, None))
 }
 
-/// Delete entries older than `before_ms`, then the oldest beyond `max`. How many.
+/// Delete batches whose entries are all older than `before_ms`, then the oldest batches
+/// beyond `max` entries. How many entries.
 pub fn prune(slot: &DbSlot, before_ms: u64, max: usize) -> Result<usize, StoreError> {
     let tree = slot.tree(TREE)?;
     let mut n = 0;
-    for item in tree.range(..key(before_ms, 0).to_vec()) {
-        let (k, _) = item?;
-        tree.remove(k)?;
-        n += 1;
-    }
-    let len = tree.len();
-    if len > max {
-        for item in tree.iter().take(len - max) {
-            let (k, _) = item?;
+    let mut kept = 0usize;
+    for item in tree.iter().rev() {
+        let (k, v) = item?;
+        let entries = decode(&v);
+        let old = entries.iter().all(|e| e.time_ms < before_ms);
+        if old || kept >= max {
             tree.remove(k)?;
-            n += 1;
+            n += entries.len();
+        } else {
+            kept += entries.len();
         }
     }
     Ok(n)
 }
 
-/// The oldest `limit` entries with their keys (a fleet node ships them to the database).
-pub fn oldest(slot: &DbSlot, limit: usize) -> Result<Vec<(sled::IVec, u64, LogEntry)>, StoreError> {
-    let mut out = Vec::new();
-    for item in slot.tree(TREE)?.iter().take(limit) {
-        let (k, v) = item?;
-        let seq = cursor_of(&k).map_or(0, |c| c.seq);
-        match serde_json::from_slice(&v) {
-            Ok(e) => out.push((k, seq, e)),
-            Err(e) => log::warn!("request log: an unreadable entry was dropped: {e}"),
+/// Batches on their way to the shared database: their keys, and their entries with their numbers.
+pub type Outbox = (Vec<sled::IVec>, Vec<(u64, LogEntry)>);
+
+/// The oldest batches, up to `limit` entries (a fleet node ships them to the database).
+pub fn oldest(slot: &DbSlot, limit: usize) -> Result<Outbox, StoreError> {
+    let (mut keys, mut out) = (Vec::new(), Vec::new());
+    for item in slot.tree(TREE)?.iter() {
+        if out.len() >= limit {
+            break;
         }
+        let (k, v) = item?;
+        keys.push(k);
+        out.extend(decode(&v).into_iter().map(|e| (e.seq, e)));
     }
-    Ok(out)
+    Ok((keys, out))
 }
 
-/// Remove shipped entries.
+/// Remove shipped batches.
 pub fn remove(slot: &DbSlot, keys: &[sled::IVec]) -> Result<(), StoreError> {
     let tree = slot.tree(TREE)?;
     for k in keys {
