@@ -545,7 +545,9 @@ impl Ledger {
     pub async fn settle(&self, mut hold: Hold, mut record: UsageRecord) -> Result<i64, StoreError> {
         hold.done = true;
         record.charged = std::mem::take(&mut hold.purses).into_iter().filter(|p| p.kind != PurseKind::Key).map(|p| p.id).collect();
-        self.book(record, hold.amount, self.sync).await
+        // Where the hold was made (in a fleet, the node whose leases hold it).
+        let ledger = hold.ledger.clone();
+        ledger.book(record, hold.amount, ledger.sync).await
     }
 
     /// Charge a price at once (video submission) to the key alone when `balance − held`

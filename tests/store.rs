@@ -274,7 +274,11 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         s.money().sync_round().await.expect("sync");
     }
     let last = ledgers[0].hold_from(solo_purses.clone(), 100).await.expect("store");
-    assert!(last.is_ok(), "{backend}: exactly the cap's remainder is left: {last:?}");
+    assert!(
+        last.is_ok(),
+        "{backend}: exactly the cap's remainder is left: {last:?}; held here {:?}",
+        ledgers.iter().map(|l| (l.held(&window_id), l.held(&solo.id))).collect::<Vec<_>>()
+    );
     drop(last);
     let e = err.to_api_error("this request may cost up to", now);
     assert_eq!((e.status(), e.retry_after), (429, Some(end - now)), "{backend}: {e:?}");
@@ -456,7 +460,7 @@ async fn request_log_contract(stores: Vec<Arc<dyn Store>>) {
             protocol: "openai".into(),
             ..LogEntry::default()
         };
-        stores[i as usize % stores.len()].requests().append(&entry);
+        stores[i as usize % stores.len()].requests().append(entry);
     }
     let log = stores[0].requests();
     let all = Filter { end_ms: u64::MAX, limit: 100, ..Filter::default() };

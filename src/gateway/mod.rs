@@ -1094,7 +1094,7 @@ impl ProxyHttp for Gateway {
         self.metrics.request(ctx.route, model, status);
         access_log(session, ctx, status);
         if let Some(log) = self.requests.as_ref().filter(|_| ctx.key_checked) {
-            log.append(&log_entry(session, ctx, status));
+            log.append(log_entry(session, ctx, status));
         }
         crate::listener::request_done(session.as_downstream());
     }

@@ -267,9 +267,9 @@ impl FleetStore {
 #[async_trait::async_trait]
 impl super::RequestLogStore for FleetMoney {
     /// To the node's own tree first (the sync round ships it).
-    fn append(&self, entry: &crate::request_log::LogEntry) {
+    fn append(&self, entry: crate::request_log::LogEntry) {
         if let Err(e) = super::sled::requests::append(&self.slot, &self.writer, entry) {
-            log::warn!("request log: entry {} not written: {e}", entry.id);
+            log::warn!("request log: an entry was not written: {e}");
         }
     }
 

@@ -601,9 +601,9 @@ impl MoneyStore for SledMoney {
 
 #[async_trait::async_trait]
 impl crate::store::RequestLogStore for SledMoney {
-    fn append(&self, entry: &crate::request_log::LogEntry) {
+    fn append(&self, entry: crate::request_log::LogEntry) {
         if let Err(e) = super::requests::append(&self.slot, &self.writer, entry) {
-            log::warn!("request log: entry {} not written: {e}", entry.id);
+            log::warn!("request log: an entry was not written: {e}");
         }
     }
 

@@ -1,6 +1,7 @@
 //! The request log on one node (and a fleet node's outbox): tree `request_log`. The entries a
-//! commit batch writes are one sled entry, a JSON array keyed by its first entry's time and
-//! number (big-endian, so newest last): one insert per batch, not per request. Entries are
+//! commit batch writes are one sled entry (their stored form, `LogEntry::encode`, framed as the
+//! writer frames a group), keyed by its first entry's time and number (big-endian, so newest
+//! last): one insert per batch, not per request. Entries are
 //! numbered as they are queued (`LogEntry::seq`), in the order they end, so the tree is in
 //! time order and a page's position is an entry's (time, number).
 
@@ -18,21 +19,15 @@ fn key(time_ms: u64, seq: u64) -> [u8; 16] {
 }
 
 fn decode(v: &[u8]) -> Vec<LogEntry> {
-    match serde_json::from_slice::<Vec<LogEntry>>(v) {
-        Ok(entries) => entries,
-        Err(e) => {
-            log::warn!("request log: an unreadable batch was skipped: {e}");
-            Vec::new()
-        }
-    }
+    LogEntry::decode_batch(v)
 }
 
 /// Number `entry` and queue it to `writer` (written with the next batch; nobody waits).
-pub fn append(slot: &DbSlot, writer: &crate::commit::Writer, entry: &LogEntry) -> Result<(), StoreError> {
+pub fn append(slot: &DbSlot, writer: &crate::commit::Writer, mut entry: LogEntry) -> Result<(), StoreError> {
     let seq = slot.db()?.generate_id()?;
-    let mut numbered = std::borrow::Cow::Borrowed(entry);
-    numbered.to_mut().seq = seq;
-    let value = serde_json::to_vec(&*numbered).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+    entry.seq = seq;
+    let mut value = Vec::with_capacity(192);
+    entry.encode(&mut value);
     writer.insert_grouped(
         crate::commit::TreeName::RequestLog,
         b"log".to_vec(),
