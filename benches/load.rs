@@ -790,68 +790,54 @@ async fn translation(client: &reqwest::Client, rig: &Rig, quick: bool, held: usi
     })
 }
 
-/// Small requests through tollgate with the request log (the default) and through one with
-/// `console.request_log: false`, in alternating one-second rounds at c=64.
+/// Small chat requests as `a` and as `b` (each a key and a port), in alternating one-second
+/// rounds at c=64 (the order flips every round): mean req/s of each, and `b`'s errors.
+async fn alternating(client: &reqwest::Client, a: (&'static str, u16), b: (&'static str, u16), quick: bool) -> (f64, f64, u64) {
+    let body = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
+    let path = "/v1/chat/completions";
+    for (key, port) in [a, b] {
+        let _ = throughput_as(client, key, port, path, 16, Duration::from_millis(500), &body).await;
+    }
+    let rounds = if quick { 4 } else { 10 };
+    let (mut a_rps, mut b_rps, mut errors) = (0.0, 0.0, 0);
+    for round in 0..rounds {
+        for which in [round % 2, 1 - round % 2] {
+            let (key, port) = if which == 0 { a } else { b };
+            let (rps, e) = throughput_as(client, key, port, path, 64, Duration::from_secs(1), &body).await;
+            if which == 0 {
+                a_rps += rps;
+            } else {
+                b_rps += rps;
+                errors += e;
+            }
+        }
+    }
+    (a_rps / rounds as f64, b_rps / rounds as f64, errors)
+}
+
+/// Tollgate with the request log (the default) against one with `console.request_log: false`.
 async fn request_log_cost(client: &reqwest::Client, rig: &Rig, quick: bool) -> Value {
     let port = |name: &str| rig.targets.iter().find(|t| t.0 == name).map(|t| t.1);
     let (Some(on), Some(off)) = (port("tollgate"), port("nolog-tollgate")) else { return Value::Null };
-    let body = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
-    let path = "/v1/chat/completions";
-    for p in [on, off] {
-        let _ = throughput_as(client, KEY, p, path, 16, Duration::from_millis(500), &body).await;
-    }
-    let rounds = if quick { 4 } else { 10 };
-    let (mut logged, mut unlogged, mut errors) = (0.0, 0.0, 0);
-    for round in 0..rounds {
-        for which in [round % 2, 1 - round % 2] {
-            let (rps, e) = throughput_as(client, KEY, if which == 0 { on } else { off }, path, 64, Duration::from_secs(1), &body).await;
-            if which == 0 {
-                logged += rps;
-                errors += e;
-            } else {
-                unlogged += rps;
-            }
-        }
-    }
+    let (unlogged, logged, errors) = alternating(client, (KEY, off), (KEY, on), quick).await;
     let ratio = logged / unlogged;
     println!(
-        "request log (on vs console.request_log: false, two tollgates): {:.0} vs {:.0} req/s → {ratio:.3}× ({errors} errors) [within 3%: {}]",
-        logged / rounds as f64,
-        unlogged / rounds as f64,
+        "request log (on vs console.request_log: false, two tollgates): {logged:.0} vs {unlogged:.0} req/s → {ratio:.3}× ({errors} errors) [within 3%: {}]",
         verdict(ratio >= 0.97),
     );
-    json!({"logged_rps": logged / rounds as f64, "unlogged_rps": unlogged / rounds as f64, "ratio": ratio, "errors": errors})
+    json!({"logged_rps": logged, "unlogged_rps": unlogged, "ratio": ratio, "errors": errors})
 }
 
-/// Small requests from a plain key and from a key carrying every policy rule, through the same
-/// tollgate, in alternating one-second rounds at c=64.
+/// A plain key against a key carrying every policy rule, through the same tollgate.
 async fn policy_key(client: &reqwest::Client, rig: &Rig, quick: bool) -> Value {
     let Some(&(_, port, _)) = rig.targets.iter().find(|t| t.0 == "tollgate") else { return Value::Null };
-    let body = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
-    let path = "/v1/chat/completions";
-    let _ = throughput_as(client, POLICY_KEY, port, path, 16, Duration::from_millis(500), &body).await;
-    let rounds = if quick { 4 } else { 10 };
-    let (mut plain, mut ruled, mut errors) = (0.0, 0.0, 0);
-    for round in 0..rounds {
-        for which in [round % 2, 1 - round % 2] {
-            let key = if which == 0 { KEY } else { POLICY_KEY };
-            let (rps, e) = throughput_as(client, key, port, path, 64, Duration::from_secs(1), &body).await;
-            if which == 0 {
-                plain += rps;
-            } else {
-                ruled += rps;
-                errors += e;
-            }
-        }
-    }
+    let (plain, ruled, errors) = alternating(client, (KEY, port), (POLICY_KEY, port), quick).await;
     let ratio = ruled / plain;
     println!(
-        "key policy (every rule on one key vs a plain key, one tollgate): {:.0} vs {:.0} req/s → {ratio:.3}× ({errors} errors) [within 3%: {}]",
-        ruled / rounds as f64,
-        plain / rounds as f64,
+        "key policy (every rule on one key vs a plain key, one tollgate): {ruled:.0} vs {plain:.0} req/s → {ratio:.3}× ({errors} errors) [within 3%: {}]",
         verdict(ratio >= 0.97),
     );
-    json!({"plain_rps": plain / rounds as f64, "policy_rps": ruled / rounds as f64, "ratio": ratio, "errors": errors})
+    json!({"plain_rps": plain, "policy_rps": ruled, "ratio": ratio, "errors": errors})
 }
 
 fn verdict(ok: bool) -> &'static str {

@@ -421,18 +421,7 @@ async fn restarted(store: Arc<dyn Store>) {
 #[test]
 fn the_postgres_store_keeps_spend_windows_and_accounts_over_two_nodes() {
     let server = Postgres::start();
-    let node = |name: &str, dir: &std::path::Path| {
-        let conf = FleetConfig {
-            postgres: PgSettings { url: server.url(), pool_size: 4, ca_pem: None },
-            node_id: name.into(),
-            lease: Duration::from_secs(30),
-            sync: Duration::from_millis(200),
-        };
-        let fleet = Fleet::connect(&conf).expect("connect");
-        let db = SledDb::open(dir).expect("open");
-        let store: Arc<dyn Store> = Arc::new(FleetStore::new(fleet.clone(), db.db(), CommitPolicy::default()).expect("store"));
-        (fleet, store, db)
-    };
+    let node = |name: &str, dir: &std::path::Path| fleet_node(&server, name, dir);
     let (dir_a, dir_b, dir_c) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
     let (fleet_a, a, _db_a) = node("a", dir_a.path());
     let (_fleet_b, b, _db_b) = node("b", dir_b.path());
@@ -520,20 +509,24 @@ fn the_request_log_keeps_its_contract_on_both_backends() {
     runtime.block_on(request_log_contract(vec![store]));
 
     let server = Postgres::start();
-    let node = |name: &str, dir: &std::path::Path| {
-        let conf = FleetConfig {
-            postgres: PgSettings { url: server.url(), pool_size: 4, ca_pem: None },
-            node_id: name.into(),
-            lease: Duration::from_secs(30),
-            sync: Duration::from_millis(200),
-        };
-        let fleet = Fleet::connect(&conf).expect("connect");
-        let db = SledDb::open(dir).expect("open");
-        let store: Arc<dyn Store> = Arc::new(FleetStore::new(fleet.clone(), db.db(), CommitPolicy::default()).expect("store"));
-        (fleet, store, db)
-    };
+    let node = |name: &str, dir: &std::path::Path| fleet_node(&server, name, dir);
     let (dir_a, dir_b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
     let (fleet_a, a, _db_a) = node("a", dir_a.path());
     let (_fleet_b, b, _db_b) = node("b", dir_b.path());
     fleet_a.block_on(request_log_contract(vec![a, b]));
+}
+
+/// A fleet node on `server` named `name`, its journal in `dir`: its fleet (whose runtime runs
+/// its work), its store and its sled database.
+fn fleet_node(server: &Postgres, name: &str, dir: &std::path::Path) -> (Arc<Fleet>, Arc<dyn Store>, SledDb) {
+    let conf = FleetConfig {
+        postgres: PgSettings { url: server.url(), pool_size: 4, ca_pem: None },
+        node_id: name.into(),
+        lease: Duration::from_secs(30),
+        sync: Duration::from_millis(200),
+    };
+    let fleet = Fleet::connect(&conf).expect("connect");
+    let db = SledDb::open(dir).expect("open");
+    let store: Arc<dyn Store> = Arc::new(FleetStore::new(fleet.clone(), db.db(), CommitPolicy::default()).expect("store"));
+    (fleet, store, db)
 }
