@@ -733,3 +733,27 @@ async fn a_key_just_leased_keeps_its_lease_through_the_next_round() {
     let (_, leased) = node.balance("k").await.expect("balance");
     assert!(leased > 0, "the lease of a key used a moment ago was given back");
 }
+
+/// A node forgets the purses it no longer leases, holds or owes once they are quiet for half a
+/// lease (a spend window is a purse per key and period: kept forever, they would grow without
+/// bound), and serves a forgotten one again as new.
+#[tokio::test]
+async fn a_node_forgets_the_purses_it_no_longer_uses() {
+    let server = Postgres::start();
+    let lease = Duration::from_millis(400);
+    let node = FleetAccounts::new(pg(&server).await, "a", lease);
+    node.open_account("k", 10 * CENT).await.expect("open");
+    let hold = node.hold("k", CENT).await.expect("database").expect("covered");
+    node.settle(hold, CENT).await;
+    node.book("a/j", &journal(0, "k", &[CENT])).await.expect("book");
+    assert_eq!(node.tracked(), 1);
+    node.round().await.expect("round");
+    assert_eq!(node.tracked(), 1, "used moments ago: kept");
+    // Being quiet for half a lease is the condition itself: let that time pass.
+    tokio::time::sleep(lease / 2).await;
+    node.round().await.expect("round");
+    assert_eq!(node.tracked(), 0, "nothing leased, held or owed, and quiet: forgotten");
+    let hold = node.hold("k", CENT).await.expect("database").expect("served again");
+    node.settle(hold, 0).await;
+    assert_eq!(node.balance("k").await.expect("balance").0, 9 * CENT);
+}

@@ -607,6 +607,17 @@ impl FleetAccounts {
         for key_id in idle {
             self.release_unused(&key_id).await?;
         }
+        // Forget what this node neither leases, holds nor owes and has not used for half a
+        // lease: spend windows add a purse per key and period, and an ended one is never used
+        // again. A purse used later starts afresh (its first hold leases).
+        let mut state = self.lock_state();
+        let quiet = |l: &Local| l.last_used.is_none_or(|t| t.elapsed() >= self.lease_for / 2);
+        state.keys.retain(|_, l| !(l.lease == 0 && l.held == 0 && l.owed == 0 && !l.refilling && quiet(l)));
         Ok(())
+    }
+
+    /// How many purses this node keeps state for.
+    pub fn tracked(&self) -> usize {
+        self.lock_state().keys.len()
     }
 }
