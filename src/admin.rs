@@ -700,22 +700,31 @@ impl AdminApi {
                 }
             }
             ("GET", "/admin/audit") => {
-                // `?limit=` (1 to 1000, 100 by default) and `?before=` (unix ms: the page after
-                // the last entry seen).
+                // `?limit=` (1 to 1000, 100 by default) and `?cursor=` (a page's `next`).
                 let query = req_query(session).unwrap_or_default();
                 let param = |name: &str| query.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='));
-                let number = |name: &str, default: u64| match param(name) {
-                    None => Ok(default),
-                    Some(v) => v.parse::<u64>().map_err(|_| bad(format!("{name}: must be a whole number")).with_param(name)),
+                let limit = match param("limit") {
+                    None => 100,
+                    Some(v) => v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| bad("limit: 1 to 1000").with_param("limit"))?,
                 };
-                let limit = number("limit", 100)?;
-                if !(1..=1000).contains(&limit) {
-                    return Err(bad("limit: 1 to 1000").with_param("limit"));
-                }
-                let before = number("before", u64::MAX)?;
-                let entries = self.ledger.audit(limit as usize, before).await.map_err(internal)?;
+                let before = match param("cursor") {
+                    None => None,
+                    Some(v) => Some(
+                        crate::request_log::Cursor::parse(&crate::auth::decode_component(v))
+                            .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
+                    ),
+                };
+                // One more than the page says whether there is a next one.
+                let mut entries = self.ledger.audit(limit + 1, before).await.map_err(internal)?;
+                let more = entries.len() > limit;
+                entries.truncate(limit);
+                let next = more.then(|| entries.last().map(|e| e.cursor().to_string())).flatten();
                 let data: Vec<Value> = entries.iter().map(crate::ledger::AuditEntry::to_json).collect();
-                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data, "next": next})))
             }
             ("GET", "/admin/usage") => self.usage_by(req_query(session).as_deref()).await,
             ("GET", p) if p.starts_with("/admin/keys/") && p.ends_with("/usage") => {

@@ -269,9 +269,17 @@ pub struct AuditEntry {
     pub balance_after: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The store's number of the entry (set when read; a page's position with `time_ms`).
+    #[serde(default, skip_serializing)]
+    pub seq: u64,
 }
 
 impl AuditEntry {
+    /// Its position in the trail.
+    pub fn cursor(&self) -> crate::request_log::Cursor {
+        crate::request_log::Cursor { time_ms: self.time_ms, seq: self.seq }
+    }
+
     /// The entry for `delta` on the purse `id` (a key id or `acct:<name>`) that left it at
     /// `balance_after`.
     pub fn new(id: &str, delta: i64, balance_after: i64, reason: Option<&str>) -> AuditEntry {
@@ -287,6 +295,7 @@ impl AuditEntry {
             balance_before: balance_after.saturating_sub(delta),
             balance_after,
             reason: reason.map(str::to_string),
+            seq: 0,
         }
     }
 
@@ -586,9 +595,10 @@ impl Ledger {
         self.money.top_up(id, delta, reason).await
     }
 
-    /// The audit trail, newest first: at most `limit` entries older than `before_ms`.
-    pub async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<AuditEntry>, StoreError> {
-        self.money.audit(limit, before_ms).await
+    /// The audit trail, newest first: at most `limit` entries before `before` (a page's last
+    /// entry's position).
+    pub async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
+        self.money.audit(limit, before).await
     }
 
     /// Return once every booking made before this call is durable (read-your-writes for

@@ -215,6 +215,12 @@ async fn keys_of_an_account_share_its_balance_tags_group_usage_and_top_ups_are_a
         .collect();
     assert_eq!(entries, [("key", key_a.as_str(), -0.5, Some("refund to card")), ("account", "team", 1.0, Some("invoice 2026-11"))]);
     assert_eq!(nanos(&audit["data"][1]["balance_before"]), 10_000_000 - COST);
+    // Pages of one: the newest, then the other, then no next page.
+    let (_, first) = admin(admin_port, reqwest::Method::GET, "/admin/audit?limit=1", None).await;
+    assert_eq!(first["data"][0], audit["data"][0]);
+    let next = first["next"].as_str().expect("a next page").to_string();
+    let (_, second) = admin(admin_port, reqwest::Method::GET, &format!("/admin/audit?limit=1&cursor={next}"), None).await;
+    assert_eq!((&second["data"][0], &second["next"]), (&audit["data"][1], &Value::Null), "{second}");
     assert_eq!(nanos(&audit["data"][1]["balance_after"]), 1_010_000_000 - COST);
 
     // Tags: each record keeps the tags its key had when it was written.

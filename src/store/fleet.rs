@@ -513,8 +513,8 @@ impl MoneyStore for FleetMoney {
         Ok(self.fleet.accounts.top_up(id, delta, reason).await?)
     }
 
-    async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<AuditEntry>, StoreError> {
-        Ok(self.fleet.accounts.audit(limit, before_ms).await?)
+    async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
+        Ok(self.fleet.accounts.audit(limit, before).await?)
     }
 
     async fn commit(&self) -> Result<(), StoreError> {

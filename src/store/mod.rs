@@ -119,8 +119,9 @@ pub trait MoneyStore: Send + Sync {
     /// Balance change by an administrator, without a usage record, and its audit entry
     /// (written with it; returned). Durable before this returns.
     async fn top_up(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError>;
-    /// Audit entries older than `before_ms`, newest first, at most `limit`.
-    async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<AuditEntry>, StoreError>;
+    /// Audit entries before the position `before` (all when None), newest first, at most
+    /// `limit`, each with its number.
+    async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<AuditEntry>, StoreError>;
     /// Return once every booking made before this call is durable (and, in a fleet, booked
     /// into the shared database).
     async fn commit(&self) -> Result<(), StoreError>;

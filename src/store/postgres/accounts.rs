@@ -467,20 +467,25 @@ impl FleetAccounts {
         Ok(n)
     }
 
-    /// Audit entries older than `before_ms`, newest first.
-    pub async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<crate::ledger::AuditEntry>, PgError> {
+    /// Audit entries before the position `before`, newest first, each with its number.
+    pub async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<crate::ledger::AuditEntry>, PgError> {
         let client = self.pg.client().await?;
+        let (t, n) = before
+            .map_or((i64::MAX, i64::MAX), |c| (i64::try_from(c.time_ms).unwrap_or(i64::MAX), i64::try_from(c.seq).unwrap_or(i64::MAX)));
         let rows = client
             .query(
-                "SELECT record FROM audit_log WHERE time_ms < $1 ORDER BY time_ms DESC, seq DESC LIMIT $2",
-                &[&i64::try_from(before_ms).unwrap_or(i64::MAX), &i64::try_from(limit).unwrap_or(i64::MAX)],
+                "SELECT record, seq FROM audit_log WHERE (time_ms, seq) < ($1, $2) ORDER BY time_ms DESC, seq DESC LIMIT $3",
+                &[&t, &n, &i64::try_from(limit).unwrap_or(i64::MAX)],
             )
             .await?;
         self.pg.count(1);
         rows.iter()
             .map(|r| {
                 let text: String = r.get(0);
-                serde_json::from_str(&text).map_err(|e| PgError::Query(format!("audit entry: {e}")))
+                let mut entry: crate::ledger::AuditEntry =
+                    serde_json::from_str(&text).map_err(|e| PgError::Query(format!("audit entry: {e}")))?;
+                entry.seq = u64::try_from(r.get::<_, i64>(1)).unwrap_or(0);
+                Ok(entry)
             })
             .collect()
     }

@@ -539,11 +539,18 @@ impl MoneyStore for SledMoney {
         Ok(entry)
     }
 
-    async fn audit(&self, limit: usize, before_ms: u64) -> Result<Vec<AuditEntry>, StoreError> {
+    async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut upto = vec![0xff; 16];
+        if let Some(c) = before {
+            upto = c.time_ms.to_be_bytes().to_vec();
+            upto.extend_from_slice(&c.seq.to_be_bytes());
+        }
         let mut out = Vec::new();
-        for item in self.slot.tree(crate::commit::AUDIT)?.range(..before_ms.to_be_bytes().to_vec()).rev().take(limit) {
-            let (_, v) = item?;
-            out.push(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("audit entry: {e}")))?);
+        for item in self.slot.tree(crate::commit::AUDIT)?.range(..upto).rev().take(limit) {
+            let (k, v) = item?;
+            let mut entry: AuditEntry = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("audit entry: {e}")))?;
+            entry.seq = k.get(8..16).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes);
+            out.push(entry);
         }
         Ok(out)
     }
