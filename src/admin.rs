@@ -103,6 +103,13 @@ struct PatchAccount {
     budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
 }
 
+/// A `PATCH` field: absent leaves `slot`, `null` clears it, a value sets it.
+fn patched<T>(slot: &mut Option<T>, patch: Option<Option<T>>) {
+    if let Some(value) = patch {
+        *slot = value;
+    }
+}
+
 /// `Some(None)` clears a limit; absent leaves it.
 fn double_option<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
@@ -730,14 +737,11 @@ impl AdminApi {
             ("GET", p) if p.starts_with("/admin/keys/") && p.ends_with("/usage") => {
                 let id = p.trim_start_matches("/admin/keys/").trim_end_matches("/usage").to_string();
                 let rec = self.key(&id).await?;
-                let (start, end) = crate::ledger::usage_window(req_query(session).as_deref())?;
-                self.ledger.commit_now().await.map_err(internal)?;
                 let query = req_query(session);
+                let (start, end) = crate::ledger::usage_window(query.as_deref())?;
                 let by = crate::ledger::usage_grouping(query.as_deref())?;
-                let (total, rows) = self.ledger.usage_grouped(&rec.id, start, end, &by).await.map_err(internal)?;
-                let balance = self.ledger.balance(&rec.id).await.map_err(internal)?;
-                let budgets = self.windows(Owner::Key(&rec.id), &rec.policy.budgets).await?;
-                Ok(LocalResponse::json(200, &crate::ledger::usage_report(&rec, balance, &total, &rows, &by, budgets)))
+                let calendar = self.routing.load().calendar.clone();
+                Ok(LocalResponse::json(200, &self.ledger.key_usage(&rec, start, end, &by, &calendar).await.map_err(internal)?))
             }
             ("GET", p) if p.starts_with("/admin/keys/") => {
                 let rec = self.key(p.trim_start_matches("/admin/keys/")).await?;
@@ -825,30 +829,14 @@ impl AdminApi {
                     (Some(at), ttl) => input.expires_at = expiry_text(at, ttl)?,
                     (None, ttl) => input.expires_at = expiry_text(None, ttl)?,
                 }
-                if let Some(models) = patch.models {
-                    input.models = models;
-                }
-                if let Some(list) = patch.ip_allow {
-                    input.ip_allow = list;
-                }
-                if let Some(cost) = patch.max_request_cost {
-                    input.max_request_cost = cost;
-                }
-                if let Some(max) = patch.max_output_tokens {
-                    input.max_output_tokens = max;
-                }
-                if let Some(default) = patch.default_output_tokens {
-                    input.default_output_tokens = default;
-                }
-                if let Some(budgets) = patch.budgets {
-                    input.budgets = budgets;
-                }
-                if let Some(account) = patch.account {
-                    input.account = account;
-                }
-                if let Some(tags) = patch.tags {
-                    input.tags = tags;
-                }
+                patched(&mut input.models, patch.models);
+                patched(&mut input.ip_allow, patch.ip_allow);
+                patched(&mut input.max_request_cost, patch.max_request_cost);
+                patched(&mut input.max_output_tokens, patch.max_output_tokens);
+                patched(&mut input.default_output_tokens, patch.default_output_tokens);
+                patched(&mut input.budgets, patch.budgets);
+                patched(&mut input.account, patch.account);
+                patched(&mut input.tags, patch.tags);
                 // An expiry already stored is kept even if it passed (the key is then simply expired).
                 let now = match (current.expires_at, patch_sets_expiry) {
                     (Some(at), false) => now_unix().min(at.saturating_sub(1)),

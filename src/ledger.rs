@@ -635,6 +635,24 @@ impl Ledger {
         self.money.usage_summary(key_id, start_ms, end_ms, by).await
     }
 
+    /// A key's usage report (`/v1/usage`, and `GET /admin/keys/{id}/usage`): its records in
+    /// `[start_ms, end_ms)` by `by`, its balance and its spend windows. What was booked before
+    /// is committed first (read your writes).
+    pub async fn key_usage(
+        &self,
+        key: &crate::store::KeyRecord,
+        start_ms: u64,
+        end_ms: u64,
+        by: &Grouping,
+        calendar: &crate::policy::budget::Calendar,
+    ) -> Result<serde_json::Value, StoreError> {
+        self.commit_now().await?;
+        let (total, rows) = self.usage_grouped(&key.id, start_ms, end_ms, by).await?;
+        let balance = self.balance(&key.id).await?;
+        let budgets = window_report(self, crate::policy::budget::Owner::Key(&key.id), &key.policy.budgets, calendar).await?;
+        Ok(usage_report(key, balance, &total, &rows, by, budgets))
+    }
+
     /// Delete records older than `before_ms`, and the response owners they made. Returns how
     /// many records. Pruning never changes a balance.
     pub async fn prune(&self, before_ms: u64) -> Result<usize, StoreError> {
@@ -690,10 +708,10 @@ pub fn usage_grouping(query: Option<&str>) -> Result<Grouping, crate::protocol::
     }
 }
 
-/// A key's usage report (`/v1/usage`, and `GET /admin/keys/{id}/usage`): rows per model
-/// (`models`) or per value of a tag (`tags`, `value` null for records without it), and the
-/// key's spend windows.
-pub fn usage_report(
+/// The body of a key's usage report (see [`Ledger::key_usage`]): rows per model (`models`) or
+/// per value of a tag (`tags`, `value` null for records without it), and the key's spend
+/// windows.
+fn usage_report(
     key: &crate::store::KeyRecord,
     balance: i64,
     total: &Totals,

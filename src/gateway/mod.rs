@@ -126,8 +126,9 @@ pub struct RequestCtx {
     pub shape: Option<Protocol>,
     /// Route label for metrics and the access log.
     pub route: &'static str,
-    /// For the access log: who called, when, and the relay it made.
-    pub key_name: Option<String>,
+    /// For the access log and the request log: who called (once the key check passed), when,
+    /// and the relay it made.
+    pub key: Option<Arc<KeyRecord>>,
     pub started: Option<Instant>,
     pub relayed: Option<Box<RelayPlan>>,
     /// Counts this request as in flight until dropped.
@@ -145,7 +146,6 @@ pub struct RequestCtx {
     pub video_charge: Option<(i64, u32)>,
     /// The request reached the key check: it goes into the request log.
     pub key_checked: bool,
-    pub key_id: Option<String>,
 }
 
 /// What the request does next.
@@ -210,8 +210,7 @@ impl Gateway {
         }
         ctx.key_checked = true;
         let key = self.keys.authenticate(auth::extract_key(&req.headers))?;
-        ctx.key_name = Some(key.name.clone());
-        ctx.key_id = Some(key.id.clone());
+        ctx.key = Some(key.clone());
         let version = client_version(req);
         let routing = self.routing.load_full();
         let catalog = &routing.catalog;
@@ -393,21 +392,13 @@ impl Gateway {
                 ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
             }
         };
-        // Read your writes: what was booked before this request is counted.
-        self.ledger.commit_now().await.map_err(internal)?;
+        let by = crate::ledger::usage_grouping(query)?;
         // Reading a long history is CPU work: on a blocking thread, one query at a time, never
         // on the threads that relay requests.
-        let by = crate::ledger::usage_grouping(query)?;
-        let (total, rows) = {
-            let _turn = self.usage_queries.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))?;
-            self.ledger.usage_grouped(&key.id, start, end, &by).await.map_err(internal)?
-        };
-        let balance = self.ledger.balance(&key.id).await.map_err(internal)?;
-        let calendar = &self.routing.load().calendar;
-        let budgets = crate::ledger::window_report(&self.ledger, crate::policy::budget::Owner::Key(&key.id), &key.policy.budgets, calendar)
-            .await
-            .map_err(internal)?;
-        Ok(LocalResponse::json(200, &crate::ledger::usage_report(key, balance, &total, &rows, &by, budgets)))
+        let _turn = self.usage_queries.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))?;
+        let calendar = self.routing.load().calendar.clone();
+        let report = self.ledger.key_usage(key, start, end, &by, &calendar).await.map_err(internal)?;
+        Ok(LocalResponse::json(200, &report))
     }
 
     /// Bill a finished relay: release the hold, charge what was used. Runs before the last
@@ -930,8 +921,8 @@ fn log_entry(session: &Session, ctx: &RequestCtx, status: u16) -> crate::request
     let mut entry = crate::request_log::LogEntry {
         id: crate::request_log::id_of(session).map_or_else(crate::request_log::new_id, str::to_string),
         time_ms: now_ms(),
-        key_id: ctx.key_id.clone(),
-        key_name: ctx.key_name.clone(),
+        key_id: ctx.key.as_ref().map(|k| k.id.clone()),
+        key_name: ctx.key.as_ref().map(|k| k.name.clone()),
         model: ctx.model_asked.clone(),
         route: ctx.route.to_string(),
         protocol: ctx.shape.unwrap_or(Protocol::Openai).as_str().to_string(),
@@ -981,7 +972,7 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
         cost = charged;
     }
     let cost_usd = crate::ledger::usd(cost);
-    let key = ctx.key_name.as_deref().unwrap_or("-");
+    let key = ctx.key.as_ref().map_or("-", |k| k.name.as_str());
     // A translated request names the provider's protocol.
     let translated = ctx.relayed.as_ref().and_then(|p| p.translation.as_ref()).map(|t| t.upstream.as_str());
     if crate::logging::json() {

@@ -202,13 +202,6 @@ impl Calendar {
         // Only for times beyond what the calendar can name (year 9999): one window for all.
         bounds().unwrap_or((0, u64::MAX))
     }
-
-    /// `YYYY-MM-DD` of the local date of `unix` seconds.
-    pub fn date(&self, unix: u64) -> String {
-        jiff::Timestamp::from_second(i64::try_from(unix).unwrap_or(i64::MAX))
-            .map(|ts| ts.to_zoned(self.tz.clone()).date().to_string())
-            .unwrap_or_default()
-    }
 }
 
 /// Who a window belongs to.
@@ -329,7 +322,6 @@ mod tests {
         // New York: a day starts at 05:00 UTC in winter; 01:00 UTC on the 25th is still the 24th.
         let ny = Calendar::new("America/New_York").expect("zone");
         assert_eq!(ny.window(Window::Day, at("2026-11-25T01:00:00Z")), (at("2026-11-24T05:00:00Z"), at("2026-11-25T05:00:00Z")));
-        assert_eq!(ny.date(at("2026-11-25T01:00:00Z")), "2026-11-24");
         // The day the clocks go back (1 November 2026) has 25 hours; the month starts at 04:00 UTC (EDT).
         let (start, end) = ny.window(Window::Day, at("2026-11-01T12:00:00Z"));
         assert_eq!(end - start, 25 * 3600);
