@@ -332,15 +332,54 @@ fn run(db: DbSlot, window: Duration, shared: &Shared, stats: &CommitStats) {
     }
 }
 
-type Firsts = std::collections::HashMap<(TreeName, Vec<u8>), usize, ahash::RandomState>;
+/// Where each (tree, key) was first inserted in a batch, by a hash of the pair: the key is
+/// compared against the queued entry itself, so remembering it costs no copy.
+#[derive(Default)]
+struct Firsts {
+    hasher: ahash::RandomState,
+    at: std::collections::HashMap<u64, usize, BuildIdentity>,
+}
+
+/// The map's keys are already hashes.
+#[derive(Default, Clone, Copy)]
+struct BuildIdentity;
+
+struct Identity(u64);
+
+impl std::hash::Hasher for Identity {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl std::hash::BuildHasher for BuildIdentity {
+    type Hasher = Identity;
+    fn build_hasher(&self) -> Identity {
+        Identity(0)
+    }
+}
 
 /// Queue an insert of a batch, or give an entry inserted earlier in the batch its new value.
 fn replace_or_push(inserts: &mut Vec<(TreeName, Vec<u8>, Vec<u8>)>, first: &mut Firsts, tree: TreeName, key: Vec<u8>, value: Vec<u8>) {
-    match first.entry((tree, key)) {
-        std::collections::hash_map::Entry::Occupied(at) => inserts[*at.get()].2 = value,
+    let hash = first.hasher.hash_one((tree, key.as_slice()));
+    match first.at.entry(hash) {
+        std::collections::hash_map::Entry::Occupied(at) => match inserts.get_mut(*at.get()) {
+            Some(entry) if entry.0 == tree && entry.1 == key => entry.2 = value,
+            // Two keys with one hash (never seen in practice): the later one is written as it
+            // came, after the other; order is kept, only the saving is lost.
+            _ => inserts.push((tree, key, value)),
+        },
         std::collections::hash_map::Entry::Vacant(slot) => {
-            inserts.push((tree, slot.key().1.clone(), value));
-            slot.insert(inserts.len() - 1);
+            slot.insert(inserts.len());
+            inserts.push((tree, key, value));
         }
     }
 }
@@ -451,6 +490,25 @@ mod tests {
         let waited_for = Writer::start(slot, Duration::from_millis(10), false).expect("writer");
         assert_eq!(nice_of(background.tid), (own + BACKGROUND_NICE_STEPS).min(19));
         assert_eq!(nice_of(waited_for.tid), own);
+    }
+
+    #[test]
+    fn a_key_written_twice_in_a_batch_is_inserted_once_at_its_first_place_with_its_last_value() {
+        let (mut inserts, mut first) = (Vec::new(), Firsts::default());
+        let put = |inserts: &mut Vec<_>, first: &mut Firsts, tree, key: &[u8], value: &[u8]| {
+            replace_or_push(inserts, first, tree, key.to_vec(), value.to_vec())
+        };
+        put(&mut inserts, &mut first, TreeName::Balances, b"a", b"1");
+        put(&mut inserts, &mut first, TreeName::Balances, b"b", b"1");
+        put(&mut inserts, &mut first, TreeName::Balances, b"a", b"2");
+        // Same key, another tree: another entry.
+        put(&mut inserts, &mut first, TreeName::Audit, b"a", b"9");
+        put(&mut inserts, &mut first, TreeName::Balances, b"a", b"3");
+        let got: Vec<(TreeName, &[u8], &[u8])> = inserts.iter().map(|(t, k, v)| (*t, k.as_slice(), v.as_slice())).collect();
+        assert_eq!(
+            got,
+            vec![(TreeName::Balances, &b"a"[..], &b"3"[..]), (TreeName::Balances, b"b", b"1"), (TreeName::Audit, b"a", b"9")]
+        );
     }
 
     #[test]
