@@ -791,53 +791,87 @@ async fn translation(client: &reqwest::Client, rig: &Rig, quick: bool, held: usi
 }
 
 /// Small chat requests as `a` and as `b` (each a key and a port), in alternating one-second
-/// rounds at c=64 (the order flips every round): mean req/s of each, and `b`'s errors.
-async fn alternating(client: &reqwest::Client, a: (&'static str, u16), b: (&'static str, u16), quick: bool) -> (f64, f64, u64) {
+/// rounds at c=64 (the order flips every round).
+struct Paired {
+    a_rps: f64,
+    b_rps: f64,
+    /// `b`'s errors.
+    errors: u64,
+    /// b/a of each round: the machine's drift moves both halves of a round alike.
+    ratios: Vec<f64>,
+}
+
+impl Paired {
+    /// The median round's ratio, and the spread (quartiles) of the rounds'.
+    fn ratio(&self) -> (f64, f64, f64) {
+        let r = sorted(self.ratios.clone());
+        (pct(&r, 0.5), pct(&r, 0.25), pct(&r, 0.75))
+    }
+
+    fn report(&self, what: &str, b: &str, a: &str, a_key: &str, b_key: &str) -> Value {
+        let (ratio, q1, q3) = self.ratio();
+        println!(
+            "{what}: {:.0} vs {:.0} req/s; median round {b}/{a} {ratio:.3}× (quartiles {q1:.3}–{q3:.3}, {} rounds, {} errors) [within 3%: {}]",
+            self.b_rps,
+            self.a_rps,
+            self.ratios.len(),
+            self.errors,
+            verdict(ratio >= 0.97),
+        );
+        json!({a_key: self.a_rps, b_key: self.b_rps, "ratio": ratio, "ratio_quartiles": [q1, q3], "round_ratios": self.ratios, "errors": self.errors})
+    }
+}
+
+async fn alternating(client: &reqwest::Client, a: (&'static str, u16), b: (&'static str, u16), quick: bool) -> Paired {
     let body = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
     let path = "/v1/chat/completions";
     for (key, port) in [a, b] {
         let _ = throughput_as(client, key, port, path, 16, Duration::from_millis(500), &body).await;
     }
-    let rounds = if quick { 4 } else { 10 };
-    let (mut a_rps, mut b_rps, mut errors) = (0.0, 0.0, 0);
+    let rounds = if quick { 4 } else { 16 };
+    let mut out = Paired { a_rps: 0.0, b_rps: 0.0, errors: 0, ratios: Vec::with_capacity(rounds) };
     for round in 0..rounds {
+        let mut pair = [0.0; 2];
         for which in [round % 2, 1 - round % 2] {
             let (key, port) = if which == 0 { a } else { b };
             let (rps, e) = throughput_as(client, key, port, path, 64, Duration::from_secs(1), &body).await;
-            if which == 0 {
-                a_rps += rps;
-            } else {
-                b_rps += rps;
-                errors += e;
+            pair[which] = rps;
+            if which == 1 {
+                out.errors += e;
             }
         }
+        out.a_rps += pair[0] / rounds as f64;
+        out.b_rps += pair[1] / rounds as f64;
+        if pair[0] > 0.0 {
+            out.ratios.push(pair[1] / pair[0]);
+        }
     }
-    (a_rps / rounds as f64, b_rps / rounds as f64, errors)
+    out
 }
 
 /// Tollgate with the request log (the default) against one with `console.request_log: false`.
 async fn request_log_cost(client: &reqwest::Client, rig: &Rig, quick: bool) -> Value {
     let port = |name: &str| rig.targets.iter().find(|t| t.0 == name).map(|t| t.1);
     let (Some(on), Some(off)) = (port("tollgate"), port("nolog-tollgate")) else { return Value::Null };
-    let (unlogged, logged, errors) = alternating(client, (KEY, off), (KEY, on), quick).await;
-    let ratio = logged / unlogged;
-    println!(
-        "request log (on vs console.request_log: false, two tollgates): {logged:.0} vs {unlogged:.0} req/s → {ratio:.3}× ({errors} errors) [within 3%: {}]",
-        verdict(ratio >= 0.97),
-    );
-    json!({"logged_rps": logged, "unlogged_rps": unlogged, "ratio": ratio, "errors": errors})
+    alternating(client, (KEY, off), (KEY, on), quick).await.report(
+        "request log (on vs console.request_log: false, two tollgates)",
+        "on",
+        "off",
+        "unlogged_rps",
+        "logged_rps",
+    )
 }
 
 /// A plain key against a key carrying every policy rule, through the same tollgate.
 async fn policy_key(client: &reqwest::Client, rig: &Rig, quick: bool) -> Value {
     let Some(&(_, port, _)) = rig.targets.iter().find(|t| t.0 == "tollgate") else { return Value::Null };
-    let (plain, ruled, errors) = alternating(client, (KEY, port), (POLICY_KEY, port), quick).await;
-    let ratio = ruled / plain;
-    println!(
-        "key policy (every rule on one key vs a plain key, one tollgate): {ruled:.0} vs {plain:.0} req/s → {ratio:.3}× ({errors} errors) [within 3%: {}]",
-        verdict(ratio >= 0.97),
-    );
-    json!({"plain_rps": plain, "policy_rps": ruled, "ratio": ratio, "errors": errors})
+    alternating(client, (KEY, port), (POLICY_KEY, port), quick).await.report(
+        "key policy (every rule on one key vs a plain key, one tollgate)",
+        "ruled",
+        "plain",
+        "plain_rps",
+        "policy_rps",
+    )
 }
 
 fn verdict(ok: bool) -> &'static str {
