@@ -38,11 +38,16 @@ pub struct AdminApi {
     /// Provider health, for its state gauges.
     pub health: Arc<crate::health::HealthBook>,
     pub video: Option<Arc<crate::video::VideoService>>,
+    /// The console's signed-in browsers.
+    pub console: crate::console::Sessions,
+    /// `console.request_log_days` and `console.request_log_max`, as the console says them.
+    pub request_log_days: u64,
+    pub request_log_max: usize,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CreateKey {
+pub(crate) struct CreateKey {
     name: String,
     /// `default` when left out (and such a group exists).
     #[serde(default)]
@@ -117,7 +122,7 @@ fn double_option<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) ->
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct PatchKey {
+pub(crate) struct PatchKey {
     #[serde(default)]
     enabled: Option<bool>,
     #[serde(default)]
@@ -235,6 +240,28 @@ const MAX_GRACE_SECS: u64 = 30 * 86_400;
 /// Most days `GET /admin/usage?group_by=day` reports at once.
 const MAX_USAGE_DAYS: u64 = 366;
 
+/// A JSON body as `T`; a field's own validation error names the field (`param`).
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> std::result::Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| match e.classify() {
+        // A field's own validation says `field: …`: the error names it.
+        serde_json::error::Category::Data => {
+            let message = e.to_string();
+            let field = message
+                .split_once(": ")
+                .map(|(f, _)| f)
+                .filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+            match field {
+                Some(field) => {
+                    let field = field.to_string();
+                    bad(format!("Invalid field: {message}")).with_param(&field)
+                }
+                None => bad(format!("Invalid field: {message}")),
+            }
+        }
+        _ => bad(format!("Invalid JSON: {e}")),
+    })
+}
+
 fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::BadRequest, msg)
 }
@@ -245,7 +272,7 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
 }
 
 /// Constant-time comparison of the presented token with the configured one.
-fn token_matches(presented: &str, expected: &str) -> bool {
+pub(crate) fn token_matches(presented: &str, expected: &str) -> bool {
     let a = Sha256::digest(presented.as_bytes());
     let b = Sha256::digest(expected.as_bytes());
     a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
@@ -334,7 +361,7 @@ impl AdminApi {
         )
     }
 
-    async fn view(&self, rec: &KeyRecord) -> std::result::Result<Value, ApiError> {
+    pub(crate) async fn view(&self, rec: &KeyRecord) -> std::result::Result<Value, ApiError> {
         let balance = self.ledger.balance(&rec.id).await.map_err(internal)?;
         Ok(json!({
             "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
@@ -392,7 +419,7 @@ impl AdminApi {
     }
 
     /// The key with this id, or the 404.
-    async fn key(&self, id: &str) -> std::result::Result<KeyRecord, ApiError> {
+    pub(crate) async fn key(&self, id: &str) -> std::result::Result<KeyRecord, ApiError> {
         self.keys
             .all_keys()
             .await
@@ -478,7 +505,137 @@ impl AdminApi {
         Ok(LocalResponse::json(200, &json!({"object": "usage", "group_by": group_by, "total": total.to_json(), "data": data})))
     }
 
-    async fn read_json<T: for<'de> Deserialize<'de>>(session: &mut Session) -> std::result::Result<T, ApiError> {
+    /// `POST /admin/keys` (and the console's form): the new key's view with its secret
+    /// (`key`), shown this once.
+    pub(crate) async fn create_key(&self, body: CreateKey) -> std::result::Result<Value, ApiError> {
+        if body.name.trim().is_empty() {
+            return Err(bad("name: must not be empty"));
+        }
+        let group = match body.group {
+            Some(group) => group,
+            None if self.routing.load().catalog.has_group("default") => "default".to_string(),
+            None => return Err(bad("group: required (there is no group named 'default')")),
+        };
+        if !self.routing.load().catalog.has_group(&group) {
+            return Err(bad(format!("group: no group named '{group}'")));
+        }
+        let balance = to_nanos("balance", body.balance)?;
+        if balance < 0 {
+            return Err(bad("balance: must not be negative"));
+        }
+        let expires_at = expiry_text(body.expires_at, body.ttl_secs)?;
+        let input = crate::policy::PolicyInput {
+            expires_at,
+            models: body.models,
+            ip_allow: body.ip_allow,
+            max_request_cost: body.max_request_cost,
+            max_output_tokens: body.max_output_tokens,
+            default_output_tokens: body.default_output_tokens,
+            budgets: body.budgets,
+            account: body.account,
+            tags: body.tags,
+        };
+        let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
+        self.check_account(&policy)?;
+        let secret = new_secret();
+        let hash = hex(&hash_key(&secret));
+        let rec = KeyRecord {
+            id: format!("key_{}", &hash[..16]),
+            name: body.name,
+            group,
+            key_hash: hash,
+            rpm: body.rpm,
+            tpm: body.tpm,
+            enabled: true,
+            created_at: now_unix(),
+            max_concurrent: body.max_concurrent,
+            origin: crate::store::KeyOrigin::Admin,
+            seed_digest: None,
+            revoked_at: None,
+            rotated: None,
+            policy,
+        };
+        if body.max_concurrent == Some(0) {
+            return Err(bad("max_concurrent: at least 1"));
+        }
+        self.ledger.open_account(&rec.id, balance).await.map_err(internal)?;
+        self.keys.put_key(&rec).await.map_err(internal)?;
+        let mut v = self.view(&rec).await?;
+        v["key"] = json!(secret);
+        Ok(v)
+    }
+
+    /// `PATCH /admin/keys/{id}` (and the console's forms): the key's new view.
+    pub(crate) async fn patch_key(&self, id: &str, patch: PatchKey) -> std::result::Result<Value, ApiError> {
+        let patch_sets_expiry = patch.expires_at.is_some() || patch.ttl_secs.is_some();
+        let mut rec = self.key(id).await?;
+        if let Some(group) = patch.group {
+            if !self.routing.load().catalog.has_group(&group) {
+                return Err(bad(format!("group: no group named '{group}'")));
+            }
+            rec.group = group;
+        }
+        if let Some(name) = patch.name {
+            if name.trim().is_empty() {
+                return Err(bad("name: must not be empty"));
+            }
+            rec.name = name;
+        }
+        if let Some(enabled) = patch.enabled {
+            if enabled && rec.revoked_at.is_some() {
+                return Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!("Key '{id}' was revoked; revoked keys stay revoked. Create a new key."),
+                ));
+            }
+            rec.enabled = enabled;
+        }
+        if let Some(rpm) = patch.rpm {
+            rec.rpm = rpm;
+        }
+        if let Some(tpm) = patch.tpm {
+            rec.tpm = tpm;
+        }
+        if let Some(max) = patch.max_concurrent {
+            if max == Some(0) {
+                return Err(bad("max_concurrent: at least 1"));
+            }
+            rec.max_concurrent = max;
+        }
+        // Policy fields: `null` clears one, absent leaves it; the result is validated whole.
+        let current = &rec.policy;
+        let mut input = current.input();
+        match (patch.expires_at, patch.ttl_secs) {
+            (None, None) => {}
+            (Some(at), ttl) => input.expires_at = expiry_text(at, ttl)?,
+            (None, ttl) => input.expires_at = expiry_text(None, ttl)?,
+        }
+        patched(&mut input.models, patch.models);
+        patched(&mut input.ip_allow, patch.ip_allow);
+        patched(&mut input.max_request_cost, patch.max_request_cost);
+        patched(&mut input.max_output_tokens, patch.max_output_tokens);
+        patched(&mut input.default_output_tokens, patch.default_output_tokens);
+        patched(&mut input.budgets, patch.budgets);
+        patched(&mut input.account, patch.account);
+        patched(&mut input.tags, patch.tags);
+        // An expiry already stored is kept even if it passed (the key is then simply expired).
+        let now = match (current.expires_at, patch_sets_expiry) {
+            (Some(at), false) => now_unix().min(at.saturating_sub(1)),
+            _ => now_unix(),
+        };
+        rec.policy = crate::policy::KeyPolicy::parse(input, now).map_err(policy_error)?;
+        self.check_account(&rec.policy)?;
+        let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
+        let reason = checked_reason(patch.reason, delta)?;
+        if let Some(delta) = delta {
+            self.ledger.top_up_because(&rec.id, delta, reason.as_deref()).await.map_err(internal)?;
+        }
+        self.keys.put_key(&rec).await.map_err(internal)?;
+        self.view(&rec).await
+    }
+
+    /// A request body, at most [`MAX_ADMIN_BODY`] bytes.
+    pub(crate) async fn read_body(session: &mut Session) -> std::result::Result<Vec<u8>, ApiError> {
         let mut body = Vec::new();
         while let Some(chunk) = session.read_request_body().await.map_err(|_| bad("The request body could not be read."))? {
             body.extend_from_slice(&chunk);
@@ -486,27 +643,15 @@ impl AdminApi {
                 return Err(ApiError::new(ErrorKind::PayloadTooLarge, "The request body is too large."));
             }
         }
+        Ok(body)
+    }
+
+    async fn read_json<T: for<'de> Deserialize<'de>>(session: &mut Session) -> std::result::Result<T, ApiError> {
+        let body = Self::read_body(session).await?;
         if body.iter().all(u8::is_ascii_whitespace) {
-            body = b"{}".to_vec();
+            return parse_json(b"{}");
         }
-        serde_json::from_slice(&body).map_err(|e| match e.classify() {
-            // A field's own validation says `field: …`: the error names it.
-            serde_json::error::Category::Data => {
-                let message = e.to_string();
-                let field = message
-                    .split_once(": ")
-                    .map(|(f, _)| f)
-                    .filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-                match field {
-                    Some(field) => {
-                        let field = field.to_string();
-                        bad(format!("Invalid field: {message}")).with_param(&field)
-                    }
-                    None => bad(format!("Invalid field: {message}")),
-                }
-            }
-            _ => bad(format!("Invalid JSON: {e}")),
-        })
+        parse_json(&body)
     }
 
     async fn handle(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
@@ -531,6 +676,10 @@ impl AdminApi {
         }
         if method == "GET" && path == "/readyz" {
             return Ok(self.readiness());
+        }
+        // The console signs in with the token and keeps a session of its own.
+        if path == "/console" || path.starts_with("/console/") {
+            return Ok(crate::console::handle(self, session).await);
         }
         let presented =
             req.headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default();
@@ -586,61 +735,7 @@ impl AdminApi {
             }
             ("POST", "/admin/keys") => {
                 let body: CreateKey = Self::read_json(session).await?;
-                if body.name.trim().is_empty() {
-                    return Err(bad("name: must not be empty"));
-                }
-                let group = match body.group {
-                    Some(group) => group,
-                    None if self.routing.load().catalog.has_group("default") => "default".to_string(),
-                    None => return Err(bad("group: required (there is no group named 'default')")),
-                };
-                if !self.routing.load().catalog.has_group(&group) {
-                    return Err(bad(format!("group: no group named '{group}'")));
-                }
-                let balance = to_nanos("balance", body.balance)?;
-                if balance < 0 {
-                    return Err(bad("balance: must not be negative"));
-                }
-                let expires_at = expiry_text(body.expires_at, body.ttl_secs)?;
-                let input = crate::policy::PolicyInput {
-                    expires_at,
-                    models: body.models,
-                    ip_allow: body.ip_allow,
-                    max_request_cost: body.max_request_cost,
-                    max_output_tokens: body.max_output_tokens,
-                    default_output_tokens: body.default_output_tokens,
-                    budgets: body.budgets,
-                    account: body.account,
-                    tags: body.tags,
-                };
-                let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
-                self.check_account(&policy)?;
-                let secret = new_secret();
-                let hash = hex(&hash_key(&secret));
-                let rec = KeyRecord {
-                    id: format!("key_{}", &hash[..16]),
-                    name: body.name,
-                    group,
-                    key_hash: hash,
-                    rpm: body.rpm,
-                    tpm: body.tpm,
-                    enabled: true,
-                    created_at: now_unix(),
-                    max_concurrent: body.max_concurrent,
-                    origin: crate::store::KeyOrigin::Admin,
-                    seed_digest: None,
-                    revoked_at: None,
-                    rotated: None,
-                    policy,
-                };
-                if body.max_concurrent == Some(0) {
-                    return Err(bad("max_concurrent: at least 1"));
-                }
-                self.ledger.open_account(&rec.id, balance).await.map_err(internal)?;
-                self.keys.put_key(&rec).await.map_err(internal)?;
-                let mut v = self.view(&rec).await?;
-                v["key"] = json!(secret);
-                Ok(LocalResponse::json(201, &v))
+                Ok(LocalResponse::json(201, &self.create_key(body).await?))
             }
             ("GET", "/admin/accounts") => {
                 let mut data = Vec::new();
@@ -786,71 +881,7 @@ impl AdminApi {
             ("PATCH", p) if p.starts_with("/admin/keys/") => {
                 let id = p.trim_start_matches("/admin/keys/").to_string();
                 let patch: PatchKey = Self::read_json(session).await?;
-                let patch_sets_expiry = patch.expires_at.is_some() || patch.ttl_secs.is_some();
-                let mut rec = self.key(&id).await?;
-                if let Some(group) = patch.group {
-                    if !self.routing.load().catalog.has_group(&group) {
-                        return Err(bad(format!("group: no group named '{group}'")));
-                    }
-                    rec.group = group;
-                }
-                if let Some(name) = patch.name {
-                    if name.trim().is_empty() {
-                        return Err(bad("name: must not be empty"));
-                    }
-                    rec.name = name;
-                }
-                if let Some(enabled) = patch.enabled {
-                    if enabled && rec.revoked_at.is_some() {
-                        return Err(ApiError::new(
-                            ErrorKind::Conflict,
-                            format!("Key '{id}' was revoked; revoked keys stay revoked. Create a new key."),
-                        ));
-                    }
-                    rec.enabled = enabled;
-                }
-                if let Some(rpm) = patch.rpm {
-                    rec.rpm = rpm;
-                }
-                if let Some(tpm) = patch.tpm {
-                    rec.tpm = tpm;
-                }
-                if let Some(max) = patch.max_concurrent {
-                    if max == Some(0) {
-                        return Err(bad("max_concurrent: at least 1"));
-                    }
-                    rec.max_concurrent = max;
-                }
-                // Policy fields: `null` clears one, absent leaves it; the result is validated whole.
-                let current = &rec.policy;
-                let mut input = current.input();
-                match (patch.expires_at, patch.ttl_secs) {
-                    (None, None) => {}
-                    (Some(at), ttl) => input.expires_at = expiry_text(at, ttl)?,
-                    (None, ttl) => input.expires_at = expiry_text(None, ttl)?,
-                }
-                patched(&mut input.models, patch.models);
-                patched(&mut input.ip_allow, patch.ip_allow);
-                patched(&mut input.max_request_cost, patch.max_request_cost);
-                patched(&mut input.max_output_tokens, patch.max_output_tokens);
-                patched(&mut input.default_output_tokens, patch.default_output_tokens);
-                patched(&mut input.budgets, patch.budgets);
-                patched(&mut input.account, patch.account);
-                patched(&mut input.tags, patch.tags);
-                // An expiry already stored is kept even if it passed (the key is then simply expired).
-                let now = match (current.expires_at, patch_sets_expiry) {
-                    (Some(at), false) => now_unix().min(at.saturating_sub(1)),
-                    _ => now_unix(),
-                };
-                rec.policy = crate::policy::KeyPolicy::parse(input, now).map_err(policy_error)?;
-                self.check_account(&rec.policy)?;
-                let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
-                let reason = checked_reason(patch.reason, delta)?;
-                if let Some(delta) = delta {
-                    self.ledger.top_up_because(&rec.id, delta, reason.as_deref()).await.map_err(internal)?;
-                }
-                self.keys.put_key(&rec).await.map_err(internal)?;
-                Ok(LocalResponse::json(200, &self.view(&rec).await?))
+                Ok(LocalResponse::json(200, &self.patch_key(&id, patch).await?))
             }
             _ => Err(ApiError::new(ErrorKind::NotFound, format!("Unknown admin endpoint: {method} {path}"))),
         }

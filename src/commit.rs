@@ -505,10 +505,7 @@ mod tests {
         put(&mut inserts, &mut first, TreeName::Audit, b"a", b"9");
         put(&mut inserts, &mut first, TreeName::Balances, b"a", b"3");
         let got: Vec<(TreeName, &[u8], &[u8])> = inserts.iter().map(|(t, k, v)| (*t, k.as_slice(), v.as_slice())).collect();
-        assert_eq!(
-            got,
-            vec![(TreeName::Balances, &b"a"[..], &b"3"[..]), (TreeName::Balances, b"b", b"1"), (TreeName::Audit, b"a", b"9")]
-        );
+        assert_eq!(got, vec![(TreeName::Balances, &b"a"[..], &b"3"[..]), (TreeName::Balances, b"b", b"1"), (TreeName::Audit, b"a", b"9")]);
     }
 
     #[test]

@@ -377,6 +377,16 @@ impl HealthBook {
         self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|n, _| names.contains(&n.as_str()));
     }
 
+    /// Every provider's state and its pool's key states, by name.
+    pub fn states(&self) -> Vec<(String, State, Vec<State>)> {
+        let now = Instant::now();
+        let all = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out: Vec<(String, State, Vec<State>)> =
+            all.iter().map(|(n, h)| (n.clone(), h.state(now), h.keys.iter().map(|k| lock(k).state(now)).collect())).collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
     /// The state gauges (`tollgate_provider_state`, `tollgate_provider_key_state`: 0 healthy,
     /// 1 cooling, 2 half-open), in Prometheus text.
     pub fn render(&self) -> String {

@@ -373,11 +373,14 @@ impl Drop for Hold {
     }
 }
 
-/// What the rows of a usage summary are: a record's model, or its value of one tag (the empty
-/// string for records without the tag).
+/// What the rows of a usage summary are: a record's model, its provider, its day in a
+/// timezone (`YYYY-MM-DD`), or its value of one tag (the empty string for records without the
+/// tag, or without a provider).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Grouping {
     Model,
+    Provider,
+    Day(jiff::tz::TimeZone),
     Tag(String),
 }
 
@@ -394,10 +397,13 @@ impl Grouping {
     }
 
     /// The row `r` counts in.
-    pub fn label<'r>(&self, r: &'r UsageRecord) -> &'r str {
+    pub fn label<'r>(&self, r: &'r UsageRecord) -> std::borrow::Cow<'r, str> {
+        use std::borrow::Cow;
         match self {
-            Grouping::Model => &r.model,
-            Grouping::Tag(name) => r.tags.get(name).map_or("", String::as_str),
+            Grouping::Model => Cow::Borrowed(&r.model),
+            Grouping::Provider => Cow::Borrowed(r.provider.as_deref().unwrap_or("")),
+            Grouping::Day(tz) => Cow::Owned(crate::policy::budget::date_in(r.time_ms / 1000, tz)),
+            Grouping::Tag(name) => Cow::Borrowed(r.tags.get(name).map_or("", String::as_str)),
         }
     }
 }
@@ -411,6 +417,11 @@ pub struct Totals {
     pub cache_write_input_tokens: u64,
     pub output_tokens: u64,
     pub cost_nanos: i64,
+    /// Of which credits (refunds, adjustments): how many, and their sum (≤ 0).
+    #[serde(skip)]
+    pub refunds: u64,
+    #[serde(skip)]
+    pub refunded_nanos: i64,
 }
 
 impl UsageRecord {
@@ -437,6 +448,9 @@ impl Totals {
     pub fn add(&mut self, r: &UsageRecord) {
         if r.cost_nanos >= 0 {
             self.requests += 1;
+        } else {
+            self.refunds += 1;
+            self.refunded_nanos = self.refunded_nanos.saturating_add(r.cost_nanos);
         }
         self.input_tokens = self.input_tokens.saturating_add(r.input_total());
         self.cached_input_tokens = self.cached_input_tokens.saturating_add(r.cached_tokens);
@@ -453,6 +467,8 @@ impl Totals {
         self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(other.cache_write_input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.cost_nanos = self.cost_nanos.saturating_add(other.cost_nanos);
+        self.refunds = self.refunds.saturating_add(other.refunds);
+        self.refunded_nanos = self.refunded_nanos.saturating_add(other.refunded_nanos);
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -723,6 +739,8 @@ fn usage_report(
         let mut row = t.to_json();
         match by {
             Grouping::Model => row["model"] = serde_json::json!(label),
+            Grouping::Provider => row["provider"] = serde_json::json!(label),
+            Grouping::Day(_) => row["day"] = serde_json::json!(label),
             Grouping::Tag(name) => {
                 row["tag"] = serde_json::json!(name);
                 row["value"] = if label.is_empty() { serde_json::Value::Null } else { serde_json::json!(label) };
@@ -740,6 +758,8 @@ fn usage_report(
     });
     match by {
         Grouping::Model => report["models"] = serde_json::json!(rows),
+        Grouping::Provider => report["providers"] = serde_json::json!(rows),
+        Grouping::Day(_) => report["days"] = serde_json::json!(rows),
         Grouping::Tag(name) => {
             report["group_by"] = serde_json::json!(format!("tag:{name}"));
             report["tags"] = serde_json::json!(rows);

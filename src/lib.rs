@@ -16,6 +16,7 @@ pub mod billing;
 pub mod body;
 pub mod commit;
 pub mod config;
+pub mod console;
 pub mod gateway;
 pub mod handover;
 pub mod health;

@@ -518,6 +518,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             metrics: metrics.clone(),
             health: health.clone(),
             video: video.clone(),
+            console: Default::default(),
+            request_log_days: config.console.request_log_days,
+            request_log_max: config.console.request_log_max,
         };
         let mut service = crate::listener::service(&server.configuration, api, "tollgate admin", &config.connections, &metrics, false);
         service.add_tcp(&admin.listen.to_string());

@@ -14,6 +14,11 @@ command -v python3 >/dev/null 2>&1 || need+=(python3)
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
 # A real PostgreSQL server for the fleet tests (tests/fleet_store.rs starts its own in a temp dir).
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+# Headless Chromium and its driver for the console's browser tests (tests/console), and
+# libfaketime to start a gateway just before a UTC midnight.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
+[ -f /usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1 ] || need+=(faketime)
 if [ ${#need[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   $SUDO apt-get update -qq
@@ -66,3 +71,6 @@ fi
 
 echo "== SDK compatibility suite"
 TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/sdk
+
+echo "== Console in headless Chromium (screenshots in target/console-screenshots/)"
+TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/console

@@ -161,6 +161,23 @@ impl Calendar {
         &self.name
     }
 
+    pub fn tz(&self) -> &jiff::tz::TimeZone {
+        &self.tz
+    }
+
+    /// The first instant (unix seconds) of a `YYYY-MM-DD` date in this time zone.
+    pub fn day_start(&self, date: &str) -> Option<u64> {
+        let date: jiff::civil::Date = date.parse().ok()?;
+        let start = date.to_zoned(self.tz.clone()).ok()?.start_of_day().ok()?;
+        u64::try_from(start.timestamp().as_second()).ok()
+    }
+
+    /// The date (`YYYY-MM-DD`) `days` after `date`.
+    pub fn add_days(date: &str, days: i64) -> Option<String> {
+        let date: jiff::civil::Date = date.parse().ok()?;
+        Some(date.checked_add(jiff::Span::new().days(days)).ok()?.to_string())
+    }
+
     /// The window of kind `window` that contains `now` (unix seconds): its start and end (the
     /// next window's start), unix seconds. Days start at local midnight (or the first instant
     /// of the day where a clock change skips midnight), weeks on Monday, months on the 1st.
@@ -201,6 +218,14 @@ impl Calendar {
         };
         // Only for times beyond what the calendar can name (year 9999): one window for all.
         bounds().unwrap_or((0, u64::MAX))
+    }
+}
+
+/// The date (`YYYY-MM-DD`) of unix second `secs` in `tz`.
+pub fn date_in(secs: u64, tz: &jiff::tz::TimeZone) -> String {
+    match jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(i64::MAX)) {
+        Ok(ts) => ts.to_zoned(tz.clone()).date().to_string(),
+        Err(_) => "9999-12-31".to_string(),
     }
 }
 

@@ -535,6 +535,11 @@ impl VideoService {
         self.creating.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
     }
 
+    /// Unfinished tasks (in a fleet: of the tasks this node holds).
+    pub async fn open_tasks(&self) -> Result<Vec<Task>, StoreError> {
+        self.store.open_tasks().await
+    }
+
     /// Tasks that ended in this process's lifetime: (completed, failed).
     pub fn finished_counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;

@@ -169,7 +169,7 @@ impl FleetRecords {
             let text: String = row.get(0);
             let record: UsageRecord = serde_json::from_str(&text).map_err(|e| PgError::Query(format!("usage record: {e}")))?;
             total.add(&record);
-            by_model.entry(by.label(&record).to_string()).or_default().add(&record);
+            by_model.entry(by.label(&record).into_owned()).or_default().add(&record);
         }
         Ok((total, by_model))
     }

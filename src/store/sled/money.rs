@@ -430,7 +430,7 @@ fn summary_in(
         let (_, v) = item?;
         for r in decode_records(&v)?.into_iter().filter(|r| r.time_ms >= start_ms && r.time_ms < end_ms) {
             total.add(&r);
-            by_model.entry(by.label(&r).to_string()).or_default().add(&r);
+            by_model.entry(by.label(&r).into_owned()).or_default().add(&r);
         }
     }
     Ok((total, by_model))

@@ -1,0 +1,177 @@
+"""Starts tollgate-mock, tollgate (its clock a few seconds before a UTC midnight, through
+libfaketime) and headless Chromium for the console's browser tests."""
+import datetime
+import email.utils
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN_DIR = os.environ.get("TOLLGATE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
+SHOTS = os.environ.get("TOLLGATE_SCREENSHOTS", os.path.join(ROOT, "target", "console-screenshots"))
+UPSTREAM_KEY = "mock-upstream-key-console"
+ADMIN_TOKEN = "console-admin-token-0123456789"
+TEAM_KEY = "sk-console-team-0001"
+OTHER_KEY = "sk-console-other-0001"
+# The gateway starts at this time (UTC) and its clock runs on: the first requests are billed on
+# DAY_BEFORE, the later ones on DAY_AFTER.
+START = "2026-11-20 23:59:53"
+DAY_BEFORE, DAY_AFTER = "2026-11-20", "2026-11-21"
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+MIDNIGHT = datetime.datetime(2026, 11, 21, tzinfo=datetime.timezone.utc)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port, proc, what):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"{what} did not listen on {port}")
+
+
+class Gateway:
+    def __init__(self, port, admin_port):
+        self.url = f"http://127.0.0.1:{port}"
+        self.admin = f"http://127.0.0.1:{admin_port}"
+        self.console = f"{self.admin}/console"
+        # Filled by the fixture: (day, request id) of the chat requests made around midnight.
+        self.midnight_requests = []
+
+    def admin_json(self, method, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.admin + path, data=data, method=method)
+        req.add_header("authorization", f"Bearer {ADMIN_TOKEN}")
+        if data is not None:
+            req.add_header("content-type", "application/json")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def key_by_name(self, name):
+        return next(k for k in self.admin_json("GET", "/admin/keys")["data"] if k["name"] == name)
+
+    def clock(self):
+        """The gateway's clock (its `Date` header)."""
+        with urllib.request.urlopen(self.admin + "/healthz", timeout=5) as r:
+            return email.utils.parsedate_to_datetime(r.headers["Date"])
+
+    def chat(self, key, content="hi"):
+        body = json.dumps({"model": "alpha-5.5", "messages": [{"role": "user", "content": content}]}).encode()
+        req = urllib.request.Request(self.url + "/v1/chat/completions", data=body, method="POST")
+        req.add_header("authorization", f"Bearer {key}")
+        req.add_header("content-type", "application/json")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            r.read()
+            return r.headers["x-request-id"]
+
+
+@pytest.fixture(scope="session")
+def gateway():
+    if not os.path.exists(FAKETIME_LIB):
+        pytest.fail(f"libfaketime is needed ({FAKETIME_LIB}, Debian package faketime; tests/run_all.sh installs it)")
+    tmp = tempfile.mkdtemp(prefix="tollgate-console-")
+    mock_port, gw_port, admin_port = free_port(), free_port(), free_port()
+    mock = subprocess.Popen(
+        [os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY]
+    )
+    wait_listening(mock_port, mock, "tollgate-mock")
+    config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}
+pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+billing: {{ timezone: UTC }}
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY},
+      models: [alpha-5.5] }}
+groups:
+  default: {{ platforms: [openai] }}
+prices:
+  alpha-5.5: {{ input: 2.0, output: 8.0 }}
+keys:
+  - {{ key: {TEAM_KEY}, name: team-a, group: default, balance: 10.0, tags: {{ team: a }}, budgets: {{ day: 5 }} }}
+  - {{ key: {OTHER_KEY}, name: other-team, group: default, balance: 4.0, tags: {{ team: b }} }}
+"""
+    path = os.path.join(tmp, "tollgate.yaml")
+    with open(path, "w") as f:
+        f.write(config)
+    # The wall clock starts at START and runs on; timers (the monotonic clock) stay real.
+    env = {**os.environ, "RUST_LOG": "warn", "LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"@{START}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env=env)
+    try:
+        wait_listening(gw_port, gw, "tollgate")
+        wait_listening(admin_port, gw, "tollgate admin")
+        g = Gateway(gw_port, admin_port)
+        # Requests on both sides of the UTC midnight: three before it, two after.
+        for key in (TEAM_KEY, TEAM_KEY, OTHER_KEY):
+            if g.clock() >= MIDNIGHT - datetime.timedelta(seconds=1):
+                pytest.fail("the gateway reached midnight before the first requests were made")
+            g.midnight_requests.append((DAY_BEFORE, g.chat(key)))
+        while g.clock() < MIDNIGHT + datetime.timedelta(seconds=1):
+            time.sleep(0.1)
+        for key in (TEAM_KEY, OTHER_KEY):
+            g.midnight_requests.append((DAY_AFTER, g.chat(key)))
+        yield g
+    finally:
+        for p in (gw, mock):
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    chromium = shutil.which("chromium") or "/usr/bin/chromium"
+    driver_path = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+    profile = tempfile.mkdtemp(prefix="tollgate-chromium-")
+    options = Options()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1280,800",
+        f"--user-data-dir={profile}",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    # The page itself (not the window around it) is 1280×800.
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+    )
+    os.makedirs(SHOTS, exist_ok=True)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def screenshot(driver, name):
+    """The page as a 1280×800 PNG under target/console-screenshots/."""
+    driver.save_screenshot(os.path.join(SHOTS, f"{name}.png"))

@@ -1,0 +1,284 @@
+"""The operator console in a real browser (headless Chromium driven by Selenium): sign-in, keys
+made and used through the SDK, top-ups, usage across a UTC midnight, the CSV, deep links and a
+cross-site post. Each page is saved as a 1280×800 screenshot (target/console-screenshots/)."""
+import csv
+import http.server
+import io
+import threading
+import urllib.parse
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.expected_conditions import staleness_of
+from selenium.webdriver.support.ui import WebDriverWait
+
+from conftest import ADMIN_TOKEN, DAY_AFTER, DAY_BEFORE, TEAM_KEY, screenshot
+
+
+def sign_in(driver, gateway, token=ADMIN_TOKEN, then="/console"):
+    driver.delete_all_cookies()
+    driver.get(gateway.admin + then)
+    driver.find_element(By.NAME, "token").send_keys(token)
+    old = driver.find_element(By.TAG_NAME, "html")
+    driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    WebDriverWait(driver, 15).until(staleness_of(old))
+
+
+def heading(driver):
+    return driver.find_element(By.TAG_NAME, "h1").text
+
+
+def submit(driver, button, expect):
+    """Click a button that loads a page, and wait until the page's heading is `expect`."""
+    old = driver.find_element(By.TAG_NAME, "html")
+    button.click()
+    WebDriverWait(driver, 15).until(staleness_of(old))
+    WebDriverWait(driver, 15, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: heading(d) == expect
+    )
+
+
+def table_rows(driver, table_id):
+    rows = []
+    for tr in driver.find_elements(By.CSS_SELECTOR, f"table#{table_id} tbody tr:not(.empty)"):
+        rows.append([td.text for td in tr.find_elements(By.TAG_NAME, "td")])
+    return rows
+
+
+def usd(text):
+    return float(text.replace("$", "").replace(",", ""))
+
+
+def session_cookie(driver):
+    return next(c["value"] for c in driver.get_cookies() if c["name"] == "tg_console")
+
+
+def post(url, fields, cookie=None, headers=()):
+    data = urllib.parse.urlencode(fields).encode()
+    req = urllib.request.Request(url, data=data, method="POST")
+    req.add_header("content-type", "application/x-www-form-urlencoded")
+    if cookie:
+        req.add_header("cookie", f"tg_console={cookie}")
+    for k, v in headers:
+        req.add_header(k, v)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_wrong_token_is_refused_and_sign_in_returns_to_the_deep_link(gateway, browser):
+    team = gateway.key_by_name("team-a")
+    deep = f"/console/keys/{team['id']}"
+    sign_in(browser, gateway, token="not-the-token-at-all", then=deep)
+    assert heading(browser) == "Sign in"
+    assert "Wrong admin token." in browser.find_element(By.CSS_SELECTOR, ".alert").text
+    assert not any(c["name"] == "tg_console" for c in browser.get_cookies())
+    screenshot(browser, "01-sign-in-refused")
+    browser.find_element(By.NAME, "token").send_keys(ADMIN_TOKEN)
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "form button[type=submit]"), "Key team-a")
+    assert browser.current_url == gateway.admin + deep
+    assert heading(browser) == "Key team-a"
+    cookie = next(c for c in browser.get_cookies() if c["name"] == "tg_console")
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/console"
+    browser.refresh()
+    assert browser.current_url == gateway.admin + deep and heading(browser) == "Key team-a"
+    screenshot(browser, "05-key-detail")
+    # A usage deep link loads directly, and survives a reload.
+    link = f"/console/usage?group=model&from={DAY_BEFORE}&to={DAY_AFTER}"
+    browser.get(gateway.admin + link)
+    browser.refresh()
+    assert heading(browser) == "Usage"
+    assert [r[0] for r in table_rows(browser, "usage")] == ["alpha-5.5"]
+    # Signing out ends the session: the deep link asks for the token again.
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "header form button"), "Sign in")
+    browser.get(gateway.admin + deep)
+    assert heading(browser) == "Sign in"
+
+
+def test_a_key_made_in_the_console_serves_the_sdk_until_it_is_disabled(gateway, browser):
+    sign_in(browser, gateway, then="/console/keys")
+    form = browser.find_element(By.CSS_SELECTOR, "form[action='/console/keys'][method=post]")
+    form.find_element(By.NAME, "name").send_keys("browser-made")
+    form.find_element(By.NAME, "balance").send_keys("3")
+    submit(browser, form.find_element(By.CSS_SELECTOR, "button[type=submit]"), "Key created")
+    secret = browser.find_element(By.ID, "secret").get_attribute("value")
+    assert secret.startswith("sk-tg-")
+    browser.find_element(By.CSS_SELECTOR, "button[data-copy=secret]").click()
+    assert browser.find_element(By.CSS_SELECTOR, "button[data-copy=secret]").text == "Copied"
+    screenshot(browser, "03-key-created")
+    # The secret is shown once: the key's own page does not show it.
+    submit(browser, browser.find_element(By.LINK_TEXT, "Go to the key"), "Key browser-made")
+    assert secret not in browser.page_source
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=secret, max_retries=0)
+    reply = client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hello"}])
+    assert reply.choices[0].message.content
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "form[action$='/disable'] button"), "Key browser-made")
+    assert "Key disabled" in browser.find_element(By.CSS_SELECTOR, ".notice").text
+    with pytest.raises(openai.AuthenticationError):
+        client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hello"}])
+    assert not gateway.key_by_name("browser-made")["enabled"]
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "form[action$='/enable'] button"), "Key browser-made")
+    assert client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "again"}]).choices
+    # The keys list finds it by name, and by state.
+    browser.get(gateway.console + "/keys?q=browser&state=active")
+    assert [r[0] for r in table_rows(browser, "keys")] == ["browser-made"]
+    browser.get(gateway.console + "/keys?q=browser&state=disabled")
+    assert table_rows(browser, "keys") == []
+    browser.get(gateway.console + "/keys")
+    screenshot(browser, "02-keys")
+
+
+def test_a_top_up_shows_its_balance_and_is_audited_and_bad_fields_are_named(gateway, browser):
+    other = gateway.key_by_name("other-team")
+    sign_in(browser, gateway, then=f"/console/keys/{other['id']}")
+    before = usd(browser.find_element(By.ID, "balance").text)
+    assert before == pytest.approx(other["balance"], abs=1e-6)
+    form = browser.find_element(By.CSS_SELECTOR, "form[action$='/topup']")
+    form.find_element(By.NAME, "amount").send_keys("2.5")
+    form.find_element(By.NAME, "reason").send_keys("browser top-up")
+    submit(browser, form.find_element(By.CSS_SELECTOR, "button"), "Key other-team")
+    assert "Balance moved" in browser.find_element(By.CSS_SELECTOR, ".notice").text
+    after = usd(browser.find_element(By.ID, "balance").text)
+    assert after == pytest.approx(before + 2.5, abs=1e-6)
+    assert gateway.key_by_name("other-team")["balance"] == pytest.approx(after, abs=1e-6)
+    audit = gateway.admin_json("GET", "/admin/audit?limit=1")["data"][0]
+    assert audit["reason"] == "browser top-up" and audit["delta"] == pytest.approx(2.5)
+    # A field the policy refuses is named under its input, and nothing changes.
+    form = browser.find_element(By.CSS_SELECTOR, "form[action$='/edit']")
+    rpm = form.find_element(By.NAME, "rpm")
+    rpm.clear()
+    rpm.send_keys("many")
+    submit(browser, form.find_element(By.CSS_SELECTOR, "button"), "Key other-team")
+    assert "rpm: a whole number" in browser.find_element(By.ID, "rpm-error").text
+    form = browser.find_element(By.CSS_SELECTOR, "form[action$='/edit']")
+    rpm = form.find_element(By.NAME, "rpm")
+    rpm.clear()
+    ips = form.find_element(By.NAME, "ip_allow")
+    ips.clear()
+    ips.send_keys("10.0.0.0/33")
+    submit(browser, form.find_element(By.CSS_SELECTOR, "button"), "Key other-team")
+    assert "ip_allow" in browser.find_element(By.ID, "ip_allow-error").text
+    screenshot(browser, "06-key-inline-error")
+    unchanged = gateway.key_by_name("other-team")
+    assert unchanged["rpm"] is None and unchanged["ip_allow"] is None
+    # A valid edit is saved.
+    form = browser.find_element(By.CSS_SELECTOR, "form[action$='/edit']")
+    ips = form.find_element(By.NAME, "ip_allow")
+    ips.clear()
+    form.find_element(By.NAME, "rpm").send_keys("120")
+    submit(browser, form.find_element(By.CSS_SELECTOR, "button"), "Key other-team")
+    assert "Saved" in browser.find_element(By.CSS_SELECTOR, ".notice").text
+    assert gateway.key_by_name("other-team")["rpm"] == 120
+
+
+def test_usage_across_a_utc_midnight_equals_the_records_and_the_csv_equals_the_table(gateway, browser):
+    sign_in(browser, gateway, then=f"/console/usage?group=day&from={DAY_BEFORE}&to={DAY_AFTER}")
+    rows = table_rows(browser, "usage")
+    shown = {r[0]: (int(r[1].replace(",", "")), usd(r[4])) for r in rows}
+    # What the records say, per UTC day (the admin API), and what the test made on each side.
+    start = 1795132800  # 2026-11-20T00:00:00Z
+    records = gateway.admin_json("GET", f"/admin/usage?group_by=day&start={start}&end={start + 2 * 86400}")["data"]
+    by_day = {}
+    for r in records:
+        n, cost = by_day.get(r["day"], (0, 0.0))
+        by_day[r["day"]] = (n + r["requests"], cost + r["cost"])
+    made = {DAY_BEFORE: 0, DAY_AFTER: 0}
+    for day, _ in gateway.midnight_requests:
+        made[day] += 1
+    assert made[DAY_BEFORE] == 3 and by_day[DAY_BEFORE][0] == 3
+    assert shown[DAY_BEFORE][0] == by_day[DAY_BEFORE][0]
+    assert shown[DAY_BEFORE][1] == pytest.approx(by_day[DAY_BEFORE][1], abs=1e-6)
+    assert shown[DAY_AFTER][0] == by_day[DAY_AFTER][0] >= made[DAY_AFTER]
+    assert shown[DAY_AFTER][1] == pytest.approx(by_day[DAY_AFTER][1], abs=1e-6)
+    screenshot(browser, "04-usage")
+    # The CSV of the same query is exactly the table's rows.
+    href = browser.find_element(By.ID, "csv").get_attribute("href")
+    req = urllib.request.Request(href)
+    req.add_header("cookie", f"tg_console={session_cookie(browser)}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.headers["content-type"].startswith("text/csv")
+        lines = list(csv.reader(io.StringIO(r.read().decode())))
+    head = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "table#usage thead th")]
+    assert lines[0] == head
+    assert len(lines) - 1 == len(rows)
+    for line, row in zip(lines[1:], rows):
+        assert line[0] == row[0]
+        assert [int(x) for x in (line[1], line[2], line[3], line[5], line[7])] == [
+            int(row[i].replace(",", "")) for i in (1, 2, 3, 5, 7)
+        ]
+        assert float(line[4]) == pytest.approx(usd(row[4]), abs=1e-6)
+    # Grouped by tag, each team's spend is its key's.
+    browser.get(gateway.console + f"/usage?group=tag&tag=team&from={DAY_BEFORE}&to={DAY_AFTER}")
+    teams = {r[0]: usd(r[4]) for r in table_rows(browser, "usage")}
+    assert set(teams) >= {"a", "b"}
+
+
+def test_a_cross_site_post_changes_nothing(gateway, browser):
+    team = gateway.key_by_name("team-a")
+    sign_in(browser, gateway, then="/console/keys")
+    cookie = session_cookie(browser)
+    target = f"{gateway.console}/keys/{team['id']}/disable"
+    # Same cookie, no form token: refused.
+    status, body = post(target, {}, cookie=cookie)
+    assert status == 403 and "nothing was changed" in body
+    # A form token of another session: refused.
+    status, _ = post(target, {"csrf": "A" * 32}, cookie=cookie)
+    assert status == 403
+    # A page on another origin that posts to the console: refused, the key stays enabled.
+    page = f"""<!doctype html><form id="f" method="post" action="{target}"><input name="csrf" value="x"></form>
+<script>document.getElementById('f').submit()</script>"""
+
+    class Evil(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = page.encode()
+            self.send_response(200)
+            self.send_header("content-type", "text/html")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    evil = http.server.HTTPServer(("127.0.0.1", 0), Evil)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    try:
+        browser.get(f"http://127.0.0.1:{evil.server_address[1]}/")
+        # The post lands on the console's answer (the browser left the attacker's page).
+        WebDriverWait(browser, 15).until(lambda d: d.current_url.startswith(gateway.admin))
+        assert browser.current_url == target
+        assert "403" in browser.page_source or "Refused" in browser.page_source or "other web pages" in browser.page_source
+    finally:
+        evil.shutdown()
+    assert gateway.key_by_name("team-a")["enabled"]
+
+
+def test_every_page_renders(gateway, browser):
+    sign_in(browser, gateway)
+    assert heading(browser) == "Overview"
+    tiles = browser.find_elements(By.CSS_SELECTOR, ".tile .spend")
+    assert len(tiles) == 3 and usd(tiles[2].text) > 0
+    assert browser.find_element(By.CSS_SELECTOR, "svg.chart rect")
+    assert "Times in UTC" in browser.find_element(By.CSS_SELECTOR, "header .tz").text
+    screenshot(browser, "00-overview")
+    browser.get(gateway.console + "/requests")
+    assert heading(browser) == "Requests"
+    rows = table_rows(browser, "requests")
+    assert rows
+    screenshot(browser, "07-requests")
+    link = browser.find_element(By.CSS_SELECTOR, "table#requests tbody tr td:last-child a")
+    submit(browser, link, "Request " + link.text)
+    screenshot(browser, "08-request-detail")
+    browser.get(gateway.console + "/providers")
+    assert [r[0] for r in table_rows(browser, "providers")] == ["oa"]
+    assert "healthy" in table_rows(browser, "providers")[0][2]
+    screenshot(browser, "09-providers")
+    browser.get(gateway.console + "/video")
+    assert heading(browser) == "Video tasks"
+    screenshot(browser, "10-video")
