@@ -204,6 +204,8 @@ struct RawConsole {
     request_log_days: Option<u64>,
     #[serde(default)]
     request_log_max: Option<usize>,
+    #[serde(default)]
+    key_page: Option<bool>,
 }
 
 /// `console:`: the request log's retention and bound.
@@ -215,11 +217,13 @@ pub struct ConsoleConfig {
     pub request_log_days: u64,
     /// At most this many entries are kept (the oldest go first).
     pub request_log_max: usize,
+    /// The key holder's page, `/me` on the public listener (`console.key_page`, off by default).
+    pub key_page: bool,
 }
 
 impl Default for ConsoleConfig {
     fn default() -> Self {
-        ConsoleConfig { request_log: true, request_log_days: 7, request_log_max: 1_000_000 }
+        ConsoleConfig { request_log: true, request_log_days: 7, request_log_max: 1_000_000, key_page: false }
     }
 }
 
@@ -1172,6 +1176,7 @@ impl Config {
                 request_log: c.request_log.unwrap_or(defaults.request_log),
                 request_log_days: c.request_log_days.unwrap_or(defaults.request_log_days),
                 request_log_max: c.request_log_max.unwrap_or(defaults.request_log_max),
+                key_page: c.key_page.unwrap_or(defaults.key_page),
             },
             None => defaults,
         };

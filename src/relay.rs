@@ -334,6 +334,8 @@ pub struct Routing {
     pub trusted_proxies: Vec<crate::policy::Cidr>,
     /// Spend windows' calendar (`billing.timezone`).
     pub calendar: crate::policy::budget::Calendar,
+    /// Whether `/me`, the key holder's page, is served (`console.key_page`).
+    pub key_page: bool,
     /// Retries before the first byte.
     pub retry: crate::config::RetryPolicy,
     /// Input tokens held per referenced image and per file (`billing.image_input_tokens`,
@@ -840,6 +842,7 @@ prices:
             forward_response_headers: Vec::new(),
             trusted_proxies: Vec::new(),
             calendar: Default::default(),
+            key_page: false,
             retry: crate::config::RetryPolicy::default(),
             media_allowance: MediaAllowance::default(),
         }

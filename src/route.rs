@@ -25,6 +25,13 @@ pub enum Route {
         model: String,
     },
     Usage,
+    /// `GET /me`, the key holder's page (`file` ""), and its `app.js` and `app.css`: answered
+    /// without a key.
+    KeyPage {
+        file: &'static str,
+    },
+    /// `GET /me/data`: the calling key's balance, windows, usage and last requests.
+    KeyPageData,
     /// `POST /v1beta/models/{model}:embedContent` / `:batchEmbedContents` (also under `/v1/models/`).
     GeminiEmbed {
         model: String,
@@ -133,6 +140,8 @@ impl Route {
             Route::GeminiModels => "gemini_models",
             Route::GeminiModel { .. } => "gemini_model",
             Route::Usage => "usage",
+            Route::KeyPage { .. } => "key_page",
+            Route::KeyPageData => "key_page_data",
             Route::CountTokens => "count_tokens",
             Route::GeminiCountTokens { .. } => "gemini_count_tokens",
             Route::GeminiEmbed { batch: false, .. } => "embed_content",
@@ -196,6 +205,10 @@ pub fn classify(method: &str, path: &str) -> Route {
         ("GET", "/models") => Route::Models,
         ("GET", "/usage") => Route::Usage,
         ("GET" | "HEAD", "/") if v1.is_none() => Route::Root,
+        ("GET", "/me") if v1.is_none() => Route::KeyPage { file: "" },
+        ("GET", "/me/app.js") if v1.is_none() => Route::KeyPage { file: "app.js" },
+        ("GET", "/me/app.css") if v1.is_none() => Route::KeyPage { file: "app.css" },
+        ("GET", "/me/data") if v1.is_none() => Route::KeyPageData,
         _ => not_found(),
     }
 }
@@ -295,6 +308,11 @@ mod tests {
         assert_eq!(classify("GET", "/models"), Route::Models);
         assert_eq!(classify("GET", "/v1/usage"), Route::Usage);
         assert_eq!(classify("GET", "/usage"), Route::Usage);
+        assert_eq!(classify("GET", "/me"), Route::KeyPage { file: "" });
+        assert_eq!(classify("GET", "/me/app.js"), Route::KeyPage { file: "app.js" });
+        assert_eq!(classify("GET", "/me/data"), Route::KeyPageData);
+        assert!(matches!(classify("GET", "/v1/me"), Route::NotFound { .. }));
+        assert!(matches!(classify("POST", "/me/data"), Route::NotFound { .. }));
         assert_eq!(classify("GET", "/v1/models/"), Route::Models);
     }
 

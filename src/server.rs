@@ -181,6 +181,7 @@ fn routing_for(config: &Config, health: &crate::health::HealthBook) -> Routing {
         forward_response_headers: config.forward_response_headers.clone(),
         trusted_proxies: config.trusted_proxies.clone(),
         calendar: config.calendar.clone(),
+        key_page: config.console.key_page,
         retry: config.retry.clone(),
         media_allowance: config.media_allowance,
     }

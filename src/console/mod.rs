@@ -10,7 +10,8 @@
 //! The pages read the same store as the admin API and change keys through the same functions
 //! (`AdminApi::create_key`, `AdminApi::patch_key`), so a rule lives in one place.
 
-mod html;
+pub(crate) mod html;
+pub mod me;
 mod pages;
 
 use crate::admin::AdminApi;

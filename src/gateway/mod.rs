@@ -166,7 +166,7 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
     match route {
         Route::NotFound { shape } => *shape,
         Route::Models if client_version(req).is_some() => Protocol::Anthropic,
-        Route::Models | Route::Usage | Route::Root => Protocol::Openai,
+        Route::Models | Route::Usage | Route::Root | Route::KeyPage { .. } | Route::KeyPageData => Protocol::Openai,
         Route::GeminiModels | Route::GeminiModel { .. } => Protocol::Gemini,
         other => other.relay_protocol().unwrap_or(Protocol::Openai),
     }
@@ -207,6 +207,12 @@ impl Gateway {
             // A reachability probe (agent CLIs send one to their base URL): no key needed,
             // nothing about the configuration shown.
             return Ok(Outcome::Respond(LocalResponse::json(200, &serde_json::json!({"object": "tollgate", "status": "ok"}))));
+        }
+        if let Route::KeyPage { file } = route {
+            if !self.routing.load().key_page {
+                return Err(ApiError::new(ErrorKind::NotFound, format!("Unknown endpoint: {} {}", req.method, req.uri.path())));
+            }
+            return Ok(Outcome::Respond(crate::console::me::page(file)));
         }
         ctx.key_checked = true;
         let key = self.keys.authenticate(auth::extract_key(&req.headers))?;
@@ -250,6 +256,21 @@ impl Gateway {
                     Some(m) => Ok(Outcome::Respond(LocalResponse::json(200, &gemini::model(m)))),
                     None => Err(ApiError::new(ErrorKind::ModelNotFound, format!("models/{wanted} is not found."))),
                 };
+            }
+            Route::KeyPageData if !routing.key_page => {
+                return Err(ApiError::new(ErrorKind::NotFound, format!("Unknown endpoint: {} {}", req.method, req.uri.path())));
+            }
+            Route::KeyPageData => {
+                self.limits.admit(&key).await?;
+                let _slot = self.limits.enter(&key).await?;
+                let _turn =
+                    self.usage_queries.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))?;
+                let data =
+                    crate::console::me::data(&self.ledger, self.requests.as_deref(), &key, &routing.calendar).await.map_err(|e| {
+                        log::error!("key page: {e}");
+                        ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
+                    })?;
+                return Ok(Outcome::Respond(LocalResponse::json(200, &data)));
             }
             Route::Usage => {
                 // Rate-limited like any call.

@@ -98,6 +98,7 @@ data_dir: {tmp}/data
 admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}
 pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
 billing: {{ timezone: UTC }}
+console: {{ key_page: true }}
 providers:
   - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY},
       models: [alpha-5.5] }}

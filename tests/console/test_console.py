@@ -3,6 +3,7 @@ made and used through the SDK, top-ups, usage across a UTC midnight, the CSV, de
 cross-site post. Each page is saved as a 1280×800 screenshot (target/console-screenshots/)."""
 import csv
 import http.server
+import json
 import io
 import threading
 import urllib.parse
@@ -16,7 +17,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import ADMIN_TOKEN, DAY_AFTER, DAY_BEFORE, TEAM_KEY, screenshot
+from conftest import ADMIN_TOKEN, DAY_AFTER, DAY_BEFORE, OTHER_KEY, TEAM_KEY, screenshot
 
 
 def sign_in(driver, gateway, token=ADMIN_TOKEN, then="/console"):
@@ -282,3 +283,43 @@ def test_every_page_renders(gateway, browser):
     browser.get(gateway.console + "/video")
     assert heading(browser) == "Video tasks"
     screenshot(browser, "10-video")
+
+
+def test_the_key_page_shows_only_its_key_and_keeps_the_key_out_of_urls(gateway, browser):
+    browser.delete_all_cookies()
+    browser.get(gateway.url + "/me")
+    browser.find_element(By.ID, "key").send_keys("sk-not-a-key-at-all")
+    browser.find_element(By.CSS_SELECTOR, "#enter button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_element(By.ID, "error").is_displayed())
+    assert "refused" in browser.find_element(By.ID, "error").text
+    browser.find_element(By.ID, "key").send_keys(TEAM_KEY)
+    browser.find_element(By.CSS_SELECTOR, "#enter button").click()
+    WebDriverWait(browser, 15).until(lambda d: heading(d) == "Key team-a")
+    assert TEAM_KEY not in browser.current_url
+    assert browser.execute_script("return sessionStorage.getItem('tollgate_key')") == TEAM_KEY
+    team = gateway.key_by_name("team-a")
+    assert usd(browser.find_element(By.ID, "balance").text) == pytest.approx(team["balance"], abs=1e-6)
+    ids = {r[-1] for r in table_rows(browser, "requests")}
+    log = gateway.admin_json("GET", "/admin/requests?limit=500")["data"]
+    own = {e["id"] for e in log if e.get("key_id") == team["id"]}
+    others = {e["id"] for e in log if e.get("key_id") not in (None, team["id"])}
+    assert ids and ids <= own and not ids & others
+    days = {r[0]: int(r[1]) for r in table_rows(browser, "days")}
+    team_midnight = [d for d, _ in gateway.midnight_requests[:2]]
+    assert days.get(DAY_BEFORE) == len(team_midnight)
+    screenshot(browser, "11-key-page")
+    # A reload keeps the key (session storage), and the data call never carries it in a URL.
+    browser.refresh()
+    WebDriverWait(browser, 15).until(lambda d: heading(d) == "Key team-a")
+    req = urllib.request.Request(gateway.url + "/me/data")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(req, timeout=10)
+    assert refused.value.code == 401
+    req.add_header("authorization", f"Bearer {OTHER_KEY}")
+    with urllib.request.urlopen(req, timeout=10) as r:
+        other = json.loads(r.read())
+    assert other["name"] == "other-team"
+    assert not {e["id"] for e in other["requests"]} & own
+    browser.find_element(By.ID, "forget").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_element(By.ID, "enter").is_displayed())
+    assert browser.execute_script("return sessionStorage.getItem('tollgate_key')") is None
