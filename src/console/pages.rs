@@ -1151,6 +1151,9 @@ async fn providers(api: &AdminApi, req: &Request) -> Page {
     Ok(clock.page("Providers", "/console/providers", &req.csrf, &body))
 }
 
+/// Tasks the video page lists (the most recently updated).
+const VIDEO_TASKS: usize = 500;
+
 async fn video(api: &AdminApi, req: &Request) -> Page {
     let clock = Clock::now(api);
     let Some(video) = &api.video else {
@@ -1161,36 +1164,43 @@ async fn video(api: &AdminApi, req: &Request) -> Page {
     let wanted = q.get("status");
     let keys = api.keys.all_keys().await.map_err(internal)?;
     let names = key_names(&keys);
-    let mut tasks = video.open_tasks().await.map_err(internal)?;
-    tasks.sort_by_key(|t| std::cmp::Reverse(t.created_at));
+    let tasks = video.recent_tasks(VIDEO_TASKS).await.map_err(internal)?;
     let mut by_status: BTreeMap<&str, usize> = BTreeMap::new();
     let mut rows = Vec::new();
+    let when = |secs: u64| if secs == 0 { "—".to_string() } else { html::time_ms(secs * 1000, clock.tz()) };
     for t in &tasks {
         let status = t.status.public();
         *by_status.entry(status).or_default() += 1;
         if !wanted.is_empty() && wanted != status {
             continue;
         }
+        let took = t.completed_at.map_or("—".to_string(), |done| format!("{} s", count(done.saturating_sub(t.created_at))));
+        let outcome = match (&t.error, t.refunded) {
+            (Some(e), true) => format!("{} <small>refunded</small>", esc(&e.code)),
+            (Some(e), false) => esc(&e.code),
+            (None, _) => String::new(),
+        };
         rows.push(vec![
             format!("<span class=\"mono\">{}</span>", esc(&t.id)),
             key_link(&t.owner, &names),
             esc(&t.api_model),
-            format!("<span class=\"state {status}\">{status}</span> {}%", t.progress),
+            format!("<span class=\"state {status}\">{status}</span> {}% {outcome}", t.progress),
             esc(t.job_id.as_deref().unwrap_or("—")),
-            html::time_ms(t.created_at * 1000, clock.tz()),
-            html::time_ms(t.last_polled_at * 1000, clock.tz()),
+            when(t.created_at),
+            when(t.last_polled_at),
+            took,
             nanos(t.cost_nanos),
         ]);
     }
     let (completed, failed) = video.finished_counts();
-    let mut links = String::from("<p><a href=\"/console/video\">all open</a>");
+    let mut links = String::from("<p><a href=\"/console/video\">all</a>");
     for (s, n) in &by_status {
         let _ = write!(links, " · <a href=\"/console/video?status={s}\">{s} ({n})</a>");
     }
     links.push_str("</p>");
     let body = format!(
-        "{links}<p>Finished since this process started: {completed} completed, {failed} failed.</p>{}",
-        html::table("video", &["Task", "Key", "Model", "Status", "Upstream job", "Created", "Last polled", "Price"], &rows, None)
+        "{links}<p><small>The {VIDEO_TASKS} most recently updated tasks. Finished since this process started: {completed} completed, {failed} failed.</small></p>{}",
+        html::table("video", &["Task", "Key", "Model", "Status", "Upstream job", "Created", "Last polled", "Took", "Price"], &rows, None)
     );
     Ok(clock.page("Video tasks", "/console/video", &req.csrf, &body))
 }

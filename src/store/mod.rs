@@ -186,6 +186,9 @@ pub trait TaskStore: Send + Sync {
     async fn open_ids(&self) -> Result<Vec<String>, StoreError>;
     /// Unfinished tasks, for metrics (in a fleet: those this node holds; nothing is claimed).
     async fn open_tasks(&self) -> Result<Vec<Task>, StoreError>;
+    /// The `limit` most recently updated tasks, whatever their status, newest first (the
+    /// console; in a fleet: of every node).
+    async fn recent(&self, limit: usize) -> Result<Vec<Task>, StoreError>;
     /// Ids of completed tasks whose copy to object storage is still to be done.
     async fn copy_pending_ids(&self) -> Result<Vec<String>, StoreError>;
     /// The task an Idempotency-Key of `owner` already names (within the window), if any.

@@ -535,9 +535,9 @@ impl VideoService {
         self.creating.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
     }
 
-    /// Unfinished tasks (in a fleet: of the tasks this node holds).
-    pub async fn open_tasks(&self) -> Result<Vec<Task>, StoreError> {
-        self.store.open_tasks().await
+    /// The most recently updated tasks, any status, newest first.
+    pub async fn recent_tasks(&self, limit: usize) -> Result<Vec<Task>, StoreError> {
+        self.store.recent(limit).await
     }
 
     /// Tasks that ended in this process's lifetime: (completed, failed).

@@ -18,8 +18,8 @@ BIN_DIR = os.environ.get("TOLLGATE_BIN_DIR", os.path.join(ROOT, "target", "debug
 SHOTS = os.environ.get("TOLLGATE_SCREENSHOTS", os.path.join(ROOT, "target", "console-screenshots"))
 UPSTREAM_KEY = "mock-upstream-key-console"
 ADMIN_TOKEN = "console-admin-token-0123456789"
-TEAM_KEY = "sk-console-team-0001"
-OTHER_KEY = "sk-console-other-0001"
+TEAM_KEY = "sk-console-team-0001-0123456789abcdef"
+OTHER_KEY = "sk-console-other-0001-0123456789abcdef"
 # The gateway starts at this time (UTC) and its clock runs on: the first requests are billed on
 # DAY_BEFORE, the later ones on DAY_AFTER.
 START = "2026-11-20 23:59:53"
@@ -72,6 +72,14 @@ class Gateway:
         with urllib.request.urlopen(self.admin + "/healthz", timeout=5) as r:
             return email.utils.parsedate_to_datetime(r.headers["Date"])
 
+    def video(self, key, prompt):
+        body = json.dumps({"model": "genq3-pro", "prompt": prompt}).encode()
+        req = urllib.request.Request(self.url + "/v1/videos", data=body, method="POST")
+        req.add_header("authorization", f"Bearer {key}")
+        req.add_header("content-type", "application/json")
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())["id"]
+
     def chat(self, key, content="hi"):
         body = json.dumps({"model": "alpha-5.5", "messages": [{"role": "user", "content": content}]}).encode()
         req = urllib.request.Request(self.url + "/v1/chat/completions", data=body, method="POST")
@@ -88,8 +96,11 @@ def gateway():
         pytest.fail(f"libfaketime is needed ({FAKETIME_LIB}, Debian package faketime; tests/run_all.sh installs it)")
     tmp = tempfile.mkdtemp(prefix="tollgate-console-")
     mock_port, gw_port, admin_port = free_port(), free_port(), free_port()
+    # The wall clock starts at START and runs on; timers (the monotonic clock) stay real. The
+    # mock's video service checks request signatures' times: it runs on the same clock.
+    env = {**os.environ, "RUST_LOG": "warn", "LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"@{START}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     mock = subprocess.Popen(
-        [os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY]
+        [os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY], env=env
     )
     wait_listening(mock_port, mock, "tollgate-mock")
     config = f"""
@@ -103,9 +114,14 @@ providers:
   - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY},
       models: [alpha-5.5] }}
 groups:
-  default: {{ platforms: [openai] }}
+  default: {{ platforms: [openai, video] }}
 prices:
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
+video:
+  upstream: {{ base_url: "http://127.0.0.1:{mock_port}", secret_id: mock-tc-secret-id, secret_key: mock-tc-secret-key,
+              region: ap-guangzhou, version: "2024-05-23", brand: Gen, rate_per_sec: 100 }}
+  poll_interval_secs: 1
+  prices: {{ genq3-pro: 0.05, genq2: 0.02, genq3-turbo: 0, genq3-pro-fast: 0, genq2-pro: 0, genq2-turbo: 0, genq2-pro-fast: 0 }}
 keys:
   - {{ key: {TEAM_KEY}, name: team-a, group: default, balance: 10.0, tags: {{ team: a }}, budgets: {{ day: 5 }} }}
   - {{ key: {OTHER_KEY}, name: other-team, group: default, balance: 4.0, tags: {{ team: b }} }}
@@ -113,8 +129,6 @@ keys:
     path = os.path.join(tmp, "tollgate.yaml")
     with open(path, "w") as f:
         f.write(config)
-    # The wall clock starts at START and runs on; timers (the monotonic clock) stay real.
-    env = {**os.environ, "RUST_LOG": "warn", "LD_PRELOAD": FAKETIME_LIB, "FAKETIME": f"@{START}", "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env=env)
     try:
         wait_listening(gw_port, gw, "tollgate")
@@ -129,6 +143,10 @@ keys:
             time.sleep(0.1)
         for key in (TEAM_KEY, OTHER_KEY):
             g.midnight_requests.append((DAY_AFTER, g.chat(key)))
+        # Two video tasks of the other team: one that completes, one the upstream fails (and
+        # tollgate refunds).
+        g.video_ok = g.video(OTHER_KEY, "a lighthouse at dawn")
+        g.video_failed = g.video(OTHER_KEY, "bad [fail]")
         yield g
     finally:
         for p in (gw, mock):

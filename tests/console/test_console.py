@@ -95,7 +95,7 @@ def test_a_wrong_token_is_refused_and_sign_in_returns_to_the_deep_link(gateway, 
     browser.get(gateway.admin + link)
     browser.refresh()
     assert heading(browser) == "Usage"
-    assert [r[0] for r in table_rows(browser, "usage")] == ["alpha-5.5"]
+    assert [r[0] for r in table_rows(browser, "usage")] == ["alpha-5.5", "genq3-pro"]
     # Signing out ends the session: the deep link asks for the token again.
     submit(browser, browser.find_element(By.CSS_SELECTOR, "header form button"), "Sign in")
     browser.get(gateway.admin + deep)
@@ -181,7 +181,8 @@ def test_a_top_up_shows_its_balance_and_is_audited_and_bad_fields_are_named(gate
 def test_usage_across_a_utc_midnight_equals_the_records_and_the_csv_equals_the_table(gateway, browser):
     sign_in(browser, gateway, then=f"/console/usage?group=day&from={DAY_BEFORE}&to={DAY_AFTER}")
     rows = table_rows(browser, "usage")
-    shown = {r[0]: (int(r[1].replace(",", "")), usd(r[4])) for r in rows}
+    # Billed and refunded apart: what the records net to is billed + refunded (≤ 0).
+    shown = {r[0]: (int(r[1].replace(",", "")), usd(r[4]) + usd(r[6])) for r in rows}
     # What the records say, per UTC day (the admin API), and what the test made on each side.
     start = 1795132800  # 2026-11-20T00:00:00Z
     records = gateway.admin_json("GET", f"/admin/usage?group_by=day&start={start}&end={start + 2 * 86400}")["data"]
@@ -280,9 +281,24 @@ def test_every_page_renders(gateway, browser):
     assert [r[0] for r in table_rows(browser, "providers")] == ["oa"]
     assert "healthy" in table_rows(browser, "providers")[0][2]
     screenshot(browser, "09-providers")
+    # Both video tasks are listed; the failed one (once the poller saw it) as refunded.
+    browser.get(gateway.console + "/video?status=failed")
+
+    def failed_listed(d):
+        d.refresh()
+        return any(r[0] == gateway.video_failed for r in table_rows(d, "video"))
+
+    WebDriverWait(browser, 30).until(failed_listed)
+    failed = next(r for r in table_rows(browser, "video") if r[0] == gateway.video_failed)
+    assert "failed" in failed[3] and "refunded" in failed[3] and failed[1].startswith("other-team")
     browser.get(gateway.console + "/video")
-    assert heading(browser) == "Video tasks"
+    assert {gateway.video_ok, gateway.video_failed} <= {r[0] for r in table_rows(browser, "video")}
     screenshot(browser, "10-video")
+    # The refund is shown apart from what was billed.
+    browser.get(gateway.console + f"/usage?group=key&from={DAY_BEFORE}&to={DAY_AFTER}")
+    other = next(r for r in table_rows(browser, "usage") if r[0].startswith("other-team"))
+    assert int(other[5]) == 1 and usd(other[6]) == pytest.approx(-usd(failed[8]), abs=1e-6)
+    assert usd(other[4]) > 0
 
 
 def test_the_key_page_shows_only_its_key_and_keeps_the_key_out_of_urls(gateway, browser):

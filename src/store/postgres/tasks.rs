@@ -88,6 +88,15 @@ impl FleetTasks {
         Ok(row.map(|r| r.get(0)))
     }
 
+    /// The most recently updated tasks of every node.
+    pub async fn recent_records(&self, limit: usize) -> Result<Vec<String>, PgError> {
+        let client = self.pg.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = client.query("SELECT record FROM video_tasks ORDER BY updated_at DESC LIMIT $1", &[&limit]).await?;
+        self.pg.count(1);
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// Remove a task that never became visible (it lost an idempotency race).
     pub async fn discard(&self, id: &str) -> Result<(), PgError> {
         let client = self.pg.client().await?;
@@ -213,6 +222,10 @@ impl crate::store::TaskStore for FleetTasks {
 
     async fn open_tasks(&self) -> Result<Vec<Task>, crate::store::StoreError> {
         Ok(self.held().await?.into_iter().filter_map(|(_, text)| serde_json::from_str(&text).ok()).collect())
+    }
+
+    async fn recent(&self, limit: usize) -> Result<Vec<Task>, crate::store::StoreError> {
+        Ok(self.recent_records(limit).await?.into_iter().filter_map(|text| serde_json::from_str(&text).ok()).collect())
     }
 
     async fn copy_pending_ids(&self) -> Result<Vec<String>, crate::store::StoreError> {

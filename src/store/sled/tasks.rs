@@ -153,6 +153,22 @@ impl TaskStore for SledTasks {
         Ok(out)
     }
 
+    /// Ids are random, not ordered by time: every task is read (the console's list, not a
+    /// request path).
+    async fn recent(&self, limit: usize) -> Result<Vec<Task>, StoreError> {
+        let mut all = Vec::new();
+        for item in self.tasks()?.iter() {
+            let (_, v) = item?;
+            match serde_json::from_slice::<Task>(&v) {
+                Ok(task) => all.push(task),
+                Err(e) => log::warn!("video: an unreadable task is left out of the list: {e}"),
+            }
+        }
+        all.sort_by_key(|t| std::cmp::Reverse(t.updated_at));
+        all.truncate(limit);
+        Ok(all)
+    }
+
     async fn copy_pending_ids(&self) -> Result<Vec<String>, StoreError> {
         ids(&self.copies()?)
     }
