@@ -146,3 +146,24 @@ async fn the_log_can_be_turned_off_and_ids_stay() {
     let (status, page) = admin(admin_port, "/admin/requests").await;
     assert_eq!((status, page["data"].as_array().map(Vec::len)), (200, Some(0)), "{page}");
 }
+
+/// The key holder's page is off unless `console.key_page: true`, and its data needs the key.
+#[tokio::test]
+async fn the_key_page_is_off_by_default_and_its_data_needs_a_key() {
+    let mock = start_mock();
+    let gw = start_gateway(&standard_config(mock.port));
+    for path in ["/me", "/me/app.js", "/me/data"] {
+        let r = client().get(gw.url(path)).bearer_auth(CLIENT_KEY).send().await.expect("me");
+        assert_eq!(r.status(), 404, "{path} while console.key_page is off");
+    }
+    let on = start_gateway(&format!("console: {{ key_page: true }}\n{}", standard_config(mock.port)));
+    let page = client().get(on.url("/me")).send().await.expect("page");
+    assert_eq!(page.status(), 200);
+    let csp = page.headers().get("content-security-policy").and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+    assert!(csp.contains("script-src 'self'") && !csp.contains("unsafe-inline"), "{csp}");
+    assert!(page.text().await.expect("html").contains("/me/app.js"));
+    assert_eq!(client().get(on.url("/me/data")).send().await.expect("data").status(), 401);
+    let data: Value = client().get(on.url("/me/data")).bearer_auth(CLIENT_KEY).send().await.expect("data").json().await.expect("json");
+    assert_eq!(data["object"], "key_page");
+    assert!(data["balance"].as_f64().is_some() && data["requests"].is_array() && data["days"].is_array());
+}

@@ -165,6 +165,13 @@ async fn contract(store: Arc<dyn Store>) {
     t.status = Status::Completed;
     tasks.put(&t).await.expect("put completed");
     assert!(tasks.open_ids().await.expect("open").is_empty(), "{backend}: a finished task is not polled");
+    // The console's list: every status, the most recently updated first, at most `limit`.
+    let mut later = task("task_later", "key_b");
+    later.updated_at = t.updated_at + 10;
+    tasks.put(&later).await.expect("put later");
+    let recent: Vec<String> = tasks.recent(10).await.expect("recent").into_iter().map(|t| t.id).collect();
+    assert_eq!(recent, ["task_later", "task_contract"], "{backend}");
+    assert_eq!(tasks.recent(1).await.expect("recent").len(), 1, "{backend}");
     let now = tollgate::auth::now_unix();
     assert_eq!(tasks.claim_idempotency("key_a", "idem-1", "task_contract", now).await.expect("claim"), "task_contract", "{backend}");
     assert_eq!(
