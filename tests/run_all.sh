@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: system packages, the agent CLIs from npm, formatting and lints (rustfmt,
 # clippy with warnings as errors), Rust unit + integration tests (one `cargo test` build), fuzz
-# targets, then the SDK compatibility suite in a virtualenv against the binaries that build made.
+# targets, then the SDK compatibility suite and the console's browser tests (headless Chromium) in
+# a virtualenv against the binaries that build made.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
