@@ -157,19 +157,28 @@ impl Row {
     }
 }
 
-/// Usage of every key in `[start_ms, end_ms)`, grouped; the request log adds the failed and
-/// refused requests that were not billed. Rows by their label (a key id for `Group::Key`).
+/// Usage of `keys` (every key when None) in `[start_ms, end_ms)`, grouped; the request log
+/// adds the failed and refused requests that were not billed. Rows by their label (a key id for
+/// `Group::Key`).
 async fn usage_rows(
     api: &AdminApi,
+    keys: Option<&[crate::store::KeyRecord]>,
     group: &Group,
-    start_ms: u64,
-    end_ms: u64,
+    (start_ms, end_ms): (u64, u64),
     tz: &jiff::tz::TimeZone,
 ) -> Result<BTreeMap<String, Row>, ApiError> {
     api.ledger.commit_now().await.map_err(internal)?;
+    let all;
+    let keys = match keys {
+        Some(keys) => keys,
+        None => {
+            all = api.keys.all_keys().await.map_err(internal)?;
+            &all[..]
+        }
+    };
     let by = group.grouping(tz);
     let mut rows: BTreeMap<String, Row> = BTreeMap::new();
-    for key in api.keys.all_keys().await.map_err(internal)? {
+    for key in keys {
         let (total, by_label) = api.ledger.usage_grouped(&key.id, start_ms, end_ms, &by).await.map_err(internal)?;
         if *group == Group::Key {
             if total.requests > 0 || total.cost_nanos != 0 || total.refunds > 0 {
@@ -181,9 +190,16 @@ async fn usage_rows(
             rows.entry(label).or_default().totals.merge(&t);
         }
     }
-    if *group != Group::Tag(String::new()) {
-        for_log(api, Filter { start_ms, end_ms, ..Default::default() }, |e| {
-            if e.status >= 400 && e.cost_nanos == 0 {
+    if !matches!(group, Group::Tag(_)) {
+        // One key's page reads only that key's entries.
+        let key_id = match keys {
+            [one] => Some(one.id.clone()),
+            _ => None,
+        };
+        // Requests refused before a key was known are no key's usage.
+        let ids: std::collections::HashSet<&str> = keys.iter().map(|k| k.id.as_str()).collect();
+        for_log(api, Filter { key_id, start_ms, end_ms, ..Default::default() }, |e| {
+            if e.status >= 400 && e.cost_nanos == 0 && e.key_id.as_deref().is_some_and(|k| ids.contains(k)) {
                 if let Some(label) = group.of_entry(e, tz) {
                     rows.entry(label).or_default().failed += 1;
                 }
@@ -231,7 +247,7 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
     let clock = Clock::now(api);
     let first = clock.days_before(29);
     let (start, end) = clock.range_ms(&first, &clock.today).ok_or_else(|| internal("calendar"))?;
-    let day_rows = usage_rows(api, &Group::Day, start, end, clock.tz()).await?;
+    let day_rows = usage_rows(api, None, &Group::Day, (start, end), clock.tz()).await?;
     let periods = [("Today", clock.today.clone()), ("7 days", clock.days_before(6)), ("30 days", first.clone())];
     // Error rate and latency from the request log (kept `console.request_log_days`).
     let mut latencies: [Vec<u64>; 3] = Default::default();
@@ -276,8 +292,8 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
     }
     let keys = api.keys.all_keys().await.map_err(internal)?;
     let names = key_names(&keys);
-    let top_keys = usage_rows(api, &Group::Key, start, end, clock.tz()).await?;
-    let top_models = usage_rows(api, &Group::Model, start, end, clock.tz()).await?;
+    let top_keys = usage_rows(api, None, &Group::Key, (start, end), clock.tz()).await?;
+    let top_models = usage_rows(api, None, &Group::Model, (start, end), clock.tz()).await?;
     let top = |rows: &BTreeMap<String, Row>, label: &dyn Fn(&str) -> String| {
         let mut sorted: Vec<(&String, &Row)> = rows.iter().filter(|(_, r)| r.totals.requests > 0 || r.billed() != 0).collect();
         sorted.sort_by_key(|(_, r)| std::cmp::Reverse(r.billed()));
@@ -779,11 +795,8 @@ async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
     let only_key = q.get("key");
     let keys = api.keys.all_keys().await.map_err(internal)?;
     let names = key_names(&keys);
-    let rows = if only_key.is_empty() {
-        usage_rows(api, &group, start_ms, end_ms, clock.tz()).await?
-    } else {
-        key_rows(api, only_key, &group, start_ms, end_ms, clock.tz()).await?
-    };
+    let only = if only_key.is_empty() { None } else { Some(vec![api.key(only_key).await?]) };
+    let rows = usage_rows(api, only.as_deref(), &group, (start_ms, end_ms), clock.tz()).await?;
     let mut total = Row::default();
     for r in rows.values() {
         total.totals.merge(&r.totals);
@@ -862,39 +875,6 @@ failed, not billed: requests answered with an error that cost nothing (from the 
         esc(&csv_link),
     );
     Ok(clock.page("Usage", "/console/usage", &req.csrf, &body))
-}
-
-/// One key's rows (the key detail page's usage link).
-async fn key_rows(
-    api: &AdminApi,
-    id: &str,
-    group: &Group,
-    start_ms: u64,
-    end_ms: u64,
-    tz: &jiff::tz::TimeZone,
-) -> Result<BTreeMap<String, Row>, ApiError> {
-    api.ledger.commit_now().await.map_err(internal)?;
-    let key = api.key(id).await?;
-    let (total, by_label) = api.ledger.usage_grouped(&key.id, start_ms, end_ms, &group.grouping(tz)).await.map_err(internal)?;
-    let mut rows: BTreeMap<String, Row> = BTreeMap::new();
-    if *group == Group::Key {
-        rows.insert(key.id.clone(), Row { totals: total, failed: 0 });
-    } else {
-        for (label, t) in by_label {
-            rows.entry(label).or_default().totals = t;
-        }
-    }
-    if !matches!(group, Group::Tag(_)) {
-        for_log(api, Filter { key_id: Some(key.id.clone()), start_ms, end_ms, ..Default::default() }, |e| {
-            if e.status >= 400 && e.cost_nanos == 0 {
-                if let Some(label) = group.of_entry(e, tz) {
-                    rows.entry(label).or_default().failed += 1;
-                }
-            }
-        })
-        .await?;
-    }
-    Ok(rows)
 }
 
 fn group_title(group: &Group) -> &'static str {

@@ -5,46 +5,31 @@ import email.utils
 import json
 import os
 import shutil
-import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BIN_DIR = os.environ.get("TOLLGATE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
-SHOTS = os.environ.get("TOLLGATE_SCREENSHOTS", os.path.join(ROOT, "target", "console-screenshots"))
-UPSTREAM_KEY = "mock-upstream-key-console"
-ADMIN_TOKEN = "console-admin-token-0123456789"
-TEAM_KEY = "sk-console-team-0001-0123456789abcdef"
-OTHER_KEY = "sk-console-other-0001-0123456789abcdef"
-# The gateway starts at this time (UTC) and its clock runs on: the first requests are billed on
-# DAY_BEFORE, the later ones on DAY_AFTER.
-START = "2026-11-20 23:59:53"
-DAY_BEFORE, DAY_AFTER = "2026-11-20", "2026-11-21"
-FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-MIDNIGHT = datetime.datetime(2026, 11, 21, tzinfo=datetime.timezone.utc)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pysupport import free_port, wait_listening  # noqa: E402
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port, proc, what):
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError(f"{what} did not listen on {port}")
+from console_env import (  # noqa: E402
+    ADMIN_TOKEN,
+    BIN_DIR,
+    DAY_AFTER,
+    DAY_BEFORE,
+    FAKETIME_LIB,
+    MIDNIGHT,
+    OTHER_KEY,
+    SHOTS,
+    START,
+    TEAM_KEY,
+    UPSTREAM_KEY,
+)
 
 
 class Gateway:
@@ -189,8 +174,3 @@ def browser():
         yield driver
     finally:
         driver.quit()
-
-
-def screenshot(driver, name):
-    """The page as a 1280×800 PNG under target/console-screenshots/."""
-    driver.save_screenshot(os.path.join(SHOTS, f"{name}.png"))

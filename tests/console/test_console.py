@@ -17,7 +17,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
-from conftest import ADMIN_TOKEN, DAY_AFTER, DAY_BEFORE, OTHER_KEY, TEAM_KEY, screenshot
+from console_env import ADMIN_TOKEN, DAY_AFTER, DAY_BEFORE, OTHER_KEY, TEAM_KEY, screenshot
 
 
 def sign_in(driver, gateway, token=ADMIN_TOKEN, then="/console"):

@@ -1,12 +1,14 @@
 """Starts tollgate-mock and tollgate (built by `cargo test`) for the SDK compatibility suite."""
 import os
-import socket
 import ssl
 import subprocess
+import sys
 import tempfile
-import time
 
 import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pysupport import free_port, wait_listening  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN_DIR = os.environ.get("TOLLGATE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
@@ -15,25 +17,6 @@ CLIENT_KEY = "sk-sdk-client-0001"
 CHAT_KEY = "sk-sdk-chat-0001"
 # A key of a translating group: every model through every protocol.
 BRIDGE_KEY = "sk-sdk-bridge-0001"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(port, proc, what):
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.02)
-    raise RuntimeError(f"{what} did not listen on {port}")
 
 
 class GatewayURL(str):
