@@ -742,7 +742,18 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
                 "Balance moved.",
             )
         }
-        "edit" => (edit_patch(f), "Saved."),
+        "edit" => {
+            let mut patch = edit_patch(f);
+            if let Ok(Value::Object(body)) = &mut patch {
+                // An expiry the form left as it was is not set again: a key that already
+                // expired can still have its other fields edited.
+                let current = api.view(&api.key(id).await?).await?;
+                if body.get("expires_at") == Some(&current["expires_at"]) {
+                    body.remove("expires_at");
+                }
+            }
+            (patch, "Saved.")
+        }
         _ => return Err(ApiError::new(ErrorKind::NotFound, format!("No key action '{what}'."))),
     };
     let result = match patch {

@@ -2,6 +2,7 @@
 made and used through the SDK, top-ups, usage across a UTC midnight, the CSV, deep links and a
 cross-site post. Each page is saved as a 1280×800 screenshot (target/console-screenshots/)."""
 import csv
+import datetime
 import http.server
 import json
 import io
@@ -176,6 +177,18 @@ def test_a_top_up_shows_its_balance_and_is_audited_and_bad_fields_are_named(gate
     submit(browser, form.find_element(By.CSS_SELECTOR, "button"), "Key other-team")
     assert "Saved" in browser.find_element(By.CSS_SELECTOR, ".notice").text
     assert gateway.key_by_name("other-team")["rpm"] == 120
+    # A key that has expired keeps its expiry and can still be edited.
+    short = gateway.admin_json("POST", "/admin/keys", {"name": "short-lived", "ttl_secs": 1})
+    expires = datetime.datetime.fromisoformat(short["expires_at"].replace("Z", "+00:00"))
+    WebDriverWait(browser, 15, poll_frequency=0.2).until(lambda d: gateway.clock() > expires)
+    browser.get(f"{gateway.console}/keys/{short['id']}")
+    assert "expired" in browser.find_element(By.CSS_SELECTOR, ".card .state").text
+    form = browser.find_element(By.CSS_SELECTOR, "form[action$='/edit']")
+    form.find_element(By.NAME, "rpm").send_keys("30")
+    submit(browser, form.find_element(By.CSS_SELECTOR, "button"), "Key short-lived")
+    assert "Saved" in browser.find_element(By.CSS_SELECTOR, ".notice").text
+    edited = gateway.key_by_name("short-lived")
+    assert edited["rpm"] == 30 and edited["expires_at"] == short["expires_at"]
 
 
 def test_usage_across_a_utc_midnight_equals_the_records_and_the_csv_equals_the_table(gateway, browser):
