@@ -69,6 +69,34 @@ impl LogEntry {
     }
 }
 
+/// An entry as the gateway writes it: [`LogEntry`]'s fields, borrowed from the request's own
+/// state, so writing one copies no field (every request writes one; read back, it is a
+/// `LogEntry`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LogLine<'a> {
+    pub id: &'a str,
+    pub time_ms: u64,
+    pub seq: u64,
+    pub key_id: Option<&'a str>,
+    pub key_name: Option<&'a str>,
+    pub model: Option<&'a str>,
+    pub route: &'a str,
+    pub protocol: &'a str,
+    pub upstream_protocol: Option<&'a str>,
+    pub provider: Option<&'a str>,
+    pub status: u16,
+    pub refusal: Option<&'a str>,
+    pub param: Option<&'a str>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_nanos: i64,
+    pub estimated: bool,
+    pub latency_ms: u64,
+    pub first_byte_ms: Option<u64>,
+    pub attempts: u32,
+    pub upstream_request_id: Option<&'a str>,
+}
+
 /// The stored form of an entry (a node's own tree): a version byte, then the fields in their
 /// order, numbers as LEB128 varints, strings and options as a length (0: none, n + 1: n bytes).
 /// A few hundred instructions per entry where JSON took thousands (every request writes one).
@@ -125,26 +153,21 @@ impl<'a> Reader<'a> {
     }
 }
 
-impl LogEntry {
+impl LogLine<'_> {
     /// Append the stored form (with its length prefix) to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         let start = out.len();
         out.extend_from_slice(&[0; 4]);
         out.push(STORED_VERSION);
-        put_str(out, Some(&self.id));
+        put_str(out, Some(self.id));
         put_varint(out, self.time_ms);
         put_varint(out, self.seq);
-        for s in [&self.key_id, &self.key_name, &self.model] {
-            put_str(out, s.as_deref());
-        }
-        put_str(out, Some(&self.route));
-        put_str(out, Some(&self.protocol));
-        for s in [&self.upstream_protocol, &self.provider] {
-            put_str(out, s.as_deref());
+        for s in [self.key_id, self.key_name, self.model, Some(self.route), Some(self.protocol), self.upstream_protocol, self.provider] {
+            put_str(out, s);
         }
         put_varint(out, u64::from(self.status));
-        for s in [&self.refusal, &self.param] {
-            put_str(out, s.as_deref());
+        for s in [self.refusal, self.param] {
+            put_str(out, s);
         }
         put_varint(out, self.input_tokens);
         put_varint(out, self.output_tokens);
@@ -154,9 +177,43 @@ impl LogEntry {
         put_varint(out, self.latency_ms);
         put_varint(out, self.first_byte_ms.map_or(0, |n| n.saturating_add(1)));
         put_varint(out, u64::from(self.attempts));
-        put_str(out, self.upstream_request_id.as_deref());
+        put_str(out, self.upstream_request_id);
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+    }
+}
+
+impl LogEntry {
+    /// This entry as a [`LogLine`] (to write it).
+    pub fn line(&self) -> LogLine<'_> {
+        LogLine {
+            id: &self.id,
+            time_ms: self.time_ms,
+            seq: self.seq,
+            key_id: self.key_id.as_deref(),
+            key_name: self.key_name.as_deref(),
+            model: self.model.as_deref(),
+            route: &self.route,
+            protocol: &self.protocol,
+            upstream_protocol: self.upstream_protocol.as_deref(),
+            provider: self.provider.as_deref(),
+            status: self.status,
+            refusal: self.refusal.as_deref(),
+            param: self.param.as_deref(),
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            cost_nanos: self.cost_nanos,
+            estimated: self.estimated,
+            latency_ms: self.latency_ms,
+            first_byte_ms: self.first_byte_ms,
+            attempts: self.attempts,
+            upstream_request_id: self.upstream_request_id.as_deref(),
+        }
+    }
+
+    /// Append the stored form (with its length prefix) to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        self.line().encode(out);
     }
 
     /// One stored entry (without its length prefix); None if it is not one.

@@ -458,7 +458,7 @@ async fn request_log_contract(stores: Vec<Arc<dyn Store>>) {
             protocol: "openai".into(),
             ..LogEntry::default()
         };
-        stores[i as usize % stores.len()].requests().append(entry);
+        stores[i as usize % stores.len()].requests().append(entry.line());
     }
     let log = stores[0].requests();
     let all = Filter { end_ms: u64::MAX, limit: 100, ..Filter::default() };

@@ -936,31 +936,41 @@ pub(crate) fn upstream_request_id(header: &ResponseHeader) -> Option<String> {
         .map(str::to_string)
 }
 
-/// The request's entry in the request log (see `request_log`).
-fn log_entry(session: &Session, ctx: &RequestCtx, status: u16) -> crate::request_log::LogEntry {
+/// Write the request's entry in the request log (see `request_log`), borrowing every field
+/// from the request's state.
+fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, ctx: &RequestCtx, status: u16) {
     let elapsed = ctx.started.map_or(Duration::ZERO, |t| t.elapsed());
-    let mut entry = crate::request_log::LogEntry {
-        id: crate::request_log::id_of(session).map_or_else(crate::request_log::new_id, str::to_string),
+    // Only a request the id module never saw (none today) needs an id made here.
+    let made;
+    let id = match crate::request_log::id_of(session) {
+        Some(id) => id,
+        None => {
+            made = crate::request_log::new_id();
+            made.as_str()
+        }
+    };
+    let mut entry = crate::request_log::LogLine {
+        id,
         time_ms: now_ms(),
-        key_id: ctx.key.as_ref().map(|k| k.id.clone()),
-        key_name: ctx.key.as_ref().map(|k| k.name.clone()),
-        model: ctx.model_asked.clone(),
-        route: ctx.route.to_string(),
-        protocol: ctx.shape.unwrap_or(Protocol::Openai).as_str().to_string(),
+        key_id: ctx.key.as_ref().map(|k| k.id.as_str()),
+        key_name: ctx.key.as_ref().map(|k| k.name.as_str()),
+        model: ctx.model_asked.as_deref(),
+        route: ctx.route,
+        protocol: ctx.shape.unwrap_or(Protocol::Openai).as_str(),
         status,
-        refusal: ctx.reason.map(str::to_string),
-        param: ctx.reason_param.clone(),
+        refusal: ctx.reason,
+        param: ctx.reason_param.as_deref(),
         latency_ms: elapsed.as_millis() as u64,
         ..Default::default()
     };
     if let Some(plan) = &ctx.relayed {
-        entry.model = Some(plan.model.clone());
-        entry.protocol = plan.protocol.as_str().to_string();
-        entry.upstream_protocol = plan.translation.as_ref().map(|t| t.upstream.as_str().to_string());
-        entry.provider = plan.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.clone());
+        entry.model = Some(&plan.model);
+        entry.protocol = plan.protocol.as_str();
+        entry.upstream_protocol = plan.translation.as_ref().map(|t| t.upstream.as_str());
+        entry.provider = plan.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.as_str());
         entry.attempts = plan.attempts;
         entry.first_byte_ms = plan.first_byte.map(|d| d.as_millis() as u64);
-        entry.upstream_request_id = plan.upstream_request_id.clone();
+        entry.upstream_request_id = plan.upstream_request_id.as_deref();
         if let Some((usage, cost, estimated)) = plan.billed {
             entry.input_tokens = usage.input_total();
             entry.output_tokens = usage.output;
@@ -970,9 +980,9 @@ fn log_entry(session: &Session, ctx: &RequestCtx, status: u16) -> crate::request
     }
     if let Some((charged, _)) = ctx.video_charge {
         entry.cost_nanos = charged;
-        entry.protocol = "video".into();
+        entry.protocol = "video";
     }
-    entry
+    log.append(entry);
 }
 
 fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
@@ -1106,7 +1116,7 @@ impl ProxyHttp for Gateway {
         self.metrics.request(ctx.route, model, status);
         access_log(session, ctx, status);
         if let Some(log) = self.requests.as_ref().filter(|_| ctx.key_checked) {
-            log.append(log_entry(session, ctx, status));
+            write_log_entry(log.as_ref(), session, ctx, status);
         }
         crate::listener::request_done(session.as_downstream());
     }

@@ -267,7 +267,7 @@ impl FleetStore {
 #[async_trait::async_trait]
 impl super::RequestLogStore for FleetMoney {
     /// To the node's own tree first (the sync round ships it).
-    fn append(&self, entry: crate::request_log::LogEntry) {
+    fn append(&self, entry: crate::request_log::LogLine<'_>) {
         if let Err(e) = super::sled::requests::append(&self.slot, &self.writer, entry) {
             log::warn!("request log: an entry was not written: {e}");
         }

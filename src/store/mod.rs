@@ -160,7 +160,7 @@ pub trait MoneyStore: Send + Sync {
 #[async_trait::async_trait]
 pub trait RequestLogStore: Send + Sync {
     /// Queue an entry; never waits (a failure is logged: the log never fails a request).
-    fn append(&self, entry: crate::request_log::LogEntry);
+    fn append(&self, entry: crate::request_log::LogLine<'_>);
     /// Matching entries, newest first, and where the next page starts.
     async fn query(&self, filter: &crate::request_log::Filter) -> Result<crate::request_log::Page, StoreError>;
     /// Delete entries older than `before_ms`, then the oldest beyond `max`. How many.

@@ -608,7 +608,7 @@ impl MoneyStore for SledMoney {
 
 #[async_trait::async_trait]
 impl crate::store::RequestLogStore for SledMoney {
-    fn append(&self, entry: crate::request_log::LogEntry) {
+    fn append(&self, entry: crate::request_log::LogLine<'_>) {
         if let Err(e) = super::requests::append(&self.slot, &self.writer, entry) {
             log::warn!("request log: an entry was not written: {e}");
         }

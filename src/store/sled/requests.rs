@@ -6,7 +6,7 @@
 //! time order and a page's position is an entry's (time, number).
 
 use crate::commit::GROUP_SPAN_MS;
-use crate::request_log::{Cursor, Filter, LogEntry, Page};
+use crate::request_log::{Cursor, Filter, LogEntry, LogLine, Page};
 use crate::store::{DbSlot, StoreError};
 
 pub const TREE: &str = "request_log";
@@ -23,7 +23,7 @@ fn decode(v: &[u8]) -> Vec<LogEntry> {
 }
 
 /// Number `entry` and queue it to `writer` (written with the next batch; nobody waits).
-pub fn append(slot: &DbSlot, writer: &crate::commit::Writer, mut entry: LogEntry) -> Result<(), StoreError> {
+pub fn append(slot: &DbSlot, writer: &crate::commit::Writer, mut entry: LogLine<'_>) -> Result<(), StoreError> {
     let seq = slot.db()?.generate_id()?;
     entry.seq = seq;
     let mut value = Vec::with_capacity(192);
