@@ -13,9 +13,8 @@ import urllib.request
 
 import openai
 import pytest
-from selenium.common.exceptions import StaleElementReferenceException
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 from console_env import ADMIN_TOKEN, DAY_AFTER, DAY_BEFORE, OTHER_KEY, TEAM_KEY, screenshot
@@ -27,18 +26,32 @@ def sign_in(driver, gateway, token=ADMIN_TOKEN, then="/console"):
     driver.find_element(By.NAME, "token").send_keys(token)
     old = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
-    WebDriverWait(driver, 15).until(staleness_of(old))
+    WebDriverWait(driver, 15).until(left(old))
 
 
 def heading(driver):
     return driver.find_element(By.TAG_NAME, "h1").text
 
 
+def left(old):
+    """A wait condition: the page `old` (its <html>) was replaced. ChromeDriver reports an
+    element of a replaced page as stale or, at times, as a node outside the document."""
+
+    def check(_driver):
+        try:
+            old.is_enabled()
+            return False
+        except (StaleElementReferenceException, WebDriverException):
+            return True
+
+    return check
+
+
 def submit(driver, button, expect):
     """Click a button that loads a page, and wait until the page's heading is `expect`."""
     old = driver.find_element(By.TAG_NAME, "html")
     button.click()
-    WebDriverWait(driver, 15).until(staleness_of(old))
+    WebDriverWait(driver, 15).until(left(old))
     WebDriverWait(driver, 15, ignored_exceptions=(StaleElementReferenceException,)).until(
         lambda d: heading(d) == expect
     )
