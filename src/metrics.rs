@@ -61,6 +61,74 @@ impl Histogram {
     }
 }
 
+/// OpenTelemetry's advised bucket bounds for the GenAI histograms: tokens, request duration
+/// (seconds) and time to first token (seconds).
+const TOKEN_BUCKETS: [f64; 14] =
+    [1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0, 67108864.0];
+const DURATION_BUCKETS: [f64; 14] = [0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92];
+const TTFT_BUCKETS: [f64; 16] = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0];
+
+/// A histogram over fixed bounds: one atomic per observation (its bucket), cumulated when
+/// rendered. The sum is kept in millionths.
+pub struct Distribution {
+    bounds: &'static [f64],
+    counts: Box<[AtomicU64]>,
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+impl Distribution {
+    fn new(bounds: &'static [f64]) -> Self {
+        Distribution {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_micros: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, value: f64) {
+        if let Some(i) = self.bounds.iter().position(|b| value <= *b) {
+            self.counts[i].fetch_add(1, Relaxed);
+        }
+        self.count.fetch_add(1, Relaxed);
+        self.sum_micros.fetch_add((value.max(0.0) * 1e6) as u64, Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let mut cumulative = 0;
+        for (i, bound) in self.bounds.iter().enumerate() {
+            cumulative += self.counts[i].load(Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"{bound}\"}} {cumulative}");
+        }
+        let count = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_micros.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+    }
+}
+
+/// The OpenTelemetry GenAI metrics of one operation, provider and model.
+pub struct GenAiSeries {
+    pub input_tokens: Distribution,
+    pub output_tokens: Distribution,
+    /// From the request's start to its end (seconds).
+    pub duration: Distribution,
+    /// From the request's start to the first byte of the answer's body (seconds).
+    pub time_to_first_token: Distribution,
+}
+
+impl Default for GenAiSeries {
+    fn default() -> Self {
+        GenAiSeries {
+            input_tokens: Distribution::new(&TOKEN_BUCKETS),
+            output_tokens: Distribution::new(&TOKEN_BUCKETS),
+            duration: Distribution::new(&DURATION_BUCKETS),
+            time_to_first_token: Distribution::new(&TTFT_BUCKETS),
+        }
+    }
+}
+
 /// Series labelled by protocol.
 #[derive(Default)]
 pub struct ProtocolSeries {
@@ -80,6 +148,8 @@ pub struct ModelSeries {
     pub estimated_bills: Counter,
     /// Requests by route label and status.
     requests: RwLock<Vec<(&'static str, u16, Arc<Counter>)>>,
+    /// GenAI series by operation and provider name.
+    gen_ai: RwLock<Vec<(&'static str, &'static str, Arc<GenAiSeries>)>>,
 }
 
 impl ModelSeries {
@@ -96,6 +166,24 @@ impl ModelSeries {
         let c = Arc::new(Counter::default());
         all.push((route, status, c.clone()));
         c
+    }
+
+    /// The GenAI series of an operation (`chat`, `embeddings`, …) served by a provider
+    /// (`openai`, `anthropic`, `gcp.gemini`).
+    pub fn gen_ai(&self, operation: &'static str, provider: &'static str) -> Arc<GenAiSeries> {
+        let find = |v: &Vec<(&'static str, &'static str, Arc<GenAiSeries>)>| {
+            v.iter().find(|(o, p, _)| *o == operation && *p == provider).map(|e| e.2.clone())
+        };
+        if let Some(s) = find(&self.gen_ai.read().unwrap_or_else(|p| p.into_inner())) {
+            return s;
+        }
+        let mut all = self.gen_ai.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = find(&all) {
+            return s;
+        }
+        let s = Arc::new(GenAiSeries::default());
+        all.push((operation, provider, s.clone()));
+        s
     }
 }
 
@@ -223,6 +311,7 @@ impl Metrics {
         for (model, s) in &priced {
             let _ = writeln!(out, "tollgate_estimated_bills_total{{model=\"{}\"}} {}", escape(model), s.estimated_bills.get());
         }
+        render_gen_ai(&mut out, &priced);
         for (name, pick) in [
             ("tollgate_upstream_seconds", (|s: &ProtocolSeries| &s.upstream_seconds) as fn(&ProtocolSeries) -> &Histogram),
             ("tollgate_first_byte_seconds", |s: &ProtocolSeries| &s.first_byte_seconds),
@@ -255,9 +344,69 @@ impl Metrics {
     }
 }
 
+/// The GenAI operation name of a relayed route (by its label); None for routes that are not
+/// one (token counting, stored responses, video).
+pub fn gen_ai_operation(route: &str) -> Option<&'static str> {
+    match route {
+        "chat_completions" | "messages" | "responses" | "responses_compact" => Some("chat"),
+        "generate_content" | "stream_generate_content" => Some("generate_content"),
+        "embeddings" | "embed_content" | "batch_embed_contents" => Some("embeddings"),
+        _ => None,
+    }
+}
+
+/// The GenAI provider name of a provider's protocol.
+pub fn gen_ai_provider(protocol: Protocol) -> &'static str {
+    match protocol {
+        Protocol::Openai => "openai",
+        Protocol::Anthropic => "anthropic",
+        Protocol::Gemini => "gcp.gemini",
+    }
+}
+
+/// `gen_ai_client_token_usage` (by `gen_ai_token_type`), `gen_ai_server_request_duration` and
+/// `gen_ai_server_time_to_first_token` (seconds), labelled as OpenTelemetry's GenAI semantic
+/// conventions name them.
+fn render_gen_ai(out: &mut String, models: &[(&String, &Arc<ModelSeries>)]) {
+    let mut series = Vec::new();
+    for (model, s) in models {
+        let mut all: Vec<(&'static str, &'static str, Arc<GenAiSeries>)> = s.gen_ai.read().unwrap_or_else(|p| p.into_inner()).clone();
+        all.sort_by_key(|(o, p, _)| (*o, *p));
+        for (operation, provider, g) in all {
+            let labels = format!(
+                "gen_ai_operation_name=\"{operation}\",gen_ai_provider_name=\"{provider}\",gen_ai_request_model=\"{}\"",
+                escape(model)
+            );
+            series.push((labels, g));
+        }
+    }
+    let _ = writeln!(out, "# TYPE gen_ai_client_token_usage histogram");
+    for (labels, g) in &series {
+        g.input_tokens.render(out, "gen_ai_client_token_usage", &format!("{labels},gen_ai_token_type=\"input\""));
+        g.output_tokens.render(out, "gen_ai_client_token_usage", &format!("{labels},gen_ai_token_type=\"output\""));
+    }
+    let _ = writeln!(out, "# TYPE gen_ai_server_request_duration histogram");
+    for (labels, g) in &series {
+        g.duration.render(out, "gen_ai_server_request_duration", labels);
+    }
+    let _ = writeln!(out, "# TYPE gen_ai_server_time_to_first_token histogram");
+    for (labels, g) in &series {
+        g.time_to_first_token.render(out, "gen_ai_server_time_to_first_token", labels);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gen_ai_names_follow_the_semantic_conventions() {
+        assert_eq!(gen_ai_operation("chat_completions"), Some("chat"));
+        assert_eq!(gen_ai_operation("stream_generate_content"), Some("generate_content"));
+        assert_eq!(gen_ai_operation("batch_embed_contents"), Some("embeddings"));
+        assert_eq!(gen_ai_operation("count_tokens"), None);
+        assert_eq!(gen_ai_provider(Protocol::Gemini), "gcp.gemini");
+    }
 
     #[test]
     fn renders_prometheus_text() {
@@ -287,6 +436,25 @@ mod tests {
         assert!(text.contains("tollgate_upstream_seconds_bucket{protocol=\"openai\",le=\"+Inf\"} 2"), "{text}");
         assert!(text.contains("tollgate_upstream_seconds_count{protocol=\"openai\"} 2"), "{text}");
         assert!(text.contains("tollgate_upstream_seconds_sum{protocol=\"openai\"} 0.203"), "{text}");
+        let g = m.model("alpha").gen_ai("chat", "openai");
+        g.input_tokens.observe(12.0);
+        g.input_tokens.observe(300.0);
+        g.output_tokens.observe(7.0);
+        g.duration.observe(0.015);
+        g.time_to_first_token.observe(0.003);
+        assert!(Arc::ptr_eq(&g, &m.model("alpha").gen_ai("chat", "openai")));
+        let text = m.render(&[]);
+        let labels = "gen_ai_operation_name=\"chat\",gen_ai_provider_name=\"openai\",gen_ai_request_model=\"alpha\"";
+        assert!(text.contains(&format!("gen_ai_client_token_usage_bucket{{{labels},gen_ai_token_type=\"input\",le=\"16\"}} 1")), "{text}");
+        assert!(
+            text.contains(&format!("gen_ai_client_token_usage_bucket{{{labels},gen_ai_token_type=\"input\",le=\"1024\"}} 2")),
+            "{text}"
+        );
+        assert!(text.contains(&format!("gen_ai_client_token_usage_sum{{{labels},gen_ai_token_type=\"input\"}} 312")), "{text}");
+        assert!(text.contains(&format!("gen_ai_client_token_usage_count{{{labels},gen_ai_token_type=\"output\"}} 1")), "{text}");
+        assert!(text.contains(&format!("gen_ai_server_request_duration_bucket{{{labels},le=\"0.02\"}} 1")), "{text}");
+        assert!(text.contains(&format!("gen_ai_server_time_to_first_token_bucket{{{labels},le=\"0.001\"}} 0")), "{text}");
+        assert!(text.contains(&format!("gen_ai_server_time_to_first_token_bucket{{{labels},le=\"0.005\"}} 1")), "{text}");
         let stream = Live::new(&m, Gauge::OpenStreams);
         assert!(m.render(&[]).contains("tollgate_open_streams 1"));
         drop(stream);

@@ -1113,7 +1113,22 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
-        self.metrics.request(ctx.route, model, status);
+        let series = self.metrics.model(model);
+        series.requests(ctx.route, status).add(1);
+        // OpenTelemetry's GenAI metrics, for a relayed model call a provider answered.
+        if let (Some(plan), Some(operation)) = (&ctx.relayed, crate::metrics::gen_ai_operation(ctx.route)) {
+            if let Some(provider) = plan.served_by.and_then(|i| plan.routing.catalog.upstreams.get(i)) {
+                let g = series.gen_ai(operation, crate::metrics::gen_ai_provider(provider.config.protocol));
+                if let Some((usage, _, _)) = plan.billed {
+                    g.input_tokens.observe(usage.input_total() as f64);
+                    g.output_tokens.observe(usage.output as f64);
+                }
+                g.duration.observe(ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64()));
+                if let Some(first) = plan.first_byte {
+                    g.time_to_first_token.observe(first.as_secs_f64());
+                }
+            }
+        }
         access_log(session, ctx, status);
         if let Some(log) = self.requests.as_ref().filter(|_| ctx.key_checked) {
             write_log_entry(log.as_ref(), session, ctx, status);
