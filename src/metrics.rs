@@ -147,43 +147,37 @@ pub struct ModelSeries {
     /// Answers billed from an estimate (no upstream usage).
     pub estimated_bills: Counter,
     /// Requests by route label and status.
-    requests: RwLock<Vec<(&'static str, u16, Arc<Counter>)>>,
+    requests: RwLock<Vec<((&'static str, u16), Arc<Counter>)>>,
     /// GenAI series by operation and provider name.
-    gen_ai: RwLock<Vec<(&'static str, &'static str, Arc<GenAiSeries>)>>,
+    gen_ai: RwLock<Vec<((&'static str, &'static str), Arc<GenAiSeries>)>>,
+}
+
+/// The series under `key`, made on its first use: a read lock when it exists (no allocation),
+/// the write lock only the first time.
+fn series<K: PartialEq + Copy, V: Default>(all: &RwLock<Vec<(K, Arc<V>)>>, key: K) -> Arc<V> {
+    let find = |v: &Vec<(K, Arc<V>)>| v.iter().find(|(k, _)| *k == key).map(|e| e.1.clone());
+    if let Some(s) = find(&all.read().unwrap_or_else(|p| p.into_inner())) {
+        return s;
+    }
+    let mut all = all.write().unwrap_or_else(|p| p.into_inner());
+    if let Some(s) = find(&all) {
+        return s;
+    }
+    let s = Arc::new(V::default());
+    all.push((key, s.clone()));
+    s
 }
 
 impl ModelSeries {
     /// The request counter for a route and status.
     pub fn requests(&self, route: &'static str, status: u16) -> Arc<Counter> {
-        let find = |v: &Vec<(&'static str, u16, Arc<Counter>)>| v.iter().find(|(r, s, _)| *r == route && *s == status).map(|e| e.2.clone());
-        if let Some(c) = find(&self.requests.read().unwrap_or_else(|p| p.into_inner())) {
-            return c;
-        }
-        let mut all = self.requests.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = find(&all) {
-            return c;
-        }
-        let c = Arc::new(Counter::default());
-        all.push((route, status, c.clone()));
-        c
+        series(&self.requests, (route, status))
     }
 
     /// The GenAI series of an operation (`chat`, `embeddings`, …) served by a provider
     /// (`openai`, `anthropic`, `gcp.gemini`).
     pub fn gen_ai(&self, operation: &'static str, provider: &'static str) -> Arc<GenAiSeries> {
-        let find = |v: &Vec<(&'static str, &'static str, Arc<GenAiSeries>)>| {
-            v.iter().find(|(o, p, _)| *o == operation && *p == provider).map(|e| e.2.clone())
-        };
-        if let Some(s) = find(&self.gen_ai.read().unwrap_or_else(|p| p.into_inner())) {
-            return s;
-        }
-        let mut all = self.gen_ai.write().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = find(&all) {
-            return s;
-        }
-        let s = Arc::new(GenAiSeries::default());
-        all.push((operation, provider, s.clone()));
-        s
+        series(&self.gen_ai, (operation, provider))
     }
 }
 
@@ -279,7 +273,7 @@ impl Metrics {
     /// Every request counted in `tollgate_requests_total`.
     pub fn total_requests(&self) -> u64 {
         let models = self.models.read().unwrap_or_else(|p| p.into_inner());
-        models.values().map(|s| s.requests.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, _, c)| c.get()).sum::<u64>()).sum()
+        models.values().map(|s| s.requests.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(_, c)| c.get()).sum::<u64>()).sum()
     }
 
     pub fn render(&self, extra: &[(&str, f64)]) -> String {
@@ -290,7 +284,7 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE tollgate_requests_total counter");
         for (model, s) in &models {
             let mut rows: Vec<(&'static str, u16, u64)> =
-                s.requests.read().unwrap_or_else(|p| p.into_inner()).iter().map(|(r, st, c)| (*r, *st, c.get())).collect();
+                s.requests.read().unwrap_or_else(|p| p.into_inner()).iter().map(|((r, st), c)| (*r, *st, c.get())).collect();
             rows.sort_unstable();
             for (route, status, n) in rows {
                 let _ = writeln!(out, "tollgate_requests_total{{route=\"{route}\",model=\"{}\",status=\"{status}\"}} {n}", escape(model));
@@ -370,9 +364,9 @@ pub fn gen_ai_provider(protocol: Protocol) -> &'static str {
 fn render_gen_ai(out: &mut String, models: &[(&String, &Arc<ModelSeries>)]) {
     let mut series = Vec::new();
     for (model, s) in models {
-        let mut all: Vec<(&'static str, &'static str, Arc<GenAiSeries>)> = s.gen_ai.read().unwrap_or_else(|p| p.into_inner()).clone();
-        all.sort_by_key(|(o, p, _)| (*o, *p));
-        for (operation, provider, g) in all {
+        let mut all: Vec<((&'static str, &'static str), Arc<GenAiSeries>)> = s.gen_ai.read().unwrap_or_else(|p| p.into_inner()).clone();
+        all.sort_by_key(|(k, _)| *k);
+        for ((operation, provider), g) in all {
             let labels = format!(
                 "gen_ai_operation_name=\"{operation}\",gen_ai_provider_name=\"{provider}\",gen_ai_request_model=\"{}\"",
                 escape(model)
