@@ -147,14 +147,17 @@ pub struct ModelSeries {
     /// Answers billed from an estimate (no upstream usage).
     pub estimated_bills: Counter,
     /// Requests by route label and status.
-    requests: RwLock<Vec<((&'static str, u16), Arc<Counter>)>>,
+    requests: Keyed<(&'static str, u16), Counter>,
     /// GenAI series by operation and provider name.
-    gen_ai: RwLock<Vec<((&'static str, &'static str), Arc<GenAiSeries>)>>,
+    gen_ai: Keyed<(&'static str, &'static str), GenAiSeries>,
 }
+
+/// Series by a small key, few enough to be found by a scan.
+type Keyed<K, V> = RwLock<Vec<(K, Arc<V>)>>;
 
 /// The series under `key`, made on its first use: a read lock when it exists (no allocation),
 /// the write lock only the first time.
-fn series<K: PartialEq + Copy, V: Default>(all: &RwLock<Vec<(K, Arc<V>)>>, key: K) -> Arc<V> {
+fn series<K: PartialEq + Copy, V: Default>(all: &Keyed<K, V>, key: K) -> Arc<V> {
     let find = |v: &Vec<(K, Arc<V>)>| v.iter().find(|(k, _)| *k == key).map(|e| e.1.clone());
     if let Some(s) = find(&all.read().unwrap_or_else(|p| p.into_inner())) {
         return s;
