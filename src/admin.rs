@@ -468,13 +468,14 @@ impl AdminApi {
                         bad(format!("group_by=day needs start (unix seconds) and at most {MAX_USAGE_DAYS} days")).with_param("start")
                     );
                 }
-                for day in first..first + days {
-                    let (lo, hi) = ((day * DAY_MS).max(start), ((day + 1) * DAY_MS).min(end));
-                    for rec in &keys {
-                        let (t, _) = self.ledger.usage_summary(&rec.id, lo, hi).await.map_err(internal)?;
-                        total.merge(&t);
+                // One read per key, its records grouped by UTC day (not one per key and day).
+                let by_day = crate::ledger::Grouping::Day(jiff::tz::TimeZone::UTC);
+                for rec in &keys {
+                    let (t, days) = self.ledger.usage_grouped(&rec.id, start, end, &by_day).await.map_err(internal)?;
+                    total.merge(&t);
+                    for (day, t) in &days {
                         if t.requests > 0 || t.cost_nanos != 0 {
-                            add(format!("{day:08}"), json!({"day": crate::protocol::utc_date(day)}), &t);
+                            add(day.clone(), json!({"day": day}), t);
                         }
                     }
                 }

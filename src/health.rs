@@ -391,18 +391,15 @@ impl HealthBook {
     /// 1 cooling, 2 half-open), in Prometheus text.
     pub fn render(&self) -> String {
         use std::fmt::Write;
-        let now = Instant::now();
-        let all = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut names: Vec<&String> = all.keys().collect();
-        names.sort();
+        let states = self.states();
         let mut out = String::from("# TYPE tollgate_provider_state gauge\n");
-        for n in &names {
-            let _ = writeln!(out, "tollgate_provider_state{{provider=\"{n}\"}} {}", all[*n].state(now).gauge());
+        for (n, state, _) in &states {
+            let _ = writeln!(out, "tollgate_provider_state{{provider=\"{n}\"}} {}", state.gauge());
         }
         let _ = writeln!(out, "# TYPE tollgate_provider_key_state gauge");
-        for n in &names {
-            for (k, key) in all[*n].keys.iter().enumerate() {
-                let _ = writeln!(out, "tollgate_provider_key_state{{provider=\"{n}\",key=\"{k}\"}} {}", lock(key).state(now).gauge());
+        for (n, _, keys) in &states {
+            for (k, key) in keys.iter().enumerate() {
+                let _ = writeln!(out, "tollgate_provider_key_state{{provider=\"{n}\",key=\"{k}\"}} {}", key.gauge());
             }
         }
         out

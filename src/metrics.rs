@@ -261,9 +261,11 @@ impl Metrics {
         self.models.write().unwrap_or_else(|p| p.into_inner()).entry(model.to_string()).or_default().clone()
     }
 
-    /// Count a finished client request.
-    pub fn request(&self, route: &'static str, model: &str, status: u16) {
-        self.model(model).requests(route, status).add(1);
+    /// Count a finished client request; the model's series, for what else the request adds.
+    pub fn request(&self, route: &'static str, model: &str, status: u16) -> Arc<ModelSeries> {
+        let series = self.model(model);
+        series.requests(route, status).add(1);
+        series
     }
 
     /// A counter outside the request path.

@@ -157,9 +157,8 @@ impl Row {
     }
 }
 
-/// Usage of `keys` (every key when None) in `[start_ms, end_ms)`, grouped; the request log
-/// adds the failed and refused requests that were not billed. Rows by their label (a key id for
-/// `Group::Key`).
+/// Usage of `keys` (every key when None) in `[start_ms, end_ms)`, grouped, from the records.
+/// Rows by their label (a key id for `Group::Key`).
 async fn usage_rows(
     api: &AdminApi,
     keys: Option<&[crate::store::KeyRecord]>,
@@ -190,24 +189,37 @@ async fn usage_rows(
             rows.entry(label).or_default().totals.merge(&t);
         }
     }
-    if !matches!(group, Group::Tag(_)) {
-        // One key's page reads only that key's entries.
-        let key_id = match keys {
-            [one] => Some(one.id.clone()),
-            _ => None,
-        };
-        // Requests refused before a key was known are no key's usage.
-        let ids: std::collections::HashSet<&str> = keys.iter().map(|k| k.id.as_str()).collect();
-        for_log(api, Filter { key_id, start_ms, end_ms, ..Default::default() }, |e| {
-            if e.status >= 400 && e.cost_nanos == 0 && e.key_id.as_deref().is_some_and(|k| ids.contains(k)) {
-                if let Some(label) = group.of_entry(e, tz) {
-                    rows.entry(label).or_default().failed += 1;
-                }
-            }
-        })
-        .await?;
-    }
     Ok(rows)
+}
+
+/// Count into `rows` the requests of `keys` that failed or were refused and cost nothing (from
+/// the request log; a tag grouping cannot place them).
+async fn add_failures(
+    api: &AdminApi,
+    rows: &mut BTreeMap<String, Row>,
+    keys: &[crate::store::KeyRecord],
+    group: &Group,
+    (start_ms, end_ms): (u64, u64),
+    tz: &jiff::tz::TimeZone,
+) -> Result<(), ApiError> {
+    if matches!(group, Group::Tag(_)) {
+        return Ok(());
+    }
+    // One key's page reads only that key's entries.
+    let key_id = match keys {
+        [one] => Some(one.id.clone()),
+        _ => None,
+    };
+    // Requests refused before a key was known are no key's usage.
+    let ids: std::collections::HashSet<&str> = keys.iter().map(|k| k.id.as_str()).collect();
+    for_log(api, Filter { key_id, start_ms, end_ms, ..Default::default() }, |e| {
+        if e.status >= 400 && e.cost_nanos == 0 && e.key_id.as_deref().is_some_and(|k| ids.contains(k)) {
+            if let Some(label) = group.of_entry(e, tz) {
+                rows.entry(label).or_default().failed += 1;
+            }
+        }
+    })
+    .await
 }
 
 /// Every request-log entry the filter matches (newest first), up to [`MAX_LOG_SCAN`].
@@ -268,7 +280,6 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
         let mut t = Row::default();
         for (_, row) in day_rows.range(from.clone()..) {
             t.totals.merge(&row.totals);
-            t.failed += row.failed;
         }
         let (n, errors) = logged[i];
         let rate = if n == 0 { "—".to_string() } else { format!("{:.1}%", errors as f64 * 100.0 / n as f64) };
@@ -331,7 +342,7 @@ fn health_strip(api: &AdminApi) -> String {
 }
 
 /// A key's state, as the keys filter names it.
-async fn key_state(api: &AdminApi, view: &Value) -> &'static str {
+fn key_state(view: &Value) -> &'static str {
     let now = crate::auth::now_unix();
     if !view["revoked_at"].is_null() {
         return "revoked";
@@ -344,7 +355,6 @@ async fn key_state(api: &AdminApi, view: &Value) -> &'static str {
             return "expired";
         }
     }
-    let _ = api;
     if view["balance"].as_f64().is_some_and(|b| b <= 0.0) {
         return "out of balance";
     }
@@ -373,7 +383,7 @@ async fn keys(api: &AdminApi, req: &Request, error: Option<(&ApiError, &Form)>) 
             continue;
         }
         let view = api.view(&key).await?;
-        let state = key_state(api, &view).await;
+        let state = key_state(&view);
         if wanted != "all" && wanted != state {
             continue;
         }
@@ -498,7 +508,7 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
     let clock = Clock::now(api);
     let key = api.key(id).await?;
     let view = api.view(&key).await?;
-    let state = key_state(api, &view).await;
+    let state = key_state(&view);
     let first = clock.days_before(29);
     let (start, end) = clock.range_ms(&first, &clock.today).ok_or_else(|| internal("calendar"))?;
     api.ledger.commit_now().await.map_err(internal)?;
@@ -781,7 +791,7 @@ async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
     let to = if q.get("to").is_empty() { clock.today.clone() } else { q.get("to").to_string() };
     let checked = (|| -> Result<(Group, u64, u64), ApiError> {
         let group = Group::parse(q.get("group"), q.get("tag"))?;
-        let start = clock.calendar.day_start(&from).ok_or_else(|| bad("from", format!("from: a date YYYY-MM-DD, not '{from}'")))?;
+        clock.calendar.day_start(&from).ok_or_else(|| bad("from", format!("from: a date YYYY-MM-DD, not '{from}'")))?;
         clock.calendar.day_start(&to).ok_or_else(|| bad("to", format!("to: a date YYYY-MM-DD, not '{to}'")))?;
         let (start_ms, end_ms) = clock.range_ms(&from, &to).ok_or_else(|| bad("to", "to: a date YYYY-MM-DD"))?;
         if end_ms <= start_ms {
@@ -790,7 +800,6 @@ async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
         if (end_ms - start_ms) / DAY_MS > MAX_RANGE_DAYS as u64 {
             return Err(bad("to", format!("to: at most {MAX_RANGE_DAYS} days after from")));
         }
-        let _ = start;
         Ok((group, start_ms, end_ms))
     })();
     let (group, start_ms, end_ms) = match checked {
@@ -807,7 +816,8 @@ async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
     let keys = api.keys.all_keys().await.map_err(internal)?;
     let names = key_names(&keys);
     let only = if only_key.is_empty() { None } else { Some(vec![api.key(only_key).await?]) };
-    let rows = usage_rows(api, only.as_deref(), &group, (start_ms, end_ms), clock.tz()).await?;
+    let mut rows = usage_rows(api, only.as_deref(), &group, (start_ms, end_ms), clock.tz()).await?;
+    add_failures(api, &mut rows, only.as_deref().unwrap_or(&keys), &group, (start_ms, end_ms), clock.tz()).await?;
     let mut total = Row::default();
     for r in rows.values() {
         total.totals.merge(&r.totals);
@@ -1002,8 +1012,7 @@ async fn requests(api: &AdminApi, req: &Request) -> Page {
         html::field("from", "From", q.get("from"), err, "YYYY-MM-DD"),
         html::field("to", "To (inclusive)", q.get("to"), err, "YYYY-MM-DD"),
     );
-    if let Err(e) = checked {
-        let _ = e;
+    if checked.is_err() {
         let mut page = clock.page("Requests", "/console/requests", &req.csrf, &filters);
         page.status = 400;
         return Ok(page);

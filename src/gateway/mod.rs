@@ -172,6 +172,11 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
     }
 }
 
+/// 404 for a path nobody serves (or one switched off, like `/me`).
+fn unknown_endpoint(req: &RequestHeader) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("Unknown endpoint: {} {}", req.method, req.uri.path()))
+}
+
 /// Map a proxy failure to the client-facing error (never naming the upstream).
 pub fn upstream_failure(e: &Error) -> ApiError {
     match e.etype() {
@@ -201,7 +206,7 @@ impl Gateway {
             .with_param(&param));
         }
         if let Route::NotFound { .. } = route {
-            return Err(ApiError::new(ErrorKind::NotFound, format!("Unknown endpoint: {} {}", req.method, req.uri.path())));
+            return Err(unknown_endpoint(req));
         }
         if route == Route::Root {
             // A reachability probe (agent CLIs send one to their base URL): no key needed,
@@ -210,7 +215,7 @@ impl Gateway {
         }
         if let Route::KeyPage { file } = route {
             if !self.routing.load().key_page {
-                return Err(ApiError::new(ErrorKind::NotFound, format!("Unknown endpoint: {} {}", req.method, req.uri.path())));
+                return Err(unknown_endpoint(req));
             }
             return Ok(Outcome::Respond(crate::console::me::page(file)));
         }
@@ -258,7 +263,7 @@ impl Gateway {
                 };
             }
             Route::KeyPageData if !routing.key_page => {
-                return Err(ApiError::new(ErrorKind::NotFound, format!("Unknown endpoint: {} {}", req.method, req.uri.path())));
+                return Err(unknown_endpoint(req));
             }
             Route::KeyPageData => {
                 self.limits.admit(&key).await?;
@@ -1113,8 +1118,7 @@ impl ProxyHttp for Gateway {
     async fn logging(&self, session: &mut Session, _e: Option<&Error>, ctx: &mut RequestCtx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
-        let series = self.metrics.model(model);
-        series.requests(ctx.route, status).add(1);
+        let series = self.metrics.request(ctx.route, model, status);
         // OpenTelemetry's GenAI metrics, for a relayed model call a provider answered.
         if let (Some(plan), Some(operation)) = (&ctx.relayed, crate::metrics::gen_ai_operation(ctx.route)) {
             if let Some(provider) = plan.served_by.and_then(|i| plan.routing.catalog.upstreams.get(i)) {
