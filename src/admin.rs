@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 const MAX_ADMIN_BODY: usize = 64 * 1024;
-const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+pub(crate) const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
 
 pub struct AdminApi {
     pub token: String,

@@ -314,10 +314,9 @@ impl UsageScanner {
         // its text for an estimate).
         let key: &[u8] = if self.shape == Shape::Gemini { b"\"usageMetadata\"" } else { b"\"usage\"" };
         if let Some(obj) = last_object_after(&tail, key) {
-            let wrapped = match self.shape {
-                Shape::Gemini => serde_json::json!({ "usageMetadata": obj }),
-                _ => serde_json::json!({ "usage": obj }),
-            };
+            // Moved into its wrapper, not copied (`json!` would serialize it again).
+            let name = if self.shape == Shape::Gemini { "usageMetadata" } else { "usage" };
+            let wrapped = Value::Object(serde_json::Map::from_iter([(name.to_string(), obj)]));
             self.event(&wrapped);
             if self.reading.seen.output.is_some() {
                 return;
