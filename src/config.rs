@@ -148,6 +148,9 @@ struct RawConfig {
     /// Client connections and request headers (see `listener`).
     #[serde(default)]
     limits: Option<RawLimits>,
+    /// `telemetry: { otlp: … }` (see `telemetry::settings`).
+    #[serde(default)]
+    telemetry: Option<crate::telemetry::settings::RawTelemetry>,
     /// Where keys, money, records and tasks are kept: the local sled database (default) or a
     /// PostgreSQL server shared by several nodes.
     #[serde(default)]
@@ -578,6 +581,8 @@ pub struct Config {
     pub media_allowance: crate::relay::MediaAllowance,
     /// `store:` with `postgres:` — the store several nodes share. None: the local sled store.
     pub fleet: Option<FleetConfig>,
+    /// OpenTelemetry traces (`telemetry.otlp` and the `OTEL_*` variables); None: off.
+    pub otlp: Option<crate::telemetry::Settings>,
 }
 
 /// `store:` for a fleet of nodes on one PostgreSQL database.
@@ -1186,6 +1191,7 @@ impl Config {
         if !(1000..=100_000_000).contains(&console.request_log_max) {
             return err("console.request_log_max: 1000 to 100000000");
         }
+        let otlp = crate::telemetry::settings::resolve(raw.telemetry.as_ref().and_then(|t| t.otlp.as_ref()), env).map_err(ConfigError)?;
         let usage_retention_days = billing.usage_retention_days.unwrap_or(30);
         if usage_retention_days == 0 {
             return err("billing.usage_retention_days: must be at least 1");
@@ -1274,6 +1280,7 @@ impl Config {
             accounts,
             calendar,
             console,
+            otlp,
             video,
             storage: match raw.storage {
                 Some(st) => Some(s3_config(st.s3, env)?),
@@ -1629,7 +1636,7 @@ keys:
         let text = format!("{MINIMAL}storage:\n  s3: {{ endpoint: \"http://127.0.0.1:9000\", region: us-east-1, bucket: b, access_key: a, secret_key_env: S3_SK }}\n");
         let e = Config::parse(&text, &no_env).unwrap_err();
         assert!(e.0.contains("storage.s3.secret_key_env") && e.0.contains("S3_SK"), "{e}");
-        let c = Config::parse(&text, &|_: &str| Some("sk".to_string())).expect("valid");
+        let c = Config::parse(&text, &|name: &str| (name == "S3_SK").then(|| "sk".to_string())).expect("valid");
         let s3 = c.storage.expect("storage");
         assert_eq!((s3.url_ttl_secs, s3.force_path_style, s3.secret_key.as_str()), (86_400, true, "sk"));
         let e = Config::parse(&text.replace("bucket: b", "bucket: b, acl: public"), &|_: &str| Some("x".into())).unwrap_err();
@@ -1675,7 +1682,7 @@ keys:
         assert_eq!(Config::parse(&text, &no_env).expect("valid").admin.expect("admin").token, None);
         let placeholder = |_: &str| Some("change-me-to-a-long-random-secret".to_string());
         assert!(Config::parse(&text, &placeholder).is_err(), "a placeholder from the environment too");
-        let set = |_: &str| Some("k3Jd9sLq0PzX7vBn2MwE".to_string());
+        let set = |name: &str| (name == "TOLLGATE_ADMIN_TOKEN").then(|| "k3Jd9sLq0PzX7vBn2MwE".to_string());
         assert_eq!(Config::parse(&text, &set).expect("valid").admin.expect("admin").token.as_deref(), Some("k3Jd9sLq0PzX7vBn2MwE"));
         let hosts = format!("{MINIMAL}admin: {{ listen: 127.0.0.1:9, hosts: [Admin.Internal] }}\n");
         assert_eq!(Config::parse(&hosts, &no_env).expect("valid").admin.expect("admin").hosts, ["admin.internal"]);

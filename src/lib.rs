@@ -37,6 +37,7 @@ pub mod route;
 pub mod server;
 pub mod storage;
 pub mod store;
+pub mod telemetry;
 pub mod tls;
 pub mod translate;
 pub mod video;

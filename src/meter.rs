@@ -63,6 +63,8 @@ pub struct UsageScanner {
     head: Vec<u8>,
     /// Bytes that reached the client.
     pub body_bytes: u64,
+    /// What the answer says of itself, read only for a traced request (see [`Self::read_answer`]).
+    answer: Option<Box<crate::telemetry::Answer>>,
 }
 
 /// How much of a non-streamed response object is kept to read its id.
@@ -99,6 +101,7 @@ impl UsageScanner {
             tail_len: 0,
             head: Vec::new(),
             body_bytes: 0,
+            answer: None,
         }
     }
 
@@ -247,7 +250,25 @@ impl UsageScanner {
 
     /// Read one JSON event (a stream event or a whole body) with the protocol's reader.
     /// Returns true for the chat usage-only chunk.
+    /// Also read the answering model and the finish reasons (for a traced request's spans).
+    pub fn read_answer(&mut self) {
+        self.answer = Some(Box::default());
+    }
+
+    /// What [`Self::read_answer`] found, once the body ended.
+    pub fn take_answer(&mut self) -> Option<crate::telemetry::Answer> {
+        self.answer.take().map(|a| *a)
+    }
+
     fn event(&mut self, v: &Value) -> bool {
+        if let Some(a) = self.answer.as_deref_mut() {
+            match self.shape {
+                Shape::Chat | Shape::Embeddings => openai::read_chat_answer(v, a),
+                Shape::Responses => openai::read_responses_answer(v, a),
+                Shape::Messages => anthropic::read_answer(v, a),
+                Shape::Gemini => gemini::read_answer(v, a),
+            }
+        }
         let r = &mut self.reading;
         match self.shape {
             Shape::Chat | Shape::Embeddings => openai::read_chat_event(v, r),
@@ -318,7 +339,8 @@ impl UsageScanner {
             let name = if self.shape == Shape::Gemini { "usageMetadata" } else { "usage" };
             let wrapped = Value::Object(serde_json::Map::from_iter([(name.to_string(), obj)]));
             self.event(&wrapped);
-            if self.reading.seen.output.is_some() {
+            // A traced answer is read whole below, for its model and finish reasons.
+            if self.reading.seen.output.is_some() && self.answer.is_none() {
                 return;
             }
         }

@@ -73,12 +73,28 @@ impl BackgroundService for Retention {
 /// released first, so the new process can open it; the requests still finishing here write
 /// through the hand-over socket (see `handover`).
 struct Drain {
+    /// Spans still queued are exported before the exit (at most `SPAN_FLUSH_WAIT`).
+    tracer: Option<Arc<crate::telemetry::Tracer>>,
     metrics: Arc<Metrics>,
     local: SledDb,
     ledger: Arc<Ledger>,
     phases: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<pingora_core::server::ExecutionPhase>>,
     /// The gateway's "answers close their connections" flag, set when an upgrade begins.
     closing: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// How long an exit waits for the last spans to reach the collector.
+const SPAN_FLUSH_WAIT: Duration = Duration::from_secs(5);
+
+impl Drain {
+    async fn flush_spans(&self) {
+        if let Some(tracer) = self.tracer.clone() {
+            let flushed = tokio::task::spawn_blocking(move || tracer.flush(SPAN_FLUSH_WAIT)).await.unwrap_or(false);
+            if !flushed {
+                log::warn!("shutting down: the last spans were not all exported within {}s", SPAN_FLUSH_WAIT.as_secs());
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -123,6 +139,7 @@ impl BackgroundService for Drain {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             self.ledger.leave().await;
+            self.flush_spans().await;
             log::info!("upgrade: drained; exiting");
             std::process::exit(0);
         }
@@ -137,6 +154,7 @@ impl BackgroundService for Drain {
             log::error!("shutting down: committing queued usage records failed: {e}");
         }
         self.ledger.leave().await;
+        self.flush_spans().await;
         match self.local.flush() {
             Ok(()) => log::info!("drained; database flushed; exiting"),
             Err(e) => log::error!("drained; database flush failed: {e}"),
@@ -246,6 +264,9 @@ impl Reload {
         }
         if config.fleet.as_ref().map(|f| (&f.postgres.url, &f.node_id)) != old.fleet.as_ref().map(|f| (&f.postgres.url, &f.node_id)) {
             needs_upgrade.push("store");
+        }
+        if config.otlp != old.otlp {
+            needs_upgrade.push("telemetry");
         }
         if config.max_body_bytes != old.max_body_bytes {
             needs_upgrade.push("max_body_bytes");
@@ -463,6 +484,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         crate::store::fleet::start(node);
     }
     let metrics = Arc::new(Metrics::default());
+    let tracer = match &config.otlp {
+        Some(settings) => Some(Arc::new(crate::telemetry::Tracer::start(settings, &metrics)?)),
+        None => None,
+    };
     let health = Arc::new(crate::health::HealthBook::new(metrics.clone()));
     let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)));
     let video = match &config.video {
@@ -529,6 +554,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let drain = Drain {
+        tracer: tracer.clone(),
         metrics: metrics.clone(),
         local,
         ledger: ledger.clone(),
@@ -578,6 +604,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         drain: drain_time,
         closing,
         requests: log_requests.then(|| store.requests()),
+        tracer: tracer.clone(),
     };
     let mut proxy = crate::listener::service(&server.configuration, gateway, "tollgate", &connections, &listener_metrics, true);
     if let Some(addr) = listen {
@@ -592,7 +619,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     server.add_service(proxy);
     server.add_service(background_service("dns refresh", DnsRefresh { routing, every: Duration::from_secs(60) }));
-    log::info!("{banner}; {enabled_keys} enabled key(s)");
+    let traces = tracer.as_ref().map_or(String::new(), |t| format!("; {}", t.describe()));
+    log::info!("{banner}; {enabled_keys} enabled key(s){traces}");
     notify_systemd();
     server.run_forever();
 }

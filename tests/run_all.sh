@@ -2,7 +2,7 @@
 # The whole test suite: system packages, the agent CLIs from npm, formatting and lints (rustfmt,
 # clippy with warnings as errors), Rust unit + integration tests (one `cargo test` build), fuzz
 # targets, then the SDK compatibility suite and the console's browser tests (headless Chromium) in
-# a virtualenv against the binaries that build made.
+# a virtualenv against the binaries that build made, with the OTLP trace tests between them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,6 +72,9 @@ fi
 
 echo "== SDK compatibility suite"
 TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/sdk
+
+echo "== Traces over OTLP to a real receiver (http/protobuf and gRPC)"
+TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/otlp
 
 echo "== Console in headless Chromium (screenshots in target/console-screenshots/)"
 TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/console

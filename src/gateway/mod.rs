@@ -76,6 +76,8 @@ pub struct Gateway {
     pub closing: Arc<std::sync::atomic::AtomicBool>,
     /// The request log (see `request_log`); None with `console.request_log: false`.
     pub requests: Option<Arc<dyn crate::store::RequestLogStore>>,
+    /// OpenTelemetry traces (see `telemetry`); None when off.
+    pub tracer: Option<Arc<crate::telemetry::Tracer>>,
 }
 
 /// Everything needed to send a request upstream, decided before anything is sent.
@@ -117,6 +119,8 @@ pub struct RelayPlan {
     pub first_byte: Option<Duration>,
     /// The upstream's own request id (its `x-request-id` or `request-id`), for the request log.
     pub upstream_request_id: Option<String>,
+    /// The request's trace while it is relayed (moved here from the request's state).
+    pub trace: Option<Box<crate::telemetry::Trace>>,
 }
 
 /// Per-request state.
@@ -146,6 +150,8 @@ pub struct RequestCtx {
     pub video_charge: Option<(i64, u32)>,
     /// The request reached the key check: it goes into the request log.
     pub key_checked: bool,
+    /// Its trace, with traces on (in the relay plan while it is relayed).
+    pub trace: Option<Box<crate::telemetry::Trace>>,
 }
 
 /// What the request does next.
@@ -388,6 +394,7 @@ impl Gateway {
             translation: draft.translation,
             first_byte: None,
             upstream_request_id: None,
+            trace: ctx.trace.take(),
         })))
     }
 
@@ -431,7 +438,13 @@ impl Gateway {
     /// byte goes to the client (with `sync_commit`, after the record is on disk).
     async fn settle(&self, plan: &mut RelayPlan, scanner: Option<&mut UsageScanner>, status: u16) {
         let Some(hold) = plan.hold.take() else { return };
-        let scan = scanner.map(|s| (s.finish(), s.response_id().map(str::to_string)));
+        let scan = scanner.map(|s| {
+            let found = (s.finish(), s.response_id().map(str::to_string));
+            if let Some(trace) = plan.trace.as_mut() {
+                trace.answer = s.take_answer();
+            }
+            found
+        });
         // A response the upstream stored (a successful create) becomes the key's.
         let (scan, response_id) = match scan {
             Some((scan, id)) => (Some(scan), id.filter(|_| plan.route == Route::Responses && (200..300).contains(&status))),
@@ -554,7 +567,12 @@ impl Gateway {
             };
             let key = admission.key;
             let wait = header_wait(deadline, peer.options.read_timeout, Instant::now());
-            match self.exchange(client, upstream, key, &peer, wait, plan).await {
+            self.begin_attempt(plan, upstream);
+            let exchanged = self.exchange(client, upstream, key, &peer, wait, plan).await;
+            if let (Some(trace), Err(Exchange::Unsent(e) | Exchange::Sent(e))) = (plan.trace.as_mut(), &exchanged) {
+                trace.end_attempt(Some(e.etype().as_str()));
+            }
+            match exchanged {
                 Err(Exchange::Unsent(e)) => {
                     log::warn!("provider {} failed to connect ({}); trying the next", upstream.config.name, e.etype().as_str());
                     admission.report(Verdict::Failed);
@@ -585,6 +603,9 @@ impl Gateway {
                     };
                     let status = header.status.as_u16();
                     upstream.health.status(status);
+                    if let Some(trace) = plan.trace.as_mut() {
+                        trace.attempt_answered(status);
+                    }
                     let verdict = match status {
                         429 => Verdict::Throttled(retry_after(header)),
                         500..=599 => Verdict::Failed,
@@ -597,6 +618,9 @@ impl Gateway {
                         if let Some(then) = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now()) {
                             log::warn!("provider {} answered {status}; retrying", upstream.config.name);
                             upstream.health.retries.add(1);
+                            if let Some(trace) = plan.trace.as_mut() {
+                                trace.end_attempt(None);
+                            }
                             // Not the client's: this answer is dropped with its connection.
                             http.shutdown().await;
                             next = Some(then);
@@ -613,6 +637,18 @@ impl Gateway {
             }
         }
         Err(last.unwrap_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no provider address available")))
+    }
+
+    /// With traces on: the attempt's client span opens, with the `traceparent` it sends.
+    fn begin_attempt(&self, plan: &mut RelayPlan, upstream: &relay::Upstream) {
+        let Some(trace) = plan.trace.as_mut() else { return };
+        let to = crate::telemetry::Upstream {
+            gen_ai_provider: crate::metrics::gen_ai_provider(upstream.config.protocol),
+            name: &upstream.config.name,
+            host: &upstream.config.base_url.host,
+            port: upstream.config.base_url.port,
+        };
+        trace.begin_attempt(&to, crate::metrics::gen_ai_operation(plan.route.label()), &plan.model);
     }
 
     /// One request to one provider: connect (pooled), send, read up to the final response
@@ -643,6 +679,17 @@ impl Gateway {
                 &plan.routing.forward_headers,
             )
             .map_err(Exchange::Unsent)?;
+            let mut req = req;
+            if let Some(trace) = plan.trace.as_deref() {
+                // The attempt's span is the upstream's parent; the client's vendor state goes on.
+                req.insert_header("traceparent", trace.traceparent().unwrap_or_default()).map_err(Exchange::Unsent)?;
+                match trace.state() {
+                    Some(state) => req.insert_header("tracestate", state).map_err(Exchange::Unsent)?,
+                    None => {
+                        req.remove_header("tracestate");
+                    }
+                }
+            }
             let (http, reused) = match self.connector.reused_http_session(peer).await {
                 Some(pooled) => (pooled, true),
                 // A new connection's future (TCP and TLS connect, ~9 KB) is kept on the heap:
@@ -759,6 +806,9 @@ impl Gateway {
         let withhold = plan.withhold_usage && status == 200;
         prepare_response_header(&mut header, withhold, shape, &plan.routing.forward_response_headers)?;
         let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);
+        if plan.trace.as_ref().is_some_and(|t| t.sampled) {
+            scanner.read_answer();
+        }
 
         ctx.response_started = true;
         if let Err(e) = session.write_response_header(header, false).await {
@@ -990,6 +1040,43 @@ fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, c
     log.append(entry);
 }
 
+/// Hand the request's trace to the tracer with what the request came to (see
+/// `telemetry::Trace::finish` for what each span says).
+fn finish_trace(tracer: &crate::telemetry::Tracer, session: &Session, ctx: &mut RequestCtx, status: u16) {
+    let Some(trace) = ctx.trace.take().or_else(|| ctx.relayed.as_mut().and_then(|p| p.trace.take())) else { return };
+    if !trace.sampled {
+        return;
+    }
+    let req = session.req_header();
+    let mut facts = crate::telemetry::RequestFacts {
+        method: req.method.as_str(),
+        route: ctx.route,
+        operation: crate::metrics::gen_ai_operation(ctx.route),
+        model: ctx.model_asked.as_deref(),
+        status,
+        key_name: ctx.key.as_ref().map(|k| k.name.as_str()),
+        tags: ctx.key.as_ref().map(|k| &k.policy.tags),
+        refusal: ctx.reason,
+        request_id: crate::request_log::id_of(session),
+        ..Default::default()
+    };
+    if let Some(plan) = &ctx.relayed {
+        facts.model = Some(&plan.model);
+        facts.provider =
+            plan.served_by.and_then(|i| plan.routing.catalog.upstreams.get(i)).map(|u| crate::metrics::gen_ai_provider(u.config.protocol));
+        facts.first_byte = plan.first_byte;
+        if let Some((usage, cost, estimated)) = plan.billed {
+            facts.usage = Some(usage);
+            facts.cost_nanos = Some(cost);
+            facts.estimated = estimated;
+        }
+    }
+    if let Some((charged, _)) = ctx.video_charge {
+        facts.cost_nanos = Some(charged);
+    }
+    tracer.finish(*trace, &facts);
+}
+
 fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
     if !log::log_enabled!(target: "access", log::Level::Info) {
         return;
@@ -1080,6 +1167,10 @@ impl ProxyHttp for Gateway {
     /// relayed response started.
     async fn request_filter(&self, session: &mut Session, ctx: &mut RequestCtx) -> Result<bool> {
         ctx.started = Some(Instant::now());
+        if let Some(tracer) = &self.tracer {
+            let req = session.req_header();
+            ctx.trace = Some(Box::new(tracer.begin(header_str(req, "traceparent"), header_str(req, "tracestate"))));
+        }
         if self.closing.load(std::sync::atomic::Ordering::Relaxed) {
             session.set_keepalive(None);
         }
@@ -1136,6 +1227,9 @@ impl ProxyHttp for Gateway {
         access_log(session, ctx, status);
         if let Some(log) = self.requests.as_ref().filter(|_| ctx.key_checked) {
             write_log_entry(log.as_ref(), session, ctx, status);
+        }
+        if let Some(tracer) = &self.tracer {
+            finish_trace(tracer, session, ctx, status);
         }
         crate::listener::request_done(session.as_downstream());
     }

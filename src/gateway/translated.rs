@@ -48,6 +48,9 @@ impl Gateway {
         let series = self.metrics.protocol(shape);
         series.upstream_seconds.observe(plan.started.elapsed());
         let mut scanner = UsageScanner::new(shape_of(t.upstream), sse, false);
+        if plan.trace.as_ref().is_some_and(|t| t.sampled) {
+            scanner.read_answer();
+        }
         let success = (200..300).contains(&status);
 
         if !success || !t.stream {

@@ -42,6 +42,13 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
     })
 }
 
+/// For a traced request: the model that answered (`model` of the body or of `message_start`'s
+/// message) and its `stop_reason` (of the body or of `message_delta`).
+pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
+    a.model(v.get("model").or_else(|| super::at(v, "/message/model")).and_then(Value::as_str));
+    a.finish_reason(v.get("stop_reason").or_else(|| super::at(v, "/delta/stop_reason")).and_then(Value::as_str));
+}
+
 /// Read one messages event or body: text, tool-input JSON, thinking and signatures count as
 /// generated text; input and cache counts come from `message_start` (or the body), the final
 /// output count from the last `message_delta`.

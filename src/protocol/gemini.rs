@@ -42,6 +42,14 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
     json!({"models": models.iter().map(model).collect::<Vec<_>>()})
 }
 
+/// For a traced request: `modelVersion` and each candidate's `finishReason`.
+pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
+    a.model(v.get("modelVersion").and_then(Value::as_str));
+    for c in v.get("candidates").and_then(Value::as_array).into_iter().flatten() {
+        a.finish_reason(c.get("finishReason").and_then(Value::as_str));
+    }
+}
+
 /// Read one generate-content chunk or body: text parts, function calls and code count as
 /// generated content; `usageMetadata` is the report (thoughts count as output).
 pub fn read_event(v: &Value, r: &mut super::Reading) {

@@ -70,6 +70,26 @@ pub fn read_chat_event(v: &Value, r: &mut super::Reading) -> bool {
     false
 }
 
+/// For a traced request: the model of a chat completion (body or chunk) and each choice's
+/// `finish_reason`.
+pub fn read_chat_answer(v: &Value, a: &mut crate::telemetry::Answer) {
+    a.model(v.get("model").and_then(Value::as_str));
+    for c in v.get("choices").and_then(Value::as_array).into_iter().flatten() {
+        a.finish_reason(c.get("finish_reason").and_then(Value::as_str));
+    }
+}
+
+/// For a traced request: the model of a response (body, or the response an event carries) and
+/// how it ended (`incomplete_details.reason`, else a final `status`).
+pub fn read_responses_answer(v: &Value, a: &mut crate::telemetry::Answer) {
+    let Some(r) = (if v.get("type").is_some() { v.get("response") } else { Some(v) }) else { return };
+    a.model(r.get("model").and_then(Value::as_str));
+    let status = r.get("status").and_then(Value::as_str).filter(|s| matches!(*s, "completed" | "incomplete" | "failed" | "cancelled"));
+    if status.is_some() {
+        a.finish_reason(super::at(r, "/incomplete_details/reason").and_then(Value::as_str).or(status));
+    }
+}
+
 /// Read one responses-API event or body: every `*.delta` (output text, refusals, reasoning,
 /// function-call and custom-tool arguments) counts as generated text; the usage is in
 /// `response.completed` (a stream) or at the top (a body).

@@ -1,0 +1,470 @@
+//! OpenTelemetry traces: a server span per request and a client span per upstream attempt,
+//! named and attributed by the GenAI semantic conventions, exported over OTLP off the request
+//! path (see `export`). A client's W3C trace is continued and carried upstream.
+//!
+//! * [`settings`]: `telemetry.otlp` and the `OTEL_*` variables.
+//! * [`context`]: `traceparent` / `tracestate`.
+//! * `otlp`: the protobuf the collector receives; `export`: the batching thread.
+//!
+//! What a span says is decided here, in [`Trace::finish`], from the facts the gateway hands
+//! over ([`RequestFacts`]). No prompt, no answer, no secret is ever among them.
+
+pub mod context;
+mod export;
+mod otlp;
+pub mod settings;
+
+use context::{SpanId, TraceId};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use settings::Settings;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Server,
+    Client,
+}
+
+/// An attribute's value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrValue {
+    Str(String),
+    Static(&'static str),
+    Int(i64),
+    Double(f64),
+    Bool(bool),
+    Strs(Vec<String>),
+}
+
+/// A finished span, ready for export.
+#[derive(Debug, Clone)]
+pub struct SpanData {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    pub parent: Option<SpanId>,
+    /// The parent is the client's span (another process).
+    pub remote_parent: bool,
+    pub state: Option<String>,
+    pub name: String,
+    pub kind: Kind,
+    pub start_ns: u64,
+    pub end_ns: u64,
+    pub attrs: Vec<(&'static str, AttrValue)>,
+    /// Status ERROR with this description; None leaves the status unset.
+    pub error: Option<String>,
+}
+
+/// Traces on: the sampler and the exporter.
+pub struct Tracer {
+    /// A new trace is recorded when its id's last eight bytes are below this.
+    ratio_bound: u64,
+    always: bool,
+    exporter: export::Exporter,
+    describe: String,
+}
+
+impl Tracer {
+    pub fn start(settings: &Settings, metrics: &crate::metrics::Metrics) -> Result<Tracer, String> {
+        let exporter = export::Exporter::start(settings, metrics)?;
+        let protocol = match settings.protocol {
+            settings::Protocol::Grpc => "grpc",
+            settings::Protocol::HttpProtobuf => "http/protobuf",
+        };
+        Ok(Tracer {
+            ratio_bound: (settings.sample_ratio * u64::MAX as f64) as u64,
+            always: settings.sample_ratio >= 1.0,
+            exporter,
+            describe: format!("traces to {} ({protocol}, sample ratio {})", settings.endpoint, settings.sample_ratio),
+        })
+    }
+
+    /// For the start-up line.
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    /// A request arrived: continue the client's trace (and its sampling decision) or start one.
+    pub fn begin(&self, traceparent: Option<&str>, tracestate: Option<&str>) -> Trace {
+        let parent = traceparent.and_then(|tp| context::parse(tp, tracestate));
+        let trace_id = parent.as_ref().map_or_else(context::new_trace_id, |p| p.trace_id);
+        let sampled = match &parent {
+            Some(p) => p.sampled,
+            None => self.always || u64::from_be_bytes(last8(&trace_id)) < self.ratio_bound,
+        };
+        Trace {
+            trace_id,
+            server_span: context::new_span_id(),
+            parent: parent.as_ref().map(|p| p.span_id),
+            state: parent.and_then(|p| p.state),
+            sampled,
+            start_ns: unix_ns(),
+            start: Instant::now(),
+            spans: Vec::new(),
+            attempt: None,
+            answer: None,
+            carried: String::new(),
+        }
+    }
+
+    /// The request ended: its spans go to the exporter (when it was sampled).
+    pub fn finish(&self, trace: Trace, facts: &RequestFacts<'_>) {
+        if trace.sampled {
+            self.exporter.submit(trace.finish(facts));
+        }
+    }
+
+    /// Export what is queued (at shutdown), waiting at most `wait`.
+    pub fn flush(&self, wait: Duration) -> bool {
+        self.exporter.flush(wait)
+    }
+}
+
+fn last8(id: &TraceId) -> [u8; 8] {
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&id[8..]);
+    out
+}
+
+fn unix_ns() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// What a traced answer said of itself: the model that answered and why it stopped (read by
+/// the usage scanner, only for a sampled request).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Answer {
+    pub model: Option<String>,
+    pub finish_reasons: Vec<String>,
+}
+
+impl Answer {
+    pub fn model(&mut self, model: Option<&str>) {
+        if let (None, Some(m)) = (&self.model, model.filter(|m| !m.is_empty())) {
+            self.model = Some(m.to_string());
+        }
+    }
+
+    pub fn finish_reason(&mut self, reason: Option<&str>) {
+        if let Some(r) = reason.filter(|r| !r.is_empty()) {
+            if !self.finish_reasons.iter().any(|have| have == r) {
+                self.finish_reasons.push(r.to_string());
+            }
+        }
+    }
+}
+
+/// One request's trace while it is served.
+pub struct Trace {
+    pub trace_id: TraceId,
+    server_span: SpanId,
+    /// The client's span, when the client sent a trace.
+    parent: Option<SpanId>,
+    state: Option<String>,
+    pub sampled: bool,
+    start_ns: u64,
+    start: Instant,
+    /// Upstream attempts that ended (failed or retried).
+    spans: Vec<SpanData>,
+    /// The upstream attempt under way, or the one that answered (ended with the request).
+    attempt: Option<Attempt>,
+    /// What the answer said of itself (see [`Answer`]).
+    pub answer: Option<Answer>,
+    /// The `traceparent` of the latest upstream attempt.
+    carried: String,
+}
+
+/// An upstream attempt's client span, open.
+struct Attempt {
+    span_id: SpanId,
+    start_ns: u64,
+    attrs: Vec<(&'static str, AttrValue)>,
+    status: Option<u16>,
+}
+
+/// Who an upstream attempt goes to.
+pub struct Upstream<'a> {
+    /// `gen_ai.provider.name` of its protocol.
+    pub gen_ai_provider: &'static str,
+    /// The provider's name in the configuration.
+    pub name: &'a str,
+    pub host: &'a str,
+    pub port: u16,
+}
+
+/// What the gateway knows of a request when it ends, borrowed for [`Trace::finish`].
+#[derive(Default)]
+pub struct RequestFacts<'a> {
+    pub method: &'a str,
+    pub route: &'a str,
+    /// `gen_ai.operation.name` of a model call.
+    pub operation: Option<&'static str>,
+    pub model: Option<&'a str>,
+    /// The status the client got.
+    pub status: u16,
+    pub key_name: Option<&'a str>,
+    /// The key's tags, as `name=value` in `tollgate.key.tags`.
+    pub tags: Option<&'a std::collections::BTreeMap<String, String>>,
+    pub refusal: Option<&'a str>,
+    pub request_id: Option<&'a str>,
+    /// `gen_ai.provider.name` of the provider that answered.
+    pub provider: Option<&'static str>,
+    pub usage: Option<crate::meter::Usage>,
+    pub cost_nanos: Option<i64>,
+    pub estimated: bool,
+    pub first_byte: Option<Duration>,
+}
+
+impl Trace {
+    /// The time since the request began, on the span clock.
+    fn now_ns(&self) -> u64 {
+        self.start_ns + self.start.elapsed().as_nanos() as u64
+    }
+
+    /// An upstream attempt starts: its span opens, and the `traceparent` it carries names it
+    /// (for an unsampled request, the trace and the decision are carried on all the same).
+    pub fn begin_attempt(&mut self, to: &Upstream<'_>, operation: Option<&'static str>, model: &str) {
+        self.end_attempt(None);
+        let span_id = context::new_span_id();
+        self.carried = context::traceparent(&self.trace_id, &span_id, self.sampled);
+        if self.sampled {
+            let mut attrs = Vec::with_capacity(12);
+            if let Some(op) = operation {
+                attrs.push(("gen_ai.operation.name", AttrValue::Static(op)));
+            }
+            attrs.push(("gen_ai.provider.name", AttrValue::Static(to.gen_ai_provider)));
+            attrs.push(("gen_ai.request.model", AttrValue::Str(model.to_string())));
+            attrs.push(("server.address", AttrValue::Str(to.host.to_string())));
+            attrs.push(("server.port", AttrValue::Int(i64::from(to.port))));
+            attrs.push(("tollgate.provider", AttrValue::Str(to.name.to_string())));
+            self.attempt = Some(Attempt { span_id, start_ns: self.now_ns(), attrs, status: None });
+        }
+    }
+
+    /// The `traceparent` the upstream attempt under way carries (see [`Self::begin_attempt`]).
+    pub fn traceparent(&self) -> Option<&str> {
+        Some(self.carried.as_str()).filter(|c| !c.is_empty())
+    }
+
+    /// The `tracestate` carried upstream: the client's, unchanged.
+    pub fn state(&self) -> Option<&str> {
+        self.state.as_deref()
+    }
+
+    /// The attempt under way got its response header.
+    pub fn attempt_answered(&mut self, status: u16) {
+        if let Some(a) = &mut self.attempt {
+            a.status = Some(status);
+        }
+    }
+
+    /// The attempt under way ended without the answer the client gets: failed before a header
+    /// (`error`, the failure's kind) or answered with a status that is retried.
+    pub fn end_attempt(&mut self, error: Option<&str>) {
+        let Some(mut a) = self.attempt.take() else { return };
+        let end_ns = self.now_ns();
+        let error = match (error, a.status) {
+            (Some(kind), _) => Some(kind.to_string()),
+            (None, Some(status)) if status >= 400 => Some(status.to_string()),
+            _ => None,
+        };
+        if let Some(status) = a.status {
+            a.attrs.push(("http.response.status_code", AttrValue::Int(i64::from(status))));
+        }
+        if let Some(kind) = &error {
+            a.attrs.push(("error.type", AttrValue::Str(kind.clone())));
+        }
+        let name = client_span_name(&a.attrs);
+        self.spans.push(SpanData {
+            trace_id: self.trace_id,
+            span_id: a.span_id,
+            parent: Some(self.server_span),
+            remote_parent: false,
+            state: self.state.clone(),
+            name,
+            kind: Kind::Client,
+            start_ns: a.start_ns,
+            end_ns,
+            attrs: a.attrs,
+            error,
+        });
+    }
+
+    /// The request ended: the server span, and the attempt that answered closed with what the
+    /// answer carried.
+    pub fn finish(mut self, facts: &RequestFacts<'_>) -> Vec<SpanData> {
+        let answer = self.answer.take().unwrap_or_default();
+        let mut common: Vec<(&'static str, AttrValue)> = Vec::with_capacity(8);
+        if let Some(m) = &answer.model {
+            common.push(("gen_ai.response.model", AttrValue::Str(m.clone())));
+        }
+        if !answer.finish_reasons.is_empty() {
+            common.push(("gen_ai.response.finish_reasons", AttrValue::Strs(answer.finish_reasons.clone())));
+        }
+        if let Some(u) = facts.usage {
+            common.push(("gen_ai.usage.input_tokens", AttrValue::Int(u.input_total() as i64)));
+            common.push(("gen_ai.usage.output_tokens", AttrValue::Int(u.output as i64)));
+            common.push(("gen_ai.usage.cache_read.input_tokens", AttrValue::Int(u.cached as i64)));
+            common.push(("gen_ai.usage.cache_creation.input_tokens", AttrValue::Int(u.cache_write as i64)));
+        }
+        if let Some(mut a) = self.attempt.take() {
+            a.attrs.extend(common.iter().cloned());
+            self.attempt = Some(a);
+            self.end_attempt(None);
+        }
+        let mut attrs = Vec::with_capacity(24);
+        attrs.push(("http.request.method", AttrValue::Str(facts.method.to_string())));
+        attrs.push(("http.route", AttrValue::Str(facts.route.to_string())));
+        attrs.push(("http.response.status_code", AttrValue::Int(i64::from(facts.status))));
+        if let Some(op) = facts.operation {
+            attrs.push(("gen_ai.operation.name", AttrValue::Static(op)));
+        }
+        if let Some(p) = facts.provider {
+            attrs.push(("gen_ai.provider.name", AttrValue::Static(p)));
+        }
+        if let Some(m) = facts.model {
+            attrs.push(("gen_ai.request.model", AttrValue::Str(m.to_string())));
+        }
+        attrs.extend(common);
+        if let Some(name) = facts.key_name {
+            attrs.push(("tollgate.key.name", AttrValue::Str(name.to_string())));
+        }
+        if let Some(tags) = facts.tags.filter(|t| !t.is_empty()) {
+            attrs.push(("tollgate.key.tags", AttrValue::Strs(tags.iter().map(|(k, v)| format!("{k}={v}")).collect())));
+        }
+        if let Some(cost) = facts.cost_nanos {
+            attrs.push(("tollgate.cost_usd", AttrValue::Double(cost as f64 / 1e9)));
+            attrs.push(("tollgate.estimated", AttrValue::Bool(facts.estimated)));
+        }
+        if let Some(first) = facts.first_byte {
+            attrs.push(("tollgate.time_to_first_byte_ms", AttrValue::Double(first.as_secs_f64() * 1000.0)));
+        }
+        if let Some(id) = facts.request_id {
+            attrs.push(("tollgate.request_id", AttrValue::Str(id.to_string())));
+        }
+        let error_type = match (facts.refusal, facts.status) {
+            (Some(code), _) => Some(code.to_string()),
+            (None, s) if s >= 400 || s == 0 => Some(if s == 0 { "no_response".to_string() } else { s.to_string() }),
+            _ => None,
+        };
+        if let Some(code) = facts.refusal {
+            attrs.push(("tollgate.refusal", AttrValue::Str(code.to_string())));
+        }
+        if let Some(kind) = &error_type {
+            attrs.push(("error.type", AttrValue::Str(kind.clone())));
+        }
+        let name = match (facts.operation, facts.model) {
+            (Some(op), Some(model)) => format!("{op} {model}"),
+            _ => format!("{} {}", facts.method, facts.route),
+        };
+        let end_ns = self.now_ns();
+        let mut spans = std::mem::take(&mut self.spans);
+        spans.push(SpanData {
+            trace_id: self.trace_id,
+            span_id: self.server_span,
+            parent: self.parent,
+            remote_parent: self.parent.is_some(),
+            state: self.state,
+            name,
+            kind: Kind::Server,
+            start_ns: self.start_ns,
+            end_ns,
+            attrs,
+            // A server span is in error for the server's failures, not the client's (4xx).
+            error: (facts.status >= 500 || facts.status == 0).then(|| error_type.unwrap_or_default()),
+        });
+        spans
+    }
+}
+
+/// `{operation} {model}` of a client span's attributes.
+fn client_span_name(attrs: &[(&'static str, AttrValue)]) -> String {
+    let find = |key: &str| {
+        attrs.iter().find(|(k, _)| *k == key).and_then(|(_, v)| match v {
+            AttrValue::Str(s) => Some(s.as_str()),
+            AttrValue::Static(s) => Some(*s),
+            _ => None,
+        })
+    };
+    match (find("gen_ai.operation.name"), find("gen_ai.request.model")) {
+        (Some(op), Some(model)) => format!("{op} {model}"),
+        (None, Some(model)) => format!("upstream {model}"),
+        _ => "upstream".to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr<'a>(s: &'a SpanData, key: &str) -> Option<&'a AttrValue> {
+        s.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    #[test]
+    fn a_retried_request_has_two_sibling_client_spans_under_its_server_span() {
+        let mut t = Trace {
+            trace_id: [7; 16],
+            server_span: [1; 8],
+            parent: Some([9; 8]),
+            state: Some("k=v".into()),
+            sampled: true,
+            start_ns: 1_000,
+            start: Instant::now(),
+            spans: Vec::new(),
+            attempt: None,
+            carried: String::new(),
+            answer: Some(Answer { model: Some("alpha-5.5-0401".into()), finish_reasons: vec!["stop".into()] }),
+        };
+        let to = Upstream { gen_ai_provider: "openai", name: "oa", host: "127.0.0.1", port: 9 };
+        t.begin_attempt(&to, Some("chat"), "alpha-5.5");
+        let first = t.traceparent().unwrap().to_string();
+        t.attempt_answered(500);
+        t.end_attempt(None);
+        t.begin_attempt(&to, Some("chat"), "alpha-5.5");
+        let second = t.traceparent().unwrap().to_string();
+        assert_ne!(first, second);
+        assert!(second.starts_with("00-07070707070707070707070707070707-") && second.ends_with("-01"));
+        t.attempt_answered(200);
+        let usage = crate::meter::Usage { input: 10, cached: 2, cache_write: 0, output: 5 };
+        let facts = RequestFacts {
+            method: "POST",
+            route: "chat_completions",
+            operation: Some("chat"),
+            model: Some("alpha-5.5"),
+            status: 200,
+            key_name: Some("team-a"),
+            usage: Some(usage),
+            cost_nanos: Some(1500),
+            ..Default::default()
+        };
+        let spans = t.finish(&facts);
+        assert_eq!(spans.len(), 3);
+        let (retried, answered, server) = (&spans[0], &spans[1], &spans[2]);
+        assert_eq!((server.kind, server.parent, server.remote_parent), (Kind::Server, Some([9; 8]), true));
+        for client in [retried, answered] {
+            assert_eq!((client.kind, client.parent, client.name.as_str()), (Kind::Client, Some([1; 8]), "chat alpha-5.5"));
+        }
+        assert_eq!(attr(retried, "error.type"), Some(&AttrValue::Str("500".into())));
+        assert_eq!(attr(answered, "error.type"), None);
+        assert_eq!(attr(answered, "gen_ai.usage.input_tokens"), Some(&AttrValue::Int(12)));
+        assert_eq!(attr(server, "gen_ai.response.model"), Some(&AttrValue::Str("alpha-5.5-0401".into())));
+        assert_eq!(attr(server, "tollgate.cost_usd"), Some(&AttrValue::Double(1.5e-6)));
+        assert_eq!(server.error, None);
+    }
+
+    #[test]
+    fn an_unsampled_request_carries_its_trace_on_and_records_nothing() {
+        let settings =
+            settings::resolve(Some(&settings::RawOtlp { sample_ratio: Some(0.0), ..Default::default() }), &|_| None).unwrap().unwrap();
+        let metrics = crate::metrics::Metrics::default();
+        let tracer = Tracer::start(&settings, &metrics).unwrap();
+        let mut t = tracer.begin(None, None);
+        assert!(!t.sampled);
+        t.begin_attempt(&Upstream { gen_ai_provider: "openai", name: "oa", host: "h", port: 1 }, None, "m");
+        assert!(t.traceparent().unwrap().ends_with("-00"));
+        assert!(t.finish(&RequestFacts::default()).iter().all(|s| s.kind == Kind::Server));
+        // The client's decision wins over the ratio.
+        let continued = tracer.begin(Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), None);
+        assert!(continued.sampled);
+    }
+}

@@ -1,0 +1,168 @@
+//! The OTLP wire form of finished spans: an `ExportTraceServiceRequest` in protobuf
+//! (opentelemetry-proto, `collector/trace/v1` and `trace/v1`), written by hand — the few
+//! messages tollgate sends do not justify a code generator in the build.
+
+use super::{AttrValue, Kind, SpanData};
+
+/// `SpanFlags`: the context says whether its parent was remote, and it was.
+const FLAG_HAS_IS_REMOTE: u32 = 0x100;
+const FLAG_IS_REMOTE: u32 = 0x200;
+
+/// The request body of one export: every span under one resource and one scope.
+pub fn export_request(resource: &[(String, String)], scope_version: &str, spans: &[SpanData]) -> Vec<u8> {
+    let mut pb = Pb(Vec::with_capacity(256 + spans.len() * 768));
+    // ExportTraceServiceRequest.resource_spans = 1
+    pb.message(1, |pb| {
+        // ResourceSpans.resource = 1
+        pb.message(1, |pb| {
+            for (key, value) in resource {
+                pb.message(1, |pb| key_value(pb, key, &AttrValue::Str(value.clone())));
+            }
+        });
+        // ResourceSpans.scope_spans = 2
+        pb.message(2, |pb| {
+            // ScopeSpans.scope = 1 (InstrumentationScope: name = 1, version = 2)
+            pb.message(1, |pb| {
+                pb.string(1, "tollgate");
+                pb.string(2, scope_version);
+            });
+            for span in spans {
+                pb.message(2, |pb| encode_span(pb, span));
+            }
+        });
+    });
+    pb.0
+}
+
+fn encode_span(pb: &mut Pb, s: &SpanData) {
+    pb.bytes(1, &s.trace_id);
+    pb.bytes(2, &s.span_id);
+    if let Some(state) = &s.state {
+        pb.string(3, state);
+    }
+    if let Some(parent) = &s.parent {
+        pb.bytes(4, parent);
+    }
+    pb.string(5, &s.name);
+    pb.uint(
+        6,
+        match s.kind {
+            Kind::Server => 2,
+            Kind::Client => 3,
+        },
+    );
+    pb.fixed64(7, s.start_ns);
+    pb.fixed64(8, s.end_ns.max(s.start_ns));
+    for (key, value) in &s.attrs {
+        pb.message(9, |pb| key_value(pb, key, value));
+    }
+    // Status: message = 2, code = 3 (UNSET 0, OK 1, ERROR 2).
+    if let Some(message) = &s.error {
+        pb.message(15, |pb| {
+            pb.string(2, message);
+            pb.uint(3, 2);
+        });
+    }
+    let remote = if s.remote_parent { FLAG_IS_REMOTE } else { 0 };
+    pb.fixed32(16, 1 | FLAG_HAS_IS_REMOTE | remote);
+}
+
+/// KeyValue: key = 1, value = 2 (AnyValue: string 1, bool 2, int 3, double 4, array 5).
+fn key_value(pb: &mut Pb, key: &str, value: &AttrValue) {
+    pb.string(1, key);
+    pb.message(2, |pb| any_value(pb, value));
+}
+
+fn any_value(pb: &mut Pb, value: &AttrValue) {
+    match value {
+        AttrValue::Str(s) => pb.string(1, s),
+        AttrValue::Static(s) => pb.string(1, s),
+        AttrValue::Bool(b) => pb.uint(2, u64::from(*b)),
+        AttrValue::Int(i) => pb.uint(3, *i as u64),
+        AttrValue::Double(d) => {
+            pb.tag(4, 1);
+            pb.0.extend_from_slice(&d.to_le_bytes());
+        }
+        AttrValue::Strs(items) => pb.message(5, |pb| {
+            for item in items {
+                pb.message(1, |pb| pb.string(1, item));
+            }
+        }),
+    }
+}
+
+/// A protobuf writer: fields in order, nested messages length-prefixed in place.
+struct Pb(Vec<u8>);
+
+impl Pb {
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.0.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.0.push(v as u8);
+    }
+
+    fn tag(&mut self, field: u32, wire: u8) {
+        self.varint(u64::from(field) << 3 | u64::from(wire));
+    }
+
+    fn uint(&mut self, field: u32, v: u64) {
+        self.tag(field, 0);
+        self.varint(v);
+    }
+
+    fn fixed64(&mut self, field: u32, v: u64) {
+        self.tag(field, 1);
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    fn fixed32(&mut self, field: u32, v: u32) {
+        self.tag(field, 5);
+        self.0.extend_from_slice(&v.to_le_bytes());
+    }
+
+    fn bytes(&mut self, field: u32, b: &[u8]) {
+        self.tag(field, 2);
+        self.varint(b.len() as u64);
+        self.0.extend_from_slice(b);
+    }
+
+    fn string(&mut self, field: u32, s: &str) {
+        self.bytes(field, s.as_bytes());
+    }
+
+    /// A nested message: one byte is kept for its length, widened after it is written when it
+    /// is 128 bytes or more (the content moves up by the extra bytes).
+    fn message(&mut self, field: u32, write: impl FnOnce(&mut Pb)) {
+        self.tag(field, 2);
+        let at = self.0.len();
+        self.0.push(0);
+        write(self);
+        let len = self.0.len() - at - 1;
+        if len < 0x80 {
+            self.0[at] = len as u8;
+        } else {
+            let mut prefix = Pb(Vec::with_capacity(10));
+            prefix.varint(len as u64);
+            self.0.splice(at..at + 1, prefix.0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn varints_and_long_messages_are_encoded_as_protobuf_reads_them() {
+        let mut pb = Pb(Vec::new());
+        pb.uint(1, 300);
+        assert_eq!(pb.0, [0x08, 0xac, 0x02]);
+        let mut pb = Pb(Vec::new());
+        pb.message(2, |pb| pb.string(1, &"x".repeat(200)));
+        // tag 2/LEN, length 203 as a two-byte varint, then tag 1/LEN, length 200 (two bytes).
+        assert_eq!(&pb.0[..5], &[0x12, 0xcb, 0x01, 0x0a, 0xc8]);
+        assert_eq!(pb.0.len(), 3 + 3 + 200);
+    }
+}
