@@ -105,11 +105,63 @@ mod bare {
 
 // ------------------------------------------------------------------ processes
 
+/// Tollgates started only to be compared in pairs, not measured on their own.
+const COMPARISON_ONLY: [&str; 3] = ["nolog-tollgate", "untraced-tollgate", "traced-tollgate"];
+
 struct Rig {
     dir: tempfile::TempDir,
     mock_port: u16,
+    /// The OTLP collector stand-in the traced tollgate exports to: (exports, bytes) received.
+    sink: Arc<(AtomicU64, AtomicU64)>,
     targets: Vec<(&'static str, u16, Option<u32>)>,
     _procs: Vec<Proc>,
+}
+
+/// An OTLP/HTTP collector stand-in: answers every export 200 at once (keep-alive) and counts
+/// the exports and their bytes, so that the traced tollgate pays the whole export path.
+fn start_trace_sink() -> (u16, Arc<(AtomicU64, AtomicU64)>) {
+    use std::io::{BufRead, BufReader, Read};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("sink");
+    let port = listener.local_addr().expect("addr").port();
+    let counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let seen = counts.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let seen = seen.clone();
+            std::thread::spawn(move || {
+                let mut out = conn.try_clone().expect("clone");
+                let mut reader = BufReader::new(conn);
+                loop {
+                    let mut length = 0usize;
+                    let mut line = String::new();
+                    loop {
+                        line.clear();
+                        if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                            return;
+                        }
+                        if line == "\r\n" {
+                            break;
+                        }
+                        if let Some((name, value)) = line.split_once(':') {
+                            if name.eq_ignore_ascii_case("content-length") {
+                                length = value.trim().parse().unwrap_or(0);
+                            }
+                        }
+                    }
+                    let mut body = vec![0u8; length];
+                    if reader.read_exact(&mut body).is_err() {
+                        return;
+                    }
+                    seen.0.fetch_add(1, Ordering::Relaxed);
+                    seen.1.fetch_add(length as u64, Ordering::Relaxed);
+                    if out.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n").is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, counts)
 }
 
 fn spawn(cmd: &mut Command) -> Proc {
@@ -168,14 +220,20 @@ fn start_rig() -> Rig {
 
     // tollgate in its default commit mode and with `sync_commit: true`
     // (TOLLGATE_BENCH_MODES=default skips the second, for builds that predate the setting).
-    let modes: &[(&'static str, &str)] = if std::env::var("TOLLGATE_BENCH_MODES").as_deref() == Ok("default") {
-        &[("tollgate", "")]
+    let (sink_port, sink) = start_trace_sink();
+    let traced = format!("billing: {{ commit_interval_ms: 10 }}\ntelemetry: {{ otlp: {{ endpoint: \"http://127.0.0.1:{sink_port}\", sample_ratio: 1.0 }} }}\n");
+    let modes: Vec<(&'static str, &str)> = if std::env::var("TOLLGATE_BENCH_MODES").as_deref() == Ok("default") {
+        vec![("tollgate", "")]
     } else {
-        &[
+        vec![
             ("tollgate", "billing: { commit_interval_ms: 10 }\n"),
             ("tollgate-sync", "billing: { sync_commit: true }\n"),
             // Only for the request log's cost (see `request_log_cost`).
             ("nolog-tollgate", "billing: { commit_interval_ms: 10 }\nconsole: { request_log: false }\n"),
+            // Only for the cost of tracing every request (see `tracing_cost`): a pair of its own,
+            // fresh when compared.
+            ("untraced-tollgate", "billing: { commit_interval_ms: 10 }\n"),
+            ("traced-tollgate", traced.as_str()),
         ]
     };
     // TOLLGATE_BENCH_BIN runs another build of tollgate (an allocator trial, an older commit).
@@ -236,13 +294,14 @@ video:
             d = sub.display()
         )
         .expect("write");
-        let gw = spawn(Command::new(&bin).arg("-c").arg(&conf).env("RUST_LOG", "error"));
+        // Exports as soon as a batch is full or 200 ms passed (the default waits 5 s).
+        let gw = spawn(Command::new(&bin).arg("-c").arg(&conf).env("RUST_LOG", "error").env("OTEL_BSP_SCHEDULE_DELAY", "200"));
         let pid = gw.0.id();
         procs.push(gw);
         wait_port(gw_port);
         targets.push((name, gw_port, Some(pid)));
     }
-    Rig { dir, mock_port, targets, _procs: procs }
+    Rig { dir, mock_port, sink, targets, _procs: procs }
 }
 
 fn start_nginx(dir: &Path, mock_port: u16, procs: &mut Vec<Proc>) -> Option<u16> {
@@ -539,10 +598,15 @@ async fn run(quick: bool, fds: u64) {
     } else {
         None
     };
+    let tracing = if only.as_deref().is_none_or(|o| o.split(',').any(|t| t == "tracing")) {
+        Some(tracing_cost(&client, &rig, quick).await)
+    } else {
+        None
+    };
     let small = bytes::Bytes::from(serde_json::to_vec(&chat_body(false)).expect("body"));
     let large = large_body();
     for (name, port, pid) in &rig.targets {
-        if only.as_deref().is_some_and(|o| !o.split(',').any(|t| t == *name)) || *name == "nolog-tollgate" {
+        if only.as_deref().is_some_and(|o| !o.split(',').any(|t| t == *name)) || COMPARISON_ONLY.contains(name) {
             continue;
         }
         // Warm up connections.
@@ -700,6 +764,9 @@ async fn run(quick: bool, fds: u64) {
     if let Some(p) = policy {
         report.insert("policy_key".into(), p);
     }
+    if let Some(r) = tracing {
+        report.insert("tracing".into(), r);
+    }
     if let Some(r) = request_log {
         report.insert("request_log".into(), r);
     }
@@ -810,15 +877,17 @@ impl Paired {
         (pct(&r, 0.5), pct(&r, 0.25), pct(&r, 0.75))
     }
 
-    fn report(&self, what: &str, b: &str, a: &str, a_key: &str, b_key: &str) -> Value {
+    /// Printed and as JSON; the verdict is whether the median round is within `tolerance`.
+    fn report(&self, what: &str, b: &str, a: &str, a_key: &str, b_key: &str, tolerance: f64) -> Value {
         let (ratio, q1, q3) = self.ratio();
         println!(
-            "{what}: {:.0} vs {:.0} req/s; median round {b}/{a} {ratio:.3}× (quartiles {q1:.3}–{q3:.3}, {} rounds, {} errors) [within 3%: {}]",
+            "{what}: {:.0} vs {:.0} req/s; median round {b}/{a} {ratio:.3}× (quartiles {q1:.3}–{q3:.3}, {} rounds, {} errors) [within {:.0}%: {}]",
             self.b_rps,
             self.a_rps,
             self.ratios.len(),
             self.errors,
-            verdict(ratio >= 0.97),
+            tolerance * 100.0,
+            verdict(ratio >= 1.0 - tolerance),
         );
         json!({a_key: self.a_rps, b_key: self.b_rps, "ratio": ratio, "ratio_quartiles": [q1, q3], "round_ratios": self.ratios, "errors": self.errors})
     }
@@ -861,7 +930,29 @@ async fn request_log_cost(client: &reqwest::Client, rig: &Rig, quick: bool) -> V
         "off",
         "unlogged_rps",
         "logged_rps",
+        0.03,
     )
+}
+
+/// Tollgate exporting a span per request and per upstream attempt (sample ratio 1.0) over
+/// OTLP/HTTP to a collector stand-in, against the same configuration without traces.
+async fn tracing_cost(client: &reqwest::Client, rig: &Rig, quick: bool) -> Value {
+    let port = |name: &str| rig.targets.iter().find(|t| t.0 == name).map(|t| t.1);
+    let (Some(on), Some(off)) = (port("traced-tollgate"), port("untraced-tollgate")) else { return Value::Null };
+    let paired = alternating(client, (KEY, off), (KEY, on), quick).await;
+    let mut report = paired.report(
+        "tracing (every request traced vs traces off, two tollgates)",
+        "traced",
+        "untraced",
+        "untraced_rps",
+        "traced_rps",
+        0.05,
+    );
+    let (exports, bytes) = (rig.sink.0.load(Ordering::Relaxed), rig.sink.1.load(Ordering::Relaxed));
+    println!("  the collector stand-in received {exports} exports, {:.1} MiB", bytes as f64 / (1 << 20) as f64);
+    report["exports"] = json!(exports);
+    report["export_bytes"] = json!(bytes);
+    report
 }
 
 /// A plain key against a key carrying every policy rule, through the same tollgate.
@@ -873,6 +964,7 @@ async fn policy_key(client: &reqwest::Client, rig: &Rig, quick: bool) -> Value {
         "plain",
         "plain_rps",
         "policy_rps",
+        0.03,
     )
 }
 

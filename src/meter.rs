@@ -339,8 +339,16 @@ impl UsageScanner {
             let name = if self.shape == Shape::Gemini { "usageMetadata" } else { "usage" };
             let wrapped = Value::Object(serde_json::Map::from_iter([(name.to_string(), obj)]));
             self.event(&wrapped);
-            // A traced answer is read whole below, for its model and finish reasons.
-            if self.reading.seen.output.is_some() && self.answer.is_none() {
+            if self.reading.seen.output.is_some() {
+                // A traced answer's model and finish reasons, from the whole body when it is here.
+                if let (Some(a), true) = (self.answer.as_deref_mut(), self.tail_len as u64 == self.body_bytes) {
+                    match self.shape {
+                        Shape::Chat | Shape::Embeddings => openai::read_chat_answer_body(&tail, a),
+                        Shape::Responses => openai::read_responses_answer_body(&tail, a),
+                        Shape::Messages => anthropic::read_answer_body(&tail, a),
+                        Shape::Gemini => gemini::read_answer_body(&tail, a),
+                    }
+                }
                 return;
             }
         }

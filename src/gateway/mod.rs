@@ -1049,7 +1049,7 @@ fn finish_trace(tracer: &crate::telemetry::Tracer, session: &Session, ctx: &mut 
     }
     let req = session.req_header();
     let mut facts = crate::telemetry::RequestFacts {
-        method: req.method.as_str(),
+        method: crate::telemetry::method_name(&req.method),
         route: ctx.route,
         operation: crate::metrics::gen_ai_operation(ctx.route),
         model: ctx.model_asked.as_deref(),

@@ -49,6 +49,14 @@ pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
     a.finish_reason(v.get("stop_reason").or_else(|| super::at(v, "/delta/stop_reason")).and_then(Value::as_str));
 }
 
+/// [`read_answer`] of a whole message body, found without parsing it (see
+/// [`super::key_strings`]): a message has one `model` and one `stop_reason`, before and after its
+/// content; content blocks have neither.
+pub fn read_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
+    a.model(super::key_strings(body, "\"model\"").next().as_deref());
+    a.finish_reason(super::key_strings(body, "\"stop_reason\"").last().as_deref());
+}
+
 /// Read one messages event or body: text, tool-input JSON, thinking and signatures count as
 /// generated text; input and cache counts come from `message_start` (or the body), the final
 /// output count from the last `message_delta`.

@@ -50,6 +50,15 @@ pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
     }
 }
 
+/// [`read_answer`] of a whole body (one response, or a JSON array of stream chunks), found
+/// without parsing it (see [`super::key_strings`]).
+pub fn read_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
+    a.model(super::key_strings(body, "\"modelVersion\"").next().as_deref());
+    for reason in super::key_strings(body, "\"finishReason\"") {
+        a.finish_reason(Some(&reason));
+    }
+}
+
 /// Read one generate-content chunk or body: text parts, function calls and code count as
 /// generated content; `usageMetadata` is the report (thoughts count as output).
 pub fn read_event(v: &Value, r: &mut super::Reading) {

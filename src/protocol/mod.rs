@@ -434,6 +434,25 @@ impl Reading {
     }
 }
 
+/// The string values of every `"key":` member (`quoted_key` is `"key"`, quotes included) in a
+/// JSON text, in order, found by searching
+/// for the key rather than parsing the text (a traced answer's model and finish reasons are a
+/// few bytes of a body that may be long). A key inside a string value cannot match: its quotes
+/// are escaped there. A member whose value is not a string is skipped.
+pub(crate) fn key_strings<'a>(body: &'a [u8], quoted_key: &'static str) -> impl Iterator<Item = std::borrow::Cow<'a, str>> + 'a {
+    memchr::memmem::find_iter(body, quoted_key.as_bytes()).filter_map(move |at| {
+        if at > 0 && body[at - 1] == b'\\' {
+            return None;
+        }
+        let rest = body[at + quoted_key.len()..].trim_ascii_start();
+        let value = rest.strip_prefix(b":")?.trim_ascii_start();
+        if value.first() != Some(&b'"') {
+            return None;
+        }
+        serde_json::Deserializer::from_slice(value).into_iter::<std::borrow::Cow<'a, str>>().next()?.ok()
+    })
+}
+
 /// An unsigned integer at a JSON pointer.
 pub(crate) fn u(v: &Value, path: &str) -> Option<u64> {
     at(v, path).and_then(Value::as_u64)
@@ -871,5 +890,20 @@ pub mod tests {
             true
         });
         assert_eq!(whole, [r#""text""#], "not an array: passed whole");
+    }
+}
+
+#[cfg(test)]
+mod key_tests {
+    use super::key_strings;
+
+    #[test]
+    fn key_strings_finds_members_and_never_text_inside_strings() {
+        let body = br#"{"model" : "m-1","choices":[{"message":{"content":"say \"model\": \"fake\""},"finish_reason":"stop"},
+            {"finish_reason":null},{"finish_reason":"length","model":7}]}"#;
+        assert_eq!(key_strings(body, "\"model\"").collect::<Vec<_>>(), ["m-1"]);
+        assert_eq!(key_strings(body, "\"finish_reason\"").collect::<Vec<_>>(), ["stop", "length"]);
+        assert_eq!(key_strings(br#"{"model":"a\u00e9"}"#, "\"model\"").collect::<Vec<_>>(), ["aé"]);
+        assert_eq!(key_strings(b"not json \"model\":", "\"model\"").count(), 0);
     }
 }

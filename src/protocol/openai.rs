@@ -3,6 +3,7 @@
 
 use super::{ApiError, ErrorKind, ModelEntry};
 use serde_json::{json, Value};
+use std::borrow::Cow;
 
 /// The header that carries the upstream credential.
 pub const CREDENTIAL_HEADER: &str = "authorization";
@@ -79,6 +80,15 @@ pub fn read_chat_answer(v: &Value, a: &mut crate::telemetry::Answer) {
     }
 }
 
+/// [`read_chat_answer`] of a whole body, found without parsing it (see [`super::key_strings`]):
+/// the first `model` (the top level's comes before any choice) and every `finish_reason`.
+pub fn read_chat_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
+    a.model(super::key_strings(body, "\"model\"").next().as_deref());
+    for reason in super::key_strings(body, "\"finish_reason\"") {
+        a.finish_reason(Some(&reason));
+    }
+}
+
 /// For a traced request: the model of a response (body, or the response an event carries) and
 /// how it ended (`incomplete_details.reason`, else a final `status`).
 pub fn read_responses_answer(v: &Value, a: &mut crate::telemetry::Answer) {
@@ -87,6 +97,31 @@ pub fn read_responses_answer(v: &Value, a: &mut crate::telemetry::Answer) {
     let status = r.get("status").and_then(Value::as_str).filter(|s| matches!(*s, "completed" | "incomplete" | "failed" | "cancelled"));
     if status.is_some() {
         a.finish_reason(super::at(r, "/incomplete_details/reason").and_then(Value::as_str).or(status));
+    }
+}
+
+/// [`read_responses_answer`] of a whole response object, read without building its JSON tree.
+pub fn read_responses_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
+    #[derive(serde::Deserialize)]
+    struct Incomplete<'a> {
+        #[serde(borrow, default)]
+        reason: Option<Cow<'a, str>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        #[serde(borrow, default)]
+        model: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        status: Option<Cow<'a, str>>,
+        #[serde(borrow, default)]
+        incomplete_details: Option<Incomplete<'a>>,
+    }
+    if let Ok(b) = serde_json::from_slice::<Body>(body) {
+        a.model(b.model.as_deref());
+        let status = b.status.as_deref().filter(|s| matches!(*s, "completed" | "incomplete" | "failed" | "cancelled"));
+        if status.is_some() {
+            a.finish_reason(b.incomplete_details.as_ref().and_then(|d| d.reason.as_deref()).or(status));
+        }
     }
 }
 

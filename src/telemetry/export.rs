@@ -4,23 +4,33 @@
 
 use super::{settings::Protocol, settings::Settings, SpanData};
 use crate::metrics::{Counter, Metrics};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-enum Msg {
-    Spans(Vec<SpanData>),
-    /// Export what is queued, then answer.
-    Flush(mpsc::Sender<()>),
+/// The spans waiting for the exporter thread, shared with the request path.
+#[derive(Default)]
+struct Queue {
+    spans: Vec<SpanData>,
+    /// Flushes asked for (at shutdown): answered once what was queued before is sent.
+    flushes: Vec<mpsc::Sender<()>>,
+    closed: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the thread: a full batch, a flush, or the end.
+    wake: Condvar,
 }
 
 /// The request path's handle on the exporter thread.
+///
+/// A request only appends its spans under a short lock: the thread is woken when a batch is
+/// full (or by its own timer), not per request — a wake-up per request costs a system call
+/// and a context switch, more than the spans themselves.
 pub struct Exporter {
-    tx: mpsc::Sender<Msg>,
-    /// Spans sent to the thread and not yet taken into a batch.
-    queued: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
     max_queue: usize,
+    max_batch: usize,
     dropped_full: Arc<Counter>,
 }
 
@@ -32,45 +42,57 @@ struct Counts {
 
 impl Exporter {
     pub fn start(settings: &Settings, metrics: &Metrics) -> Result<Exporter, String> {
-        let (tx, rx) = mpsc::channel();
-        let queued = Arc::new(AtomicUsize::new(0));
+        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
         let counts = Counts {
             exported: metrics.counter("tollgate_otlp_spans_total", &[("outcome", "exported")]),
             failed: metrics.counter("tollgate_otlp_spans_total", &[("outcome", "export_failed")]),
         };
         let dropped_full = metrics.counter("tollgate_otlp_spans_total", &[("outcome", "dropped_queue_full")]);
         let sender = Sender::new(settings)?;
-        let (batch, delay) = (settings.max_export_batch, settings.schedule_delay);
-        let taken = queued.clone();
+        let (delay, thread_shared) = (settings.schedule_delay, shared.clone());
         std::thread::Builder::new()
             .name("otlp-export".into())
-            .spawn(move || run(rx, taken, sender, counts, batch, delay))
+            .spawn(move || run(&thread_shared, sender, counts, delay))
             .map_err(|e| format!("telemetry.otlp: could not start the exporter thread: {e}"))?;
-        Ok(Exporter { tx, queued, max_queue: settings.max_queue, dropped_full })
+        Ok(Exporter { shared, max_queue: settings.max_queue, max_batch: settings.max_export_batch, dropped_full })
     }
 
-    /// Queue a request's spans, or drop them when the queue is full. Never blocks.
+    /// Queue a request's spans, or drop them when the queue is full. Never blocks on the
+    /// collector.
     pub fn submit(&self, spans: Vec<SpanData>) {
         let n = spans.len();
-        if self.queued.fetch_add(n, Ordering::Relaxed) + n > self.max_queue {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
+        let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if q.spans.len() + n > self.max_queue {
+            drop(q);
             self.dropped_full.add(n as u64);
             return;
         }
-        if self.tx.send(Msg::Spans(spans)).is_err() {
-            self.queued.fetch_sub(n, Ordering::Relaxed);
-            self.dropped_full.add(n as u64);
+        let before = q.spans.len();
+        q.spans.extend(spans);
+        let full = before < self.max_batch && q.spans.len() >= self.max_batch;
+        drop(q);
+        if full {
+            self.shared.wake.notify_one();
         }
     }
 
     /// Export everything queued so far; waits at most `wait` (at shutdown).
     pub fn flush(&self, wait: Duration) -> bool {
         let (done, answered) = mpsc::channel();
-        self.tx.send(Msg::Flush(done)).is_ok() && answered.recv_timeout(wait).is_ok()
+        self.shared.queue.lock().unwrap_or_else(|p| p.into_inner()).flushes.push(done);
+        self.shared.wake.notify_one();
+        answered.recv_timeout(wait).is_ok()
     }
 }
 
-fn run(rx: mpsc::Receiver<Msg>, queued: Arc<AtomicUsize>, sender: Sender, counts: Counts, max_batch: usize, delay: Duration) {
+impl Drop for Exporter {
+    fn drop(&mut self) {
+        self.shared.queue.lock().unwrap_or_else(|p| p.into_inner()).closed = true;
+        self.shared.wake.notify_one();
+    }
+}
+
+fn run(shared: &Shared, sender: Sender, counts: Counts, delay: Duration) {
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -78,40 +100,33 @@ fn run(rx: mpsc::Receiver<Msg>, queued: Arc<AtomicUsize>, sender: Sender, counts
             return;
         }
     };
-    let mut batch: Vec<SpanData> = Vec::with_capacity(max_batch);
     let mut due = Instant::now() + delay;
     loop {
-        let msg = rx.recv_timeout(due.saturating_duration_since(Instant::now()));
-        let flush = match msg {
-            Ok(Msg::Spans(spans)) => {
-                queued.fetch_sub(spans.len(), Ordering::Relaxed);
-                batch.extend(spans);
-                if batch.len() < max_batch {
-                    continue;
+        let (mut batch, flushes, closed) = {
+            let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+            while q.spans.len() < sender.max_batch && q.flushes.is_empty() && !q.closed {
+                let now = Instant::now();
+                if now >= due {
+                    break;
                 }
-                None
+                q = shared.wake.wait_timeout(q, due - now).unwrap_or_else(|p| p.into_inner()).0;
             }
-            Ok(Msg::Flush(done)) => Some(done),
-            Err(mpsc::RecvTimeoutError::Timeout) => None,
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                runtime.block_on(export(&sender, &counts, &mut batch));
-                return;
-            }
+            let take = if q.flushes.is_empty() && !q.closed { q.spans.len().min(sender.max_batch) } else { q.spans.len() };
+            let batch: Vec<SpanData> = q.spans.drain(..take).collect();
+            (batch, std::mem::take(&mut q.flushes), q.closed)
         };
-        if let Some(done) = flush {
-            // Everything queued before the flush is in the channel ahead of it.
-            while let Ok(Msg::Spans(spans)) = rx.try_recv() {
-                queued.fetch_sub(spans.len(), Ordering::Relaxed);
-                batch.extend(spans);
-            }
-            while !batch.is_empty() {
-                runtime.block_on(export(&sender, &counts, &mut batch));
-            }
-            let _ = done.send(());
-        } else {
+        while !batch.is_empty() {
             runtime.block_on(export(&sender, &counts, &mut batch));
         }
-        due = Instant::now() + delay;
+        for done in flushes {
+            let _ = done.send(());
+        }
+        if closed {
+            return;
+        }
+        if Instant::now() >= due {
+            due = Instant::now() + delay;
+        }
     }
 }
 

@@ -194,8 +194,9 @@ pub struct Upstream<'a> {
 /// What the gateway knows of a request when it ends, borrowed for [`Trace::finish`].
 #[derive(Default)]
 pub struct RequestFacts<'a> {
-    pub method: &'a str,
-    pub route: &'a str,
+    /// See [`method_name`].
+    pub method: &'static str,
+    pub route: &'static str,
     /// `gen_ai.operation.name` of a model call.
     pub operation: Option<&'static str>,
     pub model: Option<&'a str>,
@@ -227,7 +228,8 @@ impl Trace {
         let span_id = context::new_span_id();
         self.carried = context::traceparent(&self.trace_id, &span_id, self.sampled);
         if self.sampled {
-            let mut attrs = Vec::with_capacity(12);
+            // Room for what the answer adds at the end (see `finish`).
+            let mut attrs = Vec::with_capacity(16);
             if let Some(op) = operation {
                 attrs.push(("gen_ai.operation.name", AttrValue::Static(op)));
             }
@@ -312,8 +314,8 @@ impl Trace {
             self.end_attempt(None);
         }
         let mut attrs = Vec::with_capacity(24);
-        attrs.push(("http.request.method", AttrValue::Str(facts.method.to_string())));
-        attrs.push(("http.route", AttrValue::Str(facts.route.to_string())));
+        attrs.push(("http.request.method", AttrValue::Static(facts.method)));
+        attrs.push(("http.route", AttrValue::Static(facts.route)));
         attrs.push(("http.response.status_code", AttrValue::Int(i64::from(facts.status))));
         if let Some(op) = facts.operation {
             attrs.push(("gen_ai.operation.name", AttrValue::Static(op)));
@@ -353,8 +355,8 @@ impl Trace {
             attrs.push(("error.type", AttrValue::Str(kind.clone())));
         }
         let name = match (facts.operation, facts.model) {
-            (Some(op), Some(model)) => format!("{op} {model}"),
-            _ => format!("{} {}", facts.method, facts.route),
+            (Some(op), Some(model)) => joined(op, model),
+            _ => joined(facts.method, facts.route),
         };
         let end_ns = self.now_ns();
         let mut spans = std::mem::take(&mut self.spans);
@@ -376,6 +378,13 @@ impl Trace {
     }
 }
 
+/// `http.request.method`: the method's name when it is a known one, else `_OTHER` (as the
+/// HTTP semantic conventions ask: a client's made-up methods do not become attribute values).
+pub fn method_name(method: &http::Method) -> &'static str {
+    const KNOWN: [&str; 9] = ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "CONNECT", "TRACE"];
+    KNOWN.into_iter().find(|m| *m == method.as_str()).unwrap_or("_OTHER")
+}
+
 /// `{operation} {model}` of a client span's attributes.
 fn client_span_name(attrs: &[(&'static str, AttrValue)]) -> String {
     let find = |key: &str| {
@@ -386,10 +395,19 @@ fn client_span_name(attrs: &[(&'static str, AttrValue)]) -> String {
         })
     };
     match (find("gen_ai.operation.name"), find("gen_ai.request.model")) {
-        (Some(op), Some(model)) => format!("{op} {model}"),
-        (None, Some(model)) => format!("upstream {model}"),
+        (Some(op), Some(model)) => joined(op, model),
+        (None, Some(model)) => joined("upstream", model),
         _ => "upstream".to_string(),
     }
+}
+
+/// `a b` (a span name), without the formatting machinery: it is made twice per traced request.
+fn joined(a: &str, b: &str) -> String {
+    let mut out = String::with_capacity(a.len() + 1 + b.len());
+    out.push_str(a);
+    out.push(' ');
+    out.push_str(b);
+    out
 }
 
 #[cfg(test)]

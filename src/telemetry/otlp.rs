@@ -16,7 +16,7 @@ pub fn export_request(resource: &[(String, String)], scope_version: &str, spans:
         // ResourceSpans.resource = 1
         pb.message(1, |pb| {
             for (key, value) in resource {
-                pb.message(1, |pb| key_value(pb, key, &AttrValue::Str(value.clone())));
+                pb.key_value(1, key, &AttrValue::Str(value.clone()));
             }
         });
         // ResourceSpans.scope_spans = 2
@@ -54,7 +54,7 @@ fn encode_span(pb: &mut Pb, s: &SpanData) {
     pb.fixed64(7, s.start_ns);
     pb.fixed64(8, s.end_ns.max(s.start_ns));
     for (key, value) in &s.attrs {
-        pb.message(9, |pb| key_value(pb, key, value));
+        pb.key_value(9, key, value);
     }
     // Status: message = 2, code = 3 (UNSET 0, OK 1, ERROR 2).
     if let Some(message) = &s.error {
@@ -65,12 +65,6 @@ fn encode_span(pb: &mut Pb, s: &SpanData) {
     }
     let remote = if s.remote_parent { FLAG_IS_REMOTE } else { 0 };
     pb.fixed32(16, 1 | FLAG_HAS_IS_REMOTE | remote);
-}
-
-/// KeyValue: key = 1, value = 2 (AnyValue: string 1, bool 2, int 3, double 4, array 5).
-fn key_value(pb: &mut Pb, key: &str, value: &AttrValue) {
-    pb.string(1, key);
-    pb.message(2, |pb| any_value(pb, value));
 }
 
 fn any_value(pb: &mut Pb, value: &AttrValue) {
@@ -91,10 +85,42 @@ fn any_value(pb: &mut Pb, value: &AttrValue) {
     }
 }
 
+/// Bytes of `v` as a varint.
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
 /// A protobuf writer: fields in order, nested messages length-prefixed in place.
 struct Pb(Vec<u8>);
 
 impl Pb {
+    /// A KeyValue (key = 1, value = 2; AnyValue: string 1, bool 2, int 3, double 4, array 5)
+    /// as field `field`. Its lengths are known before it is written for every value but an
+    /// array (the attributes are most of a span's bytes).
+    fn key_value(&mut self, field: u32, key: &str, value: &AttrValue) {
+        let any_len = match value {
+            AttrValue::Str(text) => 1 + varint_len(text.len() as u64) + text.len(),
+            AttrValue::Static(text) => 1 + varint_len(text.len() as u64) + text.len(),
+            AttrValue::Bool(_) => 2,
+            AttrValue::Int(i) => 1 + varint_len(*i as u64),
+            AttrValue::Double(_) => 9,
+            AttrValue::Strs(_) => {
+                self.message(field, |pb| {
+                    pb.string(1, key);
+                    pb.message(2, |pb| any_value(pb, value));
+                });
+                return;
+            }
+        };
+        let kv_len = 1 + varint_len(key.len() as u64) + key.len() + 1 + varint_len(any_len as u64) + any_len;
+        self.tag(field, 2);
+        self.varint(kv_len as u64);
+        self.string(1, key);
+        self.tag(2, 2);
+        self.varint(any_len as u64);
+        any_value(self, value);
+    }
+
     fn varint(&mut self, mut v: u64) {
         while v >= 0x80 {
             self.0.push((v as u8) | 0x80);
@@ -164,5 +190,22 @@ mod tests {
         // tag 2/LEN, length 203 as a two-byte varint, then tag 1/LEN, length 200 (two bytes).
         assert_eq!(&pb.0[..5], &[0x12, 0xcb, 0x01, 0x0a, 0xc8]);
         assert_eq!(pb.0.len(), 3 + 3 + 200);
+        for v in [0, 1, 127, 128, 16_383, 16_384, u64::MAX] {
+            let mut pb = Pb(Vec::new());
+            pb.varint(v);
+            assert_eq!(pb.0.len(), varint_len(v), "{v}");
+        }
+        // A key-value written with its lengths known equals one written nested.
+        for value in
+            [AttrValue::Str("x".repeat(300)), AttrValue::Static("chat"), AttrValue::Int(-3), AttrValue::Bool(true), AttrValue::Double(0.5)]
+        {
+            let (mut known, mut nested) = (Pb(Vec::new()), Pb(Vec::new()));
+            known.key_value(9, "gen_ai.request.model", &value);
+            nested.message(9, |pb| {
+                pb.string(1, "gen_ai.request.model");
+                pb.message(2, |pb| any_value(pb, &value));
+            });
+            assert_eq!(known.0, nested.0);
+        }
     }
 }
