@@ -681,13 +681,16 @@ impl Gateway {
             .map_err(Exchange::Unsent)?;
             let mut req = req;
             if let Some(trace) = plan.trace.as_deref() {
-                // The attempt's span is the upstream's parent; the client's vendor state goes on.
-                req.insert_header("traceparent", trace.traceparent().unwrap_or_default()).map_err(Exchange::Unsent)?;
+                // The attempt's span is the upstream's parent; the client's vendor state goes on
+                // (and no other: a `tracestate` relayed by `forward_headers` is replaced).
+                let (parent, state) = (http::HeaderName::from_static("traceparent"), http::HeaderName::from_static("tracestate"));
+                req.insert_header(parent, trace.traceparent().unwrap_or_default()).map_err(Exchange::Unsent)?;
                 match trace.state() {
-                    Some(state) => req.insert_header("tracestate", state).map_err(Exchange::Unsent)?,
-                    None => {
-                        req.remove_header("tracestate");
+                    Some(value) => req.insert_header(state, value).map_err(Exchange::Unsent)?,
+                    None if req.headers.contains_key(&state) => {
+                        req.remove_header(&state);
                     }
+                    None => {}
                 }
             }
             let (http, reused) = match self.connector.reused_http_session(peer).await {

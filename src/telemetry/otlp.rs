@@ -85,6 +85,38 @@ fn any_value(pb: &mut Pb, value: &AttrValue) {
     }
 }
 
+/// The few bytes of tags and lengths between two strings, gathered to be appended at once.
+#[derive(Default)]
+struct Head {
+    buf: [u8; 32],
+    len: usize,
+}
+
+impl Head {
+    fn byte(&mut self, b: u8) {
+        self.buf[self.len] = b;
+        self.len += 1;
+    }
+
+    fn varint(&mut self, mut v: u64) {
+        while v >= 0x80 {
+            self.byte((v as u8) | 0x80);
+            v >>= 7;
+        }
+        self.byte(v as u8);
+    }
+
+    /// An AnyValue's `string_value` tag and length.
+    fn string_start(&mut self, len: usize) {
+        self.byte(0x0a);
+        self.varint(len as u64);
+    }
+
+    fn bytes(&self) -> &[u8] {
+        &self.buf[..self.len]
+    }
+}
+
 /// Bytes of `v` as a varint.
 fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
@@ -113,12 +145,42 @@ impl Pb {
             }
         };
         let kv_len = 1 + varint_len(key.len() as u64) + key.len() + 1 + varint_len(any_len as u64) + any_len;
-        self.tag(field, 2);
-        self.varint(kv_len as u64);
-        self.string(1, key);
-        self.tag(2, 2);
-        self.varint(any_len as u64);
-        any_value(self, value);
+        self.0.reserve(kv_len + 6);
+        // The bytes around the key and the value go in whole: field tag and length, the key's
+        // tag and length; then the value's tag and length and the AnyValue's tag.
+        let mut head = Head::default();
+        head.varint(u64::from(field) << 3 | 2);
+        head.varint(kv_len as u64);
+        head.byte(0x0a);
+        head.varint(key.len() as u64);
+        self.0.extend_from_slice(head.bytes());
+        self.0.extend_from_slice(key.as_bytes());
+        let mut head = Head::default();
+        head.byte(0x12);
+        head.varint(any_len as u64);
+        match value {
+            AttrValue::Str(text) => head.string_start(text.len()),
+            AttrValue::Static(text) => head.string_start(text.len()),
+            AttrValue::Bool(b) => {
+                head.byte(0x10);
+                head.byte(u8::from(*b));
+            }
+            AttrValue::Int(i) => {
+                head.byte(0x18);
+                head.varint(*i as u64);
+            }
+            AttrValue::Double(d) => {
+                head.byte(0x21);
+                d.to_le_bytes().into_iter().for_each(|b| head.byte(b));
+            }
+            AttrValue::Strs(_) => {}
+        }
+        self.0.extend_from_slice(head.bytes());
+        match value {
+            AttrValue::Str(text) => self.0.extend_from_slice(text.as_bytes()),
+            AttrValue::Static(text) => self.0.extend_from_slice(text.as_bytes()),
+            _ => {}
+        }
     }
 
     fn varint(&mut self, mut v: u64) {
