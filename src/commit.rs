@@ -155,7 +155,7 @@ impl Writer {
         let (tid_tx, tid_rx) = std::sync::mpsc::sync_channel(1);
         let thread = std::thread::Builder::new().name("tollgate-commit".into()).spawn(move || {
             if background {
-                lower_priority();
+                lower_priority("commit writer");
             }
             // SAFETY: gettid has no preconditions and cannot fail.
             #[cfg(test)]
@@ -285,8 +285,9 @@ impl Waiter {
 const BACKGROUND_NICE_STEPS: i32 = 10;
 
 /// Lower the calling thread's CPU priority by [`BACKGROUND_NICE_STEPS`] (on Linux, nice is per
-/// thread). Failure only costs latency, so it is logged, not returned.
-fn lower_priority() {
+/// thread). Failure only costs latency, so it is logged, not returned. Also the span exporter's
+/// (`telemetry::export`): both are batch work the requests should never wait behind.
+pub(crate) fn lower_priority(thread: &str) {
     #[cfg(target_os = "linux")]
     {
         // SAFETY: getpriority/setpriority with PRIO_PROCESS and who = 0 read and change only
@@ -296,7 +297,7 @@ fn lower_priority() {
             libc::setpriority(libc::PRIO_PROCESS, 0, (current + BACKGROUND_NICE_STEPS).min(19))
         };
         if rc != 0 {
-            log::info!("commit writer: could not lower its priority: {}", std::io::Error::last_os_error());
+            log::info!("{thread}: could not lower its priority: {}", std::io::Error::last_os_error());
         }
     }
 }

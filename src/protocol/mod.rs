@@ -449,7 +449,12 @@ pub(crate) fn key_strings<'a>(body: &'a [u8], quoted_key: &'static str) -> impl 
         if value.first() != Some(&b'"') {
             return None;
         }
-        serde_json::Deserializer::from_slice(value).into_iter::<std::borrow::Cow<'a, str>>().next()?.ok()
+        // A string without escapes is taken where it is; one with escapes is decoded.
+        let plain = value[1..].iter().position(|&b| b == b'"' || b == b'\\').filter(|&end| value[1 + end] == b'"');
+        match plain {
+            Some(end) => std::str::from_utf8(&value[1..1 + end]).ok().map(std::borrow::Cow::Borrowed),
+            None => serde_json::Deserializer::from_slice(value).into_iter::<std::borrow::Cow<'a, str>>().next()?.ok(),
+        }
     })
 }
 
@@ -905,5 +910,7 @@ mod key_tests {
         assert_eq!(key_strings(body, "\"finish_reason\"").collect::<Vec<_>>(), ["stop", "length"]);
         assert_eq!(key_strings(br#"{"model":"a\u00e9"}"#, "\"model\"").collect::<Vec<_>>(), ["aé"]);
         assert_eq!(key_strings(b"not json \"model\":", "\"model\"").count(), 0);
+        assert_eq!(key_strings(br#"{"model":"a\"b"}"#, "\"model\"").collect::<Vec<_>>(), ["a\"b"]);
+        assert_eq!(key_strings(br#"{"model":"unterminated"#, "\"model\"").count(), 0);
     }
 }

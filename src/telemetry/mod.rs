@@ -305,8 +305,13 @@ impl Trace {
         if let Some(u) = facts.usage {
             common.push(("gen_ai.usage.input_tokens", AttrValue::Int(u.input_total() as i64)));
             common.push(("gen_ai.usage.output_tokens", AttrValue::Int(u.output as i64)));
-            common.push(("gen_ai.usage.cache_read.input_tokens", AttrValue::Int(u.cached as i64)));
-            common.push(("gen_ai.usage.cache_creation.input_tokens", AttrValue::Int(u.cache_write as i64)));
+            // Cache counts only when there were any (most answers have none).
+            if u.cached > 0 {
+                common.push(("gen_ai.usage.cache_read.input_tokens", AttrValue::Int(u.cached as i64)));
+            }
+            if u.cache_write > 0 {
+                common.push(("gen_ai.usage.cache_creation.input_tokens", AttrValue::Int(u.cache_write as i64)));
+            }
         }
         if let Some(mut a) = self.attempt.take() {
             a.attrs.extend(common.iter().cloned());

@@ -55,7 +55,7 @@ def check_model_call(stack, request_id, operation, provider, model, response_mod
         assert span_attrs["gen_ai.response.finish_reasons"] == [finish]
         assert span_attrs["gen_ai.usage.input_tokens"] == usage[0]
         assert span_attrs["gen_ai.usage.output_tokens"] == usage[1]
-        assert span_attrs["gen_ai.usage.cache_read.input_tokens"] == 0
+        assert "gen_ai.usage.cache_read.input_tokens" not in span_attrs  # none were cached
     assert c["server.address"] == "127.0.0.1" and c["http.response.status_code"] == 200
     assert a["http.response.status_code"] == 200 and "error.type" not in a and "error.type" not in c
     assert a["tollgate.key.name"] == "otlp-team" and a["tollgate.key.tags"] == ["team=research"]
