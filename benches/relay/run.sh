@@ -13,6 +13,9 @@
 # (over direct) against bare's. The proxies' CPU time (user + system, all threads, from /proc) and
 # context switches per request at c=64 show small changes that throughput's noise hides.
 # PERF_OTHER_BIN=path/to/another/tollgate adds it as target "other" (a change against HEAD's build). `../shared/perf/run.sh`, the team's reference, measures the same.
+# PERF_TRACED=1 adds target "traced": HEAD's build exporting a span per request and per upstream
+# attempt (sample ratio 1.0) over OTLP/HTTP to a stand-in collector (otlp_sink.py), compared with
+# "tollgate" at the end (issue 31's cost of tracing).
 # Usage, from the repository root: bash benches/relay/run.sh  (PERF_SECONDS=8 by default).
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -48,6 +51,14 @@ if [ -n "${PERF_OTHER_BIN:-}" ]; then
   bin="$PERF_OTHER_BIN" gateway other "$GO" "$GOA" '{}'
   PID[other]=$(echo $pids | awk '{print $6}')
   targets="$targets other:$GO"
+fi
+if [ -n "${PERF_TRACED:-}" ]; then
+  TS=$(port); GT=$(port); GTA=$(port)
+  python3 "$here/otlp_sink.py" "$TS" >/dev/null 2>&1 & pids="$pids $!"
+  export OTEL_BSP_SCHEDULE_DELAY=200
+  gateway traced "$GT" "$GTA" "{}, \"telemetry\": {\"otlp\": {\"endpoint\": \"http://127.0.0.1:$TS\", \"sample_ratio\": 1.0}}"
+  PID[traced]=$(echo $pids | awk '{print $NF}')
+  targets="$targets traced:$GT"
 fi
 # CPU ticks (user + system, all threads) and context switches (all threads) of a process.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
@@ -98,3 +109,10 @@ print("%s/bare throughput=%.2f 256KiB=%.2f added_p99 %s=%dus bare=%dus ratio=%.2
       % (n, t / b, lt / lb, n, added_t, added_b, added_t / added_b, errors))
 PY
 done
+if [ -n "${PERF_TRACED:-}" ]; then
+  python3 - "$(best "${RPS[traced]}")" "$(best "${RPS[tollgate]}")" "$(low "${CPU[traced]}")" "$(low "${CPU[tollgate]}")" <<'PY'
+import sys
+rt, rp, ct, cp = (float(x) for x in sys.argv[1:5])
+print(f"traced / tollgate: {rt / rp:.3f}x throughput (c=64), {ct / cp:.3f}x CPU per request ({ct - cp:+.1f} us)")
+PY
+fi
