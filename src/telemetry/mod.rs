@@ -17,23 +17,13 @@ pub mod settings;
 use context::{SpanId, TraceId};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use otlp::{Attrs, Value};
 pub use settings::Settings;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Server,
     Client,
-}
-
-/// An attribute's value.
-#[derive(Debug, Clone, PartialEq)]
-pub enum AttrValue {
-    Str(String),
-    Static(&'static str),
-    Int(i64),
-    Double(f64),
-    Bool(bool),
-    Strs(Vec<String>),
 }
 
 /// A finished span, ready for export.
@@ -49,7 +39,8 @@ pub struct SpanData {
     pub kind: Kind,
     pub start_ns: u64,
     pub end_ns: u64,
-    pub attrs: Vec<(&'static str, AttrValue)>,
+    /// Its attributes, encoded as they were added (see [`Attrs`]).
+    pub attrs: Attrs,
     /// Status ERROR with this description; None leaves the status unset.
     pub error: Option<String>,
 }
@@ -176,8 +167,9 @@ pub struct Trace {
 /// An upstream attempt's client span, open.
 struct Attempt {
     span_id: SpanId,
+    name: String,
     start_ns: u64,
-    attrs: Vec<(&'static str, AttrValue)>,
+    attrs: Attrs,
     status: Option<u16>,
 }
 
@@ -228,17 +220,17 @@ impl Trace {
         let span_id = context::new_span_id();
         self.carried = context::traceparent(&self.trace_id, &span_id, self.sampled);
         if self.sampled {
-            // Room for what the answer adds at the end (see `finish`).
-            let mut attrs = Vec::with_capacity(16);
+            let mut attrs = Attrs::default();
             if let Some(op) = operation {
-                attrs.push(("gen_ai.operation.name", AttrValue::Static(op)));
+                attrs.add("gen_ai.operation.name", Value::Str(op));
             }
-            attrs.push(("gen_ai.provider.name", AttrValue::Static(to.gen_ai_provider)));
-            attrs.push(("gen_ai.request.model", AttrValue::Str(model.to_string())));
-            attrs.push(("server.address", AttrValue::Str(to.host.to_string())));
-            attrs.push(("server.port", AttrValue::Int(i64::from(to.port))));
-            attrs.push(("tollgate.provider", AttrValue::Str(to.name.to_string())));
-            self.attempt = Some(Attempt { span_id, start_ns: self.now_ns(), attrs, status: None });
+            attrs.add("gen_ai.provider.name", Value::Str(to.gen_ai_provider));
+            attrs.add("gen_ai.request.model", Value::Str(model));
+            attrs.add("server.address", Value::Str(to.host));
+            attrs.add("server.port", Value::Int(i64::from(to.port)));
+            attrs.add("tollgate.provider", Value::Str(to.name));
+            let name = joined(operation.unwrap_or("upstream"), model);
+            self.attempt = Some(Attempt { span_id, name, start_ns: self.now_ns(), attrs, status: None });
         }
     }
 
@@ -270,19 +262,18 @@ impl Trace {
             _ => None,
         };
         if let Some(status) = a.status {
-            a.attrs.push(("http.response.status_code", AttrValue::Int(i64::from(status))));
+            a.attrs.add("http.response.status_code", Value::Int(i64::from(status)));
         }
         if let Some(kind) = &error {
-            a.attrs.push(("error.type", AttrValue::Str(kind.clone())));
+            a.attrs.add("error.type", Value::Str(kind));
         }
-        let name = client_span_name(&a.attrs);
         self.spans.push(SpanData {
             trace_id: self.trace_id,
             span_id: a.span_id,
             parent: Some(self.server_span),
             remote_parent: false,
             state: self.state.clone(),
-            name,
+            name: a.name,
             kind: Kind::Client,
             start_ns: a.start_ns,
             end_ns,
@@ -295,58 +286,60 @@ impl Trace {
     /// answer carried.
     pub fn finish(mut self, facts: &RequestFacts<'_>) -> Vec<SpanData> {
         let answer = self.answer.take().unwrap_or_default();
-        let mut common: Vec<(&'static str, AttrValue)> = Vec::with_capacity(8);
+        // What the answer carried goes on the attempt that answered and on the request.
+        let mut common = Attrs::default();
         if let Some(m) = &answer.model {
-            common.push(("gen_ai.response.model", AttrValue::Str(m.clone())));
+            common.add("gen_ai.response.model", Value::Str(m));
         }
         if !answer.finish_reasons.is_empty() {
-            common.push(("gen_ai.response.finish_reasons", AttrValue::Strs(answer.finish_reasons.clone())));
+            common.add("gen_ai.response.finish_reasons", Value::Strs(&answer.finish_reasons));
         }
         if let Some(u) = facts.usage {
-            common.push(("gen_ai.usage.input_tokens", AttrValue::Int(u.input_total() as i64)));
-            common.push(("gen_ai.usage.output_tokens", AttrValue::Int(u.output as i64)));
+            common.add("gen_ai.usage.input_tokens", Value::Int(u.input_total() as i64));
+            common.add("gen_ai.usage.output_tokens", Value::Int(u.output as i64));
             // Cache counts only when there were any (most answers have none).
             if u.cached > 0 {
-                common.push(("gen_ai.usage.cache_read.input_tokens", AttrValue::Int(u.cached as i64)));
+                common.add("gen_ai.usage.cache_read.input_tokens", Value::Int(u.cached as i64));
             }
             if u.cache_write > 0 {
-                common.push(("gen_ai.usage.cache_creation.input_tokens", AttrValue::Int(u.cache_write as i64)));
+                common.add("gen_ai.usage.cache_creation.input_tokens", Value::Int(u.cache_write as i64));
             }
         }
         if let Some(mut a) = self.attempt.take() {
-            a.attrs.extend(common.iter().cloned());
+            a.attrs.append(&common);
             self.attempt = Some(a);
             self.end_attempt(None);
         }
-        let mut attrs = Vec::with_capacity(24);
-        attrs.push(("http.request.method", AttrValue::Static(facts.method)));
-        attrs.push(("http.route", AttrValue::Static(facts.route)));
-        attrs.push(("http.response.status_code", AttrValue::Int(i64::from(facts.status))));
+        let mut attrs = Attrs::default();
+        attrs.add("http.request.method", Value::Str(facts.method));
+        attrs.add("http.route", Value::Str(facts.route));
+        attrs.add("http.response.status_code", Value::Int(i64::from(facts.status)));
         if let Some(op) = facts.operation {
-            attrs.push(("gen_ai.operation.name", AttrValue::Static(op)));
+            attrs.add("gen_ai.operation.name", Value::Str(op));
         }
         if let Some(p) = facts.provider {
-            attrs.push(("gen_ai.provider.name", AttrValue::Static(p)));
+            attrs.add("gen_ai.provider.name", Value::Str(p));
         }
         if let Some(m) = facts.model {
-            attrs.push(("gen_ai.request.model", AttrValue::Str(m.to_string())));
+            attrs.add("gen_ai.request.model", Value::Str(m));
         }
-        attrs.extend(common);
+        attrs.append(&common);
         if let Some(name) = facts.key_name {
-            attrs.push(("tollgate.key.name", AttrValue::Str(name.to_string())));
+            attrs.add("tollgate.key.name", Value::Str(name));
         }
         if let Some(tags) = facts.tags.filter(|t| !t.is_empty()) {
-            attrs.push(("tollgate.key.tags", AttrValue::Strs(tags.iter().map(|(k, v)| format!("{k}={v}")).collect())));
+            let tags: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            attrs.add("tollgate.key.tags", Value::Strs(&tags));
         }
         if let Some(cost) = facts.cost_nanos {
-            attrs.push(("tollgate.cost_usd", AttrValue::Double(cost as f64 / 1e9)));
-            attrs.push(("tollgate.estimated", AttrValue::Bool(facts.estimated)));
+            attrs.add("tollgate.cost_usd", Value::Double(cost as f64 / 1e9));
+            attrs.add("tollgate.estimated", Value::Bool(facts.estimated));
         }
         if let Some(first) = facts.first_byte {
-            attrs.push(("tollgate.time_to_first_byte_ms", AttrValue::Double(first.as_secs_f64() * 1000.0)));
+            attrs.add("tollgate.time_to_first_byte_ms", Value::Double(first.as_secs_f64() * 1000.0));
         }
         if let Some(id) = facts.request_id {
-            attrs.push(("tollgate.request_id", AttrValue::Str(id.to_string())));
+            attrs.add("tollgate.request_id", Value::Str(id));
         }
         let error_type = match (facts.refusal, facts.status) {
             (Some(code), _) => Some(code.to_string()),
@@ -354,10 +347,10 @@ impl Trace {
             _ => None,
         };
         if let Some(code) = facts.refusal {
-            attrs.push(("tollgate.refusal", AttrValue::Str(code.to_string())));
+            attrs.add("tollgate.refusal", Value::Str(code));
         }
         if let Some(kind) = &error_type {
-            attrs.push(("error.type", AttrValue::Str(kind.clone())));
+            attrs.add("error.type", Value::Str(kind));
         }
         let name = match (facts.operation, facts.model) {
             (Some(op), Some(model)) => joined(op, model),
@@ -390,22 +383,6 @@ pub fn method_name(method: &http::Method) -> &'static str {
     KNOWN.into_iter().find(|m| *m == method.as_str()).unwrap_or("_OTHER")
 }
 
-/// `{operation} {model}` of a client span's attributes.
-fn client_span_name(attrs: &[(&'static str, AttrValue)]) -> String {
-    let find = |key: &str| {
-        attrs.iter().find(|(k, _)| *k == key).and_then(|(_, v)| match v {
-            AttrValue::Str(s) => Some(s.as_str()),
-            AttrValue::Static(s) => Some(*s),
-            _ => None,
-        })
-    };
-    match (find("gen_ai.operation.name"), find("gen_ai.request.model")) {
-        (Some(op), Some(model)) => joined(op, model),
-        (None, Some(model)) => joined("upstream", model),
-        _ => "upstream".to_string(),
-    }
-}
-
 /// `a b` (a span name), without the formatting machinery: it is made twice per traced request.
 fn joined(a: &str, b: &str) -> String {
     let mut out = String::with_capacity(a.len() + 1 + b.len());
@@ -419,8 +396,8 @@ fn joined(a: &str, b: &str) -> String {
 mod tests {
     use super::*;
 
-    fn attr<'a>(s: &'a SpanData, key: &str) -> Option<&'a AttrValue> {
-        s.attrs.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    fn attr(s: &SpanData, key: &str) -> Option<otlp::Decoded> {
+        s.attrs.get(key)
     }
 
     #[test]
@@ -467,11 +444,14 @@ mod tests {
         for client in [retried, answered] {
             assert_eq!((client.kind, client.parent, client.name.as_str()), (Kind::Client, Some([1; 8]), "chat alpha-5.5"));
         }
-        assert_eq!(attr(retried, "error.type"), Some(&AttrValue::Str("500".into())));
+        assert_eq!(attr(retried, "error.type"), Some(otlp::Decoded::Str("500".into())));
         assert_eq!(attr(answered, "error.type"), None);
-        assert_eq!(attr(answered, "gen_ai.usage.input_tokens"), Some(&AttrValue::Int(12)));
-        assert_eq!(attr(server, "gen_ai.response.model"), Some(&AttrValue::Str("alpha-5.5-0401".into())));
-        assert_eq!(attr(server, "tollgate.cost_usd"), Some(&AttrValue::Double(1.5e-6)));
+        assert_eq!(attr(answered, "gen_ai.usage.input_tokens"), Some(otlp::Decoded::Int(12)));
+        assert_eq!(attr(answered, "gen_ai.usage.cache_read.input_tokens"), Some(otlp::Decoded::Int(2)));
+        assert_eq!(attr(answered, "gen_ai.response.finish_reasons"), Some(otlp::Decoded::Strs(vec!["stop".into()])));
+        assert_eq!(attr(server, "gen_ai.response.model"), Some(otlp::Decoded::Str("alpha-5.5-0401".into())));
+        assert_eq!(attr(server, "tollgate.cost_usd"), Some(otlp::Decoded::Double(1.5e-6)));
+        assert_eq!(attr(server, "tollgate.estimated"), Some(otlp::Decoded::Bool(false)));
         assert_eq!(server.error, None);
     }
 

@@ -2,7 +2,45 @@
 //! (opentelemetry-proto, `collector/trace/v1` and `trace/v1`), written by hand — the few
 //! messages tollgate sends do not justify a code generator in the build.
 
-use super::{AttrValue, Kind, SpanData};
+use super::{Kind, SpanData};
+
+/// An attribute's value, borrowed while it is encoded.
+#[derive(Debug, Clone, Copy)]
+pub enum Value<'a> {
+    Str(&'a str),
+    Int(i64),
+    Double(f64),
+    Bool(bool),
+    Strs(&'a [String]),
+}
+
+/// A span's attributes (`Span.attributes`, field 9), encoded as they are added: a traced
+/// request makes no value, string or list of its own for them, and the exporter only copies
+/// their bytes into the span.
+#[derive(Debug, Clone, Default)]
+pub struct Attrs(Vec<u8>);
+
+impl Attrs {
+    pub fn add(&mut self, key: &str, value: Value<'_>) {
+        if self.0.is_empty() {
+            self.0.reserve(512);
+        }
+        let mut pb = Pb(std::mem::take(&mut self.0));
+        pb.key_value(9, key, value);
+        self.0 = pb.0;
+    }
+
+    /// Another list's attributes after these.
+    pub fn append(&mut self, other: &Attrs) {
+        self.0.extend_from_slice(&other.0);
+    }
+
+    /// An attribute's value, read back (tests).
+    #[cfg(test)]
+    pub fn get(&self, key: &str) -> Option<Decoded> {
+        decode::attributes(&self.0).into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+}
 
 /// `SpanFlags`: the context says whether its parent was remote, and it was.
 const FLAG_HAS_IS_REMOTE: u32 = 0x100;
@@ -16,7 +54,7 @@ pub fn export_request(resource: &[(String, String)], scope_version: &str, spans:
         // ResourceSpans.resource = 1
         pb.message(1, |pb| {
             for (key, value) in resource {
-                pb.key_value(1, key, &AttrValue::Str(value.clone()));
+                pb.key_value(1, key, Value::Str(value));
             }
         });
         // ResourceSpans.scope_spans = 2
@@ -53,9 +91,7 @@ fn encode_span(pb: &mut Pb, s: &SpanData) {
     );
     pb.fixed64(7, s.start_ns);
     pb.fixed64(8, s.end_ns.max(s.start_ns));
-    for (key, value) in &s.attrs {
-        pb.key_value(9, key, value);
-    }
+    pb.0.extend_from_slice(&s.attrs.0);
     // Status: message = 2, code = 3 (UNSET 0, OK 1, ERROR 2).
     if let Some(message) = &s.error {
         pb.message(15, |pb| {
@@ -67,17 +103,16 @@ fn encode_span(pb: &mut Pb, s: &SpanData) {
     pb.fixed32(16, 1 | FLAG_HAS_IS_REMOTE | remote);
 }
 
-fn any_value(pb: &mut Pb, value: &AttrValue) {
+fn any_value(pb: &mut Pb, value: Value<'_>) {
     match value {
-        AttrValue::Str(s) => pb.string(1, s),
-        AttrValue::Static(s) => pb.string(1, s),
-        AttrValue::Bool(b) => pb.uint(2, u64::from(*b)),
-        AttrValue::Int(i) => pb.uint(3, *i as u64),
-        AttrValue::Double(d) => {
+        Value::Str(s) => pb.string(1, s),
+        Value::Bool(b) => pb.uint(2, u64::from(b)),
+        Value::Int(i) => pb.uint(3, i as u64),
+        Value::Double(d) => {
             pb.tag(4, 1);
             pb.0.extend_from_slice(&d.to_le_bytes());
         }
-        AttrValue::Strs(items) => pb.message(5, |pb| {
+        Value::Strs(items) => pb.message(5, |pb| {
             for item in items {
                 pb.message(1, |pb| pb.string(1, item));
             }
@@ -129,14 +164,13 @@ impl Pb {
     /// A KeyValue (key = 1, value = 2; AnyValue: string 1, bool 2, int 3, double 4, array 5)
     /// as field `field`. Its lengths are known before it is written for every value but an
     /// array (the attributes are most of a span's bytes).
-    fn key_value(&mut self, field: u32, key: &str, value: &AttrValue) {
+    fn key_value(&mut self, field: u32, key: &str, value: Value<'_>) {
         let any_len = match value {
-            AttrValue::Str(text) => 1 + varint_len(text.len() as u64) + text.len(),
-            AttrValue::Static(text) => 1 + varint_len(text.len() as u64) + text.len(),
-            AttrValue::Bool(_) => 2,
-            AttrValue::Int(i) => 1 + varint_len(*i as u64),
-            AttrValue::Double(_) => 9,
-            AttrValue::Strs(_) => {
+            Value::Str(text) => 1 + varint_len(text.len() as u64) + text.len(),
+            Value::Bool(_) => 2,
+            Value::Int(i) => 1 + varint_len(i as u64),
+            Value::Double(_) => 9,
+            Value::Strs(_) => {
                 self.message(field, |pb| {
                     pb.string(1, key);
                     pb.message(2, |pb| any_value(pb, value));
@@ -159,27 +193,24 @@ impl Pb {
         head.byte(0x12);
         head.varint(any_len as u64);
         match value {
-            AttrValue::Str(text) => head.string_start(text.len()),
-            AttrValue::Static(text) => head.string_start(text.len()),
-            AttrValue::Bool(b) => {
+            Value::Str(text) => head.string_start(text.len()),
+            Value::Bool(b) => {
                 head.byte(0x10);
-                head.byte(u8::from(*b));
+                head.byte(u8::from(b));
             }
-            AttrValue::Int(i) => {
+            Value::Int(i) => {
                 head.byte(0x18);
-                head.varint(*i as u64);
+                head.varint(i as u64);
             }
-            AttrValue::Double(d) => {
+            Value::Double(d) => {
                 head.byte(0x21);
                 d.to_le_bytes().into_iter().for_each(|b| head.byte(b));
             }
-            AttrValue::Strs(_) => {}
+            Value::Strs(_) => {}
         }
         self.0.extend_from_slice(head.bytes());
-        match value {
-            AttrValue::Str(text) => self.0.extend_from_slice(text.as_bytes()),
-            AttrValue::Static(text) => self.0.extend_from_slice(text.as_bytes()),
-            _ => {}
+        if let Value::Str(text) = value {
+            self.0.extend_from_slice(text.as_bytes());
         }
     }
 
@@ -258,16 +289,118 @@ mod tests {
             assert_eq!(pb.0.len(), varint_len(v), "{v}");
         }
         // A key-value written with its lengths known equals one written nested.
-        for value in
-            [AttrValue::Str("x".repeat(300)), AttrValue::Static("chat"), AttrValue::Int(-3), AttrValue::Bool(true), AttrValue::Double(0.5)]
-        {
+        let long = "x".repeat(300);
+        for value in [Value::Str(&long), Value::Str("chat"), Value::Int(-3), Value::Bool(true), Value::Double(0.5)] {
             let (mut known, mut nested) = (Pb(Vec::new()), Pb(Vec::new()));
-            known.key_value(9, "gen_ai.request.model", &value);
+            known.key_value(9, "gen_ai.request.model", value);
             nested.message(9, |pb| {
                 pb.string(1, "gen_ai.request.model");
-                pb.message(2, |pb| any_value(pb, &value));
+                pb.message(2, |pb| any_value(pb, value));
             });
             assert_eq!(known.0, nested.0);
         }
+        // And every kind reads back as written.
+        let mut attrs = Attrs::default();
+        let reasons = vec!["stop".to_string(), "length".to_string()];
+        attrs.add("s", Value::Str(&long));
+        attrs.add("i", Value::Int(-3));
+        attrs.add("d", Value::Double(0.25));
+        attrs.add("b", Value::Bool(true));
+        attrs.add("l", Value::Strs(&reasons));
+        assert_eq!(attrs.get("s"), Some(Decoded::Str(long.clone())));
+        assert_eq!(attrs.get("i"), Some(Decoded::Int(-3)));
+        assert_eq!(attrs.get("d"), Some(Decoded::Double(0.25)));
+        assert_eq!(attrs.get("b"), Some(Decoded::Bool(true)));
+        assert_eq!(attrs.get("l"), Some(Decoded::Strs(reasons)));
+    }
+}
+
+/// An attribute read back from its bytes (tests).
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decoded {
+    Str(String),
+    Int(i64),
+    Double(f64),
+    Bool(bool),
+    Strs(Vec<String>),
+}
+
+/// A protobuf reader for what [`Attrs`] writes, to check it (tests).
+#[cfg(test)]
+mod decode {
+    use super::Decoded;
+
+    /// A field: (number, varint or fixed64 value, length-delimited bytes).
+    type Field<'a> = (u64, u64, &'a [u8]);
+
+    fn varint(buf: &mut &[u8]) -> u64 {
+        let (mut v, mut shift) = (0u64, 0);
+        while let Some((&b, rest)) = buf.split_first() {
+            *buf = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            shift += 7;
+            if b < 0x80 {
+                break;
+            }
+        }
+        v
+    }
+
+    fn fields(mut buf: &[u8]) -> Vec<Field<'_>> {
+        let mut out = Vec::new();
+        while !buf.is_empty() {
+            let tag = varint(&mut buf);
+            match tag & 7 {
+                0 => out.push((tag >> 3, varint(&mut buf), &[][..])),
+                1 => {
+                    let (v, rest) = buf.split_at(8);
+                    buf = rest;
+                    out.push((tag >> 3, u64::from_le_bytes(v.try_into().expect("8 bytes")), &[][..]));
+                }
+                2 => {
+                    let n = varint(&mut buf) as usize;
+                    let (v, rest) = buf.split_at(n);
+                    buf = rest;
+                    out.push((tag >> 3, 0, v));
+                }
+                other => panic!("wire type {other}"),
+            }
+        }
+        out
+    }
+
+    fn text(bytes: &[u8]) -> String {
+        String::from_utf8(bytes.to_vec()).expect("utf-8")
+    }
+
+    fn any(buf: &[u8]) -> Decoded {
+        match fields(buf)[0] {
+            (1, _, s) => Decoded::Str(text(s)),
+            (2, v, _) => Decoded::Bool(v != 0),
+            (3, v, _) => Decoded::Int(v as i64),
+            (4, v, _) => Decoded::Double(f64::from_bits(v)),
+            (5, _, list) => Decoded::Strs(
+                fields(list)
+                    .into_iter()
+                    .map(|(_, _, item)| match any(item) {
+                        Decoded::Str(s) => s,
+                        other => panic!("{other:?} in a string list"),
+                    })
+                    .collect(),
+            ),
+            other => panic!("AnyValue field {other:?}"),
+        }
+    }
+
+    /// The (key, value) of each KeyValue field.
+    pub fn attributes(buf: &[u8]) -> Vec<(String, Decoded)> {
+        fields(buf)
+            .into_iter()
+            .map(|(_, _, kv)| {
+                let parts = fields(kv);
+                (text(parts[0].2), any(parts[1].2))
+            })
+            .collect()
     }
 }
