@@ -123,6 +123,25 @@ pub struct RelayPlan {
     pub trace: Option<Box<crate::telemetry::Trace>>,
 }
 
+impl RelayPlan {
+    /// With traces on: an upstream attempt's client span opens, with the `traceparent` it sends.
+    fn begin_attempt(&mut self, upstream: &relay::Upstream) {
+        let Some(trace) = self.trace.as_mut() else { return };
+        let to = crate::telemetry::Upstream {
+            gen_ai_provider: crate::metrics::gen_ai_provider(upstream.config.protocol),
+            name: &upstream.config.name,
+            host: &upstream.config.base_url.host,
+            port: upstream.config.base_url.port,
+        };
+        trace.begin_attempt(&to, crate::metrics::gen_ai_operation(self.route.label()), &self.model);
+    }
+
+    /// The request is traced and recorded: its answer's model and finish reasons are read.
+    pub(crate) fn sampled(&self) -> bool {
+        self.trace.as_ref().is_some_and(|t| t.sampled)
+    }
+}
+
 /// Per-request state.
 #[derive(Default)]
 pub struct RequestCtx {
@@ -567,7 +586,7 @@ impl Gateway {
             };
             let key = admission.key;
             let wait = header_wait(deadline, peer.options.read_timeout, Instant::now());
-            self.begin_attempt(plan, upstream);
+            plan.begin_attempt(upstream);
             let exchanged = self.exchange(client, upstream, key, &peer, wait, plan).await;
             if let (Some(trace), Err(Exchange::Unsent(e) | Exchange::Sent(e))) = (plan.trace.as_mut(), &exchanged) {
                 trace.end_attempt(Some(e.etype().as_str()));
@@ -639,18 +658,6 @@ impl Gateway {
         Err(last.unwrap_or_else(|| Error::explain(ErrorType::ConnectNoRoute, "no provider address available")))
     }
 
-    /// With traces on: the attempt's client span opens, with the `traceparent` it sends.
-    fn begin_attempt(&self, plan: &mut RelayPlan, upstream: &relay::Upstream) {
-        let Some(trace) = plan.trace.as_mut() else { return };
-        let to = crate::telemetry::Upstream {
-            gen_ai_provider: crate::metrics::gen_ai_provider(upstream.config.protocol),
-            name: &upstream.config.name,
-            host: &upstream.config.base_url.host,
-            port: upstream.config.base_url.port,
-        };
-        trace.begin_attempt(&to, crate::metrics::gen_ai_operation(plan.route.label()), &plan.model);
-    }
-
     /// One request to one provider: connect (pooled), send, read up to the final response
     /// header. A pooled connection its peer had closed is replaced (the request cannot have
     /// been processed).
@@ -666,7 +673,7 @@ impl Gateway {
         let mut stale = 0;
         loop {
             // Built per attempt (moved into the send; a replaced connection gets a new one).
-            let req = relay::upstream_request(
+            let mut req = relay::upstream_request(
                 client,
                 upstream,
                 key,
@@ -679,7 +686,6 @@ impl Gateway {
                 &plan.routing.forward_headers,
             )
             .map_err(Exchange::Unsent)?;
-            let mut req = req;
             if let Some(trace) = plan.trace.as_deref() {
                 // The attempt's span is the upstream's parent; the client's vendor state goes on
                 // (and no other: a `tracestate` relayed by `forward_headers` is replaced).
@@ -809,7 +815,7 @@ impl Gateway {
         let withhold = plan.withhold_usage && status == 200;
         prepare_response_header(&mut header, withhold, shape, &plan.routing.forward_response_headers)?;
         let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);
-        if plan.trace.as_ref().is_some_and(|t| t.sampled) {
+        if plan.sampled() {
             scanner.read_answer();
         }
 

@@ -48,7 +48,7 @@ impl Gateway {
         let series = self.metrics.protocol(shape);
         series.upstream_seconds.observe(plan.started.elapsed());
         let mut scanner = UsageScanner::new(shape_of(t.upstream), sse, false);
-        if plan.trace.as_ref().is_some_and(|t| t.sampled) {
+        if plan.sampled() {
             scanner.read_answer();
         }
         let success = (200..300).contains(&status);

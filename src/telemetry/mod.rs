@@ -305,11 +305,10 @@ impl Trace {
                 common.add("gen_ai.usage.cache_creation.input_tokens", Value::Int(u.cache_write as i64));
             }
         }
-        if let Some(mut a) = self.attempt.take() {
+        if let Some(a) = self.attempt.as_mut() {
             a.attrs.append(&common);
-            self.attempt = Some(a);
-            self.end_attempt(None);
         }
+        self.end_attempt(None);
         let mut attrs = Attrs::default();
         attrs.add("http.request.method", Value::Str(facts.method));
         attrs.add("http.route", Value::Str(facts.route));

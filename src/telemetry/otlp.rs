@@ -18,27 +18,25 @@ pub enum Value<'a> {
 /// request makes no value, string or list of its own for them, and the exporter only copies
 /// their bytes into the span.
 #[derive(Debug, Clone, Default)]
-pub struct Attrs(Vec<u8>);
+pub struct Attrs(Pb);
 
 impl Attrs {
     pub fn add(&mut self, key: &str, value: Value<'_>) {
-        if self.0.is_empty() {
-            self.0.reserve(512);
+        if self.0 .0.is_empty() {
+            self.0 .0.reserve(512);
         }
-        let mut pb = Pb(std::mem::take(&mut self.0));
-        pb.key_value(9, key, value);
-        self.0 = pb.0;
+        self.0.key_value(9, key, value);
     }
 
     /// Another list's attributes after these.
     pub fn append(&mut self, other: &Attrs) {
-        self.0.extend_from_slice(&other.0);
+        self.0 .0.extend_from_slice(&other.0 .0);
     }
 
     /// An attribute's value, read back (tests).
     #[cfg(test)]
     pub fn get(&self, key: &str) -> Option<Decoded> {
-        decode::attributes(&self.0).into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
+        decode::attributes(&self.0 .0).into_iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 }
 
@@ -91,7 +89,7 @@ fn encode_span(pb: &mut Pb, s: &SpanData) {
     );
     pb.fixed64(7, s.start_ns);
     pb.fixed64(8, s.end_ns.max(s.start_ns));
-    pb.0.extend_from_slice(&s.attrs.0);
+    pb.0.extend_from_slice(&s.attrs.0 .0);
     // Status: message = 2, code = 3 (UNSET 0, OK 1, ERROR 2).
     if let Some(message) = &s.error {
         pb.message(15, |pb| {
@@ -158,6 +156,7 @@ fn varint_len(v: u64) -> usize {
 }
 
 /// A protobuf writer: fields in order, nested messages length-prefixed in place.
+#[derive(Debug, Clone, Default)]
 struct Pb(Vec<u8>);
 
 impl Pb {
