@@ -11,6 +11,8 @@
 #   bare      the bare Pingora proxy of run.sh
 #   tollgate  HEAD's release build
 #   other     PERF_OTHER_BIN, when set (a change against HEAD)
+# TOLLGATE_CG_KEEP=DIR keeps the callgrind outputs (cg.bare.1, cg.tollgate.1, ...) for
+# callgrind_annotate.
 # Usage, from the repository root: bash benches/relay/instructions.sh
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -23,7 +25,7 @@ port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));pri
 UP=$(port)
 sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" "$here/upstream.conf.tmpl" > "$dir/upstream.conf"
 nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & upstream=$!
-cleanup() { kill "$upstream" 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
+cleanup() { kill "$upstream" 2>/dev/null; wait 2>/dev/null; [ -n "${TOLLGATE_CG_KEEP:-}" ] && mkdir -p "$TOLLGATE_CG_KEEP" && cp "$dir"/cg.* "$TOLLGATE_CG_KEEP"/ 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 . "$here/../gateway-config.sh"
 # TOLLGATE_WRK_BODY=messages posts a messages request to /v1/messages (translated; the bare
