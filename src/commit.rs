@@ -75,8 +75,8 @@ enum Job {
         value: Vec<u8>,
         ack: Option<Ack>,
     },
-    /// One value of a group: the group's values of one batch are stored as one JSON array
-    /// under the key of its first value (see [`Writer::insert_grouped`]).
+    /// One value of a group: the group's values of one batch are stored as one entry,
+    /// `[v1,v2,…]`, under the key of its first value (see [`Writer::insert_grouped`]).
     Grouped {
         tree: TreeName,
         group: Vec<u8>,
@@ -209,11 +209,12 @@ impl Writer {
         self.send(Job::Inserts { tree, entries })
     }
 
-    /// Queue a JSON value that is stored together with the other values of its `group` queued
-    /// in the same batch: one sled entry, keyed by the first value's `key`, holding a JSON
-    /// array of the values in queue order (one insert instead of one per value: the inserts
-    /// are most of the writer's cost). A group entry spans at most [`GROUP_SPAN_MS`] of `at_ms`,
-    /// so a reader looking for times from `t` starts at `t - GROUP_SPAN_MS`.
+    /// Queue a value that is stored together with the other values of its `group` queued in
+    /// the same batch: one sled entry, keyed by the first value's `key`, holding `[v1,v2,…]`
+    /// in queue order (a JSON array when the values are JSON; binary values frame themselves):
+    /// one insert instead of one per value, and the inserts are most of the writer's cost. A
+    /// group entry spans at most [`GROUP_SPAN_MS`] of `at_ms`, so a reader looking for times
+    /// from `t` starts at `t - GROUP_SPAN_MS`.
     pub fn insert_grouped(
         &self,
         tree: TreeName,

@@ -8,6 +8,7 @@
 //! well-formed one (1 to 128 letters, digits, `.`, `_`, `-`), else one made here. It is the
 //! entry's id. An upstream's own request id is kept in the entry (`upstream_request_id`).
 
+use crate::store::codec::{put_signed, put_str, put_varint, Reader};
 use async_trait::async_trait;
 use pingora_core::modules::http::{HttpModule, HttpModuleBuilder, Module};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -98,60 +99,10 @@ pub struct LogLine<'a> {
 }
 
 /// The stored form of an entry (a node's own tree): a version byte, then the fields in their
-/// order, numbers as LEB128 varints, strings and options as a length (0: none, n + 1: n bytes).
-/// A few hundred instructions per entry where JSON took thousands (every request writes one).
+/// order, in the compact form of [`crate::store::codec`] (every request writes one).
 /// The whole is length-prefixed (u32, little-endian), so a commit batch's `[e1,e2,…]` framing
 /// can be walked without reading inside the entries.
 const STORED_VERSION: u8 = 1;
-
-fn put_varint(out: &mut Vec<u8>, mut n: u64) {
-    while n >= 0x80 {
-        out.push((n as u8) | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
-}
-
-fn put_str(out: &mut Vec<u8>, s: Option<&str>) {
-    match s {
-        None => out.push(0),
-        Some(s) => {
-            put_varint(out, s.len() as u64 + 1);
-            out.extend_from_slice(s.as_bytes());
-        }
-    }
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn varint(&mut self) -> Option<u64> {
-        let mut n = 0u64;
-        for shift in (0..64).step_by(7) {
-            let (&b, rest) = self.0.split_first()?;
-            self.0 = rest;
-            n |= u64::from(b & 0x7f) << shift;
-            if b < 0x80 {
-                return Some(n);
-            }
-        }
-        None
-    }
-
-    fn string(&mut self) -> Option<Option<String>> {
-        let len = self.varint()?;
-        if len == 0 {
-            return Some(None);
-        }
-        let len = usize::try_from(len - 1).ok()?;
-        if self.0.len() < len {
-            return None;
-        }
-        let (s, rest) = self.0.split_at(len);
-        self.0 = rest;
-        Some(Some(String::from_utf8_lossy(s).into_owned()))
-    }
-}
 
 impl LogLine<'_> {
     /// Append the stored form (with its length prefix) to `out`.
@@ -172,7 +123,7 @@ impl LogLine<'_> {
         put_varint(out, self.input_tokens);
         put_varint(out, self.output_tokens);
         // Zigzag: a cost is never negative today, but the form does not assume it.
-        put_varint(out, ((self.cost_nanos << 1) ^ (self.cost_nanos >> 63)) as u64);
+        put_signed(out, self.cost_nanos);
         out.push(u8::from(self.estimated));
         put_varint(out, self.latency_ms);
         put_varint(out, self.first_byte_ms.map_or(0, |n| n.saturating_add(1)));
@@ -232,10 +183,8 @@ impl LogEntry {
         let status = u16::try_from(r.varint()?).ok()?;
         let (refusal, param) = (r.string()?, r.string()?);
         let (input_tokens, output_tokens) = (r.varint()?, r.varint()?);
-        let zz = r.varint()?;
-        let cost_nanos = ((zz >> 1) as i64) ^ -((zz & 1) as i64);
-        let (&estimated, rest) = r.0.split_first()?;
-        r.0 = rest;
+        let cost_nanos = r.signed()?;
+        let estimated = r.byte()?;
         let latency_ms = r.varint()?;
         let first_byte_ms = r.varint()?.checked_sub(1);
         let attempts = u32::try_from(r.varint()?).ok()?;

@@ -476,9 +476,10 @@ impl MoneyStore for FleetMoney {
         let seq = self.slot.db()?.generate_id()?;
         let holds = holds();
         record.seq = seq;
-        let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-        // One journal entry per commit batch (a JSON array keyed by its first record's number):
-        // an insert per record would be most of the writer's work.
+        let mut value = Vec::with_capacity(128);
+        super::sled::records::encode(&record, &mut value);
+        // One journal entry per commit batch (its records, keyed by the first one's number): an
+        // insert per record would be most of the writer's work.
         let waiter = self.writer.insert_grouped(
             crate::commit::TreeName::FleetJournal,
             b"journal".to_vec(),

@@ -39,15 +39,7 @@ impl Account {
     }
 }
 
-/// The records of one entry of the `usage_records` tree: a JSON array (the records of one key
-/// committed in one batch) or, as written before batches were grouped, one JSON object.
-pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
-    let corrupt = |e: serde_json::Error| StoreError::Corrupt(format!("usage record: {e}"));
-    match v.iter().find(|b| !b.is_ascii_whitespace()) {
-        Some(b'[') => serde_json::from_slice(v).map_err(corrupt),
-        _ => serde_json::from_slice(v).map(|r| vec![r]).map_err(corrupt),
-    }
-}
+use super::records::decode_records;
 
 /// The in-memory accounts by purse id (a key id, an account's or a window's name).
 type Purses = HashMap<String, Account, ahash::RandomState>;
@@ -215,7 +207,8 @@ impl SledMoney {
         self.writer.insert_all(crate::commit::TreeName::Balances, entries)?;
         record.seq = seq;
         record.balance_after = new_balance;
-        let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let mut value = Vec::with_capacity(128);
+        super::records::encode(&record, &mut value);
         // The record alone carries the key's new balance (`balance_after`, newer `seq` than the
         // balance entry), so the key's balance entry is not rewritten per booking: one insert.
         let mut group = record.key_id.as_bytes().to_vec();
@@ -308,8 +301,7 @@ impl SledMoney {
         let tree = self.records_tree()?;
         for r in records {
             let record = UsageRecord { seq: 0, balance_after: 0, ..r.clone() };
-            let value = serde_json::to_vec(&record).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            tree.insert(self.record_key(&record), value)?;
+            tree.insert(self.record_key(&record), super::records::entry(&record))?;
         }
         let tree = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
         for (id, owner) in owners {

@@ -1,0 +1,200 @@
+//! The stored form of usage records in the `usage_records` tree.
+//!
+//! An entry holds the records of one key committed in one batch (see
+//! [`crate::commit::Writer::insert_grouped`]): `[` records separated by `,` `]`. A record is
+//! written in binary: the mark [`BINARY_V1`] (a byte no JSON text starts with), its length
+//! (u32, little-endian), then its fields in the order of [`encode`], in the compact form of
+//! [`crate::store::codec`]. Every relayed request writes one: its JSON took ~7 K instructions.
+//!
+//! Entries written by earlier versions are read alike: a JSON array of records, or (before
+//! batches were grouped) one JSON object.
+
+use crate::ledger::UsageRecord;
+use crate::store::codec::{put_signed, put_str, put_varint, Reader};
+use crate::store::StoreError;
+
+/// First byte of a binary record (version 1 of its fields).
+const BINARY_V1: u8 = 0xB1;
+
+/// Append `r`'s stored form (mark, length, fields) to `out`.
+pub fn encode(r: &UsageRecord, out: &mut Vec<u8>) {
+    out.push(BINARY_V1);
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    put_varint(out, r.time_ms);
+    for s in [&r.key_id, &r.model, &r.protocol, &r.route] {
+        put_str(out, Some(s));
+    }
+    for n in [r.input_tokens, r.cached_tokens, r.cache_write_tokens, r.output_tokens] {
+        put_varint(out, n);
+    }
+    put_signed(out, r.cost_nanos);
+    put_varint(out, u64::from(r.status));
+    put_varint(out, r.latency_ms);
+    out.push(u8::from(r.estimated));
+    put_varint(out, r.seq);
+    put_signed(out, r.balance_after);
+    put_str(out, r.provider.as_deref());
+    put_varint(out, u64::from(r.attempts));
+    put_str(out, r.response_id.as_deref());
+    put_str(out, r.upstream_protocol.as_deref());
+    put_varint(out, r.charged.len() as u64);
+    for id in &r.charged {
+        put_str(out, Some(id));
+    }
+    put_varint(out, r.tags.len() as u64);
+    for (k, v) in &r.tags {
+        put_str(out, Some(k));
+        put_str(out, Some(v));
+    }
+    let len = (out.len() - start - 4) as u32;
+    out[start..start + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// `r`'s stored form as an entry of its own (`[record]`).
+pub fn entry(r: &UsageRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    out.push(b'[');
+    encode(r, &mut out);
+    out.push(b']');
+    out
+}
+
+/// One record's fields (after its mark and length); None if they do not read whole.
+fn decode(body: &[u8]) -> Option<UsageRecord> {
+    let mut r = Reader(body);
+    let time_ms = r.varint()?;
+    let (key_id, model, protocol, route) = (r.string()??, r.string()??, r.string()??, r.string()??);
+    let (input_tokens, cached_tokens, cache_write_tokens, output_tokens) = (r.varint()?, r.varint()?, r.varint()?, r.varint()?);
+    let cost_nanos = r.signed()?;
+    let status = u16::try_from(r.varint()?).ok()?;
+    let latency_ms = r.varint()?;
+    let estimated = r.byte()? != 0;
+    let seq = r.varint()?;
+    let balance_after = r.signed()?;
+    let provider = r.string()?;
+    let attempts = u32::try_from(r.varint()?).ok()?;
+    let (response_id, upstream_protocol) = (r.string()?, r.string()?);
+    let charged = (0..r.varint()?).map(|_| r.string()?).collect::<Option<Vec<String>>>()?;
+    let tags = (0..r.varint()?).map(|_| Some((r.string()??, r.string()??))).collect::<Option<_>>()?;
+    r.0.is_empty().then_some(UsageRecord {
+        time_ms,
+        key_id,
+        model,
+        protocol,
+        route,
+        input_tokens,
+        cached_tokens,
+        cache_write_tokens,
+        output_tokens,
+        cost_nanos,
+        status,
+        latency_ms,
+        estimated,
+        seq,
+        balance_after,
+        provider,
+        attempts,
+        response_id,
+        upstream_protocol,
+        charged,
+        tags,
+    })
+}
+
+/// The records of one entry of the `usage_records` tree, whichever version wrote it.
+pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("usage record: {what}"));
+    let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
+    let binary = match v.get(start) {
+        Some(b'[') => v.get(start + 1) == Some(&BINARY_V1),
+        Some(&BINARY_V1) => true,
+        _ => false,
+    };
+    if !binary {
+        return match v.get(start) {
+            Some(b'[') => serde_json::from_slice(v).map_err(|e| corrupt(e.to_string())),
+            _ => serde_json::from_slice(v).map(|r| vec![r]).map_err(|e| corrupt(e.to_string())),
+        };
+    }
+    let mut rest = &v[start..];
+    rest = rest.strip_prefix(b"[").unwrap_or(rest);
+    let mut out = Vec::new();
+    while let Some(after) = rest.strip_prefix(&[BINARY_V1]) {
+        let len = after.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
+        let body = len.and_then(|len| after.get(4..4 + len)).ok_or_else(|| corrupt("an entry is cut short".into()))?;
+        out.push(decode(body).ok_or_else(|| corrupt("a binary record does not read".into()))?);
+        rest = &after[4 + body.len()..];
+        rest = rest.strip_prefix(b",").unwrap_or(rest);
+    }
+    match rest {
+        b"]" | b"" => Ok(out),
+        _ => Err(corrupt("an entry has bytes after its records".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// Every field set, none at its default.
+    fn full() -> UsageRecord {
+        UsageRecord {
+            protocol: "anthropic".into(),
+            route: "messages".into(),
+            input_tokens: 120_000,
+            cache_write_tokens: 300,
+            latency_ms: 812,
+            estimated: true,
+            seq: 99,
+            balance_after: -42,
+            provider: Some("oa-primary".into()),
+            attempts: 2,
+            response_id: Some("resp_1".into()),
+            upstream_protocol: Some("openai".into()),
+            charged: vec!["acct:team".into(), "win:day:1".into()],
+            tags: BTreeMap::from([("team".into(), "research".into()), ("env".into(), "prod".into())]),
+            ..bare()
+        }
+    }
+
+    /// The optional fields absent.
+    fn bare() -> UsageRecord {
+        crate::ledger::tests::record("key_1", "alpha-5.5", -1_500, 1_764_000_000_123)
+    }
+
+    #[test]
+    fn every_field_reads_back_alone_and_in_a_batch() {
+        for r in [full(), bare()] {
+            assert_eq!(decode_records(&entry(&r)).expect("decode"), vec![r.clone()]);
+        }
+        // As the commit writer joins a batch of one key's records.
+        let mut batch = vec![b'['];
+        encode(&full(), &mut batch);
+        batch.push(b',');
+        encode(&bare(), &mut batch);
+        batch.push(b']');
+        assert_eq!(decode_records(&batch).expect("decode"), vec![full(), bare()]);
+    }
+
+    #[test]
+    fn json_entries_of_earlier_versions_still_read() {
+        let (a, b) = (full(), bare());
+        let array = serde_json::to_vec(&vec![a.clone(), b.clone()]).expect("json");
+        assert_eq!(decode_records(&array).expect("array"), vec![a.clone(), b]);
+        let object = serde_json::to_vec(&a).expect("json");
+        assert_eq!(decode_records(&object).expect("object"), vec![a]);
+    }
+
+    #[test]
+    fn a_damaged_entry_is_an_error_not_a_panic_or_a_wrong_record() {
+        let whole = entry(&full());
+        for cut in 2..whole.len() - 1 {
+            assert!(decode_records(&whole[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = whole.clone();
+        longer.insert(whole.len() - 1, b'x');
+        assert!(decode_records(&longer).is_err());
+    }
+}
