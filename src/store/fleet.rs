@@ -476,8 +476,7 @@ impl MoneyStore for FleetMoney {
         let seq = self.slot.db()?.generate_id()?;
         let holds = holds();
         record.seq = seq;
-        let mut value = Vec::with_capacity(128);
-        super::sled::records::encode(&record, &mut value);
+        let value = super::sled::records::value(&record);
         // One journal entry per commit batch (its records, keyed by the first one's number): an
         // insert per record would be most of the writer's work.
         let waiter = self.writer.insert_grouped(

@@ -207,8 +207,7 @@ impl SledMoney {
         self.writer.insert_all(crate::commit::TreeName::Balances, entries)?;
         record.seq = seq;
         record.balance_after = new_balance;
-        let mut value = Vec::with_capacity(128);
-        super::records::encode(&record, &mut value);
+        let value = super::records::value(&record);
         // The record alone carries the key's new balance (`balance_after`, newer `seq` than the
         // balance entry), so the key's balance entry is not rewritten per booking: one insert.
         let mut group = record.key_id.as_bytes().to_vec();

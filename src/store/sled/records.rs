@@ -51,6 +51,14 @@ pub fn encode(r: &UsageRecord, out: &mut Vec<u8>) {
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
 
+/// `r`'s stored form, as queued to the commit writer (which joins a batch's records of one key
+/// into one entry).
+pub fn value(r: &UsageRecord) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    encode(r, &mut out);
+    out
+}
+
 /// `r`'s stored form as an entry of its own (`[record]`).
 pub fn entry(r: &UsageRecord) -> Vec<u8> {
     let mut out = Vec::with_capacity(128);
@@ -106,19 +114,14 @@ fn decode(body: &[u8]) -> Option<UsageRecord> {
 pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
     let corrupt = |what: String| StoreError::Corrupt(format!("usage record: {what}"));
     let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
-    let binary = match v.get(start) {
-        Some(b'[') => v.get(start + 1) == Some(&BINARY_V1),
-        Some(&BINARY_V1) => true,
-        _ => false,
-    };
-    if !binary {
-        return match v.get(start) {
+    let entry = &v[start..];
+    let mut rest = entry.strip_prefix(b"[").unwrap_or(entry);
+    if rest.first() != Some(&BINARY_V1) {
+        return match entry.first() {
             Some(b'[') => serde_json::from_slice(v).map_err(|e| corrupt(e.to_string())),
             _ => serde_json::from_slice(v).map(|r| vec![r]).map_err(|e| corrupt(e.to_string())),
         };
     }
-    let mut rest = &v[start..];
-    rest = rest.strip_prefix(b"[").unwrap_or(rest);
     let mut out = Vec::new();
     while let Some(after) = rest.strip_prefix(&[BINARY_V1]) {
         let len = after.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
