@@ -660,7 +660,7 @@ pub fn draft(
     };
     let input = crate::billing::InputEstimate {
         body_tokens: crate::billing::hold_input_tokens(client_body.len()),
-        media_tokens: if route.billed() { routing.media_allowance.tokens(crate::protocol::MediaCount::of(&fields)) } else { 0 },
+        media_tokens: if route.billed() { routing.media_allowance.tokens(fields.media) } else { 0 },
         referenced_tokens: 0,
     };
     let hold_nanos = if !route.billed() { 0 } else { hold_cost(routing, &model, input, output_allowance)? };

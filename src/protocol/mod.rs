@@ -7,6 +7,7 @@
 pub mod anthropic;
 pub mod gemini;
 pub mod openai;
+pub mod scan;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -83,155 +84,159 @@ impl Protocol {
     }
 }
 
-/// The request-body fields tollgate reads, of all three protocols in one borrowed parse;
-/// everything else is skipped without allocation. Which fields count is each protocol's
-/// (`Protocol::max_output`, `Protocol::choices`).
+/// The request-body fields tollgate reads, of all three protocols, from one validating scan
+/// ([`scan`]); everything else is skipped without allocation. Which fields count is each
+/// protocol's (`Protocol::max_output`, `Protocol::choices`).
 /// `stream_options` is kept as the raw text of its value (whatever its type), borrowed from
 /// the body, so the usage rewrite can splice it without parsing the body a second time.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default)]
 pub struct BodyFields<'a> {
-    #[serde(default)]
     pub model: Option<String>,
-    #[serde(default)]
     pub stream: Option<bool>,
     /// Chat completions (legacy name) and messages.
-    #[serde(default)]
     pub max_tokens: Option<u64>,
-    #[serde(default)]
     pub max_completion_tokens: Option<u64>,
     /// Responses.
-    #[serde(default)]
     pub max_output_tokens: Option<u64>,
     /// Chat completions: number of choices.
-    #[serde(default)]
     pub n: Option<u64>,
     /// The service also accepts the proto field names (`generation_config`, `candidate_count`,
     /// `max_output_tokens`): both spellings are read, and a body giving both is refused.
-    #[serde(default, rename = "generationConfig", alias = "generation_config")]
     pub generation_config: Option<GenerationConfig>,
-    #[serde(default, borrow, deserialize_with = "present_raw")]
-    pub stream_options: Option<&'a serde_json::value::RawValue>,
+    /// Present whatever its value, `null` included.
+    pub stream_options: Option<Raw<'a>>,
     /// Responses: the stored response this turn continues (it must be the caller's).
-    #[serde(default)]
     pub previous_response_id: Option<String>,
     /// Responses and chat completions: the client's own conversation key for prompt caching.
-    #[serde(default)]
     pub prompt_cache_key: Option<String>,
     /// Responses: run detached from the request (refused: its usage arrives after the request).
-    #[serde(default)]
     pub background: Option<bool>,
     /// How the conversation begins, as raw text, for provider affinity: the system prompt (each
     /// protocol's field) and the message list (chat and messages: `messages`; responses:
     /// `input`; generate-content: `contents`). Only their first items are ever read.
-    #[serde(default, borrow)]
-    pub messages: Option<&'a serde_json::value::RawValue>,
-    #[serde(default, borrow)]
-    pub input: Option<&'a serde_json::value::RawValue>,
-    #[serde(default, borrow)]
-    pub contents: Option<&'a serde_json::value::RawValue>,
-    #[serde(default, borrow)]
-    pub system: Option<&'a serde_json::value::RawValue>,
-    #[serde(default, borrow)]
-    pub instructions: Option<&'a serde_json::value::RawValue>,
-    #[serde(default, borrow, rename = "systemInstruction")]
-    pub system_instruction: Option<&'a serde_json::value::RawValue>,
+    pub messages: Option<Raw<'a>>,
+    pub input: Option<Raw<'a>>,
+    pub contents: Option<Raw<'a>>,
+    pub system: Option<Raw<'a>>,
+    pub instructions: Option<Raw<'a>>,
+    pub system_instruction: Option<Raw<'a>>,
+    /// The images and files the content fields name, counted during the scan.
+    pub media: MediaCount,
+}
+
+/// A member's value exactly as the body holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raw<'a>(&'a [u8]);
+
+impl<'a> Raw<'a> {
+    pub fn bytes(&self) -> &'a [u8] {
+        self.0
+    }
+
+    /// The value's text. The scan checked every string's UTF-8 (the rest of JSON is ASCII), so
+    /// this is None only for a `Raw` that did not come from a scanned body.
+    pub fn text(&self) -> Option<&'a str> {
+        std::str::from_utf8(self.0).ok()
+    }
+}
+
+/// The members of a request body that [`body_fields`] reads, by name (both spellings of
+/// generate-content's `generationConfig` are one member: giving both is a duplicate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Member {
+    Model,
+    Stream,
+    MaxTokens,
+    MaxCompletionTokens,
+    MaxOutputTokens,
+    N,
+    GenerationConfig,
+    StreamOptions,
+    PreviousResponseId,
+    PromptCacheKey,
+    Background,
+    Messages,
+    Input,
+    Contents,
+    System,
+    Instructions,
+    SystemInstruction,
+}
+
+impl Member {
+    fn named(name: &str) -> Option<Member> {
+        Some(match name {
+            "model" => Member::Model,
+            "stream" => Member::Stream,
+            "max_tokens" => Member::MaxTokens,
+            "max_completion_tokens" => Member::MaxCompletionTokens,
+            "max_output_tokens" => Member::MaxOutputTokens,
+            "n" => Member::N,
+            "generationConfig" | "generation_config" => Member::GenerationConfig,
+            "stream_options" => Member::StreamOptions,
+            "previous_response_id" => Member::PreviousResponseId,
+            "prompt_cache_key" => Member::PromptCacheKey,
+            "background" => Member::Background,
+            "messages" => Member::Messages,
+            "input" => Member::Input,
+            "contents" => Member::Contents,
+            "system" => Member::System,
+            "instructions" => Member::Instructions,
+            "systemInstruction" => Member::SystemInstruction,
+            _ => return None,
+        })
+    }
+
+    /// Whether its value is content, walked for media parts.
+    fn is_content(self) -> bool {
+        matches!(self, Member::Messages | Member::Input | Member::Contents)
+    }
+
+    /// Read the member's value (`raw`, already scanned) into `f`.
+    fn read<'a>(self, name: &str, raw: &'a [u8], f: &mut BodyFields<'a>) -> Result<(), ApiError> {
+        fn typed<'a, T: Deserialize<'a>>(name: &str, raw: &'a [u8]) -> Result<T, ApiError> {
+            serde_json::from_slice(raw).map_err(|e| {
+                // A type error: the position serde gives is within the member's value.
+                let e = e.to_string();
+                let what = e.rsplit_once(" at line ").map_or(e.as_str(), |(what, _)| what);
+                ApiError::new(ErrorKind::BadRequest, format!("The request body's '{name}' is not valid: {what}.")).with_param(name)
+            })
+        }
+        // `null` is absent, as for any optional field, except in `stream_options`.
+        let raw_value = |raw: &'a [u8]| (raw != b"null").then_some(Raw(raw));
+        match self {
+            Member::Model => f.model = typed(name, raw)?,
+            Member::Stream => f.stream = typed(name, raw)?,
+            Member::MaxTokens => f.max_tokens = typed(name, raw)?,
+            Member::MaxCompletionTokens => f.max_completion_tokens = typed(name, raw)?,
+            Member::MaxOutputTokens => f.max_output_tokens = typed(name, raw)?,
+            Member::N => f.n = typed(name, raw)?,
+            Member::GenerationConfig => f.generation_config = typed(name, raw)?,
+            Member::StreamOptions => f.stream_options = Some(Raw(raw)),
+            Member::PreviousResponseId => f.previous_response_id = typed(name, raw)?,
+            Member::PromptCacheKey => f.prompt_cache_key = typed(name, raw)?,
+            Member::Background => f.background = typed(name, raw)?,
+            Member::Messages => f.messages = raw_value(raw),
+            Member::Input => f.input = raw_value(raw),
+            Member::Contents => f.contents = raw_value(raw),
+            Member::System => f.system = raw_value(raw),
+            Member::Instructions => f.instructions = raw_value(raw),
+            Member::SystemInstruction => f.system_instruction = raw_value(raw),
+        }
+        Ok(())
+    }
 }
 
 /// Images and files a request's content names, whose tokens are not in its body: parts whose
 /// `type` is an image (`image_url`, `input_image`, `image`) or a file (`file`, `input_file`,
 /// `document`) in any protocol, and generate-content's `fileData` parts. Inline data
-/// (`inlineData`) is in the body already and is not counted.
+/// (`inlineData`) is in the body already and is not counted. Counted by [`body_fields`]'s scan
+/// over the content fields (`messages`, `input`, `contents`), at every depth; the values of
+/// `fileData` and `inlineData` members, and a `type` that is not a string, are not looked into.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MediaCount {
     pub images: u64,
     pub files: u64,
-}
-
-impl MediaCount {
-    /// Counted over the content fields (`messages`, `input`, `contents`); a body that mentions
-    /// no image, file or document is not walked.
-    pub fn of(f: &BodyFields<'_>) -> MediaCount {
-        let mut count = MediaCount::default();
-        for raw in [f.messages, f.input, f.contents].into_iter().flatten() {
-            let text = raw.get();
-            // memmem's vectorised search: `str::contains` took 2.6 instructions a byte for the
-            // four words, more than parsing the body (agent requests are hundreds of KiB).
-            let mentions = |word: &[u8]| memchr::memmem::find(text.as_bytes(), word).is_some();
-            if !(mentions(b"image") || mentions(b"file") || mentions(b"File") || mentions(b"document")) {
-                continue;
-            }
-            let mut de = serde_json::Deserializer::from_str(text);
-            if serde::de::DeserializeSeed::deserialize(MediaWalk(&mut count), &mut de).is_err() {
-                log::debug!("media count: content not walkable");
-            }
-        }
-        count
-    }
-}
-
-struct MediaWalk<'c>(&'c mut MediaCount);
-
-impl<'de> serde::de::DeserializeSeed<'de> for MediaWalk<'_> {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> serde::de::Visitor<'de> for MediaWalk<'_> {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(MediaWalk(&mut *self.0))?.is_some() {}
-        Ok(())
-    }
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            match key.as_ref() {
-                "type" => match map.next_value::<TypeField<'de>>()? {
-                    TypeField::Name(t) if matches!(t.as_ref(), "image_url" | "input_image" | "image") => self.0.images += 1,
-                    TypeField::Name(t) if matches!(t.as_ref(), "file" | "input_file" | "document") => self.0.files += 1,
-                    _ => {}
-                },
-                "fileData" | "file_data" => {
-                    self.0.files += 1;
-                    map.next_value::<serde::de::IgnoredAny>()?;
-                }
-                "inlineData" | "inline_data" => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
-                }
-                _ => map.next_value_seed(MediaWalk(&mut *self.0))?,
-            }
-        }
-        Ok(())
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum TypeField<'a> {
-    Name(#[serde(borrow)] std::borrow::Cow<'a, str>),
-    Other(serde::de::IgnoredAny),
 }
 
 /// What keeps the turns of one conversation on one provider: the client's `prompt_cache_key`,
@@ -246,10 +251,12 @@ pub fn conversation_key(f: &BodyFields<'_>) -> Option<u64> {
     }
     let list = f.messages.or(f.input).or(f.contents)?;
     for part in [f.system, f.instructions, f.system_instruction].into_iter().flatten() {
-        part.get().hash(&mut h);
+        // Hashed as its text (`str`'s hash: the bytes, then 0xFF), as before the scan kept bytes.
+        h.write(part.bytes());
+        h.write_u8(0xFF);
     }
     let mut any = false;
-    leading_items(list, MAX_LEADING_ITEMS, &mut |item| {
+    leading_items(list.bytes(), MAX_LEADING_ITEMS, &mut |item| {
         any = true;
         item.get().hash(&mut h);
         !is_user_item(item)
@@ -280,7 +287,7 @@ fn is_user_item(item: &serde_json::value::RawValue) -> bool {
 /// Call `each` with the raw text of an array's items in order, until it returns false or
 /// `max` were seen; the rest of the array is never read. A value that is not an array is
 /// passed whole, once.
-pub fn leading_items<'a>(raw: &'a serde_json::value::RawValue, max: usize, each: &mut dyn FnMut(&'a serde_json::value::RawValue) -> bool) {
+pub fn leading_items<'a>(raw: &'a [u8], max: usize, each: &mut dyn FnMut(&'a serde_json::value::RawValue) -> bool) {
     use serde::de::{Deserializer as _, Error as _, SeqAccess, Visitor};
     struct Lead<'f, 'a> {
         max: usize,
@@ -303,12 +310,13 @@ pub fn leading_items<'a>(raw: &'a serde_json::value::RawValue, max: usize, each:
             Err(A::Error::custom("stopped"))
         }
     }
-    let text = raw.get();
-    if !text.trim_start().starts_with('[') {
-        each(raw);
+    if raw.trim_ascii_start().first() != Some(&b'[') {
+        if let Ok(whole) = serde_json::from_slice::<&serde_json::value::RawValue>(raw) {
+            each(whole);
+        }
         return;
     }
-    let mut de = serde_json::Deserializer::from_str(text);
+    let mut de = serde_json::Deserializer::from_slice(raw);
     // An early stop ends in an error by design; the items seen were passed on already.
     let _ = (&mut de).deserialize_seq(Lead { max, each });
 }
@@ -362,11 +370,6 @@ pub fn parse_bounded(raw: &str, what: &str) -> Result<Value, ApiError> {
     serde_json::from_str(raw).map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("{what}: {e}")).with_param(what))
 }
 
-/// A present field's raw value, `null` included (plain `Option` would turn `null` into None).
-fn present_raw<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de serde_json::value::RawValue>, D::Error> {
-    <&serde_json::value::RawValue>::deserialize(d).map(Some)
-}
-
 #[derive(Debug, Default, Deserialize)]
 pub struct GenerationConfig {
     #[serde(default, rename = "maxOutputTokens", alias = "max_output_tokens")]
@@ -397,8 +400,51 @@ pub fn body_fields(body: &[u8]) -> Result<BodyFields<'_>, ApiError> {
     if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
     }
-    serde_json::from_slice::<BodyFields>(body)
-        .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))
+    let invalid =
+        |e: scan::ScanError| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {}.", e.describe(body)));
+    let mut s = scan::Scanner::new(body);
+    let mut f = BodyFields::default();
+    let mut seen: Vec<Member> = Vec::new();
+    s.ws();
+    s.expect(b'{', "expected `{`").map_err(invalid)?;
+    s.ws();
+    if !s.eat(b'}') {
+        loop {
+            let key_at = s.at;
+            let key = s.string().map_err(invalid)?;
+            let name = key.decoded().ok_or_else(|| invalid(scan::ScanError { at: key_at, what: "lone surrogate in a key" }))?;
+            s.ws();
+            s.expect(b':', "expected `:`").map_err(invalid)?;
+            s.ws();
+            let start = s.at;
+            let member = Member::named(&name);
+            match member {
+                Some(m) if m.is_content() => s.content(1, &mut f.media),
+                _ => s.value(1),
+            }
+            .map_err(invalid)?;
+            if let Some(m) = member {
+                if seen.contains(&m) {
+                    return Err(
+                        ApiError::new(ErrorKind::BadRequest, format!("The request body gives '{name}' twice.")).with_param(name.as_ref())
+                    );
+                }
+                seen.push(m);
+                m.read(&name, &body[start..s.at], &mut f)?;
+            }
+            s.ws();
+            if s.eat(b',') {
+                s.ws();
+                continue;
+            }
+            s.expect(b'}', "expected `,` or `}`").map_err(invalid)?;
+            break;
+        }
+    }
+    if !s.at_end() {
+        return Err(invalid(scan::ScanError { at: s.at, what: "trailing characters" }));
+    }
+    Ok(f)
 }
 
 /// Usage counts an upstream reported, each `None` until seen.
@@ -759,6 +805,16 @@ pub mod tests {
             prop_assert_eq!(f.stream, body.get("stream").and_then(Value::as_bool));
             prop_assert_eq!(f.max_tokens, body.get("max_tokens").and_then(Value::as_u64));
             prop_assert_eq!(f.stream_options.is_some(), body.get("stream_options").is_some());
+            // The raw values are the members' exact text, as serde_json's own raw capture has it.
+            #[derive(Deserialize)]
+            struct Raws<'a> {
+                #[serde(borrow)]
+                stream_options: Option<&'a serde_json::value::RawValue>,
+            }
+            let raws: Raws = serde_json::from_slice(&bytes).expect("json");
+            // (serde's `Option` reads a null as None; the scan keeps it.)
+            let ours = f.stream_options.and_then(|r| r.text()).filter(|t| *t != "null");
+            prop_assert_eq!(ours, raws.stream_options.map(|r| r.get()));
         }
 
         #[test]
@@ -874,8 +930,55 @@ pub mod tests {
     }
 
     #[test]
+    fn body_fields_read_each_member_as_serde_would() {
+        let f = body_fields(
+            br#" { "mod\u0065l" : "m1", "stream":true, "messages": [{"role":"user","content":[{"type":"image_url"}]}],
+                 "input": null, "stream_options": null, "generation_config": {"candidate_count": 2}, "system": "be \"brief\"" } "#,
+        )
+        .expect("read");
+        assert_eq!(f.model.as_deref(), Some("m1"), "an escaped key is its decoded name");
+        assert_eq!(f.stream, Some(true));
+        assert_eq!(f.messages.and_then(|r| r.text()), Some(r#"[{"role":"user","content":[{"type":"image_url"}]}]"#));
+        assert_eq!(f.input, None, "null is absent");
+        assert_eq!(f.stream_options.and_then(|r| r.text()), Some("null"), "stream_options is present even when null");
+        assert_eq!(f.generation_config.and_then(|g| g.candidate_count), Some(2));
+        assert_eq!(f.system.and_then(|r| r.text()), Some(r#""be \"brief\"""#));
+        assert_eq!(f.media, MediaCount { images: 1, files: 0 });
+        // Media parts count in the content fields only.
+        let f = body_fields(br#"{"metadata":{"type":"image_url"},"contents":[{"parts":[{"fileData":{}}]}]}"#).expect("read");
+        assert_eq!(f.media, MediaCount { images: 0, files: 1 });
+    }
+
+    #[test]
+    fn body_fields_refuse_what_is_not_one_json_object() {
+        let refused = |body: &[u8]| body_fields(body).expect_err("refused");
+        for (body, param) in [
+            (&br#"{"model":"a","model":"b"}"#[..], Some("model")),
+            (br#"{"generationConfig":{},"generation_config":{}}"#, Some("generation_config")),
+            (br#"{"model":5}"#, Some("model")),
+            (br#"{"max_tokens":-1}"#, Some("max_tokens")),
+            (br#"{"stream":"yes"}"#, Some("stream")),
+            (br#"{"model":"a"} x"#, None),
+            (br#"{"model":"a",}"#, None),
+            (br#"{"model":"a" "stream":true}"#, None),
+            (b"{\"model\":\"a\tb\"}", None),
+            (br#"{"messages":[{"content":"open}]}"#, None),
+            (br#"{"mod\ud800el":"a"}"#, None),
+        ] {
+            let e = refused(body);
+            assert_eq!((e.status(), e.param.as_deref()), (400, param), "{}", String::from_utf8_lossy(body));
+        }
+        let e = refused(b"{\n  \"model\": tru\n}");
+        assert!(e.message.contains("line 2 column 12"), "{}", e.message);
+        let e = refused(br#"{"model":5}"#);
+        assert_eq!(e.message, "The request body's 'model' is not valid: invalid type: integer `5`, expected a string.");
+        // Repeating a member tollgate does not read is the upstream's business, as before.
+        assert!(body_fields(br#"{"temperature":1,"temperature":2}"#).is_ok());
+    }
+
+    #[test]
     fn leading_items_stop_without_reading_the_rest() {
-        let raw: &serde_json::value::RawValue = serde_json::from_str(r#"[{"role":"user"},2,3]"#).expect("raw");
+        let raw = br#"[{"role":"user"},2,3]"#;
         let mut seen = Vec::new();
         leading_items(raw, 8, &mut |item| {
             seen.push(item.get().to_string());
@@ -888,7 +991,7 @@ pub mod tests {
             true
         });
         assert_eq!(n, 2, "at most max items");
-        let scalar: &serde_json::value::RawValue = serde_json::from_str(r#""text""#).expect("raw");
+        let scalar = br#""text""#;
         let mut whole = Vec::new();
         leading_items(scalar, 8, &mut |item| {
             whole.push(item.get().to_string());

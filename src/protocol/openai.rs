@@ -202,7 +202,7 @@ pub fn client_wants_usage(f: &super::BodyFields<'_>) -> bool {
         #[serde(default)]
         include_usage: Option<bool>,
     }
-    f.stream_options.and_then(|raw| serde_json::from_str::<Probe>(raw.get()).ok()).and_then(|p| p.include_usage).unwrap_or(false)
+    f.stream_options.and_then(|raw| serde_json::from_slice::<Probe>(raw.bytes()).ok()).and_then(|p| p.include_usage).unwrap_or(false)
 }
 
 /// The body with `stream_options.include_usage` set to true, whatever `stream_options` held
@@ -212,7 +212,7 @@ pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result
     let invalid = || ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object.");
     let (start, end, replacement) = match fields.stream_options {
         Some(raw) => {
-            let text = raw.get();
+            let text = raw.text().ok_or_else(invalid)?;
             let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize).ok_or_else(invalid)?;
             let end = start + text.len();
             if body.get(start..end) != Some(text.as_bytes()) {
