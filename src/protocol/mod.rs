@@ -164,27 +164,59 @@ enum Member {
 }
 
 impl Member {
-    fn named(name: &str) -> Option<Member> {
-        Some(match name {
-            "model" => Member::Model,
-            "stream" => Member::Stream,
-            "max_tokens" => Member::MaxTokens,
-            "max_completion_tokens" => Member::MaxCompletionTokens,
-            "max_output_tokens" => Member::MaxOutputTokens,
-            "n" => Member::N,
-            "generationConfig" | "generation_config" => Member::GenerationConfig,
-            "stream_options" => Member::StreamOptions,
-            "previous_response_id" => Member::PreviousResponseId,
-            "prompt_cache_key" => Member::PromptCacheKey,
-            "background" => Member::Background,
-            "messages" => Member::Messages,
-            "input" => Member::Input,
-            "contents" => Member::Contents,
-            "system" => Member::System,
-            "instructions" => Member::Instructions,
-            "systemInstruction" => Member::SystemInstruction,
-            _ => return None,
-        })
+    const ALL: [Member; 17] = [
+        Member::Model,
+        Member::Stream,
+        Member::MaxTokens,
+        Member::MaxCompletionTokens,
+        Member::MaxOutputTokens,
+        Member::N,
+        Member::GenerationConfig,
+        Member::StreamOptions,
+        Member::PreviousResponseId,
+        Member::PromptCacheKey,
+        Member::Background,
+        Member::Messages,
+        Member::Input,
+        Member::Contents,
+        Member::System,
+        Member::Instructions,
+        Member::SystemInstruction,
+    ];
+
+    fn named(name: &[u8]) -> Option<Member> {
+        match name {
+            b"generation_config" => Some(Member::GenerationConfig),
+            _ => Member::ALL.into_iter().find(|m| m.name().as_bytes() == name),
+        }
+    }
+
+    /// The member's name (generate-content's camel-case spelling for `generationConfig`).
+    fn name(self) -> &'static str {
+        match self {
+            Member::Model => "model",
+            Member::Stream => "stream",
+            Member::MaxTokens => "max_tokens",
+            Member::MaxCompletionTokens => "max_completion_tokens",
+            Member::MaxOutputTokens => "max_output_tokens",
+            Member::N => "n",
+            Member::GenerationConfig => "generationConfig",
+            Member::StreamOptions => "stream_options",
+            Member::PreviousResponseId => "previous_response_id",
+            Member::PromptCacheKey => "prompt_cache_key",
+            Member::Background => "background",
+            Member::Messages => "messages",
+            Member::Input => "input",
+            Member::Contents => "contents",
+            Member::System => "system",
+            Member::Instructions => "instructions",
+            Member::SystemInstruction => "systemInstruction",
+        }
+    }
+
+    /// Its bit in a set of members seen.
+    fn bit(self) -> u32 {
+        1 << self as u32
     }
 
     /// Whether its value is content, walked for media parts.
@@ -193,7 +225,8 @@ impl Member {
     }
 
     /// Read the member's value (`raw`, already scanned) into `f`.
-    fn read<'a>(self, name: &str, raw: &'a [u8], f: &mut BodyFields<'a>) -> Result<(), ApiError> {
+    fn read<'a>(self, raw: &'a [u8], f: &mut BodyFields<'a>) -> Result<(), ApiError> {
+        let name = self.name();
         fn typed<'a, T: Deserialize<'a>>(name: &str, raw: &'a [u8]) -> Result<T, ApiError> {
             serde_json::from_slice(raw).map_err(|e| {
                 // A type error: the position serde gives is within the member's value.
@@ -404,7 +437,7 @@ pub fn body_fields(body: &[u8]) -> Result<BodyFields<'_>, ApiError> {
         |e: scan::ScanError| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {}.", e.describe(body)));
     let mut s = scan::Scanner::new(body);
     let mut f = BodyFields::default();
-    let mut seen: Vec<Member> = Vec::new();
+    let mut seen = 0u32;
     s.ws();
     s.expect(b'{', "expected `{`").map_err(invalid)?;
     s.ws();
@@ -412,25 +445,28 @@ pub fn body_fields(body: &[u8]) -> Result<BodyFields<'_>, ApiError> {
         loop {
             let key_at = s.at;
             let key = s.string().map_err(invalid)?;
-            let name = key.decoded().ok_or_else(|| invalid(scan::ScanError { at: key_at, what: "lone surrogate in a key" }))?;
+            let member = if key.escaped {
+                let name = key.decoded().ok_or_else(|| invalid(scan::ScanError { at: key_at, what: "lone surrogate in a key" }))?;
+                Member::named(name.as_bytes())
+            } else {
+                Member::named(key.raw)
+            };
             s.ws();
             s.expect(b':', "expected `:`").map_err(invalid)?;
             s.ws();
             let start = s.at;
-            let member = Member::named(&name);
             match member {
                 Some(m) if m.is_content() => s.content(1, &mut f.media),
                 _ => s.value(1),
             }
             .map_err(invalid)?;
             if let Some(m) = member {
-                if seen.contains(&m) {
-                    return Err(
-                        ApiError::new(ErrorKind::BadRequest, format!("The request body gives '{name}' twice.")).with_param(name.as_ref())
-                    );
+                if seen & m.bit() != 0 {
+                    let name = m.name();
+                    return Err(ApiError::new(ErrorKind::BadRequest, format!("The request body gives '{name}' twice.")).with_param(name));
                 }
-                seen.push(m);
-                m.read(&name, &body[start..s.at], &mut f)?;
+                seen |= m.bit();
+                m.read(&body[start..s.at], &mut f)?;
             }
             s.ws();
             if s.eat(b',') {
@@ -954,7 +990,7 @@ pub mod tests {
         let refused = |body: &[u8]| body_fields(body).expect_err("refused");
         for (body, param) in [
             (&br#"{"model":"a","model":"b"}"#[..], Some("model")),
-            (br#"{"generationConfig":{},"generation_config":{}}"#, Some("generation_config")),
+            (br#"{"generationConfig":{},"generation_config":{}}"#, Some("generationConfig")),
             (br#"{"model":5}"#, Some("model")),
             (br#"{"max_tokens":-1}"#, Some("max_tokens")),
             (br#"{"stream":"yes"}"#, Some("stream")),

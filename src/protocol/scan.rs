@@ -65,6 +65,29 @@ const FILE_MEMBERS: [&str; 2] = ["fileData", "file_data"];
 /// A member whose value is inline data (in the body already: neither counted nor walked).
 const INLINE_MEMBERS: [&str; 2] = ["inlineData", "inline_data"];
 
+/// What a member's name means to the media count.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KeyKind {
+    Type,
+    File,
+    Inline,
+    Other,
+}
+
+impl KeyKind {
+    fn of(key: &Str<'_>) -> KeyKind {
+        if key.is_one_of(&["type"]) {
+            KeyKind::Type
+        } else if key.is_one_of(&FILE_MEMBERS) {
+            KeyKind::File
+        } else if key.is_one_of(&INLINE_MEMBERS) {
+            KeyKind::Inline
+        } else {
+            KeyKind::Other
+        }
+    }
+}
+
 pub struct Scanner<'a> {
     b: &'a [u8],
     pub at: usize,
@@ -186,8 +209,10 @@ impl<'a> Scanner<'a> {
                     self.ws();
                     self.expect(b':', "expected `:`")?;
                     self.ws();
-                    match media.as_deref_mut() {
-                        Some(m) if key.is_one_of(&["type"]) && self.peek() == Some(b'"') => {
+                    let media = media.as_deref_mut();
+                    let kind = if media.is_some() { KeyKind::of(&key) } else { KeyKind::Other };
+                    match media {
+                        Some(m) if kind == KeyKind::Type && self.peek() == Some(b'"') => {
                             let name = self.string()?;
                             if name.is_one_of(&IMAGE_TYPES) {
                                 m.images += 1;
@@ -195,11 +220,11 @@ impl<'a> Scanner<'a> {
                                 m.files += 1;
                             }
                         }
-                        Some(m) if key.is_one_of(&FILE_MEMBERS) => {
+                        Some(m) if kind == KeyKind::File => {
                             m.files += 1;
                             self.value(depth)?;
                         }
-                        Some(_) if key.is_one_of(&["type"]) || key.is_one_of(&INLINE_MEMBERS) => self.value(depth)?,
+                        Some(_) if kind == KeyKind::Type || kind == KeyKind::Inline => self.value(depth)?,
                         Some(m) => self.content(depth, m)?,
                         None => self.value(depth)?,
                     }
