@@ -30,6 +30,8 @@ pub struct Upstream {
     pub health: Arc<crate::health::ProviderHealth>,
     /// The `Host` header's value, built once.
     host_value: http::HeaderValue,
+    /// Its attributes on an attempt's client span, encoded once.
+    pub span_attrs: crate::telemetry::Attrs,
 }
 
 impl Upstream {
@@ -52,7 +54,14 @@ impl Upstream {
             })
             .collect();
         let host_value = http::HeaderValue::from_str(&config.base_url.host_header()).unwrap_or_else(|_| http::HeaderValue::from_static(""));
-        Upstream { pool_key: h.finish(), config, addrs: ArcSwap::from_pointee(Vec::new()), auth_values, health, host_value }
+        let span_attrs = crate::telemetry::Upstream {
+            gen_ai_provider: crate::metrics::gen_ai_provider(config.protocol),
+            name: &config.name,
+            host: &config.base_url.host,
+            port: config.base_url.port,
+        }
+        .attrs();
+        Upstream { pool_key: h.finish(), config, addrs: ArcSwap::from_pointee(Vec::new()), auth_values, health, host_value, span_attrs }
     }
 
     /// A peer for this upstream, or None while its host does not resolve.

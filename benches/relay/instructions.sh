@@ -10,7 +10,8 @@
 # TOLLGATE_WRK_BODY=messages for a small messages request translated to chat completions.
 #   bare      the bare Pingora proxy of run.sh
 #   tollgate  HEAD's release build
-#   other     PERF_OTHER_BIN, when set (a change against HEAD)
+#   other     PERF_OTHER_BIN, when set (a change against HEAD), with PERF_OTHER_EXTRA as more
+#             top-level config members, each followed by a comma (e.g. a `telemetry` section)
 # TOLLGATE_CG_KEEP=DIR keeps the callgrind outputs (cg.bare.1, cg.tollgate.1, ...) for
 # callgrind_annotate.
 # Usage, from the repository root: bash benches/relay/instructions.sh
@@ -57,6 +58,6 @@ BP=$(port); measure bare "$BP" "$bare_dir/release/bare-pingora" "127.0.0.1:$BP" 
 GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" ""
 RUST_LOG=warn measure tollgate "$GW" "$PWD/target/release/tollgate" -c "$dir/tollgate.yaml"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
-  GO=$(port); write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" ""
+  GO=$(port); write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" "${PERF_OTHER_EXTRA:-}"
   RUST_LOG=warn measure other "$GO" "$PERF_OTHER_BIN" -c "$dir/other.yaml"
 fi

@@ -127,13 +127,7 @@ impl RelayPlan {
     /// With traces on: an upstream attempt's client span opens, with the `traceparent` it sends.
     fn begin_attempt(&mut self, upstream: &relay::Upstream) {
         let Some(trace) = self.trace.as_mut() else { return };
-        let to = crate::telemetry::Upstream {
-            gen_ai_provider: crate::metrics::gen_ai_provider(upstream.config.protocol),
-            name: &upstream.config.name,
-            host: &upstream.config.base_url.host,
-            port: upstream.config.base_url.port,
-        };
-        trace.begin_attempt(&to, crate::metrics::gen_ai_operation(self.route.label()), &self.model);
+        trace.begin_attempt(&upstream.span_attrs, crate::metrics::gen_ai_operation(self.route.label()), &self.model);
     }
 
     /// The request is traced and recorded: its answer's model and finish reasons are read.

@@ -53,8 +53,9 @@ pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
 /// [`super::key_strings`]): a message has one `model` and one `stop_reason`, before and after its
 /// content; content blocks have neither.
 pub fn read_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
-    a.model(super::key_strings(body, "\"model\"").next().as_deref());
-    a.finish_reason(super::key_strings(body, "\"stop_reason\"").last().as_deref());
+    static STOP_REASON: super::QuotedKey = super::QuotedKey::new("\"stop_reason\"");
+    a.model(super::key_strings(body, &super::MODEL_KEY).next().as_deref());
+    a.finish_reason(super::key_strings(body, &STOP_REASON).last().as_deref());
 }
 
 /// Read one messages event or body: text, tool-input JSON, thinking and signatures count as

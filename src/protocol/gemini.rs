@@ -53,8 +53,10 @@ pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
 /// [`read_answer`] of a whole body (one response, or a JSON array of stream chunks), found
 /// without parsing it (see [`super::key_strings`]).
 pub fn read_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
-    a.model(super::key_strings(body, "\"modelVersion\"").next().as_deref());
-    for reason in super::key_strings(body, "\"finishReason\"") {
+    static MODEL_VERSION: super::QuotedKey = super::QuotedKey::new("\"modelVersion\"");
+    static FINISH_REASON: super::QuotedKey = super::QuotedKey::new("\"finishReason\"");
+    a.model(super::key_strings(body, &MODEL_VERSION).next().as_deref());
+    for reason in super::key_strings(body, &FINISH_REASON) {
         a.finish_reason(Some(&reason));
     }
 }

@@ -521,8 +521,9 @@ impl Reading {
 /// for the key rather than parsing the text (a traced answer's model and finish reasons are a
 /// few bytes of a body that may be long). A key inside a string value cannot match: its quotes
 /// are escaped there. A member whose value is not a string is skipped.
-pub(crate) fn key_strings<'a>(body: &'a [u8], quoted_key: &'static str) -> impl Iterator<Item = std::borrow::Cow<'a, str>> + 'a {
-    memchr::memmem::find_iter(body, quoted_key.as_bytes()).filter_map(move |at| {
+pub(crate) fn key_strings<'a>(body: &'a [u8], key: &'static QuotedKey) -> impl Iterator<Item = std::borrow::Cow<'a, str>> + 'a {
+    let quoted_key = key.0;
+    key.finder().find_iter(body).filter_map(move |at| {
         if at > 0 && body[at - 1] == b'\\' {
             return None;
         }
@@ -539,6 +540,23 @@ pub(crate) fn key_strings<'a>(body: &'a [u8], quoted_key: &'static str) -> impl 
         }
     })
 }
+
+/// A member's name as [`key_strings`] searches for it, quotes included, with its searcher
+/// built once (building one cost more than the search in a small answer).
+pub(crate) struct QuotedKey(&'static str, std::sync::OnceLock<memchr::memmem::Finder<'static>>);
+
+impl QuotedKey {
+    pub(crate) const fn new(quoted: &'static str) -> QuotedKey {
+        QuotedKey(quoted, std::sync::OnceLock::new())
+    }
+
+    fn finder(&self) -> &memchr::memmem::Finder<'static> {
+        self.1.get_or_init(|| memchr::memmem::Finder::new(self.0.as_bytes()))
+    }
+}
+
+/// `"model"`, read from chat-completion and message answers.
+pub(crate) static MODEL_KEY: QuotedKey = QuotedKey::new("\"model\"");
 
 /// An unsigned integer at a JSON pointer.
 pub(crate) fn u(v: &Value, path: &str) -> Option<u64> {
@@ -1039,17 +1057,22 @@ pub mod tests {
 
 #[cfg(test)]
 mod key_tests {
-    use super::key_strings;
+    use super::QuotedKey;
+
+    fn key_strings(body: &[u8], key: &'static str) -> Vec<String> {
+        let key: &'static QuotedKey = Box::leak(Box::new(QuotedKey::new(key)));
+        super::key_strings(body, key).map(|s| s.into_owned()).collect()
+    }
 
     #[test]
     fn key_strings_finds_members_and_never_text_inside_strings() {
         let body = br#"{"model" : "m-1","choices":[{"message":{"content":"say \"model\": \"fake\""},"finish_reason":"stop"},
             {"finish_reason":null},{"finish_reason":"length","model":7}]}"#;
-        assert_eq!(key_strings(body, "\"model\"").collect::<Vec<_>>(), ["m-1"]);
-        assert_eq!(key_strings(body, "\"finish_reason\"").collect::<Vec<_>>(), ["stop", "length"]);
-        assert_eq!(key_strings(br#"{"model":"a\u00e9"}"#, "\"model\"").collect::<Vec<_>>(), ["aé"]);
-        assert_eq!(key_strings(b"not json \"model\":", "\"model\"").count(), 0);
-        assert_eq!(key_strings(br#"{"model":"a\"b"}"#, "\"model\"").collect::<Vec<_>>(), ["a\"b"]);
-        assert_eq!(key_strings(br#"{"model":"unterminated"#, "\"model\"").count(), 0);
+        assert_eq!(key_strings(body, "\"model\""), ["m-1"]);
+        assert_eq!(key_strings(body, "\"finish_reason\""), ["stop", "length"]);
+        assert_eq!(key_strings(br#"{"model":"a\u00e9"}"#, "\"model\""), ["aé"]);
+        assert!(key_strings(b"not json \"model\":", "\"model\"").is_empty());
+        assert_eq!(key_strings(br#"{"model":"a\"b"}"#, "\"model\""), ["a\"b"]);
+        assert!(key_strings(br#"{"model":"unterminated"#, "\"model\"").is_empty());
     }
 }

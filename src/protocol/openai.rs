@@ -83,8 +83,9 @@ pub fn read_chat_answer(v: &Value, a: &mut crate::telemetry::Answer) {
 /// [`read_chat_answer`] of a whole body, found without parsing it (see [`super::key_strings`]):
 /// the first `model` (the top level's comes before any choice) and every `finish_reason`.
 pub fn read_chat_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
-    a.model(super::key_strings(body, "\"model\"").next().as_deref());
-    for reason in super::key_strings(body, "\"finish_reason\"") {
+    static FINISH_REASON: super::QuotedKey = super::QuotedKey::new("\"finish_reason\"");
+    a.model(super::key_strings(body, &super::MODEL_KEY).next().as_deref());
+    for reason in super::key_strings(body, &FINISH_REASON) {
         a.finish_reason(Some(&reason));
     }
 }

@@ -173,7 +173,8 @@ struct Attempt {
     status: Option<u16>,
 }
 
-/// Who an upstream attempt goes to.
+/// Who an upstream attempt goes to: its attributes, encoded once per provider
+/// ([`Upstream::attrs`]) and copied onto each attempt's span.
 pub struct Upstream<'a> {
     /// `gen_ai.provider.name` of its protocol.
     pub gen_ai_provider: &'static str,
@@ -181,6 +182,17 @@ pub struct Upstream<'a> {
     pub name: &'a str,
     pub host: &'a str,
     pub port: u16,
+}
+
+impl Upstream<'_> {
+    pub fn attrs(&self) -> Attrs {
+        let mut attrs = Attrs::default();
+        attrs.add("gen_ai.provider.name", Value::Str(self.gen_ai_provider));
+        attrs.add("server.address", Value::Str(self.host));
+        attrs.add("server.port", Value::Int(i64::from(self.port)));
+        attrs.add("tollgate.provider", Value::Str(self.name));
+        attrs
+    }
 }
 
 /// What the gateway knows of a request when it ends, borrowed for [`Trace::finish`].
@@ -215,7 +227,7 @@ impl Trace {
 
     /// An upstream attempt starts: its span opens, and the `traceparent` it carries names it
     /// (for an unsampled request, the trace and the decision are carried on all the same).
-    pub fn begin_attempt(&mut self, to: &Upstream<'_>, operation: Option<&'static str>, model: &str) {
+    pub fn begin_attempt(&mut self, to: &Attrs, operation: Option<&'static str>, model: &str) {
         self.end_attempt(None);
         let span_id = context::new_span_id();
         self.carried = context::traceparent(&self.trace_id, &span_id, self.sampled);
@@ -224,11 +236,8 @@ impl Trace {
             if let Some(op) = operation {
                 attrs.add("gen_ai.operation.name", Value::Str(op));
             }
-            attrs.add("gen_ai.provider.name", Value::Str(to.gen_ai_provider));
             attrs.add("gen_ai.request.model", Value::Str(model));
-            attrs.add("server.address", Value::Str(to.host));
-            attrs.add("server.port", Value::Int(i64::from(to.port)));
-            attrs.add("tollgate.provider", Value::Str(to.name));
+            attrs.append(to);
             let name = joined(operation.unwrap_or("upstream"), model);
             self.attempt = Some(Attempt { span_id, name, start_ns: self.now_ns(), attrs, status: None });
         }
@@ -414,7 +423,7 @@ mod tests {
             carried: String::new(),
             answer: Some(Answer { model: Some("alpha-5.5-0401".into()), finish_reasons: vec!["stop".into()] }),
         };
-        let to = Upstream { gen_ai_provider: "openai", name: "oa", host: "127.0.0.1", port: 9 };
+        let to = Upstream { gen_ai_provider: "openai", name: "oa", host: "127.0.0.1", port: 9 }.attrs();
         t.begin_attempt(&to, Some("chat"), "alpha-5.5");
         let first = t.traceparent().unwrap().to_string();
         t.attempt_answered(500);
@@ -462,7 +471,7 @@ mod tests {
         let tracer = Tracer::start(&settings, &metrics).unwrap();
         let mut t = tracer.begin(None, None);
         assert!(!t.sampled);
-        t.begin_attempt(&Upstream { gen_ai_provider: "openai", name: "oa", host: "h", port: 1 }, None, "m");
+        t.begin_attempt(&Upstream { gen_ai_provider: "openai", name: "oa", host: "h", port: 1 }.attrs(), None, "m");
         assert!(t.traceparent().unwrap().ends_with("-00"));
         assert!(t.finish(&RequestFacts::default()).iter().all(|s| s.kind == Kind::Server));
         // The client's decision wins over the ratio.
