@@ -1,8 +1,9 @@
 //! Any request body: the fields are read or refused, never a panic; for a valid JSON body
-//! that is read, the include_usage splice gives valid JSON. (serde_json skips the fields
-//! tollgate does not read without checking their strings, so a body that is invalid only
-//! inside such a field is read and relayed, and the upstream refuses it: the first crash this
-//! target found, in the target's first version that asserted on every body.)
+//! that is read, the include_usage splice gives valid JSON. (The scan checks every string's
+//! escapes, control characters and UTF-8, but not whether a `\u` escape is half a surrogate
+//! pair, as serde_json's skip did not: a body invalid only that way is read and relayed, and
+//! the upstream refuses it. In the target's first version, which asserted on every body, such
+//! bodies were the first crash it found.)
 #![no_main]
 use libfuzzer_sys::fuzz_target;
 
