@@ -435,47 +435,47 @@ pub fn body_fields(body: &[u8]) -> Result<BodyFields<'_>, ApiError> {
     }
     let invalid =
         |e: scan::ScanError| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {}.", e.describe(body)));
+    /// Why the body is refused: not JSON, or a member tollgate reads is not as it must be.
+    enum Refusal {
+        Scan(scan::ScanError),
+        Member(ApiError),
+    }
+    impl From<scan::ScanError> for Refusal {
+        fn from(e: scan::ScanError) -> Self {
+            Refusal::Scan(e)
+        }
+    }
     let mut s = scan::Scanner::new(body);
     let mut f = BodyFields::default();
     let mut seen = 0u32;
     s.ws();
-    s.expect(b'{', "expected `{`").map_err(invalid)?;
-    s.ws();
-    if !s.eat(b'}') {
-        loop {
-            let key_at = s.at;
-            let key = s.string().map_err(invalid)?;
-            let member = if key.escaped {
-                let name = key.decoded().ok_or_else(|| invalid(scan::ScanError { at: key_at, what: "lone surrogate in a key" }))?;
-                Member::named(name.as_bytes())
-            } else {
-                Member::named(key.raw)
-            };
-            s.ws();
-            s.expect(b':', "expected `:`").map_err(invalid)?;
-            s.ws();
-            let start = s.at;
-            match member {
-                Some(m) if m.is_content() => s.content(1, &mut f.media),
-                _ => s.value(1),
-            }
-            .map_err(invalid)?;
-            if let Some(m) = member {
-                if seen & m.bit() != 0 {
-                    let name = m.name();
-                    return Err(ApiError::new(ErrorKind::BadRequest, format!("The request body gives '{name}' twice.")).with_param(name));
-                }
-                seen |= m.bit();
-                m.read(&body[start..s.at], &mut f)?;
-            }
-            s.ws();
-            if s.eat(b',') {
-                s.ws();
-                continue;
-            }
-            s.expect(b'}', "expected `,` or `}`").map_err(invalid)?;
-            break;
+    let members = s.object(0, |s, key_at, key, depth| {
+        let member = if key.escaped {
+            let name = key.decoded().ok_or(scan::ScanError { at: key_at, what: "lone surrogate in a key" })?;
+            Member::named(name.as_bytes())
+        } else {
+            Member::named(key.raw)
+        };
+        let start = s.at;
+        match member {
+            Some(m) if m.is_content() => s.content(depth, &mut f.media)?,
+            _ => s.value(depth)?,
         }
+        if let Some(m) = member {
+            if seen & m.bit() != 0 {
+                let name = m.name();
+                let twice = ApiError::new(ErrorKind::BadRequest, format!("The request body gives '{name}' twice.")).with_param(name);
+                return Err(Refusal::Member(twice));
+            }
+            seen |= m.bit();
+            m.read(&body[start..s.at], &mut f).map_err(Refusal::Member)?;
+        }
+        Ok(())
+    });
+    match members {
+        Ok(()) => {}
+        Err(Refusal::Scan(e)) => return Err(invalid(e)),
+        Err(Refusal::Member(e)) => return Err(e),
     }
     if !s.at_end() {
         return Err(invalid(scan::ScanError { at: s.at, what: "trailing characters" }));

@@ -56,7 +56,7 @@ impl Str<'_> {
     }
 }
 
-use super::MediaCount as Media;
+use super::MediaCount;
 
 const IMAGE_TYPES: [&str; 3] = ["image_url", "input_image", "image"];
 const FILE_TYPES: [&str; 3] = ["file", "input_file", "document"];
@@ -76,11 +76,19 @@ enum KeyKind {
 
 impl KeyKind {
     fn of(key: &Str<'_>) -> KeyKind {
-        if key.is_one_of(&["type"]) {
+        // An escaped key is decoded once; one that cannot be decoded is no name.
+        let decoded = if key.escaped { key.decoded() } else { None };
+        let name = match &decoded {
+            Some(text) => text.as_bytes(),
+            None if key.escaped => return KeyKind::Other,
+            None => key.raw,
+        };
+        let is = |names: &[&str]| names.iter().any(|n| n.as_bytes() == name);
+        if is(&["type"]) {
             KeyKind::Type
-        } else if key.is_one_of(&FILE_MEMBERS) {
+        } else if is(&FILE_MEMBERS) {
             KeyKind::File
-        } else if key.is_one_of(&INLINE_MEMBERS) {
+        } else if is(&INLINE_MEMBERS) {
             KeyKind::Inline
         } else {
             KeyKind::Other
@@ -191,51 +199,34 @@ impl<'a> Scanner<'a> {
     }
 
     /// Skip the value that starts here, counting the media parts it names into `media`.
-    pub fn content(&mut self, depth: usize, media: &mut Media) -> Result<(), ScanError> {
+    pub fn content(&mut self, depth: usize, media: &mut MediaCount) -> Result<(), ScanError> {
         self.walk(depth, Some(media))
     }
 
-    fn walk(&mut self, depth: usize, mut media: Option<&mut Media>) -> Result<(), ScanError> {
+    fn walk(&mut self, depth: usize, mut media: Option<&mut MediaCount>) -> Result<(), ScanError> {
         match self.peek() {
             Some(b'"') => self.string().map(drop),
-            Some(b'{') => {
-                let depth = self.open(depth)?;
-                if self.eat(b'}') {
-                    return Ok(());
-                }
-                loop {
-                    // A key serde could not decode (a lone surrogate) matches no name.
-                    let key = self.string()?;
-                    self.ws();
-                    self.expect(b':', "expected `:`")?;
-                    self.ws();
-                    let media = media.as_deref_mut();
-                    let kind = if media.is_some() { KeyKind::of(&key) } else { KeyKind::Other };
-                    match media {
-                        Some(m) if kind == KeyKind::Type && self.peek() == Some(b'"') => {
-                            let name = self.string()?;
-                            if name.is_one_of(&IMAGE_TYPES) {
-                                m.images += 1;
-                            } else if name.is_one_of(&FILE_TYPES) {
-                                m.files += 1;
-                            }
-                        }
-                        Some(m) if kind == KeyKind::File => {
+            Some(b'{') => self.object(depth, |s, _, key, depth| {
+                // A key serde could not decode (a lone surrogate) matches no name.
+                let Some(m) = media.as_deref_mut() else { return s.value(depth) };
+                match KeyKind::of(&key) {
+                    KeyKind::Type if s.peek() == Some(b'"') => {
+                        let name = s.string()?;
+                        if name.is_one_of(&IMAGE_TYPES) {
+                            m.images += 1;
+                        } else if name.is_one_of(&FILE_TYPES) {
                             m.files += 1;
-                            self.value(depth)?;
                         }
-                        Some(_) if kind == KeyKind::Type || kind == KeyKind::Inline => self.value(depth)?,
-                        Some(m) => self.content(depth, m)?,
-                        None => self.value(depth)?,
+                        Ok(())
                     }
-                    self.ws();
-                    if self.eat(b',') {
-                        self.ws();
-                        continue;
+                    KeyKind::File => {
+                        m.files += 1;
+                        s.value(depth)
                     }
-                    return self.expect(b'}', "expected `,` or `}`");
+                    KeyKind::Type | KeyKind::Inline => s.value(depth),
+                    KeyKind::Other => s.content(depth, m),
                 }
-            }
+            }),
             Some(b'[') => {
                 let depth = self.open(depth)?;
                 if self.eat(b']') {
@@ -257,6 +248,37 @@ impl<'a> Scanner<'a> {
             Some(b'-' | b'0'..=b'9') => self.number(),
             Some(_) => Err(self.fail("expected value")),
             None => Err(self.fail("EOF while parsing a value")),
+        }
+    }
+
+    /// The object that starts here (`depth` is the nesting around it): `each` is called at
+    /// every member's value with the position of its key, the key, and the depth inside the
+    /// object, and must consume the value.
+    pub fn object<E: From<ScanError>>(
+        &mut self,
+        depth: usize,
+        mut each: impl FnMut(&mut Self, usize, Str<'a>, usize) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if self.peek() != Some(b'{') {
+            return Err(self.fail("expected `{`").into());
+        }
+        let depth = self.open(depth)?;
+        if self.eat(b'}') {
+            return Ok(());
+        }
+        loop {
+            let key_at = self.at;
+            let key = self.string()?;
+            self.ws();
+            self.expect(b':', "expected `:`")?;
+            self.ws();
+            each(self, key_at, key, depth)?;
+            self.ws();
+            if self.eat(b',') {
+                self.ws();
+                continue;
+            }
+            return Ok(self.expect(b'}', "expected `,` or `}`")?);
         }
     }
 
@@ -404,8 +426,8 @@ mod tests {
         }
     }
 
-    fn media(text: &str) -> Media {
-        let mut m = Media::default();
+    fn media(text: &str) -> MediaCount {
+        let mut m = MediaCount::default();
         let mut s = Scanner::new(text.as_bytes());
         s.content(0, &mut m).expect("json");
         m
@@ -477,17 +499,21 @@ mod tests {
     #[test]
     fn media_parts_are_counted_in_any_protocol() {
         let chat = r#"[{"role":"user","content":[{"type":"text","text":"an image and a file"},{"type":"image_url","image_url":{"url":"https://x/1.png"}},{"type":"file","file":{"file_id":"f1"}}]}]"#;
-        assert_eq!(media(chat), Media { images: 1, files: 1 });
+        assert_eq!(media(chat), MediaCount { images: 1, files: 1 });
         let responses = r#"[{"role":"user","content":[{"type":"input_image","image_url":"u"},{"type":"input_file","file_id":"f"},{"type":"input_image","file_id":"g"}]}]"#;
-        assert_eq!(media(responses), Media { images: 2, files: 1 });
+        assert_eq!(media(responses), MediaCount { images: 2, files: 1 });
         let messages = r#"[{"role":"user","content":[{"type":"image","source":{"type":"url","url":"u"}},{"type":"document","source":{"type":"file","file_id":"d"}}]}]"#;
-        assert_eq!(media(messages), Media { images: 1, files: 2 }, "a document's file source is a file part too, as before");
+        assert_eq!(media(messages), MediaCount { images: 1, files: 2 }, "a document's file source is a file part too, as before");
         let gemini = r#"[{"parts":[{"fileData":{"fileUri":"gs://a","mimeType":"image/png"}},{"file_data":{"file_uri":"b"}},{"inlineData":{"mimeType":"image/png","data":"AAAA","type":"image"}}]}]"#;
-        assert_eq!(media(gemini), Media { images: 0, files: 2 }, "inline data is in the body: not counted, not walked");
-        assert_eq!(media(r#"[{"type":{"type":"image"}}]"#), Media::default(), "a type that is not a string is not walked");
-        assert_eq!(media(r#"[{"typ\u0065":"imag\u0065_url"}]"#), Media { images: 1, files: 0 }, "escapes are read as serde reads them");
-        assert_eq!(media(r#""image_url""#), Media::default());
-        assert_eq!(media(r#"[{"content":"type: image, file, document"}]"#), Media::default(), "words in text are not parts");
+        assert_eq!(media(gemini), MediaCount { images: 0, files: 2 }, "inline data is in the body: not counted, not walked");
+        assert_eq!(media(r#"[{"type":{"type":"image"}}]"#), MediaCount::default(), "a type that is not a string is not walked");
+        assert_eq!(
+            media(r#"[{"typ\u0065":"imag\u0065_url"}]"#),
+            MediaCount { images: 1, files: 0 },
+            "escapes are read as serde reads them"
+        );
+        assert_eq!(media(r#""image_url""#), MediaCount::default());
+        assert_eq!(media(r#"[{"content":"type: image, file, document"}]"#), MediaCount::default(), "words in text are not parts");
     }
 
     /// A JSON text with strings that stress the scan: escapes, quotes, non-ASCII, long runs.
