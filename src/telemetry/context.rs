@@ -61,23 +61,30 @@ fn hex<const N: usize>(text: &[u8]) -> Option<[u8; N]> {
     Some(out)
 }
 
-/// `00-<trace id>-<span id>-<flags>`.
-pub fn traceparent(trace_id: &TraceId, span_id: &SpanId, sampled: bool) -> String {
-    let mut out = String::with_capacity(55);
-    out.push_str("00-");
-    push_hex(&mut out, trace_id);
-    out.push('-');
-    push_hex(&mut out, span_id);
-    out.push_str(if sampled { "-01" } else { "-00" });
-    out
+/// A `traceparent` header's value, written without allocating.
+#[derive(Debug, Clone, Copy)]
+pub struct Traceparent([u8; 55]);
+
+impl Traceparent {
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever written (see `traceparent`).
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
 }
 
-pub fn push_hex(out: &mut String, bytes: &[u8]) {
+/// `00-<trace id>-<span id>-<flags>`.
+pub fn traceparent(trace_id: &TraceId, span_id: &SpanId, sampled: bool) -> Traceparent {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 15)]));
+    let mut out = [b'-'; 55];
+    out[..2].copy_from_slice(b"00");
+    for (i, b) in trace_id.iter().chain(span_id).enumerate() {
+        // The span id's digits come after the dash that follows the trace id's.
+        let at = 3 + 2 * i + usize::from(i >= 16);
+        out[at] = DIGITS[usize::from(b >> 4)];
+        out[at + 1] = DIGITS[usize::from(b & 15)];
     }
+    out[53..].copy_from_slice(if sampled { b"01" } else { b"00" });
+    Traceparent(out)
 }
 
 pub fn new_trace_id() -> TraceId {
@@ -103,7 +110,8 @@ mod tests {
     #[test]
     fn traceparent_is_read_as_the_w3c_spec_writes_it() {
         let p = parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", Some("congo=t61rcWkgMzE")).unwrap();
-        assert_eq!(traceparent(&p.trace_id, &p.span_id, p.sampled), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(traceparent(&p.trace_id, &p.span_id, p.sampled).as_str(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+        assert_eq!(traceparent(&[0xff; 16], &[0x0a; 8], false).as_str(), "00-ffffffffffffffffffffffffffffffff-0a0a0a0a0a0a0a0a-00");
         assert!(p.sampled);
         assert_eq!(p.state.as_deref(), Some("congo=t61rcWkgMzE"));
         let unsampled = parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", None).unwrap();

@@ -2,15 +2,52 @@
 //! finished spans and sends them to the collector over OTLP. The request path only queues: a
 //! full queue drops spans (counted), and a slow or dead collector only ever slows this thread.
 
-use super::{settings::Protocol, settings::Settings, SpanData};
+use super::{otlp, settings::Protocol, settings::Settings};
 use crate::metrics::{Counter, Metrics};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+/// Encoded spans one after another (as `otlp::Spans` writes them), and where each ends.
+#[derive(Default)]
+struct Batch {
+    bytes: Vec<u8>,
+    ends: Vec<usize>,
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        self.ends.len()
+    }
+
+    /// Move the first `n` spans onto the end of `into`.
+    fn move_front(&mut self, n: usize, into: &mut Batch) {
+        if n == 0 {
+            return;
+        }
+        if n == self.len() && into.len() == 0 {
+            // All of them: the buffers change hands (each side keeps the other's capacity).
+            std::mem::swap(self, into);
+            return;
+        }
+        let end = self.ends[n - 1];
+        let base = into.bytes.len();
+        into.bytes.extend_from_slice(&self.bytes[..end]);
+        into.ends.extend(self.ends[..n].iter().map(|e| base + e));
+        self.bytes.drain(..end);
+        self.ends.drain(..n);
+        self.ends.iter_mut().for_each(|e| *e -= end);
+    }
+
+    fn clear(&mut self) {
+        self.bytes.clear();
+        self.ends.clear();
+    }
+}
+
 /// The spans waiting for the exporter thread, shared with the request path.
 #[derive(Default)]
 struct Queue {
-    spans: Vec<SpanData>,
+    spans: Batch,
     /// Flushes asked for (at shutdown): answered once what was queued before is sent.
     flushes: Vec<mpsc::Sender<()>>,
     closed: bool,
@@ -57,18 +94,25 @@ impl Exporter {
         Ok(Exporter { shared, max_queue: settings.max_queue, max_batch: settings.max_export_batch, dropped_full })
     }
 
-    /// Queue a request's spans, or drop them when the queue is full. Never blocks on the
-    /// collector.
-    pub fn submit(&self, spans: Vec<SpanData>) {
-        let n = spans.len();
+    /// Queue a request's spans (encoded, see `otlp::Spans`), or drop them when the queue is
+    /// full. Never blocks on the collector.
+    pub fn submit(&self, spans: &[u8]) {
         let mut q = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
-        if q.spans.len() + n > self.max_queue {
+        let (before, base) = (q.spans.len(), q.spans.bytes.len());
+        q.spans.ends.extend(otlp::span_ends(spans).map(|end| base + end));
+        let n = q.spans.len() - before;
+        if n == 0 {
+            return;
+        }
+        if q.spans.len() > self.max_queue {
+            q.spans.ends.truncate(before);
             drop(q);
             self.dropped_full.add(n as u64);
             return;
         }
-        let before = q.spans.len();
-        q.spans.extend(spans);
+        // Whole spans only (`span_ends` stops at one cut short).
+        let whole = q.spans.ends[q.spans.len() - 1] - base;
+        q.spans.bytes.extend_from_slice(&spans[..whole]);
         let full = before < self.max_batch && q.spans.len() >= self.max_batch;
         drop(q);
         if full {
@@ -102,8 +146,10 @@ fn run(shared: &Shared, sender: Sender, counts: Counts, delay: Duration) {
         }
     };
     let mut due = Instant::now() + delay;
+    // The spans taken from the queue; its buffers go back and forth with the queue's.
+    let mut batch = Batch::default();
     loop {
-        let (mut batch, flushes, closed) = {
+        let (flushes, closed) = {
             let mut q = shared.queue.lock().unwrap_or_else(|p| p.into_inner());
             while q.spans.len() < sender.max_batch && q.flushes.is_empty() && !q.closed {
                 let now = Instant::now();
@@ -113,12 +159,18 @@ fn run(shared: &Shared, sender: Sender, counts: Counts, delay: Duration) {
                 q = shared.wake.wait_timeout(q, due - now).unwrap_or_else(|p| p.into_inner()).0;
             }
             let take = if q.flushes.is_empty() && !q.closed { q.spans.len().min(sender.max_batch) } else { q.spans.len() };
-            let batch: Vec<SpanData> = q.spans.drain(..take).collect();
-            (batch, std::mem::take(&mut q.flushes), q.closed)
+            q.spans.move_front(take, &mut batch);
+            (std::mem::take(&mut q.flushes), q.closed)
         };
-        while !batch.is_empty() {
-            runtime.block_on(export(&sender, &counts, &mut batch));
+        // At most a batch's worth of spans per export.
+        let (mut sent, mut from) = (0, 0);
+        while sent < batch.len() {
+            let upto = (sent + sender.max_batch).min(batch.len());
+            let end = batch.ends[upto - 1];
+            runtime.block_on(export(&sender, &counts, &batch.bytes[from..end], upto - sent));
+            (sent, from) = (upto, end);
         }
+        batch.clear();
         for done in flushes {
             let _ = done.send(());
         }
@@ -131,14 +183,9 @@ fn run(shared: &Shared, sender: Sender, counts: Counts, delay: Duration) {
     }
 }
 
-/// Send up to one batch's worth of `batch` (what is sent or given up on leaves it).
-async fn export(sender: &Sender, counts: &Counts, batch: &mut Vec<SpanData>) {
-    if batch.is_empty() {
-        return;
-    }
-    let n = batch.len().min(sender.max_batch);
-    let spans: Vec<SpanData> = batch.drain(..n).collect();
-    let body = super::otlp::export_request(&sender.resource, crate::VERSION, &spans);
+/// Send `n` spans (`spans`, encoded).
+async fn export(sender: &Sender, counts: &Counts, spans: &[u8], n: usize) {
+    let body = otlp::export_request(&sender.resource, crate::VERSION, spans);
     match sender.send(body).await {
         Ok(()) => counts.exported.add(n as u64),
         Err(e) => {
@@ -264,4 +311,69 @@ impl Sender {
 
 fn grpc_status(headers: &http::HeaderMap) -> Option<u32> {
     headers.get("grpc-status")?.to_str().ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::telemetry::{Kind, Value};
+
+    /// `n` spans of a request, encoded, each named by its number.
+    fn request(n: usize) -> otlp::Spans {
+        let mut spans = otlp::Spans::default();
+        for i in 0..n {
+            let number = i.to_string();
+            spans.open(&otlp::Opening {
+                trace_id: &[1; 16],
+                span_id: &[2; 8],
+                parent: None,
+                remote_parent: false,
+                state: None,
+                name: ["span", &number],
+                kind: Kind::Server,
+                start_ns: 1,
+            });
+            spans.add("i", Value::Int(i as i64));
+            spans.close(2, None);
+        }
+        spans
+    }
+
+    fn names(bytes: &[u8]) -> Vec<String> {
+        otlp::decode::spans(bytes).into_iter().map(|s| s.name).collect()
+    }
+
+    #[test]
+    fn the_queue_keeps_whole_spans_in_order_and_drops_what_does_not_fit() {
+        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
+        let dropped = Arc::new(Counter::default());
+        let exporter = Exporter { shared: shared.clone(), max_queue: 5, max_batch: 2, dropped_full: dropped.clone() };
+        exporter.submit(request(2).bytes());
+        exporter.submit(request(0).bytes());
+        exporter.submit(request(3).bytes());
+        // A request's spans are kept or dropped together.
+        exporter.submit(request(1).bytes());
+        assert_eq!(dropped.get(), 1);
+        let mut q = shared.queue.lock().unwrap();
+        assert_eq!(q.spans.len(), 5);
+        assert_eq!(names(&q.spans.bytes), ["span 0", "span 1", "span 0", "span 1", "span 2"]);
+        // Taken a batch at a time: the first spans move, the rest stay whole.
+        let mut batch = Batch::default();
+        q.spans.move_front(2, &mut batch);
+        assert_eq!((batch.len(), names(&batch.bytes)), (2, vec!["span 0".to_string(), "span 1".to_string()]));
+        assert_eq!(batch.ends.last().copied(), Some(batch.bytes.len()));
+        assert_eq!(names(&q.spans.bytes), ["span 0", "span 1", "span 2"]);
+        assert_eq!(q.spans.ends.last().copied(), Some(q.spans.bytes.len()));
+        q.spans.move_front(3, &mut batch);
+        assert_eq!(names(&batch.bytes), ["span 0", "span 1", "span 0", "span 1", "span 2"]);
+        assert_eq!(batch.ends.iter().map(|end| names(&batch.bytes[..*end]).len()).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        assert_eq!((q.spans.len(), q.spans.bytes.len()), (0, 0));
+        // All of them into an empty batch: the buffers change hands.
+        batch.clear();
+        drop(q);
+        exporter.submit(request(2).bytes());
+        let mut q = shared.queue.lock().unwrap();
+        q.spans.move_front(2, &mut batch);
+        assert_eq!((names(&batch.bytes), q.spans.len()), (vec!["span 0".to_string(), "span 1".to_string()], 0));
+    }
 }

@@ -18,31 +18,13 @@ use context::{SpanId, TraceId};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use otlp::{Attrs, Value};
+use otlp::{Opening, Spans};
 pub use settings::Settings;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
     Server,
     Client,
-}
-
-/// A finished span, ready for export.
-#[derive(Debug, Clone)]
-pub struct SpanData {
-    pub trace_id: TraceId,
-    pub span_id: SpanId,
-    pub parent: Option<SpanId>,
-    /// The parent is the client's span (another process).
-    pub remote_parent: bool,
-    pub state: Option<String>,
-    pub name: String,
-    pub kind: Kind,
-    pub start_ns: u64,
-    pub end_ns: u64,
-    /// Its attributes, encoded as they were added (see [`Attrs`]).
-    pub attrs: Attrs,
-    /// Status ERROR with this description; None leaves the status unset.
-    pub error: Option<String>,
 }
 
 /// Traces on: the sampler and the exporter.
@@ -90,17 +72,17 @@ impl Tracer {
             sampled,
             start_ns: unix_ns(),
             start: Instant::now(),
-            spans: Vec::new(),
+            spans: Spans::default(),
             attempt: None,
             answer: None,
-            carried: String::new(),
+            carried: None,
         }
     }
 
     /// The request ended: its spans go to the exporter (when it was sampled).
     pub fn finish(&self, trace: Trace, facts: &RequestFacts<'_>) {
         if trace.sampled {
-            self.exporter.submit(trace.finish(facts));
+            self.exporter.submit(trace.finish(facts).bytes());
         }
     }
 
@@ -154,22 +136,19 @@ pub struct Trace {
     pub sampled: bool,
     start_ns: u64,
     start: Instant,
-    /// Upstream attempts that ended (failed or retried).
-    spans: Vec<SpanData>,
+    /// The spans written so far (a sampled request's): the upstream attempts that ended, then
+    /// the one under way, open.
+    spans: Spans,
     /// The upstream attempt under way, or the one that answered (ended with the request).
     attempt: Option<Attempt>,
     /// What the answer said of itself (see [`Answer`]).
     pub answer: Option<Answer>,
     /// The `traceparent` of the latest upstream attempt.
-    carried: String,
+    carried: Option<context::Traceparent>,
 }
 
-/// An upstream attempt's client span, open.
+/// An upstream attempt's client span, open (last in [`Trace::spans`]).
 struct Attempt {
-    span_id: SpanId,
-    name: String,
-    start_ns: u64,
-    attrs: Attrs,
     status: Option<u16>,
 }
 
@@ -230,22 +209,31 @@ impl Trace {
     pub fn begin_attempt(&mut self, to: &Attrs, operation: Option<&'static str>, model: &str) {
         self.end_attempt(None);
         let span_id = context::new_span_id();
-        self.carried = context::traceparent(&self.trace_id, &span_id, self.sampled);
+        self.carried = Some(context::traceparent(&self.trace_id, &span_id, self.sampled));
         if self.sampled {
-            let mut attrs = Attrs::default();
+            let start_ns = self.now_ns();
+            self.spans.open(&Opening {
+                trace_id: &self.trace_id,
+                span_id: &span_id,
+                parent: Some(&self.server_span),
+                remote_parent: false,
+                state: self.state.as_deref(),
+                name: [operation.unwrap_or("upstream"), model],
+                kind: Kind::Client,
+                start_ns,
+            });
             if let Some(op) = operation {
-                attrs.add("gen_ai.operation.name", Value::Str(op));
+                self.spans.add("gen_ai.operation.name", Value::Str(op));
             }
-            attrs.add("gen_ai.request.model", Value::Str(model));
-            attrs.append(to);
-            let name = joined(operation.unwrap_or("upstream"), model);
-            self.attempt = Some(Attempt { span_id, name, start_ns: self.now_ns(), attrs, status: None });
+            self.spans.add("gen_ai.request.model", Value::Str(model));
+            self.spans.append(to);
+            self.attempt = Some(Attempt { status: None });
         }
     }
 
     /// The `traceparent` the upstream attempt under way carries (see [`Self::begin_attempt`]).
     pub fn traceparent(&self) -> Option<&str> {
-        Some(self.carried.as_str()).filter(|c| !c.is_empty())
+        self.carried.as_ref().map(context::Traceparent::as_str)
     }
 
     /// The `tracestate` carried upstream: the client's, unchanged.
@@ -263,91 +251,85 @@ impl Trace {
     /// The attempt under way ended without the answer the client gets: failed before a header
     /// (`error`, the failure's kind) or answered with a status that is retried.
     pub fn end_attempt(&mut self, error: Option<&str>) {
-        let Some(mut a) = self.attempt.take() else { return };
+        let Some(a) = self.attempt.take() else { return };
         let end_ns = self.now_ns();
+        let status_text;
         let error = match (error, a.status) {
-            (Some(kind), _) => Some(kind.to_string()),
-            (None, Some(status)) if status >= 400 => Some(status.to_string()),
+            (Some(kind), _) => Some(kind),
+            (None, Some(status)) if status >= 400 => {
+                status_text = status.to_string();
+                Some(status_text.as_str())
+            }
             _ => None,
         };
         if let Some(status) = a.status {
-            a.attrs.add("http.response.status_code", Value::Int(i64::from(status)));
+            self.spans.add("http.response.status_code", Value::Int(i64::from(status)));
         }
-        if let Some(kind) = &error {
-            a.attrs.add("error.type", Value::Str(kind));
+        if let Some(kind) = error {
+            self.spans.add("error.type", Value::Str(kind));
         }
-        self.spans.push(SpanData {
-            trace_id: self.trace_id,
-            span_id: a.span_id,
-            parent: Some(self.server_span),
-            remote_parent: false,
-            state: self.state.clone(),
-            name: a.name,
-            kind: Kind::Client,
-            start_ns: a.start_ns,
-            end_ns,
-            attrs: a.attrs,
-            error,
-        });
+        self.spans.close(end_ns, error);
     }
 
-    /// The request ended: the server span, and the attempt that answered closed with what the
-    /// answer carried.
-    pub fn finish(mut self, facts: &RequestFacts<'_>) -> Vec<SpanData> {
+    /// The request ended: the attempt that answered closes with what the answer carried, then
+    /// the server span is written. Gives every span of the request, encoded.
+    pub fn finish(mut self, facts: &RequestFacts<'_>) -> Spans {
         let answer = self.answer.take().unwrap_or_default();
-        // What the answer carried goes on the attempt that answered and on the request.
-        let mut common = Attrs::default();
-        if let Some(m) = &answer.model {
-            common.add("gen_ai.response.model", Value::Str(m));
-        }
-        if !answer.finish_reasons.is_empty() {
-            common.add("gen_ai.response.finish_reasons", Value::Strs(&answer.finish_reasons));
-        }
-        if let Some(u) = facts.usage {
-            common.add("gen_ai.usage.input_tokens", Value::Int(u.input_total() as i64));
-            common.add("gen_ai.usage.output_tokens", Value::Int(u.output as i64));
-            // Cache counts only when there were any (most answers have none).
-            if u.cached > 0 {
-                common.add("gen_ai.usage.cache_read.input_tokens", Value::Int(u.cached as i64));
-            }
-            if u.cache_write > 0 {
-                common.add("gen_ai.usage.cache_creation.input_tokens", Value::Int(u.cache_write as i64));
-            }
-        }
-        if let Some(a) = self.attempt.as_mut() {
-            a.attrs.append(&common);
-        }
+        // What the answer carried goes on the attempt that answered and on the request: written
+        // once, onto the attempt, and copied.
+        let on_attempt = self.attempt.is_some().then(|| {
+            let from = self.spans.mark();
+            answered(&mut self.spans, &answer, facts.usage);
+            from..self.spans.mark()
+        });
         self.end_attempt(None);
-        let mut attrs = Attrs::default();
-        attrs.add("http.request.method", Value::Str(facts.method));
-        attrs.add("http.route", Value::Str(facts.route));
-        attrs.add("http.response.status_code", Value::Int(i64::from(facts.status)));
+        let name = match (facts.operation, facts.model) {
+            (Some(op), Some(model)) => [op, model],
+            _ => [facts.method, facts.route],
+        };
+        let spans = &mut self.spans;
+        spans.open(&Opening {
+            trace_id: &self.trace_id,
+            span_id: &self.server_span,
+            parent: self.parent.as_ref(),
+            remote_parent: self.parent.is_some(),
+            state: self.state.as_deref(),
+            name,
+            kind: Kind::Server,
+            start_ns: self.start_ns,
+        });
+        spans.add("http.request.method", Value::Str(facts.method));
+        spans.add("http.route", Value::Str(facts.route));
+        spans.add("http.response.status_code", Value::Int(i64::from(facts.status)));
         if let Some(op) = facts.operation {
-            attrs.add("gen_ai.operation.name", Value::Str(op));
+            spans.add("gen_ai.operation.name", Value::Str(op));
         }
         if let Some(p) = facts.provider {
-            attrs.add("gen_ai.provider.name", Value::Str(p));
+            spans.add("gen_ai.provider.name", Value::Str(p));
         }
         if let Some(m) = facts.model {
-            attrs.add("gen_ai.request.model", Value::Str(m));
+            spans.add("gen_ai.request.model", Value::Str(m));
         }
-        attrs.append(&common);
+        match on_attempt {
+            Some(written) => spans.copy(written),
+            None => answered(spans, &answer, facts.usage),
+        }
         if let Some(name) = facts.key_name {
-            attrs.add("tollgate.key.name", Value::Str(name));
+            spans.add("tollgate.key.name", Value::Str(name));
         }
         if let Some(tags) = facts.tags.filter(|t| !t.is_empty()) {
             let tags: Vec<String> = tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
-            attrs.add("tollgate.key.tags", Value::Strs(&tags));
+            spans.add("tollgate.key.tags", Value::Strs(&tags));
         }
         if let Some(cost) = facts.cost_nanos {
-            attrs.add("tollgate.cost_usd", Value::Double(cost as f64 / 1e9));
-            attrs.add("tollgate.estimated", Value::Bool(facts.estimated));
+            spans.add("tollgate.cost_usd", Value::Double(cost as f64 / 1e9));
+            spans.add("tollgate.estimated", Value::Bool(facts.estimated));
         }
         if let Some(first) = facts.first_byte {
-            attrs.add("tollgate.time_to_first_byte_ms", Value::Double(first.as_secs_f64() * 1000.0));
+            spans.add("tollgate.time_to_first_byte_ms", Value::Double(first.as_secs_f64() * 1000.0));
         }
         if let Some(id) = facts.request_id {
-            attrs.add("tollgate.request_id", Value::Str(id));
+            spans.add("tollgate.request_id", Value::Str(id));
         }
         let error_type = match (facts.refusal, facts.status) {
             (Some(code), _) => Some(code.to_string()),
@@ -355,32 +337,37 @@ impl Trace {
             _ => None,
         };
         if let Some(code) = facts.refusal {
-            attrs.add("tollgate.refusal", Value::Str(code));
+            spans.add("tollgate.refusal", Value::Str(code));
         }
         if let Some(kind) = &error_type {
-            attrs.add("error.type", Value::Str(kind));
+            spans.add("error.type", Value::Str(kind));
         }
-        let name = match (facts.operation, facts.model) {
-            (Some(op), Some(model)) => joined(op, model),
-            _ => joined(facts.method, facts.route),
-        };
-        let end_ns = self.now_ns();
-        let mut spans = std::mem::take(&mut self.spans);
-        spans.push(SpanData {
-            trace_id: self.trace_id,
-            span_id: self.server_span,
-            parent: self.parent,
-            remote_parent: self.parent.is_some(),
-            state: self.state,
-            name,
-            kind: Kind::Server,
-            start_ns: self.start_ns,
-            end_ns,
-            attrs,
-            // A server span is in error for the server's failures, not the client's (4xx).
-            error: (facts.status >= 500 || facts.status == 0).then(|| error_type.unwrap_or_default()),
-        });
-        spans
+        let end_ns = self.start_ns + self.start.elapsed().as_nanos() as u64;
+        // A server span is in error for the server's failures, not the client's (4xx).
+        let error = (facts.status >= 500 || facts.status == 0).then(|| error_type.as_deref().unwrap_or_default());
+        spans.close(end_ns, error);
+        self.spans
+    }
+}
+
+/// What the answer said of itself and the tokens it was billed for, as attributes.
+fn answered(spans: &mut Spans, answer: &Answer, usage: Option<crate::meter::Usage>) {
+    if let Some(m) = &answer.model {
+        spans.add("gen_ai.response.model", Value::Str(m));
+    }
+    if !answer.finish_reasons.is_empty() {
+        spans.add("gen_ai.response.finish_reasons", Value::Strs(&answer.finish_reasons));
+    }
+    if let Some(u) = usage {
+        spans.add("gen_ai.usage.input_tokens", Value::Int(u.input_total() as i64));
+        spans.add("gen_ai.usage.output_tokens", Value::Int(u.output as i64));
+        // Cache counts only when there were any (most answers have none).
+        if u.cached > 0 {
+            spans.add("gen_ai.usage.cache_read.input_tokens", Value::Int(u.cached as i64));
+        }
+        if u.cache_write > 0 {
+            spans.add("gen_ai.usage.cache_creation.input_tokens", Value::Int(u.cache_write as i64));
+        }
     }
 }
 
@@ -391,21 +378,12 @@ pub fn method_name(method: &http::Method) -> &'static str {
     KNOWN.into_iter().find(|m| *m == method.as_str()).unwrap_or("_OTHER")
 }
 
-/// `a b` (a span name), without the formatting machinery: it is made twice per traced request.
-fn joined(a: &str, b: &str) -> String {
-    let mut out = String::with_capacity(a.len() + 1 + b.len());
-    out.push_str(a);
-    out.push(' ');
-    out.push_str(b);
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn attr(s: &SpanData, key: &str) -> Option<otlp::Decoded> {
-        s.attrs.get(key)
+    fn attr(s: &otlp::decode::Span, key: &str) -> Option<otlp::Decoded> {
+        s.attrs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
     }
 
     #[test]
@@ -418,9 +396,9 @@ mod tests {
             sampled: true,
             start_ns: 1_000,
             start: Instant::now(),
-            spans: Vec::new(),
+            spans: Spans::default(),
             attempt: None,
-            carried: String::new(),
+            carried: None,
             answer: Some(Answer { model: Some("alpha-5.5-0401".into()), finish_reasons: vec!["stop".into()] }),
         };
         let to = Upstream { gen_ai_provider: "openai", name: "oa", host: "127.0.0.1", port: 9 }.attrs();
@@ -445,22 +423,64 @@ mod tests {
             cost_nanos: Some(1500),
             ..Default::default()
         };
-        let spans = t.finish(&facts);
+        let spans = otlp::decode::spans(t.finish(&facts).bytes());
         assert_eq!(spans.len(), 3);
         let (retried, answered, server) = (&spans[0], &spans[1], &spans[2]);
-        assert_eq!((server.kind, server.parent, server.remote_parent), (Kind::Server, Some([9; 8]), true));
+        // Server 2, client 3; flags: sampled, and whether the parent is remote (0x100), and it is (0x200).
+        assert_eq!((server.kind, server.parent.as_deref(), server.flags), (2, Some(&[9u8; 8][..]), 0x301));
+        assert_eq!((server.name.as_str(), server.start_ns, server.state.as_deref()), ("chat alpha-5.5", 1_000, Some("k=v")));
+        assert!(server.end_ns >= server.start_ns);
         for client in [retried, answered] {
-            assert_eq!((client.kind, client.parent, client.name.as_str()), (Kind::Client, Some([1; 8]), "chat alpha-5.5"));
+            assert_eq!((client.kind, client.parent.as_deref(), client.name.as_str()), (3, Some(&[1u8; 8][..]), "chat alpha-5.5"));
+            assert_eq!((client.trace_id.as_slice(), client.flags, client.state.as_deref()), (&[7u8; 16][..], 0x101, Some("k=v")));
+            assert_eq!(attr(client, "gen_ai.provider.name"), Some(otlp::Decoded::Str("openai".into())));
+            assert_eq!(attr(client, "server.port"), Some(otlp::Decoded::Int(9)));
         }
+        assert_ne!(retried.span_id, answered.span_id);
+        assert!(first.contains(&retried.span_id.iter().map(|b| format!("{b:02x}")).collect::<String>()));
         assert_eq!(attr(retried, "error.type"), Some(otlp::Decoded::Str("500".into())));
+        assert_eq!(retried.status, Some(("500".into(), 2)));
+        assert_eq!(attr(retried, "gen_ai.usage.input_tokens"), None);
         assert_eq!(attr(answered, "error.type"), None);
+        assert_eq!(attr(answered, "http.response.status_code"), Some(otlp::Decoded::Int(200)));
         assert_eq!(attr(answered, "gen_ai.usage.input_tokens"), Some(otlp::Decoded::Int(12)));
         assert_eq!(attr(answered, "gen_ai.usage.cache_read.input_tokens"), Some(otlp::Decoded::Int(2)));
         assert_eq!(attr(answered, "gen_ai.response.finish_reasons"), Some(otlp::Decoded::Strs(vec!["stop".into()])));
+        // What the answer carried is on the server span too, once.
+        for key in ["gen_ai.response.model", "gen_ai.usage.input_tokens", "gen_ai.usage.output_tokens", "gen_ai.response.finish_reasons"] {
+            assert_eq!(server.attrs.iter().filter(|(k, _)| k == key).count(), 1, "{key}");
+            assert_eq!(attr(server, key), attr(answered, key), "{key}");
+        }
         assert_eq!(attr(server, "gen_ai.response.model"), Some(otlp::Decoded::Str("alpha-5.5-0401".into())));
         assert_eq!(attr(server, "tollgate.cost_usd"), Some(otlp::Decoded::Double(1.5e-6)));
         assert_eq!(attr(server, "tollgate.estimated"), Some(otlp::Decoded::Bool(false)));
-        assert_eq!(server.error, None);
+        assert_eq!(attr(server, "tollgate.key.name"), Some(otlp::Decoded::Str("team-a".into())));
+        assert_eq!(server.status, None);
+    }
+
+    #[test]
+    fn a_request_without_an_upstream_attempt_has_its_server_span_alone() {
+        let t = Trace {
+            trace_id: [3; 16],
+            server_span: [4; 8],
+            parent: None,
+            state: None,
+            sampled: true,
+            start_ns: 5,
+            start: Instant::now(),
+            spans: Spans::default(),
+            attempt: None,
+            carried: None,
+            answer: None,
+        };
+        let facts =
+            RequestFacts { method: "POST", route: "chat_completions", status: 502, refusal: Some("no_upstream"), ..Default::default() };
+        let spans = otlp::decode::spans(t.finish(&facts).bytes());
+        assert_eq!(spans.len(), 1);
+        let server = &spans[0];
+        assert_eq!((server.kind, server.parent.as_ref(), server.flags, server.name.as_str()), (2, None, 0x101, "POST chat_completions"));
+        assert_eq!(attr(server, "tollgate.refusal"), Some(otlp::Decoded::Str("no_upstream".into())));
+        assert_eq!(server.status, Some(("no_upstream".into(), 2)));
     }
 
     #[test]
@@ -473,7 +493,7 @@ mod tests {
         assert!(!t.sampled);
         t.begin_attempt(&Upstream { gen_ai_provider: "openai", name: "oa", host: "h", port: 1 }.attrs(), None, "m");
         assert!(t.traceparent().unwrap().ends_with("-00"));
-        assert!(t.finish(&RequestFacts::default()).iter().all(|s| s.kind == Kind::Server));
+        assert!(otlp::decode::spans(t.finish(&RequestFacts::default()).bytes()).iter().all(|s| s.kind == 2));
         // The client's decision wins over the ratio.
         let continued = tracer.begin(Some("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), None);
         assert!(continued.sampled);
