@@ -7,16 +7,6 @@ use pingora_core::server::configuration::Opt;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's options, read when it starts (its `malloc_conf`; `_RJEM_MALLOC_CONF` in the
-/// environment still overrides them). `tcache_max`: blocks up to 128 KiB are kept in each
-/// thread's cache, among them the 64 KiB buffer Pingora allocates for every request body it
-/// reads. Past jemalloc's default (32 KiB) each of those went to the shared arena, 2.9 K
-/// instructions per small request (callgrind, BENCHMARKS.md); a thread's cache holds at most
-/// 20 blocks of a size.
-#[cfg(feature = "jemalloc")]
-#[export_name = "_rjem_malloc_conf"]
-static MALLOC_CONF: &u8 = &b"tcache_max:131072\0"[0];
-
 #[cfg(all(feature = "mimalloc", not(feature = "jemalloc")))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -107,18 +107,6 @@ fn version_and_help_are_tollgates_own() {
     assert!(String::from_utf8_lossy(&mock.stdout).starts_with("tollgate-mock "), "{mock:?}");
 }
 
-/// Issue 25: the shipped binary's allocator keeps blocks up to 128 KiB in each thread's cache
-/// (`main.rs`, `MALLOC_CONF`), where every request body's 64 KiB read buffer comes from; the
-/// environment still adds to the compiled-in options.
-#[cfg(feature = "jemalloc")]
-#[test]
-fn the_allocator_caches_a_request_bodys_read_buffer_per_thread() {
-    let (code, out) = run_tollgate(&["--version"], &[("_RJEM_MALLOC_CONF", "stats_print:true")]);
-    assert_eq!(code, 0, "{out}");
-    let option = |name: &str| out.lines().find_map(|l| l.trim().strip_prefix(name)?.strip_prefix(": ")?.parse::<u64>().ok());
-    assert_eq!(option("opt.tcache_max"), Some(131_072), "{out}");
-}
-
 /// Issue 27: a base URL written with the protocol's version segment, as the `openai` SDK and
 /// other gateways write it, would reach the upstream as `/v1/v1/…`: `-t` refuses it and says
 /// what to write.
