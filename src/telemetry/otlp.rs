@@ -221,38 +221,6 @@ fn any_value(pb: &mut Pb, value: Value<'_>) {
     }
 }
 
-/// The few bytes of tags and lengths between two strings, gathered to be appended at once.
-#[derive(Default)]
-struct Head {
-    buf: [u8; 32],
-    len: usize,
-}
-
-impl Head {
-    fn byte(&mut self, b: u8) {
-        self.buf[self.len] = b;
-        self.len += 1;
-    }
-
-    fn varint(&mut self, mut v: u64) {
-        while v >= 0x80 {
-            self.byte((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.byte(v as u8);
-    }
-
-    /// An AnyValue's `string_value` tag and length.
-    fn string_start(&mut self, len: usize) {
-        self.byte(0x0a);
-        self.varint(len as u64);
-    }
-
-    fn bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
 /// Bytes of `v` as a varint.
 fn varint_len(v: u64) -> usize {
     (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
@@ -264,8 +232,7 @@ struct Pb(Vec<u8>);
 
 impl Pb {
     /// A KeyValue (key = 1, value = 2; AnyValue: string 1, bool 2, int 3, double 4, array 5)
-    /// as field `field`. Its lengths are known before it is written for every value but an
-    /// array (the attributes are most of a span's bytes).
+    /// as field `field` (the attributes are most of a span's bytes).
     ///
     /// Inlined where it is called: there the key (a constant) is copied by a few moves, and
     /// when every length fits in one byte, as for almost every attribute, the tags and lengths
@@ -305,56 +272,14 @@ impl Pb {
         }
     }
 
-    /// [`Self::key_value`] with lengths of any size, and lists.
+    /// [`Self::key_value`] with lengths of any size, and lists: written nested, its lengths
+    /// fixed after (rare: a long key or value, or a list).
     #[inline(never)]
     fn key_value_any(&mut self, field: u32, key: &str, value: Value<'_>) {
-        let any_len = match value {
-            Value::Str(text) => 1 + varint_len(text.len() as u64) + text.len(),
-            Value::Bool(_) => 2,
-            Value::Int(i) => 1 + varint_len(i as u64),
-            Value::Double(_) => 9,
-            Value::Strs(_) => {
-                self.message(field, |pb| {
-                    pb.string(1, key);
-                    pb.message(2, |pb| any_value(pb, value));
-                });
-                return;
-            }
-        };
-        let kv_len = 1 + varint_len(key.len() as u64) + key.len() + 1 + varint_len(any_len as u64) + any_len;
-        self.0.reserve(kv_len + 6);
-        // The bytes around the key and the value go in whole: field tag and length, the key's
-        // tag and length; then the value's tag and length and the AnyValue's tag.
-        let mut head = Head::default();
-        head.varint(u64::from(field) << 3 | 2);
-        head.varint(kv_len as u64);
-        head.byte(0x0a);
-        head.varint(key.len() as u64);
-        self.0.extend_from_slice(head.bytes());
-        self.0.extend_from_slice(key.as_bytes());
-        let mut head = Head::default();
-        head.byte(0x12);
-        head.varint(any_len as u64);
-        match value {
-            Value::Str(text) => head.string_start(text.len()),
-            Value::Bool(b) => {
-                head.byte(0x10);
-                head.byte(u8::from(b));
-            }
-            Value::Int(i) => {
-                head.byte(0x18);
-                head.varint(i as u64);
-            }
-            Value::Double(d) => {
-                head.byte(0x21);
-                d.to_le_bytes().into_iter().for_each(|b| head.byte(b));
-            }
-            Value::Strs(_) => {}
-        }
-        self.0.extend_from_slice(head.bytes());
-        if let Value::Str(text) = value {
-            self.0.extend_from_slice(text.as_bytes());
-        }
+        self.message(field, |pb| {
+            pb.string(1, key);
+            pb.message(2, |pb| any_value(pb, value));
+        });
     }
 
     fn varint(&mut self, mut v: u64) {
@@ -417,13 +342,12 @@ impl Pb {
             }
             _ => {}
         }
-        let mut prefix = Head::default();
+        let mut prefix = Pb(Vec::with_capacity(10));
         prefix.varint(len as u64);
-        let prefix = prefix.bytes();
-        if prefix.len() == kept {
-            self.0[at..at + kept].copy_from_slice(prefix);
+        if prefix.0.len() == kept {
+            self.0[at..at + kept].copy_from_slice(&prefix.0);
         } else {
-            self.0.splice(at..at + kept, prefix.iter().copied());
+            self.0.splice(at..at + kept, prefix.0);
         }
     }
 }
@@ -655,7 +579,7 @@ pub mod decode {
                         6 => s.kind = v,
                         7 => s.start_ns = v,
                         8 => s.end_ns = v,
-                        9 => s.attrs.extend(attributes(&b_field(n, b))),
+                        9 => s.attrs.push(key_value(b)),
                         15 => {
                             let (mut message, mut code) = (String::new(), 0);
                             for (n, v, b) in fields(b) {
@@ -676,21 +600,14 @@ pub mod decode {
             .collect()
     }
 
-    /// One field again, tag and length first (to read it as a list of one).
-    fn b_field(n: u64, b: &[u8]) -> Vec<u8> {
-        let mut out = super::Pb::default();
-        out.bytes(n as u32, b);
-        out.0
+    /// A KeyValue's key and value.
+    fn key_value(kv: &[u8]) -> (String, Decoded) {
+        let parts = fields(kv);
+        (text(parts[0].2), any(parts[1].2))
     }
 
     /// The (key, value) of each KeyValue field.
     pub fn attributes(buf: &[u8]) -> Vec<(String, Decoded)> {
-        fields(buf)
-            .into_iter()
-            .map(|(_, _, kv)| {
-                let parts = fields(kv);
-                (text(parts[0].2), any(parts[1].2))
-            })
-            .collect()
+        fields(buf).into_iter().map(|(_, _, kv)| key_value(kv)).collect()
     }
 }
