@@ -300,15 +300,30 @@ impl From<::sled::Error> for StoreError {
 /// process of an upgrade releases it so the new one can open it (sled holds an exclusive file
 /// lock). Modules reach their trees through it per operation and never keep a tree.
 #[derive(Clone)]
-pub struct DbSlot(Arc<ArcSwapOption<::sled::Db>>);
+pub struct DbSlot {
+    db: Arc<ArcSwapOption<::sled::Db>>,
+    /// The data directory's commit journal, until the commit writer takes it.
+    journal: Arc<std::sync::Mutex<Option<crate::commit::journal::Journal>>>,
+}
 
 impl DbSlot {
+    /// A database without a commit journal: its commit writer flushes sled for every batch.
     pub fn new(db: ::sled::Db) -> Self {
-        DbSlot(Arc::new(ArcSwapOption::from_pointee(db)))
+        DbSlot { db: Arc::new(ArcSwapOption::from_pointee(db)), journal: Arc::default() }
+    }
+
+    /// A database whose commit writer makes batches durable through `journal`.
+    pub fn with_journal(db: ::sled::Db, journal: crate::commit::journal::Journal) -> Self {
+        DbSlot { db: Arc::new(ArcSwapOption::from_pointee(db)), journal: Arc::new(std::sync::Mutex::new(Some(journal))) }
+    }
+
+    /// The commit journal, for the one commit writer of this database (later callers get none).
+    pub fn take_journal(&self) -> Option<crate::commit::journal::Journal> {
+        self.journal.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     pub fn db(&self) -> Result<::sled::Db, StoreError> {
-        self.0.load_full().map(|db| (*db).clone()).ok_or(StoreError::Released)
+        self.db.load_full().map(|db| (*db).clone()).ok_or(StoreError::Released)
     }
 
     pub fn tree(&self, name: &str) -> Result<::sled::Tree, StoreError> {
@@ -318,11 +333,11 @@ impl DbSlot {
     /// Let go of the database: once operations in progress finish, sled closes and its lock
     /// is free. Later operations answer `StoreError::Released`.
     pub fn release(&self) {
-        self.0.store(None);
+        self.db.store(None);
     }
 
     pub fn is_released(&self) -> bool {
-        self.0.load().is_none()
+        self.db.load().is_none()
     }
 }
 

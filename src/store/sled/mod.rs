@@ -100,7 +100,8 @@ impl SledDb {
     pub fn open(dir: &Path) -> Result<SledDb, StoreError> {
         make_private(dir).map_err(|e| StoreError::Db(sled::Error::Io(e)))?;
         let db = sled::Config::new().path(dir).open()?;
-        Ok(SledDb { slot: DbSlot::new(db) })
+        let (journal, _) = crate::commit::journal::Journal::open(dir, &db)?;
+        Ok(SledDb { slot: DbSlot::with_journal(db, journal) })
     }
 
     /// Open, retrying while another process (the one being upgraded away) holds the lock.
