@@ -124,8 +124,11 @@ def test_a_key_made_in_the_console_serves_the_sdk_until_it_is_disabled(gateway, 
     submit(browser, form.find_element(By.CSS_SELECTOR, "button[type=submit]"), "Key created")
     secret = browser.find_element(By.ID, "secret").get_attribute("value")
     assert secret.startswith("sk-tg-")
-    browser.find_element(By.CSS_SELECTOR, "button[data-copy=secret]").click()
-    assert browser.find_element(By.CSS_SELECTOR, "button[data-copy=secret]").text == "Copied"
+    copy = browser.find_element(By.CSS_SELECTOR, "button[data-copy=secret]")
+    copy.click()
+    # The clipboard write answers asynchronously (a promise in a secure context): the button
+    # changes when it has.
+    WebDriverWait(browser, 15).until(lambda d: copy.text == "Copied")
     screenshot(browser, "03-key-created")
     # The secret is shown once: the key's own page does not show it.
     submit(browser, browser.find_element(By.LINK_TEXT, "Go to the key"), "Key browser-made")
