@@ -166,6 +166,25 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// The writer sleeps while `more` holds, until `deadline` or the queue is closed.
+    fn sleep_while<'a>(
+        &self,
+        mut q: std::sync::MutexGuard<'a, Queue>,
+        deadline: Instant,
+        more: impl Fn(&Queue) -> bool,
+    ) -> std::sync::MutexGuard<'a, Queue> {
+        while more(&q) && !q.closed {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            q.sleeping = true;
+            q = self.wake.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
+            q.sleeping = false;
+        }
+        q
+    }
 }
 
 /// Handle to the writer thread. Dropping it ends the thread after it committed what was
@@ -397,28 +416,10 @@ fn run(db: DbSlot, mut journal: Option<journal::Journal>, window: Duration, gath
             }
             // The first write of a batch opens the window; writes that nobody waits for join
             // it until it ends. An urgent job (a waiter, a barrier) or closing ends it at once.
-            let deadline = Instant::now() + window;
-            while !q.urgent && !q.closed {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
-                }
-                q.sleeping = true;
-                q = shared.wake.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
-                q.sleeping = false;
-            }
+            q = shared.sleep_while(q, Instant::now() + window, |q| !q.urgent);
             if q.urgent && last_waiting >= 2 {
-                let until = Instant::now() + gather.wait;
                 q.gathering = Some(gather.max);
-                while q.waiting < gather.max && !q.closed {
-                    let left = until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    q.sleeping = true;
-                    q = shared.wake.wait_timeout(q, left).unwrap_or_else(|p| p.into_inner()).0;
-                    q.sleeping = false;
-                }
+                q = shared.sleep_while(q, Instant::now() + gather.wait, |q| q.waiting < gather.max);
                 q.gathering = None;
             }
             last_waiting = q.waiting;
