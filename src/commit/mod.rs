@@ -4,8 +4,8 @@
 //! every admission decision is made) and queues its usage record here; the response never
 //! waits for the disk. The writer, a thread of its own, takes everything queued within one
 //! commit window (`billing.commit_interval_ms`, counted from the first write of a batch),
-//! inserts it in queue order and makes it durable with a single flush. A kill -9 therefore
-//! loses at most the writes of the window being gathered plus the one being flushed.
+//! makes it durable with a single sync and inserts it in queue order. A kill -9 therefore
+//! loses at most the writes of the window being gathered plus the one being synced.
 //!
 //! A write can carry a waiter, answered once the write is on disk: `billing.sync_commit: true`
 //! makes every booking wait (a record is durable before its response ends), and writes that
@@ -133,7 +133,7 @@ pub struct CommitStats {
     pub queued: AtomicU64,
     /// Writes on disk so far.
     pub committed: AtomicU64,
-    /// Flushes done.
+    /// Batches made durable (a journal sync, or a sled flush without a journal).
     pub flushes: AtomicU64,
     /// Writes that could not be stored (logged at ERROR).
     pub failed: AtomicU64,
