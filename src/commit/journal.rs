@@ -27,7 +27,7 @@
 //! (its checksum was taken with another number), or one cut short by the crash (its sync never
 //! returned, so nobody was answered for it).
 
-use super::TreeName;
+use super::{tree_of, TreeName};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -212,17 +212,6 @@ fn checksum(generation: u64, payload: &[u8]) -> u32 {
     h.update(&generation.to_le_bytes());
     h.update(payload);
     h.finalize()
-}
-
-fn tree_of<'a>(db: &sled::Db, trees: &'a mut Vec<(TreeName, sled::Tree)>, name: TreeName) -> Result<&'a sled::Tree, sled::Error> {
-    let at = match trees.iter().position(|(n, _)| *n == name) {
-        Some(at) => at,
-        None => {
-            trees.push((name, db.open_tree(name.as_str())?));
-            trees.len() - 1
-        }
-    };
-    Ok(&trees[at].1)
 }
 
 /// The payloads of the records of `generation` at the start of `body`, up to the first that

@@ -593,19 +593,23 @@ fn durable(db: &DbSlot, journal: &mut Option<journal::Journal>, inserts: &[(Tree
 
 /// Insert in order, each tree opened once.
 fn apply(sled: &sled::Db, inserts: &[(TreeName, Vec<u8>, Vec<u8>)]) -> Result<(), StoreError> {
-    let mut trees: Vec<(TreeName, sled::Tree)> = Vec::with_capacity(2);
+    let mut trees = Vec::with_capacity(2);
     for (tree, key, value) in inserts {
-        let handle = match trees.iter().find(|(n, _)| n == tree) {
-            Some((_, t)) => t.clone(),
-            None => {
-                let t = sled.open_tree(tree.as_str())?;
-                trees.push((*tree, t.clone()));
-                t
-            }
-        };
-        handle.insert(key.as_slice(), value.as_slice())?;
+        tree_of(sled, &mut trees, *tree)?.insert(key.as_slice(), value.as_slice())?;
     }
     Ok(())
+}
+
+/// The tree `name` of `db`, opened once per batch (or replay) and kept in `trees`.
+fn tree_of<'a>(db: &sled::Db, trees: &'a mut Vec<(TreeName, sled::Tree)>, name: TreeName) -> Result<&'a sled::Tree, sled::Error> {
+    let at = match trees.iter().position(|(n, _)| *n == name) {
+        Some(at) => at,
+        None => {
+            trees.push((name, db.open_tree(name.as_str())?));
+            trees.len() - 1
+        }
+    };
+    Ok(&trees[at].1)
 }
 
 #[cfg(test)]
