@@ -52,7 +52,7 @@ impl TokenPrice {
 /// Token prices by model.
 #[derive(Debug, Default)]
 pub struct PriceBook {
-    tokens: HashMap<String, TokenPrice>,
+    tokens: HashMap<String, TokenPrice, ahash::RandomState>,
 }
 
 fn per_million(usd: f64) -> i64 {

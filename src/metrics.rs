@@ -191,7 +191,7 @@ type SeriesKey = (&'static str, Vec<(&'static str, String)>);
 #[derive(Default)]
 pub struct Metrics {
     protocols: [ProtocolSeries; 3],
-    models: RwLock<HashMap<String, Arc<ModelSeries>>>,
+    models: RwLock<HashMap<String, Arc<ModelSeries>, ahash::RandomState>>,
     /// Series outside the request path (rare events), by name and labels.
     other: Mutex<BTreeMap<SeriesKey, Arc<Counter>>>,
     /// Requests being processed.
@@ -246,11 +246,7 @@ impl Metrics {
     }
 
     pub fn protocol(&self, p: Protocol) -> &ProtocolSeries {
-        &self.protocols[match p {
-            Protocol::Openai => 0,
-            Protocol::Anthropic => 1,
-            Protocol::Gemini => 2,
-        }]
+        &self.protocols[p.index()]
     }
 
     /// The model's series (created on first use).

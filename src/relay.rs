@@ -109,7 +109,9 @@ impl Upstream {
 /// Providers by protocol and model, and which protocols each group may call.
 pub struct Catalog {
     pub upstreams: Vec<Arc<Upstream>>,
-    by_model: HashMap<(Protocol, String), Vec<usize>>,
+    /// Each model's providers, by protocol ([`Protocol::index`]). Looked up on every request
+    /// by a model name the client sent: keyed by the name alone, so a lookup builds no key.
+    by_model: HashMap<String, [Vec<usize>; 3], ahash::RandomState>,
     groups: BTreeMap<String, Group>,
     /// Unix time shown as the models' creation time.
     created: u64,
@@ -122,10 +124,10 @@ pub struct Catalog {
 
 impl Catalog {
     pub fn new(config: &Config, created: u64, health: &crate::health::HealthBook) -> Catalog {
-        let mut by_model: HashMap<(Protocol, String), Vec<usize>> = HashMap::new();
+        let mut by_model: HashMap<String, [Vec<usize>; 3], ahash::RandomState> = HashMap::default();
         for (i, p) in config.providers.iter().enumerate() {
             for m in &p.models {
-                let entry = by_model.entry((p.protocol, m.clone())).or_default();
+                let entry = &mut by_model.entry(m.clone()).or_default()[p.protocol.index()];
                 if !entry.contains(&i) {
                     entry.push(i);
                 }
@@ -159,15 +161,12 @@ impl Catalog {
     /// The protocol and providers of `model` when no provider of `protocol` serves it: the first
     /// protocol (chat completions, messages, generate-content) whose providers do.
     pub fn served_elsewhere(&self, protocol: Protocol, model: &str) -> Option<(Protocol, &[usize])> {
-        [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini]
-            .into_iter()
-            .filter(|p| *p != protocol)
-            .find_map(|p| self.candidates(p, model).map(|c| (p, c)))
+        Protocol::ALL.into_iter().filter(|p| *p != protocol).find_map(|p| self.candidates(p, model).map(|c| (p, c)))
     }
 
     /// Provider indexes serving `model` over `protocol`, in configuration order.
     pub fn candidates(&self, protocol: Protocol, model: &str) -> Option<&[usize]> {
-        self.by_model.get(&(protocol, model.to_string())).map(Vec::as_slice).filter(|c| !c.is_empty())
+        self.by_model.get(model).map(|by| by[protocol.index()].as_slice()).filter(|c| !c.is_empty())
     }
 
     /// Models a group may call, optionally through one protocol's endpoints only; first

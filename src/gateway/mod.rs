@@ -176,8 +176,15 @@ enum Outcome {
 }
 
 /// The client's messages-protocol version header, under either name.
+/// Header names looked up on every request, made once: a name given as `&str` is parsed and
+/// checked again at each lookup.
+static ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
+static COMPAT_VERSION: http::HeaderName = http::HeaderName::from_static("compat-version");
+static UPSTREAM_REQUEST_IDS: [http::HeaderName; 2] =
+    [http::HeaderName::from_static("x-request-id"), http::HeaderName::from_static("request-id")];
+
 fn client_version(req: &RequestHeader) -> Option<String> {
-    header_str(req, "anthropic-version").or_else(|| header_str(req, "compat-version")).map(str::to_string)
+    header_str(req, &ANTHROPIC_VERSION).or_else(|| header_str(req, &COMPAT_VERSION)).map(str::to_string)
 }
 
 /// The error shape a request gets, from its route (and the version header for `/v1/models`).
@@ -826,8 +833,9 @@ impl Gateway {
             if let Some(data) = out.as_ref() {
                 if first_byte && !data.is_empty() {
                     first_byte = false;
-                    plan.first_byte = Some(plan.started.elapsed());
-                    series.first_byte_seconds.observe(plan.started.elapsed());
+                    let after = plan.started.elapsed();
+                    plan.first_byte = Some(after);
+                    series.first_byte_seconds.observe(after);
                 }
                 if let Some(replacement) = scanner.feed(data) {
                     out = Some(replacement);
@@ -987,17 +995,16 @@ fn prepare_response_header(header: &mut ResponseHeader, length_changes: bool, pr
 /// for and `reason`; a video submission its model, seconds and charge.
 /// The upstream's own request id, from its answer's header.
 pub(crate) fn upstream_request_id(header: &ResponseHeader) -> Option<String> {
-    ["x-request-id", "request-id"]
+    UPSTREAM_REQUEST_IDS
         .iter()
-        .find_map(|name| header.headers.get(*name).and_then(|v| v.to_str().ok()))
+        .find_map(|name| header.headers.get(name).and_then(|v| v.to_str().ok()))
         .filter(|v| v.len() <= 256)
         .map(str::to_string)
 }
 
 /// Write the request's entry in the request log (see `request_log`), borrowing every field
 /// from the request's state.
-fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, ctx: &RequestCtx, status: u16) {
-    let elapsed = ctx.started.map_or(Duration::ZERO, |t| t.elapsed());
+fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duration) {
     // Only a request the id module never saw (none today) needs an id made here.
     let made;
     let id = match crate::request_log::id_of(session) {
@@ -1080,12 +1087,12 @@ fn finish_trace(tracer: &crate::telemetry::Tracer, session: &Session, ctx: &mut 
     tracer.finish(*trace, &facts);
 }
 
-fn access_log(session: &Session, ctx: &RequestCtx, status: u16) {
+fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duration) {
     if !log::log_enabled!(target: "access", log::Level::Info) {
         return;
     }
     let req = session.req_header();
-    let latency_ms = ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0);
+    let latency_ms = elapsed.as_secs_f64() * 1000.0;
     let (model, usage, provider, attempts) = match &ctx.relayed {
         Some(plan) => {
             let provider = plan.served_by.map_or("-", |i| plan.routing.catalog.upstreams[i].config.name.as_str());
@@ -1213,6 +1220,8 @@ impl ProxyHttp for Gateway {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
         let series = self.metrics.request(ctx.route, model, status);
+        // The request's time, read from the clock once for every place that reports it.
+        let elapsed = ctx.started.map_or(Duration::ZERO, |t| t.elapsed());
         // OpenTelemetry's GenAI metrics, for a relayed model call a provider answered.
         if let (Some(plan), Some(operation)) = (&ctx.relayed, crate::metrics::gen_ai_operation(ctx.route)) {
             if let Some(provider) = plan.served_by.and_then(|i| plan.routing.catalog.upstreams.get(i)) {
@@ -1221,15 +1230,15 @@ impl ProxyHttp for Gateway {
                     g.input_tokens.observe(usage.input_total() as f64);
                     g.output_tokens.observe(usage.output as f64);
                 }
-                g.duration.observe(ctx.started.map_or(0.0, |t| t.elapsed().as_secs_f64()));
+                g.duration.observe(elapsed.as_secs_f64());
                 if let Some(first) = plan.first_byte {
                     g.time_to_first_token.observe(first.as_secs_f64());
                 }
             }
         }
-        access_log(session, ctx, status);
+        access_log(session, ctx, status, elapsed);
         if let Some(log) = self.requests.as_ref().filter(|_| ctx.key_checked) {
-            write_log_entry(log.as_ref(), session, ctx, status);
+            write_log_entry(log.as_ref(), session, ctx, status, elapsed);
         }
         if let Some(tracer) = &self.tracer {
             finish_trace(tracer, session, ctx, status);

@@ -113,8 +113,9 @@ impl Gateway {
             if let Some(data) = chunk {
                 if first_byte && !data.is_empty() {
                     first_byte = false;
-                    plan.first_byte = Some(plan.started.elapsed());
-                    series.first_byte_seconds.observe(plan.started.elapsed());
+                    let after = plan.started.elapsed();
+                    plan.first_byte = Some(after);
+                    series.first_byte_seconds.observe(after);
                 }
                 scanner.feed(&data);
                 match translator.feed(&data) {

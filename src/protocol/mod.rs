@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 /// A request header's value as text (None when absent or not visible ASCII).
-pub fn header_str<'a>(req: &'a pingora_http::RequestHeader, name: &str) -> Option<&'a str> {
+pub fn header_str(req: &pingora_http::RequestHeader, name: impl http::header::AsHeaderName) -> Option<&str> {
     req.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -27,6 +27,18 @@ pub enum Protocol {
 }
 
 impl Protocol {
+    /// Every protocol, in the order of [`Protocol::index`].
+    pub const ALL: [Protocol; 3] = [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini];
+
+    /// The protocol's place in per-protocol arrays (0, 1, 2 in the order of [`Protocol::ALL`]).
+    pub fn index(self) -> usize {
+        match self {
+            Protocol::Openai => 0,
+            Protocol::Anthropic => 1,
+            Protocol::Gemini => 2,
+        }
+    }
+
     /// The header that carries the upstream credential.
     pub fn credential_header(self) -> &'static str {
         match self {

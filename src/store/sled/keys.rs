@@ -13,7 +13,7 @@ pub struct SledKeys {
     slot: DbSlot,
     /// Writes are made durable through the store's one-flush-at-a-time group commit.
     durable: Durable,
-    by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>>>,
+    by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>, ahash::RandomState>>,
     accounts: ArcSwap<HashMap<String, Arc<AccountRecord>>>,
 }
 
@@ -38,7 +38,7 @@ impl SledKeys {
         let keys = SledKeys {
             slot: slot.clone(),
             durable: Durable::new(slot),
-            by_hash: ArcSwap::from_pointee(HashMap::new()),
+            by_hash: ArcSwap::from_pointee(HashMap::default()),
             accounts: ArcSwap::from_pointee(HashMap::new()),
         };
         keys.reload()?;
@@ -85,7 +85,7 @@ impl SledKeys {
 
     /// Re-read every record into the index.
     fn reload(&self) -> Result<(), StoreError> {
-        let mut map = HashMap::new();
+        let mut map = HashMap::default();
         for rec in self.read_all()? {
             let rec = Arc::new(rec);
             // A rotated key is found by its previous secret too; authentication checks the
