@@ -242,21 +242,42 @@ struct HeaderEnd {
 }
 
 impl HeaderEnd {
-    /// The offset just past the blank line in `bytes`, if it is there.
+    /// The offset just past the blank line in `bytes`, if it is there. Inside a line only its
+    /// end matters, so the bytes up to the next LF are skipped with `memchr` (a header is read
+    /// through here on every request); the bytes after a line end go through [`HeaderEnd::step`].
     fn feed(&mut self, bytes: &[u8]) -> Option<usize> {
-        for (i, &b) in bytes.iter().enumerate() {
-            self.state = match (self.state, b) {
-                (1 | 2, b'\n') if self.content => return Some(i + 1),
-                (_, b'\n') => 1,
-                (1, b'\r') => 2,
-                (0, b'\r') => 0,
-                _ => {
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.state == 0 {
+                let line = &bytes[i..];
+                let lf = memchr::memchr(b'\n', line);
+                // A CR inside a line is not content; anything else is.
+                if !self.content && line[..lf.unwrap_or(line.len())].iter().any(|&b| b != b'\r') {
                     self.content = true;
-                    0
                 }
-            };
+                i += lf?;
+            }
+            if self.step(bytes[i]) {
+                return Some(i + 1);
+            }
+            i += 1;
         }
         None
+    }
+
+    /// One byte: the state after it; true when it ends the header.
+    fn step(&mut self, b: u8) -> bool {
+        self.state = match (self.state, b) {
+            (1 | 2, b'\n') if self.content => return true,
+            (_, b'\n') => 1,
+            (1, b'\r') => 2,
+            (0, b'\r') => 0,
+            _ => {
+                self.content = true;
+                0
+            }
+        };
+        false
     }
 }
 
@@ -610,6 +631,30 @@ mod tests {
         assert_eq!(end.feed(b"GET / HTTP/1.1\nHost: a\n\n"), Some(24));
         let mut end = HeaderEnd::default();
         assert_eq!(end.feed(b"\r\n\r\n\n"), None, "blank lines before the request line are not its end");
+    }
+
+    proptest::proptest! {
+        /// `feed` skips to each line end; it finds the same end as the byte-by-byte state
+        /// machine (`step` alone) on any bytes in any chunking.
+        #[test]
+        fn skipping_to_line_ends_finds_what_reading_every_byte_finds(
+            bytes in proptest::collection::vec(proptest::sample::select(vec![b'a', b'\r', b'\n', b' ']), 0..40),
+            cuts in proptest::collection::vec(0usize..40, 0..4),
+        ) {
+            let mut by_byte = HeaderEnd::default();
+            let expected = bytes.iter().position(|&b| by_byte.step(b)).map(|i| i + 1);
+            let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(bytes.len())).collect();
+            cuts.sort_unstable();
+            let mut end = HeaderEnd::default();
+            let (mut from, mut found) = (0, None);
+            for to in cuts.into_iter().chain(std::iter::once(bytes.len())) {
+                if found.is_none() {
+                    found = end.feed(&bytes[from..to]).map(|at| at + from);
+                }
+                from = to;
+            }
+            proptest::prop_assert_eq!(found, expected);
+        }
     }
 
     #[test]
