@@ -3,8 +3,9 @@
 # 2-core machine one 8 s round moves by ±10 % with the neighbours (the same binary measured 0.77×
 # and 1.16× bare Pingora minutes apart), so run.sh's best-of-two can say little about a change of
 # a few per cent. Here bare Pingora, tollgate and tollgate with billing.sync_commit take turns,
-# round after round (ROUNDS, 10 by default, of PERF_SECONDS, 4 by default, each), each round's
-# ratios are taken against bare's figure of the same round, and the medians are reported:
+# round after round (ROUNDS, 10 by default, of PERF_SECONDS, 4 by default, each; each round
+# starts one target later than the one before), each round's ratios are taken against bare's
+# figure of the same round, and the medians are reported:
 #   throughput   wrk -t2 -c64 req/s (TOLLGATE_WRK_BODY=large: the 256 KiB body at c=16)
 #   cpu/req      the proxy's CPU time per request, user + system, all threads, from /proc
 # Same upstream, load generator and gateway configuration as run.sh. PERF_OTHER_BIN=path adds
@@ -49,8 +50,11 @@ done
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 hz=$(getconf CLK_TCK)
 : > "$dir/rounds.txt"
+set -- $names
 for round in $(seq 1 "$rounds"); do
-  for n in $names; do
+  # Each round starts one target later, so no target always follows the same one.
+  order="$*"; for _ in $(seq 2 "$round"); do order="${order#* } ${order%% *}"; done
+  for n in $order; do
     c0=$(ticks "${PID[$n]}")
     r=$(wrk -t2 -c$conns -d"${dur}s" -s "$here/post.lua" "http://127.0.0.1:${PORT[$n]}/v1/chat/completions" 2>/dev/null | grep RESULT)
     c1=$(ticks "${PID[$n]}")
