@@ -17,12 +17,8 @@
 # Usage, from the repository root: bash benches/relay/instructions.sh
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
-command -v nginx >/dev/null && command -v wrk >/dev/null && command -v valgrind >/dev/null || { apt-get update -qq && apt-get install -y nginx wrk valgrind cmake; } >/dev/null 2>&1
-cargo build --release --bin tollgate >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
-bare_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-perf-bare-target"
-CARGO_TARGET_DIR="$bare_dir" cargo build --release --manifest-path "$here/bare/Cargo.toml" >/dev/null 2>&1 || { echo "bare Pingora build failed"; exit 1; }
+. "$here/prepare.sh" valgrind
 dir="$(mktemp -d -t tollgate-instructions.XXXX)"
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 UP=$(port)
 sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" "$here/upstream.conf.tmpl" > "$dir/upstream.conf"
 nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & upstream=$!
@@ -54,7 +50,7 @@ requests = float(m.group(1)) * 4 if m else 0
 print("%-9s requests=%6d  K instructions/request=%.1f" % (name, requests, total / requests / 1000 if requests else float("nan")))
 PY
 }
-BP=$(port); measure bare "$BP" "$bare_dir/release/bare-pingora" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
+BP=$(port); measure bare "$BP" "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
 GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" ""
 RUST_LOG=warn measure tollgate "$GW" "$PWD/target/release/tollgate" -c "$dir/tollgate.yaml"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then

@@ -15,13 +15,8 @@ set -u
 here="$(cd "$(dirname "$0")" && pwd)"
 dur="${PERF_SECONDS:-4}"
 rounds="${ROUNDS:-10}"
-command -v nginx >/dev/null && command -v wrk >/dev/null && command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y nginx wrk cmake; } >/dev/null 2>&1
-cargo build --release --bin tollgate >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
-bare_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-perf-bare-target"
-bare="$bare_dir/release/bare-pingora"
-CARGO_TARGET_DIR="$bare_dir" cargo build --release --manifest-path "$here/bare/Cargo.toml" >/dev/null 2>&1 || { echo "bare Pingora build failed"; exit 1; }
+. "$here/prepare.sh"
 dir="$(mktemp -d -t tollgate-rounds.XXXX)"
-port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
 UP=$(port)
 sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" "$here/upstream.conf.tmpl" > "$dir/upstream.conf"
 pids=""

@@ -1,0 +1,13 @@
+# Sourced by the relay bench scripts (run.sh, rounds.sh, instructions.sh), from the repository
+# root, with `here` set to benches/relay and the Debian packages each needs beyond nginx, wrk and
+# cmake as arguments: installs what is missing, builds tollgate's release binary and the bare
+# Pingora proxy (bare/, its build cached), and defines `bare` (that proxy's binary) and `port`
+# (a free loopback port).
+prepare_missing=""
+for tool in nginx wrk cmake "$@"; do command -v "$tool" >/dev/null || prepare_missing=1; done
+[ -z "$prepare_missing" ] || { apt-get update -qq && apt-get install -y nginx wrk cmake "$@"; } >/dev/null 2>&1
+cargo build --release --bin tollgate >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
+bare_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-perf-bare-target"
+bare="$bare_dir/release/bare-pingora"
+CARGO_TARGET_DIR="$bare_dir" cargo build --release --manifest-path "$here/bare/Cargo.toml" >/dev/null 2>&1 || { echo "bare Pingora build failed"; exit 1; }
+port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
