@@ -312,7 +312,7 @@ impl Metrics {
             ("tollgate_first_byte_seconds", |s: &ProtocolSeries| &s.first_byte_seconds),
         ] {
             let _ = writeln!(out, "# TYPE {name} histogram");
-            for p in [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini] {
+            for p in Protocol::ALL {
                 pick(self.protocol(p)).render(&mut out, name, &format!("protocol=\"{}\"", p.as_str()));
             }
         }

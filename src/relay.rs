@@ -180,9 +180,7 @@ impl Catalog {
             let reachable = match only {
                 Some(endpoint) if translates => self.group_allows(group, endpoint),
                 Some(endpoint) => endpoint == p && self.group_allows(group, p),
-                None if translates => {
-                    [Protocol::Openai, Protocol::Anthropic, Protocol::Gemini].into_iter().any(|e| self.group_allows(group, e))
-                }
+                None if translates => Protocol::ALL.into_iter().any(|e| self.group_allows(group, e)),
                 None => self.group_allows(group, p),
             };
             if !reachable {

@@ -175,14 +175,14 @@ enum Outcome {
     Done,
 }
 
-/// The client's messages-protocol version header, under either name.
-/// Header names looked up on every request, made once: a name given as `&str` is parsed and
-/// checked again at each lookup.
+// Header names looked up on every request, made once: a name given as `&str` is parsed and
+// checked again at each lookup.
 static ANTHROPIC_VERSION: http::HeaderName = http::HeaderName::from_static("anthropic-version");
 static COMPAT_VERSION: http::HeaderName = http::HeaderName::from_static("compat-version");
 static UPSTREAM_REQUEST_IDS: [http::HeaderName; 2] =
     [http::HeaderName::from_static("x-request-id"), http::HeaderName::from_static("request-id")];
 
+/// The client's messages-protocol version header, under either name.
 fn client_version(req: &RequestHeader) -> Option<String> {
     header_str(req, &ANTHROPIC_VERSION).or_else(|| header_str(req, &COMPAT_VERSION)).map(str::to_string)
 }
