@@ -436,10 +436,16 @@ fn run(db: DbSlot, mut journal: Option<journal::Journal>, window: Duration, gath
 fn checkpoint(db: &DbSlot, journal: &mut Option<journal::Journal>) {
     let Some(j) = journal.as_mut().filter(|j| !j.is_empty()) else { return };
     let Ok(sled) = db.db() else { return };
-    let done = sled.flush().map_err(StoreError::from).and_then(|_| j.clear().map_err(StoreError::from));
-    if let Err(e) = done {
+    if let Err(e) = flush_and_clear(&sled, j) {
         log::error!("ledger: checkpoint of the commit journal failed (it is kept and applied again at the next start): {e}");
     }
+}
+
+/// A checkpoint: flush sled, then start the journal over (everything in it is in sled's files).
+fn flush_and_clear(sled: &sled::Db, j: &mut journal::Journal) -> Result<(), StoreError> {
+    sled.flush()?;
+    j.clear()?;
+    Ok(())
 }
 
 /// Where each (tree, key) was first inserted in a batch, by a hash of the pair: the key is
@@ -584,7 +590,7 @@ fn durable(db: &DbSlot, journal: &mut Option<journal::Journal>, inserts: &[(Tree
     apply(&sled, inserts)?;
     if j.due() {
         // The batch is durable in the journal already: a failed checkpoint is retried later.
-        if let Err(e) = sled.flush().map_err(StoreError::from).and_then(|_| j.clear().map_err(StoreError::from)) {
+        if let Err(e) = flush_and_clear(&sled, j) {
             log::error!("ledger: checkpoint of the commit journal failed (retried with the next batch): {e}");
         }
     }
