@@ -86,6 +86,10 @@ pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
 /// The largest output allowance (tokens, all choices together) a request may ask for when its
 /// model has no `max_output_tokens`: no model produces this much in one answer.
 pub const MAX_OUTPUT_ALLOWANCE: u64 = 1 << 24;
+/// `billing.default_output_tokens` when not set.
+pub const DEFAULT_OUTPUT_TOKENS: u64 = 4096;
+/// `billing.min_output_tokens` when not set.
+pub const DEFAULT_MIN_OUTPUT_TOKENS: u64 = 256;
 
 // ---------------------------------------------------------------- raw file shape
 
@@ -302,8 +306,11 @@ struct RawS3 {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawBilling {
+    /// Also read under its former name, `default_max_output_tokens`.
+    #[serde(default, alias = "default_max_output_tokens")]
+    default_output_tokens: Option<u64>,
     #[serde(default)]
-    default_max_output_tokens: Option<u64>,
+    min_output_tokens: Option<u64>,
 
     #[serde(default)]
     usage_retention_days: Option<u64>,
@@ -470,6 +477,10 @@ pub struct Price {
     /// names no maximum, and the largest maximum a request may name.
     #[serde(default)]
     pub max_output_tokens: Option<u64>,
+    /// The output tokens held and asked for when a request names no maximum (at most
+    /// `max_output_tokens`); `billing.default_output_tokens` when absent.
+    #[serde(default)]
+    pub default_output_tokens: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -548,7 +559,7 @@ pub struct Config {
     pub forward_headers: Vec<String>,
     /// Extra upstream response headers relayed to clients (lower case; a trailing `*` is a prefix).
     pub forward_response_headers: Vec<String>,
-    /// Proxies whose `X-Forwarded-For` is believed (see `policy::client_address`).
+    /// Proxies whose `X-Forwarded-For` and `Forwarded` are believed (see `policy::forwarded`).
     pub trusted_proxies: Vec<crate::policy::Cidr>,
     pub keys: Vec<KeyConfig>,
     /// `accounts:`.
@@ -557,8 +568,12 @@ pub struct Config {
     pub calendar: crate::policy::budget::Calendar,
     /// `console:`.
     pub console: ConsoleConfig,
-    /// Output tokens held for a request that names no maximum.
-    pub default_max_output_tokens: u64,
+    /// Output tokens held and asked for, per choice, when a request names no maximum and
+    /// neither its key nor its model sets one (`billing.default_output_tokens`).
+    pub default_output_tokens: u64,
+    /// The fewest output tokens such a request is lowered to when its key cannot afford the
+    /// default (`billing.min_output_tokens`).
+    pub min_output_tokens: u64,
     /// Usage records older than this are deleted.
     pub usage_retention_days: u64,
     /// How usage records reach the disk (`billing.commit_interval_ms`, `billing.sync_commit`).
@@ -1067,6 +1082,12 @@ impl Config {
             if price.max_output_tokens.is_some_and(|m| m == 0 || m > MAX_OUTPUT_ALLOWANCE) {
                 return err(format!("prices.{model}.max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
             }
+            if price.default_output_tokens.is_some_and(|d| d == 0 || d > price.max_output_tokens.unwrap_or(MAX_OUTPUT_ALLOWANCE)) {
+                return err(format!(
+                    "prices.{model}.default_output_tokens: 1 to {}",
+                    price.max_output_tokens.map_or("1<<24".to_string(), |m| format!("max_output_tokens ({m})"))
+                ));
+            }
         }
         // Billing fails closed: a served model without a price would be free for every key.
         for p in &providers {
@@ -1145,7 +1166,8 @@ impl Config {
         };
 
         let billing = raw.billing.unwrap_or(RawBilling {
-            default_max_output_tokens: None,
+            default_output_tokens: None,
+            min_output_tokens: None,
             usage_retention_days: None,
             timezone: None,
             commit_interval_ms: None,
@@ -1154,9 +1176,13 @@ impl Config {
             image_input_tokens: None,
             file_input_tokens: None,
         });
-        let default_max_output_tokens = billing.default_max_output_tokens.unwrap_or(4096);
-        if default_max_output_tokens == 0 || default_max_output_tokens > MAX_OUTPUT_ALLOWANCE {
-            return err(format!("billing.default_max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
+        let default_output_tokens = billing.default_output_tokens.unwrap_or(DEFAULT_OUTPUT_TOKENS);
+        if default_output_tokens == 0 || default_output_tokens > MAX_OUTPUT_ALLOWANCE {
+            return err(format!("billing.default_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
+        }
+        let min_output_tokens = billing.min_output_tokens.unwrap_or(DEFAULT_MIN_OUTPUT_TOKENS.min(default_output_tokens));
+        if min_output_tokens == 0 || min_output_tokens > default_output_tokens {
+            return err(format!("billing.min_output_tokens: 1 to billing.default_output_tokens ({default_output_tokens})"));
         }
         let forward_headers = header_patterns("forward_headers", &raw.forward_headers, &|bare| {
             crate::protocol::never_forwarded(bare).then_some("carries credentials or is set by tollgate; it is never forwarded")
@@ -1191,7 +1217,14 @@ impl Config {
         if !(1000..=100_000_000).contains(&console.request_log_max) {
             return err("console.request_log_max: 1000 to 100000000");
         }
-        let otlp = crate::telemetry::settings::resolve(raw.telemetry.as_ref().and_then(|t| t.otlp.as_ref()), env).map_err(ConfigError)?;
+        let mut otlp =
+            crate::telemetry::settings::resolve(raw.telemetry.as_ref().and_then(|t| t.otlp.as_ref()), env).map_err(ConfigError)?;
+        if let (Some(settings), Some(bytes)) = (otlp.as_mut(), raw.telemetry.as_ref().and_then(|t| t.max_queue_bytes)) {
+            if !(1 << 16..=1 << 32).contains(&bytes) {
+                return err("telemetry.max_queue_bytes: 65536 to 4294967296");
+            }
+            settings.max_queue_bytes = bytes as usize;
+        }
         let usage_retention_days = billing.usage_retention_days.unwrap_or(30);
         if usage_retention_days == 0 {
             return err("billing.usage_retention_days: must be at least 1");
@@ -1260,7 +1293,8 @@ impl Config {
             balance_factor,
             log_format: raw.log.and_then(|l| l.format).unwrap_or_default(),
             pingora: raw.pingora,
-            default_max_output_tokens,
+            default_output_tokens,
+            min_output_tokens,
             commit,
             forward_headers,
             forward_response_headers,

@@ -39,6 +39,8 @@ pub struct TokenPrice {
     pub cache_write_input: i64,
     pub output: i64,
     pub max_output_tokens: Option<u64>,
+    /// Output tokens held and asked for when a request names no maximum.
+    pub default_output_tokens: Option<u64>,
 }
 
 impl TokenPrice {
@@ -84,6 +86,7 @@ impl PriceBook {
                     cache_write_input,
                     output: per_million(p.output),
                     max_output_tokens: p.max_output_tokens,
+                    default_output_tokens: p.default_output_tokens,
                 };
                 (model.clone(), price)
             })
@@ -113,6 +116,24 @@ impl PriceBook {
     pub fn hold_cost(&self, model: &str, input_tokens: u64, output_tokens: u64) -> Option<i64> {
         let p = self.price(model)?;
         Some(saturate(times(input_tokens, p.dearest_input()).saturating_add(times(output_tokens, p.output))))
+    }
+
+    /// The most output tokens (all choices together) that `budget` nano-USD covers beside
+    /// `input_tokens` held at the dearest input price: the largest `n` with
+    /// `hold_cost(model, input_tokens, n) <= budget`. None for an unpriced model or free output
+    /// (the output does not change the hold).
+    pub fn output_within(&self, model: &str, input_tokens: u64, budget: i64) -> Option<u64> {
+        let p = self.price(model)?;
+        if p.output <= 0 {
+            return None;
+        }
+        let left = i128::from(budget) - times(input_tokens, p.dearest_input());
+        if left < 0 {
+            return Some(0);
+        }
+        // `times` rounds half up: n tokens cost at most `left` while n·price + 500_000 < (left + 1)·10⁶.
+        let n = ((left + 1) * 1_000_000 - 500_000 - 1) / i128::from(p.output);
+        Some(u64::try_from(n.max(0)).unwrap_or(u64::MAX).min(crate::config::MAX_OUTPUT_ALLOWANCE))
     }
 }
 

@@ -1,21 +1,61 @@
-//! Per-key rate limits: requests per minute (`rpm`) and tokens per minute (`tpm`), counted
-//! with `pingora-limits` over one-minute windows, and requests in flight (`max_concurrent`).
+//! Per-key rate limits: requests per minute (`rpm`), tokens per minute (`tpm`) and requests in
+//! flight (`max_concurrent`).
+//!
+//! On one node `rpm` and `tpm` are leaky buckets (GCRA): each holds what the key used, draining
+//! at the limit per minute, so the count is continuous in time and a minute boundary allows no
+//! second burst. A request is admitted while `rpm` has room for one more; a relayed request of a
+//! key with a `tpm` reserves the tokens it is held for (input estimate plus output allowance)
+//! until it settles, and is admitted only while what was used plus every reservation in flight
+//! stays within the limit — concurrent requests cannot pass it together. In a fleet the counts
+//! are the database's (`store::postgres::rates`), tolerance stated in README "Security".
 
 use crate::protocol::{ApiError, ErrorKind};
 use crate::store::KeyRecord;
-use pingora_limits::rate::Rate;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const WINDOW: Duration = Duration::from_secs(60);
 
+/// A leaky bucket: `level` units used, draining at `per_window` units per [`WINDOW`].
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    level: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(now: Instant) -> Self {
+        Bucket { level: 0.0, at: now }
+    }
+
+    /// The level now, after draining since the last look.
+    fn drain(&mut self, per_window: f64, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.level = (self.level - elapsed * per_window / WINDOW.as_secs_f64()).max(0.0);
+        self.at = now;
+        self.level
+    }
+
+    /// Whole seconds until `room` more units fit under `per_window` (at least 1).
+    fn wait_for(&self, room: f64, per_window: f64) -> u64 {
+        let over = (self.level + room - per_window).max(0.0);
+        (over / per_window * WINDOW.as_secs_f64()).ceil().max(1.0) as u64
+    }
+}
+
+/// The token count of one key: used (draining) and reserved by requests in flight.
+#[derive(Debug)]
+struct TokenState {
+    used: Bucket,
+    in_flight: u64,
+}
+
 pub struct Limits {
-    requests: Rate,
-    /// Counts requests one at a time: `Rate::observe` bumps each row of its estimator apart, so
-    /// two requests counted at once can both read a total one short and both pass the limit.
-    requests_turn: Mutex<()>,
-    tokens: Rate,
+    /// `rpm` buckets by key id.
+    requests: Mutex<HashMap<String, Bucket>>,
+    /// `tpm` counts by key id.
+    tokens: Mutex<HashMap<String, TokenState>>,
     /// Requests in flight by key id (keys with a `max_concurrent` only).
     in_flight: Mutex<HashMap<String, u32>>,
     /// In a fleet the limits hold for the sum of all nodes (`store::postgres::rates`).
@@ -25,9 +65,8 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            requests: Rate::new(WINDOW),
-            requests_turn: Mutex::new(()),
-            tokens: Rate::new(WINDOW),
+            requests: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
             fleet: None,
         }
@@ -38,6 +77,14 @@ fn rate_limited(message: String, retry_after: u64) -> ApiError {
     let mut e = ApiError::new(ErrorKind::RateLimited, message);
     e.retry_after = Some(retry_after);
     e
+}
+
+fn tpm_reached(tpm: u64, retry_after: u64) -> ApiError {
+    rate_limited(format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."), retry_after)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One request of a key counted in flight; released on drop.
@@ -52,7 +99,7 @@ impl Drop for Slot {
             fleet.slots.exit(&self.key_id);
             return;
         }
-        let mut map = self.limits.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(&self.limits.in_flight);
         if let Some(n) = map.get_mut(&self.key_id) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -62,10 +109,20 @@ impl Drop for Slot {
     }
 }
 
-/// Whole seconds left in the current window (at least 1).
-fn seconds_left(rate: &Rate, key: &str) -> u64 {
-    let fraction = rate.rate_with(&key, |c| c.current_interval_fraction);
-    ((1.0 - fraction.clamp(0.0, 1.0)) * WINDOW.as_secs_f64()).ceil().max(1.0) as u64
+/// Tokens a request in flight reserved under its key's `tpm`; given back on drop (what it used
+/// is counted by [`Limits::spend_tokens`]).
+pub struct TokenReservation {
+    limits: Arc<Limits>,
+    key_id: String,
+    tokens: u64,
+}
+
+impl Drop for TokenReservation {
+    fn drop(&mut self) {
+        if let Some(state) = lock(&self.limits.tokens).get_mut(&self.key_id) {
+            state.in_flight = state.in_flight.saturating_sub(self.tokens);
+        }
+    }
 }
 
 impl Limits {
@@ -74,21 +131,18 @@ impl Limits {
         Limits { fleet: Some(fleet), ..Limits::default() }
     }
 
-    /// Count this request; refuse it when the key is over its `rpm` or `tpm` (429 with
-    /// `Retry-After`; in a fleet, 503 when the database is needed and out of reach).
+    /// Count this request; refuse it when the key is over its `rpm`, or its `tpm` is spent (429
+    /// with `Retry-After`; in a fleet, 503 when the database is needed and out of reach).
     ///
     /// A fleet's calls are boxed here and in `enter` and `spend_tokens`: their futures (a
     /// database round trip) take kilobytes, which every request's future would otherwise carry
     /// and copy on one node too.
     pub async fn admit(&self, key: &KeyRecord) -> Result<(), ApiError> {
-        let Some(fleet) = &self.fleet else { return self.admit_here(key) };
+        let Some(fleet) = &self.fleet else { return self.admit_here(key, Instant::now()) };
         use crate::store::postgres::rates::Admission;
         if let Some(tpm) = key.tpm {
             if let Admission::Refused { retry_after_secs } = Box::pin(fleet.rates.admit_tokens(&key.id, tpm)).await {
-                return Err(rate_limited(
-                    format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."),
-                    retry_after_secs,
-                ));
+                return Err(tpm_reached(tpm, retry_after_secs));
             }
         }
         if let Some(rpm) = key.rpm {
@@ -109,33 +163,58 @@ impl Limits {
         Ok(())
     }
 
-    fn admit_here(&self, key: &KeyRecord) -> Result<(), ApiError> {
+    fn admit_here(&self, key: &KeyRecord, now: Instant) -> Result<(), ApiError> {
         if let Some(tpm) = key.tpm {
-            let used = self.tokens.observe(&key.id.as_str(), 0);
-            if used >= 0 && used as u64 >= tpm {
-                let mut e = ApiError::new(
-                    ErrorKind::RateLimited,
-                    format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."),
-                );
-                e.retry_after = Some(seconds_left(&self.tokens, &key.id));
-                return Err(e);
+            let mut map = lock(&self.tokens);
+            if let Some(state) = map.get_mut(&key.id) {
+                let used = state.used.drain(tpm as f64, now);
+                // No room for one more token (an epsilon for the drain's float steps).
+                if used + state.in_flight as f64 + 1.0 > tpm as f64 + 1e-9 {
+                    return Err(tpm_reached(tpm, state.used.wait_for(state.in_flight as f64 + 1.0, tpm as f64)));
+                }
             }
         }
         if let Some(rpm) = key.rpm {
-            let count = {
-                let _turn = self.requests_turn.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                self.requests.observe(&key.id.as_str(), 1)
-            };
-            if count > i64::from(rpm) as isize {
-                let mut e = ApiError::new(
-                    ErrorKind::RateLimited,
+            let rate = f64::from(rpm);
+            let mut map = lock(&self.requests);
+            let bucket = map.entry(key.id.clone()).or_insert_with(|| Bucket::new(now));
+            // A small epsilon: a level drained to 2.9999999 by float steps has room for no more.
+            if bucket.drain(rate, now) + 1.0 > rate + 1e-9 {
+                return Err(rate_limited(
                     format!("Rate limit reached: {rpm} requests per minute for this key. Retry later."),
-                );
-                e.retry_after = Some(seconds_left(&self.requests, &key.id));
-                return Err(e);
+                    bucket.wait_for(1.0, rate),
+                ));
             }
+            bucket.level += 1.0;
         }
         Ok(())
+    }
+
+    /// Reserve the `tokens` a relayed request of `key` is held for under its `tpm`: refused (429)
+    /// when what the key used plus every reservation in flight would pass the limit. None for a
+    /// key without a `tpm`, and in a fleet (whose count is the database's, after the fact).
+    pub fn reserve_tokens(self: &Arc<Self>, key: &KeyRecord, tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
+        let Some(tpm) = key.tpm else { return Ok(None) };
+        if self.fleet.is_some() {
+            return Ok(None);
+        }
+        if tokens > tpm {
+            return Err(ApiError::new(
+                ErrorKind::RateLimited,
+                format!(
+                    "This request may use up to {tokens} tokens (its input and output maximum), more than this key's limit of {tpm} tokens per minute. Ask for fewer output tokens or send less input."
+                ),
+            ));
+        }
+        let now = Instant::now();
+        let mut map = lock(&self.tokens);
+        let state = map.entry(key.id.clone()).or_insert_with(|| TokenState { used: Bucket::new(now), in_flight: 0 });
+        let used = state.used.drain(tpm as f64, now);
+        if used + (state.in_flight + tokens) as f64 > tpm as f64 {
+            return Err(tpm_reached(tpm, state.used.wait_for((state.in_flight + tokens) as f64, tpm as f64)));
+        }
+        state.in_flight += tokens;
+        Ok(Some(TokenReservation { limits: self.clone(), key_id: key.id.clone(), tokens }))
     }
 
     /// Count a request in flight for a key with `max_concurrent`; 429 when it has that many.
@@ -153,7 +232,7 @@ impl Limits {
                 }
             };
         }
-        let mut map = self.in_flight.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = lock(&self.in_flight);
         let n = map.entry(key.id.clone()).or_insert(0);
         if *n >= max {
             return Err(busy());
@@ -164,13 +243,35 @@ impl Limits {
 
     /// Count the tokens a finished request of `key` used (only a key with a `tpm` counts them).
     pub async fn spend_tokens(&self, key: &KeyRecord, tokens: u64) {
-        if key.tpm.is_none() {
-            return;
-        }
+        let Some(tpm) = key.tpm else { return };
         if let Some(fleet) = &self.fleet {
             return Box::pin(fleet.rates.spend_tokens(&key.id, tokens)).await;
         }
-        self.tokens.observe(&key.id.as_str(), isize::try_from(tokens).unwrap_or(isize::MAX));
+        let now = Instant::now();
+        let mut map = lock(&self.tokens);
+        let state = map.entry(key.id.clone()).or_insert_with(|| TokenState { used: Bucket::new(now), in_flight: 0 });
+        state.used.drain(tpm as f64, now);
+        state.used.level += tokens as f64;
+    }
+}
+
+/// One turn per key for reading its usage (`/v1/usage`, `/me/data`): a key's reads run one at a
+/// time, and never wait for another key's.
+#[derive(Default)]
+pub struct UsageTurns {
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+}
+
+impl UsageTurns {
+    /// Wait for `key_id`'s turn; it ends when the permit drops.
+    pub async fn take(&self, key_id: &str) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        let turn = {
+            let mut turns = lock(&self.turns);
+            // Keys nobody is reading for are forgotten (the map holds only keys with a read on).
+            turns.retain(|_, t| Arc::strong_count(t) > 1 || t.available_permits() == 0);
+            turns.entry(key_id.to_string()).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(1))).clone()
+        };
+        turn.acquire_owned().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))
     }
 }
 
@@ -189,7 +290,7 @@ mod tests {
                     let (limits, barrier) = (limits.clone(), barrier.clone());
                     std::thread::spawn(move || {
                         barrier.wait();
-                        usize::from(limits.admit_here(&key(Some(2), None)).is_ok())
+                        usize::from(limits.admit_here(&key(Some(2), None), Instant::now()).is_ok())
                     })
                 })
                 .collect::<Vec<_>>()
@@ -255,5 +356,70 @@ mod tests {
         assert!(limits.admit(&k).await.is_ok());
         limits.spend_tokens(&k, 40).await;
         assert_eq!(limits.admit(&k).await.unwrap_err().status(), 429);
+    }
+
+    #[tokio::test]
+    async fn rpm_is_continuous_across_a_minute_boundary() {
+        // 40 requests over 2 s, wherever a calendar minute falls: at most 30 plus what drained.
+        let limits = Limits::default();
+        let k = key(Some(30), None);
+        let start = Instant::now();
+        let passed = (0..40).filter(|i| limits.admit_here(&k, start + Duration::from_millis(50 * i)).is_ok()).count();
+        // 30 at once, then one more each 2 s: the 40th request comes at 1.95 s.
+        assert_eq!(passed, 30, "no second burst");
+        // The bucket drains at the limit: one minute later a full limit again.
+        let later = start + Duration::from_secs(62);
+        assert_eq!((0..40).filter(|_| limits.admit_here(&k, later).is_ok()).count(), 30);
+        // Half a minute on: half the limit.
+        let half = later + Duration::from_secs(30);
+        assert_eq!((0..40).filter(|_| limits.admit_here(&k, half).is_ok()).count(), 15);
+    }
+
+    #[tokio::test]
+    async fn tpm_counts_what_is_in_flight_so_concurrent_requests_cannot_pass_it_together() {
+        let limits = Arc::new(Limits::default());
+        let k = key(None, Some(1000));
+        // 20 requests at once, each held for 120 tokens: 8 fit in 1,000.
+        let grants: Vec<_> = (0..20).filter_map(|_| limits.reserve_tokens(&k, 120).ok()).collect();
+        assert_eq!(grants.len(), 8);
+        let e = limits.reserve_tokens(&k, 120).err().expect("full");
+        assert!(e.status() == 429 && e.retry_after.is_some());
+        // They settle for what they used; the reservations go.
+        for _ in &grants {
+            limits.spend_tokens(&k, 100).await;
+        }
+        drop(grants);
+        assert!(limits.reserve_tokens(&k, 150).is_ok(), "800 used, 200 room");
+        assert!(limits.reserve_tokens(&k, 250).is_err());
+        // A request held for more than the whole limit can never pass: said so.
+        let e = limits.reserve_tokens(&k, 5000).err().expect("too large");
+        assert!(e.message.contains("5000 tokens"), "{}", e.message);
+        assert!(limits.reserve_tokens(&key(None, None), 1 << 30).expect("no tpm").is_none());
+    }
+
+    #[tokio::test]
+    async fn one_keys_usage_reads_never_wait_for_anothers() {
+        let turns = UsageTurns::default();
+        let a = turns.take("a").await.expect("a's turn");
+        // Another key goes at once while a's read runs.
+        let b = tokio::time::timeout(Duration::from_secs(5), turns.take("b")).await.expect("b does not wait for a");
+        drop(b);
+        // The same key waits for its own read.
+        let waiting = turns.take("a");
+        tokio::pin!(waiting);
+        assert!(futures_poll_once(&mut waiting).await.is_none(), "a's second read waits for its first");
+        drop(a);
+        assert!(tokio::time::timeout(Duration::from_secs(5), waiting).await.is_ok());
+    }
+
+    /// Poll a future once: Some(output) when it is ready at once.
+    async fn futures_poll_once<F: std::future::Future + Unpin>(f: &mut F) -> Option<F::Output> {
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(match std::pin::Pin::new(&mut *f).poll(cx) {
+                std::task::Poll::Ready(v) => Some(v),
+                std::task::Poll::Pending => None,
+            })
+        })
+        .await
     }
 }

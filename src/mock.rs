@@ -22,7 +22,7 @@
 //! `x-mock-interval-ms: N` pause between stream events; `x-mock-hold: T` after the first stream
 //! event (or after `x-mock-hold-after: N` events), wait at least one second and until
 //! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events;
-//! `x-mock-usage: IN,OUT` report these token counts; `x-mock-no-usage: 1` report no usage at
+//! `x-mock-usage: IN,OUT` report these token counts (`x-mock-conform: 1`: OUT at most the maximum the request names in its protocol's own field); `x-mock-no-usage: 1` report no usage at
 //! all (whatever the request asked); `x-mock-tool-calls: 1` answer with a `get_weather` tool
 //! call only (arguments, no text); `x-mock-cache: WRITE,READ` report prompt-cache writes
 //! and reads (messages). Per provider and key: `x-mock-only: PREFIX[,PREFIX]` applies the
@@ -68,6 +68,18 @@ pub struct Recorded {
     pub stream: bool,
     /// The output maximum the request named, in whichever protocol field.
     pub max_output: Option<u64>,
+}
+
+/// The output maximum a request names in its own protocol's field.
+fn own_max_output(kind: Kind, v: &Value) -> Option<u64> {
+    let fields: &[&str] = match kind {
+        Kind::Chat => &["/max_completion_tokens", "/max_tokens"],
+        Kind::Responses => &["/max_output_tokens"],
+        Kind::Messages => &["/max_tokens"],
+        Kind::Generate { .. } => &["/generationConfig/maxOutputTokens"],
+        _ => &[],
+    };
+    fields.iter().find_map(|p| v.pointer(p).and_then(Value::as_u64))
 }
 
 /// The output maximum a request body names (`max_tokens`, `max_completion_tokens`,
@@ -623,7 +635,13 @@ impl MockUpstream {
             include_usage: parsed.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false)
                 && header(&req, "x-mock-no-usage").is_none(),
             input_tokens: pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i),
-            output_tokens: pair(&req, "x-mock-usage").map(|(_, o)| o),
+            // `x-mock-conform: 1`: the output ends at the maximum the request names in its own
+            // protocol's field, as a conforming upstream's does (a field of another protocol is
+            // ignored, as the real services ignore or refuse it).
+            output_tokens: pair(&req, "x-mock-usage").map(|(_, o)| match header(&req, "x-mock-conform") {
+                Some(_) => own_max_output(kind, &parsed).map_or(o, |max| o.min(max)),
+                None => o,
+            }),
             // A field mask (query `fields` / `$fields`, or `X-Goog-FieldMask`) that does not
             // name usage removes it, as the real service does.
             no_usage: header(&req, "x-mock-no-usage").is_some()

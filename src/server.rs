@@ -194,7 +194,8 @@ fn routing_for(config: &Config, health: &crate::health::HealthBook) -> Routing {
     Routing {
         catalog,
         prices: Arc::new(PriceBook::new(&config.prices)),
-        default_max_output_tokens: config.default_max_output_tokens,
+        default_output_tokens: config.default_output_tokens,
+        min_output_tokens: config.min_output_tokens,
         forward_headers: config.forward_headers.clone(),
         forward_response_headers: config.forward_response_headers.clone(),
         trusted_proxies: config.trusted_proxies.clone(),
@@ -600,7 +601,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         }),
         metrics,
         connector,
-        usage_queries: tokio::sync::Semaphore::new(1),
+        usage_queries: crate::limits::UsageTurns::default(),
         drain: drain_time,
         closing,
         requests: log_requests.then(|| store.requests()),

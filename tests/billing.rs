@@ -140,10 +140,16 @@ async fn holds_cover_every_choice_and_the_model_limit() {
     assert_eq!(r.status(), 200, "one choice ($0.08) fits");
 
     // generate-content: candidateCount multiplies; no maxOutputTokens holds the model's limit
-    // (65,536 × $1.5/M ≈ $0.098 per candidate).
+    // (65,536 × $1.5/M ≈ $0.098 per candidate), lowered to what the key can afford — and the
+    // upstream is told the lowered maximum, so it cannot generate past the hold.
     let gen = |count: u64| json!({"contents": [{"parts": [{"text": "hi"}]}], "generationConfig": {"candidateCount": count}});
     let path = "/v1beta/models/gamma-3.5-flash:generateContent";
-    assert_eq!(post(&s.gw, path, SMALL_KEY, &gen(3), &[]).await.status(), 402);
+    let left = balance(&s.gw, SMALL_KEY).await;
+    assert_eq!(post(&s.gw, path, SMALL_KEY, &gen(3), &[("x-test-tag", "gen3")]).await.status(), 200);
+    let sent = mock_requests(&s.mock, "gen3").await;
+    let asked = sent[0]["max_output"].as_u64().expect("a maximum is always sent");
+    assert!((256..65_536).contains(&asked), "lowered to the balance: {asked}");
+    assert!(cost_nanos("gamma-3.5-flash", 0, 3 * asked) <= left, "three candidates of {asked} fit ${left}");
     assert_eq!(post(&s.gw, path, SMALL_KEY, &gen(1), &[]).await.status(), 200);
     let over = json!({"contents": [], "generationConfig": {"maxOutputTokens": 70000}});
     let r = post(&s.gw, path, CLIENT_KEY, &over, &[]).await;

@@ -249,16 +249,15 @@ async fn checks_come_in_one_order() {
     let mock = start_mock();
     let admin_port = free_port();
     let gw = start_gateway(&config(mock.port, admin_port, ""));
-    // The one request of this minute.
-    assert_eq!(chat(&gw, STRICT_KEY, "alpha-5.5", &[]).await.0, 200);
-    // Model rules come before rate limits; an unknown model is still a 404 first.
+    // Rate limits come first, and every request of a known key counts against them, a refused
+    // one included: the one request of this minute is refused by the key's model rules...
     let (status, body) = chat(&gw, STRICT_KEY, "alpha-4o-mini", &[]).await;
     assert_eq!((status, body["error"]["code"].as_str()), (403, Some("model_not_allowed")), "{body}");
-    assert_eq!(chat(&gw, STRICT_KEY, "alpha-none", &[]).await.0, 404);
-    // An allowed model now meets the rate limit.
+    // ...and spent the minute: an allowed model, and an unknown one, meet the rate limit.
     let (status, body) = chat(&gw, STRICT_KEY, "alpha-5.5", &[]).await;
     assert_eq!(status, 429, "{body}");
+    assert_eq!(chat(&gw, STRICT_KEY, "alpha-none", &[]).await.0, 429, "an unknown model is no way around rpm");
     let metrics = admin_metrics(admin_port, ADMIN_TOKEN).await;
     assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"model_not_allowed\"}"), 1.0, "{metrics}");
-    assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"rate_limited\"}"), 1.0, "{metrics}");
+    assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"rate_limited\"}"), 2.0, "{metrics}");
 }

@@ -227,6 +227,25 @@ async fn idempotency_key_returns_the_original_task_and_submits_once() {
     let other: Value = create(&gw, "/v1/videos", OTHER_KEY, body.clone(), Some("order-42")).await.json().await.expect("json");
     assert_ne!(other["id"], first["id"]);
     assert_eq!(submits_with_prompt(&tc_calls(&mock).await, "idempotent").len(), 3, "order-42 twice, order-43, other key");
+    // The same key with another body: 422, not the first task (nothing charged, nothing sent).
+    let before = balance(&gw, CLIENT_KEY).await;
+    let changed = json!({"model": "genq3-pro", "prompt": "idempotent, but another prompt"});
+    let r = create(&gw, "/v1/videos", CLIENT_KEY, changed, Some("order-42")).await;
+    assert_eq!(r.status(), 422);
+    assert_eq!(r.json::<Value>().await.expect("json")["error"]["code"], "idempotency_key_reused");
+    assert_eq!(balance(&gw, CLIENT_KEY).await, before);
+    assert!(submits_with_prompt(&tc_calls(&mock).await, "another prompt").is_empty());
+    // The same body, however it is spaced and ordered, is still the same request.
+    let reordered = client()
+        .post(gw.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
+        .header("idempotency-key", "order-42")
+        .header("content-type", "application/json")
+        .body(r#"{ "prompt" : "idempotent",  "model": "genq3-pro" }"#)
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(reordered.json::<Value>().await.expect("json")["id"], first["id"]);
 }
 
 #[tokio::test]

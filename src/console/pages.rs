@@ -908,10 +908,13 @@ fn group_title(group: &Group) -> &'static str {
     }
 }
 
-/// A CSV cell (quoted when it must be; a leading formula character is defused).
+/// A CSV cell (quoted when it must be; a cell a spreadsheet could read as a formula — one that
+/// begins with `=`, `+`, `-`, `@`, a tab or a carriage return, OWASP's list — gets a leading `'`,
+/// except a plain number such as a refund's negative cost).
 fn csv_cell(text: &str) -> String {
-    let text = if text.starts_with(['=', '+', '-', '@']) && text.parse::<f64>().is_err() { format!("'{text}") } else { text.to_string() };
-    if text.contains([',', '"', '\n', '\r']) {
+    let number = text.bytes().all(|b| b.is_ascii_digit() || matches!(b, b'-' | b'+' | b'.' | b'e' | b'E')) && text.parse::<f64>().is_ok();
+    let text = if text.starts_with(['=', '+', '-', '@', '\t', '\r']) && !number { format!("'{text}") } else { text.to_string() };
+    if text.contains([',', '"', '\n', '\r', '\t']) {
         format!("\"{}\"", text.replace('"', "\"\""))
     } else {
         text
@@ -1216,6 +1219,11 @@ mod tests {
         assert_eq!(csv_cell("say \"hi\""), "\"say \"\"hi\"\"\"");
         assert_eq!(csv_cell("=HYPERLINK(\"x\")"), "\"'=HYPERLINK(\"\"x\"\")\"");
         assert_eq!(csv_cell("-0.5"), "-0.5");
+        assert_eq!(csv_cell("\tcmd"), "\"'\tcmd\"");
+        assert_eq!(csv_cell("\r=1+1"), "\"'\r=1+1\"");
+        assert_eq!(csv_cell("@SUM(A1)"), "'@SUM(A1)");
+        assert_eq!(csv_cell("-inf"), "'-inf", "not a plain number");
+        assert_eq!(csv_cell("+1+cmd|' /C calc'!A0"), "'+1+cmd|' /C calc'!A0");
     }
 
     #[test]

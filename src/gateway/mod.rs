@@ -65,8 +65,8 @@ pub struct Gateway {
     /// (ALPN), and the HTTP/1.1 connector lets a pooled connection be taken without the state
     /// of a new connection's connect (see `exchange`).
     pub connector: Connector,
-    /// `/v1/usage` summaries run one at a time (see `usage`).
-    pub usage_queries: tokio::sync::Semaphore,
+    /// `/v1/usage` and `/me/data` reads run one at a time per key (see `usage`).
+    pub usage_queries: crate::limits::UsageTurns,
     /// How long a response whose client left is still read for its usage (`billing.drain_secs`).
     pub drain: Duration,
     /// Set once an upgrade began (the listeners go to the new process): every answer from then
@@ -111,6 +111,8 @@ pub struct RelayPlan {
     pub streaming_owner: Option<crate::responses::StreamingOwner>,
     /// Counts the request against the key's `max_concurrent` while the plan lives (held, not read).
     pub concurrency_slot: Option<crate::limits::Slot>,
+    /// The tokens it is held for, reserved under the key's `tpm` until it settles.
+    pub tokens_reserved: Option<crate::limits::TokenReservation>,
     /// The body's share of the buffered-body budget; given back once the body is sent.
     pub body_reservation: Option<crate::body::Reservation>,
     /// The provider speaks another protocol than the client (see `translate`).
@@ -256,8 +258,16 @@ impl Gateway {
             let Some(peer) = peer else {
                 return Err(ApiError::new(ErrorKind::IpNotAllowed, "This API key may only be used from listed addresses."));
             };
-            let client = crate::policy::client_address(peer, header_str(req, "x-forwarded-for"), &routing.trusted_proxies);
-            key.policy.check_address(client)?;
+            use crate::policy::forwarded::{client_address, ClientAddr};
+            match client_address(peer, &req.headers, &routing.trusted_proxies) {
+                Ok(ClientAddr::Known(client)) => key.policy.check_address(client)?,
+                Ok(ClientAddr::Unknown) => {
+                    return Err(ApiError::new(ErrorKind::IpNotAllowed, "This API key may only be used from listed addresses."))
+                }
+                Err(crate::policy::forwarded::Malformed(why)) => {
+                    return Err(ApiError::new(ErrorKind::BadRequest, format!("The forwarding headers cannot be read: {why}.")))
+                }
+            }
         }
         // The model lists show exactly what the key may call.
         let listed = |mut models: Vec<crate::protocol::ModelEntry>| {
@@ -283,6 +293,7 @@ impl Gateway {
             Route::GeminiModel { model } => {
                 let models = listed(catalog.models_for(&key.group, Some(Protocol::Gemini)));
                 let wanted = model.strip_prefix("models/").unwrap_or(model);
+                crate::protocol::check_model_name(wanted)?;
                 return match models.iter().find(|m| m.id == wanted) {
                     Some(m) => Ok(Outcome::Respond(LocalResponse::json(200, &gemini::model(m)))),
                     None => Err(ApiError::new(ErrorKind::ModelNotFound, format!("models/{wanted} is not found."))),
@@ -294,8 +305,7 @@ impl Gateway {
             Route::KeyPageData => {
                 self.limits.admit(&key).await?;
                 let _slot = self.limits.enter(&key).await?;
-                let _turn =
-                    self.usage_queries.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))?;
+                let _turn = self.usage_queries.take(&key.id).await?;
                 let data =
                     crate::console::me::data(&self.ledger, self.requests.as_deref(), &key, &routing.calendar).await.map_err(|e| {
                         log::error!("key page: {e}");
@@ -332,6 +342,9 @@ impl Gateway {
         if !catalog.group_allows(&key.group, protocol) {
             return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
         }
+        // Rate limits first: every request of a known key counts against its `rpm`, the ones
+        // refused below (an unknown or over-long model, a bad body, a policy) included.
+        self.limits.admit(&key).await?;
         let client_body = crate::body::read(session, &self.body).await?;
         let mut draft = match &route {
             Route::StoredResponse { id, .. } => {
@@ -357,13 +370,34 @@ impl Gateway {
                 draft
             }
         };
-        // The order of checks (README "Keys and policy"): the model's rules (after the model
-        // resolved to one a provider serves; an unknown one stayed a 404) and the output limits
-        // (in the draft), then rate limits, then the request's cost cap, then the balance.
+        // The order of checks (README "Keys and policy"): rate limits (above), the model's
+        // rules (after the model resolved to one a provider serves; an unknown one stayed a 404)
+        // and the output limits (in the draft), then requests in flight, then the request's cost
+        // cap, then the balance.
         key.policy.check_model(&draft.model).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
-        self.limits.admit(&key).await?;
         let slot = self.limits.enter(&key).await?;
+        // A request that named no maximum is held (and asks) for less when its cap is lower.
+        if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| draft.hold_nanos > *cap) {
+            if let Some(per_choice) = draft.affordable_output(&routing, cap) {
+                draft.lower_output(&routing, &route, per_choice)?;
+            }
+        }
         key.policy.check_cost(draft.hold_nanos).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+        // Under a `tpm`, the tokens the request is held for are reserved until it settles (a
+        // request that named no maximum asks for no more than the whole limit leaves room for).
+        let tokens_reserved = match key.tpm {
+            Some(tpm) if route.billed() => {
+                let input = draft.input.tokens();
+                if !draft.output_named && input.saturating_add(draft.output_allowance) > tpm {
+                    let per_choice = tpm.saturating_sub(input) / draft.choices.max(1);
+                    if per_choice >= routing.min_output_tokens {
+                        draft.lower_output(&routing, &route, per_choice)?;
+                    }
+                }
+                self.limits.reserve_tokens(&key, input.saturating_add(draft.output_allowance))?
+            }
+            _ => None,
+        };
         if let Some(t) = &mut draft.translation {
             t.gemini_sse = session.req_header().uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
             if t.count && t.upstream == Protocol::Openai {
@@ -372,22 +406,7 @@ impl Gateway {
             }
         }
         // Then the spend windows (the key's, its account's), then the balances.
-        let held = self.ledger.hold_from(self.purses(&routing, &key)?, draft.hold_nanos).await;
-        if !matches!(held, Ok(Ok(_))) {
-            ctx.model_asked = Some(draft.model.clone());
-        }
-        let hold = match held {
-            Ok(Ok(hold)) => hold,
-            Ok(Err(refused)) => return Err(refused.to_api_error("this request may cost up to", crate::auth::now_unix())),
-            Err(crate::store::StoreError::Shared(e)) => {
-                log::warn!("ledger: {e}");
-                return Err(crate::store::fleet::unavailable("the key's balance"));
-            }
-            Err(e) => {
-                log::error!("ledger: {e}");
-                return Err(ApiError::new(ErrorKind::Internal, "Internal error while checking the balance."));
-            }
-        };
+        let hold = self.hold_for(&routing, &key, &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
         let billed = route.billed();
         Ok(Outcome::Relay(Box::new(RelayPlan {
             routing: routing.clone(),
@@ -410,6 +429,7 @@ impl Gateway {
             attempts: 0,
             streaming_owner: None,
             concurrency_slot: slot,
+            tokens_reserved,
             body_reservation: Some(client_body.reservation),
             translation: draft.translation,
             first_byte: None,
@@ -432,6 +452,57 @@ impl Gateway {
         Ok(crate::policy::budget::purses(key, account.as_deref(), &routing.calendar, crate::auth::now_unix()))
     }
 
+    /// Hold the most `draft` can cost in every purse of `key`. A request that named no output
+    /// maximum and does not fit is lowered to what the purse that refused it covers (down to
+    /// `billing.min_output_tokens`) and tried again; a refusal says how many output tokens the
+    /// money covers and which field to set.
+    async fn hold_for(
+        &self,
+        routing: &Routing,
+        key: &KeyRecord,
+        route: &Route,
+        draft: &mut relay::Draft,
+    ) -> std::result::Result<Hold, ApiError> {
+        let purses = self.purses(routing, key)?;
+        // Each lowering fits the purse that refused; another purse may then refuse in turn.
+        let mut lowerings = 0;
+        loop {
+            match self.ledger.hold_from(purses.clone(), draft.hold_nanos).await {
+                Ok(Ok(hold)) => return Ok(hold),
+                Ok(Err(refused)) => {
+                    let available = refused.short.available.max(0);
+                    if lowerings < 4 {
+                        if let Some(per_choice) = draft.affordable_output(routing, available) {
+                            draft.lower_output(routing, route, per_choice)?;
+                            lowerings += 1;
+                            continue;
+                        }
+                    }
+                    let mut e = refused.to_api_error("this request may cost up to", crate::auth::now_unix());
+                    if route.billed() && !route.embeds() {
+                        let covered = draft.output_covered(routing, available);
+                        e.message.push_str(&match covered {
+                            0 => " That does not cover this request's input.".to_string(),
+                            n => format!(
+                                " It covers at most {n} output tokens with this input: set '{}' to {n} or less.",
+                                draft.output_field
+                            ),
+                        });
+                    }
+                    return Err(e);
+                }
+                Err(crate::store::StoreError::Shared(e)) => {
+                    log::warn!("ledger: {e}");
+                    return Err(crate::store::fleet::unavailable("the key's balance"));
+                }
+                Err(e) => {
+                    log::error!("ledger: {e}");
+                    return Err(ApiError::new(ErrorKind::Internal, "Internal error while checking the balance."));
+                }
+            }
+        }
+    }
+
     /// `GET /v1/usage[?start=&end=]` for the calling key.
     async fn usage(&self, query: Option<&str>, key: &KeyRecord) -> std::result::Result<LocalResponse, ApiError> {
         let (start, end) = crate::ledger::usage_window(query)?;
@@ -446,9 +517,9 @@ impl Gateway {
             }
         };
         let by = crate::ledger::usage_grouping(query)?;
-        // Reading a long history is CPU work: on a blocking thread, one query at a time, never
-        // on the threads that relay requests.
-        let _turn = self.usage_queries.acquire().await.map_err(|_| ApiError::new(ErrorKind::Internal, "The gateway is stopping."))?;
+        // Reading a long history is CPU work: on a blocking thread, one query at a time per key
+        // (one key's reads never delay another's), never on the threads that relay requests.
+        let _turn = self.usage_queries.take(&key.id).await?;
         let calendar = self.routing.load().calendar.clone();
         let report = self.ledger.key_usage(key, start, end, &by, &calendar).await.map_err(internal)?;
         Ok(LocalResponse::json(200, &report))
@@ -475,6 +546,7 @@ impl Gateway {
         plan.billed = Some((usage, cost, estimated));
         let input_total = usage.input_total();
         self.limits.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;
+        plan.tokens_reserved = None;
         let series = self.metrics.model(&plan.model);
         if estimated {
             series.estimated_bills.add(1);
@@ -551,6 +623,21 @@ impl Gateway {
             }
             _ => Err(ApiError::new(ErrorKind::Internal, "not a video route")),
         }
+    }
+
+    /// An upstream's error answer as the client is told it (`protocol::upstream_error`); the
+    /// upstream refusing tollgate's own credential is logged at ERROR, naming the provider.
+    pub(super) fn upstream_refused(&self, plan: &RelayPlan, status: u16, body: &[u8]) -> ApiError {
+        let provider = plan.served_by.map_or("?", |i| plan.routing.catalog.upstreams[i].config.name.as_str());
+        match status {
+            401 | 403 => log::error!(
+                "provider {provider} refused tollgate's credential ({status}): check its api_key / api_key_env; clients get 502 upstream_auth_failed"
+            ),
+            429 => log::warn!("provider {provider} answered 429 (rate limited)"),
+            500..=599 => log::warn!("provider {provider} answered {status}"),
+            _ => {}
+        }
+        crate::protocol::upstream_error::from_body(status, body)
     }
 
     /// Send the request upstream and read up to the final response header, with retries before
@@ -806,8 +893,35 @@ impl Gateway {
             LocalResponse::error(&err, shape).send(session).await?;
             return Ok(());
         };
+        let status = upstream_header.status.as_u16();
+        if status >= 400 {
+            // Never the upstream's bytes: its error, rewritten into the client's shape.
+            let retry_after = retry_after(upstream_header).map(|d| d.as_secs().max(1));
+            plan.upstream_request_id = upstream_request_id(upstream_header);
+            let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), false, false);
+            let body = match translated::read_whole(&mut http, &mut scanner).await {
+                Ok(body) => body,
+                Err(e) => {
+                    log::warn!("upstream error answer ended early: {e}");
+                    http.shutdown().await;
+                    Vec::new()
+                }
+            };
+            self.settle(plan, Some(&mut scanner), status).await;
+            let mut err = self.upstream_refused(plan, status, &body);
+            if status == 429 {
+                err.retry_after = Some(retry_after.unwrap_or(1));
+            }
+            if http.response_done() {
+                let idle = peer.idle_timeout();
+                if let HttpSession::H1(h1) = http {
+                    self.connector.release_http_session(h1, &peer, idle).await;
+                }
+            }
+            ctx.response_started = true;
+            return LocalResponse::error(&err, shape).send(session).await;
+        }
         let mut header = Box::new(upstream_header.clone());
-        let status = header.status.as_u16();
         plan.upstream_request_id = upstream_request_id(&header);
         let series = self.metrics.protocol(shape);
         series.upstream_seconds.observe(plan.started.elapsed());

@@ -79,8 +79,10 @@ impl Gateway {
                     }
                 }
             } else {
-                let mut err = translate::upstream_error(status, &body);
-                err.retry_after = retry_after;
+                let mut err = self.upstream_refused(plan, status, &body);
+                if status == 429 {
+                    err.retry_after = Some(retry_after.unwrap_or(1));
+                }
                 LocalResponse::error(&err, shape)
             };
             ctx.response_started = true;
@@ -144,7 +146,7 @@ impl Gateway {
 }
 
 /// A whole upstream answer, metered as it comes (at most [`DRAIN_MAX_BYTES`]).
-async fn read_whole(http: &mut HttpSession, scanner: &mut UsageScanner) -> Result<Vec<u8>> {
+pub(super) async fn read_whole(http: &mut HttpSession, scanner: &mut UsageScanner) -> Result<Vec<u8>> {
     let mut body = Vec::new();
     loop {
         match http.read_response_body().await? {

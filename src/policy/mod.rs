@@ -3,11 +3,11 @@
 //! API: a bad value is refused naming its field, nothing is stored), checked here on every
 //! request.
 //!
-//! The client address is the TCP peer's; only when the peer is a trusted proxy
-//! (`trusted_proxies`) is `X-Forwarded-For` read, right to left, and the first hop that is not a
-//! trusted proxy is the client. No other header is believed.
+//! The client address is derived in `forwarded`: the TCP peer's, unless the peer is a trusted
+//! proxy.
 
 pub mod budget;
+pub mod forwarded;
 
 use crate::protocol::{ApiError, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -341,27 +341,6 @@ impl KeyPolicy {
     }
 }
 
-/// The client's address: the TCP peer's, or, when the peer is a trusted proxy, the right-most
-/// `X-Forwarded-For` hop that is not one (a hop that does not parse ends the walk at the proxy
-/// that wrote it).
-pub fn client_address(peer: IpAddr, forwarded_for: Option<&str>, trusted: &[Cidr]) -> IpAddr {
-    let peer = normalize(peer);
-    let trusted_ip = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
-    if !trusted_ip(peer) {
-        return peer;
-    }
-    let mut nearest = peer;
-    for hop in forwarded_for.unwrap_or_default().rsplit(',').map(str::trim).filter(|h| !h.is_empty()) {
-        let Ok(ip) = hop.parse::<IpAddr>() else { return nearest };
-        let ip = normalize(ip);
-        if !trusted_ip(ip) {
-            return ip;
-        }
-        nearest = ip;
-    }
-    nearest
-}
-
 /// RFC 3339 (`2026-12-31T23:59:59Z`, `…+02:00`, fractions ignored) → unix seconds.
 pub fn rfc3339_unix(text: &str) -> Option<u64> {
     let b = text.as_bytes();
@@ -427,22 +406,6 @@ mod tests {
         for bad in ["10.0.0.0/33", "10.0.0/8", "nope", "2001:db8::/129", "10.0.0.0/x"] {
             assert!(Cidr::parse(bad).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn forwarded_for_is_believed_only_from_trusted_proxies() {
-        let trusted = [Cidr::parse("10.0.0.0/8").expect("cidr")];
-        // An untrusted peer's header is ignored (the spoofing case).
-        assert_eq!(client_address(ip("203.0.113.9"), Some("198.51.100.1"), &trusted), ip("203.0.113.9"));
-        // Through the proxy: the right-most hop that is not a proxy, whatever the client prepended.
-        assert_eq!(client_address(ip("10.0.0.2"), Some("1.2.3.4, 198.51.100.7, 10.0.0.9"), &trusted), ip("198.51.100.7"));
-        // Only proxies, or no header: the nearest proxy.
-        assert_eq!(client_address(ip("10.0.0.2"), Some("10.0.0.9"), &trusted), ip("10.0.0.9"));
-        assert_eq!(client_address(ip("10.0.0.2"), None, &trusted), ip("10.0.0.2"));
-        // A hop that does not parse stops the walk at the proxy that wrote it.
-        assert_eq!(client_address(ip("10.0.0.2"), Some("198.51.100.7, garbage"), &trusted), ip("10.0.0.2"));
-        // No trusted proxies: the peer, always.
-        assert_eq!(client_address(ip("::ffff:10.0.0.2"), Some("1.1.1.1"), &[]), ip("10.0.0.2"));
     }
 
     #[test]

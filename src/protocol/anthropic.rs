@@ -15,7 +15,7 @@ pub const VERSION_HEADER: &str = "anthropic-version";
 
 pub fn error_body(e: &ApiError) -> Value {
     let etype = match e.kind {
-        ErrorKind::BadRequest => "invalid_request_error",
+        ErrorKind::BadRequest | ErrorKind::InvalidModel | ErrorKind::IdempotencyKeyReused => "invalid_request_error",
         ErrorKind::Unauthorized | ErrorKind::KeyExpired => "authentication_error",
         ErrorKind::InsufficientBalance | ErrorKind::RequestCostCap => "billing_error",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "not_found_error",
@@ -25,10 +25,13 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::RequestTimeout => "timeout_error",
         ErrorKind::Overloaded => "overloaded_error",
         ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "rate_limit_error",
-        ErrorKind::BadGateway | ErrorKind::Internal => "api_error",
+        ErrorKind::BadGateway | ErrorKind::Internal | ErrorKind::UpstreamAuthFailed => "api_error",
         ErrorKind::GatewayTimeout => "timeout_error",
     };
-    json!({"type": "error", "error": {"type": etype, "message": e.message}})
+    match e.kind.code() {
+        Some(code) => json!({"type": "error", "error": {"type": etype, "message": e.message, "code": code}}),
+        None => json!({"type": "error", "error": {"type": etype, "message": e.message}}),
+    }
 }
 
 pub fn model_list(models: &[ModelEntry]) -> Value {
@@ -87,11 +90,6 @@ pub fn read_event(v: &Value, r: &mut super::Reading) {
             }
         }
     }
-}
-
-/// The output maximum of a messages request (`max_tokens`, which the API requires).
-pub fn max_output(f: &super::BodyFields<'_>) -> Option<u64> {
-    f.max_tokens
 }
 
 #[cfg(test)]

@@ -13,7 +13,9 @@ pub const RELAYED_HEADERS: [&str; 1] = ["x-goog-api-client"];
 
 pub fn error_body(e: &ApiError) -> Value {
     let status = match e.kind {
-        ErrorKind::BadRequest | ErrorKind::PayloadTooLarge => "INVALID_ARGUMENT",
+        ErrorKind::BadRequest | ErrorKind::PayloadTooLarge | ErrorKind::InvalidModel => "INVALID_ARGUMENT",
+        ErrorKind::IdempotencyKeyReused => "FAILED_PRECONDITION",
+        ErrorKind::UpstreamAuthFailed => "UNAVAILABLE",
         ErrorKind::Unauthorized | ErrorKind::KeyExpired => "UNAUTHENTICATED",
         ErrorKind::InsufficientBalance | ErrorKind::RequestCostCap => "FAILED_PRECONDITION",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "NOT_FOUND",
@@ -25,7 +27,13 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::Overloaded => "UNAVAILABLE",
         ErrorKind::Internal => "INTERNAL",
     };
-    json!({"error": {"code": e.status(), "message": e.message, "status": status}})
+    match e.kind.code() {
+        // google.rpc.ErrorInfo, as the service itself names a reason.
+        Some(code) => json!({"error": {"code": e.status(), "message": e.message, "status": status, "details": [
+            {"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": code.to_ascii_uppercase(), "domain": "tollgate"}
+        ]}}),
+        None => json!({"error": {"code": e.status(), "message": e.message, "status": status}}),
+    }
 }
 
 pub fn model(m: &ModelEntry) -> Value {
@@ -85,11 +93,6 @@ pub fn read_event(v: &Value, r: &mut super::Reading) {
         let output = super::u(meta, "/candidatesTokenCount").unwrap_or(0) + super::u(meta, "/thoughtsTokenCount").unwrap_or(0);
         r.seen = super::SeenUsage { input: Some(prompt - cached), cached: Some(cached), cache_write: None, output: Some(output) };
     }
-}
-
-/// The output maximum of a generate-content request (`generationConfig.maxOutputTokens`).
-pub fn max_output(f: &super::BodyFields<'_>) -> Option<u64> {
-    f.generation_config.as_ref().and_then(|g| g.max_output_tokens)
 }
 
 /// The model and whether the answer streams, from the last path segment of a generate-content

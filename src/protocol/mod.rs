@@ -8,6 +8,7 @@ pub mod anthropic;
 pub mod gemini;
 pub mod openai;
 pub mod scan;
+pub mod upstream_error;
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -67,15 +68,6 @@ impl Protocol {
         }
     }
 
-    /// The most output tokens a request allows per choice, if it names a maximum.
-    pub fn max_output(self, f: &BodyFields<'_>) -> Option<u64> {
-        match self {
-            Protocol::Openai => openai::max_output(f),
-            Protocol::Anthropic => anthropic::max_output(f),
-            Protocol::Gemini => gemini::max_output(f),
-        }
-    }
-
     /// How many answers a request asks for (at least 1; more than [`MAX_CHOICES`] is a 400).
     pub fn choices(self, f: &BodyFields<'_>) -> Result<u64, ApiError> {
         match self {
@@ -98,7 +90,7 @@ impl Protocol {
 
 /// The request-body fields tollgate reads, of all three protocols, from one validating scan
 /// ([`scan`]); everything else is skipped without allocation. Which fields count is each
-/// protocol's (`Protocol::max_output`, `Protocol::choices`).
+/// protocol's (`relay::output` for the output maximum, `Protocol::choices`).
 /// `stream_options` is kept as the raw text of its value (whatever its type), borrowed from
 /// the body, so the usage rewrite can splice it without parsing the body a second time.
 #[derive(Debug, Default)]
@@ -247,10 +239,31 @@ impl Member {
                 ApiError::new(ErrorKind::BadRequest, format!("The request body's '{name}' is not valid: {what}.")).with_param(name)
             })
         }
+        // An identifier the client chooses: at most MAX_ID_BYTES, checked before it is parsed.
+        fn bounded_id(name: &str, raw: &[u8]) -> Result<Option<String>, ApiError> {
+            if raw.len() > MAX_ID_BYTES * 6 + 2 {
+                return Err(id_too_long(name));
+            }
+            let id: Option<String> = typed(name, raw)?;
+            if id.as_ref().is_some_and(|id| id.len() > MAX_ID_BYTES) {
+                return Err(id_too_long(name));
+            }
+            Ok(id)
+        }
         // `null` is absent, as for any optional field, except in `stream_options`.
         let raw_value = |raw: &'a [u8]| (raw != b"null").then_some(Raw(raw));
         match self {
-            Member::Model => f.model = typed(name, raw)?,
+            Member::Model => {
+                // Refused before it is parsed, logged, stored or echoed: a model name is short.
+                if raw.len() > MAX_MODEL_BYTES * 6 + 2 {
+                    return Err(model_name_too_long());
+                }
+                let model: Option<String> = typed(name, raw)?;
+                if let Some(m) = &model {
+                    check_model_name(m)?;
+                }
+                f.model = model;
+            }
             Member::Stream => f.stream = typed(name, raw)?,
             Member::MaxTokens => f.max_tokens = typed(name, raw)?,
             Member::MaxCompletionTokens => f.max_completion_tokens = typed(name, raw)?,
@@ -258,8 +271,8 @@ impl Member {
             Member::N => f.n = typed(name, raw)?,
             Member::GenerationConfig => f.generation_config = typed(name, raw)?,
             Member::StreamOptions => f.stream_options = Some(Raw(raw)),
-            Member::PreviousResponseId => f.previous_response_id = typed(name, raw)?,
-            Member::PromptCacheKey => f.prompt_cache_key = typed(name, raw)?,
+            Member::PreviousResponseId => f.previous_response_id = bounded_id(name, raw)?,
+            Member::PromptCacheKey => f.prompt_cache_key = bounded_id(name, raw)?,
             Member::Background => f.background = typed(name, raw)?,
             Member::Messages => f.messages = raw_value(raw),
             Member::Input => f.input = raw_value(raw),
@@ -270,6 +283,31 @@ impl Member {
         }
         Ok(())
     }
+}
+
+/// The longest model name tollgate accepts, in bytes (README "Security"): longer is 400
+/// `invalid_model`, refused before it is logged, stored, traced or echoed.
+pub const MAX_MODEL_BYTES: usize = 256;
+/// The longest identifier a client chooses (`previous_response_id`, `prompt_cache_key`).
+pub const MAX_ID_BYTES: usize = 512;
+
+fn model_name_too_long() -> ApiError {
+    ApiError::new(ErrorKind::InvalidModel, format!("The model name is longer than {MAX_MODEL_BYTES} bytes.")).with_param("model")
+}
+
+fn id_too_long(name: &str) -> ApiError {
+    ApiError::new(ErrorKind::BadRequest, format!("'{name}' is longer than {MAX_ID_BYTES} bytes.")).with_param(name)
+}
+
+/// A model name from a body or a path: at most [`MAX_MODEL_BYTES`], no control characters.
+pub fn check_model_name(model: &str) -> Result<(), ApiError> {
+    if model.len() > MAX_MODEL_BYTES {
+        return Err(model_name_too_long());
+    }
+    if model.chars().any(char::is_control) {
+        return Err(ApiError::new(ErrorKind::InvalidModel, "The model name contains control characters.").with_param("model"));
+    }
+    Ok(())
 }
 
 /// Images and files a request's content names, whose tokens are not in its body: parts whose
@@ -649,9 +687,26 @@ pub enum ErrorKind {
     /// A spend window (day, week, month) of the key or its account has no room for the
     /// request (429, `Retry-After` to the window's end).
     BudgetExceeded,
+    /// A model name no provider could serve: too long, or not text (400 `invalid_model`).
+    InvalidModel,
+    /// The upstream refused tollgate's own credential (502 `upstream_auth_failed`).
+    UpstreamAuthFailed,
+    /// An `Idempotency-Key` sent again with another body (422 `idempotency_key_reused`).
+    IdempotencyKeyReused,
 }
 
 impl ErrorKind {
+    /// The machine-readable code of kinds that have their own, shown in every protocol's shape
+    /// (chat-completions' `code`, messages' `error.code`, generate-content's `ErrorInfo` reason).
+    pub fn code(self) -> Option<&'static str> {
+        match self {
+            ErrorKind::InvalidModel => Some("invalid_model"),
+            ErrorKind::UpstreamAuthFailed => Some("upstream_auth_failed"),
+            ErrorKind::IdempotencyKeyReused => Some("idempotency_key_reused"),
+            _ => None,
+        }
+    }
+
     /// A short code for the access log's `reason=`.
     pub fn reason(self) -> &'static str {
         match self {
@@ -675,12 +730,17 @@ impl ErrorKind {
             ErrorKind::ModelNotAllowed => "model_not_allowed",
             ErrorKind::RequestCostCap => "request_cost_cap_exceeded",
             ErrorKind::BudgetExceeded => "budget_exceeded",
+            ErrorKind::InvalidModel => "invalid_model",
+            ErrorKind::UpstreamAuthFailed => "upstream_auth_failed",
+            ErrorKind::IdempotencyKeyReused => "idempotency_key_reused",
         }
     }
 
     pub fn status(self) -> u16 {
         match self {
-            ErrorKind::BadRequest => 400,
+            ErrorKind::BadRequest | ErrorKind::InvalidModel => 400,
+            ErrorKind::IdempotencyKeyReused => 422,
+            ErrorKind::UpstreamAuthFailed => 502,
             ErrorKind::Unauthorized | ErrorKind::KeyExpired => 401,
             ErrorKind::InsufficientBalance | ErrorKind::RequestCostCap => 402,
             ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => 403,
@@ -709,31 +769,18 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// An upstream's own status, kept when its error is passed on in another protocol's shape.
     pub upstream_status: Option<u16>,
+    /// An upstream's own error code (`context_length_exceeded`), shown as chat-completions' `code`.
+    pub upstream_code: Option<String>,
 }
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        ApiError { kind, message: message.into(), param: None, retry_after: None, upstream_status: None }
+        ApiError { kind, message: message.into(), param: None, retry_after: None, upstream_status: None, upstream_code: None }
     }
 
-    /// An upstream's error answer, to be shown in the client's protocol with the same status.
+    /// An upstream's error answer as the client is told it (see [`upstream_error`]).
     pub fn upstream(status: u16, message: impl Into<String>) -> Self {
-        let kind = match status {
-            401 => ErrorKind::Unauthorized,
-            402 => ErrorKind::InsufficientBalance,
-            403 => ErrorKind::Forbidden,
-            404 => ErrorKind::NotFound,
-            408 => ErrorKind::RequestTimeout,
-            413 => ErrorKind::PayloadTooLarge,
-            429 => ErrorKind::RateLimited,
-            400..=499 => ErrorKind::BadRequest,
-            503 | 529 => ErrorKind::Overloaded,
-            502 => ErrorKind::BadGateway,
-            504 => ErrorKind::GatewayTimeout,
-            _ => ErrorKind::Internal,
-        };
-        let status = if (400..=599).contains(&status) { status } else { 502 };
-        ApiError { upstream_status: Some(status), ..ApiError::new(kind, message) }
+        upstream_error::rewrite(status, Some(&message.into()), None)
     }
 
     pub fn with_param(mut self, param: &str) -> Self {

@@ -34,7 +34,10 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::ModelNotAllowed => ("permission_error", json!("model_not_allowed")),
         ErrorKind::RequestCostCap => ("invalid_request_error", json!("request_cost_cap_exceeded")),
         ErrorKind::BudgetExceeded => ("rate_limit_error", json!("budget_exceeded")),
+        ErrorKind::InvalidModel | ErrorKind::IdempotencyKeyReused => ("invalid_request_error", json!(e.kind.code())),
+        ErrorKind::UpstreamAuthFailed => ("api_error", json!(e.kind.code())),
     };
+    let code = e.upstream_code.as_deref().map_or(code, |c| json!(c));
     json!({"error": {"message": e.message, "type": etype, "param": e.param, "code": code}})
 }
 
@@ -188,12 +191,6 @@ fn seen(usage: &Value, input: &str, cached: &str, output: &str) -> super::SeenUs
         cache_write: None,
         output: Some(super::u(usage, output).unwrap_or(0)),
     }
-}
-
-/// The output maximum of a chat completion (`max_completion_tokens`, else the legacy
-/// `max_tokens`) or a response (`max_output_tokens`).
-pub fn max_output(f: &super::BodyFields<'_>) -> Option<u64> {
-    f.max_completion_tokens.or(f.max_tokens).or(f.max_output_tokens)
 }
 
 /// The client asked for stream usage itself (`stream_options.include_usage: true`).

@@ -67,6 +67,7 @@ struct Shared {
 pub struct Exporter {
     shared: Arc<Shared>,
     max_queue: usize,
+    max_queue_bytes: usize,
     max_batch: usize,
     dropped_full: Arc<Counter>,
 }
@@ -91,7 +92,13 @@ impl Exporter {
             .name("otlp-export".into())
             .spawn(move || run(&thread_shared, sender, counts, delay))
             .map_err(|e| format!("telemetry.otlp: could not start the exporter thread: {e}"))?;
-        Ok(Exporter { shared, max_queue: settings.max_queue, max_batch: settings.max_export_batch, dropped_full })
+        Ok(Exporter {
+            shared,
+            max_queue: settings.max_queue,
+            max_queue_bytes: settings.max_queue_bytes,
+            max_batch: settings.max_export_batch,
+            dropped_full,
+        })
     }
 
     /// Queue a request's spans (encoded, see `otlp::Spans`), or drop them when the queue is
@@ -104,14 +111,15 @@ impl Exporter {
         if n == 0 {
             return;
         }
-        if q.spans.len() > self.max_queue {
+        // Bounded in count and in bytes: a slow collector holds at most both.
+        let whole = q.spans.ends[q.spans.len() - 1] - base;
+        if q.spans.len() > self.max_queue || base + whole > self.max_queue_bytes {
             q.spans.ends.truncate(before);
             drop(q);
             self.dropped_full.add(n as u64);
             return;
         }
         // Whole spans only (`span_ends` stops at one cut short).
-        let whole = q.spans.ends[q.spans.len() - 1] - base;
         q.spans.bytes.extend_from_slice(&spans[..whole]);
         let full = before < self.max_batch && q.spans.len() >= self.max_batch;
         drop(q);
@@ -199,6 +207,8 @@ async fn export(sender: &Sender, counts: &Counts, spans: &[u8], n: usize) {
 struct Sender {
     client: reqwest::Client,
     url: String,
+    /// `url` as logged (no credentials).
+    shown: String,
     protocol: Protocol,
     headers: Vec<(String, String)>,
     resource: Vec<(String, String)>,
@@ -223,6 +233,7 @@ impl Sender {
         };
         Ok(Sender {
             client,
+            shown: crate::logging::redact_url(&url),
             url,
             protocol: settings.protocol,
             headers: settings.headers.clone(),
@@ -271,7 +282,7 @@ impl Sender {
         for (name, value) in &self.headers {
             req = req.header(name.as_str(), value.as_str());
         }
-        let resp = req.body(body).send().await.map_err(|e| (true, format!("collector {} unreachable: {e}", self.url)))?;
+        let resp = req.body(body).send().await.map_err(|e| (true, format!("collector {} unreachable: {}", self.shown, e.without_url())))?;
         let status = resp.status().as_u16();
         match self.protocol {
             Protocol::HttpProtobuf => {
@@ -279,11 +290,11 @@ impl Sender {
                     return Ok(());
                 }
                 // OTLP/HTTP: 429, 502, 503 and 504 are worth another try.
-                Err((matches!(status, 429 | 502 | 503 | 504), format!("collector {} answered HTTP {status}", self.url)))
+                Err((matches!(status, 429 | 502 | 503 | 504), format!("collector {} answered HTTP {status}", self.shown)))
             }
             Protocol::Grpc => {
                 if status != 200 {
-                    return Err((matches!(status, 429 | 502 | 503 | 504), format!("collector {} answered HTTP {status}", self.url)));
+                    return Err((matches!(status, 429 | 502 | 503 | 504), format!("collector {} answered HTTP {status}", self.shown)));
                 }
                 // The status comes in the header (an error without a message) or the trailers.
                 let in_header = grpc_status(resp.headers());
@@ -292,17 +303,18 @@ impl Sender {
                     None => {
                         use http_body_util::BodyExt;
                         let body: reqwest::Body = http::Response::from(resp).into_body();
-                        let collected = body.collect().await.map_err(|e| (true, format!("collector {}: {e}", self.url)))?;
+                        let collected = body.collect().await.map_err(|e| (true, format!("collector {}: {e}", self.shown)))?;
                         collected.trailers().and_then(grpc_status)
                     }
                 };
                 match code {
                     Some(0) => Ok(()),
                     // UNAVAILABLE, RESOURCE_EXHAUSTED, ABORTED, DEADLINE_EXCEEDED… are transient.
-                    Some(code) => {
-                        Err((matches!(code, 1 | 4 | 8 | 10 | 11 | 14 | 15), format!("collector {} answered gRPC status {code}", self.url)))
-                    }
-                    None => Err((false, format!("collector {} sent no gRPC status", self.url))),
+                    Some(code) => Err((
+                        matches!(code, 1 | 4 | 8 | 10 | 11 | 14 | 15),
+                        format!("collector {} answered gRPC status {code}", self.shown),
+                    )),
+                    None => Err((false, format!("collector {} sent no gRPC status", self.shown))),
                 }
             }
         }
@@ -347,7 +359,8 @@ mod tests {
     fn the_queue_keeps_whole_spans_in_order_and_drops_what_does_not_fit() {
         let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
         let dropped = Arc::new(Counter::default());
-        let exporter = Exporter { shared: shared.clone(), max_queue: 5, max_batch: 2, dropped_full: dropped.clone() };
+        let exporter =
+            Exporter { shared: shared.clone(), max_queue: 5, max_queue_bytes: usize::MAX, max_batch: 2, dropped_full: dropped.clone() };
         exporter.submit(request(2).bytes());
         exporter.submit(request(0).bytes());
         exporter.submit(request(3).bytes());
@@ -375,5 +388,21 @@ mod tests {
         let mut q = shared.queue.lock().unwrap();
         q.spans.move_front(2, &mut batch);
         assert_eq!((names(&batch.bytes), q.spans.len()), (vec!["span 0".to_string(), "span 1".to_string()], 0));
+    }
+
+    #[test]
+    fn the_queue_is_bounded_in_bytes_too() {
+        let shared = Arc::new(Shared { queue: Mutex::new(Queue::default()), wake: Condvar::new() });
+        let dropped = Arc::new(Counter::default());
+        let one = request(2).bytes().len();
+        let exporter =
+            Exporter { shared: shared.clone(), max_queue: 1000, max_queue_bytes: one * 2, max_batch: 1000, dropped_full: dropped.clone() };
+        for _ in 0..5 {
+            exporter.submit(request(2).bytes());
+        }
+        // Two requests' spans fit the bytes; the other three are dropped and counted.
+        assert_eq!(dropped.get(), 6);
+        let q = shared.queue.lock().unwrap();
+        assert_eq!((q.spans.len(), q.spans.bytes.len()), (4, one * 2));
     }
 }

@@ -47,7 +47,11 @@ impl Tracer {
             ratio_bound: (settings.sample_ratio * u64::MAX as f64) as u64,
             always: settings.sample_ratio >= 1.0,
             exporter,
-            describe: format!("traces to {} ({protocol}, sample ratio {})", settings.endpoint, settings.sample_ratio),
+            describe: format!(
+                "traces to {} ({protocol}, sample ratio {})",
+                crate::logging::redact_url(&settings.endpoint),
+                settings.sample_ratio
+            ),
         })
     }
 

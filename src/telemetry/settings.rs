@@ -26,7 +26,13 @@ use std::time::Duration;
 pub struct RawTelemetry {
     #[serde(default)]
     pub otlp: Option<RawOtlp>,
+    /// The most bytes of encoded spans waiting for the collector (beside the span count).
+    #[serde(default)]
+    pub max_queue_bytes: Option<u64>,
 }
+
+/// `telemetry.max_queue_bytes` when not set: spans past it are dropped and counted.
+pub const DEFAULT_MAX_QUEUE_BYTES: usize = 16 << 20;
 
 /// `telemetry.otlp:` as written in the file.
 #[derive(Debug, Default, Deserialize)]
@@ -59,6 +65,8 @@ pub struct Settings {
     pub timeout: Duration,
     pub schedule_delay: Duration,
     pub max_queue: usize,
+    /// The queue's bound in bytes (`telemetry.max_queue_bytes`): a slow collector holds at most this.
+    pub max_queue_bytes: usize,
     pub max_export_batch: usize,
     /// The resource's attributes (`service.name`, `service.version`, `OTEL_RESOURCE_ATTRIBUTES`).
     pub resource: Vec<(String, String)>,
@@ -97,9 +105,10 @@ pub fn resolve(raw: Option<&RawOtlp>, env: &dyn Fn(&str) -> Option<String>) -> R
             (if protocol == Protocol::Grpc { "http://localhost:4317" } else { "http://localhost:4318" }.to_string(), false)
         }
     };
-    let url = reqwest::Url::parse(&endpoint).map_err(|e| format!("telemetry.otlp.endpoint: '{endpoint}' is not a URL ({e})"))?;
+    let shown = crate::logging::redact_url(&endpoint);
+    let url = reqwest::Url::parse(&endpoint).map_err(|e| format!("telemetry.otlp.endpoint: '{shown}' is not a URL ({e})"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err(format!("telemetry.otlp.endpoint: '{endpoint}' must be an http:// or https:// URL with a host"));
+        return Err(format!("telemetry.otlp.endpoint: '{shown}' must be an http:// or https:// URL with a host"));
     }
     let endpoint = match protocol {
         Protocol::HttpProtobuf if !full => format!("{}/v1/traces", endpoint.trim_end_matches('/')),
@@ -163,6 +172,7 @@ pub fn resolve(raw: Option<&RawOtlp>, env: &dyn Fn(&str) -> Option<String>) -> R
         timeout: Duration::from_millis(timeout_ms),
         schedule_delay: Duration::from_millis(number("OTEL_BSP_SCHEDULE_DELAY", 5000, 3_600_000)?),
         max_queue,
+        max_queue_bytes: DEFAULT_MAX_QUEUE_BYTES,
         max_export_batch,
         resource,
     }))

@@ -450,23 +450,6 @@ pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
     Ok(bytes)
 }
 
-/// An upstream's error answer (any protocol's shape, or none) as the client's error: the same
-/// status, the upstream's message.
-pub fn upstream_error(status: u16, body: &[u8]) -> ApiError {
-    let value: Option<Value> = serde_json::from_slice(body).ok();
-    let message = value
-        .as_ref()
-        .and_then(|v| {
-            crate::protocol::at(v, "/error/message")
-                .or_else(|| v.get("message"))
-                .or_else(|| v.get(0).and_then(|first| crate::protocol::at(first, "/error/message")))
-        })
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("The upstream service answered {status}."));
-    ApiError::upstream(status, message)
-}
-
 /// A stable id for a call or answer that came without one.
 pub fn new_id(prefix: &str) -> String {
     use rand::Rng;

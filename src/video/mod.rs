@@ -306,10 +306,28 @@ impl VideoService {
     ) -> Result<(Task, bool), ApiError> {
         let json = request::parse_body(body)?;
         let now = now_unix();
+        // What an Idempotency-Key's task was created from: the same request sent again gets the
+        // same task; another body under the same key is refused.
+        let digest = idempotency_key.map(|_| {
+            use sha2::{Digest, Sha256};
+            let mut canonical = Vec::new();
+            canonical_json(&json, &mut canonical);
+            Sha256::digest(&canonical).iter().map(|b| format!("{b:02x}")).collect::<String>()
+        });
+        let reused = |task: Task| -> Result<(Task, bool), ApiError> {
+            match (&task.request_digest, &digest) {
+                (Some(was), Some(now)) if was != now => Err(ApiError::new(
+                    ErrorKind::IdempotencyKeyReused,
+                    "This Idempotency-Key was used for a different request. Use a new key for a new request.",
+                )
+                .with_param("Idempotency-Key")),
+                _ => Ok((task, false)),
+            }
+        };
         if let Some(idem) = idempotency_key {
             if let Some(existing) = self.store.idempotent_task(&key.id, idem, now).await.map_err(internal)? {
                 if let Some(task) = self.store.get(&existing).await.map_err(internal)? {
-                    return Ok((task, false));
+                    return reused(task);
                 }
             }
         }
@@ -322,6 +340,7 @@ impl VideoService {
         })?;
         let mut task = Task::new(new_task_id(), key.id.clone(), &sub, now, cost);
         task.tags = key.policy.tags.clone();
+        task.request_digest = digest.clone();
         let _creating = Creating::mark(&self.creating, &task.id);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {
@@ -345,8 +364,8 @@ impl VideoService {
                 }
                 let earlier = self.store.get(&holder).await.map_err(internal)?;
                 return earlier
-                    .map(|task| (task, false))
-                    .ok_or_else(|| ApiError::new(ErrorKind::Internal, "The task for this Idempotency-Key is missing."));
+                    .ok_or_else(|| ApiError::new(ErrorKind::Internal, "The task for this Idempotency-Key is missing."))
+                    .and_then(reused);
             }
         }
         if let Err(e) = self.upload_inputs(&mut task, &mut sub).await {
@@ -619,6 +638,37 @@ impl BackgroundService for VideoPoller {
                 _ = self.service.poll_once() => {}
             }
         }
+    }
+}
+
+/// `v` as JSON with every object's members in name order, however the client ordered them.
+fn canonical_json(v: &serde_json::Value, out: &mut Vec<u8>) {
+    match v {
+        serde_json::Value::Object(map) => {
+            let mut members: Vec<_> = map.iter().collect();
+            members.sort_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (name, value)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(serde_json::Value::String(name.clone()).to_string().as_bytes());
+                out.push(b':');
+                canonical_json(value, out);
+            }
+            out.push(b'}');
+        }
+        serde_json::Value::Array(items) => {
+            out.push(b'[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                canonical_json(item, out);
+            }
+            out.push(b']');
+        }
+        other => out.extend_from_slice(other.to_string().as_bytes()),
     }
 }
 

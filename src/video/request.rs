@@ -259,6 +259,9 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
     let body = body.as_object().ok_or_else(|| bad("body", "must be a JSON object"))?;
 
     let model = string_field(body, "model")?.ok_or_else(|| bad("model", "is required"))?;
+    if model.len() > crate::protocol::MAX_MODEL_BYTES {
+        return Err(bad("model", format!("is longer than {} bytes", crate::protocol::MAX_MODEL_BYTES)));
+    }
     if !MODELS.contains(&model) || !enabled.iter().any(|m| m == model) {
         return Err(bad("model", format!("unsupported model '{model}'; check the spelling and the model configuration")));
     }
@@ -272,22 +275,23 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
             for (key, value) in m {
                 let name = pascal_case(key);
                 let field = format!("metadata.{key}");
-                match name.as_str() {
-                    "Model" | "Prompt" | "Images" | "Duration" => {
+                // Reserved names match whatever their case: `RESOLUTION` is `Resolution`.
+                match name.to_ascii_lowercase().as_str() {
+                    "model" | "prompt" | "images" | "duration" => {
                         return Err(bad(
                             &field,
                             format!("must not be set in metadata; use the top-level {} field", name.to_ascii_lowercase()),
                         ));
                     }
-                    "Action" => {
+                    "action" => {
                         let action = value.as_str().ok_or_else(|| bad(&field, "must be a string"))?;
                         force_reference |= action == "referenceGenerate";
                         continue;
                     }
-                    "Resolution" | "MovementAmplitude" => continue,
+                    "resolution" | "movementamplitude" => continue,
                     _ => {}
                 }
-                if meta.insert(name.clone(), value.clone()).is_some() {
+                if meta.keys().any(|k| k.eq_ignore_ascii_case(&name)) || meta.insert(name.clone(), value.clone()).is_some() {
                     return Err(bad(&field, format!("metadata.{name} is given twice")));
                 }
             }
@@ -723,6 +727,17 @@ mod tests {
         }
         let s = ok(with(json!({"Resolution": "1080p", "resolution": "720p", "MovementAmplitude": "large", "Bgm": true})));
         assert!(!s.payload.contains_key("Resolution") && !s.payload.contains_key("MovementAmplitude"));
+        // Whatever their case: none reaches the upstream.
+        let s = ok(with(json!({"RESOLUTION": "1080p", "movementAMPLITUDE": "large", "resolutioN": "4k"})));
+        assert!(
+            s.payload.keys().all(|k| !k.eq_ignore_ascii_case("resolution") && !k.eq_ignore_ascii_case("movementamplitude")),
+            "{:?}",
+            s.payload
+        );
+        for key in ["MODEL", "PROMPT", "dUrAtIoN"] {
+            rejects(with(json!({key: "x"})), &format!("metadata.{key}"));
+        }
+        rejects(with(json!({"BGM": true, "Bgm": false})), "metadata.Bgm");
         assert_eq!(s.payload["Bgm"], true);
         for ar in ASPECT_RATIOS {
             assert_eq!(ok(with(json!({"AspectRatio": ar}))).payload["AspectRatio"], ar);

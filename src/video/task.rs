@@ -81,6 +81,10 @@ pub struct Task {
     /// credits the same.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub charged_to: Vec<String>,
+    /// SHA-256 of the submitted body (its JSON, re-encoded), kept with an `Idempotency-Key`'s
+    /// task: the key sent again with another body is refused (422), not answered with this task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_digest: Option<String>,
     /// The owner's tags at submission, copied onto its charge and refund records.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tags: std::collections::BTreeMap<String, String>,
@@ -126,6 +130,7 @@ impl Task {
             charged: false,
             refunded: false,
             charged_to: Vec::new(),
+            request_digest: None,
             tags: Default::default(),
             storage_key: None,
             upstream_url: None,

@@ -7,6 +7,8 @@ use crate::affinity::rendezvous_score;
 use crate::config::{Config, Group, Platform, Protocol, ProviderConfig};
 use crate::protocol::{ApiError, ErrorKind, ModelEntry};
 use crate::route::Route;
+
+pub mod output;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
@@ -329,9 +331,12 @@ pub fn upstream_query(query: Option<&str>, route: &Route) -> Option<String> {
 pub struct Routing {
     pub catalog: Arc<Catalog>,
     pub prices: Arc<crate::ledger::PriceBook>,
-    /// Output tokens held for a request that names no maximum (and whose model has no
-    /// `max_output_tokens`).
-    pub default_max_output_tokens: u64,
+    /// Output tokens held (and asked for) per choice for a request that names no maximum, when
+    /// neither its key nor its model sets one (`billing.default_output_tokens`).
+    pub default_output_tokens: u64,
+    /// The fewest output tokens a request that names no maximum is lowered to when its key
+    /// cannot afford the default (`billing.min_output_tokens`); below, 402.
+    pub min_output_tokens: u64,
     /// Extra client headers relayed upstream (`forward_headers`).
     pub forward_headers: Vec<String>,
     /// Extra upstream response headers relayed to clients (`forward_response_headers`).
@@ -370,76 +375,45 @@ impl Default for MediaAllowance {
 }
 
 /// The output tokens a request may produce, all choices together: the per-choice maximum it
-/// names (refused above the model's `max_output_tokens`, or above [`crate::config::MAX_OUTPUT_ALLOWANCE`]),
-/// else the model's limit, else `billing.default_max_output_tokens`; times `n` /
-/// `candidateCount`.
+/// names in its route's own field (refused above the model's `max_output_tokens`, or above
+/// [`crate::config::MAX_OUTPUT_ALLOWANCE`]), else the default allowance (see
+/// [`output::default_allowance`]); times `n` / `candidateCount`. Returns the per-choice figure
+/// and whether the request named it.
 fn output_allowance(
+    route: &Route,
     fields: &BodyFields<'_>,
-    protocol: Protocol,
     routing: &Routing,
     model: &str,
-    set_by_key: Option<u64>,
-) -> Result<u64, ApiError> {
-    let model_limit = routing.prices.price(model).and_then(|p| p.max_output_tokens);
-    let per_choice = match protocol.max_output(fields) {
+    policy: &crate::policy::KeyPolicy,
+) -> Result<(u64, bool), ApiError> {
+    let price = routing.prices.price(model);
+    let model_limit = price.and_then(|p| p.max_output_tokens);
+    let asked = output::asked(route, fields)?;
+    // The key's cap refuses a larger maximum (400 naming the field used).
+    policy.output_tokens(asked, output::named_field(route, fields))?;
+    Ok(match asked {
         Some(asked) => {
             let limit = model_limit.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
             if asked > limit {
                 return Err(ApiError::new(
                     ErrorKind::BadRequest,
                     format!("The maximum output of {asked} tokens is more than the model '{model}' can produce ({limit})."),
-                ));
+                )
+                .with_param(output::named_field(route, fields)));
             }
-            asked
+            (asked, true)
         }
-        None => set_by_key.unwrap_or_else(|| model_limit.unwrap_or(routing.default_max_output_tokens)),
-    };
-    Ok(per_choice.saturating_mul(protocol.choices(fields)?))
-}
-
-/// The request field that names the output maximum on `route`.
-fn output_field(route: &Route, fields: &BodyFields<'_>) -> &'static str {
-    match route {
-        Route::ChatCompletions if fields.max_tokens.is_some() && fields.max_completion_tokens.is_none() => "max_tokens",
-        Route::ChatCompletions => "max_completion_tokens",
-        Route::Responses | Route::ResponsesCompact => "max_output_tokens",
-        Route::GenerateContent { .. } => "generationConfig.maxOutputTokens",
-        _ => "max_tokens",
-    }
-}
-
-/// `body` with its output maximum set to `tokens` in the route's own field (a request that
-/// named none, for a key with `default_output_tokens` or `max_output_tokens`): a top-level
-/// field goes in first; generate-content's sits in `generationConfig`.
-fn with_output_maximum(route: &Route, body: &bytes::Bytes, tokens: u64) -> Result<bytes::Bytes, ApiError> {
-    let field = output_field(route, &BodyFields::default());
-    if let Some(nested) = field.strip_prefix("generationConfig.") {
-        let mut value: serde_json::Value = if body.is_empty() {
-            serde_json::json!({})
-        } else {
-            let text =
-                std::str::from_utf8(body).map_err(|_| ApiError::new(ErrorKind::BadRequest, "The request body is not valid UTF-8."))?;
-            crate::protocol::parse_bounded(text, "request body")?
-        };
-        let Some(map) = value.as_object_mut() else {
-            return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
-        };
-        let config = map.entry("generationConfig").or_insert_with(|| serde_json::json!({}));
-        if let Some(config) = config.as_object_mut() {
-            config.insert(nested.to_string(), tokens.into());
-        }
-        return Ok(bytes::Bytes::from(serde_json::to_vec(&value).unwrap_or_default()));
-    }
-    let trimmed = body.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(body.len());
-    if body.get(trimmed) != Some(&b'{') {
-        return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
-    }
-    let rest = &body[trimmed + 1..];
-    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-    let mut out = Vec::with_capacity(body.len() + 40);
-    out.extend_from_slice(format!("{{\"{field}\":{tokens}{}", if empty { "" } else { "," }).as_bytes());
-    out.extend_from_slice(rest);
-    Ok(bytes::Bytes::from(out))
+        None => (
+            output::default_allowance(
+                price.and_then(|p| p.default_output_tokens),
+                model_limit,
+                policy.default_output_tokens,
+                policy.max_output_tokens,
+                routing.default_output_tokens,
+            ),
+            false,
+        ),
+    })
 }
 
 /// What a relayed request will do, decided from the routing snapshot, its route, its key's
@@ -455,8 +429,18 @@ pub struct Draft {
     pub input: crate::billing::InputEstimate,
     /// The output tokens held, all choices together.
     pub output_allowance: u64,
-    /// The body to send (the client's, or with usage asked for).
+    /// The request named its output maximum itself: it is not lowered to what the key can
+    /// afford (see [`Draft::lower_output`]).
+    pub output_named: bool,
+    /// How many answers the request asks for (`n`, `candidateCount`).
+    pub choices: u64,
+    /// The field that names the request's output maximum (the one it used, else the one to set).
+    pub output_field: &'static str,
+    /// The body to send (the client's, with usage asked for, with the output maximum).
     pub body: bytes::Bytes,
+    /// The body before its output maximum was written (native relays), or the client's
+    /// (translated): what [`Draft::lower_output`] rewrites from.
+    base_body: bytes::Bytes,
     pub client_body_len: usize,
     /// tollgate asked for stream usage; the usage chunk is not the client's to see.
     pub withhold_usage: bool,
@@ -579,7 +563,11 @@ pub fn stored_draft(routing: &Routing, owner: &crate::ledger::ResponseOwner, cli
         hold_nanos: 0,
         input: crate::billing::InputEstimate::default(),
         output_allowance: 0,
+        output_named: true,
+        choices: 1,
+        output_field: "max_tokens",
         client_body_len: client_body.len(),
+        base_body: client_body.clone(),
         body: client_body,
         withhold_usage: false,
         previous_response_id: None,
@@ -615,6 +603,7 @@ pub fn draft(
             .filter(|m| !m.is_empty())
             .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
     };
+    crate::protocol::check_model_name(&model)?;
     if fields.background == Some(true) {
         return Err(ApiError::new(
             ErrorKind::BadRequest,
@@ -652,18 +641,13 @@ pub fn draft(
         )
         .with_param("model")
     })?;
-    // The key's output limits (refused above its cap; set when the request names none).
-    let set_by_key = if route.embeds() || !route.billed() {
-        None
-    } else {
-        let limit = routing.prices.price(&model).and_then(|p| p.max_output_tokens).unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
-        policy.output_tokens(protocol.max_output(&fields), output_field(route, &fields))?.map(|n| n.min(limit))
-    };
-    let output_allowance = match route {
-        _ if route.embeds() => 0,
-        _ if !route.billed() => 0,
-        _ => output_allowance(&fields, protocol, routing, &model, set_by_key)?,
-    };
+    // The output held per choice: the request's own maximum (within the key's and the model's
+    // limits), else the default allowance, which the upstream is then told.
+    let choices = if route.embeds() || !route.billed() { 1 } else { protocol.choices(&fields)? };
+    let (per_choice, output_named) =
+        if route.embeds() || !route.billed() { (0, true) } else { output_allowance(route, &fields, routing, &model, policy)? };
+    let output_allowance = per_choice.saturating_mul(choices);
+    let output_field = output::named_field(route, &fields);
     let input = crate::billing::InputEstimate {
         body_tokens: crate::billing::hold_input_tokens(client_body.len()),
         media_tokens: if route.billed() { routing.media_allowance.tokens(fields.media) } else { 0 },
@@ -685,7 +669,7 @@ pub fn draft(
         Route::Responses | Route::ResponsesCompact | Route::ResponsesInputTokens => fields.previous_response_id.clone(),
         _ => None,
     };
-    let (body, withhold_usage, translation) = match (translated, client) {
+    let (base_body, withhold_usage, translation) = match (translated, client) {
         (Some((upstream, _)), Some(client)) => {
             let translation = crate::translate::Translation {
                 client,
@@ -702,31 +686,33 @@ pub fn draft(
                 count: crate::translate::counts(route),
             };
             drop(fields);
-            (crate::translate::request(&translation, &client_body, output_allowance)?, false, Some(translation))
+            (client_body.clone(), false, Some(translation))
         }
         _ => {
             let withhold =
                 *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
             let body = if withhold { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
-            let body = match set_by_key {
-                Some(tokens) => with_output_maximum(route, &body, tokens)?,
-                None => body,
-            };
             (body, withhold, None)
         }
     };
-    Ok(Draft {
+    let mut draft = Draft {
         model,
         candidates,
         hold_nanos,
         input,
         output_allowance,
-        body,
+        output_named,
+        choices,
+        output_field,
+        body: bytes::Bytes::new(),
+        base_body,
         client_body_len: client_body.len(),
         withhold_usage,
         previous_response_id,
         translation,
-    })
+    };
+    draft.body = draft.upstream_body(route, per_choice)?;
+    Ok(draft)
 }
 
 /// The hold for `input` and `output` tokens of `model`; a model without a price is refused.
@@ -738,6 +724,42 @@ fn hold_cost(routing: &Routing, model: &str, input: crate::billing::InputEstimat
 }
 
 impl Draft {
+    /// The body the upstream gets for `per_choice` output tokens: a translated request is
+    /// encoded with it; a native one carries it in its route's own field unless the client
+    /// named its maximum there itself.
+    fn upstream_body(&self, route: &Route, per_choice: u64) -> Result<bytes::Bytes, ApiError> {
+        match &self.translation {
+            Some(t) => crate::translate::request(t, &self.base_body, per_choice),
+            None if self.output_named => Ok(self.base_body.clone()),
+            None => output::with_maximum(route, &self.base_body, per_choice),
+        }
+    }
+
+    /// The output tokens per choice the hold can be lowered to (`billing.min_output_tokens` at
+    /// least) when `available` nano-USD does not cover it: None when the request named its own
+    /// maximum, or when not even the floor fits.
+    pub fn affordable_output(&self, routing: &Routing, available: i64) -> Option<u64> {
+        if self.output_named || self.choices == 0 {
+            return None;
+        }
+        let per_choice = routing.prices.output_within(&self.model, self.input.tokens(), available)? / self.choices;
+        (per_choice >= routing.min_output_tokens && per_choice < self.output_allowance / self.choices).then_some(per_choice)
+    }
+
+    /// Hold and ask for `per_choice` output tokens instead (see [`Draft::affordable_output`]).
+    pub fn lower_output(&mut self, routing: &Routing, route: &Route, per_choice: u64) -> Result<(), ApiError> {
+        self.output_allowance = per_choice.saturating_mul(self.choices);
+        self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?;
+        self.body = self.upstream_body(route, per_choice)?;
+        Ok(())
+    }
+
+    /// How many output tokens `available` nano-USD covers beside this request's input (all
+    /// choices together), for a refusal's message.
+    pub fn output_covered(&self, routing: &Routing, available: i64) -> u64 {
+        routing.prices.output_within(&self.model, self.input.tokens(), available).unwrap_or(0) / self.choices.max(1)
+    }
+
     /// The turn continues a stored conversation of `context_tokens` (its recorded input and
     /// output): the upstream counts them again as input, so they are held (and estimated) too.
     pub fn continues(&mut self, routing: &Routing, route: &Route, context_tokens: u64) -> Result<(), ApiError> {
@@ -843,7 +865,8 @@ prices:
         Routing {
             catalog: Arc::new(Catalog::new(&config, 0, &health())),
             prices: Arc::new(crate::ledger::PriceBook::new(&config.prices)),
-            default_max_output_tokens: 100,
+            default_output_tokens: 100,
+            min_output_tokens: 10,
             forward_headers: Vec::new(),
             forward_response_headers: Vec::new(),
             trusted_proxies: Vec::new(),
@@ -1050,30 +1073,17 @@ prices:
     }
 
     #[test]
-    fn max_output_and_choices_are_read_per_protocol() {
+    fn choices_are_read_per_protocol() {
         use crate::protocol::openai::client_wants_usage;
-        let f = body_fields(br#"{"model":"m","max_tokens":7}"#).expect("parse");
-        assert_eq!(Protocol::Openai.max_output(&f), Some(7));
-        assert_eq!(Protocol::Anthropic.max_output(&f), Some(7));
-        assert_eq!(Protocol::Gemini.max_output(&f), None, "not a generate-content field");
-        let f = body_fields(br#"{"model":"m","max_completion_tokens":9,"max_tokens":7}"#).expect("parse");
-        assert_eq!(Protocol::Openai.max_output(&f), Some(9));
-        assert_eq!(Protocol::Anthropic.max_output(&f), Some(7));
-        let f = body_fields(br#"{"model":"m","max_output_tokens":5}"#).expect("parse");
-        assert_eq!(Protocol::Openai.max_output(&f), Some(5), "responses");
         // The proto field names the service also accepts are held alike.
         let f = body_fields(br#"{"generation_config":{"max_output_tokens":13,"candidate_count":4}}"#).expect("parse");
-        assert_eq!(Protocol::Gemini.max_output(&f), Some(13));
         assert_eq!(Protocol::Gemini.choices(&f).ok(), Some(4));
         let f = body_fields(br#"{"generationConfig":{"max_output_tokens":13,"candidateCount":2}}"#).expect("parse");
-        assert_eq!((Protocol::Gemini.max_output(&f), Protocol::Gemini.choices(&f).ok()), (Some(13), Some(2)));
+        assert_eq!(Protocol::Gemini.choices(&f).ok(), Some(2));
         let both = br#"{"generationConfig":{"maxOutputTokens":1},"generation_config":{"max_output_tokens":100000}}"#;
         assert_eq!(body_fields(both).unwrap_err().status(), 400, "two spellings of one field: refused, not guessed");
         let both = br#"{"generationConfig":{"maxOutputTokens":1,"max_output_tokens":100000}}"#;
         assert_eq!(body_fields(both).unwrap_err().status(), 400);
-        let f = body_fields(br#"{"generationConfig":{"maxOutputTokens":11,"temperature":1}}"#).expect("parse");
-        assert_eq!(Protocol::Gemini.max_output(&f), Some(11));
-        assert_eq!(Protocol::Openai.max_output(&f), None);
         let f = body_fields(br#"{"model":"m","stream_options":{"include_usage":true}}"#).expect("parse");
         assert!(client_wants_usage(&f));
         let f = body_fields(br#"{"model":"m","n":4,"max_tokens":10}"#).expect("parse");
