@@ -200,6 +200,9 @@ struct RawLimits {
     max_connections_per_ip: Option<usize>,
     #[serde(default)]
     keepalive_timeout_secs: Option<u64>,
+    /// The largest upstream stream event a translated relay holds while it is incomplete.
+    #[serde(default)]
+    max_event_bytes: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -574,6 +577,8 @@ pub struct Config {
     /// The fewest output tokens such a request is lowered to when its key cannot afford the
     /// default (`billing.min_output_tokens`).
     pub min_output_tokens: u64,
+    /// The largest upstream event a translated stream holds (`limits.max_event_bytes`).
+    pub max_event_bytes: usize,
     /// Usage records older than this are deleted.
     pub usage_retention_days: u64,
     /// How usage records reach the disk (`billing.commit_interval_ms`, `billing.sync_commit`).
@@ -1265,6 +1270,10 @@ impl Config {
                 "routing.balance_factor: 0 to {MAX_BALANCE_FACTOR} (a provider may take up to 1 + this times its weighted share of a tier's traffic before a conversation goes on to the next; 0.25 by default)"
             ));
         }
+        let max_event_bytes = raw.limits.as_ref().and_then(|l| l.max_event_bytes).unwrap_or(crate::translate::sse::DEFAULT_MAX_EVENT_BYTES);
+        if !(1 << 16..=1 << 30).contains(&max_event_bytes) {
+            return err("limits.max_event_bytes: 65536 to 1073741824");
+        }
         let connections = conn_limits(raw.limits)?;
         let drain_secs = billing.drain_secs.unwrap_or(DEFAULT_DRAIN_SECS);
         if drain_secs > 600 {
@@ -1295,6 +1304,7 @@ impl Config {
             pingora: raw.pingora,
             default_output_tokens,
             min_output_tokens,
+            max_event_bytes,
             commit,
             forward_headers,
             forward_response_headers,

@@ -196,6 +196,7 @@ fn routing_for(config: &Config, health: &crate::health::HealthBook) -> Routing {
         prices: Arc::new(PriceBook::new(&config.prices)),
         default_output_tokens: config.default_output_tokens,
         min_output_tokens: config.min_output_tokens,
+        max_event_bytes: config.max_event_bytes,
         forward_headers: config.forward_headers.clone(),
         forward_response_headers: config.forward_response_headers.clone(),
         trusted_proxies: config.trusted_proxies.clone(),

@@ -123,9 +123,11 @@ impl Gateway {
                 match translator.feed(&data) {
                     Ok(bytes) => out = bytes,
                     Err(translate::stream::Broken) => {
-                        log::warn!("upstream stream of a translated request has an overlong line; ended");
+                        // Billed for what came; the client's stream ends with its error event.
+                        log::warn!("upstream stream of a translated request has an event over limits.max_event_bytes; ended");
                         self.abandon(&mut http, plan, &mut scanner, status).await;
-                        return Err(Error::explain(ErrorType::InvalidHTTPHeader, "upstream stream unreadable"));
+                        let last = Bytes::from(translator.fail());
+                        return session.write_response_body(Some(last), true).await.map_err(|e| e.into_down());
                     }
                 }
             }

@@ -337,6 +337,8 @@ pub struct Routing {
     /// The fewest output tokens a request that names no maximum is lowered to when its key
     /// cannot afford the default (`billing.min_output_tokens`); below, 402.
     pub min_output_tokens: u64,
+    /// The largest upstream event a translated stream holds (`limits.max_event_bytes`).
+    pub max_event_bytes: usize,
     /// Extra client headers relayed upstream (`forward_headers`).
     pub forward_headers: Vec<String>,
     /// Extra upstream response headers relayed to clients (`forward_response_headers`).
@@ -684,6 +686,7 @@ pub fn draft(
                 gemini_sse: false,
                 input_estimate: input.tokens(),
                 count: crate::translate::counts(route),
+                max_event_bytes: routing.max_event_bytes,
             };
             drop(fields);
             (client_body.clone(), false, Some(translation))
@@ -867,6 +870,7 @@ prices:
             prices: Arc::new(crate::ledger::PriceBook::new(&config.prices)),
             default_output_tokens: 100,
             min_output_tokens: 10,
+            max_event_bytes: crate::translate::sse::DEFAULT_MAX_EVENT_BYTES,
             forward_headers: Vec::new(),
             forward_response_headers: Vec::new(),
             trusted_proxies: Vec::new(),

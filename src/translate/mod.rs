@@ -107,6 +107,8 @@ pub struct Translation {
     /// Token counting (`/v1/messages/count_tokens`, `:countTokens`, `/v1/responses/input_tokens`):
     /// the provider's own count where its protocol has one, else [`count_estimate`].
     pub count: bool,
+    /// The largest provider event held while it is incomplete (`limits.max_event_bytes`).
+    pub max_event_bytes: usize,
 }
 
 impl Translation {

@@ -8,12 +8,15 @@ pub struct SseEvent {
     pub data: String,
 }
 
-/// The longest line kept while it is incomplete; a longer one is an error in the stream.
-const MAX_LINE: usize = 16 << 20;
+/// `limits.max_event_bytes` when not set: the most bytes of one event (its incomplete line and
+/// the data lines gathered before its closing blank line) held; more is an error in the stream.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
 
 /// Reads events from chunks as they come.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct SseReader {
+    /// The most bytes of one event held (see [`DEFAULT_MAX_EVENT_BYTES`]).
+    max_event: usize,
     line: Vec<u8>,
     /// The last chunk ended with CR: an LF opening the next one ends nothing.
     after_cr: bool,
@@ -24,7 +27,18 @@ pub struct SseReader {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LineTooLong;
 
+impl Default for SseReader {
+    fn default() -> Self {
+        SseReader::with_limit(DEFAULT_MAX_EVENT_BYTES)
+    }
+}
+
 impl SseReader {
+    /// A reader that holds at most `max_event` bytes of one event.
+    pub fn with_limit(max_event: usize) -> Self {
+        SseReader { max_event, line: Vec::new(), after_cr: false, name: None, data: None }
+    }
+
     /// Feed a chunk; complete events are pushed to `out`.
     pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<SseEvent>) -> Result<(), LineTooLong> {
         let mut rest = chunk;
@@ -52,7 +66,8 @@ impl SseReader {
             }
         }
         self.line.extend_from_slice(rest);
-        if self.line.len() > MAX_LINE {
+        // An event without its closing blank line grows by its data lines: bounded together.
+        if self.line.len() + self.data.as_ref().map_or(0, String::len) > self.max_event {
             return Err(LineTooLong);
         }
         Ok(())
@@ -178,5 +193,31 @@ mod tests {
             all(&[&out]),
             vec![SseEvent { name: Some("message_start".into()), data: "{}".into() }, SseEvent { name: None, data: "[DONE]".into() }]
         );
+    }
+
+    #[test]
+    fn an_event_without_its_blank_line_is_bounded_whatever_its_lines() {
+        let mut r = SseReader::with_limit(1 << 16);
+        let mut out = Vec::new();
+        // Many short data lines, never a blank line: the event grows until the bound.
+        let line = format!("data: {}\n", "x".repeat(1000));
+        let mut fed = 0;
+        let broke = loop {
+            if r.feed(line.as_bytes(), &mut out).is_err() {
+                break true;
+            }
+            fed += line.len();
+            if fed > 1 << 20 {
+                break false;
+            }
+        };
+        assert!(broke && fed <= 1 << 16, "refused once the event passed its bound ({fed} bytes)");
+        assert!(out.is_empty());
+        // Events closed in time pass, however many.
+        let mut r = SseReader::with_limit(1 << 16);
+        for _ in 0..1000 {
+            r.feed(format!("{line}\n").as_bytes(), &mut out).expect("each event is small");
+        }
+        assert_eq!(out.len(), 1000);
     }
 }

@@ -35,7 +35,7 @@ pub struct Broken;
 impl StreamTranslator {
     pub fn new(t: &Translation) -> StreamTranslator {
         StreamTranslator {
-            reader: SseReader::default(),
+            reader: SseReader::with_limit(t.max_event_bytes),
             decoder: match t.upstream {
                 Protocol::Openai => Decoder::Chat(chat::Decoder::default()),
                 Protocol::Anthropic => Decoder::Messages(messages::Decoder::default()),
@@ -68,6 +68,20 @@ impl StreamTranslator {
     pub fn feed(&mut self, chunk: &[u8]) -> Result<Vec<u8>, Broken> {
         self.reader.feed(chunk, &mut self.events).map_err(|_| Broken)?;
         Ok(self.drain())
+    }
+
+    /// The provider's stream broke (an event over `limits.max_event_bytes`): the client's last
+    /// bytes, ending its stream with its protocol's error event.
+    pub fn fail(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let e = Event::Error { status: 502, message: String::new() };
+        match &mut self.encoder {
+            Encoder::Chat(enc) => enc.event(e, &mut out),
+            Encoder::Messages(enc) => enc.event(e, &mut out),
+            Encoder::Gemini(enc) => enc.event(e, &mut out),
+            Encoder::Responses(enc) => enc.event(e, &mut out),
+        }
+        out
     }
 
     /// The provider's stream ended: the client's last bytes.

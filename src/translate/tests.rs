@@ -15,6 +15,7 @@ fn t(client: Dialect, upstream: Dialect, stream: bool) -> Translation {
         gemini_sse: true,
         input_estimate: 42,
         count: false,
+        max_event_bytes: super::sse::DEFAULT_MAX_EVENT_BYTES,
     }
 }
 
@@ -972,5 +973,24 @@ mod round_trip {
             };
             prop_assert_eq!(strip(&back), strip(&req));
         }
+    }
+}
+
+#[test]
+fn a_provider_event_over_the_bound_ends_the_clients_stream_with_its_error_event() {
+    for client in [Dialect::Chat, Dialect::Messages, Dialect::Gemini, Dialect::Responses] {
+        let tr = Translation { max_event_bytes: 1 << 16, ..t(client, Dialect::Messages, true) };
+        let mut s = StreamTranslator::new(&tr);
+        let mut broke = false;
+        for _ in 0..200 {
+            // A data line after another, never the blank line that ends the event.
+            if s.feed(format!("data: {}\n", "x".repeat(1000)).as_bytes()).is_err() {
+                broke = true;
+                break;
+            }
+        }
+        assert!(broke, "{client:?}: the event is refused past its bound");
+        let last = String::from_utf8(s.fail()).expect("utf-8");
+        assert!(last.contains("error") || last.contains("ERROR"), "{client:?}: {last}");
     }
 }
