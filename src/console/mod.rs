@@ -13,6 +13,7 @@
 pub(crate) mod html;
 pub mod me;
 mod pages;
+mod throttle;
 
 use crate::admin::AdminApi;
 use crate::response::LocalResponse;
@@ -34,6 +35,8 @@ const JS: &str = include_str!("assets/console.js");
 #[derive(Default)]
 pub struct Sessions {
     map: Mutex<HashMap<[u8; 32], Signed>>,
+    /// Wrong admin tokens by client address (see `throttle`).
+    sign_in: throttle::SignInThrottle,
 }
 
 #[derive(Clone)]
@@ -229,9 +232,25 @@ pub(crate) async fn handle(api: &AdminApi, session: &mut Session) -> LocalRespon
     };
     if (method.as_str(), path.as_str()) == ("POST", "/console/login") {
         let next = next_path(form.get("next")).to_string();
+        let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| crate::policy::normalize(a.ip()));
+        let at = std::time::Instant::now();
+        if let Some(ip) = peer {
+            if let Err(wait) = api.console.sign_in.admit(ip, at) {
+                api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in_throttled")]).add(1);
+                let mut r = login_page(429, &next, Some(&format!("Too many wrong tokens from this address. Try again in {wait} s.")));
+                r.headers.push(("retry-after", wait.to_string()));
+                return r;
+            }
+        }
         if !crate::admin::token_matches(form.get("token"), &api.token) {
             api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in")]).add(1);
+            if let Some(ip) = peer {
+                api.console.sign_in.failed(ip, at);
+            }
             return login_page(401, &next, Some("Wrong admin token."));
+        }
+        if let Some(ip) = peer {
+            api.console.sign_in.succeeded(ip);
         }
         let cookie = api.console.open(now);
         let mut r = redirect(&next);

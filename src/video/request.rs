@@ -728,11 +728,11 @@ mod tests {
         let s = ok(with(json!({"Resolution": "1080p", "resolution": "720p", "MovementAmplitude": "large", "Bgm": true})));
         assert!(!s.payload.contains_key("Resolution") && !s.payload.contains_key("MovementAmplitude"));
         // Whatever their case: none reaches the upstream.
-        let s = ok(with(json!({"RESOLUTION": "1080p", "movementAMPLITUDE": "large", "resolutioN": "4k"})));
+        let upper = ok(with(json!({"RESOLUTION": "1080p", "movementAMPLITUDE": "large", "resolutioN": "4k"})));
         assert!(
-            s.payload.keys().all(|k| !k.eq_ignore_ascii_case("resolution") && !k.eq_ignore_ascii_case("movementamplitude")),
+            upper.payload.keys().all(|k| !k.eq_ignore_ascii_case("resolution") && !k.eq_ignore_ascii_case("movementamplitude")),
             "{:?}",
-            s.payload
+            upper.payload
         );
         for key in ["MODEL", "PROMPT", "dUrAtIoN"] {
             rejects(with(json!({key: "x"})), &format!("metadata.{key}"));
