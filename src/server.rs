@@ -555,6 +555,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         server.add_service(service);
     }
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let keyless_per_minute = crate::gateway::keyless_per_minute(config.console.request_log_max, config.console.request_log_days);
     let drain = Drain {
         tracer: tracer.clone(),
         metrics: metrics.clone(),
@@ -607,6 +608,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         closing,
         requests: log_requests.then(|| store.requests()),
         tracer: tracer.clone(),
+        keyless: crate::gateway::KeylessRefusals::new(keyless_per_minute),
     };
     let mut proxy = crate::listener::service(&server.configuration, gateway, "tollgate", &connections, &listener_metrics, true);
     if let Some(addr) = listen {

@@ -233,3 +233,44 @@ async fn a_collectors_credentials_never_reach_a_log_line() {
     assert!(log.contains(&format!("127.0.0.1:{closed}")), "the collector is named: {log}");
     assert!(!log.contains("S3cretPassw0rd") && !log.contains("tracer:"), "{log}");
 }
+
+// ---------------------------------------------------------------- 4. key-less log flooding
+
+#[tokio::test]
+async fn key_less_refusals_cannot_push_real_entries_out_of_the_request_log() {
+    const ADMIN: &str = "round2-admin-token-000000001";
+    let mock = start_mock();
+    let admin_port = free_port();
+    let c = format!(
+        "console: {{ request_log_max: 1000, request_log_days: 1 }}\nadmin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN} }}\n{}",
+        standard_config(mock.port)
+    );
+    let gw = start_gateway_logged(&c);
+    assert_eq!(chat(&gw, CLIENT_KEY, &hi(), &[("x-test-tag", "real")]).await.0, 200);
+    // More wrong-key requests than the log keeps entries.
+    for round in 0..30 {
+        let (keys, body): (Vec<String>, Value) = ((0..50).map(|i| format!("sk-wrong-{round}-{i}-000000000000")).collect(), hi());
+        let flood = keys.iter().map(|k| chat(&gw, k, &body, &[]));
+        for (status, _) in futures_util::future::join_all(flood).await {
+            assert_eq!(status, 401);
+        }
+    }
+    let page: Value = client()
+        .get(format!("http://127.0.0.1:{admin_port}/admin/requests?limit=500"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("admin")
+        .json()
+        .await
+        .expect("json");
+    let entries = page["data"].as_array().cloned().unwrap_or_default();
+    let keyless = entries.iter().filter(|e| e.get("key_id").is_none()).count();
+    assert!(keyless <= 2, "1,500 key-less refusals wrote {keyless} entries");
+    assert!(entries.iter().any(|e| e["status"] == 200), "the real entry is kept: {page}");
+    // Counted, and the access log says so on the address's next minute (here: only counted).
+    let m = admin_metrics(admin_port, ADMIN).await;
+    assert!(metric(&m, "tollgate_keyless_refusals_total{outcome=\"not_logged\"}") >= 1400.0, "{m}");
+    let lines = gw.log().lines().filter(|l| l.contains("unauthorized")).count();
+    assert!(lines <= 2, "the access log is not flooded either: {lines} lines");
+}

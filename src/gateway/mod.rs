@@ -46,7 +46,10 @@ use pingora_proxy::{FailToProxy, ProxyHttp, Session};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod keyless;
 mod translated;
+
+pub use keyless::{per_minute as keyless_per_minute, KeylessRefusals};
 
 /// Shared state of the gateway.
 pub struct Gateway {
@@ -78,6 +81,8 @@ pub struct Gateway {
     pub requests: Option<Arc<dyn crate::store::RequestLogStore>>,
     /// OpenTelemetry traces (see `telemetry`); None when off.
     pub tracer: Option<Arc<crate::telemetry::Tracer>>,
+    /// Refusals without a known key, aggregated per address and minute (see `keyless`).
+    pub keyless: KeylessRefusals,
 }
 
 /// Everything needed to send a request upstream, decided before anything is sent.
@@ -1350,9 +1355,31 @@ impl ProxyHttp for Gateway {
                 }
             }
         }
-        access_log(session, ctx, status, elapsed);
-        if let Some(log) = self.requests.as_ref().filter(|_| ctx.key_checked) {
-            write_log_entry(log.as_ref(), session, ctx, status, elapsed);
+        // A refusal without a known key is logged once per address and minute (see `keyless`).
+        let logged = if ctx.key_checked && ctx.key.is_none() {
+            let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| crate::policy::normalize(a.ip()));
+            match self.keyless.check(peer, now_ms()) {
+                keyless::Verdict::Log { earlier } => {
+                    self.metrics.counter("tollgate_keyless_refusals_total", &[("outcome", "logged")]).add(1);
+                    if earlier > 0 {
+                        let from = peer.map_or_else(|| "-".to_string(), |ip| ip.to_string());
+                        log::info!(target: "access", "{earlier} more refusals without a known key from {from} in its previous minute were not logged");
+                    }
+                    true
+                }
+                keyless::Verdict::Suppress => {
+                    self.metrics.counter("tollgate_keyless_refusals_total", &[("outcome", "not_logged")]).add(1);
+                    false
+                }
+            }
+        } else {
+            true
+        };
+        if logged {
+            access_log(session, ctx, status, elapsed);
+            if let Some(log) = self.requests.as_ref().filter(|_| ctx.key_checked) {
+                write_log_entry(log.as_ref(), session, ctx, status, elapsed);
+            }
         }
         if let Some(tracer) = &self.tracer {
             finish_trace(tracer, session, ctx, status);
