@@ -119,6 +119,10 @@ pub struct TokenReservation {
 
 impl Drop for TokenReservation {
     fn drop(&mut self) {
+        if let Some(fleet) = &self.limits.fleet {
+            fleet.rates.release_tokens(&self.key_id, self.tokens);
+            return;
+        }
         if let Some(state) = lock(&self.limits.tokens).get_mut(&self.key_id) {
             state.in_flight = state.in_flight.saturating_sub(self.tokens);
         }
@@ -191,13 +195,11 @@ impl Limits {
     }
 
     /// Reserve the `tokens` a relayed request of `key` is held for under its `tpm`: refused (429)
-    /// when what the key used plus every reservation in flight would pass the limit. None for a
-    /// key without a `tpm`, and in a fleet (whose count is the database's, after the fact).
+    /// when what the key used plus every reservation in flight would pass the limit (in a fleet:
+    /// the fleet's spend as this node knows it, and this node's reservations). None for a key
+    /// without a `tpm`.
     pub fn reserve_tokens(self: &Arc<Self>, key: &KeyRecord, tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
         let Some(tpm) = key.tpm else { return Ok(None) };
-        if self.fleet.is_some() {
-            return Ok(None);
-        }
         if tokens > tpm {
             return Err(ApiError::new(
                 ErrorKind::RateLimited,
@@ -205,6 +207,13 @@ impl Limits {
                     "This request may use up to {tokens} tokens (its input and output maximum), more than this key's limit of {tpm} tokens per minute. Ask for fewer output tokens or send less input."
                 ),
             ));
+        }
+        if let Some(fleet) = &self.fleet {
+            use crate::store::postgres::rates::Admission;
+            return match fleet.rates.reserve_tokens(&key.id, tpm, tokens) {
+                Admission::Admitted => Ok(Some(TokenReservation { limits: self.clone(), key_id: key.id.clone(), tokens })),
+                Admission::Refused { retry_after_secs } => Err(tpm_reached(tpm, retry_after_secs)),
+            };
         }
         let now = Instant::now();
         let mut map = lock(&self.tokens);

@@ -537,6 +537,65 @@ async fn tpm_holds_for_the_fleet_within_one_flush_of_the_other_nodes() {
     assert!(matches!(a.admit_tokens("k", 1000).await, Admission::Refused { .. }), "A read the fleet's total back");
 }
 
+/// Issue 45: a minute boundary opens no second full window for the fleet. The previous
+/// minute's 30 grants count for the part of it still inside the sliding minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rpm_counts_the_previous_minute_across_its_boundary() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let nodes: Vec<Arc<FleetRates>> = vec![Arc::new(FleetRates::new(pg(&server).await)), Arc::new(FleetRates::new(pg(&server).await))];
+    for attempt in 0..3 {
+        let key = format!("b{attempt}");
+        let client = db.client().await.expect("client");
+        let row = client
+            .query_one("SELECT floor(extract(epoch FROM now()) / 60)::BIGINT, 60 - (extract(epoch FROM now())::numeric % 60)::float8", &[])
+            .await
+            .expect("now");
+        let (minute, secs_left): (i64, f64) = (row.get(0), row.get(1));
+        if secs_left < 10.0 {
+            // Too close to the next boundary for the share to be read: wait it out.
+            tokio::time::sleep(Duration::from_secs_f64(secs_left + 0.5)).await;
+            continue;
+        }
+        // The previous minute granted all 30, as a burst at its end would.
+        client
+            .execute("INSERT INTO rate_windows (key_id, window_start, requests_granted) VALUES ($1, $2, 30)", &[&key, &(minute - 1)])
+            .await
+            .expect("previous window");
+        let calls = (0..60).map(|i| {
+            let node = nodes[i % 2].clone();
+            let key = key.clone();
+            tokio::spawn(async move { node.admit_request(&key, 30).await.expect("database") })
+        });
+        let outcomes: Vec<Admission> = futures_util::future::join_all(calls).await.into_iter().map(|r| r.expect("task")).collect();
+        if db_minute(&db).await != minute {
+            continue;
+        }
+        let admitted = outcomes.iter().filter(|o| **o == Admission::Admitted).count();
+        // At least a sixth of the minute (10 s) was left: at least 5 of the previous 30 still count.
+        let carried_at_least = (30.0 * 10.0 / 60.0) as usize;
+        assert!(admitted <= 30 - carried_at_least, "{admitted} admitted right after a full minute ({secs_left:.1} s left)");
+        assert!(admitted >= 1, "the minute is not closed entirely");
+        return;
+    }
+    panic!("three runs in a row met a minute boundary");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tpm_reservations_in_flight_hold_on_a_fleet_node() {
+    let server = Postgres::start();
+    let node = FleetRates::new(pg(&server).await);
+    // 20 requests at once, each held for 120 tokens, against 1,000: 8 fit.
+    let admitted = (0..20).filter(|_| node.reserve_tokens("k", 1000, 120) == Admission::Admitted).count();
+    assert_eq!(admitted, 8);
+    for _ in 0..8 {
+        node.spend_tokens("k", 100).await;
+        node.release_tokens("k", 120);
+    }
+    assert_eq!(node.reserve_tokens("k", 1000, 150), Admission::Admitted, "800 spent, 200 free");
+    assert!(matches!(node.reserve_tokens("k", 1000, 100), Admission::Refused { .. }));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_concurrent_holds_for_the_fleet_and_a_dead_nodes_slots_come_back() {
     let server = Postgres::start();

@@ -6,11 +6,18 @@
 //!   locally while its share lasts; the database never grants more than `rpm` in a window. A
 //!   request refused while other nodes still hold unused shares is the only error: at most the
 //!   unused part of their shares (each at most an eighth of the window's allowance when taken).
-//! * **Tokens per minute: within one sync interval.** Tokens are known only after a request,
-//!   so each node adds its spend to the window's shared counter in batches ([`FleetRates::flush`],
-//!   every `sync_ms`) and admits while the fleet's total it last read plus its own unflushed
-//!   spend is under `tpm`. The fleet can overrun `tpm` by what the other nodes spent since
-//!   their last flush: at most one `sync_ms` of their traffic.
+//!   A window's lease also counts the previous window's grants still inside the last sixty
+//!   seconds (weighted by the part of that window not yet past, the sliding-window estimate), so
+//!   a minute boundary does not open a second full window: across a boundary the fleet admits
+//!   at most `rpm` plus what the estimate misses when the previous minute's requests bunched
+//!   at its end.
+//! * **Tokens per minute: within one sync interval and the other nodes' requests in flight.**
+//!   Tokens are known only after a request, so each node adds its spend to the window's shared
+//!   counter in batches ([`FleetRates::flush`], every `sync_ms`) and admits a request while the
+//!   fleet's total it last read, its own unflushed spend, the tokens its requests in flight are
+//!   held for and the new request's own stay within `tpm`. The fleet can overrun `tpm` by what
+//!   the other nodes spent since their last flush (one `sync_ms` of their traffic) plus what
+//!   their requests in flight are held for.
 //! * **Requests in flight** (`max_concurrent`): leased slots, see [`FleetSlots`].
 
 use super::{Pg, PgError};
@@ -41,6 +48,8 @@ struct Window {
     unflushed_tokens: i64,
     /// This node's spend on its way to the database in a flush under way: still counted here.
     flushing_tokens: i64,
+    /// Tokens this node's requests in flight are held for (reserved until they settle).
+    in_flight_tokens: i64,
     /// The key has a `tpm` here: its tokens are flushed every sync while it is in use.
     counts_tokens: bool,
     last_used: Option<Instant>,
@@ -68,6 +77,7 @@ impl Window {
                 last_used: self.last_used,
                 unflushed_tokens: self.unflushed_tokens,
                 flushing_tokens: self.flushing_tokens,
+                in_flight_tokens: self.in_flight_tokens,
                 ..Window::default()
             };
         }
@@ -131,7 +141,16 @@ impl FleetRates {
             .query_one("SELECT requests_granted FROM rate_windows WHERE key_id = $1 AND window_start = $2 FOR UPDATE", &[&key_id, &number])
             .await?
             .get(0);
-        let left = i64::from(rpm) - granted_so_far;
+        // The previous minute's grants, weighted by its part still inside the last 60 s.
+        let previous: i64 = tx
+            .query_one(
+                "SELECT COALESCE((SELECT requests_granted FROM rate_windows WHERE key_id = $1 AND window_start = $2), 0)::BIGINT",
+                &[&key_id, &(number - 1)],
+            )
+            .await?
+            .get(0);
+        let carried = sliding_share(previous, secs_left);
+        let left = i64::from(rpm) - granted_so_far - carried;
         let grant = if left > 0 { (left / 8).max(1) } else { 0 };
         if grant > 0 {
             tx.execute(
@@ -159,16 +178,35 @@ impl FleetRates {
     }
 
     /// Whether `key_id` may make another request under `tpm` (the fleet's spend as last read
-    /// plus this node's unflushed spend).
+    /// plus this node's unflushed spend and its requests in flight).
     pub async fn admit_tokens(&self, key_id: &str, tpm: u64) -> Admission {
+        self.reserve_tokens(key_id, tpm, 0)
+    }
+
+    /// Reserve the `tokens` a request of `key_id` is held for under `tpm` until
+    /// [`Self::release_tokens`]: refused when the window's spend (as this node knows it) plus
+    /// this node's requests in flight and this one would pass the limit.
+    pub fn reserve_tokens(&self, key_id: &str, tpm: u64, tokens: u64) -> Admission {
         let mut windows = self.lock();
         let w = windows.entry(key_id.to_string()).or_default();
         w.counts_tokens = true;
         w.last_used = Some(Instant::now());
-        if w.current() && (w.fleet_tokens + w.flushing_tokens + w.unflushed_tokens).max(0) as u64 >= tpm {
+        let spent = if w.current() { w.fleet_tokens } else { 0 } + w.flushing_tokens + w.unflushed_tokens;
+        let tokens = i64::try_from(tokens).unwrap_or(i64::MAX);
+        let wanted = spent.saturating_add(w.in_flight_tokens).saturating_add(tokens).max(0) as u64;
+        // With nothing to reserve (an admission check), a limit reached exactly refuses too.
+        if wanted > tpm || (tokens == 0 && wanted >= tpm) {
             return Admission::Refused { retry_after_secs: w.secs_left() };
         }
+        w.in_flight_tokens = w.in_flight_tokens.saturating_add(tokens);
         Admission::Admitted
+    }
+
+    /// A request's reservation ends (it settled, or never went out).
+    pub fn release_tokens(&self, key_id: &str, tokens: u64) {
+        if let Some(w) = self.lock().get_mut(key_id) {
+            w.in_flight_tokens = (w.in_flight_tokens - i64::try_from(tokens).unwrap_or(i64::MAX)).max(0);
+        }
     }
 
     /// Tokens a request of `key_id` (a key with a `tpm`) used.
@@ -188,7 +226,10 @@ impl FleetRates {
         let pending: Vec<(String, i64)> = {
             let mut windows = self.lock();
             windows.retain(|_, w| {
-                w.unflushed_tokens != 0 || w.flushing_tokens != 0 || w.last_used.is_some_and(|t| t.elapsed() < FORGET_AFTER)
+                w.unflushed_tokens != 0
+                    || w.flushing_tokens != 0
+                    || w.in_flight_tokens != 0
+                    || w.last_used.is_some_and(|t| t.elapsed() < FORGET_AFTER)
             });
             windows
                 .iter_mut()
@@ -241,6 +282,14 @@ impl FleetRates {
         }
         Ok(())
     }
+}
+
+/// The part of the previous minute's `granted` requests still inside the sliding minute that
+/// ends now, with `secs_left` of the current minute to go (rounded down: the estimate's error is
+/// the tolerance the module doc states).
+fn sliding_share(granted: i64, secs_left: f64) -> i64 {
+    let inside = (secs_left / 60.0).clamp(0.0, 1.0);
+    (granted as f64 * inside).floor() as i64
 }
 
 /// `max_concurrent` for the sum of all nodes: each node leases request slots of a key (an
@@ -388,5 +437,18 @@ impl FleetSlots {
         client.execute("DELETE FROM concurrency_leases WHERE expires_at < now() - interval '1 hour'", &[]).await?;
         self.pg.count(1);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_previous_minute_counts_for_the_part_still_inside_the_sliding_minute() {
+        assert_eq!(sliding_share(30, 60.0), 30, "at a boundary, the whole previous minute");
+        assert_eq!(sliding_share(30, 30.0), 15);
+        assert_eq!(sliding_share(30, 1.0), 0);
+        assert_eq!(sliding_share(0, 59.0), 0);
     }
 }
