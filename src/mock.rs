@@ -22,6 +22,7 @@
 //! `x-mock-interval-ms: N` pause between stream events; `x-mock-hold: T` after the first stream
 //! event (or after `x-mock-hold-after: N` events), wait at least one second and until
 //! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events;
+//! `x-mock-endless-event: N` answer N bytes of SSE data lines with no blank line;
 //! `x-mock-usage: IN,OUT` report these token counts (`x-mock-conform: 1`: OUT at most the maximum the request names in its protocol's own field); `x-mock-no-usage: 1` report no usage at
 //! all (whatever the request asked); `x-mock-tool-calls: 1` answer with a `get_weather` tool
 //! call only (arguments, no text); `x-mock-cache: WRITE,READ` report prompt-cache writes
@@ -582,6 +583,24 @@ impl MockUpstream {
         let ctl_num = |name: &str| ctl(name).and_then(|v| v.trim().parse::<u64>().ok());
         if let Some(ms) = ctl_num("x-mock-delay-ms") {
             tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if let Some(total) = ctl_num("x-mock-endless-event") {
+            // A misbehaving stream: `total` bytes of data lines, never the blank line that ends
+            // an event.
+            let mut h = ResponseHeader::build(200, Some(3))?;
+            h.insert_header("content-type", "text/event-stream")?;
+            h.insert_header("transfer-encoding", "chunked")?;
+            session.write_response_header(Box::new(h), false).await?;
+            let line = Bytes::from(format!("data: {}\n", "x".repeat(64 * 1024 - 7)));
+            let mut sent = 0u64;
+            while sent < total {
+                if session.write_response_body(Some(line.clone()), false).await.is_err() {
+                    return Ok(());
+                }
+                sent += line.len() as u64;
+            }
+            session.write_response_body(None, true).await?;
+            return Ok(());
         }
         if let Some(status) = ctl_num("x-mock-status").and_then(|s| u16::try_from(s).ok()) {
             let b = error_body(kind, status, &format!("mock says {status}")).to_string();

@@ -274,3 +274,48 @@ async fn key_less_refusals_cannot_push_real_entries_out_of_the_request_log() {
     let lines = gw.log().lines().filter(|l| l.contains("unauthorized")).count();
     assert!(lines <= 2, "the access log is not flooded either: {lines} lines");
 }
+
+// ---------------------------------------------------------------- 7. translated streams bounded
+
+/// A process's resident memory (`VmRSS`) or its peak (`VmHWM`), in bytes.
+fn memory(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim_start_matches(':').trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("memory field");
+    kb * 1024
+}
+
+#[tokio::test]
+async fn a_translated_stream_without_event_separators_is_cut_at_its_bound_and_billed() {
+    let mock = start_mock();
+    let c = standard_config(mock.port).replace(
+        "default: { platforms: [openai, anthropic, gemini, video] }",
+        "default: { platforms: [openai, anthropic, gemini, video], translate: true }",
+    );
+    let gw = start_gateway(&format!("limits: {{ max_event_bytes: 1048576 }}\n{c}"));
+    let pid = gw.proc.child.id();
+    // Warm: one ordinary translated stream.
+    let body = json!({"model": "beta-opus-4-7", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let (status, _) = chat(&gw, CLIENT_KEY, &body, &[]).await;
+    assert_eq!(status, 200);
+    let before = memory(pid, "VmRSS");
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .header("x-mock-endless-event", (64u64 << 20).to_string())
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap_or_default();
+    assert!(text.contains("\"error\""), "the client's stream ends with its error event: {}", &text[text.len().saturating_sub(300)..]);
+    let grew = memory(pid, "VmHWM").saturating_sub(before);
+    assert!(grew < 24 << 20, "64 MiB without a blank line raised the peak memory by {} MiB", grew >> 20);
+    // What was produced is billed: the request is in the key's usage.
+    let u = wait_requests(&gw, CLIENT_KEY, 2).await;
+    assert_eq!(u["total"]["requests"], 2, "{u}");
+}
