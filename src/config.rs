@@ -90,6 +90,10 @@ pub const MAX_OUTPUT_ALLOWANCE: u64 = 1 << 24;
 pub const DEFAULT_OUTPUT_TOKENS: u64 = 4096;
 /// `billing.min_output_tokens` when not set.
 pub const DEFAULT_MIN_OUTPUT_TOKENS: u64 = 256;
+/// `limits.max_event_bytes` when not set: the most bytes of one upstream stream event (its
+/// incomplete line and the data lines gathered before its closing blank line) a translated
+/// relay holds; more is an error in the stream.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
 
 // ---------------------------------------------------------------- raw file shape
 
@@ -1270,7 +1274,7 @@ impl Config {
                 "routing.balance_factor: 0 to {MAX_BALANCE_FACTOR} (a provider may take up to 1 + this times its weighted share of a tier's traffic before a conversation goes on to the next; 0.25 by default)"
             ));
         }
-        let max_event_bytes = raw.limits.as_ref().and_then(|l| l.max_event_bytes).unwrap_or(crate::translate::sse::DEFAULT_MAX_EVENT_BYTES);
+        let max_event_bytes = raw.limits.as_ref().and_then(|l| l.max_event_bytes).unwrap_or(DEFAULT_MAX_EVENT_BYTES);
         if !(1 << 16..=1 << 30).contains(&max_event_bytes) {
             return err("limits.max_event_bytes: 65536 to 1073741824");
         }

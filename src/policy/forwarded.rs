@@ -10,7 +10,7 @@
 //! (`_hidden`) leaves the client unknown: no address rule admits it. An untrusted peer's
 //! headers are never read.
 
-use super::{normalize, Cidr};
+use super::cidr::{normalize, Cidr};
 use std::net::IpAddr;
 
 /// Who the client is.

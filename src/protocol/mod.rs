@@ -778,11 +778,6 @@ impl ApiError {
         ApiError { kind, message: message.into(), param: None, retry_after: None, upstream_status: None, upstream_code: None }
     }
 
-    /// An upstream's error answer as the client is told it (see [`upstream_error`]).
-    pub fn upstream(status: u16, message: impl Into<String>) -> Self {
-        upstream_error::rewrite(status, Some(&message.into()), None)
-    }
-
     pub fn with_param(mut self, param: &str) -> Self {
         self.param = Some(param.to_string());
         self

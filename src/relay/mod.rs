@@ -870,7 +870,7 @@ prices:
             prices: Arc::new(crate::ledger::PriceBook::new(&config.prices)),
             default_output_tokens: 100,
             min_output_tokens: 10,
-            max_event_bytes: crate::translate::sse::DEFAULT_MAX_EVENT_BYTES,
+            max_event_bytes: crate::config::DEFAULT_MAX_EVENT_BYTES,
             forward_headers: Vec::new(),
             forward_response_headers: Vec::new(),
             trusted_proxies: Vec::new(),

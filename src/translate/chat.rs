@@ -663,7 +663,7 @@ impl Encoder {
             }
             Event::Usage(u) => self.usage = Some(u),
             Event::Error { status, message } => {
-                let err = ApiError::upstream(status, message);
+                let err = crate::protocol::upstream_error::rewrite(status, Some(&message), None);
                 super::sse::write_json(out, None, &crate::protocol::openai::error_body(&err));
             }
         }

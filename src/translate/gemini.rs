@@ -747,7 +747,7 @@ impl Encoder {
             }
             Event::Stop(stop) => self.stop = Some(stop),
             Event::Error { status, message } => {
-                let err = ApiError::upstream(status, message);
+                let err = crate::protocol::upstream_error::rewrite(status, Some(&message), None);
                 self.write(out, &crate::protocol::gemini::error_body(&err));
             }
             Event::ToolArgs(_) | Event::Usage(_) => {}

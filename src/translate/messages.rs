@@ -689,7 +689,7 @@ impl Encoder {
             Event::Usage(_) => {}
             Event::Error { status, message } => {
                 self.close(out);
-                let err = ApiError::upstream(status, message);
+                let err = crate::protocol::upstream_error::rewrite(status, Some(&message), None);
                 Self::emit(out, "error", crate::protocol::anthropic::error_body(&err));
             }
         }

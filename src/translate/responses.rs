@@ -468,7 +468,7 @@ impl Encoder {
             Event::Stop(stop) => self.stop = Some(stop),
             Event::Usage(u) => self.usage = Some(u),
             Event::Error { status, message } => {
-                let err = ApiError::upstream(status, message);
+                let err = crate::protocol::upstream_error::rewrite(status, Some(&message), None);
                 let body = crate::protocol::openai::error_body(&err);
                 self.emit(out, "error", json!({"code": body["error"]["code"], "message": body["error"]["message"], "param": null}));
             }

@@ -8,9 +8,7 @@ pub struct SseEvent {
     pub data: String,
 }
 
-/// `limits.max_event_bytes` when not set: the most bytes of one event (its incomplete line and
-/// the data lines gathered before its closing blank line) held; more is an error in the stream.
-pub const DEFAULT_MAX_EVENT_BYTES: usize = 16 << 20;
+pub use crate::config::DEFAULT_MAX_EVENT_BYTES;
 
 /// Reads events from chunks as they come.
 #[derive(Debug)]
