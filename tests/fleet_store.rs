@@ -487,6 +487,16 @@ async fn db_minute(db: &Pg) -> i64 {
     client.query_one("SELECT floor(extract(epoch FROM now()) / 60)::BIGINT", &[]).await.expect("now").get(0)
 }
 
+/// `n` requests of `key` at once, spread over `nodes` in turn, against `rpm`.
+async fn admit_spread(nodes: &[Arc<FleetRates>], key: &str, n: usize, rpm: u32) -> Vec<Admission> {
+    let calls = (0..n).map(|i| {
+        let node = nodes[i % nodes.len()].clone();
+        let key = key.to_string();
+        tokio::spawn(async move { node.admit_request(&key, rpm).await.expect("database") })
+    });
+    futures_util::future::join_all(calls).await.into_iter().map(|r| r.expect("task")).collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rpm_holds_exactly_for_the_sum_of_the_nodes() {
     let server = Postgres::start();
@@ -500,12 +510,7 @@ async fn rpm_holds_exactly_for_the_sum_of_the_nodes() {
     for attempt in 0..3 {
         let key = format!("k{attempt}");
         let minute = db_minute(&db).await;
-        let calls = (0..90).map(|i| {
-            let node = nodes[i % 3].clone();
-            let key = key.clone();
-            tokio::spawn(async move { node.admit_request(&key, 30).await.expect("database") })
-        });
-        let outcomes: Vec<Admission> = futures_util::future::join_all(calls).await.into_iter().map(|r| r.expect("task")).collect();
+        let outcomes = admit_spread(&nodes, &key, 90, 30).await;
         if db_minute(&db).await != minute {
             continue;
         }
@@ -562,12 +567,7 @@ async fn rpm_counts_the_previous_minute_across_its_boundary() {
             .execute("INSERT INTO rate_windows (key_id, window_start, requests_granted) VALUES ($1, $2, 30)", &[&key, &(minute - 1)])
             .await
             .expect("previous window");
-        let calls = (0..60).map(|i| {
-            let node = nodes[i % 2].clone();
-            let key = key.clone();
-            tokio::spawn(async move { node.admit_request(&key, 30).await.expect("database") })
-        });
-        let outcomes: Vec<Admission> = futures_util::future::join_all(calls).await.into_iter().map(|r| r.expect("task")).collect();
+        let outcomes = admit_spread(&nodes, &key, 60, 30).await;
         if db_minute(&db).await != minute {
             continue;
         }

@@ -70,6 +70,7 @@ async fn the_upstream_is_always_told_where_the_hold_ends() {
     assert!(served >= 1);
     let u = wait_requests(&gw, WINDOW_KEY, served as u64).await;
     let spent = nanos(&u["total"]["cost"]);
+    eprintln!("day window $0.20, 20 concurrent requests answered with 16,000 tokens: {served} served, ${:.6} spent", spent as f64 / 1e9);
     assert!(spent <= 200_000_000, "the day window of $0.20 held: spent {spent} nano-USD over {served} requests");
     assert!(nanos(&u["balance"]) >= 800_000_000);
 
@@ -114,23 +115,49 @@ async fn the_client_address_is_derived_from_every_forwarding_line() {
 
 // ---------------------------------------------------------------- 3. client strings
 
+/// Bytes under `dir`, every file below it.
+fn tree_size(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => tree_size(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 #[tokio::test]
 async fn an_overlong_model_name_is_refused_before_it_is_written_and_counts_against_rpm() {
     let mock = start_mock();
     let gw = start_gateway_logged(&config(mock.port));
-    let long = "m".repeat(1 << 20);
-    for _ in 0..2 {
-        let (status, body) = chat(&gw, RPM_KEY, &json!({"model": long, "messages": []}), &[]).await;
+    // As reproduced: 8 MiB model names (60 of them added 1.04 GB to the data directory and
+    // 503 MB to the log). Ten here, from a key without a rate limit.
+    assert_eq!(chat(&gw, CLIENT_KEY, &hi(), &[]).await.0, 200);
+    let (data_before, log_before) = (tree_size(&gw.dir.path().join("data")), gw.log().len());
+    let long = "m".repeat(8 << 20);
+    for _ in 0..10 {
+        let (status, body) = chat(&gw, CLIENT_KEY, &json!({"model": long, "messages": []}), &[]).await;
         assert_eq!((status, body["error"]["code"].as_str()), (400, Some("invalid_model")));
         assert!(body.to_string().len() < 1024, "not echoed");
     }
-    // Both counted: the key's rpm of 2 is spent.
+    assert_eq!(chat(&gw, CLIENT_KEY, &hi(), &[]).await.0, 200, "settles a record after them");
+    wait_requests(&gw, CLIENT_KEY, 2).await;
+    let data_grew = tree_size(&gw.dir.path().join("data")).saturating_sub(data_before);
+    let log_grew = gw.log().len().saturating_sub(log_before);
+    eprintln!("10 requests with 8 MiB model names: data directory +{data_grew} bytes, log +{log_grew} bytes");
+    assert!(data_grew < 4 << 20, "the names were not stored: +{data_grew} bytes");
+    assert!(log_grew < 64 << 10, "the names were not logged: +{log_grew} bytes");
+    assert!(!gw.log().contains(&"m".repeat(300)));
+    // Refusals of a known key count against its rpm: two refused, and the minute is spent.
+    for _ in 0..2 {
+        assert_eq!(chat(&gw, RPM_KEY, &json!({"model": "m".repeat(300), "messages": []}), &[]).await.0, 400);
+    }
     assert_eq!(chat(&gw, RPM_KEY, &hi(), &[]).await.0, 429);
-    let mmm = "m".repeat(300);
-    assert!(!gw.log().contains(&mmm), "the name never reached the log");
-    let data = std::fs::read_dir(gw.dir.path().join("data")).expect("data dir");
-    let size: u64 = data.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum();
-    assert!(size < 64 << 20, "the data directory did not grow by the names: {size}");
 }
 
 // ---------------------------------------------------------------- 5. upstream errors
@@ -208,6 +235,7 @@ async fn tpm_holds_for_twenty_concurrent_requests() {
     assert!(served >= 1 && limited >= 1, "served {served}, limited {limited}");
     let u = wait_requests(&gw, TPM_KEY, served as u64).await;
     let tokens = u["total"]["input_tokens"].as_u64().unwrap_or(0) + u["total"]["output_tokens"].as_u64().unwrap_or(0);
+    eprintln!("tpm 1,000, 20 concurrent requests of max_tokens 100: {served} served, {limited} limited, {tokens} tokens");
     assert!(tokens <= 1000, "1,000 tokens a minute: {tokens} served");
 }
 
@@ -266,6 +294,7 @@ async fn key_less_refusals_cannot_push_real_entries_out_of_the_request_log() {
         .expect("json");
     let entries = page["data"].as_array().cloned().unwrap_or_default();
     let keyless = entries.iter().filter(|e| e.get("key_id").is_none()).count();
+    eprintln!("1,500 wrong-key requests: {keyless} request-log entries, {} entries in all", entries.len());
     assert!(keyless <= 2, "1,500 key-less refusals wrote {keyless} entries");
     assert!(entries.iter().any(|e| e["status"] == 200), "the real entry is kept: {page}");
     // Counted, and the access log says so on the address's next minute (here: only counted).
@@ -314,6 +343,7 @@ async fn a_translated_stream_without_event_separators_is_cut_at_its_bound_and_bi
     let text = r.text().await.unwrap_or_default();
     assert!(text.contains("\"error\""), "the client's stream ends with its error event: {}", &text[text.len().saturating_sub(300)..]);
     let grew = memory(pid, "VmHWM").saturating_sub(before);
+    eprintln!("a 64 MiB event without a blank line: peak memory +{} KiB", grew >> 10);
     assert!(grew < 24 << 20, "64 MiB without a blank line raised the peak memory by {} MiB", grew >> 20);
     // What was produced is billed: the request is in the key's usage.
     let u = wait_requests(&gw, CLIENT_KEY, 2).await;

@@ -20,6 +20,18 @@ enum Encoder {
     Responses(responses::Encoder),
 }
 
+impl Encoder {
+    /// One internal event in the client's protocol.
+    fn event(&mut self, e: Event, out: &mut Vec<u8>) {
+        match self {
+            Encoder::Chat(enc) => enc.event(e, out),
+            Encoder::Messages(enc) => enc.event(e, out),
+            Encoder::Gemini(enc) => enc.event(e, out),
+            Encoder::Responses(enc) => enc.event(e, out),
+        }
+    }
+}
+
 pub struct StreamTranslator {
     reader: SseReader,
     decoder: Decoder,
@@ -74,13 +86,7 @@ impl StreamTranslator {
     /// bytes, ending its stream with its protocol's error event.
     pub fn fail(&mut self) -> Vec<u8> {
         let mut out = Vec::new();
-        let e = Event::Error { status: 502, message: String::new() };
-        match &mut self.encoder {
-            Encoder::Chat(enc) => enc.event(e, &mut out),
-            Encoder::Messages(enc) => enc.event(e, &mut out),
-            Encoder::Gemini(enc) => enc.event(e, &mut out),
-            Encoder::Responses(enc) => enc.event(e, &mut out),
-        }
+        self.encoder.event(Event::Error { status: 502, message: String::new() }, &mut out);
         out
     }
 
@@ -106,12 +112,7 @@ impl StreamTranslator {
                 Decoder::Gemini(d) => d.event(&ev.data, &mut self.decoded),
             }
             for e in self.decoded.drain(..) {
-                match &mut self.encoder {
-                    Encoder::Chat(enc) => enc.event(e, &mut out),
-                    Encoder::Messages(enc) => enc.event(e, &mut out),
-                    Encoder::Gemini(enc) => enc.event(e, &mut out),
-                    Encoder::Responses(enc) => enc.event(e, &mut out),
-                }
+                self.encoder.event(e, &mut out);
             }
         }
         out
