@@ -392,7 +392,7 @@ fn output_allowance(
     let model_limit = price.and_then(|p| p.max_output_tokens);
     let asked = output::asked(route, fields)?;
     // The key's cap refuses a larger maximum (400 naming the field used).
-    policy.output_tokens(asked, output::named_field(route, fields))?;
+    policy.check_output_tokens(asked, output::named_field(route, fields))?;
     Ok(match asked {
         Some(asked) => {
             let limit = model_limit.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
