@@ -344,12 +344,13 @@ impl Gateway {
             other => other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?,
         };
 
+        // Rate limits first: every request of a known key counts against its `rpm`, the ones
+        // refused below (a group's endpoint, an unknown or over-long model, a bad body, a
+        // policy) included.
+        self.limits.admit(&key).await?;
         if !catalog.group_allows(&key.group, protocol) {
             return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
         }
-        // Rate limits first: every request of a known key counts against its `rpm`, the ones
-        // refused below (an unknown or over-long model, a bad body, a policy) included.
-        self.limits.admit(&key).await?;
         let client_body = crate::body::read(session, &self.body).await?;
         let mut draft = match &route {
             Route::StoredResponse { id, .. } => {
