@@ -252,6 +252,9 @@ impl Reload {
             cert.reload()?;
         }
         seed(&self.keys, &self.ledger, &config).await.map_err(|e| e.to_string())?;
+        for warning in config.expired_keys(crate::auth::now_unix()) {
+            log::warn!("{warning}");
+        }
         crate::logging::set_json(config.log_format == crate::config::LogFormat::Json);
         let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
         self.health.retain(&names);
@@ -420,6 +423,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             let version = crate::store::fleet::check(fleet).map_err(|e| e.to_string())?;
             println!("tollgate: store.postgres reached; schema version {version} (node '{}')", fleet.node_id);
         }
+        for warning in config.expired_keys(crate::auth::now_unix()) {
+            eprintln!("tollgate: warning: {warning}");
+        }
         println!("tollgate: configuration {path} is valid");
         return Ok(());
     }
@@ -429,6 +435,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         libc::umask(0o077);
     }
     warn_short_keys(&config);
+    for warning in config.expired_keys(crate::auth::now_unix()) {
+        log::warn!("{warning}");
+    }
     if !opt.upgrade {
         // A taken port is one fatal line, like every other start-up error (Pingora would retry
         // it every second for ever). An upgrade takes the running process's sockets over.

@@ -187,7 +187,7 @@ fn the_file_is_refused_naming_the_key_and_field() {
         ("{ key: sk-bad-policy-01, name: b, group: default, ip_allow: [300.1.1.1] }", "keys[0].ip_allow"),
         ("{ key: sk-bad-policy-01, name: b, group: default, models: { allow: [] } }", "keys[0].models.allow"),
         ("{ key: sk-bad-policy-01, name: b, group: default, models: { deny: [\"a*b*\"] } }", "keys[0].models.deny"),
-        ("{ key: sk-bad-policy-01, name: b, group: default, expires_at: \"2001-01-01T00:00:00Z\" }", "keys[0].expires_at"),
+        ("{ key: sk-bad-policy-01, name: b, group: default, expires_at: \"tomorrow\" }", "keys[0].expires_at"),
     ] {
         let (dir, path, _) = write_config(&with_key(&standard_config(1), entry));
         let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
@@ -199,6 +199,56 @@ fn the_file_is_refused_naming_the_key_and_field() {
     let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
     assert!(code == 2 && out.contains("trusted_proxies[0]"), "{out}");
     drop(dir);
+}
+
+/// Issue 46, point 1: a date never takes the gateway down. A key in the file that expired a
+/// second ago is a warning at `-t`, at start and at reload; the gateway serves, and that key is
+/// refused 401 `key_expired`.
+#[tokio::test]
+async fn a_file_key_that_expired_is_a_warning_never_an_outage() {
+    let mock = start_mock();
+    let past = {
+        let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs() - 1;
+        let (days, rest) = (secs / 86_400, secs % 86_400);
+        // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+        let z = days as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let d = doy - (153 * mp + 2) / 5 + 1;
+        let m = if mp < 10 { mp + 3 } else { mp - 9 };
+        let y = yoe + era * 400 + i64::from(m <= 2);
+        format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rest / 3600, rest / 60 % 60, rest % 60)
+    };
+    let expired = "sk-policy-expired-000000000000000001";
+    let body = with_key(
+        &standard_config(mock.port),
+        &format!("{{ key: {expired}, name: gone, group: default, balance: 1.0, expires_at: \"{past}\" }}"),
+    );
+    let (dir, path, port) = write_config(&body);
+    let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("warning") && out.contains("(gone): expired at"), "{out}");
+    std::fs::File::create(dir.path().join("tollgate.log")).expect("log file");
+    let gw = start_written(dir, &path, port);
+    let (status, ok) = chat(&gw, CLIENT_KEY, "alpha-5.5", &[]).await;
+    assert_eq!(status, 200, "the gateway serves: {ok}");
+    let (status, refused) = chat(&gw, expired, "alpha-5.5", &[]).await;
+    assert_eq!((status, refused["error"]["code"].as_str()), (401, Some("key_expired")), "{refused}");
+    assert!(gw.log().contains("(gone): expired at"), "a warning at start: {}", gw.log());
+    // A reload applies other changes, and warns again.
+    let changed = std::fs::read_to_string(&path).expect("config").replace("name: tester", "name: tester-renamed");
+    std::fs::write(&path, changed).expect("write");
+    let pid = gw.proc.child.id();
+    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !gw.log().contains("configuration reloaded") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(gw.log().contains("configuration reloaded") && !gw.log().contains("reload refused"), "{}", gw.log());
+    assert_eq!(gw.log().matches("(gone): expired at").count(), 2, "{}", gw.log());
 }
 
 #[tokio::test]
