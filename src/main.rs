@@ -17,7 +17,7 @@ tollgate — an edge gateway for model APIs (chat completions, messages, generat
 
 Usage:
   tollgate [-c FILE] [-t] [-d] [-u]   start the gateway (or check its configuration with -t)
-  tollgate store copy --from sled:DIR|postgres://URL --to sled:DIR|postgres://URL [--ca-file FILE]
+  tollgate store copy --from sled:DIR|postgres:URL --to sled:DIR|postgres:URL [--ca-file FILE]
   tollgate --version | --help
 
 Options:

@@ -185,3 +185,20 @@ async fn the_start_up_line_says_what_is_served_where() {
         assert!(line.contains(&needle), "{needle} missing from: {line}");
     }
 }
+
+/// Issue 46, point 4: a copy from a mistyped path is refused (exit 2) and creates nothing.
+#[test]
+fn store_copy_from_nothing_is_refused_and_creates_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (from, to) = (dir.path().join("no-such-store"), dir.path().join("target"));
+    let (code, out) =
+        run_tollgate(&["store", "copy", "--from", &format!("sled:{}", from.display()), "--to", &format!("sled:{}", to.display())], &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("holds no tollgate store") && !out.contains("copied 0"), "{out}");
+    assert!(!from.exists() && !to.exists(), "nothing was created");
+    // The postgres:URL spelling is read as a URL (here unreachable: refused for that, not the spelling).
+    let (code, out) =
+        run_tollgate(&["store", "copy", "--from", "postgres:postgres://nobody@127.0.0.1:1/none", "--to", "sled:/nonexistent"], &[]);
+    assert_eq!(code, 2);
+    assert!(!out.contains("give sled:DIR"), "{out}");
+}

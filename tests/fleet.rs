@@ -437,7 +437,9 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     wait_exit(&mut single.proc.child, Duration::from_secs(30), "the single node").await;
     let sled_dir = single.dir.path().join("data");
 
-    let to_pg = ["store", "copy", "--from", &format!("sled:{}", sled_dir.display()), "--to", &pg.url()];
+    // The `postgres:URL` spelling, as the issue that introduced the command specified it.
+    let target = format!("postgres:{}", pg.url());
+    let to_pg = ["store", "copy", "--from", &format!("sled:{}", sled_dir.display()), "--to", &target];
     let (code, out) = run_tollgate(&to_pg, &[]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("1 key(s), 1 account(s), 3 balance(s), 1 audit entr(y/ies), 4 usage record(s)"), "{out}");

@@ -50,13 +50,27 @@ pub enum Place {
 }
 
 impl Place {
-    /// `sled:DIR` or `postgres:URL` (`postgres://…` alone is taken as a URL too).
+    /// `sled:DIR`, or `postgres:URL` (`postgres:postgres://…`, `postgres:host=… dbname=…`) or the
+    /// URL alone (`postgres://…`, `postgresql://…`).
     pub fn parse(text: &str, ca_pem: Option<String>) -> Result<Place, String> {
         if let Some(dir) = text.strip_prefix("sled:") {
+            if dir.is_empty() {
+                return Err(format!("'{text}': give the directory after sled:"));
+            }
             return Ok(Place::Sled(PathBuf::from(dir)));
         }
-        let url = text.strip_prefix("postgres:").filter(|u| u.starts_with("//")).map(|u| format!("postgres:{u}"));
-        let url = url.or_else(|| (text.starts_with("postgres://") || text.starts_with("postgresql://")).then(|| text.to_string()));
+        let url = if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            Some(text.to_string())
+        } else {
+            text.strip_prefix("postgres:").filter(|rest| !rest.trim().is_empty()).map(|rest| {
+                // `postgres://…` split at its own colon reads `//…`: the URL it was.
+                if rest.starts_with("//") {
+                    format!("postgres:{rest}")
+                } else {
+                    rest.to_string()
+                }
+            })
+        };
         match url {
             Some(url) => Ok(Place::Postgres(PgSettings { url, pool_size: 2, ca_pem })),
             None => Err(format!("'{text}': give sled:DIR or postgres://user@host/db")),
@@ -67,6 +81,8 @@ impl Place {
 #[derive(Debug)]
 pub enum CopyError {
     NotEmpty(String),
+    /// The source holds no tollgate store (a mistyped path, an empty database).
+    NoSource(String),
     Store(StoreError),
 }
 
@@ -74,6 +90,7 @@ impl std::fmt::Display for CopyError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             CopyError::NotEmpty(what) => write!(f, "the target is not empty ({what}); nothing was copied"),
+            CopyError::NoSource(what) => write!(f, "the source holds no tollgate store ({what}); nothing was copied or created"),
             CopyError::Store(e) => write!(f, "{e}"),
         }
     }
@@ -91,9 +108,25 @@ impl From<super::postgres::PgError> for CopyError {
     }
 }
 
-/// Copy everything from `from` to `to` (refused unless `to` is empty); what was copied.
+/// Copy everything from `from` to `to` (refused unless `from` holds a store and `to` is
+/// empty); what was copied.
 pub async fn copy(from: &Place, to: &Place) -> Result<Snapshot, CopyError> {
-    // The target is checked before anything is read, and written in one go.
+    // The source is checked before anything is created, the target before anything is read,
+    // and the target is written in one go.
+    match from {
+        Place::Sled(dir) => {
+            // A sled database is a directory with its `db` file; opening a missing one would
+            // create it, empty.
+            if !dir.join("db").is_file() {
+                return Err(CopyError::NoSource(format!("sled:{} has no database", dir.display())));
+            }
+        }
+        Place::Postgres(settings) => {
+            if !super::postgres::copy::has_schema(&Pg::new(settings)?).await? {
+                return Err(CopyError::NoSource("the PostgreSQL database has no tollgate schema".into()));
+            }
+        }
+    }
     match to {
         Place::Sled(dir) => {
             let store = SledDb::open(dir)?;
@@ -175,7 +208,7 @@ async fn write_sled(dir: &std::path::Path, s: &Snapshot) -> Result<(), StoreErro
 
 /// `tollgate store copy --from A --to B [--ca-file F]`: exit code and what to print.
 pub fn cli(args: &[String]) -> (i32, String) {
-    const USAGE: &str = "usage: tollgate store copy --from sled:DIR|postgres://URL --to sled:DIR|postgres://URL [--ca-file FILE]";
+    const USAGE: &str = "usage: tollgate store copy --from sled:DIR|postgres:URL --to sled:DIR|postgres:URL [--ca-file FILE] (a URL alone, postgres://…, is taken too)";
     let mut from = None;
     let mut to = None;
     let mut ca_file = None;
@@ -212,5 +245,32 @@ pub fn cli(args: &[String]) -> (i32, String) {
     match runtime.block_on(copy(&from, &to)) {
         Ok(snapshot) => (0, format!("copied {}", snapshot.summary())),
         Err(e) => (2, e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(place: Result<Place, String>) -> Option<String> {
+        match place {
+            Ok(Place::Postgres(s)) => Some(s.url),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn both_postgres_spellings_and_sled_are_read() {
+        let want = Some("postgres://u@db:5432/tollgate".to_string());
+        assert_eq!(url(Place::parse("postgres://u@db:5432/tollgate", None)), want);
+        assert_eq!(url(Place::parse("postgres:postgres://u@db:5432/tollgate", None)), want);
+        assert_eq!(url(Place::parse("postgres:host=db dbname=tollgate", None)).as_deref(), Some("host=db dbname=tollgate"));
+        assert_eq!(url(Place::parse("postgresql://db/t", None)).as_deref(), Some("postgresql://db/t"));
+        assert!(
+            matches!(Place::parse("sled:/var/lib/tollgate", None), Ok(Place::Sled(d)) if d == std::path::Path::new("/var/lib/tollgate"))
+        );
+        for bad in ["sled:", "postgres:", "mysql://db", "/var/lib/tollgate"] {
+            assert!(Place::parse(bad, None).is_err(), "{bad}");
+        }
     }
 }

@@ -3,6 +3,12 @@
 use super::{Pg, PgError};
 use crate::store::copy::Snapshot;
 
+/// Whether tollgate's schema is in the database (read only: nothing is created).
+pub async fn has_schema(pg: &Pg) -> Result<bool, PgError> {
+    let client = pg.client().await?;
+    Ok(client.query_one("SELECT to_regclass('tollgate_schema') IS NOT NULL", &[]).await?.get(0))
+}
+
 /// Whether the database holds no tollgate data (keys, balances, records or tasks).
 pub async fn is_empty(pg: &Pg) -> Result<bool, PgError> {
     let client = pg.client().await?;
