@@ -110,6 +110,7 @@ async fn the_access_log_names_keys_and_never_holds_a_secret() {
         .await
         .expect("chat");
     assert_eq!(r.status(), 200);
+    let request_id = r.headers().get("x-request-id").and_then(|v| v.to_str().ok()).expect("X-Request-Id").to_string();
     let r = client()
         .post(gw.url("/v1/messages?key=leaked-in-query"))
         .header("x-api-key", CLIENT_KEY)
@@ -123,7 +124,17 @@ async fn the_access_log_names_keys_and_never_holds_a_secret() {
     until("three access lines", || async { gw.log().matches("route=").count() >= 3 }).await;
     let log = gw.log();
     let chat = log.lines().find(|l| l.contains("route=chat_completions")).expect("chat line");
-    for part in ["status=200", "key=\"tester\"", "model=\"alpha-5.5\"", "output_tokens=3", "latency_ms="] {
+    // Issue 46, point 10: a client's request id finds its line (and the upstream's own id).
+    let id_part = format!("request_id={request_id} ");
+    for part in [
+        "status=200",
+        "key=\"tester\"",
+        "model=\"alpha-5.5\"",
+        "output_tokens=3",
+        "latency_ms=",
+        &id_part,
+        "upstream_request_id=\"req_mock_0001\"",
+    ] {
         assert!(chat.contains(part), "{part} in {chat}");
     }
     assert!(log.contains("status=401"), "{log}");
@@ -404,6 +415,7 @@ async fn the_access_log_tells_refusals_and_videos_as_the_ledger_does() {
         "{ok}"
     );
     assert!(ok["cost_usd"].as_f64().is_some_and(|c| c > 0.0) && ok["ts"].is_string() && ok["level"] == "INFO", "{ok}");
+    assert!(ok["request_id"].as_str().is_some_and(|id| id.starts_with("req_")), "{ok}");
     let refused = access.iter().find(|v| v["status"] == 404).expect("the 404");
     assert_eq!((refused["model"].as_str(), refused["reason"].as_str()), (Some("no-such-model"), Some("unknown_model")), "{refused}");
     assert!(lines.iter().any(|v| v["target"] != "access" && v["message"].is_string()), "other lines are JSON too");

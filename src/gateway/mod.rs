@@ -1228,8 +1228,12 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     let key = ctx.key.as_ref().map_or("-", |k| k.name.as_str());
     // A translated request names the provider's protocol.
     let translated = ctx.relayed.as_ref().and_then(|p| p.translation.as_ref()).map(|t| t.upstream.as_str());
+    // The id the client got in `X-Request-Id` (the request log's too), and the upstream's own.
+    let request_id = crate::request_log::id_of(session).unwrap_or("-");
+    let upstream_id = ctx.relayed.as_ref().and_then(|p| p.upstream_request_id.as_deref());
     if crate::logging::json() {
         let mut line = serde_json::json!({
+            "request_id": request_id,
             "method": req.method.as_str(), "path": req.uri.path(), "route": ctx.route, "status": status,
             "key": key, "model": model, "provider": provider, "attempts": attempts,
             "input_tokens": input, "output_tokens": output, "cost_usd": cost_usd, "estimated": estimated,
@@ -1246,6 +1250,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
         }
         if let Some(upstream) = translated {
             line["translated_to"] = upstream.into();
+        }
+        if let Some(id) = upstream_id {
+            line["upstream_request_id"] = id.into();
         }
         log::info!(target: "access", "{line}");
         return;
@@ -1265,9 +1272,12 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
         extra.push_str(" translated_to=");
         extra.push_str(upstream);
     }
+    if let Some(id) = upstream_id {
+        extra.push_str(&format!(" upstream_request_id={id:?}"));
+    }
     log::info!(
         target: "access",
-        "method={} path={:?} route={} status={} key={:?} model={:?} provider={:?} attempts={} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}{extra}",
+        "request_id={request_id} method={} path={:?} route={} status={} key={:?} model={:?} provider={:?} attempts={} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}{extra}",
         req.method,
         req.uri.path(),
         ctx.route,
