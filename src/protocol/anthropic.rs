@@ -23,12 +23,12 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::Conflict => "invalid_request_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::RequestTimeout => "timeout_error",
-        ErrorKind::Overloaded => "overloaded_error",
+        ErrorKind::Overloaded | ErrorKind::StoreUnavailable => "overloaded_error",
         ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "rate_limit_error",
         ErrorKind::BadGateway | ErrorKind::Internal | ErrorKind::UpstreamAuthFailed => "api_error",
         ErrorKind::GatewayTimeout => "timeout_error",
     };
-    match e.kind.code() {
+    match e.upstream_code.as_deref().or(e.kind.code()) {
         Some(code) => json!({"type": "error", "error": {"type": etype, "message": e.message, "code": code}}),
         None => json!({"type": "error", "error": {"type": etype, "message": e.message}}),
     }

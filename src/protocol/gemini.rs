@@ -24,7 +24,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "RESOURCE_EXHAUSTED",
         ErrorKind::BadGateway => "UNAVAILABLE",
         ErrorKind::GatewayTimeout | ErrorKind::RequestTimeout => "DEADLINE_EXCEEDED",
-        ErrorKind::Overloaded => "UNAVAILABLE",
+        ErrorKind::Overloaded | ErrorKind::StoreUnavailable => "UNAVAILABLE",
         ErrorKind::Internal => "INTERNAL",
     };
     match e.kind.code() {

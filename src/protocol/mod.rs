@@ -668,6 +668,8 @@ pub enum ErrorKind {
     RequestTimeout,
     /// The gateway has no room for the request right now (503, with `Retry-After`).
     Overloaded,
+    /// A fleet node cannot reach its database for what the request needs (503, `Retry-After`).
+    StoreUnavailable,
     /// The resource is not in a state that allows this (video not ready).
     Conflict,
     /// The resource existed but is no longer available (expired video URL).
@@ -696,15 +698,37 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    /// The machine-readable code of kinds that have their own, shown in every protocol's shape
-    /// (chat-completions' `code`, messages' `error.code`, generate-content's `ErrorInfo` reason).
+    /// The machine-readable code of a refusal, the same in every protocol's shape:
+    /// chat-completions' `error.code`, messages' `error.code` (beside `type`, which the SDKs
+    /// read; they ignore the rest), generate-content's `google.rpc.ErrorInfo` reason (in capitals).
+    /// None for a plain bad request (its `param` says what was wrong).
     pub fn code(self) -> Option<&'static str> {
-        match self {
-            ErrorKind::InvalidModel => Some("invalid_model"),
-            ErrorKind::UpstreamAuthFailed => Some("upstream_auth_failed"),
-            ErrorKind::IdempotencyKeyReused => Some("idempotency_key_reused"),
-            _ => None,
-        }
+        Some(match self {
+            ErrorKind::BadRequest => return None,
+            ErrorKind::Unauthorized => "invalid_api_key",
+            ErrorKind::InsufficientBalance => "insufficient_quota",
+            ErrorKind::NotFound => "unknown_url",
+            ErrorKind::ModelNotFound => "model_not_found",
+            ErrorKind::PayloadTooLarge => "request_too_large",
+            ErrorKind::RequestTimeout => "request_timeout",
+            ErrorKind::Overloaded => "overloaded",
+            ErrorKind::StoreUnavailable => "store_unavailable",
+            ErrorKind::Conflict => "not_ready",
+            ErrorKind::Gone => "expired",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::RateLimited => "rate_limit_exceeded",
+            ErrorKind::BadGateway => "upstream_unavailable",
+            ErrorKind::GatewayTimeout => "upstream_timeout",
+            ErrorKind::Internal => "internal_error",
+            ErrorKind::KeyExpired => "key_expired",
+            ErrorKind::IpNotAllowed => "ip_not_allowed",
+            ErrorKind::ModelNotAllowed => "model_not_allowed",
+            ErrorKind::RequestCostCap => "request_cost_cap_exceeded",
+            ErrorKind::BudgetExceeded => "budget_exceeded",
+            ErrorKind::InvalidModel => "invalid_model",
+            ErrorKind::UpstreamAuthFailed => "upstream_auth_failed",
+            ErrorKind::IdempotencyKeyReused => "idempotency_key_reused",
+        })
     }
 
     /// A short code for the access log's `reason=`.
@@ -719,6 +743,7 @@ impl ErrorKind {
             ErrorKind::PayloadTooLarge => "body_too_large",
             ErrorKind::RequestTimeout => "body_timeout",
             ErrorKind::Overloaded => "overloaded",
+            ErrorKind::StoreUnavailable => "store_unavailable",
             ErrorKind::Conflict => "conflict",
             ErrorKind::Gone => "gone",
             ErrorKind::RateLimited => "rate_limited",
@@ -747,7 +772,7 @@ impl ErrorKind {
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::PayloadTooLarge => 413,
             ErrorKind::RequestTimeout => 408,
-            ErrorKind::Overloaded => 503,
+            ErrorKind::Overloaded | ErrorKind::StoreUnavailable => 503,
             ErrorKind::Conflict => 409,
             ErrorKind::Gone => 410,
             ErrorKind::RateLimited | ErrorKind::BudgetExceeded => 429,

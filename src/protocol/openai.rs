@@ -13,31 +13,29 @@ pub const RESPONSE_HEADERS: [&str; 3] = ["x-request-id", "openai-processing-ms",
 pub const RELAYED_HEADERS: [&str; 1] = ["openai-beta"];
 
 pub fn error_body(e: &ApiError) -> Value {
-    let (etype, code) = match e.kind {
-        ErrorKind::BadRequest => ("invalid_request_error", Value::Null),
-        ErrorKind::Unauthorized => ("authentication_error", json!("invalid_api_key")),
-        ErrorKind::InsufficientBalance => ("insufficient_quota", json!("insufficient_quota")),
-        ErrorKind::NotFound => ("invalid_request_error", json!("unknown_url")),
-        ErrorKind::ModelNotFound => ("invalid_request_error", json!("model_not_found")),
-        ErrorKind::PayloadTooLarge => ("invalid_request_error", json!("request_too_large")),
-        ErrorKind::RequestTimeout => ("invalid_request_error", json!("request_timeout")),
-        ErrorKind::Overloaded => ("api_error", json!("overloaded")),
-        ErrorKind::Conflict => ("invalid_request_error", json!("not_ready")),
-        ErrorKind::Gone => ("invalid_request_error", json!("expired")),
-        ErrorKind::Forbidden => ("permission_error", json!("forbidden")),
-        ErrorKind::RateLimited => ("rate_limit_error", json!("rate_limit_exceeded")),
-        ErrorKind::BadGateway => ("api_error", json!("upstream_unavailable")),
-        ErrorKind::GatewayTimeout => ("api_error", json!("upstream_timeout")),
-        ErrorKind::Internal => ("api_error", json!("internal_error")),
-        ErrorKind::KeyExpired => ("authentication_error", json!("key_expired")),
-        ErrorKind::IpNotAllowed => ("permission_error", json!("ip_not_allowed")),
-        ErrorKind::ModelNotAllowed => ("permission_error", json!("model_not_allowed")),
-        ErrorKind::RequestCostCap => ("invalid_request_error", json!("request_cost_cap_exceeded")),
-        ErrorKind::BudgetExceeded => ("rate_limit_error", json!("budget_exceeded")),
-        ErrorKind::InvalidModel | ErrorKind::IdempotencyKeyReused => ("invalid_request_error", json!(e.kind.code())),
-        ErrorKind::UpstreamAuthFailed => ("api_error", json!(e.kind.code())),
+    let etype = match e.kind {
+        ErrorKind::BadRequest
+        | ErrorKind::NotFound
+        | ErrorKind::ModelNotFound
+        | ErrorKind::PayloadTooLarge
+        | ErrorKind::RequestTimeout
+        | ErrorKind::Conflict
+        | ErrorKind::Gone
+        | ErrorKind::RequestCostCap
+        | ErrorKind::InvalidModel
+        | ErrorKind::IdempotencyKeyReused => "invalid_request_error",
+        ErrorKind::Unauthorized | ErrorKind::KeyExpired => "authentication_error",
+        ErrorKind::InsufficientBalance => "insufficient_quota",
+        ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => "permission_error",
+        ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "rate_limit_error",
+        ErrorKind::Overloaded
+        | ErrorKind::StoreUnavailable
+        | ErrorKind::BadGateway
+        | ErrorKind::GatewayTimeout
+        | ErrorKind::Internal
+        | ErrorKind::UpstreamAuthFailed => "api_error",
     };
-    let code = e.upstream_code.as_deref().map_or(code, |c| json!(c));
+    let code = e.upstream_code.as_deref().or(e.kind.code());
     json!({"error": {"message": e.message, "type": etype, "param": e.param, "code": code}})
 }
 

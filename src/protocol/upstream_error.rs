@@ -189,4 +189,20 @@ mod tests {
         assert_eq!(scrub("gpt-4o-mini-2024-07-18 is fine"), "gpt-4o-mini-2024-07-18 is fine", "a model name stays");
         assert_eq!(scrub("id a1b2c3d4e5f6g7h8i9j0k1"), "id [redacted]");
     }
+
+    #[test]
+    fn every_refusal_code_appears_in_every_protocols_shape() {
+        use crate::protocol::ErrorKind::*;
+        for kind in [KeyExpired, IpNotAllowed, ModelNotAllowed, RequestCostCap, BudgetExceeded, InvalidModel, StoreUnavailable] {
+            let e = ApiError::new(kind, "m");
+            let code = kind.code().expect("a code");
+            let chat: Value = serde_json::from_slice(&e.body(Protocol::Openai)).expect("json");
+            assert_eq!(chat["error"]["code"], code);
+            let messages: Value = serde_json::from_slice(&e.body(Protocol::Anthropic)).expect("json");
+            assert_eq!(messages["error"]["code"], code, "beside type: {messages}");
+            assert!(messages["error"]["type"].is_string());
+            let gemini: Value = serde_json::from_slice(&e.body(Protocol::Gemini)).expect("json");
+            assert_eq!(gemini["error"]["details"][0]["reason"], code.to_ascii_uppercase(), "{gemini}");
+        }
+    }
 }

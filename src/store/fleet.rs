@@ -198,7 +198,7 @@ impl Fleet {
 /// (503, retry shortly); `what` names what could not be checked.
 pub fn unavailable(what: &str) -> crate::protocol::ApiError {
     let mut e = crate::protocol::ApiError::new(
-        crate::protocol::ErrorKind::Overloaded,
+        crate::protocol::ErrorKind::StoreUnavailable,
         format!("The gateway cannot reach its database to check {what}; retry shortly."),
     );
     e.retry_after = Some(5);
