@@ -239,27 +239,40 @@ struct RotateKey {
 const MAX_GRACE_SECS: u64 = 30 * 86_400;
 /// Most days `GET /admin/usage?group_by=day` reports at once.
 const MAX_USAGE_DAYS: u64 = 366;
+/// Days `GET /admin/usage?group_by=day` reports without `start`: the last 30, today included.
+const DEFAULT_USAGE_DAYS: u64 = 30;
 
-/// A JSON body as `T`; a field's own validation error names the field (`param`).
+/// A JSON body as `T`; an error names the field it is about (`param`, and the message): a
+/// type error by its path (`budgets.day`), a field's own validation by what it says.
 pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> std::result::Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| match e.classify() {
-        // A field's own validation says `field: …`: the error names it.
-        serde_json::error::Category::Data => {
-            let message = e.to_string();
-            let field = message
-                .split_once(": ")
-                .map(|(f, _)| f)
-                .filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-            match field {
-                Some(field) => {
-                    let field = field.to_string();
-                    bad(format!("Invalid field: {message}")).with_param(&field)
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    let value = parsed.map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                // The message without serde's position (it is within the member's value).
+                let text = inner.to_string();
+                let message = text.rsplit_once(" at line ").map_or(text.as_str(), |(m, _)| m).to_string();
+                // A field's own validation says `field: …`; a type error is named by its path.
+                let own = message
+                    .split_once(": ")
+                    .map(|(f, _)| f)
+                    .filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+                    .map(str::to_string);
+                let field = own.clone().or_else(|| (path != ".").then(|| path.clone()));
+                match (field, own) {
+                    (Some(field), Some(_)) => bad(format!("Invalid field: {message}")).with_param(&field),
+                    (Some(field), None) => bad(format!("Invalid field '{field}': {message}")).with_param(&field),
+                    (None, _) => bad(format!("Invalid field: {message}")),
                 }
-                None => bad(format!("Invalid field: {message}")),
             }
+            _ => bad(format!("Invalid JSON: {inner}")),
         }
-        _ => bad(format!("Invalid JSON: {e}")),
-    })
+    })?;
+    de.end().map_err(|e| bad(format!("Invalid JSON: {e}")))?;
+    Ok(value)
 }
 
 fn bad(msg: impl Into<String>) -> ApiError {
@@ -461,12 +474,12 @@ impl AdminApi {
             "day" => {
                 const DAY_MS: u64 = 86_400_000;
                 let end = end.min(crate::ledger::now_ms().div_ceil(DAY_MS) * DAY_MS);
+                // Without `start`: the last DEFAULT_USAGE_DAYS days up to `end`.
+                let start = if start == 0 { (end.div_ceil(DAY_MS).saturating_sub(DEFAULT_USAGE_DAYS)) * DAY_MS } else { start };
                 let first = start / DAY_MS;
                 let days = end.div_ceil(DAY_MS).saturating_sub(first);
-                if start == 0 || days > MAX_USAGE_DAYS {
-                    return Err(
-                        bad(format!("group_by=day needs start (unix seconds) and at most {MAX_USAGE_DAYS} days")).with_param("start")
-                    );
+                if days > MAX_USAGE_DAYS {
+                    return Err(bad(format!("group_by=day: at most {MAX_USAGE_DAYS} days from start to end")).with_param("start"));
                 }
                 // One read per key, its records grouped by UTC day (not one per key and day).
                 let by_day = crate::ledger::Grouping::Day(jiff::tz::TimeZone::UTC);
@@ -938,6 +951,22 @@ mod tests {
         assert!(origin_allowed(Some("http://127.0.0.1:8081"), Some("127.0.0.1:8081")));
         assert!(!origin_allowed(Some("http://rebind.evil.example"), Some("127.0.0.1:8081")));
         assert!(!origin_allowed(Some("null"), Some("127.0.0.1:8081")));
+    }
+
+    #[test]
+    fn a_type_error_names_its_field() {
+        let e = parse_json::<CreateKey>(br#"{"name": "k", "balance": "lots"}"#).err().expect("refused");
+        assert_eq!(e.param.as_deref(), Some("balance"), "{}", e.message);
+        assert!(
+            e.message.starts_with("Invalid field 'balance': invalid type: string \"lots\"") && !e.message.contains("line 1"),
+            "{}",
+            e.message
+        );
+        let e = parse_json::<CreateKey>(br#"{"name": "k", "budgets": {"day": "x"}}"#).err().expect("refused");
+        assert_eq!(e.param.as_deref(), Some("budgets.day"), "{}", e.message);
+        let e = parse_json::<CreateKey>(br#"{"name": "k"} trailing"#).err().expect("refused");
+        assert!(e.message.starts_with("Invalid JSON"), "{}", e.message);
+        assert!(parse_json::<CreateKey>(br#"{"name": "k"}"#).is_ok());
     }
 
     #[test]

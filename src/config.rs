@@ -490,11 +490,17 @@ pub struct Price {
     pub default_output_tokens: Option<u64>,
 }
 
+fn default_group() -> String {
+    "default".to_string()
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawKey {
     key: String,
     name: String,
+    /// `default` when left out, as in the admin API.
+    #[serde(default = "default_group")]
     group: String,
     #[serde(default)]
     balance: f64,
@@ -1666,6 +1672,11 @@ keys:
         let text = MINIMAL.replace("group: default", "group: nope");
         let e = Config::parse(&text, &no_env).unwrap_err();
         assert!(e.0.contains("keys[0].group") && e.0.contains("nope"), "{e}");
+        // Left out, a key's group is `default`, as in the admin API.
+        let text = MINIMAL.replace(", group: default", "");
+        assert_ne!(text, MINIMAL);
+        let c = Config::parse(&text, &no_env).expect("valid");
+        assert_eq!(c.keys[0].group, "default");
     }
 
     #[test]

@@ -555,7 +555,16 @@ async fn admin_api_reads_renames_revokes_rotates_and_reports_usage() {
     assert_eq!(status, 200, "{by_day}");
     assert_eq!(by_day["data"].as_array().map(Vec::len), Some(1), "{by_day}");
     assert_eq!(by_day["data"][0]["requests"], by_day["total"]["requests"]);
-    assert_eq!(send(Method::GET, "/admin/usage?group_by=day", None).await.0, 400, "a day view needs a start");
+    // Without start: the last 30 days (today's row the same).
+    let (status, recent) = send(Method::GET, "/admin/usage?group_by=day", None).await;
+    assert_eq!(status, 200, "{recent}");
+    assert_eq!(
+        (recent["data"].clone(), recent["total"]["requests"].clone()),
+        (by_day["data"].clone(), by_day["total"]["requests"].clone()),
+        "{recent}"
+    );
+    let year_ago = today - 400 * 86_400;
+    assert_eq!(send(Method::GET, &format!("/admin/usage?group_by=day&start={year_ago}"), None).await.0, 400, "at most 366 days");
     assert_eq!(send(Method::GET, "/admin/usage?group_by=colour", None).await.0, 400);
 
     // Rotation: a new secret at once, the old one accepted during the grace period only.

@@ -355,15 +355,24 @@ impl Gateway {
         let mut draft = match &route {
             Route::StoredResponse { id, .. } => {
                 let owner = self.owners.owned_by(id, &key.id).await.map_err(crate::responses::unavailable)?;
-                owner
+                let draft = owner
                     .and_then(|owner| relay::stored_draft(&routing, &owner, client_body.bytes))
-                    .ok_or_else(|| crate::responses::not_found(id))?
+                    .ok_or_else(|| crate::responses::not_found(id))?;
+                // A stored response is read under the model rules of the model that made it.
+                key.policy.check_model(&draft.model).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+                draft
             }
             _ => {
                 let body = client_body.bytes.clone();
                 let mut draft = relay::draft(&routing, &route, protocol, &key.group, &key.policy, client_body.bytes).inspect_err(|_| {
-                    // Refused: the access log names the model asked for, if the body names one.
-                    ctx.model_asked = crate::protocol::body_fields(&body).ok().and_then(|f| f.model);
+                    // Refused: the access log names the model asked for, if the body or the
+                    // path (generate-content) names one.
+                    ctx.model_asked = match &route {
+                        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => {
+                            crate::protocol::check_model_name(model).ok().map(|()| model.clone())
+                        }
+                        _ => crate::protocol::body_fields(&body).ok().and_then(|f| f.model),
+                    };
                 })?;
                 if let Some(previous) = &draft.previous_response_id {
                     let owner = self.owners.owned_by(previous, &key.id).await.map_err(crate::responses::unavailable)?;
@@ -378,9 +387,8 @@ impl Gateway {
         };
         // The order of checks (README "Keys and policy"): rate limits (above), the model's
         // rules (after the model resolved to one a provider serves; an unknown one stayed a 404)
-        // and the output limits (in the draft), then requests in flight, then the request's cost
-        // cap, then the balance.
-        key.policy.check_model(&draft.model).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+        // then the output limits (both in the draft), then requests in flight, then the
+        // request's cost cap, then the balance.
         let slot = self.limits.enter(&key).await?;
         // A request that named no maximum is held (and asks) for less when its cap is lower.
         if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| draft.hold_nanos > *cap) {

@@ -643,6 +643,8 @@ pub fn draft(
         )
         .with_param("model")
     })?;
+    // The key's model rules before its output limits (the documented order).
+    policy.check_model(&model)?;
     // The output held per choice: the request's own maximum (within the key's and the model's
     // limits), else the default allowance, which the upstream is then told.
     let choices = if route.embeds() || !route.billed() { 1 } else { protocol.choices(&fields)? };
@@ -974,6 +976,18 @@ prices:
             .status(),
             400
         );
+        // The key's model rules come before its output limits (issue 46: the documented order).
+        let policy = crate::policy::KeyPolicy {
+            models: Some(crate::policy::ModelRules { allow: None, deny: vec!["alpha-5.5".into()] }),
+            max_output_tokens: Some(10),
+            ..crate::policy::KeyPolicy::default()
+        };
+        let both = body(serde_json::json!({"model": "alpha-5.5", "max_tokens": 1000}));
+        let e = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", &policy, both).expect_err("refused");
+        assert_eq!(e.kind, ErrorKind::ModelNotAllowed, "{}", e.message);
+        let other = body(serde_json::json!({"model": "alpha-4o-mini", "max_tokens": 1000}));
+        let e = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", &policy, other).expect_err("refused");
+        assert_eq!((e.status(), e.param.as_deref()), (400, Some("max_tokens")), "{}", e.message);
     }
 
     fn weighted() -> Catalog {
