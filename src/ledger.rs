@@ -644,6 +644,12 @@ impl Ledger {
         self.money.commit().await
     }
 
+    /// A clean stop or a hand-over: everything booked is durable and in the database's own
+    /// files (the commit journal empty: nothing to apply again at the next start).
+    pub async fn checkpoint(&self) -> Result<(), StoreError> {
+        self.money.checkpoint().await
+    }
+
     /// Before the database is released to a new process: from now on bookings go through the
     /// hand-over socket; returns once everything booked before is on disk.
     pub async fn hand_over(&self) -> Result<(), StoreError> {

@@ -4,7 +4,10 @@
 //! Pingora logs `failed to acquire reusable stream` at ERROR whenever a pooled upstream
 //! connection was closed by its peer while idle (the pool's watcher still holds it); the
 //! request then opens a new connection and nothing failed. A request that does fail is logged
-//! by the relay itself.
+//! by the relay itself. During an upgrade the new process logs `No incoming socket transfer`
+//! at ERROR once a second until the old one sends its listeners (tollgate says once, at INFO,
+//! what it waits for); at start Pingora names every service it starts at INFO, where tollgate's
+//! one summary line says what runs.
 
 use log::{Level, Log, Metadata, Record};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -35,14 +38,32 @@ fn json_line(buf: &mut env_logger::fmt::Formatter, record: &Record<'_>) -> std::
     }
 }
 
-/// Messages logged at a higher level than what they report deserves: (target, message).
-const ROUTINE: &[(&str, &str)] = &[("pingora_core::connectors", "failed to acquire reusable stream")];
+/// Pingora's messages logged at a higher level than what they report deserves: (target, how
+/// the message begins). Each is logged at debug.
+const ROUTINE: &[(&str, &str)] = &[
+    ("pingora_core::connectors", "failed to acquire reusable stream"),
+    ("pingora_core::server::transfer_fd", "No incoming socket transfer"),
+    ("pingora_core::server", "Starting service"),
+    ("pingora_core::server", "Service '"),
+    ("pingora_core::server", "Server starting"),
+    ("pingora_core::server::bootstrap_services", "Bootstrap"),
+];
 
 /// The level a record is logged at.
 pub fn level_for(record: &Record<'_>) -> Level {
-    let routine = record.level() <= Level::Warn
-        && ROUTINE.iter().any(|(target, message)| record.target() == *target && record.args().as_str().is_some_and(|m| m == *message));
-    if routine {
+    // Only Pingora's records are looked at (and formatted) here.
+    if record.level() > Level::Info || !record.target().starts_with("pingora_core") {
+        return record.level();
+    }
+    let mut candidates = ROUTINE.iter().filter(|(target, _)| record.target() == *target).peekable();
+    if candidates.peek().is_none() {
+        return record.level();
+    }
+    let message = match record.args().as_str() {
+        Some(text) => std::borrow::Cow::Borrowed(text),
+        None => std::borrow::Cow::Owned(record.args().to_string()),
+    };
+    if candidates.any(|(_, begins)| message.starts_with(begins)) {
         Level::Debug
     } else {
         record.level()
@@ -121,7 +142,16 @@ mod tests {
         assert_eq!(level(target, Level::Error, format_args!("failed to acquire reusable stream")), Level::Debug);
         assert_eq!(level(target, Level::Error, format_args!("connect failed: {}", 1)), Level::Error);
         assert_eq!(level("tollgate::gateway", Level::Error, format_args!("failed to acquire reusable stream")), Level::Error);
-        assert_eq!(level(target, Level::Info, format_args!("failed to acquire reusable stream")), Level::Info);
+        assert_eq!(level(target, Level::Info, format_args!("failed to acquire reusable stream")), Level::Debug);
+        // The upgrade's wait and the start's service list.
+        let wait = format_args!("No incoming socket transfer, sleep {:?} and try again", std::time::Duration::from_secs(1));
+        assert_eq!(level("pingora_core::server::transfer_fd", Level::Error, wait), Level::Debug);
+        assert_eq!(
+            level("pingora_core::server::transfer_fd", Level::Error, format_args!("Error accepting socket transfer: x")),
+            Level::Error
+        );
+        assert_eq!(level("pingora_core::server", Level::Info, format_args!("Starting service: {}", "tollgate")), Level::Debug);
+        assert_eq!(level("pingora_core::server", Level::Info, format_args!("SIGTERM received, gracefully exiting")), Level::Info);
     }
 }
 

@@ -127,6 +127,10 @@ impl BackgroundService for Drain {
             if let Err(e) = self.ledger.hand_over().await {
                 log::error!("upgrade: committing queued usage records before hand-over failed: {e}");
             }
+            // The new process opens an empty journal: nothing is applied again.
+            if let Err(e) = self.ledger.checkpoint().await {
+                log::error!("upgrade: checkpoint before hand-over failed (the new process applies the journal): {e}");
+            }
             if let Err(e) = self.local.flush() {
                 log::error!("upgrade: database flush before hand-over failed: {e}");
             }
@@ -150,7 +154,8 @@ impl BackgroundService for Drain {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        if let Err(e) = self.ledger.commit_now().await {
+        // Committed and checkpointed: the next start has nothing to apply again.
+        if let Err(e) = self.ledger.checkpoint().await {
             log::error!("shutting down: committing queued usage records failed: {e}");
         }
         self.ledger.leave().await;
@@ -458,6 +463,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let drain_time = config.drain;
     let log_requests = config.console.request_log;
     let tls_listen = config.tls.as_ref().map(|t| t.listen);
+    if upgrading {
+        // Pingora's own wait is logged at debug (once a second); this says once what it is.
+        log::info!("upgrade: waiting for the running process to pass its listening sockets (send it SIGQUIT)");
+    }
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
     let local = if upgrading { SledDb::open_waiting(&config.data_dir, Duration::from_secs(600)) } else { SledDb::open(&config.data_dir) }

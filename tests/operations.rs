@@ -225,6 +225,32 @@ async fn sigterm_drains_an_open_stream_then_exits_with_its_record() {
     assert_eq!(u["total"]["requests"], 1, "the drained request was billed and kept: {u}");
 }
 
+/// Issue 46, point 6: a clean stop checkpoints, so the next start applies nothing again and
+/// says nothing that reads like a crash; after a kill -9 the warning stays (a real crash).
+#[tokio::test]
+async fn a_clean_stop_leaves_nothing_to_apply_again_and_a_crash_still_says_so() {
+    let mock = start_mock();
+    let mut gw = start_gateway_logged(&config(mock.port, free_port()));
+    for _ in 0..5 {
+        assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
+    }
+    wait_requests(&gw, CLIENT_KEY, 5).await;
+    gw.signal("TERM");
+    let status = wait_exit(&mut gw.proc.child, Duration::from_secs(20), "did not exit").await;
+    assert!(status.success(), "{status}");
+    gw.start_again();
+    assert_eq!(wait_requests(&gw, CLIENT_KEY, 5).await["total"]["requests"], 5, "every record kept");
+    assert!(!gw.log().contains("applied again"), "a clean stop reads like a crash: {}", gw.log());
+    // A crash right after three requests (the journal's idle checkpoint is a second away):
+    // what the journal holds is applied again, and the start says so.
+    for _ in 0..3 {
+        assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
+    }
+    gw.kill_hard();
+    gw.start_again();
+    assert!(gw.log().contains("applied again"), "{}", gw.log());
+}
+
 /// The unit's reload command line: with a broken file it fails (non-zero, a line saying why)
 /// and the running process keeps serving, its records intact; with a good file the new process
 /// takes over and the old one drains and exits.
@@ -419,4 +445,18 @@ async fn the_access_log_tells_refusals_and_videos_as_the_ledger_does() {
     let refused = access.iter().find(|v| v["status"] == 404).expect("the 404");
     assert_eq!((refused["model"].as_str(), refused["reason"].as_str()), (Some("no-such-model"), Some("unknown_model")), "{refused}");
     assert!(lines.iter().any(|v| v["target"] != "access" && v["message"].is_string()), "other lines are JSON too");
+}
+
+/// Issue 46, point 6: at INFO, a start says one summary line (plus any warnings); Pingora's
+/// list of the services it starts is debug.
+#[tokio::test]
+async fn a_start_says_one_line_at_info() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&config(mock.port, free_port()));
+    assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
+    let log = gw.log();
+    let info: Vec<&str> = log.lines().filter(|l| l.contains(" INFO ") && !l.contains(" access]") && !l.contains("INFO  access")).collect();
+    assert!(!log.contains("Starting service"), "{log}");
+    assert_eq!(info.len(), 1, "one INFO line at start: {info:#?}");
+    assert!(info[0].contains("listening on"), "{info:#?}");
 }

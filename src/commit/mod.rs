@@ -124,6 +124,9 @@ enum Job {
     },
     /// Answered once everything queued before it is on disk.
     Barrier(Ack),
+    /// A barrier that also checkpoints: answered once everything queued before it is in the
+    /// database's own files and the journal is empty (a clean stop, a hand-over).
+    Checkpoint(Ack),
 }
 
 /// Counters of the writer, for `/metrics` and the tests.
@@ -293,6 +296,14 @@ impl Writer {
         self.stats.queued.fetch_add(1, Ordering::SeqCst);
         self.send(Job::Grouped { tree, group, at_ms, key, value, ack })?;
         Ok(waiter)
+    }
+
+    /// Everything queued before this call is in the database's files, and the journal empty,
+    /// when the returned waiter answers: the next start has nothing to apply again.
+    pub fn checkpoint(&self) -> Result<Waiter, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.send(Job::Checkpoint(tx))?;
+        Ok(Waiter(rx))
     }
 
     /// Everything queued before this call is on disk when the returned waiter answers.
@@ -512,6 +523,7 @@ fn commit(db: &DbSlot, journal: &mut Option<journal::Journal>, batch: Vec<Job>, 
     // a write that was queued after its first value.
     let mut first = Firsts::default();
     let mut groups: Vec<GroupEntry> = Vec::new();
+    let mut checkpoint_after = false;
     for job in batch {
         match job {
             Job::Insert { tree, key, value, ack } => {
@@ -542,13 +554,22 @@ fn commit(db: &DbSlot, journal: &mut Option<journal::Journal>, batch: Vec<Job>, 
                 }
             }
             Job::Barrier(ack) => acks.push(ack),
+            Job::Checkpoint(ack) => {
+                acks.push(ack);
+                checkpoint_after = true;
+            }
         }
     }
     for mut g in groups {
         g.value.push(b']');
         inserts.push((g.tree, g.key, g.value));
     }
-    let result = durable(db, journal, &inserts);
+    let mut result = durable(db, journal, &inserts);
+    if checkpoint_after && result.is_ok() {
+        if let (Some(j), Ok(sled)) = (journal.as_mut(), db.db()) {
+            result = flush_and_clear(&sled, j);
+        }
+    }
     stats.flushes.fetch_add(1, Ordering::Relaxed);
     match &result {
         Ok(()) => {

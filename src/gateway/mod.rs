@@ -695,13 +695,14 @@ impl Gateway {
             }
             match exchanged {
                 Err(Exchange::Unsent(e)) => {
-                    log::warn!("provider {} failed to connect ({}); trying the next", upstream.config.name, e.etype().as_str());
                     admission.report(Verdict::Failed);
                     dead.push(index);
-                    last = Some(e);
                     if in_time(Duration::ZERO) {
                         next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());
                     }
+                    let then = if next.is_some() { "trying the next" } else { "no other provider is left" };
+                    log::warn!("provider {} failed to connect ({}); {then}", upstream.config.name, e.etype().as_str());
+                    last = Some(e);
                 }
                 Err(Exchange::Sent(e)) => {
                     plan.attempts += 1;

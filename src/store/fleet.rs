@@ -526,6 +526,14 @@ impl MoneyStore for FleetMoney {
         Ok(())
     }
 
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        self.commit().await?;
+        if self.slot.is_released() {
+            return Ok(());
+        }
+        self.writer.checkpoint()?.wait().await
+    }
+
     async fn usage_summary(
         &self,
         key_id: &str,

@@ -126,6 +126,9 @@ pub trait MoneyStore: Send + Sync {
     /// Return once every booking made before this call is durable (and, in a fleet, booked
     /// into the shared database).
     async fn commit(&self) -> Result<(), StoreError>;
+    /// A clean stop or a hand-over: everything committed, and the commit journal emptied into
+    /// the database's own files, so the next start has nothing to apply again.
+    async fn checkpoint(&self) -> Result<(), StoreError>;
     /// Totals and rows (per model, or per value of a tag) of a key's records with
     /// `start_ms <= time_ms < end_ms`.
     async fn usage_summary(

@@ -550,6 +550,10 @@ impl MoneyStore for SledMoney {
         self.writer.settled().await
     }
 
+    async fn checkpoint(&self) -> Result<(), StoreError> {
+        self.writer.checkpoint()?.wait().await
+    }
+
     async fn usage_summary(
         &self,
         key_id: &str,
