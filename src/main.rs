@@ -44,16 +44,17 @@ see README.md, \"Keys and the admin API\".
 fn main() {
     tollgate::logging::init("info");
     let args: Vec<String> = std::env::args().collect();
-    match args.get(1).map(String::as_str) {
-        Some("--version" | "-V") => {
-            println!("tollgate {}", tollgate::VERSION);
-            return;
-        }
-        Some("--help" | "-h") => {
+    // `--help` and `--version` anywhere on a start's line are tollgate's own (Pingora's parser
+    // would print its help, or refuse `-t --version`); a `store` line has its own.
+    if args.get(1).map(String::as_str) != Some("store") {
+        if args.iter().skip(1).any(|a| a == "--help" || a == "-h") {
             print!("{HELP}");
             return;
         }
-        _ => {}
+        if args.iter().skip(1).any(|a| a == "--version" || a == "-V") {
+            println!("tollgate {}", tollgate::VERSION);
+            return;
+        }
     }
     if args.get(1).map(String::as_str) == Some("store") {
         let (code, text) = tollgate::store::copy::cli(&args[2..]);

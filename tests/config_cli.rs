@@ -103,6 +103,11 @@ fn version_and_help_are_tollgates_own() {
         assert!(out.contains(needle), "--help lacks {needle}: {out}");
     }
     assert!(!out.contains("base set of command line arguments"), "Pingora's text: {out}");
+    // Anywhere on the line (issue 46, point 9).
+    let (code, out) = run_tollgate(&["-c", "conf/tollgate.yaml", "--help"], &[]);
+    assert!(code == 0 && out.contains("-t, --test") && !out.contains("base set of command line arguments"), "{out}");
+    let (code, out) = run_tollgate(&["-t", "--version"], &[]);
+    assert!(code == 0 && out.trim().starts_with("tollgate "), "{out}");
     let mock = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate-mock")).arg("--version").output().expect("mock");
     assert!(String::from_utf8_lossy(&mock.stdout).starts_with("tollgate-mock "), "{mock:?}");
 }
@@ -201,4 +206,19 @@ fn store_copy_from_nothing_is_refused_and_creates_nothing() {
         run_tollgate(&["store", "copy", "--from", "postgres:postgres://nobody@127.0.0.1:1/none", "--to", "sled:/nonexistent"], &[]);
     assert_eq!(code, 2);
     assert!(!out.contains("give sled:DIR"), "{out}");
+}
+
+/// Issue 46, point 9: `-t` with an unreachable database names the server and the cause.
+#[test]
+fn t_with_an_unreachable_database_names_host_port_and_cause() {
+    let closed = free_port();
+    let body =
+        format!("store: {{ postgres: {{ url: \"postgres://tollgate:secret-pw@127.0.0.1:{closed}/tollgate\" }} }}\n{}", standard_config(1));
+    let (dir, path, _) = write_config(&body);
+    let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains(&format!("127.0.0.1:{closed}")), "the server: {out}");
+    assert!(out.to_lowercase().contains("connection refused"), "the cause: {out}");
+    assert!(!out.contains("secret-pw"), "no password: {out}");
+    drop(dir);
 }

@@ -212,7 +212,11 @@ pub fn check(conf: &FleetConfig) -> Result<i32, PgError> {
         .build()
         .map_err(|e| PgError::Config(format!("cannot start a runtime: {e}")))?;
     let pg = Pg::new(&conf.postgres)?;
-    runtime.block_on(pg.version())
+    runtime.block_on(pg.version()).map_err(|e| match e {
+        // Which server it tried: an operator reads the file's URL, not the pool's.
+        PgError::Unavailable(why) => PgError::Unavailable(format!("{} ({why})", super::postgres::servers(&conf.postgres.url))),
+        other => other,
+    })
 }
 
 /// Start the node's loops on the store's runtime: the key index follows the database

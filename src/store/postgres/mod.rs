@@ -43,19 +43,74 @@ impl std::fmt::Display for PgError {
 
 impl std::error::Error for PgError {}
 
+/// An error as an operator needs it: PostgreSQL's own message with its SQLSTATE code and
+/// detail (`ERROR 40P01: deadlock detected (Process 12 waits for …)`), or the whole chain of
+/// causes of a connection failure (`error connecting to server: Connection refused (os error
+/// 111)`), never the bare `db error`.
+pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(db) = err.downcast_ref::<tokio_postgres::error::DbError>() {
+            let mut out = format!("{} {}: {}", db.severity(), db.code().code(), db.message());
+            if let Some(detail) = db.detail() {
+                out.push_str(&format!(" ({detail})"));
+            }
+            return out;
+        }
+        source = err.source();
+    }
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(err) = source {
+        let text = err.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = err.source();
+    }
+    out
+}
+
+/// The servers a connection URL names, as `host:port` (no user, no password).
+pub fn servers(url: &str) -> String {
+    let Ok(config) = url.parse::<tokio_postgres::Config>() else { return "the configured server".to_string() };
+    let ports = config.get_ports();
+    let hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let port = ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+            match host {
+                tokio_postgres::config::Host::Tcp(name) => format!("{name}:{port}"),
+                tokio_postgres::config::Host::Unix(path) => format!("{}:{port}", path.display()),
+            }
+        })
+        .collect();
+    if hosts.is_empty() {
+        "localhost:5432".to_string()
+    } else {
+        hosts.join(", ")
+    }
+}
+
 impl From<tokio_postgres::Error> for PgError {
     fn from(e: tokio_postgres::Error) -> Self {
         if e.is_closed() || e.as_db_error().is_none() {
-            PgError::Unavailable(e.to_string())
+            PgError::Unavailable(describe(&e))
         } else {
-            PgError::Query(e.to_string())
+            PgError::Query(describe(&e))
         }
     }
 }
 
 impl From<deadpool_postgres::PoolError> for PgError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        PgError::Unavailable(e.to_string())
+        match e {
+            deadpool_postgres::PoolError::Backend(e) => e.into(),
+            other => PgError::Unavailable(describe(&other)),
+        }
     }
 }
 
