@@ -329,9 +329,43 @@ pub fn random_base62(n: usize) -> String {
     (0..n).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect()
 }
 
-/// A random admin token for a process whose configuration sets none.
-pub fn generated_token() -> String {
-    random_base62(43)
+/// The file that holds the admin token of a configuration that sets none.
+pub const TOKEN_FILE: &str = "admin-token";
+
+/// The admin token of a configuration that sets none: the one in `data_dir/admin-token`, or a
+/// random one written there now (mode 0600, created exclusively). Returns it, the file and
+/// whether it was made now. A file that holds no usable token is an error naming it.
+pub fn token_file(data_dir: &std::path::Path) -> Result<(String, std::path::PathBuf, bool), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let token = text.trim().to_string();
+            if token.chars().count() < crate::config::MIN_ADMIN_TOKEN_LEN {
+                return Err(format!(
+                    "{}: holds no admin token of at least {} characters; delete it to have one generated",
+                    path.display(),
+                    crate::config::MIN_ADMIN_TOKEN_LEN
+                ));
+            }
+            Ok((token, path, false))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let token = random_base62(43);
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("{}: cannot create the admin token file: {e}", path.display()))?;
+            file.write_all(format!("{token}\n").as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(|e| format!("{}: cannot write the admin token file: {e}", path.display()))?;
+            Ok((token, path, true))
+        }
+        Err(e) => Err(format!("{}: cannot read the admin token file: {e}", path.display())),
+    }
 }
 
 fn new_secret() -> String {

@@ -750,8 +750,11 @@ pub struct TlsConfig {
 #[derive(Debug, Clone)]
 pub struct AdminConfig {
     pub listen: SocketAddr,
-    /// None: neither set nor in its environment variable; a random one is generated at start.
+    /// None: neither set nor in its environment variable; the one in `data_dir/admin-token`
+    /// is used (generated there at the first such start).
     pub token: Option<String>,
+    /// The variable `admin.token_env` names, for messages about it.
+    pub token_env: Option<String>,
     /// Extra `Host` names accepted (lower case, without port).
     pub hosts: Vec<String>,
 }
@@ -989,10 +992,11 @@ impl Config {
                         "admin.listen: {listen} is not a loopback address; the admin API listens on 127.0.0.1 or ::1 only"
                     ));
                 }
+                let token_env = a.token_env.clone();
                 let token = match (a.token, a.token_env) {
                     (Some(_), Some(_)) => return err("admin.token: give either token or token_env, not both"),
                     (Some(t), None) => Some(t),
-                    // Unset: a token is generated at start (and printed once to the log).
+                    // Unset: the token in data_dir/admin-token (generated there once).
                     (None, Some(name)) => env(&name).filter(|v| !v.is_empty()),
                     (None, None) => None,
                 };
@@ -1003,7 +1007,7 @@ impl Config {
                         ));
                     }
                     if is_placeholder_token(token) {
-                        return err("admin.token: this is a placeholder from the documentation, not a secret; set a long random token (admin.token_env), or set none to have one generated at each start");
+                        return err("admin.token: this is a placeholder from the documentation, not a secret; set a long random token (admin.token_env), or set none to have one generated in data_dir/admin-token");
                     }
                 }
                 let mut hosts = Vec::with_capacity(a.hosts.len());
@@ -1014,7 +1018,7 @@ impl Config {
                     }
                     hosts.push(name);
                 }
-                Some(AdminConfig { listen, token, hosts })
+                Some(AdminConfig { listen, token, token_env, hosts })
             }
             None => None,
         };

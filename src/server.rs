@@ -546,10 +546,17 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         let token = match &admin.token {
             Some(token) => token.clone(),
             None => {
-                let token = crate::admin::generated_token();
-                log::warn!(
-                    "admin.token is not set (nor its admin.token_env variable): this process's admin token is {token} — printed once, kept nowhere, and a new one is generated at every start; set admin.token_env to keep one"
-                );
+                let (token, path, made) = crate::admin::token_file(&config.data_dir)?;
+                let why = match &admin.token_env {
+                    Some(name) => format!("admin.token_env names {name}, which is not set"),
+                    None => "admin.token is not set".to_string(),
+                };
+                // The file is named, never the token: logs are shipped and kept.
+                if made {
+                    log::warn!("{why}: an admin token was generated into {} (0600, kept across restarts)", path.display());
+                } else {
+                    log::info!("{why}: the admin token is the one in {}", path.display());
+                }
                 token
             }
         };

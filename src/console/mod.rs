@@ -183,7 +183,7 @@ fn login_page(status: u16, next: &str, error: Option<&str>) -> LocalResponse {
 <input type=\"hidden\" name=\"next\" value=\"{}\">\
 <label>Admin token<input type=\"password\" name=\"token\" autocomplete=\"current-password\" autofocus required></label>\
 <p><button type=\"submit\">Sign in</button></p></form>\
-<p><small>The token is <code>admin.token</code> of the configuration (or the one printed at start).</small></p>",
+<p><small>The token is the one the configuration names (<code>admin.token</code>, or the variable of <code>admin.token_env</code>); with neither set, the one in <code>data_dir/admin-token</code>.</small></p>",
                 html::esc(next)
             ),
         ),
