@@ -43,6 +43,8 @@ pub struct AdminApi {
     /// `console.request_log_days` and `console.request_log_max`, as the console says them.
     pub request_log_days: u64,
     pub request_log_max: usize,
+    /// `/metrics` (see `scrape`).
+    pub scrape: Arc<crate::scrape::Scrape>,
 }
 
 #[derive(Deserialize)]
@@ -735,45 +737,7 @@ impl AdminApi {
             return Err(ApiError::new(ErrorKind::Unauthorized, "Missing or wrong admin token."));
         }
         match (method.as_str(), path.as_str()) {
-            ("GET", "/metrics") => {
-                let keys = self.keys.all_keys().await.map_err(internal)?.len() as f64;
-                let db_bytes = self.local.size_on_disk() as f64;
-                let (by_status, lag) = match &self.video {
-                    Some(v) => v.open_stats().await,
-                    None => (Default::default(), 0),
-                };
-                let (completed, failed) = self.video.as_ref().map_or((0, 0), |v| v.finished_counts());
-                let open: usize = by_status.values().sum();
-                let mut resp = LocalResponse::json(200, &Value::Null);
-                let mut text = self.metrics.render(&[
-                    ("tollgate_keys", keys),
-                    ("tollgate_database_bytes", db_bytes),
-                    ("tollgate_video_tasks_open", open as f64),
-                    ("tollgate_video_poller_lag_seconds", lag as f64),
-                ]);
-                text.push_str(&self.health.render());
-                if let Some(statements) = self.store.statements() {
-                    // How far leases and batches keep the shared database off the request path.
-                    let requests = self.metrics.total_requests();
-                    text.push_str(&format!(
-                        "# TYPE tollgate_store_statements_total counter\ntollgate_store_statements_total {statements}\n# TYPE tollgate_store_statements_per_request gauge\ntollgate_store_statements_per_request {}\n",
-                        if requests == 0 { 0.0 } else { statements as f64 / requests as f64 }
-                    ));
-                }
-                text.push_str("# TYPE tollgate_video_tasks gauge\n");
-                for status in ["queued", "in_progress"] {
-                    text.push_str(&format!(
-                        "tollgate_video_tasks{{status=\"{status}\"}} {}\n",
-                        by_status.get(status).copied().unwrap_or(0)
-                    ));
-                }
-                text.push_str(&format!(
-                    "# TYPE tollgate_video_tasks_finished_total counter\ntollgate_video_tasks_finished_total{{status=\"completed\"}} {completed}\ntollgate_video_tasks_finished_total{{status=\"failed\"}} {failed}\n"
-                ));
-                resp.body = text.into();
-                resp.content_type = "text/plain; version=0.0.4";
-                Ok(resp)
-            }
+            ("GET", "/metrics") => self.scrape.response().await,
             ("GET", "/admin/keys") => {
                 let mut data = Vec::new();
                 for rec in self.keys.all_keys().await.map_err(internal)? {

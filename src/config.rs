@@ -116,6 +116,9 @@ struct RawConfig {
     body_read_timeout_secs: Option<u64>,
     #[serde(default)]
     admin: Option<RawAdmin>,
+    /// `metrics: { listen, token_env, allow }`: `/metrics` on a listener of its own.
+    #[serde(default)]
+    metrics: Option<RawMetrics>,
     #[serde(default)]
     providers: Vec<RawProvider>,
     #[serde(default)]
@@ -391,6 +394,17 @@ struct RawTls {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: String,
+    #[serde(default)]
+    token_env: Option<String>,
+    /// Client address blocks that may scrape.
+    #[serde(default)]
+    allow: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawAdmin {
     listen: String,
     #[serde(default)]
@@ -565,6 +579,8 @@ pub struct Config {
     /// Time a client has to send its whole request body (408 after).
     pub body_read_timeout: std::time::Duration,
     pub admin: Option<AdminConfig>,
+    /// `metrics:` (see `scrape`); None: `/metrics` on the admin listener only.
+    pub metrics: Option<MetricsConfig>,
     pub providers: Vec<ProviderConfig>,
     pub groups: BTreeMap<String, Group>,
     pub prices: BTreeMap<String, Price>,
@@ -757,6 +773,22 @@ pub struct AdminConfig {
     pub token_env: Option<String>,
     /// Extra `Host` names accepted (lower case, without port).
     pub hosts: Vec<String>,
+}
+
+/// The client listener's address as the file writes it, for clash checks (None when unset or bad:
+/// `listen` itself reports that).
+fn listen_addr_of(text: &Option<String>) -> Option<SocketAddr> {
+    text.as_deref().and_then(|t| t.parse().ok())
+}
+
+/// `metrics:`: a listener for `/metrics` alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricsConfig {
+    pub listen: SocketAddr,
+    /// The bearer token a scrape presents (`token_env`'s variable); None: none asked.
+    pub token: Option<String>,
+    /// Client addresses that may scrape; empty: any (then a token is required off loopback).
+    pub allow: Vec<crate::policy::Cidr>,
 }
 
 /// Admin tokens that documentation and sample files show: refused, since anyone who read the
@@ -1019,6 +1051,41 @@ impl Config {
                     hosts.push(name);
                 }
                 Some(AdminConfig { listen, token, token_env, hosts })
+            }
+            None => None,
+        };
+        let metrics = match raw.metrics {
+            Some(m) => {
+                let listen = parse_addr("metrics.listen", &m.listen)?;
+                let token = match m.token_env {
+                    Some(name) => {
+                        let token = env(&name)
+                            .filter(|v| !v.is_empty())
+                            .ok_or_else(|| ConfigError(format!("metrics.token_env: the variable {name} is not set (or empty)")))?;
+                        if token.chars().count() < MIN_ADMIN_TOKEN_LEN || is_placeholder_token(&token) {
+                            return err(format!(
+                                "metrics.token_env: {name} must hold a random token of at least {MIN_ADMIN_TOKEN_LEN} characters"
+                            ));
+                        }
+                        Some(token)
+                    }
+                    None => None,
+                };
+                let allow = m
+                    .allow
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| crate::policy::Cidr::parse(c).map_err(|e| ConfigError(format!("metrics.allow[{i}]: {e}"))))
+                    .collect::<Result<Vec<_>, _>>()?;
+                if !listen.ip().is_loopback() && token.is_none() && allow.is_empty() {
+                    return err(format!(
+                        "metrics.listen: {listen} is reachable from other hosts; set metrics.token_env (a bearer token) or metrics.allow (the scrapers' addresses)"
+                    ));
+                }
+                if admin.as_ref().is_some_and(|a| a.listen == listen) || Some(listen) == listen_addr_of(&raw.listen) {
+                    return err(format!("metrics.listen: {listen} is already another listener's address"));
+                }
+                Some(MetricsConfig { listen, token, allow })
             }
             None => None,
         };
@@ -1350,6 +1417,7 @@ impl Config {
             max_buffered_body_bytes,
             body_read_timeout,
             admin,
+            metrics,
             providers,
             groups,
             prices: raw.prices,
@@ -1669,6 +1737,22 @@ keys:
             let e = Config::parse(&bad, &no_env).unwrap_err();
             assert!(e.0.contains(named), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_metrics_listener_off_loopback_needs_a_token_or_an_allowlist() {
+        let with = |m: &str| format!("{MINIMAL}metrics: {m}\n");
+        let e = Config::parse(&with("{ listen: 0.0.0.0:9100 }"), &no_env).unwrap_err();
+        assert!(e.0.contains("metrics.listen") && e.0.contains("token_env"), "{e}");
+        assert!(Config::parse(&with("{ listen: 127.0.0.1:9100 }"), &no_env).is_ok(), "loopback alone is fine");
+        assert!(Config::parse(&with("{ listen: 0.0.0.0:9100, allow: [10.0.0.0/8] }"), &no_env).is_ok());
+        let e = Config::parse(&with("{ listen: 0.0.0.0:9100, token_env: NOPE_UNSET }"), &no_env).unwrap_err();
+        assert!(e.0.contains("NOPE_UNSET"), "{e}");
+        let env = |name: &str| (name == "SCRAPE").then(|| "a-long-random-scrape-token-123".to_string());
+        let c = Config::parse(&with("{ listen: 0.0.0.0:9100, token_env: SCRAPE }"), &env).expect("valid");
+        assert_eq!(c.metrics.and_then(|m| m.token).as_deref(), Some("a-long-random-scrape-token-123"));
+        let e = Config::parse(&with("{ listen: 127.0.0.1:8080 }"), &no_env).unwrap_err();
+        assert!(e.0.contains("another listener"), "{e}");
     }
 
     #[test]

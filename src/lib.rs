@@ -34,6 +34,7 @@ pub mod request_log;
 pub mod response;
 pub mod responses;
 pub mod route;
+pub mod scrape;
 pub mod server;
 pub mod storage;
 pub mod store;

@@ -358,12 +358,19 @@ fn listeners(config: &Config) -> Vec<(&'static str, std::net::SocketAddr, &'stat
     if let Some(a) = &config.admin {
         out.push(("admin.listen", a.listen, "admin http://"));
     }
+    if let Some(m) = &config.metrics {
+        out.push(("metrics.listen", m.listen, "metrics http://"));
+    }
     out
 }
 
 fn banner(config: &Config, path: &str) -> String {
     let all = listeners(config);
-    let public: Vec<String> = all.iter().filter(|(key, ..)| *key != "admin.listen").map(|(_, addr, how)| format!("{how}{addr}")).collect();
+    let public: Vec<String> = all
+        .iter()
+        .filter(|(key, ..)| *key != "admin.listen" && *key != "metrics.listen")
+        .map(|(_, addr, how)| format!("{how}{addr}"))
+        .collect();
     let admin =
         all.iter().find(|(key, ..)| *key == "admin.listen").map_or("no admin API".to_string(), |(_, addr, how)| format!("{how}{addr}"));
     let store = match &config.fleet {
@@ -371,8 +378,9 @@ fn banner(config: &Config, path: &str) -> String {
         None => format!("store sled in {}", config.data_dir.display()),
     };
     let models: std::collections::BTreeSet<&str> = config.providers.iter().flat_map(|p| p.models.iter().map(String::as_str)).collect();
+    let metrics = all.iter().find(|(key, ..)| *key == "metrics.listen").map_or(String::new(), |(_, addr, how)| format!(", {how}{addr}"));
     format!(
-        "tollgate {} with {path}: listening on {}, {admin}; {store}; {} provider(s) serving {} model(s){}",
+        "tollgate {} with {path}: listening on {}, {admin}{metrics}; {store}; {} provider(s) serving {} model(s){}",
         crate::VERSION,
         public.join(" and "),
         config.providers.len(),
@@ -542,6 +550,21 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         }
         server.add_service(background_service("video poller", VideoPoller { service: svc.clone() }));
     }
+    let scrape = Arc::new(crate::scrape::Scrape {
+        metrics: metrics.clone(),
+        keys: keys.clone(),
+        local: local.clone(),
+        store: store.clone(),
+        health: health.clone(),
+        video: video.clone(),
+    });
+    if let Some(m) = &config.metrics {
+        let listener = crate::scrape::MetricsListener { scrape: scrape.clone(), token: m.token.clone(), allow: m.allow.clone() };
+        let mut service =
+            crate::listener::service(&server.configuration, listener, "tollgate metrics", &config.connections, &metrics, false);
+        service.add_tcp(&m.listen.to_string());
+        server.add_service(service);
+    }
     if let Some(admin) = &config.admin {
         let token = match &admin.token {
             Some(token) => token.clone(),
@@ -574,6 +597,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             console: Default::default(),
             request_log_days: config.console.request_log_days,
             request_log_max: config.console.request_log_max,
+            scrape: scrape.clone(),
         };
         let mut service = crate::listener::service(&server.configuration, api, "tollgate admin", &config.connections, &metrics, false);
         service.add_tcp(&admin.listen.to_string());

@@ -460,3 +460,51 @@ async fn a_start_says_one_line_at_info() {
     assert_eq!(info.len(), 1, "one INFO line at start: {info:#?}");
     assert!(info[0].contains("listening on"), "{info:#?}");
 }
+
+/// Issue 46, point 8: `/metrics` on a listener of its own, bound to a non-loopback address (all
+/// interfaces here), behind a bearer token and an address allowlist; every family has its
+/// `# HELP`.
+#[tokio::test]
+async fn the_metrics_listener_serves_prometheus_from_another_address_with_help_on_every_family() {
+    let mock = start_mock();
+    let port = free_port();
+    let token = "metrics-scrape-token-000000000001";
+    let body = format!(
+        "metrics: {{ listen: \"0.0.0.0:{port}\", token_env: TOLLGATE_TEST_METRICS_TOKEN, allow: [127.0.0.2/32] }}\n{}",
+        config(mock.port, free_port())
+    );
+    let (dir, path, gw_port) = write_config(&body);
+    let proc = {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tollgate"))
+            .arg("-c")
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .env("TOLLGATE_TEST_METRICS_TOKEN", token)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn");
+        wait_listening(gw_port, &mut child, "tollgate");
+        Proc { child, port: gw_port }
+    };
+    let gw = Gateway { proc, dir };
+    assert_eq!(post_chat(&gw, CLIENT_KEY).await.status(), 200);
+    let from = |source: [u8; 4]| reqwest::Client::builder().local_address(std::net::IpAddr::from(source)).build().expect("client");
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    // From an address the allowlist names, with the token: the text.
+    let r = from([127, 0, 0, 2]).get(&url).bearer_auth(token).send().await.expect("scrape");
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.expect("text");
+    assert!(text.contains("tollgate_requests_total{route=\"chat_completions\""), "{text}");
+    let types: Vec<&str> =
+        text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap_or_default()).collect();
+    assert!(types.len() > 10, "{text}");
+    for name in types {
+        let help = text.lines().find_map(|l| l.strip_prefix(&format!("# HELP {name} "))).unwrap_or_default();
+        assert!(!help.is_empty() && help != name, "{name} has no help text");
+    }
+    // Without the token, from another address, or another path: refused.
+    assert_eq!(from([127, 0, 0, 2]).get(&url).send().await.expect("no token").status(), 401);
+    assert_eq!(from([127, 0, 0, 1]).get(&url).bearer_auth(token).send().await.expect("address").status(), 403);
+    let keys = format!("http://127.0.0.1:{port}/admin/keys");
+    assert_eq!(from([127, 0, 0, 2]).get(&keys).bearer_auth(token).send().await.expect("other").status(), 404);
+}

@@ -32,7 +32,7 @@ pub fn free_port() -> u16 {
 }
 
 /// Wait until something accepts connections on `port`, or panic after 20 s.
-fn wait_listening(port: u16, child: &mut Child, what: &str) {
+pub fn wait_listening(port: u16, child: &mut Child, what: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let addr: SocketAddr = ([127, 0, 0, 1], port).into();
     while Instant::now() < deadline {
