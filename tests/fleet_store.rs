@@ -816,3 +816,77 @@ async fn a_node_forgets_the_purses_it_no_longer_uses() {
     node.settle(hold, 0).await;
     assert_eq!(node.balance("k").await.expect("balance").0, 9 * CENT);
 }
+
+/// Issue 46, point 5: bookings, leases, releases and renewals of two nodes on the same keys, all
+/// at once, never deadlock: every transaction locks account rows (by key) before lease rows.
+/// On the previous order (a booking locked its lease row, then the account row; a lease the
+/// account row, then the lease row) PostgreSQL reported `deadlock detected` under this load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_syncs_and_leases_never_deadlock() {
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let keys = ["k0", "k1", "k2", "k3"];
+    let nodes: Vec<Arc<FleetAccounts>> = vec![
+        Arc::new(FleetAccounts::new(pg(&server).await, "a", Duration::from_secs(30))),
+        Arc::new(FleetAccounts::new(pg(&server).await, "b", Duration::from_secs(30))),
+    ];
+    for k in keys {
+        nodes[0].open_account(k, 1_000 * CENT).await.expect("open");
+    }
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let mut tasks = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        // Holds that lease from the database (and give the lease back at once, so the next
+        // one leases again).
+        for worker in 0..2 {
+            let node = node.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut i = 0usize;
+                while Instant::now() < deadline {
+                    let key = keys[(i + worker) % keys.len()];
+                    if let Ok(hold) = node.hold(key, CENT).await.expect("hold: no database error") {
+                        node.settle(hold, CENT / 2).await;
+                    }
+                    node.release_unused(key).await.expect("release: no database error");
+                    i += 1;
+                }
+            }));
+        }
+        // Bookings whose records charge several purses, named in every order.
+        let node_b = node.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut seq = 0i64;
+            while Instant::now() < deadline {
+                let batch: Vec<Journaled> = (0..4)
+                    .map(|j| {
+                        let mut record = usage(keys[(seq as usize + j) % 4], "m", 10, 1_000 + seq as u64);
+                        record.charged = vec![keys[(seq as usize + j + 3) % 4].to_string(), keys[(seq as usize + j + 1) % 4].to_string()];
+                        let entry = Journaled { seq, record, owed_here: false };
+                        seq += 1;
+                        entry
+                    })
+                    .collect();
+                node_b.book(&format!("{n}/stress"), &batch).await.expect("book: no database error");
+            }
+        }));
+        let node_r = node.clone();
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < deadline {
+                node_r.renew().await.expect("renew: no database error");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("a task failed (a deadlock is a database error)");
+    }
+    // And the money adds up: every purse lost what its records say, nothing is leased now.
+    for node in &nodes {
+        for k in keys {
+            node.release_unused(k).await.expect("release");
+        }
+    }
+    let client = db.client().await.expect("client");
+    let leased: i64 = client.query_one("SELECT COALESCE(SUM(leased), 0)::BIGINT FROM accounts", &[]).await.expect("sum").get(0);
+    let in_leases: i64 = client.query_one("SELECT COALESCE(SUM(amount), 0)::BIGINT FROM leases", &[]).await.expect("sum").get(0);
+    assert_eq!(leased, in_leases, "accounts.leased is the sum of the leases");
+}

@@ -39,6 +39,12 @@
 //! comes only from costs above their holds, and from what a node spent but had not booked when
 //! its lease expired (the database was out of its reach for over half a lease: at most what it
 //! had in flight and in its journal then).
+//!
+//! **Lock order.** Every transaction here takes its row locks in one order, so that none can
+//! wait on another in a circle (PostgreSQL's `deadlock detected`, 40P01): first the `accounts`
+//! rows it needs, by `key_id`, then the `leases` rows, by `key_id`. A lease taken
+//! (`lease_more`), a booking (`book`), a release (`release_unused`), a renewal (`renew`) and a
+//! prune (`prune_windows`) all lock `accounts` before `leases`, and several keys in key order.
 
 use super::{Pg, PgError};
 /// A refusal: the key's money (free in the database plus this node's lease) does not cover it.
@@ -386,25 +392,47 @@ impl FleetAccounts {
             }
         }
         statements += super::records::insert_owners(&tx, batch.iter().filter(|j| new.contains(&j.seq)).map(|j| &j.record)).await?;
+        // Locks in the one global order (the module's lock order): the purses' account rows, by key,
+        // then this node's lease rows, by key.
+        let mut keys: Vec<&str> = spent.keys().copied().collect();
+        keys.sort_unstable();
+        let ids: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        // One statement makes and locks the rows, in key order: a purse that has none yet (a
+        // window first charged by a checked booking on a node that had never held against it)
+        // is made at zero; an existing row is locked by its no-op update.
+        tx.execute(
+            "INSERT INTO accounts (key_id, balance) SELECT k, 0 FROM unnest($1::text[]) AS k ORDER BY k
+             ON CONFLICT (key_id) DO UPDATE SET balance = accounts.balance",
+            &[&ids],
+        )
+        .await?;
+        let leases: HashMap<String, i64> = tx
+            .query(
+                "SELECT key_id, amount FROM leases WHERE node_id = $2 AND key_id = ANY($1) ORDER BY key_id FOR UPDATE",
+                &[&ids, &self.node],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        statements += 2;
         let mut from_leases: HashMap<&str, i64> = HashMap::new();
-        for (key_id, amount) in &spent {
-            let lease: Option<i64> = tx
-                .query_opt("SELECT amount FROM leases WHERE key_id = $1 AND node_id = $2 FOR UPDATE", &[key_id, &self.node])
-                .await?
-                .map(|r| r.get(0));
-            let from_lease = lease.unwrap_or(0).min((*amount).max(0));
-            // A purse that has no row yet (a window first charged by a checked booking on a
-            // node that had never held against it) is made by its first debit.
+        for key_id in keys {
+            let amount = spent.get(key_id).copied().unwrap_or(0);
+            let lease = leases.get(key_id).copied();
+            let from_lease = lease.unwrap_or(0).min(amount.max(0));
             tx.execute(
-                "INSERT INTO accounts (key_id, balance) VALUES ($1, 0 - $2::BIGINT)
-                 ON CONFLICT (key_id) DO UPDATE SET balance = accounts.balance - $2, leased = accounts.leased - $3",
-                &[key_id, amount, &from_lease],
+                "UPDATE accounts SET balance = balance - $2, leased = leased - $3 WHERE key_id = $1",
+                &[&key_id, &amount, &from_lease],
             )
             .await?;
-            statements += 2;
+            statements += 1;
             if from_lease > 0 {
-                tx.execute("UPDATE leases SET amount = amount - $3 WHERE key_id = $1 AND node_id = $2", &[key_id, &self.node, &from_lease])
-                    .await?;
+                tx.execute(
+                    "UPDATE leases SET amount = amount - $3 WHERE key_id = $1 AND node_id = $2",
+                    &[&key_id, &self.node, &from_lease],
+                )
+                .await?;
                 statements += 1;
             }
             if lease.is_some() {
@@ -460,10 +488,12 @@ impl FleetAccounts {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
         let ended = "a.key_id LIKE 'win:%' AND a.leased = 0 AND reverse(split_part(reverse(a.key_id), ':', 1))::BIGINT < $1";
+        // Account rows before lease rows, by key (the module's lock order).
+        tx.query(&format!("SELECT a.key_id FROM accounts a WHERE {ended} ORDER BY a.key_id FOR UPDATE"), &[&cut]).await?;
         tx.execute(&format!("DELETE FROM leases l USING accounts a WHERE l.key_id = a.key_id AND {ended}"), &[&cut]).await?;
         let n = tx.execute(&format!("DELETE FROM accounts a WHERE {ended}"), &[&cut]).await?;
         tx.commit().await?;
-        self.pg.count(4);
+        self.pg.count(5);
         Ok(n)
     }
 
@@ -520,6 +550,8 @@ impl FleetAccounts {
         }
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
+        // The account row before the lease row (the module's lock order).
+        tx.query_opt("SELECT leased FROM accounts WHERE key_id = $1 FOR UPDATE", &[&key_id]).await?;
         let lease: Option<i64> = tx
             .query_opt("SELECT amount FROM leases WHERE key_id = $1 AND node_id = $2 FOR UPDATE", &[&key_id, &self.node])
             .await?
@@ -528,7 +560,7 @@ impl FleetAccounts {
         tx.execute("UPDATE leases SET amount = amount - $3 WHERE key_id = $1 AND node_id = $2", &[&key_id, &self.node, &back]).await?;
         tx.execute("UPDATE accounts SET leased = leased - $2 WHERE key_id = $1", &[&key_id, &back]).await?;
         tx.commit().await?;
-        self.pg.count(4);
+        self.pg.count(5);
         Ok(back)
     }
 
@@ -554,6 +586,13 @@ impl FleetAccounts {
         let lease_ms = i64::try_from(self.lease_for.as_millis()).unwrap_or(i64::MAX) as f64;
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
+        // The account rows of the expired leases first, by key (the module's lock order); `now()` is the
+        // transaction's, so the statement below finds the same leases.
+        tx.query(
+            "SELECT key_id FROM accounts WHERE key_id IN (SELECT key_id FROM leases WHERE expires_at < now()) ORDER BY key_id FOR UPDATE",
+            &[],
+        )
+        .await?;
         let reclaimed: i64 = tx
             .query_one(
                 "WITH expired AS (DELETE FROM leases WHERE expires_at < now() RETURNING key_id, amount),
@@ -571,7 +610,7 @@ impl FleetAccounts {
             )
             .await?;
         tx.commit().await?;
-        self.pg.count(4);
+        self.pg.count(5);
         let mine: HashMap<String, i64> = mine.iter().map(|r| (r.get(0), r.get(1))).collect();
         let mut state = self.lock_state();
         for (key_id, local) in state.keys.iter_mut() {
