@@ -281,7 +281,13 @@ fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::BadRequest, msg)
 }
 
-fn internal(e: impl std::fmt::Display) -> ApiError {
+/// A store failure as the admin API answers it: the shared database out of reach is 503
+/// `store_unavailable` with `Retry-After` (the write can be sent again); anything else is 500.
+fn internal<E: std::fmt::Display + 'static>(e: E) -> ApiError {
+    if let Some(crate::store::StoreError::Shared(why)) = (&e as &dyn std::any::Any).downcast_ref::<crate::store::StoreError>() {
+        log::warn!("admin: {why}");
+        return crate::store::fleet::unavailable("its data");
+    }
     log::error!("admin: {e}");
     ApiError::new(ErrorKind::Internal, "Internal error.")
 }

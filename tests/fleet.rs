@@ -270,6 +270,10 @@ async fn the_database_stopped_for_ten_seconds_leases_keep_serving_others_get_503
                 503 => {
                     assert!(r.headers().contains_key("retry-after"), "503 without Retry-After");
                     refused_cold += 1;
+                    // Issue 46, point 5: not ready from the first failed statement, not only
+                    // after missed sync rounds.
+                    let ready = c.get(format!("http://127.0.0.1:{}/readyz", node.admin)).send().await.expect("readyz");
+                    assert_eq!(ready.status(), 503, "ready while requests get 503, {:?} into the outage", stopped.elapsed());
                 }
                 other => panic!("a key without a lease got {other} while the database was down"),
             }
@@ -277,6 +281,17 @@ async fn the_database_stopped_for_ten_seconds_leases_keep_serving_others_get_503
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(refused_cold > 0);
+    // An admin write during the outage: 503 store_unavailable, to be sent again.
+    let r = c
+        .post(format!("http://127.0.0.1:{}/admin/keys", nodes[0].admin))
+        .bearer_auth(ADMIN_TOKEN)
+        .json(&serde_json::json!({"name": "during-the-outage", "balance": 1}))
+        .send()
+        .await
+        .expect("admin write");
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    assert_eq!(r.json::<serde_json::Value>().await.expect("json")["error"]["code"], "store_unavailable");
     // /readyz says so.
     let ready = c.get(format!("http://127.0.0.1:{}/readyz", nodes[0].admin)).send().await.expect("readyz");
     assert_eq!(ready.status(), 503);

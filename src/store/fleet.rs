@@ -114,6 +114,9 @@ impl Fleet {
     /// three rounds (at least a second).
     pub fn readiness(&self) -> Result<(), String> {
         let bound = (self.sync * 3).max(Duration::from_secs(1));
+        if self.pg.unreachable() {
+            return Err("PostgreSQL unreachable (a connection failed since the last sync round)".into());
+        }
         match *self.reached_at() {
             Some(at) if at.elapsed() <= bound => Ok(()),
             Some(at) => Err(format!("PostgreSQL not reached for {} s", at.elapsed().as_secs())),
@@ -185,6 +188,7 @@ impl Fleet {
         self.rates.flush().await?;
         self.slots.renew().await?;
         *self.reached_at() = Some(Instant::now());
+        self.pg.reached();
         Ok(())
     }
 

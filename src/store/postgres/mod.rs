@@ -136,6 +136,9 @@ impl std::fmt::Debug for PgSettings {
 pub struct Pg {
     pool: deadpool_postgres::Pool,
     statements: Arc<AtomicU64>,
+    /// A connection could not be had since the last sync round that reached the database
+    /// (`/readyz` is not ready from that moment, not only after missed rounds).
+    unreachable: Arc<std::sync::atomic::AtomicBool>,
     /// For connections outside the pool (a `LISTEN`er).
     config: tokio_postgres::Config,
     tls: tokio_postgres_rustls::MakeRustlsConnect,
@@ -322,7 +325,7 @@ impl Pg {
             .wait_timeout(Some(std::time::Duration::from_secs(5)))
             .build()
             .map_err(|e| PgError::Config(e.to_string()))?;
-        Ok(Pg { pool, statements: Arc::new(AtomicU64::new(0)), config, tls, driver: None })
+        Ok(Pg { pool, statements: Arc::new(AtomicU64::new(0)), unreachable: Arc::default(), config, tls, driver: None })
     }
 
     /// Make connections on `runtime`: a connection's task lives on the runtime that made it,
@@ -334,17 +337,32 @@ impl Pg {
 
     /// A connection from the pool.
     pub async fn client(&self) -> Result<deadpool_postgres::Object, PgError> {
-        match &self.driver {
+        let got = match &self.driver {
             Some(runtime) => {
                 let pool = self.pool.clone();
-                runtime
-                    .spawn(async move { pool.get().await })
-                    .await
-                    .map_err(|e| PgError::Unavailable(format!("store runtime: {e}")))?
-                    .map_err(Into::into)
+                runtime.spawn(async move { pool.get().await }).await.map_err(|e| PgError::Unavailable(format!("store runtime: {e}")))?
             }
-            None => Ok(self.pool.get().await?),
-        }
+            None => self.pool.get().await,
+        };
+        got.map_err(|e| {
+            // A connection that could not be made (not a busy pool's wait) means the database
+            // is out of reach.
+            use deadpool_postgres::{PoolError, TimeoutType};
+            if matches!(e, PoolError::Backend(_) | PoolError::Timeout(TimeoutType::Create | TimeoutType::Recycle)) {
+                self.unreachable.store(true, Ordering::Relaxed);
+            }
+            e.into()
+        })
+    }
+
+    /// Whether a connection failed since the database was last known reached.
+    pub fn unreachable(&self) -> bool {
+        self.unreachable.load(Ordering::Relaxed)
+    }
+
+    /// A sync round reached the database.
+    pub fn reached(&self) {
+        self.unreachable.store(false, Ordering::Relaxed);
     }
 
     /// A connection of its own that `LISTEN`s on `channel`: the notifications arrive on the
