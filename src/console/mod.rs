@@ -13,6 +13,7 @@
 pub(crate) mod html;
 pub mod me;
 mod pages;
+mod reveal;
 mod throttle;
 
 use crate::admin::AdminApi;
@@ -37,6 +38,8 @@ pub struct Sessions {
     map: Mutex<HashMap<[u8; 32], Signed>>,
     /// Wrong admin tokens by client address (see `throttle`).
     sign_in: throttle::SignInThrottle,
+    /// New keys' secrets waiting for their one-time page (see `reveal`).
+    pub(crate) reveals: reveal::Reveals,
 }
 
 #[derive(Clone)]

@@ -36,6 +36,7 @@ pub(super) async fn route(api: &AdminApi, req: &Request) -> LocalResponse {
         ("GET", "/console") => overview(api, req).await,
         ("GET", "/console/keys") => keys(api, req, None).await,
         ("POST", "/console/keys") => create_key(api, req).await,
+        ("GET", p) if p.starts_with("/console/keys/created/") => key_created(api, req, &p["/console/keys/created/".len()..]),
         ("GET", "/console/usage") => usage(api, req, false).await,
         ("GET", "/console/usage.csv") => usage(api, req, true).await,
         ("GET", "/console/requests") => requests(api, req).await,
@@ -485,23 +486,42 @@ async fn create_key(api: &AdminApi, req: &Request) -> Page {
     };
     match created {
         Ok(view) => {
-            let clock = Clock::now(api);
-            let id = view["id"].as_str().unwrap_or_default();
-            let body = format!(
-                "<p class=\"notice\" role=\"status\">Key <strong>{}</strong> created. Copy its secret now: it is shown only this once.</p>\
-<div class=\"secret\"><input id=\"secret\" readonly value=\"{}\" aria-label=\"Secret\"><button type=\"button\" data-copy=\"secret\">Copy</button></div>\
-<p><a href=\"/console/keys/{}\">Go to the key</a> · <a href=\"/console/keys\">All keys</a></p>",
-                esc(view["name"].as_str().unwrap_or_default()),
-                esc(view["key"].as_str().unwrap_or_default()),
-                enc(id),
+            // Post/redirect/get: the answer to the POST is a redirect to a page that shows the
+            // secret once; reloading that page creates nothing and shows no secret.
+            let token = api.console.reveals.keep(
+                view["id"].as_str().unwrap_or_default(),
+                view["name"].as_str().unwrap_or_default(),
+                view["key"].as_str().unwrap_or_default(),
+                &req.csrf,
+                crate::auth::now_unix(),
             );
-            let mut page = clock.page("Key created", "/console/keys", &req.csrf, &body);
-            page.status = 201;
-            Ok(page)
+            Ok(super::redirect(&format!("/console/keys/created/{token}")))
         }
         Err(e) if e.status() == 400 || e.status() == 409 => keys(api, req, Some((&e, f))).await,
         Err(e) => Err(e),
     }
+}
+
+/// The one page that shows a new key's secret (see `reveal`).
+fn key_created(api: &AdminApi, req: &Request, token: &str) -> Page {
+    let clock = Clock::now(api);
+    let Some(reveal) = api.console.reveals.take(token, &req.csrf, crate::auth::now_unix()) else {
+        let body = "<p class=\"alert\" role=\"alert\">This link was used already (or is another session's, or expired): a key's secret is shown only once. Nothing was created now.</p>\
+<p><a href=\"/console/keys\">All keys</a></p>";
+        return Ok(clock.page("Secret already shown", "/console/keys", &req.csrf, body));
+    };
+    let body = format!(
+        "<p class=\"notice\" role=\"status\">Key <strong>{}</strong> created. Copy its secret now: it is shown only this once.</p>\
+<div class=\"secret\"><input id=\"secret\" readonly value=\"{}\" aria-label=\"Secret\"><button type=\"button\" data-copy=\"secret\">Copy</button></div>\
+<p><a href=\"/console/keys/{}\">Go to the key</a> · <a href=\"/console/keys\">All keys</a></p>",
+        esc(&reveal.name),
+        esc(&reveal.secret),
+        enc(&reveal.key_id),
+    );
+    let mut page = clock.page("Key created", "/console/keys", &req.csrf, &body);
+    // Never kept by a browser or a proxy.
+    page.headers.push(("cache-control", "no-store".to_string()));
+    Ok(page)
 }
 
 async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&ApiError, &Form)>) -> Page {

@@ -122,6 +122,9 @@ def test_a_key_made_in_the_console_serves_the_sdk_until_it_is_disabled(gateway, 
     form.find_element(By.NAME, "name").send_keys("browser-made")
     form.find_element(By.NAME, "balance").send_keys("3")
     submit(browser, form.find_element(By.CSS_SELECTOR, "button[type=submit]"), "Key created")
+    # Post/redirect/get: the secret's page is a one-time link, not the answer to the POST.
+    created_url = browser.current_url
+    assert "/console/keys/created/" in created_url, created_url
     secret = browser.find_element(By.ID, "secret").get_attribute("value")
     assert secret.startswith("sk-tg-")
     copy = browser.find_element(By.CSS_SELECTOR, "button[data-copy=secret]")
@@ -130,8 +133,19 @@ def test_a_key_made_in_the_console_serves_the_sdk_until_it_is_disabled(gateway, 
     # changes when it has.
     WebDriverWait(browser, 15).until(lambda d: copy.text == "Copied")
     screenshot(browser, "03-key-created")
+    # Reloading it creates no second key and shows the secret no more (issue 46, point 2).
+    old = browser.find_element(By.TAG_NAME, "html")
+    browser.refresh()
+    WebDriverWait(browser, 15).until(left(old))
+    assert heading(browser) == "Secret already shown"
+    assert secret not in browser.page_source
+    made = [k for k in gateway.admin_json("GET", "/admin/keys")["data"] if k["name"] == "browser-made"]
+    assert len(made) == 1, made
+    browser.get(created_url + "x")
+    assert heading(browser) == "Secret already shown"
+    browser.get(gateway.console + "/keys/" + made[0]["id"])
+    assert heading(browser) == "Key browser-made"
     # The secret is shown once: the key's own page does not show it.
-    submit(browser, browser.find_element(By.LINK_TEXT, "Go to the key"), "Key browser-made")
     assert secret not in browser.page_source
     client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=secret, max_retries=0)
     reply = client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hello"}])
