@@ -570,10 +570,10 @@ impl AdminApi {
         let group = match body.group {
             Some(group) => group,
             None if self.routing.load().catalog.has_group("default") => "default".to_string(),
-            None => return Err(bad("group: required (there is no group named 'default')")),
+            None => return Err(bad("group: required (there is no group named 'default')").with_param("group")),
         };
         if !self.routing.load().catalog.has_group(&group) {
-            return Err(bad(format!("group: no group named '{group}'")));
+            return Err(bad(format!("group: no group named '{group}'")).with_param("group"));
         }
         let balance = to_nanos("balance", body.balance)?;
         if balance < 0 {
@@ -622,12 +622,50 @@ impl AdminApi {
     }
 
     /// `PATCH /admin/keys/{id}` (and the console's forms): the key's new view.
+    /// Revoke a key for good (its records stay); the key's view.
+    pub(crate) async fn revoke_key(&self, id: &str) -> std::result::Result<Value, ApiError> {
+        let mut rec = self.key(id).await?;
+        if rec.revoked_at.is_none() {
+            rec.revoked_at = Some(now_unix());
+            rec.enabled = false;
+            self.keys.put_key(&rec).await.map_err(internal)?;
+            log::info!("admin: key '{}' ({}) revoked", rec.name, rec.id);
+        }
+        self.view(&rec).await
+    }
+
+    /// A new secret for a key; the previous one is accepted `grace_secs` more. The key's view
+    /// with the new secret (`key`), shown this once.
+    pub(crate) async fn rotate_key(&self, id: &str, grace_secs: u64) -> std::result::Result<Value, ApiError> {
+        if grace_secs > MAX_GRACE_SECS {
+            return Err(bad(format!("grace_secs: 0 to {MAX_GRACE_SECS} (30 days)")).with_param("grace_secs"));
+        }
+        let mut rec = self.key(id).await?;
+        if rec.revoked_at.is_some() {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("Key '{id}' was revoked; create a new key.")));
+        }
+        if rec.origin == crate::store::KeyOrigin::Config {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("Key '{id}' comes from the configuration file: change its secret there (and reload)."),
+            ));
+        }
+        let secret = new_secret();
+        let previous = std::mem::replace(&mut rec.key_hash, hex(&hash_key(&secret)));
+        rec.rotated = (grace_secs > 0).then(|| crate::store::Rotation { previous_hash: previous, until: now_unix() + grace_secs });
+        self.keys.put_key(&rec).await.map_err(internal)?;
+        log::info!("admin: key '{}' ({}) rotated; the previous secret is accepted for {grace_secs} s", rec.name, rec.id);
+        let mut v = self.view(&rec).await?;
+        v["key"] = json!(secret);
+        Ok(v)
+    }
+
     pub(crate) async fn patch_key(&self, id: &str, patch: PatchKey) -> std::result::Result<Value, ApiError> {
         let patch_sets_expiry = patch.expires_at.is_some() || patch.ttl_secs.is_some();
         let mut rec = self.key(id).await?;
         if let Some(group) = patch.group {
             if !self.routing.load().catalog.has_group(&group) {
-                return Err(bad(format!("group: no group named '{group}'")));
+                return Err(bad(format!("group: no group named '{group}'")).with_param("group"));
             }
             rec.group = group;
         }
@@ -861,40 +899,12 @@ impl AdminApi {
                 Ok(LocalResponse::json(200, &self.view(&rec).await?))
             }
             ("DELETE", p) if p.starts_with("/admin/keys/") => {
-                let mut rec = self.key(p.trim_start_matches("/admin/keys/")).await?;
-                if rec.revoked_at.is_none() {
-                    rec.revoked_at = Some(now_unix());
-                    rec.enabled = false;
-                    self.keys.put_key(&rec).await.map_err(internal)?;
-                    log::info!("admin: key '{}' ({}) revoked", rec.name, rec.id);
-                }
-                Ok(LocalResponse::json(200, &self.view(&rec).await?))
+                Ok(LocalResponse::json(200, &self.revoke_key(p.trim_start_matches("/admin/keys/")).await?))
             }
             ("POST", p) if p.starts_with("/admin/keys/") && p.ends_with("/rotate") => {
                 let id = p.trim_start_matches("/admin/keys/").trim_end_matches("/rotate").to_string();
                 let body: RotateKey = Self::read_json(session).await?;
-                if body.grace_secs > MAX_GRACE_SECS {
-                    return Err(bad(format!("grace_secs: 0 to {MAX_GRACE_SECS} (30 days)")).with_param("grace_secs"));
-                }
-                let mut rec = self.key(&id).await?;
-                if rec.revoked_at.is_some() {
-                    return Err(ApiError::new(ErrorKind::Conflict, format!("Key '{id}' was revoked; create a new key.")));
-                }
-                if rec.origin == crate::store::KeyOrigin::Config {
-                    return Err(ApiError::new(
-                        ErrorKind::Conflict,
-                        format!("Key '{id}' comes from the configuration file: change its secret there (and reload)."),
-                    ));
-                }
-                let secret = new_secret();
-                let previous = std::mem::replace(&mut rec.key_hash, hex(&hash_key(&secret)));
-                rec.rotated =
-                    (body.grace_secs > 0).then(|| crate::store::Rotation { previous_hash: previous, until: now_unix() + body.grace_secs });
-                self.keys.put_key(&rec).await.map_err(internal)?;
-                log::info!("admin: key '{}' ({}) rotated; the previous secret is accepted for {} s", rec.name, rec.id, body.grace_secs);
-                let mut v = self.view(&rec).await?;
-                v["key"] = json!(secret);
-                Ok(LocalResponse::json(200, &v))
+                Ok(LocalResponse::json(200, &self.rotate_key(&id, body.grace_secs).await?))
             }
             ("PATCH", p) if p.starts_with("/admin/keys/") => {
                 let id = p.trim_start_matches("/admin/keys/").to_string();

@@ -603,10 +603,41 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
         edit_fields.push_str(&html::field(name, label, &edit_value(name), err, hint));
     }
     let edit = html::form(&action("edit"), &req.csrf, "card grid", &format!("{edit_fields}<p><button type=\"submit\">Save</button></p>"));
+    // A new secret (shown once, the old one accepted a while), or the end of the key.
+    let manage = if view["revoked_at"].is_null() {
+        let value = |name: &str| form.map_or("", |f| f.get(name)).to_string();
+        let rotate = html::form(
+            &action("rotate"),
+            &req.csrf,
+            "card grid",
+            &format!(
+                "{}<p><button type=\"submit\">Rotate the secret</button></p>",
+                html::field(
+                    "grace_hours",
+                    "Old secret still accepted for (hours)",
+                    &value("grace_hours"),
+                    err,
+                    "0: not at all; at most 720"
+                ),
+            ),
+        );
+        let revoke = html::form(
+            &action("revoke"),
+            &req.csrf,
+            "card grid",
+            &format!(
+                "{}<p><button type=\"submit\" class=\"danger\">Revoke</button></p>",
+                html::field("confirm", "Type revoke to confirm", &value("confirm"), err, "a revoked key never works again"),
+            ),
+        );
+        format!("<h2>Secret</h2><div class=\"cols\"><div>{rotate}</div><div>{revoke}</div></div>")
+    } else {
+        String::new()
+    };
     let body = format!(
         "{done}{general}<section class=\"card\"><div class=\"line\"><strong>{}</strong> <span class=\"mono\">{}</span> · group {} · <span class=\"state {}\">{state}</span> {toggle}</div>\
 <p>Balance <strong id=\"balance\">{}</strong> · 30 days: {} requests, {}</p></section>\
-<h2>Spend windows</h2>{}<h2>Top up</h2>{top_up}<h2>Limits and policy</h2>{edit}\
+<h2>Spend windows</h2>{}<h2>Top up</h2>{top_up}<h2>Limits and policy</h2>{edit}{manage}\
 <div class=\"cols\"><div><h2>Spend per day (30 days)</h2>{}</div><div><h2>Per model (30 days)</h2>{}</div></div>\
 <h2>Last requests</h2>{}<p><a href=\"/console/requests?key={}\">All of this key's requests</a> · <a href=\"/console/usage?group=day&amp;key={}\">Usage</a></p>",
         esc(&key.name),
@@ -631,8 +662,10 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
 }
 
 /// The edit form: (field, label, hint).
-const EDIT_FORM: [(&str, &str, &str); 15] = [
+const EDIT_FORM: [(&str, &str, &str); 17] = [
     ("name", "Name", ""),
+    ("group", "Group", "which platforms it may call"),
+    ("account", "Account", "a shared account's name; empty: none"),
     ("rpm", "Requests per minute", "empty: no limit"),
     ("tpm", "Tokens per minute", "empty: no limit"),
     ("max_concurrent", "Requests at once", "empty: no limit"),
@@ -649,8 +682,11 @@ const EDIT_FORM: [(&str, &str, &str); 15] = [
     ("tags", "Tags", "name=value, comma-separated"),
 ];
 
-const EDIT_FIELDS: [&str; 18] = [
+const EDIT_FIELDS: [&str; 21] = [
     "name",
+    "group",
+    "grace_hours",
+    "confirm",
     "rpm",
     "tpm",
     "max_concurrent",
@@ -679,7 +715,18 @@ fn edit_values(view: &Value) -> BTreeMap<&'static str, String> {
     };
     let list = |v: &Value| v.as_array().map_or(String::new(), |a| a.iter().filter_map(Value::as_str).collect::<Vec<_>>().join(", "));
     let mut out = BTreeMap::new();
-    for name in ["name", "rpm", "tpm", "max_concurrent", "expires_at", "max_request_cost", "max_output_tokens", "default_output_tokens"] {
+    for name in [
+        "name",
+        "group",
+        "account",
+        "rpm",
+        "tpm",
+        "max_concurrent",
+        "expires_at",
+        "max_request_cost",
+        "max_output_tokens",
+        "default_output_tokens",
+    ] {
         out.insert(name, text(&view[name]));
     }
     out.insert("models_allow", list(&view["models"]["allow"]));
@@ -703,6 +750,13 @@ fn edit_patch(f: &Form) -> Result<Value, ApiError> {
         return Err(bad("name", "name: must not be empty"));
     }
     body.insert("name".into(), json!(name));
+    let group = f.get("group");
+    if group.is_empty() {
+        return Err(bad("group", "group: must not be empty"));
+    }
+    body.insert("group".into(), json!(group));
+    let account = f.get("account");
+    body.insert("account".into(), if account.is_empty() { Value::Null } else { json!(account) });
     for field in ["rpm", "tpm", "max_concurrent", "max_output_tokens", "default_output_tokens"] {
         body.insert(field.into(), number(f, field, true)?.unwrap_or(Value::Null));
     }
@@ -757,6 +811,48 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
         return Err(ApiError::new(ErrorKind::NotFound, "No such key action."));
     };
     let f = &req.form;
+    // Rotate and revoke are their own admin operations.
+    match what {
+        "rotate" => {
+            let grace_hours = match number(f, "grace_hours", false) {
+                Ok(v) => v.and_then(|v| v.as_f64()).unwrap_or(0.0),
+                Err(e) => return key_detail(api, req, id, Some((&e, f))).await,
+            };
+            let grace = if grace_hours.is_finite() && grace_hours >= 0.0 { (grace_hours * 3600.0).round() as u64 } else { u64::MAX };
+            return match api.rotate_key(id, grace).await {
+                Ok(view) => {
+                    let token = api.console.reveals.keep(
+                        view["id"].as_str().unwrap_or_default(),
+                        view["name"].as_str().unwrap_or_default(),
+                        view["key"].as_str().unwrap_or_default(),
+                        &req.csrf,
+                        crate::auth::now_unix(),
+                    );
+                    Ok(redirect(&format!("/console/keys/created/{token}")))
+                }
+                Err(mut e) if e.status() == 400 || e.status() == 409 => {
+                    if e.param.as_deref() == Some("grace_secs") {
+                        e.param = Some("grace_hours".into());
+                    }
+                    key_detail(api, req, id, Some((&e, f))).await
+                }
+                Err(e) => Err(e),
+            };
+        }
+        "revoke" => {
+            if f.get("confirm") != "revoke" {
+                let e = bad("confirm", "Type revoke to confirm: a revoked key never works again.");
+                return key_detail(api, req, id, Some((&e, f))).await;
+            }
+            api.revoke_key(id).await?;
+            return Ok(redirect(&format!(
+                "/console/keys/{}?done={}",
+                enc(id),
+                enc("Key revoked: it never works again; its records stay.")
+            )));
+        }
+        _ => {}
+    }
     let (patch, done) = match what {
         "enable" => (Ok(json!({"enabled": true})), "Key enabled."),
         "disable" => (Ok(json!({"enabled": false})), "Key disabled: its requests are refused from now on."),
@@ -1249,9 +1345,10 @@ mod tests {
     #[test]
     fn the_edit_form_becomes_a_patch_that_clears_empty_fields() {
         let f = Form::parse(
-            "name=a&rpm=&tpm=900&models_allow=alpha-*,+beta&models_deny=&ip_allow=10.0.0.0/8&budget_week=5&tags=team%3Dx,+env%3Dprod",
+            "name=a&group=chat&account=&rpm=&tpm=900&models_allow=alpha-*,+beta&models_deny=&ip_allow=10.0.0.0/8&budget_week=5&tags=team%3Dx,+env%3Dprod",
         );
         let patch = edit_patch(&f).expect("patch");
+        assert_eq!((patch["group"].as_str(), &patch["account"]), (Some("chat"), &Value::Null), "group and account are edited too");
         assert_eq!(patch["rpm"], Value::Null);
         assert_eq!(patch["tpm"], json!(900));
         assert_eq!(patch["models"], json!({"allow": ["alpha-*", "beta"], "deny": []}));
@@ -1259,9 +1356,9 @@ mod tests {
         assert_eq!(patch["budgets"], json!({"week": 5.0}));
         assert_eq!(patch["tags"], json!({"team": "x", "env": "prod"}));
         assert_eq!(patch["expires_at"], Value::Null);
-        let e = edit_patch(&Form::parse("name=a&rpm=many")).expect_err("not a number");
+        let e = edit_patch(&Form::parse("name=a&group=g&rpm=many")).expect_err("not a number");
         assert_eq!(e.param.as_deref(), Some("rpm"));
-        let e = edit_patch(&Form::parse("name=a&tags=oops")).expect_err("not a pair");
+        let e = edit_patch(&Form::parse("name=a&group=g&tags=oops")).expect_err("not a pair");
         assert_eq!(e.param.as_deref(), Some("tags"));
     }
 }

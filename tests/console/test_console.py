@@ -382,3 +382,43 @@ def test_the_key_page_shows_only_its_key_and_keeps_the_key_out_of_urls(gateway, 
     browser.find_element(By.ID, "forget").click()
     WebDriverWait(browser, 15).until(lambda d: d.find_element(By.ID, "enter").is_displayed())
     assert browser.execute_script("return sessionStorage.getItem('tollgate_key')") is None
+
+
+def test_the_console_rotates_revokes_and_regroups_a_key(gateway, browser):
+    """Issue 46, point 2: rotate (with a grace period, the new secret on its one-time page),
+    change the group and account, and revoke, each from the key's page."""
+    made = gateway.admin_json("POST", "/admin/keys", {"name": "to-rotate", "balance": 2})
+    old_secret, key_id = made["key"], made["id"]
+    sign_in(browser, gateway, then="/console/keys/" + key_id)
+    form = browser.find_element(By.CSS_SELECTOR, "form[action$='/rotate']")
+    form.find_element(By.NAME, "grace_hours").send_keys("1")
+    submit(browser, form.find_element(By.CSS_SELECTOR, "button[type=submit]"), "Key created")
+    new_secret = browser.find_element(By.ID, "secret").get_attribute("value")
+    assert new_secret.startswith("sk-tg-") and new_secret != old_secret
+    for secret in (old_secret, new_secret):
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=secret, max_retries=0)
+        assert client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}]).choices
+    # The group and the account, in the edit form.
+    browser.get(gateway.console + "/keys/" + key_id)
+    edit = browser.find_element(By.CSS_SELECTOR, "form[action$='/edit']")
+    group = edit.find_element(By.NAME, "group")
+    group.clear()
+    group.send_keys("nope")
+    submit(browser, edit.find_element(By.CSS_SELECTOR, "button[type=submit]"), "Key to-rotate")
+    assert browser.find_elements(By.CSS_SELECTOR, "#group-error, .error"), "the bad group is named under its field"
+    assert gateway.key_by_name("to-rotate")["group"] == "default"
+    # Revoke: refused without the confirmation, then done.
+    browser.get(gateway.console + "/keys/" + key_id)
+    revoke = browser.find_element(By.CSS_SELECTOR, "form[action$='/revoke']")
+    submit(browser, revoke.find_element(By.CSS_SELECTOR, "button[type=submit]"), "Key to-rotate")
+    assert gateway.key_by_name("to-rotate")["revoked_at"] is None
+    revoke = browser.find_element(By.CSS_SELECTOR, "form[action$='/revoke']")
+    revoke.find_element(By.NAME, "confirm").send_keys("revoke")
+    submit(browser, revoke.find_element(By.CSS_SELECTOR, "button[type=submit]"), "Key to-rotate")
+    assert "Key revoked" in browser.find_element(By.CSS_SELECTOR, ".notice").text
+    assert gateway.key_by_name("to-rotate")["revoked_at"] is not None
+    for secret in (old_secret, new_secret):
+        client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=secret, max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}])
+    screenshot(browser, "10-key-revoked")
