@@ -153,8 +153,16 @@ struct Row {
 }
 
 impl Row {
+    /// What was charged before credits: the usage table's "Billed" column (its "Refunded" column
+    /// beside it).
     fn billed(&self) -> i64 {
         self.totals.cost_nanos.saturating_sub(self.totals.refunded_nanos)
+    }
+
+    /// Spend, the one definition every page, chart and CSV uses, as `/v1/usage` and
+    /// `/admin/usage` (`cost`) do: charges net of refunds and credits.
+    fn spend(&self) -> i64 {
+        self.totals.cost_nanos
     }
 }
 
@@ -283,14 +291,19 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
             t.totals.merge(&row.totals);
         }
         let (n, errors) = logged[i];
-        let rate = if n == 0 { "—".to_string() } else { format!("{:.1}%", errors as f64 * 100.0 / n as f64) };
+        // The rate says the counts it is computed over (the request log's, refusals included).
+        let rate = if n == 0 {
+            "—".to_string()
+        } else {
+            format!("{:.1}% <small>({} of {} logged)</small>", errors as f64 * 100.0 / n as f64, count(errors), count(n))
+        };
         let p95 = if n == 0 { "—".to_string() } else { format!("{} ms", count(p95(&mut latencies[i]))) };
         let _ = write!(
             tiles,
             "<section class=\"tile\" id=\"period-{i}\"><h2>{name} <small>since {from}</small></h2><dl>\
-<dt>Spend</dt><dd class=\"spend\">{}</dd><dt>Requests</dt><dd>{}</dd><dt>Tokens</dt><dd>{}</dd>\
+<dt>Spend</dt><dd class=\"spend\">{}</dd><dt>Billed requests</dt><dd>{}</dd><dt>Tokens</dt><dd>{}</dd>\
 <dt>Error rate</dt><dd>{rate}</dd><dt>p95 latency</dt><dd>{p95}</dd></dl></section>",
-            nanos(t.billed()),
+            nanos(t.spend()),
             count(t.totals.requests),
             count(t.totals.input_tokens.saturating_add(t.totals.output_tokens)),
         );
@@ -299,7 +312,7 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
     let mut days = Vec::with_capacity(30);
     for i in (0..30).rev() {
         let day = clock.days_before(i);
-        let spend = day_rows.get(&day).map_or(0, Row::billed);
+        let spend = day_rows.get(&day).map_or(0, Row::spend);
         days.push((day, spend));
     }
     let keys = api.keys.all_keys().await.map_err(internal)?;
@@ -307,9 +320,9 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
     let top_keys = usage_rows(api, None, &Group::Key, (start, end), clock.tz()).await?;
     let top_models = usage_rows(api, None, &Group::Model, (start, end), clock.tz()).await?;
     let top = |rows: &BTreeMap<String, Row>, label: &dyn Fn(&str) -> String| {
-        let mut sorted: Vec<(&String, &Row)> = rows.iter().filter(|(_, r)| r.totals.requests > 0 || r.billed() != 0).collect();
-        sorted.sort_by_key(|(_, r)| std::cmp::Reverse(r.billed()));
-        sorted.iter().take(10).map(|(l, r)| vec![label(l), nanos(r.billed()), count(r.totals.requests)]).collect::<Vec<_>>()
+        let mut sorted: Vec<(&String, &Row)> = rows.iter().filter(|(_, r)| r.totals.requests > 0 || r.spend() != 0).collect();
+        sorted.sort_by_key(|(_, r)| std::cmp::Reverse(r.spend()));
+        sorted.iter().take(10).map(|(l, r)| vec![label(l), nanos(r.spend()), count(r.totals.requests)]).collect::<Vec<_>>()
     };
     let key_rows = top(&top_keys, &|id| key_link(id, &names));
     let model_rows = top(&top_models, &|m| esc(m));
@@ -546,8 +559,7 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
             ]);
         }
     }
-    let day_rows: Vec<Vec<String>> =
-        per_day.iter().rev().map(|(d, t)| vec![esc(d), count(t.requests), nanos(t.cost_nanos.saturating_sub(t.refunded_nanos))]).collect();
+    let day_rows: Vec<Vec<String>> = per_day.iter().rev().map(|(d, t)| vec![esc(d), count(t.requests), nanos(t.cost_nanos)]).collect();
     let model_rows: Vec<Vec<String>> = per_model
         .iter()
         .map(|(m, t)| vec![esc(m), count(t.requests), count(t.input_tokens), count(t.output_tokens), nanos(t.cost_nanos)])

@@ -422,3 +422,39 @@ def test_the_console_rotates_revokes_and_regroups_a_key(gateway, browser):
         with pytest.raises(openai.AuthenticationError):
             client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}])
     screenshot(browser, "10-key-revoked")
+
+
+def test_spend_is_one_figure_on_every_page(gateway, browser):
+    """Issue 46, point 3: the overview, the key page's header and its spend per day, the usage
+    CSV and /admin/usage say the same spend for the same data (a refunded video netted the same
+    way everywhere), and the error rate says the counts it is computed over."""
+    other = gateway.key_by_name("other-team")
+    sign_in(browser, gateway)
+
+    def refunded(d):
+        d.get(gateway.console + "/video?status=failed")
+        return any(r[0] == gateway.video_failed and "refunded" in r[3] for r in table_rows(d, "video"))
+
+    WebDriverWait(browser, 30).until(refunded)
+    total = gateway.admin_json("GET", "/admin/usage?group_by=key")
+    api_total = total["total"]["cost"]
+    api_other = next(r["cost"] for r in total["data"] if r["key"]["id"] == other["id"])
+    assert api_other == pytest.approx(gateway.admin_json("GET", f"/admin/keys/{other['id']}/usage")["total"]["cost"], abs=1e-9)
+    # The overview: the 30-day tile and the top keys.
+    browser.get(gateway.console)
+    tiles = browser.find_elements(By.CSS_SELECTOR, ".tile .spend")
+    assert usd(tiles[2].text) == pytest.approx(api_total, abs=1e-6)
+    top = {r[0].split(" ")[0]: usd(r[1]) for r in table_rows(browser, "top-keys")}
+    assert top["other-team"] == pytest.approx(api_other, abs=1e-6)
+    rate = browser.find_element(By.CSS_SELECTOR, "#period-2 dd:nth-of-type(4)").text
+    assert " of " in rate and "logged" in rate, rate
+    # The key page: its header and its spend per day.
+    browser.get(gateway.console + "/keys/" + other["id"])
+    header = browser.find_element(By.CSS_SELECTOR, "section.card p").text
+    assert usd(header.rsplit(" ", 1)[1]) == pytest.approx(api_other, abs=1e-6), header
+    per_day = sum(usd(r[2]) for r in table_rows(browser, "key-days"))
+    assert per_day == pytest.approx(api_other, abs=1e-6)
+    # The usage table and its CSV: billed and refunded apart, and they net to the same spend.
+    browser.get(gateway.console + f"/usage?group=key&from={DAY_BEFORE}&to={DAY_AFTER}")
+    row = next(r for r in table_rows(browser, "usage") if r[0].startswith("other-team"))
+    assert usd(row[4]) + usd(row[6]) == pytest.approx(api_other, abs=1e-6)
