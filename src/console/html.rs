@@ -140,10 +140,17 @@ pub fn table(id: &str, head: &[&str], rows: &[Vec<String>], foot: Option<Vec<Str
 
 /// A form field with its label and, when `error` is about it, the message under it.
 pub fn field(name: &str, label: &str, value: &str, error: Option<(&str, &str)>, hint: &str) -> String {
-    let message = match error {
-        Some((param, message)) if param == name => format!("<span class=\"error\" id=\"{name}-error\">{}</span>", esc(message)),
-        _ => String::new(),
-    };
+    field_of(name, label, value, error.as_slice(), hint)
+}
+
+/// A labelled input with the message of each error about it (a form's errors all at once, each
+/// under its own field).
+pub fn field_of(name: &str, label: &str, value: &str, errors: &[(&str, &str)], hint: &str) -> String {
+    let message: String = errors
+        .iter()
+        .filter(|(param, _)| *param == name)
+        .map(|(_, message)| format!("<span class=\"error\" id=\"{name}-error\">{}</span>", esc(message)))
+        .collect();
     let invalid = if message.is_empty() { "" } else { " aria-invalid=\"true\"" };
     let hint = if hint.is_empty() { String::new() } else { format!("<small>{}</small>", esc(hint)) };
     format!(

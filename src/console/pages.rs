@@ -383,7 +383,7 @@ fn key_state(view: &Value) -> &'static str {
 const STATES: [&str; 7] = ["all", "active", "disabled", "expired", "revoked", "out of balance", "over a window"];
 
 /// The keys page; `created` shows a new key's secret (once), `error` a refused create form.
-async fn keys(api: &AdminApi, req: &Request, error: Option<(&ApiError, &Form)>) -> Page {
+async fn keys(api: &AdminApi, req: &Request, error: Option<(&[ApiError], &Form)>) -> Page {
     let clock = Clock::now(api);
     let query = Form::parse(&req.query);
     let search = query.get("q").to_lowercase();
@@ -420,32 +420,28 @@ async fn keys(api: &AdminApi, req: &Request, error: Option<(&ApiError, &Form)>) 
 <label>State<select name=\"state\">{options}</select></label><button type=\"submit\" class=\"secondary\">Filter</button></form>",
         esc(query.get("q"))
     );
-    let (err, form) = match error {
-        Some((e, f)) => (Some((e.param.as_deref().unwrap_or("form"), e.message.as_str())), Some(f)),
-        None => (None, None),
-    };
+    let (errs, form) = field_errors(error);
+    let err = errs.as_slice();
     let value = |name: &str| form.map_or("", |f| f.get(name));
-    let general = match err {
-        Some((param, message)) if !CREATE_FIELDS.contains(&param) => format!("<p class=\"alert\" role=\"alert\">{}</p>", esc(message)),
-        _ => String::new(),
-    };
+    let general = general_alerts(err, &CREATE_FIELDS);
     let group_default = if value("group").is_empty() && form.is_none() { "default" } else { value("group") };
     let create = html::form(
         "/console/keys",
         &req.csrf,
         "card grid",
         &format!(
-            "{general}{}{}{}{}{}{}<p><button type=\"submit\">Create key</button></p>",
-            html::field("name", "Name", value("name"), err, ""),
-            html::field("group", "Group", group_default, err, ""),
-            html::field("balance", "Balance (USD)", value("balance"), err, ""),
-            html::field("rpm", "Requests per minute", value("rpm"), err, "empty: no limit"),
-            html::field("expires_at", "Expires at", value("expires_at"), err, "RFC 3339, empty: never"),
-            html::field("account", "Account", value("account"), err, "optional"),
+            "{}{}{}{}{}{}<p><button type=\"submit\">Create key</button></p>",
+            html::field_of("name", "Name", value("name"), err, ""),
+            html::field_of("group", "Group", group_default, err, ""),
+            html::field_of("balance", "Balance (USD)", value("balance"), err, ""),
+            html::field_of("rpm", "Requests per minute", value("rpm"), err, "empty: no limit"),
+            html::field_of("expires_at", "Expires at", value("expires_at"), err, "RFC 3339, empty: never"),
+            html::field_of("account", "Account", value("account"), err, "optional"),
         ),
     );
+    // A refusal that names no field stands above the form, not as one of its grid's cells.
     let body = format!(
-        "{filters}{}<h2>Create a key</h2>{create}",
+        "{filters}{}<h2>Create a key</h2>{general}{create}",
         html::table("keys", &["Name", "Id", "Group", "State", "Balance", "Created"], &rows, None)
     );
     let mut page = clock.page("Keys", "/console/keys", &req.csrf, &body);
@@ -474,27 +470,35 @@ fn number(form: &Form, name: &str, whole: bool) -> Result<Option<Value>, ApiErro
 
 async fn create_key(api: &AdminApi, req: &Request) -> Page {
     let f = &req.form;
-    let built = (|| -> Result<Value, ApiError> {
-        let mut body = serde_json::Map::new();
-        body.insert("name".into(), json!(f.get("name")));
-        for (name, value) in [("group", f.get("group")), ("expires_at", f.get("expires_at")), ("account", f.get("account"))] {
-            if !value.is_empty() {
-                body.insert(name.into(), json!(value));
+    // Every field the form can check itself, all at once.
+    let mut problems = Vec::new();
+    let mut body = serde_json::Map::new();
+    if f.get("name").trim().is_empty() {
+        problems.push(bad("name", "name: must not be empty"));
+    }
+    body.insert("name".into(), json!(f.get("name")));
+    for (name, value) in [("group", f.get("group")), ("expires_at", f.get("expires_at")), ("account", f.get("account"))] {
+        if !value.is_empty() {
+            body.insert(name.into(), json!(value));
+        }
+    }
+    if !f.get("expires_at").is_empty() && crate::policy::rfc3339_unix(f.get("expires_at")).is_none() {
+        problems.push(bad("expires_at", format!("expires_at: '{}' is not an RFC 3339 time (2026-12-31T23:59:59Z)", f.get("expires_at"))));
+    }
+    for (name, integer) in [("balance", false), ("rpm", true)] {
+        match number(f, name, integer) {
+            Ok(Some(v)) => {
+                body.insert(name.into(), v);
             }
+            Ok(None) => {}
+            Err(e) => problems.push(e),
         }
-        if let Some(b) = number(f, "balance", false)? {
-            body.insert("balance".into(), b);
-        }
-        if let Some(r) = number(f, "rpm", true)? {
-            body.insert("rpm".into(), r);
-        }
-        Ok(Value::Object(body))
-    })();
-    let created = match built {
-        Ok(body) => match crate::admin::parse_json(body.to_string().as_bytes()) {
-            Ok(create) => api.create_key(create).await,
-            Err(e) => Err(e),
-        },
+    }
+    if !problems.is_empty() {
+        return keys(api, req, Some((&problems, f))).await;
+    }
+    let created = match crate::admin::parse_json(Value::Object(body).to_string().as_bytes()) {
+        Ok(create) => api.create_key(create).await,
         Err(e) => Err(e),
     };
     match created {
@@ -510,9 +514,26 @@ async fn create_key(api: &AdminApi, req: &Request) -> Page {
             );
             Ok(super::redirect(&format!("/console/keys/created/{token}")))
         }
-        Err(e) if e.status() == 400 || e.status() == 409 => keys(api, req, Some((&e, f))).await,
+        Err(e) if e.status() == 400 || e.status() == 409 => keys(api, req, Some((std::slice::from_ref(&e), f))).await,
         Err(e) => Err(e),
     }
+}
+
+/// A form's errors as (field, message) pairs, and the form they came from.
+fn field_errors<'a>(error: Option<(&'a [ApiError], &'a Form)>) -> (Vec<(&'a str, &'a str)>, Option<&'a Form>) {
+    match error {
+        Some((errors, f)) => (errors.iter().map(|e| (e.param.as_deref().unwrap_or("form"), e.message.as_str())).collect(), Some(f)),
+        None => (Vec::new(), None),
+    }
+}
+
+/// The alerts for errors that name no field of the form (shown above it, outside its grid).
+fn general_alerts(errors: &[(&str, &str)], fields: &[&str]) -> String {
+    errors
+        .iter()
+        .filter(|(param, _)| !fields.contains(param))
+        .map(|(_, message)| format!("<p class=\"alert\" role=\"alert\">{}</p>", esc(message)))
+        .collect()
 }
 
 /// The one page that shows a new key's secret (see `reveal`).
@@ -537,7 +558,7 @@ fn key_created(api: &AdminApi, req: &Request, token: &str) -> Page {
     Ok(page)
 }
 
-async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&ApiError, &Form)>) -> Page {
+async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&[ApiError], &Form)>) -> Page {
     let clock = Clock::now(api);
     let key = api.key(id).await?;
     let view = api.view(&key).await?;
@@ -572,16 +593,9 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
         .map_err(internal)?;
     let names = key_names(std::slice::from_ref(&key));
     let recent_rows: Vec<Vec<String>> = recent.iter().map(|e| request_row(e, &names, clock.tz())).collect();
-    let (err, form) = match error {
-        Some((e, f)) => (Some((e.param.as_deref().unwrap_or("form"), e.message.as_str())), Some(f)),
-        None => (None, None),
-    };
-    let general = match err {
-        Some((param, message)) if !EDIT_FIELDS.contains(&param) && param != "amount" && param != "reason" => {
-            format!("<p class=\"alert\" role=\"alert\">{}</p>", esc(message))
-        }
-        _ => String::new(),
-    };
+    let (errs, form) = field_errors(error);
+    let err = errs.as_slice();
+    let general = general_alerts(err, &[&EDIT_FIELDS[..], &["amount", "reason"]].concat());
     let done = match Form::parse(&req.query).get("done") {
         "" => String::new(),
         d => format!("<p class=\"notice\" role=\"status\">{}</p>", esc(d)),
@@ -599,8 +613,8 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
         "card grid",
         &format!(
             "{}{}<p><button type=\"submit\">Top up</button></p>",
-            html::field("amount", "Amount (USD, negative to take back)", form.map_or("", |f| f.get("amount")), err, ""),
-            html::field("reason", "Reason", form.map_or("", |f| f.get("reason")), err, "kept in the audit trail"),
+            html::field_of("amount", "Amount (USD, negative to take back)", form.map_or("", |f| f.get("amount")), err, ""),
+            html::field_of("reason", "Reason", form.map_or("", |f| f.get("reason")), err, "kept in the audit trail"),
         ),
     );
     let current = edit_values(&view);
@@ -612,7 +626,7 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
     };
     let mut edit_fields = String::new();
     for (name, label, hint) in EDIT_FORM {
-        edit_fields.push_str(&html::field(name, label, &edit_value(name), err, hint));
+        edit_fields.push_str(&html::field_of(name, label, &edit_value(name), err, hint));
     }
     let edit = html::form(&action("edit"), &req.csrf, "card grid", &format!("{edit_fields}<p><button type=\"submit\">Save</button></p>"));
     // A new secret (shown once, the old one accepted a while), or the end of the key.
@@ -624,7 +638,7 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
             "card grid",
             &format!(
                 "{}<p><button type=\"submit\">Rotate the secret</button></p>",
-                html::field(
+                html::field_of(
                     "grace_hours",
                     "Old secret still accepted for (hours)",
                     &value("grace_hours"),
@@ -639,7 +653,7 @@ async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&Api
             "card grid",
             &format!(
                 "{}<p><button type=\"submit\" class=\"danger\">Revoke</button></p>",
-                html::field("confirm", "Type revoke to confirm", &value("confirm"), err, "a revoked key never works again"),
+                html::field_of("confirm", "Type revoke to confirm", &value("confirm"), err, "a revoked key never works again"),
             ),
         );
         format!("<h2>Secret</h2><div class=\"cols\"><div>{rotate}</div><div>{revoke}</div></div>")
@@ -754,26 +768,41 @@ fn edit_values(view: &Value) -> BTreeMap<&'static str, String> {
     out
 }
 
-/// The edit form as a `PATCH /admin/keys` body: an empty field clears its setting.
-fn edit_patch(f: &Form) -> Result<Value, ApiError> {
+/// The edit form as a `PATCH /admin/keys` body: an empty field clears its setting. Every field
+/// the form can check itself is checked, and all of its problems are returned at once.
+fn edit_patch(f: &Form) -> Result<Value, Vec<ApiError>> {
+    let mut problems = Vec::new();
     let mut body = serde_json::Map::new();
-    let name = f.get("name");
-    if name.is_empty() {
-        return Err(bad("name", "name: must not be empty"));
+    for (field, what) in [("name", "name: must not be empty"), ("group", "group: must not be empty")] {
+        if f.get(field).trim().is_empty() {
+            problems.push(bad(field, what));
+        }
+        body.insert(field.into(), json!(f.get(field)));
     }
-    body.insert("name".into(), json!(name));
-    let group = f.get("group");
-    if group.is_empty() {
-        return Err(bad("group", "group: must not be empty"));
-    }
-    body.insert("group".into(), json!(group));
     let account = f.get("account");
     body.insert("account".into(), if account.is_empty() { Value::Null } else { json!(account) });
+    let mut numeric = |field: &str, integer: bool| match number(f, field, integer) {
+        Ok(v) => v.unwrap_or(Value::Null),
+        Err(e) => {
+            problems.push(e);
+            Value::Null
+        }
+    };
     for field in ["rpm", "tpm", "max_concurrent", "max_output_tokens", "default_output_tokens"] {
-        body.insert(field.into(), number(f, field, true)?.unwrap_or(Value::Null));
+        body.insert(field.into(), numeric(field, true));
     }
-    body.insert("max_request_cost".into(), number(f, "max_request_cost", false)?.unwrap_or(Value::Null));
+    body.insert("max_request_cost".into(), numeric("max_request_cost", false));
+    let mut budgets = serde_json::Map::new();
+    for (field, window) in [("budget_day", "day"), ("budget_week", "week"), ("budget_month", "month")] {
+        let cap = numeric(field, false);
+        if !cap.is_null() {
+            budgets.insert(window.into(), cap);
+        }
+    }
     let expires = f.get("expires_at");
+    if !expires.is_empty() && crate::policy::rfc3339_unix(expires).is_none() {
+        problems.push(bad("expires_at", format!("expires_at: '{expires}' is not an RFC 3339 time (2026-12-31T23:59:59Z)")));
+    }
     body.insert("expires_at".into(), if expires.is_empty() { Value::Null } else { json!(expires) });
     let list = |text: &str| text.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>();
     let (allow, deny) = (list(f.get("models_allow")), list(f.get("models_deny")));
@@ -784,23 +813,28 @@ fn edit_patch(f: &Form) -> Result<Value, ApiError> {
     };
     body.insert("models".into(), models);
     let ips = list(f.get("ip_allow"));
-    body.insert("ip_allow".into(), if ips.is_empty() { Value::Null } else { json!(ips) });
-    let mut budgets = serde_json::Map::new();
-    for (field, window) in [("budget_day", "day"), ("budget_week", "week"), ("budget_month", "month")] {
-        if let Some(cap) = number(f, field, false)? {
-            budgets.insert(window.into(), cap);
+    for (i, ip) in ips.iter().enumerate() {
+        if let Err(e) = crate::policy::Cidr::parse(ip) {
+            problems.push(bad("ip_allow", format!("ip_allow[{i}]: {e}")));
         }
     }
+    body.insert("ip_allow".into(), if ips.is_empty() { Value::Null } else { json!(ips) });
     body.insert("budgets".into(), if budgets.is_empty() { Value::Null } else { Value::Object(budgets) });
     let mut tags = serde_json::Map::new();
     for pair in list(f.get("tags")) {
-        let Some((k, v)) = pair.split_once('=') else {
-            return Err(bad("tags", format!("tags: name=value, not '{pair}'")));
-        };
-        tags.insert(k.trim().to_string(), json!(v.trim()));
+        match pair.split_once('=') {
+            Some((k, v)) => {
+                tags.insert(k.trim().to_string(), json!(v.trim()));
+            }
+            None => problems.push(bad("tags", format!("tags: name=value, not '{pair}'"))),
+        }
     }
     body.insert("tags".into(), if tags.is_empty() { Value::Null } else { Value::Object(tags) });
-    Ok(Value::Object(body))
+    if problems.is_empty() {
+        Ok(Value::Object(body))
+    } else {
+        Err(problems)
+    }
 }
 
 /// The field of the edit form a policy error is about (`models.allow` → `models_allow`).
@@ -828,7 +862,7 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
         "rotate" => {
             let grace_hours = match number(f, "grace_hours", false) {
                 Ok(v) => v.and_then(|v| v.as_f64()).unwrap_or(0.0),
-                Err(e) => return key_detail(api, req, id, Some((&e, f))).await,
+                Err(e) => return key_detail(api, req, id, Some((std::slice::from_ref(&e), f))).await,
             };
             let grace = if grace_hours.is_finite() && grace_hours >= 0.0 { (grace_hours * 3600.0).round() as u64 } else { u64::MAX };
             return match api.rotate_key(id, grace).await {
@@ -846,7 +880,7 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
                     if e.param.as_deref() == Some("grace_secs") {
                         e.param = Some("grace_hours".into());
                     }
-                    key_detail(api, req, id, Some((&e, f))).await
+                    key_detail(api, req, id, Some((std::slice::from_ref(&e), f))).await
                 }
                 Err(e) => Err(e),
             };
@@ -854,7 +888,7 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
         "revoke" => {
             if f.get("confirm") != "revoke" {
                 let e = bad("confirm", "Type revoke to confirm: a revoked key never works again.");
-                return key_detail(api, req, id, Some((&e, f))).await;
+                return key_detail(api, req, id, Some((std::slice::from_ref(&e), f))).await;
             }
             api.revoke_key(id).await?;
             return Ok(redirect(&format!(
@@ -871,8 +905,8 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
         "topup" => {
             let amount = match number(f, "amount", false) {
                 Ok(Some(a)) => Ok(a),
-                Ok(None) => Err(bad("amount", "amount: required")),
-                Err(e) => Err(e),
+                Ok(None) => Err(vec![bad("amount", "amount: required")]),
+                Err(e) => Err(vec![e]),
             };
             let reason = f.get("reason");
             (
@@ -894,18 +928,20 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
         }
         _ => return Err(ApiError::new(ErrorKind::NotFound, format!("No key action '{what}'."))),
     };
-    let result = match patch {
-        Ok(body) => match crate::admin::parse_json(body.to_string().as_bytes()) {
-            Ok(patch) => api.patch_key(id, patch).await,
-            Err(e) => Err(e),
-        },
+    let body = match patch {
+        Ok(body) => body,
+        // Every field the form could check itself, each under its input.
+        Err(problems) => return key_detail(api, req, id, Some((&problems, f))).await,
+    };
+    let result = match crate::admin::parse_json(body.to_string().as_bytes()) {
+        Ok(patch) => api.patch_key(id, patch).await,
         Err(e) => Err(e),
     };
     match result {
         Ok(_) => Ok(redirect(&format!("/console/keys/{}?done={}", enc(id), enc(done)))),
         Err(mut e) if e.status() == 400 || e.status() == 409 => {
             form_param(&mut e);
-            key_detail(api, req, id, Some((&e, f))).await
+            key_detail(api, req, id, Some((std::slice::from_ref(&e), f))).await
         }
         Err(e) => Err(e),
     }
@@ -1369,8 +1405,12 @@ mod tests {
         assert_eq!(patch["tags"], json!({"team": "x", "env": "prod"}));
         assert_eq!(patch["expires_at"], Value::Null);
         let e = edit_patch(&Form::parse("name=a&group=g&rpm=many")).expect_err("not a number");
-        assert_eq!(e.param.as_deref(), Some("rpm"));
+        assert_eq!(e[0].param.as_deref(), Some("rpm"));
         let e = edit_patch(&Form::parse("name=a&group=g&tags=oops")).expect_err("not a pair");
-        assert_eq!(e.param.as_deref(), Some("tags"));
+        assert_eq!(e[0].param.as_deref(), Some("tags"));
+        // Four wrong fields: four problems, each naming its field (issue 46, point 2).
+        let e = edit_patch(&Form::parse("name=&group=g&rpm=many&budget_day=lots&ip_allow=10.0.0.0/99&expires_at=soon")).expect_err("bad");
+        let fields: Vec<&str> = e.iter().filter_map(|p| p.param.as_deref()).collect();
+        assert_eq!(fields, ["name", "rpm", "budget_day", "expires_at", "ip_allow"]);
     }
 }

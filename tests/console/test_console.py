@@ -398,6 +398,17 @@ def test_the_console_rotates_revokes_and_regroups_a_key(gateway, browser):
     for secret in (old_secret, new_secret):
         client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=secret, max_retries=0)
         assert client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}]).choices
+    # Three wrong fields: three messages, each under its field.
+    browser.get(gateway.console + "/keys/" + key_id)
+    edit = browser.find_element(By.CSS_SELECTOR, "form[action$='/edit']")
+    for name, value in (("name", ""), ("rpm", "many"), ("tags", "oops")):
+        field = edit.find_element(By.NAME, name)
+        field.clear()
+        if value:
+            field.send_keys(value)
+    submit(browser, edit.find_element(By.CSS_SELECTOR, "button[type=submit]"), "Key to-rotate")
+    named = {e.get_attribute("id") for e in browser.find_elements(By.CSS_SELECTOR, "span.error")}
+    assert {"name-error", "rpm-error", "tags-error"} <= named, named
     # The group and the account, in the edit form.
     browser.get(gateway.console + "/keys/" + key_id)
     edit = browser.find_element(By.CSS_SELECTOR, "form[action$='/edit']")
