@@ -13,14 +13,12 @@ use async_trait::async_trait;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType, Result};
 use pingora_proxy::{ProxyHttp, Session};
-use rand::Rng;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 const MAX_ADMIN_BODY: usize = 64 * 1024;
-pub(crate) const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+pub(crate) use crate::secrets::{random_base62, token_matches};
 
 pub struct AdminApi {
     pub token: String,
@@ -292,13 +290,6 @@ fn internal<E: std::fmt::Display + 'static>(e: E) -> ApiError {
     ApiError::new(ErrorKind::Internal, "Internal error.")
 }
 
-/// Constant-time comparison of the presented token with the configured one.
-pub(crate) fn token_matches(presented: &str, expected: &str) -> bool {
-    let a = Sha256::digest(presented.as_bytes());
-    let b = Sha256::digest(expected.as_bytes());
-    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
 /// Whether a request's `Host` names this loopback listener: `localhost`, a loopback address
 /// literal (either with a port), or a name the operator listed. Any other name is a request a
 /// browser was steered to through DNS rebinding, and is refused.
@@ -329,12 +320,6 @@ pub fn origin_allowed(origin: Option<&str>, host: Option<&str>) -> bool {
         None => true,
         Some(origin) => host.is_some_and(|h| origin.eq_ignore_ascii_case(&format!("http://{h}"))),
     }
-}
-
-/// `n` random base-62 characters.
-pub fn random_base62(n: usize) -> String {
-    let mut rng = rand::thread_rng();
-    (0..n).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect()
 }
 
 /// The file that holds the admin token of a configuration that sets none.

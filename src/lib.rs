@@ -35,6 +35,7 @@ pub mod response;
 pub mod responses;
 pub mod route;
 pub mod scrape;
+pub mod secrets;
 pub mod server;
 pub mod storage;
 pub mod store;

@@ -299,7 +299,7 @@ pub fn new_id() -> String {
     for _ in 0..3 {
         let mut word = rng.next_u64();
         for _ in 0..8 {
-            id.push(char::from(crate::admin::BASE62[(word % 62) as usize]));
+            id.push(char::from(crate::secrets::BASE62[(word % 62) as usize]));
             word /= 62;
         }
     }

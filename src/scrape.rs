@@ -164,7 +164,7 @@ impl MetricsListener {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.strip_prefix("Bearer "))
                 .unwrap_or_default();
-            if !crate::admin::token_matches(presented, token) {
+            if !crate::secrets::token_matches(presented, token) {
                 self.scrape.metrics.counter("tollgate_admin_refused_total", &[("reason", "metrics_token")]).add(1);
                 return Err(ApiError::new(ErrorKind::Unauthorized, "Missing or wrong metrics token."));
             }

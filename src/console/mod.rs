@@ -56,7 +56,7 @@ impl Sessions {
 
     /// A new session: its cookie value.
     fn open(&self, now: u64) -> String {
-        let cookie = crate::admin::random_base62(43);
+        let cookie = crate::secrets::random_base62(43);
         let mut map = self.lock();
         map.retain(|_, s| now.saturating_sub(s.last_used) < SESSION_IDLE_SECS);
         if map.len() >= MAX_SESSIONS {
@@ -64,7 +64,7 @@ impl Sessions {
                 map.remove(&oldest);
             }
         }
-        map.insert(digest(&cookie), Signed { csrf: crate::admin::random_base62(32), last_used: now });
+        map.insert(digest(&cookie), Signed { csrf: crate::secrets::random_base62(32), last_used: now });
         cookie
     }
 
@@ -245,7 +245,7 @@ pub(crate) async fn handle(api: &AdminApi, session: &mut Session) -> LocalRespon
                 return r;
             }
         }
-        if !crate::admin::token_matches(form.get("token"), &api.token) {
+        if !crate::secrets::token_matches(form.get("token"), &api.token) {
             api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in")]).add(1);
             if let Some(ip) = peer {
                 api.console.sign_in.failed(ip, at);

@@ -34,7 +34,7 @@ impl Reveals {
 
     /// Keep `secret` for the session with CSRF token `session`; the link's token.
     pub fn keep(&self, key_id: &str, name: &str, secret: &str, session: &str, now: u64) -> String {
-        let token = crate::admin::random_base62(22);
+        let token = crate::secrets::random_base62(22);
         let mut waiting = self.lock();
         waiting.retain(|_, r| now.saturating_sub(r.at) < REVEAL_SECS);
         if waiting.len() >= MAX_REVEALS {

@@ -20,7 +20,6 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use pingora_core::server::ShutdownWatch;
 use pingora_core::services::background::BackgroundService;
-use rand::Rng;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,13 +32,9 @@ pub const OFF_PEAK_LIMIT_SECS: u64 = 48 * 3600;
 /// The upstream result URL is valid for 24 hours (§1).
 pub const RESULT_URL_TTL_SECS: u64 = 24 * 3600;
 
-const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-
 /// `task_` + 28 random base62 characters (~166 bits).
 pub fn new_task_id() -> String {
-    let mut rng = rand::thread_rng();
-    let tail: String = (0..28).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect();
-    format!("task_{tail}")
+    format!("task_{}", crate::secrets::random_base62(28))
 }
 
 fn internal(e: StoreError) -> ApiError {

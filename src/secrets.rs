@@ -1,0 +1,36 @@
+//! Random tokens and their comparison, on the bottom floor (imports nothing of tollgate's):
+//! base-62 strings for ids, secrets, cookies and one-time links, and a comparison of a
+//! presented token with the expected one that takes the same time wherever they differ.
+
+use rand::Rng;
+use sha2::{Digest, Sha256};
+
+/// The characters of a base-62 string.
+pub const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+
+/// `n` random base-62 characters.
+pub fn random_base62(n: usize) -> String {
+    let mut rng = rand::thread_rng();
+    (0..n).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect()
+}
+
+/// Constant-time comparison of the presented token with the expected one (of their digests,
+/// so neither length nor the first differing byte shows in the time taken).
+pub fn token_matches(presented: &str, expected: &str) -> bool {
+    let a = Sha256::digest(presented.as_bytes());
+    let b = Sha256::digest(expected.as_bytes());
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_base62_and_compared_whole() {
+        let (a, b) = (random_base62(43), random_base62(43));
+        assert!(a.len() == 43 && a != b && a.bytes().all(|c| BASE62.contains(&c)));
+        assert!(token_matches(&a, &a));
+        assert!(!token_matches(&a, &b) && !token_matches("", &a) && !token_matches(&a[..42], &a));
+    }
+}
