@@ -2,7 +2,6 @@
 //! `/healthz`. Changes take effect on the next request: the key index is reloaded in memory.
 
 use crate::auth::{hash_key, hex, now_unix, KeyIndex};
-use crate::config::Protocol;
 use crate::ledger::{usd, Ledger};
 use crate::metrics::Metrics;
 use crate::protocol::{ApiError, ErrorKind};
@@ -10,9 +9,8 @@ use crate::response::LocalResponse;
 use crate::store::sled::SledDb;
 use crate::store::{KeyRecord, Store};
 use async_trait::async_trait;
-use pingora_core::upstreams::peer::HttpPeer;
-use pingora_error::{Error, ErrorType, Result};
-use pingora_proxy::{ProxyHttp, Session};
+use pingora_error::Result;
+use pingora_proxy::Session;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -902,30 +900,9 @@ impl AdminApi {
 }
 
 #[async_trait]
-impl ProxyHttp for AdminApi {
-    type CTX = ();
-
-    fn new_ctx(&self) {}
-
-    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
-        let resp = match self.handle(session).await {
-            Ok(r) => r,
-            Err(e) => {
-                session.set_keepalive(None);
-                LocalResponse::error(&e, Protocol::Openai)
-            }
-        };
-        resp.send(session).await?;
-        Ok(true)
-    }
-
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
-        Err(Error::explain(ErrorType::InternalError, "the admin API has no upstream"))
-    }
-
-    /// The next request on this connection gets fresh header bounds (see `listener`).
-    async fn logging(&self, session: &mut Session, _e: Option<&pingora_error::Error>, _ctx: &mut ()) {
-        crate::listener::request_done(session.as_downstream());
+impl crate::local::Answer for AdminApi {
+    async fn answer(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
+        self.handle(session).await
     }
 }
 

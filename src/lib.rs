@@ -23,6 +23,7 @@ pub mod health;
 pub mod ledger;
 pub mod limits;
 pub mod listener;
+pub mod local;
 pub mod logging;
 pub mod meter;
 pub mod metrics;

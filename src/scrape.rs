@@ -6,14 +6,12 @@
 //! neither is refused by the configuration check.
 
 use crate::metrics::Metrics;
-use crate::protocol::{ApiError, ErrorKind, Protocol};
+use crate::protocol::{ApiError, ErrorKind};
 use crate::response::LocalResponse;
 use crate::store::sled::SledDb;
 use crate::store::Store;
 use async_trait::async_trait;
-use pingora_core::upstreams::peer::HttpPeer;
-use pingora_error::{Error, ErrorType, Result};
-use pingora_proxy::{ProxyHttp, Session};
+use pingora_proxy::Session;
 use std::fmt::Write;
 use std::sync::Arc;
 
@@ -148,7 +146,7 @@ pub struct MetricsListener {
 }
 
 impl MetricsListener {
-    async fn answer(&self, session: &Session) -> std::result::Result<LocalResponse, ApiError> {
+    async fn respond(&self, session: &Session) -> std::result::Result<LocalResponse, ApiError> {
         let req = session.req_header();
         if !self.allow.is_empty() {
             let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| crate::policy::normalize(a.ip()));
@@ -177,30 +175,9 @@ impl MetricsListener {
 }
 
 #[async_trait]
-impl ProxyHttp for MetricsListener {
-    type CTX = ();
-
-    fn new_ctx(&self) {}
-
-    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
-        let resp = match self.answer(session).await {
-            Ok(r) => r,
-            Err(e) => {
-                session.set_keepalive(None);
-                LocalResponse::error(&e, Protocol::Openai)
-            }
-        };
-        resp.send(session).await?;
-        Ok(true)
-    }
-
-    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
-        Err(Error::explain(ErrorType::InternalError, "the metrics listener has no upstream"))
-    }
-
-    /// The next request on this connection gets fresh header bounds (see `listener`).
-    async fn logging(&self, session: &mut Session, _e: Option<&pingora_error::Error>, _ctx: &mut ()) {
-        crate::listener::request_done(session.as_downstream());
+impl crate::local::Answer for MetricsListener {
+    async fn answer(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
+        self.respond(session).await
     }
 }
 

@@ -560,8 +560,14 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     });
     if let Some(m) = &config.metrics {
         let listener = crate::scrape::MetricsListener { scrape: scrape.clone(), token: m.token.clone(), allow: m.allow.clone() };
-        let mut service =
-            crate::listener::service(&server.configuration, listener, "tollgate metrics", &config.connections, &metrics, false);
+        let mut service = crate::listener::service(
+            &server.configuration,
+            crate::local::Local(listener),
+            "tollgate metrics",
+            &config.connections,
+            &metrics,
+            false,
+        );
         service.add_tcp(&m.listen.to_string());
         server.add_service(service);
     }
@@ -599,7 +605,14 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             request_log_max: config.console.request_log_max,
             scrape: scrape.clone(),
         };
-        let mut service = crate::listener::service(&server.configuration, api, "tollgate admin", &config.connections, &metrics, false);
+        let mut service = crate::listener::service(
+            &server.configuration,
+            crate::local::Local(api),
+            "tollgate admin",
+            &config.connections,
+            &metrics,
+            false,
+        );
         service.add_tcp(&admin.listen.to_string());
         server.add_service(service);
     }

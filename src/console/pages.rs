@@ -505,14 +505,7 @@ async fn create_key(api: &AdminApi, req: &Request) -> Page {
         Ok(view) => {
             // Post/redirect/get: the answer to the POST is a redirect to a page that shows the
             // secret once; reloading that page creates nothing and shows no secret.
-            let token = api.console.reveals.keep(
-                view["id"].as_str().unwrap_or_default(),
-                view["name"].as_str().unwrap_or_default(),
-                view["key"].as_str().unwrap_or_default(),
-                &req.csrf,
-                crate::auth::now_unix(),
-            );
-            Ok(super::redirect(&format!("/console/keys/created/{token}")))
+            Ok(reveal_redirect(api, req, &view))
         }
         Err(e) if e.status() == 400 || e.status() == 409 => keys(api, req, Some((std::slice::from_ref(&e), f))).await,
         Err(e) => Err(e),
@@ -534,6 +527,13 @@ fn general_alerts(errors: &[(&str, &str)], fields: &[&str]) -> String {
         .filter(|(param, _)| !fields.contains(param))
         .map(|(_, message)| format!("<p class=\"alert\" role=\"alert\">{}</p>", esc(message)))
         .collect()
+}
+
+/// The redirect to the one-time page of a key's new secret (`view` with its `key`).
+fn reveal_redirect(api: &AdminApi, req: &Request, view: &Value) -> LocalResponse {
+    let text = |field: &str| view[field].as_str().unwrap_or_default().to_string();
+    let token = api.console.reveals.keep(&text("id"), &text("name"), &text("key"), &req.csrf, crate::auth::now_unix());
+    redirect(&format!("/console/keys/created/{token}"))
 }
 
 /// The one page that shows a new key's secret (see `reveal`).
@@ -866,16 +866,7 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
             };
             let grace = if grace_hours.is_finite() && grace_hours >= 0.0 { (grace_hours * 3600.0).round() as u64 } else { u64::MAX };
             return match api.rotate_key(id, grace).await {
-                Ok(view) => {
-                    let token = api.console.reveals.keep(
-                        view["id"].as_str().unwrap_or_default(),
-                        view["name"].as_str().unwrap_or_default(),
-                        view["key"].as_str().unwrap_or_default(),
-                        &req.csrf,
-                        crate::auth::now_unix(),
-                    );
-                    Ok(redirect(&format!("/console/keys/created/{token}")))
-                }
+                Ok(view) => Ok(reveal_redirect(api, req, &view)),
                 Err(mut e) if e.status() == 400 || e.status() == 409 => {
                     if e.param.as_deref() == Some("grace_secs") {
                         e.param = Some("grace_hours".into());
