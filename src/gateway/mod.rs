@@ -392,9 +392,7 @@ impl Gateway {
         let slot = self.limits.enter(&key).await?;
         // A request that named no maximum is held (and asks) for less when its cap is lower.
         if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| draft.hold_nanos > *cap) {
-            if let Some(per_choice) = draft.affordable_output(&routing, cap) {
-                draft.lower_output(&routing, &route, per_choice)?;
-            }
+            draft.lower_output(&routing, &route, draft.output_covered(&routing, cap))?;
         }
         key.policy.check_cost(draft.hold_nanos).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
         // Under a `tpm`, the tokens the request is held for are reserved until it settles (a
@@ -402,12 +400,7 @@ impl Gateway {
         let tokens_reserved = match key.tpm {
             Some(tpm) if route.billed() => {
                 let input = draft.input.tokens();
-                if !draft.output_named && input.saturating_add(draft.output_allowance) > tpm {
-                    let per_choice = tpm.saturating_sub(input) / draft.choices.max(1);
-                    if per_choice >= routing.min_output_tokens {
-                        draft.lower_output(&routing, &route, per_choice)?;
-                    }
-                }
+                draft.lower_output(&routing, &route, tpm.saturating_sub(input) / draft.choices.max(1))?;
                 self.limits.reserve_tokens(&key, input.saturating_add(draft.output_allowance))?
             }
             _ => None,
@@ -485,12 +478,9 @@ impl Gateway {
                 Ok(Ok(hold)) => return Ok(hold),
                 Ok(Err(refused)) => {
                     let available = refused.short.available.max(0);
-                    if lowerings < 4 {
-                        if let Some(per_choice) = draft.affordable_output(routing, available) {
-                            draft.lower_output(routing, route, per_choice)?;
-                            lowerings += 1;
-                            continue;
-                        }
+                    if lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {
+                        lowerings += 1;
+                        continue;
                     }
                     let mut e = refused.to_api_error("this request may cost up to", crate::auth::now_unix());
                     if route.billed() && !route.embeds() {

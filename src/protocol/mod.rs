@@ -285,6 +285,51 @@ impl Member {
     }
 }
 
+/// A change to a JSON request body, made in one copy: members put first in its top-level object,
+/// and one span of it replaced. The relay's rewrites of a body (stream usage asked for, the
+/// output maximum written) are gathered into one edit, so a body is copied once at most.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct BodyEdit {
+    /// `"name":value` members, written first in the object, in this order.
+    pub first: Vec<String>,
+    /// `(start, end, text)`: the bytes `start..end` (inside the object) replaced by `text`.
+    pub replace: Option<(usize, usize, String)>,
+}
+
+impl BodyEdit {
+    pub fn is_empty(&self) -> bool {
+        self.first.is_empty() && self.replace.is_none()
+    }
+
+    /// `body` with the edit applied (400 when it is not a JSON object, or the span is not in it).
+    pub fn apply(&self, body: &[u8]) -> Result<bytes::Bytes, ApiError> {
+        let invalid = || ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object.");
+        let open = body.iter().position(|b| !b.is_ascii_whitespace()).filter(|&i| body[i] == b'{').ok_or_else(invalid)?;
+        let inside = open + 1;
+        let (start, end, text) = match &self.replace {
+            Some((start, end, text)) => (*start, *end, text.as_str()),
+            None => (inside, inside, ""),
+        };
+        if start < inside || end < start || end > body.len() {
+            return Err(invalid());
+        }
+        let extra: usize = self.first.iter().map(|m| m.len() + 1).sum::<usize>() + text.len();
+        let mut out = Vec::with_capacity(body.len() + extra);
+        out.extend_from_slice(&body[..inside]);
+        if !self.first.is_empty() {
+            out.extend_from_slice(self.first.join(",").as_bytes());
+            // A comma before the client's own members, when there are any.
+            if body[inside..].iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'}') {
+                out.push(b',');
+            }
+        }
+        out.extend_from_slice(&body[inside..start]);
+        out.extend_from_slice(text.as_bytes());
+        out.extend_from_slice(&body[end..]);
+        Ok(bytes::Bytes::from(out))
+    }
+}
+
 /// The longest model name tollgate accepts, in bytes (README "Security"): longer is 400
 /// `invalid_model`, refused before it is logged, stored, traced or echoed.
 pub const MAX_MODEL_BYTES: usize = 256;
@@ -856,6 +901,22 @@ pub fn utc_date(days: u64) -> String {
 #[cfg(test)]
 pub mod tests {
     use super::*;
+
+    #[test]
+    fn a_body_edit_is_one_copy_with_members_first_and_a_span_replaced() {
+        let edit = |first: &[&str], replace: Option<(usize, usize, &str)>| BodyEdit {
+            first: first.iter().map(|m| m.to_string()).collect(),
+            replace: replace.map(|(s, e, t)| (s, e, t.to_string())),
+        };
+        let body = br#" {"a":1,"so":null}"#;
+        let out = edit(&[r#""m":5"#], Some((13, 17, r#"{"x":true}"#))).apply(body).expect("applied");
+        assert_eq!(&out[..], br#" {"m":5,"a":1,"so":{"x":true}}"#);
+        assert_eq!(&edit(&[r#""m":5"#, r#""n":6"#], None).apply(b"{}").expect("empty object")[..], br#"{"m":5,"n":6}"#);
+        assert_eq!(&edit(&[r#""m":5"#], None).apply(b"{ }").expect("spaced")[..], br#"{"m":5 }"#);
+        assert!(edit(&["\"m\":5"], None).apply(b"[1]").is_err(), "not an object");
+        assert!(edit(&[], Some((0, 1, "x"))).apply(b"{}").is_err(), "a span before the object");
+        assert!(edit(&[], Some((1, 9, "x"))).apply(b"{}").is_err(), "a span past the end");
+    }
     use proptest::prelude::*;
     use serde_json::json;
 

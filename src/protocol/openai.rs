@@ -201,39 +201,31 @@ pub fn client_wants_usage(f: &super::BodyFields<'_>) -> bool {
     f.stream_options.and_then(|raw| serde_json::from_slice::<Probe>(raw.bytes()).ok()).and_then(|p| p.include_usage).unwrap_or(false)
 }
 
-/// The body with `stream_options.include_usage` set to true, whatever `stream_options` held
-/// (absent, null, not an object, false): the one rewrite of a streaming chat completion. Only
-/// the `stream_options` value is parsed; the rest of the body is copied as it is.
-pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result<bytes::Bytes, ApiError> {
+/// The edit that sets `stream_options.include_usage` to true, whatever `stream_options` held
+/// (absent, null, not an object, false): the usage part of a streaming chat completion's one
+/// rewrite. Only the `stream_options` value is parsed; the rest of the body is kept as it is.
+pub fn include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result<super::BodyEdit, ApiError> {
     let invalid = || ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object.");
-    let (start, end, replacement) = match fields.stream_options {
-        Some(raw) => {
-            let text = raw.text().ok_or_else(invalid)?;
-            let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize).ok_or_else(invalid)?;
-            let end = start + text.len();
-            if body.get(start..end) != Some(text.as_bytes()) {
-                return Err(invalid());
-            }
-            // The client's other options are kept verbatim (raw values, never re-encoded).
-            super::check_value_count(text, "stream_options")?;
-            let mut opts: std::collections::BTreeMap<String, &serde_json::value::RawValue> = serde_json::from_str(text).unwrap_or_default();
-            let yes = serde_json::value::RawValue::from_string("true".into()).map_err(|_| invalid())?;
-            opts.insert("include_usage".into(), &yes);
-            (start, end, serde_json::to_string(&opts).map_err(|_| invalid())?)
-        }
-        None => {
-            let open = body.iter().position(|&b| b == b'{').ok_or_else(invalid)?;
-            let rest_empty = body[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-            let insert =
-                if rest_empty { r#""stream_options":{"include_usage":true}"# } else { r#""stream_options":{"include_usage":true},"# };
-            (open + 1, open + 1, insert.to_string())
-        }
+    let Some(raw) = fields.stream_options else {
+        return Ok(super::BodyEdit { first: vec![r#""stream_options":{"include_usage":true}"#.to_string()], replace: None });
     };
-    let mut out = Vec::with_capacity(body.len() + replacement.len());
-    out.extend_from_slice(&body[..start]);
-    out.extend_from_slice(replacement.as_bytes());
-    out.extend_from_slice(&body[end..]);
-    Ok(bytes::Bytes::from(out))
+    let text = raw.text().ok_or_else(invalid)?;
+    let start = (text.as_ptr() as usize).checked_sub(body.as_ptr() as usize).ok_or_else(invalid)?;
+    let end = start + text.len();
+    if body.get(start..end) != Some(text.as_bytes()) {
+        return Err(invalid());
+    }
+    // The client's other options are kept verbatim (raw values, never re-encoded).
+    super::check_value_count(text, "stream_options")?;
+    let mut opts: std::collections::BTreeMap<String, &serde_json::value::RawValue> = serde_json::from_str(text).unwrap_or_default();
+    let yes = serde_json::value::RawValue::from_string("true".into()).map_err(|_| invalid())?;
+    opts.insert("include_usage".into(), &yes);
+    Ok(super::BodyEdit { first: Vec::new(), replace: Some((start, end, serde_json::to_string(&opts).map_err(|_| invalid())?)) })
+}
+
+/// The body with `stream_options.include_usage` set to true (see [`include_usage`]).
+pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result<bytes::Bytes, ApiError> {
+    include_usage(body, fields)?.apply(body)
 }
 
 #[cfg(test)]

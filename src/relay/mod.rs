@@ -433,16 +433,18 @@ pub struct Draft {
     pub output_allowance: u64,
     /// The request named its output maximum itself: it is not lowered to what the key can
     /// afford (see [`Draft::lower_output`]).
-    pub output_named: bool,
+    output_named: bool,
     /// How many answers the request asks for (`n`, `candidateCount`).
     pub choices: u64,
     /// The field that names the request's output maximum (the one it used, else the one to set).
     pub output_field: &'static str,
     /// The body to send (the client's, with usage asked for, with the output maximum).
     pub body: bytes::Bytes,
-    /// The body before its output maximum was written (native relays), or the client's
-    /// (translated): what [`Draft::lower_output`] rewrites from.
+    /// The client's body: what the body to send is made from (again, by [`Draft::lower_output`]).
     base_body: bytes::Bytes,
+    /// The client's body's part of the rewrite (stream usage asked for), joined with the output
+    /// maximum into one edit: the body is copied once at most.
+    usage_edit: crate::protocol::BodyEdit,
     pub client_body_len: usize,
     /// tollgate asked for stream usage; the usage chunk is not the client's to see.
     pub withhold_usage: bool,
@@ -570,6 +572,7 @@ pub fn stored_draft(routing: &Routing, owner: &crate::ledger::ResponseOwner, cli
         output_field: "max_tokens",
         client_body_len: client_body.len(),
         base_body: client_body.clone(),
+        usage_edit: crate::protocol::BodyEdit::default(),
         body: client_body,
         withhold_usage: false,
         previous_response_id: None,
@@ -673,7 +676,7 @@ pub fn draft(
         Route::Responses | Route::ResponsesCompact | Route::ResponsesInputTokens => fields.previous_response_id.clone(),
         _ => None,
     };
-    let (base_body, withhold_usage, translation) = match (translated, client) {
+    let (usage_edit, withhold_usage, translation) = match (translated, client) {
         (Some((upstream, _)), Some(client)) => {
             let translation = crate::translate::Translation {
                 client,
@@ -691,13 +694,13 @@ pub fn draft(
                 max_event_bytes: routing.max_event_bytes,
             };
             drop(fields);
-            (client_body.clone(), false, Some(translation))
+            (crate::protocol::BodyEdit::default(), false, Some(translation))
         }
         _ => {
             let withhold =
                 *route == Route::ChatCompletions && fields.stream == Some(true) && !crate::protocol::openai::client_wants_usage(&fields);
-            let body = if withhold { crate::protocol::openai::with_include_usage(&client_body, &fields)? } else { client_body.clone() };
-            (body, withhold, None)
+            let edit = if withhold { crate::protocol::openai::include_usage(&client_body, &fields)? } else { Default::default() };
+            (edit, withhold, None)
         }
     };
     let mut draft = Draft {
@@ -710,8 +713,9 @@ pub fn draft(
         choices,
         output_field,
         body: bytes::Bytes::new(),
-        base_body,
         client_body_len: client_body.len(),
+        base_body: client_body,
+        usage_edit,
         withhold_usage,
         previous_response_id,
         translation,
@@ -731,32 +735,41 @@ fn hold_cost(routing: &Routing, model: &str, input: crate::billing::InputEstimat
 impl Draft {
     /// The body the upstream gets for `per_choice` output tokens: a translated request is
     /// encoded with it; a native one carries it in its route's own field unless the client
-    /// named its maximum there itself.
+    /// named its maximum there itself, with stream usage asked for in the same copy.
     fn upstream_body(&self, route: &Route, per_choice: u64) -> Result<bytes::Bytes, ApiError> {
-        match &self.translation {
-            Some(t) => crate::translate::request(t, &self.base_body, per_choice),
-            None if self.output_named => Ok(self.base_body.clone()),
-            None => output::with_maximum(route, &self.base_body, per_choice),
+        if let Some(t) = &self.translation {
+            return crate::translate::request(t, &self.base_body, per_choice);
+        }
+        let mut edit = self.usage_edit.clone();
+        if !self.output_named {
+            match output::maximum_member(route, per_choice) {
+                Some(member) => edit.first.insert(0, member),
+                // Generate-content's maximum sits inside `generationConfig` (and its requests
+                // carry no usage edit): written by re-encoding the body.
+                None => return output::with_maximum(route, &self.base_body, per_choice),
+            }
+        }
+        if edit.is_empty() {
+            Ok(self.base_body.clone())
+        } else {
+            edit.apply(&self.base_body)
         }
     }
 
-    /// The output tokens per choice the hold can be lowered to (`billing.min_output_tokens` at
-    /// least) when `available` nano-USD does not cover it: None when the request named its own
-    /// maximum, or when not even the floor fits.
-    pub fn affordable_output(&self, routing: &Routing, available: i64) -> Option<u64> {
-        if self.output_named || self.choices == 0 {
-            return None;
+    /// Hold and ask for at most `per_choice` output tokens: the one rule for every limit a
+    /// request that named no maximum is fitted to (a balance, a spend window, `max_request_cost`,
+    /// `tpm`). Lowered only when that is less than its allowance and not below
+    /// `billing.min_output_tokens`; a request that named its own maximum is never changed.
+    /// Whether it was lowered.
+    pub fn lower_output(&mut self, routing: &Routing, route: &Route, per_choice: u64) -> Result<bool, ApiError> {
+        let choices = self.choices.max(1);
+        if self.output_named || per_choice < routing.min_output_tokens || per_choice >= self.output_allowance / choices {
+            return Ok(false);
         }
-        let per_choice = routing.prices.output_within(&self.model, self.input.tokens(), available)? / self.choices;
-        (per_choice >= routing.min_output_tokens && per_choice < self.output_allowance / self.choices).then_some(per_choice)
-    }
-
-    /// Hold and ask for `per_choice` output tokens instead (see [`Draft::affordable_output`]).
-    pub fn lower_output(&mut self, routing: &Routing, route: &Route, per_choice: u64) -> Result<(), ApiError> {
-        self.output_allowance = per_choice.saturating_mul(self.choices);
+        self.output_allowance = per_choice.saturating_mul(choices);
         self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?;
         self.body = self.upstream_body(route, per_choice)?;
-        Ok(())
+        Ok(true)
     }
 
     /// How many output tokens `available` nano-USD covers beside this request's input (all
@@ -936,6 +949,38 @@ prices:
         assert_eq!(d.client_body_len, stream.len());
         let sent: serde_json::Value = serde_json::from_slice(&d.body).expect("json");
         assert_eq!(sent["stream_options"]["include_usage"], true);
+        // Naming no maximum either: both written in the one copy, the client's members kept.
+        assert_eq!(sent["max_completion_tokens"], 100, "the default allowance");
+        assert_eq!((sent["model"].as_str(), sent["stream"].as_bool()), (Some("alpha-5.5"), Some(true)));
+        let plain = body(serde_json::json!({"model": "alpha-5.5", "stream": true}));
+        let d =
+            draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", &crate::policy::KeyPolicy::default(), plain).expect("draft");
+        let sent: serde_json::Value = serde_json::from_slice(&d.body).expect("json");
+        assert_eq!(
+            (sent["max_completion_tokens"].as_u64(), &sent["stream_options"]),
+            (Some(100), &serde_json::json!({"include_usage": true}))
+        );
+
+        // The one lowering rule: a request that named no maximum is lowered, never below the
+        // floor (10 here) nor above what it had; one that named its maximum never.
+        let mut d = draft(
+            &r,
+            &Route::ChatCompletions,
+            Protocol::Openai,
+            "default",
+            &crate::policy::KeyPolicy::default(),
+            body(serde_json::json!({"model": "alpha-5.5", "n": 2})),
+        )
+        .expect("draft");
+        assert!(!d.lower_output(&r, &Route::ChatCompletions, 9).expect("rule"), "below the floor");
+        assert!(!d.lower_output(&r, &Route::ChatCompletions, 100).expect("rule"), "not less than it had");
+        assert!(d.lower_output(&r, &Route::ChatCompletions, 40).expect("rule"));
+        assert_eq!(d.output_allowance, 80, "every choice");
+        assert_eq!(serde_json::from_slice::<serde_json::Value>(&d.body).expect("json")["max_completion_tokens"], 40, "and asked for");
+        let mut named = draft(&r, &Route::ChatCompletions, Protocol::Openai, "default", &crate::policy::KeyPolicy::default(), chat.clone())
+            .expect("draft");
+        assert!(!named.lower_output(&r, &Route::ChatCompletions, 5).expect("rule"));
+        assert_eq!(named.body, chat);
 
         // Generate-content takes the model from the path; an empty body is allowed.
         let gen = Route::GenerateContent { model: "gamma-3.5-flash".into(), stream: false };

@@ -81,6 +81,14 @@ pub fn default_allowance(
     [model_limit, key_cap].into_iter().flatten().fold(wanted, u64::min).max(1)
 }
 
+/// The `"field":tokens` member that writes a request's output maximum first in its body, for a
+/// route whose field is a top-level one (None for generate-content's, in `generationConfig`:
+/// see [`with_maximum`]).
+pub fn maximum_member(route: &Route, tokens: u64) -> Option<String> {
+    let field = field(route);
+    (!field.contains('.')).then(|| format!("\"{field}\":{tokens}"))
+}
+
 /// `body` with its output maximum set to `tokens` in the route's own field (a request that named
 /// none): a top-level field goes in first; generate-content's sits in `generationConfig`.
 pub fn with_maximum(route: &Route, body: &bytes::Bytes, tokens: u64) -> Result<bytes::Bytes, ApiError> {
@@ -109,16 +117,8 @@ pub fn with_maximum(route: &Route, body: &bytes::Bytes, tokens: u64) -> Result<b
             .map(bytes::Bytes::from)
             .map_err(|_| ApiError::new(ErrorKind::Internal, "Internal error while preparing the request."));
     }
-    let trimmed = body.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(body.len());
-    if body.get(trimmed) != Some(&b'{') {
-        return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
-    }
-    let rest = &body[trimmed + 1..];
-    let empty = rest.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
-    let mut out = Vec::with_capacity(body.len() + 40);
-    out.extend_from_slice(format!("{{\"{field}\":{tokens}{}", if empty { "" } else { "," }).as_bytes());
-    out.extend_from_slice(rest);
-    Ok(bytes::Bytes::from(out))
+    let member = maximum_member(route, tokens).unwrap_or_default();
+    crate::protocol::BodyEdit { first: vec![member], replace: None }.apply(body)
 }
 
 #[cfg(test)]
