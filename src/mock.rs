@@ -23,7 +23,9 @@
 //! event (or after `x-mock-hold-after: N` events), wait at least one second and until
 //! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events;
 //! `x-mock-endless-event: N` answer N bytes of SSE data lines with no blank line;
-//! `x-mock-usage: IN,OUT` report these token counts (`x-mock-conform: 1`: OUT at most the maximum the request names in its protocol's own field); `x-mock-no-usage: 1` report no usage at
+//! `x-mock-error-bytes: N` pad an `x-mock-status` error's message to N bytes;
+//! `x-mock-usage: IN,OUT` report these token counts (`x-mock-conform: 1`: OUT at most the
+//! maximum the request names in its protocol's own field); `x-mock-no-usage: 1` report no usage at
 //! all (whatever the request asked); `x-mock-tool-calls: 1` answer with a `get_weather` tool
 //! call only (arguments, no text); `x-mock-cache: WRITE,READ` report prompt-cache writes
 //! and reads (messages). Per provider and key: `x-mock-only: PREFIX[,PREFIX]` applies the
@@ -603,7 +605,9 @@ impl MockUpstream {
             return Ok(());
         }
         if let Some(status) = ctl_num("x-mock-status").and_then(|s| u16::try_from(s).ok()) {
-            let b = error_body(kind, status, &format!("mock says {status}")).to_string();
+            // `x-mock-error-bytes: N`: the message padded to N bytes (an oversized error answer).
+            let pad = ctl_num("x-mock-error-bytes").map_or(String::new(), |n| " ".repeat(usize::try_from(n).unwrap_or(0).min(64 << 20)));
+            let b = error_body(kind, status, &format!("mock says {status}{pad}")).to_string();
             let retry_after = ctl("x-mock-retry-after").unwrap_or_default().to_string();
             let mut extra = vec![("x-mock-error", "yes")];
             if !retry_after.is_empty() {

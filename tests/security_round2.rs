@@ -218,6 +218,11 @@ async fn upstream_client_errors_keep_their_status_and_server_errors_their_text_s
     assert!(!body.to_string().contains("mock says"), "{body}");
     let (status, body) = chat(&gw, CLIENT_KEY, &hi(), &[("x-mock-status", "503")]).await;
     assert_eq!((status, body["error"]["code"].as_str()), (503, Some("overloaded")));
+    // An error answer past 64 KiB is not read into memory: the status's own message instead.
+    let (status, body) = chat(&gw, CLIENT_KEY, &hi(), &[("x-mock-status", "400"), ("x-mock-error-bytes", "1048576")]).await;
+    assert_eq!(status, 400);
+    assert_eq!(body["error"]["message"], "The upstream service refused the request (400).", "{body}");
+    assert_eq!(chat(&gw, CLIENT_KEY, &hi(), &[]).await.0, 200, "and the next request is served");
 }
 
 // ---------------------------------------------------------------- 6. limits under concurrency

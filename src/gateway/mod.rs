@@ -629,6 +629,43 @@ impl Gateway {
         }
     }
 
+    /// Answer an upstream's error answer (native or translated), never with its bytes: read to
+    /// [`ERROR_BODY_MAX_BYTES`] and metered as it comes (`usage`: its protocol's shape), billed,
+    /// then rewritten into the client's shape ([`Gateway::upstream_refused`]); a 429 keeps a
+    /// `Retry-After` (the upstream's, else 1 s).
+    pub(super) async fn relay_error(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        plan: &mut RelayPlan,
+        (mut http, peer): (HttpSession, HttpPeer),
+        (status, retry_after): (u16, Option<u64>),
+        usage: Shape,
+    ) -> Result<()> {
+        let mut scanner = UsageScanner::new(usage, false, false);
+        let body = match read_whole(&mut http, &mut scanner, ERROR_BODY_MAX_BYTES).await {
+            Ok(body) => body,
+            Err(e) => {
+                log::warn!("upstream error answer not read whole ({e}); its status's own message is passed on");
+                http.shutdown().await;
+                Vec::new()
+            }
+        };
+        self.settle(plan, Some(&mut scanner), status).await;
+        let mut err = self.upstream_refused(plan, status, &body);
+        if status == 429 {
+            err.retry_after = Some(retry_after.unwrap_or(1));
+        }
+        if http.response_done() {
+            let idle = peer.idle_timeout();
+            if let HttpSession::H1(h1) = http {
+                self.connector.release_http_session(h1, &peer, idle).await;
+            }
+        }
+        ctx.response_started = true;
+        LocalResponse::error(&err, plan.protocol).send(session).await
+    }
+
     /// An upstream's error answer as the client is told it (`protocol::upstream_error`); the
     /// upstream refusing tollgate's own credential is logged at ERROR, naming the provider.
     pub(super) fn upstream_refused(&self, plan: &RelayPlan, status: u16, body: &[u8]) -> ApiError {
@@ -900,31 +937,10 @@ impl Gateway {
         };
         let status = upstream_header.status.as_u16();
         if status >= 400 {
-            // Never the upstream's bytes: its error, rewritten into the client's shape.
             let retry_after = retry_after(upstream_header).map(|d| d.as_secs().max(1));
             plan.upstream_request_id = upstream_request_id(upstream_header);
-            let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), false, false);
-            let body = match translated::read_whole(&mut http, &mut scanner).await {
-                Ok(body) => body,
-                Err(e) => {
-                    log::warn!("upstream error answer ended early: {e}");
-                    http.shutdown().await;
-                    Vec::new()
-                }
-            };
-            self.settle(plan, Some(&mut scanner), status).await;
-            let mut err = self.upstream_refused(plan, status, &body);
-            if status == 429 {
-                err.retry_after = Some(retry_after.unwrap_or(1));
-            }
-            if http.response_done() {
-                let idle = peer.idle_timeout();
-                if let HttpSession::H1(h1) = http {
-                    self.connector.release_http_session(h1, &peer, idle).await;
-                }
-            }
-            ctx.response_started = true;
-            return LocalResponse::error(&err, shape).send(session).await;
+            let usage = plan.route.usage_shape().unwrap_or(Shape::Chat);
+            return self.relay_error(session, ctx, plan, (http, peer), (status, retry_after), usage).await;
         }
         let mut header = Box::new(upstream_header.clone());
         plan.upstream_request_id = upstream_request_id(&header);
@@ -1030,6 +1046,31 @@ impl Gateway {
 
 /// The most response bytes read, unsent, after the client left (see `Gateway::drain`).
 const DRAIN_MAX_BYTES: usize = 64 << 20;
+
+/// The most of an upstream's error answer read: its message is passed on cut to 1 KiB
+/// (`protocol::upstream_error`), so a larger one only costs memory; past this the connection is
+/// closed and the client gets the status's own message.
+const ERROR_BODY_MAX_BYTES: usize = 64 << 10;
+
+/// A whole upstream answer, metered as it comes, at most `max` bytes (over it: an error).
+async fn read_whole(http: &mut HttpSession, scanner: &mut UsageScanner, max: usize) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        match http.read_response_body().await? {
+            Some(chunk) => {
+                scanner.feed(&chunk);
+                if body.len() + chunk.len() > max {
+                    return Err(Error::explain(ErrorType::InvalidHTTPHeader, "upstream answer too large"));
+                }
+                body.extend_from_slice(&chunk);
+                if http.response_done() {
+                    return Ok(body);
+                }
+            }
+            None => return Ok(body),
+        }
+    }
+}
 
 /// How many pooled connections found closed by their peer are replaced before giving up.
 const MAX_STALE_CONNECTIONS: usize = 2;

@@ -47,16 +47,18 @@ impl Gateway {
         let sse = upstream_header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let series = self.metrics.protocol(shape);
         series.upstream_seconds.observe(plan.started.elapsed());
+        if !(200..300).contains(&status) {
+            // A stream that failed before its first byte is a real error, in the client's shape,
+            // with the provider's status, as a native relay's.
+            return self.relay_error(session, ctx, plan, (http, peer), (status, retry_after), shape_of(t.upstream)).await;
+        }
         let mut scanner = UsageScanner::new(shape_of(t.upstream), sse, false);
         if plan.sampled() {
             scanner.read_answer();
         }
-        let success = (200..300).contains(&status);
-
-        if !success || !t.stream {
-            // A whole answer (or an error: a stream that failed before its first byte is a real
-            // error, in the client's shape, with the provider's status).
-            let body = match read_whole(&mut http, &mut scanner).await {
+        if !t.stream {
+            // A whole answer.
+            let body = match super::read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES).await {
                 Ok(body) => body,
                 Err(e) => {
                     log::warn!("upstream answer of a translated request ended early: {e}");
@@ -70,20 +72,12 @@ impl Gateway {
             if let HttpSession::H1(h1) = http {
                 self.connector.release_http_session(h1, &peer, idle).await;
             }
-            let response = if success {
-                match translate::response(&t, &body) {
-                    Ok(bytes) => LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers: Vec::new() },
-                    Err(err) => {
-                        log::warn!("a translated answer could not be read ({} -> {})", t.upstream.as_str(), t.client.as_str());
-                        LocalResponse::error(&err, shape)
-                    }
+            let response = match translate::response(&t, &body) {
+                Ok(bytes) => LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers: Vec::new() },
+                Err(err) => {
+                    log::warn!("a translated answer could not be read ({} -> {})", t.upstream.as_str(), t.client.as_str());
+                    LocalResponse::error(&err, shape)
                 }
-            } else {
-                let mut err = self.upstream_refused(plan, status, &body);
-                if status == 429 {
-                    err.retry_after = Some(retry_after.unwrap_or(1));
-                }
-                LocalResponse::error(&err, shape)
             };
             ctx.response_started = true;
             return response.send(session).await;
@@ -143,26 +137,6 @@ impl Gateway {
                     return Err(e.into_down());
                 }
             }
-        }
-    }
-}
-
-/// A whole upstream answer, metered as it comes (at most [`DRAIN_MAX_BYTES`]).
-pub(super) async fn read_whole(http: &mut HttpSession, scanner: &mut UsageScanner) -> Result<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        match http.read_response_body().await? {
-            Some(chunk) => {
-                scanner.feed(&chunk);
-                if body.len() + chunk.len() > DRAIN_MAX_BYTES {
-                    return Err(Error::explain(ErrorType::InvalidHTTPHeader, "answer too large to translate"));
-                }
-                body.extend_from_slice(&chunk);
-                if http.response_done() {
-                    return Ok(body);
-                }
-            }
-            None => return Ok(body),
         }
     }
 }
