@@ -419,6 +419,22 @@ fn bind_only(addr: std::net::SocketAddr) -> std::io::Result<socket2::Socket> {
     Ok(socket)
 }
 
+/// Serve a local service (see `local`: the admin API, the metrics listener) on `addr`, under
+/// the same connection bounds as the public listener.
+fn add_local<T: crate::local::Answer>(
+    server: &mut Server,
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    answer: T,
+    name: &str,
+    addr: std::net::SocketAddr,
+) {
+    let mut service =
+        crate::listener::service(&server.configuration, crate::local::Local(answer), name, &config.connections, metrics, false);
+    service.add_tcp(&addr.to_string());
+    server.add_service(service);
+}
+
 /// Load everything and run until told to stop. Returns only on a start-up error.
 pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
@@ -560,16 +576,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     });
     if let Some(m) = &config.metrics {
         let listener = crate::scrape::MetricsListener { scrape: scrape.clone(), token: m.token.clone(), allow: m.allow.clone() };
-        let mut service = crate::listener::service(
-            &server.configuration,
-            crate::local::Local(listener),
-            "tollgate metrics",
-            &config.connections,
-            &metrics,
-            false,
-        );
-        service.add_tcp(&m.listen.to_string());
-        server.add_service(service);
+        add_local(&mut server, &config, &metrics, listener, "tollgate metrics", m.listen);
     }
     if let Some(admin) = &config.admin {
         let token = match &admin.token {
@@ -605,16 +612,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             request_log_max: config.console.request_log_max,
             scrape: scrape.clone(),
         };
-        let mut service = crate::listener::service(
-            &server.configuration,
-            crate::local::Local(api),
-            "tollgate admin",
-            &config.connections,
-            &metrics,
-            false,
-        );
-        service.add_tcp(&admin.listen.to_string());
-        server.add_service(service);
+        add_local(&mut server, &config, &metrics, api, "tollgate admin", admin.listen);
     }
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let keyless_per_minute = crate::gateway::keyless_per_minute(config.console.request_log_max, config.console.request_log_days);
