@@ -83,6 +83,15 @@ fn tpm_reached(tpm: u64, retry_after: u64) -> ApiError {
     rate_limited(format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."), retry_after)
 }
 
+/// The value of `id` in `map`, made by `make` when there is none: the id is copied into the
+/// map only then, not on every request of a key already counted.
+fn entry_of<'a, V>(map: &'a mut HashMap<String, V>, id: &str, make: impl FnOnce() -> V) -> &'a mut V {
+    if !map.contains_key(id) {
+        map.insert(id.to_string(), make());
+    }
+    map.get_mut(id).expect("inserted just above")
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -181,7 +190,7 @@ impl Limits {
         if let Some(rpm) = key.rpm {
             let rate = f64::from(rpm);
             let mut map = lock(&self.requests);
-            let bucket = map.entry(key.id.clone()).or_insert_with(|| Bucket::new(now));
+            let bucket = entry_of(&mut map, &key.id, || Bucket::new(now));
             // A small epsilon: a level drained to 2.9999999 by float steps has room for no more.
             if bucket.drain(rate, now) + 1.0 > rate + 1e-9 {
                 return Err(rate_limited(
@@ -217,7 +226,7 @@ impl Limits {
         }
         let now = Instant::now();
         let mut map = lock(&self.tokens);
-        let state = map.entry(key.id.clone()).or_insert_with(|| TokenState { used: Bucket::new(now), in_flight: 0 });
+        let state = entry_of(&mut map, &key.id, || TokenState { used: Bucket::new(now), in_flight: 0 });
         let used = state.used.drain(tpm as f64, now);
         if used + (state.in_flight + tokens) as f64 > tpm as f64 {
             return Err(tpm_reached(tpm, state.used.wait_for((state.in_flight + tokens) as f64, tpm as f64)));
@@ -242,7 +251,7 @@ impl Limits {
             };
         }
         let mut map = lock(&self.in_flight);
-        let n = map.entry(key.id.clone()).or_insert(0);
+        let n = entry_of(&mut map, &key.id, || 0);
         if *n >= max {
             return Err(busy());
         }
@@ -258,7 +267,7 @@ impl Limits {
         }
         let now = Instant::now();
         let mut map = lock(&self.tokens);
-        let state = map.entry(key.id.clone()).or_insert_with(|| TokenState { used: Bucket::new(now), in_flight: 0 });
+        let state = entry_of(&mut map, &key.id, || TokenState { used: Bucket::new(now), in_flight: 0 });
         state.used.drain(tpm as f64, now);
         state.used.level += tokens as f64;
     }
