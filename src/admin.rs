@@ -8,7 +8,6 @@ use crate::protocol::{ApiError, ErrorKind};
 use crate::response::LocalResponse;
 use crate::store::sled::SledDb;
 use crate::store::{KeyRecord, Store};
-use async_trait::async_trait;
 use pingora_error::Result;
 use pingora_proxy::Session;
 use serde::Deserialize;
@@ -34,8 +33,6 @@ pub struct AdminApi {
     /// Provider health, for its state gauges.
     pub health: Arc<crate::health::HealthBook>,
     pub video: Option<Arc<crate::video::VideoService>>,
-    /// The console's signed-in browsers.
-    pub console: crate::console::Sessions,
     /// `console.request_log_days` and `console.request_log_max`, as the console says them.
     pub request_log_days: u64,
     pub request_log_max: usize,
@@ -731,10 +728,9 @@ impl AdminApi {
         parse_json(&body)
     }
 
-    async fn handle(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
-        let req = session.req_header();
-        let method = req.method.as_str().to_string();
-        let path = req.uri.path().to_string();
+    /// Refuses a request that names another host or comes from another web page (DNS
+    /// rebinding, cross-site forms): the API and the console alike.
+    pub(crate) fn refuse_foreign(&self, req: &pingora_http::RequestHeader) -> std::result::Result<(), ApiError> {
         let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri.authority().map(|a| a.as_str()));
         if !host_allowed(host, &self.hosts) {
             self.metrics.counter("tollgate_admin_refused_total", &[("reason", "host")]).add(1);
@@ -748,15 +744,21 @@ impl AdminApi {
             self.metrics.counter("tollgate_admin_refused_total", &[("reason", "origin")]).add(1);
             return Err(ApiError::new(ErrorKind::Forbidden, "The admin API does not answer requests made by other web pages."));
         }
+        Ok(())
+    }
+
+    /// One request to the admin API (the listener answers `/console` with the console's pages
+    /// before this).
+    pub(crate) async fn handle(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
+        self.refuse_foreign(session.req_header())?;
+        let req = session.req_header();
+        let method = req.method.as_str().to_string();
+        let path = req.uri.path().to_string();
         if method == "GET" && path == "/healthz" {
             return Ok(LocalResponse::json(200, &json!({"status": "ok"})));
         }
         if method == "GET" && path == "/readyz" {
             return Ok(self.readiness());
-        }
-        // The console signs in with the token and keeps a session of its own.
-        if path == "/console" || path.starts_with("/console/") {
-            return Ok(crate::console::handle(self, session).await);
         }
         let presented =
             req.headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default();
@@ -896,13 +898,6 @@ impl AdminApi {
             }
             _ => Err(ApiError::new(ErrorKind::NotFound, format!("Unknown admin endpoint: {method} {path}"))),
         }
-    }
-}
-
-#[async_trait]
-impl crate::local::Answer for AdminApi {
-    async fn answer(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
-        self.handle(session).await
     }
 }
 

@@ -607,12 +607,11 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             metrics: metrics.clone(),
             health: health.clone(),
             video: video.clone(),
-            console: Default::default(),
             request_log_days: config.console.request_log_days,
             request_log_max: config.console.request_log_max,
             scrape: scrape.clone(),
         };
-        add_local(&mut server, &config, &metrics, api, "tollgate admin", admin.listen);
+        add_local(&mut server, &config, &metrics, crate::console::AdminListener::new(api), "tollgate admin", admin.listen);
     }
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let keyless_per_minute = crate::gateway::keyless_per_minute(config.console.request_log_max, config.console.request_log_days);

@@ -464,6 +464,21 @@ async fn the_admin_api_refuses_a_rebound_host_and_a_foreign_origin() {
         .await
         .expect("get");
     assert_eq!(own.status(), 200);
+    // The console's pages, served by the same listener, refuse them alike.
+    let login = format!("http://127.0.0.1:{admin_port}/console/login");
+    let rebound = client().get(&login).header("host", format!("rebind.evil.example:{admin_port}")).send().await.expect("get");
+    assert_eq!(rebound.status(), 403);
+    let foreign = client()
+        .post(&login)
+        .header("origin", "http://rebind.evil.example")
+        .form(&[("token", ADMIN_TOKEN), ("next", "/console")])
+        .send()
+        .await
+        .expect("post");
+    assert_eq!(foreign.status(), 403);
+    assert!(foreign.headers().get("set-cookie").is_none(), "a foreign page signed in");
+    let own = client().get(&login).header("host", format!("localhost:{admin_port}")).send().await.expect("get");
+    assert_eq!(own.status(), 200);
     drop(gw);
 }
 

@@ -32,14 +32,40 @@ const MAX_SESSIONS: usize = 256;
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
 
+/// What the admin listener answers: the console's pages under `/console`, the admin API
+/// everywhere else. Both refuse a foreign `Host` or `Origin` first (`AdminApi::refuse_foreign`).
+pub struct AdminListener {
+    pub api: AdminApi,
+    sessions: Sessions,
+}
+
+impl AdminListener {
+    pub fn new(api: AdminApi) -> AdminListener {
+        AdminListener { api, sessions: Sessions::default() }
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::local::Answer for AdminListener {
+    async fn answer(&self, session: &mut Session) -> Result<LocalResponse, crate::protocol::ApiError> {
+        let path = session.req_header().uri.path();
+        if path == "/console" || path.starts_with("/console/") {
+            // The console signs in with the token and keeps a session of its own.
+            self.api.refuse_foreign(session.req_header())?;
+            return Ok(handle(&self.api, &self.sessions, session).await);
+        }
+        self.api.handle(session).await
+    }
+}
+
 /// The signed-in browsers, by the SHA-256 of their cookie (the cookie itself is not kept).
 #[derive(Default)]
-pub struct Sessions {
+struct Sessions {
     map: Mutex<HashMap<[u8; 32], Signed>>,
     /// Wrong admin tokens by client address (see `throttle`).
     sign_in: throttle::SignInThrottle,
     /// New keys' secrets waiting for their one-time page (see `reveal`).
-    pub(crate) reveals: reveal::Reveals,
+    reveals: reveal::Reveals,
 }
 
 #[derive(Clone)]
@@ -203,9 +229,8 @@ fn refused(message: &str) -> LocalResponse {
     )
 }
 
-/// Every request under `/console` (the admin listener has already checked `Host` and
-/// `Origin`).
-pub(crate) async fn handle(api: &AdminApi, session: &mut Session) -> LocalResponse {
+/// Every request under `/console` (`Host` and `Origin` are already checked).
+async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session) -> LocalResponse {
     let req = session.req_header();
     let method = req.method.as_str().to_string();
     let path = req.uri.path().to_string();
@@ -238,7 +263,7 @@ pub(crate) async fn handle(api: &AdminApi, session: &mut Session) -> LocalRespon
         let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| crate::policy::normalize(a.ip()));
         let at = std::time::Instant::now();
         if let Some(ip) = peer {
-            if let Err(wait) = api.console.sign_in.admit(ip, at) {
+            if let Err(wait) = sessions.sign_in.admit(ip, at) {
                 api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in_throttled")]).add(1);
                 let mut r = login_page(429, &next, Some(&format!("Too many wrong tokens from this address. Try again in {wait} s.")));
                 r.headers.push(("retry-after", wait.to_string()));
@@ -248,20 +273,20 @@ pub(crate) async fn handle(api: &AdminApi, session: &mut Session) -> LocalRespon
         if !crate::secrets::token_matches(form.get("token"), &api.token) {
             api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in")]).add(1);
             if let Some(ip) = peer {
-                api.console.sign_in.failed(ip, at);
+                sessions.sign_in.failed(ip, at);
             }
             return login_page(401, &next, Some("Wrong admin token."));
         }
         if let Some(ip) = peer {
-            api.console.sign_in.succeeded(ip);
+            sessions.sign_in.succeeded(ip);
         }
-        let cookie = api.console.open(now);
+        let cookie = sessions.open(now);
         let mut r = redirect(&next);
         r.headers.push(("set-cookie", set_cookie(&cookie, Some(SESSION_IDLE_SECS))));
         return r;
     }
     let cookie = cookie_of(session);
-    let Some(signed) = cookie.as_deref().and_then(|c| api.console.find(c, now)) else {
+    let Some(signed) = cookie.as_deref().and_then(|c| sessions.find(c, now)) else {
         if method == "GET" {
             let here = if query.is_empty() { path.clone() } else { format!("{path}?{query}") };
             return redirect(&format!("/console/login?next={}", html::enc(&here)));
@@ -274,14 +299,14 @@ pub(crate) async fn handle(api: &AdminApi, session: &mut Session) -> LocalRespon
     }
     if (method.as_str(), path.as_str()) == ("POST", "/console/logout") {
         if let Some(c) = cookie.as_deref() {
-            api.console.close(c);
+            sessions.close(c);
         }
         let mut r = redirect("/console/login");
         r.headers.push(("set-cookie", set_cookie("", None)));
         return r;
     }
     let request = Request { method, path, query, form, csrf: signed.csrf };
-    pages::route(api, &request).await
+    pages::route(api, &sessions.reveals, &request).await
 }
 
 fn asset(text: &'static str, content_type: &'static str) -> LocalResponse {

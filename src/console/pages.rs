@@ -2,6 +2,7 @@
 //! key forms go through `AdminApi::create_key` and `AdminApi::patch_key`.
 
 use super::html::{self, count, enc, esc, money, nanos};
+use super::reveal::Reveals;
 use super::{html as reply, redirect, Form, Request};
 use crate::admin::AdminApi;
 use crate::ledger::{Grouping, Totals};
@@ -29,14 +30,14 @@ fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(ErrorKind::Internal, "Internal error while reading the store.")
 }
 
-pub(super) async fn route(api: &AdminApi, req: &Request) -> LocalResponse {
+pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request) -> LocalResponse {
     let path = req.path.trim_end_matches('/');
     let path = if path.is_empty() { "/console" } else { path };
     let result = match (req.method.as_str(), path) {
         ("GET", "/console") => overview(api, req).await,
         ("GET", "/console/keys") => keys(api, req, None).await,
-        ("POST", "/console/keys") => create_key(api, req).await,
-        ("GET", p) if p.starts_with("/console/keys/created/") => key_created(api, req, &p["/console/keys/created/".len()..]),
+        ("POST", "/console/keys") => create_key(api, reveals, req).await,
+        ("GET", p) if p.starts_with("/console/keys/created/") => key_created(api, reveals, req, &p["/console/keys/created/".len()..]),
         ("GET", "/console/usage") => usage(api, req, false).await,
         ("GET", "/console/usage.csv") => usage(api, req, true).await,
         ("GET", "/console/requests") => requests(api, req).await,
@@ -44,7 +45,7 @@ pub(super) async fn route(api: &AdminApi, req: &Request) -> LocalResponse {
         ("GET", "/console/video") => video(api, req).await,
         ("GET", p) if p.starts_with("/console/requests/") => request_detail(api, req, &p["/console/requests/".len()..]).await,
         ("GET", p) if p.starts_with("/console/keys/") => key_detail(api, req, &p["/console/keys/".len()..], None).await,
-        ("POST", p) if p.starts_with("/console/keys/") => key_action(api, req, &p["/console/keys/".len()..]).await,
+        ("POST", p) if p.starts_with("/console/keys/") => key_action(api, reveals, req, &p["/console/keys/".len()..]).await,
         _ => Err(ApiError::new(ErrorKind::NotFound, format!("No console page at {} {}.", req.method, req.path))),
     };
     match result {
@@ -468,7 +469,7 @@ fn number(form: &Form, name: &str, whole: bool) -> Result<Option<Value>, ApiErro
     }
 }
 
-async fn create_key(api: &AdminApi, req: &Request) -> Page {
+async fn create_key(api: &AdminApi, reveals: &Reveals, req: &Request) -> Page {
     let f = &req.form;
     // Every field the form can check itself, all at once.
     let mut problems = Vec::new();
@@ -505,7 +506,7 @@ async fn create_key(api: &AdminApi, req: &Request) -> Page {
         Ok(view) => {
             // Post/redirect/get: the answer to the POST is a redirect to a page that shows the
             // secret once; reloading that page creates nothing and shows no secret.
-            Ok(reveal_redirect(api, req, &view))
+            Ok(reveal_redirect(reveals, req, &view))
         }
         Err(e) if e.status() == 400 || e.status() == 409 => keys(api, req, Some((std::slice::from_ref(&e), f))).await,
         Err(e) => Err(e),
@@ -530,16 +531,16 @@ fn general_alerts(errors: &[(&str, &str)], fields: &[&str]) -> String {
 }
 
 /// The redirect to the one-time page of a key's new secret (`view` with its `key`).
-fn reveal_redirect(api: &AdminApi, req: &Request, view: &Value) -> LocalResponse {
+fn reveal_redirect(reveals: &Reveals, req: &Request, view: &Value) -> LocalResponse {
     let text = |field: &str| view[field].as_str().unwrap_or_default().to_string();
-    let token = api.console.reveals.keep(&text("id"), &text("name"), &text("key"), &req.csrf, crate::auth::now_unix());
+    let token = reveals.keep(&text("id"), &text("name"), &text("key"), &req.csrf, crate::auth::now_unix());
     redirect(&format!("/console/keys/created/{token}"))
 }
 
 /// The one page that shows a new key's secret (see `reveal`).
-fn key_created(api: &AdminApi, req: &Request, token: &str) -> Page {
+fn key_created(api: &AdminApi, reveals: &Reveals, req: &Request, token: &str) -> Page {
     let clock = Clock::now(api);
-    let Some(reveal) = api.console.reveals.take(token, &req.csrf, crate::auth::now_unix()) else {
+    let Some(reveal) = reveals.take(token, &req.csrf, crate::auth::now_unix()) else {
         let body = "<p class=\"alert\" role=\"alert\">This link was used already (or is another session's, or expired): a key's secret is shown only once. Nothing was created now.</p>\
 <p><a href=\"/console/keys\">All keys</a></p>";
         return Ok(clock.page("Secret already shown", "/console/keys", &req.csrf, body));
@@ -852,7 +853,7 @@ fn form_param(e: &mut ApiError) {
     e.param = Some(mapped.to_string());
 }
 
-async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
+async fn key_action(api: &AdminApi, reveals: &Reveals, req: &Request, rest: &str) -> Page {
     let Some((id, what)) = rest.rsplit_once('/') else {
         return Err(ApiError::new(ErrorKind::NotFound, "No such key action."));
     };
@@ -866,7 +867,7 @@ async fn key_action(api: &AdminApi, req: &Request, rest: &str) -> Page {
             };
             let grace = if grace_hours.is_finite() && grace_hours >= 0.0 { (grace_hours * 3600.0).round() as u64 } else { u64::MAX };
             return match api.rotate_key(id, grace).await {
-                Ok(view) => Ok(reveal_redirect(api, req, &view)),
+                Ok(view) => Ok(reveal_redirect(reveals, req, &view)),
                 Err(mut e) if e.status() == 400 || e.status() == 409 => {
                     if e.param.as_deref() == Some("grace_secs") {
                         e.param = Some("grace_hours".into());
