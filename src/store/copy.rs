@@ -6,42 +6,9 @@
 
 use super::postgres::{Pg, PgSettings};
 use super::sled::{SledDb, SledStore};
-use super::{KeyRecord, KeyStore, MoneyStore, StoreError, TaskStore};
-use crate::ledger::{ResponseOwner, UsageRecord};
-use crate::video::task::Task;
+use super::snapshot::Snapshot;
+use super::{KeyStore, MoneyStore, StoreError, TaskStore};
 use std::path::PathBuf;
-
-/// Everything a copy moves.
-#[derive(Default)]
-pub struct Snapshot {
-    pub keys: Vec<KeyRecord>,
-    pub accounts: Vec<super::AccountRecord>,
-    /// Key id, `acct:<name>` or spend window → balance (nano-USD).
-    pub balances: Vec<(String, i64)>,
-    /// Oldest first.
-    pub audit: Vec<crate::ledger::AuditEntry>,
-    pub records: Vec<UsageRecord>,
-    pub owners: Vec<(String, ResponseOwner)>,
-    pub tasks: Vec<Task>,
-    pub idempotency: Vec<crate::video::store::IdempotencyRow>,
-}
-
-impl Snapshot {
-    /// What a copy prints.
-    pub fn summary(&self) -> String {
-        format!(
-            "{} key(s), {} account(s), {} balance(s), {} audit entr(y/ies), {} usage record(s), {} response owner(s), {} video task(s), {} idempotency key(s)",
-            self.keys.len(),
-            self.accounts.len(),
-            self.balances.len(),
-            self.audit.len(),
-            self.records.len(),
-            self.owners.len(),
-            self.tasks.len(),
-            self.idempotency.len()
-        )
-    }
-}
 
 /// One end of a copy.
 pub enum Place {

@@ -27,6 +27,7 @@ pub mod copy;
 pub mod fleet;
 pub mod postgres;
 pub mod sled;
+pub mod snapshot;
 
 use crate::ledger::{AuditEntry, Grouping, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
 use crate::video::task::Task;

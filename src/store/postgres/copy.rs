@@ -1,7 +1,7 @@
 //! The PostgreSQL end of `store copy` (see `store::copy`).
 
 use super::{Pg, PgError};
-use crate::store::copy::Snapshot;
+use crate::store::snapshot::Snapshot;
 
 /// Whether tollgate's schema is in the database (read only: nothing is created).
 pub async fn has_schema(pg: &Pg) -> Result<bool, PgError> {
