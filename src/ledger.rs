@@ -836,7 +836,7 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         for item in db.open_tree("usage_records")?.scan_prefix(prefix) {
             let (_, v) = item?;
-            out.extend(crate::store::sled::decode_records(&v)?);
+            out.extend(crate::store::records::decode_records(&v)?);
         }
         Ok(out)
     }

@@ -216,19 +216,49 @@ impl LogEntry {
 
     /// The entries of one stored batch: `[` entries separated by `,` `]`, each length-prefixed.
     pub fn decode_batch(bytes: &[u8]) -> Vec<LogEntry> {
-        let mut out = Vec::new();
-        let mut rest = bytes.strip_prefix(b"[").unwrap_or(bytes);
-        while rest.len() >= 4 {
-            let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-            let Some(body) = rest.get(4..4 + len) else { break };
-            match LogEntry::decode(body) {
-                Some(e) => out.push(e),
-                None => log::warn!("request log: an unreadable entry was skipped"),
-            }
-            rest = &rest[4 + len..];
-            rest = rest.strip_prefix(b",").unwrap_or(rest);
+        stored_entries(bytes)
+            .filter_map(|body| {
+                let e = LogEntry::decode(body);
+                if e.is_none() {
+                    log::warn!("request log: an unreadable entry was skipped");
+                }
+                e
+            })
+            .collect()
+    }
+}
+
+/// The stored form of each entry of a batch (without its length prefix), unread.
+pub fn stored_entries(batch: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = batch.strip_prefix(b"[").unwrap_or(batch);
+    std::iter::from_fn(move || {
+        let len = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        let body = rest.get(4..4 + len)?;
+        rest = &rest[4 + len..];
+        rest = rest.strip_prefix(b",").unwrap_or(rest);
+        Some(body)
+    })
+}
+
+/// What the fleet's table indexes of a stored entry, read without the rest: its id, time,
+/// number and key.
+#[derive(Debug, PartialEq)]
+pub struct Head<'a> {
+    pub id: std::borrow::Cow<'a, str>,
+    pub time_ms: u64,
+    pub seq: u64,
+    pub key_id: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> Head<'a> {
+    /// The head of one stored entry (as [`stored_entries`] gives it); None if it is not one.
+    pub fn read(entry: &'a [u8]) -> Option<Head<'a>> {
+        let (&version, rest) = entry.split_first()?;
+        if version != STORED_VERSION {
+            return None;
         }
-        out
+        let mut r = Reader(rest);
+        Some(Head { id: r.text()??, time_ms: r.varint()?, seq: r.varint()?, key_id: r.text()? })
     }
 }
 
@@ -402,7 +432,12 @@ mod tests {
         batch.push(b',');
         refused.encode(&mut batch);
         batch.push(b']');
-        assert_eq!(LogEntry::decode_batch(&batch), vec![full.clone(), refused]);
+        assert_eq!(LogEntry::decode_batch(&batch), vec![full.clone(), refused.clone()]);
+        // What the fleet's table indexes reads without the rest.
+        let heads: Vec<Head> = stored_entries(&batch).filter_map(Head::read).collect();
+        let head =
+            |e: &LogEntry| Head { id: e.id.clone().into(), time_ms: e.time_ms, seq: e.seq, key_id: e.key_id.clone().map(Into::into) };
+        assert_eq!(heads, vec![head(&full), head(&refused)]);
         let mut one = Vec::new();
         full.encode(&mut one);
         assert_eq!(LogEntry::decode(&one[4..]), Some(full));

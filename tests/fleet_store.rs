@@ -19,12 +19,8 @@ use tollgate::store::{KeyOrigin, KeyRecord};
 const CENT: i64 = 10_000_000;
 
 /// A journal's records of `cost` each on `key`, numbered from `first`.
-fn journal(first: i64, key: &str, costs: &[i64]) -> Vec<Journaled> {
-    costs
-        .iter()
-        .enumerate()
-        .map(|(i, cost)| Journaled { seq: first + i as i64, record: usage(key, "m", *cost, 1_000 + i as u64), owed_here: true })
-        .collect()
+fn journal(first: i64, key: &str, costs: &[i64]) -> Vec<Journaled<'static>> {
+    costs.iter().enumerate().map(|(i, cost)| Journaled::of(first + i as i64, &usage(key, "m", *cost, 1_000 + i as u64), true)).collect()
 }
 
 async fn pg(server: &Postgres) -> Pg {
@@ -152,8 +148,8 @@ async fn a_node_stops_spending_a_lease_it_could_not_renew_at_half_its_lifetime()
 async fn the_schema_is_migrated_once_and_a_newer_one_is_refused() {
     let server = Postgres::start();
     let db = pg(&server).await;
-    assert_eq!(db.migrate().await.expect("again"), 9, "migrating twice changes nothing");
-    assert_eq!(db.version().await.expect("version"), 9);
+    assert_eq!(db.migrate().await.expect("again"), 10, "migrating twice changes nothing");
+    assert_eq!(db.version().await.expect("version"), 10);
     let client = db.client().await.expect("client");
     client.execute("INSERT INTO tollgate_schema (version) VALUES (99)", &[]).await.expect("insert");
     match db.migrate().await {
@@ -197,6 +193,11 @@ async fn a_sync_round_renews_and_gives_back_quiet_and_exact_leases_and_costs_ove
     assert_eq!(a.balance("k").await.expect("balance").0, 10_036 * CENT);
 }
 
+/// A key hash as the index keeps it (hex of the secret's SHA-256).
+fn h(secret: &str) -> String {
+    tollgate::auth::hex(&tollgate::auth::hash_key(secret))
+}
+
 fn record(id: &str, hash: &str, enabled: bool) -> KeyRecord {
     KeyRecord {
         id: id.into(),
@@ -235,12 +236,12 @@ async fn a_key_disabled_on_one_node_is_refused_by_another_within_sync_ms() {
         let stopped = stopped.clone();
         tokio::spawn(async move { node.follow(stopped).await });
     }
-    a.put(&record("key_1", "hash-1", true)).await.expect("put");
+    a.put(&record("key_1", &h("hash-1"), true)).await.expect("put");
     let wait = |want: Option<bool>| {
         let c = c.clone();
         async move {
             let at = Instant::now();
-            while enabled(c.lookup("hash-1")) != want {
+            while enabled(c.lookup(&h("hash-1"))) != want {
                 assert!(at.elapsed() < Duration::from_secs(10), "node C never saw {want:?}");
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
@@ -248,17 +249,17 @@ async fn a_key_disabled_on_one_node_is_refused_by_another_within_sync_ms() {
         }
     };
     wait(Some(true)).await;
-    let delay = wait_after(a.put(&record("key_1", "hash-1", false)), wait(Some(false))).await;
+    let delay = wait_after(a.put(&record("key_1", &h("hash-1"), false)), wait(Some(false))).await;
     eprintln!("revocation reached node C after {delay:?} (sync_ms {sync:?})");
     assert!(delay <= sync + Duration::from_millis(500), "{delay:?}");
     // Rotation: the old secret's hash stops working everywhere.
-    a.put(&record("key_1", "hash-2", true)).await.expect("rotate");
+    a.put(&record("key_1", &h("hash-2"), true)).await.expect("rotate");
     let at = Instant::now();
-    while c.lookup("hash-2") == KeyLookup::Unknown {
+    while c.lookup(&h("hash-2")) == KeyLookup::Unknown {
         assert!(at.elapsed() < sync + Duration::from_millis(500));
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(c.lookup("hash-1"), KeyLookup::Unknown);
+    assert_eq!(c.lookup(&h("hash-1")), KeyLookup::Unknown);
     stop.send(true).expect("stop");
 }
 
@@ -276,29 +277,29 @@ async fn a_change_committed_after_a_later_read_is_still_found_and_a_node_that_ca
     let server = Postgres::start();
     let db = pg(&server).await;
     let c = FleetKeys::new(pg(&server).await, Duration::from_millis(100));
-    assert_eq!(c.lookup("hash-9"), KeyLookup::Stale, "never synced: nothing is trusted");
+    assert_eq!(c.lookup(&h("hash-9")), KeyLookup::Stale, "never synced: nothing is trusted");
     c.sync().await.expect("first sync");
-    assert_eq!(c.lookup("hash-9"), KeyLookup::Unknown);
+    assert_eq!(c.lookup(&h("hash-9")), KeyLookup::Unknown);
     // A writer's transaction starts (its change row carries this time), C reads the log, then
     // the writer commits: the next read must still find it (no notification is listened to).
     let mut writer = db.client().await.expect("client");
     let tx = writer.transaction().await.expect("begin");
     tx.execute(
         "INSERT INTO keys (id, key_hash, record) VALUES ($1, $2, $3)",
-        &[&"key_9", &"hash-9", &serde_json::to_string(&record("key_9", "hash-9", true)).expect("json")],
+        &[&"key_9", &h("hash-9"), &serde_json::to_string(&record("key_9", &h("hash-9"), true)).expect("json")],
     )
     .await
     .expect("insert");
     tx.execute("INSERT INTO key_changes (key_id) VALUES ('key_9')", &[]).await.expect("change");
     tokio::time::sleep(Duration::from_millis(200)).await;
     c.sync().await.expect("sync before the commit");
-    assert_eq!(c.lookup("hash-9"), KeyLookup::Unknown);
+    assert_eq!(c.lookup(&h("hash-9")), KeyLookup::Unknown);
     tx.commit().await.expect("commit");
     c.sync().await.expect("sync after the commit");
-    assert_eq!(enabled(c.lookup("hash-9")), Some(true), "a change that committed late was missed");
+    assert_eq!(enabled(c.lookup(&h("hash-9"))), Some(true), "a change that committed late was missed");
     // No sync for longer than the staleness bound: refused, not guessed.
     tokio::time::sleep(c.stale_after() + Duration::from_millis(100)).await;
-    assert_eq!(c.lookup("hash-9"), KeyLookup::Stale);
+    assert_eq!(c.lookup(&h("hash-9")), KeyLookup::Stale);
 }
 
 fn usage(key: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
@@ -339,11 +340,7 @@ async fn every_nodes_records_count_on_every_node_and_a_retried_batch_counts_once
     nodes[0].open_account("k", 100 * CENT).await.expect("open");
     for (i, node) in nodes.iter().enumerate() {
         let batch: Vec<Journaled> = (0..4)
-            .map(|j| Journaled {
-                seq: j,
-                record: usage("k", if j % 2 == 0 { "m1" } else { "m2" }, 100, 1_000 + (i as u64 * 4 + j as u64)),
-                owed_here: false,
-            })
+            .map(|j| Journaled::of(j, &usage("k", if j % 2 == 0 { "m1" } else { "m2" }, 100, 1_000 + (i as u64 * 4 + j as u64)), false))
             .collect();
         let journal_id = format!("{i}/j");
         assert_eq!(node.book(&journal_id, &batch).await.expect("book"), 4);
@@ -360,7 +357,7 @@ async fn every_nodes_records_count_on_every_node_and_a_retried_batch_counts_once
     let (window, _) = records.summary("k", 1_004, 1_008, &tollgate::ledger::Grouping::Model).await.expect("summary");
     assert_eq!(window.requests, 4, "the time range is [start, end)");
     // A node whose data directory was replaced has a new journal id: its numbers start over.
-    let batch = vec![Journaled { seq: 0, record: usage("k", "m1", 100, 2_000), owed_here: false }];
+    let batch = vec![Journaled::of(0, &usage("k", "m1", 100, 2_000), false)];
     assert_eq!(nodes[0].book("0/another", &batch).await.expect("book"), 1);
     assert_eq!(records.summary("k", 0, u64::MAX >> 1, &tollgate::ledger::Grouping::Model).await.expect("summary").0.requests, 13);
     assert_eq!(records.prune(1_008).await.expect("prune"), 8);
@@ -397,18 +394,18 @@ async fn records_booked_before_the_marks_existed_are_not_booked_again() {
     // What version 7 left: records keyed by (journal, number) with their money debited.
     let old = journal(0, "k", &[1, 10, 100, 1_000, 10_000]);
     let client = db.client().await.expect("client");
-    for j in &old[..4] {
-        let text = serde_json::to_string(&j.record).expect("json");
+    for (i, j) in old[..4].iter().enumerate() {
+        let text = serde_json::to_string(&usage("k", "m", [1, 10, 100, 1_000][i], 1_000 + i as u64)).expect("json");
         client
             .execute(
                 "INSERT INTO usage_records (node_id, seq, key_id, time_ms, record) VALUES ('a/j', $1, 'k', $2, $3)",
-                &[&j.seq, &(j.record.time_ms as i64), &text],
+                &[&j.seq, &(j.head.time_ms as i64), &text],
             )
             .await
             .expect("insert");
     }
     client.execute("UPDATE accounts SET balance = balance - 1111 WHERE key_id = 'k'", &[]).await.expect("debit");
-    assert_eq!(db.migrate().await.expect("migrate"), 9);
+    assert_eq!(db.migrate().await.expect("migrate"), 10);
     // The node's journal still holds the first four (their reply was lost) and a fifth.
     assert_eq!(node.book("a/j", &old).await.expect("book"), 1);
     assert_eq!(node.balance("k").await.expect("balance").0, 100 * CENT - 11_111);
@@ -861,7 +858,7 @@ async fn concurrent_syncs_and_leases_never_deadlock() {
                     .map(|j| {
                         let mut record = usage(keys[(seq as usize + j) % 4], "m", 10, 1_000 + seq as u64);
                         record.charged = vec![keys[(seq as usize + j + 3) % 4].to_string(), keys[(seq as usize + j + 1) % 4].to_string()];
-                        let entry = Journaled { seq, record, owed_here: false };
+                        let entry = Journaled::of(seq, &record, false);
                         seq += 1;
                         entry
                     })
@@ -889,4 +886,32 @@ async fn concurrent_syncs_and_leases_never_deadlock() {
     let leased: i64 = client.query_one("SELECT COALESCE(SUM(leased), 0)::BIGINT FROM accounts", &[]).await.expect("sum").get(0);
     let in_leases: i64 = client.query_one("SELECT COALESCE(SUM(amount), 0)::BIGINT FROM leases", &[]).await.expect("sum").get(0);
     assert_eq!(leased, in_leases, "accounts.leased is the sum of the leases");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_log_rows_of_either_form_read_back() {
+    use tollgate::request_log::{Filter, LogEntry};
+    let server = Postgres::start();
+    let db = pg(&server).await;
+    let old = LogEntry { id: "req_old".into(), time_ms: 1_000, seq: 1, key_id: Some("k".into()), route: "chat_completions".into(), status: 200, ..LogEntry::default() };
+    let new = LogEntry { id: "req_new".into(), time_ms: 2_000, seq: 2, key_id: Some("k".into()), route: "messages".into(), status: 429, ..LogEntry::default() };
+    // A row as versions before schema 10 wrote it (JSON in `record`), and a batch as a node ships
+    // it now (the stored form as it is).
+    let client = db.client().await.expect("client");
+    client
+        .execute(
+            "INSERT INTO request_log (node_id, node_seq, id, time_ms, key_id, record) VALUES ('a', 1, 'req_old', 1000, 'k', $1)",
+            &[&serde_json::to_string(&old).expect("json")],
+        )
+        .await
+        .expect("insert");
+    let mut batch = b"[".to_vec();
+    new.encode(&mut batch);
+    batch.push(b']');
+    assert_eq!(tollgate::store::postgres::requests::ship(&db, "b", &[batch.clone()]).await.expect("ship"), (1, 1));
+    assert_eq!(tollgate::store::postgres::requests::ship(&db, "b", &[batch]).await.expect("again"), (0, 1), "shipped twice, stored once");
+    let stored: Option<Vec<u8>> = client.query_one("SELECT bin FROM request_log WHERE id = 'req_new'", &[]).await.expect("row").get(0);
+    assert!(stored.is_some_and(|b| LogEntry::decode(&b).as_ref() == Some(&new)), "stored in binary");
+    let (page, _) = tollgate::store::postgres::requests::query(&db, &Filter { end_ms: u64::MAX >> 1, limit: 10, ..Filter::default() }).await.expect("query");
+    assert_eq!(page, vec![new, old]);
 }

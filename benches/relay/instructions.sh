@@ -12,6 +12,10 @@
 #   tollgate  HEAD's release build
 #   other     PERF_OTHER_BIN, when set (a change against HEAD), with PERF_OTHER_EXTRA as more
 #             top-level config members, each followed by a comma (e.g. a `telemetry` section)
+# PERF_SETTLE, when set, is a command run after the warm-up and again after the counted load
+# (before counting stops), for every target alike: it returns once the work the requests left
+# behind is done (a fleet node books its journal a sync round later; see benches/fleet), so the
+# count holds exactly the counted requests' work.
 # TOLLGATE_CG_KEEP=DIR keeps the callgrind outputs (cg.bare.1, cg.tollgate.1, ...) for
 # callgrind_annotate.
 # Usage, from the repository root: bash benches/relay/instructions.sh
@@ -36,8 +40,10 @@ measure() { # name port command...
   local vg=$!
   for _ in $(seq 1 150); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done
   load 3 "$p" >/dev/null
+  eval "${PERF_SETTLE:-true}"
   callgrind_control -i on "$vg" >/dev/null 2>&1
   local r; r=$(load 4 "$p" | grep RESULT)
+  eval "${PERF_SETTLE:-true}"
   callgrind_control -i off "$vg" >/dev/null 2>&1
   callgrind_control -d "$vg" >/dev/null 2>&1
   kill "$vg"; wait "$vg" 2>/dev/null

@@ -4,6 +4,8 @@
 //! where JSON took thousands. Each format's field order is in its own module; reading is
 //! total: a short or malformed value reads as `None`, never a panic.
 
+use std::borrow::Cow;
+
 pub fn put_varint(out: &mut Vec<u8>, mut n: u64) {
     while n >= 0x80 {
         out.push((n as u8) | 0x80);
@@ -25,6 +27,18 @@ pub fn put_str(out: &mut Vec<u8>, s: Option<&str>) {
             out.extend_from_slice(s.as_bytes());
         }
     }
+}
+
+/// A key's stored hash (SHA-256, 64 hex digits) as bytes; None if it is not one.
+pub fn parse_key_hash(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 /// Reads what the `put_*` functions wrote, in the same order.
@@ -55,8 +69,22 @@ impl<'a> Reader<'a> {
         Some(b)
     }
 
+    /// Step over an optional string without reading it.
+    pub fn skip_str(&mut self) -> Option<()> {
+        let len = self.varint()?;
+        let len = usize::try_from(len.saturating_sub(1)).ok()?;
+        self.0 = self.0.get(len..)?;
+        Some(())
+    }
+
     /// An optional string (invalid UTF-8 is replaced, not refused: a stored value is read).
     pub fn string(&mut self) -> Option<Option<String>> {
+        Some(self.text()?.map(Cow::into_owned))
+    }
+
+    /// An optional string, borrowed from the value where it is valid UTF-8 (checked by the
+    /// standard library's fast path; `from_utf8_lossy` walked it in chunks), else replaced.
+    pub fn text(&mut self) -> Option<Option<Cow<'a, str>>> {
         let len = self.varint()?;
         if len == 0 {
             return Some(None);
@@ -67,7 +95,10 @@ impl<'a> Reader<'a> {
         }
         let (s, rest) = self.0.split_at(len);
         self.0 = rest;
-        Some(Some(String::from_utf8_lossy(s).into_owned()))
+        Some(Some(match std::str::from_utf8(s) {
+            Ok(s) => Cow::Borrowed(s),
+            Err(_) => String::from_utf8_lossy(s),
+        }))
     }
 }
 
@@ -102,5 +133,16 @@ mod tests {
         let mut cut = Reader(&out[out.len() - 3..]);
         assert_eq!(cut.string(), None);
         assert_eq!(Reader(&[0x80]).varint(), None);
+    }
+
+    #[test]
+    fn a_valid_string_is_borrowed_and_invalid_utf8_is_replaced() {
+        let mut out = Vec::new();
+        put_str(&mut out, Some("ok"));
+        out.extend_from_slice(&[3, b'a', 0xff]);
+        let mut r = Reader(&out);
+        assert!(matches!(r.text(), Some(Some(Cow::Borrowed("ok")))));
+        assert_eq!((Reader(&out).skip_str(), Reader(&out[..2]).skip_str(), Reader(&[0]).skip_str()), (Some(()), None, Some(())));
+        assert_eq!(r.string(), Some(Some("a\u{fffd}".into())));
     }
 }

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 /// The journal's tree and the key of the journal's id in the `meta` tree.
 pub const JOURNAL: &str = "fleet_journal";
 const JOURNAL_ID: &[u8] = b"fleet_journal_id";
-/// Records booked per transaction (at least; whole journal entries are taken).
+/// Records booked per transaction, about (whole journal entries are taken, counted by size).
 const BOOK_BATCH: usize = 2000;
 
 pub struct Fleet {
@@ -139,39 +139,54 @@ impl Fleet {
         Ok(format!("{}/{id}", self.node))
     }
 
-    /// Book the journal into the database, oldest first, until it is empty; records numbered
+    /// Book what the journal holds when called into the database, oldest first; records numbered
     /// from `owed_from` on were settled by this process. Returns how many were booked.
     pub async fn book_journal(&self, db: &DbSlot, journal_id: &str, owed_from: u64) -> Result<usize, StoreError> {
         let _turn = self.booking.lock().await;
         let tree = db.tree(JOURNAL)?;
         let mut booked = 0;
+        // What the journal holds now, not what arrives meanwhile: that waits for the next
+        // round, so a round under load books full batches instead of chasing the writer with
+        // small ones (a transaction's fixed cost per handful of records).
+        let Some((last, _)) = tree.last()? else { return Ok(0) };
         loop {
-            let mut batch = Vec::new();
-            let mut keys = Vec::new();
-            for item in tree.iter() {
+            // The entries, then their records read in place (an entry that an earlier version
+            // wrote in JSON is read whole and stored in today's form).
+            let (mut keys, mut values, mut count) = (Vec::new(), Vec::new(), 0);
+            for item in tree.range(..=last.clone()) {
                 let (k, v) = item?;
-                match super::sled::decode_records(&v) {
-                    Ok(records) => batch.extend(records.into_iter().map(|record| Journaled {
-                        seq: i64::try_from(record.seq).unwrap_or(i64::MAX),
-                        owed_here: record.seq >= owed_from,
-                        record,
-                    })),
-                    // Kept out of the database, and out of the way: logged once, removed.
-                    Err(e) => log::error!("store: an unreadable journal entry was dropped: {e}"),
-                }
+                // At most this many records (each stored form takes more than 64 bytes).
+                count += v.len() / 64 + 1;
                 keys.push(k);
-                if batch.len() >= BOOK_BATCH {
+                values.push(v);
+                if count >= BOOK_BATCH {
                     break;
                 }
             }
             if keys.is_empty() {
                 return Ok(booked);
             }
+            let mut batch = Vec::with_capacity(count);
+            for v in &values {
+                let read = match super::records::stored_forms(v) {
+                    Ok(Some(forms)) => forms.into_iter().map(|f| Journaled::read(f, owed_from)).collect::<Option<Vec<_>>>(),
+                    Ok(None) => super::records::decode_records(v).ok().map(|records| {
+                        records.iter().map(|r| Journaled::of(i64::try_from(r.seq).unwrap_or(i64::MAX), r, r.seq >= owed_from)).collect()
+                    }),
+                    Err(_) => None,
+                };
+                match read {
+                    Some(records) => batch.extend(records),
+                    // Kept out of the database, and out of the way: logged once, removed.
+                    None => log::error!("store: an unreadable journal entry was dropped"),
+                }
+            }
             let new = self.accounts.book(journal_id, &batch).await?;
             log::debug!("store: booked {new} of {} journaled record(s) as {journal_id}", batch.len());
-            for k in &keys {
-                tree.remove(k)?;
-            }
+            // One batch: the removals of a booked round are one step for sled, not one each.
+            let mut done = sled::Batch::default();
+            keys.iter().for_each(|k| done.remove(k));
+            tree.apply_batch(done)?;
             booked += batch.len();
         }
     }
@@ -362,12 +377,12 @@ impl FleetMoney {
         for hold in holds {
             self.fleet.accounts.settle(hold, record.cost_nanos).await;
         }
-        let booked = Journaled { seq: i64::try_from(seq).unwrap_or(i64::MAX), owed_here: true, record };
+        let booked = Journaled::of(i64::try_from(seq).unwrap_or(i64::MAX), &record, true);
         if let Err(e) = self.fleet.accounts.book(&self.drain_journal, std::slice::from_ref(&booked)).await {
             log::error!(
                 "store: a usage record of key {} (cost {} nano-USD) finished after the hand-over could not be booked: {e}",
-                booked.record.key_id,
-                booked.record.cost_nanos
+                record.key_id,
+                record.cost_nanos
             );
             return Err(e.into());
         }
@@ -402,15 +417,15 @@ impl FleetMoney {
         self.writer.settled().await?;
         loop {
             let slot = self.slot.clone();
-            let (keys, entries) = tokio::task::spawn_blocking(move || super::sled::requests::oldest(&slot, 1000))
+            let (keys, batches) = tokio::task::spawn_blocking(move || super::sled::requests::oldest(&slot, 1000))
                 .await
                 .map_err(|e| StoreError::Corrupt(format!("request log task: {e}")))??;
             if keys.is_empty() {
                 return Ok(());
             }
-            super::postgres::requests::ship(&self.fleet.pg, &self.journal_id, &entries).await?;
+            let (_, shipped) = super::postgres::requests::ship(&self.fleet.pg, &self.journal_id, &batches).await?;
             super::sled::requests::remove(&self.slot, &keys)?;
-            if entries.len() < 1000 {
+            if shipped < 1000 {
                 return Ok(());
             }
         }
@@ -484,7 +499,7 @@ impl MoneyStore for FleetMoney {
         let seq = self.slot.db()?.generate_id()?;
         let holds = holds();
         record.seq = seq;
-        let value = super::sled::records::value(&record);
+        let value = super::records::value(&record);
         // One journal entry per commit batch (its records, keyed by the first one's number): an
         // insert per record would be most of the writer's work.
         let waiter = self.writer.insert_grouped(

@@ -47,8 +47,8 @@ pub async fn read(pg: &Pg) -> Result<Snapshot, PgError> {
     for row in client.query("SELECT record FROM audit_log ORDER BY time_ms, seq", &[]).await? {
         s.audit.push(parse("audit entry", &row.get::<_, String>(0))?);
     }
-    for row in client.query("SELECT record FROM usage_records ORDER BY time_ms, node_id, seq", &[]).await? {
-        s.records.push(parse("usage record", &row.get::<_, String>(0))?);
+    for row in client.query("SELECT record, bin FROM usage_records ORDER BY time_ms, node_id, seq", &[]).await? {
+        s.records.push(super::records::read(&row)?);
     }
     for row in client.query("SELECT id, owner FROM response_owners ORDER BY id", &[]).await? {
         s.owners.push((row.get(0), parse("response owner", &row.get::<_, String>(1))?));
@@ -81,7 +81,8 @@ pub async fn write(pg: &Pg, s: &Snapshot) -> Result<(), PgError> {
             .await?;
     }
     let journal = format!("copy/{}", crate::ledger::now_ms());
-    super::records::insert(&tx, &journal, s.records.iter().enumerate().map(|(i, r)| (i as i64, r))).await?;
+    let records: Vec<_> = s.records.iter().enumerate().map(|(i, r)| super::accounts::Journaled::of(i as i64, r, false)).collect();
+    super::records::insert(&tx, &journal, records.iter()).await?;
     for (id, owner) in &s.owners {
         tx.execute(
             "INSERT INTO response_owners (id, owner, time_ms) VALUES ($1, $2, $3)",

@@ -30,17 +30,23 @@ pub const CHANNEL: &str = "tollgate_keys";
 /// How far back each read of the change log reaches past the previous one.
 pub const OVERLAP: Duration = Duration::from_secs(5);
 
-/// The in-memory index: key hash → record.
-type Index = HashMap<String, Arc<KeyRecord>>;
+/// The in-memory index: key hash → record (keyed as authentication computes the hash, so a
+/// lookup neither formats nor hashes text).
+type Index = HashMap<[u8; 32], Arc<KeyRecord>, ahash::RandomState>;
 
 /// Index a record by its secret's hash, and a rotated key by its previous one too
 /// (authentication checks the grace period).
 fn index_record(index: &mut Index, record: KeyRecord) {
     let record = Arc::new(record);
-    if let Some(r) = &record.rotated {
-        index.insert(r.previous_hash.clone(), record.clone());
+    let previous = record.rotated.as_ref().map(|r| r.previous_hash.as_str());
+    for hash in std::iter::once(record.key_hash.as_str()).chain(previous) {
+        match crate::store::codec::parse_key_hash(hash) {
+            Some(h) => {
+                index.insert(h, record.clone());
+            }
+            None => log::warn!("key {} has an unreadable hash; ignored", record.id),
+        }
     }
-    index.insert(record.key_hash.clone(), record);
 }
 
 pub use crate::store::KeyLookup;
@@ -65,7 +71,7 @@ impl FleetKeys {
             pg,
             sync_every,
             stale_after,
-            index: ArcSwap::from_pointee(HashMap::new()),
+            index: ArcSwap::from_pointee(Index::default()),
             accounts: ArcSwap::from_pointee(HashMap::new()),
             synced: std::sync::Mutex::new(None),
         }
@@ -204,7 +210,7 @@ impl FleetKeys {
         }
         let n = changed.len();
         if since.is_none() {
-            let mut index = Index::new();
+            let mut index = Index::default();
             changed.into_iter().for_each(|r| index_record(&mut index, r));
             self.index.store(Arc::new(index));
         } else if n > 0 {
@@ -220,13 +226,25 @@ impl FleetKeys {
         Ok(n)
     }
 
-    /// The key with this secret's hash, from memory; `Stale` when the index is too old.
+    /// The key with this secret's hash (hex), from memory; `Stale` when the index is too old.
     pub fn lookup(&self, key_hash: &str) -> KeyLookup {
-        let fresh = self.synced().is_some_and(|(at, _)| at.elapsed() <= self.stale_after());
-        if !fresh {
+        match crate::store::codec::parse_key_hash(key_hash) {
+            Some(hash) => self.find(&hash),
+            None if self.is_fresh() => KeyLookup::Unknown,
+            None => KeyLookup::Stale,
+        }
+    }
+
+    fn is_fresh(&self) -> bool {
+        self.synced().is_some_and(|(at, _)| at.elapsed() <= self.stale_after())
+    }
+
+    /// The key with this secret's hash, from memory; `Stale` when the index is too old.
+    pub fn find(&self, hash: &[u8; 32]) -> KeyLookup {
+        if !self.is_fresh() {
             return KeyLookup::Stale;
         }
-        match self.index.load().get(key_hash) {
+        match self.index.load().get(hash) {
             Some(record) => KeyLookup::Found(record.clone()),
             None => KeyLookup::Unknown,
         }
@@ -283,7 +301,7 @@ impl crate::store::KeyStore for FleetKeys {
     }
 
     fn lookup(&self, hash: &[u8; 32]) -> KeyLookup {
-        FleetKeys::lookup(self, &crate::auth::hex(hash))
+        self.find(hash)
     }
 
     async fn accounts(&self) -> Result<Vec<AccountRecord>, crate::store::StoreError> {

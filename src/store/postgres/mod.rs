@@ -287,6 +287,14 @@ const MIGRATIONS: &[(i32, &str)] = &[
      CREATE INDEX request_log_key ON request_log (key_id, time_ms);
      CREATE INDEX request_log_id ON request_log (id);",
     ),
+    (
+        10,
+        // Usage records and request-log entries in the binary form a node already keeps them in
+        // (`crate::store::records`, `LogEntry::encode`): their JSON was most of what a node
+        // spent on shipping them. Rows written before keep their JSON in `record`.
+        "ALTER TABLE usage_records ADD COLUMN bin BYTEA, ALTER COLUMN record SET DEFAULT '';
+     ALTER TABLE request_log ADD COLUMN bin BYTEA, ALTER COLUMN record SET DEFAULT '';",
+    ),
 ];
 
 /// The advisory lock that serialises migrations across nodes.

@@ -8,6 +8,7 @@
 //! responses are booked with the records that created them. Totals are counted by the
 //! ledger's own rule ([`crate::ledger::Totals::add`]).
 
+use super::accounts::Journaled;
 use super::{Pg, PgError};
 use crate::ledger::{ResponseOwner, Totals, UsageRecord};
 use std::collections::BTreeMap;
@@ -24,13 +25,13 @@ pub struct FleetRecords {
 /// already — a batch sent again after its reply was lost — or, rarely, reached the journal
 /// after a higher-numbered one was booked (numbers are drawn before records are queued): those
 /// few are looked up one by one. The mark's row is locked until the transaction ends.
-pub(super) async fn insert<'a>(
+pub(super) async fn insert<'a, 'b: 'a>(
     tx: &tokio_postgres::Transaction<'_>,
     journal: &str,
-    records: impl Iterator<Item = (i64, &'a UsageRecord)>,
+    records: impl Iterator<Item = &'a Journaled<'b>>,
 ) -> Result<(Vec<i64>, u64), PgError> {
-    let records: Vec<(i64, &UsageRecord)> = records.collect();
-    let Some(highest) = records.iter().map(|(seq, _)| *seq).max() else { return Ok((Vec::new(), 0)) };
+    let records: Vec<&Journaled> = records.collect();
+    let Some(highest) = records.iter().map(|j| j.seq).max() else { return Ok((Vec::new(), 0)) };
     let mark: i64 = tx
         .query_one(
             "INSERT INTO journal_marks (node_id, booked_through) VALUES ($1, -1)
@@ -40,13 +41,13 @@ pub(super) async fn insert<'a>(
         .await?
         .get(0);
     let mut statements = 2;
-    let (maybe_booked, mut new): (Vec<_>, Vec<_>) = records.into_iter().partition(|(seq, _)| *seq <= mark);
+    let (maybe_booked, mut new): (Vec<_>, Vec<_>) = records.into_iter().partition(|j| j.seq <= mark);
     if !maybe_booked.is_empty() {
         let (mut seqs, mut keys, mut times) = (Vec::new(), Vec::new(), Vec::new());
-        for (seq, r) in &maybe_booked {
-            seqs.push(*seq);
-            keys.push(r.key_id.as_str());
-            times.push(time(r));
+        for j in &maybe_booked {
+            seqs.push(j.seq);
+            keys.push(&*j.head.key_id);
+            times.push(time(j.head.time_ms));
         }
         let booked: std::collections::HashSet<i64> = tx
             .query(
@@ -60,44 +61,56 @@ pub(super) async fn insert<'a>(
             .map(|r| r.get(0))
             .collect();
         statements += 1;
-        new.extend(maybe_booked.into_iter().filter(|(seq, _)| !booked.contains(seq)));
+        new.extend(maybe_booked.into_iter().filter(|j| !booked.contains(&j.seq)));
     }
-    let (mut seqs, mut keys, mut times, mut texts) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for (seq, r) in &new {
-        seqs.push(*seq);
-        keys.push(r.key_id.as_str());
-        times.push(time(r));
-        texts.push(serde_json::to_string(r).map_err(|e| PgError::Query(format!("usage record: {e}")))?);
+    let (mut seqs, mut keys, mut times, mut forms) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for j in &new {
+        seqs.push(j.seq);
+        keys.push(&*j.head.key_id);
+        times.push(time(j.head.time_ms));
+        forms.push(&*j.stored);
     }
     tx.execute(
         "WITH stored AS (
-             INSERT INTO usage_records (node_id, seq, key_id, time_ms, record)
-             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[]))
+             INSERT INTO usage_records (node_id, seq, key_id, time_ms, bin)
+             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::BYTEA[]))
          UPDATE journal_marks SET booked_through = GREATEST(booked_through, $6) WHERE node_id = $1",
-        &[&journal, &seqs, &keys, &times, &texts, &highest],
+        &[&journal, &seqs, &keys, &times, &forms, &highest],
     )
     .await?;
     Ok((seqs, statements))
 }
 
-fn time(r: &UsageRecord) -> i64 {
-    i64::try_from(r.time_ms).unwrap_or(i64::MAX)
+/// The record of a row whose first two columns are `record, bin`: its binary form (`bin`,
+/// schema 10 on), else the JSON that earlier versions wrote (`record`).
+pub(super) fn read(row: &tokio_postgres::Row) -> Result<UsageRecord, PgError> {
+    let bad = |e: String| PgError::Query(format!("usage record: {e}"));
+    let text: &str = row.try_get(0).map_err(|e| bad(e.to_string()))?;
+    let bin: Option<&[u8]> = row.try_get(1).map_err(|e| bad(e.to_string()))?;
+    match bin {
+        Some(bin) => crate::store::records::decode_records(bin)
+            .map_err(|e| bad(e.to_string()))?
+            .pop()
+            .ok_or_else(|| bad("an empty stored form".into())),
+        None => serde_json::from_str(text).map_err(|e| bad(e.to_string())),
+    }
 }
 
-/// Make the key of each record that created a stored response its owner; statements sent.
+fn time(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// Make the key of each record that created a stored response (its id, its owner) that
+/// response's owner; statements sent.
 pub(super) async fn insert_owners<'a>(
     tx: &tokio_postgres::Transaction<'_>,
-    records: impl Iterator<Item = &'a UsageRecord>,
+    owners: impl Iterator<Item = &'a (String, ResponseOwner)>,
 ) -> Result<u64, PgError> {
     let (mut ids, mut texts, mut times) = (Vec::new(), Vec::new(), Vec::new());
-    for r in records {
-        if let Some(owner) = r.owner() {
-            if let Some(id) = &r.response_id {
-                ids.push(id.clone());
-                texts.push(serde_json::to_string(&owner).map_err(|e| PgError::Query(format!("response owner: {e}")))?);
-                times.push(i64::try_from(r.time_ms).unwrap_or(i64::MAX));
-            }
-        }
+    for (id, owner) in owners {
+        ids.push(id.as_str());
+        texts.push(serde_json::to_string(owner).map_err(|e| PgError::Query(format!("response owner: {e}")))?);
+        times.push(time(owner.time_ms));
     }
     if ids.is_empty() {
         return Ok(0);
@@ -160,14 +173,13 @@ impl FleetRecords {
         let client = self.pg.client().await?;
         let (lo, hi) = (i64::try_from(start_ms).unwrap_or(i64::MAX), i64::try_from(end_ms).unwrap_or(i64::MAX));
         let rows = client
-            .query("SELECT record FROM usage_records WHERE key_id = $1 AND time_ms >= $2 AND time_ms < $3", &[&key_id, &lo, &hi])
+            .query("SELECT record, bin FROM usage_records WHERE key_id = $1 AND time_ms >= $2 AND time_ms < $3", &[&key_id, &lo, &hi])
             .await?;
         self.pg.count(1);
         let mut total = Totals::default();
         let mut by_model: BTreeMap<String, Totals> = BTreeMap::new();
         for row in rows {
-            let text: String = row.get(0);
-            let record: UsageRecord = serde_json::from_str(&text).map_err(|e| PgError::Query(format!("usage record: {e}")))?;
+            let record = read(&row)?;
             total.add(&record);
             by_model.entry(by.label(&record).into_owned()).or_default().add(&record);
         }

@@ -4,36 +4,50 @@
 //! node and local number, so a round retried after a lost reply stores nothing twice.
 
 use super::{Pg, PgError};
-use crate::request_log::{Cursor, Filter, LogEntry, Page};
+use crate::request_log::{stored_entries, Cursor, Filter, Head, LogEntry, Page};
 
-/// Store `entries` (node-local number, entry) of node `node`; how many were new.
-pub async fn ship(pg: &Pg, node: &str, entries: &[(u64, LogEntry)]) -> Result<u64, PgError> {
-    if entries.is_empty() {
-        return Ok(0);
+/// Store the entries of stored batches `batches` of node `node` (their binary form as it is,
+/// with what the table indexes read from each entry's head); how many were new, and how many
+/// were shipped.
+pub async fn ship(pg: &Pg, node: &str, batches: &[impl AsRef<[u8]>]) -> Result<(u64, usize), PgError> {
+    let (mut seqs, mut ids, mut times, mut keys, mut bins) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for entry in batches.iter().flat_map(|b| stored_entries(b.as_ref())) {
+        let Some(head) = Head::read(entry) else {
+            log::warn!("request log: an unreadable entry was not shipped");
+            continue;
+        };
+        seqs.push(i64::try_from(head.seq).unwrap_or(i64::MAX));
+        ids.push(head.id);
+        times.push(i64::try_from(head.time_ms).unwrap_or(i64::MAX));
+        keys.push(head.key_id);
+        bins.push(entry);
     }
-    let mut seqs = Vec::with_capacity(entries.len());
-    let mut ids = Vec::with_capacity(entries.len());
-    let mut times = Vec::with_capacity(entries.len());
-    let mut keys: Vec<Option<String>> = Vec::with_capacity(entries.len());
-    let mut records = Vec::with_capacity(entries.len());
-    for (seq, e) in entries {
-        seqs.push(i64::try_from(*seq).unwrap_or(i64::MAX));
-        ids.push(e.id.clone());
-        times.push(i64::try_from(e.time_ms).unwrap_or(i64::MAX));
-        keys.push(e.key_id.clone());
-        records.push(serde_json::to_string(e).map_err(|e| PgError::Query(format!("request log entry: {e}")))?);
+    if seqs.is_empty() {
+        return Ok((0, 0));
     }
     let client = pg.client().await?;
     let n = client
         .execute(
-            "INSERT INTO request_log (node_id, node_seq, id, time_ms, key_id, record)
-             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::TEXT[])
+            "INSERT INTO request_log (node_id, node_seq, id, time_ms, key_id, bin)
+             SELECT $1, * FROM UNNEST($2::BIGINT[], $3::TEXT[], $4::BIGINT[], $5::TEXT[], $6::BYTEA[])
              ON CONFLICT (node_id, node_seq) DO NOTHING",
-            &[&node, &seqs, &ids, &times, &keys, &records],
+            &[&node, &seqs, &ids, &times, &keys, &bins],
         )
         .await?;
     pg.count(1);
-    Ok(n)
+    Ok((n, seqs.len()))
+}
+
+/// The entry of a row whose first two columns are `record, bin`: its binary form (schema 10
+/// on), else the JSON that earlier versions wrote; None (logged) if it does not read.
+fn read(row: &tokio_postgres::Row) -> Option<LogEntry> {
+    let (text, bin): (Result<&str, _>, Result<Option<&[u8]>, _>) = (row.try_get(0), row.try_get(1));
+    let entry = match (text, bin) {
+        (_, Ok(Some(bin))) => LogEntry::decode(bin).ok_or_else(|| "a binary entry does not read".to_string()),
+        (Ok(text), Ok(None)) => serde_json::from_str(text).map_err(|e| e.to_string()),
+        (Err(e), _) | (_, Err(e)) => Err(e.to_string()),
+    };
+    entry.map_err(|e| log::warn!("request log: an unreadable entry was skipped: {e}")).ok()
 }
 
 /// Matching entries of every node, newest first, and where the next page starts.
@@ -51,7 +65,7 @@ pub async fn query(pg: &Pg, filter: &Filter) -> Result<Page, PgError> {
     loop {
         let rows = client
             .query(
-                "SELECT time_ms, seq, record FROM request_log
+                "SELECT record, bin, time_ms, seq FROM request_log
                  WHERE time_ms >= $1 AND time_ms < $2 AND (time_ms, seq) < ($3, $4)
                    AND ($5::TEXT IS NULL OR key_id = $5) AND ($6::TEXT IS NULL OR id = $6)
                  ORDER BY time_ms DESC, seq DESC LIMIT 500",
@@ -61,16 +75,9 @@ pub async fn query(pg: &Pg, filter: &Filter) -> Result<Page, PgError> {
         pg.count(1);
         let fetched = rows.len();
         for row in rows {
-            let (t, s): (i64, i64) = (row.get(0), row.get(1));
-            let text: String = row.get(2);
+            let (t, s): (i64, i64) = (row.try_get(2)?, row.try_get(3)?);
             cursor = (t, s);
-            let entry: LogEntry = match serde_json::from_str(&text) {
-                Ok(e) => e,
-                Err(e) => {
-                    log::warn!("request log: an unreadable entry was skipped: {e}");
-                    continue;
-                }
-            };
+            let Some(entry) = read(&row) else { continue };
             if !filter.matches(&entry) {
                 continue;
             }

@@ -19,17 +19,6 @@ pub struct SledKeys {
 
 const ACCOUNTS: &str = "key_accounts";
 
-fn parse_hash(hex_str: &str) -> Option<KeyHash> {
-    if hex_str.len() != 64 {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex_str.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
 impl SledKeys {
     /// The keys of `slot`, index loaded.
     pub fn new(slot: &DbSlot) -> Result<SledKeys, StoreError> {
@@ -92,7 +81,7 @@ impl SledKeys {
             // grace period.
             let previous = rec.rotated.as_ref().map(|r| r.previous_hash.as_str());
             for hash in std::iter::once(rec.key_hash.as_str()).chain(previous) {
-                match parse_hash(hash) {
+                match crate::store::codec::parse_key_hash(hash) {
                     Some(h) => {
                         map.insert(h, rec.clone());
                     }

@@ -5,7 +5,6 @@
 //! * [`keys::SledKeys`]: tree `keys` and the in-memory index.
 //! * [`money::SledMoney`]: trees `balances`, `usage_records` and `response_owners`, with the
 //!   in-memory accounts and the group-commit writer.
-//! * [`records`]: the stored form of usage records (binary; older JSON entries read alike).
 //! * [`tasks::SledTasks`]: trees `video_tasks`, `video_open`, `video_idem` and
 //!   `video_copy_pending`.
 //!
@@ -13,11 +12,8 @@
 
 pub mod keys;
 pub mod money;
-pub mod records;
 pub mod requests;
 pub mod tasks;
-
-pub use records::decode_records;
 
 use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
 use std::path::Path;

@@ -39,7 +39,7 @@ impl Account {
     }
 }
 
-use super::records::decode_records;
+use crate::store::records::decode_records;
 
 /// The in-memory accounts by purse id (a key id, an account's or a window's name).
 type Purses = HashMap<String, Account, ahash::RandomState>;
@@ -207,7 +207,7 @@ impl SledMoney {
         self.writer.insert_all(crate::commit::TreeName::Balances, entries)?;
         record.seq = seq;
         record.balance_after = new_balance;
-        let value = super::records::value(&record);
+        let value = crate::store::records::value(&record);
         // The record alone carries the key's new balance (`balance_after`, newer `seq` than the
         // balance entry), so the key's balance entry is not rewritten per booking: one insert.
         let mut group = record.key_id.as_bytes().to_vec();
@@ -300,7 +300,7 @@ impl SledMoney {
         let tree = self.records_tree()?;
         for r in records {
             let record = UsageRecord { seq: 0, balance_after: 0, ..r.clone() };
-            tree.insert(self.record_key(&record), super::records::entry(&record))?;
+            tree.insert(self.record_key(&record), crate::store::records::entry(&record))?;
         }
         let tree = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
         for (id, owner) in owners {

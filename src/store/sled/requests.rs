@@ -87,28 +87,29 @@ pub fn prune(slot: &DbSlot, before_ms: u64, max: usize) -> Result<usize, StoreEr
     Ok(n)
 }
 
-/// Batches on their way to the shared database: their keys, and their entries with their numbers.
-pub type Outbox = (Vec<sled::IVec>, Vec<(u64, LogEntry)>);
+/// Batches on their way to the shared database: their keys, and their stored forms (unread:
+/// [`crate::request_log::stored_entries`] walks one).
+pub type Outbox = (Vec<sled::IVec>, Vec<sled::IVec>);
 
-/// The oldest batches, up to `limit` entries (a fleet node ships them to the database).
+/// The oldest batches, up to about `limit` entries (a fleet node ships them to the database).
 pub fn oldest(slot: &DbSlot, limit: usize) -> Result<Outbox, StoreError> {
-    let (mut keys, mut out) = (Vec::new(), Vec::new());
+    let (mut keys, mut batches, mut n) = (Vec::new(), Vec::new(), 0);
     for item in slot.tree(TREE)?.iter() {
-        if out.len() >= limit {
+        if n >= limit {
             break;
         }
         let (k, v) = item?;
+        n += crate::request_log::stored_entries(&v).count();
         keys.push(k);
-        out.extend(decode(&v).into_iter().map(|e| (e.seq, e)));
+        batches.push(v);
     }
-    Ok((keys, out))
+    Ok((keys, batches))
 }
 
 /// Remove shipped batches.
 pub fn remove(slot: &DbSlot, keys: &[sled::IVec]) -> Result<(), StoreError> {
-    let tree = slot.tree(TREE)?;
-    for k in keys {
-        tree.remove(k)?;
-    }
+    let mut done = sled::Batch::default();
+    keys.iter().for_each(|k| done.remove(k));
+    slot.tree(TREE)?.apply_batch(done)?;
     Ok(())
 }

@@ -1,6 +1,7 @@
-//! The stored form of usage records in the `usage_records` tree.
+//! The stored form of usage records: a node's `usage_records` tree and journal, and the `bin`
+//! column of the fleet's `usage_records` table (one record each).
 //!
-//! An entry holds the records of one key committed in one batch (see
+//! An entry of the tree holds the records of one key committed in one batch (see
 //! [`crate::commit::Writer::insert_grouped`]): `[` records separated by `,` `]`. A record is
 //! written in binary: the mark [`BINARY_V1`] (a byte no JSON text starts with), its length
 //! (u32, little-endian), then its fields in the order of [`encode`], in the compact form of
@@ -12,6 +13,7 @@
 use crate::ledger::UsageRecord;
 use crate::store::codec::{put_signed, put_str, put_varint, Reader};
 use crate::store::StoreError;
+use std::borrow::Cow;
 
 /// First byte of a binary record (version 1 of its fields).
 const BINARY_V1: u8 = 0xB1;
@@ -110,29 +112,106 @@ fn decode(body: &[u8]) -> Option<UsageRecord> {
     })
 }
 
-/// The records of one entry of the `usage_records` tree, whichever version wrote it.
-pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
-    let corrupt = |what: String| StoreError::Corrupt(format!("usage record: {what}"));
+/// What a fleet node's booking reads of a stored record ([`encode`]'s form, mark and length
+/// included), borrowed from it: the rest is stepped over unread, so booking a record allocates
+/// nothing for it (a full [`decode_records`] was most of what booking cost).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Head<'a> {
+    pub time_ms: u64,
+    pub key_id: Cow<'a, str>,
+    pub cost_nanos: i64,
+    pub seq: u64,
+    /// It created a stored response (its owner is read from the whole record).
+    pub response: bool,
+    /// The purses it was charged besides its key.
+    pub charged: Vec<Cow<'a, str>>,
+}
+
+impl<'a> Head<'a> {
+    /// The head of one stored record; None if it is not one (or not whole).
+    pub fn read(stored: &'a [u8]) -> Option<Head<'a>> {
+        let body = body(stored)?;
+        let mut r = Reader(body);
+        let time_ms = r.varint()?;
+        let key_id = r.text()??;
+        for _ in 0..3 {
+            r.skip_str()?; // model, protocol, route
+        }
+        for _ in 0..4 {
+            r.varint()?; // tokens
+        }
+        let cost_nanos = r.signed()?;
+        r.varint()?; // status
+        r.varint()?; // latency
+        r.byte()?; // estimated
+        let seq = r.varint()?;
+        r.signed()?; // balance after
+        r.skip_str()?; // provider
+        r.varint()?; // attempts
+        let response = r.text()?.is_some();
+        r.skip_str()?; // upstream protocol
+        let charged = (0..r.varint()?).map(|_| r.text()?).collect::<Option<Vec<_>>>()?;
+        Some(Head { time_ms, key_id, cost_nanos, seq, response, charged })
+    }
+
+    /// `r`'s head (owned: for a record that is at hand, not read from its stored form).
+    pub fn of(r: &UsageRecord) -> Head<'static> {
+        Head {
+            time_ms: r.time_ms,
+            key_id: Cow::Owned(r.key_id.clone()),
+            cost_nanos: r.cost_nanos,
+            seq: r.seq,
+            response: r.response_id.is_some(),
+            charged: r.charged.iter().map(|c| Cow::Owned(c.clone())).collect(),
+        }
+    }
+}
+
+/// A stored record's fields (after its mark and length), if it is one whole record.
+fn body(stored: &[u8]) -> Option<&[u8]> {
+    let after = stored.strip_prefix(&[BINARY_V1])?;
+    let len = u32::from_le_bytes(after.get(..4)?.try_into().ok()?) as usize;
+    (after.len() == 4 + len).then(|| &after[4..])
+}
+
+/// Each record of one entry in its stored form (mark, length, fields), unread; None for an
+/// entry that an earlier version wrote in JSON (read it with [`decode_records`]).
+pub fn stored_forms(v: &[u8]) -> Result<Option<Vec<&[u8]>>, StoreError> {
+    let corrupt = |what: &str| StoreError::Corrupt(format!("usage record: {what}"));
     let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
     let entry = &v[start..];
     let mut rest = entry.strip_prefix(b"[").unwrap_or(entry);
     if rest.first() != Some(&BINARY_V1) {
-        return match entry.first() {
-            Some(b'[') => serde_json::from_slice(v).map_err(|e| corrupt(e.to_string())),
-            _ => serde_json::from_slice(v).map(|r| vec![r]).map_err(|e| corrupt(e.to_string())),
-        };
+        return Ok(None);
     }
     let mut out = Vec::new();
     while let Some(after) = rest.strip_prefix(&[BINARY_V1]) {
         let len = after.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
-        let body = len.and_then(|len| after.get(4..4 + len)).ok_or_else(|| corrupt("an entry is cut short".into()))?;
-        out.push(decode(body).ok_or_else(|| corrupt("a binary record does not read".into()))?);
-        rest = &after[4 + body.len()..];
+        let whole = len.and_then(|len| rest.get(..5 + len)).ok_or_else(|| corrupt("an entry is cut short"))?;
+        out.push(whole);
+        rest = &rest[whole.len()..];
         rest = rest.strip_prefix(b",").unwrap_or(rest);
     }
     match rest {
-        b"]" | b"" => Ok(out),
-        _ => Err(corrupt("an entry has bytes after its records".into())),
+        b"]" | b"" => Ok(Some(out)),
+        _ => Err(corrupt("an entry has bytes after its records")),
+    }
+}
+
+/// The records of one entry of the `usage_records` tree, whichever version wrote it.
+pub fn decode_records(v: &[u8]) -> Result<Vec<UsageRecord>, StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("usage record: {what}"));
+    match stored_forms(v)? {
+        Some(forms) => {
+            forms.into_iter().map(|f| body(f).and_then(decode).ok_or_else(|| corrupt("a binary record does not read".into()))).collect()
+        }
+        None => {
+            let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
+            match v.get(start) {
+                Some(b'[') => serde_json::from_slice(v).map_err(|e| corrupt(e.to_string())),
+                _ => serde_json::from_slice(v).map(|r| vec![r]).map_err(|e| corrupt(e.to_string())),
+            }
+        }
     }
 }
 
@@ -179,6 +258,23 @@ mod tests {
         encode(&bare(), &mut batch);
         batch.push(b']');
         assert_eq!(decode_records(&batch).expect("decode"), vec![full(), bare()]);
+    }
+
+    #[test]
+    fn a_head_reads_what_booking_needs_and_matches_the_whole_record() {
+        let mut batch = vec![b'['];
+        encode(&full(), &mut batch);
+        batch.push(b',');
+        encode(&bare(), &mut batch);
+        batch.push(b']');
+        let forms = stored_forms(&batch).expect("walk").expect("binary");
+        assert_eq!(forms, vec![&value(&full())[..], &value(&bare())[..]], "each record's form, unread");
+        for (form, r) in forms.iter().zip([full(), bare()]) {
+            assert_eq!(Head::read(form), Some(Head::of(&r)));
+            assert!(Head::read(&form[..form.len() - 1]).is_none(), "a cut record has no head");
+        }
+        let json = serde_json::to_vec(&vec![full()]).expect("json");
+        assert_eq!(stored_forms(&json).expect("walk"), None, "JSON entries are read whole");
     }
 
     #[test]
