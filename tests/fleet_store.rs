@@ -893,8 +893,24 @@ async fn request_log_rows_of_either_form_read_back() {
     use tollgate::request_log::{Filter, LogEntry};
     let server = Postgres::start();
     let db = pg(&server).await;
-    let old = LogEntry { id: "req_old".into(), time_ms: 1_000, seq: 1, key_id: Some("k".into()), route: "chat_completions".into(), status: 200, ..LogEntry::default() };
-    let new = LogEntry { id: "req_new".into(), time_ms: 2_000, seq: 2, key_id: Some("k".into()), route: "messages".into(), status: 429, ..LogEntry::default() };
+    let old = LogEntry {
+        id: "req_old".into(),
+        time_ms: 1_000,
+        seq: 1,
+        key_id: Some("k".into()),
+        route: "chat_completions".into(),
+        status: 200,
+        ..LogEntry::default()
+    };
+    let new = LogEntry {
+        id: "req_new".into(),
+        time_ms: 2_000,
+        seq: 2,
+        key_id: Some("k".into()),
+        route: "messages".into(),
+        status: 429,
+        ..LogEntry::default()
+    };
     // A row as versions before schema 10 wrote it (JSON in `record`), and a batch as a node ships
     // it now (the stored form as it is).
     let client = db.client().await.expect("client");
@@ -912,6 +928,8 @@ async fn request_log_rows_of_either_form_read_back() {
     assert_eq!(tollgate::store::postgres::requests::ship(&db, "b", &[batch]).await.expect("again"), (0, 1), "shipped twice, stored once");
     let stored: Option<Vec<u8>> = client.query_one("SELECT bin FROM request_log WHERE id = 'req_new'", &[]).await.expect("row").get(0);
     assert!(stored.is_some_and(|b| LogEntry::decode(&b).as_ref() == Some(&new)), "stored in binary");
-    let (page, _) = tollgate::store::postgres::requests::query(&db, &Filter { end_ms: u64::MAX >> 1, limit: 10, ..Filter::default() }).await.expect("query");
+    let (page, _) = tollgate::store::postgres::requests::query(&db, &Filter { end_ms: u64::MAX >> 1, limit: 10, ..Filter::default() })
+        .await
+        .expect("query");
     assert_eq!(page, vec![new, old]);
 }
