@@ -1,8 +1,10 @@
 //! The admin listener (loopback only): key management with the admin token, `/metrics`,
 //! `/healthz`. Changes take effect on the next request: the key index is reloaded in memory.
 
-use crate::auth::{hash_key, hex, now_unix, KeyIndex};
-use crate::ledger::{usd, Ledger};
+use crate::auth::{hash_key, hex, KeyIndex};
+use crate::base::clock::now_unix;
+use crate::base::money::usd;
+use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::response::LocalResponse;
@@ -369,7 +371,7 @@ fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
     if !usd.is_finite() || usd.abs() > 1e9 {
         return Err(bad(format!("{field}: must be a finite amount of USD")));
     }
-    Ok(crate::auth::usd_to_nanos(usd))
+    Ok(crate::base::money::usd_to_nanos(usd))
 }
 
 impl AdminApi {
@@ -495,7 +497,7 @@ impl AdminApi {
             }
             "day" => {
                 const DAY_MS: u64 = 86_400_000;
-                let end = end.min(crate::ledger::now_ms().div_ceil(DAY_MS) * DAY_MS);
+                let end = end.min(crate::base::clock::now_ms().div_ceil(DAY_MS) * DAY_MS);
                 // Without `start`: the last DEFAULT_USAGE_DAYS days up to `end`.
                 let start = if start == 0 { (end.div_ceil(DAY_MS).saturating_sub(DEFAULT_USAGE_DAYS)) * DAY_MS } else { start };
                 let first = start / DAY_MS;

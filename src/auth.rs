@@ -1,6 +1,7 @@
 //! Who is calling: key extraction from headers, the query-parameter ban, and the in-memory
 //! key index (SHA-256 of the secret → record) that makes a lookup touch no disk.
 
+use crate::base::clock::now_unix;
 use crate::config::KeyConfig;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::store::{KeyLookup, KeyOrigin, KeyRecord, KeyStore, StoreError};
@@ -106,15 +107,6 @@ pub fn seed_key_id(secret: &str) -> String {
 /// ([`KeyStore`]), and the rules by which the configuration file's `keys:` change them.
 pub struct KeyIndex {
     store: Arc<dyn KeyStore>,
-}
-
-pub fn now_unix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-/// USD → nano-USD, rounded.
-pub fn usd_to_nanos(usd: f64) -> i64 {
-    (usd * 1e9).round() as i64
 }
 
 /// The key records to write so that the store follows the configuration file's keys:

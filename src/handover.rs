@@ -273,7 +273,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn booking(key: &str) -> UsageRecord {
-        crate::ledger::tests::record(key, "m", 10, crate::ledger::now_ms())
+        crate::ledger::tests::record(key, "m", 10, crate::base::clock::now_ms())
     }
 
     struct Running {

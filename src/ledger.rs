@@ -17,19 +17,14 @@
 //! three bytes, so an overrun needs an upstream that exceeds `max_tokens` or a tokenizer that
 //! packs more than one token in three bytes.
 
+use crate::base::clock::now_ms;
+use crate::base::money::usd;
 use crate::config::Price;
 use crate::meter::Usage;
 use crate::store::{MoneyStore, StoreError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-
-pub const NANOS_PER_USD: i64 = 1_000_000_000;
-
-/// nano-USD as dollars, for answers and log lines.
-pub fn usd(nanos: i64) -> f64 {
-    nanos as f64 / NANOS_PER_USD as f64
-}
 
 /// nano-USD per one million tokens, and the model's output limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -58,7 +53,7 @@ pub struct PriceBook {
 }
 
 fn per_million(usd: f64) -> i64 {
-    (usd * NANOS_PER_USD as f64).round() as i64
+    crate::base::money::usd_to_nanos(usd)
 }
 
 fn times(tokens: u64, nanos_per_million: i64) -> i128 {
@@ -803,7 +798,7 @@ pub async fn window_report(
     budgets: &crate::policy::budget::Budgets,
     calendar: &crate::policy::budget::Calendar,
 ) -> Result<serde_json::Value, StoreError> {
-    let now = crate::auth::now_unix();
+    let now = crate::base::clock::now_unix();
     let mut out = serde_json::Map::new();
     for (window, cap) in budgets.caps() {
         let (start, end) = calendar.window(window, now);
@@ -819,10 +814,6 @@ pub async fn window_report(
         );
     }
     Ok(serde_json::Value::Object(out))
-}
-
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]

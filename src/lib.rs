@@ -1,6 +1,7 @@
 //! tollgate: an edge gateway for model APIs on Pingora.
 //!
-//! Module map (one concern each): [`config`] file → typed config; [`route`] method+path →
+//! Module map (one concern each): [`base`] the ground floor (clock, money units; imports
+//! nothing of the project); [`config`] file → typed config; [`route`] method+path →
 //! route; [`auth`] keys; [`protocol`] wire shapes per protocol; [`relay`] providers, upstream
 //! rewrite, DNS; [`affinity`] which provider of a tier a conversation goes to; [`store`] everything
 //! persisted (one interface, sled and PostgreSQL backends); [`ledger`] prices, holds and bookings; [`meter`] usage extraction; [`limits`] rate limits; [`listener`] connection caps and the request-header phase; [`response`] local responses; [`gateway`] the Pingora hooks;
@@ -12,6 +13,7 @@ pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TOLLGAT
 pub mod admin;
 pub mod affinity;
 pub mod auth;
+pub mod base;
 pub mod billing;
 pub mod body;
 pub mod commit;

@@ -56,7 +56,7 @@ impl Histogram {
         }
         let count = self.count.load(Relaxed);
         let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {count}");
-        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", self.sum_nanos.load(Relaxed) as f64 / 1e9);
+        let _ = writeln!(out, "{name}_sum{{{labels}}} {}", crate::base::money::usd(self.sum_nanos.load(Relaxed) as i64));
         let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
     }
 }
@@ -300,7 +300,12 @@ impl Metrics {
         }
         let _ = writeln!(out, "# TYPE tollgate_cost_usd_total counter");
         for (model, s) in &priced {
-            let _ = writeln!(out, "tollgate_cost_usd_total{{model=\"{}\"}} {}", escape(model), s.cost_nanos.get() as f64 / 1e9);
+            let _ = writeln!(
+                out,
+                "tollgate_cost_usd_total{{model=\"{}\"}} {}",
+                escape(model),
+                crate::base::money::usd(s.cost_nanos.get() as i64)
+            );
         }
         let _ = writeln!(out, "# TYPE tollgate_estimated_bills_total counter");
         for (model, s) in &priced {

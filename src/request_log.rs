@@ -65,7 +65,7 @@ impl LogEntry {
         let mut v = serde_json::to_value(self).unwrap_or_default();
         v["object"] = "request".into();
         v["time"] = crate::protocol::rfc3339(self.time_ms / 1000).into();
-        v["cost"] = crate::ledger::usd(self.cost_nanos).into();
+        v["cost"] = crate::base::money::usd(self.cost_nanos).into();
         v
     }
 }

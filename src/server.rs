@@ -1,10 +1,13 @@
 //! Wiring: configuration → database → key index → catalog → Pingora server and services.
 
 use crate::admin::AdminApi;
-use crate::auth::{now_unix, seed_key_id, usd_to_nanos, KeyIndex};
+use crate::auth::{seed_key_id, KeyIndex};
+use crate::base::clock::now_ms;
+use crate::base::clock::now_unix;
+use crate::base::money::usd_to_nanos;
 use crate::config::Config;
 use crate::gateway::Gateway;
-use crate::ledger::{now_ms, Ledger, PriceBook};
+use crate::ledger::{Ledger, PriceBook};
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::relay::Routing;
@@ -257,7 +260,7 @@ impl Reload {
             cert.reload()?;
         }
         seed(&self.keys, &self.ledger, &config).await.map_err(|e| e.to_string())?;
-        for warning in config.expired_keys(crate::auth::now_unix()) {
+        for warning in config.expired_keys(crate::base::clock::now_unix()) {
             log::warn!("{warning}");
         }
         crate::logging::set_json(config.log_format == crate::config::LogFormat::Json);
@@ -452,7 +455,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             let version = crate::store::fleet::check(fleet).map_err(|e| e.to_string())?;
             println!("tollgate: store.postgres reached; schema version {version} (node '{}')", fleet.node_id);
         }
-        for warning in config.expired_keys(crate::auth::now_unix()) {
+        for warning in config.expired_keys(crate::base::clock::now_unix()) {
             eprintln!("tollgate: warning: {warning}");
         }
         println!("tollgate: configuration {path} is valid");
@@ -464,7 +467,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         libc::umask(0o077);
     }
     warn_short_keys(&config);
-    for warning in config.expired_keys(crate::auth::now_unix()) {
+    for warning in config.expired_keys(crate::base::clock::now_unix()) {
         log::warn!("{warning}");
     }
     if !opt.upgrade {

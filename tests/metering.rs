@@ -550,7 +550,7 @@ async fn admin_api_reads_renames_revokes_rotates_and_reports_usage() {
     assert!(by_key["total"]["requests"].as_u64().is_some_and(|n| n >= 2), "{by_key}");
     let (_, by_model) = send(Method::GET, "/admin/usage?group_by=model", None).await;
     assert!(by_model["data"].as_array().is_some_and(|rows| rows.iter().any(|r| r["model"] == "alpha-5.5")), "{by_model}");
-    let today = tollgate::auth::now_unix() / 86_400 * 86_400;
+    let today = tollgate::base::clock::now_unix() / 86_400 * 86_400;
     let (status, by_day) = send(Method::GET, &format!("/admin/usage?group_by=day&start={today}"), None).await;
     assert_eq!(status, 200, "{by_day}");
     assert_eq!(by_day["data"].as_array().map(Vec::len), Some(1), "{by_day}");
@@ -576,7 +576,7 @@ async fn admin_api_reads_renames_revokes_rotates_and_reports_usage() {
     assert_eq!(chat(&new_secret).await.expect("chat").status(), 200);
     assert_eq!(chat(&secret).await.expect("chat").status(), 200, "the old secret within the grace period");
     let until = rotated["previous_key_valid_until"].as_u64().expect("grace end");
-    while tollgate::auth::now_unix() < until {
+    while tollgate::base::clock::now_unix() < until {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let r = chat(&secret).await.expect("chat");

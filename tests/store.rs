@@ -172,7 +172,7 @@ async fn contract(store: Arc<dyn Store>) {
     let recent: Vec<String> = tasks.recent(10).await.expect("recent").into_iter().map(|t| t.id).collect();
     assert_eq!(recent, ["task_later", "task_contract"], "{backend}");
     assert_eq!(tasks.recent(1).await.expect("recent").len(), 1, "{backend}");
-    let now = tollgate::auth::now_unix();
+    let now = tollgate::base::clock::now_unix();
     assert_eq!(tasks.claim_idempotency("key_a", "idem-1", "task_contract", now).await.expect("claim"), "task_contract", "{backend}");
     assert_eq!(
         tasks.claim_idempotency("key_a", "idem-1", "task_other", now).await.expect("claim"),
@@ -221,7 +221,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     let backend = stores[0].backend();
     let ledgers: Vec<Arc<Ledger>> = stores.iter().map(|s| Arc::new(Ledger::new(s.money(), false))).collect();
     let keys = stores[0].keys();
-    let now = tollgate::auth::now_unix();
+    let now = tollgate::base::clock::now_unix();
     let calendar = Calendar::default();
 
     // An account, stored and found by name on every node.
@@ -407,7 +407,7 @@ async fn restarted(store: Arc<dyn Store>) {
     use tollgate::policy::budget::{account_purse, window_purse, Calendar, Owner, Window};
     let backend = store.backend();
     let ledger = Ledger::new(store.money(), false);
-    let (start, _) = Calendar::default().window(Window::Day, tollgate::auth::now_unix());
+    let (start, _) = Calendar::default().window(Window::Day, tollgate::base::clock::now_unix());
     assert_eq!(
         ledger.balance(&window_purse(&Owner::Key("key_budget"), Window::Day, start)).await.expect("window"),
         -900,

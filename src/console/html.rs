@@ -45,7 +45,7 @@ pub fn money(usd: f64) -> String {
 
 /// nano-USD as [`money`].
 pub fn nanos(n: i64) -> String {
-    money(crate::ledger::usd(n))
+    money(crate::base::money::usd(n))
 }
 
 /// A count with thousands separators.

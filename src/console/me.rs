@@ -2,7 +2,8 @@
 //! page whose script asks `/me/data` with the key as a header. `/me/data` answers the calling
 //! key's own balance, windows, usage and last requests, and nothing of any other key.
 
-use crate::ledger::{usd, Grouping, Ledger};
+use crate::base::money::usd;
+use crate::ledger::{Grouping, Ledger};
 use crate::response::LocalResponse;
 use crate::store::{KeyRecord, RequestLogStore, StoreError};
 use serde_json::{json, Value};
@@ -39,11 +40,11 @@ pub async fn data(
     key: &KeyRecord,
     calendar: &crate::policy::budget::Calendar,
 ) -> Result<Value, StoreError> {
-    let now = crate::auth::now_unix();
+    let now = crate::base::clock::now_unix();
     let today = crate::policy::budget::date_in(now, calendar.tz());
     let first = crate::policy::budget::Calendar::add_days(&today, -29).unwrap_or_else(|| today.clone());
     let start_ms = calendar.day_start(&first).unwrap_or(0).saturating_mul(1000);
-    let end_ms = crate::ledger::now_ms().saturating_add(1);
+    let end_ms = crate::base::clock::now_ms().saturating_add(1);
     ledger.commit_now().await?;
     let (total, days) = ledger.usage_grouped(&key.id, start_ms, end_ms, &Grouping::Day(calendar.tz().clone())).await?;
     let (_, models) = ledger.usage_grouped(&key.id, start_ms, end_ms, &Grouping::Model).await?;

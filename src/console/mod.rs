@@ -237,7 +237,7 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session) -> L
     let query = req.uri.query().unwrap_or_default().to_string();
     // A browser says where a request comes from; a post from another site changes nothing.
     let cross_site = req.headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()).is_some_and(|v| v == "cross-site");
-    let now = crate::auth::now_unix();
+    let now = crate::base::clock::now_unix();
     match (method.as_str(), path.as_str()) {
         ("GET", "/console/assets/console.css") => return asset(CSS, "text/css; charset=utf-8"),
         ("GET", "/console/assets/console.js") => return asset(JS, "text/javascript; charset=utf-8"),

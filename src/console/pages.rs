@@ -67,7 +67,7 @@ struct Clock {
 impl Clock {
     fn now(api: &AdminApi) -> Clock {
         let calendar = api.routing.load().calendar.clone();
-        let today = crate::policy::budget::date_in(crate::auth::now_unix(), calendar.tz());
+        let today = crate::policy::budget::date_in(crate::base::clock::now_unix(), calendar.tz());
         Clock { calendar, today }
     }
 
@@ -358,7 +358,7 @@ fn health_strip(api: &AdminApi) -> String {
 
 /// A key's state, as the keys filter names it.
 fn key_state(view: &Value) -> &'static str {
-    let now = crate::auth::now_unix();
+    let now = crate::base::clock::now_unix();
     if !view["revoked_at"].is_null() {
         return "revoked";
     }
@@ -533,14 +533,14 @@ fn general_alerts(errors: &[(&str, &str)], fields: &[&str]) -> String {
 /// The redirect to the one-time page of a key's new secret (`view` with its `key`).
 fn reveal_redirect(reveals: &Reveals, req: &Request, view: &Value) -> LocalResponse {
     let text = |field: &str| view[field].as_str().unwrap_or_default().to_string();
-    let token = reveals.keep(&text("id"), &text("name"), &text("key"), &req.csrf, crate::auth::now_unix());
+    let token = reveals.keep(&text("id"), &text("name"), &text("key"), &req.csrf, crate::base::clock::now_unix());
     redirect(&format!("/console/keys/created/{token}"))
 }
 
 /// The one page that shows a new key's secret (see `reveal`).
 fn key_created(api: &AdminApi, reveals: &Reveals, req: &Request, token: &str) -> Page {
     let clock = Clock::now(api);
-    let Some(reveal) = reveals.take(token, &req.csrf, crate::auth::now_unix()) else {
+    let Some(reveal) = reveals.take(token, &req.csrf, crate::base::clock::now_unix()) else {
         let body = "<p class=\"alert\" role=\"alert\">This link was used already (or is another session's, or expired): a key's secret is shown only once. Nothing was created now.</p>\
 <p><a href=\"/console/keys\">All keys</a></p>";
         return Ok(clock.page("Secret already shown", "/console/keys", &req.csrf, body));
@@ -997,9 +997,9 @@ async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
                 r.totals.requests.to_string(),
                 r.totals.input_tokens.to_string(),
                 r.totals.output_tokens.to_string(),
-                format!("{:.9}", crate::ledger::usd(r.billed())),
+                format!("{:.9}", crate::base::money::usd(r.billed())),
                 r.totals.refunds.to_string(),
-                format!("{:.9}", crate::ledger::usd(r.totals.refunded_nanos)),
+                format!("{:.9}", crate::base::money::usd(r.totals.refunded_nanos)),
                 r.failed.to_string(),
             ];
             out.push_str(&cells.iter().map(|c| csv_cell(c)).collect::<Vec<_>>().join(","));
@@ -1241,7 +1241,7 @@ async fn request_detail(api: &AdminApi, req: &Request, id: &str) -> Page {
 
 async fn providers(api: &AdminApi, req: &Request) -> Page {
     let clock = Clock::now(api);
-    let now_ms = crate::ledger::now_ms();
+    let now_ms = crate::base::clock::now_ms();
     let since = now_ms.saturating_sub(15 * 60 * 1000);
     #[derive(Default)]
     struct Recent {

@@ -21,8 +21,9 @@
 //! buffered beyond the request body: response chunks go to the client as they arrive.
 
 use crate::auth::{self, KeyIndex};
+use crate::base::clock::now_ms;
 use crate::billing;
-use crate::ledger::{now_ms, Hold, Ledger, UsageRecord};
+use crate::ledger::{Hold, Ledger, UsageRecord};
 
 use crate::config::{Platform, Protocol};
 use crate::health::Verdict;
@@ -456,7 +457,7 @@ impl Gateway {
             Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
             None => None,
         };
-        Ok(crate::policy::budget::purses(key, account.as_deref(), &routing.calendar, crate::auth::now_unix()))
+        Ok(crate::policy::budget::purses(key, account.as_deref(), &routing.calendar, crate::base::clock::now_unix()))
     }
 
     /// Hold the most `draft` can cost in every purse of `key`. A request that named no output
@@ -482,7 +483,7 @@ impl Gateway {
                         lowerings += 1;
                         continue;
                     }
-                    let mut e = refused.to_api_error("this request may cost up to", crate::auth::now_unix());
+                    let mut e = refused.to_api_error("this request may cost up to", crate::base::clock::now_unix());
                     if route.billed() && !route.embeds() {
                         let covered = draft.output_covered(routing, available);
                         e.message.push_str(&match covered {
@@ -1264,7 +1265,7 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     if let Some((charged, _)) = ctx.video_charge {
         cost = charged;
     }
-    let cost_usd = crate::ledger::usd(cost);
+    let cost_usd = crate::base::money::usd(cost);
     let key = ctx.key.as_ref().map_or("-", |k| k.name.as_str());
     // A translated request names the provider's protocol.
     let translated = ctx.relayed.as_ref().and_then(|p| p.translation.as_ref()).map(|t| t.upstream.as_str());

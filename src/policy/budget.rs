@@ -99,7 +99,7 @@ impl Budgets {
             Some(usd) if !(usd.is_finite() && usd > 0.0 && usd <= 1e6) => {
                 Err(format!("budgets.{}: a positive number of USD, at most 1000000", window.as_str()))
             }
-            Some(usd) => Ok(Some(crate::auth::usd_to_nanos(usd))),
+            Some(usd) => Ok(Some(crate::base::money::usd_to_nanos(usd))),
             None => Ok(None),
         };
         Ok(Budgets {
@@ -110,7 +110,7 @@ impl Budgets {
     }
 
     pub fn input(&self) -> BudgetsInput {
-        let usd = |n: Option<i64>| n.map(crate::ledger::usd);
+        let usd = |n: Option<i64>| n.map(crate::base::money::usd);
         BudgetsInput { day: usd(self.day), week: usd(self.week), month: usd(self.month) }
     }
 }

@@ -153,8 +153,8 @@ impl KeyPolicy {
                 ErrorKind::RequestCostCap,
                 format!(
                     "This request may cost up to ${:.6}, more than this API key's cap of ${:.6} per request. Ask for fewer output tokens or send less input.",
-                    crate::ledger::usd(hold_nanos),
-                    crate::ledger::usd(cap)
+                    crate::base::money::usd(hold_nanos),
+                    crate::base::money::usd(cap)
                 ),
             )),
             _ => Ok(()),
@@ -200,7 +200,7 @@ impl KeyPolicy {
             Some(usd) if !(usd.is_finite() && usd > 0.0 && usd <= 1e6) => {
                 return Err("max_request_cost: a positive number of USD, at most 1000000".into())
             }
-            Some(usd) => Some(crate::auth::usd_to_nanos(usd)),
+            Some(usd) => Some(crate::base::money::usd_to_nanos(usd)),
             None => None,
         };
         let limit = crate::config::MAX_OUTPUT_ALLOWANCE;
@@ -250,7 +250,7 @@ impl KeyPolicy {
             expires_at: self.expires_at.map(crate::protocol::rfc3339),
             models: self.models.clone(),
             ip_allow: self.ip_allow.as_ref().map(|blocks| blocks.iter().map(ToString::to_string).collect()),
-            max_request_cost: self.max_request_cost_nanos.map(crate::ledger::usd),
+            max_request_cost: self.max_request_cost_nanos.map(crate::base::money::usd),
             max_output_tokens: self.max_output_tokens,
             default_output_tokens: self.default_output_tokens,
             budgets: (!self.budgets.is_empty()).then(|| self.budgets.input()),

@@ -326,7 +326,7 @@ impl Trace {
             spans.add("tollgate.key.tags", Value::Strs(&tags));
         }
         if let Some(cost) = facts.cost_nanos {
-            spans.add("tollgate.cost_usd", Value::Double(cost as f64 / 1e9));
+            spans.add("tollgate.cost_usd", Value::Double(crate::base::money::usd(cost)));
             spans.add("tollgate.estimated", Value::Bool(facts.estimated));
         }
         if let Some(first) = facts.first_byte {

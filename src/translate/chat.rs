@@ -519,7 +519,7 @@ pub fn encode_response(t: &Translation, r: &Response) -> Value {
     let mut out = json!({
         "id": chat_id(&r.id),
         "object": "chat.completion",
-        "created": crate::auth::now_unix(),
+        "created": crate::base::clock::now_unix(),
         "model": t.model,
         "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": r.stop.map_or("stop", stop_name)}],
     });
@@ -613,7 +613,7 @@ impl Encoder {
     pub fn new(t: &Translation) -> Encoder {
         Encoder {
             id: new_id("chatcmpl-"),
-            created: crate::auth::now_unix(),
+            created: crate::base::clock::now_unix(),
             model: t.model.clone(),
             wants_usage: t.client_wants_usage,
             tool: None,

@@ -284,7 +284,7 @@ pub fn encode_response(t: &Translation, r: &Response) -> Value {
             _ => {}
         }
     }
-    response_object(&new_id("resp_"), &t.model, crate::auth::now_unix(), output, r.stop, r.usage.as_ref(), true)
+    response_object(&new_id("resp_"), &t.model, crate::base::clock::now_unix(), output, r.stop, r.usage.as_ref(), true)
 }
 
 /// The item being streamed.
@@ -371,7 +371,7 @@ impl Encoder {
         Encoder {
             id: new_id("resp_"),
             model: t.model.clone(),
-            created: crate::auth::now_unix(),
+            created: crate::base::clock::now_unix(),
             seq: 0,
             open: None,
             done: Vec::new(),

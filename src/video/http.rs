@@ -3,7 +3,7 @@
 
 use super::task::Status;
 use super::{VideoService, RESULT_URL_TTL_SECS};
-use crate::auth::now_unix;
+use crate::base::clock::now_unix;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::storage::StorageError;
 use crate::store::KeyRecord;

@@ -10,9 +10,10 @@ pub mod task;
 pub mod tc3;
 pub mod upstream;
 
-use crate::auth::now_unix;
+use crate::base::clock::now_ms;
+use crate::base::clock::now_unix;
 use crate::config::VideoConfig;
-use crate::ledger::{now_ms, Ledger, UsageRecord};
+use crate::ledger::{Ledger, UsageRecord};
 use crate::protocol::{ApiError, ErrorKind};
 use crate::storage::ObjectStore;
 use crate::store::{KeyRecord, StoreError};
@@ -87,7 +88,7 @@ impl VideoService {
     /// an unpriced model (configuration validation refuses those; billing fails closed).
     pub fn price_nanos(&self, api_model: &str, duration: u32) -> Option<i64> {
         let per_second = self.cfg.prices.get(api_model).copied()?;
-        Some(crate::auth::usd_to_nanos(per_second * f64::from(duration)))
+        Some(crate::base::money::usd_to_nanos(per_second * f64::from(duration)))
     }
 
     fn billing_record(task: &Task, cost_nanos: i64, route: &str) -> UsageRecord {
@@ -141,7 +142,7 @@ impl VideoService {
                 task.owner,
                 task.api_model,
                 task.duration,
-                crate::ledger::usd(task.cost_nanos)
+                crate::base::money::usd(task.cost_nanos)
             ),
             _ => log::info!(
                 "video: task {} of key {} failed ({}): model={} seconds={} refunded_usd={:.9}",
@@ -150,7 +151,7 @@ impl VideoService {
                 task.error.as_ref().map_or("no reason given", |e| e.message.as_str()),
                 task.api_model,
                 task.duration,
-                crate::ledger::usd(if task.refunded { task.cost_nanos } else { 0 })
+                crate::base::money::usd(if task.refunded { task.cost_nanos } else { 0 })
             ),
         }
         if task.status == Status::Completed && task.storage_key.is_none() && !task.copy_pending && self.storage.is_some() {

@@ -108,7 +108,7 @@ pub struct VideoUpstream {
 }
 
 fn now_unix() -> u64 {
-    crate::auth::now_unix()
+    crate::base::clock::now_unix()
 }
 
 impl VideoUpstream {

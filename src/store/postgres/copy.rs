@@ -80,7 +80,7 @@ pub async fn write(pg: &Pg, s: &Snapshot) -> Result<(), PgError> {
         tx.execute("INSERT INTO audit_log (time_ms, record) VALUES ($1, $2)", &[&i64::try_from(e.time_ms).unwrap_or(i64::MAX), &text(e)?])
             .await?;
     }
-    let journal = format!("copy/{}", crate::ledger::now_ms());
+    let journal = format!("copy/{}", crate::base::clock::now_ms());
     let records: Vec<_> = s.records.iter().enumerate().map(|(i, r)| super::accounts::Journaled::of(i as i64, r, false)).collect();
     super::records::insert(&tx, &journal, records.iter()).await?;
     for (id, owner) in &s.owners {
