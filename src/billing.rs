@@ -1,7 +1,8 @@
 //! The rules that turn a request and what its response showed into money: the hold estimate
 //! before forwarding, and the usage billed afterwards (reported, or estimated on abnormal ends).
 
-use crate::meter::{tokens_from_bytes, ScanResult, Usage};
+use crate::base::usage::Usage;
+use crate::meter::{tokens_from_bytes, ScanResult};
 
 /// Input tokens assumed for the hold: one per three bytes of request body (an upper bound for
 /// ordinary text; the real count replaces it at settlement).

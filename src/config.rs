@@ -57,6 +57,7 @@ fn err<T>(msg: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(msg.into()))
 }
 
+use crate::base::usage::MAX_OUTPUT_ALLOWANCE;
 pub use crate::protocol::Protocol;
 
 /// What a group may call: one of the three model protocols, or the video task API.
@@ -83,9 +84,6 @@ impl From<Protocol> for Platform {
 pub const MIN_STRONG_KEY_LEN: usize = 32;
 /// Shortest admin token accepted.
 pub const MIN_ADMIN_TOKEN_LEN: usize = 16;
-/// The largest output allowance (tokens, all choices together) a request may ask for when its
-/// model has no `max_output_tokens`: no model produces this much in one answer.
-pub const MAX_OUTPUT_ALLOWANCE: u64 = 1 << 24;
 /// `billing.default_output_tokens` when not set.
 pub const DEFAULT_OUTPUT_TOKENS: u64 = 4096;
 /// `billing.min_output_tokens` when not set.

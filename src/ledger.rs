@@ -19,8 +19,8 @@
 
 use crate::base::clock::now_ms;
 use crate::base::money::usd;
+use crate::base::usage::Usage;
 use crate::config::Price;
-use crate::meter::Usage;
 use crate::store::{MoneyStore, StoreError};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -128,7 +128,7 @@ impl PriceBook {
         }
         // `times` rounds half up: n tokens cost at most `left` while n·price + 500_000 < (left + 1)·10⁶.
         let n = ((left + 1) * 1_000_000 - 500_000 - 1) / i128::from(p.output);
-        Some(u64::try_from(n.max(0)).unwrap_or(u64::MAX).min(crate::config::MAX_OUTPUT_ALLOWANCE))
+        Some(u64::try_from(n.max(0)).unwrap_or(u64::MAX).min(crate::base::usage::MAX_OUTPUT_ALLOWANCE))
     }
 }
 
@@ -1146,7 +1146,7 @@ pub(crate) mod tests {
             );
             let book = PriceBook::new(&p);
             let body_len = rng.gen_range(0..40_000_000usize);
-            let allowance = rng.gen_range(0..=crate::config::MAX_OUTPUT_ALLOWANCE) * rng.gen_range(1..=128);
+            let allowance = rng.gen_range(0..=crate::base::usage::MAX_OUTPUT_ALLOWANCE) * rng.gen_range(1..=128);
             let input_max = crate::billing::hold_input_tokens(body_len);
             let hold = book.hold_cost("m", input_max, allowance).expect("priced");
             let plain = rng.gen_range(0..=input_max);

@@ -8,23 +8,6 @@ use bytes::Bytes;
 use serde_json::Value;
 use std::collections::VecDeque;
 
-/// Token counts of one call. `input` excludes `cached` (cache reads) and `cache_write`
-/// (cache writes); each is priced apart.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
-    pub input: u64,
-    pub cached: u64,
-    pub cache_write: u64,
-    pub output: u64,
-}
-
-impl Usage {
-    /// All input: plain, cache reads and cache writes.
-    pub fn input_total(&self) -> u64 {
-        self.input.saturating_add(self.cached).saturating_add(self.cache_write)
-    }
-}
-
 /// Which response format is being read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shape {

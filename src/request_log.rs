@@ -8,7 +8,7 @@
 //! well-formed one (1 to 128 letters, digits, `.`, `_`, `-`), else one made here. It is the
 //! entry's id. An upstream's own request id is kept in the entry (`upstream_request_id`).
 
-use crate::store::codec::{put_signed, put_str, put_varint, Reader};
+use crate::base::codec::{put_signed, put_str, put_varint, Reader};
 use async_trait::async_trait;
 use pingora_core::modules::http::{HttpModule, HttpModuleBuilder, Module};
 use pingora_http::{RequestHeader, ResponseHeader};
@@ -99,7 +99,7 @@ pub struct LogLine<'a> {
 }
 
 /// The stored form of an entry (a node's own tree): a version byte, then the fields in their
-/// order, in the compact form of [`crate::store::codec`] (every request writes one).
+/// order, in the compact form of [`crate::base::codec`] (every request writes one).
 /// The whole is length-prefixed (u32, little-endian), so a commit batch's `[e1,e2,…]` framing
 /// can be walked without reading inside the entries.
 const STORED_VERSION: u8 = 1;

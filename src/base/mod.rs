@@ -3,6 +3,10 @@
 //!
 //! * [`clock`]: the wall clock in Unix seconds and milliseconds.
 //! * [`money`]: the money unit (nano-USD) and its conversions.
+//! * [`usage`]: token counts of one call, and the largest output a request may be allowed.
+//! * [`codec`]: the compact binary form the stored records are written in.
 
 pub mod clock;
+pub mod codec;
 pub mod money;
+pub mod usage;

@@ -108,7 +108,7 @@ pub struct RelayPlan {
     pub withhold_usage: bool,
     pub started: Instant,
     /// What settlement billed (tokens, cost, estimated), for the access log.
-    pub billed: Option<(crate::meter::Usage, i64, bool)>,
+    pub billed: Option<(crate::base::usage::Usage, i64, bool)>,
     /// The provider (catalog index) that answered, once one did.
     pub served_by: Option<usize>,
     /// Requests sent upstream (retries included).

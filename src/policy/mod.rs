@@ -203,7 +203,7 @@ impl KeyPolicy {
             Some(usd) => Some(crate::base::money::usd_to_nanos(usd)),
             None => None,
         };
-        let limit = crate::config::MAX_OUTPUT_ALLOWANCE;
+        let limit = crate::base::usage::MAX_OUTPUT_ALLOWANCE;
         for (field, v) in [("max_output_tokens", input.max_output_tokens), ("default_output_tokens", input.default_output_tokens)] {
             if v.is_some_and(|n| n == 0 || n > limit) {
                 return Err(format!("{field}: 1 to {limit}"));

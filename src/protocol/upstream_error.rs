@@ -122,7 +122,7 @@ pub fn scrub(message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Protocol;
+    use crate::protocol::Protocol;
 
     /// The real services' answers, as reported (keys and organizations replaced by look-alikes).
     const OPENAI_401: &[u8] = br#"{"error":{"message":"Incorrect API key provided: sk-proj-********************************************abcd. You can find your API key at https://platform.openai.com/account/api-keys.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#;

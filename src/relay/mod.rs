@@ -378,7 +378,7 @@ impl Default for MediaAllowance {
 
 /// The output tokens a request may produce, all choices together: the per-choice maximum it
 /// names in its route's own field (refused above the model's `max_output_tokens`, or above
-/// [`crate::config::MAX_OUTPUT_ALLOWANCE`]), else the default allowance (see
+/// [`crate::base::usage::MAX_OUTPUT_ALLOWANCE`]), else the default allowance (see
 /// [`output::default_allowance`]); times `n` / `candidateCount`. Returns the per-choice figure
 /// and whether the request named it.
 fn output_allowance(
@@ -395,7 +395,7 @@ fn output_allowance(
     policy.check_output_tokens(asked, output::named_field(route, fields))?;
     Ok(match asked {
         Some(asked) => {
-            let limit = model_limit.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
+            let limit = model_limit.unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE);
             if asked > limit {
                 return Err(ApiError::new(
                     ErrorKind::BadRequest,

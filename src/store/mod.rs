@@ -24,7 +24,6 @@
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
 //! Balances live in the money store, not in the key record.
 
-pub mod codec;
 pub mod copy;
 pub mod fleet;
 pub mod postgres;

@@ -5,13 +5,13 @@
 //! [`crate::commit::Writer::insert_grouped`]): `[` records separated by `,` `]`. A record is
 //! written in binary: the mark [`BINARY_V1`] (a byte no JSON text starts with), its length
 //! (u32, little-endian), then its fields in the order of [`encode`], in the compact form of
-//! [`crate::store::codec`]. Every relayed request writes one: its JSON took ~7 K instructions.
+//! [`crate::base::codec`]. Every relayed request writes one: its JSON took ~7 K instructions.
 //!
 //! Entries written by earlier versions are read alike: a JSON array of records, or (before
 //! batches were grouped) one JSON object.
 
+use crate::base::codec::{put_signed, put_str, put_varint, Reader};
 use crate::ledger::UsageRecord;
-use crate::store::codec::{put_signed, put_str, put_varint, Reader};
 use crate::store::StoreError;
 use std::borrow::Cow;
 

@@ -196,7 +196,7 @@ pub struct RequestFacts<'a> {
     pub request_id: Option<&'a str>,
     /// `gen_ai.provider.name` of the provider that answered.
     pub provider: Option<&'static str>,
-    pub usage: Option<crate::meter::Usage>,
+    pub usage: Option<crate::base::usage::Usage>,
     pub cost_nanos: Option<i64>,
     pub estimated: bool,
     pub first_byte: Option<Duration>,
@@ -355,7 +355,7 @@ impl Trace {
 }
 
 /// What the answer said of itself and the tokens it was billed for, as attributes.
-fn answered(spans: &mut Spans, answer: &Answer, usage: Option<crate::meter::Usage>) {
+fn answered(spans: &mut Spans, answer: &Answer, usage: Option<crate::base::usage::Usage>) {
     if let Some(m) = &answer.model {
         spans.add("gen_ai.response.model", Value::Str(m));
     }
@@ -415,7 +415,7 @@ mod tests {
         assert_ne!(first, second);
         assert!(second.starts_with("00-07070707070707070707070707070707-") && second.ends_with("-01"));
         t.attempt_answered(200);
-        let usage = crate::meter::Usage { input: 10, cached: 2, cache_write: 0, output: 5 };
+        let usage = crate::base::usage::Usage { input: 10, cached: 2, cache_write: 0, output: 5 };
         let facts = RequestFacts {
             method: "POST",
             route: "chat_completions",

@@ -263,7 +263,7 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
         let role = if m.role == Role::Assistant { "assistant" } else { "user" };
         out_messages.push(json!({"role": role, "content": blocks}));
     }
-    let max_tokens = req.max_output.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE);
+    let max_tokens = req.max_output.unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE);
     let mut out = json!({"model": req.model, "messages": out_messages, "max_tokens": max_tokens});
     if !req.system.is_empty() {
         out["system"] = req.system.iter().map(|s| json!({"type": "text", "text": s})).collect();

@@ -947,7 +947,7 @@ mod round_trip {
         fn chat_and_messages_say_it_back_exactly(req in conversation()) {
             let mut expected = req.clone();
             // The messages protocol requires a maximum (the held one is set before encoding).
-            expected.max_output = Some(req.max_output.unwrap_or(crate::config::MAX_OUTPUT_ALLOWANCE));
+            expected.max_output = Some(req.max_output.unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE));
             let mut req = req;
             req.max_output = expected.max_output;
             prop_assert_eq!(through(&req, Protocol::Openai), req.clone());

@@ -40,7 +40,7 @@ fn index_record(index: &mut Index, record: KeyRecord) {
     let record = Arc::new(record);
     let previous = record.rotated.as_ref().map(|r| r.previous_hash.as_str());
     for hash in std::iter::once(record.key_hash.as_str()).chain(previous) {
-        match crate::store::codec::parse_key_hash(hash) {
+        match crate::base::codec::parse_key_hash(hash) {
             Some(h) => {
                 index.insert(h, record.clone());
             }
@@ -228,7 +228,7 @@ impl FleetKeys {
 
     /// The key with this secret's hash (hex), from memory; `Stale` when the index is too old.
     pub fn lookup(&self, key_hash: &str) -> KeyLookup {
-        match crate::store::codec::parse_key_hash(key_hash) {
+        match crate::base::codec::parse_key_hash(key_hash) {
             Some(hash) => self.find(&hash),
             None if self.is_fresh() => KeyLookup::Unknown,
             None => KeyLookup::Stale,

@@ -81,7 +81,7 @@ impl SledKeys {
             // grace period.
             let previous = rec.rotated.as_ref().map(|r| r.previous_hash.as_str());
             for hash in std::iter::once(rec.key_hash.as_str()).chain(previous) {
-                match crate::store::codec::parse_key_hash(hash) {
+                match crate::base::codec::parse_key_hash(hash) {
                     Some(h) => {
                         map.insert(h, rec.clone());
                     }
