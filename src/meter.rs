@@ -47,7 +47,7 @@ pub struct UsageScanner {
     /// Bytes that reached the client.
     pub body_bytes: u64,
     /// What the answer says of itself, read only for a traced request (see [`Self::read_answer`]).
-    answer: Option<Box<crate::telemetry::Answer>>,
+    answer: Option<Box<crate::base::usage::Answer>>,
 }
 
 /// How much of a non-streamed response object is kept to read its id.
@@ -239,7 +239,7 @@ impl UsageScanner {
     }
 
     /// What [`Self::read_answer`] found, once the body ended.
-    pub fn take_answer(&mut self) -> Option<crate::telemetry::Answer> {
+    pub fn take_answer(&mut self) -> Option<crate::base::usage::Answer> {
         self.answer.take().map(|a| *a)
     }
 

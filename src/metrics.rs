@@ -5,7 +5,7 @@
 //! a model's handles take a read lock and allocate nothing; a write lock is taken only when a
 //! series is seen for the first time.
 
-use crate::config::Protocol;
+use crate::protocol::Protocol;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};

@@ -3,7 +3,8 @@
 //!
 //! * [`clock`]: the wall clock in Unix seconds and milliseconds.
 //! * [`money`]: the money unit (nano-USD) and its conversions.
-//! * [`usage`]: token counts of one call, and the largest output a request may be allowed.
+//! * [`usage`]: what one call used and said (token counts, model, stop reasons), and the
+//!   largest output a request may be allowed.
 //! * [`codec`]: the compact binary form the stored records are written in.
 
 pub mod clock;

@@ -47,7 +47,7 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
 
 /// For a traced request: the model that answered (`model` of the body or of `message_start`'s
 /// message) and its `stop_reason` (of the body or of `message_delta`).
-pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
+pub fn read_answer(v: &Value, a: &mut crate::base::usage::Answer) {
     a.model(v.get("model").or_else(|| super::at(v, "/message/model")).and_then(Value::as_str));
     a.finish_reason(v.get("stop_reason").or_else(|| super::at(v, "/delta/stop_reason")).and_then(Value::as_str));
 }
@@ -55,7 +55,7 @@ pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
 /// [`read_answer`] of a whole message body, found without parsing it (see
 /// [`super::key_strings`]): a message has one `model` and one `stop_reason`, before and after its
 /// content; content blocks have neither.
-pub fn read_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
+pub fn read_answer_body(body: &[u8], a: &mut crate::base::usage::Answer) {
     static STOP_REASON: super::QuotedKey = super::QuotedKey::new("\"stop_reason\"");
     a.model(super::key_strings(body, &super::MODEL_KEY).next().as_deref());
     a.finish_reason(super::key_strings(body, &STOP_REASON).last().as_deref());

@@ -51,7 +51,7 @@ pub fn model_list(models: &[ModelEntry]) -> Value {
 }
 
 /// For a traced request: `modelVersion` and each candidate's `finishReason`.
-pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
+pub fn read_answer(v: &Value, a: &mut crate::base::usage::Answer) {
     a.model(v.get("modelVersion").and_then(Value::as_str));
     for c in v.get("candidates").and_then(Value::as_array).into_iter().flatten() {
         a.finish_reason(c.get("finishReason").and_then(Value::as_str));
@@ -60,7 +60,7 @@ pub fn read_answer(v: &Value, a: &mut crate::telemetry::Answer) {
 
 /// [`read_answer`] of a whole body (one response, or a JSON array of stream chunks), found
 /// without parsing it (see [`super::key_strings`]).
-pub fn read_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
+pub fn read_answer_body(body: &[u8], a: &mut crate::base::usage::Answer) {
     static MODEL_VERSION: super::QuotedKey = super::QuotedKey::new("\"modelVersion\"");
     static FINISH_REASON: super::QuotedKey = super::QuotedKey::new("\"finishReason\"");
     a.model(super::key_strings(body, &MODEL_VERSION).next().as_deref());

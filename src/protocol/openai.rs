@@ -74,7 +74,7 @@ pub fn read_chat_event(v: &Value, r: &mut super::Reading) -> bool {
 
 /// For a traced request: the model of a chat completion (body or chunk) and each choice's
 /// `finish_reason`.
-pub fn read_chat_answer(v: &Value, a: &mut crate::telemetry::Answer) {
+pub fn read_chat_answer(v: &Value, a: &mut crate::base::usage::Answer) {
     a.model(v.get("model").and_then(Value::as_str));
     for c in v.get("choices").and_then(Value::as_array).into_iter().flatten() {
         a.finish_reason(c.get("finish_reason").and_then(Value::as_str));
@@ -83,7 +83,7 @@ pub fn read_chat_answer(v: &Value, a: &mut crate::telemetry::Answer) {
 
 /// [`read_chat_answer`] of a whole body, found without parsing it (see [`super::key_strings`]):
 /// the first `model` (the top level's comes before any choice) and every `finish_reason`.
-pub fn read_chat_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
+pub fn read_chat_answer_body(body: &[u8], a: &mut crate::base::usage::Answer) {
     static FINISH_REASON: super::QuotedKey = super::QuotedKey::new("\"finish_reason\"");
     a.model(super::key_strings(body, &super::MODEL_KEY).next().as_deref());
     for reason in super::key_strings(body, &FINISH_REASON) {
@@ -93,7 +93,7 @@ pub fn read_chat_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
 
 /// For a traced request: the model of a response (body, or the response an event carries) and
 /// how it ended (`incomplete_details.reason`, else a final `status`).
-pub fn read_responses_answer(v: &Value, a: &mut crate::telemetry::Answer) {
+pub fn read_responses_answer(v: &Value, a: &mut crate::base::usage::Answer) {
     let Some(r) = (if v.get("type").is_some() { v.get("response") } else { Some(v) }) else { return };
     a.model(r.get("model").and_then(Value::as_str));
     let status = r.get("status").and_then(Value::as_str).filter(|s| matches!(*s, "completed" | "incomplete" | "failed" | "cancelled"));
@@ -103,7 +103,7 @@ pub fn read_responses_answer(v: &Value, a: &mut crate::telemetry::Answer) {
 }
 
 /// [`read_responses_answer`] of a whole response object, read without building its JSON tree.
-pub fn read_responses_answer_body(body: &[u8], a: &mut crate::telemetry::Answer) {
+pub fn read_responses_answer_body(body: &[u8], a: &mut crate::base::usage::Answer) {
     #[derive(serde::Deserialize)]
     struct Incomplete<'a> {
         #[serde(borrow, default)]

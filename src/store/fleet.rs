@@ -15,11 +15,12 @@
 //! random id kept in the data directory) names the records in the database, so a node whose
 //! data directory was replaced never collides with its own older records.
 
+use super::postgres::accounts::FleetAccounts;
 use super::postgres::accounts::FleetHold;
-use super::postgres::accounts::{FleetAccounts, Journaled};
 use super::postgres::keys::FleetKeys;
 use super::postgres::rates::{FleetRates, FleetSlots};
 use super::postgres::records::FleetRecords;
+use super::postgres::records::Journaled;
 use super::postgres::tasks::FleetTasks;
 use super::postgres::{Pg, PgError};
 use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};

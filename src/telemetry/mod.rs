@@ -14,6 +14,7 @@ mod export;
 mod otlp;
 pub mod settings;
 
+use crate::base::usage::Answer;
 use context::{SpanId, TraceId};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -104,30 +105,6 @@ fn last8(id: &TraceId) -> [u8; 8] {
 
 fn unix_ns() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
-}
-
-/// What a traced answer said of itself: the model that answered and why it stopped (read by
-/// the usage scanner, only for a sampled request).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Answer {
-    pub model: Option<String>,
-    pub finish_reasons: Vec<String>,
-}
-
-impl Answer {
-    pub fn model(&mut self, model: Option<&str>) {
-        if let (None, Some(m)) = (&self.model, model.filter(|m| !m.is_empty())) {
-            self.model = Some(m.to_string());
-        }
-    }
-
-    pub fn finish_reason(&mut self, reason: Option<&str>) {
-        if let Some(r) = reason.filter(|r| !r.is_empty()) {
-            if !self.finish_reasons.iter().any(|have| have == r) {
-                self.finish_reasons.push(r.to_string());
-            }
-        }
-    }
 }
 
 /// One request's trace while it is served.

@@ -81,7 +81,7 @@ pub async fn write(pg: &Pg, s: &Snapshot) -> Result<(), PgError> {
             .await?;
     }
     let journal = format!("copy/{}", crate::base::clock::now_ms());
-    let records: Vec<_> = s.records.iter().enumerate().map(|(i, r)| super::accounts::Journaled::of(i as i64, r, false)).collect();
+    let records: Vec<_> = s.records.iter().enumerate().map(|(i, r)| super::records::Journaled::of(i as i64, r, false)).collect();
     super::records::insert(&tx, &journal, records.iter()).await?;
     for (id, owner) in &s.owners {
         tx.execute(

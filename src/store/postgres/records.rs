@@ -8,10 +8,65 @@
 //! responses are booked with the records that created them. Totals are counted by the
 //! ledger's own rule ([`crate::ledger::Totals::add`]).
 
-use super::accounts::Journaled;
 use super::{Pg, PgError};
 use crate::ledger::{ResponseOwner, Totals, UsageRecord};
+use crate::store::records::Head;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+
+/// One usage record on its way from a node's journal to the database, where it debits its cost:
+/// its stored form as the journal holds it (stored as it is) and what booking reads of it.
+#[derive(Debug, Clone)]
+pub struct Journaled<'a> {
+    /// Its number in the node's journal; with the journal's id, its key in the database.
+    pub seq: i64,
+    pub stored: Cow<'a, [u8]>,
+    pub head: Head<'a>,
+    /// The response it created and that response's owner (read from the whole record, which
+    /// only these few are).
+    pub owner: Option<(String, ResponseOwner)>,
+    /// Its cost was settled in this process (and is part of what this node owes).
+    pub owed_here: bool,
+}
+
+impl Journaled<'static> {
+    /// A record at hand, numbered `seq`.
+    pub fn of(seq: i64, record: &UsageRecord, owed_here: bool) -> Self {
+        Journaled {
+            seq,
+            stored: Cow::Owned(crate::store::records::value(record)),
+            head: Head::of(record),
+            owner: record.owner().zip(record.response_id.clone()).map(|(o, id)| (id, o)),
+            owed_here,
+        }
+    }
+}
+
+impl<'a> Journaled<'a> {
+    /// A record's stored form from a journal; None if it does not read. Records numbered from
+    /// `owed_from` on were settled in this process.
+    pub fn read(stored: &'a [u8], owed_from: u64) -> Option<Self> {
+        let head = Head::read(stored)?;
+        let owner = match head.response {
+            true => {
+                crate::store::records::decode_records(stored).ok()?.pop().and_then(|r| r.owner().zip(r.response_id)).map(|(o, id)| (id, o))
+            }
+            false => None,
+        };
+        Some(Journaled {
+            seq: i64::try_from(head.seq).unwrap_or(i64::MAX),
+            owed_here: head.seq >= owed_from,
+            stored: Cow::Borrowed(stored),
+            head,
+            owner,
+        })
+    }
+
+    /// The purses it debits: its key, then those it was charged besides.
+    pub(super) fn purses(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(&*self.head.key_id).chain(self.head.charged.iter().map(|c| &**c))
+    }
+}
 
 pub struct FleetRecords {
     pg: Pg,
