@@ -876,7 +876,7 @@ pub(crate) mod tests {
             );
             db.flush().expect("flush");
         }
-        let db = crate::store::reopen(dir.path());
+        let db = crate::store::db::reopen(dir.path());
         let ledger = Ledger::open(&db).expect("ledger");
         assert_eq!(ledger.balance("k").await.expect("balance"), 900);
     }
@@ -1038,7 +1038,7 @@ pub(crate) mod tests {
             ledger.adjust(record("k", "a", -50, 4000)).await.expect("refund");
             ledger.settle(ledger.hold("other", 0).await.expect("db").expect("ok"), record("other", "a", 0, 1500)).await.expect("other");
         }
-        let db = crate::store::reopen(dir.path());
+        let db = crate::store::db::reopen(dir.path());
         let ledger = Ledger::open(&db).expect("ledger");
         assert_eq!(ledger.balance("k").await.expect("bal"), 10_000 - 300 + 50);
         let (total, by_model) = ledger.usage_summary("k", 0, u64::MAX).await.expect("summary");
@@ -1071,14 +1071,14 @@ pub(crate) mod tests {
             assert!(records(&db, "k").expect("records").is_empty());
             db.flush().expect("flush");
         }
-        let db = crate::store::reopen(dir.path());
+        let db = crate::store::db::reopen(dir.path());
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
         assert_eq!(ledger.balance("k").await.expect("balance"), 8_000, "the spending is not given back");
         // Bookings after the checkpoint still win over it.
         ledger.settle(ledger.hold("k", 0).await.expect("db").expect("ok"), record("k", "m", 500, 30)).await.expect("settle");
         drop(ledger);
         drop(db);
-        let db = crate::store::reopen(dir.path());
+        let db = crate::store::db::reopen(dir.path());
         assert_eq!(Ledger::open(&db).expect("ledger").balance("k").await.expect("balance"), 7_500);
     }
 

@@ -22,7 +22,7 @@
 
 pub mod journal;
 
-use crate::store::{DbSlot, StoreError};
+use crate::store::db::{DbSlot, StoreError};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,12 +85,17 @@ impl TreeName {
             TreeName::UsageRecords => "usage_records",
             TreeName::Balances => "balances",
             TreeName::ResponseOwners => RESPONSE_OWNERS,
-            TreeName::FleetJournal => crate::store::fleet::JOURNAL,
+            TreeName::FleetJournal => FLEET_JOURNAL,
             TreeName::Audit => AUDIT,
-            TreeName::RequestLog => crate::store::sled::requests::TREE,
+            TreeName::RequestLog => REQUEST_LOG,
         }
     }
 }
+
+/// The tree of a fleet node's journal (usage records on their way to the shared database).
+pub const FLEET_JOURNAL: &str = "fleet_journal";
+/// The tree of the request log (a fleet node's outbox).
+pub const REQUEST_LOG: &str = "request_log";
 
 /// The tree of audit entries: unix ms and a sequence number (big-endian) → JSON.
 pub const AUDIT: &str = "audit";

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The journal's tree and the key of the journal's id in the `meta` tree.
-pub const JOURNAL: &str = "fleet_journal";
+pub const JOURNAL: &str = crate::commit::FLEET_JOURNAL;
 const JOURNAL_ID: &[u8] = b"fleet_journal_id";
 /// Records booked per transaction, about (whole journal entries are taken, counted by size).
 const BOOK_BATCH: usize = 2000;

@@ -9,7 +9,7 @@ use crate::commit::GROUP_SPAN_MS;
 use crate::request_log::{Cursor, Filter, LogEntry, LogLine, Page};
 use crate::store::{DbSlot, StoreError};
 
-pub const TREE: &str = "request_log";
+pub const TREE: &str = crate::commit::REQUEST_LOG;
 
 fn key(time_ms: u64, seq: u64) -> [u8; 16] {
     let mut k = [0u8; 16];

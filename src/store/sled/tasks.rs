@@ -221,7 +221,7 @@ mod tests {
             s.put(&t).await.expect("put");
             assert!(s.open_ids().await.expect("ids").is_empty());
         }
-        let db = crate::store::reopen(dir.path());
+        let db = crate::store::db::reopen(dir.path());
         let s = SledTasks::new(&db).expect("store");
         assert_eq!(s.get("task_x").await.expect("get").map(|t| t.status), Some(Status::Completed));
     }
