@@ -206,6 +206,23 @@ pub trait TaskStore: Send + Sync {
     fn set_handover(&self, _to: Arc<dyn crate::video::store::ForwardTasks>) {}
 }
 
+/// The index authentication reads: a secret's SHA-256 → its key's record.
+pub type KeyHashIndex = std::collections::HashMap<[u8; 32], Arc<KeyRecord>, ahash::RandomState>;
+
+/// Index `record` by its secret's hash, and a rotated key by its previous one too
+/// (authentication checks the grace period); a hash that does not read is logged and left out.
+pub fn index_key(index: &mut KeyHashIndex, record: Arc<KeyRecord>) {
+    let previous = record.rotated.as_ref().map(|r| r.previous_hash.as_str());
+    for hash in std::iter::once(record.key_hash.as_str()).chain(previous) {
+        match crate::base::codec::parse_key_hash(hash) {
+            Some(h) => {
+                index.insert(h, record.clone());
+            }
+            None => log::warn!("key {} has an unreadable hash; ignored", record.id),
+        }
+    }
+}
+
 /// One API key as persisted.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct KeyRecord {

@@ -32,21 +32,10 @@ pub const OVERLAP: Duration = Duration::from_secs(5);
 
 /// The in-memory index: key hash → record (keyed as authentication computes the hash, so a
 /// lookup neither formats nor hashes text).
-type Index = HashMap<[u8; 32], Arc<KeyRecord>, ahash::RandomState>;
+type Index = crate::store::KeyHashIndex;
 
-/// Index a record by its secret's hash, and a rotated key by its previous one too
-/// (authentication checks the grace period).
 fn index_record(index: &mut Index, record: KeyRecord) {
-    let record = Arc::new(record);
-    let previous = record.rotated.as_ref().map(|r| r.previous_hash.as_str());
-    for hash in std::iter::once(record.key_hash.as_str()).chain(previous) {
-        match crate::base::codec::parse_key_hash(hash) {
-            Some(h) => {
-                index.insert(h, record.clone());
-            }
-            None => log::warn!("key {} has an unreadable hash; ignored", record.id),
-        }
-    }
+    crate::store::index_key(index, Arc::new(record));
 }
 
 pub use crate::store::KeyLookup;

@@ -7,13 +7,11 @@ use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-type KeyHash = [u8; 32];
-
 pub struct SledKeys {
     slot: DbSlot,
     /// Writes are made durable through the store's one-flush-at-a-time group commit.
     durable: Durable,
-    by_hash: ArcSwap<HashMap<KeyHash, Arc<KeyRecord>, ahash::RandomState>>,
+    by_hash: ArcSwap<crate::store::KeyHashIndex>,
     accounts: ArcSwap<HashMap<String, Arc<AccountRecord>>>,
 }
 
@@ -74,20 +72,9 @@ impl SledKeys {
 
     /// Re-read every record into the index.
     fn reload(&self) -> Result<(), StoreError> {
-        let mut map = HashMap::default();
+        let mut map = crate::store::KeyHashIndex::default();
         for rec in self.read_all()? {
-            let rec = Arc::new(rec);
-            // A rotated key is found by its previous secret too; authentication checks the
-            // grace period.
-            let previous = rec.rotated.as_ref().map(|r| r.previous_hash.as_str());
-            for hash in std::iter::once(rec.key_hash.as_str()).chain(previous) {
-                match crate::base::codec::parse_key_hash(hash) {
-                    Some(h) => {
-                        map.insert(h, rec.clone());
-                    }
-                    None => log::warn!("key {} has an unreadable hash; ignored", rec.id),
-                }
-            }
+            crate::store::index_key(&mut map, Arc::new(rec));
         }
         self.by_hash.store(Arc::new(map));
         Ok(())
