@@ -243,22 +243,22 @@ pub fn stored_entries(batch: &[u8]) -> impl Iterator<Item = &[u8]> {
 /// What the fleet's table indexes of a stored entry, read without the rest: its id, time,
 /// number and key.
 #[derive(Debug, PartialEq)]
-pub struct Head<'a> {
+pub struct EntryHead<'a> {
     pub id: std::borrow::Cow<'a, str>,
     pub time_ms: u64,
     pub seq: u64,
     pub key_id: Option<std::borrow::Cow<'a, str>>,
 }
 
-impl<'a> Head<'a> {
+impl<'a> EntryHead<'a> {
     /// The head of one stored entry (as [`stored_entries`] gives it); None if it is not one.
-    pub fn read(entry: &'a [u8]) -> Option<Head<'a>> {
+    pub fn read(entry: &'a [u8]) -> Option<EntryHead<'a>> {
         let (&version, rest) = entry.split_first()?;
         if version != STORED_VERSION {
             return None;
         }
         let mut r = Reader(rest);
-        Some(Head { id: r.text()??, time_ms: r.varint()?, seq: r.varint()?, key_id: r.text()? })
+        Some(EntryHead { id: r.text()??, time_ms: r.varint()?, seq: r.varint()?, key_id: r.text()? })
     }
 }
 
@@ -434,9 +434,9 @@ mod tests {
         batch.push(b']');
         assert_eq!(LogEntry::decode_batch(&batch), vec![full.clone(), refused.clone()]);
         // What the fleet's table indexes reads without the rest.
-        let heads: Vec<Head> = stored_entries(&batch).filter_map(Head::read).collect();
+        let heads: Vec<EntryHead> = stored_entries(&batch).filter_map(EntryHead::read).collect();
         let head =
-            |e: &LogEntry| Head { id: e.id.clone().into(), time_ms: e.time_ms, seq: e.seq, key_id: e.key_id.clone().map(Into::into) };
+            |e: &LogEntry| EntryHead { id: e.id.clone().into(), time_ms: e.time_ms, seq: e.seq, key_id: e.key_id.clone().map(Into::into) };
         assert_eq!(heads, vec![head(&full), head(&refused)]);
         let mut one = Vec::new();
         full.encode(&mut one);

@@ -156,7 +156,8 @@ impl Fleet {
             let (mut keys, mut values, mut count) = (Vec::new(), Vec::new(), 0);
             for item in tree.range(..=last.clone()) {
                 let (k, v) = item?;
-                // At most this many records (each stored form takes more than 64 bytes).
+                // About this many records (a stored record takes about 90 bytes): BOOK_BATCH
+                // bounds a transaction's size, not exactly.
                 count += v.len() / 64 + 1;
                 keys.push(k);
                 values.push(v);
@@ -184,7 +185,8 @@ impl Fleet {
             }
             let new = self.accounts.book(journal_id, &batch).await?;
             log::debug!("store: booked {new} of {} journaled record(s) as {journal_id}", batch.len());
-            // One batch: the removals of a booked round are one step for sled, not one each.
+            // Removed together (sled applies a batch atomically): a crash cannot leave part of a
+            // booked round in the journal (its marks would keep it from counting twice anyway).
             let mut done = sled::Batch::default();
             keys.iter().for_each(|k| done.remove(k));
             tree.apply_batch(done)?;

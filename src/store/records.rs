@@ -116,7 +116,7 @@ fn decode(body: &[u8]) -> Option<UsageRecord> {
 /// included), borrowed from it: the rest is stepped over unread, so booking a record allocates
 /// nothing for it (a full [`decode_records`] was most of what booking cost).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Head<'a> {
+pub struct RecordHead<'a> {
     pub time_ms: u64,
     pub key_id: Cow<'a, str>,
     pub cost_nanos: i64,
@@ -127,9 +127,9 @@ pub struct Head<'a> {
     pub charged: Vec<Cow<'a, str>>,
 }
 
-impl<'a> Head<'a> {
+impl<'a> RecordHead<'a> {
     /// The head of one stored record; None if it is not one (or not whole).
-    pub fn read(stored: &'a [u8]) -> Option<Head<'a>> {
+    pub fn read(stored: &'a [u8]) -> Option<RecordHead<'a>> {
         let body = body(stored)?;
         let mut r = Reader(body);
         let time_ms = r.varint()?;
@@ -151,12 +151,12 @@ impl<'a> Head<'a> {
         let response = r.text()?.is_some();
         r.skip_str()?; // upstream protocol
         let charged = (0..r.varint()?).map(|_| r.text()?).collect::<Option<Vec<_>>>()?;
-        Some(Head { time_ms, key_id, cost_nanos, seq, response, charged })
+        Some(RecordHead { time_ms, key_id, cost_nanos, seq, response, charged })
     }
 
     /// `r`'s head (owned: for a record that is at hand, not read from its stored form).
-    pub fn of(r: &UsageRecord) -> Head<'static> {
-        Head {
+    pub fn of(r: &UsageRecord) -> RecordHead<'static> {
+        RecordHead {
             time_ms: r.time_ms,
             key_id: Cow::Owned(r.key_id.clone()),
             cost_nanos: r.cost_nanos,
@@ -270,8 +270,8 @@ mod tests {
         let forms = stored_forms(&batch).expect("walk").expect("binary");
         assert_eq!(forms, vec![&value(&full())[..], &value(&bare())[..]], "each record's form, unread");
         for (form, r) in forms.iter().zip([full(), bare()]) {
-            assert_eq!(Head::read(form), Some(Head::of(&r)));
-            assert!(Head::read(&form[..form.len() - 1]).is_none(), "a cut record has no head");
+            assert_eq!(RecordHead::read(form), Some(RecordHead::of(&r)));
+            assert!(RecordHead::read(&form[..form.len() - 1]).is_none(), "a cut record has no head");
         }
         let json = serde_json::to_vec(&vec![full()]).expect("json");
         assert_eq!(stored_forms(&json).expect("walk"), None, "JSON entries are read whole");

@@ -10,7 +10,7 @@
 
 use super::{Pg, PgError};
 use crate::ledger::{ResponseOwner, Totals, UsageRecord};
-use crate::store::records::Head;
+use crate::store::records::RecordHead;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
@@ -21,7 +21,7 @@ pub struct Journaled<'a> {
     /// Its number in the node's journal; with the journal's id, its key in the database.
     pub seq: i64,
     pub stored: Cow<'a, [u8]>,
-    pub head: Head<'a>,
+    pub head: RecordHead<'a>,
     /// The response it created and that response's owner (read from the whole record, which
     /// only these few are).
     pub owner: Option<(String, ResponseOwner)>,
@@ -35,7 +35,7 @@ impl Journaled<'static> {
         Journaled {
             seq,
             stored: Cow::Owned(crate::store::records::value(record)),
-            head: Head::of(record),
+            head: RecordHead::of(record),
             owner: record.owner().zip(record.response_id.clone()).map(|(o, id)| (id, o)),
             owed_here,
         }
@@ -46,7 +46,7 @@ impl<'a> Journaled<'a> {
     /// A record's stored form from a journal; None if it does not read. Records numbered from
     /// `owed_from` on were settled in this process.
     pub fn read(stored: &'a [u8], owed_from: u64) -> Option<Self> {
-        let head = Head::read(stored)?;
+        let head = RecordHead::read(stored)?;
         let owner = match head.response {
             true => {
                 crate::store::records::decode_records(stored).ok()?.pop().and_then(|r| r.owner().zip(r.response_id)).map(|(o, id)| (id, o))

@@ -4,7 +4,7 @@
 //! node and local number, so a round retried after a lost reply stores nothing twice.
 
 use super::{Pg, PgError};
-use crate::request_log::{stored_entries, Cursor, Filter, Head, LogEntry, Page};
+use crate::request_log::{stored_entries, Cursor, EntryHead, Filter, LogEntry, Page};
 
 /// Store the entries of stored batches `batches` of node `node` (their binary form as it is,
 /// with what the table indexes read from each entry's head); how many were new, and how many
@@ -12,7 +12,7 @@ use crate::request_log::{stored_entries, Cursor, Filter, Head, LogEntry, Page};
 pub async fn ship(pg: &Pg, node: &str, batches: &[impl AsRef<[u8]>]) -> Result<(u64, usize), PgError> {
     let (mut seqs, mut ids, mut times, mut keys, mut bins) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for entry in batches.iter().flat_map(|b| stored_entries(b.as_ref())) {
-        let Some(head) = Head::read(entry) else {
+        let Some(head) = EntryHead::read(entry) else {
             log::warn!("request log: an unreadable entry was not shipped");
             continue;
         };
