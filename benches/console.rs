@@ -97,7 +97,7 @@ groups:\n  default: {{ platforms: [openai] }}\nprices:\n  alpha-5.5: {{ input: 2
             for i in 0..records {
                 let key = &ids[i % KEYS];
                 let time_ms = now_ms - year_ms + (i as u64 * year_ms / records as u64);
-                let record = tollgate::ledger::UsageRecord {
+                let record = tollgate::records::usage::UsageRecord {
                     time_ms,
                     key_id: key.clone(),
                     model: if i % 3 == 0 { "alpha-mini".into() } else { "alpha-5.5".into() },

@@ -7,9 +7,10 @@ use crate::base::money::usd;
 use crate::ledger::Ledger;
 use crate::metrics::Metrics;
 use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
 use crate::response::LocalResponse;
 use crate::store::sled::SledDb;
-use crate::store::{KeyRecord, Store};
+use crate::store::Store;
 use pingora_error::Result;
 use pingora_proxy::Session;
 use serde::Deserialize;
@@ -167,7 +168,7 @@ fn request_filter(query: Option<&str>) -> std::result::Result<crate::request_log
     let mut f = crate::request_log::Filter { start_ms, end_ms, limit: 50, ..Default::default() };
     for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = crate::auth::decode_component(value);
+        let value = crate::base::text::decode_component(value);
         match name {
             "key" => f.key_id = Some(value),
             "model" => f.model = Some(value),
@@ -432,7 +433,7 @@ impl AdminApi {
     }
 
     /// An account as the admin API shows it.
-    async fn account_view(&self, account: &crate::store::AccountRecord) -> std::result::Result<Value, ApiError> {
+    async fn account_view(&self, account: &crate::records::key::AccountRecord) -> std::result::Result<Value, ApiError> {
         let balance = self.ledger.balance(&crate::policy::budget::account_purse(&account.name)).await.map_err(internal)?;
         let keys: Vec<Value> = self
             .keys
@@ -451,7 +452,7 @@ impl AdminApi {
     }
 
     /// The account named `name`, or the 404.
-    fn account(&self, name: &str) -> std::result::Result<std::sync::Arc<crate::store::AccountRecord>, ApiError> {
+    fn account(&self, name: &str) -> std::result::Result<std::sync::Arc<crate::records::key::AccountRecord>, ApiError> {
         self.keys.account(name).ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No account named '{name}'.")))
     }
 
@@ -473,10 +474,10 @@ impl AdminApi {
         let group_by = query.unwrap_or_default().split('&').find_map(|p| p.strip_prefix("group_by=")).unwrap_or("key").to_string();
         self.ledger.commit_now().await.map_err(internal)?;
         let keys = self.keys.all_keys().await.map_err(internal)?;
-        let mut total = crate::ledger::Totals::default();
-        let mut rows: std::collections::BTreeMap<String, (Value, crate::ledger::Totals)> = std::collections::BTreeMap::new();
-        let mut add = |label: String, tag: Value, t: &crate::ledger::Totals| {
-            let row = rows.entry(label).or_insert_with(|| (tag, crate::ledger::Totals::default()));
+        let mut total = crate::records::usage::Totals::default();
+        let mut rows: std::collections::BTreeMap<String, (Value, crate::records::usage::Totals)> = std::collections::BTreeMap::new();
+        let mut add = |label: String, tag: Value, t: &crate::records::usage::Totals| {
+            let row = rows.entry(label).or_insert_with(|| (tag, crate::records::usage::Totals::default()));
             row.1.merge(t);
         };
         match group_by.as_str() {
@@ -506,7 +507,7 @@ impl AdminApi {
                     return Err(bad(format!("group_by=day: at most {MAX_USAGE_DAYS} days from start to end")).with_param("start"));
                 }
                 // One read per key, its records grouped by UTC day (not one per key and day).
-                let by_day = crate::ledger::Grouping::Day(jiff::tz::TimeZone::UTC);
+                let by_day = crate::records::usage::Grouping::Day(jiff::tz::TimeZone::UTC);
                 for rec in &keys {
                     let (t, days) = self.ledger.usage_grouped(&rec.id, start, end, &by_day).await.map_err(internal)?;
                     total.merge(&t);
@@ -518,7 +519,7 @@ impl AdminApi {
                 }
             }
             other => {
-                let Some(ref by @ crate::ledger::Grouping::Tag(ref name)) = crate::ledger::Grouping::parse(other) else {
+                let Some(ref by @ crate::records::usage::Grouping::Tag(ref name)) = crate::records::usage::Grouping::parse(other) else {
                     return Err(bad(format!("group_by: key, model, day or tag:<name>, not '{other}'")).with_param("group_by"));
                 };
                 for rec in &keys {
@@ -587,7 +588,7 @@ impl AdminApi {
             enabled: true,
             created_at: now_unix(),
             max_concurrent: body.max_concurrent,
-            origin: crate::store::KeyOrigin::Admin,
+            origin: crate::records::key::KeyOrigin::Admin,
             seed_digest: None,
             revoked_at: None,
             rotated: None,
@@ -626,7 +627,7 @@ impl AdminApi {
         if rec.revoked_at.is_some() {
             return Err(ApiError::new(ErrorKind::Conflict, format!("Key '{id}' was revoked; create a new key.")));
         }
-        if rec.origin == crate::store::KeyOrigin::Config {
+        if rec.origin == crate::records::key::KeyOrigin::Config {
             return Err(ApiError::new(
                 ErrorKind::Conflict,
                 format!("Key '{id}' comes from the configuration file: change its secret there (and reload)."),
@@ -634,7 +635,7 @@ impl AdminApi {
         }
         let secret = new_secret();
         let previous = std::mem::replace(&mut rec.key_hash, hex(&hash_key(&secret)));
-        rec.rotated = (grace_secs > 0).then(|| crate::store::Rotation { previous_hash: previous, until: now_unix() + grace_secs });
+        rec.rotated = (grace_secs > 0).then(|| crate::records::key::Rotation { previous_hash: previous, until: now_unix() + grace_secs });
         self.keys.put_key(&rec).await.map_err(internal)?;
         log::info!("admin: key '{}' ({}) rotated; the previous secret is accepted for {grace_secs} s", rec.name, rec.id);
         let mut v = self.view(&rec).await?;
@@ -798,11 +799,11 @@ impl AdminApi {
                 if self.keys.all_accounts().await.map_err(internal)?.iter().any(|a| a.name == body.name) {
                     return Err(ApiError::new(ErrorKind::Conflict, format!("An account named '{}' exists.", body.name)));
                 }
-                let account = crate::store::AccountRecord {
+                let account = crate::records::key::AccountRecord {
                     name: body.name,
                     budgets: budgets.unwrap_or_default(),
                     created_at: now_unix(),
-                    origin: crate::store::KeyOrigin::Admin,
+                    origin: crate::records::key::KeyOrigin::Admin,
                     seed_digest: None,
                 };
                 self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
@@ -859,7 +860,7 @@ impl AdminApi {
                 let before = match param("cursor") {
                     None => None,
                     Some(v) => Some(
-                        crate::request_log::Cursor::parse(&crate::auth::decode_component(v))
+                        crate::request_log::Cursor::parse(&crate::base::text::decode_component(v))
                             .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
                     ),
                 };
@@ -868,7 +869,7 @@ impl AdminApi {
                 let more = entries.len() > limit;
                 entries.truncate(limit);
                 let next = more.then(|| entries.last().map(|e| e.cursor().to_string())).flatten();
-                let data: Vec<Value> = entries.iter().map(crate::ledger::AuditEntry::to_json).collect();
+                let data: Vec<Value> = entries.iter().map(crate::records::audit::AuditEntry::to_json).collect();
                 Ok(LocalResponse::json(200, &json!({"object": "list", "data": data, "next": next})))
             }
             ("GET", "/admin/usage") => self.usage_by(req_query(session).as_deref()).await,

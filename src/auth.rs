@@ -2,9 +2,11 @@
 //! key index (SHA-256 of the secret → record) that makes a lookup touch no disk.
 
 use crate::base::clock::now_unix;
+use crate::base::text::decode_component;
 use crate::config::KeyConfig;
 use crate::protocol::{ApiError, ErrorKind};
-use crate::store::{KeyLookup, KeyOrigin, KeyRecord, KeyStore, StoreError};
+use crate::records::key::{KeyLookup, KeyOrigin, KeyRecord};
+use crate::store::{KeyStore, StoreError};
 use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -30,30 +32,6 @@ pub fn hex(bytes: &[u8]) -> String {
         out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
     out
-}
-
-/// A query-string component percent-decoded (`+` is a space); invalid UTF-8 is replaced.
-pub fn decode_component(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex_digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => match (hex_digit(bytes[i + 1]), hex_digit(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h * 16 + l);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The key parameter the query string names, if any. Names are compared percent-decoded and
@@ -191,16 +169,16 @@ impl KeyIndex {
     }
 
     /// The shared account named `name`, from memory.
-    pub fn account(&self, name: &str) -> Option<Arc<crate::store::AccountRecord>> {
+    pub fn account(&self, name: &str) -> Option<Arc<crate::records::key::AccountRecord>> {
         self.store.account(name)
     }
 
     /// Every shared account.
-    pub async fn all_accounts(&self) -> Result<Vec<crate::store::AccountRecord>, StoreError> {
+    pub async fn all_accounts(&self) -> Result<Vec<crate::records::key::AccountRecord>, StoreError> {
         self.store.accounts().await
     }
 
-    pub async fn put_account(&self, account: &crate::store::AccountRecord) -> Result<(), StoreError> {
+    pub async fn put_account(&self, account: &crate::records::key::AccountRecord) -> Result<(), StoreError> {
         self.store.put_account(account).await
     }
 
@@ -208,7 +186,7 @@ impl KeyIndex {
     /// its account, a changed entry sets its budgets, an unchanged one leaves what the admin
     /// API set; accounts created through the admin API are left alone.
     pub async fn seed_accounts(&self, seeds: &[crate::config::AccountConfig]) -> Result<(), StoreError> {
-        let existing: HashMap<String, crate::store::AccountRecord> =
+        let existing: HashMap<String, crate::records::key::AccountRecord> =
             self.store.accounts().await?.into_iter().map(|a| (a.name.clone(), a)).collect();
         for seed in seeds {
             let digest =
@@ -220,13 +198,13 @@ impl KeyIndex {
                     continue;
                 }
                 Some(old) if old.seed_digest.as_deref() == Some(digest.as_str()) => continue,
-                Some(old) => crate::store::AccountRecord {
+                Some(old) => crate::records::key::AccountRecord {
                     budgets: seed.budgets.clone(),
                     seed_digest: Some(digest),
                     origin: KeyOrigin::Config,
                     ..old.clone()
                 },
-                None => crate::store::AccountRecord {
+                None => crate::records::key::AccountRecord {
                     name: seed.name.clone(),
                     budgets: seed.budgets.clone(),
                     created_at: now_unix(),

@@ -15,9 +15,10 @@
 //! user (`SO_PEERCRED`); a connection opens with `auth <secret>`; lines are at most
 //! [`MAX_LINE`] bytes; anything else is refused and logged.
 
-use crate::ledger::{Ledger, UsageRecord};
+use crate::ledger::Ledger;
+use crate::records::task::Task;
+use crate::records::usage::UsageRecord;
 use crate::store::StoreError;
-use crate::video::task::Task;
 use crate::video::VideoService;
 use async_trait::async_trait;
 use pingora_core::server::ShutdownWatch;
@@ -155,14 +156,14 @@ pub struct Client {
 }
 
 #[async_trait]
-impl crate::ledger::ForwardBookings for Client {
+impl crate::store::ForwardBookings for Client {
     async fn forward_booking(&self, record: &UsageRecord) -> Result<(), StoreError> {
         send(&self.socket, &Message::Booking(Box::new(record.clone()))).await
     }
 }
 
 #[async_trait]
-impl crate::video::store::ForwardTasks for Client {
+impl crate::store::ForwardTasks for Client {
     async fn forward_task(&self, task: &Task) -> Result<(), StoreError> {
         send(&self.socket, &Message::Task(Box::new(task.clone()))).await
     }

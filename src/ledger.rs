@@ -17,12 +17,14 @@
 //! three bytes, so an overrun needs an upstream that exceeds `max_tokens` or a tokenizer that
 //! packs more than one token in three bytes.
 
-use crate::base::clock::now_ms;
 use crate::base::money::usd;
 use crate::base::usage::Usage;
 use crate::config::Price;
+use crate::records::audit::AuditEntry;
+use crate::records::purse::{charged, Insufficient, Purse, PurseKind};
+use crate::records::usage::{Grouping, ResponseOwner, Totals, UsageRecord};
+use crate::store::ForwardBookings;
 use crate::store::{MoneyStore, StoreError};
-use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -132,196 +134,10 @@ impl PriceBook {
     }
 }
 
-/// One billed event, as stored and summed by `/v1/usage`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct UsageRecord {
-    /// Unix milliseconds.
-    pub time_ms: u64,
-    pub key_id: String,
-    pub model: String,
-    /// `openai`, `anthropic`, `gemini` or `video`.
-    pub protocol: String,
-    pub route: String,
-    pub input_tokens: u64,
-    pub cached_tokens: u64,
-    /// Prompt-cache writes (priced at `cache_write_input`).
-    #[serde(default)]
-    pub cache_write_tokens: u64,
-    pub output_tokens: u64,
-    /// nano-USD; negative for a refund.
-    pub cost_nanos: i64,
-    pub status: u16,
-    pub latency_ms: u64,
-    /// Usage was estimated (no usage report seen).
-    pub estimated: bool,
-    /// Booking sequence number (set by the ledger).
-    #[serde(default)]
-    pub seq: u64,
-    /// The key's balance after this record (set by the ledger).
-    #[serde(default)]
-    pub balance_after: i64,
-    /// The provider that served the request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub provider: Option<String>,
-    /// Requests sent upstream for it (more than 1: retried before the first byte).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub attempts: u32,
-    /// The stored response the request created (responses API): booking the record makes the
-    /// key its owner (see [`ResponseOwner`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub response_id: Option<String>,
-    /// The provider's protocol when it is not the client's (`protocol`): a translated request.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub upstream_protocol: Option<String>,
-    /// The purses debited besides the key's own balance: its shared account's, spend windows'
-    /// (see [`Purse`]).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub charged: Vec<String>,
-    /// The key's tags when the record was written (a later change of the key's tags leaves
-    /// them).
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub tags: BTreeMap<String, String>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-/// Who created a stored response, and where it is stored: tree `response_owners`, keyed by the
-/// response id, written in the same commit as the usage record that created it and pruned with
-/// it. Only its owner may read, cancel or delete the response, or continue from it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResponseOwner {
-    pub key_id: String,
-    pub provider: String,
-    pub model: String,
-    pub time_ms: u64,
-    /// The conversation's size as of this response: its input (cache reads and writes
-    /// included) and output tokens. A turn that continues it is held for them as input.
-    #[serde(default)]
-    pub context_tokens: u64,
-}
-
-/// The balance was too low for the hold.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Insufficient {
-    pub available: i64,
-    pub needed: i64,
-}
-
-impl Insufficient {
-    /// The client's 402; `what` names the thing being paid for ("this request may cost up to").
-    pub fn to_api_error(self, what: &str) -> crate::protocol::ApiError {
-        crate::protocol::ApiError::new(
-            crate::protocol::ErrorKind::InsufficientBalance,
-            format!("Insufficient balance: {what} ${:.6}, the key has ${:.6} available.", usd(self.needed), usd(self.available.max(0))),
-        )
-    }
-}
-
 pub struct Ledger {
     money: Arc<dyn MoneyStore>,
     /// Bookings of relayed requests wait until their record is durable (`billing.sync_commit`).
     sync: bool,
-}
-
-/// Books a record in the process that has the database now (after an upgrade hand-over);
-/// returns once it is durable there. Implemented by `handover`.
-#[async_trait::async_trait]
-pub trait ForwardBookings: Send + Sync {
-    async fn forward_booking(&self, record: &UsageRecord) -> Result<(), StoreError>;
-}
-
-/// One balance a request is paid from: its key's, its shared account's, or a spend window's
-/// (see `policy::budget`). `credit` is what the purse may go below zero (a window's cap:
-/// its balance is minus what it spent); a hold is admitted while `balance + credit − held`
-/// covers it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Purse {
-    /// Its name in the money store: a key id, `acct:<name>` or `win:<owner>:<window>:<start>`.
-    pub id: String,
-    pub credit: i64,
-    pub kind: PurseKind,
-}
-
-/// What a purse is, to say why a request was refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PurseKind {
-    Key,
-    Account(Arc<str>),
-    /// A spend window of the key (`account: None`) or of its account, ending at `end` (unix s).
-    Window {
-        account: Option<Arc<str>>,
-        window: crate::policy::budget::Window,
-        end: u64,
-    },
-}
-
-impl Purse {
-    /// A key's own balance, alone.
-    pub fn key(key_id: &str) -> Purse {
-        Purse { id: key_id.to_string(), credit: 0, kind: PurseKind::Key }
-    }
-}
-
-/// The ids of the purses a booking debits besides its key's own (a record's `charged`).
-pub fn charged(purses: &[Purse]) -> Vec<String> {
-    purses.iter().filter(|p| p.kind != PurseKind::Key).map(|p| p.id.clone()).collect()
-}
-
-/// A balance moved by an administrator (`balance_delta`), kept for the audit trail
-/// (`GET /admin/audit`), written with the move itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AuditEntry {
-    /// Unix milliseconds.
-    pub time_ms: u64,
-    /// `key` or `account`.
-    pub kind: String,
-    /// The key's id or the account's name.
-    pub id: String,
-    /// nano-USD.
-    pub delta: i64,
-    pub balance_before: i64,
-    pub balance_after: i64,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The store's number of the entry (set when read; a page's position with `time_ms`).
-    #[serde(default, skip_serializing)]
-    pub seq: u64,
-}
-
-impl AuditEntry {
-    /// Its position in the trail.
-    pub fn cursor(&self) -> crate::request_log::Cursor {
-        crate::request_log::Cursor { time_ms: self.time_ms, seq: self.seq }
-    }
-
-    /// The entry for `delta` on the purse `id` (a key id or `acct:<name>`) that left it at
-    /// `balance_after`.
-    pub fn new(id: &str, delta: i64, balance_after: i64, reason: Option<&str>) -> AuditEntry {
-        let (kind, id) = match id.strip_prefix("acct:") {
-            Some(name) => ("account", name),
-            None => ("key", id),
-        };
-        AuditEntry {
-            time_ms: now_ms(),
-            kind: kind.into(),
-            id: id.into(),
-            delta,
-            balance_before: balance_after.saturating_sub(delta),
-            balance_after,
-            reason: reason.map(str::to_string),
-            seq: 0,
-        }
-    }
-
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "object": "audit_entry", "time": crate::protocol::rfc3339(self.time_ms / 1000), "time_ms": self.time_ms,
-            "kind": self.kind, "id": self.id, "delta": usd(self.delta),
-            "balance_before": usd(self.balance_before), "balance_after": usd(self.balance_after), "reason": self.reason,
-        })
-    }
 }
 
 /// A hold or a charge refused by the first purse that does not cover it.
@@ -386,116 +202,6 @@ impl Drop for Hold {
         if !self.done {
             self.ledger.money.release(&self.purses, self.amount);
         }
-    }
-}
-
-/// What the rows of a usage summary are: a record's model, its provider, its day in a
-/// timezone (`YYYY-MM-DD`), or its value of one tag (the empty string for records without the
-/// tag, or without a provider).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Grouping {
-    Model,
-    Provider,
-    Day(jiff::tz::TimeZone),
-    Tag(String),
-}
-
-impl Grouping {
-    /// `model`, or `tag:<name>` (percent-decoded); None for anything else.
-    pub fn parse(text: &str) -> Option<Grouping> {
-        match text {
-            "model" => Some(Grouping::Model),
-            _ => {
-                let name = crate::auth::decode_component(text.strip_prefix("tag:")?);
-                (!name.is_empty()).then_some(Grouping::Tag(name))
-            }
-        }
-    }
-
-    /// The row `r` counts in.
-    pub fn label<'r>(&self, r: &'r UsageRecord) -> std::borrow::Cow<'r, str> {
-        use std::borrow::Cow;
-        match self {
-            Grouping::Model => Cow::Borrowed(&r.model),
-            Grouping::Provider => Cow::Borrowed(r.provider.as_deref().unwrap_or("")),
-            Grouping::Day(tz) => Cow::Owned(crate::policy::budget::date_in(r.time_ms / 1000, tz)),
-            Grouping::Tag(name) => Cow::Borrowed(r.tags.get(name).map_or("", String::as_str)),
-        }
-    }
-}
-
-/// Counters of `/v1/usage`.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct Totals {
-    pub requests: u64,
-    pub input_tokens: u64,
-    pub cached_input_tokens: u64,
-    pub cache_write_input_tokens: u64,
-    pub output_tokens: u64,
-    pub cost_nanos: i64,
-    /// Of which credits (refunds, adjustments): how many, and their sum (≤ 0).
-    #[serde(skip)]
-    pub refunds: u64,
-    #[serde(skip)]
-    pub refunded_nanos: i64,
-}
-
-impl UsageRecord {
-    /// The owner of the stored response this record created, if it created one.
-    pub fn owner(&self) -> Option<ResponseOwner> {
-        self.response_id.as_ref()?;
-        Some(ResponseOwner {
-            key_id: self.key_id.clone(),
-            provider: self.provider.clone()?,
-            model: self.model.clone(),
-            time_ms: self.time_ms,
-            context_tokens: self.input_total().saturating_add(self.output_tokens),
-        })
-    }
-
-    /// All input: plain, cache reads and cache writes.
-    pub fn input_total(&self) -> u64 {
-        self.input_tokens.saturating_add(self.cached_tokens).saturating_add(self.cache_write_tokens)
-    }
-}
-
-impl Totals {
-    /// Count one record (a negative cost is an adjustment: money, not a request).
-    pub fn add(&mut self, r: &UsageRecord) {
-        if r.cost_nanos >= 0 {
-            self.requests += 1;
-        } else {
-            self.refunds += 1;
-            self.refunded_nanos = self.refunded_nanos.saturating_add(r.cost_nanos);
-        }
-        self.input_tokens = self.input_tokens.saturating_add(r.input_total());
-        self.cached_input_tokens = self.cached_input_tokens.saturating_add(r.cached_tokens);
-        self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(r.cache_write_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(r.output_tokens);
-        self.cost_nanos = self.cost_nanos.saturating_add(r.cost_nanos);
-    }
-
-    /// Add another set of counters to these.
-    pub fn merge(&mut self, other: &Totals) {
-        self.requests = self.requests.saturating_add(other.requests);
-        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
-        self.cached_input_tokens = self.cached_input_tokens.saturating_add(other.cached_input_tokens);
-        self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(other.cache_write_input_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.cost_nanos = self.cost_nanos.saturating_add(other.cost_nanos);
-        self.refunds = self.refunds.saturating_add(other.refunds);
-        self.refunded_nanos = self.refunded_nanos.saturating_add(other.refunded_nanos);
-    }
-
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "requests": self.requests,
-            "input_tokens": self.input_tokens,
-            "cached_input_tokens": self.cached_input_tokens,
-            "cache_write_input_tokens": self.cache_write_input_tokens,
-            "output_tokens": self.output_tokens,
-            "cost": usd(self.cost_nanos),
-        })
     }
 }
 
@@ -678,7 +384,7 @@ impl Ledger {
     /// is committed first (read your writes).
     pub async fn key_usage(
         &self,
-        key: &crate::store::KeyRecord,
+        key: &crate::records::key::KeyRecord,
         start_ms: u64,
         end_ms: u64,
         by: &Grouping,
@@ -750,7 +456,7 @@ pub fn usage_grouping(query: Option<&str>) -> Result<Grouping, crate::protocol::
 /// per value of a tag (`tags`, `value` null for records without it), and the key's spend
 /// windows.
 fn usage_report(
-    key: &crate::store::KeyRecord,
+    key: &crate::records::key::KeyRecord,
     balance: i64,
     total: &Totals,
     rows: &BTreeMap<String, Totals>,
@@ -827,7 +533,7 @@ pub(crate) mod tests {
         let mut out = Vec::new();
         for item in db.open_tree("usage_records")?.scan_prefix(prefix) {
             let (_, v) = item?;
-            out.extend(crate::store::records::decode_records(&v)?);
+            out.extend(crate::store::usage_codec::decode_records(&v)?);
         }
         Ok(out)
     }

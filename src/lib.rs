@@ -32,6 +32,7 @@ pub mod metrics;
 pub mod mock;
 pub mod policy;
 pub mod protocol;
+pub mod records;
 pub mod relay;
 pub mod request_log;
 pub mod response;

@@ -10,7 +10,7 @@
 //! are the database's (`store::postgres::rates`), tolerance stated in README "Security".
 
 use crate::protocol::{ApiError, ErrorKind};
-use crate::store::KeyRecord;
+use crate::records::key::KeyRecord;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -330,7 +330,7 @@ mod tests {
             enabled: true,
             created_at: 0,
             max_concurrent: Some(2),
-            origin: crate::store::KeyOrigin::Admin,
+            origin: crate::records::key::KeyOrigin::Admin,
             seed_digest: None,
             revoked_at: None,
             rotated: None,

@@ -12,8 +12,9 @@
 //! then until the request ends (its usage record booked, or the request dropped), the owner is
 //! known from memory, through a guard the request holds.
 
-use crate::ledger::{Ledger, ResponseOwner};
+use crate::ledger::Ledger;
 use crate::protocol::{ApiError, ErrorKind};
+use crate::records::usage::ResponseOwner;
 use crate::store::StoreError;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -7,15 +7,15 @@ mod common;
 use common::postgres::Postgres;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tollgate::ledger::UsageRecord;
+use tollgate::records::key::{KeyOrigin, KeyRecord};
+use tollgate::records::usage::UsageRecord;
 use tollgate::store::postgres::accounts::FleetAccounts;
 use tollgate::store::postgres::keys::{FleetKeys, KeyLookup};
 use tollgate::store::postgres::rates::{Admission, FleetRates, FleetSlots};
-use tollgate::store::postgres::records::FleetRecords;
-use tollgate::store::postgres::records::Journaled;
 use tollgate::store::postgres::tasks::{Created, FleetTasks};
+use tollgate::store::postgres::usage::FleetRecords;
+use tollgate::store::postgres::usage::Journaled;
 use tollgate::store::postgres::{Pg, PgError, PgSettings};
-use tollgate::store::{KeyOrigin, KeyRecord};
 
 const CENT: i64 = 10_000_000;
 
@@ -349,20 +349,20 @@ async fn every_nodes_records_count_on_every_node_and_a_retried_batch_counts_once
         assert_eq!(node.book(&journal_id, &batch).await.expect("book again"), 0);
     }
     let records = FleetRecords::new(db.clone());
-    let (total, by_model) = records.summary("k", 0, u64::MAX >> 1, &tollgate::ledger::Grouping::Model).await.expect("summary");
+    let (total, by_model) = records.summary("k", 0, u64::MAX >> 1, &tollgate::records::usage::Grouping::Model).await.expect("summary");
     assert_eq!(total.requests, 12);
     assert_eq!(total.cost_nanos, 1_200);
     assert_eq!(nodes[1].balance("k").await.expect("balance").0, 100 * CENT - 1_200, "the records' money, once");
     assert_eq!(total.input_tokens, 12 * 12, "plain, cached and cache-write input together");
     assert_eq!((by_model["m1"].requests, by_model["m2"].requests), (6, 6));
-    let (window, _) = records.summary("k", 1_004, 1_008, &tollgate::ledger::Grouping::Model).await.expect("summary");
+    let (window, _) = records.summary("k", 1_004, 1_008, &tollgate::records::usage::Grouping::Model).await.expect("summary");
     assert_eq!(window.requests, 4, "the time range is [start, end)");
     // A node whose data directory was replaced has a new journal id: its numbers start over.
     let batch = vec![Journaled::of(0, &usage("k", "m1", 100, 2_000), false)];
     assert_eq!(nodes[0].book("0/another", &batch).await.expect("book"), 1);
-    assert_eq!(records.summary("k", 0, u64::MAX >> 1, &tollgate::ledger::Grouping::Model).await.expect("summary").0.requests, 13);
+    assert_eq!(records.summary("k", 0, u64::MAX >> 1, &tollgate::records::usage::Grouping::Model).await.expect("summary").0.requests, 13);
     assert_eq!(records.prune(1_008).await.expect("prune"), 8);
-    assert_eq!(records.summary("k", 0, u64::MAX >> 1, &tollgate::ledger::Grouping::Model).await.expect("summary").0.requests, 5);
+    assert_eq!(records.summary("k", 0, u64::MAX >> 1, &tollgate::records::usage::Grouping::Model).await.expect("summary").0.requests, 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -381,7 +381,7 @@ async fn a_record_is_new_by_the_journals_mark_or_looked_up_when_below_it() {
     assert_eq!(node.book("a/j", &pick(&[0, 1, 2, 3, 4])).await.expect("retried batch"), 1);
     assert_eq!(node.balance("k").await.expect("balance").0, 100 * CENT - 11_111, "each cost once");
     let (total, _) =
-        FleetRecords::new(db.clone()).summary("k", 0, u64::MAX >> 1, &tollgate::ledger::Grouping::Model).await.expect("summary");
+        FleetRecords::new(db.clone()).summary("k", 0, u64::MAX >> 1, &tollgate::records::usage::Grouping::Model).await.expect("summary");
     assert_eq!(total.requests, 5);
 }
 
@@ -411,7 +411,12 @@ async fn records_booked_before_the_marks_existed_are_not_booked_again() {
     assert_eq!(node.book("a/j", &old).await.expect("book"), 1);
     assert_eq!(node.balance("k").await.expect("balance").0, 100 * CENT - 11_111);
     assert_eq!(
-        FleetRecords::new(db.clone()).summary("k", 0, u64::MAX >> 1, &tollgate::ledger::Grouping::Model).await.expect("summary").0.requests,
+        FleetRecords::new(db.clone())
+            .summary("k", 0, u64::MAX >> 1, &tollgate::records::usage::Grouping::Model)
+            .await
+            .expect("summary")
+            .0
+            .requests,
         5
     );
 }

@@ -10,13 +10,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate::auth::{hash_key, hex};
 use tollgate::config::{CommitPolicy, FleetConfig};
-use tollgate::ledger::{Ledger, UsageRecord};
+use tollgate::ledger::Ledger;
+use tollgate::records::key::{KeyLookup, KeyOrigin, KeyRecord};
+use tollgate::records::task::Capability;
+use tollgate::records::task::{Status, Task};
+use tollgate::records::usage::UsageRecord;
 use tollgate::store::fleet::{Fleet, FleetStore};
 use tollgate::store::postgres::PgSettings;
 use tollgate::store::sled::{SledDb, SledStore};
-use tollgate::store::{KeyLookup, KeyOrigin, KeyRecord, Store};
-use tollgate::video::request::{Capability, Submission};
-use tollgate::video::task::{Status, Task};
+use tollgate::store::Store;
+use tollgate::video::request::Submission;
 
 fn key(id: &str, secret: &str, enabled: bool) -> KeyRecord {
     KeyRecord {
@@ -73,7 +76,7 @@ fn task(id: &str, owner: &str) -> Task {
         payload: Default::default(),
         uploads: Vec::new(),
     };
-    Task::new(id.into(), owner.into(), &sub, 100, 250_000_000)
+    sub.task(id.into(), owner.into(), 100, 250_000_000)
 }
 
 /// The contract, through the interface only (and the ledger the gateway builds on it).
@@ -96,7 +99,7 @@ async fn contract(store: Arc<dyn Store>) {
     // A rotated key is found by its previous secret too (authentication checks the grace).
     let rotated = KeyRecord {
         key_hash: hex(&hash_key("sk-contract-a-new")),
-        rotated: Some(tollgate::store::Rotation { previous_hash: hex(&hash_key("sk-contract-a")), until: u64::MAX }),
+        rotated: Some(tollgate::records::key::Rotation { previous_hash: hex(&hash_key("sk-contract-a")), until: u64::MAX }),
         ..key("key_a", "sk-contract-a", true)
     };
     keys.put(std::slice::from_ref(&rotated)).await.expect("rotate");
@@ -216,8 +219,10 @@ fn the_postgres_store_keeps_the_contract() {
 /// Issue 29: spend windows and shared accounts through the store interface. `stores` are the
 /// nodes (one for sled; two on one database for PostgreSQL); requests alternate between them.
 async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
-    use tollgate::ledger::{Purse, PurseKind};
-    use tollgate::policy::budget::{account_purse, purses, AccountRecord, Budgets, Calendar, Window};
+    use tollgate::policy::budget::{account_purse, Budgets, Calendar, Window};
+    use tollgate::records::key::AccountRecord;
+    use tollgate::records::purse::purses;
+    use tollgate::records::purse::{Purse, PurseKind};
     let backend = stores[0].backend();
     let ledgers: Vec<Arc<Ledger>> = stores.iter().map(|s| Arc::new(Ledger::new(s.money(), false))).collect();
     let keys = stores[0].keys();
@@ -380,7 +385,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     let over = ledgers[0].charge_from(usage(&members[0].id, "genq", 100, now * 1000), &p).await.expect("store");
     assert!(matches!(over, Err(ref r) if matches!(r.kind, PurseKind::Window { .. })), "{backend}: {over:?}");
     let mut refund = usage(&members[0].id, "genq", -150, now * 1000);
-    refund.charged = tollgate::ledger::charged(&p);
+    refund.charged = tollgate::records::purse::charged(&p);
     ledgers[0].adjust(refund).await.expect("refund");
     assert_eq!(ledgers[0].balance(&team_day).await.expect("window"), -500, "{backend}: the refund credits the window");
     assert_eq!(ledgers[0].balance(&account_purse("team")).await.expect("account"), 10_000, "{backend}");

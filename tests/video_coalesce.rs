@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tollgate::config::{BaseUrl, VideoConfig};
 use tollgate::ledger::Ledger;
-use tollgate::store::KeyRecord;
+use tollgate::records::key::KeyRecord;
 use tollgate::video::VideoService;
 
 #[tokio::test]
@@ -47,14 +47,14 @@ async fn stale_gets_coalesce_into_one_describe() {
         enabled: true,
         created_at: 0,
         max_concurrent: None,
-        origin: tollgate::store::KeyOrigin::Admin,
+        origin: tollgate::records::key::KeyOrigin::Admin,
         seed_digest: None,
         revoked_at: None,
         rotated: None,
         policy: Default::default(),
     };
     let (task, _) = svc
-        .create(&key, &[tollgate::ledger::Purse::key(&key.id)], br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None)
+        .create(&key, &[tollgate::records::purse::Purse::key(&key.id)], br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None)
         .await
         .expect("created");
     // Staleness is a matter of time: let the one-second poll interval pass.

@@ -9,3 +9,11 @@ pub fn now_unix() -> u64 {
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
+
+/// The date (`YYYY-MM-DD`) of unix second `secs` in `tz`.
+pub fn date_in(secs: u64, tz: &jiff::tz::TimeZone) -> String {
+    match jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(i64::MAX)) {
+        Ok(ts) => ts.to_zoned(tz.clone()).date().to_string(),
+        Err(_) => "9999-12-31".to_string(),
+    }
+}

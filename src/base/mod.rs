@@ -10,4 +10,5 @@
 pub mod clock;
 pub mod codec;
 pub mod money;
+pub mod text;
 pub mod usage;

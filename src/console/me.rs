@@ -3,9 +3,11 @@
 //! key's own balance, windows, usage and last requests, and nothing of any other key.
 
 use crate::base::money::usd;
-use crate::ledger::{Grouping, Ledger};
+use crate::ledger::Ledger;
+use crate::records::key::KeyRecord;
+use crate::records::usage::Grouping;
 use crate::response::LocalResponse;
-use crate::store::{KeyRecord, RequestLogStore, StoreError};
+use crate::store::{RequestLogStore, StoreError};
 use serde_json::{json, Value};
 
 const PAGE: &str = include_str!("assets/me.html");
@@ -41,7 +43,7 @@ pub async fn data(
     calendar: &crate::policy::budget::Calendar,
 ) -> Result<Value, StoreError> {
     let now = crate::base::clock::now_unix();
-    let today = crate::policy::budget::date_in(now, calendar.tz());
+    let today = crate::base::clock::date_in(now, calendar.tz());
     let first = crate::policy::budget::Calendar::add_days(&today, -29).unwrap_or_else(|| today.clone());
     let start_ms = calendar.day_start(&first).unwrap_or(0).saturating_mul(1000);
     let end_ms = crate::base::clock::now_ms().saturating_add(1);

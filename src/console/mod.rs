@@ -140,7 +140,7 @@ impl Form {
                 .filter(|p| !p.is_empty())
                 .map(|p| {
                     let (k, v) = p.split_once('=').unwrap_or((p, ""));
-                    (crate::auth::decode_component(k), crate::auth::decode_component(v))
+                    (crate::base::text::decode_component(k), crate::base::text::decode_component(v))
                 })
                 .collect(),
         )

@@ -5,8 +5,8 @@ use super::html::{self, count, enc, esc, money, nanos};
 use super::reveal::Reveals;
 use super::{html as reply, redirect, Form, Request};
 use crate::admin::AdminApi;
-use crate::ledger::{Grouping, Totals};
 use crate::protocol::{ApiError, ErrorKind};
+use crate::records::usage::{Grouping, Totals};
 use crate::request_log::{Filter, LogEntry};
 use crate::response::LocalResponse;
 use serde_json::{json, Value};
@@ -67,7 +67,7 @@ struct Clock {
 impl Clock {
     fn now(api: &AdminApi) -> Clock {
         let calendar = api.routing.load().calendar.clone();
-        let today = crate::policy::budget::date_in(crate::base::clock::now_unix(), calendar.tz());
+        let today = crate::base::clock::date_in(crate::base::clock::now_unix(), calendar.tz());
         Clock { calendar, today }
     }
 
@@ -139,7 +139,7 @@ impl Group {
             Group::Key => e.key_id.clone(),
             Group::Model => Some(e.model.clone().unwrap_or_default()),
             Group::Provider => Some(e.provider.clone().unwrap_or_default()),
-            Group::Day => Some(crate::policy::budget::date_in(e.time_ms / 1000, tz)),
+            Group::Day => Some(crate::base::clock::date_in(e.time_ms / 1000, tz)),
             Group::Tag(_) => None,
         }
     }
@@ -171,7 +171,7 @@ impl Row {
 /// Rows by their label (a key id for `Group::Key`).
 async fn usage_rows(
     api: &AdminApi,
-    keys: Option<&[crate::store::KeyRecord]>,
+    keys: Option<&[crate::records::key::KeyRecord]>,
     group: &Group,
     (start_ms, end_ms): (u64, u64),
     tz: &jiff::tz::TimeZone,
@@ -207,7 +207,7 @@ async fn usage_rows(
 async fn add_failures(
     api: &AdminApi,
     rows: &mut BTreeMap<String, Row>,
-    keys: &[crate::store::KeyRecord],
+    keys: &[crate::records::key::KeyRecord],
     group: &Group,
     (start_ms, end_ms): (u64, u64),
     tz: &jiff::tz::TimeZone,
@@ -247,7 +247,7 @@ async fn for_log(api: &AdminApi, mut filter: Filter, mut each: impl FnMut(&LogEn
     }
 }
 
-fn key_names(keys: &[crate::store::KeyRecord]) -> BTreeMap<String, String> {
+fn key_names(keys: &[crate::records::key::KeyRecord]) -> BTreeMap<String, String> {
     keys.iter().map(|k| (k.id.clone(), k.name.clone())).collect()
 }
 
@@ -275,7 +275,7 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
     let mut latencies: [Vec<u64>; 3] = Default::default();
     let mut logged = [(0u64, 0u64); 3];
     for_log(api, Filter { start_ms: start, end_ms: end, ..Default::default() }, |e| {
-        let day = crate::policy::budget::date_in(e.time_ms / 1000, clock.tz());
+        let day = crate::base::clock::date_in(e.time_ms / 1000, clock.tz());
         for (i, (_, from)) in periods.iter().enumerate() {
             if day >= *from {
                 logged[i].0 += 1;

@@ -23,17 +23,18 @@
 use crate::auth::{self, KeyIndex};
 use crate::base::clock::now_ms;
 use crate::billing;
-use crate::ledger::{Hold, Ledger, UsageRecord};
+use crate::ledger::{Hold, Ledger};
+use crate::records::usage::UsageRecord;
 
 use crate::config::{Platform, Protocol};
 use crate::health::Verdict;
 use crate::limits::Limits;
 use crate::meter::{Shape, UsageScanner};
 use crate::protocol::{anthropic, gemini, header_str, openai, ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
 use crate::relay::{self, Routing};
 use crate::response::LocalResponse;
 use crate::route::{self, Route};
-use crate::store::KeyRecord;
 use crate::video::{self, VideoService};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -449,15 +450,15 @@ impl Gateway {
     /// What a request of `key` is paid from, in the order of checks: its spend windows, its
     /// account's, its balance, its account's balance. A key whose account this node does not
     /// know (yet) is refused for now.
-    fn purses(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<Vec<crate::ledger::Purse>, ApiError> {
+    fn purses(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<Vec<crate::records::purse::Purse>, ApiError> {
         if key.policy.account.is_none() && key.policy.budgets.is_empty() {
-            return Ok(vec![crate::ledger::Purse::key(&key.id)]);
+            return Ok(vec![crate::records::purse::Purse::key(&key.id)]);
         }
         let account = match &key.policy.account {
             Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
             None => None,
         };
-        Ok(crate::policy::budget::purses(key, account.as_deref(), &routing.calendar, crate::base::clock::now_unix()))
+        Ok(crate::records::purse::purses(key, account.as_deref(), &routing.calendar, crate::base::clock::now_unix()))
     }
 
     /// Hold the most `draft` can cost in every purse of `key`. A request that named no output
@@ -859,7 +860,7 @@ impl Gateway {
     /// the id was seen.
     fn note_streamed_response(&self, plan: &mut RelayPlan, scanner: &UsageScanner) -> bool {
         let (Some(id), Some(index)) = (scanner.response_id(), plan.served_by) else { return false };
-        let owner = crate::ledger::ResponseOwner {
+        let owner = crate::records::usage::ResponseOwner {
             key_id: plan.key.id.clone(),
             provider: plan.routing.catalog.upstreams[index].config.name.clone(),
             model: plan.model.clone(),

@@ -9,7 +9,6 @@
 //! never take a window past its cap, and a cap changed mid-window applies at once to what the
 //! window already spent.
 
-use crate::ledger::{Purse, PurseKind};
 use serde::{Deserialize, Serialize};
 
 /// A calendar window.
@@ -221,14 +220,6 @@ impl Calendar {
     }
 }
 
-/// The date (`YYYY-MM-DD`) of unix second `secs` in `tz`.
-pub fn date_in(secs: u64, tz: &jiff::tz::TimeZone) -> String {
-    match jiff::Timestamp::from_second(i64::try_from(secs).unwrap_or(i64::MAX)) {
-        Ok(ts) => ts.to_zoned(tz.clone()).date().to_string(),
-        Err(_) => "9999-12-31".to_string(),
-    }
-}
-
 /// Who a window belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Owner<'a> {
@@ -273,49 +264,6 @@ pub fn window_start(id: &str) -> Option<u64> {
 /// at most 31 days, and a day of a clock change 25 hours): its balance is forgotten with the
 /// records of its time.
 pub const WINDOW_KEPT_SECS: u64 = 32 * 86_400;
-
-/// Every balance a request of this key is paid from, in the order they are checked: the
-/// key's windows, the account's windows, the key's balance, the account's balance.
-pub fn purses(key: &crate::store::KeyRecord, account: Option<&AccountRecord>, calendar: &Calendar, now: u64) -> Vec<Purse> {
-    let account_windows = account.map_or(0, |a| a.budgets.caps().count());
-    let mut out = Vec::with_capacity(key.policy.budgets.caps().count() + account_windows + 2);
-    let name: Option<std::sync::Arc<str>> = account.map(|a| a.name.as_str().into());
-    let mut windows = |owner: Owner<'_>, budgets: &Budgets| {
-        for (window, cap) in budgets.caps() {
-            let (start, end) = calendar.window(window, now);
-            let of = match owner {
-                Owner::Key(_) => None,
-                Owner::Account(_) => name.clone(),
-            };
-            out.push(Purse { id: window_purse(&owner, window, start), credit: cap, kind: PurseKind::Window { account: of, window, end } });
-        }
-    };
-    windows(Owner::Key(&key.id), &key.policy.budgets);
-    if let Some(a) = account {
-        windows(Owner::Account(&a.name), &a.budgets);
-    }
-    out.push(Purse { id: key.id.clone(), credit: 0, kind: PurseKind::Key });
-    if let (Some(a), Some(name)) = (account, name) {
-        out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(name) });
-    }
-    out
-}
-
-/// A shared account: keys that name it draw on its balance and its windows as well as their
-/// own. Its balance is in the money store ([`account_purse`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct AccountRecord {
-    pub name: String,
-    #[serde(default, skip_serializing_if = "Budgets::is_empty")]
-    pub budgets: Budgets,
-    pub created_at: u64,
-    /// Where it comes from: the configuration file or the admin API.
-    #[serde(default)]
-    pub origin: crate::store::KeyOrigin,
-    /// For an account from the file: a digest of the entry last applied (as for keys).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed_digest: Option<String>,
-}
 
 /// An account name: 1 to 64 letters, digits, `.`, `_` or `-`.
 pub fn valid_account_name(name: &str) -> Result<(), String> {

@@ -319,7 +319,7 @@ pub fn upstream_query(query: Option<&str>, route: &Route) -> Option<String> {
         .split('&')
         .filter(|pair| {
             let name = pair.split_once('=').map_or(*pair, |(n, _)| n);
-            let name = crate::auth::decode_component(name);
+            let name = crate::base::text::decode_component(name);
             allowed.iter().any(|a| a.eq_ignore_ascii_case(&name))
         })
         .collect();
@@ -559,7 +559,7 @@ pub fn prefer_provider(catalog: &Catalog, candidates: &mut [usize], provider: &s
 
 /// Plan a request on a stored response (read, cancel, delete, list its input items): it goes
 /// to the provider that stored it, unbilled. None when that provider is no longer configured.
-pub fn stored_draft(routing: &Routing, owner: &crate::ledger::ResponseOwner, client_body: bytes::Bytes) -> Option<Draft> {
+pub fn stored_draft(routing: &Routing, owner: &crate::records::usage::ResponseOwner, client_body: bytes::Bytes) -> Option<Draft> {
     let index = routing.catalog.upstreams.iter().position(|u| u.config.name == owner.provider)?;
     Some(Draft {
         model: owner.model.clone(),

@@ -19,13 +19,16 @@ use super::postgres::accounts::FleetAccounts;
 use super::postgres::accounts::FleetHold;
 use super::postgres::keys::FleetKeys;
 use super::postgres::rates::{FleetRates, FleetSlots};
-use super::postgres::records::FleetRecords;
-use super::postgres::records::Journaled;
 use super::postgres::tasks::FleetTasks;
+use super::postgres::usage::FleetRecords;
+use super::postgres::usage::Journaled;
 use super::postgres::{Pg, PgError};
 use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
 use crate::config::FleetConfig;
-use crate::ledger::{AuditEntry, ForwardBookings, Grouping, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
+use crate::records::audit::AuditEntry;
+use crate::records::purse::{Insufficient, Purse};
+use crate::records::usage::{Grouping, ResponseOwner, Totals, UsageRecord};
+use crate::store::ForwardBookings;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -170,9 +173,9 @@ impl Fleet {
             }
             let mut batch = Vec::with_capacity(count);
             for v in &values {
-                let read = match super::records::stored_forms(v) {
+                let read = match super::usage_codec::stored_forms(v) {
                     Ok(Some(forms)) => forms.into_iter().map(|f| Journaled::read(f, owed_from)).collect::<Option<Vec<_>>>(),
-                    Ok(None) => super::records::decode_records(v).ok().map(|records| {
+                    Ok(None) => super::usage_codec::decode_records(v).ok().map(|records| {
                         records.iter().map(|r| Journaled::of(i64::try_from(r.seq).unwrap_or(i64::MAX), r, r.seq >= owed_from)).collect()
                     }),
                     Err(_) => None,
@@ -502,7 +505,7 @@ impl MoneyStore for FleetMoney {
         let seq = self.slot.db()?.generate_id()?;
         let holds = holds();
         record.seq = seq;
-        let value = super::records::value(&record);
+        let value = super::usage_codec::value(&record);
         // One journal entry per commit batch (its records, keyed by the first one's number): an
         // insert per record would be most of the writer's work.
         let waiter = self.writer.insert_grouped(

@@ -28,13 +28,15 @@ pub mod copy;
 pub mod db;
 pub mod fleet;
 pub mod postgres;
-pub mod records;
 pub mod sled;
 pub mod snapshot;
+pub mod usage_codec;
 
-use crate::ledger::{AuditEntry, Grouping, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
-use crate::video::task::Task;
-use serde::{Deserialize, Serialize};
+use crate::records::audit::AuditEntry;
+use crate::records::key::{AccountRecord, KeyLookup, KeyRecord};
+use crate::records::purse::{Insufficient, Purse};
+use crate::records::task::Task;
+use crate::records::usage::{Grouping, ResponseOwner, Totals, UsageRecord};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -58,16 +60,6 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// What an authentication finds in the key index.
-#[derive(Debug, Clone, PartialEq)]
-pub enum KeyLookup {
-    Found(Arc<KeyRecord>),
-    Unknown,
-    /// The index is older than the staleness bound (a fleet node cut off from its database):
-    /// refuse (503) rather than guess whether the key was revoked meanwhile.
-    Stale,
-}
-
 /// Key records. Authentication reads only the in-memory index ([`KeyStore::lookup`]).
 #[async_trait::async_trait]
 pub trait KeyStore: Send + Sync {
@@ -87,7 +79,6 @@ pub trait KeyStore: Send + Sync {
     fn account(&self, name: &str) -> Option<Arc<AccountRecord>>;
 }
 
-pub use crate::policy::budget::AccountRecord;
 pub use db::{DbSlot, Durable, StoreError};
 
 /// Accounts, holds, bookings, usage records and response owners. Amounts are nano-USD.
@@ -151,7 +142,7 @@ pub trait MoneyStore: Send + Sync {
     /// bookings go to `set_handover`'s target; returns once everything before is on disk.
     async fn hand_over(&self) -> Result<(), StoreError>;
     /// Where bookings go once the local database was handed over.
-    fn set_handover(&self, to: Arc<dyn crate::ledger::ForwardBookings>);
+    fn set_handover(&self, to: Arc<dyn crate::store::ForwardBookings>);
     /// The local group-commit writer's counters.
     fn commit_stats(&self) -> &crate::commit::CommitStats;
     /// One sync round with the shared database (nothing on one node).
@@ -203,7 +194,7 @@ pub trait TaskStore: Send + Sync {
     /// Claim `key` for `task_id`. Returns the task id that holds it: ours, or an earlier one.
     async fn claim_idempotency(&self, owner: &str, key: &str, task_id: &str, now: u64) -> Result<String, StoreError>;
     /// Where task writes go once the local database was handed over (upgrade).
-    fn set_handover(&self, _to: Arc<dyn crate::video::store::ForwardTasks>) {}
+    fn set_handover(&self, _to: Arc<dyn crate::store::ForwardTasks>) {}
 }
 
 /// The index authentication reads: a secret's SHA-256 → its key's record.
@@ -223,69 +214,16 @@ pub fn index_key(index: &mut KeyHashIndex, record: Arc<KeyRecord>) {
     }
 }
 
-/// One API key as persisted.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct KeyRecord {
-    pub id: String,
-    pub name: String,
-    pub group: String,
-    /// Hex SHA-256 of the secret.
-    pub key_hash: String,
-    #[serde(default)]
-    pub rpm: Option<u32>,
-    #[serde(default)]
-    pub tpm: Option<u64>,
-    pub enabled: bool,
-    pub created_at: u64,
-    /// Requests of this key in flight at once (None: no cap).
-    #[serde(default)]
-    pub max_concurrent: Option<u32>,
-    /// Where the key comes from: the configuration file or the admin API.
-    #[serde(default)]
-    pub origin: KeyOrigin,
-    /// For a key from the file: a digest of the file entry last applied. While the entry is
-    /// unchanged, changes made through the admin API stand; None once the file dropped the key.
-    #[serde(default)]
-    pub seed_digest: Option<String>,
-    /// Revoked by the operator at this unix time (`DELETE /admin/keys/{id}`): refused from then
-    /// on, for good (the file and `PATCH` cannot enable it again); its records are kept.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub revoked_at: Option<u64>,
-    /// The secret this key had before its last rotation, still accepted until a time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rotated: Option<Rotation>,
-    /// Expiry, model rules, address allowlist (see `policy`).
-    #[serde(default, skip_serializing_if = "crate::policy::KeyPolicy::is_empty")]
-    pub policy: crate::policy::KeyPolicy,
+/// Writes a task in the process that has the database now (after an upgrade hand-over);
+/// returns once it is durable there. Implemented by `handover`.
+#[async_trait::async_trait]
+pub trait ForwardTasks: Send + Sync {
+    async fn forward_task(&self, task: &Task) -> Result<(), StoreError>;
 }
 
-/// The previous secret of a rotated key and the end of its grace period.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Rotation {
-    /// Hex SHA-256 of the previous secret.
-    pub previous_hash: String,
-    /// Unix time (seconds) until which the previous secret is accepted.
-    pub until: u64,
-}
-
-impl KeyRecord {
-    /// The hashes a secret of this key may have now: the current one, and the previous one
-    /// while its grace period lasts.
-    pub fn hashes(&self, now: u64) -> impl Iterator<Item = &str> {
-        let previous = self.rotated.as_ref().filter(|r| now < r.until).map(|r| r.previous_hash.as_str());
-        std::iter::once(self.key_hash.as_str()).chain(previous)
-    }
-}
-
-/// Where a key record comes from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum KeyOrigin {
-    /// Written before origins were recorded: the file never disables it.
-    #[default]
-    Unknown,
-    /// Seeded from `keys:` in the configuration file.
-    Config,
-    /// Created through the admin API; the file never changes it.
-    Admin,
+/// Books a record in the process that has the database now (after an upgrade hand-over);
+/// returns once it is durable there. Implemented by `handover`.
+#[async_trait::async_trait]
+pub trait ForwardBookings: Send + Sync {
+    async fn forward_booking(&self, record: &UsageRecord) -> Result<(), StoreError>;
 }

@@ -1,10 +1,11 @@
 //! What `store copy` moves from one store to another (see `store::copy`), read by each end
 //! (`store::copy` for sled, `store::postgres::copy` for PostgreSQL).
 
-use super::{AccountRecord, KeyRecord};
-use crate::ledger::{AuditEntry, ResponseOwner, UsageRecord};
+use crate::records::audit::AuditEntry;
+use crate::records::key::{AccountRecord, KeyRecord};
+use crate::records::task::Task;
+use crate::records::usage::{ResponseOwner, UsageRecord};
 use crate::video::store::IdempotencyRow;
-use crate::video::task::Task;
 
 /// Everything a copy moves.
 #[derive(Default)]

@@ -1,12 +1,12 @@
 //! The video endpoints' HTTP side that cannot be a plain JSON answer: streaming the result
 //! video to the client (with `Range`), from the task's URL.
 
-use super::task::Status;
 use super::{VideoService, RESULT_URL_TTL_SECS};
 use crate::base::clock::now_unix;
 use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::records::task::Status;
 use crate::storage::StorageError;
-use crate::store::KeyRecord;
 use futures_util::StreamExt;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;

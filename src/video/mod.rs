@@ -6,17 +6,19 @@
 pub mod http;
 pub mod request;
 pub mod store;
-pub mod task;
 pub mod tc3;
 pub mod upstream;
 
 use crate::base::clock::now_ms;
 use crate::base::clock::now_unix;
 use crate::config::VideoConfig;
-use crate::ledger::{Ledger, UsageRecord};
+use crate::ledger::Ledger;
 use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::records::task::{Event, Status, Task, TaskError};
+use crate::records::usage::UsageRecord;
 use crate::storage::ObjectStore;
-use crate::store::{KeyRecord, StoreError};
+use crate::store::StoreError;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use pingora_core::server::ShutdownWatch;
@@ -25,7 +27,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use store::VideoStore;
-use task::{Event, Status, Task, TaskError};
 use upstream::{UpstreamError, VideoUpstream};
 
 /// Off-peak tasks may take up to 48 hours (§1, §8).
@@ -296,7 +297,7 @@ impl VideoService {
     pub async fn create(
         &self,
         key: &KeyRecord,
-        purses: &[crate::ledger::Purse],
+        purses: &[crate::records::purse::Purse],
         body: &[u8],
         idempotency_key: Option<&str>,
     ) -> Result<(Task, bool), ApiError> {
@@ -334,7 +335,7 @@ impl VideoService {
             log::error!("video model {} is enabled without a price; refused", sub.api_model);
             ApiError::new(ErrorKind::Internal, format!("The model '{}' is not priced on this gateway and cannot be served.", sub.api_model))
         })?;
-        let mut task = Task::new(new_task_id(), key.id.clone(), &sub, now, cost);
+        let mut task = sub.task(new_task_id(), key.id.clone(), now, cost);
         task.tags = key.policy.tags.clone();
         task.request_digest = digest.clone();
         let _creating = Creating::mark(&self.creating, &task.id);
@@ -343,7 +344,7 @@ impl VideoService {
             match self.ledger.charge_from(Self::billing_record(&task, task.cost_nanos, "video"), purses).await.map_err(internal)? {
                 Ok(_) => {
                     task.charged = true;
-                    task.charged_to = crate::ledger::charged(purses);
+                    task.charged_to = crate::records::purse::charged(purses);
                 }
                 Err(refused) => return Err(refused.to_api_error("this video costs", now)),
             }
@@ -522,7 +523,7 @@ impl VideoService {
     }
 
     /// After the database is handed over, task writes are sent to the new process at `socket`.
-    pub fn set_handover(&self, to: Arc<dyn store::ForwardTasks>) {
+    pub fn set_handover(&self, to: Arc<dyn crate::store::ForwardTasks>) {
         self.store.set_handover(to);
     }
 
@@ -711,12 +712,12 @@ mod tests {
         let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
         ledger.open_account("key_a", 1_000_000_000).await.expect("account");
         let svc = VideoService::new(config(), sled_tasks(&db), ledger.clone(), None).expect("service");
-        let mut interrupted = task::tests::task();
+        let mut interrupted = crate::records::task::tests::task();
         interrupted.id = "task_interrupted".into();
         interrupted.cost_nanos = 250_000_000;
         interrupted.charged = true;
         ledger.charge(VideoService::billing_record(&interrupted, 250_000_000, "video")).await.expect("db").expect("charged");
-        let mut queued = task::tests::task().apply(Event::Submitted { job_id: "j".into() }, 1);
+        let mut queued = crate::records::task::tests::task().apply(Event::Submitted { job_id: "j".into() }, 1);
         queued.id = "task_queued".into();
         svc.store.put(&interrupted).await.expect("put");
         svc.store.put(&queued).await.expect("put");

@@ -2,7 +2,8 @@
 //! body in, an upstream [`Submission`] or a 400 naming the field and the rule out.
 
 use crate::protocol::{ApiError, ErrorKind};
-use serde::{Deserialize, Serialize};
+pub use crate::records::task::Capability;
+use crate::records::task::Task;
 use serde_json::{Map, Value};
 
 /// Every API model the service knows (§4.2), in the spec's order (defined with the
@@ -12,32 +13,6 @@ pub const MAX_PROMPT_CHARS: usize = 2000;
 pub const MAX_PAYLOAD_CHARS: usize = 1_048_576;
 pub const ASPECT_RATIOS: [&str; 5] = ["16:9", "9:16", "4:3", "3:4", "1:1"];
 pub const DEFAULT_DURATION: u32 = 5;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Capability {
-    TextToVideo,
-    ImageToVideo,
-    ReferenceToVideo,
-}
-
-impl Capability {
-    /// The part of the action name: `Submit<this><brand>Job`.
-    pub fn action_part(self) -> &'static str {
-        match self {
-            Capability::TextToVideo => "TextToVideo",
-            Capability::ImageToVideo => "ImageToVideo",
-            Capability::ReferenceToVideo => "ReferenceToVideo",
-        }
-    }
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Capability::TextToVideo => "text-to-video",
-            Capability::ImageToVideo => "image-to-video",
-            Capability::ReferenceToVideo => "reference-to-video",
-        }
-    }
-}
 
 /// What is sent upstream for a valid request.
 #[derive(Debug, Clone, PartialEq)]
@@ -51,6 +26,19 @@ pub struct Submission {
     pub payload: Map<String, Value>,
     /// Base64 images to upload; each placeholder in the payload is replaced by its URL.
     pub uploads: Vec<InlineImage>,
+}
+
+impl Submission {
+    /// The task this submission starts: stored before it is sent upstream.
+    pub fn task(&self, id: String, owner: String, now: u64, cost_nanos: i64) -> Task {
+        Task {
+            api_model: self.api_model.clone(),
+            upstream_model: self.upstream_model.clone(),
+            duration: self.duration,
+            off_peak: self.off_peak,
+            ..Task::new(id, owner, self.capability, now, cost_nanos)
+        }
+    }
 }
 
 /// A decoded base64 input image.

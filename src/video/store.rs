@@ -4,21 +4,11 @@
 //! every node reads every task, the poller's work list is the tasks this node holds the claim
 //! of, and every write is fenced by that claim).
 
-use super::task::Task;
-use crate::store::StoreError;
-
 /// How long an Idempotency-Key keeps returning the same task.
 pub const IDEMPOTENCY_WINDOW_SECS: u64 = 24 * 3600;
 
 /// The tasks of the video service.
 pub type VideoStore = std::sync::Arc<dyn crate::store::TaskStore>;
-
-/// Writes a task in the process that has the database now (after an upgrade hand-over);
-/// returns once it is durable there. Implemented by `handover`.
-#[async_trait::async_trait]
-pub trait ForwardTasks: Send + Sync {
-    async fn forward_task(&self, task: &Task) -> Result<(), StoreError>;
-}
 
 /// An idempotency key as `store copy` moves it: (key id, idempotency key, task id, unix time).
 pub type IdempotencyRow = (String, String, String, u64);

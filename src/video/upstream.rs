@@ -3,9 +3,9 @@
 //! errors and `RequestLimitExceeded`, and one request rate for the whole process.
 
 use super::request::Capability;
-use super::task::{TaskError, UpstreamStatus};
 use super::tc3;
 use crate::config::VideoConfig;
+use crate::records::task::{TaskError, UpstreamStatus};
 use serde_json::{json, Value};
 use std::fmt;
 use std::time::{Duration, Instant};

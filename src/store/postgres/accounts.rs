@@ -46,10 +46,10 @@
 //! (`lease_more`), a booking (`book`), a release (`release_unused`), a renewal (`renew`) and a
 //! prune (`prune_windows`) all lock `accounts` before `leases`, and several keys in key order.
 
-use super::records::Journaled;
+use super::usage::Journaled;
 use super::{Pg, PgError};
 /// A refusal: the key's money (free in the database plus this node's lease) does not cover it.
-pub use crate::ledger::Insufficient;
+pub use crate::records::purse::Insufficient;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -372,7 +372,7 @@ impl FleetAccounts {
         let _turn = self.maintenance.lock().await;
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
-        let (new, mut statements) = super::records::insert(&tx, journal, batch.iter()).await?;
+        let (new, mut statements) = super::usage::insert(&tx, journal, batch.iter()).await?;
         // Sorted and searched: a hash set's hashing per record was a tenth of what booking cost.
         let mut new = new;
         new.sort_unstable();
@@ -385,7 +385,7 @@ impl FleetAccounts {
                 *spent.entry(id).or_default() += j.head.cost_nanos;
             }
         }
-        statements += super::records::insert_owners(&tx, batch.iter().filter(is_new).filter_map(|j| j.owner.as_ref())).await?;
+        statements += super::usage::insert_owners(&tx, batch.iter().filter(is_new).filter_map(|j| j.owner.as_ref())).await?;
         // Locks in the one global order (the module's lock order): the purses' account rows, by key,
         // then this node's lease rows, by key.
         let keys: Vec<&str> = spent.keys().copied().collect();
@@ -453,7 +453,7 @@ impl FleetAccounts {
 
     /// Add `delta` to the balance of `key_id` (a key or `acct:<name>`: an administrator's
     /// top-up), with its audit entry, in one transaction.
-    pub async fn top_up(&self, key_id: &str, delta: i64, reason: Option<&str>) -> Result<crate::ledger::AuditEntry, PgError> {
+    pub async fn top_up(&self, key_id: &str, delta: i64, reason: Option<&str>) -> Result<crate::records::audit::AuditEntry, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
         let balance: i64 = tx
@@ -464,7 +464,7 @@ impl FleetAccounts {
             )
             .await?
             .get(0);
-        let entry = crate::ledger::AuditEntry::new(key_id, delta, balance, reason);
+        let entry = crate::records::audit::AuditEntry::new(key_id, delta, balance, reason);
         let text = serde_json::to_string(&entry).map_err(|e| PgError::Query(format!("audit entry: {e}")))?;
         tx.execute("INSERT INTO audit_log (time_ms, record) VALUES ($1, $2)", &[&i64::try_from(entry.time_ms).unwrap_or(i64::MAX), &text])
             .await?;
@@ -490,7 +490,11 @@ impl FleetAccounts {
     }
 
     /// Audit entries before the position `before`, newest first, each with its number.
-    pub async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<crate::ledger::AuditEntry>, PgError> {
+    pub async fn audit(
+        &self,
+        limit: usize,
+        before: Option<crate::request_log::Cursor>,
+    ) -> Result<Vec<crate::records::audit::AuditEntry>, PgError> {
         let client = self.pg.client().await?;
         let (t, n) = before
             .map_or((i64::MAX, i64::MAX), |c| (i64::try_from(c.time_ms).unwrap_or(i64::MAX), i64::try_from(c.seq).unwrap_or(i64::MAX)));
@@ -504,7 +508,7 @@ impl FleetAccounts {
         rows.iter()
             .map(|r| {
                 let text: String = r.get(0);
-                let mut entry: crate::ledger::AuditEntry =
+                let mut entry: crate::records::audit::AuditEntry =
                     serde_json::from_str(&text).map_err(|e| PgError::Query(format!("audit entry: {e}")))?;
                 entry.seq = u64::try_from(r.get::<_, i64>(1)).unwrap_or(0);
                 Ok(entry)

@@ -48,7 +48,7 @@ pub async fn read(pg: &Pg) -> Result<Snapshot, PgError> {
         s.audit.push(parse("audit entry", &row.get::<_, String>(0))?);
     }
     for row in client.query("SELECT record, bin FROM usage_records ORDER BY time_ms, node_id, seq", &[]).await? {
-        s.records.push(super::records::read(&row)?);
+        s.records.push(super::usage::read(&row)?);
     }
     for row in client.query("SELECT id, owner FROM response_owners ORDER BY id", &[]).await? {
         s.owners.push((row.get(0), parse("response owner", &row.get::<_, String>(1))?));
@@ -81,8 +81,8 @@ pub async fn write(pg: &Pg, s: &Snapshot) -> Result<(), PgError> {
             .await?;
     }
     let journal = format!("copy/{}", crate::base::clock::now_ms());
-    let records: Vec<_> = s.records.iter().enumerate().map(|(i, r)| super::records::Journaled::of(i as i64, r, false)).collect();
-    super::records::insert(&tx, &journal, records.iter()).await?;
+    let records: Vec<_> = s.records.iter().enumerate().map(|(i, r)| super::usage::Journaled::of(i as i64, r, false)).collect();
+    super::usage::insert(&tx, &journal, records.iter()).await?;
     for (id, owner) in &s.owners {
         tx.execute(
             "INSERT INTO response_owners (id, owner, time_ms) VALUES ($1, $2, $3)",

@@ -19,7 +19,7 @@
 //! nothing can be revoked, and a node cut off alone stops serving within that bound.
 
 use super::{Pg, PgError};
-use crate::store::{AccountRecord, KeyRecord};
+use crate::records::key::{AccountRecord, KeyRecord};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,7 +38,7 @@ fn index_record(index: &mut Index, record: KeyRecord) {
     crate::store::index_key(index, Arc::new(record));
 }
 
-pub use crate::store::KeyLookup;
+pub use crate::records::key::KeyLookup;
 
 pub struct FleetKeys {
     pg: Pg,

@@ -10,9 +10,9 @@ pub mod accounts;
 pub mod copy;
 pub mod keys;
 pub mod rates;
-pub mod records;
 pub mod requests;
 pub mod tasks;
+pub mod usage;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -290,7 +290,7 @@ const MIGRATIONS: &[(i32, &str)] = &[
     (
         10,
         // Usage records and request-log entries in the binary form a node already keeps them in
-        // (`crate::store::records`, `LogEntry::encode`): their JSON was most of what a node
+        // (`crate::store::usage_codec`, `LogEntry::encode`): their JSON was most of what a node
         // spent on shipping them. Rows written before keep their JSON in `record`.
         "ALTER TABLE usage_records ADD COLUMN bin BYTEA, ALTER COLUMN record SET DEFAULT '';
      ALTER TABLE request_log ADD COLUMN bin BYTEA, ALTER COLUMN record SET DEFAULT '';",

@@ -11,7 +11,7 @@
 //! first task created with a key is the one every node returns for it.
 
 use super::{Pg, PgError};
-use crate::video::task::Task;
+use crate::records::task::Task;
 use std::time::Duration;
 
 /// What a create found.

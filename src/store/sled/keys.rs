@@ -2,7 +2,8 @@
 //! key hash → record, replaced whole after every change; tree `key_accounts` (name →
 //! [`AccountRecord`]) and its index by name likewise.
 
-use crate::store::{AccountRecord, DbSlot, Durable, KeyLookup, KeyRecord, KeyStore, StoreError};
+use crate::records::key::{AccountRecord, KeyLookup, KeyRecord};
+use crate::store::{DbSlot, Durable, KeyStore, StoreError};
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -123,8 +124,8 @@ impl KeyStore for SledKeys {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::records::key::KeyOrigin;
     use crate::store::sled::SledDb;
-    use crate::store::KeyOrigin;
 
     #[tokio::test]
     async fn keys_round_trip_across_reopen_and_are_found_by_hash() {

@@ -14,7 +14,10 @@
 //! of the balance entry and the key's newest record, so a booking is one insert and can never
 //! be half done.
 
-use crate::ledger::{AuditEntry, ForwardBookings, Grouping, Insufficient, Purse, ResponseOwner, Totals, UsageRecord};
+use crate::records::audit::AuditEntry;
+use crate::records::purse::{Insufficient, Purse};
+use crate::records::usage::{Grouping, ResponseOwner, Totals, UsageRecord};
+use crate::store::ForwardBookings;
 use crate::store::{DbSlot, MoneyStore, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,7 +42,7 @@ impl Account {
     }
 }
 
-use crate::store::records::decode_records;
+use crate::store::usage_codec::decode_records;
 
 /// The in-memory accounts by purse id (a key id, an account's or a window's name).
 type Purses = HashMap<String, Account, ahash::RandomState>;
@@ -207,7 +210,7 @@ impl SledMoney {
         self.writer.insert_all(crate::commit::TreeName::Balances, entries)?;
         record.seq = seq;
         record.balance_after = new_balance;
-        let value = crate::store::records::value(&record);
+        let value = crate::store::usage_codec::value(&record);
         // The record alone carries the key's new balance (`balance_after`, newer `seq` than the
         // balance entry), so the key's balance entry is not rewritten per booking: one insert.
         let mut group = record.key_id.as_bytes().to_vec();
@@ -300,7 +303,7 @@ impl SledMoney {
         let tree = self.records_tree()?;
         for r in records {
             let record = UsageRecord { seq: 0, balance_after: 0, ..r.clone() };
-            tree.insert(self.record_key(&record), crate::store::records::entry(&record))?;
+            tree.insert(self.record_key(&record), crate::store::usage_codec::entry(&record))?;
         }
         let tree = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
         for (id, owner) in owners {

@@ -8,9 +8,10 @@
 //! index entry whose task says it needs nothing (the poller drops it), never a task the
 //! poller misses.
 
+use crate::records::task::Task;
+use crate::store::ForwardTasks;
 use crate::store::{DbSlot, Durable, StoreError, TaskStore};
-use crate::video::store::{ForwardTasks, IdempotencyRow, IDEMPOTENCY_WINDOW_SECS};
-use crate::video::task::Task;
+use crate::video::store::{IdempotencyRow, IDEMPOTENCY_WINDOW_SECS};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, OnceLock};
 
@@ -206,7 +207,7 @@ impl TaskStore for SledTasks {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::video::task::{tests::task, Status};
+    use crate::records::task::{tests::task, Status};
 
     #[tokio::test]
     async fn open_index_follows_status_and_survives_reopen() {

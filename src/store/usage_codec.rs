@@ -11,7 +11,7 @@
 //! batches were grouped) one JSON object.
 
 use crate::base::codec::{put_signed, put_str, put_varint, Reader};
-use crate::ledger::UsageRecord;
+use crate::records::usage::UsageRecord;
 use crate::store::StoreError;
 use std::borrow::Cow;
 

@@ -6,11 +6,11 @@
 //! `journal_marks`) tells new records from those of a batch retried after a lost reply, which
 //! add nothing twice (see `insert`). The owners of stored
 //! responses are booked with the records that created them. Totals are counted by the
-//! ledger's own rule ([`crate::ledger::Totals::add`]).
+//! ledger's own rule ([`crate::records::usage::Totals::add`]).
 
 use super::{Pg, PgError};
-use crate::ledger::{ResponseOwner, Totals, UsageRecord};
-use crate::store::records::RecordHead;
+use crate::records::usage::{ResponseOwner, Totals, UsageRecord};
+use crate::store::usage_codec::RecordHead;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
@@ -34,7 +34,7 @@ impl Journaled<'static> {
     pub fn of(seq: i64, record: &UsageRecord, owed_here: bool) -> Self {
         Journaled {
             seq,
-            stored: Cow::Owned(crate::store::records::value(record)),
+            stored: Cow::Owned(crate::store::usage_codec::value(record)),
             head: RecordHead::of(record),
             owner: record.owner().zip(record.response_id.clone()).map(|(o, id)| (id, o)),
             owed_here,
@@ -48,9 +48,11 @@ impl<'a> Journaled<'a> {
     pub fn read(stored: &'a [u8], owed_from: u64) -> Option<Self> {
         let head = RecordHead::read(stored)?;
         let owner = match head.response {
-            true => {
-                crate::store::records::decode_records(stored).ok()?.pop().and_then(|r| r.owner().zip(r.response_id)).map(|(o, id)| (id, o))
-            }
+            true => crate::store::usage_codec::decode_records(stored)
+                .ok()?
+                .pop()
+                .and_then(|r| r.owner().zip(r.response_id))
+                .map(|(o, id)| (id, o)),
             false => None,
         };
         Some(Journaled {
@@ -143,7 +145,7 @@ pub(super) fn read(row: &tokio_postgres::Row) -> Result<UsageRecord, PgError> {
     let text: &str = row.try_get(0).map_err(|e| bad(e.to_string()))?;
     let bin: Option<&[u8]> = row.try_get(1).map_err(|e| bad(e.to_string()))?;
     match bin {
-        Some(bin) => crate::store::records::decode_records(bin)
+        Some(bin) => crate::store::usage_codec::decode_records(bin)
             .map_err(|e| bad(e.to_string()))?
             .pop()
             .ok_or_else(|| bad("an empty stored form".into())),
@@ -223,7 +225,7 @@ impl FleetRecords {
         key_id: &str,
         start_ms: u64,
         end_ms: u64,
-        by: &crate::ledger::Grouping,
+        by: &crate::records::usage::Grouping,
     ) -> Result<(Totals, BTreeMap<String, Totals>), PgError> {
         let client = self.pg.client().await?;
         let (lo, hi) = (i64::try_from(start_ms).unwrap_or(i64::MAX), i64::try_from(end_ms).unwrap_or(i64::MAX));

@@ -4,7 +4,6 @@
 //! unrecoverable error). Terminal states absorb every later event; progress never decreases;
 //! `completed_at` is set once.
 
-use super::request::Capability;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -107,16 +106,17 @@ pub struct Task {
 }
 
 impl Task {
-    /// A task just validated, not yet submitted.
-    pub fn new(id: String, owner: String, sub: &super::request::Submission, now: u64, cost_nanos: i64) -> Task {
+    /// A task not yet submitted, of no model and no duration yet: `video::request`'s
+    /// `Submission::task` fills them in from what it validated.
+    pub fn new(id: String, owner: String, capability: Capability, now: u64, cost_nanos: i64) -> Task {
         Task {
             id,
             owner,
-            api_model: sub.api_model.clone(),
-            upstream_model: sub.upstream_model.clone(),
-            capability: sub.capability,
-            duration: sub.duration,
-            off_peak: sub.off_peak,
+            api_model: String::new(),
+            upstream_model: String::new(),
+            capability,
+            duration: 0,
+            off_peak: false,
             status: Status::Submitting,
             progress: 0,
             created_at: now,
@@ -257,21 +257,43 @@ impl Task {
     }
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Capability {
+    TextToVideo,
+    ImageToVideo,
+    ReferenceToVideo,
+}
+
+impl Capability {
+    /// The part of the action name: `Submit<this><brand>Job`.
+    pub fn action_part(self) -> &'static str {
+        match self {
+            Capability::TextToVideo => "TextToVideo",
+            Capability::ImageToVideo => "ImageToVideo",
+            Capability::ReferenceToVideo => "ReferenceToVideo",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Capability::TextToVideo => "text-to-video",
+            Capability::ImageToVideo => "image-to-video",
+            Capability::ReferenceToVideo => "reference-to-video",
+        }
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
 
     pub fn task() -> Task {
-        let sub = super::super::request::Submission {
-            capability: Capability::TextToVideo,
+        let mut t = Task {
             api_model: "genq3-pro".into(),
             upstream_model: "genq3-pro".into(),
             duration: 5,
-            off_peak: false,
-            payload: Default::default(),
-            uploads: Vec::new(),
+            ..Task::new("task_x".into(), "key_a".into(), Capability::TextToVideo, 100, 0)
         };
-        let mut t = Task::new("task_x".into(), "key_a".into(), &sub, 100, 0);
         t.last_polled_at = 0;
         t
     }

@@ -1,0 +1,187 @@
+//! Usage as stored and summed: one billed event ([`UsageRecord`]), the owner of a stored
+//! response it created, the counters of `/v1/usage` and what their rows are grouped by.
+//! Their stored form is `store::usage_codec`'s.
+
+use crate::base::money::usd;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// One billed event, as stored and summed by `/v1/usage`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UsageRecord {
+    /// Unix milliseconds.
+    pub time_ms: u64,
+    pub key_id: String,
+    pub model: String,
+    /// `openai`, `anthropic`, `gemini` or `video`.
+    pub protocol: String,
+    pub route: String,
+    pub input_tokens: u64,
+    pub cached_tokens: u64,
+    /// Prompt-cache writes (priced at `cache_write_input`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    pub output_tokens: u64,
+    /// nano-USD; negative for a refund.
+    pub cost_nanos: i64,
+    pub status: u16,
+    pub latency_ms: u64,
+    /// Usage was estimated (no usage report seen).
+    pub estimated: bool,
+    /// Booking sequence number (set by the ledger).
+    #[serde(default)]
+    pub seq: u64,
+    /// The key's balance after this record (set by the ledger).
+    #[serde(default)]
+    pub balance_after: i64,
+    /// The provider that served the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// Requests sent upstream for it (more than 1: retried before the first byte).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempts: u32,
+    /// The stored response the request created (responses API): booking the record makes the
+    /// key its owner (see [`ResponseOwner`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_id: Option<String>,
+    /// The provider's protocol when it is not the client's (`protocol`): a translated request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_protocol: Option<String>,
+    /// The purses debited besides the key's own balance: its shared account's, spend windows'
+    /// (see [`Purse`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub charged: Vec<String>,
+    /// The key's tags when the record was written (a later change of the key's tags leaves
+    /// them).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tags: BTreeMap<String, String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Who created a stored response, and where it is stored: tree `response_owners`, keyed by the
+/// response id, written in the same commit as the usage record that created it and pruned with
+/// it. Only its owner may read, cancel or delete the response, or continue from it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseOwner {
+    pub key_id: String,
+    pub provider: String,
+    pub model: String,
+    pub time_ms: u64,
+    /// The conversation's size as of this response: its input (cache reads and writes
+    /// included) and output tokens. A turn that continues it is held for them as input.
+    #[serde(default)]
+    pub context_tokens: u64,
+}
+
+impl UsageRecord {
+    /// The owner of the stored response this record created, if it created one.
+    pub fn owner(&self) -> Option<ResponseOwner> {
+        self.response_id.as_ref()?;
+        Some(ResponseOwner {
+            key_id: self.key_id.clone(),
+            provider: self.provider.clone()?,
+            model: self.model.clone(),
+            time_ms: self.time_ms,
+            context_tokens: self.input_total().saturating_add(self.output_tokens),
+        })
+    }
+
+    /// All input: plain, cache reads and cache writes.
+    pub fn input_total(&self) -> u64 {
+        self.input_tokens.saturating_add(self.cached_tokens).saturating_add(self.cache_write_tokens)
+    }
+}
+
+/// Counters of `/v1/usage`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Totals {
+    pub requests: u64,
+    pub input_tokens: u64,
+    pub cached_input_tokens: u64,
+    pub cache_write_input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_nanos: i64,
+    /// Of which credits (refunds, adjustments): how many, and their sum (≤ 0).
+    #[serde(skip)]
+    pub refunds: u64,
+    #[serde(skip)]
+    pub refunded_nanos: i64,
+}
+
+impl Totals {
+    /// Count one record (a negative cost is an adjustment: money, not a request).
+    pub fn add(&mut self, r: &UsageRecord) {
+        if r.cost_nanos >= 0 {
+            self.requests += 1;
+        } else {
+            self.refunds += 1;
+            self.refunded_nanos = self.refunded_nanos.saturating_add(r.cost_nanos);
+        }
+        self.input_tokens = self.input_tokens.saturating_add(r.input_total());
+        self.cached_input_tokens = self.cached_input_tokens.saturating_add(r.cached_tokens);
+        self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(r.cache_write_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(r.output_tokens);
+        self.cost_nanos = self.cost_nanos.saturating_add(r.cost_nanos);
+    }
+
+    /// Add another set of counters to these.
+    pub fn merge(&mut self, other: &Totals) {
+        self.requests = self.requests.saturating_add(other.requests);
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.cached_input_tokens = self.cached_input_tokens.saturating_add(other.cached_input_tokens);
+        self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(other.cache_write_input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.cost_nanos = self.cost_nanos.saturating_add(other.cost_nanos);
+        self.refunds = self.refunds.saturating_add(other.refunds);
+        self.refunded_nanos = self.refunded_nanos.saturating_add(other.refunded_nanos);
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "cached_input_tokens": self.cached_input_tokens,
+            "cache_write_input_tokens": self.cache_write_input_tokens,
+            "output_tokens": self.output_tokens,
+            "cost": usd(self.cost_nanos),
+        })
+    }
+}
+
+/// What the rows of a usage summary are: a record's model, its provider, its day in a
+/// timezone (`YYYY-MM-DD`), or its value of one tag (the empty string for records without the
+/// tag, or without a provider).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Grouping {
+    Model,
+    Provider,
+    Day(jiff::tz::TimeZone),
+    Tag(String),
+}
+
+impl Grouping {
+    /// `model`, or `tag:<name>` (percent-decoded); None for anything else.
+    pub fn parse(text: &str) -> Option<Grouping> {
+        match text {
+            "model" => Some(Grouping::Model),
+            _ => {
+                let name = crate::base::text::decode_component(text.strip_prefix("tag:")?);
+                (!name.is_empty()).then_some(Grouping::Tag(name))
+            }
+        }
+    }
+
+    /// The row `r` counts in.
+    pub fn label<'r>(&self, r: &'r UsageRecord) -> std::borrow::Cow<'r, str> {
+        use std::borrow::Cow;
+        match self {
+            Grouping::Model => Cow::Borrowed(&r.model),
+            Grouping::Provider => Cow::Borrowed(r.provider.as_deref().unwrap_or("")),
+            Grouping::Day(tz) => Cow::Owned(crate::base::clock::date_in(r.time_ms / 1000, tz)),
+            Grouping::Tag(name) => Cow::Borrowed(r.tags.get(name).map_or("", String::as_str)),
+        }
+    }
+}
