@@ -333,11 +333,11 @@ pub fn token_file(data_dir: &std::path::Path) -> Result<(String, std::path::Path
     match std::fs::read_to_string(&path) {
         Ok(text) => {
             let token = text.trim().to_string();
-            if token.chars().count() < crate::config::MIN_ADMIN_TOKEN_LEN {
+            if token.chars().count() < crate::config::listen::MIN_ADMIN_TOKEN_LEN {
                 return Err(format!(
                     "{}: holds no admin token of at least {} characters; delete it to have one generated",
                     path.display(),
-                    crate::config::MIN_ADMIN_TOKEN_LEN
+                    crate::config::listen::MIN_ADMIN_TOKEN_LEN
                 ));
             }
             Ok((token, path, false))

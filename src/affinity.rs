@@ -26,8 +26,6 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-/// The default `routing.balance_factor` (ε).
-pub const DEFAULT_BALANCE_FACTOR: f64 = 0.25;
 /// How fast past requests stop counting as load: half of them after this long.
 pub const HALF_LIFE_MS: u32 = 2_000;
 

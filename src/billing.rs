@@ -10,12 +10,6 @@ pub fn hold_input_tokens(body_len: usize) -> u64 {
     (body_len as u64).div_ceil(3)
 }
 
-/// Input tokens held for each image a request names (by URL, file id or inline), and for
-/// each file or document (`billing.image_input_tokens`, `billing.file_input_tokens`): what the
-/// service may count for content that is not in the body.
-pub const DEFAULT_IMAGE_INPUT_TOKENS: u64 = 2_000;
-pub const DEFAULT_FILE_INPUT_TOKENS: u64 = 100_000;
-
 /// What a request's input may cost in tokens, held before it is sent and billed when the
 /// upstream reports no usage (fail closed): the body at one token per three bytes, each
 /// referenced image and file at its allowance, and the conversation a `previous_response_id`
@@ -112,7 +106,11 @@ mod tests {
     fn the_input_estimate_adds_what_is_not_in_the_body() {
         assert_eq!(hold_input_tokens(1000), 334);
         assert_eq!(hold_input_tokens(0), 0);
-        let e = InputEstimate { body_tokens: 334, media_tokens: 2 * DEFAULT_IMAGE_INPUT_TOKENS, referenced_tokens: 200_000 };
+        let e = InputEstimate {
+            body_tokens: 334,
+            media_tokens: 2 * crate::config::billing::DEFAULT_IMAGE_INPUT_TOKENS,
+            referenced_tokens: 200_000,
+        };
         assert_eq!(e.tokens(), 204_334);
         // Unreported input is billed at the estimate, references included.
         assert_eq!(billed_usage(scan(None, None, 0, 40), 200, e.tokens(), false).0.input, 204_334);

@@ -160,25 +160,6 @@ pub async fn read(session: &mut Session, limits: &BodyLimits) -> Result<ClientBo
     Ok(ClientBody { bytes: buf.map_or_else(Bytes::new, BytesMut::freeze), reservation })
 }
 
-/// The default budget: an eighth of the host's memory, and room for at least two bodies of the
-/// largest size.
-pub fn default_budget(max_body_bytes: usize) -> usize {
-    (total_memory_bytes() / 8).max(max_body_bytes.saturating_mul(2))
-}
-
-/// The host's memory (`MemTotal`), 8 GiB when it cannot be read.
-fn total_memory_bytes() -> usize {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|m| {
-            m.lines().find_map(|l| {
-                let kib = l.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<usize>().ok()?;
-                kib.checked_mul(1024)
-            })
-        })
-        .unwrap_or(8 << 30)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -227,11 +208,5 @@ mod tests {
         assert_eq!(budget.used(), total);
         drop(held);
         assert_eq!(budget.used(), 0);
-    }
-
-    #[test]
-    fn the_default_budget_leaves_room_for_two_of_the_largest_bodies() {
-        assert!(default_budget(32 << 20) >= 64 << 20);
-        assert!(default_budget(usize::MAX / 2) >= usize::MAX / 2);
     }
 }

@@ -21,6 +21,7 @@
 //! bounded by the HTTP/2 settings and their idle time by Pingora's h2 idle timeout, both set
 //! from the same limits in `server`.
 
+use crate::config::ConnLimits;
 use async_trait::async_trait;
 use pingora_core::apps::ServerApp;
 use pingora_core::protocols::{
@@ -36,41 +37,6 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-
-/// The connection and header-phase bounds (`limits:` in the configuration).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnLimits {
-    /// From a request header's first byte to its blank line.
-    pub header_timeout: Duration,
-    /// Largest request header (request line and fields).
-    pub max_header_bytes: usize,
-    /// Client connections open at once, all addresses together (0: no cap).
-    pub max_connections: usize,
-    /// Client connections open at once from one address (0: no cap).
-    pub max_connections_per_ip: usize,
-    /// How long a connection may wait, idle, for its next request.
-    pub keepalive_timeout: Duration,
-}
-
-pub const DEFAULT_HEADER_TIMEOUT_SECS: u64 = 10;
-pub const DEFAULT_MAX_HEADER_BYTES: usize = 64 * 1024;
-pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
-pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 256;
-pub const DEFAULT_KEEPALIVE_TIMEOUT_SECS: u64 = 30;
-/// Pingora itself closes a connection that waits longer than this for a request.
-pub const MAX_KEEPALIVE_TIMEOUT_SECS: u64 = 60;
-
-impl Default for ConnLimits {
-    fn default() -> Self {
-        ConnLimits {
-            header_timeout: Duration::from_secs(DEFAULT_HEADER_TIMEOUT_SECS),
-            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
-            max_connections: DEFAULT_MAX_CONNECTIONS,
-            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
-            keepalive_timeout: Duration::from_secs(DEFAULT_KEEPALIVE_TIMEOUT_SECS),
-        }
-    }
-}
 
 /// Open connections, overall and by client address.
 #[derive(Default)]

@@ -338,11 +338,11 @@ impl BackgroundService for Reload {
 /// search for if the database leaks.
 fn warn_short_keys(config: &Config) {
     for (i, k) in config.keys.iter().enumerate() {
-        if k.key.chars().count() < crate::config::MIN_STRONG_KEY_LEN {
+        if k.key.chars().count() < crate::config::keys::MIN_STRONG_KEY_LEN {
             log::warn!(
                 "keys[{i}] ({}): shorter than {} characters; its stored hash is cheap to search if the database leaks (admin-created keys are long and random)",
                 k.name,
-                crate::config::MIN_STRONG_KEY_LEN
+                crate::config::keys::MIN_STRONG_KEY_LEN
             );
         }
     }

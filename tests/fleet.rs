@@ -8,7 +8,8 @@ use common::postgres::Postgres;
 use common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
-use tollgate::store::postgres::{Pg, PgSettings};
+use tollgate::config::PgSettings;
+use tollgate::store::postgres::Pg;
 
 const ADMIN_TOKEN: &str = "fleet-admin-token-0123456789";
 /// A model that costs $0.001 per output token and nothing for input: a request with

@@ -7,6 +7,7 @@ mod common;
 use common::postgres::Postgres;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tollgate::config::PgSettings;
 use tollgate::records::key::{KeyOrigin, KeyRecord};
 use tollgate::records::usage::UsageRecord;
 use tollgate::store::postgres::accounts::FleetAccounts;
@@ -15,7 +16,7 @@ use tollgate::store::postgres::rates::{Admission, FleetRates, FleetSlots};
 use tollgate::store::postgres::tasks::{Created, FleetTasks};
 use tollgate::store::postgres::usage::FleetRecords;
 use tollgate::store::postgres::usage::Journaled;
-use tollgate::store::postgres::{Pg, PgError, PgSettings};
+use tollgate::store::postgres::{Pg, PgError};
 
 const CENT: i64 = 10_000_000;
 

@@ -4,7 +4,7 @@
 //! background DNS refresh.
 
 use crate::affinity::rendezvous_score;
-use crate::config::{Config, Group, Platform, Protocol, ProviderConfig};
+use crate::config::{Config, Group, MediaAllowance, Platform, Protocol, ProviderConfig};
 use crate::protocol::{ApiError, ErrorKind, ModelEntry};
 use crate::route::Route;
 
@@ -354,26 +354,6 @@ pub struct Routing {
     /// Input tokens held per referenced image and per file (`billing.image_input_tokens`,
     /// `billing.file_input_tokens`).
     pub media_allowance: MediaAllowance,
-}
-
-/// Input tokens held for content a request references rather than carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MediaAllowance {
-    pub image_tokens: u64,
-    pub file_tokens: u64,
-}
-
-impl MediaAllowance {
-    /// The input tokens held for the images and files a request references.
-    pub fn tokens(&self, media: crate::protocol::MediaCount) -> u64 {
-        media.images.saturating_mul(self.image_tokens).saturating_add(media.files.saturating_mul(self.file_tokens))
-    }
-}
-
-impl Default for MediaAllowance {
-    fn default() -> Self {
-        MediaAllowance { image_tokens: crate::billing::DEFAULT_IMAGE_INPUT_TOKENS, file_tokens: crate::billing::DEFAULT_FILE_INPUT_TOKENS }
-    }
 }
 
 /// The output tokens a request may produce, all choices together: the per-choice maximum it
@@ -885,7 +865,7 @@ prices:
             prices: Arc::new(crate::ledger::PriceBook::new(&config.prices)),
             default_output_tokens: 100,
             min_output_tokens: 10,
-            max_event_bytes: crate::config::DEFAULT_MAX_EVENT_BYTES,
+            max_event_bytes: crate::config::listen::DEFAULT_MAX_EVENT_BYTES,
             forward_headers: Vec::new(),
             forward_response_headers: Vec::new(),
             trusted_proxies: Vec::new(),
@@ -1292,7 +1272,7 @@ prices:
         let c = Catalog::new(&config(), 0, &health());
         let req = RequestHeader::build("POST", b"/v1/messages", None).expect("req");
         let req = upstream_request(&req, &c.upstreams[2], 0, Destination::Relayed(&Route::Messages), None, 0, &[]).expect("rewrite");
-        assert_eq!(req.headers["anthropic-version"], crate::config::DEFAULT_ANTHROPIC_VERSION);
+        assert_eq!(req.headers["anthropic-version"], crate::config::upstream::DEFAULT_ANTHROPIC_VERSION);
         assert_eq!(upstream_path("/v1beta/models/g:generateContent", ""), "/v1beta/models/g:generateContent");
         assert_eq!(upstream_path("/embeddings", "/x"), "/x/v1/embeddings");
     }

@@ -4,10 +4,11 @@
 //! idempotency keys and the audit trail; the target must be empty, and
 //! the nodes of the source stopped (a running node may still book what it holds).
 
-use super::postgres::{Pg, PgSettings};
+use super::postgres::Pg;
 use super::sled::{SledDb, SledStore};
 use super::snapshot::Snapshot;
 use super::{KeyStore, MoneyStore, StoreError, TaskStore};
+use crate::config::PgSettings;
 use std::path::PathBuf;
 
 /// One end of a copy.

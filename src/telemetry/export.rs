@@ -2,7 +2,8 @@
 //! finished spans and sends them to the collector over OTLP. The request path only queues: a
 //! full queue drops spans (counted), and a slow or dead collector only ever slows this thread.
 
-use super::{otlp, settings::Protocol, settings::Settings};
+use super::otlp;
+use crate::config::telemetry::{Settings, Transport};
 use crate::metrics::{Counter, Metrics};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -209,7 +210,7 @@ struct Sender {
     url: String,
     /// `url` as logged (no credentials).
     shown: String,
-    protocol: Protocol,
+    protocol: Transport,
     headers: Vec<(String, String)>,
     resource: Vec<(String, String)>,
     max_batch: usize,
@@ -221,15 +222,15 @@ const SENDS: u32 = 3;
 impl Sender {
     fn new(settings: &Settings) -> Result<Sender, String> {
         let mut builder = reqwest::Client::builder().timeout(settings.timeout).pool_max_idle_per_host(2);
-        if settings.protocol == Protocol::Grpc && settings.endpoint.starts_with("http://") {
+        if settings.protocol == Transport::Grpc && settings.endpoint.starts_with("http://") {
             builder = builder.http2_prior_knowledge();
         }
         let client = builder.build().map_err(|e| format!("telemetry.otlp: {e}"))?;
         let url = match settings.protocol {
-            Protocol::Grpc => {
+            Transport::Grpc => {
                 format!("{}/opentelemetry.proto.collector.trace.v1.TraceService/Export", settings.endpoint.trim_end_matches('/'))
             }
-            Protocol::HttpProtobuf => settings.endpoint.clone(),
+            Transport::HttpProtobuf => settings.endpoint.clone(),
         };
         Ok(Sender {
             client,
@@ -245,14 +246,14 @@ impl Sender {
     async fn send(&self, body: Vec<u8>) -> Result<(), String> {
         let body = bytes::Bytes::from(match self.protocol {
             // gRPC's length-prefixed message: uncompressed flag, then the length (big endian).
-            Protocol::Grpc => {
+            Transport::Grpc => {
                 let mut framed = Vec::with_capacity(body.len() + 5);
                 framed.push(0);
                 framed.extend_from_slice(&(body.len() as u32).to_be_bytes());
                 framed.extend_from_slice(&body);
                 framed
             }
-            Protocol::HttpProtobuf => body,
+            Transport::HttpProtobuf => body,
         });
         let mut pause = Duration::from_millis(200);
         let mut last = String::new();
@@ -276,8 +277,8 @@ impl Sender {
     async fn send_once(&self, body: bytes::Bytes) -> Result<(), (bool, String)> {
         let mut req = self.client.post(&self.url);
         req = match self.protocol {
-            Protocol::Grpc => req.header("content-type", "application/grpc").header("te", "trailers"),
-            Protocol::HttpProtobuf => req.header("content-type", "application/x-protobuf"),
+            Transport::Grpc => req.header("content-type", "application/grpc").header("te", "trailers"),
+            Transport::HttpProtobuf => req.header("content-type", "application/x-protobuf"),
         };
         for (name, value) in &self.headers {
             req = req.header(name.as_str(), value.as_str());
@@ -285,14 +286,14 @@ impl Sender {
         let resp = req.body(body).send().await.map_err(|e| (true, format!("collector {} unreachable: {}", self.shown, e.without_url())))?;
         let status = resp.status().as_u16();
         match self.protocol {
-            Protocol::HttpProtobuf => {
+            Transport::HttpProtobuf => {
                 if (200..300).contains(&status) {
                     return Ok(());
                 }
                 // OTLP/HTTP: 429, 502, 503 and 504 are worth another try.
                 Err((matches!(status, 429 | 502 | 503 | 504), format!("collector {} answered HTTP {status}", self.shown)))
             }
-            Protocol::Grpc => {
+            Transport::Grpc => {
                 if status != 200 {
                     return Err((matches!(status, 429 | 502 | 503 | 504), format!("collector {} answered HTTP {status}", self.shown)));
                 }

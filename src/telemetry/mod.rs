@@ -12,15 +12,14 @@
 pub mod context;
 mod export;
 mod otlp;
-pub mod settings;
 
 use crate::base::usage::Answer;
 use context::{SpanId, TraceId};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+pub use crate::config::telemetry::Settings;
 pub use otlp::{Attrs, Value};
 use otlp::{Opening, Spans};
-pub use settings::Settings;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -41,8 +40,8 @@ impl Tracer {
     pub fn start(settings: &Settings, metrics: &crate::metrics::Metrics) -> Result<Tracer, String> {
         let exporter = export::Exporter::start(settings, metrics)?;
         let protocol = match settings.protocol {
-            settings::Protocol::Grpc => "grpc",
-            settings::Protocol::HttpProtobuf => "http/protobuf",
+            crate::config::telemetry::Transport::Grpc => "grpc",
+            crate::config::telemetry::Transport::HttpProtobuf => "http/protobuf",
         };
         Ok(Tracer {
             ratio_bound: (settings.sample_ratio * u64::MAX as f64) as u64,
@@ -466,8 +465,12 @@ mod tests {
 
     #[test]
     fn an_unsampled_request_carries_its_trace_on_and_records_nothing() {
-        let settings =
-            settings::resolve(Some(&settings::RawOtlp { sample_ratio: Some(0.0), ..Default::default() }), &|_| None).unwrap().unwrap();
+        let settings = crate::config::telemetry::resolve(
+            Some(&crate::config::telemetry::RawOtlp { sample_ratio: Some(0.0), ..Default::default() }),
+            &|_| None,
+        )
+        .unwrap()
+        .unwrap();
         let metrics = crate::metrics::Metrics::default();
         let tracer = Tracer::start(&settings, &metrics).unwrap();
         let mut t = tracer.begin(None, None);

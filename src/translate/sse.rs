@@ -8,7 +8,7 @@ pub struct SseEvent {
     pub data: String,
 }
 
-pub use crate::config::DEFAULT_MAX_EVENT_BYTES;
+pub use crate::config::listen::DEFAULT_MAX_EVENT_BYTES;
 
 /// Reads events from chunks as they come.
 #[derive(Debug)]

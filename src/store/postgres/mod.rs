@@ -14,6 +14,7 @@ pub mod requests;
 pub mod tasks;
 pub mod usage;
 
+use crate::config::PgSettings;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -111,23 +112,6 @@ impl From<deadpool_postgres::PoolError> for PgError {
             deadpool_postgres::PoolError::Backend(e) => e.into(),
             other => PgError::Unavailable(describe(&other)),
         }
-    }
-}
-
-/// How to reach the database.
-#[derive(Clone)]
-pub struct PgSettings {
-    /// `postgres://user[:password]@host[:port]/database[?sslmode=disable|prefer|require]`.
-    pub url: String,
-    pub pool_size: usize,
-    /// PEM text of extra CA certificates (`store.postgres.ca_file`).
-    pub ca_pem: Option<String>,
-}
-
-impl std::fmt::Debug for PgSettings {
-    /// The URL may carry a password: never printed.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PgSettings").field("url", &"<redacted>").field("pool_size", &self.pool_size).finish()
     }
 }
 

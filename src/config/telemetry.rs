@@ -16,6 +16,7 @@
 //!   `OTEL_BSP_MAX_EXPORT_BATCH_SIZE` (512), `OTEL_SERVICE_NAME` (`tollgate`),
 //!   `OTEL_RESOURCE_ATTRIBUTES`.
 
+use super::{err, ConfigError};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,6 +30,18 @@ pub struct RawTelemetry {
     /// The most bytes of encoded spans waiting for the collector (beside the span count).
     #[serde(default)]
     pub max_queue_bytes: Option<u64>,
+}
+
+/// `telemetry:` and the `OTEL_*` variables; None: traces off.
+pub(super) fn telemetry(raw: Option<&RawTelemetry>, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Settings>, ConfigError> {
+    let mut otlp = resolve(raw.and_then(|t| t.otlp.as_ref()), env).map_err(ConfigError)?;
+    if let (Some(settings), Some(bytes)) = (otlp.as_mut(), raw.and_then(|t| t.max_queue_bytes)) {
+        if !(1 << 16..=1 << 32).contains(&bytes) {
+            return err("telemetry.max_queue_bytes: 65536 to 4294967296");
+        }
+        settings.max_queue_bytes = bytes as usize;
+    }
+    Ok(otlp)
 }
 
 /// `telemetry.max_queue_bytes` when not set: spans past it are dropped and counted.
@@ -49,7 +62,7 @@ pub struct RawOtlp {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub enum Transport {
     HttpProtobuf,
     Grpc,
 }
@@ -59,7 +72,7 @@ pub enum Protocol {
 pub struct Settings {
     /// http/protobuf: the URL spans are posted to; grpc: the collector's base URL.
     pub endpoint: String,
-    pub protocol: Protocol,
+    pub protocol: Transport,
     pub headers: Vec<(String, String)>,
     pub sample_ratio: f64,
     pub timeout: Duration,
@@ -92,8 +105,8 @@ pub fn resolve(raw: Option<&RawOtlp>, env: &dyn Fn(&str) -> Option<String>) -> R
         None => (either("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"), "OTEL_EXPORTER_OTLP_PROTOCOL"),
     };
     let protocol = match protocol.as_deref() {
-        None | Some("http/protobuf") => Protocol::HttpProtobuf,
-        Some("grpc") => Protocol::Grpc,
+        None | Some("http/protobuf") => Transport::HttpProtobuf,
+        Some("grpc") => Transport::Grpc,
         Some(other) => return Err(format!("{from}: '{other}' is not supported; use http/protobuf or grpc")),
     };
     // The file's endpoint is a base URL; the traces variable a full one.
@@ -102,7 +115,7 @@ pub fn resolve(raw: Option<&RawOtlp>, env: &dyn Fn(&str) -> Option<String>) -> R
         (None, Some(e), _) => (e, true),
         (None, None, Some(e)) => (e, false),
         (None, None, None) => {
-            (if protocol == Protocol::Grpc { "http://localhost:4317" } else { "http://localhost:4318" }.to_string(), false)
+            (if protocol == Transport::Grpc { "http://localhost:4317" } else { "http://localhost:4318" }.to_string(), false)
         }
     };
     let shown = crate::logging::redact_url(&endpoint);
@@ -111,7 +124,7 @@ pub fn resolve(raw: Option<&RawOtlp>, env: &dyn Fn(&str) -> Option<String>) -> R
         return Err(format!("telemetry.otlp.endpoint: '{shown}' must be an http:// or https:// URL with a host"));
     }
     let endpoint = match protocol {
-        Protocol::HttpProtobuf if !full => format!("{}/v1/traces", endpoint.trim_end_matches('/')),
+        Transport::HttpProtobuf if !full => format!("{}/v1/traces", endpoint.trim_end_matches('/')),
         _ => endpoint,
     };
     let mut headers = Vec::new();
@@ -222,7 +235,7 @@ mod tests {
         assert_eq!(resolve(None, &with(&[])).unwrap(), None);
         assert_eq!(resolve(None, &with(&[("OTEL_EXPORTER_OTLP_HEADERS", "a=b")])).unwrap(), None);
         let on = resolve(Some(&RawOtlp::default()), &with(&[])).unwrap().unwrap();
-        assert_eq!((on.endpoint.as_str(), on.protocol, on.sample_ratio), ("http://localhost:4318/v1/traces", Protocol::HttpProtobuf, 1.0));
+        assert_eq!((on.endpoint.as_str(), on.protocol, on.sample_ratio), ("http://localhost:4318/v1/traces", Transport::HttpProtobuf, 1.0));
         assert_eq!(resolve(Some(&RawOtlp::default()), &with(&[("OTEL_SDK_DISABLED", "true")])).unwrap(), None);
         let env = resolve(None, &with(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/otlp/")])).unwrap().unwrap();
         assert_eq!(env.endpoint, "http://c:4318/otlp/v1/traces");
@@ -248,7 +261,7 @@ mod tests {
             ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment=prod,service.name=ignored"),
         ]);
         let s = resolve(Some(&raw), &env).unwrap().unwrap();
-        assert_eq!((s.endpoint.as_str(), s.protocol, s.sample_ratio), ("http://collector:4317", Protocol::Grpc, 0.25));
+        assert_eq!((s.endpoint.as_str(), s.protocol, s.sample_ratio), ("http://collector:4317", Transport::Grpc, 0.25));
         assert_eq!(s.headers, vec![("x-tenant".to_string(), "a b".to_string()), ("x-token".to_string(), "file".to_string())]);
         assert_eq!(s.timeout, Duration::from_millis(2500));
         assert!(s.resource.contains(&("service.name".into(), "edge-1".into())));

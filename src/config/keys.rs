@@ -1,0 +1,167 @@
+//! `keys` and `accounts`: the client keys the file seeds (with their policy) and the shared
+//! accounts they may draw on.
+
+use super::{err, ConfigError, Group};
+use crate::policy::budget::{Budgets, BudgetsInput};
+use crate::policy::{KeyPolicy, PolicyInput};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashSet};
+
+/// `accounts:`: valid names, each once, with a non-negative balance.
+pub(super) fn accounts(raw: Vec<RawAccount>) -> Result<Vec<AccountConfig>, ConfigError> {
+    let mut accounts: Vec<AccountConfig> = Vec::with_capacity(raw.len());
+    for (i, a) in raw.into_iter().enumerate() {
+        let at = format!("accounts[{i}]");
+        crate::policy::budget::valid_account_name(&a.name).map_err(|e| ConfigError(format!("{at}.name: {e}")))?;
+        if accounts.iter().any(|b| b.name == a.name) {
+            return err(format!("{at}.name: the account '{}' is listed twice", a.name));
+        }
+        if !(a.balance.is_finite() && a.balance >= 0.0) {
+            return err(format!("{at}.balance: must be a non-negative number"));
+        }
+        let budgets = a.budgets.as_ref().map(Budgets::parse).transpose().map_err(|e| ConfigError(format!("{at}.{e}")))?;
+        accounts.push(AccountConfig { name: a.name, balance: a.balance, budgets: budgets.unwrap_or_default() });
+    }
+    Ok(accounts)
+}
+
+/// `keys:`: each secret once, in a group that exists, with its policy and an account that
+/// exists.
+pub(super) fn keys(raw: Vec<RawKey>, groups: &BTreeMap<String, Group>, accounts: &[AccountConfig]) -> Result<Vec<KeyConfig>, ConfigError> {
+    let mut keys = Vec::with_capacity(raw.len());
+    let mut seen = HashSet::new();
+    for (i, k) in raw.into_iter().enumerate() {
+        let at = format!("keys[{i}]");
+        if k.key.len() < 8 || k.key.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return err(format!("{at}.key: at least 8 characters, no spaces"));
+        }
+        if !seen.insert(k.key.clone()) {
+            return err(format!("{at}.key: the same key is listed twice"));
+        }
+        if !groups.contains_key(&k.group) {
+            return err(format!("{at}.group: no group named '{}'", k.group));
+        }
+        if !(k.balance.is_finite() && k.balance >= 0.0) {
+            return err(format!("{at}.balance: must be a non-negative number"));
+        }
+        let input = PolicyInput {
+            expires_at: k.expires_at,
+            models: k.models,
+            ip_allow: k.ip_allow,
+            max_request_cost: k.max_request_cost,
+            max_output_tokens: k.max_output_tokens,
+            default_output_tokens: k.default_output_tokens,
+            budgets: k.budgets,
+            account: k.account,
+            tags: k.tags,
+        };
+        // Checked against no clock: an expiry that has passed is a warning (`expired_keys`),
+        // never an error, or a date would take the gateway down at its next start or reload.
+        let policy = KeyPolicy::parse(input, 0).map_err(|e| ConfigError(format!("{at}.{e}")))?;
+        if let Some(name) = policy.account.as_ref().filter(|n| !accounts.iter().any(|a| &a.name == *n)) {
+            return err(format!("{at}.account: no account named '{name}' in accounts"));
+        }
+        if k.max_concurrent == Some(0) {
+            return err(format!("{at}.max_concurrent: at least 1 (disable the key instead)"));
+        }
+        keys.push(KeyConfig {
+            key: k.key,
+            name: k.name,
+            group: k.group,
+            balance: k.balance,
+            rpm: k.rpm,
+            tpm: k.tpm,
+            enabled: k.enabled,
+            max_concurrent: k.max_concurrent,
+            policy,
+        });
+    }
+    Ok(keys)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawKey {
+    key: String,
+    name: String,
+    /// `default` when left out, as in the admin API.
+    #[serde(default = "default_group")]
+    group: String,
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    rpm: Option<u32>,
+    #[serde(default)]
+    tpm: Option<u64>,
+    #[serde(default = "yes")]
+    enabled: bool,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
+    /// RFC 3339; refused once past.
+    #[serde(default)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    models: Option<crate::policy::ModelRules>,
+    #[serde(default)]
+    ip_allow: Option<Vec<String>>,
+    /// USD.
+    #[serde(default)]
+    max_request_cost: Option<f64>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    default_output_tokens: Option<u64>,
+    #[serde(default)]
+    budgets: Option<BudgetsInput>,
+    #[serde(default)]
+    account: Option<String>,
+    #[serde(default)]
+    tags: Option<BTreeMap<String, String>>,
+}
+
+fn default_group() -> String {
+    "default".to_string()
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAccount {
+    name: String,
+    /// USD; applied only when the account is first created.
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    budgets: Option<BudgetsInput>,
+}
+
+/// A shared account of the configuration file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AccountConfig {
+    pub name: String,
+    /// USD; applied only when the account is first created.
+    pub balance: f64,
+    pub budgets: Budgets,
+}
+
+#[derive(Debug, Clone)]
+pub struct KeyConfig {
+    pub key: String,
+    pub name: String,
+    pub group: String,
+    /// USD; applied only when the key is first created.
+    pub balance: f64,
+    pub rpm: Option<u32>,
+    pub tpm: Option<u64>,
+    pub enabled: bool,
+    /// Requests of this key in flight at once.
+    pub max_concurrent: Option<u32>,
+    /// Expiry, model rules, address allowlist.
+    pub policy: KeyPolicy,
+}
+
+/// A configured client key shorter than this gets a warning at start.
+pub const MIN_STRONG_KEY_LEN: usize = 32;
