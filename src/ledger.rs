@@ -358,7 +358,7 @@ impl Ledger {
     }
 
     /// The writer's counters (queued, committed, flushes, failed).
-    pub fn commit_stats(&self) -> &crate::commit::CommitStats {
+    pub fn commit_stats(&self) -> &crate::store::commit::CommitStats {
         self.money.commit_stats()
     }
 

@@ -16,7 +16,6 @@ pub mod auth;
 pub mod base;
 pub mod billing;
 pub mod body;
-pub mod commit;
 pub mod config;
 pub mod console;
 pub mod gateway;

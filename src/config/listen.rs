@@ -43,9 +43,11 @@ pub(super) fn front(
         return err("max_body_bytes: must be greater than 0");
     }
     let max_buffered_body_bytes = match max_buffered_body_bytes {
-        Some(n) if n < max_body_bytes => return err(format!(
+        Some(n) if n < max_body_bytes => {
+            return err(format!(
             "max_buffered_body_bytes: must be at least max_body_bytes ({max_body_bytes}), or no request of the largest size could be read"
-        )),
+        ))
+        }
         Some(n) => n,
         None => default_budget(max_body_bytes),
     };

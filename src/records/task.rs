@@ -283,6 +283,12 @@ impl Capability {
     }
 }
 
+/// How long an Idempotency-Key keeps returning the same task.
+pub const IDEMPOTENCY_WINDOW_SECS: u64 = 24 * 3600;
+
+/// An idempotency key as `store copy` moves it: (key id, idempotency key, task id, unix time).
+pub type IdempotencyRow = (String, String, String, u64);
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

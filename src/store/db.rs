@@ -2,7 +2,7 @@
 //! reaches its trees through ([`DbSlot`], released whole in an upgrade), the group flush
 //! ([`Durable`]) and [`StoreError`]. It knows no record: the commit writer builds on it.
 
-use crate::commit::journal::Journal;
+use crate::store::commit::journal::Journal;
 use arc_swap::ArcSwapOption;
 use std::fmt;
 use std::sync::Arc;

@@ -34,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// The journal's tree and the key of the journal's id in the `meta` tree.
-pub const JOURNAL: &str = crate::commit::FLEET_JOURNAL;
+pub const JOURNAL: &str = crate::store::commit::FLEET_JOURNAL;
 const JOURNAL_ID: &[u8] = b"fleet_journal_id";
 /// Records booked per transaction, about (whole journal entries are taken, counted by size).
 const BOOK_BATCH: usize = 2000;
@@ -343,7 +343,7 @@ impl Store for FleetStore {
 pub struct FleetMoney {
     fleet: Arc<Fleet>,
     slot: DbSlot,
-    writer: crate::commit::Writer,
+    writer: crate::store::commit::Writer,
     journal_id: String,
     /// Journal numbers from here on were settled by this process.
     owed_from: u64,
@@ -359,7 +359,7 @@ impl FleetMoney {
         db.tree(JOURNAL)?;
         let journal_id = fleet.journal_id(db)?;
         let owed_from = db.db()?.generate_id()?;
-        let writer = crate::commit::Writer::start(db.clone(), policy.interval, !policy.sync)
+        let writer = crate::store::commit::Writer::start(db.clone(), policy.interval, !policy.sync)
             .map_err(|e| StoreError::Corrupt(format!("cannot start the commit writer: {e}")))?;
         let drain_journal = format!("{journal_id}/drain-{}", crate::secrets::random_base62(12));
         Ok(FleetMoney {
@@ -509,7 +509,7 @@ impl MoneyStore for FleetMoney {
         // One journal entry per commit batch (its records, keyed by the first one's number): an
         // insert per record would be most of the writer's work.
         let waiter = self.writer.insert_grouped(
-            crate::commit::TreeName::FleetJournal,
+            crate::store::commit::TreeName::FleetJournal,
             b"journal".to_vec(),
             record.time_ms,
             seq.to_be_bytes().to_vec(),
@@ -597,7 +597,7 @@ impl MoneyStore for FleetMoney {
     /// directly (`book_direct`).
     fn set_handover(&self, _to: Arc<dyn ForwardBookings>) {}
 
-    fn commit_stats(&self) -> &crate::commit::CommitStats {
+    fn commit_stats(&self) -> &crate::store::commit::CommitStats {
         &self.writer.stats
     }
 

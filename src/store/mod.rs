@@ -24,6 +24,7 @@
 //! `keys`: key id → [`KeyRecord`] (JSON). Secrets are never stored, only their SHA-256.
 //! Balances live in the money store, not in the key record.
 
+pub mod commit;
 pub mod copy;
 pub mod db;
 pub mod fleet;
@@ -144,7 +145,7 @@ pub trait MoneyStore: Send + Sync {
     /// Where bookings go once the local database was handed over.
     fn set_handover(&self, to: Arc<dyn crate::store::ForwardBookings>);
     /// The local group-commit writer's counters.
-    fn commit_stats(&self) -> &crate::commit::CommitStats;
+    fn commit_stats(&self) -> &crate::store::commit::CommitStats;
     /// One sync round with the shared database (nothing on one node).
     async fn sync_round(&self) -> Result<(), StoreError> {
         Ok(())

@@ -3,9 +3,9 @@
 
 use crate::records::audit::AuditEntry;
 use crate::records::key::{AccountRecord, KeyRecord};
+use crate::records::task::IdempotencyRow;
 use crate::records::task::Task;
 use crate::records::usage::{ResponseOwner, UsageRecord};
-use crate::video::store::IdempotencyRow;
 
 /// Everything a copy moves.
 #[derive(Default)]

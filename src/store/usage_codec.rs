@@ -2,7 +2,7 @@
 //! column of the fleet's `usage_records` table (one record each).
 //!
 //! An entry of the tree holds the records of one key committed in one batch (see
-//! [`crate::commit::Writer::insert_grouped`]): `[` records separated by `,` `]`. A record is
+//! [`crate::store::commit::Writer::insert_grouped`]): `[` records separated by `,` `]`. A record is
 //! written in binary: the mark [`BINARY_V1`] (a byte no JSON text starts with), its length
 //! (u32, little-endian), then its fields in the order of [`encode`], in the compact form of
 //! [`crate::base::codec`]. Every relayed request writes one: its JSON took ~7 K instructions.

@@ -146,7 +146,7 @@ impl Drop for Exporter {
 }
 
 fn run(shared: &Shared, sender: Sender, counts: Counts, delay: Duration) {
-    crate::commit::lower_priority("otlp exporter");
+    crate::store::commit::lower_priority("otlp exporter");
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -4,11 +4,5 @@
 //! every node reads every task, the poller's work list is the tasks this node holds the claim
 //! of, and every write is fenced by that claim).
 
-/// How long an Idempotency-Key keeps returning the same task.
-pub const IDEMPOTENCY_WINDOW_SECS: u64 = 24 * 3600;
-
 /// The tasks of the video service.
 pub type VideoStore = std::sync::Arc<dyn crate::store::TaskStore>;
-
-/// An idempotency key as `store copy` moves it: (key id, idempotency key, task id, unix time).
-pub type IdempotencyRow = (String, String, String, u64);

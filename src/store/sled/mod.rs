@@ -96,7 +96,7 @@ impl SledDb {
     pub fn open(dir: &Path) -> Result<SledDb, StoreError> {
         make_private(dir).map_err(|e| StoreError::Db(sled::Error::Io(e)))?;
         let db = sled::Config::new().path(dir).open()?;
-        let (journal, _) = crate::commit::journal::Journal::open(dir, &db)?;
+        let (journal, _) = crate::store::commit::journal::Journal::open(dir, &db)?;
         Ok(SledDb { slot: DbSlot::with_journal(db, journal) })
     }
 

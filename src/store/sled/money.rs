@@ -54,7 +54,7 @@ enum Queued {
     /// The database belongs to the new process: forward the booking.
     HandedOver(Box<UsageRecord>),
     /// The new balance, and the waiter when the booking waits for the disk.
-    Booked(i64, Option<crate::commit::Waiter>),
+    Booked(i64, Option<crate::store::commit::Waiter>),
 }
 
 /// A balance entry: the balance and the sequence number of the booking that set it.
@@ -76,7 +76,7 @@ pub(crate) fn decode_balance(bytes: &[u8]) -> Result<(i64, u64), StoreError> {
 pub struct SledMoney {
     slot: DbSlot,
     /// The one writer of balance entries and usage records.
-    writer: crate::commit::Writer,
+    writer: crate::store::commit::Writer,
     /// Set (under the accounts lock) once the database is being handed to a new process:
     /// every later booking goes through the hand-over socket.
     handing_over: std::sync::atomic::AtomicBool,
@@ -90,7 +90,7 @@ impl SledMoney {
     pub fn open(slot: &DbSlot, policy: crate::config::CommitPolicy) -> Result<Self, StoreError> {
         slot.tree("balances")?;
         slot.tree("usage_records")?;
-        let writer = crate::commit::Writer::start(slot.clone(), policy.interval, !policy.sync)
+        let writer = crate::store::commit::Writer::start(slot.clone(), policy.interval, !policy.sync)
             .map_err(|e| StoreError::Corrupt(format!("cannot start the commit writer: {e}")))?;
         Ok(SledMoney {
             writer,
@@ -207,7 +207,7 @@ impl SledMoney {
             })?;
             entries.push((id.into_bytes(), encode_balance(balance, seq).to_vec()));
         }
-        self.writer.insert_all(crate::commit::TreeName::Balances, entries)?;
+        self.writer.insert_all(crate::store::commit::TreeName::Balances, entries)?;
         record.seq = seq;
         record.balance_after = new_balance;
         let value = crate::store::usage_codec::value(&record);
@@ -218,10 +218,10 @@ impl SledMoney {
         if let (Some(id), Some(owner)) = (&record.response_id, record.owner()) {
             let owner = serde_json::to_vec(&owner).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             // Queued before the record: its waiter covers both.
-            self.writer.insert(crate::commit::TreeName::ResponseOwners, id.as_bytes().to_vec(), owner, false)?;
+            self.writer.insert(crate::store::commit::TreeName::ResponseOwners, id.as_bytes().to_vec(), owner, false)?;
         }
         let waiter = self.writer.insert_grouped(
-            crate::commit::TreeName::UsageRecords,
+            crate::store::commit::TreeName::UsageRecords,
             group,
             record.time_ms,
             self.record_key(&record),
@@ -263,7 +263,7 @@ impl SledMoney {
             records.extend(decode_records(&v)?);
         }
         let mut owners = Vec::new();
-        for item in self.slot.tree(crate::commit::RESPONSE_OWNERS)?.iter() {
+        for item in self.slot.tree(crate::store::commit::RESPONSE_OWNERS)?.iter() {
             let (k, v) = item?;
             let owner = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("response owner: {e}")))?;
             owners.push((String::from_utf8_lossy(&k).into_owned(), owner));
@@ -279,7 +279,7 @@ impl SledMoney {
     /// Every audit entry, oldest first (`store copy`).
     pub fn export_audit(&self) -> Result<Vec<AuditEntry>, StoreError> {
         let mut out = Vec::new();
-        for item in self.slot.tree(crate::commit::AUDIT)?.iter() {
+        for item in self.slot.tree(crate::store::commit::AUDIT)?.iter() {
             let (_, v) = item?;
             out.push(serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("audit entry: {e}")))?);
         }
@@ -288,7 +288,7 @@ impl SledMoney {
 
     /// Write copied audit entries into this (empty) store.
     pub fn import_audit(&self, entries: &[AuditEntry]) -> Result<(), StoreError> {
-        let tree = self.slot.tree(crate::commit::AUDIT)?;
+        let tree = self.slot.tree(crate::store::commit::AUDIT)?;
         for (i, e) in entries.iter().enumerate() {
             let mut k = e.time_ms.to_be_bytes().to_vec();
             k.extend_from_slice(&(i as u64).to_be_bytes());
@@ -305,7 +305,7 @@ impl SledMoney {
             let record = UsageRecord { seq: 0, balance_after: 0, ..r.clone() };
             tree.insert(self.record_key(&record), crate::store::usage_codec::entry(&record))?;
         }
-        let tree = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
+        let tree = self.slot.tree(crate::store::commit::RESPONSE_OWNERS)?;
         for (id, owner) in owners {
             tree.insert(id.as_bytes(), serde_json::to_vec(owner).map_err(|e| StoreError::Corrupt(e.to_string()))?)?;
         }
@@ -377,7 +377,7 @@ impl SledMoney {
 
     /// Forget the owners of responses created before `before_ms` (with their usage records).
     fn prune_owners(&self, before_ms: u64) -> Result<usize, StoreError> {
-        let owners = self.slot.tree(crate::commit::RESPONSE_OWNERS)?;
+        let owners = self.slot.tree(crate::store::commit::RESPONSE_OWNERS)?;
         let mut old = Vec::new();
         for item in owners.iter() {
             let (k, v) = item?;
@@ -416,7 +416,7 @@ fn summary_in(
     lo.push(0);
     let mut hi = lo.clone();
     // An entry is keyed by its first record's time and spans at most GROUP_SPAN_MS.
-    lo.extend_from_slice(&start_ms.saturating_sub(crate::commit::GROUP_SPAN_MS).to_be_bytes());
+    lo.extend_from_slice(&start_ms.saturating_sub(crate::store::commit::GROUP_SPAN_MS).to_be_bytes());
     hi.extend_from_slice(&end_ms.to_be_bytes());
     let mut total = Totals::default();
     let mut by_model: BTreeMap<String, Totals> = BTreeMap::new();
@@ -517,9 +517,9 @@ impl MoneyStore for SledMoney {
             let mut audit_key = entry.time_ms.to_be_bytes().to_vec();
             audit_key.extend_from_slice(&seq.to_be_bytes());
             let value = serde_json::to_vec(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            self.writer.insert(crate::commit::TreeName::Audit, audit_key, value, false)?;
+            self.writer.insert(crate::store::commit::TreeName::Audit, audit_key, value, false)?;
             let waiter = self.writer.insert(
-                crate::commit::TreeName::Balances,
+                crate::store::commit::TreeName::Balances,
                 id.as_bytes().to_vec(),
                 encode_balance(acc.balance, seq).to_vec(),
                 true,
@@ -540,7 +540,7 @@ impl MoneyStore for SledMoney {
             upto.extend_from_slice(&c.seq.to_be_bytes());
         }
         let mut out = Vec::new();
-        for item in self.slot.tree(crate::commit::AUDIT)?.range(..upto).rev().take(limit) {
+        for item in self.slot.tree(crate::store::commit::AUDIT)?.range(..upto).rev().take(limit) {
             let (k, v) = item?;
             let mut entry: AuditEntry = serde_json::from_slice(&v).map_err(|e| StoreError::Corrupt(format!("audit entry: {e}")))?;
             entry.seq = k.get(8..16).and_then(|b| b.try_into().ok()).map_or(0, u64::from_be_bytes);
@@ -576,14 +576,14 @@ impl MoneyStore for SledMoney {
     }
 
     async fn response_owner(&self, id: &str) -> Result<Option<ResponseOwner>, StoreError> {
-        match self.slot.tree(crate::commit::RESPONSE_OWNERS)?.get(id.as_bytes())? {
+        match self.slot.tree(crate::store::commit::RESPONSE_OWNERS)?.get(id.as_bytes())? {
             Some(v) => serde_json::from_slice(&v).map(Some).map_err(|e| StoreError::Corrupt(format!("response owner {id}: {e}"))),
             None => Ok(None),
         }
     }
 
     async fn forget_response(&self, id: &str) -> Result<(), StoreError> {
-        self.slot.tree(crate::commit::RESPONSE_OWNERS)?.remove(id.as_bytes())?;
+        self.slot.tree(crate::store::commit::RESPONSE_OWNERS)?.remove(id.as_bytes())?;
         Ok(())
     }
 
@@ -599,7 +599,7 @@ impl MoneyStore for SledMoney {
         let _ = self.handover.set(to);
     }
 
-    fn commit_stats(&self) -> &crate::commit::CommitStats {
+    fn commit_stats(&self) -> &crate::store::commit::CommitStats {
         &self.writer.stats
     }
 }

@@ -5,11 +5,11 @@
 //! numbered as they are queued (`LogEntry::seq`), in the order they end, so the tree is in
 //! time order and a page's position is an entry's (time, number).
 
-use crate::commit::GROUP_SPAN_MS;
 use crate::request_log::{Cursor, Filter, LogEntry, LogLine, Page};
+use crate::store::commit::GROUP_SPAN_MS;
 use crate::store::{DbSlot, StoreError};
 
-pub const TREE: &str = crate::commit::REQUEST_LOG;
+pub const TREE: &str = crate::store::commit::REQUEST_LOG;
 
 fn key(time_ms: u64, seq: u64) -> [u8; 16] {
     let mut k = [0u8; 16];
@@ -23,13 +23,13 @@ fn decode(v: &[u8]) -> Vec<LogEntry> {
 }
 
 /// Number `entry` and queue it to `writer` (written with the next batch; nobody waits).
-pub fn append(slot: &DbSlot, writer: &crate::commit::Writer, mut entry: LogLine<'_>) -> Result<(), StoreError> {
+pub fn append(slot: &DbSlot, writer: &crate::store::commit::Writer, mut entry: LogLine<'_>) -> Result<(), StoreError> {
     let seq = slot.db()?.generate_id()?;
     entry.seq = seq;
     let mut value = Vec::with_capacity(192);
     entry.encode(&mut value);
     writer.insert_grouped(
-        crate::commit::TreeName::RequestLog,
+        crate::store::commit::TreeName::RequestLog,
         b"log".to_vec(),
         entry.time_ms,
         key(entry.time_ms, seq).to_vec(),

@@ -9,9 +9,9 @@
 //! poller misses.
 
 use crate::records::task::Task;
+use crate::records::task::{IdempotencyRow, IDEMPOTENCY_WINDOW_SECS};
 use crate::store::ForwardTasks;
 use crate::store::{DbSlot, Durable, StoreError, TaskStore};
-use crate::video::store::{IdempotencyRow, IDEMPOTENCY_WINDOW_SECS};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, OnceLock};
 
