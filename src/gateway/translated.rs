@@ -3,7 +3,9 @@
 //! bill is the provider's count exactly as for a native relay; what the client gets is
 //! re-encoded: a whole answer once it is complete, a stream event by event.
 
-use super::{Gateway, RelayPlan, RequestCtx, DRAIN_MAX_BYTES};
+use super::stream::{read_whole, upstream_request_id, DRAIN_MAX_BYTES};
+use super::upstream::retry_after;
+use super::{Gateway, RelayPlan, RequestCtx};
 use crate::config::Protocol;
 use crate::meter::{Shape, UsageScanner};
 use crate::protocol::{ApiError, ErrorKind};
@@ -42,8 +44,8 @@ impl Gateway {
             return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header"));
         };
         let status = upstream_header.status.as_u16();
-        plan.upstream_request_id = super::upstream_request_id(upstream_header);
-        let retry_after = super::retry_after(upstream_header).map(|d| d.as_secs().max(1));
+        plan.happened.upstream_request_id = upstream_request_id(upstream_header);
+        let retry_after = retry_after(upstream_header).map(|d| d.as_secs().max(1));
         let sse = upstream_header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let series = self.metrics.protocol(shape);
         series.upstream_seconds.observe(plan.started.elapsed());
@@ -58,7 +60,7 @@ impl Gateway {
         }
         if !t.stream {
             // A whole answer.
-            let body = match super::read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES).await {
+            let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES).await {
                 Ok(body) => body,
                 Err(e) => {
                     log::warn!("upstream answer of a translated request ended early: {e}");
@@ -110,7 +112,7 @@ impl Gateway {
                 if first_byte && !data.is_empty() {
                     first_byte = false;
                     let after = plan.started.elapsed();
-                    plan.first_byte = Some(after);
+                    plan.happened.first_byte = Some(after);
                     series.first_byte_seconds.observe(after);
                 }
                 scanner.feed(&data);
