@@ -6,9 +6,9 @@ use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughpu
 use tollgate::auth::KeyIndex;
 use tollgate::config::KeyConfig;
 use tollgate::meter::{Shape, UsageScanner};
-use tollgate::relay::body_fields;
 use tollgate::route::classify;
 use tollgate::store::sled::{keys::SledKeys, SledDb};
+use tollgate::upstream::body_fields;
 use tollgate::video::tc3;
 
 fn routing(c: &mut Criterion) {

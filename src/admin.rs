@@ -31,10 +31,10 @@ pub struct AdminApi {
     pub keys: Arc<KeyIndex>,
     pub ledger: Arc<Ledger>,
     /// For the groups that exist now (they change on reload).
-    pub routing: Arc<arc_swap::ArcSwap<crate::relay::Routing>>,
+    pub routing: Arc<arc_swap::ArcSwap<crate::upstream::Routing>>,
     pub metrics: Arc<Metrics>,
     /// Provider health, for its state gauges.
-    pub health: Arc<crate::health::HealthBook>,
+    pub health: Arc<crate::upstream::health::HealthBook>,
     pub video: Option<Arc<crate::video::VideoService>>,
     /// `console.request_log_days` and `console.request_log_max`, as the console says them.
     pub request_log_days: u64,

@@ -11,7 +11,7 @@
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TOLLGATE_COMMIT"), ")");
 
 pub mod admin;
-pub mod affinity;
+
 pub mod auth;
 pub mod base;
 pub mod billing;
@@ -20,7 +20,7 @@ pub mod config;
 pub mod console;
 pub mod gateway;
 pub mod handover;
-pub mod health;
+
 pub mod ledger;
 pub mod limits;
 pub mod listener;
@@ -32,7 +32,7 @@ pub mod mock;
 pub mod policy;
 pub mod protocol;
 pub mod records;
-pub mod relay;
+
 pub mod request_log;
 pub mod response;
 pub mod responses;
@@ -45,4 +45,5 @@ pub mod store;
 pub mod telemetry;
 pub mod tls;
 pub mod translate;
+pub mod upstream;
 pub mod video;

@@ -22,7 +22,7 @@ pub struct Scrape {
     /// This node's sled database (its size).
     pub local: SledDb,
     pub store: Arc<dyn Store>,
-    pub health: Arc<crate::health::HealthBook>,
+    pub health: Arc<crate::upstream::health::HealthBook>,
     pub video: Option<Arc<crate::video::VideoService>>,
 }
 
@@ -202,9 +202,11 @@ mod tests {
         // Every metric name written as a literal anywhere in the sources.
         let sources = [
             include_str!("metrics.rs"),
-            include_str!("health.rs"),
+            include_str!("upstream/health.rs"),
             include_str!("scrape.rs"),
             include_str!("gateway/mod.rs"),
+            include_str!("gateway/report.rs"),
+            include_str!("gateway/stream.rs"),
             include_str!("console/mod.rs"),
             include_str!("listener.rs"),
             include_str!("telemetry/export.rs"),

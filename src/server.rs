@@ -10,11 +10,11 @@ use crate::gateway::Gateway;
 use crate::ledger::{Ledger, PriceBook};
 use crate::limits::Limits;
 use crate::metrics::Metrics;
-use crate::relay::Routing;
-use crate::relay::{Catalog, DnsRefresh};
 use crate::storage::ObjectStore;
 use crate::store::sled::{SledDb, SledStore};
 use crate::store::Store;
+use crate::upstream::Routing;
+use crate::upstream::{Catalog, DnsRefresh};
 use crate::video::{VideoPoller, VideoService};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -196,7 +196,7 @@ fn notify_systemd() {
 }
 
 /// The reloadable routing state for a configuration (resolves upstream hosts: blocking).
-fn routing_for(config: &Config, health: &crate::health::HealthBook) -> Routing {
+fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) -> Routing {
     let catalog = Arc::new(Catalog::new(config, now_unix(), health));
     catalog.resolve_all_blocking();
     Routing {
@@ -228,7 +228,7 @@ struct Reload {
     /// The HTTPS listener's certificate, re-read on every reload.
     certificate: Option<Arc<crate::tls::ReloadableCert>>,
     /// Provider health, kept for the providers that remain.
-    health: Arc<crate::health::HealthBook>,
+    health: Arc<crate::upstream::health::HealthBook>,
 }
 
 /// Apply the configuration file's accounts and keys to the store: new ones get their opening
@@ -535,7 +535,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         Some(settings) => Some(Arc::new(crate::telemetry::Tracer::start(settings, &metrics)?)),
         None => None,
     };
-    let health = Arc::new(crate::health::HealthBook::new(metrics.clone()));
+    let health = Arc::new(crate::upstream::health::HealthBook::new(metrics.clone()));
     let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)));
     let video = match &config.video {
         Some(v) => {

@@ -385,7 +385,7 @@ fn rendezvous_order(prompt: &str, providers: &[(&str, u32)]) -> Vec<String> {
     let fields = tollgate::protocol::body_fields(body.as_bytes()).expect("parse");
     let conversation = tollgate::protocol::conversation_key(&fields).expect("a conversation");
     let mut order: Vec<(f64, &str)> =
-        providers.iter().map(|(name, w)| (tollgate::affinity::rendezvous_score(conversation, name, *w), *name)).collect();
+        providers.iter().map(|(name, w)| (tollgate::upstream::affinity::rendezvous_score(conversation, name, *w), *name)).collect();
     order.sort_by(|a, b| b.0.total_cmp(&a.0));
     order.into_iter().map(|(_, name)| format!("/{name}")).collect()
 }

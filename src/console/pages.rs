@@ -338,11 +338,11 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
     Ok(clock.page("Overview", "/console", &req.csrf, &body))
 }
 
-fn state_name(state: crate::health::State) -> &'static str {
+fn state_name(state: crate::upstream::health::State) -> &'static str {
     match state {
-        crate::health::State::Healthy => "healthy",
-        crate::health::State::Cooling(_) => "cooling",
-        crate::health::State::HalfOpen { .. } => "half-open",
+        crate::upstream::health::State::Healthy => "healthy",
+        crate::upstream::health::State::Cooling(_) => "cooling",
+        crate::upstream::health::State::HalfOpen { .. } => "half-open",
     }
 }
 
@@ -1261,13 +1261,13 @@ async fn providers(api: &AdminApi, req: &Request) -> Page {
         }
     })
     .await?;
-    let states: BTreeMap<String, (crate::health::State, Vec<crate::health::State>)> =
+    let states: BTreeMap<String, (crate::upstream::health::State, Vec<crate::upstream::health::State>)> =
         api.health.states().into_iter().map(|(n, s, k)| (n, (s, k))).collect();
     let routing = api.routing.load();
     let mut rows = Vec::new();
     for u in &routing.catalog.upstreams {
         let c = &u.config;
-        let (state, pool) = states.get(&c.name).cloned().unwrap_or((crate::health::State::Healthy, Vec::new()));
+        let (state, pool) = states.get(&c.name).cloned().unwrap_or((crate::upstream::health::State::Healthy, Vec::new()));
         let s = state_name(state);
         let pool = if pool.is_empty() {
             "—".to_string()

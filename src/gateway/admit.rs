@@ -8,9 +8,9 @@ use crate::auth;
 use crate::policy::forwarded::{client_address, ClientAddr, Malformed};
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
-use crate::relay::Routing;
 use crate::response::LocalResponse;
 use crate::route::{self, Route};
+use crate::upstream::Routing;
 use pingora_proxy::Session;
 use std::sync::Arc;
 

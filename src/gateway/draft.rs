@@ -1,15 +1,15 @@
 //! Stage 3, draft: a model call of a known key, counted against its `rpm` (every call is,
 //! the ones refused below included), for an endpoint its group may call; its body read
 //! (size, time, the buffered-body budget) and resolved to a model, the providers that serve
-//! it and what it may cost (`relay::draft`). A stored response is read, and a conversation
+//! it and what it may cost (`upstream::draft`). A stored response is read, and a conversation
 //! continued, only by the key that created it, with the provider that stores it.
 
 use super::admit::Caller;
 use super::{Gateway, RequestCtx, Step};
 use crate::config::Protocol;
 use crate::protocol::{ApiError, ErrorKind};
-use crate::relay::{self, Draft};
 use crate::route::Route;
+use crate::upstream::{self, Draft};
 use pingora_proxy::Session;
 
 /// What the draft stage hands on: the request as it will be sent, and the body's share of
@@ -31,7 +31,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
         Route::StoredResponse { id, .. } => {
             let owner = gw.owners.owned_by(id, &key.id).await.map_err(crate::responses::unavailable)?;
             let draft = owner
-                .and_then(|owner| relay::stored_draft(routing, &owner, client_body.bytes))
+                .and_then(|owner| upstream::stored_draft(routing, &owner, client_body.bytes))
                 .ok_or_else(|| crate::responses::not_found(id))?;
             // A stored response is read under the model rules of the model that made it.
             key.policy.check_model(&draft.model).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
@@ -39,7 +39,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
         }
         _ => {
             let body = client_body.bytes.clone();
-            let mut draft = relay::draft(routing, route, protocol, &key.group, &key.policy, client_body.bytes).inspect_err(|_| {
+            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, client_body.bytes).inspect_err(|_| {
                 // Refused: the access log names the model asked for, if the body or the
                 // path (generate-content) names one.
                 ctx.model_asked = match route {
@@ -53,7 +53,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
                 let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::responses::unavailable)?;
                 let owner = owner.ok_or_else(|| crate::responses::previous_not_found(previous))?;
                 // The conversation is stored with that provider: it serves the turn.
-                relay::prefer_provider(&routing.catalog, &mut draft.candidates, &owner.provider);
+                upstream::prefer_provider(&routing.catalog, &mut draft.candidates, &owner.provider);
                 // And it is counted again as this turn's input.
                 draft.continues(routing, route, owner.context_tokens)?;
             }

@@ -10,7 +10,7 @@
 //!   3 draft    (draft.rs)    rpm, group, body, model → providers, stored responses
 //!   4 price    (price.rs)    max_concurrent, cost cap, tpm, windows and balances held
 //!                                                          → a count tollgate estimates answered
-//!   5 upstream (upstream.rs) send, retries before the first byte, health
+//!   5 send     (send.rs)     upstream request, retries before the first byte, health
 //!     stream   (stream.rs, translated.rs)  answer → usage scanner → client
 //!   6 settle   (settle.rs)   hold released, cost debited, record booked (before the last byte)
 //! logging
@@ -21,7 +21,7 @@
 //! and note in it what happened ([`Happened`]). A new check is a few lines in the stage it
 //! belongs to; a new endpoint answered here is a route and an arm of `answer`; how a request
 //! is addressed and authenticated for its kind of upstream is the upstream seam's
-//! (`relay::upstream_request`).
+//! (`upstream::upstream_request`).
 //!
 //! Pingora's phases: a relayed request makes one pass (DESIGN.md, constraint 1), all of it in
 //! `request_filter`. Pingora replays a body read in `request_filter` only from its 64 KiB
@@ -37,9 +37,9 @@ use crate::config::Protocol;
 use crate::limits::Limits;
 use crate::protocol::{header_str, ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
-use crate::relay::{self, Routing};
 use crate::response::LocalResponse;
 use crate::route::Route;
+use crate::upstream::{self, Routing};
 use crate::video::VideoService;
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -58,10 +58,10 @@ mod draft;
 mod keyless;
 mod price;
 mod report;
+mod send;
 mod settle;
 mod stream;
 mod translated;
-mod upstream;
 mod video;
 
 pub use keyless::{per_minute as keyless_per_minute, KeylessRefusals};
@@ -156,7 +156,7 @@ pub struct Happened {
 
 impl RelayPlan {
     /// With traces on: an upstream attempt's client span opens, with the `traceparent` it sends.
-    fn begin_attempt(&mut self, upstream: &relay::Upstream) {
+    fn begin_attempt(&mut self, upstream: &upstream::Upstream) {
         let Some(trace) = self.trace.as_mut() else { return };
         trace.begin_attempt(&upstream.span_attrs, crate::metrics::gen_ai_operation(self.route.label()), &self.model);
     }

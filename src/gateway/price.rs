@@ -12,9 +12,9 @@ use crate::config::Protocol;
 use crate::ledger::Hold;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
-use crate::relay::{self, Routing};
 use crate::response::LocalResponse;
 use crate::route::Route;
+use crate::upstream::{self, Routing};
 use pingora_proxy::Session;
 use std::time::Instant;
 
@@ -98,7 +98,7 @@ impl Gateway {
         routing: &Routing,
         key: &KeyRecord,
         route: &Route,
-        draft: &mut relay::Draft,
+        draft: &mut upstream::Draft,
     ) -> std::result::Result<Hold, ApiError> {
         let purses = self.purses(routing, key)?;
         // Each lowering fits the purse that refused; another purse may then refuse in turn.

@@ -4,15 +4,15 @@
 //! the client's shape; a client that left drained for the usage; a translated answer handed
 //! to `translated`.
 
-use super::upstream::{retry_after, upstream_failure};
+use super::send::{retry_after, upstream_failure};
 use super::{Gateway, RelayPlan, RequestCtx};
 use crate::base::clock::now_ms;
 use crate::config::Protocol;
 use crate::meter::{Shape, UsageScanner};
 use crate::protocol::{ApiError, ErrorKind};
-use crate::relay;
 use crate::response::LocalResponse;
 use crate::route::Route;
+use crate::upstream;
 use bytes::Bytes;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
@@ -298,12 +298,12 @@ pub(super) async fn read_whole(http: &mut HttpSession, scanner: &mut UsageScanne
 }
 
 /// The upstream's response header as the client gets it: only allowlisted headers (see
-/// [`relay::response_header_allowed`]: no connection-level header, no account identifier, rate
+/// [`upstream::response_header_allowed`]: no connection-level header, no account identifier, rate
 /// limit or cookie of the operator's), and a body whose length changes (usage withheld) or was
 /// never given is sent chunked.
 fn prepare_response_header(header: &mut ResponseHeader, length_changes: bool, protocol: Protocol, forward: &[String]) -> Result<()> {
     let dropped: Vec<http::header::HeaderName> =
-        header.headers.keys().filter(|name| !relay::response_header_allowed(name.as_str(), protocol, forward)).cloned().collect();
+        header.headers.keys().filter(|name| !upstream::response_header_allowed(name.as_str(), protocol, forward)).cloned().collect();
     for name in &dropped {
         header.remove_header(name);
     }

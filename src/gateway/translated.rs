@@ -3,8 +3,8 @@
 //! bill is the provider's count exactly as for a native relay; what the client gets is
 //! re-encoded: a whole answer once it is complete, a stream event by event.
 
+use super::send::retry_after;
 use super::stream::{read_whole, upstream_request_id, DRAIN_MAX_BYTES};
-use super::upstream::retry_after;
 use super::{Gateway, RelayPlan, RequestCtx};
 use crate::config::Protocol;
 use crate::meter::{Shape, UsageScanner};

@@ -148,7 +148,7 @@ pub struct ProviderHealth {
     pub retries: Arc<Counter>,
     pub cooldowns: Arc<Counter>,
     /// Requests sent to the provider lately (the load conversation affinity is bounded by).
-    pub load: crate::affinity::RecentLoad,
+    pub load: crate::upstream::affinity::RecentLoad,
     /// Requests whose conversation preferred this provider but went on to the next because it
     /// was over its bound (`tollgate_affinity_overflow_total`).
     pub overflows: Arc<Counter>,
@@ -360,7 +360,7 @@ impl HealthBook {
             rest: provider.cooldown,
             retries: m.counter("tollgate_provider_retries_total", &[("provider", name)]),
             cooldowns: m.counter("tollgate_provider_cooldowns_total", &[("provider", name)]),
-            load: crate::affinity::RecentLoad::default(),
+            load: crate::upstream::affinity::RecentLoad::default(),
             overflows: m.counter("tollgate_affinity_overflow_total", &[("provider", name)]),
             key_cooldowns: (0..provider.api_keys.len())
                 .map(|k| m.counter("tollgate_provider_key_cooldowns_total", &[("provider", name), ("key", &k.to_string())]))

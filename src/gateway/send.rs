@@ -1,14 +1,14 @@
-//! Stage 5, upstream: the request sent to a provider and read up to its final response header,
+//! Stage 5, send: the request sent to a provider and read up to its final response header,
 //! with retries before the first byte (the next provider on a connect failure; a timeout, a
 //! failure or a status of `retry.on_status` retried while `retry.attempts` and
 //! `retry.deadline_secs` allow), every outcome reported to the provider's health. How the
 //! request is addressed and authenticated for its provider is the upstream seam's
-//! (`relay::upstream_request`).
+//! (`upstream::upstream_request`).
 
 use super::{Gateway, RelayPlan};
-use crate::health::Verdict;
 use crate::protocol::{ApiError, ErrorKind};
-use crate::relay;
+use crate::upstream;
+use crate::upstream::health::Verdict;
 use bytes::Bytes;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::HttpPeer;
@@ -39,7 +39,7 @@ impl Gateway {
         while let Some((index, admission)) = next.take() {
             let upstream = &catalog.upstreams[index];
             if !(tried.is_empty() && dead.is_empty() && plan.candidates.first() == Some(&index)) {
-                // Not the provider the plan counted (see `relay::draft`): count it here.
+                // Not the provider the plan counted (see `upstream::draft`): count it here.
                 upstream.health.load.add();
             }
             let Some(peer) = upstream.peer(tried.len() + dead.len()) else {
@@ -130,7 +130,7 @@ impl Gateway {
     async fn exchange(
         &self,
         client: &RequestHeader,
-        upstream: &relay::Upstream,
+        upstream: &upstream::Upstream,
         key: usize,
         peer: &HttpPeer,
         header_wait: Option<Duration>,
@@ -139,13 +139,13 @@ impl Gateway {
         let mut stale = 0;
         loop {
             // Built per attempt (moved into the send; a replaced connection gets a new one).
-            let mut req = relay::upstream_request(
+            let mut req = upstream::upstream_request(
                 client,
                 upstream,
                 key,
                 match &plan.translation {
-                    Some(t) => relay::Destination::Translated(t),
-                    None => relay::Destination::Relayed(&plan.route),
+                    Some(t) => upstream::Destination::Translated(t),
+                    None => upstream::Destination::Relayed(&plan.route),
                 },
                 plan.client_version.as_deref(),
                 plan.body.len(),

@@ -1,0 +1,145 @@
+//! The request an upstream gets and the answer a client gets back: allowlisted headers both
+//! ways, allowed query parameters, the upstream's path; the credential is the seam's.
+
+use super::catalog::Upstream;
+use crate::config::Protocol;
+use crate::route::Route;
+use pingora_http::RequestHeader;
+
+/// Client headers relayed upstream, besides the operator's `forward_headers`. Everything else
+/// a client sends is dropped: credentials, account selectors (`OpenAI-Organization`,
+/// `OpenAI-Project`, `x-goog-user-project`), response shaping (`X-Goog-FieldMask`), cookies.
+const COMMON_HEADERS: [&str; 3] = ["content-type", "accept", "user-agent"];
+
+/// Header-name prefixes relayed for every protocol: the official SDKs' platform and retry
+/// headers.
+const COMMON_PREFIXES: [&str; 1] = ["x-stainless-"];
+
+/// Whether a client header (lower-case name) may go to an upstream of `protocol`.
+pub fn header_allowed(name: &str, protocol: Protocol, forward: &[String]) -> bool {
+    if crate::protocol::never_forwarded(name) {
+        return false;
+    }
+    COMMON_HEADERS.contains(&name)
+        || protocol.relayed_headers().contains(&name)
+        || COMMON_PREFIXES.iter().any(|p| name.starts_with(p))
+        || listed(name, forward)
+}
+
+/// Whether `name` is one of the operator's header patterns (a trailing `*` makes a prefix).
+fn listed(name: &str, patterns: &[String]) -> bool {
+    patterns.iter().any(|f| match f.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => f == name,
+    })
+}
+
+/// Upstream response headers every client gets: framing and content (Pingora re-frames the
+/// body, see `gateway::prepare_response_header`), caching, and when to retry. Everything else
+/// an upstream sends is dropped unless allowlisted for its protocol or by the operator
+/// (`forward_response_headers`): the operator's account identifiers (`openai-organization`,
+/// `openai-project`, `anthropic-organization-id`), account-wide rate limits
+/// (`x-ratelimit-*`, `anthropic-ratelimit-*`), cookies and the service's internal headers.
+const COMMON_RESPONSE_HEADERS: [&str; 10] = [
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "content-encoding",
+    "content-disposition",
+    "cache-control",
+    "date",
+    "retry-after",
+    // The official SDKs' retry hints.
+    "retry-after-ms",
+    "x-should-retry",
+];
+
+/// Whether an upstream response header (lower-case name) may reach a client of `protocol`.
+pub fn response_header_allowed(name: &str, protocol: Protocol, forward: &[String]) -> bool {
+    if name == "set-cookie" {
+        return false;
+    }
+    COMMON_RESPONSE_HEADERS.contains(&name) || protocol.response_headers().contains(&name) || listed(name, forward)
+}
+
+/// Query parameters a route relays: `alt` (stream framing) for generate-content, `beta`
+/// (the beta messages API the `anthropic` SDK and Claude Code call) for messages; nothing
+/// elsewhere, so no client can shape the answer (`fields`, `$fields`, `prettyPrint`…).
+fn query_allowlist(route: &Route) -> &'static [&'static str] {
+    match route {
+        Route::GenerateContent { .. } => &["alt"],
+        Route::Messages => &["beta"],
+        // Reading a stored response: which extra fields, and resuming its stream.
+        Route::StoredResponse { op: crate::route::ResponseOp::Get, .. } => {
+            &["include", "include[]", "stream", "starting_after", "include_obfuscation"]
+        }
+        // Paging through its input items.
+        Route::StoredResponse { op: crate::route::ResponseOp::InputItems, .. } => {
+            &["after", "before", "limit", "order", "include", "include[]"]
+        }
+        _ => &[],
+    }
+}
+
+/// The query string relayed upstream: only the allowed parameters, as the client wrote them.
+pub fn upstream_query(query: Option<&str>, route: &Route) -> Option<String> {
+    let allowed = query_allowlist(route);
+    let kept: Vec<&str> = query?
+        .split('&')
+        .filter(|pair| {
+            let name = pair.split_once('=').map_or(*pair, |(n, _)| n);
+            let name = crate::base::text::decode_component(name);
+            allowed.iter().any(|a| a.eq_ignore_ascii_case(&name))
+        })
+        .collect();
+    (!kept.is_empty()).then(|| kept.join("&"))
+}
+
+/// Where a request goes upstream.
+#[derive(Debug, Clone, Copy)]
+pub enum Destination<'a> {
+    /// The client's own path (a route of the provider's protocol), with its allowed query.
+    Relayed(&'a Route),
+    /// The provider's endpoint for a translated request.
+    Translated(&'a crate::translate::Translation),
+}
+
+/// The request header sent to `upstream`, built from the client's: only allowlisted client
+/// headers are copied (credentials, account selectors and answer shaping never reach the
+/// operator's upstream account; also dropped: accept-encoding, since the usage scanner needs
+/// plain bytes, and expect, since the whole body is already here), the provider's credential,
+/// `Host` and the body length are set, the path gets the provider's prefix and only
+/// allowlisted query parameters. Always HTTP/1.1 (an HTTP/2 client's request included).
+pub fn upstream_request(
+    client: &RequestHeader,
+    upstream: &Upstream,
+    key: usize,
+    to: Destination<'_>,
+    client_version: Option<&str>,
+    body_len: usize,
+    forward: &[String],
+) -> pingora_error::Result<RequestHeader> {
+    let seam = &upstream.seam;
+    let protocol = seam.protocol();
+    let path_and_query = seam.target(client, to, &upstream.config.base_url.prefix);
+    let mut req = RequestHeader::build(client.method.clone(), path_and_query.as_bytes(), Some(client.headers.len() + 4))?;
+    for (name, value) in client.headers.iter() {
+        if header_allowed(name.as_str(), protocol, forward) {
+            req.append_header(name.clone(), value.clone())?;
+        }
+    }
+    req.insert_header(http::header::CONTENT_LENGTH, body_len)?;
+    seam.authenticate(&mut req, key, client_version)?;
+    req.insert_header(http::header::HOST, upstream.host_value.clone())?;
+    Ok(req)
+}
+
+/// The upstream path: root aliases gain `/v1`, then the base-URL prefix goes in front.
+pub fn upstream_path(client_path: &str, prefix: &str) -> String {
+    let versioned = if client_path.starts_with("/v1/") || client_path.starts_with("/v1beta/") {
+        client_path.to_string()
+    } else {
+        format!("/v1{client_path}")
+    };
+    format!("{prefix}{versioned}")
+}
