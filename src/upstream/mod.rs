@@ -2,7 +2,7 @@
 //! ([`catalog`]: which providers serve a model, in which order, at which addresses), their
 //! health ([`health`]: cooldowns, probes, key rotation) and conversation affinity
 //! ([`affinity`]), a model call resolved to what it may cost ([`draft`], [`output`]), the
-//! request an upstream gets ([`request`]), and the seam between kinds of upstream ([`seam`]:
+//! request an upstream gets ([`request`], [`path`]), and the seam between kinds of upstream ([`seam`]:
 //! protocol, path, authentication).
 //!
 //! May import the floors below (config, protocol, records, the ledger's prices, translate's
@@ -13,12 +13,14 @@ pub mod catalog;
 pub mod draft;
 pub mod health;
 pub mod output;
+pub mod path;
 pub mod request;
 pub mod seam;
 
 pub use catalog::{order_providers, prefer_provider, Catalog, DnsRefresh, Upstream};
 pub use draft::{draft, stored_draft, Draft};
-pub use request::{header_allowed, response_header_allowed, upstream_path, upstream_query, upstream_request, Destination};
+pub use path::{upstream_path, upstream_query, Destination};
+pub use request::{header_allowed, response_header_allowed, upstream_request};
 
 use crate::config::MediaAllowance;
 use std::sync::Arc;
@@ -58,6 +60,7 @@ pub struct Routing {
 #[cfg(test)]
 mod tests {
     use super::draft::*;
+    use super::path::*;
     use super::request::*;
     use super::*;
     use crate::config::{Config, Protocol};

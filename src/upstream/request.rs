@@ -2,8 +2,8 @@
 //! ways, allowed query parameters, the upstream's path; the credential is the seam's.
 
 use super::catalog::Upstream;
+use super::path::Destination;
 use crate::config::Protocol;
-use crate::route::Route;
 use pingora_http::RequestHeader;
 
 /// Client headers relayed upstream, besides the operator's `forward_headers`. Everything else
@@ -62,48 +62,6 @@ pub fn response_header_allowed(name: &str, protocol: Protocol, forward: &[String
     COMMON_RESPONSE_HEADERS.contains(&name) || protocol.response_headers().contains(&name) || listed(name, forward)
 }
 
-/// Query parameters a route relays: `alt` (stream framing) for generate-content, `beta`
-/// (the beta messages API the `anthropic` SDK and Claude Code call) for messages; nothing
-/// elsewhere, so no client can shape the answer (`fields`, `$fields`, `prettyPrint`…).
-fn query_allowlist(route: &Route) -> &'static [&'static str] {
-    match route {
-        Route::GenerateContent { .. } => &["alt"],
-        Route::Messages => &["beta"],
-        // Reading a stored response: which extra fields, and resuming its stream.
-        Route::StoredResponse { op: crate::route::ResponseOp::Get, .. } => {
-            &["include", "include[]", "stream", "starting_after", "include_obfuscation"]
-        }
-        // Paging through its input items.
-        Route::StoredResponse { op: crate::route::ResponseOp::InputItems, .. } => {
-            &["after", "before", "limit", "order", "include", "include[]"]
-        }
-        _ => &[],
-    }
-}
-
-/// The query string relayed upstream: only the allowed parameters, as the client wrote them.
-pub fn upstream_query(query: Option<&str>, route: &Route) -> Option<String> {
-    let allowed = query_allowlist(route);
-    let kept: Vec<&str> = query?
-        .split('&')
-        .filter(|pair| {
-            let name = pair.split_once('=').map_or(*pair, |(n, _)| n);
-            let name = crate::base::text::decode_component(name);
-            allowed.iter().any(|a| a.eq_ignore_ascii_case(&name))
-        })
-        .collect();
-    (!kept.is_empty()).then(|| kept.join("&"))
-}
-
-/// Where a request goes upstream.
-#[derive(Debug, Clone, Copy)]
-pub enum Destination<'a> {
-    /// The client's own path (a route of the provider's protocol), with its allowed query.
-    Relayed(&'a Route),
-    /// The provider's endpoint for a translated request.
-    Translated(&'a crate::translate::Translation),
-}
-
 /// The request header sent to `upstream`, built from the client's: only allowlisted client
 /// headers are copied (credentials, account selectors and answer shaping never reach the
 /// operator's upstream account; also dropped: accept-encoding, since the usage scanner needs
@@ -132,14 +90,4 @@ pub fn upstream_request(
     seam.authenticate(&mut req, key, client_version)?;
     req.insert_header(http::header::HOST, upstream.host_value.clone())?;
     Ok(req)
-}
-
-/// The upstream path: root aliases gain `/v1`, then the base-URL prefix goes in front.
-pub fn upstream_path(client_path: &str, prefix: &str) -> String {
-    let versioned = if client_path.starts_with("/v1/") || client_path.starts_with("/v1beta/") {
-        client_path.to_string()
-    } else {
-        format!("/v1{client_path}")
-    };
-    format!("{prefix}{versioned}")
 }

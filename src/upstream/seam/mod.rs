@@ -13,7 +13,7 @@ pub mod anthropic;
 pub mod gemini;
 pub mod openai;
 
-use super::request::{upstream_path, upstream_query, Destination};
+use super::path::{upstream_path, upstream_query, Destination};
 use crate::config::{Protocol, ProviderConfig};
 use pingora_http::RequestHeader;
 
