@@ -28,7 +28,6 @@ pub mod local;
 pub mod logging;
 pub mod meter;
 pub mod metrics;
-pub mod mock;
 pub mod policy;
 pub mod protocol;
 pub mod records;

@@ -385,7 +385,7 @@ async fn a_video_task_created_on_a_is_completed_and_downloaded_through_c_after_a
     }
     let r = c.get(nodes[2].gw.url(&format!("/v1/videos/{id}/content"))).bearer_auth(secret).send().await.expect("content");
     assert_eq!(r.status(), 200);
-    assert_eq!(r.bytes().await.expect("bytes").as_ref(), tollgate::mock::mock_video_bytes().as_slice());
+    assert_eq!(r.bytes().await.expect("bytes").as_ref(), common::mock_video::mock_video_bytes().as_slice());
     let calls: Vec<serde_json::Value> = c.get(mock.url("/__mock/tc_calls")).send().await.expect("calls").json().await.expect("json");
     let submits =
         calls.iter().filter(|c| c["action"].as_str().is_some_and(|a| a.starts_with("Submit")) && c["payload"]["Prompt"] == prompt).count();

@@ -6,9 +6,9 @@
 mod common;
 
 use base64::Engine;
+use common::mock_video::{mock_video_bytes, mock_video_of, MOCK_BIG_VIDEO_LEN};
 use common::*;
 use serde_json::{json, Value};
-use tollgate::mock::{mock_video_bytes, mock_video_of, MOCK_BIG_VIDEO_LEN};
 
 const PNG: &[u8] =
     b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x06\x00\x00\x00\x1f\x15\xc4\x89tollgate-test-image";

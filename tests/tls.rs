@@ -345,7 +345,7 @@ async fn https_object_storage_is_verified_with_its_ca() {
             assert!(url.starts_with(&format!("https://127.0.0.1:{s3_port}/tls-test/")), "{url}");
             let c = https_client(&[&authority], true);
             let bytes = c.get(&url).send().await.expect("download").bytes().await.expect("bytes");
-            assert!(bytes.as_ref() == tollgate::mock::mock_video_bytes().as_slice());
+            assert!(bytes.as_ref() == common::mock_video::mock_video_bytes().as_slice());
         } else {
             assert!(url.contains("/__mock/video/"), "unverified storage is not used: {url}");
         }

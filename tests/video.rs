@@ -115,11 +115,11 @@ async fn each_capability_is_submitted_polled_and_downloadable() {
         assert_eq!(r.headers()["content-type"], "video/mp4");
         assert_eq!(r.headers()["content-length"], MOCK_VIDEO_LEN.to_string());
         let bytes = r.bytes().await.expect("bytes");
-        assert_eq!(bytes.as_ref(), tollgate::mock::mock_video_bytes().as_slice());
+        assert_eq!(bytes.as_ref(), common::mock_video::mock_video_bytes().as_slice());
     }
 }
 
-use tollgate::mock::MOCK_VIDEO_LEN;
+use common::mock_video::MOCK_VIDEO_LEN;
 
 #[tokio::test]
 async fn content_range_not_ready_failed_and_expired() {
@@ -138,7 +138,7 @@ async fn content_range_not_ready_failed_and_expired() {
         .expect("range");
     assert_eq!(r.status(), 206);
     assert_eq!(r.headers()["content-range"], format!("bytes 100-199/{MOCK_VIDEO_LEN}"));
-    assert_eq!(r.bytes().await.expect("bytes").as_ref(), &tollgate::mock::mock_video_bytes()[100..200]);
+    assert_eq!(r.bytes().await.expect("bytes").as_ref(), &common::mock_video::mock_video_bytes()[100..200]);
 
     // Not completed yet: 409.
     let token = format!("nr-{}", std::process::id());

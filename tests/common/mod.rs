@@ -4,6 +4,10 @@
 
 pub mod postgres;
 
+/// The mock video service's bytes: the mock binary's own file, so a test expects what it serves.
+#[path = "../../src/bin/tollgate_mock/video_bytes.rs"]
+pub mod mock_video;
+
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

@@ -1,10 +1,17 @@
 //! `tollgate-mock --listen 127.0.0.1:9100 --key mock-upstream-key`: the mock upstream for
-//! tests, benchmarks and the offline demo (see `tollgate::mock`).
+//! tests, benchmarks and the offline demo (see `upstream.rs`).
 
 use clap::Parser;
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
-use tollgate::mock::MockUpstream;
+mod agent;
+mod bodies;
+mod tc;
+mod upstream;
+mod video_bytes;
+mod wire;
+
+use upstream::MockUpstream;
 
 /// The mock upstream of tollgate's tests, benchmarks and offline demo: chat completions,
 /// messages, generate-content and the video service, answering from headers (`x-mock-*`).

@@ -1,0 +1,136 @@
+//! Agent turns: a request asking (`[[read:PATH]]`) with a file-reading or shell tool on offer
+//! is answered with a call of that tool; a tool result coming back is answered with its text.
+
+use crate::wire::*;
+use serde_json::{json, Value};
+
+/// The marker an agent test puts in its prompt: `[[read:PATH]]` asks the mock to answer with a
+/// call of a file-reading (or shell) tool the request offers, reading PATH.
+pub(crate) const READ_MARKER: &str = "[[read:";
+
+/// Tools the mock knows how to call to read a file, in order of preference: Claude Code's,
+/// Gemini CLI's, Codex's (several versions) and the generic shell tools.
+pub(crate) const READ_TOOLS: [&str; 7] = ["Read", "read_file", "shell_command", "exec_command", "shell", "run_shell_command", "Bash"];
+
+/// The tools a request offers, as (name, JSON schema of the arguments).
+pub(crate) fn offered_tools(kind: Kind, v: &Value) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for tool in v.get("tools").and_then(Value::as_array).into_iter().flatten() {
+        match kind {
+            Kind::Messages => {
+                if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                    out.push((name.to_string(), tool.get("input_schema").cloned().unwrap_or(Value::Null)));
+                }
+            }
+            Kind::Generate { .. } => {
+                for d in tool.get("functionDeclarations").and_then(Value::as_array).into_iter().flatten() {
+                    if let Some(name) = d.get("name").and_then(Value::as_str) {
+                        let schema = d.get("parametersJsonSchema").or_else(|| d.get("parameters")).cloned().unwrap_or(Value::Null);
+                        out.push((name.to_string(), schema));
+                    }
+                }
+            }
+            Kind::Chat => {
+                if let Some(f) = tool.get("function") {
+                    if let Some(name) = f.get("name").and_then(Value::as_str) {
+                        out.push((name.to_string(), f.get("parameters").cloned().unwrap_or(Value::Null)));
+                    }
+                }
+            }
+            Kind::Responses | Kind::Embeddings => {
+                if tool.get("type").and_then(Value::as_str) == Some("function") {
+                    if let Some(name) = tool.get("name").and_then(Value::as_str) {
+                        out.push((name.to_string(), tool.get("parameters").cloned().unwrap_or(Value::Null)));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Arguments that make tool `name` (with `schema`) read `path`: a property naming a path gets
+/// the path; a command gets `cat PATH` (as a string or an argv array, as the schema says).
+pub(crate) fn read_args(schema: &Value, path: &str) -> Value {
+    let mut args = serde_json::Map::new();
+    let props = schema.get("properties").and_then(Value::as_object);
+    for (name, prop) in props.into_iter().flatten() {
+        let kind = prop.get("type").and_then(Value::as_str).unwrap_or("string").to_ascii_lowercase();
+        if name.contains("path") {
+            args.insert(name.clone(), json!(path));
+        } else if name == "command" || name == "cmd" {
+            let command = if kind == "array" { json!(["cat", path]) } else { json!(format!("cat {path}")) };
+            args.insert(name.clone(), command);
+        }
+    }
+    Value::Object(args)
+}
+
+/// The text of the last tool result a request carries back, if any.
+pub(crate) fn tool_result(kind: Kind, v: &Value) -> Option<String> {
+    let text_of = |c: &Value| -> String {
+        match c {
+            Value::String(s) => s.clone(),
+            Value::Array(parts) => parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join(""),
+            other => other.to_string(),
+        }
+    };
+    let mut found = None;
+    match kind {
+        Kind::Messages => {
+            for m in v.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                for block in m.get("content").and_then(Value::as_array).into_iter().flatten() {
+                    if block.get("type").and_then(Value::as_str) == Some("tool_result") {
+                        found = Some(block.get("content").map(text_of).unwrap_or_default());
+                    }
+                }
+            }
+        }
+        Kind::Responses | Kind::Embeddings => {
+            for item in v.get("input").and_then(Value::as_array).into_iter().flatten() {
+                let t = item.get("type").and_then(Value::as_str).unwrap_or_default();
+                if t == "function_call_output" || t == "custom_tool_call_output" {
+                    found = Some(item.get("output").map(text_of).unwrap_or_default());
+                }
+            }
+        }
+        Kind::Chat => {
+            for m in v.get("messages").and_then(Value::as_array).into_iter().flatten() {
+                if m.get("role").and_then(Value::as_str) == Some("tool") {
+                    found = Some(m.get("content").map(text_of).unwrap_or_default());
+                }
+            }
+        }
+        Kind::Generate { .. } => {
+            for c in v.get("contents").and_then(Value::as_array).into_iter().flatten() {
+                for part in c.get("parts").and_then(Value::as_array).into_iter().flatten() {
+                    if let Some(r) = part.pointer("/functionResponse/response") {
+                        found = Some(r.to_string());
+                    }
+                }
+            }
+        }
+    }
+    found
+}
+
+/// An agent's turn: a request carrying a tool result is answered with that result's text
+/// (`The tool answered: …`); one whose prompt holds `[[read:PATH]]` and that offers a known
+/// tool is answered with a call of that tool reading PATH.
+pub(crate) fn agent_turn(kind: Kind, v: &Value, body: &[u8]) -> (Option<ToolCall>, Option<String>) {
+    if let Some(result) = tool_result(kind, v) {
+        let result: String = result.chars().take(4000).collect();
+        return (None, Some(format!("The tool answered: {}", result.trim())));
+    }
+    let text = String::from_utf8_lossy(body);
+    let Some(at) = text.find(READ_MARKER) else { return (None, None) };
+    let rest = &text[at + READ_MARKER.len()..];
+    let Some(end) = rest.find("]]") else { return (None, None) };
+    let path = &rest[..end];
+    let tools = offered_tools(kind, v);
+    let chosen = READ_TOOLS.iter().find_map(|want| tools.iter().find(|(name, _)| name == want));
+    match chosen {
+        Some((name, schema)) => (Some(ToolCall { name: name.clone(), args: read_args(schema, path).to_string() }), None),
+        None => (None, None),
+    }
+}

@@ -1,0 +1,528 @@
+//! A mock upstream that speaks the three model protocols as the real services frame them
+//! (JSON bodies and SSE streams, with usage), for tests, benchmarks and the offline demo.
+//!
+//! Served paths (any prefix before them is ignored, so one mock can stand in for several
+//! providers told apart by their base-URL prefix):
+//! `…/v1/chat/completions`, `…/v1/responses`, `…/v1/embeddings`, `…/v1/messages`,
+//! `…/models/{m}:generateContent`, `…/models/{m}:streamGenerateContent`, token counting
+//! (`…/v1/messages/count_tokens`, `…/models/{m}:countTokens`), generate-content embeddings, and
+//! the responses API's other endpoints: a created response (unique id) is stored per path
+//! prefix, i.e. per provider, and can be read, cancelled, deleted and listed
+//! (`…/v1/responses/{id}[/cancel|/input_items]`) and continued (`previous_response_id`, 400 when
+//! unknown to that provider) there only; `…/v1/responses/input_tokens` and `…/compact` answer.
+//!
+//! Agent turns: a request whose text holds `[[read:PATH]]` and that offers a file-reading or
+//! shell tool (Claude Code's `Read`, Gemini CLI's `read_file`, Codex's shell tools) is answered
+//! with a call of that tool reading PATH; a request that carries a tool result back is answered
+//! `The tool answered: <result>`. Streamed as each service streams tool calls.
+//!
+//! Control headers (a client sends them through the gateway):
+//! `x-mock-status: N` answer N with a mock error body; `x-mock-delay-ms: N` wait before the
+//! response header; `x-mock-deltas: N` text deltas in the answer (default 3);
+//! `x-mock-interval-ms: N` pause between stream events; `x-mock-hold: T` after the first stream
+//! event (or after `x-mock-hold-after: N` events), wait at least one second and until
+//! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events;
+//! `x-mock-endless-event: N` answer N bytes of SSE data lines with no blank line;
+//! `x-mock-error-bytes: N` pad an `x-mock-status` error's message to N bytes;
+//! `x-mock-usage: IN,OUT` report these token counts (`x-mock-conform: 1`: OUT at most the
+//! maximum the request names in its protocol's own field); `x-mock-no-usage: 1` report no usage at
+//! all (whatever the request asked); `x-mock-tool-calls: 1` answer with a `get_weather` tool
+//! call only (arguments, no text); `x-mock-cache: WRITE,READ` report prompt-cache writes
+//! and reads (messages). Per provider and key: `x-mock-only: PREFIX[,PREFIX]` applies the
+//! failure controls (`x-mock-status`, `x-mock-delay-ms`, `x-mock-cut-after`, `x-mock-hold`,
+//! `x-mock-retry-after: N`, which adds `Retry-After` to an `x-mock-status` answer) only to
+//! paths under those prefixes, `x-mock-only-key: KEY` only to requests with that upstream key.
+//!
+//! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
+//! body length, model; tag from `x-test-tag`). The mock demands its own upstream key (one of
+//! them: `--key a,b`) in the protocol's credential header and answers 401 otherwise.
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use pingora_core::upstreams::peer::HttpPeer;
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::{ProxyHttp, Session};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+
+use crate::agent::*;
+use crate::bodies::*;
+use crate::tc::*;
+use crate::wire::*;
+
+const MAX_RECORDS: usize = 2000;
+const HOLD_CAP: Duration = Duration::from_secs(30);
+
+/// One request as the mock saw it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub headers: BTreeMap<String, Vec<String>>,
+    pub body_len: usize,
+    pub model: Option<String>,
+    pub tag: Option<String>,
+    /// The request's `stream_options` (chat completions), as received.
+    pub stream_options: Option<Value>,
+    /// The request asked for a stream (`"stream": true`, or `:streamGenerateContent`).
+    pub stream: bool,
+    /// The output maximum the request named, in whichever protocol field.
+    pub max_output: Option<u64>,
+}
+
+/// The output maximum a request names in its own protocol's field.
+fn own_max_output(kind: Kind, v: &Value) -> Option<u64> {
+    let fields: &[&str] = match kind {
+        Kind::Chat => &["/max_completion_tokens", "/max_tokens"],
+        Kind::Responses => &["/max_output_tokens"],
+        Kind::Messages => &["/max_tokens"],
+        Kind::Generate { .. } => &["/generationConfig/maxOutputTokens"],
+        _ => &[],
+    };
+    fields.iter().find_map(|p| v.pointer(p).and_then(Value::as_u64))
+}
+
+/// The output maximum a request body names (`max_tokens`, `max_completion_tokens`,
+/// `max_output_tokens`, `generationConfig.maxOutputTokens`).
+fn max_output_of(v: &Value) -> Option<u64> {
+    ["/max_tokens", "/max_completion_tokens", "/max_output_tokens", "/generationConfig/maxOutputTokens"]
+        .iter()
+        .find_map(|p| v.pointer(p).and_then(Value::as_u64))
+}
+
+/// The mock server's state.
+pub struct MockUpstream {
+    /// The key (or comma-separated keys) a request must carry in its protocol's credential header.
+    pub upstream_key: String,
+    records: Mutex<Vec<Recorded>>,
+    holds: Mutex<HashMap<String, Arc<Notify>>>,
+    tc: TcMock,
+    /// Stored responses by (path prefix, i.e. provider; id): the object and its input items.
+    responses: Mutex<HashMap<(String, String), (Value, Value)>>,
+    next_id: std::sync::atomic::AtomicU64,
+}
+
+impl MockUpstream {
+    pub fn new(upstream_key: impl Into<String>, tc_secret_id: impl Into<String>, tc_secret_key: impl Into<String>) -> Self {
+        MockUpstream {
+            upstream_key: upstream_key.into(),
+            records: Mutex::new(Vec::new()),
+            holds: Mutex::new(HashMap::new()),
+            responses: Mutex::new(HashMap::new()),
+            next_id: std::sync::atomic::AtomicU64::new(1),
+            tc: TcMock {
+                secret_id: tc_secret_id.into(),
+                secret_key: tc_secret_key.into(),
+                jobs: Mutex::new(HashMap::new()),
+                calls: Mutex::new(Vec::new()),
+                throttled: Mutex::new(Default::default()),
+            },
+        }
+    }
+
+    fn hold(&self, token: &str) -> Arc<Notify> {
+        let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
+        holds.entry(token.to_string()).or_insert_with(|| Arc::new(Notify::new())).clone()
+    }
+
+    fn record(&self, r: Recorded) {
+        let mut records = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        if records.len() >= MAX_RECORDS {
+            records.remove(0);
+        }
+        records.push(r);
+    }
+
+    fn records(&self, tag: Option<&str>) -> Vec<Recorded> {
+        let records = self.records.lock().unwrap_or_else(|p| p.into_inner());
+        records.iter().filter(|r| tag.is_none() || r.tag.as_deref() == tag).cloned().collect()
+    }
+
+    /// The upstream key a request presents in its protocol's credential header.
+    fn presented_key(kind: Kind, req: &RequestHeader) -> Option<&str> {
+        match kind {
+            Kind::Messages => header(req, "x-api-key"),
+            Kind::Generate { .. } => header(req, "x-goog-api-key"),
+            _ => header(req, "authorization").and_then(|v| v.strip_prefix("Bearer ")),
+        }
+    }
+
+    /// Whether the request carries one of the mock's keys (`--key` takes a comma-separated pool).
+    fn credential_ok(&self, kind: Kind, req: &RequestHeader) -> bool {
+        Self::presented_key(kind, req).is_some_and(|k| self.upstream_key.split(',').any(|mine| mine == k))
+    }
+}
+
+fn kind_of(path: &str) -> Option<Kind> {
+    if path.ends_with("/v1/chat/completions") {
+        Some(Kind::Chat)
+    } else if path.ends_with("/v1/responses") {
+        Some(Kind::Responses)
+    } else if path.ends_with("/v1/embeddings") {
+        Some(Kind::Embeddings)
+    } else if path.ends_with("/v1/messages") {
+        Some(Kind::Messages)
+    } else if path.contains("/models/") && path.ends_with(":streamGenerateContent") {
+        Some(Kind::Generate { stream: true })
+    } else if path.contains("/models/") && path.ends_with(":generateContent") {
+        Some(Kind::Generate { stream: false })
+    } else {
+        None
+    }
+}
+
+fn error_body(kind: Kind, status: u16, message: &str) -> Value {
+    match kind {
+        Kind::Messages => json!({"type": "error", "error": {"type": "mock_error", "message": message}}),
+        Kind::Generate { .. } => json!({"error": {"code": status, "message": message, "status": "MOCK"}}),
+        _ => json!({"error": {"message": message, "type": "mock_error", "param": null, "code": "mock"}}),
+    }
+}
+
+impl MockUpstream {
+    async fn answer(&self, session: &mut Session) -> Result<()> {
+        let req = session.req_header().clone();
+        let path = req.uri.path().to_string();
+        let query = req.uri.query().map(str::to_string);
+
+        if path == "/__mock/requests" {
+            let tag = query.as_deref().and_then(|q| q.strip_prefix("tag="));
+            let body = serde_json::to_vec(&self.records(tag)).unwrap_or_default();
+            return send(session, 200, "application/json", body.into(), &[]).await;
+        }
+        if path == "/__mock/release" {
+            if let Some(token) = query.as_deref().and_then(|q| q.strip_prefix("token=")) {
+                self.hold(token).notify_one();
+                self.tc.release(token);
+            }
+            return send(session, 200, "application/json", Bytes::from_static(b"{}"), &[]).await;
+        }
+        if path == "/__mock/tc_calls" {
+            let calls = self.tc.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return send(session, 200, "application/json", Value::Array(calls).to_string().into(), &[]).await;
+        }
+        if let Some(file) = path.strip_prefix("/__mock/video/") {
+            return self.tc.serve_video(session, &req, file, false).await;
+        }
+        if let Some(file) = path.strip_prefix("/__mock/expired/") {
+            return self.tc.serve_video(session, &req, file, true).await;
+        }
+
+        let mut body = Vec::new();
+        while let Some(chunk) = session.read_request_body().await? {
+            body.extend_from_slice(&chunk);
+        }
+        if let Some(action) = header(&req, "x-tc-action") {
+            let action = action.to_string();
+            let answer = self.tc.call(&req, &action, &body);
+            // `[slow-submit]`: the job is created, the answer comes after 3 s (a client with a
+            // shorter timeout never learns the job id).
+            if action.starts_with("Submit") && String::from_utf8_lossy(&body).contains("[slow-submit]") {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
+        }
+        let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in req.headers.iter() {
+            headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+        }
+        if path.contains("/v1/responses/") {
+            self.record(Recorded {
+                method: req.method.to_string(),
+                path: path.clone(),
+                query: query.clone(),
+                headers: headers.clone(),
+                body_len: body.len(),
+                model: parsed.get("model").and_then(Value::as_str).map(str::to_string),
+                tag: header(&req, "x-test-tag").map(str::to_string),
+                stream_options: None,
+                stream: false,
+                max_output: max_output_of(&parsed),
+            });
+            if !self.credential_ok(Kind::Responses, &req) {
+                let b = error_body(Kind::Responses, 401, "mock: missing or wrong upstream key").to_string();
+                return send(session, 401, "application/json", b.into(), &[]).await;
+            }
+            if let Some((status, answer)) = self.responses_api(req.method.as_str(), &path, body.len()) {
+                return send(session, status, "application/json", answer.to_string().into(), &[]).await;
+            }
+        }
+        // Token counting (`/v1/messages/count_tokens`, `…/models/{m}:countTokens`): the
+        // protocol's credential, errors and answer shape, no generation.
+        let counting = if path.ends_with("/v1/messages/count_tokens") {
+            Some(Kind::Messages)
+        } else if path.contains("/models/") && path.ends_with(":countTokens") {
+            Some(Kind::Generate { stream: false })
+        } else {
+            None
+        };
+        let embedding = path.contains("/models/") && (path.ends_with(":embedContent") || path.ends_with(":batchEmbedContents"));
+        let Some(kind) = counting.or(embedding.then_some(Kind::Generate { stream: false })).or_else(|| kind_of(&path)) else {
+            return send(session, 404, "application/json", Bytes::from_static(b"{\"error\":\"mock: unknown path\"}"), &[]).await;
+        };
+        let model = match kind {
+            Kind::Generate { .. } => path.rsplit_once("/models/").and_then(|(_, rest)| rest.split_once(':')).map(|(m, _)| m.to_string()),
+            _ => parsed.get("model").and_then(Value::as_str).map(str::to_string),
+        };
+        self.record(Recorded {
+            method: req.method.to_string(),
+            path: path.clone(),
+            query: query.clone(),
+            headers,
+            body_len: body.len(),
+            model: model.clone(),
+            tag: header(&req, "x-test-tag").map(str::to_string),
+            stream_options: parsed.get("stream_options").cloned(),
+            max_output: max_output_of(&parsed),
+            stream: kind == Kind::Generate { stream: true } || parsed.get("stream").and_then(Value::as_bool) == Some(true),
+        });
+
+        if !self.credential_ok(kind, &req) {
+            let b = error_body(kind, 401, "mock: missing or wrong upstream key").to_string();
+            return send(session, 401, "application/json", b.into(), &[]).await;
+        }
+        // Failure controls apply only to the provider (`x-mock-only: PREFIX,…`) and the key
+        // (`x-mock-only-key: KEY`) they name, when named.
+        let applies = header(&req, "x-mock-only").is_none_or(|only| only.split(',').any(|p| path.starts_with(p.trim())))
+            && header(&req, "x-mock-only-key").is_none_or(|k| Self::presented_key(kind, &req) == Some(k));
+        let ctl = |name: &str| if applies { header(&req, name) } else { None };
+        let ctl_num = |name: &str| ctl(name).and_then(|v| v.trim().parse::<u64>().ok());
+        if let Some(ms) = ctl_num("x-mock-delay-ms") {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
+        if let Some(total) = ctl_num("x-mock-endless-event") {
+            // A misbehaving stream: `total` bytes of data lines, never the blank line that ends
+            // an event.
+            let mut h = ResponseHeader::build(200, Some(3))?;
+            h.insert_header("content-type", "text/event-stream")?;
+            h.insert_header("transfer-encoding", "chunked")?;
+            session.write_response_header(Box::new(h), false).await?;
+            let line = Bytes::from(format!("data: {}\n", "x".repeat(64 * 1024 - 7)));
+            let mut sent = 0u64;
+            while sent < total {
+                if session.write_response_body(Some(line.clone()), false).await.is_err() {
+                    return Ok(());
+                }
+                sent += line.len() as u64;
+            }
+            session.write_response_body(None, true).await?;
+            return Ok(());
+        }
+        if let Some(status) = ctl_num("x-mock-status").and_then(|s| u16::try_from(s).ok()) {
+            // `x-mock-error-bytes: N`: the message padded to N bytes (an oversized error answer).
+            let pad = ctl_num("x-mock-error-bytes").map_or(String::new(), |n| " ".repeat(usize::try_from(n).unwrap_or(0).min(64 << 20)));
+            let b = error_body(kind, status, &format!("mock says {status}{pad}")).to_string();
+            let retry_after = ctl("x-mock-retry-after").unwrap_or_default().to_string();
+            let mut extra = vec![("x-mock-error", "yes")];
+            if !retry_after.is_empty() {
+                extra.push(("retry-after", retry_after.as_str()));
+            }
+            return send(session, status, "application/json", b.into(), &extra).await;
+        }
+
+        // Embeddings of generate-content (no usage reported, as the service does).
+        if embedding {
+            let vector = json!({"values": [0.125, -0.5, 0.25]});
+            let answer = match parsed.get("requests").and_then(Value::as_array) {
+                Some(items) => json!({"embeddings": vec![vector; items.len()]}),
+                None => json!({"embedding": vector}),
+            };
+            return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
+        }
+        if counting.is_some() {
+            let n = pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i);
+            let answer = match kind {
+                Kind::Messages => json!({"input_tokens": n}),
+                _ => json!({"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}),
+            };
+            return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
+        }
+        let input = parsed.get("input");
+        let (mut tool, reply) = agent_turn(kind, &parsed, &body);
+        if header(&req, "x-mock-tool-calls").is_some() {
+            tool = Some(ToolCall { name: "get_weather".into(), args: TOOL_ARGS.concat() });
+        }
+        let prefix = path.split("/v1/").next().unwrap_or_default().to_string();
+        if kind == Kind::Responses {
+            if let Some(previous) = parsed.get("previous_response_id").and_then(Value::as_str) {
+                if !self.responses().contains_key(&(prefix.clone(), previous.to_string())) {
+                    let b = json!({"error": {"message": format!("Previous response with id '{previous}' not found."),
+                        "type": "invalid_request_error", "param": "previous_response_id", "code": "previous_response_not_found"}});
+                    return send(session, 400, "application/json", b.to_string().into(), &[]).await;
+                }
+            }
+        }
+        let call = Call {
+            kind,
+            model: model.unwrap_or_else(|| "unknown".into()),
+            stream: match kind {
+                Kind::Generate { stream } => stream,
+                _ => parsed.get("stream").and_then(Value::as_bool).unwrap_or(false),
+            },
+            include_usage: parsed.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false)
+                && header(&req, "x-mock-no-usage").is_none(),
+            input_tokens: pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i),
+            // `x-mock-conform: 1`: the output ends at the maximum the request names in its own
+            // protocol's field, as a conforming upstream's does (a field of another protocol is
+            // ignored, as the real services ignore or refuse it).
+            output_tokens: pair(&req, "x-mock-usage").map(|(_, o)| match header(&req, "x-mock-conform") {
+                Some(_) => own_max_output(kind, &parsed).map_or(o, |max| o.min(max)),
+                None => o,
+            }),
+            // A field mask (query `fields` / `$fields`, or `X-Goog-FieldMask`) that does not
+            // name usage removes it, as the real service does.
+            no_usage: header(&req, "x-mock-no-usage").is_some()
+                || header(&req, "x-goog-fieldmask").is_some()
+                || query.as_deref().is_some_and(|q| {
+                    q.split('&').any(|p| p.starts_with("fields=") || p.starts_with("$fields=") || p.starts_with("%24fields="))
+                }),
+            tool,
+            reply,
+            response_id: format!("resp_mock_{}", self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+            cache: pair(&req, "x-mock-cache"),
+            deltas: num(&req, "x-mock-deltas").unwrap_or(3) as usize,
+            interval: Duration::from_millis(num(&req, "x-mock-interval-ms").unwrap_or(0)),
+            hold: ctl("x-mock-hold").map(str::to_string),
+            hold_after: num(&req, "x-mock-hold-after").unwrap_or(1).max(1) as usize,
+            cut_after: ctl_num("x-mock-cut-after").map(|n| n as usize),
+            embed_inputs: match input {
+                Some(Value::Array(items)) => items.len().max(1),
+                _ => 1,
+            },
+            embed_base64: parsed.get("encoding_format").and_then(Value::as_str) == Some("base64"),
+            gemini_sse: query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "alt=sse")),
+        };
+        if kind == Kind::Responses && parsed.get("store").and_then(Value::as_bool) != Some(false) {
+            // Stored as the service stores it: readable by id later (at this provider only).
+            let mut object = whole_body(&call);
+            object["store"] = json!(true);
+            let items = match parsed.get("input") {
+                Some(Value::String(text)) => {
+                    json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])
+                }
+                Some(items @ Value::Array(_)) => items.clone(),
+                _ => json!([]),
+            };
+            self.responses().insert((prefix, call.response_id.clone()), (object, items));
+        }
+        if call.stream {
+            self.stream(session, &call).await
+        } else {
+            let b = whole_body(&call).to_string();
+            send(session, 200, "application/json", b.into(), &[]).await
+        }
+    }
+
+    fn responses(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Value, Value)>> {
+        self.responses.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The responses API beyond creation: stored responses (`GET`/`DELETE …/responses/{id}`,
+    /// `…/cancel`, `…/input_items`), counting input tokens and compaction. None when `path` is
+    /// not one of these.
+    fn responses_api(&self, method: &str, path: &str, body_len: usize) -> Option<(u16, Value)> {
+        let (prefix, tail) = path.split_once("/v1/responses/")?;
+        let key = |id: &str| (prefix.to_string(), id.to_string());
+        let missing = |id: &str| {
+            (
+                404,
+                json!({"error": {"message": format!("Response with id '{id}' not found."), "type": "invalid_request_error", "param": null, "code": null}}),
+            )
+        };
+        let tokens = (body_len as u64).div_ceil(4).max(1);
+        Some(match (method, tail) {
+            ("POST", "input_tokens") => (200, json!({"object": "response.input_tokens", "input_tokens": tokens})),
+            ("POST", "compact") => (
+                200,
+                json!({"id": format!("cmp_mock_{}", self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+                    "object": "response.compaction", "created_at": now(),
+                    "output": [{"type": "compaction", "id": "cmp_item_mock", "encrypted_content": "bW9jaw=="}],
+                    "usage": {"input_tokens": tokens, "input_tokens_details": {"cached_tokens": 0},
+                              "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": tokens + 7}}),
+            ),
+            ("POST", _) => {
+                let id = tail.strip_suffix("/cancel")?;
+                match self.responses().get_mut(&key(id)) {
+                    Some((object, _)) => {
+                        object["status"] = json!("cancelled");
+                        (200, object.clone())
+                    }
+                    None => missing(id),
+                }
+            }
+            ("GET", _) => match tail.strip_suffix("/input_items") {
+                Some(id) => match self.responses().get(&key(id)) {
+                    Some((_, Value::Array(items))) => (
+                        200,
+                        json!({"object": "list", "data": items, "has_more": false,
+                        "first_id": items.first().and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null),
+                        "last_id": items.last().and_then(|i| i.get("id")).cloned().unwrap_or(Value::Null)}),
+                    ),
+                    _ => missing(id),
+                },
+                None => match self.responses().get(&key(tail)) {
+                    Some((object, _)) => (200, object.clone()),
+                    None => missing(tail),
+                },
+            },
+            ("DELETE", _) => match self.responses().remove(&key(tail)) {
+                Some(_) => (200, json!({"id": tail, "object": "response", "deleted": true})),
+                None => missing(tail),
+            },
+            _ => return None,
+        })
+    }
+
+    async fn stream(&self, session: &mut Session, call: &Call) -> Result<()> {
+        let events = stream_events(call);
+        let ctype = if matches!(call.kind, Kind::Generate { .. }) && !call.gemini_sse { "application/json" } else { "text/event-stream" };
+        let mut h = ResponseHeader::build(200, Some(3))?;
+        h.insert_header("content-type", ctype)?;
+        h.insert_header("cache-control", "no-cache")?;
+        // Framed as the services frame a stream: chunked, so a cut (no last chunk) shows as one.
+        h.insert_header("transfer-encoding", "chunked")?;
+        service_headers(&mut h)?;
+        session.write_response_header(Box::new(h), false).await?;
+        let count = events.len();
+        for (i, event) in events.into_iter().enumerate() {
+            session.write_response_body(Some(Bytes::from(event)), false).await?;
+            if call.cut_after == Some(i + 1) {
+                return Err(Error::explain(ErrorType::WriteError, "mock: connection cut on request"));
+            }
+            if i + 1 == call.hold_after {
+                if let Some(token) = &call.hold {
+                    let notify = self.hold(token);
+                    let released = tokio::time::timeout(HOLD_CAP, notify.notified());
+                    let (_, _) = tokio::join!(released, tokio::time::sleep(Duration::from_secs(1)));
+                }
+            }
+            if i + 1 < count && !call.interval.is_zero() {
+                tokio::time::sleep(call.interval).await;
+            }
+        }
+        session.write_response_body(None, true).await
+    }
+}
+
+#[async_trait]
+impl ProxyHttp for MockUpstream {
+    type CTX = ();
+
+    fn new_ctx(&self) {}
+
+    async fn request_filter(&self, session: &mut Session, _ctx: &mut ()) -> Result<bool> {
+        self.answer(session).await?;
+        Ok(true)
+    }
+
+    async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
+        Err(Error::explain(ErrorType::InternalError, "the mock has no upstream"))
+    }
+}
