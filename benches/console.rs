@@ -4,6 +4,8 @@
 //! tag. Reports the median of 3 loads of each (wall-clock, this machine; the bar is
 //! 2 s). `TOLLGATE_BENCH_RECORDS` changes the count. Writes target/bench/console.json.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a failure here is a failed run, not a client's answer
+
 use std::process::{Child, Command};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

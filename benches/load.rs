@@ -7,6 +7,8 @@
 //!
 //! `cargo bench --bench load` (full) or `cargo bench --bench load -- --quick`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a failure here is a failed run, not a client's answer
+
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -57,7 +59,9 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+#[allow(unsafe_code)]
 fn raise_fd_limit(want: u64) -> u64 {
+    // SAFETY: getrlimit/setrlimit read and write only the rlimit structs on this stack frame.
     unsafe {
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);

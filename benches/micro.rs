@@ -1,6 +1,8 @@
 //! Micro-benchmarks of the hot pure functions: routing, key lookup, the usage scanner, body
 //! model extraction and TC3 signing. `cargo bench --bench micro`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a failure here is a failed run, not a client's answer
+
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use tollgate::auth::KeyIndex;

@@ -11,7 +11,7 @@
 
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -86,10 +86,7 @@ fn tpm_reached(tpm: u64, retry_after: u64) -> ApiError {
 /// The value of `id` in `map`, made by `make` when there is none: the id is copied into the
 /// map only then, not on every request of a key already counted.
 fn entry_of<'a, V>(map: &'a mut HashMap<String, V>, id: &str, make: impl FnOnce() -> V) -> &'a mut V {
-    if !map.contains_key(id) {
-        map.insert(id.to_string(), make());
-    }
-    map.get_mut(id).expect("inserted just above")
+    map.entry_ref(id).or_insert_with(make)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

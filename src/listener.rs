@@ -449,7 +449,10 @@ impl AsyncRead for HeaderGuard {
                             }
                             // SAFETY: the first `n` bytes of the unfilled part were just
                             // written by the read above (`take` lends exactly that region).
-                            unsafe { buf.assume_init(n) };
+                            #[allow(unsafe_code)]
+                            unsafe {
+                                buf.assume_init(n)
+                            };
                             buf.advance(n);
                             let mut probe = this.end;
                             if probe.feed(&buf.filled()[start..]).is_some() {

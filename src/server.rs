@@ -463,6 +463,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     // Everything this process creates (database files, pid file, sockets) is its user's alone.
     // SAFETY: umask only sets the process's file-creation mask; it cannot fail.
+    #[allow(unsafe_code)]
     unsafe {
         libc::umask(0o077);
     }
@@ -698,7 +699,7 @@ mod tests {
     #[test]
     fn the_port_probe_never_accepts_a_connection() {
         // A client waiting for the port to open must not be let in by the probe and then
-        // refused once the probe closes (tests/tls.rs lost a request to exactly that).
+        // refused once the probe closes (tests/gateway/tls.rs lost a request to exactly that).
         let probe = bind_only("127.0.0.1:0".parse().expect("address")).expect("bind");
         let addr = probe.local_addr().expect("local").as_socket().expect("inet");
         let err = std::net::TcpStream::connect(addr).expect_err("a bound, not listening socket accepts nothing");

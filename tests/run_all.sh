@@ -13,7 +13,7 @@ command -v cmake >/dev/null 2>&1 || need+=(cmake)
 [ -f /etc/ssl/certs/ca-certificates.crt ] || need+=(ca-certificates)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 python3 -m venv --help >/dev/null 2>&1 || need+=(python3-venv)
-# A real PostgreSQL server for the fleet tests (tests/fleet_store.rs starts its own in a temp dir).
+# A real PostgreSQL server for the fleet tests (tests/store/fleet_store.rs starts its own in a temp dir).
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 # Headless Chromium and its driver for the console's browser tests (tests/console), and
 # libfaketime to start a gateway just before a UTC midnight.
@@ -34,7 +34,7 @@ fi
 .venv/bin/pip install -q --disable-pip-version-check -r tests/sdk/requirements.txt
 export TOLLGATE_S3_SERVER="$PWD/.venv/bin/moto_server"
 
-echo "== Agent CLIs from npm (Claude Code, Codex, Gemini CLI) for tests/agent_clis.rs"
+echo "== Agent CLIs from npm (Claude Code, Codex, Gemini CLI) for tests/gateway/agent_clis.rs"
 # Pinned: the versions the tests were written against. Node (20 or newer) from Debian's packages
 # when the machine has none.
 AGENT_CLIS="${TOLLGATE_AGENT_CLI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/agent-clis}"

@@ -368,6 +368,7 @@ mod sse2 {
     /// 64 bytes a round while no mark is near (one test for four 16-byte loads), then 16 at a
     /// time to place the first mark: `"`, `\` or a byte up to 0x1F. The high bits (non-ASCII)
     /// of the bytes before it are gathered on the way.
+    #[allow(unsafe_code)] // SSE2 intrinsics: see the SAFETY note below
     pub fn next_special(b: &[u8], mut i: usize) -> (usize, bool) {
         // SAFETY: SSE2 is in every x86-64 CPU. Every load reads 16 bytes at `i + 16 * n`, and
         // each loop runs only while those bytes lie inside `b`.

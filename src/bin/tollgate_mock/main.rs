@@ -1,6 +1,8 @@
 //! `tollgate-mock --listen 127.0.0.1:9100 --key mock-upstream-key`: the mock upstream for
 //! tests, benchmarks and the offline demo (see `upstream.rs`).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // the mock upstream of tests and benchmarks: a failure here is a failed run, not a client's answer
+
 use clap::Parser;
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;

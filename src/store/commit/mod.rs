@@ -227,6 +227,7 @@ impl Writer {
             }
             // SAFETY: gettid has no preconditions and cannot fail.
             #[cfg(test)]
+            #[allow(unsafe_code)]
             let _ = tid_tx.send(unsafe { libc::gettid() });
             run(db, journal, window, gather, &thread_shared, &thread_stats)
         })?;
@@ -374,6 +375,7 @@ pub(crate) fn lower_priority(thread: &str) {
     {
         // SAFETY: getpriority/setpriority with PRIO_PROCESS and who = 0 read and change only
         // the calling thread's nice value; no memory of ours is involved.
+        #[allow(unsafe_code)]
         let rc = unsafe {
             let current = libc::getpriority(libc::PRIO_PROCESS, 0);
             libc::setpriority(libc::PRIO_PROCESS, 0, (current + BACKGROUND_NICE_STEPS).min(19))
@@ -666,6 +668,7 @@ mod tests {
     fn a_background_writer_runs_below_the_process_priority_and_a_waited_for_one_does_not() {
         let (_dir, slot) = db();
         // SAFETY: gettid has no preconditions and cannot fail.
+        #[allow(unsafe_code)]
         let own = nice_of(unsafe { libc::gettid() });
         let background = Writer::start(slot.clone(), Duration::from_millis(10), true).expect("writer");
         let waited_for = Writer::start(slot, Duration::from_millis(10), false).expect("writer");

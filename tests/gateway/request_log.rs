@@ -2,9 +2,7 @@
 //! listener (the client's when well-formed), and the request log behind `GET /admin/requests`:
 //! relayed, refused and failed requests, their filters and pages, never a prompt.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const ADMIN_TOKEN: &str = "request-log-admin-token-000001";

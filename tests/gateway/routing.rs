@@ -2,9 +2,7 @@
 //! priority tiers and upstream key pools, against `tollgate-mock` with per-provider failures
 //! (`x-mock-only: /prefix` scopes a failure to one provider, `x-mock-only-key` to one key).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

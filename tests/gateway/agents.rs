@@ -2,9 +2,7 @@
 //! responses (owned by the key that created them), token counting and compaction, and
 //! conversation affinity across several providers of one model.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const OTHER_KEY: &str = "sk-client-other-0001";
@@ -179,7 +177,7 @@ async fn the_turns_of_a_conversation_stay_with_one_provider() {
     let mock = start_mock();
     // Affinity without its load bound: twelve conversations sent back to back are not spread
     // evenly by their hashes, and at the default bound one whose provider is over 1.25 times
-    // its share would rightly move (tests/routing.rs covers the bound).
+    // its share would rightly move (tests/gateway/routing.rs covers the bound).
     let gw = start_gateway(&format!("{}routing: {{ balance_factor: 100 }}\n", three_provider_config(mock.port)));
     let mut homes = std::collections::BTreeSet::new();
     for conv in 0..12 {

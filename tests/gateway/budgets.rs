@@ -3,9 +3,7 @@
 //! requests), shared accounts, tags on usage records and `group_by=tag:<name>`, the audit trail
 //! of balance moves, and validation of all of it in the file and the admin API.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const ADMIN_TOKEN: &str = "budgets-admin-token-00000000001";

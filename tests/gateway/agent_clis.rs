@@ -8,9 +8,7 @@
 //! `TOLLGATE_AGENT_CLIS` to their `node_modules/.bin`, and `TOLLGATE_AGENT_CLIS_REQUIRED=1`
 //! once the install worked. Without them the tests say so and pass only when not required.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

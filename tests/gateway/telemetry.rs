@@ -2,9 +2,7 @@
 //! token usage by operation, provider, model and token type, request duration and time to
 //! first token — for each protocol, streamed and not.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 
 const ADMIN_TOKEN: &str = "telemetry-admin-token-00000001";

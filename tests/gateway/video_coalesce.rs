@@ -1,9 +1,7 @@
 //! Concurrent GETs of a task whose last poll is stale trigger exactly one describe call.
 //! Runs the video service in-process (no background poller) against the mock video service.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;

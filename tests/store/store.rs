@@ -3,9 +3,7 @@
 //! keys — is run through `Arc<dyn Store>` against the embedded sled store and against a fleet
 //! node's store on a real PostgreSQL server, and must give the same answers on both.
 
-mod common;
-
-use common::postgres::Postgres;
+use crate::common::postgres::Postgres;
 use std::sync::Arc;
 use std::time::Duration;
 use tollgate::auth::{hash_key, hex};

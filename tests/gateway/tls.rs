@@ -2,9 +2,9 @@
 //! HTTP/1.1 by ALPN, streaming included), certificate reload on SIGHUP under load (a bad file is
 //! refused), and an HTTPS upstream reached only when its CA is configured.
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, SanType};
 use serde_json::{json, Value};

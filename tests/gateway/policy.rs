@@ -2,9 +2,7 @@
 //! translation resolves the model), address allowlists with and without trusted proxies
 //! (spoofed `X-Forwarded-For`), validation in the file and in the admin API.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const ADMIN_TOKEN: &str = "policy-admin-token-0000000001";
@@ -242,7 +240,11 @@ async fn a_file_key_that_expired_is_a_warning_never_an_outage() {
     let changed = std::fs::read_to_string(&path).expect("config").replace("name: tester", "name: tester-renamed");
     std::fs::write(&path, changed).expect("write");
     let pid = gw.proc.child.id();
-    unsafe { libc::kill(pid as i32, libc::SIGHUP) };
+    // SAFETY: kill only sends a signal to the daemon this test started; no memory is involved.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as i32, libc::SIGHUP)
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while !gw.log().contains("configuration reloaded") && std::time::Instant::now() < deadline {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -3,9 +3,7 @@
 //! fails (see the loader for the one exception Pingora leaves),
 //! the stream is not cut, every usage record is kept, and the new process polls the task.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::process::{Command, Stdio};

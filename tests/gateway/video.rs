@@ -2,9 +2,9 @@
 //! TC3 signature): each capability, the legacy paths, FAIL, content download, ownership,
 //! idempotency, validation, and a hard restart in the middle of a task.
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -119,7 +119,7 @@ async fn each_capability_is_submitted_polled_and_downloadable() {
     }
 }
 
-use common::mock_video::MOCK_VIDEO_LEN;
+use crate::common::mock_video::MOCK_VIDEO_LEN;
 
 #[tokio::test]
 async fn content_range_not_ready_failed_and_expired() {

@@ -3,11 +3,9 @@
 //! that serve the same image, and a storage outage that leaves the upstream URL in place until
 //! the background copy succeeds.
 
-mod common;
-
+use crate::common::mock_video::{mock_video_bytes, mock_video_of, MOCK_BIG_VIDEO_LEN};
+use crate::common::*;
 use base64::Engine;
-use common::mock_video::{mock_video_bytes, mock_video_of, MOCK_BIG_VIDEO_LEN};
-use common::*;
 use serde_json::{json, Value};
 
 const PNG: &[u8] =

@@ -2,9 +2,7 @@
 //! file), the access log (never a secret), /healthz, /readyz and /metrics, and graceful shutdown
 //! on SIGTERM draining an open stream.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};

@@ -4,9 +4,7 @@
 //! admin API's Host and Origin, response headers, private files and generate-content's proto
 //! field names.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,9 +1,7 @@
 //! Gateway core against the real daemon and the mock upstream: routes, keys, routing by model,
 //! large bodies, header rewrite, streaming, model lists, upstream failures.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::time::Duration;

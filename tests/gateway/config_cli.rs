@@ -1,9 +1,7 @@
 //! `tollgate -c FILE` start-up validation as an operator sees it: exit status and a message
 //! naming the offending key.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 fn check(body: &str, env: &[(&str, &str)]) -> (i32, String) {
     let (_dir, path, _port) = write_config(body);

@@ -2,10 +2,10 @@
 //! temporary directory) behind no load balancer but the test itself, which spreads requests
 //! over the nodes. Money, keys, limits, records and the database's outage, end to end.
 
-mod common;
+use crate::common;
 
-use common::postgres::Postgres;
-use common::*;
+use crate::common::postgres::Postgres;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use tollgate::config::PgSettings;

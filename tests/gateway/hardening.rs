@@ -2,9 +2,7 @@
 //! than the process-wide budget (503 with Retry-After, then served again), and JSON bombs
 //! (memory stays proportional to bytes; later requests are served).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::TcpStream;

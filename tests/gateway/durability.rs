@@ -2,9 +2,7 @@
 //! `billing.sync_commit`): the default mode loses at most the records of one commit window,
 //! `sync_commit: true` loses none. A balance always agrees with the records that survived.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 async fn chat(gw: &Gateway) {

@@ -1,9 +1,7 @@
 //! Billing integrity against the real daemon and the mock: each way a client could get service
 //! without paying for it, or beyond its balance, is closed (issue: billing integrity).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

@@ -2,9 +2,7 @@
 //! told to stop, forwarded-address spoofing, unbounded client strings, upstream error bodies,
 //! limits under concurrency, credentials in log lines.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

@@ -1,10 +1,8 @@
 //! Issue 24, the store's parts: the fleet's money, keys, records, tasks and limits on a real
 //! PostgreSQL server (started by the test in a temporary directory), several nodes as several
-//! `FleetAccounts` / `FleetKeys` / … on one database. `tests/fleet.rs` runs whole nodes.
+//! `FleetAccounts` / `FleetKeys` / … on one database. `tests/store/fleet.rs` runs whole nodes.
 
-mod common;
-
-use common::postgres::Postgres;
+use crate::common::postgres::Postgres;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tollgate::config::PgSettings;

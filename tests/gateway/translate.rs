@@ -3,9 +3,9 @@
 //! billed once from the provider's count, errors in the client's shape with the provider's status,
 //! refusals before anything is sent, and the opt-in per group.
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use serde_json::{json, Value};
 
 const BRIDGE_KEY: &str = "sk-bridge-0001";

@@ -2,9 +2,7 @@
 //! not), 402 with nothing forwarded, 429, billing of cut and abandoned streams, the concurrency
 //! invariant, the admin API, and balances and records surviving a hard restart.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 

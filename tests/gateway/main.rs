@@ -1,0 +1,32 @@
+//! The daemon's tests: each starts the real `tollgate` and `tollgate-mock` binaries as child
+//! processes (see `tests/common`) and talks to them as clients, operators and attackers do.
+//! One test binary: the crate and its dependencies are linked once for all of them. Run one
+//! file's tests with `cargo test --test gateway <file>::`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure here is a failed run, not a client's answer
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod agent_clis;
+mod agents;
+mod billing;
+mod budgets;
+mod config_cli;
+mod durability;
+mod gateway;
+mod hardening;
+mod metering;
+mod operations;
+mod policy;
+mod request_log;
+mod routing;
+mod security;
+mod security_round2;
+mod storage;
+mod telemetry;
+mod tls;
+mod translate;
+mod upgrade;
+mod video;
+mod video_coalesce;

@@ -1,0 +1,12 @@
+//! The store's tests: one contract for both backends (`store`), a fleet's shared database
+//! with several nodes (`fleet_store`, a real PostgreSQL) and three daemons on one database
+//! (`fleet`). One test binary; run one file's tests with `cargo test --test store <file>::`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure here is a failed run, not a client's answer
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod fleet;
+mod fleet_store;
+mod store;
