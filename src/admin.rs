@@ -163,9 +163,9 @@ pub(crate) struct PatchKey {
 /// `GET /admin/requests`' query: `key` (a key id), `model`, `status` (`2xx`, `4xx`, `5xx`),
 /// `start` and `end` (unix seconds), `limit` (1 to 500, 50 by default), `cursor` (a page's
 /// `next`).
-fn request_filter(query: Option<&str>) -> std::result::Result<crate::request_log::Filter, ApiError> {
+fn request_filter(query: Option<&str>) -> std::result::Result<crate::records::log::Filter, ApiError> {
     let (start_ms, end_ms) = crate::ledger::usage_window(query)?;
-    let mut f = crate::request_log::Filter { start_ms, end_ms, limit: 50, ..Default::default() };
+    let mut f = crate::records::log::Filter { start_ms, end_ms, limit: 50, ..Default::default() };
     for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         let value = crate::base::text::decode_component(value);
@@ -184,7 +184,7 @@ fn request_filter(query: Option<&str>) -> std::result::Result<crate::request_log
             }
             "cursor" => {
                 f.before = Some(
-                    crate::request_log::Cursor::parse(&value)
+                    crate::records::log::Cursor::parse(&value)
                         .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
                 );
             }
@@ -833,12 +833,12 @@ impl AdminApi {
             ("GET", "/admin/requests") => {
                 let filter = request_filter(req_query(session).as_deref())?;
                 let (entries, next) = self.store.requests().query(&filter).await.map_err(internal)?;
-                let data: Vec<Value> = entries.iter().map(crate::request_log::LogEntry::to_json).collect();
+                let data: Vec<Value> = entries.iter().map(crate::records::log::LogEntry::to_json).collect();
                 Ok(LocalResponse::json(200, &json!({"object": "list", "data": data, "next": next.map(|c| c.to_string())})))
             }
             ("GET", p) if p.starts_with("/admin/requests/") => {
                 let id = p.trim_start_matches("/admin/requests/");
-                let filter = crate::request_log::Filter { id: Some(id.to_string()), end_ms: u64::MAX, limit: 1, ..Default::default() };
+                let filter = crate::records::log::Filter { id: Some(id.to_string()), end_ms: u64::MAX, limit: 1, ..Default::default() };
                 let (entries, _) = self.store.requests().query(&filter).await.map_err(internal)?;
                 match entries.first() {
                     Some(e) => Ok(LocalResponse::json(200, &e.to_json())),
@@ -860,7 +860,7 @@ impl AdminApi {
                 let before = match param("cursor") {
                     None => None,
                     Some(v) => Some(
-                        crate::request_log::Cursor::parse(&crate::base::text::decode_component(v))
+                        crate::records::log::Cursor::parse(&crate::base::text::decode_component(v))
                             .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
                     ),
                 };

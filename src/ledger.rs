@@ -335,7 +335,7 @@ impl Ledger {
 
     /// The audit trail, newest first: at most `limit` entries before `before` (a page's last
     /// entry's position).
-    pub async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
+    pub async fn audit(&self, limit: usize, before: Option<crate::records::log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
         self.money.audit(limit, before).await
     }
 

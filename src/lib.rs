@@ -32,7 +32,7 @@ pub mod policy;
 pub mod protocol;
 pub mod records;
 
-pub mod request_log;
+pub mod request_id;
 pub mod response;
 pub mod responses;
 pub mod route;

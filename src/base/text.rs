@@ -23,3 +23,28 @@ pub fn decode_component(s: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// A URL as it may be logged: any `user:password@` removed (a collector's or a database's
+/// credentials never reach a log line). Text that is not a URL is returned as it is.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod redact_tests {
+    use super::redact_url;
+
+    #[test]
+    fn userinfo_never_survives() {
+        assert_eq!(redact_url("https://user:s3cret@collector:4318/v1/traces"), "https://collector:4318/v1/traces");
+        assert_eq!(redact_url("http://tok@host"), "http://host");
+        assert_eq!(redact_url("http://host/a@b"), "http://host/a@b", "an @ in the path is not userinfo");
+        assert_eq!(redact_url("postgres://u:p%40ss@db/x?sslmode=require"), "postgres://db/x?sslmode=require");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}

@@ -118,7 +118,7 @@ pub fn resolve(raw: Option<&RawOtlp>, env: &dyn Fn(&str) -> Option<String>) -> R
             (if protocol == Transport::Grpc { "http://localhost:4317" } else { "http://localhost:4318" }.to_string(), false)
         }
     };
-    let shown = crate::logging::redact_url(&endpoint);
+    let shown = crate::base::text::redact_url(&endpoint);
     let url = reqwest::Url::parse(&endpoint).map_err(|e| format!("telemetry.otlp.endpoint: '{shown}' is not a URL ({e})"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err(format!("telemetry.otlp.endpoint: '{shown}' must be an http:// or https:// URL with a host"));

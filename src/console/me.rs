@@ -54,7 +54,8 @@ pub async fn data(
     let budgets = crate::ledger::window_report(ledger, crate::policy::budget::Owner::Key(&key.id), &key.policy.budgets, calendar).await?;
     let recent = match requests {
         Some(log) => {
-            let filter = crate::request_log::Filter { key_id: Some(key.id.clone()), end_ms: u64::MAX, limit: RECENT, ..Default::default() };
+            let filter =
+                crate::records::log::Filter { key_id: Some(key.id.clone()), end_ms: u64::MAX, limit: RECENT, ..Default::default() };
             log.query(&filter).await?.0
         }
         None => Vec::new(),

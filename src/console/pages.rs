@@ -6,8 +6,8 @@ use super::reveal::Reveals;
 use super::{html as reply, redirect, Form, Request};
 use crate::admin::AdminApi;
 use crate::protocol::{ApiError, ErrorKind};
+use crate::records::log::{Filter, LogEntry};
 use crate::records::usage::{Grouping, Totals};
-use crate::request_log::{Filter, LogEntry};
 use crate::response::LocalResponse;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -1143,7 +1143,8 @@ async fn requests(api: &AdminApi, req: &Request) -> Page {
             filter.end_ms = clock.range_ms(q.get("to"), q.get("to")).ok_or_else(|| bad("to", "to: a date YYYY-MM-DD"))?.1;
         }
         if !q.get("cursor").is_empty() {
-            filter.before = Some(crate::request_log::Cursor::parse(q.get("cursor")).ok_or_else(|| bad("cursor", "cursor: a page's next"))?);
+            filter.before =
+                Some(crate::records::log::Cursor::parse(q.get("cursor")).ok_or_else(|| bad("cursor", "cursor: a page's next"))?);
         }
         Ok(())
     })();

@@ -310,7 +310,7 @@ impl ProxyHttp for Gateway {
     /// Pingora's default (response compression, off) and the request id of every answer.
     fn init_downstream_modules(&self, modules: &mut pingora_core::modules::http::HttpModules) {
         modules.add_module(pingora_core::modules::http::compression::ResponseCompressionBuilder::enable(0));
-        modules.add_module(Box::new(crate::request_log::RequestIdBuilder));
+        modules.add_module(Box::new(crate::request_id::RequestIdBuilder));
     }
 
     /// Never reached: `request_filter` answers every request.

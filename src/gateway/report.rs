@@ -65,14 +65,14 @@ pub(super) fn report(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) {
 fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duration) {
     // Only a request the id module never saw (none today) needs an id made here.
     let made;
-    let id = match crate::request_log::id_of(session) {
+    let id = match crate::request_id::id_of(session) {
         Some(id) => id,
         None => {
-            made = crate::request_log::new_id();
+            made = crate::request_id::new_id();
             made.as_str()
         }
     };
-    let mut entry = crate::request_log::LogLine {
+    let mut entry = crate::records::log::LogLine {
         id,
         time_ms: now_ms(),
         key_id: ctx.key.as_ref().map(|k| k.id.as_str()),
@@ -125,7 +125,7 @@ fn finish_trace(tracer: &crate::telemetry::Tracer, session: &Session, ctx: &mut 
         key_name: ctx.key.as_ref().map(|k| k.name.as_str()),
         tags: ctx.key.as_ref().map(|k| &k.policy.tags),
         refusal: ctx.reason,
-        request_id: crate::request_log::id_of(session),
+        request_id: crate::request_id::id_of(session),
         ..Default::default()
     };
     if let Some(plan) = &ctx.relayed {
@@ -174,7 +174,7 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     // A translated request names the provider's protocol.
     let translated = ctx.relayed.as_ref().and_then(|p| p.translation.as_ref()).map(|t| t.upstream.as_str());
     // The id the client got in `X-Request-Id` (the request log's too), and the upstream's own.
-    let request_id = crate::request_log::id_of(session).unwrap_or("-");
+    let request_id = crate::request_id::id_of(session).unwrap_or("-");
     let upstream_id = ctx.relayed.as_ref().and_then(|p| p.happened.upstream_request_id.as_deref());
     if crate::logging::json() {
         let mut line = serde_json::json!({

@@ -27,8 +27,8 @@ pub struct AuditEntry {
 
 impl AuditEntry {
     /// Its position in the trail.
-    pub fn cursor(&self) -> crate::request_log::Cursor {
-        crate::request_log::Cursor { time_ms: self.time_ms, seq: self.seq }
+    pub fn cursor(&self) -> crate::records::log::Cursor {
+        crate::records::log::Cursor { time_ms: self.time_ms, seq: self.seq }
     }
 
     /// The entry for `delta` on the purse `id` (a key id or `acct:<name>`) that left it at

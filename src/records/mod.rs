@@ -8,6 +8,7 @@
 
 pub mod audit;
 pub mod key;
+pub mod log;
 pub mod purse;
 pub mod task;
 pub mod usage;

@@ -296,14 +296,14 @@ impl FleetStore {
 #[async_trait::async_trait]
 impl super::RequestLogStore for FleetMoney {
     /// To the node's own tree first (the sync round ships it).
-    fn append(&self, entry: crate::request_log::LogLine<'_>) {
+    fn append(&self, entry: crate::records::log::LogLine<'_>) {
         if let Err(e) = super::sled::requests::append(&self.slot, &self.writer, entry) {
             log::warn!("request log: an entry was not written: {e}");
         }
     }
 
     /// Every node's entries: this node's are shipped first.
-    async fn query(&self, filter: &crate::request_log::Filter) -> Result<crate::request_log::Page, StoreError> {
+    async fn query(&self, filter: &crate::records::log::Filter) -> Result<crate::records::log::Page, StoreError> {
         self.ship_log().await?;
         Ok(super::postgres::requests::query(&self.fleet.pg, filter).await?)
     }
@@ -542,7 +542,7 @@ impl MoneyStore for FleetMoney {
         Ok(self.fleet.accounts.top_up(id, delta, reason).await?)
     }
 
-    async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
+    async fn audit(&self, limit: usize, before: Option<crate::records::log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
         Ok(self.fleet.accounts.audit(limit, before).await?)
     }
 

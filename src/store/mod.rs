@@ -117,7 +117,7 @@ pub trait MoneyStore: Send + Sync {
     async fn top_up(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError>;
     /// Audit entries before the position `before` (all when None), newest first, at most
     /// `limit`, each with its number.
-    async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<AuditEntry>, StoreError>;
+    async fn audit(&self, limit: usize, before: Option<crate::records::log::Cursor>) -> Result<Vec<AuditEntry>, StoreError>;
     /// Return once every booking made before this call is durable (and, in a fleet, booked
     /// into the shared database).
     async fn commit(&self) -> Result<(), StoreError>;
@@ -159,9 +159,9 @@ pub trait MoneyStore: Send + Sync {
 #[async_trait::async_trait]
 pub trait RequestLogStore: Send + Sync {
     /// Queue an entry; never waits (a failure is logged: the log never fails a request).
-    fn append(&self, entry: crate::request_log::LogLine<'_>);
+    fn append(&self, entry: crate::records::log::LogLine<'_>);
     /// Matching entries, newest first, and where the next page starts.
-    async fn query(&self, filter: &crate::request_log::Filter) -> Result<crate::request_log::Page, StoreError>;
+    async fn query(&self, filter: &crate::records::log::Filter) -> Result<crate::records::log::Page, StoreError>;
     /// Delete entries older than `before_ms`, then the oldest beyond `max`. How many.
     async fn prune_log(&self, before_ms: u64, max: usize) -> Result<usize, StoreError>;
 }

@@ -234,7 +234,7 @@ impl Sender {
         };
         Ok(Sender {
             client,
-            shown: crate::logging::redact_url(&url),
+            shown: crate::base::text::redact_url(&url),
             url,
             protocol: settings.protocol,
             headers: settings.headers.clone(),

@@ -49,7 +49,7 @@ impl Tracer {
             exporter,
             describe: format!(
                 "traces to {} ({protocol}, sample ratio {})",
-                crate::logging::redact_url(&settings.endpoint),
+                crate::base::text::redact_url(&settings.endpoint),
                 settings.sample_ratio
             ),
         })

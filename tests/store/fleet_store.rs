@@ -895,7 +895,7 @@ async fn concurrent_syncs_and_leases_never_deadlock() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_log_rows_of_either_form_read_back() {
-    use tollgate::request_log::{Filter, LogEntry};
+    use tollgate::records::log::{Filter, LogEntry};
     let server = Postgres::start();
     let db = pg(&server).await;
     let old = LogEntry {

@@ -447,7 +447,7 @@ fn the_postgres_store_keeps_spend_windows_and_accounts_over_two_nodes() {
 /// sled; two on one database for PostgreSQL): entries appended on either are read, filtered and
 /// paged together, and pruned by age and by count.
 async fn request_log_contract(stores: Vec<Arc<dyn Store>>) {
-    use tollgate::request_log::{Filter, LogEntry};
+    use tollgate::records::log::{Filter, LogEntry};
     let backend = stores[0].backend();
     for i in 0..30u64 {
         let entry = LogEntry {

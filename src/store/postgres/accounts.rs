@@ -493,7 +493,7 @@ impl FleetAccounts {
     pub async fn audit(
         &self,
         limit: usize,
-        before: Option<crate::request_log::Cursor>,
+        before: Option<crate::records::log::Cursor>,
     ) -> Result<Vec<crate::records::audit::AuditEntry>, PgError> {
         let client = self.pg.client().await?;
         let (t, n) = before

@@ -4,7 +4,7 @@
 //! node and local number, so a round retried after a lost reply stores nothing twice.
 
 use super::{Pg, PgError};
-use crate::request_log::{stored_entries, Cursor, EntryHead, Filter, LogEntry, Page};
+use crate::records::log::{stored_entries, Cursor, EntryHead, Filter, LogEntry, Page};
 
 /// Store the entries of stored batches `batches` of node `node` (their binary form as it is,
 /// with what the table indexes read from each entry's head); how many were new, and how many

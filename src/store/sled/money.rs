@@ -533,7 +533,7 @@ impl MoneyStore for SledMoney {
         Ok(entry)
     }
 
-    async fn audit(&self, limit: usize, before: Option<crate::request_log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
+    async fn audit(&self, limit: usize, before: Option<crate::records::log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {
         let mut upto = vec![0xff; 16];
         if let Some(c) = before {
             upto = c.time_ms.to_be_bytes().to_vec();
@@ -606,13 +606,13 @@ impl MoneyStore for SledMoney {
 
 #[async_trait::async_trait]
 impl crate::store::RequestLogStore for SledMoney {
-    fn append(&self, entry: crate::request_log::LogLine<'_>) {
+    fn append(&self, entry: crate::records::log::LogLine<'_>) {
         if let Err(e) = super::requests::append(&self.slot, &self.writer, entry) {
             log::warn!("request log: an entry was not written: {e}");
         }
     }
 
-    async fn query(&self, filter: &crate::request_log::Filter) -> Result<crate::request_log::Page, StoreError> {
+    async fn query(&self, filter: &crate::records::log::Filter) -> Result<crate::records::log::Page, StoreError> {
         let (slot, filter) = (self.slot.clone(), filter.clone());
         self.writer.settled().await?;
         tokio::task::spawn_blocking(move || super::requests::query(&slot, &filter))

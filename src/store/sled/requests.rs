@@ -5,7 +5,7 @@
 //! numbered as they are queued (`LogEntry::seq`), in the order they end, so the tree is in
 //! time order and a page's position is an entry's (time, number).
 
-use crate::request_log::{Cursor, Filter, LogEntry, LogLine, Page};
+use crate::records::log::{Cursor, Filter, LogEntry, LogLine, Page};
 use crate::store::commit::GROUP_SPAN_MS;
 use crate::store::{DbSlot, StoreError};
 
@@ -88,7 +88,7 @@ pub fn prune(slot: &DbSlot, before_ms: u64, max: usize) -> Result<usize, StoreEr
 }
 
 /// Batches on their way to the shared database: their keys, and their stored forms (unread:
-/// [`crate::request_log::stored_entries`] walks one).
+/// [`crate::records::log::stored_entries`] walks one).
 pub type Outbox = (Vec<sled::IVec>, Vec<sled::IVec>);
 
 /// The oldest batches, up to about `limit` entries (a fleet node ships them to the database).
@@ -99,7 +99,7 @@ pub fn oldest(slot: &DbSlot, limit: usize) -> Result<Outbox, StoreError> {
             break;
         }
         let (k, v) = item?;
-        n += crate::request_log::stored_entries(&v).count();
+        n += crate::records::log::stored_entries(&v).count();
         keys.push(k);
         batches.push(v);
     }
