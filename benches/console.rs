@@ -92,7 +92,7 @@ groups:\n  default: {{ platforms: [openai] }}\nprices:\n  alpha-5.5: {{ input: 2
         let seeded = Instant::now();
         {
             let db = sled::open(dir.path().join("data")).expect("data_dir");
-            let ledger = Arc::new(tollgate::ledger::Ledger::open(&db).expect("ledger"));
+            let ledger = Arc::new(tollgate::billing::ledger::Ledger::open(&db).expect("ledger"));
             let now_ms = tollgate::base::clock::now_ms();
             let year_ms = 365 * 86_400_000u64;
             let mut pending = Vec::new();

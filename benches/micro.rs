@@ -5,9 +5,9 @@
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
-use tollgate::auth::KeyIndex;
+use tollgate::access::auth::KeyIndex;
+use tollgate::billing::meter::{Shape, UsageScanner};
 use tollgate::config::KeyConfig;
-use tollgate::meter::{Shape, UsageScanner};
 use tollgate::route::classify;
 use tollgate::store::sled::{keys::SledKeys, SledDb};
 use tollgate::upstream::body_fields;

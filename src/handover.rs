@@ -15,7 +15,7 @@
 //! user (`SO_PEERCRED`); a connection opens with `auth <secret>`; lines are at most
 //! [`MAX_LINE`] bytes; anything else is refused and logged.
 
-use crate::ledger::Ledger;
+use crate::billing::ledger::Ledger;
 use crate::records::task::Task;
 use crate::records::usage::UsageRecord;
 use crate::store::StoreError;
@@ -275,7 +275,7 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     fn booking(key: &str) -> UsageRecord {
-        crate::ledger::tests::record(key, "m", 10, crate::base::clock::now_ms())
+        crate::billing::ledger::tests::record(key, "m", 10, crate::base::clock::now_ms())
     }
 
     struct Running {
@@ -323,7 +323,7 @@ mod tests {
         assert_eq!(mode(&r.socket), 0o600);
         assert_eq!(mode(&r.socket.with_file_name(SECRET)), 0o600);
         send(&r.socket, &Message::Booking(Box::new(booking("k")))).await.expect("delivered");
-        assert_eq!(crate::ledger::tests::records(&r.db, "k").expect("records").len(), 1);
+        assert_eq!(crate::billing::ledger::tests::records(&r.db, "k").expect("records").len(), 1);
     }
 
     #[tokio::test]
@@ -334,7 +334,7 @@ mod tests {
             let answer = raw(&r.socket, &[first, line.as_bytes()]).await;
             assert_eq!(answer, "error: unauthenticated");
         }
-        assert!(crate::ledger::tests::records(&r.db, "k").expect("records").is_empty());
+        assert!(crate::billing::ledger::tests::records(&r.db, "k").expect("records").is_empty());
     }
 
     #[tokio::test]
@@ -347,6 +347,6 @@ mod tests {
         let long = vec![b'x'; MAX_LINE + 10];
         let answer = raw(&r.socket, &[auth.as_bytes(), &long]).await;
         assert!(answer.starts_with("error:") && answer.contains("longer than"), "{answer}");
-        assert!(crate::ledger::tests::records(&r.db, "k").expect("records").is_empty());
+        assert!(crate::billing::ledger::tests::records(&r.db, "k").expect("records").is_empty());
     }
 }

@@ -10,39 +10,22 @@
 /// `0.1.0 (commit)`: the version and the commit the binary was built from.
 pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TOLLGATE_COMMIT"), ")");
 
+pub mod access;
 pub mod admin;
-
-pub mod auth;
 pub mod base;
 pub mod billing;
-pub mod body;
 pub mod config;
-pub mod console;
-pub mod gateway;
+pub mod edge;
 pub mod handover;
+pub mod observe;
 
-pub mod ledger;
-pub mod limits;
-pub mod listener;
-pub mod local;
-pub mod logging;
-pub mod meter;
-pub mod metrics;
 pub mod policy;
 pub mod protocol;
 pub mod records;
 
-pub mod request_id;
-pub mod response;
-pub mod responses;
 pub mod route;
-pub mod scrape;
-pub mod secrets;
 pub mod server;
-pub mod storage;
 pub mod store;
-pub mod telemetry;
-pub mod tls;
 pub mod translate;
 pub mod upstream;
 pub mod video;

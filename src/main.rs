@@ -42,7 +42,7 @@ see README.md, \"Keys and the admin API\".
 ";
 
 fn main() {
-    tollgate::logging::init("info");
+    tollgate::observe::logging::init("info");
     let args: Vec<String> = std::env::args().collect();
     // `--help` and `--version` anywhere on a start's line are tollgate's own (Pingora's parser
     // would print its help, or refuse `-t --version`); a `store` line has its own.

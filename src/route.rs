@@ -115,8 +115,8 @@ impl Route {
     }
 
     /// How the response of a relayed route reports usage.
-    pub fn usage_shape(&self) -> Option<crate::meter::Shape> {
-        use crate::meter::Shape;
+    pub fn usage_shape(&self) -> Option<crate::billing::meter::Shape> {
+        use crate::billing::meter::Shape;
         match self {
             Route::ChatCompletions => Some(Shape::Chat),
             Route::Responses | Route::ResponsesCompact => Some(Shape::Responses),
@@ -389,7 +389,7 @@ mod tests {
             assert_eq!(classify(m, p), Route::NotFound { shape: Protocol::Openai }, "{m} {p}");
         }
         assert!(!stored("r", ResponseOp::Get).billed() && !Route::ResponsesInputTokens.billed() && Route::ResponsesCompact.billed());
-        assert_eq!(Route::ResponsesCompact.usage_shape(), Some(crate::meter::Shape::Responses));
+        assert_eq!(Route::ResponsesCompact.usage_shape(), Some(crate::billing::meter::Shape::Responses));
         assert_eq!(stored("r", ResponseOp::Cancel).relay_protocol(), Some(Protocol::Openai));
     }
 

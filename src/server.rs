@@ -1,20 +1,20 @@
 //! Wiring: configuration → database → key index → catalog → Pingora server and services.
 
-use crate::admin::AdminApi;
-use crate::auth::{seed_key_id, KeyIndex};
+use crate::access::auth::{seed_key_id, KeyIndex};
+use crate::access::limits::Limits;
+use crate::admin::api::AdminApi;
 use crate::base::clock::now_ms;
 use crate::base::clock::now_unix;
 use crate::base::money::usd_to_nanos;
+use crate::billing::ledger::{Ledger, PriceBook};
 use crate::config::Config;
-use crate::gateway::Gateway;
-use crate::ledger::{Ledger, PriceBook};
-use crate::limits::Limits;
-use crate::metrics::Metrics;
-use crate::storage::ObjectStore;
+use crate::edge::gateway::Gateway;
+use crate::observe::metrics::Metrics;
 use crate::store::sled::{SledDb, SledStore};
 use crate::store::Store;
 use crate::upstream::Routing;
 use crate::upstream::{Catalog, DnsRefresh};
+use crate::video::storage::ObjectStore;
 use crate::video::{VideoPoller, VideoService};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -77,7 +77,7 @@ impl BackgroundService for Retention {
 /// through the hand-over socket (see `handover`).
 struct Drain {
     /// Spans still queued are exported before the exit (at most `SPAN_FLUSH_WAIT`).
-    tracer: Option<Arc<crate::telemetry::Tracer>>,
+    tracer: Option<Arc<crate::observe::telemetry::Tracer>>,
     metrics: Arc<Metrics>,
     local: SledDb,
     ledger: Arc<Ledger>,
@@ -226,7 +226,7 @@ struct Reload {
     keys: Arc<KeyIndex>,
     ledger: Arc<Ledger>,
     /// The HTTPS listener's certificate, re-read on every reload.
-    certificate: Option<Arc<crate::tls::ReloadableCert>>,
+    certificate: Option<Arc<crate::base::tls::ReloadableCert>>,
     /// Provider health, kept for the providers that remain.
     health: Arc<crate::upstream::health::HealthBook>,
 }
@@ -263,7 +263,7 @@ impl Reload {
         for warning in config.expired_keys(crate::base::clock::now_unix()) {
             log::warn!("{warning}");
         }
-        crate::logging::set_json(config.log_format == crate::config::LogFormat::Json);
+        crate::observe::logging::set_json(config.log_format == crate::config::LogFormat::Json);
         let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
         self.health.retain(&names);
         self.routing.store(Arc::new(routing));
@@ -424,7 +424,7 @@ fn bind_only(addr: std::net::SocketAddr) -> std::io::Result<socket2::Socket> {
 
 /// Serve a local service (see `local`: the admin API, the metrics listener) on `addr`, under
 /// the same connection bounds as the public listener.
-fn add_local<T: crate::local::Answer>(
+fn add_local<T: crate::edge::local::Answer>(
     server: &mut Server,
     config: &Config,
     metrics: &Arc<Metrics>,
@@ -433,7 +433,7 @@ fn add_local<T: crate::local::Answer>(
     addr: std::net::SocketAddr,
 ) {
     let mut service =
-        crate::listener::service(&server.configuration, crate::local::Local(answer), name, &config.connections, metrics, false);
+        crate::edge::listener::service(&server.configuration, crate::edge::local::Local(answer), name, &config.connections, metrics, false);
     service.add_tcp(&addr.to_string());
     server.add_service(service);
 }
@@ -442,12 +442,12 @@ fn add_local<T: crate::local::Answer>(
 pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
     let config = Config::load(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
-    crate::logging::set_json(config.log_format == crate::config::LogFormat::Json);
+    crate::observe::logging::set_json(config.log_format == crate::config::LogFormat::Json);
     let conf = server_conf(&config)?;
     // The certificate is part of what `-t` checks (a reload must not start a process that
     // cannot serve TLS).
     let certificate = match &config.tls {
-        Some(t) => Some(Arc::new(crate::tls::ReloadableCert::load(&t.cert, &t.key)?)),
+        Some(t) => Some(Arc::new(crate::base::tls::ReloadableCert::load(&t.cert, &t.key)?)),
         None => None,
     };
     if opt.test {
@@ -481,10 +481,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     // Listening sockets first: in an upgrade (-u) this waits for the old process to pass them,
     // then the database, which the old process releases when it stops accepting.
     let upgrading = opt.upgrade;
-    let body_limits = crate::body::BodyLimits {
+    let body_limits = crate::edge::body::BodyLimits {
         max_bytes: config.max_body_bytes,
         read_timeout: config.body_read_timeout,
-        budget: crate::body::BodyBudget::new(config.max_buffered_body_bytes),
+        budget: crate::edge::body::BodyBudget::new(config.max_buffered_body_bytes),
     };
     let listen = config.listen;
     let connections = config.connections.clone();
@@ -533,7 +533,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     let metrics = Arc::new(Metrics::default());
     let tracer = match &config.otlp {
-        Some(settings) => Some(Arc::new(crate::telemetry::Tracer::start(settings, &metrics)?)),
+        Some(settings) => Some(Arc::new(crate::observe::telemetry::Tracer::start(settings, &metrics)?)),
         None => None,
     };
     let health = Arc::new(crate::upstream::health::HealthBook::new(metrics.clone()));
@@ -570,7 +570,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         }
         server.add_service(background_service("video poller", VideoPoller { service: svc.clone() }));
     }
-    let scrape = Arc::new(crate::scrape::Scrape {
+    let scrape = Arc::new(crate::admin::scrape::Scrape {
         metrics: metrics.clone(),
         keys: keys.clone(),
         local: local.clone(),
@@ -579,14 +579,14 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         video: video.clone(),
     });
     if let Some(m) = &config.metrics {
-        let listener = crate::scrape::MetricsListener { scrape: scrape.clone(), token: m.token.clone(), allow: m.allow.clone() };
+        let listener = crate::admin::scrape::MetricsListener { scrape: scrape.clone(), token: m.token.clone(), allow: m.allow.clone() };
         add_local(&mut server, &config, &metrics, listener, "tollgate metrics", m.listen);
     }
     if let Some(admin) = &config.admin {
         let token = match &admin.token {
             Some(token) => token.clone(),
             None => {
-                let (token, path, made) = crate::admin::token_file(&config.data_dir)?;
+                let (token, path, made) = crate::admin::api::token_file(&config.data_dir)?;
                 let why = match &admin.token_env {
                     Some(name) => format!("admin.token_env names {name}, which is not set"),
                     None => "admin.token is not set".to_string(),
@@ -615,10 +615,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
             request_log_max: config.console.request_log_max,
             scrape: scrape.clone(),
         };
-        add_local(&mut server, &config, &metrics, crate::console::AdminListener::new(api), "tollgate admin", admin.listen);
+        add_local(&mut server, &config, &metrics, crate::admin::console::AdminListener::new(api), "tollgate admin", admin.listen);
     }
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let keyless_per_minute = crate::gateway::keyless_per_minute(config.console.request_log_max, config.console.request_log_days);
+    let keyless_per_minute = crate::edge::gateway::keyless_per_minute(config.console.request_log_max, config.console.request_log_days);
     let drain = Drain {
         tracer: tracer.clone(),
         metrics: metrics.clone(),
@@ -658,7 +658,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         keys,
         body: body_limits,
         video,
-        owners: crate::responses::Owners::new(ledger.clone()),
+        owners: crate::access::owners::Owners::new(ledger.clone()),
         ledger,
         limits: Arc::new(match &fleet {
             Some(node) => Limits::for_fleet(node.fleet.clone()),
@@ -666,14 +666,14 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         }),
         metrics,
         connector,
-        usage_queries: crate::limits::UsageTurns::default(),
+        usage_queries: crate::access::limits::UsageTurns::default(),
         drain: drain_time,
         closing,
         requests: log_requests.then(|| store.requests()),
         tracer: tracer.clone(),
-        keyless: crate::gateway::KeylessRefusals::new(keyless_per_minute),
+        keyless: crate::edge::gateway::KeylessRefusals::new(keyless_per_minute),
     };
-    let mut proxy = crate::listener::service(&server.configuration, gateway, "tollgate", &connections, &listener_metrics, true);
+    let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &listener_metrics, true);
     if let Some(addr) = listen {
         proxy.add_tcp(&addr.to_string());
     }

@@ -3,7 +3,7 @@
 #![no_main]
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use tollgate::meter::{Shape, UsageScanner};
+use tollgate::billing::meter::{Shape, UsageScanner};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&cut_seed, body)) = data.split_first() else { return };

@@ -17,3 +17,11 @@ pub fn date_in(secs: u64, tz: &jiff::tz::TimeZone) -> String {
         Err(_) => "9999-12-31".to_string(),
     }
 }
+
+/// Unix milliseconds as `YYYY-MM-DD HH:MM:SS` in `tz`.
+pub fn time_in(ms: u64, tz: &jiff::tz::TimeZone) -> String {
+    match jiff::Timestamp::from_millisecond(i64::try_from(ms).unwrap_or(i64::MAX)) {
+        Ok(ts) => ts.to_zoned(tz.clone()).strftime("%Y-%m-%d %H:%M:%S").to_string(),
+        Err(_) => "—".to_string(),
+    }
+}

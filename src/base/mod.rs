@@ -10,5 +10,7 @@
 pub mod clock;
 pub mod codec;
 pub mod money;
+pub mod secrets;
 pub mod text;
+pub mod tls;
 pub mod usage;

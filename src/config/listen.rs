@@ -30,7 +30,7 @@ pub(super) fn front(
     let tls = match tls {
         Some(t) => {
             // Checked now so that a bad file is refused at start and on reload.
-            crate::tls::ReloadableCert::load(&t.cert, &t.key).map_err(ConfigError)?;
+            crate::base::tls::ReloadableCert::load(&t.cert, &t.key).map_err(ConfigError)?;
             Some(TlsConfig { listen: parse_addr("tls.listen", &t.listen)?, cert: t.cert, key: t.key })
         }
         None => None,

@@ -89,7 +89,7 @@ pub(super) fn fleet_config(raw: Option<RawStore>, env: &dyn Fn(&str) -> Option<S
     // database itself is opened by the store.
     url.parse::<tokio_postgres::Config>().map_err(|e| ConfigError(format!("store.postgres.url: {e}")))?;
     if let Some(pem) = &ca_pem {
-        crate::tls::pem_certificates(pem, "ca_file").map_err(|e| ConfigError(format!("store.postgres.{e}")))?;
+        crate::base::tls::pem_certificates(pem, "ca_file").map_err(|e| ConfigError(format!("store.postgres.{e}")))?;
     }
     let postgres = PgSettings { url, pool_size, ca_pem };
     let node_id = match raw.node_id {

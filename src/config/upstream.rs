@@ -25,7 +25,9 @@ pub(super) fn providers(raw: Vec<RawProvider>, env: &dyn Fn(&str) -> Option<Stri
         let api_keys = upstream_keys(&at, p.api_key.take(), p.api_key_env.take(), p.api_keys.take(), p.api_keys_env.take(), env)?;
         provider_bounds(&at, &p)?;
         let ca = match &p.ca_file {
-            Some(path) if base_url.tls => Some(crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{at}.ca_file: {e}")))?),
+            Some(path) if base_url.tls => {
+                Some(crate::base::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{at}.ca_file: {e}")))?)
+            }
             Some(_) => return err(format!("{at}.ca_file: only for an https base_url")),
             None => None,
         };

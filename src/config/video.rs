@@ -229,6 +229,6 @@ pub(super) fn video_config(v: RawVideo, env: &dyn Fn(&str) -> Option<String>) ->
 /// The PEM text of a CA bundle, checked to hold certificates; errors name `key_path`.
 fn ca_pem_file(key_path: &str, path: Option<&Path>) -> Result<Option<String>, ConfigError> {
     let Some(path) = path else { return Ok(None) };
-    crate::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{key_path}: {e}")))?;
+    crate::base::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{key_path}: {e}")))?;
     std::fs::read_to_string(path).map(Some).map_err(|e| ConfigError(format!("{key_path}: {e}")))
 }

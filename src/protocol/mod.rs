@@ -7,6 +7,7 @@
 pub mod anthropic;
 pub mod gemini;
 pub mod openai;
+pub mod response;
 pub mod scan;
 pub mod upstream_error;
 

@@ -134,7 +134,7 @@ impl Fleet {
         let id = match meta.get(JOURNAL_ID)? {
             Some(v) => String::from_utf8_lossy(&v).into_owned(),
             None => {
-                let fresh = crate::secrets::random_base62(16);
+                let fresh = crate::base::secrets::random_base62(16);
                 meta.insert(JOURNAL_ID, fresh.as_bytes())?;
                 db.db()?.flush()?;
                 fresh
@@ -361,7 +361,7 @@ impl FleetMoney {
         let owed_from = db.db()?.generate_id()?;
         let writer = crate::store::commit::Writer::start(db.clone(), policy.interval, !policy.sync)
             .map_err(|e| StoreError::Corrupt(format!("cannot start the commit writer: {e}")))?;
-        let drain_journal = format!("{journal_id}/drain-{}", crate::secrets::random_base62(12));
+        let drain_journal = format!("{journal_id}/drain-{}", crate::base::secrets::random_base62(12));
         Ok(FleetMoney {
             fleet,
             slot: db.clone(),

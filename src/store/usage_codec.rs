@@ -243,7 +243,7 @@ mod tests {
 
     /// The optional fields absent.
     fn bare() -> UsageRecord {
-        crate::ledger::tests::record("key_1", "alpha-5.5", -1_500, 1_764_000_000_123)
+        crate::billing::ledger::tests::record("key_1", "alpha-5.5", -1_500, 1_764_000_000_123)
     }
 
     #[test]

@@ -419,7 +419,7 @@ pub fn count_answer(client: Dialect, tokens: u64) -> Value {
 /// tollgate's estimate of a request's input tokens, for a provider whose protocol has no
 /// count (chat completions): one token per four bytes of the request body as the client sent it.
 pub fn count_estimate(t: &Translation, client_body_len: usize) -> Value {
-    count_answer(t.client, crate::meter::tokens_from_bytes(client_body_len as u64))
+    count_answer(t.client, crate::billing::meter::tokens_from_bytes(client_body_len as u64))
 }
 
 /// Translate a whole (non-streamed) successful answer.

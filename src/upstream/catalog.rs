@@ -29,7 +29,7 @@ pub struct Upstream {
     /// The `Host` header's value, built once.
     pub(super) host_value: http::HeaderValue,
     /// Its attributes on an attempt's client span, encoded once.
-    pub span_attrs: crate::telemetry::Attrs,
+    pub span_attrs: crate::observe::telemetry::Attrs,
 }
 
 impl Upstream {
@@ -39,8 +39,8 @@ impl Upstream {
         config.name.hash(&mut h);
         let seam = super::seam::for_provider(&config);
         let host_value = http::HeaderValue::from_str(&config.base_url.host_header()).unwrap_or_else(|_| http::HeaderValue::from_static(""));
-        let span_attrs = crate::telemetry::Upstream {
-            gen_ai_provider: crate::metrics::gen_ai_provider(config.protocol),
+        let span_attrs = crate::observe::telemetry::Upstream {
+            gen_ai_provider: crate::observe::metrics::gen_ai_provider(config.protocol),
             name: &config.name,
             host: &config.base_url.host,
             port: config.base_url.port,

@@ -13,7 +13,7 @@
 //! keeps it for the providers that remain (and for their keys while the pool keeps its size).
 //! The breaker logic takes the time as an argument and is unit-tested without clocks.
 
-use crate::metrics::{Counter, Metrics};
+use crate::observe::metrics::{Counter, Metrics};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};

@@ -31,7 +31,7 @@ pub use crate::protocol::{body_fields, BodyFields};
 /// A request keeps the snapshot it started with.
 pub struct Routing {
     pub catalog: Arc<Catalog>,
-    pub prices: Arc<crate::ledger::PriceBook>,
+    pub prices: Arc<crate::billing::ledger::PriceBook>,
     /// Output tokens held (and asked for) per choice for a request that names no maximum, when
     /// neither its key nor its model sets one (`billing.default_output_tokens`).
     pub default_output_tokens: u64,
@@ -92,7 +92,7 @@ prices:
         let config = config();
         Routing {
             catalog: Arc::new(Catalog::new(&config, 0, &health())),
-            prices: Arc::new(crate::ledger::PriceBook::new(&config.prices)),
+            prices: Arc::new(crate::billing::ledger::PriceBook::new(&config.prices)),
             default_output_tokens: 100,
             min_output_tokens: 10,
             max_event_bytes: crate::config::listen::DEFAULT_MAX_EVENT_BYTES,
@@ -107,7 +107,7 @@ prices:
     }
 
     fn health() -> crate::upstream::health::HealthBook {
-        crate::upstream::health::HealthBook::new(Arc::new(crate::metrics::Metrics::default()))
+        crate::upstream::health::HealthBook::new(Arc::new(crate::observe::metrics::Metrics::default()))
     }
 
     fn body(v: serde_json::Value) -> bytes::Bytes {

@@ -5,20 +5,21 @@
 
 pub mod http;
 pub mod request;
+pub mod storage;
 pub mod store;
 pub mod tc3;
 pub mod upstream;
 
 use crate::base::clock::now_ms;
 use crate::base::clock::now_unix;
+use crate::billing::ledger::Ledger;
 use crate::config::VideoConfig;
-use crate::ledger::Ledger;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
 use crate::records::task::{Event, Status, Task, TaskError};
 use crate::records::usage::UsageRecord;
-use crate::storage::ObjectStore;
 use crate::store::StoreError;
+use crate::video::storage::ObjectStore;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use pingora_core::server::ShutdownWatch;
@@ -36,7 +37,7 @@ pub const RESULT_URL_TTL_SECS: u64 = 24 * 3600;
 
 /// `task_` + 28 random base62 characters (~166 bits).
 pub fn new_task_id() -> String {
-    format!("task_{}", crate::secrets::random_base62(28))
+    format!("task_{}", crate::base::secrets::random_base62(28))
 }
 
 fn internal(e: StoreError) -> ApiError {
@@ -250,7 +251,7 @@ impl VideoService {
         let Some(storage) = &self.storage else { return Ok(()) };
         for (i, image) in std::mem::take(&mut sub.uploads).into_iter().enumerate() {
             let key = format!("tmp/{}/{i}.{}", task.id, image.extension);
-            let failed = |e: crate::storage::StorageError| {
+            let failed = |e: crate::video::storage::StorageError| {
                 log::warn!("video task {}: storing {} failed: {e}", task.id, image.field);
                 ApiError::new(
                     ErrorKind::BadGateway,

@@ -1,6 +1,6 @@
 //! Tencent Cloud API 3.0 request signing (TC3-HMAC-SHA256). Pure.
 
-use crate::auth::hex;
+use crate::access::auth::hex;
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 

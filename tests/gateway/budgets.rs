@@ -112,7 +112,7 @@ async fn a_day_budget_answers_429_until_the_window_ends_and_survives_a_restart()
     gw.start_again();
     assert_eq!(chat(&gw, DAILY_KEY).await.status(), 429, "a restart resets nothing");
     // Raising the cap through the admin API applies at once to what the window spent.
-    let id = tollgate::auth::seed_key_id(DAILY_KEY);
+    let id = tollgate::access::auth::seed_key_id(DAILY_KEY);
     let (status, view) =
         admin(admin_port, reqwest::Method::PATCH, &format!("/admin/keys/{id}"), Some(json!({"budgets": {"day": 1.0}}))).await;
     assert_eq!(status, 200, "{view}");
@@ -192,7 +192,7 @@ async fn keys_of_an_account_share_its_balance_tags_group_usage_and_top_ups_are_a
     assert_eq!(status, 200);
     assert_eq!(chat(&gw, TEAM_B).await.status(), 200);
     assert_eq!(chat(&gw, TEAM_A).await.status(), 200);
-    let key_a = tollgate::auth::seed_key_id(TEAM_A);
+    let key_a = tollgate::access::auth::seed_key_id(TEAM_A);
     let (status, _) = admin(
         admin_port,
         reqwest::Method::PATCH,

@@ -599,6 +599,6 @@ async fn admin_api_reads_renames_revokes_rotates_and_reports_usage() {
     let (_, kept) = send(Method::GET, &format!("/admin/keys/{id}/usage"), None).await;
     assert_eq!(kept["total"]["requests"], 4, "records kept: {kept}");
     // A key from the file is rotated in the file.
-    let file_key = tollgate::auth::seed_key_id(CLIENT_KEY);
+    let file_key = tollgate::access::auth::seed_key_id(CLIENT_KEY);
     assert_eq!(send(Method::POST, &format!("/admin/keys/{file_key}/rotate"), Some(json!({}))).await.0, 409);
 }

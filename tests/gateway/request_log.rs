@@ -94,7 +94,7 @@ async fn every_answer_has_a_request_id_and_the_log_keeps_each_request() {
     // Filters and pages.
     let (_, fours) = admin(admin_port, "/admin/requests?status=4xx").await;
     assert_eq!(fours["data"].as_array().map(Vec::len), Some(1));
-    let key_id = tollgate::auth::seed_key_id(CLIENT_KEY);
+    let key_id = tollgate::access::auth::seed_key_id(CLIENT_KEY);
     let (_, mine) = admin(admin_port, &format!("/admin/requests?key={key_id}&model=alpha-5.5")).await;
     assert_eq!(mine["data"].as_array().map(Vec::len), Some(1), "{mine}");
     let mut seen = Vec::new();

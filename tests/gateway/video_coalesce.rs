@@ -5,8 +5,8 @@ use crate::common::*;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use tollgate::billing::ledger::Ledger;
 use tollgate::config::{BaseUrl, VideoConfig};
-use tollgate::ledger::Ledger;
 use tollgate::records::key::KeyRecord;
 use tollgate::video::VideoService;
 

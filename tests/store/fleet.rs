@@ -90,7 +90,7 @@ async fn leased(pg: &Pg, key_id: &str) -> (i64, i64) {
 }
 
 fn key_id(secret: &str) -> String {
-    tollgate::auth::seed_key_id(secret)
+    tollgate::access::auth::seed_key_id(secret)
 }
 
 async fn admin(

@@ -195,7 +195,7 @@ async fn a_sync_round_renews_and_gives_back_quiet_and_exact_leases_and_costs_ove
 
 /// A key hash as the index keeps it (hex of the secret's SHA-256).
 fn h(secret: &str) -> String {
-    tollgate::auth::hex(&tollgate::auth::hash_key(secret))
+    tollgate::access::auth::hex(&tollgate::access::auth::hash_key(secret))
 }
 
 fn record(id: &str, hash: &str, enabled: bool) -> KeyRecord {

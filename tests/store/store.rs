@@ -6,10 +6,10 @@
 use crate::common::postgres::Postgres;
 use std::sync::Arc;
 use std::time::Duration;
-use tollgate::auth::{hash_key, hex};
+use tollgate::access::auth::{hash_key, hex};
+use tollgate::billing::ledger::Ledger;
 use tollgate::config::PgSettings;
 use tollgate::config::{CommitPolicy, FleetConfig};
-use tollgate::ledger::Ledger;
 use tollgate::records::key::{KeyLookup, KeyOrigin, KeyRecord};
 use tollgate::records::task::Capability;
 use tollgate::records::task::{Status, Task};

@@ -43,7 +43,7 @@ struct Args {
 }
 
 fn main() {
-    tollgate::logging::init("warn");
+    tollgate::observe::logging::init("warn");
     let args = Args::parse();
     // SIGTERM stops the mock at once (Pingora's defaults wait a minute for a grace period).
     let conf = ServerConf {

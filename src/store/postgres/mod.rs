@@ -287,7 +287,7 @@ const MIGRATION_LOCK: i64 = 0x7011_6a7e_0001;
 fn tls(settings: &PgSettings) -> Result<tokio_postgres_rustls::MakeRustlsConnect, PgError> {
     let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.to_vec() };
     if let Some(pem) = &settings.ca_pem {
-        for der in crate::tls::pem_certificates(pem, "ca_file").map_err(PgError::Config)? {
+        for der in crate::base::tls::pem_certificates(pem, "ca_file").map_err(PgError::Config)? {
             roots.add(rustls::pki_types::CertificateDer::from(der)).map_err(|e| PgError::Config(format!("ca_file: {e}")))?;
         }
     }

@@ -130,12 +130,12 @@ mod tests {
     #[tokio::test]
     async fn keys_round_trip_across_reopen_and_are_found_by_hash() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let hash = crate::auth::hash_key("sk-round-trip");
+        let hash = crate::access::auth::hash_key("sk-round-trip");
         let rec = KeyRecord {
             id: "key_1".into(),
             name: "demo".into(),
             group: "default".into(),
-            key_hash: crate::auth::hex(&hash),
+            key_hash: crate::access::auth::hex(&hash),
             rpm: Some(60),
             tpm: None,
             enabled: true,

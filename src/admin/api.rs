@@ -1,0 +1,955 @@
+//! The admin listener (loopback only): key management with the admin token, `/metrics`,
+//! `/healthz`. Changes take effect on the next request: the key index is reloaded in memory.
+
+use crate::access::auth::{hash_key, hex, KeyIndex};
+use crate::base::clock::now_unix;
+use crate::base::money::usd;
+use crate::billing::ledger::Ledger;
+use crate::observe::metrics::Metrics;
+use crate::protocol::response::LocalResponse;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::store::sled::SledDb;
+use crate::store::Store;
+use pingora_error::Result;
+use pingora_proxy::Session;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+const MAX_ADMIN_BODY: usize = 64 * 1024;
+pub(crate) use crate::base::secrets::{random_base62, token_matches};
+
+pub struct AdminApi {
+    pub token: String,
+    /// `Host` names accepted besides localhost and loopback literals (`admin.hosts`).
+    pub hosts: Vec<String>,
+    /// This node's sled database (in a fleet: its journal).
+    pub local: SledDb,
+    /// Where keys, money and tasks are kept.
+    pub store: Arc<dyn Store>,
+    pub keys: Arc<KeyIndex>,
+    pub ledger: Arc<Ledger>,
+    /// For the groups that exist now (they change on reload).
+    pub routing: Arc<arc_swap::ArcSwap<crate::upstream::Routing>>,
+    pub metrics: Arc<Metrics>,
+    /// Provider health, for its state gauges.
+    pub health: Arc<crate::upstream::health::HealthBook>,
+    pub video: Option<Arc<crate::video::VideoService>>,
+    /// `console.request_log_days` and `console.request_log_max`, as the console says them.
+    pub request_log_days: u64,
+    pub request_log_max: usize,
+    /// `/metrics` (see `scrape`).
+    pub scrape: Arc<crate::admin::scrape::Scrape>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CreateKey {
+    name: String,
+    /// `default` when left out (and such a group exists).
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    rpm: Option<u32>,
+    #[serde(default)]
+    tpm: Option<u64>,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
+    /// RFC 3339 (or `ttl_secs` from now).
+    #[serde(default)]
+    expires_at: Option<String>,
+    #[serde(default)]
+    ttl_secs: Option<u64>,
+    #[serde(default)]
+    models: Option<crate::policy::ModelRules>,
+    #[serde(default)]
+    ip_allow: Option<Vec<String>>,
+    /// USD.
+    #[serde(default)]
+    max_request_cost: Option<f64>,
+    #[serde(default)]
+    max_output_tokens: Option<u64>,
+    #[serde(default)]
+    default_output_tokens: Option<u64>,
+    #[serde(default)]
+    budgets: Option<crate::policy::budget::BudgetsInput>,
+    #[serde(default)]
+    account: Option<String>,
+    #[serde(default)]
+    tags: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// `POST /admin/accounts`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateAccount {
+    name: String,
+    /// USD.
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    budgets: Option<crate::policy::budget::BudgetsInput>,
+}
+
+/// `PATCH /admin/accounts/{name}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PatchAccount {
+    #[serde(default)]
+    balance_delta: Option<f64>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default, deserialize_with = "double_option")]
+    budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
+}
+
+/// A `PATCH` field: absent leaves `slot`, `null` clears it, a value sets it.
+fn patched<T>(slot: &mut Option<T>, patch: Option<Option<T>>) {
+    if let Some(value) = patch {
+        *slot = value;
+    }
+}
+
+/// `Some(None)` clears a limit; absent leaves it.
+fn double_option<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PatchKey {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    balance_delta: Option<f64>,
+    /// Why the balance moves (the audit trail keeps it).
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default, deserialize_with = "double_option")]
+    rpm: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "double_option")]
+    tpm: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    max_concurrent: Option<Option<u32>>,
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default, deserialize_with = "double_option")]
+    expires_at: Option<Option<String>>,
+    #[serde(default)]
+    ttl_secs: Option<u64>,
+    #[serde(default, deserialize_with = "double_option")]
+    models: Option<Option<crate::policy::ModelRules>>,
+    #[serde(default, deserialize_with = "double_option")]
+    ip_allow: Option<Option<Vec<String>>>,
+    #[serde(default, deserialize_with = "double_option")]
+    max_request_cost: Option<Option<f64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    max_output_tokens: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    default_output_tokens: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
+    #[serde(default, deserialize_with = "double_option")]
+    account: Option<Option<String>>,
+    #[serde(default, deserialize_with = "double_option")]
+    tags: Option<Option<std::collections::BTreeMap<String, String>>>,
+}
+
+/// `GET /admin/requests`' query: `key` (a key id), `model`, `status` (`2xx`, `4xx`, `5xx`),
+/// `start` and `end` (unix seconds), `limit` (1 to 500, 50 by default), `cursor` (a page's
+/// `next`).
+fn request_filter(query: Option<&str>) -> std::result::Result<crate::records::log::Filter, ApiError> {
+    let (start_ms, end_ms) = crate::billing::ledger::usage_window(query)?;
+    let mut f = crate::records::log::Filter { start_ms, end_ms, limit: 50, ..Default::default() };
+    for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = crate::base::text::decode_component(value);
+        match name {
+            "key" => f.key_id = Some(value),
+            "model" => f.model = Some(value),
+            "status" => {
+                let class = value.strip_suffix("xx").unwrap_or(&value);
+                f.status_class = Some(match class {
+                    "2" | "3" | "4" | "5" => class.parse().unwrap_or(0),
+                    _ => return Err(bad("status: 2xx, 3xx, 4xx or 5xx").with_param("status")),
+                });
+            }
+            "limit" => {
+                f.limit = value.parse().ok().filter(|n| (1..=500).contains(n)).ok_or_else(|| bad("limit: 1 to 500").with_param("limit"))?;
+            }
+            "cursor" => {
+                f.before = Some(
+                    crate::records::log::Cursor::parse(&value)
+                        .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
+                );
+            }
+            _ => {}
+        }
+    }
+    Ok(f)
+}
+
+/// Longest `reason` of a balance move.
+const MAX_REASON: usize = 500;
+
+/// A balance move's reason: only with a `balance_delta`, at most [`MAX_REASON`] bytes.
+fn checked_reason(reason: Option<String>, delta: Option<i64>) -> std::result::Result<Option<String>, ApiError> {
+    match (&reason, delta) {
+        (Some(_), None) => Err(bad("reason: goes with a balance_delta").with_param("reason")),
+        (Some(r), _) if r.len() > MAX_REASON => Err(bad(format!("reason: at most {MAX_REASON} bytes")).with_param("reason")),
+        _ => Ok(reason),
+    }
+}
+
+/// The expiry a request sets: `expires_at` (RFC 3339) or `ttl_secs` from now, not both.
+fn expiry_text(expires_at: Option<String>, ttl_secs: Option<u64>) -> std::result::Result<Option<String>, ApiError> {
+    match (expires_at, ttl_secs) {
+        (Some(_), Some(_)) => Err(bad("give expires_at or ttl_secs, not both").with_param("ttl_secs")),
+        (None, Some(0)) => Err(bad("ttl_secs: at least 1").with_param("ttl_secs")),
+        (None, Some(ttl)) => Ok(Some(crate::protocol::rfc3339(now_unix().saturating_add(ttl)))),
+        (at, None) => Ok(at),
+    }
+}
+
+/// A policy refused: 400 naming its field (`expires_at: …`, `models.allow: …`, `ip_allow: …`).
+use crate::policy::budget::Owner;
+
+fn policy_error(message: String) -> ApiError {
+    let field = message.split([':', '.']).next().unwrap_or_default().to_string();
+    bad(message).with_param(&field)
+}
+
+/// `POST /admin/keys/{id}/rotate`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RotateKey {
+    /// How long the previous secret stays accepted (0: not at all).
+    #[serde(default)]
+    grace_secs: u64,
+}
+
+/// Longest grace period of a rotation: 30 days.
+const MAX_GRACE_SECS: u64 = 30 * 86_400;
+/// Most days `GET /admin/usage?group_by=day` reports at once.
+const MAX_USAGE_DAYS: u64 = 366;
+/// Days `GET /admin/usage?group_by=day` reports without `start`: the last 30, today included.
+const DEFAULT_USAGE_DAYS: u64 = 30;
+
+/// A JSON body as `T`; an error names the field it is about (`param`, and the message): a
+/// type error by its path (`budgets.day`), a field's own validation by what it says.
+pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> std::result::Result<T, ApiError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
+    let value = parsed.map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match inner.classify() {
+            serde_json::error::Category::Data => {
+                // The message without serde's position (it is within the member's value).
+                let text = inner.to_string();
+                let message = text.rsplit_once(" at line ").map_or(text.as_str(), |(m, _)| m).to_string();
+                // A field's own validation says `field: …`; a type error is named by its path.
+                let own = message
+                    .split_once(": ")
+                    .map(|(f, _)| f)
+                    .filter(|f| !f.is_empty() && f.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'))
+                    .map(str::to_string);
+                let field = own.clone().or_else(|| (path != ".").then(|| path.clone()));
+                match (field, own) {
+                    (Some(field), Some(_)) => bad(format!("Invalid field: {message}")).with_param(&field),
+                    (Some(field), None) => bad(format!("Invalid field '{field}': {message}")).with_param(&field),
+                    (None, _) => bad(format!("Invalid field: {message}")),
+                }
+            }
+            _ => bad(format!("Invalid JSON: {inner}")),
+        }
+    })?;
+    de.end().map_err(|e| bad(format!("Invalid JSON: {e}")))?;
+    Ok(value)
+}
+
+fn bad(msg: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorKind::BadRequest, msg)
+}
+
+/// A store failure as the admin API answers it: the shared database out of reach is 503
+/// `store_unavailable` with `Retry-After` (the write can be sent again); anything else is 500.
+fn internal<E: std::fmt::Display + 'static>(e: E) -> ApiError {
+    if let Some(crate::store::StoreError::Shared(why)) = (&e as &dyn std::any::Any).downcast_ref::<crate::store::StoreError>() {
+        log::warn!("admin: {why}");
+        return crate::store::fleet::unavailable("its data");
+    }
+    log::error!("admin: {e}");
+    ApiError::new(ErrorKind::Internal, "Internal error.")
+}
+
+/// Whether a request's `Host` names this loopback listener: `localhost`, a loopback address
+/// literal (either with a port), or a name the operator listed. Any other name is a request a
+/// browser was steered to through DNS rebinding, and is refused.
+pub fn host_allowed(host: Option<&str>, extra: &[String]) -> bool {
+    let Some(host) = host.map(str::trim).filter(|h| !h.is_empty()) else { return false };
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        match rest.split_once(']') {
+            Some((inner, port)) if port.is_empty() || port.strip_prefix(':').is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit())) => {
+                inner
+            }
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => name,
+            Some(_) => return false,
+            None => host,
+        }
+    };
+    let name = name.to_ascii_lowercase();
+    name == "localhost" || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback()) || extra.contains(&name)
+}
+
+/// A browser's request carries `Origin`: accepted only from the admin listener's own origin
+/// (`http://` and the request's accepted `Host`), so no other page can drive the admin API.
+pub fn origin_allowed(origin: Option<&str>, host: Option<&str>) -> bool {
+    match origin {
+        None => true,
+        Some(origin) => host.is_some_and(|h| origin.eq_ignore_ascii_case(&format!("http://{h}"))),
+    }
+}
+
+/// The file that holds the admin token of a configuration that sets none.
+pub const TOKEN_FILE: &str = "admin-token";
+
+/// The admin token of a configuration that sets none: the one in `data_dir/admin-token`, or a
+/// random one written there now (mode 0600, created exclusively). Returns it, the file and
+/// whether it was made now. A file that holds no usable token is an error naming it.
+pub fn token_file(data_dir: &std::path::Path) -> Result<(String, std::path::PathBuf, bool), String> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(TOKEN_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let token = text.trim().to_string();
+            if token.chars().count() < crate::config::listen::MIN_ADMIN_TOKEN_LEN {
+                return Err(format!(
+                    "{}: holds no admin token of at least {} characters; delete it to have one generated",
+                    path.display(),
+                    crate::config::listen::MIN_ADMIN_TOKEN_LEN
+                ));
+            }
+            Ok((token, path, false))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let token = random_base62(43);
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&path)
+                .map_err(|e| format!("{}: cannot create the admin token file: {e}", path.display()))?;
+            file.write_all(format!("{token}\n").as_bytes())
+                .and_then(|()| file.sync_all())
+                .map_err(|e| format!("{}: cannot write the admin token file: {e}", path.display()))?;
+            Ok((token, path, true))
+        }
+        Err(e) => Err(format!("{}: cannot read the admin token file: {e}", path.display())),
+    }
+}
+
+fn new_secret() -> String {
+    format!("sk-tg-{}", random_base62(40))
+}
+
+/// The request's query string.
+fn req_query(session: &Session) -> Option<String> {
+    session.req_header().uri.query().map(str::to_string)
+}
+
+fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
+    if !usd.is_finite() || usd.abs() > 1e9 {
+        return Err(bad(format!("{field}: must be a finite amount of USD")));
+    }
+    Ok(crate::base::money::usd_to_nanos(usd))
+}
+
+impl AdminApi {
+    /// Ready: the database answers and every upstream host resolves.
+    fn readiness(&self) -> LocalResponse {
+        let local = self.local.db().tree("keys").map(|_| ()).map_err(|e| e.to_string());
+        let shared = self.store.readiness();
+        let database = match local.and(shared) {
+            Ok(()) => "ok".to_string(),
+            Err(e) => format!("error: {e}"),
+        };
+        let routing = self.routing.load();
+        let mut upstreams = serde_json::Map::new();
+        let mut all_resolved = true;
+        for u in &routing.catalog.upstreams {
+            let resolved = u.is_resolved();
+            all_resolved &= resolved;
+            upstreams.insert(u.config.name.clone(), json!(if resolved { "resolved" } else { "unresolved" }));
+        }
+        let ready = database == "ok" && all_resolved;
+        LocalResponse::json(
+            if ready { 200 } else { 503 },
+            &json!({"status": if ready { "ready" } else { "not ready" }, "database": database, "upstreams": upstreams}),
+        )
+    }
+
+    pub(crate) async fn view(&self, rec: &KeyRecord) -> std::result::Result<Value, ApiError> {
+        let balance = self.ledger.balance(&rec.id).await.map_err(internal)?;
+        Ok(json!({
+            "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
+            "rpm": rec.rpm, "tpm": rec.tpm, "max_concurrent": rec.max_concurrent,
+            "enabled": rec.enabled, "created_at": rec.created_at, "origin": rec.origin,
+            "revoked_at": rec.revoked_at,
+            "expires_at": rec.policy.expires_at.map(crate::protocol::rfc3339),
+            "models": rec.policy.models, "ip_allow": rec.policy.ip_allow,
+            "max_request_cost": rec.policy.max_request_cost_nanos.map(usd),
+            "max_output_tokens": rec.policy.max_output_tokens, "default_output_tokens": rec.policy.default_output_tokens,
+            "budgets": self.windows(Owner::Key(&rec.id), &rec.policy.budgets).await?,
+            "account": rec.policy.account, "tags": rec.policy.tags,
+            "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
+        }))
+    }
+
+    /// Each spend window with a cap (see `ledger::window_report`).
+    async fn windows(&self, owner: Owner<'_>, budgets: &crate::policy::budget::Budgets) -> std::result::Result<Value, ApiError> {
+        let calendar = self.routing.load().calendar.clone();
+        crate::billing::ledger::window_report(&self.ledger, owner, budgets, &calendar).await.map_err(internal)
+    }
+
+    /// A key may only name an account that exists.
+    fn check_account(&self, policy: &crate::policy::KeyPolicy) -> std::result::Result<(), ApiError> {
+        match &policy.account {
+            Some(name) if self.keys.account(name).is_none() => {
+                Err(bad(format!("account: no account named '{name}'")).with_param("account"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// An account as the admin API shows it.
+    async fn account_view(&self, account: &crate::records::key::AccountRecord) -> std::result::Result<Value, ApiError> {
+        let balance = self.ledger.balance(&crate::policy::budget::account_purse(&account.name)).await.map_err(internal)?;
+        let keys: Vec<Value> = self
+            .keys
+            .all_keys()
+            .await
+            .map_err(internal)?
+            .iter()
+            .filter(|k| k.policy.account.as_deref() == Some(account.name.as_str()))
+            .map(|k| json!({"id": k.id, "name": k.name}))
+            .collect();
+        Ok(json!({
+            "object": "account", "name": account.name, "balance": usd(balance),
+            "budgets": self.windows(Owner::Account(&account.name), &account.budgets).await?,
+            "created_at": account.created_at, "origin": account.origin, "keys": keys,
+        }))
+    }
+
+    /// The account named `name`, or the 404.
+    fn account(&self, name: &str) -> std::result::Result<std::sync::Arc<crate::records::key::AccountRecord>, ApiError> {
+        self.keys.account(name).ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No account named '{name}'.")))
+    }
+
+    /// The key with this id, or the 404.
+    pub(crate) async fn key(&self, id: &str) -> std::result::Result<KeyRecord, ApiError> {
+        self.keys
+            .all_keys()
+            .await
+            .map_err(internal)?
+            .into_iter()
+            .find(|r| r.id == id)
+            .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No key with id '{id}'.")))
+    }
+
+    /// `GET /admin/usage?group_by=key|model|day&start=&end=`: every key's usage in the window,
+    /// one row per key, model or UTC day (with `/v1/usage`'s counters).
+    async fn usage_by(&self, query: Option<&str>) -> std::result::Result<LocalResponse, ApiError> {
+        let (start, end) = crate::billing::ledger::usage_window(query)?;
+        let group_by = query.unwrap_or_default().split('&').find_map(|p| p.strip_prefix("group_by=")).unwrap_or("key").to_string();
+        self.ledger.commit_now().await.map_err(internal)?;
+        let keys = self.keys.all_keys().await.map_err(internal)?;
+        let mut total = crate::records::usage::Totals::default();
+        let mut rows: std::collections::BTreeMap<String, (Value, crate::records::usage::Totals)> = std::collections::BTreeMap::new();
+        let mut add = |label: String, tag: Value, t: &crate::records::usage::Totals| {
+            let row = rows.entry(label).or_insert_with(|| (tag, crate::records::usage::Totals::default()));
+            row.1.merge(t);
+        };
+        match group_by.as_str() {
+            "key" | "model" => {
+                for rec in &keys {
+                    let (t, by_model) = self.ledger.usage_summary(&rec.id, start, end).await.map_err(internal)?;
+                    total.merge(&t);
+                    if group_by == "key" {
+                        if t.requests > 0 || t.cost_nanos != 0 {
+                            add(rec.id.clone(), json!({"key": {"id": rec.id, "name": rec.name, "group": rec.group}}), &t);
+                        }
+                    } else {
+                        for (model, t) in &by_model {
+                            add(model.clone(), json!({"model": model}), t);
+                        }
+                    }
+                }
+            }
+            "day" => {
+                const DAY_MS: u64 = 86_400_000;
+                let end = end.min(crate::base::clock::now_ms().div_ceil(DAY_MS) * DAY_MS);
+                // Without `start`: the last DEFAULT_USAGE_DAYS days up to `end`.
+                let start = if start == 0 { (end.div_ceil(DAY_MS).saturating_sub(DEFAULT_USAGE_DAYS)) * DAY_MS } else { start };
+                let first = start / DAY_MS;
+                let days = end.div_ceil(DAY_MS).saturating_sub(first);
+                if days > MAX_USAGE_DAYS {
+                    return Err(bad(format!("group_by=day: at most {MAX_USAGE_DAYS} days from start to end")).with_param("start"));
+                }
+                // One read per key, its records grouped by UTC day (not one per key and day).
+                let by_day = crate::records::usage::Grouping::Day(jiff::tz::TimeZone::UTC);
+                for rec in &keys {
+                    let (t, days) = self.ledger.usage_grouped(&rec.id, start, end, &by_day).await.map_err(internal)?;
+                    total.merge(&t);
+                    for (day, t) in &days {
+                        if t.requests > 0 || t.cost_nanos != 0 {
+                            add(day.clone(), json!({"day": day}), t);
+                        }
+                    }
+                }
+            }
+            other => {
+                let Some(ref by @ crate::records::usage::Grouping::Tag(ref name)) = crate::records::usage::Grouping::parse(other) else {
+                    return Err(bad(format!("group_by: key, model, day or tag:<name>, not '{other}'")).with_param("group_by"));
+                };
+                for rec in &keys {
+                    let (t, by_value) = self.ledger.usage_grouped(&rec.id, start, end, by).await.map_err(internal)?;
+                    total.merge(&t);
+                    for (value, t) in &by_value {
+                        let shown = if value.is_empty() { Value::Null } else { json!(value) };
+                        add(value.clone(), json!({"tag": name, "value": shown}), t);
+                    }
+                }
+            }
+        }
+        let data: Vec<Value> = rows
+            .into_values()
+            .map(|(mut tag, t)| {
+                if let (Some(tag), Value::Object(counters)) = (tag.as_object_mut(), t.to_json()) {
+                    tag.extend(counters);
+                }
+                tag
+            })
+            .collect();
+        Ok(LocalResponse::json(200, &json!({"object": "usage", "group_by": group_by, "total": total.to_json(), "data": data})))
+    }
+
+    /// `POST /admin/keys` (and the console's form): the new key's view with its secret
+    /// (`key`), shown this once.
+    pub(crate) async fn create_key(&self, body: CreateKey) -> std::result::Result<Value, ApiError> {
+        if body.name.trim().is_empty() {
+            return Err(bad("name: must not be empty"));
+        }
+        let group = match body.group {
+            Some(group) => group,
+            None if self.routing.load().catalog.has_group("default") => "default".to_string(),
+            None => return Err(bad("group: required (there is no group named 'default')").with_param("group")),
+        };
+        if !self.routing.load().catalog.has_group(&group) {
+            return Err(bad(format!("group: no group named '{group}'")).with_param("group"));
+        }
+        let balance = to_nanos("balance", body.balance)?;
+        if balance < 0 {
+            return Err(bad("balance: must not be negative"));
+        }
+        let expires_at = expiry_text(body.expires_at, body.ttl_secs)?;
+        let input = crate::policy::PolicyInput {
+            expires_at,
+            models: body.models,
+            ip_allow: body.ip_allow,
+            max_request_cost: body.max_request_cost,
+            max_output_tokens: body.max_output_tokens,
+            default_output_tokens: body.default_output_tokens,
+            budgets: body.budgets,
+            account: body.account,
+            tags: body.tags,
+        };
+        let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
+        self.check_account(&policy)?;
+        let secret = new_secret();
+        let hash = hex(&hash_key(&secret));
+        let rec = KeyRecord {
+            id: format!("key_{}", &hash[..16]),
+            name: body.name,
+            group,
+            key_hash: hash,
+            rpm: body.rpm,
+            tpm: body.tpm,
+            enabled: true,
+            created_at: now_unix(),
+            max_concurrent: body.max_concurrent,
+            origin: crate::records::key::KeyOrigin::Admin,
+            seed_digest: None,
+            revoked_at: None,
+            rotated: None,
+            policy,
+        };
+        if body.max_concurrent == Some(0) {
+            return Err(bad("max_concurrent: at least 1"));
+        }
+        self.ledger.open_account(&rec.id, balance).await.map_err(internal)?;
+        self.keys.put_key(&rec).await.map_err(internal)?;
+        let mut v = self.view(&rec).await?;
+        v["key"] = json!(secret);
+        Ok(v)
+    }
+
+    /// `PATCH /admin/keys/{id}` (and the console's forms): the key's new view.
+    /// Revoke a key for good (its records stay); the key's view.
+    pub(crate) async fn revoke_key(&self, id: &str) -> std::result::Result<Value, ApiError> {
+        let mut rec = self.key(id).await?;
+        if rec.revoked_at.is_none() {
+            rec.revoked_at = Some(now_unix());
+            rec.enabled = false;
+            self.keys.put_key(&rec).await.map_err(internal)?;
+            log::info!("admin: key '{}' ({}) revoked", rec.name, rec.id);
+        }
+        self.view(&rec).await
+    }
+
+    /// A new secret for a key; the previous one is accepted `grace_secs` more. The key's view
+    /// with the new secret (`key`), shown this once.
+    pub(crate) async fn rotate_key(&self, id: &str, grace_secs: u64) -> std::result::Result<Value, ApiError> {
+        if grace_secs > MAX_GRACE_SECS {
+            return Err(bad(format!("grace_secs: 0 to {MAX_GRACE_SECS} (30 days)")).with_param("grace_secs"));
+        }
+        let mut rec = self.key(id).await?;
+        if rec.revoked_at.is_some() {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("Key '{id}' was revoked; create a new key.")));
+        }
+        if rec.origin == crate::records::key::KeyOrigin::Config {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("Key '{id}' comes from the configuration file: change its secret there (and reload)."),
+            ));
+        }
+        let secret = new_secret();
+        let previous = std::mem::replace(&mut rec.key_hash, hex(&hash_key(&secret)));
+        rec.rotated = (grace_secs > 0).then(|| crate::records::key::Rotation { previous_hash: previous, until: now_unix() + grace_secs });
+        self.keys.put_key(&rec).await.map_err(internal)?;
+        log::info!("admin: key '{}' ({}) rotated; the previous secret is accepted for {grace_secs} s", rec.name, rec.id);
+        let mut v = self.view(&rec).await?;
+        v["key"] = json!(secret);
+        Ok(v)
+    }
+
+    pub(crate) async fn patch_key(&self, id: &str, patch: PatchKey) -> std::result::Result<Value, ApiError> {
+        let patch_sets_expiry = patch.expires_at.is_some() || patch.ttl_secs.is_some();
+        let mut rec = self.key(id).await?;
+        if let Some(group) = patch.group {
+            if !self.routing.load().catalog.has_group(&group) {
+                return Err(bad(format!("group: no group named '{group}'")).with_param("group"));
+            }
+            rec.group = group;
+        }
+        if let Some(name) = patch.name {
+            if name.trim().is_empty() {
+                return Err(bad("name: must not be empty"));
+            }
+            rec.name = name;
+        }
+        if let Some(enabled) = patch.enabled {
+            if enabled && rec.revoked_at.is_some() {
+                return Err(ApiError::new(
+                    ErrorKind::Conflict,
+                    format!("Key '{id}' was revoked; revoked keys stay revoked. Create a new key."),
+                ));
+            }
+            rec.enabled = enabled;
+        }
+        if let Some(rpm) = patch.rpm {
+            rec.rpm = rpm;
+        }
+        if let Some(tpm) = patch.tpm {
+            rec.tpm = tpm;
+        }
+        if let Some(max) = patch.max_concurrent {
+            if max == Some(0) {
+                return Err(bad("max_concurrent: at least 1"));
+            }
+            rec.max_concurrent = max;
+        }
+        // Policy fields: `null` clears one, absent leaves it; the result is validated whole.
+        let current = &rec.policy;
+        let mut input = current.input();
+        match (patch.expires_at, patch.ttl_secs) {
+            (None, None) => {}
+            (Some(at), ttl) => input.expires_at = expiry_text(at, ttl)?,
+            (None, ttl) => input.expires_at = expiry_text(None, ttl)?,
+        }
+        patched(&mut input.models, patch.models);
+        patched(&mut input.ip_allow, patch.ip_allow);
+        patched(&mut input.max_request_cost, patch.max_request_cost);
+        patched(&mut input.max_output_tokens, patch.max_output_tokens);
+        patched(&mut input.default_output_tokens, patch.default_output_tokens);
+        patched(&mut input.budgets, patch.budgets);
+        patched(&mut input.account, patch.account);
+        patched(&mut input.tags, patch.tags);
+        // An expiry already stored is kept even if it passed (the key is then simply expired).
+        let now = match (current.expires_at, patch_sets_expiry) {
+            (Some(at), false) => now_unix().min(at.saturating_sub(1)),
+            _ => now_unix(),
+        };
+        rec.policy = crate::policy::KeyPolicy::parse(input, now).map_err(policy_error)?;
+        self.check_account(&rec.policy)?;
+        let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
+        let reason = checked_reason(patch.reason, delta)?;
+        if let Some(delta) = delta {
+            self.ledger.top_up_because(&rec.id, delta, reason.as_deref()).await.map_err(internal)?;
+        }
+        self.keys.put_key(&rec).await.map_err(internal)?;
+        self.view(&rec).await
+    }
+
+    /// A request body, at most [`MAX_ADMIN_BODY`] bytes.
+    pub(crate) async fn read_body(session: &mut Session) -> std::result::Result<Vec<u8>, ApiError> {
+        let mut body = Vec::new();
+        while let Some(chunk) = session.read_request_body().await.map_err(|_| bad("The request body could not be read."))? {
+            body.extend_from_slice(&chunk);
+            if body.len() > MAX_ADMIN_BODY {
+                return Err(ApiError::new(ErrorKind::PayloadTooLarge, "The request body is too large."));
+            }
+        }
+        Ok(body)
+    }
+
+    async fn read_json<T: for<'de> Deserialize<'de>>(session: &mut Session) -> std::result::Result<T, ApiError> {
+        let body = Self::read_body(session).await?;
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return parse_json(b"{}");
+        }
+        parse_json(&body)
+    }
+
+    /// Refuses a request that names another host or comes from another web page (DNS
+    /// rebinding, cross-site forms): the API and the console alike.
+    pub(crate) fn refuse_foreign(&self, req: &pingora_http::RequestHeader) -> std::result::Result<(), ApiError> {
+        let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri.authority().map(|a| a.as_str()));
+        if !host_allowed(host, &self.hosts) {
+            self.metrics.counter("tollgate_admin_refused_total", &[("reason", "host")]).add(1);
+            return Err(ApiError::new(
+                ErrorKind::Forbidden,
+                "The admin API answers only requests to localhost or a loopback address (or a name in admin.hosts).",
+            ));
+        }
+        let origin = req.headers.get(http::header::ORIGIN).map(|v| v.to_str().unwrap_or("invalid"));
+        if !origin_allowed(origin, host) {
+            self.metrics.counter("tollgate_admin_refused_total", &[("reason", "origin")]).add(1);
+            return Err(ApiError::new(ErrorKind::Forbidden, "The admin API does not answer requests made by other web pages."));
+        }
+        Ok(())
+    }
+
+    /// One request to the admin API (the listener answers `/console` with the console's pages
+    /// before this).
+    pub(crate) async fn handle(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
+        self.refuse_foreign(session.req_header())?;
+        let req = session.req_header();
+        let method = req.method.as_str().to_string();
+        let path = req.uri.path().to_string();
+        if method == "GET" && path == "/healthz" {
+            return Ok(LocalResponse::json(200, &json!({"status": "ok"})));
+        }
+        if method == "GET" && path == "/readyz" {
+            return Ok(self.readiness());
+        }
+        let presented =
+            req.headers.get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer ")).unwrap_or_default();
+        if !token_matches(presented, &self.token) {
+            return Err(ApiError::new(ErrorKind::Unauthorized, "Missing or wrong admin token."));
+        }
+        match (method.as_str(), path.as_str()) {
+            ("GET", "/metrics") => self.scrape.response().await,
+            ("GET", "/admin/keys") => {
+                let mut data = Vec::new();
+                for rec in self.keys.all_keys().await.map_err(internal)? {
+                    data.push(self.view(&rec).await?);
+                }
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
+            }
+            ("POST", "/admin/keys") => {
+                let body: CreateKey = Self::read_json(session).await?;
+                Ok(LocalResponse::json(201, &self.create_key(body).await?))
+            }
+            ("GET", "/admin/accounts") => {
+                let mut data = Vec::new();
+                for account in self.keys.all_accounts().await.map_err(internal)? {
+                    data.push(self.account_view(&account).await?);
+                }
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
+            }
+            ("POST", "/admin/accounts") => {
+                let body: CreateAccount = Self::read_json(session).await?;
+                crate::policy::budget::valid_account_name(&body.name).map_err(|e| bad(format!("name: {e}")).with_param("name"))?;
+                let balance = to_nanos("balance", body.balance)?;
+                if balance < 0 {
+                    return Err(bad("balance: must not be negative").with_param("balance"));
+                }
+                let budgets = body.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?;
+                if self.keys.all_accounts().await.map_err(internal)?.iter().any(|a| a.name == body.name) {
+                    return Err(ApiError::new(ErrorKind::Conflict, format!("An account named '{}' exists.", body.name)));
+                }
+                let account = crate::records::key::AccountRecord {
+                    name: body.name,
+                    budgets: budgets.unwrap_or_default(),
+                    created_at: now_unix(),
+                    origin: crate::records::key::KeyOrigin::Admin,
+                    seed_digest: None,
+                };
+                self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
+                self.keys.put_account(&account).await.map_err(internal)?;
+                Ok(LocalResponse::json(201, &self.account_view(&account).await?))
+            }
+            ("GET", p) if p.starts_with("/admin/accounts/") => {
+                let account = self.account(p.trim_start_matches("/admin/accounts/"))?;
+                Ok(LocalResponse::json(200, &self.account_view(&account).await?))
+            }
+            ("PATCH", p) if p.starts_with("/admin/accounts/") => {
+                let mut account = (*self.account(p.trim_start_matches("/admin/accounts/"))?).clone();
+                let patch: PatchAccount = Self::read_json(session).await?;
+                if let Some(budgets) = patch.budgets {
+                    account.budgets =
+                        budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
+                }
+                let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
+                let reason = checked_reason(patch.reason, delta)?;
+                self.keys.put_account(&account).await.map_err(internal)?;
+                if let Some(delta) = delta {
+                    let id = crate::policy::budget::account_purse(&account.name);
+                    self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
+                }
+                Ok(LocalResponse::json(200, &self.account_view(&account).await?))
+            }
+            ("GET", "/admin/requests") => {
+                let filter = request_filter(req_query(session).as_deref())?;
+                let (entries, next) = self.store.requests().query(&filter).await.map_err(internal)?;
+                let data: Vec<Value> = entries.iter().map(crate::records::log::LogEntry::to_json).collect();
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data, "next": next.map(|c| c.to_string())})))
+            }
+            ("GET", p) if p.starts_with("/admin/requests/") => {
+                let id = p.trim_start_matches("/admin/requests/");
+                let filter = crate::records::log::Filter { id: Some(id.to_string()), end_ms: u64::MAX, limit: 1, ..Default::default() };
+                let (entries, _) = self.store.requests().query(&filter).await.map_err(internal)?;
+                match entries.first() {
+                    Some(e) => Ok(LocalResponse::json(200, &e.to_json())),
+                    None => Err(ApiError::new(ErrorKind::NotFound, format!("No request with id '{id}' in the log."))),
+                }
+            }
+            ("GET", "/admin/audit") => {
+                // `?limit=` (1 to 1000, 100 by default) and `?cursor=` (a page's `next`).
+                let query = req_query(session).unwrap_or_default();
+                let param = |name: &str| query.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='));
+                let limit = match param("limit") {
+                    None => 100,
+                    Some(v) => v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=1000).contains(n))
+                        .ok_or_else(|| bad("limit: 1 to 1000").with_param("limit"))?,
+                };
+                let before = match param("cursor") {
+                    None => None,
+                    Some(v) => Some(
+                        crate::records::log::Cursor::parse(&crate::base::text::decode_component(v))
+                            .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
+                    ),
+                };
+                // One more than the page says whether there is a next one.
+                let mut entries = self.ledger.audit(limit + 1, before).await.map_err(internal)?;
+                let more = entries.len() > limit;
+                entries.truncate(limit);
+                let next = more.then(|| entries.last().map(|e| e.cursor().to_string())).flatten();
+                let data: Vec<Value> = entries.iter().map(crate::records::audit::AuditEntry::to_json).collect();
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data, "next": next})))
+            }
+            ("GET", "/admin/usage") => self.usage_by(req_query(session).as_deref()).await,
+            ("GET", p) if p.starts_with("/admin/keys/") && p.ends_with("/usage") => {
+                let id = p.trim_start_matches("/admin/keys/").trim_end_matches("/usage").to_string();
+                let rec = self.key(&id).await?;
+                let query = req_query(session);
+                let (start, end) = crate::billing::ledger::usage_window(query.as_deref())?;
+                let by = crate::billing::ledger::usage_grouping(query.as_deref())?;
+                let calendar = self.routing.load().calendar.clone();
+                Ok(LocalResponse::json(200, &self.ledger.key_usage(&rec, start, end, &by, &calendar).await.map_err(internal)?))
+            }
+            ("GET", p) if p.starts_with("/admin/keys/") => {
+                let rec = self.key(p.trim_start_matches("/admin/keys/")).await?;
+                Ok(LocalResponse::json(200, &self.view(&rec).await?))
+            }
+            ("DELETE", p) if p.starts_with("/admin/keys/") => {
+                Ok(LocalResponse::json(200, &self.revoke_key(p.trim_start_matches("/admin/keys/")).await?))
+            }
+            ("POST", p) if p.starts_with("/admin/keys/") && p.ends_with("/rotate") => {
+                let id = p.trim_start_matches("/admin/keys/").trim_end_matches("/rotate").to_string();
+                let body: RotateKey = Self::read_json(session).await?;
+                Ok(LocalResponse::json(200, &self.rotate_key(&id, body.grace_secs).await?))
+            }
+            ("PATCH", p) if p.starts_with("/admin/keys/") => {
+                let id = p.trim_start_matches("/admin/keys/").to_string();
+                let patch: PatchKey = Self::read_json(session).await?;
+                Ok(LocalResponse::json(200, &self.patch_key(&id, patch).await?))
+            }
+            _ => Err(ApiError::new(ErrorKind::NotFound, format!("Unknown admin endpoint: {method} {path}"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_hosts_and_the_listeners_own_origin_are_answered() {
+        let none: &[String] = &[];
+        for ok in ["localhost", "LOCALHOST:8081", "127.0.0.1", "127.0.0.1:8081", "127.9.0.1:1", "[::1]", "[::1]:8081"] {
+            assert!(host_allowed(Some(ok), none), "{ok}");
+        }
+        for bad in
+            ["rebind.evil.example", "rebind.evil.example:8081", "10.0.0.1:8081", "[::2]:1", "localhost:x", "", "[::1", "localhost.evil"]
+        {
+            assert!(!host_allowed(Some(bad), none), "{bad}");
+        }
+        assert!(!host_allowed(None, none));
+        assert!(host_allowed(Some("admin.internal:8081"), &["admin.internal".to_string()]));
+        assert!(origin_allowed(None, Some("127.0.0.1:8081")));
+        assert!(origin_allowed(Some("http://127.0.0.1:8081"), Some("127.0.0.1:8081")));
+        assert!(!origin_allowed(Some("http://rebind.evil.example"), Some("127.0.0.1:8081")));
+        assert!(!origin_allowed(Some("null"), Some("127.0.0.1:8081")));
+    }
+
+    #[test]
+    fn a_type_error_names_its_field() {
+        let e = parse_json::<CreateKey>(br#"{"name": "k", "balance": "lots"}"#).err().expect("refused");
+        assert_eq!(e.param.as_deref(), Some("balance"), "{}", e.message);
+        assert!(
+            e.message.starts_with("Invalid field 'balance': invalid type: string \"lots\"") && !e.message.contains("line 1"),
+            "{}",
+            e.message
+        );
+        let e = parse_json::<CreateKey>(br#"{"name": "k", "budgets": {"day": "x"}}"#).err().expect("refused");
+        assert_eq!(e.param.as_deref(), Some("budgets.day"), "{}", e.message);
+        let e = parse_json::<CreateKey>(br#"{"name": "k"} trailing"#).err().expect("refused");
+        assert!(e.message.starts_with("Invalid JSON"), "{}", e.message);
+        assert!(parse_json::<CreateKey>(br#"{"name": "k"}"#).is_ok());
+    }
+
+    #[test]
+    fn token_comparison_and_secrets() {
+        assert!(token_matches("abc", "abc"));
+        assert!(!token_matches("abd", "abc"));
+        assert!(!token_matches("", "abc"));
+        let s = new_secret();
+        assert!(s.starts_with("sk-tg-") && s.len() == 46);
+        assert_ne!(s, new_secret());
+    }
+}

@@ -1,0 +1,76 @@
+//! Stage 1, admit: which endpoint the request is for, and who is calling. Answers what needs
+//! no key (the reachability probe, the key page's HTML, an unknown path) and refuses a key in
+//! the query string, an unknown or refused key, and an address the key's policy does not
+//! list.
+
+use super::{client_version, shape_of, unknown_endpoint, Exit, Gateway, Outcome, RequestCtx, Step};
+use crate::access::auth;
+use crate::policy::forwarded::{client_address, ClientAddr, Malformed};
+use crate::protocol::response::LocalResponse;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::route::{self, Route};
+use crate::upstream::Routing;
+use pingora_proxy::Session;
+use std::sync::Arc;
+
+/// A request whose caller is known and allowed here.
+pub(super) struct Caller {
+    pub route: Route,
+    pub key: Arc<KeyRecord>,
+    /// The client's `anthropic-version` / `compat-version`.
+    pub version: Option<String>,
+    /// The routing snapshot the whole request is decided on.
+    pub routing: Arc<Routing>,
+}
+
+pub(super) fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) -> Step<Caller> {
+    let req = session.req_header();
+    let route = route::classify(req.method.as_str(), req.uri.path());
+    ctx.shape = Some(shape_of(&route, req));
+    ctx.route = route.label();
+
+    if let Some(param) = auth::query_carries_key(req.uri.query()) {
+        return Err(ApiError::new(
+            ErrorKind::BadRequest,
+            format!("API keys are not accepted in query parameters ('{param}'). Send the key in a header."),
+        )
+        .with_param(&param)
+        .into());
+    }
+    if let Route::NotFound { .. } = route {
+        return Err(unknown_endpoint(req).into());
+    }
+    if route == Route::Root {
+        // A reachability probe (agent CLIs send one to their base URL): no key needed,
+        // nothing about the configuration shown.
+        let ok = LocalResponse::json(200, &serde_json::json!({"object": "tollgate", "status": "ok"}));
+        return Err(Exit::Answer(Outcome::Respond(ok)));
+    }
+    if let Route::KeyPage { file } = route {
+        if !gw.routing.load().key_page {
+            return Err(unknown_endpoint(req).into());
+        }
+        return Err(Exit::Answer(Outcome::Respond(super::key_page::page(file))));
+    }
+    ctx.key_checked = true;
+    let key = gw.keys.authenticate(auth::extract_key(&req.headers))?;
+    ctx.key = Some(key.clone());
+    let routing = gw.routing.load_full();
+    if key.policy.ip_allow.is_some() {
+        check_address(session, &key, &routing)?;
+    }
+    Ok(Caller { route, key, version: client_version(req), routing })
+}
+
+/// The client's address (the peer's, or the one trusted proxies forwarded) is one the key's
+/// policy lists.
+fn check_address(session: &Session, key: &KeyRecord, routing: &Routing) -> std::result::Result<(), ApiError> {
+    let not_listed = || ApiError::new(ErrorKind::IpNotAllowed, "This API key may only be used from listed addresses.");
+    let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip()).ok_or_else(not_listed)?;
+    match client_address(peer, &session.req_header().headers, &routing.trusted_proxies) {
+        Ok(ClientAddr::Known(client)) => key.policy.check_address(client),
+        Ok(ClientAddr::Unknown) => Err(not_listed()),
+        Err(Malformed(why)) => Err(ApiError::new(ErrorKind::BadRequest, format!("The forwarding headers cannot be read: {why}."))),
+    }
+}

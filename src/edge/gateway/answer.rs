@@ -1,0 +1,103 @@
+//! Stage 2, answer: the endpoints tollgate answers itself for a known key — the model lists,
+//! `/v1/usage`, the key page's data and the video task API — each rate-limited like any call.
+//! What is left is a model call: its protocol goes on to the draft.
+
+use super::admit::Caller;
+use super::{unknown_endpoint, Exit, Gateway, Outcome, RequestCtx, Step};
+use crate::config::{Platform, Protocol};
+use crate::protocol::response::LocalResponse;
+use crate::protocol::{anthropic, gemini, openai, ApiError, ErrorKind, ModelEntry};
+use crate::records::key::KeyRecord;
+use crate::route::Route;
+use pingora_proxy::Session;
+
+pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller) -> Step<Protocol> {
+    let Caller { route, key, version, routing } = caller;
+    let catalog = &routing.catalog;
+    // The model lists show exactly what the key may call.
+    let listed = |mut models: Vec<ModelEntry>| {
+        models.retain(|m| key.policy.allows_model(&m.id));
+        models
+    };
+    let respond = |r: LocalResponse| Err(Exit::Answer(Outcome::Respond(r)));
+    match route {
+        Route::Models => {
+            let (only, shape) = if version.is_some() { (Some(Protocol::Anthropic), Protocol::Anthropic) } else { (None, Protocol::Openai) };
+            let models = listed(catalog.models_for(&key.group, only));
+            let body = match shape {
+                Protocol::Anthropic => anthropic::model_list(&models),
+                _ => openai::model_list(&models),
+            };
+            respond(LocalResponse::json(200, &body))
+        }
+        Route::GeminiModels => {
+            let models = listed(catalog.models_for(&key.group, Some(Protocol::Gemini)));
+            respond(LocalResponse::json(200, &gemini::model_list(&models)))
+        }
+        Route::GeminiModel { model } => {
+            let models = listed(catalog.models_for(&key.group, Some(Protocol::Gemini)));
+            let wanted = model.strip_prefix("models/").unwrap_or(model);
+            crate::protocol::check_model_name(wanted)?;
+            match models.iter().find(|m| m.id == wanted) {
+                Some(m) => respond(LocalResponse::json(200, &gemini::model(m))),
+                None => Err(ApiError::new(ErrorKind::ModelNotFound, format!("models/{wanted} is not found.")).into()),
+            }
+        }
+        Route::KeyPageData if !routing.key_page => Err(unknown_endpoint(session.req_header()).into()),
+        Route::KeyPageData => {
+            gw.limits.admit(key).await?;
+            let _slot = gw.limits.enter(key).await?;
+            let _turn = gw.usage_queries.take(&key.id).await?;
+            let data = super::key_page::data(&gw.ledger, gw.requests.as_deref(), key, &routing.calendar).await.map_err(|e| {
+                log::error!("key page: {e}");
+                ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
+            })?;
+            respond(LocalResponse::json(200, &data))
+        }
+        Route::Usage => {
+            // Rate-limited like any call.
+            gw.limits.admit(key).await?;
+            let _slot = gw.limits.enter(key).await?;
+            respond(gw.usage(session.req_header().uri.query(), key).await?)
+        }
+        Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. }
+            if !catalog.group_allows(&key.group, Platform::Video) =>
+        {
+            Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into())
+        }
+        // Every video call is rate-limited like any other: reads too (a download is the
+        // operator's egress), and a download holds its `max_concurrent` slot while it streams.
+        Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } => {
+            gw.limits.admit(key).await?;
+            let _slot = gw.limits.enter(key).await?;
+            // Boxed: its future (uploads, downloads, the video service's calls) is larger
+            // than the rest of the stages', which every relayed request carries.
+            Err(Exit::Answer(Box::pin(gw.video_route(session, ctx, route, key)).await?))
+        }
+        other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),
+    }
+}
+
+impl Gateway {
+    /// `GET /v1/usage[?start=&end=]` for the calling key.
+    pub(super) async fn usage(&self, query: Option<&str>, key: &KeyRecord) -> std::result::Result<LocalResponse, ApiError> {
+        let (start, end) = crate::billing::ledger::usage_window(query)?;
+        let internal = |e: crate::store::StoreError| match e {
+            crate::store::StoreError::Shared(e) => {
+                log::warn!("usage query: {e}");
+                crate::store::fleet::unavailable("the key's usage")
+            }
+            e => {
+                log::error!("usage query: {e}");
+                ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
+            }
+        };
+        let by = crate::billing::ledger::usage_grouping(query)?;
+        // Reading a long history is CPU work: on a blocking thread, one query at a time per key
+        // (one key's reads never delay another's), never on the threads that relay requests.
+        let _turn = self.usage_queries.take(&key.id).await?;
+        let calendar = self.routing.load().calendar.clone();
+        let report = self.ledger.key_usage(key, start, end, &by, &calendar).await.map_err(internal)?;
+        Ok(LocalResponse::json(200, &report))
+    }
+}

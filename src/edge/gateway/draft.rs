@@ -1,0 +1,64 @@
+//! Stage 3, draft: a model call of a known key, counted against its `rpm` (every call is,
+//! the ones refused below included), for an endpoint its group may call; its body read
+//! (size, time, the buffered-body budget) and resolved to a model, the providers that serve
+//! it and what it may cost (`upstream::draft`). A stored response is read, and a conversation
+//! continued, only by the key that created it, with the provider that stores it.
+
+use super::admit::Caller;
+use super::{Gateway, RequestCtx, Step};
+use crate::config::Protocol;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::route::Route;
+use crate::upstream::{self, Draft};
+use pingora_proxy::Session;
+
+/// What the draft stage hands on: the request as it will be sent, and the body's share of
+/// the buffered-body budget (given back once the body is sent).
+pub(super) struct Drafted {
+    pub protocol: Protocol,
+    pub draft: Draft,
+    pub body_reservation: crate::edge::body::Reservation,
+}
+
+pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller, protocol: Protocol) -> Step<Drafted> {
+    let Caller { route, key, routing, .. } = caller;
+    gw.limits.admit(key).await?;
+    if !routing.catalog.group_allows(&key.group, protocol) {
+        return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into());
+    }
+    let client_body = crate::edge::body::read(session, &gw.body).await?;
+    let draft = match route {
+        Route::StoredResponse { id, .. } => {
+            let owner = gw.owners.owned_by(id, &key.id).await.map_err(crate::access::owners::unavailable)?;
+            let draft = owner
+                .and_then(|owner| upstream::stored_draft(routing, &owner, client_body.bytes))
+                .ok_or_else(|| crate::access::owners::not_found(id))?;
+            // A stored response is read under the model rules of the model that made it.
+            key.policy.check_model(&draft.model).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+            draft
+        }
+        _ => {
+            let body = client_body.bytes.clone();
+            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, client_body.bytes).inspect_err(|_| {
+                // Refused: the access log names the model asked for, if the body or the
+                // path (generate-content) names one.
+                ctx.model_asked = match route {
+                    Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => {
+                        crate::protocol::check_model_name(model).ok().map(|()| model.clone())
+                    }
+                    _ => crate::protocol::body_fields(&body).ok().and_then(|f| f.model),
+                };
+            })?;
+            if let Some(previous) = &draft.previous_response_id {
+                let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::access::owners::unavailable)?;
+                let owner = owner.ok_or_else(|| crate::access::owners::previous_not_found(previous))?;
+                // The conversation is stored with that provider: it serves the turn.
+                upstream::prefer_provider(&routing.catalog, &mut draft.candidates, &owner.provider);
+                // And it is counted again as this turn's input.
+                draft.continues(routing, route, owner.context_tokens)?;
+            }
+            draft
+        }
+    };
+    Ok(Drafted { protocol, draft, body_reservation: client_body.reservation })
+}

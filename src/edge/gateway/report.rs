@@ -1,0 +1,240 @@
+//! Stage 7, report: what a request came to, once it ended, whatever ended it — the
+//! metrics (and OpenTelemetry's GenAI metrics), the access log (a refusal without a known key
+//! once per address and minute, see `keyless`), the request log and the trace.
+
+use super::{keyless, Gateway, RequestCtx};
+use crate::base::clock::now_ms;
+use crate::config::Protocol;
+use pingora_proxy::Session;
+use std::time::Duration;
+
+pub(super) fn report(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) {
+    let status = session.response_written().map_or(0, |r| r.status.as_u16());
+    let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
+    let series = gw.metrics.request(ctx.route, model, status);
+    // The request's time, read from the clock once for every place that reports it.
+    let elapsed = ctx.started.map_or(Duration::ZERO, |t| t.elapsed());
+    // OpenTelemetry's GenAI metrics, for a relayed model call a provider answered.
+    if let (Some(plan), Some(operation)) = (&ctx.relayed, crate::observe::metrics::gen_ai_operation(ctx.route)) {
+        if let Some(provider) = plan.happened.served_by.and_then(|i| plan.routing.catalog.upstreams.get(i)) {
+            let g = series.gen_ai(operation, crate::observe::metrics::gen_ai_provider(provider.config.protocol));
+            if let Some((usage, _, _)) = plan.happened.billed {
+                g.input_tokens.observe(usage.input_total() as f64);
+                g.output_tokens.observe(usage.output as f64);
+            }
+            g.duration.observe(elapsed.as_secs_f64());
+            if let Some(first) = plan.happened.first_byte {
+                g.time_to_first_token.observe(first.as_secs_f64());
+            }
+        }
+    }
+    // A refusal without a known key is logged once per address and minute (see `keyless`).
+    let logged = if ctx.key_checked && ctx.key.is_none() {
+        let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| crate::policy::normalize(a.ip()));
+        match gw.keyless.check(peer, now_ms()) {
+            keyless::Verdict::Log { earlier } => {
+                gw.metrics.counter("tollgate_keyless_refusals_total", &[("outcome", "logged")]).add(1);
+                if earlier > 0 {
+                    let from = peer.map_or_else(|| "-".to_string(), |ip| ip.to_string());
+                    log::info!(target: "access", "{earlier} more refusals without a known key from {from} in its previous minute were not logged");
+                }
+                true
+            }
+            keyless::Verdict::Suppress => {
+                gw.metrics.counter("tollgate_keyless_refusals_total", &[("outcome", "not_logged")]).add(1);
+                false
+            }
+        }
+    } else {
+        true
+    };
+    if logged {
+        access_log(session, ctx, status, elapsed);
+        if let Some(log) = gw.requests.as_ref().filter(|_| ctx.key_checked) {
+            write_log_entry(log.as_ref(), session, ctx, status, elapsed);
+        }
+    }
+    if let Some(tracer) = &gw.tracer {
+        finish_trace(tracer, session, ctx, status);
+    }
+    crate::edge::listener::request_done(session.as_downstream());
+}
+
+/// Write the request's entry in the request log (see `request_log`), borrowing every field
+/// from the request's state.
+fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duration) {
+    // Only a request the id module never saw (none today) needs an id made here.
+    let made;
+    let id = match crate::observe::request_id::id_of(session) {
+        Some(id) => id,
+        None => {
+            made = crate::observe::request_id::new_id();
+            made.as_str()
+        }
+    };
+    let mut entry = crate::records::log::LogLine {
+        id,
+        time_ms: now_ms(),
+        key_id: ctx.key.as_ref().map(|k| k.id.as_str()),
+        key_name: ctx.key.as_ref().map(|k| k.name.as_str()),
+        model: ctx.model_asked.as_deref(),
+        route: ctx.route,
+        protocol: ctx.shape.unwrap_or(Protocol::Openai).as_str(),
+        status,
+        refusal: ctx.reason,
+        param: ctx.reason_param.as_deref(),
+        latency_ms: elapsed.as_millis() as u64,
+        ..Default::default()
+    };
+    if let Some(plan) = &ctx.relayed {
+        entry.model = Some(&plan.model);
+        entry.protocol = plan.protocol.as_str();
+        entry.upstream_protocol = plan.translation.as_ref().map(|t| t.upstream.as_str());
+        entry.provider = plan.happened.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.as_str());
+        entry.attempts = plan.happened.attempts;
+        entry.first_byte_ms = plan.happened.first_byte.map(|d| d.as_millis() as u64);
+        entry.upstream_request_id = plan.happened.upstream_request_id.as_deref();
+        if let Some((usage, cost, estimated)) = plan.happened.billed {
+            entry.input_tokens = usage.input_total();
+            entry.output_tokens = usage.output;
+            entry.cost_nanos = cost;
+            entry.estimated = estimated;
+        }
+    }
+    if let Some((charged, _)) = ctx.video_charge {
+        entry.cost_nanos = charged;
+        entry.protocol = "video";
+    }
+    log.append(entry);
+}
+
+/// Hand the request's trace to the tracer with what the request came to (see
+/// `telemetry::Trace::finish` for what each span says).
+fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, ctx: &mut RequestCtx, status: u16) {
+    let Some(trace) = ctx.trace.take().or_else(|| ctx.relayed.as_mut().and_then(|p| p.trace.take())) else { return };
+    if !trace.sampled {
+        return;
+    }
+    let req = session.req_header();
+    let mut facts = crate::observe::telemetry::RequestFacts {
+        method: crate::observe::telemetry::method_name(&req.method),
+        route: ctx.route,
+        operation: crate::observe::metrics::gen_ai_operation(ctx.route),
+        model: ctx.model_asked.as_deref(),
+        status,
+        key_name: ctx.key.as_ref().map(|k| k.name.as_str()),
+        tags: ctx.key.as_ref().map(|k| &k.policy.tags),
+        refusal: ctx.reason,
+        request_id: crate::observe::request_id::id_of(session),
+        ..Default::default()
+    };
+    if let Some(plan) = &ctx.relayed {
+        facts.model = Some(&plan.model);
+        facts.provider = plan
+            .happened
+            .served_by
+            .and_then(|i| plan.routing.catalog.upstreams.get(i))
+            .map(|u| crate::observe::metrics::gen_ai_provider(u.config.protocol));
+        facts.first_byte = plan.happened.first_byte;
+        if let Some((usage, cost, estimated)) = plan.happened.billed {
+            facts.usage = Some(usage);
+            facts.cost_nanos = Some(cost);
+            facts.estimated = estimated;
+        }
+    }
+    if let Some((charged, _)) = ctx.video_charge {
+        facts.cost_nanos = Some(charged);
+    }
+    tracer.finish(*trace, &facts);
+}
+
+/// One structured line per client request (target `access`), as `name=value` pairs or, with
+/// `log.format: json`, one JSON object with the same fields. Names the key, never its secret;
+/// the path is logged without its query string. A refused request names the model it asked
+/// for and `reason`; a video submission its model, seconds and charge.
+fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duration) {
+    if !log::log_enabled!(target: "access", log::Level::Info) {
+        return;
+    }
+    let req = session.req_header();
+    let latency_ms = elapsed.as_secs_f64() * 1000.0;
+    let (model, usage, provider, attempts) = match &ctx.relayed {
+        Some(plan) => {
+            let provider = plan.happened.served_by.map_or("-", |i| plan.routing.catalog.upstreams[i].config.name.as_str());
+            (plan.model.as_str(), plan.happened.billed, provider, plan.happened.attempts)
+        }
+        None => (ctx.model_asked.as_deref().unwrap_or("-"), None, "-", 0),
+    };
+    let (input, output, mut cost, estimated) = usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input_total(), u.output, c, e));
+    if let Some((charged, _)) = ctx.video_charge {
+        cost = charged;
+    }
+    let cost_usd = crate::base::money::usd(cost);
+    let key = ctx.key.as_ref().map_or("-", |k| k.name.as_str());
+    // A translated request names the provider's protocol.
+    let translated = ctx.relayed.as_ref().and_then(|p| p.translation.as_ref()).map(|t| t.upstream.as_str());
+    // The id the client got in `X-Request-Id` (the request log's too), and the upstream's own.
+    let request_id = crate::observe::request_id::id_of(session).unwrap_or("-");
+    let upstream_id = ctx.relayed.as_ref().and_then(|p| p.happened.upstream_request_id.as_deref());
+    if crate::observe::logging::json() {
+        let mut line = serde_json::json!({
+            "request_id": request_id,
+            "method": req.method.as_str(), "path": req.uri.path(), "route": ctx.route, "status": status,
+            "key": key, "model": model, "provider": provider, "attempts": attempts,
+            "input_tokens": input, "output_tokens": output, "cost_usd": cost_usd, "estimated": estimated,
+            "latency_ms": (latency_ms * 1000.0).round() / 1000.0,
+        });
+        if let Some(reason) = ctx.reason {
+            line["reason"] = reason.into();
+        }
+        if let Some(param) = &ctx.reason_param {
+            line["param"] = param.as_str().into();
+        }
+        if let Some((_, seconds)) = ctx.video_charge {
+            line["video_seconds"] = seconds.into();
+        }
+        if let Some(upstream) = translated {
+            line["translated_to"] = upstream.into();
+        }
+        if let Some(id) = upstream_id {
+            line["upstream_request_id"] = id.into();
+        }
+        log::info!(target: "access", "{line}");
+        return;
+    }
+    let mut extra = String::new();
+    if let Some(reason) = ctx.reason {
+        extra.push_str(" reason=");
+        extra.push_str(reason);
+    }
+    if let Some(param) = &ctx.reason_param {
+        extra.push_str(&format!(" param={param:?}"));
+    }
+    if let Some((_, seconds)) = ctx.video_charge {
+        extra.push_str(&format!(" video_seconds={seconds}"));
+    }
+    if let Some(upstream) = translated {
+        extra.push_str(" translated_to=");
+        extra.push_str(upstream);
+    }
+    if let Some(id) = upstream_id {
+        extra.push_str(&format!(" upstream_request_id={id:?}"));
+    }
+    log::info!(
+        target: "access",
+        "request_id={request_id} method={} path={:?} route={} status={} key={:?} model={:?} provider={:?} attempts={} input_tokens={} output_tokens={} cost_usd={:.9} estimated={} latency_ms={:.3}{extra}",
+        req.method,
+        req.uri.path(),
+        ctx.route,
+        status,
+        key,
+        model,
+        provider,
+        attempts,
+        input,
+        output,
+        cost_usd,
+        estimated,
+        latency_ms
+    );
+}

@@ -1,0 +1,70 @@
+//! Stage 6, settle: a relayed request is billed once, when its answer ends (or fails, or its
+//! client left and the drain ended): the hold released, the cost of the usage the upstream
+//! reported (else the estimate) debited from every purse, its usage record booked, the
+//! tokens spent under the key's `tpm`.
+
+use super::{Gateway, RelayPlan};
+use crate::base::clock::now_ms;
+use crate::billing;
+use crate::billing::meter::UsageScanner;
+use crate::records::usage::UsageRecord;
+use crate::route::Route;
+
+impl Gateway {
+    /// Bill a finished relay: release the hold, charge what was used. Runs before the last
+    /// byte goes to the client (with `sync_commit`, after the record is on disk).
+    pub(super) async fn settle(&self, plan: &mut RelayPlan, scanner: Option<&mut UsageScanner>, status: u16) {
+        let Some(hold) = plan.hold.take() else { return };
+        let scan = scanner.map(|s| {
+            let found = (s.finish(), s.response_id().map(str::to_string));
+            if let Some(trace) = plan.trace.as_mut() {
+                trace.answer = s.take_answer();
+            }
+            found
+        });
+        // A response the upstream stored (a successful create) becomes the key's.
+        let (scan, response_id) = match scan {
+            Some((scan, id)) => (Some(scan), id.filter(|_| plan.route == Route::Responses && (200..300).contains(&status))),
+            None => (None, None),
+        };
+        let (usage, estimated) = billing::billed_usage(scan, status, plan.input_estimate, plan.route.embeds());
+        let cost = plan.routing.prices.cost(&plan.model, usage);
+        plan.happened.billed = Some((usage, cost, estimated));
+        let input_total = usage.input_total();
+        self.limits.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;
+        plan.tokens_reserved = None;
+        let series = self.metrics.model(&plan.model);
+        if estimated {
+            series.estimated_bills.add(1);
+        }
+        series.input_tokens.add(input_total);
+        series.output_tokens.add(usage.output);
+        series.cost_nanos.add(cost.max(0) as u64);
+        let record = UsageRecord {
+            time_ms: now_ms(),
+            key_id: plan.key.id.clone(),
+            model: plan.model.clone(),
+            protocol: plan.protocol.as_str().to_string(),
+            route: plan.route.label().to_string(),
+            input_tokens: usage.input,
+            cached_tokens: usage.cached,
+            cache_write_tokens: usage.cache_write,
+            output_tokens: usage.output,
+            cost_nanos: cost,
+            status,
+            latency_ms: plan.started.elapsed().as_millis() as u64,
+            estimated,
+            seq: 0,
+            balance_after: 0,
+            provider: plan.happened.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.clone()),
+            attempts: plan.happened.attempts,
+            response_id,
+            upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
+            charged: Vec::new(),
+            tags: plan.key.policy.tags.clone(),
+        };
+        if let Err(e) = self.ledger.settle(hold, record).await {
+            log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
+        }
+    }
+}

@@ -1,0 +1,328 @@
+//! Stage 5 continued, stream: the provider's answer to the client as it comes — its header
+//! through the allowlist, its body chunk by chunk through the usage scanner (stream usage
+//! tollgate asked for withheld), settled before the last byte; an error answer rewritten into
+//! the client's shape; a client that left drained for the usage; a translated answer handed
+//! to `translated`.
+
+use super::send::{retry_after, upstream_failure};
+use super::{Gateway, RelayPlan, RequestCtx};
+use crate::base::clock::now_ms;
+use crate::billing::meter::{Shape, UsageScanner};
+use crate::config::Protocol;
+use crate::protocol::response::LocalResponse;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::route::Route;
+use crate::upstream;
+use bytes::Bytes;
+use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::upstreams::peer::{HttpPeer, Peer};
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+use std::time::Instant;
+
+impl Gateway {
+    /// Relay the planned request and stream its answer to the client, reading usage on the
+    /// side. An `Err` after the response header went out ends the client's connection.
+    pub(super) async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
+        let shape = plan.protocol;
+        let (mut http, peer) = match self.open_upstream(session.req_header(), plan).await {
+            Ok(opened) => opened,
+            Err(e) => {
+                log::warn!("relay failed: {e}");
+                let err = upstream_failure(&e);
+                self.settle(plan, None, err.status()).await;
+                LocalResponse::error(&err, shape).send(session).await?;
+                return Ok(());
+            }
+        };
+        // The request is sent: its body is not needed while the answer streams (agent
+        // requests are hundreds of KiB, their answers last minutes).
+        plan.body = Bytes::new();
+        plan.body_reservation = None;
+        if let Some(t) = plan.translation.clone() {
+            return Box::pin(self.relay_translated(session, ctx, plan, http, peer, t)).await;
+        }
+        let Some(upstream_header) = http.response_header() else {
+            let err = ApiError::new(ErrorKind::BadGateway, "The upstream service sent no response.");
+            self.settle(plan, None, err.status()).await;
+            LocalResponse::error(&err, shape).send(session).await?;
+            return Ok(());
+        };
+        let status = upstream_header.status.as_u16();
+        if status >= 400 {
+            let retry_after = retry_after(upstream_header).map(|d| d.as_secs().max(1));
+            plan.happened.upstream_request_id = upstream_request_id(upstream_header);
+            let usage = plan.route.usage_shape().unwrap_or(Shape::Chat);
+            return self.relay_error(session, ctx, plan, (http, peer), (status, retry_after), usage).await;
+        }
+        let mut header = Box::new(upstream_header.clone());
+        plan.happened.upstream_request_id = upstream_request_id(&header);
+        let series = self.metrics.protocol(shape);
+        series.upstream_seconds.observe(plan.started.elapsed());
+        let sse = header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let _open_stream = sse.then(|| crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams));
+        let withhold = plan.withhold_usage && status == 200;
+        prepare_response_header(&mut header, withhold, shape, &plan.routing.forward_response_headers)?;
+        let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);
+        if plan.sampled() {
+            scanner.read_answer();
+        }
+
+        ctx.response_started = true;
+        if let Err(e) = session.write_response_header(header, false).await {
+            self.drain(&mut http, plan, &mut scanner, status).await;
+            return Err(e.into_down());
+        }
+        let mut first_byte = true;
+        let mut response_named = plan.route != Route::Responses || !sse || status != 200;
+        loop {
+            let (chunk, done) = self.next_chunk(&mut http, plan, &mut scanner, status).await?;
+            let mut out = chunk;
+            if let Some(data) = out.as_ref() {
+                if first_byte && !data.is_empty() {
+                    first_byte = false;
+                    let after = plan.started.elapsed();
+                    plan.happened.first_byte = Some(after);
+                    series.first_byte_seconds.observe(after);
+                }
+                if let Some(replacement) = scanner.feed(data) {
+                    out = Some(replacement);
+                }
+                if !response_named {
+                    response_named = self.note_streamed_response(plan, &scanner);
+                }
+            }
+            if done {
+                if let Some(rest) = scanner.take_pending() {
+                    out = Some(match out {
+                        Some(data) if !data.is_empty() => {
+                            let mut joined = Vec::with_capacity(data.len() + rest.len());
+                            joined.extend_from_slice(&data);
+                            joined.extend_from_slice(&rest);
+                            Bytes::from(joined)
+                        }
+                        _ => rest,
+                    });
+                }
+                // Settled before the client sees the end: its balance and `/v1/usage` already
+                // count this request when its response is complete.
+                self.settle(plan, Some(&mut scanner), status).await;
+                if let Route::StoredResponse { id, op: crate::route::ResponseOp::Delete } = &plan.route {
+                    if (200..300).contains(&status) {
+                        self.owners.deleted(id).await;
+                    }
+                }
+                return self.end_relay(session, http, &peer, out).await;
+            }
+            if let Some(data) = out.filter(|d| !d.is_empty()) {
+                if let Err(e) = session.write_response_body(Some(data), false).await {
+                    // The client left: the upstream's answer is still billed as it reports it.
+                    self.drain(&mut http, plan, &mut scanner, status).await;
+                    return Err(e.into_down());
+                }
+            }
+        }
+    }
+
+    /// The next chunk of the upstream's answer and whether it is the last. An answer cut by the
+    /// upstream is billed for what came and ends the client's connection (`Err`).
+    pub(super) async fn next_chunk(
+        &self,
+        http: &mut HttpSession,
+        plan: &mut RelayPlan,
+        scanner: &mut UsageScanner,
+        status: u16,
+    ) -> Result<(Option<Bytes>, bool)> {
+        match http.read_response_body().await {
+            Ok(chunk) => {
+                let done = chunk.is_none() || http.response_done();
+                Ok((chunk, done))
+            }
+            Err(e) => {
+                log::warn!("upstream response ended early: {e}");
+                self.abandon(http, plan, scanner, status).await;
+                Err(e.into_up())
+            }
+        }
+    }
+
+    /// The client's last bytes (after settlement), then the upstream connection back to the pool.
+    pub(super) async fn end_relay(&self, session: &mut Session, http: HttpSession, peer: &HttpPeer, last: Option<Bytes>) -> Result<()> {
+        let written = session.write_response_body(last, true).await.map_err(|e| e.into_down());
+        let idle = peer.idle_timeout();
+        if let HttpSession::H1(h1) = http {
+            self.connector.release_http_session(h1, peer, idle).await;
+        }
+        written
+    }
+
+    /// The client left while its answer streamed. The upstream generates (and charges) the
+    /// whole answer anyway, and reports its usage only at the end: keep reading it, unsent, for
+    /// at most `billing.drain_secs` and [`DRAIN_MAX_BYTES`], and settle on what it reports.
+    /// Only when it reports nothing in time is the bill estimated (every byte received, and
+    /// the input the hold was made from).
+    pub(super) async fn drain(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
+        let deadline = Instant::now() + self.drain;
+        let mut read = 0usize;
+        let complete = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || read > DRAIN_MAX_BYTES {
+                break false;
+            }
+            match tokio::time::timeout(left, http.read_response_body()).await {
+                Ok(Ok(Some(chunk))) => {
+                    read += chunk.len();
+                    scanner.feed(&chunk);
+                    if http.response_done() {
+                        break true;
+                    }
+                }
+                Ok(Ok(None)) => break true,
+                Ok(Err(_)) | Err(_) => break false,
+            }
+        };
+        let outcome = if complete { "complete" } else { "cut" };
+        self.metrics.counter("tollgate_drained_responses_total", &[("outcome", outcome)]).add(1);
+        log::info!("client left during the answer of a {} request; the rest was read for its usage ({outcome}, {read} bytes)", plan.model);
+        self.abandon(http, plan, scanner, status).await;
+    }
+
+    /// End a relay whose response cannot go on: give up the upstream connection and bill what
+    /// came from it.
+    pub(super) async fn abandon(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
+        http.shutdown().await;
+        self.settle(plan, Some(scanner), status).await;
+    }
+
+    /// A response stream named its response: the caller owns it from now on (before the
+    /// request is settled, which books the owner; the plan holds the guard). Returns whether
+    /// the id was seen.
+    pub(super) fn note_streamed_response(&self, plan: &mut RelayPlan, scanner: &UsageScanner) -> bool {
+        let (Some(id), Some(index)) = (scanner.response_id(), plan.happened.served_by) else { return false };
+        let owner = crate::records::usage::ResponseOwner {
+            key_id: plan.key.id.clone(),
+            provider: plan.routing.catalog.upstreams[index].config.name.clone(),
+            model: plan.model.clone(),
+            time_ms: now_ms(),
+            // Known once the response is settled (then booked with the record).
+            context_tokens: 0,
+        };
+        plan.streaming_owner = Some(self.owners.started(id, owner));
+        true
+    }
+
+    /// Answer an upstream's error answer (native or translated), never with its bytes: read to
+    /// [`ERROR_BODY_MAX_BYTES`] and metered as it comes (`usage`: its protocol's shape), billed,
+    /// then rewritten into the client's shape ([`Gateway::upstream_refused`]); a 429 keeps a
+    /// `Retry-After` (the upstream's, else 1 s).
+    pub(super) async fn relay_error(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        plan: &mut RelayPlan,
+        (mut http, peer): (HttpSession, HttpPeer),
+        (status, retry_after): (u16, Option<u64>),
+        usage: Shape,
+    ) -> Result<()> {
+        let mut scanner = UsageScanner::new(usage, false, false);
+        let body = match read_whole(&mut http, &mut scanner, ERROR_BODY_MAX_BYTES).await {
+            Ok(body) => body,
+            Err(e) => {
+                log::warn!("upstream error answer not read whole ({e}); its status's own message is passed on");
+                http.shutdown().await;
+                Vec::new()
+            }
+        };
+        self.settle(plan, Some(&mut scanner), status).await;
+        let mut err = self.upstream_refused(plan, status, &body);
+        if status == 429 {
+            err.retry_after = Some(retry_after.unwrap_or(1));
+        }
+        if http.response_done() {
+            let idle = peer.idle_timeout();
+            if let HttpSession::H1(h1) = http {
+                self.connector.release_http_session(h1, &peer, idle).await;
+            }
+        }
+        ctx.response_started = true;
+        LocalResponse::error(&err, plan.protocol).send(session).await
+    }
+
+    /// An upstream's error answer as the client is told it (`protocol::upstream_error`); the
+    /// upstream refusing tollgate's own credential is logged at ERROR, naming the provider.
+    pub(super) fn upstream_refused(&self, plan: &RelayPlan, status: u16, body: &[u8]) -> ApiError {
+        let provider = plan.happened.served_by.map_or("?", |i| plan.routing.catalog.upstreams[i].config.name.as_str());
+        match status {
+            401 | 403 => log::error!(
+                "provider {provider} refused tollgate's credential ({status}): check its api_key / api_key_env; clients get 502 upstream_auth_failed"
+            ),
+            429 => log::warn!("provider {provider} answered 429 (rate limited)"),
+            500..=599 => log::warn!("provider {provider} answered {status}"),
+            _ => {}
+        }
+        crate::protocol::upstream_error::from_body(status, body)
+    }
+}
+
+/// Where an upstream names its own request id.
+static UPSTREAM_REQUEST_IDS: [http::HeaderName; 2] =
+    [http::HeaderName::from_static("x-request-id"), http::HeaderName::from_static("request-id")];
+
+/// The most response bytes read, unsent, after the client left (see `Gateway::drain`).
+pub(super) const DRAIN_MAX_BYTES: usize = 64 << 20;
+
+/// The most of an upstream's error answer read: its message is passed on cut to 1 KiB
+/// (`protocol::upstream_error`), so a larger one only costs memory; past this the connection is
+/// closed and the client gets the status's own message.
+const ERROR_BODY_MAX_BYTES: usize = 64 << 10;
+
+/// A whole upstream answer, metered as it comes, at most `max` bytes (over it: an error).
+pub(super) async fn read_whole(http: &mut HttpSession, scanner: &mut UsageScanner, max: usize) -> Result<Vec<u8>> {
+    let mut body = Vec::new();
+    loop {
+        match http.read_response_body().await? {
+            Some(chunk) => {
+                scanner.feed(&chunk);
+                if body.len() + chunk.len() > max {
+                    return Err(Error::explain(ErrorType::InvalidHTTPHeader, "upstream answer too large"));
+                }
+                body.extend_from_slice(&chunk);
+                if http.response_done() {
+                    return Ok(body);
+                }
+            }
+            None => return Ok(body),
+        }
+    }
+}
+
+/// The upstream's response header as the client gets it: only allowlisted headers (see
+/// [`upstream::response_header_allowed`]: no connection-level header, no account identifier, rate
+/// limit or cookie of the operator's), and a body whose length changes (usage withheld) or was
+/// never given is sent chunked.
+fn prepare_response_header(header: &mut ResponseHeader, length_changes: bool, protocol: Protocol, forward: &[String]) -> Result<()> {
+    let dropped: Vec<http::header::HeaderName> =
+        header.headers.keys().filter(|name| !upstream::response_header_allowed(name.as_str(), protocol, forward)).cloned().collect();
+    for name in &dropped {
+        header.remove_header(name);
+    }
+    if length_changes {
+        header.remove_header(&http::header::CONTENT_LENGTH);
+    }
+    let framed = header.headers.contains_key(http::header::CONTENT_LENGTH) || header.headers.contains_key(http::header::TRANSFER_ENCODING);
+    if !framed && !matches!(header.status.as_u16(), 204 | 304) {
+        header.set_version(http::Version::HTTP_11);
+        header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+    }
+    Ok(())
+}
+
+/// The upstream's own request id, from its answer's header.
+pub(super) fn upstream_request_id(header: &ResponseHeader) -> Option<String> {
+    UPSTREAM_REQUEST_IDS
+        .iter()
+        .find_map(|name| header.headers.get(name).and_then(|v| v.to_str().ok()))
+        .filter(|v| v.len() <= 256)
+        .map(str::to_string)
+}

@@ -1,0 +1,144 @@
+//! The answer of a translated relay (the provider speaks another protocol than the client; see
+//! `translate`). The provider's bytes are metered as they come, in its own protocol, so the
+//! bill is the provider's count exactly as for a native relay; what the client gets is
+//! re-encoded: a whole answer once it is complete, a stream event by event.
+
+use super::send::retry_after;
+use super::stream::{read_whole, upstream_request_id, DRAIN_MAX_BYTES};
+use super::{Gateway, RelayPlan, RequestCtx};
+use crate::billing::meter::{Shape, UsageScanner};
+use crate::config::Protocol;
+use crate::protocol::response::LocalResponse;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::translate::{self, StreamTranslator, Translation};
+use bytes::Bytes;
+use pingora_core::protocols::http::client::HttpSession;
+use pingora_core::upstreams::peer::{HttpPeer, Peer};
+use pingora_error::{Error, ErrorType, Result};
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+
+/// How the provider's answer reports usage.
+fn shape_of(upstream: Protocol) -> Shape {
+    match upstream {
+        Protocol::Openai => Shape::Chat,
+        Protocol::Anthropic => Shape::Messages,
+        Protocol::Gemini => Shape::Gemini,
+    }
+}
+
+impl Gateway {
+    /// Relay the provider's answer (its header read by `open_upstream`) to the client in the
+    /// client's protocol.
+    pub(super) async fn relay_translated(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        plan: &mut RelayPlan,
+        mut http: HttpSession,
+        peer: HttpPeer,
+        t: Translation,
+    ) -> Result<()> {
+        let shape = plan.protocol;
+        let Some(upstream_header) = http.response_header() else {
+            return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header"));
+        };
+        let status = upstream_header.status.as_u16();
+        plan.happened.upstream_request_id = upstream_request_id(upstream_header);
+        let retry_after = retry_after(upstream_header).map(|d| d.as_secs().max(1));
+        let sse = upstream_header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let series = self.metrics.protocol(shape);
+        series.upstream_seconds.observe(plan.started.elapsed());
+        if !(200..300).contains(&status) {
+            // A stream that failed before its first byte is a real error, in the client's shape,
+            // with the provider's status, as a native relay's.
+            return self.relay_error(session, ctx, plan, (http, peer), (status, retry_after), shape_of(t.upstream)).await;
+        }
+        let mut scanner = UsageScanner::new(shape_of(t.upstream), sse, false);
+        if plan.sampled() {
+            scanner.read_answer();
+        }
+        if !t.stream {
+            // A whole answer.
+            let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES).await {
+                Ok(body) => body,
+                Err(e) => {
+                    log::warn!("upstream answer of a translated request ended early: {e}");
+                    self.abandon(&mut http, plan, &mut scanner, status).await;
+                    let err = ApiError::new(ErrorKind::BadGateway, "The upstream service's answer was cut short.");
+                    return LocalResponse::error(&err, shape).send(session).await;
+                }
+            };
+            self.settle(plan, Some(&mut scanner), status).await;
+            let idle = peer.idle_timeout();
+            if let HttpSession::H1(h1) = http {
+                self.connector.release_http_session(h1, &peer, idle).await;
+            }
+            let response = match translate::response(&t, &body) {
+                Ok(bytes) => LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers: Vec::new() },
+                Err(err) => {
+                    log::warn!("a translated answer could not be read ({} -> {})", t.upstream.as_str(), t.client.as_str());
+                    LocalResponse::error(&err, shape)
+                }
+            };
+            ctx.response_started = true;
+            return response.send(session).await;
+        }
+
+        let mut header = Box::new(ResponseHeader::build(status, Some(4))?);
+        header.insert_header(http::header::CONTENT_TYPE, t.content_type())?;
+        header.insert_header(http::header::CACHE_CONTROL, "no-cache")?;
+        header.set_version(http::Version::HTTP_11);
+        header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+        let _open_stream = crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams);
+        ctx.response_started = true;
+        if let Err(e) = session.write_response_header(header, false).await {
+            self.drain(&mut http, plan, &mut scanner, status).await;
+            return Err(e.into_down());
+        }
+        let mut translator = StreamTranslator::new(&t);
+        let opening = translator.start();
+        if !opening.is_empty() {
+            if let Err(e) = session.write_response_body(Some(Bytes::from(opening)), false).await {
+                self.drain(&mut http, plan, &mut scanner, status).await;
+                return Err(e.into_down());
+            }
+        }
+        let mut first_byte = true;
+        loop {
+            let (chunk, done) = self.next_chunk(&mut http, plan, &mut scanner, status).await?;
+            let mut out = Vec::new();
+            if let Some(data) = chunk {
+                if first_byte && !data.is_empty() {
+                    first_byte = false;
+                    let after = plan.started.elapsed();
+                    plan.happened.first_byte = Some(after);
+                    series.first_byte_seconds.observe(after);
+                }
+                scanner.feed(&data);
+                match translator.feed(&data) {
+                    Ok(bytes) => out = bytes,
+                    Err(translate::stream::Broken) => {
+                        // Billed for what came; the client's stream ends with its error event.
+                        log::warn!("upstream stream of a translated request has an event over limits.max_event_bytes; ended");
+                        self.abandon(&mut http, plan, &mut scanner, status).await;
+                        let last = Bytes::from(translator.fail());
+                        return session.write_response_body(Some(last), true).await.map_err(|e| e.into_down());
+                    }
+                }
+            }
+            if done {
+                out.extend(translator.finish());
+                // Settled before the client sees the end, as a native relay.
+                self.settle(plan, Some(&mut scanner), status).await;
+                return self.end_relay(session, http, &peer, Some(Bytes::from(out))).await;
+            }
+            if !out.is_empty() {
+                if let Err(e) = session.write_response_body(Some(Bytes::from(out)), false).await {
+                    self.drain(&mut http, plan, &mut scanner, status).await;
+                    return Err(e.into_down());
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,9 @@
+//! The edge: client connections and what comes in on them — the listener that bounds a
+//! connection's header phase ([`listener`]), request bodies ([`body`]), the proxy of model
+//! calls ([`gateway`], its request path as stages) and the listener of local answers
+//! ([`local`]: the admin API and the metrics listener).
+
+pub mod body;
+pub mod gateway;
+pub mod listener;
+pub mod local;
