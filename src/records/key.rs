@@ -84,7 +84,7 @@ pub enum KeyOrigin {
 }
 
 /// A shared account: keys that name it draw on its balance and its windows as well as their
-/// own. Its balance is in the money store ([`account_purse`]).
+/// own. Its balance is in the money store ([`crate::policy::budget::account_purse`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AccountRecord {
     pub name: String,

@@ -48,7 +48,7 @@ pub struct UsageRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_protocol: Option<String>,
     /// The purses debited besides the key's own balance: its shared account's, spend windows'
-    /// (see [`Purse`]).
+    /// (see [`crate::records::purse::Purse`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub charged: Vec<String>,
     /// The key's tags when the record was written (a later change of the key's tags leaves

@@ -6,7 +6,7 @@
 //! * [`postgres`] with [`fleet`]: a node of a fleet (`store.postgres`). Keys, money, usage
 //!   records, response owners and video tasks live in the PostgreSQL database every node
 //!   shares; only the node's journal (records on their way there) stays in sled.
-//! * [`records`]: the stored form of a usage record (binary; older JSON entries read alike),
+//! * [`usage_codec`]: the stored form of a usage record (binary; older JSON entries read alike),
 //!   the same in both backends.
 //!
 //! The interface has three parts, one per concern, each a trait defined here:

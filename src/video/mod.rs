@@ -1,5 +1,5 @@
 //! Asynchronous video-generation tasks (video spec): validation and capability routing
-//! ([`request`]), the pure state machine ([`task`]), the TC3 signer ([`tc3`]) and client
+//! ([`request`]), the pure state machine ([`crate::records::task`]), the TC3 signer ([`tc3`]) and client
 //! ([`upstream`]), sled persistence ([`store`]); this module ties them into the service the
 //! HTTP layer calls, the background poller and crash recovery.
 

@@ -2,7 +2,7 @@
 //! named and attributed by the GenAI semantic conventions, exported over OTLP off the request
 //! path (see `export`). A client's W3C trace is continued and carried upstream.
 //!
-//! * [`settings`]: `telemetry.otlp` and the `OTEL_*` variables.
+//! * [`crate::config::telemetry`]: `telemetry.otlp` and the `OTEL_*` variables.
 //! * [`context`]: `traceparent` / `tracestate`.
 //! * `otlp`: the protobuf the collector receives; `export`: the batching thread.
 //!
