@@ -11,9 +11,14 @@
 //! (`AdminApi::create_key`, `AdminApi::patch_key`), so a rule lives in one place.
 
 pub(crate) mod html;
+mod keys;
+mod page;
 mod pages;
+mod providers;
+mod requests;
 mod reveal;
 mod throttle;
+mod usage;
 
 use crate::admin::api::AdminApi;
 use crate::protocol::response::LocalResponse;

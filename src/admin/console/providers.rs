@@ -1,0 +1,153 @@
+//! The providers' page (health, cooldowns, keys) and the video tasks' page.
+
+use super::html::{self, count, esc, nanos};
+use super::page::*;
+use super::requests::*;
+use super::{Form, Request};
+use crate::admin::api::AdminApi;
+use crate::records::log::Filter;
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+pub(super) fn state_name(state: crate::upstream::health::State) -> &'static str {
+    match state {
+        crate::upstream::health::State::Healthy => "healthy",
+        crate::upstream::health::State::Cooling(_) => "cooling",
+        crate::upstream::health::State::HalfOpen { .. } => "half-open",
+    }
+}
+
+pub(super) fn health_strip(api: &AdminApi) -> String {
+    let mut out = String::from("<div class=\"strip\" id=\"health\">");
+    for (name, state, _) in api.health.states() {
+        let s = state_name(state);
+        let _ = write!(out, "<a href=\"/console/providers\" class=\"state {s}\">{}: {s}</a>", esc(&name));
+    }
+    out.push_str("</div>");
+    out
+}
+
+pub(super) async fn providers(api: &AdminApi, req: &Request) -> Page {
+    let clock = Clock::now(api);
+    let now_ms = crate::base::clock::now_ms();
+    let since = now_ms.saturating_sub(15 * 60 * 1000);
+    #[derive(Default)]
+    struct Recent {
+        n: u64,
+        ok: u64,
+        latency: Vec<u64>,
+        first_byte: Vec<u64>,
+    }
+    let mut recent: BTreeMap<String, Recent> = BTreeMap::new();
+    for_log(api, Filter { start_ms: since, end_ms: u64::MAX, ..Default::default() }, |e| {
+        if let Some(p) = &e.provider {
+            let r = recent.entry(p.clone()).or_default();
+            r.n += 1;
+            r.ok += u64::from((200..400).contains(&e.status));
+            r.latency.push(e.latency_ms);
+            r.first_byte.extend(e.first_byte_ms);
+        }
+    })
+    .await?;
+    let states: BTreeMap<String, (crate::upstream::health::State, Vec<crate::upstream::health::State>)> =
+        api.health.states().into_iter().map(|(n, s, k)| (n, (s, k))).collect();
+    let routing = api.routing.load();
+    let mut rows = Vec::new();
+    for u in &routing.catalog.upstreams {
+        let c = &u.config;
+        let (state, pool) = states.get(&c.name).cloned().unwrap_or((crate::upstream::health::State::Healthy, Vec::new()));
+        let s = state_name(state);
+        let pool = if pool.is_empty() {
+            "—".to_string()
+        } else {
+            pool.iter()
+                .enumerate()
+                .map(|(i, k)| format!("#{i} <span class=\"state {0}\">{0}</span>", state_name(*k)))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let r = recent.remove(&c.name).unwrap_or_default();
+        let median = |v: &mut Vec<u64>| -> String {
+            if v.is_empty() {
+                return "—".to_string();
+            }
+            v.sort_unstable();
+            format!("{} ms", count(v[v.len() / 2]))
+        };
+        let (mut latency, mut first_byte) = (r.latency, r.first_byte);
+        rows.push(vec![
+            esc(&c.name),
+            esc(&format!("{:?}", c.protocol).to_lowercase()),
+            format!("<span class=\"state {s}\">{s}</span>"),
+            if r.n == 0 { "—".to_string() } else { format!("{:.1}% of {}", r.ok as f64 * 100.0 / r.n as f64, count(r.n)) },
+            median(&mut latency),
+            median(&mut first_byte),
+            esc(&c.models.join(", ")),
+            pool,
+        ]);
+    }
+    let body = format!(
+        "<p><small>Success rate, latency and time to first byte: medians of the last 15 minutes' requests (request log).</small></p>{}",
+        html::table(
+            "providers",
+            &["Provider", "Protocol", "State", "Success", "Latency p50", "First byte p50", "Models", "Key pool"],
+            &rows,
+            None
+        )
+    );
+    Ok(clock.page("Providers", "/console/providers", &req.csrf, &body))
+}
+
+pub(super) async fn video(api: &AdminApi, req: &Request) -> Page {
+    let clock = Clock::now(api);
+    let Some(video) = &api.video else {
+        let body = "<p>No video service is configured (<code>video:</code>).</p>";
+        return Ok(clock.page("Video tasks", "/console/video", &req.csrf, body));
+    };
+    let q = Form::parse(&req.query);
+    let wanted = q.get("status");
+    let keys = api.keys.all_keys().await.map_err(internal)?;
+    let names = key_names(&keys);
+    let tasks = video.recent_tasks(VIDEO_TASKS).await.map_err(internal)?;
+    let mut by_status: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut rows = Vec::new();
+    let when = |secs: u64| if secs == 0 { "—".to_string() } else { crate::base::clock::time_in(secs * 1000, clock.tz()) };
+    for t in &tasks {
+        let status = t.status.public();
+        *by_status.entry(status).or_default() += 1;
+        if !wanted.is_empty() && wanted != status {
+            continue;
+        }
+        let took = t.completed_at.map_or("—".to_string(), |done| format!("{} s", count(done.saturating_sub(t.created_at))));
+        let outcome = match (&t.error, t.refunded) {
+            (Some(e), true) => format!("{} <small>refunded</small>", esc(&e.code)),
+            (Some(e), false) => esc(&e.code),
+            (None, _) => String::new(),
+        };
+        rows.push(vec![
+            format!("<span class=\"mono\">{}</span>", esc(&t.id)),
+            key_link(&t.owner, &names),
+            esc(&t.api_model),
+            format!("<span class=\"state {status}\">{status}</span> {}% {outcome}", t.progress),
+            esc(t.job_id.as_deref().unwrap_or("—")),
+            when(t.created_at),
+            when(t.last_polled_at),
+            took,
+            nanos(t.cost_nanos),
+        ]);
+    }
+    let (completed, failed) = video.finished_counts();
+    let mut links = String::from("<p><a href=\"/console/video\">all</a>");
+    for (s, n) in &by_status {
+        let _ = write!(links, " · <a href=\"/console/video?status={s}\">{s} ({n})</a>");
+    }
+    links.push_str("</p>");
+    let body = format!(
+        "{links}<p><small>The {VIDEO_TASKS} most recently updated tasks. Finished since this process started: {completed} completed, {failed} failed.</small></p>{}",
+        html::table("video", &["Task", "Key", "Model", "Status", "Upstream job", "Created", "Last polled", "Took", "Price"], &rows, None)
+    );
+    Ok(clock.page("Video tasks", "/console/video", &req.csrf, &body))
+}
+
+/// Tasks the video page lists (the most recently updated).
+pub(super) const VIDEO_TASKS: usize = 500;
