@@ -586,7 +586,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         let token = match &admin.token {
             Some(token) => token.clone(),
             None => {
-                let (token, path, made) = crate::admin::api::token_file(&config.data_dir)?;
+                let (token, path, made) = crate::admin::guard::token_file(&config.data_dir)?;
                 let why = match &admin.token_env {
                     Some(name) => format!("admin.token_env names {name}, which is not set"),
                     None => "admin.token is not set".to_string(),

@@ -3,4 +3,5 @@
 
 pub mod api;
 pub mod console;
+pub mod guard;
 pub mod scrape;

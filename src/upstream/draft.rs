@@ -194,7 +194,7 @@ pub fn draft(
     let hold_nanos = if !route.billed() { 0 } else { hold_cost(routing, &model, input, output_allowance)? };
     if candidates.len() > 1 {
         // Embeddings are not conversations: they only spread by weight.
-        let conversation = if route.embeds() { None } else { crate::protocol::conversation_key(&fields) };
+        let conversation = if route.embeds() { None } else { crate::protocol::conversation::conversation_key(&fields) };
         order_providers(catalog, &mut candidates, conversation);
     }
     // The provider chosen is that provider's load from now on (counted at once, so requests

@@ -381,7 +381,7 @@ async fn a_pinned_conversation_leaves_its_provider_only_while_it_rests() {
 fn rendezvous_order(prompt: &str, providers: &[(&str, u32)]) -> Vec<String> {
     let body = json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": prompt}]}).to_string();
     let fields = tollgate::protocol::body_fields(body.as_bytes()).expect("parse");
-    let conversation = tollgate::protocol::conversation_key(&fields).expect("a conversation");
+    let conversation = tollgate::protocol::conversation::conversation_key(&fields).expect("a conversation");
     let mut order: Vec<(f64, &str)> =
         providers.iter().map(|(name, w)| (tollgate::upstream::affinity::rendezvous_score(conversation, name, *w), *name)).collect();
     order.sort_by(|a, b| b.0.total_cmp(&a.0));
