@@ -451,15 +451,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
     if opt.test {
-        if let Some(fleet) = &config.fleet {
-            let version = crate::store::fleet::check(fleet).map_err(|e| e.to_string())?;
-            println!("tollgate: store.postgres reached; schema version {version} (node '{}')", fleet.node_id);
-        }
-        for warning in config.expired_keys(crate::base::clock::now_unix()) {
-            eprintln!("tollgate: warning: {warning}");
-        }
-        println!("tollgate: configuration {path} is valid");
-        return Ok(());
+        return check_only(&config, &path);
     }
     // Everything this process creates (database files, pid file, sockets) is its user's alone.
     // SAFETY: umask only sets the process's file-creation mask; it cannot fail.
@@ -488,8 +480,6 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     };
     let listen = config.listen;
     let connections = config.connections.clone();
-    let drain_time = config.drain;
-    let log_requests = config.console.request_log;
     let tls_listen = config.tls.as_ref().map(|t| t.listen);
     if upgrading {
         // Pingora's own wait is logged at debug (once a second); this says once what it is.
@@ -497,22 +487,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     let mut server = Server::new_with_opt_and_conf(opt, conf);
     server.bootstrap();
-    let local = if upgrading { SledDb::open_waiting(&config.data_dir, Duration::from_secs(600)) } else { SledDb::open(&config.data_dir) }
-        .map_err(|e| format!("data_dir {}: {e} (is another tollgate running on it?)", config.data_dir.display()))?;
+    let (local, fleet, store) = open_store(&config, upgrading)?;
     let handover_socket = config.data_dir.join(crate::handover::SOCKET);
-    // The one store: sled on a single node, the shared PostgreSQL database in a fleet (with
-    // this node's journal in `local`).
-    let fleet = match &config.fleet {
-        Some(conf) => {
-            let fleet = crate::store::fleet::Fleet::connect(conf).map_err(|e| e.to_string())?;
-            Some(Arc::new(crate::store::fleet::FleetStore::new(fleet, local.db(), config.commit).map_err(|e| e.to_string())?))
-        }
-        None => None,
-    };
-    let store: Arc<dyn Store> = match &fleet {
-        Some(node) => node.clone(),
-        None => Arc::new(SledStore::new(local.db(), config.commit).map_err(|e| e.to_string())?),
-    };
     let start_up = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start-up runtime: {e}"))?;
     let ledger = Arc::new(Ledger::new(store.money(), config.commit.sync));
     let seeding = async {
@@ -546,150 +522,241 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
 
-    let handover_client = Arc::new(crate::handover::Client { socket: handover_socket.clone() });
-    ledger.set_handover(handover_client.clone());
-    if let Some(svc) = &video {
-        svc.set_handover(handover_client);
-    }
-    server.add_service(background_service(
-        "handover",
-        crate::handover::HandoverService(Arc::new(crate::handover::HandoverServer {
-            socket: handover_socket,
-            ledger: ledger.clone(),
-            video: video.clone(),
-        })),
-    ));
-
-    if let Some(svc) = &video {
-        // Tasks left in `submitting` by a crash are failed before anything else runs.
-        // In an upgrade the previous process may still be submitting recent tasks.
-        let spare = if upgrading { 600 } else { 0 };
-        let failed = start_up.block_on(svc.recover(spare)).map_err(|e| format!("video recovery: {e}"))?;
-        if failed > 0 {
-            log::warn!("video: {failed} task(s) interrupted before submission were marked failed");
-        }
+    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer };
+    add_handover(&mut server, handover_socket, &shared);
+    if let Some(svc) = &shared.video {
+        recover_video(svc, &start_up, upgrading)?;
         server.add_service(background_service("video poller", VideoPoller { service: svc.clone() }));
     }
-    let scrape = Arc::new(crate::admin::scrape::Scrape {
-        metrics: metrics.clone(),
-        keys: keys.clone(),
-        local: local.clone(),
-        store: store.clone(),
-        health: health.clone(),
-        video: video.clone(),
-    });
-    if let Some(m) = &config.metrics {
-        let listener = crate::admin::scrape::MetricsListener { scrape: scrape.clone(), token: m.token.clone(), allow: m.allow.clone() };
-        add_local(&mut server, &config, &metrics, listener, "tollgate metrics", m.listen);
-    }
-    if let Some(admin) = &config.admin {
-        let token = match &admin.token {
-            Some(token) => token.clone(),
-            None => {
-                let (token, path, made) = crate::admin::guard::token_file(&config.data_dir)?;
-                let why = match &admin.token_env {
-                    Some(name) => format!("admin.token_env names {name}, which is not set"),
-                    None => "admin.token is not set".to_string(),
-                };
-                // The file is named, never the token: logs are shipped and kept.
-                if made {
-                    log::warn!("{why}: an admin token was generated into {} (0600, kept across restarts)", path.display());
-                } else {
-                    log::info!("{why}: the admin token is the one in {}", path.display());
-                }
-                token
-            }
-        };
-        let api = AdminApi {
-            token,
-            hosts: admin.hosts.clone(),
-            local: local.clone(),
-            store: store.clone(),
-            keys: keys.clone(),
-            ledger: ledger.clone(),
-            routing: routing.clone(),
-            metrics: metrics.clone(),
-            health: health.clone(),
-            video: video.clone(),
-            request_log_days: config.console.request_log_days,
-            request_log_max: config.console.request_log_max,
-            scrape: scrape.clone(),
-        };
-        add_local(&mut server, &config, &metrics, crate::admin::console::AdminListener::new(api), "tollgate admin", admin.listen);
-    }
+    add_operator_listeners(&mut server, &config, &shared)?;
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let keyless_per_minute = crate::edge::gateway::keyless_per_minute(config.console.request_log_max, config.console.request_log_days);
-    let drain = Drain {
-        tracer: tracer.clone(),
-        metrics: metrics.clone(),
-        local,
-        ledger: ledger.clone(),
-        phases: tokio::sync::Mutex::new(server.watch_execution_phase()),
-        closing: closing.clone(),
-    };
-    server.add_service(background_service("drain", drain));
-    server.add_service(background_service(
-        "usage retention",
-        Retention {
-            ledger: ledger.clone(),
-            keep: Duration::from_secs(config.usage_retention_days * 86_400),
-            requests: store.requests(),
-            console: config.console,
-        },
-    ));
-    server.add_service(background_service(
-        "config reload",
-        Reload {
-            path: path.clone(),
-            running: config,
-            routing: routing.clone(),
-            keys: keys.clone(),
-            ledger: ledger.clone(),
-            certificate: certificate.clone(),
-            health: health.clone(),
-        },
-    ));
-    let listener_metrics = metrics.clone();
-    let connector = pingora_core::connectors::http::v1::Connector::new(Some(pingora_core::connectors::ConnectorOptions::from_server_conf(
-        &server.configuration,
-    )));
-    let gateway = Gateway {
-        routing: routing.clone(),
-        keys,
-        body: body_limits,
-        video,
-        owners: crate::access::owners::Owners::new(ledger.clone()),
-        ledger,
-        limits: Arc::new(match &fleet {
-            Some(node) => Limits::for_fleet(node.fleet.clone()),
-            None => Limits::default(),
-        }),
-        metrics,
-        connector,
-        usage_queries: crate::access::limits::UsageTurns::default(),
-        drain: drain_time,
-        closing,
-        requests: log_requests.then(|| store.requests()),
-        tracer: tracer.clone(),
-        keyless: crate::edge::gateway::KeylessRefusals::new(keyless_per_minute),
-    };
-    let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &listener_metrics, true);
-    if let Some(addr) = listen {
-        proxy.add_tcp(&addr.to_string());
-    }
-    if let (Some(t), Some(cert)) = (&tls_listen, &certificate) {
-        // HTTP/2 and HTTP/1.1 by ALPN; TLS 1.2 and 1.3 with rustls' default cipher suites.
-        let mut settings = pingora_core::listeners::tls::TlsSettings::intermediate("", "").map_err(|e| format!("tls: {e}"))?;
-        settings.set_cert_resolver(cert.clone());
-        settings.enable_h2();
-        proxy.add_tls_with_settings(&t.to_string(), None, settings);
-    }
+    let gateway = gateway(&server, &config, &shared, fleet.as_deref(), closing.clone(), body_limits);
+    add_background(&mut server, config, path, &shared, certificate.clone(), closing);
+    let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &shared.metrics, true);
+    add_public_listeners(&mut proxy, listen, tls_listen.zip(certificate))?;
     server.add_service(proxy);
-    server.add_service(background_service("dns refresh", DnsRefresh { routing, every: Duration::from_secs(60) }));
-    let traces = tracer.as_ref().map_or(String::new(), |t| format!("; {}", t.describe()));
+    server.add_service(background_service("dns refresh", DnsRefresh { routing: shared.routing.clone(), every: Duration::from_secs(60) }));
+    let traces = shared.tracer.as_ref().map_or(String::new(), |t| format!("; {}", t.describe()));
     log::info!("{banner}; {enabled_keys} enabled key(s){traces}");
     notify_systemd();
     server.run_forever();
+}
+
+/// What the services of one process share, made once at start.
+struct Shared {
+    local: SledDb,
+    store: Arc<dyn Store>,
+    keys: Arc<KeyIndex>,
+    ledger: Arc<Ledger>,
+    routing: Arc<ArcSwap<Routing>>,
+    metrics: Arc<Metrics>,
+    health: Arc<crate::upstream::health::HealthBook>,
+    video: Option<Arc<VideoService>>,
+    tracer: Option<Arc<crate::observe::telemetry::Tracer>>,
+}
+
+/// Upgrades: bookings and task writes go to the new process once it has the database, and
+/// this process serves the old one's hand-over.
+fn add_handover(server: &mut Server, socket: std::path::PathBuf, s: &Shared) {
+    let client = Arc::new(crate::handover::Client { socket: socket.clone() });
+    s.ledger.set_handover(client.clone());
+    if let Some(svc) = &s.video {
+        svc.set_handover(client);
+    }
+    let handover = crate::handover::HandoverServer { socket, ledger: s.ledger.clone(), video: s.video.clone() };
+    server.add_service(background_service("handover", crate::handover::HandoverService(Arc::new(handover))));
+}
+
+/// The operator's listeners: `/metrics` on its own (`metrics:`), the admin API and console
+/// (`admin:`).
+fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> Result<(), String> {
+    let scrape = Arc::new(crate::admin::scrape::Scrape {
+        metrics: s.metrics.clone(),
+        keys: s.keys.clone(),
+        local: s.local.clone(),
+        store: s.store.clone(),
+        health: s.health.clone(),
+        video: s.video.clone(),
+    });
+    if let Some(m) = &config.metrics {
+        let listener = crate::admin::scrape::MetricsListener { scrape: scrape.clone(), token: m.token.clone(), allow: m.allow.clone() };
+        add_local(server, config, &s.metrics, listener, "tollgate metrics", m.listen);
+    }
+    if let Some(admin) = &config.admin {
+        let api = AdminApi {
+            token: admin_token(admin, &config.data_dir)?,
+            hosts: admin.hosts.clone(),
+            local: s.local.clone(),
+            store: s.store.clone(),
+            keys: s.keys.clone(),
+            ledger: s.ledger.clone(),
+            routing: s.routing.clone(),
+            metrics: s.metrics.clone(),
+            health: s.health.clone(),
+            video: s.video.clone(),
+            request_log_days: config.console.request_log_days,
+            request_log_max: config.console.request_log_max,
+            scrape,
+        };
+        add_local(server, config, &s.metrics, crate::admin::console::AdminListener::new(api), "tollgate admin", admin.listen);
+    }
+    Ok(())
+}
+
+/// The proxy of model calls.
+fn gateway(
+    server: &Server,
+    config: &Config,
+    s: &Shared,
+    fleet: Option<&crate::store::fleet::FleetStore>,
+    closing: Arc<std::sync::atomic::AtomicBool>,
+    body: crate::edge::body::BodyLimits,
+) -> Gateway {
+    let options = pingora_core::connectors::ConnectorOptions::from_server_conf(&server.configuration);
+    let keyless_per_minute = crate::edge::gateway::keyless_per_minute(config.console.request_log_max, config.console.request_log_days);
+    Gateway {
+        routing: s.routing.clone(),
+        keys: s.keys.clone(),
+        body,
+        video: s.video.clone(),
+        owners: crate::access::owners::Owners::new(s.ledger.clone()),
+        ledger: s.ledger.clone(),
+        limits: Arc::new(match fleet {
+            Some(node) => Limits::for_fleet(node.fleet.clone()),
+            None => Limits::default(),
+        }),
+        metrics: s.metrics.clone(),
+        connector: pingora_core::connectors::http::v1::Connector::new(Some(options)),
+        usage_queries: crate::access::limits::UsageTurns::default(),
+        drain: config.drain,
+        closing,
+        requests: config.console.request_log.then(|| s.store.requests()),
+        tracer: s.tracer.clone(),
+        keyless: crate::edge::gateway::KeylessRefusals::new(keyless_per_minute),
+    }
+}
+
+/// The services in the background: the drain at a stop or an upgrade, usage retention,
+/// configuration reloads (which keep the running configuration).
+fn add_background(
+    server: &mut Server,
+    config: Config,
+    path: String,
+    s: &Shared,
+    certificate: Option<Arc<crate::base::tls::ReloadableCert>>,
+    closing: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let drain = Drain {
+        tracer: s.tracer.clone(),
+        metrics: s.metrics.clone(),
+        local: s.local.clone(),
+        ledger: s.ledger.clone(),
+        phases: tokio::sync::Mutex::new(server.watch_execution_phase()),
+        closing,
+    };
+    server.add_service(background_service("drain", drain));
+    let retention = Retention {
+        ledger: s.ledger.clone(),
+        keep: Duration::from_secs(config.usage_retention_days * 86_400),
+        requests: s.store.requests(),
+        console: config.console,
+    };
+    server.add_service(background_service("usage retention", retention));
+    let reload = Reload {
+        path,
+        running: config,
+        routing: s.routing.clone(),
+        keys: s.keys.clone(),
+        ledger: s.ledger.clone(),
+        certificate,
+        health: s.health.clone(),
+    };
+    server.add_service(background_service("config reload", reload));
+}
+
+/// `tollgate -t`: the configuration is valid (it was loaded), a fleet's database is reached and
+/// its schema read; expired keys are warned of.
+fn check_only(config: &Config, path: &str) -> Result<(), String> {
+    if let Some(fleet) = &config.fleet {
+        let version = crate::store::fleet::check(fleet).map_err(|e| e.to_string())?;
+        println!("tollgate: store.postgres reached; schema version {version} (node '{}')", fleet.node_id);
+    }
+    for warning in config.expired_keys(crate::base::clock::now_unix()) {
+        eprintln!("tollgate: warning: {warning}");
+    }
+    println!("tollgate: configuration {path} is valid");
+    Ok(())
+}
+
+/// The one store: sled on a single node, the shared PostgreSQL database in a fleet (with this
+/// node's journal in the local database). In an upgrade the local database is waited for: the
+/// old process releases it when it stops accepting.
+#[allow(clippy::type_complexity)]
+fn open_store(config: &Config, upgrading: bool) -> Result<(SledDb, Option<Arc<crate::store::fleet::FleetStore>>, Arc<dyn Store>), String> {
+    let local = if upgrading { SledDb::open_waiting(&config.data_dir, Duration::from_secs(600)) } else { SledDb::open(&config.data_dir) }
+        .map_err(|e| format!("data_dir {}: {e} (is another tollgate running on it?)", config.data_dir.display()))?;
+    let fleet = match &config.fleet {
+        Some(conf) => {
+            let fleet = crate::store::fleet::Fleet::connect(conf).map_err(|e| e.to_string())?;
+            Some(Arc::new(crate::store::fleet::FleetStore::new(fleet, local.db(), config.commit).map_err(|e| e.to_string())?))
+        }
+        None => None,
+    };
+    let store: Arc<dyn Store> = match &fleet {
+        Some(node) => node.clone(),
+        None => Arc::new(SledStore::new(local.db(), config.commit).map_err(|e| e.to_string())?),
+    };
+    Ok((local, fleet, store))
+}
+
+/// Tasks left in `submitting` by a crash are failed before anything else runs. In an upgrade
+/// the previous process may still be submitting recent tasks.
+fn recover_video(svc: &VideoService, start_up: &tokio::runtime::Runtime, upgrading: bool) -> Result<(), String> {
+    let spare = if upgrading { 600 } else { 0 };
+    let failed = start_up.block_on(svc.recover(spare)).map_err(|e| format!("video recovery: {e}"))?;
+    if failed > 0 {
+        log::warn!("video: {failed} task(s) interrupted before submission were marked failed");
+    }
+    Ok(())
+}
+
+/// The admin token: the configured one, else the one in `data_dir/admin-token` (generated
+/// there at the first such start).
+fn admin_token(admin: &crate::config::AdminConfig, data_dir: &std::path::Path) -> Result<String, String> {
+    if let Some(token) = &admin.token {
+        return Ok(token.clone());
+    }
+    let (token, path, made) = crate::admin::guard::token_file(data_dir)?;
+    let why = match &admin.token_env {
+        Some(name) => format!("admin.token_env names {name}, which is not set"),
+        None => "admin.token is not set".to_string(),
+    };
+    // The file is named, never the token: logs are shipped and kept.
+    if made {
+        log::warn!("{why}: an admin token was generated into {} (0600, kept across restarts)", path.display());
+    } else {
+        log::info!("{why}: the admin token is the one in {}", path.display());
+    }
+    Ok(token)
+}
+
+/// The public listeners: plain HTTP, and HTTPS with HTTP/2 and HTTP/1.1 by ALPN (TLS 1.2 and
+/// 1.3 with rustls' default cipher suites), its certificate re-read on reload.
+fn add_public_listeners<A>(
+    proxy: &mut pingora_core::services::listening::Service<A>,
+    listen: Option<std::net::SocketAddr>,
+    tls: Option<(std::net::SocketAddr, Arc<crate::base::tls::ReloadableCert>)>,
+) -> Result<(), String> {
+    if let Some(addr) = listen {
+        proxy.add_tcp(&addr.to_string());
+    }
+    if let Some((addr, cert)) = tls {
+        let mut settings = pingora_core::listeners::tls::TlsSettings::intermediate("", "").map_err(|e| format!("tls: {e}"))?;
+        settings.set_cert_resolver(cert);
+        settings.enable_h2();
+        proxy.add_tls_with_settings(&addr.to_string(), None, settings);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
