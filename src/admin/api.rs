@@ -676,6 +676,73 @@ impl AdminApi {
         Ok(())
     }
 
+    /// `POST /admin/accounts`: a new shared account with its opening balance.
+    async fn create_account(&self, body: CreateAccount) -> std::result::Result<Value, ApiError> {
+        crate::policy::budget::valid_account_name(&body.name).map_err(|e| bad(format!("name: {e}")).with_param("name"))?;
+        let balance = to_nanos("balance", body.balance)?;
+        if balance < 0 {
+            return Err(bad("balance: must not be negative").with_param("balance"));
+        }
+        let budgets = body.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?;
+        if self.keys.all_accounts().await.map_err(internal)?.iter().any(|a| a.name == body.name) {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("An account named '{}' exists.", body.name)));
+        }
+        let account = crate::records::key::AccountRecord {
+            name: body.name,
+            budgets: budgets.unwrap_or_default(),
+            created_at: now_unix(),
+            origin: crate::records::key::KeyOrigin::Admin,
+            seed_digest: None,
+        };
+        self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
+        self.keys.put_account(&account).await.map_err(internal)?;
+        self.account_view(&account).await
+    }
+
+    /// `PATCH /admin/accounts/{name}`: its budgets, and a balance move with its reason.
+    async fn patch_account(&self, name: &str, patch: PatchAccount) -> std::result::Result<Value, ApiError> {
+        let mut account = (*self.account(name)?).clone();
+        if let Some(budgets) = patch.budgets {
+            account.budgets =
+                budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
+        }
+        let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
+        let reason = checked_reason(patch.reason, delta)?;
+        self.keys.put_account(&account).await.map_err(internal)?;
+        if let Some(delta) = delta {
+            let id = crate::policy::budget::account_purse(&account.name);
+            self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
+        }
+        self.account_view(&account).await
+    }
+
+    /// `GET /admin/audit`: a page of the audit trail, newest first.
+    async fn audit_page(&self, query: Option<&str>) -> std::result::Result<Value, ApiError> {
+        // `?limit=` (1 to 1000, 100 by default) and `?cursor=` (a page's `next`).
+        let query = query.unwrap_or_default();
+        let param = |name: &str| query.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='));
+        let limit = match param("limit") {
+            None => 100,
+            Some(v) => {
+                v.parse::<usize>().ok().filter(|n| (1..=1000).contains(n)).ok_or_else(|| bad("limit: 1 to 1000").with_param("limit"))?
+            }
+        };
+        let before = match param("cursor") {
+            None => None,
+            Some(v) => Some(
+                crate::records::log::Cursor::parse(&crate::base::text::decode_component(v))
+                    .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
+            ),
+        };
+        // One more than the page says whether there is a next one.
+        let mut entries = self.ledger.audit(limit + 1, before).await.map_err(internal)?;
+        let more = entries.len() > limit;
+        entries.truncate(limit);
+        let next = more.then(|| entries.last().map(|e| e.cursor().to_string())).flatten();
+        let data: Vec<Value> = entries.iter().map(crate::records::audit::AuditEntry::to_json).collect();
+        Ok(json!({"object": "list", "data": data, "next": next}))
+    }
+
     /// One request to the admin API (the listener answers `/console` with the console's pages
     /// before this).
     pub(crate) async fn handle(&self, session: &mut Session) -> std::result::Result<LocalResponse, ApiError> {
@@ -716,45 +783,18 @@ impl AdminApi {
             }
             ("POST", "/admin/accounts") => {
                 let body: CreateAccount = Self::read_json(session).await?;
-                crate::policy::budget::valid_account_name(&body.name).map_err(|e| bad(format!("name: {e}")).with_param("name"))?;
-                let balance = to_nanos("balance", body.balance)?;
-                if balance < 0 {
-                    return Err(bad("balance: must not be negative").with_param("balance"));
-                }
-                let budgets = body.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?;
-                if self.keys.all_accounts().await.map_err(internal)?.iter().any(|a| a.name == body.name) {
-                    return Err(ApiError::new(ErrorKind::Conflict, format!("An account named '{}' exists.", body.name)));
-                }
-                let account = crate::records::key::AccountRecord {
-                    name: body.name,
-                    budgets: budgets.unwrap_or_default(),
-                    created_at: now_unix(),
-                    origin: crate::records::key::KeyOrigin::Admin,
-                    seed_digest: None,
-                };
-                self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
-                self.keys.put_account(&account).await.map_err(internal)?;
-                Ok(LocalResponse::json(201, &self.account_view(&account).await?))
+                Ok(LocalResponse::json(201, &self.create_account(body).await?))
             }
             ("GET", p) if p.starts_with("/admin/accounts/") => {
                 let account = self.account(p.trim_start_matches("/admin/accounts/"))?;
                 Ok(LocalResponse::json(200, &self.account_view(&account).await?))
             }
             ("PATCH", p) if p.starts_with("/admin/accounts/") => {
-                let mut account = (*self.account(p.trim_start_matches("/admin/accounts/"))?).clone();
+                let name = p.trim_start_matches("/admin/accounts/");
+                // An unknown account is a 404 whatever the body says.
+                self.account(name)?;
                 let patch: PatchAccount = Self::read_json(session).await?;
-                if let Some(budgets) = patch.budgets {
-                    account.budgets =
-                        budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
-                }
-                let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
-                let reason = checked_reason(patch.reason, delta)?;
-                self.keys.put_account(&account).await.map_err(internal)?;
-                if let Some(delta) = delta {
-                    let id = crate::policy::budget::account_purse(&account.name);
-                    self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
-                }
-                Ok(LocalResponse::json(200, &self.account_view(&account).await?))
+                Ok(LocalResponse::json(200, &self.patch_account(name, patch).await?))
             }
             ("GET", "/admin/requests") => {
                 let filter = request_filter(req_query(session).as_deref())?;
@@ -771,33 +811,7 @@ impl AdminApi {
                     None => Err(ApiError::new(ErrorKind::NotFound, format!("No request with id '{id}' in the log."))),
                 }
             }
-            ("GET", "/admin/audit") => {
-                // `?limit=` (1 to 1000, 100 by default) and `?cursor=` (a page's `next`).
-                let query = req_query(session).unwrap_or_default();
-                let param = |name: &str| query.split('&').find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='));
-                let limit = match param("limit") {
-                    None => 100,
-                    Some(v) => v
-                        .parse::<usize>()
-                        .ok()
-                        .filter(|n| (1..=1000).contains(n))
-                        .ok_or_else(|| bad("limit: 1 to 1000").with_param("limit"))?,
-                };
-                let before = match param("cursor") {
-                    None => None,
-                    Some(v) => Some(
-                        crate::records::log::Cursor::parse(&crate::base::text::decode_component(v))
-                            .ok_or_else(|| bad("cursor: the `next` of a previous page").with_param("cursor"))?,
-                    ),
-                };
-                // One more than the page says whether there is a next one.
-                let mut entries = self.ledger.audit(limit + 1, before).await.map_err(internal)?;
-                let more = entries.len() > limit;
-                entries.truncate(limit);
-                let next = more.then(|| entries.last().map(|e| e.cursor().to_string())).flatten();
-                let data: Vec<Value> = entries.iter().map(crate::records::audit::AuditEntry::to_json).collect();
-                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data, "next": next})))
-            }
+            ("GET", "/admin/audit") => Ok(LocalResponse::json(200, &self.audit_page(req_query(session).as_deref()).await?)),
             ("GET", "/admin/usage") => self.usage_by(req_query(session).as_deref()).await,
             ("GET", p) if p.starts_with("/admin/keys/") && p.ends_with("/usage") => {
                 let id = p.trim_start_matches("/admin/keys/").trim_end_matches("/usage").to_string();
