@@ -3,7 +3,7 @@
 //! — its input estimate and its output allowance, lowered when a key cannot afford the
 //! default. Pure: the gateway's draft and price stages act on it.
 
-use super::catalog::order_providers;
+use super::catalog::{order_providers, Catalog};
 use super::{output, Routing};
 use crate::config::Protocol;
 use crate::protocol::{body_fields, ApiError, BodyFields, ErrorKind};
@@ -131,52 +131,9 @@ pub fn draft(
         }
         _ => body_fields(&client_body)?,
     };
-    let model = match route {
-        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => model.clone(),
-        _ => fields
-            .model
-            .clone()
-            .filter(|m| !m.is_empty())
-            .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
-    };
-    crate::protocol::check_model_name(&model)?;
-    if fields.background == Some(true) {
-        return Err(ApiError::new(
-            ErrorKind::BadRequest,
-            "Background responses are not available through this gateway: their usage is only known after the request ends. Send the request without 'background', streamed if it runs long.",
-        )
-        .with_param("background"));
-    }
+    let model = model_of(route, &fields)?;
     let client = crate::translate::client_dialect(route);
-    let allowed = catalog.candidates(protocol, &model).filter(|_| catalog.group_allows(group, protocol));
-    // A responses-API request goes to the providers of its model that serve that API; when none
-    // does (`responses: false`), it is translated to their chat completions.
-    let (native, chat_only) = match allowed {
-        Some(all) if *route == Route::Responses => {
-            let serving: Vec<usize> = all.iter().copied().filter(|&i| catalog.upstreams[i].config.responses).collect();
-            if serving.is_empty() {
-                (None, Some((Protocol::Openai, all)))
-            } else {
-                (Some(serving), None)
-            }
-        }
-        other => (other.map(<[usize]>::to_vec), None),
-    };
-    // Not served over the client's protocol: a translating group reaches it through another.
-    let translated = match (&native, client) {
-        (None, Some(_)) if chat_only.is_some() => chat_only,
-        (None, Some(_)) if catalog.group_translates(group) && catalog.group_allows(group, protocol) => {
-            catalog.served_elsewhere(protocol, &model)
-        }
-        _ => None,
-    };
-    let mut candidates = native.or(translated.map(|(_, c)| c.to_vec())).ok_or_else(|| {
-        ApiError::new(
-            ErrorKind::ModelNotFound,
-            format!("The model '{model}' does not exist or is not available to this key. See the model list."),
-        )
-        .with_param("model")
-    })?;
+    let (mut candidates, translated) = providers_for(catalog, route, protocol, group, client.is_some(), &model)?;
     // The key's model rules before its output limits (the documented order).
     policy.check_model(&model)?;
     // The output held per choice: the request's own maximum (within the key's and the model's
@@ -208,7 +165,7 @@ pub fn draft(
         _ => None,
     };
     let (usage_edit, withhold_usage, translation) = match (translated, client) {
-        (Some((upstream, _)), Some(client)) => {
+        (Some(upstream), Some(client)) => {
             let translation = crate::translate::Translation {
                 client,
                 upstream,
@@ -253,6 +210,73 @@ pub fn draft(
     };
     draft.body = draft.upstream_body(route, per_choice)?;
     Ok(draft)
+}
+
+/// The model a request names (in its path for generate content, else in its body), checked;
+/// a background response is refused (its usage is only known after the request ends).
+fn model_of(route: &Route, fields: &BodyFields<'_>) -> Result<String, ApiError> {
+    let model = match route {
+        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => model.clone(),
+        _ => fields
+            .model
+            .clone()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
+    };
+    crate::protocol::check_model_name(&model)?;
+    if fields.background == Some(true) {
+        return Err(ApiError::new(
+            ErrorKind::BadRequest,
+            "Background responses are not available through this gateway: their usage is only known after the request ends. Send the request without 'background', streamed if it runs long.",
+        )
+        .with_param("background"));
+    }
+    Ok(model)
+}
+
+/// The providers that may serve `model` for a request over `protocol`, and the protocol they
+/// are reached in when it is not the client's: a responses-API request goes to the providers
+/// of its model that serve that API, else (`responses: false`) to their chat completions; a
+/// model not served over the client's protocol is reached through another by a translating
+/// group.
+fn providers_for(
+    catalog: &Catalog,
+    route: &Route,
+    protocol: Protocol,
+    group: &str,
+    translatable: bool,
+    model: &str,
+) -> Result<(Vec<usize>, Option<Protocol>), ApiError> {
+    let allowed = catalog.candidates(protocol, model).filter(|_| catalog.group_allows(group, protocol));
+    // A responses-API request goes to the providers of its model that serve that API; when none
+    // does (`responses: false`), it is translated to their chat completions.
+    let (native, chat_only) = match allowed {
+        Some(all) if *route == Route::Responses => {
+            let serving: Vec<usize> = all.iter().copied().filter(|&i| catalog.upstreams[i].config.responses).collect();
+            if serving.is_empty() {
+                (None, Some((Protocol::Openai, all)))
+            } else {
+                (Some(serving), None)
+            }
+        }
+        other => (other.map(<[usize]>::to_vec), None),
+    };
+    // Not served over the client's protocol: a translating group reaches it through another.
+    let translated = match (&native, translatable) {
+        (None, true) if chat_only.is_some() => chat_only,
+        (None, true) if catalog.group_translates(group) && catalog.group_allows(group, protocol) => {
+            catalog.served_elsewhere(protocol, model)
+        }
+        _ => None,
+    };
+    let candidates = native.or(translated.map(|(_, c)| c.to_vec())).ok_or_else(|| {
+        ApiError::new(
+            ErrorKind::ModelNotFound,
+            format!("The model '{model}' does not exist or is not available to this key. See the model list."),
+        )
+        .with_param("model")
+    })?;
+    Ok((candidates, translated.map(|(upstream, _)| upstream)))
 }
 
 /// The hold for `input` and `output` tokens of `model`; a model without a price is refused.
