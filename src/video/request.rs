@@ -254,38 +254,7 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
         return Err(bad("model", format!("unsupported model '{model}'; check the spelling and the model configuration")));
     }
 
-    // metadata: PascalCase names; routing-only and filtered fields removed.
-    let mut meta = Map::new();
-    let mut force_reference = false;
-    match body.get("metadata") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(m)) => {
-            for (key, value) in m {
-                let name = pascal_case(key);
-                let field = format!("metadata.{key}");
-                // Reserved names match whatever their case: `RESOLUTION` is `Resolution`.
-                match name.to_ascii_lowercase().as_str() {
-                    "model" | "prompt" | "images" | "duration" => {
-                        return Err(bad(
-                            &field,
-                            format!("must not be set in metadata; use the top-level {} field", name.to_ascii_lowercase()),
-                        ));
-                    }
-                    "action" => {
-                        let action = value.as_str().ok_or_else(|| bad(&field, "must be a string"))?;
-                        force_reference |= action == "referenceGenerate";
-                        continue;
-                    }
-                    "resolution" | "movementamplitude" => continue,
-                    _ => {}
-                }
-                if meta.keys().any(|k| k.eq_ignore_ascii_case(&name)) || meta.insert(name.clone(), value.clone()).is_some() {
-                    return Err(bad(&field, format!("metadata.{name} is given twice")));
-                }
-            }
-        }
-        Some(_) => return Err(bad("metadata", "must be an object")),
-    }
+    let (mut meta, force_reference) = metadata(body)?;
     check_metadata_types(&meta)?;
 
     // Capability routing (§4.3).
@@ -367,17 +336,7 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
         }
     };
 
-    // Prompt.
-    let prompt = string_field(body, "prompt")?.filter(|p| !p.trim().is_empty());
-    if prompt.is_none() && capability != Capability::ImageToVideo {
-        return Err(bad("prompt", format!("is required for {}", capability.label())));
-    }
-    if let Some(p) = prompt {
-        let chars = p.chars().count();
-        if chars > MAX_PROMPT_CHARS {
-            return Err(bad("prompt", format!("at most {MAX_PROMPT_CHARS} characters (got {chars})")));
-        }
-    }
+    let prompt = prompt_of(body, capability)?;
 
     // Duration (§8).
     let start_end = capability == Capability::ImageToVideo && inputs.len() == 2;
@@ -399,6 +358,59 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
     }
     payload.insert("Duration".into(), Value::from(duration));
     Ok(Submission { capability, api_model: model.to_string(), upstream_model, duration, off_peak, payload, uploads })
+}
+
+/// `metadata`: its names in PascalCase, routing-only and filtered fields taken out; and
+/// whether it asked for reference-to-video (`action: referenceGenerate`).
+fn metadata(body: &Map<String, Value>) -> Result<(Map<String, Value>, bool), ApiError> {
+    let mut meta = Map::new();
+    let mut force_reference = false;
+    match body.get("metadata") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) => {
+            for (key, value) in m {
+                let name = pascal_case(key);
+                let field = format!("metadata.{key}");
+                // Reserved names match whatever their case: `RESOLUTION` is `Resolution`.
+                match name.to_ascii_lowercase().as_str() {
+                    "model" | "prompt" | "images" | "duration" => {
+                        return Err(bad(
+                            &field,
+                            format!("must not be set in metadata; use the top-level {} field", name.to_ascii_lowercase()),
+                        ));
+                    }
+                    "action" => {
+                        let action = value.as_str().ok_or_else(|| bad(&field, "must be a string"))?;
+                        force_reference |= action == "referenceGenerate";
+                        continue;
+                    }
+                    "resolution" | "movementamplitude" => continue,
+                    _ => {}
+                }
+                if meta.keys().any(|k| k.eq_ignore_ascii_case(&name)) || meta.insert(name.clone(), value.clone()).is_some() {
+                    return Err(bad(&field, format!("metadata.{name} is given twice")));
+                }
+            }
+        }
+        Some(_) => return Err(bad("metadata", "must be an object")),
+    }
+    Ok((meta, force_reference))
+}
+
+/// `prompt`: required but for image-to-video, at most [`MAX_PROMPT_CHARS`] characters.
+fn prompt_of(body: &Map<String, Value>, capability: Capability) -> Result<Option<&str>, ApiError> {
+    let prompt = string_field(body, "prompt")?.filter(|p| !p.trim().is_empty());
+    if prompt.is_none() && capability != Capability::ImageToVideo {
+        return Err(bad("prompt", format!("is required for {}", capability.label())));
+    }
+    if let Some(p) = prompt {
+        let chars = p.chars().count();
+        if chars > MAX_PROMPT_CHARS {
+            return Err(bad("prompt", format!("at most {MAX_PROMPT_CHARS} characters (got {chars})")));
+        }
+    }
+
+    Ok(prompt)
 }
 
 /// Type rules of the metadata table (§2.2, §2.4).
