@@ -209,18 +209,7 @@ pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: O
     api.ledger.commit_now().await.map_err(internal)?;
     let (_, per_day) = api.ledger.usage_grouped(&key.id, start, end, &Grouping::Day(clock.tz().clone())).await.map_err(internal)?;
     let (total, per_model) = api.ledger.usage_grouped(&key.id, start, end, &Grouping::Model).await.map_err(internal)?;
-    let mut windows = Vec::new();
-    if let Some(w) = view["budgets"].as_object() {
-        for (name, v) in w {
-            windows.push(vec![
-                esc(name),
-                money(v["cap"].as_f64().unwrap_or(0.0)),
-                money(v["spent"].as_f64().unwrap_or(0.0)),
-                money(v["held"].as_f64().unwrap_or(0.0)),
-                esc(v["end"].as_str().unwrap_or_default()),
-            ]);
-        }
-    }
+    let windows = window_rows(&view);
     let day_rows: Vec<Vec<String>> = per_day.iter().rev().map(|(d, t)| vec![esc(d), count(t.requests), nanos(t.cost_nanos)]).collect();
     let model_rows: Vec<Vec<String>> = per_model
         .iter()
@@ -270,37 +259,7 @@ pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: O
         edit_fields.push_str(&html::field_of(name, label, &edit_value(name), err, hint));
     }
     let edit = html::form(&action("edit"), &req.csrf, "card grid", &format!("{edit_fields}<p><button type=\"submit\">Save</button></p>"));
-    // A new secret (shown once, the old one accepted a while), or the end of the key.
-    let manage = if view["revoked_at"].is_null() {
-        let value = |name: &str| form.map_or("", |f| f.get(name)).to_string();
-        let rotate = html::form(
-            &action("rotate"),
-            &req.csrf,
-            "card grid",
-            &format!(
-                "{}<p><button type=\"submit\">Rotate the secret</button></p>",
-                html::field_of(
-                    "grace_hours",
-                    "Old secret still accepted for (hours)",
-                    &value("grace_hours"),
-                    err,
-                    "0: not at all; at most 720"
-                ),
-            ),
-        );
-        let revoke = html::form(
-            &action("revoke"),
-            &req.csrf,
-            "card grid",
-            &format!(
-                "{}<p><button type=\"submit\" class=\"danger\">Revoke</button></p>",
-                html::field_of("confirm", "Type revoke to confirm", &value("confirm"), err, "a revoked key never works again"),
-            ),
-        );
-        format!("<h2>Secret</h2><div class=\"cols\"><div>{rotate}</div><div>{revoke}</div></div>")
-    } else {
-        String::new()
-    };
+    let manage = if view["revoked_at"].is_null() { secret_forms(&action, &req.csrf, form, err) } else { String::new() };
     let body = format!(
         "{done}{general}<section class=\"card\"><div class=\"line\"><strong>{}</strong> <span class=\"mono\">{}</span> · group {} · <span class=\"state {}\">{state}</span> {toggle}</div>\
 <p>Balance <strong id=\"balance\">{}</strong> · 30 days: {} requests, {}</p></section>\
@@ -326,6 +285,53 @@ pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: O
         page.status = 400;
     }
     Ok(page)
+}
+
+/// A key's spend windows as table rows: cap, spent, held, end.
+fn window_rows(view: &Value) -> Vec<Vec<String>> {
+    let Some(w) = view["budgets"].as_object() else { return Vec::new() };
+    w.iter()
+        .map(|(name, v)| {
+            vec![
+                esc(name),
+                money(v["cap"].as_f64().unwrap_or(0.0)),
+                money(v["spent"].as_f64().unwrap_or(0.0)),
+                money(v["held"].as_f64().unwrap_or(0.0)),
+                esc(v["end"].as_str().unwrap_or_default()),
+            ]
+        })
+        .collect()
+}
+
+/// A live key's secret forms: rotate (a new secret shown once, the old one accepted a
+/// while) and revoke (the end of the key).
+fn secret_forms(action: &dyn Fn(&str) -> String, csrf: &str, form: Option<&Form>, err: &[(&str, &str)]) -> String {
+    let value = |name: &str| form.map_or("", |f| f.get(name)).to_string();
+    let rotate = html::form(
+        &action("rotate"),
+        csrf,
+        "card grid",
+        &format!(
+            "{}<p><button type=\"submit\">Rotate the secret</button></p>",
+            html::field_of(
+                "grace_hours",
+                "Old secret still accepted for (hours)",
+                &value("grace_hours"),
+                err,
+                "0: not at all; at most 720"
+            ),
+        ),
+    );
+    let revoke = html::form(
+        &action("revoke"),
+        csrf,
+        "card grid",
+        &format!(
+            "{}<p><button type=\"submit\" class=\"danger\">Revoke</button></p>",
+            html::field_of("confirm", "Type revoke to confirm", &value("confirm"), err, "a revoked key never works again"),
+        ),
+    );
+    format!("<h2>Secret</h2><div class=\"cols\"><div>{rotate}</div><div>{revoke}</div></div>")
 }
 
 /// The edit form's values for a key's view.
