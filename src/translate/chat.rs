@@ -74,36 +74,7 @@ pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Requ
             }
             "assistant" => {
                 seen_conversation = true;
-                let mut parts = Vec::new();
-                for field_name in ["reasoning_content", "reasoning"] {
-                    if let Some(text) = m.get(field_name).and_then(Value::as_str).filter(|t| !t.is_empty()) {
-                        parts.push(Part::Thinking { text: text.to_string(), signature: None });
-                    }
-                }
-                match m.get("content") {
-                    Some(Value::String(s)) if !s.is_empty() => parts.push(Part::Text(s.clone())),
-                    Some(Value::Array(items)) => {
-                        for p in items {
-                            if let Some(t) = p.get("text").or_else(|| p.get("refusal")).and_then(Value::as_str) {
-                                parts.push(Part::Text(t.to_string()));
-                            }
-                        }
-                    }
-                    _ => {}
-                }
-                if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
-                    for call in calls {
-                        let id = call.get("id").and_then(Value::as_str).ok_or_else(|| invalid(&field, "a tool call needs its id"))?;
-                        let name = crate::protocol::at(call, "/function/name").and_then(Value::as_str).unwrap_or_default();
-                        let arguments = crate::protocol::at(call, "/function/arguments").and_then(Value::as_str).unwrap_or("{}");
-                        parts.push(Part::ToolCall(ToolCall {
-                            id: id.to_string(),
-                            name: name.to_string(),
-                            arguments: arguments.to_string(),
-                            signature: None,
-                        }));
-                    }
-                }
+                let parts = assistant_parts(m, &field)?;
                 req.messages.push(Message { role: Role::Assistant, parts });
             }
             "tool" => {
@@ -119,19 +90,7 @@ pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Requ
         }
     }
     req.messages = super::merge_roles(req.messages);
-    if let Some(Value::Array(tools)) = body.get("tools") {
-        for t in tools {
-            if t.get("type").and_then(Value::as_str) != Some("function") {
-                return Err(unsupported("tools", to, "only function tools can be carried"));
-            }
-            let f = t.get("function").ok_or_else(|| invalid("tools", "a function tool needs 'function'"))?;
-            req.tools.push(Tool {
-                name: f.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
-                description: f.get("description").and_then(Value::as_str).map(str::to_string),
-                schema: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
-            });
-        }
-    }
+    req.tools = tools_of(&body, to)?;
     req.tool_choice = match body.get("tool_choice") {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(super::tool_choice_word(s)?),
@@ -189,6 +148,59 @@ pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Requ
         },
     };
     Ok(req)
+}
+
+/// An assistant message's parts: its reasoning, its text (or refusal) and its tool calls.
+fn assistant_parts(m: &Value, field: &str) -> Result<Vec<Part>, ApiError> {
+    let mut parts = Vec::new();
+    for field_name in ["reasoning_content", "reasoning"] {
+        if let Some(text) = m.get(field_name).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+            parts.push(Part::Thinking { text: text.to_string(), signature: None });
+        }
+    }
+    match m.get("content") {
+        Some(Value::String(s)) if !s.is_empty() => parts.push(Part::Text(s.clone())),
+        Some(Value::Array(items)) => {
+            for p in items {
+                if let Some(t) = p.get("text").or_else(|| p.get("refusal")).and_then(Value::as_str) {
+                    parts.push(Part::Text(t.to_string()));
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+        for call in calls {
+            let id = call.get("id").and_then(Value::as_str).ok_or_else(|| invalid(field, "a tool call needs its id"))?;
+            let name = crate::protocol::at(call, "/function/name").and_then(Value::as_str).unwrap_or_default();
+            let arguments = crate::protocol::at(call, "/function/arguments").and_then(Value::as_str).unwrap_or("{}");
+            parts.push(Part::ToolCall(ToolCall {
+                id: id.to_string(),
+                name: name.to_string(),
+                arguments: arguments.to_string(),
+                signature: None,
+            }));
+        }
+    }
+    Ok(parts)
+}
+
+/// `tools`: function tools only.
+fn tools_of(body: &Map<String, Value>, to: Protocol) -> Result<Vec<Tool>, ApiError> {
+    let Some(Value::Array(tools)) = body.get("tools") else { return Ok(Vec::new()) };
+    let mut out = Vec::with_capacity(tools.len());
+    for t in tools {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(unsupported("tools", to, "only function tools can be carried"));
+        }
+        let f = t.get("function").ok_or_else(|| invalid("tools", "a function tool needs 'function'"))?;
+        out.push(Tool {
+            name: f.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
+            description: f.get("description").and_then(Value::as_str).map(str::to_string),
+            schema: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        });
+    }
+    Ok(out)
 }
 
 fn user_parts(content: &Value, field: &str, to: Protocol) -> Result<Vec<Part>, ApiError> {
