@@ -143,23 +143,7 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
         req.messages.push(Message { role, parts });
     }
     req.messages = super::merge_roles(req.messages);
-    for t in get(&body, "tools", "tools").and_then(Value::as_array).into_iter().flatten() {
-        let Some(decls) = t.get("functionDeclarations").or_else(|| t.get("function_declarations")).and_then(Value::as_array) else {
-            return Err(unsupported("tools", to, "only function declarations can be carried"));
-        };
-        for d in decls {
-            let schema = match (d.get("parametersJsonSchema").or_else(|| d.get("parameters_json_schema")), d.get("parameters")) {
-                (Some(s), _) => s.clone(),
-                (None, Some(s)) => json_schema(s),
-                (None, None) => json!({"type": "object", "properties": {}}),
-            };
-            req.tools.push(Tool {
-                name: d.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
-                description: d.get("description").and_then(Value::as_str).map(str::to_string),
-                schema,
-            });
-        }
-    }
+    req.tools = tools_of(&body, to)?;
     if let Some(cfg) =
         get(&body, "toolConfig", "tool_config").and_then(|c| c.get("functionCallingConfig").or_else(|| c.get("function_calling_config")))
     {
@@ -182,6 +166,29 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
         generation(g, &mut req, to)?;
     }
     Ok(req)
+}
+
+/// `tools`: function declarations only, their schema in JSON Schema.
+fn tools_of(body: &Map<String, Value>, to: Protocol) -> Result<Vec<Tool>, ApiError> {
+    let mut tools = Vec::new();
+    for t in get(&body, "tools", "tools").and_then(Value::as_array).into_iter().flatten() {
+        let Some(decls) = t.get("functionDeclarations").or_else(|| t.get("function_declarations")).and_then(Value::as_array) else {
+            return Err(unsupported("tools", to, "only function declarations can be carried"));
+        };
+        for d in decls {
+            let schema = match (d.get("parametersJsonSchema").or_else(|| d.get("parameters_json_schema")), d.get("parameters")) {
+                (Some(s), _) => s.clone(),
+                (None, Some(s)) => json_schema(s),
+                (None, None) => json!({"type": "object", "properties": {}}),
+            };
+            tools.push(Tool {
+                name: d.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
+                description: d.get("description").and_then(Value::as_str).map(str::to_string),
+                schema,
+            });
+        }
+    }
+    Ok(tools)
 }
 
 fn generation(raw: &Map<String, Value>, req: &mut Request, to: Protocol) -> Result<(), ApiError> {
