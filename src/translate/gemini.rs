@@ -171,7 +171,7 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
 /// `tools`: function declarations only, their schema in JSON Schema.
 fn tools_of(body: &Map<String, Value>, to: Protocol) -> Result<Vec<Tool>, ApiError> {
     let mut tools = Vec::new();
-    for t in get(&body, "tools", "tools").and_then(Value::as_array).into_iter().flatten() {
+    for t in get(body, "tools", "tools").and_then(Value::as_array).into_iter().flatten() {
         let Some(decls) = t.get("functionDeclarations").or_else(|| t.get("function_declarations")).and_then(Value::as_array) else {
             return Err(unsupported("tools", to, "only function declarations can be carried"));
         };
