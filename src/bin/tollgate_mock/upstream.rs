@@ -191,27 +191,8 @@ impl MockUpstream {
         let path = req.uri.path().to_string();
         let query = req.uri.query().map(str::to_string);
 
-        if path == "/__mock/requests" {
-            let tag = query.as_deref().and_then(|q| q.strip_prefix("tag="));
-            let body = serde_json::to_vec(&self.records(tag)).unwrap_or_default();
-            return send(session, 200, "application/json", body.into(), &[]).await;
-        }
-        if path == "/__mock/release" {
-            if let Some(token) = query.as_deref().and_then(|q| q.strip_prefix("token=")) {
-                self.hold(token).notify_one();
-                self.tc.release(token);
-            }
-            return send(session, 200, "application/json", Bytes::from_static(b"{}"), &[]).await;
-        }
-        if path == "/__mock/tc_calls" {
-            let calls = self.tc.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            return send(session, 200, "application/json", Value::Array(calls).to_string().into(), &[]).await;
-        }
-        if let Some(file) = path.strip_prefix("/__mock/video/") {
-            return self.tc.serve_video(session, &req, file, false).await;
-        }
-        if let Some(file) = path.strip_prefix("/__mock/expired/") {
-            return self.tc.serve_video(session, &req, file, true).await;
+        if path.starts_with("/__mock/") {
+            return self.introspect(session, &req, &path, query.as_deref()).await;
         }
 
         let mut body = Vec::new();
@@ -233,26 +214,10 @@ impl MockUpstream {
         for (k, v) in req.headers.iter() {
             headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
         }
-        if path.contains("/v1/responses/") {
-            self.record(Recorded {
-                method: req.method.to_string(),
-                path: path.clone(),
-                query: query.clone(),
-                headers: headers.clone(),
-                body_len: body.len(),
-                model: parsed.get("model").and_then(Value::as_str).map(str::to_string),
-                tag: header(&req, "x-test-tag").map(str::to_string),
-                stream_options: None,
-                stream: false,
-                max_output: max_output_of(&parsed),
-            });
-            if !self.credential_ok(Kind::Responses, &req) {
-                let b = error_body(Kind::Responses, 401, "mock: missing or wrong upstream key").to_string();
-                return send(session, 401, "application/json", b.into(), &[]).await;
-            }
-            if let Some((status, answer)) = self.responses_api(req.method.as_str(), &path, body.len()) {
-                return send(session, status, "application/json", answer.to_string().into(), &[]).await;
-            }
+        if path.contains("/v1/responses/")
+            && self.stored_response(session, &req, &path, query.as_deref(), headers.clone(), &parsed, body.len()).await?
+        {
+            return Ok(());
         }
         // Token counting (`/v1/messages/count_tokens`, `…/models/{m}:countTokens`): the
         // protocol's credential, errors and answer shape, no generation.
@@ -298,22 +263,7 @@ impl MockUpstream {
             tokio::time::sleep(Duration::from_millis(ms)).await;
         }
         if let Some(total) = ctl_num("x-mock-endless-event") {
-            // A misbehaving stream: `total` bytes of data lines, never the blank line that ends
-            // an event.
-            let mut h = ResponseHeader::build(200, Some(3))?;
-            h.insert_header("content-type", "text/event-stream")?;
-            h.insert_header("transfer-encoding", "chunked")?;
-            session.write_response_header(Box::new(h), false).await?;
-            let line = Bytes::from(format!("data: {}\n", "x".repeat(64 * 1024 - 7)));
-            let mut sent = 0u64;
-            while sent < total {
-                if session.write_response_body(Some(line.clone()), false).await.is_err() {
-                    return Ok(());
-                }
-                sent += line.len() as u64;
-            }
-            session.write_response_body(None, true).await?;
-            return Ok(());
+            return endless_event(session, total).await;
         }
         if let Some(status) = ctl_num("x-mock-status").and_then(|s| u16::try_from(s).ok()) {
             // `x-mock-error-bytes: N`: the message padded to N bytes (an oversized error answer).
@@ -327,24 +277,9 @@ impl MockUpstream {
             return send(session, status, "application/json", b.into(), &extra).await;
         }
 
-        // Embeddings of generate-content (no usage reported, as the service does).
-        if embedding {
-            let vector = json!({"values": [0.125, -0.5, 0.25]});
-            let answer = match parsed.get("requests").and_then(Value::as_array) {
-                Some(items) => json!({"embeddings": vec![vector; items.len()]}),
-                None => json!({"embedding": vector}),
-            };
+        if let Some(answer) = counted_or_embedded(kind, counting.is_some(), embedding, &req, &parsed, body.len()) {
             return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
         }
-        if counting.is_some() {
-            let n = pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i);
-            let answer = match kind {
-                Kind::Messages => json!({"input_tokens": n}),
-                _ => json!({"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}),
-            };
-            return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
-        }
-        let input = parsed.get("input");
         let (mut tool, reply) = agent_turn(kind, &parsed, &body);
         if header(&req, "x-mock-tool-calls").is_some() {
             tool = Some(ToolCall { name: "get_weather".into(), args: TOOL_ARGS.concat() });
@@ -359,58 +294,9 @@ impl MockUpstream {
                 }
             }
         }
-        let call = Call {
-            kind,
-            model: model.unwrap_or_else(|| "unknown".into()),
-            stream: match kind {
-                Kind::Generate { stream } => stream,
-                _ => parsed.get("stream").and_then(Value::as_bool).unwrap_or(false),
-            },
-            include_usage: parsed.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false)
-                && header(&req, "x-mock-no-usage").is_none(),
-            input_tokens: pair(&req, "x-mock-usage").map_or((body.len() as u64).div_ceil(4).max(1), |(i, _)| i),
-            // `x-mock-conform: 1`: the output ends at the maximum the request names in its own
-            // protocol's field, as a conforming upstream's does (a field of another protocol is
-            // ignored, as the real services ignore or refuse it).
-            output_tokens: pair(&req, "x-mock-usage").map(|(_, o)| match header(&req, "x-mock-conform") {
-                Some(_) => own_max_output(kind, &parsed).map_or(o, |max| o.min(max)),
-                None => o,
-            }),
-            // A field mask (query `fields` / `$fields`, or `X-Goog-FieldMask`) that does not
-            // name usage removes it, as the real service does.
-            no_usage: header(&req, "x-mock-no-usage").is_some()
-                || header(&req, "x-goog-fieldmask").is_some()
-                || query.as_deref().is_some_and(|q| {
-                    q.split('&').any(|p| p.starts_with("fields=") || p.starts_with("$fields=") || p.starts_with("%24fields="))
-                }),
-            tool,
-            reply,
-            response_id: format!("resp_mock_{}", self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
-            cache: pair(&req, "x-mock-cache"),
-            deltas: num(&req, "x-mock-deltas").unwrap_or(3) as usize,
-            interval: Duration::from_millis(num(&req, "x-mock-interval-ms").unwrap_or(0)),
-            hold: ctl("x-mock-hold").map(str::to_string),
-            hold_after: num(&req, "x-mock-hold-after").unwrap_or(1).max(1) as usize,
-            cut_after: ctl_num("x-mock-cut-after").map(|n| n as usize),
-            embed_inputs: match input {
-                Some(Value::Array(items)) => items.len().max(1),
-                _ => 1,
-            },
-            embed_base64: parsed.get("encoding_format").and_then(Value::as_str) == Some("base64"),
-            gemini_sse: query.as_deref().is_some_and(|q| q.split('&').any(|p| p == "alt=sse")),
-        };
+        let call = self.call_of(kind, model, &req, &parsed, body.len(), query.as_deref(), applies, tool, reply);
         if kind == Kind::Responses && parsed.get("store").and_then(Value::as_bool) != Some(false) {
-            // Stored as the service stores it: readable by id later (at this provider only).
-            let mut object = whole_body(&call);
-            object["store"] = json!(true);
-            let items = match parsed.get("input") {
-                Some(Value::String(text)) => {
-                    json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])
-                }
-                Some(items @ Value::Array(_)) => items.clone(),
-                _ => json!([]),
-            };
-            self.responses().insert((prefix, call.response_id.clone()), (object, items));
+            self.store_response(prefix, &call, &parsed);
         }
         if call.stream {
             self.stream(session, &call).await
@@ -418,6 +304,145 @@ impl MockUpstream {
             let b = whole_body(&call).to_string();
             send(session, 200, "application/json", b.into(), &[]).await
         }
+    }
+
+    /// A stored response's endpoints (`…/v1/responses/{id}[/…]`): recorded, and answered
+    /// from the responses this provider stored. False: not one of them (a create goes on).
+    #[allow(clippy::too_many_arguments)]
+    async fn stored_response(
+        &self,
+        session: &mut Session,
+        req: &RequestHeader,
+        path: &str,
+        query: Option<&str>,
+        headers: BTreeMap<String, Vec<String>>,
+        parsed: &Value,
+        body_len: usize,
+    ) -> Result<bool> {
+        self.record(Recorded {
+            method: req.method.to_string(),
+            path: path.to_string(),
+            query: query.map(str::to_string),
+            headers,
+            body_len,
+            model: parsed.get("model").and_then(Value::as_str).map(str::to_string),
+            tag: header(req, "x-test-tag").map(str::to_string),
+            stream_options: None,
+            stream: false,
+            max_output: max_output_of(parsed),
+        });
+        if !self.credential_ok(Kind::Responses, req) {
+            let b = error_body(Kind::Responses, 401, "mock: missing or wrong upstream key").to_string();
+            send(session, 401, "application/json", b.into(), &[]).await?;
+            return Ok(true);
+        }
+        if let Some((status, answer)) = self.responses_api(req.method.as_str(), path, body_len) {
+            send(session, status, "application/json", answer.to_string().into(), &[]).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// `/__mock/…`: the requests received, releasing a hold, the video service's calls and
+    /// its downloads.
+    async fn introspect(&self, session: &mut Session, req: &RequestHeader, path: &str, query: Option<&str>) -> Result<()> {
+        if path == "/__mock/requests" {
+            let tag = query.and_then(|q| q.strip_prefix("tag="));
+            let body = serde_json::to_vec(&self.records(tag)).unwrap_or_default();
+            return send(session, 200, "application/json", body.into(), &[]).await;
+        }
+        if path == "/__mock/release" {
+            if let Some(token) = query.and_then(|q| q.strip_prefix("token=")) {
+                self.hold(token).notify_one();
+                self.tc.release(token);
+            }
+            return send(session, 200, "application/json", Bytes::from_static(b"{}"), &[]).await;
+        }
+        if path == "/__mock/tc_calls" {
+            let calls = self.tc.calls.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            return send(session, 200, "application/json", Value::Array(calls).to_string().into(), &[]).await;
+        }
+        if let Some(file) = path.strip_prefix("/__mock/video/") {
+            return self.tc.serve_video(session, req, file, false).await;
+        }
+        if let Some(file) = path.strip_prefix("/__mock/expired/") {
+            return self.tc.serve_video(session, req, file, true).await;
+        }
+        send(session, 404, "application/json", Bytes::from_static(b"{\"error\":\"mock: unknown path\"}"), &[]).await
+    }
+
+    /// The call a request asks for, as the mock reads it (with the failure controls that
+    /// `applies` lets through).
+    #[allow(clippy::too_many_arguments)]
+    fn call_of(
+        &self,
+        kind: Kind,
+        model: Option<String>,
+        req: &RequestHeader,
+        parsed: &Value,
+        body_len: usize,
+        query: Option<&str>,
+        applies: bool,
+        tool: Option<ToolCall>,
+        reply: Option<String>,
+    ) -> Call {
+        let ctl = |req: &RequestHeader, name: &str| if applies { header(req, name).map(str::to_string) } else { None };
+        let ctl_num = |req: &RequestHeader, name: &str| ctl(req, name).and_then(|v| v.trim().parse::<u64>().ok());
+        Call {
+            kind,
+            model: model.unwrap_or_else(|| "unknown".into()),
+            stream: match kind {
+                Kind::Generate { stream } => stream,
+                _ => parsed.get("stream").and_then(Value::as_bool).unwrap_or(false),
+            },
+            include_usage: parsed.pointer("/stream_options/include_usage").and_then(Value::as_bool).unwrap_or(false)
+                && header(req, "x-mock-no-usage").is_none(),
+            input_tokens: pair(req, "x-mock-usage").map_or((body_len as u64).div_ceil(4).max(1), |(i, _)| i),
+            // `x-mock-conform: 1`: the output ends at the maximum the request names in its own
+            // protocol's field, as a conforming upstream's does (a field of another protocol is
+            // ignored, as the real services ignore or refuse it).
+            output_tokens: pair(req, "x-mock-usage").map(|(_, o)| match header(req, "x-mock-conform") {
+                Some(_) => own_max_output(kind, parsed).map_or(o, |max| o.min(max)),
+                None => o,
+            }),
+            // A field mask (query `fields` / `$fields`, or `X-Goog-FieldMask`) that does not
+            // name usage removes it, as the real service does.
+            no_usage: header(req, "x-mock-no-usage").is_some()
+                || header(req, "x-goog-fieldmask").is_some()
+                || query.is_some_and(|q| {
+                    q.split('&').any(|p| p.starts_with("fields=") || p.starts_with("$fields=") || p.starts_with("%24fields="))
+                }),
+            tool,
+            reply,
+            response_id: format!("resp_mock_{}", self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
+            cache: pair(req, "x-mock-cache"),
+            deltas: num(req, "x-mock-deltas").unwrap_or(3) as usize,
+            interval: Duration::from_millis(num(req, "x-mock-interval-ms").unwrap_or(0)),
+            hold: ctl(req, "x-mock-hold"),
+            hold_after: num(req, "x-mock-hold-after").unwrap_or(1).max(1) as usize,
+            cut_after: ctl_num(req, "x-mock-cut-after").map(|n| n as usize),
+            embed_inputs: match parsed.get("input") {
+                Some(Value::Array(items)) => items.len().max(1),
+                _ => 1,
+            },
+            embed_base64: parsed.get("encoding_format").and_then(Value::as_str) == Some("base64"),
+            gemini_sse: query.is_some_and(|q| q.split('&').any(|p| p == "alt=sse")),
+        }
+    }
+
+    /// A created response, stored as the service stores it: readable by id later (at this
+    /// provider only).
+    fn store_response(&self, prefix: String, call: &Call, parsed: &Value) {
+        let mut object = whole_body(call);
+        object["store"] = json!(true);
+        let items = match parsed.get("input") {
+            Some(Value::String(text)) => {
+                json!([{"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}])
+            }
+            Some(items @ Value::Array(_)) => items.clone(),
+            _ => json!([]),
+        };
+        self.responses().insert((prefix, call.response_id.clone()), (object, items));
     }
 
     fn responses(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), (Value, Value)>> {
@@ -525,4 +550,43 @@ impl ProxyHttp for MockUpstream {
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         Err(Error::explain(ErrorType::InternalError, "the mock has no upstream"))
     }
+}
+
+/// `x-mock-endless-event: N`: a misbehaving stream, `N` bytes of data lines and never the
+/// blank line that ends an event.
+async fn endless_event(session: &mut Session, total: u64) -> Result<()> {
+    let mut h = ResponseHeader::build(200, Some(3))?;
+    h.insert_header("content-type", "text/event-stream")?;
+    h.insert_header("transfer-encoding", "chunked")?;
+    session.write_response_header(Box::new(h), false).await?;
+    let line = Bytes::from(format!("data: {}\n", "x".repeat(64 * 1024 - 7)));
+    let mut sent = 0u64;
+    while sent < total {
+        if session.write_response_body(Some(line.clone()), false).await.is_err() {
+            return Ok(());
+        }
+        sent += line.len() as u64;
+    }
+    session.write_response_body(None, true).await?;
+    Ok(())
+}
+
+/// Token counting and generate-content embeddings, answered without generating (no usage
+/// reported for embeddings, as the service does).
+fn counted_or_embedded(kind: Kind, counting: bool, embedding: bool, req: &RequestHeader, parsed: &Value, body_len: usize) -> Option<Value> {
+    if embedding {
+        let vector = json!({"values": [0.125, -0.5, 0.25]});
+        return Some(match parsed.get("requests").and_then(Value::as_array) {
+            Some(items) => json!({"embeddings": vec![vector; items.len()]}),
+            None => json!({"embedding": vector}),
+        });
+    }
+    if !counting {
+        return None;
+    }
+    let n = pair(req, "x-mock-usage").map_or((body_len as u64).div_ceil(4).max(1), |(i, _)| i);
+    Some(match kind {
+        Kind::Messages => json!({"input_tokens": n}),
+        _ => json!({"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}),
+    })
 }
