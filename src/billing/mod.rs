@@ -1,5 +1,7 @@
 //! The rules that turn a request and what its response showed into money: the hold estimate
-//! before forwarding, and the usage billed afterwards (reported, or estimated on abnormal ends).
+//! before forwarding, and the usage billed afterwards (reported, or estimated on abnormal ends)
+//! — here; prices, holds, settlement and usage records in [`ledger`]; the usage scanner that
+//! reads what an answer reported, as it streams, in [`meter`].
 
 pub mod ledger;
 pub mod meter;
