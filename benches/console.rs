@@ -5,6 +5,7 @@
 //! 2 s). `TOLLGATE_BENCH_RECORDS` changes the count. Writes target/bench/console.json.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a failure here is a failed run, not a client's answer
+#![allow(clippy::too_many_lines)] // a benchmark's main tells its run in order
 
 use std::process::{Child, Command};
 use std::sync::Arc;

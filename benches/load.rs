@@ -8,6 +8,7 @@
 //! `cargo bench --bench load` (full) or `cargo bench --bench load -- --quick`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a failure here is a failed run, not a client's answer
+#![allow(clippy::too_many_lines)] // a benchmark's main tells its run in order
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};

@@ -2,6 +2,7 @@
 //! model extraction and TC3 signing. `cargo bench --bench micro`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a failure here is a failed run, not a client's answer
+#![allow(clippy::too_many_lines)] // a benchmark's main tells its run in order
 
 use bytes::Bytes;
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};

@@ -4,6 +4,7 @@
 //! file's tests with `cargo test --test gateway <file>::`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a failure here is a failed run, not a client's answer
+#![allow(clippy::too_many_lines)] // a test may tell a long scenario in one function
 
 #[path = "../common/mod.rs"]
 mod common;
