@@ -16,6 +16,7 @@
 //! imports it.
 
 pub mod billing;
+pub mod cloud;
 pub mod console;
 pub mod keys;
 pub mod listen;
@@ -26,6 +27,7 @@ pub mod video;
 
 pub use crate::protocol::Protocol;
 pub use billing::{CommitPolicy, MediaAllowance, Price};
+pub use cloud::{Cloud, ProviderKind};
 pub use console::{ConsoleConfig, LogFormat};
 pub use keys::{AccountConfig, KeyConfig};
 pub use listen::{AdminConfig, ConnLimits, MetricsConfig, TlsConfig};

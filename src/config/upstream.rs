@@ -2,6 +2,7 @@
 //! `routing`: the upstreams, who may call them, what is relayed, and how requests are spread
 //! and retried.
 
+use super::cloud::{Cloud, ProviderKind, RawAws, RawCloud, RawEntra};
 use super::{err, secret, ConfigError, Protocol};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
@@ -20,10 +21,33 @@ pub(super) fn providers(raw: Vec<RawProvider>, env: &dyn Fn(&str) -> Option<Stri
         if !names.insert(p.name.clone()) {
             return err(format!("{at}.name: '{}' is used twice", p.name));
         }
-        let base_url = BaseUrl::parse(&p.base_url).map_err(|e| ConfigError(format!("{at}.base_url: {e}")))?;
-        version_segment_refused(&at, &p.base_url, &base_url, p.protocol)?;
-        let api_keys = upstream_keys(&at, p.api_key.take(), p.api_key_env.take(), p.api_keys.take(), p.api_keys_env.take(), env)?;
+        let raw_cloud = RawCloud {
+            region: p.region.take(),
+            endpoint_url: p.endpoint_url.take(),
+            aws: p.aws.take(),
+            project: p.project.take(),
+            location: p.location.take(),
+            credentials_file: p.credentials_file.take(),
+            api_version: p.api_version.take(),
+            entra: p.entra.take(),
+        };
+        let url_key = if p.protocol == ProviderKind::Bedrock { "endpoint_url" } else { "base_url" };
+        let (cloud, url) = super::cloud::cloud(&at, p.protocol, raw_cloud, p.base_url.take(), env)?;
+        let base_url = BaseUrl::parse(&url).map_err(|e| ConfigError(format!("{at}.{url_key}: {e}")))?;
+        version_segment_refused(&at, &url, &base_url, p.protocol)?;
+        // Bedrock and Vertex sign in with their own credentials; Azure with Entra ID or a key.
+        let keyless =
+            matches!(cloud, Some(Cloud::Bedrock(_) | Cloud::Vertex(_) | Cloud::Azure(super::cloud::Azure { entra: Some(_), .. })));
+        let api_keys = if keyless {
+            if p.api_key.is_some() || p.api_key_env.is_some() || p.api_keys.is_some() || p.api_keys_env.is_some() {
+                return err(format!("{at}.api_key: not used by this provider (it signs in with its {} credentials)", p.protocol.as_str()));
+            }
+            Vec::new()
+        } else {
+            upstream_keys(&at, p.api_key.take(), p.api_key_env.take(), p.api_keys.take(), p.api_keys_env.take(), env)?
+        };
         provider_bounds(&at, &p)?;
+        let (models, upstream_names) = model_names(&at, std::mem::take(&mut p.models))?;
         let ca = match &p.ca_file {
             Some(path) if base_url.tls => {
                 Some(crate::base::tls::load_ca_bundle(path).map_err(|e| ConfigError(format!("{at}.ca_file: {e}")))?)
@@ -34,14 +58,17 @@ pub(super) fn providers(raw: Vec<RawProvider>, env: &dyn Fn(&str) -> Option<Stri
         providers.push(ProviderConfig {
             ca,
             name: p.name,
-            protocol: p.protocol,
+            protocol: p.protocol.protocol(),
+            kind: p.protocol,
+            cloud,
+            upstream_names,
             base_url,
             api_keys,
             priority: p.priority.unwrap_or(0),
             weight: p.weight.unwrap_or(1),
             cooldown: std::time::Duration::from_secs(p.cooldown_secs.unwrap_or(30)),
             failures_before_cooldown: p.failures_before_cooldown.unwrap_or(3),
-            models: p.models,
+            models,
             anthropic_version: p.anthropic_version.unwrap_or_else(|| DEFAULT_ANTHROPIC_VERSION.to_string()),
             connect_timeout_ms: p.connect_timeout_ms.unwrap_or(10_000),
             read_timeout_secs: p.read_timeout_secs.unwrap_or(600),
@@ -98,16 +125,46 @@ fn provider_bounds(at: &str, p: &RawProvider) -> Result<(), ConfigError> {
     if p.models.is_empty() {
         return err(format!("{at}.models: list at least one model"));
     }
-    if let Some(m) = p.models.iter().find(|m| m.trim().is_empty() || m.contains('/')) {
-        return err(format!("{at}.models: '{m}' is not a valid model id"));
-    }
-    if p.anthropic_version.is_some() && p.protocol != Protocol::Anthropic {
+    if p.anthropic_version.is_some() && p.protocol != ProviderKind::Anthropic {
         return err(format!("{at}.anthropic_version: only for protocol anthropic"));
     }
-    if p.responses.is_some() && p.protocol != Protocol::Openai {
-        return err(format!("{at}.responses: only for protocol openai"));
+    if p.responses.is_some() && !matches!(p.protocol, ProviderKind::Openai | ProviderKind::AzureOpenai) {
+        return err(format!("{at}.responses: only for protocol openai or azure-openai"));
     }
     Ok(())
+}
+
+/// A provider's `models:`, each a name (`gpt-x`) or a name with the upstream's own
+/// (`{ name: gpt-x, upstream: my-deployment }`): the names clients call and are billed by, and
+/// the upstream's names where they differ.
+fn model_names(at: &str, raw: Vec<RawModel>) -> Result<(Vec<String>, BTreeMap<String, String>), ConfigError> {
+    let mut names = Vec::with_capacity(raw.len());
+    let mut upstream = BTreeMap::new();
+    for m in raw {
+        let (name, theirs) = match m {
+            RawModel::Name(name) => (name, None),
+            RawModel::Alias { name, upstream } => (name, Some(upstream)),
+        };
+        if name.trim().is_empty() || name.contains('/') {
+            return err(format!("{at}.models: '{name}' is not a valid model id"));
+        }
+        if let Some(theirs) = theirs.filter(|t| *t != name) {
+            if theirs.trim().is_empty() || theirs.contains(['/', '?', '#', ' ']) {
+                return err(format!("{at}.models: upstream name '{theirs}' of '{name}' is not a valid model id"));
+            }
+            upstream.insert(name.clone(), theirs);
+        }
+        names.push(name);
+    }
+    Ok((names, upstream))
+}
+
+/// One entry of a provider's `models:`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawModel {
+    Name(String),
+    Alias { name: String, upstream: String },
 }
 
 /// `groups:`; without any, one group `default` that may call everything.
@@ -194,8 +251,26 @@ impl From<Protocol> for Platform {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawProvider {
     name: String,
-    protocol: Protocol,
-    base_url: String,
+    protocol: ProviderKind,
+    #[serde(default)]
+    base_url: Option<String>,
+    // The cloud kinds' settings (see `cloud`).
+    #[serde(default)]
+    region: Option<String>,
+    #[serde(default)]
+    endpoint_url: Option<String>,
+    #[serde(default)]
+    aws: Option<RawAws>,
+    #[serde(default)]
+    project: Option<String>,
+    #[serde(default)]
+    location: Option<String>,
+    #[serde(default)]
+    credentials_file: Option<PathBuf>,
+    #[serde(default)]
+    api_version: Option<String>,
+    #[serde(default)]
+    entra: Option<RawEntra>,
     #[serde(default)]
     api_key: Option<String>,
     #[serde(default)]
@@ -219,7 +294,7 @@ pub(super) struct RawProvider {
     #[serde(default)]
     failures_before_cooldown: Option<u32>,
     #[serde(default)]
-    models: Vec<String>,
+    models: Vec<RawModel>,
     /// `anthropic-version` sent when the client sends none (anthropic only).
     #[serde(default)]
     anthropic_version: Option<String>,
@@ -306,9 +381,17 @@ pub struct BaseUrl {
 /// A provider's `base_url` ending in its protocol's version segment (`…/v1`, as the `openai`
 /// SDK and other gateways write it; `…/v1beta` for generate-content) would reach the upstream
 /// as `/v1/v1/…`: refused, with the URL to write instead.
-fn version_segment_refused(at: &str, given: &str, url: &BaseUrl, protocol: Protocol) -> Result<(), ConfigError> {
+fn version_segment_refused(at: &str, given: &str, url: &BaseUrl, kind: ProviderKind) -> Result<(), ConfigError> {
     let last = url.prefix.rsplit('/').next().unwrap_or_default();
-    let versioned = last == "v1" || (protocol == Protocol::Gemini && (last == "v1beta" || last == "v1alpha"));
+    if kind == ProviderKind::AzureOpenai && (url.prefix.ends_with("/openai") || url.prefix.ends_with("/openai/v1")) {
+        let root = given.trim_end_matches('/').trim_end_matches("/v1").trim_end_matches("/openai");
+        return err(format!(
+            "{at}.base_url: ends in {}, which tollgate adds itself; write base_url: {root}",
+            &url.prefix[url.prefix.find("/openai").unwrap_or(0)..]
+        ));
+    }
+    let versioned =
+        last == "v1" || (matches!(kind, ProviderKind::Gemini | ProviderKind::Vertex) && (last == "v1beta" || last == "v1alpha"));
     if !versioned {
         return Ok(());
     }
@@ -358,7 +441,14 @@ impl BaseUrl {
 #[derive(Debug, Clone)]
 pub struct ProviderConfig {
     pub name: String,
+    /// The wire protocol of its requests (a Vertex provider's Anthropic models: see [`ProviderConfig::wire`]).
     pub protocol: Protocol,
+    /// What `protocol:` named: a wire protocol with a static key, or a cloud.
+    pub kind: ProviderKind,
+    /// A cloud provider's settings and credentials.
+    pub cloud: Option<Cloud>,
+    /// The upstream's own name of each model whose client-visible name differs from it.
+    pub upstream_names: BTreeMap<String, String>,
     pub base_url: BaseUrl,
     /// The upstream keys (one, or a pool used in turn).
     pub api_keys: Vec<String>,
@@ -377,6 +467,23 @@ pub struct ProviderConfig {
     pub responses: bool,
     /// CA certificates for an https upstream (None: the system roots).
     pub ca: Option<std::sync::Arc<[pingora_core::utils::tls::WrappedX509]>>,
+}
+
+impl ProviderConfig {
+    /// The name the upstream knows `model` (a client-visible name) by.
+    pub fn upstream_model<'a>(&'a self, model: &'a str) -> &'a str {
+        self.upstream_names.get(model).map_or(model, String::as_str)
+    }
+
+    /// How many credentials it rotates through: its keys, or the one a cloud signs in with.
+    pub fn credentials(&self) -> usize {
+        self.api_keys.len().max(1)
+    }
+
+    /// The wire protocol its requests for `model` are written in.
+    pub fn wire(&self, model: &str) -> Protocol {
+        Cloud::wire_of(self.cloud.as_ref(), self.protocol, self.upstream_model(model))
+    }
 }
 
 /// A list of header names (a trailing `*` makes a prefix), lower-cased; `refused` says why a

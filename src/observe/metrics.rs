@@ -356,11 +356,15 @@ pub fn gen_ai_operation(route: &str) -> Option<&'static str> {
 }
 
 /// The GenAI provider name of a provider's protocol.
-pub fn gen_ai_provider(protocol: Protocol) -> &'static str {
-    match protocol {
-        Protocol::Openai => "openai",
-        Protocol::Anthropic => "anthropic",
-        Protocol::Gemini => "gcp.gemini",
+pub fn gen_ai_provider(kind: crate::config::ProviderKind) -> &'static str {
+    use crate::config::ProviderKind;
+    match kind {
+        ProviderKind::Openai => "openai",
+        ProviderKind::Anthropic => "anthropic",
+        ProviderKind::Gemini => "gcp.gemini",
+        ProviderKind::Bedrock => "aws.bedrock",
+        ProviderKind::Vertex => "gcp.vertex_ai",
+        ProviderKind::AzureOpenai => "az.ai.openai",
     }
 }
 
@@ -405,7 +409,8 @@ mod tests {
         assert_eq!(gen_ai_operation("stream_generate_content"), Some("generate_content"));
         assert_eq!(gen_ai_operation("batch_embed_contents"), Some("embeddings"));
         assert_eq!(gen_ai_operation("count_tokens"), None);
-        assert_eq!(gen_ai_provider(Protocol::Gemini), "gcp.gemini");
+        assert_eq!(gen_ai_provider(crate::config::ProviderKind::Gemini), "gcp.gemini");
+        assert_eq!(gen_ai_provider(crate::config::ProviderKind::Bedrock), "aws.bedrock");
     }
 
     #[test]

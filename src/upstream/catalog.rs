@@ -40,7 +40,7 @@ impl Upstream {
         let seam = super::seam::for_provider(&config);
         let host_value = http::HeaderValue::from_str(&config.base_url.host_header()).unwrap_or_else(|_| http::HeaderValue::from_static(""));
         let span_attrs = crate::observe::telemetry::Upstream {
-            gen_ai_provider: crate::observe::metrics::gen_ai_provider(config.protocol),
+            gen_ai_provider: crate::observe::metrics::gen_ai_provider(config.kind),
             name: &config.name,
             host: &config.base_url.host,
             port: config.base_url.port,
@@ -112,7 +112,7 @@ impl Catalog {
         let mut by_model: HashMap<String, [Vec<usize>; 3], ahash::RandomState> = HashMap::default();
         for (i, p) in config.providers.iter().enumerate() {
             for m in &p.models {
-                let entry = &mut by_model.entry(m.clone()).or_default()[p.protocol.index()];
+                let entry = &mut by_model.entry(m.clone()).or_default()[p.wire(m).index()];
                 if !entry.contains(&i) {
                     entry.push(i);
                 }
@@ -161,18 +161,15 @@ impl Catalog {
         let mut out: Vec<ModelEntry> = Vec::new();
         let translates = self.group_translates(group);
         for u in &self.upstreams {
-            let p = u.config.protocol;
-            let reachable = match only {
-                Some(endpoint) if translates => self.group_allows(group, endpoint),
-                Some(endpoint) => endpoint == p && self.group_allows(group, p),
-                None if translates => Protocol::ALL.into_iter().any(|e| self.group_allows(group, e)),
-                None => self.group_allows(group, p),
-            };
-            if !reachable {
-                continue;
-            }
             for m in &u.config.models {
-                if !out.iter().any(|e| &e.id == m) {
+                let p = u.config.wire(m);
+                let reachable = match only {
+                    Some(endpoint) if translates => self.group_allows(group, endpoint),
+                    Some(endpoint) => endpoint == p && self.group_allows(group, p),
+                    None if translates => Protocol::ALL.into_iter().any(|e| self.group_allows(group, e)),
+                    None => self.group_allows(group, p),
+                };
+                if reachable && !out.iter().any(|e| &e.id == m) {
                     out.push(ModelEntry { id: m.clone(), created: self.created, owned_by: p.as_str() });
                 }
             }

@@ -86,6 +86,8 @@ pub struct Draft {
     pub previous_response_id: Option<String>,
     /// The model is served over another protocol than the client's: `body` is the provider's.
     pub translation: Option<crate::translate::Translation>,
+    /// The client asked for a streamed answer.
+    pub stream: bool,
 }
 
 /// Plan a request on a stored response (read, cancel, delete, list its input items): it goes
@@ -108,6 +110,7 @@ pub fn stored_draft(routing: &Routing, owner: &crate::records::usage::ResponseOw
         withhold_usage: false,
         previous_response_id: None,
         translation: None,
+        stream: false,
     })
 }
 
@@ -164,17 +167,18 @@ pub fn draft(
         Route::Responses | Route::ResponsesCompact | Route::ResponsesInputTokens => fields.previous_response_id.clone(),
         _ => None,
     };
+    let stream = match route {
+        Route::GenerateContent { stream, .. } => *stream,
+        _ if crate::translate::counts(route) => false,
+        _ => fields.stream == Some(true),
+    };
     let (usage_edit, withhold_usage, translation) = match (translated, client) {
         (Some(upstream), Some(client)) => {
             let translation = crate::translate::Translation {
                 client,
                 upstream,
                 model: model.clone(),
-                stream: match route {
-                    Route::GenerateContent { stream, .. } => *stream,
-                    _ if crate::translate::counts(route) => false,
-                    _ => fields.stream == Some(true),
-                },
+                stream,
                 client_wants_usage: crate::protocol::openai::client_wants_usage(&fields),
                 gemini_sse: false,
                 input_estimate: input.tokens(),
@@ -207,6 +211,7 @@ pub fn draft(
         withhold_usage,
         previous_response_id,
         translation,
+        stream,
     };
     draft.body = draft.upstream_body(route, per_choice)?;
     Ok(draft)
@@ -276,6 +281,18 @@ fn providers_for(
         )
         .with_param("model")
     })?;
+    // A kind of upstream that does not offer this endpoint (token counting on Bedrock) is left out.
+    let (wire, is_translated) = (translated.map_or(protocol, |(upstream, _)| upstream), translated.is_some());
+    let offered = |i: &usize| catalog.upstreams[*i].seam.serves(route, wire, is_translated);
+    if !candidates.iter().any(offered) {
+        let kinds: Vec<&str> = candidates.iter().map(|&i| catalog.upstreams[i].config.kind.as_str()).collect();
+        return Err(ApiError::new(
+            ErrorKind::BadRequest,
+            format!("The model '{model}' is served here by providers ({}) that do not offer this endpoint.", kinds.join(", ")),
+        )
+        .with_param("model"));
+    }
+    let candidates = if candidates.iter().all(offered) { candidates } else { candidates.into_iter().filter(offered).collect() };
     Ok((candidates, translated.map(|(upstream, _)| upstream)))
 }
 

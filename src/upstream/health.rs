@@ -345,7 +345,7 @@ impl HealthBook {
     pub fn provider(&self, provider: &crate::config::ProviderConfig) -> Arc<ProviderHealth> {
         let mut all = self.providers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(h) = all.get(&provider.name) {
-            if h.keys.len() == provider.api_keys.len() && h.threshold == provider.failures_before_cooldown && h.rest == provider.cooldown {
+            if h.keys.len() == provider.credentials() && h.threshold == provider.failures_before_cooldown && h.rest == provider.cooldown {
                 return h.clone();
             }
         }
@@ -354,7 +354,7 @@ impl HealthBook {
         let health = Arc::new(ProviderHealth {
             name: name.to_string(),
             breaker: Mutex::new(all.get(name).map(|h| *lock(&h.breaker)).unwrap_or_default()),
-            keys: (0..provider.api_keys.len()).map(|_| Mutex::new(Breaker::default())).collect(),
+            keys: (0..provider.credentials()).map(|_| Mutex::new(Breaker::default())).collect(),
             next_key: AtomicUsize::new(0),
             threshold: provider.failures_before_cooldown,
             rest: provider.cooldown,
@@ -362,7 +362,7 @@ impl HealthBook {
             cooldowns: m.counter("tollgate_provider_cooldowns_total", &[("provider", name)]),
             load: crate::upstream::affinity::RecentLoad::default(),
             overflows: m.counter("tollgate_affinity_overflow_total", &[("provider", name)]),
-            key_cooldowns: (0..provider.api_keys.len())
+            key_cooldowns: (0..provider.credentials())
                 .map(|k| m.counter("tollgate_provider_key_cooldowns_total", &[("provider", name), ("key", &k.to_string())]))
                 .collect(),
             statuses: RwLock::new(Vec::new()),

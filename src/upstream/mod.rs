@@ -14,13 +14,15 @@ pub mod draft;
 pub mod health;
 pub mod output;
 pub mod path;
+pub mod reply;
 pub mod request;
 pub mod seam;
 
 pub use catalog::{order_providers, prefer_provider, Catalog, DnsRefresh, Upstream};
 pub use draft::{draft, stored_draft, Draft};
 pub use path::{upstream_path, upstream_query, Destination};
-pub use request::{header_allowed, response_header_allowed, upstream_request};
+pub use reply::Reply;
+pub use request::{header_allowed, response_header_allowed, upstream_request, Ask};
 
 use crate::config::MediaAllowance;
 use std::sync::Arc;
@@ -455,6 +457,14 @@ prices:
         assert!(!header_allowed("x-test-tagged", Protocol::Gemini, &forward));
     }
 
+    /// The request `upstream_request` makes of `req` for `upstream`.
+    fn prepared(req: &RequestHeader, upstream: &Upstream, route: &Route, version: Option<&str>, body: &'static [u8]) -> RequestHeader {
+        let ask = Ask { model: "m", stream: false, client_version: version };
+        let body = bytes::Bytes::from_static(body);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
+        runtime.block_on(upstream_request(req, upstream, 0, Destination::Relayed(route), &ask, &body, &[])).expect("rewrite").0
+    }
+
     #[test]
     fn rewrite_strips_client_keys_and_sets_provider_credentials() {
         let c = Catalog::new(&config(), 0, &health());
@@ -472,8 +482,7 @@ prices:
         ] {
             req.insert_header(k, v).expect("hdr");
         }
-        let req = upstream_request(&req, &c.upstreams[2], 0, Destination::Relayed(&Route::Messages), Some("2024-01-01"), 12, &[])
-            .expect("rewrite");
+        let req = prepared(&req, &c.upstreams[2], &Route::Messages, Some("2024-01-01"), b"{\"model\":\"m\"}");
         assert_eq!(req.headers["anthropic-beta"], "tools-1");
         assert!(req.headers.get("openai-organization").is_none());
         let wire = format!("{:?}", req.headers);
@@ -481,7 +490,7 @@ prices:
         assert_eq!(req.headers["x-api-key"], "up-c");
         assert_eq!(req.headers["anthropic-version"], "2024-01-01");
         assert_eq!(req.headers["host"], "api.example.com");
-        assert_eq!(req.headers["content-length"], "12");
+        assert_eq!(req.headers["content-length"], "13");
         assert!(req.headers.get("compat-version").is_none());
         assert!(req.headers.get("accept-encoding").is_none());
         assert_eq!(req.uri.to_string(), "/v1/messages?beta=true");
@@ -489,7 +498,7 @@ prices:
         let mut req = RequestHeader::build("POST", b"/v1/chat/completions", None).expect("req");
         req.insert_header("x-api-key", "sk-client").expect("hdr");
         req.set_version(http::Version::HTTP_2);
-        let req = upstream_request(&req, &c.upstreams[0], 0, Destination::Relayed(&Route::ChatCompletions), None, 0, &[]).expect("rewrite");
+        let req = prepared(&req, &c.upstreams[0], &Route::ChatCompletions, None, b"");
         assert_eq!(req.headers["authorization"], "Bearer up-a");
         assert!(req.headers.get("x-api-key").is_none());
         assert_eq!(req.headers["host"], "127.0.0.1:1");
@@ -501,7 +510,7 @@ prices:
     fn anthropic_version_defaults_and_paths() {
         let c = Catalog::new(&config(), 0, &health());
         let req = RequestHeader::build("POST", b"/v1/messages", None).expect("req");
-        let req = upstream_request(&req, &c.upstreams[2], 0, Destination::Relayed(&Route::Messages), None, 0, &[]).expect("rewrite");
+        let req = prepared(&req, &c.upstreams[2], &Route::Messages, None, b"");
         assert_eq!(req.headers["anthropic-version"], crate::config::upstream::DEFAULT_ANTHROPIC_VERSION);
         assert_eq!(upstream_path("/v1beta/models/g:generateContent", ""), "/v1beta/models/g:generateContent");
         assert_eq!(upstream_path("/embeddings", "/x"), "/x/v1/embeddings");

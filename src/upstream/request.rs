@@ -3,7 +3,9 @@
 
 use super::catalog::Upstream;
 use super::path::Destination;
+use super::seam::Call;
 use crate::config::Protocol;
+use bytes::Bytes;
 use pingora_http::RequestHeader;
 
 /// Client headers relayed upstream, besides the operator's `forward_headers`. Everything else
@@ -62,32 +64,61 @@ pub fn response_header_allowed(name: &str, protocol: Protocol, forward: &[String
     COMMON_RESPONSE_HEADERS.contains(&name) || protocol.response_headers().contains(&name) || listed(name, forward)
 }
 
-/// The request header sent to `upstream`, built from the client's: only allowlisted client
-/// headers are copied (credentials, account selectors and answer shaping never reach the
-/// operator's upstream account; also dropped: accept-encoding, since the usage scanner needs
-/// plain bytes, and expect, since the whole body is already here), the provider's credential,
-/// `Host` and the body length are set, the path gets the provider's prefix and only
-/// allowlisted query parameters. Always HTTP/1.1 (an HTTP/2 client's request included).
-pub fn upstream_request(
+/// The request sent to `upstream` (its header and body), built from the client's: only
+/// allowlisted client headers are copied (credentials, account selectors and answer shaping
+/// never reach the operator's upstream account; also dropped: accept-encoding, since the usage
+/// scanner needs plain bytes, and expect, since the whole body is already here), `Host` and the
+/// body length are set; the provider's seam gives the path (the provider's prefix, only
+/// allowlisted query parameters), the body (the model under the provider's name, the cloud's
+/// own fields) and the credential (a key, a token it awaits, or a signature over both). Always
+/// HTTP/1.1 (an HTTP/2 client's request included).
+pub async fn upstream_request(
     client: &RequestHeader,
     upstream: &Upstream,
     key: usize,
     to: Destination<'_>,
-    client_version: Option<&str>,
-    body_len: usize,
+    ask: &Ask<'_>,
+    body: &Bytes,
     forward: &[String],
-) -> pingora_error::Result<RequestHeader> {
+) -> pingora_error::Result<(RequestHeader, Bytes)> {
     let seam = &upstream.seam;
-    let protocol = seam.protocol();
-    let path_and_query = seam.target(client, to, &upstream.config.base_url.prefix);
+    let config = &upstream.config;
+    let wire = match to {
+        Destination::Translated(t) => t.upstream,
+        Destination::Relayed(_) => config.wire(ask.model),
+    };
+    let call = Call {
+        client,
+        to,
+        model: config.upstream_model(ask.model),
+        client_model: ask.model,
+        wire,
+        stream: ask.stream,
+        client_version: ask.client_version,
+    };
+    let body = seam.body(&call, body)?;
+    let path_and_query = seam.target(&call, &config.base_url.prefix);
     let mut req = RequestHeader::build(client.method.clone(), path_and_query.as_bytes(), Some(client.headers.len() + 4))?;
     for (name, value) in client.headers.iter() {
-        if header_allowed(name.as_str(), protocol, forward) {
+        if header_allowed(name.as_str(), wire, forward) {
             req.append_header(name.clone(), value.clone())?;
         }
     }
-    req.insert_header(http::header::CONTENT_LENGTH, body_len)?;
-    seam.authenticate(&mut req, key, client_version)?;
+    req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
     req.insert_header(http::header::HOST, upstream.host_value.clone())?;
-    Ok(req)
+    let token = match seam.tokens() {
+        Some(source) => Some(source.bearer().await?),
+        None => None,
+    };
+    seam.authenticate(&mut req, key, token.as_ref(), &call, &body)?;
+    Ok((req, body))
+}
+
+/// What a request asks of every provider it may go to.
+pub struct Ask<'a> {
+    /// The model as the client named it.
+    pub model: &'a str,
+    pub stream: bool,
+    /// The client's `anthropic-version`, if it sent one.
+    pub client_version: Option<&'a str>,
 }

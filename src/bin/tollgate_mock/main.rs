@@ -8,6 +8,7 @@ use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
 mod agent;
 mod bodies;
+mod cloud;
 mod tc;
 mod upstream;
 mod video_bytes;
@@ -37,6 +38,24 @@ struct Args {
     tls_cert: Option<String>,
     #[arg(long)]
     tls_key: Option<String>,
+    /// AWS access key id Bedrock requests must be signed with.
+    #[arg(long, default_value = "AKIDMOCKTOLLGATE")]
+    aws_access_key_id: String,
+    /// AWS secret key the mock verifies Bedrock's SigV4 signatures with.
+    #[arg(long, default_value = "mock-aws-secret-access-key")]
+    aws_secret_access_key: String,
+    /// Seconds the mock's (AWS's) clock runs ahead of this host's (negative: behind).
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    aws_clock_offset_secs: i64,
+    /// PEM public key of the Google service account whose token assertions are accepted.
+    #[arg(long)]
+    google_public_key: Option<String>,
+    /// Client secret the mock's Entra ID token endpoint accepts.
+    #[arg(long, default_value = "mock-entra-client-secret")]
+    entra_client_secret: String,
+    /// Lifetime of the tokens the mock issues.
+    #[arg(long, default_value_t = 3600)]
+    token_lifetime_secs: u64,
     /// Worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -52,11 +71,24 @@ fn main() {
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
+    let google_public_key = args.google_public_key.as_ref().map(|path| match std::fs::read(path) {
+        Ok(pem) => pem,
+        Err(e) => {
+            eprintln!("tollgate-mock: --google-public-key {path}: {e}");
+            std::process::exit(2);
+        }
+    });
+    let cloud = cloud::CloudMock::new(
+        (args.aws_access_key_id.clone(), args.aws_secret_access_key.clone(), args.aws_clock_offset_secs),
+        google_public_key,
+        args.entra_client_secret.clone(),
+        args.token_lifetime_secs,
+    );
     let mut server = Server::new_with_opt_and_conf(None, conf);
     server.bootstrap();
     let mut service = pingora_proxy::http_proxy_service_with_name(
         &server.configuration,
-        MockUpstream::new(args.key, args.tc_secret_id, args.tc_secret_key),
+        MockUpstream::new(args.key, args.tc_secret_id, args.tc_secret_key, cloud),
         "tollgate-mock",
     );
     match (&args.tls_cert, &args.tls_key) {

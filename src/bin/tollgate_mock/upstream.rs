@@ -52,6 +52,7 @@ use tokio::sync::Notify;
 
 use crate::agent::*;
 use crate::bodies::*;
+use crate::cloud::{CloudCall, CloudMock};
 use crate::tc::*;
 use crate::wire::*;
 
@@ -74,6 +75,8 @@ pub struct Recorded {
     pub stream: bool,
     /// The output maximum the request named, in whichever protocol field.
     pub max_output: Option<u64>,
+    /// A cloud endpoint's request body (its signature is recomputed from it by the tests).
+    pub body: Option<String>,
 }
 
 /// The output maximum a request names in its own protocol's field.
@@ -106,11 +109,19 @@ pub struct MockUpstream {
     /// Stored responses by (path prefix, i.e. provider; id): the object and its input items.
     responses: Mutex<HashMap<(String, String), (Value, Value)>>,
     next_id: std::sync::atomic::AtomicU64,
+    /// Bedrock, Vertex AI and Azure OpenAI (see `cloud`).
+    cloud: CloudMock,
 }
 
 impl MockUpstream {
-    pub fn new(upstream_key: impl Into<String>, tc_secret_id: impl Into<String>, tc_secret_key: impl Into<String>) -> Self {
+    pub fn new(
+        upstream_key: impl Into<String>,
+        tc_secret_id: impl Into<String>,
+        tc_secret_key: impl Into<String>,
+        cloud: CloudMock,
+    ) -> Self {
         MockUpstream {
+            cloud,
             upstream_key: upstream_key.into(),
             records: Mutex::new(Vec::new()),
             holds: Mutex::new(HashMap::new()),
@@ -199,6 +210,10 @@ impl MockUpstream {
         while let Some(chunk) = session.read_request_body().await? {
             body.extend_from_slice(&chunk);
         }
+        if let Some((status, answer)) = self.cloud.token_endpoint(&path, &body) {
+            return send(session, status, "application/json", answer.to_string().into(), &[]).await;
+        }
+        let cloud = crate::cloud::classify(&path, query.as_deref());
         if let Some(action) = header(&req, "x-tc-action") {
             let action = action.to_string();
             let answer = self.tc.call(&req, &action, &body);
@@ -221,7 +236,9 @@ impl MockUpstream {
         }
         // Token counting (`/v1/messages/count_tokens`, `…/models/{m}:countTokens`): the
         // protocol's credential, errors and answer shape, no generation.
-        let counting = if path.ends_with("/v1/messages/count_tokens") {
+        let counting = if cloud.as_ref().is_some_and(CloudCall::counts) {
+            Some(Kind::Generate { stream: false })
+        } else if path.ends_with("/v1/messages/count_tokens") {
             Some(Kind::Messages)
         } else if path.contains("/models/") && path.ends_with(":countTokens") {
             Some(Kind::Generate { stream: false })
@@ -229,13 +246,14 @@ impl MockUpstream {
             None
         };
         let embedding = path.contains("/models/") && (path.ends_with(":embedContent") || path.ends_with(":batchEmbedContents"));
-        let Some(kind) = counting.or(embedding.then_some(Kind::Generate { stream: false })).or_else(|| kind_of(&path)) else {
+        let kind = counting.or(cloud.as_ref().map(CloudCall::kind));
+        let Some(kind) = kind.or(embedding.then_some(Kind::Generate { stream: false })).or_else(|| kind_of(&path)) else {
             return send(session, 404, "application/json", Bytes::from_static(b"{\"error\":\"mock: unknown path\"}"), &[]).await;
         };
-        let model = match kind {
+        let model = cloud.as_ref().and_then(CloudCall::model).or_else(|| match kind {
             Kind::Generate { .. } => path.rsplit_once("/models/").and_then(|(_, rest)| rest.split_once(':')).map(|(m, _)| m.to_string()),
             _ => parsed.get("model").and_then(Value::as_str).map(str::to_string),
-        };
+        });
         self.record(Recorded {
             method: req.method.to_string(),
             path: path.clone(),
@@ -246,12 +264,20 @@ impl MockUpstream {
             tag: header(&req, "x-test-tag").map(str::to_string),
             stream_options: parsed.get("stream_options").cloned(),
             max_output: max_output_of(&parsed),
-            stream: kind == Kind::Generate { stream: true } || parsed.get("stream").and_then(Value::as_bool) == Some(true),
+            stream: cloud
+                .as_ref()
+                .and_then(CloudCall::stream)
+                .unwrap_or(kind == Kind::Generate { stream: true } || parsed.get("stream").and_then(Value::as_bool) == Some(true)),
+            body: cloud.as_ref().map(|_| String::from_utf8_lossy(&body).into_owned()),
         });
 
-        if !self.credential_ok(kind, &req) {
-            let b = error_body(kind, 401, "mock: missing or wrong upstream key").to_string();
-            return send(session, 401, "application/json", b.into(), &[]).await;
+        let refused = match &cloud {
+            Some(c) => self.cloud_refusal(c, kind, &req, &body, &parsed).err(),
+            None => (!self.credential_ok(kind, &req)).then(|| (401, error_body(kind, 401, "mock: missing or wrong upstream key"), vec![])),
+        };
+        if let Some((status, b, headers)) = refused {
+            let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            return send(session, status, "application/json", b.to_string().into(), &extra).await;
         }
         // Failure controls apply only to the provider (`x-mock-only: PREFIX,…`) and the key
         // (`x-mock-only-key: KEY`) they name, when named.
@@ -268,13 +294,10 @@ impl MockUpstream {
         if let Some(status) = ctl_num("x-mock-status").and_then(|s| u16::try_from(s).ok()) {
             // `x-mock-error-bytes: N`: the message padded to N bytes (an oversized error answer).
             let pad = ctl_num("x-mock-error-bytes").map_or(String::new(), |n| " ".repeat(usize::try_from(n).unwrap_or(0).min(64 << 20)));
-            let b = error_body(kind, status, &format!("mock says {status}{pad}")).to_string();
-            let retry_after = ctl("x-mock-retry-after").unwrap_or_default().to_string();
-            let mut extra = vec![("x-mock-error", "yes")];
-            if !retry_after.is_empty() {
-                extra.push(("retry-after", retry_after.as_str()));
-            }
-            return send(session, status, "application/json", b.into(), &extra).await;
+            let bedrock = matches!(cloud, Some(CloudCall::Bedrock { .. }));
+            let (b, headers) = mock_error(kind, status, &format!("mock says {status}{pad}"), ctl("x-mock-retry-after"), bedrock);
+            let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            return send(session, status, "application/json", b.to_string().into(), &extra).await;
         }
 
         if let Some(answer) = counted_or_embedded(kind, counting.is_some(), embedding, &req, &parsed, body.len()) {
@@ -285,25 +308,74 @@ impl MockUpstream {
             tool = Some(ToolCall { name: "get_weather".into(), args: TOOL_ARGS.concat() });
         }
         let prefix = path.split("/v1/").next().unwrap_or_default().to_string();
-        if kind == Kind::Responses {
-            if let Some(previous) = parsed.get("previous_response_id").and_then(Value::as_str) {
-                if !self.responses().contains_key(&(prefix.clone(), previous.to_string())) {
-                    let b = json!({"error": {"message": format!("Previous response with id '{previous}' not found."),
-                        "type": "invalid_request_error", "param": "previous_response_id", "code": "previous_response_not_found"}});
-                    return send(session, 400, "application/json", b.to_string().into(), &[]).await;
-                }
-            }
+        if let Some(b) = self.unknown_previous(kind, &prefix, &parsed) {
+            return send(session, 400, "application/json", b.to_string().into(), &[]).await;
         }
-        let call = self.call_of(kind, model, &req, &parsed, body.len(), query.as_deref(), applies, tool, reply);
+        let mut call = self.call_of(kind, model, &req, &parsed, body.len(), query.as_deref(), applies, tool, reply);
+        if let Some(stream) = cloud.as_ref().and_then(CloudCall::stream) {
+            call.stream = stream;
+        }
+        if matches!(cloud, Some(CloudCall::Bedrock { .. })) {
+            call.bedrock = Some(ctl_num("x-mock-bedrock-exception").map(|n| n as usize));
+        }
         if kind == Kind::Responses && parsed.get("store").and_then(Value::as_bool) != Some(false) {
             self.store_response(prefix, &call, &parsed);
         }
+        self.deliver(session, &call).await
+    }
+
+    /// The answer of a call: streamed, or whole (Bedrock's with its clock in `Date`).
+    async fn deliver(&self, session: &mut Session, call: &Call) -> Result<()> {
         if call.stream {
-            self.stream(session, &call).await
-        } else {
-            let b = whole_body(&call).to_string();
-            send(session, 200, "application/json", b.into(), &[]).await
+            return self.stream(session, call).await;
         }
+        let b = whole_body(call).to_string();
+        let date = httpdate::fmt_http_date(self.cloud.aws_now());
+        let extra: &[(&str, &str)] = if call.bedrock.is_some() { &[("date", date.as_str())] } else { &[] };
+        send(session, 200, "application/json", b.into(), extra).await
+    }
+
+    /// A responses-API turn continuing a response this provider never stored: its 400 body.
+    fn unknown_previous(&self, kind: Kind, prefix: &str, parsed: &Value) -> Option<Value> {
+        let previous = parsed.get("previous_response_id").and_then(Value::as_str).filter(|_| kind == Kind::Responses)?;
+        (!self.responses().contains_key(&(prefix.to_string(), previous.to_string()))).then(|| {
+            json!({"error": {"message": format!("Previous response with id '{previous}' not found."),
+                "type": "invalid_request_error", "param": "previous_response_id", "code": "previous_response_not_found"}})
+        })
+    }
+
+    /// A cloud's own checks of a request: its signature or token, its URL, its body.
+    fn cloud_refusal(
+        &self,
+        c: &CloudCall,
+        kind: Kind,
+        req: &RequestHeader,
+        body: &[u8],
+        parsed: &Value,
+    ) -> std::result::Result<(), crate::cloud::Refusal> {
+        match c {
+            CloudCall::Bedrock { .. } => self.cloud.check_sigv4(req, body)?,
+            CloudCall::VertexGoogle { .. } | CloudCall::VertexAnthropic { .. } if !self.cloud.token_ok(req) => {
+                let b = json!({"error": {"code": 401, "message": "Request had invalid authentication credentials. Expected OAuth 2 access token.", "status": "UNAUTHENTICATED"}});
+                return Err((401, b, vec![]));
+            }
+            CloudCall::Azure { .. } => {
+                let key_ok = header(req, "api-key").is_some_and(|k| self.upstream_key.split(',').any(|mine| mine == k));
+                if !key_ok && !self.cloud.token_ok(req) {
+                    let b = json!({"error": {"code": "401", "message": "Access denied due to invalid subscription key or wrong API endpoint."}});
+                    return Err((401, b, vec![]));
+                }
+            }
+            _ => {}
+        }
+        if let Some(why) = crate::cloud::messages_body_refused(c, parsed) {
+            let b = match c {
+                CloudCall::Bedrock { .. } => crate::cloud::bedrock_error(400, &why).0,
+                _ => error_body(kind, 400, &why),
+            };
+            return Err((400, b, vec![]));
+        }
+        Ok(())
     }
 
     /// A stored response's endpoints (`…/v1/responses/{id}[/…]`): recorded, and answered
@@ -330,6 +402,7 @@ impl MockUpstream {
             stream_options: None,
             stream: false,
             max_output: max_output_of(parsed),
+            body: None,
         });
         if !self.credential_ok(Kind::Responses, req) {
             let b = error_body(Kind::Responses, 401, "mock: missing or wrong upstream key").to_string();
@@ -356,6 +429,14 @@ impl MockUpstream {
                 self.hold(token).notify_one();
                 self.tc.release(token);
             }
+            return send(session, 200, "application/json", Bytes::from_static(b"{}"), &[]).await;
+        }
+        if path == "/__mock/tokens" {
+            return send(session, 200, "application/json", self.cloud.token_requests().to_string().into(), &[]).await;
+        }
+        if path == "/__mock/token_fail" {
+            let n = query.and_then(|q| q.strip_prefix("n=")).and_then(|n| n.parse().ok()).unwrap_or(1);
+            self.cloud.fail_next_tokens(n);
             return send(session, 200, "application/json", Bytes::from_static(b"{}"), &[]).await;
         }
         if path == "/__mock/tc_calls" {
@@ -427,6 +508,7 @@ impl MockUpstream {
             },
             embed_base64: parsed.get("encoding_format").and_then(Value::as_str) == Some("base64"),
             gemini_sse: query.is_some_and(|q| q.split('&').any(|p| p == "alt=sse")),
+            bedrock: None,
         }
     }
 
@@ -506,9 +588,25 @@ impl MockUpstream {
     }
 
     async fn stream(&self, session: &mut Session, call: &Call) -> Result<()> {
-        let events = stream_events(call);
-        let ctype = if matches!(call.kind, Kind::Generate { .. }) && !call.gemini_sse { "application/json" } else { "text/event-stream" };
+        let mut events: Vec<Bytes> = stream_events(call).into_iter().map(Bytes::from).collect();
+        let mut ctype =
+            if matches!(call.kind, Kind::Generate { .. }) && !call.gemini_sse { "application/json" } else { "text/event-stream" };
         let mut h = ResponseHeader::build(200, Some(3))?;
+        if let Some(exception_after) = call.bedrock {
+            // Bedrock's framing: each event in an event-stream frame (and an exception frame
+            // where asked).
+            let text: Vec<String> = events.iter().map(|e| String::from_utf8_lossy(e).into_owned()).collect();
+            events = crate::cloud::event_stream_frames(&text, call.input_tokens, call.output_tokens.unwrap_or(call.deltas as u64))
+                .into_iter()
+                .map(Bytes::from)
+                .collect();
+            if let Some(n) = exception_after {
+                events.truncate(n);
+                events.push(Bytes::from(crate::cloud::exception_frame("modelStreamErrorException", "The model stream failed (mock).")));
+            }
+            ctype = "application/vnd.amazon.eventstream";
+            h.insert_header("date", httpdate::fmt_http_date(self.cloud.aws_now()))?;
+        }
         h.insert_header("content-type", ctype)?;
         h.insert_header("cache-control", "no-cache")?;
         // Framed as the services frame a stream: chunked, so a cut (no last chunk) shows as one.
@@ -517,7 +615,7 @@ impl MockUpstream {
         session.write_response_header(Box::new(h), false).await?;
         let count = events.len();
         for (i, event) in events.into_iter().enumerate() {
-            session.write_response_body(Some(Bytes::from(event)), false).await?;
+            session.write_response_body(Some(event), false).await?;
             if call.cut_after == Some(i + 1) {
                 return Err(Error::explain(ErrorType::WriteError, "mock: connection cut on request"));
             }
@@ -550,6 +648,22 @@ impl ProxyHttp for MockUpstream {
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         Err(Error::explain(ErrorType::InternalError, "the mock has no upstream"))
     }
+}
+
+/// An `x-mock-status` answer: the protocol's (or Bedrock's) error body and headers.
+fn mock_error(kind: Kind, status: u16, message: &str, retry_after: Option<&str>, bedrock: bool) -> (Value, Vec<(&'static str, String)>) {
+    let mut headers = vec![("x-mock-error", "yes".to_string())];
+    let body = if bedrock {
+        let (body, amzn) = crate::cloud::bedrock_error(status, message);
+        headers.push(("x-amzn-errortype", amzn));
+        body
+    } else {
+        error_body(kind, status, message)
+    };
+    if let Some(after) = retry_after.filter(|a| !a.is_empty()) {
+        headers.push(("retry-after", after.to_string()));
+    }
+    (body, headers)
 }
 
 /// `x-mock-endless-event: N`: a misbehaving stream, `N` bytes of data lines and never the

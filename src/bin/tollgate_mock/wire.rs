@@ -46,6 +46,9 @@ pub(crate) struct Call {
     pub(crate) response_id: String,
     /// Prompt-cache (write, read) tokens to report.
     pub(crate) cache: Option<(u64, u64)>,
+    /// A Bedrock call: streamed in event-stream frames, ended by an exception frame after
+    /// this many events when set.
+    pub(crate) bedrock: Option<Option<usize>>,
 }
 
 pub(crate) fn pair(req: &RequestHeader, name: &str) -> Option<(u64, u64)> {

@@ -110,6 +110,8 @@ pub struct RelayPlan {
     pub protocol: Protocol,
     pub model: String,
     pub candidates: Vec<usize>,
+    /// The client asked for a streamed answer.
+    pub stream: bool,
     pub body: Bytes,
     /// Length of the body the client sent (before any rewrite).
     pub client_body_len: usize,

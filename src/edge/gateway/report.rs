@@ -17,7 +17,7 @@ pub(super) fn report(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) {
     // OpenTelemetry's GenAI metrics, for a relayed model call a provider answered.
     if let (Some(plan), Some(operation)) = (&ctx.relayed, crate::observe::metrics::gen_ai_operation(ctx.route)) {
         if let Some(provider) = plan.happened.served_by.and_then(|i| plan.routing.catalog.upstreams.get(i)) {
-            let g = series.gen_ai(operation, crate::observe::metrics::gen_ai_provider(provider.config.protocol));
+            let g = series.gen_ai(operation, crate::observe::metrics::gen_ai_provider(provider.config.kind));
             if let Some((usage, _, _)) = plan.happened.billed {
                 g.input_tokens.observe(usage.input_total() as f64);
                 g.output_tokens.observe(usage.output as f64);
@@ -134,7 +134,7 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
             .happened
             .served_by
             .and_then(|i| plan.routing.catalog.upstreams.get(i))
-            .map(|u| crate::observe::metrics::gen_ai_provider(u.config.protocol));
+            .map(|u| crate::observe::metrics::gen_ai_provider(u.config.kind));
         facts.first_byte = plan.happened.first_byte;
         if let Some((usage, cost, estimated)) = plan.happened.billed {
             facts.usage = Some(usage);

@@ -24,7 +24,7 @@ impl Gateway {
     /// sent, after a short jittered backoff, and within `retry.deadline_secs` when it is set
     /// (no attempt starts after it, and none waits for its header past it). Every outcome goes
     /// to the provider's health (and its key's). Sets `plan.happened.served_by` and `plan.happened.attempts`.
-    pub(super) async fn open_upstream(&self, client: &RequestHeader, plan: &mut RelayPlan) -> Result<(HttpSession, HttpPeer)> {
+    pub(super) async fn open_upstream(&self, client: &RequestHeader, plan: &mut RelayPlan) -> Result<(upstream::Reply, HttpPeer)> {
         let routing = plan.routing.clone();
         let (catalog, policy) = (&routing.catalog, &routing.retry);
         let deadline = policy.deadline.map(|d| Instant::now() + d);
@@ -117,7 +117,7 @@ impl Gateway {
                     // left of the deadline for its header.
                     http.set_read_timeout(peer.options.read_timeout);
                     plan.happened.served_by = Some(index);
-                    return Ok((http, peer));
+                    return Ok((upstream::Reply::new(http, upstream.seam.as_ref()), peer));
                 }
             }
         }
@@ -137,9 +137,11 @@ impl Gateway {
         plan: &RelayPlan,
     ) -> std::result::Result<HttpSession, Exchange> {
         let mut stale = 0;
+        let mut redated = false;
         loop {
             // Built per attempt (moved into the send; a replaced connection gets a new one).
-            let mut req = upstream::upstream_request(
+            let ask = upstream::Ask { model: &plan.model, stream: plan.stream, client_version: plan.client_version.as_deref() };
+            let (mut req, body) = upstream::upstream_request(
                 client,
                 upstream,
                 key,
@@ -147,10 +149,11 @@ impl Gateway {
                     Some(t) => upstream::Destination::Translated(t),
                     None => upstream::Destination::Relayed(&plan.route),
                 },
-                plan.client_version.as_deref(),
-                plan.body.len(),
+                &ask,
+                &plan.body,
                 &plan.routing.forward_headers,
             )
+            .await
             .map_err(Exchange::Unsent)?;
             if let Some(trace) = plan.trace.as_deref() {
                 // The attempt's span is the upstream's parent; the client's vendor state goes on
@@ -174,8 +177,17 @@ impl Gateway {
             let mut http = HttpSession::H1(http);
             http.set_read_timeout(header_wait);
             http.set_write_timeout(peer.options.write_timeout);
-            match send_request(&mut http, req, &plan.body).await {
-                Ok(()) => return Ok(http),
+            match send_request(&mut http, req, &body).await {
+                Ok(()) => {
+                    // A signature refused for a clock the answer showed to be off is signed
+                    // again, once, dated by the service's clock.
+                    if !redated && http.response_header().is_some_and(|h| h.status == 403 && upstream.seam.clock_corrected(h)) {
+                        redated = true;
+                        http.shutdown().await;
+                        continue;
+                    }
+                    return Ok(http);
+                }
                 Err(mut e) => {
                     e.retry.decide_reuse(reused);
                     if e.retry() && stale < MAX_STALE_CONNECTIONS {
@@ -255,6 +267,10 @@ pub(super) fn upstream_failure(e: &Error) -> ApiError {
         ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
             ApiError::new(ErrorKind::GatewayTimeout, "The upstream service did not answer in time.")
         }
+        ErrorType::Custom(name) if *name == upstream::seam::CREDENTIALS_ERROR => ApiError::new(
+            ErrorKind::Overloaded,
+            "The gateway could not sign in to the upstream service; the operator has been alerted. Retry later.",
+        ),
         _ => ApiError::new(ErrorKind::BadGateway, "The upstream service is unreachable. Retry later."),
     }
 }

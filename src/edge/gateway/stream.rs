@@ -13,6 +13,7 @@ use crate::protocol::response::LocalResponse;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::route::Route;
 use crate::upstream;
+use crate::upstream::Reply;
 use bytes::Bytes;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
@@ -129,7 +130,7 @@ impl Gateway {
     /// upstream is billed for what came and ends the client's connection (`Err`).
     pub(super) async fn next_chunk(
         &self,
-        http: &mut HttpSession,
+        http: &mut Reply,
         plan: &mut RelayPlan,
         scanner: &mut UsageScanner,
         status: u16,
@@ -148,10 +149,10 @@ impl Gateway {
     }
 
     /// The client's last bytes (after settlement), then the upstream connection back to the pool.
-    pub(super) async fn end_relay(&self, session: &mut Session, http: HttpSession, peer: &HttpPeer, last: Option<Bytes>) -> Result<()> {
+    pub(super) async fn end_relay(&self, session: &mut Session, http: Reply, peer: &HttpPeer, last: Option<Bytes>) -> Result<()> {
         let written = session.write_response_body(last, true).await.map_err(|e| e.into_down());
         let idle = peer.idle_timeout();
-        if let HttpSession::H1(h1) = http {
+        if let HttpSession::H1(h1) = http.into_inner() {
             self.connector.release_http_session(h1, peer, idle).await;
         }
         written
@@ -162,7 +163,7 @@ impl Gateway {
     /// at most `billing.drain_secs` and [`DRAIN_MAX_BYTES`], and settle on what it reports.
     /// Only when it reports nothing in time is the bill estimated (every byte received, and
     /// the input the hold was made from).
-    pub(super) async fn drain(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
+    pub(super) async fn drain(&self, http: &mut Reply, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
         let deadline = Instant::now() + self.drain;
         let mut read = 0usize;
         let complete = loop {
@@ -190,7 +191,7 @@ impl Gateway {
 
     /// End a relay whose response cannot go on: give up the upstream connection and bill what
     /// came from it.
-    pub(super) async fn abandon(&self, http: &mut HttpSession, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
+    pub(super) async fn abandon(&self, http: &mut Reply, plan: &mut RelayPlan, scanner: &mut UsageScanner, status: u16) {
         http.shutdown().await;
         self.settle(plan, Some(scanner), status).await;
     }
@@ -221,7 +222,7 @@ impl Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
         plan: &mut RelayPlan,
-        (mut http, peer): (HttpSession, HttpPeer),
+        (mut http, peer): (Reply, HttpPeer),
         (status, retry_after): (u16, Option<u64>),
         usage: Shape,
     ) -> Result<()> {
@@ -241,7 +242,7 @@ impl Gateway {
         }
         if http.response_done() {
             let idle = peer.idle_timeout();
-            if let HttpSession::H1(h1) = http {
+            if let HttpSession::H1(h1) = http.into_inner() {
                 self.connector.release_http_session(h1, &peer, idle).await;
             }
         }
@@ -278,7 +279,7 @@ pub(super) const DRAIN_MAX_BYTES: usize = 64 << 20;
 const ERROR_BODY_MAX_BYTES: usize = 64 << 10;
 
 /// A whole upstream answer, metered as it comes, at most `max` bytes (over it: an error).
-pub(super) async fn read_whole(http: &mut HttpSession, scanner: &mut UsageScanner, max: usize) -> Result<Vec<u8>> {
+pub(super) async fn read_whole(http: &mut Reply, scanner: &mut UsageScanner, max: usize) -> Result<Vec<u8>> {
     let mut body = Vec::new();
     loop {
         match http.read_response_body().await? {

@@ -11,6 +11,7 @@ use crate::config::Protocol;
 use crate::protocol::response::LocalResponse;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::translate::{self, StreamTranslator, Translation};
+use crate::upstream::Reply;
 use bytes::Bytes;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::{HttpPeer, Peer};
@@ -35,7 +36,7 @@ impl Gateway {
         session: &mut Session,
         ctx: &mut RequestCtx,
         plan: &mut RelayPlan,
-        mut http: HttpSession,
+        mut http: Reply,
         peer: HttpPeer,
         t: Translation,
     ) -> Result<()> {
@@ -71,7 +72,7 @@ impl Gateway {
             };
             self.settle(plan, Some(&mut scanner), status).await;
             let idle = peer.idle_timeout();
-            if let HttpSession::H1(h1) = http {
+            if let HttpSession::H1(h1) = http.into_inner() {
                 self.connector.release_http_session(h1, &peer, idle).await;
             }
             let response = match translate::response(&t, &body) {

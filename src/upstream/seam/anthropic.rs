@@ -1,8 +1,7 @@
 //! Messages upstreams: `x-api-key: <key>`, and the `anthropic-version` every request must
 //! carry (the client's, else the provider's configured one).
 
-use super::{Seam, StaticKeys};
-use crate::config::Protocol;
+use super::{set, Call, Seam, SeamError, StaticKeys};
 use crate::protocol::anthropic::{CREDENTIAL_HEADER, VERSION_HEADER};
 use pingora_http::RequestHeader;
 
@@ -19,13 +18,16 @@ impl Anthropic {
 }
 
 impl Seam for Anthropic {
-    fn protocol(&self) -> Protocol {
-        Protocol::Anthropic
-    }
-
-    fn authenticate(&self, req: &mut RequestHeader, key: usize, client_version: Option<&str>) -> pingora_error::Result<()> {
-        req.insert_header(CREDENTIAL_HEADER, self.keys.get(key))?;
-        req.insert_header(VERSION_HEADER, client_version.unwrap_or(&self.version))?;
+    fn authenticate(
+        &self,
+        req: &mut RequestHeader,
+        key: usize,
+        _token: Option<&http::HeaderValue>,
+        call: &Call<'_>,
+        _body: &[u8],
+    ) -> Result<(), SeamError> {
+        set(req, CREDENTIAL_HEADER, self.keys.get(key))?;
+        set(req, VERSION_HEADER, call.client_version.unwrap_or(&self.version))?;
         Ok(())
     }
 }

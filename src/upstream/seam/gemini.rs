@@ -1,8 +1,7 @@
 //! Generate-content upstreams: `x-goog-api-key: <key>` (never the `key` query parameter,
 //! which would put the operator's key in URLs and logs).
 
-use super::{Seam, StaticKeys};
-use crate::config::Protocol;
+use super::{set, Call, Seam, SeamError, StaticKeys};
 use crate::protocol::gemini::CREDENTIAL_HEADER;
 use pingora_http::RequestHeader;
 
@@ -17,12 +16,15 @@ impl Gemini {
 }
 
 impl Seam for Gemini {
-    fn protocol(&self) -> Protocol {
-        Protocol::Gemini
-    }
-
-    fn authenticate(&self, req: &mut RequestHeader, key: usize, _client_version: Option<&str>) -> pingora_error::Result<()> {
-        req.insert_header(CREDENTIAL_HEADER, self.keys.get(key))?;
+    fn authenticate(
+        &self,
+        req: &mut RequestHeader,
+        key: usize,
+        _token: Option<&http::HeaderValue>,
+        _call: &Call<'_>,
+        _body: &[u8],
+    ) -> Result<(), SeamError> {
+        set(req, CREDENTIAL_HEADER, self.keys.get(key))?;
         Ok(())
     }
 }

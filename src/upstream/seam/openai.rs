@@ -1,7 +1,6 @@
 //! Chat-completions upstreams: `Authorization: Bearer <key>`.
 
-use super::{Seam, StaticKeys};
-use crate::config::Protocol;
+use super::{set, Call, Seam, SeamError, StaticKeys};
 use crate::protocol::openai::CREDENTIAL_HEADER;
 use pingora_http::RequestHeader;
 
@@ -16,12 +15,15 @@ impl OpenAi {
 }
 
 impl Seam for OpenAi {
-    fn protocol(&self) -> Protocol {
-        Protocol::Openai
-    }
-
-    fn authenticate(&self, req: &mut RequestHeader, key: usize, _client_version: Option<&str>) -> pingora_error::Result<()> {
-        req.insert_header(CREDENTIAL_HEADER, self.keys.get(key))?;
+    fn authenticate(
+        &self,
+        req: &mut RequestHeader,
+        key: usize,
+        _token: Option<&http::HeaderValue>,
+        _call: &Call<'_>,
+        _body: &[u8],
+    ) -> Result<(), SeamError> {
+        set(req, CREDENTIAL_HEADER, self.keys.get(key))?;
         Ok(())
     }
 }

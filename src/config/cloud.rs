@@ -1,0 +1,374 @@
+//! The cloud kinds of provider: `protocol: bedrock`, `vertex` and `azure-openai` — their
+//! settings and credentials, read and checked when the file is loaded (so `-t` finds a missing
+//! variable, an unreadable service-account file or a key that does not parse) without calling
+//! out. Secrets are kept out of `Debug`.
+
+use super::{err, ConfigError, Protocol};
+use serde::Deserialize;
+use std::path::PathBuf;
+
+/// What a provider's `protocol:` names: one of the three wire protocols with a static key, or
+/// a cloud service that speaks one (or two) of them behind its own addressing and credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    Openai,
+    Anthropic,
+    Gemini,
+    Bedrock,
+    Vertex,
+    AzureOpenai,
+}
+
+impl ProviderKind {
+    /// The wire protocol its requests are written in (Vertex: per model, see
+    /// [`Cloud::wire_of`]; this is the one its Gemini models speak).
+    pub fn protocol(self) -> Protocol {
+        match self {
+            ProviderKind::Openai | ProviderKind::AzureOpenai => Protocol::Openai,
+            ProviderKind::Anthropic | ProviderKind::Bedrock => Protocol::Anthropic,
+            ProviderKind::Gemini | ProviderKind::Vertex => Protocol::Gemini,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Openai => "openai",
+            ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Gemini => "gemini",
+            ProviderKind::Bedrock => "bedrock",
+            ProviderKind::Vertex => "vertex",
+            ProviderKind::AzureOpenai => "azure-openai",
+        }
+    }
+}
+
+/// A cloud provider's own settings.
+#[derive(Debug, Clone)]
+pub enum Cloud {
+    Bedrock(Bedrock),
+    Vertex(Vertex),
+    Azure(Azure),
+}
+
+impl Cloud {
+    /// The wire protocol of requests for `upstream_model` (the name the cloud knows it by):
+    /// Vertex serves Anthropic's models (`claude-…`) in the messages protocol through
+    /// `rawPredict`, and Google's in generate-content; the others speak one protocol.
+    pub fn wire_of(cloud: Option<&Cloud>, default: Protocol, upstream_model: &str) -> Protocol {
+        match cloud {
+            Some(Cloud::Vertex(_)) if is_anthropic_on_vertex(upstream_model) => Protocol::Anthropic,
+            _ => default,
+        }
+    }
+}
+
+/// Whether a Vertex model is one of Anthropic's (published under `publishers/anthropic`).
+pub fn is_anthropic_on_vertex(upstream_model: &str) -> bool {
+    upstream_model.starts_with("claude")
+}
+
+/// `protocol: bedrock`: the region and the signing credentials.
+#[derive(Debug, Clone)]
+pub struct Bedrock {
+    pub region: String,
+    pub credentials: AwsCredentials,
+}
+
+/// An AWS access key (and session token, for temporary credentials).
+#[derive(Clone)]
+pub struct AwsCredentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for AwsCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AwsCredentials").field("access_key_id", &self.access_key_id).finish_non_exhaustive()
+    }
+}
+
+/// `protocol: vertex`: the project, the location and the service account that signs in.
+#[derive(Debug, Clone)]
+pub struct Vertex {
+    pub project: String,
+    pub location: String,
+    pub account: ServiceAccount,
+}
+
+/// A Google service account's key file, as far as signing in needs it.
+#[derive(Clone)]
+pub struct ServiceAccount {
+    pub client_email: String,
+    pub private_key_id: Option<String>,
+    /// PEM (PKCS#8) RSA private key.
+    pub private_key: String,
+    pub token_uri: String,
+}
+
+impl std::fmt::Debug for ServiceAccount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServiceAccount")
+            .field("client_email", &self.client_email)
+            .field("token_uri", &self.token_uri)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `protocol: azure-openai`: the API version (None: the v1 API, `/openai/v1/…`) and how it signs in.
+#[derive(Debug, Clone)]
+pub struct Azure {
+    pub api_version: Option<String>,
+    /// None: the provider's `api_key` pool in the `api-key` header.
+    pub entra: Option<Entra>,
+}
+
+/// Microsoft Entra ID client credentials.
+#[derive(Clone)]
+pub struct Entra {
+    pub tenant_id: String,
+    pub client_id: String,
+    pub client_secret: String,
+    /// `https://login.microsoftonline.com` unless set.
+    pub authority_host: String,
+}
+
+impl std::fmt::Debug for Entra {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Entra")
+            .field("tenant_id", &self.tenant_id)
+            .field("client_id", &self.client_id)
+            .field("authority_host", &self.authority_host)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The scope an Entra token is asked for: Azure OpenAI's.
+pub const AZURE_SCOPE: &str = "https://cognitiveservices.azure.com/.default";
+
+/// The scope a Vertex token is asked for.
+pub const VERTEX_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
+
+/// Microsoft's public cloud sign-in host.
+const DEFAULT_AUTHORITY_HOST: &str = "https://login.microsoftonline.com";
+
+/// `aws: { access_key_id_env, secret_access_key_env, session_token_env }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAws {
+    #[serde(default)]
+    access_key_id_env: Option<String>,
+    #[serde(default)]
+    secret_access_key_env: Option<String>,
+    #[serde(default)]
+    session_token_env: Option<String>,
+}
+
+/// `entra: { tenant_id, client_id, client_secret_env, authority_host }`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawEntra {
+    #[serde(default)]
+    tenant_id: Option<String>,
+    #[serde(default)]
+    client_id: Option<String>,
+    #[serde(default)]
+    client_secret_env: Option<String>,
+    #[serde(default)]
+    authority_host: Option<String>,
+}
+
+/// A provider's cloud settings as written (all optional: which apply depends on its kind).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCloud {
+    #[serde(default)]
+    pub region: Option<String>,
+    #[serde(default)]
+    pub endpoint_url: Option<String>,
+    #[serde(default)]
+    pub aws: Option<RawAws>,
+    #[serde(default)]
+    pub project: Option<String>,
+    #[serde(default)]
+    pub location: Option<String>,
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+    #[serde(default)]
+    pub api_version: Option<String>,
+    #[serde(default)]
+    pub entra: Option<RawEntra>,
+}
+
+/// The cloud settings of a provider of `kind` and its base URL (derived where the cloud has a
+/// standard endpoint), or refusals naming the key at fault.
+pub(super) fn cloud(
+    at: &str,
+    kind: ProviderKind,
+    raw: RawCloud,
+    base_url: Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Option<Cloud>, String), ConfigError> {
+    let only = |key: &str, set: bool, kinds: &str| if set { err(format!("{at}.{key}: only for protocol {kinds}")) } else { Ok(()) };
+    only("region", raw.region.is_some() && kind != ProviderKind::Bedrock, "bedrock")?;
+    only("endpoint_url", raw.endpoint_url.is_some() && kind != ProviderKind::Bedrock, "bedrock (elsewhere: base_url)")?;
+    only("aws", raw.aws.is_some() && kind != ProviderKind::Bedrock, "bedrock")?;
+    let vertex = kind == ProviderKind::Vertex;
+    only("project", raw.project.is_some() && !vertex, "vertex")?;
+    only("location", raw.location.is_some() && !vertex, "vertex")?;
+    only("credentials_file", raw.credentials_file.is_some() && !vertex, "vertex")?;
+    let azure = kind == ProviderKind::AzureOpenai;
+    only("api_version", raw.api_version.is_some() && !azure, "azure-openai")?;
+    only("entra", raw.entra.is_some() && !azure, "azure-openai")?;
+    match kind {
+        ProviderKind::Bedrock => bedrock(at, raw, base_url, env),
+        ProviderKind::Vertex => vertex_settings(at, raw, base_url, env),
+        ProviderKind::AzureOpenai => {
+            let Some(url) = base_url else {
+                return err(format!("{at}.base_url: required: the resource's endpoint (https://<resource>.openai.azure.com)"));
+            };
+            if let Some(v) = &raw.api_version {
+                if v.is_empty() || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+                    return err(format!("{at}.api_version: '{v}' is not an API version (like 2024-10-21, or v1)"));
+                }
+            }
+            let api_version = raw.api_version.filter(|v| v != "v1");
+            let entra = raw.entra.map(|e| entra(at, e, env)).transpose()?;
+            Ok((Some(Cloud::Azure(Azure { api_version, entra })), url))
+        }
+        _ => match base_url {
+            Some(url) => Ok((None, url)),
+            None => err(format!("{at}.base_url: required")),
+        },
+    }
+}
+
+fn bedrock(
+    at: &str,
+    raw: RawCloud,
+    base_url: Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Option<Cloud>, String), ConfigError> {
+    if base_url.is_some() {
+        return err(format!("{at}.base_url: a bedrock provider is addressed by its region (or endpoint_url for tests and VPC endpoints)"));
+    }
+    let Some(region) = raw.region else {
+        return err(format!("{at}.region: required for protocol bedrock (like us-east-1)"));
+    };
+    if region.is_empty() || !region.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') {
+        return err(format!("{at}.region: '{region}' is not an AWS region (like us-east-1)"));
+    }
+    let aws = raw.aws.unwrap_or_default();
+    let var = |key: &str, given: Option<String>, standard: &str, required: bool| -> Result<Option<String>, ConfigError> {
+        let name = given.unwrap_or_else(|| standard.to_string());
+        match env(&name).filter(|v| !v.is_empty()) {
+            Some(v) => Ok(Some(v)),
+            None if required => err(format!("{at}.aws.{key}: environment variable {name} is not set")),
+            None => Ok(None),
+        }
+    };
+    let explicit_token = aws.session_token_env.is_some();
+    let credentials = AwsCredentials {
+        access_key_id: var("access_key_id_env", aws.access_key_id_env, "AWS_ACCESS_KEY_ID", true)?.unwrap_or_default(),
+        secret_access_key: var("secret_access_key_env", aws.secret_access_key_env, "AWS_SECRET_ACCESS_KEY", true)?.unwrap_or_default(),
+        session_token: var("session_token_env", aws.session_token_env, "AWS_SESSION_TOKEN", explicit_token)?,
+    };
+    let url = raw.endpoint_url.unwrap_or_else(|| format!("https://bedrock-runtime.{region}.amazonaws.com"));
+    Ok((Some(Cloud::Bedrock(Bedrock { region, credentials })), url))
+}
+
+fn vertex_settings(
+    at: &str,
+    raw: RawCloud,
+    base_url: Option<String>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Option<Cloud>, String), ConfigError> {
+    let name_ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    let Some(project) = raw.project.filter(|p| name_ok(p)) else {
+        return err(format!("{at}.project: required for protocol vertex (the Google Cloud project id)"));
+    };
+    let Some(location) = raw.location.filter(|l| name_ok(l)) else {
+        return err(format!("{at}.location: required for protocol vertex (like us-central1, us-east5 or global)"));
+    };
+    let (path, from) = match raw.credentials_file {
+        Some(p) => (p, "credentials_file"),
+        None => match env("GOOGLE_APPLICATION_CREDENTIALS").filter(|v| !v.is_empty()) {
+            Some(p) => (PathBuf::from(p), "GOOGLE_APPLICATION_CREDENTIALS"),
+            None => {
+                return err(format!(
+                    "{at}.credentials_file: required (or GOOGLE_APPLICATION_CREDENTIALS): a service account's JSON key file"
+                ))
+            }
+        },
+    };
+    let account =
+        service_account(&path).map_err(|e| ConfigError(format!("{at}.credentials_file: {} (from {from}): {e}", path.display())))?;
+    let url = base_url.unwrap_or_else(|| match location.as_str() {
+        "global" => "https://aiplatform.googleapis.com".to_string(),
+        l => format!("https://{l}-aiplatform.googleapis.com"),
+    });
+    Ok((Some(Cloud::Vertex(Vertex { project, location, account })), url))
+}
+
+/// A service account's key file, read and its key parsed (a key that cannot sign is refused
+/// now, not at the first request).
+pub fn service_account(path: &std::path::Path) -> Result<ServiceAccount, String> {
+    #[derive(Deserialize)]
+    struct File {
+        #[serde(rename = "type")]
+        kind: Option<String>,
+        client_email: Option<String>,
+        private_key_id: Option<String>,
+        private_key: Option<String>,
+        token_uri: Option<String>,
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it ({e})"))?;
+    let file: File = serde_json::from_str(&text).map_err(|e| format!("not a JSON key file ({e})"))?;
+    if let Some(kind) = file.kind.as_deref().filter(|k| *k != "service_account") {
+        return Err(format!("a '{kind}' credential; only service-account keys are supported"));
+    }
+    let (Some(client_email), Some(private_key)) = (file.client_email, file.private_key) else {
+        return Err("no client_email or private_key in it".into());
+    };
+    jsonwebtoken::EncodingKey::from_rsa_pem(private_key.as_bytes())
+        .map_err(|e| format!("its private_key is not an RSA key in PEM ({e})"))?;
+    let token_uri = file.token_uri.unwrap_or_else(|| "https://oauth2.googleapis.com/token".to_string());
+    if !(token_uri.starts_with("https://") || token_uri.starts_with("http://")) {
+        return Err(format!("token_uri '{token_uri}' is not an http(s) URL"));
+    }
+    Ok(ServiceAccount { client_email, private_key_id: file.private_key_id, private_key, token_uri })
+}
+
+/// `entra:`, its gaps filled from the standard `AZURE_*` variables.
+fn entra(at: &str, raw: RawEntra, env: &dyn Fn(&str) -> Option<String>) -> Result<Entra, ConfigError> {
+    let from = |given: Option<String>, standard: &str, key: &str| -> Result<String, ConfigError> {
+        match given.or_else(|| env(standard)).filter(|v| !v.is_empty()) {
+            Some(v) => Ok(v),
+            None => err(format!("{at}.entra.{key}: required (or the environment variable {standard})")),
+        }
+    };
+    let tenant_id = from(raw.tenant_id, "AZURE_TENANT_ID", "tenant_id")?;
+    let client_id = from(raw.client_id, "AZURE_CLIENT_ID", "client_id")?;
+    let client_secret = match raw.client_secret_env {
+        Some(name) => match env(&name).filter(|v| !v.is_empty()) {
+            Some(v) => v,
+            None => return err(format!("{at}.entra.client_secret_env: environment variable {name} is not set")),
+        },
+        None => from(None, "AZURE_CLIENT_SECRET", "client_secret_env")?,
+    };
+    let authority_host = raw
+        .authority_host
+        .or_else(|| env("AZURE_AUTHORITY_HOST"))
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| DEFAULT_AUTHORITY_HOST.to_string())
+        .trim_end_matches('/')
+        .to_string();
+    if !(authority_host.starts_with("https://") || authority_host.starts_with("http://")) {
+        return err(format!("{at}.entra.authority_host: '{authority_host}' is not an http(s) URL"));
+    }
+    if !tenant_id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.') {
+        return err(format!("{at}.entra.tenant_id: '{tenant_id}' is not a tenant id or domain"));
+    }
+    Ok(Entra { tenant_id, client_id, client_secret, authority_host })
+}
