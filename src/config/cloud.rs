@@ -372,3 +372,121 @@ fn entra(at: &str, raw: RawEntra, env: &dyn Fn(&str) -> Option<String>) -> Resul
     }
     Ok(Entra { tenant_id, client_id, client_secret, authority_host })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Cloud, Config, Protocol, ProviderKind};
+
+    fn parse(provider: &str, env: &[(&str, &str)]) -> Result<crate::config::ProviderConfig, String> {
+        let text = format!(
+            "listen: 127.0.0.1:1\nproviders:\n  - {provider}\nprices: {{m: {{input: 1, output: 1}}, c: {{input: 1, output: 1}}}}\n"
+        );
+        let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Config::parse(&text, &|name| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()))
+            .map(|mut c| c.providers.remove(0))
+            .map_err(|e| e.0)
+    }
+
+    fn fixture() -> String {
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vertex-sa.json").display().to_string()
+    }
+
+    #[test]
+    fn bedrock_takes_its_region_and_the_standard_variables_and_refuses_a_key() {
+        let aws = [("AWS_ACCESS_KEY_ID", "AKID1"), ("AWS_SECRET_ACCESS_KEY", "s3cret")];
+        let p = parse("{name: b, protocol: bedrock, region: eu-west-1, models: [{name: m, upstream: 'anthropic.claude-x-v1:0'}]}", &aws)
+            .unwrap();
+        assert_eq!((p.kind, p.protocol), (ProviderKind::Bedrock, Protocol::Anthropic));
+        assert_eq!(p.base_url.host, "bedrock-runtime.eu-west-1.amazonaws.com");
+        assert_eq!(p.upstream_model("m"), "anthropic.claude-x-v1:0");
+        let Some(Cloud::Bedrock(b)) = &p.cloud else { panic!("{:?}", p.cloud) };
+        assert_eq!((b.credentials.access_key_id.as_str(), b.credentials.session_token.as_deref()), ("AKID1", None));
+        assert!(!format!("{p:?}").contains("s3cret"), "no secret in Debug");
+        let missing = parse("{name: b, protocol: bedrock, region: eu-west-1, models: [m]}", &[]).unwrap_err();
+        assert!(missing.contains("providers[0].aws.access_key_id_env: environment variable AWS_ACCESS_KEY_ID is not set"), "{missing}");
+        let named = parse("{name: b, protocol: bedrock, region: eu-west-1, aws: {session_token_env: TOK}, models: [m]}", &aws).unwrap_err();
+        assert!(named.contains("session_token_env: environment variable TOK is not set"), "{named}");
+        let keyed = parse("{name: b, protocol: bedrock, region: eu-west-1, api_key: k, models: [m]}", &aws).unwrap_err();
+        assert!(keyed.contains("api_key: not used"), "{keyed}");
+        assert!(parse("{name: b, protocol: bedrock, models: [m]}", &aws).unwrap_err().contains("region: required"));
+        assert!(parse("{name: b, protocol: bedrock, region: 'us east', models: [m]}", &aws).unwrap_err().contains("not an AWS region"));
+        let local =
+            parse("{name: b, protocol: bedrock, region: us-east-1, endpoint_url: 'http://127.0.0.1:9/x', models: [m]}", &aws).unwrap();
+        assert_eq!((local.base_url.port, local.base_url.prefix.as_str()), (9, "/x"));
+        assert!(parse("{name: o, protocol: openai, base_url: 'http://h', api_key: k, region: us-east-1, models: [m]}", &[])
+            .unwrap_err()
+            .contains("region: only for protocol bedrock"));
+    }
+
+    #[test]
+    fn vertex_reads_its_service_account_now_and_serves_claude_over_messages() {
+        let p = parse(&format!("{{name: v, protocol: vertex, project: p1, location: global, credentials_file: '{}', models: [m, {{name: c, upstream: 'claude-x@1'}}]}}", fixture()), &[]).unwrap();
+        assert_eq!(p.base_url.host, "aiplatform.googleapis.com");
+        assert_eq!((p.wire("m"), p.wire("c")), (Protocol::Gemini, Protocol::Anthropic));
+        let from_env = parse(
+            "{name: v, protocol: vertex, project: p1, location: us-east5, models: [m]}",
+            &[("GOOGLE_APPLICATION_CREDENTIALS", &fixture())],
+        )
+        .unwrap();
+        assert_eq!(from_env.base_url.host, "us-east5-aiplatform.googleapis.com");
+        let missing = parse("{name: v, protocol: vertex, project: p1, location: l, credentials_file: /nonexistent.json, models: [m]}", &[])
+            .unwrap_err();
+        assert!(missing.contains("credentials_file: /nonexistent.json (from credentials_file): cannot read it"), "{missing}");
+        let dir = tempfile::tempdir().unwrap();
+        let user = dir.path().join("adc.json");
+        std::fs::write(&user, r#"{"type":"authorized_user","client_id":"x","refresh_token":"y"}"#).unwrap();
+        let e = parse(
+            &format!("{{name: v, protocol: vertex, project: p1, location: l, credentials_file: '{}', models: [m]}}", user.display()),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("only service-account keys are supported"), "{e}");
+        let bad_key = dir.path().join("bad.json");
+        std::fs::write(&bad_key, r#"{"type":"service_account","client_email":"a@b","private_key":"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"}"#).unwrap();
+        let e = parse(
+            &format!("{{name: v, protocol: vertex, project: p1, location: l, credentials_file: '{}', models: [m]}}", bad_key.display()),
+            &[],
+        )
+        .unwrap_err();
+        assert!(e.contains("private_key is not an RSA key"), "{e}");
+    }
+
+    #[test]
+    fn azure_takes_a_key_or_entra_and_refuses_a_base_url_that_names_openai() {
+        let p = parse("{name: a, protocol: azure-openai, base_url: 'https://r.openai.azure.com', api_key_env: AZ, api_version: 2024-10-21, models: [{name: m, upstream: dep-1}]}", &[("AZ", "k1")]).unwrap();
+        assert_eq!((p.kind, p.protocol, p.api_keys.clone()), (ProviderKind::AzureOpenai, Protocol::Openai, vec!["k1".to_string()]));
+        let Some(Cloud::Azure(a)) = &p.cloud else { panic!() };
+        assert_eq!(a.api_version.as_deref(), Some("2024-10-21"));
+        let v1 = parse(
+            "{name: a, protocol: azure-openai, base_url: 'https://r.openai.azure.com', api_key: k, api_version: v1, models: [m]}",
+            &[],
+        )
+        .unwrap();
+        assert!(matches!(&v1.cloud, Some(Cloud::Azure(a)) if a.api_version.is_none()), "v1 is the v1 API");
+        let e = parse("{name: a, protocol: azure-openai, base_url: 'https://r.openai.azure.com/openai/v1', api_key: k, models: [m]}", &[])
+            .unwrap_err();
+        assert!(e.contains("write base_url: https://r.openai.azure.com"), "{e}");
+        let entra_env = [("AZURE_TENANT_ID", "t1"), ("AZURE_CLIENT_ID", "c1"), ("AZURE_CLIENT_SECRET", "shh")];
+        let p =
+            parse("{name: a, protocol: azure-openai, base_url: 'https://r.openai.azure.com', entra: {}, models: [m]}", &entra_env).unwrap();
+        let Some(Cloud::Azure(a)) = &p.cloud else { panic!() };
+        let e = a.entra.as_ref().unwrap();
+        assert_eq!(
+            (e.tenant_id.as_str(), e.client_secret.as_str(), e.authority_host.as_str()),
+            ("t1", "shh", "https://login.microsoftonline.com")
+        );
+        assert!(p.api_keys.is_empty());
+        let e = parse("{name: a, protocol: azure-openai, base_url: 'https://r', entra: {tenant_id: t, client_id: c}, models: [m]}", &[])
+            .unwrap_err();
+        assert!(e.contains("entra.client_secret_env: required (or the environment variable AZURE_CLIENT_SECRET)"), "{e}");
+    }
+
+    #[test]
+    fn an_upstream_name_must_be_usable_in_a_path() {
+        let e =
+            parse("{name: o, protocol: openai, base_url: 'http://h', api_key: k, models: [{name: m, upstream: 'a/b'}]}", &[]).unwrap_err();
+        assert!(e.contains("upstream name 'a/b' of 'm' is not a valid model id"), "{e}");
+        let same = parse("{name: o, protocol: openai, base_url: 'http://h', api_key: k, models: [{name: m, upstream: m}]}", &[]).unwrap();
+        assert!(same.upstream_names.is_empty(), "the same name is no alias");
+    }
+}

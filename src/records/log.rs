@@ -51,6 +51,9 @@ pub struct LogEntry {
     pub attempts: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_request_id: Option<String>,
+    /// The provider's own name of the model, when it is not the client's (`models: [{name, upstream}]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_model: Option<String>,
 }
 
 impl LogEntry {
@@ -89,6 +92,7 @@ pub struct LogLine<'a> {
     pub first_byte_ms: Option<u64>,
     pub attempts: u32,
     pub upstream_request_id: Option<&'a str>,
+    pub upstream_model: Option<&'a str>,
 }
 
 /// The stored form of an entry (a node's own tree): a version byte, then the fields in their
@@ -122,6 +126,10 @@ impl LogLine<'_> {
         put_varint(out, self.first_byte_ms.map_or(0, |n| n.saturating_add(1)));
         put_varint(out, u64::from(self.attempts));
         put_str(out, self.upstream_request_id);
+        // Added after the first entries were written: an entry without it ends before it.
+        if self.upstream_model.is_some() {
+            put_str(out, self.upstream_model);
+        }
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
     }
@@ -152,6 +160,7 @@ impl LogEntry {
             first_byte_ms: self.first_byte_ms,
             attempts: self.attempts,
             upstream_request_id: self.upstream_request_id.as_deref(),
+            upstream_model: self.upstream_model.as_deref(),
         }
     }
 
@@ -182,6 +191,7 @@ impl LogEntry {
         let first_byte_ms = r.varint()?.checked_sub(1);
         let attempts = u32::try_from(r.varint()?).ok()?;
         let upstream_request_id = r.string()?;
+        let upstream_model = if r.0.is_empty() { None } else { r.string()? };
         Some(LogEntry {
             id,
             time_ms,
@@ -204,6 +214,7 @@ impl LogEntry {
             first_byte_ms,
             attempts,
             upstream_request_id,
+            upstream_model,
         })
     }
 
@@ -343,6 +354,7 @@ mod tests {
             first_byte_ms: Some(0),
             attempts: 2,
             upstream_request_id: Some("up-1".into()),
+            upstream_model: Some("anthropic.m-v1:0".into()),
         };
         let refused = LogEntry { id: "req_2".into(), cost_nanos: -5, status: 401, ..LogEntry::default() };
         let mut batch = b"[".to_vec();

@@ -1,7 +1,10 @@
 //! An upstream's answer as the gateway reads it: the HTTP session, and where the provider's
 //! seam frames the answer otherwise than its wire protocol (Bedrock's event stream), the
 //! header and every body chunk decoded into the wire protocol's framing first — so metering,
-//! translation and the client see one framing whatever the kind of upstream.
+//! translation and the client see one framing whatever the kind of upstream. A relayed answer
+//! of a model the provider knows by another name names the model as the client does
+//! (`"model":"<upstream name>"` written back to the client's name; a name cut between two
+//! chunks stays the upstream's).
 
 use super::seam::{Decode, Seam};
 use bytes::Bytes;
@@ -13,21 +16,34 @@ pub struct Reply {
     /// The decoded header (None: the session's own, undecoded).
     header: Option<Box<ResponseHeader>>,
     decoder: Option<Box<dyn Decode>>,
+    /// `"model":"<upstream name>"` and the same with the client's name, both spacings.
+    rename: Option<[(Vec<u8>, Vec<u8>); 2]>,
 }
 
 impl Reply {
-    /// The answer of `http` (its header read) from a provider with seam `seam`.
-    pub fn new(http: HttpSession, seam: &dyn Seam) -> Reply {
+    /// The answer of `http` (its header read) from a provider with seam `seam`; `renamed`: the
+    /// model's (upstream, client) names when they differ and the answer is relayed as is.
+    pub fn new(http: HttpSession, seam: &dyn Seam, renamed: Option<(&str, &str)>) -> Reply {
         let decoder = http.response_header().and_then(|h| seam.decoder(h));
+        let rename = renamed.map(|(theirs, ours)| {
+            let pair = |sep: &str| (format!("\"model\"{sep}\"{theirs}\"").into_bytes(), format!("\"model\"{sep}\"{ours}\"").into_bytes());
+            [pair(":"), pair(": ")]
+        });
         let header = match (&decoder, http.response_header()) {
-            (Some(d), Some(h)) => {
+            (Some(_), Some(h)) | (None, Some(h)) if decoder.is_some() || rename.is_some() => {
                 let mut header = Box::new(h.clone());
-                d.header(&mut header);
+                match &decoder {
+                    Some(d) => d.header(&mut header),
+                    // The body's length changes with the name.
+                    None => {
+                        header.remove_header(&http::header::CONTENT_LENGTH);
+                    }
+                }
                 Some(header)
             }
             _ => None,
         };
-        Reply { http, header, decoder }
+        Reply { http, header, decoder, rename }
     }
 
     pub fn response_header(&self) -> Option<&ResponseHeader> {
@@ -37,10 +53,14 @@ impl Reply {
     /// The next chunk of the body, decoded (possibly empty while a frame is incomplete).
     pub async fn read_response_body(&mut self) -> pingora_error::Result<Option<Bytes>> {
         let chunk = self.http.read_response_body().await?;
-        Ok(match (&mut self.decoder, chunk) {
+        let chunk = match (&mut self.decoder, chunk) {
             (None, chunk) => chunk,
             (Some(d), Some(data)) => Some(d.decode(&data)),
             (Some(d), None) => Some(d.finish()).filter(|rest| !rest.is_empty()),
+        };
+        Ok(match (&self.rename, chunk) {
+            (Some(pairs), Some(data)) => Some(pairs.iter().fold(data, |data, (from, to)| replaced(data, from, to))),
+            (_, chunk) => chunk,
         })
     }
 
@@ -55,5 +75,40 @@ impl Reply {
     /// The session, to give back to the connection pool.
     pub fn into_inner(self) -> HttpSession {
         self.http
+    }
+}
+
+/// `data` with every `from` replaced by `to` (the same bytes when there is none).
+fn replaced(data: Bytes, from: &[u8], to: &[u8]) -> Bytes {
+    let mut found = memchr::memmem::find_iter(&data, from).peekable();
+    if found.peek().is_none() {
+        return data;
+    }
+    let mut out = Vec::with_capacity(data.len() + to.len());
+    let mut last = 0;
+    for at in found {
+        out.extend_from_slice(&data[last..at]);
+        out.extend_from_slice(to);
+        last = at + from.len();
+    }
+    out.extend_from_slice(&data[last..]);
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_upstream_name_of_a_model_is_written_back_as_the_clients_and_nothing_else_changes() {
+        let from = br#""model":"anthropic.claude-x-v1:0""#;
+        let to = br#""model":"beta-x""#;
+        let data = Bytes::from_static(br#"{"id":"m","model":"anthropic.claude-x-v1:0","text":"model anthropic.claude-x-v1:0","m2":{"model":"anthropic.claude-x-v1:0"}}"#);
+        assert_eq!(
+            replaced(data, from, to),
+            Bytes::from_static(br#"{"id":"m","model":"beta-x","text":"model anthropic.claude-x-v1:0","m2":{"model":"beta-x"}}"#)
+        );
+        let untouched = Bytes::from_static(b"data: {}\n\n");
+        assert_eq!(replaced(untouched.clone(), from, to).as_ptr(), untouched.as_ptr(), "no copy without a match");
     }
 }

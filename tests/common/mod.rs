@@ -75,9 +75,15 @@ pub fn start_mock() -> Proc {
 
 /// A mock accepting any of `keys` (comma-separated).
 pub fn start_mock_with_keys(keys: &str) -> Proc {
+    start_mock_with(&["--key", keys])
+}
+
+/// A mock started with `args` (after `--listen`).
+pub fn start_mock_with(args: &[&str]) -> Proc {
     let port = free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tollgate-mock"))
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--key", keys])
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
@@ -172,6 +178,19 @@ pub fn write_config(body: &str) -> (tempfile::TempDir, PathBuf, u16) {
 }
 
 fn spawn_gateway(path: &std::path::Path, port: u16) -> Proc {
+    spawn_gateway_env(path, port, &[])
+}
+
+/// Like `start_gateway_logged`, with `env` added to the daemon's environment (the variables
+/// its config names for credentials).
+pub fn start_gateway_env(body: &str, env: &[(&str, &str)]) -> Gateway {
+    let (dir, path, port) = write_config(body);
+    std::fs::File::create(dir.path().join("tollgate.log")).expect("log file");
+    let proc = spawn_gateway_env(&path, port, env);
+    Gateway { proc, dir }
+}
+
+fn spawn_gateway_env(path: &std::path::Path, port: u16, env: &[(&str, &str)]) -> Proc {
     // When a tollgate.log file exists next to the config, the log (RUST_LOG=info) goes there.
     let log = path.with_file_name("tollgate.log");
     let (level, stderr) = if log.exists() {
@@ -184,6 +203,7 @@ fn spawn_gateway(path: &std::path::Path, port: u16) -> Proc {
         .arg("-c")
         .arg(path)
         .env("RUST_LOG", level)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()

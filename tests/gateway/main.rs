@@ -13,6 +13,7 @@ mod agent_clis;
 mod agents;
 mod billing;
 mod budgets;
+mod cloud;
 mod config_cli;
 mod durability;
 mod gateway;

@@ -159,6 +159,7 @@ pub(super) async fn request_detail(api: &AdminApi, req: &Request, id: &str) -> P
         vec!["Latency".to_string(), format!("{} ms", count(e.latency_ms))],
         vec!["First byte".to_string(), e.first_byte_ms.map_or("—".to_string(), |ms| format!("{} ms", count(ms)))],
         vec!["Upstream request id".to_string(), opt(&e.upstream_request_id)],
+        vec!["Upstream model".to_string(), opt(&e.upstream_model)],
     ];
     let body = format!("{}<p><a href=\"/console/requests\">All requests</a></p>", html::table("request", &["Field", "Value"], &rows, None));
     Ok(clock.page(&format!("Request {}", e.id), "/console/requests", &req.csrf, &body))

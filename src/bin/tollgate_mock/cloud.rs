@@ -3,8 +3,8 @@
 //!
 //! * Bedrock: `POST …/model/{id}/invoke` and `…/invoke-with-response-stream`. The SigV4
 //!   signature is recomputed from the request (its signed headers, its body) with the mock's
-//!   secret and compared; a date more than 5 minutes off the mock's clock (which `--aws-clock-
-//!   offset-secs` can put ahead) is refused 403 as AWS refuses it, with the mock's `Date`. The
+//!   secret and compared; a date more than 5 minutes off the mock's clock is refused 403 as AWS
+//!   refuses it (the answer's `Date` is the mock's clock). The
 //!   body must carry `anthropic_version: bedrock-2023-05-31` and no `model` or `stream`. A
 //!   stream is sent as event-stream frames (`chunk` events, `bytes` the base64 of each
 //!   messages event, `amazon-bedrock-invocationMetrics` on `message_stop`);
@@ -165,8 +165,6 @@ fn percent_decode(s: &str) -> String {
 pub(crate) struct CloudMock {
     pub(crate) aws_access_key_id: String,
     pub(crate) aws_secret_access_key: String,
-    /// Seconds the mock's clock is ahead of the host's (AWS's clock as tollgate sees it).
-    pub(crate) aws_clock_offset: i64,
     /// PEM public key of the service account whose assertions are accepted.
     pub(crate) google_public_key: Option<Vec<u8>>,
     pub(crate) entra_client_secret: String,
@@ -181,16 +179,10 @@ pub(crate) struct CloudMock {
 pub(crate) type Refusal = (u16, Value, Vec<(&'static str, String)>);
 
 impl CloudMock {
-    pub(crate) fn new(
-        aws: (String, String, i64),
-        google_public_key: Option<Vec<u8>>,
-        entra_client_secret: String,
-        token_lifetime: u64,
-    ) -> Self {
+    pub(crate) fn new(aws: (String, String), google_public_key: Option<Vec<u8>>, entra_client_secret: String, token_lifetime: u64) -> Self {
         CloudMock {
             aws_access_key_id: aws.0,
             aws_secret_access_key: aws.1,
-            aws_clock_offset: aws.2,
             google_public_key,
             entra_client_secret,
             token_lifetime,
@@ -203,12 +195,7 @@ impl CloudMock {
 
     /// The mock's clock (AWS's).
     pub(crate) fn aws_now(&self) -> SystemTime {
-        let by = Duration::from_secs(self.aws_clock_offset.unsigned_abs());
-        if self.aws_clock_offset >= 0 {
-            SystemTime::now() + by
-        } else {
-            SystemTime::now() - by
-        }
+        SystemTime::now()
     }
 
     pub(crate) fn token_requests(&self) -> Value {

@@ -44,9 +44,6 @@ struct Args {
     /// AWS secret key the mock verifies Bedrock's SigV4 signatures with.
     #[arg(long, default_value = "mock-aws-secret-access-key")]
     aws_secret_access_key: String,
-    /// Seconds the mock's (AWS's) clock runs ahead of this host's (negative: behind).
-    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
-    aws_clock_offset_secs: i64,
     /// PEM public key of the Google service account whose token assertions are accepted.
     #[arg(long)]
     google_public_key: Option<String>,
@@ -79,7 +76,7 @@ fn main() {
         }
     });
     let cloud = cloud::CloudMock::new(
-        (args.aws_access_key_id.clone(), args.aws_secret_access_key.clone(), args.aws_clock_offset_secs),
+        (args.aws_access_key_id.clone(), args.aws_secret_access_key.clone()),
         google_public_key,
         args.entra_client_secret.clone(),
         args.token_lifetime_secs,

@@ -161,7 +161,9 @@ impl RelayPlan {
     /// With traces on: an upstream attempt's client span opens, with the `traceparent` it sends.
     fn begin_attempt(&mut self, upstream: &upstream::Upstream) {
         let Some(trace) = self.trace.as_mut() else { return };
-        trace.begin_attempt(&upstream.span_attrs, crate::observe::metrics::gen_ai_operation(self.route.label()), &self.model);
+        // The attempt's span names the model as the provider knows it; the request's, as the client named it.
+        let model = upstream.config.upstream_model(&self.model);
+        trace.begin_attempt(&upstream.span_attrs, crate::observe::metrics::gen_ai_operation(self.route.label()), model);
     }
 
     /// The request is traced and recorded: its answer's model and finish reasons are read.

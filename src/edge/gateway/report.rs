@@ -90,7 +90,9 @@ fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, c
         entry.model = Some(&plan.model);
         entry.protocol = plan.protocol.as_str();
         entry.upstream_protocol = plan.translation.as_ref().map(|t| t.upstream.as_str());
-        entry.provider = plan.happened.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.as_str());
+        let served_by = plan.happened.served_by.map(|i| &plan.routing.catalog.upstreams[i].config);
+        entry.provider = served_by.map(|c| c.name.as_str());
+        entry.upstream_model = served_by.map(|c| c.upstream_model(&plan.model)).filter(|m| *m != plan.model);
         entry.attempts = plan.happened.attempts;
         entry.first_byte_ms = plan.happened.first_byte.map(|d| d.as_millis() as u64);
         entry.upstream_request_id = plan.happened.upstream_request_id.as_deref();
@@ -176,6 +178,11 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     // The id the client got in `X-Request-Id` (the request log's too), and the upstream's own.
     let request_id = crate::observe::request_id::id_of(session).unwrap_or("-");
     let upstream_id = ctx.relayed.as_ref().and_then(|p| p.happened.upstream_request_id.as_deref());
+    // The provider's own name of the model, when it differs.
+    let upstream_model = ctx.relayed.as_ref().and_then(|p| {
+        let config = &p.routing.catalog.upstreams[p.happened.served_by?].config;
+        Some(config.upstream_model(&p.model)).filter(|m| *m != p.model)
+    });
     if crate::observe::logging::json() {
         let mut line = serde_json::json!({
             "request_id": request_id,
@@ -199,6 +206,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
         if let Some(id) = upstream_id {
             line["upstream_request_id"] = id.into();
         }
+        if let Some(m) = upstream_model {
+            line["upstream_model"] = m.into();
+        }
         log::info!(target: "access", "{line}");
         return;
     }
@@ -219,6 +229,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     }
     if let Some(id) = upstream_id {
         extra.push_str(&format!(" upstream_request_id={id:?}"));
+    }
+    if let Some(m) = upstream_model {
+        extra.push_str(&format!(" upstream_model={m:?}"));
     }
     log::info!(
         target: "access",

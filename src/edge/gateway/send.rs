@@ -117,7 +117,9 @@ impl Gateway {
                     // left of the deadline for its header.
                     http.set_read_timeout(peer.options.read_timeout);
                     plan.happened.served_by = Some(index);
-                    return Ok((upstream::Reply::new(http, upstream.seam.as_ref()), peer));
+                    let theirs = upstream.config.upstream_model(&plan.model);
+                    let renamed = (plan.translation.is_none() && theirs != plan.model).then_some((theirs, plan.model.as_str()));
+                    return Ok((upstream::Reply::new(http, upstream.seam.as_ref(), renamed), peer));
                 }
             }
         }
