@@ -433,3 +433,36 @@ fn check_mode_checks_cloud_settings_without_calling_out() {
     assert_ne!(code, 0);
     assert!(out.contains("api_key_env: environment variable T_AZ_KEY is not set"), "{out}");
 }
+
+#[tokio::test]
+async fn concurrent_holds_on_a_bedrock_provider_never_overdraw_a_key() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let body = config(&bedrock_provider("br", &mock, "", 0), admin_port)
+        .replace("keys:\n", "keys:\n  - { key: sk-cloud-small-0001, name: small, group: default, balance: 0.001 }\n");
+    let env: Vec<(&str, String)> = aws_env(AWS_SECRET);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let gw = start_gateway_env(&body, &env);
+    // Each holds its input estimate and 20 output tokens (~$0.0004): two fit in $0.001, not three.
+    let send = |i: usize| {
+        client()
+            .post(gw.url("/v1/messages"))
+            .header("x-api-key", "sk-cloud-small-0001")
+            .header("x-mock-hold", format!("small-{i}"))
+            .header("x-mock-usage", "10,5")
+            .json(&json!({"model": "beta-sonnet-4-6", "max_tokens": 20, "stream": true, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    let answers = futures_util::future::join_all((0..5).map(send)).await;
+    let statuses: Vec<u16> = answers.iter().map(|r| r.as_ref().unwrap().status().as_u16()).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 2, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 402).count(), 3, "{statuses:?}");
+    for i in 0..5 {
+        client().post(mock.url(&format!("/__mock/release?token=small-{i}"))).send().await.unwrap();
+    }
+    for r in answers.into_iter().flatten().filter(|r| r.status() == 200) {
+        assert!(r.text().await.unwrap().contains("message_stop"));
+    }
+    let usage = wait_requests(&gw, "sk-cloud-small-0001", 2).await;
+    assert_eq!(nanos(&usage["balance"]), 1_000_000 - 2 * cost_nanos("beta-sonnet-4-6", 10, 5), "{usage}");
+}
