@@ -153,7 +153,8 @@ async fn check_upstream_and_bill(mock: &Proc, gw: &Gateway, generation_path: &st
     let all = serde_json::to_string(&seen).expect("json");
     assert!(!all.contains(key), "a client key reached the upstream: {all}");
     let generations: Vec<Value> = seen.into_iter().filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with(generation_path))).collect();
-    assert!(generations.len() >= 3, "a plain turn and the two calls of the tool turn: {generations:?}");
+    let paths: Vec<&str> = generations.iter().filter_map(|r| r["path"].as_str()).collect();
+    assert!(generations.len() >= 3, "a plain turn and the two calls of the tool turn: {paths:?}");
     assert!(generations.iter().all(|r| r["stream"] == true), "every turn was streamed: {generations:?}");
     let usage = wait_requests(gw, key, generations.len() as u64).await;
     assert_eq!(usage["total"]["requests"].as_u64(), Some(generations.len() as u64), "one bill per call: {usage}");
@@ -195,6 +196,21 @@ async fn claude_code_on(key: &str, model: &str, haiku: &str, generation_path: &s
     let Some(bin) = clis() else { return };
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
+    let expected = if generation_path.contains(model) { vec![] } else { vec![model, haiku] };
+    claude_code_through(&bin, &mock, &gw, key, [model, haiku], generation_path, &expected).await;
+}
+
+/// Claude Code through `gw` (see [`claude_code_on`]); the mock records each generation's model
+/// as one of `upstream_models` (none: the model is in the path, not the body).
+async fn claude_code_through(
+    bin: &Path,
+    mock: &Proc,
+    gw: &Gateway,
+    key: &str,
+    [model, haiku]: [&str; 2],
+    generation_path: &str,
+    upstream_models: &[&str],
+) {
     let ws = Workspace::new();
     let env = [
         ("ANTHROPIC_BASE_URL", gw.url("")),
@@ -209,9 +225,41 @@ async fn claude_code_on(key: &str, model: &str, haiku: &str, generation_path: &s
     assert!(plain.contains("Hello from the"), "{plain}");
     let tool = run(&claude, &["-p", &ws.tool_prompt(), "--allowedTools", "Read", "--model", model], &env, &ws);
     assert!(tool.contains("The tool answered") && tool.contains(&ws.nonce), "the Read tool's result came back: {tool}");
-    let calls = check_upstream_and_bill(&mock, &gw, generation_path, key).await;
-    let served_here = |c: &Value| c["model"] == model || c["model"] == haiku || generation_path.contains(model);
-    assert!(calls.iter().all(served_here), "{calls:?}");
+    let calls = check_upstream_and_bill(mock, gw, generation_path, key).await;
+    let served_here = |c: &Value| upstream_models.is_empty() || upstream_models.iter().any(|m| c["model"] == *m);
+    assert!(calls.iter().all(served_here), "{:?}", calls.iter().map(|c| &c["model"]).collect::<Vec<_>>());
+}
+
+/// Claude Code on a Bedrock provider (SigV4, event stream) and on a Vertex AI provider
+/// (service-account token, `streamRawPredict`), its models under their cloud names.
+#[tokio::test]
+async fn claude_code_on_bedrock_and_vertex() {
+    let Some(bin) = clis() else { return };
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let public = root.join("vertex-sa.pub.pem").display().to_string();
+    let mock = start_mock_with(&["--key", UPSTREAM_KEY, "--google-public-key", &public]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut sa: Value = serde_json::from_slice(&std::fs::read(root.join("vertex-sa.json")).expect("fixture")).expect("json");
+    sa["token_uri"] = Value::String(mock.url("/token"));
+    let sa_path = dir.path().join("sa.json");
+    std::fs::write(&sa_path, sa.to_string()).expect("write");
+    let clouds = format!(
+        "  - {{ name: br, protocol: bedrock, region: us-east-1, endpoint_url: \"{}\", aws: {{ access_key_id_env: CC_AWS_ID, secret_access_key_env: CC_AWS_SECRET }},\n      models: [{{ name: beta-bedrock-4-6, upstream: \"anthropic.claude-sonnet-4-6-v1:0\" }}] }}\n  - {{ name: vx, protocol: vertex, project: proj-cc, location: us-east5, credentials_file: \"{}\", base_url: \"{}\",\n      models: [{{ name: beta-vertex-4-7, upstream: \"claude-opus-4-7@20260101\" }}] }}\n",
+        mock.url("/br"),
+        sa_path.display(),
+        mock.url("/vx")
+    );
+    let body = config(mock.port)
+        .replace("providers:\n", &format!("providers:\n{clouds}"))
+        .replace("prices:\n", "prices:\n  beta-bedrock-4-6: { input: 1, output: 2 }\n  beta-vertex-4-7: { input: 1, output: 2 }\n");
+    let gw = start_gateway_env(&body, &[("CC_AWS_ID", "AKIDMOCKTOLLGATE"), ("CC_AWS_SECRET", "mock-aws-secret-access-key")]);
+    let bedrock_path = "/br/model/anthropic.claude-sonnet-4-6-v1%3A0/invoke-with-response-stream";
+    let sonnet = ["anthropic.claude-sonnet-4-6-v1:0"];
+    claude_code_through(&bin, &mock, &gw, AGENT_KEY, ["beta-bedrock-4-6", "beta-bedrock-4-6"], bedrock_path, &sonnet).await;
+    let gw = start_gateway_env(&body, &[("CC_AWS_ID", "AKIDMOCKTOLLGATE"), ("CC_AWS_SECRET", "mock-aws-secret-access-key")]);
+    let vertex_path = "/vx/v1/projects/proj-cc/locations/us-east5/publishers/anthropic/models/claude-opus-4-7@20260101:streamRawPredict";
+    let opus = ["claude-opus-4-7@20260101"];
+    claude_code_through(&bin, &mock, &gw, AGENT_KEY, ["beta-vertex-4-7", "beta-vertex-4-7"], vertex_path, &opus).await;
 }
 
 #[tokio::test]
