@@ -21,10 +21,11 @@ pub struct Reply {
 }
 
 impl Reply {
-    /// The answer of `http` (its header read) from a provider with seam `seam`; `renamed`: the
-    /// model's (upstream, client) names when they differ and the answer is relayed as is.
-    pub fn new(http: HttpSession, seam: &dyn Seam, renamed: Option<(&str, &str)>) -> Reply {
-        let decoder = http.response_header().and_then(|h| seam.decoder(h));
+    /// The answer of `http` (its header read) for `model` (the provider's name) from a provider
+    /// with seam `seam`; `renamed`: the model's (upstream, client) names when they differ and the
+    /// answer is relayed as is.
+    pub fn new(http: HttpSession, seam: &dyn Seam, model: &str, renamed: Option<(&str, &str)>) -> Reply {
+        let decoder = http.response_header().and_then(|h| seam.decoder(model, h));
         let rename = renamed.map(|(theirs, ours)| {
             let pair = |sep: &str| (format!("\"model\"{sep}\"{theirs}\"").into_bytes(), format!("\"model\"{sep}\"{ours}\"").into_bytes());
             [pair(":"), pair(": ")]
@@ -53,10 +54,22 @@ impl Reply {
     /// The next chunk of the body, decoded (possibly empty while a frame is incomplete).
     pub async fn read_response_body(&mut self) -> pingora_error::Result<Option<Bytes>> {
         let chunk = self.http.read_response_body().await?;
-        let chunk = match (&mut self.decoder, chunk) {
-            (None, chunk) => chunk,
-            (Some(d), Some(data)) => Some(d.decode(&data)),
-            (Some(d), None) => Some(d.finish()).filter(|rest| !rest.is_empty()),
+        let chunk = match &mut self.decoder {
+            None => chunk,
+            Some(d) => {
+                let decoded = chunk.as_deref().map(|data| d.decode(data));
+                // The body's end (the callers stop reading when the session says it is done).
+                if decoded.is_none() || self.http.response_done() {
+                    let rest = d.finish();
+                    match decoded {
+                        Some(data) if !rest.is_empty() => Some(Bytes::from([&data[..], &rest[..]].concat())),
+                        Some(data) => Some(data),
+                        None => Some(rest).filter(|rest| !rest.is_empty()),
+                    }
+                } else {
+                    decoded
+                }
+            }
         };
         Ok(match (&self.rename, chunk) {
             (Some(pairs), Some(data)) => Some(pairs.iter().fold(data, |data, (from, to)| replaced(data, from, to))),

@@ -466,3 +466,77 @@ async fn concurrent_holds_on_a_bedrock_provider_never_overdraw_a_key() {
     let usage = wait_requests(&gw, "sk-cloud-small-0001", 2).await;
     assert_eq!(nanos(&usage["balance"]), 1_000_000 - 2 * cost_nanos("beta-sonnet-4-6", 10, 5), "{usage}");
 }
+
+#[tokio::test]
+async fn other_bedrock_models_go_through_converse_for_every_client_protocol_and_are_billed_from_its_usage() {
+    let mock = start_mock();
+    let llama = "us.meta.llama4-maverick-17b-instruct-v1:0";
+    let provider = format!(
+        "  - {{ name: br, protocol: bedrock, region: us-east-1, endpoint_url: \"{}\",\n      aws: {{ access_key_id_env: T_AWS_ID, secret_access_key_env: T_AWS_SECRET }},\n      models: [ {{ name: delta-llama-4, upstream: \"{llama}\" }} ] }}\n",
+        mock.url("")
+    );
+    let admin_port = free_port();
+    let body = config(&provider, admin_port).replace("prices:\n", "prices:\n  delta-llama-4: { input: 1.0, output: 2.0 }\n");
+    let env = aws_env(AWS_SECRET);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let gw = start_gateway_env(&body, &env);
+    // USD 1 and 2 per million tokens: 1,000 and 2,000 nano-USD a token.
+    let cost = |i: i64, o: i64| i * 1000 + o * 2000;
+
+    // A messages client, streamed: Converse's frames become the messages events.
+    let r = messages(&gw, "delta-llama-4", true, &[("x-mock-usage", "21,6")]).await;
+    assert_eq!(r.status(), 200);
+    let events = sse_events(&r.text().await.unwrap());
+    let names: Vec<&str> = events.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"message_start"));
+    assert_eq!(&names[names.len() - 2..], ["message_delta", "message_stop"], "{names:?}");
+    assert_eq!(events[0].1["message"]["model"], "delta-llama-4");
+    let text: String = events.iter().filter_map(|(_, d)| d.pointer("/delta/text").and_then(Value::as_str)).collect();
+    assert_eq!(text, "Hello from the");
+    assert_eq!(events[names.len() - 2].1["usage"]["input_tokens"], 21);
+    // Whole, and a chat-completions client asking for a tool call.
+    let r = messages(&gw, "delta-llama-4", false, &[("x-mock-usage", "8,3")]).await;
+    let whole: Value = r.json().await.unwrap();
+    assert_eq!(whole["content"][0]["text"], "Hello from the", "{whole}");
+    assert_eq!(whole["usage"]["input_tokens"], 8);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(KEY)
+        .header("x-mock-tool-calls", "1")
+        .header("x-mock-usage", "30,9")
+        .json(&json!({"model": "delta-llama-4", "stream": true, "stream_options": {"include_usage": true},
+            "tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+            "messages": [{"role": "user", "content": "weather?"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains(r#""name":"get_weather""#) && text.contains(r#""finish_reason":"tool_calls""#), "{text}");
+    assert!(text.contains(r#""prompt_tokens":30"#), "{text}");
+    let usage = wait_requests(&gw, KEY, 3).await;
+    assert_eq!(nanos(&usage["balance"]), 5_000_000_000 - cost(21, 6) - cost(8, 3) - cost(30, 9), "{usage}");
+
+    let seen = all_requests(&mock).await;
+    let paths: Vec<&str> = seen.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths[0], "/model/us.meta.llama4-maverick-17b-instruct-v1%3A0/converse-stream");
+    assert_eq!(paths[1], "/model/us.meta.llama4-maverick-17b-instruct-v1%3A0/converse");
+    let sent: Value = serde_json::from_str(seen[2]["body"].as_str().unwrap()).unwrap();
+    assert_eq!(sent["toolConfig"]["tools"][0]["toolSpec"]["name"], "get_weather", "{sent}");
+    assert!(sent.get("anthropic_version").is_none() && sent.get("model").is_none());
+    assert!(sent["inferenceConfig"]["maxTokens"].as_u64().is_some(), "the output maximum held is sent: {sent}");
+
+    // An image by URL cannot go to Converse: a clear 400, nothing sent.
+    let r = client()
+        .post(gw.url("/v1/messages"))
+        .header("x-api-key", KEY)
+        .json(&json!({"model": "delta-llama-4", "max_tokens": 10, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}]}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert!(e["error"]["message"].as_str().unwrap().contains("base64"), "{e}");
+    assert_eq!(all_requests(&mock).await.len(), 3);
+}

@@ -30,6 +30,7 @@ KEY = "sk-sdk-cloud-0001"
 AWS_ID, AWS_SECRET, AWS_TOKEN = "AKIDMOCKTOLLGATE", "mock-aws-secret-access-key", "session-token-sdk"
 ENTRA_SECRET = "mock-entra-client-secret"
 SONNET = "anthropic.claude-sonnet-4-6-v1:0"
+LLAMA = "us.meta.llama4-maverick-17b-instruct-v1:0"
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 EXPECTED_3 = "Hello from the"
 
@@ -71,7 +72,7 @@ pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
 providers:
   - {{ name: br, protocol: bedrock, region: us-east-1, endpoint_url: "{mock_url}/br",
       aws: {{ access_key_id_env: SDK_AWS_ID, secret_access_key_env: SDK_AWS_SECRET, session_token_env: SDK_AWS_TOKEN }},
-      models: [ {{ name: beta-sonnet-4-6, upstream: "{SONNET}" }} ] }}
+      models: [ {{ name: beta-sonnet-4-6, upstream: "{SONNET}" }}, {{ name: delta-llama-4, upstream: "{LLAMA}" }} ] }}
   - {{ name: vx, protocol: vertex, project: proj-sdk, location: us-east5, credentials_file: {sa_path}, base_url: "{mock_url}/vx",
       models: [ gamma-3.5-flash, {{ name: beta-opus-4-7, upstream: "claude-opus-4-7@20260101" }} ] }}
   - {{ name: az, protocol: azure-openai, base_url: "{mock_url}/az", api_version: "2024-10-21", api_key: {UPSTREAM_KEY},
@@ -83,6 +84,7 @@ groups:
   default: {{ platforms: [openai, anthropic, gemini], translate: true }}
 prices:
   beta-sonnet-4-6: {{ input: 3.0, output: 15.0 }}
+  delta-llama-4: {{ input: 0.2, output: 0.6 }}
   beta-opus-4-7: {{ input: 3.0, output: 15.0 }}
   gamma-3.5-flash: {{ input: 0.5, output: 1.5 }}
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
@@ -135,7 +137,7 @@ def test_anthropic_sdk_streams_from_bedrock_and_vertex(cloud):
 
 def test_openai_sdk_streams_from_azure_and_through_translation_from_bedrock_and_vertex(cloud):
     c = openai_client(cloud)
-    for model in ["alpha-5.5", "alpha-4o-mini", "beta-sonnet-4-6", "beta-opus-4-7", "gamma-3.5-flash"]:
+    for model in ["alpha-5.5", "alpha-4o-mini", "beta-sonnet-4-6", "beta-opus-4-7", "gamma-3.5-flash", "delta-llama-4"]:
         stream = c.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], stream=True,
                                            stream_options={"include_usage": True})
         text, usage = "", None
@@ -150,7 +152,7 @@ def test_openai_sdk_streams_from_azure_and_through_translation_from_bedrock_and_
 
 def test_genai_sdk_streams_from_vertex_and_from_bedrock_through_translation(cloud):
     c = genai_client(cloud)
-    for model in ["gamma-3.5-flash", "beta-sonnet-4-6"]:
+    for model in ["gamma-3.5-flash", "beta-sonnet-4-6", "delta-llama-4"]:
         chunks = list(c.models.generate_content_stream(model=model, contents="hi"))
         assert "".join(ch.text or "" for ch in chunks) == EXPECTED_3, model
         assert chunks[-1].usage_metadata.candidates_token_count == 3, model
@@ -185,6 +187,60 @@ def test_every_bedrock_signature_recomputed_by_botocore_matches(cloud):
         ours, theirs = botocore_signature(r)
         assert ours == theirs, r["path"]
         assert r["headers"]["x-amz-security-token"] == [AWS_TOKEN]
+
+
+def test_boto3_reads_the_mocks_bedrock_wire_converse_and_invoke_alike(cloud):
+    import boto3
+    client = boto3.client("bedrock-runtime", region_name="us-east-1", endpoint_url=cloud.mock,
+                          aws_access_key_id=AWS_ID, aws_secret_access_key=AWS_SECRET)
+    messages = [{"role": "user", "content": [{"text": "hi"}]}]
+    r = client.converse(modelId=LLAMA, messages=messages, inferenceConfig={"maxTokens": 16})
+    assert r["output"]["message"]["content"][0]["text"] == EXPECTED_3
+    assert r["usage"]["outputTokens"] == 3 and r["stopReason"] == "end_turn"
+    events = list(client.converse_stream(modelId=LLAMA, messages=messages)["stream"])
+    kinds = [next(iter(e)) for e in events]
+    assert kinds[0] == "messageStart" and kinds[-2:] == ["messageStop", "metadata"], kinds
+    assert "".join(e["contentBlockDelta"]["delta"]["text"] for e in events if "contentBlockDelta" in e) == EXPECTED_3
+    assert events[-1]["metadata"]["usage"]["outputTokens"] == 3
+    body = json.dumps({"anthropic_version": "bedrock-2023-05-31", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
+    chunks = list(client.invoke_model_with_response_stream(modelId=SONNET, body=body)["body"])
+    types = [json.loads(c["chunk"]["bytes"])["type"] for c in chunks]
+    assert types[0] == "message_start" and types[-1] == "message_stop", types
+
+
+def test_tollgates_converse_requests_pass_botocores_own_validation(cloud):
+    from botocore.session import get_session
+    from botocore.validate import ParamValidator
+
+    c = openai_client(cloud)
+    c.chat.completions.create(
+        model="delta-llama-4", extra_headers={"x-mock-tool-calls": "1"},
+        tools=[{"type": "function", "function": {"name": "get_weather", "description": "weather",
+                                                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        messages=[{"role": "system", "content": "be brief"},
+                  {"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                               {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]},
+                  {"role": "assistant", "tool_calls": [{"id": "call_1", "type": "function",
+                                                        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}])
+    shapes = get_session().get_service_model("bedrock-runtime")
+    sent = [r for r in cloud.requests() if r["path"].startswith("/br/model/") and "/converse" in r["path"]]
+    assert sent
+    for r in sent:
+        params = json.loads(r["body"])
+        for m in params.get("messages", []):
+            for block in m["content"]:
+                if "image" in block:
+                    block["image"]["source"]["bytes"] = base64.b64decode(block["image"]["source"]["bytes"])
+        params["modelId"] = r["model"]
+        operation = "ConverseStream" if r["path"].endswith("/converse-stream") else "Converse"
+        report = ParamValidator().validate(params, shapes.operation_model(operation).input_shape)
+        assert not report.has_errors(), report.generate_report()
+    last = json.loads(sent[-1]["body"])
+    assert last["system"] == [{"text": "be brief"}]
+    assert [next(iter(b)) for b in last["messages"][0]["content"]] == ["text", "image"]
+    assert last["messages"][1]["content"][0]["toolUse"]["input"] == {"city": "Paris"}
+    assert last["messages"][2]["content"][0]["toolResult"]["toolUseId"] == "call_1"
 
 
 def test_the_event_stream_tollgate_decodes_is_what_botocores_parser_reads(cloud):

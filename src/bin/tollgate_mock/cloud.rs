@@ -42,6 +42,11 @@ pub(crate) enum CloudCall {
         model: String,
         stream: bool,
     },
+    /// `Converse` / `ConverseStream`.
+    Converse {
+        model: String,
+        stream: bool,
+    },
     VertexGoogle {
         model: String,
         stream: bool,
@@ -62,7 +67,7 @@ impl CloudCall {
     /// The protocol the request is in.
     pub(crate) fn kind(&self) -> Kind {
         match self {
-            CloudCall::Bedrock { .. } | CloudCall::VertexAnthropic { .. } => Kind::Messages,
+            CloudCall::Bedrock { .. } | CloudCall::Converse { .. } | CloudCall::VertexAnthropic { .. } => Kind::Messages,
             CloudCall::VertexGoogle { stream, .. } => Kind::Generate { stream: *stream },
             CloudCall::Azure { kind, .. } => *kind,
         }
@@ -71,9 +76,10 @@ impl CloudCall {
     /// The model the path names.
     pub(crate) fn model(&self) -> Option<String> {
         match self {
-            CloudCall::Bedrock { model, .. } | CloudCall::VertexGoogle { model, .. } | CloudCall::VertexAnthropic { model, .. } => {
-                Some(model.clone())
-            }
+            CloudCall::Bedrock { model, .. }
+            | CloudCall::Converse { model, .. }
+            | CloudCall::VertexGoogle { model, .. }
+            | CloudCall::VertexAnthropic { model, .. } => Some(model.clone()),
             CloudCall::Azure { deployment, .. } => deployment.clone(),
         }
     }
@@ -81,9 +87,10 @@ impl CloudCall {
     /// Whether the path asks for a stream (None: the body says).
     pub(crate) fn stream(&self) -> Option<bool> {
         match self {
-            CloudCall::Bedrock { stream, .. } | CloudCall::VertexAnthropic { stream, .. } | CloudCall::VertexGoogle { stream, .. } => {
-                Some(*stream)
-            }
+            CloudCall::Bedrock { stream, .. }
+            | CloudCall::Converse { stream, .. }
+            | CloudCall::VertexAnthropic { stream, .. }
+            | CloudCall::VertexGoogle { stream, .. } => Some(*stream),
             CloudCall::Azure { .. } => None,
         }
     }
@@ -102,6 +109,8 @@ pub(crate) fn classify(path: &str, query: Option<&str>) -> Option<CloudCall> {
         return match action {
             "invoke" => Some(CloudCall::Bedrock { model, stream: false }),
             "invoke-with-response-stream" => Some(CloudCall::Bedrock { model, stream: true }),
+            "converse" => Some(CloudCall::Converse { model, stream: false }),
+            "converse-stream" => Some(CloudCall::Converse { model, stream: true }),
             _ => None,
         };
     }
@@ -439,6 +448,170 @@ pub(crate) fn exception_frame(kind: &str, message: &str) -> Vec<u8> {
     let mut out = Vec::new();
     aws_smithy_eventstream::frame::write_message_to(&m, &mut out).unwrap();
     out
+}
+
+/// The fields a Converse request may have, and the keys of a content block (exactly one each).
+const CONVERSE_FIELDS: [&str; 9] = [
+    "messages",
+    "system",
+    "inferenceConfig",
+    "toolConfig",
+    "additionalModelRequestFields",
+    "guardrailConfig",
+    "promptVariables",
+    "requestMetadata",
+    "performanceConfig",
+];
+const CONTENT_KEYS: [&str; 8] = ["text", "image", "document", "video", "toolUse", "toolResult", "reasoningContent", "cachePoint"];
+
+/// One Converse content block as a messages block (None: a cache point), or why Bedrock would
+/// refuse it.
+fn converse_block(b: &Value, at: &str) -> Result<Option<Value>, String> {
+    let obj = b.as_object().ok_or(format!("{at}: a content block must be an object"))?;
+    if obj.len() != 1 || !CONTENT_KEYS.contains(&obj.keys().next().map(String::as_str).unwrap_or_default()) {
+        return Err(format!("{at}: a content block has exactly one of {CONTENT_KEYS:?}"));
+    }
+    Ok(Some(if let Some(text) = b.get("text") {
+        json!({"type": "text", "text": text.as_str().ok_or(format!("{at}.text must be a string"))?})
+    } else if let Some(image) = b.get("image") {
+        let format = image.get("format").and_then(Value::as_str).unwrap_or_default();
+        if !["png", "jpeg", "gif", "webp"].contains(&format) {
+            return Err(format!("{at}.image.format must be png, jpeg, gif or webp"));
+        }
+        let data = image.pointer("/source/bytes").and_then(Value::as_str).ok_or(format!("{at}.image.source.bytes is required"))?;
+        base64::engine::general_purpose::STANDARD.decode(data).map_err(|_| format!("{at}.image.source.bytes is not base64"))?;
+        json!({"type": "image", "source": {"type": "base64", "media_type": format!("image/{format}"), "data": data}})
+    } else if let Some(t) = b.get("toolUse") {
+        json!({"type": "tool_use", "id": t["toolUseId"], "name": t["name"], "input": t["input"]})
+    } else if let Some(r) = b.get("toolResult") {
+        let text: String = r["content"]
+            .as_array()
+            .map(|parts| parts.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect())
+            .unwrap_or_default();
+        json!({"type": "tool_result", "tool_use_id": r["toolUseId"], "content": text, "is_error": r["status"] == "error"})
+    } else {
+        return Ok(None);
+    }))
+}
+
+/// The request a cloud call asks for as the mock reads it: Converse's checked (a refusal as
+/// Bedrock's) and written as a messages request; any other as it is.
+pub(crate) fn as_messages(cloud: Option<&CloudCall>, parsed: Value) -> Result<Value, Refusal> {
+    match cloud {
+        Some(CloudCall::Converse { .. }) => converse_to_messages(&parsed).map_err(|why| {
+            let (b, amzn) = bedrock_error(400, &why);
+            (400, b, vec![("x-amzn-errortype", amzn)])
+        }),
+        _ => Ok(parsed),
+    }
+}
+
+/// Converse's validation of a request (as Bedrock answers it: 400 `ValidationException`), and
+/// the request as a messages body (what the rest of the mock answers from).
+pub(crate) fn converse_to_messages(v: &Value) -> Result<Value, String> {
+    let map = v.as_object().ok_or("the body must be a JSON object")?;
+    if let Some(bad) = map.keys().find(|k| !CONVERSE_FIELDS.contains(&k.as_str())) {
+        return Err(format!("1 validation error detected: extraneous key [{bad}] is not permitted"));
+    }
+    let mut messages = Vec::new();
+    for (i, m) in map.get("messages").and_then(Value::as_array).ok_or("messages is required")?.iter().enumerate() {
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .filter(|r| *r == "user" || *r == "assistant")
+            .ok_or(format!("messages.{i}.role must be user or assistant"))?;
+        let mut content = Vec::new();
+        for (j, b) in m.get("content").and_then(Value::as_array).ok_or(format!("messages.{i}.content must be a list"))?.iter().enumerate() {
+            content.extend(converse_block(b, &format!("messages.{i}.content.{j}"))?);
+        }
+        messages.push(json!({"role": role, "content": content}));
+    }
+    let mut out = json!({"messages": messages});
+    if let Some(system) = map.get("system").and_then(Value::as_array) {
+        let text: Vec<&str> = system.iter().filter_map(|b| b.get("text").and_then(Value::as_str)).collect();
+        out["system"] = json!(text.join("\n"));
+    }
+    if let Some(max) = map.get("inferenceConfig").and_then(|c| c.get("maxTokens")) {
+        out["max_tokens"] = max.clone();
+    }
+    if let Some(tools) = map.get("toolConfig").and_then(|c| c.get("tools")).and_then(Value::as_array) {
+        let tools: Vec<Value> = tools
+            .iter()
+            .filter_map(|t| t.get("toolSpec"))
+            .map(|spec| json!({"name": spec["name"], "description": spec["description"], "input_schema": spec.pointer("/inputSchema/json").cloned().unwrap_or_default()}))
+            .collect();
+        out["tools"] = json!(tools);
+    }
+    Ok(out)
+}
+
+/// A messages answer as a `ConverseResponse`.
+pub(crate) fn converse_whole(messages: &Value) -> Value {
+    let content: Vec<Value> = messages["content"]
+        .as_array()
+        .map(|blocks| {
+            blocks
+                .iter()
+                .map(|b| match b["type"].as_str() {
+                    Some("tool_use") => json!({"toolUse": {"toolUseId": b["id"], "name": b["name"], "input": b["input"]}}),
+                    _ => json!({"text": b["text"]}),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let input = messages.pointer("/usage/input_tokens").and_then(Value::as_u64).unwrap_or(0);
+    let output = messages.pointer("/usage/output_tokens").and_then(Value::as_u64).unwrap_or(0);
+    json!({"output": {"message": {"role": "assistant", "content": content}}, "stopReason": messages["stop_reason"],
+        "usage": {"inputTokens": input, "outputTokens": output, "totalTokens": input + output}, "metrics": {"latencyMs": 42}})
+}
+
+/// One messages SSE event as a `ConverseStream` event (its type and payload), if it has one.
+fn converse_event(v: &Value, input_tokens: u64, output_tokens: u64) -> Option<(&'static str, Value)> {
+    let index = v["index"].clone();
+    Some(match v["type"].as_str().unwrap_or_default() {
+        "message_start" => ("messageStart", json!({"role": "assistant", "p": "abcd"})),
+        "content_block_start" if v["content_block"]["type"] == "tool_use" => (
+            "contentBlockStart",
+            json!({"contentBlockIndex": index, "start": {"toolUse": {"toolUseId": v["content_block"]["id"], "name": v["content_block"]["name"]}}}),
+        ),
+        "content_block_delta" if v["delta"]["type"] == "text_delta" => {
+            ("contentBlockDelta", json!({"contentBlockIndex": index, "delta": {"text": v["delta"]["text"]}}))
+        }
+        "content_block_delta" if v["delta"]["type"] == "input_json_delta" => {
+            ("contentBlockDelta", json!({"contentBlockIndex": index, "delta": {"toolUse": {"input": v["delta"]["partial_json"]}}}))
+        }
+        "content_block_stop" => ("contentBlockStop", json!({"contentBlockIndex": index})),
+        "message_delta" => ("messageStop", json!({"stopReason": v["delta"]["stop_reason"]})),
+        "message_stop" => (
+            "metadata",
+            json!({"usage": {"inputTokens": input_tokens, "outputTokens": output_tokens, "totalTokens": input_tokens + output_tokens},
+                "metrics": {"latencyMs": 42}}),
+        ),
+        _ => return None,
+    })
+}
+
+/// Messages SSE events as `ConverseStream`'s frames (text blocks open without a start event,
+/// as Bedrock sends them; usage in the closing `metadata`).
+pub(crate) fn converse_frames(events: &[String], input_tokens: u64, output_tokens: u64) -> Vec<Vec<u8>> {
+    events
+        .iter()
+        .map(|text| {
+            let mut out = Vec::new();
+            for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
+                let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
+                let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+                if let Some((kind, payload)) = converse_event(&v, input_tokens, output_tokens) {
+                    let m = Message::new(payload.to_string())
+                        .add_header(Header::new(":event-type", HeaderValue::String(kind.to_string().into())))
+                        .add_header(Header::new(":content-type", HeaderValue::String("application/json".into())))
+                        .add_header(Header::new(":message-type", HeaderValue::String("event".into())));
+                    aws_smithy_eventstream::frame::write_message_to(&m, &mut out).unwrap();
+                }
+            }
+            out
+        })
+        .collect()
 }
 
 #[cfg(test)]

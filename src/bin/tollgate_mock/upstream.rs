@@ -224,7 +224,11 @@ impl MockUpstream {
             }
             return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
         }
-        let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        // Converse: checked as Bedrock checks it, then answered as a messages request.
+        let parsed = match crate::cloud::as_messages(cloud.as_ref(), serde_json::from_slice(&body).unwrap_or(Value::Null)) {
+            Ok(parsed) => parsed,
+            Err(refusal) => return refuse(session, refusal).await,
+        };
         let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
         for (k, v) in req.headers.iter() {
             headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
@@ -275,9 +279,8 @@ impl MockUpstream {
             Some(c) => self.cloud_refusal(c, kind, &req, &body, &parsed).err(),
             None => (!self.credential_ok(kind, &req)).then(|| (401, error_body(kind, 401, "mock: missing or wrong upstream key"), vec![])),
         };
-        if let Some((status, b, headers)) = refused {
-            let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
-            return send(session, status, "application/json", b.to_string().into(), &extra).await;
+        if let Some(refusal) = refused {
+            return refuse(session, refusal).await;
         }
         // Failure controls apply only to the provider (`x-mock-only: PREFIX,…`) and the key
         // (`x-mock-only-key: KEY`) they name, when named.
@@ -294,7 +297,7 @@ impl MockUpstream {
         if let Some(status) = ctl_num("x-mock-status").and_then(|s| u16::try_from(s).ok()) {
             // `x-mock-error-bytes: N`: the message padded to N bytes (an oversized error answer).
             let pad = ctl_num("x-mock-error-bytes").map_or(String::new(), |n| " ".repeat(usize::try_from(n).unwrap_or(0).min(64 << 20)));
-            let bedrock = matches!(cloud, Some(CloudCall::Bedrock { .. }));
+            let bedrock = matches!(cloud, Some(CloudCall::Bedrock { .. } | CloudCall::Converse { .. }));
             let (b, headers) = mock_error(kind, status, &format!("mock says {status}{pad}"), ctl("x-mock-retry-after"), bedrock);
             let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
             return send(session, status, "application/json", b.to_string().into(), &extra).await;
@@ -315,8 +318,9 @@ impl MockUpstream {
         if let Some(stream) = cloud.as_ref().and_then(CloudCall::stream) {
             call.stream = stream;
         }
-        if matches!(cloud, Some(CloudCall::Bedrock { .. })) {
+        if matches!(cloud, Some(CloudCall::Bedrock { .. } | CloudCall::Converse { .. })) {
             call.bedrock = Some(ctl_num("x-mock-bedrock-exception").map(|n| n as usize));
+            call.converse = matches!(cloud, Some(CloudCall::Converse { .. }));
         }
         if kind == Kind::Responses && parsed.get("store").and_then(Value::as_bool) != Some(false) {
             self.store_response(prefix, &call, &parsed);
@@ -329,7 +333,7 @@ impl MockUpstream {
         if call.stream {
             return self.stream(session, call).await;
         }
-        let b = whole_body(call).to_string();
+        let b = if call.converse { crate::cloud::converse_whole(&whole_body(call)) } else { whole_body(call) }.to_string();
         let date = httpdate::fmt_http_date(self.cloud.aws_now());
         let extra: &[(&str, &str)] = if call.bedrock.is_some() { &[("date", date.as_str())] } else { &[] };
         send(session, 200, "application/json", b.into(), extra).await
@@ -354,7 +358,7 @@ impl MockUpstream {
         parsed: &Value,
     ) -> std::result::Result<(), crate::cloud::Refusal> {
         match c {
-            CloudCall::Bedrock { .. } => self.cloud.check_sigv4(req, body)?,
+            CloudCall::Bedrock { .. } | CloudCall::Converse { .. } => self.cloud.check_sigv4(req, body)?,
             CloudCall::VertexGoogle { .. } | CloudCall::VertexAnthropic { .. } if !self.cloud.token_ok(req) => {
                 let b = json!({"error": {"code": 401, "message": "Request had invalid authentication credentials. Expected OAuth 2 access token.", "status": "UNAUTHENTICATED"}});
                 return Err((401, b, vec![]));
@@ -509,6 +513,7 @@ impl MockUpstream {
             embed_base64: parsed.get("encoding_format").and_then(Value::as_str) == Some("base64"),
             gemini_sse: query.is_some_and(|q| q.split('&').any(|p| p == "alt=sse")),
             bedrock: None,
+            converse: false,
         }
     }
 
@@ -596,10 +601,13 @@ impl MockUpstream {
             // Bedrock's framing: each event in an event-stream frame (and an exception frame
             // where asked).
             let text: Vec<String> = events.iter().map(|e| String::from_utf8_lossy(e).into_owned()).collect();
-            events = crate::cloud::event_stream_frames(&text, call.input_tokens, call.output_tokens.unwrap_or(call.deltas as u64))
-                .into_iter()
-                .map(Bytes::from)
-                .collect();
+            let (input, output) = (call.input_tokens, call.output_tokens.unwrap_or(call.deltas as u64));
+            let frames = if call.converse {
+                crate::cloud::converse_frames(&text, input, output)
+            } else {
+                crate::cloud::event_stream_frames(&text, input, output)
+            };
+            events = frames.into_iter().map(Bytes::from).collect();
             if let Some(n) = exception_after {
                 events.truncate(n);
                 events.push(Bytes::from(crate::cloud::exception_frame("modelStreamErrorException", "The model stream failed (mock).")));
@@ -648,6 +656,12 @@ impl ProxyHttp for MockUpstream {
     async fn upstream_peer(&self, _session: &mut Session, _ctx: &mut ()) -> Result<Box<HttpPeer>> {
         Err(Error::explain(ErrorType::InternalError, "the mock has no upstream"))
     }
+}
+
+/// A refusal answered (status, JSON body, headers).
+async fn refuse(session: &mut Session, (status, body, headers): crate::cloud::Refusal) -> Result<()> {
+    let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    send(session, status, "application/json", body.to_string().into(), &extra).await
 }
 
 /// An `x-mock-status` answer: the protocol's (or Bedrock's) error body and headers.

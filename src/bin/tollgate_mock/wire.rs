@@ -49,6 +49,8 @@ pub(crate) struct Call {
     /// A Bedrock call: streamed in event-stream frames, ended by an exception frame after
     /// this many events when set.
     pub(crate) bedrock: Option<Option<usize>>,
+    /// A Bedrock call through Converse: answered in Converse's shapes.
+    pub(crate) converse: bool,
 }
 
 pub(crate) fn pair(req: &RequestHeader, name: &str) -> Option<(u64, u64)> {

@@ -119,7 +119,7 @@ impl Gateway {
                     plan.happened.served_by = Some(index);
                     let theirs = upstream.config.upstream_model(&plan.model);
                     let renamed = (plan.translation.is_none() && theirs != plan.model).then_some((theirs, plan.model.as_str()));
-                    return Ok((upstream::Reply::new(http, upstream.seam.as_ref(), renamed), peer));
+                    return Ok((upstream::Reply::new(http, upstream.seam.as_ref(), theirs, renamed), peer));
                 }
             }
         }
@@ -268,6 +268,10 @@ pub(super) fn upstream_failure(e: &Error) -> ApiError {
         }
         ErrorType::ConnectTimedout | ErrorType::ReadTimedout | ErrorType::WriteTimedout => {
             ApiError::new(ErrorKind::GatewayTimeout, "The upstream service did not answer in time.")
+        }
+        ErrorType::Custom(name) if *name == upstream::seam::BODY_ERROR => {
+            let why = e.context.as_ref().map_or_else(String::new, |c| c.as_str().to_string());
+            ApiError::new(ErrorKind::BadRequest, format!("The request cannot be sent to the provider of this model: {why}."))
         }
         ErrorType::Custom(name) if *name == upstream::seam::CREDENTIALS_ERROR => ApiError::new(
             ErrorKind::Overloaded,

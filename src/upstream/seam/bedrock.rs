@@ -2,6 +2,8 @@
 //! `InvokeModelWithResponseStream` (`…/invoke-with-response-stream`), the messages body
 //! without `model` and `stream` and with `anthropic_version: bedrock-2023-05-31`. A messages
 //! client is relayed almost as is; other protocols' clients are translated to messages first.
+//! Every other model (its id names no `anthropic.` model) through `Converse` / `ConverseStream`
+//! (`…/converse`, `…/converse-stream`), converted at the wire (see [`super::converse`]).
 //!
 //! Every request is signed with SigV4 (service `bedrock`, the body's hash, `x-amz-date`, the
 //! session token of temporary credentials) by the AWS SDK's own signer. The clock the signature
@@ -97,11 +99,19 @@ impl Seam for Bedrock {
     }
 
     fn target(&self, call: &Call<'_>, prefix: &str) -> String {
-        let action = if call.stream { "invoke-with-response-stream" } else { "invoke" };
+        let action = match (converses(call.model), call.stream) {
+            (true, true) => "converse-stream",
+            (true, false) => "converse",
+            (false, true) => "invoke-with-response-stream",
+            (false, false) => "invoke",
+        };
         format!("{prefix}/model/{}/{action}", encode_segment(call.model))
     }
 
-    fn body(&self, _call: &Call<'_>, body: &Bytes) -> Result<Bytes, SeamError> {
+    fn body(&self, call: &Call<'_>, body: &Bytes) -> Result<Bytes, SeamError> {
+        if converses(call.model) {
+            return super::converse::request(body);
+        }
         edit_object(body, |map| {
             map.remove("model");
             map.remove("stream");
@@ -152,11 +162,26 @@ impl Seam for Bedrock {
         self.observe_clock(header)
     }
 
-    fn decoder(&self, header: &ResponseHeader) -> Option<Box<dyn Decode>> {
+    fn decoder(&self, model: &str, header: &ResponseHeader) -> Option<Box<dyn Decode>> {
         self.observe_clock(header);
+        if header.status.as_u16() >= 300 {
+            // Bedrock's error answers are JSON (`{"message": …}`) whatever the action.
+            return None;
+        }
         let framed = header.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(EVENT_STREAM.as_bytes()));
-        (framed && header.status.as_u16() < 300).then(|| Box::new(EventStreamToSse::default()) as Box<dyn Decode>)
+        match (converses(model), framed) {
+            (false, true) => Some(Box::new(EventStreamToSse::default())),
+            (false, false) => None,
+            (true, true) => Some(Box::new(super::converse::StreamToMessages::new(model))),
+            (true, false) => Some(Box::new(super::converse::WholeToMessages::new(model))),
+        }
     }
+}
+
+/// Whether a Bedrock model goes through Converse: every model but Anthropic's (whose ids, and
+/// their inference profiles', name `anthropic.`).
+fn converses(model: &str) -> bool {
+    !model.contains("anthropic.")
 }
 
 /// A model id as one path segment: everything but unreserved characters percent-encoded
@@ -177,6 +202,26 @@ fn encode_segment(id: &str) -> String {
 mod tests {
     use super::super::tests::{call, header};
     use super::*;
+
+    const SONNET: &str = "anthropic.claude-sonnet-4-6-v1:0";
+
+    #[test]
+    fn other_models_go_through_converse() {
+        let seam = bedrock(None);
+        let client = RequestHeader::build("POST", b"/v1/messages", None).unwrap();
+        let route = Route::Messages;
+        let mut c = call(&client, &route, "us.meta.llama4-maverick-17b-instruct-v1:0", "llama", Protocol::Anthropic);
+        assert_eq!(seam.target(&c, ""), "/model/us.meta.llama4-maverick-17b-instruct-v1%3A0/converse");
+        c.stream = true;
+        assert!(seam.target(&c, "").ends_with("/converse-stream"));
+        let body =
+            seam.body(&c, &Bytes::from_static(br#"{"model":"llama","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}"#)).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["inferenceConfig"]["maxTokens"], 9);
+        assert_eq!(v["messages"][0]["content"][0]["text"], "hi");
+        let profile = call(&client, &route, "us.anthropic.claude-sonnet-4-6-v1:0", "s", Protocol::Anthropic);
+        assert!(seam.target(&profile, "").ends_with("/invoke"), "an Anthropic inference profile is invoked");
+    }
 
     fn bedrock(token: Option<&str>) -> Bedrock {
         Bedrock::new(&crate::config::cloud::Bedrock {
@@ -230,17 +275,18 @@ mod tests {
         let mut answer = ResponseHeader::build(403, None).unwrap();
         let ahead = SystemTime::now() + Duration::from_secs(3600);
         answer.insert_header("date", httpdate::fmt_http_date(ahead)).unwrap();
-        assert!(seam.decoder(&answer).is_none(), "an error answer is not decoded");
+        assert!(seam.decoder(SONNET, &answer).is_none(), "an error answer is not decoded");
         let skew = seam.now().duration_since(SystemTime::now()).unwrap_or_default();
         assert!(skew > Duration::from_secs(3590) && skew < Duration::from_secs(3610), "{skew:?}");
         let mut close = ResponseHeader::build(200, None).unwrap();
         close.insert_header("date", httpdate::fmt_http_date(SystemTime::now())).unwrap();
-        assert!(seam.decoder(&close).is_none(), "a JSON answer is not decoded");
+        assert!(seam.decoder(SONNET, &close).is_none(), "a JSON answer of InvokeModel is not decoded");
+        assert!(seam.decoder("meta.llama3-70b-instruct-v1:0", &close).is_some(), "one of Converse is");
         assert!(seam.now().duration_since(SystemTime::now()).unwrap_or_default() < Duration::from_secs(5), "back in step");
         let mut stream = ResponseHeader::build(200, None).unwrap();
         stream.insert_header("content-type", EVENT_STREAM).unwrap();
         stream.insert_header("content-length", "10").unwrap();
-        seam.decoder(&stream).unwrap().header(&mut stream);
+        seam.decoder(SONNET, &stream).unwrap().header(&mut stream);
         assert_eq!(stream.headers.get("content-type").unwrap(), "text/event-stream");
         assert!(stream.headers.get("content-length").is_none());
     }

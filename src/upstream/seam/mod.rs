@@ -10,10 +10,13 @@
 //! content) with static keys; [`bedrock`] (AWS, Anthropic's messages over `InvokeModel`),
 //! [`vertex`] (Google Cloud, Gemini and Anthropic models) and [`azure`] (Azure OpenAI). A new
 //! kind of upstream is a file here, implementing [`Seam`], and an arm of [`for_provider`].
+//! Bedrock's models that are not Anthropic's go through [`converse`], which keeps their
+//! provider's messages-protocol face.
 
 pub mod anthropic;
 pub mod azure;
 pub mod bedrock;
+pub mod converse;
 pub mod eventstream;
 pub mod gemini;
 pub mod openai;
@@ -65,7 +68,7 @@ pub enum SeamError {
 impl std::fmt::Display for SeamError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SeamError::Body(why) => write!(f, "request body: {why}"),
+            SeamError::Body(why) => write!(f, "{why}"),
             SeamError::Credentials(why) => write!(f, "credentials: {why}"),
         }
     }
@@ -74,11 +77,15 @@ impl std::fmt::Display for SeamError {
 /// The name of the pingora error a credentials failure becomes (the gateway answers it 503).
 pub const CREDENTIALS_ERROR: &str = "UpstreamCredentials";
 
+/// The name of the pingora error a body this kind of upstream cannot take becomes (the gateway
+/// answers it 400 with its message, when no other provider took the request).
+pub const BODY_ERROR: &str = "UpstreamBody";
+
 impl From<SeamError> for Box<pingora_error::Error> {
     fn from(e: SeamError) -> Self {
         let etype = match &e {
             SeamError::Credentials(_) => pingora_error::ErrorType::Custom(CREDENTIALS_ERROR),
-            SeamError::Body(_) => pingora_error::ErrorType::InternalError,
+            SeamError::Body(_) => pingora_error::ErrorType::Custom(BODY_ERROR),
         };
         pingora_error::Error::explain(etype, e.to_string())
     }
@@ -129,9 +136,9 @@ pub trait Seam: Send + Sync {
         false
     }
 
-    /// Sees every answer's header; for an answer framed otherwise than its wire protocol frames
-    /// it, the decoder its header and body go through.
-    fn decoder(&self, _header: &ResponseHeader) -> Option<Box<dyn Decode>> {
+    /// Sees every answer's header (to `model`, the provider's name); for an answer framed or
+    /// written otherwise than its wire protocol's, the decoder its header and body go through.
+    fn decoder(&self, _model: &str, _header: &ResponseHeader) -> Option<Box<dyn Decode>> {
         None
     }
 }
