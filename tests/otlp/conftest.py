@@ -107,12 +107,16 @@ providers:
       models: [beta-opus-4-7] }}
   - {{ name: ge, protocol: gemini, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY},
       models: [gamma-3.5-flash] }}
+  - {{ name: br, protocol: bedrock, region: us-east-1, endpoint_url: "http://127.0.0.1:{mock_port}",
+      aws: {{ access_key_id_env: OTLP_AWS_ID, secret_access_key_env: OTLP_AWS_SECRET }},
+      models: [{{ name: beta-bedrock-4-6, upstream: "anthropic.claude-sonnet-4-6-v1:0" }}] }}
 groups:
   default: {{ platforms: [openai, anthropic, gemini] }}
 prices:
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
   beta-opus-4-7: {{ input: 3.0, output: 15.0 }}
   gamma-3.5-flash: {{ input: 0.5, output: 1.5 }}
+  beta-bedrock-4-6: {{ input: 3.0, output: 15.0 }}
 forward_headers: ["x-mock-*", "x-test-tag"]
 keys:
   - {{ key: {CLIENT_KEY}, name: otlp-team, group: default, balance: 5.0, tags: {{ team: research }} }}
@@ -131,7 +135,8 @@ def start_gateway(tmp, mock_port, telemetry, env):
     path = os.path.join(tmp, "tollgate.yaml")
     with open(path, "w") as f:
         f.write(config_text(tmp, gw_port, admin_port, mock_port, telemetry))
-    gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn", **env})
+    gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn", "OTLP_AWS_ID": "AKIDMOCKTOLLGATE",
+                                                                          "OTLP_AWS_SECRET": "mock-aws-secret-access-key", **env})
     wait_listening(gw_port, gw, "tollgate")
     return gw, f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{admin_port}"
 

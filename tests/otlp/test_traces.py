@@ -111,6 +111,24 @@ def test_messages_spans(stack, stream):
     no_content_or_secret(stack, answer)
 
 
+def test_a_bedrock_call_names_its_system_and_both_model_names(stack):
+    client = anthropic.Anthropic(base_url=stack.url, api_key=CLIENT_KEY, max_retries=0)
+    with client.messages.stream(model="beta-bedrock-4-6", max_tokens=16, messages=[{"role": "user", "content": PROMPT}]) as s:
+        answer = "".join(s.text_stream)
+        final = s.get_final_message()
+        request_id = s.response.headers["x-request-id"]
+    assert final.model == "beta-bedrock-4-6"
+    server, clients = request_spans(stack.receiver, request_id)
+    a, c = attrs(server), attrs(clients[0])
+    assert a["gen_ai.provider.name"] == c["gen_ai.provider.name"] == "aws.bedrock"
+    assert c["gen_ai.system"] == "aws.bedrock"
+    # The request as the client named the model; the attempt as Bedrock knows it.
+    assert a["gen_ai.request.model"] == "beta-bedrock-4-6"
+    assert c["gen_ai.request.model"] == "anthropic.claude-sonnet-4-6-v1:0"
+    assert a["gen_ai.usage.output_tokens"] == final.usage.output_tokens
+    no_content_or_secret(stack, answer)
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_generate_content_spans(stack, stream):
     tag = f"gemini-{stream}"

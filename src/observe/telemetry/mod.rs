@@ -147,6 +147,8 @@ impl Upstream<'_> {
     pub fn attrs(&self) -> Attrs {
         let mut attrs = Attrs::default();
         attrs.add("gen_ai.provider.name", Value::Str(self.gen_ai_provider));
+        // The name older GenAI conventions (and the backends still on them) read.
+        attrs.add("gen_ai.system", Value::Str(self.gen_ai_provider));
         attrs.add("server.address", Value::Str(self.host));
         attrs.add("server.port", Value::Int(i64::from(self.port)));
         attrs.add("tollgate.provider", Value::Str(self.name));
