@@ -153,10 +153,17 @@ pub const VERTEX_SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 /// Microsoft's public cloud sign-in host.
 const DEFAULT_AUTHORITY_HOST: &str = "https://login.microsoftonline.com";
 
-/// `aws: { access_key_id_env, secret_access_key_env, session_token_env }`.
+/// `aws: { access_key_id_env, secret_access_key_env, session_token_env }` (or the literal
+/// `access_key_id`, `secret_access_key`, `session_token`: for the offline demo and tests).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawAws {
+    #[serde(default)]
+    access_key_id: Option<String>,
+    #[serde(default)]
+    secret_access_key: Option<String>,
+    #[serde(default)]
+    session_token: Option<String>,
     #[serde(default)]
     access_key_id_env: Option<String>,
     #[serde(default)]
@@ -260,19 +267,27 @@ fn bedrock(
         return err(format!("{at}.region: '{region}' is not an AWS region (like us-east-1)"));
     }
     let aws = raw.aws.unwrap_or_default();
-    let var = |key: &str, given: Option<String>, standard: &str, required: bool| -> Result<Option<String>, ConfigError> {
+    // The literal, else the named variable, else the standard one.
+    let var = |key: &str, literal: Option<String>, given: Option<String>, standard: &str, required: bool| -> Result<Option<String>, ConfigError> {
+        if literal.is_some() && given.is_some() {
+            return err(format!("{at}.aws.{key}: give either the literal or the _env variant, not both"));
+        }
+        if let Some(v) = literal.filter(|v| !v.is_empty()) {
+            return Ok(Some(v));
+        }
         let name = given.unwrap_or_else(|| standard.to_string());
         match env(&name).filter(|v| !v.is_empty()) {
             Some(v) => Ok(Some(v)),
-            None if required => err(format!("{at}.aws.{key}: environment variable {name} is not set")),
+            None if required => err(format!("{at}.aws.{key}_env: environment variable {name} is not set")),
             None => Ok(None),
         }
     };
     let explicit_token = aws.session_token_env.is_some();
     let credentials = AwsCredentials {
-        access_key_id: var("access_key_id_env", aws.access_key_id_env, "AWS_ACCESS_KEY_ID", true)?.unwrap_or_default(),
-        secret_access_key: var("secret_access_key_env", aws.secret_access_key_env, "AWS_SECRET_ACCESS_KEY", true)?.unwrap_or_default(),
-        session_token: var("session_token_env", aws.session_token_env, "AWS_SESSION_TOKEN", explicit_token)?,
+        access_key_id: var("access_key_id", aws.access_key_id, aws.access_key_id_env, "AWS_ACCESS_KEY_ID", true)?.unwrap_or_default(),
+        secret_access_key: var("secret_access_key", aws.secret_access_key, aws.secret_access_key_env, "AWS_SECRET_ACCESS_KEY", true)?
+            .unwrap_or_default(),
+        session_token: var("session_token", aws.session_token, aws.session_token_env, "AWS_SESSION_TOKEN", explicit_token)?,
     };
     let url = raw.endpoint_url.unwrap_or_else(|| format!("https://bedrock-runtime.{region}.amazonaws.com"));
     Ok((Some(Cloud::Bedrock(Bedrock { region, credentials })), url))
