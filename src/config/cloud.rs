@@ -268,7 +268,12 @@ fn bedrock(
     }
     let aws = raw.aws.unwrap_or_default();
     // The literal, else the named variable, else the standard one.
-    let var = |key: &str, literal: Option<String>, given: Option<String>, standard: &str, required: bool| -> Result<Option<String>, ConfigError> {
+    let var = |key: &str,
+               literal: Option<String>,
+               given: Option<String>,
+               standard: &str,
+               required: bool|
+     -> Result<Option<String>, ConfigError> {
         if literal.is_some() && given.is_some() {
             return err(format!("{at}.aws.{key}: give either the literal or the _env variant, not both"));
         }

@@ -22,7 +22,7 @@ pub use catalog::{order_providers, prefer_provider, Catalog, DnsRefresh, Upstrea
 pub use draft::{draft, stored_draft, Draft};
 pub use path::{upstream_path, upstream_query, Destination};
 pub use reply::Reply;
-pub use request::{header_allowed, response_header_allowed, upstream_request, Ask};
+pub use request::{bearer, header_allowed, response_header_allowed, upstream_request, Ask};
 
 use crate::config::MediaAllowance;
 use std::sync::Arc;
@@ -461,8 +461,7 @@ prices:
     fn prepared(req: &RequestHeader, upstream: &Upstream, route: &Route, version: Option<&str>, body: &'static [u8]) -> RequestHeader {
         let ask = Ask { model: "m", stream: false, client_version: version };
         let body = bytes::Bytes::from_static(body);
-        let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-        runtime.block_on(upstream_request(req, upstream, 0, Destination::Relayed(route), &ask, &body, &[])).expect("rewrite").0
+        upstream_request(req, upstream, 0, Destination::Relayed(route), &ask, &body, &[], None).expect("rewrite").0
     }
 
     #[test]

@@ -11,13 +11,16 @@ use bytes::Bytes;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_http::ResponseHeader;
 
+/// Each spelling of `"model":"<upstream name>"` with its replacement.
+type Renames = [(Vec<u8>, Vec<u8>); 2];
+
 pub struct Reply {
     http: HttpSession,
     /// The decoded header (None: the session's own, undecoded).
     header: Option<Box<ResponseHeader>>,
     decoder: Option<Box<dyn Decode>>,
     /// `"model":"<upstream name>"` and the same with the client's name, both spacings.
-    rename: Option<[(Vec<u8>, Vec<u8>); 2]>,
+    rename: Option<Box<Renames>>,
 }
 
 impl Reply {
@@ -28,7 +31,7 @@ impl Reply {
         let decoder = http.response_header().and_then(|h| seam.decoder(model, h));
         let rename = renamed.map(|(theirs, ours)| {
             let pair = |sep: &str| (format!("\"model\"{sep}\"{theirs}\"").into_bytes(), format!("\"model\"{sep}\"{ours}\"").into_bytes());
-            [pair(":"), pair(": ")]
+            Box::new([pair(":"), pair(": ")])
         });
         let header = match (&decoder, http.response_header()) {
             (Some(_), Some(h)) | (None, Some(h)) if decoder.is_some() || rename.is_some() => {

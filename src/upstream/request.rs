@@ -70,9 +70,11 @@ pub fn response_header_allowed(name: &str, protocol: Protocol, forward: &[String
 /// scanner needs plain bytes, and expect, since the whole body is already here), `Host` and the
 /// body length are set; the provider's seam gives the path (the provider's prefix, only
 /// allowlisted query parameters), the body (the model under the provider's name, the cloud's
-/// own fields) and the credential (a key, a token it awaits, or a signature over both). Always
-/// HTTP/1.1 (an HTTP/2 client's request included).
-pub async fn upstream_request(
+/// own fields) and the credential (a key, `token` from its [`Seam::tokens`](super::seam::Seam::tokens)
+/// — see [`bearer`] —, or a signature over both). Always HTTP/1.1 (an HTTP/2 client's request
+/// included).
+#[allow(clippy::too_many_arguments)]
+pub fn upstream_request(
     client: &RequestHeader,
     upstream: &Upstream,
     key: usize,
@@ -80,6 +82,7 @@ pub async fn upstream_request(
     ask: &Ask<'_>,
     body: &Bytes,
     forward: &[String],
+    token: Option<&http::HeaderValue>,
 ) -> pingora_error::Result<(RequestHeader, Bytes)> {
     let seam = &upstream.seam;
     let config = &upstream.config;
@@ -106,11 +109,7 @@ pub async fn upstream_request(
     }
     req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
     req.insert_header(http::header::HOST, upstream.host_value.clone())?;
-    let token = match seam.tokens() {
-        Some(source) => Some(source.bearer().await?),
-        None => None,
-    };
-    seam.authenticate(&mut req, key, token.as_ref(), &call, &body)?;
+    seam.authenticate(&mut req, key, token, &call, &body)?;
     Ok((req, body))
 }
 
@@ -121,4 +120,15 @@ pub struct Ask<'a> {
     pub stream: bool,
     /// The client's `anthropic-version`, if it sent one.
     pub client_version: Option<&'a str>,
+}
+
+/// The bearer token a request to `upstream` needs, when its kind signs in for tokens: the cached
+/// one, else one fetched now (waiting on the heap: inline, the fetch's state would make every
+/// request's future, of every kind of upstream, larger and copied with it).
+pub async fn bearer(upstream: &Upstream) -> pingora_error::Result<Option<http::HeaderValue>> {
+    let Some(source) = upstream.seam.tokens() else { return Ok(None) };
+    Ok(Some(match source.fresh() {
+        Some(value) => value,
+        None => Box::pin(source.bearer()).await?,
+    }))
 }

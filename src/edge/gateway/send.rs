@@ -140,6 +140,7 @@ impl Gateway {
     ) -> std::result::Result<HttpSession, Exchange> {
         let mut stale = 0;
         let mut redated = false;
+        let token = upstream::bearer(upstream).await.map_err(Exchange::Unsent)?;
         loop {
             // Built per attempt (moved into the send; a replaced connection gets a new one).
             let ask = upstream::Ask { model: &plan.model, stream: plan.stream, client_version: plan.client_version.as_deref() };
@@ -154,8 +155,8 @@ impl Gateway {
                 &ask,
                 &plan.body,
                 &plan.routing.forward_headers,
+                token.as_ref(),
             )
-            .await
             .map_err(Exchange::Unsent)?;
             if let Some(trace) = plan.trace.as_deref() {
                 // The attempt's span is the upstream's parent; the client's vendor state goes on

@@ -45,16 +45,6 @@ pub struct Call<'a> {
     pub client_version: Option<&'a str>,
 }
 
-impl Call<'_> {
-    /// The request is token counting (relayed or translated).
-    pub fn counts(&self) -> bool {
-        match self.to {
-            Destination::Translated(t) => t.count,
-            Destination::Relayed(route) => crate::translate::counts(route),
-        }
-    }
-}
-
 /// Why a seam could not prepare a request: nothing was sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SeamError {

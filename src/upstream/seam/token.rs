@@ -74,18 +74,26 @@ impl TokenSource {
         }
     }
 
-    /// The `Authorization` value to send now: the cached token (a refresh started in the
-    /// background when it is close to expiring), else one fetched now.
-    pub async fn bearer(&self) -> Result<http::HeaderValue, SeamError> {
+    /// The cached token, when it is valid (a refresh started in the background when it is close
+    /// to expiring): what nearly every request gets, without waiting.
+    pub fn fresh(&self) -> Option<http::HeaderValue> {
         let now = Instant::now();
-        if let Some(token) = self.inner.cached() {
-            if now < token.refresh_at {
-                return Ok(token.value.clone());
-            }
-            if now < token.expires_at {
-                self.refresh_in_background();
-                return Ok(token.value.clone());
-            }
+        let token = self.inner.cached()?;
+        if now < token.refresh_at {
+            return Some(token.value.clone());
+        }
+        if now < token.expires_at {
+            self.refresh_in_background();
+            return Some(token.value.clone());
+        }
+        None
+    }
+
+    /// The `Authorization` value to send now: the cached token ([`TokenSource::fresh`]), else
+    /// one fetched now.
+    pub async fn bearer(&self) -> Result<http::HeaderValue, SeamError> {
+        if let Some(value) = self.fresh() {
+            return Ok(value);
         }
         let _turn = self.inner.fetching.lock().await;
         // Another request may have fetched one while this one waited.
