@@ -351,6 +351,7 @@ impl CloudMock {
             "mock",
         )
         .into();
+        let unreadable = |e: &dyn std::fmt::Display| refuse(400, "ValidationException", format!("the request cannot be signed: {e}"));
         let params = aws_sigv4::sign::v4::SigningParams::builder()
             .identity(&identity)
             .region(region)
@@ -358,9 +359,10 @@ impl CloudMock {
             .time(when)
             .settings(SigningSettings::default())
             .build()
-            .unwrap()
+            .map_err(|e| unreadable(&e))?
             .into();
-        let request = SignableRequest::new(req.method.as_str(), uri, values.into_iter(), SignableBody::Bytes(body)).unwrap();
+        let request =
+            SignableRequest::new(req.method.as_str(), uri, values.into_iter(), SignableBody::Bytes(body)).map_err(|e| unreadable(&e))?;
         let expected = sign(request, &params).map(|out| out.signature().to_string()).unwrap_or_default();
         if expected != signature {
             return Err(refuse(
