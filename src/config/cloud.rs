@@ -3,7 +3,7 @@
 //! variable, an unreadable service-account file or a key that does not parse) without calling
 //! out. Secrets are kept out of `Debug`.
 
-use super::{err, ConfigError, Protocol};
+use super::{err, secret, ConfigError, Protocol};
 use serde::Deserialize;
 use std::path::PathBuf;
 
@@ -267,32 +267,27 @@ fn bedrock(
         return err(format!("{at}.region: '{region}' is not an AWS region (like us-east-1)"));
     }
     let aws = raw.aws.unwrap_or_default();
-    // The literal, else the named variable, else the standard one.
+    // The literal, else the named variable (as every secret of the file), else the standard one.
     let var = |key: &str,
                literal: Option<String>,
                given: Option<String>,
                standard: &str,
                required: bool|
      -> Result<Option<String>, ConfigError> {
-        if literal.is_some() && given.is_some() {
-            return err(format!("{at}.aws.{key}: give either the literal or the _env variant, not both"));
-        }
-        if let Some(v) = literal.filter(|v| !v.is_empty()) {
+        if let Some(v) = secret(&format!("{at}.aws.{key}"), literal, given, env)? {
             return Ok(Some(v));
         }
-        let name = given.unwrap_or_else(|| standard.to_string());
-        match env(&name).filter(|v| !v.is_empty()) {
+        match env(standard).filter(|v| !v.is_empty()) {
             Some(v) => Ok(Some(v)),
-            None if required => err(format!("{at}.aws.{key}_env: environment variable {name} is not set")),
+            None if required => err(format!("{at}.aws.{key}_env: environment variable {standard} is not set")),
             None => Ok(None),
         }
     };
-    let explicit_token = aws.session_token_env.is_some();
     let credentials = AwsCredentials {
         access_key_id: var("access_key_id", aws.access_key_id, aws.access_key_id_env, "AWS_ACCESS_KEY_ID", true)?.unwrap_or_default(),
         secret_access_key: var("secret_access_key", aws.secret_access_key, aws.secret_access_key_env, "AWS_SECRET_ACCESS_KEY", true)?
             .unwrap_or_default(),
-        session_token: var("session_token", aws.session_token, aws.session_token_env, "AWS_SESSION_TOKEN", explicit_token)?,
+        session_token: var("session_token", aws.session_token, aws.session_token_env, "AWS_SESSION_TOKEN", false)?,
     };
     let url = raw.endpoint_url.unwrap_or_else(|| format!("https://bedrock-runtime.{region}.amazonaws.com"));
     Ok((Some(Cloud::Bedrock(Bedrock { region, credentials })), url))

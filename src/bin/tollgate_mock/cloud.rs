@@ -105,7 +105,7 @@ impl CloudCall {
 pub(crate) fn classify(path: &str, query: Option<&str>) -> Option<CloudCall> {
     if let Some((_, rest)) = path.split_once("/model/") {
         let (id, action) = rest.rsplit_once('/')?;
-        let model = percent_decode(id);
+        let model = tollgate::base::text::decode_component(id);
         return match action {
             "invoke" => Some(CloudCall::Bedrock { model, stream: false }),
             "invoke-with-response-stream" => Some(CloudCall::Bedrock { model, stream: true }),
@@ -150,24 +150,6 @@ pub(crate) fn classify(path: &str, query: Option<&str>) -> Option<CloudCall> {
         return Some(CloudCall::Azure { deployment: None, kind });
     }
     None
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
-                out.push(b);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The clouds' credentials and the tokens the mock issued.
@@ -377,7 +359,7 @@ impl CloudMock {
 
 /// An `application/x-www-form-urlencoded` body's fields.
 fn url_form(body: &[u8]) -> Vec<(String, String)> {
-    let decode = |s: &str| percent_decode(&s.replace('+', " "));
+    let decode = tollgate::base::text::decode_component;
     String::from_utf8_lossy(body).split('&').filter_map(|pair| pair.split_once('=').map(|(k, v)| (decode(k), decode(v)))).collect()
 }
 
@@ -422,19 +404,13 @@ pub(crate) fn event_stream_frames(events: &[String], input_tokens: u64, output_t
         .iter()
         .map(|text| {
             let mut out = Vec::new();
-            for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
-                let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
-                let mut json: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+            for mut json in sse_data(text) {
                 if json["type"] == "message_stop" {
                     json["amazon-bedrock-invocationMetrics"] = json!({"inputTokenCount": input_tokens, "outputTokenCount": output_tokens,
                         "invocationLatency": 100, "firstByteLatency": 20});
                 }
                 let payload = json!({"bytes": base64::engine::general_purpose::STANDARD.encode(json.to_string()), "p": "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0"});
-                let message = Message::new(payload.to_string())
-                    .add_header(Header::new(":event-type", HeaderValue::String("chunk".into())))
-                    .add_header(Header::new(":content-type", HeaderValue::String("application/json".into())))
-                    .add_header(Header::new(":message-type", HeaderValue::String("event".into())));
-                aws_smithy_eventstream::frame::write_message_to(&message, &mut out).unwrap();
+                write_frame(&mut out, false, "chunk", &payload);
             }
             out
         })
@@ -443,13 +419,27 @@ pub(crate) fn event_stream_frames(events: &[String], input_tokens: u64, output_t
 
 /// An exception frame inside a stream.
 pub(crate) fn exception_frame(kind: &str, message: &str) -> Vec<u8> {
-    let m = Message::new(json!({"message": message}).to_string())
-        .add_header(Header::new(":exception-type", HeaderValue::String(kind.to_string().into())))
-        .add_header(Header::new(":content-type", HeaderValue::String("application/json".into())))
-        .add_header(Header::new(":message-type", HeaderValue::String("exception".into())));
     let mut out = Vec::new();
-    aws_smithy_eventstream::frame::write_message_to(&m, &mut out).unwrap();
+    write_frame(&mut out, true, kind, &json!({"message": message}));
     out
+}
+
+/// One event-stream frame with a JSON payload: an event (its `:event-type` `kind`) or an
+/// exception (its `:exception-type` `kind`).
+fn write_frame(out: &mut Vec<u8>, exception: bool, kind: &str, payload: &Value) {
+    let (message_type, type_header) = if exception { ("exception", ":exception-type") } else { ("event", ":event-type") };
+    let m = Message::new(payload.to_string())
+        .add_header(Header::new(type_header, HeaderValue::String(kind.to_string().into())))
+        .add_header(Header::new(":content-type", HeaderValue::String("application/json".into())))
+        .add_header(Header::new(":message-type", HeaderValue::String(message_type.into())));
+    aws_smithy_eventstream::frame::write_message_to(&m, out).unwrap();
+}
+
+/// The `data:` JSON of each event in `text` (one or more SSE events).
+fn sse_data(text: &str) -> impl Iterator<Item = Value> + '_ {
+    text.split("\n\n")
+        .filter_map(|event| event.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|data| serde_json::from_str(data).unwrap_or(Value::Null))
 }
 
 /// The fields a Converse request may have, and the keys of a content block (exactly one each).
@@ -600,15 +590,9 @@ pub(crate) fn converse_frames(events: &[String], input_tokens: u64, output_token
         .iter()
         .map(|text| {
             let mut out = Vec::new();
-            for event in text.split("\n\n").filter(|e| !e.trim().is_empty()) {
-                let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) else { continue };
-                let v: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+            for v in sse_data(text) {
                 if let Some((kind, payload)) = converse_event(&v, input_tokens, output_tokens) {
-                    let m = Message::new(payload.to_string())
-                        .add_header(Header::new(":event-type", HeaderValue::String(kind.to_string().into())))
-                        .add_header(Header::new(":content-type", HeaderValue::String("application/json".into())))
-                        .add_header(Header::new(":message-type", HeaderValue::String("event".into())));
-                    aws_smithy_eventstream::frame::write_message_to(&m, &mut out).unwrap();
+                    write_frame(&mut out, false, kind, &payload);
                 }
             }
             out

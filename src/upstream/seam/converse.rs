@@ -12,10 +12,10 @@
 //! and other model-specific fields, `tool_choice: none` (Converse has no such choice: the tools
 //! stay offered).
 
+use super::eventstream::{exception_event, header, sse_header, Frames};
 use super::{Decode, SeamError};
-use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
-use aws_smithy_types::event_stream::{HeaderValue, Message};
-use bytes::{Bytes, BytesMut};
+use aws_smithy_types::event_stream::Message;
+use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 /// A messages-protocol request body as a Converse request body.
@@ -168,8 +168,7 @@ fn usage(u: Option<&Value>) -> Value {
 
 /// A messages id for an answer (Converse's has none).
 fn message_id() -> String {
-    use rand::Rng;
-    format!("msg_bdrk_{:024x}", rand::thread_rng().gen::<u128>() >> 32)
+    crate::translate::new_id("msg_bdrk_")
 }
 
 /// A whole `ConverseResponse` as a messages answer (buffered: it is one JSON object).
@@ -220,8 +219,13 @@ impl Decode for WholeToMessages {
 /// `ConverseStream`'s event-stream frames as the messages protocol's SSE.
 #[derive(Default)]
 pub struct StreamToMessages {
-    frames: MessageFrameDecoder,
-    buffer: BytesMut,
+    frames: Frames,
+    events: Events,
+}
+
+/// What the messages events written so far leave to write.
+#[derive(Default)]
+struct Events {
     /// The model as the provider knows it.
     model: String,
     /// Content blocks opened (by index).
@@ -229,29 +233,19 @@ pub struct StreamToMessages {
     stop: Option<&'static str>,
     /// `message_stop` was sent.
     ended: bool,
-    broken: bool,
 }
 
 fn event(out: &mut Vec<u8>, kind: &str, data: &Value) {
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(kind.as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    out.extend_from_slice(data.to_string().as_bytes());
-    out.extend_from_slice(b"\n\n");
-}
-
-fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
-    message.headers().iter().find(|h| h.name().as_str() == name).and_then(|h| match h.value() {
-        HeaderValue::String(s) => Some(s.as_str()),
-        _ => None,
-    })
+    crate::translate::sse::write_json(out, Some(kind), data);
 }
 
 impl StreamToMessages {
     pub fn new(model: &str) -> Self {
-        StreamToMessages { model: model.to_string(), ..Default::default() }
+        StreamToMessages { frames: Frames::default(), events: Events { model: model.to_string(), ..Default::default() } }
     }
+}
 
+impl Events {
     /// Open block `index` (as `kind`) unless it is open.
     fn open_block(&mut self, index: u64, block: Value, out: &mut Vec<u8>) {
         if !self.open.contains(&index) {
@@ -262,11 +256,7 @@ impl StreamToMessages {
 
     fn frame(&mut self, message: &Message, out: &mut Vec<u8>) {
         if header(message, ":message-type") != Some("event") {
-            let kind = header(message, ":exception-type").unwrap_or("internalServerException");
-            let payload: Value = serde_json::from_slice(message.payload()).unwrap_or_default();
-            let said = payload.get("message").and_then(Value::as_str).unwrap_or("The upstream service failed during the answer.");
-            let error = json!({"type": "error", "error": {"type": super::eventstream::error_type(kind), "message": crate::protocol::upstream_error::scrub(said)}});
-            event(out, "error", &error);
+            exception_event(message, out);
             return;
         }
         let v: Value = serde_json::from_slice(message.payload()).unwrap_or_default();
@@ -328,35 +318,12 @@ impl StreamToMessages {
 
 impl Decode for StreamToMessages {
     fn header(&self, header: &mut pingora_http::ResponseHeader) {
-        header.remove_header(&http::header::CONTENT_LENGTH);
-        if header.insert_header(http::header::CONTENT_TYPE, "text/event-stream").is_err() {
-            log::debug!("content type not set");
-        }
+        sse_header(header);
     }
 
     fn decode(&mut self, chunk: &[u8]) -> Bytes {
-        if self.broken {
-            return Bytes::new();
-        }
-        self.buffer.extend_from_slice(chunk);
-        let mut out = Vec::new();
-        loop {
-            match self.frames.decode_frame(&mut self.buffer) {
-                Ok(DecodedFrame::Complete(message)) => self.frame(&message, &mut out),
-                Ok(DecodedFrame::Incomplete) => break,
-                Err(e) => {
-                    log::warn!("bedrock: a ConverseStream frame failed its checks ({e}); the answer is cut there");
-                    event(
-                        &mut out,
-                        "error",
-                        &json!({"type": "error", "error": {"type": "api_error", "message": "The upstream service's stream could not be read."}}),
-                    );
-                    self.broken = true;
-                    break;
-                }
-            }
-        }
-        Bytes::from(out)
+        let events = &mut self.events;
+        self.frames.read(chunk, |message, out| events.frame(message, out))
     }
 
     fn finish(&mut self) -> Bytes {
@@ -367,7 +334,7 @@ impl Decode for StreamToMessages {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use aws_smithy_types::event_stream::Header;
+    use aws_smithy_types::event_stream::{Header, HeaderValue};
 
     #[test]
     fn a_messages_request_becomes_a_converse_request() {

@@ -5,38 +5,35 @@
 //! SDK's own decoder (prelude, headers, payload, both CRCs checked).
 
 use super::Decode;
+use crate::translate::sse;
 use aws_smithy_eventstream::frame::{DecodedFrame, MessageFrameDecoder};
 use aws_smithy_types::event_stream::{HeaderValue, Message};
 use base64::Engine;
 use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
-/// Decodes one streamed answer.
+/// The frames of one answer, read as they come (a frame cut between chunks waits for the
+/// rest), each handed to the caller with the SSE it writes: what `InvokeModel`'s and
+/// `ConverseStream`'s decoders share.
 #[derive(Default)]
-pub struct EventStreamToSse {
-    frames: MessageFrameDecoder,
+pub struct Frames {
+    decoder: MessageFrameDecoder,
     buffer: BytesMut,
     /// A frame failed its checks: the rest of the answer is not read (one error event was sent).
     broken: bool,
 }
 
-impl Decode for EventStreamToSse {
-    fn header(&self, header: &mut pingora_http::ResponseHeader) {
-        header.remove_header(&http::header::CONTENT_LENGTH);
-        if header.insert_header(http::header::CONTENT_TYPE, "text/event-stream").is_err() {
-            log::debug!("content type not set");
-        }
-    }
-
-    fn decode(&mut self, chunk: &[u8]) -> Bytes {
+impl Frames {
+    /// The SSE `each` writes for the whole frames `chunk` completes.
+    pub fn read(&mut self, chunk: &[u8], mut each: impl FnMut(&Message, &mut Vec<u8>)) -> Bytes {
         if self.broken {
             return Bytes::new();
         }
         self.buffer.extend_from_slice(chunk);
         let mut out = Vec::new();
         loop {
-            match self.frames.decode_frame(&mut self.buffer) {
-                Ok(DecodedFrame::Complete(message)) => sse_of(&message, &mut out),
+            match self.decoder.decode_frame(&mut self.buffer) {
+                Ok(DecodedFrame::Complete(message)) => each(&message, &mut out),
                 Ok(DecodedFrame::Incomplete) => break,
                 Err(e) => {
                     log::warn!("bedrock: an event-stream frame failed its checks ({e}); the answer is cut there");
@@ -49,13 +46,38 @@ impl Decode for EventStreamToSse {
         }
         Bytes::from(out)
     }
+}
+
+/// A decoded stream's header: SSE, its length unknown.
+pub fn sse_header(header: &mut pingora_http::ResponseHeader) {
+    header.remove_header(&http::header::CONTENT_LENGTH);
+    if header.insert_header(http::header::CONTENT_TYPE, "text/event-stream").is_err() {
+        log::debug!("content type not set");
+    }
+}
+
+/// Decodes one streamed `InvokeModel` answer.
+#[derive(Default)]
+pub struct EventStreamToSse {
+    frames: Frames,
+}
+
+impl Decode for EventStreamToSse {
+    fn header(&self, header: &mut pingora_http::ResponseHeader) {
+        sse_header(header);
+    }
+
+    fn decode(&mut self, chunk: &[u8]) -> Bytes {
+        self.frames.read(chunk, sse_of)
+    }
 
     fn finish(&mut self) -> Bytes {
         Bytes::new()
     }
 }
 
-fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
+/// A frame header's string value.
+pub fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
     message.headers().iter().find(|h| h.name().as_str() == name).and_then(|h| match h.value() {
         HeaderValue::String(s) => Some(s.as_str()),
         _ => None,
@@ -64,41 +86,43 @@ fn header<'a>(message: &'a Message, name: &str) -> Option<&'a str> {
 
 /// One frame as SSE: a chunk's event, or an exception's error event.
 fn sse_of(message: &Message, out: &mut Vec<u8>) {
-    match header(message, ":message-type") {
-        Some("event") => {
-            if header(message, ":event-type") != Some("chunk") {
-                return;
-            }
-            let payload: Value = serde_json::from_slice(message.payload()).unwrap_or_default();
-            let Some(event) =
-                payload.get("bytes").and_then(Value::as_str).and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
-            else {
-                return;
-            };
-            let kind = serde_json::from_slice::<Value>(&event)
-                .ok()
-                .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
-                .filter(|t| t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
-            let Some(kind) = kind else { return };
-            out.extend_from_slice(b"event: ");
-            out.extend_from_slice(kind.as_bytes());
-            out.extend_from_slice(b"\ndata: ");
-            // The JSON as sent, on one line (a newline inside would end the data line).
-            out.extend(event.iter().map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }));
-            out.extend_from_slice(b"\n\n");
-        }
-        Some("exception") | Some("error") => {
-            let kind = header(message, ":exception-type").or(header(message, ":error-code")).unwrap_or("internalServerException");
-            let payload: Value = serde_json::from_slice(message.payload()).unwrap_or_default();
-            let said = payload
-                .get("message")
-                .or(payload.get("Message"))
-                .and_then(Value::as_str)
-                .unwrap_or("The upstream service failed during the answer.");
-            error_event(error_type(kind), &crate::protocol::upstream_error::scrub(said), out);
-        }
-        _ => {}
+    if header(message, ":message-type") != Some("event") {
+        exception_event(message, out);
+        return;
     }
+    if header(message, ":event-type") != Some("chunk") {
+        return;
+    }
+    let payload: Value = serde_json::from_slice(message.payload()).unwrap_or_default();
+    let Some(event) = payload.get("bytes").and_then(Value::as_str).and_then(|b| base64::engine::general_purpose::STANDARD.decode(b).ok())
+    else {
+        return;
+    };
+    let kind = serde_json::from_slice::<Value>(&event)
+        .ok()
+        .and_then(|v| v.get("type").and_then(Value::as_str).map(str::to_string))
+        .filter(|t| t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'));
+    // The JSON as sent, on one line (a newline inside would end the data line).
+    let line: Vec<u8> = event.iter().map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b }).collect();
+    if let (Some(kind), Ok(data)) = (kind, std::str::from_utf8(&line)) {
+        sse::write(out, Some(&kind), data);
+    }
+}
+
+/// An exception frame (`:message-type` `exception` or `error`) as the messages protocol's error
+/// event, its message scrubbed; any other frame writes nothing.
+pub fn exception_event(message: &Message, out: &mut Vec<u8>) {
+    if !matches!(header(message, ":message-type"), Some("exception" | "error")) {
+        return;
+    }
+    let kind = header(message, ":exception-type").or(header(message, ":error-code")).unwrap_or("internalServerException");
+    let payload: Value = serde_json::from_slice(message.payload()).unwrap_or_default();
+    let said = payload
+        .get("message")
+        .or(payload.get("Message"))
+        .and_then(Value::as_str)
+        .unwrap_or("The upstream service failed during the answer.");
+    error_event(error_type(kind), &crate::protocol::upstream_error::scrub(said), out);
 }
 
 /// The messages protocol's error type for a Bedrock exception.
@@ -113,10 +137,7 @@ pub fn error_type(exception: &str) -> &'static str {
 }
 
 fn error_event(kind: &str, message: &str, out: &mut Vec<u8>) {
-    let data = serde_json::json!({"type": "error", "error": {"type": kind, "message": message}});
-    out.extend_from_slice(b"event: error\ndata: ");
-    out.extend_from_slice(data.to_string().as_bytes());
-    out.extend_from_slice(b"\n\n");
+    sse::write_json(out, Some("error"), &serde_json::json!({"type": "error", "error": {"type": kind, "message": message}}));
 }
 
 #[cfg(test)]
