@@ -540,3 +540,42 @@ async fn other_bedrock_models_go_through_converse_for_every_client_protocol_and_
     assert!(e["error"]["message"].as_str().unwrap().contains("base64"), "{e}");
     assert_eq!(all_requests(&mock).await.len(), 3);
 }
+
+/// A token close to expiring is refreshed in the background, once however many requests see it,
+/// while the requests go on with the current one.
+#[tokio::test]
+async fn a_vertex_token_is_refreshed_in_the_background_once_before_it_expires() {
+    // Lifetime 4 s: refreshed from 2 s on, used until 3.6 s.
+    let mock = start_mock_with(&["--key", UPSTREAM_KEY, "--google-public-key", &public_key(), "--token-lifetime-secs", "4"]);
+    let dir = tempfile::tempdir().unwrap();
+    let sa = service_account(&mock, dir.path());
+    let provider = format!(
+        "  - {{ name: vx, protocol: vertex, project: p, location: us-east5, credentials_file: \"{}\", base_url: \"{}\", models: [{{ name: beta-opus-4-7, upstream: \"claude-opus-4-7@1\" }}] }}\n",
+        sa.display(),
+        mock.url("")
+    );
+    let (gw, _) = start(&provider, &[]);
+    assert_eq!(messages(&gw, "beta-opus-4-7", false, &[]).await.status(), 200);
+    assert_eq!(token_requests(&mock).await.len(), 1);
+    tokio::time::sleep(Duration::from_millis(2300)).await;
+    let tags: Vec<String> = (0..6).map(|i| format!("refresh-{i}")).collect();
+    let gw_ref = &gw;
+    let answers = futures_util::future::join_all(
+        tags.iter().map(|t| async move { messages(gw_ref, "beta-opus-4-7", false, &[("x-test-tag", t.as_str())]).await }),
+    )
+    .await;
+    assert!(answers.iter().all(|r| r.status() == 200));
+    for t in &tags {
+        let seen = mock_requests(&mock, t).await;
+        assert_eq!(seen[0]["headers"]["authorization"][0], "Bearer ya29.mock-1", "the current token, not a wait for the next");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while token_requests(&mock).await.len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no background refresh");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let r = messages(&gw, "beta-opus-4-7", false, &[("x-test-tag", "after")]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(mock_requests(&mock, "after").await[0]["headers"]["authorization"][0], "Bearer ya29.mock-2");
+    assert_eq!(token_requests(&mock).await.len(), 2, "one refresh for all the requests that saw the old token");
+}
