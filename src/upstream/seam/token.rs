@@ -108,7 +108,8 @@ impl TokenSource {
 
     fn refresh_in_background(&self) {
         use std::sync::atomic::Ordering;
-        if self.inner.refreshing.swap(true, Ordering::AcqRel) {
+        // After a failed fetch, the endpoint is left alone for the pause here too.
+        if self.inner.recent_failure().is_some() || self.inner.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let inner = self.inner.clone();
