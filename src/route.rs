@@ -68,10 +68,37 @@ pub enum Route {
     VideoContent {
         id: String,
     },
+    /// `GET /v1/videos`: the key's own tasks, newest first, paged (`after`, `limit`).
+    VideoList,
+    /// `DELETE /v1/videos/{id}`: a finished task of the key's forgotten.
+    VideoDelete {
+        id: String,
+    },
+    /// `POST /v1/images/generations` (JSON), `/v1/images/edits`, `/v1/images/variations`
+    /// (multipart).
+    Images {
+        op: ImageOp,
+    },
+    /// `POST /v1/audio/speech`: JSON in, audio out.
+    Speech,
+    /// `POST /v1/audio/transcriptions` and `/v1/audio/translations` (multipart upload).
+    Transcription {
+        translate: bool,
+    },
+    /// `POST /v1/moderations`
+    Moderations,
     /// Nothing matched; the protocol says which error shape fits the path.
     NotFound {
         shape: Protocol,
     },
+}
+
+/// What an images request asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageOp {
+    Generate,
+    Edit,
+    Variation,
 }
 
 /// What is done with a stored response.
@@ -96,7 +123,11 @@ impl Route {
             | Route::Embeddings
             | Route::StoredResponse { .. }
             | Route::ResponsesInputTokens
-            | Route::ResponsesCompact => Some(Protocol::Openai),
+            | Route::ResponsesCompact
+            | Route::Images { .. }
+            | Route::Speech
+            | Route::Transcription { .. }
+            | Route::Moderations => Some(Protocol::Openai),
             Route::Messages | Route::CountTokens => Some(Protocol::Anthropic),
             Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } | Route::GeminiEmbed { .. } => Some(Protocol::Gemini),
             _ => None,
@@ -106,7 +137,18 @@ impl Route {
     /// An embeddings route: its answer is vectors, not generated tokens (output is 0 when the
     /// service reports no usage).
     pub fn embeds(&self) -> bool {
-        matches!(self, Route::Embeddings | Route::GeminiEmbed { .. })
+        matches!(self, Route::Embeddings | Route::GeminiEmbed { .. } | Route::Moderations)
+    }
+
+    /// A route billed by what it makes (images, audio, seconds, characters) rather than by an
+    /// output limit the upstream is told: see `billing::media`.
+    pub fn media(&self) -> bool {
+        matches!(self, Route::Images { .. } | Route::Speech | Route::Transcription { .. })
+    }
+
+    /// A route whose body is `multipart/form-data` (when the client sends it so).
+    pub fn multipart(&self) -> bool {
+        matches!(self, Route::Images { op: ImageOp::Edit | ImageOp::Variation } | Route::Transcription { .. })
     }
 
     /// Whether a relayed route is billed (token counting and reading stored responses are not).
@@ -120,7 +162,10 @@ impl Route {
         match self {
             Route::ChatCompletions => Some(Shape::Chat),
             Route::Responses | Route::ResponsesCompact => Some(Shape::Responses),
-            Route::Embeddings => Some(Shape::Embeddings),
+            Route::Embeddings | Route::Moderations => Some(Shape::Embeddings),
+            Route::Images { .. } => Some(Shape::Images),
+            Route::Speech => Some(Shape::Speech),
+            Route::Transcription { .. } => Some(Shape::Transcription),
             Route::Messages => Some(Shape::Messages),
             Route::GenerateContent { .. } | Route::GeminiEmbed { .. } => Some(Shape::Gemini),
             _ => None,
@@ -156,6 +201,15 @@ impl Route {
             Route::VideoCreate { .. } => "video_create",
             Route::VideoGet { .. } => "video_get",
             Route::VideoContent { .. } => "video_content",
+            Route::VideoList => "video_list",
+            Route::VideoDelete { .. } => "video_delete",
+            Route::Images { op: ImageOp::Generate } => "image_generation",
+            Route::Images { op: ImageOp::Edit } => "image_edit",
+            Route::Images { op: ImageOp::Variation } => "image_variation",
+            Route::Speech => "speech",
+            Route::Transcription { translate: false } => "transcription",
+            Route::Transcription { translate: true } => "translation",
+            Route::Moderations => "moderations",
             Route::NotFound { .. } => "not_found",
         }
     }
@@ -200,6 +254,13 @@ pub fn classify(method: &str, path: &str) -> Route {
         ("POST", "/chat/completions") => Route::ChatCompletions,
         ("POST", "/responses") => Route::Responses,
         ("POST", "/embeddings") => Route::Embeddings,
+        ("POST", "/images/generations") => Route::Images { op: ImageOp::Generate },
+        ("POST", "/images/edits") => Route::Images { op: ImageOp::Edit },
+        ("POST", "/images/variations") => Route::Images { op: ImageOp::Variation },
+        ("POST", "/audio/speech") => Route::Speech,
+        ("POST", "/audio/transcriptions") => Route::Transcription { translate: false },
+        ("POST", "/audio/translations") => Route::Transcription { translate: true },
+        ("POST", "/moderations") => Route::Moderations,
         ("POST", "/messages") => Route::Messages,
         ("POST", "/messages/count_tokens") => Route::CountTokens,
         ("GET", "/models") => Route::Models,
@@ -222,6 +283,8 @@ fn video(method: &str, rest: &str) -> Option<Route> {
             "/video/generations" | "/videos/generations" => Some(Route::VideoCreate { legacy: true }),
             _ => None,
         },
+        "GET" if rest == "/videos" => Some(Route::VideoList),
+        "DELETE" => rest.strip_prefix("/videos/").filter(|id| id_ok(id)).map(|id| Route::VideoDelete { id: id.to_string() }),
         "GET" => {
             if let Some(id) = rest.strip_prefix("/video/generations/") {
                 return id_ok(id).then(|| Route::VideoGet { id: id.to_string(), legacy: true });
@@ -361,8 +424,10 @@ mod tests {
         assert_eq!(classify("GET", "/v1/video/generations/task_abc"), Route::VideoGet { id: "task_abc".into(), legacy: true });
         assert_eq!(classify("GET", "/v1/videos/task_abc/content"), Route::VideoContent { id: "task_abc".into() });
         assert_eq!(classify("GET", "/v1/videos/a/b"), Route::NotFound { shape: Protocol::Openai });
-        assert_eq!(classify("DELETE", "/v1/videos/task_abc"), Route::NotFound { shape: Protocol::Openai });
-        assert_eq!(classify("GET", "/v1/videos"), Route::NotFound { shape: Protocol::Openai });
+        assert_eq!(classify("DELETE", "/v1/videos/task_abc"), Route::VideoDelete { id: "task_abc".into() });
+        assert_eq!(classify("DELETE", "/v1/videos/a/b"), Route::NotFound { shape: Protocol::Openai });
+        assert_eq!(classify("GET", "/v1/videos"), Route::VideoList);
+        assert_eq!(classify("GET", "/videos"), Route::VideoList);
     }
 
     #[test]
@@ -391,6 +456,26 @@ mod tests {
         assert!(!stored("r", ResponseOp::Get).billed() && !Route::ResponsesInputTokens.billed() && Route::ResponsesCompact.billed());
         assert_eq!(Route::ResponsesCompact.usage_shape(), Some(crate::billing::meter::Shape::Responses));
         assert_eq!(stored("r", ResponseOp::Cancel).relay_protocol(), Some(Protocol::Openai));
+    }
+
+    #[test]
+    fn media_paths() {
+        for (p, r) in [
+            ("/v1/images/generations", Route::Images { op: ImageOp::Generate }),
+            ("/v1/images/edits", Route::Images { op: ImageOp::Edit }),
+            ("/images/variations", Route::Images { op: ImageOp::Variation }),
+            ("/v1/audio/speech", Route::Speech),
+            ("/v1/audio/transcriptions", Route::Transcription { translate: false }),
+            ("/audio/translations", Route::Transcription { translate: true }),
+            ("/v1/moderations", Route::Moderations),
+        ] {
+            assert_eq!(classify("POST", p), r, "{p}");
+            assert_eq!(r.relay_protocol(), Some(Protocol::Openai), "{p}");
+            assert!(r.billed(), "{p}");
+            assert!(!matches!(classify("GET", p), Route::Images { .. } | Route::Speech | Route::Transcription { .. } | Route::Moderations));
+        }
+        assert!(Route::Moderations.embeds() && !Route::Moderations.media() && Route::Speech.media());
+        assert!(Route::Transcription { translate: true }.multipart() && !Route::Images { op: ImageOp::Generate }.multipart());
     }
 
     #[test]

@@ -617,6 +617,7 @@ fn gateway(
     Gateway {
         routing: s.routing.clone(),
         keys: s.keys.clone(),
+        uploads: crate::edge::upload::UploadLimits { max_bytes: config.max_upload_bytes, idle_timeout: body.read_timeout },
         body,
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),

@@ -18,121 +18,15 @@
 //! packs more than one token in three bytes.
 
 use crate::base::money::usd;
-use crate::base::usage::Usage;
-use crate::config::Price;
 use crate::records::audit::AuditEntry;
 use crate::records::purse::{charged, Insufficient, Purse, PurseKind};
 use crate::records::usage::{Grouping, ResponseOwner, Totals, UsageRecord};
 use crate::store::ForwardBookings;
 use crate::store::{MoneyStore, StoreError};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+pub use super::prices::{PriceBook, TokenPrice};
 use std::sync::Arc;
-
-/// nano-USD per one million tokens, and the model's output limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct TokenPrice {
-    pub input: i64,
-    pub cached_input: i64,
-    pub cache_write_input: i64,
-    pub output: i64,
-    pub max_output_tokens: Option<u64>,
-    /// Output tokens held and asked for when a request names no maximum.
-    pub default_output_tokens: Option<u64>,
-}
-
-impl TokenPrice {
-    /// The highest price an input token can have (plain, cache read or cache write): what the
-    /// hold charges for the input it estimates.
-    pub fn dearest_input(&self) -> i64 {
-        self.input.max(self.cached_input).max(self.cache_write_input)
-    }
-}
-
-/// Token prices by model.
-#[derive(Debug, Default)]
-pub struct PriceBook {
-    tokens: HashMap<String, TokenPrice, ahash::RandomState>,
-}
-
-fn per_million(usd: f64) -> i64 {
-    crate::base::money::usd_to_nanos(usd)
-}
-
-fn times(tokens: u64, nanos_per_million: i64) -> i128 {
-    let v = i128::from(tokens).saturating_mul(i128::from(nanos_per_million));
-    // Round half up to the nano-dollar.
-    v.saturating_add(500_000) / 1_000_000
-}
-
-/// A sum of terms in nano-USD, saturated to the `i64` range.
-fn saturate(v: i128) -> i64 {
-    v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
-}
-
-impl PriceBook {
-    pub fn new(prices: &BTreeMap<String, Price>) -> Self {
-        let tokens = prices
-            .iter()
-            .map(|(model, p)| {
-                let input = per_million(p.input);
-                let cached_input = p.cached_input.map_or(input, per_million);
-                let cache_write_input = p.cache_write_input.map_or(input, per_million);
-                let price = TokenPrice {
-                    input,
-                    cached_input,
-                    cache_write_input,
-                    output: per_million(p.output),
-                    max_output_tokens: p.max_output_tokens,
-                    default_output_tokens: p.default_output_tokens,
-                };
-                (model.clone(), price)
-            })
-            .collect();
-        PriceBook { tokens }
-    }
-
-    /// The model's prices. Configuration validation makes every served model priced; a model
-    /// missing here is refused by [`PriceBook::hold_cost`].
-    pub fn price(&self, model: &str) -> Option<TokenPrice> {
-        self.tokens.get(model).copied()
-    }
-
-    /// Cost of `usage` on `model` in nano-USD (saturating). Zero for an unpriced model.
-    pub fn cost(&self, model: &str, usage: Usage) -> i64 {
-        let p = self.price(model).unwrap_or_default();
-        saturate(
-            times(usage.input, p.input)
-                .saturating_add(times(usage.cached, p.cached_input))
-                .saturating_add(times(usage.cache_write, p.cache_write_input))
-                .saturating_add(times(usage.output, p.output)),
-        )
-    }
-
-    /// The most a request can cost: `input_tokens` at the dearest input price plus
-    /// `output_tokens` (all choices together) at the output price. None for an unpriced model.
-    pub fn hold_cost(&self, model: &str, input_tokens: u64, output_tokens: u64) -> Option<i64> {
-        let p = self.price(model)?;
-        Some(saturate(times(input_tokens, p.dearest_input()).saturating_add(times(output_tokens, p.output))))
-    }
-
-    /// The most output tokens (all choices together) that `budget` nano-USD covers beside
-    /// `input_tokens` held at the dearest input price: the largest `n` with
-    /// `hold_cost(model, input_tokens, n) <= budget`. None for an unpriced model or free output
-    /// (the output does not change the hold).
-    pub fn output_within(&self, model: &str, input_tokens: u64, budget: i64) -> Option<u64> {
-        let p = self.price(model)?;
-        if p.output <= 0 {
-            return None;
-        }
-        let left = i128::from(budget) - times(input_tokens, p.dearest_input());
-        if left < 0 {
-            return Some(0);
-        }
-        // `times` rounds half up: n tokens cost at most `left` while n·price + 500_000 < (left + 1)·10⁶.
-        let n = ((left + 1) * 1_000_000 - 500_000 - 1) / i128::from(p.output);
-        Some(u64::try_from(n.max(0)).unwrap_or(u64::MAX).min(crate::base::usage::MAX_OUTPUT_ALLOWANCE))
-    }
-}
 
 pub struct Ledger {
     money: Arc<dyn MoneyStore>,
@@ -194,6 +88,13 @@ pub struct Hold {
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hold").field("purses", &self.purses).field("amount", &self.amount).finish()
+    }
+}
+
+impl Hold {
+    /// The money held, in nano-USD.
+    pub fn amount(&self) -> i64 {
+        self.amount
     }
 }
 
@@ -525,6 +426,8 @@ pub async fn window_report(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::base::usage::Usage;
+    use crate::config::Price;
 
     /// Every record of a key in a single node's database, read from its tree.
     pub(crate) fn records(db: &sled::Db, key_id: &str) -> Result<Vec<UsageRecord>, StoreError> {

@@ -16,6 +16,12 @@ pub enum Shape {
     Embeddings,
     Messages,
     Gemini,
+    /// Images: usage with image tokens, images counted (see `protocol::media`).
+    Images,
+    /// Speech: an audio body (nothing to read), or its events' usage.
+    Speech,
+    /// Transcriptions and translations: usage in tokens or seconds.
+    Transcription,
 }
 
 /// Longest SSE line the scanner will join across chunks.
@@ -48,13 +54,41 @@ pub struct UsageScanner {
     pub body_bytes: u64,
     /// What the answer says of itself, read only for a traced request (see [`Self::read_answer`]).
     answer: Option<Box<crate::base::usage::Answer>>,
+    /// Images: the images of a whole answer, counted as it passes.
+    images: Option<Box<crate::protocol::media::ImageCounter>>,
+    /// Images: the start and end of a streamed event too long to read whole (an image's
+    /// `b64_json`), where its type and usage are.
+    long_line: Option<Box<LongLine>>,
+}
+
+/// The start and the end of an SSE line longer than [`MAX_LINE`].
+#[derive(Debug, Default)]
+struct LongLine {
+    head: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+impl LongLine {
+    const HEAD: usize = 512;
+    const TAIL: usize = 64 * 1024;
+
+    fn see(&mut self, bytes: &[u8]) {
+        if self.head.len() < Self::HEAD {
+            let room = Self::HEAD - self.head.len();
+            self.head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
+        self.tail.extend_from_slice(bytes);
+        if self.tail.len() > 2 * Self::TAIL {
+            self.tail.drain(..self.tail.len() - Self::TAIL);
+        }
+    }
 }
 
 /// How much of a non-streamed response object is kept to read its id.
 const HEAD_WINDOW: usize = 16 * 1024;
 
 /// What the scanner found once the body ended (or stopped).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ScanResult {
     /// Input tokens reported, if any.
     pub input: Option<u64>,
@@ -66,6 +100,8 @@ pub struct ScanResult {
     pub text_bytes: u64,
     /// Bytes that reached the client.
     pub body_bytes: u64,
+    /// What a media answer reported beyond its tokens.
+    pub media: crate::protocol::media::MediaSeen,
 }
 
 impl UsageScanner {
@@ -85,12 +121,22 @@ impl UsageScanner {
             head: Vec::new(),
             body_bytes: 0,
             answer: None,
+            images: (shape == Shape::Images && !sse).then(Box::default),
+            long_line: None,
         }
     }
 
     /// Look at one chunk. Returns a replacement only when an event had to be withheld.
     pub fn feed(&mut self, chunk: &Bytes) -> Option<Bytes> {
         if !self.sse {
+            if self.shape == Shape::Speech {
+                // Audio: nothing in it to read.
+                self.body_bytes += chunk.len() as u64;
+                return None;
+            }
+            if let Some(counter) = self.images.as_deref_mut() {
+                counter.feed(chunk);
+            }
             if self.shape == Shape::Responses && self.head.len() < HEAD_WINDOW {
                 let room = HEAD_WINDOW - self.head.len();
                 self.head.extend_from_slice(&chunk[..chunk.len().min(room)]);
@@ -173,6 +219,10 @@ impl UsageScanner {
             if let Some(o) = out {
                 o.extend_from_slice(tail);
             }
+            if let Some(mut long) = self.long_line.take() {
+                long.see(tail);
+                self.long_event(&long);
+            }
             return false;
         }
         let joined = if self.carry.is_empty() {
@@ -210,11 +260,36 @@ impl UsageScanner {
             self.carry.extend_from_slice(rest);
             return;
         }
+        if self.shape == Shape::Images {
+            let long = self.long_line.get_or_insert_with(Box::default);
+            long.see(&self.carry);
+            long.see(rest);
+        }
         self.overlong = true;
         let held = std::mem::take(&mut self.carry);
         if let Some(o) = out {
             o.extend_from_slice(&held);
             o.extend_from_slice(rest);
+        }
+    }
+
+    /// An images event too long to read whole (an image inline): a `*.completed` event is an
+    /// image, and the usage at its end is read.
+    fn long_event(&mut self, long: &LongLine) {
+        let completed = memchr::memmem::find(&long.head, b".completed\"").is_some();
+        let mut event = serde_json::Map::new();
+        if completed {
+            event.insert("type".into(), Value::String("image_generation.completed".into()));
+        }
+        if let Some(usage) = last_object_after(&long.tail, b"\"usage\"") {
+            event.insert("usage".into(), usage);
+        }
+        if !event.is_empty() {
+            if !completed {
+                // Usage outside a completed event: an event of its own, added like one.
+                event.insert("type".into(), Value::String("image_generation.usage".into()));
+            }
+            self.event(&Value::Object(event));
         }
     }
 
@@ -250,6 +325,7 @@ impl UsageScanner {
                 Shape::Responses => openai::read_responses_answer(v, a),
                 Shape::Messages => anthropic::read_answer(v, a),
                 Shape::Gemini => gemini::read_answer(v, a),
+                Shape::Images | Shape::Speech | Shape::Transcription => {}
             }
         }
         let r = &mut self.reading;
@@ -265,6 +341,18 @@ impl UsageScanner {
             }
             Shape::Gemini => {
                 gemini::read_event(v, r);
+                false
+            }
+            Shape::Images => {
+                crate::protocol::media::read_images_event(v, r);
+                false
+            }
+            Shape::Speech => {
+                crate::protocol::media::read_speech_event(v, r);
+                false
+            }
+            Shape::Transcription => {
+                crate::protocol::media::read_transcription_event(v, r);
                 false
             }
         }
@@ -290,7 +378,12 @@ impl UsageScanner {
             }
         }
         let seen = &self.reading.seen;
+        let mut media = self.reading.media;
+        if let Some(counter) = &self.images {
+            media.images = media.images.max(counter.images);
+        }
         ScanResult {
+            media,
             input: seen.input,
             cached: seen.cached,
             cache_write: seen.cache_write,
@@ -330,6 +423,7 @@ impl UsageScanner {
                         Shape::Responses => openai::read_responses_answer_body(&tail, a),
                         Shape::Messages => anthropic::read_answer_body(&tail, a),
                         Shape::Gemini => gemini::read_answer_body(&tail, a),
+                        Shape::Images | Shape::Speech | Shape::Transcription => {}
                     }
                 }
                 return;

@@ -4,7 +4,9 @@
 //! reads what an answer reported, as it streams, in [`meter`].
 
 pub mod ledger;
+pub mod media;
 pub mod meter;
+pub mod prices;
 
 use crate::base::usage::Usage;
 use crate::billing::meter::{tokens_from_bytes, ScanResult};
@@ -64,7 +66,7 @@ mod tests {
     use super::*;
 
     fn scan(input: Option<u64>, output: Option<u64>, text_bytes: u64, body_bytes: u64) -> Option<ScanResult> {
-        Some(ScanResult { input, cached: None, cache_write: None, output, text_bytes, body_bytes })
+        Some(ScanResult { input, cached: None, cache_write: None, output, text_bytes, body_bytes, media: Default::default() })
     }
 
     fn usage(input: u64, output: u64) -> Usage {
@@ -74,8 +76,15 @@ mod tests {
     #[test]
     fn reported_usage_is_billed_as_reported() {
         assert_eq!(billed_usage(scan(Some(10), Some(3), 12, 500), 200, 100, false), (usage(10, 3), false));
-        let with_cache =
-            Some(ScanResult { input: Some(10), cached: Some(4), cache_write: Some(6), output: Some(3), text_bytes: 0, body_bytes: 9 });
+        let with_cache = Some(ScanResult {
+            input: Some(10),
+            cached: Some(4),
+            cache_write: Some(6),
+            output: Some(3),
+            text_bytes: 0,
+            body_bytes: 9,
+            media: Default::default(),
+        });
         assert_eq!(billed_usage(with_cache, 200, 100, false), (Usage { input: 10, cached: 4, cache_write: 6, output: 3 }, false));
     }
 

@@ -28,6 +28,28 @@ pub(super) fn check_prices(prices: &BTreeMap<String, Price>, providers: &[Provid
         if ![Some(price.input), Some(price.output), price.cached_input, price.cache_write_input].into_iter().flatten().all(usd_ok) {
             return err(format!("prices.{model}: prices must be numbers from 0 to 1000000 (USD per 1M tokens)"));
         }
+        for (name, v) in [
+            ("image_input", price.image_input),
+            ("image_output", price.image_output),
+            ("audio_input", price.audio_input),
+            ("characters", price.characters),
+            ("per_second", price.per_second),
+        ] {
+            if v.is_some_and(|v| !usd_ok(v)) {
+                return err(format!("prices.{model}.{name}: a number from 0 to 1000000 (USD)"));
+            }
+        }
+        for (quality, sizes) in price.per_image.iter().flatten() {
+            if sizes.is_empty() {
+                return err(format!("prices.{model}.per_image.{quality}: give a price for at least one size (\"*\" for any)"));
+            }
+            if let Some((size, _)) = sizes.iter().find(|(_, v)| !usd_ok(**v)) {
+                return err(format!("prices.{model}.per_image.{quality}.{size}: a number from 0 to 1000000 (USD an image)"));
+            }
+        }
+        if price.per_image.as_ref().is_some_and(BTreeMap::is_empty) {
+            return err(format!("prices.{model}.per_image: give a price for at least one quality (\"*\" for any)"));
+        }
         if price.max_output_tokens.is_some_and(|m| m == 0 || m > MAX_OUTPUT_ALLOWANCE) {
             return err(format!("prices.{model}.max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
         }
@@ -129,8 +151,9 @@ pub(super) struct RawBilling {
     file_input_tokens: Option<u64>,
 }
 
-/// USD per one million tokens, and the model's output limit.
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Default)]
+/// USD per one million tokens, and the model's output limit; for the media endpoints, what
+/// their own units cost (`billing::media`).
+#[derive(Debug, Clone, Deserialize, PartialEq, Default)]
 #[serde(deny_unknown_fields)]
 pub struct Price {
     pub input: f64,
@@ -149,6 +172,24 @@ pub struct Price {
     /// `max_output_tokens`); `billing.default_output_tokens` when absent.
     #[serde(default)]
     pub default_output_tokens: Option<u64>,
+    /// Images: image tokens of the input and of the output, USD per 1M (default: `input`,
+    /// `output`).
+    #[serde(default)]
+    pub image_input: Option<f64>,
+    #[serde(default)]
+    pub image_output: Option<f64>,
+    /// Transcriptions: audio tokens of the input, USD per 1M (default: `input`).
+    #[serde(default)]
+    pub audio_input: Option<f64>,
+    /// Images billed per image: USD by quality, then size (`"*"` matches any).
+    #[serde(default)]
+    pub per_image: Option<BTreeMap<String, BTreeMap<String, f64>>>,
+    /// Speech billed per input character: USD per 1M characters.
+    #[serde(default)]
+    pub characters: Option<f64>,
+    /// Transcriptions billed per second of audio: USD a second.
+    #[serde(default)]
+    pub per_second: Option<f64>,
 }
 
 /// Group commit of usage records: the writer commits what was booked at most `interval` after

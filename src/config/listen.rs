@@ -138,13 +138,20 @@ pub(super) fn trusted_proxies(list: &[String]) -> Result<Vec<Cidr>, ConfigError>
 }
 
 /// `limits:`: the largest stream event a translated relay holds, and the connection bounds.
-pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, ConnLimits), ConfigError> {
+pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, u64, ConnLimits), ConfigError> {
     let max_event_bytes = raw.as_ref().and_then(|l| l.max_event_bytes).unwrap_or(DEFAULT_MAX_EVENT_BYTES);
     if !(1 << 16..=1 << 30).contains(&max_event_bytes) {
         return err("limits.max_event_bytes: 65536 to 1073741824");
     }
-    Ok((max_event_bytes, conn_limits(raw)?))
+    let max_upload_bytes = raw.as_ref().and_then(|l| l.max_upload_bytes).unwrap_or(DEFAULT_MAX_UPLOAD_BYTES);
+    if !(1 << 10..=1 << 32).contains(&max_upload_bytes) {
+        return err("limits.max_upload_bytes: 1024 to 4294967296");
+    }
+    Ok((max_event_bytes, max_upload_bytes, conn_limits(raw)?))
 }
+
+/// Default `limits.max_upload_bytes`: the OpenAI API's own bound on an audio upload (25 MiB).
+pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 25 << 20;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -194,6 +201,9 @@ pub(super) struct RawLimits {
     /// The largest upstream stream event a translated relay holds while it is incomplete.
     #[serde(default)]
     max_event_bytes: Option<usize>,
+    /// The largest multipart upload (an audio file, images to edit), spooled to disk.
+    #[serde(default)]
+    max_upload_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

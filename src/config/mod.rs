@@ -172,6 +172,8 @@ pub struct Config {
     pub min_output_tokens: u64,
     /// The largest upstream event a translated stream holds (`limits.max_event_bytes`).
     pub max_event_bytes: usize,
+    /// The largest multipart upload (`limits.max_upload_bytes`).
+    pub max_upload_bytes: u64,
     /// Usage records older than this are deleted.
     pub usage_retention_days: u64,
     /// How usage records reach the disk (`billing.commit_interval_ms`, `billing.sync_commit`).
@@ -251,7 +253,7 @@ impl Config {
         let admin = listen::admin(raw.admin, env)?;
         let metrics = listen::metrics(raw.metrics, env, admin.as_ref(), front.listen)?;
         let trusted_proxies = listen::trusted_proxies(&raw.trusted_proxies)?;
-        let (max_event_bytes, connections) = listen::limits(raw.limits)?;
+        let (max_event_bytes, max_upload_bytes, connections) = listen::limits(raw.limits)?;
 
         let providers = upstream::providers(raw.providers, env)?;
         let groups = upstream::groups(raw.groups);
@@ -292,6 +294,7 @@ impl Config {
             default_output_tokens: billing.default_output_tokens,
             min_output_tokens: billing.min_output_tokens,
             max_event_bytes,
+            max_upload_bytes,
             usage_retention_days: billing.usage_retention_days,
             commit: billing.commit,
             video,

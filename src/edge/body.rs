@@ -123,14 +123,7 @@ pub async fn read(session: &mut Session, limits: &BodyLimits) -> Result<ClientBo
         }
     }
     // The checks passed: tell a client that waits for it (curl does above 1 MiB) to send.
-    let expects_continue = header_str(session.req_header(), "expect").is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
-    if expects_continue {
-        let write = async {
-            let continue_header = ResponseHeader::build(100, Some(0))?;
-            session.write_response_header(Box::new(continue_header), false).await
-        };
-        write.await.map_err(|e| unreadable(&e))?;
-    }
+    continue_if_expected(session).await?;
     let mut buf: Option<BytesMut> = None;
     loop {
         let chunk = match tokio::time::timeout_at(deadline, session.read_request_body()).await {
@@ -158,6 +151,19 @@ pub async fn read(session: &mut Session, limits: &BodyLimits) -> Result<ClientBo
         buf.get_or_insert_with(|| BytesMut::with_capacity(reservation.bytes().max(chunk.len()))).extend_from_slice(&chunk);
     }
     Ok(ClientBody { bytes: buf.map_or_else(Bytes::new, BytesMut::freeze), reservation })
+}
+
+/// A client that sent `Expect: 100-continue` (curl does above 1 MiB) is told to send its body.
+pub async fn continue_if_expected(session: &mut Session) -> Result<(), ApiError> {
+    let expects_continue = header_str(session.req_header(), "expect").is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"));
+    if expects_continue {
+        let write = async {
+            let continue_header = ResponseHeader::build(100, Some(0))?;
+            session.write_response_header(Box::new(continue_header), false).await
+        };
+        write.await.map_err(|e| unreadable(&e))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -7,3 +7,4 @@ pub mod body;
 pub mod gateway;
 pub mod listener;
 pub mod local;
+pub mod upload;

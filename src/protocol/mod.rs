@@ -7,6 +7,8 @@
 pub mod anthropic;
 pub mod conversation;
 pub mod gemini;
+pub mod media;
+pub mod multipart;
 pub mod openai;
 pub mod response;
 pub mod scan;
@@ -518,6 +520,8 @@ pub struct Reading {
     pub text_bytes: u64,
     /// The id of the response being read (responses API), once seen.
     pub response_id: Option<String>,
+    /// What a media answer reported beyond its tokens (see [`media`]).
+    pub media: media::MediaSeen,
 }
 
 impl Reading {

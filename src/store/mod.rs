@@ -188,6 +188,11 @@ pub trait TaskStore: Send + Sync {
     /// The `limit` most recently updated tasks, whatever their status, newest first (the
     /// console; in a fleet: of every node).
     async fn recent(&self, limit: usize) -> Result<Vec<Task>, StoreError>;
+    /// The tasks of `owner`, newest first (or oldest first), after the task `after` in that
+    /// order, at most `limit` (`GET /v1/videos`).
+    async fn of_owner(&self, owner: &str, after: Option<&str>, limit: usize, newest_first: bool) -> Result<Vec<Task>, StoreError>;
+    /// Delete a finished task (`DELETE /v1/videos/{id}`): it is gone for its owner too.
+    async fn delete(&self, task: &Task) -> Result<(), StoreError>;
     /// Ids of completed tasks whose copy to object storage is still to be done.
     async fn copy_pending_ids(&self) -> Result<Vec<String>, StoreError>;
     /// The task an Idempotency-Key of `owner` already names (within the window), if any.

@@ -4,7 +4,7 @@
 //! default. Pure: the gateway's draft and price stages act on it.
 
 use super::catalog::{order_providers, Catalog};
-use super::{output, Routing};
+use super::{media, output, Routing};
 use crate::config::Protocol;
 use crate::protocol::{body_fields, ApiError, BodyFields, ErrorKind};
 use crate::route::Route;
@@ -88,6 +88,8 @@ pub struct Draft {
     pub translation: Option<crate::translate::Translation>,
     /// The client asked for a streamed answer.
     pub stream: bool,
+    /// A media call (images, speech, transcription): billed in its own units.
+    pub media: Option<crate::billing::media::MediaCall>,
 }
 
 /// Plan a request on a stored response (read, cancel, delete, list its input items): it goes
@@ -111,6 +113,7 @@ pub fn stored_draft(routing: &Routing, owner: &crate::records::usage::ResponseOw
         previous_response_id: None,
         translation: None,
         stream: false,
+        media: None,
     })
 }
 
@@ -127,12 +130,40 @@ pub fn draft(
     policy: &crate::policy::KeyPolicy,
     client_body: bytes::Bytes,
 ) -> Result<Draft, ApiError> {
+    draft_of(routing, route, protocol, group, policy, client_body, None)
+}
+
+/// Plan a relayed upload (a `multipart/form-data` media call): as [`draft`], its fields read
+/// from the form; the body is the form, written for each provider as it is sent.
+pub fn draft_form(
+    routing: &Routing,
+    route: &Route,
+    group: &str,
+    policy: &crate::policy::KeyPolicy,
+    form: &crate::protocol::multipart::Form,
+) -> Result<Draft, ApiError> {
+    draft_of(routing, route, Protocol::Openai, group, policy, bytes::Bytes::new(), Some(form))
+}
+
+fn draft_of(
+    routing: &Routing,
+    route: &Route,
+    protocol: Protocol,
+    group: &str,
+    policy: &crate::policy::KeyPolicy,
+    client_body: bytes::Bytes,
+    form: Option<&crate::protocol::multipart::Form>,
+) -> Result<Draft, ApiError> {
     let catalog = &routing.catalog;
-    let fields = match route {
+    let (fields, media) = match route {
         Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } | Route::GeminiEmbed { .. } if client_body.is_empty() => {
-            BodyFields::default()
+            (BodyFields::default(), None)
         }
-        _ => body_fields(&client_body)?,
+        _ if route.media() => {
+            let (fields, call) = media::fields(route, &client_body, form)?;
+            (fields, Some(call))
+        }
+        _ => (body_fields(&client_body)?, None),
     };
     let model = model_of(route, &fields)?;
     let client = crate::translate::client_dialect(route);
@@ -144,14 +175,26 @@ pub fn draft(
     let choices = if route.embeds() || !route.billed() { 1 } else { protocol.choices(&fields)? };
     let (per_choice, output_named) =
         if route.embeds() || !route.billed() { (0, true) } else { output_allowance(route, &fields, routing, &model, policy)? };
+    // A media call is never told an output maximum: its answer is images or audio.
+    let output_named = output_named || media.is_some();
     let output_allowance = per_choice.saturating_mul(choices);
     let output_field = output::named_field(route, &fields);
-    let input = crate::billing::InputEstimate {
-        body_tokens: crate::billing::hold_input_tokens(client_body.len()),
-        media_tokens: if route.billed() { routing.media_allowance.tokens(fields.media) } else { 0 },
-        referenced_tokens: 0,
+    let input = match &media {
+        Some(call) => crate::billing::InputEstimate {
+            body_tokens: call.input_tokens(media::text_bytes(&client_body, form), routing.media_allowance.image_tokens),
+            ..Default::default()
+        },
+        None => crate::billing::InputEstimate {
+            body_tokens: crate::billing::hold_input_tokens(client_body.len()),
+            media_tokens: if route.billed() { routing.media_allowance.tokens(fields.media) } else { 0 },
+            referenced_tokens: 0,
+        },
     };
-    let hold_nanos = if !route.billed() { 0 } else { hold_cost(routing, &model, input, output_allowance)? };
+    let hold_nanos = match &media {
+        Some(call) => call.hold(&routing.prices, &model, input.tokens(), output_allowance)?,
+        None if !route.billed() => 0,
+        None => hold_cost(routing, &model, input, output_allowance)?,
+    };
     if candidates.len() > 1 {
         // Embeddings are not conversations: they only spread by weight.
         let conversation = if route.embeds() { None } else { crate::protocol::conversation::conversation_key(&fields) };
@@ -212,6 +255,7 @@ pub fn draft(
         previous_response_id,
         translation,
         stream,
+        media,
     };
     draft.body = draft.upstream_body(route, per_choice)?;
     Ok(draft)
@@ -353,7 +397,7 @@ impl Draft {
     /// The turn continues a stored conversation of `context_tokens` (its recorded input and
     /// output): the upstream counts them again as input, so they are held (and estimated) too.
     pub fn continues(&mut self, routing: &Routing, route: &Route, context_tokens: u64) -> Result<(), ApiError> {
-        if !route.billed() {
+        if !route.billed() || self.media.is_some() {
             return Ok(());
         }
         self.input.referenced_tokens = context_tokens;

@@ -12,6 +12,7 @@ pub mod affinity;
 pub mod catalog;
 pub mod draft;
 pub mod health;
+pub mod media;
 pub mod output;
 pub mod path;
 pub mod reply;
@@ -19,7 +20,7 @@ pub mod request;
 pub mod seam;
 
 pub use catalog::{order_providers, prefer_provider, Catalog, DnsRefresh, Upstream};
-pub use draft::{draft, stored_draft, Draft};
+pub use draft::{draft, draft_form, stored_draft, Draft};
 pub use path::{upstream_path, upstream_query, Destination};
 pub use reply::Reply;
 pub use request::{bearer, header_allowed, response_header_allowed, upstream_request, Ask};

@@ -408,6 +408,45 @@ impl VideoService {
         }
     }
 
+    /// The caller's tasks, newest first (`newest_first: false`: oldest), after the task
+    /// `after` in that order, at most `limit`; and whether more follow.
+    pub async fn list(
+        &self,
+        key: &KeyRecord,
+        after: Option<&str>,
+        limit: usize,
+        newest_first: bool,
+    ) -> Result<(Vec<Task>, bool), ApiError> {
+        let mut tasks = self.store.of_owner(&key.id, after, limit.saturating_add(1), newest_first).await.map_err(internal)?;
+        let more = tasks.len() > limit;
+        tasks.truncate(limit);
+        let mut shown = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            shown.push(self.present(task).await);
+        }
+        Ok((shown, more))
+    }
+
+    /// Delete a finished task of the caller, and its stored result. A task still being made
+    /// is refused (409): its charge is settled only when it ends.
+    pub async fn delete(&self, key: &KeyRecord, id: &str) -> Result<(), ApiError> {
+        let task = self.owned(key, id).await?;
+        if !task.status.is_terminal() || task.copy_pending {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("The video task '{id}' is still being made; it can be deleted once it completed or failed."),
+            )
+            .with_param("task_id"));
+        }
+        self.store.delete(&task).await.map_err(internal)?;
+        if let (Some(storage), Some(object)) = (&self.storage, &task.storage_key) {
+            if let Err(e) = storage.delete(object).await {
+                log::warn!("video task {id}: deleted, but its stored result {object} could not be removed: {e}");
+            }
+        }
+        Ok(())
+    }
+
     fn is_stale(&self, task: &Task, now: u64) -> bool {
         now.saturating_sub(task.last_polled_at) >= self.cfg.poll_interval_secs
     }

@@ -204,6 +204,9 @@ struct BodyParts<'a> {
     prompt: Option<&'a serde_json::value::RawValue>,
     #[serde(default, borrow)]
     duration: Option<&'a serde_json::value::RawValue>,
+    /// The OpenAI SDK's name for `duration`.
+    #[serde(default, borrow)]
+    seconds: Option<&'a serde_json::value::RawValue>,
     #[serde(default, borrow)]
     image: Option<&'a serde_json::value::RawValue>,
     #[serde(default, borrow)]
@@ -224,10 +227,13 @@ pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
     let parts: BodyParts<'_> = serde_json::from_slice(body)
         .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))?;
     let mut out = Map::new();
+    if parts.duration.is_some() && parts.seconds.is_some() {
+        return Err(bad("seconds", "give either duration or seconds, not both"));
+    }
     let fields = [
         ("model", parts.model),
         ("prompt", parts.prompt),
-        ("duration", parts.duration),
+        ("duration", parts.duration.or(parts.seconds)),
         ("image", parts.image),
         ("images", parts.images),
         ("input_reference", parts.input_reference),
@@ -239,6 +245,38 @@ pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
         }
     }
     Ok(Value::Object(out))
+}
+
+/// A create-task form (`multipart/form-data`, as the OpenAI SDK's `videos.create` sends it) as
+/// the JSON body it stands for: its text fields as strings (`metadata` as the JSON it holds),
+/// and an uploaded `input_reference` (or `image`) as a base64 data URI, which object storage
+/// then turns into a URL (§2.6; refused with a clear error without storage). Reads the files
+/// from their spool: call it off the async threads.
+pub fn form_body(form: &crate::protocol::multipart::Form) -> Result<Vec<u8>, ApiError> {
+    use base64::Engine;
+    let mut out = Map::new();
+    for (name, value) in &form.fields {
+        let v = match name.as_str() {
+            "metadata" => serde_json::from_str(value).map_err(|_| bad("metadata", "must be a JSON object"))?,
+            _ => Value::String(value.clone()),
+        };
+        out.insert(name.clone(), v);
+    }
+    for file in &form.files {
+        if !matches!(file.name.as_str(), "input_reference" | "image") {
+            return Err(bad(&file.name, "is not a file field of this endpoint (input_reference takes an image)"));
+        }
+        if file.len > MAX_IMAGE_BYTES as u64 {
+            return Err(bad(&file.name, "images may be at most 50 MB"));
+        }
+        let mut bytes = vec![0; file.len as usize];
+        std::os::unix::fs::FileExt::read_exact_at(&*file.spool, &mut bytes, 0)
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("The upload could not be read back: {e}.")))?;
+        let content_type = file.content_type.as_deref().unwrap_or("application/octet-stream");
+        let uri = format!("data:{content_type};base64,{}", base64::engine::general_purpose::STANDARD.encode(&bytes));
+        out.insert(file.name.clone(), Value::String(uri));
+    }
+    serde_json::to_vec(&Value::Object(out)).map_err(|e| ApiError::new(ErrorKind::Internal, format!("form: {e}")))
 }
 
 /// Validate a create-task body against the enabled models. `allow_base64`: object storage is

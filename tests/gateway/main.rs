@@ -18,6 +18,7 @@ mod config_cli;
 mod durability;
 mod gateway;
 mod hardening;
+mod media;
 mod metering;
 mod operations;
 mod policy;

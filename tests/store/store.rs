@@ -182,6 +182,24 @@ async fn contract(store: Arc<dyn Store>) {
     );
     assert_eq!(tasks.claim_idempotency("key_b", "idem-1", "task_b", now).await.expect("claim"), "task_b", "{backend}: per key");
     assert_eq!(tasks.idempotent_task("key_a", "idem-1", now).await.expect("idem"), Some("task_contract".into()), "{backend}");
+    // A key's own tasks (`GET /v1/videos`): newest first, paged after a task, oldest first.
+    for (id, at) in [("task_k1", 200), ("task_k2", 300), ("task_k3", 250)] {
+        let mut mine = task(id, "key_list");
+        mine.created_at = at;
+        mine.status = Status::Completed;
+        tasks.put(&mine).await.expect("put");
+    }
+    let ids = |v: Vec<Task>| v.into_iter().map(|t| t.id).collect::<Vec<_>>();
+    assert_eq!(ids(tasks.of_owner("key_list", None, 10, true).await.expect("list")), ["task_k2", "task_k3", "task_k1"], "{backend}");
+    assert_eq!(ids(tasks.of_owner("key_list", Some("task_k2"), 1, true).await.expect("list")), ["task_k3"], "{backend}");
+    assert_eq!(ids(tasks.of_owner("key_list", Some("task_k3"), 10, false).await.expect("list")), ["task_k2"], "{backend}");
+    assert!(tasks.of_owner("key_list", Some("task_contract"), 10, true).await.expect("list").is_empty(), "{backend}: not its task");
+    assert_eq!(ids(tasks.of_owner("key_a", None, 10, true).await.expect("list")), ["task_contract"], "{backend}");
+    // Deleted: gone from the list and for its owner.
+    let gone = tasks.get("task_k3").await.expect("get").expect("task");
+    tasks.delete(&gone).await.expect("delete");
+    assert_eq!(tasks.get("task_k3").await.expect("get"), None, "{backend}");
+    assert_eq!(ids(tasks.of_owner("key_list", None, 10, true).await.expect("list")), ["task_k2", "task_k1"], "{backend}");
 }
 
 #[test]

@@ -9,6 +9,7 @@ use pingora_core::server::Server;
 mod agent;
 mod bodies;
 mod cloud;
+mod media;
 mod tc;
 mod upstream;
 mod video_bytes;

@@ -35,7 +35,8 @@
 //!
 //! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
 //! body length, model; tag from `x-test-tag`). The mock demands its own upstream key (one of
-//! them: `--key a,b`) in the protocol's credential header and answers 401 otherwise.
+//! them: `--key a,b`) in the protocol's credential header and answers 401 otherwise. The
+//! OpenAI API's images, audio and moderations endpoints are `media`'s.
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -137,12 +138,12 @@ impl MockUpstream {
         }
     }
 
-    fn hold(&self, token: &str) -> Arc<Notify> {
+    pub(crate) fn hold(&self, token: &str) -> Arc<Notify> {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
         holds.entry(token.to_string()).or_insert_with(|| Arc::new(Notify::new())).clone()
     }
 
-    fn record(&self, r: Recorded) {
+    pub(crate) fn record(&self, r: Recorded) {
         let mut records = self.records.lock().unwrap_or_else(|p| p.into_inner());
         if records.len() >= MAX_RECORDS {
             records.remove(0);
@@ -165,7 +166,7 @@ impl MockUpstream {
     }
 
     /// Whether the request carries one of the mock's keys (`--key` takes a comma-separated pool).
-    fn credential_ok(&self, kind: Kind, req: &RequestHeader) -> bool {
+    pub(crate) fn credential_ok(&self, kind: Kind, req: &RequestHeader) -> bool {
         Self::presented_key(kind, req).is_some_and(|k| self.upstream_key.split(',').any(|mine| mine == k))
     }
 }
@@ -213,16 +214,12 @@ impl MockUpstream {
         if let Some((status, answer)) = self.cloud.token_endpoint(&path, &body) {
             return send(session, status, "application/json", answer.to_string().into(), &[]).await;
         }
+        if let Some(endpoint) = crate::media::endpoint(&path) {
+            return self.media(session, &req, endpoint, body).await;
+        }
         let cloud = crate::cloud::classify(&path, query.as_deref());
         if let Some(action) = header(&req, "x-tc-action") {
-            let action = action.to_string();
-            let answer = self.tc.call(&req, &action, &body);
-            // `[slow-submit]`: the job is created, the answer comes after 3 s (a client with a
-            // shorter timeout never learns the job id).
-            if action.starts_with("Submit") && String::from_utf8_lossy(&body).contains("[slow-submit]") {
-                tokio::time::sleep(Duration::from_secs(3)).await;
-            }
-            return send(session, 200, "application/json", answer.to_string().into(), &[]).await;
+            return self.tc_answer(session, &req, action.to_string(), &body).await;
         }
         // Converse: checked as Bedrock checks it, then answered as a messages request.
         let parsed = match crate::cloud::as_messages(cloud.as_ref(), serde_json::from_slice(&body).unwrap_or(Value::Null)) {
@@ -326,6 +323,17 @@ impl MockUpstream {
             self.store_response(prefix, &call, &parsed);
         }
         self.deliver(session, &call).await
+    }
+
+    /// The video service's answer to one of its actions.
+    async fn tc_answer(&self, session: &mut Session, req: &RequestHeader, action: String, body: &[u8]) -> Result<()> {
+        let answer = self.tc.call(req, &action, body);
+        // `[slow-submit]`: the job is created, the answer comes after 3 s (a client with a
+        // shorter timeout never learns the job id).
+        if action.starts_with("Submit") && String::from_utf8_lossy(body).contains("[slow-submit]") {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+        }
+        send(session, 200, "application/json", answer.to_string().into(), &[]).await
     }
 
     /// The answer of a call: streamed, or whole (Bedrock's with its clock in `Date`).

@@ -60,14 +60,14 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
             let _slot = gw.limits.enter(key).await?;
             respond(gw.usage(session.req_header().uri.query(), key).await?)
         }
-        Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. }
+        Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } | Route::VideoList | Route::VideoDelete { .. }
             if !catalog.group_allows(&key.group, Platform::Video) =>
         {
             Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into())
         }
         // Every video call is rate-limited like any other: reads too (a download is the
         // operator's egress), and a download holds its `max_concurrent` slot while it streams.
-        Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } => {
+        Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } | Route::VideoList | Route::VideoDelete { .. } => {
             gw.limits.admit(key).await?;
             let _slot = gw.limits.enter(key).await?;
             // Boxed: its future (uploads, downloads, the video service's calls) is larger

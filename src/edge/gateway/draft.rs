@@ -17,7 +17,9 @@ use pingora_proxy::Session;
 pub(super) struct Drafted {
     pub protocol: Protocol,
     pub draft: Draft,
-    pub body_reservation: crate::edge::body::Reservation,
+    /// None for an upload (spooled to disk, outside the budget).
+    pub body_reservation: Option<crate::edge::body::Reservation>,
+    pub upload: Option<std::sync::Arc<crate::protocol::multipart::Form>>,
 }
 
 pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller, protocol: Protocol) -> Step<Drafted> {
@@ -25,6 +27,13 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
     gw.limits.admit(key).await?;
     if !routing.catalog.group_allows(&key.group, protocol) {
         return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into());
+    }
+    if let Some(boundary) = upload_boundary(session, route) {
+        let form = crate::edge::upload::read_form(session, &gw.uploads, &boundary).await?;
+        let draft = upstream::draft_form(routing, route, &key.group, &key.policy, &form).inspect_err(|_| {
+            ctx.model_asked = form.field("model").filter(|m| crate::protocol::check_model_name(m).is_ok()).map(str::to_string);
+        })?;
+        return Ok(Drafted { protocol, draft, body_reservation: None, upload: Some(std::sync::Arc::new(form)) });
     }
     let client_body = crate::edge::body::read(session, &gw.body).await?;
     let draft = match route {
@@ -60,5 +69,13 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             draft
         }
     };
-    Ok(Drafted { protocol, draft, body_reservation: client_body.reservation })
+    Ok(Drafted { protocol, draft, body_reservation: Some(client_body.reservation), upload: None })
+}
+
+/// The boundary of an upload to a route that takes one (`multipart/form-data`).
+fn upload_boundary(session: &Session, route: &Route) -> Option<String> {
+    if !route.multipart() {
+        return None;
+    }
+    crate::protocol::header_str(session.req_header(), http::header::CONTENT_TYPE).and_then(crate::protocol::multipart::boundary)
 }

@@ -73,6 +73,8 @@ pub struct Gateway {
     pub keys: Arc<KeyIndex>,
     /// Size, time and memory bounds for reading request bodies.
     pub body: crate::edge::body::BodyLimits,
+    /// Bounds of a multipart upload (spooled to disk, outside the buffered-body budget).
+    pub uploads: crate::edge::upload::UploadLimits,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
     pub ledger: Arc<Ledger>,
@@ -135,6 +137,10 @@ pub struct RelayPlan {
     pub body_reservation: Option<crate::edge::body::Reservation>,
     /// The provider speaks another protocol than the client (see `translate`).
     pub translation: Option<crate::translate::Translation>,
+    /// A media call (images, speech, transcription): billed in its own units at settlement.
+    pub media: Option<crate::billing::media::MediaCall>,
+    /// An upload: the form sent instead of `body`, written for each provider as it is sent.
+    pub upload: Option<Arc<crate::protocol::multipart::Form>>,
     /// The request's trace while it is relayed (moved here from the request's state).
     pub trace: Option<Box<crate::observe::telemetry::Trace>>,
     /// What happened while it was relayed.

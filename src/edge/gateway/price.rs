@@ -20,7 +20,7 @@ use std::time::Instant;
 
 pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx, caller: Caller, drafted: Drafted) -> Step<Box<RelayPlan>> {
     let Caller { route, key, version, routing } = caller;
-    let Drafted { protocol, mut draft, body_reservation } = drafted;
+    let Drafted { protocol, mut draft, body_reservation, upload } = drafted;
     let slot = gw.limits.enter(&key).await?;
     // A request that named no maximum is held (and asks) for less when its cap is lower.
     if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| draft.hold_nanos > *cap) {
@@ -68,8 +68,10 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         streaming_owner: None,
         concurrency_slot: slot,
         tokens_reserved,
-        body_reservation: Some(body_reservation),
+        body_reservation,
         translation: draft.translation,
+        media: draft.media,
+        upload,
         trace: ctx.trace.take(),
         happened: Happened::default(),
     }))
@@ -114,7 +116,7 @@ impl Gateway {
                         continue;
                     }
                     let mut e = refused.to_api_error("this request may cost up to", crate::base::clock::now_unix());
-                    if route.billed() && !route.embeds() {
+                    if route.billed() && !route.embeds() && !route.media() {
                         let covered = draft.output_covered(routing, available);
                         e.message.push_str(&match covered {
                             0 => " That does not cover this request's input.".to_string(),

@@ -6,6 +6,7 @@
 //! (`upstream::upstream_request`).
 
 use super::{Gateway, RelayPlan};
+use crate::protocol::multipart::Segment;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::upstream;
 use crate::upstream::health::Verdict;
@@ -158,6 +159,17 @@ impl Gateway {
                 token.as_ref(),
             )
             .map_err(Exchange::Unsent)?;
+            // An upload: the form, written for this provider (its model name, a boundary of tollgate's).
+            let form = match &plan.upload {
+                Some(form) => {
+                    let (content_type, segments) = form.encode(Some(upstream.config.upstream_model(&plan.model)));
+                    req.insert_header(http::header::CONTENT_TYPE, content_type).map_err(Exchange::Unsent)?;
+                    let length: u64 = segments.iter().map(Segment::size).sum();
+                    req.insert_header(http::header::CONTENT_LENGTH, length).map_err(Exchange::Unsent)?;
+                    segments
+                }
+                None => Vec::new(),
+            };
             if let Some(trace) = plan.trace.as_deref() {
                 // The attempt's span is the upstream's parent; the client's vendor state goes on
                 // (and no other: a `tracestate` relayed by `forward_headers` is replaced).
@@ -180,7 +192,7 @@ impl Gateway {
             let mut http = HttpSession::H1(http);
             http.set_read_timeout(header_wait);
             http.set_write_timeout(peer.options.write_timeout);
-            match send_request(&mut http, req, &body).await {
+            match send_request(&mut http, req, &body, &form).await {
                 Ok(()) => {
                     // A signature refused for a clock the answer showed to be off is signed
                     // again, once, dated by the service's clock.
@@ -244,11 +256,25 @@ fn backoff(n: u32) -> Duration {
     Duration::from_millis(rand::thread_rng().gen_range(full / 2..=full))
 }
 
-/// Send the request header and body; read up to the final response header.
-async fn send_request(http: &mut HttpSession, req: RequestHeader, body: &Bytes) -> Result<()> {
+/// Send the request header and body (`form`'s segments instead, for an upload); read up to the
+/// final response header.
+async fn send_request(http: &mut HttpSession, req: RequestHeader, body: &Bytes, form: &[Segment]) -> Result<()> {
     http.write_request_header(Box::new(req)).await?;
     if !body.is_empty() {
         http.write_request_body(body.clone(), true).await?;
+    }
+    for segment in form {
+        match segment {
+            Segment::Bytes(bytes) => http.write_request_body(bytes.clone(), false).await?,
+            Segment::File { spool, len } => {
+                let mut offset = 0;
+                while offset < *len {
+                    let chunk = read_spooled(spool.clone(), offset, (*len - offset).min(UPLOAD_CHUNK)).await?;
+                    offset += chunk.len() as u64;
+                    http.write_request_body(chunk, false).await?;
+                }
+            }
+        }
     }
     http.finish_request_body().await?;
     loop {
@@ -258,6 +284,23 @@ async fn send_request(http: &mut HttpSession, req: RequestHeader, body: &Bytes) 
             Some(_) => return Ok(()),
             None => return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header")),
         }
+    }
+}
+
+/// How much of a spooled upload is read from disk at a time.
+const UPLOAD_CHUNK: u64 = 64 << 10;
+
+/// `want` bytes of a spooled upload from `offset`, read on a blocking thread.
+async fn read_spooled(spool: std::sync::Arc<std::fs::File>, offset: u64, want: u64) -> Result<Bytes> {
+    let read = tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0; want as usize];
+        spool.read_exact_at(&mut buf, offset).map(|()| Bytes::from(buf))
+    });
+    match read.await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => Err(Error::explain(ErrorType::WriteError, format!("upload spool unreadable: {e}"))),
+        Err(e) => Err(Error::explain(ErrorType::WriteError, format!("upload spool read failed: {e}"))),
     }
 }
 

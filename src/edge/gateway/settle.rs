@@ -27,8 +27,13 @@ impl Gateway {
             Some((scan, id)) => (Some(scan), id.filter(|_| plan.route == Route::Responses && (200..300).contains(&status))),
             None => (None, None),
         };
-        let (usage, estimated) = billing::billed_usage(scan, status, plan.input_estimate, plan.route.embeds());
-        let cost = plan.routing.prices.cost(&plan.model, usage);
+        let (usage, cost, estimated) = match &plan.media {
+            Some(call) => call.bill(&plan.routing.prices, &plan.model, scan, status, hold.amount()),
+            None => {
+                let (usage, estimated) = billing::billed_usage(scan, status, plan.input_estimate, plan.route.embeds());
+                (usage, plan.routing.prices.cost(&plan.model, usage), estimated)
+            }
+        };
         plan.happened.billed = Some((usage, cost, estimated));
         let input_total = usage.input_total();
         self.limits.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;

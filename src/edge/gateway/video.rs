@@ -23,15 +23,15 @@ impl Gateway {
         };
         match route {
             Route::VideoCreate { legacy } => {
-                let body = crate::edge::body::read(session, &self.body).await?;
+                let body = self.video_body(session).await?;
                 let idem = header_str(session.req_header(), "idempotency-key").map(str::to_string);
                 if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
                 }
                 let purses = self.purses(&self.routing.load(), key)?;
-                let (task, created) = svc.create(key, &purses, &body.bytes, idem.as_deref()).await.inspect_err(|_| {
+                let (task, created) = svc.create(key, &purses, &body, idem.as_deref()).await.inspect_err(|_| {
                     // The bounded field reader, never a whole JSON tree: a refused body may be a bomb.
-                    ctx.model_asked = crate::protocol::body_fields(&body.bytes).ok().and_then(|f| f.model);
+                    ctx.model_asked = crate::protocol::body_fields(&body).ok().and_then(|f| f.model);
                 })?;
                 ctx.model_asked = Some(task.api_model.clone());
                 // A new task's charge (an Idempotency-Key's earlier task charged nothing now).
@@ -49,7 +49,69 @@ impl Gateway {
                 video::http::serve_content(svc, session, key, id).await?;
                 Ok(Outcome::Done)
             }
+            Route::VideoList => {
+                let page = Page::of(session.req_header().uri.query())?;
+                let (tasks, has_more) = svc.list(key, page.after.as_deref(), page.limit, page.newest_first).await?;
+                let data: Vec<serde_json::Value> = tasks.iter().map(|t| t.to_json(false, false)).collect();
+                let body = serde_json::json!({
+                    "object": "list",
+                    "data": data,
+                    "first_id": tasks.first().map(|t| t.id.as_str()),
+                    "last_id": tasks.last().map(|t| t.id.as_str()),
+                    "has_more": has_more,
+                });
+                Ok(Outcome::Respond(LocalResponse::json(200, &body)))
+            }
+            Route::VideoDelete { id } => {
+                svc.delete(key, id).await?;
+                let body = serde_json::json!({"id": id, "object": "video.deleted", "deleted": true});
+                Ok(Outcome::Respond(LocalResponse::json(200, &body)))
+            }
             _ => Err(ApiError::new(ErrorKind::Internal, "not a video route")),
         }
+    }
+
+    /// A create-task body: JSON as sent, or a form (the OpenAI SDK's `videos.create`) as the
+    /// JSON it stands for (`video::request::form_body`).
+    async fn video_body(&self, session: &mut Session) -> std::result::Result<bytes::Bytes, ApiError> {
+        let boundary = header_str(session.req_header(), http::header::CONTENT_TYPE).and_then(crate::protocol::multipart::boundary);
+        let Some(boundary) = boundary else { return Ok(crate::edge::body::read(session, &self.body).await?.bytes) };
+        let form = std::sync::Arc::new(crate::edge::upload::read_form(session, &self.uploads, &boundary).await?);
+        let body = tokio::task::spawn_blocking(move || video::request::form_body(&form))
+            .await
+            .map_err(|e| ApiError::new(ErrorKind::Internal, format!("form: {e}")))??;
+        Ok(bytes::Bytes::from(body))
+    }
+}
+
+/// The paging of `GET /v1/videos`: `after` (a task id), `limit` (1 to 100, 20 by default) and
+/// `order` (`desc`, newest first, by default; or `asc`).
+struct Page {
+    after: Option<String>,
+    limit: usize,
+    newest_first: bool,
+}
+
+impl Page {
+    fn of(query: Option<&str>) -> std::result::Result<Page, ApiError> {
+        let mut page = Page { after: None, limit: 20, newest_first: true };
+        for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = crate::base::text::decode_component(value);
+            let bad = |rule: &str| ApiError::new(ErrorKind::BadRequest, format!("'{name}': {rule}.")).with_param(name);
+            match name {
+                "after" if !value.is_empty() => page.after = Some(value),
+                "limit" => page.limit = value.parse().ok().filter(|n| (1..=100).contains(n)).ok_or_else(|| bad("1 to 100"))?,
+                "order" => {
+                    page.newest_first = match value.as_str() {
+                        "desc" => true,
+                        "asc" => false,
+                        _ => return Err(bad("asc or desc")),
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(page)
     }
 }

@@ -279,6 +279,11 @@ const MIGRATIONS: &[(i32, &str)] = &[
         "ALTER TABLE usage_records ADD COLUMN bin BYTEA, ALTER COLUMN record SET DEFAULT '';
      ALTER TABLE request_log ADD COLUMN bin BYTEA, ALTER COLUMN record SET DEFAULT '';",
     ),
+    (
+        11,
+        // A key's own tasks, listed newest first (`GET /v1/videos`).
+        "CREATE INDEX video_tasks_key ON video_tasks (key_id);",
+    ),
 ];
 
 /// The advisory lock that serialises migrations across nodes.

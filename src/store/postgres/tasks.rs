@@ -97,6 +97,33 @@ impl FleetTasks {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    /// Tasks of `key_id`, newest first (or oldest, `newest_first: false`), after the task `after`
+    /// in that order, at most `limit`.
+    pub async fn of_key(&self, key_id: &str, after: Option<&str>, limit: usize, newest_first: bool) -> Result<Vec<String>, PgError> {
+        let client = self.pg.client().await?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        // Creation time is in the record; a key's tasks are few enough to order by it.
+        let (order, cmp) = if newest_first { ("DESC", "<") } else { ("ASC", ">") };
+        let created = "(record::jsonb->>'created_at')::bigint";
+        let sql = format!(
+            "SELECT record FROM video_tasks t WHERE key_id = $1
+               AND ($2::text IS NULL OR ({created}, id) {cmp}
+                    (SELECT {created}, id FROM video_tasks WHERE id = $2 AND key_id = $1))
+             ORDER BY {created} {order}, id {order} LIMIT $3"
+        );
+        let rows = client.query(&sql, &[&key_id, &after, &limit]).await?;
+        self.pg.count(1);
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// Delete a finished task of `key_id`. Whether there was one.
+    pub async fn delete(&self, id: &str, key_id: &str) -> Result<bool, PgError> {
+        let client = self.pg.client().await?;
+        let n = client.execute("DELETE FROM video_tasks WHERE id = $1 AND key_id = $2 AND NOT open", &[&id, &key_id]).await?;
+        self.pg.count(1);
+        Ok(n == 1)
+    }
+
     /// Remove a task that never became visible (it lost an idempotency race).
     pub async fn discard(&self, id: &str) -> Result<(), PgError> {
         let client = self.pg.client().await?;
@@ -226,6 +253,24 @@ impl crate::store::TaskStore for FleetTasks {
 
     async fn recent(&self, limit: usize) -> Result<Vec<Task>, crate::store::StoreError> {
         Ok(self.recent_records(limit).await?.into_iter().filter_map(|text| serde_json::from_str(&text).ok()).collect())
+    }
+
+    async fn of_owner(
+        &self,
+        owner: &str,
+        after: Option<&str>,
+        limit: usize,
+        newest_first: bool,
+    ) -> Result<Vec<Task>, crate::store::StoreError> {
+        let records = self.of_key(owner, after, limit, newest_first).await?;
+        Ok(records.into_iter().filter_map(|text| serde_json::from_str(&text).ok()).collect())
+    }
+
+    async fn delete(&self, task: &Task) -> Result<(), crate::store::StoreError> {
+        if !FleetTasks::delete(self, &task.id, &task.owner).await? {
+            return Err(crate::store::StoreError::Shared(format!("video task {}: not deleted (gone, or still worked on)", task.id)));
+        }
+        Ok(())
     }
 
     async fn copy_pending_ids(&self) -> Result<Vec<String>, crate::store::StoreError> {

@@ -1,7 +1,8 @@
 //! Video tasks on one node: `video_tasks` (public id → task), `video_open` (ids of
 //! unfinished tasks, the poller's work list), `video_copy_pending` (completed tasks whose copy
 //! to object storage is still to be done) and `video_idem` (owner + Idempotency-Key → task id
-//! and time). Every write that matters is flushed before it returns.
+//! and time), `video_owner` (owner, creation time and id → nothing: a key's tasks in time
+//! order, for `GET /v1/videos`). Every write that matters is flushed before it returns.
 //!
 //! No transaction (see `store::sled::money` on sled transactions): index entries are added
 //! before the task and removed after it, so a crash between the writes leaves at worst an
@@ -39,6 +40,20 @@ fn idem_key(owner: &str, key: &str) -> Vec<u8> {
     k
 }
 
+/// A task's entry in `video_owner`: its owner, a 0, its creation time (big-endian), its id.
+fn owner_key(task: &Task) -> Vec<u8> {
+    let mut k = owner_prefix(&task.owner);
+    k.extend_from_slice(&task.created_at.to_be_bytes());
+    k.extend_from_slice(task.id.as_bytes());
+    k
+}
+
+fn owner_prefix(owner: &str) -> Vec<u8> {
+    let mut k = owner.as_bytes().to_vec();
+    k.push(0);
+    k
+}
+
 fn ids(tree: &sled::Tree) -> Result<Vec<String>, StoreError> {
     tree.iter().keys().map(|k| k.map_err(StoreError::Db).map(|k| String::from_utf8_lossy(&k).into_owned())).collect()
 }
@@ -46,10 +61,35 @@ fn ids(tree: &sled::Tree) -> Result<Vec<String>, StoreError> {
 impl SledTasks {
     pub fn new(db: impl Into<DbSlot>) -> Result<Self, StoreError> {
         let slot: DbSlot = db.into();
-        for name in ["video_tasks", "video_open", "video_idem", "video_copy_pending"] {
+        for name in ["video_tasks", "video_open", "video_idem", "video_copy_pending", "video_owner"] {
             slot.tree(name)?;
         }
-        Ok(SledTasks { durable: Durable::new(&slot), slot, handover: OnceLock::new() })
+        let store = SledTasks { durable: Durable::new(&slot), slot, handover: OnceLock::new() };
+        store.index_owners()?;
+        Ok(store)
+    }
+
+    fn owners(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree("video_owner")
+    }
+
+    /// Tasks written before the owner index existed are indexed once, when it is still empty.
+    fn index_owners(&self) -> Result<(), StoreError> {
+        let (tasks, owners) = (self.tasks()?, self.owners()?);
+        if !owners.is_empty() || tasks.is_empty() {
+            return Ok(());
+        }
+        for item in tasks.iter() {
+            let (k, v) = item?;
+            match serde_json::from_slice::<Task>(&v) {
+                Ok(task) => {
+                    owners.insert(owner_key(&task), &[])?;
+                }
+                Err(e) => log::warn!("video: task {} is unreadable and left out of its owner's list: {e}", String::from_utf8_lossy(&k)),
+            }
+        }
+        owners.flush()?;
+        Ok(())
     }
 
     fn tasks(&self) -> Result<sled::Tree, StoreError> {
@@ -112,6 +152,7 @@ impl TaskStore for SledTasks {
         if task.copy_pending {
             copies.insert(id, &[])?;
         }
+        self.owners()?.insert(owner_key(task), &[])?;
         tasks.insert(id, value)?;
         if !open {
             open_tree.remove(id)?;
@@ -134,8 +175,61 @@ impl TaskStore for SledTasks {
     }
 
     async fn discard(&self, id: &str) -> Result<(), StoreError> {
+        if let Some(task) = self.get(id).await? {
+            self.owners()?.remove(owner_key(&task))?;
+        }
         self.tasks()?.remove(id.as_bytes())?;
         self.open_tree()?.remove(id.as_bytes())?;
+        self.durable.flush().await?;
+        Ok(())
+    }
+
+    async fn of_owner(&self, owner: &str, after: Option<&str>, limit: usize, newest_first: bool) -> Result<Vec<Task>, StoreError> {
+        let owners = self.owners()?;
+        let prefix = owner_prefix(owner);
+        let mut end = prefix.clone();
+        end.push(0xff);
+        let bound = match after {
+            Some(id) => match self.get(id).await? {
+                Some(t) if t.owner == owner => Some(owner_key(&t)),
+                // Not a task of this key: an empty page, as for a cursor past the end.
+                _ => return Ok(Vec::new()),
+            },
+            None => None,
+        };
+        use std::ops::Bound::{Excluded, Included};
+        let range = match (&bound, newest_first) {
+            (Some(b), true) => owners.range::<&[u8], _>((Included(prefix.as_slice()), Excluded(b.as_slice()))),
+            (Some(b), false) => owners.range::<&[u8], _>((Excluded(b.as_slice()), Excluded(end.as_slice()))),
+            (None, _) => owners.range::<&[u8], _>((Included(prefix.as_slice()), Excluded(end.as_slice()))),
+        };
+        let keys: Box<dyn Iterator<Item = sled::Result<(sled::IVec, sled::IVec)>> + Send> =
+            if newest_first { Box::new(range.rev()) } else { Box::new(range) };
+        let mut ids = Vec::with_capacity(limit.min(100));
+        for item in keys {
+            let (k, _) = item?;
+            if !k.starts_with(&prefix) || ids.len() >= limit {
+                break;
+            }
+            ids.push(String::from_utf8_lossy(&k[prefix.len() + 8..]).into_owned());
+        }
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(task) = self.get(&id).await? {
+                out.push(task);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn delete(&self, task: &Task) -> Result<(), StoreError> {
+        if self.slot.is_released() {
+            return Err(StoreError::Released);
+        }
+        self.owners()?.remove(owner_key(task))?;
+        self.tasks()?.remove(task.id.as_bytes())?;
+        self.open_tree()?.remove(task.id.as_bytes())?;
+        self.copies()?.remove(task.id.as_bytes())?;
         self.durable.flush().await?;
         Ok(())
     }
@@ -225,6 +319,34 @@ mod tests {
         let db = crate::store::db::reopen(dir.path());
         let s = SledTasks::new(&db).expect("store");
         assert_eq!(s.get("task_x").await.expect("get").map(|t| t.status), Some(Status::Completed));
+    }
+
+    #[tokio::test]
+    async fn a_keys_tasks_are_listed_newest_first_paged_deleted_and_indexed_after_an_upgrade() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let s = SledTasks::new(&db).expect("store");
+        let made = |id: &str, owner: &str, at: u64| Task { id: id.into(), owner: owner.into(), created_at: at, ..task() };
+        for (id, owner, at) in [("t_a", "k1", 10), ("t_b", "k1", 30), ("t_c", "k2", 20), ("t_d", "k1", 20), ("t_e", "k10", 5)] {
+            s.put(&made(id, owner, at)).await.expect("put");
+        }
+        let ids = |tasks: Vec<Task>| tasks.into_iter().map(|t| t.id).collect::<Vec<_>>();
+        assert_eq!(ids(s.of_owner("k1", None, 10, true).await.expect("list")), ["t_b", "t_d", "t_a"]);
+        assert_eq!(ids(s.of_owner("k1", None, 2, true).await.expect("list")), ["t_b", "t_d"]);
+        assert_eq!(ids(s.of_owner("k1", Some("t_d"), 2, true).await.expect("list")), ["t_a"]);
+        assert_eq!(ids(s.of_owner("k1", None, 10, false).await.expect("list")), ["t_a", "t_d", "t_b"]);
+        assert_eq!(ids(s.of_owner("k1", Some("t_a"), 10, false).await.expect("list")), ["t_d", "t_b"]);
+        // Another key's task is no cursor.
+        assert!(s.of_owner("k1", Some("t_c"), 10, true).await.expect("list").is_empty());
+        s.delete(&made("t_d", "k1", 20)).await.expect("delete");
+        assert_eq!(ids(s.of_owner("k1", None, 10, true).await.expect("list")), ["t_b", "t_a"]);
+        assert!(s.get("t_d").await.expect("get").is_none());
+        // A database from before the index: indexed when opened.
+        s.owners().expect("tree").clear().expect("clear");
+        drop(s);
+        let s = SledTasks::new(&db).expect("store");
+        assert_eq!(ids(s.of_owner("k1", None, 10, true).await.expect("list")), ["t_b", "t_a"]);
+        assert_eq!(ids(s.of_owner("k2", None, 10, true).await.expect("list")), ["t_c"]);
     }
 
     #[tokio::test]

@@ -6,7 +6,8 @@
 //! * Deployment URLs (`api_version: 2024-10-21` and the like):
 //!   `/openai/deployments/{deployment}/chat/completions?api-version=…` (and `embeddings`); the
 //!   responses API, which has no deployment path, at `/openai/responses?api-version=…` with the
-//!   deployment in the body.
+//!   deployment in the body; images and audio under their deployment too
+//!   (`/openai/deployments/{deployment}/images/generations`, `…/audio/transcriptions`).
 //!
 //! A model's `upstream` name is its deployment's name.
 
@@ -37,6 +38,11 @@ impl Azure {
 }
 
 impl Seam for Azure {
+    /// Azure OpenAI has no moderations endpoint.
+    fn serves(&self, route: &Route, _wire: crate::config::Protocol, _translated: bool) -> bool {
+        *route != Route::Moderations
+    }
+
     fn target(&self, call: &Call<'_>, prefix: &str) -> String {
         let Some(version) = &self.api_version else {
             // The v1 API: the OpenAI paths under `/openai`.
@@ -49,6 +55,10 @@ impl Seam for Azure {
                 let path = match route {
                     Route::ChatCompletions => format!("{prefix}/openai/deployments/{}/chat/completions", call.model),
                     Route::Embeddings => format!("{prefix}/openai/deployments/{}/embeddings", call.model),
+                    // Images and audio live under their deployment too.
+                    Route::Images { .. } | Route::Speech | Route::Transcription { .. } => {
+                        format!("{prefix}/openai/deployments/{}{rest}", call.model)
+                    }
                     _ => format!("{prefix}/openai{rest}"),
                 };
                 (path, upstream_query(call.client.uri.query(), route))

@@ -1,0 +1,170 @@
+//! Prices: what a token of each kind costs each model, and what the media endpoints' own units
+//! cost (per image, per character, per second), in nano-USD, with the rounding every cost uses.
+
+use crate::base::usage::Usage;
+use crate::config::Price;
+use std::collections::{BTreeMap, HashMap};
+
+/// nano-USD per one million tokens, and the model's output limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TokenPrice {
+    pub input: i64,
+    pub cached_input: i64,
+    pub cache_write_input: i64,
+    pub output: i64,
+    pub max_output_tokens: Option<u64>,
+    /// Output tokens held and asked for when a request names no maximum.
+    pub default_output_tokens: Option<u64>,
+}
+
+impl TokenPrice {
+    /// The highest price an input token can have (plain, cache read or cache write): what the
+    /// hold charges for the input it estimates.
+    pub fn dearest_input(&self) -> i64 {
+        self.input.max(self.cached_input).max(self.cache_write_input)
+    }
+}
+
+/// Token prices by model.
+#[derive(Debug, Default)]
+pub struct PriceBook {
+    tokens: HashMap<String, TokenPrice, ahash::RandomState>,
+    /// The media endpoints' prices (see `billing::media`).
+    media: HashMap<String, MediaPrice, ahash::RandomState>,
+}
+
+pub(crate) fn per_million(usd: f64) -> i64 {
+    crate::base::money::usd_to_nanos(usd)
+}
+
+pub(crate) fn times(tokens: u64, nanos_per_million: i64) -> i128 {
+    let v = i128::from(tokens).saturating_mul(i128::from(nanos_per_million));
+    // Round half up to the nano-dollar.
+    v.saturating_add(500_000) / 1_000_000
+}
+
+/// A sum of terms in nano-USD, saturated to the `i64` range.
+pub(crate) fn saturate(v: i128) -> i64 {
+    v.clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64
+}
+
+impl PriceBook {
+    pub fn new(prices: &BTreeMap<String, Price>) -> Self {
+        let tokens = prices
+            .iter()
+            .map(|(model, p)| {
+                let input = per_million(p.input);
+                let cached_input = p.cached_input.map_or(input, per_million);
+                let cache_write_input = p.cache_write_input.map_or(input, per_million);
+                let price = TokenPrice {
+                    input,
+                    cached_input,
+                    cache_write_input,
+                    output: per_million(p.output),
+                    max_output_tokens: p.max_output_tokens,
+                    default_output_tokens: p.default_output_tokens,
+                };
+                (model.clone(), price)
+            })
+            .collect();
+        let media = prices.iter().map(|(model, p)| (model.clone(), MediaPrice::new(p))).collect();
+        PriceBook { tokens, media }
+    }
+
+    /// The model's prices in the media endpoints' units.
+    pub fn media(&self, model: &str) -> Option<&MediaPrice> {
+        self.media.get(model)
+    }
+
+    /// The model's prices. Configuration validation makes every served model priced; a model
+    /// missing here is refused by [`PriceBook::hold_cost`].
+    pub fn price(&self, model: &str) -> Option<TokenPrice> {
+        self.tokens.get(model).copied()
+    }
+
+    /// Cost of `usage` on `model` in nano-USD (saturating). Zero for an unpriced model.
+    pub fn cost(&self, model: &str, usage: Usage) -> i64 {
+        let p = self.price(model).unwrap_or_default();
+        saturate(
+            times(usage.input, p.input)
+                .saturating_add(times(usage.cached, p.cached_input))
+                .saturating_add(times(usage.cache_write, p.cache_write_input))
+                .saturating_add(times(usage.output, p.output)),
+        )
+    }
+
+    /// The most a request can cost: `input_tokens` at the dearest input price plus
+    /// `output_tokens` (all choices together) at the output price. None for an unpriced model.
+    pub fn hold_cost(&self, model: &str, input_tokens: u64, output_tokens: u64) -> Option<i64> {
+        let p = self.price(model)?;
+        Some(saturate(times(input_tokens, p.dearest_input()).saturating_add(times(output_tokens, p.output))))
+    }
+
+    /// The most output tokens (all choices together) that `budget` nano-USD covers beside
+    /// `input_tokens` held at the dearest input price: the largest `n` with
+    /// `hold_cost(model, input_tokens, n) <= budget`. None for an unpriced model or free output
+    /// (the output does not change the hold).
+    pub fn output_within(&self, model: &str, input_tokens: u64, budget: i64) -> Option<u64> {
+        let p = self.price(model)?;
+        if p.output <= 0 {
+            return None;
+        }
+        let left = i128::from(budget) - times(input_tokens, p.dearest_input());
+        if left < 0 {
+            return Some(0);
+        }
+        // `times` rounds half up: n tokens cost at most `left` while n·price + 500_000 < (left + 1)·10⁶.
+        let n = ((left + 1) * 1_000_000 - 500_000 - 1) / i128::from(p.output);
+        Some(u64::try_from(n.max(0)).unwrap_or(u64::MAX).min(crate::base::usage::MAX_OUTPUT_ALLOWANCE))
+    }
+}
+
+/// A model's prices in the media endpoints' units, in nano-USD.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MediaPrice {
+    /// Per 1M tokens.
+    pub image_input: i64,
+    pub image_output: i64,
+    pub audio_input: i64,
+    /// Per image: quality, size (`"*"` for any), price.
+    pub per_image: Vec<(String, String, i64)>,
+    /// Per 1M characters of speech input.
+    pub characters: Option<i64>,
+    /// Per second of transcribed audio.
+    pub per_second: Option<i64>,
+}
+
+impl MediaPrice {
+    pub fn new(p: &Price) -> MediaPrice {
+        let nanos = crate::base::money::usd_to_nanos;
+        let per_image = p
+            .per_image
+            .iter()
+            .flatten()
+            .flat_map(|(quality, sizes)| sizes.iter().map(move |(size, usd)| (quality.clone(), size.clone(), nanos(*usd))))
+            .collect();
+        MediaPrice {
+            image_input: nanos(p.image_input.unwrap_or(p.input)),
+            image_output: nanos(p.image_output.unwrap_or(p.output)),
+            audio_input: nanos(p.audio_input.unwrap_or(p.input)),
+            per_image,
+            characters: p.characters.map(nanos),
+            per_second: p.per_second.map(nanos),
+        }
+    }
+
+    /// The dearest price an image of `quality` and `size` can have (either not given, or
+    /// `auto`, matches every entry), and whether only one price matched. None: no entry
+    /// matches.
+    pub fn image_price(&self, quality: Option<&str>, size: Option<&str>) -> Option<(i64, bool)> {
+        let fits = |want: Option<&str>, have: &str| have == "*" || want.is_none_or(|w| w == "auto" || w == have);
+        let mut prices = self.per_image.iter().filter(|(q, s, _)| fits(quality, q) && fits(size, s)).map(|(_, _, p)| *p);
+        let first = prices.next()?;
+        let (mut dearest, mut single) = (first, true);
+        for p in prices {
+            single &= p == first;
+            dearest = dearest.max(p);
+        }
+        Some((dearest, single))
+    }
+}
