@@ -476,3 +476,24 @@ pub async fn short_chat(c: &reqwest::Client, url: &str) -> Outcome {
         Err(e) => Outcome::Unanswered(format!("{e:?}")),
     }
 }
+
+/// A `multipart/form-data` body: text fields, then files `(name, filename, type, bytes)`.
+pub fn form(fields: &[(&str, &str)], files: &[(&str, &str, &str, Vec<u8>)]) -> (String, Vec<u8>) {
+    let boundary = "test-boundary-5c2f";
+    let mut body = Vec::new();
+    for (name, value) in fields {
+        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").as_bytes());
+    }
+    for (name, filename, kind, bytes) in files {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{filename}\"\r\nContent-Type: {kind}\r\n\r\n"
+            )
+            .as_bytes(),
+        );
+        body.extend_from_slice(bytes);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}

@@ -48,27 +48,6 @@ fn at(tokens: u64, usd_per_m: f64) -> i64 {
     ((tokens as i128 * (usd_per_m * 1e9).round() as i128 + 500_000) / 1_000_000) as i64
 }
 
-/// A `multipart/form-data` body: text fields, then files `(name, filename, type, bytes)`.
-fn form(fields: &[(&str, &str)], files: &[(&str, &str, &str, Vec<u8>)]) -> (String, Vec<u8>) {
-    let boundary = "test-boundary-5c2f";
-    let mut body = Vec::new();
-    for (name, value) in fields {
-        body.extend_from_slice(format!("--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n").as_bytes());
-    }
-    for (name, filename, kind, bytes) in files {
-        body.extend_from_slice(
-            format!(
-                "--{boundary}\r\nContent-Disposition: form-data; name=\"{name}\"; filename=\"{filename}\"\r\nContent-Type: {kind}\r\n\r\n"
-            )
-            .as_bytes(),
-        );
-        body.extend_from_slice(bytes);
-        body.extend_from_slice(b"\r\n");
-    }
-    body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
-    (format!("multipart/form-data; boundary={boundary}"), body)
-}
-
 async fn all_requests(mock: &Proc) -> Vec<Value> {
     client().get(mock.url("/__mock/requests")).send().await.unwrap().json().await.unwrap()
 }

@@ -96,6 +96,34 @@ async fn base64_inputs_reach_the_upstream_as_urls_serving_the_same_image() {
 }
 
 #[tokio::test]
+async fn an_uploaded_input_reference_reaches_the_upstream_as_a_url_serving_the_same_image() {
+    let mock = start_mock();
+    let s3 = start_s3_on(free_port());
+    let gw = start_gateway(&config(mock.port, s3.port));
+    let body = form(
+        &[("model", "genq3-pro"), ("prompt", "from a form"), ("seconds", "5")],
+        &[("input_reference", "ref.png", "image/png", PNG.to_vec())],
+    );
+    let r = client()
+        .post(gw.url("/v1/videos"))
+        .bearer_auth(CLIENT_KEY)
+        .header("content-type", body.0)
+        .body(body.1)
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), 200, "{}", r.text().await.expect("text"));
+    let calls: Vec<Value> = client().get(mock.url("/__mock/tc_calls")).send().await.expect("calls").json().await.expect("json");
+    let submit = calls.iter().find(|c| c["payload"]["Prompt"] == "from a form").expect("submitted");
+    assert_eq!(submit["action"], "SubmitReferenceToVideoGenJob", "{submit}");
+    let url = submit["payload"].to_string();
+    let url =
+        url.split('"').find(|s| s.starts_with(&format!("http://127.0.0.1:{}/tollgate-test/tmp/", s3.port))).expect("a URL").to_string();
+    let (status, bytes) = fetch(&url).await;
+    assert_eq!((status, bytes.as_slice()), (200, PNG), "the URL serves the uploaded image");
+}
+
+#[tokio::test]
 async fn with_storage_down_the_task_completes_with_the_upstream_url_then_switches() {
     let mock = start_mock();
     let s3_port = free_port();

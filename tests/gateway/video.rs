@@ -325,3 +325,78 @@ async fn a_task_survives_a_hard_restart() {
     assert!(done["metadata"]["url"].as_str().is_some_and(|u| u.ends_with(".mp4")));
     assert!(done["progress"].as_u64() == Some(100));
 }
+
+#[tokio::test]
+async fn the_openai_sdks_calls_work_a_form_to_create_a_list_paged_newest_first_and_delete_when_done() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    // Created from a form as the SDK sends it (`seconds` is its name for the duration).
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let prompt = format!("form video {i}");
+        let body = form(&[("model", "genq3-pro"), ("prompt", &prompt), ("seconds", "8"), ("size", "1280x720")], &[]);
+        let r =
+            client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).header("content-type", body.0).body(body.1).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+        let v: Value = r.json().await.unwrap();
+        let submit = submits_with_prompt(&tc_calls(&mock).await, &prompt).into_iter().next().cloned().expect("submitted");
+        assert_eq!(submit["payload"]["Duration"], 8, "{submit}");
+        ids.push(v["id"].as_str().unwrap().to_string());
+        // Distinct creation seconds, so that newest-first is observable.
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+    }
+    // An uploaded reference needs object storage, which is not configured: refused, named.
+    let png = b"\x89PNG\r\n\x1a\nrest-of-an-image".to_vec();
+    let body = form(&[("model", "genq3-pro"), ("prompt", "with a reference")], &[("input_reference", "ref.png", "image/png", png)]);
+    let r = client().post(gw.url("/v1/videos")).bearer_auth(CLIENT_KEY).header("content-type", body.0).body(body.1).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "input_reference", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("object storage"), "{e}");
+
+    // Listed newest first, two a page, with the SDK's cursor.
+    let list = |q: &'static str, key: &'static str| {
+        let gw = &gw;
+        async move { client().get(gw.url(&format!("/v1/videos{q}"))).bearer_auth(key).send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let page = list("?limit=2", CLIENT_KEY).await;
+    let got: Vec<&str> = page["data"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!(got, [ids[2].as_str(), ids[1].as_str()], "{page}");
+    assert_eq!((page["object"].as_str(), page["has_more"].as_bool()), (Some("list"), Some(true)));
+    assert_eq!(page["last_id"], ids[1].as_str());
+    let next: Value = client()
+        .get(gw.url(&format!("/v1/videos?limit=2&after={}", ids[1])))
+        .bearer_auth(CLIENT_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let got: Vec<&str> = next["data"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap()).collect();
+    assert_eq!((got, next["has_more"].as_bool()), (vec![ids[0].as_str()], Some(false)));
+    // Oldest first on request; another key sees none of them.
+    let asc = list("?order=asc", CLIENT_KEY).await;
+    assert_eq!(asc["data"][0]["id"], ids[0].as_str());
+    assert_eq!(list("", OTHER_KEY).await["data"].as_array().unwrap().len(), 0);
+    let r = client().get(gw.url("/v1/videos?limit=500")).bearer_auth(CLIENT_KEY).send().await.unwrap();
+    assert_eq!(r.status(), 400);
+
+    // Deleted once it is done (not before), by its owner only; then gone.
+    let del = |id: String, key: &'static str| {
+        let gw = &gw;
+        async move { client().delete(gw.url(&format!("/v1/videos/{id}"))).bearer_auth(key).send().await.unwrap() }
+    };
+    let first = ids[0].clone();
+    let (status, v) = get_task(&gw, &format!("/v1/videos/{first}"), CLIENT_KEY).await;
+    if v["status"] != "completed" {
+        assert_eq!(del(first.clone(), CLIENT_KEY).await.status(), 409, "{status} {v}");
+    }
+    poll_until(&gw, &format!("/v1/videos/{first}"), CLIENT_KEY, "completed").await;
+    assert_eq!(del(first.clone(), OTHER_KEY).await.status(), 404);
+    let r = del(first.clone(), CLIENT_KEY).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap(), json!({"id": first, "object": "video.deleted", "deleted": true}));
+    assert_eq!(get_task(&gw, &format!("/v1/videos/{first}"), CLIENT_KEY).await.0, 404);
+    assert_eq!(list("", CLIENT_KEY).await["data"].as_array().unwrap().len(), 2);
+}
