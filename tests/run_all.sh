@@ -52,6 +52,16 @@ else
   echo "agent CLI tests will be SKIPPED: npm is missing or could not install ${AGENT_PACKAGES[*]}"
 fi
 
+echo "== The openai npm package for tests/sdk/test_media.py (the JavaScript SDK's images and speech)"
+JS_SDK="${TOLLGATE_JS_SDK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/js-sdk}"
+if command -v npm >/dev/null 2>&1 \
+  && npm install --prefix "$JS_SDK" --no-audit --no-fund --loglevel=error openai@7.57.0 >/dev/null; then
+  export TOLLGATE_JS_SDK="$JS_SDK/node_modules"
+  export TOLLGATE_JS_SDK_REQUIRED=1
+else
+  echo "the JavaScript SDK test will be SKIPPED: npm is missing or could not install openai@7.57.0"
+fi
+
 # A CI build starts from nothing: incremental caches (a GiB here) would only take disk. With the
 # debug-info settings of Cargo.toml's dev profile, the whole build takes about 3 GiB.
 if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi
