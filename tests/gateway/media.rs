@@ -12,6 +12,8 @@ use std::time::Duration;
 const ZERO_KEY: &str = "sk-client-media-zero";
 const RPM_KEY: &str = "sk-client-media-rpm";
 const POOR_KEY: &str = "sk-client-media-poor";
+const ADMIN_TOKEN: &str = "media-admin-token-0000000001";
+const CAPPED_KEY: &str = "sk-client-media-capped";
 
 /// Media models on the mock's `oa` provider (the image model under an upstream name of its own).
 fn config(mock_port: u16, extra: &str) -> String {
@@ -39,6 +41,7 @@ keys:
   - {{ key: {ZERO_KEY}, name: zero, group: default, balance: 1.0 }}
   - {{ key: {RPM_KEY}, name: limited, group: default, balance: 1.0, rpm: 2 }}
   - {{ key: {POOR_KEY}, name: poor, group: default, balance: 1.0 }}
+  - {{ key: {CAPPED_KEY}, name: capped, group: default, balance: 5.0, max_request_cost: 0.1, models: {{ deny: [alpha-whisper] }} }}
 {extra}"#
     )
 }
@@ -125,6 +128,23 @@ async fn images_are_billed_from_their_usage_at_image_token_prices_or_per_image()
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.unwrap();
     assert_eq!(e["error"]["param"], "size", "{e}");
+    // A key's cost cap and model rules hold here too.
+    let r =
+        post_json(&gw, "/v1/images/generations", CAPPED_KEY, json!({"model": "alpha-dall-e", "prompt": "x", "quality": "hd"}), &[]).await;
+    let (status, e) = (r.status(), r.json::<Value>().await.unwrap());
+    assert_eq!((status.as_u16(), e["error"]["code"].as_str()), (402, Some("request_cost_cap_exceeded")), "{e}");
+    let ok = post_json(
+        &gw,
+        "/v1/images/generations",
+        CAPPED_KEY,
+        json!({"model": "alpha-dall-e", "prompt": "x", "quality": "standard", "size": "1024x1024"}),
+        &[],
+    )
+    .await;
+    assert_eq!(ok.status(), 200);
+    let body = form(&[("model", "alpha-whisper")], &[("file", "a.wav", "audio/wav", vec![1; 100])]);
+    let r = post_form(&gw, "/v1/audio/transcriptions", CAPPED_KEY, body, &[]).await;
+    assert_eq!(r.status(), 403, "a denied model");
     // More images than the API allows.
     let r = post_json(&gw, "/v1/images/generations", CLIENT_KEY, json!({"model": "alpha-image", "prompt": "x", "n": 11}), &[]).await;
     assert_eq!(r.status(), 400);
@@ -396,7 +416,8 @@ async fn oversize_malformed_and_unroutable_uploads_are_refused_with_the_part_nam
 #[tokio::test]
 async fn moderations_cost_their_price_entry_count_against_rate_limits_and_show_in_the_model_list() {
     let mock = start_mock();
-    let gw = start_gateway(&config(mock.port, ""));
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, &format!("admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}\n")));
     for _ in 0..2 {
         let r = post_json(&gw, "/v1/moderations", RPM_KEY, json!({"model": "alpha-moderation", "input": ["one", "two"]}), &[]).await;
         assert_eq!(r.status(), 200);
@@ -424,4 +445,27 @@ async fn moderations_cost_their_price_entry_count_against_rate_limits_and_show_i
     assert_eq!(r.status(), 400);
     assert!(r.json::<Value>().await.unwrap()["error"]["message"].is_string());
     assert_eq!(balance(&gw, POOR_KEY).await, before);
+    // Counted per endpoint, and logged without what was sent (no prompt, no image, no audio).
+    let secret = "a prompt that must not be kept";
+    let r = post_json(&gw, "/v1/images/generations", CLIENT_KEY, json!({"model": "alpha-image", "prompt": secret}), &[]).await;
+    assert_eq!(r.status(), 200);
+    let metrics = admin_metrics(admin_port, ADMIN_TOKEN).await;
+    for series in [
+        "tollgate_requests_total{route=\"moderations\",model=\"alpha-moderation\",status=\"200\"}",
+        "tollgate_requests_total{route=\"image_generation\",model=\"alpha-image\",status=\"200\"}",
+    ] {
+        assert!(metrics.contains(series), "{series} in {metrics}");
+    }
+    let log: Value = client()
+        .get(format!("http://127.0.0.1:{admin_port}/admin/requests?limit=50"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let text = log.to_string();
+    assert!(text.contains("image_generation") && text.contains("moderations"), "{text}");
+    assert!(!text.contains(secret), "the request log keeps no prompt: {text}");
 }

@@ -16,9 +16,9 @@
 //!   `stream: true` sends `transcript.text.delta` events and a `transcript.text.done` with usage.
 //! * `…/v1/moderations`: one result per input.
 //!
-//! Each is recorded, with a form's fields and files (names, file names, types, sizes).
+//! The mock records each request with `Fields::recorded`: a form's fields and files (names, file
+//! names, types, sizes).
 
-use crate::upstream::{MockUpstream, Recorded};
 use crate::wire::*;
 use base64::Engine;
 use bytes::Bytes;
@@ -26,7 +26,9 @@ use pingora_error::Result;
 use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 use serde_json::{json, Map, Value};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// The endpoint a path is for, when it is one of these.
 pub(crate) fn endpoint(path: &str) -> Option<&'static str> {
@@ -44,12 +46,25 @@ pub(crate) fn endpoint(path: &str) -> Option<&'static str> {
 }
 
 /// A request's fields: the JSON body's members, or a form's text fields (and its files).
-struct Fields {
+pub(crate) struct Fields {
     values: Map<String, Value>,
     files: Vec<Value>,
 }
 
 impl Fields {
+    pub(crate) fn model(&self) -> Option<&str> {
+        self.str("model")
+    }
+
+    /// What the upstream received, as recorded: the fields, and each file's name, type and size.
+    pub(crate) fn recorded(&self) -> Value {
+        json!({"fields": self.values, "files": self.files})
+    }
+
+    pub(crate) fn streamed(&self) -> bool {
+        self.flag("stream")
+    }
+
     fn str(&self, name: &str) -> Option<&str> {
         self.values.get(name).and_then(Value::as_str)
     }
@@ -103,106 +118,76 @@ fn png(bytes: usize) -> String {
     base64::engine::general_purpose::STANDARD.encode(image)
 }
 
-impl MockUpstream {
-    /// Answer a media endpoint (`endpoint`, see [`endpoint`]).
-    pub(crate) async fn media(&self, session: &mut Session, req: &RequestHeader, endpoint: &str, body: Vec<u8>) -> Result<()> {
-        let json_body = header(req, "content-type").is_some_and(|t| t.starts_with("application/json"));
-        let fields = if json_body {
-            match serde_json::from_slice::<Value>(&body) {
-                Ok(Value::Object(values)) => Some(Fields { values, files: Vec::new() }),
-                _ => None,
-            }
-        } else {
-            form(req, Bytes::from(body.clone())).await
-        };
-        let Some(fields) = fields else {
-            let b = json!({"error": {"message": "mock: the body cannot be read", "type": "invalid_request_error"}});
-            return send(session, 400, "application/json", b.to_string().into(), &[]).await;
-        };
-        self.record_media(req, &fields, body.len());
-        if !self.credential_ok(Kind::Chat, req) {
-            let b = json!({"error": {"message": "mock: missing or wrong upstream key", "type": "mock_error"}});
-            return send(session, 401, "application/json", b.to_string().into(), &[]).await;
-        }
-        if let Some(status) = num(req, "x-mock-status").and_then(|s| u16::try_from(s).ok()) {
-            let b = json!({"error": {"message": format!("mock says {status}"), "type": "mock_error", "code": "mock"}});
-            return send(session, status, "application/json", b.to_string().into(), &[]).await;
-        }
-        match endpoint {
-            "/audio/speech" => self.speech(session, req, &fields).await,
-            "/audio/transcriptions" | "/audio/translations" => transcription(session, &fields).await,
-            "/v1/moderations" => {
-                let inputs = match fields.values.get("input") {
-                    Some(Value::Array(items)) => items.len(),
-                    _ => 1,
-                };
-                let result = json!({"flagged": false, "categories": {"violence": false}, "category_scores": {"violence": 0.001}});
-                let b = json!({"id": "modr-mock", "model": fields.str("model"), "results": vec![result; inputs]});
-                send(session, 200, "application/json", b.to_string().into(), &[]).await
-            }
-            _ => images(session, req, endpoint, &fields).await,
-        }
+/// A media request's fields, from its JSON body or its form; None when neither can be read.
+pub(crate) async fn read(req: &RequestHeader, body: Vec<u8>) -> Option<Fields> {
+    if header(req, "content-type").is_some_and(|t| t.starts_with("multipart/")) {
+        return form(req, Bytes::from(body)).await;
     }
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(values)) => Some(Fields { values, files: Vec::new() }),
+        _ => None,
+    }
+}
 
-    fn record_media(&self, req: &RequestHeader, fields: &Fields, body_len: usize) {
-        let mut headers: std::collections::BTreeMap<String, Vec<String>> = Default::default();
-        for (k, v) in req.headers.iter() {
-            headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+/// Answer a media endpoint (`endpoint`, see [`endpoint`]); `hold`: the speech waits on it after
+/// its first chunk (`x-mock-hold`).
+pub(crate) async fn answer(
+    session: &mut Session,
+    req: &RequestHeader,
+    endpoint: &str,
+    fields: &Fields,
+    hold: Option<Arc<Notify>>,
+) -> Result<()> {
+    match endpoint {
+        "/audio/speech" => speech(session, req, fields, hold).await,
+        "/audio/transcriptions" | "/audio/translations" => transcription(session, fields).await,
+        "/v1/moderations" => {
+            let inputs = match fields.values.get("input") {
+                Some(Value::Array(items)) => items.len(),
+                _ => 1,
+            };
+            let result = json!({"flagged": false, "categories": {"violence": false}, "category_scores": {"violence": 0.001}});
+            let b = json!({"id": "modr-mock", "model": fields.str("model"), "results": vec![result; inputs]});
+            send(session, 200, "application/json", b.to_string().into(), &[]).await
         }
-        let form = json!({"fields": fields.values, "files": fields.files});
-        self.record(Recorded {
-            method: req.method.to_string(),
-            path: req.uri.path().to_string(),
-            query: req.uri.query().map(str::to_string),
-            headers,
-            body_len,
-            model: fields.str("model").map(str::to_string),
-            tag: header(req, "x-test-tag").map(str::to_string),
-            stream_options: None,
-            stream: fields.flag("stream"),
-            max_output: None,
-            body: Some(form.to_string()),
-        });
+        _ => images(session, req, endpoint, fields).await,
     }
+}
 
-    /// Speech: audio in chunks as it is "made" (or its SSE events).
-    async fn speech(&self, session: &mut Session, req: &RequestHeader, fields: &Fields) -> Result<()> {
-        let characters = fields.str("input").map_or(0, |t| t.chars().count() as u64);
-        if fields.str("stream_format") == Some("sse") {
-            let mut events = String::new();
-            for i in 0..4 {
-                events.push_str(&format!("data: {}\n\n", json!({"type": "speech.audio.delta", "audio": png(64 + i)})));
-            }
-            let usage = json!({"input_tokens": characters.div_ceil(4), "output_tokens": 400, "total_tokens": characters.div_ceil(4) + 400});
-            events.push_str(&format!("data: {}\n\n", json!({"type": "speech.audio.done", "usage": usage})));
-            return send(session, 200, "text/event-stream", events.into(), &[]).await;
+/// Speech: audio in chunks as it is "made" (or its SSE events).
+async fn speech(session: &mut Session, req: &RequestHeader, fields: &Fields, hold: Option<Arc<Notify>>) -> Result<()> {
+    let characters = fields.str("input").map_or(0, |t| t.chars().count() as u64);
+    if fields.str("stream_format") == Some("sse") {
+        let mut events = String::new();
+        for i in 0..4 {
+            events.push_str(&format!("data: {}\n\n", json!({"type": "speech.audio.delta", "audio": png(64 + i)})));
         }
-        let total = num(req, "x-mock-speech-bytes").unwrap_or(16 << 10) as usize;
-        let mut h = ResponseHeader::build(200, Some(4))?;
-        h.insert_header("content-type", "audio/mpeg")?;
-        h.insert_header("transfer-encoding", "chunked")?;
-        service_headers(&mut h)?;
-        session.write_response_header(Box::new(h), false).await?;
-        let chunk = total.div_ceil(8).max(1);
-        let mut sent = 0;
-        let mut i = 0;
-        while sent < total {
-            let n = chunk.min(total - sent);
-            session.write_response_body(Some(Bytes::from(vec![b'a' + (i % 26) as u8; n])), false).await?;
-            sent += n;
-            i += 1;
-            if num(req, "x-mock-cut-after").is_some_and(|c| i as u64 >= c) {
-                return Err(pingora_error::Error::explain(pingora_error::ErrorType::ConnectionClosed, "mock: cut"));
-            }
-            if i == 1 {
-                if let Some(token) = header(req, "x-mock-hold") {
-                    let notify = self.hold(token);
-                    let _ = tokio::time::timeout(Duration::from_secs(30), notify.notified()).await;
-                }
-            }
-        }
-        session.write_response_body(None, true).await
+        let usage = json!({"input_tokens": characters.div_ceil(4), "output_tokens": 400, "total_tokens": characters.div_ceil(4) + 400});
+        events.push_str(&format!("data: {}\n\n", json!({"type": "speech.audio.done", "usage": usage})));
+        return send(session, 200, "text/event-stream", events.into(), &[]).await;
     }
+    let total = num(req, "x-mock-speech-bytes").unwrap_or(16 << 10) as usize;
+    let mut h = ResponseHeader::build(200, Some(4))?;
+    h.insert_header("content-type", "audio/mpeg")?;
+    h.insert_header("transfer-encoding", "chunked")?;
+    service_headers(&mut h)?;
+    session.write_response_header(Box::new(h), false).await?;
+    let chunk = total.div_ceil(8).max(1);
+    let mut sent = 0;
+    let mut i = 0;
+    while sent < total {
+        let n = chunk.min(total - sent);
+        session.write_response_body(Some(Bytes::from(vec![b'a' + (i % 26) as u8; n])), false).await?;
+        sent += n;
+        i += 1;
+        if num(req, "x-mock-cut-after").is_some_and(|c| i as u64 >= c) {
+            return Err(pingora_error::Error::explain(pingora_error::ErrorType::ConnectionClosed, "mock: cut"));
+        }
+        if let (1, Some(notify)) = (i, &hold) {
+            let _ = tokio::time::timeout(Duration::from_secs(30), notify.notified()).await;
+        }
+    }
+    session.write_response_body(None, true).await
 }
 
 /// Images: generated, edited or varied; whole or streamed.

@@ -138,12 +138,12 @@ impl MockUpstream {
         }
     }
 
-    pub(crate) fn hold(&self, token: &str) -> Arc<Notify> {
+    fn hold(&self, token: &str) -> Arc<Notify> {
         let mut holds = self.holds.lock().unwrap_or_else(|p| p.into_inner());
         holds.entry(token.to_string()).or_insert_with(|| Arc::new(Notify::new())).clone()
     }
 
-    pub(crate) fn record(&self, r: Recorded) {
+    fn record(&self, r: Recorded) {
         let mut records = self.records.lock().unwrap_or_else(|p| p.into_inner());
         if records.len() >= MAX_RECORDS {
             records.remove(0);
@@ -166,7 +166,7 @@ impl MockUpstream {
     }
 
     /// Whether the request carries one of the mock's keys (`--key` takes a comma-separated pool).
-    pub(crate) fn credential_ok(&self, kind: Kind, req: &RequestHeader) -> bool {
+    fn credential_ok(&self, kind: Kind, req: &RequestHeader) -> bool {
         Self::presented_key(kind, req).is_some_and(|k| self.upstream_key.split(',').any(|mine| mine == k))
     }
 }
@@ -323,6 +323,49 @@ impl MockUpstream {
             self.store_response(prefix, &call, &parsed);
         }
         self.deliver(session, &call).await
+    }
+
+    /// The OpenAI API's media endpoints (`media`): recorded with what the upstream received,
+    /// the credential and `x-mock-status` checked, then answered.
+    async fn media(&self, session: &mut Session, req: &RequestHeader, endpoint: &str, body: Vec<u8>) -> Result<()> {
+        let body_len = body.len();
+        let Some(fields) = crate::media::read(req, body).await else {
+            let b = json!({"error": {"message": "mock: the body cannot be read", "type": "invalid_request_error"}});
+            return send(session, 400, "application/json", b.to_string().into(), &[]).await;
+        };
+        let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in req.headers.iter() {
+            headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+        }
+        self.record(Recorded {
+            method: req.method.to_string(),
+            path: req.uri.path().to_string(),
+            query: req.uri.query().map(str::to_string),
+            headers,
+            body_len,
+            model: fields.model().map(str::to_string),
+            tag: header(req, "x-test-tag").map(str::to_string),
+            stream_options: None,
+            stream: fields.streamed(),
+            max_output: None,
+            body: Some(fields.recorded().to_string()),
+        });
+        if !self.credential_ok(Kind::Chat, req) {
+            return send(
+                session,
+                401,
+                "application/json",
+                error_body(Kind::Chat, 401, "mock: missing or wrong upstream key").to_string().into(),
+                &[],
+            )
+            .await;
+        }
+        if let Some(status) = num(req, "x-mock-status").and_then(|s| u16::try_from(s).ok()) {
+            let b = error_body(Kind::Chat, status, &format!("mock says {status}"));
+            return send(session, status, "application/json", b.to_string().into(), &[]).await;
+        }
+        let hold = header(req, "x-mock-hold").map(|token| self.hold(token));
+        crate::media::answer(session, req, endpoint, &fields, hold).await
     }
 
     /// The video service's answer to one of its actions.
