@@ -469,3 +469,44 @@ async fn moderations_cost_their_price_entry_count_against_rate_limits_and_show_i
     assert!(text.contains("image_generation") && text.contains("moderations"), "{text}");
     assert!(!text.contains(secret), "the request log keeps no prompt: {text}");
 }
+
+#[tokio::test]
+async fn an_upload_refused_by_one_provider_is_sent_again_from_disk_to_the_next_and_billed_once() {
+    let mock = start_mock();
+    let config = format!(
+        r#"
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{port}/oa", api_key: {UPSTREAM_KEY}, models: [alpha-whisper] }}
+  - {{ name: ob, protocol: openai, base_url: "http://127.0.0.1:{port}/ob", api_key: {UPSTREAM_KEY}, models: [alpha-whisper], priority: 1 }}
+retry: {{ attempts: 2, on_status: [500] }}
+groups:
+  default: {{ platforms: [openai] }}
+prices:
+  alpha-whisper: {{ input: 0, output: 0, per_second: 0.0001 }}
+keys:
+  - {{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}
+"#,
+        port = mock.port
+    );
+    let gw = start_gateway(&config);
+    let before = balance(&gw, CLIENT_KEY).await;
+    let audio: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    let body = form(&[("model", "alpha-whisper")], &[("file", "long.wav", "audio/wav", audio)]);
+    let r = post_form(
+        &gw,
+        "/v1/audio/transcriptions",
+        CLIENT_KEY,
+        body,
+        &[("x-mock-status", "500"), ("x-mock-only", "/oa"), ("x-test-tag", "retry")],
+    )
+    .await;
+    assert_eq!(r.status(), 200, "{}", r.text().await.unwrap());
+    let seen = mock_requests(&mock, "retry").await;
+    let paths: Vec<&str> = seen.iter().map(|r| r["path"].as_str().unwrap()).collect();
+    assert_eq!(paths, ["/oa/v1/audio/transcriptions", "/ob/v1/audio/transcriptions"]);
+    for attempt in &seen {
+        let got: Value = serde_json::from_str(attempt["body"].as_str().unwrap()).unwrap();
+        assert_eq!(got["files"][0]["len"], 3_000_000, "each attempt carried the whole file: {got}");
+    }
+    assert_eq!(charged_since(&gw, CLIENT_KEY, before).await, 3_000_000u64.div_ceil(16_000) as i64 * 100_000, "billed once, by the answer");
+}

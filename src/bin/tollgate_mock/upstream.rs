@@ -360,7 +360,8 @@ impl MockUpstream {
             )
             .await;
         }
-        if let Some(status) = num(req, "x-mock-status").and_then(|s| u16::try_from(s).ok()) {
+        let applies = header(req, "x-mock-only").is_none_or(|only| only.split(',').any(|p| req.uri.path().starts_with(p.trim())));
+        if let Some(status) = num(req, "x-mock-status").and_then(|s| u16::try_from(s).ok()).filter(|_| applies) {
             let b = error_body(Kind::Chat, status, &format!("mock says {status}"));
             return send(session, status, "application/json", b.to_string().into(), &[]).await;
         }

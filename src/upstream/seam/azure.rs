@@ -140,6 +140,24 @@ mod tests {
     }
 
     #[test]
+    fn images_and_audio_go_under_their_deployment_and_moderations_are_not_offered() {
+        let seam = azure(Some("2024-10-21"));
+        for (path, route) in [
+            ("/v1/images/generations", Route::Images { op: crate::route::ImageOp::Generate }),
+            ("/v1/images/edits", Route::Images { op: crate::route::ImageOp::Edit }),
+            ("/v1/audio/speech", Route::Speech),
+            ("/v1/audio/transcriptions", Route::Transcription { translate: false }),
+        ] {
+            let client = RequestHeader::build("POST", path.as_bytes(), None).unwrap();
+            let c = call(&client, &route, "dep", "m", Protocol::Openai);
+            let rest = path.strip_prefix("/v1").unwrap();
+            assert_eq!(seam.target(&c, ""), format!("/openai/deployments/dep{rest}?api-version=2024-10-21"));
+            assert!(seam.serves(&route, Protocol::Openai, false));
+        }
+        assert!(!seam.serves(&Route::Moderations, Protocol::Openai, false));
+    }
+
+    #[test]
     fn the_v1_api_keeps_the_openai_paths_under_openai_and_the_key_goes_in_api_key() {
         let seam = azure(None);
         let client = RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
