@@ -617,7 +617,11 @@ fn gateway(
     Gateway {
         routing: s.routing.clone(),
         keys: s.keys.clone(),
-        uploads: crate::edge::upload::UploadLimits { max_bytes: config.max_upload_bytes, idle_timeout: body.read_timeout },
+        uploads: crate::edge::upload::UploadLimits {
+            max_bytes: config.uploads.max_upload_bytes,
+            idle_timeout: body.read_timeout,
+            spool: crate::edge::body::BodyBudget::new(usize::try_from(config.uploads.max_spooled_bytes).unwrap_or(usize::MAX)),
+        },
         body,
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),

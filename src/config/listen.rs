@@ -138,7 +138,7 @@ pub(super) fn trusted_proxies(list: &[String]) -> Result<Vec<Cidr>, ConfigError>
 }
 
 /// `limits:`: the largest stream event a translated relay holds, and the connection bounds.
-pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, u64, ConnLimits), ConfigError> {
+pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, ConnLimits), ConfigError> {
     let max_event_bytes = raw.as_ref().and_then(|l| l.max_event_bytes).unwrap_or(DEFAULT_MAX_EVENT_BYTES);
     if !(1 << 16..=1 << 30).contains(&max_event_bytes) {
         return err("limits.max_event_bytes: 65536 to 1073741824");
@@ -147,8 +147,24 @@ pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, u64, ConnLimits),
     if !(1 << 10..=1 << 32).contains(&max_upload_bytes) {
         return err("limits.max_upload_bytes: 1024 to 4294967296");
     }
-    Ok((max_event_bytes, max_upload_bytes, conn_limits(raw)?))
+    let max_spooled_bytes = raw.as_ref().and_then(|l| l.max_spooled_bytes).unwrap_or(DEFAULT_MAX_SPOOLED_BYTES.max(max_upload_bytes));
+    if max_spooled_bytes < max_upload_bytes {
+        return err(format!(
+            "limits.max_spooled_bytes: must be at least limits.max_upload_bytes ({max_upload_bytes}), or no upload of the largest size could be taken"
+        ));
+    }
+    Ok((max_event_bytes, Uploads { max_upload_bytes, max_spooled_bytes }, conn_limits(raw)?))
 }
+
+/// `limits.max_upload_bytes` and `limits.max_spooled_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Uploads {
+    pub max_upload_bytes: u64,
+    pub max_spooled_bytes: u64,
+}
+
+/// Default `limits.max_spooled_bytes`: the disk all uploads in flight may take together.
+pub const DEFAULT_MAX_SPOOLED_BYTES: u64 = 1 << 30;
 
 /// Default `limits.max_upload_bytes`: the OpenAI API's own bound on an audio upload (25 MiB).
 pub const DEFAULT_MAX_UPLOAD_BYTES: u64 = 25 << 20;
@@ -204,6 +220,9 @@ pub(super) struct RawLimits {
     /// The largest multipart upload (an audio file, images to edit), spooled to disk.
     #[serde(default)]
     max_upload_bytes: Option<u64>,
+    /// The most bytes every upload in flight may hold on disk together.
+    #[serde(default)]
+    max_spooled_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

@@ -172,8 +172,9 @@ pub struct Config {
     pub min_output_tokens: u64,
     /// The largest upstream event a translated stream holds (`limits.max_event_bytes`).
     pub max_event_bytes: usize,
-    /// The largest multipart upload (`limits.max_upload_bytes`).
-    pub max_upload_bytes: u64,
+    /// The largest multipart upload and what all uploads in flight may spool
+    /// (`limits.max_upload_bytes`, `limits.max_spooled_bytes`).
+    pub uploads: listen::Uploads,
     /// Usage records older than this are deleted.
     pub usage_retention_days: u64,
     /// How usage records reach the disk (`billing.commit_interval_ms`, `billing.sync_commit`).
@@ -253,7 +254,7 @@ impl Config {
         let admin = listen::admin(raw.admin, env)?;
         let metrics = listen::metrics(raw.metrics, env, admin.as_ref(), front.listen)?;
         let trusted_proxies = listen::trusted_proxies(&raw.trusted_proxies)?;
-        let (max_event_bytes, max_upload_bytes, connections) = listen::limits(raw.limits)?;
+        let (max_event_bytes, uploads, connections) = listen::limits(raw.limits)?;
 
         let providers = upstream::providers(raw.providers, env)?;
         let groups = upstream::groups(raw.groups);
@@ -294,7 +295,7 @@ impl Config {
             default_output_tokens: billing.default_output_tokens,
             min_output_tokens: billing.min_output_tokens,
             max_event_bytes,
-            max_upload_bytes,
+            uploads,
             usage_retention_days: billing.usage_retention_days,
             commit: billing.commit,
             video,
@@ -601,6 +602,9 @@ keys:
     fn limits_default_and_are_checked() {
         let c = Config::parse(MINIMAL, &no_env).expect("valid");
         assert_eq!(c.connections, crate::config::ConnLimits::default());
+        assert_eq!((c.uploads.max_upload_bytes, c.uploads.max_spooled_bytes), (25 << 20, 1 << 30));
+        let big = Config::parse(&format!("{MINIMAL}limits: {{ max_upload_bytes: 2147483648 }}\n"), &no_env).expect("valid");
+        assert_eq!(big.uploads.max_spooled_bytes, 2147483648, "at least one upload of the largest size");
         assert_eq!(c.drain, std::time::Duration::from_secs(DEFAULT_DRAIN_SECS));
         let text = format!("{MINIMAL}limits: {{ header_timeout_secs: 5, max_header_bytes: 8192, max_connections: 0, max_connections_per_ip: 9, keepalive_timeout_secs: 2 }}\n");
         let l = Config::parse(&text, &no_env).expect("valid").connections;
@@ -616,6 +620,8 @@ keys:
             "keepalive_timeout_secs: 0",
             "keepalive_timeout_secs: 61",
             "nonsense: 1",
+            "max_upload_bytes: 10",
+            "max_upload_bytes: 1000000, max_spooled_bytes: 999999",
         ] {
             let e = Config::parse(&format!("{MINIMAL}limits: {{ {bad} }}\n"), &no_env).unwrap_err();
             assert!(e.0.contains("limits") || e.0.contains("unknown field"), "{bad}: {e}");

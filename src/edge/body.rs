@@ -94,7 +94,9 @@ fn too_large(limit: usize) -> ApiError {
     ApiError::new(ErrorKind::PayloadTooLarge, format!("The request body exceeds the limit of {limit} bytes."))
 }
 
-fn busy() -> ApiError {
+/// 503 with `Retry-After`: the budget of bytes held for request bodies (in memory, or spooled
+/// uploads on disk) is full.
+pub fn busy() -> ApiError {
     let mut e =
         ApiError::new(ErrorKind::Overloaded, "The gateway is receiving more request data than it can hold right now; retry shortly.");
     e.retry_after = Some(BUSY_RETRY_AFTER_SECS);

@@ -2,8 +2,11 @@
 //! under bounds — its total size (`limits.max_upload_bytes`, 413), its number of parts
 //! ([`MAX_PARTS`]), a text field's size ([`MAX_FIELD_BYTES`]) and the time between two of its
 //! chunks (`body_read_timeout_secs`, 408). Text fields are kept; files go to unnamed temporary
-//! files as they arrive, never whole into memory. A malformed body is a 400 naming the part.
+//! files as they arrive, never whole into memory, within a process-wide budget of spooled bytes
+//! (`limits.max_spooled_bytes`, 503 with `Retry-After` when full). A malformed body is a 400
+//! naming the part.
 
+use crate::edge::body::Reservation;
 use crate::protocol::multipart::{FilePart, Form};
 use crate::protocol::{ApiError, ErrorKind};
 use bytes::Bytes;
@@ -18,6 +21,9 @@ pub struct UploadLimits {
     pub max_bytes: u64,
     /// The longest wait for the next chunk of the body.
     pub idle_timeout: Duration,
+    /// The disk every upload in flight may take together (`limits.max_spooled_bytes`): past it,
+    /// 503 with `Retry-After`.
+    pub spool: Arc<crate::edge::body::BodyBudget>,
 }
 
 /// The most parts a form may have.
@@ -47,11 +53,20 @@ impl std::fmt::Display for Intake {
 
 impl std::error::Error for Intake {}
 
-/// Read a `multipart/form-data` body with `boundary` from `session`.
-pub async fn read_form(session: &mut Session, limits: &UploadLimits, boundary: &str) -> Result<Form, ApiError> {
+/// Read a `multipart/form-data` body with `boundary` from `session`. The form's files hold their
+/// share of the spool budget until the reservation is dropped (once they were sent).
+pub async fn read_form(session: &mut Session, limits: &UploadLimits, boundary: &str) -> Result<(Form, Reservation), ApiError> {
     let declared = crate::protocol::header_str(session.req_header(), "content-length").and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > limits.max_bytes) {
         return Err(too_large(limits.max_bytes, None));
+    }
+    // A declared length takes its share of the spool budget before anything is read (as a
+    // buffered body does); a chunked body's grows as its files arrive.
+    let mut reservation = limits.spool.reservation();
+    if let Some(n) = declared {
+        if !reservation.grow(usize::try_from(n).unwrap_or(usize::MAX)) {
+            return Err(crate::edge::body::busy());
+        }
     }
     crate::edge::body::continue_if_expected(session).await?;
     let idle = limits.idle_timeout;
@@ -85,14 +100,15 @@ pub async fn read_form(session: &mut Session, limits: &UploadLimits, boundary: &
         let filename = field.file_name().map(str::to_string);
         let content_type = field.content_type().map(ToString::to_string);
         if filename.is_some() || FILE_PARTS.contains(&name.as_str()) {
-            let (spool, len) = spool(field, &name, index, limits).await?;
+            let spooled: u64 = form.files.iter().map(|f| f.len).sum();
+            let (spool, len) = spool(field, &name, index, limits, (&mut reservation, spooled)).await?;
             form.files.push(FilePart { name, filename, content_type, len, spool: Arc::new(spool) });
         } else {
             let value = text(field, &name, index, limits).await?;
             form.fields.push((name, value));
         }
     }
-    Ok(form)
+    Ok((form, reservation))
 }
 
 /// The client's chunks handed to the parser one per poll. `multer` reads its stream until it is
@@ -139,7 +155,13 @@ async fn text(mut field: multer::Field<'_>, name: &str, index: usize, limits: &U
 }
 
 /// A file part written to an unnamed temporary file as it arrives; its length.
-async fn spool(mut field: multer::Field<'_>, name: &str, index: usize, limits: &UploadLimits) -> Result<(std::fs::File, u64), ApiError> {
+async fn spool(
+    mut field: multer::Field<'_>,
+    name: &str,
+    index: usize,
+    limits: &UploadLimits,
+    (reservation, before): (&mut Reservation, u64),
+) -> Result<(std::fs::File, u64), ApiError> {
     let disk = |e: std::io::Error| {
         log::error!("upload: cannot write the part '{name}' to a temporary file: {e}");
         ApiError::new(ErrorKind::Overloaded, "The gateway cannot take uploads right now; retry shortly.")
@@ -150,6 +172,11 @@ async fn spool(mut field: multer::Field<'_>, name: &str, index: usize, limits: &
     loop {
         match field.chunk().await {
             Ok(Some(chunk)) => {
+                // The form's files so far, this chunk included, within what is reserved.
+                let needed = usize::try_from(before + len + chunk.len() as u64).unwrap_or(usize::MAX);
+                if needed > reservation.bytes() && !reservation.grow(needed - reservation.bytes()) {
+                    return Err(crate::edge::body::busy());
+                }
                 len += chunk.len() as u64;
                 writer.write_all(&chunk).await.map_err(disk)?;
             }

@@ -510,3 +510,57 @@ keys:
     }
     assert_eq!(charged_since(&gw, CLIENT_KEY, before).await, 3_000_000u64.div_ceil(16_000) as i64 * 100_000, "billed once, by the answer");
 }
+
+/// A raw upload of `declared` bytes to the transcriptions endpoint: sent up to `first`, after
+/// the gateway's `100 Continue` (which it sends once the upload's share of the spool is held).
+fn start_held_upload(port: u16, content_type: &str, declared: usize, first: &[u8]) -> std::net::TcpStream {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer {CLIENT_KEY}\r\n\
+         Content-Type: {content_type}\r\nContent-Length: {declared}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).unwrap();
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 100"), "{}", String::from_utf8_lossy(&head));
+    s.write_all(first).unwrap();
+    s
+}
+
+#[tokio::test]
+async fn past_the_spool_budget_uploads_get_503_with_retry_after_until_room_returns() {
+    use std::io::{Read, Write};
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, "limits: { max_upload_bytes: 100000, max_spooled_bytes: 100000 }\n"));
+    // One upload of exactly 100000 bytes, held after its first bytes: the whole spool is its.
+    let overhead = form(&[("model", "alpha-whisper")], &[("file", "a.wav", "audio/wav", Vec::new())]).1.len();
+    let (content_type, body) = form(&[("model", "alpha-whisper")], &[("file", "a.wav", "audio/wav", vec![9; 100_000 - overhead])]);
+    assert_eq!(body.len(), 100_000);
+    let port = gw.proc.port;
+    let (first, rest) = (body[..100].to_vec(), body[100..].to_vec());
+    let ct = content_type.clone();
+    let mut held = tokio::task::spawn_blocking(move || start_held_upload(port, &ct, 100_000, &first)).await.unwrap();
+    let small = || form(&[("model", "alpha-whisper")], &[("file", "b.wav", "audio/wav", vec![1; 1000])]);
+    let r = post_form(&gw, "/v1/audio/transcriptions", CLIENT_KEY, small(), &[]).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "overloaded");
+    // The held upload completes and is served; once it was sent its share comes back.
+    let answer = tokio::task::spawn_blocking(move || {
+        held.write_all(&rest).unwrap();
+        let mut buf = [0u8; 12];
+        held.read_exact(&mut buf).unwrap();
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer, "HTTP/1.1 200");
+    assert_eq!(post_form(&gw, "/v1/audio/transcriptions", CLIENT_KEY, small(), &[]).await.status(), 200);
+}

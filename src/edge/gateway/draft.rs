@@ -17,7 +17,7 @@ use pingora_proxy::Session;
 pub(super) struct Drafted {
     pub protocol: Protocol,
     pub draft: Draft,
-    /// None for an upload (spooled to disk, outside the budget).
+    /// The body's share of the buffered-body budget, or an upload's of the spool budget.
     pub body_reservation: Option<crate::edge::body::Reservation>,
     pub upload: Option<std::sync::Arc<crate::protocol::multipart::Form>>,
 }
@@ -29,11 +29,11 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
         return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into());
     }
     if let Some(boundary) = upload_boundary(session, route) {
-        let form = crate::edge::upload::read_form(session, &gw.uploads, &boundary).await?;
+        let (form, spooled) = crate::edge::upload::read_form(session, &gw.uploads, &boundary).await?;
         let draft = upstream::draft_form(routing, route, &key.group, &key.policy, &form).inspect_err(|_| {
             ctx.model_asked = form.field("model").filter(|m| crate::protocol::check_model_name(m).is_ok()).map(str::to_string);
         })?;
-        return Ok(Drafted { protocol, draft, body_reservation: None, upload: Some(std::sync::Arc::new(form)) });
+        return Ok(Drafted { protocol, draft, body_reservation: Some(spooled), upload: Some(std::sync::Arc::new(form)) });
     }
     let client_body = crate::edge::body::read(session, &gw.body).await?;
     let draft = match route {

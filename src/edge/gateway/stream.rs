@@ -40,6 +40,8 @@ impl Gateway {
         // The request is sent: its body is not needed while the answer streams (agent
         // requests are hundreds of KiB, their answers last minutes).
         plan.body = Bytes::new();
+        // An upload's files too: closed (their disk freed) with their share of the spool budget.
+        plan.upload = None;
         plan.body_reservation = None;
         if let Some(t) = plan.translation.clone() {
             return Box::pin(self.relay_translated(session, ctx, plan, http, peer, t)).await;

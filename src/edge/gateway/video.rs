@@ -76,7 +76,8 @@ impl Gateway {
     async fn video_body(&self, session: &mut Session) -> std::result::Result<bytes::Bytes, ApiError> {
         let boundary = header_str(session.req_header(), http::header::CONTENT_TYPE).and_then(crate::protocol::multipart::boundary);
         let Some(boundary) = boundary else { return Ok(crate::edge::body::read(session, &self.body).await?.bytes) };
-        let form = std::sync::Arc::new(crate::edge::upload::read_form(session, &self.uploads, &boundary).await?);
+        let (form, _spooled) = crate::edge::upload::read_form(session, &self.uploads, &boundary).await?;
+        let form = std::sync::Arc::new(form);
         let body = tokio::task::spawn_blocking(move || video::request::form_body(&form))
             .await
             .map_err(|e| ApiError::new(ErrorKind::Internal, format!("form: {e}")))??;
