@@ -564,3 +564,31 @@ async fn past_the_spool_budget_uploads_get_503_with_retry_after_until_room_retur
     assert_eq!(answer, "HTTP/1.1 200");
     assert_eq!(post_form(&gw, "/v1/audio/transcriptions", CLIENT_KEY, small(), &[]).await.status(), 200);
 }
+
+#[tokio::test]
+async fn an_image_download_the_client_cuts_is_still_billed_what_the_upstream_reported() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, ""));
+    let before = balance(&gw, CLIENT_KEY).await;
+    let prompt = "a very large image";
+    // 8 MiB of b64_json: the client reads its first bytes and leaves.
+    let mut r = post_json(
+        &gw,
+        "/v1/images/generations",
+        CLIENT_KEY,
+        json!({"model": "alpha-image", "prompt": prompt}),
+        &[("x-mock-image-bytes", "8388608")],
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    assert!(!r.chunk().await.unwrap().unwrap().is_empty());
+    drop(r);
+    // The gateway reads the rest for its usage and settles on it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while charged_since(&gw, CLIENT_KEY, before).await == 0 {
+        assert!(std::time::Instant::now() < deadline, "never settled");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let prompt_tokens = (prompt.len() as u64).div_ceil(4);
+    assert_eq!(charged_since(&gw, CLIENT_KEY, before).await, at(prompt_tokens, 5.0) + at(1000, 40.0));
+}
