@@ -209,6 +209,14 @@ async fn an_image_edit_with_a_mask_reaches_the_upstream_as_a_form_and_its_image_
     assert!(ct.starts_with("multipart/form-data; boundary=tollgate-"), "{ct}");
     // The client's key never reached the upstream.
     assert_eq!(seen[0]["headers"]["authorization"][0], format!("Bearer {UPSTREAM_KEY}"));
+    // Variations, per image: no quality named, so the dearest price the size can match.
+    let before = balance(&gw, CLIENT_KEY).await;
+    let body = form(&[("model", "alpha-dall-e"), ("n", "2"), ("size", "1024x1024")], &[("image", "a.png", "image/png", png(4000))]);
+    let r = post_form(&gw, "/v1/images/variations", CLIENT_KEY, body, &[("x-test-tag", "variation")]).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["data"].as_array().unwrap().len(), 2);
+    assert_eq!(charged_since(&gw, CLIENT_KEY, before).await, 2 * 120_000_000);
+    assert_eq!(mock_requests(&mock, "variation").await[0]["path"], "/oa/v1/images/variations");
 }
 
 #[tokio::test]
