@@ -87,6 +87,8 @@ pub enum Route {
     },
     /// `POST /v1/moderations`
     Moderations,
+    /// `GET /v1/realtime?model=…` with a WebSocket upgrade: a realtime session.
+    Realtime,
     /// Nothing matched; the protocol says which error shape fits the path.
     NotFound {
         shape: Protocol,
@@ -210,6 +212,7 @@ impl Route {
             Route::Transcription { translate: false } => "transcription",
             Route::Transcription { translate: true } => "translation",
             Route::Moderations => "moderations",
+            Route::Realtime => "realtime",
             Route::NotFound { .. } => "not_found",
         }
     }
@@ -261,6 +264,7 @@ pub fn classify(method: &str, path: &str) -> Route {
         ("POST", "/audio/transcriptions") => Route::Transcription { translate: false },
         ("POST", "/audio/translations") => Route::Transcription { translate: true },
         ("POST", "/moderations") => Route::Moderations,
+        ("GET", "/realtime") => Route::Realtime,
         ("POST", "/messages") => Route::Messages,
         ("POST", "/messages/count_tokens") => Route::CountTokens,
         ("GET", "/models") => Route::Models,

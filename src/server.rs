@@ -622,6 +622,7 @@ fn gateway(
             idle_timeout: body.read_timeout,
             spool: crate::edge::body::BodyBudget::new(usize::try_from(config.uploads.max_spooled_bytes).unwrap_or(usize::MAX)),
         },
+        realtime: config.realtime,
         body,
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),

@@ -63,7 +63,9 @@ pub fn extract_key(headers: &HeaderMap) -> Option<&str> {
             return Some(key);
         }
     }
-    None
+    // A WebSocket client that cannot set a header (a browser) offers the key as a subprotocol.
+    let offered = headers.get(http::header::SEC_WEBSOCKET_PROTOCOL).and_then(|v| v.to_str().ok())?;
+    offered.split(',').map(str::trim).find_map(|p| p.strip_prefix(crate::protocol::realtime::KEY_SUBPROTOCOL)).filter(|k| !k.is_empty())
 }
 
 /// Digest of a configuration-file key entry (balance aside: it applies only at creation).

@@ -24,6 +24,20 @@ pub fn decode_component(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// A path segment or query component percent-encoded: everything but RFC 3986's unreserved
+/// characters (`anthropic.claude-…-v1:0` → `…-v1%3A0`, as the AWS SDKs write a model id).
+pub fn encode_component(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 8);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// A URL as it may be logged: any `user:password@` removed (a collector's or a database's
 /// credentials never reach a log line). Text that is not a URL is returned as it is.
 pub fn redact_url(url: &str) -> String {

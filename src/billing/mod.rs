@@ -7,6 +7,7 @@ pub mod ledger;
 pub mod media;
 pub mod meter;
 pub mod prices;
+pub mod realtime;
 
 use crate::base::usage::Usage;
 use crate::billing::meter::{tokens_from_bytes, ScanResult};

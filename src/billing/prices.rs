@@ -126,6 +126,7 @@ pub struct MediaPrice {
     pub image_input: i64,
     pub image_output: i64,
     pub audio_input: i64,
+    pub audio_output: i64,
     /// Per image: quality, size (`"*"` for any), price.
     pub per_image: Vec<(String, String, i64)>,
     /// Per 1M characters of speech input.
@@ -147,6 +148,7 @@ impl MediaPrice {
             image_input: nanos(p.image_input.unwrap_or(p.input)),
             image_output: nanos(p.image_output.unwrap_or(p.output)),
             audio_input: nanos(p.audio_input.unwrap_or(p.input)),
+            audio_output: nanos(p.audio_output.unwrap_or(p.output)),
             per_image,
             characters: p.characters.map(nanos),
             per_second: p.per_second.map(nanos),

@@ -32,6 +32,7 @@ pub(super) fn check_prices(prices: &BTreeMap<String, Price>, providers: &[Provid
             ("image_input", price.image_input),
             ("image_output", price.image_output),
             ("audio_input", price.audio_input),
+            ("audio_output", price.audio_output),
             ("characters", price.characters),
             ("per_second", price.per_second),
         ] {
@@ -178,9 +179,12 @@ pub struct Price {
     pub image_input: Option<f64>,
     #[serde(default)]
     pub image_output: Option<f64>,
-    /// Transcriptions: audio tokens of the input, USD per 1M (default: `input`).
+    /// Transcriptions and realtime: audio tokens of the input, USD per 1M (default: `input`).
     #[serde(default)]
     pub audio_input: Option<f64>,
+    /// Realtime: audio tokens of the output, USD per 1M (default: `output`).
+    #[serde(default)]
+    pub audio_output: Option<f64>,
     /// Images billed per image: USD by quality, then size (`"*"` matches any).
     #[serde(default)]
     pub per_image: Option<BTreeMap<String, BTreeMap<String, f64>>>,

@@ -138,7 +138,7 @@ pub(super) fn trusted_proxies(list: &[String]) -> Result<Vec<Cidr>, ConfigError>
 }
 
 /// `limits:`: the largest stream event a translated relay holds, and the connection bounds.
-pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, ConnLimits), ConfigError> {
+pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, Realtime, ConnLimits), ConfigError> {
     let max_event_bytes = raw.as_ref().and_then(|l| l.max_event_bytes).unwrap_or(DEFAULT_MAX_EVENT_BYTES);
     if !(1 << 16..=1 << 30).contains(&max_event_bytes) {
         return err("limits.max_event_bytes: 65536 to 1073741824");
@@ -153,7 +153,33 @@ pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, ConnLimi
             "limits.max_spooled_bytes: must be at least limits.max_upload_bytes ({max_upload_bytes}), or no upload of the largest size could be taken"
         ));
     }
-    Ok((max_event_bytes, Uploads { max_upload_bytes, max_spooled_bytes }, conn_limits(raw)?))
+    let get = |f: fn(&RawLimits) -> Option<u64>, default: u64| raw.as_ref().and_then(f).unwrap_or(default);
+    let realtime = Realtime {
+        max_secs: get(|l| l.realtime_max_secs, 3600),
+        idle_secs: get(|l| l.realtime_idle_secs, 300),
+        max_frame_bytes: get(|l| l.realtime_max_frame_bytes, 16 << 20),
+    };
+    if !(1..=86_400).contains(&realtime.max_secs) {
+        return err("limits.realtime_max_secs: 1 to 86400");
+    }
+    if !(1..=86_400).contains(&realtime.idle_secs) {
+        return err("limits.realtime_idle_secs: 1 to 86400");
+    }
+    if !(1 << 10..=1 << 30).contains(&realtime.max_frame_bytes) {
+        return err("limits.realtime_max_frame_bytes: 1024 to 1073741824");
+    }
+    Ok((max_event_bytes, Uploads { max_upload_bytes, max_spooled_bytes }, realtime, conn_limits(raw)?))
+}
+
+/// The bounds of a realtime session (`limits.realtime_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Realtime {
+    /// The longest a session may last (default an hour).
+    pub max_secs: u64,
+    /// The longest a session may pass without a frame either way (default 5 minutes).
+    pub idle_secs: u64,
+    /// The largest frame either side may send (default 16 MiB).
+    pub max_frame_bytes: u64,
 }
 
 /// `limits.max_upload_bytes` and `limits.max_spooled_bytes`.
@@ -223,6 +249,12 @@ pub(super) struct RawLimits {
     /// The most bytes every upload in flight may hold on disk together.
     #[serde(default)]
     max_spooled_bytes: Option<u64>,
+    #[serde(default)]
+    realtime_max_secs: Option<u64>,
+    #[serde(default)]
+    realtime_idle_secs: Option<u64>,
+    #[serde(default)]
+    realtime_max_frame_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

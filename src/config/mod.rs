@@ -175,6 +175,8 @@ pub struct Config {
     /// The largest multipart upload and what all uploads in flight may spool
     /// (`limits.max_upload_bytes`, `limits.max_spooled_bytes`).
     pub uploads: listen::Uploads,
+    /// The bounds of a realtime session (`limits.realtime_*`).
+    pub realtime: listen::Realtime,
     /// Usage records older than this are deleted.
     pub usage_retention_days: u64,
     /// How usage records reach the disk (`billing.commit_interval_ms`, `billing.sync_commit`).
@@ -254,7 +256,7 @@ impl Config {
         let admin = listen::admin(raw.admin, env)?;
         let metrics = listen::metrics(raw.metrics, env, admin.as_ref(), front.listen)?;
         let trusted_proxies = listen::trusted_proxies(&raw.trusted_proxies)?;
-        let (max_event_bytes, uploads, connections) = listen::limits(raw.limits)?;
+        let (max_event_bytes, uploads, realtime, connections) = listen::limits(raw.limits)?;
 
         let providers = upstream::providers(raw.providers, env)?;
         let groups = upstream::groups(raw.groups);
@@ -296,6 +298,7 @@ impl Config {
             min_output_tokens: billing.min_output_tokens,
             max_event_bytes,
             uploads,
+            realtime,
             usage_retention_days: billing.usage_retention_days,
             commit: billing.commit,
             video,

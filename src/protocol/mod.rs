@@ -10,6 +10,7 @@ pub mod gemini;
 pub mod media;
 pub mod multipart;
 pub mod openai;
+pub mod realtime;
 pub mod response;
 pub mod scan;
 pub mod upstream_error;

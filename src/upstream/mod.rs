@@ -23,7 +23,7 @@ pub use catalog::{order_providers, prefer_provider, Catalog, DnsRefresh, Upstrea
 pub use draft::{draft, draft_form, stored_draft, Draft};
 pub use path::{upstream_path, upstream_query, Destination};
 pub use reply::Reply;
-pub use request::{bearer, header_allowed, response_header_allowed, upstream_request, Ask};
+pub use request::{bearer, header_allowed, realtime_request, response_header_allowed, upstream_request, Ask};
 
 use crate::config::MediaAllowance;
 use std::sync::Arc;

@@ -113,6 +113,50 @@ pub fn upstream_request(
     Ok((req, body))
 }
 
+/// The upgrade that opens a realtime session on `upstream` for `model` (the client's name):
+/// `…/v1/realtime?model=<the provider's name>`, the client's WebSocket handshake headers (its
+/// key, version and subprotocols less the one that carries its API key; never an extension, so
+/// frames stay readable), the SDK headers, and the provider's credential.
+pub fn realtime_request(
+    client: &RequestHeader,
+    upstream: &Upstream,
+    key: usize,
+    model: &str,
+    token: Option<&http::HeaderValue>,
+) -> pingora_error::Result<RequestHeader> {
+    let theirs = upstream.config.upstream_model(model);
+    let path = format!("{}/v1/realtime?model={}", upstream.config.base_url.prefix, crate::base::text::encode_component(theirs));
+    let mut req = RequestHeader::build("GET", path.as_bytes(), Some(12))?;
+    for name in ["sec-websocket-key", "sec-websocket-version", "openai-beta", "user-agent"] {
+        if let Some(v) = client.headers.get(name) {
+            req.insert_header(name, v.clone())?;
+        }
+    }
+    for (name, value) in client.headers.iter().filter(|(n, _)| n.as_str().starts_with("x-stainless-")) {
+        req.append_header(name.clone(), value.clone())?;
+    }
+    let offered = client.headers.get(http::header::SEC_WEBSOCKET_PROTOCOL).and_then(|v| v.to_str().ok()).unwrap_or_default();
+    let kept: Vec<&str> =
+        offered.split(',').map(str::trim).filter(|p| !p.is_empty() && !p.starts_with(crate::protocol::realtime::KEY_SUBPROTOCOL)).collect();
+    if !kept.is_empty() {
+        req.insert_header(http::header::SEC_WEBSOCKET_PROTOCOL, kept.join(", "))?;
+    }
+    req.insert_header(http::header::UPGRADE, "websocket")?;
+    req.insert_header(http::header::CONNECTION, "Upgrade")?;
+    req.insert_header(http::header::HOST, upstream.host_value.clone())?;
+    let call = Call {
+        client,
+        to: Destination::Relayed(&crate::route::Route::Realtime),
+        model: theirs,
+        client_model: model,
+        wire: Protocol::Openai,
+        stream: true,
+        client_version: None,
+    };
+    upstream.seam.authenticate(&mut req, key, token, &call, b"")?;
+    Ok(req)
+}
+
 /// What a request asks of every provider it may go to.
 pub struct Ask<'a> {
     /// The model as the client named it.

@@ -10,6 +10,7 @@ mod agent;
 mod bodies;
 mod cloud;
 mod media;
+mod realtime;
 mod tc;
 mod upstream;
 mod video_bytes;

@@ -206,6 +206,9 @@ impl MockUpstream {
         if path.starts_with("/__mock/") {
             return self.introspect(session, &req, &path, query.as_deref()).await;
         }
+        if crate::realtime::is_upgrade(&req, &path) {
+            return self.realtime(session, &req).await;
+        }
 
         let mut body = Vec::new();
         while let Some(chunk) = session.read_request_body().await? {
@@ -367,6 +370,39 @@ impl MockUpstream {
         }
         let hold = header(req, "x-mock-hold").map(|token| self.hold(token));
         crate::media::answer(session, req, endpoint, &fields, hold).await
+    }
+
+    /// A realtime session (`realtime`): the upgrade recorded (its headers: which key it carried),
+    /// its credential checked, then the scripted session.
+    async fn realtime(&self, session: &mut Session, req: &RequestHeader) -> Result<()> {
+        let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (k, v) in req.headers.iter() {
+            headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+        }
+        self.record(Recorded {
+            method: req.method.to_string(),
+            path: req.uri.path().to_string(),
+            query: req.uri.query().map(str::to_string),
+            headers,
+            body_len: 0,
+            model: req.uri.query().and_then(|q| q.split('&').find_map(|p| p.strip_prefix("model="))).map(str::to_string),
+            tag: header(req, "x-test-tag").map(str::to_string),
+            stream_options: None,
+            stream: true,
+            max_output: None,
+            body: None,
+        });
+        if !self.credential_ok(Kind::Chat, req) {
+            return send(
+                session,
+                401,
+                "application/json",
+                error_body(Kind::Chat, 401, "mock: missing or wrong upstream key").to_string().into(),
+                &[],
+            )
+            .await;
+        }
+        crate::realtime::session(session, req).await
     }
 
     /// The video service's answer to one of its actions.

@@ -74,6 +74,11 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
             // than the rest of the stages', which every relayed request carries.
             Err(Exit::Answer(Box::pin(gw.video_route(session, ctx, route, key)).await?))
         }
+        // A session counts against `max_concurrent` while it lasts (its turns against `rpm`).
+        Route::Realtime => {
+            let _slot = gw.limits.enter(key).await?;
+            Err(Exit::Answer(Box::pin(gw.realtime(session, ctx, key, routing)).await?))
+        }
         other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),
     }
 }

@@ -58,6 +58,7 @@ mod draft;
 mod key_page;
 mod keyless;
 mod price;
+mod realtime;
 mod report;
 mod send;
 mod settle;
@@ -75,6 +76,8 @@ pub struct Gateway {
     pub body: crate::edge::body::BodyLimits,
     /// Bounds of a multipart upload (spooled to disk, outside the buffered-body budget).
     pub uploads: crate::edge::upload::UploadLimits,
+    /// Bounds of a realtime session (`limits.realtime_*`).
+    pub realtime: crate::config::listen::Realtime,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
     pub ledger: Arc<Ledger>,
@@ -207,6 +210,8 @@ pub struct RequestCtx {
     pub key_checked: bool,
     /// Its trace, with traces on (in the relay plan while it is relayed).
     pub trace: Option<Box<crate::observe::telemetry::Trace>>,
+    /// A realtime session's turns and what they cost, once it ended.
+    pub realtime: Option<Box<realtime::SessionTotals>>,
 }
 
 /// How a stage ends the request before it is relayed: answered here (a local endpoint, a

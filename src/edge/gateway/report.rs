@@ -107,6 +107,13 @@ fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, c
         entry.cost_nanos = charged;
         entry.protocol = "video";
     }
+    if let Some(s) = &ctx.realtime {
+        entry.input_tokens = s.input_tokens;
+        entry.output_tokens = s.output_tokens;
+        entry.cost_nanos = s.cost_nanos;
+        entry.estimated = s.estimated;
+        entry.provider = s.provider.as_deref();
+    }
     log.append(entry);
 }
 
@@ -167,9 +174,15 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
         }
         None => (ctx.model_asked.as_deref().unwrap_or("-"), None, "-", 0),
     };
-    let (input, output, mut cost, estimated) = usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input_total(), u.output, c, e));
+    let (mut input, mut output, mut cost, mut estimated) = usage.map_or((0, 0, 0, false), |(u, c, e)| (u.input_total(), u.output, c, e));
     if let Some((charged, _)) = ctx.video_charge {
         cost = charged;
+    }
+    let mut provider = provider;
+    // A realtime session: its turns' totals.
+    if let Some(s) = &ctx.realtime {
+        (input, output, cost, estimated) = (s.input_tokens, s.output_tokens, s.cost_nanos, s.estimated);
+        provider = s.provider.as_deref().unwrap_or("-");
     }
     let cost_usd = crate::base::money::usd(cost);
     let key = ctx.key.as_ref().map_or("-", |k| k.name.as_str());
@@ -200,6 +213,10 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
         if let Some((_, seconds)) = ctx.video_charge {
             line["video_seconds"] = seconds.into();
         }
+        if let Some(s) = &ctx.realtime {
+            line["turns"] = s.turns.into();
+            line["ended"] = s.ended.into();
+        }
         if let Some(upstream) = translated {
             line["translated_to"] = upstream.into();
         }
@@ -222,6 +239,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     }
     if let Some((_, seconds)) = ctx.video_charge {
         extra.push_str(&format!(" video_seconds={seconds}"));
+    }
+    if let Some(s) = &ctx.realtime {
+        extra.push_str(&format!(" turns={} ended={:?}", s.turns, s.ended));
     }
     if let Some(upstream) = translated {
         extra.push_str(" translated_to=");

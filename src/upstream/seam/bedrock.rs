@@ -105,7 +105,7 @@ impl Seam for Bedrock {
             (false, true) => "invoke-with-response-stream",
             (false, false) => "invoke",
         };
-        format!("{prefix}/model/{}/{action}", encode_segment(call.model))
+        format!("{prefix}/model/{}/{action}", crate::base::text::encode_component(call.model))
     }
 
     fn body(&self, call: &Call<'_>, body: &Bytes) -> Result<Bytes, SeamError> {
@@ -182,20 +182,6 @@ impl Seam for Bedrock {
 /// their inference profiles', name `anthropic.`).
 fn converses(model: &str) -> bool {
     !model.contains("anthropic.")
-}
-
-/// A model id as one path segment: everything but unreserved characters percent-encoded
-/// (`anthropic.claude-…-v1:0` → `…-v1%3A0`), as the AWS SDKs write it.
-fn encode_segment(id: &str) -> String {
-    let mut out = String::with_capacity(id.len() + 8);
-    for b in id.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]

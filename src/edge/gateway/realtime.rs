@@ -1,0 +1,461 @@
+//! The realtime API (a stage-2 answer): one WebSocket session, relayed frame by frame between
+//! the client and a provider, billed turn by turn. The upgrade is checked like any call (key,
+//! group, model rules, rpm; the session holds a `max_concurrent` slot), sent to the model's first
+//! available provider with the provider's key (the client's — a header or the
+//! `openai-insecure-api-key.` subprotocol — never goes on), and its `101` relayed. Then each side's
+//! frames go to the other whole, as they complete (at most one frame of each side is held), and
+//! are read on the way:
+//!
+//! * a turn is held before it starts — when the client asks for one (`response.create`) or the
+//!   server starts one itself (`response.created`, voice activity): a turn that cannot be paid
+//!   for is refused with the protocol's `error` event (the client's request is not passed on; a
+//!   turn the server started is cancelled upstream) and the session stays open; each turn asked
+//!   for counts against the key's `rpm`;
+//! * `response.done` settles the turn from its usage (text, audio and cached tokens at their own
+//!   prices) and books its record; once the key's balance is spent the session is closed with
+//!   code 1008 and the reason;
+//! * a session cut by either side, past `limits.realtime_max_secs` or idle for
+//!   `limits.realtime_idle_secs`, or sent a frame over `limits.realtime_max_frame_bytes` (1009) is
+//!   closed on both sides; a turn left without its `response.done` is billed its hold (fail
+//!   closed, marked estimated).
+
+use super::{Gateway, Outcome, RequestCtx};
+use crate::billing::ledger::Hold;
+use crate::config::Protocol;
+use crate::protocol::realtime::{self as rt, Event, Frame, FrameError, Splitter, TurnUsage};
+use crate::protocol::{header_str, ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::records::usage::UsageRecord;
+use crate::route::Route;
+use crate::upstream::Routing;
+use pingora_core::protocols::http::v1::client::HttpSession as UpstreamSession;
+use pingora_http::{RequestHeader, ResponseHeader};
+use pingora_proxy::Session;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Input tokens a turn is held for beyond the previous turn's input (the conversation grows by
+/// what the client said since).
+pub const TURN_INPUT_ALLOWANCE: u64 = 4_000;
+
+/// What a session came to, for the access and request logs.
+#[derive(Debug, Default, Clone)]
+pub struct SessionTotals {
+    pub turns: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cost_nanos: i64,
+    pub estimated: bool,
+    pub provider: Option<String>,
+    /// Why the session ended.
+    pub ended: &'static str,
+}
+
+/// A turn under way: its hold, and whether it was asked for by the client (not yet started).
+struct Turn {
+    hold: Hold,
+    started: Instant,
+}
+
+/// A realtime session's state while it is relayed.
+struct Relay<'a> {
+    gw: &'a Gateway,
+    key: Arc<KeyRecord>,
+    routing: Arc<Routing>,
+    model: String,
+    provider: String,
+    turn: Option<Turn>,
+    /// The input of the last turn: the next is held for it and more.
+    last_input: u64,
+    totals: SessionTotals,
+}
+
+/// How a turn's hold went.
+enum Held {
+    Yes,
+    /// Refused: the client is told why (the `error` event's code and message).
+    No(&'static str, String),
+}
+
+impl Gateway {
+    /// `GET /v1/realtime?model=…`: the session, from its upgrade to its end.
+    pub(super) async fn realtime(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        key: &Arc<KeyRecord>,
+        routing: &Arc<Routing>,
+    ) -> std::result::Result<Outcome, ApiError> {
+        let req = session.req_header();
+        let upgrade = header_str(req, "upgrade").is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+        if !upgrade || header_str(req, "sec-websocket-key").is_none() {
+            return Err(ApiError::new(ErrorKind::BadRequest, "The realtime API takes a WebSocket upgrade (GET with Upgrade: websocket)."));
+        }
+        let model = query_model(req.uri.query())?;
+        ctx.model_asked = Some(model.clone());
+        crate::protocol::check_model_name(&model)?;
+        if !routing.catalog.group_allows(&key.group, Protocol::Openai) {
+            return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
+        }
+        key.policy.check_model(&model)?;
+        let candidates: Vec<usize> = routing
+            .catalog
+            .candidates(Protocol::Openai, &model)
+            .map(|c| {
+                c.iter().copied().filter(|&i| routing.catalog.upstreams[i].seam.serves(&Route::Realtime, Protocol::Openai, false)).collect()
+            })
+            .unwrap_or_default();
+        if candidates.is_empty() {
+            return Err(ApiError::new(
+                ErrorKind::ModelNotFound,
+                format!("The model '{model}' is not available for realtime sessions to this key."),
+            )
+            .with_param("model"));
+        }
+        if crate::billing::realtime::turn_hold(&routing.prices, &model, 0, 0).is_none() {
+            return Err(ApiError::new(
+                ErrorKind::Internal,
+                format!("The model '{model}' is not priced on this gateway and cannot be served."),
+            ));
+        }
+        // A key that cannot pay for one turn is refused before the session opens.
+        let mut relay = Relay {
+            gw: self,
+            key: key.clone(),
+            routing: routing.clone(),
+            model,
+            provider: String::new(),
+            turn: None,
+            last_input: 0,
+            totals: SessionTotals::default(),
+        };
+        if let Held::No(_, why) = relay.hold_turn().await? {
+            return Err(ApiError::new(ErrorKind::InsufficientBalance, why));
+        }
+        relay.turn = None;
+        let (mut upstream, answer) = self.open_realtime(session.req_header(), &mut relay, &candidates).await?;
+        if answer.status.as_u16() != 101 {
+            let status = answer.status.as_u16();
+            let body = upstream.read_body_bytes().await.ok().flatten().unwrap_or_default();
+            upstream.shutdown().await;
+            return Err(self.realtime_refused(&relay.provider, status, &body));
+        }
+        upstream.maybe_upgrade_body_writer();
+        upstream.read_timeout = None;
+        let mut header = ResponseHeader::build(101, Some(4)).map_err(internal)?;
+        for name in ["upgrade", "connection", "sec-websocket-accept", "sec-websocket-protocol"] {
+            if let Some(v) = answer.headers.get(name) {
+                header.insert_header(name, v.clone()).map_err(internal)?;
+            }
+        }
+        ctx.response_started = true;
+        if let Err(e) = session.write_response_header(Box::new(header), false).await {
+            log::debug!("realtime: the client left before its upgrade: {e}");
+            upstream.shutdown().await;
+            return Ok(Outcome::Done);
+        }
+        let limits = self.realtime;
+        relay.totals.ended = relay.run(session, &mut upstream, limits).await;
+        upstream.shutdown().await;
+        relay.end_turn_unreported().await;
+        relay.totals.provider = Some(relay.provider.clone());
+        ctx.realtime = Some(Box::new(relay.totals));
+        Ok(Outcome::Done)
+    }
+
+    /// Send the upgrade to the first provider that takes a connection: its request (the
+    /// client's WebSocket headers, the provider's key and model name), and its answer's header.
+    async fn open_realtime(
+        &self,
+        client: &RequestHeader,
+        relay: &mut Relay<'_>,
+        candidates: &[usize],
+    ) -> std::result::Result<(UpstreamSession, ResponseHeader), ApiError> {
+        let catalog = &relay.routing.catalog;
+        let (mut tried, mut dead) = (Vec::new(), Vec::new());
+        while let Some((index, admission)) = catalog.next_provider(candidates, &tried, &dead, Instant::now()) {
+            let upstream = &catalog.upstreams[index];
+            let Some(peer) = upstream.peer(tried.len() + dead.len()) else {
+                dead.push(index);
+                continue;
+            };
+            let token = crate::upstream::bearer(upstream).await.map_err(|e| super::send::upstream_failure(&e))?;
+            let req = crate::upstream::realtime_request(client, upstream, admission.key, &relay.model, token.as_ref())
+                .map_err(|e| super::send::upstream_failure(&e))?;
+            let connected = async {
+                let (mut http, _) = self.connector.get_http_session(&peer).await?;
+                http.read_timeout = peer.options.read_timeout;
+                http.write_request_header(Box::new(req)).await?;
+                http.read_response().await?;
+                let header = http
+                    .resp_header()
+                    .cloned()
+                    .ok_or_else(|| pingora_error::Error::explain(pingora_error::ErrorType::InvalidHTTPHeader, "no answer"))?;
+                Ok::<_, Box<pingora_error::Error>>((http, header))
+            };
+            match connected.await {
+                Ok((http, header)) => {
+                    let verdict = match header.status.as_u16() {
+                        429 => crate::upstream::health::Verdict::Throttled(super::send::retry_after(&header)),
+                        500..=599 => crate::upstream::health::Verdict::Failed,
+                        _ => crate::upstream::health::Verdict::Answered,
+                    };
+                    admission.report(verdict);
+                    relay.provider = upstream.config.name.clone();
+                    return Ok((http, header));
+                }
+                Err(e) => {
+                    log::warn!("realtime: provider {} failed to open a session: {e}", upstream.config.name);
+                    admission.report(crate::upstream::health::Verdict::Failed);
+                    tried.push(index);
+                }
+            }
+        }
+        Err(ApiError::new(ErrorKind::BadGateway, "The upstream service is unreachable. Retry later."))
+    }
+
+    /// A provider's refusal of the upgrade, as the client is told it.
+    fn realtime_refused(&self, provider: &str, status: u16, body: &[u8]) -> ApiError {
+        if matches!(status, 401 | 403) {
+            log::error!("provider {provider} refused tollgate's credential ({status}) for a realtime session");
+        }
+        crate::protocol::upstream_error::from_body(status, body)
+    }
+}
+
+fn internal(e: Box<pingora_error::Error>) -> ApiError {
+    log::error!("realtime: {e}");
+    ApiError::new(ErrorKind::Internal, "Internal gateway error.")
+}
+
+/// The `model` query parameter, required.
+fn query_model(query: Option<&str>) -> std::result::Result<String, ApiError> {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("model="))
+        .map(crate::base::text::decode_component)
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' query parameter is required.").with_param("model"))
+}
+
+/// Why the relay loop stopped.
+enum Stop {
+    Client,
+    Upstream,
+    Closed(&'static str),
+}
+
+impl Relay<'_> {
+    /// Hold the next turn in every purse of the key, counted against its `rpm`.
+    async fn hold_turn(&mut self) -> std::result::Result<Held, ApiError> {
+        if let Err(e) = self.gw.limits.admit(&self.key).await {
+            return Ok(Held::No("rate_limit_exceeded", e.message));
+        }
+        let book = &self.routing.prices;
+        let output = book
+            .price(&self.model)
+            .and_then(|p| p.default_output_tokens.or(p.max_output_tokens))
+            .unwrap_or(self.routing.default_output_tokens);
+        let amount = crate::billing::realtime::turn_hold(book, &self.model, self.last_input.saturating_add(TURN_INPUT_ALLOWANCE), output)
+            .unwrap_or(0);
+        let purses = self.gw.purses(&self.routing, &self.key)?;
+        match self.gw.ledger.hold_from(purses, amount).await {
+            Ok(Ok(hold)) => {
+                self.turn = Some(Turn { hold, started: Instant::now() });
+                Ok(Held::Yes)
+            }
+            Ok(Err(refused)) => Ok(Held::No(
+                "insufficient_balance",
+                refused.to_api_error("this turn may cost up to", crate::base::clock::now_unix()).message,
+            )),
+            Err(e) => {
+                log::warn!("realtime: ledger: {e}");
+                Ok(Held::No("server_error", "The key's balance cannot be read right now.".into()))
+            }
+        }
+    }
+
+    /// Hold the next turn; why not, when it cannot be (the `error` event's code and message).
+    async fn refusal(&mut self) -> Option<(&'static str, String)> {
+        match self.hold_turn().await {
+            Ok(Held::Yes) => None,
+            Ok(Held::No(code, why)) => Some((code, why)),
+            Err(e) => Some(("turn_refused", e.message)),
+        }
+    }
+
+    /// Settle the turn under way from its usage; whether the key's balance is spent.
+    async fn settle(&mut self, usage: Option<TurnUsage>) -> bool {
+        let Some(turn) = self.turn.take() else { return false };
+        let (usage_record, cost, estimated) = match usage {
+            Some(u) => {
+                self.last_input = u.input();
+                (
+                    crate::billing::realtime::record_usage(&u),
+                    crate::billing::realtime::turn_cost(&self.routing.prices, &self.model, &u),
+                    false,
+                )
+            }
+            None => (crate::base::usage::Usage::default(), turn.hold.amount(), true),
+        };
+        self.totals.turns += 1;
+        self.totals.input_tokens += usage_record.input_total();
+        self.totals.output_tokens += usage_record.output;
+        self.totals.cost_nanos += cost;
+        self.totals.estimated |= estimated;
+        self.gw.limits.spend_tokens(&self.key, usage_record.input_total().saturating_add(usage_record.output)).await;
+        let series = self.gw.metrics.model(&self.model);
+        series.input_tokens.add(usage_record.input_total());
+        series.output_tokens.add(usage_record.output);
+        series.cost_nanos.add(cost.max(0) as u64);
+        let record = UsageRecord {
+            time_ms: crate::base::clock::now_ms(),
+            key_id: self.key.id.clone(),
+            model: self.model.clone(),
+            protocol: Protocol::Openai.as_str().to_string(),
+            route: Route::Realtime.label().to_string(),
+            input_tokens: usage_record.input,
+            cached_tokens: usage_record.cached,
+            cache_write_tokens: 0,
+            output_tokens: usage_record.output,
+            cost_nanos: cost,
+            status: 200,
+            latency_ms: turn.started.elapsed().as_millis() as u64,
+            estimated,
+            seq: 0,
+            balance_after: 0,
+            provider: Some(self.provider.clone()),
+            attempts: 1,
+            response_id: None,
+            upstream_protocol: None,
+            charged: Vec::new(),
+            tags: self.key.policy.tags.clone(),
+        };
+        match self.gw.ledger.settle(turn.hold, record).await {
+            Ok(balance) => balance <= 0,
+            Err(e) => {
+                log::error!("ledger: could not settle a realtime turn of key {}: {e}", self.key.name);
+                false
+            }
+        }
+    }
+
+    /// A turn left without its `response.done` (the session ended in it): billed its hold.
+    async fn end_turn_unreported(&mut self) {
+        if self.turn.is_some() {
+            self.settle(None).await;
+        }
+    }
+
+    /// Relay frames both ways until either side ends the session or a bound does; the reason.
+    async fn run(&mut self, client: &mut Session, upstream: &mut UpstreamSession, limits: crate::config::listen::Realtime) -> &'static str {
+        let mut from_client = Splitter::new(limits.max_frame_bytes);
+        let mut from_upstream = Splitter::new(limits.max_frame_bytes);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(limits.max_secs);
+        let idle = Duration::from_secs(limits.idle_secs);
+        loop {
+            let stop = tokio::select! {
+                read = client.read_request_body() => match read {
+                    Ok(Some(chunk)) => {
+                        from_client.push(&chunk);
+                        self.client_frames(&mut from_client, client, upstream).await
+                    }
+                    _ => Some(Stop::Client),
+                },
+                read = upstream.read_body_bytes() => match read {
+                    Ok(Some(chunk)) => {
+                        from_upstream.push(&chunk);
+                        self.upstream_frames(&mut from_upstream, client, upstream).await
+                    }
+                    _ => Some(Stop::Upstream),
+                },
+                () = tokio::time::sleep_until(deadline) => Some(Stop::Closed("session time limit")),
+                () = tokio::time::sleep(idle) => Some(Stop::Closed("session idle")),
+            };
+            match stop {
+                None => continue,
+                Some(Stop::Client) => return "client closed",
+                Some(Stop::Upstream) => {
+                    let _ = client.write_response_body(Some(rt::close_frame(1011, "the upstream session ended", false)), false).await;
+                    return "upstream closed";
+                }
+                Some(Stop::Closed(why)) => {
+                    let code = match why {
+                        "frame too large" => 1009,
+                        "session idle" => 1001,
+                        _ => 1008,
+                    };
+                    let _ = client.write_response_body(Some(rt::close_frame(code, why, false)), false).await;
+                    let _ = upstream.write_body(&rt::close_frame(1000, why, true)).await;
+                    return why;
+                }
+            }
+        }
+    }
+
+    /// The client's whole frames: a turn asked for is held first (refused: not passed on); a
+    /// close is passed on and ends the session.
+    async fn client_frames(&mut self, frames: &mut Splitter, client: &mut Session, upstream: &mut UpstreamSession) -> Option<Stop> {
+        loop {
+            let frame = match frames.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return None,
+                Err(e) => return Some(frame_error(&e)),
+            };
+            if rt::client_event(&frame) == Event::ResponseCreate && self.turn.is_none() {
+                if let Some((code, why)) = self.refusal().await {
+                    if client.write_response_body(Some(rt::error_event(code, &why)), false).await.is_err() {
+                        return Some(Stop::Client);
+                    }
+                    continue;
+                }
+            }
+            if upstream.write_body(&frame.bytes).await.is_err() {
+                return Some(Stop::Upstream);
+            }
+            if frame.is_close() {
+                return Some(Stop::Client);
+            }
+        }
+    }
+
+    /// The upstream's whole frames, passed on: a turn the server started is held (cancelled
+    /// upstream when it cannot be), `response.done` settles the turn.
+    async fn upstream_frames(&mut self, frames: &mut Splitter, client: &mut Session, upstream: &mut UpstreamSession) -> Option<Stop> {
+        loop {
+            let frame: Frame = match frames.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => return None,
+                Err(e) => return Some(frame_error(&e)),
+            };
+            let mut spent = false;
+            match rt::server_event(&frame) {
+                Event::ResponseCreated if self.turn.is_none() => {
+                    if let Some((code, why)) = self.refusal().await {
+                        let _ = upstream.write_body(&rt::cancel_frame()).await;
+                        let _ = client.write_response_body(Some(rt::error_event(code, &why)), false).await;
+                    }
+                }
+                Event::ResponseDone(usage) => spent = self.settle(Some(usage)).await,
+                _ => {}
+            }
+            if client.write_response_body(Some(frame.bytes.clone()), false).await.is_err() {
+                return Some(Stop::Client);
+            }
+            if frame.is_close() {
+                return Some(Stop::Upstream);
+            }
+            if spent {
+                return Some(Stop::Closed("the key's balance is spent"));
+            }
+        }
+    }
+}
+
+fn frame_error(e: &FrameError) -> Stop {
+    match e {
+        FrameError::TooLarge(_) => Stop::Closed("frame too large"),
+        FrameError::Malformed(_) => Stop::Closed("malformed frame"),
+    }
+}

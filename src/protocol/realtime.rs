@@ -1,0 +1,348 @@
+//! The realtime API on the wire: WebSocket frames split whole out of a byte stream (their
+//! headers read by `tungstenite`), the events tollgate reads from them (a turn asked for or
+//! started, and the usage of `response.done`), and the frames it writes itself (an `error`
+//! event, a close). Pure.
+
+use bytes::{Bytes, BytesMut};
+use serde_json::Value;
+use std::io::Cursor;
+use tungstenite::protocol::frame::coding::{Control, Data, OpCode};
+use tungstenite::protocol::frame::FrameHeader;
+
+/// The subprotocol prefix the SDKs carry a key in when a browser cannot set a header.
+pub const KEY_SUBPROTOCOL: &str = "openai-insecure-api-key.";
+
+/// One frame, whole, as it arrived.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// The frame's bytes, header included: what is relayed.
+    pub bytes: Bytes,
+    pub opcode: OpCode,
+    pub fin: bool,
+    mask: Option<[u8; 4]>,
+    payload_at: usize,
+}
+
+impl Frame {
+    /// The payload, unmasked.
+    pub fn payload(&self) -> std::borrow::Cow<'_, [u8]> {
+        let raw = &self.bytes[self.payload_at..];
+        match self.mask {
+            None => std::borrow::Cow::Borrowed(raw),
+            Some(key) => std::borrow::Cow::Owned(raw.iter().enumerate().map(|(i, b)| b ^ key[i % 4]).collect()),
+        }
+    }
+
+    /// A whole text message (not a fragment).
+    pub fn is_text(&self) -> bool {
+        self.fin && self.opcode == OpCode::Data(Data::Text)
+    }
+
+    pub fn is_close(&self) -> bool {
+        self.opcode == OpCode::Control(Control::Close)
+    }
+
+    /// The first bytes of the payload, unmasked (enough to read an event's `type`).
+    pub fn head(&self, n: usize) -> Vec<u8> {
+        let raw = &self.bytes[self.payload_at..];
+        let raw = &raw[..raw.len().min(n)];
+        match self.mask {
+            None => raw.to_vec(),
+            Some(key) => raw.iter().enumerate().map(|(i, b)| b ^ key[i % 4]).collect(),
+        }
+    }
+}
+
+/// Why a stream of frames cannot go on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameError {
+    /// A frame longer than the bound.
+    TooLarge(u64),
+    /// Not a WebSocket frame.
+    Malformed(String),
+}
+
+/// Splits a byte stream into whole frames, holding at most one incomplete frame.
+#[derive(Debug)]
+pub struct Splitter {
+    buf: BytesMut,
+    max_frame: u64,
+}
+
+impl Splitter {
+    pub fn new(max_frame: u64) -> Splitter {
+        Splitter { buf: BytesMut::new(), max_frame }
+    }
+
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// Bytes waiting for the rest of their frame.
+    pub fn pending(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The next whole frame, if one has arrived.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
+        let mut cursor = Cursor::new(&self.buf[..]);
+        let (header, length) = match FrameHeader::parse(&mut cursor) {
+            Ok(Some(parsed)) => parsed,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(FrameError::Malformed(e.to_string())),
+        };
+        if length > self.max_frame {
+            return Err(FrameError::TooLarge(length));
+        }
+        let payload_at = cursor.position() as usize;
+        let total = payload_at + length as usize;
+        if self.buf.len() < total {
+            return Ok(None);
+        }
+        let bytes = self.buf.split_to(total).freeze();
+        Ok(Some(Frame { bytes, opcode: header.opcode, fin: header.is_final, mask: header.mask, payload_at }))
+    }
+}
+
+/// What a realtime event means for billing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// The client asks for a turn (`response.create`).
+    ResponseCreate,
+    /// The server started a turn (`response.created`: also by its own voice activity detection).
+    ResponseCreated,
+    /// A turn ended with its usage (`response.done`).
+    ResponseDone(TurnUsage),
+    Other,
+}
+
+/// A turn's token counts, split as the realtime API reports them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TurnUsage {
+    /// Input not read from the cache.
+    pub text_in: u64,
+    pub audio_in: u64,
+    /// Input read from the cache (text and audio).
+    pub cached_in: u64,
+    pub text_out: u64,
+    pub audio_out: u64,
+}
+
+impl TurnUsage {
+    pub fn input(&self) -> u64 {
+        self.text_in.saturating_add(self.audio_in).saturating_add(self.cached_in)
+    }
+
+    pub fn output(&self) -> u64 {
+        self.text_out.saturating_add(self.audio_out)
+    }
+}
+
+/// How far into an event its `type` is looked for before the whole event is parsed.
+const TYPE_WINDOW: usize = 256;
+
+/// The `type` of an event, read from its first bytes when it is a member of the event itself
+/// there (the usual case: the services write it first, and events are long only for their
+/// audio, which follows), else from the whole event.
+fn event_type(frame: &Frame) -> Option<String> {
+    let head = frame.head(TYPE_WINDOW);
+    if let Some(at) = top_level_type(&head) {
+        let rest = &head[at + 6..];
+        let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace() && *b != b':')?..];
+        if let Some(inner) = rest.strip_prefix(b"\"") {
+            if let Some(end) = inner.iter().position(|b| *b == b'"' || *b == b'\\') {
+                if inner[end] == b'"' {
+                    return std::str::from_utf8(&inner[..end]).ok().map(str::to_string);
+                }
+            }
+        }
+    }
+    let v: Value = serde_json::from_slice(&frame.payload()).ok()?;
+    v.get("type").and_then(Value::as_str).map(str::to_string)
+}
+
+/// Where a `"type"` member of the outermost object starts in `head`, if one does (one nested in
+/// another value does not count).
+fn top_level_type(head: &[u8]) -> Option<usize> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, &b) in head.iter().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            b'"' if depth == 1 && head[i..].starts_with(b"\"type\"") => return Some(i),
+            b'"' => in_string = true,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A client frame, read: only whole text messages are events.
+pub fn client_event(frame: &Frame) -> Event {
+    match frame.is_text().then(|| event_type(frame)).flatten().as_deref() {
+        Some("response.create") => Event::ResponseCreate,
+        _ => Event::Other,
+    }
+}
+
+/// A server frame, read: `response.done` is parsed whole for its usage.
+pub fn server_event(frame: &Frame) -> Event {
+    match frame.is_text().then(|| event_type(frame)).flatten().as_deref() {
+        Some("response.created") => Event::ResponseCreated,
+        Some("response.done") => match serde_json::from_slice::<Value>(&frame.payload()) {
+            Ok(v) => Event::ResponseDone(turn_usage(v.pointer("/response/usage").unwrap_or(&Value::Null))),
+            Err(_) => Event::ResponseDone(TurnUsage::default()),
+        },
+        _ => Event::Other,
+    }
+}
+
+/// A `response.done`'s usage: cached tokens split out of the input; text and audio apart
+/// (input not split by kind is text).
+pub fn turn_usage(u: &Value) -> TurnUsage {
+    let n = |path: &str| u.pointer(path).and_then(Value::as_u64);
+    let input = n("/input_tokens").unwrap_or(0);
+    let output = n("/output_tokens").unwrap_or(0);
+    let cached = n("/input_token_details/cached_tokens").unwrap_or(0).min(input);
+    let cached_audio = n("/input_token_details/cached_tokens_details/audio_tokens").unwrap_or(0).min(cached);
+    let audio_in = n("/input_token_details/audio_tokens").unwrap_or(0).min(input).saturating_sub(cached_audio);
+    let audio_out = n("/output_token_details/audio_tokens").unwrap_or(0).min(output);
+    TurnUsage {
+        text_in: (input - cached).saturating_sub(audio_in),
+        audio_in: audio_in.min(input - cached),
+        cached_in: cached,
+        text_out: output - audio_out,
+        audio_out,
+    }
+}
+
+/// A frame of `opcode` with `payload`, masked (as a client sends) or not (as a server does).
+fn frame(opcode: OpCode, payload: &[u8], masked: bool) -> Bytes {
+    let mask = masked.then(rand::random::<[u8; 4]>);
+    let header = FrameHeader { is_final: true, opcode, mask, ..FrameHeader::default() };
+    let mut out = Vec::with_capacity(payload.len() + 14);
+    // Formatting into a Vec cannot fail.
+    let _ = header.format(payload.len() as u64, &mut out);
+    match mask {
+        Some(key) => out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4])),
+        None => out.extend_from_slice(payload),
+    }
+    Bytes::from(out)
+}
+
+/// A text frame (an event of tollgate's own).
+pub fn text_frame(event: &Value, masked: bool) -> Bytes {
+    frame(OpCode::Data(Data::Text), event.to_string().as_bytes(), masked)
+}
+
+/// The realtime API's `error` event, as a server frame.
+pub fn error_event(code: &str, message: &str) -> Bytes {
+    let event = serde_json::json!({
+        "type": "error",
+        "event_id": format!("event_tollgate_{:016x}", rand::random::<u64>()),
+        "error": {"type": "invalid_request_error", "code": code, "message": message, "param": null, "event_id": null},
+    });
+    text_frame(&event, false)
+}
+
+/// A close frame with `code` and `reason` (at most 123 bytes, cut at a character boundary).
+pub fn close_frame(code: u16, reason: &str, masked: bool) -> Bytes {
+    let mut cut = reason.len().min(123);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let mut payload = code.to_be_bytes().to_vec();
+    payload.extend_from_slice(&reason.as_bytes()[..cut]);
+    frame(OpCode::Control(Control::Close), &payload, masked)
+}
+
+/// The close code and reason a close frame carries.
+pub fn close_reason(frame: &Frame) -> Option<(u16, String)> {
+    let payload = frame.payload();
+    let code = u16::from_be_bytes([*payload.first()?, *payload.get(1)?]);
+    Some((code, String::from_utf8_lossy(&payload[2..]).into_owned()))
+}
+
+/// A `response.cancel` event as a client frame (sent upstream when a turn the server started
+/// cannot be paid for).
+pub fn cancel_frame() -> Bytes {
+    text_frame(&serde_json::json!({"type": "response.cancel"}), true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn split_all(bytes: &[u8], cut: usize) -> Vec<Frame> {
+        let mut s = Splitter::new(1 << 20);
+        let mut out = Vec::new();
+        for part in [&bytes[..cut], &bytes[cut..]] {
+            s.push(part);
+            while let Some(f) = s.next_frame().unwrap() {
+                out.push(f);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn frames_are_split_whole_across_any_cut_and_read_masked_or_not() {
+        let create = text_frame(&json!({"type": "response.create", "response": {"modalities": ["text"]}}), true);
+        let done = text_frame(
+            &json!({"type": "response.done", "response": {"usage": {"input_tokens": 100, "output_tokens": 50,
+                "input_token_details": {"cached_tokens": 20, "audio_tokens": 30, "cached_tokens_details": {"audio_tokens": 5}},
+                "output_token_details": {"audio_tokens": 40}}}}),
+            false,
+        );
+        let mut both = create.to_vec();
+        both.extend_from_slice(&done);
+        for cut in 0..both.len() {
+            let frames = split_all(&both, cut);
+            assert_eq!(frames.len(), 2, "cut at {cut}");
+            assert_eq!(client_event(&frames[0]), Event::ResponseCreate);
+            let expect = TurnUsage { text_in: 55, audio_in: 25, cached_in: 20, text_out: 10, audio_out: 40 };
+            assert_eq!(server_event(&frames[1]), Event::ResponseDone(expect));
+            assert_eq!(frames[0].bytes, create, "relayed as it came");
+        }
+        assert_eq!(expect_input(), 100);
+    }
+
+    fn expect_input() -> u64 {
+        TurnUsage { text_in: 55, audio_in: 25, cached_in: 20, text_out: 10, audio_out: 40 }.input()
+    }
+
+    #[test]
+    fn a_type_far_into_an_event_is_still_read_and_a_big_frame_is_refused() {
+        let late = text_frame(&json!({"event_id": "x".repeat(400), "type": "response.created"}), false);
+        assert_eq!(server_event(&split_all(&late, 3)[0]), Event::ResponseCreated);
+        // A nested "type" before the event's own is not the event's.
+        let nested = br#"{"response":{"output":[{"type":"message"}],"usage":{"input_tokens":7}},"type":"response.done"}"#;
+        let f = split_all(&frame(OpCode::Data(Data::Text), nested, false), 0);
+        assert_eq!(server_event(&f[0]), Event::ResponseDone(TurnUsage { text_in: 7, ..TurnUsage::default() }));
+        let escaped = br#"{"event_id":"a\"type\":\"x","type":"response.create"}"#;
+        assert_eq!(client_event(&split_all(&frame(OpCode::Data(Data::Text), escaped, true), 0)[0]), Event::ResponseCreate);
+        let mut s = Splitter::new(10);
+        s.push(&text_frame(&json!({"type": "input_audio_buffer.append", "audio": "AAAA"}), true));
+        assert!(matches!(s.next_frame(), Err(FrameError::TooLarge(_))));
+    }
+
+    #[test]
+    fn close_frames_carry_their_code_and_reason() {
+        let frames = split_all(&close_frame(1008, "balance exhausted", false), 1);
+        assert!(frames[0].is_close());
+        assert_eq!(close_reason(&frames[0]), Some((1008, "balance exhausted".into())));
+        let long = "é".repeat(100);
+        let f = split_all(&close_frame(1000, &long, true), 0);
+        assert!(close_reason(&f[0]).unwrap().1.len() <= 123);
+    }
+}
