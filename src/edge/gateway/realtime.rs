@@ -118,7 +118,18 @@ impl Gateway {
                 format!("The model '{model}' is not priced on this gateway and cannot be served."),
             ));
         }
-        // A key that cannot pay for one turn is refused before the session opens.
+        // A key with nothing left is refused before the session opens (each turn is held as it
+        // starts); the session counts against `rpm` like a turn.
+        self.limits.admit(key).await?;
+        let purses = self.purses(routing, key)?;
+        match self.ledger.hold_from(purses, 1).await {
+            Ok(Ok(_released)) => {}
+            Ok(Err(refused)) => return Err(refused.to_api_error("a realtime session needs", crate::base::clock::now_unix())),
+            Err(e) => {
+                log::warn!("realtime: ledger: {e}");
+                return Err(crate::store::fleet::unavailable("the key's balance"));
+            }
+        }
         let mut relay = Relay {
             gw: self,
             key: key.clone(),
@@ -129,10 +140,6 @@ impl Gateway {
             last_input: 0,
             totals: SessionTotals::default(),
         };
-        if let Held::No(_, why) = relay.hold_turn().await? {
-            return Err(ApiError::new(ErrorKind::InsufficientBalance, why));
-        }
-        relay.turn = None;
         let (mut upstream, answer) = self.open_realtime(session.req_header(), &mut relay, &candidates).await?;
         if answer.status.as_u16() != 101 {
             let status = answer.status.as_u16();

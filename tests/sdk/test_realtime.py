@@ -1,0 +1,264 @@
+"""Realtime sessions through tollgate: the official `openai` SDK's `realtime.connect()` and a raw
+`websockets` client (for the subprotocol form of the key and for cuts) against the mock's
+scripted session. A text turn, an audio turn with its deltas in order, a tool call round trip,
+turns billed exactly from their `response.done` usage, a turn refused for balance with the
+session kept, a session closed once the balance is spent, a client that leaves mid-turn billed
+its hold, the frame and session bounds, `max_concurrent` counting sessions, and the client's key
+never reaching the upstream."""
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import openai
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect as ws_connect
+
+from conftest import BIN_DIR, UPSTREAM_KEY
+from pysupport import free_port, wait_listening
+
+KEY = "sk-sdk-realtime-0001"
+SHARED = "sk-sdk-realtime-0002"
+SPENT = "sk-sdk-realtime-0003"
+SOLO = "sk-sdk-realtime-0004"
+CUT = "sk-sdk-realtime-0005"
+MODEL = "alpha-realtime"
+# USD per 1M tokens.
+PRICE = {"input": 4.0, "output": 16.0, "cached_input": 0.4, "audio_input": 32.0, "audio_output": 64.0}
+# What one turn is held for: (previous input + 4000) at the dearest input price, the default
+# output allowance (4096) at the dearest output price.
+FIRST_TURN_HOLD = (4000 * round(32.0 * 1e9) + 500_000) // 1_000_000 + (4096 * round(64.0 * 1e9) + 500_000) // 1_000_000
+
+
+def nanos(tokens, usd):
+    return (tokens * round(usd * 1e9) + 500_000) // 1_000_000
+
+
+def turn_cost(u):
+    """What a `response.done` usage costs (the SDK's object or a dict)."""
+    get = (lambda o, k: o.get(k)) if isinstance(u, dict) else getattr
+    inp, out = get(u, "input_token_details"), get(u, "output_token_details")
+    cached = get(inp, "cached_tokens") or 0
+    audio_in = get(inp, "audio_tokens") or 0
+    text_in = get(u, "input_tokens") - cached - audio_in
+    audio_out = get(out, "audio_tokens") or 0
+    text_out = get(u, "output_tokens") - audio_out
+    return (nanos(text_in, PRICE["input"]) + nanos(audio_in, PRICE["audio_input"]) + nanos(cached, PRICE["cached_input"])
+            + nanos(text_out, PRICE["output"]) + nanos(audio_out, PRICE["audio_output"]))
+
+
+class Gw:
+    def __init__(self, url, mock):
+        self.url, self.mock = url, mock
+
+    def client(self, key=KEY):
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0)
+
+    def ws_url(self):
+        return self.url.replace("http://", "ws://") + f"/v1/realtime?model={MODEL}"
+
+    def balance(self, key=KEY):
+        req = urllib.request.Request(self.url + "/v1/usage", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req) as r:
+            return round(json.load(r)["balance"] * 1e9)
+
+    def mock_requests(self):
+        with urllib.request.urlopen(self.mock + "/__mock/requests") as r:
+            return json.load(r)
+
+
+def start(tmp, limits=""):
+    mock_port, gw_port = free_port(), free_port()
+    mock = subprocess.Popen([os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY])
+    wait_listening(mock_port, mock, "tollgate-mock")
+    prices = ", ".join(f"{k}: {v}" for k, v in PRICE.items())
+    config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+{limits}
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [{MODEL}] }}
+groups:
+  default: {{ platforms: [openai] }}
+prices:
+  {MODEL}: {{ {prices} }}
+keys:
+  - {{ key: {KEY}, name: rt, group: default, balance: 5.0 }}
+  - {{ key: {SHARED}, name: shared, group: default, balance: 0.5 }}
+  - {{ key: {SPENT}, name: spent, group: default, balance: 1.0 }}
+  - {{ key: {SOLO}, name: solo, group: default, balance: 5.0, max_concurrent: 1 }}
+  - {{ key: {CUT}, name: cut, group: default, balance: 5.0 }}
+"""
+    path = os.path.join(tmp, "tollgate.yaml")
+    with open(path, "w") as f:
+        f.write(config)
+    gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn"})
+    wait_listening(gw_port, gw, "tollgate")
+    return [gw, mock], Gw(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{mock_port}")
+
+
+@pytest.fixture(scope="module")
+def rt():
+    tmp = tempfile.mkdtemp(prefix="tollgate-realtime-")
+    procs, gw = start(tmp, "limits: { realtime_max_frame_bytes: 65536 }")
+    try:
+        yield gw
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def say(conn, text):
+    conn.conversation.item.create(item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+
+
+def until_done(conn):
+    events = []
+    for event in conn:
+        events.append(event)
+        if event.type in ("response.done", "error"):
+            return events
+    raise AssertionError(f"the session ended before the turn did: {[e.type for e in events]}")
+
+
+def test_text_audio_and_tool_turns_are_relayed_in_order_and_billed_exactly(rt):
+    before = rt.balance()
+    charged = 0
+    with rt.client().realtime.connect(model=MODEL) as conn:
+        conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                     "tools": [{"type": "function", "name": "get_weather", "parameters": {"type": "object"}}]})
+        # A text turn.
+        say(conn, "hello")
+        conn.response.create()
+        events = until_done(conn)
+        deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+        assert "".join(deltas) == "Hello from realtime"
+        charged += turn_cost(events[-1].response.usage)
+        # An audio turn: audio in, audio and transcript deltas out, in the order sent.
+        for _ in range(2):
+            conn.input_audio_buffer.append(audio=base64.b64encode(b"\x00" * 4800).decode())
+        conn.input_audio_buffer.commit()
+        conn.response.create(response={"output_modalities": ["audio"]})
+        events = until_done(conn)
+        kinds = [e.type for e in events if e.type.startswith("response.output_audio")]
+        assert kinds == ["response.output_audio.delta", "response.output_audio_transcript.delta"] * 3
+        usage = events[-1].response.usage
+        assert usage.input_token_details.audio_tokens > 0 and usage.output_token_details.audio_tokens == 90
+        charged += turn_cost(usage)
+        # A tool call and its result.
+        say(conn, "what is the weather in Paris?")
+        conn.response.create()
+        events = until_done(conn)
+        args = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        assert json.loads(args) == {"city": "Paris"}
+        charged += turn_cost(events[-1].response.usage)
+        conn.conversation.item.create(item={"type": "function_call_output", "call_id": "call_mock_1", "output": "sunny"})
+        conn.response.create()
+        events = until_done(conn)
+        charged += turn_cost(events[-1].response.usage)
+        assert events[-1].response.usage.input_token_details.cached_tokens > 0, "later turns read the cache"
+    assert rt.balance() == before - charged
+
+
+def test_a_turn_that_cannot_be_covered_is_refused_and_the_session_stays_open(rt):
+    # Two sessions of a key with $0.50: the first holds a turn, the second cannot.
+    auth = {"Authorization": f"Bearer {SHARED}"}
+    with ws_connect(rt.ws_url(), additional_headers=auth) as first, ws_connect(rt.ws_url(), additional_headers=auth) as second:
+        for ws in (first, second):
+            assert json.loads(ws.recv())["type"] == "session.created"
+        first.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "[hold]"}]}}))
+        first.send(json.dumps({"type": "response.create"}))
+        seen = [json.loads(first.recv())["type"] for _ in range(3)]
+        assert seen == ["conversation.item.created", "response.created", "response.output_text.delta"]
+        second.send(json.dumps({"type": "response.create"}))
+        refused = json.loads(second.recv())
+        assert refused["type"] == "error" and "balance" in refused["error"]["message"], refused
+        # Still open: the next event is answered.
+        second.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "be brief"}}))
+        assert json.loads(second.recv())["type"] == "session.updated"
+
+
+def test_a_session_is_closed_once_the_balance_is_spent(rt):
+    with rt.client(SPENT).realtime.connect(model=MODEL) as conn:
+        say(conn, "[big] tell me everything")
+        conn.response.create()
+        events = until_done(conn)
+        assert turn_cost(events[-1].response.usage) > 1_000_000_000
+        with pytest.raises(ConnectionClosed) as closed:
+            conn.recv()
+    assert closed.value.rcvd.code == 1008 and "balance" in closed.value.rcvd.reason
+    assert rt.balance(SPENT) < 0
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {SPENT}"})
+    assert refused.value.response.status_code == 402
+
+
+def test_a_client_that_leaves_mid_turn_is_billed_the_turns_hold(rt):
+    before = rt.balance(CUT)
+    ws = ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {CUT}"})  # noqa: SIM115 (cut, never closed)
+    assert json.loads(ws.recv())["type"] == "session.created"
+    ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "[hold]"}]}}))
+    ws.send(json.dumps({"type": "response.create"}))
+    assert [json.loads(ws.recv())["type"] for _ in range(3)][-1] == "response.output_text.delta"
+    ws.socket.close()  # gone without a close frame
+    # The session ends, its open turn billed its hold (fail closed); settled once the gateway
+    # saw the connection go, which the client cannot observe: wait for the charge.
+    deadline = time.monotonic() + 10
+    while rt.balance(CUT) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rt.balance(CUT) == before - FIRST_TURN_HOLD
+
+
+def test_the_key_subprotocol_works_and_no_client_key_reaches_the_upstream(rt):
+    with ws_connect(rt.ws_url(), subprotocols=["realtime", f"openai-insecure-api-key.{KEY}"]) as ws:
+        assert ws.subprotocol == "realtime"
+        assert json.loads(ws.recv())["type"] == "session.created"
+    upgrades = [r for r in rt.mock_requests() if r["path"].endswith("/v1/realtime")]
+    assert upgrades
+    for r in upgrades:
+        assert r["headers"]["authorization"] == [f"Bearer {UPSTREAM_KEY}"]
+        assert not any(KEY in v or SHARED in v for vs in r["headers"].values() for v in vs), r["headers"]
+    assert upgrades[-1]["headers"]["sec-websocket-protocol"] == ["realtime"]
+    # No key at all: refused before any upgrade.
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(rt.ws_url())
+    assert refused.value.response.status_code == 401
+
+
+def test_frames_sessions_and_concurrency_are_bounded(rt):
+    # A frame over realtime_max_frame_bytes (64 KiB here) closes the session with 1009.
+    with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {KEY}"}, max_size=None) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * 100_000}))
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv()
+    assert closed.value.rcvd.code == 1009
+    # max_concurrent counts open sessions.
+    with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {SOLO}"}):
+        with pytest.raises(InvalidStatus) as busy:
+            ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {SOLO}"})
+        assert busy.value.response.status_code == 429
+
+
+def test_a_session_past_its_time_limit_is_closed():
+    tmp = tempfile.mkdtemp(prefix="tollgate-realtime-limit-")
+    procs, gw = start(tmp, "limits: { realtime_max_secs: 1 }")
+    try:
+        with ws_connect(gw.ws_url(), additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+            assert json.loads(ws.recv())["type"] == "session.created"
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=30)
+        assert closed.value.rcvd.code == 1008 and closed.value.rcvd.reason == "session time limit"
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
