@@ -336,6 +336,30 @@ mod tests {
         assert!(matches!(s.next_frame(), Err(FrameError::TooLarge(_))));
     }
 
+    proptest::proptest! {
+        /// Any bytes, cut anywhere: the splitter never panics, and the frames it gives are the
+        /// stream's bytes in order, whole.
+        #[test]
+        fn any_bytes_cut_anywhere_split_into_their_own_frames(data in proptest::collection::vec(proptest::num::u8::ANY, 0..600), step in 1usize..64) {
+            let mut s = Splitter::new(1 << 16);
+            let mut out = Vec::new();
+            'feed: for chunk in data.chunks(step) {
+                s.push(chunk);
+                loop {
+                    match s.next_frame() {
+                        Ok(Some(f)) => {
+                            let _ = (client_event(&f), server_event(&f), close_reason(&f));
+                            out.extend_from_slice(&f.bytes);
+                        }
+                        Ok(None) => break,
+                        Err(_) => break 'feed,
+                    }
+                }
+            }
+            proptest::prop_assert!(data.starts_with(&out));
+        }
+    }
+
     #[test]
     fn close_frames_carry_their_code_and_reason() {
         let frames = split_all(&close_frame(1008, "balance exhausted", false), 1);

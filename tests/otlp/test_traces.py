@@ -2,6 +2,7 @@
 per request and a client span per upstream attempt with the GenAI attributes, for every protocol
 streamed and not; retries as sibling spans; a client's trace continued and carried upstream;
 refusals on the span; and a dead collector that costs no request."""
+import json
 import os
 import subprocess
 import tempfile
@@ -13,6 +14,7 @@ import pytest
 from google import genai
 from google.genai import types as genai_types
 from opentelemetry.proto.trace.v1 import trace_pb2
+from websockets.sync.client import connect as ws_connect
 
 from conftest import CLIENT_KEY, COLLECTOR_TOKEN, POOR_KEY, UPSTREAM_KEY, start_gateway
 
@@ -250,3 +252,27 @@ def test_a_dead_collector_leaves_every_request_served(mock):
             gw.kill()
             gw.wait()
     silent.close()
+
+
+def test_a_realtime_session_has_a_client_span_per_turn_with_its_usage(stack):
+    url = stack.url.replace("http://", "ws://") + "/v1/realtime?model=alpha-realtime"
+    usages = []
+    with ws_connect(url, additional_headers={"Authorization": f"Bearer {CLIENT_KEY}"}) as ws:
+        request_id = ws.response.headers["x-request-id"]
+        assert json.loads(ws.recv())["type"] == "session.created"
+        for _ in range(2):
+            ws.send(json.dumps({"type": "response.create"}))
+            while True:
+                event = json.loads(ws.recv())
+                if event["type"] == "response.done":
+                    usages.append(event["response"]["usage"])
+                    break
+    server, clients = request_spans(stack.receiver, request_id, clients=2)
+    turns = sorted(clients, key=lambda s: s.start_time_unix_nano)
+    assert [s.name for s in turns] == ["realtime alpha-realtime"] * 2
+    for span, usage in zip(turns, usages):
+        a = attrs(span)
+        assert (a["gen_ai.usage.input_tokens"], a["gen_ai.usage.output_tokens"]) == (usage["input_tokens"], usage["output_tokens"])
+        assert a["gen_ai.provider.name"] == "openai" and a["tollgate.estimated"] is False
+        assert server.start_time_unix_nano <= span.start_time_unix_nano <= span.end_time_unix_nano <= server.end_time_unix_nano
+    assert attrs(server)["http.response.status_code"] == 101

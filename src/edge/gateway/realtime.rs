@@ -68,6 +68,10 @@ struct Relay<'a> {
     /// The input of the last turn: the next is held for it and more.
     last_input: u64,
     totals: SessionTotals,
+    /// The request's trace (a span per turn), given back when the session ends.
+    trace: Option<Box<crate::observe::telemetry::Trace>>,
+    /// The provider's span attributes.
+    span_attrs: Option<crate::observe::telemetry::Attrs>,
 }
 
 /// How a turn's hold went.
@@ -139,6 +143,8 @@ impl Gateway {
             turn: None,
             last_input: 0,
             totals: SessionTotals::default(),
+            trace: ctx.trace.take(),
+            span_attrs: None,
         };
         let (mut upstream, answer) = self.open_realtime(session.req_header(), &mut relay, &candidates).await?;
         if answer.status.as_u16() != 101 {
@@ -166,6 +172,7 @@ impl Gateway {
         upstream.shutdown().await;
         relay.end_turn_unreported().await;
         relay.totals.provider = Some(relay.provider.clone());
+        ctx.trace = relay.trace.take();
         ctx.realtime = Some(Box::new(relay.totals));
         Ok(Outcome::Done)
     }
@@ -209,6 +216,7 @@ impl Gateway {
                     };
                     admission.report(verdict);
                     relay.provider = upstream.config.name.clone();
+                    relay.span_attrs = Some(upstream.span_attrs.clone());
                     return Ok((http, header));
                 }
                 Err(e) => {
@@ -312,6 +320,9 @@ impl Relay<'_> {
         self.totals.cost_nanos += cost;
         self.totals.estimated |= estimated;
         self.gw.limits.spend_tokens(&self.key, usage_record.input_total().saturating_add(usage_record.output)).await;
+        if let (Some(trace), Some(attrs)) = (self.trace.as_deref_mut(), self.span_attrs.as_ref()) {
+            trace.turn(attrs, &self.model, turn.started, (usage_record.input_total(), usage_record.output), estimated);
+        }
         let series = self.gw.metrics.model(&self.model);
         series.input_tokens.add(usage_record.input_total());
         series.output_tokens.add(usage_record.output);

@@ -213,6 +213,34 @@ impl Trace {
         }
     }
 
+    /// A realtime turn that ended: a client span under the session's, from `started` until now,
+    /// named `realtime <model>`, with the provider's attributes and the turn's usage.
+    pub fn turn(&mut self, to: &Attrs, model: &str, started: std::time::Instant, usage: (u64, u64), estimated: bool) {
+        if !self.sampled {
+            return;
+        }
+        self.end_attempt(None);
+        let end_ns = self.now_ns();
+        let start_ns = end_ns.saturating_sub(started.elapsed().as_nanos() as u64);
+        let span_id = context::new_span_id();
+        self.spans.open(&Opening {
+            trace_id: &self.trace_id,
+            span_id: &span_id,
+            parent: Some(&self.server_span),
+            remote_parent: false,
+            state: self.state.as_deref(),
+            name: ["realtime", model],
+            kind: Kind::Client,
+            start_ns,
+        });
+        self.spans.add("gen_ai.request.model", Value::Str(model));
+        self.spans.add("gen_ai.usage.input_tokens", Value::Int(i64::try_from(usage.0).unwrap_or(i64::MAX)));
+        self.spans.add("gen_ai.usage.output_tokens", Value::Int(i64::try_from(usage.1).unwrap_or(i64::MAX)));
+        self.spans.add("tollgate.estimated", Value::Bool(estimated));
+        self.spans.append(to);
+        self.spans.close(end_ns, None);
+    }
+
     /// The `traceparent` the upstream attempt under way carries (see [`Self::begin_attempt`]).
     pub fn traceparent(&self) -> Option<&str> {
         self.carried.as_ref().map(context::Traceparent::as_str)
