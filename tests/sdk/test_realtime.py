@@ -248,17 +248,33 @@ def test_frames_sessions_and_concurrency_are_bounded(rt):
         assert busy.value.response.status_code == 429
 
 
-def test_a_session_past_its_time_limit_is_closed():
+@pytest.mark.parametrize("limit, reason, code", [("realtime_max_secs: 1", "session time limit", 1008), ("realtime_idle_secs: 1", "session idle", 1001)])
+def test_a_session_past_its_time_or_idle_limit_is_closed(limit, reason, code):
     tmp = tempfile.mkdtemp(prefix="tollgate-realtime-limit-")
-    procs, gw = start(tmp, "limits: { realtime_max_secs: 1 }")
+    procs, gw = start(tmp, f"limits: {{ {limit} }}")
     try:
         with ws_connect(gw.ws_url(), additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
             assert json.loads(ws.recv())["type"] == "session.created"
             with pytest.raises(ConnectionClosed) as closed:
                 ws.recv(timeout=30)
-        assert closed.value.rcvd.code == 1008 and closed.value.rcvd.reason == "session time limit"
+        assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (code, reason)
     finally:
         for p in procs:
             p.kill()
             p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_an_upstream_that_drops_the_session_mid_turn_ends_it_and_the_turn_is_billed_its_hold(rt):
+    before = rt.balance(CUT)
+    with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {CUT}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "[cut]"}]}}))
+        ws.send(json.dumps({"type": "response.create"}))
+        seen = [json.loads(ws.recv())["type"] for _ in range(3)]
+        assert seen[-1] == "response.output_text.delta"
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=30)
+        assert closed.value.rcvd.code == 1011
+    # Settled before the close frame went out.
+    assert rt.balance(CUT) == before - FIRST_TURN_HOLD

@@ -391,6 +391,10 @@ impl Relay<'_> {
                 () = tokio::time::sleep_until(deadline) => Some(Stop::Closed("session time limit")),
                 () = tokio::time::sleep(idle) => Some(Stop::Closed("session idle")),
             };
+            if stop.is_some() {
+                // A turn the session ends in is settled before the client hears of the end.
+                self.end_turn_unreported().await;
+            }
             match stop {
                 None => continue,
                 Some(Stop::Client) => return "client closed",
