@@ -6,20 +6,23 @@
 //! 1. [`base`]: helpers that know no rule of tollgate's — clock, money unit, ids and
 //!    secrets, text, TLS files, the stored records' binary codec. Imports nothing of the project.
 //! 2. [`protocol`]: each wire protocol's shapes (credential headers, error bodies, model
-//!    lists, the request fields tollgate reads) and the builder of local answers.
+//!    lists, the request fields tollgate reads, the media endpoints' fields and usage,
+//!    multipart forms, realtime frames and events) and the builder of local answers.
 //! 3. [`policy`]: a key's policy (expiry, models, addresses, budgets, spend windows).
 //! 4. [`records`]: what is stored and shared — keys, accounts, usage, purses, audit entries,
 //!    video tasks, request-log entries — with no service logic.
 //! 5. [`config`]: the configuration file, one parser per section; builds values, opens nothing.
 //! 6. [`store`]: everything persisted, one interface, the sled and PostgreSQL backends whole.
-//! 7. [`billing`]: prices, holds and settlement (the ledger), the usage scanner of answers.
+//! 7. [`billing`]: prices, holds and settlement (the ledger), the usage scanner of answers,
+//!    the media endpoints' units and realtime turns.
 //! 8. [`observe`]: metrics, the process log, traces, the request id.
 //! 9. [`access`]: key authentication, rate limits, owners of stored responses.
 //! 10. [`route`], [`translate`]: which endpoint a request is for; translation between protocols.
 //! 11. [`upstream`]: the providers — catalog, health, affinity, a call's draft, the upstream
 //!     request — and the seam between kinds of upstream.
 //! 12. [`video`]: the video task service.
-//! 13. [`edge`]: client connections, request bodies, the proxy's request path as stages.
+//! 13. [`edge`]: client connections, request bodies and uploads, the proxy's request path as
+//!     stages (realtime sessions among them).
 //! 14. [`admin`]: the admin API, the console, the metrics listener.
 //! 15. [`handover`], [`server`]: upgrades and the wiring of it all (the app).
 //!

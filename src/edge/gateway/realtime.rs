@@ -168,6 +168,8 @@ impl Gateway {
             return Ok(Outcome::Done);
         }
         let limits = self.realtime;
+        // An open session counts among the open streams while it lasts.
+        let _open = crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams);
         relay.totals.ended = relay.run(session, &mut upstream, limits).await;
         upstream.shutdown().await;
         relay.end_turn_unreported().await;
