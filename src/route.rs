@@ -89,10 +89,29 @@ pub enum Route {
     Moderations,
     /// `GET /v1/realtime?model=…` with a WebSocket upgrade: a realtime session.
     Realtime,
+    /// `/v1/files…`: the key's files.
+    Files {
+        op: FileOp,
+    },
     /// Nothing matched; the protocol says which error shape fits the path.
     NotFound {
         shape: Protocol,
     },
+}
+
+/// What is done with a key's files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FileOp {
+    /// `POST /v1/files` (multipart).
+    Upload,
+    /// `GET /v1/files`
+    List,
+    /// `GET /v1/files/{id}`
+    Get(String),
+    /// `GET /v1/files/{id}/content`
+    Content(String),
+    /// `DELETE /v1/files/{id}`
+    Delete(String),
 }
 
 /// What an images request asks for.
@@ -213,6 +232,11 @@ impl Route {
             Route::Transcription { translate: true } => "translation",
             Route::Moderations => "moderations",
             Route::Realtime => "realtime",
+            Route::Files { op: FileOp::Upload } => "file_upload",
+            Route::Files { op: FileOp::List } => "file_list",
+            Route::Files { op: FileOp::Get(_) } => "file_get",
+            Route::Files { op: FileOp::Content(_) } => "file_content",
+            Route::Files { op: FileOp::Delete(_) } => "file_delete",
             Route::NotFound { .. } => "not_found",
         }
     }
@@ -248,6 +272,9 @@ pub fn classify(method: &str, path: &str) -> Route {
         return not_found();
     }
     if let Some(route) = video(method, rest) {
+        return route;
+    }
+    if let Some(route) = files(method, rest) {
         return route;
     }
     if let Some(tail) = rest.strip_prefix("/responses/") {
@@ -301,6 +328,25 @@ fn video(method: &str, rest: &str) -> Option<Route> {
         }
         _ => None,
     }
+}
+
+/// `/files` and below (`rest` is the path without `/v1`).
+fn files(method: &str, rest: &str) -> Option<Route> {
+    let op = match (method, rest) {
+        ("POST", "/files") => FileOp::Upload,
+        ("GET", "/files") => FileOp::List,
+        _ => {
+            let tail = rest.strip_prefix("/files/")?;
+            let ok = |id: &str| !id.is_empty() && !id.contains('/');
+            match (method, tail.strip_suffix("/content")) {
+                ("GET", Some(id)) if ok(id) => FileOp::Content(id.to_string()),
+                ("GET", None) if ok(tail) => FileOp::Get(tail.to_string()),
+                ("DELETE", None) if ok(tail) => FileOp::Delete(tail.to_string()),
+                _ => return None,
+            }
+        }
+    };
+    Some(Route::Files { op })
 }
 
 /// The Responses API's paths below `/responses/` (`tail` is what follows it).
@@ -480,6 +526,13 @@ mod tests {
         }
         assert!(Route::Moderations.embeds() && !Route::Moderations.media() && Route::Speech.media());
         assert!(Route::Transcription { translate: true }.multipart() && !Route::Images { op: ImageOp::Generate }.multipart());
+        assert_eq!(classify("POST", "/v1/files"), Route::Files { op: FileOp::Upload });
+        assert_eq!(classify("GET", "/v1/files"), Route::Files { op: FileOp::List });
+        assert_eq!(classify("GET", "/v1/files/file-1"), Route::Files { op: FileOp::Get("file-1".into()) });
+        assert_eq!(classify("GET", "/v1/files/file-1/content"), Route::Files { op: FileOp::Content("file-1".into()) });
+        assert_eq!(classify("DELETE", "/v1/files/file-1"), Route::Files { op: FileOp::Delete("file-1".into()) });
+        assert!(matches!(classify("GET", "/v1/files/a/b"), Route::NotFound { .. }));
+        assert!(matches!(classify("PUT", "/v1/files"), Route::NotFound { .. }));
     }
 
     #[test]

@@ -10,11 +10,11 @@ use crate::billing::ledger::{Ledger, PriceBook};
 use crate::config::Config;
 use crate::edge::gateway::Gateway;
 use crate::observe::metrics::Metrics;
+use crate::store::objects::ObjectStore;
 use crate::store::sled::{SledDb, SledStore};
 use crate::store::Store;
 use crate::upstream::Routing;
 use crate::upstream::{Catalog, DnsRefresh};
-use crate::video::storage::ObjectStore;
 use crate::video::{VideoPoller, VideoService};
 use arc_swap::ArcSwap;
 use async_trait::async_trait;
@@ -514,13 +514,12 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     };
     let health = Arc::new(crate::upstream::health::HealthBook::new(metrics.clone()));
     let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)));
+    let objects = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
     let video = match &config.video {
-        Some(v) => {
-            let storage = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
-            Some(Arc::new(VideoService::new(v.clone(), store.tasks(), ledger.clone(), storage)?))
-        }
+        Some(v) => Some(Arc::new(VideoService::new(v.clone(), store.tasks(), ledger.clone(), objects.clone())?)),
         None => None,
     };
+    let files = Arc::new(crate::files::FileService::new(&config.data_dir, objects, config.fleet.is_some()));
 
     let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer };
     add_handover(&mut server, handover_socket, &shared);
@@ -530,7 +529,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     add_operator_listeners(&mut server, &config, &shared)?;
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let gateway = gateway(&server, &config, &shared, fleet.as_deref(), closing.clone(), body_limits);
+    let mut gateway = gateway(&server, &config, &shared, fleet.as_deref(), closing.clone(), body_limits);
+    gateway.files = files;
     add_background(&mut server, config, path, &shared, certificate.clone(), closing);
     let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &shared.metrics, true);
     add_public_listeners(&mut proxy, listen, tls_listen.zip(certificate))?;
@@ -623,6 +623,7 @@ fn gateway(
             spool: crate::edge::body::BodyBudget::new(usize::try_from(config.uploads.max_spooled_bytes).unwrap_or(usize::MAX)),
         },
         realtime: config.realtime,
+        files: Arc::new(crate::files::FileService::new(&config.data_dir, None, config.fleet.is_some())),
         body,
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),
@@ -686,6 +687,9 @@ fn check_only(config: &Config, path: &str) -> Result<(), String> {
     if let Some(fleet) = &config.fleet {
         let version = crate::store::fleet::check(fleet).map_err(|e| e.to_string())?;
         println!("tollgate: store.postgres reached; schema version {version} (node '{}')", fleet.node_id);
+        if config.storage.is_none() {
+            eprintln!("tollgate: warning: /v1/files needs object storage (storage.s3) on a gateway of several nodes; without it the files endpoints answer 404");
+        }
     }
     for warning in config.expired_keys(crate::base::clock::now_unix()) {
         eprintln!("tollgate: warning: {warning}");

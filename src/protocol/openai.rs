@@ -228,6 +228,14 @@ pub fn with_include_usage(body: &[u8], fields: &super::BodyFields<'_>) -> Result
     include_usage(body, fields)?.apply(body)
 }
 
+/// A page of a cursor-paged list (`videos.list`, `files.list`): the items, the ids of the first
+/// and last (the SDKs' `after` cursor) and whether more follow.
+pub fn list_page(items: Vec<Value>, id_of: impl Fn(&Value) -> Option<&str>, has_more: bool) -> Value {
+    let first = items.first().and_then(&id_of).map(str::to_string);
+    let last = items.last().and_then(&id_of).map(str::to_string);
+    serde_json::json!({"object": "list", "data": items, "first_id": first, "last_id": last, "has_more": has_more})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,6 +6,8 @@
 //! * [`postgres`] with [`fleet`]: a node of a fleet (`store.postgres`). Keys, money, usage
 //!   records, response owners and video tasks live in the PostgreSQL database every node
 //!   shares; only the node's journal (records on their way there) stays in sled.
+//! * [`objects`]: S3-compatible object storage (video results, uploaded inputs, files), when
+//!   `storage.s3` is configured.
 //! * [`usage_codec`]: the stored form of a usage record (binary; older JSON entries read alike),
 //!   the same in both backends.
 //!
@@ -28,6 +30,7 @@ pub mod commit;
 pub mod copy;
 pub mod db;
 pub mod fleet;
+pub mod objects;
 pub mod postgres;
 pub mod sled;
 pub mod snapshot;

@@ -6,7 +6,7 @@ use crate::base::clock::now_unix;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
 use crate::records::task::Status;
-use crate::video::storage::StorageError;
+use crate::store::objects::StorageError;
 use futures_util::StreamExt;
 use pingora_http::ResponseHeader;
 use pingora_proxy::Session;

@@ -5,7 +5,6 @@
 
 pub mod http;
 pub mod request;
-pub mod storage;
 pub mod store;
 pub mod tc3;
 pub mod upstream;
@@ -18,8 +17,8 @@ use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
 use crate::records::task::{Event, Status, Task, TaskError};
 use crate::records::usage::UsageRecord;
+use crate::store::objects::ObjectStore;
 use crate::store::StoreError;
-use crate::video::storage::ObjectStore;
 use async_trait::async_trait;
 use futures_util::StreamExt;
 use pingora_core::server::ShutdownWatch;
@@ -251,7 +250,7 @@ impl VideoService {
         let Some(storage) = &self.storage else { return Ok(()) };
         for (i, image) in std::mem::take(&mut sub.uploads).into_iter().enumerate() {
             let key = format!("tmp/{}/{i}.{}", task.id, image.extension);
-            let failed = |e: crate::video::storage::StorageError| {
+            let failed = |e: crate::store::objects::StorageError| {
                 log::warn!("video task {}: storing {} failed: {e}", task.id, image.field);
                 ApiError::new(
                     ErrorKind::BadGateway,

@@ -16,6 +16,7 @@ mod budgets;
 mod cloud;
 mod config_cli;
 mod durability;
+mod files;
 mod gateway;
 mod hardening;
 mod media;

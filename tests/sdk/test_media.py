@@ -269,3 +269,19 @@ def test_the_javascript_sdk_generates_edits_and_streams_speech(media):
         + nanos(len(SPEECH), 15.0)
     )
     assert media.balance() == before - charged
+
+
+def test_files_are_kept_in_object_storage_and_owned_by_their_key(media):
+    client = media.client()
+    lines = b"".join(b'{"custom_id":"r%d","method":"POST","url":"/v1/chat/completions","body":{}}\n' % i for i in range(500))
+    made = client.files.create(file=("input.jsonl", lines), purpose="batch")
+    assert made.id.startswith("file-") and made.bytes == len(lines) and made.purpose == "batch"
+    assert made.id in [f.id for f in client.files.list()]
+    assert client.files.retrieve(made.id).filename == "input.jsonl"
+    assert client.files.content(made.id).read() == lines
+    with pytest.raises(openai.NotFoundError):
+        media.client(OTHER).files.retrieve(made.id)
+    assert [f.id for f in media.client(OTHER).files.list()] == []
+    assert client.files.delete(made.id).deleted
+    with pytest.raises(openai.NotFoundError):
+        client.files.retrieve(made.id)

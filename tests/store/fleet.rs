@@ -328,6 +328,8 @@ fn check_config_reaches_the_database_or_says_why() {
     let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
     assert_eq!(code, 0, "{out}");
     assert!(out.contains("store.postgres reached"), "{out}");
+    // Files need a place every node shares.
+    assert!(out.contains("/v1/files needs object storage"), "{out}");
     drop(pg);
     let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
     assert_ne!(code, 0, "{out}");

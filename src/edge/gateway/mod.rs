@@ -55,6 +55,7 @@ use std::time::{Duration, Instant};
 mod admit;
 mod answer;
 mod draft;
+mod files;
 mod key_page;
 mod keyless;
 mod price;
@@ -78,6 +79,8 @@ pub struct Gateway {
     pub uploads: crate::edge::upload::UploadLimits,
     /// Bounds of a realtime session (`limits.realtime_*`).
     pub realtime: crate::config::listen::Realtime,
+    /// A key's files (`/v1/files`).
+    pub files: Arc<crate::files::FileService>,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
     pub ledger: Arc<Ledger>,

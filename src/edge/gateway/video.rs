@@ -53,13 +53,7 @@ impl Gateway {
                 let page = Page::of(session.req_header().uri.query())?;
                 let (tasks, has_more) = svc.list(key, page.after.as_deref(), page.limit, page.newest_first).await?;
                 let data: Vec<serde_json::Value> = tasks.iter().map(|t| t.to_json(false, false)).collect();
-                let body = serde_json::json!({
-                    "object": "list",
-                    "data": data,
-                    "first_id": tasks.first().map(|t| t.id.as_str()),
-                    "last_id": tasks.last().map(|t| t.id.as_str()),
-                    "has_more": has_more,
-                });
+                let body = crate::protocol::openai::list_page(data, |v| v.get("id").and_then(serde_json::Value::as_str), has_more);
                 Ok(Outcome::Respond(LocalResponse::json(200, &body)))
             }
             Route::VideoDelete { id } => {

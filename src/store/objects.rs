@@ -1,5 +1,5 @@
 //! S3-compatible object storage (aws-sdk-s3): streaming uploads (multipart above one part),
-//! presigned or public URLs, ranged downloads, deletes. The bucket is created on first use
+//! presigned or public URLs, ranged downloads, listings by prefix, deletes. The bucket is created on first use
 //! when it does not exist.
 
 use crate::config::S3Config;
@@ -268,6 +268,25 @@ impl ObjectStore {
             content_range: out.content_range().map(str::to_string),
             body: out.body,
         })
+    }
+
+    /// The keys of every object under `prefix` (none when the bucket does not exist yet).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StorageError> {
+        let mut keys = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.client.list_objects_v2().bucket(&self.bucket).prefix(prefix).set_continuation_token(token.take()).send().await;
+            let page = match page {
+                Ok(page) => page,
+                Err(e) if DisplayErrorContext(&e).to_string().contains("NoSuchBucket") => return Ok(keys),
+                Err(e) => return Err(backend(e)),
+            };
+            keys.extend(page.contents().iter().filter_map(|o| o.key().map(str::to_string)));
+            match page.next_continuation_token() {
+                Some(next) if page.is_truncated() == Some(true) => token = Some(next.to_string()),
+                _ => return Ok(keys),
+            }
+        }
     }
 
     pub async fn delete(&self, key: &str) -> Result<(), StorageError> {

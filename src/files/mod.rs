@@ -1,0 +1,306 @@
+//! `/v1/files`: files a key uploads (`purpose: batch`, the input of a batch), owned by that key
+//! alone, like its stored responses and video tasks — another key's file is the same 404 as no
+//! file. Kept where video results go: object storage when `storage.s3` is configured (under
+//! `files/<key id>/`), else the data directory (`data_dir/files/<key id>/`); each file beside its
+//! description (`<id>.json`). A fleet without object storage has no shared place for them:
+//! there the endpoints answer 404 saying so (and `-t` says it too).
+
+use crate::base::clock::now_unix;
+use crate::protocol::multipart::Form;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::store::objects::{ObjectStore, StorageError};
+use bytes::Bytes;
+use futures_util::Stream;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// The purposes a file may be uploaded for.
+pub const PURPOSES: [&str; 2] = ["batch", "user_data"];
+
+/// A file as the API describes it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileObject {
+    pub id: String,
+    pub object: String,
+    pub bytes: u64,
+    pub created_at: u64,
+    pub filename: String,
+    pub purpose: String,
+    pub status: String,
+}
+
+/// Where files are kept.
+enum Backend {
+    Dir(PathBuf),
+    Objects(Arc<ObjectStore>),
+    /// A fleet without object storage: no place every node shares.
+    None,
+}
+
+pub struct FileService {
+    backend: Backend,
+}
+
+/// A file's bytes on their way to the client.
+pub type Content = Pin<Box<dyn Stream<Item = Result<Bytes, String>> + Send>>;
+
+fn internal(what: &str, e: impl std::fmt::Display) -> ApiError {
+    log::error!("files: {what}: {e}");
+    ApiError::new(ErrorKind::Internal, "Internal error while storing the file.")
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("No such file: '{id}'.")).with_param("file_id")
+}
+
+/// An id or a key id as a path component: letters, digits, `-` and `_` only.
+fn safe(part: &str) -> bool {
+    !part.is_empty() && part.len() <= 128 && part.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+impl FileService {
+    /// Files in `data_dir/files`, or in object storage when there is one; `shared`: a node of a
+    /// fleet (which needs object storage).
+    pub fn new(data_dir: &std::path::Path, objects: Option<Arc<ObjectStore>>, shared: bool) -> FileService {
+        let backend = match (objects, shared) {
+            (Some(o), _) => Backend::Objects(o),
+            (None, false) => Backend::Dir(data_dir.join("files")),
+            (None, true) => Backend::None,
+        };
+        FileService { backend }
+    }
+
+    fn dir(&self, key_id: &str) -> Option<PathBuf> {
+        match &self.backend {
+            Backend::Dir(root) => Some(root.join(key_id)),
+            _ => None,
+        }
+    }
+
+    fn unavailable() -> ApiError {
+        ApiError::new(ErrorKind::NotFound, "Files need object storage (storage.s3) on a gateway of several nodes; none is configured.")
+    }
+
+    /// Store the form's `file` for `purpose`; its description.
+    pub async fn create(&self, key_id: &str, form: &Form) -> Result<FileObject, ApiError> {
+        if !safe(key_id) {
+            return Err(internal("key id", key_id));
+        }
+        let purpose = form
+            .field("purpose")
+            .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'purpose' field is required.").with_param("purpose"))?;
+        if !PURPOSES.contains(&purpose) {
+            return Err(
+                ApiError::new(ErrorKind::BadRequest, format!("'purpose' must be one of {}.", PURPOSES.join(", "))).with_param("purpose")
+            );
+        }
+        let part = form
+            .files
+            .iter()
+            .find(|f| f.name == "file")
+            .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'file' part is required.").with_param("file"))?;
+        let file = FileObject {
+            id: format!("file-{}", crate::base::secrets::random_base62(24)),
+            object: "file".into(),
+            bytes: part.len,
+            created_at: now_unix(),
+            filename: part.filename.clone().unwrap_or_else(|| "file".into()).chars().filter(|c| !c.is_control()).take(255).collect(),
+            purpose: purpose.to_string(),
+            status: "processed".into(),
+        };
+        let description = serde_json::to_vec(&file).map_err(|e| internal("description", e))?;
+        let spool = part.spool.clone();
+        let len = part.len;
+        match &self.backend {
+            Backend::Dir(_) => {
+                let dir = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?;
+                let id = file.id.clone();
+                tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                    use std::io::Write;
+                    use std::os::unix::fs::FileExt;
+                    std::fs::create_dir_all(&dir)?;
+                    let mut out = std::fs::File::create(dir.join(&id))?;
+                    let mut buf = vec![0; 64 << 10];
+                    let mut at = 0;
+                    while at < len {
+                        let n = (len - at).min(buf.len() as u64) as usize;
+                        spool.read_exact_at(&mut buf[..n], at)?;
+                        out.write_all(&buf[..n])?;
+                        at += n as u64;
+                    }
+                    out.sync_all()?;
+                    std::fs::write(dir.join(format!("{id}.json")), &description)
+                })
+                .await
+                .map_err(|e| internal("write", e))?
+                .map_err(|e| internal("write", e))?;
+            }
+            Backend::Objects(store) => {
+                let chunks = futures_util::stream::unfold(0u64, move |at| {
+                    let spool = spool.clone();
+                    async move {
+                        if at >= len {
+                            return None;
+                        }
+                        let n = (len - at).min(256 << 10);
+                        let read = tokio::task::spawn_blocking(move || {
+                            let mut buf = vec![0; n as usize];
+                            std::os::unix::fs::FileExt::read_exact_at(&*spool, &mut buf, at).map(|()| Bytes::from(buf))
+                        })
+                        .await;
+                        let item = match read {
+                            Ok(Ok(bytes)) => Ok(bytes),
+                            Ok(Err(e)) => Err(e.to_string()),
+                            Err(e) => Err(e.to_string()),
+                        };
+                        Some((item, at + n))
+                    }
+                });
+                let key = format!("files/{key_id}/{}", file.id);
+                store.put_stream(&key, "application/octet-stream", Box::pin(chunks)).await.map_err(|e| internal("upload", e))?;
+                store
+                    .put_bytes(&format!("{key}.json"), "application/json", Bytes::from(description))
+                    .await
+                    .map_err(|e| internal("upload", e))?;
+            }
+            Backend::None => return Err(Self::unavailable()),
+        }
+        Ok(file)
+    }
+
+    /// The key's file `id`.
+    pub async fn get(&self, key_id: &str, id: &str) -> Result<FileObject, ApiError> {
+        if !safe(id) || !safe(key_id) {
+            return Err(not_found(id));
+        }
+        let text = match &self.backend {
+            Backend::Dir(_) => {
+                let path = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?.join(format!("{id}.json"));
+                match tokio::fs::read(&path).await {
+                    Ok(text) => text,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(not_found(id)),
+                    Err(e) => return Err(internal("read", e)),
+                }
+            }
+            Backend::Objects(store) => read_object(store, &format!("files/{key_id}/{id}.json")).await?.ok_or_else(|| not_found(id))?,
+            Backend::None => return Err(Self::unavailable()),
+        };
+        serde_json::from_slice(&text).map_err(|e| internal("description", e))
+    }
+
+    /// The key's files, newest first, after the file `after`, at most `limit`; whether more follow.
+    pub async fn list(&self, key_id: &str, after: Option<&str>, limit: usize) -> Result<(Vec<FileObject>, bool), ApiError> {
+        if !safe(key_id) {
+            return Ok((Vec::new(), false));
+        }
+        let mut all = Vec::new();
+        match &self.backend {
+            Backend::Dir(_) => {
+                let dir = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?;
+                let mut entries = match tokio::fs::read_dir(&dir).await {
+                    Ok(entries) => entries,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok((Vec::new(), false)),
+                    Err(e) => return Err(internal("list", e)),
+                };
+                while let Some(entry) = entries.next_entry().await.map_err(|e| internal("list", e))? {
+                    if entry.file_name().to_string_lossy().ends_with(".json") {
+                        if let Ok(text) = tokio::fs::read(entry.path()).await {
+                            all.extend(serde_json::from_slice::<FileObject>(&text).ok());
+                        }
+                    }
+                }
+            }
+            Backend::Objects(store) => {
+                let keys = store.list(&format!("files/{key_id}/")).await.map_err(|e| internal("list", e))?;
+                for key in keys.iter().filter(|k| k.ends_with(".json")) {
+                    if let Some(text) = read_object(store, key).await? {
+                        all.extend(serde_json::from_slice::<FileObject>(&text).ok());
+                    }
+                }
+            }
+            Backend::None => return Err(Self::unavailable()),
+        }
+        all.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+        if let Some(after) = after {
+            match all.iter().position(|f| f.id == after) {
+                Some(at) => {
+                    all.drain(..=at);
+                }
+                None => all.clear(),
+            }
+        }
+        let more = all.len() > limit;
+        all.truncate(limit);
+        Ok((all, more))
+    }
+
+    /// The key's file `id` and its bytes.
+    pub async fn content(&self, key_id: &str, id: &str) -> Result<(FileObject, Content), ApiError> {
+        let file = self.get(key_id, id).await?;
+        let content: Content = match &self.backend {
+            Backend::Dir(_) => {
+                let path = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?.join(id);
+                let f = tokio::fs::File::open(&path).await.map_err(|e| internal("read", e))?;
+                Box::pin(futures_util::stream::unfold(f, |mut f| async move {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = vec![0; 64 << 10];
+                    match f.read(&mut buf).await {
+                        Ok(0) => None,
+                        Ok(n) => {
+                            buf.truncate(n);
+                            Some((Ok(Bytes::from(buf)), f))
+                        }
+                        Err(e) => Some((Err(e.to_string()), f)),
+                    }
+                }))
+            }
+            Backend::Objects(store) => {
+                let download = store.get(&format!("files/{key_id}/{id}"), None).await.map_err(|e| match e {
+                    StorageError::NotFound => not_found(id),
+                    other => internal("read", other),
+                })?;
+                Box::pin(futures_util::stream::unfold(download.body, |mut body| async move {
+                    body.next().await.map(|r| (r.map_err(|e| e.to_string()), body))
+                }))
+            }
+            Backend::None => return Err(Self::unavailable()),
+        };
+        Ok((file, content))
+    }
+
+    /// Delete the key's file `id`.
+    pub async fn delete(&self, key_id: &str, id: &str) -> Result<(), ApiError> {
+        self.get(key_id, id).await?;
+        match &self.backend {
+            Backend::Dir(_) => {
+                let dir = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?;
+                tokio::fs::remove_file(dir.join(format!("{id}.json"))).await.map_err(|e| internal("delete", e))?;
+                if let Err(e) = tokio::fs::remove_file(dir.join(id)).await {
+                    log::warn!("files: {id}: its description is gone but its bytes remain: {e}");
+                }
+            }
+            Backend::Objects(store) => {
+                let key = format!("files/{key_id}/{id}");
+                store.delete(&format!("{key}.json")).await.map_err(|e| internal("delete", e))?;
+                if let Err(e) = store.delete(&key).await {
+                    log::warn!("files: {id}: its description is gone but its bytes remain: {e}");
+                }
+            }
+            Backend::None => return Err(Self::unavailable()),
+        }
+        Ok(())
+    }
+}
+
+/// A small object whole (a file's description); None when there is none.
+async fn read_object(store: &ObjectStore, key: &str) -> Result<Option<Vec<u8>>, ApiError> {
+    let download = match store.get(key, None).await {
+        Ok(d) => d,
+        Err(StorageError::NotFound) => return Ok(None),
+        Err(e) => return Err(internal("read", e)),
+    };
+    let bytes = download.body.collect().await.map_err(|e| internal("read", e))?;
+    Ok(Some(bytes.into_bytes().to_vec()))
+}
