@@ -143,7 +143,7 @@ impl Gateway {
             turn: None,
             last_input: 0,
             totals: SessionTotals::default(),
-            trace: ctx.trace.take(),
+            trace: None,
             span_attrs: None,
         };
         let (mut upstream, answer) = self.open_realtime(session.req_header(), &mut relay, &candidates).await?;
@@ -168,6 +168,9 @@ impl Gateway {
             return Ok(Outcome::Done);
         }
         let limits = self.realtime;
+        // The request's trace takes a span per turn while the session lasts (a refused upgrade
+        // left it with the request, which reports it).
+        relay.trace = ctx.trace.take();
         // An open session counts among the open streams while it lasts.
         let _open = crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams);
         relay.totals.ended = relay.run(session, &mut upstream, limits).await;
