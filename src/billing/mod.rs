@@ -3,6 +3,7 @@
 //! — here; prices, holds, settlement and usage records in [`ledger`]; the usage scanner that
 //! reads what an answer reported, as it streams, in [`meter`].
 
+pub mod batch;
 pub mod ledger;
 pub mod media;
 pub mod meter;

@@ -127,6 +127,9 @@ pub struct MediaPrice {
     pub image_output: i64,
     pub audio_input: i64,
     pub audio_output: i64,
+    /// Batch work, per 1M tokens.
+    pub batch_input: i64,
+    pub batch_output: i64,
     /// Per image: quality, size (`"*"` for any), price.
     pub per_image: Vec<(String, String, i64)>,
     /// Per 1M characters of speech input.
@@ -149,6 +152,8 @@ impl MediaPrice {
             image_output: nanos(p.image_output.unwrap_or(p.output)),
             audio_input: nanos(p.audio_input.unwrap_or(p.input)),
             audio_output: nanos(p.audio_output.unwrap_or(p.output)),
+            batch_input: nanos(p.batch_input.unwrap_or(p.input / 2.0)),
+            batch_output: nanos(p.batch_output.unwrap_or(p.output / 2.0)),
             per_image,
             characters: p.characters.map(nanos),
             per_second: p.per_second.map(nanos),

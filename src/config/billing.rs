@@ -35,6 +35,8 @@ pub(super) fn check_prices(prices: &BTreeMap<String, Price>, providers: &[Provid
             ("audio_output", price.audio_output),
             ("characters", price.characters),
             ("per_second", price.per_second),
+            ("batch_input", price.batch_input),
+            ("batch_output", price.batch_output),
         ] {
             if v.is_some_and(|v| !usd_ok(v)) {
                 return err(format!("prices.{model}.{name}: a number from 0 to 1000000 (USD)"));
@@ -194,6 +196,11 @@ pub struct Price {
     /// Transcriptions billed per second of audio: USD a second.
     #[serde(default)]
     pub per_second: Option<f64>,
+    /// Batch work, USD per 1M tokens (default: half of `input`, `output`).
+    #[serde(default)]
+    pub batch_input: Option<f64>,
+    #[serde(default)]
+    pub batch_output: Option<f64>,
 }
 
 /// Group commit of usage records: the writer commits what was booked at most `interval` after
