@@ -155,8 +155,9 @@ impl Route {
         }
     }
 
-    /// An embeddings route: its answer is vectors, not generated tokens (output is 0 when the
-    /// service reports no usage).
+    /// An embeddings route (and moderations, billed alike): its answer is vectors or scores,
+    /// not generated tokens (output is 0 when the service reports no usage), and it is no
+    /// conversation to keep on one provider.
     pub fn embeds(&self) -> bool {
         matches!(self, Route::Embeddings | Route::GeminiEmbed { .. } | Route::Moderations)
     }

@@ -6,11 +6,13 @@
 //! * [`usage`]: what one call used and said (token counts, model, stop reasons), and the
 //!   largest output a request may be allowed.
 //! * [`codec`]: the compact binary form the stored records are written in.
+//! * [`spool`]: a file read back in chunks (spooled uploads).
 
 pub mod clock;
 pub mod codec;
 pub mod money;
 pub mod secrets;
+pub mod spool;
 pub mod text;
 pub mod tls;
 pub mod usage;

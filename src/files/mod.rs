@@ -111,55 +111,15 @@ impl FileService {
             status: "processed".into(),
         };
         let description = serde_json::to_vec(&file).map_err(|e| internal("description", e))?;
-        let spool = part.spool.clone();
-        let len = part.len;
+        let bytes = crate::base::spool::chunks(part.spool.clone(), part.len, 256 << 10);
         match &self.backend {
             Backend::Dir(_) => {
                 let dir = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?;
-                let id = file.id.clone();
-                tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                    use std::io::Write;
-                    use std::os::unix::fs::FileExt;
-                    std::fs::create_dir_all(&dir)?;
-                    let mut out = std::fs::File::create(dir.join(&id))?;
-                    let mut buf = vec![0; 64 << 10];
-                    let mut at = 0;
-                    while at < len {
-                        let n = (len - at).min(buf.len() as u64) as usize;
-                        spool.read_exact_at(&mut buf[..n], at)?;
-                        out.write_all(&buf[..n])?;
-                        at += n as u64;
-                    }
-                    out.sync_all()?;
-                    std::fs::write(dir.join(format!("{id}.json")), &description)
-                })
-                .await
-                .map_err(|e| internal("write", e))?
-                .map_err(|e| internal("write", e))?;
+                write_file(&dir, &file.id, bytes, &description).await.map_err(|e| internal("write", e))?;
             }
             Backend::Objects(store) => {
-                let chunks = futures_util::stream::unfold(0u64, move |at| {
-                    let spool = spool.clone();
-                    async move {
-                        if at >= len {
-                            return None;
-                        }
-                        let n = (len - at).min(256 << 10);
-                        let read = tokio::task::spawn_blocking(move || {
-                            let mut buf = vec![0; n as usize];
-                            std::os::unix::fs::FileExt::read_exact_at(&*spool, &mut buf, at).map(|()| Bytes::from(buf))
-                        })
-                        .await;
-                        let item = match read {
-                            Ok(Ok(bytes)) => Ok(bytes),
-                            Ok(Err(e)) => Err(e.to_string()),
-                            Err(e) => Err(e.to_string()),
-                        };
-                        Some((item, at + n))
-                    }
-                });
                 let key = format!("files/{key_id}/{}", file.id);
-                store.put_stream(&key, "application/octet-stream", Box::pin(chunks)).await.map_err(|e| internal("upload", e))?;
+                store.put_stream(&key, "application/octet-stream", bytes).await.map_err(|e| internal("upload", e))?;
                 store
                     .put_bytes(&format!("{key}.json"), "application/json", Bytes::from(description))
                     .await
@@ -292,6 +252,24 @@ impl FileService {
         }
         Ok(())
     }
+}
+
+/// A file's bytes and, once they are on disk, its description, in `dir`.
+async fn write_file(
+    dir: &std::path::Path,
+    id: &str,
+    mut bytes: impl Stream<Item = std::io::Result<Bytes>> + Unpin,
+    description: &[u8],
+) -> std::io::Result<()> {
+    use futures_util::StreamExt;
+    use tokio::io::AsyncWriteExt;
+    tokio::fs::create_dir_all(dir).await?;
+    let mut out = tokio::fs::File::create(dir.join(id)).await?;
+    while let Some(chunk) = bytes.next().await {
+        out.write_all(&chunk?).await?;
+    }
+    out.sync_all().await?;
+    tokio::fs::write(dir.join(format!("{id}.json")), description).await
 }
 
 /// A small object whole (a file's description); None when there is none.

@@ -26,11 +26,7 @@ pub struct Frame {
 impl Frame {
     /// The payload, unmasked.
     pub fn payload(&self) -> std::borrow::Cow<'_, [u8]> {
-        let raw = &self.bytes[self.payload_at..];
-        match self.mask {
-            None => std::borrow::Cow::Borrowed(raw),
-            Some(key) => std::borrow::Cow::Owned(raw.iter().enumerate().map(|(i, b)| b ^ key[i % 4]).collect()),
-        }
+        self.head(usize::MAX)
     }
 
     /// A whole text message (not a fragment).
@@ -43,12 +39,13 @@ impl Frame {
     }
 
     /// The first bytes of the payload, unmasked (enough to read an event's `type`).
-    pub fn head(&self, n: usize) -> Vec<u8> {
+    /// Borrowed from the frame as it came when it is not masked (a server's).
+    pub fn head(&self, n: usize) -> std::borrow::Cow<'_, [u8]> {
         let raw = &self.bytes[self.payload_at..];
         let raw = &raw[..raw.len().min(n)];
         match self.mask {
-            None => raw.to_vec(),
-            Some(key) => raw.iter().enumerate().map(|(i, b)| b ^ key[i % 4]).collect(),
+            None => std::borrow::Cow::Borrowed(raw),
+            Some(key) => std::borrow::Cow::Owned(raw.iter().enumerate().map(|(i, b)| b ^ key[i % 4]).collect()),
         }
     }
 }
@@ -76,11 +73,6 @@ impl Splitter {
 
     pub fn push(&mut self, chunk: &[u8]) {
         self.buf.extend_from_slice(chunk);
-    }
-
-    /// Bytes waiting for the rest of their frame.
-    pub fn pending(&self) -> usize {
-        self.buf.len()
     }
 
     /// The next whole frame, if one has arrived.
@@ -265,13 +257,6 @@ pub fn close_frame(code: u16, reason: &str, masked: bool) -> Bytes {
     frame(OpCode::Control(Control::Close), &payload, masked)
 }
 
-/// The close code and reason a close frame carries.
-pub fn close_reason(frame: &Frame) -> Option<(u16, String)> {
-    let payload = frame.payload();
-    let code = u16::from_be_bytes([*payload.first()?, *payload.get(1)?]);
-    Some((code, String::from_utf8_lossy(&payload[2..]).into_owned()))
-}
-
 /// A `response.cancel` event as a client frame (sent upstream when a turn the server started
 /// cannot be paid for).
 pub fn cancel_frame() -> Bytes {
@@ -282,6 +267,13 @@ pub fn cancel_frame() -> Bytes {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The close code and reason a close frame carries.
+    fn close_reason(frame: &Frame) -> Option<(u16, String)> {
+        let payload = frame.payload();
+        let code = u16::from_be_bytes([*payload.first()?, *payload.get(1)?]);
+        Some((code, String::from_utf8_lossy(&payload[2..]).into_owned()))
+    }
 
     fn split_all(bytes: &[u8], cut: usize) -> Vec<Frame> {
         let mut s = Splitter::new(1 << 20);

@@ -19,7 +19,7 @@ pub fn fields(route: &Route, body: &[u8], form: Option<&Form>) -> Result<(BodyFi
             }
             fields
         }
-        None if route.multipart() && matches!(route, Route::Transcription { .. }) => {
+        None if matches!(route, Route::Transcription { .. }) => {
             return Err(ApiError::new(ErrorKind::BadRequest, "This endpoint takes a multipart/form-data upload with a 'file' part."));
         }
         None => MediaFields::from_json(body)?,

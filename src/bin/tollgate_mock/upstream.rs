@@ -100,6 +100,40 @@ fn max_output_of(v: &Value) -> Option<u64> {
         .find_map(|p| v.pointer(p).and_then(Value::as_u64))
 }
 
+/// A request's headers as recorded (each name with its values).
+fn headers_of(req: &RequestHeader) -> BTreeMap<String, Vec<String>> {
+    let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in req.headers.iter() {
+        headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
+    }
+    headers
+}
+
+impl Recorded {
+    /// A request of the media and realtime endpoints, as recorded (no chat fields).
+    fn of(req: &RequestHeader, body_len: usize, model: Option<&str>, stream: bool, body: Option<String>) -> Recorded {
+        Recorded {
+            method: req.method.to_string(),
+            path: req.uri.path().to_string(),
+            query: req.uri.query().map(str::to_string),
+            headers: headers_of(req),
+            body_len,
+            model: model.map(str::to_string),
+            tag: header(req, "x-test-tag").map(str::to_string),
+            stream_options: None,
+            stream,
+            max_output: None,
+            body,
+        }
+    }
+}
+
+/// The 401 of a request without the mock's key.
+async fn unauthorized(session: &mut Session) -> Result<()> {
+    let b = error_body(Kind::Chat, 401, "mock: missing or wrong upstream key");
+    send(session, 401, "application/json", b.to_string().into(), &[]).await
+}
+
 /// The mock server's state.
 pub struct MockUpstream {
     /// The key (or comma-separated keys) a request must carry in its protocol's credential header.
@@ -229,10 +263,7 @@ impl MockUpstream {
             Ok(parsed) => parsed,
             Err(refusal) => return refuse(session, refusal).await,
         };
-        let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (k, v) in req.headers.iter() {
-            headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
-        }
+        let headers = headers_of(&req);
         if path.contains("/v1/responses/")
             && self.stored_response(session, &req, &path, query.as_deref(), headers.clone(), &parsed, body.len()).await?
         {
@@ -336,32 +367,9 @@ impl MockUpstream {
             let b = json!({"error": {"message": "mock: the body cannot be read", "type": "invalid_request_error"}});
             return send(session, 400, "application/json", b.to_string().into(), &[]).await;
         };
-        let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (k, v) in req.headers.iter() {
-            headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
-        }
-        self.record(Recorded {
-            method: req.method.to_string(),
-            path: req.uri.path().to_string(),
-            query: req.uri.query().map(str::to_string),
-            headers,
-            body_len,
-            model: fields.model().map(str::to_string),
-            tag: header(req, "x-test-tag").map(str::to_string),
-            stream_options: None,
-            stream: fields.streamed(),
-            max_output: None,
-            body: Some(fields.recorded().to_string()),
-        });
+        self.record(Recorded::of(req, body_len, fields.model(), fields.streamed(), Some(fields.recorded().to_string())));
         if !self.credential_ok(Kind::Chat, req) {
-            return send(
-                session,
-                401,
-                "application/json",
-                error_body(Kind::Chat, 401, "mock: missing or wrong upstream key").to_string().into(),
-                &[],
-            )
-            .await;
+            return unauthorized(session).await;
         }
         let applies = header(req, "x-mock-only").is_none_or(|only| only.split(',').any(|p| req.uri.path().starts_with(p.trim())));
         if let Some(status) = num(req, "x-mock-status").and_then(|s| u16::try_from(s).ok()).filter(|_| applies) {
@@ -375,32 +383,10 @@ impl MockUpstream {
     /// A realtime session (`realtime`): the upgrade recorded (its headers: which key it carried),
     /// its credential checked, then the scripted session.
     async fn realtime(&self, session: &mut Session, req: &RequestHeader) -> Result<()> {
-        let mut headers: BTreeMap<String, Vec<String>> = BTreeMap::new();
-        for (k, v) in req.headers.iter() {
-            headers.entry(k.as_str().to_string()).or_default().push(String::from_utf8_lossy(v.as_bytes()).into_owned());
-        }
-        self.record(Recorded {
-            method: req.method.to_string(),
-            path: req.uri.path().to_string(),
-            query: req.uri.query().map(str::to_string),
-            headers,
-            body_len: 0,
-            model: req.uri.query().and_then(|q| q.split('&').find_map(|p| p.strip_prefix("model="))).map(str::to_string),
-            tag: header(req, "x-test-tag").map(str::to_string),
-            stream_options: None,
-            stream: true,
-            max_output: None,
-            body: None,
-        });
+        let model = req.uri.query().and_then(|q| q.split('&').find_map(|p| p.strip_prefix("model=")));
+        self.record(Recorded::of(req, 0, model, true, None));
         if !self.credential_ok(Kind::Chat, req) {
-            return send(
-                session,
-                401,
-                "application/json",
-                error_body(Kind::Chat, 401, "mock: missing or wrong upstream key").to_string().into(),
-                &[],
-            )
-            .await;
+            return unauthorized(session).await;
         }
         crate::realtime::session(session, req).await
     }

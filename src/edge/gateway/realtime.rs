@@ -63,7 +63,6 @@ struct Relay<'a> {
     key: Arc<KeyRecord>,
     routing: Arc<Routing>,
     model: String,
-    provider: String,
     turn: Option<Turn>,
     /// The input of the last turn: the next is held for it and more.
     last_input: u64,
@@ -72,13 +71,6 @@ struct Relay<'a> {
     trace: Option<Box<crate::observe::telemetry::Trace>>,
     /// The provider's span attributes.
     span_attrs: Option<crate::observe::telemetry::Attrs>,
-}
-
-/// How a turn's hold went.
-enum Held {
-    Yes,
-    /// Refused: the client is told why (the `error` event's code and message).
-    No(&'static str, String),
 }
 
 impl Gateway {
@@ -139,7 +131,6 @@ impl Gateway {
             key: key.clone(),
             routing: routing.clone(),
             model,
-            provider: String::new(),
             turn: None,
             last_input: 0,
             totals: SessionTotals::default(),
@@ -151,7 +142,7 @@ impl Gateway {
             let status = answer.status.as_u16();
             let body = upstream.read_body_bytes().await.ok().flatten().unwrap_or_default();
             upstream.shutdown().await;
-            return Err(self.realtime_refused(&relay.provider, status, &body));
+            return Err(self.realtime_refused(relay.totals.provider.as_deref().unwrap_or("?"), status, &body));
         }
         upstream.maybe_upgrade_body_writer();
         upstream.read_timeout = None;
@@ -176,7 +167,6 @@ impl Gateway {
         relay.totals.ended = relay.run(session, &mut upstream, limits).await;
         upstream.shutdown().await;
         relay.end_turn_unreported().await;
-        relay.totals.provider = Some(relay.provider.clone());
         ctx.trace = relay.trace.take();
         ctx.realtime = Some(Box::new(relay.totals));
         Ok(Outcome::Done)
@@ -220,7 +210,7 @@ impl Gateway {
                         _ => crate::upstream::health::Verdict::Answered,
                     };
                     admission.report(verdict);
-                    relay.provider = upstream.config.name.clone();
+                    relay.totals.provider = Some(upstream.config.name.clone());
                     relay.span_attrs = Some(upstream.span_attrs.clone());
                     return Ok((http, header));
                 }
@@ -263,14 +253,16 @@ fn query_model(query: Option<&str>) -> std::result::Result<String, ApiError> {
 enum Stop {
     Client,
     Upstream,
-    Closed(&'static str),
+    /// Closed by tollgate: the close code both sides get, and the reason.
+    Closed(u16, &'static str),
 }
 
 impl Relay<'_> {
-    /// Hold the next turn in every purse of the key, counted against its `rpm`.
-    async fn hold_turn(&mut self) -> std::result::Result<Held, ApiError> {
+    /// Hold the next turn in every purse of the key, counted against its `rpm`; when it cannot
+    /// be, why (the `error` event's code and message).
+    async fn hold_turn(&mut self) -> Option<(&'static str, String)> {
         if let Err(e) = self.gw.limits.admit(&self.key).await {
-            return Ok(Held::No("rate_limit_exceeded", e.message));
+            return Some(("rate_limit_exceeded", e.message));
         }
         let book = &self.routing.prices;
         let output = book
@@ -279,29 +271,22 @@ impl Relay<'_> {
             .unwrap_or(self.routing.default_output_tokens);
         let amount = crate::billing::realtime::turn_hold(book, &self.model, self.last_input.saturating_add(TURN_INPUT_ALLOWANCE), output)
             .unwrap_or(0);
-        let purses = self.gw.purses(&self.routing, &self.key)?;
+        let purses = match self.gw.purses(&self.routing, &self.key) {
+            Ok(purses) => purses,
+            Err(e) => return Some(("turn_refused", e.message)),
+        };
         match self.gw.ledger.hold_from(purses, amount).await {
             Ok(Ok(hold)) => {
                 self.turn = Some(Turn { hold, started: Instant::now() });
-                Ok(Held::Yes)
+                None
             }
-            Ok(Err(refused)) => Ok(Held::No(
-                "insufficient_balance",
-                refused.to_api_error("this turn may cost up to", crate::base::clock::now_unix()).message,
-            )),
+            Ok(Err(refused)) => {
+                Some(("insufficient_balance", refused.to_api_error("this turn may cost up to", crate::base::clock::now_unix()).message))
+            }
             Err(e) => {
                 log::warn!("realtime: ledger: {e}");
-                Ok(Held::No("server_error", "The key's balance cannot be read right now.".into()))
+                Some(("server_error", "The key's balance cannot be read right now.".into()))
             }
-        }
-    }
-
-    /// Hold the next turn; why not, when it cannot be (the `error` event's code and message).
-    async fn refusal(&mut self) -> Option<(&'static str, String)> {
-        match self.hold_turn().await {
-            Ok(Held::Yes) => None,
-            Ok(Held::No(code, why)) => Some((code, why)),
-            Err(e) => Some(("turn_refused", e.message)),
         }
     }
 
@@ -348,7 +333,7 @@ impl Relay<'_> {
             estimated,
             seq: 0,
             balance_after: 0,
-            provider: Some(self.provider.clone()),
+            provider: self.totals.provider.clone(),
             attempts: 1,
             response_id: None,
             upstream_protocol: None,
@@ -393,8 +378,8 @@ impl Relay<'_> {
                     }
                     _ => Some(Stop::Upstream),
                 },
-                () = tokio::time::sleep_until(deadline) => Some(Stop::Closed("session time limit")),
-                () = tokio::time::sleep(idle) => Some(Stop::Closed("session idle")),
+                () = tokio::time::sleep_until(deadline) => Some(Stop::Closed(1008, "session time limit")),
+                () = tokio::time::sleep(idle) => Some(Stop::Closed(1001, "session idle")),
             };
             if stop.is_some() {
                 // A turn the session ends in is settled before the client hears of the end.
@@ -407,12 +392,7 @@ impl Relay<'_> {
                     let _ = client.write_response_body(Some(rt::close_frame(1011, "the upstream session ended", false)), false).await;
                     return "upstream closed";
                 }
-                Some(Stop::Closed(why)) => {
-                    let code = match why {
-                        "frame too large" => 1009,
-                        "session idle" => 1001,
-                        _ => 1008,
-                    };
+                Some(Stop::Closed(code, why)) => {
                     let _ = client.write_response_body(Some(rt::close_frame(code, why, false)), false).await;
                     let _ = upstream.write_body(&rt::close_frame(1000, why, true)).await;
                     return why;
@@ -431,7 +411,7 @@ impl Relay<'_> {
                 Err(e) => return Some(frame_error(&e)),
             };
             if rt::client_event(&frame) == Event::ResponseCreate && self.turn.is_none() {
-                if let Some((code, why)) = self.refusal().await {
+                if let Some((code, why)) = self.hold_turn().await {
                     if client.write_response_body(Some(rt::error_event(code, &why)), false).await.is_err() {
                         return Some(Stop::Client);
                     }
@@ -459,7 +439,7 @@ impl Relay<'_> {
             let mut spent = false;
             match rt::server_event(&frame) {
                 Event::ResponseCreated if self.turn.is_none() => {
-                    if let Some((code, why)) = self.refusal().await {
+                    if let Some((code, why)) = self.hold_turn().await {
                         let _ = upstream.write_body(&rt::cancel_frame()).await;
                         let _ = client.write_response_body(Some(rt::error_event(code, &why)), false).await;
                     }
@@ -474,7 +454,7 @@ impl Relay<'_> {
                 return Some(Stop::Upstream);
             }
             if spent {
-                return Some(Stop::Closed("the key's balance is spent"));
+                return Some(Stop::Closed(1008, "the key's balance is spent"));
             }
         }
     }
@@ -482,7 +462,7 @@ impl Relay<'_> {
 
 fn frame_error(e: &FrameError) -> Stop {
     match e {
-        FrameError::TooLarge(_) => Stop::Closed("frame too large"),
-        FrameError::Malformed(_) => Stop::Closed("malformed frame"),
+        FrameError::TooLarge(_) => Stop::Closed(1009, "frame too large"),
+        FrameError::Malformed(_) => Stop::Closed(1008, "malformed frame"),
     }
 }

@@ -11,6 +11,7 @@ use crate::protocol::{ApiError, ErrorKind};
 use crate::upstream;
 use crate::upstream::health::Verdict;
 use bytes::Bytes;
+use futures_util::StreamExt;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_core::upstreams::peer::HttpPeer;
 use pingora_error::{Error, ErrorType, Result};
@@ -267,10 +268,9 @@ async fn send_request(http: &mut HttpSession, req: RequestHeader, body: &Bytes, 
         match segment {
             Segment::Bytes(bytes) => http.write_request_body(bytes.clone(), false).await?,
             Segment::File { spool, len } => {
-                let mut offset = 0;
-                while offset < *len {
-                    let chunk = read_spooled(spool.clone(), offset, (*len - offset).min(UPLOAD_CHUNK)).await?;
-                    offset += chunk.len() as u64;
+                let mut chunks = crate::base::spool::chunks(spool.clone(), *len, UPLOAD_CHUNK);
+                while let Some(chunk) = chunks.next().await {
+                    let chunk = chunk.map_err(|e| Error::explain(ErrorType::WriteError, format!("upload spool unreadable: {e}")))?;
                     http.write_request_body(chunk, false).await?;
                 }
             }
@@ -289,20 +289,6 @@ async fn send_request(http: &mut HttpSession, req: RequestHeader, body: &Bytes, 
 
 /// How much of a spooled upload is read from disk at a time.
 const UPLOAD_CHUNK: u64 = 64 << 10;
-
-/// `want` bytes of a spooled upload from `offset`, read on a blocking thread.
-async fn read_spooled(spool: std::sync::Arc<std::fs::File>, offset: u64, want: u64) -> Result<Bytes> {
-    let read = tokio::task::spawn_blocking(move || {
-        use std::os::unix::fs::FileExt;
-        let mut buf = vec![0; want as usize];
-        spool.read_exact_at(&mut buf, offset).map(|()| Bytes::from(buf))
-    });
-    match read.await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => Err(Error::explain(ErrorType::WriteError, format!("upload spool unreadable: {e}"))),
-        Err(e) => Err(Error::explain(ErrorType::WriteError, format!("upload spool read failed: {e}"))),
-    }
-}
 
 /// Map a proxy failure to the client-facing error (never naming the upstream).
 pub(super) fn upstream_failure(e: &Error) -> ApiError {

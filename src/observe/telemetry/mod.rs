@@ -194,16 +194,7 @@ impl Trace {
         self.carried = Some(context::traceparent(&self.trace_id, &span_id, self.sampled));
         if self.sampled {
             let start_ns = self.now_ns();
-            self.spans.open(&Opening {
-                trace_id: &self.trace_id,
-                span_id: &span_id,
-                parent: Some(&self.server_span),
-                remote_parent: false,
-                state: self.state.as_deref(),
-                name: [operation.unwrap_or("upstream"), model],
-                kind: Kind::Client,
-                start_ns,
-            });
+            self.open_client(&span_id, [operation.unwrap_or("upstream"), model], start_ns);
             if let Some(op) = operation {
                 self.spans.add("gen_ai.operation.name", Value::Str(op));
             }
@@ -222,23 +213,27 @@ impl Trace {
         self.end_attempt(None);
         let end_ns = self.now_ns();
         let start_ns = end_ns.saturating_sub(started.elapsed().as_nanos() as u64);
-        let span_id = context::new_span_id();
-        self.spans.open(&Opening {
-            trace_id: &self.trace_id,
-            span_id: &span_id,
-            parent: Some(&self.server_span),
-            remote_parent: false,
-            state: self.state.as_deref(),
-            name: ["realtime", model],
-            kind: Kind::Client,
-            start_ns,
-        });
+        self.open_client(&context::new_span_id(), ["realtime", model], start_ns);
         self.spans.add("gen_ai.request.model", Value::Str(model));
         self.spans.add("gen_ai.usage.input_tokens", Value::Int(i64::try_from(usage.0).unwrap_or(i64::MAX)));
         self.spans.add("gen_ai.usage.output_tokens", Value::Int(i64::try_from(usage.1).unwrap_or(i64::MAX)));
         self.spans.add("tollgate.estimated", Value::Bool(estimated));
         self.spans.append(to);
         self.spans.close(end_ns, None);
+    }
+
+    /// Open a client span under the request's server span.
+    fn open_client(&mut self, span_id: &context::SpanId, name: [&str; 2], start_ns: u64) {
+        self.spans.open(&Opening {
+            trace_id: &self.trace_id,
+            span_id,
+            parent: Some(&self.server_span),
+            remote_parent: false,
+            state: self.state.as_deref(),
+            name,
+            kind: Kind::Client,
+            start_ns,
+        });
     }
 
     /// The `traceparent` the upstream attempt under way carries (see [`Self::begin_attempt`]).

@@ -38,9 +38,10 @@ impl Azure {
 }
 
 impl Seam for Azure {
-    /// Azure OpenAI has no moderations endpoint.
+    /// Azure OpenAI has no moderations endpoint, and its realtime API has paths of its own
+    /// that tollgate does not write.
     fn serves(&self, route: &Route, _wire: crate::config::Protocol, _translated: bool) -> bool {
-        *route != Route::Moderations
+        !matches!(route, Route::Moderations | Route::Realtime)
     }
 
     fn target(&self, call: &Call<'_>, prefix: &str) -> String {
@@ -155,6 +156,7 @@ mod tests {
             assert!(seam.serves(&route, Protocol::Openai, false));
         }
         assert!(!seam.serves(&Route::Moderations, Protocol::Openai, false));
+        assert!(!seam.serves(&Route::Realtime, Protocol::Openai, false));
     }
 
     #[test]
