@@ -100,7 +100,7 @@ data_dir: {tmp}/data
 pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
 providers:
   - {{ name: oa-primary, protocol: openai, base_url: "http://127.0.0.1:{mock_port}/p1", api_key: {UPSTREAM_KEY},
-      models: [alpha-5.5, alpha-realtime], priority: 0 }}
+      models: [alpha-5.5, alpha-realtime, alpha-image], priority: 0 }}
   - {{ name: oa-backup, protocol: openai, base_url: "http://127.0.0.1:{mock_port}/p2", api_key: {UPSTREAM_KEY},
       models: [alpha-5.5], priority: 1 }}
   - {{ name: an, protocol: anthropic, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY},
@@ -115,6 +115,7 @@ groups:
 prices:
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
   alpha-realtime: {{ input: 4.0, output: 16.0, cached_input: 0.4, audio_input: 32.0, audio_output: 64.0 }}
+  alpha-image: {{ input: 5.0, output: 10.0, image_input: 10.0, image_output: 40.0 }}
   beta-opus-4-7: {{ input: 3.0, output: 15.0 }}
   gamma-3.5-flash: {{ input: 0.5, output: 1.5 }}
   beta-bedrock-4-6: {{ input: 3.0, output: 15.0 }}

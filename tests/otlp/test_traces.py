@@ -276,3 +276,15 @@ def test_a_realtime_session_has_a_client_span_per_turn_with_its_usage(stack):
         assert a["gen_ai.provider.name"] == "openai" and a["tollgate.estimated"] is False
         assert server.start_time_unix_nano <= span.start_time_unix_nano <= span.end_time_unix_nano <= server.end_time_unix_nano
     assert attrs(server)["http.response.status_code"] == 101
+
+
+def test_a_media_call_is_traced_under_its_endpoint_with_its_cost(stack):
+    raw = oa(stack).images.with_raw_response.generate(model="alpha-image", prompt=PROMPT, n=1)
+    image = raw.parse()
+    server, clients = request_spans(stack.receiver, raw.headers["x-request-id"])
+    a, c = attrs(server), attrs(clients[0])
+    assert a["http.route"] == "image_generation" and a["http.response.status_code"] == 200
+    assert c["gen_ai.request.model"] == "alpha-image" and c["http.response.status_code"] == 200
+    assert a["tollgate.cost_usd"] > 0 and a["tollgate.estimated"] is False
+    assert a["gen_ai.usage.output_tokens"] == image.usage.output_tokens
+    no_content_or_secret(stack, image.data[0].b64_json[:64])
