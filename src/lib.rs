@@ -20,7 +20,7 @@
 //! 10. [`route`], [`translate`]: which endpoint a request is for; translation between protocols.
 //! 11. [`upstream`]: the providers — catalog, health, affinity, a call's draft, the upstream
 //!     request — and the seam between kinds of upstream.
-//! 12. [`video`], [`files`]: the video task service; files a key uploads.
+//! 12. [`video`], [`files`], [`batch`]: the video task service; files a key uploads; batch jobs.
 //! 13. [`edge`]: client connections, request bodies and uploads, the proxy's request path as
 //!     stages (realtime sessions among them).
 //! 14. [`admin`]: the admin API, the console, the metrics listener.
@@ -55,6 +55,8 @@ pub mod translate;
 
 pub mod upstream;
 
+/// A key's batch jobs (`/v1/batches`), on the video floor.
+pub mod batch;
 /// Files a key uploads (`/v1/files`), on the video floor.
 pub mod files;
 pub mod video;
@@ -84,7 +86,7 @@ mod house {
         &["access"],
         &["route", "translate"],
         &["upstream"],
-        &["video", "files"],
+        &["video", "files", "batch"],
         &["edge"],
         &["admin"],
         &["handover", "server"],

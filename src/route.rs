@@ -93,6 +93,10 @@ pub enum Route {
     Files {
         op: FileOp,
     },
+    /// `/v1/batches…`: the key's batch jobs.
+    Batches {
+        op: BatchOp,
+    },
     /// Nothing matched; the protocol says which error shape fits the path.
     NotFound {
         shape: Protocol,
@@ -112,6 +116,19 @@ pub enum FileOp {
     Content(String),
     /// `DELETE /v1/files/{id}`
     Delete(String),
+}
+
+/// What is done with a key's batches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOp {
+    /// `POST /v1/batches`
+    Create,
+    /// `GET /v1/batches`
+    List,
+    /// `GET /v1/batches/{id}`
+    Get(String),
+    /// `POST /v1/batches/{id}/cancel`
+    Cancel(String),
 }
 
 /// What an images request asks for.
@@ -238,6 +255,10 @@ impl Route {
             Route::Files { op: FileOp::Get(_) } => "file_get",
             Route::Files { op: FileOp::Content(_) } => "file_content",
             Route::Files { op: FileOp::Delete(_) } => "file_delete",
+            Route::Batches { op: BatchOp::Create } => "batch_create",
+            Route::Batches { op: BatchOp::List } => "batch_list",
+            Route::Batches { op: BatchOp::Get(_) } => "batch_get",
+            Route::Batches { op: BatchOp::Cancel(_) } => "batch_cancel",
             Route::NotFound { .. } => "not_found",
         }
     }
@@ -276,6 +297,9 @@ pub fn classify(method: &str, path: &str) -> Route {
         return route;
     }
     if let Some(route) = files(method, rest) {
+        return route;
+    }
+    if let Some(route) = batches(method, rest) {
         return route;
     }
     if let Some(tail) = rest.strip_prefix("/responses/") {
@@ -348,6 +372,24 @@ fn files(method: &str, rest: &str) -> Option<Route> {
         }
     };
     Some(Route::Files { op })
+}
+
+/// `/batches` and below (`rest` is the path without `/v1`).
+fn batches(method: &str, rest: &str) -> Option<Route> {
+    let ok = |id: &str| !id.is_empty() && !id.contains('/');
+    let op = match (method, rest) {
+        ("POST", "/batches") => BatchOp::Create,
+        ("GET", "/batches") => BatchOp::List,
+        _ => {
+            let tail = rest.strip_prefix("/batches/")?;
+            match (method, tail.strip_suffix("/cancel")) {
+                ("POST", Some(id)) if ok(id) => BatchOp::Cancel(id.to_string()),
+                ("GET", None) if ok(tail) => BatchOp::Get(tail.to_string()),
+                _ => return None,
+            }
+        }
+    };
+    Some(Route::Batches { op })
 }
 
 /// The Responses API's paths below `/responses/` (`tail` is what follows it).
@@ -532,6 +574,12 @@ mod tests {
         assert_eq!(classify("GET", "/v1/files/file-1"), Route::Files { op: FileOp::Get("file-1".into()) });
         assert_eq!(classify("GET", "/v1/files/file-1/content"), Route::Files { op: FileOp::Content("file-1".into()) });
         assert_eq!(classify("DELETE", "/v1/files/file-1"), Route::Files { op: FileOp::Delete("file-1".into()) });
+        assert_eq!(classify("POST", "/v1/batches"), Route::Batches { op: BatchOp::Create });
+        assert_eq!(classify("GET", "/batches"), Route::Batches { op: BatchOp::List });
+        assert_eq!(classify("GET", "/v1/batches/batch_1"), Route::Batches { op: BatchOp::Get("batch_1".into()) });
+        assert_eq!(classify("POST", "/v1/batches/batch_1/cancel"), Route::Batches { op: BatchOp::Cancel("batch_1".into()) });
+        assert!(matches!(classify("DELETE", "/v1/batches/batch_1"), Route::NotFound { .. }));
+        assert!(matches!(classify("GET", "/v1/batches/a/b"), Route::NotFound { .. }));
         assert!(matches!(classify("GET", "/v1/files/a/b"), Route::NotFound { .. }));
         assert!(matches!(classify("PUT", "/v1/files"), Route::NotFound { .. }));
     }

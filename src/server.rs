@@ -520,6 +520,14 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
     let files = Arc::new(crate::files::FileService::new(&config.data_dir, objects, config.fleet.is_some()));
+    let batches = Arc::new(crate::batch::BatchService::new(
+        store.jobs(),
+        ledger.clone(),
+        files.clone(),
+        routing.clone(),
+        Duration::from_secs(config.batch_poll_secs),
+    ));
+    server.add_service(background_service("batch poller", crate::batch::BatchPoller { service: batches.clone() }));
 
     let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer };
     add_handover(&mut server, handover_socket, &shared);
@@ -531,6 +539,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut gateway = gateway(&server, &config, &shared, fleet.as_deref(), closing.clone(), body_limits);
     gateway.files = files;
+    gateway.batches = Some(batches);
     add_background(&mut server, config, path, &shared, certificate.clone(), closing);
     let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &shared.metrics, true);
     add_public_listeners(&mut proxy, listen, tls_listen.zip(certificate))?;
@@ -624,6 +633,7 @@ fn gateway(
         },
         realtime: config.realtime,
         files: Arc::new(crate::files::FileService::new(&config.data_dir, None, config.fleet.is_some())),
+        batches: None,
         body,
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),

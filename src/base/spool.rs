@@ -25,6 +25,27 @@ pub fn chunks(file: Arc<std::fs::File>, len: u64, chunk: u64) -> impl Stream<Ite
     }))
 }
 
+/// A blocking reader of a shared file from its start, at its own offset (the file's position,
+/// which other readers share, is left alone).
+pub struct Reader {
+    file: Arc<std::fs::File>,
+    at: u64,
+}
+
+impl Reader {
+    pub fn new(file: Arc<std::fs::File>) -> Reader {
+        Reader { file, at: 0 }
+    }
+}
+
+impl std::io::Read for Reader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = std::os::unix::fs::FileExt::read_at(&*self.file, buf, self.at)?;
+        self.at += n as u64;
+        Ok(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,5 +60,15 @@ mod tests {
         let got: Vec<Bytes> = chunks(Arc::new(f), 900, 256).map(|c| c.unwrap()).collect().await;
         assert_eq!(got.iter().map(Bytes::len).collect::<Vec<_>>(), [256, 256, 256, 132]);
         assert_eq!(got.concat(), data[..900]);
+    }
+
+    #[test]
+    fn a_reader_reads_from_the_start_whatever_the_files_position() {
+        use std::io::Read;
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"one\ntwo\n").unwrap();
+        let mut text = String::new();
+        Reader::new(Arc::new(f)).read_to_string(&mut text).unwrap();
+        assert_eq!(text, "one\ntwo\n");
     }
 }

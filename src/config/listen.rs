@@ -138,7 +138,7 @@ pub(super) fn trusted_proxies(list: &[String]) -> Result<Vec<Cidr>, ConfigError>
 }
 
 /// `limits:`: the largest stream event a translated relay holds, and the connection bounds.
-pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, Realtime, ConnLimits), ConfigError> {
+pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, Realtime, ConnLimits, u64), ConfigError> {
     let max_event_bytes = raw.as_ref().and_then(|l| l.max_event_bytes).unwrap_or(DEFAULT_MAX_EVENT_BYTES);
     if !(1 << 16..=1 << 30).contains(&max_event_bytes) {
         return err("limits.max_event_bytes: 65536 to 1073741824");
@@ -168,7 +168,11 @@ pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, Realtime
     if !(1 << 10..=1 << 30).contains(&realtime.max_frame_bytes) {
         return err("limits.realtime_max_frame_bytes: 1024 to 1073741824");
     }
-    Ok((max_event_bytes, Uploads { max_upload_bytes, max_spooled_bytes }, realtime, conn_limits(raw)?))
+    let batch_poll_secs = get(|l| l.batch_poll_secs, 30);
+    if !(1..=3600).contains(&batch_poll_secs) {
+        return err("limits.batch_poll_secs: 1 to 3600");
+    }
+    Ok((max_event_bytes, Uploads { max_upload_bytes, max_spooled_bytes }, realtime, conn_limits(raw)?, batch_poll_secs))
 }
 
 /// The bounds of a realtime session (`limits.realtime_*`).
@@ -255,6 +259,9 @@ pub(super) struct RawLimits {
     realtime_idle_secs: Option<u64>,
     #[serde(default)]
     realtime_max_frame_bytes: Option<u64>,
+    /// How often an open batch is asked about at its provider (default 30 s).
+    #[serde(default)]
+    batch_poll_secs: Option<u64>,
 }
 
 #[derive(Debug, Clone)]

@@ -177,6 +177,8 @@ pub struct Config {
     pub uploads: listen::Uploads,
     /// The bounds of a realtime session (`limits.realtime_*`).
     pub realtime: listen::Realtime,
+    /// How often an open batch is asked about at its provider (`limits.batch_poll_secs`).
+    pub batch_poll_secs: u64,
     /// Usage records older than this are deleted.
     pub usage_retention_days: u64,
     /// How usage records reach the disk (`billing.commit_interval_ms`, `billing.sync_commit`).
@@ -256,7 +258,7 @@ impl Config {
         let admin = listen::admin(raw.admin, env)?;
         let metrics = listen::metrics(raw.metrics, env, admin.as_ref(), front.listen)?;
         let trusted_proxies = listen::trusted_proxies(&raw.trusted_proxies)?;
-        let (max_event_bytes, uploads, realtime, connections) = listen::limits(raw.limits)?;
+        let (max_event_bytes, uploads, realtime, connections, batch_poll_secs) = listen::limits(raw.limits)?;
 
         let providers = upstream::providers(raw.providers, env)?;
         let groups = upstream::groups(raw.groups);
@@ -299,6 +301,7 @@ impl Config {
             max_event_bytes,
             uploads,
             realtime,
+            batch_poll_secs,
             usage_retention_days: billing.usage_retention_days,
             commit: billing.commit,
             video,

@@ -101,17 +101,33 @@ impl FileService {
             .iter()
             .find(|f| f.name == "file")
             .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'file' part is required.").with_param("file"))?;
+        self.store(key_id, part.filename.as_deref().unwrap_or("file"), purpose, part.spool.clone(), part.len).await
+    }
+
+    /// Keep `len` bytes of `spool` as a file of `key_id` for `purpose` (an upload's file, or a
+    /// batch's output); its description.
+    pub async fn store(
+        &self,
+        key_id: &str,
+        filename: &str,
+        purpose: &str,
+        spool: Arc<std::fs::File>,
+        len: u64,
+    ) -> Result<FileObject, ApiError> {
+        if !safe(key_id) {
+            return Err(internal("key id", key_id));
+        }
         let file = FileObject {
             id: format!("file-{}", crate::base::secrets::random_base62(24)),
             object: "file".into(),
-            bytes: part.len,
+            bytes: len,
             created_at: now_unix(),
-            filename: part.filename.clone().unwrap_or_else(|| "file".into()).chars().filter(|c| !c.is_control()).take(255).collect(),
+            filename: filename.chars().filter(|c| !c.is_control()).take(255).collect(),
             purpose: purpose.to_string(),
             status: "processed".into(),
         };
         let description = serde_json::to_vec(&file).map_err(|e| internal("description", e))?;
-        let bytes = crate::base::spool::chunks(part.spool.clone(), part.len, 256 << 10);
+        let bytes = crate::base::spool::chunks(spool, len, 256 << 10);
         match &self.backend {
             Backend::Dir(_) => {
                 let dir = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?;

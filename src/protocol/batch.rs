@@ -101,6 +101,74 @@ pub fn check_lines(input: &[u8]) -> Result<Vec<BatchLine>, ApiError> {
     Ok(out)
 }
 
+/// The `body` of line `n` (checked by [`check_lines`]) with its model under `model` and, when
+/// given, its output maximum set in `field` (a line that named none gets the one it is held
+/// for, so the upstream never generates past the batch's hold); the line written again.
+pub fn rewrite_line(raw: &[u8], n: usize, model: &str, maximum: Option<(&str, u64)>) -> Result<Vec<u8>, ApiError> {
+    let mut line: serde_json::Value = serde_json::from_slice(raw).map_err(|e| bad(n, "", format!("not a JSON object ({e})")))?;
+    let body = line.get_mut("body").and_then(serde_json::Value::as_object_mut).ok_or_else(|| bad(n, "body", "'body' is required"))?;
+    body.insert("model".into(), serde_json::Value::String(model.to_string()));
+    if let Some((field, tokens)) = maximum {
+        body.insert(field.into(), serde_json::Value::from(tokens));
+    }
+    serde_json::to_vec(&line).map_err(|e| bad(n, "", e))
+}
+
+/// What one line of a batch's output file reports: its `custom_id`, the answer's HTTP status
+/// and, for an answer with `usage`, its tokens (chat completions and embeddings:
+/// `prompt_tokens`, `prompt_tokens_details.cached_tokens`, `completion_tokens`; responses:
+/// `input_tokens`, `input_tokens_details.cached_tokens`, `output_tokens`). None for a line
+/// that is not such an object.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputLine {
+    pub custom_id: String,
+    pub status: u16,
+    pub usage: Option<crate::base::usage::Usage>,
+}
+
+pub fn output_line(raw: &[u8]) -> Option<OutputLine> {
+    #[derive(Deserialize)]
+    struct Details {
+        cached_tokens: Option<u64>,
+    }
+    #[derive(Deserialize)]
+    struct Tokens {
+        prompt_tokens: Option<u64>,
+        completion_tokens: Option<u64>,
+        prompt_tokens_details: Option<Details>,
+        input_tokens: Option<u64>,
+        output_tokens: Option<u64>,
+        input_tokens_details: Option<Details>,
+    }
+    #[derive(Deserialize)]
+    struct Answer {
+        usage: Option<Tokens>,
+    }
+    #[derive(Deserialize)]
+    struct Response {
+        status_code: u16,
+        body: Option<Answer>,
+    }
+    #[derive(Deserialize)]
+    struct Line {
+        custom_id: String,
+        response: Option<Response>,
+    }
+    let line: Line = serde_json::from_slice(raw).ok()?;
+    let response = line.response?;
+    let usage = response.body.and_then(|b| b.usage).map(|t| {
+        let input = t.prompt_tokens.or(t.input_tokens).unwrap_or(0);
+        let cached = t.prompt_tokens_details.or(t.input_tokens_details).and_then(|d| d.cached_tokens).unwrap_or(0).min(input);
+        crate::base::usage::Usage {
+            input: input - cached,
+            cached,
+            cache_write: 0,
+            output: t.completion_tokens.or(t.output_tokens).unwrap_or(0),
+        }
+    });
+    Some(OutputLine { custom_id: line.custom_id, status: response.status_code, usage })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +212,27 @@ mod tests {
             assert!(e.message.starts_with("Line 2 of the input file"), "{}", e.message);
         }
         assert_eq!(check_lines(b"\n \n").unwrap_err().param.as_deref(), Some("input_file_id"));
+    }
+    #[test]
+    fn a_line_is_written_again_with_the_upstream_model_and_its_maximum() {
+        let raw = line("a", "/v1/chat/completions", r#"{"model":"alpha","messages":[]}"#);
+        let out: serde_json::Value =
+            serde_json::from_slice(&rewrite_line(raw.as_bytes(), 1, "up-alpha", Some(("max_completion_tokens", 64))).unwrap()).unwrap();
+        assert_eq!(out["body"]["model"], "up-alpha");
+        assert_eq!(out["body"]["max_completion_tokens"], 64);
+        assert_eq!(out["custom_id"], "a");
+    }
+
+    #[test]
+    fn output_lines_give_their_usage_in_either_shape() {
+        let chat = r#"{"id":"r1","custom_id":"a","response":{"status_code":200,"body":{"usage":{"prompt_tokens":30,"completion_tokens":7,"prompt_tokens_details":{"cached_tokens":10}}}},"error":null}"#;
+        let u = output_line(chat.as_bytes()).unwrap();
+        assert_eq!((u.custom_id.as_str(), u.status), ("a", 200));
+        assert_eq!(u.usage, Some(crate::base::usage::Usage { input: 20, cached: 10, cache_write: 0, output: 7 }));
+        let responses = r#"{"custom_id":"b","response":{"status_code":200,"body":{"usage":{"input_tokens":5,"output_tokens":9}}}}"#;
+        assert_eq!(output_line(responses.as_bytes()).unwrap().usage.map(|u| (u.input, u.output)), Some((5, 9)));
+        let failed = r#"{"custom_id":"c","response":{"status_code":400,"body":{"error":{"message":"no"}}}}"#;
+        assert_eq!(output_line(failed.as_bytes()).map(|l| (l.status, l.usage)), Some((400, None)));
+        assert_eq!(output_line(b"garbage"), None);
     }
 }

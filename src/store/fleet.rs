@@ -17,13 +17,14 @@
 
 use super::postgres::accounts::FleetAccounts;
 use super::postgres::accounts::FleetHold;
+use super::postgres::jobs::FleetJobs;
 use super::postgres::keys::FleetKeys;
 use super::postgres::rates::{FleetRates, FleetSlots};
 use super::postgres::tasks::FleetTasks;
 use super::postgres::usage::FleetRecords;
 use super::postgres::usage::Journaled;
 use super::postgres::{Pg, PgError};
-use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
+use super::{DbSlot, JobStore, KeyStore, MoneyStore, Store, StoreError, TaskStore};
 use crate::config::FleetConfig;
 use crate::records::audit::AuditEntry;
 use crate::records::purse::{Insufficient, Purse};
@@ -48,6 +49,7 @@ pub struct Fleet {
     pub rates: FleetRates,
     pub slots: FleetSlots,
     pub tasks: Arc<FleetTasks>,
+    pub jobs: Arc<FleetJobs>,
     pub sync: Duration,
     pub lease: Duration,
     runtime: tokio::runtime::Runtime,
@@ -85,6 +87,7 @@ impl Fleet {
             rates: FleetRates::new(pg.clone()),
             slots: FleetSlots::new(pg.clone(), &holder, conf.lease),
             tasks: Arc::new(FleetTasks::new(pg.clone(), &holder, conf.lease)),
+            jobs: Arc::new(FleetJobs::new(pg.clone(), &holder, conf.lease)),
             pg,
             node: conf.node_id.clone(),
             sync: conf.sync,
@@ -325,6 +328,9 @@ impl Store for FleetStore {
     }
     fn tasks(&self) -> Arc<dyn TaskStore> {
         self.fleet.tasks.clone()
+    }
+    fn jobs(&self) -> Arc<dyn JobStore> {
+        self.fleet.jobs.clone()
     }
     fn requests(&self) -> Arc<dyn super::RequestLogStore> {
         self.money.clone()

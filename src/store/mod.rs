@@ -11,12 +11,13 @@
 //! * [`usage_codec`]: the stored form of a usage record (binary; older JSON entries read alike),
 //!   the same in both backends.
 //!
-//! The interface has three parts, one per concern, each a trait defined here:
+//! The interface has four parts, one per concern, each a trait defined here:
 //!
 //! * [`KeyStore`]: key records, and the in-memory index authentication reads.
 //! * [`MoneyStore`]: accounts and balances, holds (leases in a fleet), bookings with their
 //!   usage records, usage queries, retention, and stored-response owners.
 //! * [`TaskStore`]: video tasks, the poller's claims on them, and idempotency keys.
+//! * [`JobStore`]: other long-lived work (batches), claimed by one node at a time.
 //!
 //! The rules that are the same whatever the backend (pricing, what a hold covers, which key
 //! file entries change which records, the video task's life) stay with their modules
@@ -53,6 +54,7 @@ pub trait Store: Send + Sync {
     fn keys(&self) -> Arc<dyn KeyStore>;
     fn money(&self) -> Arc<dyn MoneyStore>;
     fn tasks(&self) -> Arc<dyn TaskStore>;
+    fn jobs(&self) -> Arc<dyn JobStore>;
     fn requests(&self) -> Arc<dyn RequestLogStore>;
     /// Whether the shared database is reachable (`/readyz`); always Ok for one node.
     fn readiness(&self) -> Result<(), String> {
@@ -170,6 +172,40 @@ pub trait RequestLogStore: Send + Sync {
 }
 
 /// Video tasks, the poller's work lists and idempotency keys.
+/// One row of long-lived work other than video tasks (a batch): its state as JSON text, the
+/// key it belongs to, when it was created and whether it is still to be worked on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobRow {
+    /// What kind of work (`batch`): each kind its own list.
+    pub kind: &'static str,
+    pub id: String,
+    pub owner: String,
+    /// Unix seconds; a key's list is in this order.
+    pub created_at: u64,
+    pub open: bool,
+    pub record: String,
+}
+
+/// Long-lived jobs (batches): kept as JSON text, each of one key, worked on by one node at a
+/// time. On one node in sled (`store::sled::jobs`); in a fleet in the shared database
+/// (`store::postgres::jobs`), where a node works on a job only while it holds its claim, a
+/// dead node's open jobs are claimed by another once its claims lapse, and every write is
+/// fenced by the claim (a refused write is [`StoreError::Shared`]).
+#[async_trait::async_trait]
+pub trait JobStore: Send + Sync {
+    /// Several nodes share these jobs.
+    fn shared(&self) -> bool;
+    /// A job's state, whoever's it is (callers check the owner).
+    async fn get(&self, id: &str) -> Result<Option<String>, StoreError>;
+    /// Write a job (durable before this returns); a new one is this node's to work on.
+    async fn put(&self, row: &JobRow) -> Result<(), StoreError>;
+    /// The open jobs of `kind` this node is to work on now (in a fleet: those it holds, and
+    /// those whose claim lapsed, claimed now).
+    async fn open(&self, kind: &'static str) -> Result<Vec<String>, StoreError>;
+    /// A key's jobs of `kind`, newest first, after the job `after` in that order, at most `limit`.
+    async fn of_owner(&self, kind: &'static str, owner: &str, after: Option<&str>, limit: usize) -> Result<Vec<String>, StoreError>;
+}
+
 #[async_trait::async_trait]
 pub trait TaskStore: Send + Sync {
     /// Whether tasks are shared with other nodes.

@@ -11,6 +11,7 @@ mod common;
 
 mod agent_clis;
 mod agents;
+mod batches;
 mod billing;
 mod budgets;
 mod cloud;

@@ -7,6 +7,7 @@ use clap::Parser;
 use pingora_core::server::configuration::ServerConf;
 use pingora_core::server::Server;
 mod agent;
+mod batches;
 mod bodies;
 mod cloud;
 mod media;

@@ -146,6 +146,8 @@ pub struct MockUpstream {
     next_id: std::sync::atomic::AtomicU64,
     /// Bedrock, Vertex AI and Azure OpenAI (see `cloud`).
     cloud: CloudMock,
+    /// Files and batches (see `batches`).
+    batches: crate::batches::BatchMock,
 }
 
 impl MockUpstream {
@@ -157,6 +159,7 @@ impl MockUpstream {
     ) -> Self {
         MockUpstream {
             cloud,
+            batches: Default::default(),
             upstream_key: upstream_key.into(),
             records: Mutex::new(Vec::new()),
             holds: Mutex::new(HashMap::new()),
@@ -253,6 +256,9 @@ impl MockUpstream {
         }
         if let Some(endpoint) = crate::media::endpoint(&path) {
             return self.media(session, &req, endpoint, body).await;
+        }
+        if let Some(op) = crate::batches::op(req.method.as_str(), &path) {
+            return self.batch_api(session, &req, op, body).await;
         }
         let cloud = crate::cloud::classify(&path, query.as_deref());
         if let Some(action) = header(&req, "x-tc-action") {
@@ -378,6 +384,18 @@ impl MockUpstream {
         }
         let hold = header(req, "x-mock-hold").map(|token| self.hold(token));
         crate::media::answer(session, req, endpoint, &fields, hold).await
+    }
+
+    /// The batch API (`batches`): recorded (an upload with its file's text), its credential
+    /// checked, then answered.
+    async fn batch_api(&self, session: &mut Session, req: &RequestHeader, op: crate::batches::Op, body: Vec<u8>) -> Result<()> {
+        let text =
+            matches!(op, crate::batches::Op::Upload | crate::batches::Op::Create).then(|| String::from_utf8_lossy(&body).into_owned());
+        self.record(Recorded::of(req, body.len(), None, false, text));
+        if !self.credential_ok(Kind::Chat, req) {
+            return unauthorized(session).await;
+        }
+        self.batches.answer(session, req, op, body).await
     }
 
     /// A realtime session (`realtime`): the upgrade recorded (its headers: which key it carried),

@@ -74,17 +74,18 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
             // than the rest of the stages', which every relayed request carries.
             Err(Exit::Answer(Box::pin(gw.video_route(session, ctx, route, key)).await?))
         }
+        Route::Files { .. } | Route::Batches { .. } if !catalog.group_allows(&key.group, Platform::Openai) => {
+            Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into())
+        }
         Route::Files { op } => {
-            if !catalog.group_allows(&key.group, Platform::Openai) {
-                return Err(ApiError::new(
-                    ErrorKind::NotFound,
-                    format!("This endpoint is not available to keys of group '{}'.", key.group),
-                )
-                .into());
-            }
             gw.limits.admit(key).await?;
             let _slot = gw.limits.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.files_route(session, op, key)).await?))
+        }
+        Route::Batches { op } => {
+            gw.limits.admit(key).await?;
+            let _slot = gw.limits.enter(key).await?;
+            Err(Exit::Answer(Box::pin(gw.batches_route(session, ctx, op, key, routing)).await?))
         }
         // A session counts against `max_concurrent` while it lasts (its turns against `rpm`).
         Route::Realtime => {

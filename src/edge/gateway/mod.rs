@@ -6,7 +6,8 @@
 //! request_filter
 //!   1 admit    (admit.rs)    endpoint, key, address        → probe, key page, unknown path answered
 //!   2 answer   (answer.rs)   local endpoints of a key      → model lists, /v1/usage, key page data,
-//!                            (video.rs: the video task API)  video tasks answered
+//!                            (video.rs: the video task API,  video tasks, files, batches
+//!                            files.rs, batches.rs)           answered
 //!   3 draft    (draft.rs)    rpm, group, body, model → providers, stored responses
 //!   4 price    (price.rs)    max_concurrent, cost cap, tpm, windows and balances held
 //!                                                          → a count tollgate estimates answered
@@ -54,6 +55,7 @@ use std::time::{Duration, Instant};
 
 mod admit;
 mod answer;
+mod batches;
 mod draft;
 mod files;
 mod key_page;
@@ -81,6 +83,8 @@ pub struct Gateway {
     pub realtime: crate::config::listen::Realtime,
     /// A key's files (`/v1/files`).
     pub files: Arc<crate::files::FileService>,
+    /// A key's batches (`/v1/batches`); set once the service runs.
+    pub batches: Option<Arc<crate::batch::BatchService>>,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
     pub ledger: Arc<Ledger>,

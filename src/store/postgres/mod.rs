@@ -8,6 +8,7 @@
 
 pub mod accounts;
 pub mod copy;
+pub mod jobs;
 pub mod keys;
 pub mod rates;
 pub mod requests;
@@ -283,6 +284,23 @@ const MIGRATIONS: &[(i32, &str)] = &[
         11,
         // A key's own tasks, listed newest first (`GET /v1/videos`).
         "CREATE INDEX video_tasks_key ON video_tasks (key_id);",
+    ),
+    (
+        12,
+        // Long-lived jobs other than video tasks (batches), claimed like video tasks.
+        "CREATE TABLE jobs (
+         id TEXT PRIMARY KEY,
+         kind TEXT NOT NULL,
+         key_id TEXT NOT NULL,
+         created_at BIGINT NOT NULL,
+         record TEXT NOT NULL,
+         open BOOLEAN NOT NULL,
+         claimed_by TEXT,
+         claim_until TIMESTAMPTZ,
+         updated_at TIMESTAMPTZ NOT NULL DEFAULT now()
+     );
+     CREATE INDEX jobs_open ON jobs (kind, updated_at) WHERE open;
+     CREATE INDEX jobs_key ON jobs (kind, key_id, created_at);",
     ),
 ];
 

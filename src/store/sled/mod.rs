@@ -7,15 +7,17 @@
 //!   in-memory accounts and the group-commit writer.
 //! * [`tasks::SledTasks`]: trees `video_tasks`, `video_open`, `video_idem` and
 //!   `video_copy_pending`.
+//! * [`jobs::SledJobs`]: trees `jobs`, `jobs_open` and `jobs_owner` (batches).
 //!
 //! [`SledStore`] puts them together as the [`Store`] of one node.
 
+pub mod jobs;
 pub mod keys;
 pub mod money;
 pub mod requests;
 pub mod tasks;
 
-use super::{DbSlot, KeyStore, MoneyStore, Store, StoreError, TaskStore};
+use super::{DbSlot, JobStore, KeyStore, MoneyStore, Store, StoreError, TaskStore};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -24,6 +26,7 @@ pub struct SledStore {
     pub keys: Arc<keys::SledKeys>,
     pub money: Arc<money::SledMoney>,
     pub tasks: Arc<tasks::SledTasks>,
+    pub jobs: Arc<jobs::SledJobs>,
 }
 
 impl SledStore {
@@ -34,6 +37,7 @@ impl SledStore {
             keys: Arc::new(keys::SledKeys::new(&slot)?),
             money: Arc::new(money::SledMoney::open(&slot, policy)?),
             tasks: Arc::new(tasks::SledTasks::new(&slot)?),
+            jobs: Arc::new(jobs::SledJobs::new(&slot)?),
         })
     }
 }
@@ -50,6 +54,9 @@ impl Store for SledStore {
     }
     fn tasks(&self) -> Arc<dyn TaskStore> {
         self.tasks.clone()
+    }
+    fn jobs(&self) -> Arc<dyn JobStore> {
+        self.jobs.clone()
     }
     fn requests(&self) -> Arc<dyn super::RequestLogStore> {
         self.money.clone()

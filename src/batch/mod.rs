@@ -1,0 +1,671 @@
+//! `/v1/batches`: a key's batch jobs, run by the provider's batch API at its batch prices.
+//!
+//! * **Create**: the key's input file (`/v1/files`, `purpose: batch`) is read and every line
+//!   checked before anything is charged (JSON, unique `custom_id`, `POST`, the batch's own
+//!   `endpoint`, one model for the whole file — the API's rule — that the key may call and
+//!   tollgate serves from an OpenAI provider); each line is written again with the model under
+//!   the provider's name and, where it named none, the output maximum it is held for. The
+//!   worst case of the whole file at the batch prices is charged (`billing::batch`), the batch
+//!   stored (`submitting`), the file uploaded and the batch created upstream with the
+//!   provider's key; a failure there refunds the charge.
+//! * **Poll** ([`BatchPoller`]): each open batch is retrieved from the provider every
+//!   `limits.batch_poll_secs` (and when its owner reads it after that long, on one node). The
+//!   job store keeps it (in a fleet claimed by one node, taken over by another when that node
+//!   dies). Once it ended (completed, failed, expired, cancelled), its output and error files
+//!   are copied into the key's files and it is settled line by line: each output line's usage
+//!   at the batch prices; the difference to the charge is booked back in one record (lines
+//!   never done cost nothing).
+//! * **Cancel** asks the provider; the batch is settled when the provider says it is cancelled.
+
+pub mod record;
+pub mod upstream;
+
+use crate::base::clock::{now_ms, now_unix};
+use crate::billing::ledger::Ledger;
+use crate::config::{Protocol, ProviderConfig, ProviderKind};
+use crate::files::FileService;
+use crate::protocol::batch::{check_lines, output_line, rewrite_line, BatchLine, BATCH_URLS};
+use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::records::purse::Purse;
+use crate::records::usage::UsageRecord;
+use crate::route::Route;
+use crate::store::{JobRow, JobStore, StoreError};
+use crate::upstream::Routing;
+use arc_swap::ArcSwap;
+use futures_util::StreamExt;
+use record::{Batch, KIND, SUBMITTING};
+use serde_json::Value;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The only completion window the API offers.
+pub const COMPLETION_WINDOW: &str = "24h";
+
+/// The most `metadata` pairs, and their lengths (the API's bounds).
+const METADATA_PAIRS: usize = 16;
+const METADATA_KEY: usize = 64;
+const METADATA_VALUE: usize = 512;
+
+fn internal(e: StoreError) -> ApiError {
+    match e {
+        StoreError::Shared(e) => {
+            log::warn!("batches: {e}");
+            crate::store::fleet::unavailable("the batch")
+        }
+        e => {
+            log::error!("batches: {e}");
+            ApiError::new(ErrorKind::Internal, "Internal error while storing the batch.")
+        }
+    }
+}
+
+fn not_found(id: &str) -> ApiError {
+    ApiError::new(ErrorKind::NotFound, format!("No batch found with id '{id}'.")).with_param("batch_id")
+}
+
+fn line_error(n: usize, field: &str, why: impl std::fmt::Display) -> ApiError {
+    ApiError::new(ErrorKind::BadRequest, format!("Line {n} of the input file: {why}")).with_param(&format!("line {n}: {field}"))
+}
+
+pub struct BatchService {
+    jobs: Arc<dyn JobStore>,
+    ledger: Arc<Ledger>,
+    files: Arc<FileService>,
+    routing: Arc<ArcSwap<Routing>>,
+    poll_every: Duration,
+    /// Batches this process is submitting now (see the video service's `creating`).
+    creating: Mutex<HashSet<String>>,
+    /// One refresh of a batch at a time in this process.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+/// What a create request asks for.
+struct Asked {
+    input_file_id: String,
+    endpoint: &'static str,
+    metadata: Option<Value>,
+}
+
+fn parse_create(body: &[u8]) -> Result<Asked, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The body is not JSON: {e}")))?;
+    let field = |name: &str| v.get(name).and_then(Value::as_str).filter(|s| !s.is_empty());
+    let input_file_id = field("input_file_id")
+        .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "'input_file_id' is required.").with_param("input_file_id"))?
+        .to_string();
+    let endpoint = field("endpoint").and_then(|e| BATCH_URLS.into_iter().find(|u| *u == e)).ok_or_else(|| {
+        ApiError::new(ErrorKind::BadRequest, format!("'endpoint' must be one of {}.", BATCH_URLS.join(", "))).with_param("endpoint")
+    })?;
+    if field("completion_window") != Some(COMPLETION_WINDOW) {
+        return Err(ApiError::new(ErrorKind::BadRequest, "'completion_window' must be \"24h\".").with_param("completion_window"));
+    }
+    let metadata = match v.get("metadata") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(m))
+            if m.len() <= METADATA_PAIRS
+                && m.iter().all(|(k, v)| k.len() <= METADATA_KEY && v.as_str().is_some_and(|s| s.len() <= METADATA_VALUE)) =>
+        {
+            Some(Value::Object(m.clone()))
+        }
+        Some(_) => {
+            return Err(ApiError::new(
+                ErrorKind::BadRequest,
+                format!("'metadata' is at most {METADATA_PAIRS} string pairs (keys up to {METADATA_KEY} characters, values up to {METADATA_VALUE})."),
+            )
+            .with_param("metadata"))
+        }
+    };
+    Ok(Asked { input_file_id, endpoint, metadata })
+}
+
+impl BatchService {
+    pub fn new(
+        jobs: Arc<dyn JobStore>,
+        ledger: Arc<Ledger>,
+        files: Arc<FileService>,
+        routing: Arc<ArcSwap<Routing>>,
+        poll_every: Duration,
+    ) -> Self {
+        BatchService {
+            jobs,
+            ledger,
+            files,
+            routing,
+            poll_every,
+            creating: Mutex::new(HashSet::new()),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn poll_interval(&self) -> Duration {
+        self.poll_every
+    }
+
+    fn billing_record(batch: &Batch, cost_nanos: i64, usage: (u64, u64, u64)) -> UsageRecord {
+        UsageRecord {
+            time_ms: now_ms(),
+            key_id: batch.owner.clone(),
+            model: batch.model.clone(),
+            protocol: "openai".into(),
+            route: "batch".into(),
+            input_tokens: usage.0,
+            cached_tokens: usage.1,
+            cache_write_tokens: 0,
+            output_tokens: usage.2,
+            cost_nanos,
+            status: 200,
+            latency_ms: 0,
+            estimated: false,
+            seq: 0,
+            balance_after: 0,
+            provider: Some(batch.provider.clone()),
+            attempts: 0,
+            response_id: None,
+            upstream_protocol: None,
+            charged: batch.charged_to.clone(),
+            tags: batch.tags.clone(),
+        }
+    }
+
+    async fn put(&self, batch: &Batch) -> Result<(), StoreError> {
+        let record = serde_json::to_string(batch).map_err(|e| StoreError::Corrupt(format!("batch {}: {e}", batch.id)))?;
+        self.jobs
+            .put(&JobRow {
+                kind: KIND,
+                id: batch.id.clone(),
+                owner: batch.owner.clone(),
+                created_at: batch.created_at,
+                open: batch.open(),
+                record,
+            })
+            .await
+    }
+
+    fn read(text: &str) -> Option<Batch> {
+        match serde_json::from_str(text) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                log::warn!("batches: an unreadable batch is left alone: {e}");
+                None
+            }
+        }
+    }
+
+    /// The provider a batch of `model` goes to: the first of the model's OpenAI providers
+    /// (not Azure's, whose batch API has its own paths), as the routing orders them.
+    fn provider_for(routing: &Routing, model: &str) -> Option<ProviderConfig> {
+        let candidates = routing.catalog.candidates(Protocol::Openai, model)?;
+        candidates.iter().map(|&i| &routing.catalog.upstreams[i].config).find(|c| c.kind == ProviderKind::Openai).cloned()
+    }
+
+    fn provider(&self, batch: &Batch) -> Result<upstream::Provider, String> {
+        let routing = self.routing.load();
+        let config = routing
+            .catalog
+            .upstreams
+            .iter()
+            .map(|u| &u.config)
+            .find(|c| c.name == batch.provider)
+            .ok_or_else(|| format!("provider '{}' is no longer configured", batch.provider))?;
+        upstream::Provider::new(config, batch.key_index)
+    }
+
+    /// The key's input file, whole (bounded by `limits.max_upload_bytes` when it was uploaded).
+    async fn input(&self, key: &KeyRecord, id: &str) -> Result<Vec<u8>, ApiError> {
+        let file = self.files.get(&key.id, id).await.map_err(|e| e.with_param("input_file_id"))?;
+        if file.purpose != "batch" {
+            return Err(ApiError::new(ErrorKind::BadRequest, format!("The file '{id}' was not uploaded with purpose 'batch'."))
+                .with_param("input_file_id"));
+        }
+        let (_, mut content) = self.files.content(&key.id, id).await?;
+        let mut bytes = Vec::with_capacity(usize::try_from(file.bytes).unwrap_or(0));
+        while let Some(chunk) = content.next().await {
+            bytes.extend_from_slice(&chunk.map_err(|e| {
+                log::error!("batches: reading input file {id}: {e}");
+                ApiError::new(ErrorKind::Internal, "Internal error while reading the input file.")
+            })?);
+        }
+        Ok(bytes)
+    }
+
+    /// Check every line against the batch, the key and the routing; the lines written for the
+    /// provider, the worst case, the model and the provider.
+    fn prepare(
+        key: &KeyRecord,
+        routing: &Routing,
+        endpoint: &str,
+        input: &[u8],
+    ) -> Result<(Vec<u8>, i64, String, ProviderConfig), ApiError> {
+        let mut lines: Vec<BatchLine> = check_lines(input)?;
+        let model = lines[0].model.clone();
+        let provider = Self::provider_for(routing, &model)
+            .ok_or_else(|| line_error(1, "body.model", format!("the model '{model}' is not served for batches by this gateway.")))?;
+        let theirs = provider.upstream_model(&model).to_string();
+        let route = match endpoint {
+            "/v1/chat/completions" => Some(Route::ChatCompletions),
+            "/v1/responses" => Some(Route::Responses),
+            _ => None,
+        };
+        let price = routing.prices.price(&model);
+        let mut written = Vec::with_capacity(input.len() + input.len() / 8);
+        let raws = input.split(|b| *b == b'\n').enumerate().filter(|(_, r)| !r.iter().all(u8::is_ascii_whitespace));
+        for (line, (i, raw)) in lines.iter_mut().zip(raws) {
+            let n = i + 1;
+            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
+            if line.url != endpoint {
+                return Err(line_error(n, "url", format!("its url '{}' is not the batch's endpoint '{endpoint}'.", line.url)));
+            }
+            if line.model != model {
+                return Err(line_error(
+                    n,
+                    "body.model",
+                    format!("a batch calls one model; this line names '{}', line 1 '{model}'.", line.model),
+                ));
+            }
+            key.policy.check_model(&line.model).map_err(|e| line_error(n, "body.model", e.message))?;
+            let mut maximum = None;
+            if let Some(route) = &route {
+                let body = serde_json::from_slice::<Value>(raw).ok().and_then(|v| v.get("body").map(Value::to_string)).unwrap_or_default();
+                let fields = crate::protocol::body_fields(body.as_bytes()).map_err(|e| line_error(n, "body", e.message))?;
+                if fields.stream == Some(true) {
+                    return Err(line_error(n, "body.stream", "a batch's answers are not streamed."));
+                }
+                let asked = crate::upstream::output::asked(route, &fields).map_err(|e| line_error(n, "body", e.message))?;
+                let field = crate::upstream::output::named_field(route, &fields);
+                key.policy.check_output_tokens(asked, field).map_err(|e| line_error(n, &format!("body.{field}"), e.message))?;
+                let limit = price.and_then(|p| p.max_output_tokens).unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE);
+                let per_choice = match asked {
+                    Some(a) if a > limit => {
+                        return Err(line_error(
+                            n,
+                            &format!("body.{field}"),
+                            format!("{a} output tokens is more than '{model}' can produce ({limit})."),
+                        ))
+                    }
+                    Some(a) => a,
+                    None => {
+                        let a = crate::upstream::output::default_allowance(
+                            price.and_then(|p| p.default_output_tokens),
+                            price.and_then(|p| p.max_output_tokens),
+                            key.policy.default_output_tokens,
+                            key.policy.max_output_tokens,
+                            routing.default_output_tokens,
+                        );
+                        maximum = Some((crate::upstream::output::field(route), a));
+                        a
+                    }
+                };
+                line.max_output = Some(per_choice.saturating_mul(fields.n.unwrap_or(1).max(1)));
+            }
+            if theirs != model || maximum.is_some() {
+                written.extend_from_slice(&rewrite_line(raw, n, &theirs, maximum)?);
+            } else {
+                written.extend_from_slice(raw);
+            }
+            written.push(b'\n');
+        }
+        let worst = crate::billing::batch::worst_case(&routing.prices, &lines, |_| 0).ok_or_else(|| {
+            log::error!("batch model {model} is served without a price; refused");
+            ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
+        })?;
+        Ok((written, worst, model, provider))
+    }
+
+    /// Create a batch of the key's input file: checked, charged its worst case, submitted.
+    pub async fn create(&self, key: &KeyRecord, purses: &[Purse], body: &[u8]) -> Result<Batch, ApiError> {
+        let asked = parse_create(body)?;
+        let input = self.input(key, &asked.input_file_id).await?;
+        let routing = self.routing.load_full();
+        let endpoint = asked.endpoint;
+        let key_owned = key.clone();
+        let (written, worst, model, provider) =
+            tokio::task::spawn_blocking(move || Self::prepare(&key_owned, &routing, endpoint, &input)).await.map_err(|e| {
+                log::error!("batches: checking the input failed: {e}");
+                ApiError::new(ErrorKind::Internal, "Internal error while checking the input file.")
+            })??;
+        let now = now_unix();
+        let mut batch = Batch {
+            id: format!("batch_{}", crate::base::secrets::random_base62(28)),
+            owner: key.id.clone(),
+            created_at: now,
+            endpoint: endpoint.to_string(),
+            input_file_id: asked.input_file_id,
+            completion_window: COMPLETION_WINDOW.into(),
+            metadata: asked.metadata,
+            model,
+            provider: provider.name.clone(),
+            key_index: 0,
+            status: SUBMITTING.into(),
+            upstream_id: None,
+            upstream_input_file: None,
+            upstream_output_file: None,
+            upstream_error_file: None,
+            counts: record::Counts { total: written.iter().filter(|b| **b == b'\n').count() as u64, ..Default::default() },
+            output_file_id: None,
+            error_file_id: None,
+            errors: None,
+            times: Default::default(),
+            hold_nanos: worst,
+            charged_to: crate::records::purse::charged(purses),
+            settled: false,
+            cost_nanos: 0,
+            usage: (0, 0, 0),
+            tags: key.policy.tags.clone(),
+            last_polled_at: now,
+        };
+        let _creating = Creating::mark(&self.creating, &batch.id);
+        match self.ledger.charge_from(Self::billing_record(&batch, worst, (0, 0, 0)), purses).await.map_err(internal)? {
+            Ok(_) => {}
+            Err(refused) => return Err(refused.to_api_error("this batch may cost", now)),
+        }
+        // Durable before the provider is called.
+        self.put(&batch).await.map_err(internal)?;
+        let submitted = async {
+            let up = upstream::Provider::new(&provider, batch.key_index).map_err(|m| upstream::CallError { status: None, message: m })?;
+            let file = up.upload(&format!("{}.jsonl", batch.id), written).await?;
+            batch.upstream_input_file = Some(file.clone());
+            up.create(&file, endpoint, COMPLETION_WINDOW, batch.metadata.as_ref()).await
+        }
+        .await;
+        match submitted {
+            Ok(up) => {
+                batch.upstream_id = up.get("id").and_then(Value::as_str).map(str::to_string);
+                batch.take_upstream(&up);
+                if batch.upstream_id.is_none() || batch.status == SUBMITTING {
+                    batch.status = "validating".into();
+                }
+                self.put(&batch).await.map_err(internal)?;
+                log::info!(
+                    "batch {} of key {}: {} requests of {} submitted to {}, {} nano-USD held",
+                    batch.id,
+                    batch.owner,
+                    batch.counts.total,
+                    batch.model,
+                    batch.provider,
+                    worst
+                );
+                Ok(batch)
+            }
+            Err(e) => {
+                log::warn!("batch {}: submission to {} failed: {e}", batch.id, batch.provider);
+                self.fail(&mut batch, "submission_failed", &format!("The provider did not accept the batch: {}", e.message))
+                    .await
+                    .map_err(internal)?;
+                Err(match e.status {
+                    Some(400) => ApiError::new(ErrorKind::BadRequest, format!("The provider refused the batch: {}", e.message)),
+                    _ => ApiError::new(
+                        ErrorKind::BadGateway,
+                        "The provider's batch API is unavailable; the batch was not created and nothing was charged. Retry later.",
+                    ),
+                })
+            }
+        }
+    }
+
+    /// End a batch that never ran: failed, the charge given back.
+    async fn fail(&self, batch: &mut Batch, code: &str, message: &str) -> Result<(), StoreError> {
+        batch.status = "failed".into();
+        batch.times.insert("failed_at".into(), now_unix());
+        batch.errors = Some(serde_json::json!({"object": "list", "data": [{"code": code, "message": message}]}));
+        self.settle(batch, None).await?;
+        self.put(batch).await
+    }
+
+    /// Book what the batch cost, from its output (None: nothing was done) line by line at the
+    /// batch prices, against what was charged: one record, the difference.
+    async fn settle(&self, batch: &mut Batch, output: Option<Arc<std::fs::File>>) -> Result<(), StoreError> {
+        if batch.settled {
+            return Ok(());
+        }
+        let routing = self.routing.load_full();
+        let model = batch.model.clone();
+        let (cost, usage, done, failed) = match output {
+            None => (0, (0, 0, 0), 0, 0),
+            Some(file) => tokio::task::spawn_blocking(move || {
+                use std::io::BufRead;
+                let (mut cost, mut usage, mut done, mut failed) = (0i64, (0u64, 0u64, 0u64), 0u64, 0u64);
+                // Read at offsets from the start, whatever the file's position.
+                let reader = std::io::BufReader::new(crate::base::spool::Reader::new(file));
+                for raw in reader.split(b'\n').map_while(Result::ok) {
+                    let Some(line) = output_line(&raw) else { continue };
+                    match line.usage {
+                        Some(u) if (200..300).contains(&line.status) => {
+                            cost = cost.saturating_add(crate::billing::batch::line_cost(&routing.prices, &model, &u));
+                            usage = (usage.0 + u.input, usage.1 + u.cached, usage.2 + u.output);
+                            done += 1;
+                        }
+                        _ => failed += 1,
+                    }
+                }
+                (cost, usage, done, failed)
+            })
+            .await
+            .map_err(|e| StoreError::Corrupt(format!("batch output: {e}")))?,
+        };
+        self.ledger.adjust(Self::billing_record(batch, cost - batch.hold_nanos, usage)).await?;
+        batch.settled = true;
+        batch.cost_nanos = cost;
+        batch.usage = usage;
+        log::info!(
+            "batch {} of key {} {}: {done} answers billed ({failed} without usage), {cost} nano-USD of {} held",
+            batch.id,
+            batch.owner,
+            batch.status,
+            batch.hold_nanos
+        );
+        Ok(())
+    }
+
+    /// The key's batch; another key's is the same 404 as none.
+    pub async fn owned(&self, key: &KeyRecord, id: &str) -> Result<Batch, ApiError> {
+        match self.jobs.get(id).await.map_err(internal)?.as_deref().and_then(Self::read) {
+            Some(b) if b.owner == key.id => Ok(b),
+            _ => Err(not_found(id)),
+        }
+    }
+
+    /// The key's batch, brought up to date first when its last poll is older than the poll
+    /// interval (on one node; in a fleet the node holding it keeps it current).
+    pub async fn get(&self, key: &KeyRecord, id: &str) -> Result<Batch, ApiError> {
+        let batch = self.owned(key, id).await?;
+        if !self.jobs.shared() && batch.open() && now_unix().saturating_sub(batch.last_polled_at) >= self.poll_every.as_secs() {
+            self.refresh(batch).await;
+            return self.owned(key, id).await;
+        }
+        Ok(batch)
+    }
+
+    /// The key's batches, newest first, after `after`, at most `limit`; whether more follow.
+    pub async fn list(&self, key: &KeyRecord, after: Option<&str>, limit: usize) -> Result<(Vec<Batch>, bool), ApiError> {
+        let texts = self.jobs.of_owner(KIND, &key.id, after, limit.saturating_add(1)).await.map_err(internal)?;
+        let mut batches: Vec<Batch> = texts.iter().filter_map(|t| Self::read(t)).collect();
+        let more = batches.len() > limit;
+        batches.truncate(limit);
+        Ok((batches, more))
+    }
+
+    /// Ask the provider to cancel the key's batch; settled once the provider says it is.
+    pub async fn cancel(&self, key: &KeyRecord, id: &str) -> Result<Batch, ApiError> {
+        let _turn = self.refreshing.lock().await;
+        let mut batch = self.owned(key, id).await?;
+        if record::is_terminal(&batch.status) || batch.status == "cancelling" {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("The batch '{id}' is {}; it cannot be cancelled.", batch.status))
+                .with_param("batch_id"));
+        }
+        let Some(upstream_id) = batch.upstream_id.clone() else {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("The batch '{id}' is still being submitted; cancel it in a moment."))
+                .with_param("batch_id"));
+        };
+        let provider = self.provider(&batch).map_err(|e| {
+            log::error!("batch {id}: {e}");
+            ApiError::new(ErrorKind::BadGateway, "The batch's provider is unavailable; retry later.")
+        })?;
+        match provider.cancel(&upstream_id).await {
+            Ok(up) => {
+                batch.take_upstream(&up);
+                if !record::is_terminal(&batch.status) {
+                    batch.status = "cancelling".into();
+                    batch.times.entry("cancelling_at".into()).or_insert_with(now_unix);
+                }
+                self.put(&batch).await.map_err(internal)?;
+                Ok(batch)
+            }
+            Err(e) => {
+                log::warn!("batch {id}: cancel at {} failed: {e}", batch.provider);
+                Err(ApiError::new(ErrorKind::BadGateway, format!("The provider did not cancel the batch: {}", e.message)))
+            }
+        }
+    }
+
+    /// Bring one open batch up to date with the provider, and settle it once it ended.
+    async fn refresh(&self, batch: Batch) {
+        let _turn = self.refreshing.lock().await;
+        // Read again under the lock: another refresh may have moved it on.
+        let batch = match self.jobs.get(&batch.id).await {
+            Ok(Some(text)) => match Self::read(&text) {
+                Some(b) => b,
+                None => return,
+            },
+            Ok(None) => return,
+            Err(e) => return log::warn!("batch {}: {e}", batch.id),
+        };
+        let id = batch.id.clone();
+        if let Err(e) = self.refresh_locked(batch).await {
+            log::warn!("batch {id}: {e}");
+        }
+    }
+
+    async fn refresh_locked(&self, mut batch: Batch) -> Result<(), StoreError> {
+        if !batch.open() {
+            return Ok(());
+        }
+        if batch.status == SUBMITTING {
+            if self.creating.lock().unwrap_or_else(|p| p.into_inner()).contains(&batch.id) {
+                return Ok(());
+            }
+            // Left so by a process that stopped (or a node that died) while submitting it: the
+            // provider may never have got it; failed and refunded, never submitted again.
+            return self
+                .fail(&mut batch, "interrupted", "The gateway stopped before the provider confirmed this batch; it was not started.")
+                .await;
+        }
+        let provider = match self.provider(&batch) {
+            Ok(p) => p,
+            Err(e) => {
+                log::error!("batch {}: {e}", batch.id);
+                return Ok(());
+            }
+        };
+        let Some(upstream_id) = batch.upstream_id.clone() else { return Ok(()) };
+        if !record::is_terminal(&batch.status) {
+            match provider.retrieve(&upstream_id).await {
+                Ok(up) => {
+                    batch.take_upstream(&up);
+                    if record::is_terminal(&batch.status) {
+                        let named = |n: &str| up.get(n).and_then(Value::as_str).filter(|s| !s.is_empty()).map(str::to_string);
+                        batch.upstream_output_file = named("output_file_id");
+                        batch.upstream_error_file = named("error_file_id");
+                    }
+                }
+                Err(e) if e.is_transient() => log::warn!("batch {}: retrieve failed, will retry: {e}", batch.id),
+                Err(e) => log::warn!("batch {}: the provider refused to describe it: {e}", batch.id),
+            }
+            batch.last_polled_at = now_unix();
+        }
+        if record::is_terminal(&batch.status) && !batch.settled {
+            self.finish(&mut batch, &provider).await?;
+        }
+        self.put(&batch).await
+    }
+
+    /// Copy an ended batch's files into the key's files and settle it from its output. A file
+    /// that cannot be had now is tried again at the next round: nothing is settled without it.
+    async fn finish(&self, batch: &mut Batch, provider: &upstream::Provider) -> Result<(), StoreError> {
+        let mut output = None;
+        for which in ["output", "errors"] {
+            let upstream_file = if which == "output" { &batch.upstream_output_file } else { &batch.upstream_error_file };
+            let Some(upstream_file) = upstream_file.clone() else { continue };
+            let (file, len) = match provider.download(&upstream_file).await {
+                Ok(f) => f,
+                Err(e) => {
+                    log::warn!("batch {}: downloading its {which} file failed, will retry: {e}", batch.id);
+                    return Ok(());
+                }
+            };
+            let file = Arc::new(file);
+            let name = format!("{}_{which}.jsonl", batch.id);
+            let stored = match self.files.store(&batch.owner, &name, "batch_output", file.clone(), len).await {
+                Ok(s) => s,
+                Err(e) => {
+                    log::warn!("batch {}: keeping its {which} file failed, will retry: {}", batch.id, e.message);
+                    return Ok(());
+                }
+            };
+            if which == "output" {
+                batch.output_file_id = Some(stored.id);
+                output = Some(file);
+            } else {
+                batch.error_file_id = Some(stored.id);
+            }
+        }
+        self.settle(batch, output).await
+    }
+
+    /// One poller round: every open batch this node works on whose last poll is stale.
+    pub async fn poll_once(&self) {
+        let texts = match self.jobs.open(KIND).await {
+            Ok(t) => t,
+            Err(e) => return log::warn!("batch poller: {e}"),
+        };
+        let now = now_unix();
+        for batch in texts.iter().filter_map(|t| Self::read(t)) {
+            let due = batch.status == SUBMITTING
+                || (record::is_terminal(&batch.status) && !batch.settled)
+                || now.saturating_sub(batch.last_polled_at) >= self.poll_every.as_secs();
+            if due {
+                self.refresh(batch).await;
+            }
+        }
+    }
+}
+
+/// A batch id in [`BatchService::creating`] for as long as its creation runs.
+struct Creating<'a> {
+    set: &'a Mutex<HashSet<String>>,
+    id: String,
+}
+
+impl<'a> Creating<'a> {
+    fn mark(set: &'a Mutex<HashSet<String>>, id: &str) -> Self {
+        set.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string());
+        Creating { set, id: id.to_string() }
+    }
+}
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        self.set.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+    }
+}
+
+/// Polls open batches every `limits.batch_poll_secs` until shutdown.
+pub struct BatchPoller {
+    pub service: Arc<BatchService>,
+}
+
+#[async_trait::async_trait]
+impl pingora_core::services::background::BackgroundService for BatchPoller {
+    async fn start(&self, mut shutdown: pingora_core::server::ShutdownWatch) {
+        loop {
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = tokio::time::sleep(self.service.poll_interval()) => {}
+            }
+            tokio::select! {
+                _ = shutdown.changed() => return,
+                _ = self.service.poll_once() => {}
+            }
+        }
+    }
+}

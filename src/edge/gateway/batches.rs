@@ -1,0 +1,58 @@
+//! The batch endpoints (a stage-2 answer), answered by the batch service: create (charged its
+//! worst case, see `crate::batch`), the key's list, one batch, cancel.
+
+use super::{Gateway, Outcome, RequestCtx};
+use crate::protocol::response::LocalResponse;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::route::BatchOp;
+use crate::upstream::Routing;
+use pingora_proxy::Session;
+use std::sync::Arc;
+
+impl Gateway {
+    pub(super) async fn batches_route(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        op: &BatchOp,
+        key: &KeyRecord,
+        routing: &Arc<Routing>,
+    ) -> std::result::Result<Outcome, ApiError> {
+        let Some(batches) = self.batches.as_ref() else {
+            return Err(ApiError::new(ErrorKind::NotFound, "Batches are not available on this gateway."));
+        };
+        let batch = match op {
+            BatchOp::Create => {
+                let body = crate::edge::body::read(session, &self.body).await?.bytes;
+                let purses = self.purses(routing, key)?;
+                batches.create(key, &purses, &body).await?
+            }
+            BatchOp::Get(id) => batches.get(key, id).await?,
+            BatchOp::Cancel(id) => batches.cancel(key, id).await?,
+            BatchOp::List => {
+                let query = session.req_header().uri.query().unwrap_or_default();
+                let param = |name: &str| {
+                    query
+                        .split('&')
+                        .find_map(|p| p.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+                        .map(crate::base::text::decode_component)
+                };
+                let limit = match param("limit") {
+                    Some(v) => v
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=100).contains(n))
+                        .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "'limit': 1 to 100.").with_param("limit"))?,
+                    None => 20,
+                };
+                let (list, has_more) = batches.list(key, param("after").as_deref(), limit).await?;
+                let items = list.iter().map(crate::batch::record::Batch::view).collect();
+                let body = crate::protocol::openai::list_page(items, |v| v.get("id").and_then(serde_json::Value::as_str), has_more);
+                return Ok(Outcome::Respond(LocalResponse::json(200, &body)));
+            }
+        };
+        ctx.model_asked = Some(batch.model.clone());
+        Ok(Outcome::Respond(LocalResponse::json(200, &batch.view())))
+    }
+}

@@ -1,0 +1,211 @@
+//! `/v1/batches` on one node against the mock's batch API: a batch checked line by line,
+//! charged its worst case at the batch price, submitted with the provider's key, polled to its
+//! end, its output and errors made the key's files, and settled line by line from the output's
+//! usage; a cancelled batch refunded what was not done; a bad input file refused naming its
+//! line; another key's batch unreachable.
+
+use crate::common::*;
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const OTHER_KEY: &str = "sk-client-batch-other-01";
+const STRICT_KEY: &str = "sk-client-batch-strict-1";
+const POOR_KEY: &str = "sk-client-batch-poor-001";
+
+fn config(mock: u16) -> String {
+    let body = standard_config(mock) + "limits: { batch_poll_secs: 1 }\n";
+    let body = with_key(&body, &format!("{{ key: {OTHER_KEY}, name: other, group: default, balance: 5.0 }}"));
+    let body = with_key(
+        &body,
+        &format!("{{ key: {STRICT_KEY}, name: strict, group: default, balance: 5.0, models: {{ allow: [alpha-4o-mini] }} }}"),
+    );
+    with_key(&body, &format!("{{ key: {POOR_KEY}, name: poor, group: default, balance: 0.000001 }}"))
+}
+
+fn line(id: &str, body: Value) -> String {
+    json!({"custom_id": id, "method": "POST", "url": "/v1/chat/completions", "body": body}).to_string()
+}
+
+async fn upload(gw: &Gateway, key: &str, lines: &[String]) -> String {
+    let bytes = (lines.join("\n") + "\n").into_bytes();
+    let (ct, body) = form(&[("purpose", "batch")], &[("file", "input.jsonl", "application/jsonl", bytes)]);
+    let r = client().post(gw.url("/v1/files")).bearer_auth(key).header("content-type", ct).body(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string()
+}
+
+async fn create(gw: &Gateway, key: &str, file: &str, metadata: Value) -> reqwest::Response {
+    let body = json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": metadata});
+    client().post(gw.url("/v1/batches")).bearer_auth(key).json(&body).send().await.unwrap()
+}
+
+async fn get(gw: &Gateway, key: &str, path: &str) -> reqwest::Response {
+    client().get(gw.url(path)).bearer_auth(key).send().await.unwrap()
+}
+
+/// Read the batch until its status is `status` (the gateway asks the provider once a second).
+async fn until(gw: &Gateway, id: &str, status: &str) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let b: Value = get(gw, CLIENT_KEY, &format!("/v1/batches/{id}")).await.json().await.unwrap();
+        if b["status"] == status {
+            return b;
+        }
+        assert!(Instant::now() < deadline, "batch never reached {status}: {b}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The cost of an output file's answers at alpha-5.5's batch prices (half of $2 and $8 per 1M).
+fn batch_cost(output: &str) -> (i64, usize) {
+    let mut cost = 0;
+    let mut n = 0;
+    for l in output.lines() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        let u = &v["response"]["body"]["usage"];
+        cost += u["prompt_tokens"].as_i64().unwrap() * 1000 + u["completion_tokens"].as_i64().unwrap() * 4000;
+        n += 1;
+    }
+    (cost, n)
+}
+
+#[tokio::test]
+async fn a_batch_is_charged_its_worst_case_runs_upstream_and_is_settled_line_by_line_at_the_batch_price() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let before = balance(&gw, CLIENT_KEY).await;
+    let lines = [
+        line("one", json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "hello"}]})),
+        line("two", json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "fails"}], "mock_fail": true})),
+        line("three", json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "short"}], "max_tokens": 5})),
+    ];
+    let file = upload(&gw, CLIENT_KEY, &lines).await;
+    let r = create(&gw, CLIENT_KEY, &file, json!({"job": "eval"})).await;
+    assert_eq!(r.status(), 200);
+    let batch: Value = r.json().await.unwrap();
+    let id = batch["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("batch_"), "{batch}");
+    assert_eq!((batch["object"].as_str(), batch["input_file_id"].as_str()), (Some("batch"), Some(file.as_str())));
+    assert_eq!(batch["request_counts"]["total"], 3);
+    assert_eq!(batch["metadata"]["job"], "eval");
+    // Charged its worst case when accepted.
+    let held = before - balance(&gw, CLIENT_KEY).await;
+    assert!(held > 0, "nothing was charged");
+
+    // Sent upstream with the provider's key, every line with an output maximum.
+    let recorded: Vec<Value> = client().get(mock.url("/__mock/requests")).send().await.unwrap().json().await.unwrap();
+    let upload_up = recorded.iter().find(|r| r["path"] == "/oa/v1/files").expect("the input went upstream");
+    assert_eq!(upload_up["headers"]["authorization"][0], format!("Bearer {UPSTREAM_KEY}"));
+    assert!(!upload_up.to_string().contains(CLIENT_KEY), "the client's key never goes upstream");
+    let sent = upload_up["body"].as_str().unwrap();
+    assert_eq!(sent.matches("\"max_completion_tokens\"").count(), 2, "the lines that named no maximum get one: {sent}");
+    assert!(recorded.iter().any(|r| r["path"] == "/oa/v1/batches" && r["method"] == "POST"));
+
+    let done = until(&gw, &id, "completed").await;
+    assert_eq!(done["request_counts"], json!({"total": 3, "completed": 2, "failed": 1}));
+    let out_id = done["output_file_id"].as_str().expect("output file").to_string();
+    let err_id = done["error_file_id"].as_str().expect("error file").to_string();
+    let output = get(&gw, CLIENT_KEY, &format!("/v1/files/{out_id}/content")).await.text().await.unwrap();
+    let errors = get(&gw, CLIENT_KEY, &format!("/v1/files/{err_id}/content")).await.text().await.unwrap();
+    assert_eq!(errors.lines().count(), 1);
+    assert!(errors.contains("\"custom_id\":\"two\""), "{errors}");
+    let (cost, answered) = batch_cost(&output);
+    assert_eq!(answered, 2);
+    assert!(output.contains("\"completion_tokens\":5"), "the named maximum held upstream: {output}");
+    assert!(cost < held);
+    // Settled: exactly what the answers cost at the batch price, the rest of the hold given back.
+    assert_eq!(before - balance(&gw, CLIENT_KEY).await, cost);
+    let usage = usage(&gw, CLIENT_KEY).await;
+    assert_eq!(nanos(&usage["total"]["cost"]), cost, "{usage}");
+    let tokens = |name: &str| {
+        output.lines().map(|l| serde_json::from_str::<Value>(l).unwrap()["response"]["body"]["usage"][name].as_u64().unwrap()).sum::<u64>()
+    };
+    assert_eq!(usage["total"]["input_tokens"].as_u64(), Some(tokens("prompt_tokens")), "{usage}");
+    assert_eq!(usage["total"]["output_tokens"].as_u64(), Some(tokens("completion_tokens")), "{usage}");
+    // The files are the key's: listed among its files.
+    let files: Value = get(&gw, CLIENT_KEY, "/v1/files").await.json().await.unwrap();
+    assert!(files["data"].as_array().unwrap().iter().any(|f| f["id"] == out_id.as_str() && f["purpose"] == "batch_output"));
+
+    // Another key sees none of it.
+    assert_eq!(get(&gw, OTHER_KEY, &format!("/v1/batches/{id}")).await.status(), 404);
+    assert_eq!(get(&gw, OTHER_KEY, &format!("/v1/files/{out_id}/content")).await.status(), 404);
+    let theirs: Value = get(&gw, OTHER_KEY, "/v1/batches").await.json().await.unwrap();
+    assert_eq!(theirs["data"].as_array().unwrap().len(), 0);
+    let r = client().post(gw.url(&format!("/v1/batches/{id}/cancel"))).bearer_auth(OTHER_KEY).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let mine: Value = get(&gw, CLIENT_KEY, "/v1/batches").await.json().await.unwrap();
+    assert_eq!(mine["data"][0]["id"], id.as_str());
+    // An ended batch cannot be cancelled.
+    let r = client().post(gw.url(&format!("/v1/batches/{id}/cancel"))).bearer_auth(CLIENT_KEY).send().await.unwrap();
+    assert_eq!(r.status(), 409);
+}
+
+#[tokio::test]
+async fn a_cancelled_batch_is_billed_for_what_was_done_and_refunded_the_rest() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let before = balance(&gw, CLIENT_KEY).await;
+    let lines: Vec<String> =
+        (0..4).map(|i| line(&format!("r{i}"), json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "x"}]}))).collect();
+    let file = upload(&gw, CLIENT_KEY, &lines).await;
+    let batch: Value = create(&gw, CLIENT_KEY, &file, json!({"mock_seconds": "600"})).await.json().await.unwrap();
+    let id = batch["id"].as_str().unwrap();
+    let r = client().post(gw.url(&format!("/v1/batches/{id}/cancel"))).bearer_auth(CLIENT_KEY).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "cancelling");
+    let done = until(&gw, id, "cancelled").await;
+    assert_eq!(done["request_counts"]["completed"], 2);
+    let output =
+        get(&gw, CLIENT_KEY, &format!("/v1/files/{}/content", done["output_file_id"].as_str().unwrap())).await.text().await.unwrap();
+    let (cost, answered) = batch_cost(&output);
+    assert_eq!(answered, 2, "half of the lines were done before the cancel");
+    assert_eq!(before - balance(&gw, CLIENT_KEY).await, cost);
+}
+
+#[tokio::test]
+async fn a_bad_input_file_is_refused_naming_its_line_and_nothing_is_charged_or_sent() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let ok = line("a", json!({"model": "alpha-5.5", "messages": []}));
+    let cases: Vec<(String, &str, &str)> = vec![
+        (line("b", json!({"model": "alpha-4o-mini", "messages": []})), CLIENT_KEY, "line 2: body.model"),
+        (line("a", json!({"model": "alpha-5.5", "messages": []})), CLIENT_KEY, "line 2: custom_id"),
+        (
+            json!({"custom_id": "b", "method": "POST", "url": "/v1/embeddings", "body": {"model": "alpha-5.5"}}).to_string(),
+            CLIENT_KEY,
+            "line 2: url",
+        ),
+        (line("b", json!({"model": "alpha-5.5", "messages": [], "stream": true})), CLIENT_KEY, "line 2: body.stream"),
+        (line("b", json!({"model": "alpha-5.5", "messages": [], "max_tokens": 1u64 << 40})), CLIENT_KEY, "line 2: body.max_tokens"),
+        ("{not json".to_string(), CLIENT_KEY, "line 2: "),
+        (line("b", json!({"model": "alpha-5.5", "messages": []})), STRICT_KEY, "line 1: body.model"),
+    ];
+    for (second, key, param) in cases {
+        let before = balance(&gw, key).await;
+        let file = upload(&gw, key, &[ok.clone(), second.clone()]).await;
+        let r = create(&gw, key, &file, Value::Null).await;
+        assert_eq!(r.status(), 400, "{second}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["param"], param, "{second}: {e}");
+        assert_eq!(balance(&gw, key).await, before, "{second}: nothing charged");
+    }
+    // Other refusals name their field.
+    let file = upload(&gw, CLIENT_KEY, std::slice::from_ref(&ok)).await;
+    for (body, param) in [
+        (json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "1h"}), "completion_window"),
+        (json!({"input_file_id": file, "endpoint": "/v1/images/generations", "completion_window": "24h"}), "endpoint"),
+        (json!({"input_file_id": "file-nope", "endpoint": "/v1/chat/completions", "completion_window": "24h"}), "input_file_id"),
+    ] {
+        let r = client().post(gw.url("/v1/batches")).bearer_auth(CLIENT_KEY).json(&body).send().await.unwrap();
+        assert!(r.status().is_client_error(), "{body}");
+        assert_eq!(r.json::<Value>().await.unwrap()["error"]["param"], param, "{body}");
+    }
+    // A key that cannot cover the worst case is refused before anything is sent.
+    let file = upload(&gw, POOR_KEY, std::slice::from_ref(&ok)).await;
+    let r = create(&gw, POOR_KEY, &file, Value::Null).await;
+    assert_eq!(r.status(), 402);
+    let listed: Value = get(&gw, CLIENT_KEY, "/v1/batches").await.json().await.unwrap();
+    assert_eq!(listed["data"].as_array().unwrap().len(), 0);
+    let recorded: Vec<Value> = client().get(mock.url("/__mock/requests")).send().await.unwrap().json().await.unwrap();
+    assert!(!recorded.iter().any(|r| r["path"].as_str().is_some_and(|p| p.contains("/batches") || p.contains("/files"))));
+}
