@@ -573,3 +573,78 @@ async fn a_stream_that_outlives_an_upgrade_of_a_fleet_node_is_billed() {
         .get(0);
     assert_eq!(held_by_old, 0, "the old process gave its lease back ({leased_now} leased in all)");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_created_on_a_is_completed_by_another_node_after_a_was_killed_and_billed_once_line_by_line() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let s3 = start_s3_on(free_port());
+    let secret = "sk-fleet-key-batch-00000000000001";
+    let keys = format!("  - {{ key: {secret}, name: evaluator, group: default, balance: 5 }}");
+    let mut nodes: Vec<Gateway> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .map(|name| {
+            let (body, _) = node_config(mock.port, &pg, name, &keys, ", lease_secs: 4, sync_ms: 200");
+            start_gateway_logged(&format!("{body}{}limits: {{ batch_poll_secs: 1 }}\n", storage_section(s3.port)))
+        })
+        .collect();
+    let c = client();
+    // The input file goes to object storage through A: every node reads it.
+    let lines: String = (0..3)
+        .map(|i| format!("{}\n", json!({"custom_id": format!("r{i}"), "method": "POST", "url": "/v1/chat/completions", "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}})))
+        .collect();
+    let (ct, body) = form(&[("purpose", "batch")], &[("file", "in.jsonl", "application/jsonl", lines.into_bytes())]);
+    let r = c.post(nodes[0].url("/v1/files")).bearer_auth(secret).header("content-type", ct).body(body).send().await.expect("upload");
+    assert_eq!(r.status(), 200);
+    let file = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    let body =
+        json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": "24h", "metadata": {"mock_seconds": "5"}});
+    let r = c.post(nodes[0].url("/v1/batches")).bearer_auth(secret).json(&body).send().await.expect("create");
+    assert_eq!(r.status(), 200);
+    let id = r.json::<Value>().await.expect("json")["id"].as_str().expect("id").to_string();
+    // A dies while the provider still runs the batch.
+    nodes[0].kill_hard();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let done = loop {
+        let v: Value =
+            c.get(nodes[2].url(&format!("/v1/batches/{id}"))).bearer_auth(secret).send().await.expect("get").json().await.expect("json");
+        if v["status"] == "completed" && v["output_file_id"].is_string() {
+            break v;
+        }
+        assert!(!matches!(v["status"].as_str(), Some("failed" | "cancelled" | "expired")), "{v}");
+        assert!(Instant::now() < deadline, "the batch was never taken over: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let output = c
+        .get(nodes[1].url(&format!("/v1/files/{}/content", done["output_file_id"].as_str().expect("output"))))
+        .bearer_auth(secret)
+        .send()
+        .await
+        .expect("content")
+        .text()
+        .await
+        .expect("text");
+    // $0.001 an output token, half at the batch price; input is free.
+    let cost: i64 = output
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<Value>(l).expect("line")["response"]["body"]["usage"]["completion_tokens"].as_i64().expect("tokens")
+                * 500_000
+        })
+        .sum();
+    assert_eq!(output.lines().count(), 3);
+    let recorded: Vec<Value> = c.get(mock.url("/__mock/requests")).send().await.expect("requests").json().await.expect("json");
+    let created = recorded.iter().filter(|r| r["path"] == "/oa/v1/batches" && r["method"] == "POST").count();
+    assert_eq!(created, 1, "submitted once, whatever node took it over");
+    // Settled once: the hold and its settlement together cost exactly the answers.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let u = usage(&nodes[1], secret).await;
+        if nanos(&u["total"]["cost"]) == cost {
+            assert_eq!(u["total"]["output_tokens"].as_i64(), Some(cost / 500_000), "{u}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "not settled to {cost}: {u}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

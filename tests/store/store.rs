@@ -560,3 +560,79 @@ fn fleet_node(server: &Postgres, name: &str, dir: &std::path::Path) -> (Arc<Flee
     let store: Arc<dyn Store> = Arc::new(FleetStore::new(fleet.clone(), db.db(), CommitPolicy::default()).expect("store"));
     (fleet, store, db)
 }
+
+fn job(id: &str, owner: &str, at: u64, open: bool, state: &str) -> tollgate::store::JobRow {
+    tollgate::store::JobRow {
+        kind: "batch",
+        id: id.into(),
+        owner: owner.into(),
+        created_at: at,
+        open,
+        record: format!("{{\"id\":\"{id}\",\"state\":\"{state}\"}}"),
+    }
+}
+
+/// Jobs (batches): kept, listed per key newest first, the open ones the poller's; with several
+/// stores (fleet nodes), an open job is worked on by the node that holds it, and taken over by
+/// another once that node's claim lapsed — after which the first node's writes are refused.
+async fn jobs_contract(stores: Vec<Arc<dyn Store>>) {
+    let a = stores[0].jobs();
+    for (id, owner, at) in [("batch_1", "k1", 10), ("batch_2", "k1", 20), ("batch_3", "k2", 15)] {
+        a.put(&job(id, owner, at, true, "running")).await.expect("put");
+    }
+    a.put(&job("batch_2", "k1", 20, false, "done")).await.expect("closed");
+    let mut open = a.open("batch").await.expect("open");
+    open.sort();
+    assert_eq!(open, ["{\"id\":\"batch_1\",\"state\":\"running\"}", "{\"id\":\"batch_3\",\"state\":\"running\"}"]);
+    assert!(a.open("other").await.expect("open").is_empty());
+    let listed = a.of_owner("batch", "k1", None, 10).await.expect("list");
+    assert_eq!(listed, ["{\"id\":\"batch_2\",\"state\":\"done\"}", "{\"id\":\"batch_1\",\"state\":\"running\"}"]);
+    assert_eq!(a.of_owner("batch", "k1", Some("batch_2"), 10).await.expect("page").len(), 1);
+    assert!(a.of_owner("batch", "k1", Some("batch_3"), 10).await.expect("another key's cursor").is_empty());
+    assert_eq!(a.get("batch_2").await.expect("get").as_deref(), Some("{\"id\":\"batch_2\",\"state\":\"done\"}"));
+    let Some(b) = stores.get(1).map(|s| s.jobs()) else { return };
+    // Node b sees every job, works on none that a holds, and cannot write them.
+    assert!(b.get("batch_1").await.expect("get").is_some());
+    assert!(b.open("batch").await.expect("open").is_empty(), "a holds them");
+    assert!(b.put(&job("batch_1", "k1", 10, true, "stolen")).await.is_err(), "fenced by a's claim");
+    // a stops renewing (its claims lapse): b takes its open jobs, and a's writes are refused.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let taken = loop {
+        let taken = b.open("batch").await.expect("open");
+        if !taken.is_empty() || std::time::Instant::now() > deadline {
+            break taken;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(taken.len(), 2, "b took both open jobs once a's claims lapsed");
+    b.put(&job("batch_1", "k1", 10, false, "finished by b")).await.expect("b holds it now");
+    assert!(a.put(&job("batch_1", "k1", 10, true, "late write of a")).await.is_err(), "a lost its claim");
+    assert_eq!(a.get("batch_1").await.expect("get").as_deref(), Some("{\"id\":\"batch_1\",\"state\":\"finished by b\"}"));
+}
+
+#[test]
+fn jobs_keep_their_contract_on_both_backends_and_move_to_another_node_when_their_claim_lapses() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = SledDb::open(dir.path()).expect("open");
+    let store: Arc<dyn Store> = Arc::new(SledStore::new(db.db(), CommitPolicy::default()).expect("store"));
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    runtime.block_on(jobs_contract(vec![store]));
+
+    let server = Postgres::start();
+    let node = |name: &str, dir: &std::path::Path| {
+        let conf = FleetConfig {
+            postgres: PgSettings { url: server.url(), pool_size: 4, ca_pem: None },
+            node_id: name.into(),
+            lease: Duration::from_secs(2),
+            sync: Duration::from_millis(200),
+        };
+        let fleet = Fleet::connect(&conf).expect("connect");
+        let db = SledDb::open(dir).expect("open");
+        let store: Arc<dyn Store> = Arc::new(FleetStore::new(fleet.clone(), db.db(), CommitPolicy::default()).expect("store"));
+        (fleet, store, db)
+    };
+    let (dir_a, dir_b) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+    let (fleet_a, a, _db_a) = node("a", dir_a.path());
+    let (_fleet_b, b, _db_b) = node("b", dir_b.path());
+    fleet_a.block_on(jobs_contract(vec![a, b]));
+}
