@@ -609,6 +609,9 @@ impl BatchService {
                 batch.error_file_id = Some(stored.id);
             }
         }
+        // Written (in a fleet: the claim renewed) right before the booking, so that a node
+        // that lost its claim while downloading settles nothing: the holder settles it.
+        self.put(batch).await?;
         self.settle(batch, output).await
     }
 

@@ -141,7 +141,7 @@ async fn a_batch_is_charged_its_worst_case_runs_upstream_and_is_settled_line_by_
 }
 
 #[tokio::test]
-async fn a_cancelled_batch_is_billed_for_what_was_done_and_refunded_the_rest() {
+async fn a_cancelled_or_expired_batch_is_billed_for_what_was_done_and_refunded_the_rest() {
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port));
     let before = balance(&gw, CLIENT_KEY).await;
@@ -159,6 +159,15 @@ async fn a_cancelled_batch_is_billed_for_what_was_done_and_refunded_the_rest() {
         get(&gw, CLIENT_KEY, &format!("/v1/files/{}/content", done["output_file_id"].as_str().unwrap())).await.text().await.unwrap();
     let (cost, answered) = batch_cost(&output);
     assert_eq!(answered, 2, "half of the lines were done before the cancel");
+    assert_eq!(before - balance(&gw, CLIENT_KEY).await, cost);
+    // An expired batch alike: what was done is billed, the rest refunded.
+    let before = balance(&gw, CLIENT_KEY).await;
+    let batch: Value = create(&gw, CLIENT_KEY, &file, json!({"mock_expire": "true"})).await.json().await.unwrap();
+    let done = until(&gw, batch["id"].as_str().unwrap(), "expired").await;
+    let output =
+        get(&gw, CLIENT_KEY, &format!("/v1/files/{}/content", done["output_file_id"].as_str().unwrap())).await.text().await.unwrap();
+    let (cost, answered) = batch_cost(&output);
+    assert_eq!(answered, 2);
     assert_eq!(before - balance(&gw, CLIENT_KEY).await, cost);
 }
 
