@@ -342,13 +342,16 @@ pub fn usage_window(query: Option<&str>) -> Result<(u64, u64), crate::protocol::
     Ok((start, end))
 }
 
-/// A usage query's `group_by`: `model` (the default) or `tag:<name>`; the 400 otherwise.
+/// A usage query's `group_by`: `model` (the default), `route` or `tag:<name>`; the 400 otherwise.
 pub fn usage_grouping(query: Option<&str>) -> Result<Grouping, crate::protocol::ApiError> {
     match query.unwrap_or_default().split('&').find_map(|p| p.strip_prefix("group_by=")) {
         None => Ok(Grouping::Model),
         Some(text) => Grouping::parse(text).ok_or_else(|| {
-            crate::protocol::ApiError::new(crate::protocol::ErrorKind::BadRequest, format!("group_by: model or tag:<name>, not '{text}'"))
-                .with_param("group_by")
+            crate::protocol::ApiError::new(
+                crate::protocol::ErrorKind::BadRequest,
+                format!("group_by: model, route or tag:<name>, not '{text}'"),
+            )
+            .with_param("group_by")
         }),
     }
 }
@@ -368,6 +371,7 @@ fn usage_report(
         let mut row = t.to_json();
         match by {
             Grouping::Model => row["model"] = serde_json::json!(label),
+            Grouping::Route => row["route"] = serde_json::json!(label),
             Grouping::Provider => row["provider"] = serde_json::json!(label),
             Grouping::Day(_) => row["day"] = serde_json::json!(label),
             Grouping::Tag(name) => {
@@ -387,6 +391,7 @@ fn usage_report(
     });
     match by {
         Grouping::Model => report["models"] = serde_json::json!(rows),
+        Grouping::Route => report["routes"] = serde_json::json!(rows),
         Grouping::Provider => report["providers"] = serde_json::json!(rows),
         Grouping::Day(_) => report["days"] = serde_json::json!(rows),
         Grouping::Tag(name) => {

@@ -151,22 +151,25 @@ impl Totals {
     }
 }
 
-/// What the rows of a usage summary are: a record's model, its provider, its day in a
+/// What the rows of a usage summary are: a record's model, its route, its provider, its day in a
 /// timezone (`YYYY-MM-DD`), or its value of one tag (the empty string for records without the
 /// tag, or without a provider).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Grouping {
     Model,
+    /// The endpoint that made the record (`chat_completions`, `batch`, `realtime`, `video`…).
+    Route,
     Provider,
     Day(jiff::tz::TimeZone),
     Tag(String),
 }
 
 impl Grouping {
-    /// `model`, or `tag:<name>` (percent-decoded); None for anything else.
+    /// `model`, `route`, or `tag:<name>` (percent-decoded); None for anything else.
     pub fn parse(text: &str) -> Option<Grouping> {
         match text {
             "model" => Some(Grouping::Model),
+            "route" => Some(Grouping::Route),
             _ => {
                 let name = crate::base::text::decode_component(text.strip_prefix("tag:")?);
                 (!name.is_empty()).then_some(Grouping::Tag(name))
@@ -179,6 +182,7 @@ impl Grouping {
         use std::borrow::Cow;
         match self {
             Grouping::Model => Cow::Borrowed(&r.model),
+            Grouping::Route => Cow::Borrowed(&r.route),
             Grouping::Provider => Cow::Borrowed(r.provider.as_deref().unwrap_or("")),
             Grouping::Day(tz) => Cow::Owned(crate::base::clock::date_in(r.time_ms / 1000, tz)),
             Grouping::Tag(name) => Cow::Borrowed(r.tags.get(name).map_or("", String::as_str)),

@@ -122,6 +122,12 @@ async fn a_batch_is_charged_its_worst_case_runs_upstream_and_is_settled_line_by_
     };
     assert_eq!(usage["total"]["input_tokens"].as_u64(), Some(tokens("prompt_tokens")), "{usage}");
     assert_eq!(usage["total"]["output_tokens"].as_u64(), Some(tokens("completion_tokens")), "{usage}");
+    // The usage report shows batch work as its own route: its charge and its settlement.
+    let by_route: Value = get(&gw, CLIENT_KEY, "/v1/usage?group_by=route").await.json().await.unwrap();
+    let rows = by_route["routes"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{by_route}");
+    assert_eq!((rows[0]["route"].as_str(), rows[0]["requests"].as_u64()), (Some("batch"), Some(1)), "one request: {by_route}");
+    assert_eq!(nanos(&rows[0]["cost"]), cost);
     // The files are the key's: listed among its files.
     let files: Value = get(&gw, CLIENT_KEY, "/v1/files").await.json().await.unwrap();
     assert!(files["data"].as_array().unwrap().iter().any(|f| f["id"] == out_id.as_str() && f["purpose"] == "batch_output"));
