@@ -16,7 +16,8 @@
 //! 7. [`billing`]: prices, holds and settlement (the ledger), the usage scanner of answers,
 //!    the media endpoints' units and realtime turns.
 //! 8. [`observe`]: metrics, the process log, traces, the request id.
-//! 9. [`access`]: key authentication, rate limits, owners of stored responses.
+//! 9. [`access`], [`identity`]: key authentication, rate limits, owners of stored responses;
+//!    the OpenID Connect provider's keys and the tokens it issues.
 //! 10. [`route`], [`translate`]: which endpoint a request is for; translation between protocols.
 //! 11. [`upstream`]: the providers — catalog, health, affinity, a call's draft, the upstream
 //!     request — and the seam between kinds of upstream.
@@ -49,6 +50,8 @@ pub mod billing;
 pub mod observe;
 
 pub mod access;
+/// People and clients signed in by the OpenID Connect provider, on the access floor.
+pub mod identity;
 
 pub mod route;
 pub mod translate;
@@ -83,7 +86,7 @@ mod house {
         &["store"],
         &["billing"],
         &["observe"],
-        &["access"],
+        &["access", "identity"],
         &["route", "translate"],
         &["upstream"],
         &["video", "files", "batch"],

@@ -540,6 +540,11 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let mut gateway = gateway(&server, &config, &shared, fleet.as_deref(), closing.clone(), body_limits);
     gateway.files = files;
     gateway.batches = Some(batches);
+    if let Some(oidc) = &config.identity.oidc {
+        let identity = Arc::new(crate::identity::Identity::new(oidc.clone())?);
+        server.add_service(background_service("identity keys", crate::identity::KeyRefresh { identity: identity.clone() }));
+        gateway.identity = Some(identity);
+    }
     add_background(&mut server, config, path, &shared, certificate.clone(), closing);
     let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &shared.metrics, true);
     add_public_listeners(&mut proxy, listen, tls_listen.zip(certificate))?;
@@ -634,6 +639,7 @@ fn gateway(
         realtime: config.realtime,
         files: Arc::new(crate::files::FileService::new(&config.data_dir, None, config.fleet.is_some())),
         batches: None,
+        identity: None,
         body,
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),

@@ -62,6 +62,16 @@ else
   echo "the JavaScript SDK test will be SKIPPED: npm is missing or could not install openai@7.57.0"
 fi
 
+echo "== oidc-provider from npm for tests/sdk/test_identity.py (a real OpenID Connect provider)"
+OIDC="${TOLLGATE_OIDC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/oidc}"
+if command -v npm >/dev/null 2>&1 \
+  && npm install --prefix "$OIDC" --no-audit --no-fund --loglevel=error oidc-provider@9.13.3 >/dev/null; then
+  export TOLLGATE_OIDC_MODULES="$OIDC/node_modules"
+  export TOLLGATE_OIDC_REQUIRED=1
+else
+  echo "the identity tests will be SKIPPED: npm is missing or could not install oidc-provider@9.13.3"
+fi
+
 # A CI build starts from nothing: incremental caches (a GiB here) would only take disk. With the
 # debug-info settings of Cargo.toml's dev profile, the whole build takes about 3 GiB.
 if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi

@@ -237,6 +237,11 @@ impl KeyIndex {
         self.store.put(&changes).await
     }
 
+    /// The record a secret's hash finds, as the index holds it (no check of its state).
+    pub fn lookup(&self, secret: &str) -> KeyLookup {
+        self.store.lookup(&hash_key(secret))
+    }
+
     /// Authenticate: the record for this secret, or the 401 to send (in a fleet whose index is
     /// stale, a 503: a revocation may not have arrived).
     pub fn authenticate(&self, secret: Option<&str>) -> Result<Arc<KeyRecord>, ApiError> {

@@ -553,6 +553,12 @@ impl AdminApi {
         if rec.revoked_at.is_some() {
             return Err(ApiError::new(ErrorKind::Conflict, format!("Key '{id}' was revoked; create a new key.")));
         }
+        if rec.origin == crate::records::key::KeyOrigin::Identity {
+            return Err(ApiError::new(
+                ErrorKind::Conflict,
+                format!("Key '{id}' is a person's, used with the identity provider's tokens: it has no secret to rotate (disable it to shut the person out)."),
+            ));
+        }
         if rec.origin == crate::records::key::KeyOrigin::Config {
             return Err(ApiError::new(
                 ErrorKind::Conflict,

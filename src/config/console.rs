@@ -41,6 +41,70 @@ pub(super) struct RawConsole {
     request_log_max: Option<usize>,
     #[serde(default)]
     key_page: Option<bool>,
+    /// The console's own listener (beyond the admin listener's loopback).
+    #[serde(default)]
+    listen: Option<String>,
+    #[serde(default)]
+    public_url: Option<String>,
+    #[serde(default)]
+    tls: Option<RawConsoleTls>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawConsoleTls {
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+/// `console: { listen, public_url, tls }`: a listener of its own for the console, which may
+/// face a network (not only loopback) once people sign in with the identity provider and TLS
+/// is on; the admin API never answers there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleListen {
+    pub listen: std::net::SocketAddr,
+    /// The address people reach it at (its origin is the one forms may come from, and the
+    /// sign-in's redirect URL is under it).
+    pub public_url: String,
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+/// The console's own listener, if `console.listen` names one. Off loopback it needs people to
+/// sign in with the identity provider (`identity.oidc`) and TLS (`console.tls`): `-t` refuses
+/// otherwise, saying which is missing.
+pub(super) fn console_listen(raw: Option<&RawConsole>, oidc: bool) -> Result<Option<ConsoleListen>, ConfigError> {
+    let Some(c) = raw else { return Ok(None) };
+    let Some(listen) = &c.listen else {
+        if c.public_url.is_some() || c.tls.is_some() {
+            return err("console.public_url and console.tls belong to console.listen, which is not set");
+        }
+        return Ok(None);
+    };
+    let listen: std::net::SocketAddr =
+        listen.parse().map_err(|e| super::ConfigError(format!("console.listen: '{listen}' is not an address:port ({e})")))?;
+    let tls = c.tls.as_ref().map(|t| (t.cert.clone(), t.key.clone()));
+    if !listen.ip().is_loopback() {
+        match (oidc, tls.is_some()) {
+            (true, true) => {}
+            (false, _) => return err(format!(
+                "console.listen: {listen} is not a loopback address; the console may face a network only when people sign in with an identity provider (identity.oidc) — the admin token alone would be a password on the network"
+            )),
+            (true, false) => return err(format!(
+                "console.listen: {listen} is not a loopback address; set console.tls (cert, key): sessions and sign-in codes must not cross the network in clear"
+            )),
+        }
+    }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let public_url = match &c.public_url {
+        Some(u) => u.trim_end_matches('/').to_string(),
+        None if listen.ip().is_loopback() => format!("{scheme}://{listen}"),
+        None => return err("console.public_url: required off loopback (the URL people open, e.g. https://console.example.com)"),
+    };
+    let uri: http::Uri = public_url.parse().map_err(|e| super::ConfigError(format!("console.public_url: not a URL ({e})")))?;
+    if uri.scheme_str() != Some(scheme) || uri.host().is_none() || uri.path().len() > 1 || uri.query().is_some() {
+        return err(format!("console.public_url: {scheme}://host[:port] (the console's origin, no path; {scheme} as its listener serves)"));
+    }
+    Ok(Some(ConsoleListen { listen, public_url, tls }))
 }
 
 /// `console:`: the request log's retention and bound.

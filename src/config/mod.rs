@@ -18,6 +18,7 @@
 pub mod billing;
 pub mod cloud;
 pub mod console;
+pub mod identity;
 pub mod keys;
 pub mod listen;
 pub mod store;
@@ -28,7 +29,8 @@ pub mod video;
 pub use crate::protocol::Protocol;
 pub use billing::{CommitPolicy, MediaAllowance, Price};
 pub use cloud::{Cloud, ProviderKind};
-pub use console::{ConsoleConfig, LogFormat};
+pub use console::{ConsoleConfig, ConsoleListen, LogFormat};
+pub use identity::{IdentityConfig, OidcConfig};
 pub use keys::{AccountConfig, KeyConfig};
 pub use listen::{AdminConfig, ConnLimits, MetricsConfig, TlsConfig};
 pub use store::{FleetConfig, PgSettings};
@@ -118,6 +120,9 @@ struct RawConfig {
     /// The request log and the console (`console:`).
     #[serde(default)]
     console: Option<console::RawConsole>,
+    /// People and clients signed in by an OpenID Connect provider (`identity:`).
+    #[serde(default)]
+    identity: Option<identity::RawIdentity>,
     /// Client connections and request headers (see `listener`).
     #[serde(default)]
     limits: Option<listen::RawLimits>,
@@ -164,6 +169,10 @@ pub struct Config {
     pub calendar: crate::policy::budget::Calendar,
     /// `console:`.
     pub console: ConsoleConfig,
+    /// `console.listen`: the console's own listener, when it has one.
+    pub console_listen: Option<ConsoleListen>,
+    /// `identity:`: the OpenID Connect provider, when one is configured.
+    pub identity: IdentityConfig,
     /// Output tokens held and asked for, per choice, when a request names no maximum and
     /// neither its key nor its model sets one (`billing.default_output_tokens`).
     pub default_output_tokens: u64,
@@ -273,6 +282,8 @@ impl Config {
 
         let video = raw.video.map(|v| video::video_config(v, env)).transpose()?;
         let storage = raw.storage.map(|s| video::storage(s, env)).transpose()?;
+        let identity = identity::identity(raw.identity, env)?;
+        let console_listen = console::console_listen(raw.console.as_ref(), identity.oidc.is_some())?;
         let console = console::console(raw.console)?;
         let otlp = telemetry::telemetry(raw.telemetry.as_ref(), env)?;
         let fleet = store::fleet_config(raw.store, env)?;
@@ -296,6 +307,8 @@ impl Config {
             accounts,
             calendar: billing.calendar,
             console,
+            console_listen,
+            identity,
             default_output_tokens: billing.default_output_tokens,
             min_output_tokens: billing.min_output_tokens,
             max_event_bytes,

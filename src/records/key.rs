@@ -81,6 +81,9 @@ pub enum KeyOrigin {
     Config,
     /// Created through the admin API; the file never changes it.
     Admin,
+    /// A person's key, made when they first called with the identity provider's token; found
+    /// by their subject, not by a secret.
+    Identity,
 }
 
 /// A shared account: keys that name it draw on its balance and its windows as well as their

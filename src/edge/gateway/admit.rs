@@ -1,4 +1,5 @@
-//! Stage 1, admit: which endpoint the request is for, and who is calling. Answers what needs
+//! Stage 1, admit: which endpoint the request is for, and who is calling (a gateway key, or
+//! an access token of the identity provider: see `person.rs`). Answers what needs
 //! no key (the reachability probe, the key page's HTML, an unknown path) and refuses a key in
 //! the query string, an unknown or refused key, and an address the key's policy does not
 //! list.
@@ -24,7 +25,7 @@ pub(super) struct Caller {
     pub routing: Arc<Routing>,
 }
 
-pub(super) fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) -> Step<Caller> {
+pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) -> Step<Caller> {
     let req = session.req_header();
     let route = route::classify(req.method.as_str(), req.uri.path());
     ctx.shape = Some(shape_of(&route, req));
@@ -54,7 +55,15 @@ pub(super) fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) -> St
         return Err(Exit::Answer(Outcome::Respond(super::key_page::page(file))));
     }
     ctx.key_checked = true;
-    let key = gw.keys.authenticate(auth::extract_key(&req.headers))?;
+    let presented = auth::extract_key(&req.headers);
+    let key = match (&gw.identity, presented) {
+        // An access token of the identity provider: the person's own key.
+        (Some(identity), Some(token)) if crate::identity::looks_like_jwt(token) => {
+            let token = token.to_string();
+            super::person::key_of(gw, identity, &token).await?
+        }
+        _ => gw.keys.authenticate(presented)?,
+    };
     ctx.key = Some(key.clone());
     let routing = gw.routing.load_full();
     if key.policy.ip_allow.is_some() {

@@ -60,6 +60,7 @@ mod draft;
 mod files;
 mod key_page;
 mod keyless;
+mod person;
 mod price;
 mod realtime;
 mod report;
@@ -87,6 +88,8 @@ pub struct Gateway {
     pub batches: Option<Arc<crate::batch::BatchService>>,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
+    /// The identity provider whose access tokens clients may present (`identity.oidc`).
+    pub identity: Option<Arc<crate::identity::Identity>>,
     pub ledger: Arc<Ledger>,
     /// Which key created each stored response (responses API).
     pub owners: crate::access::owners::Owners,
@@ -283,7 +286,7 @@ impl Gateway {
     }
 
     async fn stages(&self, session: &mut Session, ctx: &mut RequestCtx) -> Step<Box<RelayPlan>> {
-        let caller = admit::admit(self, session, ctx)?;
+        let caller = admit::admit(self, session, ctx).await?;
         let protocol = answer::answer(self, session, ctx, &caller).await?;
         let drafted = draft::draft(self, session, ctx, &caller, protocol).await?;
         price::price(self, session, ctx, caller, drafted).await

@@ -1,0 +1,106 @@
+//! A client that presents an access token of the identity provider instead of a gateway key
+//! (`Authorization: Bearer <JWT>`): the token verified (`crate::identity`), the person it
+//! names found, and their own key used as if they had presented it — its policy, its limits,
+//! its balance and its team's account. A person's first call makes that key: named after them,
+//! in `identity.oidc.group`, drawing on the first of their teams that is an account here, with
+//! `identity.oidc.allowance` of its own; the key follows their team when the provider moves
+//! them. An operator disables or edits it like any key; a disabled one refuses the person.
+
+use super::Gateway;
+use crate::access::auth::{hash_key, hex};
+use crate::identity::Identity;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyLookup;
+use crate::records::key::{KeyOrigin, KeyRecord};
+use std::sync::Arc;
+
+fn refused(why: impl std::fmt::Display) -> ApiError {
+    log::info!("identity: a client's token was refused: {why}");
+    ApiError::new(ErrorKind::Unauthorized, "The access token was not accepted: it is invalid, expired, or not issued for this gateway.")
+}
+
+fn internal(e: crate::store::StoreError) -> ApiError {
+    match e {
+        crate::store::StoreError::Shared(e) => {
+            log::warn!("identity: {e}");
+            crate::store::fleet::unavailable("the person's key")
+        }
+        e => {
+            log::error!("identity: {e}");
+            ApiError::new(ErrorKind::Internal, "Internal error while reading the person's key.")
+        }
+    }
+}
+
+fn no_team() -> ApiError {
+    ApiError::new(ErrorKind::Forbidden, "The identity provider names no team of this gateway for you; ask your team admin to add you.")
+}
+
+/// The key of the person `token` names.
+pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Result<Arc<KeyRecord>, ApiError> {
+    gw.metrics.counter("tollgate_identity_tokens_total", &[]).add(1);
+    let claims = identity.verify_fetching(token, &identity.cfg.audience, None).await.map_err(|e| {
+        gw.metrics.counter("tollgate_identity_refused_total", &[]).add(1);
+        refused(e)
+    })?;
+    let person = identity.person(&claims).ok_or_else(|| refused("it names no subject"))?;
+    let team = person.teams.iter().find(|t| gw.keys.account(t).is_some()).cloned();
+    let secret = identity.person_secret(&person.subject);
+    match gw.keys.lookup(&secret) {
+        KeyLookup::Stale => Err(crate::store::fleet::unavailable("the key list")),
+        KeyLookup::Found(_) => {
+            // Its state checked as any key's: revoked, disabled, expired.
+            let rec = gw.keys.authenticate(Some(&secret))?;
+            let still_member = rec.policy.account.as_ref().is_some_and(|a| person.teams.contains(a));
+            match team {
+                _ if still_member => Ok(rec),
+                // The provider moved them to another team: their key follows.
+                Some(team) => {
+                    let mut moved = (*rec).clone();
+                    moved.policy.account = Some(team.clone());
+                    moved.policy.tags.insert("team".into(), team.clone());
+                    gw.keys.put_key(&moved).await.map_err(internal)?;
+                    log::info!("identity: {} ({}) now draws on team {team}", person.display, moved.id);
+                    Ok(Arc::new(moved))
+                }
+                None => Err(no_team()),
+            }
+        }
+        KeyLookup::Unknown => {
+            let team = team.ok_or_else(no_team)?;
+            let routing = gw.routing.load();
+            if !routing.catalog.has_group(&identity.cfg.group) {
+                log::error!(
+                    "identity: identity.oidc.group '{}' is not a group; {} cannot be given a key",
+                    identity.cfg.group,
+                    person.display
+                );
+                return Err(ApiError::new(ErrorKind::Internal, "The gateway's identity settings name no usable group."));
+            }
+            let hash = hex(&hash_key(&secret));
+            let mut policy = crate::policy::KeyPolicy { account: Some(team.clone()), ..Default::default() };
+            policy.tags.insert("person".into(), person.display.clone());
+            policy.tags.insert("team".into(), team.clone());
+            let rec = KeyRecord {
+                id: format!("key_idp_{}", &hash[..16]),
+                name: person.display.clone(),
+                group: identity.cfg.group.clone(),
+                key_hash: hash,
+                rpm: None,
+                tpm: None,
+                enabled: true,
+                created_at: crate::base::clock::now_unix(),
+                max_concurrent: None,
+                origin: KeyOrigin::Identity,
+                seed_digest: None,
+                revoked_at: None,
+                rotated: None,
+                policy,
+            };
+            gw.ledger.open_account(&rec.id, identity.cfg.allowance_nanos).await.map_err(internal)?;
+            gw.keys.put_key(&rec).await.map_err(internal)?;
+            log::info!("identity: {} signed in for the first time: key {} of team {team}", person.display, rec.id);
+            Ok(Arc::new(rec))
+        }
+    }
+}
