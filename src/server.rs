@@ -529,7 +529,15 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     ));
     server.add_service(background_service("batch poller", crate::batch::BatchPoller { service: batches.clone() }));
 
-    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer };
+    let identity = match &config.identity.oidc {
+        Some(oidc) => {
+            let identity = Arc::new(crate::identity::Identity::new(oidc.clone())?);
+            server.add_service(background_service("identity keys", crate::identity::KeyRefresh { identity: identity.clone() }));
+            Some(identity)
+        }
+        None => None,
+    };
+    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity };
     add_handover(&mut server, handover_socket, &shared);
     if let Some(svc) = &shared.video {
         recover_video(svc, &start_up, upgrading)?;
@@ -540,11 +548,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let mut gateway = gateway(&server, &config, &shared, fleet.as_deref(), closing.clone(), body_limits);
     gateway.files = files;
     gateway.batches = Some(batches);
-    if let Some(oidc) = &config.identity.oidc {
-        let identity = Arc::new(crate::identity::Identity::new(oidc.clone())?);
-        server.add_service(background_service("identity keys", crate::identity::KeyRefresh { identity: identity.clone() }));
-        gateway.identity = Some(identity);
-    }
+    gateway.identity = shared.identity.clone();
     add_background(&mut server, config, path, &shared, certificate.clone(), closing);
     let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &shared.metrics, true);
     add_public_listeners(&mut proxy, listen, tls_listen.zip(certificate))?;
@@ -567,6 +571,7 @@ struct Shared {
     health: Arc<crate::upstream::health::HealthBook>,
     video: Option<Arc<VideoService>>,
     tracer: Option<Arc<crate::observe::telemetry::Tracer>>,
+    identity: Option<Arc<crate::identity::Identity>>,
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -611,6 +616,8 @@ fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> R
             request_log_days: config.console.request_log_days,
             request_log_max: config.console.request_log_max,
             scrape,
+            identity: s.identity.clone(),
+            console_url: config.console_listen.as_ref().map_or_else(|| format!("http://{}", admin.listen), |c| c.public_url.clone()),
         };
         add_local(server, config, &s.metrics, crate::admin::console::AdminListener::new(api), "tollgate admin", admin.listen);
     }

@@ -143,6 +143,7 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
                 revoked_at: None,
                 rotated: None,
                 policy: Default::default(),
+                owner: None,
             }),
         };
         out.push(rec);
@@ -357,6 +358,7 @@ mod tests {
             revoked_at: None,
             rotated: None,
             policy: Default::default(),
+            owner: None,
         };
         store.put(std::slice::from_ref(&admin)).await.expect("put");
         let index = KeyIndex::load(store.clone(), &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).await.expect("load");

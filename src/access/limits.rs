@@ -332,6 +332,7 @@ mod tests {
             revoked_at: None,
             rotated: None,
             policy: Default::default(),
+            owner: None,
         }
     }
 

@@ -42,6 +42,11 @@ pub struct AdminApi {
     pub request_log_max: usize,
     /// `/metrics` (see `scrape`).
     pub scrape: Arc<crate::admin::scrape::Scrape>,
+    /// The identity provider people sign in to the console with (`identity.oidc`).
+    pub identity: Option<Arc<crate::identity::Identity>>,
+    /// The console's origin, under which the provider sends people back after sign-in
+    /// (`console.public_url`, else the admin listener's).
+    pub console_url: String,
 }
 
 #[derive(Deserialize)]
@@ -519,6 +524,7 @@ impl AdminApi {
             revoked_at: None,
             rotated: None,
             policy,
+            owner: None,
         };
         if body.max_concurrent == Some(0) {
             return Err(bad("max_concurrent: at least 1"));

@@ -35,7 +35,12 @@ impl LocalResponse {
         header.insert_header("content-type", self.content_type)?;
         header.insert_header("content-length", self.body.len().to_string())?;
         for (name, value) in self.headers {
-            header.insert_header(name, value)?;
+            // Each cookie is a header of its own; any other name given twice: the last wins.
+            if name == "set-cookie" {
+                header.append_header(name, value)?;
+            } else {
+                header.insert_header(name, value)?;
+            }
         }
         session.write_response_header(Box::new(header), false).await?;
         session.write_response_body(Some(self.body), true).await?;

@@ -50,6 +50,11 @@ pub struct KeyRecord {
     /// Expiry, model rules, address allowlist (see `policy`).
     #[serde(default, skip_serializing_if = "crate::policy::KeyPolicy::is_empty")]
     pub policy: crate::policy::KeyPolicy,
+    /// The person (the identity provider's subject) a key belongs to: their own keys, made by
+    /// them in the console or at their first call with a token; None for keys made by an
+    /// operator or the configuration file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
 }
 
 /// The previous secret of a rotated key and the end of its grace period.

@@ -50,6 +50,7 @@ async fn stale_gets_coalesce_into_one_describe() {
         revoked_at: None,
         rotated: None,
         policy: Default::default(),
+        owner: None,
     };
     let (task, _) = svc
         .create(&key, &[tollgate::records::purse::Purse::key(&key.id)], br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None)

@@ -35,6 +35,7 @@ fn key(id: &str, secret: &str, enabled: bool) -> KeyRecord {
         revoked_at: None,
         rotated: None,
         policy: Default::default(),
+        owner: None,
     }
 }
 

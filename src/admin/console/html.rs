@@ -73,8 +73,13 @@ const NAV: [(&str, &str); 6] = [
 
 /// A whole signed-in page: navigation (with `current` marked), the time zone, sign-out.
 pub fn page(title: &str, current: &str, csrf: &str, timezone: &str, body: &str) -> String {
+    frame(&NAV, title, current, csrf, timezone, body)
+}
+
+/// A signed-in page with the navigation `pages` (a person's console has fewer pages).
+pub fn frame(pages: &[(&str, &str)], title: &str, current: &str, csrf: &str, timezone: &str, body: &str) -> String {
     let mut nav = String::new();
-    for (path, name) in NAV {
+    for (path, name) in pages.iter().copied() {
         let mark = if path == current { " aria-current=\"page\"" } else { "" };
         let _ = write!(nav, "<a href=\"{path}\"{mark}>{name}</a>");
     }

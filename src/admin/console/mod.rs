@@ -14,9 +14,11 @@ pub(crate) mod html;
 mod keys;
 mod page;
 mod pages;
+mod people;
 mod providers;
 mod requests;
 mod reveal;
+mod signin;
 mod throttle;
 mod usage;
 
@@ -41,11 +43,13 @@ const JS: &str = include_str!("assets/console.js");
 pub struct AdminListener {
     pub api: AdminApi,
     sessions: Sessions,
+    /// Cookies are marked `Secure` (the console is served over TLS here).
+    secure: bool,
 }
 
 impl AdminListener {
     pub fn new(api: AdminApi) -> AdminListener {
-        AdminListener { api, sessions: Sessions::default() }
+        AdminListener { api, sessions: Sessions::default(), secure: false }
     }
 }
 
@@ -56,7 +60,7 @@ impl crate::edge::local::Answer for AdminListener {
         if path == "/console" || path.starts_with("/console/") {
             // The console signs in with the token and keeps a session of its own.
             self.api.refuse_foreign(session.req_header())?;
-            return Ok(handle(&self.api, &self.sessions, session).await);
+            return Ok(handle(&self.api, &self.sessions, session, if self.secure { "; Secure" } else { "" }).await);
         }
         self.api.handle(session).await
     }
@@ -70,6 +74,27 @@ struct Sessions {
     sign_in: throttle::SignInThrottle,
     /// New keys' secrets waiting for their one-time page (see `reveal`).
     reveals: reveal::Reveals,
+    /// Sign-ins with the identity provider under way (see `signin`).
+    pending: signin::Pending,
+}
+
+/// Who a console session is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Who {
+    /// Signed in with the admin token: everything.
+    Operator,
+    /// Signed in with the identity provider: what their role allows.
+    Person(crate::identity::Person),
+}
+
+impl Who {
+    /// Everything is open to them.
+    pub(crate) fn operates(&self) -> bool {
+        match self {
+            Who::Operator => true,
+            Who::Person(p) => p.role() == crate::identity::Role::Operator,
+        }
+    }
 }
 
 #[derive(Clone)]
@@ -77,6 +102,7 @@ struct Signed {
     /// The token every form of this session carries.
     csrf: String,
     last_used: u64,
+    who: Who,
 }
 
 impl Sessions {
@@ -84,8 +110,8 @@ impl Sessions {
         self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A new session: its cookie value.
-    fn open(&self, now: u64) -> String {
+    /// A new session of `who`: its cookie value.
+    fn open(&self, now: u64, who: Who) -> String {
         let cookie = crate::base::secrets::random_base62(43);
         let mut map = self.lock();
         map.retain(|_, s| now.saturating_sub(s.last_used) < SESSION_IDLE_SECS);
@@ -94,7 +120,7 @@ impl Sessions {
                 map.remove(&oldest);
             }
         }
-        map.insert(digest(&cookie), Signed { csrf: crate::base::secrets::random_base62(32), last_used: now });
+        map.insert(digest(&cookie), Signed { csrf: crate::base::secrets::random_base62(32), last_used: now, who });
         cookie
     }
 
@@ -121,7 +147,12 @@ fn digest(cookie: &str) -> [u8; 32] {
 
 /// Constant-time equality of two tokens.
 fn same(a: &str, b: &str) -> bool {
-    digest(a).iter().zip(digest(b).iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    same_digest(&digest(a), &digest(b))
+}
+
+/// Constant-time equality of two digests.
+fn same_digest(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// What a page handler needs of the request.
@@ -192,21 +223,30 @@ fn next_path(next: &str) -> &str {
 }
 
 fn cookie_of(session: &Session) -> Option<String> {
+    named_cookie(session, COOKIE)
+}
+
+fn named_cookie(session: &Session, wanted: &str) -> Option<String> {
     session.req_header().headers.get_all(http::header::COOKIE).iter().filter_map(|v| v.to_str().ok()).find_map(|header| {
         header.split(';').find_map(|pair| {
             let (name, value) = pair.trim().split_once('=')?;
-            (name == COOKIE).then(|| value.to_string())
+            (name == wanted).then(|| value.to_string())
         })
     })
 }
 
-fn set_cookie(value: &str, max_age: Option<u64>) -> String {
+fn set_cookie(value: &str, max_age: Option<u64>, secure: &str) -> String {
     let age = max_age.map_or("; Max-Age=0".to_string(), |s| format!("; Max-Age={s}"));
-    format!("{COOKIE}={value}; Path=/console; HttpOnly; SameSite=Strict{age}")
+    format!("{COOKIE}={value}; Path=/console; HttpOnly; SameSite=Strict{age}{secure}")
 }
 
-fn login_page(status: u16, next: &str, error: Option<&str>) -> LocalResponse {
+fn login_page(status: u16, next: &str, error: Option<&str>, provider: bool) -> LocalResponse {
     let error = error.map_or(String::new(), |e| format!("<p class=\"alert\" role=\"alert\">{}</p>", html::esc(e)));
+    let error = if provider {
+        format!("{error}<p class=\"card\"><a class=\"button\" id=\"oidc-sign-in\" href=\"/console/oidc/start?next={}\">Sign in with your company account</a></p><p><small>Or, for the operator, the admin token:</small></p>", html::enc(next))
+    } else {
+        error
+    };
     html(
         status,
         html::bare(
@@ -234,7 +274,7 @@ fn refused(message: &str) -> LocalResponse {
 }
 
 /// Every request under `/console` (`Host` and `Origin` are already checked).
-async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session) -> LocalResponse {
+async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session, secure: &str) -> LocalResponse {
     let req = session.req_header();
     let method = req.method.as_str().to_string();
     let path = req.uri.path().to_string();
@@ -247,7 +287,39 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session) -> L
         ("GET", "/console/assets/console.js") => return asset(JS, "text/javascript; charset=utf-8"),
         ("GET", "/console/login") => {
             let form = Form::parse(&query);
-            return login_page(200, next_path(form.get("next")), None);
+            return login_page(200, next_path(form.get("next")), None, api.identity.is_some());
+        }
+        ("GET", "/console/oidc/start") => {
+            let form = Form::parse(&query);
+            return sessions.pending.start(api, next_path(form.get("next")), secure).await;
+        }
+        ("GET", "/console/callback") => {
+            let browser = named_cookie(session, signin::BROWSER_COOKIE);
+            return match sessions.pending.callback(api, &Form::parse(&query), browser.as_deref()).await {
+                Ok((who, next)) => {
+                    let people_start = if who.operates() || next != "/console" { next } else { "/console/me".to_string() };
+                    let cookie = sessions.open(now, who);
+                    // A page of this site moves on: the Strict cookie set here would not be sent
+                    // on a redirect that the provider's site began.
+                    let mut r = html(
+                        200,
+                        html::bare(
+                            "Signed in",
+                            &format!(
+                                "<meta http-equiv=\"refresh\" content=\"0;url={0}\"><p><a id=\"continue\" href=\"{0}\">Continue to the console</a></p>",
+                                html::esc(&people_start)
+                            ),
+                        ),
+                    );
+                    r.headers.push(("set-cookie", set_cookie(&cookie, Some(SESSION_IDLE_SECS), secure)));
+                    r.headers.push((
+                        "set-cookie",
+                        format!("{}=; Path=/console; HttpOnly; SameSite=Lax; Max-Age=0{secure}", signin::BROWSER_COOKIE),
+                    ));
+                    r
+                }
+                Err(page) => page,
+            };
         }
         _ => {}
     }
@@ -269,7 +341,12 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session) -> L
         if let Some(ip) = peer {
             if let Err(wait) = sessions.sign_in.admit(ip, at) {
                 api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in_throttled")]).add(1);
-                let mut r = login_page(429, &next, Some(&format!("Too many wrong tokens from this address. Try again in {wait} s.")));
+                let mut r = login_page(
+                    429,
+                    &next,
+                    Some(&format!("Too many wrong tokens from this address. Try again in {wait} s.")),
+                    api.identity.is_some(),
+                );
                 r.headers.push(("retry-after", wait.to_string()));
                 return r;
             }
@@ -279,14 +356,14 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session) -> L
             if let Some(ip) = peer {
                 sessions.sign_in.failed(ip, at);
             }
-            return login_page(401, &next, Some("Wrong admin token."));
+            return login_page(401, &next, Some("Wrong admin token."), api.identity.is_some());
         }
         if let Some(ip) = peer {
             sessions.sign_in.succeeded(ip);
         }
-        let cookie = sessions.open(now);
+        let cookie = sessions.open(now, Who::Operator);
         let mut r = redirect(&next);
-        r.headers.push(("set-cookie", set_cookie(&cookie, Some(SESSION_IDLE_SECS))));
+        r.headers.push(("set-cookie", set_cookie(&cookie, Some(SESSION_IDLE_SECS), secure)));
         return r;
     }
     let cookie = cookie_of(session);
@@ -306,11 +383,15 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session) -> L
             sessions.close(c);
         }
         let mut r = redirect("/console/login");
-        r.headers.push(("set-cookie", set_cookie("", None)));
+        r.headers.push(("set-cookie", set_cookie("", None, secure)));
         return r;
     }
     let request = Request { method, path, query, form, csrf: signed.csrf };
-    pages::route(api, &sessions.reveals, &request).await
+    match &signed.who {
+        who if who.operates() => pages::route(api, &sessions.reveals, &request).await,
+        Who::Person(person) => people::route(api, &sessions.reveals, &request, person).await,
+        Who::Operator => pages::route(api, &sessions.reveals, &request).await,
+    }
 }
 
 fn asset(text: &'static str, content_type: &'static str) -> LocalResponse {
@@ -327,12 +408,12 @@ mod tests {
     #[test]
     fn sessions_are_found_by_cookie_and_end_when_idle_or_closed() {
         let s = Sessions::default();
-        let cookie = s.open(1000);
+        let cookie = s.open(1000, Who::Operator);
         let signed = s.find(&cookie, 1000 + 60).expect("open");
         assert_eq!(signed.csrf.len(), 32);
         assert!(s.find("another", 1060).is_none());
         assert!(s.find(&cookie, 1060 + SESSION_IDLE_SECS).is_none(), "idle too long");
-        let cookie = s.open(5000);
+        let cookie = s.open(5000, Who::Operator);
         s.close(&cookie);
         assert!(s.find(&cookie, 5001).is_none());
     }

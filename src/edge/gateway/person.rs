@@ -96,6 +96,7 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
                 revoked_at: None,
                 rotated: None,
                 policy,
+                owner: Some(person.subject.clone()),
             };
             gw.ledger.open_account(&rec.id, identity.cfg.allowance_nanos).await.map_err(internal)?;
             gw.keys.put_key(&rec).await.map_err(internal)?;

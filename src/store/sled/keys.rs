@@ -146,6 +146,7 @@ mod tests {
             revoked_at: None,
             rotated: None,
             policy: Default::default(),
+            owner: None,
         };
         {
             let db = SledDb::open(dir.path()).expect("open");

@@ -1,0 +1,330 @@
+//! The console of a person signed in with the identity provider (not an operator): what their
+//! role allows, checked here on every request — a key, a team or a page that is not theirs is
+//! the same 404 as none.
+//!
+//! * Everyone (`member`): `/console/me` — who they are, their own keys (the one their first
+//!   call with a token made, and those they made here), each key's balance and spend; make a
+//!   key (on their team's account, with `identity.oidc.allowance` of its own; its secret shown
+//!   once), rotate and revoke their own keys; their spend over 30 days.
+//! * `team_admin`: `/console/team` — for each of their teams: the account's balance, every
+//!   key that draws on it with its owner, balance and spend; set a key's own allowance (never
+//!   above what the team's account holds), disable and enable a key. Every balance move is in
+//!   the audit trail with the person's name.
+//!
+//! Operators (by role or the admin token) have the whole console instead (`pages`).
+
+use super::html::{self, enc, esc, nanos};
+use super::page::*;
+use super::reveal::Reveals;
+use super::{html as reply, Request};
+use crate::admin::api::AdminApi;
+use crate::identity::{Person, Role};
+use crate::protocol::response::LocalResponse;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::records::usage::Grouping;
+use serde_json::json;
+use std::fmt::Write;
+
+fn not_found() -> ApiError {
+    ApiError::new(ErrorKind::NotFound, "There is no such page or key here.")
+}
+
+/// The pages in a person's navigation.
+fn nav(person: &Person) -> Vec<(&'static str, &'static str)> {
+    let mut pages = vec![("/console/me", "My keys")];
+    if person.role() >= Role::TeamAdmin {
+        pages.push(("/console/team", "My team"));
+    }
+    pages
+}
+
+fn frame(api: &AdminApi, person: &Person, req: &Request, title: &str, current: &str, body: &str) -> LocalResponse {
+    let tz = api.routing.load().calendar.name().to_string();
+    reply(200, html::frame(&nav(person), title, current, &req.csrf, &tz, body))
+}
+
+pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Person) -> LocalResponse {
+    let path = req.path.trim_end_matches('/');
+    let result = match (req.method.as_str(), path) {
+        ("GET", "" | "/console" | "/console/me") => me(api, req, person).await,
+        ("POST", "/console/me/keys") => create(api, reveals, req, person).await,
+        ("GET", p) if p.starts_with("/console/me/keys/created/") => {
+            created(api, reveals, req, person, &p["/console/me/keys/created/".len()..])
+        }
+        ("POST", p) if p.starts_with("/console/me/keys/") => own_action(api, req, person, &p["/console/me/keys/".len()..]).await,
+        ("GET", "/console/team") if person.role() >= Role::TeamAdmin => team(api, req, person).await,
+        ("POST", p) if p.starts_with("/console/team/keys/") && person.role() >= Role::TeamAdmin => {
+            team_action(api, req, person, &p["/console/team/keys/".len()..]).await
+        }
+        _ => Err(not_found()),
+    };
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            let body = format!("<p class=\"alert\" role=\"alert\">{}</p><p><a href=\"/console/me\">My keys</a></p>", esc(&e.message));
+            let mut r = frame(api, person, req, if e.status() == 404 { "Not found" } else { "Refused" }, "", &body);
+            r.status = e.status();
+            r
+        }
+    }
+}
+
+/// The teams a person belongs to that are accounts here.
+fn teams(api: &AdminApi, person: &Person) -> Vec<String> {
+    person.teams.iter().filter(|t| api.keys.account(t).is_some()).cloned().collect()
+}
+
+async fn spend(api: &AdminApi, key: &KeyRecord) -> Result<i64, ApiError> {
+    let clock = Clock::now(api);
+    let (start, end) = clock.range_ms(&clock.days_before(29), &clock.today).ok_or_else(|| internal("calendar"))?;
+    let (total, _) = api.ledger.usage_grouped(&key.id, start, end, &Grouping::Model).await.map_err(internal)?;
+    Ok(total.cost_nanos)
+}
+
+fn state(key: &KeyRecord) -> &'static str {
+    if key.revoked_at.is_some() {
+        "revoked"
+    } else if !key.enabled {
+        "disabled"
+    } else {
+        "active"
+    }
+}
+
+fn form(action: &str, csrf: &str, inner: &str) -> String {
+    format!(
+        "<form method=\"post\" action=\"{action}\" class=\"inline\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">{inner}</form>",
+        esc(csrf)
+    )
+}
+
+async fn me(api: &AdminApi, req: &Request, person: &Person) -> Page {
+    api.ledger.commit_now().await.map_err(internal)?;
+    let mine: Vec<KeyRecord> =
+        api.keys.all_keys().await.map_err(internal)?.into_iter().filter(|k| k.owner.as_deref() == Some(person.subject.as_str())).collect();
+    let mut rows = Vec::new();
+    let mut total = 0;
+    for k in &mine {
+        let balance = api.ledger.balance(&k.id).await.map_err(internal)?;
+        let spent = spend(api, k).await?;
+        total += spent;
+        let mut actions = String::new();
+        if k.revoked_at.is_none() && k.origin != crate::records::key::KeyOrigin::Identity {
+            actions.push_str(&form(
+                &format!("/console/me/keys/{}/rotate", enc(&k.id)),
+                &req.csrf,
+                "<button type=\"submit\">Rotate</button>",
+            ));
+        }
+        if k.revoked_at.is_none() {
+            actions.push_str(&form(
+                &format!("/console/me/keys/{}/revoke", enc(&k.id)),
+                &req.csrf,
+                "<button type=\"submit\" class=\"danger\">Revoke</button>",
+            ));
+        }
+        rows.push(vec![
+            esc(&k.name),
+            format!("<code>{}</code>", esc(&k.id)),
+            esc(k.policy.account.as_deref().unwrap_or("—")),
+            nanos(balance),
+            nanos(spent),
+            state(k).to_string(),
+            actions,
+        ]);
+    }
+    let teams = teams(api, person);
+    let who = format!(
+        "<p id=\"who\">Signed in as <strong>{}</strong> ({}){}.</p>",
+        esc(&person.display),
+        person.role().name(),
+        if teams.is_empty() {
+            " — no team of this gateway yet: ask your team admin".to_string()
+        } else {
+            format!(", team {}", esc(&teams.join(", ")))
+        }
+    );
+    let create = if teams.is_empty() {
+        String::new()
+    } else {
+        let options: String = teams.iter().map(|t| format!("<option>{}</option>", esc(t))).collect();
+        format!(
+            "<h2>New key</h2><form method=\"post\" action=\"/console/me/keys\" class=\"card\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+<label>Name<input name=\"name\" required maxlength=\"64\"></label><label>Team<select name=\"team\">{options}</select></label>\
+<p><button type=\"submit\">Create key</button></p></form>",
+            esc(&req.csrf)
+        )
+    };
+    let body = format!(
+        "{who}{}<p>Spent over 30 days: <strong id=\"spent\">{}</strong></p>{create}",
+        html::table("my-keys", &["Name", "Id", "Team", "Balance", "30 days", "State", ""], &rows, None),
+        nanos(total)
+    );
+    Ok(frame(api, person, req, "My keys", "/console/me", &body))
+}
+
+/// One of the person's own keys (revoked included), or the 404 of none.
+async fn own(api: &AdminApi, person: &Person, id: &str) -> Result<KeyRecord, ApiError> {
+    match api.key(id).await {
+        Ok(k) if k.owner.as_deref() == Some(person.subject.as_str()) => Ok(k),
+        _ => Err(not_found()),
+    }
+}
+
+async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Person) -> Page {
+    let team = req.form.get("team");
+    if !teams(api, person).iter().any(|t| t == team) {
+        return Err(ApiError::new(ErrorKind::Forbidden, "You can make keys only on a team of yours.").with_param("team"));
+    }
+    let identity = api.identity.as_ref().ok_or_else(not_found)?;
+    let body = json!({
+        "name": req.form.get("name"),
+        "group": identity.cfg.group,
+        "balance": identity.cfg.allowance_nanos as f64 / 1e9,
+        "account": team,
+        "tags": {"person": person.display, "team": team},
+    });
+    let view = api.create_key(crate::admin::api::parse_json(body.to_string().as_bytes())?).await?;
+    let id = view["id"].as_str().unwrap_or_default().to_string();
+    let mut rec = api.key(&id).await?;
+    rec.owner = Some(person.subject.clone());
+    api.keys.put_key(&rec).await.map_err(internal)?;
+    log::info!("console: {} made key {} ({}) on team {team}", person.display, rec.name, rec.id);
+    let token = reveals.keep(&id, &rec.name, view["key"].as_str().unwrap_or_default(), &req.csrf, crate::base::clock::now_unix());
+    Ok(super::redirect(&format!("/console/me/keys/created/{token}")))
+}
+
+fn created(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Person, token: &str) -> Page {
+    let Some(reveal) = reveals.take(token, &req.csrf, crate::base::clock::now_unix()) else {
+        let body = "<p class=\"alert\" role=\"alert\">This link was used already (or expired): a key's secret is shown only once.</p><p><a href=\"/console/me\">My keys</a></p>";
+        return Ok(frame(api, person, req, "Secret already shown", "/console/me", body));
+    };
+    let body = format!(
+        "<p class=\"notice\" role=\"status\">Key <strong>{}</strong> created. Copy its secret now: it is shown only this once.</p>\
+<div class=\"secret\"><input id=\"secret\" readonly value=\"{}\" aria-label=\"Secret\"><button type=\"button\" data-copy=\"secret\">Copy</button></div>\
+<p><a href=\"/console/me\">My keys</a></p>",
+        esc(&reveal.name),
+        esc(&reveal.secret),
+    );
+    let mut page = frame(api, person, req, "Key created", "/console/me", &body);
+    page.headers.push(("cache-control", "no-store".to_string()));
+    Ok(page)
+}
+
+async fn own_action(api: &AdminApi, req: &Request, person: &Person, rest: &str) -> Page {
+    let (id, action) = rest.rsplit_once('/').ok_or_else(not_found)?;
+    let key = own(api, person, id).await?;
+    match action {
+        "revoke" => {
+            api.revoke_key(&key.id).await?;
+            log::info!("console: {} revoked their key {}", person.display, key.id);
+            Ok(super::redirect("/console/me"))
+        }
+        "rotate" => {
+            let view = api.rotate_key(&key.id, 0).await?;
+            log::info!("console: {} rotated their key {}", person.display, key.id);
+            let body = format!(
+                "<p class=\"notice\" role=\"status\">Key <strong>{}</strong> has a new secret; the old one no longer works. Copy it now: it is shown only this once.</p>\
+<div class=\"secret\"><input id=\"secret\" readonly value=\"{}\" aria-label=\"Secret\"><button type=\"button\" data-copy=\"secret\">Copy</button></div><p><a href=\"/console/me\">My keys</a></p>",
+                esc(&key.name),
+                esc(view["key"].as_str().unwrap_or_default())
+            );
+            let mut page = frame(api, person, req, "Key rotated", "/console/me", &body);
+            page.headers.push(("cache-control", "no-store".to_string()));
+            Ok(page)
+        }
+        _ => Err(not_found()),
+    }
+}
+
+/// The teams a team admin runs.
+fn runs(api: &AdminApi, person: &Person) -> Vec<String> {
+    if person.role() >= Role::TeamAdmin {
+        teams(api, person)
+    } else {
+        Vec::new()
+    }
+}
+
+async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
+    api.ledger.commit_now().await.map_err(internal)?;
+    let all = api.keys.all_keys().await.map_err(internal)?;
+    let mut body = String::new();
+    for team in runs(api, person) {
+        let account = api.ledger.balance(&crate::policy::budget::account_purse(&team)).await.map_err(internal)?;
+        let mut rows = Vec::new();
+        for k in all.iter().filter(|k| k.policy.account.as_deref() == Some(team.as_str())) {
+            let balance = api.ledger.balance(&k.id).await.map_err(internal)?;
+            let toggle = if k.enabled { "disable" } else { "enable" };
+            let actions = if k.revoked_at.is_some() {
+                String::new()
+            } else {
+                format!(
+                    "{}{}",
+                    form(
+                        &format!("/console/team/keys/{}/allowance", enc(&k.id)),
+                        &req.csrf,
+                        &format!("<input name=\"allowance\" size=\"8\" aria-label=\"Allowance (USD)\" value=\"{:.2}\"><input name=\"reason\" size=\"12\" aria-label=\"Reason\" placeholder=\"reason\"><button type=\"submit\">Set allowance</button>", balance as f64 / 1e9)
+                    ),
+                    form(&format!("/console/team/keys/{}/{toggle}", enc(&k.id)), &req.csrf, &format!("<button type=\"submit\">{}</button>", if k.enabled { "Disable" } else { "Enable" }))
+                )
+            };
+            rows.push(vec![
+                esc(&k.name),
+                format!("<code>{}</code>", esc(&k.id)),
+                nanos(balance),
+                nanos(spend(api, k).await?),
+                state(k).to_string(),
+                actions,
+            ]);
+        }
+        let _ = write!(
+            body,
+            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{2}</section>",
+            esc(&team),
+            nanos(account),
+            html::table(&format!("team-{}", esc(&team)), &["Key", "Id", "Allowance left", "30 days", "State", ""], &rows, None)
+        );
+    }
+    if body.is_empty() {
+        body = "<p>None of your teams is an account of this gateway.</p>".into();
+    }
+    Ok(frame(api, person, req, "My team", "/console/team", &body))
+}
+
+async fn team_action(api: &AdminApi, req: &Request, person: &Person, rest: &str) -> Page {
+    let (id, action) = rest.rsplit_once('/').ok_or_else(not_found)?;
+    let key = api.key(id).await.map_err(|_| not_found())?;
+    let team = key.policy.account.clone().filter(|t| runs(api, person).contains(t)).ok_or_else(not_found)?;
+    match action {
+        "enable" | "disable" => {
+            let patch = json!({"enabled": action == "enable"});
+            api.patch_key(&key.id, crate::admin::api::parse_json(patch.to_string().as_bytes())?).await?;
+            log::info!("console: {} ({}) {action}d key {} of team {team}", person.display, person.role().name(), key.id);
+        }
+        "allowance" => {
+            let wanted: f64 = req.form.get("allowance").parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| {
+                ApiError::new(ErrorKind::BadRequest, "The allowance is an amount in USD, 0 or more.").with_param("allowance")
+            })?;
+            let wanted = crate::base::money::usd_to_nanos(wanted);
+            let account = api.ledger.balance(&crate::policy::budget::account_purse(&team)).await.map_err(internal)?;
+            if wanted > account {
+                return Err(ApiError::new(
+                    ErrorKind::Forbidden,
+                    format!("The team's account holds {}; a key's allowance cannot be more.", nanos(account)),
+                )
+                .with_param("allowance"));
+            }
+            let now = api.ledger.balance(&key.id).await.map_err(internal)?;
+            let reason = match req.form.get("reason") {
+                "" => format!("allowance set by {} (team admin of {team})", person.display),
+                r => format!("allowance set by {} (team admin of {team}): {r}", person.display),
+            };
+            api.ledger.top_up_because(&key.id, wanted - now, Some(&reason)).await.map_err(internal)?;
+            log::info!("console: {} set the allowance of key {} to {wanted} nano-USD", person.display, key.id);
+        }
+        _ => return Err(not_found()),
+    }
+    Ok(super::redirect("/console/team"))
+}

@@ -1,0 +1,198 @@
+//! Sign-in with the identity provider (`identity.oidc`): the authorization-code flow with PKCE.
+//!
+//! `GET /console/oidc/start` makes a state, a nonce and a PKCE verifier, keeps them here (ten
+//! minutes, one use, at most 1,000 at once) bound to this browser by a short-lived cookie, and
+//! sends the browser to the provider. `GET /console/callback` takes the code back only with
+//! that state and that browser's cookie, exchanges it at the token endpoint (with the client
+//! secret when one is configured, and the verifier), verifies the ID token (signature,
+//! issuer, audience — the client id —, expiry, nonce) and opens a console session for the
+//! person it names, with their roles and teams. A provider that cannot be reached gives a page
+//! that says so and offers the admin token: the break-glass sign-in never depends on it.
+
+use super::{html, Who};
+use crate::admin::api::AdminApi;
+use crate::protocol::response::LocalResponse;
+use base64::Engine;
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The cookie that binds a sign-in to the browser that began it.
+pub(super) const BROWSER_COOKIE: &str = "tg_signin";
+const PENDING_SECS: u64 = 600;
+const MAX_PENDING: usize = 1000;
+
+struct Begun {
+    nonce: String,
+    verifier: String,
+    next: String,
+    browser: [u8; 32],
+    at: u64,
+}
+
+/// Sign-ins under way, by state.
+#[derive(Default)]
+pub(super) struct Pending {
+    map: Mutex<HashMap<String, Begun>>,
+}
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+}
+
+/// Where the provider sends the browser back.
+pub(super) fn redirect_uri(api: &AdminApi) -> String {
+    format!("{}/console/callback", api.console_url)
+}
+
+/// A page for a sign-in that could not be done, with the way back to the admin token.
+fn failed(status: u16, message: &str) -> LocalResponse {
+    super::html(
+        status,
+        html::bare(
+            "Sign-in failed",
+            &format!(
+                "<p class=\"alert\" role=\"alert\">{}</p><p><a href=\"/console/login\">Back to sign-in</a> (the admin token always works)</p>",
+                html::esc(message)
+            ),
+        ),
+    )
+}
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Begun>> {
+        self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Begin a sign-in: the redirect to the provider.
+    pub(super) async fn start(&self, api: &AdminApi, next: &str, secure: &str) -> LocalResponse {
+        let Some(identity) = &api.identity else { return failed(404, "No identity provider is configured.") };
+        let provider = match identity.provider() {
+            Some(p) => p,
+            None => {
+                let _ = identity.refresh(false).await;
+                match identity.provider() {
+                    Some(p) => p,
+                    None => {
+                        let why = identity.last_error().unwrap_or_else(|| "no answer yet".into());
+                        log::warn!("console: sign-in with the identity provider is unavailable: {why}");
+                        return failed(
+                            503,
+                            "The identity provider cannot be reached now; try again shortly, or sign in with the admin token.",
+                        );
+                    }
+                }
+            }
+        };
+        let now = crate::base::clock::now_unix();
+        let state = crate::base::secrets::random_base62(32);
+        let nonce = crate::base::secrets::random_base62(32);
+        let verifier = crate::base::secrets::random_base62(64);
+        let browser = crate::base::secrets::random_base62(32);
+        let challenge = b64(&Sha256::digest(verifier.as_bytes()));
+        {
+            let mut map = self.lock();
+            map.retain(|_, b| now.saturating_sub(b.at) < PENDING_SECS);
+            if map.len() >= MAX_PENDING {
+                return failed(503, "Too many sign-ins are under way; try again in a minute.");
+            }
+            map.insert(
+                state.clone(),
+                Begun {
+                    nonce: nonce.clone(),
+                    verifier,
+                    next: next.to_string(),
+                    browser: Sha256::digest(browser.as_bytes()).into(),
+                    at: now,
+                },
+            );
+        }
+        let enc = crate::base::text::encode_component;
+        let cfg = &identity.cfg;
+        let sep = if provider.authorization_endpoint.contains('?') { '&' } else { '?' };
+        let location = format!(
+            "{}{sep}response_type=code&client_id={}&redirect_uri={}&scope={}&state={state}&nonce={nonce}&code_challenge={challenge}&code_challenge_method=S256",
+            provider.authorization_endpoint,
+            enc(&cfg.client_id),
+            enc(&redirect_uri(api)),
+            enc(&cfg.scopes.join(" ")),
+        );
+        let mut r = super::redirect(&location);
+        // Lax: the provider's redirect back is a cross-site top-level navigation.
+        r.headers.push((
+            "set-cookie",
+            format!("{BROWSER_COOKIE}={browser}; Path=/console; HttpOnly; SameSite=Lax; Max-Age={PENDING_SECS}{secure}"),
+        ));
+        r
+    }
+
+    /// The provider sent the browser back: the person's session, or why not.
+    pub(super) async fn callback(
+        &self,
+        api: &AdminApi,
+        query: &super::Form,
+        browser: Option<&str>,
+    ) -> Result<(Who, String), LocalResponse> {
+        let Some(identity) = &api.identity else { return Err(failed(404, "No identity provider is configured.")) };
+        if !query.get("error").is_empty() {
+            let said = format!("{} {}", query.get("error"), query.get("error_description"));
+            log::info!("console: the identity provider refused a sign-in: {said}");
+            return Err(failed(401, &format!("The identity provider did not sign you in ({}).", said.trim())));
+        }
+        let begun = self.lock().remove(query.get("state"));
+        let now = crate::base::clock::now_unix();
+        let begun = match begun {
+            Some(b) if now.saturating_sub(b.at) < PENDING_SECS => b,
+            _ => return Err(failed(400, "This sign-in is unknown or took too long; start again.")),
+        };
+        let same_browser = browser.is_some_and(|c| super::same_digest(&Sha256::digest(c.as_bytes()).into(), &begun.browser));
+        if !same_browser {
+            api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in_browser")]).add(1);
+            return Err(failed(400, "This sign-in was begun in another browser; start again here."));
+        }
+        let provider =
+            identity.provider().ok_or_else(|| failed(503, "The identity provider cannot be reached now; sign in with the admin token."))?;
+        let cfg = &identity.cfg;
+        let redirect = redirect_uri(api);
+        let mut form = vec![
+            ("grant_type", "authorization_code"),
+            ("code", query.get("code")),
+            ("redirect_uri", redirect.as_str()),
+            ("code_verifier", begun.verifier.as_str()),
+        ];
+        let mut req = identity.http().post(&provider.token_endpoint);
+        match &cfg.client_secret {
+            Some(secret) => {
+                req = req.basic_auth(crate::base::text::encode_component(&cfg.client_id), Some(crate::base::text::encode_component(secret)))
+            }
+            None => form.push(("client_id", cfg.client_id.as_str())),
+        }
+        let answer = match req.form(&form).send().await {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("console: the identity provider's token endpoint failed: {e}");
+                return Err(failed(
+                    503,
+                    "The identity provider cannot be reached now; try again shortly, or sign in with the admin token.",
+                ));
+            }
+        };
+        let status = answer.status();
+        let body: serde_json::Value = answer.json().await.unwrap_or_default();
+        let Some(id_token) = body.get("id_token").and_then(serde_json::Value::as_str).filter(|_| status.is_success()) else {
+            log::warn!(
+                "console: the identity provider answered the code exchange with {status}: {}",
+                body.get("error").unwrap_or(&serde_json::Value::Null)
+            );
+            return Err(failed(401, "The identity provider did not confirm the sign-in; start again."));
+        };
+        let claims = identity.verify_fetching(id_token, &cfg.client_id, Some(&begun.nonce)).await.map_err(|e| {
+            log::warn!("console: an ID token was refused: {e}");
+            api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_id_token")]).add(1);
+            failed(401, "The identity provider's answer could not be verified; start again.")
+        })?;
+        let person = identity.person(&claims).ok_or_else(|| failed(401, "The identity provider's answer names nobody."))?;
+        log::info!("console: {} signed in ({}, teams {:?})", person.display, person.role().name(), person.teams);
+        Ok((Who::Person(person), begun.next))
+    }
+}

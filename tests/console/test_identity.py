@@ -1,0 +1,252 @@
+"""People in the console (issue 51, points 1–3): sign-in through a real OpenID Connect
+provider (`oidc-provider` from the npm registry) with the authorization-code flow and PKCE in
+headless Chromium; a member's own keys made, used with the SDK (billed to their team's
+account), rotated and revoked; a member shut out of every operator page, the admin API and
+other people's keys; a team admin's page of their team only, allowances never above the
+team's account and audited with their name; an operator by role sees the whole console; a
+provider that is down leaves the admin token working."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import requests
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pysupport import free_port, wait_listening  # noqa: E402
+from pysupport.oidc import MODULES, OidcProvider  # noqa: E402
+
+from console_env import BIN_DIR, UPSTREAM_KEY, screenshot  # noqa: E402
+
+if not os.path.isdir(os.path.join(MODULES, "oidc-provider")) and not os.environ.get("TOLLGATE_OIDC_REQUIRED"):
+    pytest.skip("oidc-provider is not installed (tests/run_all.sh installs it)", allow_module_level=True)
+
+ADMIN_TOKEN = "identity-console-admin-token-0123456789"
+PEOPLE = {
+    "ada": {"email": "ada@example.com", "roles": ["member"], "teams": ["research"]},
+    "tina": {"email": "tina@example.com", "roles": ["team_admin"], "teams": ["research"]},
+    "dan": {"email": "dan@example.com", "roles": ["member"], "teams": ["ops"]},
+    "olga": {"email": "olga@example.com", "roles": ["operator"], "teams": []},
+}
+OPERATOR_PAGES = ["/console/keys", "/console/usage", "/console/usage.csv", "/console/requests", "/console/providers", "/console/video"]
+
+
+class Env:
+    def __init__(self, gateway, admin, idp):
+        self.gateway, self.admin, self.idp = gateway, admin, idp
+
+    def admin_json(self, method, path, body=None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.admin + path, data=data, method=method, headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def keys_of(self, tag_person):
+        return [k for k in self.admin_json("GET", "/admin/keys")["data"] if (k.get("tags") or {}).get("person") == tag_person]
+
+    def account(self, name):
+        return round(self.admin_json("GET", f"/admin/accounts/{name}")["balance"] * 1e9)
+
+
+@pytest.fixture(scope="module")
+def env():
+    tmp = tempfile.mkdtemp(prefix="tollgate-identity-console-")
+    mock_port, gw_port, admin_port = free_port(), free_port(), free_port()
+    idp = OidcProvider(PEOPLE, "https://tollgate.test/api", console_redirect=f"http://127.0.0.1:{admin_port}/console/callback")
+    procs = []
+    try:
+        mock = subprocess.Popen([os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY])
+        procs.append(mock)
+        wait_listening(mock_port, mock, "tollgate-mock")
+        config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+admin: {{ listen: "127.0.0.1:{admin_port}", token: {ADMIN_TOKEN} }}
+pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
+groups:
+  default: {{ platforms: [openai] }}
+prices:
+  alpha-5.5: {{ input: 2.0, output: 8.0 }}
+accounts:
+  - {{ name: research, balance: 5.0 }}
+  - {{ name: ops, balance: 5.0 }}
+identity:
+  oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, client_secret_env: OIDC_CONSOLE_SECRET, allowance: 1.0 }}
+"""
+        path = os.path.join(tmp, "tollgate.yaml")
+        with open(path, "w") as f:
+            f.write(config)
+        gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn", "OIDC_CONSOLE_SECRET": idp.secret})
+        procs.append(gw)
+        wait_listening(gw_port, gw, "tollgate")
+        wait_listening(admin_port, gw, "tollgate admin")
+        yield Env(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{admin_port}", idp)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        idp.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def sign_in(driver, env, login):
+    """Sign `login` in through the provider's pages, as a person would."""
+    driver.delete_all_cookies()
+    driver.get(env.admin + "/console/login")
+    driver.find_element(By.ID, "oidc-sign-in").click()
+    WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.NAME, "login"))
+    driver.find_element(By.NAME, "login").send_keys(login)
+    driver.find_element(By.NAME, "password").send_keys("any")
+    driver.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+    # The provider asks for consent the first time.
+    WebDriverWait(driver, 15).until(lambda d: d.current_url.startswith(env.admin) or d.find_elements(By.CSS_SELECTOR, "form button[autofocus]"))
+    if not driver.current_url.startswith(env.admin):
+        driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+    WebDriverWait(driver, 15).until(lambda d: d.current_url.startswith(env.admin + "/console") and "/callback" not in d.current_url)
+
+
+def session_of(driver):
+    """The browser's console session, for requests the page would not make."""
+    s = requests.Session()
+    for c in driver.get_cookies():
+        s.cookies.set(c["name"], c["value"])
+    csrf = driver.find_element(By.NAME, "csrf").get_attribute("value")
+    return s, csrf
+
+
+def test_a_member_signs_in_makes_uses_rotates_and_revokes_their_own_key_and_nothing_else(env, browser):
+    sign_in(browser, env, "ada")
+    assert browser.current_url == env.admin + "/console/me"
+    assert "ada@example.com (member), team research" in browser.find_element(By.ID, "who").text
+    screenshot(browser, "identity-member")
+    browser.find_element(By.NAME, "name").send_keys("ada-laptop")
+    browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
+    secret = browser.find_element(By.ID, "secret").get_attribute("value")
+    assert secret.startswith("sk-tg-")
+    # The key bills its team's account (and its own allowance).
+    research = env.account("research")
+    client = openai.OpenAI(base_url=env.gateway + "/v1", api_key=secret, max_retries=0)
+    r = client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}], max_tokens=10)
+    cost = r.usage.prompt_tokens * 2000 + r.usage.completion_tokens * 8000
+    assert env.account("research") == research - cost
+    (key,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-laptop"]
+    assert key["account"] == "research" and round(key["balance"] * 1e9) == 1_000_000_000 - cost
+    # Shut out of every operator page, the admin API, and other people's keys.
+    session, csrf = session_of(browser)
+    home = session.get(env.admin + "/console", allow_redirects=False)
+    assert home.status_code == 200 and 'id="who"' in home.text and "Overview" not in home.text, "a person's home is their own page"
+    for page in OPERATOR_PAGES + ["/console/team", f"/console/keys/{key['id']}"]:
+        assert session.get(env.admin + page, allow_redirects=False).status_code == 404, page
+    assert session.get(env.admin + "/admin/keys").status_code == 401
+    others = env.admin_json("POST", "/admin/keys", {"name": "not-ada", "balance": 1.0})
+    for action in ("revoke", "rotate"):
+        r = session.post(f"{env.admin}/console/me/keys/{others['id']}/{action}", data={"csrf": csrf}, allow_redirects=False)
+        assert r.status_code == 404, action
+    assert env.admin_json("GET", f"/admin/keys/{others['id']}")["enabled"] is True
+    # Rotate then revoke their own key: the old secret stops, the new one works until revoked.
+    browser.get(env.admin + "/console/me")
+    browser.find_element(By.CSS_SELECTOR, f"form[action='/console/me/keys/{key['id']}/rotate'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
+    new_secret = browser.find_element(By.ID, "secret").get_attribute("value")
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+    openai.OpenAI(base_url=env.gateway + "/v1", api_key=new_secret, max_retries=0).models.list()
+    browser.get(env.admin + "/console/me")
+    browser.find_element(By.CSS_SELECTOR, f"form[action='/console/me/keys/{key['id']}/revoke'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: "revoked" in d.find_element(By.ID, "my-keys").text)
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=env.gateway + "/v1", api_key=new_secret, max_retries=0).models.list()
+    # Sign-out ends the session.
+    browser.find_element(By.CSS_SELECTOR, "form[action='/console/logout'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: "/console/login" in d.current_url)
+    assert session.get(env.admin + "/console/me", allow_redirects=False).status_code == 303
+
+
+def test_a_team_admin_runs_their_team_within_its_account_and_is_audited(env, browser):
+    # A key of ada's (research) and one of dan's (ops), made as they would make them.
+    for login, team in (("ada", "research"), ("dan", "ops")):
+        sign_in(browser, env, login)
+        browser.find_element(By.NAME, "name").send_keys(f"{login}-ci")
+        browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
+        WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
+    (ada_key,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-ci"]
+    (dan_key,) = [k for k in env.keys_of("dan@example.com") if k["name"] == "dan-ci"]
+    sign_in(browser, env, "tina")
+    browser.get(env.admin + "/console/team")
+    text = browser.find_element(By.TAG_NAME, "main").text
+    assert "Team research" in text and "ada-ci" in text and "Team ops" not in text and "dan-ci" not in text
+    screenshot(browser, "identity-team-admin")
+    session, csrf = session_of(browser)
+    # Never more than the team's account holds; never another team's key.
+    r = session.post(f"{env.admin}/console/team/keys/{ada_key['id']}/allowance", data={"csrf": csrf, "allowance": "1000"}, allow_redirects=False)
+    assert r.status_code == 403 and "cannot be more" in r.text
+    r = session.post(f"{env.admin}/console/team/keys/{dan_key['id']}/allowance", data={"csrf": csrf, "allowance": "2"}, allow_redirects=False)
+    assert r.status_code == 404
+    r = session.post(f"{env.admin}/console/team/keys/{dan_key['id']}/disable", data={"csrf": csrf}, allow_redirects=False)
+    assert r.status_code == 404 and env.admin_json("GET", f"/admin/keys/{dan_key['id']}")["enabled"] is True
+    # Without the form token: refused, nothing changed.
+    r = session.post(f"{env.admin}/console/team/keys/{ada_key['id']}/disable", data={}, allow_redirects=False)
+    assert r.status_code == 403 and env.admin_json("GET", f"/admin/keys/{ada_key['id']}")["enabled"] is True
+    # Their own team's key: allowance set (audited with their name), disabled.
+    r = session.post(f"{env.admin}/console/team/keys/{ada_key['id']}/allowance", data={"csrf": csrf, "allowance": "2.5", "reason": "sprint"}, allow_redirects=False)
+    assert r.status_code == 303
+    assert round(env.admin_json("GET", f"/admin/keys/{ada_key['id']}")["balance"] * 1e9) == 2_500_000_000
+    audit = env.admin_json("GET", "/admin/audit")["data"]
+    assert any(e["id"] == ada_key["id"] and "tina@example.com" in (e.get("reason") or "") and "sprint" in e["reason"] for e in audit), audit[:3]
+    r = session.post(f"{env.admin}/console/team/keys/{ada_key['id']}/disable", data={"csrf": csrf}, allow_redirects=False)
+    assert r.status_code == 303 and env.admin_json("GET", f"/admin/keys/{ada_key['id']}")["enabled"] is False
+    # Still no operator page.
+    for page in OPERATOR_PAGES:
+        assert session.get(env.admin + page, allow_redirects=False).status_code == 404, page
+
+
+def test_an_operator_by_role_sees_the_whole_console_and_a_forged_callback_signs_nobody_in(env, browser):
+    sign_in(browser, env, "olga")
+    browser.get(env.admin + "/console/keys")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Keys"
+    r = requests.get(env.admin + "/console/callback?code=forged&state=forged", allow_redirects=False)
+    assert r.status_code == 400 and "tg_console" not in r.headers.get("set-cookie", "")
+
+
+def test_a_provider_that_is_down_leaves_the_admin_token_working():
+    tmp = tempfile.mkdtemp(prefix="tollgate-identity-down-")
+    gw_port, admin_port, dead = free_port(), free_port(), free_port()
+    config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+admin: {{ listen: "127.0.0.1:{admin_port}", token: {ADMIN_TOKEN} }}
+pingora: {{ threads: 1, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:9", api_key: k, models: [alpha-5.5] }}
+prices:
+  alpha-5.5: {{ input: 2.0, output: 8.0 }}
+identity:
+  oidc: {{ issuer: "http://127.0.0.1:{dead}", client_id: tollgate }}
+"""
+    path = os.path.join(tmp, "tollgate.yaml")
+    with open(path, "w") as f:
+        f.write(config)
+    gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "error"})
+    try:
+        wait_listening(admin_port, gw, "tollgate admin")
+        r = requests.get(f"http://127.0.0.1:{admin_port}/console/oidc/start", allow_redirects=False)
+        assert r.status_code == 503 and "admin token" in r.text
+        s = requests.Session()
+        r = s.post(f"http://127.0.0.1:{admin_port}/console/login", data={"token": ADMIN_TOKEN, "next": "/console/keys"}, allow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/console/keys"
+        assert s.get(f"http://127.0.0.1:{admin_port}/console/keys").status_code == 200
+    finally:
+        gw.kill()
+        gw.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
