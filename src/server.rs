@@ -364,6 +364,9 @@ fn listeners(config: &Config) -> Vec<(&'static str, std::net::SocketAddr, &'stat
     if let Some(m) = &config.metrics {
         out.push(("metrics.listen", m.listen, "metrics http://"));
     }
+    if let Some(c) = &config.console_listen {
+        out.push(("console.listen", c.listen, if c.tls.is_some() { "console https://" } else { "console http://" }));
+    }
     out
 }
 
@@ -450,6 +453,12 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         Some(t) => Some(Arc::new(crate::base::tls::ReloadableCert::load(&t.cert, &t.key)?)),
         None => None,
     };
+    if let Some((cert, key)) = config.console_listen.as_ref().and_then(|c| c.tls.as_ref()) {
+        crate::base::tls::ReloadableCert::load(cert, key).map_err(|e| format!("console.tls: {e}"))?;
+    }
+    if config.console_listen.is_some() && config.admin.is_none() {
+        return Err("console.listen: the console needs the admin section (admin.listen), whose token is the break-glass sign-in".into());
+    }
     if opt.test {
         return check_only(&config, &path);
     }
@@ -619,7 +628,32 @@ fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> R
             identity: s.identity.clone(),
             console_url: config.console_listen.as_ref().map_or_else(|| format!("http://{}", admin.listen), |c| c.public_url.clone()),
         };
-        add_local(server, config, &s.metrics, crate::admin::console::AdminListener::new(api), "tollgate admin", admin.listen);
+        let admin_listener = crate::admin::console::AdminListener::new(api);
+        if let Some(c) = &config.console_listen {
+            let console = crate::admin::console::AdminListener::console(&admin_listener, &c.public_url, c.tls.is_some());
+            let mut service = crate::edge::listener::service(
+                &server.configuration,
+                crate::edge::local::Local(console),
+                "tollgate console",
+                &config.connections,
+                &s.metrics,
+                false,
+            );
+            match &c.tls {
+                Some((cert, key)) => {
+                    let cert = Arc::new(crate::base::tls::ReloadableCert::load(cert, key)?);
+                    let mut settings =
+                        pingora_core::listeners::tls::TlsSettings::intermediate("", "").map_err(|e| format!("console.tls: {e}"))?;
+                    settings.set_cert_resolver(cert);
+                    service.add_tls_with_settings(&c.listen.to_string(), None, settings);
+                }
+                None => service.add_tcp(&c.listen.to_string()),
+            }
+            server.add_service(service);
+        }
+        add_local(server, config, &s.metrics, admin_listener, "tollgate admin", admin.listen);
+    } else if config.console_listen.is_some() {
+        return Err("console.listen: the console needs the admin section (admin.listen), whose token is the break-glass sign-in".into());
     }
     Ok(())
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 const MAX_ADMIN_BODY: usize = 64 * 1024;
 pub(crate) use crate::base::secrets::token_matches;
 
+#[derive(Clone)]
 pub struct AdminApi {
     pub token: String,
     /// `Host` names accepted besides localhost and loopback literals (`admin.hosts`).

@@ -250,3 +250,70 @@ identity:
         gw.kill()
         gw.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_consoles_own_listener_serves_only_the_console_over_tls_to_its_public_address():
+    import trustme
+
+    tmp = tempfile.mkdtemp(prefix="tollgate-identity-tls-")
+    gw_port, admin_port, console_port = free_port(), free_port(), free_port()
+    base = f"https://127.0.0.1:{console_port}"
+    idp = OidcProvider(PEOPLE, "https://tollgate.test/api", console_redirect=f"{base}/console/callback")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.private_key_and_cert_chain_pem.write_to_path(os.path.join(tmp, "console.pem"))
+    cert.private_key_pem.write_to_path(os.path.join(tmp, "console.key"))
+    ca.cert_pem.write_to_path(os.path.join(tmp, "ca.pem"))
+    config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+admin: {{ listen: "127.0.0.1:{admin_port}", token: {ADMIN_TOKEN} }}
+pingora: {{ threads: 1, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:9", api_key: k, models: [alpha-5.5] }}
+prices:
+  alpha-5.5: {{ input: 2.0, output: 8.0 }}
+accounts:
+  - {{ name: research, balance: 5.0 }}
+identity:
+  oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, client_secret_env: OIDC_CONSOLE_SECRET }}
+console: {{ listen: "0.0.0.0:{console_port}", public_url: "{base}", tls: {{ cert: {tmp}/console.pem, key: {tmp}/console.key }} }}
+"""
+    path = os.path.join(tmp, "tollgate.yaml")
+    with open(path, "w") as f:
+        f.write(config)
+    gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn", "OIDC_CONSOLE_SECRET": idp.secret})
+    try:
+        wait_listening(console_port, gw, "tollgate console")
+        s = requests.Session()
+        # The test CA, not the environment's bundle (REQUESTS_CA_BUNDLE would win otherwise).
+        s.trust_env = False
+        s.verify = os.path.join(tmp, "ca.pem")
+        assert "oidc-sign-in" in s.get(base + "/console/login").text
+        # Only the console answers here: the admin API stays on loopback.
+        assert s.get(base + "/admin/keys", headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 404
+        assert s.get(base + "/healthz").status_code == 404
+        # Requests for another host, or from another origin, are refused.
+        assert s.get(base + "/console/login", headers={"host": "evil.example"}).status_code == 403
+        r = s.post(base + "/console/login", data={"token": "x"}, headers={"origin": "https://evil.example"}, allow_redirects=False)
+        assert r.status_code == 403
+        # A person signs in through the provider; every cookie is Secure.
+        start = s.get(base + "/console/oidc/start", allow_redirects=False)
+        assert start.status_code == 303 and "; Secure" in start.headers["set-cookie"]
+        back = idp.follow_to(start.headers["location"], "ada", f"{base}/console/callback")
+        signed = s.get(back, allow_redirects=False)
+        assert signed.status_code == 200 and "tg_console=" in signed.headers["set-cookie"] and "; Secure" in signed.headers["set-cookie"]
+        me = s.get(base + "/console/me")
+        assert me.status_code == 200 and "ada@example.com" in me.text
+        # The break-glass token works here too.
+        t = requests.Session()
+        t.trust_env = False
+        t.verify = s.verify
+        r = t.post(base + "/console/login", data={"token": ADMIN_TOKEN, "next": "/console/keys"}, allow_redirects=False)
+        assert r.status_code == 303 and "; Secure" in r.headers["set-cookie"]
+        assert t.get(base + "/console/keys").status_code == 200
+    finally:
+        gw.kill()
+        gw.wait()
+        idp.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -220,3 +220,34 @@ fn t_with_an_unreachable_database_names_host_port_and_cause() {
     assert!(!out.contains("secret-pw"), "no password: {out}");
     drop(dir);
 }
+
+#[test]
+fn the_console_off_loopback_is_refused_by_the_test_flag_without_the_providers_sign_in_and_tls() {
+    let admin = format!("admin: {{ listen: \"127.0.0.1:{}\" }}\n", free_port());
+    let listen = "console: { listen: \"0.0.0.0:8443\", public_url: \"https://console.example.com\" }\n";
+    let (code, out) = check(&format!("{}{admin}{listen}", standard_config(1)), &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("console.listen") && out.contains("identity.oidc"), "{out}");
+    let oidc = "identity:\n  oidc: { issuer: \"https://idp.example.com\", client_id: tollgate }\n";
+    let (code, out) = check(&format!("{}{admin}{oidc}{listen}", standard_config(1)), &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("console.tls"), "{out}");
+    // With both (and a certificate that loads), it passes, without calling the provider.
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["console.example.com".to_string()]).unwrap();
+    let (c, k) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+    std::fs::write(&c, cert.cert.pem()).unwrap();
+    std::fs::write(&k, cert.signing_key.serialize_pem()).unwrap();
+    let tls = format!(
+        "console: {{ listen: \"0.0.0.0:{}\", public_url: \"https://console.example.com\", tls: {{ cert: {}, key: {} }} }}\n",
+        free_port(),
+        c.display(),
+        k.display()
+    );
+    let (code, out) = check(&format!("{}{admin}{oidc}{tls}", standard_config(1)), &[]);
+    assert_eq!(code, 0, "{out}");
+    // The console needs the admin section: its token is the break-glass sign-in.
+    let (code, out) = check(&format!("{}{oidc}{tls}", standard_config(1)), &[]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("admin"), "{out}");
+}

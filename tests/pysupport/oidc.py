@@ -58,16 +58,21 @@ class OidcProvider:
     def follow(self, url, login, redirect_uri, client=None):
         """Follow a sign-in from `url` as a browser would, signing `login` in and consenting;
         the code the provider sends to `redirect_uri`."""
+        back = self.follow_to(url, login, redirect_uri, client)
+        params = urllib.parse.parse_qs(urllib.parse.urlparse(back).query)
+        if "code" not in params:
+            raise AssertionError(f"the provider answered {params}")
+        return params["code"][0]
+
+    def follow_to(self, url, login, redirect_uri, client=None):
+        """As `follow`; the whole URL the provider sends the browser back to."""
         c = client or requests.Session()
         for _ in range(12):
             r = c.get(url, allow_redirects=False)
             if r.status_code in (302, 303):
                 url = urllib.parse.urljoin(url, r.headers["location"])
                 if url.startswith(redirect_uri):
-                    params = urllib.parse.parse_qs(urllib.parse.urlparse(url).query)
-                    if "code" not in params:
-                        raise AssertionError(f"the provider answered {params}")
-                    return params["code"][0]
+                    return url
                 continue
             action = re.search(r'action="([^"]+)"', r.text)
             assert action, r.text[:500]

@@ -42,14 +42,54 @@ const JS: &str = include_str!("assets/console.js");
 /// everywhere else. Both refuse a foreign `Host` or `Origin` first (`AdminApi::refuse_foreign`).
 pub struct AdminListener {
     pub api: AdminApi,
-    sessions: Sessions,
-    /// Cookies are marked `Secure` (the console is served over TLS here).
-    secure: bool,
+    /// Shared by the admin listener and the console's own (a sign-in begun on one may end on
+    /// the other).
+    sessions: std::sync::Arc<Sessions>,
+    /// The console's own listener (`console.listen`): its public origin, whether it is TLS;
+    /// None on the admin listener.
+    public: Option<Public>,
+}
+
+/// The console's own listener: only the console answers there, to requests for its public
+/// URL's host and from its origin.
+struct Public {
+    /// `host[:port]` of `console.public_url`, lowercased.
+    host: String,
+    origin: String,
+    tls: bool,
 }
 
 impl AdminListener {
     pub fn new(api: AdminApi) -> AdminListener {
-        AdminListener { api, sessions: Sessions::default(), secure: false }
+        AdminListener { api, sessions: std::sync::Arc::default(), public: None }
+    }
+
+    /// The console's own listener for `public_url` (its sessions shared with `admin`'s).
+    pub fn console(admin: &AdminListener, public_url: &str, tls: bool) -> AdminListener {
+        let host = public_url.split_once("://").map_or(public_url, |(_, rest)| rest).trim_end_matches('/').to_ascii_lowercase();
+        AdminListener {
+            api: admin.api.clone(),
+            sessions: admin.sessions.clone(),
+            public: Some(Public { host, origin: public_url.trim_end_matches('/').to_ascii_lowercase(), tls }),
+        }
+    }
+
+    /// A request to the console's own listener: for its public host, from its own origin.
+    fn refuse_foreign_public(&self, public: &Public, req: &pingora_http::RequestHeader) -> Result<(), crate::protocol::ApiError> {
+        let forbidden = |reason: &'static str, message: &str| {
+            self.api.metrics.counter("tollgate_admin_refused_total", &[("reason", reason)]).add(1);
+            crate::protocol::ApiError::new(crate::protocol::ErrorKind::Forbidden, message)
+        };
+        let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).or_else(|| req.uri.authority().map(|a| a.as_str()));
+        if !host.is_some_and(|h| h.eq_ignore_ascii_case(&public.host)) {
+            return Err(forbidden("console_host", "The console answers only requests for its public address (console.public_url)."));
+        }
+        if let Some(origin) = req.headers.get(http::header::ORIGIN) {
+            if !origin.to_str().is_ok_and(|o| o.eq_ignore_ascii_case(&public.origin)) {
+                return Err(forbidden("console_origin", "The console does not answer requests made by other web pages."));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -57,12 +97,21 @@ impl AdminListener {
 impl crate::edge::local::Answer for AdminListener {
     async fn answer(&self, session: &mut Session) -> Result<LocalResponse, crate::protocol::ApiError> {
         let path = session.req_header().uri.path();
-        if path == "/console" || path.starts_with("/console/") {
-            // The console signs in with the token and keeps a session of its own.
-            self.api.refuse_foreign(session.req_header())?;
-            return Ok(handle(&self.api, &self.sessions, session, if self.secure { "; Secure" } else { "" }).await);
+        let console = path == "/console" || path.starts_with("/console/");
+        match &self.public {
+            // The console's own listener: the console only, never the admin API.
+            Some(public) if console => {
+                self.refuse_foreign_public(public, session.req_header())?;
+                Ok(handle(&self.api, &self.sessions, session, if public.tls { "; Secure" } else { "" }).await)
+            }
+            Some(_) => Err(crate::protocol::ApiError::new(crate::protocol::ErrorKind::NotFound, "Only the console answers here.")),
+            None if console => {
+                // The console signs in with the token or the provider, and keeps sessions of its own.
+                self.api.refuse_foreign(session.req_header())?;
+                Ok(handle(&self.api, &self.sessions, session, "").await)
+            }
+            None => self.api.handle(session).await,
         }
-        self.api.handle(session).await
     }
 }
 
