@@ -29,7 +29,9 @@ PEOPLE = {
     "ada": {"email": "ada@example.com", "roles": ["member"], "teams": ["research"]},
     "bob": {"email": "bob@example.com", "roles": ["member"], "teams": ["no-such-team"]},
     "cy": {"email": "cy@example.com", "roles": ["member"], "teams": ["research"]},
+    "eve": {"email": "eve@example.com", "roles": ["member"], "teams": ["research"]},
 }
+CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
 
 
 class Env:
@@ -69,10 +71,13 @@ pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
 admin: {{ listen: "127.0.0.1:{admin_port}", token: {ADMIN_TOKEN} }}
 providers:
   - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
+  - {{ name: an, protocol: anthropic, base_url: "http://127.0.0.1:{mock_port}/an", api_key: {UPSTREAM_KEY}, models: [beta-opus-4-7, beta-haiku-4-5] }}
 groups:
-  default: {{ platforms: [openai] }}
+  default: {{ platforms: [openai, anthropic] }}
 prices:
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
+  beta-opus-4-7: {{ input: 3.0, output: 15.0 }}
+  beta-haiku-4-5: {{ input: 1.0, output: 5.0 }}
 accounts:
   - {{ name: research, balance: 10.0 }}
 identity:
@@ -182,3 +187,33 @@ def test_a_person_of_no_team_here_is_refused_and_a_disabled_person_too(env):
         assert "disabled" in str(refused.value)
     finally:
         env.admin_json("PATCH", f"/admin/keys/{key['id']}", {"enabled": True})
+
+
+def test_claude_code_with_an_access_token_as_its_auth_token_is_billed_to_the_person(env, tmp_path):
+    claude = os.path.join(CLIS, "claude")
+    if not os.path.exists(claude):
+        if os.environ.get("TOLLGATE_AGENT_CLIS_REQUIRED"):
+            pytest.fail(f"TOLLGATE_AGENT_CLIS_REQUIRED=1 but {claude} is missing")
+        pytest.skip("Claude Code is not installed (tests/run_all.sh installs it)")
+    token = env.idp.access_token("eve")
+    research = env.account_balance("research")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    run_env = {
+        "PATH": os.environ.get("PATH", ""), "HOME": str(home), "TERM": "dumb", "NO_COLOR": "1",
+        "ANTHROPIC_BASE_URL": env.gateway, "ANTHROPIC_AUTH_TOKEN": token,
+        "ANTHROPIC_MODEL": "beta-opus-4-7", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "beta-haiku-4-5",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+    }
+    out = subprocess.run([claude, "-p", "Say hello", "--model", "beta-opus-4-7"], cwd=work, env=run_env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "Hello from the" in out.stdout, out.stdout
+    key = env.key_of("eve@example.com")
+    spent = 1_000_000_000 - round(key["balance"] * 1e9)
+    assert spent > 0 and env.account_balance("research") == research - spent, (key, spent)
+    req = urllib.request.Request(env.gateway + "/v1/usage", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req) as u:
+        usage = json.load(u)
+    assert usage["key"]["name"] == "eve@example.com" and round(usage["total"]["cost"] * 1e9) == spent, usage
