@@ -118,6 +118,8 @@ def test_the_openai_sdk_with_an_access_token_is_billed_to_the_person_and_their_t
     # The person's key spent it, and their team's account with it.
     assert round(key["balance"] * 1e9) == 1_000_000_000 - cost
     assert env.account_balance("research") == research_before - cost
+    audit = env.admin_json("GET", "/admin/audit")["data"]
+    assert any(e["id"] == key["id"] and "ada@example.com (ada)" in (e.get("reason") or "") for e in audit), audit[:3]
     # The same person again: the same key, not a second one.
     client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "again"}], max_tokens=5)
     assert [k["name"] for k in env.admin_json("GET", "/admin/keys")["data"]].count("ada@example.com") == 1

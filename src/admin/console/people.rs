@@ -26,6 +26,15 @@ use crate::records::usage::Grouping;
 use serde_json::json;
 use std::fmt::Write;
 
+/// Put what a person did to a key in the audit trail, with their name (no balance moves).
+async fn audit(api: &AdminApi, key_id: &str, what: &str, person: &Person) -> Result<(), ApiError> {
+    api.ledger
+        .top_up_because(key_id, 0, Some(&format!("{what} by {} ({})", person.display, person.role().name())))
+        .await
+        .map_err(internal)?;
+    Ok(())
+}
+
 fn not_found() -> ApiError {
     ApiError::new(ErrorKind::NotFound, "There is no such page or key here.")
 }
@@ -191,6 +200,7 @@ async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Perso
     rec.owner = Some(person.subject.clone());
     api.keys.put_key(&rec).await.map_err(internal)?;
     log::info!("console: {} made key {} ({}) on team {team}", person.display, rec.name, rec.id);
+    audit(api, &id, &format!("key '{}' made on team {team}", rec.name), person).await?;
     let token = reveals.keep(&id, &rec.name, view["key"].as_str().unwrap_or_default(), &req.csrf, crate::base::clock::now_unix());
     Ok(super::redirect(&format!("/console/me/keys/created/{token}")))
 }
@@ -219,11 +229,13 @@ async fn own_action(api: &AdminApi, req: &Request, person: &Person, rest: &str) 
         "revoke" => {
             api.revoke_key(&key.id).await?;
             log::info!("console: {} revoked their key {}", person.display, key.id);
+            audit(api, &key.id, "key revoked", person).await?;
             Ok(super::redirect("/console/me"))
         }
         "rotate" => {
             let view = api.rotate_key(&key.id, 0).await?;
             log::info!("console: {} rotated their key {}", person.display, key.id);
+            audit(api, &key.id, "key rotated", person).await?;
             let body = format!(
                 "<p class=\"notice\" role=\"status\">Key <strong>{}</strong> has a new secret; the old one no longer works. Copy it now: it is shown only this once.</p>\
 <div class=\"secret\"><input id=\"secret\" readonly value=\"{}\" aria-label=\"Secret\"><button type=\"button\" data-copy=\"secret\">Copy</button></div><p><a href=\"/console/me\">My keys</a></p>",
@@ -302,6 +314,7 @@ async fn team_action(api: &AdminApi, req: &Request, person: &Person, rest: &str)
             let patch = json!({"enabled": action == "enable"});
             api.patch_key(&key.id, crate::admin::api::parse_json(patch.to_string().as_bytes())?).await?;
             log::info!("console: {} ({}) {action}d key {} of team {team}", person.display, person.role().name(), key.id);
+            audit(api, &key.id, &format!("key {action}d (team {team})"), person).await?;
         }
         "allowance" => {
             let wanted: f64 = req.form.get("allowance").parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0).ok_or_else(|| {

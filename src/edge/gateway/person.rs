@@ -61,6 +61,8 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
                     moved.policy.tags.insert("team".into(), team.clone());
                     gw.keys.put_key(&moved).await.map_err(internal)?;
                     log::info!("identity: {} ({}) now draws on team {team}", person.display, moved.id);
+                    let why = format!("key of {} moved to team {team} (the identity provider's teams)", person.display);
+                    gw.ledger.top_up_because(&moved.id, 0, Some(&why)).await.map_err(internal)?;
                     Ok(Arc::new(moved))
                 }
                 None => Err(no_team()),
@@ -101,6 +103,11 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
             gw.ledger.open_account(&rec.id, identity.cfg.allowance_nanos).await.map_err(internal)?;
             gw.keys.put_key(&rec).await.map_err(internal)?;
             log::info!("identity: {} signed in for the first time: key {} of team {team}", person.display, rec.id);
+            let why = format!(
+                "key made for {} ({}) at their first call with the identity provider's token, on team {team}",
+                person.display, person.subject
+            );
+            gw.ledger.top_up_because(&rec.id, 0, Some(&why)).await.map_err(internal)?;
             Ok(Arc::new(rec))
         }
     }

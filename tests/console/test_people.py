@@ -142,6 +142,8 @@ def test_a_member_signs_in_makes_uses_rotates_and_revokes_their_own_key_and_noth
     assert env.account("research") == research - cost
     (key,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-laptop"]
     assert key["account"] == "research" and round(key["balance"] * 1e9) == 1_000_000_000 - cost
+    audit = env.admin_json("GET", "/admin/audit")["data"]
+    assert any(e["id"] == key["id"] and "made on team research by ada@example.com (member)" in (e.get("reason") or "") for e in audit), audit[:3]
     # Shut out of every operator page, the admin API, and other people's keys.
     session, csrf = session_of(browser)
     home = session.get(env.admin + "/console", allow_redirects=False)
