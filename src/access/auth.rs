@@ -213,6 +213,8 @@ impl KeyIndex {
                     created_at: now_unix(),
                     origin: KeyOrigin::Config,
                     seed_digest: Some(digest),
+                    member_limit: None,
+                    member_policy: None,
                 },
             };
             self.store.put_account(&record).await?;

@@ -111,6 +111,49 @@ struct PatchAccount {
     reason: Option<String>,
     #[serde(default, deserialize_with = "double_option")]
     budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
+    /// The most the team's admins may allow their members' keys (`null`: no limit).
+    #[serde(default, deserialize_with = "double_option")]
+    member_limit: Option<Option<CeilingInput>>,
+}
+
+/// A ceiling as the admin API and the console take it: budgets in USD.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CeilingInput {
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    #[serde(default)]
+    pub tpm: Option<u64>,
+    #[serde(default)]
+    pub budgets: Option<crate::policy::budget::BudgetsInput>,
+    #[serde(default)]
+    pub max_days: Option<u32>,
+}
+
+impl CeilingInput {
+    /// The ceiling, or the refusal naming its field.
+    pub(crate) fn parse(self) -> std::result::Result<crate::records::key::Ceiling, ApiError> {
+        if let Some(models) = &self.models {
+            crate::policy::ModelRules { allow: Some(models.clone()), deny: Vec::new() }
+                .validate()
+                .map_err(|e| bad(e).with_param("models"))?;
+        }
+        if self.max_days == Some(0) || self.rpm == Some(0) || self.tpm == Some(0) {
+            return Err(bad("rpm, tpm and max_days: at least 1 (leave one out for no bound)"));
+        }
+        let budgets =
+            self.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
+        Ok(crate::records::key::Ceiling { models: self.models, rpm: self.rpm, tpm: self.tpm, budgets, max_days: self.max_days })
+    }
+}
+
+/// A ceiling as the admin API shows it: budgets in USD.
+fn ceiling_view(c: &crate::records::key::Ceiling) -> Value {
+    let b = |v: Option<i64>| v.map(usd);
+    json!({"models": c.models, "rpm": c.rpm, "tpm": c.tpm, "max_days": c.max_days,
+           "budgets": {"day": b(c.budgets.day), "week": b(c.budgets.week), "month": b(c.budgets.month)}})
 }
 
 /// A `PATCH` field: absent leaves `slot`, `null` clears it, a value sets it.
@@ -380,6 +423,8 @@ impl AdminApi {
             "object": "account", "name": account.name, "balance": usd(balance),
             "budgets": self.windows(Owner::Account(&account.name), &account.budgets).await?,
             "created_at": account.created_at, "origin": account.origin, "keys": keys,
+            "member_limit": account.member_limit.as_ref().map(ceiling_view),
+            "member_policy": account.member_policy.as_ref().map(ceiling_view),
         }))
     }
 
@@ -706,6 +751,8 @@ impl AdminApi {
             created_at: now_unix(),
             origin: crate::records::key::KeyOrigin::Admin,
             seed_digest: None,
+            member_limit: None,
+            member_policy: None,
         };
         self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
         self.keys.put_account(&account).await.map_err(internal)?;
@@ -718,6 +765,9 @@ impl AdminApi {
         if let Some(budgets) = patch.budgets {
             account.budgets =
                 budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
+        }
+        if let Some(limit) = patch.member_limit {
+            account.member_limit = limit.map(CeilingInput::parse).transpose()?;
         }
         let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
         let reason = checked_reason(patch.reason, delta)?;

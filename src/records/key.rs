@@ -105,4 +105,150 @@ pub struct AccountRecord {
     /// For an account from the file: a digest of the entry last applied (as for keys).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed_digest: Option<String>,
+    /// The most an operator lets the team's admins allow their members' keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_limit: Option<Ceiling>,
+    /// What the team's admins allow their members' keys (within `member_limit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member_policy: Option<Ceiling>,
+}
+
+/// The most a team's members' keys may do: the models they may call, their rates, their spend
+/// per window and how long they live. A field left out sets no bound.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ceiling {
+    /// Model names or prefixes ending in `*`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub models: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rpm: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tpm: Option<u64>,
+    /// Spend per window (nano-USD).
+    #[serde(default, skip_serializing_if = "Budgets::is_empty")]
+    pub budgets: Budgets,
+    /// The longest a member's key lives, in days.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_days: Option<u32>,
+}
+
+/// Whether model pattern `pattern` (a name, or a prefix ending in `*`) covers every model
+/// `wanted` (the same kind) names.
+fn covers(pattern: &str, wanted: &str) -> bool {
+    match (pattern.strip_suffix('*'), wanted.strip_suffix('*')) {
+        (Some(p), Some(w)) => w.starts_with(p),
+        (Some(p), None) => wanted.starts_with(p),
+        (None, _) => pattern == wanted,
+    }
+}
+
+impl Ceiling {
+    /// Within `limit`: every bound `limit` sets is set here no higher (the field that is not is
+    /// named).
+    pub fn within(&self, limit: &Ceiling) -> Result<(), String> {
+        if let Some(allowed) = &limit.models {
+            match &self.models {
+                None => return Err(format!("models: the team may allow at most {}", allowed.join(", "))),
+                Some(mine) => {
+                    if let Some(m) = mine.iter().find(|m| !allowed.iter().any(|a| covers(a, m))) {
+                        return Err(format!("models: '{m}' is beyond what the team may allow ({})", allowed.join(", ")));
+                    }
+                }
+            }
+        }
+        fn bound<T: PartialOrd + std::fmt::Display + Copy>(name: &str, mine: Option<T>, limit: Option<T>) -> Result<(), String> {
+            match (mine, limit) {
+                (_, None) => Ok(()),
+                (Some(m), Some(l)) if m <= l => Ok(()),
+                (_, Some(l)) => Err(format!("{name}: at most {l}")),
+            }
+        }
+        bound("rpm", self.rpm, limit.rpm)?;
+        bound("tpm", self.tpm, limit.tpm)?;
+        bound("max_days", self.max_days, limit.max_days)?;
+        for (name, mine, lim) in [
+            ("budgets.day", self.budgets.day, limit.budgets.day),
+            ("budgets.week", self.budgets.week, limit.budgets.week),
+            ("budgets.month", self.budgets.month, limit.budgets.month),
+        ] {
+            if let (Some(l), m) = (lim, mine) {
+                if m.is_none_or(|m| m > l) {
+                    return Err(format!("{name}: at most {:.2} USD", l as f64 / 1e9));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bring a member's key within this ceiling: each bound it sets, the key's own limit no
+    /// higher (a lower one it has is kept).
+    pub fn apply(&self, key: &mut KeyRecord) {
+        if let Some(models) = &self.models {
+            key.policy.models = Some(crate::policy::ModelRules { allow: Some(models.clone()), deny: Vec::new() });
+        }
+        fn lower<T: Ord + Copy>(slot: &mut Option<T>, cap: Option<T>) {
+            if let Some(cap) = cap {
+                *slot = Some(slot.map_or(cap, |v| v.min(cap)));
+            }
+        }
+        lower(&mut key.rpm, self.rpm);
+        lower(&mut key.tpm, self.tpm);
+        lower(&mut key.policy.budgets.day, self.budgets.day);
+        lower(&mut key.policy.budgets.week, self.budgets.week);
+        lower(&mut key.policy.budgets.month, self.budgets.month);
+        lower(&mut key.policy.expires_at, self.max_days.map(|d| key.created_at.saturating_add(u64::from(d) * 86_400)));
+    }
+}
+
+#[cfg(test)]
+mod ceiling_tests {
+    use super::*;
+
+    #[test]
+    fn a_team_policy_stays_within_its_limit_and_lowers_a_members_key() {
+        let limit = Ceiling {
+            models: Some(vec!["alpha-*".into()]),
+            rpm: Some(60),
+            budgets: Budgets { day: Some(5_000_000_000), ..Default::default() },
+            ..Default::default()
+        };
+        let ok = Ceiling {
+            models: Some(vec!["alpha-5.5".into(), "alpha-5*".into()]),
+            rpm: Some(10),
+            budgets: Budgets { day: Some(1_000_000_000), ..Default::default() },
+            max_days: Some(30),
+            ..Default::default()
+        };
+        assert_eq!(ok.within(&limit), Ok(()));
+        for (bad, field) in [
+            (Ceiling { models: Some(vec!["beta-x".into()]), ..ok.clone() }, "models"),
+            (Ceiling { models: None, ..ok.clone() }, "models"),
+            (Ceiling { rpm: Some(61), ..ok.clone() }, "rpm"),
+            (Ceiling { rpm: None, ..ok.clone() }, "rpm"),
+            (Ceiling { budgets: Budgets::default(), ..ok.clone() }, "budgets.day"),
+        ] {
+            assert!(bad.within(&limit).expect_err(field).starts_with(field), "{field}");
+        }
+        let mut key = KeyRecord {
+            id: "k".into(),
+            name: "n".into(),
+            group: "default".into(),
+            key_hash: String::new(),
+            rpm: Some(5),
+            tpm: None,
+            enabled: true,
+            created_at: 1_000,
+            max_concurrent: None,
+            origin: KeyOrigin::Admin,
+            seed_digest: None,
+            revoked_at: None,
+            rotated: None,
+            policy: Default::default(),
+            owner: Some("sub".into()),
+        };
+        ok.apply(&mut key);
+        assert_eq!((key.rpm, key.policy.budgets.day, key.policy.expires_at), (Some(5), Some(1_000_000_000), Some(1_000 + 30 * 86_400)));
+        assert!(key.policy.allows_model("alpha-5.4") && !key.policy.allows_model("beta-opus"));
+    }
 }

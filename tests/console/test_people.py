@@ -72,13 +72,14 @@ data_dir: {tmp}/data
 admin: {{ listen: "127.0.0.1:{admin_port}", token: {ADMIN_TOKEN} }}
 pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
 providers:
-  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5, alpha-4o-mini] }}
 groups:
   default: {{ platforms: [openai] }}
 prices:
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
+  alpha-4o-mini: {{ input: 0.15, output: 0.6 }}
 accounts:
-  - {{ name: research, balance: 5.0 }}
+  - {{ name: research, balance: 5.0, budgets: {{ day: 4.0 }} }}
   - {{ name: ops, balance: 5.0 }}
 identity:
   oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, client_secret_env: OIDC_CONSOLE_SECRET, allowance: 1.0 }}
@@ -211,6 +212,49 @@ def test_a_team_admin_runs_their_team_within_its_account_and_is_audited(env, bro
     # Still no operator page.
     for page in OPERATOR_PAGES:
         assert session.get(env.admin + page, allow_redirects=False).status_code == 404, page
+
+
+def test_a_team_admin_sets_what_members_keys_may_do_within_the_operators_limit(env, browser):
+    env.admin_json("PATCH", "/admin/accounts/research", {"member_limit": {"models": ["alpha-*"], "rpm": 30, "budgets": {"day": 2.0}}})
+    sign_in(browser, env, "ada")
+    browser.find_element(By.NAME, "name").send_keys("ada-before")
+    browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
+    before_secret = browser.find_element(By.ID, "secret").get_attribute("value")
+    sign_in(browser, env, "tina")
+    browser.get(env.admin + "/console/team")
+    session, csrf = session_of(browser)
+    good = {"csrf": csrf, "models": "alpha-5.5", "rpm": "10", "day": "1", "max_days": "7"}
+    for field, value, says in (("rpm", "100", "rpm"), ("models", "beta-*", "models"), ("day", "3", "budgets.day")):
+        r = session.post(env.admin + "/console/team-policy/research", data={**good, field: value}, allow_redirects=False)
+        assert r.status_code == 403 and says in r.text, (field, r.text[-300:])
+    r = session.post(env.admin + "/console/team-policy/ops", data=good, allow_redirects=False)
+    assert r.status_code == 404, "not tina's team"
+    # Within the limit: saved, and applied to the members' keys there are.
+    browser.find_element(By.NAME, "models").clear()
+    browser.find_element(By.NAME, "models").send_keys("alpha-5.5")
+    for name, value in (("rpm", "10"), ("day", "1"), ("max_days", "7")):
+        browser.find_element(By.NAME, name).clear()
+        browser.find_element(By.NAME, name).send_keys(value)
+    browser.find_element(By.CSS_SELECTOR, "form[action='/console/team-policy/research'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.current_url.endswith("/console/team"))
+    account = env.admin_json("GET", "/admin/accounts/research")
+    assert account["member_policy"]["rpm"] == 10 and account["member_policy"]["models"] == ["alpha-5.5"], account
+    (before,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-before"]
+    assert before["rpm"] == 10 and before["models"]["allow"] == ["alpha-5.5"] and before["budgets"]["day"]["cap"] == 1.0 and before["expires_at"], before
+    client = openai.OpenAI(base_url=env.gateway + "/v1", api_key=before_secret, max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(model="alpha-4o-mini", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+    client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+    # A key a member makes afterwards has it from the start.
+    sign_in(browser, env, "ada")
+    browser.find_element(By.NAME, "name").send_keys("ada-after")
+    browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
+    (after,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-after"]
+    assert after["rpm"] == 10 and after["models"]["allow"] == ["alpha-5.5"], after
+    audit = env.admin_json("GET", "/admin/audit")["data"]
+    assert any("members' key policy of team research set by tina@example.com" in (e.get("reason") or "") for e in audit)
 
 
 def test_an_operator_by_role_sees_the_whole_console_and_a_forged_callback_signs_nobody_in(env, browser):

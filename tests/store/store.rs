@@ -253,6 +253,8 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         created_at: 1,
         origin: KeyOrigin::Admin,
         seed_digest: None,
+        member_limit: None,
+        member_policy: None,
     };
     keys.put_account(&account).await.expect("put account");
     for s in &stores {

@@ -66,6 +66,9 @@ pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request, pers
         ("POST", p) if p.starts_with("/console/team/keys/") && person.role() >= Role::TeamAdmin => {
             team_action(api, req, person, &p["/console/team/keys/".len()..]).await
         }
+        ("POST", p) if p.starts_with("/console/team-policy/") && person.role() >= Role::TeamAdmin => {
+            set_policy(api, req, person, &p["/console/team-policy/".len()..]).await
+        }
         _ => Err(not_found()),
     };
     match result {
@@ -198,6 +201,10 @@ async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Perso
     let id = view["id"].as_str().unwrap_or_default().to_string();
     let mut rec = api.key(&id).await?;
     rec.owner = Some(person.subject.clone());
+    // What the team's admins allow its members' keys, at most.
+    if let Some(ceiling) = api.keys.account(team).and_then(|a| a.member_policy.clone()) {
+        ceiling.apply(&mut rec);
+    }
     api.keys.put_key(&rec).await.map_err(internal)?;
     log::info!("console: {} made key {} ({}) on team {team}", person.display, rec.name, rec.id);
     audit(api, &id, &format!("key '{}' made on team {team}", rec.name), person).await?;
@@ -291,12 +298,35 @@ async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
                 actions,
             ]);
         }
+        let record = api.keys.account(&team);
+        let now = record.as_ref().and_then(|a| a.member_policy.clone()).unwrap_or_default();
+        let usd = |v: Option<i64>| v.map_or(String::new(), |n| format!("{:.2}", n as f64 / 1e9));
+        let num = |v: Option<u64>| v.map_or(String::new(), |n| n.to_string());
+        let policy = form(
+            &format!("/console/team-policy/{}", enc(&team)),
+            &req.csrf,
+            &format!(
+                "<fieldset><legend>Members' keys may at most</legend>\
+<label>Models<input name=\"models\" value=\"{}\" placeholder=\"any\"></label><label>rpm<input name=\"rpm\" size=\"6\" value=\"{}\"></label>\
+<label>tpm<input name=\"tpm\" size=\"8\" value=\"{}\"></label><label>USD a day<input name=\"day\" size=\"6\" value=\"{}\"></label>\
+<label>a week<input name=\"week\" size=\"6\" value=\"{}\"></label><label>a month<input name=\"month\" size=\"6\" value=\"{}\"></label>\
+<label>Days a key lives<input name=\"max_days\" size=\"4\" value=\"{}\"></label><button type=\"submit\">Save</button></fieldset>",
+                esc(&now.models.clone().unwrap_or_default().join(", ")),
+                num(now.rpm.map(u64::from)),
+                num(now.tpm),
+                usd(now.budgets.day),
+                usd(now.budgets.week),
+                usd(now.budgets.month),
+                num(now.max_days.map(u64::from)),
+            ),
+        );
         let _ = write!(
             body,
-            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{2}</section>",
+            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{2}{3}</section>",
             esc(&team),
             nanos(account),
-            html::table(&format!("team-{}", esc(&team)), &["Key", "Id", "Allowance left", "30 days", "State", ""], &rows, None)
+            html::table(&format!("team-{}", esc(&team)), &["Key", "Id", "Allowance left", "30 days", "State", ""], &rows, None),
+            policy
         );
     }
     if body.is_empty() {
@@ -339,5 +369,73 @@ async fn team_action(api: &AdminApi, req: &Request, person: &Person, rest: &str)
         }
         _ => return Err(not_found()),
     }
+    Ok(super::redirect("/console/team"))
+}
+
+/// A team admin sets what their members' keys may do at most: within the operator's limit for
+/// the team (`member_limit`) and the team's own spend windows; applied to every member's key of
+/// the team now, and to each one made later.
+async fn set_policy(api: &AdminApi, req: &Request, person: &Person, team: &str) -> Page {
+    let team = crate::base::text::decode_component(team);
+    if !runs(api, person).contains(&team) {
+        return Err(not_found());
+    }
+    let mut account = (*api.keys.account(&team).ok_or_else(not_found)?).clone();
+    let f = &req.form;
+    let number = |name: &str| -> Result<Option<f64>, ApiError> {
+        match f.get(name) {
+            "" => Ok(None),
+            v => v.parse::<f64>().ok().filter(|n| n.is_finite() && *n > 0.0).map(Some).ok_or_else(|| {
+                ApiError::new(ErrorKind::BadRequest, format!("{name}: a number above 0, or empty for no bound")).with_param(name)
+            }),
+        }
+    };
+    let models: Vec<String> = f.get("models").split(',').map(str::trim).filter(|m| !m.is_empty()).map(str::to_string).collect();
+    let input = crate::admin::api::CeilingInput {
+        models: (!models.is_empty()).then_some(models),
+        rpm: number("rpm")?.map(|v| v as u32),
+        tpm: number("tpm")?.map(|v| v as u64),
+        budgets: Some(crate::policy::budget::BudgetsInput { day: number("day")?, week: number("week")?, month: number("month")? }),
+        max_days: number("max_days")?.map(|v| v as u32),
+    };
+    let ceiling = input.parse()?;
+    let refused = |why: String| {
+        ApiError::new(ErrorKind::Forbidden, format!("Beyond what the team may allow: {why}."))
+            .with_param(why.split(':').next().unwrap_or("form"))
+    };
+    if let Some(limit) = &account.member_limit {
+        ceiling.within(limit).map_err(refused)?;
+    }
+    // Never above the team's own spend windows (a member's key without a window of its own is
+    // bounded by the team's anyway).
+    for (name, mine, team_cap) in [
+        ("day", ceiling.budgets.day, account.budgets.day),
+        ("week", ceiling.budgets.week, account.budgets.week),
+        ("month", ceiling.budgets.month, account.budgets.month),
+    ] {
+        if let (Some(m), Some(t)) = (mine, team_cap) {
+            if m > t {
+                return Err(refused(format!("{name}: the team's own {name} is {:.2} USD", t as f64 / 1e9)));
+            }
+        }
+    }
+    account.member_policy = Some(ceiling.clone());
+    api.keys.put_account(&account).await.map_err(internal)?;
+    for mut key in api.keys.all_keys().await.map_err(internal)? {
+        if key.owner.is_some() && key.policy.account.as_deref() == Some(team.as_str()) && key.revoked_at.is_none() {
+            ceiling.apply(&mut key);
+            api.keys.put_key(&key).await.map_err(internal)?;
+        }
+    }
+    let purse = crate::policy::budget::account_purse(&team);
+    api.ledger
+        .top_up_because(
+            &purse,
+            0,
+            Some(&format!("members' key policy of team {team} set by {} ({})", person.display, person.role().name())),
+        )
+        .await
+        .map_err(internal)?;
+    log::info!("console: {} set the members' key policy of team {team}", person.display);
     Ok(super::redirect("/console/team"))
 }

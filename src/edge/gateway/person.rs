@@ -59,6 +59,9 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
                     let mut moved = (*rec).clone();
                     moved.policy.account = Some(team.clone());
                     moved.policy.tags.insert("team".into(), team.clone());
+                    if let Some(ceiling) = gw.keys.account(&team).and_then(|a| a.member_policy.clone()) {
+                        ceiling.apply(&mut moved);
+                    }
                     gw.keys.put_key(&moved).await.map_err(internal)?;
                     log::info!("identity: {} ({}) now draws on team {team}", person.display, moved.id);
                     let why = format!("key of {} moved to team {team} (the identity provider's teams)", person.display);
@@ -100,6 +103,10 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
                 policy,
                 owner: Some(person.subject.clone()),
             };
+            let mut rec = rec;
+            if let Some(ceiling) = gw.keys.account(&team).and_then(|a| a.member_policy.clone()) {
+                ceiling.apply(&mut rec);
+            }
             gw.ledger.open_account(&rec.id, identity.cfg.allowance_nanos).await.map_err(internal)?;
             gw.keys.put_key(&rec).await.map_err(internal)?;
             log::info!("identity: {} signed in for the first time: key {} of team {team}", person.display, rec.id);
