@@ -215,6 +215,7 @@ impl KeyIndex {
                     seed_digest: Some(digest),
                     member_limit: None,
                     member_policy: None,
+                    people: Default::default(),
                 },
             };
             self.store.put_account(&record).await?;

@@ -114,6 +114,39 @@ struct PatchAccount {
     /// The most the team's admins may allow their members' keys (`null`: no limit).
     #[serde(default, deserialize_with = "double_option")]
     member_limit: Option<Option<CeilingInput>>,
+    /// People put in the team (email or subject → role; `null` takes one out).
+    #[serde(default)]
+    people: Option<std::collections::BTreeMap<String, Option<String>>>,
+}
+
+/// The most people an account lists.
+const MAX_PEOPLE: usize = 10_000;
+
+/// Set or remove people of `account` (email or subject → role, `None` removes).
+pub(crate) fn set_people(
+    account: &mut crate::records::key::AccountRecord,
+    changes: std::collections::BTreeMap<String, Option<String>>,
+) -> std::result::Result<(), ApiError> {
+    for (who, role) in changes {
+        let who = who.trim().to_string();
+        if who.is_empty() || who.len() > 255 || who.chars().any(char::is_control) {
+            return Err(bad("people: each person is an email or the provider's subject (1 to 255 characters)").with_param("people"));
+        }
+        let who = if who.contains('@') { who.to_ascii_lowercase() } else { who };
+        match role {
+            None => {
+                account.people.remove(&who);
+            }
+            Some(role) if crate::identity::Role::parse(&role).is_some() => {
+                account.people.insert(who, role);
+            }
+            Some(role) => return Err(bad(format!("people: '{role}' is not a role (member, team_admin, operator)")).with_param("people")),
+        }
+    }
+    if account.people.len() > MAX_PEOPLE {
+        return Err(bad(format!("people: at most {MAX_PEOPLE} per account")).with_param("people"));
+    }
+    Ok(())
 }
 
 /// A ceiling as the admin API and the console take it: budgets in USD.
@@ -425,6 +458,7 @@ impl AdminApi {
             "created_at": account.created_at, "origin": account.origin, "keys": keys,
             "member_limit": account.member_limit.as_ref().map(ceiling_view),
             "member_policy": account.member_policy.as_ref().map(ceiling_view),
+            "people": account.people,
         }))
     }
 
@@ -753,6 +787,7 @@ impl AdminApi {
             seed_digest: None,
             member_limit: None,
             member_policy: None,
+            people: Default::default(),
         };
         self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
         self.keys.put_account(&account).await.map_err(internal)?;
@@ -769,12 +804,25 @@ impl AdminApi {
         if let Some(limit) = patch.member_limit {
             account.member_limit = limit.map(CeilingInput::parse).transpose()?;
         }
+        let people_changed = match patch.people {
+            Some(people) => {
+                let what: Vec<String> = people.iter().map(|(who, role)| format!("{who}: {}", role.as_deref().unwrap_or("out"))).collect();
+                set_people(&mut account, people)?;
+                Some(what.join(", "))
+            }
+            None => None,
+        };
         let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
         let reason = checked_reason(patch.reason, delta)?;
         self.keys.put_account(&account).await.map_err(internal)?;
         if let Some(delta) = delta {
             let id = crate::policy::budget::account_purse(&account.name);
             self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
+        }
+        if let Some(what) = people_changed {
+            let id = crate::policy::budget::account_purse(&account.name);
+            let why = format!("people of team {} set through the admin API ({what})", account.name);
+            self.ledger.top_up_because(&id, 0, Some(&why)).await.map_err(internal)?;
         }
         self.account_view(&account).await
     }

@@ -42,14 +42,39 @@ pub struct Person {
     pub display: String,
     /// Their roles (unknown names ignored; none: a member).
     pub roles: Vec<Role>,
-    /// Their teams: account names, in the claim's order.
+    /// Their teams: account names, in the claim's order (then those operators added).
     pub teams: Vec<String>,
+    /// The teams they run (`team_admin`): all their claimed teams with the claimed role, and
+    /// each team an operator made them team admin of.
+    pub admin_of: Vec<String>,
 }
 
 impl Person {
-    /// The highest role they hold.
+    /// Add what an operator gave them in `account` (a team, and a role there: `team_admin` of
+    /// that team only; `operator` of everything).
+    pub fn assign(&mut self, account: &str, role: &str) {
+        if !self.teams.iter().any(|t| t == account) {
+            self.teams.push(account.to_string());
+        }
+        match Role::parse(role) {
+            Some(Role::TeamAdmin) if !self.admin_of.iter().any(|t| t == account) => self.admin_of.push(account.to_string()),
+            Some(Role::Operator) if !self.roles.contains(&Role::Operator) => {
+                self.roles.push(Role::Operator);
+                self.roles.sort();
+            }
+            _ => {}
+        }
+    }
+
+    /// The highest role they hold (`team_admin` when they run a team).
     pub fn role(&self) -> Role {
-        self.roles.iter().copied().max().unwrap_or(Role::Member)
+        if self.roles.contains(&Role::Operator) {
+            Role::Operator
+        } else if !self.admin_of.is_empty() {
+            Role::TeamAdmin
+        } else {
+            Role::Member
+        }
     }
 }
 
@@ -91,7 +116,8 @@ pub fn person(claims: &Value, claim_roles: &str, claim_teams: &str) -> Option<Pe
             teams.push(t);
         }
     }
-    Some(Person { subject, display, roles, teams })
+    let admin_of = if roles.contains(&Role::TeamAdmin) { teams.clone() } else { Vec::new() };
+    Some(Person { subject, display, roles, teams, admin_of })
 }
 
 #[cfg(test)]

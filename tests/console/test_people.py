@@ -257,6 +257,35 @@ def test_a_team_admin_sets_what_members_keys_may_do_within_the_operators_limit(e
     assert any("members' key policy of team research set by tina@example.com" in (e.get("reason") or "") for e in audit)
 
 
+def test_an_operator_puts_a_person_in_a_team_in_the_console_and_they_run_it_from_their_next_sign_in(env, browser):
+    browser.delete_all_cookies()
+    browser.get(env.admin + "/console/people")
+    browser.find_element(By.NAME, "token").send_keys(ADMIN_TOKEN)
+    browser.find_element(By.CSS_SELECTOR, "form[action='/console/login'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: d.current_url.endswith("/console/people"))
+    from selenium.webdriver.support.ui import Select
+
+    Select(browser.find_element(By.NAME, "account")).select_by_visible_text("research")
+    browser.find_element(By.NAME, "person").send_keys("Dan@Example.com")
+    Select(browser.find_element(By.NAME, "role")).select_by_visible_text("team_admin")
+    browser.find_element(By.CSS_SELECTOR, "form[action='/console/people'] button").click()
+    WebDriverWait(browser, 15).until(lambda d: "dan@example.com" in d.find_element(By.ID, "people").text)
+    screenshot(browser, "identity-people")
+    assert env.admin_json("GET", "/admin/accounts/research")["people"] == {"dan@example.com": "team_admin"}
+    # Dan (a member of ops by the provider's claims) now runs research, and only as its admin.
+    sign_in(browser, env, "dan")
+    browser.get(env.admin + "/console/team")
+    text = browser.find_element(By.TAG_NAME, "main").text
+    assert "Team research" in text and "Team ops" not in text, text
+    # Taken out again: no team page at the next sign-in.
+    env.admin_json("PATCH", "/admin/accounts/research", {"people": {"dan@example.com": None}})
+    sign_in(browser, env, "dan")
+    session, _ = session_of(browser)
+    assert session.get(env.admin + "/console/team", allow_redirects=False).status_code == 404
+    audit = env.admin_json("GET", "/admin/audit")["data"]
+    assert any("dan@example.com set as team_admin of team research by an operator" in (e.get("reason") or "") for e in audit)
+
+
 def test_an_operator_by_role_sees_the_whole_console_and_a_forged_callback_signs_nobody_in(env, browser):
     sign_in(browser, env, "olga")
     browser.get(env.admin + "/console/keys")

@@ -30,6 +30,7 @@ PEOPLE = {
     "bob": {"email": "bob@example.com", "roles": ["member"], "teams": ["no-such-team"]},
     "cy": {"email": "cy@example.com", "roles": ["member"], "teams": ["research"]},
     "eve": {"email": "eve@example.com", "roles": ["member"], "teams": ["research"]},
+    "fay": {"email": "fay@example.com", "roles": [], "teams": []},
 }
 CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
 
@@ -219,3 +220,19 @@ def test_claude_code_with_an_access_token_as_its_auth_token_is_billed_to_the_per
     with urllib.request.urlopen(req) as u:
         usage = json.load(u)
     assert usage["key"]["name"] == "eve@example.com" and round(usage["total"]["cost"] * 1e9) == spent, usage
+
+
+def test_a_person_an_operator_put_in_a_team_calls_on_it_without_a_claim(env):
+    token = env.idp.access_token("fay")
+    with pytest.raises(openai.PermissionDeniedError):
+        env.client(token).models.list()
+    env.admin_json("PATCH", "/admin/accounts/research", {"people": {"fay@example.com": "member"}})
+    research = env.account_balance("research")
+    r = env.client(token).chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+    cost = r.usage.prompt_tokens * 2000 + r.usage.completion_tokens * 8000
+    assert env.key_of("fay@example.com")["account"] == "research"
+    assert env.account_balance("research") == research - cost
+    # Taken out: refused again.
+    env.admin_json("PATCH", "/admin/accounts/research", {"people": {"fay@example.com": None}})
+    with pytest.raises(openai.PermissionDeniedError):
+        env.client(token).models.list()

@@ -255,6 +255,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         seed_digest: None,
         member_limit: None,
         member_policy: None,
+        people: Default::default(),
     };
     keys.put_account(&account).await.expect("put account");
     for s in &stores {

@@ -62,13 +62,14 @@ pub fn count(n: u64) -> String {
 }
 
 /// The pages of the navigation bar: (path, title).
-const NAV: [(&str, &str); 6] = [
+const NAV: [(&str, &str); 7] = [
     ("/console", "Overview"),
     ("/console/keys", "Keys"),
     ("/console/usage", "Usage"),
     ("/console/requests", "Requests"),
     ("/console/providers", "Providers"),
     ("/console/video", "Video tasks"),
+    ("/console/people", "People"),
 ];
 
 /// A whole signed-in page: navigation (with `current` marked), the time zone, sign-out.

@@ -18,6 +18,7 @@ mod people;
 mod providers;
 mod requests;
 mod reveal;
+mod roster;
 mod signin;
 mod throttle;
 mod usage;

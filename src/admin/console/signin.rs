@@ -191,7 +191,18 @@ impl Pending {
             api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_id_token")]).add(1);
             failed(401, "The identity provider's answer could not be verified; start again.")
         })?;
-        let person = identity.person(&claims).ok_or_else(|| failed(401, "The identity provider's answer names nobody."))?;
+        let mut person = identity.person(&claims).ok_or_else(|| failed(401, "The identity provider's answer names nobody."))?;
+        // What operators gave them here, besides the provider's claims.
+        match api.keys.all_accounts().await {
+            Ok(accounts) => {
+                for a in &accounts {
+                    if let Some(role) = a.role_of(&person.subject, &person.display) {
+                        person.assign(&a.name, role);
+                    }
+                }
+            }
+            Err(e) => log::warn!("console: the teams operators set could not be read at sign-in: {e}"),
+        }
         log::info!("console: {} signed in ({}, teams {:?})", person.display, person.role().name(), person.teams);
         Ok((Who::Person(person), begun.next))
     }

@@ -32,6 +32,16 @@ fn internal(e: crate::store::StoreError) -> ApiError {
     }
 }
 
+/// The team a person's key draws on: the first of the provider's teams that is an account
+/// here, else the first account an operator put them in.
+async fn team_of(gw: &Gateway, person: &crate::identity::Person) -> Result<Option<String>, ApiError> {
+    if let Some(t) = person.teams.iter().find(|t| gw.keys.account(t).is_some()) {
+        return Ok(Some(t.clone()));
+    }
+    let accounts = gw.keys.all_accounts().await.map_err(internal)?;
+    Ok(accounts.into_iter().find(|a| a.role_of(&person.subject, &person.display).is_some()).map(|a| a.name))
+}
+
 fn no_team() -> ApiError {
     ApiError::new(ErrorKind::Forbidden, "The identity provider names no team of this gateway for you; ask your team admin to add you.")
 }
@@ -44,16 +54,19 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
         refused(e)
     })?;
     let person = identity.person(&claims).ok_or_else(|| refused("it names no subject"))?;
-    let team = person.teams.iter().find(|t| gw.keys.account(t).is_some()).cloned();
+    // A team an operator put them in counts as one the provider names.
+    let assigned = |name: &str| gw.keys.account(name).is_some_and(|a| a.role_of(&person.subject, &person.display).is_some());
     let secret = identity.person_secret(&person.subject);
     match gw.keys.lookup(&secret) {
         KeyLookup::Stale => Err(crate::store::fleet::unavailable("the key list")),
         KeyLookup::Found(_) => {
             // Its state checked as any key's: revoked, disabled, expired.
             let rec = gw.keys.authenticate(Some(&secret))?;
-            let still_member = rec.policy.account.as_ref().is_some_and(|a| person.teams.contains(a));
-            match team {
-                _ if still_member => Ok(rec),
+            let still_member = rec.policy.account.as_ref().is_some_and(|a| person.teams.contains(a) || assigned(a));
+            if still_member {
+                return Ok(rec);
+            }
+            match team_of(gw, &person).await? {
                 // The provider moved them to another team: their key follows.
                 Some(team) => {
                     let mut moved = (*rec).clone();
@@ -72,7 +85,7 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
             }
         }
         KeyLookup::Unknown => {
-            let team = team.ok_or_else(no_team)?;
+            let team = team_of(gw, &person).await?.ok_or_else(no_team)?;
             let routing = gw.routing.load();
             if !routing.catalog.has_group(&identity.cfg.group) {
                 log::error!(
