@@ -113,80 +113,10 @@ struct PatchAccount {
     budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
     /// The most the team's admins may allow their members' keys (`null`: no limit).
     #[serde(default, deserialize_with = "double_option")]
-    member_limit: Option<Option<CeilingInput>>,
+    member_limit: Option<Option<crate::admin::teams::CeilingInput>>,
     /// People put in the team (email or subject → role; `null` takes one out).
     #[serde(default)]
     people: Option<std::collections::BTreeMap<String, Option<String>>>,
-}
-
-/// The most people an account lists.
-const MAX_PEOPLE: usize = 10_000;
-
-/// Set or remove people of `account` (email or subject → role, `None` removes).
-pub(crate) fn set_people(
-    account: &mut crate::records::key::AccountRecord,
-    changes: std::collections::BTreeMap<String, Option<String>>,
-) -> std::result::Result<(), ApiError> {
-    for (who, role) in changes {
-        let who = who.trim().to_string();
-        if who.is_empty() || who.len() > 255 || who.chars().any(char::is_control) {
-            return Err(bad("people: each person is an email or the provider's subject (1 to 255 characters)").with_param("people"));
-        }
-        let who = if who.contains('@') { who.to_ascii_lowercase() } else { who };
-        match role {
-            None => {
-                account.people.remove(&who);
-            }
-            Some(role) if crate::identity::Role::parse(&role).is_some() => {
-                account.people.insert(who, role);
-            }
-            Some(role) => return Err(bad(format!("people: '{role}' is not a role (member, team_admin, operator)")).with_param("people")),
-        }
-    }
-    if account.people.len() > MAX_PEOPLE {
-        return Err(bad(format!("people: at most {MAX_PEOPLE} per account")).with_param("people"));
-    }
-    Ok(())
-}
-
-/// A ceiling as the admin API and the console take it: budgets in USD.
-#[derive(Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CeilingInput {
-    #[serde(default)]
-    pub models: Option<Vec<String>>,
-    #[serde(default)]
-    pub rpm: Option<u32>,
-    #[serde(default)]
-    pub tpm: Option<u64>,
-    #[serde(default)]
-    pub budgets: Option<crate::policy::budget::BudgetsInput>,
-    #[serde(default)]
-    pub max_days: Option<u32>,
-}
-
-impl CeilingInput {
-    /// The ceiling, or the refusal naming its field.
-    pub(crate) fn parse(self) -> std::result::Result<crate::records::key::Ceiling, ApiError> {
-        if let Some(models) = &self.models {
-            crate::policy::ModelRules { allow: Some(models.clone()), deny: Vec::new() }
-                .validate()
-                .map_err(|e| bad(e).with_param("models"))?;
-        }
-        if self.max_days == Some(0) || self.rpm == Some(0) || self.tpm == Some(0) {
-            return Err(bad("rpm, tpm and max_days: at least 1 (leave one out for no bound)"));
-        }
-        let budgets =
-            self.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
-        Ok(crate::records::key::Ceiling { models: self.models, rpm: self.rpm, tpm: self.tpm, budgets, max_days: self.max_days })
-    }
-}
-
-/// A ceiling as the admin API shows it: budgets in USD.
-fn ceiling_view(c: &crate::records::key::Ceiling) -> Value {
-    let b = |v: Option<i64>| v.map(usd);
-    json!({"models": c.models, "rpm": c.rpm, "tpm": c.tpm, "max_days": c.max_days,
-           "budgets": {"day": b(c.budgets.day), "week": b(c.budgets.week), "month": b(c.budgets.month)}})
 }
 
 /// A `PATCH` field: absent leaves `slot`, `null` clears it, a value sets it.
@@ -302,7 +232,7 @@ fn expiry_text(expires_at: Option<String>, ttl_secs: Option<u64>) -> std::result
 /// A policy refused: 400 naming its field (`expires_at: …`, `models.allow: …`, `ip_allow: …`).
 use crate::policy::budget::Owner;
 
-fn policy_error(message: String) -> ApiError {
+pub(crate) fn policy_error(message: String) -> ApiError {
     let field = message.split([':', '.']).next().unwrap_or_default().to_string();
     bad(message).with_param(&field)
 }
@@ -356,7 +286,7 @@ pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> std::resu
     Ok(value)
 }
 
-fn bad(msg: impl Into<String>) -> ApiError {
+pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::BadRequest, msg)
 }
 
@@ -456,8 +386,8 @@ impl AdminApi {
             "object": "account", "name": account.name, "balance": usd(balance),
             "budgets": self.windows(Owner::Account(&account.name), &account.budgets).await?,
             "created_at": account.created_at, "origin": account.origin, "keys": keys,
-            "member_limit": account.member_limit.as_ref().map(ceiling_view),
-            "member_policy": account.member_policy.as_ref().map(ceiling_view),
+            "member_limit": account.member_limit.as_ref().map(crate::admin::teams::ceiling_view),
+            "member_policy": account.member_policy.as_ref().map(crate::admin::teams::ceiling_view),
             "people": account.people,
         }))
     }
@@ -802,12 +732,12 @@ impl AdminApi {
                 budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
         }
         if let Some(limit) = patch.member_limit {
-            account.member_limit = limit.map(CeilingInput::parse).transpose()?;
+            account.member_limit = limit.map(crate::admin::teams::CeilingInput::parse).transpose()?;
         }
         let people_changed = match patch.people {
             Some(people) => {
                 let what: Vec<String> = people.iter().map(|(who, role)| format!("{who}: {}", role.as_deref().unwrap_or("out"))).collect();
-                set_people(&mut account, people)?;
+                crate::admin::teams::set_people(&mut account, people)?;
                 Some(what.join(", "))
             }
             None => None,

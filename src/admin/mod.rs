@@ -5,3 +5,4 @@ pub mod api;
 pub mod console;
 pub mod guard;
 pub mod scrape;
+pub mod teams;

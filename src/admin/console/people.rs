@@ -387,7 +387,7 @@ async fn set_policy(api: &AdminApi, req: &Request, person: &Person, team: &str) 
         }
     };
     let models: Vec<String> = f.get("models").split(',').map(str::trim).filter(|m| !m.is_empty()).map(str::to_string).collect();
-    let input = crate::admin::api::CeilingInput {
+    let input = crate::admin::teams::CeilingInput {
         models: (!models.is_empty()).then_some(models),
         rpm: number("rpm")?.map(|v| v as u32),
         tpm: number("tpm")?.map(|v| v as u64),

@@ -47,7 +47,7 @@ pub(super) async fn set_person(api: &AdminApi, req: &Request) -> Page {
     };
     let typed = f.get("person").trim();
     let who = if typed.contains('@') { typed.to_ascii_lowercase() } else { typed.to_string() };
-    crate::admin::api::set_people(&mut account, BTreeMap::from([(who.clone(), role.clone())]))?;
+    crate::admin::teams::set_people(&mut account, BTreeMap::from([(who.clone(), role.clone())]))?;
     api.keys.put_account(&account).await.map_err(internal)?;
     let what = match &role {
         Some(r) => format!("{who} set as {r} of team {name} by an operator"),
