@@ -183,12 +183,19 @@ def test_a_team_admin_runs_their_team_within_its_account_and_is_audited(env, bro
         browser.find_element(By.NAME, "name").send_keys(f"{login}-ci")
         browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
         WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
+        secret = browser.find_element(By.ID, "secret").get_attribute("value")
+        openai.OpenAI(base_url=env.gateway + "/v1", api_key=secret, max_retries=0).chat.completions.create(
+            model="alpha-5.5", messages=[{"role": "user", "content": f"{login} was here"}], max_tokens=5
+        )
     (ada_key,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-ci"]
     (dan_key,) = [k for k in env.keys_of("dan@example.com") if k["name"] == "dan-ci"]
     sign_in(browser, env, "tina")
     browser.get(env.admin + "/console/team")
     text = browser.find_element(By.TAG_NAME, "main").text
     assert "Team research" in text and "ada-ci" in text and "Team ops" not in text and "dan-ci" not in text
+    # The team's request log: its keys' requests, no other team's.
+    log = browser.find_element(By.ID, "team-log-research").text
+    assert "ada-ci" in log and "alpha-5.5" in log and "dan-ci" not in log, log
     screenshot(browser, "identity-team-admin")
     session, csrf = session_of(browser)
     # Never more than the team's account holds; never another team's key.

@@ -294,6 +294,7 @@ async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
                 actions,
             ]);
         }
+        let log = team_log(api, all.iter().filter(|k| k.policy.account.as_deref() == Some(team.as_str()))).await?;
         let record = api.keys.account(&team);
         let now = record.as_ref().and_then(|a| a.member_policy.clone()).unwrap_or_default();
         let usd = |v: Option<i64>| v.map_or(String::new(), |n| format!("{:.2}", n as f64 / 1e9));
@@ -318,11 +319,12 @@ async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
         );
         let _ = write!(
             body,
-            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{2}{3}</section>",
+            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{2}{3}<h3>Last requests</h3>{4}</section>",
             esc(&team),
             nanos(account),
             html::table(&format!("team-{}", esc(&team)), &["Key", "Id", "Allowance left", "30 days", "State", ""], &rows, None),
-            policy
+            policy,
+            html::table(&format!("team-log-{}", esc(&team)), &["Time", "Key", "Model", "Endpoint", "Status", "ms"], &log, None),
         );
     }
     if body.is_empty() {
@@ -434,4 +436,37 @@ async fn set_policy(api: &AdminApi, req: &Request, person: &Person, team: &str) 
         .map_err(internal)?;
     log::info!("console: {} set the members' key policy of team {team}", person.display);
     Ok(super::redirect("/console/team"))
+}
+
+/// The last requests of a team's keys (the request log, 7 days, newest first, at most 30).
+async fn team_log<'a>(api: &AdminApi, keys: impl Iterator<Item = &'a KeyRecord>) -> Result<Vec<Vec<String>>, ApiError> {
+    let now = crate::base::clock::now_ms();
+    let tz = api.routing.load().calendar.tz().clone();
+    let mut entries = Vec::new();
+    for key in keys {
+        let filter = crate::records::log::Filter {
+            key_id: Some(key.id.clone()),
+            start_ms: now.saturating_sub(7 * 86_400_000),
+            end_ms: now + 1,
+            limit: 30,
+            ..Default::default()
+        };
+        let (page, _) = api.store.requests().query(&filter).await.map_err(internal)?;
+        entries.extend(page);
+    }
+    entries.sort_by(|a, b| b.time_ms.cmp(&a.time_ms));
+    entries.truncate(30);
+    Ok(entries
+        .iter()
+        .map(|e| {
+            vec![
+                esc(&crate::base::clock::time_in(e.time_ms, &tz)),
+                esc(e.key_name.as_deref().unwrap_or("—")),
+                esc(e.model.as_deref().unwrap_or("—")),
+                esc(&e.route),
+                e.status.to_string(),
+                e.latency_ms.to_string(),
+            ]
+        })
+        .collect())
 }
