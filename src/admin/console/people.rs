@@ -454,7 +454,7 @@ async fn team_log<'a>(api: &AdminApi, keys: impl Iterator<Item = &'a KeyRecord>)
         let (page, _) = api.store.requests().query(&filter).await.map_err(internal)?;
         entries.extend(page);
     }
-    entries.sort_by(|a, b| b.time_ms.cmp(&a.time_ms));
+    entries.sort_by_key(|e| std::cmp::Reverse(e.time_ms));
     entries.truncate(30);
     Ok(entries
         .iter()
