@@ -17,8 +17,9 @@ import urllib.request
 import openai
 import pytest
 import requests
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import WebDriverWait
+from selenium.webdriver.support.ui import WebDriverWait as _Wait
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pysupport import free_port, wait_listening  # noqa: E402
@@ -30,6 +31,21 @@ if not os.path.isdir(os.path.join(MODULES, "oidc-provider")) and not os.environ.
     pytest.skip("oidc-provider is not installed (tests/run_all.sh installs it)", allow_module_level=True)
 
 ADMIN_TOKEN = "identity-console-admin-token-0123456789"
+
+
+def submit(driver, selector):
+    """Click the button `selector` and wait until its page was replaced by the answer."""
+    from selenium.webdriver.support import expected_conditions
+
+    old = driver.find_element(By.TAG_NAME, "html")
+    driver.find_element(By.CSS_SELECTOR, selector).click()
+    _Wait(driver, 15).until(expected_conditions.staleness_of(old))
+
+
+def WebDriverWait(driver, secs):
+    """A wait that reads the page again while it is being replaced (an element of the page that
+    was left is stale, not an answer)."""
+    return _Wait(driver, secs, ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
 PEOPLE = {
     "ada": {"email": "ada@example.com", "roles": ["member"], "teams": ["research"]},
     "tina": {"email": "tina@example.com", "roles": ["team_admin"], "teams": ["research"]},
@@ -131,7 +147,7 @@ def test_a_member_signs_in_makes_uses_rotates_and_revokes_their_own_key_and_noth
     assert "ada@example.com (member), team research" in browser.find_element(By.ID, "who").text
     screenshot(browser, "identity-member")
     browser.find_element(By.NAME, "name").send_keys("ada-laptop")
-    browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
+    submit(browser, "form[action='/console/me/keys'] button")
     WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
     secret = browser.find_element(By.ID, "secret").get_attribute("value")
     assert secret.startswith("sk-tg-")
@@ -159,19 +175,19 @@ def test_a_member_signs_in_makes_uses_rotates_and_revokes_their_own_key_and_noth
     assert env.admin_json("GET", f"/admin/keys/{others['id']}")["enabled"] is True
     # Rotate then revoke their own key: the old secret stops, the new one works until revoked.
     browser.get(env.admin + "/console/me")
-    browser.find_element(By.CSS_SELECTOR, f"form[action='/console/me/keys/{key['id']}/rotate'] button").click()
+    submit(browser, f"form[action='/console/me/keys/{key['id']}/rotate'] button")
     WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
     new_secret = browser.find_element(By.ID, "secret").get_attribute("value")
     with pytest.raises(openai.AuthenticationError):
         client.models.list()
     openai.OpenAI(base_url=env.gateway + "/v1", api_key=new_secret, max_retries=0).models.list()
     browser.get(env.admin + "/console/me")
-    browser.find_element(By.CSS_SELECTOR, f"form[action='/console/me/keys/{key['id']}/revoke'] button").click()
+    submit(browser, f"form[action='/console/me/keys/{key['id']}/revoke'] button")
     WebDriverWait(browser, 15).until(lambda d: "revoked" in d.find_element(By.ID, "my-keys").text)
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=env.gateway + "/v1", api_key=new_secret, max_retries=0).models.list()
     # Sign-out ends the session.
-    browser.find_element(By.CSS_SELECTOR, "form[action='/console/logout'] button").click()
+    submit(browser, "form[action='/console/logout'] button")
     WebDriverWait(browser, 15).until(lambda d: "/console/login" in d.current_url)
     assert session.get(env.admin + "/console/me", allow_redirects=False).status_code == 303
 
@@ -181,7 +197,7 @@ def test_a_team_admin_runs_their_team_within_its_account_and_is_audited(env, bro
     for login, team in (("ada", "research"), ("dan", "ops")):
         sign_in(browser, env, login)
         browser.find_element(By.NAME, "name").send_keys(f"{login}-ci")
-        browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
+        submit(browser, "form[action='/console/me/keys'] button")
         WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
         secret = browser.find_element(By.ID, "secret").get_attribute("value")
         openai.OpenAI(base_url=env.gateway + "/v1", api_key=secret, max_retries=0).chat.completions.create(
@@ -225,7 +241,7 @@ def test_a_team_admin_sets_what_members_keys_may_do_within_the_operators_limit(e
     env.admin_json("PATCH", "/admin/accounts/research", {"member_limit": {"models": ["alpha-*"], "rpm": 30, "budgets": {"day": 2.0}}})
     sign_in(browser, env, "ada")
     browser.find_element(By.NAME, "name").send_keys("ada-before")
-    browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
+    submit(browser, "form[action='/console/me/keys'] button")
     WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
     before_secret = browser.find_element(By.ID, "secret").get_attribute("value")
     sign_in(browser, env, "tina")
@@ -243,7 +259,7 @@ def test_a_team_admin_sets_what_members_keys_may_do_within_the_operators_limit(e
     for name, value in (("rpm", "10"), ("day", "1"), ("max_days", "7")):
         browser.find_element(By.NAME, name).clear()
         browser.find_element(By.NAME, name).send_keys(value)
-    browser.find_element(By.CSS_SELECTOR, "form[action='/console/team-policy/research'] button").click()
+    submit(browser, "form[action='/console/team-policy/research'] button")
     WebDriverWait(browser, 15).until(lambda d: d.current_url.endswith("/console/team"))
     account = env.admin_json("GET", "/admin/accounts/research")
     assert account["member_policy"]["rpm"] == 10 and account["member_policy"]["models"] == ["alpha-5.5"], account
@@ -256,7 +272,7 @@ def test_a_team_admin_sets_what_members_keys_may_do_within_the_operators_limit(e
     # A key a member makes afterwards has it from the start.
     sign_in(browser, env, "ada")
     browser.find_element(By.NAME, "name").send_keys("ada-after")
-    browser.find_element(By.CSS_SELECTOR, "form[action='/console/me/keys'] button").click()
+    submit(browser, "form[action='/console/me/keys'] button")
     WebDriverWait(browser, 15).until(lambda d: d.find_elements(By.ID, "secret"))
     (after,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-after"]
     assert after["rpm"] == 10 and after["models"]["allow"] == ["alpha-5.5"], after
@@ -268,14 +284,14 @@ def test_an_operator_puts_a_person_in_a_team_in_the_console_and_they_run_it_from
     browser.delete_all_cookies()
     browser.get(env.admin + "/console/people")
     browser.find_element(By.NAME, "token").send_keys(ADMIN_TOKEN)
-    browser.find_element(By.CSS_SELECTOR, "form[action='/console/login'] button").click()
+    submit(browser, "form[action='/console/login'] button")
     WebDriverWait(browser, 15).until(lambda d: d.current_url.endswith("/console/people"))
     from selenium.webdriver.support.ui import Select
 
     Select(browser.find_element(By.NAME, "account")).select_by_visible_text("research")
     browser.find_element(By.NAME, "person").send_keys("Dan@Example.com")
     Select(browser.find_element(By.NAME, "role")).select_by_visible_text("team_admin")
-    browser.find_element(By.CSS_SELECTOR, "form[action='/console/people'] button").click()
+    submit(browser, "form[action='/console/people'] button")
     WebDriverWait(browser, 15).until(lambda d: "dan@example.com" in d.find_element(By.ID, "people").text)
     screenshot(browser, "identity-people")
     assert env.admin_json("GET", "/admin/accounts/research")["people"] == {"dan@example.com": "team_admin"}
@@ -297,6 +313,15 @@ def test_an_operator_by_role_sees_the_whole_console_and_a_forged_callback_signs_
     sign_in(browser, env, "olga")
     browser.get(env.admin + "/console/keys")
     assert browser.find_element(By.TAG_NAME, "h1").text == "Keys"
+    # What she does is audited with her name.
+    target = env.admin_json("POST", "/admin/keys", {"name": "olga-target", "balance": 1.0})
+    session, csrf = session_of(browser)
+    r = session.post(f"{env.admin}/console/keys/{target['id']}/topup", data={"csrf": csrf, "amount": "0.5", "reason": "pilot"}, allow_redirects=False)
+    assert r.status_code == 303, r.text[-300:]
+    r = session.post(f"{env.admin}/console/keys/{target['id']}/disable", data={"csrf": csrf}, allow_redirects=False)
+    assert r.status_code == 303
+    reasons = [e.get("reason") or "" for e in env.admin_json("GET", "/admin/audit")["data"] if e["id"] == target["id"]]
+    assert "pilot (by olga@example.com, operator)" in reasons and "key disable by olga@example.com (operator)" in reasons, reasons
     r = requests.get(env.admin + "/console/callback?code=forged&state=forged", allow_redirects=False)
     assert r.status_code == 400 and "tg_console" not in r.headers.get("set-cookie", "")
 

@@ -144,6 +144,9 @@ pub(super) async fn create_key(api: &AdminApi, reveals: &Reveals, req: &Request)
     };
     match created {
         Ok(view) => {
+            if let (Some(by), Some(id)) = (&req.by, view["id"].as_str()) {
+                api.ledger.top_up_because(id, 0, Some(&format!("key made by {by} (operator)"))).await.map_err(internal)?;
+            }
             // Post/redirect/get: the answer to the POST is a redirect to a page that shows the
             // secret once; reloading that page creates nothing and shows no secret.
             Ok(reveal_redirect(reveals, req, &view))
@@ -453,7 +456,12 @@ pub(super) async fn key_action(api: &AdminApi, reveals: &Reveals, req: &Request,
             };
             let grace = if grace_hours.is_finite() && grace_hours >= 0.0 { (grace_hours * 3600.0).round() as u64 } else { u64::MAX };
             return match api.rotate_key(id, grace).await {
-                Ok(view) => Ok(reveal_redirect(reveals, req, &view)),
+                Ok(view) => {
+                    if let Some(by) = &req.by {
+                        api.ledger.top_up_because(id, 0, Some(&format!("key rotated by {by} (operator)"))).await.map_err(internal)?;
+                    }
+                    Ok(reveal_redirect(reveals, req, &view))
+                }
                 Err(mut e) if e.status() == 400 || e.status() == 409 => {
                     if e.param.as_deref() == Some("grace_secs") {
                         e.param = Some("grace_hours".into());
@@ -469,6 +477,9 @@ pub(super) async fn key_action(api: &AdminApi, reveals: &Reveals, req: &Request,
                 return key_detail(api, req, id, Some((std::slice::from_ref(&e), f))).await;
             }
             api.revoke_key(id).await?;
+            if let Some(by) = &req.by {
+                api.ledger.top_up_because(id, 0, Some(&format!("key revoked by {by} (operator)"))).await.map_err(internal)?;
+            }
             return Ok(redirect(&format!(
                 "/console/keys/{}?done={}",
                 enc(id),
@@ -486,7 +497,12 @@ pub(super) async fn key_action(api: &AdminApi, reveals: &Reveals, req: &Request,
                 Ok(None) => Err(vec![bad("amount", "amount: required")]),
                 Err(e) => Err(vec![e]),
             };
-            let reason = f.get("reason");
+            // A person signed in as an operator is named in the audit trail.
+            let reason = match (&req.by, f.get("reason")) {
+                (Some(by), "") => format!("by {by} (operator)"),
+                (Some(by), r) => format!("{r} (by {by}, operator)"),
+                (None, r) => r.to_string(),
+            };
             (
                 amount.map(|a| if reason.is_empty() { json!({"balance_delta": a}) } else { json!({"balance_delta": a, "reason": reason}) }),
                 "Balance moved.",
@@ -515,6 +531,9 @@ pub(super) async fn key_action(api: &AdminApi, reveals: &Reveals, req: &Request,
         Ok(patch) => api.patch_key(id, patch).await,
         Err(e) => Err(e),
     };
+    if let (Ok(_), Some(by), false) = (&result, &req.by, what == "topup") {
+        api.ledger.top_up_because(id, 0, Some(&format!("key {what} by {by} (operator)"))).await.map_err(internal)?;
+    }
     match result {
         Ok(_) => Ok(redirect(&format!("/console/keys/{}?done={}", enc(id), enc(done)))),
         Err(mut e) if e.status() == 400 || e.status() == 409 => {

@@ -212,6 +212,8 @@ pub(crate) struct Request {
     pub query: String,
     pub form: Form,
     pub csrf: String,
+    /// A person signed in as an operator by their role: who (the audit trail names them).
+    pub by: Option<String>,
 }
 
 /// Decoded `application/x-www-form-urlencoded` pairs (or a query string).
@@ -436,7 +438,11 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session, secu
         r.headers.push(("set-cookie", set_cookie("", None, secure)));
         return r;
     }
-    let request = Request { method, path, query, form, csrf: signed.csrf };
+    let by = match &signed.who {
+        Who::Person(p) => Some(p.display.clone()),
+        Who::Operator => None,
+    };
+    let request = Request { method, path, query, form, csrf: signed.csrf, by };
     match &signed.who {
         who if who.operates() => pages::route(api, &sessions.reveals, &request).await,
         Who::Person(person) => people::route(api, &sessions.reveals, &request, person).await,
