@@ -280,6 +280,90 @@ impl pingora_core::services::background::BackgroundService for KeyRefresh {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use jsonwebtoken::{encode, EncodingKey, Header};
+    use serde_json::json;
+
+    /// An identity whose provider holds one ES256 key `k1`; its private key for signing.
+    fn identity() -> (Identity, EncodingKey) {
+        let pair = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let cfg = OidcConfig {
+            issuer: "https://idp.example.com".into(),
+            client_id: "tollgate".into(),
+            client_secret: None,
+            client_secret_env: None,
+            scopes: vec!["openid".into()],
+            claim_roles: "roles".into(),
+            claim_teams: "teams".into(),
+            audience: "https://api.example.com".into(),
+            group: "default".into(),
+            allowance_nanos: 0,
+            clock_skew_secs: 0,
+        };
+        let id = Identity::new(cfg).unwrap();
+        let key = DecodingKey::from_ec_pem(pair.public_key_pem().as_bytes()).unwrap();
+        id.provider.store(Some(Arc::new(Provider {
+            authorization_endpoint: "https://idp.example.com/auth".into(),
+            token_endpoint: "https://idp.example.com/token".into(),
+            end_session_endpoint: None,
+            keys: vec![SigningKey { kid: Some("k1".into()), alg: Some(Algorithm::ES256), key }],
+        })));
+        (id, EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap())
+    }
+
+    fn token(key: &EncodingKey, kid: &str, claims: serde_json::Value) -> String {
+        let mut header = Header::new(Algorithm::ES256);
+        header.kid = Some(kid.into());
+        encode(&header, &claims, key).unwrap()
+    }
+
+    #[test]
+    fn only_the_providers_own_unexpired_tokens_for_this_audience_and_sign_in_are_taken() {
+        let (id, key) = identity();
+        let now = crate::base::clock::now_unix();
+        let good = json!({"iss": "https://idp.example.com", "aud": "https://api.example.com", "sub": "u1", "exp": now + 60, "nonce": "n1"});
+        let claims = id.verify(&token(&key, "k1", good.clone()), "https://api.example.com", Some("n1")).unwrap();
+        assert_eq!(claims["sub"], "u1");
+        let invalid =
+            |claims: serde_json::Value, nonce: Option<&str>| id.verify(&token(&key, "k1", claims), "https://api.example.com", nonce);
+        let mut other_aud = good.clone();
+        other_aud["aud"] = json!("https://else.example.com");
+        let mut other_iss = good.clone();
+        other_iss["iss"] = json!("https://evil.example.com");
+        let mut expired = good.clone();
+        expired["exp"] = json!(now - 10);
+        let mut early = good.clone();
+        early["nbf"] = json!(now + 3600);
+        let mut nobody = good.clone();
+        nobody.as_object_mut().unwrap().remove("sub");
+        for (what, claims, nonce) in [
+            ("another nonce", good.clone(), Some("n2")),
+            ("another audience", other_aud, None),
+            ("another issuer", other_iss, None),
+            ("expired", expired, None),
+            ("not yet valid", early, None),
+            ("no subject", nobody, None),
+        ] {
+            assert!(matches!(invalid(claims, nonce), Err(VerifyError::Invalid(_))), "{what}");
+        }
+        // A key the provider does not list; a token with no signature; one signed with HMAC.
+        assert_eq!(id.verify(&token(&key, "k2", good.clone()), "https://api.example.com", None), Err(VerifyError::UnknownKey));
+        let (_, body) = token(&key, "k1", good.clone()).split_once('.').map(|(h, r)| (h.to_string(), r.to_string())).unwrap();
+        let payload = body.split('.').next().unwrap();
+        let unsigned = format!("eyJhbGciOiJub25lIiwidHlwIjoiSldUIn0.{payload}.");
+        assert!(matches!(id.verify(&unsigned, "https://api.example.com", None), Err(VerifyError::Malformed(_))));
+        let hmac = encode(&Header::new(Algorithm::HS256), &good, &EncodingKey::from_secret(b"client secret")).unwrap();
+        assert!(matches!(id.verify(&hmac, "https://api.example.com", None), Err(VerifyError::Malformed(_))));
+        // Tampered: the payload of another token under this one's signature.
+        let mut more = good.clone();
+        more["sub"] = json!("admin");
+        let (h, _, sig) = {
+            let t = token(&key, "k1", good);
+            let parts: Vec<String> = t.split('.').map(str::to_string).collect();
+            (parts[0].clone(), parts[1].clone(), parts[2].clone())
+        };
+        let forged_payload = token(&key, "k1", more).split('.').nth(1).unwrap().to_string();
+        assert!(matches!(id.verify(&format!("{h}.{forged_payload}.{sig}"), "https://api.example.com", None), Err(VerifyError::Invalid(_))));
+    }
 
     #[test]
     fn only_jwt_shaped_bearers_are_tried_as_tokens() {

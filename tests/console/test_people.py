@@ -167,7 +167,10 @@ def test_a_member_signs_in_makes_uses_rotates_and_revokes_their_own_key_and_noth
     assert home.status_code == 200 and 'id="who"' in home.text and "Overview" not in home.text, "a person's home is their own page"
     for page in OPERATOR_PAGES + ["/console/team", f"/console/keys/{key['id']}"]:
         assert session.get(env.admin + page, allow_redirects=False).status_code == 404, page
-    assert session.get(env.admin + "/admin/keys").status_code == 401
+    for method, path in (("GET", "/admin/keys"), ("POST", "/admin/keys"), ("GET", "/admin/accounts"), ("GET", "/admin/accounts/research"),
+                         ("PATCH", "/admin/accounts/research"), ("GET", "/admin/audit"), ("GET", "/admin/usage"), ("GET", "/metrics")):
+        r = session.request(method, env.admin + path, json={} if method != "GET" else None)
+        assert r.status_code == 401, (method, path, r.status_code)
     others = env.admin_json("POST", "/admin/keys", {"name": "not-ada", "balance": 1.0})
     for action in ("revoke", "rotate"):
         r = session.post(f"{env.admin}/console/me/keys/{others['id']}/{action}", data={"csrf": csrf}, allow_redirects=False)
