@@ -229,13 +229,8 @@ fn expiry_text(expires_at: Option<String>, ttl_secs: Option<u64>) -> std::result
     }
 }
 
-/// A policy refused: 400 naming its field (`expires_at: …`, `models.allow: …`, `ip_allow: …`).
+pub(crate) use crate::admin::refusal::{bad, policy_error};
 use crate::policy::budget::Owner;
-
-pub(crate) fn policy_error(message: String) -> ApiError {
-    let field = message.split([':', '.']).next().unwrap_or_default().to_string();
-    bad(message).with_param(&field)
-}
 
 /// `POST /admin/keys/{id}/rotate`.
 #[derive(Deserialize)]
@@ -284,10 +279,6 @@ pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> std::resu
     })?;
     de.end().map_err(|e| bad(format!("Invalid JSON: {e}")))?;
     Ok(value)
-}
-
-pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
-    ApiError::new(ErrorKind::BadRequest, msg)
 }
 
 /// A store failure as the admin API answers it: the shared database out of reach is 503

@@ -4,5 +4,6 @@
 pub mod api;
 pub mod console;
 pub mod guard;
+pub mod refusal;
 pub mod scrape;
 pub mod teams;

@@ -2,7 +2,7 @@
 //! roles, and the ceilings on its members' keys (the operator's `member_limit`, the team
 //! admin's `member_policy`), as the admin API and the console take and show them.
 
-use crate::admin::api::{bad, policy_error};
+use crate::admin::refusal::{bad, policy_error};
 use crate::base::money::usd;
 use crate::protocol::ApiError;
 use serde::Deserialize;
