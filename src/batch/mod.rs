@@ -77,8 +77,9 @@ pub struct BatchService {
     poll_every: Duration,
     /// Batches this process is submitting now (see the video service's `creating`).
     creating: Mutex<HashSet<String>>,
-    /// One refresh of a batch at a time in this process.
-    refreshing: tokio::sync::Mutex<()>,
+    /// One refresh (or cancel) of a batch at a time in this process, per batch: a batch whose
+    /// files are being downloaded never holds up another's.
+    refreshing: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// What a create request asks for.
@@ -134,12 +135,19 @@ impl BatchService {
             routing,
             poll_every,
             creating: Mutex::new(HashSet::new()),
-            refreshing: tokio::sync::Mutex::new(()),
+            refreshing: Mutex::new(std::collections::HashMap::new()),
         }
     }
 
     pub fn poll_interval(&self) -> Duration {
         self.poll_every
+    }
+
+    /// The lock of batch `id` (made on first use; dropped from the map once nobody holds it).
+    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut map = self.refreshing.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, l| Arc::strong_count(l) > 1);
+        map.entry(id.to_string()).or_default().clone()
     }
 
     fn billing_record(batch: &Batch, cost_nanos: i64, usage: (u64, u64, u64)) -> UsageRecord {
@@ -443,7 +451,17 @@ impl BatchService {
             .await
             .map_err(|e| StoreError::Corrupt(format!("batch output: {e}")))?,
         };
-        self.ledger.adjust(Self::billing_record(batch, cost - batch.hold_nanos, usage)).await?;
+        // The settlement's record carries a marker (as a stored response's id): a settlement
+        // booked before a crash, whose batch state was not written, is found and not booked
+        // again.
+        let marker = format!("{}:settled", batch.id);
+        if self.ledger.response_owner(&marker).await?.is_some() {
+            log::warn!("batch {}: its settlement was booked before; not booked again", batch.id);
+        } else {
+            let mut record = Self::billing_record(batch, cost - batch.hold_nanos, usage);
+            record.response_id = Some(marker);
+            self.ledger.adjust(record).await?;
+        }
         batch.settled = true;
         batch.cost_nanos = cost;
         batch.usage = usage;
@@ -487,7 +505,8 @@ impl BatchService {
 
     /// Ask the provider to cancel the key's batch; settled once the provider says it is.
     pub async fn cancel(&self, key: &KeyRecord, id: &str) -> Result<Batch, ApiError> {
-        let _turn = self.refreshing.lock().await;
+        let lock = self.lock_for(id);
+        let _turn = lock.lock().await;
         let mut batch = self.owned(key, id).await?;
         if record::is_terminal(&batch.status) || batch.status == "cancelling" {
             return Err(ApiError::new(ErrorKind::Conflict, format!("The batch '{id}' is {}; it cannot be cancelled.", batch.status))
@@ -520,7 +539,8 @@ impl BatchService {
 
     /// Bring one open batch up to date with the provider, and settle it once it ended.
     async fn refresh(&self, batch: Batch) {
-        let _turn = self.refreshing.lock().await;
+        let lock = self.lock_for(&batch.id);
+        let _turn = lock.lock().await;
         // Read again under the lock: another refresh may have moved it on.
         let batch = match self.jobs.get(&batch.id).await {
             Ok(Some(text)) => match Self::read(&text) {
@@ -670,5 +690,64 @@ impl pingora_core::services::background::BackgroundService for BatchPoller {
                 _ = self.service.poll_once() => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    fn routing() -> Routing {
+        let text = "listen: 127.0.0.1:8080\nproviders:\n  - { name: oa, protocol: openai, base_url: \"http://127.0.0.1:9\", api_key: k, models: [m] }\nprices:\n  m: { input: 2, output: 8 }\n";
+        let config = crate::config::Config::parse(text, &|_| None).expect("config");
+        let health = crate::upstream::health::HealthBook::new(Arc::new(crate::observe::metrics::Metrics::default()));
+        Routing {
+            catalog: Arc::new(crate::upstream::catalog::Catalog::new(&config, 0, &health)),
+            prices: Arc::new(crate::billing::ledger::PriceBook::new(&config.prices)),
+            default_output_tokens: 100,
+            min_output_tokens: 10,
+            max_event_bytes: crate::config::listen::DEFAULT_MAX_EVENT_BYTES,
+            forward_headers: Vec::new(),
+            forward_response_headers: Vec::new(),
+            trusted_proxies: Vec::new(),
+            calendar: Default::default(),
+            key_page: false,
+            retry: crate::config::RetryPolicy::default(),
+            media_allowance: Default::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_settlement_booked_before_a_crash_is_not_booked_again() {
+        let dir = tempfile::tempdir().expect("dir");
+        let db = crate::store::DbSlot::new(sled::open(dir.path()).expect("db"));
+        let ledger = Arc::new(Ledger::open(db.clone()).expect("ledger"));
+        ledger.open_account("key_b", 10_000_000_000).await.expect("account");
+        let jobs: Arc<dyn JobStore> = Arc::new(crate::store::sled::jobs::SledJobs::new(db).expect("jobs"));
+        let files = Arc::new(FileService::new(dir.path(), None, false));
+        let svc = BatchService::new(jobs, ledger.clone(), files, Arc::new(ArcSwap::from_pointee(routing())), Duration::from_secs(1));
+        let mut batch: Batch = serde_json::from_value(serde_json::json!({
+            "id": "batch_x", "owner": "key_b", "created_at": 1, "endpoint": "/v1/chat/completions", "input_file_id": "file-1",
+            "completion_window": "24h", "model": "m", "provider": "oa", "status": "completed", "hold_nanos": 1_000_000,
+        }))
+        .expect("batch");
+        let mut out = tempfile::tempfile().expect("file");
+        writeln!(
+            out,
+            r#"{{"custom_id":"a","response":{{"status_code":200,"body":{{"usage":{{"prompt_tokens":100,"completion_tokens":10}}}}}}}}"#
+        )
+        .expect("write");
+        let out = Arc::new(out);
+        svc.settle(&mut batch, Some(out.clone())).await.expect("settle");
+        // Half of $2 and $8 per 1M: 100 × 1000 + 10 × 4000 nano-USD, less the hold it replaces.
+        assert_eq!(batch.cost_nanos, 140_000);
+        let after_first = ledger.balance("key_b").await.expect("balance");
+        assert_eq!(after_first, 10_000_000_000 - (140_000 - 1_000_000));
+        // The process stopped before the settled state was written: settled again, booked once.
+        batch.settled = false;
+        svc.settle(&mut batch, Some(out)).await.expect("settle again");
+        assert!(batch.settled);
+        assert_eq!(ledger.balance("key_b").await.expect("balance"), after_first);
     }
 }
