@@ -10,6 +10,7 @@ mod agent;
 mod batches;
 mod bodies;
 mod cloud;
+mod mcp;
 mod media;
 mod realtime;
 mod tc;

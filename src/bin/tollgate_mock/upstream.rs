@@ -148,6 +148,8 @@ pub struct MockUpstream {
     cloud: CloudMock,
     /// Files and batches (see `batches`).
     batches: crate::batches::BatchMock,
+    /// An MCP server (see `mcp`).
+    mcp: crate::mcp::McpMock,
 }
 
 impl MockUpstream {
@@ -160,6 +162,7 @@ impl MockUpstream {
         MockUpstream {
             cloud,
             batches: Default::default(),
+            mcp: Default::default(),
             upstream_key: upstream_key.into(),
             records: Mutex::new(Vec::new()),
             holds: Mutex::new(HashMap::new()),
@@ -257,8 +260,8 @@ impl MockUpstream {
         if let Some(endpoint) = crate::media::endpoint(&path) {
             return self.media(session, &req, endpoint, body).await;
         }
-        if let Some(op) = crate::batches::op(req.method.as_str(), &path) {
-            return self.batch_api(session, &req, op, body).await;
+        if let Some(answered) = self.services(session, &req, &path, &mut body).await {
+            return answered;
         }
         let cloud = crate::cloud::classify(&path, query.as_deref());
         if let Some(action) = header(&req, "x-tc-action") {
@@ -384,6 +387,17 @@ impl MockUpstream {
         }
         let hold = header(req, "x-mock-hold").map(|token| self.hold(token));
         crate::media::answer(session, req, endpoint, &fields, hold).await
+    }
+
+    /// The mock's services at their own paths — the MCP server, the batch API —, answered;
+    /// None for any other path.
+    async fn services(&self, session: &mut Session, req: &RequestHeader, path: &str, body: &mut Vec<u8>) -> Option<Result<()>> {
+        if crate::mcp::is_mcp(path) {
+            self.record(Recorded::of(req, body.len(), None, false, Some(String::from_utf8_lossy(body).into_owned())));
+            return Some(self.mcp.answer(session, req, body).await);
+        }
+        let op = crate::batches::op(req.method.as_str(), path)?;
+        Some(self.batch_api(session, req, op, std::mem::take(body)).await)
     }
 
     /// The batch API (`batches`): recorded (an upload with its file's text), its credential
