@@ -8,6 +8,7 @@ pub mod anthropic;
 pub mod batch;
 pub mod conversation;
 pub mod gemini;
+pub mod mcp;
 pub mod media;
 pub mod multipart;
 pub mod openai;

@@ -1,0 +1,137 @@
+//! The Model Context Protocol's wire, as a gateway in front of several MCP servers needs it
+//! (issue 52): which protocol revision to answer, the prefixed tool names that keep servers'
+//! tools apart (`server__tool`), and the messages an answer carries — a JSON body, or an SSE
+//! stream of `message` events (progress notifications, then the response). Pure: no I/O.
+
+use serde_json::Value;
+
+/// The handshake revisions (`initialize`, `Mcp-Session-Id`), oldest first.
+pub const HANDSHAKE_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// What separates a server's name from its tool's in a prefixed name.
+pub const SEPARATOR: &str = "__";
+
+/// The revision to answer an `initialize` asking for `asked`: the same when it is one this side
+/// speaks, else the newest (the client then decides whether it can go on).
+pub fn negotiate(asked: &str) -> &'static str {
+    HANDSHAKE_VERSIONS.iter().find(|v| **v == asked).copied().unwrap_or(HANDSHAKE_VERSIONS[HANDSHAKE_VERSIONS.len() - 1])
+}
+
+/// `server__tool`. Server names hold no `__` (the configuration refuses it), so the split
+/// below is the only one.
+pub fn prefixed(server: &str, tool: &str) -> String {
+    format!("{server}{SEPARATOR}{tool}")
+}
+
+/// The server and the tool of a prefixed name; None for a name without a server.
+pub fn split(name: &str) -> Option<(&str, &str)> {
+    let (server, tool) = name.split_once(SEPARATOR)?;
+    (!server.is_empty() && !tool.is_empty()).then_some((server, tool))
+}
+
+/// A server name the prefix scheme can carry: letters, digits and single `-`/`_`, 1 to 32.
+pub fn valid_server_name(name: &str) -> bool {
+    (1..=32).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        && !name.contains(SEPARATOR)
+        && !name.ends_with('_')
+}
+
+/// The JSON-RPC messages of an answer: its body as JSON (one message, or a batch), or the
+/// `data` of each SSE event (multi-line data joined with newlines, as SSE defines). Messages
+/// that are not JSON are left out.
+pub fn messages(content_type: &str, body: &[u8]) -> Vec<Value> {
+    if content_type.trim_start().to_ascii_lowercase().starts_with("text/event-stream") {
+        let text = String::from_utf8_lossy(body);
+        let mut out = Vec::new();
+        let mut data = String::new();
+        for line in text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
+            if line.is_empty() {
+                if !data.is_empty() {
+                    out.extend(serde_json::from_str::<Value>(&data).ok());
+                    data.clear();
+                }
+                continue;
+            }
+            if let Some(rest) = line.strip_prefix("data:") {
+                if !data.is_empty() {
+                    data.push('\n');
+                }
+                data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
+            }
+        }
+        if !data.is_empty() {
+            out.extend(serde_json::from_str::<Value>(&data).ok());
+        }
+        return out;
+    }
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(items)) => items,
+        Ok(v) => vec![v],
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The response to request `id` among `messages` (a result or an error).
+pub fn response_to<'a>(messages: &'a [Value], id: &Value) -> Option<&'a Value> {
+    messages.iter().find(|m| m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some()))
+}
+
+/// A tool list with each tool's name prefixed by `server`, keeping only the tools `keep`
+/// allows (by prefixed name).
+pub fn prefix_tools(server: &str, tools: &[Value], keep: impl Fn(&str) -> bool) -> Vec<Value> {
+    tools
+        .iter()
+        .filter_map(|t| {
+            let name = prefixed(server, t.get("name")?.as_str()?);
+            keep(&name).then(|| {
+                let mut t = t.clone();
+                t["name"] = Value::String(name);
+                t
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_are_prefixed_and_split_at_the_one_separator() {
+        assert_eq!(prefixed("docs", "search"), "docs__search");
+        assert_eq!(split("docs__search"), Some(("docs", "search")));
+        assert_eq!(split("docs__deep__tool"), Some(("docs", "deep__tool")), "a tool's own __ stays the tool's");
+        assert_eq!(split("search"), None);
+        assert_eq!(split("__x"), None);
+        assert!(valid_server_name("docs-2") && valid_server_name("a_b"));
+        assert!(!valid_server_name("a__b") && !valid_server_name("a_") && !valid_server_name("") && !valid_server_name("a/b"));
+    }
+
+    #[test]
+    fn the_revision_is_the_clients_when_known_else_the_newest() {
+        assert_eq!(negotiate("2025-06-18"), "2025-06-18");
+        assert_eq!(negotiate("2099-01-01"), "2025-11-25");
+    }
+
+    #[test]
+    fn messages_come_from_json_bodies_and_sse_events() {
+        let sse = b"event: message\r\ndata: {\"jsonrpc\":\"2.0\",\"method\":\"notifications/progress\",\"params\":{\"progress\":1}}\r\n\r\n: ping\n\nevent: message\ndata: {\"jsonrpc\":\"2.0\",\ndata: \"id\":7,\"result\":{}}\n\n";
+        let got = messages("text/event-stream; charset=utf-8", sse);
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0]["method"], "notifications/progress");
+        assert_eq!(response_to(&got, &json!(7)), Some(&json!({"jsonrpc": "2.0", "id": 7, "result": {}})));
+        assert_eq!(response_to(&got, &json!(8)), None);
+        assert_eq!(messages("application/json", br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).len(), 1);
+        assert_eq!(messages("application/json", b"[1,2]").len(), 2);
+        assert!(messages("application/json", b"nope").is_empty());
+    }
+
+    #[test]
+    fn a_servers_tools_are_prefixed_and_filtered() {
+        let tools = vec![json!({"name": "search", "inputSchema": {}}), json!({"name": "delete"}), json!({"nameless": true})];
+        let kept = prefix_tools("docs", &tools, |n| n != "docs__delete");
+        assert_eq!(kept, vec![json!({"name": "docs__search", "inputSchema": {}})]);
+    }
+}
