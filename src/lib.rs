@@ -7,7 +7,8 @@
 //!    secrets, text, TLS files, the stored records' binary codec. Imports nothing of the project.
 //! 2. [`protocol`]: each wire protocol's shapes (credential headers, error bodies, model
 //!    lists, the request fields tollgate reads, the media endpoints' fields and usage,
-//!    multipart forms, realtime frames and events) and the builder of local answers.
+//!    multipart forms, realtime frames and events, batch files, MCP messages) and the builder of
+//!    local answers.
 //! 3. [`policy`]: a key's policy (expiry, models, addresses, budgets, spend windows).
 //! 4. [`records`]: what is stored and shared — keys, accounts, usage, purses, audit entries,
 //!    video tasks, request-log entries — with no service logic.
