@@ -22,7 +22,8 @@
 //! 10. [`route`], [`translate`]: which endpoint a request is for; translation between protocols.
 //! 11. [`upstream`]: the providers — catalog, health, affinity, a call's draft, the upstream
 //!     request — and the seam between kinds of upstream.
-//! 12. [`video`], [`files`], [`batch`]: the video task service; files a key uploads; batch jobs.
+//! 12. [`video`], [`files`], [`batch`], [`mcp`]: the video task service; files a key uploads;
+//!     batch jobs; the MCP servers' client.
 //! 13. [`edge`]: client connections, request bodies and uploads, the proxy's request path as
 //!     stages (realtime sessions among them).
 //! 14. [`admin`]: the admin API, the console, the metrics listener.
@@ -63,6 +64,8 @@ pub mod upstream;
 pub mod batch;
 /// Files a key uploads (`/v1/files`), on the video floor.
 pub mod files;
+/// The MCP servers the gateway calls, on the video floor.
+pub mod mcp;
 pub mod video;
 
 pub mod edge;
@@ -90,7 +93,7 @@ mod house {
         &["access", "identity"],
         &["route", "translate"],
         &["upstream"],
-        &["video", "files", "batch"],
+        &["video", "files", "batch", "mcp"],
         &["edge"],
         &["admin"],
         &["handover", "server"],

@@ -72,6 +72,44 @@ pub fn messages(content_type: &str, body: &[u8]) -> Vec<Value> {
     }
 }
 
+/// SSE events as their bytes arrive: `push` a chunk, get the JSON-RPC messages of the events it
+/// completed (an event may span chunks; `\r\n` and `\n` both end lines). At most `max` bytes
+/// of one unfinished event are kept; past that the stream is refused (`Err`).
+#[derive(Debug, Default)]
+pub struct Events {
+    pending: Vec<u8>,
+}
+
+impl Events {
+    pub fn push(&mut self, chunk: &[u8], max: usize) -> Result<Vec<Value>, &'static str> {
+        self.pending.extend_from_slice(chunk);
+        let mut out = Vec::new();
+        loop {
+            let end = find_event_end(&self.pending);
+            let Some((at, len)) = end else { break };
+            let event: Vec<u8> = self.pending.drain(..at + len).collect();
+            out.extend(messages("text/event-stream", &event[..at]));
+        }
+        if self.pending.len() > max {
+            return Err("an event of the MCP server's stream is larger than the gateway takes");
+        }
+        Ok(out)
+    }
+}
+
+/// Where the first event of `buf` ends: the offset of its blank line and that separator's length.
+fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        match (buf[i], buf[i + 1]) {
+            (b'\n', b'\n') => return Some((i, 2)),
+            (b'\n', b'\r') if buf.get(i + 2) == Some(&b'\n') => return Some((i, 3)),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
 /// The response to request `id` among `messages` (a result or an error).
 pub fn response_to<'a>(messages: &'a [Value], id: &Value) -> Option<&'a Value> {
     messages.iter().find(|m| m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some()))
@@ -126,6 +164,15 @@ mod tests {
         assert_eq!(messages("application/json", br#"{"jsonrpc":"2.0","id":1,"result":{}}"#).len(), 1);
         assert_eq!(messages("application/json", b"[1,2]").len(), 2);
         assert!(messages("application/json", b"nope").is_empty());
+    }
+
+    #[test]
+    fn events_are_read_as_their_bytes_arrive() {
+        let mut e = Events::default();
+        assert!(e.push(b"event: message\r\ndata: {\"id\":1,", 1 << 20).unwrap().is_empty());
+        let got = e.push(b"\"result\":{}}\r\n\r\nevent: message\ndata: {\"method\":\"x\"}\n\ndata: {", 1 << 20).unwrap();
+        assert_eq!(got, vec![json!({"id": 1, "result": {}}), json!({"method": "x"})]);
+        assert!(e.push(&[b'a'; 64], 32).is_err(), "an unfinished event past the bound");
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod durability;
 mod files;
 mod gateway;
 mod hardening;
+mod mcp_client;
 mod media;
 mod metering;
 mod operations;

@@ -1,0 +1,217 @@
+//! One MCP server, as the gateway calls it.
+
+use crate::protocol::mcp::{response_to, Events, HANDSHAKE_VERSIONS};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The largest unfinished SSE event, or JSON answer, taken from a server.
+const MAX_MESSAGE: usize = 16 << 20;
+
+/// Why a call to a server failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum McpError {
+    /// Not reached, or the connection broke.
+    Unreachable(String),
+    /// It answered with an HTTP status that is not an answer.
+    Status(u16),
+    /// It answered with a JSON-RPC error.
+    Rpc { code: i64, message: String },
+    /// Its answer was not one (no response to the request, not JSON, too large).
+    Malformed(String),
+}
+
+impl std::fmt::Display for McpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            McpError::Unreachable(e) => write!(f, "the MCP server could not be reached: {e}"),
+            McpError::Status(s) => write!(f, "the MCP server answered HTTP {s}"),
+            McpError::Rpc { code, message } => write!(f, "the MCP server answered error {code}: {message}"),
+            McpError::Malformed(e) => write!(f, "the MCP server's answer was not one: {e}"),
+        }
+    }
+}
+
+/// A server and the session it gave this gateway.
+pub struct Server {
+    url: String,
+    /// Its own credentials, sent with every request.
+    headers: Vec<(String, String)>,
+    http: reqwest::Client,
+    session: tokio::sync::Mutex<Option<(String, String)>>,
+    next_id: AtomicU64,
+}
+
+impl Server {
+    pub fn new(url: &str, headers: Vec<(String, String)>, timeout: Duration) -> Result<Server, String> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .read_timeout(timeout)
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| format!("MCP client: {e}"))?;
+        Ok(Server { url: url.to_string(), headers, http, session: tokio::sync::Mutex::new(None), next_id: AtomicU64::new(1) })
+    }
+
+    /// Send one message (with the session, when there is one); the HTTP answer.
+    async fn post(&self, message: &Value, session: Option<&(String, String)>) -> Result<reqwest::Response, (McpError, bool)> {
+        let mut req = self
+            .http
+            .post(&self.url)
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json, text/event-stream")
+            .body(message.to_string());
+        for (name, value) in &self.headers {
+            req = req.header(name, value);
+        }
+        if let Some((id, version)) = session {
+            req = req.header("mcp-session-id", id).header("mcp-protocol-version", version);
+        }
+        req.send().await.map_err(|e| (McpError::Unreachable(e.to_string()), e.is_connect()))
+    }
+
+    /// The session (made now when there is none): its id and revision.
+    async fn session(&self) -> Result<(String, String), McpError> {
+        let mut held = self.session.lock().await;
+        if let Some(s) = held.as_ref() {
+            return Ok(s.clone());
+        }
+        let id = json!(0);
+        let init = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
+            "protocolVersion": HANDSHAKE_VERSIONS[HANDSHAKE_VERSIONS.len() - 1],
+            "capabilities": {},
+            "clientInfo": {"name": "tollgate", "version": crate::VERSION},
+        }});
+        let resp = self.post(&init, None).await.map_err(|(e, _)| e)?;
+        let sid = resp.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let answer = self.read_answer(resp, &id, &mut |_| {}).await?;
+        let version = answer.pointer("/protocolVersion").and_then(Value::as_str).unwrap_or(HANDSHAKE_VERSIONS[3]).to_string();
+        let session = (sid.unwrap_or_default(), version);
+        let done = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        let ack = self.post(&done, Some(&session)).await.map_err(|(e, _)| e)?;
+        if !ack.status().is_success() {
+            return Err(McpError::Status(ack.status().as_u16()));
+        }
+        *held = Some(session.clone());
+        Ok(session)
+    }
+
+    /// The result of request `id` in `resp`, handing each notification before it to `notify`.
+    async fn read_answer(&self, resp: reqwest::Response, id: &Value, notify: &mut (dyn FnMut(&Value) + Send)) -> Result<Value, McpError> {
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            return Err(McpError::Status(status));
+        }
+        let sse = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| t.starts_with("text/event-stream"));
+        let found = if sse {
+            let mut events = Events::default();
+            let mut body = resp.bytes_stream();
+            let mut found = None;
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| McpError::Unreachable(e.to_string()))?;
+                for message in events.push(&chunk, MAX_MESSAGE).map_err(|e| McpError::Malformed(e.into()))? {
+                    if message.get("id") == Some(id) && (message.get("result").is_some() || message.get("error").is_some()) {
+                        found = Some(message);
+                    } else if message.get("method").is_some() {
+                        notify(&message);
+                    }
+                }
+                if found.is_some() {
+                    break;
+                }
+            }
+            found
+        } else {
+            let bytes = resp.bytes().await.map_err(|e| McpError::Unreachable(e.to_string()))?;
+            if bytes.len() > MAX_MESSAGE {
+                return Err(McpError::Malformed("too large".into()));
+            }
+            let messages = crate::protocol::mcp::messages("application/json", &bytes);
+            response_to(&messages, id).cloned()
+        };
+        let message = found.ok_or_else(|| McpError::Malformed("no response to the request".into()))?;
+        if let Some(error) = message.get("error") {
+            return Err(McpError::Rpc {
+                code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
+                message: error.get("message").and_then(Value::as_str).unwrap_or_default().chars().take(500).collect(),
+            });
+        }
+        Ok(message.get("result").cloned().unwrap_or(Value::Null))
+    }
+
+    /// Request `method` with `params`; its result. Notifications the server sends on the way
+    /// (progress) go to `notify` as they come. A session the server forgot (404) is made again
+    /// and the request sent once more.
+    /// A request that fails before the server answered is sent again once when that cannot do a
+    /// thing twice: every method but `tools/call`, which is sent again only when it never left
+    /// (the connection could not be made).
+    pub async fn request(&self, method: &str, params: Value, notify: &mut (dyn FnMut(&Value) + Send)) -> Result<Value, McpError> {
+        // At most once each: sent again after a broken connection, a new session after a 404.
+        let (mut resent, mut renewed) = (false, false);
+        loop {
+            let session = match self.session().await {
+                Ok(s) => s,
+                Err(McpError::Unreachable(e)) if !resent => {
+                    log::info!("MCP server {}: {e}; trying again", self.url);
+                    resent = true;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            let id = json!(self.next_id.fetch_add(1, Ordering::Relaxed));
+            let message = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+            let resp = match self.post(&message, Some(&session)).await {
+                Ok(r) => r,
+                Err((e, connect)) if !resent && (connect || method != "tools/call") => {
+                    log::info!("MCP server {}: {e}; sending it again", self.url);
+                    resent = true;
+                    continue;
+                }
+                Err((e, _)) => return Err(e),
+            };
+            if resp.status().as_u16() == 404 && !renewed {
+                log::info!("MCP server {}: the session was forgotten; making a new one", self.url);
+                *self.session.lock().await = None;
+                renewed = true;
+                continue;
+            }
+            return self.read_answer(resp, &id, notify).await;
+        }
+    }
+
+    /// Every tool the server lists (all pages).
+    pub async fn tools(&self) -> Result<Vec<Value>, McpError> {
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..100 {
+            let params = match &cursor {
+                Some(c) => json!({"cursor": c}),
+                None => json!({}),
+            };
+            let page = self.request("tools/list", params, &mut |_| {}).await?;
+            tools.extend(page.get("tools").and_then(Value::as_array).cloned().unwrap_or_default());
+            cursor = page.get("nextCursor").and_then(Value::as_str).map(str::to_string);
+            if cursor.is_none() {
+                break;
+            }
+        }
+        Ok(tools)
+    }
+
+    /// End the session, if there is one (the server may refuse; nothing depends on it).
+    pub async fn close(&self) {
+        let session = self.session.lock().await.take();
+        if let Some((id, version)) = session {
+            let mut req = self.http.delete(&self.url).header("mcp-session-id", id).header("mcp-protocol-version", version);
+            for (name, value) in &self.headers {
+                req = req.header(name, value);
+            }
+            let _ = req.send().await;
+        }
+    }
+}
