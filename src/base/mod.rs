@@ -10,6 +10,7 @@
 
 pub mod clock;
 pub mod codec;
+pub mod marks;
 pub mod money;
 pub mod secrets;
 pub mod spool;

@@ -36,7 +36,6 @@ use arc_swap::ArcSwap;
 use futures_util::StreamExt;
 use record::{Batch, KIND, SUBMITTING};
 use serde_json::Value;
-use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -76,7 +75,7 @@ pub struct BatchService {
     routing: Arc<ArcSwap<Routing>>,
     poll_every: Duration,
     /// Batches this process is submitting now (see the video service's `creating`).
-    creating: Mutex<HashSet<String>>,
+    creating: crate::base::marks::Marks,
     /// One refresh (or cancel) of a batch at a time in this process, per batch: a batch whose
     /// files are being downloaded never holds up another's.
     refreshing: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -134,7 +133,7 @@ impl BatchService {
             files,
             routing,
             poll_every,
-            creating: Mutex::new(HashSet::new()),
+            creating: Default::default(),
             refreshing: Mutex::new(std::collections::HashMap::new()),
         }
     }
@@ -362,7 +361,7 @@ impl BatchService {
             tags: key.policy.tags.clone(),
             last_polled_at: now,
         };
-        let _creating = Creating::mark(&self.creating, &batch.id);
+        let _creating = self.creating.mark(&batch.id);
         match self.ledger.charge_from(Self::billing_record(&batch, worst, (0, 0, 0)), purses).await.map_err(internal)? {
             Ok(_) => {}
             Err(refused) => return Err(refused.to_api_error("this batch may cost", now)),
@@ -561,7 +560,7 @@ impl BatchService {
             return Ok(());
         }
         if batch.status == SUBMITTING {
-            if self.creating.lock().unwrap_or_else(|p| p.into_inner()).contains(&batch.id) {
+            if self.creating.contains(&batch.id) {
                 return Ok(());
             }
             // Left so by a process that stopped (or a node that died) while submitting it: the
@@ -653,25 +652,6 @@ impl BatchService {
     }
 }
 
-/// A batch id in [`BatchService::creating`] for as long as its creation runs.
-struct Creating<'a> {
-    set: &'a Mutex<HashSet<String>>,
-    id: String,
-}
-
-impl<'a> Creating<'a> {
-    fn mark(set: &'a Mutex<HashSet<String>>, id: &str) -> Self {
-        set.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string());
-        Creating { set, id: id.to_string() }
-    }
-}
-
-impl Drop for Creating<'_> {
-    fn drop(&mut self) {
-        self.set.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
-    }
-}
-
 /// Polls open batches every `limits.batch_poll_secs` until shutdown.
 pub struct BatchPoller {
     pub service: Arc<BatchService>,
@@ -700,22 +680,7 @@ mod tests {
 
     fn routing() -> Routing {
         let text = "listen: 127.0.0.1:8080\nproviders:\n  - { name: oa, protocol: openai, base_url: \"http://127.0.0.1:9\", api_key: k, models: [m] }\nprices:\n  m: { input: 2, output: 8 }\n";
-        let config = crate::config::Config::parse(text, &|_| None).expect("config");
-        let health = crate::upstream::health::HealthBook::new(Arc::new(crate::observe::metrics::Metrics::default()));
-        Routing {
-            catalog: Arc::new(crate::upstream::catalog::Catalog::new(&config, 0, &health)),
-            prices: Arc::new(crate::billing::ledger::PriceBook::new(&config.prices)),
-            default_output_tokens: 100,
-            min_output_tokens: 10,
-            max_event_bytes: crate::config::listen::DEFAULT_MAX_EVENT_BYTES,
-            forward_headers: Vec::new(),
-            forward_response_headers: Vec::new(),
-            trusted_proxies: Vec::new(),
-            calendar: Default::default(),
-            key_page: false,
-            retry: crate::config::RetryPolicy::default(),
-            media_allowance: Default::default(),
-        }
+        crate::upstream::routing_for_tests(&crate::config::Config::parse(text, &|_| None).expect("config"))
     }
 
     #[tokio::test]

@@ -60,6 +60,27 @@ pub struct Routing {
     pub media_allowance: MediaAllowance,
 }
 
+/// The routing of `config` with the unit tests' defaults (100 output tokens held, 10 at the
+/// least), for the tests of this module and the floors above.
+#[cfg(test)]
+pub(crate) fn routing_for_tests(config: &crate::config::Config) -> Routing {
+    let health = crate::upstream::health::HealthBook::new(Arc::new(crate::observe::metrics::Metrics::default()));
+    Routing {
+        catalog: Arc::new(catalog::Catalog::new(config, 0, &health)),
+        prices: Arc::new(crate::billing::ledger::PriceBook::new(&config.prices)),
+        default_output_tokens: 100,
+        min_output_tokens: 10,
+        max_event_bytes: crate::config::listen::DEFAULT_MAX_EVENT_BYTES,
+        forward_headers: Vec::new(),
+        forward_response_headers: Vec::new(),
+        trusted_proxies: Vec::new(),
+        calendar: Default::default(),
+        key_page: false,
+        retry: crate::config::RetryPolicy::default(),
+        media_allowance: MediaAllowance::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::draft::*;
@@ -92,21 +113,7 @@ prices:
     }
 
     fn routing() -> Routing {
-        let config = config();
-        Routing {
-            catalog: Arc::new(Catalog::new(&config, 0, &health())),
-            prices: Arc::new(crate::billing::ledger::PriceBook::new(&config.prices)),
-            default_output_tokens: 100,
-            min_output_tokens: 10,
-            max_event_bytes: crate::config::listen::DEFAULT_MAX_EVENT_BYTES,
-            forward_headers: Vec::new(),
-            forward_response_headers: Vec::new(),
-            trusted_proxies: Vec::new(),
-            calendar: Default::default(),
-            key_page: false,
-            retry: crate::config::RetryPolicy::default(),
-            media_allowance: MediaAllowance::default(),
-        }
+        super::routing_for_tests(&config())
     }
 
     fn health() -> crate::upstream::health::HealthBook {

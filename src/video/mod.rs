@@ -60,7 +60,7 @@ pub struct VideoService {
     /// Tasks this process is submitting now. In a fleet, a task found in `submitting` that is
     /// not one of these was left so by a node that died (or stalled past its claim) during the
     /// submission: it is failed and refunded, never submitted a second time.
-    creating: Mutex<std::collections::HashSet<String>>,
+    creating: crate::base::marks::Marks,
 }
 
 impl VideoService {
@@ -81,7 +81,7 @@ impl VideoService {
             download,
             completed: Default::default(),
             failed: Default::default(),
-            creating: Mutex::new(std::collections::HashSet::new()),
+            creating: Default::default(),
         })
     }
 
@@ -338,7 +338,7 @@ impl VideoService {
         let mut task = sub.task(new_task_id(), key.id.clone(), now, cost);
         task.tags = key.policy.tags.clone();
         task.request_digest = digest.clone();
-        let _creating = Creating::mark(&self.creating, &task.id);
+        let _creating = self.creating.mark(&task.id);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {
             match self.ledger.charge_from(Self::billing_record(&task, task.cost_nanos, "video"), purses).await.map_err(internal)? {
@@ -482,7 +482,7 @@ impl VideoService {
             self.forget_lock(id);
             return Ok(());
         }
-        if task.status == Status::Submitting && self.store.shared() && !self.is_creating(id) {
+        if task.status == Status::Submitting && self.store.shared() && !self.creating.contains(id) {
             // Left in `submitting` by a node that died or stalled during the submission (this
             // node holds its claim now): failed and refunded, not submitted again.
             let next = task.apply(
@@ -586,10 +586,6 @@ impl VideoService {
         (by_status, lag)
     }
 
-    fn is_creating(&self, id: &str) -> bool {
-        self.creating.lock().unwrap_or_else(|p| p.into_inner()).contains(id)
-    }
-
     /// The most recently updated tasks, any status, newest first.
     pub async fn recent_tasks(&self, limit: usize) -> Result<Vec<Task>, StoreError> {
         self.store.recent(limit).await
@@ -603,25 +599,6 @@ impl VideoService {
 
     pub fn poll_interval(&self) -> Duration {
         Duration::from_secs(self.cfg.poll_interval_secs)
-    }
-}
-
-/// A task id in [`VideoService::creating`] for as long as its creation runs.
-struct Creating<'a> {
-    set: &'a Mutex<std::collections::HashSet<String>>,
-    id: String,
-}
-
-impl<'a> Creating<'a> {
-    fn mark(set: &'a Mutex<std::collections::HashSet<String>>, id: &str) -> Self {
-        set.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string());
-        Creating { set, id: id.to_string() }
-    }
-}
-
-impl Drop for Creating<'_> {
-    fn drop(&mut self) {
-        self.set.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
     }
 }
 

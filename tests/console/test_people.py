@@ -22,7 +22,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait as _Wait
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from pysupport import free_port, wait_listening  # noqa: E402
+from pysupport import admin_json, free_port, start_mock, start_tollgate, wait_listening  # noqa: E402
 from pysupport.oidc import MODULES, OidcProvider  # noqa: E402
 
 from console_env import BIN_DIR, UPSTREAM_KEY, screenshot  # noqa: E402
@@ -60,10 +60,7 @@ class Env:
         self.gateway, self.admin, self.idp = gateway, admin, idp
 
     def admin_json(self, method, path, body=None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.admin + path, data=data, method=method, headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
+        return admin_json(self.admin, ADMIN_TOKEN, method, path, body)
 
     def keys_of(self, tag_person):
         return [k for k in self.admin_json("GET", "/admin/keys")["data"] if (k.get("tags") or {}).get("person") == tag_person]
@@ -79,9 +76,8 @@ def env():
     idp = OidcProvider(PEOPLE, "https://tollgate.test/api", console_redirect=f"http://127.0.0.1:{admin_port}/console/callback")
     procs = []
     try:
-        mock = subprocess.Popen([os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY])
+        mock, mock_port = start_mock(BIN_DIR, UPSTREAM_KEY)
         procs.append(mock)
-        wait_listening(mock_port, mock, "tollgate-mock")
         config = f"""
 listen: 127.0.0.1:{gw_port}
 data_dir: {tmp}/data
@@ -100,13 +96,8 @@ accounts:
 identity:
   oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, client_secret_env: OIDC_CONSOLE_SECRET, allowance: 1.0 }}
 """
-        path = os.path.join(tmp, "tollgate.yaml")
-        with open(path, "w") as f:
-            f.write(config)
-        gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn", "OIDC_CONSOLE_SECRET": idp.secret})
+        gw = start_tollgate(BIN_DIR, tmp, config, [gw_port, admin_port], env={"OIDC_CONSOLE_SECRET": idp.secret})
         procs.append(gw)
-        wait_listening(gw_port, gw, "tollgate")
-        wait_listening(admin_port, gw, "tollgate admin")
         yield Env(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{admin_port}", idp)
     finally:
         for p in procs:
@@ -344,12 +335,8 @@ prices:
 identity:
   oidc: {{ issuer: "http://127.0.0.1:{dead}", client_id: tollgate }}
 """
-    path = os.path.join(tmp, "tollgate.yaml")
-    with open(path, "w") as f:
-        f.write(config)
-    gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "error"})
+    gw = start_tollgate(BIN_DIR, tmp, config, [admin_port], env={"RUST_LOG": "error"})
     try:
-        wait_listening(admin_port, gw, "tollgate admin")
         r = requests.get(f"http://127.0.0.1:{admin_port}/console/oidc/start", allow_redirects=False)
         assert r.status_code == 503 and "admin token" in r.text
         s = requests.Session()
@@ -389,12 +376,9 @@ identity:
   oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, client_secret_env: OIDC_CONSOLE_SECRET }}
 console: {{ listen: "0.0.0.0:{console_port}", public_url: "{base}", tls: {{ cert: {tmp}/console.pem, key: {tmp}/console.key }} }}
 """
-    path = os.path.join(tmp, "tollgate.yaml")
-    with open(path, "w") as f:
-        f.write(config)
-    gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn", "OIDC_CONSOLE_SECRET": idp.secret})
+    gw = None
     try:
-        wait_listening(console_port, gw, "tollgate console")
+        gw = start_tollgate(BIN_DIR, tmp, config, [console_port], env={"OIDC_CONSOLE_SECRET": idp.secret})
         s = requests.Session()
         # The test CA, not the environment's bundle (REQUESTS_CA_BUNDLE would win otherwise).
         s.trust_env = False
@@ -423,7 +407,8 @@ console: {{ listen: "0.0.0.0:{console_port}", public_url: "{base}", tls: {{ cert
         assert r.status_code == 303 and "; Secure" in r.headers["set-cookie"]
         assert t.get(base + "/console/keys").status_code == 200
     finally:
-        gw.kill()
-        gw.wait()
+        if gw is not None:
+            gw.kill()
+            gw.wait()
         idp.stop()
         shutil.rmtree(tmp, ignore_errors=True)

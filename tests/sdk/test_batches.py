@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from conftest import BIN_DIR, UPSTREAM_KEY
-from pysupport import free_port, wait_listening
+from pysupport import free_port, start_mock, start_tollgate
 
 KEY = "sk-sdk-batch-0001"
 OTHER = "sk-sdk-batch-0002"
@@ -42,9 +42,8 @@ def batches():
     mock_port, gw_port = free_port(), free_port()
     procs = []
     try:
-        mock = subprocess.Popen([os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY])
+        mock, mock_port = start_mock(BIN_DIR, UPSTREAM_KEY)
         procs.append(mock)
-        wait_listening(mock_port, mock, "tollgate-mock")
         config = f"""
 listen: 127.0.0.1:{gw_port}
 data_dir: {tmp}/data
@@ -61,12 +60,8 @@ keys:
   - {{ key: {KEY}, name: batcher, group: default, balance: 50.0 }}
   - {{ key: {OTHER}, name: other, group: default, balance: 5.0 }}
 """
-        path = os.path.join(tmp, "tollgate.yaml")
-        with open(path, "w") as f:
-            f.write(config)
-        gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn"})
+        gw = start_tollgate(BIN_DIR, tmp, config, [gw_port])
         procs.append(gw)
-        wait_listening(gw_port, gw, "tollgate")
         yield Batches(f"http://127.0.0.1:{mock_port}", f"http://127.0.0.1:{gw_port}")
     finally:
         for p in procs:

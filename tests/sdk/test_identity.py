@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import BIN_DIR, UPSTREAM_KEY
-from pysupport import free_port, wait_listening
+from pysupport import admin_json, free_port, start_mock, start_tollgate
 from pysupport.oidc import MODULES, OidcProvider
 
 if not os.path.isdir(os.path.join(MODULES, "oidc-provider")) and not os.environ.get("TOLLGATE_OIDC_REQUIRED"):
@@ -43,10 +43,7 @@ class Env:
         return openai.OpenAI(base_url=self.gateway + "/v1", api_key=token, max_retries=0)
 
     def admin_json(self, method, path, body=None):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.admin + path, data=data, method=method, headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
+        return admin_json(self.admin, ADMIN_TOKEN, method, path, body)
 
     def key_of(self, name):
         return next(k for k in self.admin_json("GET", "/admin/keys")["data"] if k["name"] == name)
@@ -62,9 +59,8 @@ def env():
     procs = []
     idp = OidcProvider(PEOPLE, AUDIENCE)
     try:
-        mock = subprocess.Popen([os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY])
+        mock, mock_port = start_mock(BIN_DIR, UPSTREAM_KEY)
         procs.append(mock)
-        wait_listening(mock_port, mock, "tollgate-mock")
         config = f"""
 listen: 127.0.0.1:{gw_port}
 data_dir: {tmp}/data
@@ -84,12 +80,8 @@ accounts:
 identity:
   oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, audience: "{AUDIENCE}", allowance: 1.0, clock_skew_secs: 0 }}
 """
-        path = os.path.join(tmp, "tollgate.yaml")
-        with open(path, "w") as f:
-            f.write(config)
-        gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn"})
+        gw = start_tollgate(BIN_DIR, tmp, config, [gw_port])
         procs.append(gw)
-        wait_listening(gw_port, gw, "tollgate")
         yield Env(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{admin_port}", idp, f"http://127.0.0.1:{mock_port}")
     finally:
         for p in procs:

@@ -17,7 +17,8 @@ import pytest
 import requests
 
 from conftest import BIN_DIR, UPSTREAM_KEY
-from pysupport import free_port, wait_listening
+import pysupport
+from pysupport import free_port, start_mock, start_tollgate
 from pysupport.oidc import MODULES, OidcProvider
 from pysupport.postgres import Postgres
 
@@ -30,10 +31,7 @@ PEOPLE = {"ada": {"email": "ada@example.com", "roles": ["member"], "teams": ["re
 
 
 def admin_json(admin, method, path, body=None):
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(admin + path, data=data, method=method, headers={"authorization": f"Bearer {ADMIN_TOKEN}", "content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
+    return pysupport.admin_json(admin, ADMIN_TOKEN, method, path, body)
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +43,8 @@ def fleet():
     idp = OidcProvider(PEOPLE, AUDIENCE, console_redirect=f"http://127.0.0.1:{ports[0][1]}/console/callback")
     procs = []
     try:
-        mock = subprocess.Popen([os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY])
+        mock, mock_port = start_mock(BIN_DIR, UPSTREAM_KEY)
         procs.append(mock)
-        wait_listening(mock_port, mock, "tollgate-mock")
         nodes = []
         for i, (gw_port, admin_port) in enumerate(ports):
             config = f"""
@@ -68,13 +65,8 @@ store: {{ postgres: {{ url: "{pg.url}", pool_size: 4 }}, node_id: node-{i}, leas
 identity:
   oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, client_secret_env: OIDC_CONSOLE_SECRET, audience: "{AUDIENCE}", allowance: 2.0 }}
 """
-            path = os.path.join(tmp, f"tollgate{i}.yaml")
-            with open(path, "w") as f:
-                f.write(config)
-            gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn", "OIDC_CONSOLE_SECRET": idp.secret})
+            gw = start_tollgate(BIN_DIR, tmp, config, [gw_port, admin_port], env={"OIDC_CONSOLE_SECRET": idp.secret}, name=f"tollgate{i}.yaml")
             procs.append(gw)
-            wait_listening(gw_port, gw, "tollgate")
-            wait_listening(admin_port, gw, "tollgate admin")
             nodes.append((f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{admin_port}"))
         yield nodes, idp
     finally:

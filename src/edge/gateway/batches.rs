@@ -31,22 +31,8 @@ impl Gateway {
             BatchOp::Get(id) => batches.get(key, id).await?,
             BatchOp::Cancel(id) => batches.cancel(key, id).await?,
             BatchOp::List => {
-                let query = session.req_header().uri.query().unwrap_or_default();
-                let param = |name: &str| {
-                    query
-                        .split('&')
-                        .find_map(|p| p.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-                        .map(crate::base::text::decode_component)
-                };
-                let limit = match param("limit") {
-                    Some(v) => v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=100).contains(n))
-                        .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "'limit': 1 to 100.").with_param("limit"))?,
-                    None => 20,
-                };
-                let (list, has_more) = batches.list(key, param("after").as_deref(), limit).await?;
+                let page = super::paging::Page::of(session.req_header().uri.query(), 100, 20, false)?;
+                let (list, has_more) = batches.list(key, page.after.as_deref(), page.limit).await?;
                 let items = list.iter().map(crate::batch::record::Batch::view).collect();
                 let body = crate::protocol::openai::list_page(items, |v| v.get("id").and_then(serde_json::Value::as_str), has_more);
                 return Ok(Outcome::Respond(LocalResponse::json(200, &body)));

@@ -25,22 +25,8 @@ impl Gateway {
                 Ok(Outcome::Respond(LocalResponse::json(200, &serde_json::json!(file))))
             }
             FileOp::List => {
-                let query = session.req_header().uri.query().unwrap_or_default();
-                let param = |name: &str| {
-                    query
-                        .split('&')
-                        .find_map(|p| p.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
-                        .map(crate::base::text::decode_component)
-                };
-                let limit = match param("limit") {
-                    Some(v) => v
-                        .parse()
-                        .ok()
-                        .filter(|n| (1..=10_000).contains(n))
-                        .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "'limit': 1 to 10000.").with_param("limit"))?,
-                    None => 10_000,
-                };
-                let (data, has_more) = files.list(&key.id, param("after").as_deref(), limit).await?;
+                let page = super::paging::Page::of(session.req_header().uri.query(), 10_000, 10_000, false)?;
+                let (data, has_more) = files.list(&key.id, page.after.as_deref(), page.limit).await?;
                 let items = data.iter().map(|f| serde_json::json!(f)).collect();
                 let body = crate::protocol::openai::list_page(items, |v| v.get("id").and_then(serde_json::Value::as_str), has_more);
                 Ok(Outcome::Respond(LocalResponse::json(200, &body)))

@@ -60,6 +60,7 @@ mod draft;
 mod files;
 mod key_page;
 mod keyless;
+mod paging;
 mod person;
 mod price;
 mod realtime;

@@ -50,7 +50,7 @@ impl Gateway {
                 Ok(Outcome::Done)
             }
             Route::VideoList => {
-                let page = Page::of(session.req_header().uri.query())?;
+                let page = super::paging::Page::of(session.req_header().uri.query(), 100, 20, true)?;
                 let (tasks, has_more) = svc.list(key, page.after.as_deref(), page.limit, page.newest_first).await?;
                 let data: Vec<serde_json::Value> = tasks.iter().map(|t| t.to_json(false, false)).collect();
                 let body = crate::protocol::openai::list_page(data, |v| v.get("id").and_then(serde_json::Value::as_str), has_more);
@@ -76,37 +76,5 @@ impl Gateway {
             .await
             .map_err(|e| ApiError::new(ErrorKind::Internal, format!("form: {e}")))??;
         Ok(bytes::Bytes::from(body))
-    }
-}
-
-/// The paging of `GET /v1/videos`: `after` (a task id), `limit` (1 to 100, 20 by default) and
-/// `order` (`desc`, newest first, by default; or `asc`).
-struct Page {
-    after: Option<String>,
-    limit: usize,
-    newest_first: bool,
-}
-
-impl Page {
-    fn of(query: Option<&str>) -> std::result::Result<Page, ApiError> {
-        let mut page = Page { after: None, limit: 20, newest_first: true };
-        for pair in query.unwrap_or_default().split('&').filter(|p| !p.is_empty()) {
-            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let value = crate::base::text::decode_component(value);
-            let bad = |rule: &str| ApiError::new(ErrorKind::BadRequest, format!("'{name}': {rule}.")).with_param(name);
-            match name {
-                "after" if !value.is_empty() => page.after = Some(value),
-                "limit" => page.limit = value.parse().ok().filter(|n| (1..=100).contains(n)).ok_or_else(|| bad("1 to 100"))?,
-                "order" => {
-                    page.newest_first = match value.as_str() {
-                        "desc" => true,
-                        "asc" => false,
-                        _ => return Err(bad("asc or desc")),
-                    }
-                }
-                _ => {}
-            }
-        }
-        Ok(page)
     }
 }
