@@ -2,6 +2,8 @@
 import datetime
 import os
 
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BIN_DIR = os.environ.get("TOLLGATE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
 SHOTS = os.environ.get("TOLLGATE_SCREENSHOTS", os.path.join(ROOT, "target", "console-screenshots"))
@@ -20,3 +22,17 @@ MIDNIGHT = datetime.datetime(2026, 11, 21, tzinfo=datetime.timezone.utc)
 def screenshot(driver, name):
     """The page as a 1280×800 PNG under target/console-screenshots/."""
     driver.save_screenshot(os.path.join(SHOTS, f"{name}.png"))
+
+
+def left(old):
+    """A wait condition: the page `old` (its <html>) was replaced. ChromeDriver reports an
+    element of a replaced page as stale or, at times, as a node outside the document."""
+
+    def check(_driver):
+        try:
+            old.is_enabled()
+            return False
+        except (StaleElementReferenceException, WebDriverException):
+            return True
+
+    return check

@@ -13,11 +13,11 @@ import urllib.request
 
 import openai
 import pytest
-from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from console_env import ADMIN_TOKEN, DAY_AFTER, DAY_BEFORE, OTHER_KEY, TEAM_KEY, screenshot
+from console_env import ADMIN_TOKEN, DAY_AFTER, DAY_BEFORE, OTHER_KEY, TEAM_KEY, left, screenshot
 
 
 def sign_in(driver, gateway, token=ADMIN_TOKEN, then="/console"):
@@ -31,20 +31,6 @@ def sign_in(driver, gateway, token=ADMIN_TOKEN, then="/console"):
 
 def heading(driver):
     return driver.find_element(By.TAG_NAME, "h1").text
-
-
-def left(old):
-    """A wait condition: the page `old` (its <html>) was replaced. ChromeDriver reports an
-    element of a replaced page as stale or, at times, as a node outside the document."""
-
-    def check(_driver):
-        try:
-            old.is_enabled()
-            return False
-        except (StaleElementReferenceException, WebDriverException):
-            return True
-
-    return check
 
 
 def submit(driver, button, expect):

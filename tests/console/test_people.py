@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pysupport import admin_json, free_port, start_mock, start_tollgate, wait_listening  # noqa: E402
 from pysupport.oidc import MODULES, OidcProvider  # noqa: E402
 
-from console_env import BIN_DIR, UPSTREAM_KEY, screenshot  # noqa: E402
+from console_env import BIN_DIR, UPSTREAM_KEY, left, screenshot  # noqa: E402
 
 if not os.path.isdir(os.path.join(MODULES, "oidc-provider")) and not os.environ.get("TOLLGATE_OIDC_REQUIRED"):
     pytest.skip("oidc-provider is not installed (tests/run_all.sh installs it)", allow_module_level=True)
@@ -35,11 +35,9 @@ ADMIN_TOKEN = "identity-console-admin-token-0123456789"
 
 def submit(driver, selector):
     """Click the button `selector` and wait until its page was replaced by the answer."""
-    from selenium.webdriver.support import expected_conditions
-
     old = driver.find_element(By.TAG_NAME, "html")
     driver.find_element(By.CSS_SELECTOR, selector).click()
-    _Wait(driver, 15).until(expected_conditions.staleness_of(old))
+    _Wait(driver, 15).until(left(old))
 
 
 def WebDriverWait(driver, secs):
