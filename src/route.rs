@@ -97,6 +97,8 @@ pub enum Route {
     Batches {
         op: BatchOp,
     },
+    /// `/mcp` (POST, DELETE; GET refused): the MCP servers of `mcp:` as one.
+    Mcp,
     /// Nothing matched; the protocol says which error shape fits the path.
     NotFound {
         shape: Protocol,
@@ -259,6 +261,7 @@ impl Route {
             Route::Batches { op: BatchOp::List } => "batch_list",
             Route::Batches { op: BatchOp::Get(_) } => "batch_get",
             Route::Batches { op: BatchOp::Cancel(_) } => "batch_cancel",
+            Route::Mcp => "mcp",
             Route::NotFound { .. } => "not_found",
         }
     }
@@ -326,6 +329,7 @@ pub fn classify(method: &str, path: &str) -> Route {
         ("GET", "/me/app.js") if v1.is_none() => Route::KeyPage { file: "app.js" },
         ("GET", "/me/app.css") if v1.is_none() => Route::KeyPage { file: "app.css" },
         ("GET", "/me/data") if v1.is_none() => Route::KeyPageData,
+        (_, "/mcp") if v1.is_none() => Route::Mcp,
         _ => not_found(),
     }
 }

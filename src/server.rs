@@ -302,6 +302,9 @@ impl Reload {
         if format!("{:?}", config.storage) != format!("{:?}", old.storage) {
             needs_upgrade.push("storage");
         }
+        if config.mcp != old.mcp {
+            needs_upgrade.push("mcp");
+        }
         Ok(needs_upgrade)
     }
 }
@@ -558,6 +561,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     gateway.files = files;
     gateway.batches = Some(batches);
     gateway.identity = shared.identity.clone();
+    gateway.mcp = crate::mcp::hub::Hub::new(&config.mcp)?.map(Arc::new);
     add_background(&mut server, config, path, &shared, certificate.clone(), closing);
     let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &shared.metrics, true);
     add_public_listeners(&mut proxy, listen, tls_listen.zip(certificate))?;
@@ -681,6 +685,7 @@ fn gateway(
         files: Arc::new(crate::files::FileService::new(&config.data_dir, None, config.fleet.is_some())),
         batches: None,
         identity: None,
+        mcp: None,
         body,
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),

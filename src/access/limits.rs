@@ -58,6 +58,8 @@ pub struct Limits {
     tokens: Mutex<HashMap<String, TokenState>>,
     /// Requests in flight by key id (keys with a `max_concurrent` only).
     in_flight: Mutex<HashMap<String, u32>>,
+    /// `tool_rpm` buckets (MCP tool calls) by key id.
+    tool_calls: Mutex<HashMap<String, Bucket>>,
     /// In a fleet the limits hold for the sum of all nodes (`store::postgres::rates`).
     fleet: Option<Arc<crate::store::fleet::Fleet>>,
 }
@@ -68,6 +70,7 @@ impl Default for Limits {
             requests: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
+            tool_calls: Mutex::new(HashMap::new()),
             fleet: None,
         }
     }
@@ -170,6 +173,33 @@ impl Limits {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Count one MCP tool call of `key` against its `tool_rpm` (429 with `Retry-After` past it;
+    /// in a fleet the fleet's count, under the key's id with `#tools`).
+    pub async fn admit_tool_call(&self, key: &KeyRecord) -> Result<(), ApiError> {
+        let Some(rpm) = key.policy.tool_rpm else { return Ok(()) };
+        let refused = |retry_after| rate_limited(format!("Rate limit reached: {rpm} tool calls per minute for this key. Retry later."), retry_after);
+        if let Some(fleet) = &self.fleet {
+            use crate::store::postgres::rates::Admission;
+            return match Box::pin(fleet.rates.admit_request(&format!("{}#tools", key.id), rpm)).await {
+                Ok(Admission::Admitted) => Ok(()),
+                Ok(Admission::Refused { retry_after_secs }) => Err(refused(retry_after_secs)),
+                Err(e) => {
+                    log::warn!("rate limits: {e}");
+                    Err(crate::store::fleet::unavailable("the key's tool rate limit"))
+                }
+            };
+        }
+        let rate = f64::from(rpm);
+        let now = Instant::now();
+        let mut map = lock(&self.tool_calls);
+        let bucket = entry_of(&mut map, &key.id, || Bucket::new(now));
+        if bucket.drain(rate, now) + 1.0 > rate + 1e-9 {
+            return Err(refused(bucket.wait_for(1.0, rate)));
+        }
+        bucket.level += 1.0;
         Ok(())
     }
 

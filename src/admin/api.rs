@@ -87,6 +87,10 @@ pub(crate) struct CreateKey {
     account: Option<String>,
     #[serde(default)]
     tags: Option<std::collections::BTreeMap<String, String>>,
+    #[serde(default)]
+    tools: Option<crate::policy::ModelRules>,
+    #[serde(default)]
+    tool_rpm: Option<u32>,
 }
 
 /// `POST /admin/accounts`.
@@ -171,6 +175,10 @@ pub(crate) struct PatchKey {
     account: Option<Option<String>>,
     #[serde(default, deserialize_with = "double_option")]
     tags: Option<Option<std::collections::BTreeMap<String, String>>>,
+    #[serde(default, deserialize_with = "double_option")]
+    tools: Option<Option<crate::policy::ModelRules>>,
+    #[serde(default, deserialize_with = "double_option")]
+    tool_rpm: Option<Option<u32>>,
 }
 
 /// `GET /admin/requests`' query: `key` (a key id), `model`, `status` (`2xx`, `4xx`, `5xx`),
@@ -341,6 +349,7 @@ impl AdminApi {
             "max_output_tokens": rec.policy.max_output_tokens, "default_output_tokens": rec.policy.default_output_tokens,
             "budgets": self.windows(Owner::Key(&rec.id), &rec.policy.budgets).await?,
             "account": rec.policy.account, "tags": rec.policy.tags,
+            "tools": rec.policy.tools, "tool_rpm": rec.policy.tool_rpm,
             "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
         }))
     }
@@ -505,6 +514,8 @@ impl AdminApi {
             budgets: body.budgets,
             account: body.account,
             tags: body.tags,
+            tools: body.tools,
+            tool_rpm: body.tool_rpm,
         };
         let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
         self.check_account(&policy)?;
@@ -634,6 +645,8 @@ impl AdminApi {
         patched(&mut input.budgets, patch.budgets);
         patched(&mut input.account, patch.account);
         patched(&mut input.tags, patch.tags);
+        patched(&mut input.tools, patch.tools);
+        patched(&mut input.tool_rpm, patch.tool_rpm);
         // An expiry already stored is kept even if it passed (the key is then simply expired).
         let now = match (current.expires_at, patch_sets_expiry) {
             (Some(at), false) => now_unix().min(at.saturating_sub(1)),

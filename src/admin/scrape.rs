@@ -56,6 +56,8 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_affinity_overflow_total", "Conversations sent past their home provider because it was above its share, by provider."),
     ("tollgate_refusals_total", "Requests refused by tollgate, by code."),
     ("tollgate_keyless_refusals_total", "Refusals without a known key, by whether they were logged."),
+    ("tollgate_mcp_tool_calls_total", "MCP tool calls, by server, tool and outcome (ok, tool_error, rpc_error, unreachable)."),
+    ("tollgate_mcp_tool_call_seconds", "Time from an MCP tool call's start to its server's answer, by server and tool."),
     ("tollgate_admin_refused_total", "Admin API and console requests refused, by reason."),
     ("tollgate_connections_refused_total", "Client connections closed at once by a connection cap, by reason."),
     ("tollgate_request_headers_refused_total", "Request headers refused before Pingora read them, by reason."),

@@ -54,6 +54,8 @@ pub(super) fn keys(raw: Vec<RawKey>, groups: &BTreeMap<String, Group>, accounts:
             budgets: k.budgets,
             account: k.account,
             tags: k.tags,
+            tools: k.tools,
+            tool_rpm: k.tool_rpm,
         };
         // Checked against no clock: an expiry that has passed is a warning (`expired_keys`),
         // never an error, or a date would take the gateway down at its next start or reload.
@@ -117,6 +119,11 @@ pub(super) struct RawKey {
     account: Option<String>,
     #[serde(default)]
     tags: Option<BTreeMap<String, String>>,
+    /// MCP tools (`server__tool`) the key may see and call.
+    #[serde(default)]
+    tools: Option<crate::policy::ModelRules>,
+    #[serde(default)]
+    tool_rpm: Option<u32>,
 }
 
 fn default_group() -> String {

@@ -19,6 +19,7 @@ pub mod billing;
 pub mod cloud;
 pub mod console;
 pub mod identity;
+pub mod mcp;
 pub mod keys;
 pub mod listen;
 pub mod store;
@@ -31,6 +32,7 @@ pub use billing::{CommitPolicy, MediaAllowance, Price};
 pub use cloud::{Cloud, ProviderKind};
 pub use console::{ConsoleConfig, ConsoleListen, LogFormat};
 pub use identity::{IdentityConfig, OidcConfig};
+pub use mcp::{McpAuth, McpConfig, McpServerConfig, McpTransport};
 pub use keys::{AccountConfig, KeyConfig};
 pub use listen::{AdminConfig, ConnLimits, MetricsConfig, TlsConfig};
 pub use store::{FleetConfig, PgSettings};
@@ -123,6 +125,9 @@ struct RawConfig {
     /// People and clients signed in by an OpenID Connect provider (`identity:`).
     #[serde(default)]
     identity: Option<identity::RawIdentity>,
+    /// The MCP servers tollgate fronts at `/mcp` (`mcp:`).
+    #[serde(default)]
+    mcp: Option<mcp::RawMcp>,
     /// Client connections and request headers (see `listener`).
     #[serde(default)]
     limits: Option<listen::RawLimits>,
@@ -173,6 +178,8 @@ pub struct Config {
     pub console_listen: Option<ConsoleListen>,
     /// `identity:`: the OpenID Connect provider, when one is configured.
     pub identity: IdentityConfig,
+    /// `mcp:`: the MCP servers behind `/mcp`.
+    pub mcp: McpConfig,
     /// Output tokens held and asked for, per choice, when a request names no maximum and
     /// neither its key nor its model sets one (`billing.default_output_tokens`).
     pub default_output_tokens: u64,
@@ -283,6 +290,7 @@ impl Config {
         let video = raw.video.map(|v| video::video_config(v, env)).transpose()?;
         let storage = raw.storage.map(|s| video::storage(s, env)).transpose()?;
         let identity = identity::identity(raw.identity, env)?;
+        let mcp = mcp::mcp(raw.mcp, env)?;
         let console_listen = console::console_listen(raw.console.as_ref(), identity.oidc.is_some())?;
         let console = console::console(raw.console)?;
         let otlp = telemetry::telemetry(raw.telemetry.as_ref(), env)?;
@@ -309,6 +317,7 @@ impl Config {
             console,
             console_listen,
             identity,
+            mcp,
             default_output_tokens: billing.default_output_tokens,
             min_output_tokens: billing.min_output_tokens,
             max_event_bytes,

@@ -1,9 +1,11 @@
 //! One MCP server, as the gateway calls it.
 
+use super::auth::Credentials;
 use crate::protocol::mcp::{response_to, Events, HANDSHAKE_VERSIONS};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// The largest unfinished SSE event, or JSON answer, taken from a server.
@@ -35,40 +37,69 @@ impl std::fmt::Display for McpError {
 
 /// A server and the session it gave this gateway.
 pub struct Server {
-    url: String,
+    url: Arc<str>,
     /// Its own credentials, sent with every request.
-    headers: Vec<(String, String)>,
+    credentials: Arc<Credentials>,
     http: reqwest::Client,
     session: tokio::sync::Mutex<Option<(String, String)>>,
     next_id: AtomicU64,
 }
 
+/// An HTTP client for MCP servers: `timeout` from read to read (a tool may stream progress
+/// for long), no redirects followed.
+pub fn client(timeout: Duration) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(5))
+        .read_timeout(timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| format!("MCP client: {e}"))
+}
+
 impl Server {
     pub fn new(url: &str, headers: Vec<(String, String)>, timeout: Duration) -> Result<Server, String> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .read_timeout(timeout)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| format!("MCP client: {e}"))?;
-        Ok(Server { url: url.to_string(), headers, http, session: tokio::sync::Mutex::new(None), next_id: AtomicU64::new(1) })
+        Ok(Server::with(url.into(), client(timeout)?, Arc::new(Credentials::fixed(headers))))
     }
 
-    /// Send one message (with the session, when there is one); the HTTP answer.
+    /// A server reached with `http` (shared by every session with it) and `credentials`; no
+    /// session yet (made at the first request).
+    pub fn with(url: Arc<str>, http: reqwest::Client, credentials: Arc<Credentials>) -> Server {
+        Server { url, credentials, http, session: tokio::sync::Mutex::new(None), next_id: AtomicU64::new(1) }
+    }
+
+    /// The session the server gave, if there is one now (for spans).
+    pub fn session_id(&self) -> Option<String> {
+        self.session.try_lock().ok().and_then(|s| s.as_ref().map(|(id, _)| id.clone())).filter(|id| !id.is_empty())
+    }
+
+    /// Send one message (with the session, when there is one); the HTTP answer. A token the
+    /// server refuses (401) is fetched again once.
     async fn post(&self, message: &Value, session: Option<&(String, String)>) -> Result<reqwest::Response, (McpError, bool)> {
-        let mut req = self
-            .http
-            .post(&self.url)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .header(http::header::ACCEPT, "application/json, text/event-stream")
-            .body(message.to_string());
-        for (name, value) in &self.headers {
-            req = req.header(name, value);
+        let mut renewed = false;
+        loop {
+            let mut req = self
+                .http
+                .post(&*self.url)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .header(http::header::ACCEPT, "application/json, text/event-stream")
+                .body(message.to_string());
+            for (name, value) in self.credentials.headers().await.map_err(|e| (e, true))? {
+                req = req.header(name, value);
+            }
+            if let Some((id, version)) = session {
+                if !id.is_empty() {
+                    req = req.header("mcp-session-id", id);
+                }
+                req = req.header("mcp-protocol-version", version);
+            }
+            let resp = req.send().await.map_err(|e| (McpError::Unreachable(e.to_string()), e.is_connect()))?;
+            if resp.status().as_u16() == 401 && self.credentials.renewable() && !renewed {
+                self.credentials.refused().await;
+                renewed = true;
+                continue;
+            }
+            return Ok(resp);
         }
-        if let Some((id, version)) = session {
-            req = req.header("mcp-session-id", id).header("mcp-protocol-version", version);
-        }
-        req.send().await.map_err(|e| (McpError::Unreachable(e.to_string()), e.is_connect()))
     }
 
     /// The session (made now when there is none): its id and revision.
@@ -207,8 +238,11 @@ impl Server {
     pub async fn close(&self) {
         let session = self.session.lock().await.take();
         if let Some((id, version)) = session {
-            let mut req = self.http.delete(&self.url).header("mcp-session-id", id).header("mcp-protocol-version", version);
-            for (name, value) in &self.headers {
+            if id.is_empty() {
+                return;
+            }
+            let mut req = self.http.delete(&*self.url).header("mcp-session-id", id).header("mcp-protocol-version", version);
+            for (name, value) in self.credentials.headers().await.unwrap_or_default() {
                 req = req.header(name, value);
             }
             let _ = req.send().await;

@@ -194,6 +194,8 @@ pub struct Metrics {
     models: RwLock<HashMap<String, Arc<ModelSeries>, ahash::RandomState>>,
     /// Series outside the request path (rare events), by name and labels.
     other: Mutex<BTreeMap<SeriesKey, Arc<Counter>>>,
+    /// MCP tool calls' durations by server and tool.
+    tool_seconds: Mutex<BTreeMap<(String, String), Arc<Histogram>>>,
     /// Requests being processed.
     pub in_flight: AtomicI64,
     /// Event streams open to clients.
@@ -270,6 +272,20 @@ impl Metrics {
         self.other.lock().unwrap_or_else(|p| p.into_inner()).entry(key).or_default().clone()
     }
 
+    /// An MCP tool call that ended: `tollgate_mcp_tool_calls_total{server,tool,outcome}` and
+    /// `tollgate_mcp_tool_call_seconds{server,tool}`.
+    pub fn tool_call(&self, server: &str, tool: &str, outcome: &str, took: Duration) {
+        self.counter("tollgate_mcp_tool_calls_total", &[("server", server), ("tool", tool), ("outcome", outcome)]).add(1);
+        let h = self
+            .tool_seconds
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((server.to_string(), tool.to_string()))
+            .or_default()
+            .clone();
+        h.observe(took);
+    }
+
     /// Prometheus text format; `extra` lines (gauges computed at scrape time) are appended.
     /// Every request counted in `tollgate_requests_total`.
     pub fn total_requests(&self) -> u64 {
@@ -332,6 +348,14 @@ impl Metrics {
             let _ = writeln!(out, "{name}{{{}}} {}", labels.join(","), c.get());
         }
         drop(other);
+        let tools = self.tool_seconds.lock().unwrap_or_else(|p| p.into_inner());
+        if !tools.is_empty() {
+            let _ = writeln!(out, "# TYPE tollgate_mcp_tool_call_seconds histogram");
+        }
+        for ((server, tool), h) in tools.iter() {
+            h.render(&mut out, "tollgate_mcp_tool_call_seconds", &format!("server=\"{}\",tool=\"{}\"", escape(server), escape(tool)));
+        }
+        drop(tools);
         let live = [
             ("tollgate_in_flight_requests", self.in_flight.load(Relaxed) as f64),
             ("tollgate_open_streams", self.open_streams.load(Relaxed) as f64),
@@ -351,6 +375,7 @@ pub fn gen_ai_operation(route: &str) -> Option<&'static str> {
         "chat_completions" | "messages" | "responses" | "responses_compact" => Some("chat"),
         "generate_content" | "stream_generate_content" => Some("generate_content"),
         "embeddings" | "embed_content" | "batch_embed_contents" => Some("embeddings"),
+        "mcp_tool_call" => Some("execute_tool"),
         _ => None,
     }
 }

@@ -37,13 +37,18 @@ fn matches(pattern: &str, model: &str) -> bool {
 impl ModelRules {
     /// Refuse an empty `allow` (never read as "everything") and a `*` anywhere but at the end.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_as("models")
+    }
+
+    /// [`validate`](Self::validate) for rules given under `field` (`models`, `tools`).
+    pub fn validate_as(&self, field: &str) -> Result<(), String> {
         if self.allow.as_ref().is_some_and(Vec::is_empty) {
-            return Err("models.allow: an empty list would allow nothing; leave it out to allow every model".into());
+            return Err(format!("{field}.allow: an empty list would allow nothing; leave it out to allow everything"));
         }
         for (list, patterns) in [("allow", self.allow.as_deref().unwrap_or_default()), ("deny", &self.deny)] {
             if let Some(bad) = patterns.iter().find(|p| p.is_empty() || p.trim_end_matches('*').contains('*') || p.matches('*').count() > 1)
             {
-                return Err(format!("models.{list}: '{bad}' — a name, or a prefix ending in one '*'"));
+                return Err(format!("{field}.{list}: '{bad}' — a name, or a prefix ending in one '*'"));
             }
         }
         Ok(())
@@ -82,6 +87,12 @@ pub struct KeyPolicy {
     /// Copied onto every usage record of the key as it is written.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tags: std::collections::BTreeMap<String, String>,
+    /// Which MCP tools (`server__tool`) the key may see and call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ModelRules>,
+    /// MCP tool calls per minute (listings are free).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_rpm: Option<u32>,
 }
 
 /// At most this many tags per key.
@@ -106,6 +117,8 @@ pub struct PolicyInput {
     /// Checked against the accounts that exist by the caller.
     pub account: Option<String>,
     pub tags: Option<std::collections::BTreeMap<String, String>>,
+    pub tools: Option<ModelRules>,
+    pub tool_rpm: Option<u32>,
 }
 
 impl KeyPolicy {
@@ -134,6 +147,11 @@ impl KeyPolicy {
     /// Whether the key may call `model` (the model a provider serves).
     pub fn allows_model(&self, model: &str) -> bool {
         self.models.as_ref().is_none_or(|rules| rules.allows(model))
+    }
+
+    /// Whether the key may see and call the MCP tool `name` (`server__tool`).
+    pub fn allows_tool(&self, name: &str) -> bool {
+        self.tools.as_ref().is_none_or(|rules| rules.allows(name))
     }
 
     /// 403 `model_not_allowed` for a model the rules exclude.
@@ -191,6 +209,12 @@ impl KeyPolicy {
         if let Some(rules) = &input.models {
             rules.validate()?;
         }
+        if let Some(rules) = &input.tools {
+            rules.validate_as("tools")?;
+        }
+        if input.tool_rpm == Some(0) {
+            return Err("tool_rpm: at least 1 (leave it out for no limit)".into());
+        }
         let ip_allow = match input.ip_allow.as_deref() {
             Some([]) => return Err("ip_allow: an empty list would allow no address; leave it out to allow every address".into()),
             Some(list) => Some(list.iter().map(|c| Cidr::parse(c).map_err(|e| format!("ip_allow: {e}"))).collect::<Result<Vec<_>, _>>()?),
@@ -232,6 +256,8 @@ impl KeyPolicy {
             }
         }
         Ok(KeyPolicy {
+            tools: input.tools,
+            tool_rpm: input.tool_rpm,
             tags,
             expires_at,
             models: input.models,
@@ -256,6 +282,8 @@ impl KeyPolicy {
             budgets: (!self.budgets.is_empty()).then(|| self.budgets.input()),
             account: self.account.clone(),
             tags: (!self.tags.is_empty()).then(|| self.tags.clone()),
+            tools: self.tools.clone(),
+            tool_rpm: self.tool_rpm,
         }
     }
 }

@@ -54,6 +54,11 @@ pub struct LogEntry {
     /// The provider's own name of the model, when it is not the client's (`models: [{name, upstream}]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_model: Option<String>,
+    /// The request's and the answer's body bytes, where they are logged (MCP tool calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_bytes: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_bytes: Option<u64>,
 }
 
 impl LogEntry {
@@ -93,6 +98,8 @@ pub struct LogLine<'a> {
     pub attempts: u32,
     pub upstream_request_id: Option<&'a str>,
     pub upstream_model: Option<&'a str>,
+    /// Request and answer body bytes (both or neither).
+    pub bytes: Option<(u64, u64)>,
 }
 
 /// The stored form of an entry (a node's own tree): a version byte, then the fields in their
@@ -126,9 +133,13 @@ impl LogLine<'_> {
         put_varint(out, self.first_byte_ms.map_or(0, |n| n.saturating_add(1)));
         put_varint(out, u64::from(self.attempts));
         put_str(out, self.upstream_request_id);
-        // Added after the first entries were written: an entry without it ends before it.
-        if self.upstream_model.is_some() {
+        // Added after the first entries were written: an entry without them ends before them.
+        if self.upstream_model.is_some() || self.bytes.is_some() {
             put_str(out, self.upstream_model);
+        }
+        if let Some((sent, answered)) = self.bytes {
+            put_varint(out, sent);
+            put_varint(out, answered);
         }
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -161,6 +172,7 @@ impl LogEntry {
             attempts: self.attempts,
             upstream_request_id: self.upstream_request_id.as_deref(),
             upstream_model: self.upstream_model.as_deref(),
+            bytes: self.request_bytes.zip(self.response_bytes),
         }
     }
 
@@ -192,6 +204,7 @@ impl LogEntry {
         let attempts = u32::try_from(r.varint()?).ok()?;
         let upstream_request_id = r.string()?;
         let upstream_model = if r.0.is_empty() { None } else { r.string()? };
+        let bytes = if r.0.is_empty() { None } else { Some((r.varint()?, r.varint()?)) };
         Some(LogEntry {
             id,
             time_ms,
@@ -215,6 +228,8 @@ impl LogEntry {
             attempts,
             upstream_request_id,
             upstream_model,
+            request_bytes: bytes.map(|b| b.0),
+            response_bytes: bytes.map(|b| b.1),
         })
     }
 
@@ -355,7 +370,21 @@ mod tests {
             attempts: 2,
             upstream_request_id: Some("up-1".into()),
             upstream_model: Some("anthropic.m-v1:0".into()),
+            request_bytes: None,
+            response_bytes: None,
         };
+        // An MCP tool call's entry: no upstream model, its bytes.
+        let tool = LogEntry {
+            id: "req_3".into(),
+            route: "mcp_tool_call".into(),
+            model: Some("docs__search".into()),
+            request_bytes: Some(120),
+            response_bytes: Some(1 << 20),
+            ..LogEntry::default()
+        };
+        let mut one = Vec::new();
+        tool.encode(&mut one);
+        assert_eq!(LogEntry::decode(&one[4..]), Some(tool));
         let refused = LogEntry { id: "req_2".into(), cost_nanos: -5, status: 401, ..LogEntry::default() };
         let mut batch = b"[".to_vec();
         full.encode(&mut batch);

@@ -92,6 +92,8 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
             let _slot = gw.limits.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.realtime(session, ctx, key, routing)).await?))
         }
+        // MCP's calls are counted one by one (`tool_rpm`, `max_concurrent` while a tool runs).
+        Route::Mcp => Err(Exit::Answer(Box::pin(gw.mcp_route(session, ctx, key, routing)).await?)),
         other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),
     }
 }

@@ -7,7 +7,8 @@
 //!   1 admit    (admit.rs)    endpoint, key, address        → probe, key page, unknown path answered
 //!   2 answer   (answer.rs)   local endpoints of a key      → model lists, /v1/usage, key page data,
 //!                            (video.rs: the video task API,  video tasks, files, batches
-//!                            files.rs, batches.rs)           answered
+//!                            files.rs, batches.rs,           answered; /mcp (mcp.rs)
+//!                            mcp.rs)
 //!   3 draft    (draft.rs)    rpm, group, body, model → providers, stored responses
 //!   4 price    (price.rs)    max_concurrent, cost cap, tpm, windows and balances held
 //!                                                          → a count tollgate estimates answered
@@ -60,6 +61,7 @@ mod draft;
 mod files;
 mod key_page;
 mod keyless;
+mod mcp;
 mod paging;
 mod person;
 mod price;
@@ -89,6 +91,8 @@ pub struct Gateway {
     pub batches: Option<Arc<crate::batch::BatchService>>,
     /// None when no `video` section is configured.
     pub video: Option<Arc<VideoService>>,
+    /// The MCP servers behind `/mcp` (`mcp:`); None when there are none.
+    pub mcp: Option<Arc<crate::mcp::hub::Hub>>,
     /// The identity provider whose access tokens clients may present (`identity.oidc`).
     pub identity: Option<Arc<crate::identity::Identity>>,
     pub ledger: Arc<Ledger>,
@@ -223,6 +227,8 @@ pub struct RequestCtx {
     pub trace: Option<Box<crate::observe::telemetry::Trace>>,
     /// A realtime session's turns and what they cost, once it ended.
     pub realtime: Option<Box<realtime::SessionTotals>>,
+    /// An MCP tool call: its server and tool, what it came to and cost.
+    pub mcp: Option<Box<mcp::ToolCallFacts>>,
 }
 
 /// How a stage ends the request before it is relayed: answered here (a local endpoint, a

@@ -114,6 +114,13 @@ fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, c
         entry.estimated = s.estimated;
         entry.provider = s.provider.as_deref();
     }
+    if let Some(call) = &ctx.mcp {
+        entry.protocol = "mcp";
+        entry.provider = Some(call.server.as_str()).filter(|s| !s.is_empty());
+        entry.status = call.status;
+        entry.cost_nanos = call.cost_nanos;
+        entry.bytes = Some((call.bytes_in, call.bytes_out));
+    }
     log.append(entry);
 }
 
@@ -154,6 +161,10 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
     if let Some((charged, _)) = ctx.video_charge {
         facts.cost_nanos = Some(charged);
     }
+    if let Some(call) = &ctx.mcp {
+        facts.cost_nanos = Some(call.cost_nanos);
+        facts.status = call.status;
+    }
     tracer.finish(*trace, &facts);
 }
 
@@ -179,6 +190,13 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
         cost = charged;
     }
     let mut provider = provider;
+    let mut status = status;
+    // An MCP tool call: its server, what it came to and cost.
+    if let Some(call) = &ctx.mcp {
+        provider = if call.server.is_empty() { "-" } else { call.server.as_str() };
+        cost = call.cost_nanos;
+        status = call.status;
+    }
     // A realtime session: its turns' totals.
     if let Some(s) = &ctx.realtime {
         (input, output, cost, estimated) = (s.input_tokens, s.output_tokens, s.cost_nanos, s.estimated);

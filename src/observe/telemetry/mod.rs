@@ -156,6 +156,22 @@ impl Upstream<'_> {
     }
 }
 
+/// An MCP tool call, for its span ([`Trace::tool_call`]).
+pub struct ToolCall<'a> {
+    /// The server's name in the configuration.
+    pub server: &'a str,
+    /// The tool, as the server names it.
+    pub tool: &'a str,
+    /// The gateway's session with the server, when it gave one.
+    pub session: Option<&'a str>,
+    pub version: &'a str,
+    pub host: &'a str,
+    pub port: u16,
+    pub started: std::time::Instant,
+    /// Why it failed (`error.type`); None when the server answered it.
+    pub error: Option<&'a str>,
+}
+
 /// What the gateway knows of a request when it ends, borrowed for [`Trace::finish`].
 #[derive(Default)]
 pub struct RequestFacts<'a> {
@@ -220,6 +236,32 @@ impl Trace {
         self.spans.add("tollgate.estimated", Value::Bool(estimated));
         self.spans.append(to);
         self.spans.close(end_ns, None);
+    }
+
+    /// An MCP tool call that ended: a client span under the request's, from `call.started`
+    /// until now, named `tools/call <tool>`, with MCP's semantic attributes.
+    pub fn tool_call(&mut self, call: &ToolCall<'_>) {
+        if !self.sampled {
+            return;
+        }
+        self.end_attempt(None);
+        let end_ns = self.now_ns();
+        let start_ns = end_ns.saturating_sub(call.started.elapsed().as_nanos() as u64);
+        self.open_client(&context::new_span_id(), ["tools/call", call.tool], start_ns);
+        self.spans.add("mcp.method.name", Value::Str("tools/call"));
+        self.spans.add("gen_ai.operation.name", Value::Str("execute_tool"));
+        self.spans.add("gen_ai.tool.name", Value::Str(call.tool));
+        self.spans.add("mcp.protocol.version", Value::Str(call.version));
+        if let Some(id) = call.session {
+            self.spans.add("mcp.session.id", Value::Str(id));
+        }
+        self.spans.add("server.address", Value::Str(call.host));
+        self.spans.add("server.port", Value::Int(i64::from(call.port)));
+        self.spans.add("tollgate.mcp.server", Value::Str(call.server));
+        if let Some(kind) = call.error {
+            self.spans.add("error.type", Value::Str(kind));
+        }
+        self.spans.close(end_ns, call.error);
     }
 
     /// Open a client span under the request's server span.

@@ -1,0 +1,351 @@
+//! `/mcp` (a stage-2 answer): the MCP servers of `mcp:` as one Streamable HTTP endpoint for the
+//! calling key, in the handshake revisions (2024-11-05 to 2025-11-25: `initialize`, then
+//! `Mcp-Session-Id`). The 2026-07-28 probe (`server/discover`) is answered "method not found",
+//! which the SDKs take to mean: use the handshake.
+//!
+//! * `initialize` is answered here (a session of the key's; tollgate's own capabilities);
+//!   `tools/list` is the union of the servers' tools the key may see, `server__tool`;
+//!   `prompts/*` and `resources/*` pass through per server.
+//! * `tools/call` goes to the tool's server with the server's credentials: refused with the
+//!   protocol's error when the key's `tools` or the server's `tools` exclude it, counted against
+//!   the key's `tool_rpm` and `max_concurrent`, its server's `per_call` price held and booked
+//!   once the server answered (a failure to answer is not billed). Progress notifications come
+//!   to the client as they arrive when it asked for them (a progress token) and takes SSE.
+//! * Each tool call is a request-log entry (server, tool, duration, status, bytes — never
+//!   arguments or results), a span with MCP's attributes, and metrics per server and tool.
+
+use super::{Gateway, Outcome, RequestCtx};
+use crate::mcp::hub::{Hub, Session as McpSession};
+use crate::mcp::upstream::McpError;
+use crate::protocol::response::LocalResponse;
+use crate::protocol::{header_str, ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::records::usage::UsageRecord;
+use crate::upstream::Routing;
+use bytes::Bytes;
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// JSON-RPC's codes, and the one MCP servers use for a refusal of their own.
+const PARSE_ERROR: i64 = -32700;
+const INVALID_REQUEST: i64 = -32600;
+const METHOD_NOT_FOUND: i64 = -32601;
+const INVALID_PARAMS: i64 = -32602;
+const SERVER_ERROR: i64 = -32000;
+
+/// What a tool call came to, for the request log, the access log and the trace.
+#[derive(Debug, Default)]
+pub struct ToolCallFacts {
+    pub server: String,
+    /// The prefixed name (`server__tool`).
+    pub name: String,
+    /// In HTTP's terms: 200 answered, 402/403/429 refused here, 502/504 the server failed.
+    pub status: u16,
+    /// `ok`, `tool_error` (answered with `isError`), `rpc_error`, `unreachable`, `refused`.
+    pub outcome: &'static str,
+    pub cost_nanos: i64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+fn rpc_error(id: &Value, code: i64, message: &str, data: Option<Value>) -> Value {
+    let mut error = json!({"code": code, "message": message});
+    if let Some(d) = data {
+        error["data"] = d;
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": error})
+}
+
+fn rpc_result(id: &Value, result: Value) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "result": result})
+}
+
+/// A JSON-RPC answer in a 200.
+fn answered(message: &Value) -> Outcome {
+    Outcome::Respond(LocalResponse::json(200, message))
+}
+
+/// The error a server's failure is answered with.
+fn upstream_error(id: &Value, server: &str, e: &McpError) -> Value {
+    match e {
+        McpError::Rpc { code, message } => rpc_error(id, *code, message, None),
+        other => rpc_error(id, SERVER_ERROR, &format!("MCP server '{server}': {other}"), Some(json!({"server": server}))),
+    }
+}
+
+impl Gateway {
+    pub(super) async fn mcp_route(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        key: &Arc<KeyRecord>,
+        routing: &Arc<Routing>,
+    ) -> std::result::Result<Outcome, ApiError> {
+        let Some(hub) = self.mcp.as_ref() else {
+            return Err(ApiError::new(ErrorKind::NotFound, "No MCP servers are configured on this gateway."));
+        };
+        let req = session.req_header();
+        let session_id = header_str(req, "mcp-session-id").map(str::to_string);
+        match req.method.as_str() {
+            "POST" => {}
+            "DELETE" => {
+                let closed = match &session_id {
+                    Some(id) => hub.close(id, &key.id).await,
+                    None => false,
+                };
+                return Ok(Outcome::Respond(LocalResponse::json(if closed { 200 } else { 404 }, &json!({}))));
+            }
+            // No stream of server-initiated messages: tollgate sends none outside a request.
+            _ => {
+                let mut r = LocalResponse::json(405, &rpc_error(&Value::Null, INVALID_REQUEST, "Method not allowed: POST or DELETE.", None));
+                r.headers.push(("allow", "POST, DELETE".into()));
+                return Ok(Outcome::Respond(r));
+            }
+        }
+        let accepts_sse = header_str(req, "accept").is_some_and(|a| a.contains("text/event-stream"));
+        let body = crate::edge::body::read(session, &self.body).await?.bytes;
+        let message: Value = match serde_json::from_slice(&body) {
+            Ok(m) => m,
+            Err(_) => return Ok(Outcome::Respond(LocalResponse::json(400, &rpc_error(&Value::Null, PARSE_ERROR, "Parse error: the body is not JSON.", None)))),
+        };
+        if message.is_array() {
+            let e = rpc_error(&Value::Null, INVALID_REQUEST, "JSON-RPC batches are not accepted: send one message per request.", None);
+            return Ok(Outcome::Respond(LocalResponse::json(400, &e)));
+        }
+        let (Some(method), Some(id)) = (message.get("method").and_then(Value::as_str), message.get("id")) else {
+            // A notification or a response: nothing to answer.
+            return Ok(Outcome::Respond(LocalResponse { status: 202, body: Bytes::new(), content_type: "application/json", headers: Vec::new() }));
+        };
+        let id = id.clone();
+        let params = message.get("params").cloned().unwrap_or_else(|| json!({}));
+        if method == "initialize" {
+            let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or_default();
+            let version = crate::protocol::mcp::negotiate(asked);
+            let s = hub.open(&key.id, version);
+            let result = json!({
+                "protocolVersion": version,
+                "capabilities": {"tools": {"listChanged": false}, "prompts": {"listChanged": false}, "resources": {"listChanged": false, "subscribe": false}, "logging": {}},
+                "serverInfo": {"name": "tollgate", "version": crate::VERSION},
+                "instructions": "Tools of several MCP servers, named server__tool.",
+            });
+            let mut r = LocalResponse::json(200, &rpc_result(&id, result));
+            r.headers.push(("mcp-session-id", s.id.clone()));
+            return Ok(Outcome::Respond(r));
+        }
+        if method == "server/discover" {
+            return Ok(answered(&rpc_error(&id, METHOD_NOT_FOUND, "Method not found: server/discover (use initialize).", None)));
+        }
+        let Some(id_given) = session_id else {
+            let e = rpc_error(&id, INVALID_REQUEST, "Bad Request: no Mcp-Session-Id; send initialize first.", None);
+            return Ok(Outcome::Respond(LocalResponse::json(400, &e)));
+        };
+        let Some(s) = hub.session(&id_given, &key.id) else {
+            let e = rpc_error(&id, -32001, "Session not found: start a new one with initialize.", None);
+            return Ok(Outcome::Respond(LocalResponse::json(404, &e)));
+        };
+        let allows = |name: &str| key.policy.allows_tool(name);
+        let reply = match method {
+            "ping" | "logging/setLevel" => rpc_result(&id, json!({})),
+            "tools/list" => rpc_result(&id, json!({"tools": hub.tools(&s, &allows).await})),
+            "tools/call" => {
+                let call = ToolCall { hub, session: &s, key, routing, id: &id, params: &params, bytes_in: body.len() as u64, sse: accepts_sse };
+                return self.tool_call(session, ctx, call).await;
+            }
+            "prompts/list" => rpc_result(&id, json!({"prompts": hub.prompts(&s).await})),
+            "prompts/get" => {
+                let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
+                match hub.prompt(name) {
+                    Ok((i, _)) => match s.server(i).request(method, crate::mcp::hub::unprefixed(&params, "name"), &mut |_| {}).await {
+                        Ok(v) => rpc_result(&id, v),
+                        Err(e) => upstream_error(&id, &hub.upstreams[i].config.name, &e),
+                    },
+                    Err(u) => rpc_error(&id, INVALID_PARAMS, &u.0, None),
+                }
+            }
+            "resources/list" => rpc_result(&id, json!({"resources": hub.resources(&s, method, "resources").await})),
+            "resources/templates/list" => {
+                rpc_result(&id, json!({"resourceTemplates": hub.resources(&s, method, "resourceTemplates").await}))
+            }
+            "resources/read" => match hub.read_resource(&s, params).await {
+                Ok(v) => rpc_result(&id, v),
+                Err(e) => upstream_error(&id, "-", &e),
+            },
+            _ => rpc_error(&id, METHOD_NOT_FOUND, &format!("Method not found: {method}"), None),
+        };
+        Ok(answered(&reply))
+    }
+
+    /// `tools/call`: checked, counted, held, sent to its server, answered (as SSE with the
+    /// server's progress when the client asked for progress and takes SSE), booked.
+    async fn tool_call(&self, session: &mut Session, ctx: &mut RequestCtx, call: ToolCall<'_>) -> std::result::Result<Outcome, ApiError> {
+        let ToolCall { hub, session: s, key, routing, id, params, bytes_in, sse } = call;
+        let name = params.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
+        ctx.route = "mcp_tool_call";
+        ctx.model_asked = Some(name.clone());
+        let mut facts = ToolCallFacts { name: name.clone(), bytes_in, status: 403, outcome: "refused", ..Default::default() };
+        let (i, tool) = match hub.tool(&name, &|n| key.policy.allows_tool(n)) {
+            Ok(found) => found,
+            Err(unknown) => {
+                ctx.mcp = Some(Box::new(facts));
+                return Ok(answered(&rpc_error(id, INVALID_PARAMS, &unknown.0, None)));
+            }
+        };
+        let upstream = &hub.upstreams[i];
+        let tool = tool.to_string();
+        facts.server = upstream.config.name.clone();
+        // Counted, then held: a refusal here is the protocol's error, with why in `data`.
+        let refused = |facts: ToolCallFacts, ctx: &mut RequestCtx, e: ApiError| {
+            let data = json!({"type": e.kind.reason(), "retry_after": e.retry_after});
+            ctx.mcp = Some(Box::new(ToolCallFacts { status: e.status(), ..facts }));
+            Ok(answered(&rpc_error(id, SERVER_ERROR, &e.message, Some(data))))
+        };
+        if let Err(e) = self.limits.admit_tool_call(key).await {
+            return refused(facts, ctx, e);
+        }
+        let _slot = match self.limits.enter(key).await {
+            Ok(slot) => slot,
+            Err(e) => return refused(facts, ctx, e),
+        };
+        let price = upstream.config.per_call_nanos;
+        let purses = self.purses(routing, key)?;
+        let hold = match self.ledger.hold_from(purses, price).await {
+            Ok(Ok(hold)) => hold,
+            Ok(Err(r)) => return refused(facts, ctx, r.to_api_error("this tool call costs", crate::base::clock::now_unix())),
+            Err(e) => {
+                log::warn!("mcp: ledger: {e}");
+                return Err(crate::store::fleet::unavailable("the key's balance"));
+            }
+        };
+        let started = Instant::now();
+        let upstream_params = crate::mcp::hub::unprefixed(params, "name");
+        let progress = params.pointer("/_meta/progressToken").is_some() && sse;
+        let (answer, present) = if progress {
+            self.tool_call_streamed(session, s.server(i), upstream_params).await
+        } else {
+            (s.server(i).request("tools/call", upstream_params, &mut |_| {}).await, true)
+        };
+        let took = started.elapsed();
+        let (reply, outcome, status) = match &answer {
+            Ok(result) if result.get("isError").and_then(Value::as_bool) == Some(true) => (rpc_result(id, result.clone()), "tool_error", 200),
+            Ok(result) => (rpc_result(id, result.clone()), "ok", 200),
+            Err(e @ McpError::Rpc { .. }) => (upstream_error(id, &facts.server, e), "rpc_error", 200),
+            Err(e) => (upstream_error(id, &facts.server, e), "unreachable", 502),
+        };
+        facts.outcome = outcome;
+        facts.status = status;
+        if let Some(trace) = ctx.trace.as_deref_mut() {
+            let sid = s.server(i).session_id();
+            let error = matches!(outcome, "rpc_error" | "unreachable").then_some(outcome);
+            trace.tool_call(&crate::observe::telemetry::ToolCall {
+                server: &facts.server,
+                tool: &tool,
+                session: sid.as_deref(),
+                version: s.version,
+                host: &upstream.host,
+                port: upstream.port,
+                started,
+                error,
+            });
+        }
+        self.metrics.tool_call(&facts.server, &tool, outcome, took);
+        // Billed once the server answered the call (its tool ran, even when it reports an
+        // error); a call it never answered is not.
+        if answer.is_ok() {
+            facts.cost_nanos = price;
+            let record = UsageRecord {
+                time_ms: crate::base::clock::now_ms(),
+                key_id: key.id.clone(),
+                model: name.clone(),
+                protocol: "mcp".into(),
+                route: "mcp_tool_call".into(),
+                input_tokens: 0,
+                cached_tokens: 0,
+                cache_write_tokens: 0,
+                output_tokens: 0,
+                cost_nanos: price,
+                status: 200,
+                latency_ms: took.as_millis() as u64,
+                estimated: false,
+                seq: 0,
+                balance_after: 0,
+                provider: Some(facts.server.clone()),
+                attempts: 1,
+                response_id: None,
+                upstream_protocol: None,
+                charged: Vec::new(),
+                tags: key.policy.tags.clone(),
+            };
+            if let Err(e) = self.ledger.settle(hold, record).await {
+                log::error!("ledger: could not book a tool call of key {}: {e}", key.name);
+            }
+        } else {
+            drop(hold);
+        }
+        let text = reply.to_string();
+        facts.bytes_out = text.len() as u64;
+        ctx.mcp = Some(Box::new(facts));
+        if progress {
+            // The header went out before the first event: the answer is the stream's last.
+            if present {
+                let _ = session.write_response_body(Some(sse_event(&reply)), true).await;
+            }
+            return Ok(Outcome::Done);
+        }
+        Ok(Outcome::Respond(LocalResponse { status: 200, body: Bytes::from(text), content_type: "application/json", headers: Vec::new() }))
+    }
+
+    /// A tool call answered as SSE: the header now, each progress notification as it comes;
+    /// the answer, and whether the client is still there to be given it. A client that leaves
+    /// does not end the call: the server's answer is awaited all the same (and billed), as the
+    /// tool runs on whether or not anyone reads.
+    async fn tool_call_streamed(&self, session: &mut Session, server: &crate::mcp::upstream::Server, params: Value) -> (Result<Value, McpError>, bool) {
+        let mut present = match ResponseHeader::build(200, Some(3)) {
+            Ok(mut header) => {
+                let _ = header.insert_header(http::header::CONTENT_TYPE, "text/event-stream");
+                let _ = header.insert_header(http::header::CACHE_CONTROL, "no-cache");
+                session.write_response_header(Box::new(header), false).await.is_ok()
+            }
+            Err(_) => false,
+        };
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+        let mut notify = move |n: &Value| {
+            let _ = tx.send(n.clone());
+        };
+        let call = server.request("tools/call", params, &mut notify);
+        tokio::pin!(call);
+        loop {
+            tokio::select! {
+                answer = &mut call => {
+                    // Notifications sent before the answer go first.
+                    while let Ok(n) = rx.try_recv() {
+                        present = present && session.write_response_body(Some(sse_event(&n)), false).await.is_ok();
+                    }
+                    return (answer, present);
+                }
+                Some(n) = rx.recv() => {
+                    present = present && session.write_response_body(Some(sse_event(&n)), false).await.is_ok();
+                }
+            }
+        }
+    }
+}
+
+/// One message as an SSE event.
+fn sse_event(message: &Value) -> Bytes {
+    Bytes::from(format!("event: message\ndata: {message}\n\n"))
+}
+
+/// What `tool_call` is given.
+struct ToolCall<'a> {
+    hub: &'a Hub,
+    session: &'a McpSession,
+    key: &'a Arc<KeyRecord>,
+    routing: &'a Arc<Routing>,
+    id: &'a Value,
+    params: &'a Value,
+    bytes_in: u64,
+    sse: bool,
+}

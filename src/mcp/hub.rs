@@ -1,0 +1,297 @@
+//! The MCP servers of `mcp:` as one: a client's session with tollgate (`Mcp-Session-Id`, owned
+//! by the key that opened it) holds a session of its own at each server, made when first
+//! needed and made again when the server forgets it (a restart); listings are the union of
+//! the servers that answer — one that is down is left out with a warning, never emptying the
+//! others —; a tool or prompt is named `server__name` and goes to its server.
+
+use super::auth::Credentials;
+use super::upstream::{McpError, Server};
+use crate::config::{McpConfig, McpServerConfig};
+use crate::protocol::mcp::{prefixed, split};
+use hashbrown::HashMap;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A session unused this long is forgotten (the client then gets 404 and starts another).
+const IDLE: Duration = Duration::from_secs(3600);
+/// The most sessions kept; past it the least recently used is forgotten.
+const MAX_SESSIONS: usize = 10_000;
+/// How long a listing waits for a server before leaving it out.
+const LIST_WAIT: Duration = Duration::from_secs(10);
+
+/// One configured server, as every session reaches it.
+pub struct Upstream {
+    pub config: McpServerConfig,
+    url: Arc<str>,
+    http: reqwest::Client,
+    credentials: Arc<Credentials>,
+    /// For spans: the server's host and port.
+    pub host: String,
+    pub port: u16,
+}
+
+impl Upstream {
+    /// Whether the server's own rules show its tool `tool`.
+    pub fn shows(&self, tool: &str) -> bool {
+        self.config.tools.as_ref().is_none_or(|r| r.allows(tool))
+    }
+}
+
+/// A client's session with tollgate.
+pub struct Session {
+    pub id: String,
+    pub key_id: String,
+    /// The revision agreed at `initialize`.
+    pub version: &'static str,
+    /// Its session at each server (by the index in `mcp.servers`).
+    servers: Vec<Server>,
+    /// Which server listed each resource URI (for `resources/read`).
+    resources: Mutex<HashMap<String, usize>>,
+    last_used_ms: AtomicU64,
+}
+
+impl Session {
+    /// Its session at server `i`.
+    pub fn server(&self, i: usize) -> &Server {
+        &self.servers[i]
+    }
+}
+
+/// The servers and the sessions of their clients.
+pub struct Hub {
+    pub upstreams: Vec<Upstream>,
+    sessions: Mutex<HashMap<String, Arc<Session>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What a client asked for that is not there (a JSON-RPC error to answer with).
+#[derive(Debug, PartialEq)]
+pub struct Unknown(pub String);
+
+impl Hub {
+    /// None when `mcp:` names no server.
+    pub fn new(config: &McpConfig) -> Result<Option<Hub>, String> {
+        if config.servers.is_empty() {
+            return Ok(None);
+        }
+        let mut upstreams = Vec::with_capacity(config.servers.len());
+        for s in &config.servers {
+            let http = super::upstream::client(Duration::from_secs(s.timeout_secs))?;
+            let uri: http::Uri = s.url.parse().map_err(|e| format!("mcp.servers {}: {e}", s.name))?;
+            let tls = uri.scheme_str() == Some("https");
+            upstreams.push(Upstream {
+                url: s.url.as_str().into(),
+                credentials: Arc::new(Credentials::of(&s.auth, http.clone())),
+                http,
+                host: uri.host().unwrap_or_default().to_string(),
+                port: uri.port_u16().unwrap_or(if tls { 443 } else { 80 }),
+                config: s.clone(),
+            });
+        }
+        Ok(Some(Hub { upstreams, sessions: Mutex::new(HashMap::new()) }))
+    }
+
+    /// A new session of `key_id` at revision `version`. The oldest sessions are forgotten past
+    /// [`MAX_SESSIONS`], idle ones after [`IDLE`]; their servers are told in the background.
+    pub fn open(&self, key_id: &str, version: &'static str) -> Arc<Session> {
+        let id = crate::base::secrets::random_base62(32);
+        let session = Arc::new(Session {
+            id: id.clone(),
+            key_id: key_id.to_string(),
+            version,
+            servers: self.upstreams.iter().map(|u| Server::with(u.url.clone(), u.http.clone(), u.credentials.clone())).collect(),
+            resources: Mutex::new(HashMap::new()),
+            last_used_ms: AtomicU64::new(crate::base::clock::now_ms()),
+        });
+        let gone = {
+            let mut sessions = lock(&self.sessions);
+            let now = crate::base::clock::now_ms();
+            let idle = IDLE.as_millis() as u64;
+            let mut gone: Vec<Arc<Session>> = Vec::new();
+            sessions.retain(|_, s| {
+                let keep = now.saturating_sub(s.last_used_ms.load(Ordering::Relaxed)) < idle;
+                if !keep {
+                    gone.push(s.clone());
+                }
+                keep
+            });
+            if sessions.len() >= MAX_SESSIONS {
+                if let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.last_used_ms.load(Ordering::Relaxed)).map(|(k, _)| k.clone()) {
+                    gone.extend(sessions.remove(&oldest));
+                }
+            }
+            sessions.insert(id, session.clone());
+            gone
+        };
+        if !gone.is_empty() {
+            tokio::spawn(async move {
+                for s in gone {
+                    close_all(&s).await;
+                }
+            });
+        }
+        session
+    }
+
+    /// The session `id` of `key_id` (another key's session is not found), marked used.
+    pub fn session(&self, id: &str, key_id: &str) -> Option<Arc<Session>> {
+        let s = lock(&self.sessions).get(id).filter(|s| s.key_id == key_id).cloned()?;
+        s.last_used_ms.store(crate::base::clock::now_ms(), Ordering::Relaxed);
+        Some(s)
+    }
+
+    /// End the session `id` of `key_id` and its sessions at the servers; whether there was one.
+    pub async fn close(&self, id: &str, key_id: &str) -> bool {
+        let removed = {
+            let mut sessions = lock(&self.sessions);
+            match sessions.get(id) {
+                Some(s) if s.key_id == key_id => sessions.remove(id),
+                _ => None,
+            }
+        };
+        match removed {
+            Some(s) => {
+                close_all(&s).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Sessions open now.
+    pub fn open_sessions(&self) -> usize {
+        lock(&self.sessions).len()
+    }
+
+    /// `method`'s result from every server at once (a listing, all pages), each server's items
+    /// of `field`; a server that fails is left out with a warning.
+    async fn from_each(&self, session: &Session, method: &str, field: &str) -> Vec<(usize, Vec<Value>)> {
+        let asks = self.upstreams.iter().enumerate().map(|(i, u)| async move {
+            let mut items = Vec::new();
+            let mut cursor: Option<String> = None;
+            for _ in 0..100 {
+                let params = cursor.as_ref().map_or_else(|| json!({}), |c| json!({"cursor": c}));
+                let page = match tokio::time::timeout(LIST_WAIT, session.servers[i].request(method, params, &mut |_| {})).await {
+                    Ok(Ok(page)) => page,
+                    Ok(Err(McpError::Rpc { code: -32601, .. })) => return (i, items),
+                    Ok(Err(e)) => {
+                        log::warn!("MCP server '{}': {method}: {e}; left out of the listing", u.config.name);
+                        return (i, Vec::new());
+                    }
+                    Err(_) => {
+                        log::warn!("MCP server '{}': {method}: no answer in {}s; left out of the listing", u.config.name, LIST_WAIT.as_secs());
+                        return (i, Vec::new());
+                    }
+                };
+                items.extend(page.get(field).and_then(Value::as_array).cloned().unwrap_or_default());
+                cursor = page.get("nextCursor").and_then(Value::as_str).map(str::to_string);
+                if cursor.is_none() {
+                    break;
+                }
+            }
+            (i, items)
+        });
+        futures_util::future::join_all(asks).await
+    }
+
+    /// The tools the key may see (`allows` over prefixed names), each server's own rules
+    /// applied first, named `server__tool`.
+    pub async fn tools(&self, session: &Session, allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (i, tools) in self.from_each(session, "tools/list", "tools").await {
+            let u = &self.upstreams[i];
+            let shown: Vec<Value> = tools.into_iter().filter(|t| t.get("name").and_then(Value::as_str).is_some_and(|n| u.shows(n))).collect();
+            out.extend(crate::protocol::mcp::prefix_tools(&u.config.name, &shown, allows));
+        }
+        out
+    }
+
+    /// The server (its index) and the tool of a prefixed tool name the key may call (`allows`).
+    pub fn tool<'a>(&self, name: &'a str, allows: &dyn Fn(&str) -> bool) -> Result<(usize, &'a str), Unknown> {
+        let unknown = || Unknown(format!("Unknown tool: '{name}' is not a tool of this gateway for this key."));
+        let (server, tool) = split(name).ok_or_else(unknown)?;
+        let i = self.upstreams.iter().position(|u| u.config.name == server).ok_or_else(unknown)?;
+        if !self.upstreams[i].shows(tool) || !allows(name) {
+            return Err(unknown());
+        }
+        Ok((i, tool))
+    }
+
+    /// Every server's prompts, named `server__prompt`.
+    pub async fn prompts(&self, session: &Session) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (i, prompts) in self.from_each(session, "prompts/list", "prompts").await {
+            out.extend(crate::protocol::mcp::prefix_tools(&self.upstreams[i].config.name, &prompts, |_| true));
+        }
+        out
+    }
+
+    /// The server (its index) and the prompt of a prefixed prompt name.
+    pub fn prompt<'a>(&self, name: &'a str) -> Result<(usize, &'a str), Unknown> {
+        let unknown = || Unknown(format!("Unknown prompt: '{name}'."));
+        let (server, prompt) = split(name).ok_or_else(unknown)?;
+        let i = self.upstreams.iter().position(|u| u.config.name == server).ok_or_else(unknown)?;
+        Ok((i, prompt))
+    }
+
+    /// Every server's resources (or resource templates: `field` `resourceTemplates`), as they
+    /// name them; each resource's server is remembered for `resources/read`.
+    pub async fn resources(&self, session: &Session, method: &str, field: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        for (i, items) in self.from_each(session, method, field).await {
+            let mut owners = lock(&session.resources);
+            for r in &items {
+                if let Some(uri) = r.get("uri").and_then(Value::as_str) {
+                    owners.insert(uri.to_string(), i);
+                }
+            }
+            drop(owners);
+            out.extend(items);
+        }
+        out
+    }
+
+    /// Read resource `uri`: from the server that listed it, else from each server in turn until
+    /// one has it.
+    pub async fn read_resource(&self, session: &Session, params: Value) -> Result<Value, McpError> {
+        let uri = params.get("uri").and_then(Value::as_str).unwrap_or_default().to_string();
+        let known = lock(&session.resources).get(&uri).copied();
+        let order: Vec<usize> = match known {
+            Some(i) => vec![i],
+            None => (0..self.upstreams.len()).collect(),
+        };
+        let mut last = McpError::Rpc { code: -32002, message: format!("Resource not found: {uri}") };
+        for i in order {
+            match session.servers[i].request("resources/read", params.clone(), &mut |_| {}).await {
+                Ok(v) => return Ok(v),
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+}
+
+/// Tell every server a session is over.
+async fn close_all(s: &Session) {
+    futures_util::future::join_all(s.servers.iter().map(Server::close)).await;
+}
+
+/// A prefixed name with its server's name taken off (`server__x` → `x`), for the request to
+/// the server; the name itself when it has none.
+pub fn unprefixed(params: &Value, field: &str) -> Value {
+    let mut p = params.clone();
+    if let Some(name) = p.get(field).and_then(Value::as_str).and_then(|n| split(n).map(|(_, rest)| rest.to_string())) {
+        p[field] = Value::String(name);
+    }
+    p
+}
+
+/// `server__tool` for a tool of server `i`.
+pub fn name_of(hub: &Hub, i: usize, tool: &str) -> String {
+    prefixed(&hub.upstreams[i].config.name, tool)
+}
