@@ -1,5 +1,7 @@
 //! Agent turns: a request asking (`[[read:PATH]]`) with a file-reading or shell tool on offer
-//! is answered with a call of that tool; a tool result coming back is answered with its text.
+//! is answered with a call of that tool; one asking `[[call:NAME]]` with a tool of that name on
+//! offer (an MCP tool, say) with a call of it, its arguments made from its schema (strings
+//! `tolls`, numbers 3); a tool result coming back is answered with its text.
 
 use crate::wire::*;
 use serde_json::{json, Value};
@@ -7,6 +9,23 @@ use serde_json::{json, Value};
 /// The marker an agent test puts in its prompt: `[[read:PATH]]` asks the mock to answer with a
 /// call of a file-reading (or shell) tool the request offers, reading PATH.
 pub(crate) const READ_MARKER: &str = "[[read:";
+
+/// `[[call:NAME]]` asks for a call of the offered tool NAME.
+pub(crate) const CALL_MARKER: &str = "[[call:";
+
+/// Arguments for a tool of `schema`: each property a string `tolls`, a number 3, a flag true.
+fn made_args(schema: &Value) -> Value {
+    let mut args = serde_json::Map::new();
+    for (name, prop) in schema.get("properties").and_then(Value::as_object).into_iter().flatten() {
+        let value = match prop.get("type").and_then(Value::as_str).unwrap_or("string") {
+            "integer" | "number" => json!(3),
+            "boolean" => json!(true),
+            _ => json!("tolls"),
+        };
+        args.insert(name.clone(), value);
+    }
+    Value::Object(args)
+}
 
 /// Tools the mock knows how to call to read a file, in order of preference: Claude Code's,
 /// Gemini CLI's, Codex's (several versions) and the generic shell tools.
@@ -123,6 +142,15 @@ pub(crate) fn agent_turn(kind: Kind, v: &Value, body: &[u8]) -> (Option<ToolCall
         return (None, Some(format!("The tool answered: {}", result.trim())));
     }
     let text = String::from_utf8_lossy(body);
+    if let Some(at) = text.find(CALL_MARKER) {
+        let rest = &text[at + CALL_MARKER.len()..];
+        let wanted = rest.find("]]").map(|end| &rest[..end]).unwrap_or_default();
+        let tools = offered_tools(kind, v);
+        return match tools.iter().find(|(name, _)| name == wanted) {
+            Some((name, schema)) => (Some(ToolCall { name: name.clone(), args: made_args(schema).to_string() }), None),
+            None => (None, Some(format!("No tool named {wanted} was offered."))),
+        };
+    }
     let Some(at) = text.find(READ_MARKER) else { return (None, None) };
     let rest = &text[at + READ_MARKER.len()..];
     let Some(end) = rest.find("]]") else { return (None, None) };

@@ -1,0 +1,329 @@
+"""The MCP gateway (issue 52) with the official MCP Python SDK on both sides: two real servers
+behind tollgate (`mcp_server.py`, MCPServer over Streamable HTTP; `docs` wants a bearer token,
+`calc` does not and goes down mid-test) and a real client through tollgate's `/mcp` with a
+gateway key. Shown: the handshake, the union of tools named server__tool (each server's and
+each key's rules applied), calls with the server's credentials (never the client's key),
+progress notifications as they come, resources and prompts per server, per-call billing to
+the nano-dollar, a denied tool, a tool rate limit, another key's view and sessions, a server
+that is down left out while the other's tools are listed, the client's session going on
+across a server's restart, and each call in the request log and the metrics."""
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import shutil
+import urllib.error
+import urllib.request
+
+import httpx2
+import mcp
+import pytest
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from conftest import BIN_DIR, UPSTREAM_KEY
+from pysupport import admin_json, free_port, start_mock, start_tollgate, wait_listening
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+KEY = "sk-mcp-all-0001-0123456789"
+CALC_ONLY = "sk-mcp-calc-0001-0123456789"
+SLOW_KEY = "sk-mcp-rpm-0001-0123456789"
+ADMIN_TOKEN = "mcp-admin-token-0123456789abcdef"
+DOCS_TOKEN = "docs-server-secret-token-42"
+CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
+PER_CALL = 0.0125
+
+
+def start_server(name, port, token=None):
+    args = [sys.executable, os.path.join(HERE, "mcp_server.py"), name, str(port)]
+    if token:
+        args += ["--token", token]
+    proc = subprocess.Popen(args)
+    wait_listening(port, proc, f"MCP server {name}")
+    return proc
+
+
+class Env:
+    def __init__(self, gateway, admin, calc_port):
+        self.gateway, self.admin, self.calc_port = gateway, admin, calc_port
+        self.calc = None
+
+    def client(self, key=KEY):
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        return mcp.Client(streamable_http_client(self.gateway + "/mcp", http_client=http))
+
+    def balance(self, key=KEY):
+        req = urllib.request.Request(self.gateway + "/v1/usage", headers={"Authorization": f"Bearer {key}"})
+        with urllib.request.urlopen(req) as r:
+            return round(json.load(r)["balance"] * 1e9)
+
+    def admin_json(self, method, path, body=None):
+        return admin_json(self.admin, ADMIN_TOKEN, method, path, body)
+
+
+@pytest.fixture(scope="module")
+def env():
+    tmp = tempfile.mkdtemp(prefix="tollgate-mcp-")
+    docs_port, calc_port, gw_port, admin_port = free_port(), free_port(), free_port(), free_port()
+    procs = []
+    e = None
+    try:
+        mock, mock_port = start_mock(BIN_DIR, UPSTREAM_KEY)
+        procs.append(mock)
+        procs.append(start_server("docs", docs_port, token=DOCS_TOKEN))
+        config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
+  - {{ name: an, protocol: anthropic, base_url: "http://127.0.0.1:{mock_port}/an", api_key: {UPSTREAM_KEY}, models: [beta-opus-4-7, beta-haiku-4-5] }}
+prices:
+  alpha-5.5: {{ input: 1.0, output: 4.0 }}
+  beta-opus-4-7: {{ input: 3.0, output: 15.0 }}
+  beta-haiku-4-5: {{ input: 1.0, output: 5.0 }}
+mcp:
+  servers:
+    - name: docs
+      url: http://127.0.0.1:{docs_port}/mcp
+      auth: {{ bearer_env: DOCS_TOKEN }}
+      tools: {{ deny: [drop_everything] }}
+      prices: {{ per_call: {PER_CALL} }}
+    - {{ name: calc, url: "http://127.0.0.1:{calc_port}/mcp", timeout_secs: 20 }}
+keys:
+  - {{ key: {KEY}, name: all-tools, balance: 1.0 }}
+  - {{ key: {CALC_ONLY}, name: calc-only, balance: 1.0, tools: {{ allow: ["calc__*"], deny: [calc__drop_everything] }} }}
+  - {{ key: {SLOW_KEY}, name: two-a-minute, balance: 1.0, tool_rpm: 2 }}
+"""
+        procs.append(start_tollgate(BIN_DIR, tmp, config, [gw_port, admin_port], env={"DOCS_TOKEN": DOCS_TOKEN}))
+        e = Env(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{admin_port}", calc_port)
+        e.calc = start_server("calc", calc_port)
+        yield e
+    finally:
+        if e is not None and e.calc is not None:
+            procs.append(e.calc)
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def texts(result):
+    return [c.text for c in result.content]
+
+
+def test_a_client_lists_calls_with_progress_reads_and_gets_through_one_endpoint(env):
+    async def run():
+        progress = []
+
+        async def on_progress(done, total, message):
+            progress.append((done, total, message))
+
+        async with env.client() as client:
+            tools = sorted(t.name for t in (await client.list_tools()).tools)
+            # docs hides drop_everything (its server's rules); calc shows it.
+            assert tools == ["calc__count_calls", "calc__drop_everything", "calc__search", "calc__slow",
+                             "docs__count_calls", "docs__search", "docs__slow"], tools
+            found = await client.call_tool("docs__search", {"query": "toll roads"})
+            assert texts(found) == ["docs found 'toll roads'"] and not found.is_error
+            slow = await client.call_tool("calc__slow", {"n": 3}, progress_callback=on_progress)
+            assert texts(slow) == ["calc did 3 steps"]
+            resources = sorted(str(r.uri) for r in (await client.list_resources()).resources)
+            assert resources == ["calc://readme", "docs://readme"]
+            read = await client.read_resource("docs://readme")
+            assert read.contents[0].text == "The readme of docs."
+            prompts = sorted(p.name for p in (await client.list_prompts()).prompts)
+            assert prompts == ["calc__summarize", "docs__summarize"]
+            prompt = await client.get_prompt("docs__summarize", {"topic": "tolls"})
+            assert prompt.messages[0].content.text == "Summarize tolls for docs."
+        return progress
+
+    progress = asyncio.run(run())
+    assert [(d, t) for d, t, _ in progress] == [(1.0, 3.0), (2.0, 3.0), (3.0, 3.0)], progress
+
+
+def test_each_server_gets_its_own_credentials_and_never_the_clients_key(env):
+    async def run():
+        async with env.client() as client:
+            docs = json.loads(texts(await client.call_tool("docs__count_calls", {}))[0])
+            calc = json.loads(texts(await client.call_tool("calc__count_calls", {}))[0])
+        return docs, calc
+
+    docs, calc = asyncio.run(run())
+    assert docs["authorization"] == [f"Bearer {DOCS_TOKEN}"], docs
+    assert calc["authorization"] == [""], calc
+
+
+def test_a_call_is_billed_its_servers_price_exactly_and_a_free_servers_nothing(env):
+    async def run():
+        async with env.client() as client:
+            before = env.balance()
+            await client.call_tool("docs__search", {"query": "one"})
+            await client.call_tool("docs__search", {"query": "two"})
+            after_docs = env.balance()
+            await client.call_tool("calc__search", {"query": "free"})
+            return before, after_docs, env.balance()
+
+    before, after_docs, after_calc = asyncio.run(run())
+    assert before - after_docs == 2 * round(PER_CALL * 1e9)
+    assert after_calc == after_docs
+    req = urllib.request.Request(env.gateway + "/v1/usage?group_by=model", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req) as r:
+        usage = json.load(r)
+    rows = {row["model"]: row for row in usage["models"]}
+    assert rows["docs__search"]["requests"] >= 2 and round(rows["docs__search"]["cost"] * 1e9) == rows["docs__search"]["requests"] * round(PER_CALL * 1e9), rows
+
+
+def test_a_tool_outside_the_keys_rules_or_its_servers_is_neither_listed_nor_called(env):
+    async def run():
+        async with env.client(CALC_ONLY) as client:
+            tools = sorted(t.name for t in (await client.list_tools()).tools)
+            assert tools == ["calc__count_calls", "calc__search", "calc__slow"], tools
+            for name in ("docs__search", "calc__drop_everything", "nope"):
+                with pytest.raises(MCPError) as refused:
+                    await client.call_tool(name, {"query": "x"})
+                assert refused.value.error.code == -32602 and "Unknown tool" in refused.value.error.message
+        async with env.client() as client:
+            with pytest.raises(MCPError):
+                await client.call_tool("docs__drop_everything", {})
+
+    before = env.balance(CALC_ONLY)
+    asyncio.run(run())
+    assert env.balance(CALC_ONLY) == before
+
+
+def test_tool_calls_are_rate_limited_and_listings_are_not(env):
+    async def run():
+        async with env.client(SLOW_KEY) as client:
+            for _ in range(2):
+                await client.call_tool("calc__search", {"query": "ok"})
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("calc__search", {"query": "third"})
+            assert "2 tool calls per minute" in refused.value.error.message
+            assert refused.value.error.data["type"] == "rate_limited" and refused.value.error.data["retry_after"] >= 1
+            for _ in range(3):
+                assert len((await client.list_tools()).tools) == 7
+
+    asyncio.run(run())
+
+
+def test_a_session_is_the_keys_own(env):
+    async def run():
+        async with env.client() as client:
+            await client.list_tools()
+            return client.session
+
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    def post(key, body, session=None):
+        headers = {"Authorization": f"Bearer {key}", "content-type": "application/json", "accept": "application/json, text/event-stream"}
+        if session:
+            headers["mcp-session-id"] = session
+        req = urllib.request.Request(env.gateway + "/mcp", data=json.dumps(body).encode(), headers=headers)
+        return urllib.request.urlopen(req)
+
+    with post(KEY, init) as r:
+        session = r.headers["mcp-session-id"]
+        assert json.load(r)["result"]["protocolVersion"] == "2025-06-18"
+    listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    with post(KEY, listing, session) as r:
+        assert len(json.load(r)["result"]["tools"]) == 7
+    with pytest.raises(urllib.error.HTTPError) as other:
+        post(CALC_ONLY, listing, session)
+    assert other.value.code == 404
+    with pytest.raises(urllib.error.HTTPError) as no_key:
+        post("sk-not-a-key-0000000000", listing, session)
+    assert no_key.value.code == 401
+
+
+def test_a_server_that_goes_down_is_left_out_and_a_session_goes_on_across_its_restart(env):
+    async def run():
+        async with env.client() as client:
+            assert len((await client.list_tools()).tools) == 7
+            assert texts(await client.call_tool("calc__search", {"query": "before"})) == ["calc found 'before'"]
+            env.calc.kill()
+            env.calc.wait()
+            tools = sorted(t.name for t in (await client.list_tools()).tools)
+            assert tools == ["docs__count_calls", "docs__search", "docs__slow"], tools
+            before = env.balance()
+            with pytest.raises(MCPError) as down:
+                await client.call_tool("calc__search", {"query": "down"})
+            assert "calc" in down.value.error.message
+            assert env.balance() == before, "a call no server answered is not billed"
+            env.calc = start_server("calc", env.calc_port)
+            # The same client session: tollgate makes a new session at the restarted server.
+            assert texts(await client.call_tool("calc__search", {"query": "after"})) == ["calc found 'after'"]
+            assert len((await client.list_tools()).tools) == 7
+
+    asyncio.run(run())
+    key_id = next(k["id"] for k in env.admin_json("GET", "/admin/keys")["data"] if k["name"] == "all-tools")
+    calls = [e for e in env.admin_json("GET", f"/admin/requests?key={key_id}&limit=20")["data"] if e["route"] == "mcp_tool_call"]
+    assert [(e["provider"], e["status"]) for e in calls[:3]] == [("calc", 200), ("calc", 502), ("calc", 200)], calls[:3]
+    assert calls[1]["cost"] == 0, "the call while calc was down is logged, not billed"
+    assert 'tollgate_mcp_tool_calls_total{server="calc",tool="search",outcome="unreachable"} 1' in metrics(env)
+
+
+def metrics(env):
+    req = urllib.request.Request(env.admin + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with urllib.request.urlopen(req) as r:
+        return r.read().decode()
+
+
+def test_each_tool_call_is_in_the_request_log_and_the_metrics_without_its_arguments(env):
+    secret_query = "the-arguments-stay-out-of-the-log"
+
+    async def run():
+        async with env.client() as client:
+            await client.call_tool("docs__search", {"query": secret_query})
+
+    asyncio.run(run())
+    key_id = next(k["id"] for k in env.admin_json("GET", "/admin/keys")["data"] if k["name"] == "all-tools")
+    entries = env.admin_json("GET", f"/admin/requests?key={key_id}&limit=200")["data"]
+    calls = [e for e in entries if e["route"] == "mcp_tool_call"]
+    latest = calls[0]
+    assert latest["model"] == "docs__search" and latest["provider"] == "docs" and latest["status"] == 200, latest
+    assert latest["protocol"] == "mcp" and round(latest["cost"] * 1e9) == round(PER_CALL * 1e9)
+    assert latest["request_bytes"] > 0 and latest["response_bytes"] > 0 and latest["latency_ms"] >= 0
+    assert secret_query not in json.dumps(entries)
+    text = metrics(env)
+    assert 'tollgate_mcp_tool_calls_total{server="docs",tool="search",outcome="ok"}' in text
+    assert 'tollgate_mcp_tool_call_seconds_count{server="docs",tool="search"}' in text
+
+
+def test_claude_code_lists_and_calls_a_tool_through_the_gateway_in_print_mode(env, tmp_path):
+    claude = os.path.join(CLIS, "claude")
+    if not os.path.exists(claude):
+        if os.environ.get("TOLLGATE_AGENT_CLIS_REQUIRED"):
+            pytest.fail(f"TOLLGATE_AGENT_CLIS_REQUIRED=1 but {claude} is missing")
+        pytest.skip("Claude Code is not installed (tests/run_all.sh installs it)")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    run_env = {
+        "PATH": os.environ.get("PATH", ""), "HOME": str(home), "TERM": "dumb", "NO_COLOR": "1",
+        "ANTHROPIC_BASE_URL": env.gateway, "ANTHROPIC_API_KEY": KEY,
+        "ANTHROPIC_MODEL": "beta-opus-4-7", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "beta-haiku-4-5",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+    }
+    added = subprocess.run([claude, "mcp", "add", "--transport", "http", "tollgate", env.gateway + "/mcp", "--header", f"Authorization: Bearer {KEY}"],
+                           cwd=work, env=run_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert added.returncode == 0, added.stderr
+    listed = subprocess.run([claude, "mcp", "list"], cwd=work, env=run_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert "tollgate" in listed.stdout and "Connected" in listed.stdout, listed.stdout + listed.stderr
+    before = env.balance()
+    tool = "mcp__tollgate__docs__search"
+    out = subprocess.run([claude, "-p", f"Search the docs: [[call:{tool}]]", "--model", "beta-opus-4-7", "--allowedTools", tool],
+                         cwd=work, env=run_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    # The mock model asked for the MCP tool by the name Claude Code gave it; the answer it got back:
+    # (Claude Code hands back the tool's structured content: {"result": …}.)
+    assert out.stdout.startswith("The tool answered:") and "docs found 'tolls'" in out.stdout, out.stdout + out.stderr
+    spent = before - env.balance()
+    assert spent > round(PER_CALL * 1e9), "the model turns and the tool call are billed"
+    key_id = next(k["id"] for k in env.admin_json("GET", "/admin/keys")["data"] if k["name"] == "all-tools")
+    calls = [e for e in env.admin_json("GET", f"/admin/requests?key={key_id}&limit=50")["data"] if e["route"] == "mcp_tool_call"]
+    assert calls[0]["model"] == "docs__search" and calls[0]["status"] == 200, calls[0]
