@@ -5,8 +5,9 @@
 //! others —; a tool or prompt is named `server__name` and goes to its server.
 
 use super::auth::Credentials;
+use super::legacy::SseServer;
 use super::upstream::{McpError, Server};
-use crate::config::{McpConfig, McpServerConfig};
+use crate::config::{McpConfig, McpServerConfig, McpTransport};
 use crate::protocol::mcp::{prefixed, split};
 use hashbrown::HashMap;
 use serde_json::{json, Value};
@@ -33,9 +34,53 @@ pub struct Upstream {
 }
 
 impl Upstream {
+    /// A new session's link to the server (it connects at its first request).
+    fn link(&self) -> Link {
+        match self.config.transport {
+            McpTransport::StreamableHttp => Link::Streamable(Server::with(self.url.clone(), self.http.clone(), self.credentials.clone())),
+            McpTransport::Sse => Link::Sse(SseServer::with(
+                self.url.clone(),
+                self.http.clone(),
+                self.credentials.clone(),
+                Duration::from_secs(self.config.timeout_secs),
+            )),
+        }
+    }
+
     /// Whether the server's own rules show its tool `tool`.
     pub fn shows(&self, tool: &str) -> bool {
         self.config.tools.as_ref().is_none_or(|r| r.allows(tool))
+    }
+}
+
+/// A session's link to one server, over its transport.
+pub enum Link {
+    Streamable(Server),
+    Sse(SseServer),
+}
+
+impl Link {
+    /// Request `method`; its result, the server's notifications on the way going to `notify`.
+    pub async fn request(&self, method: &str, params: Value, notify: &mut (dyn FnMut(&Value) + Send)) -> Result<Value, McpError> {
+        match self {
+            Link::Streamable(s) => s.request(method, params, notify).await,
+            Link::Sse(s) => s.request(method, params, notify).await,
+        }
+    }
+
+    /// The session the server gave, when it gave one (for spans).
+    pub fn session_id(&self) -> Option<String> {
+        match self {
+            Link::Streamable(s) => s.session_id(),
+            Link::Sse(s) => s.session_id(),
+        }
+    }
+
+    async fn close(&self) {
+        match self {
+            Link::Streamable(s) => s.close().await,
+            Link::Sse(s) => s.close().await,
+        }
     }
 }
 
@@ -46,7 +91,7 @@ pub struct Session {
     /// The revision agreed at `initialize`.
     pub version: &'static str,
     /// Its session at each server (by the index in `mcp.servers`).
-    servers: Vec<Server>,
+    servers: Vec<Link>,
     /// Which server listed each resource URI (for `resources/read`).
     resources: Mutex<HashMap<String, usize>>,
     last_used_ms: AtomicU64,
@@ -54,7 +99,7 @@ pub struct Session {
 
 impl Session {
     /// Its session at server `i`.
-    pub fn server(&self, i: usize) -> &Server {
+    pub fn server(&self, i: usize) -> &Link {
         &self.servers[i]
     }
 }
@@ -104,7 +149,7 @@ impl Hub {
             id: id.clone(),
             key_id: key_id.to_string(),
             version,
-            servers: self.upstreams.iter().map(|u| Server::with(u.url.clone(), u.http.clone(), u.credentials.clone())).collect(),
+            servers: self.upstreams.iter().map(Upstream::link).collect(),
             resources: Mutex::new(HashMap::new()),
             last_used_ms: AtomicU64::new(crate::base::clock::now_ms()),
         });
@@ -278,7 +323,7 @@ impl Hub {
 
 /// Tell every server a session is over.
 async fn close_all(s: &Session) {
-    futures_util::future::join_all(s.servers.iter().map(Server::close)).await;
+    futures_util::future::join_all(s.servers.iter().map(Link::close)).await;
 }
 
 /// A prefixed name with its server's name taken off (`server__x` → `x`), for the request to

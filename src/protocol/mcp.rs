@@ -37,33 +37,42 @@ pub fn valid_server_name(name: &str) -> bool {
         && !name.ends_with('_')
 }
 
+/// One SSE event: its name (`message` when it names none) and its data (multi-line data joined
+/// with newlines, as SSE defines).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SseEvent {
+    pub event: String,
+    pub data: String,
+}
+
+/// The event of one block of SSE lines (without its blank line); None for a block of comments.
+fn parse_event(block: &str) -> Option<SseEvent> {
+    let mut event = String::new();
+    let mut data: Option<String> = None;
+    for line in block.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
+        let (field, value) = line.split_once(':').map_or((line, ""), |(f, v)| (f, v.strip_prefix(' ').unwrap_or(v)));
+        match field {
+            "event" => event = value.to_string(),
+            "data" => match &mut data {
+                Some(d) => {
+                    d.push('\n');
+                    d.push_str(value);
+                }
+                None => data = Some(value.to_string()),
+            },
+            _ => {}
+        }
+    }
+    let data = data?;
+    Some(SseEvent { event: if event.is_empty() { "message".into() } else { event }, data })
+}
+
 /// The JSON-RPC messages of an answer: its body as JSON (one message, or a batch), or the
-/// `data` of each SSE event (multi-line data joined with newlines, as SSE defines). Messages
-/// that are not JSON are left out.
+/// `data` of each SSE event. Messages that are not JSON are left out.
 pub fn messages(content_type: &str, body: &[u8]) -> Vec<Value> {
     if content_type.trim_start().to_ascii_lowercase().starts_with("text/event-stream") {
-        let text = String::from_utf8_lossy(body);
-        let mut out = Vec::new();
-        let mut data = String::new();
-        for line in text.split('\n').map(|l| l.strip_suffix('\r').unwrap_or(l)) {
-            if line.is_empty() {
-                if !data.is_empty() {
-                    out.extend(serde_json::from_str::<Value>(&data).ok());
-                    data.clear();
-                }
-                continue;
-            }
-            if let Some(rest) = line.strip_prefix("data:") {
-                if !data.is_empty() {
-                    data.push('\n');
-                }
-                data.push_str(rest.strip_prefix(' ').unwrap_or(rest));
-            }
-        }
-        if !data.is_empty() {
-            out.extend(serde_json::from_str::<Value>(&data).ok());
-        }
-        return out;
+        let text = String::from_utf8_lossy(body).replace("\r\n", "\n");
+        return text.split("\n\n").filter_map(parse_event).filter_map(|e| serde_json::from_str::<Value>(&e.data).ok()).collect();
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Array(items)) => items,
@@ -73,8 +82,9 @@ pub fn messages(content_type: &str, body: &[u8]) -> Vec<Value> {
 }
 
 /// SSE events as their bytes arrive: `push` a chunk, get the JSON-RPC messages of the events it
-/// completed (an event may span chunks; `\r\n` and `\n` both end lines). At most `max` bytes
-/// of one unfinished event are kept; past that the stream is refused (`Err`).
+/// completed (`push_events`: the events themselves, for a stream whose events are not all
+/// JSON). An event may span chunks; `\r\n` and `\n` both end lines. At most `max` bytes of one
+/// unfinished event are kept; past that the stream is refused (`Err`).
 #[derive(Debug, Default)]
 pub struct Events {
     pending: Vec<u8>,
@@ -82,13 +92,15 @@ pub struct Events {
 
 impl Events {
     pub fn push(&mut self, chunk: &[u8], max: usize) -> Result<Vec<Value>, &'static str> {
+        Ok(self.push_events(chunk, max)?.into_iter().filter_map(|e| serde_json::from_str::<Value>(&e.data).ok()).collect())
+    }
+
+    pub fn push_events(&mut self, chunk: &[u8], max: usize) -> Result<Vec<SseEvent>, &'static str> {
         self.pending.extend_from_slice(chunk);
         let mut out = Vec::new();
-        loop {
-            let end = find_event_end(&self.pending);
-            let Some((at, len)) = end else { break };
+        while let Some((at, len)) = find_event_end(&self.pending) {
             let event: Vec<u8> = self.pending.drain(..at + len).collect();
-            out.extend(messages("text/event-stream", &event[..at]));
+            out.extend(parse_event(&String::from_utf8_lossy(&event[..at])));
         }
         if self.pending.len() > max {
             return Err("an event of the MCP server's stream is larger than the gateway takes");
@@ -173,6 +185,10 @@ mod tests {
         let got = e.push(b"\"result\":{}}\r\n\r\nevent: message\ndata: {\"method\":\"x\"}\n\ndata: {", 1 << 20).unwrap();
         assert_eq!(got, vec![json!({"id": 1, "result": {}}), json!({"method": "x"})]);
         assert!(e.push(&[b'a'; 64], 32).is_err(), "an unfinished event past the bound");
+        // The older transport's first event is not JSON: its name and data.
+        let mut e = Events::default();
+        let got = e.push_events(b": hello\n\nevent: endpoint\r\ndata: /messages/?session_id=ab\r\n\r\n", 1 << 20).unwrap();
+        assert_eq!(got, vec![SseEvent { event: "endpoint".into(), data: "/messages/?session_id=ab".into() }]);
     }
 
     #[test]

@@ -50,7 +50,8 @@ def drop_everything() -> str:
 @server.tool()
 def count_calls() -> str:
     """How many tool calls this process answered, and the credentials it was sent."""
-    return json.dumps({"calls": calls["n"], "authorization": sorted(set(seen["authorization"]))})
+    return json.dumps({"calls": calls["n"], "authorization": sorted(set(seen["authorization"])),
+                       "x-api-key": sorted(set(seen.get("x-api-key", [])))})
 
 
 @server.resource(f"{args.name}://readme")
@@ -77,6 +78,7 @@ def guarded(inner):
             headers = dict((k.decode().lower(), v.decode()) for k, v in scope["headers"])
             got = headers.get("authorization", "")
             seen["authorization"].append(got)
+            seen.setdefault("x-api-key", []).append(headers.get("x-api-key", ""))
             if args.token and got != f"Bearer {args.token}":
                 await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": b'{"error":"unauthorized"}'})

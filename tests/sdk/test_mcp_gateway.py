@@ -36,8 +36,8 @@ CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollga
 PER_CALL = 0.0125
 
 
-def start_server(name, port, token=None):
-    args = [sys.executable, os.path.join(HERE, "mcp_server.py"), name, str(port)]
+def start_server(name, port, token=None, transport="streamable-http"):
+    args = [sys.executable, os.path.join(HERE, "mcp_server.py"), name, str(port), "--transport", transport]
     if token:
         args += ["--token", token]
     proc = subprocess.Popen(args)
@@ -327,3 +327,61 @@ def test_claude_code_lists_and_calls_a_tool_through_the_gateway_in_print_mode(en
     key_id = next(k["id"] for k in env.admin_json("GET", "/admin/keys")["data"] if k["name"] == "all-tools")
     calls = [e for e in env.admin_json("GET", f"/admin/requests?key={key_id}&limit=50")["data"] if e["route"] == "mcp_tool_call"]
     assert calls[0]["model"] == "docs__search" and calls[0]["status"] == 200, calls[0]
+
+
+@pytest.fixture(scope="module")
+def legacy():
+    """tollgate in front of a server on the 2024-11-05 transport (`transport: sse`), with a token."""
+    tmp = tempfile.mkdtemp(prefix="tollgate-mcp-sse-")
+    old_port, gw_port = free_port(), free_port()
+    procs = []
+    e = None
+    try:
+        config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+providers: []
+mcp:
+  servers:
+    - {{ name: old, url: "http://127.0.0.1:{old_port}/sse", transport: sse, auth: {{ header: X-Api-Key, header_env: OLD_TOKEN }}, prices: {{ per_call: 0.001 }} }}
+keys:
+  - {{ key: {KEY}, name: all-tools, balance: 1.0 }}
+"""
+        procs.append(start_tollgate(BIN_DIR, tmp, config, [gw_port], env={"OLD_TOKEN": DOCS_TOKEN}))
+        e = Env(f"http://127.0.0.1:{gw_port}", None, old_port)
+        e.calc = start_server("old", old_port, token=None, transport="sse")
+        yield e
+    finally:
+        if e is not None and e.calc is not None:
+            procs.append(e.calc)
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_server_on_the_older_sse_transport_is_listed_called_with_progress_and_reconnected(legacy):
+    async def run():
+        progress = []
+
+        async def on_progress(done, total, message):
+            progress.append(done)
+
+        async with legacy.client() as client:
+            tools = sorted(t.name for t in (await client.list_tools()).tools)
+            assert tools == ["old__count_calls", "old__drop_everything", "old__search", "old__slow"], tools
+            before = legacy.balance()
+            assert texts(await client.call_tool("old__search", {"query": "q"})) == ["old found 'q'"]
+            assert before - legacy.balance() == 1_000_000
+            assert texts(await client.call_tool("old__slow", {"n": 2}, progress_callback=on_progress)) == ["old did 2 steps"]
+            sent = json.loads(texts(await client.call_tool("old__count_calls", {}))[0])
+            assert sent["authorization"] == [""] and sent["x-api-key"] == [DOCS_TOKEN], "the server's header, never the client's key"
+            legacy.calc.kill()
+            legacy.calc.wait()
+            assert (await client.list_tools()).tools == []
+            legacy.calc = start_server("old", legacy.calc_port, transport="sse")
+            assert texts(await client.call_tool("old__search", {"query": "again"})) == ["old found 'again'"]
+        return progress
+
+    assert asyncio.run(run()) == [1.0, 2.0]

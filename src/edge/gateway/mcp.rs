@@ -301,7 +301,7 @@ impl Gateway {
     /// the answer, and whether the client is still there to be given it. A client that leaves
     /// does not end the call: the server's answer is awaited all the same (and billed), as the
     /// tool runs on whether or not anyone reads.
-    async fn tool_call_streamed(&self, session: &mut Session, server: &crate::mcp::upstream::Server, params: Value) -> (Result<Value, McpError>, bool) {
+    async fn tool_call_streamed(&self, session: &mut Session, server: &crate::mcp::hub::Link, params: Value) -> (Result<Value, McpError>, bool) {
         let mut present = match ResponseHeader::build(200, Some(3)) {
             Ok(mut header) => {
                 let _ = header.insert_header(http::header::CONTENT_TYPE, "text/event-stream");
