@@ -108,6 +108,8 @@ impl Session {
 pub struct Hub {
     pub upstreams: Vec<Upstream>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
+    /// Each key's session for the stateless revision's requests (which carry none).
+    stateless: Mutex<HashMap<String, Arc<Session>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -138,7 +140,7 @@ impl Hub {
                 config: s.clone(),
             });
         }
-        Ok(Some(Hub { upstreams, sessions: Mutex::new(HashMap::new()) }))
+        Ok(Some(Hub { upstreams, sessions: Mutex::new(HashMap::new()), stateless: Mutex::new(HashMap::new()) }))
     }
 
     /// A new session of `key_id` at revision `version`. The oldest sessions are forgotten past
@@ -181,6 +183,27 @@ impl Hub {
             });
         }
         session
+    }
+
+    /// The session the stateless revision's requests of `key_id` share (their sessions at the
+    /// servers), made at the first; marked used.
+    pub fn stateless(&self, key_id: &str, version: &'static str) -> Arc<Session> {
+        let mut map = lock(&self.stateless);
+        let s = map
+            .entry_ref(key_id)
+            .or_insert_with(|| {
+                Arc::new(Session {
+                    id: String::new(),
+                    key_id: key_id.to_string(),
+                    version,
+                    servers: self.upstreams.iter().map(Upstream::link).collect(),
+                    resources: Mutex::new(HashMap::new()),
+                    last_used_ms: AtomicU64::new(0),
+                })
+            })
+            .clone();
+        s.last_used_ms.store(crate::base::clock::now_ms(), Ordering::Relaxed);
+        s
     }
 
     /// The session `id` of `key_id` (another key's session is not found), marked used.

@@ -8,6 +8,48 @@ use serde_json::Value;
 /// The handshake revisions (`initialize`, `Mcp-Session-Id`), oldest first.
 pub const HANDSHAKE_VERSIONS: [&str; 4] = ["2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25"];
 
+/// The stateless revision: no handshake, no session; each request carries its envelope in
+/// `_meta` (the revision, the client's name and capabilities), after a `server/discover` probe.
+pub const MODERN_VERSION: &str = "2026-07-28";
+
+/// Where a request of the stateless revision names its revision, in `params._meta`.
+const VERSION_META: &str = "io.modelcontextprotocol/protocolVersion";
+
+/// The revision a request's envelope names (stateless revisions only).
+pub fn envelope_version(params: &Value) -> Option<&str> {
+    params.get("_meta")?.get(VERSION_META)?.as_str()
+}
+
+/// `params` without the envelope (the protocol's own `_meta` keys, `io.modelcontextprotocol/…`):
+/// what a server spoken to in a handshake revision is sent. A progress token stays.
+pub fn without_envelope(params: &Value) -> Value {
+    let mut p = params.clone();
+    if let Some(meta) = p.get_mut("_meta").and_then(Value::as_object_mut) {
+        meta.retain(|k, _| !k.starts_with("io.modelcontextprotocol/"));
+        if meta.is_empty() {
+            if let Some(o) = p.as_object_mut() {
+                o.remove("_meta");
+            }
+        }
+    }
+    p
+}
+
+/// A result as the stateless revision shapes it: `resultType`, and for what a client may cache
+/// (listings, reads, discovery) a private scope that is stale at once.
+pub fn modern_result(method: &str, result: &mut Value) {
+    let Some(o) = result.as_object_mut() else { return };
+    o.entry("resultType").or_insert_with(|| Value::String("complete".into()));
+    let cacheable = matches!(
+        method,
+        "server/discover" | "tools/list" | "prompts/list" | "resources/list" | "resources/templates/list" | "resources/read"
+    );
+    if cacheable {
+        o.entry("cacheScope").or_insert_with(|| Value::String("private".into()));
+        o.entry("ttlMs").or_insert_with(|| Value::from(0));
+    }
+}
+
 /// What separates a server's name from its tool's in a prefixed name.
 pub const SEPARATOR: &str = "__";
 
@@ -189,6 +231,21 @@ mod tests {
         let mut e = Events::default();
         let got = e.push_events(b": hello\n\nevent: endpoint\r\ndata: /messages/?session_id=ab\r\n\r\n", 1 << 20).unwrap();
         assert_eq!(got, vec![SseEvent { event: "endpoint".into(), data: "/messages/?session_id=ab".into() }]);
+    }
+
+    #[test]
+    fn the_stateless_envelope_is_read_taken_off_and_its_results_shaped() {
+        let params = json!({"name": "docs__search", "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28", "io.modelcontextprotocol/clientInfo": {}, "progressToken": 7}});
+        assert_eq!(envelope_version(&params), Some(MODERN_VERSION));
+        assert_eq!(without_envelope(&params), json!({"name": "docs__search", "_meta": {"progressToken": 7}}));
+        assert_eq!(without_envelope(&json!({"_meta": {"io.modelcontextprotocol/x": 1}})), json!({}));
+        assert_eq!(envelope_version(&json!({})), None);
+        let mut listed = json!({"tools": []});
+        modern_result("tools/list", &mut listed);
+        assert_eq!(listed, json!({"tools": [], "resultType": "complete", "cacheScope": "private", "ttlMs": 0}));
+        let mut called = json!({"content": []});
+        modern_result("tools/call", &mut called);
+        assert_eq!(called, json!({"content": [], "resultType": "complete"}));
     }
 
     #[test]

@@ -29,7 +29,6 @@ from pysupport import admin_json, free_port, start_mock, start_tollgate, wait_li
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEY = "sk-mcp-all-0001-0123456789"
 CALC_ONLY = "sk-mcp-calc-0001-0123456789"
-SLOW_KEY = "sk-mcp-rpm-0001-0123456789"
 ADMIN_TOKEN = "mcp-admin-token-0123456789abcdef"
 DOCS_TOKEN = "docs-server-secret-token-42"
 CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
@@ -50,9 +49,11 @@ class Env:
         self.gateway, self.admin, self.calc_port = gateway, admin, calc_port
         self.calc = None
 
-    def client(self, key=KEY):
+    def client(self, key=KEY, mode="auto"):
+        """The SDK's client with `key`: mode `auto` probes and takes the stateless 2026-07-28,
+        `legacy` makes the initialize handshake (2025-11-25, with a session)."""
         http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
-        return mcp.Client(streamable_http_client(self.gateway + "/mcp", http_client=http))
+        return mcp.Client(streamable_http_client(self.gateway + "/mcp", http_client=http), mode=mode)
 
     def balance(self, key=KEY):
         req = urllib.request.Request(self.gateway + "/v1/usage", headers={"Authorization": f"Bearer {key}"})
@@ -96,7 +97,6 @@ mcp:
 keys:
   - {{ key: {KEY}, name: all-tools, balance: 1.0 }}
   - {{ key: {CALC_ONLY}, name: calc-only, balance: 1.0, tools: {{ allow: ["calc__*"], deny: [calc__drop_everything] }} }}
-  - {{ key: {SLOW_KEY}, name: two-a-minute, balance: 1.0, tool_rpm: 2 }}
 """
         procs.append(start_tollgate(BIN_DIR, tmp, config, [gw_port, admin_port], env={"DOCS_TOKEN": DOCS_TOKEN}))
         e = Env(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{admin_port}", calc_port)
@@ -111,18 +111,25 @@ keys:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@pytest.fixture(params=["auto", "legacy"])
+def mode(request):
+    """Both eras of the protocol: the stateless revision and the handshake."""
+    return request.param
+
+
 def texts(result):
     return [c.text for c in result.content]
 
 
-def test_a_client_lists_calls_with_progress_reads_and_gets_through_one_endpoint(env):
+def test_a_client_lists_calls_with_progress_reads_and_gets_through_one_endpoint(env, mode):
     async def run():
         progress = []
 
         async def on_progress(done, total, message):
             progress.append((done, total, message))
 
-        async with env.client() as client:
+        async with env.client(mode=mode) as client:
+            assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
             tools = sorted(t.name for t in (await client.list_tools()).tools)
             # docs hides drop_everything (its server's rules); calc shows it.
             assert tools == ["calc__count_calls", "calc__drop_everything", "calc__search", "calc__slow",
@@ -157,9 +164,9 @@ def test_each_server_gets_its_own_credentials_and_never_the_clients_key(env):
     assert calc["authorization"] == [""], calc
 
 
-def test_a_call_is_billed_its_servers_price_exactly_and_a_free_servers_nothing(env):
+def test_a_call_is_billed_its_servers_price_exactly_and_a_free_servers_nothing(env, mode):
     async def run():
-        async with env.client() as client:
+        async with env.client(mode=mode) as client:
             before = env.balance()
             await client.call_tool("docs__search", {"query": "one"})
             await client.call_tool("docs__search", {"query": "two"})
@@ -177,16 +184,16 @@ def test_a_call_is_billed_its_servers_price_exactly_and_a_free_servers_nothing(e
     assert rows["docs__search"]["requests"] >= 2 and round(rows["docs__search"]["cost"] * 1e9) == rows["docs__search"]["requests"] * round(PER_CALL * 1e9), rows
 
 
-def test_a_tool_outside_the_keys_rules_or_its_servers_is_neither_listed_nor_called(env):
+def test_a_tool_outside_the_keys_rules_or_its_servers_is_neither_listed_nor_called(env, mode):
     async def run():
-        async with env.client(CALC_ONLY) as client:
+        async with env.client(CALC_ONLY, mode=mode) as client:
             tools = sorted(t.name for t in (await client.list_tools()).tools)
             assert tools == ["calc__count_calls", "calc__search", "calc__slow"], tools
             for name in ("docs__search", "calc__drop_everything", "nope"):
                 with pytest.raises(MCPError) as refused:
                     await client.call_tool(name, {"query": "x"})
                 assert refused.value.error.code == -32602 and "Unknown tool" in refused.value.error.message
-        async with env.client() as client:
+        async with env.client(mode=mode) as client:
             with pytest.raises(MCPError):
                 await client.call_tool("docs__drop_everything", {})
 
@@ -195,9 +202,13 @@ def test_a_tool_outside_the_keys_rules_or_its_servers_is_neither_listed_nor_call
     assert env.balance(CALC_ONLY) == before
 
 
-def test_tool_calls_are_rate_limited_and_listings_are_not(env):
+def test_tool_calls_are_rate_limited_and_listings_are_not(env, mode):
+    # A key of its own, made with the admin API: two tool calls a minute.
+    made = env.admin_json("POST", "/admin/keys", {"name": f"two-a-minute-{mode}", "balance": 1.0, "tool_rpm": 2, "tools": {"allow": ["calc__*", "docs__*"]}})
+    assert made["tool_rpm"] == 2 and made["tools"] == {"allow": ["calc__*", "docs__*"]}
+
     async def run():
-        async with env.client(SLOW_KEY) as client:
+        async with env.client(made["key"], mode=mode) as client:
             for _ in range(2):
                 await client.call_tool("calc__search", {"query": "ok"})
             with pytest.raises(MCPError) as refused:
@@ -240,9 +251,12 @@ def test_a_session_is_the_keys_own(env):
     assert no_key.value.code == 401
 
 
-def test_a_server_that_goes_down_is_left_out_and_a_session_goes_on_across_its_restart(env):
+def test_a_server_that_goes_down_is_left_out_and_a_session_goes_on_across_its_restart(env, mode):
+    unreachable = 'tollgate_mcp_tool_calls_total{server="calc",tool="search",outcome="unreachable"}'
+    failed_before = metric(env, unreachable)
+
     async def run():
-        async with env.client() as client:
+        async with env.client(mode=mode) as client:
             assert len((await client.list_tools()).tools) == 7
             assert texts(await client.call_tool("calc__search", {"query": "before"})) == ["calc found 'before'"]
             env.calc.kill()
@@ -264,13 +278,21 @@ def test_a_server_that_goes_down_is_left_out_and_a_session_goes_on_across_its_re
     calls = [e for e in env.admin_json("GET", f"/admin/requests?key={key_id}&limit=20")["data"] if e["route"] == "mcp_tool_call"]
     assert [(e["provider"], e["status"]) for e in calls[:3]] == [("calc", 200), ("calc", 502), ("calc", 200)], calls[:3]
     assert calls[1]["cost"] == 0, "the call while calc was down is logged, not billed"
-    assert 'tollgate_mcp_tool_calls_total{server="calc",tool="search",outcome="unreachable"} 1' in metrics(env)
+    assert metric(env, unreachable) == failed_before + 1
 
 
 def metrics(env):
     req = urllib.request.Request(env.admin + "/metrics", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     with urllib.request.urlopen(req) as r:
         return r.read().decode()
+
+
+def metric(env, series):
+    """The value of one series of /metrics (0 before it was first counted)."""
+    for line in metrics(env).splitlines():
+        if line.startswith(series + " "):
+            return float(line.split()[-1])
+    return 0
 
 
 def test_each_tool_call_is_in_the_request_log_and_the_metrics_without_its_arguments(env):

@@ -1,7 +1,8 @@
 //! `/mcp` (a stage-2 answer): the MCP servers of `mcp:` as one Streamable HTTP endpoint for the
 //! calling key, in the handshake revisions (2024-11-05 to 2025-11-25: `initialize`, then
-//! `Mcp-Session-Id`). The 2026-07-28 probe (`server/discover`) is answered "method not found",
-//! which the SDKs take to mean: use the handshake.
+//! `Mcp-Session-Id`) and the stateless 2026-07-28 (`server/discover`, then requests that carry
+//! their envelope in `_meta` and no session: a key's such requests share its sessions at the
+//! servers, which are spoken to in a handshake revision, the envelope taken off).
 //!
 //! * `initialize` is answered here (a session of the key's; tollgate's own capabilities);
 //!   `tools/list` is the union of the servers' tools the key may see, `server__tool`;
@@ -35,6 +36,16 @@ const INVALID_REQUEST: i64 = -32600;
 const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 const SERVER_ERROR: i64 = -32000;
+const UNSUPPORTED_VERSION: i64 = -32022;
+use crate::protocol::mcp::MODERN_VERSION;
+
+const INSTRUCTIONS: &str = "Tools of several MCP servers, each named server__tool.";
+
+/// What tollgate offers a client: the servers' tools, prompts and resources (no change
+/// notifications, no subscriptions).
+fn capabilities() -> Value {
+    json!({"tools": {"listChanged": false}, "prompts": {"listChanged": false}, "resources": {"listChanged": false, "subscribe": false}, "logging": {}})
+}
 
 /// What a tool call came to, for the request log, the access log and the trace.
 #[derive(Debug, Default)]
@@ -127,31 +138,50 @@ impl Gateway {
             let s = hub.open(&key.id, version);
             let result = json!({
                 "protocolVersion": version,
-                "capabilities": {"tools": {"listChanged": false}, "prompts": {"listChanged": false}, "resources": {"listChanged": false, "subscribe": false}, "logging": {}},
+                "capabilities": capabilities(),
                 "serverInfo": {"name": "tollgate", "version": crate::VERSION},
-                "instructions": "Tools of several MCP servers, named server__tool.",
+                "instructions": INSTRUCTIONS,
             });
             let mut r = LocalResponse::json(200, &rpc_result(&id, result));
             r.headers.push(("mcp-session-id", s.id.clone()));
             return Ok(Outcome::Respond(r));
         }
-        if method == "server/discover" {
-            return Ok(answered(&rpc_error(&id, METHOD_NOT_FOUND, "Method not found: server/discover (use initialize).", None)));
+        // The stateless revision: a request that names it in its envelope and carries no session.
+        let envelope = crate::protocol::mcp::envelope_version(&params).filter(|_| session_id.is_none()).map(str::to_string);
+        if let Some(v) = envelope.as_deref().filter(|v| *v != MODERN_VERSION) {
+            let data = json!({"supported": [MODERN_VERSION], "requested": v});
+            return Ok(Outcome::Respond(LocalResponse::json(400, &rpc_error(&id, UNSUPPORTED_VERSION, "Unsupported protocol version.", Some(data)))));
         }
-        let Some(id_given) = session_id else {
-            let e = rpc_error(&id, INVALID_REQUEST, "Bad Request: no Mcp-Session-Id; send initialize first.", None);
-            return Ok(Outcome::Respond(LocalResponse::json(400, &e)));
+        let modern = envelope.is_some();
+        if method == "server/discover" {
+            if !modern {
+                return Ok(answered(&rpc_error(&id, INVALID_REQUEST, "server/discover names its protocol version in _meta.", None)));
+            }
+            let mut result = json!({"supportedVersions": [MODERN_VERSION], "capabilities": capabilities(), "instructions": INSTRUCTIONS,
+                "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "tollgate", "version": crate::VERSION}}});
+            crate::protocol::mcp::modern_result(method, &mut result);
+            return Ok(answered(&rpc_result(&id, result)));
+        }
+        let s = if modern {
+            hub.stateless(&key.id, MODERN_VERSION)
+        } else {
+            let Some(id_given) = session_id else {
+                let e = rpc_error(&id, INVALID_REQUEST, "Bad Request: no Mcp-Session-Id; send initialize first.", None);
+                return Ok(Outcome::Respond(LocalResponse::json(400, &e)));
+            };
+            let Some(s) = hub.session(&id_given, &key.id) else {
+                let e = rpc_error(&id, -32001, "Session not found: start a new one with initialize.", None);
+                return Ok(Outcome::Respond(LocalResponse::json(404, &e)));
+            };
+            s
         };
-        let Some(s) = hub.session(&id_given, &key.id) else {
-            let e = rpc_error(&id, -32001, "Session not found: start a new one with initialize.", None);
-            return Ok(Outcome::Respond(LocalResponse::json(404, &e)));
-        };
+        let params = crate::protocol::mcp::without_envelope(&params);
         let allows = |name: &str| key.policy.allows_tool(name);
         let reply = match method {
             "ping" | "logging/setLevel" => rpc_result(&id, json!({})),
             "tools/list" => rpc_result(&id, json!({"tools": hub.tools(&s, &allows).await})),
             "tools/call" => {
-                let call = ToolCall { hub, session: &s, key, routing, id: &id, params: &params, bytes_in: body.len() as u64, sse: accepts_sse };
+                let call = ToolCall { hub, session: &s, key, routing, id: &id, params: &params, bytes_in: body.len() as u64, sse: accepts_sse, modern };
                 return self.tool_call(session, ctx, call).await;
             }
             "prompts/list" => rpc_result(&id, json!({"prompts": hub.prompts(&s).await})),
@@ -175,13 +205,13 @@ impl Gateway {
             },
             _ => rpc_error(&id, METHOD_NOT_FOUND, &format!("Method not found: {method}"), None),
         };
-        Ok(answered(&reply))
+        Ok(answered(&shaped(reply, method, modern)))
     }
 
     /// `tools/call`: checked, counted, held, sent to its server, answered (as SSE with the
     /// server's progress when the client asked for progress and takes SSE), booked.
     async fn tool_call(&self, session: &mut Session, ctx: &mut RequestCtx, call: ToolCall<'_>) -> std::result::Result<Outcome, ApiError> {
-        let ToolCall { hub, session: s, key, routing, id, params, bytes_in, sse } = call;
+        let ToolCall { hub, session: s, key, routing, id, params, bytes_in, sse, modern } = call;
         let name = params.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
         ctx.route = "mcp_tool_call";
         ctx.model_asked = Some(name.clone());
@@ -284,13 +314,13 @@ impl Gateway {
         } else {
             drop(hold);
         }
-        let text = reply.to_string();
+        let text = shaped(reply, "tools/call", modern).to_string();
         facts.bytes_out = text.len() as u64;
         ctx.mcp = Some(Box::new(facts));
         if progress {
             // The header went out before the first event: the answer is the stream's last.
             if present {
-                let _ = session.write_response_body(Some(sse_event(&reply)), true).await;
+                let _ = session.write_response_body(Some(Bytes::from(format!("event: message\ndata: {text}\n\n"))), true).await;
             }
             return Ok(Outcome::Done);
         }
@@ -348,4 +378,16 @@ struct ToolCall<'a> {
     params: &'a Value,
     bytes_in: u64,
     sse: bool,
+    /// The stateless revision: its results shaped as it defines them.
+    modern: bool,
+}
+
+/// An answer as the client's revision shapes it.
+fn shaped(mut reply: Value, method: &str, modern: bool) -> Value {
+    if modern {
+        if let Some(result) = reply.get_mut("result") {
+            crate::protocol::mcp::modern_result(method, result);
+        }
+    }
+    reply
 }
