@@ -180,7 +180,13 @@ impl SseServer {
         }
         let message = loop {
             tokio::select! {
-                got = &mut answer => break got.map_err(|_| McpError::Unreachable("the server's stream ended".into())),
+                got = &mut answer => {
+                    // Notifications the stream carried before the answer go first.
+                    while let Ok(n) = notes.try_recv() {
+                        notify(&n);
+                    }
+                    break got.map_err(|_| McpError::Unreachable("the server's stream ended".into()));
+                }
                 Some(n) = notes.recv() => notify(&n),
                 () = tokio::time::sleep(self.timeout) => break Err(McpError::Unreachable(format!("no answer in {}s", self.timeout.as_secs()))),
             }

@@ -11,6 +11,7 @@ import json
 
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 
 parser = argparse.ArgumentParser()
 parser.add_argument("name")
@@ -45,6 +46,13 @@ def drop_everything() -> str:
     """A tool the gateway's configuration hides."""
     calls["n"] += 1
     return "dropped"
+
+
+@server.tool()
+def broken() -> str:
+    """A tool that runs and fails (a result with isError)."""
+    calls["n"] += 1
+    raise ToolError("the index is gone")
 
 
 @server.tool()

@@ -132,8 +132,8 @@ def test_a_client_lists_calls_with_progress_reads_and_gets_through_one_endpoint(
             assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
             tools = sorted(t.name for t in (await client.list_tools()).tools)
             # docs hides drop_everything (its server's rules); calc shows it.
-            assert tools == ["calc__count_calls", "calc__drop_everything", "calc__search", "calc__slow",
-                             "docs__count_calls", "docs__search", "docs__slow"], tools
+            assert tools == ["calc__broken", "calc__count_calls", "calc__drop_everything", "calc__search", "calc__slow",
+                             "docs__broken", "docs__count_calls", "docs__search", "docs__slow"], tools
             found = await client.call_tool("docs__search", {"query": "toll roads"})
             assert texts(found) == ["docs found 'toll roads'"] and not found.is_error
             slow = await client.call_tool("calc__slow", {"n": 3}, progress_callback=on_progress)
@@ -172,11 +172,16 @@ def test_a_call_is_billed_its_servers_price_exactly_and_a_free_servers_nothing(e
             await client.call_tool("docs__search", {"query": "two"})
             after_docs = env.balance()
             await client.call_tool("calc__search", {"query": "free"})
-            return before, after_docs, env.balance()
+            after_calc = env.balance()
+            # A tool that ran and failed is answered (isError) and billed: it ran.
+            broken = await client.call_tool("docs__broken", {})
+            assert broken.is_error and "the index is gone" in texts(broken)[0]
+            return before, after_docs, after_calc, env.balance()
 
-    before, after_docs, after_calc = asyncio.run(run())
+    before, after_docs, after_calc, after_broken = asyncio.run(run())
     assert before - after_docs == 2 * round(PER_CALL * 1e9)
     assert after_calc == after_docs
+    assert after_calc - after_broken == round(PER_CALL * 1e9)
     req = urllib.request.Request(env.gateway + "/v1/usage?group_by=model", headers={"Authorization": f"Bearer {KEY}"})
     with urllib.request.urlopen(req) as r:
         usage = json.load(r)
@@ -188,7 +193,7 @@ def test_a_tool_outside_the_keys_rules_or_its_servers_is_neither_listed_nor_call
     async def run():
         async with env.client(CALC_ONLY, mode=mode) as client:
             tools = sorted(t.name for t in (await client.list_tools()).tools)
-            assert tools == ["calc__count_calls", "calc__search", "calc__slow"], tools
+            assert tools == ["calc__broken", "calc__count_calls", "calc__search", "calc__slow"], tools
             for name in ("docs__search", "calc__drop_everything", "nope"):
                 with pytest.raises(MCPError) as refused:
                     await client.call_tool(name, {"query": "x"})
@@ -216,9 +221,25 @@ def test_tool_calls_are_rate_limited_and_listings_are_not(env, mode):
             assert "2 tool calls per minute" in refused.value.error.message
             assert refused.value.error.data["type"] == "rate_limited" and refused.value.error.data["retry_after"] >= 1
             for _ in range(3):
-                assert len((await client.list_tools()).tools) == 7
+                assert len((await client.list_tools()).tools) == 9
 
     asyncio.run(run())
+
+
+def test_a_key_that_cannot_cover_a_call_is_refused_and_nothing_is_sent(env, mode):
+    made = env.admin_json("POST", "/admin/keys", {"name": f"nearly-empty-{mode}", "balance": PER_CALL / 2})
+
+    async def run():
+        async with env.client(made["key"], mode=mode) as client:
+            before = json.loads(texts(await client.call_tool("calc__count_calls", {}))[0])["calls"]
+            with pytest.raises(MCPError) as refused:
+                await client.call_tool("docs__search", {"query": "costly"})
+            assert refused.value.error.data["type"] == "insufficient_balance", refused.value.error
+            assert texts(await client.call_tool("calc__search", {"query": "free"})) == ["calc found 'free'"]
+            return before
+
+    asyncio.run(run())
+    assert env.balance(made["key"]) == round(PER_CALL / 2 * 1e9)
 
 
 def test_a_session_is_the_keys_own(env):
@@ -242,7 +263,7 @@ def test_a_session_is_the_keys_own(env):
         assert json.load(r)["result"]["protocolVersion"] == "2025-06-18"
     listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
     with post(KEY, listing, session) as r:
-        assert len(json.load(r)["result"]["tools"]) == 7
+        assert len(json.load(r)["result"]["tools"]) == 9
     with pytest.raises(urllib.error.HTTPError) as other:
         post(CALC_ONLY, listing, session)
     assert other.value.code == 404
@@ -257,12 +278,12 @@ def test_a_server_that_goes_down_is_left_out_and_a_session_goes_on_across_its_re
 
     async def run():
         async with env.client(mode=mode) as client:
-            assert len((await client.list_tools()).tools) == 7
+            assert len((await client.list_tools()).tools) == 9
             assert texts(await client.call_tool("calc__search", {"query": "before"})) == ["calc found 'before'"]
             env.calc.kill()
             env.calc.wait()
             tools = sorted(t.name for t in (await client.list_tools()).tools)
-            assert tools == ["docs__count_calls", "docs__search", "docs__slow"], tools
+            assert tools == ["docs__broken", "docs__count_calls", "docs__search", "docs__slow"], tools
             before = env.balance()
             with pytest.raises(MCPError) as down:
                 await client.call_tool("calc__search", {"query": "down"})
@@ -271,7 +292,7 @@ def test_a_server_that_goes_down_is_left_out_and_a_session_goes_on_across_its_re
             env.calc = start_server("calc", env.calc_port)
             # The same client session: tollgate makes a new session at the restarted server.
             assert texts(await client.call_tool("calc__search", {"query": "after"})) == ["calc found 'after'"]
-            assert len((await client.list_tools()).tools) == 7
+            assert len((await client.list_tools()).tools) == 9
 
     asyncio.run(run())
     key_id = next(k["id"] for k in env.admin_json("GET", "/admin/keys")["data"] if k["name"] == "all-tools")
@@ -392,7 +413,7 @@ def test_a_server_on_the_older_sse_transport_is_listed_called_with_progress_and_
 
         async with legacy.client() as client:
             tools = sorted(t.name for t in (await client.list_tools()).tools)
-            assert tools == ["old__count_calls", "old__drop_everything", "old__search", "old__slow"], tools
+            assert tools == ["old__broken", "old__count_calls", "old__drop_everything", "old__search", "old__slow"], tools
             before = legacy.balance()
             assert texts(await client.call_tool("old__search", {"query": "q"})) == ["old found 'q'"]
             assert before - legacy.balance() == 1_000_000
