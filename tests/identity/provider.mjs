@@ -1,7 +1,8 @@
 // A real OpenID Connect provider for the identity tests: the certified `oidc-provider`
 // package (installed by tests/run_all.sh), with its development sign-in pages (any password),
 // two clients — tollgate's console (confidential, `OIDC_SECRET`) and a command-line client
-// (public, PKCE) — and the people of `OIDC_PEOPLE` ({id: {email, roles, teams}}). Access tokens
+// (public, PKCE) —, with `OIDC_MCP_SECRET` a machine client of the client-credentials grant
+// (`mcp-gateway`: tollgate calling an MCP server), and the people of `OIDC_PEOPLE` ({id: {email, roles, teams}}). Access tokens
 // for the resource `audience` are JWTs carrying the person's email, roles and teams.
 //
 //   node provider.mjs PORT AUDIENCE CONSOLE_REDIRECT_URI
@@ -29,6 +30,9 @@ const provider = new Provider(issuer, {
       grant_types: ['authorization_code'],
       response_types: ['code'],
     },
+    ...(process.env.OIDC_MCP_SECRET
+      ? [{ client_id: 'mcp-gateway', client_secret: process.env.OIDC_MCP_SECRET, grant_types: ['client_credentials'], response_types: [], redirect_uris: [] }]
+      : []),
   ],
   async findAccount(ctx, id) {
     if (!people[id]) return undefined;
@@ -38,6 +42,7 @@ const provider = new Provider(issuer, {
   scopes: ['openid', 'email', 'profile', 'api', 'short'],
   features: {
     devInteractions: { enabled: true },
+    clientCredentials: { enabled: true },
     resourceIndicators: {
       enabled: true,
       defaultResource: () => audience,

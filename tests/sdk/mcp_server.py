@@ -3,9 +3,11 @@ MCPServer): `python mcp_server.py NAME PORT [--token T] [--transport streamable-
 
 Tools: `search` (answers with the server's name and how many sessions' calls it has seen),
 `slow` (reports progress n times), `drop_everything` (which the gateway's configuration hides),
-`count_calls` (calls of every tool so far); a resource `NAME://readme` and a prompt
-`summarize`. With `--token`, every request must carry `Authorization: Bearer T` (else 401),
-and the server counts what it was sent with and without it."""
+`count_calls` (calls of every tool so far), with `--issuer` `reject_token` (the token of this
+call is refused from now on); a resource `NAME://readme` and a prompt `summarize`. With `--token`, every
+request must carry `Authorization: Bearer T` (else 401); with `--issuer I --audience A`, a JWT
+access token of issuer I for A, checked against I's keys (`I/jwks`). The server notes what it
+was sent."""
 import argparse
 import json
 
@@ -18,11 +20,15 @@ parser.add_argument("name")
 parser.add_argument("port", type=int)
 parser.add_argument("--token")
 parser.add_argument("--transport", default="streamable-http")
+parser.add_argument("--issuer")
+parser.add_argument("--audience")
 args = parser.parse_args()
 
 server = MCPServer(args.name)
 calls = {"n": 0}
 seen = {"authorization": []}
+rejected = set()
+current = {"authorization": ""}
 
 
 @server.tool()
@@ -55,6 +61,16 @@ def broken() -> str:
     raise ToolError("the index is gone")
 
 
+def reject_token() -> str:
+    """Refuse the token this call came with from now on (as a revoked one would be)."""
+    rejected.add(current["authorization"])
+    return "rejected"
+
+
+if args.issuer:
+    server.tool()(reject_token)
+
+
 @server.tool()
 def count_calls() -> str:
     """How many tool calls this process answered, and the credentials it was sent."""
@@ -78,6 +94,19 @@ else:
     app = server.streamable_http_app()
 
 
+def jwt_ok(header):
+    """A JWT access token of `--issuer` for `--audience`, signed with one of the issuer's keys."""
+    import jwt
+
+    token = header.removeprefix("Bearer ")
+    try:
+        key = jwt.PyJWKClient(f"{args.issuer}/jwks").get_signing_key_from_jwt(token)
+        jwt.decode(token, key.key, algorithms=["RS256", "PS256", "ES256"], audience=args.audience, issuer=args.issuer)
+        return True
+    except Exception:  # noqa: BLE001 - any failure is a refusal
+        return False
+
+
 def guarded(inner):
     """Refuse what does not carry the token (when there is one); note what was sent."""
 
@@ -87,7 +116,9 @@ def guarded(inner):
             got = headers.get("authorization", "")
             seen["authorization"].append(got)
             seen.setdefault("x-api-key", []).append(headers.get("x-api-key", ""))
-            if args.token and got != f"Bearer {args.token}":
+            current["authorization"] = got
+            refused = (args.token and got != f"Bearer {args.token}") or (args.issuer and not jwt_ok(got)) or got in rejected
+            if refused:
                 await send({"type": "http.response.start", "status": 401, "headers": [(b"content-type", b"application/json")]})
                 await send({"type": "http.response.body", "body": b'{"error":"unauthorized"}'})
                 return

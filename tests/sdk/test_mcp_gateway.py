@@ -428,3 +428,66 @@ def test_a_server_on_the_older_sse_transport_is_listed_called_with_progress_and_
         return progress
 
     assert asyncio.run(run()) == [1.0, 2.0]
+
+
+@pytest.fixture(scope="module")
+def oauth():
+    """tollgate in front of a server that takes JWT access tokens of a real OpenID provider
+    (`oidc-provider`), which tollgate gets with the client-credentials grant."""
+    from pysupport.oidc import MODULES, OidcProvider
+
+    if not os.path.isdir(os.path.join(MODULES, "oidc-provider")):
+        if os.environ.get("TOLLGATE_OIDC_REQUIRED"):
+            pytest.fail("TOLLGATE_OIDC_REQUIRED=1 but oidc-provider is missing")
+        pytest.skip("oidc-provider is not installed (tests/run_all.sh installs it)")
+    tmp = tempfile.mkdtemp(prefix="tollgate-mcp-oauth-")
+    audience = "https://vault.example/mcp"
+    idp = OidcProvider({}, audience, mcp_secret="mcp-gateway-secret-0123456789")
+    server_port, gw_port = free_port(), free_port()
+    procs = []
+    try:
+        server = subprocess.Popen([sys.executable, os.path.join(HERE, "mcp_server.py"), "vault", str(server_port), "--issuer", idp.issuer, "--audience", audience])
+        procs.append(server)
+        wait_listening(server_port, server, "MCP server vault")
+        config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+providers: []
+mcp:
+  servers:
+    - name: vault
+      url: http://127.0.0.1:{server_port}/mcp
+      auth: {{ oauth: {{ token_url: "{idp.issuer}/token", client_id: mcp-gateway, client_secret_env: VAULT_CLIENT_SECRET }} }}
+keys:
+  - {{ key: {KEY}, name: all-tools, balance: 1.0 }}
+"""
+        procs.append(start_tollgate(BIN_DIR, tmp, config, [gw_port], env={"VAULT_CLIENT_SECRET": "mcp-gateway-secret-0123456789"}))
+        yield Env(f"http://127.0.0.1:{gw_port}", None, server_port)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        idp.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_server_behind_oauth_gets_a_client_credentials_token_kept_and_fetched_again_when_refused(oauth):
+    import jwt
+
+    async def run():
+        async with oauth.client() as client:
+            assert texts(await client.call_tool("vault__search", {"query": "a"})) == ["vault found 'a'"]
+            assert texts(await client.call_tool("vault__search", {"query": "b"})) == ["vault found 'b'"]
+            first = json.loads(texts(await client.call_tool("vault__count_calls", {}))[0])["authorization"]
+            # The server revokes the token: tollgate is refused (401), fetches another, goes on.
+            await client.call_tool("vault__reject_token", {})
+            assert texts(await client.call_tool("vault__search", {"query": "c"})) == ["vault found 'c'"]
+            second = json.loads(texts(await client.call_tool("vault__count_calls", {}))[0])["authorization"]
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert len(first) == 1, "one token for every call while it is good"
+    claims = jwt.decode(first[0].removeprefix("Bearer "), options={"verify_signature": False})
+    assert claims["client_id"] == "mcp-gateway" and claims["aud"] == "https://vault.example/mcp", claims
+    assert len(second) == 2 and first[0] in second, "a second token once the first was refused"
