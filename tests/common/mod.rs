@@ -497,3 +497,17 @@ pub fn form(fields: &[(&str, &str)], files: &[(&str, &str, &str, Vec<u8>)]) -> (
     body.extend_from_slice(format!("--{boundary}--\r\n").as_bytes());
     (format!("multipart/form-data; boundary={boundary}"), body)
 }
+
+/// Poll `check` until it holds (20 s at most): for what the gateway writes where no event
+/// tells of it, such as a line of its log file.
+pub async fn until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

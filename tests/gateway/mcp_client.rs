@@ -49,3 +49,71 @@ async fn the_client_lists_and_calls_with_progress_and_survives_a_forgotten_sessi
     assert_eq!(inits, 1, "the restarted mock saw one new handshake");
     server.close().await;
 }
+
+/// `/mcp`'s wire at its edges, against the mock's MCP server: what is not a single JSON-RPC
+/// request (GET, a batch, not JSON, a notification), a request outside a session, a revision
+/// it does not speak, an endpoint of a gateway without servers, and the access log's line of a
+/// tool call (its tool, server, cost; not its arguments).
+#[tokio::test]
+async fn the_mcp_endpoint_answers_what_is_not_a_request_and_logs_each_tool_call() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&format!(
+        "{}mcp:\n  servers:\n    - {{ name: mock, url: \"{}\", prices: {{ per_call: 0.25 }} }}\n",
+        standard_config(mock.port),
+        mock.url("/mcp")
+    ));
+    let c = client();
+    let post = |body: Value, session: Option<&str>| {
+        let mut req = c
+            .post(gw.url("/mcp"))
+            .bearer_auth(CLIENT_KEY)
+            .header("accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(s) = session {
+            req = req.header("mcp-session-id", s);
+        }
+        req.send()
+    };
+    let got = c.get(gw.url("/mcp")).bearer_auth(CLIENT_KEY).send().await.unwrap();
+    assert_eq!((got.status().as_u16(), got.headers()["allow"].to_str().unwrap()), (405, "POST, DELETE"));
+    let batch = post(json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]), None).await.unwrap();
+    assert_eq!(batch.status().as_u16(), 400);
+    let not_json = c.post(gw.url("/mcp")).bearer_auth(CLIENT_KEY).body("{nope").send().await.unwrap();
+    assert_eq!(not_json.status().as_u16(), 400);
+    assert_eq!(not_json.json::<Value>().await.unwrap()["error"]["code"], -32700);
+    let note = post(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}), None).await.unwrap();
+    assert_eq!(note.status().as_u16(), 202);
+    let outside = post(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}), None).await.unwrap();
+    assert_eq!(outside.status().as_u16(), 400, "no session, no envelope");
+    let unknown = post(json!({"jsonrpc": "2.0", "id": 3, "method": "tools/list"}), Some("not-a-session")).await.unwrap();
+    assert_eq!(unknown.status().as_u16(), 404);
+    let future = post(json!({"jsonrpc": "2.0", "id": 4, "method": "tools/list", "params": {"_meta": {"io.modelcontextprotocol/protocolVersion": "2099-01-01"}}}), None)
+        .await
+        .unwrap();
+    assert_eq!(future.status().as_u16(), 400);
+    let e: Value = future.json().await.unwrap();
+    assert_eq!((e["error"]["code"].as_i64(), &e["error"]["data"]["supported"]), (Some(-32022), &json!(["2026-07-28"])));
+    // A session, a call, its line in the access log.
+    let init = post(json!({"jsonrpc": "2.0", "id": 5, "method": "initialize", "params": {"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}), None)
+        .await
+        .unwrap();
+    let session = init.headers()["mcp-session-id"].to_str().unwrap().to_string();
+    assert_eq!(init.json::<Value>().await.unwrap()["result"]["protocolVersion"], "2025-03-26");
+    let call = post(json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "mock__echo", "arguments": {"text": "the-secret-argument"}}}), Some(&session))
+        .await
+        .unwrap();
+    assert_eq!(call.json::<Value>().await.unwrap()["result"]["content"][0]["text"], "the-secret-argument");
+    let closed = c.delete(gw.url("/mcp")).bearer_auth(CLIENT_KEY).header("mcp-session-id", &session).send().await.unwrap();
+    assert_eq!(closed.status().as_u16(), 200);
+    let after = post(json!({"jsonrpc": "2.0", "id": 7, "method": "tools/list"}), Some(&session)).await.unwrap();
+    assert_eq!(after.status().as_u16(), 404, "a closed session is gone");
+    until("the tool call's access line", || async { gw.log().contains("route=mcp_tool_call") }).await;
+    let log = gw.log();
+    let line = log.lines().find(|l| l.contains("route=mcp_tool_call")).unwrap();
+    assert!(line.contains("model=\"mock__echo\"") && line.contains("provider=\"mock\"") && line.contains("cost_usd=0.250000000"), "{line}");
+    assert!(!log.contains("the-secret-argument"), "arguments never reach the log");
+    // A gateway without servers: the endpoint is not there.
+    let bare = start_gateway(&standard_config(mock.port));
+    let none = c.post(bare.url("/mcp")).bearer_auth(CLIENT_KEY).json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})).send().await.unwrap();
+    assert_eq!(none.status().as_u16(), 404);
+}

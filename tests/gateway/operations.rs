@@ -5,7 +5,7 @@
 use crate::common::*;
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const ADMIN_TOKEN: &str = "admin-token-ops-0001";
 
@@ -16,18 +16,6 @@ fn config(mock_port: u16, admin_port: u16) -> String {
 async fn model_ids(gw: &Gateway, key: &str) -> Vec<String> {
     let v: Value = client().get(gw.url("/v1/models")).bearer_auth(key).send().await.expect("models").json().await.expect("json");
     v["data"].as_array().map(|d| d.iter().filter_map(|m| m["id"].as_str().map(str::to_string)).collect()).unwrap_or_default()
-}
-
-async fn until<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]
