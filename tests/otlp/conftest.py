@@ -120,6 +120,9 @@ prices:
   gamma-3.5-flash: {{ input: 0.5, output: 1.5 }}
   beta-bedrock-4-6: {{ input: 3.0, output: 15.0 }}
 forward_headers: ["x-mock-*", "x-test-tag"]
+mcp:
+  servers:
+    - {{ name: mock, url: "http://127.0.0.1:{mock_port}/mcp", prices: {{ per_call: 0.002 }} }}
 keys:
   - {{ key: {CLIENT_KEY}, name: otlp-team, group: default, balance: 5.0, tags: {{ team: research }} }}
   - {{ key: {POOR_KEY}, name: otlp-poor, group: default, balance: 0.0 }}

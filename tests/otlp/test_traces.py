@@ -288,3 +288,23 @@ def test_a_media_call_is_traced_under_its_endpoint_with_its_cost(stack):
     assert a["tollgate.cost_usd"] > 0 and a["tollgate.estimated"] is False
     assert a["gen_ai.usage.output_tokens"] == image.usage.output_tokens
     no_content_or_secret(stack, image.data[0].b64_json[:64])
+
+
+def test_a_tool_call_has_a_client_span_with_the_mcp_attributes(stack):
+    headers = {"Authorization": f"Bearer {CLIENT_KEY}", "accept": "application/json, text/event-stream"}
+    init = httpx.post(stack.url + "/mcp", headers=headers, json={"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
+    headers["mcp-session-id"] = init.headers["mcp-session-id"]
+    secret = "the-secret-tool-argument"
+    r = httpx.post(stack.url + "/mcp", headers=headers, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": {"name": "mock__echo", "arguments": {"text": secret}}})
+    assert r.json()["result"]["content"][0]["text"] == secret
+    server, clients = request_spans(stack.receiver, r.headers["x-request-id"])
+    a, c = attrs(server), attrs(clients[0])
+    assert server.name == "execute_tool mock__echo" and clients[0].name == "tools/call echo"
+    assert a["http.route"] == "mcp_tool_call" and a["gen_ai.operation.name"] == "execute_tool" and a["tollgate.cost_usd"] == 0.002
+    assert c["mcp.method.name"] == "tools/call" and c["gen_ai.tool.name"] == "echo" and c["gen_ai.operation.name"] == "execute_tool"
+    assert c["mcp.protocol.version"] == "2025-06-18" and c["mcp.session.id"] and c["tollgate.mcp.server"] == "mock"
+    assert c["server.address"] == "127.0.0.1" and "error.type" not in c
+    assert server.start_time_unix_nano <= clients[0].start_time_unix_nano <= clients[0].end_time_unix_nano <= server.end_time_unix_nano
+    no_content_or_secret(stack, secret)
