@@ -72,8 +72,10 @@ class Peer:
         body, _ = self.post("tools/call", {"name": name, "arguments": args})
         took = time.perf_counter() - t
         text = body.decode()
-        if "data:" in text[:20]:
-            text = text.split("data:", 1)[1]
+        if not text.lstrip().startswith("{"):
+            # An SSE answer: the message among its events that is the response.
+            datas = [l[5:].strip() for l in text.splitlines() if l.startswith("data:") and l[5:].strip()]
+            text = next(d for d in datas if '"result"' in d)
         assert json.loads(text)["result"]["isError"] is False, text
         return took
 

@@ -290,28 +290,42 @@ impl Hub {
         Ok((i, tool))
     }
 
-    /// Every server's prompts, named `server__prompt`.
-    pub async fn prompts(&self, session: &Session) -> Vec<Value> {
+    /// Every server's prompts the key may see (`allows`, by prefixed name, as tools), named
+    /// `server__prompt`.
+    pub async fn prompts(&self, session: &Session, allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
         let mut out = Vec::new();
         for (i, prompts) in self.from_each(session, "prompts/list", "prompts").await {
-            out.extend(crate::protocol::mcp::prefix_tools(&self.upstreams[i].config.name, &prompts, |_| true));
+            out.extend(crate::protocol::mcp::prefix_tools(&self.upstreams[i].config.name, &prompts, allows));
         }
         out
     }
 
-    /// The server (its index) and the prompt of a prefixed prompt name.
-    pub fn prompt<'a>(&self, name: &'a str) -> Result<(usize, &'a str), Unknown> {
+    /// The server (its index) and the prompt of a prefixed prompt name the key may get.
+    pub fn prompt<'a>(&self, name: &'a str, allows: &dyn Fn(&str) -> bool) -> Result<(usize, &'a str), Unknown> {
         let unknown = || Unknown(format!("Unknown prompt: '{name}'."));
         let (server, prompt) = split(name).ok_or_else(unknown)?;
         let i = self.upstreams.iter().position(|u| u.config.name == server).ok_or_else(unknown)?;
+        if !allows(name) {
+            return Err(unknown());
+        }
         Ok((i, prompt))
     }
 
-    /// Every server's resources (or resource templates: `field` `resourceTemplates`), as they
-    /// name them; each resource's server is remembered for `resources/read`.
-    pub async fn resources(&self, session: &Session, method: &str, field: &str) -> Vec<Value> {
+    /// Whether the key's rules (`allows`, over prefixed names) give it server `i` whole — every
+    /// name `server__…` —: only then are its resources the key's.
+    fn whole_server(&self, i: usize, allows: &dyn Fn(&str) -> bool) -> bool {
+        allows(&prefixed(&self.upstreams[i].config.name, ""))
+    }
+
+    /// The resources (or resource templates: `field` `resourceTemplates`) of every server the
+    /// key has whole (see `whole_server`), as they name them; each resource's server is
+    /// remembered for `resources/read`.
+    pub async fn resources(&self, session: &Session, method: &str, field: &str, allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
         let mut out = Vec::new();
         for (i, items) in self.from_each(session, method, field).await {
+            if !self.whole_server(i, allows) {
+                continue;
+            }
             let mut owners = lock(&session.resources);
             for r in &items {
                 if let Some(uri) = r.get("uri").and_then(Value::as_str) {
@@ -324,15 +338,16 @@ impl Hub {
         out
     }
 
-    /// Read resource `uri`: from the server that listed it, else from each server in turn until
-    /// one has it.
-    pub async fn read_resource(&self, session: &Session, params: Value) -> Result<Value, McpError> {
+    /// Read resource `uri`: from the server that listed it, else from each server the key has
+    /// whole in turn until one has it.
+    pub async fn read_resource(&self, session: &Session, params: Value, allows: &(dyn Fn(&str) -> bool + Sync)) -> Result<Value, McpError> {
         let uri = params.get("uri").and_then(Value::as_str).unwrap_or_default().to_string();
         let known = lock(&session.resources).get(&uri).copied();
         let order: Vec<usize> = match known {
             Some(i) => vec![i],
             None => (0..self.upstreams.len()).collect(),
         };
+        let order: Vec<usize> = order.into_iter().filter(|i| self.whole_server(*i, allows)).collect();
         let mut last = McpError::Rpc { code: -32002, message: format!("Resource not found: {uri}") };
         for i in order {
             match session.servers[i].request("resources/read", params.clone(), &mut |_| {}).await {

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 /// The largest unfinished SSE event, or JSON answer, taken from a server.
 const MAX_MESSAGE: usize = 16 << 20;
+/// How long the rest of an SSE answer is read after its response (see `read_answer`).
+const DRAIN: Duration = Duration::from_millis(200);
 
 /// Why a call to a server failed.
 #[derive(Debug, Clone, PartialEq)]
@@ -155,6 +157,15 @@ impl Server {
                 if found.is_some() {
                     break;
                 }
+            }
+            // The server closes the stream after the response (as the transport asks): its end
+            // is read, briefly and after the answer went on, so the connection goes back to the
+            // pool instead of being dropped (a new connection for every call costs more than the
+            // call: benches/mcp/latency.py).
+            if found.is_some() {
+                tokio::spawn(async move {
+                    let _ = tokio::time::timeout(DRAIN, async { while let Some(Ok(_)) = body.next().await {} }).await;
+                });
             }
             found
         } else {

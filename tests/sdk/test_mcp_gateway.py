@@ -198,6 +198,13 @@ def test_a_tool_outside_the_keys_rules_or_its_servers_is_neither_listed_nor_call
                 with pytest.raises(MCPError) as refused:
                     await client.call_tool(name, {"query": "x"})
                 assert refused.value.error.code == -32602 and "Unknown tool" in refused.value.error.message
+            # Prompts follow the same rules by name; resources are the servers' the key has whole.
+            assert [p.name for p in (await client.list_prompts()).prompts] == ["calc__summarize"]
+            with pytest.raises(MCPError):
+                await client.get_prompt("docs__summarize", {"topic": "x"})
+            assert [str(r.uri) for r in (await client.list_resources()).resources] == ["calc://readme"]
+            with pytest.raises(MCPError):
+                await client.read_resource("docs://readme")
         async with env.client(mode=mode) as client:
             with pytest.raises(MCPError):
                 await client.call_tool("docs__drop_everything", {})

@@ -6,7 +6,8 @@
 //!
 //! * `initialize` is answered here (a session of the key's; tollgate's own capabilities);
 //!   `tools/list` is the union of the servers' tools the key may see, `server__tool`;
-//!   `prompts/*` and `resources/*` pass through per server.
+//!   `prompts/*` (`server__prompt`, under the key's `tools` rules as tools are) and
+//!   `resources/*` (of the servers the key's rules give it whole: `server__*`) pass through.
 //! * `tools/call` goes to the tool's server with the server's credentials: refused with the
 //!   protocol's error when the key's `tools` or the server's `tools` exclude it, counted against
 //!   the key's `tool_rpm` and `max_concurrent`, its server's `per_call` price held and booked
@@ -184,10 +185,10 @@ impl Gateway {
                 let call = ToolCall { hub, session: &s, key, routing, id: &id, params: &params, bytes_in: body.len() as u64, sse: accepts_sse, modern };
                 return self.tool_call(session, ctx, call).await;
             }
-            "prompts/list" => rpc_result(&id, json!({"prompts": hub.prompts(&s).await})),
+            "prompts/list" => rpc_result(&id, json!({"prompts": hub.prompts(&s, &allows).await})),
             "prompts/get" => {
                 let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
-                match hub.prompt(name) {
+                match hub.prompt(name, &allows) {
                     Ok((i, _)) => match s.server(i).request(method, crate::mcp::hub::unprefixed(&params, "name"), &mut |_| {}).await {
                         Ok(v) => rpc_result(&id, v),
                         Err(e) => upstream_error(&id, &hub.upstreams[i].config.name, &e),
@@ -195,13 +196,14 @@ impl Gateway {
                     Err(u) => rpc_error(&id, INVALID_PARAMS, &u.0, None),
                 }
             }
-            "resources/list" => rpc_result(&id, json!({"resources": hub.resources(&s, method, "resources").await})),
+            "resources/list" => rpc_result(&id, json!({"resources": hub.resources(&s, method, "resources", &allows).await})),
             "resources/templates/list" => {
-                rpc_result(&id, json!({"resourceTemplates": hub.resources(&s, method, "resourceTemplates").await}))
+                rpc_result(&id, json!({"resourceTemplates": hub.resources(&s, method, "resourceTemplates", &allows).await}))
             }
-            "resources/read" => match hub.read_resource(&s, params).await {
+            "resources/read" => match hub.read_resource(&s, params, &allows).await {
                 Ok(v) => rpc_result(&id, v),
-                Err(e) => upstream_error(&id, "-", &e),
+                Err(e @ McpError::Rpc { .. }) => upstream_error(&id, "-", &e),
+                Err(e) => rpc_error(&id, SERVER_ERROR, &format!("The resource could not be read: {e}"), None),
             },
             _ => rpc_error(&id, METHOD_NOT_FOUND, &format!("Method not found: {method}"), None),
         };
