@@ -180,7 +180,8 @@ impl Limits {
     /// in a fleet the fleet's count, under the key's id with `#tools`).
     pub async fn admit_tool_call(&self, key: &KeyRecord) -> Result<(), ApiError> {
         let Some(rpm) = key.policy.tool_rpm else { return Ok(()) };
-        let refused = |retry_after| rate_limited(format!("Rate limit reached: {rpm} tool calls per minute for this key. Retry later."), retry_after);
+        let refused =
+            |retry_after| rate_limited(format!("Rate limit reached: {rpm} tool calls per minute for this key. Retry later."), retry_after);
         if let Some(fleet) = &self.fleet {
             use crate::store::postgres::rates::Admission;
             return match Box::pin(fleet.rates.admit_request(&format!("{}#tools", key.id), rpm)).await {

@@ -25,7 +25,12 @@ pub enum McpAuth {
     Headers(Vec<(String, String)>),
     /// The OAuth 2.0 client-credentials grant: a token fetched from `token_url` and sent as a
     /// bearer token until it expires (or the server refuses it: 401).
-    ClientCredentials { token_url: String, client_id: String, client_secret: String, scope: Option<String> },
+    ClientCredentials {
+        token_url: String,
+        client_id: String,
+        client_secret: String,
+        scope: Option<String>,
+    },
 }
 
 /// One server.

@@ -238,7 +238,7 @@ impl Hub {
 
     /// `method`'s result from every server at once (a listing, all pages), each server's items
     /// of `field`; a server that fails is left out with a warning.
-    async fn from_each(&self, session: &Session, method: &str, field: &str) -> Vec<(usize, Vec<Value>)> {
+    async fn ask_each(&self, session: &Session, method: &str, field: &str) -> Vec<(usize, Vec<Value>)> {
         let asks = self.upstreams.iter().enumerate().map(|(i, u)| async move {
             let mut items = Vec::new();
             let mut cursor: Option<String> = None;
@@ -252,7 +252,11 @@ impl Hub {
                         return (i, Vec::new());
                     }
                     Err(_) => {
-                        log::warn!("MCP server '{}': {method}: no answer in {}s; left out of the listing", u.config.name, LIST_WAIT.as_secs());
+                        log::warn!(
+                            "MCP server '{}': {method}: no answer in {}s; left out of the listing",
+                            u.config.name,
+                            LIST_WAIT.as_secs()
+                        );
                         return (i, Vec::new());
                     }
                 };
@@ -271,9 +275,10 @@ impl Hub {
     /// applied first, named `server__tool`.
     pub async fn tools(&self, session: &Session, allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
         let mut out = Vec::new();
-        for (i, tools) in self.from_each(session, "tools/list", "tools").await {
+        for (i, tools) in self.ask_each(session, "tools/list", "tools").await {
             let u = &self.upstreams[i];
-            let shown: Vec<Value> = tools.into_iter().filter(|t| t.get("name").and_then(Value::as_str).is_some_and(|n| u.shows(n))).collect();
+            let shown: Vec<Value> =
+                tools.into_iter().filter(|t| t.get("name").and_then(Value::as_str).is_some_and(|n| u.shows(n))).collect();
             out.extend(crate::protocol::mcp::prefix_tools(&u.config.name, &shown, allows));
         }
         out
@@ -294,7 +299,7 @@ impl Hub {
     /// `server__prompt`.
     pub async fn prompts(&self, session: &Session, allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
         let mut out = Vec::new();
-        for (i, prompts) in self.from_each(session, "prompts/list", "prompts").await {
+        for (i, prompts) in self.ask_each(session, "prompts/list", "prompts").await {
             out.extend(crate::protocol::mcp::prefix_tools(&self.upstreams[i].config.name, &prompts, allows));
         }
         out
@@ -322,7 +327,7 @@ impl Hub {
     /// remembered for `resources/read`.
     pub async fn resources(&self, session: &Session, method: &str, field: &str, allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
         let mut out = Vec::new();
-        for (i, items) in self.from_each(session, method, field).await {
+        for (i, items) in self.ask_each(session, method, field).await {
             if !self.whole_server(i, allows) {
                 continue;
             }

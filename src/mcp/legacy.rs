@@ -158,7 +158,13 @@ impl SseServer {
 
     /// Send request `method` on `stream` and wait for its answer on the stream, handing each
     /// notification of it (progress) to `notify` as it comes.
-    async fn exchange(&self, stream: &Stream, method: &str, params: Value, notify: &mut (dyn FnMut(&Value) + Send)) -> Result<Value, McpError> {
+    async fn exchange(
+        &self,
+        stream: &Stream,
+        method: &str,
+        params: Value,
+        notify: &mut (dyn FnMut(&Value) + Send),
+    ) -> Result<Value, McpError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let key = id.to_string();
         let (answer_tx, mut answer) = oneshot::channel();

@@ -276,13 +276,8 @@ impl Metrics {
     /// `tollgate_mcp_tool_call_seconds{server,tool}`.
     pub fn tool_call(&self, server: &str, tool: &str, outcome: &str, took: Duration) {
         self.counter("tollgate_mcp_tool_calls_total", &[("server", server), ("tool", tool), ("outcome", outcome)]).add(1);
-        let h = self
-            .tool_seconds
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry((server.to_string(), tool.to_string()))
-            .or_default()
-            .clone();
+        let h =
+            self.tool_seconds.lock().unwrap_or_else(|p| p.into_inner()).entry((server.to_string(), tool.to_string())).or_default().clone();
         h.observe(took);
     }
 

@@ -64,11 +64,7 @@ async fn the_mcp_endpoint_answers_what_is_not_a_request_and_logs_each_tool_call(
     ));
     let c = client();
     let post = |body: Value, session: Option<&str>| {
-        let mut req = c
-            .post(gw.url("/mcp"))
-            .bearer_auth(CLIENT_KEY)
-            .header("accept", "application/json, text/event-stream")
-            .json(&body);
+        let mut req = c.post(gw.url("/mcp")).bearer_auth(CLIENT_KEY).header("accept", "application/json, text/event-stream").json(&body);
         if let Some(s) = session {
             req = req.header("mcp-session-id", s);
         }
@@ -114,6 +110,7 @@ async fn the_mcp_endpoint_answers_what_is_not_a_request_and_logs_each_tool_call(
     assert!(!log.contains("the-secret-argument"), "arguments never reach the log");
     // A gateway without servers: the endpoint is not there.
     let bare = start_gateway(&standard_config(mock.port));
-    let none = c.post(bare.url("/mcp")).bearer_auth(CLIENT_KEY).json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})).send().await.unwrap();
+    let none =
+        c.post(bare.url("/mcp")).bearer_auth(CLIENT_KEY).json(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})).send().await.unwrap();
     assert_eq!(none.status().as_u16(), 404);
 }

@@ -112,7 +112,8 @@ impl Gateway {
             }
             // No stream of server-initiated messages: tollgate sends none outside a request.
             _ => {
-                let mut r = LocalResponse::json(405, &rpc_error(&Value::Null, INVALID_REQUEST, "Method not allowed: POST or DELETE.", None));
+                let mut r =
+                    LocalResponse::json(405, &rpc_error(&Value::Null, INVALID_REQUEST, "Method not allowed: POST or DELETE.", None));
                 r.headers.push(("allow", "POST, DELETE".into()));
                 return Ok(Outcome::Respond(r));
             }
@@ -121,7 +122,12 @@ impl Gateway {
         let body = crate::edge::body::read(session, &self.body).await?.bytes;
         let message: Value = match serde_json::from_slice(&body) {
             Ok(m) => m,
-            Err(_) => return Ok(Outcome::Respond(LocalResponse::json(400, &rpc_error(&Value::Null, PARSE_ERROR, "Parse error: the body is not JSON.", None)))),
+            Err(_) => {
+                return Ok(Outcome::Respond(LocalResponse::json(
+                    400,
+                    &rpc_error(&Value::Null, PARSE_ERROR, "Parse error: the body is not JSON.", None),
+                )))
+            }
         };
         if message.is_array() {
             let e = rpc_error(&Value::Null, INVALID_REQUEST, "JSON-RPC batches are not accepted: send one message per request.", None);
@@ -129,52 +135,18 @@ impl Gateway {
         }
         let (Some(method), Some(id)) = (message.get("method").and_then(Value::as_str), message.get("id")) else {
             // A notification or a response: nothing to answer.
-            return Ok(Outcome::Respond(LocalResponse { status: 202, body: Bytes::new(), content_type: "application/json", headers: Vec::new() }));
+            return Ok(Outcome::Respond(LocalResponse {
+                status: 202,
+                body: Bytes::new(),
+                content_type: "application/json",
+                headers: Vec::new(),
+            }));
         };
         let id = id.clone();
         let params = message.get("params").cloned().unwrap_or_else(|| json!({}));
-        if method == "initialize" {
-            let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or_default();
-            let version = crate::protocol::mcp::negotiate(asked);
-            let s = hub.open(&key.id, version);
-            let result = json!({
-                "protocolVersion": version,
-                "capabilities": capabilities(),
-                "serverInfo": {"name": "tollgate", "version": crate::VERSION},
-                "instructions": INSTRUCTIONS,
-            });
-            let mut r = LocalResponse::json(200, &rpc_result(&id, result));
-            r.headers.push(("mcp-session-id", s.id.clone()));
-            return Ok(Outcome::Respond(r));
-        }
-        // The stateless revision: a request that names it in its envelope and carries no session.
-        let envelope = crate::protocol::mcp::envelope_version(&params).filter(|_| session_id.is_none()).map(str::to_string);
-        if let Some(v) = envelope.as_deref().filter(|v| *v != MODERN_VERSION) {
-            let data = json!({"supported": [MODERN_VERSION], "requested": v});
-            return Ok(Outcome::Respond(LocalResponse::json(400, &rpc_error(&id, UNSUPPORTED_VERSION, "Unsupported protocol version.", Some(data)))));
-        }
-        let modern = envelope.is_some();
-        if method == "server/discover" {
-            if !modern {
-                return Ok(answered(&rpc_error(&id, INVALID_REQUEST, "server/discover names its protocol version in _meta.", None)));
-            }
-            let mut result = json!({"supportedVersions": [MODERN_VERSION], "capabilities": capabilities(), "instructions": INSTRUCTIONS,
-                "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "tollgate", "version": crate::VERSION}}});
-            crate::protocol::mcp::modern_result(method, &mut result);
-            return Ok(answered(&rpc_result(&id, result)));
-        }
-        let s = if modern {
-            hub.stateless(&key.id, MODERN_VERSION)
-        } else {
-            let Some(id_given) = session_id else {
-                let e = rpc_error(&id, INVALID_REQUEST, "Bad Request: no Mcp-Session-Id; send initialize first.", None);
-                return Ok(Outcome::Respond(LocalResponse::json(400, &e)));
-            };
-            let Some(s) = hub.session(&id_given, &key.id) else {
-                let e = rpc_error(&id, -32001, "Session not found: start a new one with initialize.", None);
-                return Ok(Outcome::Respond(LocalResponse::json(404, &e)));
-            };
-            s
+        let (s, modern) = match session_for(hub, &key.id, session_id, method, &id, &params) {
+            Ok(found) => found,
+            Err(answer) => return Ok(answer),
         };
         let params = crate::protocol::mcp::without_envelope(&params);
         let allows = |name: &str| key.policy.allows_tool(name);
@@ -182,7 +154,17 @@ impl Gateway {
             "ping" | "logging/setLevel" => rpc_result(&id, json!({})),
             "tools/list" => rpc_result(&id, json!({"tools": hub.tools(&s, &allows).await})),
             "tools/call" => {
-                let call = ToolCall { hub, session: &s, key, routing, id: &id, params: &params, bytes_in: body.len() as u64, sse: accepts_sse, modern };
+                let call = ToolCall {
+                    hub,
+                    session: &s,
+                    key,
+                    routing,
+                    id: &id,
+                    params: &params,
+                    bytes_in: body.len() as u64,
+                    sse: accepts_sse,
+                    modern,
+                };
                 return self.tool_call(session, ctx, call).await;
             }
             "prompts/list" => rpc_result(&id, json!({"prompts": hub.prompts(&s, &allows).await})),
@@ -261,7 +243,9 @@ impl Gateway {
         };
         let took = started.elapsed();
         let (reply, outcome, status) = match &answer {
-            Ok(result) if result.get("isError").and_then(Value::as_bool) == Some(true) => (rpc_result(id, result.clone()), "tool_error", 200),
+            Ok(result) if result.get("isError").and_then(Value::as_bool) == Some(true) => {
+                (rpc_result(id, result.clone()), "tool_error", 200)
+            }
             Ok(result) => (rpc_result(id, result.clone()), "ok", 200),
             Err(e @ McpError::Rpc { .. }) => (upstream_error(id, &facts.server, e), "rpc_error", 200),
             Err(e) => (upstream_error(id, &facts.server, e), "unreachable", 502),
@@ -333,7 +317,12 @@ impl Gateway {
     /// the answer, and whether the client is still there to be given it. A client that leaves
     /// does not end the call: the server's answer is awaited all the same (and billed), as the
     /// tool runs on whether or not anyone reads.
-    async fn tool_call_streamed(&self, session: &mut Session, server: &crate::mcp::hub::Link, params: Value) -> (Result<Value, McpError>, bool) {
+    async fn tool_call_streamed(
+        &self,
+        session: &mut Session,
+        server: &crate::mcp::hub::Link,
+        params: Value,
+    ) -> (Result<Value, McpError>, bool) {
         let mut present = match ResponseHeader::build(200, Some(3)) {
             Ok(mut header) => {
                 let _ = header.insert_header(http::header::CONTENT_TYPE, "text/event-stream");
@@ -368,6 +357,67 @@ impl Gateway {
 /// One message as an SSE event.
 fn sse_event(message: &Value) -> Bytes {
     Bytes::from(format!("event: message\ndata: {message}\n\n"))
+}
+
+/// The session a request is served in: a new one for `initialize` (answered here, as is
+/// `server/discover`: `Err` holds such answers and refusals), the key's stateless one for a
+/// request of the stateless revision, else the one its `Mcp-Session-Id` names; and whether the
+/// request is of the stateless revision.
+fn session_for(
+    hub: &Hub,
+    key_id: &str,
+    session_id: Option<String>,
+    method: &str,
+    id: &Value,
+    params: &Value,
+) -> Result<(Arc<McpSession>, bool), Outcome> {
+    if method == "initialize" {
+        let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or_default();
+        let version = crate::protocol::mcp::negotiate(asked);
+        let s = hub.open(key_id, version);
+        let result = json!({
+            "protocolVersion": version,
+            "capabilities": capabilities(),
+            "serverInfo": {"name": "tollgate", "version": crate::VERSION},
+            "instructions": INSTRUCTIONS,
+        });
+        let mut r = LocalResponse::json(200, &rpc_result(id, result));
+        r.headers.push(("mcp-session-id", s.id.clone()));
+        return Err(Outcome::Respond(r));
+    }
+    // The stateless revision: a request that names it in its envelope and carries no session.
+    let envelope = crate::protocol::mcp::envelope_version(params).filter(|_| session_id.is_none()).map(str::to_string);
+    if let Some(v) = envelope.as_deref().filter(|v| *v != MODERN_VERSION) {
+        let data = json!({"supported": [MODERN_VERSION], "requested": v});
+        return Err(Outcome::Respond(LocalResponse::json(
+            400,
+            &rpc_error(id, UNSUPPORTED_VERSION, "Unsupported protocol version.", Some(data)),
+        )));
+    }
+    let modern = envelope.is_some();
+    if method == "server/discover" {
+        if !modern {
+            return Err(answered(&rpc_error(id, INVALID_REQUEST, "server/discover names its protocol version in _meta.", None)));
+        }
+        let mut result = json!({"supportedVersions": [MODERN_VERSION], "capabilities": capabilities(), "instructions": INSTRUCTIONS,
+            "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "tollgate", "version": crate::VERSION}}});
+        crate::protocol::mcp::modern_result(method, &mut result);
+        return Err(answered(&rpc_result(id, result)));
+    }
+    let s = if modern {
+        hub.stateless(key_id, MODERN_VERSION)
+    } else {
+        let Some(id_given) = session_id else {
+            let e = rpc_error(id, INVALID_REQUEST, "Bad Request: no Mcp-Session-Id; send initialize first.", None);
+            return Err(Outcome::Respond(LocalResponse::json(400, &e)));
+        };
+        let Some(s) = hub.session(&id_given, key_id) else {
+            let e = rpc_error(id, -32001, "Session not found: start a new one with initialize.", None);
+            return Err(Outcome::Respond(LocalResponse::json(404, &e)));
+        };
+        s
+    };
+    Ok((s, modern))
 }
 
 /// What `tool_call` is given.
