@@ -2,7 +2,7 @@
 //! OAuth 2.0 client-credentials grant, fetched when needed and kept until shortly before it
 //! expires (or the server refuses it). Never a client's key.
 
-use super::upstream::McpError;
+use super::error::McpError;
 use std::time::{Duration, Instant};
 
 /// A token is fetched again this long before its `expires_in` ends.

@@ -5,8 +5,9 @@
 //! others —; a tool or prompt is named `server__name` and goes to its server.
 
 use super::auth::Credentials;
+use super::error::McpError;
 use super::legacy::SseServer;
-use super::upstream::{McpError, Server};
+use super::upstream::Server;
 use crate::config::{McpConfig, McpServerConfig, McpTransport};
 use crate::protocol::mcp::{prefixed, split};
 use hashbrown::HashMap;

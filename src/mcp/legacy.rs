@@ -5,7 +5,7 @@
 //! that were waiting on a stream that ended fail as unreachable.
 
 use super::auth::Credentials;
-use super::upstream::McpError;
+use super::error::McpError;
 use crate::protocol::mcp::Events;
 use futures_util::StreamExt;
 use hashbrown::HashMap;

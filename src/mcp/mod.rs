@@ -13,6 +13,7 @@
 //!   and the union of what the servers offer (tools and prompts named `server__name`).
 
 pub mod auth;
+pub mod error;
 pub mod hub;
 pub mod legacy;
 pub mod upstream;

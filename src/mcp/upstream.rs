@@ -1,6 +1,7 @@
 //! One MCP server, as the gateway calls it.
 
 use super::auth::Credentials;
+pub use super::error::McpError;
 use crate::protocol::mcp::{response_to, Events, HANDSHAKE_VERSIONS};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -12,30 +13,6 @@ use std::time::Duration;
 const MAX_MESSAGE: usize = 16 << 20;
 /// How long the rest of an SSE answer is read after its response (see `read_answer`).
 const DRAIN: Duration = Duration::from_millis(200);
-
-/// Why a call to a server failed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum McpError {
-    /// Not reached, or the connection broke.
-    Unreachable(String),
-    /// It answered with an HTTP status that is not an answer.
-    Status(u16),
-    /// It answered with a JSON-RPC error.
-    Rpc { code: i64, message: String },
-    /// Its answer was not one (no response to the request, not JSON, too large).
-    Malformed(String),
-}
-
-impl std::fmt::Display for McpError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            McpError::Unreachable(e) => write!(f, "the MCP server could not be reached: {e}"),
-            McpError::Status(s) => write!(f, "the MCP server answered HTTP {s}"),
-            McpError::Rpc { code, message } => write!(f, "the MCP server answered error {code}: {message}"),
-            McpError::Malformed(e) => write!(f, "the MCP server's answer was not one: {e}"),
-        }
-    }
-}
 
 /// A server and the session it gave this gateway.
 pub struct Server {
