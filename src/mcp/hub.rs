@@ -69,6 +69,14 @@ impl Link {
         }
     }
 
+    /// Its session made now if there is none: what the server said it can do.
+    async fn connect(&self) -> Result<Value, McpError> {
+        match self {
+            Link::Streamable(s) => s.connect().await,
+            Link::Sse(s) => s.connect().await,
+        }
+    }
+
     /// The session the server gave, when it gave one (for spans).
     pub fn session_id(&self) -> Option<String> {
         match self {
@@ -230,6 +238,45 @@ impl Hub {
             }
             None => false,
         }
+    }
+
+    /// What the servers can do together, for a client's `initialize` (its sessions at every
+    /// server made now, at once): tools, prompts, resources and logging where any server that
+    /// answered has them — without change notifications or subscriptions, which tollgate does
+    /// not relay. When none answered, all four (their listings are then empty, not refused).
+    pub async fn capabilities(&self, session: &Session) -> Value {
+        let asks = session.servers.iter().map(|l| tokio::time::timeout(LIST_WAIT, l.connect()));
+        let answered: Vec<Value> = futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .zip(&self.upstreams)
+            .filter_map(|(r, u)| match r {
+                Ok(Ok(caps)) => Some(caps),
+                Ok(Err(e)) => {
+                    log::warn!("MCP server '{}': initialize: {e}", u.config.name);
+                    None
+                }
+                Err(_) => {
+                    log::warn!("MCP server '{}': initialize: no answer in {}s", u.config.name, LIST_WAIT.as_secs());
+                    None
+                }
+            })
+            .collect();
+        let has = |name: &str| answered.is_empty() || answered.iter().any(|c| c.get(name).is_some());
+        let mut caps = serde_json::Map::new();
+        if has("tools") {
+            caps.insert("tools".into(), json!({"listChanged": false}));
+        }
+        if has("prompts") {
+            caps.insert("prompts".into(), json!({"listChanged": false}));
+        }
+        if has("resources") {
+            caps.insert("resources".into(), json!({"listChanged": false, "subscribe": false}));
+        }
+        if has("logging") {
+            caps.insert("logging".into(), json!({}));
+        }
+        Value::Object(caps)
     }
 
     /// Sessions open now.

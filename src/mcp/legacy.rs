@@ -54,12 +54,22 @@ pub struct SseServer {
     /// How long a request waits for its answer, from one message of the stream to the next.
     timeout: Duration,
     stream: tokio::sync::Mutex<Option<Arc<Stream>>>,
+    /// What the server said it can do, at its last handshake.
+    capabilities: Mutex<Value>,
     next_id: AtomicU64,
 }
 
 impl SseServer {
     pub fn with(url: Arc<str>, http: reqwest::Client, credentials: Arc<Credentials>, timeout: Duration) -> SseServer {
-        SseServer { url, credentials, http, timeout, stream: tokio::sync::Mutex::new(None), next_id: AtomicU64::new(1) }
+        SseServer {
+            url,
+            credentials,
+            http,
+            timeout,
+            stream: tokio::sync::Mutex::new(None),
+            capabilities: Mutex::new(Value::Null),
+            next_id: AtomicU64::new(1),
+        }
     }
 
     /// The stream, opened (with the handshake) when there is none or it ended.
@@ -75,7 +85,8 @@ impl SseServer {
             "capabilities": {},
             "clientInfo": {"name": "tollgate", "version": crate::VERSION},
         });
-        self.exchange(&stream, "initialize", init, &mut |_| {}).await?;
+        let answer = self.exchange(&stream, "initialize", init, &mut |_| {}).await?;
+        *lock(&self.capabilities) = answer.get("capabilities").cloned().unwrap_or_else(|| json!({}));
         self.post(&stream, &json!({"jsonrpc": "2.0", "method": "notifications/initialized"})).await?;
         *held = Some(stream.clone());
         Ok(stream)
@@ -235,6 +246,12 @@ impl SseServer {
             }
             other => other,
         }
+    }
+
+    /// The stream opened now if there is none: what the server said it can do.
+    pub async fn connect(&self) -> Result<Value, McpError> {
+        self.stream().await?;
+        Ok(lock(&self.capabilities).clone())
     }
 
     /// The session the server gave: the stream's endpoint names it.

@@ -21,6 +21,8 @@ pub struct Server {
     credentials: Arc<Credentials>,
     http: reqwest::Client,
     session: tokio::sync::Mutex<Option<(String, String)>>,
+    /// What the server said it can do, at its last handshake.
+    capabilities: std::sync::Mutex<Value>,
     next_id: AtomicU64,
 }
 
@@ -43,7 +45,20 @@ impl Server {
     /// A server reached with `http` (shared by every session with it) and `credentials`; no
     /// session yet (made at the first request).
     pub fn with(url: Arc<str>, http: reqwest::Client, credentials: Arc<Credentials>) -> Server {
-        Server { url, credentials, http, session: tokio::sync::Mutex::new(None), next_id: AtomicU64::new(1) }
+        Server {
+            url,
+            credentials,
+            http,
+            session: tokio::sync::Mutex::new(None),
+            capabilities: std::sync::Mutex::new(Value::Null),
+            next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The session made now if there is none: what the server said it can do.
+    pub async fn connect(&self) -> Result<Value, McpError> {
+        self.session().await?;
+        Ok(self.capabilities.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone())
     }
 
     /// The session the server gave, if there is one now (for spans).
@@ -97,6 +112,8 @@ impl Server {
         let sid = resp.headers().get("mcp-session-id").and_then(|v| v.to_str().ok()).map(str::to_string);
         let answer = self.read_answer(resp, &id, &mut |_| {}).await?;
         let version = answer.pointer("/protocolVersion").and_then(Value::as_str).unwrap_or(HANDSHAKE_VERSIONS[3]).to_string();
+        *self.capabilities.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+            answer.get("capabilities").cloned().unwrap_or_else(|| json!({}));
         let session = (sid.unwrap_or_default(), version);
         let done = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
         let ack = self.post(&done, Some(&session)).await.map_err(|(e, _)| e)?;

@@ -130,6 +130,10 @@ def test_a_client_lists_calls_with_progress_reads_and_gets_through_one_endpoint(
 
         async with env.client(mode=mode) as client:
             assert client.protocol_version == ("2026-07-28" if mode == "auto" else "2025-11-25")
+            # What the servers can do together (their sessions made at once), no change notices.
+            caps = client.server_capabilities
+            assert caps.tools is not None and caps.prompts is not None and caps.resources is not None
+            assert not caps.tools.list_changed and not caps.resources.subscribe
             tools = sorted(t.name for t in (await client.list_tools()).tools)
             # docs hides drop_everything (its server's rules); calc shows it.
             assert tools == ["calc__broken", "calc__count_calls", "calc__drop_everything", "calc__search", "calc__slow",

@@ -4,7 +4,8 @@
 //! their envelope in `_meta` and no session: a key's such requests share its sessions at the
 //! servers, which are spoken to in a handshake revision, the envelope taken off).
 //!
-//! * `initialize` is answered here (a session of the key's; tollgate's own capabilities);
+//! * `initialize` is answered here (a session of the key's, its sessions at the servers made at
+//!   once; the union of what they can do);
 //!   `tools/list` is the union of the servers' tools the key may see, `server__tool`;
 //!   `prompts/*` (`server__prompt`, under the key's `tools` rules as tools are) and
 //!   `resources/*` (of the servers the key's rules give it whole: `server__*`) pass through.
@@ -41,12 +42,6 @@ const UNSUPPORTED_VERSION: i64 = -32022;
 use crate::protocol::mcp::MODERN_VERSION;
 
 const INSTRUCTIONS: &str = "Tools of several MCP servers, each named server__tool.";
-
-/// What tollgate offers a client: the servers' tools, prompts and resources (no change
-/// notifications, no subscriptions).
-fn capabilities() -> Value {
-    json!({"tools": {"listChanged": false}, "prompts": {"listChanged": false}, "resources": {"listChanged": false, "subscribe": false}, "logging": {}})
-}
 
 /// What a tool call came to, for the request log, the access log and the trace.
 #[derive(Debug, Default)]
@@ -144,7 +139,7 @@ impl Gateway {
         };
         let id = id.clone();
         let params = message.get("params").cloned().unwrap_or_else(|| json!({}));
-        let (s, modern) = match session_for(hub, &key.id, session_id, method, &id, &params) {
+        let (s, modern) = match session_for(hub, &key.id, session_id, method, &id, &params).await {
             Ok(found) => found,
             Err(answer) => return Ok(answer),
         };
@@ -363,7 +358,7 @@ fn sse_event(message: &Value) -> Bytes {
 /// `server/discover`: `Err` holds such answers and refusals), the key's stateless one for a
 /// request of the stateless revision, else the one its `Mcp-Session-Id` names; and whether the
 /// request is of the stateless revision.
-fn session_for(
+async fn session_for(
     hub: &Hub,
     key_id: &str,
     session_id: Option<String>,
@@ -377,7 +372,7 @@ fn session_for(
         let s = hub.open(key_id, version);
         let result = json!({
             "protocolVersion": version,
-            "capabilities": capabilities(),
+            "capabilities": hub.capabilities(&s).await,
             "serverInfo": {"name": "tollgate", "version": crate::VERSION},
             "instructions": INSTRUCTIONS,
         });
@@ -399,7 +394,8 @@ fn session_for(
         if !modern {
             return Err(answered(&rpc_error(id, INVALID_REQUEST, "server/discover names its protocol version in _meta.", None)));
         }
-        let mut result = json!({"supportedVersions": [MODERN_VERSION], "capabilities": capabilities(), "instructions": INSTRUCTIONS,
+        let caps = hub.capabilities(&hub.stateless(key_id, MODERN_VERSION)).await;
+        let mut result = json!({"supportedVersions": [MODERN_VERSION], "capabilities": caps, "instructions": INSTRUCTIONS,
             "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "tollgate", "version": crate::VERSION}}});
         crate::protocol::mcp::modern_result(method, &mut result);
         return Err(answered(&rpc_result(id, result)));
