@@ -332,9 +332,14 @@ def test_each_tool_call_is_in_the_request_log_and_the_metrics_without_its_argume
 
     async def run():
         async with env.client() as client:
+            with pytest.raises(MCPError):
+                await client.call_tool("docs__drop_everything", {})
             await client.call_tool("docs__search", {"query": secret_query})
 
+    refusals = 'tollgate_refusals_total{code="unknown_tool"}'
+    refused_before = metric(env, refusals)
     asyncio.run(run())
+    assert metric(env, refusals) == refused_before + 1
     key_id = next(k["id"] for k in env.admin_json("GET", "/admin/keys")["data"] if k["name"] == "all-tools")
     entries = env.admin_json("GET", f"/admin/requests?key={key_id}&limit=200")["data"]
     calls = [e for e in entries if e["route"] == "mcp_tool_call"]
@@ -343,6 +348,8 @@ def test_each_tool_call_is_in_the_request_log_and_the_metrics_without_its_argume
     assert latest["protocol"] == "mcp" and round(latest["cost"] * 1e9) == round(PER_CALL * 1e9)
     assert latest["request_bytes"] > 0 and latest["response_bytes"] > 0 and latest["latency_ms"] >= 0
     assert secret_query not in json.dumps(entries)
+    refused = [e for e in calls if e["status"] == 403]
+    assert refused and refused[0]["refusal"] == "unknown_tool" and refused[0]["cost"] == 0, "a refused tool call is logged with why"
     text = metrics(env)
     assert 'tollgate_mcp_tool_calls_total{server="docs",tool="search",outcome="ok"}' in text
     assert 'tollgate_mcp_tool_call_seconds_count{server="docs",tool="search"}' in text

@@ -39,6 +39,9 @@ const METHOD_NOT_FOUND: i64 = -32601;
 const INVALID_PARAMS: i64 = -32602;
 const SERVER_ERROR: i64 = -32000;
 const UNSUPPORTED_VERSION: i64 = -32022;
+/// Why a tool call outside the key's or its server's rules was refused (`tollgate_refusals_total`,
+/// the logs).
+const UNKNOWN_TOOL: &str = "unknown_tool";
 use crate::protocol::mcp::MODERN_VERSION;
 
 const INSTRUCTIONS: &str = "Tools of several MCP servers, each named server__tool.";
@@ -198,6 +201,9 @@ impl Gateway {
         let (i, tool) = match hub.tool(&name, &|n| key.policy.allows_tool(n)) {
             Ok(found) => found,
             Err(unknown) => {
+                // Refused like a model the key may not call: counted and logged with why.
+                self.metrics.counter("tollgate_refusals_total", &[("code", UNKNOWN_TOOL)]).add(1);
+                ctx.reason = Some(UNKNOWN_TOOL);
                 ctx.mcp = Some(Box::new(facts));
                 return Ok(answered(&rpc_error(id, INVALID_PARAMS, &unknown.0, None)));
             }
@@ -208,6 +214,8 @@ impl Gateway {
         // Counted, then held: a refusal here is the protocol's error, with why in `data`.
         let refused = |facts: ToolCallFacts, ctx: &mut RequestCtx, e: ApiError| {
             let data = json!({"type": e.kind.reason(), "retry_after": e.retry_after});
+            self.metrics.counter("tollgate_refusals_total", &[("code", e.kind.reason())]).add(1);
+            ctx.reason = Some(e.kind.reason());
             ctx.mcp = Some(Box::new(ToolCallFacts { status: e.status(), ..facts }));
             Ok(answered(&rpc_error(id, SERVER_ERROR, &e.message, Some(data))))
         };
