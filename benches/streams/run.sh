@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Held streams (issue 53): what open, slow SSE streams cost a proxy — resident memory per open
+# stream, CPU per relayed event, time to first event at simultaneous starts, and the delay added
+# between events at p99 — for tollgate and a bare Pingora proxy, against direct, in one run.
+#
+#   bash benches/streams/run.sh              (from the repository root)
+#
+# STREAMS_N (2000) streams per round, STREAMS_ROUNDS (3) alternating rounds (medians reported),
+# STREAMS_DELTAS (30) events per stream STREAMS_INTERVAL_MS (100) apart, STREAMS_BATCH (1000)
+# starts at once, STREAMS_BUSY=K adds K busy loops (CPU contention), STREAMS_SOURCES (1) source
+# addresses (127.0.0.x: past ~28,000 streams one is not enough ports), TOLLGATE_BIN another build
+# of tollgate (default: target/release/tollgate, built here). The generator is
+# `benches/streams` (its own crate, built once into ~/.cache/tollgate-streams-target); the
+# upstream is tollgate-mock trickling events.
+set -euo pipefail
+N=${STREAMS_N:-2000}
+ROUNDS=${STREAMS_ROUNDS:-3}
+DELTAS=${STREAMS_DELTAS:-30}
+INTERVAL=${STREAMS_INTERVAL_MS:-100}
+BATCH=${STREAMS_BATCH:-1000}
+BUSY=${STREAMS_BUSY:-0}
+SOURCES=${STREAMS_SOURCES:-1}
+here=benches/relay
+# shellcheck source=../relay/prepare.sh
+. "$here/prepare.sh"
+cargo build --release --bin tollgate-mock >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
+client_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-streams-target"
+CARGO_TARGET_DIR="$client_dir" cargo build --release --manifest-path benches/streams/Cargo.toml >/dev/null 2>&1 || { echo "client build failed"; exit 1; }
+client="$client_dir/release/streams-client"
+tollgate=${TOLLGATE_BIN:-target/release/tollgate}
+ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+trap cleanup EXIT
+wait_port() { for _ in $(seq 400); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; exit 1; }
+
+mock_port=$(port)
+target/release/tollgate-mock --listen "127.0.0.1:$mock_port" --key mock-upstream-key >/dev/null 2>&1 &
+pids+=($!)
+wait_port "$mock_port"
+for _ in $(seq "$BUSY"); do sh -c 'while :; do :; done' & pids+=($!); done
+
+KEY=sk-bench-streams-0000000000000000000001
+start_target() { # name → sets tpid and tport
+  tport=$(port)
+  case "$1" in
+    direct) tpid=""; tport=$mock_port ;;
+    bare) "$bare" "127.0.0.1:$tport" "127.0.0.1:$mock_port" 2 >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
+    tollgate)
+      d="$work/tg-$RANDOM"; mkdir -p "$d"
+      cat >"$d/t.yaml" <<EOF
+pingora: { threads: 2, pid_file: $d/pid, upgrade_sock: $d/sock }
+listen: 127.0.0.1:$tport
+data_dir: $d/data
+providers:
+  - { name: mock, protocol: openai, base_url: "http://127.0.0.1:$mock_port", api_key: mock-upstream-key, models: [alpha-5.5] }
+prices:
+  alpha-5.5: { input: 1.25, output: 10.0 }
+forward_headers: ["x-mock-*"]
+limits: { max_connections: 1000000, max_connections_per_ip: 1000000 }
+keys:
+  - { key: $KEY, name: bench, balance: 1000000.0 }
+EOF
+      RUST_LOG=error "$tollgate" -c "$d/t.yaml" >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
+  esac
+}
+
+results="$work/results.jsonl"
+for r in $(seq "$ROUNDS"); do
+  order=(direct bare tollgate)
+  [ $((r % 2)) -eq 0 ] && order=(tollgate bare direct)
+  for t in "${order[@]}"; do
+    start_target "$t"
+    sleep 0.5
+    pidarg=(); [ -n "$tpid" ] && pidarg=(--pid "$tpid")
+    line=$("$client" "127.0.0.1:$tport" "$N" "${pidarg[@]}" --key "$KEY" --deltas "$DELTAS" --interval-ms "$INTERVAL" --batch "$BATCH" --sources "$SOURCES")
+    echo "{\"target\":\"$t\",\"round\":$r,\"result\":$line}" >>"$results"
+    [ -n "$tpid" ] && { kill "$tpid"; wait "$tpid" 2>/dev/null || true; }
+  done
+done
+
+python3 - "$results" "$N" "$DELTAS" "$INTERVAL" "$BUSY" <<'PY'
+import json, statistics, sys
+path, n, deltas, interval, busy = sys.argv[1:]
+rows = [json.loads(l) for l in open(path)]
+med = lambda t, f: statistics.median(f(r["result"]) for r in rows if r["target"] == t)
+print(f"held streams: {n} per round, {deltas} events {interval} ms apart, {busy} busy loops; medians of {max(r['round'] for r in rows)} alternating rounds")
+print(f"{'target':10} {'KiB/stream':>10} {'CPU µs/event':>12} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'gap p99 ms':>10} {'added gap p99':>13} {'done':>7}")
+direct_gap = med("direct", lambda r: r["gap_ms"]["p99"])
+for t in ("direct", "bare", "tollgate"):
+    kib = med(t, lambda r: r["kib_per_stream"]) if t != "direct" else float("nan")
+    cpu = med(t, lambda r: r["cpu_us_per_event"]) if t != "direct" else float("nan")
+    gap = med(t, lambda r: r["gap_ms"]["p99"])
+    done = med(t, lambda r: r["completed"])
+    print(f"{t:10} {kib:10.1f} {cpu:12.2f} {med(t, lambda r: r['ttft_ms']['p50']):11.3f} {med(t, lambda r: r['ttft_ms']['p99']):11.3f} {gap:10.3f} {gap - direct_gap:13.3f} {done:7.0f}")
+print(json.dumps(rows))
+PY

@@ -1,0 +1,195 @@
+//! streams-client: holds many slow SSE streams open through a proxy at once and reports what
+//! they cost it (issue 53). One process, one thread: each stream is a task with a 2 KiB read
+//! buffer, so 100,000 of them fit in a few hundred MiB here while the proxy holds its share.
+//!
+//! streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I]
+//!                [--sources N] [--batch B]
+//!
+//! Every stream is a `POST` of a streamed chat completion with `x-mock-deltas: D` and
+//! `x-mock-interval-ms: I` (tollgate-mock trickles D events I ms apart). Streams start in
+//! batches of B at once (1,000: the simultaneous starts whose time to first byte is reported);
+//! with `--sources N` they leave from 127.0.0.1 … 127.0.0.N, so more than one source port range
+//! of streams can be open. With `--pid`, the proxy's resident memory is read before and while
+//! every stream is open, and its CPU time across the run. Prints one JSON object.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+struct Args {
+    addr: std::net::SocketAddr,
+    streams: usize,
+    pid: Option<u32>,
+    path: String,
+    key: String,
+    deltas: u32,
+    interval_ms: u64,
+    sources: u8,
+    batch: usize,
+}
+
+fn args() -> Args {
+    let a: Vec<String> = std::env::args().collect();
+    let flag = |name: &str| a.iter().position(|x| x == name).and_then(|i| a.get(i + 1)).cloned();
+    let (Some(addr), Some(streams)) = (a.get(1).and_then(|s| s.parse().ok()), a.get(2).and_then(|s| s.parse().ok())) else {
+        eprintln!("usage: streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I] [--sources N] [--batch B]");
+        std::process::exit(2);
+    };
+    Args {
+        addr,
+        streams,
+        pid: flag("--pid").and_then(|p| p.parse().ok()),
+        path: flag("--path").unwrap_or_else(|| "/v1/chat/completions".into()),
+        key: flag("--key").unwrap_or_default(),
+        deltas: flag("--deltas").and_then(|d| d.parse().ok()).unwrap_or(20),
+        interval_ms: flag("--interval-ms").and_then(|d| d.parse().ok()).unwrap_or(100),
+        sources: flag("--sources").and_then(|d| d.parse().ok()).unwrap_or(1).max(1),
+        batch: flag("--batch").and_then(|d| d.parse().ok()).unwrap_or(1000).max(1),
+    }
+}
+
+/// The proxy's resident memory (KiB) and CPU time (user + system, in clock ticks).
+fn proc_stat(pid: u32) -> (u64, u64) {
+    let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)?.parse().ok()))
+        .unwrap_or(0);
+    let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let f: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    (rss, cpu)
+}
+
+/// What one stream saw: its time to first event, the gaps between later reads carrying events
+/// (µs), and its events.
+struct Seen {
+    first_us: Option<u32>,
+    gaps_us: Vec<u32>,
+    events: u32,
+    done: bool,
+}
+
+async fn one(a: Arc<Args>, i: usize, started: Arc<AtomicUsize>) -> Seen {
+    let mut seen = Seen { first_us: None, gaps_us: Vec::new(), events: 0, done: false };
+    let t0 = Instant::now();
+    let Ok(sock) = tokio::net::TcpSocket::new_v4() else { return seen };
+    let source = std::net::Ipv4Addr::new(127, 0, 0, 1 + (i % a.sources as usize) as u8);
+    if sock.bind((source, 0).into()).is_err() {
+        return seen;
+    }
+    let Ok(mut conn) = sock.connect(a.addr).await else { return seen };
+    let body = r#"{"model":"alpha-5.5","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hold"}]}"#;
+    let req = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nx-mock-deltas: {}\r\nx-mock-interval-ms: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        a.path,
+        a.addr,
+        a.key,
+        a.deltas,
+        a.interval_ms,
+        body.len()
+    );
+    if conn.write_all(req.as_bytes()).await.is_err() {
+        return seen;
+    }
+    let mut buf = [0u8; 2048];
+    let mut last = Instant::now();
+    loop {
+        let n = match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let now = Instant::now();
+        let chunk = &buf[..n];
+        let events = chunk.windows(5).filter(|w| w == b"data:").count() as u32;
+        if events > 0 {
+            match seen.first_us {
+                None => {
+                    seen.first_us = Some(now.duration_since(t0).as_micros().min(u32::MAX as u128) as u32);
+                    started.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(_) => seen.gaps_us.push(now.duration_since(last).as_micros().min(u32::MAX as u128) as u32),
+            }
+            last = now;
+            seen.events += events;
+        }
+        if chunk.windows(6).any(|w| w == b"[DONE]") {
+            seen.done = true;
+        }
+    }
+    seen
+}
+
+fn pct(v: &mut [u32], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_unstable();
+    v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let a = Arc::new(args());
+    let (rss_idle, cpu0) = a.pid.map_or((0, 0), proc_stat);
+    let started = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(a.streams);
+    let t0 = Instant::now();
+    for i in 0..a.streams {
+        tasks.push(tokio::spawn(one(a.clone(), i, started.clone())));
+        if (i + 1) % a.batch == 0 {
+            // Each batch's starts go out together; the next waits until they are under way.
+            let want = i + 1;
+            while started.load(Ordering::Relaxed) < want * 9 / 10 && t0.elapsed() < Duration::from_secs(600) {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+    // Every stream open (its first event came): the proxy's memory then.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while started.load(Ordering::Relaxed) < a.streams && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let open_at = t0.elapsed();
+    tokio::time::sleep(Duration::from_millis(a.interval_ms * 2)).await;
+    let (rss_open, _) = a.pid.map_or((0, 0), proc_stat);
+    let mut first = Vec::new();
+    let mut gaps = Vec::new();
+    let (mut events, mut done, mut failed) = (0u64, 0usize, 0usize);
+    for t in tasks {
+        match t.await {
+            Ok(s) => {
+                events += u64::from(s.events);
+                done += usize::from(s.done);
+                failed += usize::from(!s.done);
+                // The first batch's starts: the simultaneous ones.
+                if first.len() < a.batch {
+                    first.extend(s.first_us);
+                }
+                gaps.extend(s.gaps_us);
+            }
+            Err(_) => failed += 1,
+        }
+    }
+    let (_, cpu1) = a.pid.map_or((0, 0), proc_stat);
+    let ticks = 100.0; // USER_HZ on Linux
+    let cpu_ms = (cpu1.saturating_sub(cpu0)) as f64 * 1000.0 / ticks;
+    let per_stream = rss_open.saturating_sub(rss_idle) as f64 / a.streams.max(1) as f64;
+    let interval = a.interval_ms as f64;
+    println!(
+        "{{\"streams\":{},\"completed\":{done},\"failed\":{failed},\"events\":{events},\"all_open_after_ms\":{},\"rss_idle_kib\":{rss_idle},\"rss_open_kib\":{rss_open},\"kib_per_stream\":{per_stream:.1},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"gap_added_p99_ms\":{:.3},\"cpu_ms\":{cpu_ms:.0},\"cpu_us_per_event\":{:.2}}}",
+        a.streams,
+        open_at.as_millis(),
+        pct(&mut first, 0.5),
+        pct(&mut first, 0.99),
+        pct(&mut gaps, 0.5),
+        pct(&mut gaps, 0.99),
+        pct(&mut gaps, 1.0),
+        pct(&mut gaps, 0.99) - interval,
+        if events > 0 { cpu_ms * 1000.0 / events as f64 } else { f64::NAN },
+    );
+}
