@@ -8,7 +8,8 @@
 # STREAMS_N (2000) streams per round, STREAMS_ROUNDS (3) alternating rounds (medians reported),
 # STREAMS_DELTAS (30) events per stream STREAMS_INTERVAL_MS (100) apart, STREAMS_BATCH (1000)
 # starts at once, STREAMS_BUSY=K adds K busy loops (CPU contention), STREAMS_SOURCES (1) source
-# addresses (127.0.0.x: past ~28,000 streams one is not enough ports), TOLLGATE_BIN another build
+# addresses (127.0.0.x: past ~28,000 streams one is not enough ports), STREAMS_TARGETS which
+# of "direct bare tollgate" to run (in that order, reversed every other round), TOLLGATE_BIN another build
 # of tollgate (default: target/release/tollgate, built here). The generator is
 # `benches/streams` (its own crate, built once into ~/.cache/tollgate-streams-target); the
 # upstream is tollgate-mock trickling events.
@@ -20,6 +21,7 @@ INTERVAL=${STREAMS_INTERVAL_MS:-100}
 BATCH=${STREAMS_BATCH:-1000}
 BUSY=${STREAMS_BUSY:-0}
 SOURCES=${STREAMS_SOURCES:-1}
+read -r -a TARGETS <<<"${STREAMS_TARGETS:-direct bare tollgate}"
 here=benches/relay
 # shellcheck source=../relay/prepare.sh
 . "$here/prepare.sh"
@@ -36,12 +38,14 @@ trap cleanup EXIT
 wait_port() { for _ in $(seq 400); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; exit 1; }
 
 mock_port=$(port)
-target/release/tollgate-mock --listen "127.0.0.1:$mock_port" --key mock-upstream-key >/dev/null 2>&1 &
+# The mock takes tollgate's upstream key and, for direct and bare Pingora (which pass the
+# client's on), the client's.
+KEY=sk-bench-streams-0000000000000000000001
+target/release/tollgate-mock --listen "127.0.0.1:$mock_port" --key "mock-upstream-key,$KEY" >/dev/null 2>&1 &
 pids+=($!)
 wait_port "$mock_port"
 for _ in $(seq "$BUSY"); do sh -c 'while :; do :; done' & pids+=($!); done
 
-KEY=sk-bench-streams-0000000000000000000001
 start_target() { # name → sets tpid and tport
   tport=$(port)
   case "$1" in
@@ -68,15 +72,15 @@ EOF
 
 results="$work/results.jsonl"
 for r in $(seq "$ROUNDS"); do
-  order=(direct bare tollgate)
-  [ $((r % 2)) -eq 0 ] && order=(tollgate bare direct)
+  order=("${TARGETS[@]}")
+  if [ $((r % 2)) -eq 0 ]; then order=(); for ((k = ${#TARGETS[@]} - 1; k >= 0; k--)); do order+=("${TARGETS[k]}"); done; fi
   for t in "${order[@]}"; do
     start_target "$t"
     sleep 0.5
     pidarg=(); [ -n "$tpid" ] && pidarg=(--pid "$tpid")
     line=$("$client" "127.0.0.1:$tport" "$N" "${pidarg[@]}" --key "$KEY" --deltas "$DELTAS" --interval-ms "$INTERVAL" --batch "$BATCH" --sources "$SOURCES")
     echo "{\"target\":\"$t\",\"round\":$r,\"result\":$line}" >>"$results"
-    [ -n "$tpid" ] && { kill "$tpid"; wait "$tpid" 2>/dev/null || true; }
+    [ -n "$tpid" ] && { kill -9 "$tpid"; wait "$tpid" 2>/dev/null || true; }
   done
 done
 
@@ -87,8 +91,9 @@ rows = [json.loads(l) for l in open(path)]
 med = lambda t, f: statistics.median(f(r["result"]) for r in rows if r["target"] == t)
 print(f"held streams: {n} per round, {deltas} events {interval} ms apart, {busy} busy loops; medians of {max(r['round'] for r in rows)} alternating rounds")
 print(f"{'target':10} {'KiB/stream':>10} {'CPU µs/event':>12} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'gap p99 ms':>10} {'added gap p99':>13} {'done':>7}")
-direct_gap = med("direct", lambda r: r["gap_ms"]["p99"])
-for t in ("direct", "bare", "tollgate"):
+targets = list(dict.fromkeys(r["target"] for r in rows))
+direct_gap = med("direct", lambda r: r["gap_ms"]["p99"]) if "direct" in targets else float("nan")
+for t in targets:
     kib = med(t, lambda r: r["kib_per_stream"]) if t != "direct" else float("nan")
     cpu = med(t, lambda r: r["cpu_us_per_event"]) if t != "direct" else float("nan")
     gap = med(t, lambda r: r["gap_ms"]["p99"])
