@@ -9,7 +9,8 @@
 # STREAMS_DELTAS (30) events per stream STREAMS_INTERVAL_MS (100) apart, STREAMS_BATCH (1000)
 # starts at once, STREAMS_BUSY=K adds K busy loops (CPU contention), STREAMS_SOURCES (1) source
 # addresses (127.0.0.x: past ~28,000 streams one is not enough ports), STREAMS_TARGETS which
-# of "direct bare tollgate" to run (in that order, reversed every other round), TOLLGATE_BIN another build
+# of "direct bare tollgate" to run (in that order, reversed every other round), STREAMS_PREBUILT
+# a directory with the four binaries (no build: the device machine), TOLLGATE_BIN another build
 # of tollgate (default: target/release/tollgate, built here). The generator is
 # `benches/streams` (its own crate, built once into ~/.cache/tollgate-streams-target); the
 # upstream is tollgate-mock trickling events.
@@ -22,14 +23,23 @@ BATCH=${STREAMS_BATCH:-1000}
 BUSY=${STREAMS_BUSY:-0}
 SOURCES=${STREAMS_SOURCES:-1}
 read -r -a TARGETS <<<"${STREAMS_TARGETS:-direct bare tollgate}"
-here=benches/relay
-# shellcheck source=../relay/prepare.sh
-. "$here/prepare.sh"
-cargo build --release --bin tollgate-mock >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
-client_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-streams-target"
-CARGO_TARGET_DIR="$client_dir" cargo build --release --manifest-path benches/streams/Cargo.toml >/dev/null 2>&1 || { echo "client build failed"; exit 1; }
-client="$client_dir/release/streams-client"
-tollgate=${TOLLGATE_BIN:-target/release/tollgate}
+if [ -n "${STREAMS_PREBUILT:-}" ]; then
+  # A machine without the toolchain (the device): tollgate, tollgate-mock, bare-pingora and
+  # streams-client built here and carried in one directory.
+  bare="$STREAMS_PREBUILT/bare-pingora"; client="$STREAMS_PREBUILT/streams-client"
+  mock="$STREAMS_PREBUILT/tollgate-mock"; tollgate="$STREAMS_PREBUILT/tollgate"
+  port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+else
+  here=benches/relay
+  # shellcheck source=../relay/prepare.sh
+  . "$here/prepare.sh"
+  cargo build --release --bin tollgate-mock >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
+  client_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-streams-target"
+  CARGO_TARGET_DIR="$client_dir" cargo build --release --manifest-path benches/streams/Cargo.toml >/dev/null 2>&1 || { echo "client build failed"; exit 1; }
+  client="$client_dir/release/streams-client"
+  mock=target/release/tollgate-mock
+  tollgate=${TOLLGATE_BIN:-target/release/tollgate}
+fi
 ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 work=$(mktemp -d)
 pids=()
@@ -41,7 +51,7 @@ mock_port=$(port)
 # The mock takes tollgate's upstream key and, for direct and bare Pingora (which pass the
 # client's on), the client's.
 KEY=sk-bench-streams-0000000000000000000001
-target/release/tollgate-mock --listen "127.0.0.1:$mock_port" --key "mock-upstream-key,$KEY" >/dev/null 2>&1 &
+"$mock" --listen "127.0.0.1:$mock_port" --key "mock-upstream-key,$KEY" >/dev/null 2>&1 &
 pids+=($!)
 wait_port "$mock_port"
 for _ in $(seq "$BUSY"); do sh -c 'while :; do :; done' & pids+=($!); done
@@ -80,6 +90,7 @@ for r in $(seq "$ROUNDS"); do
     pidarg=(); [ -n "$tpid" ] && pidarg=(--pid "$tpid")
     line=$("$client" "127.0.0.1:$tport" "$N" "${pidarg[@]}" --key "$KEY" --deltas "$DELTAS" --interval-ms "$INTERVAL" --batch "$BATCH" --sources "$SOURCES")
     echo "{\"target\":\"$t\",\"round\":$r,\"result\":$line}" >>"$results"
+    [ -n "${OUT:-}" ] && cp "$results" "$OUT/streams.jsonl"
     [ -n "$tpid" ] && { kill -9 "$tpid"; wait "$tpid" 2>/dev/null || true; }
   done
 done
