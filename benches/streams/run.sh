@@ -41,6 +41,10 @@ else
   tollgate=${TOLLGATE_BIN:-target/release/tollgate}
 fi
 ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+# A stream takes a descriptor in the generator and two in the proxy.
+if [ "$(ulimit -n)" != unlimited ] && [ "$(ulimit -n)" -lt $((2 * N + 1000)) ]; then
+  echo "open files limited to $(ulimit -n): $N streams need $((2 * N + 1000)) in the proxy; lower STREAMS_N or raise the limit"; exit 1
+fi
 work=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
@@ -101,6 +105,9 @@ path, n, deltas, interval, busy = sys.argv[1:]
 rows = [json.loads(l) for l in open(path)]
 med = lambda t, f: statistics.median(f(r["result"]) for r in rows if r["target"] == t)
 print(f"held streams: {n} per round, {deltas} events {interval} ms apart, {busy} busy loops; medians of {max(r['round'] for r in rows)} alternating rounds")
+late = [r for r in rows if r["result"].get("ended_before_sample")]
+if late:
+    print(f"WARNING: {len(late)} run(s) read memory after some streams ended (the ramp outlasted them): their KiB/stream is too low; lengthen STREAMS_DELTAS x STREAMS_INTERVAL_MS")
 print(f"{'target':10} {'KiB/stream':>10} {'CPU µs/event':>12} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'gap p99 ms':>10} {'added gap p99':>13} {'done':>7}")
 targets = list(dict.fromkeys(r["target"] for r in rows))
 direct_gap = med("direct", lambda r: r["gap_ms"]["p99"]) if "direct" in targets else float("nan")

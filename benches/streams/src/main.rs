@@ -3,11 +3,13 @@
 //! buffer, so 100,000 of them fit in a few hundred MiB here while the proxy holds its share.
 //!
 //! streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I]
-//!                [--sources N] [--batch B]
+//!                [--sources N] [--batch B] [--batch-gap-ms G]
 //!
 //! Every stream is a `POST` of a streamed chat completion with `x-mock-deltas: D` and
 //! `x-mock-interval-ms: I` (tollgate-mock trickles D events I ms apart). Streams start in
-//! batches of B at once (1,000: the simultaneous starts whose time to first byte is reported);
+//! batches of B at once (1,000: the first batch's simultaneous starts are the ones whose time to
+//! first event is reported; later batches follow every G ms, 50); the memory per stream holds
+//! only when `ended_before_sample` is 0 (streams outlast the ramp);
 //! with `--sources N` they leave from 127.0.0.1 … 127.0.0.N, so more than one source port range
 //! of streams can be open. With `--pid`, the proxy's resident memory is read before and while
 //! every stream is open, and its CPU time across the run. Prints one JSON object.
@@ -27,6 +29,7 @@ struct Args {
     interval_ms: u64,
     sources: u8,
     batch: usize,
+    batch_gap_ms: u64,
 }
 
 fn args() -> Args {
@@ -46,6 +49,7 @@ fn args() -> Args {
         interval_ms: flag("--interval-ms").and_then(|d| d.parse().ok()).unwrap_or(100),
         sources: flag("--sources").and_then(|d| d.parse().ok()).unwrap_or(1).max(1),
         batch: flag("--batch").and_then(|d| d.parse().ok()).unwrap_or(1000).max(1),
+        batch_gap_ms: flag("--batch-gap-ms").and_then(|d| d.parse().ok()).unwrap_or(50),
     }
 }
 
@@ -75,12 +79,13 @@ struct Seen {
 }
 
 /// `started` counts the streams that got their first event or ended without one (so no wait
-/// for the rest of a batch hangs on a stream that failed).
-async fn one(a: Arc<Args>, i: usize, started: Arc<AtomicUsize>) -> Seen {
+/// for the rest of a batch hangs on a stream that failed); `ended` the streams over.
+async fn one(a: Arc<Args>, i: usize, started: Arc<AtomicUsize>, ended: Arc<AtomicUsize>) -> Seen {
     let seen = stream(&a, i, &started).await;
     if seen.first_us.is_none() {
         started.fetch_add(1, Ordering::Relaxed);
     }
+    ended.fetch_add(1, Ordering::Relaxed);
     seen
 }
 
@@ -147,15 +152,20 @@ async fn main() {
     let a = Arc::new(args());
     let (rss_idle, cpu0) = a.pid.map_or((0, 0), proc_stat);
     let started = Arc::new(AtomicUsize::new(0));
+    let ended = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::with_capacity(a.streams);
     let t0 = Instant::now();
     for i in 0..a.streams {
-        tasks.push(tokio::spawn(one(a.clone(), i, started.clone())));
+        tasks.push(tokio::spawn(one(a.clone(), i, started.clone(), ended.clone())));
         if (i + 1) % a.batch == 0 {
-            // Each batch's starts go out together; the next waits until they are under way.
-            let want = i + 1;
-            while started.load(Ordering::Relaxed) < want * 9 / 10 && t0.elapsed() < Duration::from_secs(600) {
-                tokio::time::sleep(Duration::from_millis(5)).await;
+            if i + 1 == a.batch {
+                // The first batch's starts go out together and are timed alone: the rest wait
+                // until they are under way, then follow a batch every `--batch-gap-ms`.
+                while started.load(Ordering::Relaxed) < a.batch * 9 / 10 && t0.elapsed() < Duration::from_secs(60) {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            } else {
+                tokio::time::sleep(Duration::from_millis(a.batch_gap_ms)).await;
             }
         }
     }
@@ -167,6 +177,9 @@ async fn main() {
     let open_at = t0.elapsed();
     tokio::time::sleep(Duration::from_millis(a.interval_ms * 2)).await;
     let (rss_open, _) = a.pid.map_or((0, 0), proc_stat);
+    // Streams already over when the memory was read: the figure holds only when none were (the
+    // streams must last longer than the ramp).
+    let ended_before_sample = ended.load(Ordering::Relaxed);
     let mut first = Vec::new();
     let mut gaps = Vec::new();
     let (mut events, mut done, mut failed) = (0u64, 0usize, 0usize);
@@ -191,7 +204,7 @@ async fn main() {
     let per_stream = rss_open.saturating_sub(rss_idle) as f64 / a.streams.max(1) as f64;
     let interval = a.interval_ms as f64;
     println!(
-        "{{\"streams\":{},\"completed\":{done},\"failed\":{failed},\"events\":{events},\"all_open_after_ms\":{},\"rss_idle_kib\":{rss_idle},\"rss_open_kib\":{rss_open},\"kib_per_stream\":{per_stream:.1},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"gap_added_p99_ms\":{:.3},\"cpu_ms\":{cpu_ms:.0},\"cpu_us_per_event\":{:.2}}}",
+        "{{\"streams\":{},\"completed\":{done},\"failed\":{failed},\"events\":{events},\"all_open_after_ms\":{},\"ended_before_sample\":{ended_before_sample},\"rss_idle_kib\":{rss_idle},\"rss_open_kib\":{rss_open},\"kib_per_stream\":{per_stream:.1},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"gap_added_p99_ms\":{:.3},\"cpu_ms\":{cpu_ms:.0},\"cpu_us_per_event\":{:.2}}}",
         a.streams,
         open_at.as_millis(),
         pct(&mut first, 0.5),
