@@ -36,7 +36,7 @@ fn args() -> Args {
     let a: Vec<String> = std::env::args().collect();
     let flag = |name: &str| a.iter().position(|x| x == name).and_then(|i| a.get(i + 1)).cloned();
     let (Some(addr), Some(streams)) = (a.get(1).and_then(|s| s.parse().ok()), a.get(2).and_then(|s| s.parse().ok())) else {
-        eprintln!("usage: streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I] [--sources N] [--batch B]");
+        eprintln!("usage: streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I] [--sources N] [--batch B] [--batch-gap-ms G]");
         std::process::exit(2);
     };
     Args {
