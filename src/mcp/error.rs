@@ -23,3 +23,16 @@ impl std::fmt::Display for McpError {
         }
     }
 }
+
+/// A JSON-RPC response's result, or its error as [`McpError::Rpc`] (the message cut at 500
+/// characters: a server's text goes into logs and answers).
+pub fn result_of(message: &serde_json::Value) -> Result<serde_json::Value, McpError> {
+    use serde_json::Value;
+    if let Some(error) = message.get("error") {
+        return Err(McpError::Rpc {
+            code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
+            message: error.get("message").and_then(Value::as_str).unwrap_or_default().chars().take(500).collect(),
+        });
+    }
+    Ok(message.get("result").cloned().unwrap_or(Value::Null))
+}

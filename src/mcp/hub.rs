@@ -279,11 +279,6 @@ impl Hub {
         Value::Object(caps)
     }
 
-    /// Sessions open now.
-    pub fn open_sessions(&self) -> usize {
-        lock(&self.sessions).len()
-    }
-
     /// `method`'s result from every server at once (a listing, all pages), each server's items
     /// of `field`; a server that fails is left out with a warning.
     async fn ask_each(&self, session: &Session, method: &str, field: &str) -> Vec<(usize, Vec<Value>)> {
@@ -327,7 +322,7 @@ impl Hub {
             let u = &self.upstreams[i];
             let shown: Vec<Value> =
                 tools.into_iter().filter(|t| t.get("name").and_then(Value::as_str).is_some_and(|n| u.shows(n))).collect();
-            out.extend(crate::protocol::mcp::prefix_tools(&u.config.name, &shown, allows));
+            out.extend(crate::protocol::mcp::prefix_names(&u.config.name, &shown, allows));
         }
         out
     }
@@ -348,7 +343,7 @@ impl Hub {
     pub async fn prompts(&self, session: &Session, allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
         let mut out = Vec::new();
         for (i, prompts) in self.ask_each(session, "prompts/list", "prompts").await {
-            out.extend(crate::protocol::mcp::prefix_tools(&self.upstreams[i].config.name, &prompts, allows));
+            out.extend(crate::protocol::mcp::prefix_names(&self.upstreams[i].config.name, &prompts, allows));
         }
         out
     }
@@ -425,9 +420,4 @@ pub fn unprefixed(params: &Value, field: &str) -> Value {
         p[field] = Value::String(name);
     }
     p
-}
-
-/// `server__tool` for a tool of server `i`.
-pub fn name_of(hub: &Hub, i: usize, tool: &str) -> String {
-    prefixed(&hub.upstreams[i].config.name, tool)
 }

@@ -210,13 +210,7 @@ impl SseServer {
         };
         forget();
         let message = message?;
-        if let Some(error) = message.get("error") {
-            return Err(McpError::Rpc {
-                code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: error.get("message").and_then(Value::as_str).unwrap_or_default().chars().take(500).collect(),
-            });
-        }
-        Ok(message.get("result").cloned().unwrap_or(Value::Null))
+        super::error::result_of(&message)
     }
 
     /// Request `method` with `params`; its result (see [`super::upstream::Server::request`]).

@@ -171,13 +171,7 @@ impl Server {
             response_to(&messages, id).cloned()
         };
         let message = found.ok_or_else(|| McpError::Malformed("no response to the request".into()))?;
-        if let Some(error) = message.get("error") {
-            return Err(McpError::Rpc {
-                code: error.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: error.get("message").and_then(Value::as_str).unwrap_or_default().chars().take(500).collect(),
-            });
-        }
-        Ok(message.get("result").cloned().unwrap_or(Value::Null))
+        super::error::result_of(&message)
     }
 
     /// Request `method` with `params`; its result. Notifications the server sends on the way

@@ -169,9 +169,9 @@ pub fn response_to<'a>(messages: &'a [Value], id: &Value) -> Option<&'a Value> {
     messages.iter().find(|m| m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some()))
 }
 
-/// A tool list with each tool's name prefixed by `server`, keeping only the tools `keep`
+/// A server's tools (or prompts) with each name prefixed by `server`, keeping only those `keep`
 /// allows (by prefixed name).
-pub fn prefix_tools(server: &str, tools: &[Value], keep: impl Fn(&str) -> bool) -> Vec<Value> {
+pub fn prefix_names(server: &str, tools: &[Value], keep: impl Fn(&str) -> bool) -> Vec<Value> {
     tools
         .iter()
         .filter_map(|t| {
@@ -251,7 +251,7 @@ mod tests {
     #[test]
     fn a_servers_tools_are_prefixed_and_filtered() {
         let tools = vec![json!({"name": "search", "inputSchema": {}}), json!({"name": "delete"}), json!({"nameless": true})];
-        let kept = prefix_tools("docs", &tools, |n| n != "docs__delete");
+        let kept = prefix_names("docs", &tools, |n| n != "docs__delete");
         assert_eq!(kept, vec![json!({"name": "docs__search", "inputSchema": {}})]);
     }
 }

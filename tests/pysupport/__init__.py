@@ -62,3 +62,30 @@ def admin_json(admin, token, method, path, body=None):
     req = urllib.request.Request(admin + path, data=data, method=method, headers={"authorization": f"Bearer {token}", "content-type": "application/json"})
     with urllib.request.urlopen(req, timeout=10) as r:
         return json.loads(r.read())
+
+
+def claude_code(tmp_path, base_url, auth):
+    """Claude Code (installed by tests/run_all.sh) ready to run in a fresh home and working
+    directory against `base_url`, with `auth` ({"ANTHROPIC_API_KEY": key} or
+    {"ANTHROPIC_AUTH_TOKEN": token}) and the mock's models: its path, the working directory and
+    the environment. Skipped when it is not installed (failed when TOLLGATE_AGENT_CLIS_REQUIRED)."""
+    import os
+
+    import pytest
+
+    clis = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
+    claude = os.path.join(clis, "claude")
+    if not os.path.exists(claude):
+        if os.environ.get("TOLLGATE_AGENT_CLIS_REQUIRED"):
+            pytest.fail(f"TOLLGATE_AGENT_CLIS_REQUIRED=1 but {claude} is missing")
+        pytest.skip("Claude Code is not installed (tests/run_all.sh installs it)")
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    env = {
+        "PATH": os.environ.get("PATH", ""), "HOME": str(home), "TERM": "dumb", "NO_COLOR": "1",
+        "ANTHROPIC_BASE_URL": base_url, **auth,
+        "ANTHROPIC_MODEL": "beta-opus-4-7", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "beta-haiku-4-5",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+    }
+    return claude, work, env

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from conftest import BIN_DIR, UPSTREAM_KEY
-from pysupport import admin_json, free_port, start_mock, start_tollgate
+from pysupport import admin_json, claude_code, free_port, start_mock, start_tollgate
 from pysupport.oidc import MODULES, OidcProvider
 
 if not os.path.isdir(os.path.join(MODULES, "oidc-provider")) and not os.environ.get("TOLLGATE_OIDC_REQUIRED"):
@@ -32,7 +32,6 @@ PEOPLE = {
     "eve": {"email": "eve@example.com", "roles": ["member"], "teams": ["research"]},
     "fay": {"email": "fay@example.com", "roles": [], "teams": []},
 }
-CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
 
 
 class Env:
@@ -185,22 +184,9 @@ def test_a_person_of_no_team_here_is_refused_and_a_disabled_person_too(env):
 
 
 def test_claude_code_with_an_access_token_as_its_auth_token_is_billed_to_the_person(env, tmp_path):
-    claude = os.path.join(CLIS, "claude")
-    if not os.path.exists(claude):
-        if os.environ.get("TOLLGATE_AGENT_CLIS_REQUIRED"):
-            pytest.fail(f"TOLLGATE_AGENT_CLIS_REQUIRED=1 but {claude} is missing")
-        pytest.skip("Claude Code is not installed (tests/run_all.sh installs it)")
     token = env.idp.access_token("eve")
+    claude, work, run_env = claude_code(tmp_path, env.gateway, {"ANTHROPIC_AUTH_TOKEN": token})
     research = env.account_balance("research")
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    run_env = {
-        "PATH": os.environ.get("PATH", ""), "HOME": str(home), "TERM": "dumb", "NO_COLOR": "1",
-        "ANTHROPIC_BASE_URL": env.gateway, "ANTHROPIC_AUTH_TOKEN": token,
-        "ANTHROPIC_MODEL": "beta-opus-4-7", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "beta-haiku-4-5",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-    }
     out = subprocess.run([claude, "-p", "Say hello", "--model", "beta-opus-4-7"], cwd=work, env=run_env, stdin=subprocess.DEVNULL,
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr

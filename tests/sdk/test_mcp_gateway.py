@@ -24,14 +24,13 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from conftest import BIN_DIR, UPSTREAM_KEY
-from pysupport import admin_json, free_port, start_mock, start_tollgate, wait_listening
+from pysupport import admin_json, claude_code, free_port, start_mock, start_tollgate, wait_listening
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEY = "sk-mcp-all-0001-0123456789"
 CALC_ONLY = "sk-mcp-calc-0001-0123456789"
 ADMIN_TOKEN = "mcp-admin-token-0123456789abcdef"
 DOCS_TOKEN = "docs-server-secret-token-42"
-CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
 PER_CALL = 0.0125
 
 
@@ -356,20 +355,7 @@ def test_each_tool_call_is_in_the_request_log_and_the_metrics_without_its_argume
 
 
 def test_claude_code_lists_and_calls_a_tool_through_the_gateway_in_print_mode(env, tmp_path):
-    claude = os.path.join(CLIS, "claude")
-    if not os.path.exists(claude):
-        if os.environ.get("TOLLGATE_AGENT_CLIS_REQUIRED"):
-            pytest.fail(f"TOLLGATE_AGENT_CLIS_REQUIRED=1 but {claude} is missing")
-        pytest.skip("Claude Code is not installed (tests/run_all.sh installs it)")
-    home, work = tmp_path / "home", tmp_path / "work"
-    home.mkdir()
-    work.mkdir()
-    run_env = {
-        "PATH": os.environ.get("PATH", ""), "HOME": str(home), "TERM": "dumb", "NO_COLOR": "1",
-        "ANTHROPIC_BASE_URL": env.gateway, "ANTHROPIC_API_KEY": KEY,
-        "ANTHROPIC_MODEL": "beta-opus-4-7", "ANTHROPIC_DEFAULT_HAIKU_MODEL": "beta-haiku-4-5",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
-    }
+    claude, work, run_env = claude_code(tmp_path, env.gateway, {"ANTHROPIC_API_KEY": KEY})
     added = subprocess.run([claude, "mcp", "add", "--transport", "http", "tollgate", env.gateway + "/mcp", "--header", f"Authorization: Bearer {KEY}"],
                            cwd=work, env=run_env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert added.returncode == 0, added.stderr

@@ -309,7 +309,7 @@ impl Gateway {
         if progress {
             // The header went out before the first event: the answer is the stream's last.
             if present {
-                let _ = session.write_response_body(Some(Bytes::from(format!("event: message\ndata: {text}\n\n"))), true).await;
+                let _ = session.write_response_body(Some(sse_event(&text)), true).await;
             }
             return Ok(Outcome::Done);
         }
@@ -345,12 +345,12 @@ impl Gateway {
                 answer = &mut call => {
                     // Notifications sent before the answer go first.
                     while let Ok(n) = rx.try_recv() {
-                        present = present && session.write_response_body(Some(sse_event(&n)), false).await.is_ok();
+                        present = present && session.write_response_body(Some(sse_event(&n.to_string())), false).await.is_ok();
                     }
                     return (answer, present);
                 }
                 Some(n) = rx.recv() => {
-                    present = present && session.write_response_body(Some(sse_event(&n)), false).await.is_ok();
+                    present = present && session.write_response_body(Some(sse_event(&n.to_string())), false).await.is_ok();
                 }
             }
         }
@@ -358,7 +358,7 @@ impl Gateway {
 }
 
 /// One message as an SSE event.
-fn sse_event(message: &Value) -> Bytes {
+fn sse_event(message: &str) -> Bytes {
     Bytes::from(format!("event: message\ndata: {message}\n\n"))
 }
 
