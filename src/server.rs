@@ -820,7 +820,12 @@ fn add_public_listeners<A>(
     tls: Option<(std::net::SocketAddr, Arc<crate::base::tls::ReloadableCert>)>,
 ) -> Result<(), String> {
     if let Some(addr) = listen {
-        proxy.add_tcp(&addr.to_string());
+        // No read buffer in front of a plain client connection: Pingora reads a request header
+        // into a buffer of its own and a body into the body reader's, so its default 64 KiB
+        // `BufReader` only held a copy, and one per open stream (issue 53: 5 KiB resident per
+        // held stream; see BENCHMARKS.md).
+        let unbuffered = pingora_core::protocols::l4::stream::L4BufferSettings::default().read(0);
+        proxy.add_listener(pingora_core::listeners::ListenerConfig::tcp(addr.to_string()).l4_buffer(unbuffered));
     }
     if let Some((addr, cert)) = tls {
         let mut settings = pingora_core::listeners::tls::TlsSettings::intermediate("", "").map_err(|e| format!("tls: {e}"))?;

@@ -8,6 +8,7 @@
 # c=8) warms it for 3 s, then the instructions of the next 4 s are divided by the requests wrk
 # counted. Small bodies by default; TOLLGATE_WRK_BODY=large for the 256 KiB one,
 # TOLLGATE_WRK_BODY=messages for a small messages request translated to chat completions.
+#   nginx     nginx as a plain reverse proxy (run.sh's proxy.conf.tmpl), one process
 #   bare      the bare Pingora proxy of run.sh
 #   tollgate  HEAD's release build
 #   other     PERF_OTHER_BIN, when set (a change against HEAD), with PERF_OTHER_EXTRA as more
@@ -56,6 +57,11 @@ requests = float(m.group(1)) * 4 if m else 0
 print("%-9s requests=%6d  K instructions/request=%.1f" % (name, requests, total / requests / 1000 if requests else float("nan")))
 PY
 }
+# nginx as the same plain reverse proxy (run.sh's proxy.conf), one process without a master:
+# the per-core reference of issue 53.
+NP=$(port)
+sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" -e "s#__PX__#$NP#g" "$here/proxy.conf.tmpl" > "$dir/proxy.conf"
+measure nginx "$NP" nginx -p "$dir" -c "$dir/proxy.conf" -g 'daemon off; master_process off;'
 BP=$(port); measure bare "$BP" "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
 GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" ""
 RUST_LOG=warn measure tollgate "$GW" "$PWD/target/release/tollgate" -c "$dir/tollgate.yaml"

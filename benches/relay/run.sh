@@ -37,6 +37,7 @@ gateway() { # name listen admin billing
 gateway tollgate "$GW" "$GA" '{}'
 gateway tg-sync "$GS" "$GSA" '{"sync_commit": true}'
 declare -A PID
+PID[nginx]=$(echo $pids | awk '{print $2}')
 PID[bare]=$(echo $pids | awk '{print $3}')
 PID[tollgate]=$(echo $pids | awk '{print $4}')
 PID[tg-sync]=$(echo $pids | awk '{print $5}')
@@ -55,9 +56,11 @@ if [ -n "${PERF_TRACED:-}" ]; then
   PID[traced]=$(echo $pids | awk '{print $NF}')
   targets="$targets traced:$GT"
 fi
-# CPU ticks (user + system, all threads) and context switches (all threads) of a process.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-switches() { cat /proc/"$1"/task/*/status 2>/dev/null | awk '/ctxt_switches/ {s += $2} END {print s + 0}'; }
+# CPU ticks (user + system, all threads) and context switches (all threads) of a process and
+# its children (nginx's workers).
+family() { echo "$1" $(pgrep -P "$1"); }
+ticks() { for q in $(family "$1"); do awk '{print $14 + $15}' "/proc/$q/stat" 2>/dev/null; done | awk '{s += $1} END {print s + 0}'; }
+switches() { for q in $(family "$1"); do cat /proc/"$q"/task/*/status 2>/dev/null; done | awk '/ctxt_switches/ {s += $2} END {print s + 0}'; }
 hz=$(getconf CLK_TCK)
 cleanup() { kill $pids 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT

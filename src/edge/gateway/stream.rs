@@ -27,7 +27,7 @@ impl Gateway {
     /// side. An `Err` after the response header went out ends the client's connection.
     pub(super) async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let shape = plan.protocol;
-        let (mut http, peer) = match self.open_upstream(session.req_header(), plan).await {
+        let (mut http, peer) = match Box::pin(self.open_upstream(session.req_header(), plan)).await {
             Ok(opened) => opened,
             Err(e) => {
                 log::warn!("relay failed: {e}");
@@ -57,7 +57,7 @@ impl Gateway {
             let retry_after = retry_after(upstream_header).map(|d| d.as_secs().max(1));
             plan.happened.upstream_request_id = upstream_request_id(upstream_header);
             let usage = plan.route.usage_shape().unwrap_or(Shape::Chat);
-            return self.relay_error(session, ctx, plan, (http, peer), (status, retry_after), usage).await;
+            return Box::pin(self.relay_error(session, ctx, plan, (http, peer), (status, retry_after), usage)).await;
         }
         let mut header = Box::new(upstream_header.clone());
         plan.happened.upstream_request_id = upstream_request_id(&header);
@@ -74,7 +74,7 @@ impl Gateway {
 
         ctx.response_started = true;
         if let Err(e) = session.write_response_header(header, false).await {
-            self.drain(&mut http, plan, &mut scanner, status).await;
+            Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
             return Err(e.into_down());
         }
         let mut first_byte = true;
@@ -116,12 +116,12 @@ impl Gateway {
                         self.owners.deleted(id).await;
                     }
                 }
-                return self.end_relay(session, http, &peer, out).await;
+                return Box::pin(self.end_relay(session, http, &peer, out)).await;
             }
             if let Some(data) = out.filter(|d| !d.is_empty()) {
                 if let Err(e) = session.write_response_body(Some(data), false).await {
                     // The client left: the upstream's answer is still billed as it reports it.
-                    self.drain(&mut http, plan, &mut scanner, status).await;
+                    Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
                     return Err(e.into_down());
                 }
             }
@@ -144,7 +144,7 @@ impl Gateway {
             }
             Err(e) => {
                 log::warn!("upstream response ended early: {e}");
-                self.abandon(http, plan, scanner, status).await;
+                Box::pin(self.abandon(http, plan, scanner, status)).await;
                 Err(e.into_up())
             }
         }
@@ -188,7 +188,7 @@ impl Gateway {
         let outcome = if complete { "complete" } else { "cut" };
         self.metrics.counter("tollgate_drained_responses_total", &[("outcome", outcome)]).add(1);
         log::info!("client left during the answer of a {} request; the rest was read for its usage ({outcome}, {read} bytes)", plan.model);
-        self.abandon(http, plan, scanner, status).await;
+        Box::pin(self.abandon(http, plan, scanner, status)).await;
     }
 
     /// End a relay whose response cannot go on: give up the upstream connection and bill what

@@ -53,7 +53,7 @@ impl Gateway {
         if !(200..300).contains(&status) {
             // A stream that failed before its first byte is a real error, in the client's shape,
             // with the provider's status, as a native relay's.
-            return self.relay_error(session, ctx, plan, (http, peer), (status, retry_after), shape_of(t.upstream)).await;
+            return Box::pin(self.relay_error(session, ctx, plan, (http, peer), (status, retry_after), shape_of(t.upstream))).await;
         }
         let mut scanner = UsageScanner::new(shape_of(t.upstream), sse, false);
         if plan.sampled() {
@@ -65,7 +65,7 @@ impl Gateway {
                 Ok(body) => body,
                 Err(e) => {
                     log::warn!("upstream answer of a translated request ended early: {e}");
-                    self.abandon(&mut http, plan, &mut scanner, status).await;
+                    Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
                     let err = ApiError::new(ErrorKind::BadGateway, "The upstream service's answer was cut short.");
                     return LocalResponse::error(&err, shape).send(session).await;
                 }
@@ -94,14 +94,14 @@ impl Gateway {
         let _open_stream = crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams);
         ctx.response_started = true;
         if let Err(e) = session.write_response_header(header, false).await {
-            self.drain(&mut http, plan, &mut scanner, status).await;
+            Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
             return Err(e.into_down());
         }
         let mut translator = StreamTranslator::new(&t);
         let opening = translator.start();
         if !opening.is_empty() {
             if let Err(e) = session.write_response_body(Some(Bytes::from(opening)), false).await {
-                self.drain(&mut http, plan, &mut scanner, status).await;
+                Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
                 return Err(e.into_down());
             }
         }
@@ -122,7 +122,7 @@ impl Gateway {
                     Err(translate::stream::Broken) => {
                         // Billed for what came; the client's stream ends with its error event.
                         log::warn!("upstream stream of a translated request has an event over limits.max_event_bytes; ended");
-                        self.abandon(&mut http, plan, &mut scanner, status).await;
+                        Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
                         let last = Bytes::from(translator.fail());
                         return session.write_response_body(Some(last), true).await.map_err(|e| e.into_down());
                     }
@@ -132,11 +132,11 @@ impl Gateway {
                 out.extend(translator.finish());
                 // Settled before the client sees the end, as a native relay.
                 self.settle(plan, Some(&mut scanner), status).await;
-                return self.end_relay(session, http, &peer, Some(Bytes::from(out))).await;
+                return Box::pin(self.end_relay(session, http, &peer, Some(Bytes::from(out)))).await;
             }
             if !out.is_empty() {
                 if let Err(e) = session.write_response_body(Some(Bytes::from(out)), false).await {
-                    self.drain(&mut http, plan, &mut scanner, status).await;
+                    Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
                     return Err(e.into_down());
                 }
             }
