@@ -47,7 +47,8 @@ measure() { # name port command...
   eval "${PERF_SETTLE:-true}"
   callgrind_control -i off "$vg" >/dev/null 2>&1
   callgrind_control -d "$vg" >/dev/null 2>&1
-  kill "$vg"; wait "$vg" 2>/dev/null
+  # Counted and dumped: killed at once (a Pingora graceful stop waits out its grace period).
+  kill -9 "$vg"; wait "$vg" 2>/dev/null
   local total; total=$(callgrind_annotate "$dir/cg.$name.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
   python3 - "$name" "$r" "${total:-0}" <<'PY'
 import re, sys

@@ -37,51 +37,59 @@ targets="nginx:$PX:$ngx bare:$BP:$bp tollgate:$GW:$tp"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
   GO=$(port); tollgate_at other "$GO" "$PERF_OTHER_BIN"; op=$!; pids="$pids $op"; targets="$targets other:$GO:$op"
 fi
-cleanup() { kill $pids 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
+# nginx stops at TERM; the Pingora proxies are killed (a graceful stop waits out its grace period).
+cleanup() { kill $pids 2>/dev/null; kill -9 $bp $tp ${op:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 for t in $targets; do p=$(echo "$t" | cut -d: -f2); for _ in $(seq 1 200); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done; done
 calls="read write readv writev recvfrom sendto recvmsg sendmsg epoll_wait epoll_pwait epoll_ctl futex sched_yield accept4 close clock_gettime setsockopt getsockopt"
-events="task-clock,context-switches,raw_syscalls:sys_enter"
-for c in $calls; do events="$events,syscalls:sys_enter_$c"; done
+# CPU and switches are counted with software counters alone: the system-call tracepoints cost
+# every call something, which would charge the proxy that makes more calls. The calls are
+# counted in a load of their own, in the first round.
+cheap="task-clock,context-switches"
+traced="raw_syscalls:sys_enter"
+for c in $calls; do traced="$traced,syscalls:sys_enter_$c"; done
 path=/v1/chat/completions
 : >"$dir/rows"
+counted() { # port family events → "rps secs event=value ..." over the load's middle
+  wrk -t2 -c64 -d"${dur}s" -s "$here/post.lua" "http://127.0.0.1:$1$path" >"$dir/wrk" 2>&1 &
+  local w=$!
+  sleep 1
+  perf stat -x, -e "$3" -p "$2" -o "$dir/stat" -- sleep $((dur - 2)) >/dev/null 2>&1
+  wait "$w"
+  echo "$(sed -nE 's/.*RESULT rps=([0-9.]+).*/\1/p' "$dir/wrk") $((dur - 2)) $(awk -F, '/^[0-9]/ {printf "%s=%s ", $3, $1}' "$dir/stat")"
+}
 for t in $targets; do wrk -t1 -c8 -d2s -s "$here/post.lua" "http://127.0.0.1:$(echo "$t" | cut -d: -f2)$path" >/dev/null 2>&1; done
 for round in $(seq "$rounds"); do
   order="$targets"; [ $((round % 2)) -eq 0 ] && order=$(echo "$targets" | tr ' ' '\n' | tac | tr '\n' ' ')
   for t in $order; do
     IFS=: read -r n p pid <<<"$t"
     family=$(echo "$pid" $(pgrep -P "$pid") | tr ' ' ',')
-    wrk -t2 -c64 -d"${dur}s" -s "$here/post.lua" "http://127.0.0.1:$p$path" >"$dir/wrk" 2>&1 &
-    w=$!
-    # Counted over the load's middle: from 1 s in to 1 s before its end.
-    sleep 1
-    perf stat -x, -e "$events" -p "$family" -o "$dir/stat" -- sleep $((dur - 2)) >/dev/null 2>&1
-    wait "$w"
-    rps=$(sed -nE 's/.*RESULT rps=([0-9.]+).*/\1/p' "$dir/wrk")
-    echo "$n $round $rps $((dur - 2)) $(awk -F, '/^[0-9]/ {printf "%s=%s ", $3, $1}' "$dir/stat")" >>"$dir/rows"
+    echo "cpu $n $round $(counted "$p" "$family" "$cheap")" >>"$dir/rows"
+    [ "$round" = 1 ] && echo "calls $n $round $(counted "$p" "$family" "$traced")" >>"$dir/rows"
   done
 done
 python3 - "$dir/rows" "$calls" <<'PY'
 import statistics, sys
-rows, calls = open(sys.argv[1]).read().split("\n"), sys.argv[2].split()
-per = {}
-for line in rows:
+lines, calls = open(sys.argv[1]).read().split("\n"), sys.argv[2].split()
+cpu, sys_calls = {}, {}
+for line in lines:
     if not line.strip():
         continue
-    name, _round, rps, secs, *fields = line.split()
+    kind, name, _round, rps, secs, *fields = line.split()
     n = float(rps) * float(secs)
     got = dict(f.split("=", 1) for f in fields)
-    val = lambda k: float(got.get(k, "0").replace("<not counted>", "0") or 0)
-    row = {"rps": float(rps), "cpu_us": val("task-clock") * 1e3 / n if "task-clock" in got else float("nan"),
-           "switches": val("context-switches") / n, "syscalls": val("raw_syscalls:sys_enter") / n}
-    for c in calls:
-        row[c] = val("syscalls:sys_enter_" + c) / n
-    per.setdefault(name, []).append(row)
-med = {t: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for t, rs in per.items()}
-print(f"medians of {max(len(v) for v in per.values())} rounds, wrk -t2 -c64, small chat completion")
+    val = lambda k: float(got.get(k, "0").replace("<not counted>", "0") or 0) / n
+    if kind == "cpu":
+        cpu.setdefault(name, []).append({"rps": float(rps), "cpu_us": val("task-clock") * 1e3, "switches": val("context-switches")})
+    else:
+        sys_calls[name] = {"all": val("raw_syscalls:sys_enter"), **{c: val("syscalls:sys_enter_" + c) for c in calls}}
+med = {t: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for t, rs in cpu.items()}
+print(f"medians of {max(len(v) for v in cpu.values())} rounds, wrk -t2 -c64, small chat completion; system calls from round 1")
 print(f"{'target':9} {'rps':>9} {'CPU µs/req':>10} {'× nginx':>8} {'switches':>9} {'syscalls':>9}  per request by call")
 for t, m in med.items():
     ratio = m["cpu_us"] / med["nginx"]["cpu_us"] if "nginx" in med else float("nan")
-    by = " ".join(f"{c}={m[c]:.2f}" for c in calls if m[c] >= 0.01)
-    print(f"{t:9} {m['rps']:9.0f} {m['cpu_us']:10.1f} {ratio:8.2f} {m['switches']:9.2f} {m['syscalls']:9.2f}  {by}")
+    c = sys_calls.get(t, {})
+    by = " ".join(f"{k}={c[k]:.2f}" for k in calls if c.get(k, 0) >= 0.01)
+    print(f"{t:9} {m['rps']:9.0f} {m['cpu_us']:10.1f} {ratio:8.2f} {m['switches']:9.2f} {c.get('all', float('nan')):9.2f}  {by}")
+print("rounds: " + "; ".join(f"{t} " + " ".join(f"{r['cpu_us']:.1f}" for r in rs) for t, rs in cpu.items()))
 PY

@@ -62,7 +62,8 @@ family() { echo "$1" $(pgrep -P "$1"); }
 ticks() { for q in $(family "$1"); do awk '{print $14 + $15}' "/proc/$q/stat" 2>/dev/null; done | awk '{s += $1} END {print s + 0}'; }
 switches() { for q in $(family "$1"); do cat /proc/"$q"/task/*/status 2>/dev/null; done | awk '/ctxt_switches/ {s += $2} END {print s + 0}'; }
 hz=$(getconf CLK_TCK)
-cleanup() { kill $pids 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
+# nginx stops at TERM; the Pingora proxies are killed (a graceful stop waits out its grace period).
+cleanup() { kill $pids 2>/dev/null; for n in "${!PID[@]}"; do [ "$n" = nginx ] || kill -9 "${PID[$n]}" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$dir"; }
 trap cleanup EXIT
 for t in $targets; do p=${t#*:}; for i in $(seq 1 200); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done; done
 path=/v1/chat/completions
