@@ -25,16 +25,18 @@ use std::time::Instant;
 impl Gateway {
     /// Relay the planned request and stream its answer to the client, reading usage on the
     /// side. An `Err` after the response header went out ends the client's connection.
+    ///
+    /// This future lives as long as the stream (inside `request_filter`'s box), so whatever is
+    /// awaited once per request — opening the upstream, an error answer, settling, the end, a
+    /// drain — is boxed: inline, the largest of them set the size of every open stream's state
+    /// (8.4 KiB before, issue 53; BENCHMARKS.md).
     pub(super) async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let shape = plan.protocol;
         let (mut http, peer) = match Box::pin(self.open_upstream(session.req_header(), plan)).await {
             Ok(opened) => opened,
             Err(e) => {
                 log::warn!("relay failed: {e}");
-                let err = upstream_failure(&e);
-                self.settle(plan, None, err.status()).await;
-                LocalResponse::error(&err, shape).send(session).await?;
-                return Ok(());
+                return Box::pin(self.refuse_unanswered(session, plan, upstream_failure(&e))).await;
             }
         };
         // The request is sent: its body is not needed while the answer streams (agent
@@ -48,9 +50,7 @@ impl Gateway {
         }
         let Some(upstream_header) = http.response_header() else {
             let err = ApiError::new(ErrorKind::BadGateway, "The upstream service sent no response.");
-            self.settle(plan, None, err.status()).await;
-            LocalResponse::error(&err, shape).send(session).await?;
-            return Ok(());
+            return Box::pin(self.refuse_unanswered(session, plan, err)).await;
         };
         let status = upstream_header.status.as_u16();
         if status >= 400 {
@@ -110,7 +110,7 @@ impl Gateway {
                 }
                 // Settled before the client sees the end: its balance and `/v1/usage` already
                 // count this request when its response is complete.
-                self.settle(plan, Some(&mut scanner), status).await;
+                Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
                 if let Route::StoredResponse { id, op: crate::route::ResponseOp::Delete } = &plan.route {
                     if (200..300).contains(&status) {
                         self.owners.deleted(id).await;
@@ -126,6 +126,13 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// No answer came from the provider: the request is settled on what it failed with and the
+    /// client gets the error in its shape.
+    async fn refuse_unanswered(&self, session: &mut Session, plan: &mut RelayPlan, err: ApiError) -> Result<()> {
+        self.settle(plan, None, err.status()).await;
+        LocalResponse::error(&err, plan.protocol).send(session).await
     }
 
     /// The next chunk of the upstream's answer and whether it is the last. An answer cut by the

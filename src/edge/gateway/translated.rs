@@ -60,30 +60,7 @@ impl Gateway {
             scanner.read_answer();
         }
         if !t.stream {
-            // A whole answer.
-            let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES).await {
-                Ok(body) => body,
-                Err(e) => {
-                    log::warn!("upstream answer of a translated request ended early: {e}");
-                    Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
-                    let err = ApiError::new(ErrorKind::BadGateway, "The upstream service's answer was cut short.");
-                    return LocalResponse::error(&err, shape).send(session).await;
-                }
-            };
-            self.settle(plan, Some(&mut scanner), status).await;
-            let idle = peer.idle_timeout();
-            if let HttpSession::H1(h1) = http.into_inner() {
-                self.connector.release_http_session(h1, &peer, idle).await;
-            }
-            let response = match translate::response(&t, &body) {
-                Ok(bytes) => LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers: Vec::new() },
-                Err(err) => {
-                    log::warn!("a translated answer could not be read ({} -> {})", t.upstream.as_str(), t.client.as_str());
-                    LocalResponse::error(&err, shape)
-                }
-            };
-            ctx.response_started = true;
-            return response.send(session).await;
+            return Box::pin(self.answer_whole(session, ctx, plan, (http, peer), &t, (status, scanner))).await;
         }
 
         let mut header = Box::new(ResponseHeader::build(status, Some(4))?);
@@ -131,7 +108,7 @@ impl Gateway {
             if done {
                 out.extend(translator.finish());
                 // Settled before the client sees the end, as a native relay.
-                self.settle(plan, Some(&mut scanner), status).await;
+                Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
                 return Box::pin(self.end_relay(session, http, &peer, Some(Bytes::from(out)))).await;
             }
             if !out.is_empty() {
@@ -141,5 +118,42 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// A translated answer that is not streamed: read whole, settled, translated, sent. Its own
+    /// future (boxed by the caller), so a stream's state does not carry this path's.
+    async fn answer_whole(
+        &self,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        plan: &mut RelayPlan,
+        (mut http, peer): (Reply, HttpPeer),
+        t: &Translation,
+        (status, mut scanner): (u16, UsageScanner),
+    ) -> Result<()> {
+        let shape = plan.protocol;
+        let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES).await {
+            Ok(body) => body,
+            Err(e) => {
+                log::warn!("upstream answer of a translated request ended early: {e}");
+                Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
+                let err = ApiError::new(ErrorKind::BadGateway, "The upstream service's answer was cut short.");
+                return LocalResponse::error(&err, shape).send(session).await;
+            }
+        };
+        self.settle(plan, Some(&mut scanner), status).await;
+        let idle = peer.idle_timeout();
+        if let HttpSession::H1(h1) = http.into_inner() {
+            self.connector.release_http_session(h1, &peer, idle).await;
+        }
+        let response = match translate::response(t, &body) {
+            Ok(bytes) => LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers: Vec::new() },
+            Err(err) => {
+                log::warn!("a translated answer could not be read ({} -> {})", t.upstream.as_str(), t.client.as_str());
+                LocalResponse::error(&err, shape)
+            }
+        };
+        ctx.response_started = true;
+        response.send(session).await
     }
 }
