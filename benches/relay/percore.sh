@@ -7,8 +7,8 @@
 # alternating rounds, medians printed. The instructions in user space are
 # instructions.sh's (callgrind); this shows the kernel's share, which callgrind does not count.
 # PERF_OTHER_BIN adds another tollgate build as target "other"; PERF_OTHER_PINGORA, JSON
-# members merged into the `pingora:` section of every tollgate target (e.g.
-# '{"work_stealing": false}') — a lever tried on HEAD's build.
+# members merged into that target's `pingora:` section (e.g. '{"work_stealing": false}'): with
+# PERF_OTHER_BIN=target/release/tollgate, a framework lever against the same build without it.
 # Usage, from the repository root: bash benches/relay/percore.sh
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,18 +24,18 @@ nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & pids="$pids $!"
 nginx -p "$dir" -c "$dir/proxy.conf" -g 'daemon off;' & ngx=$!; pids="$pids $ngx"
 "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2 >"$dir/bare.log" 2>&1 & bp=$!; pids="$pids $bp"
 . "$here/../gateway-config.sh"
-tollgate_at() { # name port binary
+tollgate_at() { # name port binary pingora-members
   write_gateway_config "$dir/$1.yaml" "$dir" "$1" "$2" "$(port)" "$UP" ""
-  python3 - "$dir/$1.yaml" "${PERF_OTHER_PINGORA:-{\}}" <<'PY'
+  python3 - "$dir/$1.yaml" "$4" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["pingora"].update(json.loads(sys.argv[2])); json.dump(c, open(sys.argv[1], "w"))
 PY
   RUST_LOG=warn "$3" -c "$dir/$1.yaml" >"$dir/$1.log" 2>&1 &
 }
-tollgate_at tollgate "$GW" "$PWD/target/release/tollgate"; tp=$!; pids="$pids $tp"
+tollgate_at tollgate "$GW" "$PWD/target/release/tollgate" '{}'; tp=$!; pids="$pids $tp"
 targets="nginx:$PX:$ngx bare:$BP:$bp tollgate:$GW:$tp"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
-  GO=$(port); tollgate_at other "$GO" "$PERF_OTHER_BIN"; op=$!; pids="$pids $op"; targets="$targets other:$GO:$op"
+  GO=$(port); tollgate_at other "$GO" "$PERF_OTHER_BIN" "${PERF_OTHER_PINGORA:-{\}}"; op=$!; pids="$pids $op"; targets="$targets other:$GO:$op"
 fi
 # nginx stops at TERM; the Pingora proxies are killed (a graceful stop waits out its grace period).
 cleanup() { kill $pids 2>/dev/null; kill -9 $bp $tp ${op:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }

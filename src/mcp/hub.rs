@@ -262,21 +262,14 @@ impl Hub {
                 }
             })
             .collect();
+        let offered = [
+            ("tools", json!({"listChanged": false})),
+            ("prompts", json!({"listChanged": false})),
+            ("resources", json!({"listChanged": false, "subscribe": false})),
+            ("logging", json!({})),
+        ];
         let has = |name: &str| answered.is_empty() || answered.iter().any(|c| c.get(name).is_some());
-        let mut caps = serde_json::Map::new();
-        if has("tools") {
-            caps.insert("tools".into(), json!({"listChanged": false}));
-        }
-        if has("prompts") {
-            caps.insert("prompts".into(), json!({"listChanged": false}));
-        }
-        if has("resources") {
-            caps.insert("resources".into(), json!({"listChanged": false, "subscribe": false}));
-        }
-        if has("logging") {
-            caps.insert("logging".into(), json!({}));
-        }
-        Value::Object(caps)
+        Value::Object(offered.into_iter().filter(|(name, _)| has(name)).map(|(name, v)| (name.to_string(), v)).collect())
     }
 
     /// `method`'s result from every server at once (a listing, all pages), each server's items

@@ -202,8 +202,7 @@ impl Gateway {
             Ok(found) => found,
             Err(unknown) => {
                 // Refused like a model the key may not call: counted and logged with why.
-                self.metrics.counter("tollgate_refusals_total", &[("code", UNKNOWN_TOOL)]).add(1);
-                ctx.reason = Some(UNKNOWN_TOOL);
+                self.note_refusal(ctx, UNKNOWN_TOOL);
                 ctx.mcp = Some(Box::new(facts));
                 return Ok(answered(&rpc_error(id, INVALID_PARAMS, &unknown.0, None)));
             }
@@ -214,8 +213,7 @@ impl Gateway {
         // Counted, then held: a refusal here is the protocol's error, with why in `data`.
         let refused = |facts: ToolCallFacts, ctx: &mut RequestCtx, e: ApiError| {
             let data = json!({"type": e.kind.reason(), "retry_after": e.retry_after});
-            self.metrics.counter("tollgate_refusals_total", &[("code", e.kind.reason())]).add(1);
-            ctx.reason = Some(e.kind.reason());
+            self.note_refusal(ctx, e.kind.reason());
             ctx.mcp = Some(Box::new(ToolCallFacts { status: e.status(), ..facts }));
             Ok(answered(&rpc_error(id, SERVER_ERROR, &e.message, Some(data))))
         };
@@ -345,12 +343,12 @@ impl Gateway {
                 answer = &mut call => {
                     // Notifications sent before the answer go first.
                     while let Ok(n) = rx.try_recv() {
-                        present = present && session.write_response_body(Some(sse_event(&n.to_string())), false).await.is_ok();
+                        present = present && session.write_response_body(Some(sse_event(&n)), false).await.is_ok();
                     }
                     return (answer, present);
                 }
                 Some(n) = rx.recv() => {
-                    present = present && session.write_response_body(Some(sse_event(&n.to_string())), false).await.is_ok();
+                    present = present && session.write_response_body(Some(sse_event(&n)), false).await.is_ok();
                 }
             }
         }
@@ -358,7 +356,7 @@ impl Gateway {
 }
 
 /// One message as an SSE event.
-fn sse_event(message: &str) -> Bytes {
+fn sse_event(message: &impl std::fmt::Display) -> Bytes {
     Bytes::from(format!("event: message\ndata: {message}\n\n"))
 }
 

@@ -282,6 +282,13 @@ fn unknown_endpoint(req: &RequestHeader) -> ApiError {
 }
 
 impl Gateway {
+    /// A request refused by tollgate: counted in `tollgate_refusals_total` by `code`, which the
+    /// access and request logs give as its reason.
+    fn note_refusal(&self, ctx: &mut RequestCtx, code: &'static str) {
+        self.metrics.counter("tollgate_refusals_total", &[("code", code)]).add(1);
+        ctx.reason = Some(code);
+    }
+
     /// Route, authenticate and either answer locally or plan a relay: the request stages in
     /// their order, each of which may answer the request itself (see [`Exit`]).
     async fn decide(&self, session: &mut Session, ctx: &mut RequestCtx) -> std::result::Result<Outcome, ApiError> {
@@ -332,9 +339,8 @@ impl ProxyHttp for Gateway {
             }
             Ok(Outcome::Done) => {}
             Err(err) => {
-                ctx.reason = Some(err.kind.reason());
+                self.note_refusal(ctx, err.kind.reason());
                 ctx.reason_param = err.param.clone();
-                self.metrics.counter("tollgate_refusals_total", &[("code", err.kind.reason())]).add(1);
                 // The body may be unread: do not reuse the connection after an early refusal.
                 session.set_keepalive(None);
                 LocalResponse::error(&err, ctx.shape.unwrap_or(Protocol::Openai)).send(session).await?;
