@@ -697,6 +697,7 @@ fn gateway(
         metrics: s.metrics.clone(),
         connector: pingora_core::connectors::http::v1::Connector::new(Some(options)),
         usage_queries: crate::access::limits::UsageTurns::default(),
+        realtime_sessions: crate::access::limits::KeySlots::default(),
         drain: config.drain,
         closing,
         requests: config.console.request_log.then(|| s.store.requests()),

@@ -81,6 +81,16 @@ pub struct BatchService {
     refreshing: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
+/// An input file checked: the lines as sent upstream, their worst case, the model and its
+/// provider, and the lines that continue a stored response (line number, response id).
+struct Prepared {
+    written: Vec<u8>,
+    worst: i64,
+    model: String,
+    provider: ProviderConfig,
+    continues: Vec<(usize, String)>,
+}
+
 /// What a create request asks for.
 struct Asked {
     input_file_id: String,
@@ -243,8 +253,9 @@ impl BatchService {
         routing: &Routing,
         endpoint: &str,
         input: &[u8],
-    ) -> Result<(Vec<u8>, i64, String, ProviderConfig), ApiError> {
+    ) -> Result<Prepared, ApiError> {
         let mut lines: Vec<BatchLine> = check_lines(input)?;
+        let mut continues = Vec::new();
         let model = lines[0].model.clone();
         let provider = Self::provider_for(routing, &model)
             .ok_or_else(|| line_error(1, "body.model", format!("the model '{model}' is not served for batches by this gateway.")))?;
@@ -275,6 +286,16 @@ impl BatchService {
             if let Some(route) = &route {
                 let body = serde_json::from_slice::<Value>(raw).ok().and_then(|v| v.get("body").map(Value::to_string)).unwrap_or_default();
                 let fields = crate::protocol::body_fields(body.as_bytes()).map_err(|e| line_error(n, "body", e.message))?;
+                // What the body references is held as the same body sent alone would be.
+                line.extra_input = routing.media_allowance.tokens(fields.media);
+                if let Some(previous) = &fields.previous_response_id {
+                    continues.push((n, previous.to_string()));
+                }
+                // A conversation object is not one tollgate knows the owner of: never continued
+                // with the provider's key on a line's say-so.
+                if serde_json::from_str::<Value>(&body).ok().is_some_and(|b| b.get("conversation").is_some_and(|c| !c.is_null())) {
+                    return Err(line_error(n, "body.conversation", "a batch line cannot continue a stored conversation; send its items instead."));
+                }
                 if fields.stream == Some(true) {
                     return Err(line_error(n, "body.stream", "a batch's answers are not streamed."));
                 }
@@ -316,7 +337,7 @@ impl BatchService {
             log::error!("batch model {model} is served without a price; refused");
             ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
         })?;
-        Ok((written, worst, model, provider))
+        Ok(Prepared { written, worst, model, provider, continues })
     }
 
     /// Create a batch of the key's input file: checked, charged its worst case, submitted.
@@ -326,11 +347,22 @@ impl BatchService {
         let routing = self.routing.load_full();
         let endpoint = asked.endpoint;
         let key_owned = key.clone();
-        let (written, worst, model, provider) =
+        let prices = routing.prices.clone();
+        let Prepared { written, mut worst, model, provider, continues } =
             tokio::task::spawn_blocking(move || Self::prepare(&key_owned, &routing, endpoint, &input)).await.map_err(|e| {
                 log::error!("batches: checking the input failed: {e}");
                 ApiError::new(ErrorKind::Internal, "Internal error while checking the input file.")
             })??;
+        // A line that continues a stored response: only one of this key's, and held for the
+        // conversation it continues, as the relay does.
+        for (n, previous) in continues {
+            let owner = self.ledger.response_owner(&previous).await.map_err(internal)?.filter(|o| o.key_id == key.id);
+            let Some(owner) = owner else {
+                return Err(line_error(n, "body.previous_response_id", format!("previous response with id '{previous}' not found.")));
+            };
+            let context = crate::billing::batch::worst_case(&prices, &[BatchLine::context(&model, owner.context_tokens)], |_| 0).unwrap_or(0);
+            worst = worst.saturating_add(context);
+        }
         let now = now_unix();
         let mut batch = Batch {
             id: format!("batch_{}", crate::base::secrets::random_base62(28)),

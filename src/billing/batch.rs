@@ -1,7 +1,8 @@
 //! What batch work costs: each line at the batch prices (`batch_input`, `batch_output`; half of
 //! `input` and `output` when not given), settled from the line's own usage; and the worst case a
 //! whole input file can cost, charged when the batch is accepted (every line's input at one
-//! token per three bytes, its named output maximum or the model's allowance).
+//! token per three bytes and what it references — images, files, a stored conversation — as
+//! the same body sent alone is held, its named output maximum or the model's allowance).
 
 use super::prices::{saturate, times, PriceBook};
 use crate::base::usage::Usage;
@@ -19,7 +20,7 @@ pub fn worst_case(book: &PriceBook, lines: &[BatchLine], allowance: impl Fn(&str
     let mut total: i128 = 0;
     for line in lines {
         let media = book.media(&line.model)?;
-        let input = super::hold_input_tokens(line.body_bytes);
+        let input = super::hold_input_tokens(line.body_bytes).saturating_add(line.extra_input);
         let output = if line.url == "/v1/embeddings" { 0 } else { line.max_output.unwrap_or_else(|| allowance(&line.model)) };
         total = total.saturating_add(times(input, media.batch_input)).saturating_add(times(output, media.batch_output));
     }
@@ -40,7 +41,7 @@ mod tests {
     }
 
     fn line(model: &str, url: &'static str, body_bytes: usize, max_output: Option<u64>) -> BatchLine {
-        BatchLine { custom_id: "x".into(), url, model: model.into(), body_bytes, max_output }
+        BatchLine { custom_id: "x".into(), url, model: model.into(), body_bytes, max_output, extra_input: 0 }
     }
 
     #[test]
@@ -58,5 +59,9 @@ mod tests {
         // 1000 + 10 + 100 input tokens at $1, 500 + 4096 output at $4 (per 1M).
         assert_eq!(worst_case(&b, &lines, |_| 4096), Some(1_110_000 + 18_384_000));
         assert_eq!(worst_case(&b, &[line("unpriced", "/v1/embeddings", 3, None)], |_| 1), None);
+        // Ten images referenced at 2,000 tokens each: held as the same body alone would be.
+        let mut images = line("m", "/v1/chat/completions", 30, Some(0));
+        images.extra_input = 20_000;
+        assert_eq!(worst_case(&b, &[images], |_| 0), Some(times(10 + 20_000, 1_000_000_000) as i64));
     }
 }

@@ -174,6 +174,27 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_for_the_size_asked_beats_the_catch_all() {
+        // The bundled alpha-dall-e-3 table: a size of its own beside "*".
+        let mut p = BTreeMap::new();
+        let per_image = BTreeMap::from([
+            ("standard".to_string(), BTreeMap::from([("1024x1024".to_string(), 0.04), ("*".to_string(), 0.08)])),
+            ("hd".to_string(), BTreeMap::from([("1024x1024".to_string(), 0.08), ("*".to_string(), 0.12)])),
+        ]);
+        p.insert("d3".to_string(), Price { per_image: Some(per_image), ..Price::default() });
+        let b = PriceBook::new(&p);
+        let one = MediaSeen { images: 1, ..MediaSeen::default() };
+        let bill = |q: Option<&str>, s: Option<&str>| images(1, q, s).bill(&b, "d3", scan(None, None, one), 200, 0);
+        assert_eq!(bill(Some("standard"), Some("1024x1024")), (Usage::default(), 40_000_000, false));
+        assert_eq!(bill(Some("standard"), Some("1792x1024")), (Usage::default(), 80_000_000, false));
+        assert_eq!(bill(Some("hd"), Some("1024x1024")), (Usage::default(), 80_000_000, false));
+        // A side left open: the dearest it can be, estimated.
+        assert_eq!(bill(None, Some("1024x1024")), (Usage::default(), 80_000_000, true));
+        assert_eq!(bill(Some("standard"), Some("auto")), (Usage::default(), 80_000_000, true));
+        assert_eq!(images(1, Some("standard"), Some("1024x1024")).hold(&b, "d3", 0, 0).unwrap(), 40_000_000);
+    }
+
+    #[test]
     fn images_without_usage_are_billed_per_image_by_quality_and_size() {
         let b = book();
         let two = MediaSeen { images: 2, ..MediaSeen::default() };

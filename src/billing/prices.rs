@@ -160,12 +160,21 @@ impl MediaPrice {
         }
     }
 
-    /// The dearest price an image of `quality` and `size` can have (either not given, or
-    /// `auto`, matches every entry), and whether only one price matched. None: no entry
-    /// matches.
+    /// The price of an image of `quality` and `size`, and whether it is exact. Where the request
+    /// names a side (a quality, a size; `auto` names none), an entry for that very value beats
+    /// `"*"`; where it leaves a side open, every entry of that side can apply and the dearest is
+    /// taken — exact only when every entry that can apply costs the same. None: no entry matches.
     pub fn image_price(&self, quality: Option<&str>, size: Option<&str>) -> Option<(i64, bool)> {
-        let fits = |want: Option<&str>, have: &str| have == "*" || want.is_none_or(|w| w == "auto" || w == have);
-        let mut prices = self.per_image.iter().filter(|(q, s, _)| fits(quality, q) && fits(size, s)).map(|(_, _, p)| *p);
+        let (quality, size) = (quality.filter(|w| *w != "auto"), size.filter(|w| *w != "auto"));
+        let fits = |want: Option<&str>, have: &str| have == "*" || want.is_none_or(|w| w == have);
+        let matching: Vec<&(String, String, i64)> = self.per_image.iter().filter(|(q, s, _)| fits(quality, q) && fits(size, s)).collect();
+        // One side of `other` is at least as specific as `mine`'s: the same, or the very value
+        // asked where `mine` has "*".
+        let at_least = |want: Option<&str>, mine: &str, other: &str| mine == other || (want.is_some() && mine == "*" && other != "*");
+        let shadowed = |(q, s, _): &(String, String, i64)| {
+            matching.iter().any(|(q2, s2, _)| (q2 != q || s2 != s) && at_least(quality, q, q2) && at_least(size, s, s2))
+        };
+        let mut prices = matching.iter().filter(|e| !shadowed(e)).map(|(_, _, p)| *p);
         let first = prices.next()?;
         let (mut dearest, mut single) = (first, true);
         for p in prices {

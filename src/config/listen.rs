@@ -158,7 +158,11 @@ pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, Realtime
         max_secs: get(|l| l.realtime_max_secs, 3600),
         idle_secs: get(|l| l.realtime_idle_secs, 300),
         max_frame_bytes: get(|l| l.realtime_max_frame_bytes, 16 << 20),
+        sessions_per_key: get(|l| l.realtime_sessions_per_key, 8),
     };
+    if !(1..=100_000).contains(&realtime.sessions_per_key) {
+        return err("limits.realtime_sessions_per_key: 1 to 100000");
+    }
     if !(1..=86_400).contains(&realtime.max_secs) {
         return err("limits.realtime_max_secs: 1 to 86400");
     }
@@ -182,8 +186,11 @@ pub struct Realtime {
     pub max_secs: u64,
     /// The longest a session may pass without a frame either way (default 5 minutes).
     pub idle_secs: u64,
-    /// The largest frame either side may send (default 16 MiB).
+    /// The largest frame either side may send (default 16 MiB), and the largest message a
+    /// client sends in fragments.
     pub max_frame_bytes: u64,
+    /// Sessions one key may hold open at once (default 8).
+    pub sessions_per_key: u64,
 }
 
 /// `limits.max_upload_bytes` and `limits.max_spooled_bytes`.
@@ -259,6 +266,8 @@ pub(super) struct RawLimits {
     realtime_idle_secs: Option<u64>,
     #[serde(default)]
     realtime_max_frame_bytes: Option<u64>,
+    #[serde(default)]
+    realtime_sessions_per_key: Option<u64>,
     /// How often an open batch is asked about at its provider (default 30 s).
     #[serde(default)]
     batch_poll_secs: Option<u64>,

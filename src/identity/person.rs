@@ -38,8 +38,12 @@ impl Role {
 pub struct Person {
     /// The issuer's subject (`sub`): who they are, for good.
     pub subject: String,
-    /// What to show (`email`, else `preferred_username`, else `name`, else the subject).
+    /// What to show (`email`, else `preferred_username`, else `name`, else the subject): never
+    /// used to decide anything — any user can set most of these at many providers.
     pub display: String,
+    /// Their email, lowercased, only when the provider vouches for it (`email` with
+    /// `email_verified: true`): what an operator's assignment "by email" is matched against.
+    pub email: Option<String>,
     /// Their roles (unknown names ignored; none: a member).
     pub roles: Vec<Role>,
     /// Their teams: account names, in the claim's order (then those operators added).
@@ -50,6 +54,16 @@ pub struct Person {
 }
 
 impl Person {
+    /// Who they are in key names, tags, logs and audit lines: what is shown and the subject
+    /// (two people with the same display never read alike).
+    pub fn label(&self) -> String {
+        if self.display == self.subject {
+            self.subject.clone()
+        } else {
+            format!("{} [{}]", self.display, self.subject)
+        }
+    }
+
     /// Add what an operator gave them in `account` (a team, and a role there: `team_admin` of
     /// that team only; `operator` of everything).
     pub fn assign(&mut self, account: &str, role: &str) {
@@ -107,6 +121,13 @@ pub fn person(claims: &Value, claim_roles: &str, claim_teams: &str) -> Option<Pe
         .filter(|c| !c.is_control())
         .take(64)
         .collect();
+    // `email_verified` is a boolean (some providers send the string "true").
+    let verified = matches!(claims.get("email_verified"), Some(Value::Bool(true))) || claims.get("email_verified").and_then(Value::as_str) == Some("true");
+    let email = claims
+        .get("email")
+        .and_then(Value::as_str)
+        .filter(|e| verified && !e.is_empty() && e.len() <= 255 && !e.chars().any(char::is_control))
+        .map(str::to_ascii_lowercase);
     let mut roles: Vec<Role> = names(claim(claims, claim_roles)).iter().filter_map(|r| Role::parse(r)).collect();
     roles.sort();
     roles.dedup();
@@ -117,7 +138,7 @@ pub fn person(claims: &Value, claim_roles: &str, claim_teams: &str) -> Option<Pe
         }
     }
     let admin_of = if roles.contains(&Role::TeamAdmin) { teams.clone() } else { Vec::new() };
-    Some(Person { subject, display, roles, teams, admin_of })
+    Some(Person { subject, display, email, roles, teams, admin_of })
 }
 
 #[cfg(test)]
@@ -139,5 +160,22 @@ mod tests {
         assert_eq!((p.role(), p.teams.clone(), p.display.as_str()), (Role::Operator, vec!["a".to_string(), "b".to_string()], "u2"));
         assert_eq!(person(&json!({"sub": "u3"}), "roles", "teams").unwrap().role(), Role::Member);
         assert!(person(&json!({"email": "x"}), "roles", "teams").is_none());
+    }
+
+    #[test]
+    fn an_email_counts_only_from_the_email_claim_when_the_provider_verified_it() {
+        let verified = person(&json!({"sub": "s1", "email": "Ada@Example.com", "email_verified": true}), "r", "t").unwrap();
+        assert_eq!(verified.email.as_deref(), Some("ada@example.com"));
+        assert_eq!(verified.label(), "Ada@Example.com [s1]");
+        for claims in [
+            json!({"sub": "s2", "email": "ada@example.com"}),
+            json!({"sub": "s2", "email": "ada@example.com", "email_verified": false}),
+            json!({"sub": "s2", "name": "ADA@EXAMPLE.COM", "email_verified": true}),
+            json!({"sub": "s2", "preferred_username": "ada@example.com", "email_verified": true}),
+        ] {
+            let p = person(&claims, "r", "t").unwrap();
+            assert_eq!(p.email, None, "{claims}");
+            assert!(p.label().ends_with("[s2]"), "{}", p.label());
+        }
     }
 }

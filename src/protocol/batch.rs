@@ -27,6 +27,17 @@ pub struct BatchLine {
     /// The output maximum the body names, if it names one (`max_tokens`,
     /// `max_completion_tokens`, `max_output_tokens`).
     pub max_output: Option<u64>,
+    /// Input tokens held for what the body references beyond its own bytes — images and files
+    /// (`billing.image_input_tokens`, `billing.file_input_tokens`), the stored conversation a
+    /// `previous_response_id` continues: held as the same body sent alone would be.
+    pub extra_input: u64,
+}
+
+impl BatchLine {
+    /// A line of `tokens` input and no output: what continuing a stored conversation adds.
+    pub fn context(model: &str, tokens: u64) -> BatchLine {
+        BatchLine { custom_id: String::new(), url: "/v1/responses", model: model.to_string(), body_bytes: 0, max_output: Some(0), extra_input: tokens }
+    }
 }
 
 #[derive(Deserialize)]
@@ -93,7 +104,7 @@ pub fn check_lines(input: &[u8]) -> Result<Vec<BatchLine>, ApiError> {
         let model = fields.model.filter(|m| !m.is_empty()).ok_or_else(|| bad(n, "body.model", "'body.model' is required"))?;
         super::check_model_name(&model).map_err(|e| bad(n, "body.model", e.message))?;
         let max_output = [fields.max_tokens, fields.max_completion_tokens, fields.max_output_tokens].into_iter().flatten().max();
-        out.push(BatchLine { custom_id, url, model, body_bytes: body.get().len(), max_output });
+        out.push(BatchLine { custom_id, url, model, body_bytes: body.get().len(), max_output, extra_input: 0 });
     }
     if out.is_empty() {
         return Err(ApiError::new(ErrorKind::BadRequest, "The input file has no requests.").with_param("input_file_id"));

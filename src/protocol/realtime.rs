@@ -34,6 +34,21 @@ impl Frame {
         self.fin && self.opcode == OpCode::Data(Data::Text)
     }
 
+    /// The first frame of a text message in fragments (more follow).
+    pub fn starts_text_fragments(&self) -> bool {
+        !self.fin && self.opcode == OpCode::Data(Data::Text)
+    }
+
+    /// The first frame of a binary message in fragments.
+    pub fn starts_binary_fragments(&self) -> bool {
+        !self.fin && self.opcode == OpCode::Data(Data::Binary)
+    }
+
+    /// A later fragment of a message.
+    pub fn is_continuation(&self) -> bool {
+        self.opcode == OpCode::Data(Data::Continue)
+    }
+
     pub fn is_close(&self) -> bool {
         self.opcode == OpCode::Control(Control::Close)
     }
@@ -101,10 +116,15 @@ impl Splitter {
 pub enum Event {
     /// The client asks for a turn (`response.create`).
     ResponseCreate,
-    /// The server started a turn (`response.created`: also by its own voice activity detection).
-    ResponseCreated,
-    /// A turn ended with its usage (`response.done`).
-    ResponseDone(TurnUsage),
+    /// The client changes the session (`session.update`): where its turns' output ends.
+    SessionUpdate,
+    /// The client sends audio (`input_audio_buffer.append`): a turn the server may start.
+    AudioAppend,
+    /// The server started a turn (`response.created`: also by its own voice activity
+    /// detection), with the response's id.
+    ResponseCreated(Option<String>),
+    /// A turn ended with its usage (`response.done`), with the response's id.
+    ResponseDone(TurnUsage, Option<String>),
     Other,
 }
 
@@ -133,12 +153,11 @@ impl TurnUsage {
 /// How far into an event its `type` is looked for before the whole event is parsed.
 const TYPE_WINDOW: usize = 256;
 
-/// The `type` of an event, read from its first bytes when it is a member of the event itself
-/// there (the usual case: the services write it first, and events are long only for their
-/// audio, which follows), else from the whole event.
-fn event_type(frame: &Frame) -> Option<String> {
-    let head = frame.head(TYPE_WINDOW);
-    if let Some(at) = top_level_type(&head) {
+/// The `type` of an event, read from its first bytes (`head`) when it is a member of the event
+/// itself there (the usual case: the services write it first, and events are long only for
+/// their audio, which follows), else from the whole event.
+fn event_type<'a>(head: &[u8], whole: impl FnOnce() -> std::borrow::Cow<'a, [u8]>) -> Option<String> {
+    if let Some(at) = top_level_type(head) {
         let rest = &head[at + 6..];
         let rest = &rest[rest.iter().position(|b| !b.is_ascii_whitespace() && *b != b':')?..];
         if let Some(inner) = rest.strip_prefix(b"\"") {
@@ -149,7 +168,7 @@ fn event_type(frame: &Frame) -> Option<String> {
             }
         }
     }
-    let v: Value = serde_json::from_slice(&frame.payload()).ok()?;
+    let v: Value = serde_json::from_slice(&whole()).ok()?;
     v.get("type").and_then(Value::as_str).map(str::to_string)
 }
 
@@ -178,24 +197,89 @@ fn top_level_type(head: &[u8]) -> Option<usize> {
     None
 }
 
-/// A client frame, read: only whole text messages are events.
-pub fn client_event(frame: &Frame) -> Event {
-    match frame.is_text().then(|| event_type(frame)).flatten().as_deref() {
+fn client_type(name: Option<&str>) -> Event {
+    match name {
         Some("response.create") => Event::ResponseCreate,
+        Some("session.update") => Event::SessionUpdate,
+        Some("input_audio_buffer.append") => Event::AudioAppend,
         _ => Event::Other,
     }
 }
 
-/// A server frame, read: `response.done` is parsed whole for its usage.
+/// A client frame, read: only whole text messages are events (a message in fragments is read
+/// once whole, with [`client_message`]).
+pub fn client_event(frame: &Frame) -> Event {
+    if !frame.is_text() {
+        return Event::Other;
+    }
+    client_type(event_type(&frame.head(TYPE_WINDOW), || frame.payload()).as_deref())
+}
+
+/// A client's whole text message (its fragments joined), read.
+pub fn client_message(payload: &[u8]) -> Event {
+    client_type(event_type(&payload[..payload.len().min(TYPE_WINDOW)], || std::borrow::Cow::Borrowed(payload)).as_deref())
+}
+
+/// The id of the response an event is about (`response.id`).
+fn response_id(v: &Value) -> Option<String> {
+    v.pointer("/response/id").and_then(Value::as_str).map(|s| s.chars().take(128).collect())
+}
+
+/// A server frame, read: `response.created` and `response.done` are parsed whole (for the
+/// response's id and the usage).
 pub fn server_event(frame: &Frame) -> Event {
-    match frame.is_text().then(|| event_type(frame)).flatten().as_deref() {
-        Some("response.created") => Event::ResponseCreated,
+    if !frame.is_text() {
+        return Event::Other;
+    }
+    match event_type(&frame.head(TYPE_WINDOW), || frame.payload()).as_deref() {
+        Some("response.created") => match serde_json::from_slice::<Value>(&frame.payload()) {
+            Ok(v) => Event::ResponseCreated(response_id(&v)),
+            Err(_) => Event::ResponseCreated(None),
+        },
         Some("response.done") => match serde_json::from_slice::<Value>(&frame.payload()) {
-            Ok(v) => Event::ResponseDone(turn_usage(v.pointer("/response/usage").unwrap_or(&Value::Null))),
-            Err(_) => Event::ResponseDone(TurnUsage::default()),
+            Ok(v) => Event::ResponseDone(turn_usage(v.pointer("/response/usage").unwrap_or(&Value::Null)), response_id(&v)),
+            Err(_) => Event::ResponseDone(TurnUsage::default(), None),
         },
         _ => Event::Other,
     }
+}
+
+/// Tell the upstream where a turn's hold ends: a `response.create`'s `response.max_output_tokens`
+/// or a `session.update`'s session bound (`max_output_tokens`; the beta protocol's
+/// `max_response_output_tokens` where the session names no `type`) set to `allowance` when the
+/// client asked for more (or for `"inf"`, or named none). The event rewritten, or None when it
+/// is left as it is (not JSON, or already within the allowance).
+pub fn cap_output(payload: &[u8], event: &Event, allowance: u64) -> Option<Vec<u8>> {
+    let mut v: Value = serde_json::from_slice(payload).ok()?;
+    let target = match event {
+        Event::ResponseCreate => {
+            let obj = v.as_object_mut()?;
+            let response = obj.entry("response").or_insert_with(|| Value::Object(Default::default()));
+            (response.as_object_mut()?, "max_output_tokens")
+        }
+        Event::SessionUpdate => {
+            let session = v.get_mut("session")?.as_object_mut()?;
+            let name = match session.get("type").and_then(Value::as_str) {
+                Some("transcription") => return None,
+                Some(_) => "max_output_tokens",
+                None if session.contains_key("max_output_tokens") => "max_output_tokens",
+                None => "max_response_output_tokens",
+            };
+            (session, name)
+        }
+        _ => return None,
+    };
+    let (obj, name) = target;
+    if obj.get(name).and_then(Value::as_u64).is_some_and(|asked| asked <= allowance) {
+        return None;
+    }
+    obj.insert(name.to_string(), Value::from(allowance));
+    serde_json::to_vec(&v).ok()
+}
+
+/// A client's text message as one masked frame (a message tollgate reassembled or rewrote).
+pub fn client_text_frame(payload: &[u8]) -> Bytes {
+    frame(OpCode::Data(Data::Text), payload, true)
 }
 
 /// A `response.done`'s usage: cached tokens split out of the input; text and audio apart
@@ -303,7 +387,7 @@ mod tests {
             assert_eq!(frames.len(), 2, "cut at {cut}");
             assert_eq!(client_event(&frames[0]), Event::ResponseCreate);
             let expect = TurnUsage { text_in: 55, audio_in: 25, cached_in: 20, text_out: 10, audio_out: 40 };
-            assert_eq!(server_event(&frames[1]), Event::ResponseDone(expect));
+            assert_eq!(server_event(&frames[1]), Event::ResponseDone(expect, None));
             assert_eq!(frames[0].bytes, create, "relayed as it came");
         }
         assert_eq!(expect_input(), 100);
@@ -316,11 +400,11 @@ mod tests {
     #[test]
     fn a_type_far_into_an_event_is_still_read_and_a_big_frame_is_refused() {
         let late = text_frame(&json!({"event_id": "x".repeat(400), "type": "response.created"}), false);
-        assert_eq!(server_event(&split_all(&late, 3)[0]), Event::ResponseCreated);
+        assert_eq!(server_event(&split_all(&late, 3)[0]), Event::ResponseCreated(None));
         // A nested "type" before the event's own is not the event's.
         let nested = br#"{"response":{"output":[{"type":"message"}],"usage":{"input_tokens":7}},"type":"response.done"}"#;
         let f = split_all(&frame(OpCode::Data(Data::Text), nested, false), 0);
-        assert_eq!(server_event(&f[0]), Event::ResponseDone(TurnUsage { text_in: 7, ..TurnUsage::default() }));
+        assert_eq!(server_event(&f[0]), Event::ResponseDone(TurnUsage { text_in: 7, ..TurnUsage::default() }, None));
         let escaped = br#"{"event_id":"a\"type\":\"x","type":"response.create"}"#;
         assert_eq!(client_event(&split_all(&frame(OpCode::Data(Data::Text), escaped, true), 0)[0]), Event::ResponseCreate);
         let mut s = Splitter::new(10);

@@ -111,16 +111,21 @@ pub struct AccountRecord {
     /// What the team's admins allow their members' keys (within `member_limit`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub member_policy: Option<Ceiling>,
-    /// People an operator put in the team, by email (lowercase) or the provider's subject, with
-    /// their role here (`member`, `team_admin`, `operator`): besides the provider's claims.
+    /// People an operator put in the team, by the provider's subject or by email (lowercase; it
+    /// matches only an email the provider verified), with their role here (`member`,
+    /// `team_admin`, `operator`): besides the provider's claims.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub people: std::collections::BTreeMap<String, String>,
 }
 
 impl AccountRecord {
-    /// The role an operator gave the person with `subject` and `email` here, if any.
-    pub fn role_of(&self, subject: &str, email: &str) -> Option<&str> {
-        self.people.get(subject).or_else(|| self.people.get(&email.to_ascii_lowercase())).map(String::as_str)
+    /// The role an operator gave the person with `subject` and `verified_email` (an email their
+    /// provider vouches for, never a name they chose) here, if any.
+    pub fn role_of(&self, subject: &str, verified_email: Option<&str>) -> Option<&str> {
+        self.people
+            .get(subject)
+            .or_else(|| verified_email.and_then(|e| self.people.get(&e.to_ascii_lowercase())))
+            .map(String::as_str)
     }
 }
 

@@ -61,7 +61,7 @@ class Env:
         return admin_json(self.admin, ADMIN_TOKEN, method, path, body)
 
     def keys_of(self, tag_person):
-        return [k for k in self.admin_json("GET", "/admin/keys")["data"] if (k.get("tags") or {}).get("person") == tag_person]
+        return [k for k in self.admin_json("GET", "/admin/keys")["data"] if (k.get("tags") or {}).get("person", "").split(" [")[0] == tag_person]
 
     def account(self, name):
         return round(self.admin_json("GET", f"/admin/accounts/{name}")["balance"] * 1e9)
@@ -149,7 +149,7 @@ def test_a_member_signs_in_makes_uses_rotates_and_revokes_their_own_key_and_noth
     (key,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-laptop"]
     assert key["account"] == "research" and round(key["balance"] * 1e9) == 1_000_000_000 - cost
     audit = env.admin_json("GET", "/admin/audit")["data"]
-    assert any(e["id"] == key["id"] and "made on team research by ada@example.com (member)" in (e.get("reason") or "") for e in audit), audit[:3]
+    assert any(e["id"] == key["id"] and "made on team research by ada@example.com [ada] (member)" in (e.get("reason") or "") for e in audit), audit[:3]
     # Shut out of every operator page, the admin API, and other people's keys.
     session, csrf = session_of(browser)
     home = session.get(env.admin + "/console", allow_redirects=False)

@@ -2,8 +2,9 @@
 // package (installed by tests/run_all.sh), with its development sign-in pages (any password),
 // two clients — tollgate's console (confidential, `OIDC_SECRET`) and a command-line client
 // (public, PKCE) —, with `OIDC_MCP_SECRET` a machine client of the client-credentials grant
-// (`mcp-gateway`: tollgate calling an MCP server), and the people of `OIDC_PEOPLE` ({id: {email, roles, teams}}). Access tokens
-// for the resource `audience` are JWTs carrying the person's email, roles and teams.
+// (`mcp-gateway`: tollgate calling an MCP server), and the people of `OIDC_PEOPLE` ({id: {email, email_verified?, name?,
+// roles, teams}}; an email is verified unless `email_verified: false`). Access tokens for the resource `audience` are JWTs
+// carrying the person's email, whether it is verified, name, roles and teams.
 //
 //   node provider.mjs PORT AUDIENCE CONSOLE_REDIRECT_URI
 import Provider from 'oidc-provider';
@@ -11,7 +12,8 @@ import Provider from 'oidc-provider';
 const [port, audience, consoleRedirect] = process.argv.slice(2);
 const issuer = `http://127.0.0.1:${port}`;
 const people = JSON.parse(process.env.OIDC_PEOPLE || '{}');
-const claimsOf = (id) => ({ sub: id, email: people[id].email, roles: people[id].roles, teams: people[id].teams });
+const personal = (p) => ({ email: p.email, email_verified: p.email_verified ?? true, name: p.name, roles: p.roles, teams: p.teams });
+const claimsOf = (id) => ({ sub: id, ...personal(people[id]) });
 
 const provider = new Provider(issuer, {
   clients: [
@@ -38,7 +40,7 @@ const provider = new Provider(issuer, {
     if (!people[id]) return undefined;
     return { accountId: id, async claims() { return claimsOf(id); } };
   },
-  claims: { openid: ['sub'], email: ['email'], profile: ['roles', 'teams'] },
+  claims: { openid: ['sub'], email: ['email', 'email_verified'], profile: ['name', 'roles', 'teams'] },
   scopes: ['openid', 'email', 'profile', 'api', 'short'],
   features: {
     devInteractions: { enabled: true },
@@ -54,7 +56,7 @@ const provider = new Provider(issuer, {
   },
   async extraTokenClaims(ctx, token) {
     const p = people[token.accountId];
-    return p ? { email: p.email, roles: p.roles, teams: p.teams } : undefined;
+    return p ? personal(p) : undefined;
   },
   pkce: { required: () => true },
   // `short` in the scope: an access token that expires after 1 s.

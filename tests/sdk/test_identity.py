@@ -31,6 +31,9 @@ PEOPLE = {
     "cy": {"email": "cy@example.com", "roles": ["member"], "teams": ["research"]},
     "eve": {"email": "eve@example.com", "roles": ["member"], "teams": ["research"]},
     "fay": {"email": "fay@example.com", "roles": [], "teams": []},
+    # Impostors of fay: her address as a name, or as an email the provider did not verify.
+    "mallory": {"name": "FAY@EXAMPLE.COM", "roles": [], "teams": []},
+    "trudy": {"email": "fay@example.com", "email_verified": False, "roles": [], "teams": []},
 }
 
 
@@ -45,7 +48,8 @@ class Env:
         return admin_json(self.admin, ADMIN_TOKEN, method, path, body)
 
     def key_of(self, name):
-        return next(k for k in self.admin_json("GET", "/admin/keys")["data"] if k["name"] == name)
+        """A person's key: named after what they show and their subject (`ada@example.com [ada]`)."""
+        return next(k for k in self.admin_json("GET", "/admin/keys")["data"] if k["name"].split(" [")[0] == name)
 
     def account_balance(self, name):
         return round(self.admin_json("GET", f"/admin/accounts/{name}")["balance"] * 1e9)
@@ -106,7 +110,7 @@ def test_the_openai_sdk_with_an_access_token_is_billed_to_the_person_and_their_t
     cost = nanos(r.usage.prompt_tokens, 2.0) + nanos(r.usage.completion_tokens, 8.0)
     key = env.key_of("ada@example.com")
     assert key["account"] == "research" and key["group"] == "default", key
-    assert key["tags"] == {"person": "ada@example.com", "team": "research"}, key
+    assert key["tags"] == {"person": "ada@example.com [ada]", "team": "research"}, key
     # The person's key spent it, and their team's account with it.
     assert round(key["balance"] * 1e9) == 1_000_000_000 - cost
     assert env.account_balance("research") == research_before - cost
@@ -119,7 +123,7 @@ def test_the_openai_sdk_with_an_access_token_is_billed_to_the_person_and_their_t
     req = urllib.request.Request(env.gateway + "/v1/usage", headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req) as u:
         usage = json.load(u)
-    assert usage["key"]["name"] == "ada@example.com" and usage["total"]["requests"] == 2
+    assert usage["key"]["name"] == "ada@example.com [ada]" and usage["total"]["requests"] == 2
     # The person's token never goes upstream: the provider's key does.
     with urllib.request.urlopen(env.mock + "/__mock/requests") as r:
         sent = json.load(r)
@@ -197,7 +201,7 @@ def test_claude_code_with_an_access_token_as_its_auth_token_is_billed_to_the_per
     req = urllib.request.Request(env.gateway + "/v1/usage", headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req) as u:
         usage = json.load(u)
-    assert usage["key"]["name"] == "eve@example.com" and round(usage["total"]["cost"] * 1e9) == spent, usage
+    assert usage["key"]["name"] == "eve@example.com [eve]" and round(usage["total"]["cost"] * 1e9) == spent, usage
 
 
 def test_a_person_an_operator_put_in_a_team_calls_on_it_without_a_claim(env):
@@ -210,6 +214,12 @@ def test_a_person_an_operator_put_in_a_team_calls_on_it_without_a_claim(env):
     cost = r.usage.prompt_tokens * 2000 + r.usage.completion_tokens * 8000
     assert env.key_of("fay@example.com")["account"] == "research"
     assert env.account_balance("research") == research - cost
+    # Someone who only names themselves fay — a `name` claim, an email the provider did not
+    # verify — is not her: refused, no key made for them on her team.
+    for impostor in ("mallory", "trudy"):
+        with pytest.raises(openai.PermissionDeniedError):
+            env.client(env.idp.access_token(impostor)).models.list()
+    assert not [k for k in env.admin_json("GET", "/admin/keys")["data"] if k["name"].endswith(("[mallory]", "[trudy]"))]
     # Taken out: refused again.
     env.admin_json("PATCH", "/admin/accounts/research", {"people": {"fay@example.com": None}})
     with pytest.raises(openai.PermissionDeniedError):

@@ -113,7 +113,7 @@ def test_a_persons_token_and_their_own_key_bill_the_team_exactly_through_two_nod
     by_key = sum(c for cred, c in results if cred == secret)
     assert by_token > 0 and by_key > 0
     keys = admin_json(nodes[0][1], "GET", "/admin/keys")["data"]
-    ada_token_key = next(k for k in keys if k["name"] == "ada@example.com")
+    ada_token_key = next(k for k in keys if k["name"] == "ada@example.com [ada]")
     ada_console_key = next(k for k in keys if k["name"] == "ada-fleet")
     # Every node books into the shared database: wait for both nodes' records to arrive.
     deadline = time.monotonic() + 20

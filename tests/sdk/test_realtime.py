@@ -27,6 +27,10 @@ SHARED = "sk-sdk-realtime-0002"
 SPENT = "sk-sdk-realtime-0003"
 SOLO = "sk-sdk-realtime-0004"
 CUT = "sk-sdk-realtime-0005"
+MANY = "sk-sdk-realtime-0006"
+LOW = "sk-sdk-realtime-0007"
+VAD = "sk-sdk-realtime-0008"
+CAPPED = "sk-sdk-realtime-0009"
 MODEL = "alpha-realtime"
 # USD per 1M tokens.
 PRICE = {"input": 4.0, "output": 16.0, "cached_input": 0.4, "audio_input": 32.0, "audio_output": 64.0}
@@ -94,6 +98,10 @@ keys:
   - {{ key: {SPENT}, name: spent, group: default, balance: 1.0 }}
   - {{ key: {SOLO}, name: solo, group: default, balance: 5.0, max_concurrent: 1 }}
   - {{ key: {CUT}, name: cut, group: default, balance: 5.0 }}
+  - {{ key: {MANY}, name: many, group: default, balance: 5.0 }}
+  - {{ key: {LOW}, name: low, group: default, balance: 0.2 }}
+  - {{ key: {VAD}, name: vad, group: default, balance: 0.2 }}
+  - {{ key: {CAPPED}, name: capped, group: default, balance: 50.0 }}
 """
     path = os.path.join(tmp, "tollgate.yaml")
     with open(path, "w") as f:
@@ -106,7 +114,7 @@ keys:
 @pytest.fixture(scope="module")
 def rt():
     tmp = tempfile.mkdtemp(prefix="tollgate-realtime-")
-    procs, gw = start(tmp, "limits: { realtime_max_frame_bytes: 65536 }")
+    procs, gw = start(tmp, "limits: { realtime_max_frame_bytes: 65536, realtime_sessions_per_key: 3 }")
     try:
         yield gw
     finally:
@@ -278,3 +286,88 @@ def test_an_upstream_that_drops_the_session_mid_turn_ends_it_and_the_turn_is_bil
         assert closed.value.rcvd.code == 1011
     # Settled before the close frame went out.
     assert rt.balance(CUT) == before - FIRST_TURN_HOLD
+
+
+def recv_until(ws, kind, n=1):
+    """Events up to the `n`th of type `kind`."""
+    events = []
+    while sum(e["type"] == kind for e in events) < n:
+        events.append(json.loads(ws.recv(timeout=30)))
+    return events
+
+
+def test_responses_asked_for_at_once_are_each_held_and_each_billed(rt):
+    # Out-of-band responses run beside each other upstream; each is held as it is asked for and
+    # each `response.done` billed from its own usage (only the first was, before).
+    before = rt.balance(MANY)
+    with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {MANY}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        for _ in range(8):
+            ws.send(json.dumps({"type": "response.create", "response": {"conversation": "none", "output_modalities": ["text"]}}))
+        events = recv_until(ws, "response.done", 8)
+        assert not [e for e in events if e["type"] == "error"], events
+        done = [e for e in events if e["type"] == "response.done"]
+        assert len({d["response"]["id"] for d in done}) == 8
+    assert rt.balance(MANY) == before - sum(turn_cost(d["response"]["usage"]) for d in done)
+
+
+def test_a_turn_asks_the_upstream_to_stop_where_its_hold_ends(rt):
+    # `[big]` would write a million tokens: the upstream is told the allowance the turn was held
+    # for (4096, the default), so the turn costs what was held at most.
+    with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {CAPPED}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "[big]"}]}}))
+        ws.send(json.dumps({"type": "response.create", "response": {"max_output_tokens": "inf"}}))
+        done = recv_until(ws, "response.done")[-1]
+    assert done["response"]["usage"]["output_tokens"] == 4096
+
+
+def test_a_response_create_in_fragments_is_read_whole_and_held(rt):
+    # $0.20 cannot hold a turn ($0.39): a `response.create` sent in three fragments is refused as
+    # a whole one is, and never reaches the upstream.
+    with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {LOW}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(iter(['{"type": "resp', 'onse.create", "response"', ': {}}']))
+        refused = json.loads(ws.recv(timeout=30))
+        assert refused["type"] == "error" and refused["error"]["code"] == "insufficient_balance", refused
+        # A fragmented message that is not a turn is relayed whole.
+        ws.send(iter(['{"type": "session.update", ', '"session": {"type": "realtime", "instructions": "hi"}}']))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.updated"
+
+
+def test_a_turn_the_server_starts_and_tollgate_cancels_is_billed_what_it_used(rt):
+    # Server voice activity starts a turn the key cannot hold: tollgate cancels it upstream and
+    # tells the client, but the upstream ran it (its `response.done` reports usage): billed.
+    before = rt.balance(VAD)
+    with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {VAD}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "turn_detection": {"type": "server_vad"}}}))
+        assert json.loads(ws.recv(timeout=30))["type"] == "session.updated"
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = recv_until(ws, "response.done")
+        assert any(e["type"] == "error" and e["error"]["code"] == "insufficient_balance" for e in events), events
+        done = events[-1]
+    cost = turn_cost(done["response"]["usage"])
+    assert cost > 0 and rt.balance(VAD) == before - cost
+
+
+def test_a_key_holds_at_most_its_share_of_sessions(rt):
+    auth = {"Authorization": f"Bearer {CAPPED}"}
+    opened = [ws_connect(rt.ws_url(), additional_headers=auth) for _ in range(3)]
+    try:
+        with pytest.raises(InvalidStatus) as refused:
+            ws_connect(rt.ws_url(), additional_headers=auth)
+        assert refused.value.response.status_code == 429
+        # Another key is not affected.
+        with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {MANY}"}) as other:
+            assert json.loads(other.recv())["type"] == "session.created"
+    finally:
+        for ws in opened:
+            ws.close()
+
+
+def test_a_client_close_is_answered_with_a_close(rt):
+    with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.close(1000)
+        assert ws.close_rcvd is not None and ws.close_rcvd.code == 1000

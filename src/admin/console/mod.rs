@@ -439,7 +439,7 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session, secu
         return r;
     }
     let by = match &signed.who {
-        Who::Person(p) => Some(p.display.clone()),
+        Who::Person(p) => Some(p.label()),
         Who::Operator => None,
     };
     let request = Request { method, path, query, form, csrf: signed.csrf, by };

@@ -29,7 +29,7 @@ use std::fmt::Write;
 /// Put what a person did to a key in the audit trail, with their name (no balance moves).
 async fn audit(api: &AdminApi, key_id: &str, what: &str, person: &Person) -> Result<(), ApiError> {
     api.ledger
-        .top_up_because(key_id, 0, Some(&format!("{what} by {} ({})", person.display, person.role().name())))
+        .top_up_because(key_id, 0, Some(&format!("{what} by {} ({})", person.label(), person.role().name())))
         .await
         .map_err(internal)?;
     Ok(())
@@ -195,7 +195,7 @@ async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Perso
         "group": identity.cfg.group,
         "balance": identity.cfg.allowance_nanos as f64 / 1e9,
         "account": team,
-        "tags": {"person": person.display, "team": team},
+        "tags": {"person": person.label(), "team": team},
     });
     let view = api.create_key(crate::admin::api::parse_json(body.to_string().as_bytes())?).await?;
     let id = view["id"].as_str().unwrap_or_default().to_string();
@@ -206,7 +206,7 @@ async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Perso
         ceiling.apply(&mut rec);
     }
     api.keys.put_key(&rec).await.map_err(internal)?;
-    log::info!("console: {} made key {} ({}) on team {team}", person.display, rec.name, rec.id);
+    log::info!("console: {} made key {} ({}) on team {team}", person.label(), rec.name, rec.id);
     audit(api, &id, &format!("key '{}' made on team {team}", rec.name), person).await?;
     let token = reveals.keep(&id, &rec.name, view["key"].as_str().unwrap_or_default(), &req.csrf, crate::base::clock::now_unix());
     Ok(super::redirect(&format!("/console/me/keys/created/{token}")))
@@ -235,13 +235,13 @@ async fn own_action(api: &AdminApi, req: &Request, person: &Person, rest: &str) 
     match action {
         "revoke" => {
             api.revoke_key(&key.id).await?;
-            log::info!("console: {} revoked their key {}", person.display, key.id);
+            log::info!("console: {} revoked their key {}", person.label(), key.id);
             audit(api, &key.id, "key revoked", person).await?;
             Ok(super::redirect("/console/me"))
         }
         "rotate" => {
             let view = api.rotate_key(&key.id, 0).await?;
-            log::info!("console: {} rotated their key {}", person.display, key.id);
+            log::info!("console: {} rotated their key {}", person.label(), key.id);
             audit(api, &key.id, "key rotated", person).await?;
             let body = format!(
                 "<p class=\"notice\" role=\"status\">Key <strong>{}</strong> has a new secret; the old one no longer works. Copy it now: it is shown only this once.</p>\
@@ -341,7 +341,7 @@ async fn team_action(api: &AdminApi, req: &Request, person: &Person, rest: &str)
         "enable" | "disable" => {
             let patch = json!({"enabled": action == "enable"});
             api.patch_key(&key.id, crate::admin::api::parse_json(patch.to_string().as_bytes())?).await?;
-            log::info!("console: {} ({}) {action}d key {} of team {team}", person.display, person.role().name(), key.id);
+            log::info!("console: {} ({}) {action}d key {} of team {team}", person.label(), person.role().name(), key.id);
             audit(api, &key.id, &format!("key {action}d (team {team})"), person).await?;
         }
         "allowance" => {
@@ -359,11 +359,11 @@ async fn team_action(api: &AdminApi, req: &Request, person: &Person, rest: &str)
             }
             let now = api.ledger.balance(&key.id).await.map_err(internal)?;
             let reason = match req.form.get("reason") {
-                "" => format!("allowance set by {} (team admin of {team})", person.display),
-                r => format!("allowance set by {} (team admin of {team}): {r}", person.display),
+                "" => format!("allowance set by {} (team admin of {team})", person.label()),
+                r => format!("allowance set by {} (team admin of {team}): {r}", person.label()),
             };
             api.ledger.top_up_because(&key.id, wanted - now, Some(&reason)).await.map_err(internal)?;
-            log::info!("console: {} set the allowance of key {} to {wanted} nano-USD", person.display, key.id);
+            log::info!("console: {} set the allowance of key {} to {wanted} nano-USD", person.label(), key.id);
         }
         _ => return Err(not_found()),
     }
@@ -430,11 +430,11 @@ async fn set_policy(api: &AdminApi, req: &Request, person: &Person, team: &str) 
         .top_up_because(
             &purse,
             0,
-            Some(&format!("members' key policy of team {team} set by {} ({})", person.display, person.role().name())),
+            Some(&format!("members' key policy of team {team} set by {} ({})", person.label(), person.role().name())),
         )
         .await
         .map_err(internal)?;
-    log::info!("console: {} set the members' key policy of team {team}", person.display);
+    log::info!("console: {} set the members' key policy of team {team}", person.label());
     Ok(super::redirect("/console/team"))
 }
 

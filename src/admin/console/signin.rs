@@ -196,14 +196,14 @@ impl Pending {
         match api.keys.all_accounts().await {
             Ok(accounts) => {
                 for a in &accounts {
-                    if let Some(role) = a.role_of(&person.subject, &person.display) {
+                    if let Some(role) = a.role_of(&person.subject, person.email.as_deref()) {
                         person.assign(&a.name, role);
                     }
                 }
             }
             Err(e) => log::warn!("console: the teams operators set could not be read at sign-in: {e}"),
         }
-        log::info!("console: {} signed in ({}, teams {:?})", person.display, person.role().name(), person.teams);
+        log::info!("console: {} signed in ({}, teams {:?})", person.label(), person.role().name(), person.teams);
         Ok((Who::Person(person), begun.next))
     }
 }

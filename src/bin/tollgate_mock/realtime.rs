@@ -1,12 +1,13 @@
 //! The realtime API, as the mock answers it: `…/v1/realtime?model=M` upgraded to a WebSocket
 //! (the upstream key checked first), `session.created` at once, then a scripted session:
 //! `session.update` → `session.updated`, `conversation.item.create` → `conversation.item.created`,
-//! `input_audio_buffer.commit` → `input_audio_buffer.committed`, and each `response.create` a
+//! `input_audio_buffer.commit` → `input_audio_buffer.committed` (and a turn of its own when the
+//! session's `turn_detection` is `server_vad`), and each `response.create` a
 //! turn — `response.created`, three text deltas (or audio and transcript deltas when the session
 //! or the response asks for audio), or a `get_weather` function call when tools are offered and
 //! the user asked about the weather — ended by `response.done` with its usage: input growing
 //! with each turn (half of it cached after the first), audio input for audio appended, output
-//! split into text and audio. Markers in the user's text: `[big]` makes the turn's usage a
+//! split into text and audio, never past the response's or the session's `max_output_tokens`. Markers in the user's text: `[big]` makes the turn's usage a
 //! million tokens each way, `[hold]` stops the turn after its first delta (until the client
 //! leaves), `[cut]` closes the connection after the first delta without `response.done`.
 
@@ -100,6 +101,13 @@ pub(crate) async fn session(session: &mut Session, req: &RequestHeader) -> Resul
                 }
                 "input_audio_buffer.commit" => {
                     session.write_response_body(Some(send(json!({"type": "input_audio_buffer.committed"}))), false).await?;
+                    // With server voice activity detection the service answers the audio itself
+                    // (and, as it does, runs the turn out although a client cancels it).
+                    if script.session.pointer("/turn_detection/type").and_then(Value::as_str) == Some("server_vad")
+                        && !turn(session, &mut script, &json!({})).await?
+                    {
+                        return Ok(());
+                    }
                 }
                 "response.create" if !turn(session, &mut script, &event).await? => return Ok(()),
                 _ => {}
@@ -167,8 +175,16 @@ async fn turn(session: &mut Session, script: &mut Script, create: &Value) -> Res
     let (input, cached) = if big { (1_000_000, 0) } else { (100 + 60 * n, if n > 1 { 50 * (n - 1) } else { 0 }) };
     let audio_in = (script.audio_bytes / 100).min(input - cached);
     script.audio_bytes = 0;
+    // The output stops where the response or the session says (`max_output_tokens`, or the
+    // beta protocol's session `max_response_output_tokens`), as the service's does.
+    let cap = create
+        .pointer("/response/max_output_tokens")
+        .or_else(|| script.session.get("max_output_tokens"))
+        .or_else(|| script.session.get("max_response_output_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(u64::MAX);
     let (text_out, audio_out) = if big {
-        (1_000_000, 0)
+        (1_000_000u64.min(cap), 0)
     } else if audio {
         (12, 90)
     } else {

@@ -85,6 +85,8 @@ pub struct Gateway {
     pub uploads: crate::edge::upload::UploadLimits,
     /// Bounds of a realtime session (`limits.realtime_*`).
     pub realtime: crate::config::listen::Realtime,
+    /// Realtime sessions open, per key (`limits.realtime_sessions_per_key`).
+    pub realtime_sessions: crate::access::limits::KeySlots,
     /// A key's files (`/v1/files`).
     pub files: Arc<crate::files::FileService>,
     /// A key's batches (`/v1/batches`); set once the service runs.

@@ -39,7 +39,7 @@ async fn team_of(gw: &Gateway, person: &crate::identity::Person) -> Result<Optio
         return Ok(Some(t.clone()));
     }
     let accounts = gw.keys.all_accounts().await.map_err(internal)?;
-    Ok(accounts.into_iter().find(|a| a.role_of(&person.subject, &person.display).is_some()).map(|a| a.name))
+    Ok(accounts.into_iter().find(|a| a.role_of(&person.subject, person.email.as_deref()).is_some()).map(|a| a.name))
 }
 
 fn no_team() -> ApiError {
@@ -55,7 +55,7 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
     })?;
     let person = identity.person(&claims).ok_or_else(|| refused("it names no subject"))?;
     // A team an operator put them in counts as one the provider names.
-    let assigned = |name: &str| gw.keys.account(name).is_some_and(|a| a.role_of(&person.subject, &person.display).is_some());
+    let assigned = |name: &str| gw.keys.account(name).is_some_and(|a| a.role_of(&person.subject, person.email.as_deref()).is_some());
     let secret = identity.person_secret(&person.subject);
     match gw.keys.lookup(&secret) {
         KeyLookup::Stale => Err(crate::store::fleet::unavailable("the key list")),
@@ -76,8 +76,8 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
                         ceiling.apply(&mut moved);
                     }
                     gw.keys.put_key(&moved).await.map_err(internal)?;
-                    log::info!("identity: {} ({}) now draws on team {team}", person.display, moved.id);
-                    let why = format!("key of {} moved to team {team} (the identity provider's teams)", person.display);
+                    log::info!("identity: {} ({}) now draws on team {team}", person.label(), moved.id);
+                    let why = format!("key of {} moved to team {team} (the identity provider's teams)", person.label());
                     gw.ledger.top_up_because(&moved.id, 0, Some(&why)).await.map_err(internal)?;
                     Ok(Arc::new(moved))
                 }
@@ -91,17 +91,17 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
                 log::error!(
                     "identity: identity.oidc.group '{}' is not a group; {} cannot be given a key",
                     identity.cfg.group,
-                    person.display
+                    person.label()
                 );
                 return Err(ApiError::new(ErrorKind::Internal, "The gateway's identity settings name no usable group."));
             }
             let hash = hex(&hash_key(&secret));
             let mut policy = crate::policy::KeyPolicy { account: Some(team.clone()), ..Default::default() };
-            policy.tags.insert("person".into(), person.display.clone());
+            policy.tags.insert("person".into(), person.label());
             policy.tags.insert("team".into(), team.clone());
             let rec = KeyRecord {
                 id: format!("key_idp_{}", &hash[..16]),
-                name: person.display.clone(),
+                name: person.label(),
                 group: identity.cfg.group.clone(),
                 key_hash: hash,
                 rpm: None,
@@ -122,10 +122,10 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
             }
             gw.ledger.open_account(&rec.id, identity.cfg.allowance_nanos).await.map_err(internal)?;
             gw.keys.put_key(&rec).await.map_err(internal)?;
-            log::info!("identity: {} signed in for the first time: key {} of team {team}", person.display, rec.id);
+            log::info!("identity: {} signed in for the first time: key {} of team {team}", person.label(), rec.id);
             let why = format!(
-                "key made for {} ({}) at their first call with the identity provider's token, on team {team}",
-                person.display, person.subject
+                "key made for {} at their first call with the identity provider's token, on team {team}",
+                person.label()
             );
             gw.ledger.top_up_because(&rec.id, 0, Some(&why)).await.map_err(internal)?;
             Ok(Arc::new(rec))

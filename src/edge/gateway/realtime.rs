@@ -51,11 +51,25 @@ pub struct SessionTotals {
     pub ended: &'static str,
 }
 
-/// A turn under way: its hold, and whether it was asked for by the client (not yet started).
+/// A turn held: asked for by the client and not yet started upstream, or under way.
 struct Turn {
     hold: Hold,
     started: Instant,
 }
+
+/// A client's text message arriving in fragments, held until its last fragment (its payload is
+/// bounded by `limits.realtime_max_frame_bytes` like a whole frame).
+enum Fragments {
+    None,
+    /// A text message: its payload so far (unmasked).
+    Text(Vec<u8>),
+    /// A binary message: its fragments are relayed as they come.
+    Binary,
+}
+
+/// How often a key whose turn was refused for its balance is checked again before its audio is
+/// relayed once more.
+const STARVED_RECHECK: Duration = Duration::from_secs(5);
 
 /// A realtime session's state while it is relayed.
 struct Relay<'a> {
@@ -63,7 +77,17 @@ struct Relay<'a> {
     key: Arc<KeyRecord>,
     routing: Arc<Routing>,
     model: String,
-    turn: Option<Turn>,
+    /// Turns the client asked for (`response.create`), held, whose `response.created` has not
+    /// come yet: the oldest is the next to start.
+    asked: std::collections::VecDeque<Turn>,
+    /// Turns under way, by the response's id (several at once: responses out of band).
+    running: Vec<(Option<String>, Turn)>,
+    /// A turn was refused for the key's balance: the client's audio (which would start turns
+    /// the server runs on its own) is not relayed until a turn can be held again; when it was
+    /// last checked.
+    starved: Option<Instant>,
+    /// A client's message in fragments.
+    fragments: Fragments,
     /// The input of the last turn: the next is held for it and more.
     last_input: u64,
     totals: SessionTotals,
@@ -117,6 +141,7 @@ impl Gateway {
         // A key with nothing left is refused before the session opens (each turn is held as it
         // starts); the session counts against `rpm` like a turn.
         self.limits.admit(key).await?;
+        let _slot = self.realtime_sessions.take(&key.id, self.realtime.sessions_per_key.min(u32::MAX as u64) as u32, "realtime sessions")?;
         let purses = self.purses(routing, key)?;
         match self.ledger.hold_from(purses, 1).await {
             Ok(Ok(_released)) => {}
@@ -131,7 +156,10 @@ impl Gateway {
             key: key.clone(),
             routing: routing.clone(),
             model,
-            turn: None,
+            asked: std::collections::VecDeque::new(),
+            running: Vec::new(),
+            starved: None,
+            fragments: Fragments::None,
             last_input: 0,
             totals: SessionTotals::default(),
             trace: None,
@@ -166,7 +194,7 @@ impl Gateway {
         let _open = crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams);
         relay.totals.ended = relay.run(session, &mut upstream, limits).await;
         upstream.shutdown().await;
-        relay.end_turn_unreported().await;
+        relay.end_turns_unreported().await;
         ctx.trace = relay.trace.take();
         ctx.realtime = Some(Box::new(relay.totals));
         Ok(Outcome::Done)
@@ -258,41 +286,73 @@ enum Stop {
 }
 
 impl Relay<'_> {
-    /// Hold the next turn in every purse of the key, counted against its `rpm`; when it cannot
-    /// be, why (the `error` event's code and message).
-    async fn hold_turn(&mut self) -> Option<(&'static str, String)> {
-        if let Err(e) = self.gw.limits.admit(&self.key).await {
-            return Some(("rate_limit_exceeded", e.message));
-        }
-        let book = &self.routing.prices;
-        let output = book
+    /// The output tokens a turn is held for: what the upstream is told a turn may write.
+    fn turn_output(&self) -> u64 {
+        self.routing
+            .prices
             .price(&self.model)
             .and_then(|p| p.default_output_tokens.or(p.max_output_tokens))
-            .unwrap_or(self.routing.default_output_tokens);
-        let amount = crate::billing::realtime::turn_hold(book, &self.model, self.last_input.saturating_add(TURN_INPUT_ALLOWANCE), output)
+            .unwrap_or(self.routing.default_output_tokens)
+    }
+
+    /// Hold one more turn in every purse of the key, counted against its `rpm`; when it cannot
+    /// be, why (the `error` event's code and message).
+    async fn hold_turn(&mut self) -> Result<Turn, (&'static str, String)> {
+        if let Err(e) = self.gw.limits.admit(&self.key).await {
+            return Err(("rate_limit_exceeded", e.message));
+        }
+        let hold = self.hold(false).await?;
+        self.starved = None;
+        Ok(Turn { hold, started: Instant::now() })
+    }
+
+    /// Hold what a turn may cost (`probe`: only to see whether it could be, not counted as a
+    /// refusal).
+    async fn hold(&mut self, probe: bool) -> Result<Hold, (&'static str, String)> {
+        let book = &self.routing.prices;
+        let amount = crate::billing::realtime::turn_hold(book, &self.model, self.last_input.saturating_add(TURN_INPUT_ALLOWANCE), self.turn_output())
             .unwrap_or(0);
-        let purses = match self.gw.purses(&self.routing, &self.key) {
-            Ok(purses) => purses,
-            Err(e) => return Some(("turn_refused", e.message)),
-        };
+        let purses = self.gw.purses(&self.routing, &self.key).map_err(|e| ("turn_refused", e.message))?;
         match self.gw.ledger.hold_from(purses, amount).await {
-            Ok(Ok(hold)) => {
-                self.turn = Some(Turn { hold, started: Instant::now() });
-                None
-            }
+            Ok(Ok(hold)) => Ok(hold),
             Ok(Err(refused)) => {
-                Some(("insufficient_balance", refused.to_api_error("this turn may cost up to", crate::base::clock::now_unix()).message))
+                if !probe {
+                    self.starved = Some(Instant::now());
+                }
+                Err(("insufficient_balance", refused.to_api_error("this turn may cost up to", crate::base::clock::now_unix()).message))
             }
             Err(e) => {
                 log::warn!("realtime: ledger: {e}");
-                Some(("server_error", "The key's balance cannot be read right now.".into()))
+                Err(("server_error", "The key's balance cannot be read right now.".into()))
             }
         }
     }
 
-    /// Settle the turn under way from its usage; whether the key's balance is spent.
-    async fn settle(&mut self, usage: Option<TurnUsage>) -> bool {
-        let Some(turn) = self.turn.take() else { return false };
+    /// Whether the client's audio may be relayed: not while the key cannot pay for a turn (checked
+    /// again every few seconds, so a key topped up meanwhile speaks again).
+    async fn audio_allowed(&mut self) -> bool {
+        match self.starved {
+            None => true,
+            Some(at) if at.elapsed() < STARVED_RECHECK => false,
+            Some(_) => match self.hold(true).await {
+                Ok(_released) => {
+                    self.starved = None;
+                    true
+                }
+                Err(_) => {
+                    self.starved = Some(Instant::now());
+                    false
+                }
+            },
+        }
+    }
+
+    /// Bill a turn from its usage (`usage`; None: the turn ended unreported, billed its hold,
+    /// estimated). A turn that was never held — one the server ran although its hold was
+    /// refused and it was cancelled — is billed its reported usage all the same. Whether the
+    /// key's balance is spent.
+    async fn settle(&mut self, turn: Option<Turn>, usage: Option<TurnUsage>) -> bool {
+        let started = turn.as_ref().map_or_else(Instant::now, |t| t.started);
         let (usage_record, cost, estimated) = match usage {
             Some(u) => {
                 self.last_input = u.input();
@@ -302,7 +362,10 @@ impl Relay<'_> {
                     false,
                 )
             }
-            None => (crate::base::usage::Usage::default(), turn.hold.amount(), true),
+            None => match &turn {
+                Some(t) => (crate::base::usage::Usage::default(), t.hold.amount(), true),
+                None => return false,
+            },
         };
         self.totals.turns += 1;
         self.totals.input_tokens += usage_record.input_total();
@@ -311,13 +374,13 @@ impl Relay<'_> {
         self.totals.estimated |= estimated;
         self.gw.limits.spend_tokens(&self.key, usage_record.input_total().saturating_add(usage_record.output)).await;
         if let (Some(trace), Some(attrs)) = (self.trace.as_deref_mut(), self.span_attrs.as_ref()) {
-            trace.turn(attrs, &self.model, turn.started, (usage_record.input_total(), usage_record.output), estimated);
+            trace.turn(attrs, &self.model, started, (usage_record.input_total(), usage_record.output), estimated);
         }
         let series = self.gw.metrics.model(&self.model);
         series.input_tokens.add(usage_record.input_total());
         series.output_tokens.add(usage_record.output);
         series.cost_nanos.add(cost.max(0) as u64);
-        let record = UsageRecord {
+        let mut record = UsageRecord {
             time_ms: crate::base::clock::now_ms(),
             key_id: self.key.id.clone(),
             model: self.model.clone(),
@@ -329,7 +392,7 @@ impl Relay<'_> {
             output_tokens: usage_record.output,
             cost_nanos: cost,
             status: 200,
-            latency_ms: turn.started.elapsed().as_millis() as u64,
+            latency_ms: started.elapsed().as_millis() as u64,
             estimated,
             seq: 0,
             balance_after: 0,
@@ -340,7 +403,19 @@ impl Relay<'_> {
             charged: Vec::new(),
             tags: self.key.policy.tags.clone(),
         };
-        match self.gw.ledger.settle(turn.hold, record).await {
+        let booked = match turn {
+            Some(turn) => self.gw.ledger.settle(turn.hold, record).await,
+            None => {
+                // Unheld: debited at once from every purse the key draws on (never refused: the
+                // upstream already ran it).
+                record.charged = match self.gw.purses(&self.routing, &self.key) {
+                    Ok(purses) => purses.into_iter().filter(|p| p.kind != crate::records::purse::PurseKind::Key).map(|p| p.id).collect(),
+                    Err(_) => Vec::new(),
+                };
+                self.gw.ledger.adjust(record).await
+            }
+        };
+        match booked {
             Ok(balance) => balance <= 0,
             Err(e) => {
                 log::error!("ledger: could not settle a realtime turn of key {}: {e}", self.key.name);
@@ -349,10 +424,12 @@ impl Relay<'_> {
         }
     }
 
-    /// A turn left without its `response.done` (the session ended in it): billed its hold.
-    async fn end_turn_unreported(&mut self) {
-        if self.turn.is_some() {
-            self.settle(None).await;
+    /// Turns left without their `response.done` (the session ended in them): each billed its
+    /// hold. Turns asked for that never started are released.
+    async fn end_turns_unreported(&mut self) {
+        self.asked.clear();
+        while let Some((_, turn)) = self.running.pop() {
+            self.settle(Some(turn), None).await;
         }
     }
 
@@ -367,7 +444,7 @@ impl Relay<'_> {
                 read = client.read_request_body() => match read {
                     Ok(Some(chunk)) => {
                         from_client.push(&chunk);
-                        self.client_frames(&mut from_client, client, upstream).await
+                        self.client_frames(&mut from_client, client, upstream, limits.max_frame_bytes).await
                     }
                     _ => Some(Stop::Client),
                 },
@@ -382,8 +459,8 @@ impl Relay<'_> {
                 () = tokio::time::sleep(idle) => Some(Stop::Closed(1001, "session idle")),
             };
             if stop.is_some() {
-                // A turn the session ends in is settled before the client hears of the end.
-                self.end_turn_unreported().await;
+                // Turns the session ends in are settled before the client hears of the end.
+                self.end_turns_unreported().await;
             }
             match stop {
                 None => continue,
@@ -401,34 +478,96 @@ impl Relay<'_> {
         }
     }
 
-    /// The client's whole frames: a turn asked for is held first (refused: not passed on); a
-    /// close is passed on and ends the session.
-    async fn client_frames(&mut self, frames: &mut Splitter, client: &mut Session, upstream: &mut UpstreamSession) -> Option<Stop> {
+    /// The client's whole frames. A text message in fragments is held until whole and read
+    /// then (sent on as one frame); a turn asked for is held first (refused: not passed on),
+    /// with the upstream told where its hold ends, as is a `session.update` for the turns the
+    /// server starts; audio is not passed on while the key cannot pay for a turn; a close is
+    /// passed on and ends the session.
+    async fn client_frames(&mut self, frames: &mut Splitter, client: &mut Session, upstream: &mut UpstreamSession, max_message: u64) -> Option<Stop> {
         loop {
             let frame = match frames.next_frame() {
                 Ok(Some(frame)) => frame,
                 Ok(None) => return None,
                 Err(e) => return Some(frame_error(&e)),
             };
-            if rt::client_event(&frame) == Event::ResponseCreate && self.turn.is_none() {
-                if let Some((code, why)) = self.hold_turn().await {
-                    if client.write_response_body(Some(rt::error_event(code, &why)), false).await.is_err() {
-                        return Some(Stop::Client);
+            // A message in fragments: a text one is gathered, a binary one relayed as it comes.
+            let whole: Option<Vec<u8>> = match (&mut self.fragments, frame.is_continuation()) {
+                (Fragments::Text(payload), true) => {
+                    payload.extend_from_slice(&frame.payload());
+                    if payload.len() as u64 > max_message {
+                        return Some(Stop::Closed(1009, "message too large"));
                     }
+                    if !frame.fin {
+                        continue;
+                    }
+                    let Fragments::Text(payload) = std::mem::replace(&mut self.fragments, Fragments::None) else { continue };
+                    Some(payload)
+                }
+                (Fragments::Binary, true) => {
+                    if frame.fin {
+                        self.fragments = Fragments::None;
+                    }
+                    None
+                }
+                (Fragments::None, true) => return Some(Stop::Closed(1002, "a continuation frame without a message")),
+                (Fragments::None, false) if frame.starts_text_fragments() => {
+                    self.fragments = Fragments::Text(frame.payload().into_owned());
                     continue;
                 }
+                (Fragments::None, false) if frame.starts_binary_fragments() => {
+                    self.fragments = Fragments::Binary;
+                    None
+                }
+                (Fragments::None, false) => None,
+                // A control frame between fragments is relayed as it comes; a new message before
+                // the last one ended is a protocol error.
+                (_, false) if matches!(frame.opcode, tungstenite::protocol::frame::coding::OpCode::Control(_)) => None,
+                (_, false) => return Some(Stop::Closed(1002, "a new message before the last one ended")),
+            };
+            let event = match &whole {
+                Some(payload) => rt::client_message(payload),
+                None => rt::client_event(&frame),
+            };
+            let mut rewritten: Option<Vec<u8>> = None;
+            match event {
+                Event::ResponseCreate => match self.hold_turn().await {
+                    Ok(turn) => {
+                        self.asked.push_back(turn);
+                        let payload = whole.as_deref().map_or_else(|| frame.payload(), std::borrow::Cow::Borrowed);
+                        rewritten = rt::cap_output(&payload, &event, self.turn_output());
+                    }
+                    Err((code, why)) => {
+                        if client.write_response_body(Some(rt::error_event(code, &why)), false).await.is_err() {
+                            return Some(Stop::Client);
+                        }
+                        continue;
+                    }
+                },
+                Event::SessionUpdate => {
+                    let payload = whole.as_deref().map_or_else(|| frame.payload(), std::borrow::Cow::Borrowed);
+                    rewritten = rt::cap_output(&payload, &event, self.turn_output());
+                }
+                Event::AudioAppend if !self.audio_allowed().await => continue,
+                _ => {}
             }
-            if upstream.write_body(&frame.bytes).await.is_err() {
+            let sent = match (rewritten, whole) {
+                (Some(payload), _) | (None, Some(payload)) => upstream.write_body(&rt::client_text_frame(&payload)).await,
+                (None, None) => upstream.write_body(&frame.bytes).await,
+            };
+            if sent.is_err() {
                 return Some(Stop::Upstream);
             }
             if frame.is_close() {
+                // The client's close is answered (as the upstream would) before the session ends.
+                let _ = client.write_response_body(Some(rt::close_frame(1000, "", false)), false).await;
                 return Some(Stop::Client);
             }
         }
     }
 
-    /// The upstream's whole frames, passed on: a turn the server started is held (cancelled
-    /// upstream when it cannot be), `response.done` settles the turn.
+    /// The upstream's whole frames, passed on: a turn the server started on its own is held
+    /// (cancelled upstream when it cannot be), one the client asked for takes the oldest hold
+    /// asked; each `response.done` settles its own turn (by the response's id).
     async fn upstream_frames(&mut self, frames: &mut Splitter, client: &mut Session, upstream: &mut UpstreamSession) -> Option<Stop> {
         loop {
             let frame: Frame = match frames.next_frame() {
@@ -438,13 +577,23 @@ impl Relay<'_> {
             };
             let mut spent = false;
             match rt::server_event(&frame) {
-                Event::ResponseCreated if self.turn.is_none() => {
-                    if let Some((code, why)) = self.hold_turn().await {
-                        let _ = upstream.write_body(&rt::cancel_frame()).await;
-                        let _ = client.write_response_body(Some(rt::error_event(code, &why)), false).await;
-                    }
+                Event::ResponseCreated(id) => match self.asked.pop_front() {
+                    Some(turn) => self.running.push((id, turn)),
+                    None => match self.hold_turn().await {
+                        Ok(turn) => self.running.push((id, turn)),
+                        Err((code, why)) => {
+                            let _ = upstream.write_body(&rt::cancel_frame()).await;
+                            let _ = client.write_response_body(Some(rt::error_event(code, &why)), false).await;
+                        }
+                    },
+                },
+                Event::ResponseDone(usage, id) => {
+                    let at = self.running.iter().position(|(held, _)| held.is_some() && *held == id);
+                    // A response without an id is the oldest under way's.
+                    let at = at.or_else(|| id.is_none().then_some(0).filter(|_| !self.running.is_empty()));
+                    let turn = at.map(|i| self.running.remove(i).1);
+                    spent = self.settle(turn, Some(usage)).await;
                 }
-                Event::ResponseDone(usage) => spent = self.settle(Some(usage)).await,
                 _ => {}
             }
             if client.write_response_body(Some(frame.bytes.clone()), false).await.is_err() {
