@@ -224,3 +224,83 @@ async fn a_bad_input_file_is_refused_naming_its_line_and_nothing_is_charged_or_s
     let recorded: Vec<Value> = client().get(mock.url("/__mock/requests")).send().await.unwrap().json().await.unwrap();
     assert!(!recorded.iter().any(|r| r["path"].as_str().is_some_and(|p| p.contains("/batches") || p.contains("/files"))));
 }
+
+async fn create_at(gw: &Gateway, key: &str, file: &str, endpoint: &str) -> reqwest::Response {
+    let body = json!({"input_file_id": file, "endpoint": endpoint, "completion_window": "24h"});
+    client().post(gw.url("/v1/batches")).bearer_auth(key).json(&body).send().await.unwrap()
+}
+
+#[tokio::test]
+async fn a_line_is_held_for_the_images_and_files_it_references_as_the_same_body_alone_would_be() {
+    // 2,000 input tokens held per image (billing.image_input_tokens' default), 100,000 per file:
+    // the worst case counted a line at one token per three bytes, images and files nothing.
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let image = json!({"type": "image_url", "image_url": {"url": "https://example.com/cat.png", "detail": "high"}});
+    let mut content = vec![json!({"type": "text", "text": "what is this?"})];
+    content.extend(std::iter::repeat_n(image, 10));
+    content.push(json!({"type": "file", "file": {"file_id": "file-abc"}}));
+    let body = json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": content}], "max_tokens": 1});
+    let before = balance(&gw, CLIENT_KEY).await;
+    let file = upload(&gw, CLIENT_KEY, &[line("pics", body.clone())]).await;
+    let r = create(&gw, CLIENT_KEY, &file, Value::Null).await;
+    assert_eq!(r.status(), 200);
+    let held = before - balance(&gw, CLIENT_KEY).await;
+    // alpha-5.5 at the batch prices: $1 per 1M input (1,000 nano-USD a token), $4 output.
+    let input = (body.to_string().len() as i64).div_euclid(3) + i64::from(body.to_string().len() % 3 != 0) + 10 * 2_000 + 100_000;
+    assert_eq!(held, input * 1_000 + 4_000, "held as the same body sent alone");
+}
+
+#[tokio::test]
+async fn a_line_continues_only_the_keys_own_stored_response_and_is_held_for_it() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port));
+    let respond = |key: &'static str| {
+        let gw = &gw;
+        async move {
+            let r = client()
+                .post(gw.url("/v1/responses"))
+                .bearer_auth(key)
+                .json(&json!({"model": "alpha-5.5", "input": "remember this", "store": true}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            let v: Value = r.json().await.unwrap();
+            let u = &v["usage"];
+            (v["id"].as_str().unwrap().to_string(), u["input_tokens"].as_i64().unwrap() + u["output_tokens"].as_i64().unwrap())
+        }
+    };
+    let (victims, _) = respond(OTHER_KEY).await;
+    let (mine, context) = respond(CLIENT_KEY).await;
+    let continuing = |id: &str| {
+        json!({"custom_id": "c", "method": "POST", "url": "/v1/responses",
+               "body": {"model": "alpha-5.5", "input": "and then?", "previous_response_id": id, "max_output_tokens": 16}})
+        .to_string()
+    };
+    // Another key's response: refused, naming the line; nothing charged, nothing sent.
+    let before = balance(&gw, CLIENT_KEY).await;
+    let file = upload(&gw, CLIENT_KEY, &[continuing(&victims)]).await;
+    let r = create_at(&gw, CLIENT_KEY, &file, "/v1/responses").await;
+    assert_eq!(r.status(), 400);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["param"], "line 1: body.previous_response_id");
+    assert_eq!(balance(&gw, CLIENT_KEY).await, before);
+    let recorded: Vec<Value> = client().get(mock.url("/__mock/requests")).send().await.unwrap().json().await.unwrap();
+    assert!(!recorded.iter().any(|r| r["path"].as_str().is_some_and(|p| p.contains("/batches"))));
+    // A stored conversation object: refused (tollgate cannot tell whose it is).
+    let conv = json!({"custom_id": "c", "method": "POST", "url": "/v1/responses",
+                      "body": {"model": "alpha-5.5", "input": "hi", "conversation": "conv_someone", "max_output_tokens": 16}});
+    let file = upload(&gw, CLIENT_KEY, &[conv.to_string()]).await;
+    let r = create_at(&gw, CLIENT_KEY, &file, "/v1/responses").await;
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["param"], "line 1: body.conversation");
+    // Its own: accepted, and held for the conversation it continues as well.
+    let own = continuing(&mine);
+    let body_len = serde_json::from_str::<Value>(&own).unwrap()["body"].to_string().len() as i64;
+    let file = upload(&gw, CLIENT_KEY, &[own]).await;
+    let before = balance(&gw, CLIENT_KEY).await;
+    let r = create_at(&gw, CLIENT_KEY, &file, "/v1/responses").await;
+    assert_eq!(r.status(), 200);
+    let held = before - balance(&gw, CLIENT_KEY).await;
+    let input = (body_len + 2) / 3 + context;
+    assert_eq!(held, input * 1_000 + 16 * 4_000);
+}

@@ -115,10 +115,10 @@ def test_the_openai_sdk_with_an_access_token_is_billed_to_the_person_and_their_t
     assert round(key["balance"] * 1e9) == 1_000_000_000 - cost
     assert env.account_balance("research") == research_before - cost
     audit = env.admin_json("GET", "/admin/audit")["data"]
-    assert any(e["id"] == key["id"] and "ada@example.com (ada)" in (e.get("reason") or "") for e in audit), audit[:3]
+    assert any(e["id"] == key["id"] and "ada@example.com [ada]" in (e.get("reason") or "") for e in audit), audit[:3]
     # The same person again: the same key, not a second one.
     client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "again"}], max_tokens=5)
-    assert [k["name"] for k in env.admin_json("GET", "/admin/keys")["data"]].count("ada@example.com") == 1
+    assert [k["name"] for k in env.admin_json("GET", "/admin/keys")["data"]].count("ada@example.com [ada]") == 1
     # Their usage, read with the token like any key.
     req = urllib.request.Request(env.gateway + "/v1/usage", headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req) as u:
@@ -158,7 +158,7 @@ def test_tokens_that_are_not_the_providers_own_for_this_gateway_are_refused(env)
     # The genuine one works, and only the genuine one made a key.
     env.client(good).chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
     names = [k["name"] for k in env.admin_json("GET", "/admin/keys")["data"]]
-    assert names.count("cy@example.com") == 1
+    assert names.count("cy@example.com [cy]") == 1
 
 
 def hmac_token(claims, secret):

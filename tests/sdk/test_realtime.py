@@ -370,4 +370,4 @@ def test_a_client_close_is_answered_with_a_close(rt):
     with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {KEY}"}) as ws:
         assert json.loads(ws.recv())["type"] == "session.created"
         ws.close(1000)
-        assert ws.close_rcvd is not None and ws.close_rcvd.code == 1000
+        assert ws.protocol.close_rcvd is not None and ws.protocol.close_rcvd.code == 1000
