@@ -341,8 +341,10 @@ impl KeySlots {
         let mut open = lock(&self.open);
         let n = open.entry_ref(key_id).or_insert(0);
         if *n >= cap {
-            let mut refused =
-                ApiError::new(ErrorKind::RateLimited, format!("This key has {cap} {what} open, the most it may hold at once; close one first."));
+            let mut refused = ApiError::new(
+                ErrorKind::RateLimited,
+                format!("This key has {cap} {what} open, the most it may hold at once; close one first."),
+            );
             refused.retry_after = Some(1);
             return Err(refused);
         }

@@ -38,27 +38,72 @@ pub fn encode_component(s: &str) -> String {
     out
 }
 
-/// A URL as it may be logged: any `user:password@` removed (a collector's or a database's
-/// credentials never reach a log line). Text that is not a URL is returned as it is.
+/// The most characters of a string a client chose (a model or tool name, a field's name) that
+/// reach any sink: a log line, the request log, a span, a metric label, an error's `param`.
+pub const MAX_CLIENT_STRING: usize = 256;
+
+/// The most characters of an error message a client is answered with (it may quote what the
+/// client sent).
+pub const MAX_ERROR_MESSAGE: usize = 2048;
+
+/// `s` cut to at most `max` characters, with `…` in place of the rest; borrowed when it fits.
+pub fn clip(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    match s.char_indices().nth(max) {
+        None => std::borrow::Cow::Borrowed(s),
+        Some((at, _)) => std::borrow::Cow::Owned(format!("{}…", &s[..at])),
+    }
+}
+
+/// Cut a client's string in place (see [`clip`]).
+pub fn clip_in_place(s: &mut String, max: usize) {
+    if let std::borrow::Cow::Owned(cut) = clip(s, max) {
+        *s = cut;
+    }
+}
+
+/// A URL as it may be logged or shown: any `user:password@` removed and every query value
+/// replaced (`?api_key=redacted`) — a server's, a collector's or a database's credentials never
+/// reach a log line or an answer, whichever part of the URL carries them. Text that is not a URL
+/// is returned as it is.
 pub fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
     let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
-        None => url.to_string(),
-    }
+    let host_at = rest[..authority_end].rfind('@').map_or(0, |at| at + 1);
+    let rest = &rest[host_at..];
+    let (before, fragment) = match rest.find('#') {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    let Some((path, query)) = before.split_once('?') else { return format!("{scheme}://{before}{fragment}") };
+    let names: Vec<String> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) => format!("{name}=redacted"),
+            None => pair.to_string(),
+        })
+        .collect();
+    format!("{scheme}://{path}?{}{fragment}", names.join("&"))
 }
 
 #[cfg(test)]
 mod redact_tests {
-    use super::redact_url;
+    use super::{clip, redact_url};
+
+    #[test]
+    fn client_strings_are_clipped_at_a_character_boundary() {
+        assert_eq!(clip("short", 10), "short");
+        assert_eq!(clip("ééééé", 3), "ééé…");
+        assert_eq!(clip(&"x".repeat(8 << 20), 256).chars().count(), 257);
+    }
 
     #[test]
     fn userinfo_never_survives() {
         assert_eq!(redact_url("https://user:s3cret@collector:4318/v1/traces"), "https://collector:4318/v1/traces");
         assert_eq!(redact_url("http://tok@host"), "http://host");
         assert_eq!(redact_url("http://host/a@b"), "http://host/a@b", "an @ in the path is not userinfo");
-        assert_eq!(redact_url("postgres://u:p%40ss@db/x?sslmode=require"), "postgres://db/x?sslmode=require");
+        assert_eq!(redact_url("postgres://u:p%40ss@db/x?sslmode=require"), "postgres://db/x?sslmode=redacted");
+        assert_eq!(redact_url("https://u:pw@mcp.example/sse?api_key=SECRET&x"), "https://mcp.example/sse?api_key=redacted&x");
         assert_eq!(redact_url("not a url"), "not a url");
     }
 }

@@ -248,12 +248,7 @@ impl BatchService {
 
     /// Check every line against the batch, the key and the routing; the lines written for the
     /// provider, the worst case, the model and the provider.
-    fn prepare(
-        key: &KeyRecord,
-        routing: &Routing,
-        endpoint: &str,
-        input: &[u8],
-    ) -> Result<Prepared, ApiError> {
+    fn prepare(key: &KeyRecord, routing: &Routing, endpoint: &str, input: &[u8]) -> Result<Prepared, ApiError> {
         let mut lines: Vec<BatchLine> = check_lines(input)?;
         let mut continues = Vec::new();
         let model = lines[0].model.clone();
@@ -294,7 +289,11 @@ impl BatchService {
                 // A conversation object is not one tollgate knows the owner of: never continued
                 // with the provider's key on a line's say-so.
                 if serde_json::from_str::<Value>(&body).ok().is_some_and(|b| b.get("conversation").is_some_and(|c| !c.is_null())) {
-                    return Err(line_error(n, "body.conversation", "a batch line cannot continue a stored conversation; send its items instead."));
+                    return Err(line_error(
+                        n,
+                        "body.conversation",
+                        "a batch line cannot continue a stored conversation; send its items instead.",
+                    ));
                 }
                 if fields.stream == Some(true) {
                     return Err(line_error(n, "body.stream", "a batch's answers are not streamed."));
@@ -360,7 +359,8 @@ impl BatchService {
             let Some(owner) = owner else {
                 return Err(line_error(n, "body.previous_response_id", format!("previous response with id '{previous}' not found.")));
             };
-            let context = crate::billing::batch::worst_case(&prices, &[BatchLine::context(&model, owner.context_tokens)], |_| 0).unwrap_or(0);
+            let context =
+                crate::billing::batch::worst_case(&prices, &[BatchLine::context(&model, owner.context_tokens)], |_| 0).unwrap_or(0);
             worst = worst.saturating_add(context);
         }
         let now = now_unix();

@@ -122,7 +122,8 @@ pub fn person(claims: &Value, claim_roles: &str, claim_teams: &str) -> Option<Pe
         .take(64)
         .collect();
     // `email_verified` is a boolean (some providers send the string "true").
-    let verified = matches!(claims.get("email_verified"), Some(Value::Bool(true))) || claims.get("email_verified").and_then(Value::as_str) == Some("true");
+    let verified = matches!(claims.get("email_verified"), Some(Value::Bool(true)))
+        || claims.get("email_verified").and_then(Value::as_str) == Some("true");
     let email = claims
         .get("email")
         .and_then(Value::as_str)

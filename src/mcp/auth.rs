@@ -85,9 +85,9 @@ impl Credentials {
             .form(&form)
             .send()
             .await
-            .map_err(|e| McpError::Unreachable(format!("token endpoint: {e}")))?;
+            .map_err(|e| McpError::Unreachable(format!("token endpoint: {}", e.without_url())))?;
         let status = resp.status().as_u16();
-        let body: serde_json::Value = resp.json().await.map_err(|e| McpError::Malformed(format!("token endpoint: {e}")))?;
+        let body: serde_json::Value = resp.json().await.map_err(|e| McpError::Malformed(format!("token endpoint: {}", e.without_url())))?;
         let Some(access) = body.get("access_token").and_then(serde_json::Value::as_str).filter(|_| status == 200) else {
             let why = body.get("error").and_then(serde_json::Value::as_str).unwrap_or("no access_token");
             return Err(McpError::Malformed(format!("token endpoint answered {status}: {why}")));

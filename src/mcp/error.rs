@@ -13,6 +13,37 @@ pub enum McpError {
     Malformed(String),
 }
 
+impl McpError {
+    /// A request that failed on its way: reqwest's words without the URL (it may carry the
+    /// server's credentials in its userinfo or query).
+    pub fn unreachable(e: &reqwest::Error) -> McpError {
+        let mut text = e.to_string();
+        if let Some(at) = text.find(" for url (") {
+            text.truncate(at);
+        }
+        // What lies under it (refused, reset, timed out), bounded.
+        let mut source = std::error::Error::source(e);
+        while let Some(cause) = source {
+            text.push_str(": ");
+            text.push_str(&crate::base::text::redact_url(&cause.to_string()));
+            source = cause.source();
+        }
+        McpError::Unreachable(text.chars().take(500).collect())
+    }
+
+    /// What a client is told of a failure that is not the server's own JSON-RPC error: the
+    /// kind of failure only — never the server's address, nor an upstream's or a library's
+    /// words (those go to the log).
+    pub fn for_client(&self) -> String {
+        match self {
+            McpError::Unreachable(_) => "the MCP server could not be reached or did not answer in time".to_string(),
+            McpError::Status(s) => format!("the MCP server answered HTTP {s}"),
+            McpError::Rpc { code, message } => format!("the MCP server answered error {code}: {message}"),
+            McpError::Malformed(_) => "the MCP server's answer was not a JSON-RPC answer".to_string(),
+        }
+    }
+}
+
 impl std::fmt::Display for McpError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -20,12 +20,23 @@ use std::time::Duration;
 const IDLE: Duration = Duration::from_secs(3600);
 /// The most sessions kept; past it the least recently used is forgotten.
 const MAX_SESSIONS: usize = 10_000;
+
+/// Sessions one key may hold: past it, that key's oldest is forgotten (never another key's).
+pub const MAX_SESSIONS_PER_KEY: usize = 64;
+
+/// Tools remembered per server as listed (for their metric labels).
+const MAX_LISTED_TOOLS: usize = 1_000;
+
+/// The longest `server__` prefix a prefixed tool name carries.
+const MAX_SERVER_PREFIX: usize = 66;
 /// How long a listing waits for a server before leaving it out.
 const LIST_WAIT: Duration = Duration::from_secs(10);
 
 /// One configured server, as every session reaches it.
 pub struct Upstream {
     pub config: McpServerConfig,
+    /// The tools it listed (bounded): only these name a metric series of their own.
+    listed: Mutex<std::collections::HashSet<String>>,
     url: Arc<str>,
     http: reqwest::Client,
     credentials: Arc<Credentials>,
@@ -141,6 +152,7 @@ impl Hub {
             let uri: http::Uri = s.url.parse().map_err(|e| format!("mcp.servers {}: {e}", s.name))?;
             let tls = uri.scheme_str() == Some("https");
             upstreams.push(Upstream {
+                listed: Mutex::new(std::collections::HashSet::new()),
                 url: s.url.as_str().into(),
                 credentials: Arc::new(Credentials::of(&s.auth, http.clone())),
                 http,
@@ -176,6 +188,14 @@ impl Hub {
                 }
                 keep
             });
+            // A key past its share forgets its own oldest session first.
+            let mine: Vec<(&String, u64)> =
+                sessions.iter().filter(|(_, s)| s.key_id == key_id).map(|(k, s)| (k, s.last_used_ms.load(Ordering::Relaxed))).collect();
+            if mine.len() >= MAX_SESSIONS_PER_KEY {
+                if let Some(oldest) = mine.iter().min_by_key(|(_, used)| *used).map(|(k, _)| (*k).clone()) {
+                    gone.extend(sessions.remove(&oldest));
+                }
+            }
             if sessions.len() >= MAX_SESSIONS {
                 if let Some(oldest) = sessions.iter().min_by_key(|(_, s)| s.last_used_ms.load(Ordering::Relaxed)).map(|(k, _)| k.clone()) {
                     gone.extend(sessions.remove(&oldest));
@@ -315,13 +335,35 @@ impl Hub {
             let u = &self.upstreams[i];
             let shown: Vec<Value> =
                 tools.into_iter().filter(|t| t.get("name").and_then(Value::as_str).is_some_and(|n| u.shows(n))).collect();
+            {
+                let mut listed = lock(&u.listed);
+                for name in shown.iter().filter_map(|t| t.get("name").and_then(Value::as_str)) {
+                    if listed.len() < MAX_LISTED_TOOLS && name.len() <= crate::protocol::mcp::MAX_TOOL_NAME {
+                        listed.insert(name.to_string());
+                    }
+                }
+            }
             out.extend(crate::protocol::mcp::prefix_names(&u.config.name, &shown, allows));
         }
         out
     }
 
+    /// The label of `tool` of server `i` in metrics: its own name when the server listed it,
+    /// else `other` (a client names any tool it likes; a series each would be unbounded).
+    pub fn tool_label<'a>(&self, i: usize, tool: &'a str) -> &'a str {
+        if self.upstreams.get(i).is_some_and(|u| lock(&u.listed).contains(tool)) {
+            tool
+        } else {
+            "other"
+        }
+    }
+
     /// The server (its index) and the tool of a prefixed tool name the key may call (`allows`).
+    /// A name longer than MCP's bound is no tool (and is not quoted back).
     pub fn tool<'a>(&self, name: &'a str, allows: &dyn Fn(&str) -> bool) -> Result<(usize, &'a str), Unknown> {
+        if name.len() > crate::protocol::mcp::MAX_TOOL_NAME.saturating_add(MAX_SERVER_PREFIX) {
+            return Err(Unknown(format!("Unknown tool: tool names are at most {} characters.", crate::protocol::mcp::MAX_TOOL_NAME)));
+        }
         let unknown = || Unknown(format!("Unknown tool: '{name}' is not a tool of this gateway for this key."));
         let (server, tool) = split(name).ok_or_else(unknown)?;
         let i = self.upstreams.iter().position(|u| u.config.name == server).ok_or_else(unknown)?;

@@ -17,6 +17,8 @@ const DRAIN: Duration = Duration::from_millis(200);
 /// A server and the session it gave this gateway.
 pub struct Server {
     url: Arc<str>,
+    /// The URL as logs show it (no userinfo, no query values).
+    shown: Arc<str>,
     /// Its own credentials, sent with every request.
     credentials: Arc<Credentials>,
     http: reqwest::Client,
@@ -46,6 +48,7 @@ impl Server {
     /// session yet (made at the first request).
     pub fn with(url: Arc<str>, http: reqwest::Client, credentials: Arc<Credentials>) -> Server {
         Server {
+            shown: crate::base::text::redact_url(&url).into(),
             url,
             credentials,
             http,
@@ -86,7 +89,7 @@ impl Server {
                 }
                 req = req.header("mcp-protocol-version", version);
             }
-            let resp = req.send().await.map_err(|e| (McpError::Unreachable(e.to_string()), e.is_connect()))?;
+            let resp = req.send().await.map_err(|e| (McpError::unreachable(&e), e.is_connect()))?;
             if resp.status().as_u16() == 401 && self.credentials.renewable() && !renewed {
                 self.credentials.refused().await;
                 renewed = true;
@@ -140,7 +143,7 @@ impl Server {
             let mut body = resp.bytes_stream();
             let mut found = None;
             while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| McpError::Unreachable(e.to_string()))?;
+                let chunk = chunk.map_err(|e| McpError::unreachable(&e))?;
                 for message in events.push(&chunk, MAX_MESSAGE).map_err(|e| McpError::Malformed(e.into()))? {
                     if message.get("id") == Some(id) && (message.get("result").is_some() || message.get("error").is_some()) {
                         found = Some(message);
@@ -163,7 +166,7 @@ impl Server {
             }
             found
         } else {
-            let bytes = resp.bytes().await.map_err(|e| McpError::Unreachable(e.to_string()))?;
+            let bytes = resp.bytes().await.map_err(|e| McpError::unreachable(&e))?;
             if bytes.len() > MAX_MESSAGE {
                 return Err(McpError::Malformed("too large".into()));
             }
@@ -187,7 +190,7 @@ impl Server {
             let session = match self.session().await {
                 Ok(s) => s,
                 Err(McpError::Unreachable(e)) if !resent => {
-                    log::info!("MCP server {}: {e}; trying again", self.url);
+                    log::info!("MCP server {}: {e}; trying again", self.shown);
                     resent = true;
                     continue;
                 }
@@ -198,14 +201,14 @@ impl Server {
             let resp = match self.post(&message, Some(&session)).await {
                 Ok(r) => r,
                 Err((e, connect)) if !resent && (connect || method != "tools/call") => {
-                    log::info!("MCP server {}: {e}; sending it again", self.url);
+                    log::info!("MCP server {}: {e}; sending it again", self.shown);
                     resent = true;
                     continue;
                 }
                 Err((e, _)) => return Err(e),
             };
             if resp.status().as_u16() == 404 && !renewed {
-                log::info!("MCP server {}: the session was forgotten; making a new one", self.url);
+                log::info!("MCP server {}: the session was forgotten; making a new one", self.shown);
                 *self.session.lock().await = None;
                 renewed = true;
                 continue;

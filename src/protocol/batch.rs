@@ -36,7 +36,14 @@ pub struct BatchLine {
 impl BatchLine {
     /// A line of `tokens` input and no output: what continuing a stored conversation adds.
     pub fn context(model: &str, tokens: u64) -> BatchLine {
-        BatchLine { custom_id: String::new(), url: "/v1/responses", model: model.to_string(), body_bytes: 0, max_output: Some(0), extra_input: tokens }
+        BatchLine {
+            custom_id: String::new(),
+            url: "/v1/responses",
+            model: model.to_string(),
+            body_bytes: 0,
+            max_output: Some(0),
+            extra_input: tokens,
+        }
     }
 }
 

@@ -53,6 +53,9 @@ pub fn modern_result(method: &str, result: &mut Value) {
 /// What separates a server's name from its tool's in a prefixed name.
 pub const SEPARATOR: &str = "__";
 
+/// The longest tool name MCP allows (its specification: 1 to 128 characters).
+pub const MAX_TOOL_NAME: usize = 128;
+
 /// The revision to answer an `initialize` asking for `asked`: the same when it is one this side
 /// speaks, else the newest (the client then decides whether it can go on).
 pub fn negotiate(asked: &str) -> &'static str {

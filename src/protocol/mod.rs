@@ -787,12 +787,26 @@ impl ApiError {
         self.upstream_status.unwrap_or_else(|| self.kind.status())
     }
 
-    /// The JSON body in `protocol`'s own error shape.
+    /// The JSON body in `protocol`'s own error shape: every error a client is answered with
+    /// passes here, its message and `param` bounded (they may quote what the client sent).
     pub fn body(&self, protocol: Protocol) -> Vec<u8> {
+        use crate::base::text::{clip, MAX_CLIENT_STRING, MAX_ERROR_MESSAGE};
+        let long = self.message.len() > MAX_ERROR_MESSAGE || self.param.as_ref().is_some_and(|p| p.len() > MAX_CLIENT_STRING);
+        let bounded;
+        let err = if long {
+            bounded = ApiError {
+                message: clip(&self.message, MAX_ERROR_MESSAGE).into_owned(),
+                param: self.param.as_deref().map(|p| clip(p, MAX_CLIENT_STRING).into_owned()),
+                ..self.clone()
+            };
+            &bounded
+        } else {
+            self
+        };
         let value = match protocol {
-            Protocol::Openai => openai::error_body(self),
-            Protocol::Anthropic => anthropic::error_body(self),
-            Protocol::Gemini => gemini::error_body(self),
+            Protocol::Openai => openai::error_body(err),
+            Protocol::Anthropic => anthropic::error_body(err),
+            Protocol::Gemini => gemini::error_body(err),
         };
         value.to_string().into_bytes()
     }

@@ -122,10 +122,7 @@ impl AccountRecord {
     /// The role an operator gave the person with `subject` and `verified_email` (an email their
     /// provider vouches for, never a name they chose) here, if any.
     pub fn role_of(&self, subject: &str, verified_email: Option<&str>) -> Option<&str> {
-        self.people
-            .get(subject)
-            .or_else(|| verified_email.and_then(|e| self.people.get(&e.to_ascii_lowercase())))
-            .map(String::as_str)
+        self.people.get(subject).or_else(|| verified_email.and_then(|e| self.people.get(&e.to_ascii_lowercase()))).map(String::as_str)
     }
 }
 

@@ -29,6 +29,7 @@ mod request_log;
 mod routing;
 mod security;
 mod security_round2;
+mod security_round3;
 mod storage;
 mod telemetry;
 mod tls;

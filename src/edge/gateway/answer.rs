@@ -79,11 +79,13 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         }
         Route::Files { op } => {
             gw.limits.admit(key).await?;
+            gw.solvent(routing, key).await?;
             let _slot = gw.limits.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.files_route(session, op, key)).await?))
         }
         Route::Batches { op } => {
             gw.limits.admit(key).await?;
+            gw.solvent(routing, key).await?;
             let _slot = gw.limits.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.batches_route(session, ctx, op, key, routing)).await?))
         }
@@ -92,8 +94,13 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
             let _slot = gw.limits.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.realtime(session, ctx, key, routing)).await?))
         }
-        // MCP's calls are counted one by one (`tool_rpm`, `max_concurrent` while a tool runs).
-        Route::Mcp => Err(Exit::Answer(Box::pin(gw.mcp_route(session, ctx, key, routing)).await?)),
+        // Every MCP request counts against `rpm` and needs a key that is not below zero; tool
+        // calls are counted again on their own (`tool_rpm`, `max_concurrent` while a tool runs).
+        Route::Mcp => {
+            gw.limits.admit(key).await?;
+            gw.solvent(routing, key).await?;
+            Err(Exit::Answer(Box::pin(gw.mcp_route(session, ctx, key, routing)).await?))
+        }
         other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),
     }
 }

@@ -61,7 +61,9 @@ pub struct ToolCallFacts {
     pub bytes_out: u64,
 }
 
+/// A JSON-RPC error answer (its message bounded: it may quote what the client sent).
 fn rpc_error(id: &Value, code: i64, message: &str, data: Option<Value>) -> Value {
+    let message = crate::base::text::clip(message, crate::base::text::MAX_ERROR_MESSAGE);
     let mut error = json!({"code": code, "message": message});
     if let Some(d) = data {
         error["data"] = d;
@@ -82,7 +84,10 @@ fn answered(message: &Value) -> Outcome {
 fn upstream_error(id: &Value, server: &str, e: &McpError) -> Value {
     match e {
         McpError::Rpc { code, message } => rpc_error(id, *code, message, None),
-        other => rpc_error(id, SERVER_ERROR, &format!("MCP server '{server}': {other}"), Some(json!({"server": server}))),
+        other => {
+            log::warn!("MCP server '{server}': {other}");
+            rpc_error(id, SERVER_ERROR, &format!("MCP server '{server}': {}", other.for_client()), Some(json!({"server": server})))
+        }
     }
 }
 
@@ -183,7 +188,10 @@ impl Gateway {
             "resources/read" => match hub.read_resource(&s, params, &allows).await {
                 Ok(v) => rpc_result(&id, v),
                 Err(e @ McpError::Rpc { .. }) => upstream_error(&id, "-", &e),
-                Err(e) => rpc_error(&id, SERVER_ERROR, &format!("The resource could not be read: {e}"), None),
+                Err(e) => {
+                    log::warn!("MCP: a resource could not be read: {e}");
+                    rpc_error(&id, SERVER_ERROR, &format!("The resource could not be read: {}", e.for_client()), None)
+                }
             },
             _ => rpc_error(&id, METHOD_NOT_FOUND, &format!("Method not found: {method}"), None),
         };
@@ -267,7 +275,7 @@ impl Gateway {
                 error,
             });
         }
-        self.metrics.tool_call(&facts.server, &tool, outcome, took);
+        self.metrics.tool_call(&facts.server, hub.tool_label(i, &tool), outcome, took);
         // Billed once the server answered the call (its tool ran, even when it reports an
         // error); a call it never answered is not.
         if answer.is_ok() {

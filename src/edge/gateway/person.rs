@@ -123,10 +123,7 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
             gw.ledger.open_account(&rec.id, identity.cfg.allowance_nanos).await.map_err(internal)?;
             gw.keys.put_key(&rec).await.map_err(internal)?;
             log::info!("identity: {} signed in for the first time: key {} of team {team}", person.label(), rec.id);
-            let why = format!(
-                "key made for {} at their first call with the identity provider's token, on team {team}",
-                person.label()
-            );
+            let why = format!("key made for {} at their first call with the identity provider's token, on team {team}", person.label());
             gw.ledger.top_up_because(&rec.id, 0, Some(&why)).await.map_err(internal)?;
             Ok(Arc::new(rec))
         }

@@ -92,6 +92,21 @@ impl Gateway {
         Ok(crate::records::purse::purses(key, account.as_deref(), &routing.calendar, crate::base::clock::now_unix()))
     }
 
+    /// Refuse (402) a key — or its account — whose balance is below zero: README's rule that a
+    /// negative key is refused everything that needs a key, for the calls that hold nothing
+    /// themselves (files, batches' reads, MCP handshakes and listings).
+    pub(super) async fn solvent(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<(), ApiError> {
+        let purses = self.purses(routing, key)?;
+        match self.ledger.hold_from(purses, 0).await {
+            Ok(Ok(_released)) => Ok(()),
+            Ok(Err(refused)) => Err(refused.to_api_error("this call needs", crate::base::clock::now_unix())),
+            Err(e) => {
+                log::warn!("ledger: {e}");
+                Err(crate::store::fleet::unavailable("the key's balance"))
+            }
+        }
+    }
+
     /// Hold the most `draft` can cost in every purse of `key`. A request that named no output
     /// maximum and does not fit is lowered to what the purse that refused it covers (down to
     /// `billing.min_output_tokens`) and tried again; a refusal says how many output tokens the

@@ -141,7 +141,8 @@ impl Gateway {
         // A key with nothing left is refused before the session opens (each turn is held as it
         // starts); the session counts against `rpm` like a turn.
         self.limits.admit(key).await?;
-        let _slot = self.realtime_sessions.take(&key.id, self.realtime.sessions_per_key.min(u32::MAX as u64) as u32, "realtime sessions")?;
+        let _slot =
+            self.realtime_sessions.take(&key.id, self.realtime.sessions_per_key.min(u32::MAX as u64) as u32, "realtime sessions")?;
         let purses = self.purses(routing, key)?;
         match self.ledger.hold_from(purses, 1).await {
             Ok(Ok(_released)) => {}
@@ -310,8 +311,13 @@ impl Relay<'_> {
     /// refusal).
     async fn hold(&mut self, probe: bool) -> Result<Hold, (&'static str, String)> {
         let book = &self.routing.prices;
-        let amount = crate::billing::realtime::turn_hold(book, &self.model, self.last_input.saturating_add(TURN_INPUT_ALLOWANCE), self.turn_output())
-            .unwrap_or(0);
+        let amount = crate::billing::realtime::turn_hold(
+            book,
+            &self.model,
+            self.last_input.saturating_add(TURN_INPUT_ALLOWANCE),
+            self.turn_output(),
+        )
+        .unwrap_or(0);
         let purses = self.gw.purses(&self.routing, &self.key).map_err(|e| ("turn_refused", e.message))?;
         match self.gw.ledger.hold_from(purses, amount).await {
             Ok(Ok(hold)) => Ok(hold),
@@ -483,7 +489,13 @@ impl Relay<'_> {
     /// with the upstream told where its hold ends, as is a `session.update` for the turns the
     /// server starts; audio is not passed on while the key cannot pay for a turn; a close is
     /// passed on and ends the session.
-    async fn client_frames(&mut self, frames: &mut Splitter, client: &mut Session, upstream: &mut UpstreamSession, max_message: u64) -> Option<Stop> {
+    async fn client_frames(
+        &mut self,
+        frames: &mut Splitter,
+        client: &mut Session,
+        upstream: &mut UpstreamSession,
+        max_message: u64,
+    ) -> Option<Stop> {
         loop {
             let frame = match frames.next_frame() {
                 Ok(Some(frame)) => frame,

@@ -9,6 +9,9 @@ use pingora_proxy::Session;
 use std::time::Duration;
 
 pub(super) fn report(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) {
+    // Every sink below — metrics, the access log, the request log, the trace — reads the
+    // client's strings from here: bounded once, here, for all of them.
+    bound_client_strings(ctx);
     let status = session.response_written().map_or(0, |r| r.status.as_u16());
     let model = ctx.relayed.as_ref().map_or("-", |p| p.model.as_str());
     let series = gw.metrics.request(ctx.route, model, status);
@@ -58,6 +61,21 @@ pub(super) fn report(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) {
         finish_trace(tracer, session, ctx, status);
     }
     crate::edge::listener::request_done(session.as_downstream());
+}
+
+/// What the client chose and the request keeps for its report — the model or tool it named,
+/// the field a refusal was about — cut to [`crate::base::text::MAX_CLIENT_STRING`].
+fn bound_client_strings(ctx: &mut RequestCtx) {
+    use crate::base::text::{clip_in_place, MAX_CLIENT_STRING};
+    if let Some(m) = ctx.model_asked.as_mut() {
+        clip_in_place(m, MAX_CLIENT_STRING);
+    }
+    if let Some(p) = ctx.reason_param.as_mut() {
+        clip_in_place(p, MAX_CLIENT_STRING);
+    }
+    if let Some(call) = ctx.mcp.as_mut() {
+        clip_in_place(&mut call.name, MAX_CLIENT_STRING);
+    }
 }
 
 /// Write the request's entry in the request log (see `request_log`), borrowing every field

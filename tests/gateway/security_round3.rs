@@ -1,0 +1,200 @@
+//! Issue 62, security round 3, the points reproduced through the gateway's own endpoints: MCP
+//! servers' secrets never echoed or logged, every MCP request rate-limited and a key's
+//! sessions capped within the key, a key below zero refused files and MCP, client strings
+//! bounded before every sink (access log, request log, error echo), tool names as metric
+//! labels only when a server listed them.
+
+use crate::common::*;
+use serde_json::{json, Value};
+
+const ADMIN: &str = "round3-admin-token-0123456789abcdef";
+const RPM_KEY: &str = "sk-round3-rpm-0000000001";
+const OTHER_KEY: &str = "sk-round3-other-00000001";
+const DEBT_KEY: &str = "sk-round3-debt-000000001";
+
+/// The standard gateway with an MCP server at `url`, an admin listener and the round's keys.
+fn config(mock_port: u16, admin_port: u16, url: &str) -> String {
+    let mut c = standard_config(mock_port);
+    for key in [
+        format!("{{ key: {RPM_KEY}, name: rpm, group: default, balance: 1.0, rpm: 5 }}"),
+        format!("{{ key: {OTHER_KEY}, name: other, group: default, balance: 1.0 }}"),
+        format!("{{ key: {DEBT_KEY}, name: debt, group: default, balance: 0.5 }}"),
+    ] {
+        c = with_key(&c, &key);
+    }
+    format!(
+        "{c}admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN} }}\nmcp:\n  servers:\n    - {{ name: mock, url: \"{url}\", prices: {{ per_call: 0.001 }} }}\n"
+    )
+}
+
+struct Mcp<'a> {
+    gw: &'a Gateway,
+    key: &'a str,
+    session: Option<String>,
+}
+
+impl Mcp<'_> {
+    async fn post(&self, body: Value) -> reqwest::Response {
+        let mut req =
+            client().post(self.gw.url("/mcp")).bearer_auth(self.key).header("accept", "application/json, text/event-stream").json(&body);
+        if let Some(s) = &self.session {
+            req = req.header("mcp-session-id", s);
+        }
+        req.send().await.unwrap()
+    }
+
+    /// `initialize`: the session id, or the refusal's status.
+    async fn initialize(&self) -> Result<String, u16> {
+        let r = self
+            .post(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                         "params": {"protocolVersion": "2025-03-26", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}))
+            .await;
+        match r.headers().get("mcp-session-id") {
+            Some(id) => Ok(id.to_str().unwrap().to_string()),
+            None => Err(r.status().as_u16()),
+        }
+    }
+
+    async fn call(&self, id: u64, method: &str, params: Value) -> (u16, String) {
+        let r = self.post(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})).await;
+        (r.status().as_u16(), r.text().await.unwrap())
+    }
+}
+
+#[tokio::test]
+async fn an_mcp_servers_credentials_never_reach_a_client_or_a_log() {
+    let mut mock = start_mock();
+    let admin_port = free_port();
+    let url = format!("http://user:pw-SECRET-A@127.0.0.1:{}/mcp?api_key=SECRET-B", mock.port);
+    let gw = start_gateway_logged(&config(mock.port, admin_port, &url));
+    let mut mcp = Mcp { gw: &gw, key: CLIENT_KEY, session: None };
+    mcp.session = Some(mcp.initialize().await.expect("a session"));
+    let (_, tools) = mcp.call(2, "tools/list", json!({})).await;
+    assert!(tools.contains("mock__echo"), "{tools}");
+    // The server goes away: the call fails on its way there.
+    let _ = mock.child.kill();
+    let _ = mock.child.wait();
+    let (_, answer) = mcp.call(3, "tools/call", json!({"name": "mock__echo", "arguments": {"text": "hi"}})).await;
+    assert!(answer.contains("MCP server 'mock'") && answer.contains("-32000"), "the server is named: {answer}");
+    for secret in ["SECRET-A", "SECRET-B", "127.0.0.1"] {
+        assert!(!answer.contains(secret), "{secret} in the client's answer: {answer}");
+    }
+    let (_, read) = mcp.call(4, "resources/read", json!({"uri": "mock://nothing"})).await;
+    assert!(!read.contains("SECRET"), "{read}");
+    until("the failure logged", || async { gw.log().contains("MCP server") }).await;
+    let log = gw.log();
+    assert!(!log.contains("SECRET-A") && !log.contains("SECRET-B"), "a credential in the log");
+}
+
+#[tokio::test]
+async fn every_mcp_request_counts_against_rpm_and_a_keys_sessions_are_capped_within_the_key() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port, &mock.url("/mcp")));
+    // rpm 5: the sixth handshake of the minute is refused.
+    let limited = Mcp { gw: &gw, key: RPM_KEY, session: None };
+    for _ in 0..5 {
+        limited.initialize().await.expect("within rpm");
+    }
+    assert_eq!(limited.initialize().await, Err(429));
+    // Another key's session is never what a busy key's new sessions push out.
+    let mut other = Mcp { gw: &gw, key: OTHER_KEY, session: None };
+    other.session = Some(other.initialize().await.unwrap());
+    let mut busy = Mcp { gw: &gw, key: CLIENT_KEY, session: None };
+    let first = busy.initialize().await.unwrap();
+    for _ in 0..tollgate::mcp::hub::MAX_SESSIONS_PER_KEY {
+        busy.initialize().await.unwrap();
+    }
+    busy.session = Some(first);
+    assert_eq!(busy.call(2, "tools/list", json!({})).await.0, 404, "the busy key's oldest session was forgotten");
+    assert_eq!(other.call(2, "tools/list", json!({})).await.0, 200, "another key's session stays");
+}
+
+#[tokio::test]
+async fn a_key_below_zero_is_refused_files_batches_and_mcp() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port, &mock.url("/mcp")));
+    let keys: Value =
+        client().get(format!("http://127.0.0.1:{admin_port}/admin/keys")).bearer_auth(ADMIN).send().await.unwrap().json().await.unwrap();
+    let id = keys["data"].as_array().unwrap().iter().find(|k| k["name"] == "debt").unwrap()["id"].as_str().unwrap().to_string();
+    let r = client()
+        .patch(format!("http://127.0.0.1:{admin_port}/admin/keys/{id}"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"balance_delta": -1.0}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(balance(&gw, DEBT_KEY).await < 0);
+    let (ct, body) = form(&[("purpose", "batch")], &[("file", "in.jsonl", "application/jsonl", b"{}\n".to_vec())]);
+    let upload = client().post(gw.url("/v1/files")).bearer_auth(DEBT_KEY).header("content-type", ct).body(body).send().await.unwrap();
+    assert_eq!(upload.status(), 402);
+    let listed = client().get(gw.url("/v1/batches")).bearer_auth(DEBT_KEY).send().await.unwrap();
+    assert_eq!(listed.status(), 402);
+    assert_eq!(Mcp { gw: &gw, key: DEBT_KEY, session: None }.initialize().await, Err(402));
+    // A key with money is not affected.
+    assert!(Mcp { gw: &gw, key: OTHER_KEY, session: None }.initialize().await.is_ok());
+}
+
+#[tokio::test]
+async fn a_clients_strings_are_bounded_in_every_sink_and_tool_labels_are_the_servers_own() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway_logged(&config(mock.port, admin_port, &mock.url("/mcp")));
+    let mut mcp = Mcp { gw: &gw, key: CLIENT_KEY, session: None };
+    mcp.session = Some(mcp.initialize().await.unwrap());
+    let _ = mcp.call(2, "tools/list", json!({})).await;
+    // A tool name of 1 MiB: refused without being quoted back, logged cut short.
+    let huge = format!("mock__{}", "x".repeat(1 << 20));
+    let (_, answer) = mcp.call(3, "tools/call", json!({"name": huge, "arguments": {}})).await;
+    assert!(answer.len() < 4096, "the answer quotes the name: {} bytes", answer.len());
+    // Names the server never listed: sent on (the server answers), one metric series for all.
+    for i in 0..30 {
+        let (status, _) =
+            mcp.call(10 + i, "tools/call", json!({"name": format!("mock__made-up-{i}-{}", "y".repeat(100)), "arguments": {}})).await;
+        assert_eq!(status, 200);
+    }
+    let (status, _) = mcp.call(99, "tools/call", json!({"name": "mock__echo", "arguments": {"text": "hi"}})).await;
+    assert_eq!(status, 200);
+    let metrics = admin_metrics(admin_port, ADMIN).await;
+    assert!(!metrics.contains("made-up"), "a client's tool name became a label");
+    assert!(metrics.contains("tool=\"other\"") && metrics.contains("tool=\"echo\""), "{metrics}");
+    // A model name of 1 MiB on a relayed route: refused, the answer and every log bounded.
+    let long_model = "m".repeat(1 << 20);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(CLIENT_KEY)
+        .json(&json!({"model": long_model, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_client_error());
+    assert!(r.text().await.unwrap().len() < 8192);
+    // A multipart part named at length: the error's `param` is bounded.
+    let long_part = "p".repeat(100_000);
+    let (ct, body) = form(&[("model", "alpha-whisper-1"), (long_part.as_str(), "v")], &[("file", "a.wav", "audio/wav", vec![0; 64])]);
+    let r = client()
+        .post(gw.url("/v1/audio/transcriptions"))
+        .bearer_auth(CLIENT_KEY)
+        .header("content-type", ct)
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    assert!(text.len() < 8192, "{} bytes of error", text.len());
+    until("the calls logged", || async { gw.log().matches("route=mcp_tool_call").count() >= 32 }).await;
+    let log = gw.log();
+    assert!(log.len() < 512 << 10, "the log took {} bytes", log.len());
+    let requests: Value = client()
+        .get(format!("http://127.0.0.1:{admin_port}/admin/requests?limit=100"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(requests.to_string().len() < 256 << 10, "the request log holds {} bytes", requests.to_string().len());
+}
