@@ -165,7 +165,7 @@ impl BatchService {
             key_id: batch.owner.clone(),
             model: batch.model.clone(),
             protocol: "openai".into(),
-            route: "batch".into(),
+            route: crate::records::usage::BATCH_ROUTE.into(),
             input_tokens: usage.0,
             cached_tokens: usage.1,
             cache_write_tokens: 0,

@@ -95,6 +95,9 @@ impl UsageRecord {
     }
 }
 
+/// The route of a batch's records: its worst case charged at creation, and its settlement.
+pub const BATCH_ROUTE: &str = "batch";
+
 /// Counters of `/v1/usage`.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Totals {
@@ -112,11 +115,13 @@ pub struct Totals {
 }
 
 impl Totals {
-    /// Count one record (a negative cost is an adjustment: money, not a request).
+    /// Count one record (a negative cost is an adjustment: money, not a request). A batch's
+    /// settlement giving back what its worst case held beyond its cost is neither a request nor
+    /// a refund: with it, the batch counts what it cost (not what it held) as billed.
     pub fn add(&mut self, r: &UsageRecord) {
         if r.cost_nanos >= 0 {
             self.requests += 1;
-        } else {
+        } else if r.route != BATCH_ROUTE {
             self.refunds += 1;
             self.refunded_nanos = self.refunded_nanos.saturating_add(r.cost_nanos);
         }
@@ -187,5 +192,48 @@ impl Grouping {
             Grouping::Day(tz) => Cow::Owned(crate::base::clock::date_in(r.time_ms / 1000, tz)),
             Grouping::Tag(name) => Cow::Borrowed(r.tags.get(name).map_or("", String::as_str)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(route: &str, cost_nanos: i64) -> UsageRecord {
+        UsageRecord {
+            time_ms: 0,
+            key_id: "k".into(),
+            model: "m".into(),
+            protocol: "openai".into(),
+            route: route.into(),
+            input_tokens: 0,
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 0,
+            cost_nanos,
+            status: 200,
+            latency_ms: 0,
+            estimated: false,
+            seq: 0,
+            balance_after: 0,
+            provider: None,
+            attempts: 0,
+            response_id: None,
+            upstream_protocol: None,
+            charged: Vec::new(),
+            tags: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn a_batch_counts_what_it_cost_not_what_it_held_and_a_refund_stays_a_refund() {
+        let mut t = Totals::default();
+        // $1.28 held at creation, $0.0007 spent: the settlement gives back the rest.
+        t.add(&record(BATCH_ROUTE, 1_280_000_000));
+        t.add(&record(BATCH_ROUTE, 700_000 - 1_280_000_000));
+        assert_eq!((t.requests, t.cost_nanos, t.refunds, t.refunded_nanos), (1, 700_000, 0, 0));
+        // A failed video task's refund is one.
+        t.add(&record("video", -500));
+        assert_eq!((t.refunds, t.refunded_nanos), (1, -500));
     }
 }

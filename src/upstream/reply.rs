@@ -3,16 +3,17 @@
 //! header and every body chunk decoded into the wire protocol's framing first — so metering,
 //! translation and the client see one framing whatever the kind of upstream. A relayed answer
 //! of a model the provider knows by another name names the model as the client does
-//! (`"model":"<upstream name>"` written back to the client's name; a name cut between two
-//! chunks stays the upstream's).
+//! (`"model":"<upstream name>"` — generate-content's `"modelVersion"` too — written back to the
+//! client's name, whole and streamed; a name cut between two chunks stays the upstream's).
 
 use super::seam::{Decode, Seam};
 use bytes::Bytes;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_http::ResponseHeader;
 
-/// Each spelling of `"model":"<upstream name>"` with its replacement.
-type Renames = [(Vec<u8>, Vec<u8>); 2];
+/// Each spelling of `"model":"<upstream name>"` and `"modelVersion":"<upstream name>"` with its
+/// replacement.
+type Renames = [(Vec<u8>, Vec<u8>); 4];
 
 pub struct Reply {
     http: HttpSession,
@@ -30,8 +31,10 @@ impl Reply {
     pub fn new(http: HttpSession, seam: &dyn Seam, model: &str, renamed: Option<(&str, &str)>) -> Reply {
         let decoder = http.response_header().and_then(|h| seam.decoder(model, h));
         let rename = renamed.map(|(theirs, ours)| {
-            let pair = |sep: &str| (format!("\"model\"{sep}\"{theirs}\"").into_bytes(), format!("\"model\"{sep}\"{ours}\"").into_bytes());
-            Box::new([pair(":"), pair(": ")])
+            let pair = |key: &str, sep: &str| {
+                (format!("\"{key}\"{sep}\"{theirs}\"").into_bytes(), format!("\"{key}\"{sep}\"{ours}\"").into_bytes())
+            };
+            Box::new([pair("model", ":"), pair("model", ": "), pair("modelVersion", ":"), pair("modelVersion", ": ")])
         });
         let header = match (&decoder, http.response_header()) {
             (Some(_), Some(h)) | (None, Some(h)) if decoder.is_some() || rename.is_some() => {

@@ -198,3 +198,38 @@ async fn a_clients_strings_are_bounded_in_every_sink_and_tool_labels_are_the_ser
         .unwrap();
     assert!(requests.to_string().len() < 256 << 10, "the request log holds {} bytes", requests.to_string().len());
 }
+
+#[tokio::test]
+async fn a_generate_content_answer_under_an_alias_names_the_model_as_the_client_does() {
+    let mock = start_mock();
+    let c = standard_config(mock.port).replace(
+        "      models: [gamma-3.5-flash] }",
+        "      models: [gamma-3.5-flash, { name: gamma-alias, upstream: gamma-3.5-flash }] }",
+    );
+    let c = c.replace("prices:\n", "prices:\n  gamma-alias: { input: 0.5, output: 1.5 }\n");
+    assert!(c.contains("gamma-alias, upstream"), "{c}");
+    let gw = start_gateway(&c);
+    let body = json!({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]});
+    let whole: Value = client()
+        .post(gw.url("/v1beta/models/gamma-alias:generateContent"))
+        .header("x-goog-api-key", CLIENT_KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(whole["modelVersion"], "gamma-alias", "{whole}");
+    let streamed = client()
+        .post(gw.url("/v1beta/models/gamma-alias:streamGenerateContent?alt=sse"))
+        .header("x-goog-api-key", CLIENT_KEY)
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(streamed.contains("\"modelVersion\":\"gamma-alias\"") && !streamed.contains("gamma-3.5-flash"), "{streamed}");
+}
