@@ -22,8 +22,10 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
     let respond = |r: LocalResponse| Err(Exit::Answer(Outcome::Respond(r)));
     match route {
         Route::Models => {
-            let (only, shape) = if version.is_some() { (Some(Protocol::Anthropic), Protocol::Anthropic) } else { (None, Protocol::Openai) };
-            let models = listed(catalog.models_for(&key.group, only));
+            // The list is of what the endpoints of the client's own protocol serve it: a
+            // messages client's (it sends a version header) or a chat-completions client's.
+            let shape = if version.is_some() { Protocol::Anthropic } else { Protocol::Openai };
+            let models = listed(catalog.models_for(&key.group, Some(shape)));
             let body = match shape {
                 Protocol::Anthropic => anthropic::model_list(&models),
                 _ => openai::model_list(&models),
