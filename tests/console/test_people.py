@@ -313,9 +313,29 @@ def test_an_operator_by_role_sees_the_whole_console_and_a_forged_callback_signs_
     r = session.post(f"{env.admin}/console/keys/{target['id']}/disable", data={"csrf": csrf}, allow_redirects=False)
     assert r.status_code == 303
     reasons = [e.get("reason") or "" for e in env.admin_json("GET", "/admin/audit")["data"] if e["id"] == target["id"]]
-    assert "pilot (by olga@example.com, operator)" in reasons and "key disable by olga@example.com (operator)" in reasons, reasons
+    assert "pilot (by olga@example.com [olga], operator)" in reasons and "key disable by olga@example.com [olga] (operator)" in reasons, reasons
     r = requests.get(env.admin + "/console/callback?code=forged&state=forged", allow_redirects=False)
     assert r.status_code == 400 and "tg_console" not in r.headers.get("set-cookie", "")
+
+
+def test_anonymous_sign_in_starts_hold_nothing_and_lock_nobody_out(env, browser):
+    # A sign-in under way lives in its own browser's sealed cookie: 1,200 starts from nobody
+    # (past the 1,000 the gateway once kept) leave a person's sign-in working.
+    with requests.Session() as anon:
+        for _ in range(1200):
+            r = anon.get(env.admin + "/console/oidc/start", allow_redirects=False)
+            assert r.status_code == 303, r.text[:200]
+            anon.cookies.clear()
+    sign_in(browser, env, "ada")
+    assert browser.find_element(By.ID, "who")
+    # A sealed cookie altered, or another browser's state: refused.
+    start = requests.get(env.admin + "/console/oidc/start", allow_redirects=False)
+    sealed = start.cookies.get("tg_signin")
+    forged = sealed[:-2] + ("AA" if not sealed.endswith("AA") else "BB")
+    r = requests.get(env.admin + "/console/callback?code=x&state=y", cookies={"tg_signin": forged}, allow_redirects=False)
+    assert r.status_code == 400 and "tg_console" not in r.headers.get("set-cookie", "")
+    r = requests.get(env.admin + "/console/callback?code=x&state=y", cookies={"tg_signin": sealed}, allow_redirects=False)
+    assert r.status_code == 400 and "another browser" in r.text
 
 
 def test_a_provider_that_is_down_leaves_the_admin_token_working():

@@ -1,9 +1,11 @@
 //! Sign-in with the identity provider (`identity.oidc`): the authorization-code flow with PKCE.
 //!
-//! `GET /console/oidc/start` makes a state, a nonce and a PKCE verifier, keeps them here (ten
-//! minutes, one use, at most 1,000 at once) bound to this browser by a short-lived cookie, and
-//! sends the browser to the provider. `GET /console/callback` takes the code back only with
-//! that state and that browser's cookie, exchanges it at the token endpoint (with the client
+//! `GET /console/oidc/start` makes a state, a nonce and a PKCE verifier and keeps them nowhere
+//! but in the browser that began the sign-in: a short-lived cookie (ten minutes, `HttpOnly`)
+//! that holds them, sealed with this process's key (HMAC-SHA256) — so no number of anonymous
+//! starts fills anything here or shuts anyone out — and sends the browser to the provider.
+//! `GET /console/callback` takes the code back only with that browser's sealed cookie and the
+//! state it holds (the cookie is cleared then), exchanges it at the token endpoint (with the client
 //! secret when one is configured, and the verifier), verifies the ID token (signature,
 //! issuer, audience — the client id —, expiry, nonce) and opens a console session for the
 //! person it names, with their roles and teams. A provider that cannot be reached gives a page
@@ -14,27 +16,36 @@ use crate::admin::api::AdminApi;
 use crate::protocol::response::LocalResponse;
 use base64::Engine;
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
-use std::sync::Mutex;
 
-/// The cookie that binds a sign-in to the browser that began it.
+/// The cookie that holds a sign-in, in the browser that began it.
 pub(super) const BROWSER_COOKIE: &str = "tg_signin";
 const PENDING_SECS: u64 = 600;
-const MAX_PENDING: usize = 1000;
+/// The longest page a sign-in returns to (`next`); a longer one returns to the console's home.
+const MAX_NEXT: usize = 512;
 
+/// A sign-in under way, as its cookie holds it.
+#[derive(serde::Serialize, serde::Deserialize)]
 struct Begun {
+    state: String,
     nonce: String,
     verifier: String,
     next: String,
-    browser: [u8; 32],
     at: u64,
 }
 
-/// Sign-ins under way, by state.
-#[derive(Default)]
+/// Seals and opens sign-in cookies with this process's key (a new one at each start: a sign-in
+/// begun before a restart is begun again).
 pub(super) struct Pending {
-    map: Mutex<HashMap<String, Begun>>,
+    key: [u8; 32],
 }
+
+impl Default for Pending {
+    fn default() -> Self {
+        Pending { key: rand::random() }
+    }
+}
+
+type Mac = hmac::Hmac<Sha256>;
 
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
@@ -60,8 +71,30 @@ fn failed(status: u16, message: &str) -> LocalResponse {
 }
 
 impl Pending {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Begun>> {
-        self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn mac(&self, payload: &[u8]) -> Mac {
+        use hmac::Mac as _;
+        let mut mac = <Mac as hmac::Mac>::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
+        mac.update(payload);
+        mac
+    }
+
+    /// `begun` as a cookie value: its JSON, base64url, and the seal.
+    fn seal(&self, begun: &Begun) -> String {
+        use hmac::Mac as _;
+        let payload = b64(&serde_json::to_vec(begun).unwrap_or_default());
+        let tag = b64(&self.mac(payload.as_bytes()).finalize().into_bytes());
+        format!("{payload}.{tag}")
+    }
+
+    /// The sign-in a cookie holds, when this process sealed it and it is still young.
+    fn open(&self, cookie: &str, now: u64) -> Option<Begun> {
+        use hmac::Mac as _;
+        let (payload, tag) = cookie.split_once('.')?;
+        let tag = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(tag).ok()?;
+        self.mac(payload.as_bytes()).verify_slice(&tag).ok()?;
+        let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
+        let begun: Begun = serde_json::from_slice(&json).ok()?;
+        (now.saturating_sub(begun.at) < PENDING_SECS).then_some(begun)
     }
 
     /// Begin a sign-in: the redirect to the provider.
@@ -88,25 +121,9 @@ impl Pending {
         let state = crate::base::secrets::random_base62(32);
         let nonce = crate::base::secrets::random_base62(32);
         let verifier = crate::base::secrets::random_base62(64);
-        let browser = crate::base::secrets::random_base62(32);
         let challenge = b64(&Sha256::digest(verifier.as_bytes()));
-        {
-            let mut map = self.lock();
-            map.retain(|_, b| now.saturating_sub(b.at) < PENDING_SECS);
-            if map.len() >= MAX_PENDING {
-                return failed(503, "Too many sign-ins are under way; try again in a minute.");
-            }
-            map.insert(
-                state.clone(),
-                Begun {
-                    nonce: nonce.clone(),
-                    verifier,
-                    next: next.to_string(),
-                    browser: Sha256::digest(browser.as_bytes()).into(),
-                    at: now,
-                },
-            );
-        }
+        let next = if next.len() <= MAX_NEXT { next } else { "/console" };
+        let sealed = self.seal(&Begun { state: state.clone(), nonce: nonce.clone(), verifier, next: next.to_string(), at: now });
         let enc = crate::base::text::encode_component;
         let cfg = &identity.cfg;
         let sep = if provider.authorization_endpoint.contains('?') { '&' } else { '?' };
@@ -121,7 +138,7 @@ impl Pending {
         // Lax: the provider's redirect back is a cross-site top-level navigation.
         r.headers.push((
             "set-cookie",
-            format!("{BROWSER_COOKIE}={browser}; Path=/console; HttpOnly; SameSite=Lax; Max-Age={PENDING_SECS}{secure}"),
+            format!("{BROWSER_COOKIE}={sealed}; Path=/console; HttpOnly; SameSite=Lax; Max-Age={PENDING_SECS}{secure}"),
         ));
         r
     }
@@ -139,14 +156,12 @@ impl Pending {
             log::info!("console: the identity provider refused a sign-in: {said}");
             return Err(failed(401, &format!("The identity provider did not sign you in ({}).", said.trim())));
         }
-        let begun = self.lock().remove(query.get("state"));
         let now = crate::base::clock::now_unix();
-        let begun = match begun {
-            Some(b) if now.saturating_sub(b.at) < PENDING_SECS => b,
-            _ => return Err(failed(400, "This sign-in is unknown or took too long; start again.")),
+        let begun = match browser.and_then(|c| self.open(c, now)) {
+            Some(b) => b,
+            None => return Err(failed(400, "This sign-in is unknown, took too long, or was begun in another browser; start again here.")),
         };
-        let same_browser = browser.is_some_and(|c| super::same_digest(&Sha256::digest(c.as_bytes()).into(), &begun.browser));
-        if !same_browser {
+        if !crate::base::secrets::token_matches(query.get("state"), &begun.state) {
             api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in_browser")]).add(1);
             return Err(failed(400, "This sign-in was begun in another browser; start again here."));
         }
