@@ -33,8 +33,10 @@ use std::sync::Mutex;
 const COOKIE: &str = "tg_console";
 /// A session ends this long after its last use.
 const SESSION_IDLE_SECS: u64 = 12 * 3600;
-/// Most sessions kept at once (the oldest go first).
+/// Most sessions kept at once (past it, the oldest of a person goes first; an operator's last).
 const MAX_SESSIONS: usize = 256;
+/// Most sessions one person (by the provider's subject) keeps: their own oldest goes first.
+const MAX_SESSIONS_PER_PERSON: usize = 8;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
@@ -165,8 +167,24 @@ impl Sessions {
         let cookie = crate::base::secrets::random_base62(43);
         let mut map = self.lock();
         map.retain(|_, s| now.saturating_sub(s.last_used) < SESSION_IDLE_SECS);
+        let subject = |w: &Who| match w {
+            Who::Person(p) => Some(p.subject.clone()),
+            Who::Operator => None,
+        };
+        // One person signing in again and again pushes out only their own sessions.
+        if let Some(me) = subject(&who) {
+            let mine: Vec<([u8; 32], u64)> =
+                map.iter().filter(|(_, s)| subject(&s.who).as_deref() == Some(me.as_str())).map(|(k, s)| (*k, s.last_used)).collect();
+            if mine.len() >= MAX_SESSIONS_PER_PERSON {
+                if let Some((oldest, _)) = mine.iter().min_by_key(|(_, used)| *used) {
+                    map.remove(oldest);
+                }
+            }
+        }
         if map.len() >= MAX_SESSIONS {
-            if let Some(oldest) = map.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| *k) {
+            // People's sessions go before the admin token's.
+            let oldest = map.iter().min_by_key(|(_, s)| (s.who == Who::Operator, s.last_used)).map(|(k, _)| *k);
+            if let Some(oldest) = oldest {
                 map.remove(&oldest);
             }
         }
@@ -472,6 +490,31 @@ mod tests {
         let cookie = s.open(5000, Who::Operator);
         s.close(&cookie);
         assert!(s.find(&cookie, 5001).is_none());
+    }
+
+    #[test]
+    fn a_person_signing_in_again_and_again_pushes_out_only_their_own_sessions() {
+        let s = Sessions::default();
+        let operator = s.open(1000, Who::Operator);
+        let person = |sub: &str| {
+            Who::Person(crate::identity::person::person(&serde_json::json!({"sub": sub}), "roles", "teams").expect("a person"))
+        };
+        let other = s.open(1001, person("other"));
+        let mut mine = Vec::new();
+        for i in 0..600 {
+            mine.push(s.open(1002 + i, person("busy")));
+        }
+        let now = 1700;
+        assert!(s.find(&operator, now).is_some(), "the operator stays signed in");
+        assert!(s.find(&other, now).is_some(), "another person stays signed in");
+        assert!(s.find(&mine[0], now).is_none(), "the busy person's oldest went");
+        assert!(s.find(&mine[599], now).is_some());
+        assert_eq!(mine.iter().filter(|c| s.find(c, now).is_some()).count(), MAX_SESSIONS_PER_PERSON);
+        // Past the cap of everyone's together, people go before the admin token's sessions.
+        for i in 0..MAX_SESSIONS as u64 {
+            s.open(2000 + i, person(&format!("p{i}")));
+        }
+        assert!(s.find(&operator, 3000).is_some());
     }
 
     #[test]
