@@ -91,6 +91,15 @@ struct Prepared {
     continues: Vec<(usize, String)>,
 }
 
+/// Batches one key may hold open at once.
+pub const MAX_OPEN_BATCHES_PER_KEY: usize = 50;
+
+/// How many of a key's newest batches are looked at to count its open ones.
+const OPEN_BATCHES_LOOKED_AT: usize = 500;
+
+/// The longest an open batch goes without being asked about at its provider.
+const MAX_POLL_INTERVAL_SECS: u64 = 600;
+
 /// What a create request asks for.
 struct Asked {
     input_file_id: String,
@@ -339,9 +348,20 @@ impl BatchService {
         Ok(Prepared { written, worst, model, provider, continues })
     }
 
-    /// Create a batch of the key's input file: checked, charged its worst case, submitted.
+    /// Create a batch of the key's input file: checked, charged its worst case, submitted. A
+    /// key holds at most [`MAX_OPEN_BATCHES_PER_KEY`] open at once.
     pub async fn create(&self, key: &KeyRecord, purses: &[Purse], body: &[u8]) -> Result<Batch, ApiError> {
         let asked = parse_create(body)?;
+        let recent = self.jobs.of_owner(KIND, &key.id, None, OPEN_BATCHES_LOOKED_AT).await.map_err(internal)?;
+        let open = recent.iter().filter_map(|t| Self::read(t)).filter(Batch::open).count();
+        if open >= MAX_OPEN_BATCHES_PER_KEY {
+            let mut refused = ApiError::new(
+                ErrorKind::RateLimited,
+                format!("This key has {open} batches open, the most it may hold at once; wait for one to end or cancel one."),
+            );
+            refused.retry_after = Some(60);
+            return Err(refused);
+        }
         let input = self.input(key, &asked.input_file_id).await?;
         let routing = self.routing.load_full();
         let endpoint = asked.endpoint;
@@ -518,7 +538,7 @@ impl BatchService {
     /// interval (on one node; in a fleet the node holding it keeps it current).
     pub async fn get(&self, key: &KeyRecord, id: &str) -> Result<Batch, ApiError> {
         let batch = self.owned(key, id).await?;
-        if !self.jobs.shared() && batch.open() && now_unix().saturating_sub(batch.last_polled_at) >= self.poll_every.as_secs() {
+        if !self.jobs.shared() && batch.open() && now_unix().saturating_sub(batch.last_polled_at) >= self.interval_of(&batch, now_unix()) {
             self.refresh(batch).await;
             return self.owned(key, id).await;
         }
@@ -666,6 +686,14 @@ impl BatchService {
         self.settle(batch, output).await
     }
 
+    /// How often an open batch is asked about at its provider: `limits.batch_poll_secs` while it
+    /// is young, backing off to a tenth of its age (at most 10 minutes) — a batch runs for up to
+    /// a day, and a key's many batches are not each asked about every few seconds.
+    fn interval_of(&self, batch: &Batch, now: u64) -> u64 {
+        let every = self.poll_every.as_secs();
+        (now.saturating_sub(batch.created_at) / 10).clamp(every, MAX_POLL_INTERVAL_SECS.max(every))
+    }
+
     /// One poller round: every open batch this node works on whose last poll is stale.
     pub async fn poll_once(&self) {
         let texts = match self.jobs.open(KIND).await {
@@ -676,7 +704,7 @@ impl BatchService {
         for batch in texts.iter().filter_map(|t| Self::read(t)) {
             let due = batch.status == SUBMITTING
                 || (record::is_terminal(&batch.status) && !batch.settled)
-                || now.saturating_sub(batch.last_polled_at) >= self.poll_every.as_secs();
+                || now.saturating_sub(batch.last_polled_at) >= self.interval_of(&batch, now);
             if due {
                 self.refresh(batch).await;
             }

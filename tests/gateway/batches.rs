@@ -304,3 +304,22 @@ async fn a_line_continues_only_the_keys_own_stored_response_and_is_held_for_it()
     let input = (body_len + 2) / 3 + context;
     assert_eq!(held, input * 1_000 + 16 * 4_000);
 }
+
+#[tokio::test]
+async fn a_key_holds_at_most_its_share_of_open_batches() {
+    // Batches are polled once an hour here: every one created stays open.
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port).replace("limits: { batch_poll_secs: 1 }", "limits: { batch_poll_secs: 3600 }"));
+    let file = upload(&gw, CLIENT_KEY, &[line("a", json!({"model": "alpha-5.5", "messages": [], "max_tokens": 1}))]).await;
+    for i in 0..tollgate::batch::MAX_OPEN_BATCHES_PER_KEY {
+        assert_eq!(create(&gw, CLIENT_KEY, &file, Value::Null).await.status(), 200, "batch {i}");
+    }
+    let before = balance(&gw, CLIENT_KEY).await;
+    let refused = create(&gw, CLIENT_KEY, &file, Value::Null).await;
+    assert_eq!(refused.status(), 429);
+    assert!(refused.headers().contains_key("retry-after"));
+    assert_eq!(balance(&gw, CLIENT_KEY).await, before, "nothing charged");
+    // Another key is not held up by it.
+    let theirs = upload(&gw, OTHER_KEY, &[line("a", json!({"model": "alpha-5.5", "messages": [], "max_tokens": 1}))]).await;
+    assert_eq!(create(&gw, OTHER_KEY, &theirs, Value::Null).await.status(), 200);
+}
