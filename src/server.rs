@@ -676,11 +676,12 @@ fn gateway(
     Gateway {
         routing: s.routing.clone(),
         keys: s.keys.clone(),
-        uploads: crate::edge::upload::UploadLimits {
-            max_bytes: config.uploads.max_upload_bytes,
-            idle_timeout: body.read_timeout,
-            spool: crate::edge::body::BodyBudget::new(usize::try_from(config.uploads.max_spooled_bytes).unwrap_or(usize::MAX)),
-        },
+        uploads: crate::edge::upload::UploadLimits::new(
+            config.uploads.max_upload_bytes,
+            body.read_timeout,
+            config.uploads.max_spooled_bytes,
+            body.budget.clone(),
+        ),
         realtime: config.realtime,
         files: Arc::new(crate::files::FileService::new(&config.data_dir, None, config.fleet.is_some())),
         batches: None,

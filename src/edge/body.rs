@@ -35,7 +35,7 @@ impl BodyBudget {
 
     /// An empty reservation, grown as the body arrives.
     pub fn reservation(self: &Arc<Self>) -> Reservation {
-        Reservation { budget: self.clone(), bytes: 0 }
+        Reservation { budget: self.clone(), bytes: 0, also: Vec::new() }
     }
 
     fn take(&self, n: usize) -> bool {
@@ -43,11 +43,13 @@ impl BodyBudget {
     }
 }
 
-/// Bytes of the budget held by one request; given back when dropped.
+/// Bytes of the budget held by one request; given back when dropped (with the reservations of
+/// other budgets it carries: an upload's memory, its key's share of the spool).
 #[derive(Debug)]
 pub struct Reservation {
     budget: Arc<BodyBudget>,
     bytes: usize,
+    also: Vec<Reservation>,
 }
 
 impl Reservation {
@@ -63,6 +65,38 @@ impl Reservation {
 
     pub fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// This reservation carrying `other` too: both are given back together.
+    pub fn with(mut self, other: Reservation) -> Reservation {
+        self.also.push(other);
+        self
+    }
+}
+
+/// A budget per key (its share of a process-wide one), made when a key first needs it and
+/// forgotten once none of its reservations is held.
+#[derive(Debug)]
+pub struct KeyBudgets {
+    per_key: usize,
+    map: std::sync::Mutex<std::collections::HashMap<String, Arc<BodyBudget>>>,
+}
+
+impl KeyBudgets {
+    pub fn new(per_key: usize) -> KeyBudgets {
+        KeyBudgets { per_key, map: std::sync::Mutex::new(std::collections::HashMap::new()) }
+    }
+
+    /// What one key may hold.
+    pub fn per_key(&self) -> usize {
+        self.per_key
+    }
+
+    /// `key_id`'s budget.
+    pub fn of(&self, key_id: &str) -> Arc<BodyBudget> {
+        let mut map = self.map.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.retain(|_, b| Arc::strong_count(b) > 1 || b.used() > 0);
+        map.entry(key_id.to_string()).or_insert_with(|| BodyBudget::new(self.per_key)).clone()
     }
 }
 

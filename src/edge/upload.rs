@@ -1,10 +1,15 @@
 //! Uploads: a `multipart/form-data` body read as it arrives by a streaming parser (`multer`)
 //! under bounds — its total size (`limits.max_upload_bytes`, 413), its number of parts
-//! ([`MAX_PARTS`]), a text field's size ([`MAX_FIELD_BYTES`]) and the time between two of its
-//! chunks (`body_read_timeout_secs`, 408). Text fields are kept; files go to unnamed temporary
-//! files as they arrive, never whole into memory, within a process-wide budget of spooled bytes
-//! (`limits.max_spooled_bytes`, 503 with `Retry-After` when full). A malformed body is a 400
-//! naming the part.
+//! ([`MAX_PARTS`]), a text field's size ([`MAX_FIELD_BYTES`]), a part's headers
+//! ([`MAX_PART_HEAD`]), the time between two of its chunks
+//! (`body_read_timeout_secs`) and its pace ([`MIN_UPLOAD_BYTES_PER_SEC`] on average once
+//! [`UPLOAD_GRACE`] has passed: a body trickled in a byte at a time cannot hold its share for
+//! long; 408 either way). Text fields are kept in memory, counted against the process's budget
+//! of buffered body bytes (`max_buffered_body_bytes`); files go to unnamed temporary files as
+//! they arrive, never whole into memory, counted as they arrive against the process-wide budget
+//! of spooled bytes (`limits.max_spooled_bytes`) and the key's share of it (a quarter, or one
+//! upload's worth when that is more) — 503 with `Retry-After` when either is full, so no key
+//! holds every tenant's uploads off. A malformed body is a 400 naming the part.
 
 use crate::edge::body::Reservation;
 use crate::protocol::multipart::{FilePart, Form};
@@ -24,7 +29,35 @@ pub struct UploadLimits {
     /// The disk every upload in flight may take together (`limits.max_spooled_bytes`): past it,
     /// 503 with `Retry-After`.
     pub spool: Arc<crate::edge::body::BodyBudget>,
+    /// Each key's share of `spool`.
+    pub spool_per_key: Arc<crate::edge::body::KeyBudgets>,
+    /// The process's budget of buffered body bytes (text fields are held in memory).
+    pub memory: Arc<crate::edge::body::BodyBudget>,
 }
+
+impl UploadLimits {
+    pub fn new(max_bytes: u64, idle_timeout: Duration, max_spooled: u64, memory: Arc<crate::edge::body::BodyBudget>) -> UploadLimits {
+        let spooled = usize::try_from(max_spooled).unwrap_or(usize::MAX);
+        let per_key = (spooled / 4).max(usize::try_from(max_bytes).unwrap_or(usize::MAX));
+        UploadLimits {
+            max_bytes,
+            idle_timeout,
+            spool: crate::edge::body::BodyBudget::new(spooled),
+            spool_per_key: Arc::new(crate::edge::body::KeyBudgets::new(per_key)),
+            memory,
+        }
+    }
+}
+
+/// The most bytes a part's headers may take (with the boundary before them): far above any real
+/// form's (a few hundred bytes).
+pub const MAX_PART_HEAD: u64 = 16 << 10;
+
+/// The slowest average pace an upload may keep once [`UPLOAD_GRACE`] has passed.
+pub const MIN_UPLOAD_BYTES_PER_SEC: u64 = 16 << 10;
+
+/// How long an upload may take before its pace counts.
+pub const UPLOAD_GRACE: Duration = Duration::from_secs(30);
 
 /// The most parts a form may have.
 pub const MAX_PARTS: usize = 64;
@@ -39,6 +72,8 @@ const FILE_PARTS: [&str; 6] = ["file", "image", "image[]", "mask", "input_refere
 #[derive(Debug)]
 enum Intake {
     Timeout,
+    TooSlow,
+    HeadersTooLarge,
     Read(&'static str),
 }
 
@@ -46,6 +81,8 @@ impl std::fmt::Display for Intake {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Intake::Timeout => write!(f, "timeout"),
+            Intake::TooSlow => write!(f, "too slow"),
+            Intake::HeadersTooLarge => write!(f, "part headers too large"),
             Intake::Read(why) => write!(f, "{why}"),
         }
     }
@@ -53,42 +90,66 @@ impl std::fmt::Display for Intake {
 
 impl std::error::Error for Intake {}
 
-/// Read a `multipart/form-data` body with `boundary` from `session`. The form's files hold their
-/// share of the spool budget until the reservation is dropped (once they were sent).
-pub async fn read_form(session: &mut Session, limits: &UploadLimits, boundary: &str) -> Result<(Form, Reservation), ApiError> {
+/// Read a `multipart/form-data` body with `boundary` from `session` for key `key_id`. The
+/// form's files hold their share of the spool budget (the process's and the key's), and its
+/// text fields their share of the memory budget, until the reservation is dropped (once they
+/// were sent).
+pub async fn read_form(
+    session: &mut Session,
+    limits: &UploadLimits,
+    boundary: &str,
+    key_id: &str,
+) -> Result<(Form, Reservation), ApiError> {
     let declared = crate::protocol::header_str(session.req_header(), "content-length").and_then(|v| v.trim().parse::<u64>().ok());
     if declared.is_some_and(|n| n > limits.max_bytes) {
         return Err(too_large(limits.max_bytes, None));
     }
-    // A declared length takes its share of the spool budget before anything is read (as a
-    // buffered body does); a chunked body's grows as its files arrive.
-    let mut reservation = limits.spool.reservation();
-    if let Some(n) = declared {
-        if !reservation.grow(usize::try_from(n).unwrap_or(usize::MAX)) {
-            return Err(crate::edge::body::busy());
-        }
-    }
+    // What the body holds is reserved as it arrives, never on the strength of a declared
+    // length alone: a client has to send the bytes it holds the budget with.
+    let mut reservation = Holding {
+        spool: limits.spool.reservation(),
+        mine: limits.spool_per_key.of(key_id).reservation(),
+        memory: limits.memory.reservation(),
+    };
     crate::edge::body::continue_if_expected(session).await?;
     let idle = limits.idle_timeout;
-    let chunks = futures_util::stream::unfold(session, move |s| async move {
-        match tokio::time::timeout(idle, s.read_request_body()).await {
-            Ok(Ok(Some(chunk))) => Some((Ok::<Bytes, Intake>(chunk), s)),
-            Ok(Ok(None)) => None,
-            Ok(Err(e)) => Some((Err(Intake::Read(e.etype().as_str())), s)),
-            Err(_) => Some((Err(Intake::Timeout), s)),
+    let started = tokio::time::Instant::now();
+    let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let chunks = futures_util::stream::unfold(session, move |s| {
+        let counted = counted.clone();
+        async move {
+            // The next chunk within the idle bound, and before the body's average pace falls
+            // under the minimum.
+            let so_far = counted.load(std::sync::atomic::Ordering::Relaxed);
+            let pace_deadline = started + UPLOAD_GRACE + Duration::from_secs(so_far / MIN_UPLOAD_BYTES_PER_SEC);
+            let idle_deadline = tokio::time::Instant::now() + idle;
+            let slow = pace_deadline < idle_deadline;
+            match tokio::time::timeout_at(pace_deadline.min(idle_deadline), s.read_request_body()).await {
+                Ok(Ok(Some(chunk))) => {
+                    counted.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    Some((Ok::<Bytes, Intake>(chunk), s))
+                }
+                Ok(Ok(None)) => None,
+                Ok(Err(e)) => Some((Err(Intake::Read(e.etype().as_str())), s)),
+                Err(_) if slow => Some((Err(Intake::TooSlow), s)),
+                Err(_) => Some((Err(Intake::Timeout), s)),
+            }
         }
     });
-    let chunks = OneAtATime { inner: Box::pin(chunks), paused: false };
+    let heads = Arc::new(Heads::default());
+    let chunks = OneAtATime { inner: Box::pin(chunks), paused: false, heads: heads.clone() };
     let constraints = multer::Constraints::new().size_limit(multer::SizeLimit::new().whole_stream(limits.max_bytes));
     let mut parts = multer::Multipart::with_constraints(chunks, boundary.to_string(), constraints);
     let mut form = Form::default();
     let mut index = 0;
     loop {
+        heads.begin();
         let field = match parts.next_field().await {
             Ok(Some(field)) => field,
             Ok(None) => break,
             Err(e) => return Err(refusal(e, index, limits)),
         };
+        heads.end();
         index += 1;
         if index > MAX_PARTS {
             return Err(ApiError::new(ErrorKind::BadRequest, format!("The form has more than {MAX_PARTS} parts.")));
@@ -104,23 +165,66 @@ pub async fn read_form(session: &mut Session, limits: &UploadLimits, boundary: &
             let (spool, len) = spool(field, &name, index, limits, (&mut reservation, spooled)).await?;
             form.files.push(FilePart { name, filename, content_type, len, spool: Arc::new(spool) });
         } else {
-            let value = text(field, &name, index, limits).await?;
+            let value = text(field, &name, index, limits, &mut reservation.memory).await?;
             form.fields.push((name, value));
         }
     }
-    Ok((form, reservation))
+    let Holding { spool, mine, memory } = reservation;
+    Ok((form, spool.with(mine).with(memory)))
+}
+
+/// What an upload holds while it is read: the process's spool, the key's share of it, memory.
+struct Holding {
+    spool: Reservation,
+    mine: Reservation,
+    memory: Reservation,
 }
 
 /// The client's chunks handed to the parser one per poll. `multer` reads its stream until it is
 /// pending, so a fast client's whole body would gather in its buffer before a field sees any
 /// of it (measured: +16 MiB of peak memory for a 20 MiB upload); pausing after each chunk lets
 /// the spool take it first.
+///
+/// It also bounds what the parser holds looking for a part's headers: while the form is between
+/// two fields, no more is handed over once [`MAX_PART_HEAD`] bytes have been without the headers
+/// ending (the parser would hold them all, up to the whole body).
 struct OneAtATime<S> {
     inner: std::pin::Pin<Box<S>>,
     paused: bool,
+    heads: Arc<Heads>,
 }
 
-impl<S: futures_util::Stream> futures_util::Stream for OneAtATime<S> {
+/// Whether the form is between two fields (reading a part's headers), and the bytes handed to
+/// the parser since.
+#[derive(Default)]
+struct Heads {
+    between: std::sync::atomic::AtomicBool,
+    since: std::sync::atomic::AtomicU64,
+}
+
+impl Heads {
+    fn begin(&self) {
+        self.since.store(0, std::sync::atomic::Ordering::Relaxed);
+        self.between.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn end(&self) {
+        self.between.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the parser has been handed too much looking for one part's headers.
+    fn too_long(&self) -> bool {
+        self.between.load(std::sync::atomic::Ordering::Relaxed) && self.since.load(std::sync::atomic::Ordering::Relaxed) > MAX_PART_HEAD
+    }
+
+    fn handed(&self, n: usize) {
+        if self.between.load(std::sync::atomic::Ordering::Relaxed) {
+            self.since.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+impl<S: futures_util::Stream<Item = Result<Bytes, Intake>>> futures_util::Stream for OneAtATime<S> {
     type Item = S::Item;
 
     fn poll_next(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<S::Item>> {
@@ -128,14 +232,26 @@ impl<S: futures_util::Stream> futures_util::Stream for OneAtATime<S> {
             cx.waker().wake_by_ref();
             return std::task::Poll::Pending;
         }
+        if self.heads.too_long() {
+            return std::task::Poll::Ready(Some(Err(Intake::HeadersTooLarge)));
+        }
         let next = self.inner.as_mut().poll_next(cx);
+        if let std::task::Poll::Ready(Some(Ok(chunk))) = &next {
+            self.heads.handed(chunk.len());
+        }
         self.paused = matches!(next, std::task::Poll::Ready(Some(_)));
         next
     }
 }
 
-/// A text field's value: UTF-8, at most [`MAX_FIELD_BYTES`].
-async fn text(mut field: multer::Field<'_>, name: &str, index: usize, limits: &UploadLimits) -> Result<String, ApiError> {
+/// A text field's value: UTF-8, at most [`MAX_FIELD_BYTES`], held against the memory budget.
+async fn text(
+    mut field: multer::Field<'_>,
+    name: &str,
+    index: usize,
+    limits: &UploadLimits,
+    memory: &mut Reservation,
+) -> Result<String, ApiError> {
     let mut value = Vec::new();
     loop {
         match field.chunk().await {
@@ -143,6 +259,9 @@ async fn text(mut field: multer::Field<'_>, name: &str, index: usize, limits: &U
                 if value.len() + chunk.len() > MAX_FIELD_BYTES {
                     return Err(ApiError::new(ErrorKind::BadRequest, format!("The form field '{name}' is over {MAX_FIELD_BYTES} bytes."))
                         .with_param(name));
+                }
+                if !memory.grow(chunk.len()) {
+                    return Err(crate::edge::body::busy());
                 }
                 value.extend_from_slice(&chunk);
             }
@@ -160,7 +279,7 @@ async fn spool(
     name: &str,
     index: usize,
     limits: &UploadLimits,
-    (reservation, before): (&mut Reservation, u64),
+    (reservation, before): (&mut Holding, u64),
 ) -> Result<(std::fs::File, u64), ApiError> {
     let disk = |e: std::io::Error| {
         log::error!("upload: cannot write the part '{name}' to a temporary file: {e}");
@@ -172,10 +291,13 @@ async fn spool(
     loop {
         match field.chunk().await {
             Ok(Some(chunk)) => {
-                // The form's files so far, this chunk included, within what is reserved.
+                // The form's files so far, this chunk included, within what is reserved: in the
+                // process's spool and in the key's share of it.
                 let needed = usize::try_from(before + len + chunk.len() as u64).unwrap_or(usize::MAX);
-                if needed > reservation.bytes() && !reservation.grow(needed - reservation.bytes()) {
-                    return Err(crate::edge::body::busy());
+                for r in [&mut reservation.spool, &mut reservation.mine] {
+                    if needed > r.bytes() && !r.grow(needed - r.bytes()) {
+                        return Err(crate::edge::body::busy());
+                    }
                 }
                 len += chunk.len() as u64;
                 writer.write_all(&chunk).await.map_err(disk)?;
@@ -222,6 +344,14 @@ fn refusal(e: multer::Error, index: usize, limits: &UploadLimits) -> ApiError {
             Some(Intake::Timeout) => ApiError::new(
                 ErrorKind::RequestTimeout,
                 format!("The upload stalled: nothing arrived for {} seconds.", limits.idle_timeout.as_secs()),
+            ),
+            Some(Intake::TooSlow) => ApiError::new(
+                ErrorKind::RequestTimeout,
+                format!("The upload is too slow: under {} KiB a second on average.", MIN_UPLOAD_BYTES_PER_SEC >> 10),
+            ),
+            Some(Intake::HeadersTooLarge) => ApiError::new(
+                ErrorKind::BadRequest,
+                format!("The multipart body cannot be read: a part's headers take over {} KiB.", MAX_PART_HEAD >> 10),
             ),
             _ => ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {inner}")),
         },

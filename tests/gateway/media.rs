@@ -520,7 +520,7 @@ keys:
 }
 
 /// A raw upload of `declared` bytes to the transcriptions endpoint: sent up to `first`, after
-/// the gateway's `100 Continue` (which it sends once the upload's share of the spool is held).
+/// the gateway's `100 Continue` (its checks passed; the spool is held as the bytes arrive).
 fn start_held_upload(port: u16, content_type: &str, declared: usize, first: &[u8]) -> std::net::TcpStream {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -547,17 +547,31 @@ async fn past_the_spool_budget_uploads_get_503_with_retry_after_until_room_retur
     use std::io::{Read, Write};
     let mock = start_mock();
     let gw = start_gateway(&config(mock.port, "limits: { max_upload_bytes: 100000, max_spooled_bytes: 100000 }\n"));
-    // One upload of exactly 100000 bytes, held after its first bytes: the whole spool is its.
+    // One upload of exactly 100000 bytes, held after 99,500 of them: nearly the whole spool is
+    // its (what arrived, not what it declared: a declared length alone holds nothing).
     let overhead = form(&[("model", "alpha-whisper")], &[("file", "a.wav", "audio/wav", Vec::new())]).1.len();
     let (content_type, body) = form(&[("model", "alpha-whisper")], &[("file", "a.wav", "audio/wav", vec![9; 100_000 - overhead])]);
     assert_eq!(body.len(), 100_000);
     let port = gw.proc.port;
-    let (first, rest) = (body[..100].to_vec(), body[100..].to_vec());
+    let (first, rest) = (body[..99_500].to_vec(), body[99_500..].to_vec());
     let ct = content_type.clone();
     let mut held = tokio::task::spawn_blocking(move || start_held_upload(port, &ct, 100_000, &first)).await.unwrap();
     let small = || form(&[("model", "alpha-whisper")], &[("file", "b.wav", "audio/wav", vec![1; 1000])]);
-    let r = post_form(&gw, "/v1/audio/transcriptions", CLIENT_KEY, small(), &[]).await;
-    assert_eq!(r.status(), 503);
+    let refused = std::sync::Arc::new(std::sync::Mutex::new(None));
+    until("the held upload's bytes spooled", || {
+        let refused = refused.clone();
+        let gw = &gw;
+        async move {
+            let r = post_form(gw, "/v1/audio/transcriptions", CLIENT_KEY, small(), &[]).await;
+            let busy = r.status() == 503;
+            if busy {
+                *refused.lock().unwrap() = Some(r);
+            }
+            busy
+        }
+    })
+    .await;
+    let r = refused.lock().unwrap().take().unwrap();
     assert_eq!(r.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
     assert_eq!(r.json::<Value>().await.unwrap()["error"]["code"], "overloaded");
     // The held upload completes and is served; once it was sent its share comes back.

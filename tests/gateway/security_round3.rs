@@ -233,3 +233,78 @@ async fn a_generate_content_answer_under_an_alias_names_the_model_as_the_client_
         .unwrap();
     assert!(streamed.contains("\"modelVersion\":\"gamma-alias\"") && !streamed.contains("gamma-3.5-flash"), "{streamed}");
 }
+
+/// A raw upload to `/v1/files` of `key`: its header (declaring `declared` bytes) and the
+/// first `sent` bytes of a form whose file part holds the rest; the connection stays open.
+async fn begin_upload(gw: &Gateway, key: &str, declared: usize, sent: &[u8]) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", gw.proc.port)).await.unwrap();
+    let head = format!(
+        "POST /v1/files HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nContent-Type: multipart/form-data; boundary=XyZ\r\nContent-Length: {declared}\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(sent).await.unwrap();
+    s.flush().await.unwrap();
+    s
+}
+
+fn form_start() -> Vec<u8> {
+    b"--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.jsonl\"\r\n\r\n".to_vec()
+}
+
+async fn upload_small(gw: &Gateway, key: &str, bytes: usize) -> u16 {
+    let (ct, body) = form(&[("purpose", "batch")], &[("file", "in.jsonl", "application/jsonl", vec![b'{'; bytes])]);
+    client().post(gw.url("/v1/files")).bearer_auth(key).header("content-type", ct).body(body).send().await.unwrap().status().as_u16()
+}
+
+#[tokio::test]
+async fn a_declared_length_holds_no_spool_and_a_key_holds_at_most_its_share() {
+    // 4 MiB of spool, uploads of 1 MiB at most: a key's share is 1 MiB.
+    let mock = start_mock();
+    let c = format!(
+        "limits: {{ max_upload_bytes: 1048576, max_spooled_bytes: 4194304 }}\n{}",
+        config(mock.port, free_port(), &mock.url("/mcp"))
+    );
+    let gw = start_gateway(&c);
+    // Six uploads that declare 1 MiB each and send nothing more: nothing is held for them.
+    let mut stalled = Vec::new();
+    for _ in 0..6 {
+        stalled.push(begin_upload(&gw, RPM_KEY, 1 << 20, &form_start()).await);
+    }
+    assert_eq!(upload_small(&gw, OTHER_KEY, 1000).await, 200, "another tenant's upload is not held off");
+    // A key that holds 900 KiB of one upload cannot start another past its share …
+    let mut big = form_start();
+    big.extend(std::iter::repeat_n(b'x', 900 << 10));
+    let _holding = begin_upload(&gw, CLIENT_KEY, 1 << 20, &big).await;
+    until("the 900 KiB spooled", || async {
+        let (ct, body) = form(&[("purpose", "batch")], &[("file", "in.jsonl", "application/jsonl", vec![b'{'; 200 << 10])]);
+        client().post(gw.url("/v1/files")).bearer_auth(CLIENT_KEY).header("content-type", ct).body(body).send().await.unwrap().status()
+            == 503
+    })
+    .await;
+    // … while another key can.
+    assert_eq!(upload_small(&gw, OTHER_KEY, 200 << 10).await, 200);
+    drop(stalled);
+}
+
+#[tokio::test]
+async fn a_part_header_past_the_bound_is_refused_before_it_is_held() {
+    let mock = start_mock();
+    let gw = start_gateway(&config(mock.port, free_port(), &mock.url("/mcp")));
+    let mut body = b"--XyZ\r\nContent-Disposition: form-data; name=\"purpose\"\r\nX-Pad: ".to_vec();
+    body.extend(std::iter::repeat_n(b'a', 4 << 20));
+    body.extend_from_slice(b"\r\n\r\nbatch\r\n--XyZ--\r\n");
+    // Refused as soon as the bound is passed: the gateway answers and closes while the client
+    // is still sending, so the answer is read from the raw connection.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = begin_upload(&gw, CLIENT_KEY, body.len(), &[]).await;
+    let (mut read, mut write) = s.into_split();
+    let sender = tokio::spawn(async move {
+        let _ = write.write_all(&body).await;
+    });
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(20), read.read_to_end(&mut answer)).await;
+    sender.abort();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("a part's headers"), "{answer}");
+}

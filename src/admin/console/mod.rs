@@ -496,9 +496,8 @@ mod tests {
     fn a_person_signing_in_again_and_again_pushes_out_only_their_own_sessions() {
         let s = Sessions::default();
         let operator = s.open(1000, Who::Operator);
-        let person = |sub: &str| {
-            Who::Person(crate::identity::person::person(&serde_json::json!({"sub": sub}), "roles", "teams").expect("a person"))
-        };
+        let person =
+            |sub: &str| Who::Person(crate::identity::person::person(&serde_json::json!({"sub": sub}), "roles", "teams").expect("a person"));
         let other = s.open(1001, person("other"));
         let mut mine = Vec::new();
         for i in 0..600 {

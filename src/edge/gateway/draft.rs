@@ -29,7 +29,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
         return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into());
     }
     if let Some(boundary) = upload_boundary(session, route) {
-        let (form, spooled) = crate::edge::upload::read_form(session, &gw.uploads, &boundary).await?;
+        let (form, spooled) = crate::edge::upload::read_form(session, &gw.uploads, &boundary, &key.id).await?;
         let draft = upstream::draft_form(routing, route, &key.group, &key.policy, &form).inspect_err(|_| {
             ctx.model_asked = form.field("model").filter(|m| crate::protocol::check_model_name(m).is_ok()).map(str::to_string);
         })?;

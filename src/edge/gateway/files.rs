@@ -20,7 +20,7 @@ impl Gateway {
                 let boundary = boundary.ok_or_else(|| {
                     ApiError::new(ErrorKind::BadRequest, "A file is uploaded as multipart/form-data with 'purpose' and 'file'.")
                 })?;
-                let (form, _spooled) = crate::edge::upload::read_form(session, &self.uploads, &boundary).await?;
+                let (form, _spooled) = crate::edge::upload::read_form(session, &self.uploads, &boundary, &key.id).await?;
                 let file = files.create(&key.id, &form).await?;
                 Ok(Outcome::Respond(LocalResponse::json(200, &serde_json::json!(file))))
             }

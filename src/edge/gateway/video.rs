@@ -23,7 +23,7 @@ impl Gateway {
         };
         match route {
             Route::VideoCreate { legacy } => {
-                let body = self.video_body(session).await?;
+                let body = self.video_body(session, key).await?;
                 let idem = header_str(session.req_header(), "idempotency-key").map(str::to_string);
                 if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
@@ -67,10 +67,10 @@ impl Gateway {
 
     /// A create-task body: JSON as sent, or a form (the OpenAI SDK's `videos.create`) as the
     /// JSON it stands for (`video::request::form_body`).
-    async fn video_body(&self, session: &mut Session) -> std::result::Result<bytes::Bytes, ApiError> {
+    async fn video_body(&self, session: &mut Session, key: &KeyRecord) -> std::result::Result<bytes::Bytes, ApiError> {
         let boundary = header_str(session.req_header(), http::header::CONTENT_TYPE).and_then(crate::protocol::multipart::boundary);
         let Some(boundary) = boundary else { return Ok(crate::edge::body::read(session, &self.body).await?.bytes) };
-        let (form, _spooled) = crate::edge::upload::read_form(session, &self.uploads, &boundary).await?;
+        let (form, _spooled) = crate::edge::upload::read_form(session, &self.uploads, &boundary, &key.id).await?;
         let form = std::sync::Arc::new(form);
         let body = tokio::task::spawn_blocking(move || video::request::form_body(&form))
             .await
