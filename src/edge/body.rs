@@ -67,6 +67,17 @@ impl Reservation {
         self.bytes
     }
 
+    /// Hold exactly `n` bytes: more when the budget has room (false, and nothing more held, when
+    /// it has not), or give back what is held beyond `n`.
+    pub fn resize(&mut self, n: usize) -> bool {
+        if n > self.bytes {
+            return self.grow(n - self.bytes);
+        }
+        self.budget.used.fetch_sub(self.bytes - n, Ordering::AcqRel);
+        self.bytes = n;
+        true
+    }
+
     /// This reservation carrying `other` too: both are given back together.
     pub fn with(mut self, other: Reservation) -> Reservation {
         self.also.push(other);
@@ -220,6 +231,9 @@ mod tests {
         drop(a);
         assert_eq!(budget.used(), 40);
         assert!(b.grow(60));
+        assert!(b.resize(30));
+        assert_eq!((b.bytes(), budget.used()), (30, 30));
+        assert!(!b.resize(101) && b.bytes() == 30);
         drop(b);
         assert_eq!(budget.used(), 0);
     }

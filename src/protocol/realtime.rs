@@ -90,6 +90,11 @@ impl Splitter {
         self.buf.extend_from_slice(chunk);
     }
 
+    /// The bytes held: at most one incomplete frame (and whole ones not yet taken).
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
     /// The next whole frame, if one has arrived.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, FrameError> {
         let mut cursor = Cursor::new(&self.buf[..]);

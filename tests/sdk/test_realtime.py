@@ -371,3 +371,34 @@ def test_a_client_close_is_answered_with_a_close(rt):
         assert json.loads(ws.recv())["type"] == "session.created"
         ws.close(1000)
         assert ws.protocol.close_rcvd is not None and ws.protocol.close_rcvd.code == 1000
+
+
+def test_unfinished_frames_count_against_the_buffered_bytes_budget():
+    # 1 MiB for every body and unfinished frame together: a second session that holds 700 KiB
+    # of a frame on top of the first's 700 KiB is closed (1013), the first one is not.
+    import struct
+    tmp = tempfile.mkdtemp(prefix="tollgate-realtime-budget-")
+    procs, gw = start(tmp, "max_body_bytes: 262144\nmax_buffered_body_bytes: 1048576\nlimits: { realtime_max_frame_bytes: 2097152 }")
+    try:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        header = bytes([0x81, 0x80 | 127]) + struct.pack(">Q", 1 << 20) + b"\0\0\0\0"
+        with ws_connect(gw.ws_url(), additional_headers=auth) as first, ws_connect(gw.ws_url(), additional_headers=auth) as second:
+            for ws in (first, second):
+                assert json.loads(ws.recv())["type"] == "session.created"
+            first.socket.sendall(header + b"A" * (700 << 10))
+            second.socket.sendall(header + b"A" * (700 << 10))
+            # Whichever the gateway read second is closed; the other stays open (nothing comes).
+            codes = []
+            for ws in (first, second):
+                try:
+                    ws.recv(timeout=5)
+                except ConnectionClosed as e:
+                    codes.append(e.rcvd.code)
+                except TimeoutError:
+                    codes.append(None)
+            assert sorted(codes, key=str) == sorted([1013, None], key=str), codes
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -445,7 +445,21 @@ impl Relay<'_> {
         let mut from_upstream = Splitter::new(limits.max_frame_bytes);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(limits.max_secs);
         let idle = Duration::from_secs(limits.idle_secs);
+        // What the session holds of frames and messages not yet whole counts against the
+        // process's budget of buffered bytes, as a request body does.
+        let mut held = self.gw.body.budget.reservation();
         loop {
+            let fragments = match &self.fragments {
+                Fragments::Text(payload) => payload.len(),
+                _ => 0,
+            };
+            if !held.resize(from_client.held() + from_upstream.held() + fragments) {
+                self.end_turns_unreported().await;
+                let why = "the gateway holds too much unfinished data; try again later";
+                let _ = client.write_response_body(Some(rt::close_frame(1013, why, false)), false).await;
+                let _ = upstream.write_body(&rt::close_frame(1001, why, true)).await;
+                return "over the buffered-bytes budget";
+            }
             let stop = tokio::select! {
                 read = client.read_request_body() => match read {
                     Ok(Some(chunk)) => {
