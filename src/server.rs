@@ -531,7 +531,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         Some(v) => Some(Arc::new(VideoService::new(v.clone(), store.tasks(), ledger.clone(), objects.clone())?)),
         None => None,
     };
-    let files = Arc::new(crate::files::FileService::new(&config.data_dir, objects, config.fleet.is_some()));
+    let files = Arc::new(
+        crate::files::FileService::new(&config.data_dir, objects, config.fleet.is_some()).with_quota(config.uploads.file_quota_bytes),
+    );
     let batches = Arc::new(crate::batch::BatchService::new(
         store.jobs(),
         ledger.clone(),

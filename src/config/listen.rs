@@ -176,7 +176,11 @@ pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, Realtime
     if !(1..=3600).contains(&batch_poll_secs) {
         return err("limits.batch_poll_secs: 1 to 3600");
     }
-    Ok((max_event_bytes, Uploads { max_upload_bytes, max_spooled_bytes }, realtime, conn_limits(raw)?, batch_poll_secs))
+    let file_quota_bytes = raw.as_ref().and_then(|l| l.file_quota_bytes).unwrap_or(DEFAULT_FILE_QUOTA_BYTES);
+    if file_quota_bytes < max_upload_bytes {
+        return err(format!("limits.file_quota_bytes: must be at least limits.max_upload_bytes ({max_upload_bytes})"));
+    }
+    Ok((max_event_bytes, Uploads { max_upload_bytes, max_spooled_bytes, file_quota_bytes }, realtime, conn_limits(raw)?, batch_poll_secs))
 }
 
 /// The bounds of a realtime session (`limits.realtime_*`).
@@ -198,7 +202,12 @@ pub struct Realtime {
 pub struct Uploads {
     pub max_upload_bytes: u64,
     pub max_spooled_bytes: u64,
+    /// The bytes of files one key may keep (`/v1/files`, batches' outputs included).
+    pub file_quota_bytes: u64,
 }
+
+/// Default `limits.file_quota_bytes`.
+pub const DEFAULT_FILE_QUOTA_BYTES: u64 = 1 << 30;
 
 /// Default `limits.max_spooled_bytes`: the disk all uploads in flight may take together.
 pub const DEFAULT_MAX_SPOOLED_BYTES: u64 = 1 << 30;
@@ -268,6 +277,9 @@ pub(super) struct RawLimits {
     realtime_max_frame_bytes: Option<u64>,
     #[serde(default)]
     realtime_sessions_per_key: Option<u64>,
+    /// The bytes of files one key may keep.
+    #[serde(default)]
+    file_quota_bytes: Option<u64>,
     /// How often an open batch is asked about at its provider (default 30 s).
     #[serde(default)]
     batch_poll_secs: Option<u64>,

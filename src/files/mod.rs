@@ -4,6 +4,11 @@
 //! `files/<key id>/`), else the data directory (`data_dir/files/<key id>/`); each file beside its
 //! description (`<id>.json`). A fleet without object storage has no shared place for them:
 //! there the endpoints answer 404 saying so (and `-t` says it too).
+//!
+//! A key keeps at most `limits.file_quota_bytes` of files (413 past it), and each file lives
+//! until its expiry: `expires_after` as the API takes it (`anchor: created_at`, 1 hour to 30
+//! days), else [`DEFAULT_LIFETIME_SECS`]. An expired file is gone (404) and its bytes are
+//! removed when the key's files are next listed or counted.
 
 use crate::base::clock::now_unix;
 use crate::protocol::multipart::Form;
@@ -19,6 +24,12 @@ use std::sync::Arc;
 /// The purposes a file may be uploaded for.
 pub const PURPOSES: [&str; 2] = ["batch", "user_data"];
 
+/// How long a file lives when its upload names no `expires_after` (30 days).
+pub const DEFAULT_LIFETIME_SECS: u64 = 30 * 86_400;
+
+/// The shortest and longest `expires_after[seconds]` (the API's bounds).
+const LIFETIME_SECS: std::ops::RangeInclusive<u64> = 3600..=30 * 86_400;
+
 /// A file as the API describes it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileObject {
@@ -29,6 +40,15 @@ pub struct FileObject {
     pub filename: String,
     pub purpose: String,
     pub status: String,
+    /// When it is gone (unix seconds); None for files kept before lifetimes (they live on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<u64>,
+}
+
+impl FileObject {
+    fn expired(&self, now: u64) -> bool {
+        self.expires_at.is_some_and(|at| now >= at)
+    }
 }
 
 /// Where files are kept.
@@ -41,6 +61,8 @@ enum Backend {
 
 pub struct FileService {
     backend: Backend,
+    /// The bytes of files one key may keep.
+    quota: u64,
 }
 
 /// A file's bytes on their way to the client.
@@ -69,7 +91,13 @@ impl FileService {
             (None, false) => Backend::Dir(data_dir.join("files")),
             (None, true) => Backend::None,
         };
-        FileService { backend }
+        FileService { backend, quota: crate::config::listen::DEFAULT_FILE_QUOTA_BYTES }
+    }
+
+    /// The same, with `quota` bytes of files a key may keep.
+    pub fn with_quota(mut self, quota: u64) -> FileService {
+        self.quota = quota;
+        self
     }
 
     fn dir(&self, key_id: &str) -> Option<PathBuf> {
@@ -101,11 +129,32 @@ impl FileService {
             .iter()
             .find(|f| f.name == "file")
             .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'file' part is required.").with_param("file"))?;
-        self.store(key_id, part.filename.as_deref().unwrap_or("file"), purpose, part.spool.clone(), part.len).await
+        let lifetime = match (form.field("expires_after[anchor]"), form.field("expires_after[seconds]")) {
+            (None, None) => DEFAULT_LIFETIME_SECS,
+            (Some("created_at"), Some(secs)) => secs.trim().parse::<u64>().ok().filter(|s| LIFETIME_SECS.contains(s)).ok_or_else(|| {
+                ApiError::new(ErrorKind::BadRequest, "'expires_after[seconds]' must be between 3600 and 2592000.")
+                    .with_param("expires_after[seconds]")
+            })?,
+            (Some(_), Some(_)) => {
+                return Err(ApiError::new(ErrorKind::BadRequest, "'expires_after[anchor]' must be \"created_at\".")
+                    .with_param("expires_after[anchor]"))
+            }
+            _ => {
+                return Err(ApiError::new(ErrorKind::BadRequest, "'expires_after' takes both 'anchor' and 'seconds'.")
+                    .with_param("expires_after"))
+            }
+        };
+        self.store_for(key_id, part.filename.as_deref().unwrap_or("file"), purpose, (part.spool.clone(), part.len), lifetime).await
     }
 
-    /// Keep `len` bytes of `spool` as a file of `key_id` for `purpose` (an upload's file, or a
-    /// batch's output); its description.
+    /// The bytes of the key's files that have not expired (expired ones are removed on the way).
+    pub async fn used(&self, key_id: &str) -> Result<u64, ApiError> {
+        let (files, _) = self.list(key_id, None, usize::MAX).await?;
+        Ok(files.iter().map(|f| f.bytes).sum())
+    }
+
+    /// Keep `len` bytes of `spool` as a file of `key_id` for `purpose` (a batch's output), for
+    /// the default lifetime; its description.
     pub async fn store(
         &self,
         key_id: &str,
@@ -114,17 +163,42 @@ impl FileService {
         spool: Arc<std::fs::File>,
         len: u64,
     ) -> Result<FileObject, ApiError> {
+        self.store_for(key_id, filename, purpose, (spool, len), DEFAULT_LIFETIME_SECS).await
+    }
+
+    /// Keep a file for `lifetime` seconds, within the key's quota; its description.
+    async fn store_for(
+        &self,
+        key_id: &str,
+        filename: &str,
+        purpose: &str,
+        (spool, len): (Arc<std::fs::File>, u64),
+        lifetime: u64,
+    ) -> Result<FileObject, ApiError> {
         if !safe(key_id) {
             return Err(internal("key id", key_id));
         }
+        let used = self.used(key_id).await?;
+        if used.saturating_add(len) > self.quota {
+            return Err(ApiError::new(
+                ErrorKind::PayloadTooLarge,
+                format!(
+                    "This key keeps {used} bytes of files; {len} more would pass its quota of {} bytes. Delete files first.",
+                    self.quota
+                ),
+            )
+            .with_param("file"));
+        }
+        let created_at = now_unix();
         let file = FileObject {
             id: format!("file-{}", crate::base::secrets::random_base62(24)),
             object: "file".into(),
             bytes: len,
-            created_at: now_unix(),
             filename: filename.chars().filter(|c| !c.is_control()).take(255).collect(),
             purpose: purpose.to_string(),
             status: "processed".into(),
+            created_at,
+            expires_at: Some(created_at.saturating_add(lifetime)),
         };
         let description = serde_json::to_vec(&file).map_err(|e| internal("description", e))?;
         let bytes = crate::base::spool::chunks(spool, len, 256 << 10);
@@ -163,7 +237,12 @@ impl FileService {
             Backend::Objects(store) => read_object(store, &format!("files/{key_id}/{id}.json")).await?.ok_or_else(|| not_found(id))?,
             Backend::None => return Err(Self::unavailable()),
         };
-        serde_json::from_slice(&text).map_err(|e| internal("description", e))
+        let file: FileObject = serde_json::from_slice(&text).map_err(|e| internal("description", e))?;
+        if file.expired(now_unix()) {
+            self.remove(key_id, id).await?;
+            return Err(not_found(id));
+        }
+        Ok(file)
     }
 
     /// The key's files, newest first, after the file `after`, at most `limit`; whether more follow.
@@ -198,6 +277,11 @@ impl FileService {
             }
             Backend::None => return Err(Self::unavailable()),
         }
+        let now = now_unix();
+        for gone in all.iter().filter(|f| f.expired(now)) {
+            self.remove(key_id, &gone.id).await?;
+        }
+        all.retain(|f| !f.expired(now));
         all.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
         if let Some(after) = after {
             match all.iter().position(|f| f.id == after) {
@@ -249,6 +333,11 @@ impl FileService {
     /// Delete the key's file `id`.
     pub async fn delete(&self, key_id: &str, id: &str) -> Result<(), ApiError> {
         self.get(key_id, id).await?;
+        self.remove(key_id, id).await
+    }
+
+    /// Remove the file `id` of `key_id`: its description, then its bytes.
+    async fn remove(&self, key_id: &str, id: &str) -> Result<(), ApiError> {
         match &self.backend {
             Backend::Dir(_) => {
                 let dir = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?;
@@ -297,4 +386,32 @@ async fn read_object(store: &ObjectStore, key: &str) -> Result<Option<Vec<u8>>, 
     };
     let bytes = download.body.collect().await.map_err(|e| internal("read", e))?;
     Ok(Some(bytes.into_bytes().to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_expired_file_is_gone_and_its_bytes_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = FileService::new(dir.path(), None, false).with_quota(1000);
+        let spool = |n: usize| {
+            use std::io::Write;
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&vec![b'x'; n]).unwrap();
+            Arc::new(f)
+        };
+        let kept = files.store("key_a", "a", "batch", spool(600), 600).await.unwrap();
+        assert_eq!(files.used("key_a").await.unwrap(), 600);
+        assert!(files.store("key_a", "b", "batch", spool(500), 500).await.is_err(), "past the quota");
+        // Its lifetime ends: it is gone, and its bytes with it.
+        let path = dir.path().join("files/key_a").join(format!("{}.json", kept.id));
+        let expired = FileObject { expires_at: Some(1), ..kept.clone() };
+        std::fs::write(&path, serde_json::to_vec(&expired).unwrap()).unwrap();
+        assert_eq!(files.get("key_a", &kept.id).await.unwrap_err().status(), 404);
+        assert!(!dir.path().join("files/key_a").join(&kept.id).exists(), "its bytes were removed");
+        assert_eq!(files.used("key_a").await.unwrap(), 0);
+        assert!(files.store("key_a", "b", "batch", spool(500), 500).await.is_ok());
+    }
 }

@@ -308,3 +308,42 @@ async fn a_part_header_past_the_bound_is_refused_before_it_is_held() {
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("a part's headers"), "{answer}");
 }
+
+#[tokio::test]
+async fn a_key_keeps_files_within_its_quota_and_each_file_has_a_lifetime() {
+    let mock = start_mock();
+    let c = format!(
+        "limits: {{ max_upload_bytes: 100000, file_quota_bytes: 150000 }}\n{}",
+        config(mock.port, free_port(), &mock.url("/mcp"))
+    );
+    let gw = start_gateway(&c);
+    let upload = |fields: Vec<(&'static str, &'static str)>, bytes: usize| {
+        let gw = &gw;
+        async move {
+            let mut all = vec![("purpose", "user_data")];
+            all.extend(fields);
+            let (ct, body) = form(&all, &[("file", "f.bin", "application/octet-stream", vec![b'z'; bytes])]);
+            let r = client().post(gw.url("/v1/files")).bearer_auth(CLIENT_KEY).header("content-type", ct).body(body).send().await.unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (status, first) = upload(vec![], 90_000).await;
+    assert_eq!(status, 200, "{first}");
+    let created = first["created_at"].as_u64().unwrap();
+    assert_eq!(first["expires_at"].as_u64(), Some(created + 30 * 86_400), "the default lifetime");
+    let (status, refused) = upload(vec![], 90_000).await;
+    assert_eq!(status, 413, "past the key's quota: {refused}");
+    // Another key has a quota of its own.
+    let (ct, body) = form(&[("purpose", "user_data")], &[("file", "f.bin", "application/octet-stream", vec![b'z'; 90_000])]);
+    let r = client().post(gw.url("/v1/files")).bearer_auth(OTHER_KEY).header("content-type", ct).body(body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    // Deleted, its bytes count no more.
+    let id = first["id"].as_str().unwrap();
+    let r = client().delete(gw.url(&format!("/v1/files/{id}"))).bearer_auth(CLIENT_KEY).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let (status, short) = upload(vec![("expires_after[anchor]", "created_at"), ("expires_after[seconds]", "3600")], 90_000).await;
+    assert_eq!(status, 200, "{short}");
+    assert_eq!(short["expires_at"].as_u64(), Some(short["created_at"].as_u64().unwrap() + 3600));
+    let (status, bad) = upload(vec![("expires_after[anchor]", "created_at"), ("expires_after[seconds]", "60")], 10).await;
+    assert_eq!((status, bad["error"]["param"].as_str()), (400, Some("expires_after[seconds]")));
+}
