@@ -71,6 +71,7 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         // operator's egress), and a download holds its `max_concurrent` slot while it streams.
         Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } | Route::VideoList | Route::VideoDelete { .. } => {
             gw.limits.admit(key).await?;
+            gw.solvent(routing, key).await?;
             let _slot = gw.limits.enter(key).await?;
             // Boxed: its future (uploads, downloads, the video service's calls) is larger
             // than the rest of the stages', which every relayed request carries.
