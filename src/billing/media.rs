@@ -9,9 +9,11 @@ use super::prices::{saturate, times, PriceBook};
 use crate::base::usage::Usage;
 use crate::protocol::{ApiError, ErrorKind};
 
-/// The least bytes a second of uploaded audio takes (8 kbit/s, below any speech codec's usual
-/// rate): a transcription of `n` bytes is held for at most `n / 1000` seconds.
-pub const AUDIO_MIN_BYTES_PER_SECOND: u64 = 1_000;
+/// The least bytes a second of uploaded audio can take, for an upload whose container tells no
+/// duration (its duration is read from it otherwise, see `protocol::audio`): 64 bytes a second
+/// is under Opus's least rate (500 bit/s), the lowest of the codecs the audio endpoints take,
+/// so no real file plays longer than its size allows at this rate.
+pub const AUDIO_MIN_BYTES_PER_SECOND: u64 = 64;
 
 /// The most audio tokens a second of audio is counted as: a transcription billed per token is
 /// held for its seconds' bound times this.
@@ -25,8 +27,9 @@ pub enum MediaCall {
     Images { n: u64, quality: Option<String>, size: Option<String>, files: u64 },
     /// Speech of `characters` input characters.
     Speech { characters: u64 },
-    /// A transcription or translation of an upload of `upload_bytes`.
-    Transcription { upload_bytes: u64 },
+    /// A transcription or translation of an upload of `upload_bytes`, which plays `played_ms`
+    /// milliseconds when its container says so.
+    Transcription { upload_bytes: u64, played_ms: Option<u64> },
 }
 
 fn no_price(model: &str) -> ApiError {
@@ -43,7 +46,9 @@ impl MediaCall {
         match self {
             MediaCall::Images { files, .. } => super::hold_input_tokens(text_bytes).saturating_add(files.saturating_mul(image_tokens)),
             MediaCall::Speech { .. } => super::hold_input_tokens(text_bytes),
-            MediaCall::Transcription { upload_bytes } => seconds_bound(*upload_bytes).saturating_mul(AUDIO_TOKENS_PER_SECOND),
+            MediaCall::Transcription { upload_bytes, played_ms } => {
+                seconds_bound(*upload_bytes, *played_ms).saturating_mul(AUDIO_TOKENS_PER_SECOND)
+            }
         }
     }
 
@@ -71,8 +76,8 @@ impl MediaCall {
                 i128::from(price).saturating_mul(i128::from(*n))
             }
             MediaCall::Speech { characters } => media.characters.map_or(0, |p| times(*characters, p)),
-            MediaCall::Transcription { upload_bytes } => {
-                media.per_second.map_or(0, |p| i128::from(p).saturating_mul(i128::from(seconds_bound(*upload_bytes))))
+            MediaCall::Transcription { upload_bytes, played_ms } => {
+                media.per_second.map_or(0, |p| i128::from(p).saturating_mul(i128::from(seconds_bound(*upload_bytes, *played_ms))))
             }
             MediaCall::Images { .. } => 0,
         };
@@ -113,17 +118,24 @@ impl MediaCall {
                 None => held,
             },
             MediaCall::Transcription { .. } if reported => (seen, by_tokens(scan.media.audio_input, media.audio_input, None), false),
-            MediaCall::Transcription { .. } => match (scan.media.seconds, media.per_second) {
-                (Some(seconds), Some(p)) => (seen, saturate((seconds * p as f64).ceil() as i128), false),
+            // No usage in the answer (`text`, `srt`, `vtt`): the seconds it reports, else the
+            // seconds its container says it plays.
+            MediaCall::Transcription { played_ms, .. } => match (scan.media.seconds, *played_ms, media.per_second) {
+                (Some(seconds), _, Some(p)) => (seen, saturate((seconds * p as f64).ceil() as i128), false),
+                (None, Some(ms), Some(p)) => (seen, saturate((i128::from(ms) * i128::from(p) + 999) / 1000), false),
                 _ => held,
             },
         }
     }
 }
 
-/// The most seconds an upload of `bytes` can hold (see [`AUDIO_MIN_BYTES_PER_SECOND`]).
-fn seconds_bound(bytes: u64) -> u64 {
-    bytes.div_ceil(AUDIO_MIN_BYTES_PER_SECOND).max(1)
+/// The most seconds an upload can play: what its container says (rounded up), else what its
+/// `bytes` can hold at the least rate (see [`AUDIO_MIN_BYTES_PER_SECOND`]).
+fn seconds_bound(bytes: u64, played_ms: Option<u64>) -> u64 {
+    match played_ms {
+        Some(ms) => ms.div_ceil(1000).max(1),
+        None => bytes.div_ceil(AUDIO_MIN_BYTES_PER_SECOND).max(1),
+    }
 }
 
 #[cfg(test)]
@@ -235,15 +247,30 @@ mod tests {
     #[test]
     fn transcriptions_are_billed_per_second_or_per_token() {
         let b = book();
-        let call = MediaCall::Transcription { upload_bytes: 20 << 20 };
-        // 20 MiB at no less than 1000 bytes a second: 20972 s at $0.0001.
-        assert_eq!(call.hold(&b, "whisper", 0, 0).unwrap(), 20_972 * 100_000);
+        let call = MediaCall::Transcription { upload_bytes: 20 << 20, played_ms: None };
+        // 20 MiB whose container tells nothing, at no less than 64 bytes a second: 327,680 s at
+        // $0.0001.
+        assert_eq!(call.hold(&b, "whisper", 0, 0).unwrap(), 327_680 * 100_000);
         let secs = MediaSeen { seconds: Some(9.5), ..MediaSeen::default() };
         assert_eq!(call.bill(&b, "whisper", scan(None, None, secs), 200, 5).1, 950_000);
         assert_eq!(call.bill(&b, "whisper", scan(None, None, MediaSeen::default()), 200, 5), (Usage::default(), 5, true));
         let toks = MediaSeen { audio_input: Some(12), ..MediaSeen::default() };
         // 2 text tokens at $2.5, 12 audio at $6, 45 out at $10 (per 1M).
         assert_eq!(call.bill(&b, "transcribe", scan(Some(14), Some(45), toks), 200, 5).1, 5_000 + 72_000 + 450_000);
-        assert_eq!(call.input_tokens(0, 0), 20_972 * AUDIO_TOKENS_PER_SECOND);
+        assert_eq!(call.input_tokens(0, 0), 327_680 * AUDIO_TOKENS_PER_SECOND);
+    }
+
+    #[test]
+    fn a_transcription_whose_container_tells_its_length_is_held_and_billed_for_it() {
+        let b = book();
+        // An hour of Opus at 377 bytes a second: the size alone would have held 1,358 s at the
+        // old floor of 1,000 bytes a second; its container says 3,600.
+        let call = MediaCall::Transcription { upload_bytes: 377 * 3600, played_ms: Some(3_600_000) };
+        assert_eq!(call.hold(&b, "whisper", 0, 0).unwrap(), 3600 * 100_000);
+        // A `text` answer reports nothing: billed the seconds it plays, not its hold.
+        assert_eq!(call.bill(&b, "whisper", scan(None, None, MediaSeen::default()), 200, 1), (Usage::default(), 3600 * 100_000, false));
+        let short = MediaCall::Transcription { upload_bytes: 12_042, played_ms: Some(20_100) };
+        assert_eq!(short.bill(&b, "whisper", scan(None, None, MediaSeen::default()), 200, 1).1, 2_010_000);
+        assert_eq!(short.input_tokens(0, 0), 21 * AUDIO_TOKENS_PER_SECOND);
     }
 }

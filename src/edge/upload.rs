@@ -163,7 +163,7 @@ pub async fn read_form(
         if filename.is_some() || FILE_PARTS.contains(&name.as_str()) {
             let spooled: u64 = form.files.iter().map(|f| f.len).sum();
             let (spool, len) = spool(field, &name, index, limits, (&mut reservation, spooled)).await?;
-            form.files.push(FilePart { name, filename, content_type, len, spool: Arc::new(spool) });
+            form.files.push(FilePart { name, filename, content_type, len, spool: Arc::new(spool), played_ms: None });
         } else {
             let value = text(field, &name, index, limits, &mut reservation.memory).await?;
             form.fields.push((name, value));

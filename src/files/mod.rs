@@ -140,8 +140,9 @@ impl FileService {
                     .with_param("expires_after[anchor]"))
             }
             _ => {
-                return Err(ApiError::new(ErrorKind::BadRequest, "'expires_after' takes both 'anchor' and 'seconds'.")
-                    .with_param("expires_after"))
+                return Err(
+                    ApiError::new(ErrorKind::BadRequest, "'expires_after' takes both 'anchor' and 'seconds'.").with_param("expires_after")
+                )
             }
         };
         self.store_for(key_id, part.filename.as_deref().unwrap_or("file"), purpose, (part.spool.clone(), part.len), lifetime).await

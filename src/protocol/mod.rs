@@ -5,6 +5,7 @@
 //! unit-tested; `meter` runs the readers over a response stream, `relay` plans the request.
 
 pub mod anthropic;
+pub mod audio;
 pub mod batch;
 pub mod conversation;
 pub mod gemini;

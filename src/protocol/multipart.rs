@@ -23,6 +23,9 @@ pub struct FilePart {
     /// An unnamed temporary file (gone once closed), read at offsets: every attempt reads it
     /// from the start.
     pub spool: Arc<std::fs::File>,
+    /// How long it plays, in milliseconds, when it is audio whose container says so (read for
+    /// transcriptions: `protocol::audio`).
+    pub played_ms: Option<u64>,
 }
 
 /// One piece of an encoded form: bytes, or a file's bytes read when sent.
@@ -105,6 +108,7 @@ mod tests {
         let form = Form {
             fields: vec![("model".into(), "alias".into()), ("prompt".into(), "a \"cat\"".into())],
             files: vec![FilePart {
+                played_ms: None,
                 name: "image[]".into(),
                 filename: Some("c\"at.png".into()),
                 content_type: Some("image/png".into()),

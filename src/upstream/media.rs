@@ -36,7 +36,7 @@ pub fn fields(route: &Route, body: &[u8], form: Option<&Form>) -> Result<(BodyFi
         _ => {
             let file = form.and_then(|f| f.files.iter().find(|p| p.name == "file"));
             let file = file.ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'file' part is required.").with_param("file"))?;
-            MediaCall::Transcription { upload_bytes: file.len }
+            MediaCall::Transcription { upload_bytes: file.len, played_ms: file.played_ms }
         }
     };
     let fields = BodyFields { model: media.model, stream: media.stream, n: media.n, ..BodyFields::default() };

@@ -340,11 +340,21 @@ async fn transcriptions_and_translations_are_billed_by_seconds_or_tokens_and_str
         u["output_tokens"].as_u64().unwrap(),
     );
     assert_eq!(charged_since(&gw, CLIENT_KEY, before).await, at(input - audio_in, 2.5) + at(audio_in, 6.0) + at(out, 10.0));
-    // A plain-text answer reports nothing: billed its hold (an upload's seconds' bound), estimated.
+    // A plain-text answer reports nothing: billed the seconds its container says it plays — an
+    // Ogg Opus file of 20 s at 3 kbit/s (12 KB: under 1 KB a second, which a bound by size
+    // once assumed), whose 20.x s are billed, not a size's guess.
+    let opus = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/audio/tone-20s-3kbps.opus")).unwrap();
+    let before = balance(&gw, CLIENT_KEY).await;
+    let body = form(&[("model", "alpha-whisper"), ("response_format", "text")], &[("file", "a.opus", "audio/ogg", opus)]);
+    assert_eq!(post_form(&gw, "/v1/audio/transcriptions", CLIENT_KEY, body, &[]).await.text().await.unwrap(), "The mock heard every word.");
+    let charged = charged_since(&gw, CLIENT_KEY, before).await;
+    assert!((2_000_000..=2_030_000).contains(&charged), "20 s at $0.0001 a second, charged {charged}");
+    // … and one whose container tells nothing: billed its hold, the seconds its size can hold at
+    // the least rate any codec takes (64 bytes a second).
     let before = balance(&gw, CLIENT_KEY).await;
     let body = form(&[("model", "alpha-whisper"), ("response_format", "text")], &[("file", "a.wav", "audio/wav", audio)]);
     assert_eq!(post_form(&gw, "/v1/audio/transcriptions", CLIENT_KEY, body, &[]).await.text().await.unwrap(), "The mock heard every word.");
-    assert_eq!(charged_since(&gw, CLIENT_KEY, before).await, 160 * 100_000, "160000 bytes at no less than 1000 bytes a second");
+    assert_eq!(charged_since(&gw, CLIENT_KEY, before).await, 2500 * 100_000, "160000 bytes at no less than 64 bytes a second");
     // No file part: refused, naming it.
     let r = post_form(&gw, "/v1/audio/transcriptions", CLIENT_KEY, form(&[("model", "alpha-whisper")], &[]), &[]).await;
     assert_eq!(r.status(), 400);

@@ -312,10 +312,8 @@ async fn a_part_header_past_the_bound_is_refused_before_it_is_held() {
 #[tokio::test]
 async fn a_key_keeps_files_within_its_quota_and_each_file_has_a_lifetime() {
     let mock = start_mock();
-    let c = format!(
-        "limits: {{ max_upload_bytes: 100000, file_quota_bytes: 150000 }}\n{}",
-        config(mock.port, free_port(), &mock.url("/mcp"))
-    );
+    let c =
+        format!("limits: {{ max_upload_bytes: 100000, file_quota_bytes: 150000 }}\n{}", config(mock.port, free_port(), &mock.url("/mcp")));
     let gw = start_gateway(&c);
     let upload = |fields: Vec<(&'static str, &'static str)>, bytes: usize| {
         let gw = &gw;

@@ -29,7 +29,18 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
         return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into());
     }
     if let Some(boundary) = upload_boundary(session, route) {
-        let (form, spooled) = crate::edge::upload::read_form(session, &gw.uploads, &boundary, &key.id).await?;
+        let (mut form, spooled) = crate::edge::upload::read_form(session, &gw.uploads, &boundary, &key.id).await?;
+        if matches!(route, Route::Transcription { .. }) {
+            // How long the audio plays, from its container: what it is held and billed for.
+            if let Some(file) = form.files.iter_mut().find(|f| f.name == "file") {
+                let (spool, len, name) = (file.spool.clone(), file.len, file.filename.clone());
+                file.played_ms = tokio::task::spawn_blocking(move || crate::protocol::audio::seconds(spool, len, name.as_deref()))
+                    .await
+                    .ok()
+                    .flatten()
+                    .map(|s| (s * 1000.0).ceil() as u64);
+            }
+        }
         let draft = upstream::draft_form(routing, route, &key.group, &key.policy, &form).inspect_err(|_| {
             ctx.model_asked = form.field("model").filter(|m| crate::protocol::check_model_name(m).is_ok()).map(str::to_string);
         })?;
