@@ -144,6 +144,7 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
                 rotated: None,
                 policy: Default::default(),
                 owner: None,
+                allowance_cap: false,
             }),
         };
         out.push(rec);
@@ -361,6 +362,7 @@ mod tests {
             revoked_at: None,
             rotated: None,
             policy: Default::default(),
+            allowance_cap: false,
             owner: None,
         };
         store.put(std::slice::from_ref(&admin)).await.expect("put");

@@ -425,6 +425,7 @@ mod tests {
             rotated: None,
             policy: Default::default(),
             owner: None,
+            allowance_cap: false,
         }
     }
 

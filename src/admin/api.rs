@@ -347,7 +347,7 @@ impl AdminApi {
             "models": rec.policy.models, "ip_allow": rec.policy.ip_allow,
             "max_request_cost": rec.policy.max_request_cost_nanos.map(usd),
             "max_output_tokens": rec.policy.max_output_tokens, "default_output_tokens": rec.policy.default_output_tokens,
-            "budgets": self.windows(Owner::Key(&rec.id), &rec.policy.budgets).await?,
+            "budgets": self.windows(crate::records::purse::window_owner(&rec), &rec.policy.budgets).await?,
             "account": rec.policy.account, "tags": rec.policy.tags,
             "tools": rec.policy.tools, "tool_rpm": rec.policy.tool_rpm,
             "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
@@ -537,6 +537,7 @@ impl AdminApi {
             rotated: None,
             policy,
             owner: None,
+            allowance_cap: false,
         };
         if body.max_concurrent == Some(0) {
             return Err(bad("max_concurrent: at least 1"));

@@ -281,7 +281,8 @@ impl Ledger {
     }
 
     /// A key's usage report (`/v1/usage`, and `GET /admin/keys/{id}/usage`): its records in
-    /// `[start_ms, end_ms)` by `by`, its balance and its spend windows. What was booked before
+    /// `[start_ms, end_ms)` by `by`, its balance (a member's key without an allowance: its
+    /// team's account's) and its spend windows. What was booked before
     /// is committed first (read your writes).
     pub async fn key_usage(
         &self,
@@ -293,8 +294,12 @@ impl Ledger {
     ) -> Result<serde_json::Value, StoreError> {
         self.commit_now().await?;
         let (total, rows) = self.usage_grouped(&key.id, start_ms, end_ms, by).await?;
-        let balance = self.balance(&key.id).await?;
-        let budgets = window_report(self, crate::policy::budget::Owner::Key(&key.id), &key.policy.budgets, calendar).await?;
+        // A member's key without an allowance spends its team's account: that is its balance.
+        let balance = match (&key.owner, &key.policy.account) {
+            (Some(_), Some(team)) if !key.allowance_cap => self.balance(&crate::policy::budget::account_purse(team)).await?,
+            _ => self.balance(&key.id).await?,
+        };
+        let budgets = window_report(self, crate::records::purse::window_owner(key), &key.policy.budgets, calendar).await?;
         Ok(usage_report(key, balance, &total, &rows, by, budgets))
     }
 

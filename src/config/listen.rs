@@ -176,7 +176,7 @@ pub(super) fn limits(raw: Option<RawLimits>) -> Result<(usize, Uploads, Realtime
     if !(1..=3600).contains(&batch_poll_secs) {
         return err("limits.batch_poll_secs: 1 to 3600");
     }
-    let file_quota_bytes = raw.as_ref().and_then(|l| l.file_quota_bytes).unwrap_or(DEFAULT_FILE_QUOTA_BYTES);
+    let file_quota_bytes = raw.as_ref().and_then(|l| l.file_quota_bytes).unwrap_or(DEFAULT_FILE_QUOTA_BYTES.max(max_upload_bytes));
     if file_quota_bytes < max_upload_bytes {
         return err(format!("limits.file_quota_bytes: must be at least limits.max_upload_bytes ({max_upload_bytes})"));
     }

@@ -225,6 +225,9 @@ impl Calendar {
 pub enum Owner<'a> {
     Key(&'a str),
     Account(&'a str),
+    /// A person (the identity provider's subject): the windows their team admin sets bound all
+    /// of their keys together.
+    Person(&'a str),
 }
 
 /// The money-store name of an account's balance.
@@ -241,6 +244,7 @@ pub fn window_purse(owner: &Owner<'_>, window: Window, start: u64) -> String {
     let (prefix, name) = match owner {
         Owner::Key(id) => ("win:", *id),
         Owner::Account(name) => ("win:acct:", *name),
+        Owner::Person(subject) => ("win:person:", *subject),
     };
     let mut digits = itoa::Buffer::new();
     let start = digits.format(start);

@@ -55,6 +55,11 @@ pub struct KeyRecord {
     /// operator or the configuration file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owner: Option<String>,
+    /// A member's key (a person's, on a team): its own balance is a personal allowance that
+    /// bounds it, set by a team admin. Without one it draws on the team's account alone (its
+    /// balance then counts what it spent, below zero).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allowance_cap: bool,
 }
 
 /// The previous secret of a rotated key and the end of its grace period.
@@ -259,6 +264,7 @@ mod ceiling_tests {
             rotated: None,
             policy: Default::default(),
             owner: Some("sub".into()),
+            allowance_cap: false,
         };
         ok.apply(&mut key);
         assert_eq!((key.rpm, key.policy.budgets.day, key.policy.expires_at), (Some(5), Some(1_000_000_000), Some(1_000 + 30 * 86_400)));

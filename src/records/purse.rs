@@ -61,8 +61,23 @@ impl Insufficient {
     }
 }
 
+/// What a member's key without an allowance may go below zero: no bound of its own (its team's
+/// account is what pays, and bounds it).
+const UNBOUNDED: i64 = i64::MAX / 4;
+
+/// Whose windows a key's own budgets are: a person's key on a team (a member's key) shares them
+/// with the person's other keys there; any other key has its own.
+pub fn window_owner(key: &KeyRecord) -> Owner<'_> {
+    match (&key.owner, &key.policy.account) {
+        (Some(person), Some(_)) => Owner::Person(person),
+        _ => Owner::Key(&key.id),
+    }
+}
+
 /// Every balance a request of this key is paid from, in the order they are checked: the
-/// key's windows, the account's windows, the key's balance, the account's balance.
+/// key's windows (a member's: the person's, summed over their keys), the account's windows, the
+/// key's balance, the account's balance. A member's key (a person's key on a team) draws on
+/// the team's account: its own balance bounds it only when a team admin set it an allowance.
 pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, calendar: &Calendar, now: u64) -> Vec<Purse> {
     let account_windows = account.map_or(0, |a| a.budgets.caps().count());
     let mut out = Vec::with_capacity(key.policy.budgets.caps().count() + account_windows + 2);
@@ -71,19 +86,86 @@ pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, calendar: &Calen
         for (window, cap) in budgets.caps() {
             let (start, end) = calendar.window(window, now);
             let of = match owner {
-                Owner::Key(_) => None,
+                Owner::Key(_) | Owner::Person(_) => None,
                 Owner::Account(_) => name.clone(),
             };
             out.push(Purse { id: window_purse(&owner, window, start), credit: cap, kind: PurseKind::Window { account: of, window, end } });
         }
     };
-    windows(Owner::Key(&key.id), &key.policy.budgets);
+    windows(window_owner(key), &key.policy.budgets);
     if let Some(a) = account {
         windows(Owner::Account(&a.name), &a.budgets);
     }
-    out.push(Purse { id: key.id.clone(), credit: 0, kind: PurseKind::Key });
+    let member = key.owner.is_some() && account.is_some();
+    let credit = if member && !key.allowance_cap { UNBOUNDED } else { 0 };
+    out.push(Purse { id: key.id.clone(), credit, kind: PurseKind::Key });
     if let (Some(a), Some(name)) = (account, name) {
         out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(name) });
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::budget::Window;
+
+    fn key(id: &str, owner: Option<&str>, account: Option<&str>, capped: bool) -> KeyRecord {
+        let mut policy = crate::policy::KeyPolicy { account: account.map(str::to_string), ..Default::default() };
+        policy.budgets.day = Some(1_000);
+        KeyRecord {
+            id: id.into(),
+            name: id.into(),
+            group: "default".into(),
+            key_hash: String::new(),
+            rpm: None,
+            tpm: None,
+            enabled: true,
+            created_at: 0,
+            max_concurrent: None,
+            origin: crate::records::key::KeyOrigin::Identity,
+            seed_digest: None,
+            revoked_at: None,
+            rotated: None,
+            policy,
+            owner: owner.map(str::to_string),
+            allowance_cap: capped,
+        }
+    }
+
+    fn team() -> AccountRecord {
+        AccountRecord {
+            name: "research".into(),
+            budgets: Budgets::default(),
+            created_at: 0,
+            origin: crate::records::key::KeyOrigin::Config,
+            seed_digest: None,
+            member_limit: None,
+            member_policy: None,
+            people: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_members_keys_draw_on_the_team_and_share_the_persons_windows() {
+        let calendar = Calendar::new("UTC").unwrap();
+        let (team, now) = (team(), 86_400 * 100);
+        let purse_of = |k: &KeyRecord| purses(k, Some(&team), &calendar, now);
+        let (a, b) = (key("k1", Some("ada"), Some("research"), false), key("k2", Some("ada"), Some("research"), false));
+        let (pa, pb) = (purse_of(&a), purse_of(&b));
+        // Uncapped: the key's own purse never refuses; the team's account does.
+        let own = pa.iter().find(|p| p.kind == PurseKind::Key).unwrap();
+        assert!(own.credit >= i64::MAX / 8);
+        assert!(pa.iter().any(|p| p.id == "acct:research" && p.credit == 0));
+        // The person's day window is one purse for both keys.
+        let day = |ps: &[Purse]| ps.iter().find(|p| matches!(p.kind, PurseKind::Window { window: Window::Day, .. })).unwrap().id.clone();
+        assert_eq!(day(&pa), day(&pb));
+        assert!(day(&pa).starts_with("win:person:ada:"));
+        // An allowance set by a team admin bounds the key again; a key of nobody's keeps its own.
+        let capped = purse_of(&key("k3", Some("ada"), Some("research"), true));
+        assert_eq!(capped.iter().find(|p| p.kind == PurseKind::Key).unwrap().credit, 0);
+        let plain = purses(&key("k4", None, Some("research"), false), Some(&team), &calendar, now);
+        assert_eq!(plain.iter().find(|p| p.kind == PurseKind::Key).unwrap().credit, 0);
+        assert!(day(&plain).starts_with("win:k4:"));
+    }
 }

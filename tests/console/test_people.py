@@ -430,3 +430,15 @@ console: {{ listen: "0.0.0.0:{console_port}", public_url: "{base}", tls: {{ cert
             gw.wait()
         idp.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_person_holds_at_most_ten_keys(env, browser):
+    sign_in(browser, env, "dan")
+    session, csrf = session_of(browser)
+    held = [k for k in env.keys_of("dan@example.com") if not k.get("revoked_at")]
+    for i in range(len(held), 10):
+        r = session.post(env.admin + "/console/me/keys", data={"csrf": csrf, "team": "ops", "name": f"dan-{i}"}, allow_redirects=False)
+        assert r.status_code == 303, r.text[-300:]
+    r = session.post(env.admin + "/console/me/keys", data={"csrf": csrf, "team": "ops", "name": "dan-one-too-many"}, allow_redirects=False)
+    assert r.status_code == 403 and "revoke one first" in r.text
+    assert len([k for k in env.keys_of("dan@example.com") if not k.get("revoked_at")]) == 10

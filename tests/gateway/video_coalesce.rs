@@ -51,6 +51,7 @@ async fn stale_gets_coalesce_into_one_describe() {
         rotated: None,
         policy: Default::default(),
         owner: None,
+        allowance_cap: false,
     };
     let (task, _) = svc
         .create(&key, &[tollgate::records::purse::Purse::key(&key.id)], br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None)

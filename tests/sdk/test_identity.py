@@ -224,3 +224,55 @@ def test_a_person_an_operator_put_in_a_team_calls_on_it_without_a_claim(env):
     env.admin_json("PATCH", "/admin/accounts/research", {"people": {"fay@example.com": None}})
     with pytest.raises(openai.PermissionDeniedError):
         env.client(token).models.list()
+
+
+def test_a_members_key_without_an_allowance_draws_on_the_team_alone():
+    # No `identity.oidc.allowance`: a person's key holds no money of its own and spends the
+    # team's account (it was refused 402 "the key has $0.000000 available" before).
+    tmp = tempfile.mkdtemp(prefix="tollgate-identity-team-")
+    gw_port, admin_port = free_port(), free_port()
+    idp = OidcProvider(PEOPLE, AUDIENCE)
+    procs = []
+    try:
+        mock, mock_port = start_mock(BIN_DIR, UPSTREAM_KEY)
+        procs.append(mock)
+        config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+admin: {{ listen: "127.0.0.1:{admin_port}", token: {ADMIN_TOKEN} }}
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [alpha-5.5] }}
+groups:
+  default: {{ platforms: [openai] }}
+prices:
+  alpha-5.5: {{ input: 2.0, output: 8.0 }}
+accounts:
+  - {{ name: research, balance: 0.10 }}
+identity:
+  oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, audience: "{AUDIENCE}", clock_skew_secs: 0 }}
+"""
+        gw = start_tollgate(BIN_DIR, tmp, config, [gw_port])
+        procs.append(gw)
+        env = Env(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{admin_port}", idp, f"http://127.0.0.1:{mock_port}")
+        token = idp.access_token("ada")
+        r = env.client(token).chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+        cost = nanos(r.usage.prompt_tokens, 2.0) + nanos(r.usage.completion_tokens, 8.0)
+        assert env.account_balance("research") == 100_000_000 - cost
+        key = env.key_of("ada@example.com")
+        assert round(key["balance"] * 1e9) == -cost, "the key's own balance counts what it spent"
+        # What the key can spend is the team's: /v1/usage says so.
+        req = urllib.request.Request(env.gateway + "/v1/usage", headers={"Authorization": f"Bearer {token}"})
+        with urllib.request.urlopen(req) as u:
+            assert round(json.load(u)["balance"] * 1e9) == 100_000_000 - cost
+        # The team's account bounds it: emptied, the member is refused.
+        env.admin_json("PATCH", "/admin/accounts/research", {"balance_delta": -0.10})
+        with pytest.raises(openai.APIStatusError) as refused:
+            env.client(token).chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "hi"}], max_tokens=5)
+        assert refused.value.status_code == 402
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        idp.stop()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -215,6 +215,7 @@ fn record(id: &str, hash: &str, enabled: bool) -> KeyRecord {
         rotated: None,
         policy: Default::default(),
         owner: None,
+        allowance_cap: false,
     }
 }
 

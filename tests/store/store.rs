@@ -36,6 +36,7 @@ fn key(id: &str, secret: &str, enabled: bool) -> KeyRecord {
         rotated: None,
         policy: Default::default(),
         owner: None,
+        allowance_cap: false,
     }
 }
 

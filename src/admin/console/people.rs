@@ -35,6 +35,9 @@ async fn audit(api: &AdminApi, key_id: &str, what: &str, person: &Person) -> Res
     Ok(())
 }
 
+/// The most keys one person may hold (their first-call key and the ones they make).
+pub(crate) const MAX_KEYS_PER_PERSON: usize = 10;
+
 fn not_found() -> ApiError {
     ApiError::new(ErrorKind::NotFound, "There is no such page or key here.")
 }
@@ -190,6 +193,19 @@ async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Perso
         return Err(ApiError::new(ErrorKind::Forbidden, "You can make keys only on a team of yours.").with_param("team"));
     }
     let identity = api.identity.as_ref().ok_or_else(not_found)?;
+    // A person holds a bounded number of keys (revoked ones aside): each key is a way to spend
+    // the team's money.
+    let held = api
+        .keys
+        .all_keys()
+        .await
+        .map_err(internal)?
+        .iter()
+        .filter(|k| k.owner.as_deref() == Some(person.subject.as_str()) && k.revoked_at.is_none())
+        .count();
+    if held >= MAX_KEYS_PER_PERSON {
+        return Err(ApiError::new(ErrorKind::Forbidden, format!("You hold {held} keys, the most a person may; revoke one first.")));
+    }
     let body = json!({
         "name": req.form.get("name"),
         "group": identity.cfg.group,
@@ -201,6 +217,7 @@ async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Perso
     let id = view["id"].as_str().unwrap_or_default().to_string();
     let mut rec = api.key(&id).await?;
     rec.owner = Some(person.subject.clone());
+    rec.allowance_cap = identity.cfg.allowance_nanos > 0;
     // What the team's admins allow its members' keys, at most.
     if let Some(ceiling) = api.keys.account(team).and_then(|a| a.member_policy.clone()) {
         ceiling.apply(&mut rec);
@@ -363,6 +380,13 @@ async fn team_action(api: &AdminApi, req: &Request, person: &Person, rest: &str)
                 r => format!("allowance set by {} (team admin of {team}): {r}", person.label()),
             };
             api.ledger.top_up_because(&key.id, wanted - now, Some(&reason)).await.map_err(internal)?;
+            // From now on the key is bounded by it (a member's key without one draws on the
+            // team's account alone).
+            if !key.allowance_cap {
+                let mut capped = key.clone();
+                capped.allowance_cap = true;
+                api.keys.put_key(&capped).await.map_err(internal)?;
+            }
             log::info!("console: {} set the allowance of key {} to {wanted} nano-USD", person.label(), key.id);
         }
         _ => return Err(not_found()),

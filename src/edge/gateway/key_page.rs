@@ -52,7 +52,7 @@ pub async fn data(
     let (_, models) = ledger.usage_grouped(&key.id, start_ms, end_ms, &Grouping::Model).await?;
     let balance = ledger.balance(&key.id).await?;
     let budgets =
-        crate::billing::ledger::window_report(ledger, crate::policy::budget::Owner::Key(&key.id), &key.policy.budgets, calendar).await?;
+        crate::billing::ledger::window_report(ledger, crate::records::purse::window_owner(key), &key.policy.budgets, calendar).await?;
     let recent = match requests {
         Some(log) => {
             let filter =

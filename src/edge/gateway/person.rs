@@ -2,8 +2,8 @@
 //! (`Authorization: Bearer <JWT>`): the token verified (`crate::identity`), the person it
 //! names found, and their own key used as if they had presented it — its policy, its limits,
 //! its balance and its team's account. A person's first call makes that key: named after them,
-//! in `identity.oidc.group`, drawing on the first of their teams that is an account here, with
-//! `identity.oidc.allowance` of its own; the key follows their team when the provider moves
+//! in `identity.oidc.group`, drawing on the first of their teams that is an account here (with
+//! `identity.oidc.allowance`, when set, as a personal cap); the key follows their team when the provider moves
 //! them. An operator disables or edits it like any key; a disabled one refuses the person.
 
 use super::Gateway;
@@ -115,6 +115,9 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
                 rotated: None,
                 policy,
                 owner: Some(person.subject.clone()),
+                // The operator's `identity.oidc.allowance`, when set, bounds each person's key;
+                // without one it draws on the team's account alone.
+                allowance_cap: identity.cfg.allowance_nanos > 0,
             };
             let mut rec = rec;
             if let Some(ceiling) = gw.keys.account(&team).and_then(|a| a.member_policy.clone()) {

@@ -422,12 +422,19 @@ impl Relay<'_> {
             }
         };
         match booked {
-            Ok(balance) => balance <= 0,
+            Ok(_) => self.exhausted().await,
             Err(e) => {
                 log::error!("ledger: could not settle a realtime turn of key {}: {e}", self.key.name);
                 false
             }
         }
+    }
+
+    /// Whether what the key draws on is spent: a purse it pays from (its balance, or for a
+    /// member's key without an allowance its team's account; a window) is at or below zero.
+    async fn exhausted(&self) -> bool {
+        let Ok(purses) = self.gw.purses(&self.routing, &self.key) else { return false };
+        !matches!(self.gw.ledger.hold_from(purses, 1).await, Ok(Ok(_)))
     }
 
     /// Turns left without their `response.done` (the session ended in them): each billed its

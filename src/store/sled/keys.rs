@@ -147,6 +147,7 @@ mod tests {
             rotated: None,
             policy: Default::default(),
             owner: None,
+            allowance_cap: false,
         };
         {
             let db = SledDb::open(dir.path()).expect("open");
