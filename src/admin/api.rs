@@ -347,7 +347,7 @@ impl AdminApi {
             "models": rec.policy.models, "ip_allow": rec.policy.ip_allow,
             "max_request_cost": rec.policy.max_request_cost_nanos.map(usd),
             "max_output_tokens": rec.policy.max_output_tokens, "default_output_tokens": rec.policy.default_output_tokens,
-            "budgets": self.windows(crate::records::purse::window_owner(&rec), &rec.policy.budgets).await?,
+            "budgets": self.windows(crate::records::purse::window_owner(rec), &rec.policy.budgets).await?,
             "account": rec.policy.account, "tags": rec.policy.tags,
             "tools": rec.policy.tools, "tool_rpm": rec.policy.tool_rpm,
             "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),

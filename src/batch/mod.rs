@@ -24,7 +24,7 @@ use crate::base::clock::{now_ms, now_unix};
 use crate::billing::ledger::Ledger;
 use crate::config::{Protocol, ProviderConfig, ProviderKind};
 use crate::files::FileService;
-use crate::protocol::batch::{check_lines, output_line, rewrite_line, BatchLine, BATCH_URLS};
+use crate::protocol::batch::{output_line, rewrite_line, BatchLine, BATCH_URLS};
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
 use crate::records::purse::Purse;
@@ -81,14 +81,38 @@ pub struct BatchService {
     refreshing: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-/// An input file checked: the lines as sent upstream, their worst case, the model and its
-/// provider, and the lines that continue a stored response (line number, response id).
+/// An input file checked: the lines as sent upstream (a temporary file and its length), how many
+/// requests, their worst case, the model and its provider, and the lines that continue a stored
+/// response (line number, response id).
 struct Prepared {
-    written: Vec<u8>,
+    written: (Arc<std::fs::File>, u64),
+    requests: u64,
     worst: i64,
     model: String,
     provider: ProviderConfig,
     continues: Vec<(usize, String)>,
+}
+
+/// What the first line of an input file decides for all of them: the model, its provider and
+/// the provider's name for it, and the route its bodies are read as.
+struct Batchwide {
+    model: String,
+    provider: ProviderConfig,
+    theirs: String,
+    route: Option<Route>,
+}
+
+impl Batchwide {
+    fn of(routing: &Routing, endpoint: &str, model: &str, n: usize) -> Result<Batchwide, ApiError> {
+        let provider = BatchService::provider_for(routing, model)
+            .ok_or_else(|| line_error(n, "body.model", format!("the model '{model}' is not served for batches by this gateway.")))?;
+        let route = match endpoint {
+            "/v1/chat/completions" => Some(Route::ChatCompletions),
+            "/v1/responses" => Some(Route::Responses),
+            _ => None,
+        };
+        Ok(Batchwide { model: model.to_string(), theirs: provider.upstream_model(model).to_string(), provider, route })
+    }
 }
 
 /// Batches one key may hold open at once.
@@ -237,115 +261,160 @@ impl BatchService {
         upstream::Provider::new(config, batch.key_index)
     }
 
-    /// The key's input file, whole (bounded by `limits.max_upload_bytes` when it was uploaded).
-    async fn input(&self, key: &KeyRecord, id: &str) -> Result<Vec<u8>, ApiError> {
+    /// The key's input file, copied to an unnamed temporary file as it is read (never whole in
+    /// memory): the file and its length.
+    async fn input(&self, key: &KeyRecord, id: &str) -> Result<(Arc<std::fs::File>, u64), ApiError> {
         let file = self.files.get(&key.id, id).await.map_err(|e| e.with_param("input_file_id"))?;
         if file.purpose != "batch" {
             return Err(ApiError::new(ErrorKind::BadRequest, format!("The file '{id}' was not uploaded with purpose 'batch'."))
                 .with_param("input_file_id"));
         }
+        let disk = |e: std::io::Error| {
+            log::error!("batches: spooling input file {id}: {e}");
+            ApiError::new(ErrorKind::Internal, "Internal error while reading the input file.")
+        };
+        let spool = tempfile::tempfile().map_err(disk)?;
+        let mut writer = tokio::io::BufWriter::new(tokio::fs::File::from_std(spool.try_clone().map_err(disk)?));
         let (_, mut content) = self.files.content(&key.id, id).await?;
-        let mut bytes = Vec::with_capacity(usize::try_from(file.bytes).unwrap_or(0));
+        let mut len = 0u64;
         while let Some(chunk) = content.next().await {
-            bytes.extend_from_slice(&chunk.map_err(|e| {
+            let chunk = chunk.map_err(|e| {
                 log::error!("batches: reading input file {id}: {e}");
                 ApiError::new(ErrorKind::Internal, "Internal error while reading the input file.")
-            })?);
+            })?;
+            len += chunk.len() as u64;
+            tokio::io::AsyncWriteExt::write_all(&mut writer, &chunk).await.map_err(disk)?;
         }
-        Ok(bytes)
+        tokio::io::AsyncWriteExt::flush(&mut writer).await.map_err(disk)?;
+        Ok((Arc::new(spool), len))
     }
 
-    /// Check every line against the batch, the key and the routing; the lines written for the
-    /// provider, the worst case, the model and the provider.
-    fn prepare(key: &KeyRecord, routing: &Routing, endpoint: &str, input: &[u8]) -> Result<Prepared, ApiError> {
-        let mut lines: Vec<BatchLine> = check_lines(input)?;
-        let mut continues = Vec::new();
-        let model = lines[0].model.clone();
-        let provider = Self::provider_for(routing, &model)
-            .ok_or_else(|| line_error(1, "body.model", format!("the model '{model}' is not served for batches by this gateway.")))?;
-        let theirs = provider.upstream_model(&model).to_string();
-        let route = match endpoint {
-            "/v1/chat/completions" => Some(Route::ChatCompletions),
-            "/v1/responses" => Some(Route::Responses),
-            _ => None,
+    /// Check every line against the batch, the key and the routing, reading the input one line at
+    /// a time and writing the lines for the provider to a temporary file as they are checked
+    /// (neither file is ever whole in memory); the lines written, the worst case, the model and
+    /// the provider.
+    fn prepare(key: &KeyRecord, routing: &Routing, endpoint: &str, input: Arc<std::fs::File>) -> Result<Prepared, ApiError> {
+        use std::io::{BufRead, Write};
+        let disk = |e: std::io::Error| {
+            log::error!("batches: checking the input: {e}");
+            ApiError::new(ErrorKind::Internal, "Internal error while checking the input file.")
         };
-        let price = routing.prices.price(&model);
-        let mut written = Vec::with_capacity(input.len() + input.len() / 8);
-        let raws = input.split(|b| *b == b'\n').enumerate().filter(|(_, r)| !r.iter().all(u8::is_ascii_whitespace));
-        for (line, (i, raw)) in lines.iter_mut().zip(raws) {
-            let n = i + 1;
-            let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
-            if line.url != endpoint {
-                return Err(line_error(n, "url", format!("its url '{}' is not the batch's endpoint '{endpoint}'.", line.url)));
+        let mut reader = std::io::BufReader::with_capacity(64 << 10, crate::base::spool::Reader::new(input));
+        let out = tempfile::tempfile().map_err(disk)?;
+        let mut writer = std::io::BufWriter::with_capacity(64 << 10, out.try_clone().map_err(disk)?);
+        let mut lines = crate::protocol::batch::Lines::default();
+        let mut batch: Option<Batchwide> = None;
+        let (mut raw, mut n, mut worst, mut len, mut continues) = (Vec::new(), 0usize, 0i64, 0u64, Vec::new());
+        loop {
+            raw.clear();
+            if reader.read_until(b'\n', &mut raw).map_err(disk)? == 0 {
+                break;
             }
-            if line.model != model {
+            n += 1;
+            let bytes = raw.strip_suffix(b"\n").unwrap_or(&raw);
+            let Some(mut line) = lines.check(n, bytes)? else { continue };
+            let bytes = bytes.strip_suffix(b"\r").unwrap_or(bytes);
+            let wide = match &batch {
+                Some(w) => w,
+                None => batch.insert(Batchwide::of(routing, endpoint, &line.model, n)?),
+            };
+            let rewritten = Self::prepare_line(key, routing, endpoint, wide, (n, bytes), &mut line, &mut continues)?;
+            let sent = rewritten.as_deref().unwrap_or(bytes);
+            writer.write_all(sent).and_then(|()| writer.write_all(b"\n")).map_err(disk)?;
+            len += sent.len() as u64 + 1;
+            let cost = crate::billing::batch::worst_case(&routing.prices, std::slice::from_ref(&line), |_| 0).ok_or_else(|| {
+                log::error!("batch model {} is served without a price; refused", line.model);
+                ApiError::new(
+                    ErrorKind::Internal,
+                    format!("The model '{}' is not priced on this gateway and cannot be served.", line.model),
+                )
+            })?;
+            worst = worst.saturating_add(cost);
+        }
+        lines.finish()?;
+        writer.flush().map_err(disk)?;
+        let Batchwide { model, provider, .. } =
+            batch.ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The input file has no requests."))?;
+        Ok(Prepared { written: (Arc::new(out), len), requests: lines.count() as u64, worst, model, provider, continues })
+    }
+
+    /// One line against the batch (its endpoint and model), the key and the prices: its output
+    /// maximum and what it references counted into `line`, a continued response noted; the line
+    /// as written for the provider when it is not sent as it came.
+    fn prepare_line(
+        key: &KeyRecord,
+        routing: &Routing,
+        endpoint: &str,
+        wide: &Batchwide,
+        (n, raw): (usize, &[u8]),
+        line: &mut BatchLine,
+        continues: &mut Vec<(usize, String)>,
+    ) -> Result<Option<Vec<u8>>, ApiError> {
+        let model = &wide.model;
+        if line.url != endpoint {
+            return Err(line_error(n, "url", format!("its url '{}' is not the batch's endpoint '{endpoint}'.", line.url)));
+        }
+        if line.model != *model {
+            return Err(line_error(
+                n,
+                "body.model",
+                format!("a batch calls one model; this line names '{}', the first '{model}'.", line.model),
+            ));
+        }
+        key.policy.check_model(&line.model).map_err(|e| line_error(n, "body.model", e.message))?;
+        let mut maximum = None;
+        if let Some(route) = &wide.route {
+            let price = routing.prices.price(model);
+            let body = serde_json::from_slice::<Value>(raw).ok().and_then(|v| v.get("body").map(Value::to_string)).unwrap_or_default();
+            let fields = crate::protocol::body_fields(body.as_bytes()).map_err(|e| line_error(n, "body", e.message))?;
+            // What the body references is held as the same body sent alone would be.
+            line.extra_input = routing.media_allowance.tokens(fields.media);
+            if let Some(previous) = &fields.previous_response_id {
+                continues.push((n, previous.to_string()));
+            }
+            // A conversation object is not one tollgate knows the owner of: never continued with
+            // the provider's key on a line's say-so.
+            if serde_json::from_str::<Value>(&body).ok().is_some_and(|b| b.get("conversation").is_some_and(|c| !c.is_null())) {
                 return Err(line_error(
                     n,
-                    "body.model",
-                    format!("a batch calls one model; this line names '{}', line 1 '{model}'.", line.model),
+                    "body.conversation",
+                    "a batch line cannot continue a stored conversation; send its items instead.",
                 ));
             }
-            key.policy.check_model(&line.model).map_err(|e| line_error(n, "body.model", e.message))?;
-            let mut maximum = None;
-            if let Some(route) = &route {
-                let body = serde_json::from_slice::<Value>(raw).ok().and_then(|v| v.get("body").map(Value::to_string)).unwrap_or_default();
-                let fields = crate::protocol::body_fields(body.as_bytes()).map_err(|e| line_error(n, "body", e.message))?;
-                // What the body references is held as the same body sent alone would be.
-                line.extra_input = routing.media_allowance.tokens(fields.media);
-                if let Some(previous) = &fields.previous_response_id {
-                    continues.push((n, previous.to_string()));
-                }
-                // A conversation object is not one tollgate knows the owner of: never continued
-                // with the provider's key on a line's say-so.
-                if serde_json::from_str::<Value>(&body).ok().is_some_and(|b| b.get("conversation").is_some_and(|c| !c.is_null())) {
+            if fields.stream == Some(true) {
+                return Err(line_error(n, "body.stream", "a batch's answers are not streamed."));
+            }
+            let asked = crate::upstream::output::asked(route, &fields).map_err(|e| line_error(n, "body", e.message))?;
+            let field = crate::upstream::output::named_field(route, &fields);
+            key.policy.check_output_tokens(asked, field).map_err(|e| line_error(n, &format!("body.{field}"), e.message))?;
+            let limit = price.and_then(|p| p.max_output_tokens).unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE);
+            let per_choice = match asked {
+                Some(a) if a > limit => {
                     return Err(line_error(
                         n,
-                        "body.conversation",
-                        "a batch line cannot continue a stored conversation; send its items instead.",
-                    ));
+                        &format!("body.{field}"),
+                        format!("{a} output tokens is more than '{model}' can produce ({limit})."),
+                    ))
                 }
-                if fields.stream == Some(true) {
-                    return Err(line_error(n, "body.stream", "a batch's answers are not streamed."));
+                Some(a) => a,
+                None => {
+                    let a = crate::upstream::output::default_allowance(
+                        price.and_then(|p| p.default_output_tokens),
+                        price.and_then(|p| p.max_output_tokens),
+                        key.policy.default_output_tokens,
+                        key.policy.max_output_tokens,
+                        routing.default_output_tokens,
+                    );
+                    maximum = Some((crate::upstream::output::field(route), a));
+                    a
                 }
-                let asked = crate::upstream::output::asked(route, &fields).map_err(|e| line_error(n, "body", e.message))?;
-                let field = crate::upstream::output::named_field(route, &fields);
-                key.policy.check_output_tokens(asked, field).map_err(|e| line_error(n, &format!("body.{field}"), e.message))?;
-                let limit = price.and_then(|p| p.max_output_tokens).unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE);
-                let per_choice = match asked {
-                    Some(a) if a > limit => {
-                        return Err(line_error(
-                            n,
-                            &format!("body.{field}"),
-                            format!("{a} output tokens is more than '{model}' can produce ({limit})."),
-                        ))
-                    }
-                    Some(a) => a,
-                    None => {
-                        let a = crate::upstream::output::default_allowance(
-                            price.and_then(|p| p.default_output_tokens),
-                            price.and_then(|p| p.max_output_tokens),
-                            key.policy.default_output_tokens,
-                            key.policy.max_output_tokens,
-                            routing.default_output_tokens,
-                        );
-                        maximum = Some((crate::upstream::output::field(route), a));
-                        a
-                    }
-                };
-                line.max_output = Some(per_choice.saturating_mul(fields.n.unwrap_or(1).max(1)));
-            }
-            if theirs != model || maximum.is_some() {
-                written.extend_from_slice(&rewrite_line(raw, n, &theirs, maximum)?);
-            } else {
-                written.extend_from_slice(raw);
-            }
-            written.push(b'\n');
+            };
+            line.max_output = Some(per_choice.saturating_mul(fields.n.unwrap_or(1).max(1)));
         }
-        let worst = crate::billing::batch::worst_case(&routing.prices, &lines, |_| 0).ok_or_else(|| {
-            log::error!("batch model {model} is served without a price; refused");
-            ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served."))
-        })?;
-        Ok(Prepared { written, worst, model, provider, continues })
+        if wide.theirs != *model || maximum.is_some() {
+            return Ok(Some(rewrite_line(raw, n, &wide.theirs, maximum)?));
+        }
+        Ok(None)
     }
 
     /// Create a batch of the key's input file: checked, charged its worst case, submitted. A
@@ -362,13 +431,13 @@ impl BatchService {
             refused.retry_after = Some(60);
             return Err(refused);
         }
-        let input = self.input(key, &asked.input_file_id).await?;
+        let (input, _) = self.input(key, &asked.input_file_id).await?;
         let routing = self.routing.load_full();
         let endpoint = asked.endpoint;
         let key_owned = key.clone();
         let prices = routing.prices.clone();
-        let Prepared { written, mut worst, model, provider, continues } =
-            tokio::task::spawn_blocking(move || Self::prepare(&key_owned, &routing, endpoint, &input)).await.map_err(|e| {
+        let Prepared { written, requests, mut worst, model, provider, continues } =
+            tokio::task::spawn_blocking(move || Self::prepare(&key_owned, &routing, endpoint, input)).await.map_err(|e| {
                 log::error!("batches: checking the input failed: {e}");
                 ApiError::new(ErrorKind::Internal, "Internal error while checking the input file.")
             })??;
@@ -400,7 +469,7 @@ impl BatchService {
             upstream_input_file: None,
             upstream_output_file: None,
             upstream_error_file: None,
-            counts: record::Counts { total: written.iter().filter(|b| **b == b'\n').count() as u64, ..Default::default() },
+            counts: record::Counts { total: requests, ..Default::default() },
             output_file_id: None,
             error_file_id: None,
             errors: None,
@@ -422,7 +491,7 @@ impl BatchService {
         self.put(&batch).await.map_err(internal)?;
         let submitted = async {
             let up = upstream::Provider::new(&provider, batch.key_index).map_err(|m| upstream::CallError { status: None, message: m })?;
-            let file = up.upload(&format!("{}.jsonl", batch.id), written).await?;
+            let file = up.upload(&format!("{}.jsonl", batch.id), written.0.clone(), written.1).await?;
             batch.upstream_input_file = Some(file.clone());
             up.create(&file, endpoint, COMPLETION_WINDOW, batch.metadata.as_ref()).await
         }

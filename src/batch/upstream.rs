@@ -77,10 +77,14 @@ impl Provider {
         serde_json::from_slice(&body).map_err(|e| CallError { status: Some(status), message: format!("not JSON: {e}") })
     }
 
-    /// Upload a batch input file; the provider's file id.
-    pub async fn upload(&self, filename: &str, bytes: Vec<u8>) -> Result<String, CallError> {
-        let part =
-            reqwest::multipart::Part::bytes(bytes).file_name(filename.to_string()).mime_str("application/jsonl").map_err(unreached)?;
+    /// Upload a batch input file (the first `len` bytes of `file`, streamed from disk); the
+    /// provider's file id.
+    pub async fn upload(&self, filename: &str, file: std::sync::Arc<std::fs::File>, len: u64) -> Result<String, CallError> {
+        let body = reqwest::Body::wrap_stream(crate::base::spool::chunks(file, len, 256 << 10));
+        let part = reqwest::multipart::Part::stream_with_length(body, len)
+            .file_name(filename.to_string())
+            .mime_str("application/jsonl")
+            .map_err(unreached)?;
         let form = reqwest::multipart::Form::new().text("purpose", "batch").part("file", part);
         let v = self.json(self.client.post(format!("{}/v1/files", self.base)).multipart(form)).await?;
         v.get("id").and_then(Value::as_str).map(str::to_string).ok_or(CallError { status: Some(200), message: "the file has no id".into() })

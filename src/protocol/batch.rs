@@ -77,15 +77,31 @@ fn string(raw: Option<&RawValue>) -> Option<String> {
 
 /// Check every line of `input` (blank lines are skipped); the lines, or the first refusal.
 pub fn check_lines(input: &[u8]) -> Result<Vec<BatchLine>, ApiError> {
-    let mut seen = std::collections::HashSet::new();
+    let mut lines = Lines::default();
     let mut out = Vec::new();
     for (i, raw) in input.split(|b| *b == b'\n').enumerate() {
-        let n = i + 1;
+        out.extend(lines.check(i + 1, raw)?);
+    }
+    lines.finish()?;
+    Ok(out)
+}
+
+/// The lines of an input file checked one at a time, as they are read (the file is never held
+/// whole): the `custom_id`s seen so far and how many requests there were.
+#[derive(Default)]
+pub struct Lines {
+    seen: std::collections::HashSet<String>,
+    count: usize,
+}
+
+impl Lines {
+    /// Check line `n` (its bytes without the newline); None for a blank line.
+    pub fn check(&mut self, n: usize, raw: &[u8]) -> Result<Option<BatchLine>, ApiError> {
         let raw = raw.strip_suffix(b"\r").unwrap_or(raw);
         if raw.iter().all(u8::is_ascii_whitespace) {
-            continue;
+            return Ok(None);
         }
-        if out.len() == MAX_LINES {
+        if self.count == MAX_LINES {
             return Err(bad(n, "", format!("a batch has at most {MAX_LINES} requests")));
         }
         let line: RawLine<'_> = serde_json::from_slice(raw).map_err(|e| bad(n, "", format!("not a JSON object ({e})")))?;
@@ -95,7 +111,7 @@ pub fn check_lines(input: &[u8]) -> Result<Vec<BatchLine>, ApiError> {
         if custom_id.len() > MAX_CUSTOM_ID {
             return Err(bad(n, "custom_id", format!("'custom_id' is longer than {MAX_CUSTOM_ID} bytes")));
         }
-        if !seen.insert(custom_id.clone()) {
+        if !self.seen.insert(custom_id.clone()) {
             return Err(bad(n, "custom_id", format!("'custom_id' {custom_id:?} is used by an earlier line")));
         }
         if string(line.method).as_deref() != Some("POST") {
@@ -111,12 +127,22 @@ pub fn check_lines(input: &[u8]) -> Result<Vec<BatchLine>, ApiError> {
         let model = fields.model.filter(|m| !m.is_empty()).ok_or_else(|| bad(n, "body.model", "'body.model' is required"))?;
         super::check_model_name(&model).map_err(|e| bad(n, "body.model", e.message))?;
         let max_output = [fields.max_tokens, fields.max_completion_tokens, fields.max_output_tokens].into_iter().flatten().max();
-        out.push(BatchLine { custom_id, url, model, body_bytes: body.get().len(), max_output, extra_input: 0 });
+        self.count += 1;
+        Ok(Some(BatchLine { custom_id, url, model, body_bytes: body.get().len(), max_output, extra_input: 0 }))
     }
-    if out.is_empty() {
-        return Err(ApiError::new(ErrorKind::BadRequest, "The input file has no requests.").with_param("input_file_id"));
+
+    /// After the last line: a file without a request is refused.
+    pub fn finish(&self) -> Result<(), ApiError> {
+        if self.count == 0 {
+            return Err(ApiError::new(ErrorKind::BadRequest, "The input file has no requests.").with_param("input_file_id"));
+        }
+        Ok(())
     }
-    Ok(out)
+
+    /// The requests seen so far.
+    pub fn count(&self) -> usize {
+        self.count
+    }
 }
 
 /// The `body` of line `n` (checked by [`check_lines`]) with its model under `model` and, when

@@ -323,3 +323,37 @@ async fn a_key_holds_at_most_its_share_of_open_batches() {
     let theirs = upload(&gw, OTHER_KEY, &[line("a", json!({"model": "alpha-5.5", "messages": [], "max_tokens": 1}))]).await;
     assert_eq!(create(&gw, OTHER_KEY, &theirs, Value::Null).await.status(), 200);
 }
+
+/// A process's peak resident memory (VmHWM), in KiB.
+fn peak_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status.lines().find_map(|l| l.strip_prefix("VmHWM:")).and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok()).unwrap()
+}
+
+#[tokio::test]
+async fn a_batch_of_a_large_input_file_is_checked_and_sent_without_holding_it_in_memory() {
+    // 10 MiB of input, 20,000 lines: read, checked, written again and sent from disk — the
+    // gateway's peak memory grows by far less than the file (it held it twice before).
+    const RICH_KEY: &str = "sk-client-batch-rich-001";
+    let mock = start_mock();
+    let gw = start_gateway(&with_key(&config(mock.port), &format!("{{ key: {RICH_KEY}, name: rich, group: default, balance: 100.0 }}")));
+    let pad = "p".repeat(400);
+    let lines: Vec<String> = (0..20_000)
+        .map(|i| line(&format!("r{i}"), json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": pad}], "max_tokens": 1})))
+        .collect();
+    let file = upload(&gw, RICH_KEY, &lines).await;
+    // Warm the path once with a small batch.
+    let small = upload(&gw, RICH_KEY, &lines[..10]).await;
+    assert_eq!(create(&gw, RICH_KEY, &small, Value::Null).await.status(), 200);
+    let pid = gw.proc.child.id();
+    let before = peak_kib(pid);
+    let r = create(&gw, RICH_KEY, &file, Value::Null).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["request_counts"]["total"], 20_000);
+    let grown = peak_kib(pid).saturating_sub(before);
+    println!("gateway peak memory grew {grown} KiB for a batch of a 10 MiB input file");
+    assert!(grown < 6 << 10, "peak memory grew {grown} KiB");
+    let recorded: Vec<Value> = client().get(mock.url("/__mock/requests")).send().await.unwrap().json().await.unwrap();
+    let sent = recorded.iter().rev().find(|r| r["path"] == "/oa/v1/files").expect("the input went upstream");
+    assert!(sent["body"].as_str().unwrap().matches("\"custom_id\"").count() == 20_000);
+}
