@@ -130,6 +130,11 @@ pub enum Event {
     ResponseCreated(Option<String>),
     /// A turn ended with its usage (`response.done`), with the response's id.
     ResponseDone(TurnUsage, Option<String>),
+    /// The session began (`session.created`): its `session` object, to tell where turns the
+    /// server starts on its own must end.
+    SessionCreated(Value),
+    /// The session changed (`session.updated`).
+    SessionUpdated,
     Other,
 }
 
@@ -245,6 +250,11 @@ pub fn server_event(frame: &Frame) -> Event {
             Ok(v) => Event::ResponseDone(turn_usage(v.pointer("/response/usage").unwrap_or(&Value::Null)), response_id(&v)),
             Err(_) => Event::ResponseDone(TurnUsage::default(), None),
         },
+        Some("session.created") => match serde_json::from_slice::<Value>(&frame.payload()) {
+            Ok(mut v) => Event::SessionCreated(v.get_mut("session").map(Value::take).unwrap_or(Value::Null)),
+            Err(_) => Event::SessionCreated(Value::Null),
+        },
+        Some("session.updated") => Event::SessionUpdated,
         _ => Event::Other,
     }
 }
@@ -280,6 +290,27 @@ pub fn cap_output(payload: &[u8], event: &Event, allowance: u64) -> Option<Vec<u
     }
     obj.insert(name.to_string(), Value::from(allowance));
     serde_json::to_vec(&v).ok()
+}
+
+/// The `session.update` that bounds every turn of a session that began as `session` (its
+/// `session.created`) at `allowance` output tokens — `max_output_tokens`, or the beta protocol's
+/// `max_response_output_tokens` where the session names no `type` —, as a client frame; None
+/// when the session is bounded that far already or has no turns (a transcription session).
+pub fn session_cap(session: &Value, allowance: u64) -> Option<Bytes> {
+    let ga = match session.get("type").and_then(Value::as_str) {
+        Some("transcription") => return None,
+        Some(_) => true,
+        None => false,
+    };
+    let name = if ga { "max_output_tokens" } else { "max_response_output_tokens" };
+    if session.get(name).and_then(Value::as_u64).is_some_and(|n| n <= allowance) {
+        return None;
+    }
+    let mut update = serde_json::json!({name: allowance});
+    if ga {
+        update["type"] = Value::from("realtime");
+    }
+    Some(text_frame(&serde_json::json!({"type": "session.update", "event_id": "event_tollgate_cap", "session": update}), true))
 }
 
 /// A client's text message as one masked frame (a message tollgate reassembled or rewrote).
@@ -439,6 +470,21 @@ mod tests {
             }
             proptest::prop_assert!(data.starts_with(&out));
         }
+    }
+
+    #[test]
+    fn a_turn_is_capped_in_the_protocol_the_session_speaks() {
+        let read = |b: Bytes| -> Value { serde_json::from_slice(&split_all(&b, 0)[0].payload()).unwrap() };
+        let ga = read(session_cap(&json!({"type": "realtime", "max_output_tokens": "inf"}), 4096).unwrap());
+        assert_eq!(ga["session"], json!({"type": "realtime", "max_output_tokens": 4096}));
+        let beta = read(session_cap(&json!({"object": "realtime.session"}), 4096).unwrap());
+        assert_eq!(beta["session"], json!({"max_response_output_tokens": 4096}));
+        assert!(session_cap(&json!({"type": "realtime", "max_output_tokens": 100}), 4096).is_none(), "bounded already");
+        assert!(session_cap(&json!({"type": "transcription"}), 4096).is_none());
+        let create = br#"{"type":"response.create","response":{"max_output_tokens":"inf"}}"#;
+        let capped: Value = serde_json::from_slice(&cap_output(create, &Event::ResponseCreate, 10).unwrap()).unwrap();
+        assert_eq!(capped["response"]["max_output_tokens"], 10);
+        assert!(cap_output(br#"{"type":"response.create","response":{"max_output_tokens":5}}"#, &Event::ResponseCreate, 10).is_none());
     }
 
     #[test]

@@ -402,3 +402,25 @@ def test_unfinished_frames_count_against_the_buffered_bytes_budget():
             p.kill()
             p.wait()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_turns_the_server_starts_itself_are_bounded_from_the_start():
+    # Voice activity detection is on from the session's start and the client never sends a
+    # `session.update`: tollgate bounds the session's turns when it begins (its own update's
+    # answer is not relayed), so a `[big]` turn the server starts stops at the allowance.
+    tmp = tempfile.mkdtemp(prefix="tollgate-realtime-vad-")
+    procs, gw = start(tmp)
+    try:
+        headers = {"Authorization": f"Bearer {CAPPED}", "x-stainless-mock-vad": "1"}
+        with ws_connect(gw.ws_url(), additional_headers=headers) as ws:
+            assert json.loads(ws.recv())["type"] == "session.created"
+            ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "[big]"}]}}))
+            ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+            events = recv_until(ws, "response.done")
+        assert "session.updated" not in [e["type"] for e in events], "tollgate's own update is not the client's"
+        assert events[-1]["response"]["usage"]["output_tokens"] == 4096
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -52,13 +52,14 @@ pub(crate) async fn session(session: &mut Session, req: &RequestHeader) -> Resul
     }
     session.write_response_header(Box::new(h), false).await?;
     let model = req.uri.query().and_then(|q| q.split('&').find_map(|p| p.strip_prefix("model="))).unwrap_or("mock-realtime").to_string();
-    let mut script = Script {
-        session: json!({"id": "sess_mock", "object": "realtime.session", "type": "realtime", "model": model, "output_modalities": ["text"]}),
-        turns: 0,
-        last_text: String::new(),
-        tools: false,
-        audio_bytes: 0,
-    };
+    let mut session_state =
+        json!({"id": "sess_mock", "object": "realtime.session", "type": "realtime", "model": model, "output_modalities": ["text"]});
+    // A test's session that starts with server voice activity detection on (the SDK's
+    // `x-stainless-*` headers are the ones a gateway passes on).
+    if req.headers.get("x-stainless-mock-vad").is_some() {
+        session_state["turn_detection"] = json!({"type": "server_vad"});
+    }
+    let mut script = Script { session: session_state, turns: 0, last_text: String::new(), tools: false, audio_bytes: 0 };
     session
         .write_response_body(Some(send(json!({"type": "session.created", "event_id": "event_0", "session": script.session}))), false)
         .await?;

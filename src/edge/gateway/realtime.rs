@@ -88,6 +88,9 @@ struct Relay<'a> {
     starved: Option<Instant>,
     /// A client's message in fragments.
     fragments: Fragments,
+    /// `session.updated` answers to tollgate's own `session.update` not yet seen (not relayed:
+    /// the client did not ask; the next one it gets says the whole session).
+    own_updates: u32,
     /// The input of the last turn: the next is held for it and more.
     last_input: u64,
     totals: SessionTotals,
@@ -161,6 +164,7 @@ impl Gateway {
             running: Vec::new(),
             starved: None,
             fragments: Fragments::None,
+            own_updates: 0,
             last_input: 0,
             totals: SessionTotals::default(),
             trace: None,
@@ -620,6 +624,22 @@ impl Relay<'_> {
                         }
                     },
                 },
+                // The session began: its turns — those the server starts on its own too — are
+                // bounded at the output a turn is held for.
+                Event::SessionCreated(session) => {
+                    if let Some(cap) = rt::session_cap(&session, self.turn_output()) {
+                        if upstream.write_body(&cap).await.is_err() {
+                            return Some(Stop::Upstream);
+                        }
+                        self.own_updates += 1;
+                    }
+                }
+                // One `session.updated` answers tollgate's own update: held back (the client's
+                // next one, or this one if the client's came first, says the whole session).
+                Event::SessionUpdated if self.own_updates > 0 => {
+                    self.own_updates -= 1;
+                    continue;
+                }
                 Event::ResponseDone(usage, id) => {
                     let at = self.running.iter().position(|(held, _)| held.is_some() && *held == id);
                     // A response without an id is the oldest under way's.
