@@ -347,7 +347,13 @@ def test_a_turn_the_server_starts_and_tollgate_cancels_is_billed_what_it_used(rt
         events = recv_until(ws, "response.done")
         assert any(e["type"] == "error" and e["error"]["code"] == "insufficient_balance" for e in events), events
         done = events[-1]
-    cost = turn_cost(done["response"]["usage"])
+        # Once a turn could not be held, the client's audio (which would start more turns the
+        # server runs on its own) is not passed on: the next turn the server starts heard none.
+        ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x00" * 4800).decode()}))
+        ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        later = recv_until(ws, "response.done")[-1]
+        assert later["response"]["usage"]["input_token_details"]["audio_tokens"] == 0, later
+    cost = turn_cost(done["response"]["usage"]) + turn_cost(later["response"]["usage"])
     assert cost > 0 and rt.balance(VAD) == before - cost
 
 
