@@ -303,7 +303,12 @@ def test_responses_asked_for_at_once_are_each_held_and_each_billed(rt):
     with ws_connect(rt.ws_url(), additional_headers={"Authorization": f"Bearer {MANY}"}) as ws:
         assert json.loads(ws.recv())["type"] == "session.created"
         for _ in range(8):
-            ws.send(json.dumps({"type": "response.create", "response": {"conversation": "none", "output_modalities": ["text"]}}))
+            ws.send(json.dumps({"type": "response.create",
+                                "response": {"conversation": "none", "output_modalities": ["text"], "metadata": {"mock": "together"}}}))
+        # All eight under way at once upstream (announced), then run.
+        created = recv_until(ws, "response.created", 8)
+        assert [e["type"] for e in created] == ["response.created"] * 8, created
+        ws.send(json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "[go]"}]}}))
         events = recv_until(ws, "response.done", 8)
         assert not [e for e in events if e["type"] == "error"], events
         done = [e for e in events if e["type"] == "response.done"]

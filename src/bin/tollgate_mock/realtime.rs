@@ -7,7 +7,10 @@
 //! or the response asks for audio), or a `get_weather` function call when tools are offered and
 //! the user asked about the weather — ended by `response.done` with its usage: input growing
 //! with each turn (half of it cached after the first), audio input for audio appended, output
-//! split into text and audio, never past the response's or the session's `max_output_tokens`. Markers in the user's text: `[big]` makes the turn's usage a
+//! split into text and audio, never past the response's or the session's `max_output_tokens`.
+//! Responses asked with `metadata.mock: together` are each announced (`response.created`) at
+//! once and run once the client sends an item whose text is `[go]`, as the service runs
+//! responses out of band beside each other. Markers in the user's text: `[big]` makes the turn's usage a
 //! million tokens each way, `[hold]` stops the turn after its first delta (until the client
 //! leaves), `[cut]` closes the connection after the first delta without `response.done`.
 
@@ -31,6 +34,8 @@ struct Script {
     last_text: String,
     tools: bool,
     audio_bytes: u64,
+    /// Responses announced together, waiting for `[go]`.
+    together: Vec<(String, Value)>,
 }
 
 fn send(event: Value) -> Bytes {
@@ -59,7 +64,8 @@ pub(crate) async fn session(session: &mut Session, req: &RequestHeader) -> Resul
     if req.headers.get("x-stainless-mock-vad").is_some() {
         session_state["turn_detection"] = json!({"type": "server_vad"});
     }
-    let mut script = Script { session: session_state, turns: 0, last_text: String::new(), tools: false, audio_bytes: 0 };
+    let mut script =
+        Script { session: session_state, turns: 0, last_text: String::new(), tools: false, audio_bytes: 0, together: Vec::new() };
     session
         .write_response_body(Some(send(json!({"type": "session.created", "event_id": "event_0", "session": script.session}))), false)
         .await?;
@@ -87,6 +93,13 @@ pub(crate) async fn session(session: &mut Session, req: &RequestHeader) -> Resul
                     script.tools = script.session.get("tools").and_then(Value::as_array).is_some_and(|t| !t.is_empty());
                     session.write_response_body(Some(send(json!({"type": "session.updated", "session": script.session}))), false).await?;
                 }
+                "conversation.item.create" if event.pointer("/item/content/0/text").and_then(Value::as_str) == Some("[go]") => {
+                    for (id, create) in std::mem::take(&mut script.together) {
+                        if !run_turn(session, &mut script, &create, id).await? {
+                            return Ok(());
+                        }
+                    }
+                }
                 "conversation.item.create" => {
                     let item = event.get("item").cloned().unwrap_or(Value::Null);
                     if let Some(text) = item.pointer("/content/0/text").and_then(Value::as_str) {
@@ -110,6 +123,13 @@ pub(crate) async fn session(session: &mut Session, req: &RequestHeader) -> Resul
                         return Ok(());
                     }
                 }
+                // Responses out of band asked to run together (`metadata.mock: together`): each
+                // is announced at once and runs once the client says `[go]` — as the service runs
+                // them beside each other, deterministically.
+                "response.create" if event.pointer("/response/metadata/mock").and_then(Value::as_str) == Some("together") => {
+                    let id = announce(session, &mut script).await?;
+                    script.together.push((id, event.clone()));
+                }
                 "response.create" if !turn(session, &mut script, &event).await? => return Ok(()),
                 _ => {}
             }
@@ -120,11 +140,22 @@ pub(crate) async fn session(session: &mut Session, req: &RequestHeader) -> Resul
 
 /// One turn; false when the session is to end (a `[cut]` or `[hold]` turn).
 async fn turn(session: &mut Session, script: &mut Script, create: &Value) -> Result<bool> {
+    let id = announce(session, script).await?;
+    run_turn(session, script, create, id).await
+}
+
+/// A turn's `response.created`; its id.
+async fn announce(session: &mut Session, script: &mut Script) -> Result<String> {
     script.turns += 1;
     let id = format!("resp_mock_{}", script.turns);
     session
         .write_response_body(Some(send(json!({"type": "response.created", "response": {"id": id, "status": "in_progress"}}))), false)
         .await?;
+    Ok(id)
+}
+
+/// A turn announced as `id`, run to its `response.done`; false when the session is to end.
+async fn run_turn(session: &mut Session, script: &mut Script, create: &Value, id: String) -> Result<bool> {
     let modalities = create
         .pointer("/response/output_modalities")
         .or_else(|| script.session.get("output_modalities"))
