@@ -398,7 +398,8 @@ def test_unfinished_frames_count_against_the_buffered_bytes_budget():
                 assert json.loads(ws.recv())["type"] == "session.created"
             first.socket.sendall(header + b"A" * (700 << 10))
             second.socket.sendall(header + b"A" * (700 << 10))
-            # Whichever the gateway read second is closed; the other stays open (nothing comes).
+            # The session whose frame went past the budget is closed (both may be, when each
+            # grew past it while the other held its share); never are both left open.
             codes = []
             for ws in (first, second):
                 try:
@@ -407,7 +408,7 @@ def test_unfinished_frames_count_against_the_buffered_bytes_budget():
                     codes.append(e.rcvd.code)
                 except TimeoutError:
                     codes.append(None)
-            assert sorted(codes, key=str) == sorted([1013, None], key=str), codes
+            assert 1013 in codes and set(codes) <= {1013, None}, codes
     finally:
         for p in procs:
             p.kill()
