@@ -385,8 +385,8 @@ def test_a_client_close_is_answered_with_a_close(rt):
 
 
 def test_unfinished_frames_count_against_the_buffered_bytes_budget():
-    # 1 MiB for every body and unfinished frame together: a second session that holds 700 KiB
-    # of a frame on top of the first's 700 KiB is closed (1013), the first one is not.
+    # 1 MiB for every body and unfinished frame together: two sessions that each hold 700 KiB
+    # of a frame cannot both be held — the one past the budget is closed (1013).
     import struct
     tmp = tempfile.mkdtemp(prefix="tollgate-realtime-budget-")
     procs, gw = start(tmp, "max_body_bytes: 262144\nmax_buffered_body_bytes: 1048576\nlimits: { realtime_max_frame_bytes: 2097152 }")
