@@ -20,7 +20,7 @@
 pub mod record;
 pub mod upstream;
 
-use crate::base::clock::{now_ms, now_unix};
+use crate::base::clock::now_unix;
 use crate::billing::ledger::Ledger;
 use crate::config::{Protocol, ProviderConfig, ProviderKind};
 use crate::files::FileService;
@@ -194,27 +194,15 @@ impl BatchService {
 
     fn billing_record(batch: &Batch, cost_nanos: i64, usage: (u64, u64, u64)) -> UsageRecord {
         UsageRecord {
-            time_ms: now_ms(),
-            key_id: batch.owner.clone(),
-            model: batch.model.clone(),
-            protocol: "openai".into(),
-            route: crate::records::usage::BATCH_ROUTE.into(),
             input_tokens: usage.0,
             cached_tokens: usage.1,
-            cache_write_tokens: 0,
             output_tokens: usage.2,
             cost_nanos,
-            status: 200,
-            latency_ms: 0,
-            estimated: false,
-            seq: 0,
-            balance_after: 0,
             provider: Some(batch.provider.clone()),
             attempts: 0,
-            response_id: None,
-            upstream_protocol: None,
             charged: batch.charged_to.clone(),
             tags: batch.tags.clone(),
+            ..UsageRecord::new(&batch.owner, &batch.model, "openai", crate::records::usage::BATCH_ROUTE)
         }
     }
 

@@ -455,26 +455,13 @@ pub(crate) mod tests {
     pub(crate) fn record(key: &str, model: &str, cost: i64, t: u64) -> UsageRecord {
         UsageRecord {
             time_ms: t,
-            key_id: key.into(),
-            model: model.into(),
-            protocol: "openai".into(),
-            route: "chat_completions".into(),
             input_tokens: 10,
             cached_tokens: 2,
-            cache_write_tokens: 0,
             output_tokens: 5,
             cost_nanos: cost,
-            status: 200,
             latency_ms: 1,
-            estimated: false,
-            seq: 0,
-            balance_after: 0,
-            provider: None,
             attempts: 0,
-            response_id: None,
-            upstream_protocol: None,
-            charged: Vec::new(),
-            tags: BTreeMap::new(),
+            ..UsageRecord::new(key, model, "openai", "chat_completions")
         }
     }
 

@@ -77,6 +77,36 @@ pub struct ResponseOwner {
 }
 
 impl UsageRecord {
+    /// The one way a usage record is made: a call of `key_id` to `model` over `protocol` and
+    /// `route`, now, that cost nothing and used nothing yet — what it used and cost, and who
+    /// served it, are set on it (`UsageRecord { cost_nanos, ..UsageRecord::new(..) }`). Status
+    /// 200, one attempt.
+    pub fn new(key_id: &str, model: &str, protocol: &str, route: &str) -> UsageRecord {
+        UsageRecord {
+            time_ms: crate::base::clock::now_ms(),
+            key_id: key_id.to_string(),
+            model: model.to_string(),
+            protocol: protocol.to_string(),
+            route: route.to_string(),
+            input_tokens: 0,
+            cached_tokens: 0,
+            cache_write_tokens: 0,
+            output_tokens: 0,
+            cost_nanos: 0,
+            status: 200,
+            latency_ms: 0,
+            estimated: false,
+            seq: 0,
+            balance_after: 0,
+            provider: None,
+            attempts: 1,
+            response_id: None,
+            upstream_protocol: None,
+            charged: Vec::new(),
+            tags: BTreeMap::new(),
+        }
+    }
+
     /// The owner of the stored response this record created, if it created one.
     pub fn owner(&self) -> Option<ResponseOwner> {
         self.response_id.as_ref()?;
@@ -200,29 +230,7 @@ mod tests {
     use super::*;
 
     fn record(route: &str, cost_nanos: i64) -> UsageRecord {
-        UsageRecord {
-            time_ms: 0,
-            key_id: "k".into(),
-            model: "m".into(),
-            protocol: "openai".into(),
-            route: route.into(),
-            input_tokens: 0,
-            cached_tokens: 0,
-            cache_write_tokens: 0,
-            output_tokens: 0,
-            cost_nanos,
-            status: 200,
-            latency_ms: 0,
-            estimated: false,
-            seq: 0,
-            balance_after: 0,
-            provider: None,
-            attempts: 0,
-            response_id: None,
-            upstream_protocol: None,
-            charged: Vec::new(),
-            tags: BTreeMap::new(),
-        }
+        UsageRecord { cost_nanos, ..UsageRecord::new("k", "m", "openai", route) }
     }
 
     #[test]

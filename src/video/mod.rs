@@ -9,7 +9,6 @@ pub mod store;
 pub mod tc3;
 pub mod upstream;
 
-use crate::base::clock::now_ms;
 use crate::base::clock::now_unix;
 use crate::billing::ledger::Ledger;
 use crate::config::VideoConfig;
@@ -94,27 +93,11 @@ impl VideoService {
 
     fn billing_record(task: &Task, cost_nanos: i64, route: &str) -> UsageRecord {
         UsageRecord {
-            time_ms: now_ms(),
-            key_id: task.owner.clone(),
-            model: task.api_model.clone(),
-            protocol: "video".into(),
-            route: route.into(),
-            input_tokens: 0,
-            cached_tokens: 0,
-            cache_write_tokens: 0,
-            output_tokens: 0,
             cost_nanos,
-            status: 200,
-            latency_ms: 0,
-            estimated: false,
-            seq: 0,
-            balance_after: 0,
-            provider: None,
             attempts: 0,
-            response_id: None,
-            upstream_protocol: None,
             charged: task.charged_to.clone(),
             tags: task.tags.clone(),
+            ..UsageRecord::new(&task.owner, &task.api_model, "video", route)
         }
     }
 

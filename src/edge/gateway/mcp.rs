@@ -281,27 +281,11 @@ impl Gateway {
         if answer.is_ok() {
             facts.cost_nanos = price;
             let record = UsageRecord {
-                time_ms: crate::base::clock::now_ms(),
-                key_id: key.id.clone(),
-                model: name.clone(),
-                protocol: "mcp".into(),
-                route: "mcp_tool_call".into(),
-                input_tokens: 0,
-                cached_tokens: 0,
-                cache_write_tokens: 0,
-                output_tokens: 0,
                 cost_nanos: price,
-                status: 200,
                 latency_ms: took.as_millis() as u64,
-                estimated: false,
-                seq: 0,
-                balance_after: 0,
                 provider: Some(facts.server.clone()),
-                attempts: 1,
-                response_id: None,
-                upstream_protocol: None,
-                charged: Vec::new(),
                 tags: key.policy.tags.clone(),
+                ..UsageRecord::new(&key.id, &name, "mcp", "mcp_tool_call")
             };
             if let Err(e) = self.ledger.settle(hold, record).await {
                 log::error!("ledger: could not book a tool call of key {}: {e}", key.name);

@@ -391,27 +391,15 @@ impl Relay<'_> {
         series.output_tokens.add(usage_record.output);
         series.cost_nanos.add(cost.max(0) as u64);
         let mut record = UsageRecord {
-            time_ms: crate::base::clock::now_ms(),
-            key_id: self.key.id.clone(),
-            model: self.model.clone(),
-            protocol: Protocol::Openai.as_str().to_string(),
-            route: Route::Realtime.label().to_string(),
             input_tokens: usage_record.input,
             cached_tokens: usage_record.cached,
-            cache_write_tokens: 0,
             output_tokens: usage_record.output,
             cost_nanos: cost,
-            status: 200,
             latency_ms: started.elapsed().as_millis() as u64,
             estimated,
-            seq: 0,
-            balance_after: 0,
             provider: self.totals.provider.clone(),
-            attempts: 1,
-            response_id: None,
-            upstream_protocol: None,
-            charged: Vec::new(),
             tags: self.key.policy.tags.clone(),
+            ..UsageRecord::new(&self.key.id, &self.model, Protocol::Openai.as_str(), Route::Realtime.label())
         };
         let booked = match turn {
             Some(turn) => self.gw.ledger.settle(turn.hold, record).await,

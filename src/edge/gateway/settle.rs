@@ -4,7 +4,6 @@
 //! tokens spent under the key's `tpm`.
 
 use super::{Gateway, RelayPlan};
-use crate::base::clock::now_ms;
 use crate::billing;
 use crate::billing::meter::UsageScanner;
 use crate::records::usage::UsageRecord;
@@ -46,11 +45,6 @@ impl Gateway {
         series.output_tokens.add(usage.output);
         series.cost_nanos.add(cost.max(0) as u64);
         let record = UsageRecord {
-            time_ms: now_ms(),
-            key_id: plan.key.id.clone(),
-            model: plan.model.clone(),
-            protocol: plan.protocol.as_str().to_string(),
-            route: plan.route.label().to_string(),
             input_tokens: usage.input,
             cached_tokens: usage.cached,
             cache_write_tokens: usage.cache_write,
@@ -59,14 +53,12 @@ impl Gateway {
             status,
             latency_ms: plan.started.elapsed().as_millis() as u64,
             estimated,
-            seq: 0,
-            balance_after: 0,
             provider: plan.happened.served_by.map(|i| plan.routing.catalog.upstreams[i].config.name.clone()),
             attempts: plan.happened.attempts,
             response_id,
             upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
-            charged: Vec::new(),
             tags: plan.key.policy.tags.clone(),
+            ..UsageRecord::new(&plan.key.id, &plan.model, plan.protocol.as_str(), plan.route.label())
         };
         if let Err(e) = self.ledger.settle(hold, record).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
