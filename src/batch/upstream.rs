@@ -50,14 +50,20 @@ impl Provider {
         let scheme = if url.tls { "https" } else { "http" };
         let base = format!("{scheme}://{}{}", url.host_header(), url.prefix);
         let key = config.api_keys.get(key_index).or(config.api_keys.first()).ok_or("the provider has no key")?;
-        let mut builder = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(config.connect_timeout_ms.max(1)))
-            .timeout(Duration::from_secs(config.read_timeout_secs.max(60)));
-        for cert in config.ca.iter().flat_map(|c| c.iter()) {
-            let cert = reqwest::Certificate::from_der(cert.borrow_raw_cert()).map_err(|e| format!("the provider's CA: {e}"))?;
-            builder = builder.add_root_certificate(cert);
+        let roots = config
+            .ca
+            .iter()
+            .flat_map(|c| c.iter())
+            .map(|cert| reqwest::Certificate::from_der(cert.borrow_raw_cert()).map_err(|e| format!("the provider's CA: {e}")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let client = crate::base::outbound::Outbound {
+            connect: Some(Duration::from_millis(config.connect_timeout_ms.max(1))),
+            total: Some(Duration::from_secs(config.read_timeout_secs.max(60))),
+            roots,
+            ..Default::default()
         }
-        let client = builder.build().map_err(|e| format!("batch client: {e}"))?;
+        .client()
+        .map_err(|e| format!("batch client: {e}"))?;
         Ok(Provider { base, auth: format!("Bearer {key}"), client })
     }
 

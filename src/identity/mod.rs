@@ -91,12 +91,14 @@ pub struct Identity {
 
 impl Identity {
     pub fn new(cfg: OidcConfig) -> Result<Identity, String> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(10))
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| format!("identity client: {e}"))?;
+        let http = crate::base::outbound::Outbound {
+            connect: Some(Duration::from_secs(5)),
+            total: Some(Duration::from_secs(10)),
+            follow_redirects: false,
+            ..Default::default()
+        }
+        .client()
+        .map_err(|e| format!("identity client: {e}"))?;
         Ok(Identity { cfg, http, provider: ArcSwapOption::empty(), fetching: tokio::sync::Mutex::new(None), last_error: Mutex::new(None) })
     }
 

@@ -31,12 +31,14 @@ pub struct Server {
 /// An HTTP client for MCP servers: `timeout` from read to read (a tool may stream progress
 /// for long), no redirects followed.
 pub fn client(timeout: Duration) -> Result<reqwest::Client, String> {
-    reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(5))
-        .read_timeout(timeout)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| format!("MCP client: {e}"))
+    crate::base::outbound::Outbound {
+        connect: Some(Duration::from_secs(5)),
+        read: Some(timeout),
+        follow_redirects: false,
+        ..Default::default()
+    }
+    .client()
+    .map_err(|e| format!("MCP client: {e}"))
 }
 
 impl Server {

@@ -65,11 +65,13 @@ pub struct VideoService {
 impl VideoService {
     pub fn new(cfg: VideoConfig, store: VideoStore, ledger: Arc<Ledger>, storage: Option<Arc<ObjectStore>>) -> Result<Self, String> {
         let upstream = VideoUpstream::new(cfg.clone())?;
-        let download = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .read_timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| format!("video download client: {e}"))?;
+        let download = crate::base::outbound::Outbound {
+            connect: Some(Duration::from_secs(10)),
+            read: Some(Duration::from_secs(60)),
+            ..Default::default()
+        }
+        .client()
+        .map_err(|e| format!("video download client: {e}"))?;
         Ok(VideoService {
             cfg,
             store,

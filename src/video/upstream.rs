@@ -118,15 +118,18 @@ impl VideoUpstream {
         let host = base.host_header();
         let url = format!("{scheme}://{host}/");
         let service = base.host.split('.').next().unwrap_or_default().to_string();
-        let mut builder = reqwest::Client::builder()
-            .timeout(Duration::from_secs(cfg.timeout_secs))
-            .connect_timeout(Duration::from_secs(cfg.timeout_secs.min(10)));
-        if let Some(pem) = &cfg.ca_pem {
-            for cert in reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| format!("video.upstream.ca_file: {e}"))? {
-                builder = builder.add_root_certificate(cert);
-            }
+        let roots = match &cfg.ca_pem {
+            Some(pem) => reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| format!("video.upstream.ca_file: {e}"))?,
+            None => Vec::new(),
+        };
+        let http = crate::base::outbound::Outbound {
+            total: Some(Duration::from_secs(cfg.timeout_secs)),
+            connect: Some(Duration::from_secs(cfg.timeout_secs.min(10))),
+            roots,
+            ..Default::default()
         }
-        let http = builder.build().map_err(|e| format!("video client: {e}"))?;
+        .client()
+        .map_err(|e| format!("video client: {e}"))?;
         let limiter = RateLimiter::new(cfg.rate_per_sec);
         Ok(VideoUpstream { cfg, url, host, service, http, limiter })
     }

@@ -221,11 +221,14 @@ const SENDS: u32 = 3;
 
 impl Sender {
     fn new(settings: &Settings) -> Result<Sender, String> {
-        let mut builder = reqwest::Client::builder().timeout(settings.timeout).pool_max_idle_per_host(2);
-        if settings.protocol == Transport::Grpc && settings.endpoint.starts_with("http://") {
-            builder = builder.http2_prior_knowledge();
+        let client = crate::base::outbound::Outbound {
+            total: Some(settings.timeout),
+            idle_per_host: Some(2),
+            h2_prior_knowledge: settings.protocol == Transport::Grpc && settings.endpoint.starts_with("http://"),
+            ..Default::default()
         }
-        let client = builder.build().map_err(|e| format!("telemetry.otlp: {e}"))?;
+        .client()
+        .map_err(|e| format!("telemetry.otlp: {e}"))?;
         let url = match settings.protocol {
             Transport::Grpc => {
                 format!("{}/opentelemetry.proto.collector.trace.v1.TraceService/Export", settings.endpoint.trim_end_matches('/'))

@@ -60,7 +60,7 @@ pub struct TokenSource {
 
 impl TokenSource {
     pub fn new(provider: &str, grant: Box<dyn Grant>) -> TokenSource {
-        let client = reqwest::Client::builder().timeout(FETCH_TIMEOUT).build().unwrap_or_default();
+        let client = crate::base::outbound::Outbound { total: Some(FETCH_TIMEOUT), ..Default::default() }.client().unwrap_or_default();
         TokenSource {
             inner: Arc::new(Inner {
                 provider: provider.to_string(),
