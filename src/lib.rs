@@ -1,7 +1,8 @@
 //! tollgate: an edge gateway for model APIs on Pingora.
 //!
 //! The modules are floors: each may import only the floors listed before it, never one after
-//! it (`farm-studio look` shows no arrow running back up and no circle). From the ground up:
+//! it — `cargo test house` fails on an arrow running back up or an overgrown file (the `house`
+//! test below reads the sources). From the ground up:
 //!
 //! 1. [`base`]: helpers that know no rule of tollgate's — clock, money unit, ids and
 //!    secrets, text, TLS files, the stored records' binary codec. Imports nothing of the project.

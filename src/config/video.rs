@@ -6,7 +6,7 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Every API model the video service knows (§4.2), in the spec's order.
+/// Every API model the video service knows (the video API's model and capability matrix), in the spec's order.
 pub const VIDEO_MODELS: [&str; 7] = ["genq3-pro", "genq3-turbo", "genq3-pro-fast", "genq2-pro", "genq2-turbo", "genq2-pro-fast", "genq2"];
 
 #[derive(Debug, Deserialize)]

@@ -1,4 +1,4 @@
-//! The video task and its state machine (video spec §3). Pure: events in, a new task out.
+//! The video task and its state machine (the video API's states and transitions). Pure: events in, a new task out.
 //!
 //! submitting → queued (WAIT) → in_progress (RUN) → completed (DONE) | failed (FAIL or any
 //! unrecoverable error). Terminal states absorb every later event; progress never decreases;
@@ -229,7 +229,7 @@ impl Task {
         next
     }
 
-    /// The task object (§2.5); `created` adds `task_id`, `legacy` adds `result_url`.
+    /// The task object (the video API's task object); `created` adds `task_id`, `legacy` adds `result_url`.
     pub fn to_json(&self, created: bool, legacy: bool) -> Value {
         let mut v = json!({
             "id": self.id,

@@ -28,9 +28,9 @@ use std::time::Duration;
 use store::VideoStore;
 use upstream::{UpstreamError, VideoUpstream};
 
-/// Off-peak tasks may take up to 48 hours (§1, §8).
+/// Off-peak tasks may take up to 48 hours (the video API's overview and limits).
 pub const OFF_PEAK_LIMIT_SECS: u64 = 48 * 3600;
-/// The upstream result URL is valid for 24 hours (§1).
+/// The upstream result URL is valid for 24 hours (the video API's service's overview).
 pub const RESULT_URL_TTL_SECS: u64 = 24 * 3600;
 
 /// `task_` + 28 random base62 characters (~166 bits).

@@ -1,13 +1,15 @@
-//! Create-task validation and capability routing (video spec §2, §4.2, §4.3, §8). Pure: a JSON
-//! body in, an upstream [`Submission`] or a 400 naming the field and the rule out.
+//! Create-task validation and capability routing (the video API's request fields, its model and
+//! capability matrix, capability routing and limits). Pure: a JSON body in, an upstream
+//! [`Submission`] or a 400 naming the field and the rule out.
 
 use crate::protocol::{ApiError, ErrorKind};
 pub use crate::records::task::Capability;
 use crate::records::task::Task;
 use serde_json::{Map, Value};
 
-/// Every API model the service knows (§4.2), in the spec's order (defined with the
-/// configuration, which validates `video.models` and `video.prices` against it).
+/// Every API model the service knows (the video API's model and capability matrix), in the
+/// spec's order (defined with the configuration, which validates `video.models` and
+/// `video.prices` against it).
 pub use crate::config::VIDEO_MODELS as MODELS;
 pub const MAX_PROMPT_CHARS: usize = 2000;
 pub const MAX_PAYLOAD_CHARS: usize = 1_048_576;
@@ -51,7 +53,7 @@ pub struct InlineImage {
     pub extension: &'static str,
 }
 
-/// Largest input image (§2.6).
+/// Largest input image (the video API's input asset limits).
 pub const MAX_IMAGE_BYTES: usize = 50 * 1024 * 1024;
 
 /// Decode a data URI or raw base64 image and check it is png, jpeg or webp by its magic bytes.
@@ -109,7 +111,7 @@ fn bad(field: &str, rule: impl Into<String>) -> ApiError {
     ApiError::new(ErrorKind::BadRequest, format!("{field}: {}", rule.into())).with_param(field)
 }
 
-/// How the §4.2 matrix treats a model for a capability.
+/// How the video API's model and capability matrix treats a model for a capability.
 #[derive(Debug, PartialEq)]
 enum Support {
     /// Supported, not recommended, or needs upstream support: forwarded as is.
@@ -133,7 +135,7 @@ fn support(model: &str, cap: Capability) -> Support {
     }
 }
 
-/// Allowed duration range (§8) for the model actually submitted.
+/// Allowed duration range (the video API's limits) for the model actually submitted.
 fn duration_range(cap: Capability, upstream_model: &str, start_end: bool) -> (u32, u32) {
     if upstream_model.starts_with("genq3") {
         return (1, 16);
@@ -250,8 +252,8 @@ pub fn parse_body(body: &[u8]) -> Result<Value, ApiError> {
 /// A create-task form (`multipart/form-data`, as the OpenAI SDK's `videos.create` sends it) as
 /// the JSON body it stands for: its text fields as strings (`metadata` as the JSON it holds),
 /// and an uploaded `input_reference` (or `image`) as a base64 data URI, which object storage
-/// then turns into a URL (§2.6; refused with a clear error without storage). Reads the files
-/// from their spool: call it off the async threads.
+/// then turns into a URL (the video API's input limits; refused with a clear error without
+/// storage). Reads the files from their spool: call it off the async threads.
 pub fn form_body(form: &crate::protocol::multipart::Form) -> Result<Vec<u8>, ApiError> {
     use base64::Engine;
     let mut out = Map::new();
@@ -295,7 +297,7 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
     let (mut meta, force_reference) = metadata(body)?;
     check_metadata_types(&meta)?;
 
-    // Capability routing (§4.3).
+    // Capability routing (the video API's capability routing).
     let image = string_field(body, "image")?;
     let input_reference = string_field(body, "input_reference")?;
     let images = match body.get("images") {
@@ -364,7 +366,7 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
         }
     }
 
-    // Capability matrix (§4.2).
+    // Capability matrix (the video API's model and capability matrix).
     let upstream_model = match support(model, capability) {
         Support::Forward => model.to_string(),
         Support::AsGenq2 if model == "genq2-pro" && has_videos => model.to_string(),
@@ -376,7 +378,7 @@ pub fn validate(body: &Value, enabled: &[String], allow_base64: bool) -> Result<
 
     let prompt = prompt_of(body, capability)?;
 
-    // Duration (§8).
+    // Duration (the video API's limits).
     let start_end = capability == Capability::ImageToVideo && inputs.len() == 2;
     let duration = parse_duration(body.get("duration"))?.unwrap_or(DEFAULT_DURATION);
     let (lo, hi) = duration_range(capability, &upstream_model, start_end);
@@ -451,7 +453,7 @@ fn prompt_of(body: &Map<String, Value>, capability: Capability) -> Result<Option
     Ok(prompt)
 }
 
-/// Type rules of the metadata table (§2.2, §2.4).
+/// Type rules of the metadata table (the video API's metadata and logo tables).
 fn check_metadata_types(meta: &Map<String, Value>) -> Result<(), ApiError> {
     for (key, value) in meta {
         let field = format!("metadata.{key}");
@@ -498,7 +500,7 @@ fn check_logo(value: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// §2.3 / §2.6: 1–7 subjects, Id and Images required, 1–3 images each, at most 7 in total.
+/// The video API's subject rules and input limits: 1–7 subjects, Id and Images required, 1–3 images each, at most 7 in total.
 /// Returns whether any subject carries videos.
 fn check_subjects(meta: &mut Map<String, Value>, allow_base64: bool, uploads: &mut Vec<InlineImage>) -> Result<bool, ApiError> {
     let Some(subjects) = meta.get_mut("Subjects") else { return Ok(false) };

@@ -74,7 +74,9 @@ pub fn authorization(input: &SignInput) -> String {
 mod tests {
     use super::*;
 
-    /// Tencent's published example (DESIGN.md).
+    /// Tencent's published example of a TC3-HMAC-SHA256 signature: SecretKey
+    /// `Gu5t9xGARNpq86cd98joQYCN3EXAMPLE`, host `cvm.tencentcloudapi.com`, timestamp 1551113065,
+    /// signed headers `content-type;host`.
     #[test]
     fn matches_tencents_published_example() {
         let payload = br#"{"Limit": 1, "Filters": [{"Values": ["\u672a\u547d\u540d"], "Name": "instance-name"}]}"#;
