@@ -700,7 +700,7 @@ fn gateway(
         metrics: s.metrics.clone(),
         connector: pingora_core::connectors::http::v1::Connector::new(Some(options)),
         usage_queries: crate::access::limits::UsageTurns::default(),
-        realtime_sessions: crate::access::limits::KeySlots::default(),
+        realtime_sessions: crate::edge::body::KeyBudgets::new(usize::try_from(config.realtime.sessions_per_key).unwrap_or(usize::MAX)),
         drain: config.drain,
         closing,
         requests: config.console.request_log.then(|| s.store.requests()),

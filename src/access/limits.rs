@@ -321,70 +321,9 @@ impl UsageTurns {
     }
 }
 
-/// Open things a key holds at once — realtime sessions, MCP sessions — counted per key and
-/// capped: a key that has its share open is refused another until one ends, so no key fills a
-/// table every key shares.
-#[derive(Default)]
-pub struct KeySlots {
-    open: Arc<Mutex<HashMap<String, u32>>>,
-}
-
-/// One open thing of a key; its slot is given back when it drops.
-pub struct KeySlot {
-    open: Arc<Mutex<HashMap<String, u32>>>,
-    key_id: String,
-}
-
-impl KeySlots {
-    /// A slot for `key_id` when it holds fewer than `cap`; `what` names the thing in the 429.
-    pub fn take(&self, key_id: &str, cap: u32, what: &str) -> Result<KeySlot, ApiError> {
-        let mut open = lock(&self.open);
-        let n = open.entry_ref(key_id).or_insert(0);
-        if *n >= cap {
-            let mut refused = ApiError::new(
-                ErrorKind::RateLimited,
-                format!("This key has {cap} {what} open, the most it may hold at once; close one first."),
-            );
-            refused.retry_after = Some(1);
-            return Err(refused);
-        }
-        *n += 1;
-        Ok(KeySlot { open: self.open.clone(), key_id: key_id.to_string() })
-    }
-
-    /// How many `key_id` holds now.
-    pub fn held(&self, key_id: &str) -> u32 {
-        lock(&self.open).get(key_id).copied().unwrap_or(0)
-    }
-}
-
-impl Drop for KeySlot {
-    fn drop(&mut self) {
-        let mut open = lock(&self.open);
-        if let Some(n) = open.get_mut(self.key_id.as_str()) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                open.remove(self.key_id.as_str());
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_key_holds_at_most_its_cap_of_slots_and_others_are_not_affected() {
-        let slots = KeySlots::default();
-        let a: Vec<KeySlot> = (0..3).map(|_| slots.take("a", 3, "sessions").unwrap()).collect();
-        let refused = slots.take("a", 3, "sessions").err().unwrap();
-        assert_eq!(refused.kind, ErrorKind::RateLimited);
-        assert!(slots.take("b", 3, "sessions").is_ok(), "another key is not refused");
-        drop(a);
-        assert_eq!(slots.held("a"), 0);
-        assert!(slots.take("a", 3, "sessions").is_ok());
-    }
 
     #[test]
     fn requests_counted_at_once_never_pass_the_limit_together() {

@@ -1,6 +1,6 @@
 //! Random tokens and their comparison, on the bottom floor (imports nothing of tollgate's):
-//! base-62 strings for ids, secrets, cookies and one-time links, and a comparison of a
-//! presented token with the expected one that takes the same time wherever they differ.
+//! base-62 strings for ids, secrets, cookies and one-time links, a comparison of a presented
+//! token with the expected one that takes the same time wherever they differ, and HMAC-SHA256.
 
 use rand::Rng;
 use sha2::{Digest, Sha256};
@@ -12,6 +12,18 @@ pub const BASE62: &[u8] = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnop
 pub fn random_base62(n: usize) -> String {
     let mut rng = rand::thread_rng();
     (0..n).map(|_| BASE62[rng.gen_range(0..BASE62.len())] as char).collect()
+}
+
+/// HMAC-SHA256 of `data` under `key` (any length).
+pub fn hmac_sha256(key: &[u8], data: &[u8]) -> [u8; 32] {
+    use hmac::Mac;
+    // HMAC takes keys of any length: new_from_slice cannot fail.
+    let mut mac = match hmac::Hmac::<Sha256>::new_from_slice(key) {
+        Ok(m) => m,
+        Err(_) => unreachable!("HMAC takes keys of any length"),
+    };
+    mac.update(data);
+    mac.finalize().into_bytes().into()
 }
 
 /// Constant-time comparison of the presented token with the expected one (of their digests,

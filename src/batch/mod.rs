@@ -33,7 +33,6 @@ use crate::route::Route;
 use crate::store::{JobRow, JobStore, StoreError};
 use crate::upstream::Routing;
 use arc_swap::ArcSwap;
-use futures_util::StreamExt;
 use record::{Batch, KIND, SUBMITTING};
 use serde_json::Value;
 use std::sync::{Arc, Mutex};
@@ -249,32 +248,14 @@ impl BatchService {
         upstream::Provider::new(config, batch.key_index)
     }
 
-    /// The key's input file, copied to an unnamed temporary file as it is read (never whole in
-    /// memory): the file and its length.
-    async fn input(&self, key: &KeyRecord, id: &str) -> Result<(Arc<std::fs::File>, u64), ApiError> {
-        let file = self.files.get(&key.id, id).await.map_err(|e| e.with_param("input_file_id"))?;
+    /// The key's input file, to read at offsets (see [`FileService::open`]).
+    async fn input(&self, key: &KeyRecord, id: &str) -> Result<Arc<std::fs::File>, ApiError> {
+        let (file, input, _) = self.files.open(&key.id, id).await.map_err(|e| e.with_param("input_file_id"))?;
         if file.purpose != "batch" {
             return Err(ApiError::new(ErrorKind::BadRequest, format!("The file '{id}' was not uploaded with purpose 'batch'."))
                 .with_param("input_file_id"));
         }
-        let disk = |e: std::io::Error| {
-            log::error!("batches: spooling input file {id}: {e}");
-            ApiError::new(ErrorKind::Internal, "Internal error while reading the input file.")
-        };
-        let spool = tempfile::tempfile().map_err(disk)?;
-        let mut writer = tokio::io::BufWriter::new(tokio::fs::File::from_std(spool.try_clone().map_err(disk)?));
-        let (_, mut content) = self.files.content(&key.id, id).await?;
-        let mut len = 0u64;
-        while let Some(chunk) = content.next().await {
-            let chunk = chunk.map_err(|e| {
-                log::error!("batches: reading input file {id}: {e}");
-                ApiError::new(ErrorKind::Internal, "Internal error while reading the input file.")
-            })?;
-            len += chunk.len() as u64;
-            tokio::io::AsyncWriteExt::write_all(&mut writer, &chunk).await.map_err(disk)?;
-        }
-        tokio::io::AsyncWriteExt::flush(&mut writer).await.map_err(disk)?;
-        Ok((Arc::new(spool), len))
+        Ok(input)
     }
 
     /// Check every line against the batch, the key and the routing, reading the input one line at
@@ -419,7 +400,7 @@ impl BatchService {
             refused.retry_after = Some(60);
             return Err(refused);
         }
-        let (input, _) = self.input(key, &asked.input_file_id).await?;
+        let input = self.input(key, &asked.input_file_id).await?;
         let routing = self.routing.load_full();
         let endpoint = asked.endpoint;
         let key_owned = key.clone();

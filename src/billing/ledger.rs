@@ -295,9 +295,9 @@ impl Ledger {
         self.commit_now().await?;
         let (total, rows) = self.usage_grouped(&key.id, start_ms, end_ms, by).await?;
         // A member's key without an allowance spends its team's account: that is its balance.
-        let balance = match (&key.owner, &key.policy.account) {
-            (Some(_), Some(team)) if !key.allowance_cap => self.balance(&crate::policy::budget::account_purse(team)).await?,
-            _ => self.balance(&key.id).await?,
+        let balance = match key.member_of().filter(|_| key.spends_team_alone()) {
+            Some(team) => self.balance(&crate::policy::budget::account_purse(team)).await?,
+            None => self.balance(&key.id).await?,
         };
         let budgets = window_report(self, crate::records::purse::window_owner(key), &key.policy.budgets, calendar).await?;
         Ok(usage_report(key, balance, &total, &rows, by, budgets))

@@ -85,8 +85,8 @@ impl Reservation {
     }
 }
 
-/// A budget per key (its share of a process-wide one), made when a key first needs it and
-/// forgotten once none of its reservations is held.
+/// A budget per key — its share of the spool, the realtime sessions it may hold open —, made
+/// when a key first needs it and forgotten once none of its reservations is held.
 #[derive(Debug)]
 pub struct KeyBudgets {
     per_key: usize,
@@ -96,11 +96,6 @@ pub struct KeyBudgets {
 impl KeyBudgets {
     pub fn new(per_key: usize) -> KeyBudgets {
         KeyBudgets { per_key, map: std::sync::Mutex::new(std::collections::HashMap::new()) }
-    }
-
-    /// What one key may hold.
-    pub fn per_key(&self) -> usize {
-        self.per_key
     }
 
     /// `key_id`'s budget.
@@ -236,6 +231,17 @@ mod tests {
         assert!(!b.resize(101) && b.bytes() == 30);
         drop(b);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn each_key_has_its_own_budget_given_back_when_its_reservations_drop() {
+        let budgets = KeyBudgets::new(2);
+        let mut a = budgets.of("a").reservation();
+        assert!(a.grow(2) && !a.grow(1), "a key's share is its own bound");
+        let mut b = budgets.of("b").reservation();
+        assert!(b.grow(2), "another key is not held off");
+        drop(a);
+        assert!(budgets.of("a").reservation().grow(2));
     }
 
     #[test]

@@ -114,26 +114,22 @@ pub async fn read_form(
     crate::edge::body::continue_if_expected(session).await?;
     let idle = limits.idle_timeout;
     let started = tokio::time::Instant::now();
-    let counted = Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let chunks = futures_util::stream::unfold(session, move |s| {
-        let counted = counted.clone();
-        async move {
-            // The next chunk within the idle bound, and before the body's average pace falls
-            // under the minimum.
-            let so_far = counted.load(std::sync::atomic::Ordering::Relaxed);
-            let pace_deadline = started + UPLOAD_GRACE + Duration::from_secs(so_far / MIN_UPLOAD_BYTES_PER_SEC);
-            let idle_deadline = tokio::time::Instant::now() + idle;
-            let slow = pace_deadline < idle_deadline;
-            match tokio::time::timeout_at(pace_deadline.min(idle_deadline), s.read_request_body()).await {
-                Ok(Ok(Some(chunk))) => {
-                    counted.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::Relaxed);
-                    Some((Ok::<Bytes, Intake>(chunk), s))
-                }
-                Ok(Ok(None)) => None,
-                Ok(Err(e)) => Some((Err(Intake::Read(e.etype().as_str())), s)),
-                Err(_) if slow => Some((Err(Intake::TooSlow), s)),
-                Err(_) => Some((Err(Intake::Timeout), s)),
+    // The state: the session and the bytes it sent so far.
+    let chunks = futures_util::stream::unfold((session, 0u64), move |(s, so_far)| async move {
+        // The next chunk within the idle bound, and before the body's average pace falls under
+        // the minimum.
+        let pace_deadline = started + UPLOAD_GRACE + Duration::from_secs(so_far / MIN_UPLOAD_BYTES_PER_SEC);
+        let idle_deadline = tokio::time::Instant::now() + idle;
+        let slow = pace_deadline < idle_deadline;
+        match tokio::time::timeout_at(pace_deadline.min(idle_deadline), s.read_request_body()).await {
+            Ok(Ok(Some(chunk))) => {
+                let sent = so_far + chunk.len() as u64;
+                Some((Ok::<Bytes, Intake>(chunk), (s, sent)))
             }
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => Some((Err(Intake::Read(e.etype().as_str())), (s, so_far))),
+            Err(_) if slow => Some((Err(Intake::TooSlow), (s, so_far))),
+            Err(_) => Some((Err(Intake::Timeout), (s, so_far))),
         }
     });
     let heads = Arc::new(Heads::default());

@@ -331,6 +331,30 @@ impl FileService {
         Ok((file, content))
     }
 
+    /// The key's file `id` as a file to read at offsets, and its length: the stored file itself
+    /// in the data directory; from object storage, a temporary copy made as it downloads (never
+    /// whole in memory).
+    pub async fn open(&self, key_id: &str, id: &str) -> Result<(FileObject, Arc<std::fs::File>, u64), ApiError> {
+        let file = self.get(key_id, id).await?;
+        if let Backend::Dir(_) = &self.backend {
+            let path = self.dir(key_id).ok_or_else(|| internal("dir", "none"))?.join(id);
+            let f = std::fs::File::open(&path).map_err(|e| internal("read", e))?;
+            let len = file.bytes;
+            return Ok((file, Arc::new(f), len));
+        }
+        let (_, mut content) = self.content(key_id, id).await?;
+        let spool = tempfile::tempfile().map_err(|e| internal("spool", e))?;
+        let mut writer = tokio::io::BufWriter::new(tokio::fs::File::from_std(spool.try_clone().map_err(|e| internal("spool", e))?));
+        let mut len = 0u64;
+        while let Some(chunk) = futures_util::StreamExt::next(&mut content).await {
+            let chunk = chunk.map_err(|e| internal("read", e))?;
+            len += chunk.len() as u64;
+            tokio::io::AsyncWriteExt::write_all(&mut writer, &chunk).await.map_err(|e| internal("spool", e))?;
+        }
+        tokio::io::AsyncWriteExt::flush(&mut writer).await.map_err(|e| internal("spool", e))?;
+        Ok((file, Arc::new(spool), len))
+    }
+
     /// Delete the key's file `id`.
     pub async fn delete(&self, key_id: &str, id: &str) -> Result<(), ApiError> {
         self.get(key_id, id).await?;

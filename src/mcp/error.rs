@@ -16,13 +16,11 @@ pub enum McpError {
 impl McpError {
     /// A request that failed on its way: reqwest's words without the URL (it may carry the
     /// server's credentials in its userinfo or query).
-    pub fn unreachable(e: &reqwest::Error) -> McpError {
+    pub fn unreachable(e: reqwest::Error) -> McpError {
+        let e = e.without_url();
         let mut text = e.to_string();
-        if let Some(at) = text.find(" for url (") {
-            text.truncate(at);
-        }
         // What lies under it (refused, reset, timed out), bounded.
-        let mut source = std::error::Error::source(e);
+        let mut source = std::error::Error::source(&e);
         while let Some(cause) = source {
             text.push_str(": ");
             text.push_str(&crate::base::text::redact_url(&cause.to_string()));

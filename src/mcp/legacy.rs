@@ -98,7 +98,7 @@ impl SseServer {
         for (name, value) in self.credentials.headers().await? {
             req = req.header(name, value);
         }
-        let resp = req.send().await.map_err(|e| McpError::unreachable(&e))?;
+        let resp = req.send().await.map_err(McpError::unreachable)?;
         if resp.status().as_u16() == 401 && self.credentials.renewable() {
             self.credentials.refused().await;
         }
@@ -110,7 +110,7 @@ impl SseServer {
         let mut events = Events::default();
         let endpoint = tokio::time::timeout(ENDPOINT_WAIT, async {
             while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| McpError::unreachable(&e))?;
+                let chunk = chunk.map_err(McpError::unreachable)?;
                 for e in events.push_events(&chunk, MAX_MESSAGE).map_err(|e| McpError::Malformed(e.into()))? {
                     if e.event == "endpoint" {
                         return base.join(e.data.trim()).map(String::from).map_err(|e| McpError::Malformed(format!("endpoint: {e}")));
@@ -160,7 +160,7 @@ impl SseServer {
         for (name, value) in self.credentials.headers().await? {
             req = req.header(name, value);
         }
-        let resp = req.send().await.map_err(|e| McpError::unreachable(&e))?;
+        let resp = req.send().await.map_err(McpError::unreachable)?;
         match resp.status().as_u16() {
             200..=299 => Ok(()),
             s => Err(McpError::Status(s)),

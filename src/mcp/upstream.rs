@@ -91,7 +91,10 @@ impl Server {
                 }
                 req = req.header("mcp-protocol-version", version);
             }
-            let resp = req.send().await.map_err(|e| (McpError::unreachable(&e), e.is_connect()))?;
+            let resp = req.send().await.map_err(|e| {
+                let connect = e.is_connect();
+                (McpError::unreachable(e), connect)
+            })?;
             if resp.status().as_u16() == 401 && self.credentials.renewable() && !renewed {
                 self.credentials.refused().await;
                 renewed = true;
@@ -145,7 +148,7 @@ impl Server {
             let mut body = resp.bytes_stream();
             let mut found = None;
             while let Some(chunk) = body.next().await {
-                let chunk = chunk.map_err(|e| McpError::unreachable(&e))?;
+                let chunk = chunk.map_err(McpError::unreachable)?;
                 for message in events.push(&chunk, MAX_MESSAGE).map_err(|e| McpError::Malformed(e.into()))? {
                     if message.get("id") == Some(id) && (message.get("result").is_some() || message.get("error").is_some()) {
                         found = Some(message);
@@ -168,7 +171,7 @@ impl Server {
             }
             found
         } else {
-            let bytes = resp.bytes().await.map_err(|e| McpError::unreachable(&e))?;
+            let bytes = resp.bytes().await.map_err(McpError::unreachable)?;
             if bytes.len() > MAX_MESSAGE {
                 return Err(McpError::Malformed("too large".into()));
             }

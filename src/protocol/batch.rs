@@ -75,17 +75,6 @@ fn string(raw: Option<&RawValue>) -> Option<String> {
     raw.and_then(|r| serde_json::from_str::<String>(r.get()).ok())
 }
 
-/// Check every line of `input` (blank lines are skipped); the lines, or the first refusal.
-pub fn check_lines(input: &[u8]) -> Result<Vec<BatchLine>, ApiError> {
-    let mut lines = Lines::default();
-    let mut out = Vec::new();
-    for (i, raw) in input.split(|b| *b == b'\n').enumerate() {
-        out.extend(lines.check(i + 1, raw)?);
-    }
-    lines.finish()?;
-    Ok(out)
-}
-
 /// The lines of an input file checked one at a time, as they are read (the file is never held
 /// whole): the `custom_id`s seen so far and how many requests there were.
 #[derive(Default)]
@@ -145,7 +134,7 @@ impl Lines {
     }
 }
 
-/// The `body` of line `n` (checked by [`check_lines`]) with its model under `model` and, when
+/// The `body` of line `n` (checked by [`Lines::check`]) with its model under `model` and, when
 /// given, its output maximum set in `field` (a line that named none gets the one it is held
 /// for, so the upstream never generates past the batch's hold); the line written again.
 pub fn rewrite_line(raw: &[u8], n: usize, model: &str, maximum: Option<(&str, u64)>) -> Result<Vec<u8>, ApiError> {
@@ -216,6 +205,17 @@ pub fn output_line(raw: &[u8]) -> Option<OutputLine> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Check every line of `input` (blank lines are skipped); the lines, or the first refusal.
+    fn check_lines(input: &[u8]) -> Result<Vec<BatchLine>, ApiError> {
+        let mut lines = Lines::default();
+        let mut out = Vec::new();
+        for (i, raw) in input.split(|b| *b == b'\n').enumerate() {
+            out.extend(lines.check(i + 1, raw)?);
+        }
+        lines.finish()?;
+        Ok(out)
+    }
 
     fn line(id: &str, url: &str, body: &str) -> String {
         format!(r#"{{"custom_id":"{id}","method":"POST","url":"{url}","body":{body}}}"#)

@@ -274,22 +274,34 @@ pub fn cap_output(payload: &[u8], event: &Event, allowance: u64) -> Option<Vec<u
         }
         Event::SessionUpdate => {
             let session = v.get_mut("session")?.as_object_mut()?;
-            let name = match session.get("type").and_then(Value::as_str) {
-                Some("transcription") => return None,
-                Some(_) => "max_output_tokens",
-                None if session.contains_key("max_output_tokens") => "max_output_tokens",
-                None => "max_response_output_tokens",
-            };
+            let name = session_bound(session)?;
             (session, name)
         }
         _ => return None,
     };
     let (obj, name) = target;
-    if obj.get(name).and_then(Value::as_u64).is_some_and(|asked| asked <= allowance) {
+    if within(obj, name, allowance) {
         return None;
     }
     obj.insert(name.to_string(), Value::from(allowance));
     serde_json::to_vec(&v).ok()
+}
+
+/// The member that bounds a session's turns: `max_output_tokens`, or the beta protocol's
+/// `max_response_output_tokens` where the session names no `type` (and no such member); None
+/// for a session without turns (a transcription session).
+fn session_bound(session: &serde_json::Map<String, Value>) -> Option<&'static str> {
+    match session.get("type").and_then(Value::as_str) {
+        Some("transcription") => None,
+        Some(_) => Some("max_output_tokens"),
+        None if session.contains_key("max_output_tokens") => Some("max_output_tokens"),
+        None => Some("max_response_output_tokens"),
+    }
+}
+
+/// Whether `obj`'s `name` bounds the output at `allowance` or less already.
+fn within(obj: &serde_json::Map<String, Value>, name: &str, allowance: u64) -> bool {
+    obj.get(name).and_then(Value::as_u64).is_some_and(|asked| asked <= allowance)
 }
 
 /// The `session.update` that bounds every turn of a session that began as `session` (its
@@ -297,17 +309,13 @@ pub fn cap_output(payload: &[u8], event: &Event, allowance: u64) -> Option<Vec<u
 /// `max_response_output_tokens` where the session names no `type` —, as a client frame; None
 /// when the session is bounded that far already or has no turns (a transcription session).
 pub fn session_cap(session: &Value, allowance: u64) -> Option<Bytes> {
-    let ga = match session.get("type").and_then(Value::as_str) {
-        Some("transcription") => return None,
-        Some(_) => true,
-        None => false,
-    };
-    let name = if ga { "max_output_tokens" } else { "max_response_output_tokens" };
-    if session.get(name).and_then(Value::as_u64).is_some_and(|n| n <= allowance) {
+    let session = session.as_object()?;
+    let name = session_bound(session)?;
+    if within(session, name, allowance) {
         return None;
     }
     let mut update = serde_json::json!({name: allowance});
-    if ga {
+    if session.contains_key("type") {
         update["type"] = Value::from("realtime");
     }
     Some(text_frame(&serde_json::json!({"type": "session.update", "event_id": "event_tollgate_cap", "session": update}), true))

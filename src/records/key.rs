@@ -72,6 +72,17 @@ pub struct Rotation {
 }
 
 impl KeyRecord {
+    /// The team a member's key draws on: a person's key on an account.
+    pub fn member_of(&self) -> Option<&str> {
+        self.owner.as_ref().and(self.policy.account.as_deref())
+    }
+
+    /// A member's key without an allowance: its own balance bounds nothing (it counts what the
+    /// key spent); its team's account is what it spends.
+    pub fn spends_team_alone(&self) -> bool {
+        self.member_of().is_some() && !self.allowance_cap
+    }
+
     /// The hashes a secret of this key may have now: the current one, and the previous one
     /// while its grace period lasts.
     pub fn hashes(&self, now: u64) -> impl Iterator<Item = &str> {

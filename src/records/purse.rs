@@ -68,7 +68,7 @@ const UNBOUNDED: i64 = i64::MAX / 4;
 /// Whose windows a key's own budgets are: a person's key on a team (a member's key) shares them
 /// with the person's other keys there; any other key has its own.
 pub fn window_owner(key: &KeyRecord) -> Owner<'_> {
-    match (&key.owner, &key.policy.account) {
+    match (&key.owner, key.member_of()) {
         (Some(person), Some(_)) => Owner::Person(person),
         _ => Owner::Key(&key.id),
     }
@@ -96,8 +96,7 @@ pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, calendar: &Calen
     if let Some(a) = account {
         windows(Owner::Account(&a.name), &a.budgets);
     }
-    let member = key.owner.is_some() && account.is_some();
-    let credit = if member && !key.allowance_cap { UNBOUNDED } else { 0 };
+    let credit = if key.spends_team_alone() && account.is_some() { UNBOUNDED } else { 0 };
     out.push(Purse { id: key.id.clone(), credit, kind: PurseKind::Key });
     if let (Some(a), Some(name)) = (account, name) {
         out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(name) });

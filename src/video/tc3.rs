@@ -1,10 +1,8 @@
 //! Tencent Cloud API 3.0 request signing (TC3-HMAC-SHA256). Pure.
 
 use crate::access::auth::hex;
-use hmac::{Hmac, Mac};
+use crate::base::secrets::hmac_sha256 as hmac;
 use sha2::{Digest, Sha256};
-
-type HmacSha256 = Hmac<Sha256>;
 
 pub const ALGORITHM: &str = "TC3-HMAC-SHA256";
 pub const CONTENT_TYPE: &str = "application/json; charset=utf-8";
@@ -21,16 +19,6 @@ pub struct SignInput<'a> {
     pub payload: &'a [u8],
     /// `Some(action)` signs `content-type;host;x-tc-action`; `None` signs `content-type;host`.
     pub action: Option<&'a str>,
-}
-
-fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
-    // HMAC accepts keys of any length, so new_from_slice cannot fail.
-    let mut mac = match HmacSha256::new_from_slice(key) {
-        Ok(m) => m,
-        Err(_) => unreachable!("HMAC takes keys of any length"),
-    };
-    mac.update(data);
-    mac.finalize().into_bytes().to_vec()
 }
 
 /// UTC date (YYYY-MM-DD) of a unix timestamp.

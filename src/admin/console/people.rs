@@ -114,10 +114,14 @@ fn form(action: &str, csrf: &str, inner: &str) -> String {
     )
 }
 
+/// The keys `person` owns, revoked ones included.
+async fn keys_of(api: &AdminApi, person: &Person) -> Result<Vec<KeyRecord>, ApiError> {
+    Ok(api.keys.all_keys().await.map_err(internal)?.into_iter().filter(|k| k.owner.as_deref() == Some(person.subject.as_str())).collect())
+}
+
 async fn me(api: &AdminApi, req: &Request, person: &Person) -> Page {
     api.ledger.commit_now().await.map_err(internal)?;
-    let mine: Vec<KeyRecord> =
-        api.keys.all_keys().await.map_err(internal)?.into_iter().filter(|k| k.owner.as_deref() == Some(person.subject.as_str())).collect();
+    let mine = keys_of(api, person).await?;
     let mut rows = Vec::new();
     let mut total = 0;
     for k in &mine {
@@ -195,14 +199,7 @@ async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Perso
     let identity = api.identity.as_ref().ok_or_else(not_found)?;
     // A person holds a bounded number of keys (revoked ones aside): each key is a way to spend
     // the team's money.
-    let held = api
-        .keys
-        .all_keys()
-        .await
-        .map_err(internal)?
-        .iter()
-        .filter(|k| k.owner.as_deref() == Some(person.subject.as_str()) && k.revoked_at.is_none())
-        .count();
+    let held = keys_of(api, person).await?.iter().filter(|k| k.revoked_at.is_none()).count();
     if held >= MAX_KEYS_PER_PERSON {
         return Err(ApiError::new(ErrorKind::Forbidden, format!("You hold {held} keys, the most a person may; revoke one first.")));
     }

@@ -45,8 +45,6 @@ impl Default for Pending {
     }
 }
 
-type Mac = hmac::Hmac<Sha256>;
-
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
@@ -71,27 +69,20 @@ fn failed(status: u16, message: &str) -> LocalResponse {
 }
 
 impl Pending {
-    fn mac(&self, payload: &[u8]) -> Mac {
-        use hmac::Mac as _;
-        let mut mac = <Mac as hmac::Mac>::new_from_slice(&self.key).unwrap_or_else(|_| unreachable!("HMAC takes a key of any length"));
-        mac.update(payload);
-        mac
-    }
-
-    /// `begun` as a cookie value: its JSON, base64url, and the seal.
+    /// `begun` as a cookie value: its JSON, base64url, and its seal (HMAC-SHA256, base64url).
     fn seal(&self, begun: &Begun) -> String {
-        use hmac::Mac as _;
         let payload = b64(&serde_json::to_vec(begun).unwrap_or_default());
-        let tag = b64(&self.mac(payload.as_bytes()).finalize().into_bytes());
+        let tag = b64(&crate::base::secrets::hmac_sha256(&self.key, payload.as_bytes()));
         format!("{payload}.{tag}")
     }
 
     /// The sign-in a cookie holds, when this process sealed it and it is still young.
     fn open(&self, cookie: &str, now: u64) -> Option<Begun> {
-        use hmac::Mac as _;
         let (payload, tag) = cookie.split_once('.')?;
-        let tag = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(tag).ok()?;
-        self.mac(payload.as_bytes()).verify_slice(&tag).ok()?;
+        let expected = b64(&crate::base::secrets::hmac_sha256(&self.key, payload.as_bytes()));
+        if !crate::base::secrets::token_matches(tag, &expected) {
+            return None;
+        }
         let json = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(payload).ok()?;
         let begun: Begun = serde_json::from_slice(&json).ok()?;
         (now.saturating_sub(begun.at) < PENDING_SECS).then_some(begun)

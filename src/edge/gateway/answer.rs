@@ -70,8 +70,7 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         // Every video call is rate-limited like any other: reads too (a download is the
         // operator's egress), and a download holds its `max_concurrent` slot while it streams.
         Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } | Route::VideoList | Route::VideoDelete { .. } => {
-            gw.limits.admit(key).await?;
-            gw.solvent(routing, key).await?;
+            gw.admit_keyed(routing, key).await?;
             let _slot = gw.limits.enter(key).await?;
             // Boxed: its future (uploads, downloads, the video service's calls) is larger
             // than the rest of the stages', which every relayed request carries.
@@ -81,14 +80,12 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
             Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into())
         }
         Route::Files { op } => {
-            gw.limits.admit(key).await?;
-            gw.solvent(routing, key).await?;
+            gw.admit_keyed(routing, key).await?;
             let _slot = gw.limits.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.files_route(session, op, key)).await?))
         }
         Route::Batches { op } => {
-            gw.limits.admit(key).await?;
-            gw.solvent(routing, key).await?;
+            gw.admit_keyed(routing, key).await?;
             let _slot = gw.limits.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.batches_route(session, ctx, op, key, routing)).await?))
         }
@@ -100,8 +97,7 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         // Every MCP request counts against `rpm` and needs a key that is not below zero; tool
         // calls are counted again on their own (`tool_rpm`, `max_concurrent` while a tool runs).
         Route::Mcp => {
-            gw.limits.admit(key).await?;
-            gw.solvent(routing, key).await?;
+            gw.admit_keyed(routing, key).await?;
             Err(Exit::Answer(Box::pin(gw.mcp_route(session, ctx, key, routing)).await?))
         }
         other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),

@@ -87,7 +87,7 @@ pub struct Gateway {
     /// Bounds of a realtime session (`limits.realtime_*`).
     pub realtime: crate::config::listen::Realtime,
     /// Realtime sessions open, per key (`limits.realtime_sessions_per_key`).
-    pub realtime_sessions: crate::access::limits::KeySlots,
+    pub realtime_sessions: crate::edge::body::KeyBudgets,
     /// A key's files (`/v1/files`).
     pub files: Arc<crate::files::FileService>,
     /// A key's batches (`/v1/batches`); set once the service runs.

@@ -96,10 +96,23 @@ impl Gateway {
     /// negative key is refused everything that needs a key, for the calls that hold nothing
     /// themselves (files, batches' reads, MCP handshakes and listings).
     pub(super) async fn solvent(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<(), ApiError> {
+        self.covers(routing, key, 0, "this call needs").await
+    }
+
+    /// A call of `key` to an endpoint answered here that needs a key in good standing (files,
+    /// batches, video, MCP): counted against its `rpm`, refused while it is below zero.
+    pub(super) async fn admit_keyed(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<(), ApiError> {
+        self.limits.admit(key).await?;
+        self.solvent(routing, key).await
+    }
+
+    /// Whether every purse of `key` covers `amount` now (held and given back at once); the 402
+    /// says `what` it was for.
+    pub(super) async fn covers(&self, routing: &Routing, key: &KeyRecord, amount: i64, what: &str) -> std::result::Result<(), ApiError> {
         let purses = self.purses(routing, key)?;
-        match self.ledger.hold_from(purses, 0).await {
+        match self.ledger.hold_from(purses, amount).await {
             Ok(Ok(_released)) => Ok(()),
-            Ok(Err(refused)) => Err(refused.to_api_error("this call needs", crate::base::clock::now_unix())),
+            Ok(Err(refused)) => Err(refused.to_api_error(what, crate::base::clock::now_unix())),
             Err(e) => {
                 log::warn!("ledger: {e}");
                 Err(crate::store::fleet::unavailable("the key's balance"))

@@ -144,17 +144,20 @@ impl Gateway {
         // A key with nothing left is refused before the session opens (each turn is held as it
         // starts); the session counts against `rpm` like a turn.
         self.limits.admit(key).await?;
-        let _slot =
-            self.realtime_sessions.take(&key.id, self.realtime.sessions_per_key.min(u32::MAX as u64) as u32, "realtime sessions")?;
-        let purses = self.purses(routing, key)?;
-        match self.ledger.hold_from(purses, 1).await {
-            Ok(Ok(_released)) => {}
-            Ok(Err(refused)) => return Err(refused.to_api_error("a realtime session needs", crate::base::clock::now_unix())),
-            Err(e) => {
-                log::warn!("realtime: ledger: {e}");
-                return Err(crate::store::fleet::unavailable("the key's balance"));
-            }
+        // One of the key's `limits.realtime_sessions_per_key`, held while the session lasts.
+        let mut slot = self.realtime_sessions.of(&key.id).reservation();
+        if !slot.grow(1) {
+            let mut refused = ApiError::new(
+                ErrorKind::RateLimited,
+                format!(
+                    "This key has {} realtime sessions open, the most it may hold at once; close one first.",
+                    self.realtime.sessions_per_key
+                ),
+            );
+            refused.retry_after = Some(1);
+            return Err(refused);
         }
+        self.covers(routing, key, 1, "a realtime session needs").await?;
         let mut relay = Relay {
             gw: self,
             key: key.clone(),
@@ -406,10 +409,7 @@ impl Relay<'_> {
             None => {
                 // Unheld: debited at once from every purse the key draws on (never refused: the
                 // upstream already ran it).
-                record.charged = match self.gw.purses(&self.routing, &self.key) {
-                    Ok(purses) => purses.into_iter().filter(|p| p.kind != crate::records::purse::PurseKind::Key).map(|p| p.id).collect(),
-                    Err(_) => Vec::new(),
-                };
+                record.charged = self.gw.purses(&self.routing, &self.key).map(|p| crate::records::purse::charged(&p)).unwrap_or_default();
                 self.gw.ledger.adjust(record).await
             }
         };
@@ -425,8 +425,7 @@ impl Relay<'_> {
     /// Whether what the key draws on is spent: a purse it pays from (its balance, or for a
     /// member's key without an allowance its team's account; a window) is at or below zero.
     async fn exhausted(&self) -> bool {
-        let Ok(purses) = self.gw.purses(&self.routing, &self.key) else { return false };
-        !matches!(self.gw.ledger.hold_from(purses, 1).await, Ok(Ok(_)))
+        self.gw.covers(&self.routing, &self.key, 1, "").await.is_err()
     }
 
     /// Turns left without their `response.done` (the session ended in them): each billed its
@@ -629,9 +628,11 @@ impl Relay<'_> {
                     continue;
                 }
                 Event::ResponseDone(usage, id) => {
-                    let at = self.running.iter().position(|(held, _)| held.is_some() && *held == id);
                     // A response without an id is the oldest under way's.
-                    let at = at.or_else(|| id.is_none().then_some(0).filter(|_| !self.running.is_empty()));
+                    let at = match id {
+                        Some(_) => self.running.iter().position(|(held, _)| *held == id),
+                        None => (!self.running.is_empty()).then_some(0),
+                    };
                     let turn = at.map(|i| self.running.remove(i).1);
                     spent = self.settle(turn, Some(usage)).await;
                 }
