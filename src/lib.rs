@@ -20,15 +20,18 @@
 //! 8. [`observe`]: metrics, the process log, traces, the request id.
 //! 9. [`access`], [`identity`]: key authentication, rate limits, owners of stored responses;
 //!    the OpenID Connect provider's keys and the tokens it issues.
-//! 10. [`route`], [`translate`]: which endpoint a request is for; translation between protocols.
-//! 11. [`upstream`]: the providers — catalog, health, affinity, a call's draft, the upstream
+//! 10. [`charge`], [`checks`]: the money of every kind of call — admission (counts, slots,
+//!     token reservations, holds in every purse) and settlement (the one making of a usage
+//!     record, the one path that debits); the list of checks every kind of call goes through.
+//! 11. [`route`], [`translate`]: which endpoint a request is for; translation between protocols.
+//! 12. [`upstream`]: the providers — catalog, health, affinity, a call's draft, the upstream
 //!     request — and the seam between kinds of upstream.
-//! 12. [`video`], [`files`], [`batch`], [`mcp`]: the video task service; files a key uploads;
+//! 13. [`video`], [`files`], [`batch`], [`mcp`]: the video task service; files a key uploads;
 //!     batch jobs; the MCP servers' client.
-//! 13. [`edge`]: client connections, request bodies and uploads, the proxy's request path as
+//! 14. [`edge`]: client connections, request bodies and uploads, the proxy's request path as
 //!     stages (realtime sessions among them).
-//! 14. [`admin`]: the admin API, the console, the metrics listener.
-//! 15. [`handover`], [`server`]: upgrades and the wiring of it all (the app).
+//! 15. [`admin`]: the admin API, the console, the metrics listener.
+//! 16. [`handover`], [`server`]: upgrades and the wiring of it all (the app).
 //!
 //! The mock upstream of the tests and benchmarks is a binary of its own
 //! (`src/bin/tollgate_mock/`), outside the library.
@@ -56,6 +59,9 @@ pub mod access;
 /// People and clients signed in by the OpenID Connect provider, on the access floor.
 pub mod identity;
 
+pub mod charge;
+pub mod checks;
+
 pub mod route;
 pub mod translate;
 
@@ -82,7 +88,7 @@ pub mod server;
 #[cfg(test)]
 mod house {
     /// Each module's floor, as the list above gives it (one index, one floor).
-    const FLOORS: [&[&str]; 15] = [
+    const FLOORS: [&[&str]; 16] = [
         &["base"],
         &["protocol"],
         &["policy"],
@@ -92,6 +98,7 @@ mod house {
         &["billing"],
         &["observe"],
         &["access", "identity"],
+        &["charge", "checks"],
         &["route", "translate"],
         &["upstream"],
         &["video", "files", "batch", "mcp"],
@@ -149,6 +156,24 @@ mod house {
         }
         back_up.dedup();
         assert!(back_up.is_empty(), "arrows running back up: {back_up:#?}");
+    }
+
+    /// Money has one path: outside the charge floor, no module debits or holds through the
+    /// ledger or makes a usage record (the store only decodes and copies those it keeps).
+    #[test]
+    fn every_debit_and_every_usage_record_goes_through_the_charge_floor() {
+        let debits = ["ledger.settle(", "ledger.adjust(", "ledger.charge_from(", "ledger.charge(", "ledger.hold_from(", "ledger.hold("];
+        let mut elsewhere = Vec::new();
+        for (rel, code) in sources() {
+            if rel.starts_with("charge/") || rel.starts_with("billing/") || rel.starts_with("store/") {
+                continue;
+            }
+            let made = rel != "records/usage.rs" && (code.contains("UsageRecord {") || code.contains("UsageRecord::new("));
+            if made || debits.iter().any(|d| code.contains(d)) {
+                elsewhere.push(rel);
+            }
+        }
+        assert!(elsewhere.is_empty(), "money off its path in: {elsewhere:?}");
     }
 
     #[test]

@@ -527,8 +527,10 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let health = Arc::new(crate::upstream::health::HealthBook::new(metrics.clone()));
     let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)));
     let objects = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
+    let checks = Arc::new(crate::checks::Checks::default());
+    let books = crate::charge::Books::new(ledger.clone());
     let video = match &config.video {
-        Some(v) => Some(Arc::new(VideoService::new(v.clone(), store.tasks(), ledger.clone(), objects.clone())?)),
+        Some(v) => Some(Arc::new(VideoService::new(v.clone(), store.tasks(), books.clone(), checks.clone(), objects.clone())?)),
         None => None,
     };
     let files = Arc::new(
@@ -536,7 +538,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     );
     let batches = Arc::new(crate::batch::BatchService::new(
         store.jobs(),
-        ledger.clone(),
+        books,
+        checks.clone(),
         files.clone(),
         routing.clone(),
         Duration::from_secs(config.batch_poll_secs),
@@ -551,7 +554,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         }
         None => None,
     };
-    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity };
+    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks };
     add_handover(&mut server, handover_socket, &shared);
     if let Some(svc) = &shared.video {
         recover_video(svc, &start_up, upgrading)?;
@@ -587,6 +590,8 @@ struct Shared {
     video: Option<Arc<VideoService>>,
     tracer: Option<Arc<crate::observe::telemetry::Tracer>>,
     identity: Option<Arc<crate::identity::Identity>>,
+    /// The checks every kind of call goes through (one list for the gateway and its services).
+    checks: Arc<crate::checks::Checks>,
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -693,10 +698,15 @@ fn gateway(
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),
         ledger: s.ledger.clone(),
-        limits: Arc::new(match fleet {
-            Some(node) => Limits::for_fleet(node.fleet.clone()),
-            None => Limits::default(),
-        }),
+        charge: Arc::new(crate::charge::Charge::new(
+            crate::charge::Books::new(s.ledger.clone()),
+            Arc::new(match fleet {
+                Some(node) => Limits::for_fleet(node.fleet.clone()),
+                None => Limits::default(),
+            }),
+            s.keys.clone(),
+        )),
+        checks: s.checks.clone(),
         metrics: s.metrics.clone(),
         connector: pingora_core::connectors::http::v1::Connector::new(Some(options)),
         usage_queries: crate::access::limits::UsageTurns::default(),

@@ -21,14 +21,14 @@ pub mod record;
 pub mod upstream;
 
 use crate::base::clock::now_unix;
-use crate::billing::ledger::Ledger;
+use crate::charge::{Books, Payer, Used};
+use crate::checks::{Checks, Kind, Subject, Text};
 use crate::config::{Protocol, ProviderConfig, ProviderKind};
 use crate::files::FileService;
 use crate::protocol::batch::{output_line, rewrite_line, BatchLine, BATCH_URLS};
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
 use crate::records::purse::Purse;
-use crate::records::usage::UsageRecord;
 use crate::route::Route;
 use crate::store::{JobRow, JobStore, StoreError};
 use crate::upstream::Routing;
@@ -69,7 +69,9 @@ fn line_error(n: usize, field: &str, why: impl std::fmt::Display) -> ApiError {
 
 pub struct BatchService {
     jobs: Arc<dyn JobStore>,
-    ledger: Arc<Ledger>,
+    books: Books,
+    /// The checks every batch line goes through.
+    checks: Arc<Checks>,
     files: Arc<FileService>,
     routing: Arc<ArcSwap<Routing>>,
     poll_every: Duration,
@@ -164,14 +166,16 @@ fn parse_create(body: &[u8]) -> Result<Asked, ApiError> {
 impl BatchService {
     pub fn new(
         jobs: Arc<dyn JobStore>,
-        ledger: Arc<Ledger>,
+        books: Books,
+        checks: Arc<Checks>,
         files: Arc<FileService>,
         routing: Arc<ArcSwap<Routing>>,
         poll_every: Duration,
     ) -> Self {
         BatchService {
             jobs,
-            ledger,
+            books,
+            checks,
             files,
             routing,
             poll_every,
@@ -191,17 +195,19 @@ impl BatchService {
         map.entry(id.to_string()).or_default().clone()
     }
 
-    fn billing_record(batch: &Batch, cost_nanos: i64, usage: (u64, u64, u64)) -> UsageRecord {
-        UsageRecord {
-            input_tokens: usage.0,
-            cached_tokens: usage.1,
-            output_tokens: usage.2,
-            cost_nanos,
+    /// Who pays for a batch: its owner, under its model and the batch route.
+    fn payer(batch: &Batch) -> Payer<'_> {
+        Payer { key_id: &batch.owner, tags: &batch.tags, model: &batch.model, protocol: "openai", route: crate::records::usage::BATCH_ROUTE }
+    }
+
+    /// What a batch used (input, cache reads, output) and cost, charged to its purses.
+    fn used(batch: &Batch, cost_nanos: i64, usage: (u64, u64, u64)) -> Used {
+        Used {
+            usage: crate::base::usage::Usage { input: usage.0, cached: usage.1, cache_write: 0, output: usage.2 },
             provider: Some(batch.provider.clone()),
             attempts: 0,
             charged: batch.charged_to.clone(),
-            tags: batch.tags.clone(),
-            ..UsageRecord::new(&batch.owner, &batch.model, "openai", crate::records::usage::BATCH_ROUTE)
+            ..Used::cost(cost_nanos)
         }
     }
 
@@ -262,7 +268,7 @@ impl BatchService {
     /// a time and writing the lines for the provider to a temporary file as they are checked
     /// (neither file is ever whole in memory); the lines written, the worst case, the model and
     /// the provider.
-    fn prepare(key: &KeyRecord, routing: &Routing, endpoint: &str, input: Arc<std::fs::File>) -> Result<Prepared, ApiError> {
+    fn prepare(who: (&KeyRecord, &Checks), routing: &Routing, endpoint: &str, input: Arc<std::fs::File>) -> Result<Prepared, ApiError> {
         use std::io::{BufRead, Write};
         let disk = |e: std::io::Error| {
             log::error!("batches: checking the input: {e}");
@@ -287,7 +293,7 @@ impl BatchService {
                 Some(w) => w,
                 None => batch.insert(Batchwide::of(routing, endpoint, &line.model, n)?),
             };
-            let rewritten = Self::prepare_line(key, routing, endpoint, wide, (n, bytes), &mut line, &mut continues)?;
+            let rewritten = Self::prepare_line(who, routing, endpoint, wide, (n, bytes), &mut line, &mut continues)?;
             let sent = rewritten.as_deref().unwrap_or(bytes);
             writer.write_all(sent).and_then(|()| writer.write_all(b"\n")).map_err(disk)?;
             len += sent.len() as u64 + 1;
@@ -311,7 +317,7 @@ impl BatchService {
     /// maximum and what it references counted into `line`, a continued response noted; the line
     /// as written for the provider when it is not sent as it came.
     fn prepare_line(
-        key: &KeyRecord,
+        (key, checks): (&KeyRecord, &Checks),
         routing: &Routing,
         endpoint: &str,
         wide: &Batchwide,
@@ -330,7 +336,13 @@ impl BatchService {
                 format!("a batch calls one model; this line names '{}', the first '{model}'.", line.model),
             ));
         }
-        key.policy.check_model(&line.model).map_err(|e| line_error(n, "body.model", e.message))?;
+        // The checks of a batch line: the key's model rules and those that read its text here,
+        // its output limit below.
+        let refused = |e: ApiError| match &e.param {
+            Some(field) => line_error(n, &format!("body.{field}"), e.message),
+            None => line_error(n, "body", e.message),
+        };
+        checks.vet(&Subject::new(Kind::BatchLine, &key.policy).model(&line.model).text(Text::Json(raw))).map_err(refused)?;
         let mut maximum = None;
         if let Some(route) = &wide.route {
             let price = routing.prices.price(model);
@@ -355,7 +367,7 @@ impl BatchService {
             }
             let asked = crate::upstream::output::asked(route, &fields).map_err(|e| line_error(n, "body", e.message))?;
             let field = crate::upstream::output::named_field(route, &fields);
-            key.policy.check_output_tokens(asked, field).map_err(|e| line_error(n, &format!("body.{field}"), e.message))?;
+            checks.vet(&Subject { output: Some((asked, field)), ..Subject::new(Kind::BatchLine, &key.policy) }).map_err(refused)?;
             let limit = price.and_then(|p| p.max_output_tokens).unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE);
             let per_choice = match asked {
                 Some(a) if a > limit => {
@@ -403,17 +415,17 @@ impl BatchService {
         let input = self.input(key, &asked.input_file_id).await?;
         let routing = self.routing.load_full();
         let endpoint = asked.endpoint;
-        let key_owned = key.clone();
+        let (key_owned, checks) = (key.clone(), self.checks.clone());
         let prices = routing.prices.clone();
         let Prepared { written, requests, mut worst, model, provider, continues } =
-            tokio::task::spawn_blocking(move || Self::prepare(&key_owned, &routing, endpoint, input)).await.map_err(|e| {
+            tokio::task::spawn_blocking(move || Self::prepare((&key_owned, &checks), &routing, endpoint, input)).await.map_err(|e| {
                 log::error!("batches: checking the input failed: {e}");
                 ApiError::new(ErrorKind::Internal, "Internal error while checking the input file.")
             })??;
         // A line that continues a stored response: only one of this key's, and held for the
         // conversation it continues, as the relay does.
         for (n, previous) in continues {
-            let owner = self.ledger.response_owner(&previous).await.map_err(internal)?.filter(|o| o.key_id == key.id);
+            let owner = self.books.owner_of(&previous).await.map_err(internal)?.filter(|o| o.key_id == key.id);
             let Some(owner) = owner else {
                 return Err(line_error(n, "body.previous_response_id", format!("previous response with id '{previous}' not found.")));
             };
@@ -452,7 +464,7 @@ impl BatchService {
             last_polled_at: now,
         };
         let _creating = self.creating.mark(&batch.id);
-        match self.ledger.charge_from(Self::billing_record(&batch, worst, (0, 0, 0)), purses).await.map_err(internal)? {
+        match self.books.charge(&Self::payer(&batch), Self::used(&batch, worst, (0, 0, 0)), purses).await.map_err(internal)? {
             Ok(_) => {}
             Err(refused) => return Err(refused.to_api_error("this batch may cost", now)),
         }
@@ -544,12 +556,11 @@ impl BatchService {
         // booked before a crash, whose batch state was not written, is found and not booked
         // again.
         let marker = format!("{}:settled", batch.id);
-        if self.ledger.response_owner(&marker).await?.is_some() {
+        if self.books.owner_of(&marker).await?.is_some() {
             log::warn!("batch {}: its settlement was booked before; not booked again", batch.id);
         } else {
-            let mut record = Self::billing_record(batch, cost - batch.hold_nanos, usage);
-            record.response_id = Some(marker);
-            self.ledger.adjust(record).await?;
+            let used = Used { response_id: Some(marker), ..Self::used(batch, cost - batch.hold_nanos, usage) };
+            self.books.adjust(&Self::payer(batch), used).await?;
         }
         batch.settled = true;
         batch.cost_nanos = cost;
@@ -785,11 +796,11 @@ mod tests {
     async fn a_settlement_booked_before_a_crash_is_not_booked_again() {
         let dir = tempfile::tempdir().expect("dir");
         let db = crate::store::DbSlot::new(sled::open(dir.path()).expect("db"));
-        let ledger = Arc::new(Ledger::open(db.clone()).expect("ledger"));
+        let ledger = Arc::new(crate::billing::ledger::Ledger::open(db.clone()).expect("ledger"));
         ledger.open_account("key_b", 10_000_000_000).await.expect("account");
         let jobs: Arc<dyn JobStore> = Arc::new(crate::store::sled::jobs::SledJobs::new(db).expect("jobs"));
         let files = Arc::new(FileService::new(dir.path(), None, false));
-        let svc = BatchService::new(jobs, ledger.clone(), files, Arc::new(ArcSwap::from_pointee(routing())), Duration::from_secs(1));
+        let svc = BatchService::new(jobs, Books::new(ledger.clone()), Arc::default(), files, Arc::new(ArcSwap::from_pointee(routing())), Duration::from_secs(1));
         let mut batch: Batch = serde_json::from_value(serde_json::json!({
             "id": "batch_x", "owner": "key_b", "created_at": 1, "endpoint": "/v1/chat/completions", "input_file_id": "file-1",
             "completion_window": "24h", "model": "m", "provider": "oa", "status": "completed", "hold_nanos": 1_000_000,

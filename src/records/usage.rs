@@ -77,10 +77,9 @@ pub struct ResponseOwner {
 }
 
 impl UsageRecord {
-    /// The one way a usage record is made: a call of `key_id` to `model` over `protocol` and
-    /// `route`, now, that cost nothing and used nothing yet — what it used and cost, and who
-    /// served it, are set on it (`UsageRecord { cost_nanos, ..UsageRecord::new(..) }`). Status
-    /// 200, one attempt.
+    /// A usage record of a call of `key_id` to `model` over `protocol` and `route`, now, that
+    /// cost nothing and used nothing yet. Status 200, one attempt. The charge floor is the one
+    /// place that makes records of calls (`charge::Used`); tests make them here.
     pub fn new(key_id: &str, model: &str, protocol: &str, route: &str) -> UsageRecord {
         UsageRecord {
             time_ms: crate::base::clock::now_ms(),

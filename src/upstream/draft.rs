@@ -5,6 +5,7 @@
 
 use super::catalog::{order_providers, Catalog};
 use super::{media, output, Routing};
+use crate::checks::{Checks, Kind, Stop, Subject, Text};
 use crate::config::Protocol;
 use crate::protocol::{body_fields, ApiError, BodyFields, ErrorKind};
 use crate::route::Route;
@@ -24,8 +25,7 @@ fn output_allowance(
     let price = routing.prices.price(model);
     let model_limit = price.and_then(|p| p.max_output_tokens);
     let asked = output::asked(route, fields)?;
-    // The key's cap refuses a larger maximum (400 naming the field used).
-    policy.check_output_tokens(asked, output::named_field(route, fields))?;
+    // The key's cap on it is a check (`checks::output`), run before.
     Ok(match asked {
         Some(asked) => {
             let limit = model_limit.unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE);
@@ -128,9 +128,10 @@ pub fn draft(
     protocol: Protocol,
     group: &str,
     policy: &crate::policy::KeyPolicy,
+    checks: &Checks,
     client_body: bytes::Bytes,
-) -> Result<Draft, ApiError> {
-    draft_of(routing, route, protocol, group, policy, client_body, None)
+) -> Result<Draft, Stop> {
+    draft_of(routing, route, protocol, group, policy, checks, client_body, None)
 }
 
 /// Plan a relayed upload (a `multipart/form-data` media call): as [`draft`], its fields read
@@ -140,20 +141,24 @@ pub fn draft_form(
     route: &Route,
     group: &str,
     policy: &crate::policy::KeyPolicy,
+    checks: &Checks,
     form: &crate::protocol::multipart::Form,
-) -> Result<Draft, ApiError> {
-    draft_of(routing, route, Protocol::Openai, group, policy, bytes::Bytes::new(), Some(form))
+) -> Result<Draft, Stop> {
+    draft_of(routing, route, Protocol::Openai, group, policy, checks, bytes::Bytes::new(), Some(form))
 }
 
+// The two entries' arguments and the checks: one more than clippy's default.
+#[allow(clippy::too_many_arguments)]
 fn draft_of(
     routing: &Routing,
     route: &Route,
     protocol: Protocol,
     group: &str,
     policy: &crate::policy::KeyPolicy,
+    checks: &Checks,
     client_body: bytes::Bytes,
     form: Option<&crate::protocol::multipart::Form>,
-) -> Result<Draft, ApiError> {
+) -> Result<Draft, Stop> {
     let catalog = &routing.catalog;
     let (fields, media) = match route {
         Route::GenerateContent { .. } | Route::GeminiCountTokens { .. } | Route::GeminiEmbed { .. } if client_body.is_empty() => {
@@ -168,8 +173,16 @@ fn draft_of(
     let model = model_of(route, &fields)?;
     let client = crate::translate::client_dialect(route);
     let (mut candidates, translated) = providers_for(catalog, route, protocol, group, client.is_some(), &model)?;
-    // The key's model rules before its output limits (the documented order).
-    policy.check_model(&model)?;
+    // The checks of a model call: the key's model rules before its output limits (the
+    // documented order), then those that read the request's text. A maximum that cannot be
+    // read is refused after them.
+    let asked = (!route.embeds() && route.billed()).then(|| output::asked(route, &fields));
+    let named = asked.as_ref().and_then(|a| a.as_ref().ok()).map(|a| (*a, output::named_field(route, &fields)));
+    let text = (form.is_none() && !client_body.is_empty()).then_some(Text::Json(&client_body));
+    checks.run(&Subject { output: named, text, ..Subject::new(Kind::ModelCall, policy).model(&model) })?;
+    if let Some(Err(e)) = asked {
+        return Err(e.into());
+    }
     // The output held per choice: the request's own maximum (within the key's and the model's
     // limits), else the default allowance, which the upstream is then told.
     let choices = if route.embeds() || !route.billed() { 1 } else { protocol.choices(&fields)? };

@@ -92,6 +92,19 @@ mod tests {
     use crate::route::Route;
     use pingora_http::RequestHeader;
 
+    /// A model call's draft under the registered checks, refused as the client would be.
+    fn draft(
+        routing: &Routing,
+        route: &Route,
+        protocol: Protocol,
+        group: &str,
+        policy: &crate::policy::KeyPolicy,
+        body: bytes::Bytes,
+    ) -> Result<Draft, crate::protocol::ApiError> {
+        super::draft::draft(routing, route, protocol, group, policy, &crate::checks::Checks::default(), body)
+            .map_err(crate::checks::Stop::refusal)
+    }
+
     fn config() -> Config {
         let text = r#"
 listen: 127.0.0.1:8080

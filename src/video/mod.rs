@@ -10,12 +10,12 @@ pub mod tc3;
 pub mod upstream;
 
 use crate::base::clock::now_unix;
-use crate::billing::ledger::Ledger;
+use crate::charge::{Books, Payer, Used};
+use crate::checks::{Checks, Kind, Subject, Text};
 use crate::config::VideoConfig;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
 use crate::records::task::{Event, Status, Task, TaskError};
-use crate::records::usage::UsageRecord;
 use crate::store::objects::ObjectStore;
 use crate::store::StoreError;
 use async_trait::async_trait;
@@ -46,7 +46,9 @@ fn internal(e: StoreError) -> ApiError {
 pub struct VideoService {
     cfg: VideoConfig,
     store: VideoStore,
-    ledger: Arc<Ledger>,
+    books: Books,
+    /// The checks every video task goes through.
+    checks: Arc<Checks>,
     /// Object storage for results and base64 inputs, when configured.
     storage: Option<Arc<ObjectStore>>,
     upstream: VideoUpstream,
@@ -63,7 +65,7 @@ pub struct VideoService {
 }
 
 impl VideoService {
-    pub fn new(cfg: VideoConfig, store: VideoStore, ledger: Arc<Ledger>, storage: Option<Arc<ObjectStore>>) -> Result<Self, String> {
+    pub fn new(cfg: VideoConfig, store: VideoStore, books: Books, checks: Arc<Checks>, storage: Option<Arc<ObjectStore>>) -> Result<Self, String> {
         let upstream = VideoUpstream::new(cfg.clone())?;
         let download = crate::base::outbound::Outbound {
             connect: Some(Duration::from_secs(10)),
@@ -75,7 +77,8 @@ impl VideoService {
         Ok(VideoService {
             cfg,
             store,
-            ledger,
+            books,
+            checks,
             storage,
             upstream,
             refreshing: Mutex::new(HashMap::new()),
@@ -93,20 +96,20 @@ impl VideoService {
         Some(crate::base::money::usd_to_nanos(per_second * f64::from(duration)))
     }
 
-    fn billing_record(task: &Task, cost_nanos: i64, route: &str) -> UsageRecord {
-        UsageRecord {
-            cost_nanos,
-            attempts: 0,
-            charged: task.charged_to.clone(),
-            tags: task.tags.clone(),
-            ..UsageRecord::new(&task.owner, &task.api_model, "video", route)
-        }
+    /// Who pays for a task: its owner, under its model and `route` (`video`, `video_refund`).
+    fn payer<'a>(task: &'a Task, route: &'a str) -> Payer<'a> {
+        Payer { key_id: &task.owner, tags: &task.tags, model: &task.api_model, protocol: "video", route }
+    }
+
+    /// A task's price (a refund: negative), to the purses it was charged.
+    fn used(task: &Task, cost_nanos: i64) -> Used {
+        Used { attempts: 0, charged: task.charged_to.clone(), ..Used::cost(cost_nanos) }
     }
 
     /// Give the price of a failed task back, once. Returns the task to store.
     async fn refund_if_failed(&self, mut task: Task) -> Result<Task, StoreError> {
         if task.status == Status::Failed && task.charged && !task.refunded && task.cost_nanos > 0 {
-            self.ledger.adjust(Self::billing_record(&task, -task.cost_nanos, "video_refund")).await?;
+            self.books.adjust(&Self::payer(&task, "video_refund"), Self::used(&task, -task.cost_nanos)).await?;
             task.refunded = true;
         }
         Ok(task)
@@ -315,7 +318,8 @@ impl VideoService {
         }
         let mut sub = request::validate(&json, &self.cfg.models, self.storage.is_some())?;
         // The key's model rules apply to video models too (before anything is charged).
-        key.policy.check_model(&sub.api_model)?;
+        // (And every other check of a video task: those that read its request's text.)
+        self.checks.vet(&Subject::new(Kind::VideoTask, &key.policy).model(&sub.api_model).text(Text::Value(&json)))?;
         let cost = self.price_nanos(&sub.api_model, sub.duration).ok_or_else(|| {
             log::error!("video model {} is enabled without a price; refused", sub.api_model);
             ApiError::new(ErrorKind::Internal, format!("The model '{}' is not priced on this gateway and cannot be served.", sub.api_model))
@@ -326,7 +330,7 @@ impl VideoService {
         let _creating = self.creating.mark(&task.id);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {
-            match self.ledger.charge_from(Self::billing_record(&task, task.cost_nanos, "video"), purses).await.map_err(internal)? {
+            match self.books.charge(&Self::payer(&task, "video"), Self::used(&task, task.cost_nanos), purses).await.map_err(internal)? {
                 Ok(_) => {
                     task.charged = true;
                     task.charged_to = crate::records::purse::charged(purses);
@@ -341,8 +345,8 @@ impl VideoService {
             if holder != task.id {
                 self.store.discard(&task.id).await.map_err(internal)?;
                 if task.charged {
-                    let refund = Self::billing_record(&task, -task.cost_nanos, "video_refund");
-                    self.ledger.adjust(refund).await.map_err(internal)?;
+                    let refund = Self::used(&task, -task.cost_nanos);
+                    self.books.adjust(&Self::payer(&task, "video_refund"), refund).await.map_err(internal)?;
                 }
                 let earlier = self.store.get(&holder).await.map_err(internal)?;
                 return earlier
@@ -710,14 +714,16 @@ mod tests {
     async fn recovery_fails_tasks_left_in_submitting() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
-        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        let ledger = Arc::new(crate::billing::ledger::Ledger::open(&db).expect("ledger"));
         ledger.open_account("key_a", 1_000_000_000).await.expect("account");
-        let svc = VideoService::new(config(), sled_tasks(&db), ledger.clone(), None).expect("service");
+        let svc = VideoService::new(config(), sled_tasks(&db), Books::new(ledger.clone()), Arc::default(), None).expect("service");
         let mut interrupted = crate::records::task::tests::task();
         interrupted.id = "task_interrupted".into();
         interrupted.cost_nanos = 250_000_000;
         interrupted.charged = true;
-        ledger.charge(VideoService::billing_record(&interrupted, 250_000_000, "video")).await.expect("db").expect("charged");
+        let purses = [crate::records::purse::Purse::key("key_a")];
+        let payer = VideoService::payer(&interrupted, "video");
+        svc.books.charge(&payer, Used::cost(250_000_000), &purses).await.expect("db").expect("charged");
         let mut queued = crate::records::task::tests::task().apply(Event::Submitted { job_id: "j".into() }, 1);
         queued.id = "task_queued".into();
         svc.store.put(&interrupted).await.expect("put");
@@ -737,7 +743,7 @@ mod tests {
     fn price_is_per_second_times_duration() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
-        let svc = VideoService::new(config(), sled_tasks(&db), Arc::new(Ledger::open(&db).expect("ledger")), None).expect("service");
+        let svc = VideoService::new(config(), sled_tasks(&db), Books::new(Arc::new(crate::billing::ledger::Ledger::open(&db).expect("ledger"))), Arc::default(), None).expect("service");
         assert_eq!(svc.price_nanos("genq3-pro", 8), Some(400_000_000));
         assert_eq!(svc.price_nanos("genq2", 8), None, "no price configured");
     }

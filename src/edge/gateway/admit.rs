@@ -6,6 +6,7 @@
 
 use super::{client_version, shape_of, unknown_endpoint, Exit, Gateway, Outcome, RequestCtx, Step};
 use crate::access::auth;
+use crate::checks::{Kind, Subject};
 use crate::policy::forwarded::{client_address, ClientAddr, Malformed};
 use crate::protocol::response::LocalResponse;
 use crate::protocol::{ApiError, ErrorKind};
@@ -66,19 +67,22 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
     };
     ctx.key = Some(key.clone());
     let routing = gw.routing.load_full();
-    if key.policy.ip_allow.is_some() {
-        check_address(session, &key, &routing)?;
+    // The checks of every request of a key (its `ip_allow`): the address is resolved only
+    // when one asks.
+    {
+        let address = || client_of(session, &routing);
+        gw.checks.run(&Subject { address: Some(&address), ..Subject::new(Kind::Request, &key.policy) })?;
     }
     Ok(Caller { route, key, version: client_version(req), routing })
 }
 
-/// The client's address (the peer's, or the one trusted proxies forwarded) is one the key's
-/// policy lists.
-fn check_address(session: &Session, key: &KeyRecord, routing: &Routing) -> std::result::Result<(), ApiError> {
+/// The client's address: the peer's, or the one trusted proxies forwarded (refused when it
+/// cannot be known, for a key that lists addresses).
+fn client_of(session: &Session, routing: &Routing) -> std::result::Result<std::net::IpAddr, ApiError> {
     let not_listed = || ApiError::new(ErrorKind::IpNotAllowed, "This API key may only be used from listed addresses.");
     let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip()).ok_or_else(not_listed)?;
     match client_address(peer, &session.req_header().headers, &routing.trusted_proxies) {
-        Ok(ClientAddr::Known(client)) => key.policy.check_address(client),
+        Ok(ClientAddr::Known(client)) => Ok(client),
         Ok(ClientAddr::Unknown) => Err(not_listed()),
         Err(Malformed(why)) => Err(ApiError::new(ErrorKind::BadRequest, format!("The forwarding headers cannot be read: {why}."))),
     }

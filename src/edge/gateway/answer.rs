@@ -3,6 +3,7 @@
 //! What is left is a model call: its protocol goes on to the draft.
 
 use super::admit::Caller;
+use crate::charge::Bucket;
 use super::{unknown_endpoint, Exit, Gateway, Outcome, RequestCtx, Step};
 use crate::config::{Platform, Protocol};
 use crate::protocol::response::LocalResponse;
@@ -47,8 +48,8 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         }
         Route::KeyPageData if !routing.key_page => Err(unknown_endpoint(session.req_header()).into()),
         Route::KeyPageData => {
-            gw.limits.admit(key).await?;
-            let _slot = gw.limits.enter(key).await?;
+            gw.charge.count(key, Bucket::Requests).await?;
+            let _slot = gw.charge.enter(key).await?;
             let _turn = gw.usage_queries.take(&key.id).await?;
             let data = super::key_page::data(&gw.ledger, gw.requests.as_deref(), key, &routing.calendar).await.map_err(|e| {
                 log::error!("key page: {e}");
@@ -58,8 +59,8 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         }
         Route::Usage => {
             // Rate-limited like any call.
-            gw.limits.admit(key).await?;
-            let _slot = gw.limits.enter(key).await?;
+            gw.charge.count(key, Bucket::Requests).await?;
+            let _slot = gw.charge.enter(key).await?;
             respond(gw.usage(session.req_header().uri.query(), key).await?)
         }
         Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } | Route::VideoList | Route::VideoDelete { .. }
@@ -70,8 +71,8 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         // Every video call is rate-limited like any other: reads too (a download is the
         // operator's egress), and a download holds its `max_concurrent` slot while it streams.
         Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } | Route::VideoList | Route::VideoDelete { .. } => {
-            gw.admit_keyed(routing, key).await?;
-            let _slot = gw.limits.enter(key).await?;
+            gw.charge.admit_keyed(key, &routing.calendar).await?;
+            let _slot = gw.charge.enter(key).await?;
             // Boxed: its future (uploads, downloads, the video service's calls) is larger
             // than the rest of the stages', which every relayed request carries.
             Err(Exit::Answer(Box::pin(gw.video_route(session, ctx, route, key)).await?))
@@ -80,24 +81,24 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
             Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into())
         }
         Route::Files { op } => {
-            gw.admit_keyed(routing, key).await?;
-            let _slot = gw.limits.enter(key).await?;
+            gw.charge.admit_keyed(key, &routing.calendar).await?;
+            let _slot = gw.charge.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.files_route(session, op, key)).await?))
         }
         Route::Batches { op } => {
-            gw.admit_keyed(routing, key).await?;
-            let _slot = gw.limits.enter(key).await?;
+            gw.charge.admit_keyed(key, &routing.calendar).await?;
+            let _slot = gw.charge.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.batches_route(session, ctx, op, key, routing)).await?))
         }
         // A session counts against `max_concurrent` while it lasts (its turns against `rpm`).
         Route::Realtime => {
-            let _slot = gw.limits.enter(key).await?;
+            let _slot = gw.charge.enter(key).await?;
             Err(Exit::Answer(Box::pin(gw.realtime(session, ctx, key, routing)).await?))
         }
         // Every MCP request counts against `rpm` and needs a key that is not below zero; tool
         // calls are counted again on their own (`tool_rpm`, `max_concurrent` while a tool runs).
         Route::Mcp => {
-            gw.admit_keyed(routing, key).await?;
+            gw.charge.admit_keyed(key, &routing.calendar).await?;
             Err(Exit::Answer(Box::pin(gw.mcp_route(session, ctx, key, routing)).await?))
         }
         other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),

@@ -25,7 +25,7 @@ impl Gateway {
         let batch = match op {
             BatchOp::Create => {
                 let body = crate::edge::body::read(session, &self.body).await?.bytes;
-                let purses = self.purses(routing, key)?;
+                let purses = self.charge.purses(key, &routing.calendar)?;
                 batches.create(key, &purses, &body).await?
             }
             BatchOp::Get(id) => batches.get(key, id).await?,

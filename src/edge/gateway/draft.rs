@@ -1,11 +1,14 @@
 //! Stage 3, draft: a model call of a known key, counted against its `rpm` (every call is,
 //! the ones refused below included), for an endpoint its group may call; its body read
 //! (size, time, the buffered-body budget) and resolved to a model, the providers that serve
-//! it and what it may cost (`upstream::draft`). A stored response is read, and a conversation
+//! it and what it may cost (`upstream::draft`, which runs the checks of a model call: model
+//! rules, output limits, those that read its text). A stored response is read, and a conversation
 //! continued, only by the key that created it, with the provider that stores it.
 
 use super::admit::Caller;
 use super::{Gateway, RequestCtx, Step};
+use crate::charge::Bucket;
+use crate::checks::{Kind, Subject};
 use crate::config::Protocol;
 use crate::protocol::{ApiError, ErrorKind};
 use crate::route::Route;
@@ -24,7 +27,7 @@ pub(super) struct Drafted {
 
 pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller, protocol: Protocol) -> Step<Drafted> {
     let Caller { route, key, routing, .. } = caller;
-    gw.limits.admit(key).await?;
+    gw.charge.count(key, Bucket::Requests).await?;
     if !routing.catalog.group_allows(&key.group, protocol) {
         return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into());
     }
@@ -41,7 +44,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
                     .map(|s| (s * 1000.0).ceil() as u64);
             }
         }
-        let draft = upstream::draft_form(routing, route, &key.group, &key.policy, &form).inspect_err(|_| {
+        let draft = upstream::draft_form(routing, route, &key.group, &key.policy, &gw.checks, &form).inspect_err(|_| {
             ctx.model_asked = form.field("model").filter(|m| crate::protocol::check_model_name(m).is_ok()).map(str::to_string);
         })?;
         return Ok(Drafted { protocol, draft, body_reservation: Some(spooled), upload: Some(std::sync::Arc::new(form)) });
@@ -54,12 +57,14 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
                 .and_then(|owner| upstream::stored_draft(routing, &owner, client_body.bytes))
                 .ok_or_else(|| crate::access::owners::not_found(id))?;
             // A stored response is read under the model rules of the model that made it.
-            key.policy.check_model(&draft.model).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+            gw.checks
+                .run(&Subject::new(Kind::ModelCall, &key.policy).model(&draft.model))
+                .inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
             draft
         }
         _ => {
             let body = client_body.bytes.clone();
-            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, client_body.bytes).inspect_err(|_| {
+            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, &gw.checks, client_body.bytes).inspect_err(|_| {
                 // Refused: the access log names the model asked for, if the body or the
                 // path (generate-content) names one.
                 ctx.model_asked = match route {

@@ -23,7 +23,8 @@ use crate::mcp::upstream::McpError;
 use crate::protocol::response::LocalResponse;
 use crate::protocol::{header_str, ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
-use crate::records::usage::UsageRecord;
+use crate::charge::{Bucket, Payer, Used};
+use crate::checks::{Kind, Subject, Text};
 use crate::upstream::Routing;
 use bytes::Bytes;
 use pingora_http::ResponseHeader;
@@ -225,22 +226,23 @@ impl Gateway {
             ctx.mcp = Some(Box::new(ToolCallFacts { status: e.status(), ..facts }));
             Ok(answered(&rpc_error(id, SERVER_ERROR, &e.message, Some(data))))
         };
-        if let Err(e) = self.limits.admit_tool_call(key).await {
+        // The checks that read a call's text see the tool's arguments.
+        let arguments = params.get("arguments").unwrap_or(&Value::Null);
+        if let Err(e) = self.checks.vet(&Subject::new(Kind::ToolCall, &key.policy).text(Text::Value(arguments))) {
             return refused(facts, ctx, e);
         }
-        let _slot = match self.limits.enter(key).await {
+        if let Err(e) = self.charge.count(key, Bucket::ToolCalls).await {
+            return refused(facts, ctx, e);
+        }
+        let _slot = match self.charge.enter(key).await {
             Ok(slot) => slot,
             Err(e) => return refused(facts, ctx, e),
         };
         let price = upstream.config.per_call_nanos;
-        let purses = self.purses(routing, key)?;
-        let hold = match self.ledger.hold_from(purses, price).await {
-            Ok(Ok(hold)) => hold,
-            Ok(Err(r)) => return refused(facts, ctx, r.to_api_error("this tool call costs", crate::base::clock::now_unix())),
-            Err(e) => {
-                log::warn!("mcp: ledger: {e}");
-                return Err(crate::store::fleet::unavailable("the key's balance"));
-            }
+        let purses = self.charge.purses(key, &routing.calendar)?;
+        let hold = match self.charge.hold(purses, price).await? {
+            Ok(hold) => hold,
+            Err(r) => return refused(facts, ctx, r.to_api_error("this tool call costs", crate::base::clock::now_unix())),
         };
         let started = Instant::now();
         let upstream_params = crate::mcp::hub::unprefixed(params, "name");
@@ -280,14 +282,9 @@ impl Gateway {
         // error); a call it never answered is not.
         if answer.is_ok() {
             facts.cost_nanos = price;
-            let record = UsageRecord {
-                cost_nanos: price,
-                latency_ms: took.as_millis() as u64,
-                provider: Some(facts.server.clone()),
-                tags: key.policy.tags.clone(),
-                ..UsageRecord::new(&key.id, &name, "mcp", "mcp_tool_call")
-            };
-            if let Err(e) = self.ledger.settle(hold, record).await {
+            let payer = Payer { key_id: &key.id, tags: &key.policy.tags, model: &name, protocol: "mcp", route: "mcp_tool_call" };
+            let used = Used { latency_ms: took.as_millis() as u64, provider: Some(facts.server.clone()), ..Used::cost(price) };
+            if let Err(e) = self.charge.books().settle(hold, &payer, used).await {
                 log::error!("ledger: could not book a tool call of key {}: {e}", key.name);
             }
         } else {

@@ -36,7 +36,6 @@
 use crate::access::auth::KeyIndex;
 use crate::billing::ledger::{Hold, Ledger};
 
-use crate::access::limits::Limits;
 use crate::config::Protocol;
 use crate::protocol::response::LocalResponse;
 use crate::protocol::{header_str, ApiError, ErrorKind};
@@ -98,10 +97,14 @@ pub struct Gateway {
     pub mcp: Option<Arc<crate::mcp::hub::Hub>>,
     /// The identity provider whose access tokens clients may present (`identity.oidc`).
     pub identity: Option<Arc<crate::identity::Identity>>,
+    /// Reads of balances and usage; every debit goes through `charge`.
     pub ledger: Arc<Ledger>,
+    /// The money of every call: admission (counts, slots, tokens, holds) and settlement.
+    pub charge: Arc<crate::charge::Charge>,
+    /// The checks every kind of call goes through (`checks`).
+    pub checks: Arc<crate::checks::Checks>,
     /// Which key created each stored response (responses API).
     pub owners: crate::access::owners::Owners,
-    pub limits: Arc<Limits>,
     pub metrics: Arc<crate::observe::metrics::Metrics>,
     /// Upstream connections, pooled per provider. HTTP/1.1 only: no provider's peer offers h2
     /// (ALPN), and the HTTP/1.1 connector lets a pooled connection be taken without the state
@@ -244,6 +247,16 @@ enum Exit {
 impl From<ApiError> for Exit {
     fn from(e: ApiError) -> Self {
         Exit::Refuse(e)
+    }
+}
+
+/// A check refused the call, or answered it.
+impl From<crate::checks::Stop> for Exit {
+    fn from(stop: crate::checks::Stop) -> Self {
+        match stop {
+            crate::checks::Stop::Refuse(e) => Exit::Refuse(e),
+            crate::checks::Stop::Answer(r) => Exit::Answer(Outcome::Respond(r)),
+        }
     }
 }
 

@@ -9,9 +9,10 @@ use super::admit::Caller;
 use super::draft::Drafted;
 use super::{Exit, Gateway, Happened, Outcome, RelayPlan, RequestCtx, Step};
 use crate::billing::ledger::Hold;
+use crate::checks::{Kind, Subject};
 use crate::config::Protocol;
 use crate::protocol::response::LocalResponse;
-use crate::protocol::{ApiError, ErrorKind};
+use crate::protocol::ApiError;
 use crate::records::key::KeyRecord;
 use crate::route::Route;
 use crate::upstream::{self, Routing};
@@ -21,19 +22,23 @@ use std::time::Instant;
 pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx, caller: Caller, drafted: Drafted) -> Step<Box<RelayPlan>> {
     let Caller { route, key, version, routing } = caller;
     let Drafted { protocol, mut draft, body_reservation, upload } = drafted;
-    let slot = gw.limits.enter(&key).await?;
+    let slot = gw.charge.enter(&key).await?;
     // A request that named no maximum is held (and asks) for less when its cap is lower.
     if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| draft.hold_nanos > *cap) {
         draft.lower_output(&routing, &route, draft.output_covered(&routing, cap))?;
     }
-    key.policy.check_cost(draft.hold_nanos).inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+    // The checks that look at what a call may cost (the key's cap among them).
+    if let Err(stop) = gw.checks.run(&Subject { cost: Some(draft.hold_nanos), ..Subject::new(Kind::ModelCall, &key.policy) }) {
+        ctx.model_asked = Some(draft.model.clone());
+        return Err(stop.into());
+    }
     // Under a `tpm`, the tokens the request is held for are reserved until it settles (a
     // request that named no maximum asks for no more than the whole limit leaves room for).
     let tokens_reserved = match key.tpm {
         Some(tpm) if route.billed() => {
             let input = draft.input.tokens();
             draft.lower_output(&routing, &route, tpm.saturating_sub(input) / draft.choices.max(1))?;
-            gw.limits.reserve_tokens(&key, input.saturating_add(draft.output_allowance))?
+            gw.charge.reserve_tokens(&key, input.saturating_add(draft.output_allowance))?
         }
         _ => None,
     };
@@ -78,48 +83,6 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
 }
 
 impl Gateway {
-    /// What a request of `key` is paid from, in the order of checks: its spend windows, its
-    /// account's, its balance, its account's balance. A key whose account this node does not
-    /// know (yet) is refused for now.
-    pub(super) fn purses(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<Vec<crate::records::purse::Purse>, ApiError> {
-        if key.policy.account.is_none() && key.policy.budgets.is_empty() {
-            return Ok(vec![crate::records::purse::Purse::key(&key.id)]);
-        }
-        let account = match &key.policy.account {
-            Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
-            None => None,
-        };
-        Ok(crate::records::purse::purses(key, account.as_deref(), &routing.calendar, crate::base::clock::now_unix()))
-    }
-
-    /// Refuse (402) a key — or its account — whose balance is below zero: README's rule that a
-    /// negative key is refused everything that needs a key, for the calls that hold nothing
-    /// themselves (files, batches' reads, MCP handshakes and listings).
-    pub(super) async fn solvent(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<(), ApiError> {
-        self.covers(routing, key, 0, "this call needs").await
-    }
-
-    /// A call of `key` to an endpoint answered here that needs a key in good standing (files,
-    /// batches, video, MCP): counted against its `rpm`, refused while it is below zero.
-    pub(super) async fn admit_keyed(&self, routing: &Routing, key: &KeyRecord) -> std::result::Result<(), ApiError> {
-        self.limits.admit(key).await?;
-        self.solvent(routing, key).await
-    }
-
-    /// Whether every purse of `key` covers `amount` now (held and given back at once); the 402
-    /// says `what` it was for.
-    pub(super) async fn covers(&self, routing: &Routing, key: &KeyRecord, amount: i64, what: &str) -> std::result::Result<(), ApiError> {
-        let purses = self.purses(routing, key)?;
-        match self.ledger.hold_from(purses, amount).await {
-            Ok(Ok(_released)) => Ok(()),
-            Ok(Err(refused)) => Err(refused.to_api_error(what, crate::base::clock::now_unix())),
-            Err(e) => {
-                log::warn!("ledger: {e}");
-                Err(crate::store::fleet::unavailable("the key's balance"))
-            }
-        }
-    }
-
     /// Hold the most `draft` can cost in every purse of `key`. A request that named no output
     /// maximum and does not fit is lowered to what the purse that refused it covers (down to
     /// `billing.min_output_tokens`) and tried again; a refusal says how many output tokens the
@@ -131,40 +94,28 @@ impl Gateway {
         route: &Route,
         draft: &mut upstream::Draft,
     ) -> std::result::Result<Hold, ApiError> {
-        let purses = self.purses(routing, key)?;
+        let purses = self.charge.purses(key, &routing.calendar)?;
         // Each lowering fits the purse that refused; another purse may then refuse in turn.
         let mut lowerings = 0;
         loop {
-            match self.ledger.hold_from(purses.clone(), draft.hold_nanos).await {
-                Ok(Ok(hold)) => return Ok(hold),
-                Ok(Err(refused)) => {
-                    let available = refused.short.available.max(0);
-                    if lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {
-                        lowerings += 1;
-                        continue;
-                    }
-                    let mut e = refused.to_api_error("this request may cost up to", crate::base::clock::now_unix());
-                    if route.billed() && !route.embeds() && !route.media() {
-                        let covered = draft.output_covered(routing, available);
-                        e.message.push_str(&match covered {
-                            0 => " That does not cover this request's input.".to_string(),
-                            n => format!(
-                                " It covers at most {n} output tokens with this input: set '{}' to {n} or less.",
-                                draft.output_field
-                            ),
-                        });
-                    }
-                    return Err(e);
-                }
-                Err(crate::store::StoreError::Shared(e)) => {
-                    log::warn!("ledger: {e}");
-                    return Err(crate::store::fleet::unavailable("the key's balance"));
-                }
-                Err(e) => {
-                    log::error!("ledger: {e}");
-                    return Err(ApiError::new(ErrorKind::Internal, "Internal error while checking the balance."));
-                }
+            let refused = match self.charge.hold(purses.clone(), draft.hold_nanos).await? {
+                Ok(hold) => return Ok(hold),
+                Err(refused) => refused,
+            };
+            let available = refused.short.available.max(0);
+            if lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {
+                lowerings += 1;
+                continue;
             }
+            let mut e = refused.to_api_error("this request may cost up to", crate::base::clock::now_unix());
+            if route.billed() && !route.embeds() && !route.media() {
+                let covered = draft.output_covered(routing, available);
+                e.message.push_str(&match covered {
+                    0 => " That does not cover this request's input.".to_string(),
+                    n => format!(" It covers at most {n} output tokens with this input: set '{}' to {n} or less.", draft.output_field),
+                });
+            }
+            return Err(e);
         }
     }
 }

@@ -21,11 +21,12 @@
 
 use super::{Gateway, Outcome, RequestCtx};
 use crate::billing::ledger::Hold;
+use crate::charge::{Bucket, Payer, Used};
+use crate::checks::{Kind, Subject, Text};
 use crate::config::Protocol;
 use crate::protocol::realtime::{self as rt, Event, Frame, FrameError, Splitter, TurnUsage};
 use crate::protocol::{header_str, ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
-use crate::records::usage::UsageRecord;
 use crate::route::Route;
 use crate::upstream::Routing;
 use pingora_core::protocols::http::v1::client::HttpSession as UpstreamSession;
@@ -120,7 +121,7 @@ impl Gateway {
         if !routing.catalog.group_allows(&key.group, Protocol::Openai) {
             return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
         }
-        key.policy.check_model(&model)?;
+        self.checks.vet(&Subject::new(Kind::RealtimeTurn, &key.policy).model(&model))?;
         let candidates: Vec<usize> = routing
             .catalog
             .candidates(Protocol::Openai, &model)
@@ -143,7 +144,7 @@ impl Gateway {
         }
         // A key with nothing left is refused before the session opens (each turn is held as it
         // starts); the session counts against `rpm` like a turn.
-        self.limits.admit(key).await?;
+        self.charge.count(key, Bucket::Requests).await?;
         // One of the key's `limits.realtime_sessions_per_key`, held while the session lasts.
         let mut slot = self.realtime_sessions.of(&key.id).reservation();
         if !slot.grow(1) {
@@ -157,7 +158,7 @@ impl Gateway {
             refused.retry_after = Some(1);
             return Err(refused);
         }
-        self.covers(routing, key, 1, "a realtime session needs").await?;
+        self.charge.covers(key, &routing.calendar, 1, "a realtime session needs").await?;
         let mut relay = Relay {
             gw: self,
             key: key.clone(),
@@ -306,7 +307,7 @@ impl Relay<'_> {
     /// Hold one more turn in every purse of the key, counted against its `rpm`; when it cannot
     /// be, why (the `error` event's code and message).
     async fn hold_turn(&mut self) -> Result<Turn, (&'static str, String)> {
-        if let Err(e) = self.gw.limits.admit(&self.key).await {
+        if let Err(e) = self.gw.charge.count(&self.key, Bucket::Requests).await {
             return Err(("rate_limit_exceeded", e.message));
         }
         let hold = self.hold(false).await?;
@@ -325,8 +326,8 @@ impl Relay<'_> {
             self.turn_output(),
         )
         .unwrap_or(0);
-        let purses = self.gw.purses(&self.routing, &self.key).map_err(|e| ("turn_refused", e.message))?;
-        match self.gw.ledger.hold_from(purses, amount).await {
+        let purses = self.gw.charge.purses(&self.key, &self.routing.calendar).map_err(|e| ("turn_refused", e.message))?;
+        match self.gw.charge.hold(purses, amount).await {
             Ok(Ok(hold)) => Ok(hold),
             Ok(Err(refused)) => {
                 if !probe {
@@ -334,10 +335,7 @@ impl Relay<'_> {
                 }
                 Err(("insufficient_balance", refused.to_api_error("this turn may cost up to", crate::base::clock::now_unix()).message))
             }
-            Err(e) => {
-                log::warn!("realtime: ledger: {e}");
-                Err(("server_error", "The key's balance cannot be read right now.".into()))
-            }
+            Err(_) => Err(("server_error", "The key's balance cannot be read right now.".into())),
         }
     }
 
@@ -385,7 +383,7 @@ impl Relay<'_> {
         self.totals.output_tokens += usage_record.output;
         self.totals.cost_nanos += cost;
         self.totals.estimated |= estimated;
-        self.gw.limits.spend_tokens(&self.key, usage_record.input_total().saturating_add(usage_record.output)).await;
+        self.gw.charge.spend_tokens(&self.key, usage_record.input_total().saturating_add(usage_record.output)).await;
         if let (Some(trace), Some(attrs)) = (self.trace.as_deref_mut(), self.span_attrs.as_ref()) {
             trace.turn(attrs, &self.model, started, (usage_record.input_total(), usage_record.output), estimated);
         }
@@ -393,24 +391,29 @@ impl Relay<'_> {
         series.input_tokens.add(usage_record.input_total());
         series.output_tokens.add(usage_record.output);
         series.cost_nanos.add(cost.max(0) as u64);
-        let mut record = UsageRecord {
-            input_tokens: usage_record.input,
-            cached_tokens: usage_record.cached,
-            output_tokens: usage_record.output,
+        let payer = Payer {
+            key_id: &self.key.id,
+            tags: &self.key.policy.tags,
+            model: &self.model,
+            protocol: Protocol::Openai.as_str(),
+            route: Route::Realtime.label(),
+        };
+        let used = Used {
+            usage: usage_record,
             cost_nanos: cost,
             latency_ms: started.elapsed().as_millis() as u64,
             estimated,
             provider: self.totals.provider.clone(),
-            tags: self.key.policy.tags.clone(),
-            ..UsageRecord::new(&self.key.id, &self.model, Protocol::Openai.as_str(), Route::Realtime.label())
+            ..Used::default()
         };
+        let books = self.gw.charge.books();
         let booked = match turn {
-            Some(turn) => self.gw.ledger.settle(turn.hold, record).await,
+            Some(turn) => books.settle(turn.hold, &payer, used).await,
+            // Unheld: debited at once from every purse the key draws on (never refused: the
+            // upstream already ran it).
             None => {
-                // Unheld: debited at once from every purse the key draws on (never refused: the
-                // upstream already ran it).
-                record.charged = self.gw.purses(&self.routing, &self.key).map(|p| crate::records::purse::charged(&p)).unwrap_or_default();
-                self.gw.ledger.adjust(record).await
+                let purses = self.gw.charge.purses(&self.key, &self.routing.calendar).unwrap_or_default();
+                books.debit(&payer, used, &purses).await
             }
         };
         match booked {
@@ -425,7 +428,7 @@ impl Relay<'_> {
     /// Whether what the key draws on is spent: a purse it pays from (its balance, or for a
     /// member's key without an allowance its team's account; a window) is at or below zero.
     async fn exhausted(&self) -> bool {
-        self.gw.covers(&self.routing, &self.key, 1, "").await.is_err()
+        self.gw.charge.covers(&self.key, &self.routing.calendar, 1, "").await.is_err()
     }
 
     /// Turns left without their `response.done` (the session ended in them): each billed its
@@ -552,6 +555,18 @@ impl Relay<'_> {
                 Some(payload) => rt::client_message(payload),
                 None => rt::client_event(&frame),
             };
+            // The checks that read a call's text see every client event but audio (a refused one
+            // is not passed on; the client gets an `error` event).
+            if !matches!(event, Event::AudioAppend) && (whole.is_some() || frame.is_text()) {
+                let payload = whole.as_deref().map_or_else(|| frame.payload(), std::borrow::Cow::Borrowed);
+                let vetted = self.gw.checks.vet(&Subject::new(Kind::RealtimeTurn, &self.key.policy).model(&self.model).text(Text::Json(&payload)));
+                if let Err(e) = vetted {
+                    if client.write_response_body(Some(rt::error_event(e.kind.reason(), &e.message)), false).await.is_err() {
+                        return Some(Stop::Client);
+                    }
+                    continue;
+                }
+            }
             let mut rewritten: Option<Vec<u8>> = None;
             match event {
                 Event::ResponseCreate => match self.hold_turn().await {

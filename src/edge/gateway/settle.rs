@@ -6,7 +6,7 @@
 use super::{Gateway, RelayPlan};
 use crate::billing;
 use crate::billing::meter::UsageScanner;
-use crate::records::usage::UsageRecord;
+use crate::charge::{Payer, Used};
 use crate::route::Route;
 
 impl Gateway {
@@ -35,7 +35,7 @@ impl Gateway {
         };
         plan.happened.billed = Some((usage, cost, estimated));
         let input_total = usage.input_total();
-        self.limits.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;
+        self.charge.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;
         plan.tokens_reserved = None;
         let series = self.metrics.model(&plan.model);
         if estimated {
@@ -44,11 +44,15 @@ impl Gateway {
         series.input_tokens.add(input_total);
         series.output_tokens.add(usage.output);
         series.cost_nanos.add(cost.max(0) as u64);
-        let record = UsageRecord {
-            input_tokens: usage.input,
-            cached_tokens: usage.cached,
-            cache_write_tokens: usage.cache_write,
-            output_tokens: usage.output,
+        let payer = Payer {
+            key_id: &plan.key.id,
+            tags: &plan.key.policy.tags,
+            model: &plan.model,
+            protocol: plan.protocol.as_str(),
+            route: plan.route.label(),
+        };
+        let used = Used {
+            usage,
             cost_nanos: cost,
             status,
             latency_ms: plan.started.elapsed().as_millis() as u64,
@@ -57,10 +61,9 @@ impl Gateway {
             attempts: plan.happened.attempts,
             response_id,
             upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
-            tags: plan.key.policy.tags.clone(),
-            ..UsageRecord::new(&plan.key.id, &plan.model, plan.protocol.as_str(), plan.route.label())
+            charged: Vec::new(),
         };
-        if let Err(e) = self.ledger.settle(hold, record).await {
+        if let Err(e) = self.charge.books().settle(hold, &payer, used).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);
         }
     }

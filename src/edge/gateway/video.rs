@@ -28,7 +28,7 @@ impl Gateway {
                 if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                     return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
                 }
-                let purses = self.purses(&self.routing.load(), key)?;
+                let purses = self.charge.purses(key, &self.routing.load().calendar)?;
                 let (task, created) = svc.create(key, &purses, &body, idem.as_deref()).await.inspect_err(|_| {
                     // The bounded field reader, never a whole JSON tree: a refused body may be a bomb.
                     ctx.model_asked = crate::protocol::body_fields(&body).ok().and_then(|f| f.model);

@@ -1,0 +1,117 @@
+//! Admission: a call is counted, takes its slot and reserves its tokens, and what it may cost
+//! is held in every purse of its key.
+
+use super::Books;
+use crate::access::auth::KeyIndex;
+use crate::access::limits::{Limits, Slot, TokenReservation};
+use crate::billing::ledger::{Hold, Refused};
+use crate::policy::budget::Calendar;
+use crate::protocol::{ApiError, ErrorKind};
+use crate::records::key::KeyRecord;
+use crate::records::purse::Purse;
+use crate::store::StoreError;
+use std::sync::Arc;
+
+/// Which count a call is admitted against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bucket {
+    /// The key's `rpm` (and a spent `tpm` refuses it): every request, a realtime turn.
+    Requests,
+    /// The key's `tool_rpm`: an MCP tool call.
+    ToolCalls,
+}
+
+/// The money of every call: admission here, settlement in [`Books`].
+pub struct Charge {
+    books: Books,
+    limits: Arc<Limits>,
+    keys: Arc<KeyIndex>,
+}
+
+impl Charge {
+    pub fn new(books: Books, limits: Arc<Limits>, keys: Arc<KeyIndex>) -> Self {
+        Charge { books, limits, keys }
+    }
+
+    /// Where calls are settled.
+    pub fn books(&self) -> &Books {
+        &self.books
+    }
+
+    /// Count a call of `key` in `bucket`: 429 with `Retry-After` past its limit.
+    pub async fn count(&self, key: &KeyRecord, bucket: Bucket) -> Result<(), ApiError> {
+        match bucket {
+            Bucket::Requests => self.limits.admit(key).await,
+            Bucket::ToolCalls => self.limits.admit_tool_call(key).await,
+        }
+    }
+
+    /// The call counts against the key's `max_concurrent` while the slot lives (None: no cap).
+    pub async fn enter(&self, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
+        self.limits.enter(key).await
+    }
+
+    /// Reserve the tokens a call is held for under the key's `tpm` until it settles (None: no
+    /// `tpm`).
+    pub fn reserve_tokens(&self, key: &KeyRecord, tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
+        self.limits.reserve_tokens(key, tokens)
+    }
+
+    /// Count the tokens a finished call used under the key's `tpm`.
+    pub async fn spend_tokens(&self, key: &KeyRecord, tokens: u64) {
+        self.limits.spend_tokens(key, tokens).await
+    }
+
+    /// What a call of `key` is paid from, in the order of checks: its spend windows, its
+    /// account's, its balance, its account's balance. A key whose account this node does not
+    /// know (yet) is refused for now.
+    pub fn purses(&self, key: &KeyRecord, calendar: &Calendar) -> Result<Vec<Purse>, ApiError> {
+        if key.policy.account.is_none() && key.policy.budgets.is_empty() {
+            return Ok(vec![Purse::key(&key.id)]);
+        }
+        let account = match &key.policy.account {
+            Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
+            None => None,
+        };
+        Ok(crate::records::purse::purses(key, account.as_deref(), calendar, crate::base::clock::now_unix()))
+    }
+
+    /// Hold `amount` in every purse, or in none: `Ok(Err(refused))` names the purse that does
+    /// not cover it. A store that cannot answer is the client's 503 (a fleet's database out of
+    /// reach) or 500.
+    pub async fn hold(&self, purses: Vec<Purse>, amount: i64) -> Result<Result<Hold, Refused>, ApiError> {
+        self.books.ledger.hold_from(purses, amount).await.map_err(|e| match e {
+            StoreError::Shared(e) => {
+                log::warn!("ledger: {e}");
+                crate::store::fleet::unavailable("the key's balance")
+            }
+            e => {
+                log::error!("ledger: {e}");
+                ApiError::new(ErrorKind::Internal, "Internal error while checking the balance.")
+            }
+        })
+    }
+
+    /// Whether every purse of `key` covers `amount` now (held and given back at once); the 402
+    /// says `what` it was for.
+    pub async fn covers(&self, key: &KeyRecord, calendar: &Calendar, amount: i64, what: &str) -> Result<(), ApiError> {
+        match self.hold(self.purses(key, calendar)?, amount).await? {
+            Ok(_released) => Ok(()),
+            Err(refused) => Err(refused.to_api_error(what, crate::base::clock::now_unix())),
+        }
+    }
+
+    /// Refuse (402) a key — or its account — whose balance is below zero: a negative key is
+    /// refused everything that needs a key, for the calls that hold nothing themselves (files,
+    /// batches' reads, MCP handshakes and listings).
+    pub async fn solvent(&self, key: &KeyRecord, calendar: &Calendar) -> Result<(), ApiError> {
+        self.covers(key, calendar, 0, "this call needs").await
+    }
+
+    /// A call of `key` to an endpoint answered here that needs a key in good standing (files,
+    /// batches, video, MCP): counted against its `rpm`, refused while it is below zero.
+    pub async fn admit_keyed(&self, key: &KeyRecord, calendar: &Calendar) -> Result<(), ApiError> {
+        self.count(key, Bucket::Requests).await?;
+        self.solvent(key, calendar).await
+    }
+}
