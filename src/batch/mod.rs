@@ -197,7 +197,13 @@ impl BatchService {
 
     /// Who pays for a batch: its owner, under its model and the batch route.
     fn payer(batch: &Batch) -> Payer<'_> {
-        Payer { key_id: &batch.owner, tags: &batch.tags, model: &batch.model, protocol: "openai", route: crate::records::usage::BATCH_ROUTE }
+        Payer {
+            key_id: &batch.owner,
+            tags: &batch.tags,
+            model: &batch.model,
+            protocol: "openai",
+            route: crate::records::usage::BATCH_ROUTE,
+        }
     }
 
     /// What a batch used (input, cache reads, output) and cost, charged to its purses.
@@ -800,7 +806,14 @@ mod tests {
         ledger.open_account("key_b", 10_000_000_000).await.expect("account");
         let jobs: Arc<dyn JobStore> = Arc::new(crate::store::sled::jobs::SledJobs::new(db).expect("jobs"));
         let files = Arc::new(FileService::new(dir.path(), None, false));
-        let svc = BatchService::new(jobs, Books::new(ledger.clone()), Arc::default(), files, Arc::new(ArcSwap::from_pointee(routing())), Duration::from_secs(1));
+        let svc = BatchService::new(
+            jobs,
+            Books::new(ledger.clone()),
+            Arc::default(),
+            files,
+            Arc::new(ArcSwap::from_pointee(routing())),
+            Duration::from_secs(1),
+        );
         let mut batch: Batch = serde_json::from_value(serde_json::json!({
             "id": "batch_x", "owner": "key_b", "created_at": 1, "endpoint": "/v1/chat/completions", "input_file_id": "file-1",
             "completion_window": "24h", "model": "m", "provider": "oa", "status": "completed", "hold_nanos": 1_000_000,

@@ -21,6 +21,17 @@ pub enum Bucket {
     ToolCalls,
 }
 
+/// What a kind of call is admitted with before it runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Entry {
+    /// Counted in this bucket first.
+    pub count: Option<Bucket>,
+    /// Then refused while the key (or its account, a window) is below zero.
+    pub solvent: bool,
+    /// Then takes one of the key's `max_concurrent` slots while it runs.
+    pub slot: bool,
+}
+
 /// The money of every call: admission here, settlement in [`Books`].
 pub struct Charge {
     books: Books,
@@ -36,6 +47,21 @@ impl Charge {
     /// Where calls are settled.
     pub fn books(&self) -> &Books {
         &self.books
+    }
+
+    /// Admit a call of `key` as `entry` says: counted, solvent, in a slot (held while the
+    /// returned slot lives).
+    pub async fn admit(&self, key: &KeyRecord, calendar: &Calendar, entry: Entry) -> Result<Option<Slot>, ApiError> {
+        if let Some(bucket) = entry.count {
+            self.count(key, bucket).await?;
+        }
+        if entry.solvent {
+            self.solvent(key, calendar).await?;
+        }
+        match entry.slot {
+            true => self.enter(key).await,
+            false => Ok(None),
+        }
     }
 
     /// Count a call of `key` in `bucket`: 429 with `Retry-After` past its limit.
@@ -106,12 +132,5 @@ impl Charge {
     /// batches' reads, MCP handshakes and listings).
     pub async fn solvent(&self, key: &KeyRecord, calendar: &Calendar) -> Result<(), ApiError> {
         self.covers(key, calendar, 0, "this call needs").await
-    }
-
-    /// A call of `key` to an endpoint answered here that needs a key in good standing (files,
-    /// batches, video, MCP): counted against its `rpm`, refused while it is below zero.
-    pub async fn admit_keyed(&self, key: &KeyRecord, calendar: &Calendar) -> Result<(), ApiError> {
-        self.count(key, Bucket::Requests).await?;
-        self.solvent(key, calendar).await
     }
 }

@@ -15,5 +15,5 @@
 mod admission;
 mod settlement;
 
-pub use admission::{Bucket, Charge};
+pub use admission::{Bucket, Charge, Entry};
 pub use settlement::{Books, Payer, Used};

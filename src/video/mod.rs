@@ -65,7 +65,13 @@ pub struct VideoService {
 }
 
 impl VideoService {
-    pub fn new(cfg: VideoConfig, store: VideoStore, books: Books, checks: Arc<Checks>, storage: Option<Arc<ObjectStore>>) -> Result<Self, String> {
+    pub fn new(
+        cfg: VideoConfig,
+        store: VideoStore,
+        books: Books,
+        checks: Arc<Checks>,
+        storage: Option<Arc<ObjectStore>>,
+    ) -> Result<Self, String> {
         let upstream = VideoUpstream::new(cfg.clone())?;
         let download = crate::base::outbound::Outbound {
             connect: Some(Duration::from_secs(10)),
@@ -743,7 +749,14 @@ mod tests {
     fn price_is_per_second_times_duration() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = sled::open(dir.path()).expect("open");
-        let svc = VideoService::new(config(), sled_tasks(&db), Books::new(Arc::new(crate::billing::ledger::Ledger::open(&db).expect("ledger"))), Arc::default(), None).expect("service");
+        let svc = VideoService::new(
+            config(),
+            sled_tasks(&db),
+            Books::new(Arc::new(crate::billing::ledger::Ledger::open(&db).expect("ledger"))),
+            Arc::default(),
+            None,
+        )
+        .expect("service");
         assert_eq!(svc.price_nanos("genq3-pro", 8), Some(400_000_000));
         assert_eq!(svc.price_nanos("genq2", 8), None, "no price configured");
     }

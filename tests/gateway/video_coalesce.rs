@@ -33,7 +33,14 @@ async fn stale_gets_coalesce_into_one_describe() {
         max_task_hours: 24,
     };
     let svc = Arc::new(
-        VideoService::new(cfg, Arc::new(tollgate::store::sled::tasks::SledTasks::new(&db).expect("tasks")), tollgate::charge::Books::new(ledger), Arc::default(), None).expect("service"),
+        VideoService::new(
+            cfg,
+            Arc::new(tollgate::store::sled::tasks::SledTasks::new(&db).expect("tasks")),
+            tollgate::charge::Books::new(ledger),
+            Arc::default(),
+            None,
+        )
+        .expect("service"),
     );
     let key = KeyRecord {
         id: "key_coalesce".into(),

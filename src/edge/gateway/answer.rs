@@ -1,11 +1,12 @@
 //! Stage 2, answer: the endpoints tollgate answers itself for a known key — the model lists,
-//! `/v1/usage`, the key page's data and the video task API — each rate-limited like any call.
-//! What is left is a model call: its protocol goes on to the draft.
+//! `/v1/usage`, the key page's data — and the router to the kinds of call answered here
+//! (`kinds`: video tasks, files, batches, realtime sessions, MCP), each admitted as it declares
+//! by the charge floor. What is left is a model call: its protocol goes on to the draft.
 
 use super::admit::Caller;
-use crate::charge::Bucket;
 use super::{unknown_endpoint, Exit, Gateway, Outcome, RequestCtx, Step};
-use crate::config::{Platform, Protocol};
+use crate::charge::{Bucket, Entry};
+use crate::config::Protocol;
 use crate::protocol::response::LocalResponse;
 use crate::protocol::{anthropic, gemini, openai, ApiError, ErrorKind, ModelEntry};
 use crate::records::key::KeyRecord;
@@ -21,6 +22,15 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         models
     };
     let respond = |r: LocalResponse| Err(Exit::Answer(Outcome::Respond(r)));
+    // A kind of call answered here (`kinds`): its group's platform, its admission, its run.
+    if let Some(kind) = super::kinds::of(route) {
+        if kind.platform().is_some_and(|p| !catalog.group_allows(&key.group, p)) {
+            let refused = format!("This endpoint is not available to keys of group '{}'.", key.group);
+            return Err(ApiError::new(ErrorKind::NotFound, refused).into());
+        }
+        let _slot = gw.charge.admit(key, &routing.calendar, kind.entry()).await?;
+        return Err(Exit::Answer(kind.run(gw, session, ctx, caller).await?));
+    }
     match route {
         Route::Models => {
             // The list is of what the endpoints of the client's own protocol serve it: a
@@ -48,8 +58,8 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         }
         Route::KeyPageData if !routing.key_page => Err(unknown_endpoint(session.req_header()).into()),
         Route::KeyPageData => {
-            gw.charge.count(key, Bucket::Requests).await?;
-            let _slot = gw.charge.enter(key).await?;
+            let _slot =
+                gw.charge.admit(key, &routing.calendar, Entry { count: Some(Bucket::Requests), slot: true, ..Entry::default() }).await?;
             let _turn = gw.usage_queries.take(&key.id).await?;
             let data = super::key_page::data(&gw.ledger, gw.requests.as_deref(), key, &routing.calendar).await.map_err(|e| {
                 log::error!("key page: {e}");
@@ -59,47 +69,9 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         }
         Route::Usage => {
             // Rate-limited like any call.
-            gw.charge.count(key, Bucket::Requests).await?;
-            let _slot = gw.charge.enter(key).await?;
+            let _slot =
+                gw.charge.admit(key, &routing.calendar, Entry { count: Some(Bucket::Requests), slot: true, ..Entry::default() }).await?;
             respond(gw.usage(session.req_header().uri.query(), key).await?)
-        }
-        Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } | Route::VideoList | Route::VideoDelete { .. }
-            if !catalog.group_allows(&key.group, Platform::Video) =>
-        {
-            Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into())
-        }
-        // Every video call is rate-limited like any other: reads too (a download is the
-        // operator's egress), and a download holds its `max_concurrent` slot while it streams.
-        Route::VideoCreate { .. } | Route::VideoGet { .. } | Route::VideoContent { .. } | Route::VideoList | Route::VideoDelete { .. } => {
-            gw.charge.admit_keyed(key, &routing.calendar).await?;
-            let _slot = gw.charge.enter(key).await?;
-            // Boxed: its future (uploads, downloads, the video service's calls) is larger
-            // than the rest of the stages', which every relayed request carries.
-            Err(Exit::Answer(Box::pin(gw.video_route(session, ctx, route, key)).await?))
-        }
-        Route::Files { .. } | Route::Batches { .. } if !catalog.group_allows(&key.group, Platform::Openai) => {
-            Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into())
-        }
-        Route::Files { op } => {
-            gw.charge.admit_keyed(key, &routing.calendar).await?;
-            let _slot = gw.charge.enter(key).await?;
-            Err(Exit::Answer(Box::pin(gw.files_route(session, op, key)).await?))
-        }
-        Route::Batches { op } => {
-            gw.charge.admit_keyed(key, &routing.calendar).await?;
-            let _slot = gw.charge.enter(key).await?;
-            Err(Exit::Answer(Box::pin(gw.batches_route(session, ctx, op, key, routing)).await?))
-        }
-        // A session counts against `max_concurrent` while it lasts (its turns against `rpm`).
-        Route::Realtime => {
-            let _slot = gw.charge.enter(key).await?;
-            Err(Exit::Answer(Box::pin(gw.realtime(session, ctx, key, routing)).await?))
-        }
-        // Every MCP request counts against `rpm` and needs a key that is not below zero; tool
-        // calls are counted again on their own (`tool_rpm`, `max_concurrent` while a tool runs).
-        Route::Mcp => {
-            gw.charge.admit_keyed(key, &routing.calendar).await?;
-            Err(Exit::Answer(Box::pin(gw.mcp_route(session, ctx, key, routing)).await?))
         }
         other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),
     }

@@ -64,16 +64,17 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
         }
         _ => {
             let body = client_body.bytes.clone();
-            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, &gw.checks, client_body.bytes).inspect_err(|_| {
-                // Refused: the access log names the model asked for, if the body or the
-                // path (generate-content) names one.
-                ctx.model_asked = match route {
-                    Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => {
-                        crate::protocol::check_model_name(model).ok().map(|()| model.clone())
-                    }
-                    _ => crate::protocol::body_fields(&body).ok().and_then(|f| f.model),
-                };
-            })?;
+            let mut draft =
+                upstream::draft(routing, route, protocol, &key.group, &key.policy, &gw.checks, client_body.bytes).inspect_err(|_| {
+                    // Refused: the access log names the model asked for, if the body or the
+                    // path (generate-content) names one.
+                    ctx.model_asked = match route {
+                        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => {
+                            crate::protocol::check_model_name(model).ok().map(|()| model.clone())
+                        }
+                        _ => crate::protocol::body_fields(&body).ok().and_then(|f| f.model),
+                    };
+                })?;
             if let Some(previous) = &draft.previous_response_id {
                 let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::access::owners::unavailable)?;
                 let owner = owner.ok_or_else(|| crate::access::owners::previous_not_found(previous))?;

@@ -4,14 +4,15 @@
 //!
 //! ```text
 //! request_filter
-//!   1 admit    (admit.rs)    endpoint, key, address        → probe, key page, unknown path answered
-//!   2 answer   (answer.rs)   local endpoints of a key      → model lists, /v1/usage, key page data,
-//!                            (video.rs: the video task API,  video tasks, files, batches
-//!                            files.rs, batches.rs,           answered; /mcp (mcp.rs)
-//!                            mcp.rs)
-//!   3 draft    (draft.rs)    rpm, group, body, model → providers, stored responses
-//!   4 price    (price.rs)    max_concurrent, cost cap, tpm, windows and balances held
-//!                                                          → a count tollgate estimates answered
+//!   1 admit    (admit.rs)    endpoint, key, the checks of  → probe, key page, unknown path answered
+//!                            every request (its address)
+//!   2 answer   (answer.rs)   local endpoints of a key      → model lists, /v1/usage, key page data
+//!                            and the kinds answered here   → kinds/: video tasks, files, batches,
+//!                            (each admitted as it declares)  realtime sessions, /mcp
+//!   3 draft    (draft.rs)    rpm, group, body, model → providers, stored responses; the checks
+//!                            of a model call (model rules, output limit, its text)
+//!   4 price    (price.rs)    max_concurrent, the checks of its cost (the cap), tpm, windows
+//!                            and balances held          → a count tollgate estimates answered
 //!   5 send     (send.rs)     upstream request, retries before the first byte, health
 //!     stream   (stream.rs, translated.rs)  answer → usage scanner → client
 //!   6 settle   (settle.rs)   hold released, cost debited, record booked (before the last byte)
@@ -20,10 +21,12 @@
 //! ```
 //!
 //! Stages 1 to 4 decide ([`Gateway::decide`]) and make the [`RelayPlan`]; 5 to 7 carry it out
-//! and note in it what happened ([`Happened`]). A new check is a few lines in the stage it
-//! belongs to; a new endpoint answered here is a route and an arm of `answer`; how a request
-//! is addressed and authenticated for its kind of upstream is the upstream seam's
-//! (`upstream::upstream_request`).
+//! and note in it what happened ([`Happened`]). Every kind of call takes its money through the
+//! charge floor (`crate::charge`: admission, holds, the one path that debits) and its checks
+//! from one list (`crate::checks`): a new check is a file there and a line in its list, and it
+//! runs on every kind that offers what it looks at; a new kind answered here is a file in
+//! `kinds/`, an arm of `kinds::of` and its route; how a request is addressed and authenticated
+//! for its kind of upstream is the upstream seam's (`upstream::upstream_request`).
 //!
 //! Pingora's phases: a relayed request makes one pass through the proxy (a second pass, a
 //! subrequest with a preset body, was measured at ~3.5× the cost of a local answer), all of it in
@@ -56,22 +59,18 @@ use std::time::{Duration, Instant};
 
 mod admit;
 mod answer;
-mod batches;
 mod draft;
-mod files;
 mod key_page;
 mod keyless;
-mod mcp;
+mod kinds;
 mod paging;
 mod person;
 mod price;
-mod realtime;
 mod report;
 mod send;
 mod settle;
 mod stream;
 mod translated;
-mod video;
 
 pub use keyless::{per_minute as keyless_per_minute, KeylessRefusals};
 
@@ -232,9 +231,9 @@ pub struct RequestCtx {
     /// Its trace, with traces on (in the relay plan while it is relayed).
     pub trace: Option<Box<crate::observe::telemetry::Trace>>,
     /// A realtime session's turns and what they cost, once it ended.
-    pub realtime: Option<Box<realtime::SessionTotals>>,
+    pub realtime: Option<Box<kinds::realtime::SessionTotals>>,
     /// An MCP tool call: its server and tool, what it came to and cost.
-    pub mcp: Option<Box<mcp::ToolCallFacts>>,
+    pub mcp: Option<Box<kinds::mcp::ToolCallFacts>>,
 }
 
 /// How a stage ends the request before it is relayed: answered here (a local endpoint, a

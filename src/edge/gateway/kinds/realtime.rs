@@ -19,7 +19,8 @@
 //!   closed on both sides; a turn left without its `response.done` is billed its hold (fail
 //!   closed, marked estimated).
 
-use super::{Gateway, Outcome, RequestCtx};
+use super::super::admit::Caller;
+use super::super::{Gateway, Outcome, RequestCtx};
 use crate::billing::ledger::Hold;
 use crate::charge::{Bucket, Payer, Used};
 use crate::checks::{Kind, Subject, Text};
@@ -34,6 +35,32 @@ use pingora_http::{RequestHeader, ResponseHeader};
 use pingora_proxy::Session;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A realtime session: each turn checked, held, settled from its `response.done`.
+pub(in crate::edge::gateway) struct Realtime;
+
+#[async_trait::async_trait]
+impl super::Answered for Realtime {
+    fn platform(&self) -> Option<crate::config::Platform> {
+        None
+    }
+
+    fn entry(&self) -> crate::charge::Entry {
+        // A session counts against `max_concurrent` while it lasts (the session and each turn
+        // against `rpm`, counted inside).
+        crate::charge::Entry { slot: true, ..crate::charge::Entry::default() }
+    }
+
+    async fn run(
+        &self,
+        gw: &Gateway,
+        session: &mut Session,
+        ctx: &mut RequestCtx,
+        caller: &Caller,
+    ) -> std::result::Result<Outcome, ApiError> {
+        realtime(gw, session, ctx, &caller.key, &caller.routing).await
+    }
+}
 
 /// Input tokens a turn is held for beyond the previous turn's input (the conversation grows by
 /// what the client said since).
@@ -101,173 +128,165 @@ struct Relay<'a> {
     span_attrs: Option<crate::observe::telemetry::Attrs>,
 }
 
-impl Gateway {
-    /// `GET /v1/realtime?model=…`: the session, from its upgrade to its end.
-    pub(super) async fn realtime(
-        &self,
-        session: &mut Session,
-        ctx: &mut RequestCtx,
-        key: &Arc<KeyRecord>,
-        routing: &Arc<Routing>,
-    ) -> std::result::Result<Outcome, ApiError> {
-        let req = session.req_header();
-        let upgrade = header_str(req, "upgrade").is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
-        if !upgrade || header_str(req, "sec-websocket-key").is_none() {
-            return Err(ApiError::new(ErrorKind::BadRequest, "The realtime API takes a WebSocket upgrade (GET with Upgrade: websocket)."));
-        }
-        let model = query_model(req.uri.query())?;
-        ctx.model_asked = Some(model.clone());
-        crate::protocol::check_model_name(&model)?;
-        if !routing.catalog.group_allows(&key.group, Protocol::Openai) {
-            return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
-        }
-        self.checks.vet(&Subject::new(Kind::RealtimeTurn, &key.policy).model(&model))?;
-        let candidates: Vec<usize> = routing
-            .catalog
-            .candidates(Protocol::Openai, &model)
-            .map(|c| {
-                c.iter().copied().filter(|&i| routing.catalog.upstreams[i].seam.serves(&Route::Realtime, Protocol::Openai, false)).collect()
-            })
-            .unwrap_or_default();
-        if candidates.is_empty() {
-            return Err(ApiError::new(
-                ErrorKind::ModelNotFound,
-                format!("The model '{model}' is not available for realtime sessions to this key."),
-            )
-            .with_param("model"));
-        }
-        if crate::billing::realtime::turn_hold(&routing.prices, &model, 0, 0).is_none() {
-            return Err(ApiError::new(
-                ErrorKind::Internal,
-                format!("The model '{model}' is not priced on this gateway and cannot be served."),
-            ));
-        }
-        // A key with nothing left is refused before the session opens (each turn is held as it
-        // starts); the session counts against `rpm` like a turn.
-        self.charge.count(key, Bucket::Requests).await?;
-        // One of the key's `limits.realtime_sessions_per_key`, held while the session lasts.
-        let mut slot = self.realtime_sessions.of(&key.id).reservation();
-        if !slot.grow(1) {
-            let mut refused = ApiError::new(
-                ErrorKind::RateLimited,
-                format!(
-                    "This key has {} realtime sessions open, the most it may hold at once; close one first.",
-                    self.realtime.sessions_per_key
-                ),
-            );
-            refused.retry_after = Some(1);
-            return Err(refused);
-        }
-        self.charge.covers(key, &routing.calendar, 1, "a realtime session needs").await?;
-        let mut relay = Relay {
-            gw: self,
-            key: key.clone(),
-            routing: routing.clone(),
-            model,
-            asked: std::collections::VecDeque::new(),
-            running: Vec::new(),
-            starved: None,
-            fragments: Fragments::None,
-            own_updates: 0,
-            last_input: 0,
-            totals: SessionTotals::default(),
-            trace: None,
-            span_attrs: None,
-        };
-        let (mut upstream, answer) = self.open_realtime(session.req_header(), &mut relay, &candidates).await?;
-        if answer.status.as_u16() != 101 {
-            let status = answer.status.as_u16();
-            let body = upstream.read_body_bytes().await.ok().flatten().unwrap_or_default();
-            upstream.shutdown().await;
-            return Err(self.realtime_refused(relay.totals.provider.as_deref().unwrap_or("?"), status, &body));
-        }
-        upstream.maybe_upgrade_body_writer();
-        upstream.read_timeout = None;
-        let mut header = ResponseHeader::build(101, Some(4)).map_err(internal)?;
-        for name in ["upgrade", "connection", "sec-websocket-accept", "sec-websocket-protocol"] {
-            if let Some(v) = answer.headers.get(name) {
-                header.insert_header(name, v.clone()).map_err(internal)?;
-            }
-        }
-        ctx.response_started = true;
-        if let Err(e) = session.write_response_header(Box::new(header), false).await {
-            log::debug!("realtime: the client left before its upgrade: {e}");
-            upstream.shutdown().await;
-            return Ok(Outcome::Done);
-        }
-        let limits = self.realtime;
-        // The request's trace takes a span per turn while the session lasts (a refused upgrade
-        // left it with the request, which reports it).
-        relay.trace = ctx.trace.take();
-        // An open session counts among the open streams while it lasts.
-        let _open = crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams);
-        relay.totals.ended = relay.run(session, &mut upstream, limits).await;
+/// `GET /v1/realtime?model=…`: the session, from its upgrade to its end.
+pub(super) async fn realtime(
+    gw: &Gateway,
+    session: &mut Session,
+    ctx: &mut RequestCtx,
+    key: &Arc<KeyRecord>,
+    routing: &Arc<Routing>,
+) -> std::result::Result<Outcome, ApiError> {
+    let req = session.req_header();
+    let upgrade = header_str(req, "upgrade").is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade || header_str(req, "sec-websocket-key").is_none() {
+        return Err(ApiError::new(ErrorKind::BadRequest, "The realtime API takes a WebSocket upgrade (GET with Upgrade: websocket)."));
+    }
+    let model = query_model(req.uri.query())?;
+    ctx.model_asked = Some(model.clone());
+    crate::protocol::check_model_name(&model)?;
+    if !routing.catalog.group_allows(&key.group, Protocol::Openai) {
+        return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
+    }
+    gw.checks.vet(&Subject::new(Kind::RealtimeTurn, &key.policy).model(&model))?;
+    let candidates: Vec<usize> = routing
+        .catalog
+        .candidates(Protocol::Openai, &model)
+        .map(|c| {
+            c.iter().copied().filter(|&i| routing.catalog.upstreams[i].seam.serves(&Route::Realtime, Protocol::Openai, false)).collect()
+        })
+        .unwrap_or_default();
+    if candidates.is_empty() {
+        return Err(ApiError::new(
+            ErrorKind::ModelNotFound,
+            format!("The model '{model}' is not available for realtime sessions to this key."),
+        )
+        .with_param("model"));
+    }
+    if crate::billing::realtime::turn_hold(&routing.prices, &model, 0, 0).is_none() {
+        return Err(ApiError::new(ErrorKind::Internal, format!("The model '{model}' is not priced on this gateway and cannot be served.")));
+    }
+    // A key with nothing left is refused before the session opens (each turn is held as it
+    // starts); the session counts against `rpm` like a turn.
+    gw.charge.count(key, Bucket::Requests).await?;
+    // One of the key's `limits.realtime_sessions_per_key`, held while the session lasts.
+    let mut slot = gw.realtime_sessions.of(&key.id).reservation();
+    if !slot.grow(1) {
+        let mut refused = ApiError::new(
+            ErrorKind::RateLimited,
+            format!("This key has {} realtime sessions open, the most it may hold at once; close one first.", gw.realtime.sessions_per_key),
+        );
+        refused.retry_after = Some(1);
+        return Err(refused);
+    }
+    gw.charge.covers(key, &routing.calendar, 1, "a realtime session needs").await?;
+    let mut relay = Relay {
+        gw,
+        key: key.clone(),
+        routing: routing.clone(),
+        model,
+        asked: std::collections::VecDeque::new(),
+        running: Vec::new(),
+        starved: None,
+        fragments: Fragments::None,
+        own_updates: 0,
+        last_input: 0,
+        totals: SessionTotals::default(),
+        trace: None,
+        span_attrs: None,
+    };
+    let (mut upstream, answer) = open_realtime(gw, session.req_header(), &mut relay, &candidates).await?;
+    if answer.status.as_u16() != 101 {
+        let status = answer.status.as_u16();
+        let body = upstream.read_body_bytes().await.ok().flatten().unwrap_or_default();
         upstream.shutdown().await;
-        relay.end_turns_unreported().await;
-        ctx.trace = relay.trace.take();
-        ctx.realtime = Some(Box::new(relay.totals));
-        Ok(Outcome::Done)
+        return Err(realtime_refused(relay.totals.provider.as_deref().unwrap_or("?"), status, &body));
     }
+    upstream.maybe_upgrade_body_writer();
+    upstream.read_timeout = None;
+    let mut header = ResponseHeader::build(101, Some(4)).map_err(internal)?;
+    for name in ["upgrade", "connection", "sec-websocket-accept", "sec-websocket-protocol"] {
+        if let Some(v) = answer.headers.get(name) {
+            header.insert_header(name, v.clone()).map_err(internal)?;
+        }
+    }
+    ctx.response_started = true;
+    if let Err(e) = session.write_response_header(Box::new(header), false).await {
+        log::debug!("realtime: the client left before its upgrade: {e}");
+        upstream.shutdown().await;
+        return Ok(Outcome::Done);
+    }
+    let limits = gw.realtime;
+    // The request's trace takes a span per turn while the session lasts (a refused upgrade
+    // left it with the request, which reports it).
+    relay.trace = ctx.trace.take();
+    // An open session counts among the open streams while it lasts.
+    let _open = crate::observe::metrics::Live::new(&gw.metrics, crate::observe::metrics::Gauge::OpenStreams);
+    relay.totals.ended = relay.run(session, &mut upstream, limits).await;
+    upstream.shutdown().await;
+    relay.end_turns_unreported().await;
+    ctx.trace = relay.trace.take();
+    ctx.realtime = Some(Box::new(relay.totals));
+    Ok(Outcome::Done)
+}
 
-    /// Send the upgrade to the first provider that takes a connection: its request (the
-    /// client's WebSocket headers, the provider's key and model name), and its answer's header.
-    async fn open_realtime(
-        &self,
-        client: &RequestHeader,
-        relay: &mut Relay<'_>,
-        candidates: &[usize],
-    ) -> std::result::Result<(UpstreamSession, ResponseHeader), ApiError> {
-        let catalog = &relay.routing.catalog;
-        let (mut tried, mut dead) = (Vec::new(), Vec::new());
-        while let Some((index, admission)) = catalog.next_provider(candidates, &tried, &dead, Instant::now()) {
-            let upstream = &catalog.upstreams[index];
-            let Some(peer) = upstream.peer(tried.len() + dead.len()) else {
-                dead.push(index);
-                continue;
-            };
-            let token = crate::upstream::bearer(upstream).await.map_err(|e| super::send::upstream_failure(&e))?;
-            let req = crate::upstream::realtime_request(client, upstream, admission.key, &relay.model, token.as_ref())
-                .map_err(|e| super::send::upstream_failure(&e))?;
-            let connected = async {
-                let (mut http, _) = self.connector.get_http_session(&peer).await?;
-                http.read_timeout = peer.options.read_timeout;
-                http.write_request_header(Box::new(req)).await?;
-                http.read_response().await?;
-                let header = http
-                    .resp_header()
-                    .cloned()
-                    .ok_or_else(|| pingora_error::Error::explain(pingora_error::ErrorType::InvalidHTTPHeader, "no answer"))?;
-                Ok::<_, Box<pingora_error::Error>>((http, header))
-            };
-            match connected.await {
-                Ok((http, header)) => {
-                    let verdict = match header.status.as_u16() {
-                        429 => crate::upstream::health::Verdict::Throttled(super::send::retry_after(&header)),
-                        500..=599 => crate::upstream::health::Verdict::Failed,
-                        _ => crate::upstream::health::Verdict::Answered,
-                    };
-                    admission.report(verdict);
-                    relay.totals.provider = Some(upstream.config.name.clone());
-                    relay.span_attrs = Some(upstream.span_attrs.clone());
-                    return Ok((http, header));
-                }
-                Err(e) => {
-                    log::warn!("realtime: provider {} failed to open a session: {e}", upstream.config.name);
-                    admission.report(crate::upstream::health::Verdict::Failed);
-                    tried.push(index);
-                }
+/// Send the upgrade to the first provider that takes a connection: its request (the
+/// client's WebSocket headers, the provider's key and model name), and its answer's header.
+async fn open_realtime(
+    gw: &Gateway,
+    client: &RequestHeader,
+    relay: &mut Relay<'_>,
+    candidates: &[usize],
+) -> std::result::Result<(UpstreamSession, ResponseHeader), ApiError> {
+    let catalog = &relay.routing.catalog;
+    let (mut tried, mut dead) = (Vec::new(), Vec::new());
+    while let Some((index, admission)) = catalog.next_provider(candidates, &tried, &dead, Instant::now()) {
+        let upstream = &catalog.upstreams[index];
+        let Some(peer) = upstream.peer(tried.len() + dead.len()) else {
+            dead.push(index);
+            continue;
+        };
+        let token = crate::upstream::bearer(upstream).await.map_err(|e| super::super::send::upstream_failure(&e))?;
+        let req = crate::upstream::realtime_request(client, upstream, admission.key, &relay.model, token.as_ref())
+            .map_err(|e| super::super::send::upstream_failure(&e))?;
+        let connected = async {
+            let (mut http, _) = gw.connector.get_http_session(&peer).await?;
+            http.read_timeout = peer.options.read_timeout;
+            http.write_request_header(Box::new(req)).await?;
+            http.read_response().await?;
+            let header = http
+                .resp_header()
+                .cloned()
+                .ok_or_else(|| pingora_error::Error::explain(pingora_error::ErrorType::InvalidHTTPHeader, "no answer"))?;
+            Ok::<_, Box<pingora_error::Error>>((http, header))
+        };
+        match connected.await {
+            Ok((http, header)) => {
+                let verdict = match header.status.as_u16() {
+                    429 => crate::upstream::health::Verdict::Throttled(super::super::send::retry_after(&header)),
+                    500..=599 => crate::upstream::health::Verdict::Failed,
+                    _ => crate::upstream::health::Verdict::Answered,
+                };
+                admission.report(verdict);
+                relay.totals.provider = Some(upstream.config.name.clone());
+                relay.span_attrs = Some(upstream.span_attrs.clone());
+                return Ok((http, header));
+            }
+            Err(e) => {
+                log::warn!("realtime: provider {} failed to open a session: {e}", upstream.config.name);
+                admission.report(crate::upstream::health::Verdict::Failed);
+                tried.push(index);
             }
         }
-        Err(ApiError::new(ErrorKind::BadGateway, "The upstream service is unreachable. Retry later."))
     }
+    Err(ApiError::new(ErrorKind::BadGateway, "The upstream service is unreachable. Retry later."))
+}
 
-    /// A provider's refusal of the upgrade, as the client is told it.
-    fn realtime_refused(&self, provider: &str, status: u16, body: &[u8]) -> ApiError {
-        if matches!(status, 401 | 403) {
-            log::error!("provider {provider} refused tollgate's credential ({status}) for a realtime session");
-        }
-        crate::protocol::upstream_error::from_body(status, body)
+/// A provider's refusal of the upgrade, as the client is told it.
+fn realtime_refused(provider: &str, status: u16, body: &[u8]) -> ApiError {
+    if matches!(status, 401 | 403) {
+        log::error!("provider {provider} refused tollgate's credential ({status}) for a realtime session");
     }
+    crate::protocol::upstream_error::from_body(status, body)
 }
 
 fn internal(e: Box<pingora_error::Error>) -> ApiError {
@@ -559,7 +578,8 @@ impl Relay<'_> {
             // is not passed on; the client gets an `error` event).
             if !matches!(event, Event::AudioAppend) && (whole.is_some() || frame.is_text()) {
                 let payload = whole.as_deref().map_or_else(|| frame.payload(), std::borrow::Cow::Borrowed);
-                let vetted = self.gw.checks.vet(&Subject::new(Kind::RealtimeTurn, &self.key.policy).model(&self.model).text(Text::Json(&payload)));
+                let vetted =
+                    self.gw.checks.vet(&Subject::new(Kind::RealtimeTurn, &self.key.policy).model(&self.model).text(Text::Json(&payload)));
                 if let Err(e) = vetted {
                     if client.write_response_body(Some(rt::error_event(e.kind.reason(), &e.message)), false).await.is_err() {
                         return Some(Stop::Client);
