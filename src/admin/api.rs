@@ -50,47 +50,26 @@ pub struct AdminApi {
     pub console_url: String,
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CreateKey {
-    name: String,
-    /// `default` when left out (and such a group exists).
-    #[serde(default)]
-    group: Option<String>,
-    #[serde(default)]
-    balance: f64,
-    #[serde(default)]
-    rpm: Option<u32>,
-    #[serde(default)]
-    tpm: Option<u64>,
-    #[serde(default)]
-    max_concurrent: Option<u32>,
-    /// RFC 3339 (or `ttl_secs` from now).
-    #[serde(default)]
-    expires_at: Option<String>,
-    #[serde(default)]
-    ttl_secs: Option<u64>,
-    #[serde(default)]
-    models: Option<crate::policy::ModelRules>,
-    #[serde(default)]
-    ip_allow: Option<Vec<String>>,
-    /// USD.
-    #[serde(default)]
-    max_request_cost: Option<f64>,
-    #[serde(default)]
-    max_output_tokens: Option<u64>,
-    #[serde(default)]
-    default_output_tokens: Option<u64>,
-    #[serde(default)]
-    budgets: Option<crate::policy::budget::BudgetsInput>,
-    #[serde(default)]
-    account: Option<String>,
-    #[serde(default)]
-    tags: Option<std::collections::BTreeMap<String, String>>,
-    #[serde(default)]
-    tools: Option<crate::policy::ModelRules>,
-    #[serde(default)]
-    tool_rpm: Option<u32>,
+crate::with_key_policy! { input
+    /// `POST /admin/keys`.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(crate) struct CreateKey {
+        name: String,
+        /// `default` when left out (and such a group exists).
+        #[serde(default)]
+        group: Option<String>,
+        #[serde(default)]
+        balance: f64,
+        #[serde(default)]
+        rpm: Option<u32>,
+        #[serde(default)]
+        tpm: Option<u64>,
+        #[serde(default)]
+        max_concurrent: Option<u32>,
+        #[serde(default)]
+        ttl_secs: Option<u64>,
+    }
 }
 
 /// `POST /admin/accounts`.
@@ -123,62 +102,36 @@ struct PatchAccount {
     people: Option<std::collections::BTreeMap<String, Option<String>>>,
 }
 
-/// A `PATCH` field: absent leaves `slot`, `null` clears it, a value sets it.
-fn patched<T>(slot: &mut Option<T>, patch: Option<Option<T>>) {
-    if let Some(value) = patch {
-        *slot = value;
-    }
-}
-
 /// `Some(None)` clears a limit; absent leaves it.
 fn double_option<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct PatchKey {
-    #[serde(default)]
-    enabled: Option<bool>,
-    #[serde(default)]
-    balance_delta: Option<f64>,
-    /// Why the balance moves (the audit trail keeps it).
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default, deserialize_with = "double_option")]
-    rpm: Option<Option<u32>>,
-    #[serde(default, deserialize_with = "double_option")]
-    tpm: Option<Option<u64>>,
-    #[serde(default, deserialize_with = "double_option")]
-    max_concurrent: Option<Option<u32>>,
-    #[serde(default)]
-    group: Option<String>,
-    #[serde(default)]
-    name: Option<String>,
-    #[serde(default, deserialize_with = "double_option")]
-    expires_at: Option<Option<String>>,
-    #[serde(default)]
-    ttl_secs: Option<u64>,
-    #[serde(default, deserialize_with = "double_option")]
-    models: Option<Option<crate::policy::ModelRules>>,
-    #[serde(default, deserialize_with = "double_option")]
-    ip_allow: Option<Option<Vec<String>>>,
-    #[serde(default, deserialize_with = "double_option")]
-    max_request_cost: Option<Option<f64>>,
-    #[serde(default, deserialize_with = "double_option")]
-    max_output_tokens: Option<Option<u64>>,
-    #[serde(default, deserialize_with = "double_option")]
-    default_output_tokens: Option<Option<u64>>,
-    #[serde(default, deserialize_with = "double_option")]
-    budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
-    #[serde(default, deserialize_with = "double_option")]
-    account: Option<Option<String>>,
-    #[serde(default, deserialize_with = "double_option")]
-    tags: Option<Option<std::collections::BTreeMap<String, String>>>,
-    #[serde(default, deserialize_with = "double_option")]
-    tools: Option<Option<crate::policy::ModelRules>>,
-    #[serde(default, deserialize_with = "double_option")]
-    tool_rpm: Option<Option<u32>>,
+crate::with_key_policy! { patch
+    /// `PATCH /admin/keys/{id}`: a field absent is left, `null` clears it.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(crate) struct PatchKey {
+        #[serde(default)]
+        enabled: Option<bool>,
+        #[serde(default)]
+        balance_delta: Option<f64>,
+        /// Why the balance moves (the audit trail keeps it).
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default, deserialize_with = "double_option")]
+        rpm: Option<Option<u32>>,
+        #[serde(default, deserialize_with = "double_option")]
+        tpm: Option<Option<u64>>,
+        #[serde(default, deserialize_with = "double_option")]
+        max_concurrent: Option<Option<u32>>,
+        #[serde(default)]
+        group: Option<String>,
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default)]
+        ttl_secs: Option<u64>,
+    }
 }
 
 /// `GET /admin/requests`' query: `key` (a key id), `model`, `status` (`2xx`, `4xx`, `5xx`),
@@ -487,11 +440,11 @@ impl AdminApi {
 
     /// `POST /admin/keys` (and the console's form): the new key's view with its secret
     /// (`key`), shown this once.
-    pub(crate) async fn create_key(&self, body: CreateKey) -> std::result::Result<Value, ApiError> {
+    pub(crate) async fn create_key(&self, mut body: CreateKey) -> std::result::Result<Value, ApiError> {
         if body.name.trim().is_empty() {
             return Err(bad("name: must not be empty"));
         }
-        let group = match body.group {
+        let group = match body.group.take() {
             Some(group) => group,
             None if self.routing.load().catalog.has_group("default") => "default".to_string(),
             None => return Err(bad("group: required (there is no group named 'default')").with_param("group")),
@@ -503,20 +456,8 @@ impl AdminApi {
         if balance < 0 {
             return Err(bad("balance: must not be negative"));
         }
-        let expires_at = expiry_text(body.expires_at, body.ttl_secs)?;
-        let input = crate::policy::PolicyInput {
-            expires_at,
-            models: body.models,
-            ip_allow: body.ip_allow,
-            max_request_cost: body.max_request_cost,
-            max_output_tokens: body.max_output_tokens,
-            default_output_tokens: body.default_output_tokens,
-            budgets: body.budgets,
-            account: body.account,
-            tags: body.tags,
-            tools: body.tools,
-            tool_rpm: body.tool_rpm,
-        };
+        let mut input = body.policy_input();
+        input.expires_at = expiry_text(input.expires_at, body.ttl_secs)?;
         let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
         self.check_account(&policy)?;
         let secret = new_secret();
@@ -594,16 +535,16 @@ impl AdminApi {
         Ok(v)
     }
 
-    pub(crate) async fn patch_key(&self, id: &str, patch: PatchKey) -> std::result::Result<Value, ApiError> {
+    pub(crate) async fn patch_key(&self, id: &str, mut patch: PatchKey) -> std::result::Result<Value, ApiError> {
         let patch_sets_expiry = patch.expires_at.is_some() || patch.ttl_secs.is_some();
         let mut rec = self.key(id).await?;
-        if let Some(group) = patch.group {
+        if let Some(group) = patch.group.take() {
             if !self.routing.load().catalog.has_group(&group) {
                 return Err(bad(format!("group: no group named '{group}'")).with_param("group"));
             }
             rec.group = group;
         }
-        if let Some(name) = patch.name {
+        if let Some(name) = patch.name.take() {
             if name.trim().is_empty() {
                 return Err(bad("name: must not be empty"));
             }
@@ -633,21 +574,12 @@ impl AdminApi {
         // Policy fields: `null` clears one, absent leaves it; the result is validated whole.
         let current = &rec.policy;
         let mut input = current.input();
-        match (patch.expires_at, patch.ttl_secs) {
+        match (patch.expires_at.take(), patch.ttl_secs) {
             (None, None) => {}
             (Some(at), ttl) => input.expires_at = expiry_text(at, ttl)?,
             (None, ttl) => input.expires_at = expiry_text(None, ttl)?,
         }
-        patched(&mut input.models, patch.models);
-        patched(&mut input.ip_allow, patch.ip_allow);
-        patched(&mut input.max_request_cost, patch.max_request_cost);
-        patched(&mut input.max_output_tokens, patch.max_output_tokens);
-        patched(&mut input.default_output_tokens, patch.default_output_tokens);
-        patched(&mut input.budgets, patch.budgets);
-        patched(&mut input.account, patch.account);
-        patched(&mut input.tags, patch.tags);
-        patched(&mut input.tools, patch.tools);
-        patched(&mut input.tool_rpm, patch.tool_rpm);
+        patch.patch_policy(&mut input);
         // An expiry already stored is kept even if it passed (the key is then simply expired).
         let now = match (current.expires_at, patch_sets_expiry) {
             (Some(at), false) => now_unix().min(at.saturating_sub(1)),
@@ -893,6 +825,7 @@ impl AdminApi {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::PolicyInput;
 
     #[test]
     fn only_loopback_hosts_and_the_listeners_own_origin_are_answered() {
@@ -937,5 +870,27 @@ mod tests {
         let s = new_secret();
         assert!(s.starts_with("sk-tg-") && s.len() == 46);
         assert_ne!(s, new_secret());
+    }
+
+    /// The key-policy fields are declared once (`with_key_policy!`): the create body takes each
+    /// into the policy input, and a patch clears one with `null` and leaves what it does not name.
+    #[test]
+    fn the_policy_fields_of_a_create_and_a_patch_are_the_policy_inputs() {
+        let every = br#"{"name": "k", "expires_at": "2030-01-01T00:00:00Z", "models": {"allow": ["a*"]}, "ip_allow": ["10.0.0.0/8"],
+            "max_request_cost": 2.5, "max_output_tokens": 100, "default_output_tokens": 50, "budgets": {"day": 1.0},
+            "account": "acme", "tags": {"team": "x"}, "tools": {"deny": ["t"]}, "tool_rpm": 7}"#;
+        let input = parse_json::<CreateKey>(every).expect("parsed").policy_input();
+        assert_eq!(input.expires_at.as_deref(), Some("2030-01-01T00:00:00Z"));
+        assert_eq!((input.max_request_cost, input.max_output_tokens, input.default_output_tokens), (Some(2.5), Some(100), Some(50)));
+        assert_eq!((input.account.as_deref(), input.tool_rpm), (Some("acme"), Some(7)));
+        assert!(
+            input.models.is_some() && input.ip_allow.is_some() && input.budgets.is_some() && input.tags.is_some() && input.tools.is_some()
+        );
+        let mut patch = parse_json::<PatchKey>(br#"{"tool_rpm": null, "max_output_tokens": 9}"#).expect("parsed");
+        let mut patched = input.clone();
+        patch.patch_policy(&mut patched);
+        assert_eq!((patched.tool_rpm, patched.max_output_tokens), (None, Some(9)));
+        assert_eq!(PolicyInput { tool_rpm: input.tool_rpm, max_output_tokens: input.max_output_tokens, ..patched }, input);
+        assert!(parse_json::<PatchKey>(br#"{"tool_rmp": 1}"#).is_err(), "an unknown field is still refused");
     }
 }

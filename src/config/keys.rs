@@ -3,7 +3,7 @@
 
 use super::{err, ConfigError, Group};
 use crate::policy::budget::{Budgets, BudgetsInput};
-use crate::policy::{KeyPolicy, PolicyInput};
+use crate::policy::KeyPolicy;
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashSet};
 
@@ -30,7 +30,7 @@ pub(super) fn accounts(raw: Vec<RawAccount>) -> Result<Vec<AccountConfig>, Confi
 pub(super) fn keys(raw: Vec<RawKey>, groups: &BTreeMap<String, Group>, accounts: &[AccountConfig]) -> Result<Vec<KeyConfig>, ConfigError> {
     let mut keys = Vec::with_capacity(raw.len());
     let mut seen = HashSet::new();
-    for (i, k) in raw.into_iter().enumerate() {
+    for (i, mut k) in raw.into_iter().enumerate() {
         let at = format!("keys[{i}]");
         if k.key.len() < 8 || k.key.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return err(format!("{at}.key: at least 8 characters, no spaces"));
@@ -44,19 +44,7 @@ pub(super) fn keys(raw: Vec<RawKey>, groups: &BTreeMap<String, Group>, accounts:
         if !(k.balance.is_finite() && k.balance >= 0.0) {
             return err(format!("{at}.balance: must be a non-negative number"));
         }
-        let input = PolicyInput {
-            expires_at: k.expires_at,
-            models: k.models,
-            ip_allow: k.ip_allow,
-            max_request_cost: k.max_request_cost,
-            max_output_tokens: k.max_output_tokens,
-            default_output_tokens: k.default_output_tokens,
-            budgets: k.budgets,
-            account: k.account,
-            tags: k.tags,
-            tools: k.tools,
-            tool_rpm: k.tool_rpm,
-        };
+        let input = k.policy_input();
         // Checked against no clock: an expiry that has passed is a warning (`expired_keys`),
         // never an error, or a date would take the gateway down at its next start or reload.
         let policy = KeyPolicy::parse(input, 0).map_err(|e| ConfigError(format!("{at}.{e}")))?;
@@ -81,49 +69,26 @@ pub(super) fn keys(raw: Vec<RawKey>, groups: &BTreeMap<String, Group>, accounts:
     Ok(keys)
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawKey {
-    key: String,
-    name: String,
-    /// `default` when left out, as in the admin API.
-    #[serde(default = "default_group")]
-    group: String,
-    #[serde(default)]
-    balance: f64,
-    #[serde(default)]
-    rpm: Option<u32>,
-    #[serde(default)]
-    tpm: Option<u64>,
-    #[serde(default = "yes")]
-    enabled: bool,
-    #[serde(default)]
-    max_concurrent: Option<u32>,
-    /// RFC 3339; refused once past.
-    #[serde(default)]
-    expires_at: Option<String>,
-    #[serde(default)]
-    models: Option<crate::policy::ModelRules>,
-    #[serde(default)]
-    ip_allow: Option<Vec<String>>,
-    /// USD.
-    #[serde(default)]
-    max_request_cost: Option<f64>,
-    #[serde(default)]
-    max_output_tokens: Option<u64>,
-    #[serde(default)]
-    default_output_tokens: Option<u64>,
-    #[serde(default)]
-    budgets: Option<BudgetsInput>,
-    #[serde(default)]
-    account: Option<String>,
-    #[serde(default)]
-    tags: Option<BTreeMap<String, String>>,
-    /// MCP tools (`server__tool`) the key may see and call.
-    #[serde(default)]
-    tools: Option<crate::policy::ModelRules>,
-    #[serde(default)]
-    tool_rpm: Option<u32>,
+crate::with_key_policy! { input
+    #[derive(Debug, Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub(super) struct RawKey {
+        key: String,
+        name: String,
+        /// `default` when left out, as in the admin API.
+        #[serde(default = "default_group")]
+        group: String,
+        #[serde(default)]
+        balance: f64,
+        #[serde(default)]
+        rpm: Option<u32>,
+        #[serde(default)]
+        tpm: Option<u64>,
+        #[serde(default = "yes")]
+        enabled: bool,
+        #[serde(default)]
+        max_concurrent: Option<u32>,
+    }
 }
 
 fn default_group() -> String {

@@ -8,6 +8,7 @@
 
 pub mod budget;
 pub mod cidr;
+mod fields;
 pub mod forwarded;
 
 pub use cidr::{normalize, Cidr};
@@ -101,24 +102,11 @@ pub const MAX_TAGS: usize = 16;
 pub const MAX_TAG_NAME: usize = 64;
 pub const MAX_TAG_VALUE: usize = 256;
 
-/// A policy as the configuration file and the admin API give it (validated by
-/// [`KeyPolicy::parse`]).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PolicyInput {
-    /// RFC 3339.
-    pub expires_at: Option<String>,
-    pub models: Option<ModelRules>,
-    pub ip_allow: Option<Vec<String>>,
-    /// USD.
-    pub max_request_cost: Option<f64>,
-    pub max_output_tokens: Option<u64>,
-    pub default_output_tokens: Option<u64>,
-    pub budgets: Option<budget::BudgetsInput>,
-    /// Checked against the accounts that exist by the caller.
-    pub account: Option<String>,
-    pub tags: Option<std::collections::BTreeMap<String, String>>,
-    pub tools: Option<ModelRules>,
-    pub tool_rpm: Option<u32>,
+crate::with_key_policy! { plain
+    /// A policy as the configuration file and the admin API give it (validated by
+    /// [`KeyPolicy::parse`]).
+    #[derive(Debug, Clone, Default, PartialEq)]
+    pub struct PolicyInput {}
 }
 
 impl KeyPolicy {
