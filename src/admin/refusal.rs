@@ -8,7 +8,6 @@ pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
 }
 
 /// A policy refused: 400 naming its field (`expires_at: …`, `models.allow: …`, `ip_allow: …`).
-pub(crate) fn policy_error(message: String) -> ApiError {
-    let field = message.split([':', '.']).next().unwrap_or_default().to_string();
-    bad(message).with_param(&field)
+pub(crate) fn policy_error(e: crate::policy::PolicyError) -> ApiError {
+    bad(e.to_string()).with_param(e.top())
 }

@@ -60,7 +60,7 @@ impl CeilingInput {
         if let Some(models) = &self.models {
             crate::policy::ModelRules { allow: Some(models.clone()), deny: Vec::new() }
                 .validate()
-                .map_err(|e| bad(e).with_param("models"))?;
+                .map_err(|e| bad(e.to_string()).with_param("models"))?;
         }
         if self.max_days == Some(0) || self.rpm == Some(0) || self.tpm == Some(0) {
             return Err(bad("rpm, tpm and max_days: at least 1 (leave one out for no bound)"));

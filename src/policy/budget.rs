@@ -93,10 +93,10 @@ impl Budgets {
 
     /// Validate caps given in USD: each a positive number, at most 1,000,000. Errors name
     /// the field (`budgets.day`).
-    pub fn parse(input: &BudgetsInput) -> Result<Budgets, String> {
+    pub fn parse(input: &BudgetsInput) -> Result<Budgets, super::PolicyError> {
         let nanos = |window: Window, usd: Option<f64>| match usd {
             Some(usd) if !(usd.is_finite() && usd > 0.0 && usd <= 1e6) => {
-                Err(format!("budgets.{}: a positive number of USD, at most 1000000", window.as_str()))
+                Err(super::PolicyError::new(format!("budgets.{}", window.as_str()), "a positive number of USD, at most 1000000"))
             }
             Some(usd) => Ok(Some(crate::base::money::usd_to_nanos(usd))),
             None => Ok(None),
@@ -323,7 +323,7 @@ mod tests {
             (BudgetsInput { week: Some(0.0), ..Default::default() }, "budgets.week"),
             (BudgetsInput { month: Some(f64::NAN), ..Default::default() }, "budgets.month"),
         ] {
-            assert!(Budgets::parse(&bad).unwrap_err().starts_with(field), "{bad:?}");
+            assert!(Budgets::parse(&bad).unwrap_err().to_string().starts_with(field), "{bad:?}");
         }
         let unknown: Result<BudgetsInput, _> = serde_json::from_str(r#"{"day": 1, "year": 5}"#);
         assert!(unknown.unwrap_err().to_string().starts_with("budgets: 'year' is not a window"), "an unknown window is refused by name");

@@ -17,6 +17,34 @@ use crate::protocol::{ApiError, ErrorKind};
 use serde::{Deserialize, Serialize};
 use std::net::IpAddr;
 
+/// A policy field refused: its path (`expires_at`, `models.allow`, `budgets.day`) and why.
+/// Shown as `path: why`; the admin API names the top field (`param`), the file's check
+/// prefixes where the policy is (`keys[2].`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    pub field: String,
+    pub why: String,
+}
+
+impl PolicyError {
+    pub fn new(field: impl Into<String>, why: impl Into<String>) -> Self {
+        PolicyError { field: field.into(), why: why.into() }
+    }
+
+    /// The field at the top of the path (`models` of `models.allow`).
+    pub fn top(&self) -> &str {
+        self.field.split('.').next().unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.why)
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
 /// Which models a key may call: exact names or a prefix ending in `*`. `deny` wins; with
 /// `allow`, only what it names.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,19 +65,19 @@ fn matches(pattern: &str, model: &str) -> bool {
 
 impl ModelRules {
     /// Refuse an empty `allow` (never read as "everything") and a `*` anywhere but at the end.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         self.validate_as("models")
     }
 
     /// [`validate`](Self::validate) for rules given under `field` (`models`, `tools`).
-    pub fn validate_as(&self, field: &str) -> Result<(), String> {
+    pub fn validate_as(&self, field: &str) -> Result<(), PolicyError> {
         if self.allow.as_ref().is_some_and(Vec::is_empty) {
-            return Err(format!("{field}.allow: an empty list would allow nothing; leave it out to allow everything"));
+            return Err(PolicyError::new(format!("{field}.allow"), "an empty list would allow nothing; leave it out to allow everything"));
         }
         for (list, patterns) in [("allow", self.allow.as_deref().unwrap_or_default()), ("deny", &self.deny)] {
             if let Some(bad) = patterns.iter().find(|p| p.is_empty() || p.trim_end_matches('*').contains('*') || p.matches('*').count() > 1)
             {
-                return Err(format!("{field}.{list}: '{bad}' — a name, or a prefix ending in one '*'"));
+                return Err(PolicyError::new(format!("{field}.{list}"), format!("'{bad}' — a name, or a prefix ending in one '*'")));
             }
         }
         Ok(())
@@ -182,13 +210,13 @@ impl KeyPolicy {
 
     /// Validate a policy as given: an RFC 3339 expiry (refused when past), model rules, address
     /// blocks, a cost cap, output limits. Errors name the field.
-    pub fn parse(input: PolicyInput, now: u64) -> Result<KeyPolicy, String> {
+    pub fn parse(input: PolicyInput, now: u64) -> Result<KeyPolicy, PolicyError> {
         let expires_at = match input.expires_at.as_deref() {
             Some(text) => {
-                let at =
-                    rfc3339_unix(text).ok_or_else(|| format!("expires_at: '{text}' is not an RFC 3339 time (2026-12-31T23:59:59Z)"))?;
+                let at = rfc3339_unix(text)
+                    .ok_or_else(|| PolicyError::new("expires_at", format!("'{text}' is not an RFC 3339 time (2026-12-31T23:59:59Z)")))?;
                 if at <= now {
-                    return Err(format!("expires_at: '{text}' is in the past"));
+                    return Err(PolicyError::new("expires_at", format!("'{text}' is in the past")));
                 }
                 Some(at)
             }
@@ -201,16 +229,20 @@ impl KeyPolicy {
             rules.validate_as("tools")?;
         }
         if input.tool_rpm == Some(0) {
-            return Err("tool_rpm: at least 1 (leave it out for no limit)".into());
+            return Err(PolicyError::new("tool_rpm", "at least 1 (leave it out for no limit)"));
         }
         let ip_allow = match input.ip_allow.as_deref() {
-            Some([]) => return Err("ip_allow: an empty list would allow no address; leave it out to allow every address".into()),
-            Some(list) => Some(list.iter().map(|c| Cidr::parse(c).map_err(|e| format!("ip_allow: {e}"))).collect::<Result<Vec<_>, _>>()?),
+            Some([]) => {
+                return Err(PolicyError::new("ip_allow", "an empty list would allow no address; leave it out to allow every address"))
+            }
+            Some(list) => {
+                Some(list.iter().map(|c| Cidr::parse(c).map_err(|e| PolicyError::new("ip_allow", e))).collect::<Result<Vec<_>, _>>()?)
+            }
             None => None,
         };
         let max_request_cost_nanos = match input.max_request_cost {
             Some(usd) if !(usd.is_finite() && usd > 0.0 && usd <= 1e6) => {
-                return Err("max_request_cost: a positive number of USD, at most 1000000".into())
+                return Err(PolicyError::new("max_request_cost", "a positive number of USD, at most 1000000"))
             }
             Some(usd) => Some(crate::base::money::usd_to_nanos(usd)),
             None => None,
@@ -218,29 +250,29 @@ impl KeyPolicy {
         let limit = crate::base::usage::MAX_OUTPUT_ALLOWANCE;
         for (field, v) in [("max_output_tokens", input.max_output_tokens), ("default_output_tokens", input.default_output_tokens)] {
             if v.is_some_and(|n| n == 0 || n > limit) {
-                return Err(format!("{field}: 1 to {limit}"));
+                return Err(PolicyError::new(field, format!("1 to {limit}")));
             }
         }
         if let (Some(d), Some(m)) = (input.default_output_tokens, input.max_output_tokens) {
             if d > m {
-                return Err(format!("default_output_tokens: {d} is above max_output_tokens ({m})"));
+                return Err(PolicyError::new("default_output_tokens", format!("{d} is above max_output_tokens ({m})")));
             }
         }
         let budgets = input.budgets.as_ref().map(budget::Budgets::parse).transpose()?.unwrap_or_default();
         if let Some(name) = &input.account {
-            budget::valid_account_name(name).map_err(|e| format!("account: {e}"))?;
+            budget::valid_account_name(name).map_err(|e| PolicyError::new("account", e))?;
         }
         let tags = input.tags.unwrap_or_default();
         if tags.len() > MAX_TAGS {
-            return Err(format!("tags: at most {MAX_TAGS}, not {}", tags.len()));
+            return Err(PolicyError::new("tags", format!("at most {MAX_TAGS}, not {}", tags.len())));
         }
         for (name, value) in &tags {
             let printable = |t: &str| !t.chars().any(char::is_control);
             if name.is_empty() || name.chars().count() > MAX_TAG_NAME || !printable(name) {
-                return Err(format!("tags: the name '{name}' must be 1 to {MAX_TAG_NAME} printable characters"));
+                return Err(PolicyError::new("tags", format!("the name '{name}' must be 1 to {MAX_TAG_NAME} printable characters")));
             }
             if value.chars().count() > MAX_TAG_VALUE || !printable(value) {
-                return Err(format!("tags.{name}: at most {MAX_TAG_VALUE} printable characters"));
+                return Err(PolicyError::new(format!("tags.{name}"), format!("at most {MAX_TAG_VALUE} printable characters")));
             }
         }
         Ok(KeyPolicy {
@@ -375,7 +407,7 @@ mod tests {
         assert_eq!(p.check_expiry(now + 10).map_err(|e| e.kind), Err(ErrorKind::KeyExpired));
         let ips = |list: Vec<String>| PolicyInput { ip_allow: Some(list), ..PolicyInput::default() };
         assert!(KeyPolicy::parse(ips(vec![]), now).is_err(), "an empty ip_allow is refused");
-        assert!(KeyPolicy::parse(ips(vec!["10.0.0.0/40".into()]), now).unwrap_err().starts_with("ip_allow:"));
+        assert!(KeyPolicy::parse(ips(vec!["10.0.0.0/40".into()]), now).unwrap_err().to_string().starts_with("ip_allow:"));
     }
 
     #[test]
