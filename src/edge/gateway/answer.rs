@@ -71,32 +71,30 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
             // Rate-limited like any call.
             let _slot =
                 gw.charge.admit(key, &routing.calendar, Entry { count: Some(Bucket::Requests), slot: true, ..Entry::default() }).await?;
-            respond(gw.usage(session.req_header().uri.query(), key).await?)
+            respond(usage(gw, session.req_header().uri.query(), key).await?)
         }
         other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),
     }
 }
 
-impl Gateway {
-    /// `GET /v1/usage[?start=&end=]` for the calling key.
-    pub(super) async fn usage(&self, query: Option<&str>, key: &KeyRecord) -> std::result::Result<LocalResponse, ApiError> {
-        let (start, end) = crate::billing::ledger::usage_window(query)?;
-        let internal = |e: crate::store::StoreError| match e {
-            crate::store::StoreError::Shared(e) => {
-                log::warn!("usage query: {e}");
-                crate::store::fleet::unavailable("the key's usage")
-            }
-            e => {
-                log::error!("usage query: {e}");
-                ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
-            }
-        };
-        let by = crate::billing::ledger::usage_grouping(query)?;
-        // Reading a long history is CPU work: on a blocking thread, one query at a time per key
-        // (one key's reads never delay another's), never on the threads that relay requests.
-        let _turn = self.usage_queries.take(&key.id).await?;
-        let calendar = self.routing.load().calendar.clone();
-        let report = self.ledger.key_usage(key, start, end, &by, &calendar).await.map_err(internal)?;
-        Ok(LocalResponse::json(200, &report))
-    }
+/// `GET /v1/usage[?start=&end=]` for the calling key.
+async fn usage(gw: &Gateway, query: Option<&str>, key: &KeyRecord) -> std::result::Result<LocalResponse, ApiError> {
+    let (start, end) = crate::billing::ledger::usage_window(query)?;
+    let internal = |e: crate::store::StoreError| match e {
+        crate::store::StoreError::Shared(e) => {
+            log::warn!("usage query: {e}");
+            crate::store::fleet::unavailable("the key's usage")
+        }
+        e => {
+            log::error!("usage query: {e}");
+            ApiError::new(ErrorKind::Internal, "Internal error while reading usage.")
+        }
+    };
+    let by = crate::billing::ledger::usage_grouping(query)?;
+    // Reading a long history is CPU work: on a blocking thread, one query at a time per key
+    // (one key's reads never delay another's), never on the threads that relay requests.
+    let _turn = gw.usage_queries.take(&key.id).await?;
+    let calendar = gw.routing.load().calendar.clone();
+    let report = gw.ledger.key_usage(key, start, end, &by, &calendar).await.map_err(internal)?;
+    Ok(LocalResponse::json(200, &report))
 }

@@ -51,7 +51,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         }
     }
     // Then the spend windows (the key's, its account's), then the balances.
-    let hold = gw.hold_for(&routing, &key, &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+    let hold = hold_for(gw, &routing, &key, &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
     let billed = route.billed();
     Ok(Box::new(RelayPlan {
         routing,
@@ -82,40 +82,38 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     }))
 }
 
-impl Gateway {
-    /// Hold the most `draft` can cost in every purse of `key`. A request that named no output
-    /// maximum and does not fit is lowered to what the purse that refused it covers (down to
-    /// `billing.min_output_tokens`) and tried again; a refusal says how many output tokens the
-    /// money covers and which field to set.
-    pub(super) async fn hold_for(
-        &self,
-        routing: &Routing,
-        key: &KeyRecord,
-        route: &Route,
-        draft: &mut upstream::Draft,
-    ) -> std::result::Result<Hold, ApiError> {
-        let purses = self.charge.purses(key, &routing.calendar)?;
-        // Each lowering fits the purse that refused; another purse may then refuse in turn.
-        let mut lowerings = 0;
-        loop {
-            let refused = match self.charge.hold(purses.clone(), draft.hold_nanos).await? {
-                Ok(hold) => return Ok(hold),
-                Err(refused) => refused,
-            };
-            let available = refused.short.available.max(0);
-            if lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {
-                lowerings += 1;
-                continue;
-            }
-            let mut e = refused.to_api_error("this request may cost up to", crate::base::clock::now_unix());
-            if route.billed() && !route.embeds() && !route.media() {
-                let covered = draft.output_covered(routing, available);
-                e.message.push_str(&match covered {
-                    0 => " That does not cover this request's input.".to_string(),
-                    n => format!(" It covers at most {n} output tokens with this input: set '{}' to {n} or less.", draft.output_field),
-                });
-            }
-            return Err(e);
+/// Hold the most `draft` can cost in every purse of `key`. A request that named no output
+/// maximum and does not fit is lowered to what the purse that refused it covers (down to
+/// `billing.min_output_tokens`) and tried again; a refusal says how many output tokens the
+/// money covers and which field to set.
+async fn hold_for(
+    gw: &Gateway,
+    routing: &Routing,
+    key: &KeyRecord,
+    route: &Route,
+    draft: &mut upstream::Draft,
+) -> std::result::Result<Hold, ApiError> {
+    let purses = gw.charge.purses(key, &routing.calendar)?;
+    // Each lowering fits the purse that refused; another purse may then refuse in turn.
+    let mut lowerings = 0;
+    loop {
+        let refused = match gw.charge.hold(purses.clone(), draft.hold_nanos).await? {
+            Ok(hold) => return Ok(hold),
+            Err(refused) => refused,
+        };
+        let available = refused.short.available.max(0);
+        if lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {
+            lowerings += 1;
+            continue;
         }
+        let mut e = refused.to_api_error("this request may cost up to", crate::base::clock::now_unix());
+        if route.billed() && !route.embeds() && !route.media() {
+            let covered = draft.output_covered(routing, available);
+            e.message.push_str(&match covered {
+                0 => " That does not cover this request's input.".to_string(),
+                n => format!(" It covers at most {n} output tokens with this input: set '{}' to {n} or less.", draft.output_field),
+            });
+        }
+        return Err(e);
     }
 }
