@@ -128,24 +128,7 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
             }
             Some(old) if old.origin == KeyOrigin::Config && old.seed_digest.as_deref() == Some(digest.as_str()) => continue,
             Some(old) => from_file(old.clone()),
-            None => from_file(KeyRecord {
-                id: seed_key_id(&seed.key),
-                name: String::new(),
-                group: String::new(),
-                key_hash: hash.clone(),
-                rpm: None,
-                tpm: None,
-                enabled: false,
-                created_at: now_unix(),
-                max_concurrent: None,
-                origin: KeyOrigin::Config,
-                seed_digest: None,
-                revoked_at: None,
-                rotated: None,
-                policy: Default::default(),
-                owner: None,
-                allowance_cap: false,
-            }),
+            None => from_file(KeyRecord::new(seed_key_id(&seed.key), "", "", hash.clone(), KeyOrigin::Config)),
         };
         out.push(rec);
     }
@@ -348,22 +331,8 @@ mod tests {
         let db = crate::store::sled::SledDb::open(dir.path()).expect("open");
         let store = Arc::new(crate::store::sled::keys::SledKeys::new(db.db()).expect("keys"));
         let admin = KeyRecord {
-            id: "key_admin".into(),
-            name: "made-by-admin".into(),
-            group: "default".into(),
-            key_hash: hex(&hash_key("sk-admin-made-0001")),
-            rpm: None,
-            tpm: None,
-            enabled: true,
             created_at: 1,
-            max_concurrent: None,
-            origin: KeyOrigin::Admin,
-            seed_digest: None,
-            revoked_at: None,
-            rotated: None,
-            policy: Default::default(),
-            allowance_cap: false,
-            owner: None,
+            ..KeyRecord::new("key_admin", "made-by-admin", "default", hex(&hash_key("sk-admin-made-0001")), KeyOrigin::Admin)
         };
         store.put(std::slice::from_ref(&admin)).await.expect("put");
         let index = KeyIndex::load(store.clone(), &[seed("sk-file-a-0001", true), seed("sk-file-b-0001", true)]).await.expect("load");

@@ -349,22 +349,11 @@ mod tests {
 
     fn key(rpm: Option<u32>, tpm: Option<u64>) -> KeyRecord {
         KeyRecord {
-            id: "key_limits".into(),
-            name: "n".into(),
-            group: "default".into(),
-            key_hash: String::new(),
             rpm,
             tpm,
-            enabled: true,
             created_at: 0,
             max_concurrent: Some(2),
-            origin: crate::records::key::KeyOrigin::Admin,
-            seed_digest: None,
-            revoked_at: None,
-            rotated: None,
-            policy: Default::default(),
-            owner: None,
-            allowance_cap: false,
+            ..KeyRecord::new("key_limits", "n", "default", String::new(), crate::records::key::KeyOrigin::Admin)
         }
     }
 

@@ -463,22 +463,11 @@ impl AdminApi {
         let secret = new_secret();
         let hash = hex(&hash_key(&secret));
         let rec = KeyRecord {
-            id: format!("key_{}", &hash[..16]),
-            name: body.name,
-            group,
-            key_hash: hash,
             rpm: body.rpm,
             tpm: body.tpm,
-            enabled: true,
-            created_at: now_unix(),
             max_concurrent: body.max_concurrent,
-            origin: crate::records::key::KeyOrigin::Admin,
-            seed_digest: None,
-            revoked_at: None,
-            rotated: None,
             policy,
-            owner: None,
-            allowance_cap: false,
+            ..KeyRecord::new(format!("key_{}", &hash[..16]), body.name, group, hash, crate::records::key::KeyOrigin::Admin)
         };
         if body.max_concurrent == Some(0) {
             return Err(bad("max_concurrent: at least 1"));

@@ -72,6 +72,35 @@ pub struct Rotation {
 }
 
 impl KeyRecord {
+    /// A key of `origin`, made now: enabled, with no limits, policy, owner or rotation — what
+    /// each maker sets on it (`KeyRecord { rpm, policy, ..KeyRecord::new(..) }`).
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        group: impl Into<String>,
+        key_hash: impl Into<String>,
+        origin: KeyOrigin,
+    ) -> KeyRecord {
+        KeyRecord {
+            id: id.into(),
+            name: name.into(),
+            group: group.into(),
+            key_hash: key_hash.into(),
+            rpm: None,
+            tpm: None,
+            enabled: true,
+            created_at: crate::base::clock::now_unix(),
+            max_concurrent: None,
+            origin,
+            seed_digest: None,
+            revoked_at: None,
+            rotated: None,
+            policy: crate::policy::KeyPolicy::default(),
+            owner: None,
+            allowance_cap: false,
+        }
+    }
+
     /// The team a member's key draws on: a person's key on an account.
     pub fn member_of(&self) -> Option<&str> {
         self.owner.as_ref().and(self.policy.account.as_deref())
@@ -260,22 +289,10 @@ mod ceiling_tests {
             assert!(bad.within(&limit).expect_err(field).starts_with(field), "{field}");
         }
         let mut key = KeyRecord {
-            id: "k".into(),
-            name: "n".into(),
-            group: "default".into(),
-            key_hash: String::new(),
             rpm: Some(5),
-            tpm: None,
-            enabled: true,
             created_at: 1_000,
-            max_concurrent: None,
-            origin: KeyOrigin::Admin,
-            seed_digest: None,
-            revoked_at: None,
-            rotated: None,
-            policy: Default::default(),
             owner: Some("sub".into()),
-            allowance_cap: false,
+            ..KeyRecord::new("k", "n", "default", String::new(), KeyOrigin::Admin)
         };
         ok.apply(&mut key);
         assert_eq!((key.rpm, key.policy.budgets.day, key.policy.expires_at), (Some(5), Some(1_000_000_000), Some(1_000 + 30 * 86_400)));

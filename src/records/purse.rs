@@ -113,22 +113,11 @@ mod tests {
         let mut policy = crate::policy::KeyPolicy { account: account.map(str::to_string), ..Default::default() };
         policy.budgets.day = Some(1_000);
         KeyRecord {
-            id: id.into(),
-            name: id.into(),
-            group: "default".into(),
-            key_hash: String::new(),
-            rpm: None,
-            tpm: None,
-            enabled: true,
             created_at: 0,
-            max_concurrent: None,
-            origin: crate::records::key::KeyOrigin::Identity,
-            seed_digest: None,
-            revoked_at: None,
-            rotated: None,
             policy,
             owner: owner.map(str::to_string),
             allowance_cap: capped,
+            ..KeyRecord::new(id, id, "default", String::new(), crate::records::key::KeyOrigin::Identity)
         }
     }
 

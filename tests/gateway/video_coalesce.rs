@@ -43,22 +43,8 @@ async fn stale_gets_coalesce_into_one_describe() {
         .expect("service"),
     );
     let key = KeyRecord {
-        id: "key_coalesce".into(),
-        name: "c".into(),
-        group: "default".into(),
-        key_hash: String::new(),
-        rpm: None,
-        tpm: None,
-        enabled: true,
         created_at: 0,
-        max_concurrent: None,
-        origin: tollgate::records::key::KeyOrigin::Admin,
-        seed_digest: None,
-        revoked_at: None,
-        rotated: None,
-        policy: Default::default(),
-        owner: None,
-        allowance_cap: false,
+        ..KeyRecord::new("key_coalesce", "c", "default", String::new(), tollgate::records::key::KeyOrigin::Admin)
     };
     let (task, _) = svc
         .create(&key, &[tollgate::records::purse::Purse::key(&key.id)], br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None)

@@ -199,24 +199,7 @@ fn h(secret: &str) -> String {
 }
 
 fn record(id: &str, hash: &str, enabled: bool) -> KeyRecord {
-    KeyRecord {
-        id: id.into(),
-        name: id.into(),
-        group: "default".into(),
-        key_hash: hash.into(),
-        rpm: None,
-        tpm: None,
-        enabled,
-        created_at: 1,
-        max_concurrent: None,
-        origin: KeyOrigin::Admin,
-        seed_digest: None,
-        revoked_at: None,
-        rotated: None,
-        policy: Default::default(),
-        owner: None,
-        allowance_cap: false,
-    }
+    KeyRecord { enabled, created_at: 1, ..KeyRecord::new(id, id, "default", hash, KeyOrigin::Admin) }
 }
 
 fn enabled(lookup: KeyLookup) -> Option<bool> {

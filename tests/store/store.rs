@@ -20,24 +20,7 @@ use tollgate::store::Store;
 use tollgate::video::request::Submission;
 
 fn key(id: &str, secret: &str, enabled: bool) -> KeyRecord {
-    KeyRecord {
-        id: id.into(),
-        name: format!("name of {id}"),
-        group: "default".into(),
-        key_hash: hex(&hash_key(secret)),
-        rpm: None,
-        tpm: None,
-        enabled,
-        created_at: 1,
-        max_concurrent: None,
-        origin: KeyOrigin::Admin,
-        seed_digest: None,
-        revoked_at: None,
-        rotated: None,
-        policy: Default::default(),
-        owner: None,
-        allowance_cap: false,
-    }
+    KeyRecord { enabled, created_at: 1, ..KeyRecord::new(id, format!("name of {id}"), "default", hex(&hash_key(secret)), KeyOrigin::Admin) }
 }
 
 fn usage(key_id: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {

@@ -100,24 +100,12 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
             policy.tags.insert("person".into(), person.label());
             policy.tags.insert("team".into(), team.clone());
             let rec = KeyRecord {
-                id: format!("key_idp_{}", &hash[..16]),
-                name: person.label(),
-                group: identity.cfg.group.clone(),
-                key_hash: hash,
-                rpm: None,
-                tpm: None,
-                enabled: true,
-                created_at: crate::base::clock::now_unix(),
-                max_concurrent: None,
-                origin: KeyOrigin::Identity,
-                seed_digest: None,
-                revoked_at: None,
-                rotated: None,
                 policy,
                 owner: Some(person.subject.clone()),
                 // The operator's `identity.oidc.allowance`, when set, bounds each person's key;
                 // without one it draws on the team's account alone.
                 allowance_cap: identity.cfg.allowance_nanos > 0,
+                ..KeyRecord::new(format!("key_idp_{}", &hash[..16]), person.label(), identity.cfg.group.clone(), hash, KeyOrigin::Identity)
             };
             let mut rec = rec;
             if let Some(ceiling) = gw.keys.account(&team).and_then(|a| a.member_policy.clone()) {

@@ -132,22 +132,9 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let hash = crate::access::auth::hash_key("sk-round-trip");
         let rec = KeyRecord {
-            id: "key_1".into(),
-            name: "demo".into(),
-            group: "default".into(),
-            key_hash: crate::access::auth::hex(&hash),
             rpm: Some(60),
-            tpm: None,
-            enabled: true,
             created_at: 1,
-            max_concurrent: None,
-            origin: KeyOrigin::Admin,
-            seed_digest: None,
-            revoked_at: None,
-            rotated: None,
-            policy: Default::default(),
-            owner: None,
-            allowance_cap: false,
+            ..KeyRecord::new("key_1", "demo", "default", crate::access::auth::hex(&hash), KeyOrigin::Admin)
         };
         {
             let db = SledDb::open(dir.path()).expect("open");
