@@ -38,7 +38,7 @@ Environment:
 
 Signals: SIGHUP reloads the file, SIGTERM drains and stops, SIGQUIT hands over to a -u process.
 The admin API listens on admin.listen (loopback only) and wants `Authorization: Bearer <token>`;
-see README.md, \"Keys and the admin API\".
+see docs/keys.md.
 ";
 
 fn main() {

@@ -102,3 +102,6 @@ TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/otlp
 
 echo "== Console in headless Chromium (screenshots in target/console-screenshots/)"
 TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/console
+
+echo "== The manual's examples (README.md, docs/) against the bundled configuration and mock"
+TOLLGATE_BIN_DIR="$PWD/target/debug" .venv/bin/python -m pytest -q tests/docs

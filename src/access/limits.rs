@@ -7,7 +7,7 @@
 //! key with a `tpm` reserves the tokens it is held for (input estimate plus output allowance)
 //! until it settles, and is admitted only while what was used plus every reservation in flight
 //! stays within the limit — concurrent requests cannot pass it together. In a fleet the counts
-//! are the database's (`store::postgres::rates`), tolerance stated in README "Security".
+//! are the database's (`store::postgres::rates`), tolerance stated in docs/security.md.
 
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;

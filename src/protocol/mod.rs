@@ -338,7 +338,7 @@ impl BodyEdit {
     }
 }
 
-/// The longest model name tollgate accepts, in bytes (README "Security"): longer is 400
+/// The longest model name tollgate accepts, in bytes (docs/security.md): longer is 400
 /// `invalid_model`, refused before it is logged, stored, traced or echoed.
 pub const MAX_MODEL_BYTES: usize = 256;
 /// The longest identifier a client chooses (`previous_response_id`, `prompt_cache_key`).

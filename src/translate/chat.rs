@@ -312,7 +312,7 @@ pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
         out["parallel_tool_calls"] = json!(false);
     }
     // `top_k` has no counterpart and is left out: it narrows sampling, it asks for nothing (and
-    // Gemini CLI sends it on every request). Documented as dropped in the README.
+    // Gemini CLI sends it on every request). Documented as dropped in docs/translation.md.
     for (name, v) in [
         ("temperature", req.temperature),
         ("top_p", req.top_p),

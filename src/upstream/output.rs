@@ -2,7 +2,7 @@
 //! field of another protocol is refused), how many tokens are held when the request names none,
 //! how far that allowance is lowered to what the key can afford, and the body the upstream gets.
 //!
-//! The rule (README "Security"): the upstream is always told where the hold ends. A request that
+//! The rule (docs/security.md): the upstream is always told where the hold ends. A request that
 //! names its maximum in its route's own field is held for it and sent as it is; one that names
 //! none is held for the allowance and sent with the allowance written into the route's own
 //! field. So a conforming upstream never generates past what was held.

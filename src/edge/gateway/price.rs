@@ -1,5 +1,5 @@
 //! Stage 4, price and hold: the checks on what the request may cost, in the order of the
-//! README's "Keys and policy" (after the rate limits and the model's rules of the stages
+//! the manual's "Keys and policy" (docs/keys.md) (after the rate limits and the model's rules of the stages
 //! before): requests in flight (`max_concurrent`), the request's cost cap, the tokens it is
 //! held for under a `tpm`, then the spend windows and the balances — the money is held in
 //! every purse the key pays from. A request that named no output maximum is lowered to what

@@ -1,0 +1,170 @@
+"""Every example of the manual runs (issue 64): each fenced block of `README.md` and `docs/*.md`
+is run against the bundled configuration (`conf/tollgate.yaml`) and the bundled mock, both
+started here on free ports, offline — or it is explicitly marked as not run, with why.
+
+* `sh`/`bash`: run by `bash -eo pipefail`; `curl` fails on an HTTP error (`--fail-with-body`)
+  unless the block is marked `expect-refusal`. `localhost:8080`, `:8081` and `:9100` are the
+  gateway's, the admin listener's and the mock's ports here; `target/release/` the debug
+  build's folder; `$TOLLGATE_ADMIN_TOKEN` the admin token.
+* `python`: run by the test virtualenv's Python, with the same ports.
+* `yaml`: a whole configuration (it has `listen:`) is checked by `tollgate -t`; a fragment is
+  merged into the bundled configuration and checked the same way.
+
+A block is marked by an HTML comment on the line before it:
+`<!-- docs: not run — why -->` (needs a real service, or starts what this test starts),
+`<!-- docs: expect-refusal -->` (an example of a refusal: it must fail).
+Blocks without a language (output, diagrams) are not run."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from pysupport import free_port, wait_listening  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BIN_DIR = os.environ.get("TOLLGATE_BIN_DIR", os.path.join(ROOT, "target", "debug"))
+PAGES = ["README.md"] + sorted(os.path.join("docs", p) for p in os.listdir(os.path.join(ROOT, "docs")) if p.endswith(".md"))
+ADMIN_TOKEN = "docs-admin-token-0123456789abcdef"
+AGENT_CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
+RUN = {"sh", "bash", "python", "yaml"}
+MARK = re.compile(r"<!--\s*docs:\s*(not run|expect-refusal)\s*(?:[—-]+\s*(.*?))?\s*-->")
+
+
+def blocks(page):
+    """(line, language, code, mark, why) of each fenced block of `page`."""
+    found, lines = [], open(os.path.join(ROOT, page)).read().split("\n")
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^```(\w*)\s*$", lines[i])
+        if not m:
+            i += 1
+            continue
+        start, lang = i, m.group(1)
+        j = i + 1
+        while j < len(lines) and lines[j] != "```":
+            j += 1
+        mark = MARK.search(lines[start - 1]) if start > 0 else None
+        found.append((start + 1, lang, "\n".join(lines[start + 1:j]), mark.group(1) if mark else None, (mark.group(2) or "") if mark else ""))
+        i = j + 1
+    return found
+
+
+CASES = [(page, line, lang, code, mark, why) for page in PAGES for (line, lang, code, mark, why) in blocks(page)]
+
+
+class Env:
+    def __init__(self, tmp, gw, admin, mock):
+        self.tmp, self.gw, self.admin, self.mock = tmp, gw, admin, mock
+
+    def localise(self, text):
+        for port, mine in ((8080, self.gw), (8081, self.admin), (9100, self.mock)):
+            text = re.sub(rf"(localhost|127\.0\.0\.1):{port}\b", rf"\g<1>:{mine}", text)
+        return text.replace("target/release/", BIN_DIR + "/")
+
+    def bundled(self):
+        """The bundled configuration, on this test's ports and data folder."""
+        text = open(os.path.join(ROOT, "conf", "tollgate.yaml")).read()
+        text = self.localise(text).replace("./data", os.path.join(self.tmp, "data"))
+        return yaml.safe_load(text)
+
+
+@pytest.fixture(scope="module")
+def env():
+    tmp = tempfile.mkdtemp(prefix="tollgate-docs-")
+    gw, admin, mock_port = free_port(), free_port(), free_port()
+    e = Env(tmp, gw, admin, mock_port)
+    procs = []
+    try:
+        mock = subprocess.Popen([os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}"])
+        procs.append(mock)
+        wait_listening(mock_port, mock, "tollgate-mock")
+        path = os.path.join(tmp, "tollgate.yaml")
+        with open(path, "w") as f:
+            yaml.safe_dump(e.bundled(), f)
+        proc = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], cwd=tmp,
+                                env={**os.environ, "RUST_LOG": "warn", "TOLLGATE_ADMIN_TOKEN": ADMIN_TOKEN})
+        procs.append(proc)
+        wait_listening(gw, proc, "tollgate")
+        wait_listening(admin, proc, "tollgate admin")
+        yield e
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def merged(base, fragment):
+    """`fragment` laid over `base`: maps merged, lists of named entries added or replaced."""
+    for k, v in fragment.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            merged(base[k], v)
+        elif isinstance(v, list) and isinstance(base.get(k), list) and all(isinstance(x, dict) and "name" in x for x in v):
+            names = {x["name"] for x in v}
+            base[k] = [x for x in base[k] if not (isinstance(x, dict) and x.get("name") in names)] + v
+        else:
+            base[k] = v
+    return base
+
+
+def run(env, lang, code):
+    work = os.path.join(env.tmp, "work")
+    os.makedirs(work, exist_ok=True)
+    home = os.path.join(env.tmp, "home")
+    os.makedirs(home, exist_ok=True)
+    # The agent CLIs the set-up installs (tests/run_all.sh), a home of their own.
+    path = f"{BIN_DIR}:{AGENT_CLIS}:{os.environ.get('PATH', '')}"
+    shell_env = {**os.environ, "TOLLGATE_ADMIN_TOKEN": ADMIN_TOKEN, "PATH": path, "HOME": home, "TERM": "dumb", "NO_COLOR": "1"}
+    # A variable a configuration names for a secret (`*_env: NAME`) is set to a stand-in.
+    for name in re.findall(r"_env:\s*\"?([A-Z][A-Z0-9_]*)", code):
+        shell_env.setdefault(name, "docs-stand-in-secret")
+    if lang in ("sh", "bash"):
+        script = "curl() { command curl --fail-with-body \"$@\"; }\n" + env.localise(code)
+        return subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=work, env=shell_env, capture_output=True, text=True, timeout=120)
+    if lang == "python":
+        return subprocess.run([sys.executable, "-c", env.localise(code)], cwd=work, env=shell_env, capture_output=True, text=True, timeout=120)
+    doc = yaml.safe_load(env.localise(code))
+    # A list of named entries is a provider list's.
+    if isinstance(doc, list):
+        doc = {"providers": doc}
+    config = doc if isinstance(doc, dict) and "listen" in doc else merged(env.bundled(), doc or {})
+    config["listen"], config.setdefault("admin", {})["listen"] = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    path = os.path.join(work, "check.yaml")
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    # From the repository's root: a file an example names (tests/fixtures/…) is found.
+    shell_env.setdefault("AWS_ACCESS_KEY_ID", "docs-stand-in")
+    shell_env.setdefault("AWS_SECRET_ACCESS_KEY", "docs-stand-in")
+    return subprocess.run([os.path.join(BIN_DIR, "tollgate"), "-t", "-c", path], cwd=ROOT, env=shell_env, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("page,line,lang,code,mark,why", CASES, ids=[f"{c[0]}:{c[1]}" for c in CASES])
+def test_the_example_runs(env, page, line, lang, code, mark, why):
+    if lang not in RUN:
+        pytest.skip(f"a {lang or 'plain'} block is shown, not run")
+    if mark == "not run":
+        assert why, f"{page}:{line}: a block not run says why"
+        pytest.skip(why)
+    done = run(env, lang, code)
+    said = f"{page}:{line} ({lang}) exited {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+    if mark == "expect-refusal":
+        assert done.returncode != 0, said
+    else:
+        assert done.returncode == 0, said
+
+
+def test_every_page_is_in_the_summary():
+    summary = open(os.path.join(ROOT, "docs", "SUMMARY.md")).read()
+    pages = [p for p in os.listdir(os.path.join(ROOT, "docs")) if p.endswith(".md") and p != "SUMMARY.md"]
+    assert [p for p in pages if f"({p})" not in summary] == []
+
+
+def test_the_readme_is_short():
+    assert len(open(os.path.join(ROOT, "README.md")).read().split("\n")) <= 200
