@@ -168,3 +168,47 @@ def test_every_page_is_in_the_summary():
 
 def test_the_readme_is_short():
     assert len(open(os.path.join(ROOT, "README.md")).read().split("\n")) <= 200
+
+
+BOGUS = "no_such_key_docs"
+
+
+def accepted(doc):
+    """The keys the parser accepts where `doc` puts the bogus key, or None when it is no section
+    of named keys (the parser's own refusal of an unknown key lists them)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump({"listen": "127.0.0.1:1", **doc}, f)
+    try:
+        out = subprocess.run([os.path.join(BIN_DIR, "tollgate"), "-t", "-c", f.name], capture_output=True, text=True, timeout=30)
+    finally:
+        os.unlink(f.name)
+    m = re.search(rf"unknown field `{BOGUS}`, expected (?:one of )?(.*?) at line", out.stderr)
+    return re.findall(r"`(\w+)`", m.group(1)) if m else None
+
+
+def sections(path, place, depth=0):
+    """Every section of the configuration below `place` (a function putting a value where the
+    section is), with the keys it accepts: {dotted path: keys}."""
+    keys = accepted(place({BOGUS: 1}))
+    if keys is None:
+        return {}
+    found = {path or "(top level)": keys}
+    if depth < 4:
+        for k in keys:
+            for shape, suffix in ((lambda v: v, ""), (lambda v: [v], "[]"), (lambda v: {"x": v}, ".*")):
+                inner = sections(f"{path}.{k}{suffix}".lstrip("."), lambda v, k=k, shape=shape: place({k: shape(v)}), depth + 1)
+                if inner:
+                    found.update(inner)
+                    break
+    return found
+
+
+def test_the_reference_lists_exactly_the_keys_the_parser_accepts():
+    """docs/configuration.md's "Every key" lists each section's keys; the parser, asked where an
+    unknown key would go, names the keys it accepts there: the two agree both ways."""
+    reference = open(os.path.join(ROOT, "docs", "configuration.md")).read()
+    listed = {m.group(1): re.findall(r"`(\w+)`", m.group(2).split(" (see")[0])
+              for m in re.finditer(r"^- `([^`]+)`: (.*)$", reference.split("## Every key")[-1], re.M)}
+    found = sections("", lambda v: v)
+    assert len(found) > 10, found
+    assert {p: sorted(k) for p, k in found.items()} == {p: sorted(k) for p, k in listed.items()}
