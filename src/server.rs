@@ -229,6 +229,15 @@ struct Reload {
     certificate: Option<Arc<crate::base::tls::ReloadableCert>>,
     /// Provider health, kept for the providers that remain.
     health: Arc<crate::upstream::health::HealthBook>,
+    /// What the last load held (keys, accounts, prices, providers): a reload says what changed.
+    last: tokio::sync::Mutex<crate::config::changes::Summary>,
+}
+
+/// What a reload did: what changed, the sections that need an upgrade, its warnings.
+struct Reloaded {
+    changed: Vec<String>,
+    needs_upgrade: Vec<&'static str>,
+    warnings: Vec<String>,
 }
 
 /// Apply the configuration file's accounts and keys to the store: new ones get their opening
@@ -246,11 +255,18 @@ async fn seed(keys: &KeyIndex, ledger: &Ledger, config: &Config) -> Result<(), c
 }
 
 impl Reload {
-    async fn reload(&self) -> Result<Vec<&'static str>, String> {
+    async fn reload(&self) -> Result<Reloaded, String> {
         let path = self.path.clone();
         let health = self.health.clone();
         let (config, routing) = tokio::task::spawn_blocking(move || {
-            let config = Config::load(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
+            let config = Config::load(std::path::Path::new(&path)).map_err(|e| {
+                let e = e.to_string();
+                // A running process keeps the environment it started with.
+                match e.contains("is not set") {
+                    true => format!("{e} (in this process's environment: a variable set since it started is read by an upgrade (-u) or a restart, not by a reload)"),
+                    false => e,
+                }
+            })?;
             let routing = routing_for(&config, &health);
             Ok::<_, String>((config, routing))
         })
@@ -263,6 +279,9 @@ impl Reload {
         for warning in config.expired_keys(crate::base::clock::now_unix()) {
             log::warn!("{warning}");
         }
+        let summary = crate::config::changes::Summary::of(&config);
+        let (changed, warnings) = self.last.lock().await.changes(&summary);
+        *self.last.lock().await = summary;
         crate::observe::logging::set_json(config.log_format == crate::config::LogFormat::Json);
         let names: Vec<&str> = config.providers.iter().map(|p| p.name.as_str()).collect();
         self.health.retain(&names);
@@ -305,7 +324,7 @@ impl Reload {
         if config.mcp != old.mcp {
             needs_upgrade.push("mcp");
         }
-        Ok(needs_upgrade)
+        Ok(Reloaded { changed, needs_upgrade, warnings })
     }
 }
 
@@ -325,12 +344,23 @@ impl BackgroundService for Reload {
                 got = hangup.recv() => if got.is_none() { return },
             }
             match self.reload().await {
-                Ok(ignored) if ignored.is_empty() => log::info!("configuration reloaded from {}", self.path),
-                Ok(ignored) => log::warn!(
-                    "configuration reloaded from {}; changes to {} take effect only after an upgrade (-u) or restart",
-                    self.path,
-                    ignored.join(", ")
-                ),
+                Ok(done) => {
+                    let what = match done.changed.is_empty() {
+                        true => "no change to keys, accounts, prices or providers".to_string(),
+                        false => done.changed.join("; "),
+                    };
+                    match done.needs_upgrade.is_empty() {
+                        true => log::info!("configuration reloaded from {}: {what}", self.path),
+                        false => log::warn!(
+                            "configuration reloaded from {}: {what}; changes to {} take effect only after an upgrade (-u) or restart",
+                            self.path,
+                            done.needs_upgrade.join(", ")
+                        ),
+                    }
+                    for warning in done.warnings {
+                        log::warn!("configuration reload: {warning}");
+                    }
+                }
                 Err(e) => log::error!("configuration reload refused, the running configuration stays: {e}"),
             }
         }
@@ -747,6 +777,7 @@ fn add_background(
     server.add_service(background_service("usage retention", retention));
     let reload = Reload {
         path,
+        last: tokio::sync::Mutex::new(crate::config::changes::Summary::of(&config)),
         running: config,
         routing: s.routing.clone(),
         keys: s.keys.clone(),

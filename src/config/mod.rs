@@ -16,6 +16,7 @@
 //! imports it.
 
 pub mod billing;
+pub mod changes;
 pub mod cloud;
 pub mod console;
 pub mod identity;

@@ -23,7 +23,7 @@ pub fn rewrite(status: u16, message: Option<&str>, code: Option<&str>) -> ApiErr
     match status {
         401 | 403 => upstream(
             ErrorKind::UpstreamAuthFailed,
-            "The upstream service refused this gateway's credentials. This is not a problem with your API key; the operator has been alerted.",
+            "The upstream service refused this gateway's credentials. This is not a problem with your API key; the gateway's log records it for the operator.",
         ),
         429 => upstream(ErrorKind::RateLimited, "The upstream service is rate limiting this gateway. Retry later."),
         503 | 529 => upstream(ErrorKind::Overloaded, "The upstream service is overloaded. Retry later."),

@@ -313,3 +313,64 @@ async fn checks_come_in_one_order() {
     assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"model_not_allowed\"}"), 1.0, "{metrics}");
     assert_eq!(metric(&metrics, "tollgate_refusals_total{code=\"rate_limited\"}"), 2.0, "{metrics}");
 }
+
+/// A reload says what it changed — keys added and removed, prices — and that a balance changed
+/// in the file is not applied (a key's balance is set only when it is first created), naming
+/// the admin API's `balance_delta`; the balance stays what it was.
+#[tokio::test]
+async fn a_reload_says_what_changed_and_that_a_changed_file_balance_is_not_applied() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&standard_config(mock.port));
+    let usage = |key: &'static str| {
+        let url = gw.url("/v1/usage");
+        async move {
+            let r = client().get(url).bearer_auth(key).send().await.expect("usage");
+            nanos(&r.json::<Value>().await.expect("json")["balance"])
+        }
+    };
+    assert_eq!(usage(CLIENT_KEY).await, 5_000_000_000);
+    let path = gw.config_path();
+    let changed = std::fs::read_to_string(&path)
+        .expect("config")
+        .replace(
+            &format!("{{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}"),
+            &format!("{{ key: {CLIENT_KEY}, name: tester, group: default, balance: 9.0 }}"),
+        )
+        .replace(
+            &format!("  - {{ key: {CHAT_KEY}, name: chatter, group: chat, balance: 5.0 }}\n"),
+            "  - { key: sk-reload-newcomer-0001, name: newcomer, group: default, balance: 1.0 }\n",
+        );
+    std::fs::write(&path, changed).expect("write");
+    gw.signal("HUP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !gw.log().contains("configuration reloaded") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let log = gw.log();
+    assert!(log.contains("configuration reloaded") && log.contains("keys +1 (newcomer) -1 (chatter)"), "{log}");
+    assert!(log.contains("key 'tester': its balance in the file changed (5 → 9 USD) and is not applied"), "{log}");
+    assert!(log.contains("balance_delta") && !log.contains(CLIENT_KEY), "{log}");
+    assert_eq!(usage(CLIENT_KEY).await, 5_000_000_000, "the stored balance stands");
+}
+
+/// A reload that names a secret variable the process was not started with is refused, saying
+/// that an upgrade (-u) or a restart reads it (a reload does not).
+#[tokio::test]
+async fn a_reload_naming_a_new_secret_variable_says_an_upgrade_reads_it() {
+    let mock = start_mock();
+    let gw = start_gateway_logged(&standard_config(mock.port));
+    let path = gw.config_path();
+    let changed = std::fs::read_to_string(&path).expect("config").replacen(
+        &format!("api_key: {UPSTREAM_KEY}"),
+        "api_key_env: TOLLGATE_RELOAD_NEW_SECRET",
+        1,
+    );
+    std::fs::write(&path, changed).expect("write");
+    gw.signal("HUP");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !gw.log().contains("reload refused") && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let log = gw.log();
+    assert!(log.contains("environment variable TOLLGATE_RELOAD_NEW_SECRET is not set") && log.contains("upgrade (-u)"), "{log}");
+}

@@ -305,7 +305,7 @@ pub(super) fn upstream_failure(e: &Error) -> ApiError {
         }
         ErrorType::Custom(name) if *name == upstream::seam::CREDENTIALS_ERROR => ApiError::new(
             ErrorKind::Overloaded,
-            "The gateway could not sign in to the upstream service; the operator has been alerted. Retry later.",
+            "The gateway could not sign in to the upstream service (its log records why, for the operator). Retry later.",
         ),
         _ => ApiError::new(ErrorKind::BadGateway, "The upstream service is unreachable. Retry later."),
     }
