@@ -38,12 +38,10 @@ impl Summary {
         if !added.is_empty() || !removed.is_empty() {
             what.push(format!("keys +{} ({}) -{} ({})", added.len(), added.join(", "), removed.len(), removed.join(", ")));
         }
-        for (label, old, now) in [("accounts", keys_of(&self.accounts), keys_of(&new.accounts))] {
-            let added: Vec<&str> = now.iter().filter(|n| !old.contains(n)).map(|s| s.as_str()).collect();
-            let removed: Vec<&str> = old.iter().filter(|n| !now.contains(n)).map(|s| s.as_str()).collect();
-            if !added.is_empty() || !removed.is_empty() {
-                what.push(format!("{label} +{} ({}) -{} ({})", added.len(), added.join(", "), removed.len(), removed.join(", ")));
-            }
+        let added: Vec<&str> = new.accounts.keys().filter(|n| !self.accounts.contains_key(*n)).map(String::as_str).collect();
+        let removed: Vec<&str> = self.accounts.keys().filter(|n| !new.accounts.contains_key(*n)).map(String::as_str).collect();
+        if !added.is_empty() || !removed.is_empty() {
+            what.push(format!("accounts +{} ({}) -{} ({})", added.len(), added.join(", "), removed.len(), removed.join(", ")));
         }
         for (label, old, now) in [("prices", &self.prices, &new.prices), ("providers", &self.providers, &new.providers)] {
             let changed: Vec<&str> = old
@@ -73,10 +71,6 @@ impl Summary {
         }
         (what, warnings)
     }
-}
-
-fn keys_of(map: &BTreeMap<String, f64>) -> Vec<String> {
-    map.keys().cloned().collect()
 }
 
 #[cfg(test)]
