@@ -403,7 +403,7 @@ mod tests {
     }
 
     fn fixture() -> String {
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vertex-sa.json").display().to_string()
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/demo/vertex-sa.json").display().to_string()
     }
 
     #[test]

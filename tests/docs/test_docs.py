@@ -68,10 +68,20 @@ class Env:
             text = re.sub(rf"(localhost|127\.0\.0\.1):{port}\b", rf"\g<1>:{mine}", text)
         return text.replace("target/release/", BIN_DIR + "/")
 
+    def demo(self):
+        """conf/demo/ with its service account's token endpoint on this test's mock."""
+        demo = os.path.join(self.tmp, "demo")
+        if not os.path.isdir(demo):
+            os.makedirs(demo)
+            for name in os.listdir(os.path.join(ROOT, "conf", "demo")):
+                with open(os.path.join(ROOT, "conf", "demo", name)) as f, open(os.path.join(demo, name), "w") as out:
+                    out.write(self.localise(f.read()))
+        return demo
+
     def bundled(self):
         """The bundled configuration, on this test's ports and data folder."""
         text = open(os.path.join(ROOT, "conf", "tollgate.yaml")).read()
-        text = self.localise(text).replace("./data", os.path.join(self.tmp, "data"))
+        text = self.localise(text).replace("./data", os.path.join(self.tmp, "data")).replace("conf/demo/", self.demo() + "/")
         return yaml.safe_load(text)
 
 

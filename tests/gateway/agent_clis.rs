@@ -235,7 +235,7 @@ async fn claude_code_through(
 #[tokio::test]
 async fn claude_code_on_bedrock_and_vertex() {
     let Some(bin) = clis() else { return };
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/demo");
     let public = root.join("vertex-sa.pub.pem").display().to_string();
     let mock = start_mock_with(&["--key", UPSTREAM_KEY, "--google-public-key", &public]);
     let dir = tempfile::tempdir().expect("tempdir");

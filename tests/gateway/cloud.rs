@@ -269,7 +269,7 @@ async fn a_wrong_aws_secret_is_the_operators_problem_and_a_skewed_clock_is_corre
 
 /// The fixture service account with its token endpoint at the mock.
 fn service_account(mock: &Proc, dir: &std::path::Path) -> std::path::PathBuf {
-    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vertex-sa.json");
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/demo/vertex-sa.json");
     let mut sa: Value = serde_json::from_slice(&std::fs::read(fixture).unwrap()).unwrap();
     sa["token_uri"] = json!(mock.url("/token"));
     let path = dir.join("sa.json");
@@ -278,7 +278,7 @@ fn service_account(mock: &Proc, dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 fn public_key() -> String {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vertex-sa.pub.pem").display().to_string()
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/demo/vertex-sa.pub.pem").display().to_string()
 }
 
 async fn token_requests(mock: &Proc) -> Vec<Value> {

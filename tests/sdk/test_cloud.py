@@ -32,6 +32,8 @@ ENTRA_SECRET = "mock-entra-client-secret"
 SONNET = "anthropic.claude-sonnet-4-6-v1:0"
 LLAMA = "us.meta.llama4-maverick-17b-instruct-v1:0"
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+# The throwaway service account of the bundled demo (its public key the mock knows).
+DEMO = os.path.join(ROOT, "conf", "demo")
 EXPECTED_3 = "Hello from the"
 
 
@@ -56,10 +58,10 @@ def cloud():
     mock_url = f"http://127.0.0.1:{mock_port}"
     mock = subprocess.Popen([
         os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY,
-        "--google-public-key", os.path.join(FIXTURES, "vertex-sa.pub.pem"),
+        "--google-public-key", os.path.join(DEMO, "vertex-sa.pub.pem"),
     ])
     wait_listening(mock_port, mock, "tollgate-mock")
-    with open(os.path.join(FIXTURES, "vertex-sa.json")) as f:
+    with open(os.path.join(DEMO, "vertex-sa.json")) as f:
         sa = json.load(f)
     sa["token_uri"] = mock_url + "/token"
     sa_path = os.path.join(tmp, "sa.json")
@@ -277,7 +279,7 @@ def test_the_vertex_assertion_verifies_with_google_auth_and_google_auths_own_sig
     c.models.generate_content(model="gamma-3.5-flash", contents="hi")
     tokens = [t for t in cloud.mock_get("/__mock/tokens") if t["grant_type"] == "urn:ietf:params:oauth:grant-type:jwt-bearer"]
     assert tokens and all(t["ok"] for t in tokens), tokens
-    with open(os.path.join(FIXTURES, "vertex-sa.pub.pem"), "rb") as f:
+    with open(os.path.join(DEMO, "vertex-sa.pub.pem"), "rb") as f:
         public = f.read()
     claims = google_jwt.decode(tokens[0]["assertion"], certs=public, audience=cloud.mock + "/token")
     assert claims["iss"] == "tollgate-test@tollgate-test.iam.gserviceaccount.com"

@@ -62,6 +62,9 @@ struct Args {
     threads: usize,
 }
 
+/// The public key of the bundled demo's throwaway Google service account.
+const DEMO_GOOGLE_PUBLIC_KEY: &[u8] = include_bytes!("../../../conf/demo/vertex-sa.pub.pem");
+
 fn main() {
     tollgate::observe::logging::init("warn");
     let args = Args::parse();
@@ -72,12 +75,17 @@ fn main() {
         graceful_shutdown_timeout_seconds: Some(1),
         ..ServerConf::default()
     };
-    let google_public_key = args.google_public_key.as_ref().map(|path| match std::fs::read(path) {
-        Ok(pem) => pem,
-        Err(e) => {
-            eprintln!("tollgate-mock: --google-public-key {path}: {e}");
-            std::process::exit(2);
-        }
+    // Without the flag: the bundled demo's throwaway service account (conf/demo/), so the
+    // bundled configuration's Vertex provider signs in offline.
+    let google_public_key = Some(match args.google_public_key.as_ref() {
+        Some(path) => match std::fs::read(path) {
+            Ok(pem) => pem,
+            Err(e) => {
+                eprintln!("tollgate-mock: --google-public-key {path}: {e}");
+                std::process::exit(2);
+            }
+        },
+        None => DEMO_GOOGLE_PUBLIC_KEY.to_vec(),
     });
     let cloud = cloud::CloudMock::new(
         (args.aws_access_key_id.clone(), args.aws_secret_access_key.clone()),

@@ -152,7 +152,7 @@ mod tests {
     use super::*;
 
     fn account() -> ServiceAccount {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vertex-sa.json");
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/demo/vertex-sa.json");
         crate::config::cloud::service_account(&path).unwrap()
     }
 
@@ -194,7 +194,7 @@ mod tests {
     fn the_assertion_is_an_rs256_jwt_for_the_token_uri_verifiable_with_the_accounts_public_key() {
         let grant = JwtBearer::new(&account());
         let jwt = grant.assertion(1_800_000_000).unwrap();
-        let public = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vertex-sa.pub.pem")).unwrap();
+        let public = std::fs::read(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("conf/demo/vertex-sa.pub.pem")).unwrap();
         let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::RS256);
         validation.validate_exp = false;
         validation.set_audience(&["http://127.0.0.1:9100/token"]);
