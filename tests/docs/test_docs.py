@@ -222,3 +222,22 @@ def test_the_reference_lists_exactly_the_keys_the_parser_accepts():
     found = sections("", lambda v: v)
     assert len(found) > 10, found
     assert {p: sorted(k) for p, k in found.items()} == {p: sorted(k) for p, k in listed.items()}
+
+
+def anchors(path):
+    """The anchors of a page's headings, as Markdown renderers make them."""
+    heads = re.findall(r"^#{1,6} (.*)$", open(path).read(), re.M)
+    return {re.sub(r"[^a-z0-9 -]", "", h.lower()).replace(" ", "-") for h in heads}
+
+
+def test_every_link_between_pages_reaches_its_page_and_heading():
+    broken = []
+    for page in PAGES:
+        here = os.path.dirname(os.path.join(ROOT, page))
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.md)?(?:#([\w-]+))?\)", open(os.path.join(ROOT, page)).read()):
+            path = os.path.normpath(os.path.join(here, target)) if target else os.path.join(ROOT, page)
+            if not os.path.exists(path):
+                broken.append(f"{page}: {target}")
+            elif anchor and anchor not in anchors(path):
+                broken.append(f"{page}: {target}#{anchor}")
+    assert broken == []
