@@ -12,6 +12,7 @@ mod bodies;
 mod cloud;
 mod mcp;
 mod media;
+mod oidc;
 mod realtime;
 mod tc;
 mod upstream;

@@ -150,6 +150,8 @@ pub struct MockUpstream {
     batches: crate::batches::BatchMock,
     /// An MCP server (see `mcp`).
     mcp: crate::mcp::McpMock,
+    /// An OpenID Connect provider for the demo (see `oidc`).
+    oidc: crate::oidc::Oidc,
 }
 
 impl MockUpstream {
@@ -163,6 +165,7 @@ impl MockUpstream {
             cloud,
             batches: Default::default(),
             mcp: Default::default(),
+            oidc: crate::oidc::Oidc::new(),
             upstream_key: upstream_key.into(),
             records: Mutex::new(Vec::new()),
             holds: Mutex::new(HashMap::new()),
@@ -238,6 +241,20 @@ fn error_body(kind: Kind, status: u16, message: &str) -> Value {
 }
 
 impl MockUpstream {
+    /// The demo OpenID Connect provider (see `oidc`) and the clouds' token endpoints (see
+    /// `cloud`), when the request is for one of them.
+    async fn token_endpoints(&self, session: &mut Session, req: &RequestHeader, query: &str, body: &[u8]) -> Option<Result<()>> {
+        let path = req.uri.path();
+        if crate::oidc::handles(path) {
+            let host = header(req, "host").unwrap_or("127.0.0.1:9100");
+            let (status, ctype, text, headers) = self.oidc.answer(host, req.method.as_str(), path, query, body);
+            let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            return Some(send(session, status, ctype, text.into(), &extra).await);
+        }
+        let (status, answer) = self.cloud.token_endpoint(path, body)?;
+        Some(send(session, status, "application/json", answer.to_string().into(), &[]).await)
+    }
+
     async fn answer(&self, session: &mut Session) -> Result<()> {
         let req = session.req_header().clone();
         let path = req.uri.path().to_string();
@@ -254,8 +271,8 @@ impl MockUpstream {
         while let Some(chunk) = session.read_request_body().await? {
             body.extend_from_slice(&chunk);
         }
-        if let Some((status, answer)) = self.cloud.token_endpoint(&path, &body) {
-            return send(session, status, "application/json", answer.to_string().into(), &[]).await;
+        if let Some(answered) = self.token_endpoints(session, &req, query.as_deref().unwrap_or_default(), &body).await {
+            return answered;
         }
         if let Some(endpoint) = crate::media::endpoint(&path) {
             return self.media(session, &req, endpoint, body).await;
