@@ -77,12 +77,24 @@ pub(super) async fn providers(api: &AdminApi, req: &Request) -> Page {
         let (mut latency, mut first_byte) = (r.latency, r.first_byte);
         rows.push(vec![
             esc(&c.name),
-            esc(&format!("{:?}", c.protocol).to_lowercase()),
+            // What the file configured (a cloud by its name), and the wire protocol when it differs.
+            match c.kind.as_str() == c.protocol.as_str() {
+                true => esc(c.kind.as_str()),
+                false => format!("{} <small>({})</small>", esc(c.kind.as_str()), esc(c.protocol.as_str())),
+            },
             format!("<span class=\"state {s}\">{s}</span>"),
             if r.n == 0 { "—".to_string() } else { format!("{:.1}% of {}", r.ok as f64 * 100.0 / r.n as f64, count(r.n)) },
             median(&mut latency),
             median(&mut first_byte),
-            esc(&c.models.join(", ")),
+            // Each model as clients call it, with the upstream's own name when it differs.
+            c.models
+                .iter()
+                .map(|m| match c.upstream_names.get(m) {
+                    Some(theirs) => format!("{} → <small>{}</small>", esc(m), esc(theirs)),
+                    None => esc(m),
+                })
+                .collect::<Vec<_>>()
+                .join(", "),
             pool,
         ]);
     }
@@ -90,7 +102,7 @@ pub(super) async fn providers(api: &AdminApi, req: &Request) -> Page {
         "<p><small>Success rate, latency and time to first byte: medians of the last 15 minutes' requests (request log).</small></p>{}",
         html::table(
             "providers",
-            &["Provider", "Protocol", "State", "Success", "Latency p50", "First byte p50", "Models", "Key pool"],
+            &["Provider", "Kind", "State", "Success", "Latency p50", "First byte p50", "Models (→ upstream name)", "Key pool"],
             &rows,
             None
         )
