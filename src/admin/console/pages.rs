@@ -47,6 +47,13 @@ pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request) -> L
     }
 }
 
+/// Whether a logged request counts as an error: a 4xx or 5xx, but not the MCP protocol's own
+/// `405` to a `GET /mcp` (a client asking for a stream the server does not offer, as the
+/// protocol lets it).
+fn failed(route: &str, status: u16) -> bool {
+    status >= 400 && !(route == "mcp" && status == 405)
+}
+
 async fn overview(api: &AdminApi, req: &Request) -> Page {
     let clock = Clock::now(api);
     let first = clock.days_before(29);
@@ -61,7 +68,7 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
         for (i, (_, from)) in periods.iter().enumerate() {
             if day >= *from {
                 logged[i].0 += 1;
-                logged[i].1 += u64::from(e.status >= 400);
+                logged[i].1 += u64::from(failed(&e.route, e.status));
                 latencies[i].push(e.latency_ms);
             }
         }
@@ -118,4 +125,13 @@ async fn overview(api: &AdminApi, req: &Request) -> Page {
         health_strip(api),
     );
     Ok(clock.page("Overview", "/console", &req.csrf, &body))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_mcp_protocols_own_405_is_no_error() {
+        assert!(super::failed("chat_completions", 429) && super::failed("mcp", 500) && super::failed("mcp", 403));
+        assert!(!super::failed("mcp", 405) && !super::failed("chat_completions", 200));
+    }
 }
