@@ -134,7 +134,7 @@ crate::with_key_policy! { patch
     }
 }
 
-/// `GET /admin/requests`' query: `key` (a key id), `model`, `status` (`2xx`, `4xx`, `5xx`),
+/// `GET /admin/requests`' query: `key` (a key id), `model`, `route` (its label), `status` (`2xx`, `4xx`, `5xx`),
 /// `start` and `end` (unix seconds), `limit` (1 to 500, 50 by default), `cursor` (a page's
 /// `next`).
 fn request_filter(query: Option<&str>) -> std::result::Result<crate::records::log::Filter, ApiError> {
@@ -146,6 +146,7 @@ fn request_filter(query: Option<&str>) -> std::result::Result<crate::records::lo
         match name {
             "key" => f.key_id = Some(value),
             "model" => f.model = Some(value),
+            "route" => f.route = Some(value),
             "status" => {
                 let class = value.strip_suffix("xx").unwrap_or(&value);
                 f.status_class = Some(match class {

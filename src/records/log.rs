@@ -288,6 +288,8 @@ pub struct Filter {
     pub id: Option<String>,
     pub key_id: Option<String>,
     pub model: Option<String>,
+    /// The route label (`chat_completions`, `messages`, `mcp_tool_call`, …).
+    pub route: Option<String>,
     /// 2, 4 or 5: the status class.
     pub status_class: Option<u16>,
     /// `start_ms <= time_ms < end_ms`.
@@ -305,6 +307,7 @@ impl Filter {
             && self.id.as_ref().is_none_or(|id| *id == e.id)
             && self.key_id.as_ref().is_none_or(|k| e.key_id.as_ref() == Some(k))
             && self.model.as_ref().is_none_or(|m| e.model.as_ref() == Some(m))
+            && self.route.as_ref().is_none_or(|r| *r == e.route)
             && self.status_class.is_none_or(|c| e.status / 100 == c)
     }
 }
@@ -346,6 +349,9 @@ mod tests {
         assert!(!Filter { status_class: Some(2), ..f.clone() }.matches(&e));
         assert!(!Filter { key_id: Some("other".into()), ..f.clone() }.matches(&e));
         assert!(!Filter { start_ms: 6, ..f.clone() }.matches(&e));
+        let chat = LogEntry { route: "chat_completions".into(), ..e.clone() };
+        assert!(Filter { route: Some("chat_completions".into()), ..f.clone() }.matches(&chat));
+        assert!(!Filter { route: Some("mcp_tool_call".into()), ..f.clone() }.matches(&chat));
         // The stored form says the same entry again, alone and in a batch.
         let full = LogEntry {
             id: "req_1".into(),

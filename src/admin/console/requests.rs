@@ -54,6 +54,9 @@ pub(super) async fn requests(api: &AdminApi, req: &Request) -> Page {
         if !q.get("model").is_empty() {
             filter.model = Some(q.get("model").to_string());
         }
+        if !q.get("route").is_empty() {
+            filter.route = Some(q.get("route").to_string());
+        }
         match q.get("status") {
             "" => {}
             s @ ("2xx" | "3xx" | "4xx" | "5xx") => filter.status_class = s[..1].parse().ok(),
@@ -91,8 +94,9 @@ pub(super) async fn requests(api: &AdminApi, req: &Request) -> Page {
     };
     let filters = format!(
         "<form method=\"get\" action=\"/console/requests\" class=\"filters\"><label>Key<select name=\"key\">{key_options}</select></label>{}\
-<label>Status<select name=\"status\">{status_options}</select>{status_error}</label>{}{}<button type=\"submit\" class=\"secondary\">Filter</button></form>",
+{}<label>Status<select name=\"status\">{status_options}</select>{status_error}</label>{}{}<button type=\"submit\" class=\"secondary\">Filter</button></form>",
         html::field("model", "Model", q.get("model"), err, ""),
+        html::field("route", "Route", q.get("route"), err, "chat_completions"),
         html::field("from", "From", q.get("from"), err, "YYYY-MM-DD"),
         html::field("to", "To (inclusive)", q.get("to"), err, "YYYY-MM-DD"),
     );
@@ -105,7 +109,7 @@ pub(super) async fn requests(api: &AdminApi, req: &Request) -> Page {
     let rows: Vec<Vec<String>> = entries.iter().map(|e| request_row(e, &names, clock.tz())).collect();
     let pager = match next {
         Some(cursor) => {
-            let mut params: Vec<String> = ["key", "model", "status", "from", "to"]
+            let mut params: Vec<String> = ["key", "model", "route", "status", "from", "to"]
                 .iter()
                 .filter(|n| !q.get(n).is_empty())
                 .map(|n| format!("{n}={}", enc(q.get(n))))
