@@ -6,6 +6,7 @@ other people's keys; a team admin's page of their team only, allowances never ab
 team's account and audited with their name; an operator by role sees the whole console; a
 provider that is down leaves the admin token working."""
 import json
+import re
 import os
 import shutil
 import subprocess
@@ -148,6 +149,11 @@ def test_a_member_signs_in_makes_uses_rotates_and_revokes_their_own_key_and_noth
     assert env.account("research") == research - cost
     (key,) = [k for k in env.keys_of("ada@example.com") if k["name"] == "ada-laptop"]
     assert key["account"] == "research" and round(key["balance"] * 1e9) == 1_000_000_000 - cost
+    # An operator's People page lists her among who has signed in, with the team she draws on.
+    operator = requests.Session()
+    operator.post(env.admin + "/console/login", data={"token": ADMIN_TOKEN, "next": "/console/people"})
+    signed_in = operator.get(env.admin + "/console/people").text.split("Who has signed in")[-1]
+    assert re.search(r"ada@example\.com[^<]*</td><td>research</td>", signed_in), signed_in
     audit = env.admin_json("GET", "/admin/audit")["data"]
     assert any(e["id"] == key["id"] and "made on team research by ada@example.com [ada] (member)" in (e.get("reason") or "") for e in audit), audit[:3]
     # Shut out of every operator page, the admin API, and other people's keys.

@@ -20,6 +20,24 @@ pub(super) async fn people(api: &AdminApi, req: &Request) -> Page {
             rows.push(vec![esc(&a.name), esc(who), esc(role)]);
         }
     }
+    // Who has signed in: each person with keys of their own (made at their first sign-in or
+    // call), by the provider's subject — as the keys name them, with the teams they draw on.
+    let mut signed: BTreeMap<String, (String, std::collections::BTreeSet<String>, usize)> = BTreeMap::new();
+    for k in api.keys.all_keys().await.map_err(internal)?.iter().filter(|k| k.revoked_at.is_none()) {
+        let Some(subject) = &k.owner else { continue };
+        let entry = signed
+            .entry(subject.clone())
+            .or_insert_with(|| (k.policy.tags.get("person").unwrap_or(subject).clone(), Default::default(), 0));
+        entry.1.extend(k.policy.account.clone());
+        entry.2 += 1;
+    }
+    let signed_rows: Vec<Vec<String>> = signed
+        .values()
+        .map(|(person, teams, keys)| {
+            let teams = if teams.is_empty() { "—".to_string() } else { teams.iter().map(|t| esc(t)).collect::<Vec<_>>().join(", ") };
+            vec![esc(person), teams, keys.to_string()]
+        })
+        .collect();
     let options: String = accounts.iter().map(|a| format!("<option>{}</option>", esc(&a.name))).collect();
     let roles: String = ROLES.iter().map(|r| format!("<option>{r}</option>")).collect();
     let body = format!(
@@ -29,6 +47,10 @@ pub(super) async fn people(api: &AdminApi, req: &Request) -> Page {
 <label>Role<select name=\"role\">{roles}<option value=\"\">(take out)</option></select></label><p><button type=\"submit\">Save</button></p></form>",
         html::table("people", &["Team", "Person", "Role"], &rows, None),
         esc(&req.csrf),
+    );
+    let body = format!(
+        "{body}<h2>Who has signed in</h2><p><small>People with keys of their own, by the provider's subject; their roles come from the provider's claims at each sign-in, and from the teams above.</small></p>{}",
+        html::table("signed-in", &["Person", "Teams", "Keys"], &signed_rows, None)
     );
     Ok(clock.page("People", "/console/people", &req.csrf, &body))
 }
