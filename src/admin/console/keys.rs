@@ -159,8 +159,26 @@ pub(super) async fn create_key(api: &AdminApi, reveals: &Reveals, req: &Request)
 /// A form's errors as (field, message) pairs, and the form they came from.
 pub(super) fn field_errors<'a>(error: Option<(&'a [ApiError], &'a Form)>) -> (Vec<(&'a str, &'a str)>, Option<&'a Form>) {
     match error {
-        Some((errors, f)) => (errors.iter().map(|e| (e.param.as_deref().unwrap_or("form"), e.message.as_str())).collect(), Some(f)),
+        Some((errors, f)) => {
+            (errors.iter().map(|e| (form_field(e.param.as_deref().unwrap_or("form"), &e.message), e.message.as_str())).collect(), Some(f))
+        }
         None => (Vec::new(), None),
+    }
+}
+
+/// The form's field an API refusal is about: the policy's fields by the path its message
+/// starts with (`budgets.day: …` is the daily cap's input, `models.deny: …` the denied models').
+fn form_field<'a>(param: &'a str, message: &str) -> &'a str {
+    let path = message.split(':').next().unwrap_or_default();
+    match param {
+        "budgets" => match path {
+            "budgets.week" => "budget_week",
+            "budgets.month" => "budget_month",
+            _ => "budget_day",
+        },
+        "models" if path == "models.deny" => "models_deny",
+        "models" => "models_allow",
+        other => other,
     }
 }
 
@@ -597,6 +615,22 @@ pub(super) const EDIT_FIELDS: [&str; 21] = [
 mod tests {
     use super::*;
     use crate::admin::console::usage::csv_cell;
+
+    /// A refused cap or model rule is shown under its own input, not lost.
+    #[test]
+    fn a_refused_policy_field_is_shown_under_its_own_input() {
+        let refused = |param: &str, message: &str| ApiError::new(crate::protocol::ErrorKind::BadRequest, message).with_param(param);
+        let errors = [
+            refused("budgets", "budgets.week: a positive number of USD, at most 1000000"),
+            refused("models", "models.deny: '*x' — a name, or a prefix ending in one '*'"),
+            refused("group", "group: no group named 'nope'"),
+        ];
+        let form = Form::default();
+        let (fields, _) = field_errors(Some((&errors, &form)));
+        let names: Vec<&str> = fields.iter().map(|(f, _)| *f).collect();
+        assert_eq!(names, ["budget_week", "models_deny", "group"]);
+        assert!(html::field_of("budget_week", "Weekly cap (USD)", "-5", &fields, "").contains("budget_week-error"));
+    }
 
     #[test]
     fn csv_cells_are_quoted_and_formulas_defused() {
