@@ -455,3 +455,7 @@ def test_spend_is_one_figure_on_every_page(gateway, browser):
     browser.get(gateway.console + f"/usage?group=key&from={DAY_BEFORE}&to={DAY_AFTER}")
     row = next(r for r in table_rows(browser, "usage") if r[0].startswith("other-team"))
     assert usd(row[4]) + usd(row[6]) == pytest.approx(api_other, abs=1e-6)
+    # The net spend beside them, and every amount of the table at one precision.
+    assert usd(row[8]) == pytest.approx(api_other, abs=1e-6)
+    amounts = [r[i] for r in table_rows(browser, "usage") for i in (4, 6, 8)]
+    assert len({len(a.split(".")[1]) for a in amounts}) == 1, amounts

@@ -48,6 +48,25 @@ pub fn nanos(n: i64) -> String {
     money(crate::base::money::usd(n))
 }
 
+/// The decimals that show every amount of a table (nano-USD) as [`money`] would, 2 to 6: one
+/// precision for the whole table.
+pub fn money_digits(amounts: impl IntoIterator<Item = i64>) -> usize {
+    amounts
+        .into_iter()
+        .map(|n| {
+            let text = format!("{:.6}", crate::base::money::usd(n));
+            text.split_once('.').map_or(0, |(_, frac)| frac.trim_end_matches('0').len())
+        })
+        .fold(2, usize::max)
+}
+
+/// nano-USD with `digits` decimals (see [`money_digits`]).
+pub fn nanos_at(n: i64, digits: usize) -> String {
+    let usd = crate::base::money::usd(n);
+    let sign = if usd < 0.0 { "-" } else { "" };
+    format!("{sign}${:.*}", digits, usd.abs())
+}
+
 /// A count with thousands separators.
 pub fn count(n: u64) -> String {
     let digits = n.to_string();
@@ -207,6 +226,15 @@ pub fn spend_chart(days: &[(String, i64)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_table_shows_its_amounts_at_one_precision() {
+        let amounts = [1_500_000_000, 125_000, -20_000_000];
+        let digits = money_digits(amounts);
+        assert_eq!(digits, 6);
+        assert_eq!(amounts.map(|n| nanos_at(n, digits)), ["$1.500000", "$0.000125", "-$0.020000"]);
+        assert_eq!(money_digits([1_500_000_000, 10_000_000]), 2);
+    }
 
     #[test]
     fn text_is_escaped_and_amounts_read_well() {

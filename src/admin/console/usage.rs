@@ -1,7 +1,7 @@
 //! The usage page: totals grouped by key, model, provider or day (and CSV), and the rows the
 //! overview and a key's page show.
 
-use super::html::{self, count, esc, nanos};
+use super::html::{self, count, esc};
 use super::page::*;
 use super::requests::*;
 use super::{Form, Request};
@@ -196,40 +196,33 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
             _ => label.to_string(),
         }
     };
-    let head = [group_title(&group), "Requests", "Input tokens", "Output tokens", "Billed", "Refunds", "Refunded", "Failed, not billed"];
+    let head = [
+        group_title(&group),
+        "Requests",
+        "Input tokens",
+        "Output tokens",
+        "Billed",
+        "Refunds",
+        "Refunded",
+        "Failed, not billed",
+        "Spend (net)",
+    ];
     if csv {
-        let mut out = String::new();
-        out.push_str(&head.iter().map(|h| csv_cell(h)).collect::<Vec<_>>().join(","));
-        out.push('\n');
-        for (label, r) in &rows {
-            let cells = [
-                label_text(label),
-                r.totals.requests.to_string(),
-                r.totals.input_tokens.to_string(),
-                r.totals.output_tokens.to_string(),
-                format!("{:.9}", crate::base::money::usd(r.billed())),
-                r.totals.refunds.to_string(),
-                format!("{:.9}", crate::base::money::usd(r.totals.refunded_nanos)),
-                r.failed.to_string(),
-            ];
-            out.push_str(&cells.iter().map(|c| csv_cell(c)).collect::<Vec<_>>().join(","));
-            out.push('\n');
-        }
-        let mut resp = LocalResponse { status: 200, body: out.into(), content_type: "text/csv; charset=utf-8", headers: Vec::new() };
-        resp.headers.push(("content-disposition", format!("attachment; filename=\"usage-{}-{from}-{to}.csv\"", group.name())));
-        resp.headers.push(("cache-control", "no-store".into()));
-        return Ok(resp);
+        return Ok(usage_csv(&head, &rows, &label_text, group.name(), (&from, &to)));
     }
+    // One precision for every amount of the table.
+    let digits = html::money_digits(rows.values().chain([&total]).flat_map(|r| [r.billed(), r.totals.refunded_nanos, r.spend()]));
     let cells = |label: String, r: &Row| {
         vec![
             label,
             count(r.totals.requests),
             count(r.totals.input_tokens),
             count(r.totals.output_tokens),
-            nanos(r.billed()),
+            html::nanos_at(r.billed(), digits),
             count(r.totals.refunds),
-            nanos(r.totals.refunded_nanos),
+            html::nanos_at(r.totals.refunded_nanos, digits),
             count(r.failed),
+            html::nanos_at(r.spend(), digits),
         ]
     };
     let table_rows: Vec<Vec<String>> = rows
@@ -251,7 +244,8 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
     };
     let body = format!(
         "{}<p><small>{} to {} inclusive, days in {}. Billed: what requests cost; refunds are credits given back (failed video tasks); \
-failed, not billed: requests answered with an error that cost nothing (from the request log, kept {} days).</small></p>{note}\
+failed, not billed: requests answered with an error that cost nothing (from the request log, kept {} days); \
+spend (net): billed less refunds, the spend of every other page.</small></p>{note}\
 {}<p><a href=\"{}\" id=\"csv\">Download CSV</a> (exactly these rows)</p>",
         usage_form(&from, &to, q.get("group"), q.get("tag"), only_key, None),
         esc(&from),
@@ -320,4 +314,36 @@ impl Row {
     pub(super) fn spend(&self) -> i64 {
         self.totals.cost_nanos
     }
+}
+
+/// The usage table's rows as CSV (exactly the page's rows, amounts to the nano-dollar).
+fn usage_csv(
+    head: &[&str],
+    rows: &BTreeMap<String, Row>,
+    label_text: &dyn Fn(&str) -> String,
+    group: &str,
+    (from, to): (&str, &str),
+) -> LocalResponse {
+    let mut out = String::new();
+    out.push_str(&head.iter().map(|h| csv_cell(h)).collect::<Vec<_>>().join(","));
+    out.push('\n');
+    for (label, r) in rows {
+        let cells = [
+            label_text(label),
+            r.totals.requests.to_string(),
+            r.totals.input_tokens.to_string(),
+            r.totals.output_tokens.to_string(),
+            format!("{:.9}", crate::base::money::usd(r.billed())),
+            r.totals.refunds.to_string(),
+            format!("{:.9}", crate::base::money::usd(r.totals.refunded_nanos)),
+            r.failed.to_string(),
+            format!("{:.9}", crate::base::money::usd(r.spend())),
+        ];
+        out.push_str(&cells.iter().map(|c| csv_cell(c)).collect::<Vec<_>>().join(","));
+        out.push('\n');
+    }
+    let mut resp = LocalResponse { status: 200, body: out.into(), content_type: "text/csv; charset=utf-8", headers: Vec::new() };
+    resp.headers.push(("content-disposition", format!("attachment; filename=\"usage-{}-{from}-{to}.csv\"", group)));
+    resp.headers.push(("cache-control", "no-store".into()));
+    resp
 }
