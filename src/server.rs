@@ -578,7 +578,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
     let identity = match &config.identity.oidc {
         Some(oidc) => {
-            let identity = Arc::new(crate::identity::Identity::new(oidc.clone())?);
+            let identity = Arc::new(crate::identity::Identity::new(oidc.clone()).map_err(|e| e.to_string())?);
             server.add_service(background_service("identity keys", crate::identity::KeyRefresh { identity: identity.clone() }));
             Some(identity)
         }

@@ -248,15 +248,11 @@ impl BatchService {
         candidates.iter().map(|&i| &routing.catalog.upstreams[i].config).find(|c| c.kind == ProviderKind::Openai).cloned()
     }
 
-    fn provider(&self, batch: &Batch) -> Result<upstream::Provider, String> {
+    fn provider(&self, batch: &Batch) -> Result<upstream::Provider, upstream::CallError> {
         let routing = self.routing.load();
-        let config = routing
-            .catalog
-            .upstreams
-            .iter()
-            .map(|u| &u.config)
-            .find(|c| c.name == batch.provider)
-            .ok_or_else(|| format!("provider '{}' is no longer configured", batch.provider))?;
+        let config = routing.catalog.upstreams.iter().map(|u| &u.config).find(|c| c.name == batch.provider).ok_or_else(|| {
+            upstream::CallError { status: None, message: format!("provider '{}' is no longer configured", batch.provider) }
+        })?;
         upstream::Provider::new(config, batch.key_index)
     }
 
@@ -477,7 +473,7 @@ impl BatchService {
         // Durable before the provider is called.
         self.put(&batch).await.map_err(internal)?;
         let submitted = async {
-            let up = upstream::Provider::new(&provider, batch.key_index).map_err(|m| upstream::CallError { status: None, message: m })?;
+            let up = upstream::Provider::new(&provider, batch.key_index)?;
             let file = up.upload(&format!("{}.jsonl", batch.id), written.0.clone(), written.1).await?;
             batch.upstream_input_file = Some(file.clone());
             up.create(&file, endpoint, COMPLETION_WINDOW, batch.metadata.as_ref()).await

@@ -45,16 +45,17 @@ pub struct Provider {
 
 impl Provider {
     /// The provider's address and its key `key_index` (the first when there is no such key).
-    pub fn new(config: &ProviderConfig, key_index: usize) -> Result<Provider, String> {
+    pub fn new(config: &ProviderConfig, key_index: usize) -> Result<Provider, CallError> {
+        let unusable = |message: String| CallError { status: None, message };
         let url = &config.base_url;
         let scheme = if url.tls { "https" } else { "http" };
         let base = format!("{scheme}://{}{}", url.host_header(), url.prefix);
-        let key = config.api_keys.get(key_index).or(config.api_keys.first()).ok_or("the provider has no key")?;
+        let key = config.api_keys.get(key_index).or(config.api_keys.first()).ok_or_else(|| unusable("the provider has no key".into()))?;
         let roots = config
             .ca
             .iter()
             .flat_map(|c| c.iter())
-            .map(|cert| reqwest::Certificate::from_der(cert.borrow_raw_cert()).map_err(|e| format!("the provider's CA: {e}")))
+            .map(|cert| reqwest::Certificate::from_der(cert.borrow_raw_cert()).map_err(|e| unusable(format!("the provider's CA: {e}"))))
             .collect::<Result<Vec<_>, _>>()?;
         let client = crate::base::outbound::Outbound {
             connect: Some(Duration::from_millis(config.connect_timeout_ms.max(1))),
@@ -63,7 +64,7 @@ impl Provider {
             ..Default::default()
         }
         .client()
-        .map_err(|e| format!("batch client: {e}"))?;
+        .map_err(|e| unusable(format!("batch client: {e}")))?;
         Ok(Provider { base, auth: format!("Bearer {key}"), client })
     }
 

@@ -52,6 +52,29 @@ struct SigningKey {
     key: DecodingKey,
 }
 
+/// Why the provider's documents could not be read (the sign-in page and the log say it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderError {
+    /// The HTTP client could not be built.
+    Client(String),
+    /// A document could not be fetched, or was not JSON: its URL and why.
+    Fetch { url: String, why: String },
+    /// A document does not say what it must.
+    Document(String),
+}
+
+impl std::fmt::Display for ProviderError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProviderError::Client(why) => write!(f, "identity client: {why}"),
+            ProviderError::Fetch { url, why } => write!(f, "{url}: {why}"),
+            ProviderError::Document(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for ProviderError {}
+
 /// Why a token was not accepted (the client is told only that it was not).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VerifyError {
@@ -90,7 +113,7 @@ pub struct Identity {
 }
 
 impl Identity {
-    pub fn new(cfg: OidcConfig) -> Result<Identity, String> {
+    pub fn new(cfg: OidcConfig) -> Result<Identity, ProviderError> {
         let http = crate::base::outbound::Outbound {
             connect: Some(Duration::from_secs(5)),
             total: Some(Duration::from_secs(10)),
@@ -98,7 +121,7 @@ impl Identity {
             ..Default::default()
         }
         .client()
-        .map_err(|e| format!("identity client: {e}"))?;
+        .map_err(|e| ProviderError::Client(e.to_string()))?;
         Ok(Identity { cfg, http, provider: ArcSwapOption::empty(), fetching: tokio::sync::Mutex::new(None), last_error: Mutex::new(None) })
     }
 
@@ -116,18 +139,19 @@ impl Identity {
         &self.http
     }
 
-    async fn get_json(&self, url: &str) -> Result<Value, String> {
-        let resp = self.http.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
+    async fn get_json(&self, url: &str) -> Result<Value, ProviderError> {
+        let failed = |why: String| ProviderError::Fetch { url: url.to_string(), why };
+        let resp = self.http.get(url).send().await.map_err(|e| failed(e.to_string()))?;
         let status = resp.status();
         if !status.is_success() {
-            return Err(format!("{url}: answered {status}"));
+            return Err(failed(format!("answered {status}")));
         }
-        resp.json().await.map_err(|e| format!("{url}: not JSON ({e})"))
+        resp.json().await.map_err(|e| failed(format!("not JSON ({e})")))
     }
 
     /// Fetch the discovery document and the JWKS (`force`: even if fetched within the last
     /// 30 s). Keeps the previous keys when the provider cannot be reached.
-    pub async fn refresh(&self, force: bool) -> Result<(), String> {
+    pub async fn refresh(&self, force: bool) -> Result<(), ProviderError> {
         let mut last = self.fetching.lock().await;
         if !force && last.is_some_and(|at| at.elapsed() < Duration::from_secs(REFETCH_SECS)) {
             return Ok(());
@@ -144,20 +168,25 @@ impl Identity {
             }
             Err(e) => {
                 log::warn!("identity: the provider {} could not be read: {e}", self.cfg.issuer);
-                *error = Some(e.clone());
+                *error = Some(e.to_string());
                 Err(e)
             }
         }
     }
 
-    async fn fetch(&self) -> Result<Provider, String> {
+    async fn fetch(&self) -> Result<Provider, ProviderError> {
         let doc = self.get_json(&format!("{}/.well-known/openid-configuration", self.cfg.issuer)).await?;
         let field = |name: &str| doc.get(name).and_then(Value::as_str).map(str::to_string);
         // The document must be the issuer's own (OpenID Connect Discovery §4.3).
         if field("issuer").as_deref().map(|i| i.trim_end_matches('/')) != Some(self.cfg.issuer.as_str()) {
-            return Err(format!("its discovery document names the issuer {:?}, not {}", field("issuer"), self.cfg.issuer));
+            return Err(ProviderError::Document(format!(
+                "its discovery document names the issuer {:?}, not {}",
+                field("issuer"),
+                self.cfg.issuer
+            )));
         }
-        let jwks_uri = field("jwks_uri").ok_or("its discovery document has no jwks_uri")?;
+        let missing = |name: &str| ProviderError::Document(format!("its discovery document has no {name}"));
+        let jwks_uri = field("jwks_uri").ok_or_else(|| missing("jwks_uri"))?;
         let jwks = self.get_json(&jwks_uri).await?;
         let mut keys = Vec::new();
         for raw in jwks.get("keys").and_then(Value::as_array).into_iter().flatten() {
@@ -178,11 +207,11 @@ impl Identity {
             }
         }
         if keys.is_empty() {
-            return Err(format!("{jwks_uri} holds no signing key this gateway can use"));
+            return Err(ProviderError::Document(format!("{jwks_uri} holds no signing key this gateway can use")));
         }
         Ok(Provider {
-            authorization_endpoint: field("authorization_endpoint").ok_or("its discovery document has no authorization_endpoint")?,
-            token_endpoint: field("token_endpoint").ok_or("its discovery document has no token_endpoint")?,
+            authorization_endpoint: field("authorization_endpoint").ok_or_else(|| missing("authorization_endpoint"))?,
+            token_endpoint: field("token_endpoint").ok_or_else(|| missing("token_endpoint"))?,
             end_session_endpoint: field("end_session_endpoint"),
             keys,
         })

@@ -148,7 +148,8 @@ impl Hub {
         }
         let mut upstreams = Vec::with_capacity(config.servers.len());
         for s in &config.servers {
-            let http = super::upstream::client(Duration::from_secs(s.timeout_secs))?;
+            let http = super::upstream::client(Duration::from_secs(s.timeout_secs))
+                .map_err(|e| format!("mcp.servers {}: MCP client: {e}", s.name))?;
             let uri: http::Uri = s.url.parse().map_err(|e| format!("mcp.servers {}: {e}", s.name))?;
             let tls = uri.scheme_str() == Some("https");
             upstreams.push(Upstream {

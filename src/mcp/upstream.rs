@@ -30,7 +30,7 @@ pub struct Server {
 
 /// An HTTP client for MCP servers: `timeout` from read to read (a tool may stream progress
 /// for long), no redirects followed.
-pub fn client(timeout: Duration) -> Result<reqwest::Client, String> {
+pub fn client(timeout: Duration) -> Result<reqwest::Client, crate::base::outbound::ClientError> {
     crate::base::outbound::Outbound {
         connect: Some(Duration::from_secs(5)),
         read: Some(timeout),
@@ -38,11 +38,10 @@ pub fn client(timeout: Duration) -> Result<reqwest::Client, String> {
         ..Default::default()
     }
     .client()
-    .map_err(|e| format!("MCP client: {e}"))
 }
 
 impl Server {
-    pub fn new(url: &str, headers: Vec<(String, String)>, timeout: Duration) -> Result<Server, String> {
+    pub fn new(url: &str, headers: Vec<(String, String)>, timeout: Duration) -> Result<Server, crate::base::outbound::ClientError> {
         Ok(Server::with(url.into(), client(timeout)?, Arc::new(Credentials::fixed(headers))))
     }
 
