@@ -584,7 +584,8 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         }
         None => None,
     };
-    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks };
+    let mcp = crate::mcp::hub::Hub::new(&config.mcp)?.map(Arc::new);
+    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp };
     add_handover(&mut server, handover_socket, &shared);
     if let Some(svc) = &shared.video {
         recover_video(svc, &start_up, upgrading)?;
@@ -596,7 +597,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     gateway.files = files;
     gateway.batches = Some(batches);
     gateway.identity = shared.identity.clone();
-    gateway.mcp = crate::mcp::hub::Hub::new(&config.mcp)?.map(Arc::new);
+    gateway.mcp = shared.mcp.clone();
     add_background(&mut server, config, path, &shared, certificate.clone(), closing);
     let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &shared.metrics, true);
     add_public_listeners(&mut proxy, listen, tls_listen.zip(certificate))?;
@@ -622,6 +623,8 @@ struct Shared {
     identity: Option<Arc<crate::identity::Identity>>,
     /// The checks every kind of call goes through (one list for the gateway and its services).
     checks: Arc<crate::checks::Checks>,
+    /// The MCP servers behind `/mcp` (`mcp:`), shared by the gateway and the console.
+    mcp: Option<Arc<crate::mcp::hub::Hub>>,
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -663,6 +666,7 @@ fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> R
             metrics: s.metrics.clone(),
             health: s.health.clone(),
             video: s.video.clone(),
+            mcp: s.mcp.clone(),
             request_log_days: config.console.request_log_days,
             request_log_max: config.console.request_log_max,
             scrape,

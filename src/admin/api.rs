@@ -38,6 +38,8 @@ pub struct AdminApi {
     /// Provider health, for its state gauges.
     pub health: Arc<crate::upstream::health::HealthBook>,
     pub video: Option<Arc<crate::video::VideoService>>,
+    /// The MCP servers behind `/mcp` (the console's MCP page); None when there are none.
+    pub mcp: Option<Arc<crate::mcp::hub::Hub>>,
     /// `console.request_log_days` and `console.request_log_max`, as the console says them.
     pub request_log_days: u64,
     pub request_log_max: usize,

@@ -81,13 +81,14 @@ pub fn count(n: u64) -> String {
 }
 
 /// The pages of the navigation bar: (path, title).
-const NAV: [(&str, &str); 7] = [
+const NAV: [(&str, &str); 8] = [
     ("/console", "Overview"),
     ("/console/keys", "Keys"),
     ("/console/usage", "Usage"),
     ("/console/requests", "Requests"),
     ("/console/providers", "Providers"),
     ("/console/video", "Video tasks"),
+    ("/console/mcp", "MCP"),
     ("/console/people", "People"),
 ];
 

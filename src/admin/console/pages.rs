@@ -30,6 +30,7 @@ pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request) -> L
         ("GET", "/console/requests") => requests(api, req).await,
         ("GET", "/console/providers") => providers(api, req).await,
         ("GET", "/console/video") => video(api, req).await,
+        ("GET", "/console/mcp") => super::providers::mcp(api, req).await,
         ("GET", "/console/people") => super::roster::people(api, req).await,
         ("POST", "/console/people") => super::roster::set_person(api, req).await,
         ("GET", p) if p.starts_with("/console/requests/") => request_detail(api, req, &p["/console/requests/".len()..]).await,

@@ -1,4 +1,4 @@
-//! The providers' page (health, cooldowns, keys) and the video tasks' page.
+//! The providers' page (health, cooldowns, keys), the video tasks' page and the MCP servers'.
 
 use super::html::{self, count, esc, nanos};
 use super::page::*;
@@ -163,3 +163,72 @@ pub(super) async fn video(api: &AdminApi, req: &Request) -> Page {
 
 /// Tasks the video page lists (the most recently updated).
 pub(super) const VIDEO_TASKS: usize = 500;
+
+/// `/console/mcp` (read-only): each MCP server behind `/mcp` — its address (credentials
+/// redacted), transport, how it is signed in to (never the secret), its price per call and
+/// timeout — and its last 24 hours of tool calls from the request log: calls, failures (the
+/// server unreachable or refusing), what they were billed, the last failure's time.
+pub(super) async fn mcp(api: &AdminApi, req: &Request) -> Page {
+    let clock = Clock::now(api);
+    let Some(hub) = &api.mcp else {
+        let body = "<p>No MCP server is configured (<code>mcp.servers</code>).</p>";
+        return Ok(clock.page("MCP servers", "/console/mcp", &req.csrf, body));
+    };
+    #[derive(Default)]
+    struct Calls {
+        n: u64,
+        failed: u64,
+        cost: i64,
+        last_failed: Option<u64>,
+    }
+    let since = crate::base::clock::now_ms().saturating_sub(24 * 3600 * 1000);
+    let mut calls: BTreeMap<String, Calls> = BTreeMap::new();
+    for_log(api, Filter { start_ms: since, end_ms: u64::MAX, route: Some("mcp_tool_call".into()), ..Default::default() }, |e| {
+        if let Some(server) = &e.provider {
+            let c = calls.entry(server.clone()).or_default();
+            c.n += 1;
+            c.cost += e.cost_nanos;
+            if e.status >= 500 {
+                c.failed += 1;
+                c.last_failed = c.last_failed.max(Some(e.time_ms));
+            }
+        }
+    })
+    .await?;
+    let rows: Vec<Vec<String>> = hub
+        .upstreams
+        .iter()
+        .map(|u| {
+            let c = &u.config;
+            let auth = match &c.auth {
+                crate::config::McpAuth::None => "none".to_string(),
+                crate::config::McpAuth::Headers(h) => format!("headers: {}", h.iter().map(|(k, _)| esc(k)).collect::<Vec<_>>().join(", ")),
+                crate::config::McpAuth::ClientCredentials { .. } => "OAuth client credentials".to_string(),
+            };
+            let seen = calls.remove(&c.name).unwrap_or_default();
+            let last = seen.last_failed.map_or("—".to_string(), |ms| crate::base::clock::time_in(ms, clock.tz()));
+            vec![
+                esc(&c.name),
+                format!("<span class=\"mono\">{}</span>", esc(&crate::base::text::redact_url(&c.url))),
+                esc(&format!("{:?}", c.transport)),
+                auth,
+                nanos(c.per_call_nanos),
+                format!("{} s", c.timeout_secs),
+                count(seen.n),
+                count(seen.failed),
+                nanos(seen.cost),
+                last,
+            ]
+        })
+        .collect();
+    let body = format!(
+        "<p><small>Tool calls, failures and what they were billed: the last 24 hours of the request log.</small></p>{}",
+        html::table(
+            "mcp",
+            &["Server", "URL", "Transport", "Signed in with", "Per call", "Timeout", "Calls (24 h)", "Failed", "Billed", "Last failure"],
+            &rows,
+            None
+        )
+    );
+    Ok(clock.page("MCP servers", "/console/mcp", &req.csrf, &body))
+}
