@@ -585,7 +585,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
     let mcp = crate::mcp::hub::Hub::new(&config.mcp)?.map(Arc::new);
-    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp };
+    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp, files, batches };
     add_handover(&mut server, handover_socket, &shared);
     if let Some(svc) = &shared.video {
         recover_video(svc, &start_up, upgrading)?;
@@ -593,11 +593,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     }
     add_operator_listeners(&mut server, &config, &shared)?;
     let closing = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let mut gateway = gateway(&server, &config, &shared, fleet.as_deref(), closing.clone(), body_limits);
-    gateway.files = files;
-    gateway.batches = Some(batches);
-    gateway.identity = shared.identity.clone();
-    gateway.mcp = shared.mcp.clone();
+    let gateway = gateway(&server, &config, &shared, fleet.as_deref(), closing.clone(), body_limits);
     add_background(&mut server, config, path, &shared, certificate.clone(), closing);
     let mut proxy = crate::edge::listener::service(&server.configuration, gateway, "tollgate", &connections, &shared.metrics, true);
     add_public_listeners(&mut proxy, listen, tls_listen.zip(certificate))?;
@@ -625,6 +621,9 @@ struct Shared {
     checks: Arc<crate::checks::Checks>,
     /// The MCP servers behind `/mcp` (`mcp:`), shared by the gateway and the console.
     mcp: Option<Arc<crate::mcp::hub::Hub>>,
+    /// Keys' files and batches, shared by the gateway and the console.
+    files: Arc<crate::files::FileService>,
+    batches: Arc<crate::batch::BatchService>,
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -667,6 +666,8 @@ fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> R
             health: s.health.clone(),
             video: s.video.clone(),
             mcp: s.mcp.clone(),
+            files: Some(s.files.clone()),
+            batches: Some(s.batches.clone()),
             request_log_days: config.console.request_log_days,
             request_log_max: config.console.request_log_max,
             scrape,
@@ -724,10 +725,10 @@ fn gateway(
             body.budget.clone(),
         ),
         realtime: config.realtime,
-        files: Arc::new(crate::files::FileService::new(&config.data_dir, None, config.fleet.is_some())),
-        batches: None,
-        identity: None,
-        mcp: None,
+        files: s.files.clone(),
+        batches: Some(s.batches.clone()),
+        identity: s.identity.clone(),
+        mcp: s.mcp.clone(),
         body,
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),

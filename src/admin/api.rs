@@ -40,6 +40,9 @@ pub struct AdminApi {
     pub video: Option<Arc<crate::video::VideoService>>,
     /// The MCP servers behind `/mcp` (the console's MCP page); None when there are none.
     pub mcp: Option<Arc<crate::mcp::hub::Hub>>,
+    /// Keys' files and batches (the console's read-only pages).
+    pub files: Option<Arc<crate::files::FileService>>,
+    pub batches: Option<Arc<crate::batch::BatchService>>,
     /// `console.request_log_days` and `console.request_log_max`, as the console says them.
     pub request_log_days: u64,
     pub request_log_max: usize,

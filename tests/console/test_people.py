@@ -51,7 +51,7 @@ PEOPLE = {
     "dan": {"email": "dan@example.com", "roles": ["member"], "teams": ["ops"]},
     "olga": {"email": "olga@example.com", "roles": ["operator"], "teams": []},
 }
-OPERATOR_PAGES = ["/console/keys", "/console/usage", "/console/usage.csv", "/console/requests", "/console/providers", "/console/video", "/console/mcp"]
+OPERATOR_PAGES = ["/console/keys", "/console/usage", "/console/usage.csv", "/console/requests", "/console/providers", "/console/video", "/console/mcp", "/console/batches", "/console/files"]
 
 
 class Env:

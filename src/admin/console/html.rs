@@ -81,13 +81,15 @@ pub fn count(n: u64) -> String {
 }
 
 /// The pages of the navigation bar: (path, title).
-const NAV: [(&str, &str); 8] = [
+const NAV: [(&str, &str); 10] = [
     ("/console", "Overview"),
     ("/console/keys", "Keys"),
     ("/console/usage", "Usage"),
     ("/console/requests", "Requests"),
     ("/console/providers", "Providers"),
     ("/console/video", "Video tasks"),
+    ("/console/batches", "Batches"),
+    ("/console/files", "Files"),
     ("/console/mcp", "MCP"),
     ("/console/people", "People"),
 ];

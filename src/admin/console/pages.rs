@@ -31,6 +31,8 @@ pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request) -> L
         ("GET", "/console/providers") => providers(api, req).await,
         ("GET", "/console/video") => video(api, req).await,
         ("GET", "/console/mcp") => super::providers::mcp(api, req).await,
+        ("GET", "/console/batches") => super::providers::batches(api, req).await,
+        ("GET", "/console/files") => super::providers::files(api, req).await,
         ("GET", "/console/people") => super::roster::people(api, req).await,
         ("POST", "/console/people") => super::roster::set_person(api, req).await,
         ("GET", p) if p.starts_with("/console/requests/") => request_detail(api, req, &p["/console/requests/".len()..]).await,

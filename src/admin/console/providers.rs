@@ -1,4 +1,5 @@
-//! The providers' page (health, cooldowns, keys), the video tasks' page and the MCP servers'.
+//! The providers' page (health, cooldowns, keys), and the read-only pages of video tasks, batches,
+//! files and MCP servers.
 
 use super::html::{self, count, esc, nanos};
 use super::page::*;
@@ -231,4 +232,79 @@ pub(super) async fn mcp(api: &AdminApi, req: &Request) -> Page {
         )
     );
     Ok(clock.page("MCP servers", "/console/mcp", &req.csrf, &body))
+}
+
+/// At most this many batches or files of each key on their read-only pages (newest first).
+const PER_KEY: usize = 50;
+
+/// `/console/batches` (read-only): every key's batches, newest first — status, requests done and
+/// failed, the worst case held and what it came to, its provider and last errors.
+pub(super) async fn batches(api: &AdminApi, req: &Request) -> Page {
+    let clock = Clock::now(api);
+    let Some(service) = &api.batches else {
+        return Ok(clock.page("Batches", "/console/batches", &req.csrf, "<p>Batches are not available on this gateway.</p>"));
+    };
+    let mut all = Vec::new();
+    for key in api.keys.all_keys().await.map_err(internal)? {
+        let (list, _) = service.list(&key, None, PER_KEY).await?;
+        all.extend(list.into_iter().map(|b| (key.name.clone(), b)));
+    }
+    all.sort_by_key(|e| std::cmp::Reverse(e.1.created_at));
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|(key, b)| {
+            let errors = b.errors.as_ref().map_or("—".to_string(), |e| esc(&crate::base::text::clip(&e.to_string(), 120)));
+            vec![
+                format!("<span class=\"mono\">{}</span>", esc(&b.id)),
+                esc(key),
+                esc(&b.model),
+                esc(&b.provider),
+                esc(&b.status),
+                format!("{} / {} ({} failed)", count(b.counts.completed), count(b.counts.total), count(b.counts.failed)),
+                nanos(b.hold_nanos),
+                if b.settled { nanos(b.cost_nanos) } else { "—".to_string() },
+                crate::base::clock::time_in(b.created_at.saturating_mul(1000), clock.tz()),
+                errors,
+            ]
+        })
+        .collect();
+    let body = format!(
+        "<p><small>Every key's batches (the newest {PER_KEY} of each), newest first. Held: the worst case charged at creation; came to: what it was billed once settled.</small></p>{}",
+        html::table("batches", &["Batch", "Key", "Model", "Provider", "Status", "Done", "Held", "Came to", "Created", "Errors"], &rows, None)
+    );
+    Ok(clock.page("Batches", "/console/batches", &req.csrf, &body))
+}
+
+/// `/console/files` (read-only): every key's files, newest first — name, purpose, size, when it
+/// was uploaded and when it is gone.
+pub(super) async fn files(api: &AdminApi, req: &Request) -> Page {
+    let clock = Clock::now(api);
+    let Some(service) = &api.files else {
+        return Ok(clock.page("Files", "/console/files", &req.csrf, "<p>Files are not available on this gateway.</p>"));
+    };
+    let mut all = Vec::new();
+    for key in api.keys.all_keys().await.map_err(internal)? {
+        let (list, _) = service.list(&key.id, None, PER_KEY).await?;
+        all.extend(list.into_iter().map(|f| (key.name.clone(), f)));
+    }
+    all.sort_by_key(|e| std::cmp::Reverse(e.1.created_at));
+    let rows: Vec<Vec<String>> = all
+        .iter()
+        .map(|(key, f)| {
+            vec![
+                format!("<span class=\"mono\">{}</span>", esc(&f.id)),
+                esc(key),
+                esc(&f.filename),
+                esc(&f.purpose),
+                count(f.bytes),
+                crate::base::clock::time_in(f.created_at.saturating_mul(1000), clock.tz()),
+                f.expires_at.map_or("—".to_string(), |at| crate::base::clock::time_in(at.saturating_mul(1000), clock.tz())),
+            ]
+        })
+        .collect();
+    let body = format!(
+        "<p><small>Every key's files (the newest {PER_KEY} of each), newest first.</small></p>{}",
+        html::table("files", &["File", "Key", "Name", "Purpose", "Bytes", "Uploaded", "Gone at"], &rows, None)
+    );
+    Ok(clock.page("Files", "/console/files", &req.csrf, &body))
 }
