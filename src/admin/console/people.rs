@@ -169,7 +169,7 @@ async fn me(api: &AdminApi, req: &Request, person: &Person) -> Page {
     } else {
         let options: String = teams.iter().map(|t| format!("<option>{}</option>", esc(t))).collect();
         format!(
-            "<h2>New key</h2><form method=\"post\" action=\"/console/me/keys\" class=\"card\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+            "<h2>New key</h2><form method=\"post\" action=\"/console/me/keys\" class=\"card grid\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
 <label>Name<input name=\"name\" required maxlength=\"64\"></label><label>Team<select name=\"team\">{options}</select></label>\
 <p><button type=\"submit\">Create key</button></p></form>",
             esc(&req.csrf)
@@ -299,29 +299,35 @@ async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
                     form(&format!("/console/team/keys/{}/{toggle}", enc(&k.id)), &req.csrf, &format!("<button type=\"submit\">{}</button>", if k.enabled { "Disable" } else { "Enable" }))
                 )
             };
-            rows.push(vec![
-                esc(&k.name),
-                format!("<code>{}</code>", esc(&k.id)),
-                nanos(balance),
-                nanos(spend(api, k).await?),
-                state(k).to_string(),
-                actions,
-            ]);
+            let spent = spend(api, k).await?;
+            rows.push((vec![esc(&k.name), format!("<code>{}</code>", esc(&k.id))], [balance, spent], vec![state(k).to_string(), actions]));
         }
+        // One precision for every amount of the table.
+        let digits = html::money_digits(rows.iter().flat_map(|(_, amounts, _)| *amounts));
+        let rows: Vec<Vec<String>> = rows
+            .into_iter()
+            .map(|(mut row, amounts, rest)| {
+                row.extend(amounts.map(|n| html::nanos_at(n, digits)));
+                row.extend(rest);
+                row
+            })
+            .collect();
         let log = team_log(api, all.iter().filter(|k| k.policy.account.as_deref() == Some(team.as_str()))).await?;
         let record = api.keys.account(&team);
         let now = record.as_ref().and_then(|a| a.member_policy.clone()).unwrap_or_default();
         let usd = |v: Option<i64>| v.map_or(String::new(), |n| format!("{:.2}", n as f64 / 1e9));
         let num = |v: Option<u64>| v.map_or(String::new(), |n| n.to_string());
-        let policy = form(
+        // The operators' form style: a card of labelled inputs in a grid.
+        let policy = html::form(
             &format!("/console/team-policy/{}", enc(&team)),
             &req.csrf,
+            "card grid",
             &format!(
-                "<fieldset><legend>Members' keys may at most</legend>\
+                "<p class=\"full\"><strong>Members' keys may at most</strong></p>\
 <label>Models<input name=\"models\" value=\"{}\" placeholder=\"any\"></label><label>rpm<input name=\"rpm\" size=\"6\" value=\"{}\"></label>\
 <label>tpm<input name=\"tpm\" size=\"8\" value=\"{}\"></label><label>USD a day<input name=\"day\" size=\"6\" value=\"{}\"></label>\
 <label>a week<input name=\"week\" size=\"6\" value=\"{}\"></label><label>a month<input name=\"month\" size=\"6\" value=\"{}\"></label>\
-<label>Days a key lives<input name=\"max_days\" size=\"4\" value=\"{}\"></label><button type=\"submit\">Save</button></fieldset>",
+<label>Days a key lives<input name=\"max_days\" size=\"4\" value=\"{}\"></label><p><button type=\"submit\">Save</button></p>",
                 esc(&now.models.clone().unwrap_or_default().join(", ")),
                 num(now.rpm.map(u64::from)),
                 num(now.tpm),

@@ -42,7 +42,7 @@ pub(super) async fn people(api: &AdminApi, req: &Request) -> Page {
     let roles: String = ROLES.iter().map(|r| format!("<option>{r}</option>")).collect();
     let body = format!(
         "<p>People get their teams and roles from the identity provider's claims; an operator can add them here too (by email, or the provider's subject).</p>{}\
-<h2>Set</h2><form method=\"post\" action=\"/console/people\" class=\"card\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
+<h2>Set</h2><form method=\"post\" action=\"/console/people\" class=\"card grid\"><input type=\"hidden\" name=\"csrf\" value=\"{}\">\
 <label>Team<select name=\"account\">{options}</select></label><label>Person<input name=\"person\" required maxlength=\"255\" placeholder=\"ada@example.com\"></label>\
 <label>Role<select name=\"role\">{roles}<option value=\"\">(take out)</option></select></label><p><button type=\"submit\">Save</button></p></form>",
         html::table("people", &["Team", "Person", "Role"], &rows, None),
