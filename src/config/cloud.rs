@@ -172,7 +172,8 @@ pub(super) struct RawAws {
     session_token_env: Option<String>,
 }
 
-/// `entra: { tenant_id, client_id, client_secret_env, authority_host }`.
+/// `entra: { tenant_id, client_id, client_secret_env (or client_secret, as a provider's
+/// api_key may be written: for a demo or a test), authority_host }`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawEntra {
@@ -182,6 +183,8 @@ pub(super) struct RawEntra {
     client_id: Option<String>,
     #[serde(default)]
     client_secret_env: Option<String>,
+    #[serde(default)]
+    client_secret: Option<String>,
     #[serde(default)]
     authority_host: Option<String>,
 }
@@ -365,12 +368,14 @@ fn entra(at: &str, raw: RawEntra, env: &dyn Fn(&str) -> Option<String>) -> Resul
     };
     let tenant_id = from(raw.tenant_id, "AZURE_TENANT_ID", "tenant_id")?;
     let client_id = from(raw.client_id, "AZURE_CLIENT_ID", "client_id")?;
-    let client_secret = match raw.client_secret_env {
-        Some(name) => match env(&name).filter(|v| !v.is_empty()) {
+    let client_secret = match (raw.client_secret_env, raw.client_secret.filter(|s| !s.is_empty())) {
+        (Some(_), Some(_)) => return err(format!("{at}.entra: client_secret or client_secret_env, not both")),
+        (None, Some(secret)) => secret,
+        (Some(name), None) => match env(&name).filter(|v| !v.is_empty()) {
             Some(v) => v,
             None => return err(format!("{at}.entra.client_secret_env: environment variable {name} is not set")),
         },
-        None => from(None, "AZURE_CLIENT_SECRET", "client_secret_env")?,
+        (None, None) => from(None, "AZURE_CLIENT_SECRET", "client_secret_env")?,
     };
     let authority_host = raw
         .authority_host
@@ -494,6 +499,16 @@ mod tests {
         let e = parse("{name: a, protocol: azure-openai, base_url: 'https://r', entra: {tenant_id: t, client_id: c}, models: [m]}", &[])
             .unwrap_err();
         assert!(e.contains("entra.client_secret_env: required (or the environment variable AZURE_CLIENT_SECRET)"), "{e}");
+        // A secret written in the file (the demo's), or its variable: one of them.
+        let p = parse(
+            "{name: a, protocol: azure-openai, base_url: 'https://r', entra: {tenant_id: t, client_id: c, client_secret: s3}, models: [m]}",
+            &[],
+        )
+        .unwrap();
+        let Some(Cloud::Azure(a)) = &p.cloud else { panic!() };
+        assert_eq!(a.entra.as_ref().map(|e| e.client_secret.as_str()), Some("s3"));
+        let both = "{name: a, protocol: azure-openai, base_url: 'https://r', entra: {tenant_id: t, client_id: c, client_secret: s3, client_secret_env: X}, models: [m]}";
+        assert!(parse(both, &[("X", "y")]).unwrap_err().contains("client_secret or client_secret_env, not both"));
     }
 
     #[test]
