@@ -32,6 +32,14 @@ pub struct Entry {
     pub slot: bool,
 }
 
+impl Entry {
+    /// A call answered here for a key in good standing (video, files, batches): counted,
+    /// refused below zero, in a slot while it runs.
+    pub const KEYED: Entry = Entry { count: Some(Bucket::Requests), solvent: true, slot: true };
+    /// A read answered here (`/v1/usage`, the key page's data): counted, in a slot.
+    pub const READ: Entry = Entry { count: Some(Bucket::Requests), solvent: false, slot: true };
+}
+
 /// The money of every call: admission here, settlement in [`Books`].
 pub struct Charge {
     books: Books,

@@ -227,6 +227,11 @@ impl Checks {
         Checks { list }
     }
 
+    /// Whether a registered check looks at `looks` (a caller may skip gathering what none reads).
+    pub fn read(&self, looks: Looks) -> bool {
+        self.list.iter().any(|c| c.looks_at().0 & looks.0 != 0)
+    }
+
     /// The checks' names in order, with what each looks at.
     pub fn names(&self) -> Vec<&'static str> {
         self.list.iter().map(|c| c.name()).collect()

@@ -11,8 +11,8 @@ pub struct Summary {
     /// Key (its secret, never shown) → (its name, its file balance).
     keys: BTreeMap<String, (String, f64)>,
     accounts: BTreeMap<String, f64>,
-    /// Model → its price, as written.
-    prices: BTreeMap<String, String>,
+    /// Model → its price.
+    prices: BTreeMap<String, super::Price>,
     /// Provider → its entry, as written.
     providers: BTreeMap<String, String>,
 }
@@ -22,7 +22,7 @@ impl Summary {
         Summary {
             keys: config.keys.iter().map(|k| (k.key.clone(), (k.name.clone(), k.balance))).collect(),
             accounts: config.accounts.iter().map(|a| (a.name.clone(), a.balance)).collect(),
-            prices: config.prices.iter().map(|(m, p)| (m.clone(), format!("{p:?}"))).collect(),
+            prices: config.prices.clone(),
             providers: config.providers.iter().map(|p| (p.name.clone(), format!("{p:?}"))).collect(),
         }
     }
@@ -43,13 +43,7 @@ impl Summary {
         if !added.is_empty() || !removed.is_empty() {
             what.push(format!("accounts +{} ({}) -{} ({})", added.len(), added.join(", "), removed.len(), removed.join(", ")));
         }
-        for (label, old, now) in [("prices", &self.prices, &new.prices), ("providers", &self.providers, &new.providers)] {
-            let changed: Vec<&str> = old
-                .keys()
-                .chain(now.keys().filter(|k| !old.contains_key(*k)))
-                .filter(|k| old.get(*k) != now.get(*k))
-                .map(String::as_str)
-                .collect();
+        for (label, changed) in [("prices", changed(&self.prices, &new.prices)), ("providers", changed(&self.providers, &new.providers))] {
             if !changed.is_empty() {
                 what.push(format!("{label} changed ({})", changed.join(", ")));
             }
@@ -71,6 +65,11 @@ impl Summary {
         }
         (what, warnings)
     }
+}
+
+/// The names whose entry differs between `old` and `now` (added, removed or changed).
+fn changed<'a, V: PartialEq>(old: &'a BTreeMap<String, V>, now: &'a BTreeMap<String, V>) -> Vec<&'a str> {
+    old.keys().chain(now.keys().filter(|k| !old.contains_key(*k))).filter(|k| old.get(*k) != now.get(*k)).map(String::as_str).collect()
 }
 
 #[cfg(test)]

@@ -359,8 +359,7 @@ impl CloudMock {
 
 /// An `application/x-www-form-urlencoded` body's fields.
 fn url_form(body: &[u8]) -> Vec<(String, String)> {
-    let decode = tollgate::base::text::decode_component;
-    String::from_utf8_lossy(body).split('&').filter_map(|pair| pair.split_once('=').map(|(k, v)| (decode(k), decode(v)))).collect()
+    crate::wire::url_pairs(&String::from_utf8_lossy(body))
 }
 
 /// The body checks of a cloud's messages endpoint: Bedrock and Vertex want their own

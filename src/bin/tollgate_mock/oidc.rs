@@ -64,10 +64,7 @@ pub(crate) fn handles(path: &str) -> bool {
 }
 
 fn pairs(text: &str) -> HashMap<String, String> {
-    text.split('&')
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(k, v)| (tollgate::base::text::decode_component(k), tollgate::base::text::decode_component(v)))
-        .collect()
+    crate::wire::url_pairs(text).into_iter().collect()
 }
 
 fn now() -> u64 {

@@ -133,3 +133,9 @@ pub(crate) async fn send(session: &mut Session, status: u16, ctype: &str, body: 
     session.write_response_header(Box::new(h), false).await?;
     session.write_response_body(Some(body), true).await
 }
+
+/// The fields of a query string or an `application/x-www-form-urlencoded` body, decoded.
+pub(crate) fn url_pairs(text: &str) -> Vec<(String, String)> {
+    let decode = tollgate::base::text::decode_component;
+    text.split('&').filter_map(|pair| pair.split_once('=').map(|(k, v)| (decode(k), decode(v)))).collect()
+}

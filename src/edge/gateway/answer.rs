@@ -5,7 +5,7 @@
 
 use super::admit::Caller;
 use super::{unknown_endpoint, Exit, Gateway, Outcome, RequestCtx, Step};
-use crate::charge::{Bucket, Entry};
+use crate::charge::Entry;
 use crate::config::Protocol;
 use crate::protocol::response::LocalResponse;
 use crate::protocol::{anthropic, gemini, openai, ApiError, ErrorKind, ModelEntry};
@@ -58,8 +58,7 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         }
         Route::KeyPageData if !routing.key_page => Err(unknown_endpoint(session.req_header()).into()),
         Route::KeyPageData => {
-            let _slot =
-                gw.charge.admit(key, &routing.calendar, Entry { count: Some(Bucket::Requests), slot: true, ..Entry::default() }).await?;
+            let _slot = gw.charge.admit(key, &routing.calendar, Entry::READ).await?;
             let _turn = gw.usage_queries.take(&key.id).await?;
             let data = super::key_page::data(&gw.ledger, gw.requests.as_deref(), key, &routing.calendar).await.map_err(|e| {
                 log::error!("key page: {e}");
@@ -69,8 +68,7 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
         }
         Route::Usage => {
             // Rate-limited like any call.
-            let _slot =
-                gw.charge.admit(key, &routing.calendar, Entry { count: Some(Bucket::Requests), slot: true, ..Entry::default() }).await?;
+            let _slot = gw.charge.admit(key, &routing.calendar, Entry::READ).await?;
             respond(usage(gw, session.req_header().uri.query(), key).await?)
         }
         other => Ok(other.relay_protocol().ok_or_else(|| ApiError::new(ErrorKind::Internal, "unroutable request"))?),

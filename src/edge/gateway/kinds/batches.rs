@@ -21,7 +21,7 @@ impl super::Answered for Batches {
     }
 
     fn entry(&self) -> crate::charge::Entry {
-        crate::charge::Entry { count: Some(crate::charge::Bucket::Requests), solvent: true, slot: true }
+        crate::charge::Entry::KEYED
     }
 
     async fn run(

@@ -22,7 +22,7 @@ impl super::Answered for Files {
     }
 
     fn entry(&self) -> crate::charge::Entry {
-        crate::charge::Entry { count: Some(crate::charge::Bucket::Requests), solvent: true, slot: true }
+        crate::charge::Entry::KEYED
     }
 
     async fn run(

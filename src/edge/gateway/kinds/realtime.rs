@@ -23,7 +23,7 @@ use super::super::admit::Caller;
 use super::super::{Gateway, Outcome, RequestCtx};
 use crate::billing::ledger::Hold;
 use crate::charge::{Bucket, Payer, Used};
-use crate::checks::{Kind, Subject, Text};
+use crate::checks::{Kind, Looks, Subject, Text};
 use crate::config::Protocol;
 use crate::protocol::realtime::{self as rt, Event, Frame, FrameError, Splitter, TurnUsage};
 use crate::protocol::{header_str, ApiError, ErrorKind};
@@ -575,11 +575,11 @@ impl Relay<'_> {
                 None => rt::client_event(&frame),
             };
             // The checks that read a call's text see every client event but audio (a refused one
-            // is not passed on; the client gets an `error` event).
-            if !matches!(event, Event::AudioAppend) && (whole.is_some() || frame.is_text()) {
+            // is not passed on; the client gets an `error` event). None registered: nothing to
+            // unmask or read (the model's rules ran when the session opened).
+            if self.gw.checks.read(Looks::TEXT) && !matches!(event, Event::AudioAppend) && (whole.is_some() || frame.is_text()) {
                 let payload = whole.as_deref().map_or_else(|| frame.payload(), std::borrow::Cow::Borrowed);
-                let vetted =
-                    self.gw.checks.vet(&Subject::new(Kind::RealtimeTurn, &self.key.policy).model(&self.model).text(Text::Json(&payload)));
+                let vetted = self.gw.checks.vet(&Subject::new(Kind::RealtimeTurn, &self.key.policy).text(Text::Json(&payload)));
                 if let Err(e) = vetted {
                     if client.write_response_body(Some(rt::error_event(e.kind.reason(), &e.message)), false).await.is_err() {
                         return Some(Stop::Client);

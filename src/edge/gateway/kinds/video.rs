@@ -22,7 +22,7 @@ impl super::Answered for Video {
     fn entry(&self) -> crate::charge::Entry {
         // Every video call is counted like any other: reads too (a download is the operator's
         // egress), and a download holds its `max_concurrent` slot while it streams.
-        crate::charge::Entry { count: Some(crate::charge::Bucket::Requests), solvent: true, slot: true }
+        crate::charge::Entry::KEYED
     }
 
     async fn run(
