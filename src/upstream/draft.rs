@@ -14,18 +14,17 @@ use crate::route::Route;
 /// names in its route's own field (refused above the model's `max_output_tokens`, or above
 /// [`crate::base::usage::MAX_OUTPUT_ALLOWANCE`]), else the default allowance (see
 /// [`output::default_allowance`]); times `n` / `candidateCount`. Returns the per-choice figure
-/// and whether the request named it.
+/// and whether the request named it. `asked` is what it names (`output::asked`, read once for
+/// the checks, whose `output_limit` applied the key's cap before).
 fn output_allowance(
     route: &Route,
     fields: &BodyFields<'_>,
     routing: &Routing,
     model: &str,
-    policy: &crate::policy::KeyPolicy,
+    (policy, asked): (&crate::policy::KeyPolicy, Option<u64>),
 ) -> Result<(u64, bool), ApiError> {
     let price = routing.prices.price(model);
     let model_limit = price.and_then(|p| p.max_output_tokens);
-    let asked = output::asked(route, fields)?;
-    // The key's cap on it is a check (`checks::output`), run before.
     Ok(match asked {
         Some(asked) => {
             let limit = model_limit.unwrap_or(crate::base::usage::MAX_OUTPUT_ALLOWANCE);
@@ -180,14 +179,16 @@ fn draft_of(
     let named = asked.as_ref().and_then(|a| a.as_ref().ok()).map(|a| (*a, output::named_field(route, &fields)));
     let text = (form.is_none() && !client_body.is_empty()).then_some(Text::Json(&client_body));
     checks.run(&Subject { output: named, text, ..Subject::new(Kind::ModelCall, policy).model(&model) })?;
-    if let Some(Err(e)) = asked {
-        return Err(e.into());
-    }
+    let asked = match asked {
+        Some(Err(e)) => return Err(e.into()),
+        Some(Ok(asked)) => asked,
+        None => None,
+    };
     // The output held per choice: the request's own maximum (within the key's and the model's
     // limits), else the default allowance, which the upstream is then told.
     let choices = if route.embeds() || !route.billed() { 1 } else { protocol.choices(&fields)? };
     let (per_choice, output_named) =
-        if route.embeds() || !route.billed() { (0, true) } else { output_allowance(route, &fields, routing, &model, policy)? };
+        if route.embeds() || !route.billed() { (0, true) } else { output_allowance(route, &fields, routing, &model, (policy, asked))? };
     // A media call is never told an output maximum: its answer is images or audio.
     let output_named = output_named || media.is_some();
     let output_allowance = per_choice.saturating_mul(choices);
