@@ -20,6 +20,7 @@
 
 mod address;
 mod cost;
+pub mod guard;
 mod marked;
 mod model;
 mod output;

@@ -20,7 +20,7 @@ pub(super) fn accounts(raw: Vec<RawAccount>) -> Result<Vec<AccountConfig>, Confi
             return err(format!("{at}.balance: must be a non-negative number"));
         }
         let budgets = a.budgets.as_ref().map(Budgets::parse).transpose().map_err(|e| ConfigError(format!("{at}.{e}")))?;
-        accounts.push(AccountConfig { name: a.name, balance: a.balance, budgets: budgets.unwrap_or_default() });
+        accounts.push(AccountConfig { name: a.name, balance: a.balance, budgets: budgets.unwrap_or_default(), guardrails: a.guardrails });
     }
     Ok(accounts)
 }
@@ -108,6 +108,8 @@ pub(super) struct RawAccount {
     balance: f64,
     #[serde(default)]
     budgets: Option<BudgetsInput>,
+    #[serde(default)]
+    guardrails: Vec<String>,
 }
 
 /// A shared account of the configuration file.
@@ -117,6 +119,8 @@ pub struct AccountConfig {
     /// USD; applied only when the account is first created.
     pub balance: f64,
     pub budgets: Budgets,
+    /// Guardrails (by name) every call of its keys goes through.
+    pub guardrails: Vec<String>,
 }
 
 #[derive(Debug, Clone)]

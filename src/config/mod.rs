@@ -19,6 +19,7 @@ pub mod billing;
 pub mod changes;
 pub mod cloud;
 pub mod console;
+pub mod guardrails;
 pub mod identity;
 pub mod keys;
 pub mod listen;
@@ -139,6 +140,9 @@ struct RawConfig {
     /// PostgreSQL server shared by several nodes.
     #[serde(default)]
     store: Option<store::RawStore>,
+    /// The guardrails calls' texts go through (`guardrails:`), attached by name.
+    #[serde(default)]
+    guardrails: Vec<guardrails::RawGuardrail>,
 }
 
 // ---------------------------------------------------------------- validated shape
@@ -220,6 +224,8 @@ pub struct Config {
     pub fleet: Option<FleetConfig>,
     /// OpenTelemetry traces (`telemetry.otlp` and the `OTEL_*` variables); None: off.
     pub otlp: Option<telemetry::Settings>,
+    /// `guardrails:`, attached by name to groups, accounts and keys.
+    pub guardrails: Vec<guardrails::GuardrailConfig>,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -296,7 +302,8 @@ impl Config {
         let console = console::console(raw.console)?;
         let otlp = telemetry::telemetry(raw.telemetry.as_ref(), env)?;
         let fleet = store::fleet_config(raw.store, env)?;
-        Ok(Config {
+        let guardrails = guardrails::guardrails(raw.guardrails, env)?;
+        let config = Config {
             pingora: raw.pingora,
             listen: front.listen,
             tls: front.tls,
@@ -337,7 +344,10 @@ impl Config {
             media_allowance: billing.media_allowance,
             fleet,
             otlp,
-        })
+            guardrails,
+        };
+        guardrails::check_attached(&config)?;
+        Ok(config)
     }
 }
 

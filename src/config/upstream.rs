@@ -169,11 +169,13 @@ pub(super) enum RawModel {
 
 /// `groups:`; without any, one group `default` that may call everything.
 pub(super) fn groups(raw: BTreeMap<String, RawGroup>) -> BTreeMap<String, Group> {
-    let mut groups: BTreeMap<String, Group> =
-        raw.into_iter().map(|(name, g)| (name, Group { platforms: g.platforms, translate: g.translate })).collect();
+    let mut groups: BTreeMap<String, Group> = raw
+        .into_iter()
+        .map(|(name, g)| (name, Group { platforms: g.platforms, translate: g.translate, guardrails: g.guardrails }))
+        .collect();
     if groups.is_empty() {
         let platforms = vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video];
-        groups.insert("default".to_string(), Group { platforms, translate: false });
+        groups.insert("default".to_string(), Group { platforms, translate: false, guardrails: Vec::new() });
     }
     groups
 }
@@ -318,6 +320,8 @@ pub(super) struct RawGroup {
     platforms: Vec<Platform>,
     #[serde(default)]
     translate: bool,
+    #[serde(default)]
+    guardrails: Vec<String>,
 }
 
 /// What a group's keys may call.
@@ -329,6 +333,8 @@ pub struct Group {
     /// the provider speaks (`translate`); without it, only the models of providers of the
     /// endpoint's own protocol.
     pub translate: bool,
+    /// Guardrails (by name) every call of its keys goes through.
+    pub guardrails: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -196,6 +196,8 @@ pub struct Metrics {
     other: Mutex<BTreeMap<SeriesKey, Arc<Counter>>>,
     /// MCP tool calls' durations by server and tool.
     tool_seconds: Mutex<BTreeMap<(String, String), Arc<Histogram>>>,
+    /// Guardrails' checks' durations by guardrail.
+    guardrail_seconds: Mutex<BTreeMap<String, Arc<Histogram>>>,
     /// Requests being processed.
     pub in_flight: AtomicI64,
     /// Event streams open to clients.
@@ -281,6 +283,14 @@ impl Metrics {
         h.observe(took);
     }
 
+    /// A guardrail checked a call: `tollgate_guardrail_actions_total{guardrail,phase,action}` and
+    /// `tollgate_guardrail_seconds{guardrail}` (the names are the operator's, never a client's).
+    pub fn guardrail(&self, guardrail: &str, phase: &str, action: &str, took: Duration) {
+        self.counter("tollgate_guardrail_actions_total", &[("guardrail", guardrail), ("phase", phase), ("action", action)]).add(1);
+        let h = self.guardrail_seconds.lock().unwrap_or_else(|p| p.into_inner()).entry(guardrail.to_string()).or_default().clone();
+        h.observe(took);
+    }
+
     /// Prometheus text format; `extra` lines (gauges computed at scrape time) are appended.
     /// Every request counted in `tollgate_requests_total`.
     pub fn total_requests(&self) -> u64 {
@@ -351,6 +361,14 @@ impl Metrics {
             h.render(&mut out, "tollgate_mcp_tool_call_seconds", &format!("server=\"{}\",tool=\"{}\"", escape(server), escape(tool)));
         }
         drop(tools);
+        let guards = self.guardrail_seconds.lock().unwrap_or_else(|p| p.into_inner());
+        if !guards.is_empty() {
+            let _ = writeln!(out, "# TYPE tollgate_guardrail_seconds histogram");
+        }
+        for (guardrail, h) in guards.iter() {
+            h.render(&mut out, "tollgate_guardrail_seconds", &format!("guardrail=\"{}\"", escape(guardrail)));
+        }
+        drop(guards);
         let live = [
             ("tollgate_in_flight_requests", self.in_flight.load(Relaxed) as f64),
             ("tollgate_open_streams", self.open_streams.load(Relaxed) as f64),

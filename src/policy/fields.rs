@@ -30,6 +30,8 @@ macro_rules! with_key_policy {
             /// MCP tools (`server__tool`) the key may see and call.
             tools: $crate::policy::ModelRules,
             tool_rpm: u32,
+            /// Guardrails (by name) every call of the key goes through, besides its group's and account's.
+            guardrails: Vec<String>,
         );
     };
     (@emit plain [$($meta:tt)*] $vis:vis $name:ident [$($own:tt)*] $($(#[doc = $doc:expr])* $f:ident: $t:ty,)*) => {

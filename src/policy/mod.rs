@@ -122,8 +122,13 @@ pub struct KeyPolicy {
     /// MCP tool calls per minute (listings are free).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_rpm: Option<u32>,
+    /// Guardrails (by name) its calls go through, besides its group's and its account's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guardrails: Option<Vec<String>>,
 }
 
+/// At most this many guardrails named on a key.
+pub const MAX_GUARDRAILS: usize = 16;
 /// At most this many tags per key.
 pub const MAX_TAGS: usize = 16;
 /// Longest tag name and value, in characters.
@@ -275,7 +280,19 @@ impl KeyPolicy {
                 return Err(PolicyError::new(format!("tags.{name}"), format!("at most {MAX_TAG_VALUE} printable characters")));
             }
         }
+        if let Some(list) = &input.guardrails {
+            if list.len() > MAX_GUARDRAILS {
+                return Err(PolicyError::new("guardrails", format!("at most {MAX_GUARDRAILS} names")));
+            }
+            if let Some(bad) = list
+                .iter()
+                .position(|n| n.is_empty() || n.len() > 64 || !n.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'))
+            {
+                return Err(PolicyError::new(format!("guardrails[{bad}]"), "a guardrail's name: 1 to 64 letters, digits, '-' or '_'"));
+            }
+        }
         Ok(KeyPolicy {
+            guardrails: input.guardrails.filter(|l| !l.is_empty()),
             tools: input.tools,
             tool_rpm: input.tool_rpm,
             tags,
@@ -304,6 +321,7 @@ impl KeyPolicy {
             tags: (!self.tags.is_empty()).then(|| self.tags.clone()),
             tools: self.tools.clone(),
             tool_rpm: self.tool_rpm,
+            guardrails: self.guardrails.clone(),
         }
     }
 }

@@ -15,7 +15,9 @@ pub const VERSION_HEADER: &str = "anthropic-version";
 
 pub fn error_body(e: &ApiError) -> Value {
     let etype = match e.kind {
-        ErrorKind::BadRequest | ErrorKind::InvalidModel | ErrorKind::IdempotencyKeyReused => "invalid_request_error",
+        ErrorKind::BadRequest | ErrorKind::InvalidModel | ErrorKind::IdempotencyKeyReused | ErrorKind::ContentPolicy => {
+            "invalid_request_error"
+        }
         ErrorKind::Unauthorized | ErrorKind::KeyExpired => "authentication_error",
         ErrorKind::InsufficientBalance | ErrorKind::RequestCostCap => "billing_error",
         ErrorKind::NotFound | ErrorKind::ModelNotFound | ErrorKind::Gone => "not_found_error",
@@ -23,7 +25,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::Conflict => "invalid_request_error",
         ErrorKind::PayloadTooLarge => "request_too_large",
         ErrorKind::RequestTimeout => "timeout_error",
-        ErrorKind::Overloaded | ErrorKind::StoreUnavailable => "overloaded_error",
+        ErrorKind::Overloaded | ErrorKind::StoreUnavailable | ErrorKind::GuardrailUnavailable => "overloaded_error",
         ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "rate_limit_error",
         ErrorKind::BadGateway | ErrorKind::Internal | ErrorKind::UpstreamAuthFailed => "api_error",
         ErrorKind::GatewayTimeout => "timeout_error",

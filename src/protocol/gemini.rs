@@ -13,7 +13,7 @@ pub const RELAYED_HEADERS: [&str; 1] = ["x-goog-api-client"];
 
 pub fn error_body(e: &ApiError) -> Value {
     let status = match e.kind {
-        ErrorKind::BadRequest | ErrorKind::PayloadTooLarge | ErrorKind::InvalidModel => "INVALID_ARGUMENT",
+        ErrorKind::BadRequest | ErrorKind::PayloadTooLarge | ErrorKind::InvalidModel | ErrorKind::ContentPolicy => "INVALID_ARGUMENT",
         ErrorKind::IdempotencyKeyReused => "FAILED_PRECONDITION",
         ErrorKind::UpstreamAuthFailed => "UNAVAILABLE",
         ErrorKind::Unauthorized | ErrorKind::KeyExpired => "UNAUTHENTICATED",
@@ -24,7 +24,7 @@ pub fn error_body(e: &ApiError) -> Value {
         ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "RESOURCE_EXHAUSTED",
         ErrorKind::BadGateway => "UNAVAILABLE",
         ErrorKind::GatewayTimeout | ErrorKind::RequestTimeout => "DEADLINE_EXCEEDED",
-        ErrorKind::Overloaded | ErrorKind::StoreUnavailable => "UNAVAILABLE",
+        ErrorKind::Overloaded | ErrorKind::StoreUnavailable | ErrorKind::GuardrailUnavailable => "UNAVAILABLE",
         ErrorKind::Internal => "INTERNAL",
     };
     match e.kind.code() {

@@ -671,6 +671,10 @@ pub enum ErrorKind {
     UpstreamAuthFailed,
     /// An `Idempotency-Key` sent again with another body (422 `idempotency_key_reused`).
     IdempotencyKeyReused,
+    /// A guardrail blocked what the call sends or what came back (400 `content_policy_violation`).
+    ContentPolicy,
+    /// A guardrail that fails closed could not check the call (503 `guardrail_unavailable`).
+    GuardrailUnavailable,
 }
 
 impl ErrorKind {
@@ -704,6 +708,8 @@ impl ErrorKind {
             ErrorKind::InvalidModel => "invalid_model",
             ErrorKind::UpstreamAuthFailed => "upstream_auth_failed",
             ErrorKind::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorKind::ContentPolicy => "content_policy_violation",
+            ErrorKind::GuardrailUnavailable => "guardrail_unavailable",
         })
     }
 
@@ -734,12 +740,14 @@ impl ErrorKind {
             ErrorKind::InvalidModel => "invalid_model",
             ErrorKind::UpstreamAuthFailed => "upstream_auth_failed",
             ErrorKind::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorKind::ContentPolicy => "content_policy_violation",
+            ErrorKind::GuardrailUnavailable => "guardrail_unavailable",
         }
     }
 
     pub fn status(self) -> u16 {
         match self {
-            ErrorKind::BadRequest | ErrorKind::InvalidModel => 400,
+            ErrorKind::BadRequest | ErrorKind::InvalidModel | ErrorKind::ContentPolicy => 400,
             ErrorKind::IdempotencyKeyReused => 422,
             ErrorKind::UpstreamAuthFailed => 502,
             ErrorKind::Unauthorized | ErrorKind::KeyExpired => 401,
@@ -748,7 +756,7 @@ impl ErrorKind {
             ErrorKind::NotFound | ErrorKind::ModelNotFound => 404,
             ErrorKind::PayloadTooLarge => 413,
             ErrorKind::RequestTimeout => 408,
-            ErrorKind::Overloaded | ErrorKind::StoreUnavailable => 503,
+            ErrorKind::Overloaded | ErrorKind::StoreUnavailable | ErrorKind::GuardrailUnavailable => 503,
             ErrorKind::Conflict => 409,
             ErrorKind::Gone => 410,
             ErrorKind::RateLimited | ErrorKind::BudgetExceeded => 429,

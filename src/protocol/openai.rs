@@ -23,13 +23,15 @@ pub fn error_body(e: &ApiError) -> Value {
         | ErrorKind::Gone
         | ErrorKind::RequestCostCap
         | ErrorKind::InvalidModel
-        | ErrorKind::IdempotencyKeyReused => "invalid_request_error",
+        | ErrorKind::IdempotencyKeyReused
+        | ErrorKind::ContentPolicy => "invalid_request_error",
         ErrorKind::Unauthorized | ErrorKind::KeyExpired => "authentication_error",
         ErrorKind::InsufficientBalance => "insufficient_quota",
         ErrorKind::Forbidden | ErrorKind::IpNotAllowed | ErrorKind::ModelNotAllowed => "permission_error",
         ErrorKind::RateLimited | ErrorKind::BudgetExceeded => "rate_limit_error",
         ErrorKind::Overloaded
         | ErrorKind::StoreUnavailable
+        | ErrorKind::GuardrailUnavailable
         | ErrorKind::BadGateway
         | ErrorKind::GatewayTimeout
         | ErrorKind::Internal

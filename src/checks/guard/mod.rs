@@ -1,0 +1,486 @@
+//! Guardrails: what a call sends and what comes back, read for personal data, secrets and the
+//! operator's own patterns (built in: [`recognise`]), or by the operator's service
+//! ([`webhook`]), and blocked, masked or only noted. Configured in `guardrails:` and attached by
+//! name to groups, accounts and keys; a key has the union ([`Guardrails::applying`]).
+//!
+//! Every kind of call offers its texts here ([`screen`]): a model call its body (before
+//! anything is held or sent), a realtime session each client item, an MCP tool call its
+//! arguments, a batch each line at submission, a video task its prompt. Output is read by
+//! [`stream::OutputGuard`]: a whole answer before it is sent, a stream as it flows over a
+//! bounded look-behind window.
+//!
+//! What is seen is never what was found: the notes ([`Noted`]), the log, the metrics
+//! (`tollgate_guardrail_actions_total{guardrail,phase,action}`, `tollgate_guardrail_seconds`)
+//! carry the guardrail, its action and the categories only.
+
+pub mod recognise;
+pub mod stream;
+pub mod webhook;
+
+pub use crate::config::guardrails::{Action, OnError, Phase};
+
+use crate::observe::metrics::Metrics;
+use crate::policy::KeyPolicy;
+use crate::protocol::{ApiError, ErrorKind};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+enum Detector {
+    Patterns(recognise::Matcher),
+    Webhook(webhook::Webhook),
+}
+
+/// One guardrail, built.
+pub struct Guardrail {
+    pub name: String,
+    /// `pii`, `secrets`, `regex`, `webhook`.
+    pub kind: String,
+    pub phase: Phase,
+    pub action: Action,
+    pub on_error: OnError,
+    pub restore: bool,
+    /// Billed to the key for each call it checked (nano-USD).
+    pub price_nanos: i64,
+    detector: Detector,
+}
+
+impl Guardrail {
+    /// Whether it reads text locally (a stream's output is read only by these).
+    pub fn local(&self) -> bool {
+        matches!(self.detector, Detector::Patterns(_))
+    }
+}
+
+/// A guardrail could not be built.
+#[derive(Debug)]
+pub struct GuardError(pub String);
+
+impl std::fmt::Display for GuardError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The guardrails of a configuration, and what is attached to each group and account.
+#[derive(Default)]
+pub struct Guardrails {
+    by_name: HashMap<String, Arc<Guardrail>>,
+    groups: HashMap<String, Vec<Arc<Guardrail>>>,
+    accounts: HashMap<String, Vec<Arc<Guardrail>>>,
+}
+
+impl Guardrails {
+    /// Build `config`'s guardrails (their patterns compiled, a client for the webhooks).
+    pub fn new(config: &crate::config::Config) -> Result<Guardrails, GuardError> {
+        use crate::config::guardrails::GuardKind;
+        let mut by_name = HashMap::new();
+        let mut http = None;
+        for g in &config.guardrails {
+            let detector = match &g.kind {
+                GuardKind::Patterns { builtin, patterns } => Detector::Patterns(
+                    recognise::Matcher::new(builtin, patterns).map_err(|e| GuardError(format!("guardrail {}: {}", g.name, e.0)))?,
+                ),
+                GuardKind::Webhook { url, secret } => {
+                    let client = match &http {
+                        Some(client) => client,
+                        None => http.insert(
+                            crate::base::outbound::Outbound {
+                                connect: Some(Duration::from_secs(5)),
+                                follow_redirects: false,
+                                ..Default::default()
+                            }
+                            .client()
+                            .map_err(|e| GuardError(format!("guardrail {}: {e}", g.name)))?,
+                        ),
+                    };
+                    Detector::Webhook(webhook::Webhook::new(
+                        url.clone(),
+                        secret.clone(),
+                        client.clone(),
+                        Duration::from_millis(g.timeout_ms),
+                    ))
+                }
+            };
+            let built = Guardrail {
+                name: g.name.clone(),
+                kind: g.kind_name.clone(),
+                phase: g.phase,
+                action: g.action,
+                on_error: g.on_error,
+                restore: g.restore,
+                price_nanos: g.price_per_check_nanos,
+                detector,
+            };
+            by_name.insert(g.name.clone(), Arc::new(built));
+        }
+        let resolve = |names: &[String]| names.iter().filter_map(|n| by_name.get(n).cloned()).collect::<Vec<_>>();
+        let groups = config.groups.iter().map(|(name, g)| (name.clone(), resolve(&g.guardrails))).collect();
+        let accounts = config.accounts.iter().map(|a| (a.name.clone(), resolve(&a.guardrails))).collect();
+        Ok(Guardrails { by_name, groups, accounts })
+    }
+
+    /// The guardrails a key of `group` with `policy` goes through: its group's, its account's,
+    /// its own, each once, in that order. A name no guardrail has (a key made through the admin
+    /// API before a reload removed it) is skipped and logged.
+    pub fn applying(&self, group: &str, policy: &KeyPolicy) -> Applied {
+        if self.by_name.is_empty() {
+            return Applied::default();
+        }
+        let mut list: Vec<Arc<Guardrail>> = Vec::new();
+        let mut add = |g: &Arc<Guardrail>| {
+            if !list.iter().any(|h| Arc::ptr_eq(h, g)) {
+                list.push(g.clone());
+            }
+        };
+        self.groups.get(group).into_iter().flatten().for_each(&mut add);
+        if let Some(account) = &policy.account {
+            self.accounts.get(account).into_iter().flatten().for_each(&mut add);
+        }
+        for name in policy.guardrails.iter().flatten() {
+            match self.by_name.get(name) {
+                Some(g) => add(g),
+                None => log::warn!(
+                    "a key names guardrail '{}', which the configuration does not declare; skipped",
+                    crate::base::text::clip(name, 64)
+                ),
+            }
+        }
+        Applied(list)
+    }
+
+    /// Whether `name` is declared.
+    pub fn has(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+}
+
+/// The guardrails one call goes through.
+#[derive(Clone, Default)]
+pub struct Applied(Vec<Arc<Guardrail>>);
+
+impl Applied {
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// Whether any reads what the call sends.
+    pub fn input(&self) -> bool {
+        self.0.iter().any(|g| g.phase.input())
+    }
+    /// Whether any reads what comes back (or restores what was masked).
+    pub fn output(&self) -> bool {
+        self.0.iter().any(|g| g.phase.output() || g.restore)
+    }
+    /// The guardrails reading `phase`.
+    fn reading(&self, output: bool) -> impl Iterator<Item = &Arc<Guardrail>> {
+        self.0.iter().filter(move |g| if output { g.phase.output() } else { g.phase.input() })
+    }
+}
+
+/// What a guardrail's service is told of the call.
+pub struct Call<'a> {
+    pub protocol: &'a str,
+    pub route: &'a str,
+    pub model: Option<&'a str>,
+    pub key_id: &'a str,
+    pub tags: &'a BTreeMap<String, String>,
+}
+
+/// What one guardrail did to a call: for the logs, the request log, the trace and the
+/// metrics. Never the text it found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Noted {
+    pub guardrail: String,
+    pub phase: &'static str,
+    /// `block`, `mask`, `monitor`, or `error` (its service failed; `open` or `closed` in
+    /// `categories`).
+    pub action: &'static str,
+    pub categories: Vec<String>,
+}
+
+impl Noted {
+    /// `name:phase:action[:category+category]`, as the access log and the request log give it.
+    pub fn summary(list: &[Noted]) -> Option<String> {
+        if list.is_empty() {
+            return None;
+        }
+        let parts: Vec<String> = list
+            .iter()
+            .map(|n| match n.categories.is_empty() {
+                true => format!("{}:{}:{}", n.guardrail, n.phase, n.action),
+                false => format!("{}:{}:{}:{}", n.guardrail, n.phase, n.action, n.categories.join("+")),
+            })
+            .collect();
+        Some(parts.join(","))
+    }
+}
+
+/// Placeholders given to what was masked in one call, for restoring them in its answer.
+#[derive(Default)]
+pub struct Masks {
+    /// (category, original) → placeholder.
+    given: HashMap<(String, String), String>,
+    counts: HashMap<String, u32>,
+    /// Placeholder → original, for the guardrails that restore.
+    pub restore: Vec<(String, String)>,
+}
+
+impl Masks {
+    /// The placeholder of `original` (the same one each time in a call).
+    fn placeholder(&mut self, category: &str, original: &str, restore: bool) -> String {
+        let key = (category.to_string(), original.to_string());
+        if let Some(p) = self.given.get(&key) {
+            return p.clone();
+        }
+        let n = self.counts.entry(category.to_string()).or_insert(0);
+        *n += 1;
+        let placeholder = format!("[{}_{}]", category.to_ascii_uppercase(), n);
+        if restore {
+            self.restore.push((placeholder.clone(), original.to_string()));
+        }
+        self.given.insert(key, placeholder.clone());
+        placeholder
+    }
+}
+
+/// What the guardrails made of a call so far.
+#[derive(Default)]
+pub struct Screening {
+    pub noted: Vec<Noted>,
+    pub masks: Masks,
+    /// What the guardrails that checked it cost (`price_per_check`), nano-USD.
+    pub price_nanos: i64,
+}
+
+/// Why a call was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    Blocked { guardrail: String, output: bool },
+    Unavailable { guardrail: String },
+}
+
+impl Refusal {
+    /// The client's error: 400 `content_policy_violation` naming the guardrail (never what it
+    /// found), or 503 when a guardrail that fails closed could not check.
+    pub fn error(&self) -> ApiError {
+        match self {
+            Refusal::Blocked { guardrail, output: false } => {
+                ApiError::new(ErrorKind::ContentPolicy, format!("The request was blocked by the gateway's guardrail '{guardrail}'."))
+            }
+            Refusal::Blocked { guardrail, output: true } => {
+                ApiError::new(ErrorKind::ContentPolicy, format!("The answer was blocked by the gateway's guardrail '{guardrail}'."))
+            }
+            Refusal::Unavailable { guardrail } => ApiError::new(
+                ErrorKind::GuardrailUnavailable,
+                format!("The gateway's guardrail '{guardrail}' could not check this request; try again later."),
+            ),
+        }
+    }
+}
+
+/// Keys whose string values are not text a person wrote: names of things, ids, enums, data.
+const NOT_TEXT: [&str; 24] = [
+    "model",
+    "role",
+    "type",
+    "id",
+    "tool_call_id",
+    "call_id",
+    "tool_use_id",
+    "previous_response_id",
+    "file_id",
+    "mime_type",
+    "media_type",
+    "mimeType",
+    "data",
+    "url",
+    "image_url",
+    "detail",
+    "format",
+    "voice",
+    "response_format",
+    "service_tier",
+    "signature",
+    "encrypted_content",
+    "object",
+    "finish_reason",
+];
+
+/// The text strings of a JSON value, to read and change in place.
+pub fn texts_of(value: &mut Value) -> Vec<&mut String> {
+    fn walk<'v>(v: &'v mut Value, out: &mut Vec<&'v mut String>) {
+        match v {
+            Value::String(s) => out.push(s),
+            Value::Array(items) => items.iter_mut().for_each(|v| walk(v, out)),
+            Value::Object(map) => {
+                for (k, v) in map.iter_mut() {
+                    if !NOT_TEXT.contains(&k.as_str()) {
+                        walk(v, out);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(value, &mut out);
+    out
+}
+
+fn counts(metrics: &Metrics, g: &Guardrail, phase: &'static str, action: &str, took: Duration) {
+    metrics.guardrail(&g.name, phase, action, took);
+}
+
+/// Read `texts` (what a call sends: `output` false; or a whole answer: true) with every
+/// guardrail of `applied` that reads that phase, in order: a block refuses, a mask changes the
+/// texts in place, a monitor notes. Returns whether a text changed.
+pub async fn screen(
+    applied: &Applied,
+    output: bool,
+    call: &Call<'_>,
+    texts: &mut [&mut String],
+    screening: &mut Screening,
+    metrics: &Metrics,
+) -> Result<bool, Refusal> {
+    let phase = if output { "output" } else { "input" };
+    let mut changed = false;
+    for g in applied.reading(output) {
+        let started = Instant::now();
+        screening.price_nanos = screening.price_nanos.saturating_add(g.price_nanos);
+        match &g.detector {
+            Detector::Patterns(matcher) => {
+                let mut categories: Vec<String> = Vec::new();
+                for text in texts.iter_mut() {
+                    let found = matcher.find(text);
+                    if found.is_empty() {
+                        continue;
+                    }
+                    for f in &found {
+                        if !categories.contains(&f.category) {
+                            categories.push(f.category.clone());
+                        }
+                    }
+                    if g.action == Action::Mask {
+                        let mut masked = String::with_capacity(text.len());
+                        let mut at = 0;
+                        for f in &found {
+                            masked.push_str(&text[at..f.start]);
+                            masked.push_str(&screening.masks.placeholder(&f.category, &text[f.start..f.end], g.restore && !output));
+                            at = f.end;
+                        }
+                        masked.push_str(&text[at..]);
+                        **text = masked;
+                        changed = true;
+                    }
+                    if g.action == Action::Block {
+                        break;
+                    }
+                }
+                if categories.is_empty() {
+                    continue;
+                }
+                counts(metrics, g, phase, g.action.label(), started.elapsed());
+                screening.noted.push(Noted { guardrail: g.name.clone(), phase, action: g.action.label(), categories });
+                if g.action == Action::Block {
+                    return Err(Refusal::Blocked { guardrail: g.name.clone(), output });
+                }
+            }
+            Detector::Webhook(hook) => {
+                let asked = webhook::Asked {
+                    phase,
+                    protocol: call.protocol,
+                    route: call.route,
+                    model: call.model,
+                    key_id: call.key_id,
+                    tags: call.tags,
+                    texts: texts.iter().map(|t| t.as_str()).collect(),
+                };
+                let answer = hook.ask(&asked).await;
+                let took = started.elapsed();
+                let answer = match answer {
+                    Ok(answer) => answer,
+                    Err(failed) => {
+                        let how = match g.on_error {
+                            OnError::Open => "open",
+                            OnError::Closed => "closed",
+                        };
+                        log::warn!("guardrail {} (webhook) {failed}: the call goes on failing {how}", g.name);
+                        counts(metrics, g, phase, "error", took);
+                        screening.noted.push(Noted {
+                            guardrail: g.name.clone(),
+                            phase,
+                            action: "error",
+                            categories: vec![how.to_string()],
+                        });
+                        match g.on_error {
+                            OnError::Open => continue,
+                            OnError::Closed => return Err(Refusal::Unavailable { guardrail: g.name.clone() }),
+                        }
+                    }
+                };
+                let reason: Vec<String> = answer.reason.iter().map(|r| bounded_reason(r)).collect();
+                let verdict = match (answer.action, g.action) {
+                    (webhook::Verdict::Allow, _) => {
+                        counts(metrics, g, phase, "allow", took);
+                        continue;
+                    }
+                    // A guardrail set to monitor only notes what its service would have done.
+                    (_, Action::Monitor) => Action::Monitor,
+                    (webhook::Verdict::Block, _) => Action::Block,
+                    (webhook::Verdict::Mask, _) => Action::Mask,
+                };
+                counts(metrics, g, phase, verdict.label(), took);
+                screening.noted.push(Noted { guardrail: g.name.clone(), phase, action: verdict.label(), categories: reason });
+                match verdict {
+                    Action::Block => return Err(Refusal::Blocked { guardrail: g.name.clone(), output }),
+                    Action::Mask => match answer.replacements {
+                        Some(with) if with.len() == texts.len() => {
+                            for (text, new) in texts.iter_mut().zip(with) {
+                                if **text != new {
+                                    **text = new;
+                                    changed = true;
+                                }
+                            }
+                        }
+                        _ => {
+                            log::warn!("guardrail {} (webhook) masked without one replacement per text; the call is blocked", g.name);
+                            return Err(Refusal::Blocked { guardrail: g.name.clone(), output });
+                        }
+                    },
+                    Action::Monitor => {}
+                }
+            }
+        }
+    }
+    Ok(changed)
+}
+
+/// A webhook's reason, as a category: at most 64 characters, letters, digits, `_`, `-`, `.`.
+fn bounded_reason(reason: &str) -> String {
+    reason.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')).take(64).collect()
+}
+
+/// Screen a JSON body's texts (input): the body again, rewritten, when a mask changed it.
+pub async fn screen_body(
+    applied: &Applied,
+    call: &Call<'_>,
+    body: &[u8],
+    screening: &mut Screening,
+    metrics: &Metrics,
+) -> Result<Option<Vec<u8>>, Refusal> {
+    let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
+        // Not JSON: read as one text (the draft refuses it after).
+        let mut text = String::from_utf8_lossy(body).into_owned();
+        let changed = screen(applied, false, call, &mut [&mut text], screening, metrics).await?;
+        return Ok(changed.then(|| text.into_bytes()));
+    };
+    let changed = screen(applied, false, call, &mut texts_of(&mut value), screening, metrics).await?;
+    Ok(match changed {
+        true => serde_json::to_vec(&value).ok(),
+        false => None,
+    })
+}
+
+#[cfg(test)]
+mod tests;

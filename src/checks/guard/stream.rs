@@ -1,0 +1,534 @@
+//! Output guardrails on an answer as it streams: each event's text delta read with what came
+//! before it on its channel (a choice, a content block) over a bounded look-behind window, so a
+//! match split across chunks is still found, and an event held only until [`WINDOW`] bytes of
+//! text follow it on its channel (or the stream ends) — never the whole answer.
+//!
+//! A match of a `block` guardrail ends the stream with the client protocol's own error event;
+//! a `mask` rewrites the held events' deltas (the placeholder in the first, the rest of the
+//! match taken out of the others); a `monitor` notes it. A guardrail that restores puts back
+//! what it masked in the request where the model echoes a placeholder.
+
+use super::{Applied, Guardrail, Masks, Noted};
+use crate::observe::metrics::Metrics;
+use crate::protocol::ApiError;
+use serde_json::{json, Value};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The look-behind: text held on a channel until this many bytes follow it, and kept after it
+/// is sent to be read with what comes next. A match longer than this may be cut in two.
+pub const WINDOW: usize = 512;
+
+/// The event stream a client reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Chat,
+    Messages,
+    Responses,
+    Gemini,
+}
+
+/// Where an event's text delta is.
+struct Spot {
+    channel: u32,
+    pointer: String,
+    text: String,
+    changed: bool,
+}
+
+struct Held {
+    raw: Vec<u8>,
+    spot: Option<Spot>,
+    /// The parsed data, when it is rewritten.
+    data: Option<Value>,
+}
+
+/// Text sent on a channel, its last [`WINDOW`] bytes.
+struct Channel {
+    id: u32,
+    tail: String,
+}
+
+/// What feeding a chunk gave: the bytes to send now, and whether a guardrail blocked the
+/// answer (then `out` ends with the error event and nothing more is to be sent).
+pub struct Fed {
+    pub out: Vec<u8>,
+    pub blocked: Option<String>,
+}
+
+/// The output guardrails of one answer.
+pub struct OutputGuard {
+    guards: Vec<Arc<Guardrail>>,
+    restore: Vec<(String, String)>,
+    dialect: Option<Dialect>,
+    model: String,
+    buf: Vec<u8>,
+    held: VecDeque<Held>,
+    channels: Vec<Channel>,
+    pub noted: Vec<Noted>,
+    /// The placeholders of what the answer's masks took out.
+    masks: Masks,
+    blocked: bool,
+}
+
+enum Scanned {
+    Done,
+    Again,
+    Blocked(String),
+}
+
+impl OutputGuard {
+    /// The output guardrails of `applied` (those read here: built in and the operator's
+    /// patterns) and what `masks` restores; None when there is nothing to do.
+    pub fn new(applied: &Applied, masks: &Masks, dialect: Option<Dialect>, model: &str) -> Option<OutputGuard> {
+        let guards: Vec<Arc<Guardrail>> = applied.0.iter().filter(|g| g.phase.output() && g.local()).cloned().collect();
+        if guards.is_empty() && masks.restore.is_empty() {
+            return None;
+        }
+        Some(OutputGuard {
+            guards,
+            restore: masks.restore.clone(),
+            dialect,
+            model: model.to_string(),
+            buf: Vec::new(),
+            held: VecDeque::new(),
+            channels: Vec::new(),
+            noted: Vec::new(),
+            masks: Masks::default(),
+            blocked: false,
+        })
+    }
+
+    /// Whether it reads a stream (an SSE answer in a known dialect) event by event.
+    pub fn streams(&self) -> bool {
+        self.dialect.is_some()
+    }
+
+    /// A chunk of the answer's bytes as the client would get them.
+    pub fn feed(&mut self, chunk: &[u8], metrics: &Metrics) -> Fed {
+        let mut out = Vec::new();
+        if self.blocked {
+            return Fed { out, blocked: None };
+        }
+        self.buf.extend_from_slice(chunk);
+        while let Some(end) = event_end(&self.buf) {
+            let raw: Vec<u8> = self.buf.drain(..end).collect();
+            if let Some(blocked) = self.event(raw, metrics) {
+                self.blocked = true;
+                out.extend(self.error_event(&blocked));
+                return Fed { out, blocked: Some(blocked) };
+            }
+            self.release(false, &mut out);
+        }
+        Fed { out, blocked: None }
+    }
+
+    /// The stream ended: everything held, and what was left of a last event.
+    pub fn finish(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        if self.blocked {
+            return out;
+        }
+        self.release(true, &mut out);
+        out.append(&mut self.buf);
+        out
+    }
+
+    fn event(&mut self, raw: Vec<u8>, metrics: &Metrics) -> Option<String> {
+        let dialect = self.dialect?;
+        let mut data = data_of(&raw).and_then(|d| serde_json::from_slice::<Value>(d).ok());
+        let spot = data.as_ref().and_then(|v| spot(dialect, v));
+        match (spot, &mut data) {
+            (Some(spot), _) => {
+                let channel = spot.channel;
+                self.held.push_back(Held { raw, spot: Some(spot), data });
+                self.scan(channel, metrics)
+            }
+            (None, Some(v)) if dialect == Dialect::Responses && completes(v) => {
+                // A responses stream repeats the whole text when a part, an item or the response
+                // is done: masked and restored as a whole answer is.
+                let (changed, blocked) = self.whole(v, metrics);
+                if let Some(blocked) = blocked {
+                    return Some(blocked);
+                }
+                let raw = match changed {
+                    true => rewrite(&raw, v),
+                    false => raw,
+                };
+                self.held.push_back(Held { raw, spot: None, data: None });
+                None
+            }
+            _ => {
+                self.held.push_back(Held { raw, spot: None, data: None });
+                None
+            }
+        }
+    }
+
+    /// Read a channel's held text with its tail; act on what is found there (again after a
+    /// mask, which moved the spans; a few times at most, should a pattern match a placeholder).
+    fn scan(&mut self, channel: u32, metrics: &Metrics) -> Option<String> {
+        for _ in 0..4 {
+            match self.scan_once(channel, metrics) {
+                Scanned::Again => continue,
+                Scanned::Blocked(name) => return Some(name),
+                Scanned::Done => return None,
+            }
+        }
+        None
+    }
+
+    fn scan_once(&mut self, channel: u32, metrics: &Metrics) -> Scanned {
+        let tail = self.channels.iter().find(|c| c.id == channel).map(|c| c.tail.clone()).unwrap_or_default();
+        let mut hay = tail.clone();
+        let mut bounds: Vec<(usize, usize, usize)> = Vec::new();
+        for (i, h) in self.held.iter().enumerate() {
+            if let Some(s) = h.spot.as_ref().filter(|s| s.channel == channel) {
+                bounds.push((i, hay.len(), hay.len() + s.text.len()));
+                hay.push_str(&s.text);
+            }
+        }
+        let guards = self.guards.clone();
+        for g in &guards {
+            let started = Instant::now();
+            let super::Detector::Patterns(matcher) = &g.detector else { continue };
+            let found: Vec<_> = matcher.find(&hay).into_iter().filter(|f| f.end > tail.len()).collect();
+            if found.is_empty() {
+                continue;
+            }
+            let categories = categories(&found);
+            let fresh = self.note(g, categories);
+            if fresh {
+                metrics.guardrail(&g.name, "output", g.action.label(), started.elapsed());
+            }
+            match g.action {
+                super::Action::Block => return Scanned::Blocked(g.name.clone()),
+                super::Action::Monitor => {}
+                super::Action::Mask => {
+                    for f in found.iter().rev() {
+                        let placeholder = self.masks.placeholder(&f.category, &hay[f.start..f.end], false);
+                        self.replace(&bounds, f.start.max(tail.len()), f.end, &placeholder);
+                    }
+                    return Scanned::Again;
+                }
+            }
+        }
+        if !self.restore.is_empty() {
+            self.gather_placeholders(&tail, &hay, &bounds);
+        }
+        Scanned::Done
+    }
+
+    /// Replace hay[start..end) (within the held text) by `with`: in the first held event it
+    /// touches; taken out of the others.
+    fn replace(&mut self, bounds: &[(usize, usize, usize)], start: usize, end: usize, with: &str) {
+        let mut first = true;
+        for &(i, from, to) in bounds {
+            if to <= start || from >= end {
+                continue;
+            }
+            let Some(spot) = self.held[i].spot.as_mut() else { continue };
+            let (a, b) = (start.max(from) - from, end.min(to) - from);
+            let (Some(_), Some(_)) = (spot.text.get(..a), spot.text.get(b..)) else { continue };
+            let replacement = if first { with } else { "" };
+            spot.text.replace_range(a..b, replacement);
+            spot.changed = true;
+            first = false;
+        }
+    }
+
+    /// A placeholder split over two held events is moved whole into the first, so it is
+    /// restored where it is sent.
+    fn gather_placeholders(&mut self, tail: &str, hay: &str, bounds: &[(usize, usize, usize)]) {
+        let mut spans: Vec<(usize, usize)> = Vec::new();
+        for (placeholder, _) in &self.restore {
+            let mut from = tail.len().saturating_sub(placeholder.len());
+            while let Some(at) = hay.get(from..).and_then(|h| h.find(placeholder.as_str())) {
+                let start = from + at;
+                spans.push((start, start + placeholder.len()));
+                from = start + placeholder.len();
+            }
+        }
+        spans.sort_unstable();
+        for (start, end) in spans.into_iter().rev() {
+            let split = bounds.iter().any(|&(_, from, to)| start >= from && start < to && end > to);
+            if split && start >= tail.len() {
+                let whole = hay[start..end].to_string();
+                self.replace(bounds, start, end, &whole);
+            }
+        }
+    }
+
+    /// Send the held events that may go: each with [`WINDOW`] bytes after it on its channel
+    /// (all of them at the end).
+    fn release(&mut self, all: bool, out: &mut Vec<u8>) {
+        while let Some(front) = self.held.front() {
+            if !all {
+                if let Some(spot) = &front.spot {
+                    let after: usize = self
+                        .held
+                        .iter()
+                        .skip(1)
+                        .filter_map(|h| h.spot.as_ref())
+                        .filter(|s| s.channel == spot.channel)
+                        .map(|s| s.text.len())
+                        .sum();
+                    if after < WINDOW {
+                        return;
+                    }
+                }
+            }
+            let Some(held) = self.held.pop_front() else { return };
+            self.send(held, out);
+        }
+    }
+
+    fn send(&mut self, held: Held, out: &mut Vec<u8>) {
+        let Some(mut spot) = held.spot else {
+            out.extend_from_slice(&held.raw);
+            return;
+        };
+        // The tail keeps the text as the model wrote it, placeholders not restored.
+        let channel = match self.channels.iter().position(|c| c.id == spot.channel) {
+            Some(i) => i,
+            None => {
+                self.channels.push(Channel { id: spot.channel, tail: String::new() });
+                self.channels.len() - 1
+            }
+        };
+        let tail = &mut self.channels[channel].tail;
+        tail.push_str(&spot.text);
+        if tail.len() > WINDOW {
+            let mut cut = tail.len() - WINDOW;
+            while !tail.is_char_boundary(cut) {
+                cut += 1;
+            }
+            tail.drain(..cut);
+        }
+        for (placeholder, original) in &self.restore {
+            if spot.text.contains(placeholder.as_str()) {
+                spot.text = spot.text.replace(placeholder.as_str(), original);
+                spot.changed = true;
+            }
+        }
+        if !spot.changed {
+            out.extend_from_slice(&held.raw);
+            return;
+        }
+        let Some(mut data) = held.data else {
+            out.extend_from_slice(&held.raw);
+            return;
+        };
+        if let Some(slot) = data.pointer_mut(&spot.pointer) {
+            *slot = Value::String(spot.text);
+        }
+        out.extend(rewrite(&held.raw, &data));
+    }
+
+    /// Note what a guardrail found (once per guardrail and category in an answer); whether it
+    /// is new.
+    fn note(&mut self, g: &Guardrail, categories: Vec<String>) -> bool {
+        if let Some(n) = self.noted.iter_mut().find(|n| n.guardrail == g.name) {
+            let before = n.categories.len();
+            for c in categories {
+                if !n.categories.contains(&c) {
+                    n.categories.push(c);
+                }
+            }
+            return n.categories.len() > before;
+        }
+        self.noted.push(Noted { guardrail: g.name.clone(), phase: "output", action: g.action.label(), categories });
+        true
+    }
+
+    /// Mask and restore the texts of a whole answer (or a responses stream's closing event)
+    /// with the guardrails read here; whether a text changed, and the guardrail that blocks it.
+    pub fn whole(&mut self, value: &mut Value, metrics: &Metrics) -> (bool, Option<String>) {
+        let mut changed = false;
+        let guards = self.guards.clone();
+        let mut texts = super::texts_of(value);
+        for g in &guards {
+            let started = Instant::now();
+            let super::Detector::Patterns(matcher) = &g.detector else { continue };
+            let mut all = Vec::new();
+            for text in texts.iter_mut() {
+                let found = matcher.find(text);
+                if found.is_empty() {
+                    continue;
+                }
+                all.extend(found.iter().map(|f| f.category.clone()));
+                if g.action == super::Action::Mask {
+                    let mut masked = String::with_capacity(text.len());
+                    let mut at = 0;
+                    for f in &found {
+                        masked.push_str(&text[at..f.start]);
+                        masked.push_str(&self.masks.placeholder(&f.category, &text[f.start..f.end], false));
+                        at = f.end;
+                    }
+                    masked.push_str(&text[at..]);
+                    **text = masked;
+                    changed = true;
+                }
+            }
+            if all.is_empty() {
+                continue;
+            }
+            all.sort();
+            all.dedup();
+            if self.note(g, all) {
+                metrics.guardrail(&g.name, "output", g.action.label(), started.elapsed());
+            }
+            if g.action == super::Action::Block {
+                return (changed, Some(g.name.clone()));
+            }
+        }
+        for text in texts.iter_mut() {
+            for (placeholder, original) in &self.restore {
+                if text.contains(placeholder.as_str()) {
+                    **text = text.replace(placeholder.as_str(), original);
+                    changed = true;
+                }
+            }
+        }
+        (changed, None)
+    }
+
+    /// The client protocol's own error event for an answer a guardrail blocked.
+    fn error_event(&self, guardrail: &str) -> Vec<u8> {
+        let err = super::Refusal::Blocked { guardrail: guardrail.to_string(), output: true }.error();
+        error_event(self.dialect.unwrap_or(Dialect::Chat), &err, &self.model)
+    }
+}
+
+/// The end of the first whole event in `buf` (after its blank line).
+fn event_end(buf: &[u8]) -> Option<usize> {
+    let lf = memchr::memmem::find(buf, b"\n\n").map(|i| i + 2);
+    let crlf = memchr::memmem::find(buf, b"\r\n\r\n").map(|i| i + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The `data:` of an event (one line; the protocols here send one).
+fn data_of(raw: &[u8]) -> Option<&[u8]> {
+    raw.split(|b| *b == b'\n').find_map(|line| line.strip_prefix(b"data:")).map(|d| d.trim_ascii())
+}
+
+/// The event with its `data:` replaced by `data`'s JSON, its other lines kept.
+fn rewrite(raw: &[u8], data: &Value) -> Vec<u8> {
+    let mut out = Vec::with_capacity(raw.len() + 16);
+    for line in raw.split(|b| *b == b'\n') {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.is_empty() {
+            continue;
+        }
+        if line.starts_with(b"data:") {
+            out.extend_from_slice(b"data: ");
+            out.extend(serde_json::to_vec(data).unwrap_or_default());
+        } else {
+            out.extend_from_slice(line);
+        }
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+    out
+}
+
+/// Whether a responses event repeats a whole text (a part, an item, the response done).
+fn completes(v: &Value) -> bool {
+    v["type"]
+        .as_str()
+        .is_some_and(|t| t.ends_with(".done") || matches!(t, "response.completed" | "response.incomplete" | "response.failed"))
+}
+
+/// Where a dialect's event carries a text delta.
+fn spot(dialect: Dialect, v: &Value) -> Option<Spot> {
+    let at = |channel: u32, pointer: String| {
+        let text = v.pointer(&pointer)?.as_str()?;
+        (!text.is_empty()).then(|| Spot { channel, pointer, text: text.to_string(), changed: false })
+    };
+    match dialect {
+        Dialect::Chat => {
+            let choices = v["choices"].as_array()?;
+            choices.iter().enumerate().find_map(|(i, c)| {
+                let index = c["index"].as_u64().unwrap_or(i as u64) as u32;
+                at(index * 1024, format!("/choices/{i}/delta/content")).or_else(|| {
+                    let calls = c["delta"]["tool_calls"].as_array()?;
+                    calls.iter().enumerate().find_map(|(j, call)| {
+                        let k = call["index"].as_u64().unwrap_or(j as u64) as u32;
+                        at(index * 1024 + 1 + k, format!("/choices/{i}/delta/tool_calls/{j}/function/arguments"))
+                    })
+                })
+            })
+        }
+        Dialect::Messages => {
+            if v["type"] != "content_block_delta" {
+                return None;
+            }
+            let index = v["index"].as_u64().unwrap_or(0) as u32;
+            ["text", "partial_json", "thinking"].iter().find_map(|f| at(index, format!("/delta/{f}")))
+        }
+        Dialect::Responses => {
+            let t = v["type"].as_str()?;
+            if !t.ends_with(".delta") {
+                return None;
+            }
+            let channel = (v["output_index"].as_u64().unwrap_or(0) * 1024 + v["content_index"].as_u64().unwrap_or(0)) as u32;
+            at(channel, "/delta".to_string())
+        }
+        Dialect::Gemini => {
+            let candidates = v["candidates"].as_array()?;
+            candidates.iter().enumerate().find_map(|(i, c)| {
+                let parts = c["content"]["parts"].as_array()?;
+                parts.iter().enumerate().find_map(|(j, _)| at(i as u32, format!("/candidates/{i}/content/parts/{j}/text")))
+            })
+        }
+    }
+}
+
+fn categories(found: &[super::recognise::Found]) -> Vec<String> {
+    let mut list: Vec<String> = found.iter().map(|f| f.category.clone()).collect();
+    list.sort();
+    list.dedup();
+    list
+}
+
+/// `err` as the event that ends a stream in `dialect`: chat's error chunk, messages'
+/// `event: error`, generate-content's error object, responses' `response.failed`.
+pub fn error_event(dialect: Dialect, err: &ApiError, model: &str) -> Vec<u8> {
+    use crate::config::Protocol;
+    let (event, data) = match dialect {
+        Dialect::Chat => (None, serde_json::from_slice::<Value>(&err.body(Protocol::Openai)).unwrap_or(Value::Null)),
+        Dialect::Messages => (Some("error"), serde_json::from_slice::<Value>(&err.body(Protocol::Anthropic)).unwrap_or(Value::Null)),
+        Dialect::Gemini => (None, serde_json::from_slice::<Value>(&err.body(Protocol::Gemini)).unwrap_or(Value::Null)),
+        Dialect::Responses => {
+            let body = serde_json::from_slice::<Value>(&err.body(Protocol::Openai)).unwrap_or(Value::Null);
+            let response = json!({
+                "id": format!("resp_{}", crate::base::secrets::random_base62(24)),
+                "object": "response",
+                "created_at": crate::base::clock::now_ms() / 1000,
+                "model": model,
+                "status": "failed",
+                "error": {"code": body["error"]["code"], "message": body["error"]["message"]},
+                "incomplete_details": null,
+                "output": [],
+                "parallel_tool_calls": false,
+                "tool_choice": "auto",
+                "tools": [],
+            });
+            (Some("response.failed"), json!({"type": "response.failed", "response": response}))
+        }
+    };
+    let mut out = Vec::new();
+    if let Some(event) = event {
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(event.as_bytes());
+        out.push(b'\n');
+    }
+    out.extend_from_slice(b"data: ");
+    out.extend(serde_json::to_vec(&data).unwrap_or_default());
+    out.extend_from_slice(b"\n\n");
+    out
+}
