@@ -195,11 +195,13 @@ fn notify_systemd() {
     }
 }
 
-/// The reloadable routing state for a configuration (resolves upstream hosts: blocking).
-fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) -> Routing {
+/// The reloadable routing state for a configuration (resolves upstream hosts: blocking); an
+/// error when a guardrail cannot be built.
+fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) -> Result<Routing, String> {
+    let guardrails = Arc::new(crate::checks::guard::Guardrails::new(config).map_err(|e| e.to_string())?);
     let catalog = Arc::new(Catalog::new(config, now_unix(), health));
     catalog.resolve_all_blocking();
-    Routing {
+    Ok(Routing {
         catalog,
         prices: Arc::new(PriceBook::new(&config.prices)),
         default_output_tokens: config.default_output_tokens,
@@ -212,7 +214,8 @@ fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) ->
         key_page: config.console.key_page,
         retry: config.retry.clone(),
         media_allowance: config.media_allowance,
-    }
+        guardrails,
+    })
 }
 
 /// On SIGHUP: re-read the configuration file; if it is valid, swap in its providers, models,
@@ -267,7 +270,7 @@ impl Reload {
                     false => e,
                 }
             })?;
-            let routing = routing_for(&config, &health);
+            let routing = routing_for(&config, &health)?;
             Ok::<_, String>((config, routing))
         })
         .await
@@ -555,7 +558,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
     let health = Arc::new(crate::upstream::health::HealthBook::new(metrics.clone()));
-    let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)));
+    let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)?));
     let objects = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
     let checks = Arc::new(crate::checks::Checks::default());
     let books = crate::charge::Books::new(ledger.clone());

@@ -140,6 +140,7 @@ crate::with_key_policy! { patch
 }
 
 /// `GET /admin/requests`' query: `key` (a key id), `model`, `route` (its label), `status` (`2xx`, `4xx`, `5xx`),
+/// `guardrail` (an action a guardrail took: `block`, `mask`, `monitor`, `error`),
 /// `start` and `end` (unix seconds), `limit` (1 to 500, 50 by default), `cursor` (a page's
 /// `next`).
 fn request_filter(query: Option<&str>) -> std::result::Result<crate::records::log::Filter, ApiError> {
@@ -152,6 +153,10 @@ fn request_filter(query: Option<&str>) -> std::result::Result<crate::records::lo
             "key" => f.key_id = Some(value),
             "model" => f.model = Some(value),
             "route" => f.route = Some(value),
+            "guardrail" => match value.as_str() {
+                "block" | "mask" | "monitor" | "error" => f.guardrail_action = Some(value),
+                _ => return Err(bad("guardrail: block, mask, monitor or error").with_param("guardrail")),
+            },
             "status" => {
                 let class = value.strip_suffix("xx").unwrap_or(&value);
                 f.status_class = Some(match class {

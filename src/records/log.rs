@@ -59,6 +59,10 @@ pub struct LogEntry {
     pub request_bytes: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub response_bytes: Option<u64>,
+    /// What guardrails did (`name:phase:action[:categories]`, comma-separated); never what
+    /// they found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guardrail: Option<String>,
 }
 
 impl LogEntry {
@@ -100,6 +104,7 @@ pub struct LogLine<'a> {
     pub upstream_model: Option<&'a str>,
     /// Request and answer body bytes (both or neither).
     pub bytes: Option<(u64, u64)>,
+    pub guardrail: Option<&'a str>,
 }
 
 /// The stored form of an entry (a node's own tree): a version byte, then the fields in their
@@ -134,12 +139,18 @@ impl LogLine<'_> {
         put_varint(out, u64::from(self.attempts));
         put_str(out, self.upstream_request_id);
         // Added after the first entries were written: an entry without them ends before them.
-        if self.upstream_model.is_some() || self.bytes.is_some() {
+        if self.upstream_model.is_some() || self.bytes.is_some() || self.guardrail.is_some() {
             put_str(out, self.upstream_model);
         }
-        if let Some((sent, answered)) = self.bytes {
+        // A guardrail's note comes after the bytes, which are then written (0, 0) when there
+        // are none (no request has none).
+        if self.bytes.is_some() || self.guardrail.is_some() {
+            let (sent, answered) = self.bytes.unwrap_or((0, 0));
             put_varint(out, sent);
             put_varint(out, answered);
+        }
+        if self.guardrail.is_some() {
+            put_str(out, self.guardrail);
         }
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -173,6 +184,7 @@ impl LogEntry {
             upstream_request_id: self.upstream_request_id.as_deref(),
             upstream_model: self.upstream_model.as_deref(),
             bytes: self.request_bytes.zip(self.response_bytes),
+            guardrail: self.guardrail.as_deref(),
         }
     }
 
@@ -204,7 +216,8 @@ impl LogEntry {
         let attempts = u32::try_from(r.varint()?).ok()?;
         let upstream_request_id = r.string()?;
         let upstream_model = if r.0.is_empty() { None } else { r.string()? };
-        let bytes = if r.0.is_empty() { None } else { Some((r.varint()?, r.varint()?)) };
+        let bytes = if r.0.is_empty() { None } else { Some((r.varint()?, r.varint()?)).filter(|b| *b != (0, 0)) };
+        let guardrail = if r.0.is_empty() { None } else { r.string()? };
         Some(LogEntry {
             id,
             time_ms,
@@ -230,6 +243,7 @@ impl LogEntry {
             upstream_model,
             request_bytes: bytes.map(|b| b.0),
             response_bytes: bytes.map(|b| b.1),
+            guardrail,
         })
     }
 
@@ -292,6 +306,8 @@ pub struct Filter {
     pub route: Option<String>,
     /// 2, 4 or 5: the status class.
     pub status_class: Option<u16>,
+    /// Entries where a guardrail took this action (`block`, `mask`, `monitor`, `error`).
+    pub guardrail_action: Option<String>,
     /// `start_ms <= time_ms < end_ms`.
     pub start_ms: u64,
     pub end_ms: u64,
@@ -309,6 +325,10 @@ impl Filter {
             && self.model.as_ref().is_none_or(|m| e.model.as_ref() == Some(m))
             && self.route.as_ref().is_none_or(|r| *r == e.route)
             && self.status_class.is_none_or(|c| e.status / 100 == c)
+            && self
+                .guardrail_action
+                .as_ref()
+                .is_none_or(|a| e.guardrail.as_deref().is_some_and(|g| g.split(',').any(|n| n.split(':').nth(2) == Some(a.as_str()))))
     }
 }
 
@@ -339,6 +359,10 @@ pub type Page = (Vec<LogEntry>, Option<Cursor>);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn refused_entry() -> LogEntry {
+        LogEntry { id: "req_5".into(), status: 400, ..LogEntry::default() }
+    }
 
     #[test]
     fn filters_and_cursors() {
@@ -378,6 +402,7 @@ mod tests {
             upstream_model: Some("anthropic.m-v1:0".into()),
             request_bytes: None,
             response_bytes: None,
+            guardrail: None,
         };
         // An MCP tool call's entry: no upstream model, its bytes.
         let tool = LogEntry {
@@ -391,6 +416,18 @@ mod tests {
         let mut one = Vec::new();
         tool.encode(&mut one);
         assert_eq!(LogEntry::decode(&one[4..]), Some(tool));
+        // A guarded call's entry: what its guardrails did, found by the action.
+        let guarded = LogEntry {
+            id: "req_4".into(),
+            guardrail: Some("secrets:input:mask:aws_key,pii:output:monitor:email".into()),
+            ..LogEntry::default()
+        };
+        let mut one = Vec::new();
+        guarded.encode(&mut one);
+        assert_eq!(LogEntry::decode(&one[4..]).as_ref(), Some(&guarded));
+        let by = |action: &str| Filter { guardrail_action: Some(action.into()), end_ms: u64::MAX, ..Filter::default() };
+        assert!(by("mask").matches(&guarded) && by("monitor").matches(&guarded));
+        assert!(!by("block").matches(&guarded) && !by("mask").matches(&refused_entry()));
         let refused = LogEntry { id: "req_2".into(), cost_nanos: -5, status: 401, ..LogEntry::default() };
         let mut batch = b"[".to_vec();
         full.encode(&mut batch);

@@ -59,6 +59,8 @@ pub struct Draft {
     pub candidates: Vec<usize>,
     /// The most the request can cost, in nano-USD: held before anything is sent.
     pub hold_nanos: i64,
+    /// Of it, what is charged whatever the answer (its guardrails' `price_per_check`).
+    pub fixed_nanos: i64,
     /// The input it may be billed (see [`crate::billing::InputEstimate`]).
     pub input: crate::billing::InputEstimate,
     /// The output tokens held, all choices together.
@@ -99,6 +101,7 @@ pub fn stored_draft(routing: &Routing, owner: &crate::records::usage::ResponseOw
         model: owner.model.clone(),
         candidates: vec![index],
         hold_nanos: 0,
+        fixed_nanos: 0,
         input: crate::billing::InputEstimate::default(),
         output_allowance: 0,
         output_named: true,
@@ -256,6 +259,7 @@ fn draft_of(
         model,
         candidates,
         hold_nanos,
+        fixed_nanos: 0,
         input,
         output_allowance,
         output_named,
@@ -397,7 +401,7 @@ impl Draft {
             return Ok(false);
         }
         self.output_allowance = per_choice.saturating_mul(choices);
-        self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?;
+        self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?.saturating_add(self.fixed_nanos);
         self.body = self.upstream_body(route, per_choice)?;
         Ok(true)
     }
@@ -405,7 +409,14 @@ impl Draft {
     /// How many output tokens `available` nano-USD covers beside this request's input (all
     /// choices together), for a refusal's message.
     pub fn output_covered(&self, routing: &Routing, available: i64) -> u64 {
+        let available = available.saturating_sub(self.fixed_nanos);
         routing.prices.output_within(&self.model, self.input.tokens(), available).unwrap_or(0) / self.choices.max(1)
+    }
+
+    /// Charge `nanos` with the call whatever its answer (held with it).
+    pub fn add_fixed(&mut self, nanos: i64) {
+        self.fixed_nanos = self.fixed_nanos.saturating_add(nanos);
+        self.hold_nanos = self.hold_nanos.saturating_add(nanos);
     }
 
     /// The turn continues a stored conversation of `context_tokens` (its recorded input and
@@ -415,7 +426,7 @@ impl Draft {
             return Ok(());
         }
         self.input.referenced_tokens = context_tokens;
-        self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?;
+        self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?.saturating_add(self.fixed_nanos);
         Ok(())
     }
 }

@@ -58,6 +58,8 @@ pub struct Routing {
     /// Input tokens held per referenced image and per file (`billing.image_input_tokens`,
     /// `billing.file_input_tokens`).
     pub media_allowance: MediaAllowance,
+    /// The guardrails (`guardrails:`) and what is attached to each group and account.
+    pub guardrails: Arc<crate::checks::guard::Guardrails>,
 }
 
 /// The routing of `config` with the unit tests' defaults (100 output tokens held, 10 at the
@@ -78,6 +80,7 @@ pub(crate) fn routing_for_tests(config: &crate::config::Config) -> Routing {
         key_page: false,
         retry: crate::config::RetryPolicy::default(),
         media_allowance: MediaAllowance::default(),
+        guardrails: Arc::new(crate::checks::guard::Guardrails::new(config).unwrap_or_default()),
     }
 }
 

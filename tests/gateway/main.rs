@@ -19,6 +19,7 @@ mod config_cli;
 mod durability;
 mod files;
 mod gateway;
+mod guardrails;
 mod hardening;
 mod mcp_client;
 mod media;

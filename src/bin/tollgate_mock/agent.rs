@@ -151,7 +151,7 @@ pub(crate) fn agent_turn(kind: Kind, v: &Value, body: &[u8]) -> (Option<ToolCall
             None => (None, Some(format!("No tool named {wanted} was offered."))),
         };
     }
-    let Some(at) = text.find(READ_MARKER) else { return (None, None) };
+    let Some(at) = text.find(READ_MARKER) else { return (None, echo(v)) };
     let rest = &text[at + READ_MARKER.len()..];
     let Some(end) = rest.find("]]") else { return (None, None) };
     let path = &rest[..end];
@@ -160,5 +160,36 @@ pub(crate) fn agent_turn(kind: Kind, v: &Value, body: &[u8]) -> (Option<ToolCall
     match chosen {
         Some((name, schema)) => (Some(ToolCall { name: name.clone(), args: read_args(schema, path).to_string() }), None),
         None => (None, None),
+    }
+}
+
+/// `[[echo]]` in a request's text: the mock answers with the rest of that text as it received
+/// it (what a guardrail let through, masked or not), streamed in pieces of 6 characters
+/// (`[[echo:N]]`: of N), so a match can be split across events.
+pub(crate) const ECHO_MARKER: &str = "[[echo";
+
+/// The text after `[[echo]]` (or `[[echo:N]]`) in any string of the request.
+pub(crate) fn echo(v: &Value) -> Option<String> {
+    let text = find_string(v, &|s| s.contains(ECHO_MARKER))?;
+    let at = text.find(ECHO_MARKER)?;
+    let rest = &text[at + ECHO_MARKER.len()..];
+    let end = rest.find("]]")?;
+    Some(rest[end + 2..].trim_start().to_string())
+}
+
+/// The piece length `[[echo:N]]` asks for (6 by default).
+pub(crate) fn echo_pieces(v: &Value) -> Option<usize> {
+    let text = find_string(v, &|s| s.contains(ECHO_MARKER))?;
+    let rest = &text[text.find(ECHO_MARKER)? + ECHO_MARKER.len()..];
+    let asked = rest.strip_prefix(':').and_then(|r| r[..r.find("]]")?].parse().ok());
+    Some(asked.unwrap_or(6))
+}
+
+fn find_string<'v>(v: &'v Value, pred: &dyn Fn(&str) -> bool) -> Option<&'v str> {
+    match v {
+        Value::String(s) if pred(s) => Some(s),
+        Value::Array(items) => items.iter().rev().find_map(|i| find_string(i, pred)),
+        Value::Object(map) => map.values().find_map(|i| find_string(i, pred)),
+        _ => None,
     }
 }

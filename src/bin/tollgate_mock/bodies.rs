@@ -46,6 +46,10 @@ pub(crate) fn messages_usage(call: &Call, out: u64) -> Value {
 /// The answer's text in stream pieces: the reply's words, or the mock's.
 pub(crate) fn words_of(call: &Call) -> Vec<String> {
     match &call.reply {
+        Some(reply) if call.pieces.is_some() => {
+            let chars: Vec<char> = reply.chars().collect();
+            chars.chunks(call.pieces.unwrap_or(1).max(1)).map(|c| c.iter().collect()).collect()
+        }
         Some(reply) => reply.split_inclusive(' ').map(str::to_string).collect(),
         None => text_of(call.deltas).into_iter().map(str::to_string).collect(),
     }

@@ -621,6 +621,7 @@ impl MockUpstream {
                     q.split('&').any(|p| p.starts_with("fields=") || p.starts_with("$fields=") || p.starts_with("%24fields="))
                 }),
             tool,
+            pieces: reply.as_ref().and(echo_pieces(parsed)),
             reply,
             response_id: format!("resp_mock_{}", self.next_id.fetch_add(1, std::sync::atomic::Ordering::Relaxed)),
             cache: pair(req, "x-mock-cache"),

@@ -42,6 +42,8 @@ pub(crate) struct Call {
     pub(crate) tool: Option<ToolCall>,
     /// Answer with this text instead of the mock's words (an agent turn that got its tool result).
     pub(crate) reply: Option<String>,
+    /// Stream the reply in pieces of this many characters rather than word by word (`[[echo]]`).
+    pub(crate) pieces: Option<usize>,
     /// Responses: the id of the response being created.
     pub(crate) response_id: String,
     /// Prompt-cache (write, read) tokens to report.

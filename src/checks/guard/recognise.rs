@@ -142,7 +142,7 @@ fn luhn(text: &str) -> bool {
             _ => d,
         })
         .sum();
-    sum % 10 == 0
+    sum.is_multiple_of(10)
 }
 
 /// An IBAN: its check digits make it 1 modulo 97 (ISO 13616).

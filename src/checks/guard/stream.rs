@@ -59,6 +59,10 @@ pub struct Fed {
 
 /// The output guardrails of one answer.
 pub struct OutputGuard {
+    /// Every guardrail of the call (a whole answer is read by those of the output phase,
+    /// webhooks too).
+    applied: Applied,
+    /// Those read as a stream flows: built in and the operator's patterns.
     guards: Vec<Arc<Guardrail>>,
     restore: Vec<(String, String)>,
     dialect: Option<Dialect>,
@@ -79,14 +83,15 @@ enum Scanned {
 }
 
 impl OutputGuard {
-    /// The output guardrails of `applied` (those read here: built in and the operator's
-    /// patterns) and what `masks` restores; None when there is nothing to do.
+    /// The output guardrails of `applied` and what `masks` restores; None when there is
+    /// nothing to do. `dialect`: the event stream the client reads, when it streams.
     pub fn new(applied: &Applied, masks: &Masks, dialect: Option<Dialect>, model: &str) -> Option<OutputGuard> {
         let guards: Vec<Arc<Guardrail>> = applied.0.iter().filter(|g| g.phase.output() && g.local()).cloned().collect();
-        if guards.is_empty() && masks.restore.is_empty() {
+        if !applied.0.iter().any(|g| g.phase.output()) && masks.restore.is_empty() {
             return None;
         }
         Some(OutputGuard {
+            applied: applied.clone(),
             guards,
             restore: masks.restore.clone(),
             dialect,
@@ -342,9 +347,31 @@ impl OutputGuard {
         true
     }
 
-    /// Mask and restore the texts of a whole answer (or a responses stream's closing event)
-    /// with the guardrails read here; whether a text changed, and the guardrail that blocks it.
-    pub fn whole(&mut self, value: &mut Value, metrics: &Metrics) -> (bool, Option<String>) {
+    /// A whole answer (its JSON): read by every output guardrail (webhooks too, as
+    /// [`super::screen`] reads a request), then what the request's masks took out restored.
+    /// Whether a text changed; the refusal when one blocks it.
+    pub async fn answer(&mut self, call: &super::Call<'_>, value: &mut Value, metrics: &Metrics) -> Result<bool, super::Refusal> {
+        let mut screening = super::Screening { masks: std::mem::take(&mut self.masks), ..Default::default() };
+        let mut texts = super::texts_of(value);
+        let screened = super::screen(&self.applied, true, call, &mut texts, &mut screening, metrics).await;
+        self.noted.append(&mut screening.noted);
+        self.masks = screening.masks;
+        let mut changed = screened?;
+        for text in texts.iter_mut() {
+            for (placeholder, original) in &self.restore {
+                if text.contains(placeholder.as_str()) {
+                    **text = text.replace(placeholder.as_str(), original);
+                    changed = true;
+                }
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Mask and restore the texts of a responses stream's closing event
+    /// with the guardrails read as a stream flows; whether a text changed, and the guardrail
+    /// that blocks it.
+    fn whole(&mut self, value: &mut Value, metrics: &Metrics) -> (bool, Option<String>) {
         let mut changed = false;
         let guards = self.guards.clone();
         let mut texts = super::texts_of(value);

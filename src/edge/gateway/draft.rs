@@ -63,18 +63,16 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             draft
         }
         _ => {
-            let body = client_body.bytes.clone();
-            let mut draft =
-                upstream::draft(routing, route, protocol, &key.group, &key.policy, &gw.checks, client_body.bytes).inspect_err(|_| {
-                    // Refused: the access log names the model asked for, if the body or the
-                    // path (generate-content) names one.
-                    ctx.model_asked = match route {
-                        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => {
-                            crate::protocol::check_model_name(model).ok().map(|()| model.clone())
-                        }
-                        _ => crate::protocol::body_fields(&body).ok().and_then(|f| f.model),
-                    };
-                })?;
+            // The guardrails read what the call sends before anything is held or sent.
+            let body = super::guarded::input(gw, ctx, caller, protocol, client_body.bytes).await.inspect_err(|_| {
+                ctx.model_asked = model_named(route, None);
+            })?;
+            let sent = body.clone();
+            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, &gw.checks, sent).inspect_err(|_| {
+                // Refused: the access log names the model asked for, if the body or the
+                // path (generate-content) names one.
+                ctx.model_asked = model_named(route, Some(&body));
+            })?;
             if let Some(previous) = &draft.previous_response_id {
                 let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::access::owners::unavailable)?;
                 let owner = owner.ok_or_else(|| crate::access::owners::previous_not_found(previous))?;
@@ -87,6 +85,17 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
         }
     };
     Ok(Drafted { protocol, draft, body_reservation: Some(client_body.reservation), upload: None })
+}
+
+/// The model a refused call named, for the access log: in the path (generate-content), or in
+/// the body when it is given.
+fn model_named(route: &Route, body: Option<&[u8]>) -> Option<String> {
+    match route {
+        Route::GenerateContent { model, .. } | Route::GeminiCountTokens { model } | Route::GeminiEmbed { model, .. } => {
+            crate::protocol::check_model_name(model).ok().map(|()| model.clone())
+        }
+        _ => body.and_then(|b| crate::protocol::body_fields(b).ok()).and_then(|f| f.model),
+    }
 }
 
 /// The boundary of an upload to a route that takes one (`multipart/form-data`).

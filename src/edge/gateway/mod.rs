@@ -60,6 +60,7 @@ use std::time::{Duration, Instant};
 mod admit;
 mod answer;
 mod draft;
+mod guarded;
 mod key_page;
 mod keyless;
 mod kinds;
@@ -166,6 +167,10 @@ pub struct RelayPlan {
     pub upload: Option<Arc<crate::protocol::multipart::Form>>,
     /// The request's trace while it is relayed (moved here from the request's state).
     pub trace: Option<Box<crate::observe::telemetry::Trace>>,
+    /// The output guardrails of its answer, and what its request's masks restore.
+    pub guard: Option<Box<crate::checks::guard::stream::OutputGuard>>,
+    /// What its guardrails cost (`price_per_check`), billed with it (nano-USD).
+    pub guard_price_nanos: i64,
     /// What happened while it was relayed.
     pub happened: Happened,
 }
@@ -234,6 +239,8 @@ pub struct RequestCtx {
     pub realtime: Option<Box<kinds::realtime::SessionTotals>>,
     /// An MCP tool call: its server and tool, what it came to and cost.
     pub mcp: Option<Box<kinds::mcp::ToolCallFacts>>,
+    /// What the guardrails did to the request (and hold for its answer).
+    pub guarded: Option<Box<guarded::Guarded>>,
 }
 
 /// How a stage ends the request before it is relayed: answered here (a local endpoint, a

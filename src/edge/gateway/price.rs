@@ -23,6 +23,9 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     let Caller { route, key, version, routing } = caller;
     let Drafted { protocol, mut draft, body_reservation, upload } = drafted;
     let slot = gw.charge.enter(&key).await?;
+    // What its guardrails cost is held and billed with it.
+    let guard_price_nanos = super::guarded::price(ctx);
+    draft.add_fixed(guard_price_nanos);
     // A request that named no maximum is held (and asks) for less when its cap is lower.
     if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| draft.hold_nanos > *cap) {
         draft.lower_output(&routing, &route, draft.output_covered(&routing, cap))?;
@@ -53,6 +56,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     // Then the spend windows (the key's, its account's), then the balances.
     let hold = hold_for(gw, &routing, &key, &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
     let billed = route.billed();
+    let guard = super::guarded::output(ctx, &route, &draft.model);
     Ok(Box::new(RelayPlan {
         routing,
         route,
@@ -78,6 +82,8 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         media: draft.media,
         upload,
         trace: ctx.trace.take(),
+        guard,
+        guard_price_nanos,
         happened: Happened::default(),
     }))
 }

@@ -51,14 +51,16 @@ pub(super) fn report(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) {
     } else {
         true
     };
+    // What guardrails did (never what they found), once for every sink.
+    let guardrail = super::guarded::Guarded::summary(ctx);
     if logged {
-        access_log(session, ctx, status, elapsed);
+        access_log(session, ctx, status, elapsed, guardrail.as_deref());
         if let Some(log) = gw.requests.as_ref().filter(|_| ctx.key_checked) {
-            write_log_entry(log.as_ref(), session, ctx, status, elapsed);
+            write_log_entry(log.as_ref(), session, ctx, status, elapsed, guardrail.as_deref());
         }
     }
     if let Some(tracer) = &gw.tracer {
-        finish_trace(tracer, session, ctx, status);
+        finish_trace(tracer, session, ctx, status, guardrail.as_deref());
     }
     crate::edge::listener::request_done(session.as_downstream());
 }
@@ -80,7 +82,14 @@ fn bound_client_strings(ctx: &mut RequestCtx) {
 
 /// Write the request's entry in the request log (see `request_log`), borrowing every field
 /// from the request's state.
-fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duration) {
+fn write_log_entry(
+    log: &dyn crate::store::RequestLogStore,
+    session: &Session,
+    ctx: &RequestCtx,
+    status: u16,
+    elapsed: Duration,
+    guardrail: Option<&str>,
+) {
     // Only a request the id module never saw (none today) needs an id made here.
     let made;
     let id = match crate::observe::request_id::id_of(session) {
@@ -102,6 +111,7 @@ fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, c
         refusal: ctx.reason,
         param: ctx.reason_param.as_deref(),
         latency_ms: elapsed.as_millis() as u64,
+        guardrail,
         ..Default::default()
     };
     if let Some(plan) = &ctx.relayed {
@@ -144,7 +154,7 @@ fn write_log_entry(log: &dyn crate::store::RequestLogStore, session: &Session, c
 
 /// Hand the request's trace to the tracer with what the request came to (see
 /// `telemetry::Trace::finish` for what each span says).
-fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, ctx: &mut RequestCtx, status: u16) {
+fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, ctx: &mut RequestCtx, status: u16, guardrail: Option<&str>) {
     let Some(trace) = ctx.trace.take().or_else(|| ctx.relayed.as_mut().and_then(|p| p.trace.take())) else { return };
     if !trace.sampled {
         return;
@@ -160,6 +170,7 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
         tags: ctx.key.as_ref().map(|k| &k.policy.tags),
         refusal: ctx.reason,
         request_id: crate::observe::request_id::id_of(session),
+        guardrail,
         ..Default::default()
     };
     if let Some(plan) = &ctx.relayed {
@@ -190,7 +201,7 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
 /// `log.format: json`, one JSON object with the same fields. Names the key, never its secret;
 /// the path is logged without its query string. A refused request names the model it asked
 /// for and `reason`; a video submission its model, seconds and charge.
-fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duration) {
+fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duration, guardrail: Option<&str>) {
     if !log::log_enabled!(target: "access", log::Level::Info) {
         return;
     }
@@ -262,6 +273,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
         if let Some(m) = upstream_model {
             line["upstream_model"] = m.into();
         }
+        if let Some(g) = guardrail {
+            line["guardrail"] = g.into();
+        }
         log::info!(target: "access", "{line}");
         return;
     }
@@ -288,6 +302,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     }
     if let Some(m) = upstream_model {
         extra.push_str(&format!(" upstream_model={m:?}"));
+    }
+    if let Some(g) = guardrail {
+        extra.push_str(&format!(" guardrail={g:?}"));
     }
     log::info!(
         target: "access",

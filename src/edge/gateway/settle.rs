@@ -33,6 +33,8 @@ impl Gateway {
                 (usage, plan.routing.prices.cost(&plan.model, usage), estimated)
             }
         };
+        // Its guardrails' price is billed whatever the answer.
+        let cost = cost.saturating_add(plan.guard_price_nanos);
         plan.happened.billed = Some((usage, cost, estimated));
         let input_total = usage.input_total();
         self.charge.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;

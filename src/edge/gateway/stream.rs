@@ -71,6 +71,11 @@ impl Gateway {
         if plan.sampled() {
             scanner.read_answer();
         }
+        // Output guardrails: a stream is read as it flows; any other answer whole, before it goes.
+        let guarded_stream = status == 200 && sse && plan.guard.as_ref().is_some_and(|g| g.streams());
+        if status == 200 && plan.guard.is_some() && !guarded_stream {
+            return Box::pin(self.answer_guarded(session, ctx, plan, (http, peer), (header, scanner, status))).await;
+        }
 
         ctx.response_started = true;
         if let Err(e) = session.write_response_header(header, false).await {
@@ -108,6 +113,23 @@ impl Gateway {
                         _ => rest,
                     });
                 }
+            }
+            if guarded_stream {
+                let (guarded, blocked) = self.guard_chunk(plan, out, done);
+                out = guarded;
+                if blocked {
+                    // The client's stream ends with its protocol's error event; the rest of the
+                    // upstream's answer is read, unsent, for what it produced, and billed so.
+                    let written = session.write_response_body(out, true).await.map_err(|e| e.into_down());
+                    if !done {
+                        Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
+                    } else {
+                        Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
+                    }
+                    return written;
+                }
+            }
+            if done {
                 // Settled before the client sees the end: its balance and `/v1/usage` already
                 // count this request when its response is complete.
                 Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
@@ -126,6 +148,24 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// A chunk of a guarded stream through its output guard (at the end, what it still held):
+    /// what to send, and whether a guardrail blocked the answer.
+    pub(super) fn guard_chunk(&self, plan: &mut RelayPlan, chunk: Option<Bytes>, done: bool) -> (Option<Bytes>, bool) {
+        let Some(guard) = plan.guard.as_mut() else { return (chunk, false) };
+        let fed = match &chunk {
+            Some(data) if !data.is_empty() => guard.feed(data, &self.metrics),
+            _ => crate::checks::guard::stream::Fed { out: Vec::new(), blocked: None },
+        };
+        let mut out = fed.out;
+        if fed.blocked.is_some() {
+            return (Some(Bytes::from(out)), true);
+        }
+        if done {
+            out.extend(guard.finish());
+        }
+        (Some(Bytes::from(out)), false)
     }
 
     /// No answer came from the provider: the request is settled on what it failed with and the

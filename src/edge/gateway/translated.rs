@@ -107,12 +107,30 @@ impl Gateway {
             }
             if done {
                 out.extend(translator.finish());
+            }
+            let mut out = Bytes::from(out);
+            if plan.guard.as_ref().is_some_and(|g| g.streams()) {
+                let (guarded, blocked) = self.guard_chunk(plan, Some(out), done);
+                out = guarded.unwrap_or_default();
+                if blocked {
+                    // The client's stream ends with its protocol's error event; the rest of the
+                    // upstream's answer is read, unsent, for what it produced, and billed so.
+                    let written = session.write_response_body(Some(out), true).await.map_err(|e| e.into_down());
+                    if !done {
+                        Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
+                    } else {
+                        Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
+                    }
+                    return written;
+                }
+            }
+            if done {
                 // Settled before the client sees the end, as a native relay.
                 Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
-                return Box::pin(self.end_relay(session, http, &peer, Some(Bytes::from(out)))).await;
+                return Box::pin(self.end_relay(session, http, &peer, Some(out))).await;
             }
             if !out.is_empty() {
-                if let Err(e) = session.write_response_body(Some(Bytes::from(out)), false).await {
+                if let Err(e) = session.write_response_body(Some(out), false).await {
                     Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
                     return Err(e.into_down());
                 }
@@ -146,10 +164,17 @@ impl Gateway {
         if let HttpSession::H1(h1) = http.into_inner() {
             self.connector.release_http_session(h1, &peer, idle).await;
         }
-        let response = match translate::response(t, &body) {
-            Ok(bytes) => LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers: Vec::new() },
+        let translated = match translate::response(t, &body) {
+            Ok(bytes) => self.guard_whole(plan, bytes).await,
             Err(err) => {
                 log::warn!("a translated answer could not be read ({} -> {})", t.upstream.as_str(), t.client.as_str());
+                Err(err)
+            }
+        };
+        let response = match translated {
+            Ok(bytes) => LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers: Vec::new() },
+            Err(err) => {
+                self.note_refusal(ctx, err.kind.reason());
                 LocalResponse::error(&err, shape)
             }
         };

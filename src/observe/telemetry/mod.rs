@@ -194,6 +194,9 @@ pub struct RequestFacts<'a> {
     pub cost_nanos: Option<i64>,
     pub estimated: bool,
     pub first_byte: Option<Duration>,
+    /// What guardrails did (`name:phase:action[:categories]`, comma-separated), never what
+    /// they found: `tollgate.guardrail.actions`.
+    pub guardrail: Option<&'a str>,
 }
 
 impl Trace {
@@ -385,6 +388,9 @@ impl Trace {
         };
         if let Some(code) = facts.refusal {
             spans.add("tollgate.refusal", Value::Str(code));
+        }
+        if let Some(actions) = facts.guardrail {
+            spans.add("tollgate.guardrail.actions", Value::Str(actions));
         }
         if let Some(kind) = &error_type {
             spans.add("error.type", Value::Str(kind));
