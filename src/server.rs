@@ -569,14 +569,17 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     let files = Arc::new(
         crate::files::FileService::new(&config.data_dir, objects, config.fleet.is_some()).with_quota(config.uploads.file_quota_bytes),
     );
-    let batches = Arc::new(crate::batch::BatchService::new(
-        store.jobs(),
-        books,
-        checks.clone(),
-        files.clone(),
-        routing.clone(),
-        Duration::from_secs(config.batch_poll_secs),
-    ));
+    let batches = Arc::new(
+        crate::batch::BatchService::new(
+            store.jobs(),
+            books,
+            checks.clone(),
+            files.clone(),
+            routing.clone(),
+            Duration::from_secs(config.batch_poll_secs),
+        )
+        .with_metrics(metrics.clone()),
+    );
     server.add_service(background_service("batch poller", crate::batch::BatchPoller { service: batches.clone() }));
 
     let identity = match &config.identity.oidc {

@@ -17,6 +17,7 @@
 //!   never done cost nothing).
 //! * **Cancel** asks the provider; the batch is settled when the provider says it is cancelled.
 
+mod guard;
 pub mod record;
 pub mod upstream;
 
@@ -68,6 +69,8 @@ fn line_error(n: usize, field: &str, why: impl std::fmt::Display) -> ApiError {
 }
 
 pub struct BatchService {
+    /// Where its guardrails' checks are counted.
+    metrics: Arc<crate::observe::metrics::Metrics>,
     jobs: Arc<dyn JobStore>,
     books: Books,
     /// The checks every batch line goes through.
@@ -92,6 +95,9 @@ struct Prepared {
     model: String,
     provider: ProviderConfig,
     continues: Vec<(usize, String)>,
+    /// Lines a guardrail blocked (custom_id, guardrail), and what the guardrails cost.
+    blocked: Vec<(String, String)>,
+    guard_price: i64,
 }
 
 /// What the first line of an input file decides for all of them: the model, its provider and
@@ -181,7 +187,14 @@ impl BatchService {
             poll_every,
             creating: Default::default(),
             refreshing: Mutex::new(std::collections::HashMap::new()),
+            metrics: Arc::default(),
         }
+    }
+
+    /// Count its guardrails' checks in `metrics` (the process's).
+    pub fn with_metrics(mut self, metrics: Arc<crate::observe::metrics::Metrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     pub fn poll_interval(&self) -> Duration {
@@ -270,7 +283,13 @@ impl BatchService {
     /// a time and writing the lines for the provider to a temporary file as they are checked
     /// (neither file is ever whole in memory); the lines written, the worst case, the model and
     /// the provider.
-    fn prepare(who: (&KeyRecord, &Checks), routing: &Routing, endpoint: &str, input: Arc<std::fs::File>) -> Result<Prepared, ApiError> {
+    fn prepare(
+        who: (&KeyRecord, &Checks),
+        routing: &Routing,
+        endpoint: &str,
+        input: Arc<std::fs::File>,
+        mut guard: guard::LineGuard,
+    ) -> Result<Prepared, ApiError> {
         use std::io::{BufRead, Write};
         let disk = |e: std::io::Error| {
             log::error!("batches: checking the input: {e}");
@@ -282,6 +301,7 @@ impl BatchService {
         let mut lines = crate::protocol::batch::Lines::default();
         let mut batch: Option<Batchwide> = None;
         let (mut raw, mut n, mut worst, mut len, mut continues) = (Vec::new(), 0usize, 0i64, 0u64, Vec::new());
+        let mut blocked = Vec::new();
         loop {
             raw.clear();
             if reader.read_until(b'\n', &mut raw).map_err(disk)? == 0 {
@@ -295,6 +315,16 @@ impl BatchService {
                 Some(w) => w,
                 None => batch.insert(Batchwide::of(routing, endpoint, &line.model, n)?),
             };
+            // The key's guardrails: a blocked line is neither sent nor charged.
+            let masked = match guard.line(who.0, endpoint, &line.model, bytes)? {
+                guard::Line::Blocked(guardrail) => {
+                    blocked.push((line.custom_id.clone(), guardrail));
+                    continue;
+                }
+                guard::Line::Masked(masked) => Some(masked),
+                guard::Line::Kept => None,
+            };
+            let bytes = masked.as_deref().unwrap_or(bytes);
             let rewritten = Self::prepare_line(who, routing, endpoint, wide, (n, bytes), &mut line, &mut continues)?;
             let sent = rewritten.as_deref().unwrap_or(bytes);
             writer.write_all(sent).and_then(|()| writer.write_all(b"\n")).map_err(disk)?;
@@ -312,7 +342,13 @@ impl BatchService {
         writer.flush().map_err(disk)?;
         let Batchwide { model, provider, .. } =
             batch.ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The input file has no requests."))?;
-        Ok(Prepared { written: (Arc::new(out), len), requests: lines.count() as u64, worst, model, provider, continues })
+        let requests = (lines.count() - blocked.len()) as u64;
+        if requests == 0 {
+            let guardrail = blocked.first().map_or("", |b| b.1.as_str());
+            return Err(crate::checks::guard::Refusal::Blocked { guardrail: guardrail.to_string(), output: false }.error());
+        }
+        let guard_price = guard.price_nanos;
+        Ok(Prepared { written: (Arc::new(out), len), requests, worst, model, provider, continues, blocked, guard_price })
     }
 
     /// One line against the batch (its endpoint and model), the key and the prices: its output
@@ -419,11 +455,19 @@ impl BatchService {
         let endpoint = asked.endpoint;
         let (key_owned, checks) = (key.clone(), self.checks.clone());
         let prices = routing.prices.clone();
-        let Prepared { written, requests, mut worst, model, provider, continues } =
-            tokio::task::spawn_blocking(move || Self::prepare((&key_owned, &checks), &routing, endpoint, input)).await.map_err(|e| {
-                log::error!("batches: checking the input failed: {e}");
-                ApiError::new(ErrorKind::Internal, "Internal error while checking the input file.")
-            })??;
+        let guard = guard::LineGuard {
+            applied: routing.guardrails.applying(&key.group, &key.policy),
+            metrics: self.metrics.clone(),
+            handle: tokio::runtime::Handle::current(),
+            price_nanos: 0,
+        };
+        let Prepared { written, requests, mut worst, model, provider, continues, blocked, guard_price } =
+            tokio::task::spawn_blocking(move || Self::prepare((&key_owned, &checks), &routing, endpoint, input, guard)).await.map_err(
+                |e| {
+                    log::error!("batches: checking the input failed: {e}");
+                    ApiError::new(ErrorKind::Internal, "Internal error while checking the input file.")
+                },
+            )??;
         // A line that continues a stored response: only one of this key's, and held for the
         // conversation it continues, as the relay does.
         for (n, previous) in continues {
@@ -435,6 +479,7 @@ impl BatchService {
                 crate::billing::batch::worst_case(&prices, &[BatchLine::context(&model, owner.context_tokens)], |_| 0).unwrap_or(0);
             worst = worst.saturating_add(context);
         }
+        let worst = worst.saturating_add(guard_price);
         let now = now_unix();
         let mut batch = Batch {
             id: format!("batch_{}", crate::base::secrets::random_base62(28)),
@@ -452,7 +497,8 @@ impl BatchService {
             upstream_input_file: None,
             upstream_output_file: None,
             upstream_error_file: None,
-            counts: record::Counts { total: requests, ..Default::default() },
+            // The blocked lines count as failed ones from the start.
+            counts: record::Counts { total: requests + blocked.len() as u64, failed: blocked.len() as u64, ..Default::default() },
             output_file_id: None,
             error_file_id: None,
             errors: None,
@@ -464,6 +510,8 @@ impl BatchService {
             usage: (0, 0, 0),
             tags: key.policy.tags.clone(),
             last_polled_at: now,
+            blocked,
+            guard_nanos: guard_price,
         };
         let _creating = self.creating.mark(&batch.id);
         match self.books.charge(&Self::payer(&batch), Self::used(&batch, worst, (0, 0, 0)), purses).await.map_err(internal)? {
@@ -554,6 +602,8 @@ impl BatchService {
             .await
             .map_err(|e| StoreError::Corrupt(format!("batch output: {e}")))?,
         };
+        // The guardrails' checks at submission are billed whatever the lines came to.
+        let cost = cost.saturating_add(batch.guard_nanos);
         // The settlement's record carries a marker (as a stored response's id): a settlement
         // booked before a crash, whose batch state was not written, is found and not booked
         // again.
@@ -705,13 +755,33 @@ impl BatchService {
     /// that cannot be had now is tried again at the next round: nothing is settled without it.
     async fn finish(&self, batch: &mut Batch, provider: &upstream::Provider) -> Result<(), StoreError> {
         let mut output = None;
+        // The lines a guardrail blocked end the error file (which they make alone when the
+        // provider has none).
+        let blocked = batch.blocked_lines();
         for which in ["output", "errors"] {
             let upstream_file = if which == "output" { &batch.upstream_output_file } else { &batch.upstream_error_file };
-            let Some(upstream_file) = upstream_file.clone() else { continue };
-            let (file, len) = match provider.download(&upstream_file).await {
-                Ok(f) => f,
+            let ours = if which == "errors" { blocked.as_slice() } else { &[] };
+            let (file, len) = match upstream_file.clone() {
+                Some(upstream_file) => match provider.download(&upstream_file).await {
+                    Ok(f) => f,
+                    Err(e) => {
+                        log::warn!("batch {}: downloading its {which} file failed, will retry: {e}", batch.id);
+                        return Ok(());
+                    }
+                },
+                None if !ours.is_empty() => match tempfile::tempfile() {
+                    Ok(f) => (f, 0),
+                    Err(e) => {
+                        log::warn!("batch {}: writing its {which} file failed, will retry: {e}", batch.id);
+                        return Ok(());
+                    }
+                },
+                None => continue,
+            };
+            let (file, len) = match append(file, len, ours) {
+                Ok(done) => done,
                 Err(e) => {
-                    log::warn!("batch {}: downloading its {which} file failed, will retry: {e}", batch.id);
+                    log::warn!("batch {}: writing its {which} file failed, will retry: {e}", batch.id);
                     return Ok(());
                 }
             };
@@ -761,6 +831,29 @@ impl BatchService {
             }
         }
     }
+}
+
+/// `lines` written at the end of `file` (`len` bytes long, a newline put between).
+fn append(mut file: std::fs::File, len: u64, lines: &[u8]) -> std::io::Result<(std::fs::File, u64)> {
+    use std::io::{Read, Seek, SeekFrom, Write};
+    if lines.is_empty() {
+        return Ok((file, len));
+    }
+    let mut len = len;
+    if len > 0 {
+        let mut last = [0u8; 1];
+        file.seek(SeekFrom::Start(len - 1))?;
+        file.read_exact(&mut last)?;
+        if last[0] != b'\n' {
+            file.write_all(b"\n")?;
+            len += 1;
+        }
+    }
+    file.seek(SeekFrom::Start(len))?;
+    file.write_all(lines)?;
+    file.flush()?;
+    file.seek(SeekFrom::Start(0))?;
+    Ok((file, len + lines.len() as u64))
 }
 
 /// Polls open batches every `limits.batch_poll_secs` until shutdown.

@@ -78,9 +78,33 @@ pub struct Batch {
     pub tags: BTreeMap<String, String>,
     #[serde(default)]
     pub last_polled_at: u64,
+    /// Lines a guardrail blocked at submission (custom_id, guardrail): never sent nor charged;
+    /// in the batch's error file and its failed count.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocked: Vec<(String, String)>,
+    /// What the guardrails' checks at submission cost (`price_per_check`), billed with it.
+    #[serde(default)]
+    pub guard_nanos: i64,
 }
 
 impl Batch {
+    /// The error file's lines of the lines a guardrail blocked (the provider's error file's
+    /// shape).
+    pub fn blocked_lines(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (custom_id, guardrail) in &self.blocked {
+            let line = json!({
+                "id": format!("batch_req_{}", crate::base::secrets::random_base62(24)),
+                "custom_id": custom_id,
+                "response": null,
+                "error": {"code": "content_policy_violation", "message": format!("The request was blocked by the gateway's guardrail '{guardrail}'.")},
+            });
+            out.extend(serde_json::to_vec(&line).unwrap_or_default());
+            out.push(b'\n');
+        }
+        out
+    }
+
     /// Still to be worked on: not ended, or ended and not yet settled.
     pub fn open(&self) -> bool {
         !is_terminal(&self.status) || !self.settled
@@ -127,7 +151,8 @@ impl Batch {
         }
         if let Some(c) = up.get("request_counts") {
             let n = |name: &str| c.get(name).and_then(Value::as_u64).unwrap_or(0);
-            self.counts = Counts { total: n("total"), completed: n("completed"), failed: n("failed") };
+            let blocked = self.blocked.len() as u64;
+            self.counts = Counts { total: n("total") + blocked, completed: n("completed"), failed: n("failed") + blocked };
         }
         for name in
             ["in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at"]

@@ -357,3 +357,45 @@ async fn a_batch_of_a_large_input_file_is_checked_and_sent_without_holding_it_in
     let sent = recorded.iter().rev().find(|r| r["path"] == "/oa/v1/files").expect("the input went upstream");
     assert!(sent["body"].as_str().unwrap().matches("\"custom_id\"").count() == 20_000);
 }
+
+#[tokio::test]
+async fn a_line_a_guardrail_blocks_is_in_the_error_file_and_not_charged_and_a_masked_one_goes_masked() {
+    let mock = start_mock();
+    let body = config(mock.port).replace(
+        "  default: { platforms: [openai, anthropic, gemini, video] }\n",
+        "  default: { platforms: [openai, anthropic, gemini, video], guardrails: [cards, secrets] }\n",
+    ) + "guardrails:\n  - { name: cards, kind: pii, recognisers: [card], action: block }\n  - { name: secrets, kind: secrets, action: mask }\n";
+    let gw = start_gateway(&body);
+    let before = balance(&gw, CLIENT_KEY).await;
+    let lines = [
+        line("one", json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "hello"}]})),
+        line("card", json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "pay with 4111 1111 1111 1111"}]})),
+        line("key", json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "key AKIAIOSFODNN7EXAMPLE"}]})),
+    ];
+    let file = upload(&gw, CLIENT_KEY, &lines).await;
+    let r = create(&gw, CLIENT_KEY, &file, json!({})).await;
+    assert_eq!(r.status(), 200);
+    let batch: Value = r.json().await.unwrap();
+    assert_eq!(batch["request_counts"], json!({"total": 3, "completed": 0, "failed": 1}), "the blocked line failed at once: {batch}");
+    // The provider got two lines: the card never, the key masked.
+    let recorded: Vec<Value> = client().get(mock.url("/__mock/requests")).send().await.unwrap().json().await.unwrap();
+    let sent =
+        recorded.iter().find(|r| r["path"] == "/oa/v1/files").expect("the input went upstream")["body"].as_str().unwrap().to_string();
+    assert_eq!(sent.lines().filter(|l| l.starts_with('{')).count(), 2, "{sent}");
+    assert!(!sent.contains("4111") && !sent.contains("AKIAIOSF") && sent.contains("[AWS_KEY_1]"), "{sent}");
+
+    let done = until(&gw, batch["id"].as_str().unwrap(), "completed").await;
+    assert_eq!(done["request_counts"], json!({"total": 3, "completed": 2, "failed": 1}), "{done}");
+    let err_id = done["error_file_id"].as_str().expect("error file");
+    let errors = get(&gw, CLIENT_KEY, &format!("/v1/files/{err_id}/content")).await.text().await.unwrap();
+    assert_eq!(errors.lines().count(), 1, "{errors}");
+    let blocked: Value = serde_json::from_str(errors.lines().next().unwrap()).unwrap();
+    assert_eq!((blocked["custom_id"].as_str(), blocked["error"]["code"].as_str()), (Some("card"), Some("content_policy_violation")));
+    assert!(!errors.contains("4111"), "{errors}");
+    // Charged for the two answered lines only.
+    let output =
+        get(&gw, CLIENT_KEY, &format!("/v1/files/{}/content", done["output_file_id"].as_str().unwrap())).await.text().await.unwrap();
+    let (cost, answered) = batch_cost(&output);
+    assert_eq!(answered, 2);
+    assert_eq!(before - balance(&gw, CLIENT_KEY).await, cost);
+}

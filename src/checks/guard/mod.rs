@@ -280,7 +280,8 @@ impl Refusal {
 }
 
 /// Keys whose string values are not text a person wrote: names of things, ids, enums, data.
-const NOT_TEXT: [&str; 24] = [
+const NOT_TEXT: [&str; 25] = [
+    "audio",
     "model",
     "role",
     "type",

@@ -39,6 +39,12 @@ impl Guarded {
         if let Some(out) = ctx.relayed.as_ref().and_then(|p| p.guard.as_ref()) {
             all.extend(out.noted.iter().cloned());
         }
+        if let Some(session) = &ctx.realtime {
+            all.extend(session.guardrail.iter().cloned());
+        }
+        if let Some(call) = &ctx.mcp {
+            all.extend(call.guardrail.iter().cloned());
+        }
         Noted::summary(&all)
     }
 }
@@ -96,6 +102,23 @@ pub(super) async fn input(
     }
     ctx.guarded = Some(guarded);
     Ok(body)
+}
+
+/// Read a JSON value's texts (a tool call's arguments or its result, a video's request) with
+/// the guardrails of `applied` that read that phase, masking it in place; what they did is
+/// added to `noted`. What they cost (`price_per_check`), or the refusal.
+pub(super) async fn screen_value(
+    gw: &Gateway,
+    applied: &Applied,
+    call: &Call<'_>,
+    value: &mut serde_json::Value,
+    output: bool,
+    noted: &mut Vec<Noted>,
+) -> std::result::Result<i64, ApiError> {
+    let mut screening = Screening::default();
+    let screened = guard::screen(applied, output, call, &mut guard::texts_of(value), &mut screening, &gw.metrics).await;
+    noted.append(&mut screening.noted);
+    screened.map(|_| screening.price_nanos).map_err(|r| r.error())
 }
 
 /// The output guard of a planned relay (None without output guardrails or masks to restore).

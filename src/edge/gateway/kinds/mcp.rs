@@ -87,6 +87,8 @@ pub struct ToolCallFacts {
     pub cost_nanos: i64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// What the key's guardrails did to its arguments and its result.
+    pub guardrail: Vec<crate::checks::guard::Noted>,
 }
 
 /// A JSON-RPC error answer (its message bounded: it may quote what the client sent).
@@ -261,6 +263,13 @@ async fn tool_call(
     if let Err(e) = gw.checks.vet(&Subject::new(Kind::ToolCall, &key.policy).text(Text::Value(arguments))) {
         return refused(facts, ctx, e);
     }
+    // The key's guardrails read the arguments (masked in place, or refused) and the result.
+    let guards = routing.guardrails.applying(&key.group, &key.policy);
+    let mut arguments = arguments.clone();
+    let guard_price = match guard_tool(gw, (&guards, key), &name, &mut arguments, false, &mut facts.guardrail).await {
+        Ok(price) => price,
+        Err(e) => return refused(facts, ctx, e),
+    };
     if let Err(e) = gw.charge.count(key, Bucket::ToolCalls).await {
         return refused(facts, ctx, e);
     }
@@ -268,14 +277,17 @@ async fn tool_call(
         Ok(slot) => slot,
         Err(e) => return refused(facts, ctx, e),
     };
-    let price = upstream.config.per_call_nanos;
+    let price = upstream.config.per_call_nanos.saturating_add(guard_price);
     let purses = gw.charge.purses(key, &routing.calendar)?;
     let hold = match gw.charge.hold(purses, price).await? {
         Ok(hold) => hold,
         Err(r) => return refused(facts, ctx, r.to_api_error("this tool call costs", crate::base::clock::now_unix())),
     };
     let started = Instant::now();
-    let upstream_params = crate::mcp::hub::unprefixed(params, "name");
+    let mut upstream_params = crate::mcp::hub::unprefixed(params, "name");
+    if guards.input() && params.get("arguments").is_some() {
+        upstream_params["arguments"] = arguments;
+    }
     let progress = params.pointer("/_meta/progressToken").is_some() && sse;
     let (answer, present) = if progress {
         tool_call_streamed(session, s.server(i), upstream_params).await
@@ -283,7 +295,17 @@ async fn tool_call(
         (s.server(i).request("tools/call", upstream_params, &mut |_| {}).await, true)
     };
     let took = started.elapsed();
+    let mut answer = answer;
+    let blocked = match answer.as_mut() {
+        Ok(result) => guard_tool(gw, (&guards, key), &name, result, true, &mut facts.guardrail).await.err(),
+        Err(_) => None,
+    };
     let (reply, outcome, status) = match &answer {
+        // The tool ran (and is billed); its result is not the client's.
+        _ if blocked.is_some() => {
+            let e = blocked.unwrap_or_else(|| ApiError::new(ErrorKind::ContentPolicy, ""));
+            (rpc_error(id, SERVER_ERROR, &e.message, Some(json!({"type": e.kind.reason()}))), "blocked", 200)
+        }
         Ok(result) if result.get("isError").and_then(Value::as_bool) == Some(true) => (rpc_result(id, result.clone()), "tool_error", 200),
         Ok(result) => (rpc_result(id, result.clone()), "ok", 200),
         Err(e @ McpError::Rpc { .. }) => (upstream_error(id, &facts.server, e), "rpc_error", 200),
@@ -329,6 +351,24 @@ async fn tool_call(
         return Ok(Outcome::Done);
     }
     Ok(Outcome::Respond(LocalResponse { status: 200, body: Bytes::from(text), content_type: "application/json", headers: Vec::new() }))
+}
+
+/// A tool call's arguments (`output` false) or result read by the key's guardrails of that
+/// phase: what they cost, or the refusal (a blocked result is answered as the tool's error).
+async fn guard_tool(
+    gw: &Gateway,
+    (guards, key): (&crate::checks::guard::Applied, &KeyRecord),
+    name: &str,
+    value: &mut Value,
+    output: bool,
+    noted: &mut Vec<crate::checks::guard::Noted>,
+) -> std::result::Result<i64, ApiError> {
+    if (output && !guards.output()) || (!output && !guards.input()) {
+        return Ok(0);
+    }
+    let call =
+        crate::checks::guard::Call { protocol: "mcp", route: "mcp_tool_call", model: Some(name), key_id: &key.id, tags: &key.policy.tags };
+    super::super::guarded::screen_value(gw, guards, &call, value, output, noted).await
 }
 
 /// A tool call answered as SSE: the header now, each progress notification as it comes;

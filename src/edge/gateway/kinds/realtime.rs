@@ -77,6 +77,8 @@ pub struct SessionTotals {
     pub provider: Option<String>,
     /// Why the session ended.
     pub ended: &'static str,
+    /// What the key's guardrails did to its events.
+    pub guardrail: Vec<crate::checks::guard::Noted>,
 }
 
 /// A turn held: asked for by the client and not yet started upstream, or under way.
@@ -126,6 +128,10 @@ struct Relay<'a> {
     trace: Option<Box<crate::observe::telemetry::Trace>>,
     /// The provider's span attributes.
     span_attrs: Option<crate::observe::telemetry::Attrs>,
+    /// The key's guardrails: each client event's text is read by those of the input phase.
+    guards: crate::checks::guard::Applied,
+    /// What they cost (`price_per_check`) since the last turn was billed: billed with the next.
+    guard_unbilled: i64,
 }
 
 /// `GET /v1/realtime?model=…`: the session, from its upgrade to its end.
@@ -193,6 +199,8 @@ pub(super) async fn realtime(
         totals: SessionTotals::default(),
         trace: None,
         span_attrs: None,
+        guards: routing.guardrails.applying(&key.group, &key.policy),
+        guard_unbilled: 0,
     };
     let (mut upstream, answer) = open_realtime(gw, session.req_header(), &mut relay, &candidates).await?;
     if answer.status.as_u16() != 101 {
@@ -397,6 +405,8 @@ impl Relay<'_> {
                 None => return false,
             },
         };
+        // The guardrails' checks since the last turn are billed with this one.
+        let cost = cost.saturating_add(std::mem::take(&mut self.guard_unbilled));
         self.totals.turns += 1;
         self.totals.input_tokens += usage_record.input_total();
         self.totals.output_tokens += usage_record.output;
@@ -570,10 +580,27 @@ impl Relay<'_> {
                 (_, false) if matches!(frame.opcode, tungstenite::protocol::frame::coding::OpCode::Control(_)) => None,
                 (_, false) => return Some(Stop::Closed(1002, "a new message before the last one ended")),
             };
+            let mut whole = whole;
             let event = match &whole {
                 Some(payload) => rt::client_message(payload),
                 None => rt::client_event(&frame),
             };
+            // The key's guardrails read each client event's text but audio: a blocked one is
+            // not passed on (the client gets an `error` event, the session stays open); a
+            // masked one is passed on masked.
+            if self.guards.input() && !matches!(event, Event::AudioAppend) && (whole.is_some() || frame.is_text()) {
+                let payload = whole.as_deref().map_or_else(|| frame.payload(), std::borrow::Cow::Borrowed);
+                match self.guard(&payload).await {
+                    Ok(Some(masked)) => whole = Some(masked),
+                    Ok(None) => {}
+                    Err(e) => {
+                        if client.write_response_body(Some(rt::error_event(e.kind.reason(), &e.message)), false).await.is_err() {
+                            return Some(Stop::Client);
+                        }
+                        continue;
+                    }
+                }
+            }
             // The checks that read a call's text see every client event but audio (a refused one
             // is not passed on; the client gets an `error` event). None registered: nothing to
             // unmask or read (the model's rules ran when the session opened).
@@ -622,6 +649,23 @@ impl Relay<'_> {
                 return Some(Stop::Client);
             }
         }
+    }
+
+    /// A client event read by the key's guardrails: masked (the event again), as it came, or
+    /// refused.
+    async fn guard(&mut self, payload: &[u8]) -> Result<Option<Vec<u8>>, ApiError> {
+        let call = crate::checks::guard::Call {
+            protocol: "openai",
+            route: "realtime",
+            model: Some(&self.model),
+            key_id: &self.key.id,
+            tags: &self.key.policy.tags,
+        };
+        let mut screening = crate::checks::guard::Screening::default();
+        let screened = crate::checks::guard::screen_body(&self.guards, &call, payload, &mut screening, &self.gw.metrics).await;
+        self.guard_unbilled = self.guard_unbilled.saturating_add(screening.price_nanos);
+        self.totals.guardrail.extend(screening.noted);
+        screened.map_err(|r| r.error())
     }
 
     /// The upstream's whole frames, passed on: a turn the server started on its own is held

@@ -32,7 +32,7 @@ impl super::Answered for Video {
         ctx: &mut RequestCtx,
         caller: &Caller,
     ) -> std::result::Result<Outcome, ApiError> {
-        video_route(gw, session, ctx, &caller.route, &caller.key).await
+        video_route(gw, session, ctx, caller).await
     }
 }
 
@@ -41,15 +41,17 @@ pub(super) async fn video_route(
     gw: &Gateway,
     session: &mut Session,
     ctx: &mut RequestCtx,
-    route: &Route,
-    key: &KeyRecord,
+    caller: &Caller,
 ) -> std::result::Result<Outcome, ApiError> {
+    let (route, key) = (&caller.route, caller.key.as_ref());
     let Some(svc) = gw.video.as_ref() else {
         return Err(ApiError::new(ErrorKind::NotFound, "Video generation is not configured on this gateway."));
     };
     match route {
         Route::VideoCreate { legacy } => {
             let body = video_body(gw, session, key).await?;
+            // The key's guardrails read the request (its prompt) before the task is charged.
+            let body = super::super::guarded::input(gw, ctx, caller, crate::config::Protocol::Openai, body).await?;
             let idem = header_str(session.req_header(), "idempotency-key").map(str::to_string);
             if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                 return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
