@@ -179,6 +179,7 @@ impl Applied {
 }
 
 /// What a guardrail's service is told of the call.
+#[derive(Clone, Copy)]
 pub struct Call<'a> {
     pub protocol: &'a str,
     pub route: &'a str,
@@ -476,7 +477,10 @@ pub async fn screen_body(
         let changed = screen(applied, false, call, &mut [&mut text], screening, metrics).await?;
         return Ok(changed.then(|| text.into_bytes()));
     };
-    let changed = screen(applied, false, call, &mut texts_of(&mut value), screening, metrics).await?;
+    // A service is told the model the body names when the path does not name it.
+    let named = value.get("model").and_then(Value::as_str).map(str::to_string);
+    let call = Call { model: call.model.or(named.as_deref()), ..*call };
+    let changed = screen(applied, false, &call, &mut texts_of(&mut value), screening, metrics).await?;
     Ok(match changed {
         true => serde_json::to_vec(&value).ok(),
         false => None,
