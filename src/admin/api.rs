@@ -313,7 +313,7 @@ impl AdminApi {
             "max_output_tokens": rec.policy.max_output_tokens, "default_output_tokens": rec.policy.default_output_tokens,
             "budgets": self.windows(crate::records::purse::window_owner(rec), &rec.policy.budgets).await?,
             "account": rec.policy.account, "tags": rec.policy.tags,
-            "tools": rec.policy.tools, "tool_rpm": rec.policy.tool_rpm,
+            "tools": rec.policy.tools, "tool_rpm": rec.policy.tool_rpm, "guardrails": rec.policy.guardrails,
             "previous_key_valid_until": rec.rotated.as_ref().map(|r| r.until).filter(|until| *until > now_unix()),
         }))
     }
@@ -324,8 +324,14 @@ impl AdminApi {
         crate::billing::ledger::window_report(&self.ledger, owner, budgets, &calendar).await.map_err(internal)
     }
 
-    /// A key may only name an account that exists.
+    /// A key may only name an account and guardrails that exist.
     fn check_account(&self, policy: &crate::policy::KeyPolicy) -> std::result::Result<(), ApiError> {
+        let routing = self.routing.load();
+        if let Some((i, name)) = policy.guardrails.iter().flatten().enumerate().find(|(_, n)| !routing.guardrails.has(n)) {
+            return Err(
+                bad(format!("guardrails[{i}]: no guardrail named '{name}' in the configuration")).with_param(&format!("guardrails[{i}]"))
+            );
+        }
         match &policy.account {
             Some(name) if self.keys.account(name).is_none() => {
                 Err(bad(format!("account: no account named '{name}'")).with_param("account"))
