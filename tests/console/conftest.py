@@ -109,7 +109,9 @@ video:
   prices: {{ genq3-pro: 0.05, genq2: 0.02, genq3-turbo: 0, genq3-pro-fast: 0, genq2-pro: 0, genq2-turbo: 0, genq2-pro-fast: 0 }}
 keys:
   - {{ key: {TEAM_KEY}, name: team-a, group: default, balance: 10.0, tags: {{ team: a }}, budgets: {{ day: 5 }} }}
-  - {{ key: {OTHER_KEY}, name: other-team, group: default, balance: 4.0, tags: {{ team: b }} }}
+  - {{ key: {OTHER_KEY}, name: other-team, group: default, balance: 4.0, tags: {{ team: b }}, guardrails: [cards] }}
+guardrails:
+  - {{ name: cards, kind: pii, recognisers: [card], action: block }}
 """
     path = os.path.join(tmp, "tollgate.yaml")
     with open(path, "w") as f:

@@ -459,3 +459,21 @@ def test_spend_is_one_figure_on_every_page(gateway, browser):
     assert usd(row[8]) == pytest.approx(api_other, abs=1e-6)
     amounts = [r[i] for r in table_rows(browser, "usage") for i in (4, 6, 8)]
     assert len({len(a.split(".")[1]) for a in amounts}) == 1, amounts
+
+
+def test_the_request_log_filters_by_what_a_guardrail_did(gateway, browser):
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=OTHER_KEY, max_retries=0)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "card 4111 1111 1111 1111"}])
+    sign_in(browser, gateway, then="/console/requests?guardrail=block")
+    rows = table_rows(browser, "requests")
+    assert len(rows) == 1 and rows[0][1].startswith("other-team") and "content_policy_violation" in rows[0][5], rows
+    assert browser.find_element(By.CSS_SELECTOR, "select[name=guardrail] option[selected]").text == "block"
+    screenshot(browser, "19-requests-guardrail")
+    link = browser.find_element(By.CSS_SELECTOR, "table#requests tbody tr td:last-child a")
+    submit(browser, link, "Request " + link.text)
+    detail = {r[0]: r[1] for r in table_rows(browser, "request")}
+    assert detail["Guardrails"] == "cards:input:block:card"
+    assert "4111" not in browser.page_source
+    browser.get(gateway.console + "/requests?guardrail=mask")
+    assert table_rows(browser, "requests") == []

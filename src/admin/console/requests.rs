@@ -62,6 +62,11 @@ pub(super) async fn requests(api: &AdminApi, req: &Request) -> Page {
             s @ ("2xx" | "3xx" | "4xx" | "5xx") => filter.status_class = s[..1].parse().ok(),
             other => return Err(bad("status", format!("status: 2xx, 3xx, 4xx or 5xx, not '{other}'"))),
         }
+        match q.get("guardrail") {
+            "" => {}
+            a @ ("block" | "mask" | "monitor" | "error") => filter.guardrail_action = Some(a.to_string()),
+            other => return Err(bad("guardrail", format!("guardrail: block, mask, monitor or error, not '{other}'"))),
+        }
         if !q.get("from").is_empty() {
             filter.start_ms =
                 clock.calendar.day_start(q.get("from")).ok_or_else(|| bad("from", "from: a date YYYY-MM-DD"))?.saturating_mul(1000);
@@ -87,6 +92,11 @@ pub(super) async fn requests(api: &AdminApi, req: &Request) -> Page {
         let sel = if q.get("status") == s { " selected" } else { "" };
         let _ = write!(status_options, "<option value=\"{s}\"{sel}>{s}</option>");
     }
+    let mut guard_options = String::from("<option value=\"\">any</option>");
+    for a in ["block", "mask", "monitor", "error"] {
+        let sel = if q.get("guardrail") == a { " selected" } else { "" };
+        let _ = write!(guard_options, "<option value=\"{a}\"{sel}>{a}</option>");
+    }
     let err = checked.as_ref().err().map(|e| (e.param.as_deref().unwrap_or("form"), e.message.as_str()));
     let status_error = match err {
         Some(("status", m)) => format!("<span class=\"error\">{}</span>", esc(m)),
@@ -94,7 +104,7 @@ pub(super) async fn requests(api: &AdminApi, req: &Request) -> Page {
     };
     let filters = format!(
         "<form method=\"get\" action=\"/console/requests\" class=\"filters\"><label>Key<select name=\"key\">{key_options}</select></label>{}\
-{}<label>Status<select name=\"status\">{status_options}</select>{status_error}</label>{}{}<button type=\"submit\" class=\"secondary\">Filter</button></form>",
+{}<label>Status<select name=\"status\">{status_options}</select>{status_error}</label><label>Guardrail<select name=\"guardrail\">{guard_options}</select></label>{}{}<button type=\"submit\" class=\"secondary\">Filter</button></form>",
         html::field("model", "Model", q.get("model"), err, ""),
         html::field("route", "Route", q.get("route"), err, "chat_completions"),
         html::field("from", "From", q.get("from"), err, "YYYY-MM-DD"),
@@ -109,7 +119,7 @@ pub(super) async fn requests(api: &AdminApi, req: &Request) -> Page {
     let rows: Vec<Vec<String>> = entries.iter().map(|e| request_row(e, &names, clock.tz())).collect();
     let pager = match next {
         Some(cursor) => {
-            let mut params: Vec<String> = ["key", "model", "route", "status", "from", "to"]
+            let mut params: Vec<String> = ["key", "model", "route", "status", "guardrail", "from", "to"]
                 .iter()
                 .filter(|n| !q.get(n).is_empty())
                 .map(|n| format!("{n}={}", enc(q.get(n))))
@@ -164,6 +174,7 @@ pub(super) async fn request_detail(api: &AdminApi, req: &Request, id: &str) -> P
         vec!["First byte".to_string(), e.first_byte_ms.map_or("—".to_string(), |ms| format!("{} ms", count(ms)))],
         vec!["Upstream request id".to_string(), opt(&e.upstream_request_id)],
         vec!["Upstream model".to_string(), opt(&e.upstream_model)],
+        vec!["Guardrails".to_string(), opt(&e.guardrail)],
     ];
     let body = format!("{}<p><a href=\"/console/requests\">All requests</a></p>", html::table("request", &["Field", "Value"], &rows, None));
     Ok(clock.page(&format!("Request {}", e.id), "/console/requests", &req.csrf, &body))
