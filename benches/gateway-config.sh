@@ -1,7 +1,9 @@
 # Sourced by the bench scripts: write_gateway_config FILE DIR NAME LISTEN ADMIN UPSTREAM_PORT EXTRA
 # writes a tollgate config serving alpha-5.5 from the nginx upstream with the bench key (its
 # group translates: a messages client reaches alpha-5.5 too);
-# EXTRA is more top-level JSON members, each followed by a comma ("" for none).
+# EXTRA is more top-level JSON members, each followed by a comma ("" for none); GROUP_EXTRA (an
+# optional 8th argument) more members of the key's group, each preceded by a comma (e.g.
+# `, "guardrails": ["secrets"]`).
 # PERF_PROVIDER picks the kind of provider serving alpha-5.5 (default openai): anthropic (a
 # native messages provider), bedrock (InvokeModel, every request SigV4-signed; the model named
 # anthropic.claude-bench-v1:0 upstream) or vertex (rawPredict with a service-account token from
@@ -28,7 +30,7 @@ write_gateway_config() {
  "listen": "127.0.0.1:$4", "data_dir": "$2/$3-data",
  "admin": {"listen": "127.0.0.1:$5", "token": "perf-admin-token-000000000001"},
  "providers": [$provider],
- "groups": {"default": {"platforms": ["openai", "anthropic"], "translate": true}},
+ "groups": {"default": {"platforms": ["openai", "anthropic"], "translate": true${8:-}}},
  "prices": {"alpha-5.5": {"input": 1.0, "output": 2.0}},
  $7
  "keys": [{"key": "sk-bench-0000000000000000000001", "name": "bench", "group": "default", "balance": 1000000000.0}]}

@@ -6,13 +6,18 @@
 #
 # Each target runs alone under valgrind behind the nginx upstream of run.sh; wrk (1 thread,
 # c=8) warms it for 3 s, then the instructions of the next 4 s are divided by the requests wrk
-# counted. Small bodies by default; TOLLGATE_WRK_BODY=large for the 256 KiB one,
+# counted. Small bodies by default; TOLLGATE_WRK_BODY=large for the 256 KiB one, 4k or 64k for
+# a prompt of that much prose,
 # TOLLGATE_WRK_BODY=messages for a small messages request translated to chat completions.
 #   nginx     nginx as a plain reverse proxy (run.sh's proxy.conf.tmpl), one process
 #   bare      the bare Pingora proxy of run.sh
 #   tollgate  HEAD's release build
 #   other     PERF_OTHER_BIN, when set (a change against HEAD), with PERF_OTHER_EXTRA as more
-#             top-level config members, each followed by a comma (e.g. a `telemetry` section)
+#             top-level config members, each followed by a comma (e.g. a `telemetry` section),
+#             and PERF_OTHER_GROUP as more members of its key's group, each preceded by a comma
+#             (guardrails on, issue 65: PERF_OTHER_BIN=target/release/tollgate
+#             PERF_OTHER_EXTRA='"guardrails": [{"name": "s", "kind": "secrets"}, {"name": "p", "kind": "pii"}],'
+#             PERF_OTHER_GROUP=', "guardrails": ["s", "p"]' TOLLGATE_WRK_BODY=4k)
 # PERF_SETTLE, when set, is a command run after the warm-up and again after the counted load
 # (before counting stops), for every target alike: it returns once the work the requests left
 # behind is done (a fleet node books its journal a sync round later; see benches/fleet), so the
@@ -67,6 +72,6 @@ BP=$(port); measure bare "$BP" "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
 GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" ""
 RUST_LOG=warn measure tollgate "$GW" "$PWD/target/release/tollgate" -c "$dir/tollgate.yaml"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
-  GO=$(port); write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" "${PERF_OTHER_EXTRA:-}"
+  GO=$(port); write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" "${PERF_OTHER_EXTRA:-}" "${PERF_OTHER_GROUP:-}"
   RUST_LOG=warn measure other "$GO" "$PERF_OTHER_BIN" -c "$dir/other.yaml"
 fi

@@ -176,9 +176,14 @@ impl KeyIndex {
         let existing: HashMap<String, crate::records::key::AccountRecord> =
             self.store.accounts().await?.into_iter().map(|a| (a.name.clone(), a)).collect();
         for seed in seeds {
-            let digest =
-                hex(&Sha256::digest(format!("{}\n{}", seed.name, serde_json::to_string(&seed.budgets).unwrap_or_default()).as_bytes())
-                    [..16]);
+            // The guardrails are in the digest only when the entry names some: an entry written
+            // before they existed is not applied again.
+            let mut entry = format!("{}\n{}", seed.name, serde_json::to_string(&seed.budgets).unwrap_or_default());
+            if !seed.guardrails.is_empty() {
+                entry.push('\n');
+                entry.push_str(&seed.guardrails.join(","));
+            }
+            let digest = hex(&Sha256::digest(entry.as_bytes())[..16]);
             let record = match existing.get(&seed.name) {
                 Some(old) if old.origin == KeyOrigin::Admin => {
                     log::warn!("accounts: '{}' names an account created through the admin API; the file entry is ignored", seed.name);
@@ -187,6 +192,7 @@ impl KeyIndex {
                 Some(old) if old.seed_digest.as_deref() == Some(digest.as_str()) => continue,
                 Some(old) => crate::records::key::AccountRecord {
                     budgets: seed.budgets.clone(),
+                    guardrails: seed.guardrails.clone(),
                     seed_digest: Some(digest),
                     origin: KeyOrigin::Config,
                     ..old.clone()
@@ -200,6 +206,7 @@ impl KeyIndex {
                     member_limit: None,
                     member_policy: None,
                     people: Default::default(),
+                    guardrails: seed.guardrails.clone(),
                 },
             };
             self.store.put_account(&record).await?;

@@ -87,12 +87,17 @@ struct CreateAccount {
     balance: f64,
     #[serde(default)]
     budgets: Option<crate::policy::budget::BudgetsInput>,
+    #[serde(default)]
+    guardrails: Option<Vec<String>>,
 }
 
 /// `PATCH /admin/accounts/{name}`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PatchAccount {
+    /// Its guardrails (`null` clears them).
+    #[serde(default, deserialize_with = "double_option")]
+    guardrails: Option<Option<Vec<String>>>,
     #[serde(default)]
     balance_delta: Option<f64>,
     #[serde(default)]
@@ -324,14 +329,23 @@ impl AdminApi {
         crate::billing::ledger::window_report(&self.ledger, owner, budgets, &calendar).await.map_err(internal)
     }
 
+    /// Guardrails a key or a team names: each declared by the configuration, at most
+    /// [`crate::policy::MAX_GUARDRAILS`].
+    fn known_guardrails(&self, names: Vec<String>) -> std::result::Result<Vec<String>, ApiError> {
+        let routing = self.routing.load();
+        if names.len() > crate::policy::MAX_GUARDRAILS {
+            return Err(bad(format!("guardrails: at most {} names", crate::policy::MAX_GUARDRAILS)).with_param("guardrails"));
+        }
+        if let Some((i, name)) = names.iter().enumerate().find(|(_, n)| !routing.guardrails.has(n)) {
+            let name = crate::base::text::clip(name, 64);
+            return Err(bad(format!("guardrails[{i}]: no guardrail named '{name}' in the configuration")).with_param("guardrails"));
+        }
+        Ok(names)
+    }
+
     /// A key may only name an account and guardrails that exist.
     fn check_account(&self, policy: &crate::policy::KeyPolicy) -> std::result::Result<(), ApiError> {
-        let routing = self.routing.load();
-        if let Some((i, name)) = policy.guardrails.iter().flatten().enumerate().find(|(_, n)| !routing.guardrails.has(n)) {
-            return Err(
-                bad(format!("guardrails[{i}]: no guardrail named '{name}' in the configuration")).with_param(&format!("guardrails[{i}]"))
-            );
-        }
+        self.known_guardrails(policy.guardrails.clone().unwrap_or_default())?;
         match &policy.account {
             Some(name) if self.keys.account(name).is_none() => {
                 Err(bad(format!("account: no account named '{name}'")).with_param("account"))
@@ -358,7 +372,7 @@ impl AdminApi {
             "created_at": account.created_at, "origin": account.origin, "keys": keys,
             "member_limit": account.member_limit.as_ref().map(crate::admin::teams::ceiling_view),
             "member_policy": account.member_policy.as_ref().map(crate::admin::teams::ceiling_view),
-            "people": account.people,
+            "people": account.people, "guardrails": account.guardrails,
         }))
     }
 
@@ -661,6 +675,7 @@ impl AdminApi {
             member_limit: None,
             member_policy: None,
             people: Default::default(),
+            guardrails: self.known_guardrails(body.guardrails.unwrap_or_default())?,
         };
         self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
         self.keys.put_account(&account).await.map_err(internal)?;
@@ -670,6 +685,9 @@ impl AdminApi {
     /// `PATCH /admin/accounts/{name}`: its budgets, and a balance move with its reason.
     async fn patch_account(&self, name: &str, patch: PatchAccount) -> std::result::Result<Value, ApiError> {
         let mut account = (*self.account(name)?).clone();
+        if let Some(guardrails) = patch.guardrails {
+            account.guardrails = self.known_guardrails(guardrails.unwrap_or_default())?;
+        }
         if let Some(budgets) = patch.budgets {
             account.budgets =
                 budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();

@@ -334,6 +334,60 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// Call `f` with each text string of the JSON value `body` (escapes decoded; a string under a
+/// member named in `skip` is not text, nor any inside it) until it returns true: whether one
+/// did. One pass, no tree built: a string without escapes is read where it lies.
+pub fn texts(body: &[u8], skip: &[&str], f: &mut dyn FnMut(&str) -> bool) -> Result<bool, ScanError> {
+    fn walk(s: &mut Scanner<'_>, depth: usize, skip: &[&str], f: &mut dyn FnMut(&str) -> bool) -> Result<bool, ScanError> {
+        match s.peek() {
+            Some(b'"') => {
+                let text = s.string()?;
+                Ok(text.decoded().is_some_and(|t| f(&t)))
+            }
+            Some(b'{') => {
+                let mut found = false;
+                s.object(depth, |s, _, key, depth| {
+                    if found || key.is_one_of(skip) {
+                        return s.value(depth);
+                    }
+                    found = walk(s, depth, skip, f)?;
+                    Ok::<(), ScanError>(())
+                })?;
+                Ok(found)
+            }
+            Some(b'[') => {
+                let depth = s.open(depth)?;
+                let mut found = false;
+                if s.eat(b']') {
+                    return Ok(false);
+                }
+                loop {
+                    if found {
+                        s.value(depth)?;
+                    } else {
+                        found = walk(s, depth, skip, f)?;
+                    }
+                    s.ws();
+                    if s.eat(b',') {
+                        s.ws();
+                        continue;
+                    }
+                    s.expect(b']', "expected `,` or `]`")?;
+                    return Ok(found);
+                }
+            }
+            _ => s.value(depth).map(|()| false),
+        }
+    }
+    let mut s = Scanner::new(body);
+    s.ws();
+    let found = walk(&mut s, 0, skip, f)?;
+    if !s.at_end() {
+        return Err(s.fail("trailing characters"));
+    }
+    Ok(found)
+}
+
 /// The first position from `i` holding `"`, `\` or a control character (`b.len()` when none),
 /// and whether a byte above 0x7F came before it (the string then needs its UTF-8 checked).
 pub fn next_special(b: &[u8], i: usize) -> (usize, bool) {

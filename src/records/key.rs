@@ -161,6 +161,10 @@ pub struct AccountRecord {
     /// `team_admin`, `operator`): besides the provider's claims.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub people: std::collections::BTreeMap<String, String>,
+    /// Guardrails (by name) every call of its keys goes through (`accounts[].guardrails`, or
+    /// the admin API).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub guardrails: Vec<String>,
 }
 
 impl AccountRecord {

@@ -123,6 +123,7 @@ mod tests {
 
     fn team() -> AccountRecord {
         AccountRecord {
+            guardrails: Vec::new(),
             name: "research".into(),
             budgets: Budgets::default(),
             created_at: 0,

@@ -381,6 +381,7 @@ pub(super) fn edit_values(view: &Value) -> BTreeMap<&'static str, String> {
     out.insert("models_allow", list(&view["models"]["allow"]));
     out.insert("models_deny", list(&view["models"]["deny"]));
     out.insert("ip_allow", list(&view["ip_allow"]));
+    out.insert("guardrails", list(&view["guardrails"]));
     for (field, window) in [("budget_day", "day"), ("budget_week", "week"), ("budget_month", "month")] {
         out.insert(field, text(&view["budgets"][window]["cap"]));
     }
@@ -453,6 +454,8 @@ pub(super) fn edit_patch(f: &Form) -> Result<Value, Vec<ApiError>> {
         }
     }
     body.insert("tags".into(), if tags.is_empty() { Value::Null } else { Value::Object(tags) });
+    let guardrails = list(f.get("guardrails"));
+    body.insert("guardrails".into(), if guardrails.is_empty() { Value::Null } else { json!(guardrails) });
     if problems.is_empty() {
         Ok(Value::Object(body))
     } else {
@@ -567,7 +570,7 @@ pub(super) const STATES: [&str; 7] = ["all", "active", "disabled", "expired", "r
 pub(super) const CREATE_FIELDS: [&str; 6] = ["name", "group", "balance", "rpm", "expires_at", "account"];
 
 /// The edit form: (field, label, hint).
-pub(super) const EDIT_FORM: [(&str, &str, &str); 17] = [
+pub(super) const EDIT_FORM: [(&str, &str, &str); 18] = [
     ("name", "Name", ""),
     ("group", "Group", "which platforms it may call"),
     ("account", "Account", "a shared account's name; empty: none"),
@@ -585,9 +588,10 @@ pub(super) const EDIT_FORM: [(&str, &str, &str); 17] = [
     ("budget_week", "Weekly cap (USD)", ""),
     ("budget_month", "Monthly cap (USD)", ""),
     ("tags", "Tags", "name=value, comma-separated"),
+    ("guardrails", "Guardrails", "names, comma-separated; with its group's and account's"),
 ];
 
-pub(super) const EDIT_FIELDS: [&str; 21] = [
+pub(super) const EDIT_FIELDS: [&str; 22] = [
     "name",
     "group",
     "grace_hours",
@@ -609,6 +613,7 @@ pub(super) const EDIT_FIELDS: [&str; 21] = [
     "budgets",
     "tags",
     "account",
+    "guardrails",
 ];
 
 #[cfg(test)]

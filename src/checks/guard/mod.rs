@@ -63,12 +63,12 @@ impl std::fmt::Display for GuardError {
     }
 }
 
-/// The guardrails of a configuration, and what is attached to each group and account.
+/// The guardrails of a configuration, and what is attached to each group (an account's are
+/// on its record, seeded from the file or set through the admin API).
 #[derive(Default)]
 pub struct Guardrails {
     by_name: HashMap<String, Arc<Guardrail>>,
     groups: HashMap<String, Vec<Arc<Guardrail>>>,
-    accounts: HashMap<String, Vec<Arc<Guardrail>>>,
 }
 
 impl Guardrails {
@@ -117,14 +117,14 @@ impl Guardrails {
         }
         let resolve = |names: &[String]| names.iter().filter_map(|n| by_name.get(n).cloned()).collect::<Vec<_>>();
         let groups = config.groups.iter().map(|(name, g)| (name.clone(), resolve(&g.guardrails))).collect();
-        let accounts = config.accounts.iter().map(|a| (a.name.clone(), resolve(&a.guardrails))).collect();
-        Ok(Guardrails { by_name, groups, accounts })
+        Ok(Guardrails { by_name, groups })
     }
 
-    /// The guardrails a key of `group` with `policy` goes through: its group's, its account's,
-    /// its own, each once, in that order. A name no guardrail has (a key made through the admin
-    /// API before a reload removed it) is skipped and logged.
-    pub fn applying(&self, group: &str, policy: &KeyPolicy) -> Applied {
+    /// The guardrails a key of `group` with `policy` goes through: its group's, its account's
+    /// (`account`: the names on the account's record), its own, each once, in that order. A
+    /// name no guardrail has (set through the admin API before a reload removed it) is skipped
+    /// and logged.
+    pub fn applying(&self, group: &str, policy: &KeyPolicy, account: &[String]) -> Applied {
         if self.by_name.is_empty() {
             return Applied::default();
         }
@@ -135,10 +135,7 @@ impl Guardrails {
             }
         };
         self.groups.get(group).into_iter().flatten().for_each(&mut add);
-        if let Some(account) = &policy.account {
-            self.accounts.get(account).into_iter().flatten().for_each(&mut add);
-        }
-        for name in policy.guardrails.iter().flatten() {
+        for name in account.iter().chain(policy.guardrails.iter().flatten()) {
             match self.by_name.get(name) {
                 Some(g) => add(g),
                 None => log::warn!(
@@ -464,6 +461,10 @@ fn bounded_reason(reason: &str) -> String {
 }
 
 /// Screen a JSON body's texts (input): the body again, rewritten, when a mask changed it.
+///
+/// When every guardrail reading it is local, the body's texts are first read where they lie
+/// (`protocol::scan::texts`: no tree built, a text without escapes not copied); only a body
+/// in which one finds something is parsed into a tree, screened and written again.
 pub async fn screen_body(
     applied: &Applied,
     call: &Call<'_>,
@@ -471,6 +472,22 @@ pub async fn screen_body(
     screening: &mut Screening,
     metrics: &Metrics,
 ) -> Result<Option<Vec<u8>>, Refusal> {
+    let matchers: Option<Vec<&recognise::Matcher>> = applied
+        .reading(false)
+        .map(|g| match &g.detector {
+            Detector::Patterns(m) => Some(m),
+            Detector::Webhook(_) => None,
+        })
+        .collect();
+    if let Some(matchers) = matchers {
+        let clean = crate::protocol::scan::texts(body, &NOT_TEXT, &mut |text| matchers.iter().any(|m| m.any(text)));
+        if clean == Ok(false) {
+            for g in applied.reading(false) {
+                screening.price_nanos = screening.price_nanos.saturating_add(g.price_nanos);
+            }
+            return Ok(None);
+        }
+    }
     let Ok(mut value) = serde_json::from_slice::<Value>(body) else {
         // Not JSON: read as one text (the draft refuses it after).
         let mut text = String::from_utf8_lossy(body).into_owned();

@@ -9,7 +9,7 @@ fn guardrails(yaml: &str) -> Guardrails {
 }
 
 fn applied(g: &Guardrails) -> Applied {
-    g.applying("default", &KeyPolicy::default())
+    g.applying("default", &KeyPolicy::default(), &[])
 }
 
 fn call() -> (BTreeMap<String, String>, &'static str) {
@@ -120,4 +120,31 @@ fn a_chunk_is_held_only_until_the_window_follows_it() {
     let fed = out.feed(second.as_bytes(), &metrics);
     assert_eq!(fed.out, first.as_bytes(), "released once the window followed it, unchanged");
     assert_eq!(out.finish(), second.as_bytes());
+}
+
+#[tokio::test]
+async fn the_first_read_finds_what_escapes_hide_and_skips_what_is_not_text() {
+    let g = guardrails(SECRETS_MASK);
+    let a = applied(&g);
+    let metrics = Metrics::default();
+    let (tags, key_id) = call();
+    let call = Call { protocol: "openai", route: "chat_completions", model: None, key_id, tags: &tags };
+    // Written with a \u escape and after a newline escape: read as the client's text is, found.
+    let body = br#"{"model":"m","messages":[{"role":"user","content":"line\n\u0041KIAIOSFODNN7EXAMPLE"}]}"#;
+    let masked = screen_body(&a, &call, body, &mut Screening::default(), &metrics).await.expect("passes").expect("masked");
+    assert_eq!(serde_json::from_slice::<Value>(&masked).expect("json")["messages"][0]["content"], "line\n[AWS_KEY_1]");
+    // A name of a thing (an id, a model) is not text; a clean body is sent as it came, priced.
+    let body = br#"{"model":"AKIAIOSFODNN7EXAMPLE","messages":[{"role":"user","content":"nothing here 12"}]}"#;
+    let mut screening = Screening::default();
+    assert_eq!(screen_body(&a, &call, body, &mut screening, &metrics).await, Ok(None));
+    assert!(screening.noted.is_empty());
+}
+
+#[test]
+fn a_text_is_read_only_where_its_digits_could_make_a_shape() {
+    let g = guardrails("guardrails: [{name: p, kind: pii}]\ngroups: {default: {platforms: [openai], guardrails: [p]}}\n");
+    let Detector::Patterns(m) = &g.by_name["p"].detector else { panic!("a pattern guardrail") };
+    assert!(!m.any("three digits 1 2 3 and nothing else"));
+    assert!(m.any("an address 10.0.0.1 here"), "four digits, one per word");
+    assert!(m.any(&format!("{}card 4111111111111111", "x".repeat(13))), "digits across eight-byte words");
 }

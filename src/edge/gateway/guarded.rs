@@ -49,6 +49,12 @@ impl Guarded {
     }
 }
 
+/// The guardrails a key goes through: its group's, its account's (its record's), its own.
+pub(super) fn applying(gw: &Gateway, routing: &crate::upstream::Routing, key: &crate::records::key::KeyRecord) -> Applied {
+    let account = key.policy.account.as_deref().and_then(|name| gw.keys.account(name));
+    routing.guardrails.applying(&key.group, &key.policy, account.as_ref().map_or(&[][..], |a| a.guardrails.as_slice()))
+}
+
 /// The event stream a client of `route` reads, for an answer sent as server-sent events.
 pub(super) fn dialect(route: &Route) -> Option<Dialect> {
     match route {
@@ -69,7 +75,7 @@ pub(super) async fn input(
     protocol: Protocol,
     body: Bytes,
 ) -> std::result::Result<Bytes, ApiError> {
-    let applied = caller.routing.guardrails.applying(&caller.key.group, &caller.key.policy);
+    let applied = applying(gw, &caller.routing, &caller.key);
     if applied.is_empty() {
         return Ok(body);
     }

@@ -53,7 +53,7 @@ pub(super) async fn batches_route(
         BatchOp::Create => {
             let body = crate::edge::body::read(session, &gw.body).await?.bytes;
             let purses = gw.charge.purses(key, &routing.calendar)?;
-            batches.create(key, &purses, &body).await?
+            batches.create(key, &purses, &body, super::super::guarded::applying(gw, routing, key)).await?
         }
         BatchOp::Get(id) => batches.get(key, id).await?,
         BatchOp::Cancel(id) => batches.cancel(key, id).await?,

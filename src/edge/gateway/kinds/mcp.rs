@@ -264,7 +264,7 @@ async fn tool_call(
         return refused(facts, ctx, e);
     }
     // The key's guardrails read the arguments (masked in place, or refused) and the result.
-    let guards = routing.guardrails.applying(&key.group, &key.policy);
+    let guards = super::super::guarded::applying(gw, routing, key);
     let mut arguments = arguments.clone();
     let guard_price = match guard_tool(gw, (&guards, key), &name, &mut arguments, false, &mut facts.guardrail).await {
         Ok(price) => price,

@@ -199,7 +199,7 @@ pub(super) async fn realtime(
         totals: SessionTotals::default(),
         trace: None,
         span_attrs: None,
-        guards: routing.guardrails.applying(&key.group, &key.policy),
+        guards: super::super::guarded::applying(gw, routing, key),
         guard_unbilled: 0,
     };
     let (mut upstream, answer) = open_realtime(gw, session.req_header(), &mut relay, &candidates).await?;
