@@ -122,7 +122,8 @@ fn guardrails(c: &mut Criterion) {
     let mut g = c.benchmark_group("guardrails");
     for (name, repeat) in [("prompt_4k", 50), ("prompt_64k", 800)] {
         let prose = "The quarterly report covers revenue, churn and the roadmap for the next release. ".repeat(repeat);
-        let body = serde_json::to_vec(&serde_json::json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": prose}]})).expect("json");
+        let body =
+            serde_json::to_vec(&serde_json::json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": prose}]})).expect("json");
         g.throughput(Throughput::Bytes(body.len() as u64));
         g.bench_function(name, |b| {
             b.iter(|| runtime.block_on(guard::screen_body(&applied, &call, black_box(&body), &mut Screening::default(), &metrics)).is_ok())

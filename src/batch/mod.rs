@@ -439,7 +439,13 @@ impl BatchService {
     /// Create a batch of the key's input file: checked, charged its worst case, submitted. A
     /// key holds at most [`MAX_OPEN_BATCHES_PER_KEY`] open at once.
     /// `guards`: the key's guardrails, which read each line.
-    pub async fn create(&self, key: &KeyRecord, purses: &[Purse], body: &[u8], guards: crate::checks::guard::Applied) -> Result<Batch, ApiError> {
+    pub async fn create(
+        &self,
+        key: &KeyRecord,
+        purses: &[Purse],
+        body: &[u8],
+        guards: crate::checks::guard::Applied,
+    ) -> Result<Batch, ApiError> {
         let asked = parse_create(body)?;
         let recent = self.jobs.of_owner(KIND, &key.id, None, OPEN_BATCHES_LOOKED_AT).await.map_err(internal)?;
         let open = recent.iter().filter_map(|t| Self::read(t)).filter(Batch::open).count();
@@ -456,12 +462,8 @@ impl BatchService {
         let endpoint = asked.endpoint;
         let (key_owned, checks) = (key.clone(), self.checks.clone());
         let prices = routing.prices.clone();
-        let guard = guard::LineGuard {
-            applied: guards,
-            metrics: self.metrics.clone(),
-            handle: tokio::runtime::Handle::current(),
-            price_nanos: 0,
-        };
+        let guard =
+            guard::LineGuard { applied: guards, metrics: self.metrics.clone(), handle: tokio::runtime::Handle::current(), price_nanos: 0 };
         let Prepared { written, requests, mut worst, model, provider, continues, blocked, guard_price } =
             tokio::task::spawn_blocking(move || Self::prepare((&key_owned, &checks), &routing, endpoint, input, guard)).await.map_err(
                 |e| {

@@ -35,12 +35,17 @@ pub struct Str<'a> {
     pub raw: &'a [u8],
     pub quoted: &'a [u8],
     pub escaped: bool,
+    /// No byte of `raw` is above 0x7F (the scan saw every byte).
+    pub ascii: bool,
 }
 
 impl Str<'_> {
     /// The text as serde_json reads it (escapes decoded). None when a `\u` escape is a lone
     /// surrogate, which serde_json refuses in a key.
     pub fn decoded(&self) -> Option<std::borrow::Cow<'_, str>> {
+        if !self.escaped && self.ascii {
+            return Some(std::borrow::Cow::Borrowed(ascii_str(self.raw)));
+        }
         if !self.escaped {
             return std::str::from_utf8(self.raw).ok().map(std::borrow::Cow::Borrowed);
         }
@@ -54,6 +59,16 @@ impl Str<'_> {
         }
         self.decoded().is_some_and(|t| names.contains(&t.as_ref()))
     }
+}
+
+/// Bytes the scan saw to be ASCII, as text without checking them again (a guardrail reads
+/// every text of a body: checking each again was half an instruction a byte).
+#[allow(unsafe_code)] // see the SAFETY note
+fn ascii_str(raw: &[u8]) -> &str {
+    debug_assert!(raw.is_ascii());
+    // SAFETY: only called for a string whose every byte `Scanner::string` saw and found at or
+    // below 0x7F (`Str::ascii`): ASCII is valid UTF-8.
+    unsafe { std::str::from_utf8_unchecked(raw) }
 }
 
 use super::MediaCount;
@@ -166,7 +181,7 @@ impl<'a> Scanner<'a> {
                         return Err(self.fail("invalid unicode code point"));
                     }
                     self.at = j + 1;
-                    return Ok(Str { raw, quoted: &self.b[open..j + 1], escaped });
+                    return Ok(Str { raw, quoted: &self.b[open..j + 1], escaped, ascii: !high });
                 }
                 Some(b'\\') => {
                     escaped = true;

@@ -235,16 +235,28 @@ async fn a_teams_list_set_through_the_admin_api_applies_to_its_keys() {
     let admin = free_port();
     let (hook, _task) = hanging_hook().await;
     let gw = start_gateway_env(&config(mock.port, admin, hook), &[("GUARD_HOOK_SECRET", "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=")]);
-    let api = |method: reqwest::Method, path: &str| client().request(method, format!("http://127.0.0.1:{admin}{path}")).bearer_auth(ADMIN_TOKEN);
-    let team = api(reqwest::Method::POST, "/admin/accounts").json(&json!({"name": "payments", "balance": 5, "guardrails": ["cards"]})).send().await.expect("team");
+    let api =
+        |method: reqwest::Method, path: &str| client().request(method, format!("http://127.0.0.1:{admin}{path}")).bearer_auth(ADMIN_TOKEN);
+    let team = api(reqwest::Method::POST, "/admin/accounts")
+        .json(&json!({"name": "payments", "balance": 5, "guardrails": ["cards"]}))
+        .send()
+        .await
+        .expect("team");
     assert_eq!(team.status(), 200);
     assert_eq!(team.json::<Value>().await.expect("json")["guardrails"], json!(["cards"]));
-    let made: Value =
-        api(reqwest::Method::POST, "/admin/keys").json(&json!({"name": "payer", "balance": 5, "account": "payments"})).send().await.expect("key").json().await.expect("json");
+    let made: Value = api(reqwest::Method::POST, "/admin/keys")
+        .json(&json!({"name": "payer", "balance": 5, "account": "payments"}))
+        .send()
+        .await
+        .expect("key")
+        .json()
+        .await
+        .expect("json");
     let secret = made["key"].as_str().expect("secret").to_string();
     assert_eq!(chat(&gw, &secret, &format!("card {CARD}"), false).await.status(), 400, "the team's guardrail applies to its key");
     // An undeclared name is refused, naming the field; null clears the list.
-    let refused = api(reqwest::Method::PATCH, "/admin/accounts/payments").json(&json!({"guardrails": ["nope"]})).send().await.expect("patch");
+    let refused =
+        api(reqwest::Method::PATCH, "/admin/accounts/payments").json(&json!({"guardrails": ["nope"]})).send().await.expect("patch");
     assert_eq!(refused.status(), 400);
     assert_eq!(refused.json::<Value>().await.expect("json")["error"]["param"], "guardrails");
     let cleared = api(reqwest::Method::PATCH, "/admin/accounts/payments").json(&json!({"guardrails": null})).send().await.expect("patch");
