@@ -58,6 +58,11 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_keyless_refusals_total", "Refusals without a known key, by whether they were logged."),
     ("tollgate_mcp_tool_calls_total", "MCP tool calls, by server, tool and outcome (ok, tool_error, rpc_error, unreachable)."),
     ("tollgate_mcp_tool_call_seconds", "Time from an MCP tool call's start to its server's answer, by server and tool."),
+    (
+        "tollgate_guardrail_actions_total",
+        "What guardrails did, by guardrail, phase (input, output) and action (block, mask, monitor, error, allow); never what they found.",
+    ),
+    ("tollgate_guardrail_seconds", "Time a guardrail took to check a call (a webhook's round trip included), by guardrail."),
     ("tollgate_admin_refused_total", "Admin API and console requests refused, by reason."),
     ("tollgate_connections_refused_total", "Client connections closed at once by a connection cap, by reason."),
     ("tollgate_request_headers_refused_total", "Request headers refused before Pingora read them, by reason."),
@@ -213,6 +218,7 @@ mod tests {
             include_str!("../edge/listener.rs"),
             include_str!("../observe/telemetry/export.rs"),
             include_str!("api.rs"),
+            include_str!("../checks/guard/mod.rs"),
         ];
         for source in sources {
             for piece in source.split('"').skip(1).step_by(2) {

@@ -242,7 +242,7 @@ async fn a_teams_list_set_through_the_admin_api_applies_to_its_keys() {
         .send()
         .await
         .expect("team");
-    assert_eq!(team.status(), 200);
+    assert_eq!(team.status(), 201);
     assert_eq!(team.json::<Value>().await.expect("json")["guardrails"], json!(["cards"]));
     let made: Value = api(reqwest::Method::POST, "/admin/keys")
         .json(&json!({"name": "payer", "balance": 5, "account": "payments"}))

@@ -240,6 +240,8 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         member_limit: None,
         member_policy: None,
         people: Default::default(),
+        // A team's guardrails are kept with it (issue 65).
+        guardrails: vec!["secrets".into()],
     };
     keys.put_account(&account).await.expect("put account");
     for s in &stores {
