@@ -198,9 +198,11 @@ fn notify_systemd() {
 /// The reloadable routing state for a configuration (resolves upstream hosts: blocking); an
 /// error when a guardrail cannot be built.
 fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) -> Result<Routing, String> {
-    let guardrails = Arc::new(crate::checks::guard::Guardrails::new(config).map_err(|e| e.to_string())?);
     let catalog = Arc::new(Catalog::new(config, now_unix(), health));
     catalog.resolve_all_blocking();
+    // A moderation guardrail's model is one of this catalog's providers'.
+    let moderator = crate::upstream::moderation::ProviderModerator::new(catalog.clone()).map_err(|e| e.to_string())?;
+    let guardrails = Arc::new(crate::checks::guard::Guardrails::new(config, Some(Arc::new(moderator))).map_err(|e| e.to_string())?);
     Ok(Routing {
         catalog,
         prices: Arc::new(PriceBook::new(&config.prices)),

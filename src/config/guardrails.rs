@@ -45,6 +45,13 @@ pub(super) struct RawGuardrail {
     /// `webhook`: the Standard Webhooks secret (`whsec_…`), from this variable.
     #[serde(default)]
     secret_env: Option<String>,
+    /// `moderation`: the moderation model, served by one of the gateway's `openai` providers.
+    #[serde(default)]
+    model: Option<String>,
+    /// `moderation`: a category whose score reaches its threshold is a finding (without:
+    /// whatever the model flags).
+    #[serde(default)]
+    thresholds: Option<std::collections::BTreeMap<String, f64>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,6 +111,8 @@ pub enum GuardKind {
     Patterns { builtin: Vec<String>, patterns: Vec<(String, String)> },
     /// The operator's service, asked over HTTP and signed.
     Webhook { url: String, secret: Vec<u8> },
+    /// A moderation model (`/v1/moderations`) of one of the gateway's own providers.
+    Moderation { model: String, thresholds: std::collections::BTreeMap<String, f64> },
 }
 
 /// One guardrail as configured.
@@ -124,7 +133,11 @@ pub struct GuardrailConfig {
 }
 
 /// `guardrails:`: each named once, every field checked.
-pub(super) fn guardrails(raw: Vec<RawGuardrail>, env: &dyn Fn(&str) -> Option<String>) -> Result<Vec<GuardrailConfig>, ConfigError> {
+pub(super) fn guardrails(
+    raw: Vec<RawGuardrail>,
+    env: &dyn Fn(&str) -> Option<String>,
+    providers: &[super::ProviderConfig],
+) -> Result<Vec<GuardrailConfig>, ConfigError> {
     if raw.len() > MAX_GUARDRAILS {
         return err(format!("guardrails: at most {MAX_GUARDRAILS} guardrails"));
     }
@@ -166,7 +179,10 @@ pub(super) fn guardrails(raw: Vec<RawGuardrail>, env: &dyn Fn(&str) -> Option<St
             Some(usd) if usd.is_finite() && (0.0..=1.0).contains(&usd) => (usd * 1e9).round() as i64,
             Some(_) => return err(format!("{at}.price_per_check: USD from 0 to 1")),
         };
-        let kind = kind(&at, &g, env)?;
+        let kind = kind(&at, &g, env, providers)?;
+        if matches!(kind, GuardKind::Moderation { .. }) && action == Action::Mask {
+            return err(format!("{at}.action: a moderation guardrail blocks or monitors; it has nothing to mask"));
+        }
         out.push(GuardrailConfig {
             name: g.name,
             kind_name: g.kind,
@@ -182,11 +198,20 @@ pub(super) fn guardrails(raw: Vec<RawGuardrail>, env: &dyn Fn(&str) -> Option<St
     Ok(out)
 }
 
-fn kind(at: &str, g: &RawGuardrail, env: &dyn Fn(&str) -> Option<String>) -> Result<GuardKind, ConfigError> {
+fn kind(
+    at: &str,
+    g: &RawGuardrail,
+    env: &dyn Fn(&str) -> Option<String>,
+    providers: &[super::ProviderConfig],
+) -> Result<GuardKind, ConfigError> {
     let only = |field: &str, present: bool| match present {
         true => err(format!("{at}.{field}: not a field of a {} guardrail", g.kind)),
         false => Ok(()),
     };
+    if g.kind != "moderation" {
+        only("model", g.model.is_some())?;
+        only("thresholds", g.thresholds.is_some())?;
+    }
     match g.kind.as_str() {
         "pii" | "secrets" => {
             only("patterns", !g.patterns.is_empty())?;
@@ -243,7 +268,23 @@ fn kind(at: &str, g: &RawGuardrail, env: &dyn Fn(&str) -> Option<String>) -> Res
             let secret = webhook_secret(&secret).map_err(|e| ConfigError(format!("{at}.secret_env: {e}")))?;
             Ok(GuardKind::Webhook { url, secret })
         }
-        other => err(format!("{at}.kind: '{other}' is not one of pii, secrets, regex, webhook")),
+        "moderation" => {
+            only("recognisers", g.recognisers.is_some())?;
+            only("patterns", !g.patterns.is_empty())?;
+            only("url", g.url.is_some())?;
+            only("secret_env", g.secret_env.is_some())?;
+            let model = g.model.clone().ok_or_else(|| ConfigError(format!("{at}.model: a moderation guardrail names its model")))?;
+            let served = providers.iter().any(|p| p.kind == super::ProviderKind::Openai && p.models.contains(&model));
+            if !served {
+                return err(format!("{at}.model: no provider of protocol openai serves '{model}'"));
+            }
+            let thresholds = g.thresholds.clone().unwrap_or_default();
+            if let Some((category, _)) = thresholds.iter().find(|(_, t)| !(t.is_finite() && (0.0..=1.0).contains(*t))) {
+                return err(format!("{at}.thresholds.{category}: a score from 0 to 1"));
+            }
+            Ok(GuardKind::Moderation { model, thresholds })
+        }
+        other => err(format!("{at}.kind: '{other}' is not one of pii, secrets, regex, webhook, moderation")),
     }
 }
 
@@ -319,6 +360,8 @@ mod tests {
             ("guardrails: [{name: s, kind: webhook, url: 'http://x/', secret_env: NOT_SET}]", "guardrails[0].secret_env"),
             ("guardrails: [{name: s, kind: pii, price_per_check: -1}]", "guardrails[0].price_per_check"),
             ("guardrails: [{name: s, kind: pii, url: 'http://x/'}]", "guardrails[0].url"),
+            ("guardrails: [{name: s, kind: moderation, model: nope}]", "guardrails[0].model"),
+            ("guardrails: [{name: s, kind: pii, model: m}]", "guardrails[0].model"),
             ("guardrails: [{name: s, kind: pii}, {name: s, kind: secrets}]", "guardrails[1].name"),
             ("groups: {default: {platforms: [openai], guardrails: [nope]}}", "groups.default.guardrails[0]"),
             ("accounts: [{name: t, guardrails: [nope]}]", "accounts[0].guardrails[0]"),

@@ -302,7 +302,7 @@ impl Config {
         let console = console::console(raw.console)?;
         let otlp = telemetry::telemetry(raw.telemetry.as_ref(), env)?;
         let fleet = store::fleet_config(raw.store, env)?;
-        let guardrails = guardrails::guardrails(raw.guardrails, env)?;
+        let guardrails = guardrails::guardrails(raw.guardrails, env, &providers)?;
         let config = Config {
             pingora: raw.pingora,
             listen: front.listen,

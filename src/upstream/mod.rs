@@ -13,6 +13,7 @@ pub mod catalog;
 pub mod draft;
 pub mod health;
 pub mod media;
+pub mod moderation;
 pub mod output;
 pub mod path;
 pub mod reply;
@@ -80,7 +81,7 @@ pub(crate) fn routing_for_tests(config: &crate::config::Config) -> Routing {
         key_page: false,
         retry: crate::config::RetryPolicy::default(),
         media_allowance: MediaAllowance::default(),
-        guardrails: Arc::new(crate::checks::guard::Guardrails::new(config).unwrap_or_default()),
+        guardrails: Arc::new(crate::checks::guard::Guardrails::new(config, None).unwrap_or_default()),
     }
 }
 

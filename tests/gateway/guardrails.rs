@@ -263,3 +263,43 @@ async fn a_teams_list_set_through_the_admin_api_applies_to_its_keys() {
     assert_eq!(cleared.status(), 200);
     assert_eq!(chat(&gw, &secret, &format!("card {CARD}"), false).await.status(), 200);
 }
+
+#[tokio::test]
+async fn a_moderation_model_of_the_gateways_own_provider_blocks_or_only_notes() {
+    let mock = start_mock();
+    let admin = free_port();
+    let body = standard_config(mock.port)
+        .replace("models: [alpha-5.5, alpha-4o-mini, alpha-embed-3]", "models: [alpha-5.5, alpha-4o-mini, alpha-embed-3, alpha-moderation]")
+        .replacen("prices:\n", "prices:\n  alpha-moderation: { input: 0, output: 0 }\n", 1);
+    let body = with_key(&body, &format!("{{ key: {MASK_KEY}, name: moderated, group: default, balance: 5.0, guardrails: [violence] }}"));
+    let body = with_key(&body, &format!("{{ key: {OUT_KEY}, name: watched, group: default, balance: 5.0, guardrails: [watch] }}"));
+    let gw = start_gateway(&format!(
+        "{body}admin: {{ listen: 127.0.0.1:{admin}, token: {ADMIN_TOKEN} }}
+guardrails:
+  - {{ name: violence, kind: moderation, model: alpha-moderation, thresholds: {{ violence: 0.5 }}, on_error: closed }}
+  - {{ name: watch, kind: moderation, model: alpha-moderation, action: monitor }}
+"
+    ));
+    // The mock's moderation model flags a text holding [[flag]] (violence 0.97).
+    let resp = chat(&gw, MASK_KEY, "[[echo]] [[flag]] something", false).await;
+    assert_eq!(resp.status(), 400);
+    let body: Value = resp.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "content_policy_violation", "{body}");
+    assert_eq!(chat(&gw, MASK_KEY, "[[echo]] something calm", false).await.status(), 200);
+    // Monitor: the call goes on; what it would have done is counted.
+    assert_eq!(chat(&gw, OUT_KEY, "[[echo]] [[flag]] something", false).await.status(), 200);
+    let metrics = admin_metrics(admin, ADMIN_TOKEN).await;
+    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"violence\",phase=\"input\",action=\"block\"}"), 1.0);
+    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"violence\",phase=\"input\",action=\"allow\"}"), 1.0);
+    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"watch\",phase=\"input\",action=\"monitor\"}"), 1.0);
+    // The moderation call went to the provider with the provider's key.
+    let seen: Vec<Value> = client().get(mock.url("/__mock/requests")).send().await.expect("mock").json().await.expect("json");
+    let asked = seen.iter().find(|r| r["path"] == "/oa/v1/moderations").expect("moderation asked");
+    assert_eq!(asked["headers"]["authorization"][0], format!("Bearer {UPSTREAM_KEY}"));
+    // A moderation guardrail names a model a provider serves.
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("bad.yaml");
+    std::fs::write(&path, "listen: 127.0.0.1:0\nguardrails: [{name: m, kind: moderation, model: nope}]\n").expect("write");
+    let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+    assert!(code != 0 && out.contains("guardrails[0].model"), "{out}");
+}

@@ -14,7 +14,7 @@
 //!   in seconds (16000 bytes a second) for models whose name holds `whisper`, else in tokens;
 //!   `verbose_json` adds `duration`, `text`/`srt`/`vtt` are plain text without usage;
 //!   `stream: true` sends `transcript.text.delta` events and a `transcript.text.done` with usage.
-//! * `…/v1/moderations`: one result per input.
+//! * `…/v1/moderations`: one result per input (one holding `[[flag]]` flagged for violence).
 //!
 //! The mock records each request with `Fields::recorded`: a form's fields and files (names, file
 //! names, types, sizes).
@@ -142,12 +142,21 @@ pub(crate) async fn answer(
         "/audio/speech" => speech(session, req, fields, hold).await,
         "/audio/transcriptions" | "/audio/translations" => transcription(session, fields).await,
         "/v1/moderations" => {
-            let inputs = match fields.values.get("input") {
-                Some(Value::Array(items)) => items.len(),
-                _ => 1,
+            // One result per input; an input holding `[[flag]]` is flagged for violence.
+            let inputs: Vec<Value> = match fields.values.get("input") {
+                Some(Value::Array(items)) => items.clone(),
+                Some(one) => vec![one.clone()],
+                None => vec![Value::Null],
             };
-            let result = json!({"flagged": false, "categories": {"violence": false}, "category_scores": {"violence": 0.001}});
-            let b = json!({"id": "modr-mock", "model": fields.str("model"), "results": vec![result; inputs]});
+            let results: Vec<Value> = inputs
+                .iter()
+                .map(|i| {
+                    let flagged = i.to_string().contains("[[flag]]");
+                    let score = if flagged { 0.97 } else { 0.001 };
+                    json!({"flagged": flagged, "categories": {"violence": flagged}, "category_scores": {"violence": score}})
+                })
+                .collect();
+            let b = json!({"id": "modr-mock", "model": fields.str("model"), "results": results});
             send(session, 200, "application/json", b.to_string().into(), &[]).await
         }
         _ => images(session, req, endpoint, fields).await,

@@ -30,6 +30,45 @@ use std::time::{Duration, Instant};
 enum Detector {
     Patterns(recognise::Matcher),
     Webhook(webhook::Webhook),
+    Moderation { model: String, thresholds: BTreeMap<String, f64>, moderator: Option<Arc<dyn Moderator>>, timeout: Duration },
+}
+
+/// What a moderation model said of one text.
+#[derive(Debug, Clone, Default)]
+pub struct Moderated {
+    pub flagged: bool,
+    /// The categories it flagged.
+    pub categories: Vec<String>,
+    /// Every category's score.
+    pub scores: BTreeMap<String, f64>,
+}
+
+/// A moderation model served by one of the gateway's providers (`upstream::moderation`): the
+/// floor above gives it to the guardrails.
+#[async_trait::async_trait]
+pub trait Moderator: Send + Sync {
+    /// One result per text, in order; an error says why there are none (never a text).
+    async fn moderate(&self, model: &str, texts: &[&str], timeout: Duration) -> Result<Vec<Moderated>, String>;
+}
+
+impl Detector {
+    /// The categories a moderation model's results come to: with thresholds, those whose
+    /// score reaches theirs; without, those it flagged.
+    fn moderated(thresholds: &BTreeMap<String, f64>, results: &[Moderated]) -> Vec<String> {
+        let mut found: Vec<String> = Vec::new();
+        for r in results {
+            let hits: Vec<&String> = match thresholds.is_empty() {
+                true => r.categories.iter().filter(|_| r.flagged).collect(),
+                false => thresholds.iter().filter(|(c, t)| r.scores.get(*c).is_some_and(|s| s >= *t)).map(|(c, _)| c).collect(),
+            };
+            for c in hits {
+                if !found.contains(c) {
+                    found.push(c.clone());
+                }
+            }
+        }
+        found
+    }
 }
 
 /// One guardrail, built.
@@ -72,8 +111,9 @@ pub struct Guardrails {
 }
 
 impl Guardrails {
-    /// Build `config`'s guardrails (their patterns compiled, a client for the webhooks).
-    pub fn new(config: &crate::config::Config) -> Result<Guardrails, GuardError> {
+    /// Build `config`'s guardrails (their patterns compiled, a client for the webhooks;
+    /// `moderator` serves the moderation guardrails' models).
+    pub fn new(config: &crate::config::Config, moderator: Option<Arc<dyn Moderator>>) -> Result<Guardrails, GuardError> {
         use crate::config::guardrails::GuardKind;
         let mut by_name = HashMap::new();
         let mut http = None;
@@ -102,6 +142,12 @@ impl Guardrails {
                         Duration::from_millis(g.timeout_ms),
                     ))
                 }
+                GuardKind::Moderation { model, thresholds } => Detector::Moderation {
+                    model: model.clone(),
+                    thresholds: thresholds.clone(),
+                    moderator: moderator.clone(),
+                    timeout: Duration::from_millis(g.timeout_ms),
+                },
             };
             let built = Guardrail {
                 name: g.name.clone(),
@@ -342,52 +388,27 @@ pub async fn screen(
     screening: &mut Screening,
     metrics: &Metrics,
 ) -> Result<bool, Refusal> {
-    let phase = if output { "output" } else { "input" };
     let mut changed = false;
     for g in applied.reading(output) {
-        let started = Instant::now();
         screening.price_nanos = screening.price_nanos.saturating_add(g.price_nanos);
-        match &g.detector {
-            Detector::Patterns(matcher) => {
-                let mut categories: Vec<String> = Vec::new();
-                for text in texts.iter_mut() {
-                    let found = matcher.find(text);
-                    if found.is_empty() {
-                        continue;
-                    }
-                    for f in &found {
-                        if !categories.contains(&f.category) {
-                            categories.push(f.category.clone());
-                        }
-                    }
-                    if g.action == Action::Mask {
-                        let mut masked = String::with_capacity(text.len());
-                        let mut at = 0;
-                        for f in &found {
-                            masked.push_str(&text[at..f.start]);
-                            masked.push_str(&screening.masks.placeholder(&f.category, &text[f.start..f.end], g.restore && !output));
-                            at = f.end;
-                        }
-                        masked.push_str(&text[at..]);
-                        **text = masked;
-                        changed = true;
-                    }
-                    if g.action == Action::Block {
-                        break;
-                    }
+        let reading = Reading { g, output, phase: if output { "output" } else { "input" }, started: Instant::now(), metrics };
+        changed |= match &g.detector {
+            Detector::Patterns(matcher) => reading.patterns(matcher, texts, screening)?,
+            Detector::Moderation { model, thresholds, moderator, timeout } => {
+                let asked: Vec<&str> = texts.iter().map(|t| t.as_str()).collect();
+                let answer = match moderator {
+                    Some(m) => m.moderate(model, &asked, *timeout).await,
+                    None => Err("no provider serves moderation here".to_string()),
+                };
+                match answer {
+                    Ok(results) => reading.found(Detector::moderated(thresholds, &results), g.action, screening)?,
+                    Err(why) => reading.failed(&format!("(moderation, {model}) failed: {why}"), screening)?,
                 }
-                if categories.is_empty() {
-                    continue;
-                }
-                counts(metrics, g, phase, g.action.label(), started.elapsed());
-                screening.noted.push(Noted { guardrail: g.name.clone(), phase, action: g.action.label(), categories });
-                if g.action == Action::Block {
-                    return Err(Refusal::Blocked { guardrail: g.name.clone(), output });
-                }
+                false
             }
             Detector::Webhook(hook) => {
                 let asked = webhook::Asked {
-                    phase,
+                    phase: reading.phase,
                     protocol: call.protocol,
                     route: call.route,
                     model: call.model,
@@ -395,64 +416,136 @@ pub async fn screen(
                     tags: call.tags,
                     texts: texts.iter().map(|t| t.as_str()).collect(),
                 };
-                let answer = hook.ask(&asked).await;
-                let took = started.elapsed();
-                let answer = match answer {
-                    Ok(answer) => answer,
+                match hook.ask(&asked).await {
+                    Ok(answer) => reading.answered(answer, texts, screening)?,
                     Err(failed) => {
-                        let how = match g.on_error {
-                            OnError::Open => "open",
-                            OnError::Closed => "closed",
-                        };
-                        log::warn!("guardrail {} (webhook) {failed}: the call goes on failing {how}", g.name);
-                        counts(metrics, g, phase, "error", took);
-                        screening.noted.push(Noted {
-                            guardrail: g.name.clone(),
-                            phase,
-                            action: "error",
-                            categories: vec![how.to_string()],
-                        });
-                        match g.on_error {
-                            OnError::Open => continue,
-                            OnError::Closed => return Err(Refusal::Unavailable { guardrail: g.name.clone() }),
-                        }
+                        reading.failed(&format!("(webhook) {failed}"), screening)?;
+                        false
                     }
-                };
-                let reason: Vec<String> = answer.reason.iter().map(|r| bounded_reason(r)).collect();
-                let verdict = match (answer.action, g.action) {
-                    (webhook::Verdict::Allow, _) => {
-                        counts(metrics, g, phase, "allow", took);
-                        continue;
-                    }
-                    // A guardrail set to monitor only notes what its service would have done.
-                    (_, Action::Monitor) => Action::Monitor,
-                    (webhook::Verdict::Block, _) => Action::Block,
-                    (webhook::Verdict::Mask, _) => Action::Mask,
-                };
-                counts(metrics, g, phase, verdict.label(), took);
-                screening.noted.push(Noted { guardrail: g.name.clone(), phase, action: verdict.label(), categories: reason });
-                match verdict {
-                    Action::Block => return Err(Refusal::Blocked { guardrail: g.name.clone(), output }),
-                    Action::Mask => match answer.replacements {
-                        Some(with) if with.len() == texts.len() => {
-                            for (text, new) in texts.iter_mut().zip(with) {
-                                if **text != new {
-                                    **text = new;
-                                    changed = true;
-                                }
-                            }
-                        }
-                        _ => {
-                            log::warn!("guardrail {} (webhook) masked without one replacement per text; the call is blocked", g.name);
-                            return Err(Refusal::Blocked { guardrail: g.name.clone(), output });
-                        }
-                    },
-                    Action::Monitor => {}
+                }
+            }
+        };
+    }
+    Ok(changed)
+}
+
+/// One guardrail reading one call's texts.
+struct Reading<'a> {
+    g: &'a Guardrail,
+    output: bool,
+    phase: &'static str,
+    started: Instant,
+    metrics: &'a Metrics,
+}
+
+impl Reading<'_> {
+    fn blocked(&self) -> Refusal {
+        Refusal::Blocked { guardrail: self.g.name.clone(), output: self.output }
+    }
+
+    /// The built-in recognisers and the operator's patterns: each text read, masked in place
+    /// for `mask`; whether one changed.
+    fn patterns(&self, matcher: &recognise::Matcher, texts: &mut [&mut String], screening: &mut Screening) -> Result<bool, Refusal> {
+        let (g, mut changed) = (self.g, false);
+        let mut categories: Vec<String> = Vec::new();
+        for text in texts.iter_mut() {
+            let found = matcher.find(text);
+            if found.is_empty() {
+                continue;
+            }
+            for f in &found {
+                if !categories.contains(&f.category) {
+                    categories.push(f.category.clone());
+                }
+            }
+            if g.action == Action::Mask {
+                let mut masked = String::with_capacity(text.len());
+                let mut at = 0;
+                for f in &found {
+                    masked.push_str(&text[at..f.start]);
+                    masked.push_str(&screening.masks.placeholder(&f.category, &text[f.start..f.end], g.restore && !self.output));
+                    at = f.end;
+                }
+                masked.push_str(&text[at..]);
+                **text = masked;
+                changed = true;
+            }
+            if g.action == Action::Block {
+                break;
+            }
+        }
+        self.found(categories, g.action, screening)?;
+        Ok(changed)
+    }
+
+    /// What it found (nothing: allowed), as `action` treats it: noted, counted, refused for a
+    /// block.
+    fn found(&self, categories: Vec<String>, action: Action, screening: &mut Screening) -> Result<(), Refusal> {
+        let took = self.started.elapsed();
+        if categories.is_empty() {
+            if !matches!(self.g.detector, Detector::Patterns(_)) {
+                counts(self.metrics, self.g, self.phase, "allow", took);
+            }
+            return Ok(());
+        }
+        counts(self.metrics, self.g, self.phase, action.label(), took);
+        screening.noted.push(Noted { guardrail: self.g.name.clone(), phase: self.phase, action: action.label(), categories });
+        match action {
+            Action::Block => Err(self.blocked()),
+            Action::Mask | Action::Monitor => Ok(()),
+        }
+    }
+
+    /// Its service failed: logged, counted, noted; the call goes on (`open`) or is refused.
+    fn failed(&self, why: &str, screening: &mut Screening) -> Result<(), Refusal> {
+        let g = self.g;
+        let how = match g.on_error {
+            OnError::Open => "open",
+            OnError::Closed => "closed",
+        };
+        log::warn!("guardrail {} {why}: the call goes on failing {how}", g.name);
+        counts(self.metrics, g, self.phase, "error", self.started.elapsed());
+        screening.noted.push(Noted { guardrail: g.name.clone(), phase: self.phase, action: "error", categories: vec![how.to_string()] });
+        match g.on_error {
+            OnError::Open => Ok(()),
+            OnError::Closed => Err(Refusal::Unavailable { guardrail: g.name.clone() }),
+        }
+    }
+
+    /// A webhook's answer: allowed, or what it says done as the guardrail's action allows (a
+    /// `monitor` guardrail only notes it); whether a text changed.
+    fn answered(&self, answer: webhook::Answer, texts: &mut [&mut String], screening: &mut Screening) -> Result<bool, Refusal> {
+        let reason: Vec<String> = answer.reason.iter().map(|r| bounded_reason(r)).collect();
+        let verdict = match (answer.action, self.g.action) {
+            (webhook::Verdict::Allow, _) => {
+                counts(self.metrics, self.g, self.phase, "allow", self.started.elapsed());
+                return Ok(false);
+            }
+            (_, Action::Monitor) => Action::Monitor,
+            (webhook::Verdict::Block, _) => Action::Block,
+            (webhook::Verdict::Mask, _) => Action::Mask,
+        };
+        if verdict == Action::Mask && answer.replacements.as_ref().is_none_or(|r| r.len() != texts.len()) {
+            log::warn!("guardrail {} (webhook) masked without one replacement per text; the call is blocked", self.g.name);
+            return Err(self.blocked());
+        }
+        // Its reason, if it gives one, is the category noted.
+        counts(self.metrics, self.g, self.phase, verdict.label(), self.started.elapsed());
+        screening.noted.push(Noted { guardrail: self.g.name.clone(), phase: self.phase, action: verdict.label(), categories: reason });
+        if verdict == Action::Block {
+            return Err(self.blocked());
+        }
+        let mut changed = false;
+        if let (Action::Mask, Some(with)) = (verdict, answer.replacements) {
+            for (text, new) in texts.iter_mut().zip(with) {
+                if **text != new {
+                    **text = new;
+                    changed = true;
                 }
             }
         }
+        Ok(changed)
     }
-    Ok(changed)
 }
 
 /// A webhook's reason, as a category: at most 64 characters, letters, digits, `_`, `-`, `.`.
@@ -476,7 +569,7 @@ pub async fn screen_body(
         .reading(false)
         .map(|g| match &g.detector {
             Detector::Patterns(m) => Some(m),
-            Detector::Webhook(_) => None,
+            Detector::Webhook(_) | Detector::Moderation { .. } => None,
         })
         .collect();
     if let Some(matchers) = matchers {

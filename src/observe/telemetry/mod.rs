@@ -526,13 +526,21 @@ mod tests {
             carried: None,
             answer: None,
         };
-        let facts =
-            RequestFacts { method: "POST", route: "chat_completions", status: 502, refusal: Some("no_upstream"), ..Default::default() };
+        let facts = RequestFacts {
+            method: "POST",
+            route: "chat_completions",
+            status: 502,
+            refusal: Some("no_upstream"),
+            guardrail: Some("secrets:input:mask:aws_key"),
+            ..Default::default()
+        };
         let spans = otlp::decode::spans(t.finish(&facts).bytes());
         assert_eq!(spans.len(), 1);
         let server = &spans[0];
         assert_eq!((server.kind, server.parent.as_ref(), server.flags, server.name.as_str()), (2, None, 0x101, "POST chat_completions"));
         assert_eq!(attr(server, "tollgate.refusal"), Some(otlp::Decoded::Str("no_upstream".into())));
+        // What a guardrail did, never what it found.
+        assert_eq!(attr(server, "tollgate.guardrail.actions"), Some(otlp::Decoded::Str("secrets:input:mask:aws_key".into())));
         assert_eq!(server.status, Some(("no_upstream".into(), 2)));
     }
 
