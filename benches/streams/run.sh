@@ -9,7 +9,9 @@
 # STREAMS_DELTAS (30) events per stream STREAMS_INTERVAL_MS (100) apart, STREAMS_BATCH (1000)
 # starts at once, STREAMS_BUSY=K adds K busy loops (CPU contention), STREAMS_SOURCES (1) source
 # addresses (127.0.0.x: past ~28,000 streams one is not enough ports), STREAMS_TARGETS which
-# of "direct bare tollgate" to run (in that order, reversed every other round), STREAMS_PREBUILT
+# of "direct bare tollgate" to run (in that order, reversed every other round; `guarded` is
+# tollgate with its key's answers read as they stream by the secrets and pii guardrails, issue
+# 65), STREAMS_PREBUILT
 # a directory with the four binaries (no build: the device machine), TOLLGATE_BIN another build
 # of tollgate (default: target/release/tollgate, built here). The generator is
 # `benches/streams` (its own crate, built once into ~/.cache/tollgate-streams-target); the
@@ -65,8 +67,9 @@ start_target() { # name → sets tpid and tport
   case "$1" in
     direct) tpid=""; tport=$mock_port ;;
     bare) "$bare" "127.0.0.1:$tport" "127.0.0.1:$mock_port" 2 >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
-    tollgate)
+    tollgate | guarded)
       d="$work/tg-$RANDOM"; mkdir -p "$d"
+      guards=""; [ "$1" = guarded ] && guards="guardrails: [{ name: s, kind: secrets, phase: output }, { name: p, kind: pii, phase: output }]"
       cat >"$d/t.yaml" <<EOF
 pingora: { threads: 2, pid_file: $d/pid, upgrade_sock: $d/sock }
 listen: 127.0.0.1:$tport
@@ -78,7 +81,8 @@ prices:
 forward_headers: ["x-mock-*"]
 limits: { max_connections: 1000000, max_connections_per_ip: 1000000 }
 keys:
-  - { key: $KEY, name: bench, balance: 1000000.0 }
+  - { key: $KEY, name: bench, balance: 1000000.0$( [ -n "$guards" ] && echo ", guardrails: [s, p]" ) }
+$guards
 EOF
       RUST_LOG=error "$tollgate" -c "$d/t.yaml" >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
   esac
