@@ -243,3 +243,29 @@ def test_a_webhook_verified_with_the_standard_webhooks_library_masks_the_text(en
     assert asked["phase"] == "input" and asked["route"] == "chat_completions" and asked["model"] == "alpha-5.5"
     assert any("confidential" in t for t in asked["texts"])
     assert KEY not in json.dumps(asked), "the client's key is never sent to the webhook"
+
+
+def test_a_realtime_answer_is_blocked_as_it_streams_and_the_session_goes_on(env):
+    url = env.gateway.replace("http://", "ws://") + "/v1/realtime?model=alpha-realtime"
+    item = lambda text: json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+
+    def turn(ws, text):
+        ws.send(item(text))
+        assert json.loads(ws.recv())["type"] == "conversation.item.created"
+        ws.send(json.dumps({"type": "response.create"}))
+        events = []
+        while not events or events[-1]["type"] != "response.done":
+            events.append(json.loads(ws.recv()))
+        return events
+
+    with ws_connect(url, additional_headers={"Authorization": f"Bearer {OUT_KEY}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        # The mock says the key back in pieces of 4 characters: found across them, none sent.
+        events = turn(ws, f"[[echo]] the key is {SECRET} and then some more words to say")
+        errors = [e for e in events if e["type"] == "error"]
+        assert errors and "'answers'" in errors[0]["error"]["message"], events
+        assert "AKIA" not in json.dumps(events) and "EXAMPLE" not in json.dumps(events)
+        # The session goes on: the next answer streams whole.
+        events = turn(ws, "[[echo]] all is calm here")
+        text = "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
+        assert text == "all is calm here", events

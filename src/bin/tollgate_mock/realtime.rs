@@ -170,7 +170,11 @@ async fn run_turn(session: &mut Session, script: &mut Script, create: &Value, id
         }
         json!([{"type": "function_call", "name": "get_weather", "call_id": "call_mock_1", "arguments": args.concat()}])
     } else {
-        let words = ["Hello", " from", " realtime"];
+        // `[[echo]] text` in the last item: the text again, in pieces of 4 characters.
+        let words: Vec<String> = match text.find("[[echo]]") {
+            Some(at) => text[at + 8..].trim_start().chars().collect::<Vec<_>>().chunks(4).map(|c| c.iter().collect()).collect(),
+            None => ["Hello", " from", " realtime"].iter().map(|w| w.to_string()).collect(),
+        };
         for (i, word) in words.iter().enumerate() {
             if audio {
                 let chunk = base64_audio(i);

@@ -27,6 +27,8 @@ pub enum Dialect {
     Messages,
     Responses,
     Gemini,
+    /// A realtime session's server events (each a WebSocket frame's JSON, fed as an event).
+    Realtime,
 }
 
 /// Where an event's text delta is.
@@ -129,6 +131,12 @@ impl OutputGuard {
         Fed { out, blocked: None }
     }
 
+    /// The data of each event in `out` (what [`feed`](Self::feed) and [`finish`](Self::finish)
+    /// give): a realtime session sends each as a frame of its own.
+    pub fn events(out: &[u8]) -> impl Iterator<Item = &[u8]> {
+        out.split(|b| *b == b'\n').filter_map(|line| line.strip_prefix(b"data: ").or_else(|| line.strip_prefix(b"data:")))
+    }
+
     /// The stream ended: everything held, and what was left of a last event.
     pub fn finish(&mut self) -> Vec<u8> {
         let mut out = Vec::new();
@@ -150,10 +158,12 @@ impl OutputGuard {
                 self.held.push_back(Held { raw, spot: Some(spot), data });
                 self.scan(channel, metrics)
             }
-            (None, Some(v)) if dialect == Dialect::Responses && completes(v) => {
-                // A responses stream repeats the whole text when a part, an item or the response
-                // is done: masked and restored as a whole answer is.
-                let (changed, blocked) = self.whole(v, metrics);
+            (None, Some(v)) if matches!(dialect, Dialect::Responses | Dialect::Realtime) && completes(v) => {
+                // A responses stream (and a realtime session) repeats the whole text when a part,
+                // an item or the response is done: masked and restored as a whole answer is.
+                // A realtime session goes on after a blocked answer: its closing events pass on
+                // with what a block found masked (the deltas' read blocked it).
+                let (changed, blocked) = self.whole(v, metrics, dialect != Dialect::Realtime);
                 if let Some(blocked) = blocked {
                     return Some(blocked);
                 }
@@ -370,8 +380,8 @@ impl OutputGuard {
 
     /// Mask and restore the texts of a responses stream's closing event
     /// with the guardrails read as a stream flows; whether a text changed, and the guardrail
-    /// that blocks it.
-    fn whole(&mut self, value: &mut Value, metrics: &Metrics) -> (bool, Option<String>) {
+    /// that blocks it (`blocking` false: what a block finds is masked instead).
+    fn whole(&mut self, value: &mut Value, metrics: &Metrics, blocking: bool) -> (bool, Option<String>) {
         let mut changed = false;
         let guards = self.guards.clone();
         let mut texts = super::texts_of(value);
@@ -385,7 +395,7 @@ impl OutputGuard {
                     continue;
                 }
                 all.extend(found.iter().map(|f| f.category.clone()));
-                if g.action == super::Action::Mask {
+                if g.action == super::Action::Mask || (g.action == super::Action::Block && !blocking) {
                     let mut masked = String::with_capacity(text.len());
                     let mut at = 0;
                     for f in &found {
@@ -406,7 +416,7 @@ impl OutputGuard {
             if self.note(g, all) {
                 metrics.guardrail(&g.name, "output", g.action.label(), started.elapsed());
             }
-            if g.action == super::Action::Block {
+            if g.action == super::Action::Block && blocking {
                 return (changed, Some(g.name.clone()));
             }
         }
@@ -497,9 +507,10 @@ fn spot(dialect: Dialect, v: &Value) -> Option<Spot> {
             let index = v["index"].as_u64().unwrap_or(0) as u32;
             ["text", "partial_json", "thinking"].iter().find_map(|f| at(index, format!("/delta/{f}")))
         }
-        Dialect::Responses => {
+        Dialect::Responses | Dialect::Realtime => {
             let t = v["type"].as_str()?;
-            if !t.ends_with(".delta") {
+            // A realtime session's audio deltas are audio, not text.
+            if !t.ends_with(".delta") || t.ends_with("audio.delta") {
                 return None;
             }
             let channel = (v["output_index"].as_u64().unwrap_or(0) * 1024 + v["content_index"].as_u64().unwrap_or(0)) as u32;
@@ -527,6 +538,14 @@ fn categories(found: &[super::recognise::Found]) -> Vec<String> {
 pub fn error_event(dialect: Dialect, err: &ApiError, model: &str) -> Vec<u8> {
     use crate::config::Protocol;
     let (event, data) = match dialect {
+        Dialect::Realtime => {
+            let body = serde_json::from_slice::<Value>(&err.body(Protocol::Openai)).unwrap_or(Value::Null);
+            let error = json!({"type": "invalid_request_error", "code": body["error"]["code"], "message": body["error"]["message"]});
+            (
+                None,
+                json!({"type": "error", "event_id": format!("event_tollgate_{}", crate::base::secrets::random_base62(16)), "error": error}),
+            )
+        }
         Dialect::Chat => (None, serde_json::from_slice::<Value>(&err.body(Protocol::Openai)).unwrap_or(Value::Null)),
         Dialect::Messages => (Some("error"), serde_json::from_slice::<Value>(&err.body(Protocol::Anthropic)).unwrap_or(Value::Null)),
         Dialect::Gemini => (None, serde_json::from_slice::<Value>(&err.body(Protocol::Gemini)).unwrap_or(Value::Null)),

@@ -132,6 +132,11 @@ struct Relay<'a> {
     guards: crate::checks::guard::Applied,
     /// What they cost (`price_per_check`) since the last turn was billed: billed with the next.
     guard_unbilled: i64,
+    /// The output guardrails of its answers' text (built in and the operator's patterns), read
+    /// over the look-behind window as they stream.
+    out_guard: Option<Box<crate::checks::guard::stream::OutputGuard>>,
+    /// An answer a guardrail blocked: its remaining text events are dropped until it is done.
+    suppressing: bool,
 }
 
 /// `GET /v1/realtime?model=…`: the session, from its upgrade to its end.
@@ -201,7 +206,10 @@ pub(super) async fn realtime(
         span_attrs: None,
         guards: super::super::guarded::applying(gw, routing, key),
         guard_unbilled: 0,
+        out_guard: None,
+        suppressing: false,
     };
+    relay.out_guard = relay.output_guard();
     let (mut upstream, answer) = open_realtime(gw, session.req_header(), &mut relay, &candidates).await?;
     if answer.status.as_u16() != 101 {
         let status = answer.status.as_u16();
@@ -668,6 +676,57 @@ impl Relay<'_> {
         screened.map_err(|r| r.error())
     }
 
+    /// The output guard of the session's answers, when a guardrail reads them.
+    fn output_guard(&self) -> Option<Box<crate::checks::guard::stream::OutputGuard>> {
+        use crate::checks::guard::stream::{Dialect, OutputGuard};
+        OutputGuard::new(&self.guards, &crate::checks::guard::Masks::default(), Some(Dialect::Realtime), &self.model).map(Box::new)
+    }
+
+    /// A server frame to the client: through the output guard when one reads the answers (its
+    /// events held over the look-behind window, all let go when a response is `done`); a
+    /// blocked answer ends with an `error` event, is cancelled upstream and its remaining text
+    /// events dropped, and the session goes on. Whether the client is still there.
+    async fn pass_on(&mut self, frame: &Frame, done: bool, client: &mut Session, upstream: &mut UpstreamSession) -> bool {
+        use crate::checks::guard::stream::OutputGuard;
+        let Some(guard) = self.out_guard.as_mut().filter(|_| frame.is_text()) else {
+            return client.write_response_body(Some(frame.bytes.clone()), false).await.is_ok();
+        };
+        let payload = frame.payload();
+        if self.suppressing {
+            let kind = serde_json::from_slice::<serde_json::Value>(&payload).ok().and_then(|v| v["type"].as_str().map(str::to_string));
+            if kind.as_deref().is_some_and(|t| t.ends_with(".delta") || (t.ends_with(".done") && t != "response.done")) {
+                return true;
+            }
+            self.suppressing = !done;
+        }
+        let mut event = Vec::with_capacity(payload.len() + 8);
+        event.extend_from_slice(b"data: ");
+        event.extend_from_slice(&payload);
+        event.extend_from_slice(b"\n\n");
+        let fed = guard.feed(&event, &self.gw.metrics);
+        let mut out = fed.out;
+        if fed.blocked.is_some() {
+            let _ = upstream.write_body(&rt::cancel_frame()).await;
+            self.suppressing = !done;
+        } else if done {
+            out.extend(guard.finish());
+        }
+        if fed.blocked.is_some() || done {
+            self.totals.guardrail.append(&mut guard.noted);
+        }
+        if fed.blocked.is_some() {
+            // What it held of the blocked answer is dropped with it; the next answer is read anew.
+            self.out_guard = self.output_guard();
+        }
+        for data in OutputGuard::events(&out) {
+            let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else { continue };
+            if client.write_response_body(Some(rt::text_frame(&v, false)), false).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+
     /// The upstream's whole frames, passed on: a turn the server started on its own is held
     /// (cancelled upstream when it cannot be), one the client asked for takes the oldest hold
     /// asked; each `response.done` settles its own turn (by the response's id).
@@ -679,6 +738,7 @@ impl Relay<'_> {
                 Err(e) => return Some(frame_error(&e)),
             };
             let mut spent = false;
+            let mut done = false;
             match rt::server_event(&frame) {
                 Event::ResponseCreated(id) => match self.asked.pop_front() {
                     Some(turn) => self.running.push((id, turn)),
@@ -714,10 +774,11 @@ impl Relay<'_> {
                     };
                     let turn = at.map(|i| self.running.remove(i).1);
                     spent = self.settle(turn, Some(usage)).await;
+                    done = true;
                 }
                 _ => {}
             }
-            if client.write_response_body(Some(frame.bytes.clone()), false).await.is_err() {
+            if !self.pass_on(&frame, done, client, upstream).await {
                 return Some(Stop::Client);
             }
             if frame.is_close() {
