@@ -127,10 +127,13 @@ pub(super) async fn screen_value(
     screened.map(|_| screening.price_nanos).map_err(|r| r.error())
 }
 
-/// The output guard of a planned relay (None without output guardrails or masks to restore).
+/// The output guard of a planned relay (None without output guardrails or masks to restore):
+/// only a model's text answer is read (chat, messages, responses, generate-content) — images,
+/// audio and embeddings pass as they come, never held whole.
 pub(super) fn output(ctx: &RequestCtx, route: &Route, model: &str) -> Option<Box<OutputGuard>> {
     let guarded = ctx.guarded.as_ref()?;
-    OutputGuard::new(&guarded.applied, &guarded.screening.masks, dialect(route), model).map(Box::new)
+    let dialect = dialect(route)?;
+    OutputGuard::new(&guarded.applied, &guarded.screening.masks, Some(dialect), model).map(Box::new)
 }
 
 /// What the guardrails cost this call (`price_per_check`), nano-USD.
