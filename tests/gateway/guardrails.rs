@@ -137,6 +137,7 @@ async fn input_is_masked_before_it_leaves_and_refused_before_anything_is_held() 
     assert_eq!(blocked.len(), 1, "{log}");
     assert_eq!(blocked[0]["guardrail"], "cards:input:block:card");
     assert_eq!(blocked[0]["refusal"], "content_policy_violation");
+    assert_eq!(blocked[0]["model"], "alpha-5.5", "a refused call names the model it asked for");
     let all: Value = client()
         .get(format!("http://127.0.0.1:{admin}/admin/requests?limit=500"))
         .bearer_auth(ADMIN_TOKEN)

@@ -64,8 +64,10 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
         }
         _ => {
             // The guardrails read what the call sends before anything is held or sent.
+            let came = client_body.bytes.clone();
             let body = super::guarded::input(gw, ctx, caller, protocol, client_body.bytes).await.inspect_err(|_| {
-                ctx.model_asked = model_named(route, None);
+                // Refused: the access log names the model the body asked for.
+                ctx.model_asked = model_named(route, Some(&came));
             })?;
             let sent = body.clone();
             let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, &gw.checks, sent).inspect_err(|_| {
