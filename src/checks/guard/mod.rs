@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 enum Detector {
-    Patterns(recognise::Matcher),
+    Patterns(Box<recognise::Matcher>),
     Webhook(webhook::Webhook),
     Moderation { model: String, thresholds: BTreeMap<String, f64>, moderator: Option<Arc<dyn Moderator>>, timeout: Duration },
 }
@@ -119,9 +119,9 @@ impl Guardrails {
         let mut http = None;
         for g in &config.guardrails {
             let detector = match &g.kind {
-                GuardKind::Patterns { builtin, patterns } => Detector::Patterns(
+                GuardKind::Patterns { builtin, patterns } => Detector::Patterns(Box::new(
                     recognise::Matcher::new(builtin, patterns).map_err(|e| GuardError(format!("guardrail {}: {}", g.name, e.0)))?,
-                ),
+                )),
                 GuardKind::Webhook { url, secret } => {
                     let client = match &http {
                         Some(client) => client,
@@ -568,7 +568,7 @@ pub async fn screen_body(
     let matchers: Option<Vec<&recognise::Matcher>> = applied
         .reading(false)
         .map(|g| match &g.detector {
-            Detector::Patterns(m) => Some(m),
+            Detector::Patterns(m) => Some(m.as_ref()),
             Detector::Webhook(_) | Detector::Moderation { .. } => None,
         })
         .collect();

@@ -86,6 +86,8 @@ fn gate_of(name: &str, builtin: bool) -> Gate {
 
 /// The patterns of one guardrail, compiled.
 pub struct Matcher {
+    /// Every pattern, anchored where a walk starts: where a match may be under way.
+    live: regex_automata::hybrid::dfa::DFA,
     /// The patterns as a few unions, each read where its gate lets it: whether a text has
     /// anything at all.
     any: Vec<(Gate, Regex)>,
@@ -123,18 +125,55 @@ impl Matcher {
                 any.push((gate, RegexBuilder::new(&union.join("|")).size_limit(8 << 20).build().map_err(|e| BadPattern(e.to_string()))?));
             }
         }
+        let live = regex_automata::hybrid::dfa::DFA::new_many(&sources.iter().map(|s| s.1.as_str()).collect::<Vec<_>>())
+            .map_err(|e| BadPattern(e.to_string()))?;
         let each = sources
             .into_iter()
             .map(|(name, pattern, validate)| {
                 RegexBuilder::new(&pattern).size_limit(1 << 20).build().map(|r| (r, name, validate)).map_err(|e| BadPattern(e.to_string()))
             })
             .collect::<Result<_, _>>()?;
-        Ok(Matcher { any, set, each })
+        Ok(Matcher { live, any, set, each })
     }
 
     /// Whether `text` holds anything this guardrail looks for (the first read, see the module).
     pub fn any(&self, text: &str) -> bool {
         self.any.iter().any(|(gate, union)| (*gate != Gate::Digits || digits(text.as_bytes(), MIN_DIGITS)) && union.is_match(text))
+    }
+
+    /// A cache for [`live_from`](Self::live_from) (one per reader).
+    pub fn cache(&self) -> regex_automata::hybrid::dfa::Cache {
+        self.live.create_cache()
+    }
+
+    /// The earliest position of `hay` at or after `from` where a match of one of the patterns
+    /// may have begun and not ended: the text from there could still become one as more comes
+    /// (`hay.len()` when there is none). A walk that cannot be made is taken as under way.
+    pub fn live_from(&self, cache: &mut regex_automata::hybrid::dfa::Cache, hay: &str, from: usize) -> usize {
+        use regex_automata::{Anchored, Input};
+        let bytes = hay.as_bytes();
+        for start in (from..hay.len()).filter(|i| hay.is_char_boundary(*i)) {
+            let input = Input::new(bytes).range(start..).anchored(Anchored::Yes);
+            let Ok(mut state) = self.live.start_state_forward(cache, &input) else { return start };
+            let mut dead = state.is_dead();
+            for &b in &bytes[start..] {
+                if dead {
+                    break;
+                }
+                match self.live.next_state(cache, state, b) {
+                    Ok(next) if next.is_quit() => return start,
+                    Ok(next) => {
+                        state = next;
+                        dead = state.is_dead();
+                    }
+                    Err(_) => return start,
+                }
+            }
+            if !dead {
+                return start;
+            }
+        }
+        hay.len()
     }
 
     /// Every finding in `text`, in order, none overlapping (the first, then the longest wins).

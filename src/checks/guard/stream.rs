@@ -20,6 +20,10 @@ use std::time::Instant;
 /// is sent to be read with what comes next. A match longer than this may be cut in two.
 pub const WINDOW: usize = 512;
 
+/// How far back into what was sent a match under way is looked for (a match that began
+/// further back was sent in part already).
+const LIVE_LOOK_BACK: usize = 64;
+
 /// The event stream a client reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dialect {
@@ -37,6 +41,8 @@ struct Spot {
     pointer: String,
     text: String,
     changed: bool,
+    /// No match may be under way in its text: it may go.
+    safe: bool,
 }
 
 struct Held {
@@ -75,6 +81,8 @@ pub struct OutputGuard {
     pub noted: Vec<Noted>,
     /// The placeholders of what the answer's masks took out.
     masks: Masks,
+    /// Each guardrail's walk cache (for where a match may be under way).
+    caches: Vec<Option<regex_automata::hybrid::dfa::Cache>>,
     blocked: bool,
 }
 
@@ -92,6 +100,13 @@ impl OutputGuard {
         if !applied.0.iter().any(|g| g.phase.output()) && masks.restore.is_empty() {
             return None;
         }
+        let caches = guards
+            .iter()
+            .map(|g| match &g.detector {
+                super::Detector::Patterns(m) => Some(m.cache()),
+                _ => None,
+            })
+            .collect();
         Some(OutputGuard {
             applied: applied.clone(),
             guards,
@@ -103,6 +118,7 @@ impl OutputGuard {
             channels: Vec::new(),
             noted: Vec::new(),
             masks: Masks::default(),
+            caches,
             blocked: false,
         })
     }
@@ -232,7 +248,35 @@ impl OutputGuard {
         if !self.restore.is_empty() {
             self.gather_placeholders(&tail, &hay, &bounds);
         }
+        self.mark_safe(&tail, &hay, &bounds);
         Scanned::Done
+    }
+
+    /// Mark the held events whose text lies wholly before the earliest place where a match of
+    /// a guardrail (or a placeholder to restore) may be under way: they may go now. A match
+    /// that began more than a few bytes back in what was sent is not waited for.
+    fn mark_safe(&mut self, tail: &str, hay: &str, bounds: &[(usize, usize, usize)]) {
+        let mut from = tail.len().saturating_sub(LIVE_LOOK_BACK);
+        while !hay.is_char_boundary(from) {
+            from -= 1;
+        }
+        let mut live = hay.len();
+        for (g, cache) in self.guards.iter().zip(self.caches.iter_mut()) {
+            if let (super::Detector::Patterns(matcher), Some(cache)) = (&g.detector, cache.as_mut()) {
+                live = live.min(matcher.live_from(cache, hay, from));
+            }
+        }
+        // A placeholder to restore whose start came but not yet its end.
+        if let Some(at) = hay.rfind('[') {
+            if self.restore.iter().any(|(p, _)| p.len() > hay.len() - at && p.starts_with(&hay[at..])) {
+                live = live.min(at);
+            }
+        }
+        for &(i, _, to) in bounds {
+            if let Some(spot) = self.held[i].spot.as_mut() {
+                spot.safe = to <= live;
+            }
+        }
     }
 
     /// Replace hay[start..end) (within the held text) by `with`: in the first held event it
@@ -280,7 +324,7 @@ impl OutputGuard {
     fn release(&mut self, all: bool, out: &mut Vec<u8>) {
         while let Some(front) = self.held.front() {
             if !all {
-                if let Some(spot) = &front.spot {
+                if let Some(spot) = front.spot.as_ref().filter(|s| !s.safe) {
                     let after: usize = self
                         .held
                         .iter()
@@ -484,7 +528,7 @@ fn completes(v: &Value) -> bool {
 fn spot(dialect: Dialect, v: &Value) -> Option<Spot> {
     let at = |channel: u32, pointer: String| {
         let text = v.pointer(&pointer)?.as_str()?;
-        (!text.is_empty()).then(|| Spot { channel, pointer, text: text.to_string(), changed: false })
+        (!text.is_empty()).then(|| Spot { channel, pointer, text: text.to_string(), changed: false, safe: false })
     };
     match dialect {
         Dialect::Chat => {

@@ -148,3 +148,21 @@ fn a_text_is_read_only_where_its_digits_could_make_a_shape() {
     assert!(m.any("an address 10.0.0.1 here"), "four digits, one per word");
     assert!(m.any(&format!("{}card 4111111111111111", "x".repeat(13))), "digits across eight-byte words");
 }
+
+#[test]
+fn prose_flows_and_only_what_may_be_a_match_under_way_is_held() {
+    let metrics = Metrics::default();
+    let g = guardrails("guardrails: [{name: s, kind: secrets, phase: output}, {name: p, kind: pii, phase: output}]\ngroups: {default: {platforms: [openai], guardrails: [s, p]}}\n");
+    let mut out = OutputGuard::new(&applied(&g), &Masks::default(), Some(Dialect::Chat), "m").expect("guard");
+    let event = |text: &str| format!("data: {}\n\n", json!({"choices":[{"index":0,"delta":{"content":text}}]}));
+    // Words that end: each goes as it comes.
+    for piece in ["Hello there, ", "how are ", "you today? "] {
+        assert_eq!(contents(&out.feed(event(piece).as_bytes(), &metrics).out), piece);
+    }
+    // An event where a key may begin waits for what follows it (an event goes whole).
+    assert_eq!(contents(&out.feed(event("My key AKIA").as_bytes(), &metrics).out), "");
+    let fed = out.feed(event("IOSFODNN7EXAMPLE and more. ").as_bytes(), &metrics);
+    assert_eq!(fed.blocked.as_deref(), Some("s"));
+    let sent = String::from_utf8_lossy(&fed.out).into_owned();
+    assert!(!sent.contains("AKIA") && sent.contains("content_policy_violation"), "{sent}");
+}
