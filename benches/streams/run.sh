@@ -10,8 +10,8 @@
 # starts at once, STREAMS_BUSY=K adds K busy loops (CPU contention), STREAMS_SOURCES (1) source
 # addresses (127.0.0.x: past ~28,000 streams one is not enough ports), STREAMS_TARGETS which
 # of "direct bare tollgate" to run (in that order, reversed every other round; `guarded` is
-# tollgate with its key's answers read as they stream by the secrets and pii guardrails, issue
-# 65), STREAMS_PREBUILT
+# tollgate with its key's answers read as they stream by the guardrails of the kinds in
+# STREAMS_GUARD_KINDS, default "secrets pii"; issue 65), STREAMS_PREBUILT
 # a directory with the four binaries (no build: the device machine), TOLLGATE_BIN another build
 # of tollgate (default: target/release/tollgate, built here). The generator is
 # `benches/streams` (its own crate, built once into ~/.cache/tollgate-streams-target); the
@@ -69,7 +69,13 @@ start_target() { # name → sets tpid and tport
     bare) "$bare" "127.0.0.1:$tport" "127.0.0.1:$mock_port" 2 >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
     tollgate | guarded)
       d="$work/tg-$RANDOM"; mkdir -p "$d"
-      guards=""; [ "$1" = guarded ] && guards="guardrails: [{ name: s, kind: secrets, phase: output }, { name: p, kind: pii, phase: output }]"
+      guards=""; names=""
+      if [ "$1" = guarded ]; then
+        for kind in ${STREAMS_GUARD_KINDS:-secrets pii}; do
+          guards="$guards${guards:+, }{ name: $kind, kind: $kind, phase: output }"; names="$names${names:+, }$kind"
+        done
+        guards="guardrails: [$guards]"
+      fi
       cat >"$d/t.yaml" <<EOF
 pingora: { threads: 2, pid_file: $d/pid, upgrade_sock: $d/sock }
 listen: 127.0.0.1:$tport
@@ -81,7 +87,7 @@ prices:
 forward_headers: ["x-mock-*"]
 limits: { max_connections: 1000000, max_connections_per_ip: 1000000 }
 keys:
-  - { key: $KEY, name: bench, balance: 1000000.0$( [ -n "$guards" ] && echo ", guardrails: [s, p]" ) }
+  - { key: $KEY, name: bench, balance: 1000000.0$( [ -n "$guards" ] && echo ", guardrails: [$names]" ) }
 $guards
 EOF
       RUST_LOG=error "$tollgate" -c "$d/t.yaml" >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
