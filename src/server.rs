@@ -200,9 +200,14 @@ fn notify_systemd() {
 fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) -> Result<Routing, String> {
     let catalog = Arc::new(Catalog::new(config, now_unix(), health));
     catalog.resolve_all_blocking();
-    // A moderation guardrail's model is one of this catalog's providers'.
-    let moderator = crate::upstream::moderation::ProviderModerator::new(catalog.clone()).map_err(|e| e.to_string())?;
-    let guardrails = Arc::new(crate::checks::guard::Guardrails::new(config, Some(Arc::new(moderator))).map_err(|e| e.to_string())?);
+    // A moderation guardrail's model is one of this catalog's providers' (a client is made only
+    // when one is configured).
+    let moderates = config.guardrails.iter().any(|g| matches!(g.kind, crate::config::guardrails::GuardKind::Moderation { .. }));
+    let moderator: Option<Arc<dyn crate::checks::guard::Moderator>> = match moderates {
+        true => Some(Arc::new(crate::upstream::moderation::ProviderModerator::new(catalog.clone()).map_err(|e| e.to_string())?)),
+        false => None,
+    };
+    let guardrails = Arc::new(crate::checks::guard::Guardrails::new(config, moderator).map_err(|e| e.to_string())?);
     Ok(Routing {
         catalog,
         prices: Arc::new(PriceBook::new(&config.prices)),
@@ -501,10 +506,14 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         return check_only(&config, &path);
     }
     // Everything this process creates (database files, pid file, sockets) is its user's alone.
-    // SAFETY: umask only sets the process's file-creation mask; it cannot fail.
+    // SAFETY: umask only sets the process's file-creation mask; it cannot fail. SIGHUP is
+    // ignored until the reload service listens for it (a background service, started beside
+    // the listeners): a reload asked for in between — `systemctl reload` right after a start —
+    // is then lost instead of ending the process, SIGHUP's default.
     #[allow(unsafe_code)]
     unsafe {
         libc::umask(0o077);
+        libc::signal(libc::SIGHUP, libc::SIG_IGN);
     }
     warn_short_keys(&config);
     for warning in config.expired_keys(crate::base::clock::now_unix()) {
