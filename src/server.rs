@@ -200,13 +200,7 @@ fn notify_systemd() {
 fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) -> Result<Routing, String> {
     let catalog = Arc::new(Catalog::new(config, now_unix(), health));
     catalog.resolve_all_blocking();
-    // A moderation guardrail's model is one of this catalog's providers' (a client is made only
-    // when one is configured).
-    let moderates = config.guardrails.iter().any(|g| matches!(g.kind, crate::config::guardrails::GuardKind::Moderation { .. }));
-    let moderator: Option<Arc<dyn crate::checks::guard::Moderator>> = match moderates {
-        true => Some(Arc::new(crate::upstream::moderation::ProviderModerator::new(catalog.clone()).map_err(|e| e.to_string())?)),
-        false => None,
-    };
+    let moderator = crate::upstream::moderation::for_config(config, &catalog)?;
     let guardrails = Arc::new(crate::checks::guard::Guardrails::new(config, moderator).map_err(|e| e.to_string())?);
     Ok(Routing {
         catalog,

@@ -10,6 +10,17 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The moderation guardrails' models, this catalog's providers': a client is made only when
+/// the configuration has a moderation guardrail.
+pub fn for_config(config: &crate::config::Config, catalog: &Arc<Catalog>) -> Result<Option<Arc<dyn Moderator>>, String> {
+    let moderates = config.guardrails.iter().any(|g| matches!(g.kind, crate::config::guardrails::GuardKind::Moderation { .. }));
+    if !moderates {
+        return Ok(None);
+    }
+    let moderator = ProviderModerator::new(catalog.clone()).map_err(|e| e.to_string())?;
+    Ok(Some(Arc::new(moderator)))
+}
+
 /// The most of an answer read.
 const MAX_ANSWER_BYTES: usize = 4 << 20;
 
