@@ -271,6 +271,19 @@ pub struct Masks {
 }
 
 impl Masks {
+    /// `text` with each of `found` replaced by its placeholder (kept to restore with `restore`).
+    fn mask(&mut self, text: &str, found: &[recognise::Found], restore: bool) -> String {
+        let mut masked = String::with_capacity(text.len());
+        let mut at = 0;
+        for f in found {
+            masked.push_str(&text[at..f.start]);
+            masked.push_str(&self.placeholder(&f.category, &text[f.start..f.end], restore));
+            at = f.end;
+        }
+        masked.push_str(&text[at..]);
+        masked
+    }
+
     /// The placeholder of `original` (the same one each time in a call).
     fn placeholder(&mut self, category: &str, original: &str, restore: bool) -> String {
         let key = (category.to_string(), original.to_string());
@@ -459,15 +472,7 @@ impl Reading<'_> {
                 }
             }
             if g.action == Action::Mask {
-                let mut masked = String::with_capacity(text.len());
-                let mut at = 0;
-                for f in &found {
-                    masked.push_str(&text[at..f.start]);
-                    masked.push_str(&screening.masks.placeholder(&f.category, &text[f.start..f.end], g.restore && !self.output));
-                    at = f.end;
-                }
-                masked.push_str(&text[at..]);
-                **text = masked;
+                **text = screening.masks.mask(text, &found, g.restore && !self.output);
                 changed = true;
             }
             if g.action == Action::Block {

@@ -440,15 +440,7 @@ impl OutputGuard {
                 }
                 all.extend(found.iter().map(|f| f.category.clone()));
                 if g.action == super::Action::Mask || (g.action == super::Action::Block && !blocking) {
-                    let mut masked = String::with_capacity(text.len());
-                    let mut at = 0;
-                    for f in &found {
-                        masked.push_str(&text[at..f.start]);
-                        masked.push_str(&self.masks.placeholder(&f.category, &text[f.start..f.end], false));
-                        at = f.end;
-                    }
-                    masked.push_str(&text[at..]);
-                    **text = masked;
+                    **text = self.masks.mask(text, &found, false);
                     changed = true;
                 }
             }

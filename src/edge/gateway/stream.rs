@@ -118,15 +118,7 @@ impl Gateway {
                 let (guarded, blocked) = self.guard_chunk(plan, out, done);
                 out = guarded;
                 if blocked {
-                    // The client's stream ends with its protocol's error event; the rest of the
-                    // upstream's answer is read, unsent, for what it produced, and billed so.
-                    let written = session.write_response_body(out, true).await.map_err(|e| e.into_down());
-                    if !done {
-                        Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
-                    } else {
-                        Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
-                    }
-                    return written;
+                    return Box::pin(self.end_blocked(session, (&mut http, &mut scanner), plan, out, (status, done))).await;
                 }
             }
             if done {
@@ -166,6 +158,25 @@ impl Gateway {
             out.extend(guard.finish());
         }
         (Some(Bytes::from(out)), false)
+    }
+
+    /// A stream a guardrail blocked (native or translated): the client's stream ends with its
+    /// protocol's error event (`last`); the rest of the upstream's answer is read, unsent, for
+    /// what it produced, and billed so.
+    pub(super) async fn end_blocked(
+        &self,
+        session: &mut Session,
+        (http, scanner): (&mut Reply, &mut UsageScanner),
+        plan: &mut RelayPlan,
+        last: Option<Bytes>,
+        (status, done): (u16, bool),
+    ) -> Result<()> {
+        let written = session.write_response_body(last, true).await.map_err(|e| e.into_down());
+        match done {
+            false => Box::pin(self.drain(http, plan, scanner, status)).await,
+            true => Box::pin(self.settle(plan, Some(scanner), status)).await,
+        }
+        written
     }
 
     /// No answer came from the provider: the request is settled on what it failed with and the

@@ -113,15 +113,7 @@ impl Gateway {
                 let (guarded, blocked) = self.guard_chunk(plan, Some(out), done);
                 out = guarded.unwrap_or_default();
                 if blocked {
-                    // The client's stream ends with its protocol's error event; the rest of the
-                    // upstream's answer is read, unsent, for what it produced, and billed so.
-                    let written = session.write_response_body(Some(out), true).await.map_err(|e| e.into_down());
-                    if !done {
-                        Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
-                    } else {
-                        Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
-                    }
-                    return written;
+                    return Box::pin(self.end_blocked(session, (&mut http, &mut scanner), plan, Some(out), (status, done))).await;
                 }
             }
             if done {
