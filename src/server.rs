@@ -200,8 +200,8 @@ fn notify_systemd() {
 fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) -> Result<Routing, String> {
     let catalog = Arc::new(Catalog::new(config, now_unix(), health));
     catalog.resolve_all_blocking();
-    let moderator = crate::upstream::moderation::for_config(config, &catalog)?;
-    let guardrails = Arc::new(crate::checks::guard::Guardrails::new(config, moderator).map_err(|e| e.to_string())?);
+    let services = crate::upstream::cloud_guard::services(config, &catalog)?;
+    let guardrails = Arc::new(crate::checks::guard::Guardrails::new(config, &services).map_err(|e| e.to_string())?);
     Ok(Routing {
         catalog,
         prices: Arc::new(PriceBook::new(&config.prices)),

@@ -52,6 +52,14 @@ pub(super) struct RawGuardrail {
     /// whatever the model flags).
     #[serde(default)]
     thresholds: Option<std::collections::BTreeMap<String, f64>>,
+    /// `bedrock`: the `bedrock` provider whose region, endpoint and credentials it is asked with.
+    #[serde(default)]
+    provider: Option<String>,
+    /// `bedrock`: the guardrail's id (or ARN) and version (`DRAFT` or a number).
+    #[serde(default)]
+    guardrail_id: Option<String>,
+    #[serde(default)]
+    guardrail_version: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -113,6 +121,8 @@ pub enum GuardKind {
     Webhook { url: String, secret: Vec<u8> },
     /// A moderation model (`/v1/moderations`) of one of the gateway's own providers.
     Moderation { model: String, thresholds: std::collections::BTreeMap<String, f64> },
+    /// An AWS Bedrock guardrail (`ApplyGuardrail`), asked through a `bedrock` provider.
+    Bedrock { provider: String, id: String, version: String },
 }
 
 /// One guardrail as configured.
@@ -212,6 +222,11 @@ fn kind(
         only("model", g.model.is_some())?;
         only("thresholds", g.thresholds.is_some())?;
     }
+    if g.kind != "bedrock" {
+        only("provider", g.provider.is_some())?;
+        only("guardrail_id", g.guardrail_id.is_some())?;
+        only("guardrail_version", g.guardrail_version.is_some())?;
+    }
     match g.kind.as_str() {
         "pii" | "secrets" => {
             only("patterns", !g.patterns.is_empty())?;
@@ -284,7 +299,30 @@ fn kind(
             }
             Ok(GuardKind::Moderation { model, thresholds })
         }
-        other => err(format!("{at}.kind: '{other}' is not one of pii, secrets, regex, webhook, moderation")),
+        "bedrock" => {
+            only("recognisers", g.recognisers.is_some())?;
+            only("patterns", !g.patterns.is_empty())?;
+            only("url", g.url.is_some())?;
+            only("secret_env", g.secret_env.is_some())?;
+            let provider =
+                g.provider.clone().ok_or_else(|| ConfigError(format!("{at}.provider: a bedrock guardrail names its bedrock provider")))?;
+            if !providers.iter().any(|p| p.kind == super::ProviderKind::Bedrock && p.name == provider) {
+                return err(format!("{at}.provider: no provider of protocol bedrock is named '{provider}'"));
+            }
+            let id = g.guardrail_id.clone().ok_or_else(|| ConfigError(format!("{at}.guardrail_id: a bedrock guardrail names its id")))?;
+            let valid_id = (1..=2048).contains(&id.len())
+                && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b':' | b'/' | b'-' | b'_' | b'.'));
+            if !valid_id {
+                return err(format!("{at}.guardrail_id: a guardrail id or ARN (letters, digits, ':', '/', '-', '_', '.')"));
+            }
+            let version =
+                g.guardrail_version.clone().ok_or_else(|| ConfigError(format!("{at}.guardrail_version: DRAFT or a version number")))?;
+            if !(version == "DRAFT" || (1..=8).contains(&version.len()) && version.bytes().all(|b| b.is_ascii_digit())) {
+                return err(format!("{at}.guardrail_version: DRAFT or a version number"));
+            }
+            Ok(GuardKind::Bedrock { provider, id, version })
+        }
+        other => err(format!("{at}.kind: '{other}' is not one of pii, secrets, regex, webhook, moderation, bedrock")),
     }
 }
 
@@ -363,6 +401,9 @@ mod tests {
             ("guardrails: [{name: s, kind: moderation, model: nope}]", "guardrails[0].model"),
             ("guardrails: [{name: s, kind: pii, model: m}]", "guardrails[0].model"),
             ("guardrails: [{name: s, kind: pii}, {name: s, kind: secrets}]", "guardrails[1].name"),
+            ("guardrails: [{name: s, kind: bedrock, guardrail_id: g, guardrail_version: '1'}]", "guardrails[0].provider"),
+            ("guardrails: [{name: s, kind: bedrock, provider: nope, guardrail_id: g, guardrail_version: '1'}]", "guardrails[0].provider"),
+            ("guardrails: [{name: s, kind: pii, guardrail_id: g}]", "guardrails[0].guardrail_id"),
             ("groups: {default: {platforms: [openai], guardrails: [nope]}}", "groups.default.guardrails[0]"),
             ("accounts: [{name: t, guardrails: [nope]}]", "accounts[0].guardrails[0]"),
             ("keys: [{key: sk-a-1234567890, name: a, guardrails: [nope]}]", "keys[0].guardrails[0]"),

@@ -10,6 +10,7 @@
 
 pub mod affinity;
 pub mod catalog;
+pub mod cloud_guard;
 pub mod draft;
 pub mod health;
 pub mod media;
@@ -81,7 +82,7 @@ pub(crate) fn routing_for_tests(config: &crate::config::Config) -> Routing {
         key_page: false,
         retry: crate::config::RetryPolicy::default(),
         media_allowance: MediaAllowance::default(),
-        guardrails: Arc::new(crate::checks::guard::Guardrails::new(config, None).unwrap_or_default()),
+        guardrails: Arc::new(crate::checks::guard::Guardrails::new(config, &Default::default()).unwrap_or_default()),
     }
 }
 

@@ -304,3 +304,66 @@ guardrails:
     let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
     assert!(code != 0 && out.contains("guardrails[0].model"), "{out}");
 }
+
+#[tokio::test]
+async fn an_aws_bedrock_guardrail_is_asked_through_the_providers_signature() {
+    let mock = start_mock();
+    let admin = free_port();
+    let bedrock = |name: &str, secret_env: &str| {
+        format!(
+            "  - {{ name: {name}, protocol: bedrock, region: us-east-1, endpoint_url: \"{}\",\n      aws: {{ access_key_id_env: G_AWS_ID, secret_access_key_env: {secret_env} }},\n      models: [ {{ name: beta-sonnet-4-6, upstream: \"anthropic.claude-sonnet-4-6-v1:0\" }} ] }}\n",
+            mock.url(&format!("/{name}"))
+        )
+    };
+    let body = standard_config(mock.port).replacen(
+        "providers:\n",
+        &format!("providers:\n{}{}", bedrock("br", "G_AWS_SECRET"), bedrock("br-bad", "G_AWS_WRONG")),
+        1,
+    );
+    let body = with_key(&body, &format!("{{ key: {MASK_KEY}, name: aws-in, group: default, balance: 5.0, guardrails: [aws-in] }}"));
+    let body = with_key(&body, &format!("{{ key: {OUT_KEY}, name: aws-out, group: default, balance: 5.0, guardrails: [aws-out] }}"));
+    let body = with_key(&body, &format!("{{ key: {CLOSED_KEY}, name: aws-bad, group: default, balance: 5.0, guardrails: [aws-bad] }}"));
+    let gw = start_gateway_env(
+        &format!(
+            "{body}admin: {{ listen: 127.0.0.1:{admin}, token: {ADMIN_TOKEN} }}
+guardrails:
+  - {{ name: aws-in, kind: bedrock, provider: br, guardrail_id: gr-123, guardrail_version: '2', action: mask }}
+  - {{ name: aws-out, kind: bedrock, provider: br, guardrail_id: gr-123, guardrail_version: DRAFT, phase: output }}
+  - {{ name: aws-bad, kind: bedrock, provider: br-bad, guardrail_id: gr-123, guardrail_version: '2', on_error: closed }}
+"
+        ),
+        &[("G_AWS_ID", "AKIDMOCKTOLLGATE"), ("G_AWS_SECRET", "mock-aws-secret-access-key"), ("G_AWS_WRONG", "not-the-secret")],
+    );
+    // Bedrock anonymizes the address: the model gets (and echoes) its placeholder.
+    let resp = chat(&gw, MASK_KEY, "[[echo]] write to ann@example.com today", false).await;
+    assert_eq!(resp.status(), 200);
+    let text = answer_text(resp).await;
+    assert!(text.contains("{EMAIL}") && !text.contains("ann@example.com"), "{text}");
+    // Its content policy blocks: refused before anything is sent, though the guardrail masks.
+    let resp = chat(&gw, MASK_KEY, "[[echo]] [[flag]] now", false).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.expect("json");
+    assert_eq!(err["error"]["code"], "content_policy_violation", "{err}");
+    assert!(err["error"]["message"].as_str().unwrap_or_default().contains("aws-in"), "{err}");
+    // On output: the model's answer (echoing the flagged text) replaced by the error.
+    assert_eq!(chat(&gw, OUT_KEY, "[[echo]] calm words", false).await.status(), 200);
+    let resp = chat(&gw, OUT_KEY, "[[echo]] [[flag]] words", false).await;
+    assert_eq!(resp.status(), 400);
+    // A signature Bedrock refuses: the guardrail cannot check, and fails closed.
+    assert_eq!(chat(&gw, CLOSED_KEY, "hello", false).await.status(), 503);
+
+    let seen: Vec<Value> = client().get(mock.url("/__mock/requests")).send().await.expect("mock").json().await.expect("json");
+    let applied: Vec<&Value> = seen.iter().filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with("/apply"))).collect();
+    assert!(applied.iter().any(|r| r["path"] == "/br/guardrail/gr-123/version/2/apply"), "{applied:?}");
+    assert!(applied.iter().any(|r| r["path"] == "/br/guardrail/gr-123/version/DRAFT/apply"), "{applied:?}");
+    let auth = applied[0]["headers"]["authorization"][0].as_str().unwrap_or_default();
+    assert!(auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDMOCKTOLLGATE/") && auth.contains("/us-east-1/bedrock/aws4_request"), "{auth}");
+    // The model was asked three times: the masked call and the two whose answers were read;
+    // the flagged input and the call no guardrail could check were never sent.
+    assert_eq!(seen.iter().filter(|r| r["path"] == "/oa/v1/chat/completions").count(), 3);
+    let metrics = admin_metrics(admin, ADMIN_TOKEN).await;
+    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-in\",phase=\"input\",action=\"mask\"}"), 1.0);
+    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-in\",phase=\"input\",action=\"block\"}"), 1.0);
+    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-out\",phase=\"output\",action=\"block\"}"), 1.0);
+    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-bad\",phase=\"input\",action=\"error\"}"), 1.0);
+}

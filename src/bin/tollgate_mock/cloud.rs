@@ -22,6 +22,11 @@
 //!   of `--key`) or a bearer token from the Entra token endpoint
 //!   (`POST …/{tenant}/oauth2/v2.0/token`, client credentials, `--entra-client-secret`).
 //!
+//! * Bedrock Guardrails: `POST …/guardrail/{id}/version/{v}/apply` (`ApplyGuardrail`), SigV4
+//!   checked as above; each content block holding `[[flag]]` is blocked by the content
+//!   policy (`VIOLENCE`), an email address in one is anonymized (`{EMAIL}`, `outputs` one per
+//!   block); guardrail id `missing` is not found (404).
+//!
 //! Tokens live `--token-lifetime-secs`; `POST /__mock/token_fail?n=N` makes the next N token
 //! requests fail 500; `GET /__mock/tokens` lists the token requests seen.
 
@@ -355,6 +360,64 @@ impl CloudMock {
         }
         Ok(())
     }
+}
+
+/// The guardrail (id) an `ApplyGuardrail` path names.
+pub(crate) fn guardrail_path(path: &str) -> Option<String> {
+    let (_, rest) = path.split_once("/guardrail/")?;
+    let (id, rest) = rest.split_once("/version/")?;
+    rest.ends_with("/apply").then(|| tollgate::base::text::decode_component(id))
+}
+
+/// `ApplyGuardrail`'s answer to `body` for guardrail `id`.
+pub(crate) fn apply_guardrail(id: &str, body: &[u8]) -> Result<Value, Refusal> {
+    let invalid = |status: u16, message: &str| {
+        let (b, amzn) = bedrock_error(status, message);
+        (status, b, vec![("x-amzn-errortype", amzn)])
+    };
+    if id == "missing" {
+        return Err(invalid(404, "The guardrail identifier or version provided is invalid."));
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|_| invalid(400, "the body is not JSON"))?;
+    if !matches!(v.get("source").and_then(Value::as_str), Some("INPUT" | "OUTPUT")) {
+        return Err(invalid(400, "source: must be INPUT or OUTPUT"));
+    }
+    let texts: Option<Vec<&str>> = v
+        .get("content")
+        .and_then(Value::as_array)
+        .map(|c| c.iter().filter_map(|b| b.pointer("/text/text").and_then(Value::as_str)).collect());
+    let Some(texts) = texts.filter(|t| !t.is_empty() && t.len() == v["content"].as_array().map_or(0, Vec::len)) else {
+        return Err(invalid(400, "content: a list of text blocks"));
+    };
+    let mut filters = Vec::new();
+    let mut pii = Vec::new();
+    let mut outputs = Vec::new();
+    for text in &texts {
+        if text.contains("[[flag]]") {
+            filters
+                .push(json!({"type": "VIOLENCE", "confidence": "HIGH", "filterStrength": "HIGH", "action": "BLOCKED", "detected": true}));
+        }
+        let mut masked = Vec::new();
+        for word in text.split(' ') {
+            let email = word.split_once('@').is_some_and(|(user, domain)| !user.is_empty() && domain.contains('.'));
+            if email {
+                pii.push(json!({"match": word, "type": "EMAIL", "action": "ANONYMIZED", "detected": true}));
+                masked.push("{EMAIL}");
+            } else {
+                masked.push(word);
+            }
+        }
+        outputs.push(json!({"text": masked.join(" ")}));
+    }
+    let usage = json!({"topicPolicyUnits": 0, "contentPolicyUnits": texts.len(), "wordPolicyUnits": 0, "sensitiveInformationPolicyUnits": texts.len()});
+    if filters.is_empty() && pii.is_empty() {
+        return Ok(json!({"action": "NONE", "outputs": [], "assessments": [{}], "usage": usage}));
+    }
+    let assessment = json!({"contentPolicy": {"filters": filters}, "sensitiveInformationPolicy": {"piiEntities": pii, "regexes": []}});
+    let outputs = if filters.is_empty() { outputs } else { vec![json!({"text": "Sorry, the model cannot answer this question."})] };
+    Ok(
+        json!({"action": "GUARDRAIL_INTERVENED", "actionReason": "Guardrail blocked.", "outputs": outputs, "assessments": [assessment], "usage": usage}),
+    )
 }
 
 /// An `application/x-www-form-urlencoded` body's fields.

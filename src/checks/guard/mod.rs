@@ -31,6 +31,44 @@ enum Detector {
     Patterns(Box<recognise::Matcher>),
     Webhook(webhook::Webhook),
     Moderation { model: String, thresholds: BTreeMap<String, f64>, moderator: Option<Arc<dyn Moderator>>, timeout: Duration },
+    Cloud { asked: CloudGuardrail, service: Option<Arc<dyn CloudGuard>>, timeout: Duration },
+}
+
+/// The services the guardrails that are not read here ask, given by the floor above
+/// (`upstream`: the gateway's own providers serve them).
+#[derive(Clone, Default)]
+pub struct Services {
+    pub moderator: Option<Arc<dyn Moderator>>,
+    pub cloud: Option<Arc<dyn CloudGuard>>,
+}
+
+/// A cloud's guardrail: AWS Bedrock's, asked through the `bedrock` provider `provider`.
+#[derive(Debug, Clone)]
+pub struct CloudGuardrail {
+    pub provider: String,
+    pub id: String,
+    pub version: String,
+}
+
+/// What a cloud's guardrail made of the texts it was given.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Vended {
+    /// It blocks them.
+    pub blocked: bool,
+    /// It changed them (masked what it found), without blocking: the texts as they are to be
+    /// sent, one per text (None: it did not say, and they cannot be sent masked).
+    pub masked: Option<Option<Vec<String>>>,
+    /// What it found: its policies' types and names, bounded.
+    pub categories: Vec<String>,
+}
+
+/// A cloud's guardrail service (`upstream::cloud_guard`: Bedrock's `ApplyGuardrail`, signed by
+/// the provider's own seam).
+#[async_trait::async_trait]
+pub trait CloudGuard: Send + Sync {
+    /// What `guardrail` makes of `texts` (what a call sends, or, `output`, what comes back); an
+    /// error says why there is no verdict (never a text).
+    async fn apply(&self, guardrail: &CloudGuardrail, output: bool, texts: &[&str], timeout: Duration) -> Result<Vended, String>;
 }
 
 /// What a moderation model said of one text.
@@ -74,7 +112,7 @@ impl Detector {
 /// One guardrail, built.
 pub struct Guardrail {
     pub name: String,
-    /// `pii`, `secrets`, `regex`, `webhook`.
+    /// `pii`, `secrets`, `regex`, `webhook`, `moderation`, `bedrock`.
     pub kind: String,
     pub phase: Phase,
     pub action: Action,
@@ -112,8 +150,8 @@ pub struct Guardrails {
 
 impl Guardrails {
     /// Build `config`'s guardrails (their patterns compiled, a client for the webhooks;
-    /// `moderator` serves the moderation guardrails' models).
-    pub fn new(config: &crate::config::Config, moderator: Option<Arc<dyn Moderator>>) -> Result<Guardrails, GuardError> {
+    /// `services` serve the moderation models and the clouds' guardrails).
+    pub fn new(config: &crate::config::Config, services: &Services) -> Result<Guardrails, GuardError> {
         use crate::config::guardrails::GuardKind;
         let mut by_name = HashMap::new();
         let mut http = None;
@@ -145,7 +183,12 @@ impl Guardrails {
                 GuardKind::Moderation { model, thresholds } => Detector::Moderation {
                     model: model.clone(),
                     thresholds: thresholds.clone(),
-                    moderator: moderator.clone(),
+                    moderator: services.moderator.clone(),
+                    timeout: Duration::from_millis(g.timeout_ms),
+                },
+                GuardKind::Bedrock { provider, id, version } => Detector::Cloud {
+                    asked: CloudGuardrail { provider: provider.clone(), id: id.clone(), version: version.clone() },
+                    service: services.cloud.clone(),
                     timeout: Duration::from_millis(g.timeout_ms),
                 },
             };
@@ -419,6 +462,20 @@ pub async fn screen(
                 }
                 false
             }
+            Detector::Cloud { asked, service, timeout } => {
+                let given: Vec<&str> = texts.iter().map(|t| t.as_str()).collect();
+                let answer = match service {
+                    Some(s) => s.apply(asked, output, &given, *timeout).await,
+                    None => Err("no provider serves it here".to_string()),
+                };
+                match answer {
+                    Ok(vended) => reading.vended(vended, texts, screening)?,
+                    Err(why) => {
+                        reading.failed(&format!("({} {}) failed: {why}", g.kind, asked.id), screening)?;
+                        false
+                    }
+                }
+            }
             Detector::Webhook(hook) => {
                 let asked = webhook::Asked {
                     phase: reading.phase,
@@ -517,31 +574,55 @@ impl Reading<'_> {
         }
     }
 
-    /// A webhook's answer: allowed, or what it says done as the guardrail's action allows (a
-    /// `monitor` guardrail only notes it); whether a text changed.
+    /// A webhook's answer: allowed, or what it says done as the guardrail's action allows;
+    /// its reason, if it gives one, is the category noted. Whether a text changed.
     fn answered(&self, answer: webhook::Answer, texts: &mut [&mut String], screening: &mut Screening) -> Result<bool, Refusal> {
         let reason: Vec<String> = answer.reason.iter().map(|r| bounded_reason(r)).collect();
-        let verdict = match (answer.action, self.g.action) {
-            (webhook::Verdict::Allow, _) => {
-                counts(self.metrics, self.g, self.phase, "allow", self.started.elapsed());
-                return Ok(false);
-            }
-            (_, Action::Monitor) => Action::Monitor,
-            (webhook::Verdict::Block, _) => Action::Block,
-            (webhook::Verdict::Mask, _) => Action::Mask,
+        let said = match answer.action {
+            webhook::Verdict::Allow => None,
+            webhook::Verdict::Block => Some(Action::Block),
+            webhook::Verdict::Mask => Some(Action::Mask),
         };
-        if verdict == Action::Mask && answer.replacements.as_ref().is_none_or(|r| r.len() != texts.len()) {
-            log::warn!("guardrail {} (webhook) masked without one replacement per text; the call is blocked", self.g.name);
+        self.verdict(said, reason, answer.replacements, texts, screening)
+    }
+
+    /// A cloud guardrail's verdict, as a webhook's.
+    fn vended(&self, vended: Vended, texts: &mut [&mut String], screening: &mut Screening) -> Result<bool, Refusal> {
+        let (said, replacements) = match (vended.blocked, vended.masked) {
+            (true, _) => (Some(Action::Block), None),
+            (false, Some(with)) => (Some(Action::Mask), with),
+            (false, None) => (None, None),
+        };
+        self.verdict(said, vended.categories, replacements, texts, screening)
+    }
+
+    /// What a service said (None: allow) done as the guardrail's action allows (a `monitor`
+    /// guardrail only notes it); a mask without one replacement per text blocks. Whether a
+    /// text changed.
+    fn verdict(
+        &self,
+        said: Option<Action>,
+        categories: Vec<String>,
+        replacements: Option<Vec<String>>,
+        texts: &mut [&mut String],
+        screening: &mut Screening,
+    ) -> Result<bool, Refusal> {
+        let Some(said) = said else {
+            counts(self.metrics, self.g, self.phase, "allow", self.started.elapsed());
+            return Ok(false);
+        };
+        let verdict = if self.g.action == Action::Monitor { Action::Monitor } else { said };
+        if verdict == Action::Mask && replacements.as_ref().is_none_or(|r| r.len() != texts.len()) {
+            log::warn!("guardrail {} ({}) masked without one replacement per text; the call is blocked", self.g.name, self.g.kind);
             return Err(self.blocked());
         }
-        // Its reason, if it gives one, is the category noted.
         counts(self.metrics, self.g, self.phase, verdict.label(), self.started.elapsed());
-        screening.noted.push(Noted { guardrail: self.g.name.clone(), phase: self.phase, action: verdict.label(), categories: reason });
+        screening.noted.push(Noted { guardrail: self.g.name.clone(), phase: self.phase, action: verdict.label(), categories });
         if verdict == Action::Block {
             return Err(self.blocked());
         }
         let mut changed = false;
-        if let (Action::Mask, Some(with)) = (verdict, answer.replacements) {
+        if let (Action::Mask, Some(with)) = (verdict, replacements) {
             for (text, new) in texts.iter_mut().zip(with) {
                 if **text != new {
                     **text = new;
@@ -554,7 +635,7 @@ impl Reading<'_> {
 }
 
 /// A webhook's reason, as a category: at most 64 characters, letters, digits, `_`, `-`, `.`.
-fn bounded_reason(reason: &str) -> String {
+pub fn bounded_reason(reason: &str) -> String {
     reason.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')).take(64).collect()
 }
 
@@ -574,7 +655,7 @@ pub async fn screen_body(
         .reading(false)
         .map(|g| match &g.detector {
             Detector::Patterns(m) => Some(m.as_ref()),
-            Detector::Webhook(_) | Detector::Moderation { .. } => None,
+            Detector::Webhook(_) | Detector::Moderation { .. } | Detector::Cloud { .. } => None,
         })
         .collect();
     if let Some(matchers) = matchers {

@@ -5,7 +5,7 @@ use serde_json::json;
 
 fn guardrails(yaml: &str) -> Guardrails {
     let config = Config::parse(&format!("listen: 127.0.0.1:0\n{yaml}"), &|_| None).expect("config");
-    Guardrails::new(&config, None).expect("guardrails")
+    Guardrails::new(&config, &Default::default()).expect("guardrails")
 }
 
 fn applied(g: &Guardrails) -> Applied {
