@@ -328,7 +328,7 @@ async fn an_aws_bedrock_guardrail_is_asked_through_the_providers_signature() {
             "{body}admin: {{ listen: 127.0.0.1:{admin}, token: {ADMIN_TOKEN} }}
 guardrails:
   - {{ name: aws-in, kind: bedrock, provider: br, guardrail_id: gr-123, guardrail_version: '2', action: mask }}
-  - {{ name: aws-out, kind: bedrock, provider: br, guardrail_id: gr-123, guardrail_version: DRAFT, phase: output }}
+  - {{ name: aws-out, kind: bedrock, provider: br, guardrail_id: gr-123, guardrail_version: DRAFT, phase: output, price_per_check: 0.002 }}
   - {{ name: aws-bad, kind: bedrock, provider: br-bad, guardrail_id: gr-123, guardrail_version: '2', on_error: closed }}
 "
         ),
@@ -346,9 +346,22 @@ guardrails:
     assert_eq!(err["error"]["code"], "content_policy_violation", "{err}");
     assert!(err["error"]["message"].as_str().unwrap_or_default().contains("aws-in"), "{err}");
     // On output: the model's answer (echoing the flagged text) replaced by the error.
+    let before = balance(&gw, OUT_KEY).await;
     assert_eq!(chat(&gw, OUT_KEY, "[[echo]] calm words", false).await.status(), 200);
     let resp = chat(&gw, OUT_KEY, "[[echo]] [[flag]] words", false).await;
     assert_eq!(resp.status(), 400);
+    // As it streams: read in segments by Bedrock; a flagged one never reaches the client, the
+    // stream ends with the protocol's error chunk.
+    let calm = answer_text(chat(&gw, OUT_KEY, "[[echo:3]] calm words, all of them. And more calm words follow.", true).await).await;
+    assert_eq!(calm, "calm words, all of them. And more calm words follow.");
+    let cut = chat(&gw, OUT_KEY, "[[echo:3]] calm words first [[flag]] then more", true).await.text().await.expect("body");
+    assert!(!cut.contains("flag") && !cut.contains("calm"), "the held segment is dropped whole: {cut}");
+    assert!(cut.contains("content_policy_violation") && cut.contains("aws-out"), "{cut}");
+    // An output guardrail's price is billed with each call whose answer it read, blocked or not.
+    let u = wait_requests(&gw, OUT_KEY, 4).await;
+    let spent = before - balance(&gw, OUT_KEY).await;
+    assert!(spent > 4 * 2_000_000, "four checks at 0.002 USD and the tokens: {spent}");
+    assert_eq!(nanos(&u["total"]["cost"]), spent);
     // A signature Bedrock refuses: the guardrail cannot check, and fails closed.
     assert_eq!(chat(&gw, CLOSED_KEY, "hello", false).await.status(), 503);
 
@@ -357,13 +370,16 @@ guardrails:
     assert!(applied.iter().any(|r| r["path"] == "/br/guardrail/gr-123/version/2/apply"), "{applied:?}");
     assert!(applied.iter().any(|r| r["path"] == "/br/guardrail/gr-123/version/DRAFT/apply"), "{applied:?}");
     let auth = applied[0]["headers"]["authorization"][0].as_str().unwrap_or_default();
-    assert!(auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDMOCKTOLLGATE/") && auth.contains("/us-east-1/bedrock/aws4_request"), "{auth}");
-    // The model was asked three times: the masked call and the two whose answers were read;
+    assert!(
+        auth.starts_with("AWS4-HMAC-SHA256 Credential=AKIDMOCKTOLLGATE/") && auth.contains("/us-east-1/bedrock/aws4_request"),
+        "{auth}"
+    );
+    // The model was asked five times: the masked call and the four whose answers were read;
     // the flagged input and the call no guardrail could check were never sent.
-    assert_eq!(seen.iter().filter(|r| r["path"] == "/oa/v1/chat/completions").count(), 3);
+    assert_eq!(seen.iter().filter(|r| r["path"] == "/oa/v1/chat/completions").count(), 5);
     let metrics = admin_metrics(admin, ADMIN_TOKEN).await;
     assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-in\",phase=\"input\",action=\"mask\"}"), 1.0);
     assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-in\",phase=\"input\",action=\"block\"}"), 1.0);
-    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-out\",phase=\"output\",action=\"block\"}"), 1.0);
+    assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-out\",phase=\"output\",action=\"block\"}"), 2.0);
     assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-bad\",phase=\"input\",action=\"error\"}"), 1.0);
 }

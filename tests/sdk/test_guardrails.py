@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 KEY = "sk-guard-sdk-0001-0123456789"
 OUT_KEY = "sk-guard-sdk-out-0123456789"
 HOOK_KEY = "sk-guard-sdk-hook-012345678"
+HOOK_OUT_KEY = "sk-guard-sdk-hook-out-0123456"
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 CARD = "4111 1111 1111 1111"
 HOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -42,8 +43,8 @@ HOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 class Receiver(http.server.BaseHTTPRequestHandler):
     """The operator's guardrail service: verifies each call with the Standard Webhooks library
-    (a bad signature is answered 401, which the gateway treats as a failure) and masks the
-    word 'confidential'."""
+    (a bad signature is answered 401, which the gateway treats as a failure), masks the word
+    'confidential' and blocks a text holding 'forbidden'."""
 
     verified = []
 
@@ -57,7 +58,9 @@ class Receiver(http.server.BaseHTTPRequestHandler):
             return
         Receiver.verified.append(asked)
         texts = asked["texts"]
-        if any("confidential" in t for t in texts):
+        if any("forbidden" in t for t in texts):
+            answer = {"action": "block", "reason": "forbidden"}
+        elif any("confidential" in t for t in texts):
             answer = {"action": "mask", "reason": "confidential", "replacements": [t.replace("confidential", "[REDACTED]") for t in texts]}
         else:
             answer = {"action": "allow"}
@@ -130,10 +133,12 @@ guardrails:
   - {{ name: cards, kind: pii, recognisers: [card], action: block }}
   - {{ name: answers, kind: secrets, phase: output, action: block }}
   - {{ name: hook, kind: webhook, url: "http://127.0.0.1:{hook.server_address[1]}/check", secret_env: GUARD_HOOK_SECRET, on_error: closed }}
+  - {{ name: hook-out, kind: webhook, phase: output, action: mask, url: "http://127.0.0.1:{hook.server_address[1]}/check", secret_env: GUARD_HOOK_SECRET }}
 keys:
   - {{ key: {KEY}, name: guarded, balance: 5.0, guardrails: [secrets, cards] }}
   - {{ key: {OUT_KEY}, name: output, balance: 5.0, guardrails: [answers] }}
   - {{ key: {HOOK_KEY}, name: hooked, balance: 5.0, guardrails: [hook] }}
+  - {{ key: {HOOK_OUT_KEY}, name: hooked-out, balance: 5.0, guardrails: [hook-out] }}
 """
         procs.append(start_tollgate(BIN_DIR, tmp, config, [gw_port], env={"GUARD_HOOK_SECRET": HOOK_SECRET}))
         yield Env(f"http://127.0.0.1:{gw_port}", base)
@@ -243,6 +248,36 @@ def test_a_webhook_verified_with_the_standard_webhooks_library_masks_the_text(en
     assert asked["phase"] == "input" and asked["route"] == "chat_completions" and asked["model"] == "alpha-5.5"
     assert any("confidential" in t for t in asked["texts"])
     assert KEY not in json.dumps(asked), "the client's key is never sent to the webhook"
+
+
+STREAMED = "[[echo:4]] The first sentence of this answer is long enough to be read on its own and it is confidential. "
+
+
+def test_a_webhook_reads_a_streamed_answer_segment_by_segment(env):
+    Receiver.verified.clear()
+    # Masked: the segment holding the word reaches each SDK with the webhook's replacement.
+    sentence = STREAMED.removeprefix("[[echo:4]] ").strip()
+    chunks = env.openai(HOOK_OUT_KEY).chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": STREAMED + "Then calm."}], stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == sentence.replace("confidential", "[REDACTED]") + " Then calm."
+    with env.anthropic(HOOK_OUT_KEY).messages.stream(model="beta-opus-4-7", max_tokens=200, messages=[{"role": "user", "content": STREAMED}]) as stream:
+        assert "".join(stream.text_stream).strip() == sentence.replace("confidential", "[REDACTED]")
+    gemini = env.genai(HOOK_OUT_KEY)
+    streamed = gemini.models.generate_content_stream(model="gamma-3.5-flash", contents=STREAMED)
+    assert "".join(c.text or "" for c in streamed).strip() == sentence.replace("confidential", "[REDACTED]")
+    # The webhook was asked about segments of the answer, never the whole of it at once.
+    asked = [a for a in Receiver.verified if a["phase"] == "output"]
+    assert len(asked) >= 2 and all(len("".join(a["texts"])) <= 512 for a in asked)
+    # Blocked: the first segment went; the one holding the word never reaches the client.
+    got = []
+    with pytest.raises(openai.APIError) as cut:
+        for c in env.openai(HOOK_OUT_KEY).chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": STREAMED + "This part is forbidden to read."}], stream=True):
+            got.append(c.choices[0].delta.content or "" if c.choices else "")
+    assert "'hook-out'" in str(cut.value)
+    assert "".join(got).startswith(sentence.replace("confidential", "[REDACTED]")) and "forbidden" not in "".join(got)
+    with pytest.raises(openai.BadRequestError) as whole:
+        env.openai(HOOK_OUT_KEY).chat.completions.create(model="alpha-5.5", messages=[{"role": "user", "content": "[[echo]] a forbidden answer"}])
+    assert whole.value.code == "content_policy_violation"
 
 
 def test_a_realtime_answer_is_blocked_as_it_streams_and_the_session_goes_on(env):

@@ -14,6 +14,7 @@
 //! carry the guardrail, its action and the categories only.
 
 pub mod recognise;
+mod segments;
 pub mod stream;
 pub mod webhook;
 
@@ -257,6 +258,12 @@ impl Applied {
     /// Whether any reads what comes back (or restores what was masked).
     pub fn output(&self) -> bool {
         self.0.iter().any(|g| g.phase.output() || g.restore)
+    }
+    /// What the guardrails that read only what comes back cost (`price_per_check`), nano-USD:
+    /// held and billed with the call whose answer they read (those that read what it sends
+    /// too are billed once, when they read it).
+    pub fn output_price(&self) -> i64 {
+        self.0.iter().filter(|g| g.phase == Phase::Output).fold(0, |sum, g| sum.saturating_add(g.price_nanos))
     }
     /// The guardrails reading `phase`.
     fn reading(&self, output: bool) -> impl Iterator<Item = &Arc<Guardrail>> {

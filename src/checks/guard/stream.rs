@@ -36,10 +36,10 @@ pub enum Dialect {
 }
 
 /// Where an event's text delta is.
-struct Spot {
-    channel: u32,
-    pointer: String,
-    text: String,
+pub(super) struct Spot {
+    pub(super) channel: u32,
+    pub(super) pointer: String,
+    pub(super) text: String,
     changed: bool,
     /// No match may be under way in its text: it may go.
     safe: bool,
@@ -84,6 +84,8 @@ pub struct OutputGuard {
     /// Each guardrail's walk cache (for where a match may be under way).
     caches: Vec<Option<regex_automata::hybrid::dfa::Cache>>,
     blocked: bool,
+    /// The guardrails a service reads, on a stream: segment by segment.
+    segments: Option<super::segments::Segments>,
 }
 
 enum Scanned {
@@ -120,7 +122,47 @@ impl OutputGuard {
             masks: Masks::default(),
             caches,
             blocked: false,
+            segments: dialect.and_then(|_| super::segments::Segments::new(applied)),
         })
+    }
+
+    /// A chunk of a streamed answer (empty with the `end`): through the local guardrails, then
+    /// the segments a service reads. What to send now, and whether the answer was refused (then
+    /// the output ends with the protocol's error event and nothing more is to be sent).
+    pub async fn relay(&mut self, chunk: &[u8], end: bool, call: &super::Call<'_>, metrics: &Metrics) -> Fed {
+        let fed = match chunk.is_empty() {
+            true => Fed { out: Vec::new(), blocked: None },
+            false => self.feed(chunk, metrics),
+        };
+        if fed.blocked.is_some() || self.blocked {
+            return fed;
+        }
+        let mut out = fed.out;
+        if end {
+            out.extend(self.finish());
+        }
+        let (Some(segments), Some(dialect)) = (self.segments.as_mut(), self.dialect) else { return Fed { out, blocked: None } };
+        let passed = segments.pass(dialect, out, end, call, metrics).await;
+        for n in std::mem::take(&mut segments.noted) {
+            match self.noted.iter_mut().find(|m| m.guardrail == n.guardrail && m.action == n.action) {
+                Some(m) => n.categories.into_iter().for_each(|c| {
+                    if !m.categories.contains(&c) {
+                        m.categories.push(c);
+                    }
+                }),
+                None => self.noted.push(n),
+            }
+        }
+        match passed {
+            Ok(out) => Fed { out, blocked: None },
+            Err(refusal) => {
+                self.blocked = true;
+                let name = match &refusal {
+                    super::Refusal::Blocked { guardrail, .. } | super::Refusal::Unavailable { guardrail } => guardrail.clone(),
+                };
+                Fed { out: error_event(dialect, &refusal.error(), &self.model), blocked: Some(name) }
+            }
+        }
     }
 
     /// Whether it reads a stream (an SSE answer in a known dialect) event by event.
@@ -475,7 +517,7 @@ impl OutputGuard {
 }
 
 /// The end of the first whole event in `buf` (after its blank line).
-fn event_end(buf: &[u8]) -> Option<usize> {
+pub(super) fn event_end(buf: &[u8]) -> Option<usize> {
     let lf = memchr::memmem::find(buf, b"\n\n").map(|i| i + 2);
     let crlf = memchr::memmem::find(buf, b"\r\n\r\n").map(|i| i + 4);
     match (lf, crlf) {
@@ -485,12 +527,12 @@ fn event_end(buf: &[u8]) -> Option<usize> {
 }
 
 /// The `data:` of an event (one line; the protocols here send one).
-fn data_of(raw: &[u8]) -> Option<&[u8]> {
+pub(super) fn data_of(raw: &[u8]) -> Option<&[u8]> {
     raw.split(|b| *b == b'\n').find_map(|line| line.strip_prefix(b"data:")).map(|d| d.trim_ascii())
 }
 
 /// The event with its `data:` replaced by `data`'s JSON, its other lines kept.
-fn rewrite(raw: &[u8], data: &Value) -> Vec<u8> {
+pub(super) fn rewrite(raw: &[u8], data: &Value) -> Vec<u8> {
     let mut out = Vec::with_capacity(raw.len() + 16);
     for line in raw.split(|b| *b == b'\n') {
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -510,14 +552,14 @@ fn rewrite(raw: &[u8], data: &Value) -> Vec<u8> {
 }
 
 /// Whether a responses event repeats a whole text (a part, an item, the response done).
-fn completes(v: &Value) -> bool {
+pub(super) fn completes(v: &Value) -> bool {
     v["type"]
         .as_str()
         .is_some_and(|t| t.ends_with(".done") || matches!(t, "response.completed" | "response.incomplete" | "response.failed"))
 }
 
 /// Where a dialect's event carries a text delta.
-fn spot(dialect: Dialect, v: &Value) -> Option<Spot> {
+pub(super) fn spot(dialect: Dialect, v: &Value) -> Option<Spot> {
     let at = |channel: u32, pointer: String| {
         let text = v.pointer(&pointer)?.as_str()?;
         (!text.is_empty()).then(|| Spot { channel, pointer, text: text.to_string(), changed: false, safe: false })

@@ -106,6 +106,9 @@ pub(super) async fn input(
             }
         }
     }
+    if dialect(&caller.route).is_some() {
+        guarded.screening.price_nanos = guarded.screening.price_nanos.saturating_add(guarded.applied.output_price());
+    }
     ctx.guarded = Some(guarded);
     Ok(body)
 }
@@ -134,6 +137,17 @@ pub(super) fn output(ctx: &RequestCtx, route: &Route, model: &str) -> Option<Box
     let guarded = ctx.guarded.as_ref()?;
     let dialect = dialect(route)?;
     OutputGuard::new(&guarded.applied, &guarded.screening.masks, Some(dialect), model).map(Box::new)
+}
+
+/// What a guardrail's service is told of a planned call.
+pub(super) fn call_of(plan: &RelayPlan) -> Call<'_> {
+    Call {
+        protocol: plan.protocol.as_str(),
+        route: plan.route.label(),
+        model: Some(&plan.model),
+        key_id: &plan.key.id,
+        tags: &plan.key.policy.tags,
+    }
 }
 
 /// What the guardrails cost this call (`price_per_check`), nano-USD.
@@ -185,16 +199,14 @@ impl Gateway {
     /// A whole answer's bytes through the plan's output guard: as they are (not JSON, or
     /// nothing to change), rewritten, or the error that replaces them.
     pub(super) async fn guard_whole(&self, plan: &mut RelayPlan, body: Vec<u8>) -> std::result::Result<Vec<u8>, ApiError> {
-        let Some(guard) = plan.guard.as_mut() else { return Ok(body) };
-        let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&body) else { return Ok(body) };
-        let call = Call {
-            protocol: plan.protocol.as_str(),
-            route: plan.route.label(),
-            model: Some(&plan.model),
-            key_id: &plan.key.id,
-            tags: &plan.key.policy.tags,
+        let Some(mut guard) = plan.guard.take() else { return Ok(body) };
+        let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&body) else {
+            plan.guard = Some(guard);
+            return Ok(body);
         };
-        match guard.answer(&call, &mut value, &self.metrics).await {
+        let answered = guard.answer(&call_of(plan), &mut value, &self.metrics).await;
+        plan.guard = Some(guard);
+        match answered {
             Ok(true) => Ok(serde_json::to_vec(&value).unwrap_or(body)),
             Ok(false) => Ok(body),
             Err(refusal) => Err(refusal.error()),

@@ -115,7 +115,7 @@ impl Gateway {
                 }
             }
             if guarded_stream {
-                let (guarded, blocked) = self.guard_chunk(plan, out, done);
+                let (guarded, blocked) = self.guard_chunk(plan, out, done).await;
                 out = guarded;
                 if blocked {
                     return Box::pin(self.end_blocked(session, (&mut http, &mut scanner), plan, out, (status, done))).await;
@@ -144,20 +144,12 @@ impl Gateway {
 
     /// A chunk of a guarded stream through its output guard (at the end, what it still held):
     /// what to send, and whether a guardrail blocked the answer.
-    pub(super) fn guard_chunk(&self, plan: &mut RelayPlan, chunk: Option<Bytes>, done: bool) -> (Option<Bytes>, bool) {
-        let Some(guard) = plan.guard.as_mut() else { return (chunk, false) };
-        let fed = match &chunk {
-            Some(data) if !data.is_empty() => guard.feed(data, &self.metrics),
-            _ => crate::checks::guard::stream::Fed { out: Vec::new(), blocked: None },
-        };
-        let mut out = fed.out;
-        if fed.blocked.is_some() {
-            return (Some(Bytes::from(out)), true);
-        }
-        if done {
-            out.extend(guard.finish());
-        }
-        (Some(Bytes::from(out)), false)
+    pub(super) async fn guard_chunk(&self, plan: &mut RelayPlan, chunk: Option<Bytes>, done: bool) -> (Option<Bytes>, bool) {
+        let Some(mut guard) = plan.guard.take() else { return (chunk, false) };
+        let call = super::guarded::call_of(plan);
+        let fed = guard.relay(chunk.as_deref().unwrap_or_default(), done, &call, &self.metrics).await;
+        plan.guard = Some(guard);
+        (Some(Bytes::from(fed.out)), fed.blocked.is_some())
     }
 
     /// A stream a guardrail blocked (native or translated): the client's stream ends with its

@@ -110,7 +110,7 @@ impl Gateway {
             }
             let mut out = Bytes::from(out);
             if plan.guard.as_ref().is_some_and(|g| g.streams()) {
-                let (guarded, blocked) = self.guard_chunk(plan, Some(out), done);
+                let (guarded, blocked) = self.guard_chunk(plan, Some(out), done).await;
                 out = guarded.unwrap_or_default();
                 if blocked {
                     return Box::pin(self.end_blocked(session, (&mut http, &mut scanner), plan, Some(out), (status, done))).await;
