@@ -113,7 +113,7 @@ fn guardrails(c: &mut Criterion) {
     use tollgate::checks::guard::{self, stream::Dialect, stream::OutputGuard, Call, Guardrails, Masks, Screening};
     let yaml = "listen: 127.0.0.1:1\nguardrails: [{name: s, kind: secrets, phase: both}, {name: p, kind: pii, phase: both}]\ngroups: {default: {platforms: [openai], guardrails: [s, p]}}\n";
     let config = tollgate::config::Config::parse(yaml, &|_| None).expect("config");
-    let guards = Guardrails::new(&config, None).expect("guardrails");
+    let guards = Guardrails::new(&config, &Default::default()).expect("guardrails");
     let applied = guards.applying("default", &tollgate::policy::KeyPolicy::default(), &[]);
     let metrics = tollgate::observe::metrics::Metrics::default();
     let tags = std::collections::BTreeMap::new();

@@ -304,3 +304,17 @@ def test_a_realtime_answer_is_blocked_as_it_streams_and_the_session_goes_on(env)
         events = turn(ws, "[[echo]] all is calm here")
         text = "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
         assert text == "all is calm here", events
+    # A webhook reads a realtime answer too: masked in its deltas and in the events that
+    # repeat the text; a forbidden answer blocked and the session still open.
+    with ws_connect(url, additional_headers={"Authorization": f"Bearer {HOOK_OUT_KEY}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        events = turn(ws, "[[echo]] this answer is confidential")
+        text = "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
+        assert text == "this answer is [REDACTED]", events
+        assert "confidential" not in json.dumps(events), events
+        events = turn(ws, "[[echo]] a forbidden answer")
+        errors = [e for e in events if e["type"] == "error"]
+        assert errors and "'hook-out'" in errors[0]["error"]["message"], events
+        assert "forbidden" not in json.dumps([e for e in events if e["type"] != "error"]), events
+        events = turn(ws, "[[echo]] all is calm here")
+        assert "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta") == "all is calm here"

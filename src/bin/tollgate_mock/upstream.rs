@@ -280,14 +280,6 @@ impl MockUpstream {
         if let Some(answered) = self.services(session, &req, &path, &mut body).await {
             return answered;
         }
-        if let Some(id) = crate::cloud::guardrail_path(&path) {
-            self.record(Recorded::of(&req, body.len(), None, false, Some(String::from_utf8_lossy(&body).into_owned())));
-            let answer = self.cloud.check_sigv4(&req, &body).and_then(|()| crate::cloud::apply_guardrail(&id, &body));
-            return match answer {
-                Ok(v) => send(session, 200, "application/json", v.to_string().into(), &[]).await,
-                Err(refusal) => refuse(session, refusal).await,
-            };
-        }
         let cloud = crate::cloud::classify(&path, query.as_deref());
         if let Some(action) = header(&req, "x-tc-action") {
             return self.tc_answer(session, &req, action.to_string(), &body).await;
@@ -414,9 +406,17 @@ impl MockUpstream {
         crate::media::answer(session, req, endpoint, &fields, hold).await
     }
 
-    /// The mock's services at their own paths — the MCP server, the batch API —, answered;
+    /// The mock's services at their own paths — Bedrock Guardrails, the MCP server, the batch API —, answered;
     /// None for any other path.
     async fn services(&self, session: &mut Session, req: &RequestHeader, path: &str, body: &mut Vec<u8>) -> Option<Result<()>> {
+        if let Some(id) = crate::cloud::guardrail_path(path) {
+            self.record(Recorded::of(req, body.len(), None, false, Some(String::from_utf8_lossy(body).into_owned())));
+            let answer = self.cloud.check_sigv4(req, body).and_then(|()| crate::cloud::apply_guardrail(&id, body));
+            return Some(match answer {
+                Ok(v) => send(session, 200, "application/json", v.to_string().into(), &[]).await,
+                Err(refusal) => refuse(session, refusal).await,
+            });
+        }
         if crate::mcp::is_mcp(path) {
             self.record(Recorded::of(req, body.len(), None, false, Some(String::from_utf8_lossy(body).into_owned())));
             return Some(self.mcp.answer(session, req, body).await);

@@ -35,6 +35,9 @@ pub(super) struct Segments {
     /// (what a mask changed, what it became), for the closing events that repeat the text.
     masked: Vec<(String, String)>,
     pub noted: Vec<Noted>,
+    /// A realtime session's `response.done` held when its answer was blocked: it still ends
+    /// the turn, its texts emptied.
+    pub ended: Vec<u8>,
 }
 
 impl Segments {
@@ -48,6 +51,7 @@ impl Segments {
             texts: Vec::new(),
             masked: Vec::new(),
             noted: Vec::new(),
+            ended: Vec::new(),
         })
     }
 
@@ -127,6 +131,20 @@ impl Segments {
         }
         match screened {
             Err(refusal) => {
+                for raw in &self.held {
+                    let done = data_of(raw).and_then(|d| serde_json::from_slice::<Value>(d).ok()).filter(|v| v["type"] == "response.done");
+                    if let Some(mut v) = done {
+                        let items = v.pointer_mut("/response/output").and_then(Value::as_array_mut).into_iter().flatten();
+                        for part in items.filter_map(|i| i.get_mut("content").and_then(Value::as_array_mut)).flatten() {
+                            for field in ["text", "transcript"] {
+                                if let Some(t) = part.get_mut(field).filter(|t| t.is_string()) {
+                                    *t = Value::String(String::new());
+                                }
+                            }
+                        }
+                        self.ended = rewrite(raw, &v);
+                    }
+                }
                 self.held.clear();
                 self.pieces.clear();
                 self.texts.clear();
@@ -148,6 +166,16 @@ impl Segments {
                         }
                         first = false;
                         self.held[piece.event] = rewrite(raw, &v);
+                    }
+                }
+                // Closing events held behind the text repeat it: changed the same way.
+                for i in 0..self.held.len() {
+                    if self.pieces.iter().any(|p| p.event == i) {
+                        continue;
+                    }
+                    let raw = &self.held[i];
+                    if let Some(mut v) = data_of(raw).and_then(|d| serde_json::from_slice::<Value>(d).ok()).filter(completes) {
+                        self.held[i] = self.remask(raw, &mut v);
                     }
                 }
                 Ok(())

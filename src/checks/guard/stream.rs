@@ -160,7 +160,9 @@ impl OutputGuard {
                 let name = match &refusal {
                     super::Refusal::Blocked { guardrail, .. } | super::Refusal::Unavailable { guardrail } => guardrail.clone(),
                 };
-                Fed { out: error_event(dialect, &refusal.error(), &self.model), blocked: Some(name) }
+                let mut out = error_event(dialect, &refusal.error(), &self.model);
+                out.append(&mut segments.ended);
+                Fed { out, blocked: Some(name) }
             }
         }
     }

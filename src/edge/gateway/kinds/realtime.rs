@@ -703,13 +703,18 @@ impl Relay<'_> {
         event.extend_from_slice(b"data: ");
         event.extend_from_slice(&payload);
         event.extend_from_slice(b"\n\n");
-        let fed = guard.feed(&event, &self.gw.metrics);
-        let mut out = fed.out;
+        let call = crate::checks::guard::Call {
+            protocol: "openai",
+            route: "realtime",
+            model: Some(&self.model),
+            key_id: &self.key.id,
+            tags: &self.key.policy.tags,
+        };
+        let fed = guard.relay(&event, done, &call, &self.gw.metrics).await;
+        let out = fed.out;
         if fed.blocked.is_some() {
             let _ = upstream.write_body(&rt::cancel_frame()).await;
             self.suppressing = !done;
-        } else if done {
-            out.extend(guard.finish());
         }
         if fed.blocked.is_some() || done {
             self.totals.guardrail.append(&mut guard.noted);
