@@ -11,7 +11,8 @@
 # addresses (127.0.0.x: past ~28,000 streams one is not enough ports), STREAMS_TARGETS which
 # of "direct bare tollgate" to run (in that order, reversed every other round; `guarded` is
 # tollgate with its key's answers read as they stream by the guardrails of the kinds in
-# STREAMS_GUARD_KINDS, default "secrets pii"; issue 65), STREAMS_PREBUILT
+# STREAMS_GUARD_KINDS, default "secrets pii", each KIND or KIND=R1+R2 for only those
+# recognisers; issue 65), STREAMS_PREBUILT
 # a directory with the four binaries (no build: the device machine), TOLLGATE_BIN another build
 # of tollgate (default: target/release/tollgate, built here). The generator is
 # `benches/streams` (its own crate, built once into ~/.cache/tollgate-streams-target); the
@@ -71,8 +72,11 @@ start_target() { # name → sets tpid and tport
       d="$work/tg-$RANDOM"; mkdir -p "$d"
       guards=""; names=""
       if [ "$1" = guarded ]; then
-        for kind in ${STREAMS_GUARD_KINDS:-secrets pii}; do
-          guards="$guards${guards:+, }{ name: $kind, kind: $kind, phase: output }"; names="$names${names:+, }$kind"
+        for spec in ${STREAMS_GUARD_KINDS:-secrets pii}; do
+          # KIND, or KIND=R1+R2: only those recognisers switched on.
+          kind=${spec%%=*}; recs=""
+          [ "$spec" != "$kind" ] && recs=", recognisers: [${spec#*=}]" && recs=${recs//+/, }
+          guards="$guards${guards:+, }{ name: $kind, kind: $kind, phase: output$recs }"; names="$names${names:+, }$kind"
         done
         guards="guardrails: [$guards]"
       fi

@@ -287,13 +287,15 @@ impl VideoService {
     /// Validate, persist, submit. Returns the task (new, or the one an Idempotency-Key names).
     /// Create (validate, charge, store, submit) a task; or, for an Idempotency-Key used before,
     /// the task it named. The flag says whether this call created (and charged) the task.
-    /// `purses`: what the key pays from (its balance, its account's, spend windows).
+    /// `purses`: what the key pays from (its balance, its account's, spend windows);
+    /// `checks_nanos`: what the guardrails that read its request cost (`price_per_check`),
+    /// charged with the task (and refunded with it, should it fail).
     pub async fn create(
         &self,
         key: &KeyRecord,
         purses: &[crate::records::purse::Purse],
         body: &[u8],
-        idempotency_key: Option<&str>,
+        (idempotency_key, checks_nanos): (Option<&str>, i64),
     ) -> Result<(Task, bool), ApiError> {
         let json = request::parse_body(body)?;
         let now = now_unix();
@@ -330,7 +332,7 @@ impl VideoService {
             log::error!("video model {} is enabled without a price; refused", sub.api_model);
             ApiError::new(ErrorKind::Internal, format!("The model '{}' is not priced on this gateway and cannot be served.", sub.api_model))
         })?;
-        let mut task = sub.task(new_task_id(), key.id.clone(), now, cost);
+        let mut task = sub.task(new_task_id(), key.id.clone(), now, cost.saturating_add(checks_nanos.max(0)));
         task.tags = key.policy.tags.clone();
         task.request_digest = digest.clone();
         let _creating = self.creating.mark(&task.id);

@@ -383,3 +383,32 @@ guardrails:
     assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-out\",phase=\"output\",action=\"block\"}"), 2.0);
     assert_eq!(metric(&metrics, "tollgate_guardrail_actions_total{guardrail=\"aws-bad\",phase=\"input\",action=\"error\"}"), 1.0);
 }
+
+#[tokio::test]
+async fn a_video_tasks_prompt_is_masked_and_its_check_charged_with_the_task() {
+    let mock = start_mock();
+    let admin = free_port();
+    let (hook, _task) = hanging_hook().await;
+    let body = format!("{}{}", config(mock.port, admin, hook), video_section(mock.port));
+    let gw = start_gateway_env(&body, &[("GUARD_HOOK_SECRET", "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=")]);
+    let task = |key: &'static str, prompt: String| {
+        let url = gw.url("/v1/videos");
+        async move {
+            let r =
+                client().post(url).bearer_auth(key).json(&json!({"model": "genq3-pro", "prompt": prompt})).send().await.expect("create");
+            assert_eq!(r.status(), 200);
+        }
+    };
+    let (guarded, plain) = (balance(&gw, MASK_KEY).await, balance(&gw, CLIENT_KEY).await);
+    task(MASK_KEY, format!("a cat guarding {SECRET}")).await;
+    task(CLIENT_KEY, "a cat guarding nothing".to_string()).await;
+    // The same task, and the guardrail's 0.001 USD check charged with it.
+    let spent_guarded = guarded - balance(&gw, MASK_KEY).await;
+    let spent_plain = plain - balance(&gw, CLIENT_KEY).await;
+    assert!(spent_plain > 0);
+    assert_eq!(spent_guarded - spent_plain, 1_000_000);
+    let calls: Vec<Value> = client().get(mock.url("/__mock/tc_calls")).send().await.expect("calls").json().await.expect("json");
+    let prompts: Vec<&str> = calls.iter().filter_map(|c| c["payload"]["Prompt"].as_str()).collect();
+    assert!(prompts.contains(&"a cat guarding [AWS_KEY_1]"), "{prompts:?}");
+    assert!(!prompts.iter().any(|p| p.contains(SECRET)), "{prompts:?}");
+}

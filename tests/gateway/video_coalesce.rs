@@ -47,7 +47,7 @@ async fn stale_gets_coalesce_into_one_describe() {
         ..KeyRecord::new("key_coalesce", "c", "default", String::new(), tollgate::records::key::KeyOrigin::Admin)
     };
     let (task, _) = svc
-        .create(&key, &[tollgate::records::purse::Purse::key(&key.id)], br#"{"model":"genq3-pro","prompt":"coalesce"}"#, None)
+        .create(&key, &[tollgate::records::purse::Purse::key(&key.id)], br#"{"model":"genq3-pro","prompt":"coalesce"}"#, (None, 0))
         .await
         .expect("created");
     // Staleness is a matter of time: let the one-second poll interval pass.

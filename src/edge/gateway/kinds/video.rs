@@ -57,10 +57,11 @@ pub(super) async fn video_route(
                 return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
             }
             let purses = gw.charge.purses(key, &gw.routing.load().calendar)?;
-            let (task, created) = svc.create(key, &purses, &body, idem.as_deref()).await.inspect_err(|_| {
-                // The bounded field reader, never a whole JSON tree: a refused body may be a bomb.
-                ctx.model_asked = crate::protocol::body_fields(&body).ok().and_then(|f| f.model);
-            })?;
+            let (task, created) =
+                svc.create(key, &purses, &body, (idem.as_deref(), super::super::guarded::price(ctx))).await.inspect_err(|_| {
+                    // The bounded field reader, never a whole JSON tree: a refused body may be a bomb.
+                    ctx.model_asked = crate::protocol::body_fields(&body).ok().and_then(|f| f.model);
+                })?;
             ctx.model_asked = Some(task.api_model.clone());
             // A new task's charge (an Idempotency-Key's earlier task charged nothing now).
             if created && task.charged {
