@@ -412,3 +412,29 @@ async fn a_video_tasks_prompt_is_masked_and_its_check_charged_with_the_task() {
     assert!(prompts.contains(&"a cat guarding [AWS_KEY_1]"), "{prompts:?}");
     assert!(!prompts.iter().any(|p| p.contains(SECRET)), "{prompts:?}");
 }
+
+#[tokio::test]
+async fn a_whole_answer_read_for_the_guardrails_is_held_against_the_process_budget() {
+    let mock = start_mock();
+    let admin = free_port();
+    let (hook, _task) = hanging_hook().await;
+    let body = format!("max_body_bytes: 65536\nmax_buffered_body_bytes: 65536\n{}", config(mock.port, admin, hook));
+    let gw = start_gateway_env(&body, &[("GUARD_HOOK_SECRET", "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ=")]);
+    let ask = |deltas: u32| {
+        client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(OUT_KEY)
+            .header("x-mock-deltas", deltas.to_string())
+            .json(&json!({"model": "alpha-5.5", "messages": [{"role": "user", "content": "hello"}]}))
+            .send()
+    };
+    // About 80 KB of answer: more than the budget of bytes held for clients.
+    let resp = ask(16_000).await.expect("chat");
+    assert_eq!(resp.status(), 503);
+    assert!(resp.headers().get("retry-after").is_some());
+    // Billed for what the upstream produced, as a cut answer is.
+    let u = wait_requests(&gw, OUT_KEY, 1).await;
+    assert_eq!(u["total"]["output_tokens"], 16_000, "{u}");
+    // What it held was given back: an answer within the budget goes through.
+    assert_eq!(ask(3).await.expect("chat").status(), 200);
+}

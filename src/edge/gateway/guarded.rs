@@ -7,7 +7,7 @@
 //! (`price_per_check`) is held and billed with the call.
 
 use super::admit::Caller;
-use super::stream::{read_whole, DRAIN_MAX_BYTES};
+use super::stream::{read_whole, Unread, DRAIN_MAX_BYTES};
 use super::{Gateway, RelayPlan, RequestCtx};
 use crate::billing::meter::UsageScanner;
 use crate::checks::guard::{self, stream::Dialect, stream::OutputGuard, Applied, Call, Noted, Screening};
@@ -167,12 +167,16 @@ impl Gateway {
         (mut http, peer): (Reply, HttpPeer),
         (mut header, mut scanner, status): (Box<ResponseHeader>, UsageScanner, u16),
     ) -> Result<()> {
-        let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES).await {
+        let mut held = self.body.budget.reservation();
+        let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES, &mut held).await {
             Ok(body) => body,
             Err(e) => {
-                log::warn!("upstream answer ended early: {e}");
+                log::warn!("upstream answer not read whole: {e}");
                 Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
-                let err = ApiError::new(crate::protocol::ErrorKind::BadGateway, "The upstream service's answer was cut short.");
+                let err = match e {
+                    Unread::NoRoom => crate::edge::body::busy(),
+                    Unread::Cut(_) => ApiError::new(crate::protocol::ErrorKind::BadGateway, "The upstream service's answer was cut short."),
+                };
                 return LocalResponse::error(&err, plan.protocol).send(session).await;
             }
         };

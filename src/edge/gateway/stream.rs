@@ -279,7 +279,8 @@ impl Gateway {
         usage: Shape,
     ) -> Result<()> {
         let mut scanner = UsageScanner::new(usage, false, false);
-        let body = match read_whole(&mut http, &mut scanner, ERROR_BODY_MAX_BYTES).await {
+        let mut held = self.body.budget.reservation();
+        let body = match read_whole(&mut http, &mut scanner, ERROR_BODY_MAX_BYTES, &mut held).await {
             Ok(body) => body,
             Err(e) => {
                 log::warn!("upstream error answer not read whole ({e}); its status's own message is passed on");
@@ -330,15 +331,42 @@ pub(super) const DRAIN_MAX_BYTES: usize = 64 << 20;
 /// closed and the client gets the status's own message.
 const ERROR_BODY_MAX_BYTES: usize = 64 << 10;
 
-/// A whole upstream answer, metered as it comes, at most `max` bytes (over it: an error).
-pub(super) async fn read_whole(http: &mut Reply, scanner: &mut UsageScanner, max: usize) -> Result<Vec<u8>> {
+/// Why a whole answer was not read.
+pub(super) enum Unread {
+    /// The upstream's answer ended early, or passed its bound.
+    Cut(Box<Error>),
+    /// The process's budget of bytes held for clients had no room for it.
+    NoRoom,
+}
+
+impl std::fmt::Display for Unread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unread::Cut(e) => write!(f, "{e}"),
+            Unread::NoRoom => f.write_str("no room in the budget of bytes held for clients"),
+        }
+    }
+}
+
+/// A whole upstream answer, metered as it comes, at most `max` bytes (over it: an error), each
+/// byte held against the process's budget of bytes held for clients (`held`, given back when
+/// the caller drops it).
+pub(super) async fn read_whole(
+    http: &mut Reply,
+    scanner: &mut UsageScanner,
+    max: usize,
+    held: &mut crate::edge::body::Reservation,
+) -> std::result::Result<Vec<u8>, Unread> {
     let mut body = Vec::new();
     loop {
-        match http.read_response_body().await? {
+        match http.read_response_body().await.map_err(Unread::Cut)? {
             Some(chunk) => {
                 scanner.feed(&chunk);
                 if body.len() + chunk.len() > max {
-                    return Err(Error::explain(ErrorType::InvalidHTTPHeader, "upstream answer too large"));
+                    return Err(Unread::Cut(Error::explain(ErrorType::InvalidHTTPHeader, "upstream answer too large")));
+                }
+                if !held.grow(chunk.len()) {
+                    return Err(Unread::NoRoom);
                 }
                 body.extend_from_slice(&chunk);
                 if http.response_done() {

@@ -4,7 +4,7 @@
 //! re-encoded: a whole answer once it is complete, a stream event by event.
 
 use super::send::retry_after;
-use super::stream::{read_whole, upstream_request_id, DRAIN_MAX_BYTES};
+use super::stream::{read_whole, upstream_request_id, Unread, DRAIN_MAX_BYTES};
 use super::{Gateway, RelayPlan, RequestCtx};
 use crate::billing::meter::{Shape, UsageScanner};
 use crate::config::Protocol;
@@ -142,12 +142,16 @@ impl Gateway {
         (status, mut scanner): (u16, UsageScanner),
     ) -> Result<()> {
         let shape = plan.protocol;
-        let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES).await {
+        let mut held = self.body.budget.reservation();
+        let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES, &mut held).await {
             Ok(body) => body,
             Err(e) => {
-                log::warn!("upstream answer of a translated request ended early: {e}");
+                log::warn!("upstream answer of a translated request not read whole: {e}");
                 Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
-                let err = ApiError::new(ErrorKind::BadGateway, "The upstream service's answer was cut short.");
+                let err = match e {
+                    Unread::NoRoom => crate::edge::body::busy(),
+                    Unread::Cut(_) => ApiError::new(ErrorKind::BadGateway, "The upstream service's answer was cut short."),
+                };
                 return LocalResponse::error(&err, shape).send(session).await;
             }
         };
