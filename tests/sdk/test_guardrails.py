@@ -36,6 +36,7 @@ KEY = "sk-guard-sdk-0001-0123456789"
 OUT_KEY = "sk-guard-sdk-out-0123456789"
 HOOK_KEY = "sk-guard-sdk-hook-012345678"
 HOOK_OUT_KEY = "sk-guard-sdk-hook-out-0123456"
+RESTORE_KEY = "sk-guard-sdk-restore-01234567"
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 CARD = "4111 1111 1111 1111"
 HOOK_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -130,6 +131,7 @@ mcp:
     - {{ name: docs, url: "http://127.0.0.1:{docs_port}/mcp" }}
 guardrails:
   - {{ name: secrets, kind: secrets, action: mask }}
+  - {{ name: secrets-back, kind: secrets, action: mask, restore: true }}
   - {{ name: cards, kind: pii, recognisers: [card], action: block }}
   - {{ name: answers, kind: secrets, phase: output, action: block }}
   - {{ name: hook, kind: webhook, url: "http://127.0.0.1:{hook.server_address[1]}/check", secret_env: GUARD_HOOK_SECRET, on_error: closed }}
@@ -139,6 +141,7 @@ keys:
   - {{ key: {OUT_KEY}, name: output, balance: 5.0, guardrails: [answers] }}
   - {{ key: {HOOK_KEY}, name: hooked, balance: 5.0, guardrails: [hook] }}
   - {{ key: {HOOK_OUT_KEY}, name: hooked-out, balance: 5.0, guardrails: [hook-out] }}
+  - {{ key: {RESTORE_KEY}, name: restored, balance: 5.0, guardrails: [secrets-back] }}
 """
         procs.append(start_tollgate(BIN_DIR, tmp, config, [gw_port], env={"GUARD_HOOK_SECRET": HOOK_SECRET}))
         yield Env(f"http://127.0.0.1:{gw_port}", base)
@@ -318,3 +321,17 @@ def test_a_realtime_answer_is_blocked_as_it_streams_and_the_session_goes_on(env)
         assert "forbidden" not in json.dumps([e for e in events if e["type"] != "error"]), events
         events = turn(ws, "[[echo]] all is calm here")
         assert "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta") == "all is calm here"
+    # Restored: a secret masked on its way up comes back to the same client in the answer.
+    with ws_connect(url, additional_headers={"Authorization": f"Bearer {RESTORE_KEY}"}) as ws:
+        assert json.loads(ws.recv())["type"] == "session.created"
+        ws.send(item(f"[[echo]] my key is {SECRET}"))
+        created = json.loads(ws.recv())
+        # The upstream got the placeholder (the mock echoes the item as it received it).
+        assert created["item"]["content"][0]["text"] == "[[echo]] my key is [AWS_KEY_1]", created
+        ws.send(json.dumps({"type": "response.create"}))
+        events = []
+        while not events or events[-1]["type"] != "response.done":
+            events.append(json.loads(ws.recv()))
+        text = "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
+        assert text == f"my key is {SECRET}", events
+        assert "[AWS_KEY_1]" not in json.dumps(events[-1]), events[-1]

@@ -310,6 +310,10 @@ impl Noted {
     }
 }
 
+/// The most placeholders one call (a realtime session) restores (and four times as many
+/// remembered, so the same value keeps its placeholder; past that each gets a new one).
+const MAX_RESTORED: usize = 1024;
+
 /// Placeholders given to what was masked in one call, for restoring them in its answer.
 #[derive(Default)]
 pub struct Masks {
@@ -343,10 +347,13 @@ impl Masks {
         let n = self.counts.entry(category.to_string()).or_insert(0);
         *n += 1;
         let placeholder = format!("[{}_{}]", category.to_ascii_uppercase(), n);
-        if restore {
+        // A long session's: the first MAX_RESTORED are put back, the rest stay masked.
+        if restore && self.restore.len() < MAX_RESTORED {
             self.restore.push((placeholder.clone(), original.to_string()));
         }
-        self.given.insert(key, placeholder.clone());
+        if self.given.len() < MAX_RESTORED * 4 {
+            self.given.insert(key, placeholder.clone());
+        }
         placeholder
     }
 }

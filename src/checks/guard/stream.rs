@@ -167,6 +167,12 @@ impl OutputGuard {
         }
     }
 
+    /// What to restore from now on: `masks`' placeholders of the guardrails that restore (a
+    /// realtime session's, which grow as its client events are masked).
+    pub fn restore_from(&mut self, masks: &Masks) {
+        self.restore.clone_from(&masks.restore);
+    }
+
     /// Whether it reads a stream (an SSE answer in a known dialect) event by event.
     pub fn streams(&self) -> bool {
         self.dialect.is_some()

@@ -135,6 +135,9 @@ struct Relay<'a> {
     /// The output guardrails of its answers' text (built in and the operator's patterns), read
     /// over the look-behind window as they stream.
     out_guard: Option<Box<crate::checks::guard::stream::OutputGuard>>,
+    /// The placeholders its client events were masked with (the same value, the same one in
+    /// the session): those of a guardrail that restores are put back in its answers.
+    masks: crate::checks::guard::Masks,
     /// An answer a guardrail blocked: its remaining text events are dropped until it is done.
     suppressing: bool,
 }
@@ -207,6 +210,7 @@ pub(super) async fn realtime(
         guards: super::super::guarded::applying(gw, routing, key),
         guard_unbilled: 0,
         out_guard: None,
+        masks: crate::checks::guard::Masks::default(),
         suppressing: false,
     };
     relay.out_guard = relay.output_guard();
@@ -669,17 +673,26 @@ impl Relay<'_> {
             key_id: &self.key.id,
             tags: &self.key.policy.tags,
         };
-        let mut screening = crate::checks::guard::Screening::default();
+        let mut screening = crate::checks::guard::Screening { masks: std::mem::take(&mut self.masks), ..Default::default() };
         let screened = crate::checks::guard::screen_body(&self.guards, &call, payload, &mut screening, &self.gw.metrics).await;
         self.guard_unbilled = self.guard_unbilled.saturating_add(screening.price_nanos);
         self.totals.guardrail.extend(screening.noted);
+        let restoring = screening.masks.restore.len() != self.masks.restore.len();
+        self.masks = screening.masks;
+        if restoring {
+            // Placeholders to put back: the answers read from now on restore them.
+            match self.out_guard.as_mut() {
+                Some(guard) => guard.restore_from(&self.masks),
+                None => self.out_guard = self.output_guard(),
+            }
+        }
         screened.map_err(|r| r.error())
     }
 
     /// The output guard of the session's answers, when a guardrail reads them.
     fn output_guard(&self) -> Option<Box<crate::checks::guard::stream::OutputGuard>> {
         use crate::checks::guard::stream::{Dialect, OutputGuard};
-        OutputGuard::new(&self.guards, &crate::checks::guard::Masks::default(), Some(Dialect::Realtime), &self.model).map(Box::new)
+        OutputGuard::new(&self.guards, &self.masks, Some(Dialect::Realtime), &self.model).map(Box::new)
     }
 
     /// A server frame to the client: through the output guard when one reads the answers (its
