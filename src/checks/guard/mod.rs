@@ -13,6 +13,7 @@
 //! (`tollgate_guardrail_actions_total{guardrail,phase,action}`, `tollgate_guardrail_seconds`)
 //! carry the guardrail, its action and the categories only.
 
+mod events;
 pub mod recognise;
 mod segments;
 pub mod stream;

@@ -7,7 +7,7 @@
 //! same change in a responses stream's closing events, which repeat the text); a monitor notes.
 //! What a segment waits for is its own round trip: never the whole answer.
 
-use super::stream::{completes, data_of, event_end, rewrite, spot, Dialect};
+use super::events::{completes, data_of, event_end, rewrite, spot, Dialect};
 use super::{screen, Applied, Call, Noted, Screening};
 use crate::observe::metrics::Metrics;
 use serde_json::Value;

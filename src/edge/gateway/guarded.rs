@@ -200,6 +200,16 @@ impl Gateway {
         session.write_response_body(Some(Bytes::from(body)), true).await
     }
 
+    /// A chunk of a guarded stream through its output guard (at the end, what it still held):
+    /// what to send, and whether a guardrail blocked the answer.
+    pub(super) async fn guard_chunk(&self, plan: &mut RelayPlan, chunk: Option<Bytes>, done: bool) -> (Option<Bytes>, bool) {
+        let Some(mut guard) = plan.guard.take() else { return (chunk, false) };
+        let call = call_of(plan);
+        let fed = guard.relay(chunk.as_deref().unwrap_or_default(), done, &call, &self.metrics).await;
+        plan.guard = Some(guard);
+        (Some(Bytes::from(fed.out)), fed.blocked.is_some())
+    }
+
     /// A whole answer's bytes through the plan's output guard: as they are (not JSON, or
     /// nothing to change), rewritten, or the error that replaces them.
     pub(super) async fn guard_whole(&self, plan: &mut RelayPlan, body: Vec<u8>) -> std::result::Result<Vec<u8>, ApiError> {

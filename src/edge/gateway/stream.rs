@@ -142,16 +142,6 @@ impl Gateway {
         }
     }
 
-    /// A chunk of a guarded stream through its output guard (at the end, what it still held):
-    /// what to send, and whether a guardrail blocked the answer.
-    pub(super) async fn guard_chunk(&self, plan: &mut RelayPlan, chunk: Option<Bytes>, done: bool) -> (Option<Bytes>, bool) {
-        let Some(mut guard) = plan.guard.take() else { return (chunk, false) };
-        let call = super::guarded::call_of(plan);
-        let fed = guard.relay(chunk.as_deref().unwrap_or_default(), done, &call, &self.metrics).await;
-        plan.guard = Some(guard);
-        (Some(Bytes::from(fed.out)), fed.blocked.is_some())
-    }
-
     /// A stream a guardrail blocked (native or translated): the client's stream ends with its
     /// protocol's error event (`last`); the rest of the upstream's answer is read, unsent, for
     /// what it produced, and billed so.
