@@ -172,10 +172,16 @@ impl Gateway {
             Ok(body) => body,
             Err(e) => {
                 log::warn!("upstream answer not read whole: {e}");
-                Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
                 let err = match e {
-                    Unread::NoRoom => crate::edge::body::busy(),
-                    Unread::Cut(_) => ApiError::new(crate::protocol::ErrorKind::BadGateway, "The upstream service's answer was cut short."),
+                    Unread::NoRoom => {
+                        // The rest is read, unsent, for the usage it reports: billed exactly.
+                        Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
+                        crate::edge::body::busy()
+                    }
+                    Unread::Cut(_) => {
+                        Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
+                        ApiError::new(crate::protocol::ErrorKind::BadGateway, "The upstream service's answer was cut short.")
+                    }
                 };
                 return LocalResponse::error(&err, plan.protocol).send(session).await;
             }
