@@ -72,6 +72,22 @@ impl Refused {
                 e.retry_after = Some(end.saturating_sub(now).max(1));
                 e
             }
+            PurseKind::Rolling { account, secs, frees_at } => {
+                let whose = account.as_ref().map_or_else(|| "this API key".to_string(), |a| format!("the account '{a}'"));
+                let label = crate::policy::budget::Rolling { secs: *secs, cap: 0 }.label();
+                let when = frees_at.unwrap_or(now + 1).max(now + 1);
+                let mut e = ApiError::new(
+                    ErrorKind::BudgetExceeded,
+                    format!(
+                        "The rolling {label} budget of {whose} is spent: {what} ${:.6}, ${:.6} is left; enough of its spend ages out at {}.",
+                        usd(self.short.needed),
+                        left(&self.short),
+                        crate::protocol::rfc3339(when)
+                    ),
+                );
+                e.retry_after = Some(when - now);
+                e
+            }
         }
     }
 }
@@ -167,8 +183,29 @@ impl Ledger {
         let amount = amount.max(0);
         Ok(match self.money.hold(&purses, amount).await? {
             Ok(()) => Ok(Hold { ledger: self.clone(), purses, amount, done: false }),
-            Err((i, short)) => Err(Refused { kind: purses.get(i).map_or(PurseKind::Key, |p| p.kind.clone()), short }),
+            Err((i, short)) => Err(self.refused(&purses, i, short).await),
         })
+    }
+
+    /// The refusal of the purse `i` of `purses`: a rolling window's says when enough of its
+    /// spend ages out (its buckets read oldest first, each freeing what it spent and holds at
+    /// the time it stops counting).
+    async fn refused(&self, purses: &[Purse], i: usize, short: Insufficient) -> Refused {
+        let Some(purse) = purses.get(i) else { return Refused { kind: PurseKind::Key, short } };
+        let mut kind = purse.kind.clone();
+        if let PurseKind::Rolling { frees_at, .. } = &mut kind {
+            let need = short.needed.saturating_sub(short.available);
+            let mut freed = 0i64;
+            for id in purse.linked.iter().rev().chain(std::iter::once(&purse.id)) {
+                let spent = self.money.balance(id).await.unwrap_or(0).saturating_neg().saturating_add(self.money.held(id));
+                freed = freed.saturating_add(spent.max(0));
+                if freed >= need {
+                    *frees_at = crate::policy::budget::window_start(id);
+                    break;
+                }
+            }
+        }
+        Refused { kind, short }
     }
 
     /// Debit `record.cost_nanos` (a credit when negative) from its key and the purses it was
@@ -212,7 +249,10 @@ impl Ledger {
         record.charged = charged(purses);
         let booked = self.money.book(record, 0, Some(purses), true).await?;
         self.money.publish().await;
-        Ok(booked.map_err(|(i, short)| Refused { kind: purses.get(i).map_or(PurseKind::Key, |p| p.kind.clone()), short }))
+        Ok(match booked {
+            Ok(balance) => Ok(balance),
+            Err((i, short)) => Err(self.refused(purses, i, short).await),
+        })
     }
 
     /// Credit (refund, top-up) or debit without a hold; the record says why. Durable before
@@ -408,7 +448,8 @@ fn usage_report(
 }
 
 /// Each spend window with a cap: the cap, what the window has spent so far, what requests in
-/// flight on this node hold of it, and when it started and ends (`billing.timezone`).
+/// flight on this node hold of it, and when it started and ends (`billing.timezone`); a
+/// rolling window, when its oldest spend next ages out.
 pub async fn window_report(
     ledger: &Ledger,
     owner: crate::policy::budget::Owner<'_>,
@@ -427,6 +468,29 @@ pub async fn window_report(
                 "cap": usd(cap), "spent": usd(spent), "held": usd(ledger.held(&id)),
                 "start": crate::protocol::rfc3339(start), "end": crate::protocol::rfc3339(end),
                 "timezone": calendar.name(),
+            }),
+        );
+    }
+    for rolling in &budgets.rolling {
+        // Oldest bucket first: the first with spend is what ages out next.
+        let mut buckets: Vec<(u64, u64)> = rolling.buckets(now).collect();
+        buckets.reverse();
+        let (mut spent, mut held, mut next) = (0i64, 0i64, None);
+        for (_, until) in buckets {
+            let id = crate::policy::budget::rolling_purse(&owner, rolling.secs, until);
+            let (s, h) = (ledger.balance(&id).await?.saturating_neg(), ledger.held(&id));
+            if next.is_none() && s.saturating_add(h) > 0 {
+                next = Some(until);
+            }
+            spent = spent.saturating_add(s);
+            held = held.saturating_add(h);
+        }
+        out.insert(
+            rolling.label(),
+            serde_json::json!({
+                "cap": usd(rolling.cap), "spent": usd(spent), "held": usd(held), "rolling": true,
+                "bucket_secs": rolling.bucket(),
+                "next_frees_at": next.map(crate::protocol::rfc3339),
             }),
         );
     }
@@ -463,6 +527,49 @@ pub(crate) mod tests {
             attempts: 0,
             ..UsageRecord::new(key, model, "openai", "chat_completions")
         }
+    }
+
+    #[tokio::test]
+    async fn a_rolling_window_counts_its_earlier_buckets_and_says_when_enough_ages_out() {
+        use crate::policy::budget::{Budgets, Calendar, Rolling};
+        use crate::records::key::{KeyOrigin, KeyRecord};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        ledger.open_account("k", 100_000).await.expect("open");
+        // 5 hours, $0.000010: 10-minute buckets, 30 earlier ones.
+        let rolling = Rolling { secs: 5 * 3600, cap: 10_000 };
+        assert_eq!((rolling.bucket(), rolling.earlier()), (600, 30));
+        let mut key = KeyRecord::new("k", "k", "default", String::new(), KeyOrigin::Config);
+        key.policy.budgets = Budgets { rolling: vec![rolling], ..Default::default() };
+        let calendar = Calendar::default();
+        let t0 = 1_800_000_000 - 1_800_000_000 % 600;
+        let purses_at = |t: u64| crate::records::purse::purses(&key, None, &calendar, t);
+        // Spent 6,000 in the first bucket.
+        let hold = ledger.hold_from(purses_at(t0 + 5), 6_000).await.expect("db").expect("held");
+        ledger.settle(hold, record("k", "m", 6_000, t0 * 1000)).await.expect("settle");
+        // Two hours later, in another bucket: 4,000 left; 5,000 is refused until the first
+        // bucket ages out, 5 hours and one bucket after it began.
+        let later = t0 + 7_200;
+        assert!(ledger.hold_from(purses_at(later), 4_000).await.expect("db").is_ok());
+        let refused = ledger.hold_from(purses_at(later), 5_000).await.expect("db").expect_err("over the cap");
+        let PurseKind::Rolling { frees_at, secs, .. } = refused.kind else { panic!("{refused:?}") };
+        assert_eq!((secs, frees_at), (5 * 3600, Some(t0 + 5 * 3600 + 600)));
+        let e = refused.to_api_error("this request may cost up to", later);
+        assert_eq!(e.retry_after, Some(5 * 3600 + 600 - 7_200));
+        // Held in parallel: the holds in flight count too (none admitted past the cap).
+        let mut admitted = Vec::new();
+        for _ in 0..10 {
+            if let Ok(h) = ledger.hold_from(purses_at(later), 1_000).await.expect("db") {
+                admitted.push(h);
+            }
+        }
+        assert_eq!(admitted.len(), 4);
+        drop(admitted);
+        // Past it, the first bucket no longer counts.
+        let aged = t0 + 5 * 3600 + 600;
+        assert!(ledger.hold_from(purses_at(aged), 10_000).await.expect("db").is_ok());
+        assert!(ledger.hold_from(purses_at(aged - 1), 10_000).await.expect("db").is_err());
     }
 
     #[tokio::test]

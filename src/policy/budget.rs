@@ -1,5 +1,6 @@
 //! Spend windows: caps on what a key or a shared account may spend per calendar day, week
-//! (from Monday) and month, in `billing.timezone`.
+//! (from Monday) and month, in `billing.timezone`, or over a rolling duration (`5h`, `24h`,
+//! `7d`: the trailing window, see [`Rolling`]).
 //!
 //! A window's spend is kept as its own balance in the money store, named by its owner, its
 //! kind and the unix time it starts ([`window_purse`]): it starts at 0 and each booking debits
@@ -41,6 +42,81 @@ pub struct Budgets {
     pub week: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub month: Option<i64>,
+    /// Rolling windows, shortest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rolling: Vec<Rolling>,
+}
+
+/// The shortest and longest rolling window.
+const ROLLING_MIN_SECS: u64 = 60;
+const ROLLING_MAX_SECS: u64 = 366 * 86_400;
+/// A rolling window is summed over at most this many buckets, and one more.
+const ROLLING_BUCKETS: u64 = 48;
+/// The bucket sizes a rolling window may have (seconds; past a day, whole days).
+const BUCKET_SIZES: [u64; 12] = [60, 120, 300, 600, 900, 1800, 3600, 7200, 10_800, 21_600, 43_200, 86_400];
+
+/// A cap on the spend of the trailing `secs` seconds.
+///
+/// Its spend is kept in buckets of [`Rolling::bucket`] seconds, each a balance of the money
+/// store like a calendar window's (`win:<owner>:r<secs>:<until>`, `until` the time its spend
+/// stops counting). A call is held in the current bucket, with the cap less what the window's
+/// earlier buckets spent and hold as its credit, checked under the store's lock (on a fleet, in
+/// the database's lease transaction), so parallel calls cannot overrun it. A spend counts from
+/// its hold until between `secs` and `secs + bucket` later — never less: the window never
+/// admits more than its cap over any `secs`, and frees what it holds at most one bucket late.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rolling {
+    pub secs: u64,
+    /// nano-USD.
+    pub cap: i64,
+}
+
+impl Rolling {
+    /// Its bucket: the smallest of [`BUCKET_SIZES`] (past them, whole days) that splits it
+    /// into at most [`ROLLING_BUCKETS`].
+    pub fn bucket(self) -> u64 {
+        let least = self.secs.div_ceil(ROLLING_BUCKETS);
+        BUCKET_SIZES.iter().copied().find(|&b| b >= least).unwrap_or_else(|| least.div_ceil(86_400) * 86_400)
+    }
+
+    /// How many buckets before the current one still count.
+    pub fn earlier(self) -> u64 {
+        self.secs.div_ceil(self.bucket())
+    }
+
+    /// Its name as written: `90m`, `5h`, `48h`, `7d` (days past two).
+    pub fn label(self) -> String {
+        match self.secs {
+            s if s % 86_400 == 0 && s > 2 * 86_400 => format!("{}d", s / 86_400),
+            s if s % 3_600 == 0 => format!("{}h", s / 3_600),
+            s => format!("{}m", s / 60),
+        }
+    }
+
+    /// A duration as written (`m`, `h`, `d`; 1 minute to 366 days), in seconds.
+    pub fn parse_label(label: &str) -> Option<u64> {
+        let unit = match label.as_bytes().last()? {
+            b'm' => 60,
+            b'h' => 3_600,
+            b'd' => 86_400,
+            _ => return None,
+        };
+        let digits = &label[..label.len() - 1];
+        if digits.is_empty() || digits.len() > 6 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let secs = digits.parse::<u64>().ok()?.checked_mul(unit)?;
+        (ROLLING_MIN_SECS..=ROLLING_MAX_SECS).contains(&secs).then_some(secs)
+    }
+
+    /// The buckets that count at `now`: each one's start and the time its spend stops
+    /// counting, the current one first.
+    pub fn buckets(self, now: u64) -> impl Iterator<Item = (u64, u64)> {
+        let bucket = self.bucket();
+        let current = now - now % bucket;
+        let span = (self.earlier() + 1) * bucket;
+        (0..=self.earlier()).filter_map(move |k| current.checked_sub(k * bucket)).map(move |start| (start, start + span))
+    }
 }
 
 /// Caps per window in USD, as the configuration file and the admin API give them; a window
@@ -53,6 +129,9 @@ pub struct BudgetsInput {
     pub week: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub month: Option<f64>,
+    /// Rolling windows by their name (`5h`, `24h`, `7d`).
+    #[serde(flatten)]
+    pub rolling: std::collections::BTreeMap<String, f64>,
 }
 
 impl<'de> Deserialize<'de> for BudgetsInput {
@@ -64,7 +143,15 @@ impl<'de> Deserialize<'de> for BudgetsInput {
                 "day" => &mut input.day,
                 "week" => &mut input.week,
                 "month" => &mut input.month,
-                _ => return Err(serde::de::Error::custom(format!("budgets: '{name}' is not a window (day, week or month)"))),
+                _ if Rolling::parse_label(&name).is_some() => {
+                    input.rolling.insert(name, usd);
+                    continue;
+                }
+                _ => {
+                    return Err(serde::de::Error::custom(format!(
+                        "budgets: '{name}' is not a window (day, week, month, or a duration: 30m, 5h, 7d — 1 minute to 366 days)"
+                    )))
+                }
             };
             *slot = Some(usd);
         }
@@ -74,7 +161,7 @@ impl<'de> Deserialize<'de> for BudgetsInput {
 
 impl Budgets {
     pub fn is_empty(&self) -> bool {
-        self.day.is_none() && self.week.is_none() && self.month.is_none()
+        self.day.is_none() && self.week.is_none() && self.month.is_none() && self.rolling.is_empty()
     }
 
     /// The cap of `window`, if one is set.
@@ -101,16 +188,38 @@ impl Budgets {
             Some(usd) => Ok(Some(crate::base::money::usd_to_nanos(usd))),
             None => Ok(None),
         };
+        let mut rolling = Vec::with_capacity(input.rolling.len());
+        for (label, &usd) in &input.rolling {
+            let secs = Rolling::parse_label(label)
+                .ok_or_else(|| super::PolicyError::new(format!("budgets.{label}"), "a duration: 30m, 5h, 7d (1 minute to 366 days)"))?;
+            if !(usd.is_finite() && usd > 0.0 && usd <= 1e6) {
+                return Err(super::PolicyError::new(format!("budgets.{label}"), "a positive number of USD, at most 1000000"));
+            }
+            if rolling.iter().any(|r: &Rolling| r.secs == secs) {
+                return Err(super::PolicyError::new(format!("budgets.{label}"), "the same duration is written twice"));
+            }
+            rolling.push(Rolling { secs, cap: crate::base::money::usd_to_nanos(usd) });
+        }
+        if rolling.len() > 8 {
+            return Err(super::PolicyError::new("budgets", "at most 8 rolling windows"));
+        }
+        rolling.sort_by_key(|r| r.secs);
         Ok(Budgets {
             day: nanos(Window::Day, input.day)?,
             week: nanos(Window::Week, input.week)?,
             month: nanos(Window::Month, input.month)?,
+            rolling,
         })
     }
 
     pub fn input(&self) -> BudgetsInput {
         let usd = |n: Option<i64>| n.map(crate::base::money::usd);
-        BudgetsInput { day: usd(self.day), week: usd(self.week), month: usd(self.month) }
+        BudgetsInput {
+            day: usd(self.day),
+            week: usd(self.week),
+            month: usd(self.month),
+            rolling: self.rolling.iter().map(|r| (r.label(), crate::base::money::usd(r.cap))).collect(),
+        }
     }
 }
 
@@ -259,7 +368,36 @@ pub fn window_purse(owner: &Owner<'_>, window: Window, start: u64) -> String {
     id
 }
 
-/// The start (unix seconds) of the window a purse id names, if it names one.
+/// The money-store name of a rolling window's bucket: `win:<owner>:r<secs>:<until>`, `until`
+/// the time its spend stops counting (so it is forgotten as a calendar window is, by its last
+/// number).
+pub fn rolling_purse(owner: &Owner<'_>, secs: u64, until: u64) -> String {
+    let (prefix, name) = match owner {
+        Owner::Key(id) => ("win:", *id),
+        Owner::Account(name) => ("win:acct:", *name),
+        Owner::Person(subject) => ("win:person:", *subject),
+    };
+    let mut id = String::with_capacity(prefix.len() + name.len() + 24);
+    id.push_str(prefix);
+    id.push_str(name);
+    id.push_str(":r");
+    id.push_str(itoa::Buffer::new().format(secs));
+    id.push(':');
+    id.push_str(itoa::Buffer::new().format(until));
+    id
+}
+
+/// When a rolling window bucket's spend stops counting, if `id` names one.
+pub fn rolling_until(id: &str) -> Option<u64> {
+    let rest = id.strip_prefix("win:")?;
+    let (head, until) = rest.rsplit_once(':')?;
+    let (_, secs) = head.rsplit_once(':')?;
+    let digits = secs.strip_prefix('r')?;
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| until.parse().ok()).flatten()
+}
+
+/// The last number of a window's purse id: a calendar window's start, a rolling window
+/// bucket's end of counting; None for any other purse.
 pub fn window_start(id: &str) -> Option<u64> {
     id.strip_prefix("win:")?.rsplit(':').next()?.parse().ok()
 }
@@ -314,8 +452,45 @@ mod tests {
     }
 
     #[test]
+    fn rolling_windows_are_named_by_duration_and_kept_in_buckets() {
+        for (label, secs, bucket, earlier) in [
+            ("1m", 60, 60, 1),
+            ("90m", 5_400, 120, 45),
+            ("5h", 18_000, 600, 30),
+            ("24h", 86_400, 1_800, 48),
+            ("7d", 604_800, 21_600, 28),
+            ("366d", 366 * 86_400, 8 * 86_400, 46),
+        ] {
+            assert_eq!(Rolling::parse_label(label), Some(secs), "{label}");
+            let r = Rolling { secs, cap: 1 };
+            assert_eq!((r.bucket(), r.earlier()), (bucket, earlier), "{label}");
+            assert_eq!(r.label(), label);
+            // The current bucket and the earlier ones, each counting (earlier + 1) buckets.
+            let now = 1_800_000_123;
+            let all: Vec<(u64, u64)> = r.buckets(now).collect();
+            assert_eq!(all.len() as u64, earlier + 1);
+            assert!(all[0].0 <= now && now < all[0].0 + bucket);
+            assert!(all.iter().all(|(start, until)| until - start == (earlier + 1) * bucket && until - start >= secs));
+        }
+        for bad in ["0m", "367d", "5", "h", "5w", "-5h", "1.5h", "59s"] {
+            assert_eq!(Rolling::parse_label(bad), None, "{bad}");
+        }
+        let input: BudgetsInput = serde_json::from_str(r#"{"5h": 2, "24h": 10, "day": 3}"#).expect("input");
+        let b = Budgets::parse(&input).expect("valid");
+        assert_eq!(b.rolling, vec![Rolling { secs: 18_000, cap: 2_000_000_000 }, Rolling { secs: 86_400, cap: 10_000_000_000 }]);
+        assert_eq!(Budgets::parse(&b.input()), Ok(b.clone()));
+        assert_eq!(serde_json::to_value(b.input()).expect("json"), serde_json::json!({"day": 3.0, "5h": 2.0, "24h": 10.0}));
+        let id = rolling_purse(&Owner::Account("team"), 18_000, 1_800_018_600);
+        assert_eq!(id, "win:acct:team:r18000:1800018600");
+        assert_eq!((rolling_until(&id), window_start(&id)), (Some(1_800_018_600), Some(1_800_018_600)));
+        assert_eq!(rolling_until(&window_purse(&Owner::Key("k"), Window::Day, 5)), None);
+        let e = Budgets::parse(&BudgetsInput { rolling: [("5h".to_string(), -1.0)].into(), ..Default::default() }).unwrap_err();
+        assert!(e.to_string().starts_with("budgets.5h"), "{e}");
+    }
+
+    #[test]
     fn caps_are_validated_by_window() {
-        let b = Budgets::parse(&BudgetsInput { day: Some(1.5), week: None, month: Some(20.0) }).expect("valid");
+        let b = Budgets::parse(&BudgetsInput { day: Some(1.5), week: None, month: Some(20.0), ..Default::default() }).expect("valid");
         assert_eq!(b.caps().collect::<Vec<_>>(), vec![(Window::Day, 1_500_000_000), (Window::Month, 20_000_000_000)]);
         assert_eq!(Budgets::parse(&b.input()), Ok(b));
         for (bad, field) in [

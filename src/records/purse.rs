@@ -3,7 +3,7 @@
 //! calendar; how a purse is held and debited is the money store's.
 
 use crate::base::money::usd;
-use crate::policy::budget::{account_purse, window_purse, Budgets, Calendar, Owner};
+use crate::policy::budget::{account_purse, rolling_purse, window_purse, Budgets, Calendar, Owner};
 use crate::records::key::{AccountRecord, KeyRecord};
 use std::sync::Arc;
 
@@ -17,6 +17,9 @@ pub struct Purse {
     pub id: String,
     pub credit: i64,
     pub kind: PurseKind,
+    /// Purses whose spend and holds count against this one's credit too (a rolling window's
+    /// earlier buckets), read under the same lock as it.
+    pub linked: Vec<String>,
 }
 
 /// What a purse is, to say why a request was refused.
@@ -30,12 +33,19 @@ pub enum PurseKind {
         window: crate::policy::budget::Window,
         end: u64,
     },
+    /// A rolling window of the key or its account: `secs` long; `frees_at`, when a refusal
+    /// found it, the first time enough of its spend ages out to admit the call.
+    Rolling {
+        account: Option<Arc<str>>,
+        secs: u64,
+        frees_at: Option<u64>,
+    },
 }
 
 impl Purse {
     /// A key's own balance, alone.
     pub fn key(key_id: &str) -> Purse {
-        Purse { id: key_id.to_string(), credit: 0, kind: PurseKind::Key }
+        Purse { id: key_id.to_string(), credit: 0, kind: PurseKind::Key, linked: Vec::new() }
     }
 }
 
@@ -79,8 +89,8 @@ pub fn window_owner(key: &KeyRecord) -> Owner<'_> {
 /// key's balance, the account's balance. A member's key (a person's key on a team) draws on
 /// the team's account: its own balance bounds it only when a team admin set it an allowance.
 pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, calendar: &Calendar, now: u64) -> Vec<Purse> {
-    let account_windows = account.map_or(0, |a| a.budgets.caps().count());
-    let mut out = Vec::with_capacity(key.policy.budgets.caps().count() + account_windows + 2);
+    let count = |b: &Budgets| b.caps().count() + b.rolling.len();
+    let mut out = Vec::with_capacity(count(&key.policy.budgets) + account.map_or(0, |a| count(&a.budgets)) + 2);
     let name: Option<std::sync::Arc<str>> = account.map(|a| a.name.as_str().into());
     let mut windows = |owner: Owner<'_>, budgets: &Budgets| {
         for (window, cap) in budgets.caps() {
@@ -89,7 +99,26 @@ pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, calendar: &Calen
                 Owner::Key(_) | Owner::Person(_) => None,
                 Owner::Account(_) => name.clone(),
             };
-            out.push(Purse { id: window_purse(&owner, window, start), credit: cap, kind: PurseKind::Window { account: of, window, end } });
+            out.push(Purse {
+                id: window_purse(&owner, window, start),
+                credit: cap,
+                kind: PurseKind::Window { account: of, window, end },
+                linked: Vec::new(),
+            });
+        }
+        for rolling in &budgets.rolling {
+            let of = match owner {
+                Owner::Key(_) | Owner::Person(_) => None,
+                Owner::Account(_) => name.clone(),
+            };
+            let mut buckets = rolling.buckets(now).map(|(_, until)| rolling_purse(&owner, rolling.secs, until));
+            let Some(current) = buckets.next() else { continue };
+            out.push(Purse {
+                id: current,
+                credit: rolling.cap,
+                kind: PurseKind::Rolling { account: of, secs: rolling.secs, frees_at: None },
+                linked: buckets.collect(),
+            });
         }
     };
     windows(window_owner(key), &key.policy.budgets);
@@ -97,9 +126,9 @@ pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, calendar: &Calen
         windows(Owner::Account(&a.name), &a.budgets);
     }
     let credit = if key.spends_team_alone() && account.is_some() { UNBOUNDED } else { 0 };
-    out.push(Purse { id: key.id.clone(), credit, kind: PurseKind::Key });
+    out.push(Purse { id: key.id.clone(), credit, kind: PurseKind::Key, linked: Vec::new() });
     if let (Some(a), Some(name)) = (account, name) {
-        out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(name) });
+        out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(name), linked: Vec::new() });
     }
     out
 }

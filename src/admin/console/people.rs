@@ -420,7 +420,12 @@ async fn set_policy(api: &AdminApi, req: &Request, person: &Person, team: &str) 
         models: (!models.is_empty()).then_some(models),
         rpm: number("rpm")?.map(|v| v as u32),
         tpm: number("tpm")?.map(|v| v as u64),
-        budgets: Some(crate::policy::budget::BudgetsInput { day: number("day")?, week: number("week")?, month: number("month")? }),
+        budgets: Some(crate::policy::budget::BudgetsInput {
+            day: number("day")?,
+            week: number("week")?,
+            month: number("month")?,
+            ..Default::default()
+        }),
         max_days: number("max_days")?.map(|v| v as u32),
     };
     let ceiling = input.parse()?;

@@ -57,7 +57,7 @@ use std::time::{Duration, Instant};
 pub const LEASE_CHUNK: i64 = 1_000_000_000;
 
 /// What this node holds of one key's money.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 struct Local {
     /// This node's lease (the database's `leases.amount`, less nothing until a flush).
     lease: i64,
@@ -79,6 +79,9 @@ struct Local {
     refilling: bool,
     /// How far below zero the purse may go (a spend window's cap), as its last hold said.
     credit: i64,
+    /// The purses whose spend and leases count against its credit too (a rolling window's
+    /// earlier buckets), as its last lease said.
+    linked: Vec<String>,
 }
 
 /// What a hold from memory found.
@@ -174,13 +177,19 @@ impl FleetAccounts {
 
     /// Hold `amount` of a key's balance for a request (see [`Self::hold_within`]).
     pub async fn hold(&self, key_id: &str, amount: i64) -> Result<Result<FleetHold, Insufficient>, PgError> {
-        self.hold_within(key_id, amount, 0).await
+        self.hold_within(key_id, amount, 0, &[]).await
     }
 
     /// Hold `amount` of a purse that may go `credit` below zero (a spend window: its cap), for
     /// a request: from this node's fresh lease when it covers it, else by leasing more from the
     /// database, where what is free is `balance + credit − leased`.
-    pub async fn hold_within(&self, key_id: &str, amount: i64, credit: i64) -> Result<Result<FleetHold, Insufficient>, PgError> {
+    pub async fn hold_within(
+        &self,
+        key_id: &str,
+        amount: i64,
+        credit: i64,
+        linked: &[String],
+    ) -> Result<Result<FleetHold, Insufficient>, PgError> {
         let amount = amount.max(0);
         let held = || FleetHold { key_id: key_id.to_string(), amount };
         match self.hold_locally(key_id, amount) {
@@ -202,6 +211,9 @@ impl FleetAccounts {
             // back the whole lease of a key it finds quiet).
             local.last_used = Some(Instant::now());
             local.credit = credit;
+            if local.linked != linked {
+                local.linked = linked.to_vec();
+            }
             let fresh = local.fresh_until.is_some_and(|t| Instant::now() < t);
             if fresh && local.free() >= amount && (amount > 0 || local.free() >= 0) {
                 local.held += amount;
@@ -213,7 +225,7 @@ impl FleetAccounts {
         };
         let short = amount - covered;
         let sent = Instant::now();
-        let leased = self.lease_more(key_id, short, credit, false).await;
+        let leased = self.lease_more(key_id, short, credit, linked, false).await;
         let mut state = self.lock_state();
         let local = state.keys.entry(key_id.to_string()).or_default();
         let (granted, total) = match leased {
@@ -283,11 +295,11 @@ impl FleetAccounts {
                 local.refilling = false;
                 return Ok(());
             }
-            (local.hold_size.max(1), local.credit)
+            (local.hold_size.max(1), local.credit, local.linked.clone())
         };
-        let (size, credit) = size;
+        let (size, credit, linked) = size;
         let sent = Instant::now();
-        let leased = self.lease_more(key_id, size, credit, true).await;
+        let leased = self.lease_more(key_id, size, credit, &linked, true).await;
         let mut state = self.lock_state();
         let local = state.keys.entry(key_id.to_string()).or_default();
         local.refilling = false;
@@ -308,7 +320,14 @@ impl FleetAccounts {
     /// such holds, else exactly `short` (with `chunk_only`, nothing); (granted, the lease's new
     /// total). Err(what is free) when `balance − leased` is below `short` (or the balance is
     /// negative).
-    async fn lease_more(&self, key_id: &str, short: i64, credit: i64, chunk_only: bool) -> Result<Result<(i64, i64), i64>, PgError> {
+    async fn lease_more(
+        &self,
+        key_id: &str,
+        short: i64,
+        credit: i64,
+        linked: &[String],
+        chunk_only: bool,
+    ) -> Result<Result<(i64, i64), i64>, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
         if credit > 0 {
@@ -322,7 +341,19 @@ impl FleetAccounts {
             return Ok(Err(0));
         };
         let (balance, leased): (i64, i64) = (row.get(0), row.get(1));
-        let balance = balance.saturating_add(credit);
+        let mut balance = balance.saturating_add(credit);
+        if !linked.is_empty() {
+            // A rolling window's earlier buckets: what they spent and what nodes lease of them
+            // is taken from the credit. Read-locked (newest first, after the current bucket:
+            // the one order every lease takes), so no lease of one of them is granted meanwhile.
+            let rows =
+                tx.query("SELECT balance, leased FROM accounts WHERE key_id = ANY($1) ORDER BY key_id DESC FOR SHARE", &[&linked]).await?;
+            self.pg.count(1);
+            for r in rows {
+                let (b, l): (i64, i64) = (r.get(0), r.get(1));
+                balance = balance.saturating_add(b).saturating_sub(l);
+            }
+        }
         let free = balance - leased;
         if free < short || (short >= 0 && balance < 0) {
             self.pg.count(1);

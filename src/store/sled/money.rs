@@ -118,6 +118,17 @@ impl SledMoney {
         self.with(map, key_id, |a| *a)
     }
 
+    /// What a purse may go below zero: its credit, less what its linked purses (a rolling
+    /// window's earlier buckets) spent and hold — read under the caller's lock.
+    fn credit(&self, map: &mut Purses, purse: &Purse) -> Result<i64, StoreError> {
+        let mut credit = purse.credit;
+        for id in &purse.linked {
+            let acc = self.load(map, id)?;
+            credit = credit.saturating_add(acc.balance).saturating_sub(acc.held);
+        }
+        Ok(credit)
+    }
+
     /// Apply `f` to the purse's account, loaded first if this process has not seen it yet
     /// (one map lookup when it has).
     fn with<R>(&self, map: &mut Purses, id: &str, f: impl FnOnce(&mut Account) -> R) -> Result<R, StoreError> {
@@ -182,7 +193,8 @@ impl SledMoney {
         if self.handing_over.load(Ordering::SeqCst) || self.slot.is_released() {
             for (i, p) in check.unwrap_or_default().iter().enumerate() {
                 let acc = map.get(&p.id).copied().unwrap_or_default();
-                if let Err(short) = acc.covers(cost, p.credit) {
+                let linked: i64 = p.linked.iter().filter_map(|id| map.get(id)).map(|a| a.balance - a.held).sum();
+                if let Err(short) = acc.covers(cost, p.credit.saturating_add(linked)) {
                     return Ok(Queued::Refused(i, short));
                 }
             }
@@ -190,7 +202,8 @@ impl SledMoney {
         }
         let mut acc = self.load(&mut map, &record.key_id)?;
         for (i, p) in check.unwrap_or_default().iter().enumerate() {
-            if let Err(short) = self.load(&mut map, &p.id)?.covers(cost, p.credit) {
+            let credit = self.credit(&mut map, p)?;
+            if let Err(short) = self.load(&mut map, &p.id)?.covers(cost, credit) {
                 return Ok(Queued::Refused(i, short));
             }
         }
@@ -372,6 +385,11 @@ impl SledMoney {
                 n += 1;
             }
         }
+        // A rolling window's buckets that no longer count leave memory (what one spent stays
+        // stored until the cut above): the retention runs hourly, so a key's rolling window
+        // keeps at most its buckets and an hour's more in memory.
+        let now = crate::base::clock::now_unix();
+        map.retain(|id, a| a.held != 0 || crate::policy::budget::rolling_until(id).is_none_or(|until| until > now));
         Ok(n)
     }
 
@@ -454,8 +472,9 @@ impl MoneyStore for SledMoney {
     async fn hold(&self, purses: &[Purse], amount: i64) -> Result<Result<(), (usize, Insufficient)>, StoreError> {
         let mut map = self.accounts();
         for (i, p) in purses.iter().enumerate() {
+            let credit = self.credit(&mut map, p)?;
             let held = self.with(&mut map, &p.id, |acc| {
-                acc.covers(amount, p.credit)?;
+                acc.covers(amount, credit)?;
                 acc.held = acc.held.saturating_add(amount);
                 Ok(())
             });
