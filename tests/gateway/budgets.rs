@@ -355,3 +355,86 @@ async fn video_tasks_follow_the_keys_model_rules_and_windows() {
     assert_eq!(u["tags"][0]["value"], "film", "the charge carries the key's tags: {u}");
     assert_eq!(nanos(&u["balance"]), 5_000_000_000 - 250_000_000);
 }
+
+/// The faked wall clock of a gateway started with [`faked_clock_env`]: frozen at the time
+/// written to its file, moved by writing another.
+struct FakeClock {
+    file: std::path::PathBuf,
+}
+
+impl FakeClock {
+    fn set(&self, unix: u64) {
+        let at = jiff::Timestamp::from_second(unix as i64).expect("time").strftime("%Y-%m-%d %H:%M:%S").to_string();
+        std::fs::write(&self.file, at).expect("write the fake time");
+    }
+}
+
+#[tokio::test]
+async fn a_rolling_window_admits_what_fits_and_frees_at_the_second_its_retry_after_names() {
+    const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(std::path::Path::new(LIBFAKETIME).exists(), "libfaketime is needed (Debian package faketime; .ci/run installs it)");
+    const ROLLING_KEY: &str = "sk-budget-rolling-0001";
+    let mock = start_mock();
+    let dir = tempfile::tempdir().expect("dir");
+    let clock = FakeClock { file: dir.path().join("now") };
+    // 10:00 UTC: a bucket of the 5-hour window (10 minutes) starts.
+    let t0 = 1_795_860_000;
+    assert_eq!(t0 % 600, 0);
+    clock.set(t0);
+    // Output at $8 per 1M and nothing for input: 12,500 tokens are held at exactly $0.10.
+    let listed = format!("  alpha-5.5: {{ input: {}, output: {} }}\n", 2.0f64, 8.0f64);
+    let body = standard_config(mock.port).replacen(&listed, "  alpha-5.5: { input: 0, output: 8 }\n", 1);
+    assert!(body.contains("alpha-5.5: { input: 0, output: 8 }"));
+    let body = with_key(&body, &format!("{{ key: {ROLLING_KEY}, name: rolling, group: default, balance: 100.0, budgets: {{ 5h: 2.0 }} }}"));
+    let file = clock.file.to_string_lossy().into_owned();
+    let gw = start_gateway_env(
+        &body,
+        &[
+            ("LD_PRELOAD", LIBFAKETIME),
+            ("FAKETIME_TIMESTAMP_FILE", &file),
+            ("FAKETIME_NO_CACHE", "1"),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    );
+    let call = |held: Option<usize>| {
+        let mut r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(ROLLING_KEY)
+            .header("x-mock-usage", "0,12500")
+            .json(&json!({"model": "alpha-5.5", "max_tokens": 12500, "stream": true, "messages": [{"role": "user", "content": "hi"}]}));
+        if let Some(i) = held {
+            r = r.header("x-mock-hold", format!("rolling-{i}"));
+        }
+        r.send()
+    };
+    // 40 at once, each held at $0.10 while the mock holds its answer: exactly 20 fit $2.
+    let answers = futures_util::future::join_all((0..40).map(|i| call(Some(i)))).await;
+    let statuses: Vec<u16> = answers.iter().map(|r| r.as_ref().expect("answer").status().as_u16()).collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 20, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 20, "{statuses:?}");
+    for i in 0..40 {
+        client().post(mock.url(&format!("/__mock/release?token=rolling-{i}"))).send().await.expect("release");
+    }
+    for answer in answers.into_iter().flatten() {
+        let _ = answer.text().await;
+    }
+    // Spent $2: refused until the first bucket ages out, 5 hours and one bucket after it began.
+    let refused = call(None).await.expect("call");
+    assert_eq!(refused.status(), 429);
+    let retry: u64 = refused.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()).expect("Retry-After");
+    assert_eq!(retry, 5 * 3600 + 600);
+    let err: Value = refused.json().await.expect("json");
+    assert_eq!(err["error"]["code"], "budget_exceeded", "{err}");
+    let usage: Value = client().get(gw.url("/v1/usage")).bearer_auth(ROLLING_KEY).send().await.expect("usage").json().await.expect("json");
+    assert_eq!(usage["budgets"]["5h"]["spent"], 2.0, "{usage}");
+    assert_eq!(usage["budgets"]["5h"]["next_frees_at"], "2026-11-28T15:10:00Z", "{usage}");
+    // One second before: still refused; at the second it named: admitted.
+    clock.set(t0 + retry - 1);
+    let before = call(None).await.expect("call");
+    assert_eq!(before.status(), 429);
+    assert_eq!(before.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    clock.set(t0 + retry);
+    let after = call(None).await.expect("call");
+    assert_eq!(after.status(), 200);
+    let _ = after.text().await;
+}
