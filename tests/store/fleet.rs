@@ -648,3 +648,71 @@ async fn a_batch_created_on_a_is_completed_by_another_node_after_a_was_killed_an
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_window_over_three_nodes_is_never_overrun_across_its_buckets() {
+    const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(std::path::Path::new(LIBFAKETIME).exists(), "libfaketime is needed (Debian package faketime; .ci/run installs it)");
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let dir = tempfile::tempdir().expect("dir");
+    let clock = dir.path().join("now");
+    let set = |unix: u64| {
+        let at = jiff::Timestamp::from_second(unix as i64).expect("time").strftime("%Y-%m-%d %H:%M:%S").to_string();
+        std::fs::write(&clock, at).expect("fake time");
+    };
+    // A 5-hour window of $1 (100 one-cent calls) in 10-minute buckets; 10:00 UTC starts one.
+    let t0 = 1_795_860_000;
+    set(t0);
+    let secret = "sk-fleet-key-rolling-window-000000001";
+    let keys = format!("  - {{ key: {secret}, name: rolling, group: default, balance: 100, budgets: {{ 5h: 1.0 }} }}");
+    let file = clock.to_string_lossy().into_owned();
+    let env = [
+        ("LD_PRELOAD", LIBFAKETIME),
+        ("FAKETIME_TIMESTAMP_FILE", file.as_str()),
+        ("FAKETIME_NO_CACHE", "1"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let nodes: Vec<Node> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .map(|n| {
+            let (body, admin) = node_config(mock.port, &pg, n, &keys, "");
+            Node { gw: start_gateway_env(&body, &env), admin }
+        })
+        .collect();
+    let c = client();
+    let ok = |answers: &[u16]| answers.iter().filter(|s| **s == 200).count();
+    // 60 in the first bucket.
+    let first = spread(&c, &nodes, 60, secret).await;
+    assert_eq!(ok(&first), 60, "{first:?}");
+    // The next bucket: the first one's 60 still count; 240 calls find room for 40 at most.
+    set(t0 + 600);
+    let second = spread(&c, &nodes, 240, secret).await;
+    let admitted = ok(&second);
+    assert!(admitted <= 40, "the window was overrun: {admitted} admitted beside the 60 before it");
+    let logs: String = nodes
+        .iter()
+        .map(|n| n.gw.log())
+        .flat_map(|l| l.lines().filter(|l| l.contains("WARN") || l.contains("ERROR")).map(str::to_string).collect::<Vec<_>>())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(second.iter().all(|s| *s == 200 || *s == 429), "{second:?}\n{logs}");
+    // When the first bucket ages out (5 hours and one bucket after it began), its 60 are free
+    // again; the second bucket's still count.
+    set(t0 + 5 * 3600 + 600);
+    let third = spread(&c, &nodes, 150, secret).await;
+    let freed = ok(&third);
+    assert!(freed <= 100 - admitted, "{freed} admitted beside the {admitted} of the window");
+    assert!(freed >= 30, "the aged-out spend was not given back: {freed}");
+    eprintln!("rolling window over three nodes: {admitted} admitted in the second bucket (room for 40), {freed} once the first aged out (room for {})", 100 - admitted);
+    // Every admitted call was billed once.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let u = usage(&nodes[1].gw, secret).await;
+        if u["total"]["requests"] == (60 + admitted + freed) as u64 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "every node's records never reached the database: {u}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

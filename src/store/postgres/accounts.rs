@@ -330,6 +330,20 @@ impl FleetAccounts {
     ) -> Result<Result<(i64, i64), i64>, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
+        // A rolling window's earlier buckets: what they spent and what nodes lease of them is
+        // taken from the credit. Read-locked first — their ids sort before the current
+        // bucket's, and rows are locked in key order here as everywhere — so no lease of one
+        // of them is granted meanwhile.
+        let mut earlier = 0i64;
+        if !linked.is_empty() {
+            let rows =
+                tx.query("SELECT balance, leased FROM accounts WHERE key_id = ANY($1) ORDER BY key_id FOR SHARE", &[&linked]).await?;
+            self.pg.count(1);
+            for r in rows {
+                let (b, l): (i64, i64) = (r.get(0), r.get(1));
+                earlier = earlier.saturating_add(b).saturating_sub(l);
+            }
+        }
         if credit > 0 {
             // A purse with credit (a new spend window) starts at zero, made on first use.
             tx.execute("INSERT INTO accounts (key_id, balance) VALUES ($1, 0) ON CONFLICT (key_id) DO NOTHING", &[&key_id]).await?;
@@ -341,19 +355,7 @@ impl FleetAccounts {
             return Ok(Err(0));
         };
         let (balance, leased): (i64, i64) = (row.get(0), row.get(1));
-        let mut balance = balance.saturating_add(credit);
-        if !linked.is_empty() {
-            // A rolling window's earlier buckets: what they spent and what nodes lease of them
-            // is taken from the credit. Read-locked (newest first, after the current bucket:
-            // the one order every lease takes), so no lease of one of them is granted meanwhile.
-            let rows =
-                tx.query("SELECT balance, leased FROM accounts WHERE key_id = ANY($1) ORDER BY key_id DESC FOR SHARE", &[&linked]).await?;
-            self.pg.count(1);
-            for r in rows {
-                let (b, l): (i64, i64) = (r.get(0), r.get(1));
-                balance = balance.saturating_add(b).saturating_sub(l);
-            }
-        }
+        let balance = balance.saturating_add(credit).saturating_add(earlier);
         let free = balance - leased;
         if free < short || (short >= 0 && balance < 0) {
             self.pg.count(1);
