@@ -67,6 +67,11 @@ impl CeilingInput {
         }
         let budgets =
             self.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
+        if let Some(r) = budgets.rolling.first() {
+            // A ceiling bounds each member key's calendar windows; a rolling one is not one of them.
+            return Err(bad(format!("budgets.{}: a member ceiling takes day, week and month", r.label()))
+                .with_param(&format!("budgets.{}", r.label())));
+        }
         Ok(crate::records::key::Ceiling { models: self.models, rpm: self.rpm, tpm: self.tpm, budgets, max_days: self.max_days })
     }
 }

@@ -543,7 +543,8 @@ pub(crate) mod tests {
         let mut key = KeyRecord::new("k", "k", "default", String::new(), KeyOrigin::Config);
         key.policy.budgets = Budgets { rolling: vec![rolling], ..Default::default() };
         let calendar = Calendar::default();
-        let t0 = 1_800_000_000 - 1_800_000_000 % 600;
+        let t0: u64 = 1_799_999_400; // a 10-minute bucket starts
+        assert_eq!(t0 % 600, 0);
         let purses_at = |t: u64| crate::records::purse::purses(&key, None, &calendar, t);
         // Spent 6,000 in the first bucket.
         let hold = ledger.hold_from(purses_at(t0 + 5), 6_000).await.expect("db").expect("held");
