@@ -33,6 +33,6 @@ write_gateway_config() {
  "groups": {"default": {"platforms": ["openai", "anthropic"], "translate": true${8:-}}},
  "prices": {"alpha-5.5": {"input": 1.0, "output": 2.0}},
  $7
- "keys": [{"key": "sk-bench-0000000000000000000001", "name": "bench", "group": "default", "balance": 1000000000.0}]}
+ "keys": [{"key": "sk-bench-0000000000000000000001", "name": "bench", "group": "default", "balance": 1000000000.0${9:-}}]}
 YAML
 }

@@ -18,6 +18,12 @@
 #             (guardrails on, issue 65: PERF_OTHER_BIN=target/release/tollgate
 #             PERF_OTHER_EXTRA='"guardrails": [{"name": "s", "kind": "secrets"}, {"name": "p", "kind": "pii"}],'
 #             PERF_OTHER_GROUP=', "guardrails": ["s", "p"]' TOLLGATE_WRK_BODY=4k)
+# PERF_EXTRA and PERF_KEY: more top-level members and more members of the key (each preceded by
+# a comma) for the tollgate target; PERF_OTHER_KEY the same for other (issue 66: a key with two
+# rolling windows and an account against a key with a calendar day window:
+# PERF_KEY=', "budgets": {"day": 1000000}' PERF_OTHER_BIN=target/release/tollgate
+# PERF_OTHER_EXTRA='"accounts": [{"name": "team", "balance": 1000000000}],'
+# PERF_OTHER_KEY=', "budgets": {"5h": 100000, "7d": 1000000}, "account": "team"').
 # PERF_SETTLE, when set, is a command run after the warm-up and again after the counted load
 # (before counting stops), for every target alike: it returns once the work the requests left
 # behind is done (a fleet node books its journal a sync round later; see benches/fleet), so the
@@ -69,9 +75,9 @@ NP=$(port)
 sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" -e "s#__PX__#$NP#g" "$here/proxy.conf.tmpl" > "$dir/proxy.conf"
 measure nginx "$NP" nginx -p "$dir" -c "$dir/proxy.conf" -g 'daemon off; master_process off;'
 BP=$(port); measure bare "$BP" "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
-GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" ""
+GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" "${PERF_EXTRA:-}" "" "${PERF_KEY:-}"
 RUST_LOG=warn measure tollgate "$GW" "$PWD/target/release/tollgate" -c "$dir/tollgate.yaml"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
-  GO=$(port); write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" "${PERF_OTHER_EXTRA:-}" "${PERF_OTHER_GROUP:-}"
+  GO=$(port); write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" "${PERF_OTHER_EXTRA:-}" "${PERF_OTHER_GROUP:-}" "${PERF_OTHER_KEY:-}"
   RUST_LOG=warn measure other "$GO" "$PERF_OTHER_BIN" -c "$dir/other.yaml"
 fi

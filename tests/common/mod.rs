@@ -257,6 +257,12 @@ impl Gateway {
         let path = self.dir.path().join("tollgate.yaml");
         self.proc = spawn_gateway(&path, self.proc.port);
     }
+
+    /// Start the daemon again on the same config, data directory and port, with `env`.
+    pub fn start_again_env(&mut self, env: &[(&str, &str)]) {
+        let path = self.dir.path().join("tollgate.yaml");
+        self.proc = spawn_gateway_env(&path, self.proc.port, env);
+    }
 }
 
 /// A `video:` section against the mock's video service on `mock_port`.

@@ -387,18 +387,17 @@ async fn a_rolling_window_admits_what_fits_and_frees_at_the_second_its_retry_aft
     assert!(body.contains("alpha-5.5: { input: 0, output: 8 }"));
     let body = with_key(&body, &format!("{{ key: {ROLLING_KEY}, name: rolling, group: default, balance: 100.0, budgets: {{ 5h: 2.0 }} }}"));
     let file = clock.file.to_string_lossy().into_owned();
-    let gw = start_gateway_env(
-        &body,
-        &[
-            ("LD_PRELOAD", LIBFAKETIME),
-            ("FAKETIME_TIMESTAMP_FILE", &file),
-            ("FAKETIME_NO_CACHE", "1"),
-            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-        ],
-    );
+    let env = [
+        ("LD_PRELOAD", LIBFAKETIME),
+        ("FAKETIME_TIMESTAMP_FILE", file.as_str()),
+        ("FAKETIME_NO_CACHE", "1"),
+        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+    ];
+    let mut gw = start_gateway_env(&body, &env);
+    let url = gw.url("/v1/chat/completions");
     let call = |held: Option<usize>| {
         let mut r = client()
-            .post(gw.url("/v1/chat/completions"))
+            .post(&url)
             .bearer_auth(ROLLING_KEY)
             .header("x-mock-usage", "0,12500")
             .json(&json!({"model": "alpha-5.5", "max_tokens": 12500, "stream": true, "messages": [{"role": "user", "content": "hi"}]}));
@@ -428,6 +427,12 @@ async fn a_rolling_window_admits_what_fits_and_frees_at_the_second_its_retry_aft
     let usage: Value = client().get(gw.url("/v1/usage")).bearer_auth(ROLLING_KEY).send().await.expect("usage").json().await.expect("json");
     assert_eq!(usage["budgets"]["5h"]["spent"], 2.0, "{usage}");
     assert_eq!(usage["budgets"]["5h"]["next_frees_at"], "2026-11-28T15:10:00Z", "{usage}");
+    // Killed and started again: the window's spend is kept.
+    gw.kill_hard();
+    gw.start_again_env(&env);
+    let again = call(None).await.expect("call");
+    assert_eq!(again.status(), 429, "a restart resets nothing");
+    assert_eq!(again.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some(retry.to_string().as_str()));
     // One second before: still refused; at the second it named: admitted.
     clock.set(t0 + retry - 1);
     let before = call(None).await.expect("call");
