@@ -252,6 +252,7 @@ async fn seed(keys: &KeyIndex, ledger: &Ledger, config: &Config) -> Result<(), c
         ledger.open_account(&crate::policy::budget::account_purse(&account.name), usd_to_nanos(account.balance)).await?;
     }
     keys.seed_accounts(&config.accounts).await?;
+    keys.set_tag_limits(config.tag_limits.clone());
     for seed in &config.keys {
         ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await?;
     }

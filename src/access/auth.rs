@@ -87,6 +87,9 @@ pub fn seed_key_id(secret: &str) -> String {
 /// ([`KeyStore`]), and the rules by which the configuration file's `keys:` change them.
 pub struct KeyIndex {
     store: Arc<dyn KeyStore>,
+    /// `tag_limits`: what the keys carrying a tag value share (set from the file at start and
+    /// at each reload).
+    tag_limits: arc_swap::ArcSwap<crate::policy::limits::TagLimits>,
 }
 
 /// The key records to write so that the store follows the configuration file's keys:
@@ -145,14 +148,24 @@ impl KeyIndex {
     /// Apply the configuration file's keys to `store` ([`KeyIndex::seed`]), then authenticate
     /// from its index.
     pub async fn load(store: Arc<dyn KeyStore>, seeds: &[KeyConfig]) -> Result<KeyIndex, StoreError> {
-        let index = KeyIndex { store };
+        let index = KeyIndex::new(store);
         index.seed(seeds).await?;
         Ok(index)
     }
 
     /// Authenticate from `store`'s index, as it is.
     pub fn new(store: Arc<dyn KeyStore>) -> KeyIndex {
-        KeyIndex { store }
+        KeyIndex { store, tag_limits: Default::default() }
+    }
+
+    /// The limits of tag values (`tag_limits`).
+    pub fn tag_limits(&self) -> Arc<crate::policy::limits::TagLimits> {
+        self.tag_limits.load_full()
+    }
+
+    /// Set the limits of tag values (the file's, at start and at each reload).
+    pub fn set_tag_limits(&self, limits: crate::policy::limits::TagLimits) {
+        self.tag_limits.store(Arc::new(limits));
     }
 
     /// The shared account named `name`, from memory.
@@ -183,6 +196,11 @@ impl KeyIndex {
                 entry.push('\n');
                 entry.push_str(&seed.guardrails.join(","));
             }
+            // The same for its rate limits.
+            if !seed.rates.is_empty() {
+                entry.push('\n');
+                entry.push_str(&serde_json::to_string(&seed.rates).unwrap_or_default());
+            }
             let digest = hex(&Sha256::digest(entry.as_bytes())[..16]);
             let record = match existing.get(&seed.name) {
                 Some(old) if old.origin == KeyOrigin::Admin => {
@@ -193,6 +211,7 @@ impl KeyIndex {
                 Some(old) => crate::records::key::AccountRecord {
                     budgets: seed.budgets.clone(),
                     guardrails: seed.guardrails.clone(),
+                    rates: seed.rates,
                     seed_digest: Some(digest),
                     origin: KeyOrigin::Config,
                     ..old.clone()
@@ -207,6 +226,7 @@ impl KeyIndex {
                     member_policy: None,
                     people: Default::default(),
                     guardrails: seed.guardrails.clone(),
+                    rates: seed.rates,
                 },
             };
             self.store.put_account(&record).await?;

@@ -1,5 +1,7 @@
-//! Per-key rate limits: requests per minute (`rpm`), tokens per minute (`tpm`) and requests in
-//! flight (`max_concurrent`).
+//! Rate limits: requests per minute (`rpm`), tokens per minute (`tpm`) and requests in flight
+//! (`max_concurrent`) of a key, and of what its calls count against with it — its account's and
+//! its tag values' (`policy::limits`), each counted under its own id ([`Limited`]), the key's
+//! first: the first that is reached answers.
 //!
 //! On one node `rpm` and `tpm` are leaky buckets (GCRA): each holds what the key used, draining
 //! at the limit per minute, so the count is continuous in time and a minute boundary allows no
@@ -82,8 +84,28 @@ fn rate_limited(message: String, retry_after: u64) -> ApiError {
     e
 }
 
-fn tpm_reached(tpm: u64, retry_after: u64) -> ApiError {
-    rate_limited(format!("Rate limit reached: {tpm} tokens per minute for this key. Retry later."), retry_after)
+fn tpm_reached(tpm: u64, whose: &str, retry_after: u64) -> ApiError {
+    rate_limited(format!("Rate limit reached: {tpm} tokens per minute for {whose}. Retry later."), retry_after)
+}
+
+/// What a call counts against: its key, its account, a tag value it carries.
+#[derive(Debug, Clone)]
+pub struct Limited<'a> {
+    /// Its counts' id: the key's id, `acct:<name>`, `tag:<name>=<value>`.
+    pub id: std::borrow::Cow<'a, str>,
+    pub rates: crate::policy::limits::RateLimits,
+    /// How a refusal names it: `this key`, `the account 'research'`, `the tag team=search`.
+    pub whose: std::borrow::Cow<'a, str>,
+}
+
+impl<'a> Limited<'a> {
+    pub fn key(key: &'a KeyRecord) -> Limited<'a> {
+        Limited {
+            id: key.id.as_str().into(),
+            rates: crate::policy::limits::RateLimits { rpm: key.rpm, tpm: key.tpm, max_concurrent: key.max_concurrent },
+            whose: "this key".into(),
+        }
+    }
 }
 
 /// The value of `id` in `map`, made by `make` when there is none: the id is copied into the
@@ -96,44 +118,48 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// One request of a key counted in flight; released on drop.
+/// One request counted in flight, under each id with a `max_concurrent`; released on drop.
 pub struct Slot {
     limits: Arc<Limits>,
-    key_id: String,
+    ids: Vec<String>,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(fleet) = &self.limits.fleet {
-            fleet.slots.exit(&self.key_id);
-            return;
-        }
-        let mut map = lock(&self.limits.in_flight);
-        if let Some(n) = map.get_mut(&self.key_id) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                map.remove(&self.key_id);
+        for id in &self.ids {
+            if let Some(fleet) = &self.limits.fleet {
+                fleet.slots.exit(id);
+                continue;
+            }
+            let mut map = lock(&self.limits.in_flight);
+            if let Some(n) = map.get_mut(id) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    map.remove(id);
+                }
             }
         }
     }
 }
 
-/// Tokens a request in flight reserved under its key's `tpm`; given back on drop (what it used
-/// is counted by [`Limits::spend_tokens`]).
+/// Tokens a request in flight reserved under each `tpm` it counts against; given back on drop
+/// (what it used is counted by [`Limits::spend_tokens`]).
 pub struct TokenReservation {
     limits: Arc<Limits>,
-    key_id: String,
+    ids: Vec<String>,
     tokens: u64,
 }
 
 impl Drop for TokenReservation {
     fn drop(&mut self) {
-        if let Some(fleet) = &self.limits.fleet {
-            fleet.rates.release_tokens(&self.key_id, self.tokens);
-            return;
-        }
-        if let Some(state) = lock(&self.limits.tokens).get_mut(&self.key_id) {
-            state.in_flight = state.in_flight.saturating_sub(self.tokens);
+        for id in &self.ids {
+            if let Some(fleet) = &self.limits.fleet {
+                fleet.rates.release_tokens(id, self.tokens);
+                continue;
+            }
+            if let Some(state) = lock(&self.limits.tokens).get_mut(id) {
+                state.in_flight = state.in_flight.saturating_sub(self.tokens);
+            }
         }
     }
 }
@@ -146,30 +172,45 @@ impl Limits {
 
     /// Count this request; refuse it when the key is over its `rpm`, or its `tpm` is spent (429
     /// with `Retry-After`; in a fleet, 503 when the database is needed and out of reach).
+    pub async fn admit(&self, key: &KeyRecord) -> Result<(), ApiError> {
+        self.admit_all(&[Limited::key(key)]).await
+    }
+
+    /// Count this request under each of `all`, in order; the first over its `rpm` or with its
+    /// `tpm` spent refuses it.
     ///
     /// A fleet's calls are boxed here and in `enter` and `spend_tokens`: their futures (a
     /// database round trip) take kilobytes, which every request's future would otherwise carry
     /// and copy on one node too.
-    pub async fn admit(&self, key: &KeyRecord) -> Result<(), ApiError> {
-        let Some(fleet) = &self.fleet else { return self.admit_here(key, Instant::now()) };
-        use crate::store::postgres::rates::Admission;
-        if let Some(tpm) = key.tpm {
-            if let Admission::Refused { retry_after_secs } = Box::pin(fleet.rates.admit_tokens(&key.id, tpm)).await {
-                return Err(tpm_reached(tpm, retry_after_secs));
+    pub async fn admit_all(&self, all: &[Limited<'_>]) -> Result<(), ApiError> {
+        for one in all {
+            match &self.fleet {
+                None => self.admit_here(one, Instant::now())?,
+                Some(fleet) => Box::pin(Self::admit_fleet(fleet, one)).await?,
             }
         }
-        if let Some(rpm) = key.rpm {
-            match Box::pin(fleet.rates.admit_request(&key.id, rpm)).await {
+        Ok(())
+    }
+
+    async fn admit_fleet(fleet: &crate::store::fleet::Fleet, one: &Limited<'_>) -> Result<(), ApiError> {
+        use crate::store::postgres::rates::Admission;
+        if let Some(tpm) = one.rates.tpm {
+            if let Admission::Refused { retry_after_secs } = Box::pin(fleet.rates.admit_tokens(&one.id, tpm)).await {
+                return Err(tpm_reached(tpm, &one.whose, retry_after_secs));
+            }
+        }
+        if let Some(rpm) = one.rates.rpm {
+            match Box::pin(fleet.rates.admit_request(&one.id, rpm)).await {
                 Ok(Admission::Admitted) => {}
                 Ok(Admission::Refused { retry_after_secs }) => {
                     return Err(rate_limited(
-                        format!("Rate limit reached: {rpm} requests per minute for this key. Retry later."),
+                        format!("Rate limit reached: {rpm} requests per minute for {}. Retry later.", one.whose),
                         retry_after_secs,
                     ))
                 }
                 Err(e) => {
                     log::warn!("rate limits: {e}");
-                    return Err(crate::store::fleet::unavailable("the key's rate limit"));
+                    return Err(crate::store::fleet::unavailable("the rate limit"));
                 }
             }
         }
@@ -204,25 +245,25 @@ impl Limits {
         Ok(())
     }
 
-    fn admit_here(&self, key: &KeyRecord, now: Instant) -> Result<(), ApiError> {
-        if let Some(tpm) = key.tpm {
+    fn admit_here(&self, one: &Limited<'_>, now: Instant) -> Result<(), ApiError> {
+        if let Some(tpm) = one.rates.tpm {
             let mut map = lock(&self.tokens);
-            if let Some(state) = map.get_mut(&key.id) {
+            if let Some(state) = map.get_mut(one.id.as_ref()) {
                 let used = state.used.drain(tpm as f64, now);
                 // No room for one more token (an epsilon for the drain's float steps).
                 if used + state.in_flight as f64 + 1.0 > tpm as f64 + 1e-9 {
-                    return Err(tpm_reached(tpm, state.used.wait_for(state.in_flight as f64 + 1.0, tpm as f64)));
+                    return Err(tpm_reached(tpm, &one.whose, state.used.wait_for(state.in_flight as f64 + 1.0, tpm as f64)));
                 }
             }
         }
-        if let Some(rpm) = key.rpm {
+        if let Some(rpm) = one.rates.rpm {
             let rate = f64::from(rpm);
             let mut map = lock(&self.requests);
-            let bucket = entry_of(&mut map, &key.id, || Bucket::new(now));
+            let bucket = entry_of(&mut map, &one.id, || Bucket::new(now));
             // A small epsilon: a level drained to 2.9999999 by float steps has room for no more.
             if bucket.drain(rate, now) + 1.0 > rate + 1e-9 {
                 return Err(rate_limited(
-                    format!("Rate limit reached: {rpm} requests per minute for this key. Retry later."),
+                    format!("Rate limit reached: {rpm} requests per minute for {}. Retry later.", one.whose),
                     bucket.wait_for(1.0, rate),
                 ));
             }
@@ -231,73 +272,104 @@ impl Limits {
         Ok(())
     }
 
-    /// Reserve the `tokens` a relayed request of `key` is held for under its `tpm`: refused (429)
-    /// when what the key used plus every reservation in flight would pass the limit (in a fleet:
-    /// the fleet's spend as this node knows it, and this node's reservations). None for a key
-    /// without a `tpm`.
+    /// Reserve the `tokens` a relayed request of `key` is held for under its `tpm`.
     pub fn reserve_tokens(self: &Arc<Self>, key: &KeyRecord, tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
-        let Some(tpm) = key.tpm else { return Ok(None) };
-        if tokens > tpm {
-            return Err(ApiError::new(
-                ErrorKind::RateLimited,
-                format!(
-                    "This request may use up to {tokens} tokens (its input and output maximum), more than this key's limit of {tpm} tokens per minute. Ask for fewer output tokens or send less input."
-                ),
-            ));
+        self.reserve_tokens_all(&[Limited::key(key)], tokens)
+    }
+
+    /// Reserve `tokens` under the `tpm` of each of `all`: refused (429) when what one used plus
+    /// every reservation in flight would pass its limit (in a fleet: the fleet's spend as this
+    /// node knows it, and this node's reservations); what the others reserved is given back.
+    /// None when none has a `tpm`.
+    pub fn reserve_tokens_all(self: &Arc<Self>, all: &[Limited<'_>], tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
+        let mut held = TokenReservation { limits: self.clone(), ids: Vec::new(), tokens };
+        for one in all {
+            let Some(tpm) = one.rates.tpm else { continue };
+            if tokens > tpm {
+                return Err(ApiError::new(
+                    ErrorKind::RateLimited,
+                    format!(
+                        "This request may use up to {tokens} tokens (its input and output maximum), more than the limit of {tpm} tokens per minute of {}. Ask for fewer output tokens or send less input.",
+                        one.whose
+                    ),
+                ));
+            }
+            if let Some(fleet) = &self.fleet {
+                use crate::store::postgres::rates::Admission;
+                match fleet.rates.reserve_tokens(&one.id, tpm, tokens) {
+                    Admission::Admitted => held.ids.push(one.id.to_string()),
+                    Admission::Refused { retry_after_secs } => return Err(tpm_reached(tpm, &one.whose, retry_after_secs)),
+                }
+                continue;
+            }
+            let now = Instant::now();
+            let mut map = lock(&self.tokens);
+            let state = entry_of(&mut map, &one.id, || TokenState { used: Bucket::new(now), in_flight: 0 });
+            let used = state.used.drain(tpm as f64, now);
+            if used + (state.in_flight + tokens) as f64 > tpm as f64 {
+                return Err(tpm_reached(tpm, &one.whose, state.used.wait_for((state.in_flight + tokens) as f64, tpm as f64)));
+            }
+            state.in_flight += tokens;
+            held.ids.push(one.id.to_string());
         }
-        if let Some(fleet) = &self.fleet {
-            use crate::store::postgres::rates::Admission;
-            return match fleet.rates.reserve_tokens(&key.id, tpm, tokens) {
-                Admission::Admitted => Ok(Some(TokenReservation { limits: self.clone(), key_id: key.id.clone(), tokens })),
-                Admission::Refused { retry_after_secs } => Err(tpm_reached(tpm, retry_after_secs)),
-            };
-        }
-        let now = Instant::now();
-        let mut map = lock(&self.tokens);
-        let state = entry_of(&mut map, &key.id, || TokenState { used: Bucket::new(now), in_flight: 0 });
-        let used = state.used.drain(tpm as f64, now);
-        if used + (state.in_flight + tokens) as f64 > tpm as f64 {
-            return Err(tpm_reached(tpm, state.used.wait_for((state.in_flight + tokens) as f64, tpm as f64)));
-        }
-        state.in_flight += tokens;
-        Ok(Some(TokenReservation { limits: self.clone(), key_id: key.id.clone(), tokens }))
+        Ok((!held.ids.is_empty()).then_some(held))
     }
 
     /// Count a request in flight for a key with `max_concurrent`; 429 when it has that many.
     /// None for a key without the cap.
     pub async fn enter(self: &Arc<Self>, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
-        let Some(max) = key.max_concurrent else { return Ok(None) };
-        let busy = || rate_limited(format!("Too many requests in flight: this key may have {max} at once. Retry when one finishes."), 1);
-        if let Some(fleet) = &self.fleet {
-            return match Box::pin(fleet.slots.enter(&key.id, max)).await {
-                Ok(true) => Ok(Some(Slot { limits: self.clone(), key_id: key.id.clone() })),
-                Ok(false) => Err(busy()),
-                Err(e) => {
-                    log::warn!("rate limits: {e}");
-                    Err(crate::store::fleet::unavailable("the key's requests in flight"))
+        self.enter_all(&[Limited::key(key)]).await
+    }
+
+    /// Count a request in flight under each of `all` with a `max_concurrent`; 429 when one has
+    /// that many (the others' counts given back). None when none has the cap.
+    pub async fn enter_all(self: &Arc<Self>, all: &[Limited<'_>]) -> Result<Option<Slot>, ApiError> {
+        let mut slot = Slot { limits: self.clone(), ids: Vec::new() };
+        for one in all {
+            let Some(max) = one.rates.max_concurrent else { continue };
+            let busy =
+                || rate_limited(format!("Too many requests in flight: {} may have {max} at once. Retry when one finishes.", one.whose), 1);
+            if let Some(fleet) = &self.fleet {
+                match Box::pin(fleet.slots.enter(&one.id, max)).await {
+                    Ok(true) => slot.ids.push(one.id.to_string()),
+                    Ok(false) => return Err(busy()),
+                    Err(e) => {
+                        log::warn!("rate limits: {e}");
+                        return Err(crate::store::fleet::unavailable("the requests in flight"));
+                    }
                 }
-            };
+                continue;
+            }
+            let mut map = lock(&self.in_flight);
+            let n = entry_of(&mut map, &one.id, || 0);
+            if *n >= max {
+                return Err(busy());
+            }
+            *n += 1;
+            slot.ids.push(one.id.to_string());
         }
-        let mut map = lock(&self.in_flight);
-        let n = entry_of(&mut map, &key.id, || 0);
-        if *n >= max {
-            return Err(busy());
-        }
-        *n += 1;
-        Ok(Some(Slot { limits: self.clone(), key_id: key.id.clone() }))
+        Ok((!slot.ids.is_empty()).then_some(slot))
     }
 
     /// Count the tokens a finished request of `key` used (only a key with a `tpm` counts them).
     pub async fn spend_tokens(&self, key: &KeyRecord, tokens: u64) {
-        let Some(tpm) = key.tpm else { return };
-        if let Some(fleet) = &self.fleet {
-            return Box::pin(fleet.rates.spend_tokens(&key.id, tokens)).await;
+        self.spend_tokens_all(&[Limited::key(key)], tokens).await;
+    }
+
+    /// Count the tokens a finished request used under each `tpm` of `all`.
+    pub async fn spend_tokens_all(&self, all: &[Limited<'_>], tokens: u64) {
+        for one in all {
+            let Some(tpm) = one.rates.tpm else { continue };
+            if let Some(fleet) = &self.fleet {
+                Box::pin(fleet.rates.spend_tokens(&one.id, tokens)).await;
+                continue;
+            }
+            let now = Instant::now();
+            let mut map = lock(&self.tokens);
+            let state = entry_of(&mut map, &one.id, || TokenState { used: Bucket::new(now), in_flight: 0 });
+            state.used.drain(tpm as f64, now);
+            state.used.level += tokens as f64;
         }
-        let now = Instant::now();
-        let mut map = lock(&self.tokens);
-        let state = entry_of(&mut map, &key.id, || TokenState { used: Bucket::new(now), in_flight: 0 });
-        state.used.drain(tpm as f64, now);
-        state.used.level += tokens as f64;
     }
 }
 
@@ -336,7 +408,7 @@ mod tests {
                     let (limits, barrier) = (limits.clone(), barrier.clone());
                     std::thread::spawn(move || {
                         barrier.wait();
-                        usize::from(limits.admit_here(&key(Some(2), None), Instant::now()).is_ok())
+                        usize::from(limits.admit_here(&Limited::key(&key(Some(2), None)), Instant::now()).is_ok())
                     })
                 })
                 .collect::<Vec<_>>()
@@ -401,15 +473,15 @@ mod tests {
         let limits = Limits::default();
         let k = key(Some(30), None);
         let start = Instant::now();
-        let passed = (0..40).filter(|i| limits.admit_here(&k, start + Duration::from_millis(50 * i)).is_ok()).count();
+        let passed = (0..40).filter(|i| limits.admit_here(&Limited::key(&k), start + Duration::from_millis(50 * i)).is_ok()).count();
         // 30 at once, then one more each 2 s: the 40th request comes at 1.95 s.
         assert_eq!(passed, 30, "no second burst");
         // The bucket drains at the limit: one minute later a full limit again.
         let later = start + Duration::from_secs(62);
-        assert_eq!((0..40).filter(|_| limits.admit_here(&k, later).is_ok()).count(), 30);
+        assert_eq!((0..40).filter(|_| limits.admit_here(&Limited::key(&k), later).is_ok()).count(), 30);
         // Half a minute on: half the limit.
         let half = later + Duration::from_secs(30);
-        assert_eq!((0..40).filter(|_| limits.admit_here(&k, half).is_ok()).count(), 15);
+        assert_eq!((0..40).filter(|_| limits.admit_here(&Limited::key(&k), half).is_ok()).count(), 15);
     }
 
     #[tokio::test]

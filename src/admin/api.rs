@@ -89,6 +89,13 @@ struct CreateAccount {
     budgets: Option<crate::policy::budget::BudgetsInput>,
     #[serde(default)]
     guardrails: Option<Vec<String>>,
+    /// What all its keys together may ask per minute and have in flight.
+    #[serde(default)]
+    rpm: Option<u32>,
+    #[serde(default)]
+    tpm: Option<u64>,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
 }
 
 /// `PATCH /admin/accounts/{name}`.
@@ -110,6 +117,13 @@ struct PatchAccount {
     /// People put in the team (email or subject → role; `null` takes one out).
     #[serde(default)]
     people: Option<std::collections::BTreeMap<String, Option<String>>>,
+    /// Its rate limits (`null` clears one).
+    #[serde(default, deserialize_with = "double_option")]
+    rpm: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "double_option")]
+    tpm: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    max_concurrent: Option<Option<u32>>,
 }
 
 /// `Some(None)` clears a limit; absent leaves it.
@@ -373,6 +387,7 @@ impl AdminApi {
             "member_limit": account.member_limit.as_ref().map(crate::admin::teams::ceiling_view),
             "member_policy": account.member_policy.as_ref().map(crate::admin::teams::ceiling_view),
             "people": account.people, "guardrails": account.guardrails,
+            "rpm": account.rates.rpm, "tpm": account.rates.tpm, "max_concurrent": account.rates.max_concurrent,
         }))
     }
 
@@ -663,6 +678,8 @@ impl AdminApi {
             return Err(bad("balance: must not be negative").with_param("balance"));
         }
         let budgets = body.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?;
+        let rates = crate::policy::limits::RateLimits { rpm: body.rpm, tpm: body.tpm, max_concurrent: body.max_concurrent };
+        rates.validate().map_err(policy_error)?;
         if self.keys.all_accounts().await.map_err(internal)?.iter().any(|a| a.name == body.name) {
             return Err(ApiError::new(ErrorKind::Conflict, format!("An account named '{}' exists.", body.name)));
         }
@@ -676,6 +693,7 @@ impl AdminApi {
             member_policy: None,
             people: Default::default(),
             guardrails: self.known_guardrails(body.guardrails.unwrap_or_default())?,
+            rates,
         };
         self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
         self.keys.put_account(&account).await.map_err(internal)?;
@@ -692,6 +710,16 @@ impl AdminApi {
             account.budgets =
                 budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
         }
+        if let Some(rpm) = patch.rpm {
+            account.rates.rpm = rpm;
+        }
+        if let Some(tpm) = patch.tpm {
+            account.rates.tpm = tpm;
+        }
+        if let Some(max) = patch.max_concurrent {
+            account.rates.max_concurrent = max;
+        }
+        account.rates.validate().map_err(policy_error)?;
         if let Some(limit) = patch.member_limit {
             account.member_limit = limit.map(crate::admin::teams::CeilingInput::parse).transpose()?;
         }

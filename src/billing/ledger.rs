@@ -57,8 +57,8 @@ impl Refused {
                     left(&self.short)
                 ),
             ),
-            PurseKind::Window { account, window, end } => {
-                let whose = account.as_ref().map_or_else(|| "this API key".to_string(), |a| format!("the account '{a}'"));
+            PurseKind::Window { whose, window, end } => {
+                let whose = whose.as_deref().unwrap_or("this API key");
                 let mut e = ApiError::new(
                     ErrorKind::BudgetExceeded,
                     format!(
@@ -72,8 +72,8 @@ impl Refused {
                 e.retry_after = Some(end.saturating_sub(now).max(1));
                 e
             }
-            PurseKind::Rolling { account, secs, frees_at } => {
-                let whose = account.as_ref().map_or_else(|| "this API key".to_string(), |a| format!("the account '{a}'"));
+            PurseKind::Rolling { whose, secs, frees_at } => {
+                let whose = whose.as_deref().unwrap_or("this API key");
                 let label = crate::policy::budget::Rolling { secs: *secs, cap: 0 }.label();
                 let when = frees_at.unwrap_or(now + 1).max(now + 1);
                 let mut e = ApiError::new(
@@ -545,7 +545,7 @@ pub(crate) mod tests {
         let calendar = Calendar::default();
         let t0: u64 = 1_799_999_400; // a 10-minute bucket starts
         assert_eq!(t0 % 600, 0);
-        let purses_at = |t: u64| crate::records::purse::purses(&key, None, &calendar, t);
+        let purses_at = |t: u64| crate::records::purse::purses(&key, None, &[], &calendar, t);
         // Spent 6,000 in the first bucket.
         let hold = ledger.hold_from(purses_at(t0 + 5), 6_000).await.expect("db").expect("held");
         ledger.settle(hold, record("k", "m", 6_000, t0 * 1000)).await.expect("settle");

@@ -3,7 +3,7 @@
 
 use super::Books;
 use crate::access::auth::KeyIndex;
-use crate::access::limits::{Limits, Slot, TokenReservation};
+use crate::access::limits::{Limited, Limits, Slot, TokenReservation};
 use crate::billing::ledger::{Hold, Refused};
 use crate::policy::budget::Calendar;
 use crate::protocol::{ApiError, ErrorKind};
@@ -40,6 +40,21 @@ impl Entry {
     pub const READ: Entry = Entry { count: Some(Bucket::Requests), solvent: false, slot: true };
 }
 
+/// What a call counts against (see [`Charge::limited`]).
+enum Subjects<'k> {
+    One([Limited<'k>; 1]),
+    Many(Vec<Limited<'k>>),
+}
+
+impl<'k> Subjects<'k> {
+    fn all(&self) -> &[Limited<'k>] {
+        match self {
+            Subjects::One(one) => one,
+            Subjects::Many(all) => all,
+        }
+    }
+}
+
 /// The money of every call: admission here, settlement in [`Books`].
 pub struct Charge {
     books: Books,
@@ -72,42 +87,72 @@ impl Charge {
         }
     }
 
-    /// Count a call of `key` in `bucket`: 429 with `Retry-After` past its limit.
+    /// What a call of `key` counts against, in the order they are checked: the key, its
+    /// account, the tag values it carries that have limits (`policy::limits`). A key under
+    /// neither (the common case) allocates nothing.
+    fn limited<'k>(&self, key: &'k KeyRecord) -> Subjects<'k> {
+        let account = key.policy.account.as_deref().and_then(|name| self.keys.account(name)).filter(|a| !a.rates.is_empty());
+        let tags = match key.policy.tags.is_empty() {
+            true => None,
+            false => Some(self.keys.tag_limits()).filter(|t| t.of(&key.policy.tags).any(|t| !t.rates.is_empty())),
+        };
+        if account.is_none() && tags.is_none() {
+            return Subjects::One([Limited::key(key)]);
+        }
+        let mut all = vec![Limited::key(key)];
+        if let Some(account) = account {
+            all.push(Limited {
+                id: crate::policy::budget::account_purse(&account.name).into(),
+                rates: account.rates,
+                whose: format!("the account '{}'", account.name).into(),
+            });
+        }
+        for tag in tags.iter().flat_map(|t| t.of(&key.policy.tags)).filter(|t| !t.rates.is_empty()) {
+            all.push(Limited { id: tag.id().into(), rates: tag.rates, whose: tag.whose().into() });
+        }
+        Subjects::Many(all)
+    }
+
+    /// Count a call of `key` in `bucket`: 429 with `Retry-After` past its limit (a request: the
+    /// key's, its account's, its tag values').
     pub async fn count(&self, key: &KeyRecord, bucket: Bucket) -> Result<(), ApiError> {
         match bucket {
-            Bucket::Requests => self.limits.admit(key).await,
+            Bucket::Requests => self.limits.admit_all(self.limited(key).all()).await,
             Bucket::ToolCalls => self.limits.admit_tool_call(key).await,
         }
     }
 
-    /// The call counts against the key's `max_concurrent` while the slot lives (None: no cap).
+    /// The call counts against every `max_concurrent` it is under while the slot lives (None:
+    /// no cap).
     pub async fn enter(&self, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
-        self.limits.enter(key).await
+        self.limits.enter_all(self.limited(key).all()).await
     }
 
-    /// Reserve the tokens a call is held for under the key's `tpm` until it settles (None: no
-    /// `tpm`).
+    /// Reserve the tokens a call is held for under every `tpm` it is under until it settles
+    /// (None: no `tpm`).
     pub fn reserve_tokens(&self, key: &KeyRecord, tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
-        self.limits.reserve_tokens(key, tokens)
+        self.limits.reserve_tokens_all(self.limited(key).all(), tokens)
     }
 
-    /// Count the tokens a finished call used under the key's `tpm`.
+    /// Count the tokens a finished call used under every `tpm` it is under.
     pub async fn spend_tokens(&self, key: &KeyRecord, tokens: u64) {
-        self.limits.spend_tokens(key, tokens).await
+        self.limits.spend_tokens_all(self.limited(key).all(), tokens).await
     }
 
     /// What a call of `key` is paid from, in the order of checks: its spend windows, its
     /// account's, its balance, its account's balance. A key whose account this node does not
     /// know (yet) is refused for now.
     pub fn purses(&self, key: &KeyRecord, calendar: &Calendar) -> Result<Vec<Purse>, ApiError> {
-        if key.policy.account.is_none() && key.policy.budgets.is_empty() {
+        let tag_limits = self.keys.tag_limits();
+        let tags: Vec<&crate::policy::limits::TagLimit> = tag_limits.of(&key.policy.tags).filter(|t| !t.budgets.is_empty()).collect();
+        if key.policy.account.is_none() && key.policy.budgets.is_empty() && tags.is_empty() {
             return Ok(vec![Purse::key(&key.id)]);
         }
         let account = match &key.policy.account {
             Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
             None => None,
         };
-        Ok(crate::records::purse::purses(key, account.as_deref(), calendar, crate::base::clock::now_unix()))
+        Ok(crate::records::purse::purses(key, account.as_deref(), &tags, calendar, crate::base::clock::now_unix()))
     }
 
     /// Hold `amount` in every purse, or in none: `Ok(Err(refused))` names the purse that does

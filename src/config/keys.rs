@@ -20,7 +20,15 @@ pub(super) fn accounts(raw: Vec<RawAccount>) -> Result<Vec<AccountConfig>, Confi
             return err(format!("{at}.balance: must be a non-negative number"));
         }
         let budgets = a.budgets.as_ref().map(Budgets::parse).transpose().map_err(|e| ConfigError(format!("{at}.{e}")))?;
-        accounts.push(AccountConfig { name: a.name, balance: a.balance, budgets: budgets.unwrap_or_default(), guardrails: a.guardrails });
+        let rates = crate::policy::limits::RateLimits { rpm: a.rpm, tpm: a.tpm, max_concurrent: a.max_concurrent };
+        rates.validate().map_err(|e| ConfigError(format!("{at}.{e}")))?;
+        accounts.push(AccountConfig {
+            name: a.name,
+            balance: a.balance,
+            budgets: budgets.unwrap_or_default(),
+            guardrails: a.guardrails,
+            rates,
+        });
     }
     Ok(accounts)
 }
@@ -110,6 +118,13 @@ pub(super) struct RawAccount {
     budgets: Option<BudgetsInput>,
     #[serde(default)]
     guardrails: Vec<String>,
+    /// Requests and tokens per minute and requests in flight of all its keys together.
+    #[serde(default)]
+    rpm: Option<u32>,
+    #[serde(default)]
+    tpm: Option<u64>,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
 }
 
 /// A shared account of the configuration file.
@@ -121,6 +136,8 @@ pub struct AccountConfig {
     pub budgets: Budgets,
     /// Guardrails (by name) every call of its keys goes through.
     pub guardrails: Vec<String>,
+    /// What all its keys together may ask per minute and have in flight.
+    pub rates: crate::policy::limits::RateLimits,
 }
 
 #[derive(Debug, Clone)]

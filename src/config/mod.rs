@@ -143,6 +143,9 @@ struct RawConfig {
     /// The guardrails calls' texts go through (`guardrails:`), attached by name.
     #[serde(default)]
     guardrails: Vec<guardrails::RawGuardrail>,
+    /// What the keys carrying a tag value share: `{ "team=search": { rpm, tpm, max_concurrent, budgets } }`.
+    #[serde(default)]
+    tag_limits: std::collections::BTreeMap<String, crate::policy::limits::TagLimitInput>,
 }
 
 // ---------------------------------------------------------------- validated shape
@@ -226,6 +229,8 @@ pub struct Config {
     pub otlp: Option<telemetry::Settings>,
     /// `guardrails:`, attached by name to groups, accounts and keys.
     pub guardrails: Vec<guardrails::GuardrailConfig>,
+    /// `tag_limits:`.
+    pub tag_limits: crate::policy::limits::TagLimits,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -303,6 +308,7 @@ impl Config {
         let otlp = telemetry::telemetry(raw.telemetry.as_ref(), env)?;
         let fleet = store::fleet_config(raw.store, env)?;
         let guardrails = guardrails::guardrails(raw.guardrails, env, &providers)?;
+        let tag_limits = crate::policy::limits::TagLimits::parse(&raw.tag_limits).map_err(|e| ConfigError(format!("tag_limits.{e}")))?;
         let config = Config {
             pingora: raw.pingora,
             listen: front.listen,
@@ -343,6 +349,7 @@ impl Config {
             drain: billing.drain,
             media_allowance: billing.media_allowance,
             fleet,
+            tag_limits,
             otlp,
             guardrails,
         };

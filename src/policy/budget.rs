@@ -337,6 +337,8 @@ pub enum Owner<'a> {
     /// A person (the identity provider's subject): the windows their team admin sets bound all
     /// of their keys together.
     Person(&'a str),
+    /// A tag value (`name=value`) of `tag_limits`.
+    Tag(&'a str),
 }
 
 /// The money-store name of an account's balance.
@@ -354,6 +356,7 @@ pub fn window_purse(owner: &Owner<'_>, window: Window, start: u64) -> String {
         Owner::Key(id) => ("win:", *id),
         Owner::Account(name) => ("win:acct:", *name),
         Owner::Person(subject) => ("win:person:", *subject),
+        Owner::Tag(tag) => ("win:tag:", *tag),
     };
     let mut digits = itoa::Buffer::new();
     let start = digits.format(start);
@@ -376,6 +379,7 @@ pub fn rolling_purse(owner: &Owner<'_>, secs: u64, until: u64) -> String {
         Owner::Key(id) => ("win:", *id),
         Owner::Account(name) => ("win:acct:", *name),
         Owner::Person(subject) => ("win:person:", *subject),
+        Owner::Tag(tag) => ("win:tag:", *tag),
     };
     let mut id = String::with_capacity(prefix.len() + name.len() + 24);
     id.push_str(prefix);

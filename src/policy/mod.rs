@@ -10,6 +10,7 @@ pub mod budget;
 pub mod cidr;
 mod fields;
 pub mod forwarded;
+pub mod limits;
 
 pub use cidr::{normalize, Cidr};
 

@@ -165,6 +165,9 @@ pub struct AccountRecord {
     /// the admin API).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub guardrails: Vec<String>,
+    /// Requests and tokens per minute and requests in flight of all its keys together.
+    #[serde(default, flatten)]
+    pub rates: crate::policy::limits::RateLimits,
 }
 
 impl AccountRecord {

@@ -4,6 +4,7 @@
 
 use crate::base::money::usd;
 use crate::policy::budget::{account_purse, rolling_purse, window_purse, Budgets, Calendar, Owner};
+use crate::policy::limits::TagLimit;
 use crate::records::key::{AccountRecord, KeyRecord};
 use std::sync::Arc;
 
@@ -27,16 +28,17 @@ pub struct Purse {
 pub enum PurseKind {
     Key,
     Account(Arc<str>),
-    /// A spend window of the key (`account: None`) or of its account, ending at `end` (unix s).
+    /// A spend window of the key (`whose: None`), or of its account or a tag value it carries
+    /// (`whose` names it: "the account 'research'"), ending at `end` (unix s).
     Window {
-        account: Option<Arc<str>>,
+        whose: Option<Arc<str>>,
         window: crate::policy::budget::Window,
         end: u64,
     },
     /// A rolling window of the key or its account: `secs` long; `frees_at`, when a refusal
     /// found it, the first time enough of its spend ages out to admit the call.
     Rolling {
-        account: Option<Arc<str>>,
+        whose: Option<Arc<str>>,
         secs: u64,
         frees_at: Option<u64>,
     },
@@ -86,44 +88,42 @@ pub fn window_owner(key: &KeyRecord) -> Owner<'_> {
 
 /// Every balance a request of this key is paid from, in the order they are checked: the
 /// key's windows (a member's: the person's, summed over their keys), the account's windows, the
-/// key's balance, the account's balance. A member's key (a person's key on a team) draws on
-/// the team's account: its own balance bounds it only when a team admin set it an allowance.
-pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, calendar: &Calendar, now: u64) -> Vec<Purse> {
+/// windows of the tag values it carries (`tags`: their limits), the key's balance, the
+/// account's balance. A member's key (a person's key on a team) draws on the team's account:
+/// its own balance bounds it only when a team admin set it an allowance.
+pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, tags: &[&TagLimit], calendar: &Calendar, now: u64) -> Vec<Purse> {
     let count = |b: &Budgets| b.caps().count() + b.rolling.len();
-    let mut out = Vec::with_capacity(count(&key.policy.budgets) + account.map_or(0, |a| count(&a.budgets)) + 2);
-    let name: Option<std::sync::Arc<str>> = account.map(|a| a.name.as_str().into());
-    let mut windows = |owner: Owner<'_>, budgets: &Budgets| {
+    let shared = account.map_or(0, |a| count(&a.budgets)) + tags.iter().map(|t| count(&t.budgets)).sum::<usize>();
+    let mut out = Vec::with_capacity(count(&key.policy.budgets) + shared + 2);
+    let name: Option<Arc<str>> = account.map(|a| a.name.as_str().into());
+    let mut windows = |owner: Owner<'_>, whose: Option<Arc<str>>, budgets: &Budgets| {
         for (window, cap) in budgets.caps() {
             let (start, end) = calendar.window(window, now);
-            let of = match owner {
-                Owner::Key(_) | Owner::Person(_) => None,
-                Owner::Account(_) => name.clone(),
-            };
             out.push(Purse {
                 id: window_purse(&owner, window, start),
                 credit: cap,
-                kind: PurseKind::Window { account: of, window, end },
+                kind: PurseKind::Window { whose: whose.clone(), window, end },
                 linked: Vec::new(),
             });
         }
         for rolling in &budgets.rolling {
-            let of = match owner {
-                Owner::Key(_) | Owner::Person(_) => None,
-                Owner::Account(_) => name.clone(),
-            };
             let mut buckets = rolling.buckets(now).map(|(_, until)| rolling_purse(&owner, rolling.secs, until));
             let Some(current) = buckets.next() else { continue };
             out.push(Purse {
                 id: current,
                 credit: rolling.cap,
-                kind: PurseKind::Rolling { account: of, secs: rolling.secs, frees_at: None },
+                kind: PurseKind::Rolling { whose: whose.clone(), secs: rolling.secs, frees_at: None },
                 linked: buckets.collect(),
             });
         }
     };
-    windows(window_owner(key), &key.policy.budgets);
-    if let Some(a) = account {
-        windows(Owner::Account(&a.name), &a.budgets);
+    windows(window_owner(key), None, &key.policy.budgets);
+    if let Some(a) = account.filter(|a| !a.budgets.is_empty()) {
+        windows(Owner::Account(&a.name), Some(format!("the account '{}'", a.name).into()), &a.budgets);
+    }
+    for tag in tags.iter().filter(|t| !t.budgets.is_empty()) {
+        let id = format!("{}={}", tag.tag, tag.value);
+        windows(Owner::Tag(&id), Some(tag.whose().into()), &tag.budgets);
     }
     let credit = if key.spends_team_alone() && account.is_some() { UNBOUNDED } else { 0 };
     out.push(Purse { id: key.id.clone(), credit, kind: PurseKind::Key, linked: Vec::new() });
@@ -153,6 +153,7 @@ mod tests {
     fn team() -> AccountRecord {
         AccountRecord {
             guardrails: Vec::new(),
+            rates: Default::default(),
             name: "research".into(),
             budgets: Budgets::default(),
             created_at: 0,
@@ -168,7 +169,7 @@ mod tests {
     fn a_members_keys_draw_on_the_team_and_share_the_persons_windows() {
         let calendar = Calendar::new("UTC").unwrap();
         let (team, now) = (team(), 86_400 * 100);
-        let purse_of = |k: &KeyRecord| purses(k, Some(&team), &calendar, now);
+        let purse_of = |k: &KeyRecord| purses(k, Some(&team), &[], &calendar, now);
         let (a, b) = (key("k1", Some("ada"), Some("research"), false), key("k2", Some("ada"), Some("research"), false));
         let (pa, pb) = (purse_of(&a), purse_of(&b));
         // Uncapped: the key's own purse never refuses; the team's account does.
@@ -182,7 +183,7 @@ mod tests {
         // An allowance set by a team admin bounds the key again; a key of nobody's keeps its own.
         let capped = purse_of(&key("k3", Some("ada"), Some("research"), true));
         assert_eq!(capped.iter().find(|p| p.kind == PurseKind::Key).unwrap().credit, 0);
-        let plain = purses(&key("k4", None, Some("research"), false), Some(&team), &calendar, now);
+        let plain = purses(&key("k4", None, Some("research"), false), Some(&team), &[], &calendar, now);
         assert_eq!(plain.iter().find(|p| p.kind == PurseKind::Key).unwrap().credit, 0);
         assert!(day(&plain).starts_with("win:k4:"));
     }

@@ -31,6 +31,7 @@ mod routing;
 mod security;
 mod security_round2;
 mod security_round3;
+mod shared_limits;
 mod storage;
 mod telemetry;
 mod tls;

@@ -233,15 +233,21 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     // An account, stored and found by name on every node.
     let account = AccountRecord {
         name: "team".into(),
-        budgets: Budgets { day: Some(700), ..Budgets::default() },
+        budgets: Budgets {
+            day: Some(700),
+            rolling: vec![tollgate::policy::budget::Rolling { secs: 18_000, cap: 900 }],
+            ..Budgets::default()
+        },
         created_at: 1,
         origin: KeyOrigin::Admin,
         seed_digest: None,
         member_limit: None,
         member_policy: None,
         people: Default::default(),
-        // A team's guardrails are kept with it (issue 65).
+        // A team's guardrails are kept with it (issue 65), and its rate limits and a rolling
+        // window (issue 66).
         guardrails: vec!["secrets".into()],
+        rates: tollgate::policy::limits::RateLimits { rpm: Some(60), tpm: Some(5_000), max_concurrent: Some(4) },
     };
     keys.put_account(&account).await.expect("put account");
     for s in &stores {
@@ -255,7 +261,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     let mut solo = key("key_budget", "sk-budget-solo", true);
     solo.policy.budgets = Budgets { day: Some(1_000), ..Budgets::default() };
     ledgers[0].open_account(&solo.id, 1_000_000).await.expect("open");
-    let solo_purses = purses(&solo, None, &calendar, now);
+    let solo_purses = purses(&solo, None, &[], &calendar, now);
     let (start, end) = calendar.window(Window::Day, now);
     let window_id = tollgate::policy::budget::window_purse(&tollgate::policy::budget::Owner::Key(&solo.id), Window::Day, start);
     assert_eq!(solo_purses[0].id, window_id);
@@ -270,7 +276,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         match r {
             Ok(hold) => holds.push(hold),
             Err(refused) => {
-                assert_eq!(refused.kind, PurseKind::Window { account: None, window: Window::Day, end }, "{backend}");
+                assert_eq!(refused.kind, PurseKind::Window { whose: None, window: Window::Day, end }, "{backend}");
             }
         }
     }
@@ -302,10 +308,10 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     assert_eq!((e.status(), e.retry_after), (429, Some(end - now)), "{backend}: {e:?}");
     // A cap raised mid-window applies at once to what the window spent.
     solo.policy.budgets.day = Some(2_000);
-    let raised = purses(&solo, None, &calendar, now);
+    let raised = purses(&solo, None, &[], &calendar, now);
     assert!(ledgers[0].hold_from(raised, 1_000).await.expect("store").is_ok(), "{backend}");
     // The next window starts empty: no reset job, a new name.
-    let tomorrow = purses(&solo, None, &calendar, end);
+    let tomorrow = purses(&solo, None, &[], &calendar, end);
     assert_ne!(tomorrow[0].id, window_id);
     assert!(ledgers[0].hold_from(tomorrow, 1_000).await.expect("store").is_ok(), "{backend}");
 
@@ -324,7 +330,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     }
     let attempts = (0..30).map(|i| {
         let ledger = ledgers[i % ledgers.len()].clone();
-        let purses = purses(&members[i % 2], Some(&account), &calendar, now);
+        let purses = purses(&members[i % 2], Some(&account), &[], &calendar, now);
         tokio::spawn(async move { ledger.hold_from(purses, 100).await.expect("store") })
     });
     let results: Vec<_> = futures_util::future::join_all(attempts).await.into_iter().map(|r| r.expect("task")).collect();
@@ -338,7 +344,8 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
             // sync round: the window may answer first there, never letting more through.
             Err(refused) if stores.len() == 1 => assert_eq!(refused.kind, PurseKind::Account("team".into()), "{backend}"),
             Err(refused) => assert!(
-                matches!(&refused.kind, PurseKind::Account(a) | PurseKind::Window { account: Some(a), .. } if &**a == "team"),
+                matches!(&refused.kind, PurseKind::Account(a) if &**a == "team")
+                    || matches!(&refused.kind, PurseKind::Window { whose: Some(w), .. } if &**w == "the account 'team'"),
                 "{backend}: {refused:?}"
             ),
         }
@@ -356,7 +363,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         s.money().commit().await.expect("commit");
         s.money().sync_round().await.expect("sync");
     }
-    while let Ok(hold) = ledgers[0].hold_from(purses(&members[0], Some(&account), &calendar, now), 100).await.expect("store") {
+    while let Ok(hold) = ledgers[0].hold_from(purses(&members[0], Some(&account), &[], &calendar, now), 100).await.expect("store") {
         ledgers[0].settle(hold, usage(&members[0].id, "m1", 100, now * 1000)).await.expect("settle");
         admitted += 1;
         assert!(admitted <= 5, "{backend}: more than the account's balance");
@@ -380,9 +387,9 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     let after_first = ledgers[0].audit(10, Some(trail[0].cursor())).await.expect("audit");
     assert_eq!(after_first, trail[1..], "{backend}: paged by position, even within one millisecond");
     assert!(ledgers[0].audit(10, Some(trail[1].cursor())).await.expect("audit").is_empty(), "{backend}");
-    let p = purses(&members[0], Some(&account), &calendar, now);
+    let p = purses(&members[0], Some(&account), &[], &calendar, now);
     let refused = ledgers[0].hold_from(p.clone(), 300).await.expect("store").expect_err("the account's day window");
-    assert_eq!(refused.kind, PurseKind::Window { account: Some("team".into()), window: Window::Day, end }, "{backend}");
+    assert_eq!(refused.kind, PurseKind::Window { whose: Some("the account 'team'".into()), window: Window::Day, end }, "{backend}");
 
     // A video-style charge checks every purse at once and is refunded to the same purses.
     let charged = ledgers[0].charge_from(usage(&members[0].id, "genq", 150, now * 1000), &p).await.expect("store");

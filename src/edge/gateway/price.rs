@@ -37,13 +37,17 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     }
     // Under a `tpm`, the tokens the request is held for are reserved until it settles (a
     // request that named no maximum asks for no more than the whole limit leaves room for).
-    let tokens_reserved = match key.tpm {
-        Some(tpm) if route.billed() => {
+    // The key's own `tpm` lowers the output allowance to what fits; an account's or a tag's
+    // `tpm` (shared with other keys) only refuses what does not fit.
+    let tokens_reserved = match route.billed() {
+        true => {
             let input = draft.input.tokens();
-            draft.lower_output(&routing, &route, tpm.saturating_sub(input) / draft.choices.max(1))?;
+            if let Some(tpm) = key.tpm {
+                draft.lower_output(&routing, &route, tpm.saturating_sub(input) / draft.choices.max(1))?;
+            }
             gw.charge.reserve_tokens(&key, input.saturating_add(draft.output_allowance))?
         }
-        _ => None,
+        false => None,
     };
     if let Some(t) = &mut draft.translation {
         t.gemini_sse = session.req_header().uri.query().is_some_and(|q| q.split('&').any(|kv| kv == "alt=sse"));
