@@ -196,7 +196,7 @@ impl Ledger {
         if let PurseKind::Rolling { frees_at, .. } = &mut kind {
             let need = short.needed.saturating_sub(short.available);
             let mut freed = 0i64;
-            for id in purse.linked.iter().rev().chain(std::iter::once(&purse.id)) {
+            for id in purse.linked().iter().rev().chain(std::iter::once(&purse.id)) {
                 let spent = self.money.balance(id).await.unwrap_or(0).saturating_neg().saturating_add(self.money.held(id));
                 freed = freed.saturating_add(spent.max(0));
                 if freed >= need {

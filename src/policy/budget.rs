@@ -232,6 +232,9 @@ pub struct Calendar {
     /// The current window of each kind, packed in one word each (see [`pack`]): a request
     /// inside it needs no time-zone arithmetic.
     current: std::sync::Arc<[std::sync::atomic::AtomicU64; 3]>,
+    /// Rolling windows' earlier buckets by the current bucket's purse id: one list for every
+    /// call until the bucket turns.
+    earlier: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<[String]>>>>,
 }
 
 /// A window as one word: its start (unix seconds, 40 bits) and its length (seconds, 24 bits:
@@ -257,7 +260,7 @@ impl Default for Calendar {
 
 impl Calendar {
     fn with(tz: jiff::tz::TimeZone, name: &str) -> Calendar {
-        Calendar { tz, name: name.to_string(), current: Default::default() }
+        Calendar { tz, name: name.to_string(), current: Default::default(), earlier: Default::default() }
     }
 
     pub fn new(name: &str) -> Result<Calendar, String> {
@@ -271,6 +274,21 @@ impl Calendar {
 
     pub fn tz(&self) -> &jiff::tz::TimeZone {
         &self.tz
+    }
+
+    /// The earlier buckets of the rolling window whose current bucket is `current` (a purse
+    /// id), made by `make` the first time; lists of buckets that no longer count are dropped
+    /// as new ones are made.
+    pub fn earlier_buckets(&self, current: &str, now: u64, make: impl FnOnce() -> Vec<String>) -> std::sync::Arc<[String]> {
+        let mut lists = self.earlier.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(list) = lists.get(current) {
+            return list.clone();
+        }
+        // A list is kept while its bucket is the current one.
+        lists.retain(|id, _| rolling_current_until(id).is_some_and(|end| end > now));
+        let list: std::sync::Arc<[String]> = make().into();
+        lists.insert(current.to_string(), list.clone());
+        list
     }
 
     /// The first instant (unix seconds) of a `YYYY-MM-DD` date in this time zone.
@@ -400,6 +418,14 @@ pub fn rolling_until(id: &str) -> Option<u64> {
     (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| until.parse().ok()).flatten()
 }
 
+/// When the bucket a rolling window's purse id names stops being the current one.
+fn rolling_current_until(id: &str) -> Option<u64> {
+    let until = rolling_until(id)?;
+    let secs: u64 = id.rsplit(':').nth(1)?.strip_prefix('r')?.parse().ok()?;
+    let rolling = Rolling { secs, cap: 0 };
+    until.checked_sub(rolling.earlier() * rolling.bucket())
+}
+
 /// The last number of a window's purse id: a calendar window's start, a rolling window
 /// bucket's end of counting; None for any other purse.
 pub fn window_start(id: &str) -> Option<u64> {
@@ -488,6 +514,24 @@ mod tests {
         assert_eq!(id, "win:acct:team:r18000:1800018600");
         assert_eq!((rolling_until(&id), window_start(&id)), (Some(1_800_018_600), Some(1_800_018_600)));
         assert_eq!(rolling_until(&window_purse(&Owner::Key("k"), Window::Day, 5)), None);
+        // The earlier buckets' list is made once per current bucket, and dropped once it turns.
+        let calendar = Calendar::default();
+        let r = Rolling { secs: 18_000, cap: 1 };
+        let (now, made) = (1_800_000_000, std::cell::Cell::new(0));
+        let list_at = |t: u64| {
+            let mut all = r.buckets(t).map(|(_, until)| rolling_purse(&Owner::Key("k"), r.secs, until));
+            let current = all.next().expect("current");
+            calendar.earlier_buckets(&current, t, || {
+                made.set(made.get() + 1);
+                all.collect()
+            })
+        };
+        let first = list_at(now);
+        assert!(std::sync::Arc::ptr_eq(&first, &list_at(now + 1)));
+        assert_eq!((first.len(), made.get()), (30, 1));
+        let _next = list_at(now + 600);
+        assert_eq!(made.get(), 2);
+        assert_eq!(calendar.earlier.lock().expect("lock").len(), 1, "the turned bucket's list is dropped");
         let e = Budgets::parse(&BudgetsInput { rolling: [("5h".to_string(), -1.0)].into(), ..Default::default() }).unwrap_err();
         assert!(e.to_string().starts_with("budgets.5h"), "{e}");
     }

@@ -20,7 +20,7 @@ pub struct Purse {
     pub kind: PurseKind,
     /// Purses whose spend and holds count against this one's credit too (a rolling window's
     /// earlier buckets), read under the same lock as it.
-    pub linked: Vec<String>,
+    pub linked: Option<Arc<[String]>>,
 }
 
 /// What a purse is, to say why a request was refused.
@@ -45,9 +45,14 @@ pub enum PurseKind {
 }
 
 impl Purse {
+    /// The purses whose spend counts against this one's credit too.
+    pub fn linked(&self) -> &[String] {
+        self.linked.as_deref().unwrap_or_default()
+    }
+
     /// A key's own balance, alone.
     pub fn key(key_id: &str) -> Purse {
-        Purse { id: key_id.to_string(), credit: 0, kind: PurseKind::Key, linked: Vec::new() }
+        Purse { id: key_id.to_string(), credit: 0, kind: PurseKind::Key, linked: None }
     }
 }
 
@@ -103,17 +108,20 @@ pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, tags: &[&TagLimi
                 id: window_purse(&owner, window, start),
                 credit: cap,
                 kind: PurseKind::Window { whose: whose.clone(), window, end },
-                linked: Vec::new(),
+                linked: None,
             });
         }
         for rolling in &budgets.rolling {
-            let mut buckets = rolling.buckets(now).map(|(_, until)| rolling_purse(&owner, rolling.secs, until));
-            let Some(current) = buckets.next() else { continue };
+            let mut buckets = rolling.buckets(now).map(|(_, until)| until);
+            let Some(current) = buckets.next().map(|until| rolling_purse(&owner, rolling.secs, until)) else { continue };
+            // The same list for every call until the bucket turns: made once, then shared.
+            let linked =
+                calendar.earlier_buckets(&current, now, || buckets.map(|until| rolling_purse(&owner, rolling.secs, until)).collect());
             out.push(Purse {
                 id: current,
                 credit: rolling.cap,
                 kind: PurseKind::Rolling { whose: whose.clone(), secs: rolling.secs, frees_at: None },
-                linked: buckets.collect(),
+                linked: Some(linked),
             });
         }
     };
@@ -126,9 +134,9 @@ pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, tags: &[&TagLimi
         windows(Owner::Tag(&id), Some(tag.whose().into()), &tag.budgets);
     }
     let credit = if key.spends_team_alone() && account.is_some() { UNBOUNDED } else { 0 };
-    out.push(Purse { id: key.id.clone(), credit, kind: PurseKind::Key, linked: Vec::new() });
+    out.push(Purse { id: key.id.clone(), credit, kind: PurseKind::Key, linked: None });
     if let (Some(a), Some(name)) = (account, name) {
-        out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(name), linked: Vec::new() });
+        out.push(Purse { id: account_purse(&a.name), credit: 0, kind: PurseKind::Account(name), linked: None });
     }
     out
 }

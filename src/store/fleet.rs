@@ -407,7 +407,7 @@ impl FleetMoney {
         let accounts = &self.fleet.accounts;
         let amount = amount.max(0);
         for (i, p) in purses.iter().enumerate() {
-            let refused = match accounts.hold_within(&p.id, amount, p.credit, &p.linked).await {
+            let refused = match accounts.hold_within(&p.id, amount, p.credit, p.linked()).await {
                 Ok(Ok(_)) => continue,
                 Ok(Err(short)) => Ok(Err((i, short))),
                 Err(e) => Err(StoreError::from(e)),

@@ -122,7 +122,7 @@ impl SledMoney {
     /// window's earlier buckets) spent and hold — read under the caller's lock.
     fn credit(&self, map: &mut Purses, purse: &Purse) -> Result<i64, StoreError> {
         let mut credit = purse.credit;
-        for id in &purse.linked {
+        for id in purse.linked() {
             let acc = self.load(map, id)?;
             credit = credit.saturating_add(acc.balance).saturating_sub(acc.held);
         }
@@ -193,7 +193,7 @@ impl SledMoney {
         if self.handing_over.load(Ordering::SeqCst) || self.slot.is_released() {
             for (i, p) in check.unwrap_or_default().iter().enumerate() {
                 let acc = map.get(&p.id).copied().unwrap_or_default();
-                let linked: i64 = p.linked.iter().filter_map(|id| map.get(id)).map(|a| a.balance - a.held).sum();
+                let linked: i64 = p.linked().iter().filter_map(|id| map.get(id)).map(|a| a.balance - a.held).sum();
                 if let Err(short) = acc.covers(cost, p.credit.saturating_add(linked)) {
                     return Ok(Queued::Refused(i, short));
                 }
