@@ -574,6 +574,28 @@ pub(crate) mod tests {
     }
 
     #[tokio::test]
+    async fn a_call_settled_after_its_bucket_turned_is_seen_by_the_next_hold() {
+        use crate::policy::budget::{Budgets, Calendar, Rolling};
+        use crate::records::key::{KeyOrigin, KeyRecord};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = sled::open(dir.path()).expect("open");
+        let ledger = Arc::new(Ledger::open(&db).expect("ledger"));
+        ledger.open_account("k", 100_000).await.expect("open");
+        let mut key = KeyRecord::new("k", "k", "default", String::new(), KeyOrigin::Config);
+        key.policy.budgets = Budgets { rolling: vec![Rolling { secs: 5 * 3600, cap: 10_000 }], ..Default::default() };
+        let calendar = Calendar::default();
+        let purses_at = |t: u64| crate::records::purse::purses(&key, None, &[], &calendar, t);
+        // Held in the bucket before this one (10-minute buckets), still in flight.
+        let now = crate::base::clock::now_unix();
+        let early = ledger.hold_from(purses_at(now - 600), 8_000).await.expect("db").expect("held");
+        // The current bucket sees it: 2,000 left (and keeps the earlier buckets' sum).
+        assert!(ledger.hold_from(purses_at(now), 3_000).await.expect("db").is_err());
+        // It settles for 1,000: the next hold sees the 7,000 given back.
+        ledger.settle(early, record("k", "m", 1_000, (now - 600) * 1000)).await.expect("settle");
+        assert!(ledger.hold_from(purses_at(now), 3_000).await.expect("db").is_ok());
+    }
+
+    #[tokio::test]
     async fn the_balance_is_rebuilt_from_the_newest_record() {
         let dir = tempfile::tempdir().expect("tempdir");
         {

@@ -419,7 +419,7 @@ pub fn rolling_until(id: &str) -> Option<u64> {
 }
 
 /// When the bucket a rolling window's purse id names stops being the current one.
-fn rolling_current_until(id: &str) -> Option<u64> {
+pub fn rolling_current_until(id: &str) -> Option<u64> {
     let until = rolling_until(id)?;
     let secs: u64 = id.rsplit(':').nth(1)?.strip_prefix('r')?.parse().ok()?;
     let rolling = Rolling { secs, cap: 0 };

@@ -84,6 +84,13 @@ pub struct SledMoney {
     seq: AtomicU64,
     /// Where bookings go once the database was handed over (upgrade); injected at start.
     handover: std::sync::OnceLock<Arc<dyn ForwardBookings>>,
+    /// What a rolling window's earlier buckets spent and hold, by its current bucket, and the
+    /// [`Self::earlier_epoch`] it was summed at (read and written under the accounts lock).
+    earlier_sums: Mutex<HashMap<String, (i64, u64)>>,
+    /// Moved (under the accounts lock) whenever a bucket that is no longer the current one of
+    /// its window changes — a call held before its bucket turned, settling after — so no sum
+    /// above is used stale. The current bucket's own change is read as it is, never summed.
+    earlier_epoch: AtomicU64,
 }
 
 impl SledMoney {
@@ -99,6 +106,8 @@ impl SledMoney {
             accounts: Mutex::new(Purses::default()),
             seq: AtomicU64::new(0),
             handover: std::sync::OnceLock::new(),
+            earlier_sums: Mutex::new(HashMap::new()),
+            earlier_epoch: AtomicU64::new(0),
         })
     }
 
@@ -120,13 +129,40 @@ impl SledMoney {
 
     /// What a purse may go below zero: its credit, less what its linked purses (a rolling
     /// window's earlier buckets) spent and hold — read under the caller's lock.
+    /// The earlier buckets' sum is kept per current bucket and summed again only after one of
+    /// them changed.
     fn credit(&self, map: &mut Purses, purse: &Purse) -> Result<i64, StoreError> {
-        let mut credit = purse.credit;
+        if purse.linked().is_empty() {
+            return Ok(purse.credit);
+        }
+        let epoch = self.earlier_epoch.load(Ordering::Acquire);
+        let mut sums = self.earlier_sums.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(&(sum, at)) = sums.get(&purse.id) {
+            if at == epoch {
+                return Ok(purse.credit.saturating_add(sum));
+            }
+        }
+        let mut sum = 0i64;
         for id in purse.linked() {
             let acc = self.load(map, id)?;
-            credit = credit.saturating_add(acc.balance).saturating_sub(acc.held);
+            sum = sum.saturating_add(acc.balance).saturating_sub(acc.held);
         }
-        Ok(credit)
+        // Sums of buckets that turned are dropped now and then.
+        if sums.len() >= 4096 {
+            sums.clear();
+        }
+        sums.insert(purse.id.clone(), (sum, epoch));
+        Ok(purse.credit.saturating_add(sum))
+    }
+
+    /// `id` changed: when it is a rolling window's bucket that is no longer the current one,
+    /// the kept sums of earlier buckets are stale.
+    fn changed(&self, id: &str) {
+        let earlier = id.starts_with("win:")
+            && crate::policy::budget::rolling_current_until(id).is_some_and(|end| end <= crate::base::clock::now_unix());
+        if earlier {
+            self.earlier_epoch.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Apply `f` to the purse's account, loaded first if this process has not seen it yet
@@ -213,6 +249,7 @@ impl SledMoney {
         let charged = std::mem::take(&mut record.charged);
         let mut entries = Vec::with_capacity(charged.len());
         for id in charged {
+            self.changed(&id);
             let balance = self.with(&mut map, &id, |purse| {
                 purse.balance = purse.balance.saturating_sub(cost);
                 purse.held -= release;
@@ -261,6 +298,7 @@ impl SledMoney {
             let purse = map.entry(id.clone()).or_default();
             purse.balance -= record.cost_nanos;
             purse.held -= release;
+            self.changed(id);
         }
         let acc = map.entry(record.key_id.clone()).or_default();
         acc.balance -= record.cost_nanos;
@@ -479,7 +517,10 @@ impl MoneyStore for SledMoney {
                 Ok(())
             });
             let refused = match held {
-                Ok(Ok(())) => continue,
+                Ok(Ok(())) => {
+                    self.changed(&p.id);
+                    continue;
+                }
                 Ok(Err(short)) => Ok(Err((i, short))),
                 Err(e) => Err(e),
             };
@@ -487,6 +528,7 @@ impl MoneyStore for SledMoney {
             for before in &purses[..i] {
                 if let Some(acc) = map.get_mut(&before.id) {
                     acc.held -= amount;
+                    self.changed(&before.id);
                 }
             }
             return refused;
@@ -499,6 +541,7 @@ impl MoneyStore for SledMoney {
         for p in purses {
             if let Some(acc) = map.get_mut(&p.id) {
                 acc.held -= amount;
+                self.changed(&p.id);
             }
         }
     }
@@ -531,6 +574,7 @@ impl MoneyStore for SledMoney {
             let mut map = self.accounts();
             let mut acc = self.load(&mut map, id)?;
             acc.balance = acc.balance.saturating_add(delta);
+            self.changed(id);
             let seq = self.slot.db()?.generate_id()? + 1;
             let entry = AuditEntry::new(id, delta, acc.balance, reason);
             let mut audit_key = entry.time_ms.to_be_bytes().to_vec();
