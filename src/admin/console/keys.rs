@@ -174,7 +174,8 @@ fn form_field<'a>(param: &'a str, message: &str) -> &'a str {
         "budgets" => match path {
             "budgets.week" => "budget_week",
             "budgets.month" => "budget_month",
-            _ => "budget_day",
+            "budgets.day" => "budget_day",
+            _ => "budget_rolling",
         },
         "models" if path == "models.deny" => "models_deny",
         "models" => "models_allow",
@@ -318,7 +319,8 @@ fn window_rows(view: &Value) -> Vec<Vec<String>> {
                 money(v["cap"].as_f64().unwrap_or(0.0)),
                 money(v["spent"].as_f64().unwrap_or(0.0)),
                 money(v["held"].as_f64().unwrap_or(0.0)),
-                esc(v["end"].as_str().unwrap_or_default()),
+                // A rolling window has no end: when its oldest spend next ages out.
+                esc(v["end"].as_str().or_else(|| v["next_frees_at"].as_str()).unwrap_or_default()),
             ]
         })
         .collect()
@@ -385,6 +387,10 @@ pub(super) fn edit_values(view: &Value) -> BTreeMap<&'static str, String> {
     for (field, window) in [("budget_day", "day"), ("budget_week", "week"), ("budget_month", "month")] {
         out.insert(field, text(&view["budgets"][window]["cap"]));
     }
+    let rolling = view["budgets"].as_object().map_or(String::new(), |w| {
+        w.iter().filter(|(_, v)| v["rolling"] == true).map(|(name, v)| format!("{name}={}", text(&v["cap"]))).collect::<Vec<_>>().join(", ")
+    });
+    out.insert("budget_rolling", rolling);
     let tags = view["tags"]
         .as_object()
         .map_or(String::new(), |t| t.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default())).collect::<Vec<_>>().join(", "));
@@ -421,6 +427,15 @@ pub(super) fn edit_patch(f: &Form) -> Result<Value, Vec<ApiError>> {
         let cap = numeric(field, false);
         if !cap.is_null() {
             budgets.insert(window.into(), cap);
+        }
+    }
+    // Rolling windows, `5h=2, 7d=25`: kept when the form is saved.
+    for pair in f.get("budget_rolling").split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match pair.split_once('=').map(|(w, usd)| (w.trim(), usd.trim().parse::<f64>())) {
+            Some((window, Ok(usd))) if crate::policy::budget::Rolling::parse_label(window).is_some() => {
+                budgets.insert(window.into(), json!(usd));
+            }
+            _ => problems.push(bad("budget_rolling", format!("budget_rolling: '{pair}' is not a duration and a cap (5h=2, 7d=25)"))),
         }
     }
     let expires = f.get("expires_at");
@@ -570,7 +585,7 @@ pub(super) const STATES: [&str; 7] = ["all", "active", "disabled", "expired", "r
 pub(super) const CREATE_FIELDS: [&str; 6] = ["name", "group", "balance", "rpm", "expires_at", "account"];
 
 /// The edit form: (field, label, hint).
-pub(super) const EDIT_FORM: [(&str, &str, &str); 18] = [
+pub(super) const EDIT_FORM: [(&str, &str, &str); 19] = [
     ("name", "Name", ""),
     ("group", "Group", "which platforms it may call"),
     ("account", "Account", "a shared account's name; empty: none"),
@@ -587,11 +602,12 @@ pub(super) const EDIT_FORM: [(&str, &str, &str); 18] = [
     ("budget_day", "Daily cap (USD)", ""),
     ("budget_week", "Weekly cap (USD)", ""),
     ("budget_month", "Monthly cap (USD)", ""),
+    ("budget_rolling", "Rolling caps (USD)", "duration=USD, comma-separated: 5h=2, 7d=25"),
     ("tags", "Tags", "name=value, comma-separated"),
     ("guardrails", "Guardrails", "names, comma-separated; with its group's and account's"),
 ];
 
-pub(super) const EDIT_FIELDS: [&str; 22] = [
+pub(super) const EDIT_FIELDS: [&str; 23] = [
     "name",
     "group",
     "grace_hours",
@@ -610,6 +626,7 @@ pub(super) const EDIT_FIELDS: [&str; 22] = [
     "budget_day",
     "budget_week",
     "budget_month",
+    "budget_rolling",
     "budgets",
     "tags",
     "account",
@@ -673,5 +690,22 @@ mod tests {
         let e = edit_patch(&Form::parse("name=&group=g&rpm=many&budget_day=lots&ip_allow=10.0.0.0/99&expires_at=soon")).expect_err("bad");
         let fields: Vec<&str> = e.iter().filter_map(|p| p.param.as_deref()).collect();
         assert_eq!(fields, ["name", "rpm", "budget_day", "expires_at", "ip_allow"]);
+    }
+
+    #[test]
+    fn a_keys_rolling_windows_are_shown_in_the_form_and_kept_when_it_is_saved() {
+        let view = json!({"budgets": {
+            "day": {"cap": 3.0, "spent": 0.0, "held": 0.0, "end": "2026-11-29T00:00:00Z"},
+            "5h": {"cap": 2.0, "spent": 0.5, "held": 0.0, "rolling": true, "next_frees_at": "2026-11-28T15:10:00Z"},
+            "7d": {"cap": 25.0, "spent": 0.5, "held": 0.0, "rolling": true, "next_frees_at": null}}});
+        let values = edit_values(&view);
+        assert_eq!(values["budget_rolling"], "5h=2.0, 7d=25.0");
+        assert_eq!(values["budget_day"], "3.0");
+        let rows = window_rows(&view);
+        assert!(rows.iter().any(|r| r[0] == "5h" && r[4] == "2026-11-28T15:10:00Z"), "{rows:?}");
+        let patch = edit_patch(&Form::parse("name=a&group=g&budget_day=3&budget_rolling=5h%3D2,+7d%3D25")).expect("patch");
+        assert_eq!(patch["budgets"], json!({"day": 3.0, "5h": 2.0, "7d": 25.0}));
+        let e = edit_patch(&Form::parse("name=a&group=g&budget_rolling=5w%3D2")).expect_err("not a duration");
+        assert_eq!(e[0].param.as_deref(), Some("budget_rolling"));
     }
 }

@@ -85,7 +85,8 @@ pub(super) fn form_param(e: &mut ApiError) {
         "models" => "models_allow",
         "budgets" if e.message.contains("week") => "budget_week",
         "budgets" if e.message.contains("month") => "budget_month",
-        "budgets" => "budget_day",
+        "budgets" if e.message.starts_with("budgets.day") => "budget_day",
+        "budgets" => "budget_rolling",
         "balance_delta" => "amount",
         _ => return,
     };
