@@ -170,14 +170,9 @@ impl Limits {
         Limits { fleet: Some(fleet), ..Limits::default() }
     }
 
-    /// Count this request; refuse it when the key is over its `rpm`, or its `tpm` is spent (429
-    /// with `Retry-After`; in a fleet, 503 when the database is needed and out of reach).
-    pub async fn admit(&self, key: &KeyRecord) -> Result<(), ApiError> {
-        self.admit_all(&[Limited::key(key)]).await
-    }
-
     /// Count this request under each of `all`, in order; the first over its `rpm` or with its
-    /// `tpm` spent refuses it.
+    /// `tpm` spent refuses it (429 with `Retry-After`; in a fleet, 503 when the database is
+    /// needed and out of reach).
     ///
     /// A fleet's calls are boxed here and in `enter` and `spend_tokens`: their futures (a
     /// database round trip) take kilobytes, which every request's future would otherwise carry
@@ -272,11 +267,6 @@ impl Limits {
         Ok(())
     }
 
-    /// Reserve the `tokens` a relayed request of `key` is held for under its `tpm`.
-    pub fn reserve_tokens(self: &Arc<Self>, key: &KeyRecord, tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
-        self.reserve_tokens_all(&[Limited::key(key)], tokens)
-    }
-
     /// Reserve `tokens` under the `tpm` of each of `all`: refused (429) when what one used plus
     /// every reservation in flight would pass its limit (in a fleet: the fleet's spend as this
     /// node knows it, and this node's reservations); what the others reserved is given back.
@@ -315,12 +305,6 @@ impl Limits {
         Ok((!held.ids.is_empty()).then_some(held))
     }
 
-    /// Count a request in flight for a key with `max_concurrent`; 429 when it has that many.
-    /// None for a key without the cap.
-    pub async fn enter(self: &Arc<Self>, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
-        self.enter_all(&[Limited::key(key)]).await
-    }
-
     /// Count a request in flight under each of `all` with a `max_concurrent`; 429 when one has
     /// that many (the others' counts given back). None when none has the cap.
     pub async fn enter_all(self: &Arc<Self>, all: &[Limited<'_>]) -> Result<Option<Slot>, ApiError> {
@@ -349,11 +333,6 @@ impl Limits {
             slot.ids.push(one.id.to_string());
         }
         Ok((!slot.ids.is_empty()).then_some(slot))
-    }
-
-    /// Count the tokens a finished request of `key` used (only a key with a `tpm` counts them).
-    pub async fn spend_tokens(&self, key: &KeyRecord, tokens: u64) {
-        self.spend_tokens_all(&[Limited::key(key)], tokens).await;
     }
 
     /// Count the tokens a finished request used under each `tpm` of `all`.
@@ -430,17 +409,38 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_shared_cap_that_refuses_gives_back_what_the_key_took() {
+        let limits = Arc::new(Limits::default());
+        let account = Limited {
+            id: "acct:team".into(),
+            rates: crate::policy::limits::RateLimits { max_concurrent: Some(1), ..Default::default() },
+            whose: "the account 'team'".into(),
+        };
+        let (one, two) = (
+            KeyRecord { max_concurrent: Some(1), ..key(None, None) },
+            KeyRecord { id: "key_two".into(), max_concurrent: Some(1), ..key(None, None) },
+        );
+        let held = limits.enter_all(&[Limited::key(&one), account.clone()]).await.expect("first").expect("slot");
+        let e = limits.enter_all(&[Limited::key(&two), account.clone()]).await.err().expect("the account is busy");
+        assert!(e.message.contains("the account 'team' may have 1 at once"), "{}", e.message);
+        // The second key's own slot was given back with the refusal.
+        assert!(limits.enter_all(&[Limited::key(&two)]).await.expect("its own slot is free").is_some());
+        drop(held);
+        assert!(limits.enter_all(&[Limited::key(&two), account]).await.expect("the account is free again").is_some());
+    }
+
+    #[tokio::test]
     async fn max_concurrent_counts_requests_in_flight() {
         let limits = Arc::new(Limits::default());
         let k = key(None, None);
-        let a = limits.enter(&k).await.expect("first").expect("slot");
-        let _b = limits.enter(&k).await.expect("second").expect("slot");
-        let e = limits.enter(&k).await.err().expect("a third is refused");
+        let a = limits.enter_all(&[Limited::key(&k)]).await.expect("first").expect("slot");
+        let _b = limits.enter_all(&[Limited::key(&k)]).await.expect("second").expect("slot");
+        let e = limits.enter_all(&[Limited::key(&k)]).await.err().expect("a third is refused");
         assert_eq!(e.status(), 429);
         drop(a);
-        assert!(limits.enter(&k).await.expect("one finished").is_some());
+        assert!(limits.enter_all(&[Limited::key(&k)]).await.expect("one finished").is_some());
         let free = KeyRecord { max_concurrent: None, ..k };
-        assert!(limits.enter(&free).await.expect("no cap").is_none());
+        assert!(limits.enter_all(&[Limited::key(&free)]).await.expect("no cap").is_none());
     }
 
     #[tokio::test]
@@ -448,23 +448,23 @@ mod tests {
         let limits = Limits::default();
         let k = key(Some(3), None);
         for _ in 0..3 {
-            assert!(limits.admit(&k).await.is_ok());
+            assert!(limits.admit_all(&[Limited::key(&k)]).await.is_ok());
         }
-        let e = limits.admit(&k).await.unwrap_err();
+        let e = limits.admit_all(&[Limited::key(&k)]).await.unwrap_err();
         assert_eq!(e.status(), 429);
         assert!(e.retry_after.is_some_and(|s| (1..=60).contains(&s)));
-        assert!(limits.admit(&key(None, None)).await.is_ok(), "no limit configured");
+        assert!(limits.admit_all(&[Limited::key(&key(None, None))]).await.is_ok(), "no limit configured");
     }
 
     #[tokio::test]
     async fn tpm_refuses_once_the_window_is_spent() {
         let limits = Limits::default();
         let k = key(None, Some(100));
-        assert!(limits.admit(&k).await.is_ok());
-        limits.spend_tokens(&k, 60).await;
-        assert!(limits.admit(&k).await.is_ok());
-        limits.spend_tokens(&k, 40).await;
-        assert_eq!(limits.admit(&k).await.unwrap_err().status(), 429);
+        assert!(limits.admit_all(&[Limited::key(&k)]).await.is_ok());
+        limits.spend_tokens_all(&[Limited::key(&k)], 60).await;
+        assert!(limits.admit_all(&[Limited::key(&k)]).await.is_ok());
+        limits.spend_tokens_all(&[Limited::key(&k)], 40).await;
+        assert_eq!(limits.admit_all(&[Limited::key(&k)]).await.unwrap_err().status(), 429);
     }
 
     #[tokio::test]
@@ -489,21 +489,21 @@ mod tests {
         let limits = Arc::new(Limits::default());
         let k = key(None, Some(1000));
         // 20 requests at once, each held for 120 tokens: 8 fit in 1,000.
-        let grants: Vec<_> = (0..20).filter_map(|_| limits.reserve_tokens(&k, 120).ok()).collect();
+        let grants: Vec<_> = (0..20).filter_map(|_| limits.reserve_tokens_all(&[Limited::key(&k)], 120).ok()).collect();
         assert_eq!(grants.len(), 8);
-        let e = limits.reserve_tokens(&k, 120).err().expect("full");
+        let e = limits.reserve_tokens_all(&[Limited::key(&k)], 120).err().expect("full");
         assert!(e.status() == 429 && e.retry_after.is_some());
         // They settle for what they used; the reservations go.
         for _ in &grants {
-            limits.spend_tokens(&k, 100).await;
+            limits.spend_tokens_all(&[Limited::key(&k)], 100).await;
         }
         drop(grants);
-        assert!(limits.reserve_tokens(&k, 150).is_ok(), "800 used, 200 room");
-        assert!(limits.reserve_tokens(&k, 250).is_err());
+        assert!(limits.reserve_tokens_all(&[Limited::key(&k)], 150).is_ok(), "800 used, 200 room");
+        assert!(limits.reserve_tokens_all(&[Limited::key(&k)], 250).is_err());
         // A request held for more than the whole limit can never pass: said so.
-        let e = limits.reserve_tokens(&k, 5000).err().expect("too large");
+        let e = limits.reserve_tokens_all(&[Limited::key(&k)], 5000).err().expect("too large");
         assert!(e.message.contains("5000 tokens"), "{}", e.message);
-        assert!(limits.reserve_tokens(&key(None, None), 1 << 30).expect("no tpm").is_none());
+        assert!(limits.reserve_tokens_all(&[Limited::key(&key(None, None))], 1 << 30).expect("no tpm").is_none());
     }
 
     #[tokio::test]

@@ -143,8 +143,10 @@ impl Charge {
     /// account's, its balance, its account's balance. A key whose account this node does not
     /// know (yet) is refused for now.
     pub fn purses(&self, key: &KeyRecord, calendar: &Calendar) -> Result<Vec<Purse>, ApiError> {
-        let tag_limits = self.keys.tag_limits();
-        let tags: Vec<&crate::policy::limits::TagLimit> = tag_limits.of(&key.policy.tags).filter(|t| !t.budgets.is_empty()).collect();
+        // Only a key with tags loads the tag limits.
+        let tag_limits = (!key.policy.tags.is_empty()).then(|| self.keys.tag_limits());
+        let tags: Vec<&crate::policy::limits::TagLimit> =
+            tag_limits.iter().flat_map(|t| t.of(&key.policy.tags)).filter(|t| !t.budgets.is_empty()).collect();
         if key.policy.account.is_none() && key.policy.budgets.is_empty() && tags.is_empty() {
             return Ok(vec![Purse::key(&key.id)]);
         }

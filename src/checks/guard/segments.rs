@@ -119,16 +119,8 @@ impl Segments {
         let mut screening = Screening::default();
         let mut refs: Vec<&mut String> = self.texts.iter_mut().map(|(_, t)| t).collect();
         let screened = screen(&self.applied, true, call, &mut refs, &mut screening, metrics).await;
-        for n in screening.noted {
-            match self.noted.iter_mut().find(|m| m.guardrail == n.guardrail && m.action == n.action) {
-                Some(m) => n.categories.into_iter().for_each(|c| {
-                    if !m.categories.contains(&c) {
-                        m.categories.push(c);
-                    }
-                }),
-                None => self.noted.push(n),
-            }
-        }
+        // Merged into the answer's notes by the output guard.
+        self.noted.extend(screening.noted);
         match screened {
             Err(refusal) => {
                 for raw in &self.held {

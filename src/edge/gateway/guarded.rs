@@ -7,7 +7,6 @@
 //! (`price_per_check`) is held and billed with the call.
 
 use super::admit::Caller;
-use super::stream::{read_whole, Unread, DRAIN_MAX_BYTES};
 use super::{Gateway, RelayPlan, RequestCtx};
 use crate::billing::meter::UsageScanner;
 use crate::checks::guard::{self, stream::Dialect, stream::OutputGuard, Applied, Call, Noted, Screening};
@@ -168,23 +167,9 @@ impl Gateway {
         (mut header, mut scanner, status): (Box<ResponseHeader>, UsageScanner, u16),
     ) -> Result<()> {
         let mut held = self.body.budget.reservation();
-        let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES, &mut held).await {
+        let body = match self.read_answer((&mut http, &mut scanner), plan, status, &mut held).await {
             Ok(body) => body,
-            Err(e) => {
-                log::warn!("upstream answer not read whole: {e}");
-                let err = match e {
-                    Unread::NoRoom => {
-                        // The rest is read, unsent, for the usage it reports: billed exactly.
-                        Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
-                        crate::edge::body::busy()
-                    }
-                    Unread::Cut(_) => {
-                        Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
-                        ApiError::new(crate::protocol::ErrorKind::BadGateway, "The upstream service's answer was cut short.")
-                    }
-                };
-                return LocalResponse::error(&err, plan.protocol).send(session).await;
-            }
+            Err(err) => return LocalResponse::error(&err, plan.protocol).send(session).await,
         };
         self.settle(plan, Some(&mut scanner), status).await;
         let idle = peer.idle_timeout();

@@ -161,6 +161,32 @@ impl Gateway {
         written
     }
 
+    /// A whole answer read before it is sent (to read it with the guardrails, to translate
+    /// it), held against the process's budget (`held`). When it cannot be had, the call is
+    /// billed as it must be — the rest read unsent for its usage when the budget had no room,
+    /// what came when the answer was cut — and the client's error is returned.
+    pub(super) async fn read_answer(
+        &self,
+        (http, scanner): (&mut Reply, &mut UsageScanner),
+        plan: &mut RelayPlan,
+        status: u16,
+        held: &mut crate::edge::body::Reservation,
+    ) -> std::result::Result<Vec<u8>, ApiError> {
+        match read_whole(http, scanner, DRAIN_MAX_BYTES, held).await {
+            Ok(body) => Ok(body),
+            Err(Unread::NoRoom) => {
+                log::warn!("upstream answer of a {} request not read whole: {}", plan.model, Unread::NoRoom);
+                Box::pin(self.drain(http, plan, scanner, status)).await;
+                Err(crate::edge::body::busy())
+            }
+            Err(e @ Unread::Cut(_)) => {
+                log::warn!("upstream answer of a {} request not read whole: {e}", plan.model);
+                Box::pin(self.abandon(http, plan, scanner, status)).await;
+                Err(ApiError::new(ErrorKind::BadGateway, "The upstream service's answer was cut short."))
+            }
+        }
+    }
+
     /// No answer came from the provider: the request is settled on what it failed with and the
     /// client gets the error in its shape.
     async fn refuse_unanswered(&self, session: &mut Session, plan: &mut RelayPlan, err: ApiError) -> Result<()> {
@@ -322,7 +348,7 @@ pub(super) const DRAIN_MAX_BYTES: usize = 64 << 20;
 const ERROR_BODY_MAX_BYTES: usize = 64 << 10;
 
 /// Why a whole answer was not read.
-pub(super) enum Unread {
+enum Unread {
     /// The upstream's answer ended early, or passed its bound.
     Cut(Box<Error>),
     /// The process's budget of bytes held for clients had no room for it.
@@ -341,7 +367,7 @@ impl std::fmt::Display for Unread {
 /// A whole upstream answer, metered as it comes, at most `max` bytes (over it: an error), each
 /// byte held against the process's budget of bytes held for clients (`held`, given back when
 /// the caller drops it).
-pub(super) async fn read_whole(
+async fn read_whole(
     http: &mut Reply,
     scanner: &mut UsageScanner,
     max: usize,

@@ -4,12 +4,12 @@
 //! re-encoded: a whole answer once it is complete, a stream event by event.
 
 use super::send::retry_after;
-use super::stream::{read_whole, upstream_request_id, Unread, DRAIN_MAX_BYTES};
+use super::stream::upstream_request_id;
 use super::{Gateway, RelayPlan, RequestCtx};
 use crate::billing::meter::{Shape, UsageScanner};
 use crate::config::Protocol;
 use crate::protocol::response::LocalResponse;
-use crate::protocol::{ApiError, ErrorKind};
+
 use crate::translate::{self, StreamTranslator, Translation};
 use crate::upstream::Reply;
 use bytes::Bytes;
@@ -143,23 +143,9 @@ impl Gateway {
     ) -> Result<()> {
         let shape = plan.protocol;
         let mut held = self.body.budget.reservation();
-        let body = match read_whole(&mut http, &mut scanner, DRAIN_MAX_BYTES, &mut held).await {
+        let body = match self.read_answer((&mut http, &mut scanner), plan, status, &mut held).await {
             Ok(body) => body,
-            Err(e) => {
-                log::warn!("upstream answer of a translated request not read whole: {e}");
-                let err = match e {
-                    Unread::NoRoom => {
-                        // The rest is read, unsent, for the usage it reports: billed exactly.
-                        Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
-                        crate::edge::body::busy()
-                    }
-                    Unread::Cut(_) => {
-                        Box::pin(self.abandon(&mut http, plan, &mut scanner, status)).await;
-                        ApiError::new(ErrorKind::BadGateway, "The upstream service's answer was cut short.")
-                    }
-                };
-                return LocalResponse::error(&err, shape).send(session).await;
-            }
+            Err(err) => return LocalResponse::error(&err, shape).send(session).await,
         };
         self.settle(plan, Some(&mut scanner), status).await;
         let idle = peer.idle_timeout();

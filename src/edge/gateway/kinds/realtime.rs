@@ -142,6 +142,11 @@ struct Relay<'a> {
     suppressing: bool,
 }
 
+/// What a guardrail's service is told of a session's call (its text events and answers).
+fn guard_call<'a>(model: &'a str, key: &'a KeyRecord) -> crate::checks::guard::Call<'a> {
+    crate::checks::guard::Call { protocol: "openai", route: "realtime", model: Some(model), key_id: &key.id, tags: &key.policy.tags }
+}
+
 /// `GET /v1/realtime?model=…`: the session, from its upgrade to its end.
 pub(super) async fn realtime(
     gw: &Gateway,
@@ -666,13 +671,7 @@ impl Relay<'_> {
     /// A client event read by the key's guardrails: masked (the event again), as it came, or
     /// refused.
     async fn guard(&mut self, payload: &[u8]) -> Result<Option<Vec<u8>>, ApiError> {
-        let call = crate::checks::guard::Call {
-            protocol: "openai",
-            route: "realtime",
-            model: Some(&self.model),
-            key_id: &self.key.id,
-            tags: &self.key.policy.tags,
-        };
+        let call = guard_call(&self.model, &self.key);
         let mut screening = crate::checks::guard::Screening { masks: std::mem::take(&mut self.masks), ..Default::default() };
         let screened = crate::checks::guard::screen_body(&self.guards, &call, payload, &mut screening, &self.gw.metrics).await;
         self.guard_unbilled = self.guard_unbilled.saturating_add(screening.price_nanos);
@@ -716,13 +715,7 @@ impl Relay<'_> {
         event.extend_from_slice(b"data: ");
         event.extend_from_slice(&payload);
         event.extend_from_slice(b"\n\n");
-        let call = crate::checks::guard::Call {
-            protocol: "openai",
-            route: "realtime",
-            model: Some(&self.model),
-            key_id: &self.key.id,
-            tags: &self.key.policy.tags,
-        };
+        let call = guard_call(&self.model, &self.key);
         let fed = guard.relay(&event, done, &call, &self.gw.metrics).await;
         let out = fed.out;
         if fed.blocked.is_some() {
