@@ -111,6 +111,7 @@ groups:\n  default: {{ platforms: [openai] }}\nprices:\n  alpha-5.5: {{ input: 2
                     cache_write_tokens: 0,
                     output_tokens: 20,
                     cost_nanos: 360_000,
+                    list_cost_nanos: None,
                     status: 200,
                     latency_ms: 5,
                     estimated: false,

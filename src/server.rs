@@ -253,6 +253,7 @@ async fn seed(keys: &KeyIndex, ledger: &Ledger, config: &Config) -> Result<(), c
     }
     keys.seed_accounts(&config.accounts).await?;
     keys.set_tag_limits(config.tag_limits.clone());
+    keys.set_group_multipliers(&config.groups);
     for seed in &config.keys {
         ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await?;
     }

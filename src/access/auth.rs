@@ -90,6 +90,9 @@ pub struct KeyIndex {
     /// `tag_limits`: what the keys carrying a tag value share (set from the file at start and
     /// at each reload).
     tag_limits: arc_swap::ArcSwap<crate::policy::limits::TagLimits>,
+    /// `groups.<g>.price_multiplier`, of the groups that have one other than 1 (set from the
+    /// file at start and at each reload).
+    group_multipliers: arc_swap::ArcSwap<HashMap<String, crate::base::money::Multiplier>>,
 }
 
 /// The key records to write so that the store follows the configuration file's keys:
@@ -155,7 +158,7 @@ impl KeyIndex {
 
     /// Authenticate from `store`'s index, as it is.
     pub fn new(store: Arc<dyn KeyStore>) -> KeyIndex {
-        KeyIndex { store, tag_limits: Default::default() }
+        KeyIndex { store, tag_limits: Default::default(), group_multipliers: Default::default() }
     }
 
     /// The limits of tag values (`tag_limits`).
@@ -166,6 +169,34 @@ impl KeyIndex {
     /// Set the limits of tag values (the file's, at start and at each reload).
     pub fn set_tag_limits(&self, limits: crate::policy::limits::TagLimits) {
         self.tag_limits.store(Arc::new(limits));
+    }
+
+    /// The price multiplier of `group` (1 when it sets none).
+    pub fn group_multiplier(&self, group: &str) -> crate::base::money::Multiplier {
+        let all = self.group_multipliers.load();
+        match all.is_empty() {
+            true => crate::base::money::Multiplier::ONE,
+            false => all.get(group).copied().unwrap_or_default(),
+        }
+    }
+
+    /// The price multiplier a call of `key` is charged at, and whose it is: its account's
+    /// (`account`), else its group's (`group`), else 1 (`none`). They do not compound.
+    pub fn price_multiplier(&self, key: &KeyRecord) -> (crate::base::money::Multiplier, &'static str) {
+        let account = key.policy.account.as_deref().and_then(|name| self.account(name)).and_then(|a| a.price_multiplier);
+        match account {
+            Some(m) => (m, "account"),
+            None => match self.group_multiplier(&key.group) {
+                m if m.is_one() => (m, "none"),
+                m => (m, "group"),
+            },
+        }
+    }
+
+    /// Set the groups' price multipliers (the file's, at start and at each reload).
+    pub fn set_group_multipliers(&self, groups: &std::collections::BTreeMap<String, crate::config::Group>) {
+        let set = groups.iter().filter(|(_, g)| !g.price_multiplier.is_one()).map(|(n, g)| (n.clone(), g.price_multiplier)).collect();
+        self.group_multipliers.store(Arc::new(set));
     }
 
     /// The shared account named `name`, from memory.
@@ -201,6 +232,10 @@ impl KeyIndex {
                 entry.push('\n');
                 entry.push_str(&serde_json::to_string(&seed.rates).unwrap_or_default());
             }
+            // And its price multiplier.
+            if let Some(m) = seed.price_multiplier {
+                entry.push_str(&format!("\nx{}", m.as_f64()));
+            }
             let digest = hex(&Sha256::digest(entry.as_bytes())[..16]);
             let record = match existing.get(&seed.name) {
                 Some(old) if old.origin == KeyOrigin::Admin => {
@@ -212,6 +247,7 @@ impl KeyIndex {
                     budgets: seed.budgets.clone(),
                     guardrails: seed.guardrails.clone(),
                     rates: seed.rates,
+                    price_multiplier: seed.price_multiplier,
                     seed_digest: Some(digest),
                     origin: KeyOrigin::Config,
                     ..old.clone()
@@ -227,6 +263,7 @@ impl KeyIndex {
                     people: Default::default(),
                     guardrails: seed.guardrails.clone(),
                     rates: seed.rates,
+                    price_multiplier: seed.price_multiplier,
                 },
             };
             self.store.put_account(&record).await?;

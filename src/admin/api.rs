@@ -96,6 +96,9 @@ struct CreateAccount {
     tpm: Option<u64>,
     #[serde(default)]
     max_concurrent: Option<u32>,
+    /// What its keys are charged of the price table (1.25: a quarter more).
+    #[serde(default)]
+    price_multiplier: Option<crate::base::money::Multiplier>,
 }
 
 /// `PATCH /admin/accounts/{name}`.
@@ -124,6 +127,9 @@ struct PatchAccount {
     tpm: Option<Option<u64>>,
     #[serde(default, deserialize_with = "double_option")]
     max_concurrent: Option<Option<u32>>,
+    /// What its keys are charged of the price table (`null`: their group's).
+    #[serde(default, deserialize_with = "double_option")]
+    price_multiplier: Option<Option<crate::base::money::Multiplier>>,
 }
 
 /// `Some(None)` clears a limit; absent leaves it.
@@ -234,10 +240,6 @@ struct RotateKey {
 
 /// Longest grace period of a rotation: 30 days.
 const MAX_GRACE_SECS: u64 = 30 * 86_400;
-/// Most days `GET /admin/usage?group_by=day` reports at once.
-const MAX_USAGE_DAYS: u64 = 366;
-/// Days `GET /admin/usage?group_by=day` reports without `start`: the last 30, today included.
-const DEFAULT_USAGE_DAYS: u64 = 30;
 
 /// A JSON body as `T`; an error names the field it is about (`param`, and the message): a
 /// type error by its path (`budgets.day`), a field's own validation by what it says.
@@ -274,7 +276,7 @@ pub(crate) fn parse_json<T: for<'de> Deserialize<'de>>(body: &[u8]) -> std::resu
 
 /// A store failure as the admin API answers it: the shared database out of reach is 503
 /// `store_unavailable` with `Retry-After` (the write can be sent again); anything else is 500.
-fn internal<E: std::fmt::Display + 'static>(e: E) -> ApiError {
+pub(super) fn internal<E: std::fmt::Display + 'static>(e: E) -> ApiError {
     if let Some(crate::store::StoreError::Shared(why)) = (&e as &dyn std::any::Any).downcast_ref::<crate::store::StoreError>() {
         log::warn!("admin: {why}");
         return crate::store::fleet::unavailable("its data");
@@ -321,7 +323,9 @@ impl AdminApi {
 
     pub(crate) async fn view(&self, rec: &KeyRecord) -> std::result::Result<Value, ApiError> {
         let balance = self.ledger.balance(&rec.id).await.map_err(internal)?;
+        let (multiplier, from) = self.keys.price_multiplier(rec);
         Ok(json!({
+            "price_multiplier": multiplier, "price_multiplier_from": from,
             "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
             "rpm": rec.rpm, "tpm": rec.tpm, "max_concurrent": rec.max_concurrent,
             "enabled": rec.enabled, "created_at": rec.created_at, "origin": rec.origin,
@@ -388,6 +392,7 @@ impl AdminApi {
             "member_policy": account.member_policy.as_ref().map(crate::admin::teams::ceiling_view),
             "people": account.people, "guardrails": account.guardrails,
             "rpm": account.rates.rpm, "tpm": account.rates.tpm, "max_concurrent": account.rates.max_concurrent,
+            "price_multiplier": account.price_multiplier,
         }))
     }
 
@@ -405,83 +410,6 @@ impl AdminApi {
             .into_iter()
             .find(|r| r.id == id)
             .ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No key with id '{id}'.")))
-    }
-
-    /// `GET /admin/usage?group_by=key|model|day&start=&end=`: every key's usage in the window,
-    /// one row per key, model or UTC day (with `/v1/usage`'s counters).
-    async fn usage_by(&self, query: Option<&str>) -> std::result::Result<LocalResponse, ApiError> {
-        let (start, end) = crate::billing::ledger::usage_window(query)?;
-        let group_by = query.unwrap_or_default().split('&').find_map(|p| p.strip_prefix("group_by=")).unwrap_or("key").to_string();
-        self.ledger.commit_now().await.map_err(internal)?;
-        let keys = self.keys.all_keys().await.map_err(internal)?;
-        let mut total = crate::records::usage::Totals::default();
-        let mut rows: std::collections::BTreeMap<String, (Value, crate::records::usage::Totals)> = std::collections::BTreeMap::new();
-        let mut add = |label: String, tag: Value, t: &crate::records::usage::Totals| {
-            let row = rows.entry(label).or_insert_with(|| (tag, crate::records::usage::Totals::default()));
-            row.1.merge(t);
-        };
-        match group_by.as_str() {
-            "key" | "model" => {
-                for rec in &keys {
-                    let (t, by_model) = self.ledger.usage_summary(&rec.id, start, end).await.map_err(internal)?;
-                    total.merge(&t);
-                    if group_by == "key" {
-                        if t.requests > 0 || t.cost_nanos != 0 {
-                            add(rec.id.clone(), json!({"key": {"id": rec.id, "name": rec.name, "group": rec.group}}), &t);
-                        }
-                    } else {
-                        for (model, t) in &by_model {
-                            add(model.clone(), json!({"model": model}), t);
-                        }
-                    }
-                }
-            }
-            "day" => {
-                const DAY_MS: u64 = 86_400_000;
-                let end = end.min(crate::base::clock::now_ms().div_ceil(DAY_MS) * DAY_MS);
-                // Without `start`: the last DEFAULT_USAGE_DAYS days up to `end`.
-                let start = if start == 0 { (end.div_ceil(DAY_MS).saturating_sub(DEFAULT_USAGE_DAYS)) * DAY_MS } else { start };
-                let first = start / DAY_MS;
-                let days = end.div_ceil(DAY_MS).saturating_sub(first);
-                if days > MAX_USAGE_DAYS {
-                    return Err(bad(format!("group_by=day: at most {MAX_USAGE_DAYS} days from start to end")).with_param("start"));
-                }
-                // One read per key, its records grouped by UTC day (not one per key and day).
-                let by_day = crate::records::usage::Grouping::Day(jiff::tz::TimeZone::UTC);
-                for rec in &keys {
-                    let (t, days) = self.ledger.usage_grouped(&rec.id, start, end, &by_day).await.map_err(internal)?;
-                    total.merge(&t);
-                    for (day, t) in &days {
-                        if t.requests > 0 || t.cost_nanos != 0 {
-                            add(day.clone(), json!({"day": day}), t);
-                        }
-                    }
-                }
-            }
-            other => {
-                let Some(ref by @ crate::records::usage::Grouping::Tag(ref name)) = crate::records::usage::Grouping::parse(other) else {
-                    return Err(bad(format!("group_by: key, model, day or tag:<name>, not '{other}'")).with_param("group_by"));
-                };
-                for rec in &keys {
-                    let (t, by_value) = self.ledger.usage_grouped(&rec.id, start, end, by).await.map_err(internal)?;
-                    total.merge(&t);
-                    for (value, t) in &by_value {
-                        let shown = if value.is_empty() { Value::Null } else { json!(value) };
-                        add(value.clone(), json!({"tag": name, "value": shown}), t);
-                    }
-                }
-            }
-        }
-        let data: Vec<Value> = rows
-            .into_values()
-            .map(|(mut tag, t)| {
-                if let (Some(tag), Value::Object(counters)) = (tag.as_object_mut(), t.to_json()) {
-                    tag.extend(counters);
-                }
-                tag
-            })
-            .collect();
-        Ok(LocalResponse::json(200, &json!({"object": "usage", "group_by": group_by, "total": total.to_json(), "data": data})))
     }
 
     /// `POST /admin/keys` (and the console's form): the new key's view with its secret
@@ -694,6 +622,7 @@ impl AdminApi {
             people: Default::default(),
             guardrails: self.known_guardrails(body.guardrails.unwrap_or_default())?,
             rates,
+            price_multiplier: body.price_multiplier,
         };
         self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
         self.keys.put_account(&account).await.map_err(internal)?;
@@ -720,6 +649,10 @@ impl AdminApi {
             account.rates.max_concurrent = max;
         }
         account.rates.validate().map_err(policy_error)?;
+        let repriced = patch.price_multiplier.filter(|m| *m != account.price_multiplier);
+        if let Some(m) = repriced {
+            account.price_multiplier = m;
+        }
         if let Some(limit) = patch.member_limit {
             account.member_limit = limit.map(crate::admin::teams::CeilingInput::parse).transpose()?;
         }
@@ -737,6 +670,12 @@ impl AdminApi {
         if let Some(delta) = delta {
             let id = crate::policy::budget::account_purse(&account.name);
             self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
+        }
+        if let Some(m) = repriced {
+            let id = crate::policy::budget::account_purse(&account.name);
+            let to = m.map_or_else(|| "its group's".to_string(), |m| m.as_f64().to_string());
+            let why = format!("price multiplier of account {} set to {to} through the admin API", account.name);
+            self.ledger.top_up_because(&id, 0, Some(&why)).await.map_err(internal)?;
         }
         if let Some(what) = people_changed {
             let id = crate::policy::budget::account_purse(&account.name);

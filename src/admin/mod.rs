@@ -7,3 +7,4 @@ pub mod guard;
 pub mod refusal;
 pub mod scrape;
 pub mod teams;
+mod usage;

@@ -29,7 +29,6 @@ use crate::files::FileService;
 use crate::protocol::batch::{output_line, rewrite_line, BatchLine, BATCH_URLS};
 use crate::protocol::{ApiError, ErrorKind};
 use crate::records::key::KeyRecord;
-use crate::records::purse::Purse;
 use crate::route::Route;
 use crate::store::{JobRow, JobStore, StoreError};
 use crate::upstream::Routing;
@@ -211,6 +210,7 @@ impl BatchService {
     /// Who pays for a batch: its owner, under its model and the batch route.
     fn payer(batch: &Batch) -> Payer<'_> {
         Payer {
+            rate: batch.price_multiplier.unwrap_or_default(),
             key_id: &batch.owner,
             tags: &batch.tags,
             model: &batch.model,
@@ -442,7 +442,7 @@ impl BatchService {
     pub async fn create(
         &self,
         key: &KeyRecord,
-        purses: &[Purse],
+        payment: &crate::charge::Payment,
         body: &[u8],
         guards: crate::checks::guard::Applied,
     ) -> Result<Batch, ApiError> {
@@ -507,7 +507,8 @@ impl BatchService {
             errors: None,
             times: Default::default(),
             hold_nanos: worst,
-            charged_to: crate::records::purse::charged(purses),
+            price_multiplier: Some(payment.rate).filter(|m| !m.is_one()),
+            charged_to: crate::records::purse::charged(&payment.purses),
             settled: false,
             cost_nanos: 0,
             usage: (0, 0, 0),
@@ -517,7 +518,7 @@ impl BatchService {
             guard_nanos: guard_price,
         };
         let _creating = self.creating.mark(&batch.id);
-        match self.books.charge(&Self::payer(&batch), Self::used(&batch, worst, (0, 0, 0)), purses).await.map_err(internal)? {
+        match self.books.charge(&Self::payer(&batch), Self::used(&batch, worst, (0, 0, 0)), &payment.purses).await.map_err(internal)? {
             Ok(_) => {}
             Err(refused) => return Err(refused.to_api_error("this batch may cost", now)),
         }
@@ -614,7 +615,8 @@ impl BatchService {
         if self.books.owner_of(&marker).await?.is_some() {
             log::warn!("batch {}: its settlement was booked before; not booked again", batch.id);
         } else {
-            let used = Used { response_id: Some(marker), ..Self::used(batch, cost - batch.hold_nanos, usage) };
+            let used =
+                Used { response_id: Some(marker), prior_list_nanos: batch.hold_nanos, ..Self::used(batch, cost - batch.hold_nanos, usage) };
             self.books.adjust(&Self::payer(batch), used).await?;
         }
         batch.settled = true;

@@ -63,8 +63,12 @@ pub struct Batch {
     /// `cancelling_at`, `cancelled_at`, `expires_at`: Unix seconds.
     #[serde(default)]
     pub times: BTreeMap<String, u64>,
-    /// What was charged when it was accepted (its worst case at the batch prices).
+    /// What was charged when it was accepted (its worst case at the batch prices, before its
+    /// price multiplier).
     pub hold_nanos: i64,
+    /// The price multiplier its owner paid at creation (its settlement charges at the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_multiplier: Option<crate::base::money::Multiplier>,
     #[serde(default)]
     pub charged_to: Vec<String>,
     /// Settled from its output: what it cost, and the tokens of its answers.

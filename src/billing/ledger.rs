@@ -17,7 +17,7 @@
 //! three bytes, so an overrun needs an upstream that exceeds `max_tokens` or a tokenizer that
 //! packs more than one token in three bytes.
 
-use crate::base::money::usd;
+use crate::base::money::{usd, Multiplier};
 use crate::records::audit::AuditEntry;
 use crate::records::purse::{charged, Insufficient, Purse, PurseKind};
 use crate::records::usage::{Grouping, ResponseOwner, Totals, UsageRecord};
@@ -97,7 +97,12 @@ impl Refused {
 pub struct Hold {
     ledger: Arc<Ledger>,
     purses: Vec<Purse>,
+    /// What is held: `list` at `rate`.
     amount: i64,
+    /// What the call may cost at the price table.
+    list: i64,
+    /// The price multiplier it was admitted at (what its settlement charges).
+    rate: Multiplier,
     done: bool,
 }
 
@@ -111,6 +116,16 @@ impl Hold {
     /// The money held, in nano-USD.
     pub fn amount(&self) -> i64 {
         self.amount
+    }
+
+    /// What the call may cost at the price table (the amount held before its multiplier).
+    pub fn list(&self) -> i64 {
+        self.list
+    }
+
+    /// The price multiplier the call was admitted at.
+    pub fn rate(&self) -> Multiplier {
+        self.rate
     }
 }
 
@@ -180,9 +195,21 @@ impl Ledger {
     /// none: the first that does not answers (in a fleet: this node's leases, or more leased
     /// from the database).
     pub async fn hold_from(self: &Arc<Self>, purses: Vec<Purse>, amount: i64) -> Result<Result<Hold, Refused>, StoreError> {
-        let amount = amount.max(0);
+        self.hold_priced(purses, amount, Multiplier::ONE).await
+    }
+
+    /// Reserve what a call of list cost `list` is charged at `rate` ([`Ledger::hold_from`]):
+    /// a refusal's amounts are in charged money.
+    pub async fn hold_priced(
+        self: &Arc<Self>,
+        purses: Vec<Purse>,
+        list: i64,
+        rate: Multiplier,
+    ) -> Result<Result<Hold, Refused>, StoreError> {
+        let list = list.max(0);
+        let amount = rate.apply(list);
         Ok(match self.money.hold(&purses, amount).await? {
-            Ok(()) => Ok(Hold { ledger: self.clone(), purses, amount, done: false }),
+            Ok(()) => Ok(Hold { ledger: self.clone(), purses, amount, list, rate, done: false }),
             Err((i, short)) => Err(self.refused(&purses, i, short).await),
         })
     }

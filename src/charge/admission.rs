@@ -4,6 +4,7 @@
 use super::Books;
 use crate::access::auth::KeyIndex;
 use crate::access::limits::{Limited, Limits, Slot, TokenReservation};
+use crate::base::money::Multiplier;
 use crate::billing::ledger::{Hold, Refused};
 use crate::policy::budget::Calendar;
 use crate::protocol::{ApiError, ErrorKind};
@@ -157,11 +158,22 @@ impl Charge {
         Ok(crate::records::purse::purses(key, account.as_deref(), &tags, calendar, crate::base::clock::now_unix()))
     }
 
-    /// Hold `amount` in every purse, or in none: `Ok(Err(refused))` names the purse that does
-    /// not cover it. A store that cannot answer is the client's 503 (a fleet's database out of
-    /// reach) or 500.
-    pub async fn hold(&self, purses: Vec<Purse>, amount: i64) -> Result<Result<Hold, Refused>, ApiError> {
-        self.books.ledger.hold_from(purses, amount).await.map_err(|e| match e {
+    /// The price multiplier a call of `key` is charged at (`KeyIndex::price_multiplier`).
+    pub fn rate(&self, key: &KeyRecord) -> Multiplier {
+        self.keys.price_multiplier(key).0
+    }
+
+    /// What a call of `key` pays from and at which multiplier (a kind that charges up front).
+    pub fn payment(&self, key: &KeyRecord, calendar: &Calendar) -> Result<super::Payment, ApiError> {
+        Ok(super::Payment { purses: self.purses(key, calendar)?, rate: self.rate(key) })
+    }
+
+    /// Hold what a call of list cost `list` is charged at `rate` (its key's [`Charge::rate`])
+    /// in every purse, or in none: `Ok(Err(refused))` names the purse that does not cover it
+    /// (in charged money). A store that cannot answer is the client's 503 (a fleet's database
+    /// out of reach) or 500.
+    pub async fn hold(&self, purses: Vec<Purse>, list: i64, rate: Multiplier) -> Result<Result<Hold, Refused>, ApiError> {
+        self.books.ledger.hold_priced(purses, list, rate).await.map_err(|e| match e {
             StoreError::Shared(e) => {
                 log::warn!("ledger: {e}");
                 crate::store::fleet::unavailable("the key's balance")
@@ -176,7 +188,7 @@ impl Charge {
     /// Whether every purse of `key` covers `amount` now (held and given back at once); the 402
     /// says `what` it was for.
     pub async fn covers(&self, key: &KeyRecord, calendar: &Calendar, amount: i64, what: &str) -> Result<(), ApiError> {
-        match self.hold(self.purses(key, calendar)?, amount).await? {
+        match self.hold(self.purses(key, calendar)?, amount, self.rate(key)).await? {
             Ok(_released) => Ok(()),
             Err(refused) => Err(refused.to_api_error(what, crate::base::clock::now_unix())),
         }

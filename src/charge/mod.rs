@@ -16,4 +16,4 @@ mod admission;
 mod settlement;
 
 pub use admission::{Bucket, Charge, Entry};
-pub use settlement::{Books, Payer, Used};
+pub use settlement::{Books, Payer, Payment, Used};

@@ -22,15 +22,26 @@ pub(super) fn accounts(raw: Vec<RawAccount>) -> Result<Vec<AccountConfig>, Confi
         let budgets = a.budgets.as_ref().map(Budgets::parse).transpose().map_err(|e| ConfigError(format!("{at}.{e}")))?;
         let rates = crate::policy::limits::RateLimits { rpm: a.rpm, tpm: a.tpm, max_concurrent: a.max_concurrent };
         rates.validate().map_err(|e| ConfigError(format!("{at}.{e}")))?;
+        let price_multiplier = multiplier(a.price_multiplier).map_err(|e| ConfigError(format!("{at}.{e}")))?;
         accounts.push(AccountConfig {
             name: a.name,
             balance: a.balance,
             budgets: budgets.unwrap_or_default(),
             guardrails: a.guardrails,
             rates,
+            price_multiplier,
         });
     }
     Ok(accounts)
+}
+
+/// A `price_multiplier` as written: above 0, at most 1000.
+pub(super) fn multiplier(m: Option<f64>) -> Result<Option<crate::base::money::Multiplier>, ConfigError> {
+    m.map(|m| {
+        crate::base::money::Multiplier::new(m)
+            .ok_or_else(|| ConfigError(format!("price_multiplier: a number above 0 and at most 1000, not {m}")))
+    })
+    .transpose()
 }
 
 /// `keys:`: each secret once, in a group that exists, with its policy and an account that
@@ -125,6 +136,9 @@ pub(super) struct RawAccount {
     tpm: Option<u64>,
     #[serde(default)]
     max_concurrent: Option<u32>,
+    /// What its keys are charged of the price table (1.25: a quarter more).
+    #[serde(default)]
+    price_multiplier: Option<f64>,
 }
 
 /// A shared account of the configuration file.
@@ -138,6 +152,8 @@ pub struct AccountConfig {
     pub guardrails: Vec<String>,
     /// What all its keys together may ask per minute and have in flight.
     pub rates: crate::policy::limits::RateLimits,
+    /// What its keys are charged of the price table (before their group's).
+    pub price_multiplier: Option<crate::base::money::Multiplier>,
 }
 
 #[derive(Debug, Clone)]

@@ -289,7 +289,7 @@ impl Config {
         let (max_event_bytes, uploads, realtime, connections, batch_poll_secs) = listen::limits(raw.limits)?;
 
         let providers = upstream::providers(raw.providers, env)?;
-        let groups = upstream::groups(raw.groups);
+        let groups = upstream::groups(raw.groups)?;
         let (forward_headers, forward_response_headers) = upstream::forwarded_headers(&raw.forward_headers, &raw.forward_response_headers)?;
         let retry = upstream::retry(raw.retry)?;
         let balance_factor = upstream::balance_factor(raw.routing)?;

@@ -168,16 +168,21 @@ pub(super) enum RawModel {
 }
 
 /// `groups:`; without any, one group `default` that may call everything.
-pub(super) fn groups(raw: BTreeMap<String, RawGroup>) -> BTreeMap<String, Group> {
-    let mut groups: BTreeMap<String, Group> = raw
-        .into_iter()
-        .map(|(name, g)| (name, Group { platforms: g.platforms, translate: g.translate, guardrails: g.guardrails }))
-        .collect();
+pub(super) fn groups(raw: BTreeMap<String, RawGroup>) -> Result<BTreeMap<String, Group>, ConfigError> {
+    let mut groups = BTreeMap::new();
+    for (name, g) in raw {
+        let price_multiplier =
+            super::keys::multiplier(g.price_multiplier).map_err(|e| ConfigError(format!("groups.{name}.{e}")))?.unwrap_or_default();
+        groups.insert(name, Group { platforms: g.platforms, translate: g.translate, guardrails: g.guardrails, price_multiplier });
+    }
     if groups.is_empty() {
         let platforms = vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video];
-        groups.insert("default".to_string(), Group { platforms, translate: false, guardrails: Vec::new() });
+        groups.insert(
+            "default".to_string(),
+            Group { platforms, translate: false, guardrails: Vec::new(), price_multiplier: Default::default() },
+        );
     }
-    groups
+    Ok(groups)
 }
 
 /// `forward_headers` and `forward_response_headers`: never a credential, a header tollgate
@@ -322,6 +327,8 @@ pub(super) struct RawGroup {
     translate: bool,
     #[serde(default)]
     guardrails: Vec<String>,
+    #[serde(default)]
+    price_multiplier: Option<f64>,
 }
 
 /// What a group's keys may call.
@@ -335,6 +342,8 @@ pub struct Group {
     pub translate: bool,
     /// Guardrails (by name) every call of its keys goes through.
     pub guardrails: Vec<String>,
+    /// What its keys are charged of the price table, unless their account says otherwise.
+    pub price_multiplier: crate::base::money::Multiplier,
 }
 
 #[derive(Debug, Deserialize)]

@@ -168,6 +168,9 @@ pub struct AccountRecord {
     /// Requests and tokens per minute and requests in flight of all its keys together.
     #[serde(default, flatten)]
     pub rates: crate::policy::limits::RateLimits,
+    /// What its keys are charged of the price table, before their group's multiplier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_multiplier: Option<crate::base::money::Multiplier>,
 }
 
 impl AccountRecord {

@@ -162,6 +162,7 @@ mod tests {
         AccountRecord {
             guardrails: Vec::new(),
             rates: Default::default(),
+            price_multiplier: None,
             name: "research".into(),
             budgets: Budgets::default(),
             created_at: 0,

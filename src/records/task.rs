@@ -84,6 +84,9 @@ pub struct Task {
     /// task: the key sent again with another body is refused (422), not answered with this task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_digest: Option<String>,
+    /// The price multiplier its owner paid at submission (its refund gives back at the same).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_multiplier: Option<crate::base::money::Multiplier>,
     /// The owner's tags at submission, copied onto its charge and refund records.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub tags: std::collections::BTreeMap<String, String>,
@@ -131,6 +134,7 @@ impl Task {
             refunded: false,
             charged_to: Vec::new(),
             request_digest: None,
+            price_multiplier: None,
             tags: Default::default(),
             storage_key: None,
             upstream_url: None,

@@ -22,8 +22,11 @@ pub struct UsageRecord {
     #[serde(default)]
     pub cache_write_tokens: u64,
     pub output_tokens: u64,
-    /// nano-USD; negative for a refund.
+    /// nano-USD charged; negative for a refund.
     pub cost_nanos: i64,
+    /// What it cost at the price table, when a price multiplier made the charge differ.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub list_cost_nanos: Option<i64>,
     pub status: u16,
     pub latency_ms: u64,
     /// Usage was estimated (no usage report seen).
@@ -92,6 +95,7 @@ impl UsageRecord {
             cache_write_tokens: 0,
             output_tokens: 0,
             cost_nanos: 0,
+            list_cost_nanos: None,
             status: 200,
             latency_ms: 0,
             estimated: false,
@@ -118,6 +122,11 @@ impl UsageRecord {
         })
     }
 
+    /// What it cost at the price table (its charge, when no multiplier applied).
+    pub fn list_cost(&self) -> i64 {
+        self.list_cost_nanos.unwrap_or(self.cost_nanos)
+    }
+
     /// All input: plain, cache reads and cache writes.
     pub fn input_total(&self) -> u64 {
         self.input_tokens.saturating_add(self.cached_tokens).saturating_add(self.cache_write_tokens)
@@ -136,6 +145,9 @@ pub struct Totals {
     pub cache_write_input_tokens: u64,
     pub output_tokens: u64,
     pub cost_nanos: i64,
+    /// What the records cost at the price table (the operator's views show it and the margin).
+    #[serde(skip)]
+    pub list_cost_nanos: i64,
     /// Of which credits (refunds, adjustments): how many, and their sum (≤ 0).
     #[serde(skip)]
     pub refunds: u64,
@@ -159,6 +171,7 @@ impl Totals {
         self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(r.cache_write_tokens);
         self.output_tokens = self.output_tokens.saturating_add(r.output_tokens);
         self.cost_nanos = self.cost_nanos.saturating_add(r.cost_nanos);
+        self.list_cost_nanos = self.list_cost_nanos.saturating_add(r.list_cost());
     }
 
     /// Add another set of counters to these.
@@ -169,6 +182,7 @@ impl Totals {
         self.cache_write_input_tokens = self.cache_write_input_tokens.saturating_add(other.cache_write_input_tokens);
         self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
         self.cost_nanos = self.cost_nanos.saturating_add(other.cost_nanos);
+        self.list_cost_nanos = self.list_cost_nanos.saturating_add(other.list_cost_nanos);
         self.refunds = self.refunds.saturating_add(other.refunds);
         self.refunded_nanos = self.refunded_nanos.saturating_add(other.refunded_nanos);
     }
@@ -182,6 +196,15 @@ impl Totals {
             "output_tokens": self.output_tokens,
             "cost": usd(self.cost_nanos),
         })
+    }
+
+    /// The operator's view: [`Totals::to_json`], the cost at the price table and the margin
+    /// (what was charged beyond it; negative below it).
+    pub fn to_json_with_margin(&self) -> serde_json::Value {
+        let mut v = self.to_json();
+        v["list_cost"] = serde_json::json!(usd(self.list_cost_nanos));
+        v["margin"] = serde_json::json!(usd(self.cost_nanos.saturating_sub(self.list_cost_nanos)));
+        v
     }
 }
 

@@ -49,6 +49,11 @@ pub fn encode(r: &UsageRecord, out: &mut Vec<u8>) {
         put_str(out, Some(k));
         put_str(out, Some(v));
     }
+    // Last, and only when a price multiplier made it differ from the charge: a record without
+    // it reads as one charged at the price table.
+    if let Some(list) = r.list_cost_nanos {
+        put_signed(out, list);
+    }
     let len = (out.len() - start - 4) as u32;
     out[start..start + 4].copy_from_slice(&len.to_le_bytes());
 }
@@ -87,6 +92,10 @@ fn decode(body: &[u8]) -> Option<UsageRecord> {
     let (response_id, upstream_protocol) = (r.string()?, r.string()?);
     let charged = (0..r.varint()?).map(|_| r.string()?).collect::<Option<Vec<String>>>()?;
     let tags = (0..r.varint()?).map(|_| Some((r.string()??, r.string()??))).collect::<Option<_>>()?;
+    let list_cost_nanos = match r.0.is_empty() {
+        true => None,
+        false => Some(r.signed()?),
+    };
     r.0.is_empty().then_some(UsageRecord {
         time_ms,
         key_id,
@@ -98,6 +107,7 @@ fn decode(body: &[u8]) -> Option<UsageRecord> {
         cache_write_tokens,
         output_tokens,
         cost_nanos,
+        list_cost_nanos,
         status,
         latency_ms,
         estimated,
@@ -236,6 +246,7 @@ mod tests {
             response_id: Some("resp_1".into()),
             upstream_protocol: Some("openai".into()),
             charged: vec!["acct:team".into(), "win:day:1".into()],
+            list_cost_nanos: Some(-1_200),
             tags: BTreeMap::from([("team".into(), "research".into()), ("env".into(), "prod".into())]),
             ..bare()
         }

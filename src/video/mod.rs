@@ -104,12 +104,14 @@ impl VideoService {
 
     /// Who pays for a task: its owner, under its model and `route` (`video`, `video_refund`).
     fn payer<'a>(task: &'a Task, route: &'a str) -> Payer<'a> {
-        Payer { key_id: &task.owner, tags: &task.tags, model: &task.api_model, protocol: "video", route }
+        let rate = task.price_multiplier.unwrap_or_default();
+        Payer { key_id: &task.owner, tags: &task.tags, model: &task.api_model, protocol: "video", route, rate }
     }
 
-    /// A task's price (a refund: negative), to the purses it was charged.
+    /// A task's price (a refund: negative, of the price charged), to the purses it was charged.
     fn used(task: &Task, cost_nanos: i64) -> Used {
-        Used { attempts: 0, charged: task.charged_to.clone(), ..Used::cost(cost_nanos) }
+        let prior_list_nanos = if cost_nanos < 0 { task.cost_nanos } else { 0 };
+        Used { attempts: 0, charged: task.charged_to.clone(), prior_list_nanos, ..Used::cost(cost_nanos) }
     }
 
     /// Give the price of a failed task back, once. Returns the task to store.
@@ -293,7 +295,7 @@ impl VideoService {
     pub async fn create(
         &self,
         key: &KeyRecord,
-        purses: &[crate::records::purse::Purse],
+        payment: &crate::charge::Payment,
         body: &[u8],
         (idempotency_key, checks_nanos): (Option<&str>, i64),
     ) -> Result<(Task, bool), ApiError> {
@@ -334,7 +336,9 @@ impl VideoService {
         })?;
         let mut task = sub.task(new_task_id(), key.id.clone(), now, cost.saturating_add(checks_nanos.max(0)));
         task.tags = key.policy.tags.clone();
+        task.price_multiplier = Some(payment.rate).filter(|m| !m.is_one());
         task.request_digest = digest.clone();
+        let purses = &payment.purses[..];
         let _creating = self.creating.mark(&task.id);
         // Charged at submission; refunded if the task fails.
         if task.cost_nanos > 0 {

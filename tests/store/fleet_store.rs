@@ -299,6 +299,7 @@ fn usage(key: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         cache_write_tokens: 0,
         output_tokens: 5,
         cost_nanos: cost,
+        list_cost_nanos: None,
         status: 200,
         latency_ms: 1,
         estimated: false,

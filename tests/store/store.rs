@@ -35,6 +35,7 @@ fn usage(key_id: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         cache_write_tokens: 0,
         output_tokens: 5,
         cost_nanos: cost,
+        list_cost_nanos: None,
         status: 200,
         latency_ms: 1,
         estimated: false,
@@ -248,6 +249,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         // window (issue 66).
         guardrails: vec!["secrets".into()],
         rates: tollgate::policy::limits::RateLimits { rpm: Some(60), tpm: Some(5_000), max_concurrent: Some(4) },
+        price_multiplier: tollgate::base::money::Multiplier::new(1.25),
     };
     keys.put_account(&account).await.expect("put account");
     for s in &stores {

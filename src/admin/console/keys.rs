@@ -221,6 +221,16 @@ pub(super) fn key_created(api: &AdminApi, reveals: &Reveals, req: &Request, toke
     Ok(page)
 }
 
+/// What a key is charged of the price table, and whose multiplier that is (nothing at 1).
+fn multiplier_line(view: &Value) -> String {
+    match (view["price_multiplier"].as_f64(), view["price_multiplier_from"].as_str()) {
+        (Some(m), Some(from @ ("account" | "group"))) => {
+            format!("<p id=\"price-multiplier\">Charged <strong>{m}×</strong> the price table (its {from}'s multiplier)</p>")
+        }
+        _ => String::new(),
+    }
+}
+
 pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&[ApiError], &Form)>) -> Page {
     let clock = Clock::now(api);
     let key = api.key(id).await?;
@@ -284,7 +294,7 @@ pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: O
     let manage = if view["revoked_at"].is_null() { secret_forms(&action, &req.csrf, form, err) } else { String::new() };
     let body = format!(
         "{done}{general}<section class=\"card\"><div class=\"line\"><strong>{}</strong> <span class=\"mono\">{}</span> · group {} · <span class=\"state {}\">{state}</span> {toggle}</div>\
-<p>Balance <strong id=\"balance\">{}</strong> · 30 days: {} requests, {}</p></section>\
+{}<p>Balance <strong id=\"balance\">{}</strong> · 30 days: {} requests, {}</p></section>\
 <h2>Spend windows</h2>{}<h2>Top up</h2>{top_up}<h2>Limits and policy</h2>{edit}{manage}\
 <div class=\"cols\"><div><h2>Spend per day (30 days)</h2>{}</div><div><h2>Per model (30 days)</h2>{}</div></div>\
 <h2>Last requests</h2>{}<p><a href=\"/console/requests?key={}\">All of this key's requests</a> · <a href=\"/console/usage?group=day&amp;key={}\">Usage</a></p>",
@@ -292,6 +302,7 @@ pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: O
         esc(&key.id),
         esc(&key.group),
         state.replace(' ', "-"),
+        multiplier_line(&view),
         money(view["balance"].as_f64().unwrap_or(0.0)),
         count(total.requests),
         nanos(total.cost_nanos),

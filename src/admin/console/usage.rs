@@ -206,12 +206,16 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
         "Refunded",
         "Failed, not billed",
         "Spend (net)",
+        "At list price",
+        "Margin",
     ];
     if csv {
         return Ok(usage_csv(&head, &rows, &label_text, group.name(), (&from, &to)));
     }
     // One precision for every amount of the table.
-    let digits = html::money_digits(rows.values().chain([&total]).flat_map(|r| [r.billed(), r.totals.refunded_nanos, r.spend()]));
+    let digits = html::money_digits(
+        rows.values().chain([&total]).flat_map(|r| [r.billed(), r.totals.refunded_nanos, r.spend(), r.totals.list_cost_nanos, r.margin()]),
+    );
     let cells = |label: String, r: &Row| {
         vec![
             label,
@@ -223,6 +227,8 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
             html::nanos_at(r.totals.refunded_nanos, digits),
             count(r.failed),
             html::nanos_at(r.spend(), digits),
+            html::nanos_at(r.totals.list_cost_nanos, digits),
+            html::nanos_at(r.margin(), digits),
         ]
     };
     let table_rows: Vec<Vec<String>> = rows
@@ -245,7 +251,8 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
     let body = format!(
         "{}<p><small>{} to {} inclusive, days in {}. Billed: what requests cost; refunds are credits given back (failed video tasks); \
 failed, not billed: requests answered with an error that cost nothing (from the request log, kept {} days); \
-spend (net): billed less refunds, the spend of every other page.</small></p>{note}\
+spend (net): billed less refunds, the spend of every other page; at list price: what the same spend costs at the price table \
+(without the groups', accounts' or plans' price multipliers); margin: spend less that.</small></p>{note}\
 {}<p><a href=\"{}\" id=\"csv\">Download CSV</a> (exactly these rows)</p>",
         usage_form(&from, &to, q.get("group"), q.get("tag"), only_key, None),
         esc(&from),
@@ -314,6 +321,11 @@ impl Row {
     pub(super) fn spend(&self) -> i64 {
         self.totals.cost_nanos
     }
+
+    /// What the spend was charged beyond the price table (negative: below it).
+    pub(super) fn margin(&self) -> i64 {
+        self.totals.cost_nanos.saturating_sub(self.totals.list_cost_nanos)
+    }
 }
 
 /// The usage table's rows as CSV (exactly the page's rows, amounts to the nano-dollar).
@@ -338,6 +350,8 @@ fn usage_csv(
             format!("{:.9}", crate::base::money::usd(r.totals.refunded_nanos)),
             r.failed.to_string(),
             format!("{:.9}", crate::base::money::usd(r.spend())),
+            format!("{:.9}", crate::base::money::usd(r.totals.list_cost_nanos)),
+            format!("{:.9}", crate::base::money::usd(r.margin())),
         ];
         out.push_str(&cells.iter().map(|c| csv_cell(c)).collect::<Vec<_>>().join(","));
         out.push('\n');

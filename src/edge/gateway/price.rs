@@ -26,12 +26,16 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     // What its guardrails cost is held and billed with it.
     let guard_price_nanos = super::guarded::price(ctx);
     draft.add_fixed(guard_price_nanos);
-    // A request that named no maximum is held (and asks) for less when its cap is lower.
-    if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| draft.hold_nanos > *cap) {
-        draft.lower_output(&routing, &route, draft.output_covered(&routing, cap))?;
+    // What the key is charged of the price table.
+    let rate = gw.charge.rate(&key);
+    // A request that named no maximum is held (and asks) for less when its cap (in what the
+    // key is charged) is lower.
+    if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| rate.apply(draft.hold_nanos) > *cap) {
+        draft.lower_output(&routing, &route, draft.output_covered(&routing, rate.list_within(cap)))?;
     }
     // The checks that look at what a call may cost (the key's cap among them).
-    if let Err(stop) = gw.checks.run(&Subject { cost: Some(draft.hold_nanos), ..Subject::new(Kind::ModelCall, &key.policy) }) {
+    let cost = Some(rate.apply(draft.hold_nanos));
+    if let Err(stop) = gw.checks.run(&Subject { cost, ..Subject::new(Kind::ModelCall, &key.policy) }) {
         ctx.model_asked = Some(draft.model.clone());
         return Err(stop.into());
     }
@@ -58,7 +62,8 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         }
     }
     // Then the spend windows (the key's, its account's), then the balances.
-    let hold = hold_for(gw, &routing, &key, &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+    let hold =
+        hold_for(gw, &routing, (&key, rate), &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
     let billed = route.billed();
     let guard = super::guarded::output(ctx, &route, &draft.model);
     Ok(Box::new(RelayPlan {
@@ -99,7 +104,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
 async fn hold_for(
     gw: &Gateway,
     routing: &Routing,
-    key: &KeyRecord,
+    (key, rate): (&KeyRecord, crate::base::money::Multiplier),
     route: &Route,
     draft: &mut upstream::Draft,
 ) -> std::result::Result<Hold, ApiError> {
@@ -107,11 +112,12 @@ async fn hold_for(
     // Each lowering fits the purse that refused; another purse may then refuse in turn.
     let mut lowerings = 0;
     loop {
-        let refused = match gw.charge.hold(purses.clone(), draft.hold_nanos).await? {
+        let refused = match gw.charge.hold(purses.clone(), draft.hold_nanos, rate).await? {
             Ok(hold) => return Ok(hold),
             Err(refused) => refused,
         };
-        let available = refused.short.available.max(0);
+        // What the refusing purse has left, in the price table's money.
+        let available = rate.list_within(refused.short.available.max(0));
         if lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {
             lowerings += 1;
             continue;

@@ -27,7 +27,7 @@ impl Gateway {
             None => (None, None),
         };
         let (usage, cost, estimated) = match &plan.media {
-            Some(call) => call.bill(&plan.routing.prices, &plan.model, scan, status, hold.amount()),
+            Some(call) => call.bill(&plan.routing.prices, &plan.model, scan, status, hold.list()),
             None => {
                 let (usage, estimated) = billing::billed_usage(scan, status, plan.input_estimate, plan.route.embeds());
                 (usage, plan.routing.prices.cost(&plan.model, usage), estimated)
@@ -35,7 +35,9 @@ impl Gateway {
         };
         // Its guardrails' price is billed whatever the answer.
         let cost = cost.saturating_add(plan.guard_price_nanos);
-        plan.happened.billed = Some((usage, cost, estimated));
+        // What the logs, the metrics and the trace show: the charge (the record keeps both).
+        let charged = hold.rate().apply(cost);
+        plan.happened.billed = Some((usage, charged, estimated));
         let input_total = usage.input_total();
         self.charge.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;
         plan.tokens_reserved = None;
@@ -45,13 +47,14 @@ impl Gateway {
         }
         series.input_tokens.add(input_total);
         series.output_tokens.add(usage.output);
-        series.cost_nanos.add(cost.max(0) as u64);
+        series.cost_nanos.add(charged.max(0) as u64);
         let payer = Payer {
             key_id: &plan.key.id,
             tags: &plan.key.policy.tags,
             model: &plan.model,
             protocol: plan.protocol.as_str(),
             route: plan.route.label(),
+            rate: hold.rate(),
         };
         let used = Used {
             usage,
@@ -64,6 +67,7 @@ impl Gateway {
             response_id,
             upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
             charged: Vec::new(),
+            prior_list_nanos: 0,
         };
         if let Err(e) = self.charge.books().settle(hold, &payer, used).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);

@@ -52,8 +52,8 @@ pub(super) async fn batches_route(
     let batch = match op {
         BatchOp::Create => {
             let body = crate::edge::body::read(session, &gw.body).await?.bytes;
-            let purses = gw.charge.purses(key, &routing.calendar)?;
-            batches.create(key, &purses, &body, super::super::guarded::applying(gw, routing, key)).await?
+            let payment = gw.charge.payment(key, &routing.calendar)?;
+            batches.create(key, &payment, &body, super::super::guarded::applying(gw, routing, key)).await?
         }
         BatchOp::Get(id) => batches.get(key, id).await?,
         BatchOp::Cancel(id) => batches.cancel(key, id).await?,

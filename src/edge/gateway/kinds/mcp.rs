@@ -279,7 +279,7 @@ async fn tool_call(
     };
     let price = upstream.config.per_call_nanos.saturating_add(guard_price);
     let purses = gw.charge.purses(key, &routing.calendar)?;
-    let hold = match gw.charge.hold(purses, price).await? {
+    let hold = match gw.charge.hold(purses, price, gw.charge.rate(key)).await? {
         Ok(hold) => hold,
         Err(r) => return refused(facts, ctx, r.to_api_error("this tool call costs", crate::base::clock::now_unix())),
     };
@@ -331,8 +331,9 @@ async fn tool_call(
     // Billed once the server answered the call (its tool ran, even when it reports an
     // error); a call it never answered is not.
     if answer.is_ok() {
-        facts.cost_nanos = price;
-        let payer = Payer { key_id: &key.id, tags: &key.policy.tags, model: &name, protocol: "mcp", route: "mcp_tool_call" };
+        let rate = hold.rate();
+        facts.cost_nanos = rate.apply(price);
+        let payer = Payer { key_id: &key.id, tags: &key.policy.tags, model: &name, protocol: "mcp", route: "mcp_tool_call", rate };
         let used = Used { latency_ms: took.as_millis() as u64, provider: Some(facts.server.clone()), ..Used::cost(price) };
         if let Err(e) = gw.charge.books().settle(hold, &payer, used).await {
             log::error!("ledger: could not book a tool call of key {}: {e}", key.name);

@@ -371,7 +371,7 @@ impl Relay<'_> {
         )
         .unwrap_or(0);
         let purses = self.gw.charge.purses(&self.key, &self.routing.calendar).map_err(|e| ("turn_refused", e.message))?;
-        match self.gw.charge.hold(purses, amount).await {
+        match self.gw.charge.hold(purses, amount, self.gw.charge.rate(&self.key)).await {
             Ok(Ok(hold)) => Ok(hold),
             Ok(Err(refused)) => {
                 if !probe {
@@ -418,16 +418,18 @@ impl Relay<'_> {
                 )
             }
             None => match &turn {
-                Some(t) => (crate::base::usage::Usage::default(), t.hold.amount(), true),
+                Some(t) => (crate::base::usage::Usage::default(), t.hold.list(), true),
                 None => return false,
             },
         };
         // The guardrails' checks since the last turn are billed with this one.
         let cost = cost.saturating_add(std::mem::take(&mut self.guard_unbilled));
+        let rate = turn.as_ref().map_or_else(|| self.gw.charge.rate(&self.key), |t| t.hold.rate());
+        let charged = rate.apply(cost);
         self.totals.turns += 1;
         self.totals.input_tokens += usage_record.input_total();
         self.totals.output_tokens += usage_record.output;
-        self.totals.cost_nanos += cost;
+        self.totals.cost_nanos += charged;
         self.totals.estimated |= estimated;
         self.gw.charge.spend_tokens(&self.key, usage_record.input_total().saturating_add(usage_record.output)).await;
         if let (Some(trace), Some(attrs)) = (self.trace.as_deref_mut(), self.span_attrs.as_ref()) {
@@ -436,13 +438,14 @@ impl Relay<'_> {
         let series = self.gw.metrics.model(&self.model);
         series.input_tokens.add(usage_record.input_total());
         series.output_tokens.add(usage_record.output);
-        series.cost_nanos.add(cost.max(0) as u64);
+        series.cost_nanos.add(charged.max(0) as u64);
         let payer = Payer {
             key_id: &self.key.id,
             tags: &self.key.policy.tags,
             model: &self.model,
             protocol: Protocol::Openai.as_str(),
             route: Route::Realtime.label(),
+            rate,
         };
         let used = Used {
             usage: usage_record,

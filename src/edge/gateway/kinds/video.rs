@@ -56,16 +56,16 @@ pub(super) async fn video_route(
             if idem.as_ref().is_some_and(|k| k.is_empty() || k.len() > 255) {
                 return Err(ApiError::new(ErrorKind::BadRequest, "Idempotency-Key: 1 to 255 characters").with_param("Idempotency-Key"));
             }
-            let purses = gw.charge.purses(key, &gw.routing.load().calendar)?;
+            let payment = gw.charge.payment(key, &gw.routing.load().calendar)?;
             let (task, created) =
-                svc.create(key, &purses, &body, (idem.as_deref(), super::super::guarded::price(ctx))).await.inspect_err(|_| {
+                svc.create(key, &payment, &body, (idem.as_deref(), super::super::guarded::price(ctx))).await.inspect_err(|_| {
                     // The bounded field reader, never a whole JSON tree: a refused body may be a bomb.
                     ctx.model_asked = crate::protocol::body_fields(&body).ok().and_then(|f| f.model);
                 })?;
             ctx.model_asked = Some(task.api_model.clone());
             // A new task's charge (an Idempotency-Key's earlier task charged nothing now).
             if created && task.charged {
-                ctx.video_charge = Some((task.cost_nanos, task.duration));
+                ctx.video_charge = Some((task.price_multiplier.unwrap_or_default().apply(task.cost_nanos), task.duration));
             }
             let task = svc.present(task).await;
             Ok(Outcome::Respond(LocalResponse::json(200, &task.to_json(true, *legacy))))
