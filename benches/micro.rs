@@ -36,6 +36,7 @@ fn key_lookup(c: &mut Criterion) {
             max_concurrent: None,
             enabled: true,
             policy: Default::default(),
+            plan: None,
         })
         .collect();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

@@ -3,7 +3,6 @@
 use crate::access::auth::{seed_key_id, KeyIndex};
 use crate::access::limits::Limits;
 use crate::admin::api::AdminApi;
-use crate::base::clock::now_ms;
 use crate::base::clock::now_unix;
 use crate::base::money::usd_to_nanos;
 use crate::billing::ledger::{Ledger, PriceBook};
@@ -36,38 +35,6 @@ pub fn server_conf(config: &Config) -> Result<ServerConf, String> {
         conf.threads = 2;
     }
     Ok(conf)
-}
-
-/// Deletes usage records older than the retention period, hourly.
-struct Retention {
-    ledger: Arc<Ledger>,
-    keep: Duration,
-    requests: Arc<dyn crate::store::RequestLogStore>,
-    console: crate::config::ConsoleConfig,
-}
-
-#[async_trait]
-impl BackgroundService for Retention {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        loop {
-            let before = now_ms().saturating_sub(self.keep.as_millis() as u64);
-            match self.ledger.prune(before).await {
-                Ok(0) => {}
-                Ok(n) => log::info!("usage retention: deleted {n} record(s)"),
-                Err(e) => log::error!("usage retention: {e}"),
-            }
-            let log_before = now_ms().saturating_sub(self.console.request_log_days.saturating_mul(86_400_000));
-            match self.requests.prune_log(log_before, self.console.request_log_max).await {
-                Ok(0) => {}
-                Ok(n) => log::info!("request log retention: deleted {n} entr(y/ies)"),
-                Err(e) => log::error!("request log retention: {e}"),
-            }
-            tokio::select! {
-                _ = shutdown.changed() => return,
-                _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
-            }
-        }
-    }
 }
 
 /// Graceful shutdown (SIGTERM, or the old process of an upgrade): once Pingora stops accepting,
@@ -254,6 +221,7 @@ async fn seed(keys: &KeyIndex, ledger: &Ledger, config: &Config) -> Result<(), c
     keys.seed_accounts(&config.accounts).await?;
     keys.set_tag_limits(config.tag_limits.clone());
     keys.set_group_multipliers(&config.groups);
+    keys.set_plans(config.plans.clone());
     for seed in &config.keys {
         ledger.open_account(&seed_key_id(&seed.key), usd_to_nanos(seed.balance)).await?;
     }
@@ -589,16 +557,11 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     );
     server.add_service(background_service("batch poller", crate::batch::BatchPoller { service: batches.clone() }));
 
-    let identity = match &config.identity.oidc {
-        Some(oidc) => {
-            let identity = Arc::new(crate::identity::Identity::new(oidc.clone()).map_err(|e| e.to_string())?);
-            server.add_service(background_service("identity keys", crate::identity::KeyRefresh { identity: identity.clone() }));
-            Some(identity)
-        }
-        None => None,
-    };
+    let identity = identity_service(&mut server, &config)?;
     let mcp = crate::mcp::hub::Hub::new(&config.mcp)?.map(Arc::new);
-    let shared = Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp, files, batches };
+    let plans = plan_clock(&mut server, &keys, &ledger, &routing);
+    let shared =
+        Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp, files, batches, plans };
     add_handover(&mut server, handover_socket, &shared);
     if let Some(svc) = &shared.video {
         recover_video(svc, &start_up, upgrading)?;
@@ -616,6 +579,29 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
     log::info!("{banner}; {enabled_keys} enabled key(s){traces}");
     notify_systemd();
     server.run_forever();
+}
+
+/// Sign-in with the identity provider (`identity.oidc`), its signing keys refreshed in the
+/// background.
+fn identity_service(server: &mut Server, config: &Config) -> Result<Option<Arc<crate::identity::Identity>>, String> {
+    let Some(oidc) = &config.identity.oidc else { return Ok(None) };
+    let identity = Arc::new(crate::identity::Identity::new(oidc.clone()).map_err(|e| e.to_string())?);
+    server.add_service(background_service("identity keys", crate::identity::KeyRefresh { identity: identity.clone() }));
+    Ok(Some(identity))
+}
+
+/// Plans' periods granted and closed in the background, on the calendar of the routing in force.
+fn plan_clock(
+    server: &mut Server,
+    keys: &Arc<KeyIndex>,
+    ledger: &Arc<Ledger>,
+    routing: &Arc<ArcSwap<Routing>>,
+) -> Arc<crate::charge::plans::PlanClock> {
+    let routing = routing.clone();
+    let clock =
+        Arc::new(crate::charge::plans::PlanClock::new(keys.clone(), ledger.clone(), Box::new(move || routing.load().calendar.clone())));
+    server.add_service(background_service("plan clock", crate::charge::plans::PlanService(clock.clone())));
+    clock
 }
 
 /// What the services of one process share, made once at start.
@@ -637,6 +623,8 @@ struct Shared {
     /// Keys' files and batches, shared by the gateway and the console.
     files: Arc<crate::files::FileService>,
     batches: Arc<crate::batch::BatchService>,
+    /// Plans' periods, granted and closed (`plans:`).
+    plans: Arc<crate::charge::plans::PlanClock>,
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -685,6 +673,7 @@ fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> R
             request_log_max: config.console.request_log_max,
             scrape,
             identity: s.identity.clone(),
+            plans: s.plans.clone(),
             console_url: config.console_listen.as_ref().map_or_else(|| format!("http://{}", admin.listen), |c| c.public_url.clone()),
         };
         let admin_listener = crate::admin::console::AdminListener::new(api);
@@ -746,14 +735,17 @@ fn gateway(
         video: s.video.clone(),
         owners: crate::access::owners::Owners::new(s.ledger.clone()),
         ledger: s.ledger.clone(),
-        charge: Arc::new(crate::charge::Charge::new(
-            crate::charge::Books::new(s.ledger.clone()),
-            Arc::new(match fleet {
-                Some(node) => Limits::for_fleet(node.fleet.clone()),
-                None => Limits::default(),
-            }),
-            s.keys.clone(),
-        )),
+        charge: Arc::new(
+            crate::charge::Charge::new(
+                crate::charge::Books::new(s.ledger.clone()),
+                Arc::new(match fleet {
+                    Some(node) => Limits::for_fleet(node.fleet.clone()),
+                    None => Limits::default(),
+                }),
+                s.keys.clone(),
+            )
+            .with_plans(s.plans.clone()),
+        ),
         checks: s.checks.clone(),
         metrics: s.metrics.clone(),
         connector: pingora_core::connectors::http::v1::Connector::new(Some(options)),
@@ -786,7 +778,7 @@ fn add_background(
         closing,
     };
     server.add_service(background_service("drain", drain));
-    let retention = Retention {
+    let retention = crate::billing::retention::Retention {
         ledger: s.ledger.clone(),
         keep: Duration::from_secs(config.usage_retention_days * 86_400),
         requests: s.store.requests(),

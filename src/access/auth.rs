@@ -68,12 +68,27 @@ pub fn extract_key(headers: &HeaderMap) -> Option<&str> {
     offered.split(',').map(str::trim).find_map(|p| p.strip_prefix(crate::protocol::realtime::KEY_SUBPROTOCOL)).filter(|k| !k.is_empty())
 }
 
+/// A holder's plan as the file names it: the one it has when the name is the same (its periods
+/// go on), else the named one from now.
+fn same_plan(had: Option<&crate::policy::plan::PlanRef>, named: Option<&str>) -> Option<crate::policy::plan::PlanRef> {
+    match (had, named) {
+        (Some(had), Some(name)) if had.name == name => Some(had.clone()),
+        (_, Some(name)) => Some(crate::policy::plan::PlanRef { name: name.to_string(), since: now_unix() }),
+        (_, None) => None,
+    }
+}
+
 /// Digest of a configuration-file key entry (balance aside: it applies only at creation).
 fn seed_digest(seed: &KeyConfig) -> String {
     let mut text = serde_json::json!([seed.name, seed.group, seed.rpm, seed.tpm, seed.enabled, seed.max_concurrent]).to_string();
     // A policy joins the digest only when set, so entries written before it keep their digest.
     if !seed.policy.is_empty() {
         text.push_str(&serde_json::to_string(&seed.policy).unwrap_or_default());
+    }
+    // And a plan.
+    if let Some(plan) = &seed.plan {
+        text.push_str("\nplan:");
+        text.push_str(plan);
     }
     hex(&Sha256::digest(text.as_bytes())[..16])
 }
@@ -93,6 +108,19 @@ pub struct KeyIndex {
     /// `groups.<g>.price_multiplier`, of the groups that have one other than 1 (set from the
     /// file at start and at each reload).
     group_multipliers: arc_swap::ArcSwap<HashMap<String, crate::base::money::Multiplier>>,
+    /// `plans:` (set from the file at start and at each reload).
+    plans: arc_swap::ArcSwap<crate::policy::plan::Plans>,
+}
+
+/// A plan that applies to a call: the plan, as its holder took it, and the holder's purse
+/// (the key's id, or `acct:<name>`) its credit is granted to.
+#[derive(Debug, Clone)]
+pub struct Subscribed {
+    pub plan: Arc<crate::policy::plan::Plan>,
+    pub since: u64,
+    pub holder: String,
+    /// Whose it is, in a refusal ("the plan 'pro' of the account 'research'").
+    pub whose: String,
 }
 
 /// The key records to write so that the store follows the configuration file's keys:
@@ -121,6 +149,7 @@ fn seed_changes(existing: Vec<KeyRecord>, seeds: &[KeyConfig]) -> Vec<KeyRecord>
             origin: KeyOrigin::Config,
             seed_digest: Some(digest.clone()),
             policy: seed.policy.clone(),
+            plan: same_plan(base.plan.as_ref(), seed.plan.as_deref()),
             ..base
         };
         let rec = match existing.get(&hash) {
@@ -158,7 +187,7 @@ impl KeyIndex {
 
     /// Authenticate from `store`'s index, as it is.
     pub fn new(store: Arc<dyn KeyStore>) -> KeyIndex {
-        KeyIndex { store, tag_limits: Default::default(), group_multipliers: Default::default() }
+        KeyIndex { store, tag_limits: Default::default(), group_multipliers: Default::default(), plans: Default::default() }
     }
 
     /// The limits of tag values (`tag_limits`).
@@ -180,9 +209,48 @@ impl KeyIndex {
         }
     }
 
-    /// The price multiplier a call of `key` is charged at, and whose it is: its account's
-    /// (`account`), else its group's (`group`), else 1 (`none`). They do not compound.
+    /// The plans (`plans:`).
+    pub fn plans(&self) -> Arc<crate::policy::plan::Plans> {
+        self.plans.load_full()
+    }
+
+    /// Set the plans (the file's, at start and at each reload).
+    pub fn set_plans(&self, plans: crate::policy::plan::Plans) {
+        self.plans.store(Arc::new(plans));
+    }
+
+    /// The plans a call of `key` is under: the key's own, then its account's (a plan no longer
+    /// in the file applies no more). Nothing to look up while no plan is set.
+    pub fn subscribed(&self, key: &KeyRecord) -> Vec<Subscribed> {
+        let plans = self.plans.load();
+        if plans.is_empty() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if let Some(p) = key.plan.as_ref() {
+            if let Some(plan) = plans.get(&p.name) {
+                let whose = format!("the plan '{}' of this API key", p.name);
+                out.push(Subscribed { plan: plan.clone(), since: p.since, holder: key.id.clone(), whose });
+            }
+        }
+        let account = key.policy.account.as_deref().and_then(|name| self.account(name));
+        if let Some((a, p)) = account.as_ref().and_then(|a| Some((a, a.plan.as_ref()?))) {
+            if let Some(plan) = plans.get(&p.name) {
+                let whose = format!("the plan '{}' of the account '{}'", p.name, a.name);
+                let holder = crate::policy::budget::account_purse(&a.name);
+                out.push(Subscribed { plan: plan.clone(), since: p.since, holder, whose });
+            }
+        }
+        out
+    }
+
+    /// The price multiplier a call of `key` is charged at, and whose it is: its plan's
+    /// (`plan`: the key's, else its account's), else its account's (`account`), else its
+    /// group's (`group`), else 1 (`none`). They do not compound.
     pub fn price_multiplier(&self, key: &KeyRecord) -> (crate::base::money::Multiplier, &'static str) {
+        if let Some(m) = self.subscribed(key).iter().find_map(|s| s.plan.price_multiplier) {
+            return (m, "plan");
+        }
         let account = key.policy.account.as_deref().and_then(|name| self.account(name)).and_then(|a| a.price_multiplier);
         match account {
             Some(m) => (m, "account"),
@@ -232,9 +300,12 @@ impl KeyIndex {
                 entry.push('\n');
                 entry.push_str(&serde_json::to_string(&seed.rates).unwrap_or_default());
             }
-            // And its price multiplier.
+            // And its price multiplier and plan.
             if let Some(m) = seed.price_multiplier {
                 entry.push_str(&format!("\nx{}", m.as_f64()));
+            }
+            if let Some(plan) = &seed.plan {
+                entry.push_str(&format!("\nplan:{plan}"));
             }
             let digest = hex(&Sha256::digest(entry.as_bytes())[..16]);
             let record = match existing.get(&seed.name) {
@@ -248,6 +319,7 @@ impl KeyIndex {
                     guardrails: seed.guardrails.clone(),
                     rates: seed.rates,
                     price_multiplier: seed.price_multiplier,
+                    plan: same_plan(old.plan.as_ref(), seed.plan.as_deref()),
                     seed_digest: Some(digest),
                     origin: KeyOrigin::Config,
                     ..old.clone()
@@ -264,6 +336,7 @@ impl KeyIndex {
                     guardrails: seed.guardrails.clone(),
                     rates: seed.rates,
                     price_multiplier: seed.price_multiplier,
+                    plan: same_plan(None, seed.plan.as_deref()),
                 },
             };
             self.store.put_account(&record).await?;
@@ -384,6 +457,7 @@ mod tests {
             enabled,
             max_concurrent: None,
             policy: Default::default(),
+            plan: None,
         }
     }
 
@@ -442,6 +516,7 @@ mod tests {
             enabled: true,
             max_concurrent: None,
             policy: Default::default(),
+            plan: None,
         };
         let index = KeyIndex::load(store.clone(), std::slice::from_ref(&seed)).await.expect("load");
         let rec = index.authenticate(Some("sk-demo-0001")).expect("known");

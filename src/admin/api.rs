@@ -1,6 +1,7 @@
 //! The admin listener (loopback only): key management with the admin token, `/metrics`,
 //! `/healthz`. Changes take effect on the next request: the key index is reloaded in memory.
 
+use super::accounts::{CreateAccount, PatchAccount};
 use super::guard::{host_allowed, new_secret, origin_allowed};
 use crate::access::auth::{hash_key, hex, KeyIndex};
 use crate::base::clock::now_unix;
@@ -23,6 +24,8 @@ pub(crate) use crate::base::secrets::token_matches;
 
 #[derive(Clone)]
 pub struct AdminApi {
+    /// Plans' periods: a holder leaving a plan closes its period (`plans:`).
+    pub plans: Arc<crate::charge::plans::PlanClock>,
     pub token: String,
     /// `Host` names accepted besides localhost and loopback literals (`admin.hosts`).
     pub hosts: Vec<String>,
@@ -74,66 +77,16 @@ crate::with_key_policy! { input
         max_concurrent: Option<u32>,
         #[serde(default)]
         ttl_secs: Option<u64>,
+        /// The plan it subscribes to.
+        #[serde(default)]
+        plan: Option<String>,
     }
 }
 
-/// `POST /admin/accounts`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CreateAccount {
-    name: String,
-    /// USD.
-    #[serde(default)]
-    balance: f64,
-    #[serde(default)]
-    budgets: Option<crate::policy::budget::BudgetsInput>,
-    #[serde(default)]
-    guardrails: Option<Vec<String>>,
-    /// What all its keys together may ask per minute and have in flight.
-    #[serde(default)]
-    rpm: Option<u32>,
-    #[serde(default)]
-    tpm: Option<u64>,
-    #[serde(default)]
-    max_concurrent: Option<u32>,
-    /// What its keys are charged of the price table (1.25: a quarter more).
-    #[serde(default)]
-    price_multiplier: Option<crate::base::money::Multiplier>,
-}
-
-/// `PATCH /admin/accounts/{name}`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PatchAccount {
-    /// Its guardrails (`null` clears them).
-    #[serde(default, deserialize_with = "double_option")]
-    guardrails: Option<Option<Vec<String>>>,
-    #[serde(default)]
-    balance_delta: Option<f64>,
-    #[serde(default)]
-    reason: Option<String>,
-    #[serde(default, deserialize_with = "double_option")]
-    budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
-    /// The most the team's admins may allow their members' keys (`null`: no limit).
-    #[serde(default, deserialize_with = "double_option")]
-    member_limit: Option<Option<crate::admin::teams::CeilingInput>>,
-    /// People put in the team (email or subject → role; `null` takes one out).
-    #[serde(default)]
-    people: Option<std::collections::BTreeMap<String, Option<String>>>,
-    /// Its rate limits (`null` clears one).
-    #[serde(default, deserialize_with = "double_option")]
-    rpm: Option<Option<u32>>,
-    #[serde(default, deserialize_with = "double_option")]
-    tpm: Option<Option<u64>>,
-    #[serde(default, deserialize_with = "double_option")]
-    max_concurrent: Option<Option<u32>>,
-    /// What its keys are charged of the price table (`null`: their group's).
-    #[serde(default, deserialize_with = "double_option")]
-    price_multiplier: Option<Option<crate::base::money::Multiplier>>,
-}
-
 /// `Some(None)` clears a limit; absent leaves it.
-fn double_option<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
+pub(super) fn double_option<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
@@ -161,6 +114,9 @@ crate::with_key_policy! { patch
         name: Option<String>,
         #[serde(default)]
         ttl_secs: Option<u64>,
+        /// The plan it subscribes to (`null`: none).
+        #[serde(default, deserialize_with = "double_option")]
+        plan: Option<Option<String>>,
     }
 }
 
@@ -208,7 +164,7 @@ fn request_filter(query: Option<&str>) -> std::result::Result<crate::records::lo
 const MAX_REASON: usize = 500;
 
 /// A balance move's reason: only with a `balance_delta`, at most [`MAX_REASON`] bytes.
-fn checked_reason(reason: Option<String>, delta: Option<i64>) -> std::result::Result<Option<String>, ApiError> {
+pub(super) fn checked_reason(reason: Option<String>, delta: Option<i64>) -> std::result::Result<Option<String>, ApiError> {
     match (&reason, delta) {
         (Some(_), None) => Err(bad("reason: goes with a balance_delta").with_param("reason")),
         (Some(r), _) if r.len() > MAX_REASON => Err(bad(format!("reason: at most {MAX_REASON} bytes")).with_param("reason")),
@@ -290,7 +246,7 @@ fn req_query(session: &Session) -> Option<String> {
     session.req_header().uri.query().map(str::to_string)
 }
 
-fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
+pub(super) fn to_nanos(field: &str, usd: f64) -> std::result::Result<i64, ApiError> {
     if !usd.is_finite() || usd.abs() > 1e9 {
         return Err(bad(format!("{field}: must be a finite amount of USD")));
     }
@@ -326,6 +282,7 @@ impl AdminApi {
         let (multiplier, from) = self.keys.price_multiplier(rec);
         Ok(json!({
             "price_multiplier": multiplier, "price_multiplier_from": from,
+            "plan": rec.plan.as_ref().map(|p| p.name.as_str()),
             "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
             "rpm": rec.rpm, "tpm": rec.tpm, "max_concurrent": rec.max_concurrent,
             "enabled": rec.enabled, "created_at": rec.created_at, "origin": rec.origin,
@@ -342,14 +299,14 @@ impl AdminApi {
     }
 
     /// Each spend window with a cap (see `ledger::window_report`).
-    async fn windows(&self, owner: Owner<'_>, budgets: &crate::policy::budget::Budgets) -> std::result::Result<Value, ApiError> {
+    pub(super) async fn windows(&self, owner: Owner<'_>, budgets: &crate::policy::budget::Budgets) -> std::result::Result<Value, ApiError> {
         let calendar = self.routing.load().calendar.clone();
         crate::billing::ledger::window_report(&self.ledger, owner, budgets, &calendar).await.map_err(internal)
     }
 
     /// Guardrails a key or a team names: each declared by the configuration, at most
     /// [`crate::policy::MAX_GUARDRAILS`].
-    fn known_guardrails(&self, names: Vec<String>) -> std::result::Result<Vec<String>, ApiError> {
+    pub(super) fn known_guardrails(&self, names: Vec<String>) -> std::result::Result<Vec<String>, ApiError> {
         let routing = self.routing.load();
         if names.len() > crate::policy::MAX_GUARDRAILS {
             return Err(bad(format!("guardrails: at most {} names", crate::policy::MAX_GUARDRAILS)).with_param("guardrails"));
@@ -372,32 +329,8 @@ impl AdminApi {
         }
     }
 
-    /// An account as the admin API shows it.
-    async fn account_view(&self, account: &crate::records::key::AccountRecord) -> std::result::Result<Value, ApiError> {
-        let balance = self.ledger.balance(&crate::policy::budget::account_purse(&account.name)).await.map_err(internal)?;
-        let keys: Vec<Value> = self
-            .keys
-            .all_keys()
-            .await
-            .map_err(internal)?
-            .iter()
-            .filter(|k| k.policy.account.as_deref() == Some(account.name.as_str()))
-            .map(|k| json!({"id": k.id, "name": k.name}))
-            .collect();
-        Ok(json!({
-            "object": "account", "name": account.name, "balance": usd(balance),
-            "budgets": self.windows(Owner::Account(&account.name), &account.budgets).await?,
-            "created_at": account.created_at, "origin": account.origin, "keys": keys,
-            "member_limit": account.member_limit.as_ref().map(crate::admin::teams::ceiling_view),
-            "member_policy": account.member_policy.as_ref().map(crate::admin::teams::ceiling_view),
-            "people": account.people, "guardrails": account.guardrails,
-            "rpm": account.rates.rpm, "tpm": account.rates.tpm, "max_concurrent": account.rates.max_concurrent,
-            "price_multiplier": account.price_multiplier,
-        }))
-    }
-
     /// The account named `name`, or the 404.
-    fn account(&self, name: &str) -> std::result::Result<std::sync::Arc<crate::records::key::AccountRecord>, ApiError> {
+    pub(super) fn account(&self, name: &str) -> std::result::Result<std::sync::Arc<crate::records::key::AccountRecord>, ApiError> {
         self.keys.account(name).ok_or_else(|| ApiError::new(ErrorKind::NotFound, format!("No account named '{name}'.")))
     }
 
@@ -434,6 +367,9 @@ impl AdminApi {
         input.expires_at = expiry_text(input.expires_at, body.ttl_secs)?;
         let policy = crate::policy::KeyPolicy::parse(input, now_unix()).map_err(policy_error)?;
         self.check_account(&policy)?;
+        if let Some(name) = body.plan.as_deref().filter(|n| self.keys.plans().get(n).is_none()) {
+            return Err(bad(format!("plan: no plan named '{name}'")).with_param("plan"));
+        }
         let secret = new_secret();
         let hash = hex(&hash_key(&secret));
         let rec = KeyRecord {
@@ -441,6 +377,7 @@ impl AdminApi {
             tpm: body.tpm,
             max_concurrent: body.max_concurrent,
             policy,
+            plan: body.plan.clone().map(|name| crate::policy::plan::PlanRef { name, since: now_unix() }),
             ..KeyRecord::new(format!("key_{}", &hash[..16]), body.name, group, hash, crate::records::key::KeyOrigin::Admin)
         };
         if body.max_concurrent == Some(0) {
@@ -448,6 +385,10 @@ impl AdminApi {
         }
         self.ledger.open_account(&rec.id, balance).await.map_err(internal)?;
         self.keys.put_key(&rec).await.map_err(internal)?;
+        if rec.plan.is_some() {
+            // Its first period's credit, now.
+            self.plans.tick(now_unix()).await.map_err(internal)?;
+        }
         let mut v = self.view(&rec).await?;
         v["key"] = json!(secret);
         Ok(v)
@@ -552,10 +493,17 @@ impl AdminApi {
         self.check_account(&rec.policy)?;
         let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
         let reason = checked_reason(patch.reason, delta)?;
+        let replanned = match patch.plan {
+            Some(plan) => self.set_plan(&rec.id.clone(), &format!("key {}", rec.id), &mut rec.plan, plan).await?,
+            None => false,
+        };
         if let Some(delta) = delta {
             self.ledger.top_up_because(&rec.id, delta, reason.as_deref()).await.map_err(internal)?;
         }
         self.keys.put_key(&rec).await.map_err(internal)?;
+        if replanned {
+            self.plans.tick(now_unix()).await.map_err(internal)?;
+        }
         self.view(&rec).await
     }
 
@@ -596,93 +544,6 @@ impl AdminApi {
             return Err(ApiError::new(ErrorKind::Forbidden, "The admin API does not answer requests made by other web pages."));
         }
         Ok(())
-    }
-
-    /// `POST /admin/accounts`: a new shared account with its opening balance.
-    async fn create_account(&self, body: CreateAccount) -> std::result::Result<Value, ApiError> {
-        crate::policy::budget::valid_account_name(&body.name).map_err(|e| bad(format!("name: {e}")).with_param("name"))?;
-        let balance = to_nanos("balance", body.balance)?;
-        if balance < 0 {
-            return Err(bad("balance: must not be negative").with_param("balance"));
-        }
-        let budgets = body.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?;
-        let rates = crate::policy::limits::RateLimits { rpm: body.rpm, tpm: body.tpm, max_concurrent: body.max_concurrent };
-        rates.validate().map_err(policy_error)?;
-        if self.keys.all_accounts().await.map_err(internal)?.iter().any(|a| a.name == body.name) {
-            return Err(ApiError::new(ErrorKind::Conflict, format!("An account named '{}' exists.", body.name)));
-        }
-        let account = crate::records::key::AccountRecord {
-            name: body.name,
-            budgets: budgets.unwrap_or_default(),
-            created_at: now_unix(),
-            origin: crate::records::key::KeyOrigin::Admin,
-            seed_digest: None,
-            member_limit: None,
-            member_policy: None,
-            people: Default::default(),
-            guardrails: self.known_guardrails(body.guardrails.unwrap_or_default())?,
-            rates,
-            price_multiplier: body.price_multiplier,
-        };
-        self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
-        self.keys.put_account(&account).await.map_err(internal)?;
-        self.account_view(&account).await
-    }
-
-    /// `PATCH /admin/accounts/{name}`: its budgets, and a balance move with its reason.
-    async fn patch_account(&self, name: &str, patch: PatchAccount) -> std::result::Result<Value, ApiError> {
-        let mut account = (*self.account(name)?).clone();
-        if let Some(guardrails) = patch.guardrails {
-            account.guardrails = self.known_guardrails(guardrails.unwrap_or_default())?;
-        }
-        if let Some(budgets) = patch.budgets {
-            account.budgets =
-                budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
-        }
-        if let Some(rpm) = patch.rpm {
-            account.rates.rpm = rpm;
-        }
-        if let Some(tpm) = patch.tpm {
-            account.rates.tpm = tpm;
-        }
-        if let Some(max) = patch.max_concurrent {
-            account.rates.max_concurrent = max;
-        }
-        account.rates.validate().map_err(policy_error)?;
-        let repriced = patch.price_multiplier.filter(|m| *m != account.price_multiplier);
-        if let Some(m) = repriced {
-            account.price_multiplier = m;
-        }
-        if let Some(limit) = patch.member_limit {
-            account.member_limit = limit.map(crate::admin::teams::CeilingInput::parse).transpose()?;
-        }
-        let people_changed = match patch.people {
-            Some(people) => {
-                let what: Vec<String> = people.iter().map(|(who, role)| format!("{who}: {}", role.as_deref().unwrap_or("out"))).collect();
-                crate::admin::teams::set_people(&mut account, people)?;
-                Some(what.join(", "))
-            }
-            None => None,
-        };
-        let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
-        let reason = checked_reason(patch.reason, delta)?;
-        self.keys.put_account(&account).await.map_err(internal)?;
-        if let Some(delta) = delta {
-            let id = crate::policy::budget::account_purse(&account.name);
-            self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
-        }
-        if let Some(m) = repriced {
-            let id = crate::policy::budget::account_purse(&account.name);
-            let to = m.map_or_else(|| "its group's".to_string(), |m| m.as_f64().to_string());
-            let why = format!("price multiplier of account {} set to {to} through the admin API", account.name);
-            self.ledger.top_up_because(&id, 0, Some(&why)).await.map_err(internal)?;
-        }
-        if let Some(what) = people_changed {
-            let id = crate::policy::budget::account_purse(&account.name);
-            let why = format!("people of team {} set through the admin API ({what})", account.name);
-            self.ledger.top_up_because(&id, 0, Some(&why)).await.map_err(internal)?;
-        }
-        self.account_view(&account).await
     }
 
     /// `GET /admin/audit`: a page of the audit trail, newest first.
@@ -789,7 +650,11 @@ impl AdminApi {
                 let (start, end) = crate::billing::ledger::usage_window(query.as_deref())?;
                 let by = crate::billing::ledger::usage_grouping(query.as_deref())?;
                 let calendar = self.routing.load().calendar.clone();
-                Ok(LocalResponse::json(200, &self.ledger.key_usage(&rec, start, end, &by, &calendar).await.map_err(internal)?))
+                let mut report = self.ledger.key_usage(&rec, start, end, &by, &calendar).await.map_err(internal)?;
+                if let Some(r) = &rec.plan {
+                    report["plan"] = json!(self.plans.standing(&rec.id, r, now_unix()).await.map_err(internal)?);
+                }
+                Ok(LocalResponse::json(200, &report))
             }
             ("GET", p) if p.starts_with("/admin/keys/") => {
                 let rec = self.key(p.trim_start_matches("/admin/keys/")).await?;

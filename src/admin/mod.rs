@@ -1,6 +1,7 @@
 //! The operator's side: the admin API ([`api`], loopback only, behind its token), the
 //! console ([`console`], the same listener's pages) and the metrics listener ([`scrape`]).
 
+pub mod accounts;
 pub mod api;
 pub mod console;
 pub mod guard;

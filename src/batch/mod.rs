@@ -284,7 +284,7 @@ impl BatchService {
     /// (neither file is ever whole in memory); the lines written, the worst case, the model and
     /// the provider.
     fn prepare(
-        who: (&KeyRecord, &Checks),
+        who: (&KeyRecord, &Checks, &[crate::policy::plan::PlanModels]),
         routing: &Routing,
         endpoint: &str,
         input: Arc<std::fs::File>,
@@ -355,7 +355,7 @@ impl BatchService {
     /// maximum and what it references counted into `line`, a continued response noted; the line
     /// as written for the provider when it is not sent as it came.
     fn prepare_line(
-        (key, checks): (&KeyRecord, &Checks),
+        (key, checks, plans): (&KeyRecord, &Checks, &[crate::policy::plan::PlanModels]),
         routing: &Routing,
         endpoint: &str,
         wide: &Batchwide,
@@ -380,7 +380,7 @@ impl BatchService {
             Some(field) => line_error(n, &format!("body.{field}"), e.message),
             None => line_error(n, "body", e.message),
         };
-        checks.vet(&Subject::new(Kind::BatchLine, &key.policy).model(&line.model).text(Text::Json(raw))).map_err(refused)?;
+        checks.vet(&Subject::new(Kind::BatchLine, &key.policy).model(&line.model).plans(plans).text(Text::Json(raw))).map_err(refused)?;
         let mut maximum = None;
         if let Some(route) = &wide.route {
             let price = routing.prices.price(model);
@@ -460,17 +460,17 @@ impl BatchService {
         let input = self.input(key, &asked.input_file_id).await?;
         let routing = self.routing.load_full();
         let endpoint = asked.endpoint;
-        let (key_owned, checks) = (key.clone(), self.checks.clone());
+        let (key_owned, checks, plans) = (key.clone(), self.checks.clone(), payment.plan_models.clone());
         let prices = routing.prices.clone();
         let guard =
             guard::LineGuard { applied: guards, metrics: self.metrics.clone(), handle: tokio::runtime::Handle::current(), price_nanos: 0 };
         let Prepared { written, requests, mut worst, model, provider, continues, blocked, guard_price } =
-            tokio::task::spawn_blocking(move || Self::prepare((&key_owned, &checks), &routing, endpoint, input, guard)).await.map_err(
-                |e| {
+            tokio::task::spawn_blocking(move || Self::prepare((&key_owned, &checks, &plans), &routing, endpoint, input, guard))
+                .await
+                .map_err(|e| {
                     log::error!("batches: checking the input failed: {e}");
                     ApiError::new(ErrorKind::Internal, "Internal error while checking the input file.")
-                },
-            )??;
+                })??;
         // A line that continues a stored response: only one of this key's, and held for the
         // conversation it continues, as the relay does.
         for (n, previous) in continues {

@@ -48,7 +48,8 @@ impl Refused {
         use crate::protocol::{ApiError, ErrorKind};
         let left = |s: &Insufficient| usd(s.available.max(0));
         match &self.kind {
-            PurseKind::Key => self.short.to_api_error(what),
+            // A plan's spend never refuses (it is counted, not capped).
+            PurseKind::Key | PurseKind::PlanSpend => self.short.to_api_error(what),
             PurseKind::Account(name) => ApiError::new(
                 ErrorKind::InsufficientBalance,
                 format!(
@@ -299,6 +300,23 @@ impl Ledger {
     /// audit entry, written together. Durable before this returns.
     pub async fn top_up_because(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError> {
         self.money.top_up(id, delta, reason).await
+    }
+
+    /// [`Ledger::top_up_because`] once for `mark` (with `value` kept beside it), whatever the
+    /// nodes, restarts or retries; None when it was made before.
+    pub async fn top_up_once(
+        &self,
+        id: &str,
+        delta: i64,
+        reason: &str,
+        (mark, value): (&str, i64),
+    ) -> Result<Option<AuditEntry>, StoreError> {
+        self.money.top_up_once(id, delta, reason, mark, value).await
+    }
+
+    /// The value kept with `mark`, if [`Ledger::top_up_once`] made it.
+    pub async fn mark(&self, mark: &str) -> Result<Option<i64>, StoreError> {
+        self.money.mark(mark).await
     }
 
     /// The audit trail, newest first: at most `limit` entries before `before` (a page's last
@@ -572,7 +590,7 @@ pub(crate) mod tests {
         let calendar = Calendar::default();
         let t0: u64 = 1_799_999_400; // a 10-minute bucket starts
         assert_eq!(t0 % 600, 0);
-        let purses_at = |t: u64| crate::records::purse::purses(&key, None, &[], &calendar, t);
+        let purses_at = |t: u64| crate::records::purse::purses(&key, None, (&[], &[]), &calendar, t);
         // Spent 6,000 in the first bucket.
         let hold = ledger.hold_from(purses_at(t0 + 5), 6_000).await.expect("db").expect("held");
         ledger.settle(hold, record("k", "m", 6_000, t0 * 1000)).await.expect("settle");
@@ -611,7 +629,7 @@ pub(crate) mod tests {
         let mut key = KeyRecord::new("k", "k", "default", String::new(), KeyOrigin::Config);
         key.policy.budgets = Budgets { rolling: vec![Rolling { secs: 5 * 3600, cap: 10_000 }], ..Default::default() };
         let calendar = Calendar::default();
-        let purses_at = |t: u64| crate::records::purse::purses(&key, None, &[], &calendar, t);
+        let purses_at = |t: u64| crate::records::purse::purses(&key, None, (&[], &[]), &calendar, t);
         // Held in the bucket before this one (10-minute buckets), still in flight.
         let now = crate::base::clock::now_unix();
         let early = ledger.hold_from(purses_at(now - 600), 8_000).await.expect("db").expect("held");

@@ -9,6 +9,7 @@ pub mod media;
 pub mod meter;
 pub mod prices;
 pub mod realtime;
+pub mod retention;
 
 use crate::base::usage::Usage;
 use crate::billing::meter::{tokens_from_bytes, ScanResult};

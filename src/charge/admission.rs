@@ -61,11 +61,39 @@ pub struct Charge {
     books: Books,
     limits: Arc<Limits>,
     keys: Arc<KeyIndex>,
+    plans: Option<Arc<super::plans::PlanClock>>,
 }
 
 impl Charge {
     pub fn new(books: Books, limits: Arc<Limits>, keys: Arc<KeyIndex>) -> Self {
-        Charge { books, limits, keys }
+        Charge { books, limits, keys, plans: None }
+    }
+
+    /// With the plans' clock (where a key's plan stands, for its usage view).
+    pub fn with_plans(mut self, plans: Arc<super::plans::PlanClock>) -> Self {
+        self.plans = Some(plans);
+        self
+    }
+
+    /// Where the plans `key` is under stand now (the `plans` of `/v1/usage`): the key's own,
+    /// its account's.
+    pub async fn plan_standing(&self, key: &KeyRecord) -> Result<Vec<serde_json::Value>, crate::store::StoreError> {
+        let Some(clock) = &self.plans else { return Ok(Vec::new()) };
+        let now = crate::base::clock::now_unix();
+        let mut out = Vec::new();
+        if let Some(r) = &key.plan {
+            out.extend(clock.standing(&key.id, r, now).await?);
+        }
+        if let Some(account) = key.policy.account.as_deref().and_then(|n| self.keys.account(n)) {
+            if let Some(r) = &account.plan {
+                let mut v = clock.standing(&crate::policy::budget::account_purse(&account.name), r, now).await?;
+                if let Some(v) = v.as_mut() {
+                    v["account"] = serde_json::json!(account.name);
+                }
+                out.extend(v);
+            }
+        }
+        Ok(out)
     }
 
     /// Where calls are settled.
@@ -97,7 +125,11 @@ impl Charge {
             true => None,
             false => Some(self.keys.tag_limits()).filter(|t| t.of(&key.policy.tags).any(|t| !t.rates.is_empty())),
         };
-        if account.is_none() && tags.is_none() {
+        let plans: Vec<_> = match key.plan.is_some() || key.policy.account.is_some() {
+            true => self.keys.subscribed(key).into_iter().filter(|s| !s.plan.rates.is_empty()).collect(),
+            false => Vec::new(),
+        };
+        if account.is_none() && tags.is_none() && plans.is_empty() {
             return Subjects::One([Limited::key(key)]);
         }
         let mut all = vec![Limited::key(key)];
@@ -110,6 +142,9 @@ impl Charge {
         }
         for tag in tags.iter().flat_map(|t| t.of(&key.policy.tags)).filter(|t| !t.rates.is_empty()) {
             all.push(Limited { id: tag.id().into(), rates: tag.rates, whose: tag.whose().into() });
+        }
+        for s in plans {
+            all.push(Limited { id: format!("plan:{}", s.holder).into(), rates: s.plan.rates, whose: s.whose.into() });
         }
         Subjects::Many(all)
     }
@@ -141,21 +176,27 @@ impl Charge {
     }
 
     /// What a call of `key` is paid from, in the order of checks: its spend windows, its
-    /// account's, its balance, its account's balance. A key whose account this node does not
-    /// know (yet) is refused for now.
+    /// account's, its tag values', its plans' (and what it spends in their periods), its
+    /// balance, its account's balance. A key whose account this node does not know (yet) is
+    /// refused for now.
     pub fn purses(&self, key: &KeyRecord, calendar: &Calendar) -> Result<Vec<Purse>, ApiError> {
         // Only a key with tags loads the tag limits.
         let tag_limits = (!key.policy.tags.is_empty()).then(|| self.keys.tag_limits());
         let tags: Vec<&crate::policy::limits::TagLimit> =
             tag_limits.iter().flat_map(|t| t.of(&key.policy.tags)).filter(|t| !t.budgets.is_empty()).collect();
-        if key.policy.account.is_none() && key.policy.budgets.is_empty() && tags.is_empty() {
+        if key.policy.account.is_none() && key.policy.budgets.is_empty() && tags.is_empty() && key.plan.is_none() {
             return Ok(vec![Purse::key(&key.id)]);
         }
         let account = match &key.policy.account {
             Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
             None => None,
         };
-        Ok(crate::records::purse::purses(key, account.as_deref(), &tags, calendar, crate::base::clock::now_unix()))
+        let subscribed = self.keys.subscribed(key);
+        let plans: Vec<crate::records::purse::PlanOf<'_>> = subscribed
+            .iter()
+            .map(|s| crate::records::purse::PlanOf { plan: &s.plan, holder: &s.holder, since: s.since, whose: &s.whose })
+            .collect();
+        Ok(crate::records::purse::purses(key, account.as_deref(), (&tags, &plans), calendar, crate::base::clock::now_unix()))
     }
 
     /// The price multiplier a call of `key` is charged at (`KeyIndex::price_multiplier`).
@@ -165,7 +206,19 @@ impl Charge {
 
     /// What a call of `key` pays from and at which multiplier (a kind that charges up front).
     pub fn payment(&self, key: &KeyRecord, calendar: &Calendar) -> Result<super::Payment, ApiError> {
-        Ok(super::Payment { purses: self.purses(key, calendar)?, rate: self.rate(key) })
+        Ok(super::Payment { purses: self.purses(key, calendar)?, rate: self.rate(key), plan_models: self.plan_models(key) })
+    }
+
+    /// The model rules of the plans a call of `key` is under (`checks::Subject::plans`).
+    pub fn plan_models(&self, key: &KeyRecord) -> Vec<crate::policy::plan::PlanModels> {
+        if key.plan.is_none() && key.policy.account.is_none() {
+            return Vec::new();
+        }
+        let subscribed = self.keys.subscribed(key);
+        subscribed
+            .into_iter()
+            .filter_map(|s| Some(crate::policy::plan::PlanModels { rules: s.plan.models.clone()?, whose: s.whose }))
+            .collect()
     }
 
     /// Hold what a call of list cost `list` is charged at `rate` (its key's [`Charge::rate`])

@@ -13,6 +13,7 @@
 //! The checks a call goes through before it is admitted are the `checks` floor's list.
 
 mod admission;
+pub mod plans;
 mod settlement;
 
 pub use admission::{Bucket, Charge, Entry};

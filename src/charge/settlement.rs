@@ -34,6 +34,8 @@ pub struct Payer<'a> {
 pub struct Payment {
     pub purses: Vec<Purse>,
     pub rate: Multiplier,
+    /// The model rules of the plans it pays under (its checks read them).
+    pub plan_models: Vec<crate::policy::plan::PlanModels>,
 }
 
 /// What a call used and cost, as its kind knows it.

@@ -124,16 +124,24 @@ pub struct Subject<'a> {
     pub cost: Option<i64>,
     /// The client's address (resolved only when a check asks).
     pub address: Option<&'a dyn Fn() -> Result<IpAddr, ApiError>>,
+    /// The model rules of the plans the call is under (beside the key's own).
+    pub plans: &'a [crate::policy::plan::PlanModels],
 }
 
 impl<'a> Subject<'a> {
     /// A call of `kind` under `policy` that offers nothing yet.
     pub fn new(kind: Kind, policy: &'a KeyPolicy) -> Self {
-        Subject { kind, policy, model: None, output: None, text: None, cost: None, address: None }
+        Subject { kind, policy, model: None, output: None, text: None, cost: None, address: None, plans: &[] }
     }
 
     pub fn model(mut self, model: &'a str) -> Self {
         self.model = Some(model);
+        self
+    }
+
+    /// Under the model rules of these plans too.
+    pub fn plans(mut self, plans: &'a [crate::policy::plan::PlanModels]) -> Self {
+        self.plans = plans;
         self
     }
 

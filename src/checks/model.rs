@@ -1,4 +1,5 @@
-//! The key's model rules (`models: {allow, deny}`): 403 for a model they exclude.
+//! The key's model rules (`models: {allow, deny}`), and those of the plans it is under: 403 for
+//! a model they exclude.
 
 use super::{Check, Looks, Subject, Verdict};
 
@@ -14,9 +15,10 @@ impl Check for ModelRules {
     }
 
     fn check(&self, call: &Subject) -> Verdict {
-        match call.model.map(|m| call.policy.check_model(m)) {
-            Some(Err(e)) => Verdict::Refuse(e),
-            _ => Verdict::Continue,
+        let Some(model) = call.model else { return Verdict::Continue };
+        match call.policy.check_model(model).and_then(|()| call.plans.iter().try_for_each(|p| p.check(model))) {
+            Err(e) => Verdict::Refuse(e),
+            Ok(()) => Verdict::Continue,
         }
     }
 }

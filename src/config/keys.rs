@@ -30,6 +30,7 @@ pub(super) fn accounts(raw: Vec<RawAccount>) -> Result<Vec<AccountConfig>, Confi
             guardrails: a.guardrails,
             rates,
             price_multiplier,
+            plan: a.plan,
         });
     }
     Ok(accounts)
@@ -83,6 +84,7 @@ pub(super) fn keys(raw: Vec<RawKey>, groups: &BTreeMap<String, Group>, accounts:
             enabled: k.enabled,
             max_concurrent: k.max_concurrent,
             policy,
+            plan: k.plan,
         });
     }
     Ok(keys)
@@ -107,6 +109,9 @@ crate::with_key_policy! { input
         enabled: bool,
         #[serde(default)]
         max_concurrent: Option<u32>,
+        /// The plan the key subscribes to (`plans[].name`).
+        #[serde(default)]
+        plan: Option<String>,
     }
 }
 
@@ -139,6 +144,9 @@ pub(super) struct RawAccount {
     /// What its keys are charged of the price table (1.25: a quarter more).
     #[serde(default)]
     price_multiplier: Option<f64>,
+    /// The plan the account subscribes to (`plans[].name`).
+    #[serde(default)]
+    plan: Option<String>,
 }
 
 /// A shared account of the configuration file.
@@ -154,6 +162,8 @@ pub struct AccountConfig {
     pub rates: crate::policy::limits::RateLimits,
     /// What its keys are charged of the price table (before their group's).
     pub price_multiplier: Option<crate::base::money::Multiplier>,
+    /// The plan it subscribes to.
+    pub plan: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -170,6 +180,8 @@ pub struct KeyConfig {
     pub max_concurrent: Option<u32>,
     /// Expiry, model rules, address allowlist.
     pub policy: KeyPolicy,
+    /// The plan it subscribes to.
+    pub plan: Option<String>,
 }
 
 /// A configured client key shorter than this gets a warning at start.

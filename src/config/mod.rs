@@ -146,6 +146,9 @@ struct RawConfig {
     /// What the keys carrying a tag value share: `{ "team=search": { rpm, tpm, max_concurrent, budgets } }`.
     #[serde(default)]
     tag_limits: std::collections::BTreeMap<String, crate::policy::limits::TagLimitInput>,
+    /// What keys and accounts subscribe to: a credit per period and limits of its own.
+    #[serde(default)]
+    plans: Vec<crate::policy::plan::PlanInput>,
 }
 
 // ---------------------------------------------------------------- validated shape
@@ -231,6 +234,8 @@ pub struct Config {
     pub guardrails: Vec<guardrails::GuardrailConfig>,
     /// `tag_limits:`.
     pub tag_limits: crate::policy::limits::TagLimits,
+    /// `plans:`.
+    pub plans: crate::policy::plan::Plans,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -309,6 +314,14 @@ impl Config {
         let fleet = store::fleet_config(raw.store, env)?;
         let guardrails = guardrails::guardrails(raw.guardrails, env, &providers)?;
         let tag_limits = crate::policy::limits::TagLimits::parse(&raw.tag_limits).map_err(|e| ConfigError(format!("tag_limits.{e}")))?;
+        let plans = crate::policy::plan::Plans::parse(&raw.plans).map_err(|e| ConfigError(format!("plans{e}")))?;
+        let unknown_plan = |plan: &Option<String>| plan.as_ref().filter(|p| plans.get(p).is_none()).cloned();
+        if let Some((i, p)) = keys.iter().enumerate().find_map(|(i, k)| unknown_plan(&k.plan).map(|p| (i, p))) {
+            return err(format!("keys[{i}].plan: no plan named '{p}' in plans"));
+        }
+        if let Some((i, p)) = accounts.iter().enumerate().find_map(|(i, a)| unknown_plan(&a.plan).map(|p| (i, p))) {
+            return err(format!("accounts[{i}].plan: no plan named '{p}' in plans"));
+        }
         let config = Config {
             pingora: raw.pingora,
             listen: front.listen,
@@ -350,6 +363,7 @@ impl Config {
             media_allowance: billing.media_allowance,
             fleet,
             tag_limits,
+            plans,
             otlp,
             guardrails,
         };

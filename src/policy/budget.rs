@@ -357,6 +357,9 @@ pub enum Owner<'a> {
     Person(&'a str),
     /// A tag value (`name=value`) of `tag_limits`.
     Tag(&'a str),
+    /// The plan of a holder (a key id, or `acct:<name>`): its windows are the holder's under
+    /// the plan.
+    Plan(&'a str),
 }
 
 /// The money-store name of an account's balance.
@@ -375,6 +378,7 @@ pub fn window_purse(owner: &Owner<'_>, window: Window, start: u64) -> String {
         Owner::Account(name) => ("win:acct:", *name),
         Owner::Person(subject) => ("win:person:", *subject),
         Owner::Tag(tag) => ("win:tag:", *tag),
+        Owner::Plan(holder) => ("win:plan:", *holder),
     };
     let mut digits = itoa::Buffer::new();
     let start = digits.format(start);
@@ -398,6 +402,7 @@ pub fn rolling_purse(owner: &Owner<'_>, secs: u64, until: u64) -> String {
         Owner::Account(name) => ("win:acct:", *name),
         Owner::Person(subject) => ("win:person:", *subject),
         Owner::Tag(tag) => ("win:tag:", *tag),
+        Owner::Plan(holder) => ("win:plan:", *holder),
     };
     let mut id = String::with_capacity(prefix.len() + name.len() + 24);
     id.push_str(prefix);

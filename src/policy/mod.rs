@@ -11,6 +11,7 @@ pub mod cidr;
 mod fields;
 pub mod forwarded;
 pub mod limits;
+pub mod plan;
 
 pub use cidr::{normalize, Cidr};
 

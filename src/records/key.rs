@@ -60,6 +60,9 @@ pub struct KeyRecord {
     /// balance then counts what it spent, below zero).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allowance_cap: bool,
+    /// The plan the key subscribes to (its credit is granted to the key's balance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::policy::plan::PlanRef>,
 }
 
 /// The previous secret of a rotated key and the end of its grace period.
@@ -98,6 +101,7 @@ impl KeyRecord {
             policy: crate::policy::KeyPolicy::default(),
             owner: None,
             allowance_cap: false,
+            plan: None,
         }
     }
 
@@ -171,6 +175,9 @@ pub struct AccountRecord {
     /// What its keys are charged of the price table, before their group's multiplier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub price_multiplier: Option<crate::base::money::Multiplier>,
+    /// The plan the account subscribes to (its credit is granted to the account's balance).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<crate::policy::plan::PlanRef>,
 }
 
 impl AccountRecord {

@@ -42,6 +42,19 @@ pub enum PurseKind {
         secs: u64,
         frees_at: Option<u64>,
     },
+    /// What a plan's holder spent in the plan's period (it never refuses: the credit is in the
+    /// holder's balance; it is read when the period closes).
+    PlanSpend,
+}
+
+/// A plan a call is under, as the purses of a call see it: the plan, its holder's purse (a key
+/// id, or `acct:<name>`), when the holder took it, and whose it is (in a refusal).
+#[derive(Debug, Clone, Copy)]
+pub struct PlanOf<'a> {
+    pub plan: &'a crate::policy::plan::Plan,
+    pub holder: &'a str,
+    pub since: u64,
+    pub whose: &'a str,
 }
 
 impl Purse {
@@ -96,9 +109,17 @@ pub fn window_owner(key: &KeyRecord) -> Owner<'_> {
 /// windows of the tag values it carries (`tags`: their limits), the key's balance, the
 /// account's balance. A member's key (a person's key on a team) draws on the team's account:
 /// its own balance bounds it only when a team admin set it an allowance.
-pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, tags: &[&TagLimit], calendar: &Calendar, now: u64) -> Vec<Purse> {
+pub fn purses(
+    key: &KeyRecord,
+    account: Option<&AccountRecord>,
+    (tags, plans): (&[&TagLimit], &[PlanOf<'_>]),
+    calendar: &Calendar,
+    now: u64,
+) -> Vec<Purse> {
     let count = |b: &Budgets| b.caps().count() + b.rolling.len();
-    let shared = account.map_or(0, |a| count(&a.budgets)) + tags.iter().map(|t| count(&t.budgets)).sum::<usize>();
+    let shared = account.map_or(0, |a| count(&a.budgets))
+        + tags.iter().map(|t| count(&t.budgets)).sum::<usize>()
+        + plans.iter().map(|p| count(&p.plan.budgets) + 1).sum::<usize>();
     let mut out = Vec::with_capacity(count(&key.policy.budgets) + shared + 2);
     let name: Option<Arc<str>> = account.map(|a| a.name.as_str().into());
     let mut windows = |owner: Owner<'_>, whose: Option<Arc<str>>, budgets: &Budgets| {
@@ -133,6 +154,14 @@ pub fn purses(key: &KeyRecord, account: Option<&AccountRecord>, tags: &[&TagLimi
         let id = format!("{}={}", tag.tag, tag.value);
         windows(Owner::Tag(&id), Some(tag.whose().into()), &tag.budgets);
     }
+    for p in plans {
+        windows(Owner::Plan(p.holder), Some(p.whose.into()), &p.plan.budgets);
+    }
+    for p in plans {
+        let (start, _) = p.plan.period.at(p.since, now, calendar);
+        let id = crate::policy::plan::credit_purse(p.holder, start);
+        out.push(Purse { id, credit: UNBOUNDED, kind: PurseKind::PlanSpend, linked: None });
+    }
     let credit = if key.spends_team_alone() && account.is_some() { UNBOUNDED } else { 0 };
     out.push(Purse { id: key.id.clone(), credit, kind: PurseKind::Key, linked: None });
     if let (Some(a), Some(name)) = (account, name) {
@@ -163,6 +192,7 @@ mod tests {
             guardrails: Vec::new(),
             rates: Default::default(),
             price_multiplier: None,
+            plan: None,
             name: "research".into(),
             budgets: Budgets::default(),
             created_at: 0,
@@ -178,7 +208,7 @@ mod tests {
     fn a_members_keys_draw_on_the_team_and_share_the_persons_windows() {
         let calendar = Calendar::new("UTC").unwrap();
         let (team, now) = (team(), 86_400 * 100);
-        let purse_of = |k: &KeyRecord| purses(k, Some(&team), &[], &calendar, now);
+        let purse_of = |k: &KeyRecord| purses(k, Some(&team), (&[], &[]), &calendar, now);
         let (a, b) = (key("k1", Some("ada"), Some("research"), false), key("k2", Some("ada"), Some("research"), false));
         let (pa, pb) = (purse_of(&a), purse_of(&b));
         // Uncapped: the key's own purse never refuses; the team's account does.
@@ -192,7 +222,7 @@ mod tests {
         // An allowance set by a team admin bounds the key again; a key of nobody's keeps its own.
         let capped = purse_of(&key("k3", Some("ada"), Some("research"), true));
         assert_eq!(capped.iter().find(|p| p.kind == PurseKind::Key).unwrap().credit, 0);
-        let plain = purses(&key("k4", None, Some("research"), false), Some(&team), &[], &calendar, now);
+        let plain = purses(&key("k4", None, Some("research"), false), Some(&team), (&[], &[]), &calendar, now);
         assert_eq!(plain.iter().find(|p| p.kind == PurseKind::Key).unwrap().credit, 0);
         assert!(day(&plain).starts_with("win:k4:"));
     }

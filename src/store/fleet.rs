@@ -552,6 +552,14 @@ impl MoneyStore for FleetMoney {
         Ok(self.fleet.accounts.audit(limit, before).await?)
     }
 
+    async fn top_up_once(&self, id: &str, delta: i64, reason: &str, mark: &str, value: i64) -> Result<Option<AuditEntry>, StoreError> {
+        Ok(self.fleet.accounts.top_up_once(id, delta, reason, (mark, value)).await?)
+    }
+
+    async fn mark(&self, mark: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self.fleet.accounts.mark(mark).await?)
+    }
+
     async fn commit(&self) -> Result<(), StoreError> {
         if self.slot.is_released() {
             return Ok(());

@@ -130,7 +130,7 @@ pub fn draft(
     protocol: Protocol,
     group: &str,
     policy: &crate::policy::KeyPolicy,
-    checks: &Checks,
+    checks: (&Checks, &[crate::policy::plan::PlanModels]),
     client_body: bytes::Bytes,
 ) -> Result<Draft, Stop> {
     draft_of(routing, route, protocol, group, policy, checks, client_body, None)
@@ -143,7 +143,7 @@ pub fn draft_form(
     route: &Route,
     group: &str,
     policy: &crate::policy::KeyPolicy,
-    checks: &Checks,
+    checks: (&Checks, &[crate::policy::plan::PlanModels]),
     form: &crate::protocol::multipart::Form,
 ) -> Result<Draft, Stop> {
     draft_of(routing, route, Protocol::Openai, group, policy, checks, bytes::Bytes::new(), Some(form))
@@ -157,7 +157,7 @@ fn draft_of(
     protocol: Protocol,
     group: &str,
     policy: &crate::policy::KeyPolicy,
-    checks: &Checks,
+    (checks, plans): (&Checks, &[crate::policy::plan::PlanModels]),
     client_body: bytes::Bytes,
     form: Option<&crate::protocol::multipart::Form>,
 ) -> Result<Draft, Stop> {
@@ -181,7 +181,7 @@ fn draft_of(
     let asked = (!route.embeds() && route.billed()).then(|| output::asked(route, &fields));
     let named = asked.as_ref().and_then(|a| a.as_ref().ok()).map(|a| (*a, output::named_field(route, &fields)));
     let text = (form.is_none() && !client_body.is_empty()).then_some(Text::Json(&client_body));
-    checks.run(&Subject { output: named, text, ..Subject::new(Kind::ModelCall, policy).model(&model) })?;
+    checks.run(&Subject { output: named, text, ..Subject::new(Kind::ModelCall, policy).model(&model).plans(plans) })?;
     let asked = match asked {
         Some(Err(e)) => return Err(e.into()),
         Some(Ok(asked)) => asked,

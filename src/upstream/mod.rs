@@ -106,7 +106,7 @@ mod tests {
         policy: &crate::policy::KeyPolicy,
         body: bytes::Bytes,
     ) -> Result<Draft, crate::protocol::ApiError> {
-        super::draft::draft(routing, route, protocol, group, policy, &crate::checks::Checks::default(), body)
+        super::draft::draft(routing, route, protocol, group, policy, (&crate::checks::Checks::default(), &[]), body)
             .map_err(crate::checks::Stop::refusal)
     }
 

@@ -329,7 +329,8 @@ impl VideoService {
         let mut sub = request::validate(&json, &self.cfg.models, self.storage.is_some())?;
         // The key's model rules apply to video models too (before anything is charged).
         // (And every other check of a video task: those that read its request's text.)
-        self.checks.vet(&Subject::new(Kind::VideoTask, &key.policy).model(&sub.api_model).text(Text::Value(&json)))?;
+        self.checks
+            .vet(&Subject::new(Kind::VideoTask, &key.policy).model(&sub.api_model).plans(&payment.plan_models).text(Text::Value(&json)))?;
         let cost = self.price_nanos(&sub.api_model, sub.duration).ok_or_else(|| {
             log::error!("video model {} is enabled without a price; refused", sub.api_model);
             ApiError::new(ErrorKind::Internal, format!("The model '{}' is not priced on this gateway and cannot be served.", sub.api_model))

@@ -517,3 +517,35 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The faked wall clock (libfaketime) of a gateway started with [`FakeClock::env`]: frozen at
+/// the time written to its file, moved by writing another.
+pub struct FakeClock {
+    pub file: std::path::PathBuf,
+}
+
+impl FakeClock {
+    const LIBFAKETIME: &'static str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+    /// A clock whose file lives in `dir`.
+    pub fn new(dir: &std::path::Path) -> FakeClock {
+        assert!(std::path::Path::new(Self::LIBFAKETIME).exists(), "libfaketime is needed (Debian package faketime; .ci/run installs it)");
+        FakeClock { file: dir.join("now") }
+    }
+
+    /// Freeze the clock at `unix`.
+    pub fn set(&self, unix: u64) {
+        let at = jiff::Timestamp::from_second(unix as i64).expect("time").strftime("%Y-%m-%d %H:%M:%S").to_string();
+        std::fs::write(&self.file, at).expect("write the fake time");
+    }
+
+    /// The environment that makes a process read this clock.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("LD_PRELOAD", Self::LIBFAKETIME.to_string()),
+            ("FAKETIME_TIMESTAMP_FILE", self.file.to_string_lossy().into_owned()),
+            ("FAKETIME_NO_CACHE", "1".to_string()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+        ]
+    }
+}

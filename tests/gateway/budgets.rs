@@ -356,27 +356,12 @@ async fn video_tasks_follow_the_keys_model_rules_and_windows() {
     assert_eq!(nanos(&u["balance"]), 5_000_000_000 - 250_000_000);
 }
 
-/// The faked wall clock of a gateway started with [`faked_clock_env`]: frozen at the time
-/// written to its file, moved by writing another.
-struct FakeClock {
-    file: std::path::PathBuf,
-}
-
-impl FakeClock {
-    fn set(&self, unix: u64) {
-        let at = jiff::Timestamp::from_second(unix as i64).expect("time").strftime("%Y-%m-%d %H:%M:%S").to_string();
-        std::fs::write(&self.file, at).expect("write the fake time");
-    }
-}
-
 #[tokio::test]
 async fn a_rolling_window_admits_what_fits_and_frees_at_the_second_its_retry_after_names() {
-    const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-    assert!(std::path::Path::new(LIBFAKETIME).exists(), "libfaketime is needed (Debian package faketime; .ci/run installs it)");
     const ROLLING_KEY: &str = "sk-budget-rolling-0001";
     let mock = start_mock();
     let dir = tempfile::tempdir().expect("dir");
-    let clock = FakeClock { file: dir.path().join("now") };
+    let clock = FakeClock::new(dir.path());
     // 10:00 UTC: a bucket of the 5-hour window (10 minutes) starts.
     let t0 = 1_795_860_000;
     assert_eq!(t0 % 600, 0);
@@ -386,13 +371,8 @@ async fn a_rolling_window_admits_what_fits_and_frees_at_the_second_its_retry_aft
     let body = standard_config(mock.port).replacen(&listed, "  alpha-5.5: { input: 0, output: 8 }\n", 1);
     assert!(body.contains("alpha-5.5: { input: 0, output: 8 }"));
     let body = with_key(&body, &format!("{{ key: {ROLLING_KEY}, name: rolling, group: default, balance: 100.0, budgets: {{ 5h: 2.0 }} }}"));
-    let file = clock.file.to_string_lossy().into_owned();
-    let env = [
-        ("LD_PRELOAD", LIBFAKETIME),
-        ("FAKETIME_TIMESTAMP_FILE", file.as_str()),
-        ("FAKETIME_NO_CACHE", "1"),
-        ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
-    ];
+    let env = clock.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut gw = start_gateway_env(&body, &env);
     let url = gw.url("/v1/chat/completions");
     let call = |held: Option<usize>| {

@@ -25,6 +25,7 @@ mod mcp_client;
 mod media;
 mod metering;
 mod operations;
+mod plans;
 mod policy;
 mod request_log;
 mod routing;

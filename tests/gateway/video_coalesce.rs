@@ -46,7 +46,11 @@ async fn stale_gets_coalesce_into_one_describe() {
         created_at: 0,
         ..KeyRecord::new("key_coalesce", "c", "default", String::new(), tollgate::records::key::KeyOrigin::Admin)
     };
-    let payment = tollgate::charge::Payment { purses: vec![tollgate::records::purse::Purse::key(&key.id)], rate: Default::default() };
+    let payment = tollgate::charge::Payment {
+        purses: vec![tollgate::records::purse::Purse::key(&key.id)],
+        rate: Default::default(),
+        plan_models: Vec::new(),
+    };
     let (task, _) = svc.create(&key, &payment, br#"{"model":"genq3-pro","prompt":"coalesce"}"#, (None, 0)).await.expect("created");
     // Staleness is a matter of time: let the one-second poll interval pass.
     tokio::time::sleep(Duration::from_millis(1100)).await;

@@ -740,3 +740,43 @@ async fn an_accounts_rpm_holds_for_every_key_of_it_over_the_nodes() {
     // Exact unless the minute turned during the burst (then at most twice the limit).
     assert!(served == 30 || (served > 30 && served <= 60), "{served} served at the account's rpm 30 over three nodes");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plans_credit_is_granted_once_over_three_nodes_and_spent_exactly() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "sk-fleet-key-plan-credit-0000000001";
+    // A balance of 0 and a plan of five cents a day: exactly five one-cent calls, whichever
+    // node serves them, and one grant whichever nodes start.
+    let keys = format!(
+        "  - {{ key: {secret}, name: planned, group: default, balance: 0, plan: nickel }}\nplans:\n  - {{ name: nickel, credit: 0.05, period: day }}"
+    );
+    let nodes = three(mock.port, &pg, &keys, "");
+    let c = client();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let grants = loop {
+        let page: Value = admin(&c, &nodes[1], reqwest::Method::GET, "/admin/audit?limit=100", None).await.json().await.expect("json");
+        let grants: Vec<Value> = page["data"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|e| e["reason"].as_str().is_some_and(|r| r.starts_with("plan nickel: credit")))
+            .collect();
+        if !grants.is_empty() || Instant::now() > deadline {
+            break grants;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Every node ticked at its start; one granted.
+    for node in &nodes {
+        let u = usage(&node.gw, secret).await;
+        assert_eq!(u["plans"][0]["granted"], true, "{u}");
+    }
+    let page: Value = admin(&c, &nodes[2], reqwest::Method::GET, "/admin/audit?limit=100", None).await.json().await.expect("json");
+    let all = page["data"].as_array().cloned().unwrap_or_default();
+    assert_eq!(all.iter().filter(|e| e["reason"].as_str().is_some_and(|r| r.starts_with("plan nickel: credit"))).count(), 1, "{grants:?}");
+    let answers = spread(&c, &nodes, 12, secret).await;
+    assert_eq!(answers.iter().filter(|s| **s == 200).count(), 5, "{answers:?}");
+    assert_eq!(answers.iter().filter(|s| **s == 402).count(), 7, "{answers:?}");
+}

@@ -250,6 +250,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         guardrails: vec!["secrets".into()],
         rates: tollgate::policy::limits::RateLimits { rpm: Some(60), tpm: Some(5_000), max_concurrent: Some(4) },
         price_multiplier: tollgate::base::money::Multiplier::new(1.25),
+        plan: Some(tollgate::policy::plan::PlanRef { name: "team-plan".into(), since: 1_700_000_000 }),
     };
     keys.put_account(&account).await.expect("put account");
     for s in &stores {
@@ -263,7 +264,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     let mut solo = key("key_budget", "sk-budget-solo", true);
     solo.policy.budgets = Budgets { day: Some(1_000), ..Budgets::default() };
     ledgers[0].open_account(&solo.id, 1_000_000).await.expect("open");
-    let solo_purses = purses(&solo, None, &[], &calendar, now);
+    let solo_purses = purses(&solo, None, (&[], &[]), &calendar, now);
     let (start, end) = calendar.window(Window::Day, now);
     let window_id = tollgate::policy::budget::window_purse(&tollgate::policy::budget::Owner::Key(&solo.id), Window::Day, start);
     assert_eq!(solo_purses[0].id, window_id);
@@ -310,10 +311,10 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     assert_eq!((e.status(), e.retry_after), (429, Some(end - now)), "{backend}: {e:?}");
     // A cap raised mid-window applies at once to what the window spent.
     solo.policy.budgets.day = Some(2_000);
-    let raised = purses(&solo, None, &[], &calendar, now);
+    let raised = purses(&solo, None, (&[], &[]), &calendar, now);
     assert!(ledgers[0].hold_from(raised, 1_000).await.expect("store").is_ok(), "{backend}");
     // The next window starts empty: no reset job, a new name.
-    let tomorrow = purses(&solo, None, &[], &calendar, end);
+    let tomorrow = purses(&solo, None, (&[], &[]), &calendar, end);
     assert_ne!(tomorrow[0].id, window_id);
     assert!(ledgers[0].hold_from(tomorrow, 1_000).await.expect("store").is_ok(), "{backend}");
 
@@ -332,7 +333,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     }
     let attempts = (0..30).map(|i| {
         let ledger = ledgers[i % ledgers.len()].clone();
-        let purses = purses(&members[i % 2], Some(&account), &[], &calendar, now);
+        let purses = purses(&members[i % 2], Some(&account), (&[], &[]), &calendar, now);
         tokio::spawn(async move { ledger.hold_from(purses, 100).await.expect("store") })
     });
     let results: Vec<_> = futures_util::future::join_all(attempts).await.into_iter().map(|r| r.expect("task")).collect();
@@ -365,7 +366,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         s.money().commit().await.expect("commit");
         s.money().sync_round().await.expect("sync");
     }
-    while let Ok(hold) = ledgers[0].hold_from(purses(&members[0], Some(&account), &[], &calendar, now), 100).await.expect("store") {
+    while let Ok(hold) = ledgers[0].hold_from(purses(&members[0], Some(&account), (&[], &[]), &calendar, now), 100).await.expect("store") {
         ledgers[0].settle(hold, usage(&members[0].id, "m1", 100, now * 1000)).await.expect("settle");
         admitted += 1;
         assert!(admitted <= 5, "{backend}: more than the account's balance");
@@ -389,7 +390,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     let after_first = ledgers[0].audit(10, Some(trail[0].cursor())).await.expect("audit");
     assert_eq!(after_first, trail[1..], "{backend}: paged by position, even within one millisecond");
     assert!(ledgers[0].audit(10, Some(trail[1].cursor())).await.expect("audit").is_empty(), "{backend}");
-    let p = purses(&members[0], Some(&account), &[], &calendar, now);
+    let p = purses(&members[0], Some(&account), (&[], &[]), &calendar, now);
     let refused = ledgers[0].hold_from(p.clone(), 300).await.expect("store").expect_err("the account's day window");
     assert_eq!(refused.kind, PurseKind::Window { whose: Some("the account 'team'".into()), window: Window::Day, end }, "{backend}");
 

@@ -24,6 +24,8 @@ pub(super) struct Caller {
     pub version: Option<String>,
     /// The routing snapshot the whole request is decided on.
     pub routing: Arc<Routing>,
+    /// The model rules of the plans the key is under (none: nothing allocated).
+    pub plans: Vec<crate::policy::plan::PlanModels>,
 }
 
 pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) -> Step<Caller> {
@@ -73,7 +75,8 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
         let address = || client_of(session, &routing);
         gw.checks.run(&Subject { address: Some(&address), ..Subject::new(Kind::Request, &key.policy) })?;
     }
-    Ok(Caller { route, key, version: client_version(req), routing })
+    let plans = gw.charge.plan_models(&key);
+    Ok(Caller { route, key, version: client_version(req), routing, plans })
 }
 
 /// The client's address: the peer's, or the one trusted proxies forwarded (refused when it

@@ -14,7 +14,7 @@ use crate::route::Route;
 use pingora_proxy::Session;
 
 pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller) -> Step<Protocol> {
-    let Caller { route, key, version, routing } = caller;
+    let Caller { route, key, version, routing, .. } = caller;
     let catalog = &routing.catalog;
     // The model lists show exactly what the key may call.
     let listed = |mut models: Vec<ModelEntry>| {
@@ -93,6 +93,11 @@ async fn usage(gw: &Gateway, query: Option<&str>, key: &KeyRecord) -> std::resul
     // (one key's reads never delay another's), never on the threads that relay requests.
     let _turn = gw.usage_queries.take(&key.id).await?;
     let calendar = gw.routing.load().calendar.clone();
-    let report = gw.ledger.key_usage(key, start, end, &by, &calendar).await.map_err(internal)?;
+    let mut report = gw.ledger.key_usage(key, start, end, &by, &calendar).await.map_err(internal)?;
+    // The plans it is under: their period, credit and what is left of it.
+    let plans = gw.charge.plan_standing(key).await.map_err(internal)?;
+    if !plans.is_empty() {
+        report["plans"] = serde_json::json!(plans);
+    }
     Ok(LocalResponse::json(200, &report))
 }

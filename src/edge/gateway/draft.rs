@@ -44,9 +44,10 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
                     .map(|s| (s * 1000.0).ceil() as u64);
             }
         }
-        let draft = upstream::draft_form(routing, route, &key.group, &key.policy, &gw.checks, &form).inspect_err(|_| {
-            ctx.model_asked = form.field("model").filter(|m| crate::protocol::check_model_name(m).is_ok()).map(str::to_string);
-        })?;
+        let draft =
+            upstream::draft_form(routing, route, &key.group, &key.policy, (&gw.checks, &caller.plans), &form).inspect_err(|_| {
+                ctx.model_asked = form.field("model").filter(|m| crate::protocol::check_model_name(m).is_ok()).map(str::to_string);
+            })?;
         return Ok(Drafted { protocol, draft, body_reservation: Some(spooled), upload: Some(std::sync::Arc::new(form)) });
     }
     let client_body = crate::edge::body::read(session, &gw.body).await?;
@@ -58,7 +59,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
                 .ok_or_else(|| crate::access::owners::not_found(id))?;
             // A stored response is read under the model rules of the model that made it.
             gw.checks
-                .run(&Subject::new(Kind::ModelCall, &key.policy).model(&draft.model))
+                .run(&Subject::new(Kind::ModelCall, &key.policy).model(&draft.model).plans(&caller.plans))
                 .inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
             draft
         }
@@ -70,11 +71,12 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
                 ctx.model_asked = model_named(route, Some(&came));
             })?;
             let sent = body.clone();
-            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, &gw.checks, sent).inspect_err(|_| {
-                // Refused: the access log names the model asked for, if the body or the
-                // path (generate-content) names one.
-                ctx.model_asked = model_named(route, Some(&body));
-            })?;
+            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, (&gw.checks, &caller.plans), sent)
+                .inspect_err(|_| {
+                    // Refused: the access log names the model asked for, if the body or the
+                    // path (generate-content) names one.
+                    ctx.model_asked = model_named(route, Some(&body));
+                })?;
             if let Some(previous) = &draft.previous_response_id {
                 let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::access::owners::unavailable)?;
                 let owner = owner.ok_or_else(|| crate::access::owners::previous_not_found(previous))?;

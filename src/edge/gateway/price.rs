@@ -20,7 +20,7 @@ use pingora_proxy::Session;
 use std::time::Instant;
 
 pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx, caller: Caller, drafted: Drafted) -> Step<Box<RelayPlan>> {
-    let Caller { route, key, version, routing } = caller;
+    let Caller { route, key, version, routing, .. } = caller;
     let Drafted { protocol, mut draft, body_reservation, upload } = drafted;
     let slot = gw.charge.enter(&key).await?;
     // What its guardrails cost is held and billed with it.

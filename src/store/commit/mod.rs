@@ -52,16 +52,19 @@ pub enum TreeName {
     Audit,
     /// The request log (`request_log`), by time.
     RequestLog,
+    /// Marks of what was done once (a plan's grant): name → value.
+    Marks,
 }
 
 impl TreeName {
-    const ALL: [TreeName; 6] = [
+    const ALL: [TreeName; 7] = [
         TreeName::UsageRecords,
         TreeName::Balances,
         TreeName::ResponseOwners,
         TreeName::FleetJournal,
         TreeName::Audit,
         TreeName::RequestLog,
+        TreeName::Marks,
     ];
 
     /// The tree's number in the journal (never reused: a journal outlives the process).
@@ -73,6 +76,7 @@ impl TreeName {
             TreeName::FleetJournal => 4,
             TreeName::Audit => 5,
             TreeName::RequestLog => 6,
+            TreeName::Marks => 7,
         }
     }
 
@@ -88,9 +92,13 @@ impl TreeName {
             TreeName::FleetJournal => FLEET_JOURNAL,
             TreeName::Audit => AUDIT,
             TreeName::RequestLog => REQUEST_LOG,
+            TreeName::Marks => MARKS,
         }
     }
 }
+
+/// The tree of marks of what was done once (`MoneyStore::top_up_once`).
+pub const MARKS: &str = "marks";
 
 /// The tree of a fleet node's journal (usage records on their way to the shared database).
 pub const FLEET_JOURNAL: &str = "fleet_journal";
@@ -126,6 +134,12 @@ enum Job {
     Inserts {
         tree: TreeName,
         entries: Vec<(Vec<u8>, Vec<u8>)>,
+    },
+    /// Inserts into several trees that go into the same batch, never split (an audited top-up
+    /// and its mark).
+    Together {
+        entries: Vec<(TreeName, Vec<u8>, Vec<u8>)>,
+        ack: Option<Ack>,
     },
     /// Answered once everything queued before it is on disk.
     Barrier(Ack),
@@ -243,7 +257,10 @@ impl Writer {
     /// Queue a job. The writer is woken only when the queue was empty or the job is urgent:
     /// writes that join a gathering batch cost no wake-up.
     fn send(&self, job: Job) -> Result<(), StoreError> {
-        let urgent = !matches!(job, Job::Insert { ack: None, .. } | Job::Grouped { ack: None, .. } | Job::Inserts { .. });
+        let urgent = !matches!(
+            job,
+            Job::Insert { ack: None, .. } | Job::Grouped { ack: None, .. } | Job::Inserts { .. } | Job::Together { ack: None, .. }
+        );
         let wake = {
             let mut q = self.shared.lock();
             if q.closed {
@@ -281,6 +298,16 @@ impl Writer {
         }
         self.stats.queued.fetch_add(entries.len() as u64, Ordering::SeqCst);
         self.send(Job::Inserts { tree, entries })
+    }
+
+    /// Queue inserts into several trees that land in the same batch (so in the database and
+    /// after a crash, all or none); with `wait`, the returned waiter answers once they are on
+    /// disk.
+    pub fn insert_together(&self, entries: Vec<(TreeName, Vec<u8>, Vec<u8>)>, wait: bool) -> Result<Option<Waiter>, StoreError> {
+        let (ack, waiter) = ack_pair(wait);
+        self.stats.queued.fetch_add(entries.len() as u64, Ordering::SeqCst);
+        self.send(Job::Together { entries, ack })?;
+        Ok(waiter)
     }
 
     /// Queue a value that is stored together with the other values of its `group` queued in
@@ -541,6 +568,13 @@ fn commit(db: &DbSlot, journal: &mut Option<journal::Journal>, batch: Vec<Job>, 
             Job::Inserts { tree, entries } => {
                 writes += entries.len() as u64;
                 for (key, value) in entries {
+                    replace_or_push(&mut inserts, &mut first, tree, key, value);
+                }
+            }
+            Job::Together { entries, ack } => {
+                acks.extend(ack);
+                writes += entries.len() as u64;
+                for (tree, key, value) in entries {
                     replace_or_push(&mut inserts, &mut first, tree, key, value);
                 }
             }

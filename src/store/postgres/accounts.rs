@@ -506,6 +506,51 @@ impl FleetAccounts {
         Ok(entry)
     }
 
+    /// [`Self::top_up`] once for `mark`: the mark, the balance change and its audit entry in
+    /// one transaction; None (nothing changed) when another node or an earlier run wrote the
+    /// mark.
+    pub async fn top_up_once(
+        &self,
+        key_id: &str,
+        delta: i64,
+        reason: &str,
+        (mark, value): (&str, i64),
+    ) -> Result<Option<crate::records::audit::AuditEntry>, PgError> {
+        let mut client = self.pg.client().await?;
+        let tx = client.transaction().await?;
+        let now = i64::try_from(crate::base::clock::now_ms()).unwrap_or(i64::MAX);
+        let marked = tx
+            .execute("INSERT INTO marks (id, value, time_ms) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING", &[&mark, &value, &now])
+            .await?;
+        if marked == 0 {
+            tx.rollback().await?;
+            return Ok(None);
+        }
+        let balance: i64 = tx
+            .query_one(
+                "INSERT INTO accounts (key_id, balance) VALUES ($1, $2)
+                 ON CONFLICT (key_id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance RETURNING balance",
+                &[&key_id, &delta],
+            )
+            .await?
+            .get(0);
+        let entry = crate::records::audit::AuditEntry::new(key_id, delta, balance, Some(reason));
+        let text = serde_json::to_string(&entry).map_err(|e| PgError::Query(format!("audit entry: {e}")))?;
+        tx.execute("INSERT INTO audit_log (time_ms, record) VALUES ($1, $2)", &[&i64::try_from(entry.time_ms).unwrap_or(i64::MAX), &text])
+            .await?;
+        tx.commit().await?;
+        self.pg.count(5);
+        Ok(Some(entry))
+    }
+
+    /// The value written with `mark`, if it was.
+    pub async fn mark(&self, mark: &str) -> Result<Option<i64>, PgError> {
+        let client = self.pg.client().await?;
+        let row = client.query_opt("SELECT value FROM marks WHERE id = $1", &[&mark]).await?;
+        self.pg.count(1);
+        Ok(row.map(|r| r.get(0)))
+    }
+
     /// Forget the balances of spend windows that ended before `before_ms` (see
     /// `policy::budget::WINDOW_KEPT_SECS`) and that no node leases; how many.
     pub async fn prune_windows(&self, before_ms: u64) -> Result<u64, PgError> {

@@ -302,6 +302,16 @@ const MIGRATIONS: &[(i32, &str)] = &[
      CREATE INDEX jobs_open ON jobs (kind, updated_at) WHERE open;
      CREATE INDEX jobs_key ON jobs (kind, key_id, created_at);",
     ),
+    (
+        13,
+        // What was done once across the fleet (a plan's grant, a period's close): written in
+        // the transaction of the balance change it marks.
+        "CREATE TABLE marks (
+         id TEXT PRIMARY KEY,
+         value BIGINT NOT NULL,
+         time_ms BIGINT NOT NULL
+     );",
+    ),
 ];
 
 /// The advisory lock that serialises migrations across nodes.

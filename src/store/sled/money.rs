@@ -91,6 +91,9 @@ pub struct SledMoney {
     /// its window changes — a call held before its bucket turned, settling after — so no sum
     /// above is used stale. The current bucket's own change is read as it is, never summed.
     earlier_epoch: AtomicU64,
+    /// The marks this process wrote ([`MoneyStore::top_up_once`]), read and written under the
+    /// accounts lock: a mark queued to the writer counts before it reaches the tree.
+    marks: Mutex<HashMap<String, i64>>,
 }
 
 impl SledMoney {
@@ -108,6 +111,7 @@ impl SledMoney {
             handover: std::sync::OnceLock::new(),
             earlier_sums: Mutex::new(HashMap::new()),
             earlier_epoch: AtomicU64::new(0),
+            marks: Mutex::new(HashMap::new()),
         })
     }
 
@@ -125,6 +129,51 @@ impl SledMoney {
 
     fn load(&self, map: &mut Purses, key_id: &str) -> Result<Account, StoreError> {
         self.with(map, key_id, |a| *a)
+    }
+
+    /// A top-up and its audit entry, durable before this returns; with a mark, only when the
+    /// mark was never written (None: it was), the mark written in the same commit.
+    async fn top_up_marked(
+        &self,
+        id: &str,
+        delta: i64,
+        reason: Option<&str>,
+        mark: Option<(&str, i64)>,
+    ) -> Result<Option<AuditEntry>, StoreError> {
+        use crate::store::commit::TreeName;
+        let (entry, waiter) = {
+            let mut map = self.accounts();
+            if let Some((mark, value)) = mark {
+                let mut marks = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+                if marks.contains_key(mark) || self.slot.tree(crate::store::commit::MARKS)?.contains_key(mark.as_bytes())? {
+                    return Ok(None);
+                }
+                marks.insert(mark.to_string(), value);
+            }
+            let mut acc = self.load(&mut map, id)?;
+            acc.balance = acc.balance.saturating_add(delta);
+            self.changed(id);
+            let seq = self.slot.db()?.generate_id()? + 1;
+            let entry = AuditEntry::new(id, delta, acc.balance, reason);
+            let mut audit_key = entry.time_ms.to_be_bytes().to_vec();
+            audit_key.extend_from_slice(&seq.to_be_bytes());
+            let value = serde_json::to_vec(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            // The audit entry, the balance and the mark: in one batch, all or none.
+            let mut entries = vec![
+                (TreeName::Audit, audit_key, value),
+                (TreeName::Balances, id.as_bytes().to_vec(), encode_balance(acc.balance, seq).to_vec()),
+            ];
+            if let Some((mark, value)) = mark {
+                entries.push((TreeName::Marks, mark.as_bytes().to_vec(), value.to_be_bytes().to_vec()));
+            }
+            let waiter = self.writer.insert_together(entries, true)?;
+            map.insert(id.to_string(), acc);
+            (entry, waiter)
+        };
+        if let Some(waiter) = waiter {
+            waiter.wait().await?;
+        }
+        Ok(Some(entry))
     }
 
     /// What a purse may go below zero: its credit, less what its linked purses (a rolling
@@ -570,30 +619,23 @@ impl MoneyStore for SledMoney {
     /// The audit entry is queued before the balance entry, in one batch: sled recovers a
     /// prefix of its log, so no balance move is ever without its entry.
     async fn top_up(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError> {
-        let (entry, waiter) = {
-            let mut map = self.accounts();
-            let mut acc = self.load(&mut map, id)?;
-            acc.balance = acc.balance.saturating_add(delta);
-            self.changed(id);
-            let seq = self.slot.db()?.generate_id()? + 1;
-            let entry = AuditEntry::new(id, delta, acc.balance, reason);
-            let mut audit_key = entry.time_ms.to_be_bytes().to_vec();
-            audit_key.extend_from_slice(&seq.to_be_bytes());
-            let value = serde_json::to_vec(&entry).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            self.writer.insert(crate::store::commit::TreeName::Audit, audit_key, value, false)?;
-            let waiter = self.writer.insert(
-                crate::store::commit::TreeName::Balances,
-                id.as_bytes().to_vec(),
-                encode_balance(acc.balance, seq).to_vec(),
-                true,
-            )?;
-            map.insert(id.to_string(), acc);
-            (entry, waiter)
-        };
-        if let Some(waiter) = waiter {
-            waiter.wait().await?;
+        self.top_up_marked(id, delta, reason, None).await?.ok_or_else(|| StoreError::Corrupt("a top-up without a mark was skipped".into()))
+    }
+
+    async fn top_up_once(&self, id: &str, delta: i64, reason: &str, mark: &str, value: i64) -> Result<Option<AuditEntry>, StoreError> {
+        self.top_up_marked(id, delta, Some(reason), Some((mark, value))).await
+    }
+
+    async fn mark(&self, mark: &str) -> Result<Option<i64>, StoreError> {
+        if let Some(v) = self.marks.lock().unwrap_or_else(|p| p.into_inner()).get(mark) {
+            return Ok(Some(*v));
         }
-        Ok(entry)
+        Ok(self
+            .slot
+            .tree(crate::store::commit::MARKS)?
+            .get(mark.as_bytes())?
+            .and_then(|v| v.as_ref().try_into().ok())
+            .map(i64::from_be_bytes))
     }
 
     async fn audit(&self, limit: usize, before: Option<crate::records::log::Cursor>) -> Result<Vec<AuditEntry>, StoreError> {

@@ -166,7 +166,7 @@ pub(super) async fn realtime(
     if !routing.catalog.group_allows(&key.group, Protocol::Openai) {
         return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)));
     }
-    gw.checks.vet(&Subject::new(Kind::RealtimeTurn, &key.policy).model(&model))?;
+    gw.checks.vet(&Subject::new(Kind::RealtimeTurn, &key.policy).model(&model).plans(&gw.charge.plan_models(key)))?;
     let candidates: Vec<usize> = routing
         .catalog
         .candidates(Protocol::Openai, &model)

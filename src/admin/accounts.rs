@@ -1,0 +1,221 @@
+//! Shared accounts (teams) in the admin API: create, change, show; and a holder's plan set
+//! (a key's or an account's).
+
+use super::api::{checked_reason, double_option, internal, to_nanos, AdminApi};
+use crate::admin::refusal::{bad, policy_error};
+use crate::base::clock::now_unix;
+use crate::base::money::usd;
+use crate::policy::budget::Owner;
+use crate::protocol::{ApiError, ErrorKind};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// `POST /admin/accounts`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CreateAccount {
+    name: String,
+    /// USD.
+    #[serde(default)]
+    balance: f64,
+    #[serde(default)]
+    budgets: Option<crate::policy::budget::BudgetsInput>,
+    #[serde(default)]
+    guardrails: Option<Vec<String>>,
+    /// What all its keys together may ask per minute and have in flight.
+    #[serde(default)]
+    rpm: Option<u32>,
+    #[serde(default)]
+    tpm: Option<u64>,
+    #[serde(default)]
+    max_concurrent: Option<u32>,
+    /// What its keys are charged of the price table (1.25: a quarter more).
+    #[serde(default)]
+    price_multiplier: Option<crate::base::money::Multiplier>,
+}
+
+/// `PATCH /admin/accounts/{name}`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PatchAccount {
+    /// Its guardrails (`null` clears them).
+    #[serde(default, deserialize_with = "double_option")]
+    guardrails: Option<Option<Vec<String>>>,
+    #[serde(default)]
+    balance_delta: Option<f64>,
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default, deserialize_with = "double_option")]
+    budgets: Option<Option<crate::policy::budget::BudgetsInput>>,
+    /// The most the team's admins may allow their members' keys (`null`: no limit).
+    #[serde(default, deserialize_with = "double_option")]
+    member_limit: Option<Option<crate::admin::teams::CeilingInput>>,
+    /// People put in the team (email or subject → role; `null` takes one out).
+    #[serde(default)]
+    people: Option<std::collections::BTreeMap<String, Option<String>>>,
+    /// Its rate limits (`null` clears one).
+    #[serde(default, deserialize_with = "double_option")]
+    rpm: Option<Option<u32>>,
+    #[serde(default, deserialize_with = "double_option")]
+    tpm: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "double_option")]
+    max_concurrent: Option<Option<u32>>,
+    /// What its keys are charged of the price table (`null`: their group's).
+    #[serde(default, deserialize_with = "double_option")]
+    price_multiplier: Option<Option<crate::base::money::Multiplier>>,
+    /// The plan it subscribes to (`null`: none).
+    #[serde(default, deserialize_with = "double_option")]
+    plan: Option<Option<String>>,
+}
+
+impl AdminApi {
+    /// An account as the admin API shows it.
+    pub(super) async fn account_view(&self, account: &crate::records::key::AccountRecord) -> std::result::Result<Value, ApiError> {
+        let balance = self.ledger.balance(&crate::policy::budget::account_purse(&account.name)).await.map_err(internal)?;
+        let keys: Vec<Value> = self
+            .keys
+            .all_keys()
+            .await
+            .map_err(internal)?
+            .iter()
+            .filter(|k| k.policy.account.as_deref() == Some(account.name.as_str()))
+            .map(|k| json!({"id": k.id, "name": k.name}))
+            .collect();
+        Ok(json!({
+            "object": "account", "name": account.name, "balance": usd(balance),
+            "budgets": self.windows(Owner::Account(&account.name), &account.budgets).await?,
+            "created_at": account.created_at, "origin": account.origin, "keys": keys,
+            "member_limit": account.member_limit.as_ref().map(crate::admin::teams::ceiling_view),
+            "member_policy": account.member_policy.as_ref().map(crate::admin::teams::ceiling_view),
+            "people": account.people, "guardrails": account.guardrails,
+            "rpm": account.rates.rpm, "tpm": account.rates.tpm, "max_concurrent": account.rates.max_concurrent,
+            "price_multiplier": account.price_multiplier,
+            "plan": account.plan.as_ref().map(|p| p.name.as_str()),
+        }))
+    }
+
+    /// `POST /admin/accounts`: a new shared account with its opening balance.
+    pub(super) async fn create_account(&self, body: CreateAccount) -> std::result::Result<Value, ApiError> {
+        crate::policy::budget::valid_account_name(&body.name).map_err(|e| bad(format!("name: {e}")).with_param("name"))?;
+        let balance = to_nanos("balance", body.balance)?;
+        if balance < 0 {
+            return Err(bad("balance: must not be negative").with_param("balance"));
+        }
+        let budgets = body.budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?;
+        let rates = crate::policy::limits::RateLimits { rpm: body.rpm, tpm: body.tpm, max_concurrent: body.max_concurrent };
+        rates.validate().map_err(policy_error)?;
+        if self.keys.all_accounts().await.map_err(internal)?.iter().any(|a| a.name == body.name) {
+            return Err(ApiError::new(ErrorKind::Conflict, format!("An account named '{}' exists.", body.name)));
+        }
+        let account = crate::records::key::AccountRecord {
+            name: body.name,
+            budgets: budgets.unwrap_or_default(),
+            created_at: now_unix(),
+            origin: crate::records::key::KeyOrigin::Admin,
+            seed_digest: None,
+            member_limit: None,
+            member_policy: None,
+            people: Default::default(),
+            guardrails: self.known_guardrails(body.guardrails.unwrap_or_default())?,
+            rates,
+            price_multiplier: body.price_multiplier,
+            plan: None,
+        };
+        self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
+        self.keys.put_account(&account).await.map_err(internal)?;
+        self.account_view(&account).await
+    }
+
+    /// `PATCH /admin/accounts/{name}`: its budgets, and a balance move with its reason.
+    pub(super) async fn patch_account(&self, name: &str, patch: PatchAccount) -> std::result::Result<Value, ApiError> {
+        let mut account = (*self.account(name)?).clone();
+        if let Some(guardrails) = patch.guardrails {
+            account.guardrails = self.known_guardrails(guardrails.unwrap_or_default())?;
+        }
+        if let Some(budgets) = patch.budgets {
+            account.budgets =
+                budgets.as_ref().map(crate::policy::budget::Budgets::parse).transpose().map_err(policy_error)?.unwrap_or_default();
+        }
+        if let Some(rpm) = patch.rpm {
+            account.rates.rpm = rpm;
+        }
+        if let Some(tpm) = patch.tpm {
+            account.rates.tpm = tpm;
+        }
+        if let Some(max) = patch.max_concurrent {
+            account.rates.max_concurrent = max;
+        }
+        account.rates.validate().map_err(policy_error)?;
+        let repriced = patch.price_multiplier.filter(|m| *m != account.price_multiplier);
+        if let Some(m) = repriced {
+            account.price_multiplier = m;
+        }
+        if let Some(limit) = patch.member_limit {
+            account.member_limit = limit.map(crate::admin::teams::CeilingInput::parse).transpose()?;
+        }
+        let people_changed = match patch.people {
+            Some(people) => {
+                let what: Vec<String> = people.iter().map(|(who, role)| format!("{who}: {}", role.as_deref().unwrap_or("out"))).collect();
+                crate::admin::teams::set_people(&mut account, people)?;
+                Some(what.join(", "))
+            }
+            None => None,
+        };
+        let delta = patch.balance_delta.map(|d| to_nanos("balance_delta", d)).transpose()?;
+        let reason = checked_reason(patch.reason, delta)?;
+        let replanned = match patch.plan {
+            Some(plan) => {
+                let purse = crate::policy::budget::account_purse(&account.name);
+                self.set_plan(&purse, &format!("account {}", account.name), &mut account.plan, plan).await?
+            }
+            None => false,
+        };
+        self.keys.put_account(&account).await.map_err(internal)?;
+        if replanned {
+            self.plans.tick(now_unix()).await.map_err(internal)?;
+        }
+        if let Some(delta) = delta {
+            let id = crate::policy::budget::account_purse(&account.name);
+            self.ledger.top_up_because(&id, delta, reason.as_deref()).await.map_err(internal)?;
+        }
+        if let Some(m) = repriced {
+            let id = crate::policy::budget::account_purse(&account.name);
+            let to = m.map_or_else(|| "its group's".to_string(), |m| m.as_f64().to_string());
+            let why = format!("price multiplier of account {} set to {to} through the admin API", account.name);
+            self.ledger.top_up_because(&id, 0, Some(&why)).await.map_err(internal)?;
+        }
+        if let Some(what) = people_changed {
+            let id = crate::policy::budget::account_purse(&account.name);
+            let why = format!("people of team {} set through the admin API ({what})", account.name);
+            self.ledger.top_up_because(&id, 0, Some(&why)).await.map_err(internal)?;
+        }
+        self.account_view(&account).await
+    }
+
+    /// A holder's plan set to `to` (None: no plan): a name the file has, or 400. Leaving a plan
+    /// closes its current period at once (its unused credit expires, nothing rolls over into
+    /// another plan); the new plan's first period starts now (a calendar plan: the current
+    /// day, week or month, its credit granted whole). Audited. True when it changed.
+    pub(super) async fn set_plan(
+        &self,
+        purse: &str,
+        who: &str,
+        current: &mut Option<crate::policy::plan::PlanRef>,
+        to: Option<String>,
+    ) -> std::result::Result<bool, ApiError> {
+        if let Some(name) = to.as_deref().filter(|n| self.keys.plans().get(n).is_none()) {
+            return Err(bad(format!("plan: no plan named '{name}'")).with_param("plan"));
+        }
+        if current.as_ref().map(|p| &p.name) == to.as_ref() {
+            return Ok(false);
+        }
+        let now = now_unix();
+        if let Some(old) = current.as_ref() {
+            self.plans.leave(purse, old, now).await.map_err(internal)?;
+        }
+        *current = to.map(|name| crate::policy::plan::PlanRef { name, since: now });
+        let why = format!("plan of {who} set to {} through the admin API", current.as_ref().map_or("none", |p| p.name.as_str()));
+        self.ledger.top_up_because(purse, 0, Some(&why)).await.map_err(internal)?;
+        Ok(true)
+    }
+}
