@@ -283,6 +283,10 @@ impl AdminApi {
         Ok(json!({
             "price_multiplier": multiplier, "price_multiplier_from": from,
             "plan": rec.plan.as_ref().map(|p| p.name.as_str()),
+            "plan_standing": match &rec.plan {
+                Some(r) => self.plans.standing(&rec.id, r, now_unix()).await.map_err(internal)?,
+                None => None,
+            },
             "id": rec.id, "name": rec.name, "group": rec.group, "balance": usd(balance),
             "rpm": rec.rpm, "tpm": rec.tpm, "max_concurrent": rec.max_concurrent,
             "enabled": rec.enabled, "created_at": rec.created_at, "origin": rec.origin,

@@ -221,14 +221,28 @@ pub(super) fn key_created(api: &AdminApi, reveals: &Reveals, req: &Request, toke
     Ok(page)
 }
 
-/// What a key is charged of the price table, and whose multiplier that is (nothing at 1).
+/// What a key is charged of the price table, and whose multiplier that is (nothing at 1), and
+/// where its plan stands.
 fn multiplier_line(view: &Value) -> String {
-    match (view["price_multiplier"].as_f64(), view["price_multiplier_from"].as_str()) {
-        (Some(m), Some(from @ ("account" | "group"))) => {
+    let mut out = match (view["price_multiplier"].as_f64(), view["price_multiplier_from"].as_str()) {
+        (Some(m), Some(from @ ("account" | "group" | "plan"))) => {
             format!("<p id=\"price-multiplier\">Charged <strong>{m}×</strong> the price table (its {from}'s multiplier)</p>")
         }
         _ => String::new(),
+    };
+    let p = &view["plan_standing"];
+    if let Some(name) = p["name"].as_str() {
+        let _ = write!(
+            out,
+            "<p id=\"plan\">Plan <strong>{}</strong>: {} left of {} this period ({} carried over), renews {}</p>",
+            esc(name),
+            money(p["left"].as_f64().unwrap_or(0.0)),
+            money(p["credit"].as_f64().unwrap_or(0.0)),
+            money(p["carried_over"].as_f64().unwrap_or(0.0)),
+            esc(p["renews_at"].as_str().unwrap_or_default()),
+        );
     }
+    out
 }
 
 pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: Option<(&[ApiError], &Form)>) -> Page {
@@ -388,6 +402,7 @@ pub(super) fn edit_values(view: &Value) -> BTreeMap<&'static str, String> {
         "max_request_cost",
         "max_output_tokens",
         "default_output_tokens",
+        "plan",
     ] {
         out.insert(name, text(&view[name]));
     }
@@ -420,8 +435,10 @@ pub(super) fn edit_patch(f: &Form) -> Result<Value, Vec<ApiError>> {
         }
         body.insert(field.into(), json!(f.get(field)));
     }
-    let account = f.get("account");
-    body.insert("account".into(), if account.is_empty() { Value::Null } else { json!(account) });
+    for field in ["account", "plan"] {
+        let value = f.get(field).trim();
+        body.insert(field.into(), if value.is_empty() { Value::Null } else { json!(value) });
+    }
     let mut numeric = |field: &str, integer: bool| match number(f, field, integer) {
         Ok(v) => v.unwrap_or(Value::Null),
         Err(e) => {
@@ -596,10 +613,11 @@ pub(super) const STATES: [&str; 7] = ["all", "active", "disabled", "expired", "r
 pub(super) const CREATE_FIELDS: [&str; 6] = ["name", "group", "balance", "rpm", "expires_at", "account"];
 
 /// The edit form: (field, label, hint).
-pub(super) const EDIT_FORM: [(&str, &str, &str); 19] = [
+pub(super) const EDIT_FORM: [(&str, &str, &str); 20] = [
     ("name", "Name", ""),
     ("group", "Group", "which platforms it may call"),
     ("account", "Account", "a shared account's name; empty: none"),
+    ("plan", "Plan", "a plan's name; empty: none (leaving one expires its unused credit)"),
     ("rpm", "Requests per minute", "empty: no limit"),
     ("tpm", "Tokens per minute", "empty: no limit"),
     ("max_concurrent", "Requests at once", "empty: no limit"),
@@ -618,7 +636,8 @@ pub(super) const EDIT_FORM: [(&str, &str, &str); 19] = [
     ("guardrails", "Guardrails", "names, comma-separated; with its group's and account's"),
 ];
 
-pub(super) const EDIT_FIELDS: [&str; 23] = [
+pub(super) const EDIT_FIELDS: [&str; 24] = [
+    "plan",
     "name",
     "group",
     "grace_hours",
