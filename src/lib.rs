@@ -61,6 +61,8 @@ pub mod identity;
 
 pub mod charge;
 pub mod checks;
+/// Alerts before money runs out: signed webhooks from a durable outbox, above the charge floor.
+pub mod notify;
 
 pub mod route;
 pub mod translate;
@@ -79,6 +81,7 @@ pub mod edge;
 
 pub mod admin;
 
+pub mod drain;
 pub mod handover;
 pub mod server;
 
@@ -88,7 +91,7 @@ pub mod server;
 #[cfg(test)]
 mod house {
     /// Each module's floor, as the list above gives it (one index, one floor).
-    const FLOORS: [&[&str]; 16] = [
+    const FLOORS: [&[&str]; 17] = [
         &["base"],
         &["protocol"],
         &["policy"],
@@ -99,12 +102,13 @@ mod house {
         &["observe"],
         &["access", "identity"],
         &["charge", "checks"],
+        &["notify"],
         &["route", "translate"],
         &["upstream"],
         &["video", "files", "batch", "mcp"],
         &["edge"],
         &["admin"],
-        &["handover", "server"],
+        &["handover", "drain", "server"],
     ];
 
     fn floor(module: &str) -> Option<usize> {

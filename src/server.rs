@@ -37,107 +37,6 @@ pub fn server_conf(config: &Config) -> Result<ServerConf, String> {
     Ok(conf)
 }
 
-/// Graceful shutdown (SIGTERM, or the old process of an upgrade): once Pingora stops accepting,
-/// wait until no request is in flight (Pingora's `grace_period_seconds` is the bound), flush the
-/// database and exit. The video poller stops on the same signal. In an upgrade the database is
-/// released first, so the new process can open it; the requests still finishing here write
-/// through the hand-over socket (see `handover`).
-struct Drain {
-    /// Spans still queued are exported before the exit (at most `SPAN_FLUSH_WAIT`).
-    tracer: Option<Arc<crate::observe::telemetry::Tracer>>,
-    metrics: Arc<Metrics>,
-    local: SledDb,
-    ledger: Arc<Ledger>,
-    phases: tokio::sync::Mutex<tokio::sync::broadcast::Receiver<pingora_core::server::ExecutionPhase>>,
-    /// The gateway's "answers close their connections" flag, set when an upgrade begins.
-    closing: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// How long an exit waits for the last spans to reach the collector.
-const SPAN_FLUSH_WAIT: Duration = Duration::from_secs(5);
-
-impl Drain {
-    async fn flush_spans(&self) {
-        if let Some(tracer) = self.tracer.clone() {
-            let flushed = tokio::task::spawn_blocking(move || tracer.flush(SPAN_FLUSH_WAIT)).await.unwrap_or(false);
-            if !flushed {
-                log::warn!("shutting down: the last spans were not all exported within {}s", SPAN_FLUSH_WAIT.as_secs());
-            }
-        }
-    }
-}
-
-#[async_trait]
-impl BackgroundService for Drain {
-    async fn start(&self, mut shutdown: ShutdownWatch) {
-        let upgrading = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let mut phases = self.phases.lock().await;
-        let mut watching = true;
-        loop {
-            tokio::select! {
-                changed = shutdown.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    break;
-                }
-                phase = phases.recv(), if watching => match phase {
-                    Ok(pingora_core::server::ExecutionPhase::GracefulUpgradeTransferringFds) => {
-                        upgrading.store(true, std::sync::atomic::Ordering::SeqCst);
-                        self.closing.store(true, std::sync::atomic::Ordering::Relaxed);
-                        log::info!("upgrade: handing the listeners over; answers close their connections from now on");
-                    }
-                    Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
-                    Err(tokio::sync::broadcast::error::RecvError::Closed) => watching = false,
-                },
-            }
-        }
-        if upgrading.load(std::sync::atomic::Ordering::SeqCst) {
-            // Bookings made from here on go to the new process; the queued ones are committed.
-            if let Err(e) = self.ledger.hand_over().await {
-                log::error!("upgrade: committing queued usage records before hand-over failed: {e}");
-            }
-            // The new process opens an empty journal: nothing is applied again.
-            if let Err(e) = self.ledger.checkpoint().await {
-                log::error!("upgrade: checkpoint before hand-over failed (the new process applies the journal): {e}");
-            }
-            if let Err(e) = self.local.flush() {
-                log::error!("upgrade: database flush before hand-over failed: {e}");
-            }
-            self.local.db().release();
-            log::info!("upgrade: database released to the new process; draining in-flight requests");
-            loop {
-                if self.metrics.in_flight.load(std::sync::atomic::Ordering::SeqCst) <= 0 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            self.ledger.leave().await;
-            self.flush_spans().await;
-            log::info!("upgrade: drained; exiting");
-            std::process::exit(0);
-        }
-        log::info!("shutting down: draining in-flight requests");
-        loop {
-            if self.metrics.in_flight.load(std::sync::atomic::Ordering::SeqCst) <= 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        // Committed and checkpointed: the next start has nothing to apply again.
-        if let Err(e) = self.ledger.checkpoint().await {
-            log::error!("shutting down: committing queued usage records failed: {e}");
-        }
-        self.ledger.leave().await;
-        self.flush_spans().await;
-        match self.local.flush() {
-            Ok(()) => log::info!("drained; database flushed; exiting"),
-            Err(e) => log::error!("drained; database flush failed: {e}"),
-        }
-        std::process::exit(0);
-    }
-}
-
 /// Tell systemd (Type=notify, NotifyAccess=all) that this process is ready and is now the main
 /// one; after an upgrade that makes systemd follow the new process. No-op outside systemd.
 fn notify_systemd() {
@@ -297,6 +196,9 @@ impl Reload {
         }
         if config.mcp != old.mcp {
             needs_upgrade.push("mcp");
+        }
+        if config.notifications != old.notifications {
+            needs_upgrade.push("notifications");
         }
         Ok(Reloaded { changed, needs_upgrade, warnings })
     }
@@ -559,9 +461,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
     let identity = identity_service(&mut server, &config)?;
     let mcp = crate::mcp::hub::Hub::new(&config.mcp)?.map(Arc::new);
-    let plans = plan_clock(&mut server, &keys, &ledger, &routing);
+    let planned = planned(&mut server, &config, (&keys, &ledger), &store, &routing);
     let shared =
-        Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp, files, batches, plans };
+        Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp, files, batches, planned };
     add_handover(&mut server, handover_socket, &shared);
     if let Some(svc) = &shared.video {
         recover_video(svc, &start_up, upgrading)?;
@@ -588,6 +490,28 @@ fn identity_service(server: &mut Server, config: &Config) -> Result<Option<Arc<c
     let identity = Arc::new(crate::identity::Identity::new(oidc.clone()).map_err(|e| e.to_string())?);
     server.add_service(background_service("identity keys", crate::identity::KeyRefresh { identity: identity.clone() }));
     Ok(Some(identity))
+}
+
+/// Alerts decided and sent in the background (`notifications:`), when any is configured.
+fn notifier(
+    server: &mut Server,
+    config: &Config,
+    (keys, ledger, plans): (&Arc<KeyIndex>, &Arc<Ledger>, &Arc<crate::charge::plans::PlanClock>),
+    store: &Arc<dyn crate::store::Store>,
+    routing: &Arc<ArcSwap<Routing>>,
+) -> Option<Arc<crate::notify::Notifier>> {
+    if config.notifications.is_empty() {
+        return None;
+    }
+    let routing = routing.clone();
+    let notifier = Arc::new(crate::notify::Notifier::new(
+        config.notifications.clone(),
+        (keys.clone(), ledger.clone(), plans.clone()),
+        store.jobs(),
+        Box::new(move || routing.load().calendar.clone()),
+    ));
+    server.add_service(background_service("notifications", crate::notify::NotifyService(notifier.clone())));
+    Some(notifier)
 }
 
 /// Plans' periods granted and closed in the background, on the calendar of the routing in force.
@@ -623,8 +547,27 @@ struct Shared {
     /// Keys' files and batches, shared by the gateway and the console.
     files: Arc<crate::files::FileService>,
     batches: Arc<crate::batch::BatchService>,
-    /// Plans' periods, granted and closed (`plans:`).
+    /// Plans' periods and alerts.
+    planned: Planned,
+}
+
+/// Plans' periods, granted and closed (`plans:`), and alerts (`notifications:`, when any
+/// receiver is configured), each a background service.
+struct Planned {
     plans: Arc<crate::charge::plans::PlanClock>,
+    notifier: Option<Arc<crate::notify::Notifier>>,
+}
+
+fn planned(
+    server: &mut Server,
+    config: &Config,
+    (keys, ledger): (&Arc<KeyIndex>, &Arc<Ledger>),
+    store: &Arc<dyn crate::store::Store>,
+    routing: &Arc<ArcSwap<Routing>>,
+) -> Planned {
+    let plans = plan_clock(server, keys, ledger, routing);
+    let notifier = notifier(server, config, (keys, ledger, &plans), store, routing);
+    Planned { plans, notifier }
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -673,7 +616,8 @@ fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> R
             request_log_max: config.console.request_log_max,
             scrape,
             identity: s.identity.clone(),
-            plans: s.plans.clone(),
+            plans: s.planned.plans.clone(),
+            notifier: s.planned.notifier.clone(),
             console_url: config.console_listen.as_ref().map_or_else(|| format!("http://{}", admin.listen), |c| c.public_url.clone()),
         };
         let admin_listener = crate::admin::console::AdminListener::new(api);
@@ -744,7 +688,7 @@ fn gateway(
                 }),
                 s.keys.clone(),
             )
-            .with_plans(s.plans.clone()),
+            .with_plans(s.planned.plans.clone()),
         ),
         checks: s.checks.clone(),
         metrics: s.metrics.clone(),
@@ -769,7 +713,7 @@ fn add_background(
     certificate: Option<Arc<crate::base::tls::ReloadableCert>>,
     closing: Arc<std::sync::atomic::AtomicBool>,
 ) {
-    let drain = Drain {
+    let drain = crate::drain::Drain {
         tracer: s.tracer.clone(),
         metrics: s.metrics.clone(),
         local: s.local.clone(),

@@ -26,6 +26,8 @@ pub(crate) use crate::base::secrets::token_matches;
 pub struct AdminApi {
     /// Plans' periods: a holder leaving a plan closes its period (`plans:`).
     pub plans: Arc<crate::charge::plans::PlanClock>,
+    /// Alerts (`notifications:`): their outbox, read by the console and `GET /admin/alerts`.
+    pub notifier: Option<Arc<crate::notify::Notifier>>,
     pub token: String,
     /// `Host` names accepted besides localhost and loopback literals (`admin.hosts`).
     pub hosts: Vec<String>,
@@ -550,6 +552,21 @@ impl AdminApi {
         Ok(())
     }
 
+    /// The alerts decided about `owner` (a key id or `acct:<name>`), newest first: what each
+    /// said, and whether it was delivered.
+    pub(crate) async fn alerts(&self, owner: &str, limit: usize) -> std::result::Result<Vec<Value>, ApiError> {
+        let Some(n) = &self.notifier else { return Ok(Vec::new()) };
+        let found = n.outbox().of(owner, limit).await.map_err(internal)?;
+        Ok(found
+            .into_iter()
+            .map(|d| {
+                let payload: Value = serde_json::from_str(&d.payload).unwrap_or(Value::Null);
+                json!({"id": d.id, "type": d.kind, "notification": d.notification, "status": d.status, "attempts": d.attempts,
+                       "created_at": crate::protocol::rfc3339(d.created_at), "last_error": d.last_error, "data": payload["data"]})
+            })
+            .collect())
+    }
+
     /// `GET /admin/audit`: a page of the audit trail, newest first.
     async fn audit_page(&self, query: Option<&str>) -> std::result::Result<Value, ApiError> {
         // `?limit=` (1 to 1000, 100 by default) and `?cursor=` (a page's `next`).
@@ -647,6 +664,16 @@ impl AdminApi {
             }
             ("GET", "/admin/audit") => Ok(LocalResponse::json(200, &self.audit_page(req_query(session).as_deref()).await?)),
             ("GET", "/admin/usage") => self.usage_by(req_query(session).as_deref()).await,
+            ("GET", "/admin/alerts") => {
+                // `?owner=<key id>` or `?owner=acct:<name>`: what was decided about it, newest first.
+                let query = req_query(session).unwrap_or_default();
+                let owner = query.split('&').find_map(|p| p.strip_prefix("owner=")).map(crate::base::text::decode_component);
+                let owner = owner
+                    .filter(|o| !o.is_empty() && o.len() <= 200)
+                    .ok_or_else(|| bad("owner: a key id or acct:<name>").with_param("owner"))?;
+                let data = self.alerts(&owner, 100).await?;
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
+            }
             ("GET", p) if p.starts_with("/admin/keys/") && p.ends_with("/usage") => {
                 let id = p.trim_start_matches("/admin/keys/").trim_end_matches("/usage").to_string();
                 let rec = self.key(&id).await?;

@@ -280,7 +280,7 @@ fn kind(
             let secret = env(&name)
                 .filter(|s| !s.is_empty())
                 .ok_or_else(|| ConfigError(format!("{at}.secret_env: environment variable {name} is not set")))?;
-            let secret = webhook_secret(&secret).map_err(|e| ConfigError(format!("{at}.secret_env: {e}")))?;
+            let secret = crate::base::secrets::webhook_secret(&secret).map_err(|e| ConfigError(format!("{at}.secret_env: {e}")))?;
             Ok(GuardKind::Webhook { url, secret })
         }
         "moderation" => {
@@ -323,17 +323,6 @@ fn kind(
             Ok(GuardKind::Bedrock { provider, id, version })
         }
         other => err(format!("{at}.kind: '{other}' is not one of pii, secrets, regex, webhook, moderation, bedrock")),
-    }
-}
-
-/// A Standard Webhooks secret: `whsec_` and base64 (the key is the decoded bytes); any other
-/// string is the key's bytes as written.
-fn webhook_secret(secret: &str) -> Result<Vec<u8>, &'static str> {
-    use base64::Engine;
-    match secret.strip_prefix("whsec_") {
-        Some(b64) => base64::engine::general_purpose::STANDARD.decode(b64).map_err(|_| "a whsec_ secret is whsec_ and base64"),
-        None if secret.len() >= 16 => Ok(secret.as_bytes().to_vec()),
-        None => Err("at least 16 characters (or whsec_ and base64)"),
     }
 }
 

@@ -24,6 +24,7 @@ pub mod identity;
 pub mod keys;
 pub mod listen;
 pub mod mcp;
+pub mod notifications;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;
@@ -149,6 +150,9 @@ struct RawConfig {
     /// What keys and accounts subscribe to: a credit per period and limits of its own.
     #[serde(default)]
     plans: Vec<crate::policy::plan::PlanInput>,
+    /// Where alerts go: signed webhooks, and which events each receives.
+    #[serde(default)]
+    notifications: Vec<notifications::RawNotification>,
 }
 
 // ---------------------------------------------------------------- validated shape
@@ -236,6 +240,8 @@ pub struct Config {
     pub tag_limits: crate::policy::limits::TagLimits,
     /// `plans:`.
     pub plans: crate::policy::plan::Plans,
+    /// `notifications:`.
+    pub notifications: Vec<notifications::NotificationConfig>,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -314,6 +320,7 @@ impl Config {
         let fleet = store::fleet_config(raw.store, env)?;
         let guardrails = guardrails::guardrails(raw.guardrails, env, &providers)?;
         let tag_limits = crate::policy::limits::TagLimits::parse(&raw.tag_limits).map_err(|e| ConfigError(format!("tag_limits.{e}")))?;
+        let notifications = notifications::notifications(raw.notifications, env)?;
         let plans = crate::policy::plan::Plans::parse(&raw.plans).map_err(|e| ConfigError(format!("plans{e}")))?;
         let unknown_plan = |plan: &Option<String>| plan.as_ref().filter(|p| plans.get(p).is_none()).cloned();
         if let Some((i, p)) = keys.iter().enumerate().find_map(|(i, k)| unknown_plan(&k.plan).map(|p| (i, p))) {
@@ -364,6 +371,7 @@ impl Config {
             fleet,
             tag_limits,
             plans,
+            notifications,
             otlp,
             guardrails,
         };

@@ -175,12 +175,49 @@ async fn me(api: &AdminApi, req: &Request, person: &Person) -> Page {
             esc(&req.csrf)
         )
     };
+    let ids: Vec<String> = mine.iter().map(|k| k.id.clone()).collect();
+    let alerts = alerts_table(api, "my-alerts", "Alerts about my keys", &ids).await?;
     let body = format!(
-        "{who}{}<p>Spent over 30 days: <strong id=\"spent\">{}</strong></p>{create}",
+        "{who}{}<p>Spent over 30 days: <strong id=\"spent\">{}</strong></p>{alerts}{create}",
         html::table("my-keys", &["Name", "Id", "Team", "Balance", "30 days", "State", ""], &rows, None),
         nanos(total)
     );
     Ok(frame(api, person, req, "My keys", "/console/me", &body))
+}
+
+/// The alerts decided about `owners` (key ids, `acct:<name>`), newest first, as a table under
+/// `title` (nothing when there are none).
+async fn alerts_table(api: &AdminApi, id: &str, title: &str, owners: &[String]) -> Result<String, ApiError> {
+    let mut found = Vec::new();
+    for owner in owners {
+        found.extend(api.alerts(owner, 20).await?);
+    }
+    if found.is_empty() {
+        return Ok(String::new());
+    }
+    found.sort_by(|a, b| b["created_at"].as_str().cmp(&a["created_at"].as_str()));
+    let about = |d: &serde_json::Value| -> String {
+        let d = &d["data"];
+        let what = d["window"].as_str().or(d["plan"].as_str()).unwrap_or_default();
+        let whose = d["whose"]["key_name"].as_str().or(d["whose"]["account"].as_str()).unwrap_or_default();
+        match d["threshold"].as_f64() {
+            Some(t) => format!("{whose} {what} at {:.0} %", t * 100.0),
+            None => format!("{whose} {what}"),
+        }
+    };
+    let rows: Vec<Vec<String>> = found
+        .iter()
+        .take(50)
+        .map(|a| {
+            vec![
+                esc(a["created_at"].as_str().unwrap_or_default()),
+                esc(a["type"].as_str().unwrap_or_default()),
+                esc(about(a).trim()),
+                format!("{} ({} attempt(s))", esc(a["status"].as_str().unwrap_or_default()), a["attempts"]),
+            ]
+        })
+        .collect();
+    Ok(format!("<h3>{title}</h3>{}", html::table(id, &["Time", "Alert", "About", "Sent"], &rows, None)))
 }
 
 /// One of the person's own keys (revoked included), or the 404 of none.
@@ -313,6 +350,9 @@ async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
             })
             .collect();
         let log = team_log(api, all.iter().filter(|k| k.policy.account.as_deref() == Some(team.as_str()))).await?;
+        let mut owners = vec![crate::policy::budget::account_purse(&team)];
+        owners.extend(all.iter().filter(|k| k.policy.account.as_deref() == Some(team.as_str())).map(|k| k.id.clone()));
+        let alerts = alerts_table(api, &format!("team-alerts-{}", esc(&team)), "Alerts", &owners).await?;
         let record = api.keys.account(&team);
         let now = record.as_ref().and_then(|a| a.member_policy.clone()).unwrap_or_default();
         let usd = |v: Option<i64>| v.map_or(String::new(), |n| format!("{:.2}", n as f64 / 1e9));
@@ -339,7 +379,7 @@ async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
         );
         let _ = write!(
             body,
-            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{2}{3}<h3>Last requests</h3>{4}</section>",
+            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{2}{3}{alerts}<h3>Last requests</h3>{4}</section>",
             esc(&team),
             nanos(account),
             html::table(&format!("team-{}", esc(&team)), &["Key", "Id", "Allowance left", "30 days", "State", ""], &rows, None),
