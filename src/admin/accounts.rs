@@ -6,7 +6,9 @@ use crate::admin::refusal::{bad, policy_error};
 use crate::base::clock::now_unix;
 use crate::base::money::usd;
 use crate::policy::budget::Owner;
+use crate::protocol::response::LocalResponse;
 use crate::protocol::{ApiError, ErrorKind};
+use pingora_proxy::Session;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -69,6 +71,35 @@ pub(super) struct PatchAccount {
 }
 
 impl AdminApi {
+    /// `/admin/accounts` and `/admin/accounts/{name}`: list, create, show, change.
+    pub(super) async fn account_request(&self, session: &mut Session, method: &str, path: &str) -> Result<LocalResponse, ApiError> {
+        match (method, path) {
+            ("GET", "/admin/accounts") => {
+                let mut data = Vec::new();
+                for account in self.keys.all_accounts().await.map_err(internal)? {
+                    data.push(self.account_view(&account).await?);
+                }
+                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
+            }
+            ("POST", "/admin/accounts") => {
+                let body: CreateAccount = Self::read_json(session).await?;
+                Ok(LocalResponse::json(201, &self.create_account(body).await?))
+            }
+            ("GET", p) if p.starts_with("/admin/accounts/") => {
+                let account = self.account(p.trim_start_matches("/admin/accounts/"))?;
+                Ok(LocalResponse::json(200, &self.account_view(&account).await?))
+            }
+            ("PATCH", p) if p.starts_with("/admin/accounts/") => {
+                let name = p.trim_start_matches("/admin/accounts/");
+                // An unknown account is a 404 whatever the body says.
+                self.account(name)?;
+                let patch: PatchAccount = Self::read_json(session).await?;
+                Ok(LocalResponse::json(200, &self.patch_account(name, patch).await?))
+            }
+            _ => Err(ApiError::new(ErrorKind::NotFound, format!("Unknown admin endpoint: {method} {path}"))),
+        }
+    }
+
     /// An account as the admin API shows it.
     pub(super) async fn account_view(&self, account: &crate::records::key::AccountRecord) -> std::result::Result<Value, ApiError> {
         let balance = self.ledger.balance(&crate::policy::budget::account_purse(&account.name)).await.map_err(internal)?;

@@ -1,7 +1,6 @@
 //! The admin listener (loopback only): key management with the admin token, `/metrics`,
 //! `/healthz`. Changes take effect on the next request: the key index is reloaded in memory.
 
-use super::accounts::{CreateAccount, PatchAccount};
 use super::guard::{host_allowed, new_secret, origin_allowed};
 use crate::access::auth::{hash_key, hex, KeyIndex};
 use crate::base::clock::now_unix;
@@ -525,7 +524,7 @@ impl AdminApi {
         Ok(body)
     }
 
-    async fn read_json<T: for<'de> Deserialize<'de>>(session: &mut Session) -> std::result::Result<T, ApiError> {
+    pub(super) async fn read_json<T: for<'de> Deserialize<'de>>(session: &mut Session) -> std::result::Result<T, ApiError> {
         let body = Self::read_body(session).await?;
         if body.iter().all(u8::is_ascii_whitespace) {
             return parse_json(b"{}");
@@ -625,28 +624,7 @@ impl AdminApi {
                 let body: CreateKey = Self::read_json(session).await?;
                 Ok(LocalResponse::json(201, &self.create_key(body).await?))
             }
-            ("GET", "/admin/accounts") => {
-                let mut data = Vec::new();
-                for account in self.keys.all_accounts().await.map_err(internal)? {
-                    data.push(self.account_view(&account).await?);
-                }
-                Ok(LocalResponse::json(200, &json!({"object": "list", "data": data})))
-            }
-            ("POST", "/admin/accounts") => {
-                let body: CreateAccount = Self::read_json(session).await?;
-                Ok(LocalResponse::json(201, &self.create_account(body).await?))
-            }
-            ("GET", p) if p.starts_with("/admin/accounts/") => {
-                let account = self.account(p.trim_start_matches("/admin/accounts/"))?;
-                Ok(LocalResponse::json(200, &self.account_view(&account).await?))
-            }
-            ("PATCH", p) if p.starts_with("/admin/accounts/") => {
-                let name = p.trim_start_matches("/admin/accounts/");
-                // An unknown account is a 404 whatever the body says.
-                self.account(name)?;
-                let patch: PatchAccount = Self::read_json(session).await?;
-                Ok(LocalResponse::json(200, &self.patch_account(name, patch).await?))
-            }
+            (m, p) if p == "/admin/accounts" || p.starts_with("/admin/accounts/") => self.account_request(session, m, p).await,
             ("GET", "/admin/requests") => {
                 let filter = request_filter(req_query(session).as_deref())?;
                 let (entries, next) = self.store.requests().query(&filter).await.map_err(internal)?;

@@ -459,6 +459,13 @@ def test_spend_is_one_figure_on_every_page(gateway, browser):
     assert usd(row[8]) == pytest.approx(api_other, abs=1e-6)
     amounts = [r[i] for r in table_rows(browser, "usage") for i in (4, 6, 8)]
     assert len({len(a.split(".")[1]) for a in amounts}) == 1, amounts
+    # At list price and the margin (issue 66): no multiplier here, so the list cost is the spend
+    # and the margin nothing, as /admin/usage says.
+    listed = next(r for r in total["data"] if r["key"]["id"] == other["id"])
+    assert usd(row[9]) == pytest.approx(listed["list_cost"], abs=1e-6)
+    assert listed["list_cost"] == pytest.approx(api_other, abs=1e-9)
+    assert usd(row[10]) == pytest.approx(listed["margin"], abs=1e-6)
+    assert listed["margin"] == pytest.approx(0, abs=1e-9)
 
 
 def test_the_request_log_filters_by_what_a_guardrail_did(gateway, browser):
