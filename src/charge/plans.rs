@@ -40,6 +40,8 @@ pub struct PlanClock {
     calendar: Box<dyn Fn() -> Calendar + Send + Sync>,
     /// Marks known written (no store round trip for them again).
     done: Mutex<HashSet<String>>,
+    /// The values of marks read (a mark never changes once written).
+    values: Mutex<std::collections::HashMap<String, i64>>,
 }
 
 /// The period before the one starting at `start`, if the holder had the plan then.
@@ -49,7 +51,19 @@ fn previous(plan: &Plan, since: u64, start: u64, calendar: &Calendar) -> Option<
 
 impl PlanClock {
     pub fn new(keys: Arc<KeyIndex>, ledger: Arc<Ledger>, calendar: Box<dyn Fn() -> Calendar + Send + Sync>) -> PlanClock {
-        PlanClock { keys, ledger, calendar, done: Mutex::new(HashSet::new()) }
+        PlanClock { keys, ledger, calendar, done: Mutex::new(HashSet::new()), values: Mutex::new(Default::default()) }
+    }
+
+    /// The value written with `mark`, if it was (read from the store once).
+    async fn mark(&self, mark: &str) -> Result<Option<i64>, StoreError> {
+        if let Some(v) = self.values.lock().unwrap_or_else(|p| p.into_inner()).get(mark) {
+            return Ok(Some(*v));
+        }
+        let value = self.ledger.mark(mark).await?;
+        if let Some(v) = value {
+            self.values.lock().unwrap_or_else(|p| p.into_inner()).insert(mark.to_string(), v);
+        }
+        Ok(value)
     }
 
     fn known(&self, mark: &str) -> bool {
@@ -127,14 +141,14 @@ impl PlanClock {
         if self.known(&mark) {
             return Ok(());
         }
-        let Some(granted) = self.ledger.mark(&grant_mark(&h.purse, &h.plan.name, start)).await? else {
+        let Some(granted) = self.mark(&grant_mark(&h.purse, &h.plan.name, start)).await? else {
             // Nothing was granted in it (no node ran through it): nothing to close.
             self.remember(mark);
             return Ok(());
         };
         // What rolled into it: what the close of the period before kept.
         let carried = match previous(&h.plan, h.since, start, calendar) {
-            Some((before, _)) => self.ledger.mark(&close_mark(&h.purse, &h.plan.name, before)).await?.unwrap_or(0),
+            Some((before, _)) => self.mark(&close_mark(&h.purse, &h.plan.name, before)).await?.unwrap_or(0),
             None => 0,
         };
         let spent_purse = credit_purse(&h.purse, start);
@@ -177,9 +191,9 @@ impl PlanClock {
         let Some(plan) = self.keys.plans().get(&r.name).cloned() else { return Ok(None) };
         let calendar = (self.calendar)();
         let (start, end) = plan.period.at(r.since, now, &calendar);
-        let granted = self.ledger.mark(&grant_mark(purse, &plan.name, start)).await?;
+        let granted = self.mark(&grant_mark(purse, &plan.name, start)).await?;
         let carried = match previous(&plan, r.since, start, &calendar) {
-            Some((before, _)) => self.ledger.mark(&close_mark(purse, &plan.name, before)).await?.unwrap_or(0),
+            Some((before, _)) => self.mark(&close_mark(purse, &plan.name, before)).await?.unwrap_or(0),
             None => 0,
         };
         let spent_purse = credit_purse(purse, start);

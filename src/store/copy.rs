@@ -150,7 +150,14 @@ async fn read_sled(dir: &std::path::Path) -> Result<Snapshot, StoreError> {
     let (tasks, idempotency) = store.tasks.export()?;
     let accounts = store.keys.accounts().await?;
     let audit = store.money.export_audit()?;
-    Ok(Snapshot { keys, accounts, balances, audit, records, owners, tasks, idempotency })
+    let mut marks = Vec::new();
+    for item in db.db().tree(crate::store::commit::MARKS)?.iter() {
+        let (k, v) = item?;
+        let value =
+            v.as_ref().try_into().map(i64::from_be_bytes).map_err(|_| StoreError::Corrupt("a mark's value is not 8 bytes".into()))?;
+        marks.push((String::from_utf8_lossy(&k).into_owned(), value));
+    }
+    Ok(Snapshot { keys, accounts, balances, audit, records, owners, tasks, idempotency, marks })
 }
 
 async fn write_sled(dir: &std::path::Path, s: &Snapshot) -> Result<(), StoreError> {
@@ -164,6 +171,10 @@ async fn write_sled(dir: &std::path::Path, s: &Snapshot) -> Result<(), StoreErro
         store.money.open_account(key_id, *balance).await?;
     }
     store.money.import_audit(&s.audit)?;
+    let marks = db.db().tree(crate::store::commit::MARKS)?;
+    for (mark, value) in &s.marks {
+        marks.insert(mark.as_bytes(), &value.to_be_bytes())?;
+    }
     store.money.import(&s.records, &s.owners)?;
     for task in &s.tasks {
         store.tasks.put(task).await?;

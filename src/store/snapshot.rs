@@ -20,13 +20,15 @@ pub struct Snapshot {
     pub owners: Vec<(String, ResponseOwner)>,
     pub tasks: Vec<Task>,
     pub idempotency: Vec<IdempotencyRow>,
+    /// What was done once (plans' grants and closes): mark → value.
+    pub marks: Vec<(String, i64)>,
 }
 
 impl Snapshot {
     /// What a copy prints.
     pub fn summary(&self) -> String {
         format!(
-            "{} key(s), {} account(s), {} balance(s), {} audit entr(y/ies), {} usage record(s), {} response owner(s), {} video task(s), {} idempotency key(s)",
+            "{} key(s), {} account(s), {} balance(s), {} audit entr(y/ies), {} usage record(s), {} response owner(s), {} video task(s), {} idempotency key(s), {} mark(s)",
             self.keys.len(),
             self.accounts.len(),
             self.balances.len(),
@@ -34,7 +36,8 @@ impl Snapshot {
             self.records.len(),
             self.owners.len(),
             self.tasks.len(),
-            self.idempotency.len()
+            self.idempotency.len(),
+            self.marks.len()
         )
     }
 }

@@ -407,13 +407,22 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     let mock = start_mock();
     let secret = "sk-fleet-key-copy-0000000000000001";
     // With a shared account and a spend window, whose balances move too.
-    let keys =
-        format!("  - {{ key: {secret}, name: mover, group: default, balance: 3, account: crew, budgets: {{ day: 1 }} }}\naccounts:\n  - {{ name: crew, balance: 2 }}");
+    // And a plan of the account, whose grant is marked done: the copy moves the mark, so the
+    // fleet does not grant it again.
+    let keys = format!(
+        "  - {{ key: {secret}, name: mover, group: default, balance: 3, account: crew, budgets: {{ day: 1 }} }}\naccounts:\n  - {{ name: crew, balance: 2, plan: nickel }}\nplans:\n  - {{ name: nickel, credit: 0.05, period: day }}"
+    );
     // A single node on sled: the same config without `store:`.
     let (fleet_body, admin) = node_config(mock.port, &pg, "node-a", &keys, "");
     let single_body: String = fleet_body.lines().filter(|l| !l.starts_with("store:")).map(|l| format!("{l}\n")).collect();
     let mut single = start_gateway(&single_body);
     let c = client();
+    // The plan's first credit, granted at start.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while usage(&single, secret).await["plans"][0]["granted"] != true {
+        assert!(Instant::now() < deadline, "the plan's credit was never granted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     for _ in 0..4 {
         assert_eq!(cent_request(&c, &single, secret).await.status(), 200);
     }
@@ -450,7 +459,7 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
         (nanos(&v["balance"]), audit["data"].as_array().map_or(0, Vec::len))
     };
     let crew_before = account(admin).await;
-    assert_eq!(crew_before, (3_000_000_000 - 4 * CENT_NANOS, 1));
+    assert_eq!(crew_before, (3_050_000_000 - 4 * CENT_NANOS, 2), "the plan's grant and the top-up");
     single.signal("TERM");
     wait_exit(&mut single.proc.child, Duration::from_secs(30), "the single node").await;
     let sled_dir = single.dir.path().join("data");
@@ -460,7 +469,8 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     let to_pg = ["store", "copy", "--from", &format!("sled:{}", sled_dir.display()), "--to", &target];
     let (code, out) = run_tollgate(&to_pg, &[]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("1 key(s), 1 account(s), 3 balance(s), 1 audit entr(y/ies), 4 usage record(s)"), "{out}");
+    assert!(out.contains("1 key(s), 1 account(s), 4 balance(s), 2 audit entr(y/ies), 4 usage record(s)"), "{out}");
+    assert!(out.contains("1 mark(s)"), "{out}");
     let (code, out) = run_tollgate(&to_pg, &[]);
     assert_eq!(code, 2, "a second copy onto a non-empty database: {out}");
     assert!(out.contains("not empty"), "{out}");
@@ -483,13 +493,14 @@ async fn store_copy_moves_a_single_node_into_the_fleet_and_back_and_refuses_a_no
     let back_dir = dir.path().join("data");
     let (code, out) = run_tollgate(&["store", "copy", "--from", &pg.url(), "--to", &format!("sled:{}", back_dir.display())], &[]);
     assert_eq!(code, 0, "{out}");
-    assert!(out.contains("1 key(s), 1 account(s), 3 balance(s), 1 audit entr(y/ies), 5 usage record(s)"), "{out}");
+    assert!(out.contains("1 key(s), 1 account(s), 4 balance(s), 2 audit entr(y/ies), 5 usage record(s)"), "{out}");
+    assert!(out.contains("1 mark(s)"), "{out}");
     let returned = start_written(dir, &path, port);
     let back = usage(&returned, secret).await;
     assert_eq!(back["total"], moved["total"], "{back}");
     assert_eq!(nanos(&back["balance"]), nanos(&moved["balance"]));
     assert_eq!(nanos(&back["budgets"]["day"]["spent"]), 5 * CENT_NANOS, "{back}");
-    assert_eq!(account(admin).await, (crew_before.0 - CENT_NANOS, 1));
+    assert_eq!(account(admin).await, (crew_before.0 - CENT_NANOS, 2), "no second grant on either side");
     assert_eq!(cent_request(&c, &returned, secret).await.status(), 200);
     assert_eq!(nanos(&usage(&returned, secret).await["balance"]), nanos(&moved["balance"]) - CENT_NANOS);
 }

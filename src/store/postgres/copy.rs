@@ -59,6 +59,9 @@ pub async fn read(pg: &Pg) -> Result<Snapshot, PgError> {
     for row in client.query("SELECT key_id, idem_key, task_id, extract(epoch FROM created_at)::BIGINT FROM idempotency_keys", &[]).await? {
         s.idempotency.push((row.get(0), row.get(1), row.get(2), u64::try_from(row.get::<_, i64>(3)).unwrap_or(0)));
     }
+    for row in client.query("SELECT id, value FROM marks ORDER BY id", &[]).await? {
+        s.marks.push((row.get(0), row.get(1)));
+    }
     Ok(s)
 }
 
@@ -102,6 +105,10 @@ pub async fn write(pg: &Pg, s: &Snapshot) -> Result<(), PgError> {
             &[key_id, idem, task_id, &(*at as f64)],
         )
         .await?;
+    }
+    let now = i64::try_from(crate::base::clock::now_ms()).unwrap_or(i64::MAX);
+    for (mark, value) in &s.marks {
+        tx.execute("INSERT INTO marks (id, value, time_ms) VALUES ($1, $2, $3)", &[mark, value, &now]).await?;
     }
     tx.commit().await?;
     Ok(())
