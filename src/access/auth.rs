@@ -112,15 +112,31 @@ pub struct KeyIndex {
     plans: arc_swap::ArcSwap<crate::policy::plan::Plans>,
 }
 
-/// A plan that applies to a call: the plan, as its holder took it, and the holder's purse
-/// (the key's id, or `acct:<name>`) its credit is granted to.
+/// A plan that applies to a call: the plan, as its holder took it, and the holder — the key
+/// itself, or its account (`account`) — whose purse its credit is granted to.
 #[derive(Debug, Clone)]
 pub struct Subscribed {
     pub plan: Arc<crate::policy::plan::Plan>,
     pub since: u64,
-    pub holder: String,
+    pub account: Option<Arc<crate::records::key::AccountRecord>>,
+}
+
+impl Subscribed {
+    /// The holder's purse: the key's id, or `acct:<name>`.
+    pub fn holder<'k>(&self, key: &'k KeyRecord) -> std::borrow::Cow<'k, str> {
+        match &self.account {
+            None => std::borrow::Cow::Borrowed(&key.id),
+            Some(a) => std::borrow::Cow::Owned(crate::policy::budget::account_purse(&a.name)),
+        }
+    }
+
     /// Whose it is, in a refusal ("the plan 'pro' of the account 'research'").
-    pub whose: String,
+    pub fn whose(&self) -> String {
+        match &self.account {
+            None => format!("the plan '{}' of this API key", self.plan.name),
+            Some(a) => format!("the plan '{}' of the account '{}'", self.plan.name, a.name),
+        }
+    }
 }
 
 /// The key records to write so that the store follows the configuration file's keys:
@@ -219,40 +235,43 @@ impl KeyIndex {
         self.plans.store(Arc::new(plans));
     }
 
-    /// The plans a call of `key` is under: the key's own, then its account's (a plan no longer
-    /// in the file applies no more). Nothing to look up while no plan is set.
-    pub fn subscribed(&self, key: &KeyRecord) -> Vec<Subscribed> {
-        let plans = self.plans.load();
-        if plans.is_empty() {
+    /// The plans a call of `key` is under: the key's own, then its account's (`account`, as
+    /// the caller looked it up; a plan no longer in the file applies no more). Nothing to look
+    /// up, and nothing allocated, while neither has a plan.
+    pub fn subscribed(&self, key: &KeyRecord, account: Option<&Arc<crate::records::key::AccountRecord>>) -> Vec<Subscribed> {
+        let account_plan = account.and_then(|a| a.plan.as_ref());
+        if key.plan.is_none() && account_plan.is_none() {
             return Vec::new();
         }
+        let plans = self.plans.load();
         let mut out = Vec::new();
         if let Some(p) = key.plan.as_ref() {
             if let Some(plan) = plans.get(&p.name) {
-                let whose = format!("the plan '{}' of this API key", p.name);
-                out.push(Subscribed { plan: plan.clone(), since: p.since, holder: key.id.clone(), whose });
+                out.push(Subscribed { plan: plan.clone(), since: p.since, account: None });
             }
         }
-        let account = key.policy.account.as_deref().and_then(|name| self.account(name));
-        if let Some((a, p)) = account.as_ref().and_then(|a| Some((a, a.plan.as_ref()?))) {
+        if let (Some(a), Some(p)) = (account, account_plan) {
             if let Some(plan) = plans.get(&p.name) {
-                let whose = format!("the plan '{}' of the account '{}'", p.name, a.name);
-                let holder = crate::policy::budget::account_purse(&a.name);
-                out.push(Subscribed { plan: plan.clone(), since: p.since, holder, whose });
+                out.push(Subscribed { plan: plan.clone(), since: p.since, account: Some(a.clone()) });
             }
         }
         out
+    }
+
+    /// The account of `key`, if it has one this node knows.
+    pub fn account_of(&self, key: &KeyRecord) -> Option<Arc<crate::records::key::AccountRecord>> {
+        key.policy.account.as_deref().and_then(|name| self.account(name))
     }
 
     /// The price multiplier a call of `key` is charged at, and whose it is: its plan's
     /// (`plan`: the key's, else its account's), else its account's (`account`), else its
     /// group's (`group`), else 1 (`none`). They do not compound.
     pub fn price_multiplier(&self, key: &KeyRecord) -> (crate::base::money::Multiplier, &'static str) {
-        if let Some(m) = self.subscribed(key).iter().find_map(|s| s.plan.price_multiplier) {
+        let account = self.account_of(key);
+        if let Some(m) = self.subscribed(key, account.as_ref()).iter().find_map(|s| s.plan.price_multiplier) {
             return (m, "plan");
         }
-        let account = key.policy.account.as_deref().and_then(|name| self.account(name)).and_then(|a| a.price_multiplier);
-        match account {
+        match account.and_then(|a| a.price_multiplier) {
             Some(m) => (m, "account"),
             None => match self.group_multiplier(&key.group) {
                 m if m.is_one() => (m, "none"),

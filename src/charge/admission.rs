@@ -117,18 +117,17 @@ impl Charge {
     }
 
     /// What a call of `key` counts against, in the order they are checked: the key, its
-    /// account, the tag values it carries that have limits (`policy::limits`). A key under
-    /// neither (the common case) allocates nothing.
+    /// account, the tag values it carries that have limits (`policy::limits`), its plans. A key
+    /// under none (the common case) allocates nothing.
     fn limited<'k>(&self, key: &'k KeyRecord) -> Subjects<'k> {
-        let account = key.policy.account.as_deref().and_then(|name| self.keys.account(name)).filter(|a| !a.rates.is_empty());
+        let found = self.keys.account_of(key);
         let tags = match key.policy.tags.is_empty() {
             true => None,
             false => Some(self.keys.tag_limits()).filter(|t| t.of(&key.policy.tags).any(|t| !t.rates.is_empty())),
         };
-        let plans: Vec<_> = match key.plan.is_some() || key.policy.account.is_some() {
-            true => self.keys.subscribed(key).into_iter().filter(|s| !s.plan.rates.is_empty()).collect(),
-            false => Vec::new(),
-        };
+        let mut plans = self.keys.subscribed(key, found.as_ref());
+        plans.retain(|s| !s.plan.rates.is_empty());
+        let account = found.filter(|a| !a.rates.is_empty());
         if account.is_none() && tags.is_none() && plans.is_empty() {
             return Subjects::One([Limited::key(key)]);
         }
@@ -144,7 +143,7 @@ impl Charge {
             all.push(Limited { id: tag.id().into(), rates: tag.rates, whose: tag.whose().into() });
         }
         for s in plans {
-            all.push(Limited { id: format!("plan:{}", s.holder).into(), rates: s.plan.rates, whose: s.whose.into() });
+            all.push(Limited { id: format!("plan:{}", s.holder(key)).into(), rates: s.plan.rates, whose: s.whose().into() });
         }
         Subjects::Many(all)
     }
@@ -191,10 +190,14 @@ impl Charge {
             Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
             None => None,
         };
-        let subscribed = self.keys.subscribed(key);
+        let subscribed = self.keys.subscribed(key, account.as_ref());
+        // Whose a plan is, only for a plan with windows (what their refusal names).
+        let named: Vec<(std::borrow::Cow<'_, str>, String)> =
+            subscribed.iter().map(|s| (s.holder(key), if s.plan.budgets.is_empty() { String::new() } else { s.whose() })).collect();
         let plans: Vec<crate::records::purse::PlanOf<'_>> = subscribed
             .iter()
-            .map(|s| crate::records::purse::PlanOf { plan: &s.plan, holder: &s.holder, since: s.since, whose: &s.whose })
+            .zip(&named)
+            .map(|(s, (holder, whose))| crate::records::purse::PlanOf { plan: &s.plan, holder, since: s.since, whose })
             .collect();
         Ok(crate::records::purse::purses(key, account.as_deref(), (&tags, &plans), calendar, crate::base::clock::now_unix()))
     }
@@ -214,10 +217,10 @@ impl Charge {
         if key.plan.is_none() && key.policy.account.is_none() {
             return Vec::new();
         }
-        let subscribed = self.keys.subscribed(key);
+        let subscribed = self.keys.subscribed(key, self.keys.account_of(key).as_ref());
         subscribed
-            .into_iter()
-            .filter_map(|s| Some(crate::policy::plan::PlanModels { rules: s.plan.models.clone()?, whose: s.whose }))
+            .iter()
+            .filter_map(|s| Some(crate::policy::plan::PlanModels { rules: s.plan.models.clone()?, whose: s.whose() }))
             .collect()
     }
 

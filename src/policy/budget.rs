@@ -414,19 +414,32 @@ pub fn rolling_purse(owner: &Owner<'_>, secs: u64, until: u64) -> String {
     id
 }
 
+/// A rolling window bucket's purse id read: its window's length and when its spend stops
+/// counting (`win:<owner>:r<secs>:<until>`), by bytes from the end (every booking asks it of
+/// every purse it touches).
+fn rolling_parts(id: &str) -> Option<(u64, u64)> {
+    let b = id.strip_prefix("win:")?.as_bytes();
+    let number = |digits: &[u8]| -> Option<u64> {
+        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        Some(digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
+    };
+    let last = b.iter().rposition(|&c| c == b':')?;
+    let until = number(&b[last + 1..])?;
+    let before = b[..last].iter().rposition(|&c| c == b':')?;
+    let secs = number(b[before + 1..last].strip_prefix(b"r")?)?;
+    Some((secs, until))
+}
+
 /// When a rolling window bucket's spend stops counting, if `id` names one.
 pub fn rolling_until(id: &str) -> Option<u64> {
-    let rest = id.strip_prefix("win:")?;
-    let (head, until) = rest.rsplit_once(':')?;
-    let (_, secs) = head.rsplit_once(':')?;
-    let digits = secs.strip_prefix('r')?;
-    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| until.parse().ok()).flatten()
+    rolling_parts(id).map(|(_, until)| until)
 }
 
 /// When the bucket a rolling window's purse id names stops being the current one.
 pub fn rolling_current_until(id: &str) -> Option<u64> {
-    let until = rolling_until(id)?;
-    let secs: u64 = id.rsplit(':').nth(1)?.strip_prefix('r')?.parse().ok()?;
+    let (secs, until) = rolling_parts(id)?;
     let rolling = Rolling { secs, cap: 0 };
     until.checked_sub(rolling.earlier() * rolling.bucket())
 }
@@ -519,6 +532,11 @@ mod tests {
         assert_eq!(id, "win:acct:team:r18000:1800018600");
         assert_eq!((rolling_until(&id), window_start(&id)), (Some(1_800_018_600), Some(1_800_018_600)));
         assert_eq!(rolling_until(&window_purse(&Owner::Key("k"), Window::Day, 5)), None);
+        // 5h in buckets of 10 minutes: the bucket stops being the current one 30 buckets early.
+        assert_eq!(rolling_current_until(&id), Some(1_800_018_600 - 30 * 600));
+        for not_rolling in ["win:plan:k:credit:5", "win:k:r:5", "win:k:rx1:5", "win:r5", "k:r5:6", "win:k:r5:"] {
+            assert_eq!(rolling_until(not_rolling), None, "{not_rolling}");
+        }
         // The earlier buckets' list is made once per current bucket, and dropped once it turns.
         let calendar = Calendar::default();
         let r = Rolling { secs: 18_000, cap: 1 };

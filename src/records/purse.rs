@@ -63,6 +63,11 @@ impl Purse {
         self.linked.as_deref().unwrap_or_default()
     }
 
+    /// A rolling window's bucket (whose change may make its window's kept sums stale).
+    pub fn is_rolling(&self) -> bool {
+        matches!(self.kind, PurseKind::Rolling { .. })
+    }
+
     /// A key's own balance, alone.
     pub fn key(key_id: &str) -> Purse {
         Purse { id: key_id.to_string(), credit: 0, kind: PurseKind::Key, linked: None }

@@ -47,7 +47,7 @@ pub struct FleetKeys {
     stale_after: Duration,
     index: ArcSwap<Index>,
     /// Shared accounts by name.
-    accounts: ArcSwap<HashMap<String, Arc<AccountRecord>>>,
+    accounts: ArcSwap<HashMap<String, Arc<AccountRecord>, ahash::RandomState>>,
     /// When the index was last known current (local monotonic clock), and the database time
     /// of that read.
     synced: std::sync::Mutex<Option<(Instant, f64)>>,
@@ -61,7 +61,7 @@ impl FleetKeys {
             sync_every,
             stale_after,
             index: ArcSwap::from_pointee(Index::default()),
-            accounts: ArcSwap::from_pointee(HashMap::new()),
+            accounts: ArcSwap::from_pointee(HashMap::default()),
             synced: std::sync::Mutex::new(None),
         }
     }
@@ -176,8 +176,8 @@ impl FleetKeys {
         };
         self.pg.count(3);
         if since.is_none() || !accounts.is_empty() {
-            let mut map: HashMap<String, Arc<AccountRecord>> =
-                if since.is_none() { HashMap::new() } else { (**self.accounts.load()).clone() };
+            let mut map: HashMap<String, Arc<AccountRecord>, ahash::RandomState> =
+                if since.is_none() { HashMap::default() } else { (**self.accounts.load()).clone() };
             for row in &accounts {
                 let text: String = row.get(0);
                 match serde_json::from_str::<AccountRecord>(&text) {

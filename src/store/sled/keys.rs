@@ -13,7 +13,7 @@ pub struct SledKeys {
     /// Writes are made durable through the store's one-flush-at-a-time group commit.
     durable: Durable,
     by_hash: ArcSwap<crate::store::KeyHashIndex>,
-    accounts: ArcSwap<HashMap<String, Arc<AccountRecord>>>,
+    accounts: ArcSwap<HashMap<String, Arc<AccountRecord>, ahash::RandomState>>,
 }
 
 const ACCOUNTS: &str = "key_accounts";
@@ -27,7 +27,7 @@ impl SledKeys {
             slot: slot.clone(),
             durable: Durable::new(slot),
             by_hash: ArcSwap::from_pointee(HashMap::default()),
-            accounts: ArcSwap::from_pointee(HashMap::new()),
+            accounts: ArcSwap::from_pointee(HashMap::default()),
         };
         keys.reload()?;
         keys.reload_accounts()?;

@@ -567,7 +567,9 @@ impl MoneyStore for SledMoney {
             });
             let refused = match held {
                 Ok(Ok(())) => {
-                    self.changed(&p.id);
+                    if p.is_rolling() {
+                        self.changed(&p.id);
+                    }
                     continue;
                 }
                 Ok(Err(short)) => Ok(Err((i, short))),
@@ -577,7 +579,9 @@ impl MoneyStore for SledMoney {
             for before in &purses[..i] {
                 if let Some(acc) = map.get_mut(&before.id) {
                     acc.held -= amount;
-                    self.changed(&before.id);
+                    if before.is_rolling() {
+                        self.changed(&before.id);
+                    }
                 }
             }
             return refused;
@@ -590,7 +594,9 @@ impl MoneyStore for SledMoney {
         for p in purses {
             if let Some(acc) = map.get_mut(&p.id) {
                 acc.held -= amount;
-                self.changed(&p.id);
+                if p.is_rolling() {
+                    self.changed(&p.id);
+                }
             }
         }
     }
