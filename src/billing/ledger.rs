@@ -73,7 +73,7 @@ impl Refused {
                 e.retry_after = Some(end.saturating_sub(now).max(1));
                 e
             }
-            PurseKind::Rolling { whose, secs, frees_at } => {
+            PurseKind::Rolling { whose, secs, frees_at, .. } => {
                 let whose = whose.as_deref().unwrap_or("this API key");
                 let label = crate::policy::budget::Rolling { secs: *secs, cap: 0 }.label();
                 let when = frees_at.unwrap_or(now + 1).max(now + 1);

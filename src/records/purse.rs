@@ -41,6 +41,8 @@ pub enum PurseKind {
         whose: Option<Arc<str>>,
         secs: u64,
         frees_at: Option<u64>,
+        /// When this bucket stops being its window's current one.
+        turns_at: u64,
     },
     /// What a plan's holder spent in the plan's period (it never refuses: the credit is in the
     /// holder's balance; it is read when the period closes).
@@ -63,9 +65,10 @@ impl Purse {
         self.linked.as_deref().unwrap_or_default()
     }
 
-    /// A rolling window's bucket (whose change may make its window's kept sums stale).
-    pub fn is_rolling(&self) -> bool {
-        matches!(self.kind, PurseKind::Rolling { .. })
+    /// A rolling window's bucket that is no longer its window's current one at `now` (its
+    /// change makes the window's kept sums stale).
+    pub fn turned(&self, now: u64) -> bool {
+        matches!(self.kind, PurseKind::Rolling { turns_at, .. } if turns_at <= now)
     }
 
     /// A key's own balance, alone.
@@ -139,6 +142,7 @@ pub fn purses(
         }
         for rolling in &budgets.rolling {
             let mut buckets = rolling.buckets(now).map(|(_, until)| until);
+            let turns_at = now - now % rolling.bucket() + rolling.bucket();
             let Some(current) = buckets.next().map(|until| rolling_purse(&owner, rolling.secs, until)) else { continue };
             // The same list for every call until the bucket turns: made once, then shared.
             let linked =
@@ -146,7 +150,7 @@ pub fn purses(
             out.push(Purse {
                 id: current,
                 credit: rolling.cap,
-                kind: PurseKind::Rolling { whose: whose.clone(), secs: rolling.secs, frees_at: None },
+                kind: PurseKind::Rolling { whose: whose.clone(), secs: rolling.secs, frees_at: None, turns_at },
                 linked: Some(linked),
             });
         }

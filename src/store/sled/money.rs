@@ -557,6 +557,7 @@ impl MoneyStore for SledMoney {
 
     /// Every purse is checked, then every purse holds, under one lock.
     async fn hold(&self, purses: &[Purse], amount: i64) -> Result<Result<(), (usize, Insufficient)>, StoreError> {
+        let now = crate::base::clock::now_unix();
         let mut map = self.accounts();
         for (i, p) in purses.iter().enumerate() {
             let credit = self.credit(&mut map, p)?;
@@ -567,8 +568,8 @@ impl MoneyStore for SledMoney {
             });
             let refused = match held {
                 Ok(Ok(())) => {
-                    if p.is_rolling() {
-                        self.changed(&p.id);
+                    if p.turned(now) {
+                        self.earlier_epoch.fetch_add(1, Ordering::AcqRel);
                     }
                     continue;
                 }
@@ -579,8 +580,8 @@ impl MoneyStore for SledMoney {
             for before in &purses[..i] {
                 if let Some(acc) = map.get_mut(&before.id) {
                     acc.held -= amount;
-                    if before.is_rolling() {
-                        self.changed(&before.id);
+                    if before.turned(now) {
+                        self.earlier_epoch.fetch_add(1, Ordering::AcqRel);
                     }
                 }
             }
@@ -590,12 +591,13 @@ impl MoneyStore for SledMoney {
     }
 
     fn release(&self, purses: &[Purse], amount: i64) {
+        let now = crate::base::clock::now_unix();
         let mut map = self.accounts();
         for p in purses {
             if let Some(acc) = map.get_mut(&p.id) {
                 acc.held -= amount;
-                if p.is_rolling() {
-                    self.changed(&p.id);
+                if p.turned(now) {
+                    self.earlier_epoch.fetch_add(1, Ordering::AcqRel);
                 }
             }
         }
