@@ -85,7 +85,9 @@ fn https_gateway_with(mock_port: u16, ca: &Ca, extra: &str) -> (Gateway, u16, st
         key_path.display(),
         standard_config(mock_port)
     );
-    let gw = start_gateway_logged(&body);
+    let mut gw = start_gateway_logged(&body);
+    // The plain listener answering says nothing of the TLS one: wait for it too.
+    wait_listening(port, &mut gw.proc.child, "the https listener");
     // Keep the certificate directory alive with the gateway's.
     std::mem::forget(dir);
     (gw, port, cert_path, key_path)
