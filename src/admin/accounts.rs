@@ -122,6 +122,10 @@ impl AdminApi {
             "rpm": account.rates.rpm, "tpm": account.rates.tpm, "max_concurrent": account.rates.max_concurrent,
             "price_multiplier": account.price_multiplier,
             "plan": account.plan.as_ref().map(|p| p.name.as_str()),
+            "plan_standing": match &account.plan {
+                Some(r) => self.plans.standing(&crate::policy::budget::account_purse(&account.name), r, now_unix()).await.map_err(internal)?,
+                None => None,
+            },
         }))
     }
 

@@ -218,6 +218,11 @@ impl Plans {
         Ok(Plans(out))
     }
 
+    /// Every plan, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &Arc<Plan>)> {
+        self.0.iter()
+    }
+
     pub fn get(&self, name: &str) -> Option<&Arc<Plan>> {
         self.0.get(name)
     }

@@ -128,6 +128,11 @@ impl Catalog {
         }
     }
 
+    /// Every group, by name.
+    pub fn groups(&self) -> &BTreeMap<String, Group> {
+        &self.groups
+    }
+
     pub fn has_group(&self, group: &str) -> bool {
         self.groups.contains_key(group)
     }

@@ -100,6 +100,11 @@ providers:
       models: [alpha-5.5] }}
 groups:
   default: {{ platforms: [openai, video] }}
+  resale: {{ platforms: [openai], price_multiplier: 1.25 }}
+plans:
+  - {{ name: starter, credit: 2.0, period: month, budgets: {{ "5h": 1.5 }} }}
+accounts:
+  - {{ name: acme, balance: 20.0, budgets: {{ "5h": 3.0, day: 8.0 }}, rpm: 100 }}
 prices:
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
 video:

@@ -484,3 +484,66 @@ def test_the_request_log_filters_by_what_a_guardrail_did(gateway, browser):
     assert "4111" not in browser.page_source
     browser.get(gateway.console + "/requests?guardrail=mask")
     assert table_rows(browser, "requests") == []
+
+
+def test_accounts_groups_and_plans_show_what_is_charged_the_windows_and_the_plan(gateway, browser):
+    # A key of the account acme in the resale group (1.25x the price table), used once.
+    key = gateway.admin_json("POST", "/admin/keys", {"name": "acme-ci", "group": "resale", "account": "acme", "balance": 5})
+    gateway.chat(key["key"])
+    account = gateway.admin_json("GET", "/admin/accounts/acme")
+    assert account["budgets"]["5h"]["spent"] > 0
+    sign_in(browser, gateway, then="/console/accounts")
+    assert heading(browser) == "Accounts"
+    (row,) = [r for r in table_rows(browser, "accounts") if r[0] == "acme"]
+    assert usd(row[1]) == pytest.approx(account["balance"], abs=1e-6) and row[2] == "—" and row[3] == "—"
+    assert row[4] == "100 rpm" and row[5] == "1", row
+    submit(browser, browser.find_element(By.LINK_TEXT, "acme"), "Account acme")
+    # Its windows as the admin API says them: cap, spent, and when the rolling one frees.
+    windows = {r[0]: r for r in table_rows(browser, "windows")}
+    assert set(windows) == {"day", "5h"}, windows
+    for name in ("day", "5h"):
+        assert usd(windows[name][1]) == account["budgets"][name]["cap"]
+        assert usd(windows[name][2]) == pytest.approx(account["budgets"][name]["spent"], abs=1e-6)
+    assert windows["5h"][4] == account["budgets"]["5h"]["next_frees_at"]
+    assert "its keys' groups' multipliers" in browser.find_element(By.CSS_SELECTOR, "section.card").text
+    screenshot(browser, "14-account")
+    # A multiplier of 0 is refused under its field, nothing changed.
+    field = browser.find_element(By.NAME, "price_multiplier")
+    field.clear()
+    field.send_keys("0")
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "form.grid button[type=submit]"), "Account acme")
+    assert "above 0" in browser.find_element(By.ID, "price_multiplier-error").text
+    assert gateway.admin_json("GET", "/admin/accounts/acme")["price_multiplier"] is None
+    # The plan starter, a multiplier of 0.8 and a top-up with its reason, in one save.
+    for name, value in (("plan", "starter"), ("price_multiplier", "0.8"), ("amount", "5"), ("reason", "console renewal")):
+        field = browser.find_element(By.NAME, name)
+        field.clear()
+        field.send_keys(value)
+    submit(browser, browser.find_element(By.CSS_SELECTOR, "form.grid button[type=submit]"), "Account acme")
+    assert browser.find_element(By.CSS_SELECTOR, "p.notice").text == "Saved."
+    after = gateway.admin_json("GET", "/admin/accounts/acme")
+    assert after["plan"] == "starter" and after["price_multiplier"] == 0.8
+    # The top-up and the plan's first credit (granted into the balance, spent first).
+    assert after["balance"] == pytest.approx(account["balance"] + 5 + 2, abs=1e-9)
+    standing = after["plan_standing"]
+    assert standing["name"] == "starter" and standing["granted"] and standing["left"] == 2.0, standing
+    plan = browser.find_element(By.ID, "plan").text
+    assert "starter" in plan and "$2.00 left of $2.00" in plan, plan
+    assert usd(browser.find_element(By.ID, "balance").text) == pytest.approx(after["balance"], abs=1e-6)
+    # The plan's own window is not the account's: the account's table keeps its two.
+    assert {r[0] for r in table_rows(browser, "windows")} == {"day", "5h"}
+    audit = gateway.admin_json("GET", "/admin/audit")["data"]
+    assert any(e["id"] == "acme" and e["delta"] == 5.0 and e.get("reason") == "console renewal" for e in audit), audit[:4]
+    # The key now pays its account's multiplier, and its page says so.
+    view = gateway.admin_json("GET", f"/admin/keys/{key['id']}")
+    assert (view["price_multiplier"], view["price_multiplier_from"]) == (0.8, "account"), view
+    browser.get(gateway.console + f"/keys/{key['id']}")
+    assert "0.8×" in browser.find_element(By.ID, "price-multiplier").text
+    # Groups and plans: each group's multiplier and keys, each plan with who is under it.
+    browser.get(gateway.console + "/groups")
+    assert heading(browser) == "Groups and plans"
+    groups = {r[0]: r for r in table_rows(browser, "groups")}
+    assert groups["default"][1] == "—" and groups["resale"][1] == "1.25×" and groups["resale"][4] == "1", groups
+    (starter,) = table_rows(browser, "plans")
+    assert starter[:5] == ["starter", "$2.00", "month", "no", "—"] and starter[5] == "5h $1.50" and starter[7] == "acme", starter
+    screenshot(browser, "15-groups-and-plans")

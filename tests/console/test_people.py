@@ -51,7 +51,7 @@ PEOPLE = {
     "dan": {"email": "dan@example.com", "roles": ["member"], "teams": ["ops"]},
     "olga": {"email": "olga@example.com", "roles": ["operator"], "teams": []},
 }
-OPERATOR_PAGES = ["/console/keys", "/console/usage", "/console/usage.csv", "/console/requests", "/console/providers", "/console/video", "/console/mcp", "/console/batches", "/console/files"]
+OPERATOR_PAGES = ["/console/keys", "/console/accounts", "/console/accounts/research", "/console/groups", "/console/usage", "/console/usage.csv", "/console/requests", "/console/providers", "/console/video", "/console/mcp", "/console/batches", "/console/files"]
 
 
 class Env:
@@ -90,7 +90,7 @@ prices:
   alpha-5.5: {{ input: 2.0, output: 8.0 }}
   alpha-4o-mini: {{ input: 0.15, output: 0.6 }}
 accounts:
-  - {{ name: research, balance: 5.0, budgets: {{ day: 4.0 }} }}
+  - {{ name: research, balance: 5.0, budgets: {{ day: 4.0, "5h": 3.0 }} }}
   - {{ name: ops, balance: 5.0 }}
 identity:
   oidc: {{ issuer: "{idp.issuer}", client_id: tollgate, client_secret_env: OIDC_CONSOLE_SECRET, allowance: 1.0 }}
@@ -207,6 +207,20 @@ def test_a_team_admin_runs_their_team_within_its_account_and_is_audited(env, bro
     browser.get(env.admin + "/console/team")
     text = browser.find_element(By.TAG_NAME, "main").text
     assert "Team research" in text and "ada-ci" in text and "Team ops" not in text and "dan-ci" not in text
+    # The team's own spend windows, which every member's call counts against: cap, spent and
+    # when the rolling one frees, as the admin API says them.
+    account = env.admin_json("GET", "/admin/accounts/research")
+    rows = {}
+    for tr in browser.find_elements(By.CSS_SELECTOR, "table#team-windows-research tbody tr"):
+        cells = [td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+        rows[cells[0]] = cells
+    assert set(rows) == {"day", "5h"}, rows
+    dollars = lambda text: float(text.replace("$", "").replace(",", ""))  # noqa: E731
+    for name in ("day", "5h"):
+        window = account["budgets"][name]
+        assert dollars(rows[name][1]) == window["cap"], (name, rows[name], window)
+        assert dollars(rows[name][2]) == pytest.approx(window["spent"], abs=1e-6) and window["spent"] > 0, (name, rows[name], window)
+    assert rows["5h"][4] == account["budgets"]["5h"]["next_frees_at"], rows["5h"]
     # The team's request log: its keys' requests, no other team's.
     log = browser.find_element(By.ID, "team-log-research").text
     assert "ada-ci" in log and "alpha-5.5" in log and "dan-ci" not in log, log

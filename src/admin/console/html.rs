@@ -81,9 +81,11 @@ pub fn count(n: u64) -> String {
 }
 
 /// The pages of the navigation bar: (path, title).
-const NAV: [(&str, &str); 10] = [
+const NAV: [(&str, &str); 12] = [
     ("/console", "Overview"),
     ("/console/keys", "Keys"),
+    ("/console/accounts", "Accounts"),
+    ("/console/groups", "Plans"),
     ("/console/usage", "Usage"),
     ("/console/requests", "Requests"),
     ("/console/providers", "Providers"),

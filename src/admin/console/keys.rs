@@ -230,7 +230,13 @@ fn multiplier_line(view: &Value) -> String {
         }
         _ => String::new(),
     };
-    let p = &view["plan_standing"];
+    out.push_str(&plan_line(&view["plan_standing"]));
+    out
+}
+
+/// Where a holder's plan stands (its `plan_standing`), as a line; nothing without a plan.
+pub(super) fn plan_line(p: &Value) -> String {
+    let mut out = String::new();
     if let Some(name) = p["name"].as_str() {
         let _ = write!(
             out,
@@ -320,7 +326,7 @@ pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: O
         money(view["balance"].as_f64().unwrap_or(0.0)),
         count(total.requests),
         nanos(total.cost_nanos),
-        html::table("windows", &["Window", "Cap", "Spent", "Held", "Ends"], &windows, None),
+        html::table("windows", &["Window", "Cap", "Spent", "Held", "Ends (rolling: frees)"], &windows, None),
         html::table("key-days", &["Day", "Requests", "Spend"], &day_rows, None),
         html::table("key-models", &["Model", "Requests", "Input", "Output", "Spend"], &model_rows, None),
         html::table("key-requests", &REQUEST_HEAD, &recent_rows, None),
@@ -335,7 +341,7 @@ pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: O
 }
 
 /// A key's spend windows as table rows: cap, spent, held, end.
-fn window_rows(view: &Value) -> Vec<Vec<String>> {
+pub(super) fn window_rows(view: &Value) -> Vec<Vec<String>> {
     let Some(w) = view["budgets"].as_object() else { return Vec::new() };
     w.iter()
         .map(|(name, v)| {

@@ -10,6 +10,7 @@
 //! The pages read the same store as the admin API and change keys through the same functions
 //! (`AdminApi::create_key`, `AdminApi::patch_key`), so a rule lives in one place.
 
+mod accounts;
 pub(crate) mod html;
 mod keys;
 mod page;

@@ -33,6 +33,14 @@ pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request) -> L
         ("GET", "/console/mcp") => super::providers::mcp(api, req).await,
         ("GET", "/console/batches") => super::providers::batches(api, req).await,
         ("GET", "/console/files") => super::providers::files(api, req).await,
+        ("GET", "/console/accounts") => super::accounts::accounts(api, req).await,
+        ("GET", "/console/groups") => super::accounts::groups(api, req).await,
+        ("GET", p) if p.starts_with("/console/accounts/") => {
+            super::accounts::account(api, req, &p["/console/accounts/".len()..], None).await
+        }
+        ("POST", p) if p.starts_with("/console/accounts/") => {
+            super::accounts::account_action(api, req, &p["/console/accounts/".len()..]).await
+        }
         ("GET", "/console/people") => super::roster::people(api, req).await,
         ("POST", "/console/people") => super::roster::set_person(api, req).await,
         ("GET", p) if p.starts_with("/console/requests/") => request_detail(api, req, &p["/console/requests/".len()..]).await,

@@ -354,6 +354,27 @@ async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
         owners.extend(all.iter().filter(|k| k.policy.account.as_deref() == Some(team.as_str())).map(|k| k.id.clone()));
         let alerts = alerts_table(api, &format!("team-alerts-{}", esc(&team)), "Alerts", &owners).await?;
         let record = api.keys.account(&team);
+        // The team's own spend windows (what every member's call counts against) and its plan.
+        let (windows, plan) = match &record {
+            Some(r) => {
+                let view = api.account_view(r).await?;
+                (super::keys::window_rows(&view), super::keys::plan_line(&view["plan_standing"]))
+            }
+            None => (Vec::new(), String::new()),
+        };
+        let windows = if windows.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "<h3>The team's spend windows</h3>{}",
+                html::table(
+                    &format!("team-windows-{}", esc(&team)),
+                    &["Window", "Cap", "Spent", "Held", "Ends (rolling: frees)"],
+                    &windows,
+                    None
+                )
+            )
+        };
         let now = record.as_ref().and_then(|a| a.member_policy.clone()).unwrap_or_default();
         let usd = |v: Option<i64>| v.map_or(String::new(), |n| format!("{:.2}", n as f64 / 1e9));
         let num = |v: Option<u64>| v.map_or(String::new(), |n| n.to_string());
@@ -379,7 +400,7 @@ async fn team(api: &AdminApi, req: &Request, person: &Person) -> Page {
         );
         let _ = write!(
             body,
-            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{2}{3}{alerts}<h3>Last requests</h3>{4}</section>",
+            "<section class=\"team\" data-team=\"{0}\"><h2>Team {0}</h2><p>The team's account holds <strong class=\"account-balance\">{1}</strong>.</p>{plan}{windows}{2}{3}{alerts}<h3>Last requests</h3>{4}</section>",
             esc(&team),
             nanos(account),
             html::table(&format!("team-{}", esc(&team)), &["Key", "Id", "Allowance left", "30 days", "State", ""], &rows, None),
