@@ -791,3 +791,109 @@ async fn a_plans_credit_is_granted_once_over_three_nodes_and_spent_exactly() {
     assert_eq!(answers.iter().filter(|s| **s == 200).count(), 5, "{answers:?}");
     assert_eq!(answers.iter().filter(|s| **s == 402).count(), 7, "{answers:?}");
 }
+
+/// A webhook receiver that answers 200 to each delivery and keeps it: (webhook-id, whether its
+/// signature verifies with `secret`, the body).
+async fn hook_receiver(secret: Vec<u8>) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<(String, bool, Value)>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = got.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (kept, secret) = (kept.clone(), secret.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Headers, then the body their content-length says.
+                let (head, body) = loop {
+                    let Ok(n) = socket.read(&mut chunk).await else { return };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else { continue };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(str::to_string))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    if buf.len() >= end + 4 + length {
+                        break (head, buf[end + 4..end + 4 + length].to_vec());
+                    }
+                };
+                // Header names in any case; values as sent.
+                let header = |name: &str| {
+                    head.lines()
+                        .find_map(|l| {
+                            l.split_once(':')
+                                .filter(|(n, _)| format!("{}:", n.to_ascii_lowercase()) == name)
+                                .map(|(_, v)| v.trim().to_string())
+                        })
+                        .unwrap_or_default()
+                };
+                let (id, timestamp) = (header("webhook-id:"), header("webhook-timestamp:").parse::<u64>().unwrap_or(0));
+                let expected = tollgate::base::secrets::webhook_signature(&secret, &id, timestamp, &body);
+                let signed = header("webhook-signature:").split(' ').any(|s| s == expected);
+                let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                kept.lock().expect("lock").push((id, signed, parsed));
+                let _ = socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").await;
+            });
+        }
+    });
+    (port, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fleet_sends_each_threshold_alert_once_signed() {
+    const SECRET: &str = "whsec_ZmxlZXQtc2VjcmV0LWZsZWV0LXNlY3JldA==";
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let (hook, got) = hook_receiver(tollgate::base::secrets::webhook_secret(SECRET).expect("secret")).await;
+    let secret = "sk-fleet-key-alerts-000000000000001";
+    // Four cents a day: its 50 % and 100 % are crossed by calls that each node may have served,
+    // and each node's scan sees them.
+    let keys = format!(
+        "  - {{ key: {secret}, name: alerted, group: default, balance: 1, budgets: {{ day: 0.04 }} }}\nnotifications:\n  - {{ name: ops, url: \"http://127.0.0.1:{hook}/hook\", secret_env: FLEET_HOOK_SECRET, events: [budget.threshold], thresholds: [0.5, 1.0] }}"
+    );
+    let nodes: Vec<Node> = ["node-a", "node-b", "node-c"]
+        .iter()
+        .map(|name| {
+            let (body, admin) = node_config(mock.port, &pg, name, &keys, "");
+            Node { gw: start_gateway_env(&body, &[("FLEET_HOOK_SECRET", SECRET)]), admin }
+        })
+        .collect();
+    let c = client();
+    let answers = spread(&c, &nodes, 6, secret).await;
+    assert_eq!(answers.iter().filter(|s| **s == 200).count(), 4, "{answers:?}");
+    // Both thresholds delivered, as every node's outbox view says.
+    let id = key_id(secret);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut delivered = 0;
+        for node in &nodes {
+            let page: Value =
+                admin(&c, node, reqwest::Method::GET, &format!("/admin/alerts?owner={id}"), None).await.json().await.expect("json");
+            delivered += page["data"].as_array().map_or(0, |a| a.iter().filter(|d| d["status"] == "delivered").count());
+        }
+        if delivered == 2 * nodes.len() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "alerts not delivered in time: {:?}", got.lock().expect("lock"));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Two more scans of every node (every 5 s) decide nothing again and send nothing again.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let got = got.lock().expect("lock").clone();
+    let mut ids: Vec<&str> = got.iter().map(|(id, _, _)| id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!((got.len(), ids.len()), (2, 2), "each alert once: {got:?}");
+    assert!(got.iter().all(|(_, signed, _)| *signed), "every delivery signed: {got:?}");
+    let mut thresholds: Vec<f64> = got.iter().map(|(_, _, body)| body["data"]["threshold"].as_f64().unwrap_or(-1.0)).collect();
+    thresholds.sort_by(f64::total_cmp);
+    assert_eq!(thresholds, [0.5, 1.0], "{got:?}");
+    assert!(got.iter().all(|(_, _, body)| body["type"] == "budget.threshold"), "{got:?}");
+}
