@@ -268,7 +268,18 @@ impl KeyIndex {
     /// group's (`group`), else 1 (`none`). They do not compound.
     pub fn price_multiplier(&self, key: &KeyRecord) -> (crate::base::money::Multiplier, &'static str) {
         let account = self.account_of(key);
-        if let Some(m) = self.subscribed(key, account.as_ref()).iter().find_map(|s| s.plan.price_multiplier) {
+        let plans = self.subscribed(key, account.as_ref());
+        self.multiplier_of(key, account.as_ref(), &plans)
+    }
+
+    /// [`KeyIndex::price_multiplier`] of a key whose account and plans were looked up.
+    pub fn multiplier_of(
+        &self,
+        key: &KeyRecord,
+        account: Option<&Arc<crate::records::key::AccountRecord>>,
+        plans: &[Subscribed],
+    ) -> (crate::base::money::Multiplier, &'static str) {
+        if let Some(m) = plans.iter().find_map(|s| s.plan.price_multiplier) {
             return (m, "plan");
         }
         match account.and_then(|a| a.price_multiplier) {

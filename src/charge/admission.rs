@@ -56,6 +56,25 @@ impl<'k> Subjects<'k> {
     }
 }
 
+/// What a call of a key is under beyond the key itself: its account, the plans it and its
+/// account subscribe to, the limits of its tag values, and the price multiplier that follows
+/// from them — looked up once per call ([`Charge::under`]) and carried through its stages. A
+/// key under none of them (the common case) allocates nothing.
+#[derive(Clone, Default)]
+pub struct Under {
+    account: Option<Arc<crate::records::key::AccountRecord>>,
+    plans: Vec<crate::access::auth::Subscribed>,
+    tags: Option<Arc<crate::policy::limits::TagLimits>>,
+    rate: Multiplier,
+}
+
+impl Under {
+    /// The price multiplier a call of the key is charged at (`KeyIndex::price_multiplier`).
+    pub fn rate(&self) -> Multiplier {
+        self.rate
+    }
+}
+
 /// The money of every call: admission here, settlement in [`Books`].
 pub struct Charge {
     books: Books,
@@ -101,17 +120,30 @@ impl Charge {
         &self.books
     }
 
+    /// What a call of `key` is under, looked up now (see [`Under`]).
+    pub fn under(&self, key: &KeyRecord) -> Under {
+        if key.policy.account.is_none() && key.plan.is_none() && key.policy.tags.is_empty() {
+            return Under { rate: self.keys.group_multiplier(&key.group), ..Under::default() };
+        }
+        let account = self.keys.account_of(key);
+        let plans = self.keys.subscribed(key, account.as_ref());
+        let tags = (!key.policy.tags.is_empty()).then(|| self.keys.tag_limits());
+        let (rate, _) = self.keys.multiplier_of(key, account.as_ref(), &plans);
+        Under { account, plans, tags, rate }
+    }
+
     /// Admit a call of `key` as `entry` says: counted, solvent, in a slot (held while the
     /// returned slot lives).
     pub async fn admit(&self, key: &KeyRecord, calendar: &Calendar, entry: Entry) -> Result<Option<Slot>, ApiError> {
+        let under = self.under(key);
         if let Some(bucket) = entry.count {
-            self.count(key, bucket).await?;
+            self.count_under(key, &under, bucket).await?;
         }
         if entry.solvent {
-            self.solvent(key, calendar).await?;
+            self.covers_under(key, &under, calendar, 0, "this call needs").await?;
         }
         match entry.slot {
-            true => self.enter(key).await,
+            true => self.enter_under(key, &under).await,
             false => Ok(None),
         }
     }
@@ -119,16 +151,11 @@ impl Charge {
     /// What a call of `key` counts against, in the order they are checked: the key, its
     /// account, the tag values it carries that have limits (`policy::limits`), its plans. A key
     /// under none (the common case) allocates nothing.
-    fn limited<'k>(&self, key: &'k KeyRecord) -> Subjects<'k> {
-        let found = self.keys.account_of(key);
-        let tags = match key.policy.tags.is_empty() {
-            true => None,
-            false => Some(self.keys.tag_limits()).filter(|t| t.of(&key.policy.tags).any(|t| !t.rates.is_empty())),
-        };
-        let mut plans = self.keys.subscribed(key, found.as_ref());
-        plans.retain(|s| !s.plan.rates.is_empty());
-        let account = found.filter(|a| !a.rates.is_empty());
-        if account.is_none() && tags.is_none() && plans.is_empty() {
+    fn limited<'k>(&self, key: &'k KeyRecord, under: &'k Under) -> Subjects<'k> {
+        let account = under.account.as_ref().filter(|a| !a.rates.is_empty());
+        let tags = under.tags.as_ref().filter(|t| t.of(&key.policy.tags).any(|t| !t.rates.is_empty()));
+        let plans = || under.plans.iter().filter(|s| !s.plan.rates.is_empty());
+        if account.is_none() && tags.is_none() && plans().next().is_none() {
             return Subjects::One([Limited::key(key)]);
         }
         let mut all = vec![Limited::key(key)];
@@ -142,7 +169,7 @@ impl Charge {
         for tag in tags.iter().flat_map(|t| t.of(&key.policy.tags)).filter(|t| !t.rates.is_empty()) {
             all.push(Limited { id: tag.id().into(), rates: tag.rates, whose: tag.whose().into() });
         }
-        for s in plans {
+        for s in plans() {
             all.push(Limited { id: format!("plan:{}", s.holder(key)).into(), rates: s.plan.rates, whose: s.whose().into() });
         }
         Subjects::Many(all)
@@ -151,8 +178,13 @@ impl Charge {
     /// Count a call of `key` in `bucket`: 429 with `Retry-After` past its limit (a request: the
     /// key's, its account's, its tag values').
     pub async fn count(&self, key: &KeyRecord, bucket: Bucket) -> Result<(), ApiError> {
+        self.count_under(key, &self.under(key), bucket).await
+    }
+
+    /// [`Charge::count`] for a call whose [`Under`] is known.
+    pub async fn count_under(&self, key: &KeyRecord, under: &Under, bucket: Bucket) -> Result<(), ApiError> {
         match bucket {
-            Bucket::Requests => self.limits.admit_all(self.limited(key).all()).await,
+            Bucket::Requests => self.limits.admit_all(self.limited(key, under).all()).await,
             Bucket::ToolCalls => self.limits.admit_tool_call(key).await,
         }
     }
@@ -160,18 +192,28 @@ impl Charge {
     /// The call counts against every `max_concurrent` it is under while the slot lives (None:
     /// no cap).
     pub async fn enter(&self, key: &KeyRecord) -> Result<Option<Slot>, ApiError> {
-        self.limits.enter_all(self.limited(key).all()).await
+        self.enter_under(key, &self.under(key)).await
+    }
+
+    /// [`Charge::enter`] for a call whose [`Under`] is known.
+    pub async fn enter_under(&self, key: &KeyRecord, under: &Under) -> Result<Option<Slot>, ApiError> {
+        self.limits.enter_all(self.limited(key, under).all()).await
     }
 
     /// Reserve the tokens a call is held for under every `tpm` it is under until it settles
     /// (None: no `tpm`).
-    pub fn reserve_tokens(&self, key: &KeyRecord, tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
-        self.limits.reserve_tokens_all(self.limited(key).all(), tokens)
+    pub fn reserve_tokens(&self, key: &KeyRecord, under: &Under, tokens: u64) -> Result<Option<TokenReservation>, ApiError> {
+        self.limits.reserve_tokens_all(self.limited(key, under).all(), tokens)
     }
 
     /// Count the tokens a finished call used under every `tpm` it is under.
     pub async fn spend_tokens(&self, key: &KeyRecord, tokens: u64) {
-        self.limits.spend_tokens_all(self.limited(key).all(), tokens).await
+        self.spend_tokens_under(key, &self.under(key), tokens).await
+    }
+
+    /// [`Charge::spend_tokens`] for a call whose [`Under`] is known.
+    pub async fn spend_tokens_under(&self, key: &KeyRecord, under: &Under, tokens: u64) {
+        self.limits.spend_tokens_all(self.limited(key, under).all(), tokens).await
     }
 
     /// What a call of `key` is paid from, in the order of checks: its spend windows, its
@@ -179,37 +221,44 @@ impl Charge {
     /// balance, its account's balance. A key whose account this node does not know (yet) is
     /// refused for now.
     pub fn purses(&self, key: &KeyRecord, calendar: &Calendar) -> Result<Vec<Purse>, ApiError> {
-        // Only a key with tags loads the tag limits.
-        let tag_limits = (!key.policy.tags.is_empty()).then(|| self.keys.tag_limits());
+        self.purses_under(key, &self.under(key), calendar)
+    }
+
+    /// [`Charge::purses`] for a call whose [`Under`] is known.
+    pub fn purses_under(&self, key: &KeyRecord, under: &Under, calendar: &Calendar) -> Result<Vec<Purse>, ApiError> {
         let tags: Vec<&crate::policy::limits::TagLimit> =
-            tag_limits.iter().flat_map(|t| t.of(&key.policy.tags)).filter(|t| !t.budgets.is_empty()).collect();
-        if key.policy.account.is_none() && key.policy.budgets.is_empty() && tags.is_empty() && key.plan.is_none() {
+            under.tags.iter().flat_map(|t| t.of(&key.policy.tags)).filter(|t| !t.budgets.is_empty()).collect();
+        if key.policy.account.is_none() && key.policy.budgets.is_empty() && tags.is_empty() && under.plans.is_empty() {
             return Ok(vec![Purse::key(&key.id)]);
         }
-        let account = match &key.policy.account {
-            Some(name) => Some(self.keys.account(name).ok_or_else(|| crate::store::fleet::unavailable("the key's account"))?),
-            None => None,
-        };
-        let subscribed = self.keys.subscribed(key, account.as_ref());
+        if key.policy.account.is_some() && under.account.is_none() {
+            return Err(crate::store::fleet::unavailable("the key's account"));
+        }
         // Whose a plan is, only for a plan with windows (what their refusal names).
         let named: Vec<(std::borrow::Cow<'_, str>, String)> =
-            subscribed.iter().map(|s| (s.holder(key), if s.plan.budgets.is_empty() { String::new() } else { s.whose() })).collect();
-        let plans: Vec<crate::records::purse::PlanOf<'_>> = subscribed
+            under.plans.iter().map(|s| (s.holder(key), if s.plan.budgets.is_empty() { String::new() } else { s.whose() })).collect();
+        let plans: Vec<crate::records::purse::PlanOf<'_>> = under
+            .plans
             .iter()
             .zip(&named)
             .map(|(s, (holder, whose))| crate::records::purse::PlanOf { plan: &s.plan, holder, since: s.since, whose })
             .collect();
-        Ok(crate::records::purse::purses(key, account.as_deref(), (&tags, &plans), calendar, crate::base::clock::now_unix()))
+        Ok(crate::records::purse::purses(key, under.account.as_deref(), (&tags, &plans), calendar, crate::base::clock::now_unix()))
     }
 
     /// The price multiplier a call of `key` is charged at (`KeyIndex::price_multiplier`).
     pub fn rate(&self, key: &KeyRecord) -> Multiplier {
-        self.keys.price_multiplier(key).0
+        self.under(key).rate
     }
 
     /// What a call of `key` pays from and at which multiplier (a kind that charges up front).
     pub fn payment(&self, key: &KeyRecord, calendar: &Calendar) -> Result<super::Payment, ApiError> {
-        Ok(super::Payment { purses: self.purses(key, calendar)?, rate: self.rate(key), plan_models: self.plan_models(key) })
+        let under = self.under(key);
+        Ok(super::Payment {
+            purses: self.purses_under(key, &under, calendar)?,
+            rate: under.rate,
+            plan_models: self.plan_models_under(key, &under),
+        })
     }
 
     /// The model rules of the plans a call of `key` is under (`checks::Subject::plans`).
@@ -217,8 +266,13 @@ impl Charge {
         if key.plan.is_none() && key.policy.account.is_none() {
             return Vec::new();
         }
-        let subscribed = self.keys.subscribed(key, self.keys.account_of(key).as_ref());
-        subscribed
+        self.plan_models_under(key, &self.under(key))
+    }
+
+    /// [`Charge::plan_models`] for a call whose [`Under`] is known.
+    pub fn plan_models_under(&self, _key: &KeyRecord, under: &Under) -> Vec<crate::policy::plan::PlanModels> {
+        under
+            .plans
             .iter()
             .filter_map(|s| Some(crate::policy::plan::PlanModels { rules: s.plan.models.clone()?, whose: s.whose() }))
             .collect()
@@ -244,7 +298,11 @@ impl Charge {
     /// Whether every purse of `key` covers `amount` now (held and given back at once); the 402
     /// says `what` it was for.
     pub async fn covers(&self, key: &KeyRecord, calendar: &Calendar, amount: i64, what: &str) -> Result<(), ApiError> {
-        match self.hold(self.purses(key, calendar)?, amount, self.rate(key)).await? {
+        self.covers_under(key, &self.under(key), calendar, amount, what).await
+    }
+
+    async fn covers_under(&self, key: &KeyRecord, under: &Under, calendar: &Calendar, amount: i64, what: &str) -> Result<(), ApiError> {
+        match self.hold(self.purses_under(key, under, calendar)?, amount, under.rate).await? {
             Ok(_released) => Ok(()),
             Err(refused) => Err(refused.to_api_error(what, crate::base::clock::now_unix())),
         }

@@ -16,5 +16,5 @@ mod admission;
 pub mod plans;
 mod settlement;
 
-pub use admission::{Bucket, Charge, Entry};
+pub use admission::{Bucket, Charge, Entry, Under};
 pub use settlement::{Books, Payer, Payment, Used};

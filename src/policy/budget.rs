@@ -426,10 +426,10 @@ fn rolling_parts(id: &str) -> Option<(u64, u64)> {
         Some(digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0')))
     };
     let last = b.iter().rposition(|&c| c == b':')?;
-    let until = number(&b[last + 1..])?;
     let before = b[..last].iter().rposition(|&c| c == b':')?;
-    let secs = number(b[before + 1..last].strip_prefix(b"r")?)?;
-    Some((secs, until))
+    // Any other window's id is told apart before a number is read.
+    let secs = b[before + 1..last].strip_prefix(b"r")?;
+    Some((number(secs)?, number(&b[last + 1..])?))
 }
 
 /// When a rolling window bucket's spend stops counting, if `id` names one.

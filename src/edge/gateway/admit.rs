@@ -26,6 +26,8 @@ pub(super) struct Caller {
     pub routing: Arc<Routing>,
     /// The model rules of the plans the key is under (none: nothing allocated).
     pub plans: Vec<crate::policy::plan::PlanModels>,
+    /// Its account, plans and tag limits, looked up once for every stage.
+    pub under: crate::charge::Under,
 }
 
 pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) -> Step<Caller> {
@@ -75,8 +77,9 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
         let address = || client_of(session, &routing);
         gw.checks.run(&Subject { address: Some(&address), ..Subject::new(Kind::Request, &key.policy) })?;
     }
-    let plans = gw.charge.plan_models(&key);
-    Ok(Caller { route, key, version: client_version(req), routing, plans })
+    let under = gw.charge.under(&key);
+    let plans = gw.charge.plan_models_under(&key, &under);
+    Ok(Caller { route, key, version: client_version(req), routing, plans, under })
 }
 
 /// The client's address: the peer's, or the one trusted proxies forwarded (refused when it

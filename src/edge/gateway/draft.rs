@@ -26,8 +26,8 @@ pub(super) struct Drafted {
 }
 
 pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller, protocol: Protocol) -> Step<Drafted> {
-    let Caller { route, key, routing, .. } = caller;
-    gw.charge.count(key, Bucket::Requests).await?;
+    let Caller { route, key, routing, under, .. } = caller;
+    gw.charge.count_under(key, under, Bucket::Requests).await?;
     if !routing.catalog.group_allows(&key.group, protocol) {
         return Err(ApiError::new(ErrorKind::NotFound, format!("This endpoint is not available to keys of group '{}'.", key.group)).into());
     }

@@ -130,6 +130,8 @@ pub struct Gateway {
 /// Everything needed to send a request upstream, decided before anything is sent (the
 /// stages' result), and what happened to it since.
 pub struct RelayPlan {
+    /// What the key is under (its account, plans, tag limits), as admitted.
+    pub under: crate::charge::Under,
     /// The routing snapshot the candidates index into.
     pub routing: Arc<Routing>,
     pub route: Route,

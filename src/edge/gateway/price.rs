@@ -20,14 +20,14 @@ use pingora_proxy::Session;
 use std::time::Instant;
 
 pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx, caller: Caller, drafted: Drafted) -> Step<Box<RelayPlan>> {
-    let Caller { route, key, version, routing, .. } = caller;
+    let Caller { route, key, version, routing, under, .. } = caller;
     let Drafted { protocol, mut draft, body_reservation, upload } = drafted;
-    let slot = gw.charge.enter(&key).await?;
+    let slot = gw.charge.enter_under(&key, &under).await?;
     // What its guardrails cost is held and billed with it.
     let guard_price_nanos = super::guarded::price(ctx);
     draft.add_fixed(guard_price_nanos);
     // What the key is charged of the price table.
-    let rate = gw.charge.rate(&key);
+    let rate = under.rate();
     // A request that named no maximum is held (and asks) for less when its cap (in what the
     // key is charged) is lower.
     if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| rate.apply(draft.hold_nanos) > *cap) {
@@ -49,7 +49,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
             if let Some(tpm) = key.tpm {
                 draft.lower_output(&routing, &route, tpm.saturating_sub(input) / draft.choices.max(1))?;
             }
-            gw.charge.reserve_tokens(&key, input.saturating_add(draft.output_allowance))?
+            gw.charge.reserve_tokens(&key, &under, input.saturating_add(draft.output_allowance))?
         }
         false => None,
     };
@@ -63,7 +63,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     }
     // Then the spend windows (the key's, its account's), then the balances.
     let hold =
-        hold_for(gw, &routing, (&key, rate), &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+        hold_for(gw, &routing, (&key, &under), &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
     let billed = route.billed();
     let guard = super::guarded::output(ctx, &route, &draft.model);
     Ok(Box::new(RelayPlan {
@@ -78,6 +78,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         input_estimate: draft.input.tokens(),
         client_version: version,
         key,
+        under,
         // An unbilled route (token counting) still needs a key in credit, but holds
         // nothing and is not settled: no charge, no usage record.
         hold: billed.then_some(hold),
@@ -104,11 +105,12 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
 async fn hold_for(
     gw: &Gateway,
     routing: &Routing,
-    (key, rate): (&KeyRecord, crate::base::money::Multiplier),
+    (key, under): (&KeyRecord, &crate::charge::Under),
     route: &Route,
     draft: &mut upstream::Draft,
 ) -> std::result::Result<Hold, ApiError> {
-    let purses = gw.charge.purses(key, &routing.calendar)?;
+    let purses = gw.charge.purses_under(key, under, &routing.calendar)?;
+    let rate = under.rate();
     // Each lowering fits the purse that refused; another purse may then refuse in turn.
     let mut lowerings = 0;
     loop {

@@ -39,7 +39,7 @@ impl Gateway {
         let charged = hold.rate().apply(cost);
         plan.happened.billed = Some((usage, charged, estimated));
         let input_total = usage.input_total();
-        self.charge.spend_tokens(&plan.key, input_total.saturating_add(usage.output)).await;
+        self.charge.spend_tokens_under(&plan.key, &plan.under, input_total.saturating_add(usage.output)).await;
         plan.tokens_reserved = None;
         let series = self.metrics.model(&plan.model);
         if estimated {

@@ -207,8 +207,12 @@ impl SledMoney {
     /// `id` changed: when it is a rolling window's bucket that is no longer the current one,
     /// the kept sums of earlier buckets are stale.
     fn changed(&self, id: &str) {
-        let earlier = id.starts_with("win:")
-            && crate::policy::budget::rolling_current_until(id).is_some_and(|end| end <= crate::base::clock::now_unix());
+        self.changed_at(id, crate::base::clock::now_unix());
+    }
+
+    /// [`SledMoney::changed`] at `now`.
+    fn changed_at(&self, id: &str, now: u64) {
+        let earlier = id.starts_with("win:") && crate::policy::budget::rolling_current_until(id).is_some_and(|end| end <= now);
         if earlier {
             self.earlier_epoch.fetch_add(1, Ordering::AcqRel);
         }
@@ -297,8 +301,9 @@ impl SledMoney {
         // The purses' entries are written: the stored record need not name them again.
         let charged = std::mem::take(&mut record.charged);
         let mut entries = Vec::with_capacity(charged.len());
+        let now = crate::base::clock::now_unix();
         for id in charged {
-            self.changed(&id);
+            self.changed_at(&id, now);
             let balance = self.with(&mut map, &id, |purse| {
                 purse.balance = purse.balance.saturating_sub(cost);
                 purse.held -= release;
