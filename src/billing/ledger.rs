@@ -39,6 +39,8 @@ pub struct Ledger {
 pub struct Refused {
     pub kind: PurseKind,
     pub short: Insufficient,
+    /// The purses it was asked of, given back (to be asked again for less).
+    pub purses: Vec<Purse>,
 }
 
 impl Refused {
@@ -211,7 +213,11 @@ impl Ledger {
         let amount = rate.apply(list);
         Ok(match self.money.hold(&purses, amount).await? {
             Ok(()) => Ok(Hold { ledger: self.clone(), purses, amount, list, rate, done: false }),
-            Err((i, short)) => Err(self.refused(&purses, i, short).await),
+            Err((i, short)) => {
+                let mut refused = self.refused(&purses, i, short).await;
+                refused.purses = purses;
+                Err(refused)
+            }
         })
     }
 
@@ -219,7 +225,7 @@ impl Ledger {
     /// spend ages out (its buckets read oldest first, each freeing what it spent and holds at
     /// the time it stops counting).
     async fn refused(&self, purses: &[Purse], i: usize, short: Insufficient) -> Refused {
-        let Some(purse) = purses.get(i) else { return Refused { kind: PurseKind::Key, short } };
+        let Some(purse) = purses.get(i) else { return Refused { kind: PurseKind::Key, short, purses: Vec::new() } };
         let mut kind = purse.kind.clone();
         if let PurseKind::Rolling { frees_at, .. } = &mut kind {
             let need = short.needed.saturating_sub(short.available);
@@ -233,7 +239,7 @@ impl Ledger {
                 }
             }
         }
-        Refused { kind, short }
+        Refused { kind, short, purses: Vec::new() }
     }
 
     /// Debit `record.cost_nanos` (a credit when negative) from its key and the purses it was

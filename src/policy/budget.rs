@@ -223,6 +223,9 @@ impl Budgets {
     }
 }
 
+/// Rolling windows' lists of earlier buckets, by their current bucket's purse id.
+type BucketLists = std::collections::HashMap<String, std::sync::Arc<[String]>, ahash::RandomState>;
+
 /// Calendar windows in the billing time zone (`billing.timezone`, an IANA name; the time zone
 /// database is compiled into the binary).
 #[derive(Debug, Clone)]
@@ -234,7 +237,7 @@ pub struct Calendar {
     current: std::sync::Arc<[std::sync::atomic::AtomicU64; 3]>,
     /// Rolling windows' earlier buckets by the current bucket's purse id: one list for every
     /// call until the bucket turns.
-    earlier: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, std::sync::Arc<[String]>>>>,
+    earlier: std::sync::Arc<std::sync::Mutex<BucketLists>>,
 }
 
 /// A window as one word: its start (unix seconds, 40 bits) and its length (seconds, 24 bits:

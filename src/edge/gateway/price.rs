@@ -109,15 +109,16 @@ async fn hold_for(
     route: &Route,
     draft: &mut upstream::Draft,
 ) -> std::result::Result<Hold, ApiError> {
-    let purses = gw.charge.purses_under(key, under, &routing.calendar)?;
+    let mut purses = gw.charge.purses_under(key, under, &routing.calendar)?;
     let rate = under.rate();
     // Each lowering fits the purse that refused; another purse may then refuse in turn.
     let mut lowerings = 0;
     loop {
-        let refused = match gw.charge.hold(purses.clone(), draft.hold_nanos, rate).await? {
+        let mut refused = match gw.charge.hold(purses, draft.hold_nanos, rate).await? {
             Ok(hold) => return Ok(hold),
             Err(refused) => refused,
         };
+        purses = std::mem::take(&mut refused.purses);
         // What the refusing purse has left, in the price table's money.
         let available = rate.list_within(refused.short.available.max(0));
         if lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {

@@ -27,6 +27,17 @@ use std::sync::{Arc, Mutex};
 struct Account {
     balance: i64,
     held: i64,
+    /// When the rolling window bucket it is stops being its window's current one (0: not a
+    /// rolling bucket, or not known yet); read from its id once, when it is loaded.
+    turns_at: u64,
+}
+
+/// [`Account::turns_at`] of the purse `id`.
+fn turns_at(id: &str) -> u64 {
+    match id.starts_with("win:") {
+        true => crate::policy::budget::rolling_current_until(id).unwrap_or(0),
+        false => 0,
+    }
 }
 
 impl Account {
@@ -86,7 +97,7 @@ pub struct SledMoney {
     handover: std::sync::OnceLock<Arc<dyn ForwardBookings>>,
     /// What a rolling window's earlier buckets spent and hold, by its current bucket, and the
     /// [`Self::earlier_epoch`] it was summed at (read and written under the accounts lock).
-    earlier_sums: Mutex<HashMap<String, (i64, u64)>>,
+    earlier_sums: Mutex<HashMap<String, (i64, u64), ahash::RandomState>>,
     /// Moved (under the accounts lock) whenever a bucket that is no longer the current one of
     /// its window changes — a call held before its bucket turned, settling after — so no sum
     /// above is used stale. The current bucket's own change is read as it is, never summed.
@@ -109,7 +120,7 @@ impl SledMoney {
             accounts: Mutex::new(Purses::default()),
             seq: AtomicU64::new(0),
             handover: std::sync::OnceLock::new(),
-            earlier_sums: Mutex::new(HashMap::new()),
+            earlier_sums: Mutex::default(),
             earlier_epoch: AtomicU64::new(0),
             marks: Mutex::new(HashMap::new()),
         })
@@ -207,12 +218,8 @@ impl SledMoney {
     /// `id` changed: when it is a rolling window's bucket that is no longer the current one,
     /// the kept sums of earlier buckets are stale.
     fn changed(&self, id: &str) {
-        self.changed_at(id, crate::base::clock::now_unix());
-    }
-
-    /// [`SledMoney::changed`] at `now`.
-    fn changed_at(&self, id: &str, now: u64) {
-        let earlier = id.starts_with("win:") && crate::policy::budget::rolling_current_until(id).is_some_and(|end| end <= now);
+        let at = turns_at(id);
+        let earlier = at != 0 && at <= crate::base::clock::now_unix();
         if earlier {
             self.earlier_epoch.fetch_add(1, Ordering::AcqRel);
         }
@@ -243,7 +250,7 @@ impl SledMoney {
                 balance = newest.balance_after;
             }
         }
-        Ok(Account { balance, held: 0 })
+        Ok(Account { balance, held: 0, turns_at: turns_at(key_id) })
     }
 
     /// The key's record with the highest sequence number among its latest few.
@@ -303,12 +310,15 @@ impl SledMoney {
         let mut entries = Vec::with_capacity(charged.len());
         let now = crate::base::clock::now_unix();
         for id in charged {
-            self.changed_at(&id, now);
-            let balance = self.with(&mut map, &id, |purse| {
+            let (balance, turned) = self.with(&mut map, &id, |purse| {
                 purse.balance = purse.balance.saturating_sub(cost);
                 purse.held -= release;
-                purse.balance
+                (purse.balance, purse.turns_at != 0 && purse.turns_at <= now)
             })?;
+            // A bucket that is no longer its window's current one: the kept sums are stale.
+            if turned {
+                self.earlier_epoch.fetch_add(1, Ordering::AcqRel);
+            }
             entries.push((id.into_bytes(), encode_balance(balance, seq).to_vec()));
         }
         self.writer.insert_all(crate::store::commit::TreeName::Balances, entries)?;
@@ -349,7 +359,7 @@ impl SledMoney {
         self.handover.get().ok_or(StoreError::Released)?.forward_booking(record).await?;
         let mut map = self.accounts();
         for id in &record.charged {
-            let purse = map.entry(id.clone()).or_default();
+            let purse = map.entry(id.clone()).or_insert_with(|| Account { turns_at: turns_at(id), ..Account::default() });
             purse.balance -= record.cost_nanos;
             purse.held -= release;
             self.changed(id);
