@@ -897,3 +897,46 @@ async fn a_fleet_sends_each_threshold_alert_once_signed() {
     assert_eq!(thresholds, [0.5, 1.0], "{got:?}");
     assert!(got.iter().all(|(_, _, body)| body["type"] == "budget.threshold"), "{got:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_accounts_concurrency_and_a_tags_window_hold_for_every_key_over_the_nodes() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let (a, b, c) = ("sk-fleet-key-shared-a-000000000001", "sk-fleet-key-shared-b-000000000001", "sk-fleet-key-shared-c-000000000001");
+    let keys = [
+        format!("  - {{ key: {a}, name: a, group: default, balance: 50, account: crew, tags: {{ team: search }} }}"),
+        format!("  - {{ key: {b}, name: b, group: default, balance: 50, account: crew, tags: {{ team: search }} }}"),
+        format!("  - {{ key: {c}, name: c, group: default, balance: 50, tags: {{ team: search }} }}"),
+        "accounts:\n  - { name: crew, balance: 50, max_concurrent: 2 }".to_string(),
+        "tag_limits:\n  \"team=search\": { budgets: { day: 0.05 } }".to_string(),
+    ]
+    .join("\n");
+    let nodes = three(mock.port, &pg, &keys, "");
+    let c_ = client();
+    // Six slow calls of the account's two keys at once, over the three nodes: two run, the
+    // account's two slots being the fleet's.
+    let answers: Vec<u16> = futures_util::future::join_all((0..6).map(|i| {
+        let (client, node, key) = (c_.clone(), &nodes[i % nodes.len()], if i % 2 == 0 { a } else { b });
+        async move {
+            client
+                .post(node.gw.url("/v1/chat/completions"))
+                .bearer_auth(key)
+                .header("x-mock-usage", "0,10")
+                .header("x-mock-delay-ms", "2000")
+                .json(&json!({"model": MODEL, "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .expect("request")
+                .status()
+                .as_u16()
+        }
+    }))
+    .await;
+    assert_eq!(answers.iter().filter(|s| **s == 200).count(), 2, "{answers:?}");
+    assert_eq!(answers.iter().filter(|s| **s == 429).count(), 4, "{answers:?}");
+    // The tag's day window of five cents counts every key that carries it: two cents spent by
+    // the account's keys leave three for a key outside the account, whichever node serves it.
+    let answers = spread(&c_, &nodes, 12, c).await;
+    assert_eq!(answers.iter().filter(|s| **s == 200).count(), 3, "{answers:?}");
+    assert_eq!(answers.iter().filter(|s| **s == 429).count(), 9, "{answers:?}");
+}
