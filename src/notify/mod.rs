@@ -29,9 +29,14 @@ pub struct Notifier {
     plans: Arc<PlanClock>,
     outbox: Outbox,
     calendar: Box<dyn Fn() -> Calendar + Send + Sync>,
-    /// Alerts known to be in the outbox (no store read for them again).
+    /// Alerts known to be in the outbox (no store read for them again); emptied at each prune.
     decided: Mutex<HashSet<String>>,
+    /// When the outbox was last pruned (unix s).
+    pruned_at: std::sync::atomic::AtomicU64,
 }
+
+/// How often the outbox is pruned of old alerts.
+const PRUNE_EVERY_SECS: u64 = 3_600;
 
 impl Notifier {
     pub fn new(
@@ -40,7 +45,16 @@ impl Notifier {
         jobs: Arc<dyn crate::store::JobStore>,
         calendar: Box<dyn Fn() -> Calendar + Send + Sync>,
     ) -> Notifier {
-        Notifier { receivers, keys, ledger, plans, outbox: Outbox::new(jobs), calendar, decided: Mutex::new(HashSet::new()) }
+        Notifier {
+            receivers,
+            keys,
+            ledger,
+            plans,
+            outbox: Outbox::new(jobs),
+            calendar,
+            decided: Mutex::new(HashSet::new()),
+            pruned_at: Default::default(),
+        }
     }
 
     pub fn outbox(&self) -> &Outbox {
@@ -143,7 +157,24 @@ impl Notifier {
     /// an outage).
     pub async fn round(&self, now: u64, first: bool) -> Result<(), StoreError> {
         self.decide(now).await?;
-        self.outbox.deliver(&self.receivers, now, first).await
+        self.outbox.deliver(&self.receivers, now, first).await?;
+        self.prune(now).await
+    }
+
+    /// Once an hour, forget old alerts (`outbox::KEPT_SECS`) and what this process remembers
+    /// deciding (the outbox answers for it again).
+    async fn prune(&self, now: u64) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
+        if now.saturating_sub(self.pruned_at.load(Ordering::Relaxed)) < PRUNE_EVERY_SECS {
+            return Ok(());
+        }
+        self.pruned_at.store(now, Ordering::Relaxed);
+        let n = self.outbox.prune(now).await?;
+        if n > 0 {
+            log::info!("notifications: {n} alerts older than {} days forgotten", outbox::KEPT_SECS / 86_400);
+        }
+        self.decided.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        Ok(())
     }
 }
 

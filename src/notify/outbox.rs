@@ -62,6 +62,10 @@ impl Delivery {
     }
 }
 
+/// How long an alert is kept once it was decided (delivered or given up by then: a day of
+/// retries): 90 days, longer than any window or period it can be about.
+pub const KEPT_SECS: u64 = 90 * 86_400;
+
 /// Where alerts are kept and sent from.
 pub struct Outbox {
     jobs: Arc<dyn JobStore>,
@@ -175,6 +179,13 @@ impl Outbox {
                 }
             }
         }
+    }
+
+    /// Forget the alerts delivered or given up more than [`KEPT_SECS`] after they were
+    /// decided (what they were about has long ended: every alert names its window, day or
+    /// period, so none is decided again): how many.
+    pub async fn prune(&self, now: u64) -> Result<usize, StoreError> {
+        self.jobs.prune_closed(KIND, now.saturating_sub(KEPT_SECS), 10_000).await
     }
 
     /// The alerts about `owner` (a key id or `acct:<name>`), newest first.

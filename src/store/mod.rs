@@ -210,6 +210,9 @@ pub trait JobStore: Send + Sync {
     async fn open(&self, kind: &'static str) -> Result<Vec<String>, StoreError>;
     /// A key's jobs of `kind`, newest first, after the job `after` in that order, at most `limit`.
     async fn of_owner(&self, kind: &'static str, owner: &str, after: Option<&str>, limit: usize) -> Result<Vec<String>, StoreError>;
+    /// Forget at most `max` closed jobs of `kind` created before `created_before` (unix s):
+    /// how many were forgotten. Open jobs are kept whatever their age.
+    async fn prune_closed(&self, kind: &'static str, created_before: u64, max: usize) -> Result<usize, StoreError>;
 }
 
 #[async_trait::async_trait]

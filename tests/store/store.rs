@@ -590,6 +590,14 @@ async fn jobs_contract(stores: Vec<Arc<dyn Store>>) {
     assert_eq!(a.of_owner("batch", "k1", Some("batch_2"), 10).await.expect("page").len(), 1);
     assert!(a.of_owner("batch", "k1", Some("batch_3"), 10).await.expect("another key's cursor").is_empty());
     assert_eq!(a.get("batch_2").await.expect("get").as_deref(), Some("{\"id\":\"batch_2\",\"state\":\"done\"}"));
+    // Old closed jobs are forgotten, open ones whatever their age are kept; another kind's too.
+    a.put(&job("batch_0", "k1", 5, false, "done")).await.expect("old, closed");
+    assert_eq!(a.prune_closed("other", 1_000, 10).await.expect("prune"), 0);
+    assert_eq!(a.prune_closed("batch", 20, 10).await.expect("prune"), 1, "batch_0 (batch_2 is not older than 20)");
+    assert_eq!(a.get("batch_0").await.expect("get"), None);
+    assert_eq!(a.of_owner("batch", "k1", None, 10).await.expect("list").len(), 2);
+    assert_eq!(a.prune_closed("batch", 21, 10).await.expect("prune"), 1, "batch_2; batch_1 and batch_3 are open");
+    assert_eq!(a.of_owner("batch", "k1", None, 10).await.expect("list"), ["{\"id\":\"batch_1\",\"state\":\"running\"}"]);
     let Some(b) = stores.get(1).map(|s| s.jobs()) else { return };
     // Node b sees every job, works on none that a holds, and cannot write them.
     assert!(b.get("batch_1").await.expect("get").is_some());

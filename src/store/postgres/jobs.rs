@@ -83,6 +83,22 @@ impl JobStore for FleetJobs {
         Ok(rows.iter().map(|r| r.get(0)).collect())
     }
 
+    async fn prune_closed(&self, kind: &'static str, created_before: u64, max: usize) -> Result<usize, StoreError> {
+        let client = self.pg.client().await?;
+        let before = i64::try_from(created_before).unwrap_or(i64::MAX);
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        let n = client
+            .execute(
+                "DELETE FROM jobs WHERE id IN (
+                     SELECT id FROM jobs WHERE kind = $1 AND NOT open AND created_at < $2 LIMIT $3)",
+                &[&kind, &before, &max],
+            )
+            .await
+            .map_err(super::PgError::from)?;
+        self.pg.count(1);
+        Ok(usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     async fn of_owner(&self, kind: &'static str, owner: &str, after: Option<&str>, limit: usize) -> Result<Vec<String>, StoreError> {
         let client = self.pg.client().await?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);

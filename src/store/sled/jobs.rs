@@ -89,6 +89,42 @@ impl JobStore for SledJobs {
         Ok(out)
     }
 
+    async fn prune_closed(&self, kind: &'static str, created_before: u64, max: usize) -> Result<usize, StoreError> {
+        if self.slot.is_released() {
+            return Err(StoreError::Released);
+        }
+        let (jobs, open, owners) = (self.slot.tree("jobs")?, self.slot.tree("jobs_open")?, self.slot.tree("jobs_owner")?);
+        let head = prefix(&[kind]);
+        let mut pruned = 0;
+        for item in owners.scan_prefix(&head) {
+            if pruned >= max {
+                break;
+            }
+            let (k, _) = item?;
+            // kind \0 owner \0 created (8 bytes) id
+            let Some(owner_end) = k[head.len()..].iter().position(|b| *b == 0).map(|p| head.len() + p + 1) else { continue };
+            let Some(created) = k.get(owner_end..owner_end + 8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes) else { continue };
+            if created >= created_before {
+                continue;
+            }
+            let id = &k[owner_end + 8..];
+            let mut open_key = head.clone();
+            open_key.extend_from_slice(id);
+            if open.contains_key(&open_key)? {
+                continue;
+            }
+            // The job before its index entry: a crash between the two leaves an entry that
+            // names nothing (skipped by the listings) rather than a job nothing lists.
+            jobs.remove(id)?;
+            owners.remove(&k)?;
+            pruned += 1;
+        }
+        if pruned > 0 {
+            self.durable.flush().await?;
+        }
+        Ok(pruned)
+    }
+
     async fn of_owner(&self, kind: &'static str, owner: &str, after: Option<&str>, limit: usize) -> Result<Vec<String>, StoreError> {
         let owners = self.slot.tree("jobs_owner")?;
         let head = prefix(&[kind, owner]);
@@ -159,5 +195,13 @@ mod tests {
         assert!(jobs.of_owner("batch", "k1", Some("b3"), 10).await.expect("list").is_empty(), "another key's cursor");
         assert_eq!(ids(jobs.of_owner("batch", "k2", None, 10).await.expect("list")), ["b3"]);
         assert_eq!(jobs.get("b2").await.expect("get").as_deref(), Some("{\"id\":\"b2\",\"open\":false}"));
+        // Closed and old enough: forgotten; open, or newer, or another kind's: kept.
+        jobs.put(&row("b1", "k1", 10, false)).await.expect("close");
+        assert_eq!(jobs.prune_closed("other", 100, 10).await.expect("prune"), 0);
+        assert_eq!(jobs.prune_closed("batch", 15, 10).await.expect("prune"), 1, "b1 only (b2 is newer)");
+        assert_eq!(jobs.get("b1").await.expect("get"), None);
+        assert_eq!(ids(jobs.of_owner("batch", "k1", None, 10).await.expect("list")), ["b4", "b2"]);
+        assert_eq!(jobs.prune_closed("batch", 100, 10).await.expect("prune"), 1, "b2; b3 and b4 are open");
+        assert_eq!(jobs.open("batch").await.expect("open").len(), 2);
     }
 }
