@@ -63,10 +63,18 @@ every key under them.</p>{}",
     Ok(clock.page("Accounts", "/console/accounts", &req.csrf, &body))
 }
 
+/// The account named in a page's path; a name no account could have is not echoed back.
+fn known(api: &AdminApi, name: &str) -> Result<std::sync::Arc<crate::records::key::AccountRecord>, ApiError> {
+    match crate::policy::budget::valid_account_name(name) {
+        Ok(()) => api.account(name),
+        Err(_) => Err(ApiError::new(ErrorKind::NotFound, "No such account.")),
+    }
+}
+
 /// `GET /console/accounts/{name}`; `error` is a refused form shown under its fields.
 pub(super) async fn account(api: &AdminApi, req: &Request, name: &str, error: Option<(&ApiError, &Form)>) -> Page {
     let clock = Clock::now(api);
-    let record = api.account(name)?;
+    let record = known(api, name)?;
     api.ledger.commit_now().await.map_err(internal)?;
     let view = api.account_view(&record).await?;
     let done = match Form::parse(&req.query).get("done") {
@@ -166,7 +174,7 @@ fn patch_of(f: &Form, by: Option<&str>) -> Result<Value, ApiError> {
 
 /// `POST /console/accounts/{name}`.
 pub(super) async fn account_action(api: &AdminApi, req: &Request, name: &str) -> Page {
-    api.account(name)?;
+    known(api, name)?;
     let f = &req.form;
     let result = match patch_of(f, req.by.as_deref()) {
         Ok(patch) => match serde_json::from_value(patch) {
