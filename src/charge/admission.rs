@@ -75,17 +75,58 @@ impl Under {
     }
 }
 
+/// A key's purse list as last made, kept while nothing it was made from changed: the same
+/// records (held here, so an address seen again is the same record, never a new one at a
+/// freed address), the same calendar, and every window, bucket and plan period in it still
+/// the current one.
+struct Kept {
+    key: Arc<KeyRecord>,
+    account: Option<Arc<crate::records::key::AccountRecord>>,
+    plans: Vec<(Arc<crate::policy::plan::Plan>, u64)>,
+    tags: Option<Arc<crate::policy::limits::TagLimits>>,
+    calendar: String,
+    /// Kept while the clock is before this (unix s).
+    until: u64,
+    purses: Arc<[Purse]>,
+}
+
+impl Kept {
+    fn holds(&self, key: &Arc<KeyRecord>, under: &Under, calendar: &Calendar, now: u64) -> bool {
+        let same = |a: Option<&Arc<crate::records::key::AccountRecord>>, b: Option<&Arc<crate::records::key::AccountRecord>>| match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        now < self.until
+            && Arc::ptr_eq(&self.key, key)
+            && same(self.account.as_ref(), under.account.as_ref())
+            && self.plans.len() == under.plans.len()
+            && self.plans.iter().zip(&under.plans).all(|((p, since), s)| Arc::ptr_eq(p, &s.plan) && *since == s.since)
+            && match (&self.tags, &under.tags) {
+                (None, None) => true,
+                (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                _ => false,
+            }
+            && self.calendar == calendar.name()
+    }
+}
+
+/// Most purse lists kept (past it, they are all made again).
+const MAX_KEPT: usize = 10_000;
+
 /// The money of every call: admission here, settlement in [`Books`].
 pub struct Charge {
     books: Books,
     limits: Arc<Limits>,
     keys: Arc<KeyIndex>,
     plans: Option<Arc<super::plans::PlanClock>>,
+    /// Purse lists of keys under windows, an account or a plan, by key id (see [`Kept`]).
+    kept: std::sync::Mutex<std::collections::HashMap<String, Kept, ahash::RandomState>>,
 }
 
 impl Charge {
     pub fn new(books: Books, limits: Arc<Limits>, keys: Arc<KeyIndex>) -> Self {
-        Charge { books, limits, keys, plans: None }
+        Charge { books, limits, keys, plans: None, kept: Default::default() }
     }
 
     /// With the plans' clock (where a key's plan stands, for its usage view).
@@ -246,6 +287,55 @@ impl Charge {
         Ok(crate::records::purse::purses(key, under.account.as_deref(), (&tags, &plans), calendar, crate::base::clock::now_unix()))
     }
 
+    /// [`Charge::purses_under`], the list kept from the key's last call while nothing it was
+    /// made from changed (a model call's: see [`Kept`]).
+    pub fn purses_kept(&self, key: &Arc<KeyRecord>, under: &Under, calendar: &Calendar) -> Result<Vec<Purse>, ApiError> {
+        // A key alone pays from its balance: nothing to keep.
+        if key.policy.account.is_none() && key.policy.budgets.is_empty() && under.plans.is_empty() && under.tags.is_none() {
+            return Ok(vec![Purse::key(&key.id)]);
+        }
+        let now = crate::base::clock::now_unix();
+        // Copied out of the lock.
+        let found = self
+            .kept
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key.id)
+            .filter(|k| k.holds(key, under, calendar, now))
+            .map(|k| k.purses.clone());
+        if let Some(purses) = found {
+            return Ok(purses.to_vec());
+        }
+        let purses = self.purses_under(key, under, calendar)?;
+        // Kept until the first window, bucket or plan period in it turns.
+        let mut until = u64::MAX;
+        for p in &purses {
+            match p.kind {
+                crate::records::purse::PurseKind::Window { end, .. } => until = until.min(end),
+                crate::records::purse::PurseKind::Rolling { turns_at, .. } => until = until.min(turns_at),
+                _ => {}
+            }
+        }
+        for s in &under.plans {
+            until = until.min(s.plan.period.at(s.since, now, calendar).1);
+        }
+        let kept = Kept {
+            key: key.clone(),
+            account: under.account.clone(),
+            plans: under.plans.iter().map(|s| (s.plan.clone(), s.since)).collect(),
+            tags: under.tags.clone(),
+            calendar: calendar.name().to_string(),
+            until,
+            purses: purses.as_slice().into(),
+        };
+        let mut all = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if all.len() >= MAX_KEPT {
+            all.clear();
+        }
+        all.insert(key.id.clone(), kept);
+        Ok(purses)
+    }
+
     /// The price multiplier a call of `key` is charged at (`KeyIndex::price_multiplier`).
     pub fn rate(&self, key: &KeyRecord) -> Multiplier {
         self.under(key).rate
@@ -313,5 +403,62 @@ impl Charge {
     /// batches' reads, MCP handshakes and listings).
     pub async fn solvent(&self, key: &KeyRecord, calendar: &Calendar) -> Result<(), ApiError> {
         self.covers(key, calendar, 0, "this call needs").await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::budget::{Budgets, Rolling};
+    use crate::records::key::KeyOrigin;
+
+    #[test]
+    fn a_kept_purse_list_holds_only_for_the_same_records_calendar_and_current_windows() {
+        let mut record = KeyRecord::new("k", "k", "default", String::new(), KeyOrigin::Config);
+        record.policy.budgets = Budgets { rolling: vec![Rolling { secs: 5 * 3600, cap: 10_000 }], ..Default::default() };
+        let key = Arc::new(record);
+        let calendar = Calendar::default();
+        let now = 1_800_000_000;
+        let purses: Arc<[Purse]> = crate::records::purse::purses(&key, None, (&[], &[]), &calendar, now).into();
+        let turns_at = purses
+            .iter()
+            .find_map(|p| match p.kind {
+                crate::records::purse::PurseKind::Rolling { turns_at, .. } => Some(turns_at),
+                _ => None,
+            })
+            .expect("a rolling bucket");
+        let kept = Kept {
+            key: key.clone(),
+            account: None,
+            plans: Vec::new(),
+            tags: None,
+            calendar: calendar.name().to_string(),
+            until: turns_at,
+            purses,
+        };
+        let under = Under::default();
+        assert!(kept.holds(&key, &under, &calendar, now));
+        // Its bucket turned: made again.
+        assert!(!kept.holds(&key, &under, &calendar, turns_at));
+        // The same content in another record (the key was written again): made again.
+        let again = Arc::new((*key).clone());
+        assert!(!kept.holds(&again, &under, &calendar, now));
+        // Under an account now, or another calendar: made again.
+        let account = Arc::new(crate::records::key::AccountRecord {
+            name: "team".into(),
+            budgets: Budgets::default(),
+            created_at: 0,
+            origin: KeyOrigin::Config,
+            seed_digest: None,
+            member_limit: None,
+            member_policy: None,
+            people: Default::default(),
+            guardrails: Vec::new(),
+            rates: Default::default(),
+            price_multiplier: None,
+            plan: None,
+        });
+        assert!(!kept.holds(&key, &Under { account: Some(account), ..Under::default() }, &calendar, now));
+        assert!(!kept.holds(&key, &under, &Calendar::new("Asia/Tokyo").expect("zone"), now));
     }
 }

@@ -105,11 +105,11 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
 async fn hold_for(
     gw: &Gateway,
     routing: &Routing,
-    (key, under): (&KeyRecord, &crate::charge::Under),
+    (key, under): (&std::sync::Arc<KeyRecord>, &crate::charge::Under),
     route: &Route,
     draft: &mut upstream::Draft,
 ) -> std::result::Result<Hold, ApiError> {
-    let mut purses = gw.charge.purses_under(key, under, &routing.calendar)?;
+    let mut purses = gw.charge.purses_kept(key, under, &routing.calendar)?;
     let rate = under.rate();
     // Each lowering fits the purse that refused; another purse may then refuse in turn.
     let mut lowerings = 0;
