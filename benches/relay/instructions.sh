@@ -28,6 +28,11 @@
 # (before counting stops), for every target alike: it returns once the work the requests left
 # behind is done (a fleet node books its journal a sync round later; see benches/fleet), so the
 # count holds exactly the counted requests' work.
+# TOLLGATE_CG_THREADS=1 counts each thread apart and prints, beside the total, what the
+# commit writer's thread (the one whose profile holds `store::commit::apply`: the ledger's
+# group commit, off the request path) did per request, and the rest ("path"): the writer's
+# share per request depends on how many bookings share a commit window, so on the
+# throughput valgrind allows in that run, while the rest does not.
 # TOLLGATE_CG_KEEP=DIR keeps the callgrind outputs (cg.bare.1, cg.tollgate.1, ...) for
 # callgrind_annotate.
 # Usage, from the repository root: bash benches/relay/instructions.sh
@@ -48,7 +53,8 @@ path=/v1/chat/completions
 load() { wrk -t1 -c8 -d"$1s" -s "$here/post.lua" "http://127.0.0.1:$2$path" 2>/dev/null; }
 measure() { # name port command...
   local name=$1 p=$2; shift 2
-  valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.$name" "$@" >"$dir/$name.log" 2>&1 &
+  local threads=no; [ -n "${TOLLGATE_CG_THREADS:-}" ] && threads=yes
+  valgrind --tool=callgrind --instr-atstart=no --separate-threads=$threads --callgrind-out-file="$dir/cg.$name" "$@" >"$dir/$name.log" 2>&1 &
   local vg=$!
   for _ in $(seq 1 150); do curl -s -o /dev/null "http://127.0.0.1:$p/" && break; sleep 0.2; done
   load 3 "$p" >/dev/null
@@ -60,13 +66,24 @@ measure() { # name port command...
   callgrind_control -d "$vg" >/dev/null 2>&1
   # Counted and dumped: killed at once (a Pingora graceful stop waits out its grace period).
   kill -9 "$vg"; wait "$vg" 2>/dev/null
-  local total; total=$(callgrind_annotate "$dir/cg.$name.1" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
-  python3 - "$name" "$r" "${total:-0}" <<'PY'
+  local total=0 writer=0 f t
+  for f in "$dir/cg.$name.1" "$dir/cg.$name.1"-*; do
+    [ -f "$f" ] || continue
+    t=$(callgrind_annotate "$f" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",", "", $1); print $1; exit}')
+    t=${t//[^0-9]/}  # a thread that ran nothing counted reads "."
+    total=$((total + ${t:-0}))
+    if [ "$threads" = yes ] && callgrind_annotate "$f" 2>/dev/null | grep -q 'store::commit::apply'; then writer=$((writer + ${t:-0})); fi
+  done
+  python3 - "$name" "$r" "$total" "$writer" "$threads" <<'PY'
 import re, sys
-name, result, total = sys.argv[1], sys.argv[2], int(sys.argv[3])
+name, result, total, writer, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 m = re.search(r"rps=([0-9.]+)", result)
 requests = float(m.group(1)) * 4 if m else 0
-print("%-9s requests=%6d  K instructions/request=%.1f" % (name, requests, total / requests / 1000 if requests else float("nan")))
+per = lambda n: n / requests / 1000 if requests else float("nan")
+line = "%-9s requests=%6d  K instructions/request=%.1f" % (name, requests, per(total))
+if threads == "yes":
+    line += "  (commit writer %.1f, path %.1f)" % (per(writer), per(total - writer))
+print(line)
 PY
 }
 # nginx as the same plain reverse proxy (run.sh's proxy.conf), one process without a master:
