@@ -360,6 +360,22 @@ pub async fn mock_requests(mock: &Proc, tag: &str) -> Vec<serde_json::Value> {
 }
 
 /// The admin listener's `/metrics` text.
+/// An admin API call with `token`: its status and JSON body (null when it has none).
+pub async fn admin_call(
+    port: u16,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut r = client().request(method, format!("http://127.0.0.1:{port}{path}")).bearer_auth(token);
+    if let Some(b) = body {
+        r = r.json(&b);
+    }
+    let resp = r.send().await.expect("admin");
+    (resp.status().as_u16(), resp.json().await.unwrap_or(serde_json::Value::Null))
+}
+
 pub async fn admin_metrics(admin_port: u16, token: &str) -> String {
     client()
         .get(format!("http://127.0.0.1:{admin_port}/metrics"))

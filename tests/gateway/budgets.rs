@@ -51,12 +51,7 @@ async fn chat(gw: &Gateway, key: &str) -> reqwest::Response {
 }
 
 async fn admin(port: u16, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut r = client().request(method, format!("http://127.0.0.1:{port}{path}")).bearer_auth(ADMIN_TOKEN);
-    if let Some(b) = body {
-        r = r.json(&b);
-    }
-    let resp = r.send().await.expect("admin");
-    (resp.status().as_u16(), resp.json().await.unwrap_or(Value::Null))
+    admin_call(port, ADMIN_TOKEN, method, path, body).await
 }
 
 /// Seconds from now to the next UTC midnight.

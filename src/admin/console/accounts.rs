@@ -77,10 +77,7 @@ pub(super) async fn account(api: &AdminApi, req: &Request, name: &str, error: Op
     let record = known(api, name)?;
     api.ledger.commit_now().await.map_err(internal)?;
     let view = api.account_view(&record).await?;
-    let done = match Form::parse(&req.query).get("done") {
-        "" => String::new(),
-        d => format!("<p class=\"notice\" role=\"status\">{}</p>", esc(d)),
-    };
+    let done = done_notice(&req.query);
     let errors: Vec<(&str, &str)> = error.map(|(e, _)| (e.param.as_deref().unwrap_or(""), e.message.as_str())).into_iter().collect();
     let general = general_alerts(&errors, &FIELDS.map(|f| f.0));
     let charged = match (view["price_multiplier"].as_f64(), record.plan.as_ref().and_then(|r| api.keys.plans().get(&r.name).cloned())) {
@@ -160,11 +157,7 @@ fn patch_of(f: &Form, by: Option<&str>) -> Result<Value, ApiError> {
     }
     if let Some(amount) = number(f, "amount", false)? {
         patch.insert("balance_delta".into(), amount);
-        let reason = match (by, f.get("reason")) {
-            (Some(by), "") => format!("by {by} (operator)"),
-            (Some(by), r) => format!("{r} (by {by}, operator)"),
-            (None, r) => r.to_string(),
-        };
+        let reason = operator_reason(by, f.get("reason"));
         if !reason.is_empty() {
             patch.insert("reason".into(), json!(reason));
         }

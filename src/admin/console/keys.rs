@@ -278,10 +278,7 @@ pub(super) async fn key_detail(api: &AdminApi, req: &Request, id: &str, error: O
     let (errs, form) = field_errors(error);
     let err = errs.as_slice();
     let general = general_alerts(err, &[&EDIT_FIELDS[..], &["amount", "reason"]].concat());
-    let done = match Form::parse(&req.query).get("done") {
-        "" => String::new(),
-        d => format!("<p class=\"notice\" role=\"status\">{}</p>", esc(d)),
-    };
+    let done = done_notice(&req.query);
     let action = |what: &str| format!("/console/keys/{}/{what}", enc(&key.id));
     let toggle = if view["revoked_at"].is_null() {
         let (what, label, class) = if key.enabled { ("disable", "Disable", "danger") } else { ("enable", "Enable", "") };
@@ -568,11 +565,7 @@ pub(super) async fn key_action(api: &AdminApi, reveals: &Reveals, req: &Request,
                 Err(e) => Err(vec![e]),
             };
             // A person signed in as an operator is named in the audit trail.
-            let reason = match (&req.by, f.get("reason")) {
-                (Some(by), "") => format!("by {by} (operator)"),
-                (Some(by), r) => format!("{r} (by {by}, operator)"),
-                (None, r) => r.to_string(),
-            };
+            let reason = operator_reason(req.by.as_deref(), f.get("reason"));
             (
                 amount.map(|a| if reason.is_empty() { json!({"balance_delta": a}) } else { json!({"balance_delta": a, "reason": reason}) }),
                 "Balance moved.",

@@ -62,6 +62,24 @@ pub(super) fn key_link(id: &str, names: &BTreeMap<String, String>) -> String {
     format!("<a href=\"/console/keys/{}\">{}</a> <span class=\"mono\">{}</span>", enc(id), esc(name), esc(id))
 }
 
+/// The reason a balance move is audited with: the form's, and the operator who signed in by
+/// their role (`by`), when there is one.
+pub(super) fn operator_reason(by: Option<&str>, reason: &str) -> String {
+    match (by, reason) {
+        (Some(by), "") => format!("by {by} (operator)"),
+        (Some(by), r) => format!("{r} (by {by}, operator)"),
+        (None, r) => r.to_string(),
+    }
+}
+
+/// The notice a page shows after a post redirected to it (`?done=`), or nothing.
+pub(super) fn done_notice(query: &str) -> String {
+    match Form::parse(query).get("done") {
+        "" => String::new(),
+        d => format!("<p class=\"notice\" role=\"status\">{}</p>", esc(d)),
+    }
+}
+
 /// A form's number (empty: absent).
 pub(super) fn number(form: &Form, name: &str, whole: bool) -> Result<Option<Value>, ApiError> {
     let text = form.get(name);

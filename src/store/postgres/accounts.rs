@@ -487,8 +487,45 @@ impl FleetAccounts {
     /// Add `delta` to the balance of `key_id` (a key or `acct:<name>`: an administrator's
     /// top-up), with its audit entry, in one transaction.
     pub async fn top_up(&self, key_id: &str, delta: i64, reason: Option<&str>) -> Result<crate::records::audit::AuditEntry, PgError> {
+        let entry = self.top_up_marked(key_id, delta, reason, None).await?;
+        entry.ok_or_else(|| PgError::Query("a top-up without a mark was skipped".into()))
+    }
+
+    /// [`Self::top_up`] once for `mark`: the mark, the balance change and its audit entry in
+    /// one transaction; None (nothing changed) when another node or an earlier run wrote the
+    /// mark.
+    pub async fn top_up_once(
+        &self,
+        key_id: &str,
+        delta: i64,
+        reason: &str,
+        mark: (&str, i64),
+    ) -> Result<Option<crate::records::audit::AuditEntry>, PgError> {
+        self.top_up_marked(key_id, delta, Some(reason), Some(mark)).await
+    }
+
+    /// The balance change and its audit entry, with the mark first when there is one (None:
+    /// the mark was written before, nothing changed).
+    async fn top_up_marked(
+        &self,
+        key_id: &str,
+        delta: i64,
+        reason: Option<&str>,
+        mark: Option<(&str, i64)>,
+    ) -> Result<Option<crate::records::audit::AuditEntry>, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
+        if let Some((mark, value)) = mark {
+            let now = i64::try_from(crate::base::clock::now_ms()).unwrap_or(i64::MAX);
+            let marked = tx
+                .execute("INSERT INTO marks (id, value, time_ms) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING", &[&mark, &value, &now])
+                .await?;
+            self.pg.count(1);
+            if marked == 0 {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+        }
         let balance: i64 = tx
             .query_one(
                 "INSERT INTO accounts (key_id, balance) VALUES ($1, $2)
@@ -503,43 +540,6 @@ impl FleetAccounts {
             .await?;
         tx.commit().await?;
         self.pg.count(4);
-        Ok(entry)
-    }
-
-    /// [`Self::top_up`] once for `mark`: the mark, the balance change and its audit entry in
-    /// one transaction; None (nothing changed) when another node or an earlier run wrote the
-    /// mark.
-    pub async fn top_up_once(
-        &self,
-        key_id: &str,
-        delta: i64,
-        reason: &str,
-        (mark, value): (&str, i64),
-    ) -> Result<Option<crate::records::audit::AuditEntry>, PgError> {
-        let mut client = self.pg.client().await?;
-        let tx = client.transaction().await?;
-        let now = i64::try_from(crate::base::clock::now_ms()).unwrap_or(i64::MAX);
-        let marked = tx
-            .execute("INSERT INTO marks (id, value, time_ms) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING", &[&mark, &value, &now])
-            .await?;
-        if marked == 0 {
-            tx.rollback().await?;
-            return Ok(None);
-        }
-        let balance: i64 = tx
-            .query_one(
-                "INSERT INTO accounts (key_id, balance) VALUES ($1, $2)
-                 ON CONFLICT (key_id) DO UPDATE SET balance = accounts.balance + EXCLUDED.balance RETURNING balance",
-                &[&key_id, &delta],
-            )
-            .await?
-            .get(0);
-        let entry = crate::records::audit::AuditEntry::new(key_id, delta, balance, Some(reason));
-        let text = serde_json::to_string(&entry).map_err(|e| PgError::Query(format!("audit entry: {e}")))?;
-        tx.execute("INSERT INTO audit_log (time_ms, record) VALUES ($1, $2)", &[&i64::try_from(entry.time_ms).unwrap_or(i64::MAX), &text])
-            .await?;
-        tx.commit().await?;
-        self.pg.count(5);
         Ok(Some(entry))
     }
 
