@@ -74,7 +74,7 @@ pub struct Outbox {
 
 impl Outbox {
     pub fn new(jobs: Arc<dyn JobStore>) -> Outbox {
-        let http = reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).build().unwrap_or_default();
+        let http = crate::base::outbound::Outbound { total: Some(ATTEMPT_TIMEOUT), ..Default::default() }.client().unwrap_or_default();
         Outbox { jobs, http }
     }
 
