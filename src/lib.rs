@@ -23,6 +23,8 @@
 //! 10. [`charge`], [`checks`]: the money of every kind of call — admission (counts, slots,
 //!     token reservations, holds in every purse) and settlement (the one making of a usage
 //!     record, the one path that debits); the list of checks every kind of call goes through.
+//!     Above them, [`notify`] (alerts) and [`selling`] (codes, card top-ups, price feeds,
+//!     statements).
 //! 11. [`route`], [`translate`]: which endpoint a request is for; translation between protocols.
 //! 12. [`upstream`]: the providers — catalog, health, affinity, a call's draft, the upstream
 //!     request — and the seam between kinds of upstream.
@@ -63,6 +65,9 @@ pub mod charge;
 pub mod checks;
 /// Alerts before money runs out: signed webhooks from a durable outbox, above the charge floor.
 pub mod notify;
+/// Selling access (redemption codes, card top-ups, prices from a feed, statements), above the
+/// charge floor.
+pub mod selling;
 
 pub mod route;
 pub mod translate;
@@ -102,7 +107,7 @@ mod house {
         &["observe"],
         &["access", "identity"],
         &["charge", "checks"],
-        &["notify"],
+        &["notify", "selling"],
         &["route", "translate"],
         &["upstream"],
         &["video", "files", "batch", "mcp"],

@@ -25,6 +25,8 @@ pub enum Route {
         model: String,
     },
     Usage,
+    /// `POST /v1/redeem`: a redemption code credited to the key's account.
+    Redeem,
     /// `GET /me`, the key holder's page (`file` ""), and its `app.js` and `app.css`: answered
     /// without a key.
     KeyPage {
@@ -226,6 +228,7 @@ impl Route {
             Route::GeminiModels => "gemini_models",
             Route::GeminiModel { .. } => "gemini_model",
             Route::Usage => "usage",
+            Route::Redeem => "redeem",
             Route::KeyPage { .. } => "key_page",
             Route::KeyPageData => "key_page_data",
             Route::CountTokens => "count_tokens",
@@ -324,6 +327,7 @@ pub fn classify(method: &str, path: &str) -> Route {
         ("POST", "/messages/count_tokens") => Route::CountTokens,
         ("GET", "/models") => Route::Models,
         ("GET", "/usage") => Route::Usage,
+        ("POST", "/redeem") => Route::Redeem,
         ("GET" | "HEAD", "/") if v1.is_none() => Route::Root,
         ("GET", "/me") if v1.is_none() => Route::KeyPage { file: "" },
         ("GET", "/me/app.js") if v1.is_none() => Route::KeyPage { file: "app.js" },
@@ -468,6 +472,8 @@ mod tests {
         assert_eq!(classify("GET", "/models"), Route::Models);
         assert_eq!(classify("GET", "/v1/usage"), Route::Usage);
         assert_eq!(classify("GET", "/usage"), Route::Usage);
+        assert_eq!(classify("POST", "/v1/redeem"), Route::Redeem);
+        assert_eq!(classify("GET", "/v1/redeem"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("GET", "/me"), Route::KeyPage { file: "" });
         assert_eq!(classify("GET", "/me/app.js"), Route::KeyPage { file: "app.js" });
         assert_eq!(classify("GET", "/me/data"), Route::KeyPageData);

@@ -556,6 +556,8 @@ struct Shared {
 struct Planned {
     plans: Arc<crate::charge::plans::PlanClock>,
     notifier: Option<Arc<crate::notify::Notifier>>,
+    /// Redemption codes, card top-ups, prices from a feed.
+    selling: Arc<crate::selling::Selling>,
 }
 
 fn planned(
@@ -567,7 +569,9 @@ fn planned(
 ) -> Planned {
     let plans = plan_clock(server, keys, ledger, routing);
     let notifier = notifier(server, config, (keys, ledger, &plans), store, routing);
-    Planned { plans, notifier }
+    let codes = crate::selling::codes::Codes::new(store.jobs(), ledger.clone(), keys.clone(), plans.clone());
+    let selling = Arc::new(crate::selling::Selling { codes });
+    Planned { plans, notifier, selling }
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -618,6 +622,7 @@ fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> R
             identity: s.identity.clone(),
             plans: s.planned.plans.clone(),
             notifier: s.planned.notifier.clone(),
+            selling: s.planned.selling.clone(),
             console_url: config.console_listen.as_ref().map_or_else(|| format!("http://{}", admin.listen), |c| c.public_url.clone()),
         };
         let admin_listener = crate::admin::console::AdminListener::new(api);
@@ -691,6 +696,7 @@ fn gateway(
             .with_plans(s.planned.plans.clone()),
         ),
         checks: s.checks.clone(),
+        selling: s.planned.selling.clone(),
         metrics: s.metrics.clone(),
         connector: pingora_core::connectors::http::v1::Connector::new(Some(options)),
         usage_queries: crate::access::limits::UsageTurns::default(),

@@ -241,16 +241,6 @@ impl AdminApi {
         if let Some(name) = to.as_deref().filter(|n| self.keys.plans().get(n).is_none()) {
             return Err(bad(format!("plan: no plan named '{name}'")).with_param("plan"));
         }
-        if current.as_ref().map(|p| &p.name) == to.as_ref() {
-            return Ok(false);
-        }
-        let now = now_unix();
-        if let Some(old) = current.as_ref() {
-            self.plans.leave(purse, old, now).await.map_err(internal)?;
-        }
-        *current = to.map(|name| crate::policy::plan::PlanRef { name, since: now });
-        let why = format!("plan of {who} set to {} through the admin API", current.as_ref().map_or("none", |p| p.name.as_str()));
-        self.ledger.top_up_because(purse, 0, Some(&why)).await.map_err(internal)?;
-        Ok(true)
+        self.plans.switch(purse, who, current, to, "the admin API").await.map_err(internal)
     }
 }

@@ -27,6 +27,8 @@ pub struct AdminApi {
     pub plans: Arc<crate::charge::plans::PlanClock>,
     /// Alerts (`notifications:`): their outbox, read by the console and `GET /admin/alerts`.
     pub notifier: Option<Arc<crate::notify::Notifier>>,
+    /// Redemption codes and card top-ups (`POST /admin/codes`, the console's `/console/me`).
+    pub selling: Arc<crate::selling::Selling>,
     pub token: String,
     /// `Host` names accepted besides localhost and loopback literals (`admin.hosts`).
     pub hosts: Vec<String>,
@@ -625,6 +627,7 @@ impl AdminApi {
                 Ok(LocalResponse::json(201, &self.create_key(body).await?))
             }
             (m, p) if p == "/admin/accounts" || p.starts_with("/admin/accounts/") => self.account_request(session, m, p).await,
+            (m, p) if p == "/admin/codes" || p.starts_with("/admin/codes/") => self.codes_request(session, m, p).await,
             ("GET", "/admin/requests") => {
                 let filter = request_filter(req_query(session).as_deref())?;
                 let (entries, next) = self.store.requests().query(&filter).await.map_err(internal)?;

@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod api;
+mod codes;
 pub mod console;
 pub mod guard;
 pub mod refusal;

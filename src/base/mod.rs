@@ -7,6 +7,7 @@
 //!   largest output a request may be allowed.
 //! * [`codec`]: the compact binary form the stored records are written in.
 //! * [`spool`]: a file read back in chunks (spooled uploads).
+//! * [`throttle`]: pauses that grow with each wrong guess of a secret.
 //! * [`outbound`]: the one builder of clients for tollgate's own outbound HTTP calls.
 
 pub mod clock;
@@ -17,5 +18,6 @@ pub mod outbound;
 pub mod secrets;
 pub mod spool;
 pub mod text;
+pub mod throttle;
 pub mod tls;
 pub mod usage;

@@ -308,16 +308,20 @@ impl Ledger {
         self.money.top_up(id, delta, reason).await
     }
 
-    /// [`Ledger::top_up_because`] once for `mark` (with `value` kept beside it), whatever the
-    /// nodes, restarts or retries; None when it was made before.
-    pub async fn top_up_once(
-        &self,
-        id: &str,
-        delta: i64,
-        reason: &str,
-        (mark, value): (&str, i64),
-    ) -> Result<Option<AuditEntry>, StoreError> {
-        self.money.top_up_once(id, delta, reason, mark, value).await
+    /// [`Ledger::top_up_because`] once for `marks` (each with a value kept beside it),
+    /// whatever the nodes, restarts or retries; None when any of them was made before.
+    pub async fn top_up_once(&self, id: &str, delta: i64, reason: &str, marks: &[(&str, i64)]) -> Result<Option<AuditEntry>, StoreError> {
+        self.money.top_up_once(id, delta, reason, marks).await
+    }
+
+    /// Write `mark` alone (no money moves); false when it was written before.
+    pub async fn put_mark(&self, mark: &str, value: i64) -> Result<bool, StoreError> {
+        self.money.put_mark(mark, value).await
+    }
+
+    /// How many marks begin with `prefix`.
+    pub async fn count_marks(&self, prefix: &str) -> Result<u64, StoreError> {
+        self.money.count_marks(prefix).await
     }
 
     /// The value kept with `mark`, if [`Ledger::top_up_once`] made it.

@@ -127,7 +127,7 @@ impl PlanClock {
         let when = crate::protocol::rfc3339(start);
         let reason =
             format!("plan {}: credit ${:.6} for the {} period from {when}", h.plan.name, usd(h.plan.credit), h.plan.period.label());
-        if self.ledger.top_up_once(&h.purse, h.plan.credit, &reason, (&mark, h.plan.credit)).await?.is_some() {
+        if self.ledger.top_up_once(&h.purse, h.plan.credit, &reason, &[(&mark, h.plan.credit)]).await?.is_some() {
             log::info!("plan {}: {} granted ${:.6} for the period from {when}", h.plan.name, h.purse, usd(h.plan.credit));
         }
         self.remember(mark);
@@ -167,7 +167,7 @@ impl PlanClock {
             usd(closing.kept),
             usd(closing.expired)
         );
-        self.ledger.top_up_once(&h.purse, -closing.expired, &reason, (&mark, closing.kept)).await?;
+        self.ledger.top_up_once(&h.purse, -closing.expired, &reason, &[(&mark, closing.kept)]).await?;
         self.remember(mark);
         Ok(())
     }
@@ -183,6 +183,31 @@ impl PlanClock {
             self.close(&h, prev, &calendar, false).await?;
         }
         self.close(&h, start, &calendar, true).await
+    }
+
+    /// A holder's plan set from `current` to `to` (a plan the file has, or none) by `via`
+    /// ("the admin API", "a redemption code"): the old one left, the change audited on the
+    /// holder's purse. The caller stores the holder's record with `current` as changed. False
+    /// when it already had that plan.
+    pub async fn switch(
+        &self,
+        purse: &str,
+        who: &str,
+        current: &mut Option<PlanRef>,
+        to: Option<String>,
+        via: &str,
+    ) -> Result<bool, StoreError> {
+        if current.as_ref().map(|p| &p.name) == to.as_ref() {
+            return Ok(false);
+        }
+        let now = crate::base::clock::now_unix();
+        if let Some(old) = current.as_ref() {
+            self.leave(purse, old, now).await?;
+        }
+        *current = to.map(|name| PlanRef { name, since: now });
+        let why = format!("plan of {who} set to {} through {via}", current.as_ref().map_or("none", |p| p.name.as_str()));
+        self.ledger.top_up_because(purse, 0, Some(&why)).await?;
+        Ok(true)
     }
 
     /// Where a holder stands in its plan now: the period, what was granted and carried into

@@ -552,8 +552,16 @@ impl MoneyStore for FleetMoney {
         Ok(self.fleet.accounts.audit(limit, before).await?)
     }
 
-    async fn top_up_once(&self, id: &str, delta: i64, reason: &str, mark: &str, value: i64) -> Result<Option<AuditEntry>, StoreError> {
-        Ok(self.fleet.accounts.top_up_once(id, delta, reason, (mark, value)).await?)
+    async fn top_up_once(&self, id: &str, delta: i64, reason: &str, marks: &[(&str, i64)]) -> Result<Option<AuditEntry>, StoreError> {
+        Ok(self.fleet.accounts.top_up_once(id, delta, reason, marks).await?)
+    }
+
+    async fn put_mark(&self, mark: &str, value: i64) -> Result<bool, StoreError> {
+        Ok(self.fleet.accounts.put_mark(mark, value).await?)
+    }
+
+    async fn count_marks(&self, prefix: &str) -> Result<u64, StoreError> {
+        Ok(self.fleet.accounts.count_marks(prefix).await?)
     }
 
     async fn mark(&self, mark: &str) -> Result<Option<i64>, StoreError> {

@@ -120,12 +120,19 @@ pub trait MoneyStore: Send + Sync {
     /// Balance change by an administrator, without a usage record, and its audit entry
     /// (written with it; returned). Durable before this returns.
     async fn top_up(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError>;
-    /// [`MoneyStore::top_up`] made once for `mark` whatever the nodes, restarts or retries: the
-    /// change, its audit entry and the mark (with `value`) are written together, durable
-    /// before this returns. None (and nothing changed) when the mark was written before.
-    async fn top_up_once(&self, id: &str, delta: i64, reason: &str, mark: &str, value: i64) -> Result<Option<AuditEntry>, StoreError>;
-    /// The value written with `mark` by [`MoneyStore::top_up_once`], if it was.
+    /// [`MoneyStore::top_up`] made once for `marks` whatever the nodes, restarts or retries:
+    /// the change, its audit entry and every mark (each with its value) are written together,
+    /// durable before this returns. None (and nothing changed) when any of the marks was
+    /// written before.
+    async fn top_up_once(&self, id: &str, delta: i64, reason: &str, marks: &[(&str, i64)]) -> Result<Option<AuditEntry>, StoreError>;
+    /// The value written with `mark` by [`MoneyStore::top_up_once`] or
+    /// [`MoneyStore::put_mark`], if it was.
     async fn mark(&self, mark: &str) -> Result<Option<i64>, StoreError>;
+    /// Write `mark` alone (no money moves), durable before this returns; false when it was
+    /// written before (its value is kept).
+    async fn put_mark(&self, mark: &str, value: i64) -> Result<bool, StoreError>;
+    /// How many marks begin with `prefix`.
+    async fn count_marks(&self, prefix: &str) -> Result<u64, StoreError>;
     /// Audit entries before the position `before` (all when None), newest first, at most
     /// `limit`, each with its number.
     async fn audit(&self, limit: usize, before: Option<crate::records::log::Cursor>) -> Result<Vec<AuditEntry>, StoreError>;

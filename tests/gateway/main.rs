@@ -32,6 +32,7 @@ mod routing;
 mod security;
 mod security_round2;
 mod security_round3;
+mod selling;
 mod shared_limits;
 mod storage;
 mod telemetry;

@@ -940,3 +940,58 @@ async fn an_accounts_concurrency_and_a_tags_window_hold_for_every_key_over_the_n
     assert_eq!(answers.iter().filter(|s| **s == 200).count(), 3, "{answers:?}");
     assert_eq!(answers.iter().filter(|s| **s == 429).count(), 9, "{answers:?}");
 }
+
+/// Issue 67: a redemption code sent fifty times at once to three nodes credits once; a batch
+/// limited to one use per account lets one of the account's keys through whichever node it
+/// reaches; a batch withdrawn on one node is refused by the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_code_redeemed_fifty_times_at_once_over_three_nodes_credits_once() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let (lone, a, b) = ("sk-fleet-code-lone-0000000001", "sk-fleet-code-team-a-00000001", "sk-fleet-code-team-b-00000001");
+    let keys = format!(
+        "  - {{ key: {lone}, name: lone, group: default, balance: 0 }}\n  - {{ key: {a}, name: a, group: default, balance: 1, account: shop }}\n  - {{ key: {b}, name: b, group: default, balance: 1, account: shop }}\naccounts:\n  - {{ name: shop, balance: 0 }}"
+    );
+    let nodes = three(mock.port, &pg, &keys, "");
+    let c = client();
+    let made: Value = admin(&c, &nodes[0], reqwest::Method::POST, "/admin/codes", Some(json!({"count": 1000, "amount": 0.5})))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let codes: Vec<String> = made["codes"].as_array().expect("codes").iter().map(|c| c.as_str().expect("code").to_string()).collect();
+    assert_eq!(codes.len(), 1000);
+    let redeem = |node: usize, key: &'static str, code: String| {
+        let (c, url) = (c.clone(), nodes[node].gw.url("/v1/redeem"));
+        async move { c.post(url).bearer_auth(key).json(&json!({"code": code})).send().await.expect("redeem").status().as_u16() }
+    };
+    let lone: &'static str = lone;
+    let tries = futures_util::future::join_all((0..50).map(|i| redeem(i % 3, lone, codes[7].clone()))).await;
+    assert_eq!(tries.iter().filter(|s| **s == 200).count(), 1, "{tries:?}");
+    assert_eq!(tries.iter().filter(|s| **s == 409).count(), 49, "{tries:?}");
+    for node in &nodes {
+        assert_eq!(balance(&node.gw, lone).await, 500_000_000, "every node sees one credit");
+    }
+    // One use per account: the account's two keys on two nodes at once, each with its own code.
+    let once: Value =
+        admin(&c, &nodes[1], reqwest::Method::POST, "/admin/codes", Some(json!({"count": 2, "amount": 1, "max_uses_per_account": 1})))
+            .await
+            .json()
+            .await
+            .expect("json");
+    let once: Vec<String> = once["codes"].as_array().expect("codes").iter().map(|c| c.as_str().expect("code").to_string()).collect();
+    let (a, b): (&'static str, &'static str) = (a, b);
+    let both = futures_util::future::join(redeem(0, a, once[0].clone()), redeem(2, b, once[1].clone())).await;
+    let mut got = [both.0, both.1];
+    got.sort_unstable();
+    assert_eq!(got, [200, 409], "one use for the account");
+    let shop: Value = admin(&c, &nodes[2], reqwest::Method::GET, "/admin/accounts/shop", None).await.json().await.expect("json");
+    assert_eq!(shop["balance"].as_f64(), Some(1.0), "{shop}");
+    // Withdrawn on one node, refused on another.
+    let id = made["id"].as_str().expect("id");
+    assert_eq!(admin(&c, &nodes[0], reqwest::Method::DELETE, &format!("/admin/codes/{id}"), None).await.status(), 200);
+    assert_eq!(redeem(2, lone, codes[8].clone()).await, 410);
+    let listed: Value = admin(&c, &nodes[1], reqwest::Method::GET, "/admin/codes", None).await.json().await.expect("json");
+    let batch = listed["data"].as_array().expect("list").iter().find(|b| b["id"] == id).cloned().expect("listed");
+    assert_eq!((batch["redeemed"].as_u64(), batch["disabled"].as_bool()), (Some(1), Some(true)), "{batch}");
+}

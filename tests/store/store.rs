@@ -406,6 +406,24 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
     assert_eq!(ledgers[0].balance(&team_day).await.expect("window"), -500, "{backend}: the refund credits the window");
     assert_eq!(ledgers[0].balance(&account_purse("team")).await.expect("account"), 10_000, "{backend}");
     assert!(p.iter().any(|x| *x == Purse::key(&members[0].id)), "{backend}: the key's own balance is one of them");
+
+    // Marks (issue 67): a top-up made once for several marks — all new, or nothing written —,
+    // a mark written alone, marks counted by a prefix that is no pattern.
+    let (first, last) = (&ledgers[0], &ledgers[ledgers.len() - 1]);
+    let before = first.balance(&solo.id).await.expect("balance");
+    let once = |l: &'static str, slot: &'static str| [(l, 1_i64), (slot, 1_i64)];
+    assert!(first.top_up_once(&solo.id, 7, "code 1", &once("code:b1:h1", "codeuse:b1:solo:0")).await.expect("store").is_some());
+    let taken = last.top_up_once(&solo.id, 7, "code 2", &once("code:b1:h2", "codeuse:b1:solo:0")).await.expect("store");
+    assert!(taken.is_none(), "{backend}: one of its marks was taken: nothing done");
+    assert_eq!(last.mark("code:b1:h2").await.expect("store"), None, "{backend}: none of its marks written");
+    assert!(last.top_up_once(&solo.id, 7, "code 2", &once("code:b1:h2", "codeuse:b1:solo:1")).await.expect("store").is_some());
+    assert_eq!(first.balance(&solo.id).await.expect("balance") - before, 14, "{backend}");
+    assert!(last.put_mark("codeoff:b1", 9).await.expect("store"), "{backend}");
+    assert!(!first.put_mark("codeoff:b1", 10).await.expect("store"), "{backend}: written before");
+    assert_eq!(first.mark("codeoff:b1").await.expect("store"), Some(9), "{backend}: the first value kept");
+    assert_eq!(first.count_marks("code:b1:").await.expect("store"), 2, "{backend}");
+    assert_eq!(last.count_marks("codeuse:b1:solo:").await.expect("store"), 2, "{backend}");
+    assert_eq!(first.count_marks("code_b1").await.expect("store"), 0, "{backend}: `_` is a character, not a pattern");
 }
 
 #[test]
@@ -437,7 +455,9 @@ async fn restarted(store: Arc<dyn Store>) {
     assert_eq!(ledger.balance(&window_purse(&Owner::Account("team"), Window::Day, start)).await.expect("window"), -500, "{backend}");
     assert_eq!(ledger.balance(&account_purse("team")).await.expect("account"), 10_000, "{backend}");
     assert!(store.keys().account("team").is_some(), "{backend}: the account record survives");
-    assert_eq!(ledger.audit(10, None).await.expect("audit").len(), 2, "{backend}: and the audit trail");
+    assert_eq!(ledger.audit(10, None).await.expect("audit").len(), 4, "{backend}: and the audit trail");
+    assert_eq!(ledger.mark("codeoff:b1").await.expect("store"), Some(9), "{backend}: and the marks");
+    assert_eq!(ledger.count_marks("code:b1:").await.expect("store"), 2, "{backend}");
     // Retention forgets windows that ended before its cut (nothing checks them again), and
     // only those.
     ledger.prune((start + 20 * 86_400) * 1000).await.expect("prune");

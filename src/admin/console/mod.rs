@@ -21,7 +21,6 @@ mod requests;
 mod reveal;
 mod roster;
 mod signin;
-mod throttle;
 mod usage;
 
 use crate::admin::api::AdminApi;
@@ -123,8 +122,8 @@ impl crate::edge::local::Answer for AdminListener {
 #[derive(Default)]
 struct Sessions {
     map: Mutex<HashMap<[u8; 32], Signed>>,
-    /// Wrong admin tokens by client address (see `throttle`).
-    sign_in: throttle::SignInThrottle,
+    /// Wrong admin tokens by client address (see `base::throttle`).
+    sign_in: crate::base::throttle::Throttle<std::net::IpAddr>,
     /// New keys' secrets waiting for their one-time page (see `reveal`).
     reveals: reveal::Reveals,
     /// Sign-ins with the identity provider under way (see `signin`).
@@ -410,7 +409,7 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session, secu
         let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| crate::policy::normalize(a.ip()));
         let at = std::time::Instant::now();
         if let Some(ip) = peer {
-            if let Err(wait) = sessions.sign_in.admit(ip, at) {
+            if let Err(wait) = sessions.sign_in.admit(&ip, at) {
                 api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in_throttled")]).add(1);
                 let mut r = login_page(
                     429,
@@ -425,12 +424,12 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session, secu
         if !crate::base::secrets::token_matches(form.get("token"), &api.token) {
             api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in")]).add(1);
             if let Some(ip) = peer {
-                sessions.sign_in.failed(ip, at);
+                sessions.sign_in.failed(&ip, at);
             }
             return login_page(401, &next, Some("Wrong admin token."), api.identity.is_some());
         }
         if let Some(ip) = peer {
-            sessions.sign_in.succeeded(ip);
+            sessions.sign_in.succeeded(&ip);
         }
         let cookie = sessions.open(now, Who::Operator);
         let mut r = redirect(&next);

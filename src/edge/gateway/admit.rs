@@ -84,7 +84,7 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
 
 /// The client's address: the peer's, or the one trusted proxies forwarded (refused when it
 /// cannot be known, for a key that lists addresses).
-fn client_of(session: &Session, routing: &Routing) -> std::result::Result<std::net::IpAddr, ApiError> {
+pub(super) fn client_of(session: &Session, routing: &Routing) -> std::result::Result<std::net::IpAddr, ApiError> {
     let not_listed = || ApiError::new(ErrorKind::IpNotAllowed, "This API key may only be used from listed addresses.");
     let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| a.ip()).ok_or_else(not_listed)?;
     match client_address(peer, &session.req_header().headers, &routing.trusted_proxies) {

@@ -103,6 +103,8 @@ pub struct Gateway {
     pub charge: Arc<crate::charge::Charge>,
     /// The checks every kind of call goes through (`checks`).
     pub checks: Arc<crate::checks::Checks>,
+    /// Redemption codes (`POST /v1/redeem`) and what else sells access.
+    pub selling: Arc<crate::selling::Selling>,
     /// Which key created each stored response (responses API).
     pub owners: crate::access::owners::Owners,
     pub metrics: Arc<crate::observe::metrics::Metrics>,
@@ -294,7 +296,7 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
     match route {
         Route::NotFound { shape } => *shape,
         Route::Models if client_version(req).is_some() => Protocol::Anthropic,
-        Route::Models | Route::Usage | Route::Root | Route::KeyPage { .. } | Route::KeyPageData => Protocol::Openai,
+        Route::Models | Route::Usage | Route::Redeem | Route::Root | Route::KeyPage { .. } | Route::KeyPageData => Protocol::Openai,
         Route::GeminiModels | Route::GeminiModel { .. } => Protocol::Gemini,
         other => other.relay_protocol().unwrap_or(Protocol::Openai),
     }

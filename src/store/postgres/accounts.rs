@@ -487,38 +487,38 @@ impl FleetAccounts {
     /// Add `delta` to the balance of `key_id` (a key or `acct:<name>`: an administrator's
     /// top-up), with its audit entry, in one transaction.
     pub async fn top_up(&self, key_id: &str, delta: i64, reason: Option<&str>) -> Result<crate::records::audit::AuditEntry, PgError> {
-        let entry = self.top_up_marked(key_id, delta, reason, None).await?;
+        let entry = self.top_up_marked(key_id, delta, reason, &[]).await?;
         entry.ok_or_else(|| PgError::Query("a top-up without a mark was skipped".into()))
     }
 
-    /// [`Self::top_up`] once for `mark`: the mark, the balance change and its audit entry in
-    /// one transaction; None (nothing changed) when another node or an earlier run wrote the
-    /// mark.
+    /// [`Self::top_up`] once for `marks`: the marks, the balance change and its audit entry in
+    /// one transaction; None (nothing changed) when another node or an earlier run wrote any
+    /// of the marks (a concurrent writer of the same mark waits on its row, then finds it).
     pub async fn top_up_once(
         &self,
         key_id: &str,
         delta: i64,
         reason: &str,
-        mark: (&str, i64),
+        marks: &[(&str, i64)],
     ) -> Result<Option<crate::records::audit::AuditEntry>, PgError> {
-        self.top_up_marked(key_id, delta, Some(reason), Some(mark)).await
+        self.top_up_marked(key_id, delta, Some(reason), marks).await
     }
 
-    /// The balance change and its audit entry, with the mark first when there is one (None:
-    /// the mark was written before, nothing changed).
+    /// The balance change and its audit entry, with the marks first (None: one of them was
+    /// written before, nothing changed).
     async fn top_up_marked(
         &self,
         key_id: &str,
         delta: i64,
         reason: Option<&str>,
-        mark: Option<(&str, i64)>,
+        marks: &[(&str, i64)],
     ) -> Result<Option<crate::records::audit::AuditEntry>, PgError> {
         let mut client = self.pg.client().await?;
         let tx = client.transaction().await?;
-        if let Some((mark, value)) = mark {
-            let now = i64::try_from(crate::base::clock::now_ms()).unwrap_or(i64::MAX);
+        let now = i64::try_from(crate::base::clock::now_ms()).unwrap_or(i64::MAX);
+        for (mark, value) in marks {
             let marked = tx
-                .execute("INSERT INTO marks (id, value, time_ms) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING", &[&mark, &value, &now])
+                .execute("INSERT INTO marks (id, value, time_ms) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING", &[mark, value, &now])
                 .await?;
             self.pg.count(1);
             if marked == 0 {
@@ -541,6 +541,26 @@ impl FleetAccounts {
         tx.commit().await?;
         self.pg.count(4);
         Ok(Some(entry))
+    }
+
+    /// Write `mark` alone; false when it was written before.
+    pub async fn put_mark(&self, mark: &str, value: i64) -> Result<bool, PgError> {
+        let client = self.pg.client().await?;
+        let now = i64::try_from(crate::base::clock::now_ms()).unwrap_or(i64::MAX);
+        let n = client
+            .execute("INSERT INTO marks (id, value, time_ms) VALUES ($1, $2, $3) ON CONFLICT (id) DO NOTHING", &[&mark, &value, &now])
+            .await?;
+        self.pg.count(1);
+        Ok(n == 1)
+    }
+
+    /// How many marks begin with `prefix` (compared as bytes, so `_` and `%` are no patterns).
+    pub async fn count_marks(&self, prefix: &str) -> Result<u64, PgError> {
+        let client = self.pg.client().await?;
+        let n: i64 =
+            client.query_one("SELECT count(*) FROM marks WHERE left(id, char_length($1::text)) = $1::text", &[&prefix]).await?.get(0);
+        self.pg.count(1);
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// The value written with `mark`, if it was.

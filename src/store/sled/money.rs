@@ -149,17 +149,20 @@ impl SledMoney {
         id: &str,
         delta: i64,
         reason: Option<&str>,
-        mark: Option<(&str, i64)>,
+        marks: &[(&str, i64)],
     ) -> Result<Option<AuditEntry>, StoreError> {
         use crate::store::commit::TreeName;
         let (entry, waiter) = {
             let mut map = self.accounts();
-            if let Some((mark, value)) = mark {
-                let mut marks = self.marks.lock().unwrap_or_else(|p| p.into_inner());
-                if marks.contains_key(mark) || self.slot.tree(crate::store::commit::MARKS)?.contains_key(mark.as_bytes())? {
-                    return Ok(None);
+            if !marks.is_empty() {
+                let mut written = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+                let tree = self.slot.tree(crate::store::commit::MARKS)?;
+                for (mark, _) in marks {
+                    if written.contains_key(*mark) || tree.contains_key(mark.as_bytes())? {
+                        return Ok(None);
+                    }
                 }
-                marks.insert(mark.to_string(), value);
+                written.extend(marks.iter().map(|(m, v)| (m.to_string(), *v)));
             }
             let mut acc = self.load(&mut map, id)?;
             acc.balance = acc.balance.saturating_add(delta);
@@ -174,7 +177,7 @@ impl SledMoney {
                 (TreeName::Audit, audit_key, value),
                 (TreeName::Balances, id.as_bytes().to_vec(), encode_balance(acc.balance, seq).to_vec()),
             ];
-            if let Some((mark, value)) = mark {
+            for (mark, value) in marks {
                 entries.push((TreeName::Marks, mark.as_bytes().to_vec(), value.to_be_bytes().to_vec()));
             }
             let waiter = self.writer.insert_together(entries, true)?;
@@ -642,11 +645,44 @@ impl MoneyStore for SledMoney {
     /// The audit entry is queued before the balance entry, in one batch: sled recovers a
     /// prefix of its log, so no balance move is ever without its entry.
     async fn top_up(&self, id: &str, delta: i64, reason: Option<&str>) -> Result<AuditEntry, StoreError> {
-        self.top_up_marked(id, delta, reason, None).await?.ok_or_else(|| StoreError::Corrupt("a top-up without a mark was skipped".into()))
+        self.top_up_marked(id, delta, reason, &[]).await?.ok_or_else(|| StoreError::Corrupt("a top-up without a mark was skipped".into()))
     }
 
-    async fn top_up_once(&self, id: &str, delta: i64, reason: &str, mark: &str, value: i64) -> Result<Option<AuditEntry>, StoreError> {
-        self.top_up_marked(id, delta, Some(reason), Some((mark, value))).await
+    async fn top_up_once(&self, id: &str, delta: i64, reason: &str, marks: &[(&str, i64)]) -> Result<Option<AuditEntry>, StoreError> {
+        self.top_up_marked(id, delta, Some(reason), marks).await
+    }
+
+    async fn put_mark(&self, mark: &str, value: i64) -> Result<bool, StoreError> {
+        use crate::store::commit::TreeName;
+        let waiter = {
+            let mut written = self.marks.lock().unwrap_or_else(|p| p.into_inner());
+            if written.contains_key(mark) || self.slot.tree(crate::store::commit::MARKS)?.contains_key(mark.as_bytes())? {
+                return Ok(false);
+            }
+            written.insert(mark.to_string(), value);
+            self.writer.insert_together(vec![(TreeName::Marks, mark.as_bytes().to_vec(), value.to_be_bytes().to_vec())], true)?
+        };
+        if let Some(waiter) = waiter {
+            waiter.wait().await?;
+        }
+        Ok(true)
+    }
+
+    async fn count_marks(&self, prefix: &str) -> Result<u64, StoreError> {
+        // Those written by this process and those on disk, each once.
+        let mut seen: std::collections::HashSet<Vec<u8>> = self
+            .marks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|m| m.starts_with(prefix))
+            .map(|m| m.as_bytes().to_vec())
+            .collect();
+        for item in self.slot.tree(crate::store::commit::MARKS)?.scan_prefix(prefix.as_bytes()) {
+            let (k, _) = item?;
+            seen.insert(k.to_vec());
+        }
+        Ok(seen.len() as u64)
     }
 
     async fn mark(&self, mark: &str) -> Result<Option<i64>, StoreError> {

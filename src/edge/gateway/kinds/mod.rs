@@ -1,5 +1,5 @@
 //! The kinds of call stage 2 answers itself — a video task, files, batches, a realtime
-//! session and its turns, MCP and its tool calls — each a file implementing [`Answered`]: the
+//! session and its turns, MCP and its tool calls, a redemption code — each a file implementing [`Answered`]: the
 //! platform its key's group must allow, what it is admitted with before it runs (the charge
 //! floor's [`Entry`]: counted, solvent, in a slot), and how it runs. Inside, each holds,
 //! settles and checks through the charge and checks floors (`gw.charge`, `gw.checks`), never
@@ -11,6 +11,7 @@ mod batches;
 mod files;
 pub(super) mod mcp;
 pub(super) mod realtime;
+mod redeem;
 mod video;
 
 use super::admit::Caller;
@@ -43,6 +44,7 @@ pub(super) fn of(route: &Route) -> Option<&'static dyn Answered> {
         Route::Batches { .. } => Some(&batches::Batches),
         Route::Realtime => Some(&realtime::Realtime),
         Route::Mcp => Some(&mcp::Mcp),
+        Route::Redeem => Some(&redeem::Redeem),
         _ => None,
     }
 }

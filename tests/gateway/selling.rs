@@ -1,0 +1,194 @@
+//! Selling access (issue 67): redemption codes made by batch through the admin API and
+//! redeemed by keys into their account (or themselves) exactly once, throttled against
+//! guessing, withdrawn, expiring, bounded per account; a plan code subscribes its holder.
+
+use crate::common::*;
+use serde_json::{json, Value};
+
+const ADMIN_TOKEN: &str = "selling-admin-token-0000001";
+const LONE: &str = "sk-sell-lone-000000001";
+const TEAM_A: &str = "sk-sell-team-a-0000001";
+const TEAM_B: &str = "sk-sell-team-b-0000001";
+const BROKE: &str = "sk-sell-broke-00000001";
+
+fn config(mock_port: u16, admin_port: u16) -> String {
+    let body = with_key(&standard_config(mock_port), &format!("{{ key: {LONE}, name: lone, group: default, balance: 1.0 }}"));
+    let body = with_key(&body, &format!("{{ key: {TEAM_A}, name: team-a, group: default, balance: 1.0, account: shop }}"));
+    let body = with_key(&body, &format!("{{ key: {TEAM_B}, name: team-b, group: default, balance: 1.0, account: shop }}"));
+    let body = with_key(&body, &format!("{{ key: {BROKE}, name: broke, group: default, balance: 0 }}"));
+    format!(
+        "{body}accounts:\n  - {{ name: shop, balance: 2.0 }}\nplans:\n  - {{ name: monthly, credit: 3.0, period: month }}\n\
+         admin: {{ listen: 127.0.0.1:{admin_port}, token: {ADMIN_TOKEN} }}\n"
+    )
+}
+
+async fn admin(port: u16, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+    admin_call(port, ADMIN_TOKEN, method, path, body).await
+}
+
+async fn redeem(gw: &Gateway, key: &str, code: &str) -> (u16, Value) {
+    let r = client().post(gw.url("/v1/redeem")).bearer_auth(key).json(&json!({"code": code})).send().await.expect("redeem");
+    let retry = r.headers().get("retry-after").and_then(|v| v.to_str().ok()).map(str::to_string);
+    let status = r.status().as_u16();
+    let mut body: Value = r.json().await.unwrap_or(Value::Null);
+    if let Some(s) = retry {
+        body["retry_after_header"] = json!(s);
+    }
+    (status, body)
+}
+
+fn codes_of(batch: &Value) -> Vec<String> {
+    batch["codes"].as_array().expect("codes").iter().map(|c| c.as_str().expect("code").to_string()).collect()
+}
+
+async fn account_balance(port: u16, name: &str) -> i64 {
+    nanos(&admin(port, reqwest::Method::GET, &format!("/admin/accounts/{name}"), None).await.1["balance"])
+}
+
+async fn audited(port: u16, text: &str) -> Vec<String> {
+    let (_, page) = admin(port, reqwest::Method::GET, "/admin/audit?limit=1000", None).await;
+    let all = page["data"].as_array().cloned().unwrap_or_default();
+    all.iter().filter_map(|e| e["reason"].as_str()).filter(|r| r.contains(text)).map(str::to_string).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_thousand_codes_each_credit_once_and_only_as_the_batch_allows() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port));
+    let post = reqwest::Method::POST;
+
+    // A batch of 1,000 codes of $2.50: shown once, unique, none stored in the clear.
+    let (status, batch) =
+        admin(admin_port, post.clone(), "/admin/codes", Some(json!({"count": 1000, "amount": 2.5, "note": "launch promo"}))).await;
+    assert_eq!(status, 201, "{batch}");
+    let codes = codes_of(&batch);
+    assert_eq!(codes.len(), 1000);
+    assert_eq!(codes.iter().collect::<std::collections::HashSet<_>>().len(), 1000, "every code differs");
+    let (_, list) = admin(admin_port, reqwest::Method::GET, "/admin/codes", None).await;
+    let listed = &list["data"][0];
+    assert_eq!(
+        (listed["count"].as_u64(), listed["redeemed"].as_u64(), listed["amount"].as_f64()),
+        (Some(1000), Some(0), Some(2.5)),
+        "{list}"
+    );
+    assert!(listed.get("codes").is_none() && !list.to_string().contains(&codes[0]), "a listing never shows a code");
+
+    // A key without an account is credited itself, once; the same code again is refused.
+    let before = balance(&gw, LONE).await;
+    let (status, done) = redeem(&gw, LONE, &codes[0]).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(done["credited"]["key"], "lone", "{done}");
+    assert_eq!(balance(&gw, LONE).await - before, 2_500_000_000);
+    let (status, again) = redeem(&gw, LONE, &codes[0]).await;
+    assert_eq!((status, again["error"]["param"].as_str()), (409, Some("code")), "{again}");
+    let (status, other) = redeem(&gw, TEAM_A, &codes[0]).await;
+    assert_eq!(status, 409, "another key cannot use it either: {other}");
+
+    // A key of an account credits the account; a key below zero may redeem (that is how it pays).
+    let shop = account_balance(admin_port, "shop").await;
+    assert_eq!(redeem(&gw, TEAM_A, &codes[1]).await.0, 200);
+    assert_eq!(account_balance(admin_port, "shop").await - shop, 2_500_000_000);
+    let broke_id = tollgate::access::auth::seed_key_id(BROKE);
+    let (status, _) =
+        admin(admin_port, reqwest::Method::PATCH, &format!("/admin/keys/{broke_id}"), Some(json!({"balance_delta": -0.5}))).await;
+    assert_eq!(status, 200);
+    assert_eq!(post_chat(&gw, BROKE).await.status(), 402, "below zero it cannot call");
+    let (status, done) = redeem(&gw, BROKE, &codes[2]).await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(nanos(&done["balance"]), 2_000_000_000, "{done}");
+    assert_eq!(post_chat(&gw, BROKE).await.status(), 200, "topped up, it can");
+
+    // Fifty concurrent redemptions of one code: one credit.
+    let before = balance(&gw, LONE).await;
+    let tries = futures_util::future::join_all((0..50).map(|_| redeem(&gw, LONE, &codes[3]))).await;
+    assert_eq!(tries.iter().filter(|(s, _)| *s == 200).count(), 1, "{tries:?}");
+    assert_eq!(tries.iter().filter(|(s, _)| *s == 409).count(), 49, "{tries:?}");
+    assert_eq!(balance(&gw, LONE).await - before, 2_500_000_000);
+
+    // Each redemption audited with its batch and key; the listing counts them.
+    let id = batch["id"].as_str().expect("id");
+    assert_eq!(audited(admin_port, &format!("code of batch {id} redeemed")).await.len(), 4);
+    let (_, list) = admin(admin_port, reqwest::Method::GET, "/admin/codes", None).await;
+    assert_eq!(list["data"][0]["redeemed"], 4, "{list}");
+
+    // Withdrawn: the batch's unused codes are refused from now on.
+    let (status, off) = admin(admin_port, reqwest::Method::DELETE, &format!("/admin/codes/{id}"), None).await;
+    assert_eq!((status, off["disabled"].as_bool()), (200, Some(true)), "{off}");
+    assert_eq!(redeem(&gw, LONE, &codes[4]).await.0, 410);
+    assert_eq!(admin(admin_port, reqwest::Method::DELETE, "/admin/codes/nosuchbatch1", None).await.0, 404);
+
+    // One use per account: the account's second key cannot use a second code of the batch.
+    let (_, one) = admin(admin_port, post.clone(), "/admin/codes", Some(json!({"count": 3, "amount": 1, "max_uses_per_account": 1}))).await;
+    let one = codes_of(&one);
+    assert_eq!(redeem(&gw, TEAM_A, &one[0]).await.0, 200);
+    let (status, refused) = redeem(&gw, TEAM_B, &one[1]).await;
+    assert_eq!(status, 409, "{refused}");
+    assert!(refused["error"]["message"].as_str().unwrap_or_default().contains("already redeemed 1"), "{refused}");
+    assert_eq!(redeem(&gw, LONE, &one[1]).await.0, 200, "another holder may");
+
+    // A plan code subscribes the holder to the plan, whose credit is granted.
+    let (_, plan) = admin(admin_port, post.clone(), "/admin/codes", Some(json!({"count": 1, "plan": "monthly"}))).await;
+    let (status, done) = redeem(&gw, LONE, &codes_of(&plan)[0]).await;
+    assert_eq!((status, done["plan"].as_str()), (200, Some("monthly")), "{done}");
+    until("the plan's credit granted", || async {
+        let u = usage(&gw, LONE).await;
+        u["plans"][0]["name"] == "monthly" && u["plans"][0]["granted"] == true
+    })
+    .await;
+
+    // Batches that cannot be made are refused with the field named.
+    for (body, param) in [
+        (json!({"count": 0, "amount": 1}), "count"),
+        (json!({"count": 10001, "amount": 1}), "count"),
+        (json!({"count": 1}), "amount"),
+        (json!({"count": 1, "amount": 1, "plan": "monthly"}), "give either amount or plan, not both"),
+        (json!({"count": 1, "plan": "nope"}), "plan"),
+        (json!({"count": 1, "amount": 1, "expires_at": "2001-01-01T00:00:00Z"}), "expires_at"),
+        (json!({"count": 1, "amount": -1}), "amount"),
+    ] {
+        let (status, e) = admin(admin_port, post.clone(), "/admin/codes", Some(body.clone())).await;
+        assert_eq!((status, e["error"]["param"].as_str()), (400, Some(param)), "{body}: {e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn guessing_codes_is_throttled_per_key_and_per_address() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port));
+    let (_, batch) = admin(admin_port, reqwest::Method::POST, "/admin/codes", Some(json!({"count": 2, "amount": 1}))).await;
+    let real = codes_of(&batch);
+    // A guess shaped like a code of the same batch, and garbage: each a 400, until the key's
+    // pauses begin (after three); then even the right code waits, so a guesser learns nothing.
+    let guess = format!("{}{}", &real[0][..real[0].len() - 4], "zzzz");
+    for attempt in [guess.as_str(), "not-a-code", "tgc_x", guess.as_str()] {
+        let (status, e) = redeem(&gw, LONE, attempt).await;
+        assert_eq!(status, 400, "{attempt}: {e}");
+    }
+    let (status, paused) = redeem(&gw, LONE, &real[0]).await;
+    assert_eq!(status, 429, "{paused}");
+    assert!(paused["retry_after_header"].as_str().is_some_and(|s| s.parse::<u64>().is_ok_and(|n| n >= 1)), "{paused}");
+    // Another key from the same address is not paused by this one's guesses.
+    let (status, done) = redeem(&gw, TEAM_A, &real[0]).await;
+    assert_eq!(status, 200, "{done}");
+    // Many keys guessing from one address: after ten wrong codes the address pauses, each key
+    // having stayed within its own three.
+    let mut keys = Vec::new();
+    for i in 0..5 {
+        let (status, k) =
+            admin(admin_port, reqwest::Method::POST, "/admin/keys", Some(json!({"name": format!("guesser-{i}"), "group": "default"})))
+                .await;
+        assert_eq!(status, 201, "{k}");
+        keys.push(k["key"].as_str().expect("secret").to_string());
+    }
+    let mut statuses = Vec::new();
+    for key in &keys[..4] {
+        for _ in 0..3 {
+            statuses.push(redeem(&gw, key, &guess).await.0);
+        }
+    }
+    assert_eq!(&statuses[..11], &[400; 11], "{statuses:?}");
+    assert_eq!(statuses[11], 429, "the address is paused after ten: {statuses:?}");
+    assert_eq!(redeem(&gw, &keys[4], &real[1]).await.0, 429, "a fresh key from that address waits too");
+}
