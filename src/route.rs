@@ -27,6 +27,8 @@ pub enum Route {
     Usage,
     /// `POST /v1/redeem`: a redemption code credited to the key's account.
     Redeem,
+    /// `POST /payments/stripe/webhook`: Stripe's events (signed, no key).
+    StripeWebhook,
     /// `GET /me`, the key holder's page (`file` ""), and its `app.js` and `app.css`: answered
     /// without a key.
     KeyPage {
@@ -229,6 +231,7 @@ impl Route {
             Route::GeminiModel { .. } => "gemini_model",
             Route::Usage => "usage",
             Route::Redeem => "redeem",
+            Route::StripeWebhook => "stripe_webhook",
             Route::KeyPage { .. } => "key_page",
             Route::KeyPageData => "key_page_data",
             Route::CountTokens => "count_tokens",
@@ -289,6 +292,9 @@ pub fn classify(method: &str, path: &str) -> Route {
     let v1 = trimmed.strip_prefix("/v1").filter(|rest| rest.starts_with('/'));
     let rest = v1.unwrap_or(trimmed);
 
+    if trimmed == "/payments/stripe/webhook" {
+        return if method == "POST" { Route::StripeWebhook } else { not_found() };
+    }
     if let Some(after) = trimmed.strip_prefix("/v1beta/models") {
         return gemini_models(method, after).unwrap_or_else(not_found);
     }
@@ -473,6 +479,8 @@ mod tests {
         assert_eq!(classify("GET", "/v1/usage"), Route::Usage);
         assert_eq!(classify("GET", "/usage"), Route::Usage);
         assert_eq!(classify("POST", "/v1/redeem"), Route::Redeem);
+        assert_eq!(classify("POST", "/payments/stripe/webhook"), Route::StripeWebhook);
+        assert_eq!(classify("GET", "/payments/stripe/webhook"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("GET", "/v1/redeem"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("GET", "/me"), Route::KeyPage { file: "" });
         assert_eq!(classify("GET", "/me/app.js"), Route::KeyPage { file: "app.js" });

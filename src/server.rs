@@ -82,6 +82,7 @@ fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) ->
         retry: config.retry.clone(),
         media_allowance: config.media_allowance,
         guardrails,
+        signup: config.identity.signup.clone().map(Arc::new),
     })
 }
 
@@ -101,6 +102,8 @@ struct Reload {
     health: Arc<crate::upstream::health::HealthBook>,
     /// What the last load held (keys, accounts, prices, providers): a reload says what changed.
     last: tokio::sync::Mutex<crate::config::changes::Summary>,
+    /// `tollgate_config_reloads_total{outcome}`: a reload's effect can be waited for.
+    metrics: Arc<Metrics>,
 }
 
 /// What a reload did: what changed, the sections that need an upgrade, its warnings.
@@ -200,6 +203,9 @@ impl Reload {
         if config.notifications != old.notifications {
             needs_upgrade.push("notifications");
         }
+        if config.stripe != old.stripe {
+            needs_upgrade.push("payments");
+        }
         Ok(Reloaded { changed, needs_upgrade, warnings })
     }
 }
@@ -219,7 +225,10 @@ impl BackgroundService for Reload {
                 _ = shutdown.changed() => return,
                 got = hangup.recv() => if got.is_none() { return },
             }
-            match self.reload().await {
+            let done = self.reload().await;
+            let outcome = if done.is_ok() { "applied" } else { "refused" };
+            self.metrics.counter("tollgate_config_reloads_total", &[("outcome", outcome)]).add(1);
+            match done {
                 Ok(done) => {
                     let what = match done.changed.is_empty() {
                         true => "no change to keys, accounts, prices or providers".to_string(),
@@ -570,7 +579,9 @@ fn planned(
     let plans = plan_clock(server, keys, ledger, routing);
     let notifier = notifier(server, config, (keys, ledger, &plans), store, routing);
     let codes = crate::selling::codes::Codes::new(store.jobs(), ledger.clone(), keys.clone(), plans.clone());
-    let selling = Arc::new(crate::selling::Selling { codes });
+    let stripe = config.stripe.clone().map(|cfg| crate::selling::stripe::Stripe::new(cfg, ledger.clone(), store.jobs()));
+    let signup = crate::selling::signup::Signup::new(keys.clone(), ledger.clone(), plans.clone());
+    let selling = Arc::new(crate::selling::Selling { codes, stripe, signup });
     Planned { plans, notifier, selling }
 }
 
@@ -744,6 +755,7 @@ fn add_background(
         ledger: s.ledger.clone(),
         certificate,
         health: s.health.clone(),
+        metrics: s.metrics.clone(),
     };
     server.add_service(background_service("config reload", reload));
 }

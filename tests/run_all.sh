@@ -72,6 +72,15 @@ else
   echo "the identity tests will be SKIPPED: npm is missing or could not install oidc-provider@9.13.3"
 fi
 
+echo "== The stripe npm package: its test-header helper signs the webhook events of the payment tests"
+STRIPE_JS="${TOLLGATE_STRIPE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/stripe}"
+if command -v npm >/dev/null 2>&1 \
+  && npm install --prefix "$STRIPE_JS" --no-audit --no-fund --loglevel=error stripe@23.1.0 >/dev/null; then
+  export TOLLGATE_STRIPE_MODULES="$STRIPE_JS/node_modules"
+else
+  echo "the payment tests will FAIL: npm is missing or could not install stripe@23.1.0"
+fi
+
 # A CI build starts from nothing: incremental caches (a GiB here) would only take disk. With the
 # debug-info settings of Cargo.toml's dev profile, the whole build takes about 3 GiB.
 if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi

@@ -35,6 +35,25 @@ pub struct OidcConfig {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct IdentityConfig {
     pub oidc: Option<OidcConfig>,
+    /// `identity.signup`: people who sign in and belong to no team get an account of their own.
+    pub signup: Option<SignupConfig>,
+}
+
+/// `identity.signup`, checked (its group and plan against the file's by `Config::parse`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SignupConfig {
+    /// False: nobody new gets an account (those who have one keep it).
+    pub open: bool,
+    /// What a new account starts with, granted once per person (nano-USD).
+    pub credit_nanos: i64,
+    /// The group of the keys a signed-up person makes.
+    pub group: String,
+    /// The plan a new account subscribes to.
+    pub plan: Option<String>,
+    /// Email domains (lowercase) a person's verified email must be of; empty: any.
+    pub allowed_domains: Vec<String>,
+    /// Accounts made for one client address per hour, at most.
+    pub per_address_per_hour: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -42,6 +61,52 @@ pub struct IdentityConfig {
 pub(super) struct RawIdentity {
     #[serde(default)]
     oidc: Option<RawOidc>,
+    #[serde(default)]
+    signup: Option<RawSignup>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSignup {
+    open: bool,
+    /// USD.
+    #[serde(default)]
+    credit: f64,
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    plan: Option<String>,
+    #[serde(default)]
+    allowed_domains: Vec<String>,
+    #[serde(default)]
+    per_address_per_hour: Option<u32>,
+}
+
+fn signup(raw: Option<RawSignup>, oidc: &OidcConfig) -> Result<Option<SignupConfig>, ConfigError> {
+    let Some(s) = raw else { return Ok(None) };
+    if !(s.credit.is_finite() && (0.0..=1e6).contains(&s.credit)) {
+        return err("identity.signup.credit: USD, 0 to 1,000,000");
+    }
+    let mut allowed_domains = Vec::new();
+    for d in &s.allowed_domains {
+        let d = d.trim().trim_start_matches('@').to_ascii_lowercase();
+        if d.is_empty() || d.len() > 253 || !d.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-') {
+            return err(format!("identity.signup.allowed_domains: '{d}' is not a domain name"));
+        }
+        allowed_domains.push(d);
+    }
+    let per_address_per_hour = s.per_address_per_hour.unwrap_or(5);
+    if !(1..=10_000).contains(&per_address_per_hour) {
+        return err("identity.signup.per_address_per_hour: 1 to 10000");
+    }
+    Ok(Some(SignupConfig {
+        open: s.open,
+        credit_nanos: crate::base::money::usd_to_nanos(s.credit),
+        group: s.group.filter(|g| !g.is_empty()).unwrap_or_else(|| oidc.group.clone()),
+        plan: s.plan.filter(|p| !p.is_empty()),
+        allowed_domains,
+        per_address_per_hour,
+    }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -75,7 +140,14 @@ pub fn loopback_url(url: &str) -> bool {
 }
 
 pub(super) fn identity(raw: Option<RawIdentity>, env: &dyn Fn(&str) -> Option<String>) -> Result<IdentityConfig, ConfigError> {
-    let Some(oidc) = raw.and_then(|r| r.oidc) else { return Ok(IdentityConfig::default()) };
+    let Some(raw) = raw else { return Ok(IdentityConfig::default()) };
+    let raw_signup = raw.signup;
+    let Some(oidc) = raw.oidc else {
+        if raw_signup.is_some() {
+            return err("identity.signup: people sign up by signing in with identity.oidc, which is not configured");
+        }
+        return Ok(IdentityConfig::default());
+    };
     let issuer = oidc.issuer.trim().trim_end_matches('/').to_string();
     let uri: http::Uri = issuer.parse().map_err(|e| ConfigError(format!("identity.oidc.issuer: not a URL ({e})")))?;
     match uri.scheme_str() {
@@ -120,21 +192,21 @@ pub(super) fn identity(raw: Option<RawIdentity>, env: &dyn Fn(&str) -> Option<St
     if clock_skew_secs > 600 {
         return err("identity.oidc.clock_skew_secs: 0 to 600");
     }
-    Ok(IdentityConfig {
-        oidc: Some(OidcConfig {
-            issuer,
-            audience: oidc.audience.filter(|a| !a.is_empty()).unwrap_or_else(|| oidc.client_id.clone()),
-            client_id: oidc.client_id,
-            client_secret,
-            client_secret_env: oidc.client_secret_env,
-            scopes,
-            claim_roles: claim("claim_roles", oidc.claim_roles, "roles")?,
-            claim_teams: claim("claim_teams", oidc.claim_teams, "teams")?,
-            group: oidc.group.filter(|g| !g.is_empty()).unwrap_or_else(|| "default".into()),
-            allowance_nanos: crate::base::money::usd_to_nanos(allowance),
-            clock_skew_secs,
-        }),
-    })
+    let oidc = OidcConfig {
+        issuer,
+        audience: oidc.audience.filter(|a| !a.is_empty()).unwrap_or_else(|| oidc.client_id.clone()),
+        client_id: oidc.client_id,
+        client_secret,
+        client_secret_env: oidc.client_secret_env,
+        scopes,
+        claim_roles: claim("claim_roles", oidc.claim_roles, "roles")?,
+        claim_teams: claim("claim_teams", oidc.claim_teams, "teams")?,
+        group: oidc.group.filter(|g| !g.is_empty()).unwrap_or_else(|| "default".into()),
+        allowance_nanos: crate::base::money::usd_to_nanos(allowance),
+        clock_skew_secs,
+    };
+    let signup = signup(raw_signup, &oidc)?;
+    Ok(IdentityConfig { oidc: Some(oidc), signup })
 }
 
 #[cfg(test)]
@@ -170,6 +242,28 @@ mod tests {
         ] {
             let e = parse(bad).expect_err(bad);
             assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn sign_up_needs_the_provider_and_a_known_group_and_plan() {
+        let signup = "  signup: { open: true, credit: 2.5, allowed_domains: [\"@Example.com\"] }\n";
+        let c = parse(&format!("{OIDC}{signup}")).expect("valid");
+        let s = c.identity.signup.expect("signup");
+        assert_eq!(
+            (s.open, s.credit_nanos, s.group.as_str(), s.allowed_domains.clone(), s.per_address_per_hour),
+            (true, 2_500_000_000, "default", vec!["example.com".to_string()], 5)
+        );
+        let e = parse(&format!("identity:\n{signup}")).expect_err("no oidc");
+        assert!(e.contains("identity.oidc"), "{e}");
+        for (extra, says) in [
+            ("  signup: { open: true, group: nope }\n", "identity.signup.group"),
+            ("  signup: { open: true, plan: nope }\n", "identity.signup.plan"),
+            ("  signup: { open: true, credit: -1 }\n", "identity.signup.credit"),
+            ("  signup: { open: true, allowed_domains: [\"a b\"] }\n", "allowed_domains"),
+        ] {
+            let e = parse(&format!("{OIDC}{extra}")).expect_err(extra);
+            assert!(e.contains(says), "{extra}: {e}");
         }
     }
 

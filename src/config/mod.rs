@@ -25,6 +25,7 @@ pub mod keys;
 pub mod listen;
 pub mod mcp;
 pub mod notifications;
+pub mod payments;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;
@@ -153,6 +154,9 @@ struct RawConfig {
     /// Where alerts go: signed webhooks, and which events each receives.
     #[serde(default)]
     notifications: Vec<notifications::RawNotification>,
+    /// How customers pay for credit (`payments: { stripe: … }`).
+    #[serde(default)]
+    payments: Option<payments::RawPayments>,
 }
 
 // ---------------------------------------------------------------- validated shape
@@ -242,6 +246,8 @@ pub struct Config {
     pub plans: crate::policy::plan::Plans,
     /// `notifications:`.
     pub notifications: Vec<notifications::NotificationConfig>,
+    /// `payments.stripe`: card top-ups through Stripe Checkout.
+    pub stripe: Option<payments::StripeConfig>,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -321,7 +327,16 @@ impl Config {
         let guardrails = guardrails::guardrails(raw.guardrails, env, &providers)?;
         let tag_limits = crate::policy::limits::TagLimits::parse(&raw.tag_limits).map_err(|e| ConfigError(format!("tag_limits.{e}")))?;
         let notifications = notifications::notifications(raw.notifications, env)?;
+        let stripe = payments::stripe(raw.payments, env)?;
         let plans = crate::policy::plan::Plans::parse(&raw.plans).map_err(|e| ConfigError(format!("plans{e}")))?;
+        if let Some(s) = &identity.signup {
+            if !groups.contains_key(&s.group) {
+                return err(format!("identity.signup.group: no group named '{}' in groups", s.group));
+            }
+            if let Some(p) = s.plan.as_ref().filter(|p| plans.get(p).is_none()) {
+                return err(format!("identity.signup.plan: no plan named '{p}' in plans"));
+            }
+        }
         let unknown_plan = |plan: &Option<String>| plan.as_ref().filter(|p| plans.get(p).is_none()).cloned();
         if let Some((i, p)) = keys.iter().enumerate().find_map(|(i, k)| unknown_plan(&k.plan).map(|p| (i, p))) {
             return err(format!("keys[{i}].plan: no plan named '{p}' in plans"));
@@ -372,6 +387,7 @@ impl Config {
             tag_limits,
             plans,
             notifications,
+            stripe,
             otlp,
             guardrails,
         };

@@ -138,6 +138,8 @@ pub enum KeyOrigin {
     /// A person's key, made when they first called with the identity provider's token; found
     /// by their subject, not by a secret.
     Identity,
+    /// An account made for a person who signed up (`identity.signup`).
+    Signup,
 }
 
 /// A shared account: keys that name it draw on its balance and its windows as well as their

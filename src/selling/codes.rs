@@ -175,6 +175,24 @@ impl From<CodeError> for crate::protocol::ApiError {
     }
 }
 
+/// Whom a redemption credits.
+pub enum Holder {
+    /// A key without an account: itself.
+    Key(Arc<KeyRecord>),
+    /// An account (a key's, or a team a person tops up in the console).
+    Account(Arc<crate::records::key::AccountRecord>),
+}
+
+impl Holder {
+    /// Its purse: the key's id or `acct:<name>`.
+    fn purse(&self) -> String {
+        match self {
+            Holder::Key(k) => k.id.clone(),
+            Holder::Account(a) => crate::policy::budget::account_purse(&a.name),
+        }
+    }
+}
+
 /// The codes of every batch, and who is guessing.
 pub struct Codes {
     jobs: Arc<dyn JobStore>,
@@ -307,11 +325,21 @@ impl Codes {
         Ok(Some(known))
     }
 
-    /// `key` redeems `code` (sent from `from`): its account (or the key) credited the batch's
-    /// amount, or subscribed to its plan — once.
-    pub async fn redeem(&self, key: &KeyRecord, code: &str, from: Option<IpAddr>) -> Result<Redeemed, CodeError> {
+    /// Who a key's redemption credits: its account, or the key itself when it has none.
+    pub fn holder_of(&self, key: &Arc<KeyRecord>) -> Result<Holder, CodeError> {
+        match key.policy.account.as_deref() {
+            None => Ok(Holder::Key(key.clone())),
+            Some(name) => Ok(Holder::Account(self.keys.account(name).ok_or(CodeError::NoAccount)?)),
+        }
+    }
+
+    /// `by` (a key's id, a person's label: who is throttled and named in the audit trail)
+    /// redeems `code`, sent from `from`, for `holder`: credited the batch's amount, or
+    /// subscribed to its plan — once.
+    pub async fn redeem(&self, holder: Holder, by: &str, code: &str, from: Option<IpAddr>) -> Result<Redeemed, CodeError> {
         let now = Instant::now();
-        self.by_key.admit(&key.id, now).map_err(CodeError::Throttled)?;
+        let by = crate::base::text::clip(by, 200).into_owned();
+        self.by_key.admit(&by, now).map_err(CodeError::Throttled)?;
         if let Some(ip) = &from {
             self.by_address.admit(ip, now).map_err(CodeError::Throttled)?;
         }
@@ -321,13 +349,13 @@ impl Codes {
             None => None,
         };
         let Some(known) = found else {
-            self.by_key.failed(&key.id, now);
+            self.by_key.failed(&by, now);
             if let Some(ip) = &from {
                 self.by_address.failed(ip, now);
             }
             return Err(CodeError::Unknown);
         };
-        self.by_key.succeeded(&key.id);
+        self.by_key.succeeded(&by);
         if let Some(ip) = &from {
             self.by_address.succeeded(ip);
         }
@@ -338,14 +366,7 @@ impl Codes {
         if self.ledger.mark(&disabled_mark(&batch.id)).await?.is_some() {
             return Err(CodeError::Disabled);
         }
-        let account = match key.policy.account.as_deref() {
-            None => None,
-            Some(name) => Some(self.keys.account(name).ok_or(CodeError::NoAccount)?),
-        };
-        let holder = match &account {
-            Some(a) => crate::policy::budget::account_purse(&a.name),
-            None => key.id.clone(),
-        };
+        let purse = holder.purse();
         let used = used_mark(&batch.id, &hex(&hash_key(code)));
         let when = i64::try_from(crate::base::clock::now_unix()).unwrap_or(i64::MAX);
         let what = match &batch.plan {
@@ -354,9 +375,8 @@ impl Codes {
         };
         let note = crate::base::text::clip(&batch.note, MAX_NOTE);
         let reason = format!(
-            "code of batch {} redeemed by key {} for {what}{}",
+            "code of batch {} redeemed by {by} for {what}{}",
             batch.id,
-            key.id,
             if note.is_empty() { String::new() } else { format!(" ({note})") }
         );
         // The first of the holder's uses of this batch not yet taken; one taken meanwhile by
@@ -367,7 +387,7 @@ impl Codes {
             if self.ledger.mark(&used).await?.is_some() {
                 return Err(CodeError::Used);
             }
-            let slot = (slots > 0).then(|| slot_mark(&batch.id, &holder, n));
+            let slot = (slots > 0).then(|| slot_mark(&batch.id, &purse, n));
             if let Some(s) = &slot {
                 if n >= slots {
                     return Err(CodeError::LimitReached(slots));
@@ -381,41 +401,35 @@ impl Codes {
             if let Some(s) = &slot {
                 marks.push((s.as_str(), when));
             }
-            match self.ledger.top_up_once(&holder, batch.amount, &reason, &marks).await? {
+            match self.ledger.top_up_once(&purse, batch.amount, &reason, &marks).await? {
                 Some(entry) => break entry,
                 None if slot.is_none() => return Err(CodeError::Used),
                 None => n += 1,
             }
         };
         if let Some(plan) = &batch.plan {
-            self.subscribe(key, account, &holder, plan).await?;
+            self.subscribe(holder, &purse, plan).await?;
         }
-        Ok(Redeemed { holder, amount: batch.amount, plan: batch.plan.clone(), balance_after: entry.balance_after })
+        Ok(Redeemed { holder: purse, amount: batch.amount, plan: batch.plan.clone(), balance_after: entry.balance_after })
     }
 
     /// A plan code redeemed: its holder subscribed (a plan no longer in the file: nothing).
-    async fn subscribe(
-        &self,
-        key: &KeyRecord,
-        account: Option<Arc<crate::records::key::AccountRecord>>,
-        holder: &str,
-        plan: &str,
-    ) -> Result<(), StoreError> {
+    async fn subscribe(&self, holder: Holder, purse: &str, plan: &str) -> Result<(), StoreError> {
         if self.keys.plans().get(plan).is_none() {
             log::warn!("codes: a code for the plan '{plan}' was redeemed, but the file has no such plan now");
             return Ok(());
         }
         let via = "a redemption code";
-        match account {
-            Some(a) => {
+        match holder {
+            Holder::Account(a) => {
                 let mut a = (*a).clone();
-                if self.plans.switch(holder, &format!("account {}", a.name), &mut a.plan, Some(plan.to_string()), via).await? {
+                if self.plans.switch(purse, &format!("account {}", a.name), &mut a.plan, Some(plan.to_string()), via).await? {
                     self.keys.put_account(&a).await?;
                 }
             }
-            None => {
-                let mut k = key.clone();
-                if self.plans.switch(holder, &format!("key {}", k.id), &mut k.plan, Some(plan.to_string()), via).await? {
+            Holder::Key(k) => {
+                let mut k = (*k).clone();
+                if self.plans.switch(purse, &format!("key {}", k.id), &mut k.plan, Some(plan.to_string()), via).await? {
                     self.keys.put_key(&k).await?;
                 }
             }

@@ -2,10 +2,18 @@
 //! the charge floor, whose marked top-ups make each credit once whatever the nodes).
 //!
 //! * [`codes`]: redemption codes, made by batch and redeemed once into a key's account.
+//! * [`stripe`]: card top-ups through Stripe Checkout, credited by its signed webhook once.
+//! * [`signup`]: open sign-up, an account of their own for people who sign in with no team.
 
 pub mod codes;
+pub mod signup;
+pub mod stripe;
 
 /// What the gateway, the admin API and the console sell with.
 pub struct Selling {
     pub codes: codes::Codes,
+    /// `payments.stripe` (None: no card top-ups).
+    pub stripe: Option<stripe::Stripe>,
+    /// Accounts for people who sign up (`identity.signup`, read from the routing in force).
+    pub signup: signup::Signup,
 }

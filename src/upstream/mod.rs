@@ -62,6 +62,8 @@ pub struct Routing {
     pub media_allowance: MediaAllowance,
     /// The guardrails (`guardrails:`) and what is attached to each group and account.
     pub guardrails: Arc<crate::checks::guard::Guardrails>,
+    /// Open sign-up (`identity.signup`): read at each sign-in, so a reload opens or closes it.
+    pub signup: Option<Arc<crate::config::identity::SignupConfig>>,
 }
 
 /// The routing of `config` with the unit tests' defaults (100 output tokens held, 10 at the
@@ -83,6 +85,7 @@ pub(crate) fn routing_for_tests(config: &crate::config::Config) -> Routing {
         retry: crate::config::RetryPolicy::default(),
         media_allowance: MediaAllowance::default(),
         guardrails: Arc::new(crate::checks::guard::Guardrails::new(config, &Default::default()).unwrap_or_default()),
+        signup: config.identity.signup.clone().map(Arc::new),
     }
 }
 

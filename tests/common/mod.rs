@@ -565,3 +565,24 @@ impl FakeClock {
         ]
     }
 }
+
+/// A `Stripe-Signature` header for `payload` signed with `secret` at `timestamp`, made by the
+/// official `stripe` npm package's test-header helper (`stripe.webhooks.generateTestHeaderString`),
+/// installed by `tests/run_all.sh` (`TOLLGATE_STRIPE_MODULES`, else `~/.cache/tollgate/stripe`).
+pub fn stripe_signature(payload: &str, secret: &str, timestamp: u64) -> String {
+    let modules = std::env::var("TOLLGATE_STRIPE_MODULES")
+        .unwrap_or_else(|_| format!("{}/.cache/tollgate/stripe/node_modules", std::env::var("HOME").unwrap_or_default()));
+    let script = "const s = require('stripe')('sk_test_unused'); \
+        process.stdout.write(s.webhooks.generateTestHeaderString({payload: process.env.P, secret: process.env.S, timestamp: Number(process.env.T)}));";
+    let out = Command::new("node")
+        .arg("-e")
+        .arg(script)
+        .env("NODE_PATH", &modules)
+        .env("P", payload)
+        .env("S", secret)
+        .env("T", timestamp.to_string())
+        .output()
+        .expect("node (tests/run_all.sh installs it with the stripe package)");
+    assert!(out.status.success(), "the stripe npm package signs (install: tests/run_all.sh): {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("utf-8")
+}

@@ -995,3 +995,107 @@ async fn a_code_redeemed_fifty_times_at_once_over_three_nodes_credits_once() {
     let batch = listed["data"].as_array().expect("list").iter().find(|b| b["id"] == id).cloned().expect("listed");
     assert_eq!((batch["redeemed"].as_u64(), batch["disabled"].as_bool()), (Some(1), Some(true)), "{batch}");
 }
+
+/// Issue 67: Stripe's webhook on two nodes. A paid Checkout Session, its two events each
+/// delivered twice to both nodes at once and out of order, credits its account once; a bad
+/// signature and an old timestamp are refused 400 and credit nothing; a refund, partial then
+/// whole (its events out of order, one delivered again), takes the credit back exactly; a
+/// dispute takes back and, won, gives back. Signed by the official `stripe` package's helper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stripe_events_delivered_twice_out_of_order_to_two_nodes_credit_once_and_refunds_take_it_back() {
+    let pg = Postgres::start();
+    let mock = start_mock();
+    let secret = "whsec_fleet_test_secret_0123456789";
+    let member = "sk-fleet-stripe-member-0000001";
+    let extra = format!(
+        "  - {{ key: {member}, name: member, group: default, balance: 10, account: shop }}\naccounts:\n  - {{ name: shop, balance: 0 }}\n\
+         payments:\n  stripe: {{ secret_key_env: STRIPE_SK, webhook_secret_env: STRIPE_WH, amounts: [5, 20], min: 5, max: 100 }}"
+    );
+    let env = [("STRIPE_SK", "sk_test_fleet"), ("STRIPE_WH", secret)];
+    let nodes: Vec<Node> = ["node-a", "node-b"]
+        .iter()
+        .map(|n| {
+            let (body, admin) = node_config(mock.port, &pg, n, &extra, "");
+            Node { gw: start_gateway_env(&body, &env), admin }
+        })
+        .collect();
+    let c = client();
+    let now = tollgate::base::clock::now_unix();
+    let deliver = |node: usize, payload: String, header: String| {
+        let (c, url) = (c.clone(), nodes[node].gw.url("/payments/stripe/webhook"));
+        async move {
+            let r = c.post(url).header("stripe-signature", header).header("content-type", "application/json").body(payload).send().await;
+            r.expect("delivery").status().as_u16()
+        }
+    };
+    let shop = || async {
+        let v: Value = admin(&c, &nodes[1], reqwest::Method::GET, "/admin/accounts/shop", None).await.json().await.expect("json");
+        nanos(&v["balance"])
+    };
+    let session = |id: &str, pi: &str, minor: u64| {
+        json!({"id": id, "object": "checkout.session", "payment_status": "paid", "amount_total": minor, "currency": "usd",
+               "payment_intent": pi, "client_reference_id": "shop",
+               "metadata": {"tollgate_account": "shop", "tollgate_minor": minor.to_string(), "tollgate_credit_nanos": (minor as i64 * 10_000_000).to_string()}})
+    };
+    let event =
+        |id: &str, kind: &str, object: Value| json!({"id": id, "object": "event", "type": kind, "data": {"object": object}}).to_string();
+
+    // Nothing paid yet: the account's key is refused.
+    assert_eq!(cent_request(&c, &nodes[0].gw, member).await.status(), 402);
+    let completed = event("evt_completed_1", "checkout.session.completed", session("cs_test_1", "pi_1", 2000));
+    let succeeded = event("evt_async_1", "checkout.session.async_payment_succeeded", session("cs_test_1", "pi_1", 2000));
+    let mut deliveries = Vec::new();
+    for payload in [&succeeded, &completed, &succeeded, &completed] {
+        for node in 0..2 {
+            deliveries.push(deliver(node, payload.clone(), stripe_signature(payload, secret, now)));
+        }
+    }
+    let statuses = futures_util::future::join_all(deliveries).await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    assert_eq!(shop().await, 20_000_000_000, "credited once");
+    assert_eq!(cent_request(&c, &nodes[1].gw, member).await.status(), 200, "paid, the key calls");
+
+    // Refused: signed with another secret, or five minutes and more ago; nothing credited.
+    let other = event("evt_completed_2", "checkout.session.completed", session("cs_test_2", "pi_2", 500));
+    assert_eq!(deliver(0, other.clone(), stripe_signature(&other, "whsec_someone_else", now)).await, 400);
+    assert_eq!(deliver(1, other.clone(), stripe_signature(&other, secret, now - 400)).await, 400);
+    assert_eq!(deliver(1, other.clone(), "t=1,v1=00".into()).await, 400);
+    assert_eq!(shop().await, 20_000_000_000 - CENT_NANOS);
+
+    // Refunded: $5, then the rest (each step once, the partial event delivered again after the
+    // whole one): $20 taken back in all.
+    let charge = |refunded: u64| json!({"id": "ch_1", "object": "charge", "payment_intent": "pi_1", "amount_refunded": refunded, "currency": "usd", "metadata": {}});
+    let (partial, whole) = (event("evt_refund_1", "charge.refunded", charge(500)), event("evt_refund_2", "charge.refunded", charge(2000)));
+    assert_eq!(deliver(1, partial.clone(), stripe_signature(&partial, secret, now)).await, 200);
+    assert_eq!(shop().await, 15_000_000_000 - CENT_NANOS, "$5 of it taken back");
+    assert_eq!(deliver(0, whole.clone(), stripe_signature(&whole, secret, now)).await, 200);
+    assert_eq!(deliver(0, partial.clone(), stripe_signature(&partial, secret, now)).await, 200);
+    assert_eq!(deliver(1, whole.clone(), stripe_signature(&whole, secret, now)).await, 200);
+    assert_eq!(shop().await, -CENT_NANOS, "the credit taken back, what was spent of it now owed");
+    assert_eq!(cent_request(&c, &nodes[0].gw, member).await.status(), 402, "below zero: refused until paid");
+
+    // A second payment, disputed (taken back once), then the dispute won (given back once).
+    let five = event("evt_completed_3", "checkout.session.completed", session("cs_test_3", "pi_3", 500));
+    assert_eq!(deliver(1, five.clone(), stripe_signature(&five, secret, now)).await, 200);
+    let dispute = |status: &str| json!({"id": "dp_1", "object": "dispute", "charge": "ch_3", "payment_intent": "pi_3", "amount": 500, "status": status});
+    let opened = event("evt_dispute_1", "charge.dispute.created", dispute("needs_response"));
+    let won = event("evt_dispute_2", "charge.dispute.closed", dispute("won"));
+    for (node, payload) in [(0, &opened), (1, &opened)] {
+        assert_eq!(deliver(node, payload.clone(), stripe_signature(payload, secret, now)).await, 200);
+    }
+    assert_eq!(shop().await, -CENT_NANOS, "the disputed $5 taken back once");
+    for (node, payload) in [(1, &won), (0, &won)] {
+        assert_eq!(deliver(node, payload.clone(), stripe_signature(payload, secret, now)).await, 200);
+    }
+    assert_eq!(shop().await, 5_000_000_000 - CENT_NANOS, "won: given back once");
+
+    // Every move audited with Stripe's ids.
+    let page: Value = admin(&c, &nodes[0], reqwest::Method::GET, "/admin/audit?limit=100", None).await.json().await.expect("json");
+    let reasons: Vec<String> =
+        page["data"].as_array().expect("audit").iter().filter_map(|e| e["reason"].as_str().map(str::to_string)).collect();
+    let count = |text: &str| reasons.iter().filter(|r| r.contains(text)).count();
+    assert_eq!(count("card top-up of 20.00 USD through Stripe (checkout session cs_test_1, payment pi_1"), 1, "{reasons:?}");
+    assert_eq!(count("card refund"), 2, "{reasons:?}");
+    assert_eq!((count("card dispute opened"), count("card dispute won")), (1, 1), "{reasons:?}");
+    assert_eq!(count("cs_test_2"), 0, "{reasons:?}");
+}

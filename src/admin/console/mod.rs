@@ -22,6 +22,7 @@ mod reveal;
 mod roster;
 mod signin;
 mod usage;
+mod wallet;
 
 use crate::admin::api::AdminApi;
 use crate::protocol::response::LocalResponse;
@@ -343,6 +344,11 @@ fn refused(message: &str) -> LocalResponse {
     )
 }
 
+/// The address the request came from.
+fn peer_of(session: &Session) -> Option<std::net::IpAddr> {
+    session.client_addr().and_then(|a| a.as_inet()).map(|a| crate::policy::normalize(a.ip()))
+}
+
 /// Every request under `/console` (`Host` and `Origin` are already checked).
 async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session, secure: &str) -> LocalResponse {
     let req = session.req_header();
@@ -365,7 +371,7 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session, secu
         }
         ("GET", "/console/callback") => {
             let browser = named_cookie(session, signin::BROWSER_COOKIE);
-            return match sessions.pending.callback(api, &Form::parse(&query), browser.as_deref()).await {
+            return match sessions.pending.callback(api, &Form::parse(&query), browser.as_deref(), peer_of(session)).await {
                 Ok((who, next)) => {
                     let people_start = if who.operates() || next != "/console" { next } else { "/console/me".to_string() };
                     let cookie = sessions.open(now, who);
@@ -406,7 +412,7 @@ async fn handle(api: &AdminApi, sessions: &Sessions, session: &mut Session, secu
     };
     if (method.as_str(), path.as_str()) == ("POST", "/console/login") {
         let next = next_path(form.get("next")).to_string();
-        let peer = session.client_addr().and_then(|a| a.as_inet()).map(|a| crate::policy::normalize(a.ip()));
+        let peer = peer_of(session);
         let at = std::time::Instant::now();
         if let Some(ip) = peer {
             if let Err(wait) = sessions.sign_in.admit(&ip, at) {

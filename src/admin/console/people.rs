@@ -2,7 +2,8 @@
 //! role allows, checked here on every request — a key, a team or a page that is not theirs is
 //! the same 404 as none.
 //!
-//! * Everyone (`member`): `/console/me` — who they are, their own keys (the one their first
+//! * Everyone (`member`): `/console/me` — who they are, their teams' balances with a card
+//!   top-up and a redemption code for each (`wallet`), their own keys (the one their first
 //!   call with a token made, and those they made here), each key's balance and spend; make a
 //!   key (on their team's account, with `identity.oidc.allowance` of its own; its secret shown
 //!   once), rotate and revoke their own keys; their spend over 30 days.
@@ -61,6 +62,8 @@ pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request, pers
     let result = match (req.method.as_str(), path) {
         ("GET", "" | "/console" | "/console/me") => me(api, req, person).await,
         ("POST", "/console/me/keys") => create(api, reveals, req, person).await,
+        ("POST", "/console/me/topup") => super::wallet::topup(api, req, person, &teams(api, person)).await,
+        ("POST", "/console/me/redeem") => super::wallet::redeem(api, req, person, &teams(api, person)).await,
         ("GET", p) if p.starts_with("/console/me/keys/created/") => {
             created(api, reveals, req, person, &p["/console/me/keys/created/".len()..])
         }
@@ -177,12 +180,15 @@ async fn me(api: &AdminApi, req: &Request, person: &Person) -> Page {
     };
     let ids: Vec<String> = mine.iter().map(|k| k.id.clone()).collect();
     let alerts = alerts_table(api, "my-alerts", "Alerts about my keys", &ids).await?;
+    let wallet = super::wallet::section(api, req, &teams).await?;
     let body = format!(
-        "{who}{}<p>Spent over 30 days: <strong id=\"spent\">{}</strong></p>{alerts}{create}",
+        "{who}{wallet}{}<p>Spent over 30 days: <strong id=\"spent\">{}</strong></p>{alerts}{create}",
         html::table("my-keys", &["Name", "Id", "Team", "Balance", "30 days", "State", ""], &rows, None),
         nanos(total)
     );
-    Ok(frame(api, person, req, "My keys", "/console/me", &body))
+    let mut page = frame(api, person, req, "My keys", "/console/me", &body);
+    super::wallet::allow_checkout(api, &mut page);
+    Ok(page)
 }
 
 /// The alerts decided about `owners` (key ids, `acct:<name>`), newest first, as a table under
@@ -240,9 +246,16 @@ async fn create(api: &AdminApi, reveals: &Reveals, req: &Request, person: &Perso
     if held >= MAX_KEYS_PER_PERSON {
         return Err(ApiError::new(ErrorKind::Forbidden, format!("You hold {held} keys, the most a person may; revoke one first.")));
     }
+    // A signed-up customer's keys are in the sign-up's group.
+    let signed_up = api.keys.account(team).is_some_and(|a| a.origin == crate::records::key::KeyOrigin::Signup);
+    let signup = api.routing.load().signup.clone();
+    let group = match (signed_up, signup.as_deref()) {
+        (true, Some(s)) => s.group.clone(),
+        _ => identity.cfg.group.clone(),
+    };
     let body = json!({
         "name": req.form.get("name"),
-        "group": identity.cfg.group,
+        "group": group,
         "balance": identity.cfg.allowance_nanos as f64 / 1e9,
         "account": team,
         "tags": {"person": person.label(), "team": team},

@@ -140,6 +140,7 @@ impl Pending {
         api: &AdminApi,
         query: &super::Form,
         browser: Option<&str>,
+        peer: Option<std::net::IpAddr>,
     ) -> Result<(Who, String), LocalResponse> {
         let Some(identity) = &api.identity else { return Err(failed(404, "No identity provider is configured.")) };
         if !query.get("error").is_empty() {
@@ -208,6 +209,26 @@ impl Pending {
                 }
             }
             Err(e) => log::warn!("console: the teams operators set could not be read at sign-in: {e}"),
+        }
+        // No team here and sign-up open: an account of their own.
+        if let Some(cfg) = api.routing.load().signup.clone() {
+            match api.selling.signup.enroll(&cfg, &mut person, peer).await {
+                Ok(crate::selling::signup::Enrolled::Made(account)) => {
+                    api.metrics.counter("tollgate_signups_total", &[("outcome", "made")]).add(1);
+                    log::info!("console: {} signed up: account {account}", person.label());
+                }
+                Ok(crate::selling::signup::Enrolled::Member) => {}
+                Ok(other) => {
+                    let outcome = match other {
+                        crate::selling::signup::Enrolled::Closed => "closed",
+                        crate::selling::signup::Enrolled::Domain => "domain",
+                        _ => "throttled",
+                    };
+                    api.metrics.counter("tollgate_signups_total", &[("outcome", outcome)]).add(1);
+                    log::info!("console: {} has no team and was not signed up ({outcome})", person.label());
+                }
+                Err(e) => log::warn!("console: sign-up of {} failed: {e}", person.label()),
+            }
         }
         log::info!("console: {} signed in ({}, teams {:?})", person.label(), person.role().name(), person.teams);
         Ok((Who::Person(person), begun.next))

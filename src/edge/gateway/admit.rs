@@ -30,7 +30,9 @@ pub(super) struct Caller {
     pub under: crate::charge::Under,
 }
 
-pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) -> Step<Caller> {
+/// The caller, or None for a request that carries no key by design (Stripe's webhook, which
+/// its signature authenticates: `payments.rs`).
+pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx) -> Step<Option<Caller>> {
     let req = session.req_header();
     let route = route::classify(req.method.as_str(), req.uri.path());
     ctx.shape = Some(shape_of(&route, req));
@@ -52,6 +54,9 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
         // nothing about the configuration shown.
         let ok = LocalResponse::json(200, &serde_json::json!({"object": "tollgate", "status": "ok"}));
         return Err(Exit::Answer(Outcome::Respond(ok)));
+    }
+    if route == Route::StripeWebhook {
+        return Ok(None);
     }
     if let Route::KeyPage { file } = route {
         if !gw.routing.load().key_page {
@@ -79,7 +84,7 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
     }
     let under = gw.charge.under(&key);
     let plans = gw.charge.plan_models_under(&key, &under);
-    Ok(Caller { route, key, version: client_version(req), routing, plans, under })
+    Ok(Some(Caller { route, key, version: client_version(req), routing, plans, under }))
 }
 
 /// The client's address: the peer's, or the one trusted proxies forwarded (refused when it

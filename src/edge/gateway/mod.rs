@@ -65,6 +65,7 @@ mod key_page;
 mod keyless;
 mod kinds;
 mod paging;
+mod payments;
 mod person;
 mod price;
 mod report;
@@ -296,7 +297,9 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
     match route {
         Route::NotFound { shape } => *shape,
         Route::Models if client_version(req).is_some() => Protocol::Anthropic,
-        Route::Models | Route::Usage | Route::Redeem | Route::Root | Route::KeyPage { .. } | Route::KeyPageData => Protocol::Openai,
+        Route::Models | Route::Usage | Route::Redeem | Route::StripeWebhook | Route::Root | Route::KeyPage { .. } | Route::KeyPageData => {
+            Protocol::Openai
+        }
         Route::GeminiModels | Route::GeminiModel { .. } => Protocol::Gemini,
         other => other.relay_protocol().unwrap_or(Protocol::Openai),
     }
@@ -327,6 +330,10 @@ impl Gateway {
 
     async fn stages(&self, session: &mut Session, ctx: &mut RequestCtx) -> Step<Box<RelayPlan>> {
         let caller = admit::admit(self, session, ctx).await?;
+        let Some(caller) = caller else {
+            // A request that is not a key's: the payment provider's events.
+            return Err(Exit::Answer(Outcome::Respond(payments::stripe_webhook(self, session).await?)));
+        };
         let protocol = answer::answer(self, session, ctx, &caller).await?;
         let drafted = draft::draft(self, session, ctx, &caller, protocol).await?;
         price::price(self, session, ctx, caller, drafted).await

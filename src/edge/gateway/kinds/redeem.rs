@@ -33,7 +33,8 @@ impl super::Answered for Redeem {
         let Body { code } = serde_json::from_slice(&body)
             .map_err(|_| ApiError::new(ErrorKind::BadRequest, "The body must be {\"code\": \"tgc_…\"}.").with_param("code"))?;
         let from = super::super::admit::client_of(session, &caller.routing).ok();
-        let done = gw.selling.codes.redeem(&caller.key, &code, from).await?;
+        let codes = &gw.selling.codes;
+        let done = codes.redeem(codes.holder_of(&caller.key)?, &format!("key {}", caller.key.id), &code, from).await?;
         let body = json!({
             "object": "redemption",
             "credited": done.holder.strip_prefix("acct:").map_or_else(|| json!({"key": caller.key.name}), |a| json!({"account": a})),
