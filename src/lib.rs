@@ -33,7 +33,8 @@
 //! 14. [`edge`]: client connections, request bodies and uploads, the proxy's request path as
 //!     stages (realtime sessions among them).
 //! 15. [`admin`]: the admin API, the console, the metrics listener.
-//! 16. [`handover`], [`server`]: upgrades and the wiring of it all (the app).
+//! 16. [`handover`], [`repricing`], [`server`]: upgrades, the price feed's wiring, and the
+//!     wiring of it all (the app).
 //!
 //! The mock upstream of the tests and benchmarks is a binary of its own
 //! (`src/bin/tollgate_mock/`), outside the library.
@@ -88,6 +89,8 @@ pub mod admin;
 
 pub mod drain;
 pub mod handover;
+/// The price feed wired to the running gateway, on the top floor.
+pub mod repricing;
 pub mod server;
 
 /// The floors above hold: a module names (`crate::…`) only modules of its own floor or below,
@@ -113,7 +116,7 @@ mod house {
         &["video", "files", "batch", "mcp"],
         &["edge"],
         &["admin"],
-        &["handover", "drain", "server"],
+        &["handover", "drain", "repricing", "server"],
     ];
 
     fn floor(module: &str) -> Option<usize> {

@@ -104,6 +104,8 @@ struct Reload {
     last: tokio::sync::Mutex<crate::config::changes::Summary>,
     /// `tollgate_config_reloads_total{outcome}`: a reload's effect can be waited for.
     metrics: Arc<Metrics>,
+    /// The price feed, whose table each reload's prices are merged with.
+    feed: Option<Arc<crate::selling::feed::PriceFeed>>,
 }
 
 /// What a reload did: what changed, the sections that need an upgrade, its warnings.
@@ -132,10 +134,9 @@ async fn seed(keys: &KeyIndex, ledger: &Ledger, config: &Config) -> Result<(), c
 
 impl Reload {
     async fn reload(&self) -> Result<Reloaded, String> {
-        let path = self.path.clone();
-        let health = self.health.clone();
+        let (path, health, feed, handle) = (self.path.clone(), self.health.clone(), self.feed.clone(), tokio::runtime::Handle::current());
         let (config, routing) = tokio::task::spawn_blocking(move || {
-            let config = Config::load(std::path::Path::new(&path)).map_err(|e| {
+            let mut config = Config::load(std::path::Path::new(&path)).map_err(|e| {
                 let e = e.to_string();
                 // A running process keeps the environment it started with.
                 match e.contains("is not set") {
@@ -143,6 +144,9 @@ impl Reload {
                     false => e,
                 }
             })?;
+            if let Some(feed) = &feed {
+                handle.block_on(crate::repricing::reload(&mut config, feed))?;
+            }
             let routing = routing_for(&config, &health)?;
             Ok::<_, String>((config, routing))
         })
@@ -362,7 +366,7 @@ fn add_local<T: crate::edge::local::Answer>(
 /// Load everything and run until told to stop. Returns only on a start-up error.
 pub fn run(mut opt: Opt) -> Result<(), String> {
     let path = opt.conf.take().unwrap_or_else(|| "conf/tollgate.yaml".to_string());
-    let config = Config::load(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
+    let mut config = Config::load(std::path::Path::new(&path)).map_err(|e| e.to_string())?;
     crate::observe::logging::set_json(config.log_format == crate::config::LogFormat::Json);
     let conf = server_conf(&config)?;
     // The certificate is part of what `-t` checks (a reload must not start a process that
@@ -444,7 +448,9 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
         None => None,
     };
     let health = Arc::new(crate::upstream::health::HealthBook::new(metrics.clone()));
+    let feed = crate::repricing::start_on(&mut config, (&start_up, fleet.as_deref()), ledger.clone(), metrics.clone())?;
     let routing = Arc::new(ArcSwap::from_pointee(routing_for(&config, &health)?));
+    crate::repricing::install(&mut server, feed.as_ref(), &routing);
     let objects = config.storage.as_ref().map(|s3| Arc::new(ObjectStore::new(s3)));
     let checks = Arc::new(crate::checks::Checks::default());
     let books = crate::charge::Books::new(ledger.clone());
@@ -470,7 +476,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
     let identity = identity_service(&mut server, &config)?;
     let mcp = crate::mcp::hub::Hub::new(&config.mcp)?.map(Arc::new);
-    let planned = planned(&mut server, &config, (&keys, &ledger), &store, &routing);
+    let planned = planned(&mut server, &config, (&keys, &ledger), &store, (&routing, feed));
     let shared =
         Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp, files, batches, planned };
     add_handover(&mut server, handover_socket, &shared);
@@ -574,14 +580,14 @@ fn planned(
     config: &Config,
     (keys, ledger): (&Arc<KeyIndex>, &Arc<Ledger>),
     store: &Arc<dyn crate::store::Store>,
-    routing: &Arc<ArcSwap<Routing>>,
+    (routing, feed): (&Arc<ArcSwap<Routing>>, Option<Arc<crate::selling::feed::PriceFeed>>),
 ) -> Planned {
     let plans = plan_clock(server, keys, ledger, routing);
     let notifier = notifier(server, config, (keys, ledger, &plans), store, routing);
     let codes = crate::selling::codes::Codes::new(store.jobs(), ledger.clone(), keys.clone(), plans.clone());
     let stripe = config.stripe.clone().map(|cfg| crate::selling::stripe::Stripe::new(cfg, ledger.clone(), store.jobs()));
     let signup = crate::selling::signup::Signup::new(keys.clone(), ledger.clone(), plans.clone());
-    let selling = Arc::new(crate::selling::Selling { codes, stripe, signup });
+    let selling = Arc::new(crate::selling::Selling { codes, stripe, signup, feed });
     Planned { plans, notifier, selling }
 }
 
@@ -756,6 +762,7 @@ fn add_background(
         certificate,
         health: s.health.clone(),
         metrics: s.metrics.clone(),
+        feed: s.planned.selling.feed.clone(),
     };
     server.add_service(background_service("config reload", reload));
 }
@@ -773,6 +780,7 @@ fn check_only(config: &Config, path: &str) -> Result<(), String> {
     for warning in config.expired_keys(crate::base::clock::now_unix()) {
         eprintln!("tollgate: warning: {warning}");
     }
+    crate::repricing::check(config)?;
     println!("tollgate: configuration {path} is valid");
     Ok(())
 }

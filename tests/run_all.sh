@@ -81,6 +81,21 @@ else
   echo "the payment tests will FAIL: npm is missing or could not install stripe@23.1.0"
 fi
 
+echo "== LiteLLM's price table (model_prices_and_context_window) from its PyPI wheel, for the price feed tests"
+LITELLM="${TOLLGATE_LITELLM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/litellm}"
+mkdir -p "$LITELLM"
+if [ ! -s "$LITELLM/model_prices_and_context_window_backup.json" ]; then
+  .venv/bin/pip download -q --disable-pip-version-check --no-deps litellm==1.110.2 -d "$LITELLM"
+  .venv/bin/python - "$LITELLM" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/litellm-1.110.2-*.whl")[0]
+with zipfile.ZipFile(wheel) as z, open(sys.argv[1] + "/model_prices_and_context_window_backup.json", "wb") as out:
+    out.write(z.read("litellm/model_prices_and_context_window_backup.json"))
+PY
+  rm -f "$LITELLM"/litellm-*.whl
+fi
+export TOLLGATE_LITELLM_PRICES="$LITELLM/model_prices_and_context_window_backup.json"
+
 # A CI build starts from nothing: incremental caches (a GiB here) would only take disk. With the
 # debug-info settings of Cargo.toml's dev profile, the whole build takes about 3 GiB.
 if [ "${CI:-}" = "true" ]; then export CARGO_INCREMENTAL=0; fi

@@ -6,6 +6,7 @@ pub mod api;
 mod codes;
 pub mod console;
 pub mod guard;
+mod prices;
 pub mod refusal;
 pub mod scrape;
 pub mod teams;

@@ -21,8 +21,14 @@ pub(super) struct Billing {
 }
 
 /// `prices:`: numbers in range, and a price for every model a provider serves (billing fails
-/// closed: a served model without a price would be free for every key).
-pub(super) fn check_prices(prices: &BTreeMap<String, Price>, providers: &[ProviderConfig]) -> Result<(), ConfigError> {
+/// closed: a served model without a price would be free for every key) — by the file, or by
+/// the feed when it covers the model (whether the feed has it is known at start, which refuses
+/// it otherwise).
+pub(super) fn check_prices(
+    prices: &BTreeMap<String, Price>,
+    providers: &[ProviderConfig],
+    feed: Option<&super::feed::FeedConfig>,
+) -> Result<(), ConfigError> {
     let usd_ok = |v: f64| v.is_finite() && (0.0..=1e6).contains(&v);
     for (model, price) in prices {
         if ![Some(price.input), Some(price.output), price.cached_input, price.cache_write_input].into_iter().flatten().all(usd_ok) {
@@ -64,7 +70,7 @@ pub(super) fn check_prices(prices: &BTreeMap<String, Price>, providers: &[Provid
         }
     }
     for p in providers {
-        if let Some(m) = p.models.iter().find(|m| !prices.contains_key(*m)) {
+        if let Some(m) = p.models.iter().find(|m| !prices.contains_key(*m) && !feed.is_some_and(|f| f.covers(m))) {
             return err(format!(
                 "prices.{m}: no price for a served model (provider '{}'); write {{ input: 0, output: 0 }} to serve it free",
                 p.name

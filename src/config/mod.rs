@@ -19,6 +19,7 @@ pub mod billing;
 pub mod changes;
 pub mod cloud;
 pub mod console;
+pub mod feed;
 pub mod guardrails;
 pub mod identity;
 pub mod keys;
@@ -157,6 +158,9 @@ struct RawConfig {
     /// How customers pay for credit (`payments: { stripe: … }`).
     #[serde(default)]
     payments: Option<payments::RawPayments>,
+    /// Prices read from a published table (`price_feed:`).
+    #[serde(default)]
+    price_feed: Option<feed::RawFeed>,
 }
 
 // ---------------------------------------------------------------- validated shape
@@ -248,6 +252,8 @@ pub struct Config {
     pub notifications: Vec<notifications::NotificationConfig>,
     /// `payments.stripe`: card top-ups through Stripe Checkout.
     pub stripe: Option<payments::StripeConfig>,
+    /// `price_feed`: prices from a published table (the file's win).
+    pub price_feed: Option<feed::FeedConfig>,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -311,7 +317,8 @@ impl Config {
         let retry = upstream::retry(raw.retry)?;
         let balance_factor = upstream::balance_factor(raw.routing)?;
 
-        billing::check_prices(&raw.prices, &providers)?;
+        let price_feed = feed::feed(raw.price_feed)?;
+        billing::check_prices(&raw.prices, &providers, price_feed.as_ref())?;
         let billing = billing::billing(raw.billing)?;
         let accounts = keys::accounts(raw.accounts)?;
         let keys = keys::keys(raw.keys, &groups, &accounts)?;
@@ -388,6 +395,7 @@ impl Config {
             plans,
             notifications,
             stripe,
+            price_feed,
             otlp,
             guardrails,
         };

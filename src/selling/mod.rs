@@ -4,8 +4,10 @@
 //! * [`codes`]: redemption codes, made by batch and redeemed once into a key's account.
 //! * [`stripe`]: card top-ups through Stripe Checkout, credited by its signed webhook once.
 //! * [`signup`]: open sign-up, an account of their own for people who sign in with no team.
+//! * [`feed`]: prices that follow a published table (LiteLLM's, OpenRouter's).
 
 pub mod codes;
+pub mod feed;
 pub mod signup;
 pub mod stripe;
 
@@ -16,4 +18,6 @@ pub struct Selling {
     pub stripe: Option<stripe::Stripe>,
     /// Accounts for people who sign up (`identity.signup`, read from the routing in force).
     pub signup: signup::Signup,
+    /// Prices from a feed (`price_feed`).
+    pub feed: Option<std::sync::Arc<feed::PriceFeed>>,
 }

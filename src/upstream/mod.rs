@@ -34,6 +34,7 @@ pub use crate::protocol::{body_fields, BodyFields};
 
 /// The part of the configuration a reload replaces: providers, models, groups, prices.
 /// A request keeps the snapshot it started with.
+#[derive(Clone)]
 pub struct Routing {
     pub catalog: Arc<Catalog>,
     pub prices: Arc<crate::billing::ledger::PriceBook>,

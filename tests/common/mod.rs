@@ -586,3 +586,42 @@ pub fn stripe_signature(payload: &str, secret: &str, timestamp: u64) -> String {
     assert!(out.status.success(), "the stripe npm package signs (install: tests/run_all.sh): {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("utf-8")
 }
+
+/// An HTTP server on a free port that answers every request with the bytes `body` holds at that
+/// moment (a feed the test changes): its port. It lives as long as the test process.
+pub fn serve_bytes(body: std::sync::Arc<std::sync::Mutex<Vec<u8>>>) -> u16 {
+    use std::io::{BufRead, Write as _};
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            let body = body.clone();
+            std::thread::spawn(move || {
+                let mut reader = std::io::BufReader::new(&stream);
+                let mut line = String::new();
+                // The request's head, up to its empty line.
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    line.clear();
+                }
+                let bytes = body.lock().expect("body").clone();
+                let mut out = &stream;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    bytes.len()
+                );
+                let _ = out.write_all(head.as_bytes()).and_then(|()| out.write_all(&bytes));
+            });
+        }
+    });
+    port
+}
+
+/// LiteLLM's `model_prices_and_context_window` table as its PyPI package ships it, extracted by
+/// `tests/run_all.sh` (`TOLLGATE_LITELLM_PRICES`, else `~/.cache/tollgate/litellm/…`).
+pub fn litellm_prices() -> Vec<u8> {
+    let path = std::env::var("TOLLGATE_LITELLM_PRICES").unwrap_or_else(|_| {
+        format!("{}/.cache/tollgate/litellm/model_prices_and_context_window_backup.json", std::env::var("HOME").unwrap_or_default())
+    });
+    std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("LiteLLM's price table at {path} (tests/run_all.sh extracts it from the litellm wheel): {e}"))
+}

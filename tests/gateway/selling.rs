@@ -192,3 +192,149 @@ async fn guessing_codes_is_throttled_per_key_and_per_address() {
     assert_eq!(statuses[11], 429, "the address is paused after ten: {statuses:?}");
     assert_eq!(redeem(&gw, &keys[4], &real[1]).await.0, 429, "a fresh key from that address waits too");
 }
+
+/// nano-USD per 1M tokens of a LiteLLM per-token price times `multiplier`, as tollgate rounds it.
+fn fed_per_million(per_token: &Value, multiplier: f64) -> i64 {
+    tollgate::base::money::usd_to_nanos(per_token.as_f64().expect("a number") * 1e6 * multiplier)
+}
+
+/// What `tokens` cost at `per_million` nano-USD, rounded half up to the nano-dollar.
+fn cost_of(tokens: i64, per_million: i64) -> i64 {
+    (i128::from(tokens) * i128::from(per_million) + 500_000).div_euclid(1_000_000) as i64
+}
+
+fn feed_config(mock_port: u16, admin_port: u16, feed_port: u16, extra_models: &str) -> String {
+    let body = config(mock_port, admin_port).replacen(
+        "models: [alpha-5.5, alpha-4o-mini, alpha-embed-3]",
+        &format!("models: [alpha-5.5, alpha-4o-mini, alpha-embed-3, {{ name: alpha-fed, upstream: gpt-4o }}, {{ name: alpha-fed-mini, upstream: gpt-4o-mini }}{extra_models}]"),
+        1,
+    );
+    assert!(body.contains("alpha-fed"));
+    format!(
+        "{body}price_feed: {{ url: \"http://127.0.0.1:{feed_port}/model_prices_and_context_window.json\", format: litellm, refresh: 1h, multiplier: 1.1, models: [\"alpha-fed*\"] }}\n"
+    )
+}
+
+async fn chat_cost(gw: &Gateway, model: &str, usage: &str) -> (u16, i64) {
+    let before = nanos(&usage_of(gw).await["total"]["cost"]);
+    let r = client()
+        .post(gw.url("/v1/chat/completions"))
+        .bearer_auth(LONE)
+        .header("x-mock-usage", usage)
+        .json(&json!({"model": model, "max_tokens": 200, "messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("chat");
+    let status = r.status().as_u16();
+    let _ = r.bytes().await;
+    let n = usage_of(gw).await["total"]["requests"].as_u64().unwrap_or(0);
+    let after = nanos(&wait_requests(gw, LONE, n).await["total"]["cost"]);
+    (status, after - before)
+}
+
+async fn usage_of(gw: &Gateway) -> Value {
+    let u = usage(gw, LONE).await;
+    assert!(u["total"]["cost"].is_number(), "{u}");
+    u
+}
+
+/// Issue 67: prices from LiteLLM's real table (the file its PyPI package ships), served
+/// locally: the mapped models billed at the fed price times the multiplier to the nano-dollar;
+/// the feed changed and read again while calls run, none dropped; a corrupt feed keeps the last
+/// table; `-t` says what it would apply; a covered model the feed lacks is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prices_follow_litellms_table_and_a_corrupt_feed_keeps_the_last_good_one() {
+    let original = litellm_prices();
+    let table: Value = serde_json::from_slice(&original).expect("LiteLLM's table is JSON");
+    let body = std::sync::Arc::new(std::sync::Mutex::new(original.clone()));
+    let feed_port = serve_bytes(body.clone());
+    let mock = start_mock();
+    let admin_port = free_port();
+    let config = feed_config(mock.port, admin_port, feed_port, "");
+    // `-t` reads the feed once and says what it would apply.
+    let (dir, path, _) = write_config(&config);
+    let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+    let gpt4o = &table["gpt-4o"];
+    let (input, output) = (fed_per_million(&gpt4o["input_cost_per_token"], 1.1), fed_per_million(&gpt4o["output_cost_per_token"], 1.1));
+    assert_eq!(code, 0, "{out}");
+    let shown = format!("price_feed would price alpha-fed: input {} output {} USD/1M", input as f64 / 1e9, output as f64 / 1e9);
+    assert!(out.contains(&shown), "{shown}\n{out}");
+    drop(dir);
+
+    let gw = start_gateway(&config);
+    let (status, cost) = chat_cost(&gw, "alpha-fed", "1000,200").await;
+    assert_eq!(status, 200);
+    assert_eq!(cost, cost_of(1000, input) + cost_of(200, output), "billed at the fed price times 1.1");
+    let mini = &table["gpt-4o-mini"];
+    let (_, cost) = chat_cost(&gw, "alpha-fed-mini", "3000,70").await;
+    assert_eq!(
+        cost,
+        cost_of(3000, fed_per_million(&mini["input_cost_per_token"], 1.1))
+            + cost_of(70, fed_per_million(&mini["output_cost_per_token"], 1.1))
+    );
+    let (_, prices) = admin(admin_port, reqwest::Method::GET, "/admin/prices", None).await;
+    let source = |m: &str| prices["data"].as_array().expect("data").iter().find(|p| p["model"] == m).map(|p| p["source"].clone());
+    assert_eq!((source("alpha-fed"), source("alpha-5.5")), (Some(json!("feed")), Some(json!("file"))), "{prices}");
+
+    // The feed changes (gpt-4o's input doubles) and is read again while calls run: none dropped.
+    let mut changed = table.clone();
+    let doubled = gpt4o["input_cost_per_token"].as_f64().expect("number") * 2.0;
+    changed["gpt-4o"]["input_cost_per_token"] = json!(doubled);
+    *body.lock().expect("body") = serde_json::to_vec(&changed).expect("json");
+    let running = {
+        let url = gw.url("/v1/chat/completions");
+        tokio::spawn(async move {
+            let c = client();
+            let mut statuses = Vec::new();
+            for _ in 0..40 {
+                let r = c
+                    .post(&url)
+                    .bearer_auth(LONE)
+                    .json(&json!({"model": "alpha-fed", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}))
+                    .send()
+                    .await;
+                statuses.push(r.map(|r| r.status().as_u16()).unwrap_or(0));
+            }
+            statuses
+        })
+    };
+    let (status, refreshed) = admin(admin_port, reqwest::Method::POST, "/admin/prices/refresh", None).await;
+    assert_eq!(status, 200, "{refreshed}");
+    let statuses = running.await.expect("calls");
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let new_input = fed_per_million(&json!(doubled), 1.1);
+    let (_, cost) = chat_cost(&gw, "alpha-fed", "1000,200").await;
+    assert_eq!(cost, cost_of(1000, new_input) + cost_of(200, output), "billed at the new price");
+    let audited = audited(admin_port, "price of alpha-fed from the feed").await;
+    let change = format!(
+        "input {} output {} USD/1M → input {} output {} USD/1M",
+        input as f64 / 1e9,
+        output as f64 / 1e9,
+        new_input as f64 / 1e9,
+        output as f64 / 1e9
+    );
+    assert!(audited.iter().any(|r| r.ends_with(&change)), "{change}: {audited:?}");
+
+    // A corrupt feed: refused, the last good table stays, readiness untouched.
+    *body.lock().expect("body") = b"{\"gpt-4o\": {\"input_cost_per_token\": 1e-06, ".to_vec();
+    let (status, refused) = admin(admin_port, reqwest::Method::POST, "/admin/prices/refresh", None).await;
+    assert_eq!(status, 502, "{refused}");
+    let (_, prices) = admin(admin_port, reqwest::Method::GET, "/admin/prices", None).await;
+    assert!(prices["feed"]["last_failure"]["error"].as_str().is_some_and(|e| e.contains("not JSON")), "{prices}");
+    let (_, cost) = chat_cost(&gw, "alpha-fed", "1000,200").await;
+    assert_eq!(cost, cost_of(1000, new_input) + cost_of(200, output), "the last good price");
+    let ready = client().get(format!("http://127.0.0.1:{admin_port}/readyz")).send().await.expect("readyz");
+    assert_eq!(ready.status(), 200);
+
+    // A model the feed covers but does not have, and the file does not price: refused at start.
+    let nowhere = feed_config(mock.port, free_port(), feed_port, ", { name: alpha-fed-nowhere, upstream: no-such-model-anywhere }");
+    *body.lock().expect("body") = original.clone();
+    let (dir, path, _) = write_config(&nowhere);
+    let (code, out) = run_tollgate(&["-t", "-c", path.to_str().expect("path")], &[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("no price for the served model(s) alpha-fed-nowhere"), "{out}");
+    let (code, out) = run_tollgate(&["-c", path.to_str().expect("path")], &[]);
+    assert_ne!(code, 0, "{out}");
+    assert!(out.contains("alpha-fed-nowhere"), "{out}");
+    drop(dir);
+}

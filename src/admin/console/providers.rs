@@ -100,15 +100,63 @@ pub(super) async fn providers(api: &AdminApi, req: &Request) -> Page {
         ]);
     }
     let body = format!(
-        "<p><small>Success rate, latency and time to first byte: medians of the last 15 minutes' requests (request log).</small></p>{}",
+        "<p><small>Success rate, latency and time to first byte: medians of the last 15 minutes' requests (request log).</small></p>{}{}",
         html::table(
             "providers",
             &["Provider", "Kind", "State", "Success", "Latency p50", "First byte p50", "Models (→ upstream name)", "Key pool"],
             &rows,
             None
-        )
+        ),
+        prices(api, &routing).await?
     );
     Ok(clock.page("Providers", "/console/providers", &req.csrf, &body))
+}
+
+/// The served models' token prices and where each comes from (the file, or the feed), the
+/// feed's last reads and its latest changes (from the audit trail).
+async fn prices(api: &AdminApi, routing: &crate::upstream::Routing) -> Result<String, crate::protocol::ApiError> {
+    let feed = api.selling.feed.as_ref();
+    let fed = feed.map(|f| f.current()).unwrap_or_default();
+    let mut rows = Vec::new();
+    for u in &routing.catalog.upstreams {
+        for m in &u.config.models {
+            let Some(p) = routing.prices.price(m) else { continue };
+            let source = if fed.contains_key(m) { "feed" } else { "file" };
+            let per_m = |n: i64| format!("${:.4}", n as f64 / 1e9);
+            rows.push(vec![esc(m), per_m(p.input), per_m(p.output), per_m(p.cached_input), source.to_string()]);
+        }
+    }
+    let mut out = format!(
+        "<h2>Prices</h2>{}",
+        html::table("prices", &["Model", "Input /1M", "Output /1M", "Cached input /1M", "Source"], &rows, None)
+    );
+    let Some(feed) = feed else { return Ok(out) };
+    let status = feed.status();
+    let when = |t: u64| crate::protocol::rfc3339(t);
+    out.push_str(&format!(
+        "<p id=\"price-feed\">Price feed ({}): last applied {}{}.</p>",
+        esc(&crate::base::text::redact_url(&feed.cfg.url)),
+        status.last_applied.map_or("never".to_string(), when),
+        status.last_failure.filter(|(t, _)| Some(*t) > status.last_applied).map_or(String::new(), |(t, e)| format!(
+            "; <span class=\"state down\">the read at {} failed ({}): the last good prices stay</span>",
+            when(t),
+            esc(&e)
+        )),
+    ));
+    let changes: Vec<Vec<String>> = api
+        .ledger
+        .audit(500, None)
+        .await
+        .map_err(internal)?
+        .iter()
+        .filter(|e| e.id == "price_feed")
+        .take(20)
+        .map(|e| vec![when(e.time_ms / 1000), esc(e.reason.as_deref().unwrap_or_default())])
+        .collect();
+    if !changes.is_empty() {
+        out.push_str(&html::table("price-changes", &["When", "Change"], &changes, None));
+    }
+    Ok(out)
 }
 
 pub(super) async fn video(api: &AdminApi, req: &Request) -> Page {
