@@ -587,7 +587,8 @@ fn planned(
     let codes = crate::selling::codes::Codes::new(store.jobs(), ledger.clone(), keys.clone(), plans.clone());
     let stripe = config.stripe.clone().map(|cfg| crate::selling::stripe::Stripe::new(cfg, ledger.clone(), store.jobs()));
     let signup = crate::selling::signup::Signup::new(keys.clone(), ledger.clone(), plans.clone());
-    let selling = Arc::new(crate::selling::Selling { codes, stripe, signup, feed });
+    let statements = crate::selling::statement::Statements::new(ledger.clone(), keys.clone(), config.usage_retention_days);
+    let selling = Arc::new(crate::selling::Selling { codes, stripe, signup, feed, statements });
     Planned { plans, notifier, selling }
 }
 

@@ -85,6 +85,12 @@ impl AdminApi {
                 let body: CreateAccount = Self::read_json(session).await?;
                 Ok(LocalResponse::json(201, &self.create_account(body).await?))
             }
+            ("GET", p) if p.starts_with("/admin/accounts/") && p.ends_with("/statement") => {
+                let name = p.trim_start_matches("/admin/accounts/").trim_end_matches("/statement");
+                self.account(name)?;
+                let query = session.req_header().uri.query().unwrap_or_default().to_string();
+                self.statement(name, &query).await
+            }
             ("GET", p) if p.starts_with("/admin/accounts/") => {
                 let account = self.account(p.trim_start_matches("/admin/accounts/"))?;
                 Ok(LocalResponse::json(200, &self.account_view(&account).await?))
@@ -98,6 +104,34 @@ impl AdminApi {
             }
             _ => Err(ApiError::new(ErrorKind::NotFound, format!("Unknown admin endpoint: {method} {path}"))),
         }
+    }
+
+    /// `GET /admin/accounts/{name}/statement?month=YYYY-MM[&format=json]`: its statement, CSV
+    /// by default (the console's download is the same).
+    pub(crate) async fn statement(&self, name: &str, query: &str) -> Result<LocalResponse, ApiError> {
+        let param = |k: &str| query.split('&').find_map(|p| p.strip_prefix(k)?.strip_prefix('=')).map(crate::base::text::decode_component);
+        let month = param("month").ok_or_else(|| bad("month: YYYY-MM").with_param("month"))?;
+        let calendar = self.routing.load().calendar.clone();
+        let s = self.selling.statements.of(name, &month, &calendar).await.map_err(|e| match e {
+            crate::selling::statement::StatementError::Month(m) => bad(m).with_param("month"),
+            crate::selling::statement::StatementError::Store(e) => internal(e),
+        })?;
+        if param("format").as_deref() == Some("json") {
+            let entries: Vec<Value> = s.entries.iter().map(crate::records::audit::AuditEntry::to_json).collect();
+            let charges: Vec<Value> = s
+                .charges
+                .iter()
+                .map(|((day, model), t)| json!({"day": day, "model": model, "requests": t.requests, "cost_nanos": t.cost_nanos}))
+                .collect();
+            return Ok(LocalResponse::json(
+                200,
+                &json!({"object": "statement", "account": s.account, "month": s.month, "opening_nanos": s.opening,
+                        "entries": entries, "charges": charges, "closing_nanos": s.closing}),
+            ));
+        }
+        let mut r = LocalResponse { status: 200, body: s.csv().into(), content_type: "text/csv; charset=utf-8", headers: Vec::new() };
+        r.headers.push(("content-disposition", format!("attachment; filename=\"statement-{name}-{}.csv\"", s.month)));
+        Ok(r)
     }
 
     /// An account as the admin API shows it.

@@ -474,6 +474,7 @@ fn usage_report(
             Grouping::Route => row["route"] = serde_json::json!(label),
             Grouping::Provider => row["provider"] = serde_json::json!(label),
             Grouping::Day(_) => row["day"] = serde_json::json!(label),
+            Grouping::Charged(..) => row["line"] = serde_json::json!(label),
             Grouping::Tag(name) => {
                 row["tag"] = serde_json::json!(name);
                 row["value"] = if label.is_empty() { serde_json::Value::Null } else { serde_json::json!(label) };
@@ -494,6 +495,7 @@ fn usage_report(
         Grouping::Route => report["routes"] = serde_json::json!(rows),
         Grouping::Provider => report["providers"] = serde_json::json!(rows),
         Grouping::Day(_) => report["days"] = serde_json::json!(rows),
+        Grouping::Charged(..) => report["lines"] = serde_json::json!(rows),
         Grouping::Tag(name) => {
             report["group_by"] = serde_json::json!(format!("tag:{name}"));
             report["tags"] = serde_json::json!(rows);

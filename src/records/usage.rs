@@ -219,6 +219,9 @@ pub enum Grouping {
     Provider,
     Day(jiff::tz::TimeZone),
     Tag(String),
+    /// The records charged to one purse (an account's `acct:<name>`), by day in a timezone and
+    /// model (`<day>\t<model>`); the others under the empty label (a statement's lines).
+    Charged(String, jiff::tz::TimeZone),
 }
 
 impl Grouping {
@@ -243,6 +246,10 @@ impl Grouping {
             Grouping::Provider => Cow::Borrowed(r.provider.as_deref().unwrap_or("")),
             Grouping::Day(tz) => Cow::Owned(crate::base::clock::date_in(r.time_ms / 1000, tz)),
             Grouping::Tag(name) => Cow::Borrowed(r.tags.get(name).map_or("", String::as_str)),
+            Grouping::Charged(purse, tz) if r.charged.iter().any(|c| c == purse) => {
+                Cow::Owned(format!("{}\t{}", crate::base::clock::date_in(r.time_ms / 1000, tz), r.model))
+            }
+            Grouping::Charged(..) => Cow::Borrowed(""),
         }
     }
 }

@@ -5,10 +5,12 @@
 //! * [`stripe`]: card top-ups through Stripe Checkout, credited by its signed webhook once.
 //! * [`signup`]: open sign-up, an account of their own for people who sign in with no team.
 //! * [`feed`]: prices that follow a published table (LiteLLM's, OpenRouter's).
+//! * [`statement`]: an account's month, line by line, to the nano-dollar.
 
 pub mod codes;
 pub mod feed;
 pub mod signup;
+pub mod statement;
 pub mod stripe;
 
 /// What the gateway, the admin API and the console sell with.
@@ -20,4 +22,6 @@ pub struct Selling {
     pub signup: signup::Signup,
     /// Prices from a feed (`price_feed`).
     pub feed: Option<std::sync::Arc<feed::PriceFeed>>,
+    /// Accounts' monthly statements.
+    pub statements: statement::Statements,
 }

@@ -338,3 +338,76 @@ async fn prices_follow_litellms_table_and_a_corrupt_feed_keeps_the_last_good_one
     assert!(out.contains("alpha-fed-nowhere"), "{out}");
     drop(dir);
 }
+
+/// Issue 67: an account's statement for this month — opening balance, credits, charges by day
+/// and model, closing balance — in nano-USD that add up to the ledger's balance, its charges
+/// equal to `/admin/usage`'s and its credits to the audit trail's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_statement_adds_up_to_the_ledger_the_usage_and_the_audit_trail() {
+    let mock = start_mock();
+    let admin_port = free_port();
+    let gw = start_gateway(&config(mock.port, admin_port));
+    let (status, _) =
+        admin(admin_port, reqwest::Method::PATCH, "/admin/accounts/shop", Some(json!({"balance_delta": 1.5, "reason": "invoice 17"})))
+            .await;
+    assert_eq!(status, 200);
+    let (_, batch) = admin(admin_port, reqwest::Method::POST, "/admin/codes", Some(json!({"count": 1, "amount": 2.5}))).await;
+    assert_eq!(redeem(&gw, TEAM_A, &codes_of(&batch)[0]).await.0, 200);
+    for (key, model, tokens) in [(TEAM_A, "alpha-5.5", "1234,567"), (TEAM_B, "alpha-5.5", "10,20"), (TEAM_B, "alpha-4o-mini", "999,1")] {
+        let r = client()
+            .post(gw.url("/v1/chat/completions"))
+            .bearer_auth(key)
+            .header("x-mock-usage", tokens)
+            .json(&json!({"model": model, "max_tokens": 600, "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .expect("chat");
+        assert_eq!(r.status(), 200);
+    }
+    wait_requests(&gw, TEAM_B, 2).await;
+    let month = tollgate::base::clock::date_in(tollgate::base::clock::now_unix(), &jiff::tz::TimeZone::UTC)[..7].to_string();
+    let r = client()
+        .get(format!("http://127.0.0.1:{admin_port}/admin/accounts/shop/statement?month={month}"))
+        .bearer_auth(ADMIN_TOKEN)
+        .send()
+        .await
+        .expect("statement");
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap_or_default().starts_with("text/csv"));
+    let csv = r.text().await.expect("csv");
+    let lines: Vec<Vec<String>> = csv.lines().skip(1).map(|l| l.split(',').map(str::to_string).collect()).collect();
+    let amount = |l: &Vec<String>| l.last().and_then(|n| n.parse::<i64>().ok()).expect("amount_nanos");
+    let of = |kind: &str| lines.iter().filter(|l| l[0] == kind).map(amount).sum::<i64>();
+    assert_eq!(of("opening"), 2_000_000_000, "{csv}");
+    let closing = of("closing");
+    let items: i64 = lines.iter().filter(|l| !l[0].starts_with("total_") && l[0] != "closing").map(amount).sum();
+    assert_eq!(items, closing, "the lines add up: {csv}");
+    let (_, shop) = admin(admin_port, reqwest::Method::GET, "/admin/accounts/shop", None).await;
+    assert_eq!(closing, nanos(&shop["balance"]), "the closing balance is the ledger's: {csv}");
+    // The charges are the usage of the account's keys; the credits are the audit trail's.
+    let (_, usage) = admin(admin_port, reqwest::Method::GET, "/admin/usage?group_by=account", None).await;
+    let shop_cost =
+        usage["data"].as_array().expect("rows").iter().find(|r| r["account"] == "shop").map(|r| nanos(&r["cost"])).expect("shop");
+    assert_eq!(of("total_charge"), -shop_cost, "{csv}\n{usage}");
+    assert_eq!(lines.iter().filter(|l| l[0] == "charge").count(), 2, "a line per day and model: {csv}");
+    let (_, trail) = admin(admin_port, reqwest::Method::GET, "/admin/audit?limit=1000", None).await;
+    let audited: i64 = trail["data"]
+        .as_array()
+        .expect("audit")
+        .iter()
+        .filter(|e| e["kind"] == "account" && e["id"] == "shop")
+        .map(|e| nanos(&e["delta"]))
+        .sum();
+    assert_eq!(of("adjustment") + of("code"), audited, "{csv}");
+    assert_eq!((of("adjustment"), of("code")), (1_500_000_000, 2_500_000_000), "{csv}");
+    assert!(csv.contains("invoice 17"), "{csv}");
+    // JSON too; a month that is not one, or has not begun, is refused.
+    let (status, json) =
+        admin(admin_port, reqwest::Method::GET, &format!("/admin/accounts/shop/statement?month={month}&format=json"), None).await;
+    assert_eq!((status, json["closing_nanos"].as_i64()), (200, Some(closing)), "{json}");
+    for bad in ["2026-13", "2999-01", "nope"] {
+        let (status, e) = admin(admin_port, reqwest::Method::GET, &format!("/admin/accounts/shop/statement?month={bad}"), None).await;
+        assert_eq!((status, e["error"]["param"].as_str()), (400, Some("month")), "{bad}: {e}");
+    }
+    assert_eq!(admin(admin_port, reqwest::Method::GET, &format!("/admin/accounts/nobody/statement?month={month}"), None).await.0, 404);
+}

@@ -64,6 +64,7 @@ pub(super) async fn route(api: &AdminApi, reveals: &Reveals, req: &Request, pers
         ("POST", "/console/me/keys") => create(api, reveals, req, person).await,
         ("POST", "/console/me/topup") => super::wallet::topup(api, req, person, &teams(api, person)).await,
         ("POST", "/console/me/redeem") => super::wallet::redeem(api, req, person, &teams(api, person)).await,
+        ("GET", "/console/me/statement") => super::wallet::statement(api, req, person).await,
         ("GET", p) if p.starts_with("/console/me/keys/created/") => {
             created(api, reveals, req, person, &p["/console/me/keys/created/".len()..])
         }
@@ -180,7 +181,7 @@ async fn me(api: &AdminApi, req: &Request, person: &Person) -> Page {
     };
     let ids: Vec<String> = mine.iter().map(|k| k.id.clone()).collect();
     let alerts = alerts_table(api, "my-alerts", "Alerts about my keys", &ids).await?;
-    let wallet = super::wallet::section(api, req, &teams).await?;
+    let wallet = super::wallet::section(api, req, person, &teams).await?;
     let body = format!(
         "{who}{wallet}{}<p>Spent over 30 days: <strong id=\"spent\">{}</strong></p>{alerts}{create}",
         html::table("my-keys", &["Name", "Id", "Team", "Balance", "30 days", "State", ""], &rows, None),

@@ -10,8 +10,9 @@ use crate::admin::api::AdminApi;
 use crate::identity::Person;
 use crate::protocol::{ApiError, ErrorKind};
 
-/// The section: a card per team with its balance and forms.
-pub(super) async fn section(api: &AdminApi, req: &Request, teams: &[String]) -> Result<String, ApiError> {
+/// The section: a card per team with its balance and forms (and, for a team they run, its
+/// statements).
+pub(super) async fn section(api: &AdminApi, req: &Request, person: &Person, teams: &[String]) -> Result<String, ApiError> {
     let mut out = done_notice(&req.query);
     match super::Form::parse(&req.query).get("topup") {
         "done" => {
@@ -32,6 +33,15 @@ pub(super) async fn section(api: &AdminApi, req: &Request, teams: &[String]) -> 
             "<section class=\"card\" data-team=\"{t}\"><h3>Team {t}</h3><p>Balance: <strong class=\"team-balance\">{}</strong></p>",
             super::html::nanos(balance)
         ));
+        if person.admin_of.iter().any(|a| a == team) {
+            let clock = super::page::Clock::now(api);
+            let this = clock.today[..7].to_string();
+            let last = crate::policy::budget::Calendar::add_days(&format!("{this}-01"), -1).map(|d| d[..7].to_string()).unwrap_or_default();
+            let link = |m: &str| {
+                format!("<a class=\"statement\" href=\"/console/me/statement?team={}&amp;month={m}\">{m}</a>", super::html::enc(team))
+            };
+            out.push_str(&format!("<p>Statements (CSV): {} {}</p>", link(&this), link(&last)));
+        }
         if let Some(stripe) = api.selling.stripe.as_ref() {
             let cfg = &stripe.cfg;
             let per = f64::from(cfg.minor_per_unit);
@@ -101,6 +111,16 @@ pub(super) async fn topup(api: &AdminApi, req: &Request, person: &Person, teams:
     let minor = stripe.minor_of(req.form.get("amount"))?;
     let url = stripe.checkout(team, minor, &person.label(), nonce, &api.console_url).await?;
     Ok(super::redirect(&url))
+}
+
+/// `GET /console/me/statement?team=&month=`: a team's statement, for those who run it.
+pub(super) async fn statement(api: &AdminApi, req: &Request, person: &Person) -> Page {
+    let form = super::Form::parse(&req.query);
+    let team = form.get("team");
+    if !person.admin_of.iter().any(|t| t == team) || api.keys.account(team).is_none() {
+        return Err(ApiError::new(ErrorKind::NotFound, "There is no such page or key here."));
+    }
+    api.statement(team, &format!("month={}", super::html::enc(form.get("month")))).await
 }
 
 /// `POST /console/me/redeem`: a code into the team's account.

@@ -308,11 +308,15 @@ impl SledMoney {
         }
         let new_balance = acc.balance.saturating_sub(cost);
         let seq = self.slot.db()?.generate_id()? + 1;
-        // The purses' entries are written: the stored record need not name them again.
+        // The purses' entries are written: the stored record names again only its account
+        // (an account's statement reads its records by it), not its windows.
         let charged = std::mem::take(&mut record.charged);
         let mut entries = Vec::with_capacity(charged.len());
         let now = crate::base::clock::now_unix();
         for id in charged {
+            if id.starts_with("acct:") {
+                record.charged.push(id.clone());
+            }
             let (balance, turned) = self.with(&mut map, &id, |purse| {
                 purse.balance = purse.balance.saturating_sub(cost);
                 purse.held -= release;
