@@ -246,6 +246,20 @@ def test_a_card_top_up_goes_through_checkout_and_is_credited_once_by_the_webhook
     screenshot(browser, "selling-topped-up")
     (entry,) = env.audit("card top-up")
     assert "cs_test_1" in entry["reason"] and "pi_console_1" in entry["reason"] and "evt_console_1" in entry["reason"]
+    # The team's statement, downloaded from the page: the sign-up credit and the top-up, adding
+    # up to the account's balance.
+    link = browser.find_element(By.CSS_SELECTOR, "a.statement").get_attribute("href")
+    session = requests.Session()
+    for c in browser.get_cookies():
+        session.cookies.set(c["name"], c["value"])
+    csv = session.get(link)
+    assert csv.status_code == 200 and csv.headers["content-type"].startswith("text/csv"), csv.text[:300]
+    rows = [line.split(",") for line in csv.text.splitlines()[1:]]
+    kinds = {r[0]: int(r[-1]) for r in rows}
+    assert (kinds["signup_credit"], kinds["top_up"]) == (3_000_000_000, 20_000_000_000), csv.text
+    assert kinds["closing"] == round(env.accounts()[account]["balance"] * 1e9), csv.text
+    other = session.get(env.admin + "/console/me/statement?team=research&month=2026-11")
+    assert other.status_code == 404, "only a team one runs"
 
 
 def test_a_code_is_redeemed_from_the_console_into_the_team(env, browser):

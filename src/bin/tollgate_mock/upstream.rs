@@ -240,6 +240,16 @@ fn error_body(kind: Kind, status: u16, message: &str) -> Value {
     }
 }
 
+/// A price feed for the demo (`price_feed` in docs/selling.md): a few entries of LiteLLM's
+/// `model_prices_and_context_window.json`, in its shape and with its values (litellm 1.110.2).
+const PRICE_TABLE_PATH: &str = "/prices/model_prices_and_context_window.json";
+const PRICE_TABLE: &str = r#"{
+  "gpt-4o": {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05, "cache_read_input_token_cost": 1.25e-06, "max_output_tokens": 16384, "litellm_provider": "openai", "mode": "chat"},
+  "gpt-4o-mini": {"input_cost_per_token": 1.5e-07, "output_cost_per_token": 6e-07, "cache_read_input_token_cost": 7.5e-08, "max_output_tokens": 16384, "litellm_provider": "openai", "mode": "chat"},
+  "claude-sonnet-4-5": {"input_cost_per_token": 3e-06, "output_cost_per_token": 1.5e-05, "cache_read_input_token_cost": 3e-07, "cache_creation_input_token_cost": 3.75e-06, "max_output_tokens": 64000, "litellm_provider": "anthropic", "mode": "chat"},
+  "whisper-1": {"input_cost_per_second": 0.0001, "output_cost_per_second": 0.0001, "litellm_provider": "openai", "mode": "audio_transcription"}
+}"#;
+
 impl MockUpstream {
     /// The demo OpenID Connect provider (see `oidc`) and the clouds' token endpoints (see
     /// `cloud`), when the request is for one of them.
@@ -270,6 +280,9 @@ impl MockUpstream {
         let mut body = Vec::new();
         while let Some(chunk) = session.read_request_body().await? {
             body.extend_from_slice(&chunk);
+        }
+        if path == PRICE_TABLE_PATH {
+            return send(session, 200, "application/json", PRICE_TABLE.into(), &[]).await;
         }
         if let Some(answered) = self.token_endpoints(session, &req, query.as_deref().unwrap_or_default(), &body).await {
             return answered;
