@@ -210,6 +210,9 @@ impl Reload {
         if config.stripe != old.stripe {
             needs_upgrade.push("payments");
         }
+        if config.price_feed != old.price_feed {
+            needs_upgrade.push("price_feed");
+        }
         Ok(Reloaded { changed, needs_upgrade, warnings })
     }
 }
