@@ -251,10 +251,13 @@ const PRICE_TABLE: &str = r#"{
 }"#;
 
 impl MockUpstream {
-    /// The demo OpenID Connect provider (see `oidc`) and the clouds' token endpoints (see
-    /// `cloud`), when the request is for one of them.
+    /// The demo OpenID Connect provider (see `oidc`), the clouds' token endpoints (see
+    /// `cloud`) and the demo's price feed, when the request is for one of them.
     async fn token_endpoints(&self, session: &mut Session, req: &RequestHeader, query: &str, body: &[u8]) -> Option<Result<()>> {
         let path = req.uri.path();
+        if path == PRICE_TABLE_PATH {
+            return Some(send(session, 200, "application/json", PRICE_TABLE.into(), &[]).await);
+        }
         if crate::oidc::handles(path) {
             let host = header(req, "host").unwrap_or("127.0.0.1:9100");
             let (status, ctype, text, headers) = self.oidc.answer(host, req.method.as_str(), path, query, body);
@@ -280,9 +283,6 @@ impl MockUpstream {
         let mut body = Vec::new();
         while let Some(chunk) = session.read_request_body().await? {
             body.extend_from_slice(&chunk);
-        }
-        if path == PRICE_TABLE_PATH {
-            return send(session, 200, "application/json", PRICE_TABLE.into(), &[]).await;
         }
         if let Some(answered) = self.token_endpoints(session, &req, query.as_deref().unwrap_or_default(), &body).await {
             return answered;
