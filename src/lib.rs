@@ -23,8 +23,9 @@
 //! 10. [`charge`], [`checks`]: the money of every kind of call — admission (counts, slots,
 //!     token reservations, holds in every purse) and settlement (the one making of a usage
 //!     record, the one path that debits); the list of checks every kind of call goes through.
-//!     Above them, [`notify`] (alerts) and [`selling`] (codes, card top-ups, price feeds,
-//!     statements).
+//!     Above them, [`notify`] (alerts), [`selling`] (codes, card top-ups, price feeds,
+//!     statements) and [`signin`] (Claude Code's gateway sign-in: the device flow's state,
+//!     tollgate's own tokens, managed settings, the telemetry relay).
 //! 11. [`route`], [`translate`]: which endpoint a request is for; translation between protocols.
 //! 12. [`upstream`]: the providers — catalog, health, affinity, a call's draft, the upstream
 //!     request — and the seam between kinds of upstream.
@@ -69,6 +70,7 @@ pub mod notify;
 /// Selling access (redemption codes, card top-ups, prices from a feed, statements), above the
 /// charge floor.
 pub mod selling;
+pub mod signin;
 
 pub mod route;
 pub mod translate;
@@ -110,7 +112,7 @@ mod house {
         &["observe"],
         &["access", "identity"],
         &["charge", "checks"],
-        &["notify", "selling"],
+        &["notify", "selling", "signin"],
         &["route", "translate"],
         &["upstream"],
         &["video", "files", "batch", "mcp"],

@@ -86,6 +86,22 @@ pub fn redact_url(url: &str) -> String {
     format!("{scheme}://{path}?{}{fragment}", names.join("&"))
 }
 
+/// Text made safe for HTML content and attribute values.
+pub fn esc_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod redact_tests {
     use super::{clip, redact_url};

@@ -37,6 +37,8 @@ pub struct IdentityConfig {
     pub oidc: Option<OidcConfig>,
     /// `identity.signup`: people who sign in and belong to no team get an account of their own.
     pub signup: Option<SignupConfig>,
+    /// `identity.claude_code`: Claude Code's gateway sign-in.
+    pub claude_code: Option<super::claude_code::ClaudeCodeConfig>,
 }
 
 /// `identity.signup`, checked (its group and plan against the file's by `Config::parse`).
@@ -63,6 +65,8 @@ pub(super) struct RawIdentity {
     oidc: Option<RawOidc>,
     #[serde(default)]
     signup: Option<RawSignup>,
+    #[serde(default)]
+    claude_code: Option<super::claude_code::RawClaudeCode>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -142,6 +146,7 @@ pub fn loopback_url(url: &str) -> bool {
 pub(super) fn identity(raw: Option<RawIdentity>, env: &dyn Fn(&str) -> Option<String>) -> Result<IdentityConfig, ConfigError> {
     let Some(raw) = raw else { return Ok(IdentityConfig::default()) };
     let raw_signup = raw.signup;
+    let claude_code = super::claude_code::claude_code(raw.claude_code, raw.oidc.is_some())?;
     let Some(oidc) = raw.oidc else {
         if raw_signup.is_some() {
             return err("identity.signup: people sign up by signing in with identity.oidc, which is not configured");
@@ -206,7 +211,7 @@ pub(super) fn identity(raw: Option<RawIdentity>, env: &dyn Fn(&str) -> Option<St
         clock_skew_secs,
     };
     let signup = signup(raw_signup, &oidc)?;
-    Ok(IdentityConfig { oidc: Some(oidc), signup })
+    Ok(IdentityConfig { oidc: Some(oidc), signup, claude_code })
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod cloud;
 pub mod console;
 pub mod feed;
 pub mod guardrails;
+pub mod claude_code;
 pub mod identity;
 pub mod keys;
 pub mod listen;
