@@ -29,6 +29,8 @@ pub enum Route {
     Redeem,
     /// `POST /payments/stripe/webhook`: Stripe's events (signed, no key).
     StripeWebhook,
+    /// Claude Code's gateway sign-in (`identity.claude_code`).
+    Signin(SigninOp),
     /// `GET /me`, the key holder's page (`file` ""), and its `app.js` and `app.css`: answered
     /// without a key.
     KeyPage {
@@ -107,6 +109,51 @@ pub enum Route {
     NotFound {
         shape: Protocol,
     },
+}
+
+/// The endpoints of Claude Code's gateway protocol (version 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SigninOp {
+    /// `GET /.well-known/oauth-authorization-server`
+    Metadata,
+    /// `POST /oauth/device_authorization`
+    DeviceAuthorization,
+    /// `GET /device`: the approval page.
+    DevicePage,
+    /// `POST /device`: the code submitted; on to the identity provider.
+    DeviceSubmit,
+    /// `GET /oauth/callback`: back from the identity provider.
+    Callback,
+    /// `POST /oauth/token`: the device grant and the refresh grant.
+    Token,
+    /// `GET /managed/settings` (bearer).
+    ManagedSettings,
+    /// `POST /v1/logs`, `/v1/metrics`, `/v1/traces` (bearer): OTLP/HTTP exports.
+    Telemetry(&'static str),
+}
+
+impl SigninOp {
+    /// Whether it is answered without a key (the OAuth endpoints and the page).
+    pub fn keyless(self) -> bool {
+        !matches!(self, SigninOp::ManagedSettings | SigninOp::Telemetry(_))
+    }
+}
+
+/// The gateway protocol's endpoint at `method` `path`, if it is one.
+fn signin_op(method: &str, path: &str) -> Option<SigninOp> {
+    Some(match (method, path) {
+        ("GET", "/.well-known/oauth-authorization-server") => SigninOp::Metadata,
+        ("POST", "/oauth/device_authorization") => SigninOp::DeviceAuthorization,
+        ("GET", "/device") => SigninOp::DevicePage,
+        ("POST", "/device") => SigninOp::DeviceSubmit,
+        ("GET", "/oauth/callback") => SigninOp::Callback,
+        ("POST", "/oauth/token") => SigninOp::Token,
+        ("GET", "/managed/settings") => SigninOp::ManagedSettings,
+        ("POST", "/v1/logs") => SigninOp::Telemetry("logs"),
+        ("POST", "/v1/metrics") => SigninOp::Telemetry("metrics"),
+        ("POST", "/v1/traces") => SigninOp::Telemetry("traces"),
+        _ => return None,
+    })
 }
 
 /// What is done with a key's files.
@@ -232,6 +279,15 @@ impl Route {
             Route::Usage => "usage",
             Route::Redeem => "redeem",
             Route::StripeWebhook => "stripe_webhook",
+            Route::Signin(op) => match op {
+                SigninOp::Metadata => "signin_metadata",
+                SigninOp::DeviceAuthorization => "signin_device_authorization",
+                SigninOp::DevicePage | SigninOp::DeviceSubmit => "signin_device",
+                SigninOp::Callback => "signin_callback",
+                SigninOp::Token => "signin_token",
+                SigninOp::ManagedSettings => "managed_settings",
+                SigninOp::Telemetry(_) => "telemetry",
+            },
             Route::KeyPage { .. } => "key_page",
             Route::KeyPageData => "key_page_data",
             Route::CountTokens => "count_tokens",
@@ -292,6 +348,9 @@ pub fn classify(method: &str, path: &str) -> Route {
     let v1 = trimmed.strip_prefix("/v1").filter(|rest| rest.starts_with('/'));
     let rest = v1.unwrap_or(trimmed);
 
+    if let Some(op) = signin_op(method, trimmed) {
+        return Route::Signin(op);
+    }
     if trimmed == "/payments/stripe/webhook" {
         return if method == "POST" { Route::StripeWebhook } else { not_found() };
     }
@@ -480,6 +539,11 @@ mod tests {
         assert_eq!(classify("GET", "/usage"), Route::Usage);
         assert_eq!(classify("POST", "/v1/redeem"), Route::Redeem);
         assert_eq!(classify("POST", "/payments/stripe/webhook"), Route::StripeWebhook);
+        assert_eq!(classify("GET", "/.well-known/oauth-authorization-server"), Route::Signin(SigninOp::Metadata));
+        assert_eq!(classify("POST", "/oauth/token"), Route::Signin(SigninOp::Token));
+        assert_eq!(classify("POST", "/device"), Route::Signin(SigninOp::DeviceSubmit));
+        assert_eq!(classify("POST", "/v1/logs"), Route::Signin(SigninOp::Telemetry("logs")));
+        assert!(!SigninOp::ManagedSettings.keyless() && SigninOp::Token.keyless());
         assert_eq!(classify("GET", "/payments/stripe/webhook"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("GET", "/v1/redeem"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("GET", "/me"), Route::KeyPage { file: "" });

@@ -576,6 +576,8 @@ struct Planned {
     notifier: Option<Arc<crate::notify::Notifier>>,
     /// Redemption codes, card top-ups, prices from a feed.
     selling: Arc<crate::selling::Selling>,
+    /// Claude Code's gateway sign-in (`identity.claude_code`).
+    signin: Option<Arc<crate::signin::Signin>>,
 }
 
 fn planned(
@@ -592,7 +594,13 @@ fn planned(
     let signup = crate::selling::signup::Signup::new(keys.clone(), ledger.clone(), plans.clone());
     let statements = crate::selling::statement::Statements::new(ledger.clone(), keys.clone(), config.usage_retention_days);
     let selling = Arc::new(crate::selling::Selling { codes, stripe, signup, feed, statements });
-    Planned { plans, notifier, selling }
+    let signin = config.identity.claude_code.clone().and_then(|cfg| {
+        crate::signin::Signin::new(cfg, store.jobs(), ledger.money().clone())
+            .map(Arc::new)
+            .map_err(|e| log::error!("identity.claude_code is off: {e}"))
+            .ok()
+    });
+    Planned { plans, notifier, selling, signin }
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -727,6 +735,7 @@ fn gateway(
         requests: config.console.request_log.then(|| s.store.requests()),
         tracer: s.tracer.clone(),
         keyless: crate::edge::gateway::KeylessRefusals::new(keyless_per_minute),
+        signin: s.planned.signin.clone(),
     }
 }
 

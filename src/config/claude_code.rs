@@ -119,7 +119,11 @@ pub(super) fn claude_code(raw: Option<RawClaudeCode>, has_oidc: bool) -> Result<
             match uri.scheme_str() {
                 Some("https") => {}
                 Some("http") if super::identity::loopback_url(&u) => {}
-                _ => return err("identity.claude_code.public_url: https (Claude Code takes plain http only for localhost, 127.0.0.1 and [::1])"),
+                _ => {
+                    return err(
+                        "identity.claude_code.public_url: https (Claude Code takes plain http only for localhost, 127.0.0.1 and [::1])",
+                    )
+                }
             }
             if uri.host().is_none() || uri.query().is_some() || uri.path().len() > 1 {
                 return err("identity.claude_code.public_url: scheme, host and port only (the base URL clients are given)");
@@ -198,8 +202,14 @@ mod tests {
     fn the_block_is_read_with_its_defaults_and_its_settings_as_json_objects() {
         let c = parse("  claude_code:\n    settings:\n      default: { model: m, permissions: { deny: [WebFetch] } }\n      teams: { research: { env: { A: \"1\" } } }\n      roles: { team_admin: { cleanupPeriodDays: 7 } }\n").expect("valid");
         let cc = c.identity.claude_code.expect("claude_code");
-        assert_eq!((cc.token_ttl_secs, cc.refresh_ttl_secs, cc.public_url.clone(), cc.telemetry_max_bytes), (3600, 30 * 86400, None, 4 << 20));
-        assert_eq!(cc.settings.default.as_ref().and_then(|d| d.get("permissions")).map(|p| p.to_string()).as_deref(), Some("{\"deny\":[\"WebFetch\"]}"));
+        assert_eq!(
+            (cc.token_ttl_secs, cc.refresh_ttl_secs, cc.public_url.clone(), cc.telemetry_max_bytes),
+            (3600, 30 * 86400, None, 4 << 20)
+        );
+        assert_eq!(
+            cc.settings.default.as_ref().and_then(|d| d.get("permissions")).map(|p| p.to_string()).as_deref(),
+            Some("{\"deny\":[\"WebFetch\"]}")
+        );
         assert_eq!(cc.settings.roles["team_admin"]["cleanupPeriodDays"], 7);
         let c = parse("  claude_code: { token_ttl: 3m, refresh_ttl: 2h, public_url: \"https://gw.example.com/\", telemetry: { endpoint: \"http://otel:4318\" } }\n").expect("valid");
         let cc = c.identity.claude_code.expect("claude_code");

@@ -17,11 +17,11 @@
 
 pub mod billing;
 pub mod changes;
+pub mod claude_code;
 pub mod cloud;
 pub mod console;
 pub mod feed;
 pub mod guardrails;
-pub mod claude_code;
 pub mod identity;
 pub mod keys;
 pub mod listen;

@@ -75,6 +75,27 @@ impl std::fmt::Display for ProviderError {
 
 impl std::error::Error for ProviderError {}
 
+/// Why an authorization code gave no person.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExchangeError {
+    /// The token endpoint could not be reached (or the provider not read yet).
+    Unreachable(String),
+    /// It answered without an ID token.
+    Refused(String),
+    /// The ID token does not hold.
+    Token(VerifyError),
+}
+
+impl std::fmt::Display for ExchangeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExchangeError::Unreachable(why) => write!(f, "the token endpoint could not be reached: {why}"),
+            ExchangeError::Refused(why) => write!(f, "the code exchange was refused: {why}"),
+            ExchangeError::Token(e) => write!(f, "the ID token was refused: {e}"),
+        }
+    }
+}
+
 /// Why a token was not accepted (the client is told only that it was not).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum VerifyError {
@@ -272,6 +293,30 @@ impl Identity {
             }
             other => other,
         }
+    }
+
+    /// The end of an authorization-code sign-in (with PKCE): `code` exchanged at the token
+    /// endpoint (with the client secret when one is configured), the ID token verified for
+    /// this client and `nonce`; its claims.
+    pub async fn exchange_code(&self, code: &str, redirect_uri: &str, verifier: &str, nonce: &str) -> Result<Value, ExchangeError> {
+        let provider = self.provider().ok_or(ExchangeError::Unreachable("no discovery document yet".into()))?;
+        let cfg = &self.cfg;
+        let mut form =
+            vec![("grant_type", "authorization_code"), ("code", code), ("redirect_uri", redirect_uri), ("code_verifier", verifier)];
+        let mut req = self.http.post(&provider.token_endpoint);
+        match &cfg.client_secret {
+            Some(secret) => {
+                req = req.basic_auth(crate::base::text::encode_component(&cfg.client_id), Some(crate::base::text::encode_component(secret)))
+            }
+            None => form.push(("client_id", cfg.client_id.as_str())),
+        }
+        let answer = req.form(&form).send().await.map_err(|e| ExchangeError::Unreachable(e.to_string()))?;
+        let status = answer.status();
+        let body: Value = answer.json().await.unwrap_or_default();
+        let Some(id_token) = body.get("id_token").and_then(Value::as_str).filter(|_| status.is_success()) else {
+            return Err(ExchangeError::Refused(format!("{status}: {}", body.get("error").unwrap_or(&Value::Null))));
+        };
+        self.verify_fetching(id_token, &cfg.client_id, Some(nonce)).await.map_err(ExchangeError::Token)
     }
 
     /// The person `claims` name.

@@ -225,7 +225,9 @@ impl Signin {
     async fn stored_key(&self) -> Result<Option<StoredKey>, SigninError> {
         match self.jobs.get(SIGNING_KEY_ID).await? {
             None => Ok(None),
-            Some(text) => serde_json::from_str(&text).map(Some).map_err(|e| TokenError::Key(format!("the stored key is unreadable: {e}")).into()),
+            Some(text) => {
+                serde_json::from_str(&text).map(Some).map_err(|e| TokenError::Key(format!("the stored key is unreadable: {e}")).into())
+            }
         }
     }
 

@@ -183,7 +183,10 @@ impl Relay {
             self.in_flight.fetch_sub(size, Ordering::AcqRel);
             return Relayed::Dropped;
         }
-        let mut req = self.client.post(format!("{endpoint}/v1/{signal}")).header("content-type", if json { "application/json" } else { "application/x-protobuf" });
+        let mut req = self
+            .client
+            .post(format!("{endpoint}/v1/{signal}"))
+            .header("content-type", if json { "application/json" } else { "application/x-protobuf" });
         for (k, v) in &self.headers {
             req = req.header(k.as_str(), v.as_str());
         }

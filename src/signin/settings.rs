@@ -82,7 +82,8 @@ mod tests {
 
     #[test]
     fn layers_merge_default_team_role_and_models_come_from_the_key_unless_set() {
-        let mut cfg = ManagedSettings { default: Some(obj(json!({"env": {"A": "1", "B": "2"}, "cleanupPeriodDays": 30}))), ..Default::default() };
+        let mut cfg =
+            ManagedSettings { default: Some(obj(json!({"env": {"A": "1", "B": "2"}, "cleanupPeriodDays": 30}))), ..Default::default() };
         cfg.teams.insert("research".into(), obj(json!({"env": {"B": "team"}, "permissions": {"deny": ["WebFetch"]}})));
         cfg.roles.insert("team_admin".into(), obj(json!({"cleanupPeriodDays": 7})));
         let models = ["beta-opus".to_string(), "beta-haiku".to_string()];

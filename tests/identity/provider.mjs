@@ -20,7 +20,8 @@ const provider = new Provider(issuer, {
     {
       client_id: 'tollgate',
       client_secret: process.env.OIDC_SECRET,
-      redirect_uris: [consoleRedirect],
+      // Besides the console's: the gateway's own sign-in callbacks (`OIDC_EXTRA_REDIRECTS`, comma-separated).
+      redirect_uris: [consoleRedirect, ...(process.env.OIDC_EXTRA_REDIRECTS || '').split(',').filter(Boolean)],
       post_logout_redirect_uris: [consoleRedirect.replace(/\/callback$/, '/login')],
       grant_types: ['authorization_code'],
       response_types: ['code'],

@@ -19,7 +19,7 @@ MODULES = os.environ.get("TOLLGATE_OIDC_MODULES", os.path.expanduser("~/.cache/t
 
 
 class OidcProvider:
-    def __init__(self, people, audience, console_redirect="http://127.0.0.1:1/console/callback", secret="console-client-secret-0123456789", mcp_secret=None):
+    def __init__(self, people, audience, console_redirect="http://127.0.0.1:1/console/callback", secret="console-client-secret-0123456789", mcp_secret=None, extra_redirects=()):
         self.port = free_port()
         self.issuer = f"http://127.0.0.1:{self.port}"
         self.audience = audience
@@ -27,6 +27,8 @@ class OidcProvider:
         env = {**os.environ, "OIDC_PEOPLE": json.dumps(people), "OIDC_SECRET": secret, "NODE_PATH": MODULES}
         if mcp_secret:
             env["OIDC_MCP_SECRET"] = mcp_secret
+        if extra_redirects:
+            env["OIDC_EXTRA_REDIRECTS"] = ",".join(extra_redirects)
         script = os.path.join(HERE, "identity", "provider.mjs")
         # An ES module finds packages next to itself, not through NODE_PATH: run a copy beside them.
         runner = os.path.join(os.path.dirname(MODULES), "provider.mjs")

@@ -157,47 +157,25 @@ impl Pending {
             api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_sign_in_browser")]).add(1);
             return Err(failed(400, "This sign-in was begun in another browser; start again here."));
         }
-        let provider =
-            identity.provider().ok_or_else(|| failed(503, "The identity provider cannot be reached now; sign in with the admin token."))?;
-        let cfg = &identity.cfg;
-        let redirect = redirect_uri(api);
-        let mut form = vec![
-            ("grant_type", "authorization_code"),
-            ("code", query.get("code")),
-            ("redirect_uri", redirect.as_str()),
-            ("code_verifier", begun.verifier.as_str()),
-        ];
-        let mut req = identity.http().post(&provider.token_endpoint);
-        match &cfg.client_secret {
-            Some(secret) => {
-                req = req.basic_auth(crate::base::text::encode_component(&cfg.client_id), Some(crate::base::text::encode_component(secret)))
-            }
-            None => form.push(("client_id", cfg.client_id.as_str())),
-        }
-        let answer = match req.form(&form).send().await {
-            Ok(r) => r,
-            Err(e) => {
-                log::warn!("console: the identity provider's token endpoint failed: {e}");
+        let claims = match identity.exchange_code(query.get("code"), &redirect_uri(api), &begun.verifier, &begun.nonce).await {
+            Ok(claims) => claims,
+            Err(crate::identity::ExchangeError::Unreachable(why)) => {
+                log::warn!("console: the identity provider's token endpoint failed: {why}");
                 return Err(failed(
                     503,
                     "The identity provider cannot be reached now; try again shortly, or sign in with the admin token.",
                 ));
             }
+            Err(crate::identity::ExchangeError::Refused(why)) => {
+                log::warn!("console: the identity provider answered the code exchange with {why}");
+                return Err(failed(401, "The identity provider did not confirm the sign-in; start again."));
+            }
+            Err(crate::identity::ExchangeError::Token(e)) => {
+                log::warn!("console: an ID token was refused: {e}");
+                api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_id_token")]).add(1);
+                return Err(failed(401, "The identity provider's answer could not be verified; start again."));
+            }
         };
-        let status = answer.status();
-        let body: serde_json::Value = answer.json().await.unwrap_or_default();
-        let Some(id_token) = body.get("id_token").and_then(serde_json::Value::as_str).filter(|_| status.is_success()) else {
-            log::warn!(
-                "console: the identity provider answered the code exchange with {status}: {}",
-                body.get("error").unwrap_or(&serde_json::Value::Null)
-            );
-            return Err(failed(401, "The identity provider did not confirm the sign-in; start again."));
-        };
-        let claims = identity.verify_fetching(id_token, &cfg.client_id, Some(&begun.nonce)).await.map_err(|e| {
-            log::warn!("console: an ID token was refused: {e}");
-            api.metrics.counter("tollgate_admin_refused_total", &[("reason", "console_id_token")]).add(1);
-            failed(401, "The identity provider's answer could not be verified; start again.")
-        })?;
         let mut person = identity.person(&claims).ok_or_else(|| failed(401, "The identity provider's answer names nobody."))?;
         // What operators gave them here, besides the provider's claims.
         match api.keys.all_accounts().await {

@@ -58,6 +58,14 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
     if route == Route::StripeWebhook {
         return Ok(None);
     }
+    if let Route::Signin(op) = route {
+        if gw.signin.is_none() || gw.identity.is_none() {
+            return Err(unknown_endpoint(req).into());
+        }
+        if op.keyless() {
+            return Ok(None);
+        }
+    }
     if let Route::KeyPage { file } = route {
         if !gw.routing.load().key_page {
             return Err(unknown_endpoint(req).into());
@@ -70,7 +78,16 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
         // An access token of the identity provider: the person's own key.
         (Some(identity), Some(token)) if crate::identity::looks_like_jwt(token) => {
             let token = token.to_string();
-            super::person::key_of(gw, identity, &token).await?
+            // tollgate's own token (Claude Code's gateway sign-in), else the provider's.
+            match own_token(gw, &token).await? {
+                Some(claims) => {
+                    let person = crate::signin::Someone::of_claims(&claims).person();
+                    let key = super::person::key_for(gw, identity, &person).await?;
+                    ctx.signed_in = Some(Box::new(claims));
+                    key
+                }
+                None => super::person::key_of(gw, identity, &token).await?,
+            }
         }
         _ => gw.keys.authenticate(presented)?,
     };
@@ -96,5 +113,24 @@ pub(super) fn client_of(session: &Session, routing: &Routing) -> std::result::Re
         Ok(ClientAddr::Known(client)) => Ok(client),
         Ok(ClientAddr::Unknown) => Err(not_listed()),
         Err(Malformed(why)) => Err(ApiError::new(ErrorKind::BadRequest, format!("The forwarding headers cannot be read: {why}."))),
+    }
+}
+
+/// The claims of `token` when it is tollgate's own (None: not ours; refused: ours but invalid
+/// or expired — the client signs in or refreshes again).
+async fn own_token(gw: &Gateway, token: &str) -> Result<Option<crate::signin::token::Claims>, ApiError> {
+    let Some(signin) = gw.signin.as_ref() else { return Ok(None) };
+    match signin.verify(token, crate::base::clock::now_unix()).await {
+        Ok(claims) => Ok(Some(claims)),
+        Err(crate::signin::SigninError::Key(crate::signin::token::TokenError::NotOurs)) => Ok(None),
+        Err(crate::signin::SigninError::Key(crate::signin::token::TokenError::Invalid(why))) => {
+            log::info!("sign-in: a token was refused: {why}");
+            gw.metrics.counter("tollgate_identity_refused_total", &[]).add(1);
+            Err(ApiError::new(ErrorKind::Unauthorized, "The access token was not accepted: it is invalid or expired. Sign in again."))
+        }
+        Err(e) => {
+            log::warn!("{e}");
+            Err(crate::store::fleet::unavailable("the sign-in key"))
+        }
     }
 }

@@ -56,6 +56,10 @@ pub(super) async fn answer(gw: &Gateway, session: &mut Session, ctx: &mut Reques
                 None => Err(ApiError::new(ErrorKind::ModelNotFound, format!("models/{wanted} is not found.")).into()),
             }
         }
+        Route::Signin(crate::route::SigninOp::ManagedSettings) => respond(super::signin::managed_settings(gw, session, ctx, caller)?),
+        Route::Signin(crate::route::SigninOp::Telemetry(signal)) => {
+            respond(super::signin::telemetry(gw, session, ctx, caller, signal).await?)
+        }
         Route::KeyPageData if !routing.key_page => Err(unknown_endpoint(session.req_header()).into()),
         Route::KeyPageData => {
             let _slot = gw.charge.admit(key, &routing.calendar, Entry::READ).await?;

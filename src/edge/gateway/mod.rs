@@ -71,6 +71,7 @@ mod price;
 mod report;
 mod send;
 mod settle;
+mod signin;
 mod stream;
 mod translated;
 
@@ -128,6 +129,8 @@ pub struct Gateway {
     pub tracer: Option<Arc<crate::observe::telemetry::Tracer>>,
     /// Refusals without a known key, aggregated per address and minute (see `keyless`).
     pub keyless: KeylessRefusals,
+    /// Claude Code's gateway sign-in (`identity.claude_code`); None when off.
+    pub signin: Option<Arc<crate::signin::Signin>>,
 }
 
 /// Everything needed to send a request upstream, decided before anything is sent (the
@@ -246,6 +249,9 @@ pub struct RequestCtx {
     pub mcp: Option<Box<kinds::mcp::ToolCallFacts>>,
     /// What the guardrails did to the request (and hold for its answer).
     pub guarded: Option<Box<guarded::Guarded>>,
+    /// The caller presented tollgate's own token (Claude Code's gateway sign-in): who it names.
+    /// Its refusals are in the gateway protocol's terms.
+    pub signed_in: Option<Box<crate::signin::token::Claims>>,
 }
 
 /// How a stage ends the request before it is relayed: answered here (a local endpoint, a
@@ -297,9 +303,14 @@ fn shape_of(route: &Route, req: &RequestHeader) -> Protocol {
     match route {
         Route::NotFound { shape } => *shape,
         Route::Models if client_version(req).is_some() => Protocol::Anthropic,
-        Route::Models | Route::Usage | Route::Redeem | Route::StripeWebhook | Route::Root | Route::KeyPage { .. } | Route::KeyPageData => {
-            Protocol::Openai
-        }
+        Route::Models
+        | Route::Usage
+        | Route::Redeem
+        | Route::StripeWebhook
+        | Route::Signin(_)
+        | Route::Root
+        | Route::KeyPage { .. }
+        | Route::KeyPageData => Protocol::Openai,
         Route::GeminiModels | Route::GeminiModel { .. } => Protocol::Gemini,
         other => other.relay_protocol().unwrap_or(Protocol::Openai),
     }
@@ -331,8 +342,14 @@ impl Gateway {
     async fn stages(&self, session: &mut Session, ctx: &mut RequestCtx) -> Step<Box<RelayPlan>> {
         let caller = admit::admit(self, session, ctx).await?;
         let Some(caller) = caller else {
-            // A request that is not a key's: the payment provider's events.
-            return Err(Exit::Answer(Outcome::Respond(payments::stripe_webhook(self, session).await?)));
+            // A request that is not a key's: the sign-in's OAuth endpoints and page, the
+            // payment provider's events.
+            let req = session.req_header();
+            let answered = match crate::route::classify(req.method.as_str(), req.uri.path()) {
+                Route::Signin(op) => signin::keyless(self, session, op).await?,
+                _ => payments::stripe_webhook(self, session).await?,
+            };
+            return Err(Exit::Answer(Outcome::Respond(answered)));
         };
         let protocol = answer::answer(self, session, ctx, &caller).await?;
         let drafted = draft::draft(self, session, ctx, &caller, protocol).await?;
@@ -376,7 +393,11 @@ impl ProxyHttp for Gateway {
                 ctx.reason_param = err.param.clone();
                 // The body may be unread: do not reuse the connection after an early refusal.
                 session.set_keepalive(None);
-                LocalResponse::error(&err, ctx.shape.unwrap_or(Protocol::Openai)).send(session).await?;
+                let answer = match ctx.signed_in {
+                    Some(_) => signin::refusal(&err),
+                    None => LocalResponse::error(&err, ctx.shape.unwrap_or(Protocol::Openai)),
+                };
+                answer.send(session).await?;
             }
         }
         Ok(true)

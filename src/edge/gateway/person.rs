@@ -34,7 +34,7 @@ fn internal(e: crate::store::StoreError) -> ApiError {
 
 /// The team a person's key draws on: the first of the provider's teams that is an account
 /// here, else the first account an operator put them in.
-async fn team_of(gw: &Gateway, person: &crate::identity::Person) -> Result<Option<String>, ApiError> {
+pub(super) async fn team_of(gw: &Gateway, person: &crate::identity::Person) -> Result<Option<String>, ApiError> {
     if let Some(t) = person.teams.iter().find(|t| gw.keys.account(t).is_some()) {
         return Ok(Some(t.clone()));
     }
@@ -54,6 +54,12 @@ pub(super) async fn key_of(gw: &Gateway, identity: &Identity, token: &str) -> Re
         refused(e)
     })?;
     let person = identity.person(&claims).ok_or_else(|| refused("it names no subject"))?;
+    key_for(gw, identity, &person).await
+}
+
+/// The key of `person` (made at their first call; following their team when it changed).
+pub(super) async fn key_for(gw: &Gateway, identity: &Identity, person: &crate::identity::Person) -> Result<Arc<KeyRecord>, ApiError> {
+    let person = person.clone();
     // A team an operator put them in counts as one the provider names.
     let assigned = |name: &str| gw.keys.account(name).is_some_and(|a| a.role_of(&person.subject, person.email.as_deref()).is_some());
     let secret = identity.person_secret(&person.subject);
