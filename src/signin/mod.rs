@@ -334,6 +334,7 @@ impl Signin {
             roles: if someone.operator { vec!["operator".into()] } else { Vec::new() },
             iat: now,
             exp: now + ttl,
+            jti: crate::base::secrets::random_base62(16),
         };
         Ok((self.keys().await?.sign(&claims)?, ttl))
     }

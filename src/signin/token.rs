@@ -37,6 +37,9 @@ pub struct Claims {
     pub roles: Vec<String>,
     pub iat: u64,
     pub exp: u64,
+    /// Its own id (two tokens made in the same second still differ).
+    #[serde(default)]
+    pub jti: String,
 }
 
 /// Why a token was not taken.
@@ -164,6 +167,7 @@ mod tests {
             roles: vec![],
             iat: 100,
             exp,
+            jti: "j1".into(),
         }
     }
 

@@ -221,3 +221,234 @@ def test_the_protocols_device_flow_refresh_and_refusals_over_http(env):
     assert poll(env, grant["device_code"]).json() == {"error": "access_denied"}
     # A device code that is not one of this gateway's.
     assert poll(env, "not-a-code").json() == {"error": "expired_token"}
+
+
+# --- The real client -------------------------------------------------------------------------
+
+def as_root_in_a_mount_namespace():
+    """`unshare` arguments that give a process a private mount namespace (as root, or in a user
+    namespace where it is root)."""
+    if not shutil.which("unshare"):
+        pytest.skip("unshare (util-linux) is missing")
+    return ["unshare", "-m", "--propagation", "private"] if os.geteuid() == 0 else ["unshare", "-r", "-m", "--propagation", "private"]
+
+
+class Terminal:
+    """Claude Code's TUI in a pseudo-terminal: what it drew (escape sequences removed) and keys."""
+
+    def __init__(self, argv, env, cwd):
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            os.chdir(cwd)
+            os.execvpe(argv[0], argv, env)
+        fcntl.ioctl(self.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+        self.seen = b""
+
+    def text(self):
+        t = re.sub(rb"\x1b\[[0-9]*C", b" ", self.seen)
+        t = re.sub(rb"\x1b\[[0-9;?<>]*[a-zA-Z]|\x1b\][^\x07]*\x07|\x1b[()][0-9A-B]|\x1b[=>]", b"", t)
+        return re.sub(r"\s+", "", t.decode("utf-8", "replace"))
+
+    def wait_for(self, words, timeout=60):
+        """Read until the screen shows `words` (compared without spaces); the screen text."""
+        import select
+
+        want = re.sub(r"\s+", "", words)
+        end = time.time() + timeout
+        while time.time() < end:
+            if want in self.text():
+                return self.text()
+            ready, _, _ = select.select([self.fd], [], [], 0.5)
+            if ready:
+                try:
+                    self.seen += os.read(self.fd, 65536)
+                except OSError:
+                    break
+        raise AssertionError(f"the terminal never showed {words!r}; it shows: ...{self.text()[-1500:]}")
+
+    def press(self, keys):
+        self.seen = b""
+        os.write(self.fd, keys.encode())
+
+    def close(self):
+        try:
+            os.kill(self.pid, 9)
+            os.waitpid(self.pid, 0)
+        except OSError:
+            pass
+        os.close(self.fd)
+
+
+def login(env, tmp_path, who):
+    """The interactive `/login` of Claude Code, as `who`: the managed-settings file that names
+    the gateway is given to this process alone (bind-mounted over /etc/claude-code in a private
+    mount namespace), `$BROWSER` approves in the page. Its home, working directory and the
+    environment of later runs."""
+    claude, work, run_env = claude_code(tmp_path, env.gateway, {})
+    home = tmp_path / "home"
+    policy = tmp_path / "policy"
+    policy.mkdir()
+    (policy / "managed-settings.json").write_text(json.dumps({"forceLoginMethod": "gateway", "forceLoginGatewayUrl": env.gateway}))
+    # No onboarding: the client's connectivity check of its own service has no network here.
+    (home / ".claude.json").write_text(json.dumps({"hasCompletedOnboarding": True, "theme": "dark", "numStartups": 1}))
+    browser = tmp_path / "browser.sh"
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    browser.write_text(f"#!/bin/sh\nexec {sys.executable} {here}/pysupport/browser_approve.py \"$@\"\n")
+    browser.chmod(0o755)
+    log = tmp_path / "browser.log"
+    os.makedirs("/etc/claude-code", exist_ok=True)
+    unshare = as_root_in_a_mount_namespace()
+    tui_env = {k: v for k, v in run_env.items() if not k.startswith("ANTHROPIC_")}
+    tui_env.update({"TERM": "xterm-256color", "BROWSER": str(browser), "TOLLGATE_TEST_LOGIN": who, "TOLLGATE_TEST_BROWSER_LOG": str(log)})
+    tui_env.pop("NO_COLOR", None)
+    term = Terminal(unshare + ["sh", "-c", f"mount --bind {policy} /etc/claude-code && exec {claude}"], tui_env, work)
+    try:
+        term.wait_for("Yes, I trust this folder")
+        term.press("\r")
+        term.wait_for("Run /login")
+        term.press("/login")
+        term.wait_for("/login")
+        term.press("\r")
+        term.wait_for(f"set by managed settings")
+        term.wait_for(env.gateway)
+        term.press("\r")
+        # First contact: the client asks to trust the gateway (plain http on loopback: no certificate).
+        term.wait_for("Trust gateway 127.0.0.1?")
+        term.wait_for("No, go back")
+        # "No" is chosen first: up to "Yes" (pressed again until the selection is seen on it).
+        for _ in range(10):
+            term.press("\x1b[A")
+            try:
+                term.wait_for("❯ Yes, trust this gateway", timeout=2)
+                break
+            except AssertionError:
+                continue
+        term.press("\r")
+        term.wait_for("Connected to Cloud gateway", timeout=90)
+    finally:
+        term.close()
+    assert log.read_text().split()[-1] == "200", log.read_text()
+    creds = json.loads((home / ".claude" / ".credentials.json").read_text())
+    assert creds["enterpriseGateway"]["url"] == env.gateway
+    run_env = {k: v for k, v in run_env.items() if k not in ("ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN")}
+    return claude, work, run_env, creds
+
+
+def usage(env, token):
+    r = requests.get(f"{env.gateway}/v1/usage", headers={"authorization": f"Bearer {token}"})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+PRICES = {"beta-opus-4-7": (3.0, 15.0), "beta-haiku-4-5": (1.0, 5.0)}
+
+
+def exact_cost(u):
+    return sum(m["input_tokens"] * round(PRICES[m["model"]][0] * 1000) + m["output_tokens"] * round(PRICES[m["model"]][1] * 1000) for m in u["models"])
+
+
+def resource_attributes(path, body):
+    from opentelemetry.proto.collector.logs.v1 import logs_service_pb2
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+    kind = {"/v1/logs": (logs_service_pb2.ExportLogsServiceRequest, "resource_logs"),
+            "/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest, "resource_metrics"),
+            "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest, "resource_spans")}[path]
+    msg = kind[0]()
+    msg.ParseFromString(body)
+    return [{a.key: a.value.string_value for a in r.resource.attributes} for r in getattr(msg, kind[1])]
+
+
+def test_claude_code_signs_in_through_the_browser_and_calls_refreshes_fetches_settings_and_sends_telemetry(env, tmp_path):
+    claude, work, run_env, creds = login(env, tmp_path, "ada")
+    research = round(env.admin_json("GET", "/admin/accounts/research")["balance"] * 1e9)
+    before = usage(env, creds["enterpriseGateway"]["jwt"])
+    refreshes = env.metric("tollgate_signin_total", step="refresh", outcome="issued")
+    settings_200 = env.metric("tollgate_requests_total", route="managed_settings", status="200")
+    # The operator's settings push the telemetry switches (the exporter itself is locked to the gateway).
+    telemetry = {"CLAUDE_CODE_ENABLE_TELEMETRY": "1", "OTEL_METRICS_EXPORTER": "otlp", "OTEL_LOGS_EXPORTER": "otlp",
+                 "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_METRIC_EXPORT_INTERVAL": "1000", "OTEL_LOGS_EXPORT_INTERVAL": "1000"}
+    out = subprocess.run([claude, "-p", "Say hello", "--model", "beta-opus-4-7"], cwd=work, env={**run_env, **telemetry},
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert "Hello from the" in out.stdout, out.stdout
+    # (b) The token lives 3 minutes, inside the client's 5-minute margin: it refreshed before calling.
+    assert env.metric("tollgate_signin_total", step="refresh", outcome="issued") > refreshes
+    stored = json.loads((tmp_path / "home" / ".claude" / ".credentials.json").read_text())["enterpriseGateway"]
+    assert stored["jwt"] != creds["enterpriseGateway"]["jwt"]
+    # Billed to ada's own key and her team, exactly.
+    u = usage(env, stored["jwt"])
+    assert u["key"]["name"] == "ada@example.com [ada]", u
+    spent = exact_cost(u) - exact_cost(before)
+    assert spent > 0 and round(u["total"]["cost"] * 1e9) - round(before["total"]["cost"] * 1e9) == spent, u
+    assert round(env.admin_json("GET", "/admin/accounts/research")["balance"] * 1e9) == research - spent
+    # (c) Managed settings: research's, with the models from ada's key; the client saved them.
+    assert env.metric("tollgate_requests_total", route="managed_settings", status="200") == settings_200 + 1
+    saved = json.loads((tmp_path / "home" / ".claude" / "remote-settings.json").read_text())
+    assert saved["env"] == {"TOLLGATE_POLICY": "research"} and saved["permissions"] == {"deny": ["WebFetch"]}, saved
+    assert saved["availableModels"] == ["beta-opus-4-7", "beta-haiku-4-5"] and saved["cleanupPeriodDays"] == 20
+    # (f) The client's exports reached the collector, each resource naming ada.
+    assert env.collector.wait_for(lambda p: p[0] in ("/v1/logs", "/v1/metrics")), env.collector.posts
+    for path, ctype, body in list(env.collector.posts):
+        assert ctype == "application/x-protobuf"
+        for attrs in resource_attributes(path, body):
+            assert (attrs["enduser.id"], attrs["user.email"], attrs["tollgate.team"]) == ("ada", "ada@example.com", "research"), attrs
+            assert attrs.get("service.name") == "claude-code", attrs
+    # A second run: the settings are unchanged, the client's checksum matches ours: 304.
+    not_modified = env.metric("tollgate_requests_total", route="managed_settings", status="304")
+    out = subprocess.run([claude, "-p", "Say hello again", "--model", "beta-haiku-4-5"], cwd=work, env=run_env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    assert env.metric("tollgate_requests_total", route="managed_settings", status="304") == not_modified + 1
+
+    # (d) ada's rules allow haiku only: opus is refused in the protocol's terms.
+    key = env.key_of("ada")
+    env.admin_json("PATCH", f"/admin/keys/{key['id']}", {"models": {"allow": ["beta-haiku-4-5"]}})
+    token = json.loads((tmp_path / "home" / ".claude" / ".credentials.json").read_text())["enterpriseGateway"]["jwt"]
+    headers = {"authorization": f"Bearer {token}", "anthropic-version": "2023-06-01"}
+    body = {"model": "beta-opus-4-7", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    r = requests.post(f"{env.gateway}/v1/messages", headers=headers, json=body)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    # The managed settings follow the rules: the signed-in client offers haiku alone.
+    settings = requests.get(f"{env.gateway}/managed/settings", headers=headers).json()["settings"]
+    assert settings["availableModels"] == ["beta-haiku-4-5"] and settings["model"] == "beta-haiku-4-5"
+    # The client in gateway mode with ada's token (no settings to hold it back) asks for opus:
+    # the gateway's 400 reaches the person as the protocol's error, with the gateway's message.
+    refused = env.metric("tollgate_requests_total", route="messages", status="400")
+    gateway_mode = {**run_env, "CLAUDE_CODE_USE_GATEWAY": "1", "ANTHROPIC_BASE_URL": env.gateway, "ANTHROPIC_AUTH_TOKEN": token}
+    out = subprocess.run([claude, "-p", "Say hello", "--model", "beta-opus-4-7"], cwd=work, env=gateway_mode,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert out.returncode != 0 and "may not call the model 'beta-opus-4-7'" in out.stdout, (out.stdout, out.stderr)
+    assert env.metric("tollgate_requests_total", route="messages", status="400") > refused
+    # A spent window: 429 billing_error, not to be retried.
+    env.admin_json("PATCH", f"/admin/keys/{key['id']}", {"models": None, "budgets": {"day": 0.000001}})
+    body["model"] = "beta-haiku-4-5"
+    requests.post(f"{env.gateway}/v1/messages", headers=headers, json=body)
+    r = requests.post(f"{env.gateway}/v1/messages", headers=headers, json=body)
+    assert r.status_code == 429 and r.json()["error"]["type"] == "billing_error" and r.headers["x-should-retry"] == "false", r.text
+    env.admin_json("PATCH", f"/admin/keys/{key['id']}", {"budgets": None})
+
+
+def test_a_disabled_person_is_refused_at_the_next_request_and_cannot_refresh(env, tmp_path):
+    claude, work, run_env, creds = login(env, tmp_path, "cy")
+    out = subprocess.run([claude, "-p", "Say hello", "--model", "beta-haiku-4-5"], cwd=work, env=run_env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0 and "Hello from the" in out.stdout, (out.stdout, out.stderr)
+    stored = json.loads((tmp_path / "home" / ".claude" / ".credentials.json").read_text())["enterpriseGateway"]
+    key = env.key_of("cy")
+    env.admin_json("PATCH", f"/admin/keys/{key['id']}", {"enabled": False})
+    # The token has not expired; the next request is refused all the same.
+    headers = {"authorization": f"Bearer {stored['jwt']}", "anthropic-version": "2023-06-01"}
+    r = requests.post(f"{env.gateway}/v1/messages", headers=headers, json={"model": "beta-haiku-4-5", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
+    r = requests.post(f"{env.gateway}/oauth/token", data={"grant_type": "refresh_token", "refresh_token": stored["idpRefreshToken"]})
+    assert (r.status_code, r.json()) == (401, {"error": "invalid_grant"})
+    out = subprocess.run([claude, "-p", "Say hello", "--model", "beta-haiku-4-5"], cwd=work, env=run_env,
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=180)
+    assert out.returncode != 0 and "Hello from the" not in out.stdout, (out.stdout, out.stderr)
