@@ -213,6 +213,9 @@ impl Reload {
         if config.price_feed != old.price_feed {
             needs_upgrade.push("price_feed");
         }
+        if config.identity.claude_code != old.identity.claude_code {
+            needs_upgrade.push("identity.claude_code");
+        }
         Ok(Reloaded { changed, needs_upgrade, warnings })
     }
 }
