@@ -31,6 +31,12 @@ pub enum Route {
     StripeWebhook,
     /// Claude Code's gateway sign-in (`identity.claude_code`).
     Signin(SigninOp),
+    /// A messages call in Bedrock's or Vertex AI's format (`protocol::cloud_ingress`), the model
+    /// in the path (`None`: Vertex's count-tokens, whose body names it).
+    Ingress {
+        ingress: crate::protocol::cloud_ingress::Ingress,
+        model: Option<String>,
+    },
     /// `GET /me`, the key holder's page (`file` ""), and its `app.js` and `app.css`: answered
     /// without a key.
     KeyPage {
@@ -153,6 +159,42 @@ fn signin_op(method: &str, path: &str) -> Option<SigninOp> {
         ("POST", "/v1/metrics") => SigninOp::Telemetry("metrics"),
         ("POST", "/v1/traces") => SigninOp::Telemetry("traces"),
         _ => return None,
+    })
+}
+
+/// A Bedrock- or Vertex-format path: `POST /model/{id}/invoke[-with-response-stream]`,
+/// `POST /v1/projects/{p}/locations/{l}/publishers/anthropic/models/{m}:rawPredict|:streamRawPredict`
+/// (and Gemini's `…/publishers/google/models/{m}:generateContent|:streamGenerateContent`).
+fn cloud_ingress(method: &str, path: &str) -> Option<Route> {
+    use crate::protocol::cloud_ingress::Ingress;
+    if let Some(rest) = path.strip_prefix("/model/") {
+        let (id, op) = rest.rsplit_once('/')?;
+        let stream = match op {
+            "invoke" => false,
+            "invoke-with-response-stream" => true,
+            _ => return None,
+        };
+        let model = crate::base::text::decode_component(id);
+        if method != "POST" || model.is_empty() || model.contains('/') {
+            return Some(Route::NotFound { shape: Protocol::Anthropic });
+        }
+        return Some(Route::Ingress { ingress: Ingress::BedrockInvoke { stream }, model: Some(model) });
+    }
+    let rest = path.strip_prefix("/v1/projects/")?;
+    let parts: Vec<&str> = rest.splitn(6, '/').collect();
+    let [_project, "locations", _location, "publishers", publisher, tail] = parts.as_slice() else { return None };
+    let (model, verb) = tail.strip_prefix("models/")?.split_once(':')?;
+    let model = crate::base::text::decode_component(model);
+    if method != "POST" || model.is_empty() || model.contains('/') {
+        return Some(Route::NotFound { shape: Protocol::Anthropic });
+    }
+    Some(match (*publisher, verb) {
+        ("anthropic", "rawPredict") if model == "count-tokens" => Route::Ingress { ingress: Ingress::VertexCountTokens, model: None },
+        ("anthropic", "rawPredict") => Route::Ingress { ingress: Ingress::VertexRaw { stream: false }, model: Some(model) },
+        ("anthropic", "streamRawPredict") => Route::Ingress { ingress: Ingress::VertexRaw { stream: true }, model: Some(model) },
+        ("google", "generateContent") => Route::GenerateContent { model, stream: false },
+        ("google", "streamGenerateContent") => Route::GenerateContent { model, stream: true },
+        _ => Route::NotFound { shape: Protocol::Anthropic },
     })
 }
 
@@ -279,6 +321,7 @@ impl Route {
             Route::Usage => "usage",
             Route::Redeem => "redeem",
             Route::StripeWebhook => "stripe_webhook",
+            Route::Ingress { ingress, .. } => ingress.label(),
             Route::Signin(op) => match op {
                 SigninOp::Metadata => "signin_metadata",
                 SigninOp::DeviceAuthorization => "signin_device_authorization",
@@ -350,6 +393,9 @@ pub fn classify(method: &str, path: &str) -> Route {
 
     if let Some(op) = signin_op(method, trimmed) {
         return Route::Signin(op);
+    }
+    if let Some(route) = cloud_ingress(method, trimmed) {
+        return route;
     }
     if trimmed == "/payments/stripe/webhook" {
         return if method == "POST" { Route::StripeWebhook } else { not_found() };
@@ -543,6 +589,30 @@ mod tests {
         assert_eq!(classify("POST", "/oauth/token"), Route::Signin(SigninOp::Token));
         assert_eq!(classify("POST", "/device"), Route::Signin(SigninOp::DeviceSubmit));
         assert_eq!(classify("POST", "/v1/logs"), Route::Signin(SigninOp::Telemetry("logs")));
+        use crate::protocol::cloud_ingress::Ingress;
+        assert_eq!(
+            classify("POST", "/model/us.anthropic.claude-x-v1%3A0/invoke-with-response-stream"),
+            Route::Ingress { ingress: Ingress::BedrockInvoke { stream: true }, model: Some("us.anthropic.claude-x-v1:0".into()) }
+        );
+        assert_eq!(
+            classify("POST", "/model/m/invoke"),
+            Route::Ingress { ingress: Ingress::BedrockInvoke { stream: false }, model: Some("m".into()) }
+        );
+        assert_eq!(classify("GET", "/model/m/invoke"), Route::NotFound { shape: Protocol::Anthropic });
+        let vertex = "/v1/projects/p1/locations/us-east5/publishers";
+        assert_eq!(
+            classify("POST", &format!("{vertex}/anthropic/models/claude-x@2025:streamRawPredict")),
+            Route::Ingress { ingress: Ingress::VertexRaw { stream: true }, model: Some("claude-x@2025".into()) }
+        );
+        assert_eq!(
+            classify("POST", &format!("{vertex}/anthropic/models/count-tokens:rawPredict")),
+            Route::Ingress { ingress: Ingress::VertexCountTokens, model: None }
+        );
+        assert_eq!(
+            classify("POST", &format!("{vertex}/google/models/g:streamGenerateContent")),
+            Route::GenerateContent { model: "g".into(), stream: true }
+        );
+        assert_eq!(classify("POST", &format!("{vertex}/meta/models/g:rawPredict")), Route::NotFound { shape: Protocol::Anthropic });
         assert!(!SigninOp::ManagedSettings.keyless() && SigninOp::Token.keyless());
         assert_eq!(classify("GET", "/payments/stripe/webhook"), Route::NotFound { shape: Protocol::Openai });
         assert_eq!(classify("GET", "/v1/redeem"), Route::NotFound { shape: Protocol::Openai });

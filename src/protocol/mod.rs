@@ -7,6 +7,7 @@
 pub mod anthropic;
 pub mod audio;
 pub mod batch;
+pub mod cloud_ingress;
 pub mod conversation;
 pub mod gemini;
 pub mod mcp;

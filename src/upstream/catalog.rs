@@ -162,6 +162,15 @@ impl Catalog {
     /// Models a group may call, optionally through one protocol's endpoints only; first
     /// occurrence wins. A translating group calls every provider's models through every
     /// endpoint open to it.
+    /// The name clients call a model by, given either that name or a provider's own id for it
+    /// (`models: [{name, upstream}]`): what a Bedrock- or Vertex-format path names.
+    pub fn client_name(&self, id: &str) -> Option<String> {
+        if self.by_model.contains_key(id) {
+            return Some(id.to_string());
+        }
+        self.upstreams.iter().find_map(|u| u.config.upstream_names.iter().find(|(_, up)| up.as_str() == id).map(|(name, _)| name.clone()))
+    }
+
     pub fn models_for(&self, group: &str, only: Option<Protocol>) -> Vec<ModelEntry> {
         let mut out: Vec<ModelEntry> = Vec::new();
         let translates = self.group_translates(group);

@@ -72,6 +72,17 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
         }
         return Err(Exit::Answer(Outcome::Respond(super::key_page::page(file))));
     }
+    // A messages call in Bedrock's or Vertex's format goes on as a messages call.
+    let route = match route {
+        Route::Ingress { ingress, model } => {
+            ctx.ingress = Some((ingress, model));
+            match ingress {
+                crate::protocol::cloud_ingress::Ingress::VertexCountTokens => Route::CountTokens,
+                _ => Route::Messages,
+            }
+        }
+        other => other,
+    };
     ctx.key_checked = true;
     let presented = auth::extract_key(&req.headers);
     let key = match (&gw.identity, presented) {

@@ -50,7 +50,10 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             })?;
         return Ok(Drafted { protocol, draft, body_reservation: Some(spooled), upload: Some(std::sync::Arc::new(form)) });
     }
-    let client_body = crate::edge::body::read(session, &gw.body).await?;
+    let mut client_body = crate::edge::body::read(session, &gw.body).await?;
+    if let Some((ingress, model)) = &ctx.ingress {
+        client_body.bytes = super::ingress::messages_body(session, routing, *ingress, model.as_deref(), &client_body.bytes)?;
+    }
     let draft = match route {
         Route::StoredResponse { id, .. } => {
             let owner = gw.owners.owned_by(id, &key.id).await.map_err(crate::access::owners::unavailable)?;

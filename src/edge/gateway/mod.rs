@@ -61,6 +61,7 @@ mod admit;
 mod answer;
 mod draft;
 mod guarded;
+mod ingress;
 mod key_page;
 mod keyless;
 mod kinds;
@@ -252,6 +253,8 @@ pub struct RequestCtx {
     /// The caller presented tollgate's own token (Claude Code's gateway sign-in): who it names.
     /// Its refusals are in the gateway protocol's terms.
     pub signed_in: Option<Box<crate::signin::token::Claims>>,
+    /// A messages call that came in Bedrock's or Vertex AI's format, and the model its path named.
+    pub ingress: Option<(crate::protocol::cloud_ingress::Ingress, Option<String>)>,
 }
 
 /// How a stage ends the request before it is relayed: answered here (a local endpoint, a
@@ -407,6 +410,7 @@ impl ProxyHttp for Gateway {
     fn init_downstream_modules(&self, modules: &mut pingora_core::modules::http::HttpModules) {
         modules.add_module(pingora_core::modules::http::compression::ResponseCompressionBuilder::enable(0));
         modules.add_module(Box::new(crate::observe::request_id::RequestIdBuilder));
+        modules.add_module(Box::new(crate::edge::framing::IngressFramingBuilder));
     }
 
     /// Never reached: `request_filter` answers every request.
