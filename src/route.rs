@@ -169,16 +169,18 @@ fn cloud_ingress(method: &str, path: &str) -> Option<Route> {
     use crate::protocol::cloud_ingress::Ingress;
     if let Some(rest) = path.strip_prefix("/model/") {
         let (id, op) = rest.rsplit_once('/')?;
-        let stream = match op {
-            "invoke" => false,
-            "invoke-with-response-stream" => true,
+        let ingress = match op {
+            "invoke" => Ingress::BedrockInvoke { stream: false },
+            "invoke-with-response-stream" => Ingress::BedrockInvoke { stream: true },
+            "converse" => Ingress::BedrockConverse { stream: false },
+            "converse-stream" => Ingress::BedrockConverse { stream: true },
             _ => return None,
         };
         let model = crate::base::text::decode_component(id);
         if method != "POST" || model.is_empty() || model.contains('/') {
             return Some(Route::NotFound { shape: Protocol::Anthropic });
         }
-        return Some(Route::Ingress { ingress: Ingress::BedrockInvoke { stream }, model: Some(model) });
+        return Some(Route::Ingress { ingress, model: Some(model) });
     }
     let rest = path.strip_prefix("/v1/projects/")?;
     let parts: Vec<&str> = rest.splitn(6, '/').collect();
@@ -599,6 +601,10 @@ mod tests {
             Route::Ingress { ingress: Ingress::BedrockInvoke { stream: false }, model: Some("m".into()) }
         );
         assert_eq!(classify("GET", "/model/m/invoke"), Route::NotFound { shape: Protocol::Anthropic });
+        assert_eq!(
+            classify("POST", "/model/m/converse-stream"),
+            Route::Ingress { ingress: Ingress::BedrockConverse { stream: true }, model: Some("m".into()) }
+        );
         let vertex = "/v1/projects/p1/locations/us-east5/publishers";
         assert_eq!(
             classify("POST", &format!("{vertex}/anthropic/models/claude-x@2025:streamRawPredict")),

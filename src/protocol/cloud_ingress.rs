@@ -21,6 +21,19 @@ pub enum Ingress {
     VertexRaw { stream: bool },
     /// `…/publishers/anthropic/models/count-tokens:rawPredict`.
     VertexCountTokens,
+    /// `POST /model/{id}/converse` (`stream: false`) and `/converse-stream`.
+    BedrockConverse { stream: bool },
+}
+
+/// How an ingress's answer is reshaped on its way out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reshape {
+    /// A messages stream as `InvokeModelWithResponseStream`'s `chunk` frames.
+    InvokeFrames,
+    /// A messages stream as `ConverseStream`'s frames.
+    ConverseFrames,
+    /// A whole messages answer as a `ConverseResponse`.
+    ConverseJson,
 }
 
 impl Ingress {
@@ -31,12 +44,19 @@ impl Ingress {
             Ingress::VertexRaw { stream: false } => "vertex_raw_predict",
             Ingress::VertexRaw { stream: true } => "vertex_stream_raw_predict",
             Ingress::VertexCountTokens => "vertex_count_tokens",
+            Ingress::BedrockConverse { stream: false } => "bedrock_converse",
+            Ingress::BedrockConverse { stream: true } => "bedrock_converse_stream",
         }
     }
 
-    /// Whether its answer goes out in AWS event-stream frames.
-    pub fn frames(self) -> bool {
-        self == Ingress::BedrockInvoke { stream: true }
+    /// How its answer is reshaped (None: it goes out as the messages protocol's).
+    pub fn reshape(self) -> Option<Reshape> {
+        match self {
+            Ingress::BedrockInvoke { stream: true } => Some(Reshape::InvokeFrames),
+            Ingress::BedrockConverse { stream: true } => Some(Reshape::ConverseFrames),
+            Ingress::BedrockConverse { stream: false } => Some(Reshape::ConverseJson),
+            _ => None,
+        }
     }
 }
 
@@ -88,16 +108,23 @@ fn chunk_frame(json: &[u8], out: &mut Vec<u8>) {
     }
 }
 
-/// A messages SSE stream rewritten as Bedrock's event-stream frames, as it arrives: each
-/// event's `data` JSON one `chunk` frame (`ping` events are not sent: Bedrock has none).
+/// A messages SSE stream rewritten as Bedrock's event-stream frames, as it arrives: for
+/// `InvokeModelWithResponseStream` each event's `data` JSON one `chunk` frame (`ping` events
+/// are not sent: Bedrock has none); for `ConverseStream`, Converse's events.
 pub struct Frames {
     pending: Vec<u8>,
     max_event: usize,
+    converse: Option<super::converse::StreamFrames>,
 }
 
 impl Frames {
     pub fn new(max_event: usize) -> Frames {
-        Frames { pending: Vec::new(), max_event }
+        Frames { pending: Vec::new(), max_event, converse: None }
+    }
+
+    /// Frames of `ConverseStream`.
+    pub fn converse(max_event: usize) -> Frames {
+        Frames { pending: Vec::new(), max_event, converse: Some(super::converse::StreamFrames::default()) }
     }
 
     /// The frames of the events `chunk` completes (an event cut between chunks waits).
@@ -106,7 +133,7 @@ impl Frames {
         let mut out = Vec::new();
         while let Some(end) = find_event_end(&self.pending) {
             let event: Vec<u8> = self.pending.drain(..end.1).collect();
-            write_event(&event[..end.0], &mut out);
+            self.write_event(&event[..end.0], &mut out);
         }
         if self.pending.len() > self.max_event {
             log::warn!("bedrock ingress: a stream event over {} bytes was dropped", self.max_event);
@@ -120,9 +147,21 @@ impl Frames {
         let rest = std::mem::take(&mut self.pending);
         let mut out = Vec::new();
         if !rest.iter().all(u8::is_ascii_whitespace) {
-            write_event(&rest, &mut out);
+            self.write_event(&rest, &mut out);
         }
         Bytes::from(out)
+    }
+
+    fn write_event(&mut self, event: &[u8], out: &mut Vec<u8>) {
+        let Some(data) = event_data(event) else { return };
+        match &mut self.converse {
+            Some(c) => {
+                if let Ok(v) = serde_json::from_str::<Value>(&data) {
+                    c.event(&v, out);
+                }
+            }
+            None => chunk_frame(data.as_bytes(), out),
+        }
     }
 }
 
@@ -136,7 +175,8 @@ fn find_event_end(b: &[u8]) -> Option<(usize, usize)> {
     }
 }
 
-fn write_event(event: &[u8], out: &mut Vec<u8>) {
+/// An SSE event's `data`, unless it is empty or a `ping`.
+fn event_data(event: &[u8]) -> Option<String> {
     let text = String::from_utf8_lossy(event);
     let mut name = "";
     let mut data = String::new();
@@ -151,9 +191,9 @@ fn write_event(event: &[u8], out: &mut Vec<u8>) {
         }
     }
     if data.is_empty() || name == "ping" || data.contains("\"type\":\"ping\"") {
-        return;
+        return None;
     }
-    chunk_frame(data.as_bytes(), out);
+    Some(data)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ pub mod audio;
 pub mod batch;
 pub mod cloud_ingress;
 pub mod conversation;
+pub mod converse;
 pub mod gemini;
 pub mod mcp;
 pub mod media;

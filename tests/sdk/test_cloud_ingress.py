@@ -1,5 +1,5 @@
 """Bedrock- and Vertex-format ingress (issue 68, point 4): boto3's `bedrock-runtime` client
-(`invoke_model`, `invoke_model_with_response_stream`) with a gateway key as its Bedrock API key
+(`invoke_model`, `invoke_model_with_response_stream`, `converse`, `converse_stream`) with a gateway key as its Bedrock API key
 (`AWS_BEARER_TOKEN_BEDROCK`), the Anthropic Vertex SDK (`AnthropicVertex`, `:rawPredict` and
 `:streamRawPredict`), and Claude Code set to Bedrock and to Vertex, all pointed at tollgate and
 billed exactly as messages calls; model ids map through `models: [{name, upstream}]`."""
@@ -116,8 +116,19 @@ def test_boto3_invokes_and_streams_through_tollgate_billed_exactly(env, monkeypa
     assert types[0] == "message_start" and types[-1] == "message_stop" and "content_block_delta" in types, types
     text = "".join(e["delta"].get("text", "") for e in events if e["type"] == "content_block_delta")
     assert text.startswith("Hello from the"), text
+    # The Converse API: whole, and streamed.
+    conversation = [{"role": "user", "content": [{"text": "hello"}]}]
+    c = client.converse(modelId="beta-opus-4-7", messages=conversation, system=[{"text": "be brief"}], inferenceConfig={"maxTokens": 32})
+    assert c["output"]["message"]["content"][0]["text"].startswith("Hello from the"), c
+    assert c["stopReason"] == "end_turn" and c["usage"]["outputTokens"] > 0 and c["usage"]["inputTokens"] > 0, c
+    s = client.converse_stream(modelId=BEDROCK_ID, messages=conversation, inferenceConfig={"maxTokens": 32})
+    events = list(s["stream"])
+    kinds = [next(iter(e)) for e in events]
+    assert kinds[0] == "messageStart" and kinds[-2:] == ["messageStop", "metadata"] and "contentBlockDelta" in kinds, kinds
+    streamed = "".join(e["contentBlockDelta"]["delta"].get("text", "") for e in events if "contentBlockDelta" in e)
+    assert streamed.startswith("Hello from the") and events[-1]["metadata"]["usage"]["outputTokens"] > 0, events
     u = env.usage(made["key"])
-    assert u["total"]["requests"] == 3 and {m["model"] for m in u["models"]} == {"beta-opus-4-7", "beta-haiku-4-5"}, u
+    assert u["total"]["requests"] == 5 and {m["model"] for m in u["models"]} == {"beta-opus-4-7", "beta-haiku-4-5"}, u
     spent = exact_cost(u)
     assert spent > 0 and round(u["total"]["cost"] * 1e9) == spent
     assert balance_nanos(env, made["id"]) == 5_000_000_000 - spent

@@ -1,8 +1,8 @@
 //! A messages call that came in Bedrock's or Vertex AI's format (`protocol::cloud_ingress`):
 //! its body and path made the messages protocol's — the model its path names, mapped from a provider's
 //! own id (`models: [{name, upstream}]`) to the name clients call it by, Bedrock's
-//! `anthropic_beta` body field sent as the `anthropic-beta` header — and a Bedrock stream's
-//! answer framed (`edge::framing`). Everything after is a messages call's: the same checks,
+//! `anthropic_beta` body field sent as the `anthropic-beta` header, a Converse request
+//! translated — and a Bedrock answer reshaped (`edge::framing`). Everything after is a messages call's: the same checks,
 //! holds, relay and bill.
 
 use crate::protocol::cloud_ingress::{to_messages, Ingress};
@@ -19,11 +19,13 @@ pub(super) fn messages_body(
     body: &[u8],
 ) -> Result<Bytes, ApiError> {
     let model = model.map(|m| routing.catalog.client_name(m).unwrap_or_else(|| m.to_string()));
-    let stream = match ingress {
-        Ingress::BedrockInvoke { stream } | Ingress::VertexRaw { stream } => Some(stream),
-        Ingress::VertexCountTokens => None,
+    let (body, betas) = match ingress {
+        Ingress::BedrockInvoke { stream } | Ingress::VertexRaw { stream } => to_messages(body, model.as_deref(), Some(stream))?,
+        Ingress::VertexCountTokens => to_messages(body, None, None)?,
+        Ingress::BedrockConverse { stream } => {
+            (crate::protocol::converse::to_messages(body, model.as_deref().unwrap_or_default(), stream)?, Vec::new())
+        }
     };
-    let (body, betas) = to_messages(body, model.as_deref(), stream)?;
     if !betas.is_empty() && crate::protocol::header_str(session.req_header(), "anthropic-beta").is_none() {
         if let Err(e) = session.req_header_mut().insert_header("anthropic-beta", betas.join(",")) {
             log::debug!("bedrock ingress: anthropic_beta not carried: {e}");
@@ -32,8 +34,8 @@ pub(super) fn messages_body(
     // Relayed as the messages call it is (the upstream path is the client's, for a native relay).
     let path = if ingress == Ingress::VertexCountTokens { "/v1/messages/count_tokens" } else { "/v1/messages" };
     session.req_header_mut().set_uri(http::Uri::from_static(path));
-    if ingress.frames() {
-        crate::edge::framing::activate(session, routing.max_event_bytes);
+    if let Some(reshape) = ingress.reshape() {
+        crate::edge::framing::activate(session, reshape, routing.max_event_bytes);
     }
     Ok(body)
 }
