@@ -102,6 +102,13 @@ pub fn esc_html(text: &str) -> String {
     out
 }
 
+/// Whether `url`'s host is a loopback name or address (a local provider may speak plain HTTP).
+pub fn loopback_url(url: &str) -> bool {
+    let Ok(uri) = url.parse::<http::Uri>() else { return false };
+    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod redact_tests {
     use super::{clip, redact_url};

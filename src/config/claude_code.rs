@@ -118,7 +118,7 @@ pub(super) fn claude_code(raw: Option<RawClaudeCode>, has_oidc: bool) -> Result<
             let uri: http::Uri = u.parse().map_err(|e| ConfigError(format!("identity.claude_code.public_url: not a URL ({e})")))?;
             match uri.scheme_str() {
                 Some("https") => {}
-                Some("http") if super::identity::loopback_url(&u) => {}
+                Some("http") if crate::base::text::loopback_url(&u) => {}
                 _ => {
                     return err(
                         "identity.claude_code.public_url: https (Claude Code takes plain http only for localhost, 127.0.0.1 and [::1])",

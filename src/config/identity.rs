@@ -136,13 +136,6 @@ pub(super) struct RawOidc {
     clock_skew_secs: Option<u64>,
 }
 
-/// Whether `url`'s host is a loopback name or address (a local provider may speak plain HTTP).
-pub fn loopback_url(url: &str) -> bool {
-    let Ok(uri) = url.parse::<http::Uri>() else { return false };
-    let host = uri.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
-    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
 pub(super) fn identity(raw: Option<RawIdentity>, env: &dyn Fn(&str) -> Option<String>) -> Result<IdentityConfig, ConfigError> {
     let Some(raw) = raw else { return Ok(IdentityConfig::default()) };
     let raw_signup = raw.signup;
@@ -157,7 +150,7 @@ pub(super) fn identity(raw: Option<RawIdentity>, env: &dyn Fn(&str) -> Option<St
     let uri: http::Uri = issuer.parse().map_err(|e| ConfigError(format!("identity.oidc.issuer: not a URL ({e})")))?;
     match uri.scheme_str() {
         Some("https") => {}
-        Some("http") if loopback_url(&issuer) => {}
+        Some("http") if crate::base::text::loopback_url(&issuer) => {}
         Some("http") => return err("identity.oidc.issuer: must be https (plain http only for a provider on this machine)"),
         _ => return err("identity.oidc.issuer: an https URL, as the provider's tokens name it (iss)"),
     }

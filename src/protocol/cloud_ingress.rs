@@ -49,6 +49,11 @@ impl Ingress {
         }
     }
 
+    /// Whether it is one of Bedrock's (its refusals in Bedrock's error shape).
+    pub fn bedrock(self) -> bool {
+        matches!(self, Ingress::BedrockInvoke { .. } | Ingress::BedrockConverse { .. })
+    }
+
     /// How its answer is reshaped (None: it goes out as the messages protocol's).
     pub fn reshape(self) -> Option<Reshape> {
         match self {

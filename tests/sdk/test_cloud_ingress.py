@@ -139,6 +139,11 @@ def test_boto3_invokes_and_streams_through_tollgate_billed_exactly(env, monkeypa
     with pytest.raises(botocore.exceptions.ClientError) as refused:
         bedrock(env, "sk-wrong", monkeypatch).invoke_model(modelId="beta-opus-4-7", body=json.dumps(body))
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 401
+    assert refused.value.response["Error"]["Code"] == "UnrecognizedClientException", refused.value.response
+    # A model the gateway does not serve: Bedrock's not-found, by its code.
+    good = bedrock(env, made["key"], monkeypatch)
+    with pytest.raises(good.exceptions.ResourceNotFoundException):
+        good.invoke_model(modelId="no-such-model", body=json.dumps(body))
 
 
 def test_the_anthropic_vertex_sdk_raw_predicts_and_streams_through_tollgate(env):

@@ -6,6 +6,7 @@
 //! holds, relay and bill.
 
 use crate::protocol::cloud_ingress::{to_messages, Ingress};
+use crate::protocol::response::LocalResponse;
 use crate::protocol::ApiError;
 use crate::upstream::Routing;
 use bytes::Bytes;
@@ -38,4 +39,26 @@ pub(super) fn messages_body(
         crate::edge::framing::activate(session, reshape, routing.max_event_bytes);
     }
     Ok(body)
+}
+
+/// A refusal of a Bedrock-format call in Bedrock's error shape: `{"message"}` and the
+/// `x-amzn-ErrorType` the AWS SDKs read the error's code from (the status is tollgate's).
+pub(super) fn bedrock_refusal(err: &ApiError) -> LocalResponse {
+    let status = err.status();
+    let kind = match status {
+        401 => "UnrecognizedClientException",
+        402 | 403 => "AccessDeniedException",
+        404 => "ResourceNotFoundException",
+        408 => "ModelTimeoutException",
+        429 => "ThrottlingException",
+        503 => "ServiceUnavailableException",
+        s if s >= 500 => "InternalServerException",
+        _ => "ValidationException",
+    };
+    let mut r = LocalResponse::json(status, &serde_json::json!({"message": err.message}));
+    r.headers.push(("x-amzn-errortype", kind.to_string()));
+    if let Some(secs) = err.retry_after {
+        r.headers.push(("retry-after", secs.to_string()));
+    }
+    r
 }

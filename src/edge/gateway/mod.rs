@@ -396,8 +396,10 @@ impl ProxyHttp for Gateway {
                 ctx.reason_param = err.param.clone();
                 // The body may be unread: do not reuse the connection after an early refusal.
                 session.set_keepalive(None);
+                let bedrock = ctx.ingress.as_ref().is_some_and(|(i, _)| i.bedrock());
                 let answer = match ctx.signed_in {
                     Some(_) => signin::refusal(&err),
+                    None if bedrock => ingress::bedrock_refusal(&err),
                     None => LocalResponse::error(&err, ctx.shape.unwrap_or(Protocol::Openai)),
                 };
                 answer.send(session).await?;

@@ -51,7 +51,7 @@ fn base_url(signin: &Signin, session: &Session) -> String {
     let req = session.req_header();
     let host = header_str(req, "host").or_else(|| req.uri.authority().map(|a| a.as_str())).unwrap_or("localhost");
     let host: String = host.chars().filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | ':' | '-' | '[' | ']')).take(255).collect();
-    let scheme = if crate::config::identity::loopback_url(&format!("http://{host}")) { "http" } else { "https" };
+    let scheme = if crate::base::text::loopback_url(&format!("http://{host}")) { "http" } else { "https" };
     format!("{scheme}://{host}")
 }
 
