@@ -18,7 +18,7 @@ pub struct ClaudeCodeConfig {
     pub public_url: Option<String>,
     /// How long an access token lives (seconds; default one hour).
     pub token_ttl_secs: u64,
-    /// How long a refresh token lives unused (seconds; default 30 days).
+    /// How long a refresh token lives from the sign-in that made it (seconds; default 30 days).
     pub refresh_ttl_secs: u64,
     /// Managed settings: for everyone, per team (account name) and per role.
     pub settings: ManagedSettings,
