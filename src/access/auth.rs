@@ -367,6 +367,7 @@ impl KeyIndex {
                     rates: seed.rates,
                     price_multiplier: seed.price_multiplier,
                     plan: same_plan(None, seed.plan.as_deref()),
+                    claude_code: None,
                 },
             };
             self.store.put_account(&record).await?;

@@ -36,6 +36,9 @@ pub(super) struct CreateAccount {
     price_multiplier: Option<crate::base::money::Multiplier>,
 }
 
+/// The most a team's Claude Code settings may hold (their JSON).
+const MAX_CLAUDE_CODE_BYTES: usize = 64 << 10;
+
 /// `PATCH /admin/accounts/{name}`.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,6 +71,9 @@ pub(super) struct PatchAccount {
     /// The plan it subscribes to (`null`: none).
     #[serde(default, deserialize_with = "double_option")]
     plan: Option<Option<String>>,
+    /// Claude Code's managed settings of the team (`null`: none here; the file's still apply).
+    #[serde(default, deserialize_with = "double_option")]
+    claude_code: Option<Option<serde_json::Map<String, Value>>>,
 }
 
 impl AdminApi {
@@ -152,6 +158,7 @@ impl AdminApi {
             "created_at": account.created_at, "origin": account.origin, "keys": keys,
             "member_limit": account.member_limit.as_ref().map(crate::admin::teams::ceiling_view),
             "member_policy": account.member_policy.as_ref().map(crate::admin::teams::ceiling_view),
+            "claude_code": account.claude_code,
             "people": account.people, "guardrails": account.guardrails,
             "rpm": account.rates.rpm, "tpm": account.rates.tpm, "max_concurrent": account.rates.max_concurrent,
             "price_multiplier": account.price_multiplier,
@@ -189,6 +196,7 @@ impl AdminApi {
             rates,
             price_multiplier: body.price_multiplier,
             plan: None,
+            claude_code: None,
         };
         self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
         self.keys.put_account(&account).await.map_err(internal)?;
@@ -218,6 +226,12 @@ impl AdminApi {
         let repriced = patch.price_multiplier.filter(|m| *m != account.price_multiplier);
         if let Some(m) = repriced {
             account.price_multiplier = m;
+        }
+        if let Some(settings) = patch.claude_code {
+            if settings.as_ref().is_some_and(|s| serde_json::to_vec(s).map_or(usize::MAX, |v| v.len()) > MAX_CLAUDE_CODE_BYTES) {
+                return Err(ApiError::new(ErrorKind::BadRequest, "claude_code: at most 64 KiB of settings").with_param("claude_code"));
+            }
+            account.claude_code = settings;
         }
         if let Some(limit) = patch.member_limit {
             account.member_limit = limit.map(crate::admin::teams::CeilingInput::parse).transpose()?;

@@ -457,6 +457,7 @@ mod tests {
             rates: Default::default(),
             price_multiplier: None,
             plan: None,
+            claude_code: None,
         });
         assert!(!kept.holds(&key, &Under { account: Some(account), ..Under::default() }, &calendar, now));
         assert!(!kept.holds(&key, &under, &Calendar::new("Asia/Tokyo").expect("zone"), now));

@@ -180,6 +180,10 @@ pub struct AccountRecord {
     /// The plan the account subscribes to (its credit is granted to the account's balance).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan: Option<crate::policy::plan::PlanRef>,
+    /// Claude Code's managed settings of the team, set in the console or the admin API: merged
+    /// over the file's `identity.claude_code.settings` (default, then the team's) for its people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claude_code: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl AccountRecord {

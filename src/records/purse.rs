@@ -210,6 +210,7 @@ mod tests {
             member_limit: None,
             member_policy: None,
             people: Default::default(),
+            claude_code: None,
         }
     }
 

@@ -112,6 +112,7 @@ impl Signup {
                 .clone()
                 .filter(|p| self.keys.plans().get(p).is_some())
                 .map(|name| crate::policy::plan::PlanRef { name, since: now }),
+            claude_code: None,
         };
         let purse = crate::policy::budget::account_purse(&name);
         self.ledger.open_account(&purse, 0).await?;

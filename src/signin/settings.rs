@@ -1,6 +1,6 @@
 //! Managed settings (`GET /managed/settings`): the object Claude Code applies as its
-//! `managed-settings.json`, chosen for a person — `default`, then their team's, then their
-//! role's, each merged over the one before (objects key by key, anything else replaced) —
+//! `managed-settings.json`, chosen for a person — `default`, then their team's (the file's, then
+//! what the console or the admin API set for the team), then their role's, each merged over the one before (objects key by key, anything else replaced) —
 //! with `availableModels` and `model` from their key's model rules unless set; and its
 //! checksum, computed exactly as the client computes the one it sends in `If-None-Match`
 //! (keys sorted at every depth, compact JSON as JavaScript writes it, SHA-256). Pure.
@@ -22,10 +22,17 @@ fn merge(a: &mut Map<String, Value>, b: &Map<String, Value>) {
 }
 
 /// The settings of a person on `team` with `role`; None when nothing applies to them (the
-/// client's "no managed policy", 404). `models`: the models their key may call, in the
+/// client's "no managed policy", 404). `stored`: the team's own, set in the console or the
+/// admin API (over the file's for the team). `models`: the models their key may call, in the
 /// catalog's order (for `availableModels` and `model` when the settings set neither).
-pub fn for_person(cfg: &ManagedSettings, team: Option<&str>, role: &str, models: &[String]) -> Option<Map<String, Value>> {
-    let layers = [cfg.default.as_ref(), team.and_then(|t| cfg.teams.get(t)), cfg.roles.get(role)];
+pub fn for_person(
+    cfg: &ManagedSettings,
+    team: Option<&str>,
+    stored: Option<&Map<String, Value>>,
+    role: &str,
+    models: &[String],
+) -> Option<Map<String, Value>> {
+    let layers = [cfg.default.as_ref(), team.and_then(|t| cfg.teams.get(t)), stored, cfg.roles.get(role)];
     if layers.iter().all(Option::is_none) {
         return None;
     }
@@ -87,18 +94,22 @@ mod tests {
         cfg.teams.insert("research".into(), obj(json!({"env": {"B": "team"}, "permissions": {"deny": ["WebFetch"]}})));
         cfg.roles.insert("team_admin".into(), obj(json!({"cleanupPeriodDays": 7})));
         let models = ["beta-opus".to_string(), "beta-haiku".to_string()];
-        let s = for_person(&cfg, Some("research"), "team_admin", &models).unwrap();
+        let s = for_person(&cfg, Some("research"), None, "team_admin", &models).unwrap();
         assert_eq!(
             Value::Object(s),
             json!({"env": {"A": "1", "B": "team"}, "cleanupPeriodDays": 7, "permissions": {"deny": ["WebFetch"]},
                    "availableModels": ["beta-opus", "beta-haiku"], "model": "beta-opus"})
         );
-        let s = for_person(&cfg, Some("ops"), "member", &[]).unwrap();
+        let s = for_person(&cfg, Some("ops"), None, "member", &[]).unwrap();
         assert_eq!(Value::Object(s), json!({"env": {"A": "1", "B": "2"}, "cleanupPeriodDays": 30}));
         cfg.default = None;
-        assert_eq!(for_person(&cfg, Some("ops"), "member", &models), None, "nothing applies: 404");
+        assert_eq!(for_person(&cfg, Some("ops"), None, "member", &models), None, "nothing applies: 404");
+        // The team's stored settings alone apply too, over the file's for the team.
+        let stored = obj(json!({"env": {"B": "console"}}));
+        let s = for_person(&cfg, Some("research"), Some(&stored), "member", &[]).unwrap();
+        assert_eq!(s["env"], json!({"B": "console"}));
         cfg.teams.insert("ops".into(), obj(json!({"model": "beta-haiku", "availableModels": []})));
-        let s = for_person(&cfg, Some("ops"), "member", &models).unwrap();
+        let s = for_person(&cfg, Some("ops"), None, "member", &models).unwrap();
         assert_eq!(Value::Object(s), json!({"model": "beta-haiku", "availableModels": []}));
     }
 

@@ -547,3 +547,28 @@ def test_accounts_groups_and_plans_show_what_is_charged_the_windows_and_the_plan
     (starter,) = table_rows(browser, "plans")
     assert starter[:5] == ["starter", "$2.00", "month", "no", "—"] and starter[5] == "5h $1.50" and starter[7] == "acme", starter
     screenshot(browser, "15-groups-and-plans")
+
+
+def test_an_operator_sets_a_teams_claude_code_settings_in_the_console(gateway, browser):
+    sign_in(browser, gateway, then="/console/accounts/acme")
+    assert heading(browser) == "Account acme"
+    box = browser.find_element(By.ID, "claude_code")
+    # Not an object: refused with why, what was typed kept, nothing stored.
+    box.clear()
+    box.send_keys('["WebFetch"]')
+    submit(browser, browser.find_element(By.ID, "save-claude-code"), "Account acme")
+    assert "a JSON object" in browser.find_element(By.CSS_SELECTOR, "p.alert").text
+    assert browser.find_element(By.ID, "claude_code").get_attribute("value") == '["WebFetch"]'
+    assert gateway.admin_json("GET", "/admin/accounts/acme")["claude_code"] is None
+    box = browser.find_element(By.ID, "claude_code")
+    box.clear()
+    box.send_keys('{"permissions": {"deny": ["WebFetch"]}, "env": {"TEAM": "acme"}}')
+    submit(browser, browser.find_element(By.ID, "save-claude-code"), "Account acme")
+    assert browser.find_element(By.CSS_SELECTOR, "p.notice").text == "Saved."
+    stored = gateway.admin_json("GET", "/admin/accounts/acme")["claude_code"]
+    assert stored == {"permissions": {"deny": ["WebFetch"]}, "env": {"TEAM": "acme"}}
+    assert '"TEAM": "acme"' in browser.find_element(By.ID, "claude_code").get_attribute("value")
+    # Emptied: none stored.
+    browser.find_element(By.ID, "claude_code").clear()
+    submit(browser, browser.find_element(By.ID, "save-claude-code"), "Account acme")
+    assert gateway.admin_json("GET", "/admin/accounts/acme")["claude_code"] is None

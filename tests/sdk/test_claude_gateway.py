@@ -211,6 +211,17 @@ def test_the_protocols_device_flow_refresh_and_refusals_over_http(env):
     r = requests.post(f"{env.gateway}/oauth/token", data={"grant_type": "refresh_token", "refresh_token": t["refresh_token"]})
     assert r.status_code == 200, r.text
     assert r.json()["access_token"] != t["access_token"]
+    # The team's settings set through the admin API (the console's form) go over the file's.
+    fresh = {"authorization": f"Bearer {r.json()['access_token']}"}
+    before = requests.get(f"{env.gateway}/managed/settings", headers=fresh)
+    assert before.json()["settings"]["env"] == {"TOLLGATE_POLICY": "research"}
+    env.admin_json("PATCH", "/admin/accounts/research", {"claude_code": {"env": {"TOLLGATE_POLICY": "console"}, "includeCoAuthoredBy": False}})
+    after = requests.get(f"{env.gateway}/managed/settings", headers={**fresh, "if-none-match": before.headers["etag"]})
+    assert after.status_code == 200 and after.headers["etag"] != before.headers["etag"], after.text
+    assert after.json()["settings"]["env"] == {"TOLLGATE_POLICY": "console"} and after.json()["settings"]["includeCoAuthoredBy"] is False
+    assert after.json()["settings"]["permissions"] == {"deny": ["WebFetch"]}
+    env.admin_json("PATCH", "/admin/accounts/research", {"claude_code": None})
+    assert requests.get(f"{env.gateway}/managed/settings", headers={**fresh, "if-none-match": before.headers["etag"]}).status_code == 304
     bad = requests.post(f"{env.gateway}/oauth/token", data={"grant_type": "refresh_token", "refresh_token": "tgr_" + "x" * 43})
     assert (bad.status_code, bad.json()) == (401, {"error": "invalid_grant"})
 

@@ -251,6 +251,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         rates: tollgate::policy::limits::RateLimits { rpm: Some(60), tpm: Some(5_000), max_concurrent: Some(4) },
         price_multiplier: tollgate::base::money::Multiplier::new(1.25),
         plan: Some(tollgate::policy::plan::PlanRef { name: "team-plan".into(), since: 1_700_000_000 }),
+        claude_code: None,
     };
     keys.put_account(&account).await.expect("put account");
     for s in &stores {

@@ -124,9 +124,12 @@ pub(super) async fn account(api: &AdminApi, req: &Request, name: &str, error: Op
         "card grid",
         &format!("{fields}<p><button type=\"submit\">Save</button></p>"),
     );
+    let settings =
+        claude_code_form(req, name, &record, error.filter(|(_, f)| f.get("form") == "claude_code").map(|(_, f)| f.get("claude_code")));
     let body = format!(
         "{done}{general}<section class=\"card\"><p>Balance <strong id=\"balance\">{}</strong> · charged {charged} of the price table · \
-limits: <span id=\"limits\">{}</span></p>{}</section><h2>Spend windows</h2>{}<h2>Plan, multiplier and limits</h2>{form}<h2>Keys</h2>{}",
+limits: <span id=\"limits\">{}</span></p>{}</section><h2>Spend windows</h2>{}<h2>Plan, multiplier and limits</h2>{form}\
+<h2>Claude Code managed settings</h2>{settings}<h2>Keys</h2>{}",
         money(view["balance"].as_f64().unwrap_or(0.0)),
         limits(&view),
         plan_line(&view["plan_standing"]),
@@ -138,6 +141,38 @@ limits: <span id=\"limits\">{}</span></p>{}</section><h2>Spend windows</h2>{}<h2
         page.status = 400;
     }
     Ok(page)
+}
+
+/// The team's Claude Code settings as a form: the stored JSON (or what was refused), editable.
+fn claude_code_form(req: &Request, name: &str, record: &crate::records::key::AccountRecord, refused: Option<&str>) -> String {
+    let stored = record.claude_code.as_ref().map(|m| serde_json::to_string_pretty(m).unwrap_or_default()).unwrap_or_default();
+    let text = refused.map_or(stored, str::to_string);
+    html::form(
+        &format!("/console/accounts/{}", enc(name)),
+        &req.csrf,
+        "card",
+        &format!(
+            "<p>What the team's people signed in with Claude Code get from <code>/managed/settings</code>: the file's \
+<code>default</code> and team settings, then these (a JSON object, as <code>managed-settings.json</code> holds it; empty: none), \
+then their role's.</p><input type=\"hidden\" name=\"form\" value=\"claude_code\"><label for=\"claude_code\">Settings</label>\
+<textarea id=\"claude_code\" name=\"claude_code\" rows=\"8\" class=\"mono\" spellcheck=\"false\">{}</textarea>\
+<p><button type=\"submit\" id=\"save-claude-code\">Save settings</button></p>",
+            esc(&text)
+        ),
+    )
+}
+
+/// The settings form as an admin API patch (`claude_code`: an object, or null when empty).
+fn claude_code_patch(f: &Form) -> Result<Value, ApiError> {
+    let text = f.get("claude_code").trim();
+    if text.is_empty() {
+        return Ok(json!({"claude_code": null}));
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => Ok(json!({"claude_code": m})),
+        Ok(_) => Err(bad("claude_code", "claude_code: a JSON object of settings (as managed-settings.json holds them)".to_string())),
+        Err(e) => Err(bad("claude_code", format!("claude_code: not JSON ({e})"))),
+    }
 }
 
 /// The account form as an admin API patch: every field set as the form says (empty clears).
@@ -169,7 +204,8 @@ fn patch_of(f: &Form, by: Option<&str>) -> Result<Value, ApiError> {
 pub(super) async fn account_action(api: &AdminApi, req: &Request, name: &str) -> Page {
     known(api, name)?;
     let f = &req.form;
-    let result = match patch_of(f, req.by.as_deref()) {
+    let patch = if f.get("form") == "claude_code" { claude_code_patch(f) } else { patch_of(f, req.by.as_deref()) };
+    let result = match patch {
         Ok(patch) => match serde_json::from_value(patch) {
             Ok(patch) => api.patch_account(name, patch).await,
             Err(e) => Err(ApiError::new(ErrorKind::BadRequest, format!("{e}"))),

@@ -425,7 +425,10 @@ pub(super) fn managed_settings(
         .map(|m| m.id)
         .collect();
     let cfg = signin.cfg.load();
-    let Some(settings) = crate::signin::settings::for_person(&cfg.settings, key.policy.account.as_deref(), role, &models) else {
+    let team = key.policy.account.as_deref();
+    let account = team.and_then(|t| gw.keys.account(t));
+    let stored = account.as_ref().and_then(|a| a.claude_code.as_ref());
+    let Some(settings) = crate::signin::settings::for_person(&cfg.settings, team, stored, role, &models) else {
         return Err(ApiError::new(ErrorKind::NotFound, "No managed settings apply to you."));
     };
     let checksum = crate::signin::settings::checksum(&settings);
