@@ -94,7 +94,7 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
                 Some(claims) => {
                     let person = crate::signin::Someone::of_claims(&claims).person();
                     let key = super::person::key_for(gw, identity, &person).await?;
-                    ctx.signed_in = Some(Box::new(claims));
+                    ctx.signed_in = Some(claims);
                     key
                 }
                 None => super::person::key_of(gw, identity, &token).await?,
@@ -129,7 +129,7 @@ pub(super) fn client_of(session: &Session, routing: &Routing) -> std::result::Re
 
 /// The claims of `token` when it is tollgate's own (None: not ours; refused: ours but invalid
 /// or expired — the client signs in or refreshes again).
-async fn own_token(gw: &Gateway, token: &str) -> Result<Option<crate::signin::token::Claims>, ApiError> {
+async fn own_token(gw: &Gateway, token: &str) -> Result<Option<Arc<crate::signin::token::Claims>>, ApiError> {
     let Some(signin) = gw.signin.as_ref() else { return Ok(None) };
     match signin.verify(token, crate::base::clock::now_unix()).await {
         Ok(claims) => Ok(Some(claims)),

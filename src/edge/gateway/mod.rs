@@ -252,7 +252,7 @@ pub struct RequestCtx {
     pub guarded: Option<Box<guarded::Guarded>>,
     /// The caller presented tollgate's own token (Claude Code's gateway sign-in): who it names.
     /// Its refusals are in the gateway protocol's terms.
-    pub signed_in: Option<Box<crate::signin::token::Claims>>,
+    pub signed_in: Option<Arc<crate::signin::token::Claims>>,
     /// A messages call that came in Bedrock's or Vertex AI's format, and the model its path named.
     pub ingress: Option<(crate::protocol::cloud_ingress::Ingress, Option<String>)>,
 }
