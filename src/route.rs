@@ -194,8 +194,8 @@ fn cloud_ingress(method: &str, path: &str) -> Option<Route> {
         ("anthropic", "rawPredict") if model == "count-tokens" => Route::Ingress { ingress: Ingress::VertexCountTokens, model: None },
         ("anthropic", "rawPredict") => Route::Ingress { ingress: Ingress::VertexRaw { stream: false }, model: Some(model) },
         ("anthropic", "streamRawPredict") => Route::Ingress { ingress: Ingress::VertexRaw { stream: true }, model: Some(model) },
-        ("google", "generateContent") => Route::GenerateContent { model, stream: false },
-        ("google", "streamGenerateContent") => Route::GenerateContent { model, stream: true },
+        ("google", "generateContent") => Route::Ingress { ingress: Ingress::VertexGemini { stream: false }, model: Some(model) },
+        ("google", "streamGenerateContent") => Route::Ingress { ingress: Ingress::VertexGemini { stream: true }, model: Some(model) },
         _ => Route::NotFound { shape: Protocol::Anthropic },
     })
 }
@@ -616,7 +616,7 @@ mod tests {
         );
         assert_eq!(
             classify("POST", &format!("{vertex}/google/models/g:streamGenerateContent")),
-            Route::GenerateContent { model: "g".into(), stream: true }
+            Route::Ingress { ingress: Ingress::VertexGemini { stream: true }, model: Some("g".into()) }
         );
         assert_eq!(classify("POST", &format!("{vertex}/meta/models/g:rawPredict")), Route::NotFound { shape: Protocol::Anthropic });
         assert!(!SigninOp::ManagedSettings.keyless() && SigninOp::Token.keyless());

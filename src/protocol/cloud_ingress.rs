@@ -23,6 +23,9 @@ pub enum Ingress {
     VertexCountTokens,
     /// `POST /model/{id}/converse` (`stream: false`) and `/converse-stream`.
     BedrockConverse { stream: bool },
+    /// `…/publishers/google/models/{m}:generateContent` (`stream: false`) and
+    /// `:streamGenerateContent`: a generate-content call as it is.
+    VertexGemini { stream: bool },
 }
 
 /// How an ingress's answer is reshaped on its way out.
@@ -46,6 +49,8 @@ impl Ingress {
             Ingress::VertexCountTokens => "vertex_count_tokens",
             Ingress::BedrockConverse { stream: false } => "bedrock_converse",
             Ingress::BedrockConverse { stream: true } => "bedrock_converse_stream",
+            Ingress::VertexGemini { stream: false } => "vertex_generate_content",
+            Ingress::VertexGemini { stream: true } => "vertex_stream_generate_content",
         }
     }
 

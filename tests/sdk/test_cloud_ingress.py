@@ -16,7 +16,7 @@ from conftest import BIN_DIR, UPSTREAM_KEY
 from pysupport import admin_json, claude_code, free_port, start_mock, start_tollgate
 
 ADMIN_TOKEN = "cloud-ingress-admin-token-0123456789"
-PRICES = {"beta-opus-4-7": (3.0, 15.0), "beta-haiku-4-5": (1.0, 5.0)}
+PRICES = {"beta-opus-4-7": (3.0, 15.0), "beta-haiku-4-5": (1.0, 5.0), "gamma-3.5-flash": (0.5, 1.5)}
 BEDROCK_ID = "us.anthropic.beta-haiku-4-5-20251001-v1:0"
 
 
@@ -76,11 +76,13 @@ providers:
     base_url: "http://127.0.0.1:{mock_port}/an"
     api_key: {UPSTREAM_KEY}
     models: [beta-opus-4-7, {{ name: beta-haiku-4-5, upstream: "{BEDROCK_ID}" }}]
+  - {{ name: ge, protocol: gemini, base_url: "http://127.0.0.1:{mock_port}", api_key: {UPSTREAM_KEY}, models: [gamma-3.5-flash] }}
 groups:
-  default: {{ platforms: [anthropic] }}
+  default: {{ platforms: [anthropic, gemini] }}
 prices:
   beta-opus-4-7: {{ input: 3.0, output: 15.0 }}
   beta-haiku-4-5: {{ input: 1.0, output: 5.0 }}
+  gamma-3.5-flash: {{ input: 0.5, output: 1.5 }}
 """
         gw = start_tollgate(BIN_DIR, tmp, config, [gw_port, tls_port, admin_port])
         procs.append(gw)
@@ -184,3 +186,20 @@ def test_claude_code_set_to_bedrock_or_vertex_calls_through_tollgate(env, tmp_pa
     u = env.usage(made["key"])
     assert u["total"]["requests"] >= 1 and round(u["total"]["cost"] * 1e9) == exact_cost(u) > 0, u
     assert balance_nanos(env, made["id"]) == 5_000_000_000 - exact_cost(u)
+
+
+def test_gemini_under_the_vertex_prefix_is_a_generate_content_call(env):
+    made = env.new_key("vertex-gemini")
+    base = f"{env.gateway}/v1/projects/demo/locations/us-central1/publishers/google/models/gamma-3.5-flash"
+    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+    r = requests.post(f"{base}:generateContent", headers={"x-goog-api-key": made["key"]}, json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["candidates"][0]["content"]["parts"][0]["text"].startswith("Hello from the"), r.text
+    s = requests.post(f"{base}:streamGenerateContent?alt=sse", headers={"authorization": f"Bearer {made['key']}"}, json=body, stream=True)
+    assert s.status_code == 200 and s.headers["content-type"].startswith("text/event-stream"), s.text
+    chunks = [json.loads(line[6:]) for line in s.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    text = "".join(p.get("text", "") for c in chunks for p in c["candidates"][0]["content"]["parts"])
+    assert text.startswith("Hello from the"), chunks
+    u = env.usage(made["key"])
+    assert u["total"]["requests"] == 2 and u["models"][0]["model"] == "gamma-3.5-flash", u
+    assert round(u["total"]["cost"] * 1e9) == exact_cost(u) > 0, u

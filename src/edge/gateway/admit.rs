@@ -75,9 +75,13 @@ pub(super) async fn admit(gw: &Gateway, session: &Session, ctx: &mut RequestCtx)
     // A messages call in Bedrock's or Vertex's format goes on as a messages call.
     let route = match route {
         Route::Ingress { ingress, model } => {
-            ctx.ingress = Some((ingress, model));
+            use crate::protocol::cloud_ingress::Ingress;
+            // The model as clients call it here (a path may name a provider's own id for it).
+            let model = model.map(|m| gw.routing.load().catalog.client_name(&m).unwrap_or(m));
+            ctx.ingress = Some((ingress, model.clone()));
             match ingress {
-                crate::protocol::cloud_ingress::Ingress::VertexCountTokens => Route::CountTokens,
+                Ingress::VertexCountTokens => Route::CountTokens,
+                Ingress::VertexGemini { stream } => Route::GenerateContent { model: model.unwrap_or_default(), stream },
                 _ => Route::Messages,
             }
         }

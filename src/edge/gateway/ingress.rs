@@ -19,13 +19,26 @@ pub(super) fn messages_body(
     model: Option<&str>,
     body: &[u8],
 ) -> Result<Bytes, ApiError> {
-    let model = model.map(|m| routing.catalog.client_name(m).unwrap_or_else(|| m.to_string()));
+    // The model was mapped to the name clients call it by when the request was admitted.
+    let model = model.map(str::to_string);
+    if let Ingress::VertexGemini { stream } = ingress {
+        // A generate-content call as it is, relayed by the generate-content path.
+        let verb = if stream { "streamGenerateContent" } else { "generateContent" };
+        let query = session.req_header().uri.query().map(|q| format!("?{q}")).unwrap_or_default();
+        let path = format!("/v1beta/models/{}:{verb}{query}", crate::base::text::encode_component(model.as_deref().unwrap_or_default()));
+        match path.parse::<http::Uri>() {
+            Ok(uri) => session.req_header_mut().set_uri(uri),
+            Err(_) => return Err(ApiError::new(crate::protocol::ErrorKind::BadRequest, "The model in the path is not a model name.")),
+        }
+        return Ok(Bytes::copy_from_slice(body));
+    }
     let (body, betas) = match ingress {
         Ingress::BedrockInvoke { stream } | Ingress::VertexRaw { stream } => to_messages(body, model.as_deref(), Some(stream))?,
         Ingress::VertexCountTokens => to_messages(body, None, None)?,
         Ingress::BedrockConverse { stream } => {
             (crate::protocol::converse::to_messages(body, model.as_deref().unwrap_or_default(), stream)?, Vec::new())
         }
+        Ingress::VertexGemini { .. } => return Ok(Bytes::copy_from_slice(body)),
     };
     if !betas.is_empty() && crate::protocol::header_str(session.req_header(), "anthropic-beta").is_none() {
         if let Err(e) = session.req_header_mut().insert_header("anthropic-beta", betas.join(",")) {
