@@ -10,6 +10,7 @@ pub mod batch;
 pub mod cloud_ingress;
 pub mod conversation;
 pub mod converse;
+pub mod error_class;
 pub mod gemini;
 pub mod mcp;
 pub mod media;
