@@ -276,12 +276,29 @@ async fn a_declared_length_holds_no_spool_and_a_key_holds_at_most_its_share() {
     let mut big = form_start();
     big.extend(std::iter::repeat_n(b'x', 900 << 10));
     let _holding = begin_upload(&gw, CLIENT_KEY, 1 << 20, &big).await;
-    until("the 900 KiB spooled", || async {
-        let (ct, body) = form(&[("purpose", "batch")], &[("file", "in.jsonl", "application/jsonl", vec![b'{'; 200 << 10])]);
-        client().post(gw.url("/v1/files")).bearer_auth(CLIENT_KEY).header("content-type", ct).body(body).send().await.unwrap().status()
-            == 503
+    // Probed until the 900 KiB count (20 s at most); what each probe got is kept for a failure.
+    let seen = std::sync::Mutex::new(Vec::new());
+    let probed = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        loop {
+            let (ct, body) = form(&[("purpose", "batch")], &[("file", "in.jsonl", "application/jsonl", vec![b'{'; 200 << 10])]);
+            let status = client()
+                .post(gw.url("/v1/files"))
+                .bearer_auth(CLIENT_KEY)
+                .header("content-type", ct)
+                .body(body)
+                .send()
+                .await
+                .map(|r| r.status().as_u16());
+            let refused = matches!(status, Ok(503));
+            seen.lock().unwrap().push(format!("{status:?}"));
+            if refused {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     })
     .await;
+    assert!(probed.is_ok(), "timed out waiting for the 900 KiB spooled; the probes got {:?}\n{}", seen.lock().unwrap(), gw.log());
     // … while another key can.
     assert_eq!(upload_small(&gw, OTHER_KEY, 200 << 10).await, 200);
     drop(stalled);
