@@ -319,6 +319,34 @@ impl Identity {
         self.verify_fetching(id_token, &cfg.client_id, Some(nonce)).await.map_err(ExchangeError::Token)
     }
 
+    /// The provider as last fetched, or — when none was yet — as one fetch now finds it.
+    pub async fn provider_now(&self) -> Option<Arc<Provider>> {
+        if let Some(p) = self.provider() {
+            return Some(p);
+        }
+        let _ = self.refresh(false).await;
+        self.provider()
+    }
+
+    /// Where a browser begins a sign-in of this client at `provider`: the authorization-code
+    /// request with PKCE (S256) for `redirect_uri`, with `state` and `nonce`.
+    pub fn authorization_url(&self, provider: &Provider, redirect_uri: &str, state: &str, nonce: &str, verifier: &str) -> String {
+        use base64::Engine;
+        let challenge =
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(<sha2::Sha256 as sha2::Digest>::digest(verifier.as_bytes()));
+        let enc = crate::base::text::encode_component;
+        let sep = if provider.authorization_endpoint.contains('?') { '&' } else { '?' };
+        format!(
+            "{}{sep}response_type=code&client_id={}&redirect_uri={}&scope={}&state={}&nonce={}&code_challenge={challenge}&code_challenge_method=S256",
+            provider.authorization_endpoint,
+            enc(&self.cfg.client_id),
+            enc(redirect_uri),
+            enc(&self.cfg.scopes.join(" ")),
+            enc(state),
+            enc(nonce),
+        )
+    }
+
     /// The person `claims` name.
     pub fn person(&self, claims: &Value) -> Option<Person> {
         person::person(claims, &self.cfg.claim_roles, &self.cfg.claim_teams)

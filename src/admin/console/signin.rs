@@ -15,7 +15,6 @@ use super::{html, Who};
 use crate::admin::api::AdminApi;
 use crate::protocol::response::LocalResponse;
 use base64::Engine;
-use sha2::{Digest, Sha256};
 
 /// The cookie that holds a sign-in, in the browser that began it.
 pub(super) const BROWSER_COOKIE: &str = "tg_signin";
@@ -91,40 +90,18 @@ impl Pending {
     /// Begin a sign-in: the redirect to the provider.
     pub(super) async fn start(&self, api: &AdminApi, next: &str, secure: &str) -> LocalResponse {
         let Some(identity) = &api.identity else { return failed(404, "No identity provider is configured.") };
-        let provider = match identity.provider() {
-            Some(p) => p,
-            None => {
-                let _ = identity.refresh(false).await;
-                match identity.provider() {
-                    Some(p) => p,
-                    None => {
-                        let why = identity.last_error().unwrap_or_else(|| "no answer yet".into());
-                        log::warn!("console: sign-in with the identity provider is unavailable: {why}");
-                        return failed(
-                            503,
-                            "The identity provider cannot be reached now; try again shortly, or sign in with the admin token.",
-                        );
-                    }
-                }
-            }
+        let Some(provider) = identity.provider_now().await else {
+            let why = identity.last_error().unwrap_or_else(|| "no answer yet".into());
+            log::warn!("console: sign-in with the identity provider is unavailable: {why}");
+            return failed(503, "The identity provider cannot be reached now; try again shortly, or sign in with the admin token.");
         };
         let now = crate::base::clock::now_unix();
         let state = crate::base::secrets::random_base62(32);
         let nonce = crate::base::secrets::random_base62(32);
         let verifier = crate::base::secrets::random_base62(64);
-        let challenge = b64(&Sha256::digest(verifier.as_bytes()));
         let next = if next.len() <= MAX_NEXT { next } else { "/console" };
-        let sealed = self.seal(&Begun { state: state.clone(), nonce: nonce.clone(), verifier, next: next.to_string(), at: now });
-        let enc = crate::base::text::encode_component;
-        let cfg = &identity.cfg;
-        let sep = if provider.authorization_endpoint.contains('?') { '&' } else { '?' };
-        let location = format!(
-            "{}{sep}response_type=code&client_id={}&redirect_uri={}&scope={}&state={state}&nonce={nonce}&code_challenge={challenge}&code_challenge_method=S256",
-            provider.authorization_endpoint,
-            enc(&cfg.client_id),
-            enc(&redirect_uri(api)),
-            enc(&cfg.scopes.join(" ")),
-        );
+        let location = identity.authorization_url(&provider, &redirect_uri(api), &state, &nonce, &verifier);
+        let sealed = self.seal(&Begun { state, nonce, verifier, next: next.to_string(), at: now });
         let mut r = super::redirect(&location);
         // Lax: the provider's redirect back is a cross-site top-level navigation.
         r.headers.push((

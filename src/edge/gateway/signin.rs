@@ -205,21 +205,12 @@ async fn submit(gw: &Gateway, signin: &Signin, session: &mut Session, base: &str
         return Ok(device_page("", Some("That code was not recognized: it may have expired. Check your terminal and try again.")));
     };
     let Some(identity) = gw.identity.as_ref() else { return Err(super::unknown_endpoint(session.req_header())) };
-    let provider = match identity.provider() {
-        Some(p) => p,
-        None => {
-            let _ = identity.refresh(false).await;
-            match identity.provider() {
-                Some(p) => p,
-                None => {
-                    return Ok(page(
-                        503,
-                        "Sign-in unavailable",
-                        "<p class=\"alert\">The identity provider cannot be reached now; try again shortly.</p>",
-                    ))
-                }
-            }
-        }
+    let Some(provider) = identity.provider_now().await else {
+        return Ok(page(
+            503,
+            "Sign-in unavailable",
+            "<p class=\"alert\">The identity provider cannot be reached now; try again shortly.</p>",
+        ));
     };
     let keys = signin.keys().await.map_err(internal)?;
     let browser = crate::base::secrets::random_base62(32);
@@ -233,19 +224,7 @@ async fn submit(gw: &Gateway, signin: &Signin, session: &mut Session, base: &str
         at: now,
     };
     let state = keys.seal_bytes(&serde_json::to_vec(&begun).unwrap_or_default());
-    let b64 = base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    let challenge = base64::Engine::encode(&b64, Sha256::digest(verifier.as_bytes()));
-    let enc = crate::base::text::encode_component;
-    let cfg = &identity.cfg;
-    let sep = if provider.authorization_endpoint.contains('?') { '&' } else { '?' };
-    let location = format!(
-        "{}{sep}response_type=code&client_id={}&redirect_uri={}&scope={}&state={}&nonce={nonce}&code_challenge={challenge}&code_challenge_method=S256",
-        provider.authorization_endpoint,
-        enc(&cfg.client_id),
-        enc(&format!("{base}/oauth/callback")),
-        enc(&cfg.scopes.join(" ")),
-        enc(&state),
-    );
+    let location = identity.authorization_url(&provider, &format!("{base}/oauth/callback"), &state, &nonce, &verifier);
     let secure = if base.starts_with("https://") { "; Secure" } else { "" };
     let mut r = page(303, "Signing in", "<p>On to your identity provider…</p>");
     r.headers.push(("location", location));
