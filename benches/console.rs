@@ -123,6 +123,8 @@ groups:\n  default: {{ platforms: [openai] }}\nprices:\n  alpha-5.5: {{ input: 2
                     upstream_protocol: None,
                     charged: Vec::new(),
                     tags: [("team".to_string(), format!("t{}", i % KEYS % 4))].into_iter().collect(),
+                    requested_model: None,
+                    fallbacks: None,
                 };
                 let ledger = ledger.clone();
                 pending.push(tokio::spawn(async move { ledger.adjust(record).await }));

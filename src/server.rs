@@ -83,6 +83,7 @@ fn routing_for(config: &Config, health: &crate::upstream::health::HealthBook) ->
         media_allowance: config.media_allowance,
         guardrails,
         signup: config.identity.signup.clone().map(Arc::new),
+        fallbacks: config.fallbacks.clone(),
     })
 }
 

@@ -15,6 +15,8 @@ pub struct TokenPrice {
     pub max_output_tokens: Option<u64>,
     /// Output tokens held and asked for when a request names no maximum.
     pub default_output_tokens: Option<u64>,
+    /// The most input tokens one call may have.
+    pub context_window: Option<u64>,
 }
 
 impl TokenPrice {
@@ -63,6 +65,7 @@ impl PriceBook {
                     output: per_million(p.output),
                     max_output_tokens: p.max_output_tokens,
                     default_output_tokens: p.default_output_tokens,
+                    context_window: p.context_window,
                 };
                 (model.clone(), price)
             })

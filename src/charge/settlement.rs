@@ -63,6 +63,8 @@ pub struct Used {
     /// The purses debited besides the key's own, when they are not those of a hold (a refund
     /// gives back to what was charged).
     pub charged: Vec<String>,
+    /// The model asked for and each model left, when another model served (see `UsageRecord`).
+    pub fell_back: Option<(String, String)>,
 }
 
 impl Default for Used {
@@ -80,6 +82,7 @@ impl Default for Used {
             response_id: None,
             upstream_protocol: None,
             charged: Vec::new(),
+            fell_back: None,
         }
     }
 }
@@ -115,6 +118,10 @@ fn record(payer: &Payer, used: Used, rate: Multiplier) -> UsageRecord {
     record.response_id = used.response_id;
     record.upstream_protocol = used.upstream_protocol;
     record.charged = used.charged;
+    if let Some((asked, fell)) = used.fell_back {
+        record.requested_model = Some(asked);
+        record.fallbacks = Some(fell);
+    }
     record.tags = payer.tags.clone();
     record
 }

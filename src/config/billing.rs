@@ -59,6 +59,9 @@ pub(super) fn check_prices(
         if price.per_image.as_ref().is_some_and(BTreeMap::is_empty) {
             return err(format!("prices.{model}.per_image: give a price for at least one quality (\"*\" for any)"));
         }
+        if price.context_window == Some(0) {
+            return err(format!("prices.{model}.context_window: at least 1 (input tokens)"));
+        }
         if price.max_output_tokens.is_some_and(|m| m == 0 || m > MAX_OUTPUT_ALLOWANCE) {
             return err(format!("prices.{model}.max_output_tokens: 1 to {MAX_OUTPUT_ALLOWANCE}"));
         }
@@ -177,6 +180,10 @@ pub struct Price {
     /// names no maximum, and the largest maximum a request may name.
     #[serde(default)]
     pub max_output_tokens: Option<u64>,
+    /// The most input tokens one call of this model may have: a fallback candidate whose window
+    /// cannot hold a request's input estimate is skipped without a call (`routing.fallbacks`).
+    #[serde(default)]
+    pub context_window: Option<u64>,
     /// The output tokens held and asked for when a request names no maximum (at most
     /// `max_output_tokens`); `billing.default_output_tokens` when absent.
     #[serde(default)]

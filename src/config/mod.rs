@@ -20,6 +20,7 @@ pub mod changes;
 pub mod claude_code;
 pub mod cloud;
 pub mod console;
+pub mod fallbacks;
 pub mod feed;
 pub mod guardrails;
 pub mod identity;
@@ -227,6 +228,9 @@ pub struct Config {
     pub storage: Option<S3Config>,
     /// Retries before the first byte (`retry:`).
     pub retry: RetryPolicy,
+    /// Fallbacks across models and the bounds of one request's attempts (`routing.fallbacks`,
+    /// `routing.max_attempts`, `routing.max_fallback_secs`).
+    pub fallbacks: fallbacks::Fallbacks,
     /// ε of conversation affinity's bounded load (`routing.balance_factor`): a provider takes
     /// a conversation's request only while its share of its tier's recent traffic is within
     /// `1 + ε` times its weighted share.
@@ -316,7 +320,14 @@ impl Config {
         let groups = upstream::groups(raw.groups)?;
         let (forward_headers, forward_response_headers) = upstream::forwarded_headers(&raw.forward_headers, &raw.forward_response_headers)?;
         let retry = upstream::retry(raw.retry)?;
-        let balance_factor = upstream::balance_factor(raw.routing)?;
+        let balance_factor = upstream::balance_factor(raw.routing.as_ref())?;
+        let fallbacks = {
+            let (chains, bounds) = match raw.routing {
+                Some(r) => (r.fallbacks, (r.max_attempts, r.max_fallback_secs)),
+                None => (None, (None, None)),
+            };
+            fallbacks::fallbacks(chains, bounds, &providers, &retry)?
+        };
 
         let price_feed = feed::feed(raw.price_feed)?;
         billing::check_prices(&raw.prices, &providers, price_feed.as_ref())?;
@@ -386,6 +397,7 @@ impl Config {
             video,
             storage,
             retry,
+            fallbacks,
             balance_factor,
             log_format: console::log_format(raw.log),
             connections,
@@ -511,6 +523,40 @@ keys:
         let found = |n: &str| (n == "TOLLGATE_TEST_MISSING").then(|| "sk-env".to_string());
         let c = Config::parse(&text, &found).expect("valid");
         assert_eq!(c.providers[0].api_keys, ["sk-env"]);
+    }
+
+    #[test]
+    fn fallbacks_name_served_models_and_known_classes_within_their_bounds() {
+        let no_env = |_: &str| None;
+        let text = MINIMAL
+            .replace("models: [alpha-5.5]", "models: [alpha-5.5, alpha-4o]")
+            .replace("prices:\n", "prices:\n  alpha-4o: { input: 1, output: 2, context_window: 128000 }\n");
+        let c = Config::parse(&text, &no_env).expect("valid");
+        assert_eq!((c.fallbacks.max_attempts, c.fallbacks.max_wait.as_secs()), (6, 60), "defaults");
+        let with = |routing: &str| Config::parse(&format!("{text}routing: {routing}\n"), &no_env);
+        let c =
+            with("{ fallbacks: { alpha-5.5: { to: [alpha-4o], on: [rate_limited, timeout] } }, max_attempts: 3, max_fallback_secs: 9 }")
+                .expect("valid");
+        let chain = &c.fallbacks.chains["alpha-5.5"];
+        assert_eq!((chain.to.as_slice(), chain.on.names()), (&["alpha-4o".to_string()][..], vec!["rate_limited", "timeout"]));
+        assert_eq!((c.fallbacks.max_attempts, c.fallbacks.max_wait.as_secs()), (3, 9));
+        assert_eq!(
+            with("{ fallbacks: { alpha-5.5: { to: [alpha-4o] } } }").expect("valid").fallbacks.chains["alpha-5.5"].on.names().len(),
+            5
+        );
+        for (routing, says) in [
+            ("{ fallbacks: { nope: { to: [alpha-4o] } } }", "routing.fallbacks.nope: no provider serves"),
+            ("{ fallbacks: { alpha-5.5: { to: [nope] } } }", "to[0]: no provider serves"),
+            ("{ fallbacks: { alpha-5.5: { to: [alpha-5.5] } } }", "named twice (or is the model itself)"),
+            ("{ fallbacks: { alpha-5.5: { to: [] } } }", "to: 1 to 8"),
+            ("{ fallbacks: { alpha-5.5: { to: [alpha-4o], on: [moderation] } } }", "'moderation' is not one of"),
+            ("{ fallbacks: { alpha-5.5: { to: [alpha-4o], on: [] } } }", "on: name at least one"),
+            ("{ max_attempts: 1 }", "routing.max_attempts: 2 (retry.attempts)"),
+            ("{ max_fallback_secs: 0 }", "routing.max_fallback_secs"),
+        ] {
+            let e = with(routing).expect_err(routing).0;
+            assert!(e.contains(says), "{routing}: {e}");
+        }
     }
 
     #[test]

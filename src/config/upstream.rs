@@ -224,7 +224,7 @@ pub(super) fn retry(raw: Option<RawRetry>) -> Result<RetryPolicy, ConfigError> {
 }
 
 /// `routing.balance_factor`.
-pub(super) fn balance_factor(raw: Option<RawRouting>) -> Result<f64, ConfigError> {
+pub(super) fn balance_factor(raw: Option<&RawRouting>) -> Result<f64, ConfigError> {
     let balance_factor = raw.and_then(|r| r.balance_factor).unwrap_or(DEFAULT_BALANCE_FACTOR);
     if !(0.0..=MAX_BALANCE_FACTOR).contains(&balance_factor) {
         return err(format!(
@@ -351,6 +351,12 @@ pub struct Group {
 pub(super) struct RawRouting {
     #[serde(default)]
     balance_factor: Option<f64>,
+    #[serde(default)]
+    pub(super) fallbacks: Option<BTreeMap<String, super::fallbacks::RawChain>>,
+    #[serde(default)]
+    pub(super) max_attempts: Option<u32>,
+    #[serde(default)]
+    pub(super) max_fallback_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

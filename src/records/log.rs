@@ -63,6 +63,10 @@ pub struct LogEntry {
     /// they found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guardrail: Option<String>,
+    /// The models the call left for the next before its first byte, and why (`model:reason`,
+    /// comma-separated; the first is the model asked for); `model` is the one that served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallbacks: Option<String>,
 }
 
 impl LogEntry {
@@ -105,6 +109,7 @@ pub struct LogLine<'a> {
     /// Request and answer body bytes (both or neither).
     pub bytes: Option<(u64, u64)>,
     pub guardrail: Option<&'a str>,
+    pub fallbacks: Option<&'a str>,
 }
 
 /// The stored form of an entry (a node's own tree): a version byte, then the fields in their
@@ -139,18 +144,22 @@ impl LogLine<'_> {
         put_varint(out, u64::from(self.attempts));
         put_str(out, self.upstream_request_id);
         // Added after the first entries were written: an entry without them ends before them.
-        if self.upstream_model.is_some() || self.bytes.is_some() || self.guardrail.is_some() {
+        let fell = self.fallbacks.is_some();
+        if self.upstream_model.is_some() || self.bytes.is_some() || self.guardrail.is_some() || fell {
             put_str(out, self.upstream_model);
         }
         // A guardrail's note comes after the bytes, which are then written (0, 0) when there
         // are none (no request has none).
-        if self.bytes.is_some() || self.guardrail.is_some() {
+        if self.bytes.is_some() || self.guardrail.is_some() || fell {
             let (sent, answered) = self.bytes.unwrap_or((0, 0));
             put_varint(out, sent);
             put_varint(out, answered);
         }
-        if self.guardrail.is_some() {
+        if self.guardrail.is_some() || fell {
             put_str(out, self.guardrail);
+        }
+        if fell {
+            put_str(out, self.fallbacks);
         }
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -185,6 +194,7 @@ impl LogEntry {
             upstream_model: self.upstream_model.as_deref(),
             bytes: self.request_bytes.zip(self.response_bytes),
             guardrail: self.guardrail.as_deref(),
+            fallbacks: self.fallbacks.as_deref(),
         }
     }
 
@@ -218,6 +228,7 @@ impl LogEntry {
         let upstream_model = if r.0.is_empty() { None } else { r.string()? };
         let bytes = if r.0.is_empty() { None } else { Some((r.varint()?, r.varint()?)).filter(|b| *b != (0, 0)) };
         let guardrail = if r.0.is_empty() { None } else { r.string()? };
+        let fallbacks = if r.0.is_empty() { None } else { r.string()? };
         Some(LogEntry {
             id,
             time_ms,
@@ -244,6 +255,7 @@ impl LogEntry {
             request_bytes: bytes.map(|b| b.0),
             response_bytes: bytes.map(|b| b.1),
             guardrail,
+            fallbacks,
         })
     }
 
@@ -403,6 +415,7 @@ mod tests {
             request_bytes: None,
             response_bytes: None,
             guardrail: None,
+            fallbacks: Some("m0:context_window,m1:rate_limited".into()),
         };
         // An MCP tool call's entry: no upstream model, its bytes.
         let tool = LogEntry {

@@ -58,6 +58,12 @@ pub struct UsageRecord {
     /// them).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub tags: BTreeMap<String, String>,
+    /// The model the call asked for, when another served it (`model`): it fell back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requested_model: Option<String>,
+    /// Each model it left for the next, and why (`model:reason`, comma-separated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fallbacks: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -107,6 +113,8 @@ impl UsageRecord {
             upstream_protocol: None,
             charged: Vec::new(),
             tags: BTreeMap::new(),
+            requested_model: None,
+            fallbacks: None,
         }
     }
 

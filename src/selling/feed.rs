@@ -33,6 +33,9 @@ pub struct Fed {
     pub per_image: Option<f64>,
     pub per_second: Option<f64>,
     pub max_output_tokens: Option<u64>,
+    /// The most input tokens one call may have (LiteLLM's `max_input_tokens`, OpenRouter's
+    /// `context_length`).
+    pub context_window: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +87,7 @@ pub fn parse(format: FeedFormat, body: &[u8]) -> Result<HashMap<String, Fed>, Fe
                         per_image: number(m.get("output_cost_per_image")),
                         per_second: number(m.get("input_cost_per_second")),
                         max_output_tokens: m.get("max_output_tokens").and_then(Value::as_u64),
+                        context_window: m.get("max_input_tokens").and_then(Value::as_u64),
                     },
                 );
             }
@@ -103,6 +107,7 @@ pub fn parse(format: FeedFormat, body: &[u8]) -> Result<HashMap<String, Fed>, Fe
                         cache_write: number(p.get("input_cache_write")),
                         per_image: number(p.get("image_output")),
                         max_output_tokens: m.get("top_provider").and_then(|t| t.get("max_completion_tokens")).and_then(Value::as_u64),
+                        context_window: m.get("context_length").and_then(Value::as_u64),
                         ..Fed::default()
                     },
                 );
@@ -132,6 +137,7 @@ fn price_of(f: &Fed, multiplier: f64) -> Price {
         per_image,
         per_second: f.per_second.map(|s| s * multiplier),
         max_output_tokens: f.max_output_tokens.filter(|n| (1..=crate::base::usage::MAX_OUTPUT_ALLOWANCE).contains(n)),
+        context_window: f.context_window.filter(|n| *n > 0),
         ..Price::default()
     }
 }

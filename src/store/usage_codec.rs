@@ -17,10 +17,19 @@ use std::borrow::Cow;
 
 /// First byte of a binary record (version 1 of its fields).
 const BINARY_V1: u8 = 0xB1;
+/// First byte of a record of a call that fell back to another model: version 1's fields to
+/// the tags, then whether a list cost follows (a byte), the list cost, the model asked for and
+/// the fallbacks. Only such records are written so.
+const BINARY_V2: u8 = 0xB2;
+
+fn is_mark(b: u8) -> bool {
+    b == BINARY_V1 || b == BINARY_V2
+}
 
 /// Append `r`'s stored form (mark, length, fields) to `out`.
 pub fn encode(r: &UsageRecord, out: &mut Vec<u8>) {
-    out.push(BINARY_V1);
+    let fell = r.requested_model.is_some() || r.fallbacks.is_some();
+    out.push(if fell { BINARY_V2 } else { BINARY_V1 });
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
     put_varint(out, r.time_ms);
@@ -49,9 +58,16 @@ pub fn encode(r: &UsageRecord, out: &mut Vec<u8>) {
         put_str(out, Some(k));
         put_str(out, Some(v));
     }
-    // Last, and only when a price multiplier made it differ from the charge: a record without
-    // it reads as one charged at the price table.
-    if let Some(list) = r.list_cost_nanos {
+    if fell {
+        out.push(u8::from(r.list_cost_nanos.is_some()));
+        if let Some(list) = r.list_cost_nanos {
+            put_signed(out, list);
+        }
+        put_str(out, r.requested_model.as_deref());
+        put_str(out, r.fallbacks.as_deref());
+    } else if let Some(list) = r.list_cost_nanos {
+        // Last, and only when a price multiplier made it differ from the charge: a record
+        // without it reads as one charged at the price table.
         put_signed(out, list);
     }
     let len = (out.len() - start - 4) as u32;
@@ -76,7 +92,7 @@ pub fn entry(r: &UsageRecord) -> Vec<u8> {
 }
 
 /// One record's fields (after its mark and length); None if they do not read whole.
-fn decode(body: &[u8]) -> Option<UsageRecord> {
+fn decode((v2, body): (bool, &[u8])) -> Option<UsageRecord> {
     let mut r = Reader(body);
     let time_ms = r.varint()?;
     let (key_id, model, protocol, route) = (r.string()??, r.string()??, r.string()??, r.string()??);
@@ -92,9 +108,13 @@ fn decode(body: &[u8]) -> Option<UsageRecord> {
     let (response_id, upstream_protocol) = (r.string()?, r.string()?);
     let charged = (0..r.varint()?).map(|_| r.string()?).collect::<Option<Vec<String>>>()?;
     let tags = (0..r.varint()?).map(|_| Some((r.string()??, r.string()??))).collect::<Option<_>>()?;
-    let list_cost_nanos = match r.0.is_empty() {
-        true => None,
-        false => Some(r.signed()?),
+    let (list_cost_nanos, requested_model, fallbacks) = match (v2, r.0.is_empty()) {
+        (true, _) => {
+            let list = if r.byte()? != 0 { Some(r.signed()?) } else { None };
+            (list, r.string()?, r.string()?)
+        }
+        (false, true) => (None, None, None),
+        (false, false) => (Some(r.signed()?), None, None),
     };
     r.0.is_empty().then_some(UsageRecord {
         time_ms,
@@ -119,6 +139,8 @@ fn decode(body: &[u8]) -> Option<UsageRecord> {
         upstream_protocol,
         charged,
         tags,
+        requested_model,
+        fallbacks,
     })
 }
 
@@ -140,7 +162,7 @@ pub struct RecordHead<'a> {
 impl<'a> RecordHead<'a> {
     /// The head of one stored record; None if it is not one (or not whole).
     pub fn read(stored: &'a [u8]) -> Option<RecordHead<'a>> {
-        let body = body(stored)?;
+        let (_, body) = body(stored)?;
         let mut r = Reader(body);
         let time_ms = r.varint()?;
         let key_id = r.text()??;
@@ -177,11 +199,12 @@ impl<'a> RecordHead<'a> {
     }
 }
 
-/// A stored record's fields (after its mark and length), if it is one whole record.
-fn body(stored: &[u8]) -> Option<&[u8]> {
-    let after = stored.strip_prefix(&[BINARY_V1])?;
+/// A stored record's fields (after its mark and length), if it is one whole record, and
+/// whether it is of version 2.
+fn body(stored: &[u8]) -> Option<(bool, &[u8])> {
+    let (&mark, after) = stored.split_first().filter(|(m, _)| is_mark(**m))?;
     let len = u32::from_le_bytes(after.get(..4)?.try_into().ok()?) as usize;
-    (after.len() == 4 + len).then(|| &after[4..])
+    (after.len() == 4 + len).then(|| (mark == BINARY_V2, &after[4..]))
 }
 
 /// Each record of one entry in its stored form (mark, length, fields), unread; None for an
@@ -191,11 +214,11 @@ pub fn stored_forms(v: &[u8]) -> Result<Option<Vec<&[u8]>>, StoreError> {
     let start = v.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(v.len());
     let entry = &v[start..];
     let mut rest = entry.strip_prefix(b"[").unwrap_or(entry);
-    if rest.first() != Some(&BINARY_V1) {
+    if !rest.first().is_some_and(|b| is_mark(*b)) {
         return Ok(None);
     }
     let mut out = Vec::new();
-    while let Some(after) = rest.strip_prefix(&[BINARY_V1]) {
+    while let Some(after) = rest.split_first().filter(|(m, _)| is_mark(**m)).map(|(_, after)| after) {
         let len = after.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize);
         let whole = len.and_then(|len| rest.get(..5 + len)).ok_or_else(|| corrupt("an entry is cut short"))?;
         out.push(whole);
@@ -257,9 +280,19 @@ mod tests {
         crate::billing::ledger::tests::record("key_1", "alpha-5.5", -1_500, 1_764_000_000_123)
     }
 
+    /// A call that fell back (written in version 2), with and without a list cost.
+    fn fell(list: Option<i64>) -> UsageRecord {
+        UsageRecord {
+            requested_model: Some("alpha-4o".into()),
+            fallbacks: Some("alpha-4o:context_length".into()),
+            list_cost_nanos: list,
+            ..full()
+        }
+    }
+
     #[test]
     fn every_field_reads_back_alone_and_in_a_batch() {
-        for r in [full(), bare()] {
+        for r in [full(), bare(), fell(Some(7)), fell(None)] {
             assert_eq!(decode_records(&entry(&r)).expect("decode"), vec![r.clone()]);
         }
         // As the commit writer joins a batch of one key's records.
@@ -267,8 +300,14 @@ mod tests {
         encode(&full(), &mut batch);
         batch.push(b',');
         encode(&bare(), &mut batch);
+        batch.push(b',');
+        encode(&fell(None), &mut batch);
         batch.push(b']');
-        assert_eq!(decode_records(&batch).expect("decode"), vec![full(), bare()]);
+        assert_eq!(decode_records(&batch).expect("decode"), vec![full(), bare(), fell(None)]);
+        // Only a call that fell back is written in version 2; its head reads alike.
+        let (v1, v2) = (value(&full()), value(&fell(Some(7))));
+        assert_eq!((v1[0], v2[0]), (BINARY_V1, BINARY_V2));
+        assert_eq!(RecordHead::read(&v2), Some(RecordHead::of(&fell(Some(7)))));
     }
 
     #[test]

@@ -91,6 +91,17 @@ pub struct Draft {
     pub stream: bool,
     /// A media call (images, speech, transcription): billed in its own units.
     pub media: Option<crate::billing::media::MediaCall>,
+    /// The models it may go on to, each drafted as the call would be for it (see `fallback`);
+    /// `hold_nanos` is the dearest of them and this one.
+    pub fallbacks: Vec<Draft>,
+    /// On which classes of failure it goes on to them.
+    pub fallback_on: crate::config::fallbacks::Classes,
+    /// Its fallbacks are the client's own list (`models`, `x-tollgate-fallbacks`).
+    pub fallbacks_asked: bool,
+    /// A fallback's own route, when its model is in the path (generate content).
+    pub route: Option<Route>,
+    /// What it holds by itself (the fallbacks' holds aside).
+    own_hold: i64,
 }
 
 /// Plan a request on a stored response (read, cancel, delete, list its input items): it goes
@@ -116,6 +127,11 @@ pub fn stored_draft(routing: &Routing, owner: &crate::records::usage::ResponseOw
         translation: None,
         stream: false,
         media: None,
+        fallbacks: Vec::new(),
+        fallback_on: Default::default(),
+        fallbacks_asked: false,
+        route: None,
+        own_hold: 0,
     })
 }
 
@@ -133,7 +149,7 @@ pub fn draft(
     checks: (&Checks, &[crate::policy::plan::PlanModels]),
     client_body: bytes::Bytes,
 ) -> Result<Draft, Stop> {
-    draft_of(routing, route, protocol, group, policy, checks, client_body, None)
+    draft_of(routing, route, protocol, group, policy, checks, client_body, None, false)
 }
 
 /// Plan a relayed upload (a `multipart/form-data` media call): as [`draft`], its fields read
@@ -146,12 +162,14 @@ pub fn draft_form(
     checks: (&Checks, &[crate::policy::plan::PlanModels]),
     form: &crate::protocol::multipart::Form,
 ) -> Result<Draft, Stop> {
-    draft_of(routing, route, Protocol::Openai, group, policy, checks, bytes::Bytes::new(), Some(form))
+    draft_of(routing, route, Protocol::Openai, group, policy, checks, bytes::Bytes::new(), Some(form), false)
 }
 
-// The two entries' arguments and the checks: one more than clippy's default.
+// The entries' arguments and the checks: more than clippy's default. `fallback`: drafted as
+// another model a call may go on to (see `fallback`): the load of its first provider is counted
+// only if it is sent, and it is reached through another protocol whatever the group's `translate`.
 #[allow(clippy::too_many_arguments)]
-fn draft_of(
+pub(super) fn draft_of(
     routing: &Routing,
     route: &Route,
     protocol: Protocol,
@@ -160,6 +178,7 @@ fn draft_of(
     (checks, plans): (&Checks, &[crate::policy::plan::PlanModels]),
     client_body: bytes::Bytes,
     form: Option<&crate::protocol::multipart::Form>,
+    fallback: bool,
 ) -> Result<Draft, Stop> {
     let catalog = &routing.catalog;
     let (fields, media) = match route {
@@ -174,7 +193,7 @@ fn draft_of(
     };
     let model = model_of(route, &fields)?;
     let client = crate::translate::client_dialect(route);
-    let (mut candidates, translated) = providers_for(catalog, route, protocol, group, client.is_some(), &model)?;
+    let (mut candidates, translated) = providers_for(catalog, route, protocol, (group, fallback), client.is_some(), &model)?;
     // The checks of a model call: the key's model rules before its output limits (the
     // documented order), then those that read the request's text. A maximum that cannot be
     // read is refused after them.
@@ -220,7 +239,7 @@ fn draft_of(
     // The provider chosen is that provider's load from now on (counted at once, so requests
     // deciding at the same moment see each other); a request sent elsewhere after all (its
     // provider rests or fails) is counted where it goes (the gateway's attempt loop).
-    if let Some(&first) = candidates.first() {
+    if let Some(&first) = candidates.first().filter(|_| !fallback) {
         catalog.upstreams[first].health.load.add();
     }
     let previous_response_id = match route {
@@ -274,6 +293,11 @@ fn draft_of(
         translation,
         stream,
         media,
+        fallbacks: Vec::new(),
+        fallback_on: Default::default(),
+        fallbacks_asked: false,
+        route: None,
+        own_hold: hold_nanos,
     };
     draft.body = draft.upstream_body(route, per_choice)?;
     Ok(draft)
@@ -310,7 +334,7 @@ fn providers_for(
     catalog: &Catalog,
     route: &Route,
     protocol: Protocol,
-    group: &str,
+    (group, fallback): (&str, bool),
     translatable: bool,
     model: &str,
 ) -> Result<(Vec<usize>, Option<Protocol>), ApiError> {
@@ -331,7 +355,7 @@ fn providers_for(
     // Not served over the client's protocol: a translating group reaches it through another.
     let translated = match (&native, translatable) {
         (None, true) if chat_only.is_some() => chat_only,
-        (None, true) if catalog.group_translates(group) && catalog.group_allows(group, protocol) => {
+        (None, true) if (fallback || catalog.group_translates(group)) && catalog.group_allows(group, protocol) => {
             catalog.served_elsewhere(protocol, model)
         }
         _ => None,
@@ -401,22 +425,41 @@ impl Draft {
             return Ok(false);
         }
         self.output_allowance = per_choice.saturating_mul(choices);
-        self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?.saturating_add(self.fixed_nanos);
-        self.body = self.upstream_body(route, per_choice)?;
+        self.own_hold = hold_cost(routing, &self.model, self.input, self.output_allowance)?.saturating_add(self.fixed_nanos);
+        self.body = self.upstream_body(self.route.as_ref().unwrap_or(route), per_choice)?;
+        for fallback in &mut self.fallbacks {
+            fallback.lower_output(routing, route, per_choice)?;
+        }
+        self.held();
         Ok(true)
     }
 
+    /// The hold: the dearest of its own and its fallbacks'.
+    pub(super) fn held(&mut self) {
+        self.hold_nanos = self.fallbacks.iter().map(|f| f.hold_nanos).fold(self.own_hold, i64::max);
+    }
+
     /// How many output tokens `available` nano-USD covers beside this request's input (all
-    /// choices together), for a refusal's message.
+    /// choices together), for a refusal's message; with fallbacks, what it covers of the dearest.
     pub fn output_covered(&self, routing: &Routing, available: i64) -> u64 {
         let available = available.saturating_sub(self.fixed_nanos);
-        routing.prices.output_within(&self.model, self.input.tokens(), available).unwrap_or(0) / self.choices.max(1)
+        let own = routing.prices.output_within(&self.model, self.input.tokens(), available).unwrap_or(0) / self.choices.max(1);
+        self.fallbacks.iter().map(|f| f.output_covered(routing, available.saturating_add(f.fixed_nanos))).fold(own, u64::min)
+    }
+
+    /// The most output tokens it may be held for, its fallbacks' included (all choices together).
+    pub fn most_output(&self) -> u64 {
+        self.fallbacks.iter().map(|f| f.output_allowance).fold(self.output_allowance, u64::max)
     }
 
     /// Charge `nanos` with the call whatever its answer (held with it).
     pub fn add_fixed(&mut self, nanos: i64) {
         self.fixed_nanos = self.fixed_nanos.saturating_add(nanos);
-        self.hold_nanos = self.hold_nanos.saturating_add(nanos);
+        self.own_hold = self.own_hold.saturating_add(nanos);
+        for fallback in &mut self.fallbacks {
+            fallback.add_fixed(nanos);
+        }
+        self.held();
     }
 
     /// The turn continues a stored conversation of `context_tokens` (its recorded input and
@@ -426,7 +469,10 @@ impl Draft {
             return Ok(());
         }
         self.input.referenced_tokens = context_tokens;
-        self.hold_nanos = hold_cost(routing, &self.model, self.input, self.output_allowance)?.saturating_add(self.fixed_nanos);
+        // The conversation is stored with one provider: it serves the turn, no other model.
+        self.fallbacks.clear();
+        self.own_hold = hold_cost(routing, &self.model, self.input, self.output_allowance)?.saturating_add(self.fixed_nanos);
+        self.held();
         Ok(())
     }
 }

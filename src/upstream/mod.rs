@@ -12,6 +12,7 @@ pub mod affinity;
 pub mod catalog;
 pub mod cloud_guard;
 pub mod draft;
+pub mod fallback;
 pub mod health;
 pub mod media;
 pub mod moderation;
@@ -65,6 +66,8 @@ pub struct Routing {
     pub guardrails: Arc<crate::checks::guard::Guardrails>,
     /// Open sign-up (`identity.signup`): read at each sign-in, so a reload opens or closes it.
     pub signup: Option<Arc<crate::config::identity::SignupConfig>>,
+    /// Fallbacks across models and the bounds of one request's attempts (`routing.fallbacks`).
+    pub fallbacks: crate::config::fallbacks::Fallbacks,
 }
 
 /// The routing of `config` with the unit tests' defaults (100 output tokens held, 10 at the
@@ -87,6 +90,7 @@ pub(crate) fn routing_for_tests(config: &crate::config::Config) -> Routing {
         media_allowance: MediaAllowance::default(),
         guardrails: Arc::new(crate::checks::guard::Guardrails::new(config, &Default::default()).unwrap_or_default()),
         signup: config.identity.signup.clone().map(Arc::new),
+        fallbacks: config.fallbacks.clone(),
     }
 }
 

@@ -17,6 +17,7 @@ mod budgets;
 mod cloud;
 mod config_cli;
 mod durability;
+mod fallbacks;
 mod files;
 mod gateway;
 mod guardrails;

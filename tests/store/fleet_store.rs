@@ -311,6 +311,8 @@ fn usage(key: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         upstream_protocol: None,
         charged: Vec::new(),
         tags: Default::default(),
+        requested_model: None,
+        fallbacks: None,
     }
 }
 

@@ -175,6 +175,7 @@ pub(super) async fn request_detail(api: &AdminApi, req: &Request, id: &str) -> P
         vec!["Upstream request id".to_string(), opt(&e.upstream_request_id)],
         vec!["Upstream model".to_string(), opt(&e.upstream_model)],
         vec!["Guardrails".to_string(), opt(&e.guardrail)],
+        vec!["Fallbacks".to_string(), opt(&e.fallbacks)],
     ];
     let body = format!("{}<p><a href=\"/console/requests\">All requests</a></p>", html::table("request", &["Field", "Value"], &rows, None));
     Ok(clock.page(&format!("Request {}", e.id), "/console/requests", &req.csrf, &body))

@@ -24,6 +24,8 @@
 //! `POST /__mock/release?token=T`; `x-mock-cut-after: N` drop the connection after N events;
 //! `x-mock-endless-event: N` answer N bytes of SSE data lines with no blank line;
 //! `x-mock-error-bytes: N` pad an `x-mock-status` error's message to N bytes;
+//! `x-mock-error: context_length|content_policy` answer 400 with the error the real service
+//! gives for a prompt too long or refused by its content policy;
 //! `x-mock-usage: IN,OUT` report these token counts (`x-mock-conform: 1`: OUT at most the
 //! maximum the request names in its protocol's own field); `x-mock-no-usage: 1` report no usage at
 //! all (whatever the request asked); `x-mock-tool-calls: 1` answer with a `get_weather` tool
@@ -31,7 +33,8 @@
 //! and reads (messages). Per provider and key: `x-mock-only: PREFIX[,PREFIX]` applies the
 //! failure controls (`x-mock-status`, `x-mock-delay-ms`, `x-mock-cut-after`, `x-mock-hold`,
 //! `x-mock-retry-after: N`, which adds `Retry-After` to an `x-mock-status` answer) only to
-//! paths under those prefixes, `x-mock-only-key: KEY` only to requests with that upstream key.
+//! paths under those prefixes, `x-mock-only-key: KEY` only to requests with that upstream key,
+//! `x-mock-only-model: MODEL[,MODEL]` only to requests for those models (the upstream's names).
 //!
 //! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
 //! body length, model; tag from `x-test-tag`). The mock demands its own upstream key (one of
@@ -355,7 +358,8 @@ impl MockUpstream {
         // Failure controls apply only to the provider (`x-mock-only: PREFIX,…`) and the key
         // (`x-mock-only-key: KEY`) they name, when named.
         let applies = header(&req, "x-mock-only").is_none_or(|only| only.split(',').any(|p| path.starts_with(p.trim())))
-            && header(&req, "x-mock-only-key").is_none_or(|k| Self::presented_key(kind, &req) == Some(k));
+            && header(&req, "x-mock-only-key").is_none_or(|k| Self::presented_key(kind, &req) == Some(k))
+            && header(&req, "x-mock-only-model").is_none_or(|only| only.split(',').any(|m| model.as_deref() == Some(m.trim())));
         let ctl = |name: &str| if applies { header(&req, name) } else { None };
         let ctl_num = |name: &str| ctl(name).and_then(|v| v.trim().parse::<u64>().ok());
         if let Some(ms) = ctl_num("x-mock-delay-ms") {
@@ -364,11 +368,9 @@ impl MockUpstream {
         if let Some(total) = ctl_num("x-mock-endless-event") {
             return endless_event(session, total).await;
         }
-        if let Some(status) = ctl_num("x-mock-status").and_then(|s| u16::try_from(s).ok()) {
-            // `x-mock-error-bytes: N`: the message padded to N bytes (an oversized error answer).
-            let pad = ctl_num("x-mock-error-bytes").map_or(String::new(), |n| " ".repeat(usize::try_from(n).unwrap_or(0).min(64 << 20)));
-            let bedrock = matches!(cloud, Some(CloudCall::Bedrock { .. } | CloudCall::Converse { .. }));
-            let (b, headers) = mock_error(kind, status, &format!("mock says {status}{pad}"), ctl("x-mock-retry-after"), bedrock);
+        let bedrock = matches!(cloud, Some(CloudCall::Bedrock { .. } | CloudCall::Converse { .. }));
+        let asked = (ctl("x-mock-error"), ctl_num("x-mock-status"), ctl_num("x-mock-error-bytes"), ctl("x-mock-retry-after"));
+        if let Some((status, b, headers)) = controlled_error(kind, bedrock, asked) {
             let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
             return send(session, status, "application/json", b.to_string().into(), &extra).await;
         }
@@ -810,6 +812,63 @@ async fn refuse(session: &mut Session, (status, body, headers): crate::cloud::Re
 }
 
 /// An `x-mock-status` answer: the protocol's (or Bedrock's) error body and headers.
+/// An error answer: its status, body and extra headers.
+type Failure = (u16, Value, Vec<(&'static str, String)>);
+
+/// The error a request's failure controls ask for: `x-mock-error` (a class), else
+/// `x-mock-status` (its message padded to `x-mock-error-bytes`, with `x-mock-retry-after`).
+fn controlled_error(
+    kind: Kind,
+    bedrock: bool,
+    (class, status, pad, retry_after): (Option<&str>, Option<u64>, Option<u64>, Option<&str>),
+) -> Option<Failure> {
+    if let Some(failure) = class.and_then(|class| class_error(kind, class, bedrock)) {
+        return Some(failure);
+    }
+    let status = status.and_then(|s| u16::try_from(s).ok())?;
+    // `x-mock-error-bytes: N`: the message padded to N bytes (an oversized error answer).
+    let pad = pad.map_or(String::new(), |n| " ".repeat(usize::try_from(n).unwrap_or(0).min(64 << 20)));
+    let (b, headers) = mock_error(kind, status, &format!("mock says {status}{pad}"), retry_after, bedrock);
+    Some((status, b, headers))
+}
+
+/// `x-mock-error: context_length | content_policy`: the error each kind of upstream answers
+/// for a prompt too long for the model, or one its content policy refuses, as the real
+/// services word them (status 400; Bedrock's with its `x-amzn-ErrorType`).
+fn class_error(kind: Kind, class: &str, bedrock: bool) -> Option<Failure> {
+    let amzn = |t: &str| vec![("x-amzn-errortype", format!("{t}:http://internal.amazon.com/coral/com.amazon.bedrock/"))];
+    let (body, headers) = match (class, bedrock, kind) {
+        ("context_length", true, _) => (json!({"message": "Input is too long for requested model."}), amzn("ValidationException")),
+        ("content_policy", true, _) => (json!({"message": "The request was blocked by content filters."}), amzn("ValidationException")),
+        ("context_length", _, Kind::Messages) => (
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "prompt is too long: 210000 tokens > 200000 maximum"}}),
+            vec![],
+        ),
+        ("content_policy", _, Kind::Messages) => (
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "Output blocked by content filtering policy"}}),
+            vec![],
+        ),
+        ("context_length", _, Kind::Generate { .. }) => (
+            json!({"error": {"code": 400, "message": "The input token count (1200000) exceeds the maximum number of tokens allowed (1048576).", "status": "INVALID_ARGUMENT"}}),
+            vec![],
+        ),
+        ("content_policy", _, Kind::Generate { .. }) => (
+            json!({"error": {"code": 400, "message": "The request was blocked due to safety reasons.", "status": "INVALID_ARGUMENT"}}),
+            vec![],
+        ),
+        ("context_length", _, _) => (
+            json!({"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 210000 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
+            vec![],
+        ),
+        ("content_policy", _, _) => (
+            json!({"error": {"message": "The response was filtered due to the prompt triggering Azure OpenAI's content management policy.", "type": null, "param": "prompt", "code": "content_filter", "status": 400}}),
+            vec![],
+        ),
+        _ => return None,
+    };
+    Some((400, body, headers))
+}
+
 fn mock_error(kind: Kind, status: u16, message: &str, retry_after: Option<&str>, bedrock: bool) -> (Value, Vec<(&'static str, String)>) {
     let mut headers = vec![("x-mock-error", "yes".to_string())];
     let body = if bedrock {

@@ -67,19 +67,30 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             draft
         }
         _ => {
+            // The fallbacks the client names itself (a body's `models` list is not sent on).
+            let named = crate::protocol::header_str(session.req_header(), upstream::fallback::HEADER);
+            let (client_bytes, asked) = upstream::fallback::asked(route, named, std::mem::take(&mut client_body.bytes))?;
             // The guardrails read what the call sends before anything is held or sent.
-            let came = client_body.bytes.clone();
-            let body = super::guarded::input(gw, ctx, caller, protocol, client_body.bytes).await.inspect_err(|_| {
+            let came = client_bytes.clone();
+            let body = super::guarded::input(gw, ctx, caller, protocol, client_bytes).await.inspect_err(|_| {
                 // Refused: the access log names the model the body asked for.
                 ctx.model_asked = model_named(route, Some(&came));
             })?;
-            let sent = body.clone();
-            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, (&gw.checks, &caller.plans), sent)
-                .inspect_err(|_| {
-                    // Refused: the access log names the model asked for, if the body or the
-                    // path (generate-content) names one.
-                    ctx.model_asked = model_named(route, Some(&body));
-                })?;
+            let checks = (&*gw.checks, &caller.plans[..]);
+            let named_model = |ctx: &mut RequestCtx| {
+                // Refused: the access log names the model asked for, if the body or the
+                // path (generate-content) names one.
+                ctx.model_asked = model_named(route, Some(&body));
+            };
+            let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, checks, body.clone())
+                .inspect_err(|_| named_model(ctx))?;
+            upstream::fallback::attach(&mut draft, routing, (route, protocol), &key.group, &key.policy, checks, asked, &body)
+                .inspect_err(|_| named_model(ctx))?;
+            // Each fallback's body is held too, against the same budget.
+            let more: usize = draft.fallbacks.iter().map(|f| f.body.len()).sum();
+            if more > 0 && !client_body.reservation.grow(more) {
+                return Err(crate::edge::body::busy().into());
+            }
             if let Some(previous) = &draft.previous_response_id {
                 let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::access::owners::unavailable)?;
                 let owner = owner.ok_or_else(|| crate::access::owners::previous_not_found(previous))?;

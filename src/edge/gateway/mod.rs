@@ -60,6 +60,7 @@ use std::time::{Duration, Instant};
 mod admit;
 mod answer;
 mod draft;
+mod fallback;
 mod guarded;
 mod ingress;
 mod key_page;
@@ -180,6 +181,15 @@ pub struct RelayPlan {
     pub guard: Option<Box<crate::checks::guard::stream::OutputGuard>>,
     /// What its guardrails cost (`price_per_check`), billed with it (nano-USD).
     pub guard_price_nanos: i64,
+    /// The models it may go on to before its first byte, in order (see `fallback`).
+    pub fallbacks: Vec<upstream::fallback::Next>,
+    /// On which classes of failure it goes on to them.
+    pub fallback_on: crate::config::fallbacks::Classes,
+    /// It had fallbacks: its answer names the model that served (`x-tollgate-served-model`).
+    pub chained: bool,
+    /// An upstream's error answer read to decide on a fallback, and its share of the budget of
+    /// bytes held for clients: what the client is told from.
+    pub error_read: Option<(Vec<u8>, crate::edge::body::Reservation)>,
     /// What happened while it was relayed.
     pub happened: Happened,
 }
@@ -198,6 +208,9 @@ pub struct Happened {
     pub first_byte: Option<Duration>,
     /// The upstream's own request id (its `x-request-id` or `request-id`), for the request log.
     pub upstream_request_id: Option<String>,
+    /// Each model it left for the next before its first byte, and why (a class of
+    /// `protocol::error_class`, or `context_window`): the first is the model asked for.
+    pub fell_back: Vec<(String, &'static str)>,
 }
 
 impl RelayPlan {

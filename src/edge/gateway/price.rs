@@ -49,7 +49,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
             if let Some(tpm) = key.tpm {
                 draft.lower_output(&routing, &route, tpm.saturating_sub(input) / draft.choices.max(1))?;
             }
-            gw.charge.reserve_tokens(&key, &under, input.saturating_add(draft.output_allowance))?
+            gw.charge.reserve_tokens(&key, &under, input.saturating_add(draft.most_output()))?
         }
         false => None,
     };
@@ -66,6 +66,8 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         hold_for(gw, &routing, (&key, &under), &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
     let billed = route.billed();
     let guard = super::guarded::output(ctx, &route, &draft.model);
+    let (fallback_on, chained) = (draft.fallback_on, !draft.fallbacks.is_empty());
+    let fallbacks = std::mem::take(&mut draft.fallbacks).into_iter().map(upstream::fallback::Next::from).collect();
     Ok(Box::new(RelayPlan {
         routing,
         route,
@@ -94,6 +96,10 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         trace: ctx.trace.take(),
         guard,
         guard_price_nanos,
+        fallbacks,
+        fallback_on,
+        chained,
+        error_read: None,
         happened: Happened::default(),
     }))
 }

@@ -99,6 +99,7 @@ fn write_log_entry(
             made.as_str()
         }
     };
+    let fell = ctx.relayed.as_deref().and_then(super::fallback::fell_back);
     let mut entry = crate::records::log::LogLine {
         id,
         time_ms: now_ms(),
@@ -124,6 +125,7 @@ fn write_log_entry(
         entry.attempts = plan.happened.attempts;
         entry.first_byte_ms = plan.happened.first_byte.map(|d| d.as_millis() as u64);
         entry.upstream_request_id = plan.happened.upstream_request_id.as_deref();
+        entry.fallbacks = fell.as_deref();
         if let Some((usage, cost, estimated)) = plan.happened.billed {
             entry.input_tokens = usage.input_total();
             entry.output_tokens = usage.output;
@@ -160,6 +162,7 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
         return;
     }
     let req = session.req_header();
+    let fell = ctx.relayed.as_deref().and_then(super::fallback::fell_back);
     let mut facts = crate::observe::telemetry::RequestFacts {
         method: crate::observe::telemetry::method_name(&req.method),
         route: ctx.route,
@@ -181,6 +184,8 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
             .and_then(|i| plan.routing.catalog.upstreams.get(i))
             .map(|u| crate::observe::metrics::gen_ai_provider(u.config.kind));
         facts.first_byte = plan.happened.first_byte;
+        facts.requested_model = plan.happened.fell_back.first().map(|(m, _)| m.as_str());
+        facts.fallbacks = fell.as_deref();
         if let Some((usage, cost, estimated)) = plan.happened.billed {
             facts.usage = Some(usage);
             facts.cost_nanos = Some(cost);
@@ -195,6 +200,13 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
         facts.status = call.status;
     }
     tracer.finish(*trace, &facts);
+}
+
+/// A field of an access log line: written bare, quoted (`{:?}`), or a number.
+enum Field<'a> {
+    Bare(&'a str),
+    Quoted(&'a str),
+    Num(u64),
 }
 
 /// One structured line per client request (target `access`), as `name=value` pairs or, with
@@ -238,11 +250,43 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     // The id the client got in `X-Request-Id` (the request log's too), and the upstream's own.
     let request_id = crate::observe::request_id::id_of(session).unwrap_or("-");
     let upstream_id = ctx.relayed.as_ref().and_then(|p| p.happened.upstream_request_id.as_deref());
+    // The model asked for and each one left, when the call fell back.
+    let fell = ctx.relayed.as_deref().and_then(super::fallback::fell_back);
+    let requested = ctx.relayed.as_ref().and_then(|p| p.happened.fell_back.first()).map(|(m, _)| m.as_str());
     // The provider's own name of the model, when it differs.
     let upstream_model = ctx.relayed.as_ref().and_then(|p| {
         let config = &p.routing.catalog.upstreams[p.happened.served_by?].config;
         Some(config.upstream_model(&p.model)).filter(|m| *m != p.model)
     });
+    // The fields a line has only when they apply, in their order.
+    let mut fields: Vec<(&str, Field<'_>)> = Vec::new();
+    if let Some(reason) = ctx.reason {
+        fields.push(("reason", Field::Bare(reason)));
+    }
+    if let Some(param) = &ctx.reason_param {
+        fields.push(("param", Field::Quoted(param)));
+    }
+    if let Some((_, seconds)) = ctx.video_charge {
+        fields.push(("video_seconds", Field::Num(u64::from(seconds))));
+    }
+    if let Some(s) = &ctx.realtime {
+        fields.extend([("turns", Field::Num(s.turns)), ("ended", Field::Quoted(s.ended))]);
+    }
+    if let Some(upstream) = translated {
+        fields.push(("translated_to", Field::Bare(upstream)));
+    }
+    if let Some(id) = upstream_id {
+        fields.push(("upstream_request_id", Field::Quoted(id)));
+    }
+    if let Some(m) = upstream_model {
+        fields.push(("upstream_model", Field::Quoted(m)));
+    }
+    if let (Some(asked), Some(fell)) = (requested, &fell) {
+        fields.extend([("requested_model", Field::Quoted(asked)), ("fallbacks", Field::Quoted(fell))]);
+    }
+    if let Some(g) = guardrail {
+        fields.push(("guardrail", Field::Quoted(g)));
+    }
     if crate::observe::logging::json() {
         let mut line = serde_json::json!({
             "request_id": request_id,
@@ -251,60 +295,22 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
             "input_tokens": input, "output_tokens": output, "cost_usd": cost_usd, "estimated": estimated,
             "latency_ms": (latency_ms * 1000.0).round() / 1000.0,
         });
-        if let Some(reason) = ctx.reason {
-            line["reason"] = reason.into();
-        }
-        if let Some(param) = &ctx.reason_param {
-            line["param"] = param.as_str().into();
-        }
-        if let Some((_, seconds)) = ctx.video_charge {
-            line["video_seconds"] = seconds.into();
-        }
-        if let Some(s) = &ctx.realtime {
-            line["turns"] = s.turns.into();
-            line["ended"] = s.ended.into();
-        }
-        if let Some(upstream) = translated {
-            line["translated_to"] = upstream.into();
-        }
-        if let Some(id) = upstream_id {
-            line["upstream_request_id"] = id.into();
-        }
-        if let Some(m) = upstream_model {
-            line["upstream_model"] = m.into();
-        }
-        if let Some(g) = guardrail {
-            line["guardrail"] = g.into();
+        for (name, field) in &fields {
+            line[*name] = match field {
+                Field::Bare(v) | Field::Quoted(v) => (*v).into(),
+                Field::Num(n) => (*n).into(),
+            };
         }
         log::info!(target: "access", "{line}");
         return;
     }
     let mut extra = String::new();
-    if let Some(reason) = ctx.reason {
-        extra.push_str(" reason=");
-        extra.push_str(reason);
-    }
-    if let Some(param) = &ctx.reason_param {
-        extra.push_str(&format!(" param={param:?}"));
-    }
-    if let Some((_, seconds)) = ctx.video_charge {
-        extra.push_str(&format!(" video_seconds={seconds}"));
-    }
-    if let Some(s) = &ctx.realtime {
-        extra.push_str(&format!(" turns={} ended={:?}", s.turns, s.ended));
-    }
-    if let Some(upstream) = translated {
-        extra.push_str(" translated_to=");
-        extra.push_str(upstream);
-    }
-    if let Some(id) = upstream_id {
-        extra.push_str(&format!(" upstream_request_id={id:?}"));
-    }
-    if let Some(m) = upstream_model {
-        extra.push_str(&format!(" upstream_model={m:?}"));
-    }
-    if let Some(g) = guardrail {
-        extra.push_str(&format!(" guardrail={g:?}"));
+    for (name, field) in &fields {
+        extra.push_str(&match field {
+            Field::Bare(v) => format!(" {name}={v}"),
+            Field::Quoted(v) => format!(" {name}={v:?}"),
+            Field::Num(n) => format!(" {name}={n}"),
+        });
     }
     log::info!(
         target: "access",

@@ -29,12 +29,21 @@ impl Gateway {
     pub(super) async fn open_upstream(&self, client: &RequestHeader, plan: &mut RelayPlan) -> Result<(upstream::Reply, HttpPeer)> {
         let routing = plan.routing.clone();
         let (catalog, policy) = (&routing.catalog, &routing.retry);
-        let deadline = policy.deadline.map(|d| Instant::now() + d);
+        let mut deadline = policy.deadline.map(|d| Instant::now() + d);
+        if !plan.fallbacks.is_empty() {
+            // Another model may follow: this one's attempts end by `routing.max_fallback_secs`.
+            let until = plan.started + routing.fallbacks.max_wait;
+            deadline = Some(deadline.map_or(until, |d| d.min(until)));
+        }
         // A retry after `pause` still starts inside the deadline.
         let in_time = |pause: Duration| deadline.is_none_or(|d| Instant::now() + pause < d);
         // The pause before another attempt, when `attempts` sent so far leave room for one in
-        // number and in time (drawn only then: nothing is computed for a request that succeeds).
-        let retry_pause = |attempts: u32| (attempts < policy.attempts).then(|| backoff(attempts)).filter(|pause| in_time(*pause));
+        // number (this model's `retry.attempts`, the request's `routing.max_attempts`) and in
+        // time (drawn only then: nothing is computed for a request that succeeds).
+        let (before, most) = (plan.happened.attempts, routing.fallbacks.max_attempts);
+        let retry_pause = |attempts: u32| {
+            (attempts - before < policy.attempts && attempts < most).then(|| backoff(attempts - before)).filter(|pause| in_time(*pause))
+        };
         let (mut tried, mut dead): (Vec<usize>, Vec<usize>) = (Vec::new(), Vec::new());
         let mut last: Option<Box<Error>> = None;
         let mut next = catalog.next_provider(&plan.candidates, &tried, &dead, Instant::now());

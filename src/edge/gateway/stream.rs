@@ -32,7 +32,7 @@ impl Gateway {
     /// (8.4 KiB before, issue 53; BENCHMARKS.md).
     pub(super) async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let shape = plan.protocol;
-        let (mut http, peer) = match Box::pin(self.open_upstream(session.req_header(), plan)).await {
+        let (mut http, peer) = match Box::pin(self.open(session.req_header(), plan)).await {
             Ok(opened) => opened,
             Err(e) => {
                 log::warn!("relay failed: {e}");
@@ -42,6 +42,7 @@ impl Gateway {
         // The request is sent: its body is not needed while the answer streams (agent
         // requests are hundreds of KiB, their answers last minutes).
         plan.body = Bytes::new();
+        plan.fallbacks = Vec::new();
         // An upload's files too: closed (their disk freed) with their share of the spool budget.
         plan.upload = None;
         plan.body_reservation = None;
@@ -67,6 +68,9 @@ impl Gateway {
         let _open_stream = sse.then(|| crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams));
         let withhold = plan.withhold_usage && status == 200;
         prepare_response_header(&mut header, withhold, shape, &plan.routing.forward_response_headers)?;
+        if plan.chained {
+            header.insert_header(super::fallback::SERVED_MODEL, plan.model.as_str())?;
+        }
         let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);
         if plan.sampled() {
             scanner.read_answer();
@@ -295,13 +299,23 @@ impl Gateway {
         usage: Shape,
     ) -> Result<()> {
         let mut scanner = UsageScanner::new(usage, false, false);
-        let mut held = self.body.budget.reservation();
-        let body = match read_whole(&mut http, &mut scanner, ERROR_BODY_MAX_BYTES, &mut held).await {
-            Ok(body) => body,
-            Err(e) => {
-                log::warn!("upstream error answer not read whole ({e}); its status's own message is passed on");
-                http.shutdown().await;
-                Vec::new()
+        let (body, _held) = match plan.error_read.take() {
+            // Read already, for its class (a call with fallbacks).
+            Some((body, held)) => {
+                let body = Bytes::from(body);
+                scanner.feed(&body);
+                (body.to_vec(), held)
+            }
+            None => {
+                let mut held = self.body.budget.reservation();
+                match read_whole(&mut http, &mut scanner, ERROR_BODY_MAX_BYTES, &mut held).await {
+                    Ok(body) => (body, held),
+                    Err(e) => {
+                        log::warn!("upstream error answer not read whole ({e}); its status's own message is passed on");
+                        http.shutdown().await;
+                        (Vec::new(), held)
+                    }
+                }
             }
         };
         self.settle(plan, Some(&mut scanner), status).await;

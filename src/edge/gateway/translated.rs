@@ -68,6 +68,9 @@ impl Gateway {
         header.insert_header(http::header::CACHE_CONTROL, "no-cache")?;
         header.set_version(http::Version::HTTP_11);
         header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+        if plan.chained {
+            header.insert_header(super::fallback::SERVED_MODEL, plan.model.as_str())?;
+        }
         let _open_stream = crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams);
         ctx.response_started = true;
         if let Err(e) = session.write_response_header(header, false).await {
@@ -160,7 +163,10 @@ impl Gateway {
             }
         };
         let response = match translated {
-            Ok(bytes) => LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers: Vec::new() },
+            Ok(bytes) => {
+                let headers = if plan.chained { vec![(super::fallback::SERVED_MODEL, plan.model.clone())] } else { Vec::new() };
+                LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers }
+            }
             Err(err) => {
                 self.note_refusal(ctx, err.kind.reason());
                 LocalResponse::error(&err, shape)

@@ -197,6 +197,10 @@ pub struct RequestFacts<'a> {
     /// What guardrails did (`name:phase:action[:categories]`, comma-separated), never what
     /// they found: `tollgate.guardrail.actions`.
     pub guardrail: Option<&'a str>,
+    /// The models a call left for the next before its first byte, and why (`model:reason`,
+    /// comma-separated): `tollgate.fallbacks`; the model asked for: `tollgate.requested_model`.
+    pub fallbacks: Option<&'a str>,
+    pub requested_model: Option<&'a str>,
 }
 
 impl Trace {
@@ -388,6 +392,10 @@ impl Trace {
         };
         if let Some(code) = facts.refusal {
             spans.add("tollgate.refusal", Value::Str(code));
+        }
+        if let (Some(fell), Some(asked)) = (facts.fallbacks, facts.requested_model) {
+            spans.add("tollgate.requested_model", Value::Str(asked));
+            spans.add("tollgate.fallbacks", Value::Str(fell));
         }
         if let Some(actions) = facts.guardrail {
             spans.add("tollgate.guardrail.actions", Value::Str(actions));
