@@ -265,3 +265,105 @@ async fn retries_and_fallbacks_share_one_bound_and_none_follows_the_first_byte()
     assert_eq!((status, served.as_deref()), (200, Some("alpha-5.5")));
     assert_eq!(s.models_seen("cut").await, ["alpha-5.5"], "no fallback after the first byte");
 }
+
+/// Every row of the table of error classes (docs/fallbacks.md), as each kind of upstream
+/// answers it (the mock words it as the service does): OpenAI, Azure OpenAI, Anthropic, Gemini
+/// and Bedrock (its `x-amzn-ErrorType`, its signature checked) each fall back to a safe model
+/// on a context too long, a content-policy refusal, a 429, a 5xx and no answer in time; the
+/// request log names the class.
+#[tokio::test]
+async fn each_kind_of_upstream_falls_back_on_each_class_of_its_errors() {
+    const AWS_ID: &str = "AKIDMOCKTOLLGATE";
+    const SONNET: &str = "anthropic.claude-sonnet-4-6-v1:0";
+    let mock = start_mock();
+    let admin = free_port();
+    let m = mock.port;
+    let text = format!(
+        r#"
+providers:
+  - {{ name: oa, protocol: openai, base_url: "http://127.0.0.1:{m}/oa", api_key: {UPSTREAM_KEY}, models: [alpha-5.5], read_timeout_secs: 1 }}
+  - {{ name: az, protocol: azure-openai, base_url: "http://127.0.0.1:{m}/dep", api_version: 2024-10-21, api_key: {UPSTREAM_KEY},
+      models: [{{ name: alpha-4o-mini, upstream: dep-gpt }}], read_timeout_secs: 1 }}
+  - {{ name: an, protocol: anthropic, base_url: "http://127.0.0.1:{m}/an", api_key: {UPSTREAM_KEY}, models: [beta-opus-4-7], read_timeout_secs: 1 }}
+  - {{ name: ge, protocol: gemini, base_url: "http://127.0.0.1:{m}/ge", api_key: {UPSTREAM_KEY}, models: [gamma-3.5-flash], read_timeout_secs: 1 }}
+  - {{ name: br, protocol: bedrock, region: us-east-1, endpoint_url: "http://127.0.0.1:{m}/east", read_timeout_secs: 1,
+      aws: {{ access_key_id_env: T_AWS_ID, secret_access_key_env: T_AWS_SECRET }}, models: [{{ name: beta-sonnet-4-6, upstream: "{SONNET}" }}] }}
+  - {{ name: safe, protocol: openai, base_url: "http://127.0.0.1:{m}/safe", api_key: {UPSTREAM_KEY}, models: [alpha-5.4] }}
+groups:
+  default: {{ platforms: [openai, anthropic, gemini], translate: true }}
+retry: {{ attempts: 1 }}
+routing:
+  fallbacks:
+    alpha-5.5: {{ to: [alpha-5.4] }}
+    alpha-4o-mini: {{ to: [alpha-5.4] }}
+    beta-opus-4-7: {{ to: [alpha-5.4] }}
+    gamma-3.5-flash: {{ to: [alpha-5.4] }}
+    beta-sonnet-4-6: {{ to: [alpha-5.4] }}
+admin: {{ listen: 127.0.0.1:{admin}, token: {ADMIN} }}
+{prices}keys:
+  - {{ key: {CLIENT_KEY}, name: tester, group: default, balance: 5.0 }}
+"#,
+        prices = prices_section()
+    );
+    let gw = start_gateway_env(&text, &[("T_AWS_ID", AWS_ID), ("T_AWS_SECRET", "mock-aws-secret-access-key")]);
+    let s = Setup { mock, gw, admin };
+    let kinds = [
+        ("alpha-5.5", "/oa"),
+        ("alpha-4o-mini", "/dep"),
+        ("beta-opus-4-7", "/an"),
+        ("gamma-3.5-flash", "/ge"),
+        ("beta-sonnet-4-6", "/east"),
+    ];
+    let classes: [(&str, (&str, &str)); 5] = [
+        ("context_length", ("x-mock-error", "context_length")),
+        ("content_policy", ("x-mock-error", "content_policy")),
+        ("rate_limited", ("x-mock-status", "429")),
+        ("unavailable", ("x-mock-status", "503")),
+        ("timeout", ("x-mock-delay-ms", "2500")),
+    ];
+    for (model, prefix) in kinds {
+        for (class, control) in classes {
+            // No answer in time is one row per kind of reading, not per upstream: twice is enough.
+            if class == "timeout" && !matches!(model, "alpha-5.5" | "beta-sonnet-4-6") {
+                continue;
+            }
+            let tag = format!("{model}-{class}");
+            let (status, served, body) = s.chat(CLIENT_KEY, &tag, chat_body(model, &tag), &[control, ("x-mock-only", prefix)]).await;
+            assert_eq!((status, served.as_deref()), (200, Some("alpha-5.4")), "{tag}: {body}");
+            let seen = mock_requests(&s.mock, &tag).await;
+            let paths: Vec<&str> = seen.iter().map(|r| r["path"].as_str().unwrap_or_default()).collect();
+            assert!(paths.len() == 2 && paths[0].starts_with(prefix) && paths[1].starts_with("/safe/"), "{tag}: {paths:?}");
+        }
+    }
+    // Each reason, as the request log keeps it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let page: Value = client()
+            .get(format!("http://127.0.0.1:{admin}/admin/requests?limit=100&model=alpha-5.4"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .expect("requests")
+            .json()
+            .await
+            .expect("json");
+        let mut logged: Vec<String> =
+            page["data"].as_array().into_iter().flatten().filter_map(|e| e["fallbacks"].as_str().map(str::to_string)).collect();
+        logged.sort();
+        let mut want: Vec<String> = kinds
+            .iter()
+            .flat_map(|(model, _)| {
+                classes
+                    .iter()
+                    .filter(move |(c, _)| *c != "timeout" || matches!(*model, "alpha-5.5" | "beta-sonnet-4-6"))
+                    .map(move |(c, _)| format!("{model}:{c}"))
+            })
+            .collect();
+        want.sort();
+        if logged == want {
+            break;
+        }
+        assert!(Instant::now() < deadline, "logged {logged:?}, want {want:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -369,8 +369,9 @@ impl MockUpstream {
             return endless_event(session, total).await;
         }
         let bedrock = matches!(cloud, Some(CloudCall::Bedrock { .. } | CloudCall::Converse { .. }));
+        let azure = matches!(cloud, Some(CloudCall::Azure { .. }));
         let asked = (ctl("x-mock-error"), ctl_num("x-mock-status"), ctl_num("x-mock-error-bytes"), ctl("x-mock-retry-after"));
-        if let Some((status, b, headers)) = controlled_error(kind, bedrock, asked) {
+        if let Some((status, b, headers)) = controlled_error(kind, (bedrock, azure), asked) {
             let extra: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
             return send(session, status, "application/json", b.to_string().into(), &extra).await;
         }
@@ -819,10 +820,10 @@ type Failure = (u16, Value, Vec<(&'static str, String)>);
 /// `x-mock-status` (its message padded to `x-mock-error-bytes`, with `x-mock-retry-after`).
 fn controlled_error(
     kind: Kind,
-    bedrock: bool,
+    (bedrock, azure): (bool, bool),
     (class, status, pad, retry_after): (Option<&str>, Option<u64>, Option<u64>, Option<&str>),
 ) -> Option<Failure> {
-    if let Some(failure) = class.and_then(|class| class_error(kind, class, bedrock)) {
+    if let Some(failure) = class.and_then(|class| class_error(kind, class, (bedrock, azure))) {
         return Some(failure);
     }
     let status = status.and_then(|s| u16::try_from(s).ok())?;
@@ -834,8 +835,9 @@ fn controlled_error(
 
 /// `x-mock-error: context_length | content_policy`: the error each kind of upstream answers
 /// for a prompt too long for the model, or one its content policy refuses, as the real
-/// services word them (status 400; Bedrock's with its `x-amzn-ErrorType`).
-fn class_error(kind: Kind, class: &str, bedrock: bool) -> Option<Failure> {
+/// services word them (status 400; Bedrock's with its `x-amzn-ErrorType`; Azure OpenAI's
+/// `content_filter` apart from OpenAI's `content_policy_violation`).
+fn class_error(kind: Kind, class: &str, (bedrock, azure): (bool, bool)) -> Option<Failure> {
     let amzn = |t: &str| vec![("x-amzn-errortype", format!("{t}:http://internal.amazon.com/coral/com.amazon.bedrock/"))];
     let (body, headers) = match (class, bedrock, kind) {
         ("context_length", true, _) => (json!({"message": "Input is too long for requested model."}), amzn("ValidationException")),
@@ -860,8 +862,12 @@ fn class_error(kind: Kind, class: &str, bedrock: bool) -> Option<Failure> {
             json!({"error": {"message": "This model's maximum context length is 128000 tokens. However, your messages resulted in 210000 tokens.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}),
             vec![],
         ),
-        ("content_policy", _, _) => (
+        ("content_policy", _, _) if azure => (
             json!({"error": {"message": "The response was filtered due to the prompt triggering Azure OpenAI's content management policy.", "type": null, "param": "prompt", "code": "content_filter", "status": 400}}),
+            vec![],
+        ),
+        ("content_policy", _, _) => (
+            json!({"error": {"message": "Your request was rejected as a result of our safety system.", "type": "invalid_request_error", "param": null, "code": "content_policy_violation"}}),
             vec![],
         ),
         _ => return None,
