@@ -25,6 +25,9 @@ Options:
                    working directory; the systemd unit uses /etc/tollgate/tollgate.yaml)
   -t, --test       check the configuration (and reach store.postgres when set), print the
                    result and exit: 0 valid, 2 not (one line naming the key at fault)
+  -t --explain-rewrite PROVIDER
+                   check the configuration and show what each of the provider's rewrite
+                   rules does to a sample request of its protocol
   -d, --daemon     run in the background (pingora.pid_file names the pid file)
   -u, --upgrade    take the listening sockets over from the running tollgate (pingora.upgrade_sock),
                    then send it SIGQUIT: a zero-downtime upgrade
@@ -65,9 +68,39 @@ fn main() {
         }
         std::process::exit(code);
     }
+    if let Some(at) = args.iter().position(|a| a == "--explain-rewrite") {
+        std::process::exit(explain_rewrite(&args, at));
+    }
     let opt = Opt::parse_args();
     if let Err(e) = tollgate::server::run(opt) {
         eprintln!("tollgate: {e}");
         std::process::exit(2);
+    }
+}
+
+/// `tollgate [-c FILE] -t --explain-rewrite PROVIDER`: the exit status.
+fn explain_rewrite(args: &[String], at: usize) -> i32 {
+    let Some(provider) = args.get(at + 1).filter(|p| !p.starts_with('-')) else {
+        eprintln!("tollgate: --explain-rewrite names a provider");
+        return 2;
+    };
+    let conf =
+        args.iter().position(|a| a == "-c" || a == "--conf").and_then(|i| args.get(i + 1)).map_or("conf/tollgate.yaml", String::as_str);
+    let config = match tollgate::config::Config::load(std::path::Path::new(conf)) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            return 2;
+        }
+    };
+    match tollgate::upstream::rewrite::explain(&config, provider) {
+        Ok(text) => {
+            print!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("tollgate: {e}");
+            2
+        }
     }
 }

@@ -29,6 +29,7 @@ pub mod listen;
 pub mod mcp;
 pub mod notifications;
 pub mod payments;
+pub mod rewrite;
 pub mod store;
 pub mod telemetry;
 pub mod upstream;

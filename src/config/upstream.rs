@@ -55,7 +55,10 @@ pub(super) fn providers(raw: Vec<RawProvider>, env: &dyn Fn(&str) -> Option<Stri
             Some(_) => return err(format!("{at}.ca_file: only for an https base_url")),
             None => None,
         };
+        let rewrite =
+            super::rewrite::rules(&format!("providers.{}", p.name), std::mem::take(&mut p.rewrite), super::rewrite::Owner::Provider)?;
         providers.push(ProviderConfig {
+            rewrite: rewrite.into(),
             ca,
             name: p.name,
             protocol: p.protocol.protocol(),
@@ -173,13 +176,20 @@ pub(super) fn groups(raw: BTreeMap<String, RawGroup>) -> Result<BTreeMap<String,
     for (name, g) in raw {
         let price_multiplier =
             super::keys::multiplier(g.price_multiplier).map_err(|e| ConfigError(format!("groups.{name}.{e}")))?.unwrap_or_default();
-        groups.insert(name, Group { platforms: g.platforms, translate: g.translate, guardrails: g.guardrails, price_multiplier });
+        let rewrite = super::rewrite::rules(&format!("groups.{name}"), g.rewrite, super::rewrite::Owner::Group)?.into();
+        groups.insert(name, Group { platforms: g.platforms, translate: g.translate, guardrails: g.guardrails, price_multiplier, rewrite });
     }
     if groups.is_empty() {
         let platforms = vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video];
         groups.insert(
             "default".to_string(),
-            Group { platforms, translate: false, guardrails: Vec::new(), price_multiplier: Default::default() },
+            Group {
+                platforms,
+                translate: false,
+                guardrails: Vec::new(),
+                price_multiplier: Default::default(),
+                rewrite: Default::default(),
+            },
         );
     }
     Ok(groups)
@@ -317,6 +327,9 @@ pub(super) struct RawProvider {
     /// servers); responses-API requests for its models are translated to chat completions.
     #[serde(default)]
     responses: Option<bool>,
+    /// What it is sent, fixed for its quirks (see `rewrite`).
+    #[serde(default)]
+    rewrite: Vec<super::rewrite::RawRule>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -329,6 +342,8 @@ pub(super) struct RawGroup {
     guardrails: Vec<String>,
     #[serde(default)]
     price_multiplier: Option<f64>,
+    #[serde(default)]
+    rewrite: Vec<super::rewrite::RawRule>,
 }
 
 /// What a group's keys may call.
@@ -344,6 +359,8 @@ pub struct Group {
     pub guardrails: Vec<String>,
     /// What its keys are charged of the price table, unless their account says otherwise.
     pub price_multiplier: crate::base::money::Multiplier,
+    /// Its clients' requests fixed before the hold (see `rewrite`).
+    pub rewrite: std::sync::Arc<[super::rewrite::RewriteRule]>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -488,6 +505,8 @@ pub struct ProviderConfig {
     pub responses: bool,
     /// CA certificates for an https upstream (None: the system roots).
     pub ca: Option<std::sync::Arc<[pingora_core::utils::tls::WrappedX509]>>,
+    /// What it is sent, fixed for its quirks (see `rewrite`).
+    pub rewrite: std::sync::Arc<[super::rewrite::RewriteRule]>,
 }
 
 impl ProviderConfig {

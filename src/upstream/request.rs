@@ -83,23 +83,29 @@ pub fn upstream_request(
     body: &Bytes,
     forward: &[String],
     token: Option<&http::HeaderValue>,
-) -> pingora_error::Result<(RequestHeader, Bytes)> {
+) -> pingora_error::Result<(RequestHeader, Bytes, Option<String>)> {
     let seam = &upstream.seam;
     let config = &upstream.config;
     let wire = match to {
         Destination::Translated(t) => t.upstream,
         Destination::Relayed(_) => config.wire(ask.model),
     };
+    // The provider's rewrite rules that apply (none configured: nothing looked at).
+    let facts = super::rewrite::Facts { model: ask.model, route: ask.route, headers: &client.headers };
+    let rules = super::rewrite::for_provider(&config.rewrite, &facts);
     let call = Call {
         client,
         to,
-        model: config.upstream_model(ask.model),
+        model: super::rewrite::provider_model(config, &rules, ask.model),
         client_model: ask.model,
         wire,
         stream: ask.stream,
         client_version: ask.client_version,
     };
-    let body = seam.body(&call, body)?;
+    let mut body = seam.body(&call, body)?;
+    if !rules.is_empty() {
+        body = super::rewrite::provider_body(&rules, body)?;
+    }
     let path_and_query = seam.target(&call, &config.base_url.prefix);
     let mut req = RequestHeader::build(client.method.clone(), path_and_query.as_bytes(), Some(client.headers.len() + 4))?;
     for (name, value) in client.headers.iter() {
@@ -107,10 +113,14 @@ pub fn upstream_request(
             req.append_header(name.clone(), value.clone())?;
         }
     }
+    // The group's rules (matched before the hold), then the provider's; then the framing and
+    // the credential, so a signature covers what the rules left.
+    super::rewrite::edit_headers(ask.group_rules.iter().chain(rules.iter().copied()), &mut req)?;
     req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
     req.insert_header(http::header::HOST, upstream.host_value.clone())?;
     seam.authenticate(&mut req, key, token, &call, &body)?;
-    Ok((req, body))
+    let applied = (!rules.is_empty()).then(|| super::rewrite::ids(rules.into_iter()));
+    Ok((req, body, applied))
 }
 
 /// The upgrade that opens a realtime session on `upstream` for `model` (the client's name):
@@ -164,6 +174,10 @@ pub struct Ask<'a> {
     pub stream: bool,
     /// The client's `anthropic-version`, if it sent one.
     pub client_version: Option<&'a str>,
+    /// The route's label (what a rewrite rule's `when.route` names).
+    pub route: &'static str,
+    /// The group's rewrite rules that applied to it (their header edits are made here).
+    pub group_rules: &'a [crate::config::rewrite::RewriteRule],
 }
 
 /// The bearer token a request to `upstream` needs, when its kind signs in for tokens: the cached

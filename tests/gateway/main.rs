@@ -29,6 +29,7 @@ mod operations;
 mod plans;
 mod policy;
 mod request_log;
+mod rewrite;
 mod routing;
 mod security;
 mod security_round2;

@@ -35,6 +35,7 @@
 //! `x-mock-retry-after: N`, which adds `Retry-After` to an `x-mock-status` answer) only to
 //! paths under those prefixes, `x-mock-only-key: KEY` only to requests with that upstream key,
 //! `x-mock-only-model: MODEL[,MODEL]` only to requests for those models (the upstream's names).
+//! `x-mock-keep-body: 1` keeps the request's body in `/__mock/requests` (a cloud call's always is).
 //!
 //! Introspection: `GET /__mock/requests[?tag=T]` lists the requests received (headers, path,
 //! body length, model; tag from `x-test-tag`). The mock demands its own upstream key (one of
@@ -345,7 +346,7 @@ impl MockUpstream {
                 .as_ref()
                 .and_then(CloudCall::stream)
                 .unwrap_or(kind == Kind::Generate { stream: true } || parsed.get("stream").and_then(Value::as_bool) == Some(true)),
-            body: cloud.as_ref().map(|_| String::from_utf8_lossy(&body).into_owned()),
+            body: (cloud.is_some() || header(&req, "x-mock-keep-body").is_some()).then(|| String::from_utf8_lossy(&body).into_owned()),
         });
 
         let refused = match &cloud {

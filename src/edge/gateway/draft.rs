@@ -23,6 +23,8 @@ pub(super) struct Drafted {
     /// The body's share of the buffered-body budget, or an upload's of the spool budget.
     pub body_reservation: Option<crate::edge::body::Reservation>,
     pub upload: Option<std::sync::Arc<crate::protocol::multipart::Form>>,
+    /// The group's rewrite rules that applied (their header edits are made as it is sent).
+    pub group_rules: Vec<crate::config::rewrite::RewriteRule>,
 }
 
 pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller, protocol: Protocol) -> Step<Drafted> {
@@ -48,12 +50,19 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             upstream::draft_form(routing, route, &key.group, &key.policy, (&gw.checks, &caller.plans), &form).inspect_err(|_| {
                 ctx.model_asked = form.field("model").filter(|m| crate::protocol::check_model_name(m).is_ok()).map(str::to_string);
             })?;
-        return Ok(Drafted { protocol, draft, body_reservation: Some(spooled), upload: Some(std::sync::Arc::new(form)) });
+        return Ok(Drafted {
+            protocol,
+            draft,
+            body_reservation: Some(spooled),
+            upload: Some(std::sync::Arc::new(form)),
+            group_rules: Vec::new(),
+        });
     }
     let mut client_body = crate::edge::body::read(session, &gw.body).await?;
     if let Some((ingress, model)) = &ctx.ingress {
         client_body.bytes = super::ingress::messages_body(session, routing, *ingress, model.as_deref(), &client_body.bytes)?;
     }
+    let mut applied = Vec::new();
     let draft = match route {
         Route::StoredResponse { id, .. } => {
             let owner = gw.owners.owned_by(id, &key.id).await.map_err(crate::access::owners::unavailable)?;
@@ -76,6 +85,15 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
                 // Refused: the access log names the model the body asked for.
                 ctx.model_asked = model_named(route, Some(&came));
             })?;
+            // The group's rewrite rules, before anything is held (none: the body as it is).
+            let (body, group_rules) = match routing.catalog.groups().get(&key.group).map(|g| &g.rewrite[..]) {
+                Some(rules) if !rules.is_empty() => {
+                    let model = model_named(route, Some(&body)).unwrap_or_default();
+                    let facts = upstream::rewrite::Facts { model: &model, route: route.label(), headers: &session.req_header().headers };
+                    upstream::rewrite::before_hold(rules, &facts, body)?
+                }
+                _ => (body, Vec::new()),
+            };
             let checks = (&*gw.checks, &caller.plans[..]);
             let named_model = |ctx: &mut RequestCtx| {
                 // Refused: the access log names the model asked for, if the body or the
@@ -91,6 +109,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             if more > 0 && !client_body.reservation.grow(more) {
                 return Err(crate::edge::body::busy().into());
             }
+            applied = group_rules;
             if let Some(previous) = &draft.previous_response_id {
                 let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::access::owners::unavailable)?;
                 let owner = owner.ok_or_else(|| crate::access::owners::previous_not_found(previous))?;
@@ -102,7 +121,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             draft
         }
     };
-    Ok(Drafted { protocol, draft, body_reservation: Some(client_body.reservation), upload: None })
+    Ok(Drafted { protocol, draft, body_reservation: Some(client_body.reservation), upload: None, group_rules: applied })
 }
 
 /// The model a refused call named, for the access log: in the path (generate-content), or in

@@ -164,3 +164,14 @@ pub(super) fn fell_back(plan: &RelayPlan) -> Option<String> {
     }
     Some(plan.happened.fell_back.iter().map(|(model, why)| format!("{model}:{why}")).collect::<Vec<_>>().join(","))
 }
+
+/// The ids of the rewrite rules a call was sent with (its group's, then its provider's),
+/// comma-separated; None when none applied.
+pub(super) fn rewrites(plan: &RelayPlan) -> Option<String> {
+    let group = (!plan.group_rules.is_empty()).then(|| upstream::rewrite::ids(plan.group_rules.iter()));
+    match (group, plan.happened.rewrites.as_deref()) {
+        (Some(g), Some(p)) => Some(format!("{g},{p}")),
+        (Some(g), None) => Some(g),
+        (None, p) => p.map(str::to_string),
+    }
+}

@@ -187,6 +187,8 @@ pub struct RelayPlan {
     pub fallback_on: crate::config::fallbacks::Classes,
     /// It had fallbacks: its answer names the model that served (`x-tollgate-served-model`).
     pub chained: bool,
+    /// Its group's rewrite rules that applied (their header edits are made as it is sent).
+    pub group_rules: Vec<crate::config::rewrite::RewriteRule>,
     /// An upstream's error answer read to decide on a fallback, and its share of the budget of
     /// bytes held for clients: what the client is told from.
     pub error_read: Option<(Vec<u8>, crate::edge::body::Reservation)>,
@@ -211,6 +213,8 @@ pub struct Happened {
     /// Each model it left for the next before its first byte, and why (a class of
     /// `protocol::error_class`, or `context_window`): the first is the model asked for.
     pub fell_back: Vec<(String, &'static str)>,
+    /// The ids of the rewrite rules its provider's request was made with (comma-separated).
+    pub rewrites: Option<String>,
 }
 
 impl RelayPlan {

@@ -21,7 +21,7 @@ use std::time::Instant;
 
 pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx, caller: Caller, drafted: Drafted) -> Step<Box<RelayPlan>> {
     let Caller { route, key, version, routing, under, .. } = caller;
-    let Drafted { protocol, mut draft, body_reservation, upload } = drafted;
+    let Drafted { protocol, mut draft, body_reservation, upload, group_rules } = drafted;
     let slot = gw.charge.enter_under(&key, &under).await?;
     // What its guardrails cost is held and billed with it.
     let guard_price_nanos = super::guarded::price(ctx);
@@ -99,6 +99,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         fallbacks,
         fallback_on,
         chained,
+        group_rules,
         error_read: None,
         happened: Happened::default(),
     }))

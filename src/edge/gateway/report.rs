@@ -163,6 +163,7 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
     }
     let req = session.req_header();
     let fell = ctx.relayed.as_deref().and_then(super::fallback::fell_back);
+    let rewrites = ctx.relayed.as_deref().and_then(super::fallback::rewrites);
     let mut facts = crate::observe::telemetry::RequestFacts {
         method: crate::observe::telemetry::method_name(&req.method),
         route: ctx.route,
@@ -186,6 +187,7 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
         facts.first_byte = plan.happened.first_byte;
         facts.requested_model = plan.happened.fell_back.first().map(|(m, _)| m.as_str());
         facts.fallbacks = fell.as_deref();
+        facts.rewrites = rewrites.as_deref();
         if let Some((usage, cost, estimated)) = plan.happened.billed {
             facts.usage = Some(usage);
             facts.cost_nanos = Some(cost);
@@ -283,6 +285,10 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     }
     if let (Some(asked), Some(fell)) = (requested, &fell) {
         fields.extend([("requested_model", Field::Quoted(asked)), ("fallbacks", Field::Quoted(fell))]);
+    }
+    let rewrites = ctx.relayed.as_deref().and_then(super::fallback::rewrites);
+    if let Some(ids) = &rewrites {
+        fields.push(("rewrites", Field::Quoted(ids)));
     }
     if let Some(g) = guardrail {
         fields.push(("guardrail", Field::Quoted(g)));

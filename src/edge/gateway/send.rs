@@ -92,8 +92,9 @@ impl Gateway {
                         }
                     }
                 }
-                Ok(mut http) => {
+                Ok((mut http, applied)) => {
                     plan.happened.attempts += 1;
+                    plan.happened.rewrites = applied;
                     let Some(header) = http.response_header() else {
                         return Err(Error::explain(ErrorType::InvalidHTTPHeader, "no response header"));
                     };
@@ -128,7 +129,12 @@ impl Gateway {
                     // left of the deadline for its header.
                     http.set_read_timeout(peer.options.read_timeout);
                     plan.happened.served_by = Some(index);
-                    let theirs = upstream.config.upstream_model(&plan.model);
+                    let facts = upstream::rewrite::Facts { model: &plan.model, route: plan.route.label(), headers: &client.headers };
+                    let theirs = upstream::rewrite::provider_model(
+                        &upstream.config,
+                        &upstream::rewrite::for_provider(&upstream.config.rewrite, &facts),
+                        &plan.model,
+                    );
                     let renamed = (plan.translation.is_none() && theirs != plan.model).then_some((theirs, plan.model.as_str()));
                     return Ok((upstream::Reply::new(http, upstream.seam.as_ref(), theirs, renamed), peer));
                 }
@@ -148,14 +154,20 @@ impl Gateway {
         peer: &HttpPeer,
         header_wait: Option<Duration>,
         plan: &RelayPlan,
-    ) -> std::result::Result<HttpSession, Exchange> {
+    ) -> std::result::Result<(HttpSession, Option<String>), Exchange> {
         let mut stale = 0;
         let mut redated = false;
         let token = upstream::bearer(upstream).await.map_err(Exchange::Unsent)?;
         loop {
             // Built per attempt (moved into the send; a replaced connection gets a new one).
-            let ask = upstream::Ask { model: &plan.model, stream: plan.stream, client_version: plan.client_version.as_deref() };
-            let (mut req, body) = upstream::upstream_request(
+            let ask = upstream::Ask {
+                model: &plan.model,
+                stream: plan.stream,
+                client_version: plan.client_version.as_deref(),
+                route: plan.route.label(),
+                group_rules: &plan.group_rules,
+            };
+            let (mut req, body, applied) = upstream::upstream_request(
                 client,
                 upstream,
                 key,
@@ -211,7 +223,7 @@ impl Gateway {
                         http.shutdown().await;
                         continue;
                     }
-                    return Ok(http);
+                    return Ok((http, applied));
                 }
                 Err(mut e) => {
                     e.retry.decide_reuse(reused);

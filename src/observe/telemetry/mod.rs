@@ -201,6 +201,8 @@ pub struct RequestFacts<'a> {
     /// comma-separated): `tollgate.fallbacks`; the model asked for: `tollgate.requested_model`.
     pub fallbacks: Option<&'a str>,
     pub requested_model: Option<&'a str>,
+    /// The rewrite rules its upstream request was made with (ids, comma-separated): `tollgate.rewrites`.
+    pub rewrites: Option<&'a str>,
 }
 
 impl Trace {
@@ -396,6 +398,9 @@ impl Trace {
         if let (Some(fell), Some(asked)) = (facts.fallbacks, facts.requested_model) {
             spans.add("tollgate.requested_model", Value::Str(asked));
             spans.add("tollgate.fallbacks", Value::Str(fell));
+        }
+        if let Some(ids) = facts.rewrites {
+            spans.add("tollgate.rewrites", Value::Str(ids));
         }
         if let Some(actions) = facts.guardrail {
             spans.add("tollgate.guardrail.actions", Value::Str(actions));
