@@ -34,6 +34,24 @@ PAGES = ["README.md"] + sorted(os.path.join("docs", p) for p in os.listdir(os.pa
 ADMIN_TOKEN = "docs-admin-token-0123456789abcdef"
 AGENT_CLIS = os.environ.get("TOLLGATE_AGENT_CLIS", os.path.expanduser("~/.cache/tollgate/agent-clis/node_modules/.bin"))
 RUN = {"sh", "bash", "python", "yaml"}
+
+
+class Yaml12(yaml.SafeLoader):
+    """YAML as tollgate reads it (1.2's core schema): `on`, `off`, `yes`, `no` are strings (a
+    fallback chain's `on:` is a key), only true and false are booleans."""
+
+
+Yaml12.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+Yaml12.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def load_yaml(text):
+    return yaml.load(text, Loader=Yaml12)
+
+
 MARK = re.compile(r"<!--\s*docs:\s*(not run|expect-refusal)\s*(?:[—-]+\s*(.*?))?\s*-->")
 
 
@@ -82,7 +100,7 @@ class Env:
         """The bundled configuration, on this test's ports and data folder."""
         text = open(os.path.join(ROOT, "conf", "tollgate.yaml")).read()
         text = self.localise(text).replace("./data", os.path.join(self.tmp, "data")).replace("conf/demo/", self.demo() + "/")
-        return yaml.safe_load(text)
+        return load_yaml(text)
 
 
 @pytest.fixture(scope="module")
@@ -127,6 +145,9 @@ def merged(base, fragment):
 def run(env, lang, code):
     work = os.path.join(env.tmp, "work")
     os.makedirs(work, exist_ok=True)
+    # Commands run as from the repository's root: its `conf/` is there.
+    if not os.path.exists(os.path.join(work, "conf")):
+        os.symlink(os.path.join(ROOT, "conf"), os.path.join(work, "conf"))
     home = os.path.join(env.tmp, "home")
     os.makedirs(home, exist_ok=True)
     # The agent CLIs the set-up installs (tests/run_all.sh), a home of their own.
@@ -140,7 +161,7 @@ def run(env, lang, code):
         return subprocess.run(["bash", "-eo", "pipefail", "-c", script], cwd=work, env=shell_env, capture_output=True, text=True, timeout=120)
     if lang == "python":
         return subprocess.run([sys.executable, "-c", env.localise(code)], cwd=work, env=shell_env, capture_output=True, text=True, timeout=120)
-    doc = yaml.safe_load(env.localise(code))
+    doc = load_yaml(env.localise(code))
     # A list of named entries is a provider list's.
     if isinstance(doc, list):
         doc = {"providers": doc}
