@@ -137,6 +137,9 @@ pub struct BodyFields<'a> {
     pub system_instruction: Option<Raw<'a>>,
     /// The images and files the content fields name, counted during the scan.
     pub media: MediaCount,
+    /// OpenRouter's list of models to go on to (chat completions, responses): see
+    /// `upstream::fallback`.
+    pub models: Option<Raw<'a>>,
 }
 
 /// A member's value exactly as the body holds it.
@@ -176,10 +179,11 @@ enum Member {
     System,
     Instructions,
     SystemInstruction,
+    Models,
 }
 
 impl Member {
-    const ALL: [Member; 17] = [
+    const ALL: [Member; 18] = [
         Member::Model,
         Member::Stream,
         Member::MaxTokens,
@@ -197,6 +201,7 @@ impl Member {
         Member::System,
         Member::Instructions,
         Member::SystemInstruction,
+        Member::Models,
     ];
 
     fn named(name: &[u8]) -> Option<Member> {
@@ -226,6 +231,7 @@ impl Member {
             Member::System => "system",
             Member::Instructions => "instructions",
             Member::SystemInstruction => "systemInstruction",
+            Member::Models => "models",
         }
     }
 
@@ -291,6 +297,7 @@ impl Member {
             Member::System => f.system = raw_value(raw),
             Member::Instructions => f.instructions = raw_value(raw),
             Member::SystemInstruction => f.system_instruction = raw_value(raw),
+            Member::Models => f.models = raw_value(raw),
         }
         Ok(())
     }

@@ -105,6 +105,8 @@ pub struct Catalog {
     rotation: std::sync::Mutex<HashMap<Vec<usize>, Vec<i64>>>,
     /// ε of conversation affinity's bounded load (`routing.balance_factor`).
     balance_factor: f64,
+    /// Some group has rewrite rules (none: no request looks its group's up).
+    group_rewrites: bool,
 }
 
 impl Catalog {
@@ -125,6 +127,15 @@ impl Catalog {
             created,
             rotation: std::sync::Mutex::new(HashMap::new()),
             balance_factor: config.balance_factor,
+            group_rewrites: config.groups.values().any(|g| !g.rewrite.is_empty()),
+        }
+    }
+
+    /// The rewrite rules of `group` (`groups.<g>.rewrite`).
+    pub fn group_rewrite(&self, group: &str) -> &[crate::config::rewrite::RewriteRule] {
+        match self.group_rewrites {
+            true => self.groups.get(group).map_or(&[], |g| &g.rewrite[..]),
+            false => &[],
         }
     }
 

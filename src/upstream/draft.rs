@@ -100,6 +100,9 @@ pub struct Draft {
     pub fallbacks_asked: bool,
     /// A fallback's own route, when its model is in the path (generate content).
     pub route: Option<Route>,
+    /// The body names a `models` list (chat completions, responses): the gateway takes it out
+    /// and drafts the call again (`fallback::listed`).
+    pub models_listed: bool,
     /// What it holds by itself (the fallbacks' holds aside).
     own_hold: i64,
 }
@@ -131,6 +134,7 @@ pub fn stored_draft(routing: &Routing, owner: &crate::records::usage::ResponseOw
         fallback_on: Default::default(),
         fallbacks_asked: false,
         route: None,
+        models_listed: false,
         own_hold: 0,
     })
 }
@@ -192,6 +196,7 @@ pub(super) fn draft_of(
         _ => (body_fields(&client_body)?, None),
     };
     let model = model_of(route, &fields)?;
+    let models_listed = fields.models.is_some();
     let client = crate::translate::client_dialect(route);
     let (mut candidates, translated) = providers_for(catalog, route, protocol, (group, fallback), client.is_some(), &model)?;
     // The checks of a model call: the key's model rules before its output limits (the
@@ -297,6 +302,7 @@ pub(super) fn draft_of(
         fallback_on: Default::default(),
         fallbacks_asked: false,
         route: None,
+        models_listed: models_listed && matches!(route, Route::ChatCompletions | Route::Responses),
         own_hold: hold_nanos,
     };
     draft.body = draft.upstream_body(route, per_choice)?;
@@ -312,6 +318,8 @@ fn model_of(route: &Route, fields: &BodyFields<'_>) -> Result<String, ApiError> 
             .model
             .clone()
             .filter(|m| !m.is_empty())
+            // OpenRouter's shape: without `model`, the first of `models` (see `fallback`).
+            .or_else(|| fields.models.and_then(|raw| super::fallback::first_listed(raw.bytes())))
             .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
     };
     crate::protocol::check_model_name(&model)?;
@@ -454,6 +462,9 @@ impl Draft {
 
     /// Charge `nanos` with the call whatever its answer (held with it).
     pub fn add_fixed(&mut self, nanos: i64) {
+        if nanos == 0 {
+            return;
+        }
         self.fixed_nanos = self.fixed_nanos.saturating_add(nanos);
         self.own_hold = self.own_hold.saturating_add(nanos);
         for fallback in &mut self.fallbacks {

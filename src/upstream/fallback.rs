@@ -17,7 +17,7 @@ use crate::route::Route;
 use bytes::Bytes;
 
 /// The header a client names its fallbacks in (comma-separated models), on any protocol.
-pub const HEADER: &str = "x-tollgate-fallbacks";
+pub const HEADER: http::HeaderName = http::HeaderName::from_static("x-tollgate-fallbacks");
 
 /// A call that may go on to another model: the text-generation calls (an embedding, a media
 /// call or a token count answers for the model it names only).
@@ -25,36 +25,46 @@ pub fn offered(route: &Route) -> bool {
     matches!(route, Route::ChatCompletions | Route::Responses | Route::Messages | Route::GenerateContent { .. })
 }
 
-/// The fallbacks the client asked for, and its body as it is sent: a chat or responses body's
-/// `models` list is taken out of it (the provider would refuse the member), its first model
-/// becoming `model` when the body names none; else the header's list. None: it asked for none.
-pub fn asked(route: &Route, header: Option<&str>, body: Bytes) -> Result<(Bytes, Option<Vec<String>>), ApiError> {
-    if !offered(route) {
-        return Ok((body, None));
+/// The fallbacks the client's header names (any generation call), if it names any.
+#[inline]
+pub fn asked(route: &Route, header: Option<&str>) -> Result<Option<Vec<String>>, ApiError> {
+    match header {
+        Some(h) if offered(route) => header_list(h),
+        _ => Ok(None),
     }
-    let listed = matches!(route, Route::ChatCompletions | Route::Responses) && memchr::memmem::find(&body, b"\"models\"").is_some();
-    if listed {
-        let mut value: serde_json::Value = serde_json::from_slice(&body)
-            .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))?;
-        if let Some(map) = value.as_object_mut() {
-            if let Some(models) = map.remove("models") {
-                let mut list = list_of(&models)?;
-                if map.get("model").is_none_or(|m| m.as_str().is_none_or(str::is_empty)) {
-                    map.insert("model".into(), serde_json::Value::String(list.remove(0)));
-                }
-                let body = serde_json::to_vec(&value).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
-                return Ok((Bytes::from(body), Some(list)));
-            }
-        }
+}
+
+#[cold]
+fn header_list(header: &str) -> Result<Option<Vec<String>>, ApiError> {
+    let header = header.trim();
+    if header.is_empty() {
+        return Ok(None);
     }
-    match header.map(str::trim).filter(|h| !h.is_empty()) {
-        Some(h) => {
-            let list: Vec<serde_json::Value> = h.split(',').map(|m| serde_json::Value::String(m.trim().to_string())).collect();
-            let list = list_of(&serde_json::Value::Array(list)).map_err(|e| ApiError { param: Some(HEADER.into()), ..e })?;
-            Ok((body, Some(list)))
-        }
-        None => Ok((body, None)),
+    let list: Vec<serde_json::Value> = header.split(',').map(|m| serde_json::Value::String(m.trim().to_string())).collect();
+    list_of(&serde_json::Value::Array(list)).map(Some).map_err(|e| e.with_param(HEADER.as_str()))
+}
+
+/// A chat or responses body that names `models` (the draft says so: `Draft::models_listed`):
+/// the body without it (its first model as `model` when the body names none) and the rest of
+/// the list, the models to go on to.
+#[cold]
+pub fn listed(body: &Bytes) -> Result<(Bytes, Vec<String>), ApiError> {
+    let mut value: serde_json::Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body is not valid JSON: {e}")))?;
+    let map = value.as_object_mut().ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."))?;
+    let models = map.remove("models").unwrap_or_default();
+    let mut list = list_of(&models)?;
+    if map.get("model").is_none_or(|m| m.as_str().is_none_or(str::is_empty)) {
+        map.insert("model".into(), serde_json::Value::String(list.remove(0)));
     }
+    let body = serde_json::to_vec(&value).map_err(|e| ApiError::new(ErrorKind::Internal, e.to_string()))?;
+    Ok((Bytes::from(body), list))
+}
+
+/// The first model of a `models` list (the call's model when its body names none).
+pub fn first_listed(raw: &[u8]) -> Option<String> {
+    let list: Vec<serde_json::Value> = serde_json::from_slice(raw).ok()?;
+    list.first().and_then(serde_json::Value::as_str).filter(|m| !m.is_empty()).map(str::to_string)
 }
 
 /// A `models` list: 1 to [`MAX_CHAIN`] model names plus the model itself, each a valid name.
@@ -74,7 +84,26 @@ fn list_of(models: &serde_json::Value) -> Result<Vec<String>, ApiError> {
 /// Draft `draft`'s fallbacks (the client's list `asked`, else the operator's for its model) and
 /// hold the dearest. `body` is the client's body as drafted.
 #[allow(clippy::too_many_arguments)]
+#[inline]
 pub fn attach(
+    draft: &mut Draft,
+    routing: &Routing,
+    (route, protocol): (&Route, Protocol),
+    group: &str,
+    policy: &crate::policy::KeyPolicy,
+    checks: (&Checks, &[crate::policy::plan::PlanModels]),
+    asked: Option<Vec<String>>,
+    body: &Bytes,
+) -> Result<(), Stop> {
+    // No list asked for, none in the file: nothing to look at.
+    if asked.is_none() && routing.fallbacks.chains.is_empty() {
+        return Ok(());
+    }
+    attach_chain(draft, routing, (route, protocol), group, policy, checks, asked, body)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attach_chain(
     draft: &mut Draft,
     routing: &Routing,
     (route, protocol): (&Route, Protocol),
@@ -169,27 +198,25 @@ mod tests {
     #[test]
     fn a_clients_list_is_read_from_the_body_or_the_header_and_the_body_sent_names_none() {
         let chat = body(serde_json::json!({"model": "a", "models": ["b", "c"], "messages": []}));
-        let (sent, list) = asked(&Route::ChatCompletions, Some("x"), chat).expect("read");
-        assert_eq!(list, Some(vec!["b".to_string(), "c".to_string()]), "the body's list before the header's");
+        let (sent, list) = listed(&chat).expect("read");
+        assert_eq!(list, vec!["b".to_string(), "c".to_string()]);
         let sent: serde_json::Value = serde_json::from_slice(&sent).expect("json");
         assert_eq!(sent, serde_json::json!({"model": "a", "messages": []}), "`models` is not sent on");
         // Without `model`, the list's first is the model.
-        let (sent, list) = asked(&Route::Responses, None, body(serde_json::json!({"models": ["b", "c"], "input": "hi"}))).expect("read");
-        assert_eq!(list, Some(vec!["c".to_string()]));
+        let (sent, list) = listed(&body(serde_json::json!({"models": ["b", "c"], "input": "hi"}))).expect("read");
+        assert_eq!(list, vec!["c".to_string()]);
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&sent).expect("json")["model"], "b");
-        // The header on any protocol; a body without a list is sent as it came (no copy).
-        let messages = body(serde_json::json!({"model": "a", "messages": []}));
-        let (sent, list) = asked(&Route::Messages, Some(" b , c "), messages.clone()).expect("read");
-        assert_eq!((list, sent.as_ptr()), (Some(vec!["b".to_string(), "c".to_string()]), messages.as_ptr()));
-        // Not a generation: no list read.
-        let (_, none) = asked(&Route::Embeddings, Some("b"), messages.clone()).expect("read");
-        assert_eq!(none, None);
+        assert_eq!(first_listed(br#"["b","c"]"#).as_deref(), Some("b"));
+        // The header on any generation call; not on another.
+        assert_eq!(asked(&Route::Messages, Some(" b , c ")).expect("read"), Some(vec!["b".to_string(), "c".to_string()]));
+        assert_eq!(asked(&Route::Embeddings, Some("b")).expect("read"), None);
+        assert_eq!(asked(&Route::Messages, None).expect("read"), None);
         // Refused: an empty list, one too long, a name that is not one.
         for bad in [serde_json::json!([]), serde_json::Value::from(vec!["m"; 10]), serde_json::json!([1]), serde_json::json!("b")] {
-            let e = asked(&Route::ChatCompletions, None, body(serde_json::json!({"model": "a", "models": bad}))).expect_err("refused");
+            let e = listed(&body(serde_json::json!({"model": "a", "models": bad}))).expect_err("refused");
             assert_eq!((e.status(), e.param.as_deref()), (400, Some("models")), "{bad}");
         }
-        let e = asked(&Route::Messages, Some("b,,c"), messages).expect_err("an empty name");
-        assert_eq!(e.param.as_deref(), Some(HEADER));
+        let e = asked(&Route::Messages, Some("b,,c")).expect_err("an empty name");
+        assert_eq!(e.param.as_deref(), Some(HEADER.as_str()));
     }
 }

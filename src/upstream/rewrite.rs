@@ -135,6 +135,7 @@ pub fn edit_headers<'r>(rules: impl Iterator<Item = &'r RewriteRule>, req: &mut 
 }
 
 /// A provider's rules that apply to a request of `facts`, in order.
+#[inline]
 pub fn for_provider<'r>(rules: &'r [RewriteRule], facts: &Facts<'_>) -> Vec<&'r RewriteRule> {
     if rules.is_empty() {
         return Vec::new();

@@ -24,7 +24,7 @@ pub(super) struct Drafted {
     pub body_reservation: Option<crate::edge::body::Reservation>,
     pub upload: Option<std::sync::Arc<crate::protocol::multipart::Form>>,
     /// The group's rewrite rules that applied (their header edits are made as it is sent).
-    pub group_rules: Vec<crate::config::rewrite::RewriteRule>,
+    pub group_rules: Option<Box<[crate::config::rewrite::RewriteRule]>>,
 }
 
 pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller, protocol: Protocol) -> Step<Drafted> {
@@ -55,14 +55,14 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             draft,
             body_reservation: Some(spooled),
             upload: Some(std::sync::Arc::new(form)),
-            group_rules: Vec::new(),
+            group_rules: None,
         });
     }
     let mut client_body = crate::edge::body::read(session, &gw.body).await?;
     if let Some((ingress, model)) = &ctx.ingress {
         client_body.bytes = super::ingress::messages_body(session, routing, *ingress, model.as_deref(), &client_body.bytes)?;
     }
-    let mut applied = Vec::new();
+    let mut applied = None;
     let draft = match route {
         Route::StoredResponse { id, .. } => {
             let owner = gw.owners.owned_by(id, &key.id).await.map_err(crate::access::owners::unavailable)?;
@@ -76,9 +76,10 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             draft
         }
         _ => {
-            // The fallbacks the client names itself (a body's `models` list is not sent on).
-            let named = crate::protocol::header_str(session.req_header(), upstream::fallback::HEADER);
-            let (client_bytes, asked) = upstream::fallback::asked(route, named, std::mem::take(&mut client_body.bytes))?;
+            // The fallbacks the client names in its header (a body's `models`: below).
+            let named = crate::protocol::header_str(session.req_header(), &upstream::fallback::HEADER);
+            let mut asked = upstream::fallback::asked(route, named)?;
+            let client_bytes = std::mem::take(&mut client_body.bytes);
             // The guardrails read what the call sends before anything is held or sent.
             let came = client_bytes.clone();
             let body = super::guarded::input(gw, ctx, caller, protocol, client_bytes).await.inspect_err(|_| {
@@ -86,8 +87,8 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
                 ctx.model_asked = model_named(route, Some(&came));
             })?;
             // The group's rewrite rules, before anything is held (none: the body as it is).
-            let (body, group_rules) = match routing.catalog.groups().get(&key.group).map(|g| &g.rewrite[..]) {
-                Some(rules) if !rules.is_empty() => {
+            let (body, group_rules) = match routing.catalog.group_rewrite(&key.group) {
+                rules if !rules.is_empty() => {
                     let model = model_named(route, Some(&body)).unwrap_or_default();
                     let facts = upstream::rewrite::Facts { model: &model, route: route.label(), headers: &session.req_header().headers };
                     upstream::rewrite::before_hold(rules, &facts, body)?
@@ -98,10 +99,21 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             let named_model = |ctx: &mut RequestCtx| {
                 // Refused: the access log names the model asked for, if the body or the
                 // path (generate-content) names one.
-                ctx.model_asked = model_named(route, Some(&body));
+                ctx.model_asked = model_named(route, Some(&came));
             };
             let mut draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, checks, body.clone())
                 .inspect_err(|_| named_model(ctx))?;
+            let body = match draft.models_listed {
+                // A body's `models` list is not sent on: the call is drafted again without it.
+                true => {
+                    let (without, list) = upstream::fallback::listed(&body)?;
+                    asked = Some(list);
+                    draft = upstream::draft(routing, route, protocol, &key.group, &key.policy, checks, without.clone())
+                        .inspect_err(|_| named_model(ctx))?;
+                    without
+                }
+                false => body,
+            };
             upstream::fallback::attach(&mut draft, routing, (route, protocol), &key.group, &key.policy, checks, asked, &body)
                 .inspect_err(|_| named_model(ctx))?;
             // Each fallback's body is held too, against the same budget.
@@ -109,7 +121,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             if more > 0 && !client_body.reservation.grow(more) {
                 return Err(crate::edge::body::busy().into());
             }
-            applied = group_rules;
+            applied = (!group_rules.is_empty()).then(|| group_rules.into_boxed_slice());
             if let Some(previous) = &draft.previous_response_id {
                 let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::access::owners::unavailable)?;
                 let owner = owner.ok_or_else(|| crate::access::owners::previous_not_found(previous))?;

@@ -23,11 +23,8 @@ pub(super) const SERVED_MODEL: &str = "x-tollgate-served-model";
 
 impl Gateway {
     /// Open the upstream for `plan`'s model, going on to its fallbacks as they allow (see the
-    /// module). Without fallbacks: [`Gateway::open_upstream`] alone.
+    /// module). A call without fallbacks calls [`Gateway::open_upstream`] alone.
     pub(super) async fn open(&self, client: &RequestHeader, plan: &mut RelayPlan) -> Result<(Reply, HttpPeer)> {
-        if plan.fallbacks.is_empty() {
-            return self.open_upstream(client, plan).await;
-        }
         let until = plan.started + plan.routing.fallbacks.max_wait;
         // A fallback whose model is in the path (generate content) is sent under its own path.
         let mut own_header: Option<RequestHeader> = None;
@@ -158,6 +155,7 @@ impl Gateway {
 
 /// What the request log, the access log and the trace say of a call's fallbacks: each model it
 /// left and why (`model:reason`, comma-separated), None when it took none.
+#[inline]
 pub(super) fn fell_back(plan: &RelayPlan) -> Option<String> {
     if plan.happened.fell_back.is_empty() {
         return None;
@@ -167,8 +165,9 @@ pub(super) fn fell_back(plan: &RelayPlan) -> Option<String> {
 
 /// The ids of the rewrite rules a call was sent with (its group's, then its provider's),
 /// comma-separated; None when none applied.
+#[inline]
 pub(super) fn rewrites(plan: &RelayPlan) -> Option<String> {
-    let group = (!plan.group_rules.is_empty()).then(|| upstream::rewrite::ids(plan.group_rules.iter()));
+    let group = plan.group_rules.as_deref().map(|rules| upstream::rewrite::ids(rules.iter()));
     match (group, plan.happened.rewrites.as_deref()) {
         (Some(g), Some(p)) => Some(format!("{g},{p}")),
         (Some(g), None) => Some(g),

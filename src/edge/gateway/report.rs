@@ -99,7 +99,7 @@ fn write_log_entry(
             made.as_str()
         }
     };
-    let fell = ctx.relayed.as_deref().and_then(super::fallback::fell_back);
+    let fell = ctx.relayed.as_deref().filter(|p| !p.happened.fell_back.is_empty()).and_then(super::fallback::fell_back);
     let mut entry = crate::records::log::LogLine {
         id,
         time_ms: now_ms(),
@@ -162,7 +162,7 @@ fn finish_trace(tracer: &crate::observe::telemetry::Tracer, session: &Session, c
         return;
     }
     let req = session.req_header();
-    let fell = ctx.relayed.as_deref().and_then(super::fallback::fell_back);
+    let fell = ctx.relayed.as_deref().filter(|p| !p.happened.fell_back.is_empty()).and_then(super::fallback::fell_back);
     let rewrites = ctx.relayed.as_deref().and_then(super::fallback::rewrites);
     let mut facts = crate::observe::telemetry::RequestFacts {
         method: crate::observe::telemetry::method_name(&req.method),
@@ -253,7 +253,7 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     let request_id = crate::observe::request_id::id_of(session).unwrap_or("-");
     let upstream_id = ctx.relayed.as_ref().and_then(|p| p.happened.upstream_request_id.as_deref());
     // The model asked for and each one left, when the call fell back.
-    let fell = ctx.relayed.as_deref().and_then(super::fallback::fell_back);
+    let fell = ctx.relayed.as_deref().filter(|p| !p.happened.fell_back.is_empty()).and_then(super::fallback::fell_back);
     let requested = ctx.relayed.as_ref().and_then(|p| p.happened.fell_back.first()).map(|(m, _)| m.as_str());
     // The provider's own name of the model, when it differs.
     let upstream_model = ctx.relayed.as_ref().and_then(|p| {

@@ -165,7 +165,7 @@ impl Gateway {
                 stream: plan.stream,
                 client_version: plan.client_version.as_deref(),
                 route: plan.route.label(),
-                group_rules: &plan.group_rules,
+                group_rules: plan.group_rules.as_deref().unwrap_or(&[]),
             };
             let (mut req, body, applied) = upstream::upstream_request(
                 client,

@@ -68,7 +68,10 @@ impl Gateway {
             upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
             charged: Vec::new(),
             prior_list_nanos: 0,
-            fell_back: plan.happened.fell_back.first().map(|(m, _)| m.clone()).zip(super::fallback::fell_back(plan)),
+            fell_back: match plan.happened.fell_back.first() {
+                None => None,
+                Some((asked, _)) => super::fallback::fell_back(plan).map(|fell| (asked.clone(), fell)),
+            },
         };
         if let Err(e) = self.charge.books().settle(hold, &payer, used).await {
             log::error!("ledger: could not settle a request of key {}: {e}", plan.key.name);

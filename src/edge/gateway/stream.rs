@@ -32,7 +32,13 @@ impl Gateway {
     /// (8.4 KiB before, issue 53; BENCHMARKS.md).
     pub(super) async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let shape = plan.protocol;
-        let (mut http, peer) = match Box::pin(self.open(session.req_header(), plan)).await {
+        // A call without fallbacks opens its upstream directly (the fallbacks' loop holds
+        // the attempt loop's future inside its own: one more copy of it for every call).
+        let opened = match plan.fallbacks.is_empty() {
+            true => Box::pin(self.open_upstream(session.req_header(), plan)).await,
+            false => Box::pin(self.open(session.req_header(), plan)).await,
+        };
+        let (mut http, peer) = match opened {
             Ok(opened) => opened,
             Err(e) => {
                 log::warn!("relay failed: {e}");
@@ -42,7 +48,9 @@ impl Gateway {
         // The request is sent: its body is not needed while the answer streams (agent
         // requests are hundreds of KiB, their answers last minutes).
         plan.body = Bytes::new();
-        plan.fallbacks = Vec::new();
+        if !plan.fallbacks.is_empty() {
+            plan.fallbacks = Vec::new();
+        }
         // An upload's files too: closed (their disk freed) with their share of the spool budget.
         plan.upload = None;
         plan.body_reservation = None;
