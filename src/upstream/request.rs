@@ -91,8 +91,13 @@ pub fn upstream_request(
         Destination::Relayed(_) => config.wire(ask.model),
     };
     // The provider's rewrite rules that apply (none configured: nothing looked at).
-    let facts = super::rewrite::Facts { model: ask.model, route: ask.route, headers: &client.headers };
-    let rules = super::rewrite::for_provider(&config.rewrite, &facts);
+    let rules = match config.rewrite.is_empty() {
+        true => Vec::new(),
+        false => super::rewrite::for_provider(
+            &config.rewrite,
+            &super::rewrite::Facts { model: ask.model, route: ask.route, headers: &client.headers },
+        ),
+    };
     let call = Call {
         client,
         to,
@@ -115,7 +120,9 @@ pub fn upstream_request(
     }
     // The group's rules (matched before the hold), then the provider's; then the framing and
     // the credential, so a signature covers what the rules left.
-    super::rewrite::edit_headers(ask.group_rules.iter().chain(rules.iter().copied()), &mut req)?;
+    if !(ask.group_rules.is_empty() && rules.is_empty()) {
+        super::rewrite::edit_headers(ask.group_rules.iter().chain(rules.iter().copied()), &mut req)?;
+    }
     req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
     req.insert_header(http::header::HOST, upstream.host_value.clone())?;
     seam.authenticate(&mut req, key, token, &call, &body)?;

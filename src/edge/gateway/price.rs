@@ -67,7 +67,10 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     let billed = route.billed();
     let guard = super::guarded::output(ctx, &route, &draft.model);
     let (fallback_on, chained) = (draft.fallback_on, !draft.fallbacks.is_empty());
-    let fallbacks = std::mem::take(&mut draft.fallbacks).into_iter().map(upstream::fallback::Next::from).collect();
+    let fallbacks = match chained {
+        true => std::mem::take(&mut draft.fallbacks).into_iter().map(upstream::fallback::Next::from).collect(),
+        false => Vec::new(),
+    };
     Ok(Box::new(RelayPlan {
         routing,
         route,

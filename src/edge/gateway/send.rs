@@ -129,12 +129,16 @@ impl Gateway {
                     // left of the deadline for its header.
                     http.set_read_timeout(peer.options.read_timeout);
                     plan.happened.served_by = Some(index);
-                    let facts = upstream::rewrite::Facts { model: &plan.model, route: plan.route.label(), headers: &client.headers };
-                    let theirs = upstream::rewrite::provider_model(
-                        &upstream.config,
-                        &upstream::rewrite::for_provider(&upstream.config.rewrite, &facts),
-                        &plan.model,
-                    );
+                    // The model's name at the provider (a rewrite rule's `rename_model`, else its own).
+                    let theirs = match upstream.config.rewrite.is_empty() {
+                        true => upstream.config.upstream_model(&plan.model),
+                        false => {
+                            let facts =
+                                upstream::rewrite::Facts { model: &plan.model, route: plan.route.label(), headers: &client.headers };
+                            let rules = upstream::rewrite::for_provider(&upstream.config.rewrite, &facts);
+                            upstream::rewrite::provider_model(&upstream.config, &rules, &plan.model)
+                        }
+                    };
                     let renamed = (plan.translation.is_none() && theirs != plan.model).then_some((theirs, plan.model.as_str()));
                     return Ok((upstream::Reply::new(http, upstream.seam.as_ref(), theirs, renamed), peer));
                 }
