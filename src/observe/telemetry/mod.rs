@@ -545,6 +545,9 @@ mod tests {
             status: 502,
             refusal: Some("no_upstream"),
             guardrail: Some("secrets:input:mask:aws_key"),
+            requested_model: Some("alpha-4o-mini"),
+            fallbacks: Some("alpha-4o-mini:context_window"),
+            rewrites: Some("no-betas,effort"),
             ..Default::default()
         };
         let spans = otlp::decode::spans(t.finish(&facts).bytes());
@@ -554,6 +557,10 @@ mod tests {
         assert_eq!(attr(server, "tollgate.refusal"), Some(otlp::Decoded::Str("no_upstream".into())));
         // What a guardrail did, never what it found.
         assert_eq!(attr(server, "tollgate.guardrail.actions"), Some(otlp::Decoded::Str("secrets:input:mask:aws_key".into())));
+        // The model asked for and each one left, and the rewrite rules applied (issue 69).
+        assert_eq!(attr(server, "tollgate.requested_model"), Some(otlp::Decoded::Str("alpha-4o-mini".into())));
+        assert_eq!(attr(server, "tollgate.fallbacks"), Some(otlp::Decoded::Str("alpha-4o-mini:context_window".into())));
+        assert_eq!(attr(server, "tollgate.rewrites"), Some(otlp::Decoded::Str("no-betas,effort".into())));
         assert_eq!(server.status, Some(("no_upstream".into(), 2)));
     }
 
