@@ -2,7 +2,6 @@
 //! goes on to when its own cannot take it (before the first byte), on which classes of failure
 //! (`protocol::error_class`), and the bounds every attempt of one request shares.
 
-use super::upstream::{ProviderConfig, RetryPolicy};
 use super::{err, ConfigError};
 use crate::protocol::error_class::FailureClass;
 use serde::Deserialize;
@@ -75,16 +74,15 @@ impl Default for Fallbacks {
     }
 }
 
-/// `routing.fallbacks` and its bounds: every model named is served by a provider, none falls
+/// `routing.fallbacks` and its bounds: every model named is `served` by a provider, none falls
 /// back to itself, the classes are known ones (all five when `on` is left out);
-/// `max_attempts` is at least `retry.attempts` (default: the larger of 6 and it).
+/// `max_attempts` is at least `retry.attempts` (`retry_attempts`; default: the larger of 6 and it).
 pub(super) fn fallbacks(
     raw: Option<BTreeMap<String, RawChain>>,
     (max_attempts, max_secs): (Option<u32>, Option<u64>),
-    providers: &[ProviderConfig],
-    retry: &RetryPolicy,
+    served: &dyn Fn(&str) -> bool,
+    retry_attempts: u32,
 ) -> Result<Fallbacks, ConfigError> {
-    let served = |m: &str| providers.iter().any(|p| p.models.iter().any(|n| n == m));
     let mut chains = BTreeMap::new();
     for (model, chain) in raw.unwrap_or_default() {
         let at = format!("routing.fallbacks.{model}");
@@ -119,11 +117,10 @@ pub(super) fn fallbacks(
         };
         chains.insert(model, Chain { to: chain.to, on });
     }
-    let max_attempts = max_attempts.unwrap_or_else(|| retry.attempts.max(6));
-    if !(retry.attempts..=MAX_REQUEST_ATTEMPTS).contains(&max_attempts) {
+    let max_attempts = max_attempts.unwrap_or_else(|| retry_attempts.max(6));
+    if !(retry_attempts..=MAX_REQUEST_ATTEMPTS).contains(&max_attempts) {
         return err(format!(
-            "routing.max_attempts: {} (retry.attempts) to {MAX_REQUEST_ATTEMPTS}: the requests one call may send upstream, retries and fallbacks together",
-            retry.attempts
+            "routing.max_attempts: {retry_attempts} (retry.attempts) to {MAX_REQUEST_ATTEMPTS}: the requests one call may send upstream, retries and fallbacks together"
         ));
     }
     let max_secs = max_secs.unwrap_or(DEFAULT_FALLBACK_SECS);

@@ -327,7 +327,8 @@ impl Config {
                 Some(r) => (r.fallbacks, (r.max_attempts, r.max_fallback_secs)),
                 None => (None, (None, None)),
             };
-            fallbacks::fallbacks(chains, bounds, &providers, &retry)?
+            let served = |m: &str| providers.iter().any(|p| p.models.iter().any(|n| n == m));
+            fallbacks::fallbacks(chains, bounds, &served, retry.attempts)?
         };
 
         let price_feed = feed::feed(raw.price_feed)?;

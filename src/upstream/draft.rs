@@ -309,6 +309,12 @@ pub(super) fn draft_of(
     Ok(draft)
 }
 
+/// The first model of a `models` list (the call's model when its body names none).
+fn first_listed(raw: &[u8]) -> Option<String> {
+    let list: Vec<serde_json::Value> = serde_json::from_slice(raw).ok()?;
+    list.first().and_then(serde_json::Value::as_str).filter(|m| !m.is_empty()).map(str::to_string)
+}
+
 /// The model a request names (in its path for generate content, else in its body), checked;
 /// a background response is refused (its usage is only known after the request ends).
 fn model_of(route: &Route, fields: &BodyFields<'_>) -> Result<String, ApiError> {
@@ -319,7 +325,7 @@ fn model_of(route: &Route, fields: &BodyFields<'_>) -> Result<String, ApiError> 
             .clone()
             .filter(|m| !m.is_empty())
             // OpenRouter's shape: without `model`, the first of `models` (see `fallback`).
-            .or_else(|| fields.models.and_then(|raw| super::fallback::first_listed(raw.bytes())))
+            .or_else(|| fields.models.and_then(|raw| first_listed(raw.bytes())))
             .ok_or_else(|| ApiError::new(ErrorKind::BadRequest, "The 'model' field is required.").with_param("model"))?,
     };
     crate::protocol::check_model_name(&model)?;

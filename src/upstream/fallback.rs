@@ -61,12 +61,6 @@ pub fn listed(body: &Bytes) -> Result<(Bytes, Vec<String>), ApiError> {
     Ok((Bytes::from(body), list))
 }
 
-/// The first model of a `models` list (the call's model when its body names none).
-pub fn first_listed(raw: &[u8]) -> Option<String> {
-    let list: Vec<serde_json::Value> = serde_json::from_slice(raw).ok()?;
-    list.first().and_then(serde_json::Value::as_str).filter(|m| !m.is_empty()).map(str::to_string)
-}
-
 /// A `models` list: 1 to [`MAX_CHAIN`] model names plus the model itself, each a valid name.
 fn list_of(models: &serde_json::Value) -> Result<Vec<String>, ApiError> {
     let invalid =
@@ -206,7 +200,6 @@ mod tests {
         let (sent, list) = listed(&body(serde_json::json!({"models": ["b", "c"], "input": "hi"}))).expect("read");
         assert_eq!(list, vec!["c".to_string()]);
         assert_eq!(serde_json::from_slice::<serde_json::Value>(&sent).expect("json")["model"], "b");
-        assert_eq!(first_listed(br#"["b","c"]"#).as_deref(), Some("b"));
         // The header on any generation call; not on another.
         assert_eq!(asked(&Route::Messages, Some(" b , c ")).expect("read"), Some(vec!["b".to_string(), "c".to_string()]));
         assert_eq!(asked(&Route::Embeddings, Some("b")).expect("read"), None);
