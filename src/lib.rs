@@ -79,6 +79,8 @@ pub mod upstream;
 
 /// A key's batch jobs (`/v1/batches`), on the video floor.
 pub mod batch;
+/// The response cache's keys and entries (issue 70, not yet wired), on the video floor.
+pub mod cache;
 /// Files a key uploads (`/v1/files`), on the video floor.
 pub mod files;
 /// The MCP servers the gateway calls, on the video floor.
@@ -115,7 +117,7 @@ mod house {
         &["notify", "selling", "signin"],
         &["route", "translate"],
         &["upstream"],
-        &["video", "files", "batch", "mcp"],
+        &["video", "files", "batch", "mcp", "cache"],
         &["edge"],
         &["admin"],
         &["handover", "drain", "repricing", "server"],

@@ -8,9 +8,11 @@
 //! * [`tasks::SledTasks`]: trees `video_tasks`, `video_open`, `video_idem` and
 //!   `video_copy_pending`.
 //! * [`jobs::SledJobs`]: trees `jobs`, `jobs_open` and `jobs_owner` (batches).
+//! * [`cache::SledCache`]: tree `response_cache` (the response cache, issue 70; not yet wired).
 //!
 //! [`SledStore`] puts them together as the [`Store`] of one node.
 
+pub mod cache;
 pub mod jobs;
 pub mod keys;
 pub mod money;
