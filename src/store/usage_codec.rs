@@ -17,10 +17,27 @@ use std::borrow::Cow;
 
 /// First byte of a binary record (version 1 of its fields).
 const BINARY_V1: u8 = 0xB1;
-/// First byte of a record of a call that fell back to another model: version 1's fields to
-/// the tags, then whether a list cost follows (a byte), the list cost, the model asked for and
-/// the fallbacks. Only such records are written so.
+/// First byte of a record with fields version 1 has no place for (a call that fell back to
+/// another model): version 1's fields to the tags, then their count and each field as its tag
+/// ([`Field`]) and its bytes (length-prefixed, so a reader steps over a tag it does not know).
+/// Only such records are written so; a new field is a new tag.
 const BINARY_V2: u8 = 0xB2;
+
+/// The tags of version 2's fields.
+#[derive(Clone, Copy)]
+#[repr(u8)]
+enum Field {
+    ListCost = 1,
+    RequestedModel = 2,
+    Fallbacks = 3,
+}
+
+/// One tagged field: its tag, its length, its bytes.
+fn put_field(out: &mut Vec<u8>, tag: Field, value: &[u8]) {
+    put_varint(out, tag as u64);
+    put_varint(out, value.len() as u64);
+    out.extend_from_slice(value);
+}
 
 fn is_mark(b: u8) -> bool {
     b == BINARY_V1 || b == BINARY_V2
@@ -59,12 +76,22 @@ pub fn encode(r: &UsageRecord, out: &mut Vec<u8>) {
         put_str(out, Some(v));
     }
     if fell {
-        out.push(u8::from(r.list_cost_nanos.is_some()));
-        if let Some(list) = r.list_cost_nanos {
-            put_signed(out, list);
+        let list = r.list_cost_nanos.map(|list| {
+            let mut v = Vec::with_capacity(10);
+            put_signed(&mut v, list);
+            v
+        });
+        let fields = [
+            (Field::ListCost, list.as_deref()),
+            (Field::RequestedModel, r.requested_model.as_deref().map(str::as_bytes)),
+            (Field::Fallbacks, r.fallbacks.as_deref().map(str::as_bytes)),
+        ];
+        put_varint(out, fields.iter().filter(|(_, v)| v.is_some()).count() as u64);
+        for (tag, value) in fields {
+            if let Some(value) = value {
+                put_field(out, tag, value);
+            }
         }
-        put_str(out, r.requested_model.as_deref());
-        put_str(out, r.fallbacks.as_deref());
     } else if let Some(list) = r.list_cost_nanos {
         // Last, and only when a price multiplier made it differ from the charge: a record
         // without it reads as one charged at the price table.
@@ -108,14 +135,26 @@ fn decode((v2, body): (bool, &[u8])) -> Option<UsageRecord> {
     let (response_id, upstream_protocol) = (r.string()?, r.string()?);
     let charged = (0..r.varint()?).map(|_| r.string()?).collect::<Option<Vec<String>>>()?;
     let tags = (0..r.varint()?).map(|_| Some((r.string()??, r.string()??))).collect::<Option<_>>()?;
-    let (list_cost_nanos, requested_model, fallbacks) = match (v2, r.0.is_empty()) {
+    let (mut list_cost_nanos, mut requested_model, mut fallbacks) = (None, None, None);
+    match (v2, r.0.is_empty()) {
         (true, _) => {
-            let list = if r.byte()? != 0 { Some(r.signed()?) } else { None };
-            (list, r.string()?, r.string()?)
+            for _ in 0..r.varint()? {
+                let (tag, len) = (r.varint()?, usize::try_from(r.varint()?).ok()?);
+                let (value, rest) = (r.0.get(..len)?, r.0.get(len..)?);
+                r.0 = rest;
+                let text = || std::str::from_utf8(value).ok().map(str::to_string);
+                match tag {
+                    1 => list_cost_nanos = Some(Reader(value).signed()?),
+                    2 => requested_model = Some(text()?),
+                    3 => fallbacks = Some(text()?),
+                    // A field of a later version: stepped over.
+                    _ => {}
+                }
+            }
         }
-        (false, true) => (None, None, None),
-        (false, false) => (Some(r.signed()?), None, None),
-    };
+        (false, true) => {}
+        (false, false) => list_cost_nanos = Some(r.signed()?),
+    }
     r.0.is_empty().then_some(UsageRecord {
         time_ms,
         key_id,
@@ -308,6 +347,16 @@ mod tests {
         let (v1, v2) = (value(&full()), value(&fell(Some(7))));
         assert_eq!((v1[0], v2[0]), (BINARY_V1, BINARY_V2));
         assert_eq!(RecordHead::read(&v2), Some(RecordHead::of(&fell(Some(7)))));
+        // A field of a later version is stepped over.
+        let mut later = Vec::new();
+        encode(&fell(None), &mut later);
+        let count_at = later.len() - (1 + 2 + 8 + 2 + 23);
+        assert_eq!(later[count_at], 2, "two fields follow the tags");
+        later[count_at] = 3;
+        later.extend_from_slice(&[9, 3, b'x', b'y', b'z']);
+        let len = (later.len() - 5) as u32;
+        later[1..5].copy_from_slice(&len.to_le_bytes());
+        assert_eq!(decode_records(&later).expect("decode"), vec![fell(None)]);
     }
 
     #[test]
