@@ -31,23 +31,11 @@ pub fn with_fresh_id(body: &Body, fresh: &str) -> Body {
     };
     let Some(old) = stored_id(first) else { return body.clone() };
     let (old, new) = (old.to_vec(), fresh_id(old, fresh));
-    let swap = |bytes: &[u8]| replace_all(bytes, &old, &new);
+    let swap = |bytes: &[u8]| crate::base::text::replace_all(bytes, &old, &new).unwrap_or_else(|| bytes.to_vec());
     match body {
         Body::Whole(b) => Body::Whole(swap(b)),
         Body::Events(events) => Body::Events(events.iter().map(|e| swap(e)).collect()),
     }
-}
-
-fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut last = 0;
-    for at in memchr::memmem::find_iter(bytes, from) {
-        out.extend_from_slice(&bytes[last..at]);
-        out.extend_from_slice(to);
-        last = at + from.len();
-    }
-    out.extend_from_slice(&bytes[last..]);
-    out
 }
 
 #[cfg(test)]

@@ -132,11 +132,8 @@ impl Catalog {
     }
 
     /// The rewrite rules of `group` (`groups.<g>.rewrite`).
-    pub fn group_rewrite(&self, group: &str) -> &[crate::config::rewrite::RewriteRule] {
-        match self.group_rewrites {
-            true => self.groups.get(group).map_or(&[], |g| &g.rewrite[..]),
-            false => &[],
-        }
+    pub fn group_rewrite(&self, group: &str) -> Option<&Arc<[crate::config::rewrite::RewriteRule]>> {
+        self.groups.get(group).filter(|_| self.group_rewrites).map(|g| &g.rewrite).filter(|rules| !rules.is_empty())
     }
 
     /// Every group, by name.

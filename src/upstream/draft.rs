@@ -96,8 +96,6 @@ pub struct Draft {
     pub fallbacks: Vec<Draft>,
     /// On which classes of failure it goes on to them.
     pub fallback_on: crate::config::fallbacks::Classes,
-    /// Its fallbacks are the client's own list (`models`, `x-tollgate-fallbacks`).
-    pub fallbacks_asked: bool,
     /// A fallback's own route, when its model is in the path (generate content).
     pub route: Option<Route>,
     /// The body names a `models` list (chat completions, responses): the gateway takes it out
@@ -132,7 +130,6 @@ pub fn stored_draft(routing: &Routing, owner: &crate::records::usage::ResponseOw
         media: None,
         fallbacks: Vec::new(),
         fallback_on: Default::default(),
-        fallbacks_asked: false,
         route: None,
         models_listed: false,
         own_hold: 0,
@@ -300,7 +297,6 @@ pub(super) fn draft_of(
         media,
         fallbacks: Vec::new(),
         fallback_on: Default::default(),
-        fallbacks_asked: false,
         route: None,
         models_listed: models_listed && matches!(route, Route::ChatCompletions | Route::Responses),
         own_hold: hold_nanos,

@@ -137,7 +137,6 @@ fn attach_chain(
         }
     }
     draft.fallback_on = on;
-    draft.fallbacks_asked = strict;
     draft.held();
     Ok(())
 }

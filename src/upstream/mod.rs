@@ -494,7 +494,7 @@ prices:
 
     /// The request `upstream_request` makes of `req` for `upstream`.
     fn prepared(req: &RequestHeader, upstream: &Upstream, route: &Route, version: Option<&str>, body: &'static [u8]) -> RequestHeader {
-        let ask = Ask { model: "m", stream: false, client_version: version, route: route.label(), group_rules: &[] };
+        let ask = Ask { model: "m", stream: false, client_version: version, route: route.label(), group_rules: None };
         let body = bytes::Bytes::from_static(body);
         upstream_request(req, upstream, 0, Destination::Relayed(route), &ask, &body, &[], None).expect("rewrite").0
     }

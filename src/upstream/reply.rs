@@ -99,19 +99,7 @@ impl Reply {
 
 /// `data` with every `from` replaced by `to` (the same bytes when there is none).
 fn replaced(data: Bytes, from: &[u8], to: &[u8]) -> Bytes {
-    let mut found = memchr::memmem::find_iter(&data, from).peekable();
-    if found.peek().is_none() {
-        return data;
-    }
-    let mut out = Vec::with_capacity(data.len() + to.len());
-    let mut last = 0;
-    for at in found {
-        out.extend_from_slice(&data[last..at]);
-        out.extend_from_slice(to);
-        last = at + from.len();
-    }
-    out.extend_from_slice(&data[last..]);
-    Bytes::from(out)
+    crate::base::text::replace_all(&data, from, to).map_or(data, Bytes::from)
 }
 
 #[cfg(test)]

@@ -120,8 +120,8 @@ pub fn upstream_request(
     }
     // The group's rules (matched before the hold), then the provider's; then the framing and
     // the credential, so a signature covers what the rules left.
-    if !(ask.group_rules.is_empty() && rules.is_empty()) {
-        super::rewrite::edit_headers(ask.group_rules.iter().chain(rules.iter().copied()), &mut req)?;
+    if ask.group_rules.is_some() || !rules.is_empty() {
+        super::rewrite::edit_headers(ask.group_rules.into_iter().flat_map(|g| g.iter()).chain(rules.iter().copied()), &mut req)?;
     }
     req.insert_header(http::header::CONTENT_LENGTH, body.len())?;
     req.insert_header(http::header::HOST, upstream.host_value.clone())?;
@@ -184,7 +184,7 @@ pub struct Ask<'a> {
     /// The route's label (what a rewrite rule's `when.route` names).
     pub route: &'static str,
     /// The group's rewrite rules that applied to it (their header edits are made here).
-    pub group_rules: &'a [crate::config::rewrite::RewriteRule],
+    pub group_rules: Option<&'a super::rewrite::Matched>,
 }
 
 /// The bearer token a request to `upstream` needs, when its kind signs in for tokens: the cached

@@ -158,16 +158,31 @@ pub fn provider_body(matched: &[&RewriteRule], body: Bytes) -> pingora_error::Re
     }
 }
 
+/// A group's rules that applied to a call: the group's list (shared, not copied) and which of
+/// them, a bit each (a list has at most `config::rewrite::MAX_RULES`, 32).
+#[derive(Debug, Clone)]
+pub struct Matched {
+    rules: std::sync::Arc<[RewriteRule]>,
+    which: u32,
+}
+
+impl Matched {
+    pub fn iter(&self) -> impl Iterator<Item = &RewriteRule> + Clone {
+        self.rules.iter().enumerate().filter(|(i, _)| self.which & (1 << i) != 0).map(|(_, r)| r)
+    }
+}
+
 /// A group's rules applied to its client's request before anything is held: the rules that
 /// apply (their header edits are made when the request is sent) and the body they leave (the
 /// same bytes when none edits it; `rename_model` names another model in the body).
-pub fn before_hold(rules: &[RewriteRule], facts: &Facts<'_>, body: Bytes) -> Result<(Bytes, Vec<RewriteRule>), ApiError> {
-    let matched: Vec<&RewriteRule> = rules.iter().filter(|r| applies(r, facts)).collect();
-    if matched.is_empty() {
-        return Ok((body, Vec::new()));
+pub fn before_hold(rules: &std::sync::Arc<[RewriteRule]>, facts: &Facts<'_>, body: Bytes) -> Result<(Bytes, Option<Matched>), ApiError> {
+    let which = rules.iter().take(32).enumerate().filter(|(_, r)| applies(r, facts)).fold(0u32, |w, (i, _)| w | (1 << i));
+    if which == 0 {
+        return Ok((body, None));
     }
-    let renamed = matched.iter().rev().find_map(|r| r.rename_model.as_deref());
-    let mut body = match edit_body(matched.iter().copied(), &body) {
+    let matched = Matched { rules: rules.clone(), which };
+    let renamed = matched.iter().filter_map(|r| r.rename_model.as_deref()).last();
+    let mut body = match edit_body(matched.iter(), &body) {
         Ok(Some(edited)) => edited,
         Ok(None) => body,
         Err(e) => return Err(ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {e}"))),
@@ -180,7 +195,7 @@ pub fn before_hold(rules: &[RewriteRule], facts: &Facts<'_>, body: Bytes) -> Res
         })
         .map_err(|e| ApiError::new(ErrorKind::BadRequest, format!("The request body could not be read: {e}")))?;
     }
-    Ok((body, matched.into_iter().cloned().collect()))
+    Ok((body, Some(matched)))
 }
 
 /// The ids of rules, comma-separated (the access log, the trace).

@@ -74,19 +74,17 @@ impl Setup {
         mock_requests(&self.mock, tag).await.iter().map(|r| r["model"].as_str().unwrap_or_default().to_string()).collect()
     }
 
+    /// A page of the request log (`GET /admin/requests?{query}`).
+    async fn requests(&self, query: &str) -> Value {
+        let url = format!("http://127.0.0.1:{}/admin/requests?{query}", self.admin);
+        client().get(url).bearer_auth(ADMIN).send().await.expect("requests").json().await.expect("json")
+    }
+
     /// The request log's entry of the latest request of `model` (waits for it to be written).
     async fn logged(&self, model: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let page: Value = client()
-                .get(format!("http://127.0.0.1:{}/admin/requests?limit=50&model={model}", self.admin))
-                .bearer_auth(ADMIN)
-                .send()
-                .await
-                .expect("requests")
-                .json()
-                .await
-                .expect("json");
+            let page = self.requests(&format!("limit=50&model={model}")).await;
             if let Some(entry) = page["data"].as_array().and_then(|d| d.first()) {
                 return entry.clone();
             }
@@ -338,15 +336,7 @@ admin: {{ listen: 127.0.0.1:{admin}, token: {ADMIN} }}
     // Each reason, as the request log keeps it.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let page: Value = client()
-            .get(format!("http://127.0.0.1:{admin}/admin/requests?limit=100&model=alpha-5.4"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .expect("requests")
-            .json()
-            .await
-            .expect("json");
+        let page = s.requests("limit=100&model=alpha-5.4").await;
         let mut logged: Vec<String> =
             page["data"].as_array().into_iter().flatten().filter_map(|e| e["fallbacks"].as_str().map(str::to_string)).collect();
         logged.sort();

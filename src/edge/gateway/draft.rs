@@ -24,7 +24,7 @@ pub(super) struct Drafted {
     pub body_reservation: Option<crate::edge::body::Reservation>,
     pub upload: Option<std::sync::Arc<crate::protocol::multipart::Form>>,
     /// The group's rewrite rules that applied (their header edits are made as it is sent).
-    pub group_rules: Option<Box<[crate::config::rewrite::RewriteRule]>>,
+    pub group_rules: Option<upstream::rewrite::Matched>,
 }
 
 pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut RequestCtx, caller: &Caller, protocol: Protocol) -> Step<Drafted> {
@@ -88,12 +88,12 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             })?;
             // The group's rewrite rules, before anything is held (none: the body as it is).
             let (body, group_rules) = match routing.catalog.group_rewrite(&key.group) {
-                rules if !rules.is_empty() => {
+                Some(rules) => {
                     let model = model_named(route, Some(&body)).unwrap_or_default();
                     let facts = upstream::rewrite::Facts { model: &model, route: route.label(), headers: &session.req_header().headers };
                     upstream::rewrite::before_hold(rules, &facts, body)?
                 }
-                _ => (body, Vec::new()),
+                None => (body, None),
             };
             let checks = (&*gw.checks, &caller.plans[..]);
             let named_model = |ctx: &mut RequestCtx| {
@@ -121,7 +121,7 @@ pub(super) async fn draft(gw: &Gateway, session: &mut Session, ctx: &mut Request
             if more > 0 && !client_body.reservation.grow(more) {
                 return Err(crate::edge::body::busy().into());
             }
-            applied = (!group_rules.is_empty()).then(|| group_rules.into_boxed_slice());
+            applied = group_rules;
             if let Some(previous) = &draft.previous_response_id {
                 let owner = gw.owners.owned_by(previous, &key.id).await.map_err(crate::access::owners::unavailable)?;
                 let owner = owner.ok_or_else(|| crate::access::owners::previous_not_found(previous))?;

@@ -14,10 +14,6 @@ use pingora_error::{ErrorType, Result};
 use pingora_http::RequestHeader;
 use std::time::Instant;
 
-/// The most of an error answer read to classify it (the client is told from it when no
-/// fallback is taken, cut further by `protocol::upstream_error`).
-const CLASSIFY_MAX_BYTES: usize = 64 << 10;
-
 /// The header that names the model that served a call with fallbacks.
 pub(super) const SERVED_MODEL: &str = "x-tollgate-served-model";
 
@@ -70,7 +66,8 @@ impl Gateway {
             match class.filter(|c| plan.fallback_on.contains(*c)) {
                 Some(class) => {
                     drop(read);
-                    self.let_go(&mut reply, &peer).await;
+                    // Not the client's: its connection is closed with it.
+                    reply.shutdown().await;
                     own_header = self.fall_back(plan, client, class.name());
                 }
                 None => {
@@ -85,32 +82,13 @@ impl Gateway {
     /// held for clients had no room; the client is then told the status's own message).
     async fn read_error(&self, reply: &mut Reply) -> Option<(Vec<u8>, crate::edge::body::Reservation)> {
         let mut held = self.body.budget.reservation();
-        let mut body = Vec::new();
-        loop {
-            match reply.read_response_body().await {
-                Ok(Some(chunk)) => {
-                    if body.len() + chunk.len() > CLASSIFY_MAX_BYTES || !held.grow(chunk.len()) {
-                        return None;
-                    }
-                    body.extend_from_slice(&chunk);
-                    if reply.response_done() {
-                        return Some((body, held));
-                    }
-                }
-                Ok(None) => return Some((body, held)),
-                Err(e) => {
-                    log::warn!("an upstream error answer was not read whole ({e})");
-                    return None;
-                }
+        match super::stream::read_whole(reply, None, super::stream::ERROR_BODY_MAX_BYTES, &mut held).await {
+            Ok(body) => Some((body, held)),
+            Err(e) => {
+                log::warn!("an upstream error answer was not read whole ({e})");
+                None
             }
         }
-    }
-
-    /// An answer the client does not get: its connection pooled again when it was read to its
-    /// end, else closed.
-    async fn let_go(&self, reply: &mut Reply, _peer: &HttpPeer) {
-        // Closed either way: an error answer's connection is not worth keeping.
-        reply.shutdown().await;
     }
 
     /// Go on to the plan's next model, noting why the last one was left; the request header a
@@ -167,7 +145,7 @@ pub(super) fn fell_back(plan: &RelayPlan) -> Option<String> {
 /// comma-separated; None when none applied.
 #[inline]
 pub(super) fn rewrites(plan: &RelayPlan) -> Option<String> {
-    let group = plan.group_rules.as_deref().map(|rules| upstream::rewrite::ids(rules.iter()));
+    let group = plan.group_rules.as_ref().map(|rules| upstream::rewrite::ids(rules.iter()));
     match (group, plan.happened.rewrites.as_deref()) {
         (Some(g), Some(p)) => Some(format!("{g},{p}")),
         (Some(g), None) => Some(g),

@@ -188,7 +188,7 @@ pub struct RelayPlan {
     /// It had fallbacks: its answer names the model that served (`x-tollgate-served-model`).
     pub chained: bool,
     /// Its group's rewrite rules that applied (their header edits are made as it is sent).
-    pub group_rules: Option<Box<[crate::config::rewrite::RewriteRule]>>,
+    pub group_rules: Option<upstream::rewrite::Matched>,
     /// An upstream's error answer read to decide on a fallback, and its share of the budget of
     /// bytes held for clients: what the client is told from.
     pub error_read: Option<(Vec<u8>, crate::edge::body::Reservation)>,

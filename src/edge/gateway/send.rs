@@ -169,7 +169,7 @@ impl Gateway {
                 stream: plan.stream,
                 client_version: plan.client_version.as_deref(),
                 route: plan.route.label(),
-                group_rules: plan.group_rules.as_deref().unwrap_or(&[]),
+                group_rules: plan.group_rules.as_ref(),
             };
             let (mut req, body, applied) = upstream::upstream_request(
                 client,

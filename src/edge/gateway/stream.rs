@@ -184,7 +184,7 @@ impl Gateway {
         status: u16,
         held: &mut crate::edge::body::Reservation,
     ) -> std::result::Result<Vec<u8>, ApiError> {
-        match read_whole(http, scanner, DRAIN_MAX_BYTES, held).await {
+        match read_whole(http, Some(scanner), DRAIN_MAX_BYTES, held).await {
             Ok(body) => Ok(body),
             Err(Unread::NoRoom) => {
                 log::warn!("upstream answer of a {} request not read whole: {}", plan.model, Unread::NoRoom);
@@ -316,7 +316,7 @@ impl Gateway {
             }
             None => {
                 let mut held = self.body.budget.reservation();
-                match read_whole(&mut http, &mut scanner, ERROR_BODY_MAX_BYTES, &mut held).await {
+                match read_whole(&mut http, Some(&mut scanner), ERROR_BODY_MAX_BYTES, &mut held).await {
                     Ok(body) => (body, held),
                     Err(e) => {
                         log::warn!("upstream error answer not read whole ({e}); its status's own message is passed on");
@@ -367,10 +367,10 @@ pub(super) const DRAIN_MAX_BYTES: usize = 64 << 20;
 /// The most of an upstream's error answer read: its message is passed on cut to 1 KiB
 /// (`protocol::upstream_error`), so a larger one only costs memory; past this the connection is
 /// closed and the client gets the status's own message.
-const ERROR_BODY_MAX_BYTES: usize = 64 << 10;
+pub(super) const ERROR_BODY_MAX_BYTES: usize = 64 << 10;
 
 /// Why a whole answer was not read.
-enum Unread {
+pub(super) enum Unread {
     /// The upstream's answer ended early, or passed its bound.
     Cut(Box<Error>),
     /// The process's budget of bytes held for clients had no room for it.
@@ -386,12 +386,12 @@ impl std::fmt::Display for Unread {
     }
 }
 
-/// A whole upstream answer, metered as it comes, at most `max` bytes (over it: an error), each
-/// byte held against the process's budget of bytes held for clients (`held`, given back when
-/// the caller drops it).
-async fn read_whole(
+/// A whole upstream answer, metered as it comes (when a `scanner` is given), at most `max` bytes
+/// (over it: an error), each byte held against the process's budget of bytes held for clients
+/// (`held`, given back when the caller drops it).
+pub(super) async fn read_whole(
     http: &mut Reply,
-    scanner: &mut UsageScanner,
+    mut scanner: Option<&mut UsageScanner>,
     max: usize,
     held: &mut crate::edge::body::Reservation,
 ) -> std::result::Result<Vec<u8>, Unread> {
@@ -399,7 +399,9 @@ async fn read_whole(
     loop {
         match http.read_response_body().await.map_err(Unread::Cut)? {
             Some(chunk) => {
-                scanner.feed(&chunk);
+                if let Some(scanner) = scanner.as_deref_mut() {
+                    scanner.feed(&chunk);
+                }
                 if body.len() + chunk.len() > max {
                     return Err(Unread::Cut(Error::explain(ErrorType::InvalidHTTPHeader, "upstream answer too large")));
                 }
