@@ -393,7 +393,7 @@ mod tests {
 
     const LITELLM: &str = r#"{
         "sample_spec": {"input_cost_per_token": 0.0, "output_cost_per_token": 0.0, "max_output_tokens": "max output tokens"},
-        "gpt-4o": {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05, "cache_read_input_token_cost": 1.25e-06, "max_output_tokens": 16384},
+        "gpt-4o": {"input_cost_per_token": 2.5e-06, "output_cost_per_token": 1e-05, "cache_read_input_token_cost": 1.25e-06, "max_output_tokens": 16384, "max_input_tokens": 128000},
         "anthropic/claude-x": {"input_cost_per_token": 3e-06, "output_cost_per_token": 1.5e-05, "cache_creation_input_token_cost": 3.75e-06},
         "whisper-1": {"input_cost_per_second": 0.0001, "mode": "audio_transcription"},
         "broken": {"input_cost_per_token": "lots"}
@@ -418,6 +418,7 @@ mod tests {
             (3_000_000_000, 12_000_000_000)
         );
         assert_eq!((a.cached_input.map(crate::base::money::usd_to_nanos), a.max_output_tokens), (Some(1_500_000_000), Some(16384)));
+        assert_eq!(a.context_window, Some(128_000), "LiteLLM's max_input_tokens is the model's context window");
         assert_eq!(
             crate::base::money::usd_to_nanos(table["beta-x"].cache_write_input.expect("write")),
             4_500_000_000,
@@ -436,12 +437,13 @@ mod tests {
 
     #[test]
     fn openrouter_prices_are_strings_per_token_under_vendor_ids() {
-        let body = r#"{"data": [{"id": "openai/gpt-4o", "pricing": {"prompt": "0.0000025", "completion": "0.00001"}, "top_provider": {"max_completion_tokens": 16384}},
+        let body = r#"{"data": [{"id": "openai/gpt-4o", "pricing": {"prompt": "0.0000025", "completion": "0.00001"}, "top_provider": {"max_completion_tokens": 16384}, "context_length": 128000},
                                 {"id": "free/model", "pricing": {"prompt": "0", "completion": "0"}}, {"id": "no-pricing"}]}"#;
         let fed = parse(FeedFormat::Openrouter, body.as_bytes()).expect("parsed");
         assert_eq!(fed.len(), 2);
         let (table, _) = map(&cfg(&["*"], 1.0), &fed, &[("a".into(), "gpt-4o".into())], &Table::new(), &Table::new());
         assert_eq!(crate::base::money::usd_to_nanos(table["a"].input), 2_500_000_000);
+        assert_eq!(table["a"].context_window, Some(128_000), "OpenRouter's context_length");
         for bad in ["not json", "{\"data\": 3}", "{}", "[]"] {
             let format = if bad.contains("data") { FeedFormat::Openrouter } else { FeedFormat::Litellm };
             assert!(parse(format, bad.as_bytes()).is_err(), "{bad}");

@@ -125,6 +125,21 @@ async fn a_prompt_too_long_for_the_first_model_is_served_by_the_next_without_cal
     let (status, served, _) = s.chat(CLIENT_KEY, "short", chat_body("alpha-5.5", "hi"), &[]).await;
     assert_eq!((status, served.as_deref()), (200, Some("alpha-5.5")));
     assert_eq!(s.models_seen("short").await, ["alpha-5.5"]);
+    wait_requests(&s.gw, CLIENT_KEY, 2).await;
+    // The usage records as stored: the served model, and the model asked for with why it was left.
+    let mut s = s;
+    s.gw.signal("TERM");
+    wait_exit(&mut s.gw.proc.child, Duration::from_secs(20), "tollgate").await;
+    let db = sled::open(s.gw.dir.path().join("data")).expect("data");
+    let mut records: Vec<tollgate::records::usage::UsageRecord> = Vec::new();
+    for entry in db.open_tree("usage_records").expect("tree").iter() {
+        let (_, value) = entry.expect("entry");
+        records.extend(tollgate::store::usage_codec::decode_records(&value).expect("records"));
+    }
+    records.sort_by_key(|r| r.time_ms);
+    let kept: Vec<(&str, Option<&str>, Option<&str>)> =
+        records.iter().map(|r| (r.model.as_str(), r.requested_model.as_deref(), r.fallbacks.as_deref())).collect();
+    assert_eq!(kept, [("alpha-4o-mini", Some("alpha-5.5"), Some("alpha-5.5:context_window")), ("alpha-5.5", None, None)]);
 }
 
 /// The upstream's own context-length error (OpenAI's `context_length_exceeded`) moves the call
@@ -262,6 +277,21 @@ async fn retries_and_fallbacks_share_one_bound_and_none_follows_the_first_byte()
     let (status, served, _) = s.chat(CLIENT_KEY, "cut", body, &[("x-mock-cut-after", "2")]).await;
     assert_eq!((status, served.as_deref()), (200, Some("alpha-5.5")));
     assert_eq!(s.models_seen("cut").await, ["alpha-5.5"], "no fallback after the first byte");
+}
+
+/// No fallback starts after `routing.max_fallback_secs`: a model that has not answered by then
+/// is given up (its attempt waits for a header only until then), and the next is never asked.
+#[tokio::test]
+async fn no_fallback_starts_after_max_fallback_secs() {
+    let mock = start_mock();
+    let admin = free_port();
+    let text = config(mock.port, admin, "").replace("routing:\n", "routing:\n  max_fallback_secs: 1\n");
+    let gw = start_gateway_logged(&text);
+    let s = Setup { mock, gw, admin };
+    let headers = [("x-mock-delay-ms", "2500"), ("x-mock-only-model", "alpha-5.5")];
+    let (status, served, body) = s.chat(CLIENT_KEY, "slow", chat_body("alpha-5.5", "hi"), &headers).await;
+    assert_eq!((status, served), (504, None), "{body}");
+    assert_eq!(s.models_seen("slow").await, ["alpha-5.5"], "the next model was never asked");
 }
 
 /// Every row of the table of error classes (docs/fallbacks.md), as each kind of upstream
