@@ -125,6 +125,8 @@ groups:\n  default: {{ platforms: [openai] }}\nprices:\n  alpha-5.5: {{ input: 2
                     tags: [("team".to_string(), format!("t{}", i % KEYS % 4))].into_iter().collect(),
                     requested_model: None,
                     fallbacks: None,
+                    cache: None,
+                    cache_saved_nanos: None,
                 };
                 let ledger = ledger.clone();
                 pending.push(tokio::spawn(async move { ledger.adjust(record).await }));

@@ -483,7 +483,7 @@ pub fn run(mut opt: Opt) -> Result<(), String> {
 
     let identity = identity_service(&mut server, &config)?;
     let mcp = crate::mcp::hub::Hub::new(&config.mcp)?.map(Arc::new);
-    let planned = planned(&mut server, &config, (&keys, &ledger), &store, (&routing, feed));
+    let planned = planned(&mut server, &config, (&keys, &ledger, &metrics), &store, (&routing, feed))?;
     let shared =
         Shared { local, store, keys, ledger, routing, metrics, health, video, tracer, identity, checks, mcp, files, batches, planned };
     add_handover(&mut server, handover_socket, &shared);
@@ -582,15 +582,17 @@ struct Planned {
     selling: Arc<crate::selling::Selling>,
     /// Claude Code's gateway sign-in (`identity.claude_code`).
     signin: Option<Arc<crate::signin::Signin>>,
+    /// The response cache (`cache:`) and its sweep.
+    cache: Option<Arc<crate::cache::Cache>>,
 }
 
 fn planned(
     server: &mut Server,
     config: &Config,
-    (keys, ledger): (&Arc<KeyIndex>, &Arc<Ledger>),
+    (keys, ledger, metrics): (&Arc<KeyIndex>, &Arc<Ledger>, &Arc<Metrics>),
     store: &Arc<dyn crate::store::Store>,
     (routing, feed): (&Arc<ArcSwap<Routing>>, Option<Arc<crate::selling::feed::PriceFeed>>),
-) -> Planned {
+) -> Result<Planned, String> {
     let plans = plan_clock(server, keys, ledger, routing);
     let notifier = notifier(server, config, (keys, ledger, &plans), store, routing);
     let codes = crate::selling::codes::Codes::new(store.jobs(), ledger.clone(), keys.clone(), plans.clone());
@@ -604,7 +606,11 @@ fn planned(
             .map_err(|e| log::error!("identity.claude_code is off: {e}"))
             .ok()
     });
-    Planned { plans, notifier, selling, signin }
+    let cache = crate::cache::Cache::open(config.cache.as_ref(), store.as_ref(), metrics)?;
+    if let Some(cache) = &cache {
+        server.add_service(background_service("cache sweep", crate::cache::Sweeper(cache.clone())));
+    }
+    Ok(Planned { plans, notifier, selling, signin, cache })
 }
 
 /// Upgrades: bookings and task writes go to the new process once it has the database, and
@@ -629,6 +635,7 @@ fn add_operator_listeners(server: &mut Server, config: &Config, s: &Shared) -> R
         store: s.store.clone(),
         health: s.health.clone(),
         video: s.video.clone(),
+        cache: s.planned.cache.clone(),
     });
     if let Some(m) = &config.metrics {
         let listener = crate::admin::scrape::MetricsListener { scrape: scrape.clone(), token: m.token.clone(), allow: m.allow.clone() };
@@ -740,6 +747,7 @@ fn gateway(
         tracer: s.tracer.clone(),
         keyless: crate::edge::gateway::KeylessRefusals::new(keyless_per_minute),
         signin: s.planned.signin.clone(),
+        cache: s.planned.cache.clone(),
     }
 }
 

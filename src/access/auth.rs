@@ -337,6 +337,9 @@ impl KeyIndex {
             if let Some(plan) = &seed.plan {
                 entry.push_str(&format!("\nplan:{plan}"));
             }
+            if let Some(cache) = &seed.cache {
+                entry.push_str(&format!("\ncache:{}", serde_json::to_string(cache).unwrap_or_default()));
+            }
             let digest = hex(&Sha256::digest(entry.as_bytes())[..16]);
             let record = match existing.get(&seed.name) {
                 Some(old) if old.origin == KeyOrigin::Admin => {
@@ -350,6 +353,7 @@ impl KeyIndex {
                     rates: seed.rates,
                     price_multiplier: seed.price_multiplier,
                     plan: same_plan(old.plan.as_ref(), seed.plan.as_deref()),
+                    cache: seed.cache.clone(),
                     seed_digest: Some(digest),
                     origin: KeyOrigin::Config,
                     ..old.clone()
@@ -368,6 +372,7 @@ impl KeyIndex {
                     price_multiplier: seed.price_multiplier,
                     plan: same_plan(None, seed.plan.as_deref()),
                     claude_code: None,
+                    cache: seed.cache.clone(),
                 },
             };
             self.store.put_account(&record).await?;

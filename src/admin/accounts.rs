@@ -197,6 +197,7 @@ impl AdminApi {
             price_multiplier: body.price_multiplier,
             plan: None,
             claude_code: None,
+            cache: None,
         };
         self.ledger.open_account(&crate::policy::budget::account_purse(&account.name), balance).await.map_err(internal)?;
         self.keys.put_account(&account).await.map_err(internal)?;

@@ -629,6 +629,7 @@ impl AdminApi {
             (m, p) if p == "/admin/accounts" || p.starts_with("/admin/accounts/") => self.account_request(session, m, p).await,
             (m, p) if p == "/admin/codes" || p.starts_with("/admin/codes/") => self.codes_request(session, m, p).await,
             (m, p) if p == "/admin/prices" || p.starts_with("/admin/prices/") => self.prices_request(m, p).await,
+            (m, "/admin/cache") => self.cache_request(m, req_query(session).as_deref()).await,
             ("GET", "/admin/requests") => {
                 let filter = request_filter(req_query(session).as_deref())?;
                 let (entries, next) = self.store.requests().query(&filter).await.map_err(internal)?;

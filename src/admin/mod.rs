@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod api;
+mod cache;
 mod codes;
 pub mod console;
 pub mod guard;

@@ -24,6 +24,8 @@ pub struct Scrape {
     pub store: Arc<dyn Store>,
     pub health: Arc<crate::upstream::health::HealthBook>,
     pub video: Option<Arc<crate::video::VideoService>>,
+    /// The response cache (the bytes it keeps).
+    pub cache: Option<Arc<crate::cache::Cache>>,
 }
 
 /// Every metric family tollgate exposes, with its help text (the `# HELP` line).
@@ -31,6 +33,10 @@ const HELP: &[(&str, &str)] = &[
     ("tollgate_requests_total", "Client requests answered, by route, model and status."),
     ("tollgate_tokens_total", "Tokens billed, by model and kind (input, output)."),
     ("tollgate_cost_usd_total", "USD charged, by model."),
+    ("tollgate_cache_lookups_total", "Response cache lookups, by result (hit, miss, refresh, bypass)."),
+    ("tollgate_cache_stores_total", "Answers offered to the response cache, by outcome (kept, too_large, failed)."),
+    ("tollgate_cache_saved_usd_total", "USD the response cache saved (the original answers' list cost less the hit price), by model."),
+    ("tollgate_cache_bytes", "Bytes of answers the response cache keeps."),
     ("tollgate_estimated_bills_total", "Requests billed from an estimate (the upstream reported no usage), by model."),
     ("gen_ai_client_token_usage", "Tokens per relayed model call (OpenTelemetry GenAI), by operation, provider, model and token type."),
     ("gen_ai_server_request_duration", "Seconds per relayed model call (OpenTelemetry GenAI)."),
@@ -109,7 +115,18 @@ impl Scrape {
         };
         let (completed, failed) = self.video.as_ref().map_or((0, 0), |v| v.finished_counts());
         let open: usize = by_status.values().sum();
+        let cache_bytes = match &self.cache {
+            Some(c) => c.bytes().await.map_or_else(
+                |e| {
+                    log::warn!("metrics: the response cache's size could not be read: {e}");
+                    None
+                },
+                Some,
+            ),
+            None => None,
+        };
         let mut text = self.metrics.render(&[
+            ("tollgate_cache_bytes", cache_bytes.unwrap_or(0) as f64),
             ("tollgate_keys", keys),
             ("tollgate_database_bytes", db_bytes),
             ("tollgate_video_tasks_open", open as f64),

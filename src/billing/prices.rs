@@ -17,6 +17,20 @@ pub struct TokenPrice {
     pub default_output_tokens: Option<u64>,
     /// The most input tokens one call may have.
     pub context_window: Option<u64>,
+    /// What an answer from the response cache costs.
+    pub hit: HitPrice,
+}
+
+/// What an answer from the response cache costs (`cache_hit`, `cache_hit_ratio`): nothing by
+/// default.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum HitPrice {
+    #[default]
+    Free,
+    /// nano-USD per one million tokens of the original usage.
+    PerMillion(i64),
+    /// Parts per million of the original cost.
+    Ratio(i64),
 }
 
 impl TokenPrice {
@@ -66,6 +80,11 @@ impl PriceBook {
                     max_output_tokens: p.max_output_tokens,
                     default_output_tokens: p.default_output_tokens,
                     context_window: p.context_window,
+                    hit: match (p.cache_hit, p.cache_hit_ratio) {
+                        (Some(usd), _) => HitPrice::PerMillion(per_million(usd)),
+                        (None, Some(r)) => HitPrice::Ratio((r * 1e6).round() as i64),
+                        (None, None) => HitPrice::Free,
+                    },
                 };
                 (model.clone(), price)
             })
@@ -94,6 +113,18 @@ impl PriceBook {
                 .saturating_add(times(usage.cache_write, p.cache_write_input))
                 .saturating_add(times(usage.output, p.output)),
         )
+    }
+
+    /// What an answer of `model` with the original `usage` costs from the response cache, and
+    /// what the original cost (both nano-USD at the price table).
+    pub fn hit_cost(&self, model: &str, usage: Usage) -> (i64, i64) {
+        let list = self.cost(model, usage);
+        let hit = match self.price(model).map(|p| p.hit).unwrap_or_default() {
+            HitPrice::Free => 0,
+            HitPrice::PerMillion(p) => saturate(times(usage.input_total().saturating_add(usage.output), p)),
+            HitPrice::Ratio(ppm) => saturate((i128::from(list) * i128::from(ppm) + 500_000) / 1_000_000),
+        };
+        (hit, list)
     }
 
     /// The most a request can cost: `input_tokens` at the dearest input price plus

@@ -69,6 +69,11 @@ pub struct Under {
 }
 
 impl Under {
+    /// The shared account the key draws on, if any.
+    pub fn account(&self) -> Option<&crate::records::key::AccountRecord> {
+        self.account.as_deref()
+    }
+
     /// The price multiplier a call of the key is charged at (`KeyIndex::price_multiplier`).
     pub fn rate(&self) -> Multiplier {
         self.rate
@@ -458,6 +463,7 @@ mod tests {
             price_multiplier: None,
             plan: None,
             claude_code: None,
+            cache: None,
         });
         assert!(!kept.holds(&key, &Under { account: Some(account), ..Under::default() }, &calendar, now));
         assert!(!kept.holds(&key, &under, &Calendar::new("Asia/Tokyo").expect("zone"), now));

@@ -65,6 +65,8 @@ pub struct Used {
     pub charged: Vec<String>,
     /// The model asked for and each model left, when another model served (see `UsageRecord`).
     pub fell_back: Option<(String, String)>,
+    /// Answered from the response cache: what it saved (nano-USD at the price table).
+    pub cache_saved: Option<i64>,
 }
 
 impl Default for Used {
@@ -83,6 +85,7 @@ impl Default for Used {
             upstream_protocol: None,
             charged: Vec::new(),
             fell_back: None,
+            cache_saved: None,
         }
     }
 }
@@ -121,6 +124,10 @@ fn record(payer: &Payer, used: Used, rate: Multiplier) -> UsageRecord {
     if let Some((asked, fell)) = used.fell_back {
         record.requested_model = Some(asked);
         record.fallbacks = Some(fell);
+    }
+    if let Some(saved) = used.cache_saved {
+        record.cache = Some("hit".to_string());
+        record.cache_saved_nanos = Some(saved);
     }
     record.tags = payer.tags.clone();
     record

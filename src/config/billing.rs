@@ -59,6 +59,16 @@ pub(super) fn check_prices(
         if price.per_image.as_ref().is_some_and(BTreeMap::is_empty) {
             return err(format!("prices.{model}.per_image: give a price for at least one quality (\"*\" for any)"));
         }
+        if price.cache_hit.is_some_and(|v| !usd_ok(v)) {
+            return err(format!("prices.{model}.cache_hit: a number from 0 to 1000000 (USD per 1M tokens of the original answer)"));
+        }
+        match (price.cache_hit, price.cache_hit_ratio) {
+            (Some(_), Some(_)) => return err(format!("prices.{model}: give cache_hit or cache_hit_ratio, not both")),
+            (_, Some(r)) if !(r.is_finite() && (0.0..=1.0).contains(&r)) => {
+                return err(format!("prices.{model}.cache_hit_ratio: a fraction from 0 to 1 of the original cost"))
+            }
+            _ => {}
+        }
         if price.context_window == Some(0) {
             return err(format!("prices.{model}.context_window: at least 1 (input tokens)"));
         }
@@ -214,6 +224,13 @@ pub struct Price {
     pub batch_input: Option<f64>,
     #[serde(default)]
     pub batch_output: Option<f64>,
+    /// An answer from the response cache: USD per 1M tokens of the answer's original usage
+    /// (input and output together), or `cache_hit_ratio`, a fraction of its original cost.
+    /// Neither: a hit is free.
+    #[serde(default)]
+    pub cache_hit: Option<f64>,
+    #[serde(default)]
+    pub cache_hit_ratio: Option<f64>,
 }
 
 /// Group commit of usage records: the writer commits what was booked at most `interval` after

@@ -23,7 +23,11 @@ pub(super) fn accounts(raw: Vec<RawAccount>) -> Result<Vec<AccountConfig>, Confi
         let rates = crate::policy::limits::RateLimits { rpm: a.rpm, tpm: a.tpm, max_concurrent: a.max_concurrent };
         rates.validate().map_err(|e| ConfigError(format!("{at}.{e}")))?;
         let price_multiplier = multiplier(a.price_multiplier).map_err(|e| ConfigError(format!("{at}.{e}")))?;
+        if let Some(c) = &a.cache {
+            c.validate().map_err(|e| ConfigError(format!("{at}.{e}")))?;
+        }
         accounts.push(AccountConfig {
+            cache: a.cache,
             name: a.name,
             balance: a.balance,
             budgets: budgets.unwrap_or_default(),
@@ -147,6 +151,9 @@ pub(super) struct RawAccount {
     /// The plan the account subscribes to (`plans[].name`).
     #[serde(default)]
     plan: Option<String>,
+    /// Its keys' response-cache entry.
+    #[serde(default)]
+    cache: Option<crate::policy::cache::CachePolicy>,
 }
 
 /// A shared account of the configuration file.
@@ -164,6 +171,8 @@ pub struct AccountConfig {
     pub price_multiplier: Option<crate::base::money::Multiplier>,
     /// The plan it subscribes to.
     pub plan: Option<String>,
+    /// Its keys' response-cache entry.
+    pub cache: Option<crate::policy::cache::CachePolicy>,
 }
 
 #[derive(Debug, Clone)]

@@ -16,6 +16,7 @@
 //! imports it.
 
 pub mod billing;
+pub mod cache;
 pub mod changes;
 pub mod claude_code;
 pub mod cloud;
@@ -164,6 +165,9 @@ struct RawConfig {
     /// Prices read from a published table (`price_feed:`).
     #[serde(default)]
     price_feed: Option<feed::RawFeed>,
+    /// The response cache's store (`cache:`); without it, no cache.
+    #[serde(default)]
+    cache: Option<cache::RawCache>,
 }
 
 // ---------------------------------------------------------------- validated shape
@@ -260,6 +264,8 @@ pub struct Config {
     pub stripe: Option<payments::StripeConfig>,
     /// `price_feed`: prices from a published table (the file's win).
     pub price_feed: Option<feed::FeedConfig>,
+    /// The response cache (`cache:`); None: no cache.
+    pub cache: Option<cache::CacheConfig>,
 }
 
 /// Reads a secret given either literally or through an environment variable.
@@ -413,8 +419,10 @@ impl Config {
             price_feed,
             otlp,
             guardrails,
+            cache: cache::cache(raw.cache)?,
         };
         guardrails::check_attached(&config)?;
+        cache::check_entries(&config)?;
         Ok(config)
     }
 }

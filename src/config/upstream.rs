@@ -177,7 +177,11 @@ pub(super) fn groups(raw: BTreeMap<String, RawGroup>) -> Result<BTreeMap<String,
         let price_multiplier =
             super::keys::multiplier(g.price_multiplier).map_err(|e| ConfigError(format!("groups.{name}.{e}")))?.unwrap_or_default();
         let rewrite = super::rewrite::rules(&format!("groups.{name}"), g.rewrite, super::rewrite::Owner::Group)?.into();
-        groups.insert(name, Group { platforms: g.platforms, translate: g.translate, guardrails: g.guardrails, price_multiplier, rewrite });
+        if let Some(c) = &g.cache {
+            c.validate().map_err(|e| ConfigError(format!("groups.{name}.{e}")))?;
+        }
+        let (platforms, translate, guardrails, cache) = (g.platforms, g.translate, g.guardrails, g.cache);
+        groups.insert(name, Group { platforms, translate, guardrails, price_multiplier, rewrite, cache });
     }
     if groups.is_empty() {
         let platforms = vec![Platform::Openai, Platform::Anthropic, Platform::Gemini, Platform::Video];
@@ -189,6 +193,7 @@ pub(super) fn groups(raw: BTreeMap<String, RawGroup>) -> Result<BTreeMap<String,
                 guardrails: Vec::new(),
                 price_multiplier: Default::default(),
                 rewrite: Default::default(),
+                cache: None,
             },
         );
     }
@@ -344,6 +349,8 @@ pub(super) struct RawGroup {
     price_multiplier: Option<f64>,
     #[serde(default)]
     rewrite: Vec<super::rewrite::RawRule>,
+    #[serde(default)]
+    cache: Option<crate::policy::cache::CachePolicy>,
 }
 
 /// What a group's keys may call.
@@ -361,6 +368,8 @@ pub struct Group {
     pub price_multiplier: crate::base::money::Multiplier,
     /// Its clients' requests fixed before the hold (see `rewrite`).
     pub rewrite: std::sync::Arc<[super::rewrite::RewriteRule]>,
+    /// Its keys' response-cache entry (after their own and their account's).
+    pub cache: Option<crate::policy::cache::CachePolicy>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -146,6 +146,8 @@ pub struct ModelSeries {
     pub cost_nanos: Counter,
     /// Answers billed from an estimate (no upstream usage).
     pub estimated_bills: Counter,
+    /// What answers from the response cache saved (nano-USD at the price table).
+    pub cache_saved_nanos: Counter,
     /// Requests by route label and status.
     requests: Keyed<(&'static str, u16), Counter>,
     /// GenAI series by operation and provider name.
@@ -327,6 +329,14 @@ impl Metrics {
                 escape(model),
                 crate::base::money::usd(s.cost_nanos.get() as i64)
             );
+        }
+        let saved: Vec<_> = priced.iter().filter(|(_, s)| s.cache_saved_nanos.get() > 0).collect();
+        if !saved.is_empty() {
+            let _ = writeln!(out, "# TYPE tollgate_cache_saved_usd_total counter");
+        }
+        for (model, s) in saved {
+            let usd = crate::base::money::usd(s.cache_saved_nanos.get() as i64);
+            let _ = writeln!(out, "tollgate_cache_saved_usd_total{{model=\"{}\"}} {usd}", escape(model));
         }
         let _ = writeln!(out, "# TYPE tollgate_estimated_bills_total counter");
         for (model, s) in &priced {

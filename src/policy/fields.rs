@@ -32,6 +32,8 @@ macro_rules! with_key_policy {
             tool_rpm: u32,
             /// Guardrails (by name) every call of the key goes through, besides its group's and account's.
             guardrails: Vec<String>,
+            /// Its response-cache entry (`cache: { ttl, scope, max_entry_bytes, streams }`).
+            cache: $crate::policy::cache::CachePolicy,
         );
     };
     (@emit plain [$($meta:tt)*] $vis:vis $name:ident [$($own:tt)*] $($(#[doc = $doc:expr])* $f:ident: $t:ty,)*) => {

@@ -7,6 +7,7 @@
 //! proxy.
 
 pub mod budget;
+pub mod cache;
 pub mod cidr;
 mod fields;
 pub mod forwarded;
@@ -127,6 +128,9 @@ pub struct KeyPolicy {
     /// Guardrails (by name) its calls go through, besides its group's and its account's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub guardrails: Option<Vec<String>>,
+    /// Its own response-cache entry (before its account's and its group's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<cache::CachePolicy>,
 }
 
 /// At most this many guardrails named on a key.
@@ -293,7 +297,11 @@ impl KeyPolicy {
                 return Err(PolicyError::new(format!("guardrails[{bad}]"), "a guardrail's name: 1 to 64 letters, digits, '-' or '_'"));
             }
         }
+        if let Some(c) = &input.cache {
+            c.validate()?;
+        }
         Ok(KeyPolicy {
+            cache: input.cache,
             guardrails: input.guardrails.filter(|l| !l.is_empty()),
             tools: input.tools,
             tool_rpm: input.tool_rpm,
@@ -324,6 +332,7 @@ impl KeyPolicy {
             tools: self.tools.clone(),
             tool_rpm: self.tool_rpm,
             guardrails: self.guardrails.clone(),
+            cache: self.cache.clone(),
         }
     }
 }

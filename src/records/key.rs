@@ -184,6 +184,9 @@ pub struct AccountRecord {
     /// over the file's `identity.claude_code.settings` (default, then the team's) for its people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claude_code: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Its keys' response-cache entry (before their group's; a key's own comes first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::policy::cache::CachePolicy>,
 }
 
 impl AccountRecord {

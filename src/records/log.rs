@@ -67,6 +67,12 @@ pub struct LogEntry {
     /// comma-separated; the first is the model asked for); `model` is the one that served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallbacks: Option<String>,
+    /// What the response cache did (`hit`, `miss`, `bypass`), when it applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
+    /// What a hit saved (nano-USD at the price table).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_saved_nanos: Option<i64>,
 }
 
 impl LogEntry {
@@ -110,6 +116,8 @@ pub struct LogLine<'a> {
     pub bytes: Option<(u64, u64)>,
     pub guardrail: Option<&'a str>,
     pub fallbacks: Option<&'a str>,
+    pub cache: Option<&'a str>,
+    pub cache_saved_nanos: Option<i64>,
 }
 
 /// The stored form of an entry (a node's own tree): a version byte, then the fields in their
@@ -144,7 +152,7 @@ impl LogLine<'_> {
         put_varint(out, u64::from(self.attempts));
         put_str(out, self.upstream_request_id);
         // Added after the first entries were written: an entry without them ends before them.
-        let fell = self.fallbacks.is_some();
+        let fell = self.fallbacks.is_some() || self.cache.is_some();
         if self.upstream_model.is_some() || self.bytes.is_some() || self.guardrail.is_some() || fell {
             put_str(out, self.upstream_model);
         }
@@ -160,6 +168,10 @@ impl LogLine<'_> {
         }
         if fell {
             put_str(out, self.fallbacks);
+        }
+        if let Some(cache) = self.cache {
+            put_str(out, Some(cache));
+            put_signed(out, self.cache_saved_nanos.unwrap_or(0));
         }
         let len = (out.len() - start - 4) as u32;
         out[start..start + 4].copy_from_slice(&len.to_le_bytes());
@@ -195,6 +207,8 @@ impl LogEntry {
             bytes: self.request_bytes.zip(self.response_bytes),
             guardrail: self.guardrail.as_deref(),
             fallbacks: self.fallbacks.as_deref(),
+            cache: self.cache.as_deref(),
+            cache_saved_nanos: self.cache_saved_nanos,
         }
     }
 
@@ -229,6 +243,11 @@ impl LogEntry {
         let bytes = if r.0.is_empty() { None } else { Some((r.varint()?, r.varint()?)).filter(|b| *b != (0, 0)) };
         let guardrail = if r.0.is_empty() { None } else { r.string()? };
         let fallbacks = if r.0.is_empty() { None } else { r.string()? };
+        let cache = if r.0.is_empty() { None } else { r.string()? };
+        let cache_saved_nanos = match cache {
+            Some(_) => Some(r.signed()?).filter(|n| *n != 0),
+            None => None,
+        };
         Some(LogEntry {
             id,
             time_ms,
@@ -256,6 +275,8 @@ impl LogEntry {
             response_bytes: bytes.map(|b| b.1),
             guardrail,
             fallbacks,
+            cache,
+            cache_saved_nanos,
         })
     }
 
@@ -416,7 +437,14 @@ mod tests {
             response_bytes: None,
             guardrail: None,
             fallbacks: Some("m0:context_window,m1:rate_limited".into()),
+            cache: Some("hit".into()),
+            cache_saved_nanos: Some(77),
         };
+        // A miss of the response cache, with nothing else of the later fields.
+        let miss = LogEntry { id: "req_5".into(), cache: Some("miss".into()), ..LogEntry::default() };
+        let mut one = Vec::new();
+        miss.encode(&mut one);
+        assert_eq!(LogEntry::decode(&one[4..]), Some(miss));
         // An MCP tool call's entry: no upstream model, its bytes.
         let tool = LogEntry {
             id: "req_3".into(),

@@ -211,6 +211,7 @@ mod tests {
             member_policy: None,
             people: Default::default(),
             claude_code: None,
+            cache: None,
         }
     }
 

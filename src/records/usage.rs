@@ -64,6 +64,12 @@ pub struct UsageRecord {
     /// Each model it left for the next, and why (`model:reason`, comma-separated).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fallbacks: Option<String>,
+    /// Answered from the response cache (`hit`): its tokens are the original answer's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<String>,
+    /// What the cache saved: the original answer's list cost less the hit's (nano-USD).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_saved_nanos: Option<i64>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -115,6 +121,8 @@ impl UsageRecord {
             tags: BTreeMap::new(),
             requested_model: None,
             fallbacks: None,
+            cache: None,
+            cache_saved_nanos: None,
         }
     }
 

@@ -113,6 +113,7 @@ impl Signup {
                 .filter(|p| self.keys.plans().get(p).is_some())
                 .map(|name| crate::policy::plan::PlanRef { name, since: now }),
             claude_code: None,
+            cache: None,
         };
         let purse = crate::policy::budget::account_purse(&name);
         self.ledger.open_account(&purse, 0).await?;

@@ -335,6 +335,9 @@ impl Store for FleetStore {
     fn requests(&self) -> Arc<dyn super::RequestLogStore> {
         self.money.clone()
     }
+    fn cache(&self, max_bytes: u64) -> Result<Arc<dyn super::CacheStore>, StoreError> {
+        Ok(Arc::new(super::postgres::cache::FleetCache::new(self.fleet.pg.clone(), max_bytes)))
+    }
     fn readiness(&self) -> Result<(), String> {
         self.fleet.readiness()
     }

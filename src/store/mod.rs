@@ -56,6 +56,9 @@ pub trait Store: Send + Sync {
     fn tasks(&self) -> Arc<dyn TaskStore>;
     fn jobs(&self) -> Arc<dyn JobStore>;
     fn requests(&self) -> Arc<dyn RequestLogStore>;
+    /// The response cache, keeping at most `max_bytes` of answers (on one node in sled, in a
+    /// fleet in the shared database, so every node serves what one kept).
+    fn cache(&self, max_bytes: u64) -> Result<Arc<dyn CacheStore>, StoreError>;
     /// Whether the shared database is reachable (`/readyz`); always Ok for one node.
     fn readiness(&self) -> Result<(), String> {
         Ok(())
@@ -182,6 +185,46 @@ pub trait RequestLogStore: Send + Sync {
     async fn query(&self, filter: &crate::records::log::Filter) -> Result<crate::records::log::Page, StoreError>;
     /// Delete entries older than `before_ms`, then the oldest beyond `max`. How many.
     async fn prune_log(&self, before_ms: u64, max: usize) -> Result<usize, StoreError>;
+}
+
+/// What the response cache keeps beside an answer's bytes: the key that made it and its model
+/// (what `DELETE /admin/cache` picks by), and when it stops being served (unix ms).
+#[derive(Debug, Clone, Copy)]
+pub struct CacheMeta<'a> {
+    pub key_id: &'a str,
+    pub model: &'a str,
+    pub expires_ms: u64,
+}
+
+/// Which answers `DELETE /admin/cache` removes: all, or those of a key, of a model, or both.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CacheFilter {
+    pub key_id: Option<String>,
+    pub model: Option<String>,
+}
+
+impl CacheFilter {
+    pub fn matches(&self, key_id: &str, model: &str) -> bool {
+        self.key_id.as_deref().is_none_or(|k| k == key_id) && self.model.as_deref().is_none_or(|m| m == model)
+    }
+}
+
+/// The response cache's answers, by cache key (the cache module's `key`), each opaque here
+/// (its `entry`'s stored form). Bounded by bytes: the least recently used go first;
+/// an expired answer is never returned.
+#[async_trait::async_trait]
+pub trait CacheStore: Send + Sync {
+    /// The answer kept for `key`, unless it expired by `now_ms`.
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Vec<u8>>, StoreError>;
+    /// Keep `value` for `key` (replacing what was), then evict down to the bound. False when
+    /// it is larger than the whole bound (not kept).
+    async fn put(&self, key: &str, meta: CacheMeta<'_>, value: &[u8]) -> Result<bool, StoreError>;
+    /// Remove what `filter` picks; how many.
+    async fn clear(&self, filter: &CacheFilter) -> Result<usize, StoreError>;
+    /// Remove what expired by `now_ms`; how many.
+    async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError>;
+    /// Bytes of answers kept.
+    async fn bytes(&self) -> Result<u64, StoreError>;
 }
 
 /// Video tasks, the poller's work lists and idempotency keys.

@@ -30,6 +30,8 @@ enum Field {
     ListCost = 1,
     RequestedModel = 2,
     Fallbacks = 3,
+    Cache = 4,
+    CacheSaved = 5,
 }
 
 /// One tagged field: its tag, its length, its bytes.
@@ -45,7 +47,7 @@ fn is_mark(b: u8) -> bool {
 
 /// Append `r`'s stored form (mark, length, fields) to `out`.
 pub fn encode(r: &UsageRecord, out: &mut Vec<u8>) {
-    let fell = r.requested_model.is_some() || r.fallbacks.is_some();
+    let fell = r.requested_model.is_some() || r.fallbacks.is_some() || r.cache.is_some() || r.cache_saved_nanos.is_some();
     out.push(if fell { BINARY_V2 } else { BINARY_V1 });
     let start = out.len();
     out.extend_from_slice(&[0; 4]);
@@ -76,15 +78,20 @@ pub fn encode(r: &UsageRecord, out: &mut Vec<u8>) {
         put_str(out, Some(v));
     }
     if fell {
-        let list = r.list_cost_nanos.map(|list| {
-            let mut v = Vec::with_capacity(10);
-            put_signed(&mut v, list);
-            v
-        });
+        let signed = |n: Option<i64>| {
+            n.map(|n| {
+                let mut v = Vec::with_capacity(10);
+                put_signed(&mut v, n);
+                v
+            })
+        };
+        let (list, saved) = (signed(r.list_cost_nanos), signed(r.cache_saved_nanos));
         let fields = [
             (Field::ListCost, list.as_deref()),
             (Field::RequestedModel, r.requested_model.as_deref().map(str::as_bytes)),
             (Field::Fallbacks, r.fallbacks.as_deref().map(str::as_bytes)),
+            (Field::Cache, r.cache.as_deref().map(str::as_bytes)),
+            (Field::CacheSaved, saved.as_deref()),
         ];
         put_varint(out, fields.iter().filter(|(_, v)| v.is_some()).count() as u64);
         for (tag, value) in fields {
@@ -136,6 +143,7 @@ fn decode((v2, body): (bool, &[u8])) -> Option<UsageRecord> {
     let charged = (0..r.varint()?).map(|_| r.string()?).collect::<Option<Vec<String>>>()?;
     let tags = (0..r.varint()?).map(|_| Some((r.string()??, r.string()??))).collect::<Option<_>>()?;
     let (mut list_cost_nanos, mut requested_model, mut fallbacks) = (None, None, None);
+    let (mut cache, mut cache_saved_nanos) = (None, None);
     match (v2, r.0.is_empty()) {
         (true, _) => {
             for _ in 0..r.varint()? {
@@ -147,6 +155,8 @@ fn decode((v2, body): (bool, &[u8])) -> Option<UsageRecord> {
                     1 => list_cost_nanos = Some(Reader(value).signed()?),
                     2 => requested_model = Some(text()?),
                     3 => fallbacks = Some(text()?),
+                    4 => cache = Some(text()?),
+                    5 => cache_saved_nanos = Some(Reader(value).signed()?),
                     // A field of a later version: stepped over.
                     _ => {}
                 }
@@ -180,6 +190,8 @@ fn decode((v2, body): (bool, &[u8])) -> Option<UsageRecord> {
         tags,
         requested_model,
         fallbacks,
+        cache,
+        cache_saved_nanos,
     })
 }
 
@@ -331,7 +343,8 @@ mod tests {
 
     #[test]
     fn every_field_reads_back_alone_and_in_a_batch() {
-        for r in [full(), bare(), fell(Some(7)), fell(None)] {
+        let hit = UsageRecord { cache: Some("hit".into()), cache_saved_nanos: Some(1_234), ..full() };
+        for r in [full(), bare(), fell(Some(7)), fell(None), hit, UsageRecord { cache_saved_nanos: Some(-1), ..fell(Some(3)) }] {
             assert_eq!(decode_records(&entry(&r)).expect("decode"), vec![r.clone()]);
         }
         // As the commit writer joins a batch of one key's records.

@@ -313,6 +313,8 @@ fn usage(key: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         tags: Default::default(),
         requested_model: None,
         fallbacks: None,
+        cache: None,
+        cache_saved_nanos: None,
     }
 }
 

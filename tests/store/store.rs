@@ -49,6 +49,8 @@ fn usage(key_id: &str, model: &str, cost: i64, time_ms: u64) -> UsageRecord {
         tags: Default::default(),
         requested_model: None,
         fallbacks: None,
+        cache: None,
+        cache_saved_nanos: None,
     }
 }
 
@@ -254,6 +256,7 @@ async fn spend_contract(stores: Vec<Arc<dyn Store>>) {
         price_multiplier: tollgate::base::money::Multiplier::new(1.25),
         plan: Some(tollgate::policy::plan::PlanRef { name: "team-plan".into(), since: 1_700_000_000 }),
         claude_code: None,
+        cache: None,
     };
     keys.put_account(&account).await.expect("put account");
     for s in &stores {

@@ -11,6 +11,7 @@
 //!                            (each admitted as it declares)  realtime sessions, /mcp
 //!   3 draft    (draft.rs)    rpm, group, body, model → providers, stored responses; the checks
 //!                            of a model call (model rules, output limit, its text)
+//!     cache    (cached.rs)   the response cache looked up → a hit, held and answered in 5
 //!   4 price    (price.rs)    max_concurrent, the checks of its cost (the cap), tpm, windows
 //!                            and balances held          → a count tollgate estimates answered
 //!   5 send     (send.rs)     upstream request, retries before the first byte, health
@@ -59,6 +60,7 @@ use std::time::{Duration, Instant};
 
 mod admit;
 mod answer;
+mod cached;
 mod draft;
 mod fallback;
 mod guarded;
@@ -133,6 +135,8 @@ pub struct Gateway {
     pub keyless: KeylessRefusals,
     /// Claude Code's gateway sign-in (`identity.claude_code`); None when off.
     pub signin: Option<Arc<crate::signin::Signin>>,
+    /// The response cache (`cache:`); None when off.
+    pub cache: Option<Arc<crate::cache::Cache>>,
 }
 
 /// Everything needed to send a request upstream, decided before anything is sent (the
@@ -192,6 +196,8 @@ pub struct RelayPlan {
     /// An upstream's error answer read to decide on a fallback, and its share of the budget of
     /// bytes held for clients: what the client is told from.
     pub error_read: Option<(Vec<u8>, crate::edge::body::Reservation)>,
+    /// The response cache applies to it: a hit to answer, or a miss whose answer may be kept.
+    pub cache: Option<Box<cached::CacheCall>>,
     /// What happened while it was relayed.
     pub happened: Happened,
 }
@@ -373,7 +379,8 @@ impl Gateway {
         };
         let protocol = answer::answer(self, session, ctx, &caller).await?;
         let drafted = draft::draft(self, session, ctx, &caller, protocol).await?;
-        price::price(self, session, ctx, caller, drafted).await
+        let cached = cached::lookup(self, session, ctx, &caller, &drafted).await?;
+        price::price(self, session, ctx, caller, drafted, cached).await
     }
 }
 

@@ -19,10 +19,22 @@ use crate::upstream::{self, Routing};
 use pingora_proxy::Session;
 use std::time::Instant;
 
-pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx, caller: Caller, drafted: Drafted) -> Step<Box<RelayPlan>> {
+pub(super) async fn price(
+    gw: &Gateway,
+    session: &Session,
+    ctx: &mut RequestCtx,
+    caller: Caller,
+    drafted: Drafted,
+    mut cache: Option<Box<super::cached::CacheCall>>,
+) -> Step<Box<RelayPlan>> {
     let Caller { route, key, version, routing, under, .. } = caller;
     let Drafted { protocol, mut draft, body_reservation, upload, group_rules } = drafted;
     let slot = gw.charge.enter_under(&key, &under).await?;
+    // A hit is held for exactly its hit price (its original usage is known), and reserves no tokens.
+    let hit = cache.as_deref().and_then(|c| super::cached::hit_price(&routing, c));
+    if let Some((cost, _)) = hit {
+        draft.hold_nanos = cost;
+    }
     // What its guardrails cost is held and billed with it.
     let guard_price_nanos = super::guarded::price(ctx);
     draft.add_fixed(guard_price_nanos);
@@ -30,7 +42,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     let rate = under.rate();
     // A request that named no maximum is held (and asks) for less when its cap (in what the
     // key is charged) is lower.
-    if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| rate.apply(draft.hold_nanos) > *cap) {
+    if let Some(cap) = key.policy.max_request_cost_nanos.filter(|cap| hit.is_none() && rate.apply(draft.hold_nanos) > *cap) {
         draft.lower_output(&routing, &route, draft.output_covered(&routing, rate.list_within(cap)))?;
     }
     // The checks that look at what a call may cost (the key's cap among them).
@@ -43,7 +55,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
     // request that named no maximum asks for no more than the whole limit leaves room for).
     // The key's own `tpm` lowers the output allowance to what fits; an account's or a tag's
     // `tpm` (shared with other keys) only refuses what does not fit.
-    let tokens_reserved = match route.billed() {
+    let tokens_reserved = match route.billed() && hit.is_none() {
         true => {
             let input = draft.input.tokens();
             if let Some(tpm) = key.tpm {
@@ -62,8 +74,13 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         }
     }
     // Then the spend windows (the key's, its account's), then the balances.
-    let hold =
-        hold_for(gw, &routing, (&key, &under), &route, &mut draft).await.inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+    let hold = hold_for(gw, &routing, (&key, &under), &route, (&mut draft, hit.is_none()))
+        .await
+        .inspect_err(|_| ctx.model_asked = Some(draft.model.clone()))?;
+    if let Some(call) = cache.as_mut() {
+        // Its output lowered to what the key can pay: its answer is not the one keyed.
+        call.body_is(&draft.body);
+    }
     let billed = route.billed();
     let guard = super::guarded::output(ctx, &route, &draft.model);
     let (fallback_on, chained) = (draft.fallback_on, !draft.fallbacks.is_empty());
@@ -104,6 +121,7 @@ pub(super) async fn price(gw: &Gateway, session: &Session, ctx: &mut RequestCtx,
         chained,
         group_rules,
         error_read: None,
+        cache,
         happened: Happened::default(),
     }))
 }
@@ -117,7 +135,7 @@ async fn hold_for(
     routing: &Routing,
     (key, under): (&std::sync::Arc<KeyRecord>, &crate::charge::Under),
     route: &Route,
-    draft: &mut upstream::Draft,
+    (draft, lowerable): (&mut upstream::Draft, bool),
 ) -> std::result::Result<Hold, ApiError> {
     let mut purses = gw.charge.purses_kept(key, under, &routing.calendar)?;
     let rate = under.rate();
@@ -131,7 +149,7 @@ async fn hold_for(
         purses = std::mem::take(&mut refused.purses);
         // What the refusing purse has left, in the price table's money.
         let available = rate.list_within(refused.short.available.max(0));
-        if lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {
+        if lowerable && lowerings < 4 && draft.lower_output(routing, route, draft.output_covered(routing, available))? {
             lowerings += 1;
             continue;
         }

@@ -126,6 +126,10 @@ fn write_log_entry(
         entry.first_byte_ms = plan.happened.first_byte.map(|d| d.as_millis() as u64);
         entry.upstream_request_id = plan.happened.upstream_request_id.as_deref();
         entry.fallbacks = fell.as_deref();
+        if let Some(call) = plan.cache.as_deref() {
+            entry.cache = Some(call.verdict());
+            entry.cache_saved_nanos = call.answered.map(|a| a.saved);
+        }
         if let Some((usage, cost, estimated)) = plan.happened.billed {
             entry.input_tokens = usage.input_total();
             entry.output_tokens = usage.output;
@@ -292,6 +296,9 @@ fn access_log(session: &Session, ctx: &RequestCtx, status: u16, elapsed: Duratio
     }
     if let Some(g) = guardrail {
         fields.push(("guardrail", Field::Quoted(g)));
+    }
+    if let Some(call) = ctx.relayed.as_ref().and_then(|p| p.cache.as_deref()) {
+        fields.push(("cache", Field::Bare(call.verdict())));
     }
     if crate::observe::logging::json() {
         let mut line = serde_json::json!({

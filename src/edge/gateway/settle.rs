@@ -26,9 +26,12 @@ impl Gateway {
             Some((scan, id)) => (Some(scan), id.filter(|_| plan.route == Route::Responses && (200..300).contains(&status))),
             None => (None, None),
         };
-        let (usage, cost, estimated) = match &plan.media {
-            Some(call) => call.bill(&plan.routing.prices, &plan.model, scan, status, hold.list()),
-            None => {
+        let hit = plan.cache.as_ref().and_then(|c| c.answered);
+        let (usage, cost, estimated) = match (&plan.media, hit) {
+            // A hit: its original usage, at its hit price.
+            (_, Some(hit)) => (hit.usage, hit.cost, false),
+            (Some(call), None) => call.bill(&plan.routing.prices, &plan.model, scan, status, hold.list()),
+            (None, None) => {
                 let (usage, estimated) = billing::billed_usage(scan, status, plan.input_estimate, plan.route.embeds());
                 (usage, plan.routing.prices.cost(&plan.model, usage), estimated)
             }
@@ -39,14 +42,20 @@ impl Gateway {
         let charged = hold.rate().apply(cost);
         plan.happened.billed = Some((usage, charged, estimated));
         let input_total = usage.input_total();
-        self.charge.spend_tokens_under(&plan.key, &plan.under, input_total.saturating_add(usage.output)).await;
-        plan.tokens_reserved = None;
         let series = self.metrics.model(&plan.model);
+        match hit {
+            // A hit spends no tokens under a `tpm`, and no model produced any.
+            Some(hit) => series.cache_saved_nanos.add(hit.saved as u64),
+            None => {
+                self.charge.spend_tokens_under(&plan.key, &plan.under, input_total.saturating_add(usage.output)).await;
+                series.input_tokens.add(input_total);
+                series.output_tokens.add(usage.output);
+            }
+        }
+        plan.tokens_reserved = None;
         if estimated {
             series.estimated_bills.add(1);
         }
-        series.input_tokens.add(input_total);
-        series.output_tokens.add(usage.output);
         series.cost_nanos.add(charged.max(0) as u64);
         let payer = Payer {
             key_id: &plan.key.id,
@@ -68,6 +77,7 @@ impl Gateway {
             upstream_protocol: plan.translation.as_ref().map(|t| t.upstream.as_str().to_string()),
             charged: Vec::new(),
             prior_list_nanos: 0,
+            cache_saved: hit.map(|h| h.saved),
             fell_back: match plan.happened.fell_back.first() {
                 None => None,
                 Some((asked, _)) => super::fallback::fell_back(plan).map(|fell| (asked.clone(), fell)),

@@ -32,6 +32,9 @@ impl Gateway {
     /// (8.4 KiB before, issue 53; BENCHMARKS.md).
     pub(super) async fn relay(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let shape = plan.protocol;
+        if plan.cache.as_ref().is_some_and(|c| c.is_hit()) {
+            return Box::pin(self.answer_cached(session, ctx, plan)).await;
+        }
         // A call without fallbacks opens its upstream directly (the fallbacks' loop holds
         // the attempt loop's future inside its own: one more copy of it for every call).
         let opened = match plan.fallbacks.is_empty() {
@@ -79,6 +82,7 @@ impl Gateway {
         if plan.chained {
             header.insert_header(super::fallback::SERVED_MODEL, plan.model.as_str())?;
         }
+        self.cache_relayed(plan, &mut header, status)?;
         let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);
         if plan.sampled() {
             scanner.read_answer();
@@ -106,6 +110,8 @@ impl Gateway {
                     plan.happened.first_byte = Some(after);
                     series.first_byte_seconds.observe(after);
                 }
+                // The cache keeps the upstream's bytes: a hit withholds its usage as this does.
+                Self::capture(plan, data);
                 if let Some(replacement) = scanner.feed(data) {
                     out = Some(replacement);
                 }
@@ -137,6 +143,7 @@ impl Gateway {
                 // Settled before the client sees the end: its balance and `/v1/usage` already
                 // count this request when its response is complete.
                 Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
+                self.keep_answer(plan);
                 if let Route::StoredResponse { id, op: crate::route::ResponseOp::Delete } = &plan.route {
                     if (200..300).contains(&status) {
                         self.owners.deleted(id).await;

@@ -71,6 +71,9 @@ impl Gateway {
         if plan.chained {
             header.insert_header(super::fallback::SERVED_MODEL, plan.model.as_str())?;
         }
+        if let Some(verdict) = self.cache_begin(plan, status, t.content_type()) {
+            header.insert_header(&super::cached::HEADER, verdict)?;
+        }
         let _open_stream = crate::observe::metrics::Live::new(&self.metrics, crate::observe::metrics::Gauge::OpenStreams);
         ctx.response_started = true;
         if let Err(e) = session.write_response_header(header, false).await {
@@ -79,6 +82,7 @@ impl Gateway {
         }
         let mut translator = StreamTranslator::new(&t);
         let opening = translator.start();
+        Self::capture(plan, &opening);
         if !opening.is_empty() {
             if let Err(e) = session.write_response_body(Some(Bytes::from(opening)), false).await {
                 Box::pin(self.drain(&mut http, plan, &mut scanner, status)).await;
@@ -111,6 +115,7 @@ impl Gateway {
             if done {
                 out.extend(translator.finish());
             }
+            Self::capture(plan, &out);
             let mut out = Bytes::from(out);
             if plan.guard.as_ref().is_some_and(|g| g.streams()) {
                 let (guarded, blocked) = self.guard_chunk(plan, Some(out), done).await;
@@ -122,6 +127,7 @@ impl Gateway {
             if done {
                 // Settled before the client sees the end, as a native relay.
                 Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
+                self.keep_answer(plan);
                 return Box::pin(self.end_relay(session, http, &peer, Some(out))).await;
             }
             if !out.is_empty() {
@@ -164,7 +170,12 @@ impl Gateway {
         };
         let response = match translated {
             Ok(bytes) => {
-                let headers = if plan.chained { vec![(super::fallback::SERVED_MODEL, plan.model.clone())] } else { Vec::new() };
+                let mut headers = if plan.chained { vec![(super::fallback::SERVED_MODEL, plan.model.clone())] } else { Vec::new() };
+                if let Some(verdict) = self.cache_begin(plan, status, "application/json") {
+                    headers.push(("x-tollgate-cache", verdict.to_string()));
+                    Self::capture(plan, &bytes);
+                    self.keep_answer(plan);
+                }
                 LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers }
             }
             Err(err) => {

@@ -7,6 +7,7 @@
 //! ([`accounts`]), keys, records, rate limits and video tasks. `super::fleet` wires them in.
 
 pub mod accounts;
+pub mod cache;
 pub mod copy;
 pub mod jobs;
 pub mod keys;
@@ -311,6 +312,22 @@ const MIGRATIONS: &[(i32, &str)] = &[
          value BIGINT NOT NULL,
          time_ms BIGINT NOT NULL
      );",
+    ),
+    (
+        14,
+        // The response cache: answers by cache key, whose and of which model, when each
+        // expires and was last used (the least recently used go first past the bound).
+        "CREATE TABLE response_cache (
+         key TEXT PRIMARY KEY,
+         key_id TEXT NOT NULL,
+         model TEXT NOT NULL,
+         expires_ms BIGINT NOT NULL,
+         used_ms BIGINT NOT NULL,
+         bytes BIGINT NOT NULL,
+         value BYTEA NOT NULL
+     );
+     CREATE INDEX response_cache_used ON response_cache (used_ms);
+     CREATE INDEX response_cache_expires ON response_cache (expires_ms);",
     ),
 ];
 

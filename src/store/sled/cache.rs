@@ -1,10 +1,12 @@
-//! The response cache on one node (issue 70, not yet wired): tree `response_cache`, each entry
-//! its key → the unix millisecond it expires (8 bytes, big-endian) and the value (opaque here:
-//! `cache::entry`'s stored form). At most `max_bytes` of values are kept: the least recently
-//! used go first (an index in memory, rebuilt from the tree when it is opened); an expired
-//! entry is never returned, and is removed when read or swept.
+//! The response cache on one node: tree `response_cache`, each entry its cache key → the unix
+//! millisecond it expires (8 bytes, big-endian), the key id and model it is of (each
+//! length-prefixed), and the answer (opaque here: `cache::entry`'s stored form). At most
+//! `max_bytes` of answers are kept: the least recently used go first (an index in memory,
+//! rebuilt from the tree when it is opened); an expired entry is never returned, and is removed
+//! when read or swept.
 
-use crate::store::{DbSlot, StoreError};
+use crate::base::codec::{put_str, Reader};
+use crate::store::{CacheFilter, CacheMeta, CacheStore, DbSlot, StoreError};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
@@ -67,14 +69,29 @@ pub struct SledCache {
     index: Mutex<Index>,
 }
 
+/// A stored entry's parts: when it expires, whose and of which model, the answer.
+struct Stored<'a> {
+    expires_ms: u64,
+    key_id: String,
+    model: String,
+    value: &'a [u8],
+}
+
+fn split(stored: &[u8]) -> Option<Stored<'_>> {
+    let expires_ms = u64::from_be_bytes(stored.get(..8)?.try_into().ok()?);
+    let mut r = Reader(stored.get(8..)?);
+    let (key_id, model) = (r.string()??, r.string()??);
+    Some(Stored { expires_ms, key_id, model, value: r.0 })
+}
+
 impl SledCache {
-    /// The cache of `slot`'s database, at most `max_bytes` of values.
+    /// The cache of `slot`'s database, at most `max_bytes` of answers.
     pub fn open(slot: &DbSlot, max_bytes: u64) -> Result<SledCache, StoreError> {
         let tree = slot.tree(TREE)?;
         let mut index = Index::default();
         for item in tree.iter() {
             let (k, v) = item?;
-            index.touch(&k, Some(v.len().saturating_sub(8) as u64));
+            index.touch(&k, Some(split(&v).map_or(0, |s| s.value.len() as u64)));
         }
         let cache = SledCache { tree, max_bytes, index: Mutex::new(index) };
         cache.evict()?;
@@ -85,64 +102,23 @@ impl SledCache {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The value kept for `key`, unless it expired by `now_ms` (then it is removed).
-    pub fn get(&self, key: &[u8], now_ms: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(stored) = self.tree.get(key)? else { return Ok(None) };
-        let expires = stored.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
-        if expires.is_none_or(|e| e <= now_ms) {
-            self.remove(key)?;
-            return Ok(None);
-        }
-        self.index().touch(key, None);
-        Ok(Some(stored[8..].to_vec()))
-    }
-
-    /// Keep `value` for `key` until `expires_ms`; the least recently used entries go while more
-    /// than the bound is held (a value larger than the bound is not kept).
-    pub fn put(&self, key: &[u8], value: &[u8], expires_ms: u64) -> Result<bool, StoreError> {
-        if value.len() as u64 > self.max_bytes {
-            return Ok(false);
-        }
-        let mut stored = Vec::with_capacity(8 + value.len());
-        stored.extend_from_slice(&expires_ms.to_be_bytes());
-        stored.extend_from_slice(value);
-        self.tree.insert(key, stored)?;
-        self.index().touch(key, Some(value.len() as u64));
-        self.evict()?;
-        Ok(true)
-    }
-
-    pub fn remove(&self, key: &[u8]) -> Result<(), StoreError> {
+    fn remove(&self, key: &[u8]) -> Result<(), StoreError> {
         self.tree.remove(key)?;
         self.index().forget(key);
         Ok(())
     }
 
-    /// Remove every entry expired by `now_ms`; how many.
-    pub fn sweep(&self, now_ms: u64) -> Result<usize, StoreError> {
-        let mut gone = 0;
+    /// Remove every entry `gone` picks; how many.
+    fn remove_where(&self, gone: impl Fn(Option<&Stored<'_>>) -> bool) -> Result<usize, StoreError> {
+        let mut n = 0;
         for item in self.tree.iter() {
             let (k, v) = item?;
-            let expires = v.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_be_bytes);
-            if expires.is_none_or(|e| e <= now_ms) {
+            if gone(split(&v).as_ref()) {
                 self.remove(&k)?;
-                gone += 1;
+                n += 1;
             }
         }
-        Ok(gone)
-    }
-
-    /// Remove everything; how many entries were kept.
-    pub fn clear(&self) -> Result<usize, StoreError> {
-        let n = self.tree.len();
-        self.tree.clear()?;
-        *self.index() = Index::default();
         Ok(n)
-    }
-
-    /// The bytes of values kept.
-    pub fn bytes(&self) -> u64 {
-        self.index().bytes
     }
 
     fn evict(&self) -> Result<(), StoreError> {
@@ -153,35 +129,96 @@ impl SledCache {
     }
 }
 
+#[async_trait::async_trait]
+impl CacheStore for SledCache {
+    async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(stored) = self.tree.get(key)? else { return Ok(None) };
+        match split(&stored) {
+            Some(s) if s.expires_ms > now_ms => {
+                self.index().touch(key.as_bytes(), None);
+                Ok(Some(s.value.to_vec()))
+            }
+            _ => {
+                self.remove(key.as_bytes())?;
+                Ok(None)
+            }
+        }
+    }
+
+    async fn put(&self, key: &str, meta: CacheMeta<'_>, value: &[u8]) -> Result<bool, StoreError> {
+        if value.len() as u64 > self.max_bytes {
+            return Ok(false);
+        }
+        let mut stored = Vec::with_capacity(8 + meta.key_id.len() + meta.model.len() + 4 + value.len());
+        stored.extend_from_slice(&meta.expires_ms.to_be_bytes());
+        put_str(&mut stored, Some(meta.key_id));
+        put_str(&mut stored, Some(meta.model));
+        stored.extend_from_slice(value);
+        self.tree.insert(key, stored)?;
+        self.index().touch(key.as_bytes(), Some(value.len() as u64));
+        self.evict()?;
+        Ok(true)
+    }
+
+    async fn clear(&self, filter: &CacheFilter) -> Result<usize, StoreError> {
+        if *filter == CacheFilter::default() {
+            let n = self.tree.len();
+            self.tree.clear()?;
+            *self.index() = Index::default();
+            return Ok(n);
+        }
+        self.remove_where(|s| s.is_none_or(|s| filter.matches(&s.key_id, &s.model)))
+    }
+
+    async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError> {
+        self.remove_where(|s| s.is_none_or(|s| s.expires_ms <= now_ms))
+    }
+
+    async fn bytes(&self) -> Result<u64, StoreError> {
+        Ok(self.index().bytes)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn entries_expire_the_least_recently_used_go_at_the_bound_and_the_index_survives_a_reopen() {
+    fn meta(key_id: &'static str, model: &'static str, expires_ms: u64) -> CacheMeta<'static> {
+        CacheMeta { key_id, model, expires_ms }
+    }
+
+    #[tokio::test]
+    async fn entries_expire_the_least_recently_used_go_at_the_bound_and_the_index_survives_a_reopen() {
         let dir = tempfile::tempdir().expect("dir");
         let slot = DbSlot::new(sled::open(dir.path()).expect("db"));
         let cache = SledCache::open(&slot, 100).expect("open");
-        assert!(cache.put(b"a", &[1; 40], 1_000).expect("put"));
-        assert!(cache.put(b"b", &[2; 40], 2_000).expect("put"));
-        assert_eq!(cache.get(b"a", 500).expect("get"), Some(vec![1; 40]), "a is now the most recently used");
-        assert!(cache.put(b"c", &[3; 40], 2_000).expect("put"));
+        assert!(cache.put("a", meta("k1", "m1", 1_000), &[1; 40]).await.expect("put"));
+        assert!(cache.put("b", meta("k1", "m2", 2_000), &[2; 40]).await.expect("put"));
+        assert_eq!(cache.get("a", 500).await.expect("get"), Some(vec![1; 40]), "a is now the most recently used");
+        assert!(cache.put("c", meta("k2", "m1", 2_000), &[3; 40]).await.expect("put"));
         // 120 bytes over a bound of 100: b, the least recently used, went.
-        assert_eq!(cache.get(b"b", 500).expect("get"), None);
-        assert_eq!(cache.bytes(), 80);
+        assert_eq!(cache.get("b", 500).await.expect("get"), None);
+        assert_eq!(cache.bytes().await.expect("bytes"), 80);
         // Expired: never returned, and removed.
-        assert_eq!(cache.get(b"a", 1_000).expect("get"), None);
-        assert_eq!(cache.bytes(), 40);
+        assert_eq!(cache.get("a", 1_000).await.expect("get"), None);
+        assert_eq!(cache.bytes().await.expect("bytes"), 40);
         // Larger than the bound: not kept.
-        assert!(!cache.put(b"big", &[0; 101], 9_000).expect("put"));
+        assert!(!cache.put("big", meta("k1", "m1", 9_000), &[0; 101]).await.expect("put"));
         // The sweep removes what expired; a reopened cache knows what is kept.
-        assert!(cache.put(b"d", &[4; 10], 3_000).expect("put"));
-        assert_eq!(cache.sweep(2_500).expect("sweep"), 1, "c expired at 2,000");
+        assert!(cache.put("d", meta("k1", "m1", 3_000), &[4; 10]).await.expect("put"));
+        assert_eq!(cache.sweep(2_500).await.expect("sweep"), 1, "c expired at 2,000");
         drop(cache);
         let again = SledCache::open(&slot, 100).expect("reopen");
-        assert_eq!(again.bytes(), 10);
-        assert_eq!(again.get(b"d", 2_600).expect("get"), Some(vec![4; 10]));
-        assert_eq!(again.clear().expect("clear"), 1);
-        assert_eq!((again.bytes(), again.get(b"d", 2_600).expect("get")), (0, None));
+        assert_eq!(again.bytes().await.expect("bytes"), 10);
+        assert_eq!(again.get("d", 2_600).await.expect("get"), Some(vec![4; 10]));
+        // Cleared by key, by model, or all.
+        assert!(again.put("e", meta("k2", "m2", 9_000), &[5; 10]).await.expect("put"));
+        assert!(again.put("f", meta("k2", "m1", 9_000), &[6; 10]).await.expect("put"));
+        let by = |k: Option<&str>, m: Option<&str>| CacheFilter { key_id: k.map(str::to_string), model: m.map(str::to_string) };
+        assert_eq!(again.clear(&by(Some("k2"), Some("m1"))).await.expect("clear"), 1);
+        assert_eq!(again.get("f", 2_600).await.expect("get"), None);
+        assert_eq!(again.clear(&by(Some("k1"), None)).await.expect("clear"), 1, "d");
+        assert_eq!(again.clear(&CacheFilter::default()).await.expect("clear"), 1, "e");
+        assert_eq!((again.bytes().await.expect("bytes"), again.get("e", 2_600).await.expect("get")), (0, None));
     }
 }

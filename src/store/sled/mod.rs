@@ -8,7 +8,7 @@
 //! * [`tasks::SledTasks`]: trees `video_tasks`, `video_open`, `video_idem` and
 //!   `video_copy_pending`.
 //! * [`jobs::SledJobs`]: trees `jobs`, `jobs_open` and `jobs_owner` (batches).
-//! * [`cache::SledCache`]: tree `response_cache` (the response cache, issue 70; not yet wired).
+//! * [`cache::SledCache`]: tree `response_cache` (the response cache).
 //!
 //! [`SledStore`] puts them together as the [`Store`] of one node.
 
@@ -29,6 +29,8 @@ pub struct SledStore {
     pub money: Arc<money::SledMoney>,
     pub tasks: Arc<tasks::SledTasks>,
     pub jobs: Arc<jobs::SledJobs>,
+    /// The database (the response cache is opened on it when configured).
+    slot: DbSlot,
 }
 
 impl SledStore {
@@ -40,6 +42,7 @@ impl SledStore {
             money: Arc::new(money::SledMoney::open(&slot, policy)?),
             tasks: Arc::new(tasks::SledTasks::new(&slot)?),
             jobs: Arc::new(jobs::SledJobs::new(&slot)?),
+            slot,
         })
     }
 }
@@ -62,6 +65,9 @@ impl Store for SledStore {
     }
     fn requests(&self) -> Arc<dyn super::RequestLogStore> {
         self.money.clone()
+    }
+    fn cache(&self, max_bytes: u64) -> Result<Arc<dyn super::CacheStore>, StoreError> {
+        Ok(Arc::new(cache::SledCache::open(&self.slot, max_bytes)?))
     }
 }
 

@@ -1,0 +1,252 @@
+//! Stage 3b, cache: a model call that may be answered from the response cache (`crate::cache`)
+//! — its key's, account's or group's `cache:` entry, or its request's `x-tollgate-cache` — is
+//! looked up once drafted; a kept answer makes it a hit. A hit is a kind of call like any
+//! other on the charge path: counted under `rpm` (stage 3), admitted and held for its hit price
+//! (stage 4: `prices.<model>.cache_hit` or `cache_hit_ratio` of its original usage, no `tpm`
+//! reservation), settled with its original usage and what it saved (its record says `cache:
+//! hit`), then answered here whole or as its stream's events at once, with a fresh id. A miss
+//! is relayed as any call, and what the client gets is kept as it goes ([`Gateway::capture`]),
+//! stored once it ended well — complete, 200, its usage reported — never a cut stream, an
+//! error, a refusal or a guarded answer (calls under guardrails are not cached).
+
+use super::admit::Caller;
+use super::draft::Drafted;
+use super::{Gateway, RelayPlan, RequestCtx, Step};
+use crate::billing::meter::{Shape, UsageScanner};
+use crate::cache::capture::Capture;
+use crate::cache::directive::Directive;
+use crate::cache::entry::{Body, Entry};
+use crate::policy::cache::CachePolicy;
+use crate::protocol::{header_str, ApiError, ErrorKind};
+use crate::route::Route;
+use bytes::Bytes;
+use pingora_error::Result;
+use pingora_http::ResponseHeader;
+use pingora_proxy::Session;
+
+/// The request header a client asks with, and the answer's header that says what happened
+/// (`hit`, `miss`, `bypass`).
+pub(super) static HEADER: http::HeaderName = http::HeaderName::from_static("x-tollgate-cache");
+
+/// A call the cache applies to, carried in its plan.
+pub struct CacheCall {
+    /// How it uses the cache; None: it asked, and cannot (`bypass`).
+    using: Option<crate::cache::Use>,
+    /// The answer kept for it, until it is answered.
+    hit: Option<Box<Entry>>,
+    /// It was answered from the cache.
+    pub(super) answered: Option<Answered>,
+    /// The body it was keyed on (address, length): a body changed later (its output lowered to
+    /// what the key can pay) is not kept.
+    keyed: (usize, usize),
+    /// A miss's answer as it goes to the client, and its share of the budget of bytes held.
+    capture: Option<(Capture, crate::edge::body::Reservation)>,
+    content_type: String,
+}
+
+/// What a hit used and cost.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Answered {
+    pub usage: crate::base::usage::Usage,
+    /// The hit's price (nano-USD at the price table).
+    pub cost: i64,
+    /// The original answer's list cost less the hit's.
+    pub saved: i64,
+}
+
+impl CacheCall {
+    /// A kept answer will answer it.
+    pub(super) fn is_hit(&self) -> bool {
+        self.hit.is_some() || self.answered.is_some()
+    }
+
+    /// What the answer's header says.
+    pub(super) fn verdict(&self) -> &'static str {
+        match (&self.using, self.is_hit()) {
+            (_, true) => "hit",
+            (Some(u), false) if u.keeps || u.reads => "miss",
+            _ => "bypass",
+        }
+    }
+
+    /// A body changed since it was keyed is not kept.
+    pub(super) fn body_is(&mut self, body: &Bytes) {
+        if (body.as_ptr() as usize, body.len()) != self.keyed {
+            if let Some(u) = self.using.as_mut() {
+                u.keeps = false;
+            }
+        }
+    }
+}
+
+/// The cache a drafted call uses, and the answer kept for it. None: the cache does not apply.
+pub(super) async fn lookup(
+    gw: &Gateway,
+    session: &Session,
+    ctx: &RequestCtx,
+    caller: &Caller,
+    drafted: &Drafted,
+) -> Step<Option<Box<CacheCall>>> {
+    let Some(cache) = gw.cache.as_ref() else { return Ok(None) };
+    let Caller { route, key, routing, under, .. } = caller;
+    let (samples, stores_by_default) = match route {
+        Route::ChatCompletions | Route::Messages | Route::GenerateContent { .. } => (true, false),
+        Route::Responses => (true, true),
+        Route::Embeddings | Route::GeminiEmbed { .. } => (false, false),
+        _ => return Ok(None),
+    };
+    let asked = match header_str(session.req_header(), &HEADER) {
+        Some(value) => Directive::parse(value).map_err(|why| ApiError::new(ErrorKind::BadRequest, why).with_param("x-tollgate-cache"))?,
+        None => Directive::default(),
+    };
+    let group = routing.catalog.groups().get(&key.group).and_then(|g| g.cache.as_ref());
+    let policy = CachePolicy::nearest(key.policy.cache.as_ref(), under.account().and_then(|a| a.cache.as_ref()), group);
+    let draft = &drafted.draft;
+    let call = crate::cache::Call {
+        protocol: drafted.protocol.as_str(),
+        route: route.label(),
+        model: &draft.model,
+        stream: draft.stream,
+        samples,
+        stores_by_default,
+        body: &draft.body,
+        key_id: &key.id,
+        account: under.account().map(|a| a.name.as_str()),
+        group: &key.group,
+    };
+    let consulted = match cache.consult(&call, policy, asked) {
+        None => return Ok(None),
+        // Other models may answer it, or guardrails read it: not cached.
+        Some(Ok(_)) if !draft.fallbacks.is_empty() || ctx.guarded.is_some() || drafted.upload.is_some() || draft.media.is_some() => None,
+        Some(Ok(using)) => Some(using),
+        Some(Err(why)) => {
+            log::debug!("response cache: call of key {} not cacheable ({why:?})", key.name);
+            None
+        }
+    };
+    let keyed = (draft.body.as_ptr() as usize, draft.body.len());
+    let mut call = Box::new(CacheCall { using: consulted, hit: None, answered: None, keyed, capture: None, content_type: String::new() });
+    match &call.using {
+        None => cache.count("bypass"),
+        Some(u) if u.reads => call.hit = cache.get(&u.key, crate::base::clock::now_ms()).await.map(Box::new),
+        Some(u) => cache.count(if u.keeps { "refresh" } else { "bypass" }),
+    }
+    Ok(Some(call))
+}
+
+/// What a hit costs at the price table (its hit price) and what its original cost.
+pub(super) fn hit_price(plan_routing: &crate::upstream::Routing, call: &CacheCall) -> Option<(i64, i64)> {
+    let entry = call.hit.as_deref()?;
+    Some(plan_routing.prices.hit_cost(&entry.model, entry.usage))
+}
+
+impl Gateway {
+    /// Answer a hit: its header (`x-tollgate-cache: hit`, `age`), settled (before the last
+    /// byte, as a relay), then its answer — the kept bytes with a fresh id, a stream's events
+    /// at once, its usage event withheld when the client did not ask for one.
+    pub(super) async fn answer_cached(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
+        let Some(call) = plan.cache.as_mut() else { return Ok(()) };
+        let Some(entry) = call.hit.take() else { return Ok(()) };
+        let now = crate::base::clock::now_ms();
+        let (cost, list) = plan.routing.prices.hit_cost(&entry.model, entry.usage);
+        let age_secs = now.saturating_sub(entry.created_ms) / 1000;
+        call.answered = Some(Answered { usage: entry.usage, cost, saved: list.saturating_sub(cost).max(0) });
+        let sse = matches!(entry.body, Body::Events(_));
+        let body = match crate::cache::replay::with_fresh_id(&entry.body, &crate::base::secrets::random_base62(24)) {
+            Body::Whole(bytes) => Bytes::from(bytes),
+            Body::Events(events) => {
+                let all = Bytes::from(events.concat());
+                match plan.withhold_usage {
+                    // The client did not ask for the usage event the original stream carried.
+                    true => {
+                        let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), true, true);
+                        let mut out = scanner.feed(&all).unwrap_or(all).to_vec();
+                        out.extend_from_slice(&scanner.take_pending().unwrap_or_default());
+                        Bytes::from(out)
+                    }
+                    false => all,
+                }
+            }
+        };
+        let mut header = Box::new(ResponseHeader::build(200, Some(5))?);
+        header.insert_header(http::header::CONTENT_TYPE, entry.content_type.as_str())?;
+        header.insert_header(&HEADER, "hit")?;
+        header.insert_header(http::header::AGE, age_secs.to_string())?;
+        match sse {
+            true => {
+                header.insert_header(http::header::CACHE_CONTROL, "no-cache")?;
+                header.set_version(http::Version::HTTP_11);
+                header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
+            }
+            false => header.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?,
+        }
+        ctx.response_started = true;
+        session.write_response_header(header, false).await.map_err(|e| e.into_down())?;
+        plan.happened.first_byte = Some(plan.started.elapsed());
+        Box::pin(self.settle(plan, None, 200)).await;
+        session.write_response_body(Some(body), true).await.map_err(|e| e.into_down())
+    }
+
+    /// What a relayed answer's `x-tollgate-cache` says (None: the cache does not apply); a 200
+    /// that may be kept starts being captured (`content_type`: what it is kept as).
+    pub(super) fn cache_begin(&self, plan: &mut RelayPlan, status: u16, content_type: &str) -> Option<&'static str> {
+        let call = plan.cache.as_mut()?;
+        let verdict = call.verdict();
+        if let Some(using) = call.using.as_ref().filter(|u| u.keeps && status == 200 && plan.guard.is_none()) {
+            let sse = content_type.starts_with("text/event-stream");
+            let max = usize::try_from(using.max_entry_bytes).unwrap_or(usize::MAX);
+            call.capture = Some((Capture::new(sse, max), self.body.budget.reservation()));
+            call.content_type = content_type.chars().take(128).collect();
+        }
+        Some(verdict)
+    }
+
+    /// A native relay's header (the upstream's, as the client gets it): what the cache did, and
+    /// its answer kept as it is typed.
+    pub(super) fn cache_relayed(&self, plan: &mut RelayPlan, header: &mut ResponseHeader, status: u16) -> Result<()> {
+        if plan.cache.is_none() {
+            return Ok(());
+        }
+        let content_type = header.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
+        if let Some(verdict) = self.cache_begin(plan, status, &content_type) {
+            header.insert_header(&HEADER, verdict)?;
+        }
+        Ok(())
+    }
+
+    /// Keep `bytes` of the answer going out (nothing once past the entry's bound or the budget
+    /// of bytes held for clients).
+    pub(super) fn capture(plan: &mut RelayPlan, bytes: &[u8]) {
+        let Some(call) = plan.cache.as_mut() else { return };
+        let Some((capture, held)) = call.capture.as_mut() else { return };
+        let before = capture.held();
+        capture.feed(bytes);
+        if !held.grow(capture.held().saturating_sub(before)) {
+            call.capture = None;
+        }
+    }
+
+    /// Store a miss's answer once it ended well (after settlement): complete, its usage
+    /// reported. Written by a task of its own: the client's answer does not wait for the store.
+    pub(super) fn keep_answer(&self, plan: &mut RelayPlan) {
+        let (Some(cache), Some(call)) = (self.cache.as_ref(), plan.cache.as_mut()) else { return };
+        let Some((capture, held)) = call.capture.take() else { return };
+        let Some(using) = call.using.as_ref().filter(|u| u.keeps) else { return };
+        let Some((usage, _, false)) = plan.happened.billed else { return };
+        let Some(body) = capture.finish() else { return };
+        let now = crate::base::clock::now_ms();
+        let entry = Entry {
+            content_type: std::mem::take(&mut call.content_type),
+            model: plan.model.clone(),
+            usage,
+            created_ms: now,
+            expires_ms: now.saturating_add(using.ttl_secs.saturating_mul(1000)),
+            body,
+        };
+        let (cache, key, key_id) = (cache.clone(), using.key.clone(), plan.key.id.clone());
+        tokio::spawn(async move {
+            cache.keep(&key, &key_id, &entry).await;
+            drop(held);
+        });
+    }
+}
