@@ -14,6 +14,7 @@ mod agents;
 mod batches;
 mod billing;
 mod budgets;
+mod cache;
 mod cloud;
 mod config_cli;
 mod durability;

@@ -226,9 +226,10 @@ impl Gateway {
         }
     }
 
-    /// Store a miss's answer once it ended well (after settlement): complete, its usage
-    /// reported. Written by a task of its own: the client's answer does not wait for the store.
-    pub(super) fn keep_answer(&self, plan: &mut RelayPlan) {
+    /// Store a miss's answer once it ended well (after settlement, before the client's last
+    /// byte, so that the same call made once this one ended is a hit): complete, its usage
+    /// reported.
+    pub(super) async fn keep_answer(&self, plan: &mut RelayPlan) {
         let (Some(cache), Some(call)) = (self.cache.as_ref(), plan.cache.as_mut()) else { return };
         let Some((capture, held)) = call.capture.take() else { return };
         let Some(using) = call.using.as_ref().filter(|u| u.keeps) else { return };
@@ -243,10 +244,7 @@ impl Gateway {
             expires_ms: now.saturating_add(using.ttl_secs.saturating_mul(1000)),
             body,
         };
-        let (cache, key, key_id) = (cache.clone(), using.key.clone(), plan.key.id.clone());
-        tokio::spawn(async move {
-            cache.keep(&key, &key_id, &entry).await;
-            drop(held);
-        });
+        cache.keep(&using.key, &plan.key.id, &entry).await;
+        drop(held);
     }
 }

@@ -143,7 +143,7 @@ impl Gateway {
                 // Settled before the client sees the end: its balance and `/v1/usage` already
                 // count this request when its response is complete.
                 Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
-                self.keep_answer(plan);
+                Box::pin(self.keep_answer(plan)).await;
                 if let Route::StoredResponse { id, op: crate::route::ResponseOp::Delete } = &plan.route {
                     if (200..300).contains(&status) {
                         self.owners.deleted(id).await;

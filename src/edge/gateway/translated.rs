@@ -127,7 +127,7 @@ impl Gateway {
             if done {
                 // Settled before the client sees the end, as a native relay.
                 Box::pin(self.settle(plan, Some(&mut scanner), status)).await;
-                self.keep_answer(plan);
+                Box::pin(self.keep_answer(plan)).await;
                 return Box::pin(self.end_relay(session, http, &peer, Some(out))).await;
             }
             if !out.is_empty() {
@@ -174,7 +174,7 @@ impl Gateway {
                 if let Some(verdict) = self.cache_begin(plan, status, "application/json") {
                     headers.push(("x-tollgate-cache", verdict.to_string()));
                     Self::capture(plan, &bytes);
-                    self.keep_answer(plan);
+                    Box::pin(self.keep_answer(plan)).await;
                 }
                 LocalResponse { status, body: Bytes::from(bytes), content_type: "application/json", headers }
             }
