@@ -9,5 +9,6 @@
 mod common;
 
 mod fleet;
+mod fleet_cache;
 mod fleet_store;
 mod store;

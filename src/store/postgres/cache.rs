@@ -55,7 +55,7 @@ impl CacheStore for FleetCache {
         client
             .execute(
                 "DELETE FROM response_cache WHERE key IN (
-                     SELECT key FROM (SELECT key, SUM(bytes) OVER (ORDER BY used_ms DESC, key) AS held FROM response_cache) t
+                     SELECT key FROM (SELECT key, (SUM(bytes) OVER (ORDER BY used_ms DESC, key))::BIGINT AS held FROM response_cache) t
                      WHERE held > $1)",
                 &[&self.max_bytes],
             )
