@@ -218,3 +218,29 @@ impl MediaPrice {
         Some((dearest, single))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hit_costs_its_price_per_token_of_the_original_a_fraction_of_it_or_nothing() {
+        let price = |hit: Option<f64>, ratio: Option<f64>| Price {
+            input: 2.0,
+            output: 8.0,
+            cache_hit: hit,
+            cache_hit_ratio: ratio,
+            ..Price::default()
+        };
+        let p: BTreeMap<String, Price> = [("free", price(None, None)), ("per", price(Some(0.25), None)), ("tenth", price(None, Some(0.1)))]
+            .map(|(m, p)| (m.to_string(), p))
+            .into();
+        let book = PriceBook::new(&p);
+        let usage = Usage { input: 1000, cached: 200, cache_write: 0, output: 300 };
+        let list = 1000 * 2000 + 200 * 2000 + 300 * 8000;
+        assert_eq!(book.hit_cost("free", usage), (0, list));
+        assert_eq!(book.hit_cost("per", usage), (1500 * 250, list), "1,500 tokens at $0.25 per 1M");
+        assert_eq!(book.hit_cost("tenth", usage), (list / 10, list));
+        assert_eq!(book.hit_cost("unpriced", usage), (0, 0));
+    }
+}

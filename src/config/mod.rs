@@ -536,6 +536,25 @@ keys:
     }
 
     #[test]
+    fn cache_entries_need_the_cache_section_and_a_hit_has_one_price() {
+        let with = |extra: &str| Config::parse(&format!("{MINIMAL}{extra}"), &no_env);
+        let grouped = "groups:\n  default: { platforms: [openai], cache: { ttl: 60, scope: group } }\n";
+        let e = with(grouped).expect_err("no cache section");
+        assert!(e.0.starts_with("groups.default.cache: the response cache is off"), "{e}");
+        let c = with(&format!("{grouped}cache: {{}}\n")).expect("valid");
+        assert_eq!(c.groups["default"].cache.as_ref().map(|p| p.scope), Some(crate::policy::cache::CacheScope::Group));
+        let e = with("accounts:\n  - { name: team, cache: { ttl: 5 } }\n").expect_err("no section");
+        assert!(e.0.starts_with("accounts[0].cache:"), "{e}");
+        let keyed = MINIMAL.replace("balance: 5.0 }", "balance: 5.0, cache: { ttl: 0 } }");
+        let e = Config::parse(&format!("{keyed}cache: {{}}\n"), &no_env).expect_err("ttl 0");
+        assert!(e.0.contains("cache.ttl: 1 to"), "{e}");
+        let priced = |p: &str| Config::parse(&MINIMAL.replace("output: 10.0 }", &format!("output: 10.0, {p} }}")), &no_env);
+        assert!(priced("cache_hit: 0.1").is_ok() && priced("cache_hit_ratio: 0.25").is_ok());
+        assert!(priced("cache_hit: 0.1, cache_hit_ratio: 0.2").expect_err("both").0.contains("not both"));
+        assert!(priced("cache_hit_ratio: 1.5").expect_err("above 1").0.contains("cache_hit_ratio: a fraction"));
+    }
+
+    #[test]
     fn fallbacks_name_served_models_and_known_classes_within_their_bounds() {
         let no_env = |_: &str| None;
         let text = MINIMAL
