@@ -11,6 +11,8 @@ const ADMIN: &str = "admin-token-cache-0001";
 const OTHER_KEY: &str = "sk-client-cache-other-01";
 const TEAM_A: &str = "sk-client-cache-team-a-01";
 const TEAM_B: &str = "sk-client-cache-team-b-01";
+const MASKED_KEY: &str = "sk-client-cache-masked-01";
+const READ_KEY: &str = "sk-client-cache-read-0001";
 
 /// Group `default` caches per key for 60 s; the account `team` shares per account (its two
 /// keys); alpha-5.5's hits cost a tenth of the original, beta-sonnet's are free.
@@ -24,6 +26,9 @@ providers:
 groups:
   default: {{ platforms: [openai, anthropic, gemini], cache: {{ ttl: 60, scope: key }} }}
 cache: {cache}
+guardrails:
+  - {{ name: secrets, kind: secrets, phase: input, action: mask }}
+  - {{ name: watch, kind: secrets, phase: output, action: monitor }}
 admin: {{ listen: 127.0.0.1:{admin}, token: {ADMIN} }}
 prices:
   alpha-5.5: {{ input: 2.0, output: 8.0, cache_hit_ratio: 0.1 }}
@@ -37,6 +42,8 @@ keys:
   - {{ key: {OTHER_KEY}, name: other, group: default, balance: 5.0 }}
   - {{ key: {TEAM_A}, name: team-a, group: default, balance: 5.0, account: team }}
   - {{ key: {TEAM_B}, name: team-b, group: default, balance: 5.0, account: team }}
+  - {{ key: {MASKED_KEY}, name: masked, group: default, balance: 5.0, guardrails: [secrets] }}
+  - {{ key: {READ_KEY}, name: read, group: default, balance: 5.0, guardrails: [watch] }}
 "#
     )
 }
@@ -251,6 +258,16 @@ async fn a_hit_never_crosses_its_scope_and_every_protocol_is_cached_in_its_shape
         assert_eq!(s.chat(CLIENT_KEY, "sampled", &sampled, &[]).await.cache.as_deref(), Some("bypass"));
     }
     assert_eq!(s.reached("sampled").await, 2);
+    // Input guardrails that let a call through (its secret masked in what is sent and keyed):
+    // cached. Guardrails that read the answer: never.
+    let secret = chat_body("my key is AKIAIOSFODNN7EXAMPLE", false);
+    assert_eq!(s.chat(MASKED_KEY, "masked", &secret, &[]).await.cache.as_deref(), Some("miss"));
+    assert_eq!(s.chat(MASKED_KEY, "masked", &secret, &[]).await.cache.as_deref(), Some("hit"));
+    assert_eq!(s.reached("masked").await, 1);
+    for _ in 0..2 {
+        assert_eq!(s.chat(READ_KEY, "read", &body, &[]).await.cache.as_deref(), Some("bypass"));
+    }
+    assert_eq!(s.reached("read").await, 2);
 }
 
 /// Only answers that ended well are kept: a stream cut by the upstream and an error are not;

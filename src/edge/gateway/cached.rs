@@ -7,7 +7,8 @@
 //! hit`), then answered here whole or as its stream's events at once, with a fresh id. A miss
 //! is relayed as any call, and what the client gets is kept as it goes ([`Gateway::capture`]),
 //! stored once it ended well — complete, 200, its usage reported — never a cut stream, an
-//! error, a refusal or a guarded answer (calls under guardrails are not cached).
+//! error, a refusal or a guarded answer (a call whose guardrails read its answer, or masked
+//! its request, is not cached; one that input guardrails let through unchanged is).
 
 use super::admit::Caller;
 use super::draft::Drafted;
@@ -116,8 +117,10 @@ pub(super) async fn lookup(
     };
     let consulted = match cache.consult(&call, policy, asked) {
         None => return Ok(None),
-        // Other models may answer it, or guardrails read it: not cached.
-        Some(Ok(_)) if !draft.fallbacks.is_empty() || ctx.guarded.is_some() || drafted.upload.is_some() || draft.media.is_some() => None,
+        // Other models may answer it, or guardrails read its answer (or masked its request, to
+        // restore in the answer): not cached.
+        Some(Ok(_)) if !draft.fallbacks.is_empty() || drafted.upload.is_some() || draft.media.is_some() => None,
+        Some(Ok(_)) if ctx.guarded.is_some() && super::guarded::output(ctx, route, &draft.model).is_some() => None,
         Some(Ok(using)) => Some(using),
         Some(Err(why)) => {
             log::debug!("response cache: call of key {} not cacheable ({why:?})", key.name);
