@@ -169,6 +169,12 @@ pub struct Totals {
     pub refunds: u64,
     #[serde(skip)]
     pub refunded_nanos: i64,
+    /// Of the requests, answers from the response cache, and what they saved (nano-USD at the
+    /// price table).
+    #[serde(skip)]
+    pub cache_hits: u64,
+    #[serde(skip)]
+    pub cache_saved_nanos: i64,
 }
 
 impl Totals {
@@ -188,6 +194,10 @@ impl Totals {
         self.output_tokens = self.output_tokens.saturating_add(r.output_tokens);
         self.cost_nanos = self.cost_nanos.saturating_add(r.cost_nanos);
         self.list_cost_nanos = self.list_cost_nanos.saturating_add(r.list_cost());
+        if r.cache.is_some() {
+            self.cache_hits += 1;
+            self.cache_saved_nanos = self.cache_saved_nanos.saturating_add(r.cache_saved_nanos.unwrap_or(0));
+        }
     }
 
     /// Add another set of counters to these.
@@ -201,6 +211,8 @@ impl Totals {
         self.list_cost_nanos = self.list_cost_nanos.saturating_add(other.list_cost_nanos);
         self.refunds = self.refunds.saturating_add(other.refunds);
         self.refunded_nanos = self.refunded_nanos.saturating_add(other.refunded_nanos);
+        self.cache_hits = self.cache_hits.saturating_add(other.cache_hits);
+        self.cache_saved_nanos = self.cache_saved_nanos.saturating_add(other.cache_saved_nanos);
     }
 
     pub fn to_json(&self) -> serde_json::Value {
@@ -220,6 +232,8 @@ impl Totals {
         let mut v = self.to_json();
         v["list_cost"] = serde_json::json!(usd(self.list_cost_nanos));
         v["margin"] = serde_json::json!(usd(self.cost_nanos.saturating_sub(self.list_cost_nanos)));
+        v["cache_hits"] = serde_json::json!(self.cache_hits);
+        v["cache_saved"] = serde_json::json!(usd(self.cache_saved_nanos));
         v
     }
 }

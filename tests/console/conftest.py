@@ -117,6 +117,7 @@ keys:
   - {{ key: {OTHER_KEY}, name: other-team, group: default, balance: 4.0, tags: {{ team: b }}, guardrails: [cards] }}
 guardrails:
   - {{ name: cards, kind: pii, recognisers: [card], action: block }}
+cache: {{}}
 """
     path = os.path.join(tmp, "tollgate.yaml")
     with open(path, "w") as f:

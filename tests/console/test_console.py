@@ -572,3 +572,28 @@ def test_an_operator_sets_a_teams_claude_code_settings_in_the_console(gateway, b
     browser.find_element(By.ID, "claude_code").clear()
     submit(browser, browser.find_element(By.ID, "save-claude-code"), "Account acme")
     assert gateway.admin_json("GET", "/admin/accounts/acme")["claude_code"] is None
+
+
+def test_the_console_shows_the_response_caches_hits_and_what_they_saved(gateway, browser):
+    """Issue 70: a key's hits and the money they saved, in the usage table (and its CSV) and
+    on the request's own page."""
+    made = gateway.admin_json("POST", "/admin/keys", {"name": "cached-key", "balance": 1.0})
+    client = openai.OpenAI(base_url=gateway.url + "/v1", api_key=made["key"], max_retries=0)
+    ask = dict(model="alpha-5.5", temperature=0, messages=[{"role": "user", "content": "cache me"}],
+               extra_headers={"x-tollgate-cache": "ttl=600"})
+    heads = [client.chat.completions.with_raw_response.create(**ask).headers["x-tollgate-cache"] for _ in range(3)]
+    assert heads == ["miss", "hit", "hit"]
+    sign_in(browser, gateway, then=f"/console/usage?group=key&key={made['id']}&from={DAY_BEFORE}&to={DAY_AFTER}")
+    head = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "table#usage thead th")]
+    row = table_rows(browser, "usage")[0]
+    hits, saved = row[head.index("Cache hits")], usd(row[head.index("Saved by the cache")])
+    listed = next(r for r in gateway.admin_json("GET", "/admin/usage?group_by=key")["data"] if r["key"]["id"] == made["id"])
+    assert (int(hits), listed["cache_hits"]) == (2, 2)
+    assert saved == pytest.approx(listed["cache_saved"], abs=1e-9) and saved > 0
+    # The request's page: what the cache did, and what it saved.
+    browser.get(gateway.console + f"/requests?key={made['id']}")
+    browser.find_element(By.CSS_SELECTOR, "table#requests tbody tr td:last-child a").click()
+    WebDriverWait(browser, 15).until(lambda d: heading(d).startswith("Request "))
+    fields = {r[0]: r[1] for r in table_rows(browser, "request")}
+    assert fields["Response cache"].startswith("hit (saved $"), fields
+    screenshot(browser, "25-request-cache-hit")

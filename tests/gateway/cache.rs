@@ -186,6 +186,11 @@ async fn a_hit_answers_again_whole_and_streamed_without_the_upstream_billed_at_i
     assert!((saved - 3.0 * (list - list / 10) as f64 / 1e9).abs() < 1e-9, "{saved}: {m}");
     assert!(metric(&m, "tollgate_cache_bytes") > 0.0, "{m}");
     assert!(s.gw.log().contains("cache=hit"), "the access log");
+    // The operator's usage by model counts the hits and what they saved.
+    let (status, by_model) = admin_call(s.admin, ADMIN, reqwest::Method::GET, "/admin/usage?group_by=model", None).await;
+    let row = by_model["data"].as_array().expect("rows").iter().find(|r| r["model"] == "alpha-5.5").cloned().unwrap_or_default();
+    assert_eq!((status, row["cache_hits"].as_u64()), (200, Some(3)), "{by_model}");
+    assert_eq!(nanos(&row["cache_saved"]), 3 * (list - list / 10), "{row}");
 
     // The usage records as stored: the hits say so, with what they saved.
     let mut s = s;

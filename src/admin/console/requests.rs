@@ -176,6 +176,13 @@ pub(super) async fn request_detail(api: &AdminApi, req: &Request, id: &str) -> P
         vec!["Upstream model".to_string(), opt(&e.upstream_model)],
         vec!["Guardrails".to_string(), opt(&e.guardrail)],
         vec!["Fallbacks".to_string(), opt(&e.fallbacks)],
+        vec![
+            "Response cache".to_string(),
+            match (&e.cache, e.cache_saved_nanos) {
+                (Some(c), Some(saved)) => format!("{} (saved {})", esc(c), nanos(saved)),
+                (c, _) => opt(c),
+            },
+        ],
     ];
     let body = format!("{}<p><a href=\"/console/requests\">All requests</a></p>", html::table("request", &["Field", "Value"], &rows, None));
     Ok(clock.page(&format!("Request {}", e.id), "/console/requests", &req.csrf, &body))

@@ -208,13 +208,17 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
         "Spend (net)",
         "At list price",
         "Margin",
+        "Cache hits",
+        "Saved by the cache",
     ];
     if csv {
         return Ok(usage_csv(&head, &rows, &label_text, group.name(), (&from, &to)));
     }
     // One precision for every amount of the table.
     let digits = html::money_digits(
-        rows.values().chain([&total]).flat_map(|r| [r.billed(), r.totals.refunded_nanos, r.spend(), r.totals.list_cost_nanos, r.margin()]),
+        rows.values()
+            .chain([&total])
+            .flat_map(|r| [r.billed(), r.totals.refunded_nanos, r.spend(), r.totals.list_cost_nanos, r.margin(), r.totals.cache_saved_nanos]),
     );
     let cells = |label: String, r: &Row| {
         vec![
@@ -229,6 +233,8 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
             html::nanos_at(r.spend(), digits),
             html::nanos_at(r.totals.list_cost_nanos, digits),
             html::nanos_at(r.margin(), digits),
+            count(r.totals.cache_hits),
+            html::nanos_at(r.totals.cache_saved_nanos, digits),
         ]
     };
     let table_rows: Vec<Vec<String>> = rows
@@ -252,7 +258,8 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
         "{}<p><small>{} to {} inclusive, days in {}. Billed: what requests cost; refunds are credits given back (failed video tasks); \
 failed, not billed: requests answered with an error that cost nothing (from the request log, kept {} days); \
 spend (net): billed less refunds, the spend of every other page; at list price: what the same spend costs at the price table \
-(without the groups', accounts' or plans' price multipliers); margin: spend less that.</small></p>{note}\
+(without the groups', accounts' or plans' price multipliers); margin: spend less that; cache hits: answers from the response cache, \
+and what they saved at list price.</small></p>{note}\
 {}<p><a href=\"{}\" id=\"csv\">Download CSV</a> (exactly these rows)</p>",
         usage_form(&from, &to, q.get("group"), q.get("tag"), only_key, None),
         esc(&from),
@@ -352,6 +359,8 @@ fn usage_csv(
             format!("{:.9}", crate::base::money::usd(r.spend())),
             format!("{:.9}", crate::base::money::usd(r.totals.list_cost_nanos)),
             format!("{:.9}", crate::base::money::usd(r.margin())),
+            r.totals.cache_hits.to_string(),
+            format!("{:.9}", crate::base::money::usd(r.totals.cache_saved_nanos)),
         ];
         out.push_str(&cells.iter().map(|c| csv_cell(c)).collect::<Vec<_>>().join(","));
         out.push('\n');
