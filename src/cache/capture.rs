@@ -9,16 +9,16 @@ use super::entry::Body;
 pub struct Capture {
     max: usize,
     sse: bool,
-    /// The whole answer, or the stream's bytes not yet split into events.
-    pending: Vec<u8>,
-    events: Vec<Vec<u8>>,
-    held: usize,
+    /// Everything kept, in order.
+    bytes: Vec<u8>,
+    /// Where each whole event ends (a stream).
+    ends: Vec<usize>,
     over: bool,
 }
 
 impl Capture {
     pub fn new(sse: bool, max: usize) -> Capture {
-        Capture { max, sse, pending: Vec::new(), events: Vec::new(), held: 0, over: false }
+        Capture { max, sse, bytes: Vec::new(), ends: Vec::new(), over: false }
     }
 
     /// Keep `chunk` (nothing once past the bound).
@@ -26,39 +26,45 @@ impl Capture {
         if self.over {
             return;
         }
-        if self.held + chunk.len() > self.max {
+        if self.bytes.len() + chunk.len() > self.max {
             self.over = true;
-            self.pending = Vec::new();
-            self.events = Vec::new();
-            self.held = 0;
+            self.bytes = Vec::new();
+            self.ends = Vec::new();
             return;
         }
-        self.held += chunk.len();
-        self.pending.extend_from_slice(chunk);
+        self.bytes.extend_from_slice(chunk);
         if self.sse {
-            while let Some(end) = event_end(&self.pending) {
-                let rest = self.pending.split_off(end);
-                self.events.push(std::mem::replace(&mut self.pending, rest));
+            // Every whole event since the last found (its boundary may straddle chunks).
+            loop {
+                let from = self.ends.last().copied().unwrap_or(0);
+                match event_end(&self.bytes[from..]) {
+                    Some(end) => self.ends.push(from + end),
+                    None => break,
+                }
             }
         }
     }
 
     /// Bytes kept so far.
     pub fn held(&self) -> usize {
-        self.held
+        self.bytes.len()
     }
 
     /// What to store of an answer that ended well: None past the bound, or for a stream that
     /// ends inside an event, or is empty.
-    pub fn finish(self) -> Option<Body> {
-        if self.over {
+    pub fn finish(mut self) -> Option<Body> {
+        if self.over || self.bytes.is_empty() {
             return None;
         }
-        match self.sse {
-            false if !self.pending.is_empty() => Some(Body::Whole(self.pending)),
-            true if self.pending.iter().all(u8::is_ascii_whitespace) && !self.events.is_empty() => Some(Body::Events(self.events)),
-            _ => None,
+        if !self.sse {
+            return Some(Body::Whole(self.bytes));
         }
+        let last = *self.ends.last()?;
+        if !self.bytes[last..].iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        self.bytes.truncate(last);
+        Some(Body::Events { bytes: self.bytes, ends: self.ends })
     }
 }
 
@@ -87,11 +93,7 @@ mod tests {
             assert_eq!(c.held(), stream.len());
             assert_eq!(
                 c.finish(),
-                Some(Body::Events(vec![
-                    b"data: {\"a\":1}\n\n".to_vec(),
-                    b"data: {\"b\":2}\r\n\r\n".to_vec(),
-                    b"event: x\ndata: [DONE]\n\n".to_vec()
-                ])),
+                Some(Body::events_of([&b"data: {\"a\":1}\n\n"[..], b"data: {\"b\":2}\r\n\r\n", b"event: x\ndata: [DONE]\n\n"])),
                 "chunks of {size}"
             );
         }

@@ -10,20 +10,47 @@ use crate::base::usage::Usage;
 /// Version of the stored form.
 const STORED_V1: u8 = 1;
 
-/// The answer's body: whole, or a stream's events (each one event's bytes, `data: …\n\n`).
+/// The answer's body: whole, or a stream's events (`data: …\n\n` each), kept one after
+/// another in one buffer with where each ends (a hit of a long stream is one copy, not one
+/// allocation per event).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Body {
     Whole(Vec<u8>),
-    Events(Vec<Vec<u8>>),
+    Events { bytes: Vec<u8>, ends: Vec<usize> },
 }
 
 impl Body {
+    /// A stream's body from its events.
+    pub fn events_of<'a>(events: impl IntoIterator<Item = &'a [u8]>) -> Body {
+        let (mut bytes, mut ends) = (Vec::new(), Vec::new());
+        for e in events {
+            bytes.extend_from_slice(e);
+            ends.push(bytes.len());
+        }
+        Body::Events { bytes, ends }
+    }
+
+    /// Its bytes, all of them.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Body::Whole(b) | Body::Events { bytes: b, .. } => b,
+        }
+    }
+
+    /// A stream's events in order (a whole answer: itself).
+    pub fn events(&self) -> Vec<&[u8]> {
+        match self {
+            Body::Whole(b) => vec![b.as_slice()],
+            Body::Events { bytes, ends } => {
+                let mut start = 0;
+                ends.iter().filter_map(|&end| bytes.get(start..end).inspect(|_| start = end)).collect()
+            }
+        }
+    }
+
     /// Bytes held.
     pub fn len(&self) -> usize {
-        match self {
-            Body::Whole(b) => b.len(),
-            Body::Events(events) => events.iter().map(Vec::len).sum(),
-        }
+        self.bytes().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -60,7 +87,8 @@ impl Entry {
                 out.push(b'w');
                 put_bytes(&mut out, bytes);
             }
-            Body::Events(events) => {
+            Body::Events { .. } => {
+                let events = self.body.events();
                 out.push(b'e');
                 put_varint(&mut out, events.len() as u64);
                 for event in events {
@@ -89,7 +117,15 @@ impl Entry {
                 if n > r.0.len() as u64 {
                     return None;
                 }
-                Body::Events((0..n).map(|_| bytes(&mut r)).collect::<Option<_>>()?)
+                let (mut all, mut ends) = (Vec::with_capacity(r.0.len()), Vec::with_capacity(usize::try_from(n).ok()?));
+                for _ in 0..n {
+                    let len = usize::try_from(r.varint()?).ok()?;
+                    let (taken, rest) = (r.0.get(..len)?, r.0.get(len..)?);
+                    r.0 = rest;
+                    all.extend_from_slice(taken);
+                    ends.push(all.len());
+                }
+                Body::Events { bytes: all, ends }
             }
             _ => return None,
         };
@@ -126,10 +162,7 @@ mod tests {
 
     #[test]
     fn an_entry_reads_back_whole_or_as_events_and_nothing_else_reads_as_one() {
-        for e in [
-            entry(Body::Whole(br#"{"id":"x"}"#.to_vec())),
-            entry(Body::Events(vec![b"data: {}\n\n".to_vec(), b"data: [DONE]\n\n".to_vec()])),
-        ] {
+        for e in [entry(Body::Whole(br#"{"id":"x"}"#.to_vec())), entry(Body::events_of([&b"data: {}\n\n"[..], b"data: [DONE]\n\n"]))] {
             let stored = e.encode();
             assert_eq!(Entry::decode(&stored), Some(e.clone()));
             // Cut anywhere, or with a byte more: not an entry.
@@ -140,9 +173,10 @@ mod tests {
             longer.push(0);
             assert_eq!(Entry::decode(&longer), None);
         }
-        assert_eq!(entry(Body::Events(vec![b"ab".to_vec(), b"c".to_vec()])).body.len(), 3);
+        let two = Body::events_of([&b"ab"[..], b"c"]);
+        assert_eq!((two.len(), two.events()), (3, vec![&b"ab"[..], b"c"]));
         // An event count no body could hold.
-        let mut forged = entry(Body::Events(Vec::new())).encode();
+        let mut forged = entry(Body::events_of([])).encode();
         forged.pop();
         put_varint(&mut forged, u64::MAX);
         assert_eq!(Entry::decode(&forged), None);

@@ -73,16 +73,39 @@ pub fn key(protocol: &str, route: &str, model: &str, stream: bool, scope: Scope<
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
-    let canonical = match body {
+    // Members in order (serde_json's map is sorted), compact, written straight into the hash.
+    let mut canonical = Vec::with_capacity(256);
+    match body {
         Value::Object(map) => {
-            let kept: serde_json::Map<String, Value> =
-                map.iter().filter(|(k, _)| !IGNORED.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
-            serde_json::to_vec(&Value::Object(kept)).unwrap_or_default()
+            canonical.push(b'{');
+            for (k, v) in map.iter().filter(|(k, _)| !IGNORED.contains(&k.as_str())) {
+                if canonical.len() > 1 {
+                    canonical.push(b',');
+                }
+                // A string and a value always serialise (into memory).
+                let _ = serde_json::to_writer(&mut canonical, k);
+                canonical.push(b':');
+                let _ = serde_json::to_writer(&mut canonical, v);
+            }
+            canonical.push(b'}');
         }
-        other => serde_json::to_vec(other).unwrap_or_default(),
-    };
+        other => {
+            let _ = serde_json::to_writer(&mut canonical, other);
+        }
+    }
     h.update(&canonical);
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex(&h.finalize())
+}
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -105,6 +128,14 @@ mod tests {
         assert_ne!(k(&a), key("openai", "chat_completions", "m", false, Scope::Key("key_2"), &a), "another key never shares");
         assert_ne!(k(&a), key("openai", "chat_completions", "m", false, Scope::Account("key_1"), &a), "scopes never collide");
         assert_eq!(k(&a).len(), 64);
+        // The canonical form is the compact JSON of the members kept, in order.
+        let mut h = Sha256::new();
+        for part in [&b"openai"[..], b"chat_completions", b"m", &[0, b'k'], b"key_1"] {
+            h.update((part.len() as u64).to_le_bytes());
+            h.update(part);
+        }
+        h.update(br#"{"messages":[{"content":"hi","role":"user"}],"temperature":0}"#);
+        assert_eq!(k(&a), h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>());
     }
 
     #[test]

@@ -23,8 +23,15 @@ use std::sync::Arc;
 pub struct Cache {
     store: Arc<dyn CacheStore>,
     pub config: CacheConfig,
-    metrics: Arc<Metrics>,
+    /// `tollgate_cache_lookups_total` by result, `tollgate_cache_stores_total` by outcome: made
+    /// once, not looked up per call.
+    lookups: [Arc<crate::observe::metrics::Counter>; 4],
+    stores: [Arc<crate::observe::metrics::Counter>; 3],
 }
+
+/// The results a lookup is counted under, in `Cache::lookups`' order.
+const RESULTS: [&str; 4] = ["hit", "miss", "refresh", "bypass"];
+const OUTCOMES: [&str; 3] = ["kept", "too_large", "failed"];
 
 /// A call that may be answered from the cache, as the edge describes it.
 pub struct Call<'a> {
@@ -65,7 +72,9 @@ pub enum Bypass {
 
 impl Cache {
     pub fn new(store: Arc<dyn CacheStore>, config: CacheConfig, metrics: Arc<Metrics>) -> Cache {
-        Cache { store, config, metrics }
+        let lookups = RESULTS.map(|r| metrics.counter("tollgate_cache_lookups_total", &[("result", r)]));
+        let stores = OUTCOMES.map(|o| metrics.counter("tollgate_cache_stores_total", &[("outcome", o)]));
+        Cache { store, config, lookups, stores }
     }
 
     /// The cache `config` asks for, on `store` (None: no `cache:` section).
@@ -139,17 +148,19 @@ impl Cache {
 
     /// Count a lookup's result (`hit`, `miss`, `refresh`, `bypass`).
     pub fn count(&self, result: &'static str) {
-        self.metrics.counter("tollgate_cache_lookups_total", &[("result", result)]).add(1);
+        if let Some(i) = RESULTS.iter().position(|r| *r == result) {
+            self.lookups[i].add(1);
+        }
     }
 
     /// Keep `entry` under `key` for the key `key_id`; a store that cannot be written is logged.
     pub async fn keep(&self, key: &str, key_id: &str, entry: &entry::Entry) {
         let meta = CacheMeta { key_id, model: &entry.model, expires_ms: entry.expires_ms };
         match self.store.put(key, meta, &entry.encode()).await {
-            Ok(true) => self.metrics.counter("tollgate_cache_stores_total", &[("outcome", "kept")]).add(1),
-            Ok(false) => self.metrics.counter("tollgate_cache_stores_total", &[("outcome", "too_large")]).add(1),
+            Ok(true) => self.stores[0].add(1),
+            Ok(false) => self.stores[1].add(1),
             Err(e) => {
-                self.metrics.counter("tollgate_cache_stores_total", &[("outcome", "failed")]).add(1);
+                self.stores[2].add(1);
                 log::warn!("response cache: an answer could not be kept: {e}");
             }
         }

@@ -17,24 +17,32 @@ fn stored_id(first: &[u8]) -> Option<&[u8]> {
     })
 }
 
-/// A fresh id for `old`: its prefix (up to its last `-` or `_`) and `fresh`.
-fn fresh_id(old: &[u8], fresh: &str) -> Vec<u8> {
-    let cut = old.iter().rposition(|b| *b == b'-' || *b == b'_').map_or(0, |i| i + 1);
-    [&old[..cut], fresh.as_bytes()].concat()
+/// Where the part of `old` made new starts: after its prefix (up to its last `-` or `_`).
+fn tail_start(old: &[u8]) -> usize {
+    old.iter().rposition(|b| *b == b'-' || *b == b'_').map_or(0, |i| i + 1)
 }
 
-/// `body` with its own id replaced by a new one made of `fresh` (random letters and digits).
-pub fn with_fresh_id(body: &Body, fresh: &str) -> Body {
-    let first = match body {
-        Body::Whole(b) => b.as_slice(),
-        Body::Events(events) => events.iter().find(|e| stored_id(e).is_some()).map_or(&[][..], Vec::as_slice),
+/// `body` with its own id made new: the id's prefix kept and the rest replaced by `fresh(n)`,
+/// `n` characters (random letters and digits) — the same length, so a stream's event ends do
+/// not move and the bytes are changed in place.
+pub fn refresh_id(body: &mut Body, fresh: impl FnOnce(usize) -> String) {
+    let found = match body {
+        Body::Whole(b) => stored_id(b).map(<[u8]>::to_vec),
+        Body::Events { .. } => body.events().into_iter().find_map(stored_id).map(<[u8]>::to_vec),
     };
-    let Some(old) = stored_id(first) else { return body.clone() };
-    let (old, new) = (old.to_vec(), fresh_id(old, fresh));
-    let swap = |bytes: &[u8]| crate::base::text::replace_all(bytes, &old, &new).unwrap_or_else(|| bytes.to_vec());
-    match body {
-        Body::Whole(b) => Body::Whole(swap(b)),
-        Body::Events(events) => Body::Events(events.iter().map(|e| swap(e)).collect()),
+    let Some(old) = found else { return };
+    let cut = tail_start(&old);
+    let tail = fresh(old.len() - cut);
+    if tail.len() != old.len() - cut {
+        return;
+    }
+    let new = [&old[..cut], tail.as_bytes()].concat();
+    let bytes = match body {
+        Body::Whole(b) | Body::Events { bytes: b, .. } => b,
+    };
+    let at: Vec<usize> = memchr::memmem::find_iter(bytes, &old).collect();
+    for i in at {
+        bytes[i..i + new.len()].copy_from_slice(&new);
     }
 }
 
@@ -43,23 +51,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_answers_own_id_is_made_new_everywhere_and_nothing_else_changes() {
-        let stream = Body::Events(vec![
-            b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_01AbC\",\"model\":\"m\"}}\n\n".to_vec(),
-            b"data: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"msg_01AbC is my id\"}}\n\n".to_vec(),
+    fn the_answers_own_id_is_made_new_everywhere_in_place_and_nothing_else_changes() {
+        let mut stream = Body::events_of([
+            &b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_01AbC\",\"model\":\"m\"}}\n\n"[..],
+            b"data: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"msg_01AbC is my id\"}}\n\n",
         ]);
-        let Body::Events(fresh) = with_fresh_id(&stream, "Zz9") else { panic!("events") };
-        assert!(
-            fresh[0].windows(10).any(|w| w == b"\"msg_Zz9\",") && !fresh[0].windows(9).any(|w| w == b"msg_01AbC"),
-            "{:?}",
-            String::from_utf8_lossy(&fresh[0])
-        );
-        assert_eq!(fresh[1], b"data: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"msg_Zz9 is my id\"}}\n\n".to_vec());
-        let chat = Body::Whole(br#"{"id":"chatcmpl-9xYz","object":"chat.completion","choices":[]}"#.to_vec());
-        assert_eq!(with_fresh_id(&chat, "AAA"), Body::Whole(br#"{"id":"chatcmpl-AAA","object":"chat.completion","choices":[]}"#.to_vec()));
-        let gemini = Body::Whole(br#"{"candidates":[],"responseId":"r1x"}"#.to_vec());
-        assert_eq!(with_fresh_id(&gemini, "B"), Body::Whole(br#"{"candidates":[],"responseId":"B"}"#.to_vec()));
+        let ends = match &stream {
+            Body::Events { ends, .. } => ends.clone(),
+            Body::Whole(_) => unreachable!(),
+        };
+        refresh_id(&mut stream, |n| "Z".repeat(n));
+        let events = stream.events();
+        assert!(String::from_utf8_lossy(events[0]).contains("\"id\":\"msg_ZZZZZ\""), "{:?}", String::from_utf8_lossy(events[0]));
+        assert_eq!(events[1], b"data: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"msg_ZZZZZ is my id\"}}\n\n");
+        assert!(matches!(&stream, Body::Events { ends: e, .. } if *e == ends), "the events end where they did");
+        let mut chat = Body::Whole(br#"{"id":"chatcmpl-9xYz","object":"chat.completion","choices":[]}"#.to_vec());
+        refresh_id(&mut chat, |n| "A".repeat(n));
+        assert_eq!(chat, Body::Whole(br#"{"id":"chatcmpl-AAAA","object":"chat.completion","choices":[]}"#.to_vec()));
+        let mut gemini = Body::Whole(br#"{"candidates":[],"responseId":"r1x"}"#.to_vec());
+        refresh_id(&mut gemini, |n| "B".repeat(n));
+        assert_eq!(gemini, Body::Whole(br#"{"candidates":[],"responseId":"BBB"}"#.to_vec()));
         let none = Body::Whole(br#"{"object":"list"}"#.to_vec());
-        assert_eq!(with_fresh_id(&none, "C"), none);
+        let mut same = none.clone();
+        refresh_id(&mut same, |n| "C".repeat(n));
+        assert_eq!(same, none);
     }
 }

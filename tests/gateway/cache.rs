@@ -13,6 +13,7 @@ const TEAM_A: &str = "sk-client-cache-team-a-01";
 const TEAM_B: &str = "sk-client-cache-team-b-01";
 const MASKED_KEY: &str = "sk-client-cache-masked-01";
 const READ_KEY: &str = "sk-client-cache-read-0001";
+const TPM_KEY: &str = "sk-client-cache-tpm-00001";
 
 /// Group `default` caches per key for 60 s; the account `team` shares per account (its two
 /// keys); alpha-5.5's hits cost a tenth of the original, beta-sonnet's are free.
@@ -44,6 +45,7 @@ keys:
   - {{ key: {TEAM_B}, name: team-b, group: default, balance: 5.0, account: team }}
   - {{ key: {MASKED_KEY}, name: masked, group: default, balance: 5.0, guardrails: [secrets] }}
   - {{ key: {READ_KEY}, name: read, group: default, balance: 5.0, guardrails: [watch] }}
+  - {{ key: {TPM_KEY}, name: tpm, group: default, balance: 5.0, rpm: 5, tpm: 1500 }}
 "#
     )
 }
@@ -371,4 +373,26 @@ async fn an_answer_expires_with_its_ttl_and_the_least_recently_used_go_at_max_by
     assert_eq!(s.chat(CLIENT_KEY, "lru", &long(1), &deltas).await.cache.as_deref(), Some("miss"), "1 went first");
     assert_eq!(s.chat(CLIENT_KEY, "lru", &long(0), &deltas).await.cache.as_deref(), Some("hit"));
     assert!(metric(&s.metrics().await, "tollgate_cache_bytes") <= 2000.0);
+}
+
+/// A hit is counted under `rpm` like any call, and spends nothing of a `tpm`: a key whose
+/// minute's tokens are spent is still answered from the cache, until its requests run out.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hit_counts_under_rpm_and_spends_no_tpm() {
+    let s = setup("{}", &[]);
+    let body = json!({"model": "alpha-5.5", "max_tokens": 100, "temperature": 0, "messages": [{"role": "user", "content": "tpm"}]});
+    let spend = [("x-mock-usage", "1300,100")];
+    assert_eq!(s.chat(TPM_KEY, "tpm", &body, &spend).await.cache.as_deref(), Some("miss"));
+    // 1,400 of the minute's 1,500 tokens are spent: another call is refused for its tokens...
+    let other = json!({"model": "alpha-5.5", "max_tokens": 100, "temperature": 0, "messages": [{"role": "user", "content": "another"}]});
+    let refused = s.chat(TPM_KEY, "tpm", &other, &[]).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    // ...while the kept answer is served, three times, then rpm (5) refuses.
+    for _ in 0..3 {
+        let hit = s.chat(TPM_KEY, "tpm", &body, &spend).await;
+        assert_eq!((hit.status, hit.cache.as_deref()), (200, Some("hit")), "{}", hit.body);
+    }
+    let limited = s.chat(TPM_KEY, "tpm", &body, &spend).await;
+    assert_eq!(limited.status, 429, "the sixth request of the minute: {}", limited.body);
+    assert_eq!(s.reached("tpm").await, 1);
 }

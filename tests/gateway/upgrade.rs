@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 #[tokio::test]
 async fn an_upgrade_under_load_loses_nothing() {
     let mock = start_mock();
-    let mut old = start_gateway(&format!("{}{}", standard_config(mock.port), video_section(mock.port)));
+    // With the response cache's store (sled): the old process lets go of it with the database.
+    let mut old = start_gateway(&format!("{}{}cache: {{}}\n", standard_config(mock.port), video_section(mock.port)));
     let path = old.config_path();
 
     // A video task held running upstream.

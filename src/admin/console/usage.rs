@@ -215,11 +215,10 @@ pub(super) async fn usage(api: &AdminApi, req: &Request, csv: bool) -> Page {
         return Ok(usage_csv(&head, &rows, &label_text, group.name(), (&from, &to)));
     }
     // One precision for every amount of the table.
-    let digits = html::money_digits(
-        rows.values()
-            .chain([&total])
-            .flat_map(|r| [r.billed(), r.totals.refunded_nanos, r.spend(), r.totals.list_cost_nanos, r.margin(), r.totals.cache_saved_nanos]),
-    );
+    let digits =
+        html::money_digits(rows.values().chain([&total]).flat_map(|r| {
+            [r.billed(), r.totals.refunded_nanos, r.spend(), r.totals.list_cost_nanos, r.margin(), r.totals.cache_saved_nanos]
+        }));
     let cells = |label: String, r: &Row| {
         vec![
             label,

@@ -144,50 +144,56 @@ pub(super) fn hit_price(plan_routing: &crate::upstream::Routing, call: &CacheCal
 }
 
 impl Gateway {
-    /// Answer a hit: its header (`x-tollgate-cache: hit`, `age`), settled (before the last
-    /// byte, as a relay), then its answer — the kept bytes with a fresh id, a stream's events
-    /// at once, its usage event withheld when the client did not ask for one.
+    /// Answer a hit: its header (`x-tollgate-cache: hit`, `age`), then its answer — the kept
+    /// bytes with a fresh id, its usage event withheld when the client did not ask for one — a
+    /// stream's first event at once, settled (before the last byte, as a relay), then the rest
+    /// of its events in one write.
     pub(super) async fn answer_cached(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let Some(call) = plan.cache.as_mut() else { return Ok(()) };
-        let Some(entry) = call.hit.take() else { return Ok(()) };
+        let Some(mut entry) = call.hit.take() else { return Ok(()) };
         let now = crate::base::clock::now_ms();
         let (cost, list) = plan.routing.prices.hit_cost(&entry.model, entry.usage);
         let age_secs = now.saturating_sub(entry.created_ms) / 1000;
         call.answered = Some(Answered { usage: entry.usage, cost, saved: list.saturating_sub(cost).max(0) });
-        let sse = matches!(entry.body, Body::Events(_));
-        let body = match crate::cache::replay::with_fresh_id(&entry.body, &crate::base::secrets::random_base62(24)) {
-            Body::Whole(bytes) => Bytes::from(bytes),
-            Body::Events(events) => {
-                let all = Bytes::from(events.concat());
-                match plan.withhold_usage {
-                    // The client did not ask for the usage event the original stream carried.
-                    true => {
-                        let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), true, true);
-                        let mut out = scanner.feed(&all).unwrap_or(all).to_vec();
-                        out.extend_from_slice(&scanner.take_pending().unwrap_or_default());
-                        Bytes::from(out)
-                    }
-                    false => all,
-                }
-            }
+        crate::cache::replay::refresh_id(&mut entry.body, crate::base::secrets::random_base62);
+        let (body, first_end) = match std::mem::replace(&mut entry.body, Body::Whole(Vec::new())) {
+            Body::Whole(bytes) => (Bytes::from(bytes), None),
+            Body::Events { bytes, ends } => (Bytes::from(bytes), ends.first().copied()),
         };
         let mut header = Box::new(ResponseHeader::build(200, Some(5))?);
         header.insert_header(http::header::CONTENT_TYPE, entry.content_type.as_str())?;
         header.insert_header(&HEADER, "hit")?;
         header.insert_header(http::header::AGE, age_secs.to_string())?;
-        match sse {
-            true => {
+        match first_end {
+            Some(_) => {
                 header.insert_header(http::header::CACHE_CONTROL, "no-cache")?;
                 header.set_version(http::Version::HTTP_11);
                 header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
             }
-            false => header.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?,
+            None => header.insert_header(http::header::CONTENT_LENGTH, body.len().to_string())?,
         }
         ctx.response_started = true;
         session.write_response_header(header, false).await.map_err(|e| e.into_down())?;
         plan.happened.first_byte = Some(plan.started.elapsed());
+        let Some(first_end) = first_end else {
+            Box::pin(self.settle(plan, None, 200)).await;
+            return session.write_response_body(Some(body), true).await.map_err(|e| e.into_down());
+        };
+        // The client did not ask for the usage event the original stream carried: withheld as a
+        // relay withholds it.
+        let mut scanner = plan.withhold_usage.then(|| UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), true, true));
+        let mut out = |chunk: Bytes| match scanner.as_mut() {
+            Some(s) => s.feed(&chunk).unwrap_or(chunk),
+            None => chunk,
+        };
+        let first = out(body.slice(..first_end));
+        session.write_response_body(Some(first), false).await.map_err(|e| e.into_down())?;
+        let mut rest = out(body.slice(first_end..));
+        if let Some(pending) = scanner.as_mut().and_then(UsageScanner::take_pending) {
+            rest = Bytes::from([&rest[..], &pending[..]].concat());
+        }
         Box::pin(self.settle(plan, None, 200)).await;
-        session.write_response_body(Some(body), true).await.map_err(|e| e.into_down())
+        session.write_response_body(Some(rest), true).await.map_err(|e| e.into_down())
     }
 
     /// What a relayed answer's `x-tollgate-cache` says (None: the cache does not apply); a 200

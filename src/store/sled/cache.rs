@@ -64,7 +64,8 @@ impl Index {
 }
 
 pub struct SledCache {
-    tree: sled::Tree,
+    /// The database, reached per operation (an upgrade lets go of it: see `DbSlot`).
+    slot: DbSlot,
     max_bytes: u64,
     index: Mutex<Index>,
 }
@@ -93,7 +94,7 @@ impl SledCache {
             let (k, v) = item?;
             index.touch(&k, Some(split(&v).map_or(0, |s| s.value.len() as u64)));
         }
-        let cache = SledCache { tree, max_bytes, index: Mutex::new(index) };
+        let cache = SledCache { slot: slot.clone(), max_bytes, index: Mutex::new(index) };
         cache.evict()?;
         Ok(cache)
     }
@@ -102,8 +103,12 @@ impl SledCache {
         self.index.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn tree(&self) -> Result<sled::Tree, StoreError> {
+        self.slot.tree(TREE)
+    }
+
     fn remove(&self, key: &[u8]) -> Result<(), StoreError> {
-        self.tree.remove(key)?;
+        self.tree()?.remove(key)?;
         self.index().forget(key);
         Ok(())
     }
@@ -111,7 +116,7 @@ impl SledCache {
     /// Remove every entry `gone` picks; how many.
     fn remove_where(&self, gone: impl Fn(Option<&Stored<'_>>) -> bool) -> Result<usize, StoreError> {
         let mut n = 0;
-        for item in self.tree.iter() {
+        for item in self.tree()?.iter() {
             let (k, v) = item?;
             if gone(split(&v).as_ref()) {
                 self.remove(&k)?;
@@ -132,7 +137,7 @@ impl SledCache {
 #[async_trait::async_trait]
 impl CacheStore for SledCache {
     async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(stored) = self.tree.get(key)? else { return Ok(None) };
+        let Some(stored) = self.tree()?.get(key)? else { return Ok(None) };
         match split(&stored) {
             Some(s) if s.expires_ms > now_ms => {
                 self.index().touch(key.as_bytes(), None);
@@ -154,7 +159,7 @@ impl CacheStore for SledCache {
         put_str(&mut stored, Some(meta.key_id));
         put_str(&mut stored, Some(meta.model));
         stored.extend_from_slice(value);
-        self.tree.insert(key, stored)?;
+        self.tree()?.insert(key, stored)?;
         self.index().touch(key.as_bytes(), Some(value.len() as u64));
         self.evict()?;
         Ok(true)
@@ -162,8 +167,9 @@ impl CacheStore for SledCache {
 
     async fn clear(&self, filter: &CacheFilter) -> Result<usize, StoreError> {
         if *filter == CacheFilter::default() {
-            let n = self.tree.len();
-            self.tree.clear()?;
+            let tree = self.tree()?;
+            let n = tree.len();
+            tree.clear()?;
             *self.index() = Index::default();
             return Ok(n);
         }
