@@ -9,6 +9,10 @@
 # PERF_OTHER_BIN adds another tollgate build as target "other"; PERF_OTHER_PINGORA, JSON
 # members merged into that target's `pingora:` section (e.g. '{"work_stealing": false}'): with
 # PERF_OTHER_BIN=target/release/tollgate, a framework lever against the same build without it.
+# PERF_OTHER_EXTRA and PERF_OTHER_GROUP: more top-level members and more members of its key's
+# group for "other", as instructions.sh takes them (the response cache's misses, issue 70:
+# TOLLGATE_WRK_BODY=unique PERF_OTHER_BIN=target/release/tollgate PERF_OTHER_EXTRA='"cache": {},'
+# PERF_OTHER_GROUP=', "cache": {"ttl": 3600}').
 # Usage, from the repository root: bash benches/relay/percore.sh
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -24,8 +28,8 @@ nginx -p "$dir" -c "$dir/upstream.conf" -g 'daemon off;' & pids="$pids $!"
 nginx -p "$dir" -c "$dir/proxy.conf" -g 'daemon off;' & ngx=$!; pids="$pids $ngx"
 "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2 >"$dir/bare.log" 2>&1 & bp=$!; pids="$pids $bp"
 . "$here/../gateway-config.sh"
-tollgate_at() { # name port binary pingora-members
-  write_gateway_config "$dir/$1.yaml" "$dir" "$1" "$2" "$(port)" "$UP" ""
+tollgate_at() { # name port binary pingora-members [extra group-extra]
+  write_gateway_config "$dir/$1.yaml" "$dir" "$1" "$2" "$(port)" "$UP" "${5:-}" "${6:-}"
   python3 - "$dir/$1.yaml" "$4" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])); c["pingora"].update(json.loads(sys.argv[2])); json.dump(c, open(sys.argv[1], "w"))
@@ -35,7 +39,7 @@ PY
 tollgate_at tollgate "$GW" "$PWD/target/release/tollgate" '{}'; tp=$!; pids="$pids $tp"
 targets="nginx:$PX:$ngx bare:$BP:$bp tollgate:$GW:$tp"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
-  GO=$(port); tollgate_at other "$GO" "$PERF_OTHER_BIN" "${PERF_OTHER_PINGORA:-{\}}"; op=$!; pids="$pids $op"; targets="$targets other:$GO:$op"
+  GO=$(port); tollgate_at other "$GO" "$PERF_OTHER_BIN" "${PERF_OTHER_PINGORA:-{\}}" "${PERF_OTHER_EXTRA:-}" "${PERF_OTHER_GROUP:-}"; op=$!; pids="$pids $op"; targets="$targets other:$GO:$op"
 fi
 # nginx stops at TERM; the Pingora proxies are killed (a graceful stop waits out its grace period).
 cleanup() { kill $pids 2>/dev/null; kill -9 $bp $tp ${op:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }

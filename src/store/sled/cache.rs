@@ -2,8 +2,8 @@
 //! millisecond it expires (8 bytes, big-endian), the key id and model it is of (each
 //! length-prefixed), and the answer (opaque here: `cache::entry`'s stored form). At most
 //! `max_bytes` of answers are kept: the least recently used go first (an index in memory,
-//! rebuilt from the tree when it is opened); an expired entry is never returned, and is removed
-//! when read or swept.
+//! rebuilt from the tree when it is opened, which also answers a miss without reading the
+//! tree); an expired entry is never returned, and is removed when read or swept.
 
 use crate::base::codec::{put_str, Reader};
 use crate::store::{CacheFilter, CacheMeta, CacheStore, DbSlot, StoreError};
@@ -17,6 +17,7 @@ struct Slot {
     /// When it was last used (a tick of the index's clock).
     used: u64,
     bytes: u64,
+    expires_ms: u64,
 }
 
 #[derive(Default)]
@@ -29,25 +30,32 @@ struct Index {
 }
 
 impl Index {
-    fn touch(&mut self, key: &[u8], bytes: Option<u64>) {
+    /// `key` was used now; `kept`: it was (re)written, this many bytes, expiring then.
+    fn touch(&mut self, key: &[u8], kept: Option<(u64, u64)>) {
         self.tick += 1;
         let tick = self.tick;
         match self.entries.get_mut(key) {
             Some(slot) => {
                 self.order.remove(&slot.used);
                 slot.used = tick;
-                if let Some(b) = bytes {
+                if let Some((b, expires_ms)) = kept {
                     self.bytes = self.bytes - slot.bytes + b;
                     slot.bytes = b;
+                    slot.expires_ms = expires_ms;
                 }
             }
             None => {
-                let b = bytes.unwrap_or(0);
-                self.entries.insert(key.to_vec(), Slot { used: tick, bytes: b });
+                let (b, expires_ms) = kept.unwrap_or((0, 0));
+                self.entries.insert(key.to_vec(), Slot { used: tick, bytes: b, expires_ms });
                 self.bytes += b;
             }
         }
         self.order.insert(tick, key.to_vec());
+    }
+
+    /// Whether `key` is kept and unexpired at `now_ms` (None: not kept at all).
+    fn live(&self, key: &[u8], now_ms: u64) -> Option<bool> {
+        self.entries.get(key).map(|s| s.expires_ms > now_ms)
     }
 
     fn forget(&mut self, key: &[u8]) {
@@ -92,7 +100,7 @@ impl SledCache {
         let mut index = Index::default();
         for item in tree.iter() {
             let (k, v) = item?;
-            index.touch(&k, Some(split(&v).map_or(0, |s| s.value.len() as u64)));
+            index.touch(&k, Some(split(&v).map_or((0, 0), |s| (s.value.len() as u64, s.expires_ms))));
         }
         let cache = SledCache { slot: slot.clone(), max_bytes, index: Mutex::new(index) };
         cache.evict()?;
@@ -137,6 +145,16 @@ impl SledCache {
 #[async_trait::async_trait]
 impl CacheStore for SledCache {
     async fn get(&self, key: &str, now_ms: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        // A miss (or an expired answer) is told by the index, without reading the tree.
+        let live = self.index().live(key.as_bytes(), now_ms);
+        match live {
+            None => return Ok(None),
+            Some(false) => {
+                self.remove(key.as_bytes())?;
+                return Ok(None);
+            }
+            Some(true) => {}
+        }
         let Some(stored) = self.tree()?.get(key)? else { return Ok(None) };
         match split(&stored) {
             Some(s) if s.expires_ms > now_ms => {
@@ -160,7 +178,7 @@ impl CacheStore for SledCache {
         put_str(&mut stored, Some(meta.model));
         stored.extend_from_slice(value);
         self.tree()?.insert(key, stored)?;
-        self.index().touch(key.as_bytes(), Some(value.len() as u64));
+        self.index().touch(key.as_bytes(), Some((value.len() as u64, meta.expires_ms)));
         self.evict()?;
         Ok(true)
     }
