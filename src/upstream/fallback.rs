@@ -16,6 +16,9 @@ use crate::protocol::{ApiError, ErrorKind};
 use crate::route::Route;
 use bytes::Bytes;
 
+/// The header of an answer that names the model that served a call with fallbacks.
+pub const SERVED_MODEL: &str = "x-tollgate-served-model";
+
 /// The header a client names its fallbacks in (comma-separated models), on any protocol.
 pub const HEADER: http::HeaderName = http::HeaderName::from_static("x-tollgate-fallbacks");
 

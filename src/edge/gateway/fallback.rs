@@ -14,9 +14,6 @@ use pingora_error::{ErrorType, Result};
 use pingora_http::RequestHeader;
 use std::time::Instant;
 
-/// The header that names the model that served a call with fallbacks.
-pub(super) const SERVED_MODEL: &str = "x-tollgate-served-model";
-
 impl Gateway {
     /// Open the upstream for `plan`'s model, going on to its fallbacks as they allow (see the
     /// module). A call without fallbacks calls [`Gateway::open_upstream`] alone.

@@ -80,7 +80,7 @@ impl Gateway {
         let withhold = plan.withhold_usage && status == 200;
         prepare_response_header(&mut header, withhold, shape, &plan.routing.forward_response_headers)?;
         if plan.chained {
-            header.insert_header(super::fallback::SERVED_MODEL, plan.model.as_str())?;
+            header.insert_header(crate::upstream::fallback::SERVED_MODEL, plan.model.as_str())?;
         }
         self.cache_relayed(plan, &mut header, status)?;
         let mut scanner = UsageScanner::new(plan.route.usage_shape().unwrap_or(Shape::Chat), sse, withhold);

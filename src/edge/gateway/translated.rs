@@ -69,7 +69,7 @@ impl Gateway {
         header.set_version(http::Version::HTTP_11);
         header.insert_header(http::header::TRANSFER_ENCODING, "chunked")?;
         if plan.chained {
-            header.insert_header(super::fallback::SERVED_MODEL, plan.model.as_str())?;
+            header.insert_header(crate::upstream::fallback::SERVED_MODEL, plan.model.as_str())?;
         }
         if let Some(verdict) = self.cache_begin(plan, status, t.content_type()) {
             header.insert_header(&super::cached::HEADER, verdict)?;
@@ -170,7 +170,8 @@ impl Gateway {
         };
         let response = match translated {
             Ok(bytes) => {
-                let mut headers = if plan.chained { vec![(super::fallback::SERVED_MODEL, plan.model.clone())] } else { Vec::new() };
+                let mut headers =
+                    if plan.chained { vec![(crate::upstream::fallback::SERVED_MODEL, plan.model.clone())] } else { Vec::new() };
                 if let Some(verdict) = self.cache_begin(plan, status, "application/json") {
                     headers.push(("x-tollgate-cache", verdict.to_string()));
                     Self::capture(plan, &bytes);
