@@ -33,8 +33,10 @@ pub(super) static HEADER: http::HeaderName = http::HeaderName::from_static("x-to
 pub struct CacheCall {
     /// How it uses the cache; None: it asked, and cannot (`bypass`).
     using: Option<crate::cache::Use>,
-    /// The answer kept for it, until it is answered.
+    /// The answer kept for it, until it is answered, and its share of the budget of bytes held
+    /// for clients (an answer the budget has no room for is not served from the cache).
     hit: Option<Box<Entry>>,
+    held: Option<crate::edge::body::Reservation>,
     /// It was answered from the cache.
     pub(super) answered: Option<Answered>,
     /// The body it was keyed on (address, length): a body changed later (its output lowered to
@@ -128,10 +130,20 @@ pub(super) async fn lookup(
         }
     };
     let keyed = (draft.body.as_ptr() as usize, draft.body.len());
-    let mut call = Box::new(CacheCall { using: consulted, hit: None, answered: None, keyed, capture: None, content_type: String::new() });
+    let mut call =
+        Box::new(CacheCall { using: consulted, hit: None, held: None, answered: None, keyed, capture: None, content_type: String::new() });
     match &call.using {
         None => cache.count("bypass"),
-        Some(u) if u.reads => call.hit = cache.get(&u.key, crate::base::clock::now_ms()).await.map(Box::new),
+        Some(u) if u.reads => {
+            if let Some(entry) = cache.get(&u.key, crate::base::clock::now_ms()).await {
+                // Held in memory until it is sent: counted against the budget, else relayed.
+                let mut held = gw.body.budget.reservation();
+                if held.grow(entry.body.len()) {
+                    call.hit = Some(Box::new(entry));
+                    call.held = Some(held);
+                }
+            }
+        }
         Some(u) => cache.count(if u.keeps { "refresh" } else { "bypass" }),
     }
     Ok(Some(call))
@@ -193,7 +205,11 @@ impl Gateway {
             rest = Bytes::from([&rest[..], &pending[..]].concat());
         }
         Box::pin(self.settle(plan, None, 200)).await;
-        session.write_response_body(Some(rest), true).await.map_err(|e| e.into_down())
+        let written = session.write_response_body(Some(rest), true).await.map_err(|e| e.into_down());
+        if let Some(call) = plan.cache.as_mut() {
+            call.held = None;
+        }
+        written
     }
 
     /// What a relayed answer's `x-tollgate-cache` says (None: the cache does not apply); a 200
