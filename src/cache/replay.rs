@@ -26,11 +26,8 @@ fn tail_start(old: &[u8]) -> usize {
 /// `n` characters (random letters and digits) — the same length, so a stream's event ends do
 /// not move and the bytes are changed in place.
 pub fn refresh_id(body: &mut Body, fresh: impl FnOnce(usize) -> String) {
-    let found = match body {
-        Body::Whole(b) => stored_id(b).map(<[u8]>::to_vec),
-        Body::Events { .. } => body.events().into_iter().find_map(stored_id).map(<[u8]>::to_vec),
-    };
-    let Some(old) = found else { return };
+    // The first id member of the bytes is the first event's that carries one.
+    let Some(old) = stored_id(body.bytes()).map(<[u8]>::to_vec) else { return };
     let cut = tail_start(&old);
     let tail = fresh(old.len() - cut);
     if tail.len() != old.len() - cut {

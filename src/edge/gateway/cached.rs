@@ -33,10 +33,8 @@ pub(super) static HEADER: http::HeaderName = http::HeaderName::from_static("x-to
 pub struct CacheCall {
     /// How it uses the cache; None: it asked, and cannot (`bypass`).
     using: Option<crate::cache::Use>,
-    /// The answer kept for it, until it is answered, and its share of the budget of bytes held
-    /// for clients (an answer the budget has no room for is not served from the cache).
-    hit: Option<Box<Entry>>,
-    held: Option<crate::edge::body::Reservation>,
+    /// The answer kept for it, until it is answered.
+    hit: Option<Hit>,
     /// It was answered from the cache.
     pub(super) answered: Option<Answered>,
     /// The body it was keyed on (address, length): a body changed later (its output lowered to
@@ -45,6 +43,17 @@ pub struct CacheCall {
     /// A miss's answer as it goes to the client, and its share of the budget of bytes held.
     capture: Option<(Capture, crate::edge::body::Reservation)>,
     content_type: String,
+}
+
+/// A kept answer that will answer the call: priced once, when found, and held against the
+/// budget of bytes held for clients until it is sent (an answer the budget has no room for is
+/// not served from the cache).
+struct Hit {
+    entry: Box<Entry>,
+    _held: crate::edge::body::Reservation,
+    /// Its hit price and its original cost (nano-USD at the price table).
+    cost: i64,
+    list: i64,
 }
 
 /// What a hit used and cost.
@@ -70,6 +79,11 @@ impl CacheCall {
             (Some(u), false) if u.keeps || u.reads => "miss",
             _ => "bypass",
         }
+    }
+
+    /// What a hit is held and billed for (None: not a hit).
+    pub(super) fn hit_cost(&self) -> Option<i64> {
+        self.hit.as_ref().map(|h| h.cost)
     }
 
     /// A body changed since it was keyed is not kept.
@@ -130,8 +144,7 @@ pub(super) async fn lookup(
         }
     };
     let keyed = (draft.body.as_ptr() as usize, draft.body.len());
-    let mut call =
-        Box::new(CacheCall { using: consulted, hit: None, held: None, answered: None, keyed, capture: None, content_type: String::new() });
+    let mut call = Box::new(CacheCall { using: consulted, hit: None, answered: None, keyed, capture: None, content_type: String::new() });
     match &call.using {
         None => cache.count("bypass"),
         Some(u) if u.reads => {
@@ -139,20 +152,14 @@ pub(super) async fn lookup(
                 // Held in memory until it is sent: counted against the budget, else relayed.
                 let mut held = gw.body.budget.reservation();
                 if held.grow(entry.body.len()) {
-                    call.hit = Some(Box::new(entry));
-                    call.held = Some(held);
+                    let (cost, list) = routing.prices.hit_cost(&entry.model, entry.usage);
+                    call.hit = Some(Hit { entry: Box::new(entry), _held: held, cost, list });
                 }
             }
         }
         Some(u) => cache.count(if u.keeps { "refresh" } else { "bypass" }),
     }
     Ok(Some(call))
-}
-
-/// What a hit costs at the price table (its hit price) and what its original cost.
-pub(super) fn hit_price(plan_routing: &crate::upstream::Routing, call: &CacheCall) -> Option<(i64, i64)> {
-    let entry = call.hit.as_deref()?;
-    Some(plan_routing.prices.hit_cost(&entry.model, entry.usage))
 }
 
 impl Gateway {
@@ -162,9 +169,8 @@ impl Gateway {
     /// of its events in one write.
     pub(super) async fn answer_cached(&self, session: &mut Session, ctx: &mut RequestCtx, plan: &mut RelayPlan) -> Result<()> {
         let Some(call) = plan.cache.as_mut() else { return Ok(()) };
-        let Some(mut entry) = call.hit.take() else { return Ok(()) };
+        let Some(Hit { mut entry, _held, cost, list }) = call.hit.take() else { return Ok(()) };
         let now = crate::base::clock::now_ms();
-        let (cost, list) = plan.routing.prices.hit_cost(&entry.model, entry.usage);
         let age_secs = now.saturating_sub(entry.created_ms) / 1000;
         call.answered = Some(Answered { usage: entry.usage, cost, saved: list.saturating_sub(cost).max(0) });
         crate::cache::replay::refresh_id(&mut entry.body, crate::base::secrets::random_base62);
@@ -205,11 +211,7 @@ impl Gateway {
             rest = Bytes::from([&rest[..], &pending[..]].concat());
         }
         Box::pin(self.settle(plan, None, 200)).await;
-        let written = session.write_response_body(Some(rest), true).await.map_err(|e| e.into_down());
-        if let Some(call) = plan.cache.as_mut() {
-            call.held = None;
-        }
-        written
+        session.write_response_body(Some(rest), true).await.map_err(|e| e.into_down())
     }
 
     /// What a relayed answer's `x-tollgate-cache` says (None: the cache does not apply); a 200

@@ -31,8 +31,8 @@ pub(super) async fn price(
     let Drafted { protocol, mut draft, body_reservation, upload, group_rules } = drafted;
     let slot = gw.charge.enter_under(&key, &under).await?;
     // A hit is held for exactly its hit price (its original usage is known), and reserves no tokens.
-    let hit = cache.as_deref().and_then(|c| super::cached::hit_price(&routing, c));
-    if let Some((cost, _)) = hit {
+    let hit = cache.as_deref().and_then(super::cached::CacheCall::hit_cost);
+    if let Some(cost) = hit {
         draft.hold_nanos = cost;
     }
     // What its guardrails cost is held and billed with it.

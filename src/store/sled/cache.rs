@@ -53,6 +53,11 @@ impl Index {
         self.order.insert(tick, key.to_vec());
     }
 
+    /// The keys expired by `now_ms`.
+    fn expired(&self, now_ms: u64) -> Vec<Vec<u8>> {
+        self.entries.iter().filter(|(_, s)| s.expires_ms <= now_ms).map(|(k, _)| k.clone()).collect()
+    }
+
     /// Whether `key` is kept and unexpired at `now_ms` (None: not kept at all).
     fn live(&self, key: &[u8], now_ms: u64) -> Option<bool> {
         self.entries.get(key).map(|s| s.expires_ms > now_ms)
@@ -194,8 +199,13 @@ impl CacheStore for SledCache {
         self.remove_where(|s| s.is_none_or(|s| filter.matches(&s.key_id, &s.model)))
     }
 
+    /// From the index (every entry's expiry is there): the tree is not read.
     async fn sweep(&self, now_ms: u64) -> Result<usize, StoreError> {
-        self.remove_where(|s| s.is_none_or(|s| s.expires_ms <= now_ms))
+        let expired = self.index().expired(now_ms);
+        for key in &expired {
+            self.remove(key)?;
+        }
+        Ok(expired.len())
     }
 
     async fn bytes(&self) -> Result<u64, StoreError> {
