@@ -14,7 +14,9 @@
 #   tollgate  HEAD's release build
 #   other     PERF_OTHER_BIN, when set (a change against HEAD), with PERF_OTHER_EXTRA as more
 #             top-level config members, each followed by a comma (e.g. a `telemetry` section),
-#             and PERF_OTHER_GROUP as more members of its key's group, each preceded by a comma
+#             and PERF_OTHER_GROUP as more members of its key's group, each preceded by a comma,
+#             and PERF_OTHER_PROVIDER as its provider (PERF_PROVIDER's kinds: a Bedrock provider
+#             against a native messages one in one run, issue 71)
 #             (guardrails on, issue 65: PERF_OTHER_BIN=target/release/tollgate
 #             PERF_OTHER_EXTRA='"guardrails": [{"name": "s", "kind": "secrets"}, {"name": "p", "kind": "pii"}],'
 #             PERF_OTHER_GROUP=', "guardrails": ["s", "p"]' TOLLGATE_WRK_BODY=4k)
@@ -95,6 +97,6 @@ BP=$(port); measure bare "$BP" "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
 GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" "${PERF_EXTRA:-}" "" "${PERF_KEY:-}"
 RUST_LOG=warn measure tollgate "$GW" "$PWD/target/release/tollgate" -c "$dir/tollgate.yaml"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
-  GO=$(port); write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" "${PERF_OTHER_EXTRA:-}" "${PERF_OTHER_GROUP:-}" "${PERF_OTHER_KEY:-}"
+  GO=$(port); PERF_PROVIDER="${PERF_OTHER_PROVIDER:-${PERF_PROVIDER:-}}" write_gateway_config "$dir/other.yaml" "$dir" other "$GO" "$(port)" "$UP" "${PERF_OTHER_EXTRA:-}" "${PERF_OTHER_GROUP:-}" "${PERF_OTHER_KEY:-}"
   RUST_LOG=warn measure other "$GO" "$PERF_OTHER_BIN" -c "$dir/other.yaml"
 fi

@@ -12,7 +12,11 @@
 # PERF_OTHER_EXTRA and PERF_OTHER_GROUP: more top-level members and more members of its key's
 # group for "other", as instructions.sh takes them (the response cache's misses, issue 70:
 # TOLLGATE_WRK_BODY=unique PERF_OTHER_BIN=target/release/tollgate PERF_OTHER_EXTRA='"cache": {},'
-# PERF_OTHER_GROUP=', "cache": {"ttl": 3600}').
+# PERF_OTHER_GROUP=', "cache": {"ttl": 3600}'). PERF_PROVIDER (gateway-config.sh) picks every
+# tollgate target's provider, PERF_OTHER_PROVIDER the other's alone; TOLLGATE_WRK_BODY=messages
+# posts the small messages request to /v1/messages (issue 71, Bedrock's signing against a
+# native messages provider: PERF_PROVIDER=anthropic PERF_OTHER_PROVIDER=bedrock
+# PERF_OTHER_BIN=target/release/tollgate TOLLGATE_WRK_BODY=messages).
 # Usage, from the repository root: bash benches/relay/percore.sh
 set -u
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -39,7 +43,7 @@ PY
 tollgate_at tollgate "$GW" "$PWD/target/release/tollgate" '{}'; tp=$!; pids="$pids $tp"
 targets="nginx:$PX:$ngx bare:$BP:$bp tollgate:$GW:$tp"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
-  GO=$(port); tollgate_at other "$GO" "$PERF_OTHER_BIN" "${PERF_OTHER_PINGORA:-{\}}" "${PERF_OTHER_EXTRA:-}" "${PERF_OTHER_GROUP:-}"; op=$!; pids="$pids $op"; targets="$targets other:$GO:$op"
+  GO=$(port); PERF_PROVIDER="${PERF_OTHER_PROVIDER:-${PERF_PROVIDER:-}}" tollgate_at other "$GO" "$PERF_OTHER_BIN" "${PERF_OTHER_PINGORA:-{\}}" "${PERF_OTHER_EXTRA:-}" "${PERF_OTHER_GROUP:-}"; op=$!; pids="$pids $op"; targets="$targets other:$GO:$op"
 fi
 # nginx stops at TERM; the Pingora proxies are killed (a graceful stop waits out its grace period).
 cleanup() { kill $pids 2>/dev/null; kill -9 $bp $tp ${op:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$dir"; }
@@ -53,6 +57,7 @@ cheap="task-clock,context-switches"
 traced="raw_syscalls:sys_enter"
 for c in $calls; do traced="$traced,syscalls:sys_enter_$c"; done
 path=/v1/chat/completions
+[ "${TOLLGATE_WRK_BODY:-}" = messages ] && path=/v1/messages
 : >"$dir/rows"
 counted() { # port family events → "rps secs event=value ..." over the load's middle
   wrk -t2 -c64 -d"${dur}s" -s "$here/post.lua" "http://127.0.0.1:$1$path" >"$dir/wrk" 2>&1 &

@@ -109,21 +109,6 @@ pub fn loopback_url(url: &str) -> bool {
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// `bytes` with every `from` replaced by `to`; None when there is none (nothing copied).
-pub fn replace_all(bytes: &[u8], from: &[u8], to: &[u8]) -> Option<Vec<u8>> {
-    let mut found = memchr::memmem::find_iter(bytes, from).peekable();
-    found.peek()?;
-    let mut out = Vec::with_capacity(bytes.len() + to.len());
-    let mut last = 0;
-    for at in found {
-        out.extend_from_slice(&bytes[last..at]);
-        out.extend_from_slice(to);
-        last = at + from.len();
-    }
-    out.extend_from_slice(&bytes[last..]);
-    Some(out)
-}
-
 #[cfg(test)]
 mod redact_tests {
     use super::{clip, redact_url};

@@ -11,16 +11,15 @@ use bytes::Bytes;
 use pingora_core::protocols::http::client::HttpSession;
 use pingora_http::ResponseHeader;
 
-/// Each spelling of `"model":"<upstream name>"` and `"modelVersion":"<upstream name>"` with its
-/// replacement.
-type Renames = [(Vec<u8>, Vec<u8>); 4];
+/// A model's upstream name and the client's, as JSON string contents.
+type Renames = (Vec<u8>, Vec<u8>);
 
 pub struct Reply {
     http: HttpSession,
     /// The decoded header (None: the session's own, undecoded).
     header: Option<Box<ResponseHeader>>,
     decoder: Option<Box<dyn Decode>>,
-    /// `"model":"<upstream name>"` and the same with the client's name, both spacings.
+    /// The model's upstream name and the client's (see [`replaced`]).
     rename: Option<Box<Renames>>,
 }
 
@@ -30,12 +29,7 @@ impl Reply {
     /// answer is relayed as is.
     pub fn new(http: HttpSession, seam: &dyn Seam, model: &str, renamed: Option<(&str, &str)>) -> Reply {
         let decoder = http.response_header().and_then(|h| seam.decoder(model, h));
-        let rename = renamed.map(|(theirs, ours)| {
-            let pair = |key: &str, sep: &str| {
-                (format!("\"{key}\"{sep}\"{theirs}\"").into_bytes(), format!("\"{key}\"{sep}\"{ours}\"").into_bytes())
-            };
-            Box::new([pair("model", ":"), pair("model", ": "), pair("modelVersion", ":"), pair("modelVersion", ": ")])
-        });
+        let rename = renamed.map(|(theirs, ours)| Box::new((theirs.as_bytes().to_vec(), ours.as_bytes().to_vec())));
         let header = match (&decoder, http.response_header()) {
             (Some(_), Some(h)) | (None, Some(h)) if decoder.is_some() || rename.is_some() => {
                 let mut header = Box::new(h.clone());
@@ -78,7 +72,7 @@ impl Reply {
             }
         };
         Ok(match (&self.rename, chunk) {
-            (Some(pairs), Some(data)) => Some(pairs.iter().fold(data, |data, (from, to)| replaced(data, from, to))),
+            (Some(names), Some(data)) => Some(replaced(data, &names.0, &names.1)),
             (_, chunk) => chunk,
         })
     }
@@ -97,9 +91,31 @@ impl Reply {
     }
 }
 
-/// `data` with every `from` replaced by `to` (the same bytes when there is none).
-fn replaced(data: Bytes, from: &[u8], to: &[u8]) -> Bytes {
-    crate::base::text::replace_all(&data, from, to).map_or(data, Bytes::from)
+/// `data` with the value of every `"model":"<theirs>"` and `"modelVersion":"<theirs>"` (a space
+/// after the colon or not) made `ours`; the same bytes when there is none. One search for
+/// `"model` (its searcher built once), each hit checked in place.
+fn replaced(data: Bytes, theirs: &[u8], ours: &[u8]) -> Bytes {
+    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> = std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"model"));
+    let value_at = |at: usize| {
+        let rest = data.get(at + 6..)?;
+        let rest = rest.strip_prefix(b"Version").unwrap_or(rest).strip_prefix(b"\":")?;
+        let rest = rest.strip_prefix(b" ").unwrap_or(rest).strip_prefix(b"\"")?;
+        let start = data.len() - rest.len();
+        (rest.starts_with(theirs) && rest.get(theirs.len()) == Some(&b'"')).then_some(start)
+    };
+    let mut found = KEY.find_iter(&data).filter_map(value_at).peekable();
+    if found.peek().is_none() {
+        return data;
+    }
+    let mut out = Vec::with_capacity(data.len() + ours.len());
+    let mut last = 0;
+    for at in found {
+        out.extend_from_slice(&data[last..at]);
+        out.extend_from_slice(ours);
+        last = at + theirs.len();
+    }
+    out.extend_from_slice(&data[last..]);
+    Bytes::from(out)
 }
 
 #[cfg(test)]
@@ -108,12 +124,15 @@ mod tests {
 
     #[test]
     fn the_upstream_name_of_a_model_is_written_back_as_the_clients_and_nothing_else_changes() {
-        let from = br#""model":"anthropic.claude-x-v1:0""#;
-        let to = br#""model":"beta-x""#;
-        let data = Bytes::from_static(br#"{"id":"m","model":"anthropic.claude-x-v1:0","text":"model anthropic.claude-x-v1:0","m2":{"model":"anthropic.claude-x-v1:0"}}"#);
+        let (from, to) = (b"anthropic.claude-x-v1:0", b"beta-x");
+        let data = Bytes::from_static(
+            br#"{"id":"m","model":"anthropic.claude-x-v1:0","text":"model anthropic.claude-x-v1:0","m2":{"model": "anthropic.claude-x-v1:0"},"modelVersion":"anthropic.claude-x-v1:0","model":"anthropic.claude-x-v1:00","models":"anthropic.claude-x-v1:0","model":"anthropic.claude-x"#,
+        );
         assert_eq!(
             replaced(data, from, to),
-            Bytes::from_static(br#"{"id":"m","model":"beta-x","text":"model anthropic.claude-x-v1:0","m2":{"model":"beta-x"}}"#)
+            Bytes::from_static(
+                br#"{"id":"m","model":"beta-x","text":"model anthropic.claude-x-v1:0","m2":{"model": "beta-x"},"modelVersion":"beta-x","model":"anthropic.claude-x-v1:00","models":"anthropic.claude-x-v1:0","model":"anthropic.claude-x"#
+            )
         );
         let untouched = Bytes::from_static(b"data: {}\n\n");
         assert_eq!(replaced(untouched.clone(), from, to).as_ptr(), untouched.as_ptr(), "no copy without a match");

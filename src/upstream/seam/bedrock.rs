@@ -16,19 +16,17 @@
 //! into the client's shape (429 throttled, 400 validation, 403 access denied).
 
 use super::eventstream::EventStreamToSse;
-use super::{edit_object, set, Call, Decode, Seam, SeamError};
+use super::sigv4::{Request, Signer};
+use super::{edit_members, set, Call, Decode, Seam, SeamError};
 use crate::config::Protocol;
 use crate::route::Route;
-use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
-use aws_sigv4::sign::v4;
-use aws_smithy_runtime_api::client::identity::Identity;
 use bytes::Bytes;
 use pingora_http::{RequestHeader, ResponseHeader};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, SystemTime};
 
-/// The `anthropic_version` Bedrock's Anthropic models take, in the body.
-pub const ANTHROPIC_VERSION: &str = "bedrock-2023-05-31";
+/// The `anthropic_version` Bedrock's Anthropic models take, in the body (as JSON text).
+const VERSION_JSON: &str = "\"bedrock-2023-05-31\"";
 
 /// The content type of a streamed answer.
 const EVENT_STREAM: &str = "application/vnd.amazon.eventstream";
@@ -37,8 +35,7 @@ const EVENT_STREAM: &str = "application/vnd.amazon.eventstream";
 const SKEW_TOLERATED_MS: i64 = 60_000;
 
 pub struct Bedrock {
-    region: String,
-    identity: Identity,
+    signer: Signer,
     /// Milliseconds to add to the local clock to get the service's (0 until a `Date` header
     /// says otherwise).
     skew_ms: AtomicI64,
@@ -47,14 +44,8 @@ pub struct Bedrock {
 impl Bedrock {
     pub fn new(config: &crate::config::cloud::Bedrock) -> Bedrock {
         let c = &config.credentials;
-        let credentials = aws_credential_types::Credentials::new(
-            c.access_key_id.clone(),
-            c.secret_access_key.clone(),
-            c.session_token.clone(),
-            None,
-            "tollgate-config",
-        );
-        Bedrock { region: config.region.clone(), identity: credentials.into(), skew_ms: AtomicI64::new(0) }
+        let signer = Signer::new(&c.access_key_id, &c.secret_access_key, c.session_token.as_deref(), &config.region, "bedrock");
+        Bedrock { signer, skew_ms: AtomicI64::new(0) }
     }
 
     /// The time a signature is dated by: the local clock, corrected by the service's.
@@ -112,11 +103,7 @@ impl Seam for Bedrock {
         if converses(call.model) {
             return super::converse::request(body);
         }
-        edit_object(body, |map| {
-            map.remove("model");
-            map.remove("stream");
-            map.insert("anthropic_version".into(), serde_json::Value::String(ANTHROPIC_VERSION.into()));
-        })
+        edit_members(body, &[("anthropic_version", VERSION_JSON)], &["model", "stream"], true)
     }
 
     fn authenticate(
@@ -128,32 +115,25 @@ impl Seam for Bedrock {
         body: &[u8],
     ) -> Result<(), SeamError> {
         let signing_error = |e: &dyn std::fmt::Display| SeamError::Credentials(format!("SigV4 signing failed ({e})"));
-        let host = req.headers.get(http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string();
-        let content_type = req.headers.get(http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let header = |name: http::HeaderName| req.headers.get(name).and_then(|v| v.to_str().ok());
         // Signed: the host and the content type (the other relayed headers are left unsigned,
         // as the SDKs leave theirs).
-        let mut signed: Vec<(&str, &str)> = vec![("host", host.as_str())];
-        if let Some(ct) = content_type.as_deref() {
-            signed.push(("content-type", ct));
-        }
-        let uri = format!("https://{host}{}", req.uri.path_and_query().map_or("/", |p| p.as_str()));
-        let request =
-            SignableRequest::new(req.method.as_str(), uri, signed.into_iter(), SignableBody::Bytes(body)).map_err(|e| signing_error(&e))?;
-        let params = v4::SigningParams::builder()
-            .identity(&self.identity)
-            .region(&self.region)
-            .name("bedrock")
-            .time(self.now())
-            .settings(SigningSettings::default())
-            .build()
-            .map_err(|e| signing_error(&e))?
-            .into();
-        let (instructions, _signature) = sign(request, &params).map_err(|e| signing_error(&e))?.into_parts();
-        let (headers, _params) = instructions.into_parts();
-        for h in headers {
-            let mut value = http::HeaderValue::from_str(h.value()).map_err(|e| signing_error(&e))?;
-            value.set_sensitive(h.sensitive() || h.name() == "authorization");
-            set(req, h.name(), value)?;
+        let request = Request {
+            method: req.method.as_str(),
+            host: header(http::header::HOST).unwrap_or_default(),
+            path_and_query: req.uri.path_and_query().map_or("/", |p| p.as_str()),
+            content_type: header(http::header::CONTENT_TYPE),
+            body,
+        };
+        let signed = self.signer.sign(&request, self.now()).map_err(|e| signing_error(&e))?;
+        set(req, "x-amz-date", signed.amz_date)?;
+        let mut authorization = http::HeaderValue::try_from(signed.authorization).map_err(|e| signing_error(&e))?;
+        authorization.set_sensitive(true);
+        set(req, "authorization", authorization)?;
+        if let Some(token) = signed.security_token {
+            let mut token = http::HeaderValue::try_from(token).map_err(|e| signing_error(&e))?;
+            token.set_sensitive(true);
+            set(req, "x-amz-security-token", token)?;
         }
         Ok(())
     }

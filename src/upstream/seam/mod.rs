@@ -20,6 +20,7 @@ pub mod converse;
 pub mod eventstream;
 pub mod gemini;
 pub mod openai;
+pub mod sigv4;
 pub mod token;
 pub mod vertex;
 
@@ -188,12 +189,69 @@ pub fn renamed(call: &Call<'_>, body: &Bytes) -> Bytes {
     if call.model == call.client_model || call.wire == Protocol::Gemini || body.is_empty() {
         return body.clone();
     }
-    edit_object(body, |map| {
-        if map.contains_key("model") {
-            map.insert("model".into(), serde_json::Value::String(call.model.to_string()));
+    let Ok(name) = serde_json::to_string(call.model) else { return body.clone() };
+    edit_members(body, &[("model", &name)], &[], false).unwrap_or_else(|_| body.clone())
+}
+
+/// `body` (a JSON object) with each member `set` names given that value (raw JSON text) where
+/// it is — or first, when it is absent and `add` — and each `drop` names left out; the other
+/// members' bytes as they came, in their order (a name given twice: its last, as a parsed
+/// object would keep it). Read as a borrowed view of the members: no tree of values is built.
+pub fn edit_members(body: &[u8], set: &[(&str, &str)], drop: &[&str], add: bool) -> Result<Bytes, SeamError> {
+    let not_json = |e: serde_json::Error| SeamError::Body(format!("not a JSON object ({e})"));
+    let members = serde_json::from_slice::<Members<'_>>(body).map_err(not_json)?.0;
+    let mut out = Vec::with_capacity(body.len() + set.iter().map(|(k, v)| k.len() + v.len() + 4).sum::<usize>());
+    out.push(b'{');
+    let member = |out: &mut Vec<u8>, name: &str, value: &str| -> Result<(), SeamError> {
+        if out.len() > 1 {
+            out.push(b',');
         }
-    })
-    .unwrap_or_else(|_| body.clone())
+        serde_json::to_writer(&mut *out, name).map_err(not_json)?;
+        out.push(b':');
+        out.extend_from_slice(value.as_bytes());
+        Ok(())
+    };
+    if add {
+        for (name, value) in set.iter().filter(|(n, _)| !members.iter().any(|(m, _)| m == n)) {
+            member(&mut out, name, value)?;
+        }
+    }
+    for (i, (name, value)) in members.iter().enumerate() {
+        let later = members[i + 1..].iter().any(|(m, _)| m == name);
+        if later || drop.contains(&name.as_ref()) {
+            continue;
+        }
+        let value = set.iter().find(|(n, _)| n == name).map_or(value.get(), |(_, v)| *v);
+        member(&mut out, name, value)?;
+    }
+    out.push(b'}');
+    Ok(Bytes::from(out))
+}
+
+/// A JSON object's members as borrowed raw values, in their order.
+struct Members<'a>(Vec<(std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue)>);
+
+#[derive(serde::Deserialize)]
+struct Name<'a>(#[serde(borrow)] std::borrow::Cow<'a, str>);
+
+impl<'de> serde::Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut members = Vec::with_capacity(map.size_hint().unwrap_or(8));
+                while let Some((Name(name), value)) = map.next_entry::<Name<'de>, &'de serde_json::value::RawValue>()? {
+                    members.push((name, value));
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 /// `body` (a JSON object) changed by `edit` and written again.
@@ -261,6 +319,27 @@ pub(crate) mod tests {
 
     pub fn header<'a>(req: &'a RequestHeader, name: &str) -> Option<&'a str> {
         req.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+
+    #[test]
+    fn members_are_set_dropped_and_added_with_the_others_bytes_as_they_came() {
+        let edit = |body: &str, set: &[(&str, &str)], drop: &[&str], add: bool| {
+            edit_members(body.as_bytes(), set, drop, add).map(|b| String::from_utf8(b.to_vec()).unwrap())
+        };
+        let body =
+            r#" {"model": "m", "max_tokens":9, "stream":true, "messages":[{"role":"user","content":"a\"b"}], "x\u00e9":{"k": [1, 2]}} "#;
+        let out = edit(body, &[("anthropic_version", r#""v1""#)], &["model", "stream"], true).unwrap();
+        assert_eq!(out, r#"{"anthropic_version":"v1","max_tokens":9,"messages":[{"role":"user","content":"a\"b"}],"xé":{"k": [1, 2]}}"#);
+        let as_value = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert_eq!(as_value(&out)["xé"], serde_json::json!({"k": [1, 2]}));
+        // Set where it is; not added when absent unless asked; a name given twice keeps its last.
+        assert_eq!(edit(r#"{"a":1,"model":"m","b":2}"#, &[("model", r#""up""#)], &[], false).unwrap(), r#"{"a":1,"model":"up","b":2}"#);
+        assert_eq!(edit(r#"{"a":1}"#, &[("model", r#""up""#)], &[], false).unwrap(), r#"{"a":1}"#);
+        assert_eq!(edit(r#"{"a":1,"a":2,"b":3}"#, &[], &[], false).unwrap(), r#"{"a":2,"b":3}"#);
+        assert_eq!(edit("{}", &[("v", "1")], &[], true).unwrap(), r#"{"v":1}"#);
+        for bad in ["[1]", "\"s\"", "{\"a\":}", "{\"a\":1", ""] {
+            assert!(matches!(edit(bad, &[], &[], false), Err(SeamError::Body(_))), "{bad}");
+        }
     }
 
     #[test]

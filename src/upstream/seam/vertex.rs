@@ -12,7 +12,7 @@
 //! `kid`) exchanged at the key file's `token_uri` (see [`super::token`]).
 
 use super::token::{Grant, TokenRequest, TokenSource};
-use super::{edit_object, set, Call, Seam, SeamError};
+use super::{edit_members, set, Call, Seam, SeamError};
 use crate::config::cloud::{ServiceAccount, VERTEX_SCOPE};
 use crate::config::Protocol;
 use crate::route::Route;
@@ -20,8 +20,8 @@ use crate::upstream::path::Destination;
 use bytes::Bytes;
 use pingora_http::RequestHeader;
 
-/// The `anthropic_version` Vertex's Anthropic models take, in the body.
-pub const ANTHROPIC_VERSION: &str = "vertex-2023-10-16";
+/// The `anthropic_version` Vertex's Anthropic models take, in the body (as JSON text).
+const VERSION_JSON: &str = "\"vertex-2023-10-16\"";
 
 /// How long an assertion asks its token to live (Google's most).
 const ASSERTION_SECS: u64 = 3600;
@@ -78,10 +78,7 @@ impl Seam for Vertex {
         if call.wire != Protocol::Anthropic {
             return Ok(body.clone());
         }
-        edit_object(body, |map| {
-            map.remove("model");
-            map.insert("anthropic_version".into(), serde_json::Value::String(ANTHROPIC_VERSION.into()));
-        })
+        edit_members(body, &[("anthropic_version", VERSION_JSON)], &["model"], true)
     }
 
     fn tokens(&self) -> Option<&TokenSource> {
