@@ -994,3 +994,11 @@ fn a_provider_event_over_the_bound_ends_the_clients_stream_with_its_error_event(
         assert!(last.contains("error") || last.contains("ERROR"), "{client:?}: {last}");
     }
 }
+
+#[test]
+fn a_new_id_is_its_prefix_and_24_lowercase_hex_digits_never_the_same_twice() {
+    let (a, b) = (super::new_id("msg_"), super::new_id("msg_"));
+    assert_eq!(a.len(), 28);
+    assert!(a.starts_with("msg_") && a[4..].bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)), "{a}");
+    assert_ne!(a, b);
+}
