@@ -385,6 +385,15 @@ pub fn close_frame(code: u16, reason: &str, masked: bool) -> Bytes {
     frame(OpCode::Control(Control::Close), &payload, masked)
 }
 
+/// The server's answer to a client's close frame whose payload is `payload`: its status code
+/// echoed (RFC 6455 §5.5.1), or a close without one when it sent none.
+pub fn close_answer(payload: &[u8]) -> Bytes {
+    match payload.get(..2) {
+        Some(code) => frame(OpCode::Control(Control::Close), code, false),
+        None => frame(OpCode::Control(Control::Close), &[], false),
+    }
+}
+
 /// A `response.cancel` event as a client frame (sent upstream when a turn the server started
 /// cannot be paid for).
 pub fn cancel_frame() -> Bytes {
@@ -395,6 +404,12 @@ pub fn cancel_frame() -> Bytes {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_clients_close_is_answered_with_its_code_or_without_one() {
+        assert_eq!(&close_answer(&[0x0f, 0xa1, b'b', b'y', b'e'])[..], &[0x88, 2, 0x0f, 0xa1], "4001 echoed, unmasked");
+        assert_eq!(&close_answer(&[])[..], &[0x88, 0]);
+    }
 
     /// The close code and reason a close frame carries.
     fn close_reason(frame: &Frame) -> Option<(u16, String)> {

@@ -76,8 +76,19 @@ class Gw:
             return json.load(r)
 
 
-def start(tmp, limits=""):
-    mock_port, gw_port = free_port(), free_port()
+def start(tmp, limits="", tls=False):
+    """The mock and a gateway; with `tls`, an HTTPS listener too (a test CA's certificate: its
+    URL and the CA's file in the gateway's `tls_url` and `ca`)."""
+    mock_port, gw_port, tls_port = free_port(), free_port(), free_port()
+    if tls:
+        import trustme
+
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", "localhost")
+        cert.private_key_and_cert_chain_pem.write_to_path(os.path.join(tmp, "server.pem"))
+        cert.private_key_pem.write_to_path(os.path.join(tmp, "key.pem"))
+        ca.cert_pem.write_to_path(os.path.join(tmp, "ca.pem"))
+        limits += f"\ntls: {{ listen: 127.0.0.1:{tls_port}, cert: {tmp}/server.pem, key: {tmp}/key.pem }}\n"
     mock = subprocess.Popen([os.path.join(BIN_DIR, "tollgate-mock"), "--listen", f"127.0.0.1:{mock_port}", "--key", UPSTREAM_KEY])
     wait_listening(mock_port, mock, "tollgate-mock")
     prices = ", ".join(f"{k}: {v}" for k, v in PRICE.items())
@@ -108,7 +119,11 @@ keys:
         f.write(config)
     gw = subprocess.Popen([os.path.join(BIN_DIR, "tollgate"), "-c", path], env={**os.environ, "RUST_LOG": "warn"})
     wait_listening(gw_port, gw, "tollgate")
-    return [gw, mock], Gw(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{mock_port}")
+    g = Gw(f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{mock_port}")
+    if tls:
+        wait_listening(tls_port, gw, "tollgate (TLS)")
+        g.tls_url, g.ca = f"https://127.0.0.1:{tls_port}", os.path.join(tmp, "ca.pem")
+    return [gw, mock], g
 
 
 @pytest.fixture(scope="module")
@@ -382,6 +397,11 @@ def test_a_client_close_is_answered_with_a_close(rt):
         assert json.loads(ws.recv())["type"] == "session.created"
         ws.close(1000)
         assert ws.protocol.close_rcvd is not None and ws.protocol.close_rcvd.code == 1000
+    # The Python SDK's session, closed with a code of its own: the code comes back.
+    with rt.client().realtime.connect(model=MODEL) as conn:
+        assert conn.recv().type == "session.created"
+        conn.close(code=4002, reason="done here")
+        assert conn._connection.protocol.close_rcvd is not None and conn._connection.protocol.close_rcvd.code == 4002
 
 
 def test_unfinished_frames_count_against_the_buffered_bytes_budget():
@@ -431,6 +451,33 @@ def test_turns_the_server_starts_itself_are_bounded_from_the_start():
             events = recv_until(ws, "response.done")
         assert "session.updated" not in [e["type"] for e in events], "tollgate's own update is not the client's"
         assert events[-1]["response"]["usage"]["output_tokens"] == 4096
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_both_javascript_realtime_clients_see_their_close_answered():
+    """The openai JavaScript SDK's two realtime clients (they connect over wss: only) close their
+    sessions (1000 over `ws`, 4001 over the runtime's WebSocket): each sees its own code
+    answered, never 1006."""
+    sdk = os.environ.get("TOLLGATE_JS_SDK")
+    if not sdk or not os.path.isdir(os.path.join(sdk, "ws")):
+        if os.environ.get("TOLLGATE_JS_SDK_REQUIRED"):
+            pytest.fail("the openai and ws npm packages are required (tests/run_all.sh installs them)")
+        pytest.skip("the openai and ws npm packages are not installed (tests/run_all.sh installs them)")
+    tmp = tempfile.mkdtemp(prefix="tollgate-realtime-js-")
+    procs, gw = start(tmp, tls=True)
+    try:
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "js", "realtime_close.mjs")
+        env = {**os.environ, "NODE_PATH": sdk, "BASE": gw.tls_url, "KEY": KEY, "MODEL": MODEL, "NODE_EXTRA_CA_CERTS": gw.ca}
+        # Node 20 has the browser's WebSocket class behind a flag (22 on its own).
+        out = subprocess.run(["node", "--experimental-websocket", script], env=env, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout.strip().splitlines()[-1])
+        assert got["ws"]["code"] == 1000, got
+        assert got["websocket"]["code"] == 4001, got
     finally:
         for p in procs:
             p.kill()

@@ -664,8 +664,9 @@ impl Relay<'_> {
                 return Some(Stop::Upstream);
             }
             if frame.is_close() {
-                // The client's close is answered (as the upstream would) before the session ends.
-                let _ = client.write_response_body(Some(rt::close_frame(1000, "", false)), false).await;
+                // The client's close is answered with its code (as the upstream would) before
+                // the session ends.
+                let _ = client.write_response_body(Some(rt::close_answer(&frame.payload())), false).await;
                 return Some(Stop::Client);
             }
         }
