@@ -53,6 +53,10 @@ pub struct McpServerConfig {
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct McpConfig {
     pub servers: Vec<McpServerConfig>,
+    /// The browser origins (`scheme://host[:port]`, lowercase) whose pages may call `/mcp`; a
+    /// request with an `Origin` header of another is refused (403), one without passes (SDK
+    /// and CLI clients send none). Empty: no browser page.
+    pub allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -60,6 +64,8 @@ pub struct McpConfig {
 pub(super) struct RawMcp {
     #[serde(default)]
     servers: Vec<RawServer>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -189,7 +195,24 @@ pub(super) fn mcp(raw: Option<RawMcp>, env: &dyn Fn(&str) -> Option<String>) -> 
             timeout_secs,
         });
     }
-    Ok(McpConfig { servers })
+    let mut allowed_origins = Vec::with_capacity(raw.allowed_origins.len());
+    for (i, o) in raw.allowed_origins.iter().enumerate() {
+        allowed_origins.push(origin(&format!("mcp.allowed_origins[{i}]"), o)?);
+    }
+    Ok(McpConfig { servers, allowed_origins })
+}
+
+/// An origin as browsers send it: `http://` or `https://`, a host, perhaps a port, nothing
+/// after; lowercase.
+fn origin(at: &str, text: &str) -> Result<String, ConfigError> {
+    let uri: Option<http::Uri> = text.parse().ok();
+    match uri.as_ref().map(|u| (u.scheme_str(), u.host(), u.path_and_query().map(|p| p.as_str()))) {
+        Some((Some("http" | "https"), Some(_), None | Some("" | "/"))) if !text.ends_with('/') => Ok(text.to_ascii_lowercase()),
+        _ => err(format!(
+            "{at}: '{}' is not an origin (http:// or https://, a host and perhaps a port, no path)",
+            crate::base::text::clip(text, 100)
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -212,6 +235,9 @@ mod tests {
         assert_eq!((docs.per_call_nanos, docs.transport, docs.timeout_secs), (2_000_000, McpTransport::StreamableHttp, 300));
         assert_eq!(c.servers[1].auth, McpAuth::Headers(vec![("x-api-key".into(), "t0k3n".into())]));
         assert_eq!(c.servers[1].transport, McpTransport::Sse);
+        assert!(c.allowed_origins.is_empty(), "no browser page unless named");
+        let allowed = parse("allowed_origins: ['https://App.example', 'http://localhost:5173']").expect("valid");
+        assert_eq!(allowed.allowed_origins, ["https://app.example", "http://localhost:5173"]);
     }
 
     #[test]
@@ -226,6 +252,9 @@ mod tests {
             ("servers: [{ name: a, url: 'http://h/mcp', prices: { per_call: -1 } }]", "per_call"),
             ("servers: [{ name: a, url: 'http://h/mcp', timeout_secs: 0 }]", "timeout_secs"),
             ("servers: [{ name: a, url: 'http://h/mcp', transport: websocket }]", "unknown variant"),
+            ("allowed_origins: ['https://app.example/path']", "mcp.allowed_origins[0]"),
+            ("allowed_origins: ['https://ok.example', '*']", "mcp.allowed_origins[1]"),
+            ("allowed_origins: ['app.example']", "not an origin"),
         ] {
             let e = parse(text).expect_err(text);
             assert!(e.0.contains(says), "{text}: {e}");

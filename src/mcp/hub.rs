@@ -127,6 +127,8 @@ impl Session {
 /// The servers and the sessions of their clients.
 pub struct Hub {
     pub upstreams: Vec<Upstream>,
+    /// `mcp.allowed_origins`: see [`Hub::origin_allowed`].
+    allowed_origins: Vec<String>,
     sessions: Mutex<HashMap<String, Arc<Session>>>,
     /// Each key's session for the stateless revision's requests (which carry none).
     stateless: Mutex<HashMap<String, Arc<Session>>>,
@@ -162,7 +164,19 @@ impl Hub {
                 config: s.clone(),
             });
         }
-        Ok(Some(Hub { upstreams, sessions: Mutex::new(HashMap::new()), stateless: Mutex::new(HashMap::new()) }))
+        Ok(Some(Hub {
+            upstreams,
+            allowed_origins: config.allowed_origins.clone(),
+            sessions: Mutex::new(HashMap::new()),
+            stateless: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// Whether a request with this `Origin` header may be served (the transport's defence
+    /// against DNS rebinding): none (not a browser), or one of `mcp.allowed_origins` (compared
+    /// without case).
+    pub fn origin_allowed(&self, origin: Option<&[u8]>) -> bool {
+        origin.is_none_or(|o| self.allowed_origins.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(o)))
     }
 
     /// A new session of `key_id` at revision `version`. The oldest sessions are forgotten past

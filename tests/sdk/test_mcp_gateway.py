@@ -86,6 +86,7 @@ prices:
   beta-opus-4-7: {{ input: 3.0, output: 15.0 }}
   beta-haiku-4-5: {{ input: 1.0, output: 5.0 }}
 mcp:
+  allowed_origins: ["http://localhost:5173"]
   servers:
     - name: docs
       url: http://127.0.0.1:{docs_port}/mcp
@@ -280,6 +281,30 @@ def test_a_session_is_the_keys_own(env):
     with pytest.raises(urllib.error.HTTPError) as no_key:
         post("sk-not-a-key-0000000000", listing, session)
     assert no_key.value.code == 401
+
+
+def test_a_browser_page_of_an_origin_not_named_is_refused_and_one_named_is_served(env):
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    def post(origin):
+        headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json", "accept": "application/json, text/event-stream"}
+        if origin:
+            headers["Origin"] = origin
+        req = urllib.request.Request(env.gateway + "/mcp", data=json.dumps(init).encode(), headers=headers)
+        return urllib.request.urlopen(req)
+
+    # A page elsewhere holding a valid key (DNS rebinding, a forged page): 403, nothing opened.
+    for forged in ["http://evil.example", "http://localhost:5174", "null"]:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post(forged)
+        assert refused.value.code == 403, forged
+        err = json.load(refused.value)
+        assert err["id"] is None and err["error"]["code"] == -32600 and "allowed_origins" in err["error"]["message"]
+    # The operator's own page (however its case is written), and a client that is no browser.
+    for allowed in ["http://localhost:5173", "HTTP://LOCALHOST:5173", None]:
+        with post(allowed) as r:
+            assert r.status == 200 and json.load(r)["result"]["protocolVersion"] == "2025-06-18"
 
 
 def test_a_server_that_goes_down_is_left_out_and_a_session_goes_on_across_its_restart(env, mode):

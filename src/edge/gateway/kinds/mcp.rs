@@ -132,6 +132,13 @@ pub(super) async fn mcp_route(
         return Err(ApiError::new(ErrorKind::NotFound, "No MCP servers are configured on this gateway."));
     };
     let req = session.req_header();
+    // A browser page of an origin the operator did not name is refused before anything is read
+    // (the transport specification's defence against DNS rebinding); clients that send no
+    // `Origin` (SDKs, CLIs) are not browsers.
+    if !hub.origin_allowed(req.headers.get(http::header::ORIGIN).map(http::HeaderValue::as_bytes)) {
+        let e = rpc_error(&Value::Null, INVALID_REQUEST, "Forbidden: this origin may not call /mcp (mcp.allowed_origins).", None);
+        return Ok(Outcome::Respond(LocalResponse::json(403, &e)));
+    }
     let session_id = header_str(req, "mcp-session-id").map(str::to_string);
     match req.method.as_str() {
         "POST" => {}
