@@ -36,8 +36,10 @@ pub enum McpAuth {
 /// One server.
 #[derive(Debug, Clone, PartialEq)]
 pub struct McpServerConfig {
-    /// Its tools are listed as `name__tool`.
+    /// Its tools are listed as `name__tool` (unless `prefix` is false).
     pub name: String,
+    /// Its tools and prompts carry `name__` in front (false: their own names; see `mcp()`).
+    pub prefix: bool,
     pub url: String,
     pub transport: McpTransport,
     pub auth: McpAuth,
@@ -73,6 +75,8 @@ pub(super) struct RawMcp {
 struct RawServer {
     name: String,
     url: String,
+    #[serde(default)]
+    prefix: Option<bool>,
     #[serde(default)]
     transport: Option<McpTransport>,
     #[serde(default)]
@@ -187,6 +191,7 @@ pub(super) fn mcp(raw: Option<RawMcp>, env: &dyn Fn(&str) -> Option<String>) -> 
         }
         servers.push(McpServerConfig {
             auth: auth(&format!("{at}.auth"), s.auth, env)?,
+            prefix: s.prefix.unwrap_or(true),
             name: s.name,
             url,
             transport: s.transport.unwrap_or(McpTransport::StreamableHttp),
@@ -195,11 +200,40 @@ pub(super) fn mcp(raw: Option<RawMcp>, env: &dyn Fn(&str) -> Option<String>) -> 
             timeout_secs,
         });
     }
+    unprefixed_names_cannot_collide(&servers)?;
     let mut allowed_origins = Vec::with_capacity(raw.allowed_origins.len());
     for (i, o) in raw.allowed_origins.iter().enumerate() {
         allowed_origins.push(origin(&format!("mcp.allowed_origins[{i}]"), o)?);
     }
     Ok(McpConfig { servers, allowed_origins })
+}
+
+/// `prefix: false` only where no two tools or prompts can carry one name: the one server, or
+/// servers whose `tools.allow` name their tools exactly (no `*`), no name in two lists, none
+/// of the form `<a prefixed server>__…`. (A prefixed server's names always carry its prefix,
+/// which no other server's may take: see `mcp::hub`.)
+fn unprefixed_names_cannot_collide(servers: &[McpServerConfig]) -> Result<(), ConfigError> {
+    if servers.len() <= 1 {
+        return Ok(());
+    }
+    let prefixed: Vec<&str> = servers.iter().filter(|s| s.prefix).map(|s| s.name.as_str()).collect();
+    let mut seen: Vec<&str> = Vec::new();
+    for (i, s) in servers.iter().enumerate().filter(|(_, s)| !s.prefix) {
+        let exact = s.tools.as_ref().and_then(|r| r.allow.as_ref()).filter(|names| names.iter().all(|n| !n.contains('*')));
+        let Some(names) = exact else {
+            return err(format!(
+                "mcp.servers[{i}].prefix: false with several servers needs tools.allow naming its tools exactly (no '*'), so no two servers' names can collide"
+            ));
+        };
+        for n in names {
+            let taken = seen.contains(&n.as_str()) || crate::protocol::mcp::split(n).is_some_and(|(server, _)| prefixed.contains(&server));
+            if taken {
+                return err(format!("mcp.servers[{i}].tools.allow: '{}' is also another server's name", crate::base::text::clip(n, 100)));
+            }
+            seen.push(n);
+        }
+    }
+    Ok(())
 }
 
 /// An origin as browsers send it: `http://` or `https://`, a host, perhaps a port, nothing
@@ -236,6 +270,10 @@ mod tests {
         assert_eq!(c.servers[1].auth, McpAuth::Headers(vec![("x-api-key".into(), "t0k3n".into())]));
         assert_eq!(c.servers[1].transport, McpTransport::Sse);
         assert!(c.allowed_origins.is_empty(), "no browser page unless named");
+        let one = parse("servers: [{ name: solo, url: 'http://h/mcp', prefix: false }]").expect("one server keeps its names");
+        assert!(!one.servers[0].prefix && c.servers[0].prefix);
+        parse("servers: [{ name: a, url: 'http://h/mcp', prefix: false, tools: { allow: [x, y] } }, { name: b, url: 'http://h/mcp' }, { name: c, url: 'http://h/mcp', prefix: false, tools: { allow: [z] } }]")
+            .expect("exact, disjoint names");
         let allowed = parse("allowed_origins: ['https://App.example', 'http://localhost:5173']").expect("valid");
         assert_eq!(allowed.allowed_origins, ["https://app.example", "http://localhost:5173"]);
     }
@@ -253,6 +291,19 @@ mod tests {
             ("servers: [{ name: a, url: 'http://h/mcp', timeout_secs: 0 }]", "timeout_secs"),
             ("servers: [{ name: a, url: 'http://h/mcp', transport: websocket }]", "unknown variant"),
             ("allowed_origins: ['https://app.example/path']", "mcp.allowed_origins[0]"),
+            ("servers: [{ name: a, url: 'http://h/mcp', prefix: false }, { name: b, url: 'http://h/mcp' }]", "mcp.servers[0].prefix"),
+            (
+                "servers: [{ name: a, url: 'http://h/mcp', prefix: false, tools: { allow: [x*] } }, { name: b, url: 'http://h/mcp' }]",
+                "no '*'",
+            ),
+            (
+                "servers: [{ name: a, url: 'http://h/mcp', prefix: false, tools: { allow: [x, y] } }, { name: b, url: 'http://h/mcp', prefix: false, tools: { allow: [y] } }]",
+                "'y' is also",
+            ),
+            (
+                "servers: [{ name: a, url: 'http://h/mcp', prefix: false, tools: { allow: [b__x] } }, { name: b, url: 'http://h/mcp' }]",
+                "'b__x' is also",
+            ),
             ("allowed_origins: ['https://ok.example', '*']", "mcp.allowed_origins[1]"),
             ("allowed_origins: ['app.example']", "not an origin"),
         ] {

@@ -2,7 +2,11 @@
 //! by the key that opened it) holds a session of its own at each server, made when first
 //! needed and made again when the server forgets it (a restart); listings are the union of
 //! the servers that answer — one that is down is left out with a warning, never emptying the
-//! others —; a tool or prompt is named `server__name` and goes to its server.
+//! others —; a tool or prompt is named `server__name` and goes to its server — or, for a
+//! server with `prefix: false`, keeps its own name. A name is resolved by its prefix first: a
+//! `<prefixed server>__…` name is that server's, and an unprefixed server's own tool of that
+//! form is left out (the configuration refuses the collisions it can see); any other name is
+//! an unprefixed server's (the first whose own rules show it).
 
 use super::auth::Credentials;
 use super::error::McpError;
@@ -62,6 +66,14 @@ impl Upstream {
     /// Whether the server's own rules show its tool `tool`.
     pub fn shows(&self, tool: &str) -> bool {
         self.config.tools.as_ref().is_none_or(|r| r.allows(tool))
+    }
+
+    /// The name a client sees for the server's `own` name.
+    pub fn visible(&self, own: &str) -> String {
+        match self.config.prefix {
+            true => prefixed(&self.config.name, own),
+            false => own.to_string(),
+        }
     }
 }
 
@@ -358,9 +370,64 @@ impl Hub {
                     }
                 }
             }
-            out.extend(crate::protocol::mcp::prefix_names(&u.config.name, &shown, allows));
+            out.extend(self.named(i, &shown, allows));
         }
         out
+    }
+
+    /// A server's tools or prompts under the names the client sees, those the key may see
+    /// (`allows`, over those names); an unprefixed server's name that a prefixed server's
+    /// prefix claims is left out.
+    fn named(&self, i: usize, items: &[Value], allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
+        let u = &self.upstreams[i];
+        items
+            .iter()
+            .filter_map(|t| {
+                let own = t.get("name")?.as_str()?;
+                if !u.config.prefix && self.claimed(own) {
+                    return None;
+                }
+                let name = u.visible(own);
+                allows(&name).then(|| {
+                    let mut t = t.clone();
+                    t["name"] = Value::String(name);
+                    t
+                })
+            })
+            .collect()
+    }
+
+    /// What `initialize` tells the client of the names it will see.
+    pub fn instructions(&self) -> &'static str {
+        match self.upstreams.iter().any(|u| u.config.prefix) {
+            true => "Tools of several MCP servers, each named server__tool.",
+            false => "Tools of MCP servers, under their own names.",
+        }
+    }
+
+    /// `name` is a prefixed server's: its prefix names one.
+    fn claimed(&self, name: &str) -> bool {
+        split(name).is_some_and(|(server, _)| self.upstreams.iter().any(|u| u.config.prefix && u.config.name == server))
+    }
+
+    /// The server (its index) of a name the client sees, and the server's own name for it:
+    /// by its prefix, else the first unprefixed server whose own rules show it (a `tool`), or
+    /// the first unprefixed server (a prompt: servers' rules name tools only).
+    fn owner<'a>(&self, name: &'a str, tool: bool) -> Option<(usize, &'a str)> {
+        if let Some((server, own)) = split(name) {
+            if let Some(i) = self.upstreams.iter().position(|u| u.config.prefix && u.config.name == server) {
+                return Some((i, own));
+            }
+        }
+        self.upstreams.iter().position(|u| !u.config.prefix && (!tool || u.shows(name))).map(|i| (i, name))
+    }
+
+    /// `params` with the name the client sees (member `field`) made server `i`'s own.
+    pub fn own_params(&self, i: usize, params: &Value, field: &str) -> Value {
+        match self.upstreams.get(i).is_some_and(|u| u.config.prefix) {
+            true => unprefixed(params, field),
+            false => params.clone(),
+        }
     }
 
     /// The label of `tool` of server `i` in metrics: its own name when the server listed it,
@@ -380,8 +447,7 @@ impl Hub {
             return Err(Unknown(format!("Unknown tool: tool names are at most {} characters.", crate::protocol::mcp::MAX_TOOL_NAME)));
         }
         let unknown = || Unknown(format!("Unknown tool: '{name}' is not a tool of this gateway for this key."));
-        let (server, tool) = split(name).ok_or_else(unknown)?;
-        let i = self.upstreams.iter().position(|u| u.config.name == server).ok_or_else(unknown)?;
+        let (i, tool) = self.owner(name, true).ok_or_else(unknown)?;
         if !self.upstreams[i].shows(tool) || !allows(name) {
             return Err(unknown());
         }
@@ -393,7 +459,7 @@ impl Hub {
     pub async fn prompts(&self, session: &Session, allows: &(dyn Fn(&str) -> bool + Sync)) -> Vec<Value> {
         let mut out = Vec::new();
         for (i, prompts) in self.ask_each(session, "prompts/list", "prompts").await {
-            out.extend(crate::protocol::mcp::prefix_names(&self.upstreams[i].config.name, &prompts, allows));
+            out.extend(self.named(i, &prompts, allows));
         }
         out
     }
@@ -401,18 +467,18 @@ impl Hub {
     /// The server (its index) and the prompt of a prefixed prompt name the key may get.
     pub fn prompt<'a>(&self, name: &'a str, allows: &dyn Fn(&str) -> bool) -> Result<(usize, &'a str), Unknown> {
         let unknown = || Unknown(format!("Unknown prompt: '{name}'."));
-        let (server, prompt) = split(name).ok_or_else(unknown)?;
-        let i = self.upstreams.iter().position(|u| u.config.name == server).ok_or_else(unknown)?;
+        let (i, prompt) = self.owner(name, false).ok_or_else(unknown)?;
         if !allows(name) {
             return Err(unknown());
         }
         Ok((i, prompt))
     }
 
-    /// Whether the key's rules (`allows`, over prefixed names) give it server `i` whole — every
-    /// name `server__…` —: only then are its resources the key's.
+    /// Whether the key's rules (`allows`, over the names the client sees) give it server `i`
+    /// whole — every name `server__…`, or for an unprefixed server every name at all —: only
+    /// then are its resources the key's.
     fn whole_server(&self, i: usize, allows: &dyn Fn(&str) -> bool) -> bool {
-        allows(&prefixed(&self.upstreams[i].config.name, ""))
+        allows(&self.upstreams[i].visible(""))
     }
 
     /// The resources (or resource templates: `field` `resourceTemplates`) of every server the
@@ -464,10 +530,44 @@ async fn close_all(s: &Session) {
 
 /// A prefixed name with its server's name taken off (`server__x` → `x`), for the request to
 /// the server; the name itself when it has none.
-pub fn unprefixed(params: &Value, field: &str) -> Value {
+fn unprefixed(params: &Value, field: &str) -> Value {
     let mut p = params.clone();
     if let Some(name) = p.get(field).and_then(Value::as_str).and_then(|n| split(n).map(|(_, rest)| rest.to_string())) {
         p[field] = Value::String(name);
     }
     p
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hub(yaml: &str) -> Hub {
+        let config = crate::config::Config::parse(&format!("listen: 127.0.0.1:1\nmcp: {{ servers: {yaml} }}"), &|_| None).expect("config");
+        Hub::new(&config.mcp).expect("hub").expect("servers")
+    }
+
+    #[test]
+    fn names_resolve_by_a_prefixed_servers_prefix_first_then_to_an_unprefixed_server() {
+        let h = hub("[{ name: docs, url: 'http://127.0.0.1:9/mcp' }, { name: solo, url: 'http://127.0.0.1:9/mcp', prefix: false, tools: { allow: [search, a__b] } }]");
+        let all = |_: &str| true;
+        // The unprefixed server keeps its names; one a prefixed server's prefix claims (a
+        // prompt's: the servers' rules name tools only) is left out.
+        let prompts = vec![json!({"name": "search"}), json!({"name": "docs__x"}), json!({"name": "a__b"})];
+        assert_eq!(h.named(1, &prompts, &all), vec![json!({"name": "search"}), json!({"name": "a__b"})]);
+        assert_eq!(h.named(0, &prompts[..1], &all), vec![json!({"name": "docs__search"})]);
+        assert_eq!(h.tool("docs__search", &all), Ok((0, "search")));
+        assert_eq!(h.tool("search", &all), Ok((1, "search")));
+        assert_eq!(h.tool("a__b", &all), Ok((1, "a__b")), "a prefix no prefixed server has is the tool's own");
+        assert!(h.tool("other", &all).is_err(), "outside the unprefixed server's own rules");
+        assert_eq!(h.prompt("greet", &all), Ok((1, "greet")));
+        assert_eq!(h.prompt("docs__greet", &all), Ok((0, "greet")));
+        // The key's rules read the names the client sees.
+        assert!(h.tool("search", &|n: &str| n != "search").is_err());
+        // Sent to the server under its own name: a prefixed one's taken off, an unprefixed one's kept whole.
+        assert_eq!(h.own_params(1, &json!({"name": "a__b"}), "name"), json!({"name": "a__b"}));
+        assert_eq!(h.own_params(0, &json!({"name": "docs__x"}), "name"), json!({"name": "x"}));
+        // An unprefixed server is the key's whole only when every name is.
+        assert!(h.whole_server(1, &|_: &str| true) && !h.whole_server(1, &|n: &str| n.starts_with("docs__")));
+    }
 }

@@ -172,22 +172,6 @@ pub fn response_to<'a>(messages: &'a [Value], id: &Value) -> Option<&'a Value> {
     messages.iter().find(|m| m.get("id") == Some(id) && (m.get("result").is_some() || m.get("error").is_some()))
 }
 
-/// A server's tools (or prompts) with each name prefixed by `server`, keeping only those `keep`
-/// allows (by prefixed name).
-pub fn prefix_names(server: &str, tools: &[Value], keep: impl Fn(&str) -> bool) -> Vec<Value> {
-    tools
-        .iter()
-        .filter_map(|t| {
-            let name = prefixed(server, t.get("name")?.as_str()?);
-            keep(&name).then(|| {
-                let mut t = t.clone();
-                t["name"] = Value::String(name);
-                t
-            })
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -249,12 +233,5 @@ mod tests {
         let mut called = json!({"content": []});
         modern_result("tools/call", &mut called);
         assert_eq!(called, json!({"content": [], "resultType": "complete"}));
-    }
-
-    #[test]
-    fn a_servers_tools_are_prefixed_and_filtered() {
-        let tools = vec![json!({"name": "search", "inputSchema": {}}), json!({"name": "delete"}), json!({"nameless": true})];
-        let kept = prefix_names("docs", &tools, |n| n != "docs__delete");
-        assert_eq!(kept, vec![json!({"name": "docs__search", "inputSchema": {}})]);
     }
 }

@@ -520,3 +520,58 @@ def test_a_server_behind_oauth_gets_a_client_credentials_token_kept_and_fetched_
     claims = jwt.decode(first[0].removeprefix("Bearer "), options={"verify_signature": False})
     assert claims["client_id"] == "mcp-gateway" and claims["aud"] == "https://vault.example/mcp", claims
     assert len(second) == 2 and first[0] in second, "a second token once the first was refused"
+
+
+@pytest.fixture(scope="module")
+def solo():
+    """One server behind /mcp with `prefix: false`: its tools and prompts under their own names."""
+    tmp = tempfile.mkdtemp(prefix="tollgate-mcp-solo-")
+    server_port, gw_port = free_port(), free_port()
+    procs = []
+    try:
+        procs.append(start_server("solo", server_port))
+        config = f"""
+listen: 127.0.0.1:{gw_port}
+data_dir: {tmp}/data
+pingora: {{ threads: 2, pid_file: {tmp}/pid, upgrade_sock: {tmp}/upgrade.sock }}
+providers: []
+mcp:
+  servers:
+    - {{ name: solo, url: "http://127.0.0.1:{server_port}/mcp", prefix: false, prices: {{ per_call: {PER_CALL} }} }}
+keys:
+  - {{ key: {KEY}, name: all-tools, balance: 1.0 }}
+  - {{ key: {CALC_ONLY}, name: no-drop, balance: 1.0, tools: {{ deny: [drop_everything, "summ*"] }} }}
+"""
+        procs.append(start_tollgate(BIN_DIR, tmp, config, [gw_port]))
+        yield Env(f"http://127.0.0.1:{gw_port}", None, None)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_one_server_without_a_prefix_keeps_its_own_names_under_the_keys_rules(solo, mode):
+    async def run(key):
+        async with solo.client(key=key, mode=mode) as client:
+            tools = sorted(t.name for t in (await client.list_tools()).tools)
+            prompts = [p.name for p in (await client.list_prompts()).prompts]
+            found = await client.call_tool("search", {"query": "toll roads"})
+            prompt = await client.get_prompt("summarize", {"topic": "tolls"}) if "summarize" in prompts else None
+            try:
+                await client.call_tool("drop_everything", {})
+                dropped = True
+            except MCPError:
+                dropped = False
+            return tools, prompts, texts(found), prompt, dropped
+
+    before = solo.balance()
+    tools, prompts, found, prompt, dropped = asyncio.run(run(KEY))
+    assert tools == ["broken", "count_calls", "drop_everything", "search", "slow"], tools
+    assert prompts == ["summarize"] and prompt.messages[0].content.text == "Summarize tolls for solo."
+    assert found == ["solo found 'toll roads'"] and dropped
+    # Two calls (search, drop_everything) at the server's price.
+    assert before - solo.balance() == 2 * round(PER_CALL * 1e9)
+    # The key's rules read the names the client sees.
+    tools, prompts, found, prompt, dropped = asyncio.run(run(CALC_ONLY))
+    assert "drop_everything" not in tools and prompts == [] and not dropped and found == ["solo found 'toll roads'"]

@@ -72,8 +72,6 @@ impl super::Answered for Mcp {
     }
 }
 
-const INSTRUCTIONS: &str = "Tools of several MCP servers, each named server__tool.";
-
 /// What a tool call came to, for the request log, the access log and the trace.
 #[derive(Debug, Default)]
 pub struct ToolCallFacts {
@@ -209,7 +207,7 @@ pub(super) async fn mcp_route(
         "prompts/get" => {
             let name = params.get("name").and_then(Value::as_str).unwrap_or_default();
             match hub.prompt(name, &allows) {
-                Ok((i, _)) => match s.server(i).request(method, crate::mcp::hub::unprefixed(&params, "name"), &mut |_| {}).await {
+                Ok((i, _)) => match s.server(i).request(method, hub.own_params(i, &params, "name"), &mut |_| {}).await {
                     Ok(v) => rpc_result(&id, v),
                     Err(e) => upstream_error(&id, &hub.upstreams[i].config.name, &e),
                 },
@@ -291,7 +289,7 @@ async fn tool_call(
         Err(r) => return refused(facts, ctx, r.to_api_error("this tool call costs", crate::base::clock::now_unix())),
     };
     let started = Instant::now();
-    let mut upstream_params = crate::mcp::hub::unprefixed(params, "name");
+    let mut upstream_params = hub.own_params(i, params, "name");
     if guards.input() && params.get("arguments").is_some() {
         upstream_params["arguments"] = arguments;
     }
@@ -439,7 +437,7 @@ async fn session_for(
             "protocolVersion": version,
             "capabilities": hub.capabilities(&s).await,
             "serverInfo": {"name": "tollgate", "version": crate::VERSION},
-            "instructions": INSTRUCTIONS,
+            "instructions": hub.instructions(),
         });
         let mut r = LocalResponse::json(200, &rpc_result(id, result));
         r.headers.push(("mcp-session-id", s.id.clone()));
@@ -460,7 +458,7 @@ async fn session_for(
             return Err(answered(&rpc_error(id, INVALID_REQUEST, "server/discover names its protocol version in _meta.", None)));
         }
         let caps = hub.capabilities(&hub.stateless(key_id, MODERN_VERSION)).await;
-        let mut result = json!({"supportedVersions": [MODERN_VERSION], "capabilities": caps, "instructions": INSTRUCTIONS,
+        let mut result = json!({"supportedVersions": [MODERN_VERSION], "capabilities": caps, "instructions": hub.instructions(),
             "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "tollgate", "version": crate::VERSION}}});
         crate::protocol::mcp::modern_result(method, &mut result);
         return Err(answered(&rpc_result(id, result)));
