@@ -314,9 +314,70 @@ impl Hub {
             ("prompts", json!({"listChanged": false})),
             ("resources", json!({"listChanged": false, "subscribe": false})),
             ("logging", json!({})),
+            ("completions", json!({})),
         ];
         let has = |name: &str| answered.is_empty() || answered.iter().any(|c| c.get(name).is_some());
         Value::Object(offered.into_iter().filter(|(name, _)| has(name)).map(|(name, v)| (name.to_string(), v)).collect())
+    }
+
+    /// `logging/setLevel` passed to every server of the session that logs (said so at its
+    /// `initialize`), at once; the servers that could not take it (named in the error).
+    pub async fn set_level(&self, session: &Session, params: &Value) -> Result<(), String> {
+        let asks = session.servers.iter().enumerate().map(|(i, link)| async move {
+            let logs = link.connect().await.is_ok_and(|caps| caps.get("logging").is_some());
+            match logs {
+                true => link.request("logging/setLevel", params.clone(), &mut |_| {}).await.err().map(|e| (i, e)),
+                false => None,
+            }
+        });
+        let failed: Vec<String> = futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .map(|(i, e)| {
+                log::warn!("MCP server '{}': logging/setLevel: {e}", self.upstreams[i].config.name);
+                self.upstreams[i].config.name.clone()
+            })
+            .collect();
+        match failed.is_empty() {
+            true => Ok(()),
+            false => Err(failed.join(", ")),
+        }
+    }
+
+    /// `completion/complete`: sent to the server whose prompt (`ref/prompt`, by the name the
+    /// client sees, under the key's rules) or resource (`ref/resource`: the server that listed
+    /// its URI, else the first the key has whole) it completes, the prompt's name made the
+    /// server's own. `Err(None)`: nothing of the key's has that name.
+    pub async fn complete(
+        &self,
+        session: &Session,
+        params: &Value,
+        allows: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Result<Value, (Option<usize>, McpError)> {
+        let missing = |m: String| (None, McpError::Rpc { code: -32602, message: m });
+        let reference = params.get("ref").unwrap_or(&Value::Null);
+        let (i, params) = match reference.get("type").and_then(Value::as_str) {
+            Some("ref/prompt") => {
+                let name = reference.get("name").and_then(Value::as_str).unwrap_or_default();
+                let (i, own) = self.prompt(name, allows).map_err(|u| missing(u.0))?;
+                let mut p = params.clone();
+                p["ref"]["name"] = Value::String(own.to_string());
+                (i, p)
+            }
+            Some("ref/resource") => {
+                let uri = reference.get("uri").and_then(Value::as_str).unwrap_or_default();
+                let known = lock(&session.resources).get(uri).copied();
+                let whole = |i: &usize| self.whole_server(*i, allows);
+                let i = match known {
+                    Some(i) => Some(i).filter(whole),
+                    None => (0..self.upstreams.len()).find(whole),
+                };
+                (i.ok_or_else(|| missing(format!("Unknown resource: {}", crate::base::text::clip(uri, 256))))?, params.clone())
+            }
+            _ => return Err(missing("ref: a ref/prompt or a ref/resource".into())),
+        };
+        session.servers[i].request("completion/complete", params, &mut |_| {}).await.map_err(|e| (Some(i), e))
     }
 
     /// `method`'s result from every server at once (a listing, all pages), each server's items

@@ -3,8 +3,8 @@ MCPServer): `python mcp_server.py NAME PORT [--token T] [--transport streamable-
 
 Tools: `search` (answers with the server's name and how many sessions' calls it has seen),
 `slow` (reports progress n times), `drop_everything` (which the gateway's configuration hides),
-`count_calls` (calls of every tool so far), with `--issuer` `reject_token` (the token of this
-call is refused from now on); a resource `NAME://readme` and a prompt `summarize`. With `--token`, every
+`count_calls` (calls of every tool so far), with `--chatty` `chatty` (logs two messages while it works), with `--issuer` `reject_token` (the token of this
+call is refused from now on); a resource `NAME://readme` and a prompt `summarize` (its `topic` completed). With `--token`, every
 request must carry `Authorization: Bearer T` (else 401); with `--issuer I --audience A`, a JWT
 access token of issuer I for A, checked against I's keys (`I/jwks`). The server notes what it
 was sent."""
@@ -14,6 +14,7 @@ import json
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import Completion
 
 parser = argparse.ArgumentParser()
 parser.add_argument("name")
@@ -22,6 +23,7 @@ parser.add_argument("--token")
 parser.add_argument("--transport", default="streamable-http")
 parser.add_argument("--issuer")
 parser.add_argument("--audience")
+parser.add_argument("--chatty", action="store_true")
 args = parser.parse_args()
 
 server = MCPServer(args.name)
@@ -76,6 +78,26 @@ def count_calls() -> str:
     """How many tool calls this process answered, and the credentials it was sent."""
     return json.dumps({"calls": calls["n"], "authorization": sorted(set(seen["authorization"])),
                        "x-api-key": sorted(set(seen.get("x-api-key", [])))})
+
+
+async def chatty(ctx: Context) -> str:
+    """Log two messages (info, then warning) while it works."""
+    calls["n"] += 1
+    await ctx.info(f"{args.name} is starting")
+    await ctx.warning(f"{args.name} is nearly done")
+    return f"{args.name} talked"
+
+
+if args.chatty:
+    server.tool()(chatty)
+
+
+@server.completion()
+async def complete(ref, argument, context):
+    """The `summarize` prompt's `topic`: the topics that start with what was typed."""
+    if getattr(ref, "name", None) == "summarize" and argument.name == "topic":
+        return Completion(values=[t for t in ["tolls", "toll roads", "traffic"] if t.startswith(argument.value)])
+    return None
 
 
 @server.resource(f"{args.name}://readme")

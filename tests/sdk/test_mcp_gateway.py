@@ -34,8 +34,10 @@ DOCS_TOKEN = "docs-server-secret-token-42"
 PER_CALL = 0.0125
 
 
-def start_server(name, port, token=None, transport="streamable-http"):
+def start_server(name, port, token=None, transport="streamable-http", chatty=False):
     args = [sys.executable, os.path.join(HERE, "mcp_server.py"), name, str(port), "--transport", transport]
+    if chatty:
+        args.append("--chatty")
     if token:
         args += ["--token", token]
     proc = subprocess.Popen(args)
@@ -529,7 +531,7 @@ def solo():
     server_port, gw_port = free_port(), free_port()
     procs = []
     try:
-        procs.append(start_server("solo", server_port))
+        procs.append(start_server("solo", server_port, chatty=True))
         config = f"""
 listen: 127.0.0.1:{gw_port}
 data_dir: {tmp}/data
@@ -567,7 +569,7 @@ def test_one_server_without_a_prefix_keeps_its_own_names_under_the_keys_rules(so
 
     before = solo.balance()
     tools, prompts, found, prompt, dropped = asyncio.run(run(KEY))
-    assert tools == ["broken", "count_calls", "drop_everything", "search", "slow"], tools
+    assert tools == ["broken", "chatty", "count_calls", "drop_everything", "search", "slow"], tools
     assert prompts == ["summarize"] and prompt.messages[0].content.text == "Summarize tolls for solo."
     assert found == ["solo found 'toll roads'"] and dropped
     # Two calls (search, drop_everything) at the server's price.
@@ -575,3 +577,30 @@ def test_one_server_without_a_prefix_keeps_its_own_names_under_the_keys_rules(so
     # The key's rules read the names the client sees.
     tools, prompts, found, prompt, dropped = asyncio.run(run(CALC_ONLY))
     assert "drop_everything" not in tools and prompts == [] and not dropped and found == ["solo found 'toll roads'"]
+
+
+def test_log_messages_arrive_during_a_call_at_the_level_set_and_arguments_are_completed(solo):
+    """`logging/setLevel` reaches the server, its `notifications/message` come to the client
+    while the call runs (the answer then goes as SSE), and `completion/complete` reaches the
+    server that owns the prompt."""
+    from mcp.types import PromptReference
+
+    async def run():
+        logged = []
+
+        async def on_log(params):
+            logged.append((params.level, params.data))
+
+        async with mcp.Client(streamable_http_client(solo.gateway + "/mcp", http_client=httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {KEY}"}, timeout=30)), mode="legacy", logging_callback=on_log) as client:
+            # The SDK's server offers completions (and logs without saying it does logging).
+            assert client.server_capabilities.completions is not None
+            await client.set_logging_level("info")
+            said = texts(await client.call_tool("chatty", {}))
+            done = await client.complete(PromptReference(type="ref/prompt", name="summarize"), {"name": "topic", "value": "toll"})
+            return logged, said, done.completion.values
+
+    logged, said, values = asyncio.run(run())
+    assert said == ["solo talked"]
+    assert logged == [("info", "solo is starting"), ("warning", "solo is nearly done")], logged
+    assert values == ["tolls", "toll roads"]

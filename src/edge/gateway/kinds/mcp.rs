@@ -187,7 +187,16 @@ pub(super) async fn mcp_route(
     let params = crate::protocol::mcp::without_envelope(&params);
     let allows = |name: &str| key.policy.allows_tool(name);
     let reply = match method {
-        "ping" | "logging/setLevel" => rpc_result(&id, json!({})),
+        "ping" => rpc_result(&id, json!({})),
+        "logging/setLevel" => match hub.set_level(&s, &params).await {
+            Ok(()) => rpc_result(&id, json!({})),
+            Err(servers) => rpc_error(&id, SERVER_ERROR, &format!("MCP servers that could not set the level: {servers}"), None),
+        },
+        "completion/complete" => match hub.complete(&s, &params, &allows).await {
+            Ok(v) => rpc_result(&id, v),
+            Err((Some(i), e)) => upstream_error(&id, &hub.upstreams[i].config.name, &e),
+            Err((None, e)) => upstream_error(&id, "-", &e),
+        },
         "tools/list" => rpc_result(&id, json!({"tools": hub.tools(&s, &allows).await})),
         "tools/call" => {
             let call = ToolCall {
@@ -293,12 +302,7 @@ async fn tool_call(
     if guards.input() && params.get("arguments").is_some() {
         upstream_params["arguments"] = arguments;
     }
-    let progress = params.pointer("/_meta/progressToken").is_some() && sse;
-    let (answer, present) = if progress {
-        tool_call_streamed(session, s.server(i), upstream_params).await
-    } else {
-        (s.server(i).request("tools/call", upstream_params, &mut |_| {}).await, true)
-    };
+    let (answer, streamed) = tool_call_relayed(session, s.server(i), upstream_params, sse).await;
     let took = started.elapsed();
     let mut answer = answer;
     let blocked = match answer.as_mut() {
@@ -349,8 +353,8 @@ async fn tool_call(
     let text = shaped(reply, "tools/call", modern).to_string();
     facts.bytes_out = text.len() as u64;
     ctx.mcp = Some(Box::new(facts));
-    if progress {
-        // The header went out before the first event: the answer is the stream's last.
+    if let Some(present) = streamed {
+        // The header went out with the first notification: the answer is the stream's last.
         if present {
             let _ = session.write_response_body(Some(sse_event(&text)), true).await;
         }
@@ -377,39 +381,59 @@ async fn guard_tool(
     super::super::guarded::screen_value(gw, guards, &call, value, output, noted).await
 }
 
-/// A tool call answered as SSE: the header now, each progress notification as it comes;
-/// the answer, and whether the client is still there to be given it. A client that leaves
-/// does not end the call: the server's answer is awaited all the same (and billed), as the
-/// tool runs on whether or not anyone reads.
-async fn tool_call_streamed(session: &mut Session, server: &crate::mcp::hub::Link, params: Value) -> (Result<Value, McpError>, bool) {
-    let mut present = match ResponseHeader::build(200, Some(3)) {
-        Ok(mut header) => {
-            let _ = header.insert_header(http::header::CONTENT_TYPE, "text/event-stream");
-            let _ = header.insert_header(http::header::CACHE_CONTROL, "no-cache");
-            session.write_response_header(Box::new(header), false).await.is_ok()
-        }
-        Err(_) => false,
-    };
+/// A tool call relayed: answered as JSON when the server sends nothing before its answer;
+/// when it does (progress the client asked for, log messages at the level it set) and the
+/// client takes SSE (`sse`), as SSE from the first notification on, each as it comes. The
+/// answer, and whether it went as SSE (`Some`) with the client still there to be given the
+/// rest. A client that leaves does not end the call: the server's answer is awaited all the
+/// same (and billed), as the tool runs on whether or not anyone reads.
+async fn tool_call_relayed(
+    session: &mut Session,
+    server: &crate::mcp::hub::Link,
+    params: Value,
+    sse: bool,
+) -> (Result<Value, McpError>, Option<bool>) {
+    if !sse {
+        return (server.request("tools/call", params, &mut |_| {}).await, None);
+    }
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let mut notify = move |n: &Value| {
         let _ = tx.send(n.clone());
     };
     let call = server.request("tools/call", params, &mut notify);
     tokio::pin!(call);
+    let mut streamed: Option<bool> = None;
     loop {
         tokio::select! {
             answer = &mut call => {
                 // Notifications sent before the answer go first.
                 while let Ok(n) = rx.try_recv() {
-                    present = present && session.write_response_body(Some(sse_event(&n)), false).await.is_ok();
+                    streamed = Some(relay_notification(session, streamed, &n).await);
                 }
-                return (answer, present);
+                return (answer, streamed);
             }
             Some(n) = rx.recv() => {
-                present = present && session.write_response_body(Some(sse_event(&n)), false).await.is_ok();
+                streamed = Some(relay_notification(session, streamed, &n).await);
             }
         }
     }
+}
+
+/// One notification to a client answered as SSE, the header first when none went yet
+/// (`streamed` None); whether the client is still there.
+async fn relay_notification(session: &mut Session, streamed: Option<bool>, n: &Value) -> bool {
+    let present = match streamed {
+        Some(present) => present,
+        None => match ResponseHeader::build(200, Some(3)) {
+            Ok(mut header) => {
+                let _ = header.insert_header(http::header::CONTENT_TYPE, "text/event-stream");
+                let _ = header.insert_header(http::header::CACHE_CONTROL, "no-cache");
+                session.write_response_header(Box::new(header), false).await.is_ok()
+            }
+            Err(_) => false,
+        },
+    };
+    present && session.write_response_body(Some(sse_event(n)), false).await.is_ok()
 }
 
 /// One message as an SSE event.
