@@ -50,16 +50,22 @@ pub struct Upstream {
 }
 
 impl Upstream {
-    /// A new session's link to the server (it connects at its first request).
-    fn link(&self) -> Link {
+    /// A new session's link to the server (it connects at its first request), declaring
+    /// `declared` as what the client can do.
+    fn link(&self, declared: &Value) -> Link {
         match self.config.transport {
-            McpTransport::StreamableHttp => Link::Streamable(Server::with(self.url.clone(), self.http.clone(), self.credentials.clone())),
-            McpTransport::Sse => Link::Sse(SseServer::with(
-                self.url.clone(),
-                self.http.clone(),
-                self.credentials.clone(),
-                Duration::from_secs(self.config.timeout_secs),
-            )),
+            McpTransport::StreamableHttp => {
+                Link::Streamable(Server::with(self.url.clone(), self.http.clone(), self.credentials.clone()).declaring(declared.clone()))
+            }
+            McpTransport::Sse => Link::Sse(
+                SseServer::with(
+                    self.url.clone(),
+                    self.http.clone(),
+                    self.credentials.clone(),
+                    Duration::from_secs(self.config.timeout_secs),
+                )
+                .declaring(declared.clone()),
+            ),
         }
     }
 
@@ -100,6 +106,14 @@ impl Link {
         }
     }
 
+    /// Send the client's answer to a request of the server's.
+    pub async fn respond(&self, message: &Value) -> Result<(), McpError> {
+        match self {
+            Link::Streamable(s) => s.respond(message).await,
+            Link::Sse(s) => s.respond(message).await,
+        }
+    }
+
     /// The session the server gave, when it gave one (for spans).
     pub fn session_id(&self) -> Option<String> {
         match self {
@@ -126,7 +140,29 @@ pub struct Session {
     servers: Vec<Link>,
     /// Which server listed each resource URI (for `resources/read`).
     resources: Mutex<HashMap<String, usize>>,
+    /// What the client declared it can do that a server may ask of it (sampling, elicitation,
+    /// roots): what its sessions at the servers declare.
+    declared: Value,
+    /// Requests of the servers passed to the client, by the id the client was given: the
+    /// server's index and its own id (the servers' ids may collide; the client's answer goes
+    /// back to the one that asked).
+    asked: Mutex<HashMap<String, (usize, Value)>>,
     last_used_ms: AtomicU64,
+}
+
+/// The most requests of servers a session holds unanswered; past it the oldest are let go
+/// (their servers get no answer and time out on their own).
+const MAX_ASKED: usize = 64;
+
+/// What a server may ask of a client, by its request's method: the capability the client
+/// must have declared.
+pub fn asks_for(method: &str) -> Option<&'static str> {
+    match method {
+        "sampling/createMessage" => Some("sampling"),
+        "elicitation/create" => Some("elicitation"),
+        "roots/list" => Some("roots"),
+        _ => None,
+    }
 }
 
 impl Session {
@@ -134,6 +170,38 @@ impl Session {
     pub fn server(&self, i: usize) -> &Link {
         &self.servers[i]
     }
+
+    /// Whether the client declared `capability`.
+    pub fn declares(&self, capability: &str) -> bool {
+        self.declared.get(capability).is_some()
+    }
+
+    /// The id a request of server `i` (its own id `theirs`) is passed to the client under.
+    pub fn ask(&self, i: usize, theirs: &Value) -> String {
+        let id = format!("tollgate-{i}-{}", crate::base::secrets::random_base62(16));
+        let mut asked = lock(&self.asked);
+        if asked.len() >= MAX_ASKED {
+            asked.clear();
+        }
+        asked.insert(id.clone(), (i, theirs.clone()));
+        id
+    }
+
+    /// The server that asked the request the client answers under `id`, and its own id.
+    pub fn answered(&self, id: &Value) -> Option<(usize, Value)> {
+        lock(&self.asked).remove(id.as_str()?)
+    }
+}
+
+/// The capabilities a client declared that servers may use (sampling, elicitation, roots).
+pub fn declared_by_client(capabilities: Option<&Value>) -> Value {
+    let mut out = serde_json::Map::new();
+    for name in ["sampling", "elicitation", "roots"] {
+        if let Some(v) = capabilities.and_then(|c| c.get(name)) {
+            out.insert(name.to_string(), v.clone());
+        }
+    }
+    Value::Object(out)
 }
 
 /// The servers and the sessions of their clients.
@@ -191,16 +259,19 @@ impl Hub {
         origin.is_none_or(|o| self.allowed_origins.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(o)))
     }
 
-    /// A new session of `key_id` at revision `version`. The oldest sessions are forgotten past
+    /// A new session of `key_id` at revision `version`, its client having declared `declared`
+    /// (see [`declared_by_client`]). The oldest sessions are forgotten past
     /// [`MAX_SESSIONS`], idle ones after [`IDLE`]; their servers are told in the background.
-    pub fn open(&self, key_id: &str, version: &'static str) -> Arc<Session> {
+    pub fn open(&self, key_id: &str, version: &'static str, declared: Value) -> Arc<Session> {
         let id = crate::base::secrets::random_base62(32);
         let session = Arc::new(Session {
             id: id.clone(),
             key_id: key_id.to_string(),
             version,
-            servers: self.upstreams.iter().map(Upstream::link).collect(),
+            servers: self.upstreams.iter().map(|u| u.link(&declared)).collect(),
             resources: Mutex::new(HashMap::new()),
+            declared,
+            asked: Mutex::new(HashMap::new()),
             last_used_ms: AtomicU64::new(crate::base::clock::now_ms()),
         });
         let gone = {
@@ -252,8 +323,10 @@ impl Hub {
                     id: String::new(),
                     key_id: key_id.to_string(),
                     version,
-                    servers: self.upstreams.iter().map(Upstream::link).collect(),
+                    servers: self.upstreams.iter().map(|u| u.link(&json!({}))).collect(),
                     resources: Mutex::new(HashMap::new()),
+                    declared: json!({}),
+                    asked: Mutex::new(HashMap::new()),
                     last_used_ms: AtomicU64::new(0),
                 })
             })

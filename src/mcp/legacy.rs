@@ -56,6 +56,8 @@ pub struct SseServer {
     stream: tokio::sync::Mutex<Option<Arc<Stream>>>,
     /// What the server said it can do, at its last handshake.
     capabilities: Mutex<Value>,
+    /// What tollgate's session says the client can do (see `Server::declaring`).
+    declared: Value,
     next_id: AtomicU64,
 }
 
@@ -68,8 +70,21 @@ impl SseServer {
             timeout,
             stream: tokio::sync::Mutex::new(None),
             capabilities: Mutex::new(Value::Null),
+            declared: json!({}),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// The same, its session declaring `capabilities` as the client's.
+    pub fn declaring(mut self, capabilities: Value) -> SseServer {
+        self.declared = capabilities;
+        self
+    }
+
+    /// Send the client's answer to a request of the server's, on the stream's endpoint.
+    pub async fn respond(&self, message: &Value) -> Result<(), McpError> {
+        let stream = self.stream().await?;
+        self.post(&stream, message).await
     }
 
     /// The stream, opened (with the handshake) when there is none or it ended.
@@ -82,7 +97,7 @@ impl SseServer {
         let stream = Arc::new(self.open().await?);
         let init = json!({
             "protocolVersion": crate::protocol::mcp::HANDSHAKE_VERSIONS[0],
-            "capabilities": {},
+            "capabilities": self.declared,
             "clientInfo": {"name": "tollgate", "version": crate::VERSION},
         });
         let answer = self.exchange(&stream, "initialize", init, &mut |_| {}).await?;

@@ -25,6 +25,8 @@ pub struct Server {
     session: tokio::sync::Mutex<Option<(String, String)>>,
     /// What the server said it can do, at its last handshake.
     capabilities: std::sync::Mutex<Value>,
+    /// What tollgate's session says the client can do (what the client behind it declared).
+    declared: Value,
     next_id: AtomicU64,
 }
 
@@ -55,7 +57,25 @@ impl Server {
             http,
             session: tokio::sync::Mutex::new(None),
             capabilities: std::sync::Mutex::new(Value::Null),
+            declared: json!({}),
             next_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The same, its session declaring `capabilities` as the client's (sampling, elicitation,
+    /// roots: what the server may ask of the client through tollgate).
+    pub fn declaring(mut self, capabilities: Value) -> Server {
+        self.declared = capabilities;
+        self
+    }
+
+    /// Send the client's answer to a request of the server's (its id the server's own).
+    pub async fn respond(&self, message: &Value) -> Result<(), McpError> {
+        let session = self.session().await?;
+        let resp = self.post(message, Some(&session)).await.map_err(|(e, _)| e)?;
+        match resp.status().as_u16() {
+            200..=299 => Ok(()),
+            s => Err(McpError::Status(s)),
         }
     }
 
@@ -112,7 +132,7 @@ impl Server {
         let id = json!(0);
         let init = json!({"jsonrpc": "2.0", "id": id, "method": "initialize", "params": {
             "protocolVersion": HANDSHAKE_VERSIONS[HANDSHAKE_VERSIONS.len() - 1],
-            "capabilities": {},
+            "capabilities": self.declared,
             "clientInfo": {"name": "tollgate", "version": crate::VERSION},
         }});
         let resp = self.post(&init, None).await.map_err(|(e, _)| e)?;

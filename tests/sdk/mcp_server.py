@@ -3,7 +3,8 @@ MCPServer): `python mcp_server.py NAME PORT [--token T] [--transport streamable-
 
 Tools: `search` (answers with the server's name and how many sessions' calls it has seen),
 `slow` (reports progress n times), `drop_everything` (which the gateway's configuration hides),
-`count_calls` (calls of every tool so far), with `--chatty` `chatty` (logs two messages while it works), with `--issuer` `reject_token` (the token of this
+`count_calls` (calls of every tool so far), with `--chatty` `chatty` (logs two messages while it works) and `ask` (asks the client for a
+sampling and an elicitation), with `--issuer` `reject_token` (the token of this
 call is refused from now on); a resource `NAME://readme` and a prompt `summarize` (its `topic` completed). With `--token`, every
 request must carry `Authorization: Bearer T` (else 401); with `--issuer I --audience A`, a JWT
 access token of issuer I for A, checked against I's keys (`I/jwks`). The server notes what it
@@ -14,7 +15,8 @@ import json
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
-from mcp.types import Completion
+from mcp.types import Completion, SamplingMessage, TextContent
+from pydantic import BaseModel
 
 parser = argparse.ArgumentParser()
 parser.add_argument("name")
@@ -88,8 +90,24 @@ async def chatty(ctx: Context) -> str:
     return f"{args.name} talked"
 
 
+async def ask(ctx: Context) -> str:
+    """Ask the client: a model's answer (sampling), then the user's pick (elicitation)."""
+    calls["n"] += 1
+    sampled = await ctx.session.create_message(
+        [SamplingMessage(role="user", content=TextContent(type="text", text="name a toll road"))],
+        max_tokens=16, related_request_id=ctx.request_id)
+
+    class Pick(BaseModel):
+        road: str
+
+    picked = await ctx.elicit("Which road?", Pick)
+    road = picked.data.road if picked.action == "accept" and picked.data else "-"
+    return f"{sampled.content.text} / {picked.action} {road}"
+
+
 if args.chatty:
     server.tool()(chatty)
+    server.tool()(ask)
 
 
 @server.completion()

@@ -569,7 +569,7 @@ def test_one_server_without_a_prefix_keeps_its_own_names_under_the_keys_rules(so
 
     before = solo.balance()
     tools, prompts, found, prompt, dropped = asyncio.run(run(KEY))
-    assert tools == ["broken", "chatty", "count_calls", "drop_everything", "search", "slow"], tools
+    assert tools == ["ask", "broken", "chatty", "count_calls", "drop_everything", "search", "slow"], tools
     assert prompts == ["summarize"] and prompt.messages[0].content.text == "Summarize tolls for solo."
     assert found == ["solo found 'toll roads'"] and dropped
     # Two calls (search, drop_everything) at the server's price.
@@ -604,3 +604,39 @@ def test_log_messages_arrive_during_a_call_at_the_level_set_and_arguments_are_co
     assert said == ["solo talked"]
     assert logged == [("info", "solo is starting"), ("warning", "solo is nearly done")], logged
     assert values == ["tolls", "toll roads"]
+
+
+def test_a_servers_sampling_and_elicitation_requests_reach_the_client_and_its_answers_the_server(solo):
+    """A tool that asks the client (sampling, then elicitation) during its call: the requests
+    come to the client through tollgate (the sessions at the server declare what the client
+    declared), its answers go back to the server that asked, and the call completes. A client
+    that declared neither gets its call answered (the server is told at once, never left
+    waiting)."""
+    from mcp.types import CreateMessageResult, ElicitResult, TextContent
+
+    asked = []
+
+    async def sample(context, params):
+        asked.append(("sampling", params.messages[0].content.text, params.max_tokens))
+        return CreateMessageResult(role="assistant", content=TextContent(type="text", text="the M6 toll"), model="alpha-5.5")
+
+    async def elicit(context, params):
+        asked.append(("elicitation", params.message))
+        return ElicitResult(action="accept", content={"road": "A1"})
+
+    async def run(**callbacks):
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+        async with mcp.Client(streamable_http_client(solo.gateway + "/mcp", http_client=http), mode="legacy", **callbacks) as client:
+            try:
+                return await client.call_tool("ask", {})
+            except MCPError as e:
+                return e
+
+    done = asyncio.run(run(sampling_callback=sample, elicitation_callback=elicit))
+    assert texts(done) == ["the M6 toll / accept A1"] and not done.is_error, done
+    assert asked == [("sampling", "name a toll road", 16), ("elicitation", "Which road?")], asked
+    # Declared nothing: the server is told at once, naming what is missing, and the call ends
+    # (this server answers it as the call's error).
+    refused = asyncio.run(run())
+    assert isinstance(refused, MCPError) and refused.code == -32601, refused
+    assert "did not declare the 'sampling' capability" in str(refused), refused

@@ -169,8 +169,12 @@ pub(super) async fn mcp_route(
         let e = rpc_error(&Value::Null, INVALID_REQUEST, "JSON-RPC batches are not accepted: send one message per request.", None);
         return Ok(Outcome::Respond(LocalResponse::json(400, &e)));
     }
+    if message.get("method").is_none() && message.get("id").is_some() && (message.get("result").is_some() || message.get("error").is_some())
+    {
+        return Ok(client_answer(hub, &key.id, session_id.as_deref(), &message).await);
+    }
     let (Some(method), Some(id)) = (message.get("method").and_then(Value::as_str), message.get("id")) else {
-        // A notification or a response: nothing to answer.
+        // A notification: nothing to answer.
         return Ok(Outcome::Respond(LocalResponse {
             status: 202,
             body: Bytes::new(),
@@ -302,7 +306,7 @@ async fn tool_call(
     if guards.input() && params.get("arguments").is_some() {
         upstream_params["arguments"] = arguments;
     }
-    let (answer, streamed) = tool_call_relayed(session, s.server(i), upstream_params, sse).await;
+    let (answer, streamed) = tool_call_relayed(session, (s, i), upstream_params, sse).await;
     let took = started.elapsed();
     let mut answer = answer;
     let blocked = match answer.as_mut() {
@@ -381,6 +385,30 @@ async fn guard_tool(
     super::super::guarded::screen_value(gw, guards, &call, value, output, noted).await
 }
 
+/// A client's answer to a request a server asked through tollgate (sampling, elicitation,
+/// roots): sent to the server that asked, under its own id; 202. One tollgate did not pass on
+/// (another session's, answered already, made up) is 400.
+async fn client_answer(hub: &Hub, key_id: &str, session_id: Option<&str>, message: &Value) -> Outcome {
+    let id = message.get("id").unwrap_or(&Value::Null);
+    let Some((s, (i, theirs))) = session_id.and_then(|sid| hub.session(sid, key_id)).and_then(|s| s.answered(id).map(|a| (s, a))) else {
+        let e = rpc_error(&Value::Null, INVALID_REQUEST, "No request of this session's servers awaits an answer with this id.", None);
+        return Outcome::Respond(LocalResponse::json(400, &e));
+    };
+    let mut answer = message.clone();
+    answer["id"] = theirs;
+    if let Err(e) = s.server(i).respond(&answer).await {
+        log::warn!("MCP server '{}': the client's answer could not be passed on: {e}", hub.upstreams[i].config.name);
+        let e = rpc_error(
+            &Value::Null,
+            SERVER_ERROR,
+            &format!("MCP server '{}' did not take the answer: {}", hub.upstreams[i].config.name, e.for_client()),
+            None,
+        );
+        return Outcome::Respond(LocalResponse::json(502, &e));
+    }
+    Outcome::Respond(LocalResponse { status: 202, body: Bytes::new(), content_type: "application/json", headers: Vec::new() })
+}
+
 /// A tool call relayed: answered as JSON when the server sends nothing before its answer;
 /// when it does (progress the client asked for, log messages at the level it set) and the
 /// client takes SSE (`sse`), as SSE from the first notification on, each as it comes. The
@@ -389,13 +417,11 @@ async fn guard_tool(
 /// same (and billed), as the tool runs on whether or not anyone reads.
 async fn tool_call_relayed(
     session: &mut Session,
-    server: &crate::mcp::hub::Link,
+    (s, i): (&McpSession, usize),
     params: Value,
     sse: bool,
 ) -> (Result<Value, McpError>, Option<bool>) {
-    if !sse {
-        return (server.request("tools/call", params, &mut |_| {}).await, None);
-    }
+    let server = s.server(i);
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
     let mut notify = move |n: &Value| {
         let _ = tx.send(n.clone());
@@ -408,15 +434,54 @@ async fn tool_call_relayed(
             answer = &mut call => {
                 // Notifications sent before the answer go first.
                 while let Ok(n) = rx.try_recv() {
-                    streamed = Some(relay_notification(session, streamed, &n).await);
+                    streamed = relay_message(session, (s, i), streamed, n, sse).await;
                 }
                 return (answer, streamed);
             }
             Some(n) = rx.recv() => {
-                streamed = Some(relay_notification(session, streamed, &n).await);
+                streamed = relay_message(session, (s, i), streamed, n, sse).await;
             }
         }
     }
+}
+
+/// What server `i` sent while a call runs, relayed: a notification to a client that takes SSE
+/// (else dropped); a request (sampling, elicitation, roots) to a client that takes SSE and
+/// declared what it asks for, under an id of tollgate's (its answer comes back in a POST of
+/// its own: [`client_answer`]) — else answered at once with the protocol's error, so the
+/// server never waits for what cannot come. Whether the answer now goes as SSE, with the client
+/// still there.
+async fn relay_message(
+    session: &mut Session,
+    (s, i): (&McpSession, usize),
+    streamed: Option<bool>,
+    mut n: Value,
+    sse: bool,
+) -> Option<bool> {
+    let Some(theirs) = n.get("id").cloned() else {
+        return match sse {
+            true => Some(relay_notification(session, streamed, &n).await),
+            false => streamed,
+        };
+    };
+    let method = n.get("method").and_then(Value::as_str).unwrap_or_default();
+    let wanted = crate::mcp::hub::asks_for(method);
+    if sse && wanted.is_some_and(|c| s.declares(c)) {
+        n["id"] = Value::String(s.ask(i, &theirs));
+        return Some(relay_notification(session, streamed, &n).await);
+    }
+    let why = match wanted {
+        Some(c) if sse => format!("The client did not declare the '{c}' capability."),
+        Some(_) => "The client takes no event stream on which a request could reach it.".to_string(),
+        None => format!(
+            "Method not found: {} (tollgate passes sampling, elicitation and roots requests on).",
+            crate::base::text::clip(method, 64)
+        ),
+    };
+    if let Err(e) = s.server(i).respond(&rpc_error(&theirs, METHOD_NOT_FOUND, &why, None)).await {
+        log::warn!("MCP: a server's request could not be refused: {e}");
+    }
+    streamed
 }
 
 /// One notification to a client answered as SSE, the header first when none went yet
@@ -456,7 +521,7 @@ async fn session_for(
     if method == "initialize" {
         let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or_default();
         let version = crate::protocol::mcp::negotiate(asked);
-        let s = hub.open(key_id, version);
+        let s = hub.open(key_id, version, crate::mcp::hub::declared_by_client(params.get("capabilities")));
         let result = json!({
             "protocolVersion": version,
             "capabilities": hub.capabilities(&s).await,
