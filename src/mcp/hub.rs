@@ -106,6 +106,14 @@ impl Link {
         }
     }
 
+    /// The server's own stream, each message to `sent` (servers on the 2024-11-05 transport
+    /// send theirs on the session's one stream, which answers only requests: none here).
+    pub async fn listen(&self, sent: tokio::sync::mpsc::Sender<Value>) {
+        if let Link::Streamable(s) = self {
+            s.listen(sent).await;
+        }
+    }
+
     /// Send the client's answer to a request of the server's.
     pub async fn respond(&self, message: &Value) -> Result<(), McpError> {
         match self {
@@ -147,7 +155,22 @@ pub struct Session {
     /// server's index and its own id (the servers' ids may collide; the client's answer goes
     /// back to the one that asked).
     asked: Mutex<HashMap<String, (usize, Value)>>,
+    /// The client's own stream is open (one at a time).
+    streaming: std::sync::atomic::AtomicBool,
     last_used_ms: AtomicU64,
+}
+
+/// A client's own stream: the servers' messages outside answers as they come; closed when
+/// dropped (its listeners at the servers end).
+pub struct StreamOpen {
+    pub rx: tokio::sync::mpsc::Receiver<(usize, Value)>,
+    session: Arc<Session>,
+}
+
+impl Drop for StreamOpen {
+    fn drop(&mut self) {
+        self.session.streaming.store(false, Ordering::Release);
+    }
 }
 
 /// The most requests of servers a session holds unanswered; past it the oldest are let go
@@ -169,6 +192,36 @@ impl Session {
     /// Its session at server `i`.
     pub fn server(&self, i: usize) -> &Link {
         &self.servers[i]
+    }
+
+    /// The client's own stream opened: every server's messages outside answers, each with its
+    /// server's index, until the receiver is dropped. None while another is open.
+    pub fn open_stream(self: &Arc<Self>) -> Option<StreamOpen> {
+        if self.streaming.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel::<(usize, Value)>(64);
+        for i in 0..self.servers.len() {
+            let (s, tx) = (self.clone(), tx.clone());
+            tokio::spawn(async move {
+                let (one_tx, mut one_rx) = tokio::sync::mpsc::channel::<Value>(16);
+                let listen = s.servers[i].listen(one_tx);
+                tokio::pin!(listen);
+                loop {
+                    tokio::select! {
+                        () = &mut listen => return,
+                        m = one_rx.recv() => {
+                            let Some(m) = m else { return };
+                            if tx.send((i, m)).await.is_err() {
+                                return;
+                            }
+                        }
+                        () = tx.closed() => return,
+                    }
+                }
+            });
+        }
+        Some(StreamOpen { rx, session: self.clone() })
     }
 
     /// Whether the client declared `capability`.
@@ -272,6 +325,7 @@ impl Hub {
             resources: Mutex::new(HashMap::new()),
             declared,
             asked: Mutex::new(HashMap::new()),
+            streaming: std::sync::atomic::AtomicBool::new(false),
             last_used_ms: AtomicU64::new(crate::base::clock::now_ms()),
         });
         let gone = {
@@ -327,6 +381,7 @@ impl Hub {
                     resources: Mutex::new(HashMap::new()),
                     declared: json!({}),
                     asked: Mutex::new(HashMap::new()),
+                    streaming: std::sync::atomic::AtomicBool::new(false),
                     last_used_ms: AtomicU64::new(0),
                 })
             })
@@ -382,10 +437,13 @@ impl Hub {
                 }
             })
             .collect();
+        // Change notices and subscriptions come on the client's own stream (GET /mcp) when a
+        // server offers them.
+        let any = |pointer: &str| answered.iter().any(|c| c.pointer(pointer).and_then(Value::as_bool) == Some(true));
         let offered = [
-            ("tools", json!({"listChanged": false})),
-            ("prompts", json!({"listChanged": false})),
-            ("resources", json!({"listChanged": false, "subscribe": false})),
+            ("tools", json!({"listChanged": any("/tools/listChanged")})),
+            ("prompts", json!({"listChanged": any("/prompts/listChanged")})),
+            ("resources", json!({"listChanged": any("/resources/listChanged"), "subscribe": any("/resources/subscribe")})),
             ("logging", json!({})),
             ("completions", json!({})),
         ];
@@ -611,7 +669,7 @@ impl Hub {
     /// Whether the key's rules (`allows`, over the names the client sees) give it server `i`
     /// whole — every name `server__…`, or for an unprefixed server every name at all —: only
     /// then are its resources the key's.
-    fn whole_server(&self, i: usize, allows: &dyn Fn(&str) -> bool) -> bool {
+    pub fn whole_server(&self, i: usize, allows: &dyn Fn(&str) -> bool) -> bool {
         allows(&self.upstreams[i].visible(""))
     }
 
@@ -636,9 +694,16 @@ impl Hub {
         out
     }
 
-    /// Read resource `uri`: from the server that listed it, else from each server the key has
-    /// whole in turn until one has it.
-    pub async fn read_resource(&self, session: &Session, params: Value, allows: &(dyn Fn(&str) -> bool + Sync)) -> Result<Value, McpError> {
+    /// `resources/read`, `resources/subscribe` or `resources/unsubscribe` of `uri` (`method`):
+    /// to the server that listed it, else to each server the key has whole in turn until one
+    /// has it.
+    pub async fn resource(
+        &self,
+        session: &Session,
+        method: &str,
+        params: Value,
+        allows: &(dyn Fn(&str) -> bool + Sync),
+    ) -> Result<Value, McpError> {
         let uri = params.get("uri").and_then(Value::as_str).unwrap_or_default().to_string();
         let known = lock(&session.resources).get(&uri).copied();
         let order: Vec<usize> = match known {
@@ -648,7 +713,7 @@ impl Hub {
         let order: Vec<usize> = order.into_iter().filter(|i| self.whole_server(*i, allows)).collect();
         let mut last = McpError::Rpc { code: -32002, message: format!("Resource not found: {uri}") };
         for i in order {
-            match session.servers[i].request("resources/read", params.clone(), &mut |_| {}).await {
+            match session.servers[i].request(method, params.clone(), &mut |_| {}).await {
                 Ok(v) => return Ok(v),
                 Err(e) => last = e,
             }

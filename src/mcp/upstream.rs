@@ -241,6 +241,58 @@ impl Server {
         }
     }
 
+    /// The server's own stream (a GET with the session): each message it sends outside an
+    /// answer — change notices, updates of subscribed resources, requests — to `sent`, until the
+    /// stream ends, the server has none (405), or `sent` is closed. Made again (after a pause)
+    /// when it ends while `sent` is open.
+    pub async fn listen(&self, sent: tokio::sync::mpsc::Sender<Value>) {
+        let mut pause = Duration::from_millis(250);
+        while !sent.is_closed() {
+            match self.listen_once(&sent).await {
+                Ok(()) => pause = Duration::from_millis(250),
+                Err(McpError::Status(405)) => return,
+                Err(e) => {
+                    log::debug!("MCP server {}: its stream: {e}", self.shown);
+                    pause = (pause * 2).min(Duration::from_secs(30));
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = sent.closed() => return,
+            }
+        }
+    }
+
+    async fn listen_once(&self, sent: &tokio::sync::mpsc::Sender<Value>) -> Result<(), McpError> {
+        let (id, version) = self.session().await?;
+        let mut req = self.http.get(&*self.url).header(http::header::ACCEPT, "text/event-stream").header("mcp-protocol-version", version);
+        if !id.is_empty() {
+            req = req.header("mcp-session-id", id);
+        }
+        for (name, value) in self.credentials.headers().await? {
+            req = req.header(name, value);
+        }
+        let resp = req.send().await.map_err(McpError::unreachable)?;
+        if !resp.status().is_success() {
+            return Err(McpError::Status(resp.status().as_u16()));
+        }
+        let mut events = Events::default();
+        let mut body = resp.bytes_stream();
+        loop {
+            let chunk = tokio::select! {
+                chunk = body.next() => chunk,
+                () = sent.closed() => return Ok(()),
+            };
+            let Some(chunk) = chunk else { return Ok(()) };
+            let chunk = chunk.map_err(McpError::unreachable)?;
+            for message in events.push(&chunk, MAX_MESSAGE).map_err(|e| McpError::Malformed(e.into()))? {
+                if sent.send(message).await.is_err() {
+                    return Ok(());
+                }
+            }
+        }
+    }
+
     /// Every tool the server lists (all pages).
     pub async fn tools(&self) -> Result<Vec<Value>, McpError> {
         let mut tools = Vec::new();

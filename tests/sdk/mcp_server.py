@@ -4,7 +4,8 @@ MCPServer): `python mcp_server.py NAME PORT [--token T] [--transport streamable-
 Tools: `search` (answers with the server's name and how many sessions' calls it has seen),
 `slow` (reports progress n times), `drop_everything` (which the gateway's configuration hides),
 `count_calls` (calls of every tool so far), with `--chatty` `chatty` (logs two messages while it works) and `ask` (asks the client for a
-sampling and an elicitation), with `--issuer` `reject_token` (the token of this
+sampling and an elicitation) and `change` (says on its own stream that the tools changed and
+the readme was updated), with `--issuer` `reject_token` (the token of this
 call is refused from now on); a resource `NAME://readme` and a prompt `summarize` (its `topic` completed). With `--token`, every
 request must carry `Authorization: Bearer T` (else 401); with `--issuer I --audience A`, a JWT
 access token of issuer I for A, checked against I's keys (`I/jwks`). The server notes what it
@@ -105,9 +106,19 @@ async def ask(ctx: Context) -> str:
     return f"{sampled.content.text} / {picked.action} {road}"
 
 
+async def change(ctx: Context) -> str:
+    """Say, on the server's own stream (related to no request), that the tools changed and that
+    the readme was updated."""
+    calls["n"] += 1
+    await ctx.session.send_tool_list_changed()
+    await ctx.session.send_resource_updated(f"{args.name}://readme")
+    return "changed"
+
+
 if args.chatty:
     server.tool()(chatty)
     server.tool()(ask)
+    server.tool()(change)
 
 
 @server.completion()

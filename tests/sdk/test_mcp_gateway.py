@@ -29,6 +29,7 @@ from pysupport import admin_json, claude_code, free_port, start_mock, start_toll
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEY = "sk-mcp-all-0001-0123456789"
 CALC_ONLY = "sk-mcp-calc-0001-0123456789"
+SOME_TOOLS = "sk-mcp-some-0001-0123456789"
 ADMIN_TOKEN = "mcp-admin-token-0123456789abcdef"
 DOCS_TOKEN = "docs-server-secret-token-42"
 PER_CALL = 0.0125
@@ -543,6 +544,7 @@ mcp:
 keys:
   - {{ key: {KEY}, name: all-tools, balance: 1.0 }}
   - {{ key: {CALC_ONLY}, name: no-drop, balance: 1.0, tools: {{ deny: [drop_everything, "summ*"] }} }}
+  - {{ key: {SOME_TOOLS}, name: some-tools, balance: 1.0, tools: {{ allow: [search, change] }} }}
 """
         procs.append(start_tollgate(BIN_DIR, tmp, config, [gw_port]))
         yield Env(f"http://127.0.0.1:{gw_port}", None, None)
@@ -569,7 +571,7 @@ def test_one_server_without_a_prefix_keeps_its_own_names_under_the_keys_rules(so
 
     before = solo.balance()
     tools, prompts, found, prompt, dropped = asyncio.run(run(KEY))
-    assert tools == ["ask", "broken", "chatty", "count_calls", "drop_everything", "search", "slow"], tools
+    assert tools == ["ask", "broken", "change", "chatty", "count_calls", "drop_everything", "search", "slow"], tools
     assert prompts == ["summarize"] and prompt.messages[0].content.text == "Summarize tolls for solo."
     assert found == ["solo found 'toll roads'"] and dropped
     # Two calls (search, drop_everything) at the server's price.
@@ -640,3 +642,38 @@ def test_a_servers_sampling_and_elicitation_requests_reach_the_client_and_its_an
     refused = asyncio.run(run())
     assert isinstance(refused, MCPError) and refused.code == -32601, refused
     assert "did not declare the 'sampling' capability" in str(refused), refused
+
+
+def test_change_notices_and_resource_updates_reach_the_clients_own_stream(solo):
+    """What a server says on its own stream (tools changed, a subscribed resource updated)
+    reaches the client on its own stream (GET /mcp), filtered by the key's rules."""
+
+    async def run(key):
+        got = []
+        changed, updated = asyncio.Event(), asyncio.Event()
+
+        async def on_message(message):
+            root = getattr(message, "root", message)
+            method = getattr(root, "method", None)
+            got.append(method)
+            if method == "notifications/tools/list_changed":
+                changed.set()
+            if method == "notifications/resources/updated":
+                updated.set()
+
+        http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        async with mcp.Client(streamable_http_client(solo.gateway + "/mcp", http_client=http), mode="legacy", message_handler=on_message) as client:
+            assert texts(await client.call_tool("change", {})) == ["changed"]
+            await asyncio.wait_for(changed.wait(), 10)
+            if key == KEY:
+                await asyncio.wait_for(updated.wait(), 10)
+            else:
+                # The resource is of a server it does not have whole: a call made after the
+                # notices were sent shows the stream went on without it.
+                await client.call_tool("search", {"query": "after"})
+            return got
+
+    got = asyncio.run(run(KEY))
+    assert "notifications/tools/list_changed" in got and "notifications/resources/updated" in got, got
+    got = asyncio.run(run(SOME_TOOLS))
+    assert "notifications/tools/list_changed" in got and "notifications/resources/updated" not in got, got

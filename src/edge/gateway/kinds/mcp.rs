@@ -147,10 +147,11 @@ pub(super) async fn mcp_route(
             };
             return Ok(Outcome::Respond(LocalResponse::json(if closed { 200 } else { 404 }, &json!({}))));
         }
-        // No stream of server-initiated messages: tollgate sends none outside a request.
+        "GET" => return Ok(client_stream(hub, session, key, session_id.as_deref()).await),
         _ => {
-            let mut r = LocalResponse::json(405, &rpc_error(&Value::Null, INVALID_REQUEST, "Method not allowed: POST or DELETE.", None));
-            r.headers.push(("allow", "POST, DELETE".into()));
+            let mut r =
+                LocalResponse::json(405, &rpc_error(&Value::Null, INVALID_REQUEST, "Method not allowed: GET, POST or DELETE.", None));
+            r.headers.push(("allow", "GET, POST, DELETE".into()));
             return Ok(Outcome::Respond(r));
         }
     }
@@ -231,12 +232,12 @@ pub(super) async fn mcp_route(
         "resources/templates/list" => {
             rpc_result(&id, json!({"resourceTemplates": hub.resources(&s, method, "resourceTemplates", &allows).await}))
         }
-        "resources/read" => match hub.read_resource(&s, params, &allows).await {
+        "resources/read" | "resources/subscribe" | "resources/unsubscribe" => match hub.resource(&s, method, params, &allows).await {
             Ok(v) => rpc_result(&id, v),
             Err(e @ McpError::Rpc { .. }) => upstream_error(&id, "-", &e),
             Err(e) => {
-                log::warn!("MCP: a resource could not be read: {e}");
-                rpc_error(&id, SERVER_ERROR, &format!("The resource could not be read: {}", e.for_client()), None)
+                log::warn!("MCP: {method}: {e}");
+                rpc_error(&id, SERVER_ERROR, &format!("{method} failed: {}", e.for_client()), None)
             }
         },
         _ => rpc_error(&id, METHOD_NOT_FOUND, &format!("Method not found: {method}"), None),
@@ -383,6 +384,66 @@ async fn guard_tool(
     let call =
         crate::checks::guard::Call { protocol: "mcp", route: "mcp_tool_call", model: Some(name), key_id: &key.id, tags: &key.policy.tags };
     super::super::guarded::screen_value(gw, guards, &call, value, output, noted).await
+}
+
+/// `GET /mcp`: the client's own stream (one per session), what its servers send outside
+/// answers, as it comes: change notices (`notifications/*/list_changed`), log messages, updates
+/// of subscribed resources of the servers the key has whole, and requests (relayed as in a call:
+/// [`relay_message`]). A comment every 25 s finds a client that left; it ends when the client
+/// leaves.
+async fn client_stream(hub: &Hub, session: &mut Session, key: &Arc<KeyRecord>, session_id: Option<&str>) -> Outcome {
+    let Some(s) = session_id.and_then(|sid| hub.session(sid, &key.id)) else {
+        let e = rpc_error(&Value::Null, INVALID_REQUEST, "Bad Request: GET /mcp needs the Mcp-Session-Id of a session of this key.", None);
+        return Outcome::Respond(LocalResponse::json(400, &e));
+    };
+    let Some(mut open) = s.open_stream() else {
+        let e = rpc_error(&Value::Null, INVALID_REQUEST, "This session's stream is open already.", None);
+        return Outcome::Respond(LocalResponse::json(409, &e));
+    };
+    let allows = |name: &str| key.policy.allows_tool(name);
+    // The header goes out at once, so the client knows the stream is open.
+    match ResponseHeader::build(200, Some(3)) {
+        Ok(mut header) => {
+            let _ = header.insert_header(http::header::CONTENT_TYPE, "text/event-stream");
+            let _ = header.insert_header(http::header::CACHE_CONTROL, "no-cache");
+            if session.write_response_header(Box::new(header), false).await.is_err() {
+                return Outcome::Done;
+            }
+        }
+        Err(_) => return Outcome::Done,
+    }
+    let mut streamed = Some(true);
+    let mut beat = tokio::time::interval(std::time::Duration::from_secs(25));
+    beat.tick().await;
+    loop {
+        let (i, message) = tokio::select! {
+            m = open.rx.recv() => match m {
+                Some(m) => m,
+                None => return Outcome::Done,
+            },
+            _ = beat.tick() => {
+                if session.write_response_body(Some(Bytes::from_static(b": keep-alive\n\n")), false).await.is_err() {
+                    return Outcome::Done;
+                }
+                continue;
+            }
+        };
+        let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
+        let passes = match method {
+            _ if message.get("id").is_some() => true,
+            "notifications/tools/list_changed" | "notifications/prompts/list_changed" | "notifications/resources/list_changed" => true,
+            "notifications/message" => true,
+            "notifications/resources/updated" => hub.whole_server(i, &allows),
+            _ => false,
+        };
+        if !passes {
+            continue;
+        }
+        streamed = relay_message(session, (&s, i), streamed, message, true).await;
+        if streamed == Some(false) {
+            return Outcome::Done;
+        }
+    }
 }
 
 /// A client's answer to a request a server asked through tollgate (sampling, elicitation,
