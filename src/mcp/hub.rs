@@ -200,11 +200,13 @@ impl Session {
         if self.streaming.swap(true, Ordering::AcqRel) {
             return None;
         }
-        let (tx, rx) = tokio::sync::mpsc::channel::<(usize, Value)>(64);
+        // Few messages are held for a client that reads slowly: past them each server's stream
+        // waits (backpressure), rather than the gateway holding what it sent.
+        let (tx, rx) = tokio::sync::mpsc::channel::<(usize, Value)>(8);
         for i in 0..self.servers.len() {
             let (s, tx) = (self.clone(), tx.clone());
             tokio::spawn(async move {
-                let (one_tx, mut one_rx) = tokio::sync::mpsc::channel::<Value>(16);
+                let (one_tx, mut one_rx) = tokio::sync::mpsc::channel::<Value>(1);
                 let listen = s.servers[i].listen(one_tx);
                 tokio::pin!(listen);
                 loop {
