@@ -52,14 +52,14 @@ else
   echo "agent CLI tests will be SKIPPED: npm is missing or could not install ${AGENT_PACKAGES[*]}"
 fi
 
-echo "== The openai and ws npm packages for tests/sdk/test_media.py and test_realtime.py (the JavaScript SDK's images, speech and realtime clients)"
+echo "== The openai, ws and @modelcontextprotocol/sdk npm packages for tests/sdk/test_media.py, test_realtime.py and test_mcp_gateway.py (the JavaScript SDK's images, speech and realtime clients; the MCP TypeScript SDK's client)"
 JS_SDK="${TOLLGATE_JS_SDK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tollgate/js-sdk}"
 if command -v npm >/dev/null 2>&1 \
-  && npm install --prefix "$JS_SDK" --no-audit --no-fund --loglevel=error openai@7.57.0 ws@8.23.0 >/dev/null; then
+  && npm install --prefix "$JS_SDK" --no-audit --no-fund --loglevel=error openai@7.57.0 ws@8.23.0 @modelcontextprotocol/sdk@1.32.2 >/dev/null; then
   export TOLLGATE_JS_SDK="$JS_SDK/node_modules"
   export TOLLGATE_JS_SDK_REQUIRED=1
 else
-  echo "the JavaScript SDK tests will be SKIPPED: npm is missing or could not install openai@7.57.0 ws@8.23.0"
+  echo "the JavaScript SDK tests will be SKIPPED: npm is missing or could not install openai@7.57.0 ws@8.23.0 @modelcontextprotocol/sdk@1.32.2"
 fi
 
 echo "== oidc-provider from npm for tests/sdk/test_identity.py (a real OpenID Connect provider)"

@@ -677,3 +677,22 @@ def test_change_notices_and_resource_updates_reach_the_clients_own_stream(solo):
     assert "notifications/tools/list_changed" in got and "notifications/resources/updated" in got, got
     got = asyncio.run(run(SOME_TOOLS))
     assert "notifications/tools/list_changed" in got and "notifications/resources/updated" not in got, got
+
+
+def test_the_typescript_sdks_client_is_asked_through_the_gateway_and_gets_the_log(solo):
+    """The MCP TypeScript SDK's client (1.x, from npm): a sampling and an elicitation during a
+    tool call reach it and its answers complete the call; a tool's log messages reach it."""
+    sdk = os.environ.get("TOLLGATE_JS_SDK")
+    if not sdk or not os.path.isdir(os.path.join(sdk, "@modelcontextprotocol", "sdk")):
+        if os.environ.get("TOLLGATE_JS_SDK_REQUIRED"):
+            pytest.fail("the @modelcontextprotocol/sdk npm package is required (tests/run_all.sh installs it)")
+        pytest.skip("the @modelcontextprotocol/sdk npm package is not installed (tests/run_all.sh installs it)")
+    script = os.path.join(HERE, "js", "mcp_ask.mjs")
+    env = {**os.environ, "NODE_PATH": sdk, "MCP_URL": solo.gateway + "/mcp", "KEY": KEY}
+    out = subprocess.run(["node", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["asked"] == [["sampling", "name a toll road", 16], ["elicitation", "Which road?"]], got
+    assert got["ask"] == ["the M6 toll / accept A1"], got
+    assert got["logged"] == [["info", "solo is starting"], ["warning", "solo is nearly done"]], got
+    assert got["chatty"] == ["solo talked"], got
