@@ -157,11 +157,42 @@ pub struct Session {
     asked: Mutex<HashMap<String, (usize, Value)>>,
     /// The client's own stream is open (one at a time).
     streaming: std::sync::atomic::AtomicBool,
+    /// Tollgate listens on the servers' own streams (see [`Session::listen`]).
+    listening: std::sync::atomic::AtomicBool,
+    /// Where what the servers send on their own streams goes.
+    route: Mutex<Route>,
+    next_call: AtomicU64,
+    /// The session ended (closed, forgotten): its listeners stop.
+    ended: tokio::sync::watch::Sender<bool>,
     last_used_ms: AtomicU64,
 }
 
-/// A client's own stream: the servers' messages outside answers as they come; closed when
-/// dropped (its listeners at the servers end).
+/// Messages of the servers' own streams: at most this many held for a client without a stream
+/// of its own (or reading slowly); past it the oldest go.
+const MAX_HELD: usize = 16;
+
+#[derive(Default)]
+struct Route {
+    /// Tool calls in flight, each its stream's channel (requests go to the newest).
+    calls: Vec<(u64, tokio::sync::mpsc::UnboundedSender<(usize, Value)>)>,
+    /// The client's own stream, while open.
+    stream: Option<tokio::sync::mpsc::Sender<(usize, Value)>>,
+    held: std::collections::VecDeque<(usize, Value)>,
+}
+
+/// A tool call in flight (see [`Session::calling`]).
+pub struct Calling {
+    session: Arc<Session>,
+    n: u64,
+}
+
+impl Drop for Calling {
+    fn drop(&mut self) {
+        lock(&self.session.route).calls.retain(|(n, _)| *n != self.n);
+    }
+}
+
+/// A client's own stream: the servers' messages outside answers as they come.
 pub struct StreamOpen {
     pub rx: tokio::sync::mpsc::Receiver<(usize, Value)>,
     session: Arc<Session>,
@@ -169,6 +200,7 @@ pub struct StreamOpen {
 
 impl Drop for StreamOpen {
     fn drop(&mut self) {
+        lock(&self.session.route).stream = None;
         self.session.streaming.store(false, Ordering::Release);
     }
 }
@@ -194,35 +226,88 @@ impl Session {
         &self.servers[i]
     }
 
-    /// The client's own stream opened: every server's messages outside answers, each with its
-    /// server's index, until the receiver is dropped. None while another is open.
-    pub fn open_stream(self: &Arc<Self>) -> Option<StreamOpen> {
-        if self.streaming.swap(true, Ordering::AcqRel) {
-            return None;
+    /// Listen on every server's own stream (once per session, until it ends): what a server
+    /// sends there goes where the client can get it ([`Session::deliver`]). Started when the
+    /// client opens its own stream, or at `initialize` for a client that may be asked
+    /// (sampling, elicitation, roots) — servers that ask outside the call's stream ask there.
+    pub fn listen(self: &Arc<Self>) {
+        if self.listening.swap(true, Ordering::AcqRel) {
+            return;
         }
-        // Few messages are held for a client that reads slowly: past them each server's stream
-        // waits (backpressure), rather than the gateway holding what it sent.
-        let (tx, rx) = tokio::sync::mpsc::channel::<(usize, Value)>(8);
         for i in 0..self.servers.len() {
-            let (s, tx) = (self.clone(), tx.clone());
+            let s = self.clone();
             tokio::spawn(async move {
-                let (one_tx, mut one_rx) = tokio::sync::mpsc::channel::<Value>(1);
-                let listen = s.servers[i].listen(one_tx);
+                let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(1);
+                let mut ended = s.ended.subscribe();
+                let listen = s.servers[i].listen(tx);
                 tokio::pin!(listen);
                 loop {
                     tokio::select! {
                         () = &mut listen => return,
-                        m = one_rx.recv() => {
-                            let Some(m) = m else { return };
-                            if tx.send((i, m)).await.is_err() {
-                                return;
-                            }
-                        }
-                        () = tx.closed() => return,
+                        _ = ended.wait_for(|over| *over) => return,
+                        m = rx.recv() => match m {
+                            Some(m) => s.deliver(i, m),
+                            None => return,
+                        },
                     }
                 }
             });
         }
+    }
+
+    /// What server `i` sent on its own stream, where the client gets it: a request to the
+    /// stream of a tool call in flight (the client is waiting on it), else to the client's own
+    /// stream; else held (the newest few) until the client opens one.
+    fn deliver(&self, i: usize, message: Value) {
+        let mut route = lock(&self.route);
+        let request = message.get("id").is_some() && message.get("method").is_some();
+        if request {
+            if let Some((_, call)) = route.calls.last() {
+                if call.send((i, message.clone())).is_ok() {
+                    return;
+                }
+            }
+        }
+        if let Some(stream) = &route.stream {
+            match stream.try_send((i, message)) {
+                Ok(()) => return,
+                Err(tokio::sync::mpsc::error::TrySendError::Full(m) | tokio::sync::mpsc::error::TrySendError::Closed(m)) => {
+                    route.held.push_back(m);
+                }
+            }
+        } else {
+            route.held.push_back((i, message));
+        }
+        while route.held.len() > MAX_HELD {
+            route.held.pop_front();
+        }
+    }
+
+    /// A tool call in flight: requests of the servers' own streams come to `to` while the
+    /// returned guard lives.
+    pub fn calling(self: &Arc<Self>, to: tokio::sync::mpsc::UnboundedSender<(usize, Value)>) -> Calling {
+        let n = self.next_call.fetch_add(1, Ordering::Relaxed);
+        lock(&self.route).calls.push((n, to));
+        Calling { session: self.clone(), n }
+    }
+
+    /// The client's own stream opened: the servers' messages outside answers, each with its
+    /// server's index (what was held first), until the receiver is dropped. None while
+    /// another is open.
+    pub fn open_stream(self: &Arc<Self>) -> Option<StreamOpen> {
+        if self.streaming.swap(true, Ordering::AcqRel) {
+            return None;
+        }
+        // Few messages are held for a client that reads slowly: past them the oldest go.
+        let (tx, rx) = tokio::sync::mpsc::channel::<(usize, Value)>(MAX_HELD);
+        {
+            let mut route = lock(&self.route);
+            while let Some(m) = route.held.pop_front() {
+                let _ = tx.try_send(m);
+            }
+            route.stream = Some(tx);
+        }
+        self.listen();
         Some(StreamOpen { rx, session: self.clone() })
     }
 
@@ -328,6 +413,10 @@ impl Hub {
             declared,
             asked: Mutex::new(HashMap::new()),
             streaming: std::sync::atomic::AtomicBool::new(false),
+            listening: std::sync::atomic::AtomicBool::new(false),
+            route: Mutex::new(Route::default()),
+            next_call: AtomicU64::new(0),
+            ended: tokio::sync::watch::Sender::new(false),
             last_used_ms: AtomicU64::new(crate::base::clock::now_ms()),
         });
         let gone = {
@@ -384,6 +473,10 @@ impl Hub {
                     declared: json!({}),
                     asked: Mutex::new(HashMap::new()),
                     streaming: std::sync::atomic::AtomicBool::new(false),
+                    listening: std::sync::atomic::AtomicBool::new(false),
+                    route: Mutex::new(Route::default()),
+                    next_call: AtomicU64::new(0),
+                    ended: tokio::sync::watch::Sender::new(false),
                     last_used_ms: AtomicU64::new(0),
                 })
             })
@@ -726,6 +819,7 @@ impl Hub {
 
 /// Tell every server a session is over.
 async fn close_all(s: &Session) {
+    s.ended.send_replace(true);
     futures_util::future::join_all(s.servers.iter().map(Link::close)).await;
 }
 

@@ -70,8 +70,12 @@ async fn the_mcp_endpoint_answers_what_is_not_a_request_and_logs_each_tool_call(
         }
         req.send()
     };
+    // The client's own stream needs a session of its key; other methods are not allowed.
     let got = c.get(gw.url("/mcp")).bearer_auth(CLIENT_KEY).send().await.unwrap();
-    assert_eq!((got.status().as_u16(), got.headers()["allow"].to_str().unwrap()), (405, "POST, DELETE"));
+    assert_eq!(got.status().as_u16(), 400);
+    assert!(got.json::<Value>().await.unwrap()["error"]["message"].as_str().unwrap().contains("Mcp-Session-Id"));
+    let put = c.put(gw.url("/mcp")).bearer_auth(CLIENT_KEY).send().await.unwrap();
+    assert_eq!((put.status().as_u16(), put.headers()["allow"].to_str().unwrap()), (405, "GET, POST, DELETE"));
     let batch = post(json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]), None).await.unwrap();
     assert_eq!(batch.status().as_u16(), 400);
     let not_json = c.post(gw.url("/mcp")).bearer_auth(CLIENT_KEY).body("{nope").send().await.unwrap();

@@ -478,14 +478,16 @@ async fn client_answer(hub: &Hub, key_id: &str, session_id: Option<&str>, messag
 /// same (and billed), as the tool runs on whether or not anyone reads.
 async fn tool_call_relayed(
     session: &mut Session,
-    (s, i): (&McpSession, usize),
+    (s, i): (&Arc<McpSession>, usize),
     params: Value,
     sse: bool,
 ) -> (Result<Value, McpError>, Option<bool>) {
     let server = s.server(i);
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Value>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(usize, Value)>();
+    // Requests a server sends on its own stream while the call runs come here too.
+    let _calling = s.calling(tx.clone());
     let mut notify = move |n: &Value| {
-        let _ = tx.send(n.clone());
+        let _ = tx.send((i, n.clone()));
     };
     let call = server.request("tools/call", params, &mut notify);
     tokio::pin!(call);
@@ -494,13 +496,13 @@ async fn tool_call_relayed(
         tokio::select! {
             answer = &mut call => {
                 // Notifications sent before the answer go first.
-                while let Ok(n) = rx.try_recv() {
-                    streamed = relay_message(session, (s, i), streamed, n, sse).await;
+                while let Ok((j, n)) = rx.try_recv() {
+                    streamed = relay_message(session, (s, j), streamed, n, sse).await;
                 }
                 return (answer, streamed);
             }
-            Some(n) = rx.recv() => {
-                streamed = relay_message(session, (s, i), streamed, n, sse).await;
+            Some((j, n)) = rx.recv() => {
+                streamed = relay_message(session, (s, j), streamed, n, sse).await;
             }
         }
     }
@@ -583,6 +585,10 @@ async fn session_for(
         let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or_default();
         let version = crate::protocol::mcp::negotiate(asked);
         let s = hub.open(key_id, version, crate::mcp::hub::declared_by_client(params.get("capabilities")));
+        // A client that may be asked: servers that ask on their own stream are heard from now.
+        if ["sampling", "elicitation", "roots"].iter().any(|c| s.declares(c)) {
+            s.listen();
+        }
         let result = json!({
             "protocolVersion": version,
             "capabilities": hub.capabilities(&s).await,
@@ -632,7 +638,7 @@ async fn session_for(
 /// What `tool_call` is given.
 struct ToolCall<'a> {
     hub: &'a Hub,
-    session: &'a McpSession,
+    session: &'a Arc<McpSession>,
     key: &'a Arc<KeyRecord>,
     routing: &'a Arc<Routing>,
     id: &'a Value,
