@@ -21,7 +21,12 @@ pub struct Reply {
     decoder: Option<Box<dyn Decode>>,
     /// The model's upstream name and the client's (see [`replaced`]).
     rename: Option<Box<Renames>>,
+    /// A first chunk read ahead (see [`Reply::keep_length`]), already renamed, or its error.
+    ahead: Option<pingora_error::Result<Option<Bytes>>>,
 }
+
+/// A renamed whole answer up to this long is read ahead to keep an exact length.
+const KEEP_LENGTH_MAX: usize = 64 << 10;
 
 impl Reply {
     /// The answer of `http` (its header read) for `model` (the provider's name) from a provider
@@ -44,7 +49,37 @@ impl Reply {
             }
             _ => None,
         };
-        Reply { http, header, decoder, rename }
+        Reply { http, header, decoder, rename, ahead: None }
+    }
+
+    /// A whole answer whose model is renamed would lose its `Content-Length` (the name's
+    /// length changes) and go chunked: two more writes to the client for every call. When it
+    /// is small and its body comes in the first read (as small answers do), that read is made
+    /// now and the renamed body's exact length kept; else it goes chunked as before. Nothing is
+    /// held beyond the one read the relay makes anyway.
+    pub async fn keep_length(&mut self) {
+        let whole = |h: &ResponseHeader| {
+            let sse = h.headers.get(http::header::CONTENT_TYPE).is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+            let len = h.headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<usize>().ok());
+            len.filter(|l| !sse && (1..=KEEP_LENGTH_MAX).contains(l))
+        };
+        let Some(len) = self.http.response_header().and_then(whole).filter(|_| self.rename.is_some() && self.decoder.is_none()) else {
+            return;
+        };
+        let first = self.http.read_response_body().await;
+        let (first, whole) = match first {
+            Ok(Some(data)) => {
+                let came = data.len();
+                let renamed = self.rename.as_ref().map_or(data.clone(), |n| replaced(data, &n.0, &n.1));
+                let done = came == len && self.http.response_done();
+                (Ok(Some(renamed)), done)
+            }
+            other => (other, false),
+        };
+        if let (true, Ok(Some(body)), Some(header)) = (whole, &first, self.header.as_mut()) {
+            let _ = header.insert_header(http::header::CONTENT_LENGTH, body.len());
+        }
+        self.ahead = Some(first);
     }
 
     pub fn response_header(&self) -> Option<&ResponseHeader> {
@@ -53,6 +88,9 @@ impl Reply {
 
     /// The next chunk of the body, decoded (possibly empty while a frame is incomplete).
     pub async fn read_response_body(&mut self) -> pingora_error::Result<Option<Bytes>> {
+        if let Some(ahead) = self.ahead.take() {
+            return ahead;
+        }
         let chunk = self.http.read_response_body().await?;
         let chunk = match &mut self.decoder {
             None => chunk,
@@ -78,7 +116,8 @@ impl Reply {
     }
 
     pub fn response_done(&mut self) -> bool {
-        self.http.response_done()
+        // A chunk read ahead is still to be read.
+        self.ahead.is_none() && self.http.response_done()
     }
 
     pub async fn shutdown(&mut self) {

@@ -75,7 +75,12 @@ async fn bedrock_relays_messages_signed_whole_and_streamed_under_the_clients_mod
 
     let whole = messages(&gw, "beta-sonnet-4-6", false, &[("x-mock-usage", "40,7"), ("x-test-tag", "whole")]).await;
     assert_eq!(whole.status(), 200);
-    let body: Value = whole.json().await.unwrap();
+    // Renamed, it keeps an exact length (not chunked).
+    let length = whole.headers().get("content-length").map(|v| v.to_str().unwrap().to_string());
+    assert!(whole.headers().get("transfer-encoding").is_none(), "{:?}", whole.headers());
+    let raw = whole.bytes().await.unwrap();
+    assert_eq!(length, Some(raw.len().to_string()));
+    let body: Value = serde_json::from_slice(&raw).unwrap();
     assert_eq!(body["model"], "beta-sonnet-4-6", "the client's name, not Bedrock's: {body}");
     assert_eq!(body["usage"], json!({"input_tokens": 40, "output_tokens": 7}));
     assert_eq!(body["content"][0]["text"], "Hello from the");

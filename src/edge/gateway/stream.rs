@@ -60,6 +60,8 @@ impl Gateway {
         if let Some(t) = plan.translation.clone() {
             return Box::pin(self.relay_translated(session, ctx, plan, http, peer, t)).await;
         }
+        // A small renamed answer keeps its exact length (read ahead once; see Reply::keep_length).
+        http.keep_length().await;
         let Some(upstream_header) = http.response_header() else {
             let err = ApiError::new(ErrorKind::BadGateway, "The upstream service sent no response.");
             return Box::pin(self.refuse_unanswered(session, plan, err)).await;
