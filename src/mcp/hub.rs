@@ -311,6 +311,12 @@ impl Session {
         Some(StreamOpen { rx, session: self.clone() })
     }
 
+    /// Returns once the session has ended (closed, forgotten).
+    pub async fn over(&self) {
+        let mut ended = self.ended.subscribe();
+        let _ = ended.wait_for(|over| *over).await;
+    }
+
     /// Whether the client declared `capability`.
     pub fn declares(&self, capability: &str) -> bool {
         self.declared.get(capability).is_some()

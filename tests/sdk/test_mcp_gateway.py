@@ -696,3 +696,25 @@ def test_the_typescript_sdks_client_is_asked_through_the_gateway_and_gets_the_lo
     assert got["ask"] == ["the M6 toll / accept A1"], got
     assert got["logged"] == [["info", "solo is starting"], ["warning", "solo is nearly done"]], got
     assert got["chatty"] == ["solo talked"], got
+
+
+def test_a_sessions_own_stream_is_one_and_ends_with_the_session(solo):
+    """GET /mcp: one stream per session (a second is 409); DELETE of the session ends it."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+
+    async def run():
+        headers = {"Authorization": f"Bearer {KEY}", "accept": "application/json, text/event-stream"}
+        async with httpx2.AsyncClient(base_url=solo.gateway, headers=headers, timeout=30) as http:
+            r = await http.post("/mcp", json=init)
+            sid = r.headers["mcp-session-id"]
+            async with http.stream("GET", "/mcp", headers={"mcp-session-id": sid, "accept": "text/event-stream"}) as stream:
+                assert stream.status_code == 200 and stream.headers["content-type"] == "text/event-stream"
+                second = await http.get("/mcp", headers={"mcp-session-id": sid, "accept": "text/event-stream"})
+                assert second.status_code == 409
+                assert (await http.delete("/mcp", headers={"mcp-session-id": sid})).status_code == 200
+                # The stream ends (read to its end), well before its first keep-alive.
+                rest = await asyncio.wait_for(stream.aread(), 10)
+                return rest
+
+    assert asyncio.run(run()) == b""

@@ -421,6 +421,8 @@ async fn client_stream(hub: &Hub, session: &mut Session, key: &Arc<KeyRecord>, s
                 Some(m) => m,
                 None => return Outcome::Done,
             },
+            // The session ended (DELETE, forgotten): so does its stream.
+            () = s.over() => return Outcome::Done,
             _ = beat.tick() => {
                 if session.write_response_body(Some(Bytes::from_static(b": keep-alive\n\n")), false).await.is_err() {
                     return Outcome::Done;
@@ -430,6 +432,8 @@ async fn client_stream(hub: &Hub, session: &mut Session, key: &Arc<KeyRecord>, s
         };
         let method = message.get("method").and_then(Value::as_str).unwrap_or_default();
         let passes = match method {
+            // A request (a response to nothing of the client's is not passed on).
+            "" => false,
             _ if message.get("id").is_some() => true,
             "notifications/tools/list_changed" | "notifications/prompts/list_changed" | "notifications/resources/list_changed" => true,
             "notifications/message" => true,
