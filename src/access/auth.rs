@@ -24,15 +24,7 @@ pub fn hash_key(secret: &str) -> KeyHash {
     Sha256::digest(secret.as_bytes()).into()
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
-}
+pub use crate::base::text::hex;
 
 /// The key parameter the query string names, if any. Names are compared percent-decoded and
 /// case-insensitively (`?%6Bey=` is `key`).

@@ -109,9 +109,35 @@ pub fn loopback_url(url: &str) -> bool {
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
+/// Lowercase hex of `bytes` into `out` (its first `2 * bytes.len()` bytes; what does not fit
+/// is left out).
+pub fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = DIGITS[usize::from(b >> 4)];
+        pair[1] = DIGITS[usize::from(b & 15)];
+    }
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut out = vec![0u8; bytes.len() * 2];
+    hex_into(bytes, &mut out);
+    // Only ASCII digits were written.
+    String::from_utf8(out).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod redact_tests {
-    use super::{clip, redact_url};
+    use super::{clip, hex, hex_into, redact_url};
+
+    #[test]
+    fn hex_is_lowercase_two_digits_a_byte() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        let mut out = [b'-'; 5];
+        hex_into(&[0xab, 0xcd, 0xef], &mut out);
+        assert_eq!(&out, b"abcd-", "what does not fit is left out");
+    }
 
     #[test]
     fn client_strings_are_clipped_at_a_character_boundary() {

@@ -94,18 +94,7 @@ pub fn key(protocol: &str, route: &str, model: &str, stream: bool, scope: Scope<
         }
     }
     h.update(&canonical);
-    hex(&h.finalize())
-}
-
-/// Lowercase hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
-    }
-    out
+    crate::base::text::hex(&h.finalize())
 }
 
 #[cfg(test)]

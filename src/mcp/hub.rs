@@ -405,13 +405,10 @@ impl Hub {
         origin.is_none_or(|o| self.allowed_origins.iter().any(|a| a.as_bytes().eq_ignore_ascii_case(o)))
     }
 
-    /// A new session of `key_id` at revision `version`, its client having declared `declared`
-    /// (see [`declared_by_client`]). The oldest sessions are forgotten past
-    /// [`MAX_SESSIONS`], idle ones after [`IDLE`]; their servers are told in the background.
-    pub fn open(&self, key_id: &str, version: &'static str, declared: Value) -> Arc<Session> {
-        let id = crate::base::secrets::random_base62(32);
-        let session = Arc::new(Session {
-            id: id.clone(),
+    /// A session's state, its links to every server declaring `declared`.
+    fn session_of(&self, id: String, key_id: &str, version: &'static str, declared: Value, used_ms: u64) -> Session {
+        Session {
+            id,
             key_id: key_id.to_string(),
             version,
             servers: self.upstreams.iter().map(|u| u.link(&declared)).collect(),
@@ -423,8 +420,16 @@ impl Hub {
             route: Mutex::new(Route::default()),
             next_call: AtomicU64::new(0),
             ended: tokio::sync::watch::Sender::new(false),
-            last_used_ms: AtomicU64::new(crate::base::clock::now_ms()),
-        });
+            last_used_ms: AtomicU64::new(used_ms),
+        }
+    }
+
+    /// A new session of `key_id` at revision `version`, its client having declared `declared`
+    /// (see [`declared_by_client`]). The oldest sessions are forgotten past
+    /// [`MAX_SESSIONS`], idle ones after [`IDLE`]; their servers are told in the background.
+    pub fn open(&self, key_id: &str, version: &'static str, declared: Value) -> Arc<Session> {
+        let id = crate::base::secrets::random_base62(32);
+        let session = Arc::new(self.session_of(id.clone(), key_id, version, declared, crate::base::clock::now_ms()));
         let gone = {
             let mut sessions = lock(&self.sessions);
             let now = crate::base::clock::now_ms();
@@ -467,26 +472,7 @@ impl Hub {
     /// servers), made at the first; marked used.
     pub fn stateless(&self, key_id: &str, version: &'static str) -> Arc<Session> {
         let mut map = lock(&self.stateless);
-        let s = map
-            .entry_ref(key_id)
-            .or_insert_with(|| {
-                Arc::new(Session {
-                    id: String::new(),
-                    key_id: key_id.to_string(),
-                    version,
-                    servers: self.upstreams.iter().map(|u| u.link(&json!({}))).collect(),
-                    resources: Mutex::new(HashMap::new()),
-                    declared: json!({}),
-                    asked: Mutex::new(HashMap::new()),
-                    streaming: std::sync::atomic::AtomicBool::new(false),
-                    listening: std::sync::atomic::AtomicBool::new(false),
-                    route: Mutex::new(Route::default()),
-                    next_call: AtomicU64::new(0),
-                    ended: tokio::sync::watch::Sender::new(false),
-                    last_used_ms: AtomicU64::new(0),
-                })
-            })
-            .clone();
+        let s = map.entry_ref(key_id).or_insert_with(|| Arc::new(self.session_of(String::new(), key_id, version, json!({}), 0))).clone();
         s.last_used_ms.store(crate::base::clock::now_ms(), Ordering::Relaxed);
         s
     }

@@ -454,13 +454,9 @@ pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
 
 /// A stable id for a call or answer that came without one.
 pub fn new_id(prefix: &str) -> String {
-    use rand::Rng;
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let n: u128 = rand::thread_rng().gen();
     let mut id = String::with_capacity(prefix.len() + 24);
     id.push_str(prefix);
-    // 24 hex digits: the high 96 bits.
-    id.extend((0..24).map(|i| char::from(DIGITS[((n >> (124 - 4 * i)) & 15) as usize])));
+    id.push_str(&crate::base::text::hex(&rand::random::<[u8; 12]>()));
     id
 }
 

@@ -70,7 +70,10 @@ impl Reply {
         let (first, whole) = match first {
             Ok(Some(data)) => {
                 let came = data.len();
-                let renamed = self.rename.as_ref().map_or(data.clone(), |n| replaced(data, &n.0, &n.1));
+                let renamed = match &self.rename {
+                    Some(n) => replaced(data, &n.0, &n.1),
+                    None => data,
+                };
                 let done = came == len && self.http.response_done();
                 (Ok(Some(renamed)), done)
             }

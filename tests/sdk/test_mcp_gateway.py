@@ -33,6 +33,9 @@ SOME_TOOLS = "sk-mcp-some-0001-0123456789"
 ADMIN_TOKEN = "mcp-admin-token-0123456789abcdef"
 DOCS_TOKEN = "docs-server-secret-token-42"
 PER_CALL = 0.0125
+# A plain `initialize` of the 2025-06-18 revision, for tests that speak the protocol by hand.
+INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
 
 def start_server(name, port, token=None, transport="streamable-http", chatty=False):
@@ -262,8 +265,6 @@ def test_a_session_is_the_keys_own(env):
             await client.list_tools()
             return client.session
 
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
     def post(key, body, session=None):
         headers = {"Authorization": f"Bearer {key}", "content-type": "application/json", "accept": "application/json, text/event-stream"}
@@ -272,7 +273,7 @@ def test_a_session_is_the_keys_own(env):
         req = urllib.request.Request(env.gateway + "/mcp", data=json.dumps(body).encode(), headers=headers)
         return urllib.request.urlopen(req)
 
-    with post(KEY, init) as r:
+    with post(KEY, INIT) as r:
         session = r.headers["mcp-session-id"]
         assert json.load(r)["result"]["protocolVersion"] == "2025-06-18"
     listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
@@ -287,14 +288,12 @@ def test_a_session_is_the_keys_own(env):
 
 
 def test_a_browser_page_of_an_origin_not_named_is_refused_and_one_named_is_served(env):
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
     def post(origin):
         headers = {"Authorization": f"Bearer {KEY}", "content-type": "application/json", "accept": "application/json, text/event-stream"}
         if origin:
             headers["Origin"] = origin
-        req = urllib.request.Request(env.gateway + "/mcp", data=json.dumps(init).encode(), headers=headers)
+        req = urllib.request.Request(env.gateway + "/mcp", data=json.dumps(INIT).encode(), headers=headers)
         return urllib.request.urlopen(req)
 
     # A page elsewhere holding a valid key (DNS rebinding, a forged page): 403, nothing opened.
@@ -700,13 +699,11 @@ def test_the_typescript_sdks_client_is_asked_through_the_gateway_and_gets_the_lo
 
 def test_a_sessions_own_stream_is_one_and_ends_with_the_session(solo):
     """GET /mcp: one stream per session (a second is 409); DELETE of the session ends it."""
-    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
 
     async def run():
         headers = {"Authorization": f"Bearer {KEY}", "accept": "application/json, text/event-stream"}
         async with httpx2.AsyncClient(base_url=solo.gateway, headers=headers, timeout=30) as http:
-            r = await http.post("/mcp", json=init)
+            r = await http.post("/mcp", json=INIT)
             sid = r.headers["mcp-session-id"]
             async with http.stream("GET", "/mcp", headers={"mcp-session-id": sid, "accept": "text/event-stream"}) as stream:
                 assert stream.status_code == 200 and stream.headers["content-type"] == "text/event-stream"

@@ -74,15 +74,10 @@ impl Traceparent {
 
 /// `00-<trace id>-<span id>-<flags>`.
 pub fn traceparent(trace_id: &TraceId, span_id: &SpanId, sampled: bool) -> Traceparent {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [b'-'; 55];
     out[..2].copy_from_slice(b"00");
-    for (i, b) in trace_id.iter().chain(span_id).enumerate() {
-        // The span id's digits come after the dash that follows the trace id's.
-        let at = 3 + 2 * i + usize::from(i >= 16);
-        out[at] = DIGITS[usize::from(b >> 4)];
-        out[at + 1] = DIGITS[usize::from(b & 15)];
-    }
+    crate::base::text::hex_into(trace_id, &mut out[3..35]);
+    crate::base::text::hex_into(span_id, &mut out[36..52]);
     out[53..].copy_from_slice(if sampled { b"01" } else { b"00" });
     Traceparent(out)
 }

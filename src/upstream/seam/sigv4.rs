@@ -223,12 +223,8 @@ fn escapes_ok(path: &[u8]) -> bool {
 
 /// Lowercase hex of a 32-byte digest.
 fn hex(bytes: &[u8]) -> [u8; 64] {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = [0u8; 64];
-    for (i, b) in bytes.iter().take(32).enumerate() {
-        out[2 * i] = DIGITS[usize::from(b >> 4)];
-        out[2 * i + 1] = DIGITS[usize::from(b & 15)];
-    }
+    crate::base::text::hex_into(bytes, &mut out);
     out
 }
 
