@@ -16,7 +16,9 @@
 # a directory with the four binaries (no build: the device machine), TOLLGATE_BIN another build
 # of tollgate (default: target/release/tollgate, built here). The generator is
 # `benches/streams` (its own crate, built once into ~/.cache/tollgate-streams-target); the
-# upstream is tollgate-mock trickling events.
+# upstream is tollgate-mock trickling events. STREAMS_CONCURRENCY=C runs the streams C at a
+# time instead (each starting when one ends; time to first event over every stream), and
+# STREAMS_STALL_MS (twice the interval) is the gap past which a stream counts as stalled.
 set -euo pipefail
 N=${STREAMS_N:-2000}
 ROUNDS=${STREAMS_ROUNDS:-3}
@@ -106,7 +108,8 @@ for r in $(seq "$ROUNDS"); do
     start_target "$t"
     sleep 0.5
     pidarg=(); [ -n "$tpid" ] && pidarg=(--pid "$tpid")
-    line=$("$client" "127.0.0.1:$tport" "$N" "${pidarg[@]}" --key "$KEY" --deltas "$DELTAS" --interval-ms "$INTERVAL" --batch "$BATCH" --sources "$SOURCES")
+    mode=(--batch "$BATCH"); [ -n "${STREAMS_CONCURRENCY:-}" ] && mode=(--concurrency "$STREAMS_CONCURRENCY")
+    line=$("$client" "127.0.0.1:$tport" "$N" "${pidarg[@]}" --key "$KEY" --deltas "$DELTAS" --interval-ms "$INTERVAL" "${mode[@]}" --sources "$SOURCES" --stall-ms "${STREAMS_STALL_MS:-$((2 * INTERVAL))}")
     echo "{\"target\":\"$t\",\"round\":$r,\"result\":$line}" >>"$results"
     [ -n "${OUT:-}" ] && cp "$results" "$OUT/streams.jsonl"
     [ -n "$tpid" ] && { kill -9 "$tpid"; wait "$tpid" 2>/dev/null || true; }
@@ -122,14 +125,14 @@ print(f"held streams: {n} per round, {deltas} events {interval} ms apart, {busy}
 late = [r for r in rows if r["result"].get("ended_before_sample")]
 if late:
     print(f"WARNING: {len(late)} run(s) read memory after some streams ended (the ramp outlasted them): their KiB/stream is too low; lengthen STREAMS_DELTAS x STREAMS_INTERVAL_MS")
-print(f"{'target':10} {'KiB/stream':>10} {'CPU µs/event':>12} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'gap p99 ms':>10} {'added gap p99':>13} {'done':>7}")
+print(f"{'target':10} {'KiB/stream':>10} {'CPU µs/event':>12} {'TTFT p50 ms':>11} {'TTFT p99 ms':>11} {'gap p99 ms':>10} {'added gap p99':>13} {'done':>7} {'stalled':>7}")
 targets = list(dict.fromkeys(r["target"] for r in rows))
 direct_gap = med("direct", lambda r: r["gap_ms"]["p99"]) if "direct" in targets else float("nan")
 for t in targets:
-    kib = med(t, lambda r: r["kib_per_stream"]) if t != "direct" else float("nan")
-    cpu = med(t, lambda r: r["cpu_us_per_event"]) if t != "direct" else float("nan")
+    kib = med(t, lambda r: r.get("kib_per_stream", float("nan"))) if t != "direct" else float("nan")
+    cpu = med(t, lambda r: r.get("cpu_us_per_event", float("nan"))) if t != "direct" else float("nan")
     gap = med(t, lambda r: r["gap_ms"]["p99"])
     done = med(t, lambda r: r["completed"])
-    print(f"{t:10} {kib:10.1f} {cpu:12.2f} {med(t, lambda r: r['ttft_ms']['p50']):11.3f} {med(t, lambda r: r['ttft_ms']['p99']):11.3f} {gap:10.3f} {gap - direct_gap:13.3f} {done:7.0f}")
+    print(f"{t:10} {kib:10.1f} {cpu:12.2f} {med(t, lambda r: r['ttft_ms']['p50']):11.3f} {med(t, lambda r: r['ttft_ms']['p99']):11.3f} {gap:10.3f} {gap - direct_gap:13.3f} {done:7.0f} {med(t, lambda r: r['stalled']):7.0f}")
 print(json.dumps(rows))
 PY

@@ -3,7 +3,7 @@
 //! buffer, so 100,000 of them fit in a few hundred MiB here while the proxy holds its share.
 //!
 //! streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I]
-//!                [--sources N] [--batch B] [--batch-gap-ms G]
+//!                [--sources N] [--batch B] [--batch-gap-ms G] [--concurrency C] [--stall-ms S] [--header H]
 //!
 //! Every stream is a `POST` of a streamed chat completion with `x-mock-deltas: D` and
 //! `x-mock-interval-ms: I` (tollgate-mock trickles D events I ms apart). Streams start in
@@ -12,7 +12,11 @@
 //! only when `ended_before_sample` is 0 (streams outlast the ramp);
 //! with `--sources N` they leave from 127.0.0.1 … 127.0.0.N, so more than one source port range
 //! of streams can be open. With `--pid`, the proxy's resident memory is read before and while
-//! every stream is open, and its CPU time across the run. Prints one JSON object.
+//! every stream is open, and its CPU time across the run. With `--concurrency C` the streams run
+//! C at a time instead (each of C workers starts its next stream when the last ends), and every
+//! stream's time to first event is reported. A stream *stalls* when a gap between its events
+//! exceeds `--stall-ms` (default twice the interval) or it ends without `[DONE]`: `stalled`
+//! counts them (the public board's rule for a stall-free stream). Prints one JSON object.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,13 +34,17 @@ struct Args {
     sources: u8,
     batch: usize,
     batch_gap_ms: u64,
+    concurrency: Option<usize>,
+    stall_us: u32,
+    /// `--header 'Name: value'`, any number: sent with every stream (a peer gateway's routing).
+    headers: String,
 }
 
 fn args() -> Args {
     let a: Vec<String> = std::env::args().collect();
     let flag = |name: &str| a.iter().position(|x| x == name).and_then(|i| a.get(i + 1)).cloned();
     let (Some(addr), Some(streams)) = (a.get(1).and_then(|s| s.parse().ok()), a.get(2).and_then(|s| s.parse().ok())) else {
-        eprintln!("usage: streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I] [--sources N] [--batch B] [--batch-gap-ms G]");
+        eprintln!("usage: streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I] [--sources N] [--batch B] [--batch-gap-ms G] [--concurrency C] [--stall-ms S] [--header H]");
         std::process::exit(2);
     };
     Args {
@@ -50,6 +58,21 @@ fn args() -> Args {
         sources: flag("--sources").and_then(|d| d.parse().ok()).unwrap_or(1).max(1),
         batch: flag("--batch").and_then(|d| d.parse().ok()).unwrap_or(1000).max(1),
         batch_gap_ms: flag("--batch-gap-ms").and_then(|d| d.parse().ok()).unwrap_or(50),
+        headers: a
+            .windows(2)
+            .filter(|w| w[0] == "--header")
+            .map(|w| format!("{}\r\n", w[1].replace(['\r', '\n'], "")))
+            .collect(),
+        concurrency: flag("--concurrency").and_then(|d| d.parse().ok()).filter(|c| *c > 0),
+        stall_us: flag("--stall-ms")
+            .and_then(|d| d.parse::<u32>().ok())
+            .map_or_else(
+                || {
+                    let interval = flag("--interval-ms").and_then(|d| d.parse::<u32>().ok()).unwrap_or(100);
+                    interval.saturating_mul(2000)
+                },
+                |ms| ms.saturating_mul(1000),
+            ),
     }
 }
 
@@ -100,12 +123,13 @@ async fn stream(a: &Args, i: usize, started: &AtomicUsize) -> Seen {
     let Ok(mut conn) = sock.connect(a.addr).await else { return seen };
     let body = r#"{"model":"alpha-5.5","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hold"}]}"#;
     let req = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nx-mock-deltas: {}\r\nx-mock-interval-ms: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "POST {} HTTP/1.1\r\nHost: {}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nx-mock-deltas: {}\r\nx-mock-interval-ms: {}\r\n{}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         a.path,
         a.addr,
         a.key,
         a.deltas,
         a.interval_ms,
+        a.headers,
         body.len()
     );
     if conn.write_all(req.as_bytes()).await.is_err() {
@@ -147,9 +171,66 @@ fn pct(v: &mut [u32], q: f64) -> f64 {
     v[((v.len() - 1) as f64 * q).round() as usize] as f64 / 1000.0
 }
 
+/// `--concurrency C`: C workers, each starting its next stream when the last ends, until every
+/// stream has run; every stream's time to first event counts.
+async fn closed_loop(a: Arc<Args>, c: usize) -> Vec<Seen> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let (started, ended) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let workers: Vec<_> = (0..c.min(a.streams))
+        .map(|_| {
+            let (a, next, started, ended) = (a.clone(), next.clone(), started.clone(), ended.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    if i >= a.streams {
+                        break seen;
+                    }
+                    seen.push(one(a.clone(), i, started.clone(), ended.clone()).await);
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::with_capacity(a.streams);
+    for w in workers {
+        all.extend(w.await.unwrap_or_default());
+    }
+    all
+}
+
+/// A stream that ended without `[DONE]`, or waited longer than the stall bound between events.
+fn stalled(s: &Seen, stall_us: u32) -> bool {
+    !s.done || s.gaps_us.iter().any(|g| *g > stall_us)
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let a = Arc::new(args());
+    if let Some(c) = a.concurrency {
+        let t0 = Instant::now();
+        let (_, cpu0) = a.pid.map_or((0, 0), proc_stat);
+        let all = closed_loop(a.clone(), c).await;
+        let (_, cpu1) = a.pid.map_or((0, 0), proc_stat);
+        let secs = t0.elapsed().as_secs_f64();
+        let mut first: Vec<u32> = all.iter().filter_map(|s| s.first_us).collect();
+        let mut gaps: Vec<u32> = all.iter().flat_map(|s| s.gaps_us.iter().copied()).collect();
+        let done = all.iter().filter(|s| s.done).count();
+        let stalls = all.iter().filter(|s| stalled(s, a.stall_us)).count();
+        let events: u64 = all.iter().map(|s| u64::from(s.events)).sum();
+        let cpu_ms = (cpu1.saturating_sub(cpu0)) as f64 * 10.0;
+        println!(
+            "{{\"streams\":{},\"concurrency\":{c},\"completed\":{done},\"failed\":{},\"stalled\":{stalls},\"events\":{events},\"events_per_s\":{:.0},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"cpu_ms\":{cpu_ms:.0}}}",
+            a.streams,
+            a.streams - done,
+            events as f64 / secs,
+            pct(&mut first, 0.5),
+            pct(&mut first, 0.99),
+            pct(&mut gaps, 0.5),
+            pct(&mut gaps, 0.99),
+            pct(&mut gaps, 1.0),
+        );
+        return;
+    }
     let (rss_idle, cpu0) = a.pid.map_or((0, 0), proc_stat);
     let started = Arc::new(AtomicUsize::new(0));
     let ended = Arc::new(AtomicUsize::new(0));
@@ -182,13 +263,14 @@ async fn main() {
     let ended_before_sample = ended.load(Ordering::Relaxed);
     let mut first = Vec::new();
     let mut gaps = Vec::new();
-    let (mut events, mut done, mut failed) = (0u64, 0usize, 0usize);
+    let (mut events, mut done, mut failed, mut stalls) = (0u64, 0usize, 0usize, 0usize);
     for t in tasks {
         match t.await {
             Ok(s) => {
                 events += u64::from(s.events);
                 done += usize::from(s.done);
                 failed += usize::from(!s.done);
+                stalls += usize::from(stalled(&s, a.stall_us));
                 // The first batch's starts: the simultaneous ones.
                 if first.len() < a.batch {
                     first.extend(s.first_us);
@@ -204,7 +286,7 @@ async fn main() {
     let per_stream = rss_open.saturating_sub(rss_idle) as f64 / a.streams.max(1) as f64;
     let interval = a.interval_ms as f64;
     println!(
-        "{{\"streams\":{},\"completed\":{done},\"failed\":{failed},\"events\":{events},\"all_open_after_ms\":{},\"ended_before_sample\":{ended_before_sample},\"rss_idle_kib\":{rss_idle},\"rss_open_kib\":{rss_open},\"kib_per_stream\":{per_stream:.1},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"gap_added_p99_ms\":{:.3},\"cpu_ms\":{cpu_ms:.0},\"cpu_us_per_event\":{:.2}}}",
+        "{{\"streams\":{},\"completed\":{done},\"failed\":{failed},\"stalled\":{stalls},\"events\":{events},\"all_open_after_ms\":{},\"ended_before_sample\":{ended_before_sample},\"rss_idle_kib\":{rss_idle},\"rss_open_kib\":{rss_open},\"kib_per_stream\":{per_stream:.1},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"gap_added_p99_ms\":{:.3},\"cpu_ms\":{cpu_ms:.0},\"cpu_us_per_event\":{:.2}}}",
         a.streams,
         open_at.as_millis(),
         pct(&mut first, 0.5),
