@@ -121,7 +121,7 @@ keys:
 EOF
       RUST_LOG=error "${pin_gw[@]}" "$tollgate" -c "$d/t.yaml" >/dev/null 2>&1 & tpid=$! ;;
     portkey)
-      PORT=$tport "${pin_gw[@]}" node "$peers_dir/portkey/node_modules/@portkey-ai/gateway/build/start-server.js" --port "$tport" >/dev/null 2>&1 & tpid=$!
+      PORT=$tport "${pin_gw[@]}" node "$peers_dir/portkey/node_modules/@portkey-ai/gateway/build/start-server.js" --port="$tport" --headless >/dev/null 2>&1 & tpid=$!
       theaders="x-portkey-provider: openai|x-portkey-custom-host: http://127.0.0.1:$mock_port/v1" ;;
     litellm)
       d="$work/ll-$RANDOM"; mkdir -p "$d"
@@ -130,7 +130,7 @@ model_list:
   - model_name: alpha-5.5
     litellm_params: { model: openai/alpha-5.5, api_base: "http://127.0.0.1:$mock_port/v1", api_key: mock-upstream-key }
 EOF
-      "${pin_gw[@]}" "$peers_dir/litellm/bin/litellm" --config "$d/c.yaml" --host 127.0.0.1 --port "$tport" --num_workers "$gw_threads" >/dev/null 2>&1 & tpid=$! ;;
+      LITELLM_MASTER_KEY=$KEY "${pin_gw[@]}" "$peers_dir/litellm/bin/litellm" --config "$d/c.yaml" --host 127.0.0.1 --port "$tport" --num_workers "$gw_threads" >/dev/null 2>&1 & tpid=$! ;;
   esac
   [ -n "$tpid" ] && { pids+=("$tpid"); wait_port "$tport"; }
   # One request through, so every target starts its rungs warm (connections to the mock made).

@@ -28,6 +28,10 @@ pub struct Reply {
 /// A renamed whole answer up to this long is read ahead to keep an exact length.
 const KEEP_LENGTH_MAX: usize = 64 << 10;
 
+/// Most bytes [`Reply::read_gathered`] joins, and most chunks it takes, in one call.
+const GATHER_MAX_BYTES: usize = 64 << 10;
+const GATHER_MAX_CHUNKS: usize = 64;
+
 impl Reply {
     /// The answer of `http` (its header read) for `model` (the provider's name) from a provider
     /// with seam `seam`; `renamed`: the model's (upstream, client) names when they differ and the
@@ -118,6 +122,33 @@ impl Reply {
         })
     }
 
+    /// The next chunk of the body (waited for), joined with every further chunk that is
+    /// already here — in the session's buffer or the socket's — without waiting for more
+    /// (each tried once; an unfinished read is dropped before it takes any byte). An upstream
+    /// that frames every event as its own HTTP chunk and sends several in one segment is then
+    /// relayed in one write instead of one per event, as a bare proxy does. An error met while
+    /// gathering is kept for the next call, after the bytes before it.
+    pub async fn read_gathered(&mut self) -> pingora_error::Result<Option<Bytes>> {
+        use futures_util::FutureExt;
+        let Some(first) = self.read_response_body().await? else { return Ok(None) };
+        let mut joined: Option<Vec<u8>> = None;
+        for _ in 0..GATHER_MAX_CHUNKS {
+            let held = joined.as_ref().map_or(first.len(), Vec::len);
+            if held >= GATHER_MAX_BYTES || self.response_done() {
+                break;
+            }
+            match self.read_response_body().now_or_never() {
+                None => break,
+                Some(Ok(Some(more))) => joined.get_or_insert_with(|| first.to_vec()).extend_from_slice(&more),
+                Some(end @ (Ok(None) | Err(_))) => {
+                    self.ahead = Some(end);
+                    break;
+                }
+            }
+        }
+        Ok(Some(joined.map_or(first, Bytes::from)))
+    }
+
     pub fn response_done(&mut self) -> bool {
         // A chunk read ahead is still to be read.
         self.ahead.is_none() && self.http.response_done()
@@ -163,6 +194,52 @@ fn replaced(data: Bytes, theirs: &[u8], ours: &[u8]) -> Bytes {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// An upstream that sends its answer's head and three chunks in one write, then (when told)
+    /// a fourth chunk and half of a fifth, and hangs up.
+    async fn upstream() -> (Reply, tokio::sync::oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (go_on, told) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = vec![0u8; 4096];
+            let _ = s.read(&mut head).await;
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n5\r\nthird\r\n";
+            s.write_all(answer).await.unwrap();
+            let _ = told.await;
+            s.write_all(b"6\r\nfourth\r\n9\r\ncut").await.unwrap();
+        });
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut h1 = pingora_core::protocols::http::v1::client::HttpSession::new(Box::new(
+            pingora_core::protocols::l4::stream::Stream::from(stream),
+        ));
+        let req = pingora_http::RequestHeader::build("POST", b"/v1/chat/completions", None).unwrap();
+        h1.write_request_header(Box::new(req)).await.unwrap();
+        h1.read_response().await.unwrap();
+        let seam = super::super::seam::openai::OpenAi::new(&[]);
+        (Reply::new(HttpSession::H1(h1), &seam, "m", None), go_on)
+    }
+
+    #[tokio::test]
+    async fn chunks_already_here_are_read_as_one_and_an_error_after_them_comes_next() {
+        let (mut reply, go_on) = upstream().await;
+        let first = reply.read_gathered().await.unwrap();
+        assert_eq!(first.as_deref(), Some(&b"firstsecondthird"[..]), "the three chunks of one write, joined");
+        go_on.send(()).unwrap();
+        // The fourth is waited for; the cut fifth is an error, after it, never lost or reordered.
+        let mut got = Vec::new();
+        let err = loop {
+            match reply.read_gathered().await {
+                Ok(Some(more)) => got.extend_from_slice(&more),
+                Ok(None) => panic!("a cut answer must not end cleanly"),
+                Err(e) => break e,
+            }
+        };
+        assert!(got.starts_with(b"fourth"), "{:?}", String::from_utf8_lossy(&got));
+        assert_eq!(err.etype(), &pingora_error::ErrorType::ConnectionClosed, "{err}");
+    }
 
     #[test]
     fn the_upstream_name_of_a_model_is_written_back_as_the_clients_and_nothing_else_changes() {

@@ -3,7 +3,7 @@
 //! buffer, so 100,000 of them fit in a few hundred MiB here while the proxy holds its share.
 //!
 //! streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I]
-//!                [--sources N] [--batch B] [--batch-gap-ms G] [--concurrency C] [--stall-ms S] [--header H]
+//!                [--sources N] [--batch B] [--batch-gap-ms G] [--concurrency C] [--stall-ms S] [--header H] [--pause-ms P]
 //!
 //! Every stream is a `POST` of a streamed chat completion with `x-mock-deltas: D` and
 //! `x-mock-interval-ms: I` (tollgate-mock trickles D events I ms apart). Streams start in
@@ -38,13 +38,15 @@ struct Args {
     stall_us: u32,
     /// `--header 'Name: value'`, any number: sent with every stream (a peer gateway's routing).
     headers: String,
+    /// `--pause-ms P`: each worker waits P ms between its streams.
+    pause_ms: u64,
 }
 
 fn args() -> Args {
     let a: Vec<String> = std::env::args().collect();
     let flag = |name: &str| a.iter().position(|x| x == name).and_then(|i| a.get(i + 1)).cloned();
     let (Some(addr), Some(streams)) = (a.get(1).and_then(|s| s.parse().ok()), a.get(2).and_then(|s| s.parse().ok())) else {
-        eprintln!("usage: streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I] [--sources N] [--batch B] [--batch-gap-ms G] [--concurrency C] [--stall-ms S] [--header H]");
+        eprintln!("usage: streams-client ADDR STREAMS [--pid PID] [--path P] [--key K] [--deltas D] [--interval-ms I] [--sources N] [--batch B] [--batch-gap-ms G] [--concurrency C] [--stall-ms S] [--header H] [--pause-ms P]");
         std::process::exit(2);
     };
     Args {
@@ -63,6 +65,7 @@ fn args() -> Args {
             .filter(|w| w[0] == "--header")
             .map(|w| format!("{}\r\n", w[1].replace(['\r', '\n'], "")))
             .collect(),
+        pause_ms: flag("--pause-ms").and_then(|d| d.parse().ok()).unwrap_or(0),
         concurrency: flag("--concurrency").and_then(|d| d.parse().ok()).filter(|c| *c > 0),
         stall_us: flag("--stall-ms")
             .and_then(|d| d.parse::<u32>().ok())
@@ -187,6 +190,9 @@ async fn closed_loop(a: Arc<Args>, c: usize) -> Vec<Seen> {
                         break seen;
                     }
                     seen.push(one(a.clone(), i, started.clone(), ended.clone()).await);
+                    if a.pause_ms > 0 {
+                        tokio::time::sleep(Duration::from_millis(a.pause_ms)).await;
+                    }
                 }
             })
         })

@@ -215,8 +215,9 @@ impl Gateway {
         LocalResponse::error(&err, plan.protocol).send(session).await
     }
 
-    /// The next chunk of the upstream's answer and whether it is the last. An answer cut by the
-    /// upstream is billed for what came and ends the client's connection (`Err`).
+    /// The next chunk of the upstream's answer (with what else is already here: one write for
+    /// the events of one read) and whether it is the last. An answer cut by the upstream is
+    /// billed for what came and ends the client's connection (`Err`).
     pub(super) async fn next_chunk(
         &self,
         http: &mut Reply,
@@ -224,7 +225,7 @@ impl Gateway {
         scanner: &mut UsageScanner,
         status: u16,
     ) -> Result<(Option<Bytes>, bool)> {
-        match http.read_response_body().await {
+        match http.read_gathered().await {
             Ok(chunk) => {
                 let done = chunk.is_none() || http.response_done();
                 Ok((chunk, done))
