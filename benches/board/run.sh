@@ -23,7 +23,8 @@
 # Every rung lasts BOARD_SECS (5). BOARD_TARGETS picks targets (default: direct bare tollgate and
 # the peers). BOARD_PIN=1 (a machine of 16 cores or more: the device) gives the board's split —
 # gateway on 4 cores, mock on 6, load on 6; otherwise everything shares the machine, as the
-# figures in docs/performance.md say. TOLLGATE_BIN another tollgate build; BOARD_PREBUILT a
+# figures in docs/performance.md say. TOLLGATE_BIN another tollgate build; BOARD_OTHER_BIN adds a
+# second one as target `other` (a change against the build before it, in one run); BOARD_PREBUILT a
 # directory with tollgate, bare-pingora, board-mock and streams-client (no build: the device).
 # Results: a table, and every rung as JSON lines in target/bench/board.jsonl (and $OUT).
 set -euo pipefail
@@ -65,6 +66,7 @@ fi
 # Peers, installed on first use into the cache (npm and PyPI only).
 peers_dir="$cache/tollgate-board-peers"
 targets=(direct bare tollgate)
+[ -n "${BOARD_OTHER_BIN:-}" ] && targets+=(other)
 for p in $PEERS; do
   case "$p" in
     portkey)
@@ -84,7 +86,7 @@ done
 
 work=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+cleanup() { for p in "${pids[@]}"; do kill -- "-$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done; rm -rf "$work"; }
 trap cleanup EXIT
 wait_port() { for _ in $(seq 600); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done; echo "port $1 never opened"; exit 1; }
 results=target/bench/board.jsonl
@@ -105,7 +107,7 @@ start_target() {
   case "$1" in
     direct) tport=$mock_port ;;
     bare) "${pin_gw[@]}" "$bare" "127.0.0.1:$tport" "127.0.0.1:$mock_port" "$gw_threads" >/dev/null 2>&1 & tpid=$! ;;
-    tollgate)
+    tollgate | other)
       d="$work/tg-$RANDOM"; mkdir -p "$d"
       cat >"$d/t.yaml" <<EOF
 pingora: { threads: $gw_threads, pid_file: $d/pid, upgrade_sock: $d/sock }
@@ -119,9 +121,10 @@ limits: { max_connections: 1000000, max_connections_per_ip: 1000000 }
 keys:
   - { key: $KEY, name: board, balance: 100000000.0 }
 EOF
-      RUST_LOG=error "${pin_gw[@]}" "$tollgate" -c "$d/t.yaml" >/dev/null 2>&1 & tpid=$! ;;
+      bin=$tollgate; [ "$1" = other ] && bin=$BOARD_OTHER_BIN
+      RUST_LOG=error "${pin_gw[@]}" "$bin" -c "$d/t.yaml" >/dev/null 2>&1 & tpid=$! ;;
     portkey)
-      PORT=$tport "${pin_gw[@]}" node "$peers_dir/portkey/node_modules/@portkey-ai/gateway/build/start-server.js" --port="$tport" --headless >/dev/null 2>&1 & tpid=$!
+      PORT=$tport setsid "${pin_gw[@]}" node "$peers_dir/portkey/node_modules/@portkey-ai/gateway/build/start-server.js" --port="$tport" --headless >/dev/null 2>&1 & tpid=$!
       theaders="x-portkey-provider: openai|x-portkey-custom-host: http://127.0.0.1:$mock_port/v1" ;;
     litellm)
       d="$work/ll-$RANDOM"; mkdir -p "$d"
@@ -130,13 +133,14 @@ model_list:
   - model_name: alpha-5.5
     litellm_params: { model: openai/alpha-5.5, api_base: "http://127.0.0.1:$mock_port/v1", api_key: mock-upstream-key }
 EOF
-      LITELLM_MASTER_KEY=$KEY "${pin_gw[@]}" "$peers_dir/litellm/bin/litellm" --config "$d/c.yaml" --host 127.0.0.1 --port "$tport" --num_workers "$gw_threads" >/dev/null 2>&1 & tpid=$! ;;
+      LITELLM_MASTER_KEY=$KEY setsid "${pin_gw[@]}" "$peers_dir/litellm/bin/litellm" --config "$d/c.yaml" --host 127.0.0.1 --port "$tport" --num_workers "$gw_threads" >/dev/null 2>&1 & tpid=$! ;;
   esac
   [ -n "$tpid" ] && { pids+=("$tpid"); wait_port "$tport"; }
   # One request through, so every target starts its rungs warm (connections to the mock made).
   BOARD_HEADERS="$theaders" BOARD_AUTH=$KEY wrk -t1 -c1 -d1s -s benches/board/board.lua "http://127.0.0.1:$tport/v1/chat/completions" >/dev/null 2>&1 || true
 }
-stop_target() { [ -n "$tpid" ] && { kill -9 "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null || true; }; true; }
+# A peer runs in a session of its own (setsid): its workers (LiteLLM's processes) go with it.
+stop_target() { [ -n "$tpid" ] && { kill -9 -- "-$tpid" 2>/dev/null || true; kill -9 "$tpid" 2>/dev/null || true; wait "$tpid" 2>/dev/null || true; }; true; }
 
 # The process's CPU time so far, in clock ticks (its children's too: LiteLLM's workers).
 ticks() {

@@ -12,7 +12,7 @@
 # of "direct bare tollgate" to run (in that order, reversed every other round; `guarded` is
 # tollgate with its key's answers read as they stream by the guardrails of the kinds in
 # STREAMS_GUARD_KINDS, default "secrets pii", each KIND or KIND=R1+R2 for only those
-# recognisers; issue 65), STREAMS_PREBUILT
+# recognisers; issue 65; `other` is tollgate built as STREAMS_OTHER_BIN), STREAMS_PREBUILT
 # a directory with the four binaries (no build: the device machine), TOLLGATE_BIN another build
 # of tollgate (default: target/release/tollgate, built here). The generator is
 # `benches/streams` (its own crate, built once into ~/.cache/tollgate-streams-target); the
@@ -70,7 +70,7 @@ start_target() { # name → sets tpid and tport
   case "$1" in
     direct) tpid=""; tport=$mock_port ;;
     bare) "$bare" "127.0.0.1:$tport" "127.0.0.1:$mock_port" 2 >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
-    tollgate | guarded)
+    tollgate | guarded | other)
       d="$work/tg-$RANDOM"; mkdir -p "$d"
       guards=""; names=""
       if [ "$1" = guarded ]; then
@@ -96,7 +96,8 @@ keys:
   - { key: $KEY, name: bench, balance: 1000000.0$( [ -n "$guards" ] && echo ", guardrails: [$names]" ) }
 $guards
 EOF
-      RUST_LOG=error "$tollgate" -c "$d/t.yaml" >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
+      bin=$tollgate; [ "$1" = other ] && bin=${STREAMS_OTHER_BIN:?STREAMS_OTHER_BIN names the other build}
+      RUST_LOG=error "$bin" -c "$d/t.yaml" >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
   esac
 }
 

@@ -225,7 +225,7 @@ async fn main() {
         let events: u64 = all.iter().map(|s| u64::from(s.events)).sum();
         let cpu_ms = (cpu1.saturating_sub(cpu0)) as f64 * 10.0;
         println!(
-            "{{\"streams\":{},\"concurrency\":{c},\"completed\":{done},\"failed\":{},\"stalled\":{stalls},\"events\":{events},\"events_per_s\":{:.0},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"cpu_ms\":{cpu_ms:.0}}}",
+            "{{\"streams\":{},\"concurrency\":{c},\"completed\":{done},\"failed\":{},\"stalled\":{stalls},\"events\":{events},\"events_per_s\":{:.0},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"cpu_ms\":{cpu_ms:.0},\"cpu_us_per_event\":{:.2}}}",
             a.streams,
             a.streams - done,
             events as f64 / secs,
@@ -234,6 +234,7 @@ async fn main() {
             pct(&mut gaps, 0.5),
             pct(&mut gaps, 0.99),
             pct(&mut gaps, 1.0),
+            if events > 0 { cpu_ms * 1000.0 / events as f64 } else { f64::NAN },
         );
         return;
     }
