@@ -47,10 +47,8 @@ else
   here=benches/relay
   # shellcheck source=../relay/prepare.sh
   . "$here/prepare.sh"
-  CARGO_TARGET_DIR="$cache/tollgate-board-target" cargo build --release --manifest-path benches/board/Cargo.toml >/dev/null 2>&1 || { echo "board-mock build failed"; exit 1; }
-  CARGO_TARGET_DIR="$cache/tollgate-streams-target" cargo build --release --manifest-path benches/streams/Cargo.toml >/dev/null 2>&1 || { echo "streams-client build failed"; exit 1; }
-  mock="$cache/tollgate-board-target/release/board-mock"
-  client="$cache/tollgate-streams-target/release/streams-client"
+  mock=$(bench_tool board board-mock) || exit 1
+  client=$(bench_tool streams streams-client) || exit 1
   tollgate=${TOLLGATE_BIN:-target/release/tollgate}
 fi
 ulimit -n 1048576 2>/dev/null || ulimit -n "$(ulimit -Hn)"
@@ -101,9 +99,10 @@ start_mock() { # mock arguments
   wait_port "$mock_port"
 }
 
-# start_target NAME → tpid (empty for direct), tport, theaders (a peer's routing headers).
+# start_target NAME → tpid (empty for direct), tport, theaders (a peer's routing headers, as
+# wrk's script takes them) and hdr (the same as streams-client's arguments).
 start_target() {
-  tport=$(port); tpid=""; theaders=""
+  tport=$(port); tpid=""; theaders=""; hdr=()
   case "$1" in
     direct) tport=$mock_port ;;
     bare) "${pin_gw[@]}" "$bare" "127.0.0.1:$tport" "127.0.0.1:$mock_port" "$gw_threads" >/dev/null 2>&1 & tpid=$! ;;
@@ -136,6 +135,7 @@ EOF
       LITELLM_MASTER_KEY=$KEY setsid "${pin_gw[@]}" "$peers_dir/litellm/bin/litellm" --config "$d/c.yaml" --host 127.0.0.1 --port "$tport" --num_workers "$gw_threads" >/dev/null 2>&1 & tpid=$! ;;
   esac
   [ -n "$tpid" ] && { pids+=("$tpid"); wait_port "$tport"; }
+  local hs h; IFS='|' read -r -a hs <<<"$theaders"; for h in "${hs[@]}"; do [ -n "$h" ] && hdr+=(--header "$h"); done
   # One request through, so every target starts its rungs warm (connections to the mock made).
   BOARD_HEADERS="$theaders" BOARD_AUTH=$KEY wrk -t1 -c1 -d1s -s benches/board/board.lua "http://127.0.0.1:$tport/v1/chat/completions" >/dev/null 2>&1 || true
 }
@@ -189,7 +189,6 @@ done
 start_mock --chunks 64 --interval-ms 20
 for t in "${targets[@]}"; do
   start_target "$t"
-  hdr=(); IFS='|' read -r -a hs <<<"$theaders"; for h in "${hs[@]}"; do [ -n "$h" ] && hdr+=(--header "$h"); done
   for c in $STREAM_LADDER; do
     line=$("${pin_load[@]}" "$client" "127.0.0.1:$tport" "$c" --key "$KEY" --deltas 64 --interval-ms 20 --concurrency "$c" --stall-ms "$STALL_MS" --sources 4 "${hdr[@]}")
     emit "{\"phase\":\"streams\",\"target\":\"$t\",\"c\":$c,\"result\":$line}"
@@ -201,7 +200,6 @@ done
 start_mock --chunks 2 --interval-ms 20
 for t in "${targets[@]}"; do
   start_target "$t"
-  hdr=(); IFS='|' read -r -a hs <<<"$theaders"; for h in "${hs[@]}"; do [ -n "$h" ] && hdr+=(--header "$h"); done
   for c in 1 "$TTFE_C"; do
     line=$("${pin_load[@]}" "$client" "127.0.0.1:$tport" "$TTFE_N" --key "$KEY" --deltas 2 --interval-ms 20 --concurrency "$c" --stall-ms "$STALL_MS" "${hdr[@]}")
     emit "{\"phase\":\"ttfe\",\"target\":\"$t\",\"c\":$c,\"result\":$line}"

@@ -11,3 +11,10 @@ bare_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-perf-bare-target"
 bare="$bare_dir/release/bare-pingora"
 CARGO_TARGET_DIR="$bare_dir" cargo build --release --manifest-path "$here/bare/Cargo.toml" >/dev/null 2>&1 || { echo "bare Pingora build failed"; exit 1; }
 port() { python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])'; }
+# bench_tool DIR BIN: the bench crate benches/DIR (its own workspace, never the test build) built
+# once into ~/.cache/tollgate-DIR-target; prints the path of its binary BIN.
+bench_tool() {
+  local dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-$1-target"
+  CARGO_TARGET_DIR="$dir" cargo build --release --manifest-path "benches/$1/Cargo.toml" >/dev/null 2>&1 || { echo "benches/$1 build failed" >&2; return 1; }
+  echo "$dir/release/$2"
+}

@@ -39,9 +39,7 @@ else
   # shellcheck source=../relay/prepare.sh
   . "$here/prepare.sh"
   cargo build --release --bin tollgate-mock >/dev/null 2>&1 || { echo "release build failed"; exit 1; }
-  client_dir="${XDG_CACHE_HOME:-$HOME/.cache}/tollgate-streams-target"
-  CARGO_TARGET_DIR="$client_dir" cargo build --release --manifest-path benches/streams/Cargo.toml >/dev/null 2>&1 || { echo "client build failed"; exit 1; }
-  client="$client_dir/release/streams-client"
+  client=$(bench_tool streams streams-client) || exit 1
   mock=target/release/tollgate-mock
   tollgate=${TOLLGATE_BIN:-target/release/tollgate}
 fi

@@ -126,8 +126,9 @@ impl Reply {
     /// already here — in the session's buffer or the socket's — without waiting for more
     /// (each tried once; an unfinished read is dropped before it takes any byte). An upstream
     /// that frames every event as its own HTTP chunk and sends several in one segment is then
-    /// relayed in one write instead of one per event, as a bare proxy does. An error met while
-    /// gathering is kept for the next call, after the bytes before it.
+    /// relayed in one write instead of one per event, as a bare proxy does. The body's end met
+    /// while gathering shows in [`Reply::response_done`] at once; an error is kept for the next
+    /// call, after the bytes before it.
     pub async fn read_gathered(&mut self) -> pingora_error::Result<Option<Bytes>> {
         use futures_util::FutureExt;
         let Some(first) = self.read_response_body().await? else { return Ok(None) };
@@ -140,8 +141,10 @@ impl Reply {
             match self.read_response_body().now_or_never() {
                 None => break,
                 Some(Ok(Some(more))) => joined.get_or_insert_with(|| first.to_vec()).extend_from_slice(&more),
-                Some(end @ (Ok(None) | Err(_))) => {
-                    self.ahead = Some(end);
+                // The session is done: the caller sees it and ends with these bytes.
+                Some(Ok(None)) => break,
+                Some(Err(e)) => {
+                    self.ahead = Some(Err(e));
                     break;
                 }
             }
@@ -196,9 +199,11 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// An upstream that sends its answer's head and three chunks in one write, then (when told)
+    const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+
+    /// An upstream that sends its answer's head and `chunks` in one write, then (when told)
     /// a fourth chunk and half of a fifth, and hangs up.
-    async fn upstream() -> (Reply, tokio::sync::oneshot::Sender<()>) {
+    async fn upstream(chunks: &'static [u8]) -> (Reply, tokio::sync::oneshot::Sender<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (go_on, told) = tokio::sync::oneshot::channel::<()>();
@@ -206,8 +211,7 @@ mod tests {
             let (mut s, _) = listener.accept().await.unwrap();
             let mut head = vec![0u8; 4096];
             let _ = s.read(&mut head).await;
-            let answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n5\r\nthird\r\n";
-            s.write_all(answer).await.unwrap();
+            s.write_all(&[HEAD, chunks].concat()).await.unwrap();
             let _ = told.await;
             s.write_all(b"6\r\nfourth\r\n9\r\ncut").await.unwrap();
         });
@@ -224,7 +228,7 @@ mod tests {
 
     #[tokio::test]
     async fn chunks_already_here_are_read_as_one_and_an_error_after_them_comes_next() {
-        let (mut reply, go_on) = upstream().await;
+        let (mut reply, go_on) = upstream(b"5\r\nfirst\r\n6\r\nsecond\r\n5\r\nthird\r\n").await;
         let first = reply.read_gathered().await.unwrap();
         assert_eq!(first.as_deref(), Some(&b"firstsecondthird"[..]), "the three chunks of one write, joined");
         go_on.send(()).unwrap();
@@ -239,6 +243,15 @@ mod tests {
         };
         assert!(got.starts_with(b"fourth"), "{:?}", String::from_utf8_lossy(&got));
         assert_eq!(err.etype(), &pingora_error::ErrorType::ConnectionClosed, "{err}");
+    }
+
+    #[tokio::test]
+    async fn an_end_that_came_with_the_chunks_shows_at_once() {
+        let (mut reply, _go_on) = upstream(b"5\r\nfirst\r\n6\r\nsecond\r\n0\r\n\r\n").await;
+        let all = reply.read_gathered().await.unwrap();
+        assert_eq!(all.as_deref(), Some(&b"firstsecond"[..]));
+        assert!(reply.response_done(), "the caller ends with these bytes");
+        assert!(reply.read_gathered().await.unwrap().is_none());
     }
 
     #[test]

@@ -204,6 +204,48 @@ async fn closed_loop(a: Arc<Args>, c: usize) -> Vec<Seen> {
     all
 }
 
+/// `--concurrency C`: every stream's time to first event, the gaps, the stalls and the proxy's
+/// CPU per event, as one JSON object.
+async fn closed_loop_report(a: Arc<Args>, c: usize) {
+    let t0 = Instant::now();
+    let (_, cpu0) = a.pid.map_or((0, 0), proc_stat);
+    let all = closed_loop(a.clone(), c).await;
+    let (_, cpu1) = a.pid.map_or((0, 0), proc_stat);
+    let secs = t0.elapsed().as_secs_f64();
+    let mut first: Vec<u32> = all.iter().filter_map(|s| s.first_us).collect();
+    let mut gaps: Vec<u32> = all.iter().flat_map(|s| s.gaps_us.iter().copied()).collect();
+    let done = all.iter().filter(|s| s.done).count();
+    let stalls = all.iter().filter(|s| stalled(s, a.stall_us)).count();
+    let events: u64 = all.iter().map(|s| u64::from(s.events)).sum();
+    let cpu_ms = cpu_ms(cpu0, cpu1);
+    println!(
+        "{{\"streams\":{},\"concurrency\":{c},\"completed\":{done},\"failed\":{},\"stalled\":{stalls},\"events\":{events},\"events_per_s\":{:.0},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"cpu_ms\":{cpu_ms:.0},\"cpu_us_per_event\":{:.2}}}",
+        a.streams,
+        a.streams - done,
+        events as f64 / secs,
+        pct(&mut first, 0.5),
+        pct(&mut first, 0.99),
+        pct(&mut gaps, 0.5),
+        pct(&mut gaps, 0.99),
+        pct(&mut gaps, 1.0),
+        per_event(cpu_ms, events),
+    );
+}
+
+/// CPU time between two readings of [`proc_stat`] (clock ticks of USER_HZ, 100 on Linux), in ms.
+fn cpu_ms(before: u64, after: u64) -> f64 {
+    after.saturating_sub(before) as f64 * 10.0
+}
+
+/// Microseconds of CPU per relayed event.
+fn per_event(cpu_ms: f64, events: u64) -> f64 {
+    if events > 0 {
+        cpu_ms * 1000.0 / events as f64
+    } else {
+        f64::NAN
+    }
+}
+
 /// A stream that ended without `[DONE]`, or waited longer than the stall bound between events.
 fn stalled(s: &Seen, stall_us: u32) -> bool {
     !s.done || s.gaps_us.iter().any(|g| *g > stall_us)
@@ -213,30 +255,7 @@ fn stalled(s: &Seen, stall_us: u32) -> bool {
 async fn main() {
     let a = Arc::new(args());
     if let Some(c) = a.concurrency {
-        let t0 = Instant::now();
-        let (_, cpu0) = a.pid.map_or((0, 0), proc_stat);
-        let all = closed_loop(a.clone(), c).await;
-        let (_, cpu1) = a.pid.map_or((0, 0), proc_stat);
-        let secs = t0.elapsed().as_secs_f64();
-        let mut first: Vec<u32> = all.iter().filter_map(|s| s.first_us).collect();
-        let mut gaps: Vec<u32> = all.iter().flat_map(|s| s.gaps_us.iter().copied()).collect();
-        let done = all.iter().filter(|s| s.done).count();
-        let stalls = all.iter().filter(|s| stalled(s, a.stall_us)).count();
-        let events: u64 = all.iter().map(|s| u64::from(s.events)).sum();
-        let cpu_ms = (cpu1.saturating_sub(cpu0)) as f64 * 10.0;
-        println!(
-            "{{\"streams\":{},\"concurrency\":{c},\"completed\":{done},\"failed\":{},\"stalled\":{stalls},\"events\":{events},\"events_per_s\":{:.0},\"ttft_ms\":{{\"p50\":{:.3},\"p99\":{:.3}}},\"gap_ms\":{{\"p50\":{:.3},\"p99\":{:.3},\"max\":{:.3}}},\"cpu_ms\":{cpu_ms:.0},\"cpu_us_per_event\":{:.2}}}",
-            a.streams,
-            a.streams - done,
-            events as f64 / secs,
-            pct(&mut first, 0.5),
-            pct(&mut first, 0.99),
-            pct(&mut gaps, 0.5),
-            pct(&mut gaps, 0.99),
-            pct(&mut gaps, 1.0),
-            if events > 0 { cpu_ms * 1000.0 / events as f64 } else { f64::NAN },
-        );
-        return;
+        return closed_loop_report(a, c).await;
     }
     let (rss_idle, cpu0) = a.pid.map_or((0, 0), proc_stat);
     let started = Arc::new(AtomicUsize::new(0));
@@ -288,8 +307,7 @@ async fn main() {
         }
     }
     let (_, cpu1) = a.pid.map_or((0, 0), proc_stat);
-    let ticks = 100.0; // USER_HZ on Linux
-    let cpu_ms = (cpu1.saturating_sub(cpu0)) as f64 * 1000.0 / ticks;
+    let cpu_ms = cpu_ms(cpu0, cpu1);
     let per_stream = rss_open.saturating_sub(rss_idle) as f64 / a.streams.max(1) as f64;
     let interval = a.interval_ms as f64;
     println!(
@@ -302,6 +320,6 @@ async fn main() {
         pct(&mut gaps, 0.99),
         pct(&mut gaps, 1.0),
         pct(&mut gaps, 0.99) - interval,
-        if events > 0 { cpu_ms * 1000.0 / events as f64 } else { f64::NAN },
+        per_event(cpu_ms, events),
     );
 }
