@@ -2,14 +2,15 @@
 //! request and the answer it sends (whole and streamed).
 
 use super::carry::{self, Carried};
+use super::view::{Json, Object, NULL};
 use super::{
-    data_url, float, invalid, new_id, stops, text_of, uint, unsupported, Event, Image, Message, Part, Reasoning, Request, Response, Role,
-    Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+    data_url, float, invalid, new_id, stops, text_of, uint, unsupported, Event, Field, Image, Message, Part, Reasoning, Request, Response,
+    Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
 };
 use crate::config::Protocol;
 use crate::protocol::ApiError;
-use serde::Deserialize;
-use serde_json::{json, Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use std::borrow::Cow;
 
 /// Request fields read by the decoder.
@@ -39,12 +40,12 @@ const MAPPED: [&str; 18] = [
 pub const DROPPED: [&str; 7] =
     ["user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier", "prompt_cache_retention"];
 
-fn role_of(m: &Value) -> &str {
-    m.get("role").and_then(Value::as_str).unwrap_or_default()
+fn role_of<'a>(m: &'a Json<'_>) -> &'a str {
+    m.get("role").and_then(Json::as_str).unwrap_or_default()
 }
 
 /// A chat-completions client's request in the internal form, refused where `to` cannot carry it.
-pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Request, ApiError> {
+pub fn decode_request(mut body: Object<'_>, to: Protocol) -> Result<Request, ApiError> {
     super::check_fields(&body, &MAPPED, &DROPPED, to)?;
     let mut req = Request::default();
     if let Some(n) = body.get("n").filter(|v| !v.is_null()) {
@@ -52,15 +53,15 @@ pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Requ
             return Err(unsupported("n", to, "one choice per request only"));
         }
     }
-    let Some(Value::Array(messages)) = body.remove("messages") else {
+    let Some(Json::Array(messages)) = body.remove("messages") else {
         return Err(invalid("messages", "a list of messages is required"));
     };
     let mut seen_conversation = false;
     for (i, m) in messages.iter().enumerate() {
-        let field = format!("messages[{i}]");
+        let field = Field("messages", i);
         match role_of(m) {
             "system" | "developer" => {
-                let text = m.get("content").and_then(text_of).ok_or_else(|| invalid(&field, "content must be text"))?;
+                let text = m.get("content").and_then(text_of).ok_or_else(|| invalid(field, "content must be text"))?;
                 if seen_conversation {
                     req.messages.push(Message { role: Role::System, parts: vec![Part::Text(text)] });
                 } else {
@@ -69,37 +70,37 @@ pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Requ
             }
             "user" => {
                 seen_conversation = true;
-                let parts = user_parts(m.get("content").unwrap_or(&Value::Null), &field, to)?;
+                let parts = user_parts(m.get("content").unwrap_or(&NULL), field, to)?;
                 req.messages.push(Message { role: Role::User, parts });
             }
             "assistant" => {
                 seen_conversation = true;
-                let parts = assistant_parts(m, &field)?;
+                let parts = assistant_parts(m, field)?;
                 req.messages.push(Message { role: Role::Assistant, parts });
             }
             "tool" => {
                 seen_conversation = true;
-                let id = m.get("tool_call_id").and_then(Value::as_str).ok_or_else(|| invalid(&field, "tool_call_id is required"))?;
+                let id = m.get("tool_call_id").and_then(Json::as_str).ok_or_else(|| invalid(field, "tool_call_id is required"))?;
                 let text = m.get("content").and_then(text_of).unwrap_or_default();
                 req.messages.push(Message {
                     role: Role::User,
                     parts: vec![Part::ToolResult { id: id.to_string(), content: vec![Part::Text(text)], is_error: false }],
                 });
             }
-            other => return Err(unsupported(&format!("{field}.role"), to, &format!("the role '{other}' has no counterpart"))),
+            other => return Err(unsupported(format!("{field}.role"), to, &format!("the role '{other}' has no counterpart"))),
         }
     }
     req.messages = super::merge_roles(req.messages);
     req.tools = tools_of(&body, to)?;
     req.tool_choice = match body.get("tool_choice") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(super::tool_choice_word(s)?),
-        Some(v) => match crate::protocol::at(v, "/function/name").and_then(Value::as_str) {
+        None | Some(Json::Null) => None,
+        Some(Json::String(s)) => Some(super::tool_choice_word(s)?),
+        Some(v) => match v.pointer("/function/name").and_then(Json::as_str) {
             Some(name) => Some(ToolChoice::Named(name.to_string())),
             None => return Err(unsupported("tool_choice", to, "only auto, none, required or one named function")),
         },
     };
-    req.no_parallel_tools = body.get("parallel_tool_calls") == Some(&Value::Bool(false));
+    req.no_parallel_tools = body.get("parallel_tool_calls").and_then(Json::as_bool) == Some(false);
     for field in ["max_completion_tokens", "max_tokens"] {
         if let Some(v) = body.get(field).filter(|v| !v.is_null()) {
             req.max_output = Some(uint(v, field)?);
@@ -135,13 +136,13 @@ pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Requ
         req.reasoning = Some(Reasoning::from_effort(effort).ok_or_else(|| invalid("reasoning_effort", "unknown effort"))?);
     }
     req.json_output = match body.get("response_format") {
-        None | Some(Value::Null) => None,
-        Some(f) => match f.get("type").and_then(Value::as_str) {
+        None | Some(Json::Null) => None,
+        Some(f) => match f.get("type").and_then(Json::as_str) {
             Some("text") => None,
             Some("json_object") => Some(None),
             Some("json_schema") => Some(Some(
-                crate::protocol::at(f, "/json_schema/schema")
-                    .cloned()
+                f.pointer("/json_schema/schema")
+                    .map(Json::to_value)
                     .ok_or_else(|| invalid("response_format", "json_schema.schema is required"))?,
             )),
             _ => return Err(invalid("response_format", "type must be text, json_object or json_schema")),
@@ -151,29 +152,29 @@ pub fn decode_request(mut body: Map<String, Value>, to: Protocol) -> Result<Requ
 }
 
 /// An assistant message's parts: its reasoning, its text (or refusal) and its tool calls.
-fn assistant_parts(m: &Value, field: &str) -> Result<Vec<Part>, ApiError> {
+fn assistant_parts(m: &Json<'_>, field: Field) -> Result<Vec<Part>, ApiError> {
     let mut parts = Vec::new();
     for field_name in ["reasoning_content", "reasoning"] {
-        if let Some(text) = m.get(field_name).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+        if let Some(text) = m.get(field_name).and_then(Json::as_str).filter(|t| !t.is_empty()) {
             parts.push(Part::Thinking { text: text.to_string(), signature: None });
         }
     }
     match m.get("content") {
-        Some(Value::String(s)) if !s.is_empty() => parts.push(Part::Text(s.clone())),
-        Some(Value::Array(items)) => {
+        Some(Json::String(s)) if !s.is_empty() => parts.push(Part::Text(s.to_string())),
+        Some(Json::Array(items)) => {
             for p in items {
-                if let Some(t) = p.get("text").or_else(|| p.get("refusal")).and_then(Value::as_str) {
+                if let Some(t) = p.get("text").or_else(|| p.get("refusal")).and_then(Json::as_str) {
                     parts.push(Part::Text(t.to_string()));
                 }
             }
         }
         _ => {}
     }
-    if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
+    if let Some(calls) = m.get("tool_calls").and_then(Json::as_array) {
         for call in calls {
-            let id = call.get("id").and_then(Value::as_str).ok_or_else(|| invalid(field, "a tool call needs its id"))?;
-            let name = crate::protocol::at(call, "/function/name").and_then(Value::as_str).unwrap_or_default();
-            let arguments = crate::protocol::at(call, "/function/arguments").and_then(Value::as_str).unwrap_or("{}");
+            let id = call.get("id").and_then(Json::as_str).ok_or_else(|| invalid(field, "a tool call needs its id"))?;
+            let name = call.pointer("/function/name").and_then(Json::as_str).unwrap_or_default();
+            let arguments = call.pointer("/function/arguments").and_then(Json::as_str).unwrap_or("{}");
             parts.push(Part::ToolCall(ToolCall {
                 id: id.to_string(),
                 name: name.to_string(),
@@ -186,40 +187,39 @@ fn assistant_parts(m: &Value, field: &str) -> Result<Vec<Part>, ApiError> {
 }
 
 /// `tools`: function tools only.
-fn tools_of(body: &Map<String, Value>, to: Protocol) -> Result<Vec<Tool>, ApiError> {
-    let Some(Value::Array(tools)) = body.get("tools") else { return Ok(Vec::new()) };
+fn tools_of(body: &Object<'_>, to: Protocol) -> Result<Vec<Tool>, ApiError> {
+    let Some(Json::Array(tools)) = body.get("tools") else { return Ok(Vec::new()) };
     let mut out = Vec::with_capacity(tools.len());
     for t in tools {
-        if t.get("type").and_then(Value::as_str) != Some("function") {
+        if t.get("type").and_then(Json::as_str) != Some("function") {
             return Err(unsupported("tools", to, "only function tools can be carried"));
         }
         let f = t.get("function").ok_or_else(|| invalid("tools", "a function tool needs 'function'"))?;
         out.push(Tool {
-            name: f.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
-            description: f.get("description").and_then(Value::as_str).map(str::to_string),
-            schema: f.get("parameters").cloned().unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            name: f.get("name").and_then(Json::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
+            description: f.get("description").and_then(Json::as_str).map(str::to_string),
+            schema: f.get("parameters").map(Json::to_value).unwrap_or_else(|| json!({"type": "object", "properties": {}})),
         });
     }
     Ok(out)
 }
 
-fn user_parts(content: &Value, field: &str, to: Protocol) -> Result<Vec<Part>, ApiError> {
+fn user_parts(content: &Json<'_>, field: Field, to: Protocol) -> Result<Vec<Part>, ApiError> {
     match content {
-        Value::String(s) => Ok(vec![Part::Text(s.clone())]),
-        Value::Array(items) => items
+        Json::String(s) => Ok(vec![Part::Text(s.to_string())]),
+        Json::Array(items) => items
             .iter()
-            .map(|p| match p.get("type").and_then(Value::as_str) {
-                Some("text") => Ok(Part::Text(p.get("text").and_then(Value::as_str).unwrap_or_default().to_string())),
+            .map(|p| match p.get("type").and_then(Json::as_str) {
+                Some("text") => Ok(Part::Text(p.get("text").and_then(Json::as_str).unwrap_or_default().to_string())),
                 Some("image_url") => {
-                    let url = crate::protocol::at(p, "/image_url/url")
-                        .and_then(Value::as_str)
-                        .ok_or_else(|| invalid(field, "image_url.url is required"))?;
+                    let url =
+                        p.pointer("/image_url/url").and_then(Json::as_str).ok_or_else(|| invalid(field, "image_url.url is required"))?;
                     Ok(Part::Image(match data_url(url) {
                         Some((media_type, data)) => Image::Base64 { media_type, data },
                         None => Image::Url(url.to_string()),
                     }))
                 }
-                Some(other) => Err(unsupported(&format!("{field}.content"), to, &format!("'{other}' parts have no counterpart"))),
+                Some(other) => Err(unsupported(format!("{field}.content"), to, &format!("'{other}' parts have no counterpart"))),
                 None => Err(invalid(field, "a content part needs a type")),
             })
             .collect(),
@@ -227,127 +227,252 @@ fn user_parts(content: &Value, field: &str, to: Protocol) -> Result<Vec<Part>, A
     }
 }
 
-/// The internal form as a chat-completions provider's request (usage always asked for).
-pub fn encode_request(req: &Request) -> Result<Value, ApiError> {
-    let mut messages: Vec<Value> = req.system.iter().map(|s| json!({"role": "system", "content": s})).collect();
+/// The internal form as a chat-completions provider's request (usage always asked for), as the
+/// JSON text sent: written straight from the internal form, members in name order (as a `Value`
+/// map wrote them before), without a tree in between.
+pub fn encode_request(req: &Request) -> Result<Vec<u8>, ApiError> {
+    let mut messages: Vec<SentMessage<'_>> =
+        req.system.iter().map(|s| SentMessage::new("system", Some(SentContent::Text(Cow::Borrowed(s))))).collect();
     for m in &req.messages {
         match m.role {
-            Role::System => messages.push(json!({"role": "system", "content": super::parts_text(&m.parts)})),
+            Role::System => messages.push(SentMessage::new("system", Some(SentContent::Text(super::parts_text(&m.parts).into())))),
             Role::User => {
-                let mut rest: Vec<Value> = Vec::new();
+                let mut rest: Vec<SentPart<'_>> = Vec::new();
                 for p in &m.parts {
                     match p {
                         Part::ToolResult { id, content, is_error } => {
                             let text = super::parts_text(content);
                             let text = if *is_error { format!("Error: {text}") } else { text };
-                            messages.push(json!({"role": "tool", "tool_call_id": id, "content": text}));
+                            messages.push(SentMessage {
+                                tool_call_id: Some(id),
+                                ..SentMessage::new("tool", Some(SentContent::Text(text.into())))
+                            });
                             // Chat completions' tool messages carry text only: images follow as the user's.
                             rest.extend(content.iter().filter_map(image_part));
                         }
-                        Part::Text(t) => rest.push(json!({"type": "text", "text": t})),
+                        Part::Text(t) => rest.push(SentPart { image_url: None, text: Some(t), kind: "text" }),
                         Part::Image(_) => rest.extend(image_part(p)),
                         _ => {}
                     }
                 }
                 if !rest.is_empty() {
-                    let only_text = rest.iter().all(|p| p["type"] == "text");
-                    let content = if only_text {
-                        Value::String(rest.iter().filter_map(|p| p["text"].as_str()).collect::<Vec<_>>().join("\n"))
+                    let content = if rest.iter().all(|p| p.kind == "text") {
+                        SentContent::Text(rest.iter().filter_map(|p| p.text).collect::<Vec<_>>().join("\n").into())
                     } else {
-                        Value::Array(rest)
+                        SentContent::Parts(rest)
                     };
-                    messages.push(json!({"role": "user", "content": content}));
+                    messages.push(SentMessage::new("user", Some(content)));
                 }
             }
             Role::Assistant => {
                 let text = super::parts_text(&m.parts);
-                let calls: Vec<Value> = m
+                let calls = m
                     .parts
                     .iter()
                     .filter_map(|p| match p {
-                        Part::ToolCall(c) => {
-                            Some(json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
-                        }
+                        Part::ToolCall(c) => Some(SentCall {
+                            function: SentFunction { arguments: &c.arguments, name: &c.name },
+                            id: &c.id,
+                            kind: "function",
+                        }),
                         _ => None,
                     })
                     .collect();
-                let mut msg = json!({"role": "assistant", "content": if text.is_empty() { Value::Null } else { Value::String(text) }});
-                if !calls.is_empty() {
-                    msg["tool_calls"] = Value::Array(calls);
-                }
-                messages.push(msg);
+                let content = (!text.is_empty()).then(|| SentContent::Text(text.into()));
+                messages.push(SentMessage { tool_calls: calls, ..SentMessage::new("assistant", content) });
             }
         }
     }
-    let mut out = json!({"model": req.model, "messages": messages});
-    if req.stream {
-        out["stream"] = json!(true);
-        out["stream_options"] = json!({"include_usage": true});
-    }
-    if let Some(max) = req.max_output {
-        out["max_completion_tokens"] = json!(max);
-    }
-    if !req.tools.is_empty() {
-        out["tools"] = req
-            .tools
-            .iter()
-            .map(|t| {
-                let mut f = json!({"name": t.name, "parameters": t.schema});
-                if let Some(d) = &t.description {
-                    f["description"] = json!(d);
-                }
-                json!({"type": "function", "function": f})
-            })
-            .collect();
-    }
-    if let Some(choice) = &req.tool_choice {
-        out["tool_choice"] = match choice {
-            ToolChoice::Auto => json!("auto"),
-            ToolChoice::None => json!("none"),
-            ToolChoice::Required => json!("required"),
-            ToolChoice::Named(name) => json!({"type": "function", "function": {"name": name}}),
-        };
-    }
-    if req.no_parallel_tools && !req.tools.is_empty() {
-        out["parallel_tool_calls"] = json!(false);
-    }
-    // `top_k` has no counterpart and is left out: it narrows sampling, it asks for nothing (and
-    // Gemini CLI sends it on every request). Documented as dropped in docs/translation.md.
-    for (name, v) in [
-        ("temperature", req.temperature),
-        ("top_p", req.top_p),
-        ("presence_penalty", req.presence_penalty),
-        ("frequency_penalty", req.frequency_penalty),
-    ] {
-        if let Some(v) = v {
-            out[name] = json!(v);
-        }
-    }
-    if !req.stop.is_empty() {
-        out["stop"] = json!(req.stop);
-    }
-    if let Some(seed) = req.seed {
-        out["seed"] = json!(seed);
-    }
-    if let Some(r @ Reasoning::Budget(_)) = req.reasoning {
-        out["reasoning_effort"] = json!(r.effort());
-    }
-    match &req.json_output {
-        Some(Some(schema)) => out["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}),
-        Some(None) => out["response_format"] = json!({"type": "json_object"}),
-        None => {}
-    }
+    let tools: Vec<SentTool<'_>> = req
+        .tools
+        .iter()
+        .map(|t| SentTool {
+            function: SentToolFunction { description: t.description.as_deref(), name: &t.name, parameters: &t.schema },
+            kind: "function",
+        })
+        .collect();
+    let wire = SentRequest {
+        frequency_penalty: req.frequency_penalty,
+        max_completion_tokens: req.max_output,
+        messages,
+        model: &req.model,
+        parallel_tool_calls: (req.no_parallel_tools && !tools.is_empty()).then_some(false),
+        presence_penalty: req.presence_penalty,
+        reasoning_effort: match req.reasoning {
+            Some(r @ Reasoning::Budget(_)) => Some(r.effort()),
+            _ => None,
+        },
+        response_format: req.json_output.as_ref().map(|schema| SentFormat {
+            json_schema: schema.as_ref().map(|schema| SentSchema { name: "output", schema }),
+            kind: if schema.is_some() { "json_schema" } else { "json_object" },
+        }),
+        seed: req.seed,
+        stop: &req.stop,
+        stream: req.stream,
+        // `top_k` has no counterpart and is left out: it narrows sampling, it asks for nothing (and
+        // Gemini CLI sends it on every request). Documented as dropped in docs/translation.md.
+        stream_options: req.stream.then_some(SentStreamOptions { include_usage: true }),
+        temperature: req.temperature,
+        tool_choice: req.tool_choice.as_ref().map(|choice| match choice {
+            ToolChoice::Auto => SentChoice::Word("auto"),
+            ToolChoice::None => SentChoice::Word("none"),
+            ToolChoice::Required => SentChoice::Word("required"),
+            ToolChoice::Named(name) => SentChoice::Named { function: SentName { name }, kind: "function" },
+        }),
+        tools,
+        top_p: req.top_p,
+    };
+    let mut out = Vec::with_capacity(256);
+    serde_json::to_writer(&mut out, &wire)
+        .map_err(|e| ApiError::new(crate::protocol::ErrorKind::Internal, format!("The request could not be written: {e}")))?;
     Ok(out)
 }
 
-fn image_part(p: &Part) -> Option<Value> {
-    match p {
-        Part::Image(Image::Url(url)) => Some(json!({"type": "image_url", "image_url": {"url": url}})),
-        Part::Image(Image::Base64 { media_type, data }) => {
-            Some(json!({"type": "image_url", "image_url": {"url": format!("data:{media_type};base64,{data}")}}))
-        }
-        _ => None,
+/// A chat-completions request as written (members in name order).
+#[derive(Serialize)]
+struct SentRequest<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_completion_tokens: Option<u64>,
+    messages: Vec<SentMessage<'a>>,
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parallel_tool_calls: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_effort: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_format: Option<SentFormat<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    stream: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stream_options: Option<SentStreamOptions>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_choice: Option<SentChoice<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tools: Vec<SentTool<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f64>,
+}
+
+#[derive(Serialize)]
+struct SentMessage<'a> {
+    /// `null` for an assistant turn of tool calls only.
+    content: Option<SentContent<'a>>,
+    role: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_call_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<SentCall<'a>>,
+}
+
+impl<'a> SentMessage<'a> {
+    fn new(role: &'static str, content: Option<SentContent<'a>>) -> Self {
+        SentMessage { content, role, tool_call_id: None, tool_calls: Vec::new() }
     }
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum SentContent<'a> {
+    Text(Cow<'a, str>),
+    Parts(Vec<SentPart<'a>>),
+}
+
+#[derive(Serialize)]
+struct SentPart<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image_url: Option<SentUrl<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+#[derive(Serialize)]
+struct SentUrl<'a> {
+    url: Cow<'a, str>,
+}
+
+#[derive(Serialize)]
+struct SentCall<'a> {
+    function: SentFunction<'a>,
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+#[derive(Serialize)]
+struct SentFunction<'a> {
+    arguments: &'a str,
+    name: &'a str,
+}
+
+#[derive(Serialize)]
+struct SentTool<'a> {
+    function: SentToolFunction<'a>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+#[derive(Serialize)]
+struct SentToolFunction<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+    name: &'a str,
+    parameters: &'a Value,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum SentChoice<'a> {
+    Word(&'static str),
+    Named {
+        function: SentName<'a>,
+        #[serde(rename = "type")]
+        kind: &'static str,
+    },
+}
+
+#[derive(Serialize)]
+struct SentName<'a> {
+    name: &'a str,
+}
+
+#[derive(Serialize)]
+struct SentFormat<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    json_schema: Option<SentSchema<'a>>,
+    #[serde(rename = "type")]
+    kind: &'static str,
+}
+
+#[derive(Serialize)]
+struct SentSchema<'a> {
+    name: &'static str,
+    schema: &'a Value,
+}
+
+#[derive(Serialize)]
+struct SentStreamOptions {
+    include_usage: bool,
+}
+
+fn image_part(p: &Part) -> Option<SentPart<'_>> {
+    let url = match p {
+        Part::Image(Image::Url(url)) => Cow::Borrowed(url.as_str()),
+        Part::Image(Image::Base64 { media_type, data }) => Cow::Owned(format!("data:{media_type};base64,{data}")),
+        _ => return None,
+    };
+    Some(SentPart { image_url: Some(SentUrl { url }), text: None, kind: "image_url" })
 }
 
 fn stop_of(reason: &str) -> Option<Stop> {
@@ -463,7 +588,8 @@ struct Details {
 
 /// A chat-completions provider's whole answer in the internal form.
 pub fn decode_response(body: &[u8]) -> Option<Response> {
-    let answer: Answer<'_> = serde_json::from_slice(body).ok()?;
+    // Read as text: one UTF-8 check for the whole body rather than one per string.
+    let answer: Answer<'_> = serde_json::from_str(std::str::from_utf8(body).ok()?).ok()?;
     let choice = answer.choices?.into_iter().next()?;
     let m = choice.message?;
     let mut parts = Vec::new();

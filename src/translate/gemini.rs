@@ -5,9 +5,10 @@
 //! response is matched to the earliest unanswered call of its name.
 
 use super::carry::{self, Carried};
+use super::view::{Json, Object, NULL};
 use super::{
-    arguments_value, float, invalid, new_id, stops, uint, unsupported, Event, Image, Message, Part, Reasoning, Request, Response, Role,
-    Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
+    arguments_value, float, invalid, new_id, stops, uint, unsupported, Event, Field, Image, Message, Part, Reasoning, Request, Response,
+    Role, Stop, Tool, ToolCall, ToolChoice, Translation, Usage,
 };
 use crate::config::Protocol;
 use crate::protocol::ApiError;
@@ -50,59 +51,59 @@ const GENERATION: [&str; 13] = [
     "thinkingConfig",
 ];
 
-fn get<'a>(map: &'a Map<String, Value>, camel: &str, snake: &str) -> Option<&'a Value> {
+fn get<'a, 'b>(map: &'a Object<'b>, camel: &str, snake: &str) -> Option<&'a Json<'b>> {
     map.get(camel).or_else(|| map.get(snake)).filter(|v| !v.is_null())
 }
 
 /// A generate-content client's request in the internal form, refused where `to` cannot carry it.
-pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request, ApiError> {
+pub fn decode_request(body: Object<'_>, to: Protocol) -> Result<Request, ApiError> {
     super::check_fields(&body, &MAPPED, &DROPPED, to)?;
     let mut req = Request::default();
     if let Some(sys) = get(&body, "systemInstruction", "system_instruction") {
         let text = match sys {
-            Value::String(s) => s.clone(),
+            Json::String(s) => s.to_string(),
             v => v.get("parts").and_then(super::text_of).unwrap_or_default(),
         };
         req.system.push(text);
     }
-    let Some(Value::Array(contents)) = body.get("contents") else {
+    let Some(Json::Array(contents)) = body.get("contents") else {
         return Err(invalid("contents", "a list of contents is required"));
     };
     // Calls not answered yet, by name: a function response takes the earliest.
     let mut unanswered: HashMap<String, Vec<String>> = HashMap::new();
     let mut made = 0usize;
     for (i, c) in contents.iter().enumerate() {
-        let field = format!("contents[{i}]");
-        let role = match c.get("role").and_then(Value::as_str) {
+        let field = Field("contents", i);
+        let role = match c.get("role").and_then(Json::as_str) {
             Some("model") => Role::Assistant,
             Some("user") | Some("function") | None => Role::User,
-            Some(other) => return Err(invalid(&field, &format!("unknown role '{other}'"))),
+            Some(other) => return Err(invalid(field, &format!("unknown role '{other}'"))),
         };
         let mut parts = Vec::new();
-        for p in c.get("parts").and_then(Value::as_array).into_iter().flatten() {
-            if let Some(t) = p.get("text").and_then(Value::as_str) {
-                if p.get("thought") == Some(&Value::Bool(true)) {
+        for p in c.get("parts").and_then(Json::as_array).into_iter().flatten() {
+            if let Some(t) = p.get("text").and_then(Json::as_str) {
+                if p.get("thought").and_then(Json::as_bool) == Some(true) {
                     parts.push(Part::Thinking { text: t.to_string(), signature: None });
                 } else {
                     parts.push(Part::Text(t.to_string()));
                 }
             } else if let Some(d) = p.get("inlineData").or_else(|| p.get("inline_data")) {
-                let media_type = d.get("mimeType").or_else(|| d.get("mime_type")).and_then(Value::as_str).unwrap_or_default();
+                let media_type = d.get("mimeType").or_else(|| d.get("mime_type")).and_then(Json::as_str).unwrap_or_default();
                 if !media_type.starts_with("image/") {
-                    return Err(unsupported(&format!("{field}.parts"), to, &format!("inline '{media_type}' data has no counterpart")));
+                    return Err(unsupported(format!("{field}.parts"), to, &format!("inline '{media_type}' data has no counterpart")));
                 }
-                let data = d.get("data").and_then(Value::as_str).unwrap_or_default();
+                let data = d.get("data").and_then(Json::as_str).unwrap_or_default();
                 parts.push(Part::Image(Image::Base64 { media_type: media_type.to_string(), data: data.to_string() }));
             } else if let Some(d) = p.get("fileData").or_else(|| p.get("file_data")) {
-                let media_type = d.get("mimeType").or_else(|| d.get("mime_type")).and_then(Value::as_str).unwrap_or_default();
+                let media_type = d.get("mimeType").or_else(|| d.get("mime_type")).and_then(Json::as_str).unwrap_or_default();
                 if !media_type.starts_with("image/") {
-                    return Err(unsupported(&format!("{field}.parts"), to, &format!("'{media_type}' files have no counterpart")));
+                    return Err(unsupported(format!("{field}.parts"), to, &format!("'{media_type}' files have no counterpart")));
                 }
-                let uri = d.get("fileUri").or_else(|| d.get("file_uri")).and_then(Value::as_str).unwrap_or_default();
+                let uri = d.get("fileUri").or_else(|| d.get("file_uri")).and_then(Json::as_str).unwrap_or_default();
                 parts.push(Part::Image(Image::Url(uri.to_string())));
             } else if let Some(call) = p.get("functionCall").or_else(|| p.get("function_call")) {
-                let name = call.get("name").and_then(Value::as_str).unwrap_or_default().to_string();
-                let id = call.get("id").and_then(Value::as_str).map_or_else(
+                let name = call.get("name").and_then(Json::as_str).unwrap_or_default().to_string();
+                let id = call.get("id").and_then(Json::as_str).map_or_else(
                     || {
                         made += 1;
                         format!("call_tg{made}")
@@ -113,31 +114,31 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
                 parts.push(Part::ToolCall(ToolCall {
                     id,
                     name,
-                    arguments: call.get("args").map_or_else(|| "{}".to_string(), Value::to_string),
-                    signature: p.get("thoughtSignature").or_else(|| p.get("thought_signature")).and_then(Value::as_str).map(str::to_string),
+                    arguments: call.get("args").map_or_else(|| "{}".to_string(), Json::to_json_text),
+                    signature: p.get("thoughtSignature").or_else(|| p.get("thought_signature")).and_then(Json::as_str).map(str::to_string),
                 }));
             } else if let Some(r) = p.get("functionResponse").or_else(|| p.get("function_response")) {
-                let name = r.get("name").and_then(Value::as_str).unwrap_or_default();
+                let name = r.get("name").and_then(Json::as_str).unwrap_or_default();
                 let waiting = unanswered.entry(name.to_string()).or_default();
-                let id = match r.get("id").and_then(Value::as_str) {
+                let id = match r.get("id").and_then(Json::as_str) {
                     Some(id) => {
                         waiting.retain(|w| w != id);
                         id.to_string()
                     }
                     None if !waiting.is_empty() => waiting.remove(0),
-                    None => return Err(invalid(&field, &format!("a function response for '{name}' answers no earlier call"))),
+                    None => return Err(invalid(field, &format!("a function response for '{name}' answers no earlier call"))),
                 };
-                let response = r.get("response").cloned().unwrap_or(Value::Null);
+                let response = r.get("response").unwrap_or(&NULL);
                 let is_error = response.get("error").is_some() && response.get("output").is_none() && response.get("result").is_none();
                 let text = match response.get("output").or_else(|| response.get("result")).or_else(|| response.get("error")) {
-                    Some(Value::String(s)) => s.clone(),
-                    _ => response.to_string(),
+                    Some(Json::String(s)) => s.to_string(),
+                    _ => response.to_json_text(),
                 };
                 parts.push(Part::ToolResult { id, content: vec![Part::Text(text)], is_error });
-            } else if p.get("thoughtSignature").is_some() || p.as_object().is_some_and(Map::is_empty) {
+            } else if p.get("thoughtSignature").is_some() || p.as_object().is_some_and(Object::is_empty) {
                 // A signature on its own part (kept on calls, where it matters); nothing to carry.
             } else {
-                return Err(unsupported(&format!("{field}.parts"), to, "only text, images and function calls can be carried"));
+                return Err(unsupported(format!("{field}.parts"), to, "only text, images and function calls can be carried"));
             }
         }
         req.messages.push(Message { role, parts });
@@ -150,10 +151,10 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
         let names: Vec<&str> = cfg
             .get("allowedFunctionNames")
             .or_else(|| cfg.get("allowed_function_names"))
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .and_then(Json::as_array)
+            .map(|a| a.iter().filter_map(Json::as_str).collect())
             .unwrap_or_default();
-        req.tool_choice = match cfg.get("mode").and_then(Value::as_str).map(str::to_ascii_uppercase).as_deref() {
+        req.tool_choice = match cfg.get("mode").and_then(Json::as_str).map(str::to_ascii_uppercase).as_deref() {
             Some("ANY") if names.len() == 1 => Some(ToolChoice::Named(names[0].to_string())),
             Some("ANY") if names.is_empty() => Some(ToolChoice::Required),
             Some("ANY") => return Err(unsupported("toolConfig.functionCallingConfig.allowedFunctionNames", to, "one name at most")),
@@ -162,28 +163,28 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
             Some(_) => return Err(invalid("toolConfig.functionCallingConfig.mode", "must be AUTO, ANY, NONE or VALIDATED")),
         };
     }
-    if let Some(Value::Object(g)) = get(&body, "generationConfig", "generation_config") {
+    if let Some(Json::Object(g)) = get(&body, "generationConfig", "generation_config") {
         generation(g, &mut req, to)?;
     }
     Ok(req)
 }
 
 /// `tools`: function declarations only, their schema in JSON Schema.
-fn tools_of(body: &Map<String, Value>, to: Protocol) -> Result<Vec<Tool>, ApiError> {
+fn tools_of(body: &Object<'_>, to: Protocol) -> Result<Vec<Tool>, ApiError> {
     let mut tools = Vec::new();
-    for t in get(body, "tools", "tools").and_then(Value::as_array).into_iter().flatten() {
-        let Some(decls) = t.get("functionDeclarations").or_else(|| t.get("function_declarations")).and_then(Value::as_array) else {
+    for t in get(body, "tools", "tools").and_then(Json::as_array).into_iter().flatten() {
+        let Some(decls) = t.get("functionDeclarations").or_else(|| t.get("function_declarations")).and_then(Json::as_array) else {
             return Err(unsupported("tools", to, "only function declarations can be carried"));
         };
         for d in decls {
             let schema = match (d.get("parametersJsonSchema").or_else(|| d.get("parameters_json_schema")), d.get("parameters")) {
-                (Some(s), _) => s.clone(),
-                (None, Some(s)) => json_schema(s),
+                (Some(s), _) => s.to_value(),
+                (None, Some(s)) => json_schema(&s.to_value()),
                 (None, None) => json!({"type": "object", "properties": {}}),
             };
             tools.push(Tool {
-                name: d.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
-                description: d.get("description").and_then(Value::as_str).map(str::to_string),
+                name: d.get("name").and_then(Json::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
+                description: d.get("description").and_then(Json::as_str).map(str::to_string),
                 schema,
             });
         }
@@ -191,9 +192,9 @@ fn tools_of(body: &Map<String, Value>, to: Protocol) -> Result<Vec<Tool>, ApiErr
     Ok(tools)
 }
 
-fn generation(raw: &Map<String, Value>, req: &mut Request, to: Protocol) -> Result<(), ApiError> {
+fn generation(raw: &Object<'_>, req: &mut Request, to: Protocol) -> Result<(), ApiError> {
     // The REST API takes both spellings; read them as camelCase.
-    let g: Map<String, Value> = raw.iter().map(|(k, v)| (camel(k), v.clone())).collect();
+    let g: Vec<(String, &Json<'_>)> = raw.iter().map(|(k, v)| (camel(k), v)).collect();
     for (name, v) in &g {
         if v.is_null() || GENERATION.contains(&name.as_str()) {
             continue;
@@ -203,9 +204,9 @@ fn generation(raw: &Map<String, Value>, req: &mut Request, to: Protocol) -> Resu
         {
             continue;
         }
-        return Err(unsupported(&format!("generationConfig.{name}"), to, "it has no counterpart there"));
+        return Err(unsupported(format!("generationConfig.{name}"), to, "it has no counterpart there"));
     }
-    let field = |name: &str| g.get(name).filter(|v| !v.is_null());
+    let field = |name: &str| g.iter().rev().find(|(k, _)| k == name).map(|(_, v)| *v).filter(|v| !v.is_null());
     if let Some(v) = field("candidateCount") {
         if uint(v, "generationConfig.candidateCount")? > 1 {
             return Err(unsupported("generationConfig.candidateCount", to, "one candidate per request only"));
@@ -236,21 +237,21 @@ fn generation(raw: &Map<String, Value>, req: &mut Request, to: Protocol) -> Resu
         if let Some(v) = field(name) {
             let value = float(v, name)?;
             if to == Protocol::Anthropic && value != 0.0 {
-                return Err(unsupported(&format!("generationConfig.{name}"), to, "it has no penalties"));
+                return Err(unsupported(format!("generationConfig.{name}"), to, "it has no penalties"));
             }
             *slot = Some(value).filter(|v| *v != 0.0);
         }
     }
-    let schema = field("responseJsonSchema").cloned().or_else(|| field("responseSchema").map(json_schema));
-    match field("responseMimeType").and_then(Value::as_str) {
+    let schema = field("responseJsonSchema").map(Json::to_value).or_else(|| field("responseSchema").map(|s| json_schema(&s.to_value())));
+    match field("responseMimeType").and_then(Json::as_str) {
         Some("application/json") => req.json_output = Some(schema),
         Some("text/plain") | None if schema.is_none() => {}
         Some(other) => return Err(unsupported("generationConfig.responseMimeType", to, &format!("'{other}' has no counterpart"))),
         None => req.json_output = Some(schema),
     }
     if let Some(t) = field("thinkingConfig") {
-        let budget = t.get("thinkingBudget").or_else(|| t.get("thinking_budget")).and_then(Value::as_i64);
-        let level = t.get("thinkingLevel").or_else(|| t.get("thinking_level")).and_then(Value::as_str);
+        let budget = t.get("thinkingBudget").or_else(|| t.get("thinking_budget")).and_then(Json::as_i64);
+        let level = t.get("thinkingLevel").or_else(|| t.get("thinking_level")).and_then(Json::as_str);
         req.reasoning = match (budget, level) {
             (Some(0), _) => Some(Reasoning::Off),
             (Some(b), _) if b > 0 => Some(Reasoning::Budget(b as u64)),

@@ -22,10 +22,12 @@ pub mod messages;
 pub mod responses;
 pub mod sse;
 pub mod stream;
+pub mod view;
 
 use crate::config::Protocol;
 use crate::protocol::{ApiError, ErrorKind};
 use serde_json::Value;
+use view::Json;
 
 pub use stream::StreamTranslator;
 
@@ -322,25 +324,37 @@ pub enum Event {
 }
 
 /// Refuse a field that cannot be carried to `to`.
-pub fn unsupported(field: &str, to: Protocol, why: &str) -> ApiError {
+pub fn unsupported(field: impl std::fmt::Display, to: Protocol, why: &str) -> ApiError {
+    let field = field.to_string();
     ApiError::new(
         ErrorKind::BadRequest,
         format!("'{field}' cannot be carried to this model, which is served over the {} protocol: {why}.", to.as_str()),
     )
-    .with_param(field)
+    .with_param(&field)
 }
 
 /// A malformed client request.
-pub fn invalid(field: &str, what: &str) -> ApiError {
-    ApiError::new(ErrorKind::BadRequest, format!("'{field}': {what}.")).with_param(field)
+pub fn invalid(field: impl std::fmt::Display, what: &str) -> ApiError {
+    let field = field.to_string();
+    ApiError::new(ErrorKind::BadRequest, format!("'{field}': {what}.")).with_param(&field)
+}
+
+/// An item of a list field, as an error names it (`messages[3]`): written only when one does.
+#[derive(Debug, Clone, Copy)]
+pub struct Field<'a>(pub &'a str, pub usize);
+
+impl std::fmt::Display for Field<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.0, self.1)
+    }
 }
 
 /// Check a client request's top-level fields: each must be in `mapped` or `dropped`, else it
 /// is refused (it would change the answer and the provider's protocol has no counterpart). A
 /// field set to `null` or `false` asks for nothing and passes.
-pub fn check_fields(body: &serde_json::Map<String, Value>, mapped: &[&str], dropped: &[&str], to: Protocol) -> Result<(), ApiError> {
-    for (name, value) in body {
-        if value.is_null() || *value == Value::Bool(false) || mapped.contains(&name.as_str()) || dropped.contains(&name.as_str()) {
+pub fn check_fields(body: &view::Object<'_>, mapped: &[&str], dropped: &[&str], to: Protocol) -> Result<(), ApiError> {
+    for (name, value) in body.iter() {
+        if value.is_null() || value.as_bool() == Some(false) || mapped.contains(&name) || dropped.contains(&name) {
             continue;
         }
         return Err(unsupported(name, to, "it has no counterpart there"));
@@ -352,16 +366,16 @@ pub fn check_fields(body: &serde_json::Map<String, Value>, mapped: &[&str], drop
 /// take, encode. `default_max_output` is set when the request names no maximum (the messages
 /// protocol requires one; it is also what the request was held for).
 pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<bytes::Bytes, ApiError> {
-    let value = crate::protocol::parse_bounded(
+    let value = view::parse(
         std::str::from_utf8(body).map_err(|_| ApiError::new(ErrorKind::BadRequest, "The request body is not valid UTF-8."))?,
         "request body",
     )?;
-    let Value::Object(mut map) = value else {
+    let Json::Object(mut map) = value else {
         return Err(ApiError::new(ErrorKind::BadRequest, "The request body must be a JSON object."));
     };
     // A generate-content count may wrap the request it counts.
     if t.count && t.client == Dialect::Gemini {
-        if let Some(Value::Object(inner)) = map.remove("generateContentRequest") {
+        if let Some(Json::Object(inner)) = map.remove("generateContentRequest") {
             map = inner;
         }
     }
@@ -378,7 +392,9 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
     }
     carry::restore(&mut req);
     let mut out = match t.upstream {
-        Protocol::Openai => chat::encode_request(&req)?,
+        // Written straight to text (the most common provider protocol; no JSON tree). Chat
+        // completions has no token count: a count is answered with tollgate's estimate.
+        Protocol::Openai => return chat::encode_request(&req).map(bytes::Bytes::from),
         Protocol::Anthropic => messages::encode_request(&req)?,
         Protocol::Gemini => gemini::encode_request(&req)?,
     };
@@ -469,10 +485,10 @@ pub fn arguments_value(arguments: &str) -> Value {
 }
 
 /// The text of a string field or of an array of `{type: text, text}` parts.
-pub fn text_of(v: &Value) -> Option<String> {
+pub fn text_of(v: &Json<'_>) -> Option<String> {
     match v {
-        Value::String(s) => Some(s.clone()),
-        Value::Array(items) => Some(items.iter().filter_map(|p| p.get("text").and_then(Value::as_str)).collect::<Vec<_>>().join("\n")),
+        Json::String(s) => Some(s.to_string()),
+        Json::Array(items) => Some(items.iter().filter_map(|p| p.get("text").and_then(Json::as_str)).collect::<Vec<_>>().join("\n")),
         _ => None,
     }
 }
@@ -539,20 +555,20 @@ pub fn tool_choice_word(word: &str) -> Result<ToolChoice, ApiError> {
 }
 
 /// A number field as u64, refused when it is not one.
-pub fn uint(v: &Value, field: &str) -> Result<u64, ApiError> {
+pub fn uint(v: &Json<'_>, field: &str) -> Result<u64, ApiError> {
     v.as_u64().ok_or_else(|| invalid(field, "must be a non-negative integer"))
 }
 
 /// A number field as f64, refused when it is not one.
-pub fn float(v: &Value, field: &str) -> Result<f64, ApiError> {
+pub fn float(v: &Json<'_>, field: &str) -> Result<f64, ApiError> {
     v.as_f64().ok_or_else(|| invalid(field, "must be a number"))
 }
 
 /// Stop sequences: a string or a list of strings.
-pub fn stops(v: &Value, field: &str) -> Result<Vec<String>, ApiError> {
+pub fn stops(v: &Json<'_>, field: &str) -> Result<Vec<String>, ApiError> {
     match v {
-        Value::String(s) => Ok(vec![s.clone()]),
-        Value::Array(items) => {
+        Json::String(s) => Ok(vec![s.to_string()]),
+        Json::Array(items) => {
             items.iter().map(|s| s.as_str().map(str::to_string).ok_or_else(|| invalid(field, "must be strings"))).collect()
         }
         _ => Err(invalid(field, "must be a string or a list of strings")),

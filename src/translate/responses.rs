@@ -8,13 +8,14 @@
 //! `store` is dropped (the client sends its whole conversation, as Codex does).
 
 use super::carry::{self, Carried};
+use super::view::{Json, Object};
 use super::{
-    data_url, float, invalid, new_id, uint, unsupported, Event, Image, Message, Part, Reasoning, Request, Response, Role, Stop, Tool,
-    ToolCall, ToolChoice, Translation, Usage,
+    data_url, float, invalid, new_id, uint, unsupported, Event, Field, Image, Message, Part, Reasoning, Request, Response, Role, Stop,
+    Tool, ToolCall, ToolChoice, Translation, Usage,
 };
 use crate::config::Protocol;
 use crate::protocol::ApiError;
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 /// Request fields read by the decoder.
 const MAPPED: [&str; 14] = [
@@ -63,7 +64,7 @@ pub const HOSTED_TOOLS: [&str; 8] = [
 ];
 
 /// A responses client's request in the internal form, refused where `to` cannot carry it.
-pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request, ApiError> {
+pub fn decode_request(body: Object<'_>, to: Protocol) -> Result<Request, ApiError> {
     super::check_fields(&body, &MAPPED, &DROPPED, to)?;
     if body.get("previous_response_id").is_some_and(|v| !v.is_null()) {
         return Err(unsupported(
@@ -73,34 +74,34 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
         ));
     }
     let mut req = Request::default();
-    if let Some(text) = body.get("instructions").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+    if let Some(text) = body.get("instructions").and_then(Json::as_str).filter(|t| !t.is_empty()) {
         req.system.push(text.to_string());
     }
     match body.get("input") {
-        Some(Value::String(s)) => req.messages.push(Message { role: Role::User, parts: vec![Part::Text(s.clone())] }),
-        Some(Value::Array(items)) => {
+        Some(Json::String(s)) => req.messages.push(Message { role: Role::User, parts: vec![Part::Text(s.to_string())] }),
+        Some(Json::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
-                input_item(item, &format!("input[{i}]"), to, &mut req)?;
+                input_item(item, Field("input", i), to, &mut req)?;
             }
         }
         _ => return Err(invalid("input", "text or a list of items is required")),
     }
     req.messages = super::merge_roles(req.messages);
-    for t in body.get("tools").and_then(Value::as_array).into_iter().flatten() {
+    for t in body.get("tools").and_then(Json::as_array).into_iter().flatten() {
         tool(t, to, &mut req.tools)?;
     }
-    if let Some(kind) = body.get("tool_choice").and_then(|c| c.get("type")).and_then(Value::as_str).filter(|k| HOSTED_TOOLS.contains(k)) {
+    if let Some(kind) = body.get("tool_choice").and_then(|c| c.get("type")).and_then(Json::as_str).filter(|k| HOSTED_TOOLS.contains(k)) {
         return Err(unsupported("tool_choice", to, &format!("the hosted '{kind}' tool cannot run there")));
     }
     req.tool_choice = match body.get("tool_choice") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) => Some(super::tool_choice_word(s)?),
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("function") => Some(ToolChoice::Named(
-            v.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tool_choice", "a named function needs its name"))?.to_string(),
+        None | Some(Json::Null) => None,
+        Some(Json::String(s)) => Some(super::tool_choice_word(s)?),
+        Some(v) if v.get("type").and_then(Json::as_str) == Some("function") => Some(ToolChoice::Named(
+            v.get("name").and_then(Json::as_str).ok_or_else(|| invalid("tool_choice", "a named function needs its name"))?.to_string(),
         )),
         Some(_) => return Err(unsupported("tool_choice", to, "only auto, none, required or one named function")),
     };
-    req.no_parallel_tools = body.get("parallel_tool_calls") == Some(&Value::Bool(false));
+    req.no_parallel_tools = body.get("parallel_tool_calls").and_then(Json::as_bool) == Some(false);
     if let Some(v) = body.get("max_output_tokens").filter(|v| !v.is_null()) {
         req.max_output = Some(uint(v, "max_output_tokens")?);
     }
@@ -110,15 +111,15 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
     if let Some(v) = body.get("top_p").filter(|v| !v.is_null()) {
         req.top_p = Some(float(v, "top_p")?);
     }
-    if let Some(effort) = body.get("reasoning").and_then(|r| r.get("effort")).and_then(Value::as_str) {
+    if let Some(effort) = body.get("reasoning").and_then(|r| r.get("effort")).and_then(Json::as_str) {
         req.reasoning = Some(Reasoning::from_effort(effort).ok_or_else(|| invalid("reasoning.effort", "unknown effort"))?);
     }
     if let Some(format) = body.get("text").and_then(|t| t.get("format")).filter(|f| !f.is_null()) {
-        req.json_output = match format.get("type").and_then(Value::as_str) {
+        req.json_output = match format.get("type").and_then(Json::as_str) {
             Some("text") => None,
             Some("json_object") => Some(None),
             Some("json_schema") => {
-                Some(Some(format.get("schema").cloned().ok_or_else(|| invalid("text.format", "json_schema needs its schema"))?))
+                Some(Some(format.get("schema").map(Json::to_value).ok_or_else(|| invalid("text.format", "json_schema needs its schema"))?))
             }
             _ => return Err(invalid("text.format", "type must be text, json_object or json_schema")),
         };
@@ -127,15 +128,19 @@ pub fn decode_request(body: Map<String, Value>, to: Protocol) -> Result<Request,
 }
 
 /// A function tool, the function tools of a namespace (flattened), or a hosted tool (left out).
-fn tool(t: &Value, to: Protocol, out: &mut Vec<Tool>) -> Result<(), ApiError> {
-    match t.get("type").and_then(Value::as_str).unwrap_or_default() {
+fn tool(t: &Json<'_>, to: Protocol, out: &mut Vec<Tool>) -> Result<(), ApiError> {
+    match t.get("type").and_then(Json::as_str).unwrap_or_default() {
         "function" => out.push(Tool {
-            name: t.get("name").and_then(Value::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
-            description: t.get("description").and_then(Value::as_str).map(str::to_string),
-            schema: t.get("parameters").cloned().filter(|p| !p.is_null()).unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+            name: t.get("name").and_then(Json::as_str).ok_or_else(|| invalid("tools", "a function needs a name"))?.to_string(),
+            description: t.get("description").and_then(Json::as_str).map(str::to_string),
+            schema: t
+                .get("parameters")
+                .filter(|p| !p.is_null())
+                .map(Json::to_value)
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
         }),
         "namespace" => {
-            for inner in t.get("tools").and_then(Value::as_array).into_iter().flatten() {
+            for inner in t.get("tools").and_then(Json::as_array).into_iter().flatten() {
                 tool(inner, to, out)?;
             }
         }
@@ -145,30 +150,30 @@ fn tool(t: &Value, to: Protocol, out: &mut Vec<Tool>) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn input_item(item: &Value, field: &str, to: Protocol, req: &mut Request) -> Result<(), ApiError> {
-    let kind = item.get("type").and_then(Value::as_str).unwrap_or("message");
+fn input_item(item: &Json<'_>, field: Field, to: Protocol, req: &mut Request) -> Result<(), ApiError> {
+    let kind = item.get("type").and_then(Json::as_str).unwrap_or("message");
     match kind {
         "message" => {
-            let role = item.get("role").and_then(Value::as_str).unwrap_or("user");
+            let role = item.get("role").and_then(Json::as_str).unwrap_or("user");
             let parts = match item.get("content") {
-                Some(Value::String(s)) => vec![Part::Text(s.clone())],
-                Some(Value::Array(parts)) => parts
+                Some(Json::String(s)) => vec![Part::Text(s.to_string())],
+                Some(Json::Array(parts)) => parts
                     .iter()
-                    .map(|p| match p.get("type").and_then(Value::as_str) {
+                    .map(|p| match p.get("type").and_then(Json::as_str) {
                         Some("input_text") | Some("output_text") | Some("text") => {
-                            Ok(Part::Text(p.get("text").and_then(Value::as_str).unwrap_or_default().to_string()))
+                            Ok(Part::Text(p.get("text").and_then(Json::as_str).unwrap_or_default().to_string()))
                         }
-                        Some("refusal") => Ok(Part::Text(p.get("refusal").and_then(Value::as_str).unwrap_or_default().to_string())),
+                        Some("refusal") => Ok(Part::Text(p.get("refusal").and_then(Json::as_str).unwrap_or_default().to_string())),
                         Some("input_image") => {
-                            let url = p.get("image_url").and_then(Value::as_str).ok_or_else(|| {
-                                unsupported(&format!("{field}.content"), to, "images by file id have no counterpart; send image_url")
+                            let url = p.get("image_url").and_then(Json::as_str).ok_or_else(|| {
+                                unsupported(format!("{field}.content"), to, "images by file id have no counterpart; send image_url")
                             })?;
                             Ok(Part::Image(match data_url(url) {
                                 Some((media_type, data)) => Image::Base64 { media_type, data },
                                 None => Image::Url(url.to_string()),
                             }))
                         }
-                        Some(other) => Err(unsupported(&format!("{field}.content"), to, &format!("'{other}' parts have no counterpart"))),
+                        Some(other) => Err(unsupported(format!("{field}.content"), to, &format!("'{other}' parts have no counterpart"))),
                         None => Err(invalid(field, "a content part needs a type")),
                     })
                     .collect::<Result<_, _>>()?,
@@ -183,18 +188,18 @@ fn input_item(item: &Value, field: &str, to: Protocol, req: &mut Request) -> Res
         }
         "function_call" => {
             let call = ToolCall {
-                id: item.get("call_id").and_then(Value::as_str).ok_or_else(|| invalid(field, "call_id is required"))?.to_string(),
-                name: item.get("name").and_then(Value::as_str).unwrap_or_default().to_string(),
-                arguments: item.get("arguments").and_then(Value::as_str).unwrap_or("{}").to_string(),
+                id: item.get("call_id").and_then(Json::as_str).ok_or_else(|| invalid(field, "call_id is required"))?.to_string(),
+                name: item.get("name").and_then(Json::as_str).unwrap_or_default().to_string(),
+                arguments: item.get("arguments").and_then(Json::as_str).unwrap_or("{}").to_string(),
                 signature: None,
             };
             req.messages.push(Message { role: Role::Assistant, parts: vec![Part::ToolCall(call)] });
         }
         "function_call_output" => {
-            let id = item.get("call_id").and_then(Value::as_str).ok_or_else(|| invalid(field, "call_id is required"))?;
+            let id = item.get("call_id").and_then(Json::as_str).ok_or_else(|| invalid(field, "call_id is required"))?;
             let text = match item.get("output") {
-                Some(Value::String(s)) => s.clone(),
-                Some(v @ Value::Array(_)) => super::text_of(v).unwrap_or_default(),
+                Some(Json::String(s)) => s.to_string(),
+                Some(v @ Json::Array(_)) => super::text_of(v).unwrap_or_default(),
                 _ => String::new(),
             };
             req.messages.push(Message {
@@ -205,10 +210,10 @@ fn input_item(item: &Value, field: &str, to: Protocol, req: &mut Request) -> Res
         "reasoning" => {
             let text: Vec<&str> = item
                 .get("summary")
-                .and_then(Value::as_array)
+                .and_then(Json::as_array)
                 .into_iter()
                 .flatten()
-                .filter_map(|s| s.get("text").and_then(Value::as_str))
+                .filter_map(|s| s.get("text").and_then(Json::as_str))
                 .collect();
             if !text.is_empty() {
                 req.messages

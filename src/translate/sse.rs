@@ -143,6 +143,17 @@ pub fn json_into(out: &mut Vec<u8>, value: &serde_json::Value) {
     }
 }
 
+/// Write `s` as a JSON string (quoted, escaped) at the end of `out`.
+pub fn string_into(out: &mut Vec<u8>, s: &str) {
+    // Writing into a `Vec` does not fail, nor does a string serialize with an error.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// Write `n` as a JSON number at the end of `out`.
+pub fn number_into(out: &mut Vec<u8>, n: u64) {
+    let _ = serde_json::to_writer(&mut *out, &n);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

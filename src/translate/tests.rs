@@ -925,13 +925,12 @@ mod round_trip {
     }
 
     fn through(req: &Request, via: Protocol) -> Request {
-        let encoded = match via {
-            Protocol::Openai => chat::encode_request(req),
-            Protocol::Anthropic => messages::encode_request(req),
-            Protocol::Gemini => gemini::encode_request(req),
-        }
-        .expect("encodes");
-        let serde_json::Value::Object(map) = encoded else { panic!("an object") };
+        let text = match via {
+            Protocol::Openai => String::from_utf8(chat::encode_request(req).expect("encodes")).expect("utf-8"),
+            Protocol::Anthropic => messages::encode_request(req).expect("encodes").to_string(),
+            Protocol::Gemini => gemini::encode_request(req).expect("encodes").to_string(),
+        };
+        let Ok(super::view::Json::Object(map)) = super::view::parse(&text, "body") else { panic!("an object") };
         let mut back = match via {
             Protocol::Openai => chat::decode_request(map, Protocol::Anthropic),
             Protocol::Anthropic => messages::decode_request(map, Protocol::Openai),
@@ -951,7 +950,52 @@ mod round_trip {
             let mut req = req;
             req.max_output = expected.max_output;
             prop_assert_eq!(through(&req, Protocol::Openai), req.clone());
+            // Written in name order, compact: the text a `Value` tree of it writes.
+            let text = chat::encode_request(&req).expect("encodes");
+            let tree: serde_json::Value = serde_json::from_slice(&text).expect("JSON");
+            prop_assert_eq!(String::from_utf8(text).expect("utf-8"), tree.to_string());
             prop_assert_eq!(through(&req, Protocol::Anthropic), expected);
+        }
+
+        /// The messages answer written member by member is the JSON its parts say, whatever
+        /// their strings hold (quotes, escapes, controls, any script), arguments that are no
+        /// object as `{}`.
+        #[test]
+        fn a_written_messages_answer_is_the_json_of_its_parts(
+            said in any::<String>(), thought in any::<String>(), sig in any::<String>(), model in any::<String>(),
+            name in any::<String>(), args in prop_oneof![Just("{\"a\": [1, \"x\"]}".to_string()), any::<String>()],
+            input in 0u64..1_000_000, output in 0u64..1_000_000,
+        ) {
+            let r = Response {
+                id: String::new(),
+                parts: vec![
+                    Part::Thinking { text: thought.clone(), signature: Some(sig.clone()) },
+                    Part::RedactedThinking(sig.clone()),
+                    Part::Text(said.clone()),
+                    Part::Image(Image::Url("u".into())),
+                    Part::ToolCall(ToolCall { id: "call_1".into(), name: name.clone(), arguments: args.clone(), signature: None }),
+                ],
+                stop: Some(Stop::ToolUse),
+                usage: Some(Usage { input, output, cache_read: 3, cache_write: 4, reasoning: 0 }),
+            };
+            let t = Translation { model: model.clone(), ..super::t(Dialect::Messages, Dialect::Chat, false) };
+            let out: serde_json::Value = serde_json::from_slice(&messages::encode_response(&t, &r)).expect("JSON");
+            let id = out["id"].as_str().unwrap_or_default().to_string();
+            prop_assert!(id.starts_with("msg_"));
+            let object = serde_json::from_str::<serde_json::Value>(&args).ok().filter(serde_json::Value::is_object);
+            // The call's id carries the signed thinking before it (see `carry`).
+            let call_id = carry::client_call_ids(&r.parts).into_iter().next().unwrap_or_default();
+            prop_assert_eq!(out, serde_json::json!({
+                "id": id, "type": "message", "role": "assistant", "model": model,
+                "content": [
+                    {"type": "thinking", "thinking": thought, "signature": sig},
+                    {"type": "redacted_thinking", "data": sig},
+                    {"type": "text", "text": said},
+                    {"type": "tool_use", "id": call_id, "name": name, "input": object.unwrap_or_else(|| serde_json::json!({}))},
+                ],
+                "stop_reason": "tool_use", "stop_sequence": null,
+                "usage": {"input_tokens": input, "cache_creation_input_tokens": 4, "cache_read_input_tokens": 3, "output_tokens": output},
+            }));
         }
 
         #[test]
