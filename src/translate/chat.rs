@@ -629,8 +629,9 @@ pub fn decode_response(body: &[u8]) -> Option<Response> {
     })
 }
 
-/// The internal form as the whole answer a chat-completions client reads.
-pub fn encode_response(t: &Translation, r: &Response) -> Value {
+/// The internal form as the whole answer a chat-completions client reads, as its JSON text
+/// (members in name order, as a `Value` map wrote them before; no tree in between).
+pub fn encode_response(t: &Translation, r: &Response) -> Vec<u8> {
     let ids = carry::client_call_ids(&r.parts);
     let mut calls = Vec::new();
     let mut text = String::new();
@@ -639,32 +640,93 @@ pub fn encode_response(t: &Translation, r: &Response) -> Value {
         match p {
             Part::Text(s) => text.push_str(s),
             Part::Thinking { text: s, .. } => thinking.push_str(s),
-            Part::ToolCall(c) => calls.push(json!({
-                "id": ids.get(calls.len()).cloned().unwrap_or_else(|| c.id.clone()),
-                "type": "function",
-                "function": {"name": c.name, "arguments": if c.arguments.is_empty() { "{}" } else { c.arguments.as_str() }},
-            })),
+            Part::ToolCall(c) => calls.push(SentCall {
+                function: SentFunction { arguments: if c.arguments.is_empty() { "{}" } else { &c.arguments }, name: &c.name },
+                id: ids.get(calls.len()).map_or(c.id.as_str(), String::as_str),
+                kind: "function",
+            }),
             _ => {}
         }
     }
-    let mut message = json!({"role": "assistant", "content": if text.is_empty() && !calls.is_empty() { Value::Null } else { Value::String(text) }, "refusal": null});
-    if !thinking.is_empty() {
-        message["reasoning_content"] = json!(thinking);
-    }
-    if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(calls);
-    }
-    let mut out = json!({
-        "id": chat_id(&r.id),
-        "object": "chat.completion",
-        "created": crate::base::clock::now_unix(),
-        "model": t.model,
-        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": r.stop.map_or("stop", stop_name)}],
-    });
-    if let Some(u) = &r.usage {
-        out["usage"] = usage_value(u);
-    }
+    let answer = SentAnswer {
+        choices: [SentChoiceOut {
+            finish_reason: r.stop.map_or("stop", stop_name),
+            index: 0,
+            logprobs: None,
+            message: SentAnswerMessage {
+                content: (!text.is_empty() || calls.is_empty()).then_some(text),
+                reasoning_content: (!thinking.is_empty()).then_some(thinking),
+                refusal: None,
+                role: "assistant",
+                tool_calls: calls,
+            },
+        }],
+        created: crate::base::clock::now_unix(),
+        id: chat_id(&r.id),
+        model: &t.model,
+        object: "chat.completion",
+        usage: r.usage.map(|u| SentUsage {
+            completion_tokens: u.output,
+            completion_tokens_details: SentReasoning { reasoning_tokens: u.reasoning },
+            prompt_tokens: u.prompt_total(),
+            prompt_tokens_details: SentCached { cached_tokens: u.cache_read },
+            total_tokens: u.prompt_total() + u.output,
+        }),
+    };
+    let mut out = Vec::with_capacity(384);
+    super::sse::serialized_into(&mut out, &answer);
     out
+}
+
+/// A whole chat-completions answer as written (members in name order).
+#[derive(Serialize)]
+struct SentAnswer<'a> {
+    choices: [SentChoiceOut<'a>; 1],
+    created: u64,
+    id: String,
+    model: &'a str,
+    object: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<SentUsage>,
+}
+
+#[derive(Serialize)]
+struct SentChoiceOut<'a> {
+    finish_reason: &'static str,
+    index: u32,
+    logprobs: Option<()>,
+    message: SentAnswerMessage<'a>,
+}
+
+#[derive(Serialize)]
+struct SentAnswerMessage<'a> {
+    /// `null` for an answer of tool calls only.
+    content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<String>,
+    refusal: Option<()>,
+    role: &'static str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<SentCall<'a>>,
+}
+
+#[derive(Serialize)]
+struct SentUsage {
+    completion_tokens: u64,
+    completion_tokens_details: SentReasoning,
+    prompt_tokens: u64,
+    prompt_tokens_details: SentCached,
+    total_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct SentReasoning {
+    reasoning_tokens: u64,
+}
+
+#[derive(Serialize)]
+struct SentCached {
+    cached_tokens: u64,
 }
 
 fn chat_id(upstream: &str) -> String {

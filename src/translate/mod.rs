@@ -392,34 +392,28 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
     }
     carry::restore(&mut req);
     let mut out = match t.upstream {
-        // Written straight to text (the most common provider protocol; no JSON tree). Chat
-        // completions has no token count: a count is answered with tollgate's estimate.
+        // Written straight to text (no JSON tree). Chat completions has no token count: a count
+        // is answered with tollgate's estimate.
         Protocol::Openai => return chat::encode_request(&req).map(bytes::Bytes::from),
-        Protocol::Anthropic => messages::encode_request(&req)?,
+        Protocol::Anthropic => return messages::encode_request(&req, t.count).map(bytes::Bytes::from),
         Protocol::Gemini => gemini::encode_request(&req)?,
     };
     if t.count {
-        out = count_request(t.upstream, &t.model, out);
+        out = count_request(&t.model, out);
     }
     let mut bytes = Vec::with_capacity(body.len() + 64);
     sse::json_into(&mut bytes, &out);
     Ok(bytes::Bytes::from(bytes))
 }
 
-/// A generation request as the provider's token-counting request: what counts as input stays.
-fn count_request(upstream: Protocol, model: &str, generation: Value) -> Value {
-    match (upstream, generation) {
-        (Protocol::Anthropic, Value::Object(mut m)) => {
-            for field in ["max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences"] {
-                m.remove(field);
-            }
-            Value::Object(m)
-        }
-        (Protocol::Gemini, Value::Object(mut m)) => {
+/// A generate-content request as its token-counting request (the request it counts, named).
+fn count_request(model: &str, generation: Value) -> Value {
+    match generation {
+        Value::Object(mut m) => {
             m.insert("model".into(), Value::String(format!("models/{model}")));
             serde_json::json!({"generateContentRequest": Value::Object(m)})
         }
-        (_, other) => other,
+        other => other,
     }
 }
 
@@ -452,13 +446,15 @@ pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
     let resp = match t.upstream {
         // Read field by field (the most common provider protocol; no JSON tree).
         Protocol::Openai => chat::decode_response(body),
-        Protocol::Anthropic => messages::decode_response(&tree()?),
+        Protocol::Anthropic => {
+            messages::decode_response(&view::parse(std::str::from_utf8(body).map_err(|_| bad())?, "answer").map_err(|_| bad())?)
+        }
         Protocol::Gemini => gemini::decode_response(&tree()?),
     }
     .ok_or_else(bad)?;
     let out = match t.client {
-        Dialect::Chat => chat::encode_response(t, &resp),
-        // Written field by field (Claude Code's protocol; no JSON tree).
+        // Written as text (no JSON tree): the two protocols most clients speak.
+        Dialect::Chat => return Ok(chat::encode_response(t, &resp)),
         Dialect::Messages => return Ok(messages::encode_response(t, &resp)),
         Dialect::Gemini => gemini::encode_response(t, &resp),
         Dialect::Responses => responses::encode_response(t, &resp),

@@ -137,6 +137,11 @@ fn open(out: &mut Vec<u8>, name: Option<&str>) {
 /// Serialize `value` at the end of `out` (a JSON value always serializes; nothing is written
 /// if it somehow does not).
 pub fn json_into(out: &mut Vec<u8>, value: &serde_json::Value) {
+    serialized_into(out, value);
+}
+
+/// Serialize `value` at the end of `out` (nothing is written if it somehow does not).
+pub fn serialized_into(out: &mut Vec<u8>, value: &impl serde::Serialize) {
     let mark = out.len();
     if serde_json::to_writer(&mut *out, value).is_err() {
         out.truncate(mark);
