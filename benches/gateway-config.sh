@@ -5,11 +5,13 @@
 # optional 8th argument) more members of the key's group, each preceded by a comma (e.g.
 # `, "guardrails": ["secrets"]`).
 # PERF_PROVIDER picks the kind of provider serving alpha-5.5 (default openai): anthropic (a
-# native messages provider), bedrock (InvokeModel, every request SigV4-signed; the model named
-# anthropic.claude-bench-v1:0 upstream) or vertex (rawPredict with a service-account token from
-# the upstream's /token; claude-bench@1 upstream).
+# native messages provider), gemini (a generate-content provider), bedrock (InvokeModel, every
+# request SigV4-signed; the model named anthropic.claude-bench-v1:0 upstream) or vertex
+# (rawPredict with a service-account token from the upstream's /token; claude-bench@1
+# upstream). The key's group takes all three client protocols and translates.
 bench_provider() { # UPSTREAM_PORT DIR
   case "${PERF_PROVIDER:-openai}" in
+    gemini) echo "{\"name\": \"up\", \"protocol\": \"gemini\", \"base_url\": \"http://127.0.0.1:$1\", \"api_key\": \"up-gemini-key\", \"models\": [\"alpha-5.5\"]}" ;;
     anthropic) echo "{\"name\": \"up\", \"protocol\": \"anthropic\", \"base_url\": \"http://127.0.0.1:$1\", \"api_key\": \"up-anthropic-key\", \"models\": [\"alpha-5.5\"]}" ;;
     bedrock) echo "{\"name\": \"up\", \"protocol\": \"bedrock\", \"region\": \"us-east-1\", \"endpoint_url\": \"http://127.0.0.1:$1\", \"aws\": {\"access_key_id\": \"AKIDBENCH\", \"secret_access_key\": \"bench-secret\"}, \"models\": [{\"name\": \"alpha-5.5\", \"upstream\": \"anthropic.claude-bench-v1:0\"}]}" ;;
     vertex)
@@ -30,7 +32,7 @@ write_gateway_config() {
  "listen": "127.0.0.1:$4", "data_dir": "$2/$3-data",
  "admin": {"listen": "127.0.0.1:$5", "token": "perf-admin-token-000000000001"},
  "providers": [$provider],
- "groups": {"default": {"platforms": ["openai", "anthropic"], "translate": true${8:-}}},
+ "groups": {"default": {"platforms": ["openai", "anthropic", "gemini"], "translate": true${8:-}}},
  "prices": {"alpha-5.5": {"input": 1.0, "output": 2.0}},
  $7
  "keys": [{"key": "sk-bench-0000000000000000000001", "name": "bench", "group": "default", "balance": 1000000000.0${9:-}}]}

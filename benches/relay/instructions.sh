@@ -8,7 +8,9 @@
 # c=8) warms it for 3 s, then the instructions of the next 4 s are divided by the requests wrk
 # counted. Small bodies by default; TOLLGATE_WRK_BODY=large for the 256 KiB one, 4k or 64k for
 # a prompt of that much prose,
-# TOLLGATE_WRK_BODY=messages for a small messages request translated to chat completions.
+# TOLLGATE_WRK_BODY=messages for a small messages request translated to chat completions, gemini
+# or responses for it in those protocols (a pair: PERF_PROVIDER=gemini TOLLGATE_WRK_BODY=messages
+# is messages → generate-content; PERF_OTHER_PROVIDER the same client's native provider).
 #   nginx     nginx as a plain reverse proxy (run.sh's proxy.conf.tmpl), one process
 #   bare      the bare Pingora proxy of run.sh
 #   tollgate  HEAD's release build
@@ -50,8 +52,14 @@ trap cleanup EXIT
 . "$here/../gateway-config.sh"
 # TOLLGATE_WRK_BODY=messages posts a messages request to /v1/messages (translated; the bare
 # proxy passes it to nginx, which answers any path alike).
-path=/v1/chat/completions
-[ "${TOLLGATE_WRK_BODY:-}" = messages ] && path=/v1/messages
+# gemini and responses post that request in those protocols to their own paths (issue 71:
+# each translated pair against its native relay, PERF_PROVIDER naming the provider's protocol).
+case "${TOLLGATE_WRK_BODY:-}" in
+  messages) path=/v1/messages ;;
+  gemini) path=/v1beta/models/alpha-5.5:generateContent ;;
+  responses) path=/v1/responses ;;
+  *) path=/v1/chat/completions ;;
+esac
 load() { wrk -t1 -c8 -d"$1s" -s "$here/post.lua" "http://127.0.0.1:$2$path" 2>/dev/null; }
 measure() { # name port command...
   local name=$1 p=$2; shift 2

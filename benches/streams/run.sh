@@ -19,6 +19,10 @@
 # upstream is tollgate-mock trickling events. STREAMS_CONCURRENCY=C runs the streams C at a
 # time instead (each starting when one ends; time to first event over every stream), and
 # STREAMS_STALL_MS (twice the interval) is the gap past which a stream counts as stalled.
+# `translated` is tollgate with a messages client of the chat-completions mock (each event
+# read as chat completions and written as the messages protocol), `messages` the same client of
+# the mock as a messages provider (relayed natively): STREAMS_TARGETS="messages translated"
+# gives a translated stream's CPU per event against its native relay's (issue 71).
 set -euo pipefail
 N=${STREAMS_N:-2000}
 ROUNDS=${STREAMS_ROUNDS:-3}
@@ -68,7 +72,7 @@ start_target() { # name → sets tpid and tport
   case "$1" in
     direct) tpid=""; tport=$mock_port ;;
     bare) "$bare" "127.0.0.1:$tport" "127.0.0.1:$mock_port" 2 >/dev/null 2>&1 & tpid=$!; pids+=("$tpid"); wait_port "$tport" ;;
-    tollgate | guarded | other)
+    tollgate | guarded | other | translated | messages)
       d="$work/tg-$RANDOM"; mkdir -p "$d"
       guards=""; names=""
       if [ "$1" = guarded ]; then
@@ -85,13 +89,14 @@ pingora: { threads: 2, pid_file: $d/pid, upgrade_sock: $d/sock }
 listen: 127.0.0.1:$tport
 data_dir: $d/data
 providers:
-  - { name: mock, protocol: openai, base_url: "http://127.0.0.1:$mock_port", api_key: mock-upstream-key, models: [alpha-5.5] }
+  - { name: mock, protocol: $( [ "$1" = messages ] && echo anthropic || echo openai ), base_url: "http://127.0.0.1:$mock_port", api_key: mock-upstream-key, models: [alpha-5.5] }
+$( case "$1" in translated | messages) echo "groups: { default: { platforms: [openai, anthropic], translate: true } }" ;; esac )
 prices:
   alpha-5.5: { input: 1.25, output: 10.0 }
 forward_headers: ["x-mock-*"]
 limits: { max_connections: 1000000, max_connections_per_ip: 1000000 }
 keys:
-  - { key: $KEY, name: bench, balance: 1000000.0$( [ -n "$guards" ] && echo ", guardrails: [$names]" ) }
+  - { key: $KEY, name: bench,$( case "$1" in translated | messages) echo " group: default," ;; esac ) balance: 1000000.0$( [ -n "$guards" ] && echo ", guardrails: [$names]" ) }
 $guards
 EOF
       bin=$tollgate; [ "$1" = other ] && bin=${STREAMS_OTHER_BIN:?STREAMS_OTHER_BIN names the other build}
@@ -108,7 +113,10 @@ for r in $(seq "$ROUNDS"); do
     sleep 0.5
     pidarg=(); [ -n "$tpid" ] && pidarg=(--pid "$tpid")
     mode=(--batch "$BATCH"); [ -n "${STREAMS_CONCURRENCY:-}" ] && mode=(--concurrency "$STREAMS_CONCURRENCY")
-    line=$("$client" "127.0.0.1:$tport" "$N" "${pidarg[@]}" --key "$KEY" --deltas "$DELTAS" --interval-ms "$INTERVAL" "${mode[@]}" --sources "$SOURCES" --stall-ms "${STREAMS_STALL_MS:-$((2 * INTERVAL))}")
+    # translated and messages: a messages client (the same body, read as a messages request)
+    # of a chat-completions provider and of a messages one (issue 71's per-event ratio).
+    path=/v1/chat/completions; case "$t" in translated | messages) path=/v1/messages ;; esac
+    line=$("$client" "127.0.0.1:$tport" "$N" "${pidarg[@]}" --path "$path" --key "$KEY" --deltas "$DELTAS" --interval-ms "$INTERVAL" "${mode[@]}" --sources "$SOURCES" --stall-ms "${STREAMS_STALL_MS:-$((2 * INTERVAL))}")
     echo "{\"target\":\"$t\",\"round\":$r,\"result\":$line}" >>"$results"
     [ -n "${OUT:-}" ] && cp "$results" "$OUT/streams.jsonl"
     [ -n "$tpid" ] && { kill -9 "$tpid"; wait "$tpid" 2>/dev/null || true; }

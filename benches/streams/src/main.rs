@@ -15,7 +15,8 @@
 //! every stream is open, and its CPU time across the run. With `--concurrency C` the streams run
 //! C at a time instead (each of C workers starts its next stream when the last ends), and every
 //! stream's time to first event is reported. A stream *stalls* when a gap between its events
-//! exceeds `--stall-ms` (default twice the interval) or it ends without `[DONE]`: `stalled`
+//! exceeds `--stall-ms` (default twice the interval) or it ends without `[DONE]` (or a messages
+//! stream's `message_stop`): `stalled`
 //! counts them (the public board's rule for a stall-free stream). Prints one JSON object.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -159,7 +160,8 @@ async fn stream(a: &Args, i: usize, started: &AtomicUsize) -> Seen {
             last = now;
             seen.events += events;
         }
-        if chunk.windows(6).any(|w| w == b"[DONE]") {
+        // Chat completions ends with `[DONE]`, the messages protocol with `message_stop`.
+        if chunk.windows(6).any(|w| w == b"[DONE]") || chunk.windows(12).any(|w| w == b"message_stop") {
             seen.done = true;
         }
     }
