@@ -100,8 +100,11 @@ PY
 # the per-core reference of issue 53.
 NP=$(port)
 sed -e "s#__DIR__#$dir#g" -e "s#__UP__#$UP#g" -e "s#__PX__#$NP#g" "$here/proxy.conf.tmpl" > "$dir/proxy.conf"
-measure nginx "$NP" nginx -p "$dir" -c "$dir/proxy.conf" -g 'daemon off; master_process off;'
-BP=$(port); measure bare "$BP" "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
+# PERF_NO_BASELINES=1 leaves out nginx and bare Pingora (tollgate against other only).
+if [ -z "${PERF_NO_BASELINES:-}" ]; then
+  measure nginx "$NP" nginx -p "$dir" -c "$dir/proxy.conf" -g 'daemon off; master_process off;'
+  BP=$(port); measure bare "$BP" "$bare" "127.0.0.1:$BP" "127.0.0.1:$UP" 2
+fi
 GW=$(port); write_gateway_config "$dir/tollgate.yaml" "$dir" tollgate "$GW" "$(port)" "$UP" "${PERF_EXTRA:-}" "" "${PERF_KEY:-}"
 RUST_LOG=warn measure tollgate "$GW" "$PWD/target/release/tollgate" -c "$dir/tollgate.yaml"
 if [ -n "${PERF_OTHER_BIN:-}" ]; then
