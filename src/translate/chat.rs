@@ -495,15 +495,16 @@ fn stop_name(stop: Stop) -> &'static str {
 }
 
 /// Chat usage in the internal meaning (`prompt_tokens` includes cache reads).
-pub fn usage_of(u: &Value) -> Option<Usage> {
+fn usage_of(u: &Json<'_>) -> Option<Usage> {
     let prompt = u.get("prompt_tokens")?.as_u64()?;
-    let cached = crate::protocol::u(u, "/prompt_tokens_details/cached_tokens").unwrap_or(0).min(prompt);
+    let n = |path: &str| u.pointer(path).and_then(Json::as_u64);
+    let cached = n("/prompt_tokens_details/cached_tokens").unwrap_or(0).min(prompt);
     Some(Usage {
         input: prompt - cached,
         cache_read: cached,
         cache_write: 0,
-        output: crate::protocol::u(u, "/completion_tokens").unwrap_or(0),
-        reasoning: crate::protocol::u(u, "/completion_tokens_details/reasoning_tokens").unwrap_or(0),
+        output: n("/completion_tokens").unwrap_or(0),
+        reasoning: n("/completion_tokens_details/reasoning_tokens").unwrap_or(0),
     })
 }
 
@@ -749,29 +750,29 @@ impl Decoder {
         if data.trim() == "[DONE]" {
             return;
         }
-        let Ok(v) = serde_json::from_str::<Value>(data) else { return };
+        let Ok(v) = super::view::parse(data, "event") else { return };
         if let Some(e) = v.get("error") {
-            let message = e.get("message").and_then(Value::as_str).unwrap_or("The upstream service failed.").to_string();
+            let message = e.get("message").and_then(Json::as_str).unwrap_or("The upstream service failed.").to_string();
             out.push(Event::Error { status: 500, message });
             return;
         }
-        if let Some(choice) = v.get("choices").and_then(|c| c.get(0)) {
+        if let Some(choice) = v.get("choices").and_then(Json::as_array).and_then(<[_]>::first) {
             if let Some(d) = choice.get("delta") {
                 for field in ["reasoning_content", "reasoning"] {
-                    if let Some(t) = d.get(field).and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                    if let Some(t) = d.get(field).and_then(Json::as_str).filter(|t| !t.is_empty()) {
                         out.push(Event::Thinking(t.to_string()));
                     }
                 }
-                if let Some(t) = d.get("content").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                if let Some(t) = d.get("content").and_then(Json::as_str).filter(|t| !t.is_empty()) {
                     out.push(Event::Text(t.to_string()));
                 }
-                if let Some(t) = d.get("refusal").and_then(Value::as_str).filter(|t| !t.is_empty()) {
+                if let Some(t) = d.get("refusal").and_then(Json::as_str).filter(|t| !t.is_empty()) {
                     out.push(Event::Text(t.to_string()));
                 }
-                for call in d.get("tool_calls").and_then(Value::as_array).into_iter().flatten() {
-                    let index = call.get("index").and_then(Value::as_u64).unwrap_or(0);
-                    let name = crate::protocol::at(call, "/function/name").and_then(Value::as_str);
-                    let id = call.get("id").and_then(Value::as_str);
+                for call in d.get("tool_calls").and_then(Json::as_array).into_iter().flatten() {
+                    let index = call.get("index").and_then(Json::as_u64).unwrap_or(0);
+                    let name = call.pointer("/function/name").and_then(Json::as_str);
+                    let id = call.get("id").and_then(Json::as_str);
                     if self.tool != Some(index) && (id.is_some() || name.is_some()) {
                         self.tool = Some(index);
                         out.push(Event::ToolStart {
@@ -780,12 +781,12 @@ impl Decoder {
                             signature: None,
                         });
                     }
-                    if let Some(a) = crate::protocol::at(call, "/function/arguments").and_then(Value::as_str).filter(|a| !a.is_empty()) {
+                    if let Some(a) = call.pointer("/function/arguments").and_then(Json::as_str).filter(|a| !a.is_empty()) {
                         out.push(Event::ToolArgs(a.to_string()));
                     }
                 }
             }
-            if let Some(stop) = choice.get("finish_reason").and_then(Value::as_str).and_then(stop_of) {
+            if let Some(stop) = choice.get("finish_reason").and_then(Json::as_str).and_then(stop_of) {
                 out.push(Event::Stop(stop));
             }
         }

@@ -1,5 +1,6 @@
 //! A client's request body as a borrowed JSON view, the form every request decoder reads (and
-//! the messages decoders read a provider's answers and events in).
+//! the form a messages provider's answers, and chat-completions and messages stream events, are
+//! read in).
 //!
 //! It reads like a `serde_json::Value`, but a string without escapes points into the body, an
 //! object is its list of members (read by name; a repeated name reads as its last, as a `Value`
