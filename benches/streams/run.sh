@@ -84,19 +84,25 @@ start_target() { # name → sets tpid and tport
         done
         guards="guardrails: [$guards]"
       fi
+      # translated and messages: a key of a translating group (a messages client of either provider).
+      upstream=openai; groups=""; group=""
+      case "$1" in translated | messages)
+        groups="groups: { default: { platforms: [openai, anthropic], translate: true } }"; group=" group: default," ;;
+      esac
+      if [ "$1" = messages ]; then upstream=anthropic; fi
       cat >"$d/t.yaml" <<EOF
 pingora: { threads: 2, pid_file: $d/pid, upgrade_sock: $d/sock }
 listen: 127.0.0.1:$tport
 data_dir: $d/data
 providers:
-  - { name: mock, protocol: $( [ "$1" = messages ] && echo anthropic || echo openai ), base_url: "http://127.0.0.1:$mock_port", api_key: mock-upstream-key, models: [alpha-5.5] }
-$( case "$1" in translated | messages) echo "groups: { default: { platforms: [openai, anthropic], translate: true } }" ;; esac )
+  - { name: mock, protocol: $upstream, base_url: "http://127.0.0.1:$mock_port", api_key: mock-upstream-key, models: [alpha-5.5] }
+$groups
 prices:
   alpha-5.5: { input: 1.25, output: 10.0 }
 forward_headers: ["x-mock-*"]
 limits: { max_connections: 1000000, max_connections_per_ip: 1000000 }
 keys:
-  - { key: $KEY, name: bench,$( case "$1" in translated | messages) echo " group: default," ;; esac ) balance: 1000000.0$( [ -n "$guards" ] && echo ", guardrails: [$names]" ) }
+  - { key: $KEY, name: bench,$group balance: 1000000.0$( [ -n "$guards" ] && echo ", guardrails: [$names]" ) }
 $guards
 EOF
       bin=$tollgate; [ "$1" = other ] && bin=${STREAMS_OTHER_BIN:?STREAMS_OTHER_BIN names the other build}

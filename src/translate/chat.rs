@@ -230,7 +230,7 @@ fn user_parts(content: &Json<'_>, field: Field, to: Protocol) -> Result<Vec<Part
 /// The internal form as a chat-completions provider's request (usage always asked for), as the
 /// JSON text sent: written straight from the internal form, members in name order (as a `Value`
 /// map wrote them before), without a tree in between.
-pub fn encode_request(req: &Request) -> Result<Vec<u8>, ApiError> {
+pub fn encode_request(req: &Request) -> Vec<u8> {
     let mut messages: Vec<SentMessage<'_>> =
         req.system.iter().map(|s| SentMessage::new("system", Some(SentContent::Text(Cow::Borrowed(s))))).collect();
     for m in &req.messages {
@@ -323,9 +323,8 @@ pub fn encode_request(req: &Request) -> Result<Vec<u8>, ApiError> {
         top_p: req.top_p,
     };
     let mut out = Vec::with_capacity(256);
-    serde_json::to_writer(&mut out, &wire)
-        .map_err(|e| ApiError::new(crate::protocol::ErrorKind::Internal, format!("The request could not be written: {e}")))?;
-    Ok(out)
+    super::sse::serialized_into(&mut out, &wire);
+    out
 }
 
 /// A chat-completions request as written (members in name order).

@@ -715,11 +715,11 @@ impl Encoder {
     fn write(&mut self, out: &mut Vec<u8>, data: &Value) {
         if self.sse {
             out.extend_from_slice(b"data: ");
-            super::sse::json_into(out, data);
+            super::sse::serialized_into(out, data);
             out.extend_from_slice(b"\r\n\r\n");
         } else {
             out.extend_from_slice(if self.chunks == 0 { b"[" } else { b",\r\n" });
-            super::sse::json_into(out, data);
+            super::sse::serialized_into(out, data);
         }
         self.chunks += 1;
     }

@@ -216,13 +216,6 @@ pub fn encode_request(req: &Request, count: bool) -> Result<Vec<u8>, ApiError> {
         None => None,
     };
     let turns = super::alternating_turns(&req.messages);
-    // A tool call's arguments as the object the protocol's `input` is, parsed once.
-    let inputs: Vec<Value> = turns
-        .iter()
-        .flat_map(|m| &m.parts)
-        .filter_map(|p| if let Part::ToolCall(c) = p { Some(arguments_value(&c.arguments)) } else { None })
-        .collect();
-    let mut inputs = inputs.iter();
     let mut messages = Vec::with_capacity(turns.len());
     for m in &turns {
         let mut content: Vec<SentBlock<'_>> = Vec::with_capacity(m.parts.len());
@@ -239,9 +232,12 @@ pub fn encode_request(req: &Request, count: bool) -> Result<Vec<u8>, ApiError> {
                 }
                 Part::Thinking { .. } => {}
                 Part::RedactedThinking(data) => content.push(SentBlock { data: Some(data), ..SentBlock::of("redacted_thinking") }),
-                Part::ToolCall(c) => {
-                    content.push(SentBlock { id: Some(&c.id), input: inputs.next(), name: Some(&c.name), ..SentBlock::of("tool_use") })
-                }
+                Part::ToolCall(c) => content.push(SentBlock {
+                    id: Some(&c.id),
+                    input: Some(arguments_value(&c.arguments)),
+                    name: Some(&c.name),
+                    ..SentBlock::of("tool_use")
+                }),
                 Part::ToolResult { id, content: inner, is_error } => {
                     let inner = inner
                         .iter()
@@ -305,8 +301,7 @@ pub fn encode_request(req: &Request, count: bool) -> Result<Vec<u8>, ApiError> {
         top_p: req.top_p.filter(|_| sampling),
     };
     let mut out = Vec::with_capacity(256);
-    serde_json::to_writer(&mut out, &wire)
-        .map_err(|e| ApiError::new(crate::protocol::ErrorKind::Internal, format!("The request could not be written: {e}")))?;
+    super::sse::serialized_into(&mut out, &wire);
     Ok(out)
 }
 
@@ -355,7 +350,8 @@ struct SentBlock<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     id: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    input: Option<&'a Value>,
+    /// A tool call's arguments as the object the protocol's `input` is.
+    input: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     is_error: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -394,7 +394,7 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
     let mut out = match t.upstream {
         // Written straight to text (no JSON tree). Chat completions has no token count: a count
         // is answered with tollgate's estimate.
-        Protocol::Openai => return chat::encode_request(&req).map(bytes::Bytes::from),
+        Protocol::Openai => return Ok(bytes::Bytes::from(chat::encode_request(&req))),
         Protocol::Anthropic => return messages::encode_request(&req, t.count).map(bytes::Bytes::from),
         Protocol::Gemini => gemini::encode_request(&req)?,
     };
@@ -402,7 +402,7 @@ pub fn request(t: &Translation, body: &[u8], default_max_output: u64) -> Result<
         out = count_request(&t.model, out);
     }
     let mut bytes = Vec::with_capacity(body.len() + 64);
-    sse::json_into(&mut bytes, &out);
+    sse::serialized_into(&mut bytes, &out);
     Ok(bytes::Bytes::from(bytes))
 }
 
@@ -440,7 +440,7 @@ pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
         let value = tree()?;
         let tokens = value.get("input_tokens").or_else(|| value.get("totalTokens")).and_then(Value::as_u64).ok_or_else(bad)?;
         let mut bytes = Vec::new();
-        sse::json_into(&mut bytes, &count_answer(t.client, tokens));
+        sse::serialized_into(&mut bytes, &count_answer(t.client, tokens));
         return Ok(bytes);
     }
     let resp = match t.upstream {
@@ -460,7 +460,7 @@ pub fn response(t: &Translation, body: &[u8]) -> Result<Vec<u8>, ApiError> {
         Dialect::Responses => responses::encode_response(t, &resp),
     };
     let mut bytes = Vec::with_capacity(body.len() + 128);
-    sse::json_into(&mut bytes, &out);
+    sse::serialized_into(&mut bytes, &out);
     Ok(bytes)
 }
 

@@ -121,7 +121,7 @@ pub fn write(out: &mut Vec<u8>, name: Option<&str>, data: &str) {
 /// Append one event whose data is `value`, serialized in place.
 pub fn write_json(out: &mut Vec<u8>, name: Option<&str>, value: &serde_json::Value) {
     open(out, name);
-    json_into(out, value);
+    serialized_into(out, value);
     out.extend_from_slice(b"\n\n");
 }
 
@@ -132,12 +132,6 @@ fn open(out: &mut Vec<u8>, name: Option<&str>) {
         out.push(b'\n');
     }
     out.extend_from_slice(b"data: ");
-}
-
-/// Serialize `value` at the end of `out` (a JSON value always serializes; nothing is written
-/// if it somehow does not).
-pub fn json_into(out: &mut Vec<u8>, value: &serde_json::Value) {
-    serialized_into(out, value);
 }
 
 /// Serialize `value` at the end of `out` (nothing is written if it somehow does not).

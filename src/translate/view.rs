@@ -257,7 +257,7 @@ impl<'de> Visitor<'de> for Seed<'_> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json<'de>, A::Error> {
         self.tick()?;
         let mut members = Vec::new();
-        while let Some(Key(name)) = map.next_key()? {
+        while let Some(Key(name)) = map.next_key::<Key<'de>>()? {
             members.push((name, map.next_value_seed(self)?));
         }
         Ok(Json::Object(Object(members)))
@@ -265,29 +265,8 @@ impl<'de> Visitor<'de> for Seed<'_> {
 }
 
 /// A member's name: borrowed from the body unless it has escapes.
-struct Key<'a>(Cow<'a, str>);
-
-impl<'de> de::Deserialize<'de> for Key<'de> {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Name;
-        impl<'de> Visitor<'de> for Name {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a member name")
-            }
-            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(s)))
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(s.to_string())))
-            }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(s)))
-            }
-        }
-        d.deserialize_str(Name)
-    }
-}
+#[derive(serde::Deserialize)]
+struct Key<'a>(#[serde(borrow)] Cow<'a, str>);
 
 #[cfg(test)]
 mod tests {

@@ -196,11 +196,9 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    const HEAD: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
-
-    /// An upstream that sends its answer's head and `chunks` in one write, then (when told)
+    /// An upstream that sends its answer's head and three chunks in one write, then (when told)
     /// a fourth chunk and half of a fifth, and hangs up.
-    async fn upstream(chunks: &'static [u8]) -> (Reply, tokio::sync::oneshot::Sender<()>) {
+    async fn upstream() -> (Reply, tokio::sync::oneshot::Sender<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (go_on, told) = tokio::sync::oneshot::channel::<()>();
@@ -208,7 +206,8 @@ mod tests {
             let (mut s, _) = listener.accept().await.unwrap();
             let mut head = vec![0u8; 4096];
             let _ = s.read(&mut head).await;
-            s.write_all(&[HEAD, chunks].concat()).await.unwrap();
+            let answer = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n6\r\nsecond\r\n5\r\nthird\r\n";
+            s.write_all(answer).await.unwrap();
             let _ = told.await;
             s.write_all(b"6\r\nfourth\r\n9\r\ncut").await.unwrap();
         });
@@ -225,7 +224,7 @@ mod tests {
 
     #[tokio::test]
     async fn chunks_already_here_are_read_as_one_and_an_error_after_them_comes_next() {
-        let (mut reply, go_on) = upstream(b"5\r\nfirst\r\n6\r\nsecond\r\n5\r\nthird\r\n").await;
+        let (mut reply, go_on) = upstream().await;
         let first = reply.read_gathered().await.unwrap();
         assert_eq!(first.as_deref(), Some(&b"firstsecondthird"[..]), "the three chunks of one write, joined");
         go_on.send(()).unwrap();
